@@ -1,0 +1,30 @@
+# Two commands for a new user (each installs what is missing, then builds):
+#   make run    start mlaserve on the bundled tiny model and answer a prompt
+#   make test   build with ASan+UBSan and run every test under ctest
+JOBS ?= $(shell nproc)
+MODEL ?= models/tiny-deepseek3-bf16.gguf
+BUILD ?= build
+TEST_BUILD ?= build-test
+
+.PHONY: run test deps build build-test fuzz cuda clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/coordinator/mlaserve inspect $(MODEL)
+
+build-test:
+	@scripts/install-deps.sh --test
+	@CC=clang cmake -S . -B $(TEST_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLA_SANITIZE=ON -DMLA_FUZZ=ON >/dev/null
+	@cmake --build $(TEST_BUILD) -j $(JOBS)
+
+test: build-test
+	cd $(TEST_BUILD) && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(TEST_BUILD)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what mlaserve needs to build and test, only what is missing.
+# Debian 12 / Ubuntu 22.04+. Runs apt-get as root or through sudo; pip for the test tools.
+set -euo pipefail
+
+pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-pip
+      libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libhttp-parser-dev
+      libcjson-dev libpcre2-dev libsodium-dev clang libclang-rt-dev curl)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# clang's runtime package is named per version on some releases; accept any libclang-rt-*-dev.
+if [[ " ${missing[*]} " == *" libclang-rt-dev "* ]] && dpkg -l 'libclang-rt-*-dev' 2>/dev/null | grep -q '^ii'; then
+  missing=("${missing[@]/libclang-rt-dev}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python packages used by the tests as independent references (gguf-py dequantization,
+# jinja2 templates, the official openai client).
+if [[ "${1:-}" == "--test" ]]; then
+  py_missing=()
+  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai; do
+    python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")
+  done
+  if ((${#py_missing[@]})); then
+    echo "install-deps: pip installing ${py_missing[*]}"
+    python3 -m pip install -q "${py_missing[@]}" 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages "${py_missing[@]}"
+  fi
+fi
