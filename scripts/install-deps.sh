@@ -27,7 +27,7 @@ fi
 # jinja2 templates, the official openai client).
 if [[ "${1:-}" == "--test" ]]; then
   py_missing=()
-  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai; do
+  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")
   done
   if ((${#py_missing[@]})); then

@@ -1,0 +1,320 @@
+/* chat_tmpl: chat templates from GGUF metadata with built-in fallbacks. See chat.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "chat_jinja.h"
+#include "common/mla_log.h"
+
+struct chat_tmpl {
+    jinja_tmpl *jt; /* NULL: built-in */
+    enum chat_family family;
+    char *bos, *eos;
+    char used[512];
+    char fallback_used[512];
+};
+
+const char *chat_family_name(enum chat_family f) {
+    switch (f) {
+    case CHAT_FAMILY_DEEPSEEK3: return "deepseek3";
+    case CHAT_FAMILY_GLM: return "glm";
+    default: return "none";
+    }
+}
+
+enum chat_family chat_family_guess(const char *arch, const char *pre) {
+    if (pre && !strcmp(pre, "deepseek-v3")) return CHAT_FAMILY_DEEPSEEK3;
+    if (pre && (!strcmp(pre, "glm4") || !strcmp(pre, "chatglm-bpe"))) return CHAT_FAMILY_GLM;
+    if (arch && (!strcmp(arch, "deepseek2") || !strcmp(arch, "deepseek3"))) return CHAT_FAMILY_DEEPSEEK3;
+    if (arch && (!strncmp(arch, "glm", 3) || !strcmp(arch, "chatglm"))) return CHAT_FAMILY_GLM;
+    return CHAT_FAMILY_NONE;
+}
+
+/* ---- a growable string ---- */
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+} buf;
+static void bput(buf *b, const char *s) {
+    size_t l = s ? strlen(s) : 0;
+    if (b->n + l + 1 > b->cap) {
+        b->cap = (b->n + l + 1) * 2;
+        b->p = mla_xrealloc(b->p, b->cap);
+    }
+    if (l) memcpy(b->p + b->n, s, l);
+    b->n += l;
+    b->p[b->n] = 0;
+}
+
+int chat_render_builtin(enum chat_family f, const chat_msg *msgs, size_t n, bool add_gen, const char *bos_text,
+                        const char *eos_text, char **out, mla_err *err) {
+    *out = NULL;
+    buf b = {0};
+    bput(&b, "");
+    if (f == CHAT_FAMILY_DEEPSEEK3) {
+        /* DeepSeek-V3 tokenizer_config.json chat_template without tools: BOS, the system prompts
+         * joined by blank lines, then the turns. */
+        const char *eot = eos_text && *eos_text ? eos_text : "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+        bput(&b, bos_text);
+        int nsys = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(msgs[i].role, "system")) {
+                if (nsys++) bput(&b, "\n\n");
+                bput(&b, msgs[i].content);
+            }
+        bool in_tool = false;
+        for (size_t i = 0; i < n; i++) {
+            const char *r = msgs[i].role;
+            if (!strcmp(r, "system")) continue;
+            if (!strcmp(r, "user")) {
+                if (in_tool) bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81outputs\xE2\x96\x81" "end\xEF\xBD\x9C>");
+                in_tool = false;
+                bput(&b, "<\xEF\xBD\x9CUser\xEF\xBD\x9C>");
+                bput(&b, msgs[i].content);
+            } else if (!strcmp(r, "assistant")) {
+                if (in_tool) bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81outputs\xE2\x96\x81" "end\xEF\xBD\x9C>");
+                else bput(&b, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>");
+                in_tool = false;
+                bput(&b, msgs[i].content);
+                bput(&b, eot);
+            } else if (!strcmp(r, "tool")) {
+                if (!in_tool) bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81outputs\xE2\x96\x81" "begin\xEF\xBD\x9C>");
+                in_tool = true;
+                bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81output\xE2\x96\x81" "begin\xEF\xBD\x9C>");
+                bput(&b, msgs[i].content);
+                bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81output\xE2\x96\x81" "end\xEF\xBD\x9C>");
+            } else {
+                free(b.p);
+                return mla_errf(err, "chat: role '%s' is not known to the built-in deepseek3 template", r);
+            }
+        }
+        if (in_tool) bput(&b, "<\xEF\xBD\x9Ctool\xE2\x96\x81outputs\xE2\x96\x81" "end\xEF\xBD\x9C>");
+        if (add_gen) bput(&b, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>");
+    } else if (f == CHAT_FAMILY_GLM) {
+        /* GLM-5: [gMASK]<sop>, <|role|> markers with no newline, past assistant turns closed
+         * with </think>, generation opens <think>. */
+        bput(&b, "[gMASK]<sop>");
+        for (size_t i = 0; i < n; i++) {
+            const char *r = msgs[i].role;
+            if (!strcmp(r, "system")) bput(&b, "<|system|>");
+            else if (!strcmp(r, "user")) bput(&b, "<|user|>");
+            else if (!strcmp(r, "assistant")) bput(&b, "<|assistant|></think>");
+            else if (!strcmp(r, "tool")) bput(&b, "<|observation|><tool_response>");
+            else {
+                free(b.p);
+                return mla_errf(err, "chat: role '%s' is not known to the built-in glm template", r);
+            }
+            bput(&b, msgs[i].content);
+            if (!strcmp(r, "tool")) bput(&b, "</tool_response>");
+        }
+        if (add_gen) bput(&b, "<|assistant|><think>");
+    } else {
+        free(b.p);
+        return mla_errf(err, "chat: no chat template in the model and no built-in one for its family");
+    }
+    *out = b.p;
+    return MLA_OK;
+}
+
+static cJSON *msgs_json(const chat_msg *msgs, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", msgs[i].role ? msgs[i].role : "");
+        cJSON_AddStringToObject(m, "content", msgs[i].content ? msgs[i].content : "");
+        cJSON_AddItemToArray(a, m);
+    }
+    return a;
+}
+
+static int render_jinja(const jinja_tmpl *jt, const cJSON *messages, bool add_gen, const char *bos, const char *eos,
+                        const cJSON *extra, char **out, size_t *out_len, mla_err *err) {
+    cJSON *vars = cJSON_CreateObject();
+    if (extra)
+        for (const cJSON *it = extra->child; it; it = it->next)
+            if (it->string) cJSON_AddItemToObject(vars, it->string, cJSON_Duplicate(it, 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(vars, "messages");
+    cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(messages, 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(vars, "add_generation_prompt");
+    cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
+    if (!cJSON_GetObjectItemCaseSensitive(vars, "bos_token")) cJSON_AddStringToObject(vars, "bos_token", bos ? bos : "");
+    if (!cJSON_GetObjectItemCaseSensitive(vars, "eos_token")) cJSON_AddStringToObject(vars, "eos_token", eos ? eos : "");
+    int rc = jinja_render(jt, vars, out, out_len, err);
+    cJSON_Delete(vars);
+    return rc;
+}
+
+int chat_render(const char *tmpl, const chat_msg *msgs, size_t n, bool add_gen, const char *bos_text,
+                const char *eos_text, char **out, mla_err *err) {
+    *out = NULL;
+    jinja_tmpl *jt;
+    int rc = jinja_parse(&jt, tmpl, strlen(tmpl), err);
+    if (rc != JINJA_OK) return rc;
+    cJSON *m = msgs_json(msgs, n);
+    rc = render_jinja(jt, m, add_gen, bos_text, eos_text, NULL, out, NULL, err);
+    cJSON_Delete(m);
+    jinja_free(jt);
+    return rc;
+}
+
+int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family family, const char *bos_text,
+                  const char *eos_text, mla_err *err) {
+    *out = NULL;
+    chat_tmpl *t = mla_xcalloc(1, sizeof *t);
+    t->family = family;
+    t->bos = mla_xstrdup(bos_text ? bos_text : "");
+    t->eos = mla_xstrdup(eos_text ? eos_text : "");
+    snprintf(t->fallback_used, sizeof t->fallback_used, "built-in %s", chat_family_name(family));
+    if (!src || !len) {
+        if (family == CHAT_FAMILY_NONE) {
+            chat_tmpl_free(t);
+            return mla_errf(err, "chat: the model has no chat template and its family is unknown");
+        }
+        snprintf(t->used, sizeof t->used, "built-in %s (the model has no chat template)", chat_family_name(family));
+        *out = t;
+        return MLA_OK;
+    }
+    mla_err perr = {{0}};
+    int rc = jinja_parse(&t->jt, src, len, &perr);
+    if (rc == JINJA_OK) {
+        snprintf(t->used, sizeof t->used, "gguf chat_template (jinja)");
+        snprintf(t->fallback_used, sizeof t->fallback_used,
+                 "built-in %s (the gguf chat_template uses a Jinja feature not supported here)", chat_family_name(family));
+        *out = t;
+        return MLA_OK;
+    }
+    if (family == CHAT_FAMILY_NONE || (rc != JINJA_E_UNSUPPORTED && rc != JINJA_E_SYNTAX)) {
+        chat_tmpl_free(t);
+        *err = perr;
+        return mla_err_prefix(err, "chat template");
+    }
+    MLA_WARN("chat template not usable (%s); using the built-in %s template", perr.msg, chat_family_name(family));
+    snprintf(t->used, sizeof t->used, "built-in %s (%.400s)", chat_family_name(family), perr.msg);
+    *out = t;
+    return MLA_OK;
+}
+
+int chat_tmpl_from_gguf(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, mla_err *err) {
+    gguf_str src = {0}, arch = {0}, pre = {0};
+    int rc = gguf_get_str(g, "tokenizer.chat_template", &src, err);
+    if (rc < 0) return rc;
+    if (rc == 0) src.len = 0;
+    char archb[64] = "", preb[64] = "";
+    if (gguf_get_str(g, "general.architecture", &arch, err) == 1)
+        snprintf(archb, sizeof archb, "%.*s", (int)(arch.len < 63 ? arch.len : 63), arch.ptr);
+    if (gguf_get_str(g, "tokenizer.ggml.pre", &pre, err) == 1)
+        snprintf(preb, sizeof preb, "%.*s", (int)(pre.len < 63 ? pre.len : 63), pre.ptr);
+    enum chat_family fam = chat_family_guess(archb, preb);
+    char *bos = NULL, *eos = NULL;
+    size_t l;
+    const char *s;
+    if (v && (s = tok_token_text(v, tok_bos(v), &l))) {
+        bos = mla_xmalloc(l + 1);
+        memcpy(bos, s, l);
+        bos[l] = 0;
+    }
+    if (v && (s = tok_token_text(v, tok_eos(v), &l))) {
+        eos = mla_xmalloc(l + 1);
+        memcpy(eos, s, l);
+        eos[l] = 0;
+    }
+    /* the template is copied (NUL-terminated) by the parser */
+    rc = chat_tmpl_new(out, src.len ? src.ptr : NULL, src.len, fam, bos, eos, err);
+    free(bos);
+    free(eos);
+    return rc;
+}
+
+void chat_tmpl_free(chat_tmpl *t) {
+    if (!t) return;
+    jinja_free(t->jt);
+    free(t->bos);
+    free(t->eos);
+    free(t);
+}
+
+const char *chat_tmpl_used(const chat_tmpl *t) { return t->used; }
+enum chat_family chat_tmpl_family(const chat_tmpl *t) { return t->family; }
+
+/* content of a JSON message for the built-in templates: a string, or the text parts of a list */
+static char *json_content(const cJSON *m) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
+    buf b = {0};
+    bput(&b, "");
+    if (cJSON_IsArray(c)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, c) {
+            if (cJSON_IsString(it)) bput(&b, it->valuestring);
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type"), *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
+            if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && cJSON_IsString(tx)) bput(&b, tx->valuestring);
+        }
+    }
+    return b.p;
+}
+
+static int apply_builtin_json(const chat_tmpl *t, const cJSON *messages, bool add_gen, char **out, size_t *out_len,
+                              mla_err *err) {
+    size_t n = (size_t)cJSON_GetArraySize(messages);
+    chat_msg *m = mla_xcalloc(n ? n : 1, sizeof *m);
+    char **owned = mla_xcalloc(n ? n : 1, sizeof *owned);
+    size_t i = 0;
+    const cJSON *it;
+    int rc = MLA_OK;
+    cJSON_ArrayForEach(it, messages) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, "role");
+        if (!cJSON_IsString(r)) {
+            rc = mla_errf(err, "chat: message %zu has no role", i);
+            break;
+        }
+        m[i].role = r->valuestring;
+        owned[i] = json_content(it);
+        m[i].content = owned[i];
+        i++;
+    }
+    if (rc == MLA_OK) rc = chat_render_builtin(t->family, m, i, add_gen, t->bos, t->eos, out, err);
+    if (rc == MLA_OK && out_len) *out_len = strlen(*out);
+    for (size_t k = 0; k < i; k++) free(owned[k]);
+    free(owned);
+    free(m);
+    return rc;
+}
+
+int chat_tmpl_apply_json(const chat_tmpl *t, const cJSON *messages, bool add_gen, const cJSON *extra_vars, char **out,
+                         size_t *out_len, const char **used, mla_err *err) {
+    *out = NULL;
+    if (!cJSON_IsArray(messages)) return mla_errf(err, "chat: messages must be an array");
+    if (!t->jt) {
+        if (used) *used = t->used;
+        return apply_builtin_json(t, messages, add_gen, out, out_len, err);
+    }
+    mla_err rerr = {{0}};
+    int rc = render_jinja(t->jt, messages, add_gen, t->bos, t->eos, extra_vars, out, out_len, &rerr);
+    if (rc == JINJA_OK) {
+        if (used) *used = t->used;
+        return MLA_OK;
+    }
+    if (rc == JINJA_E_UNSUPPORTED && t->family != CHAT_FAMILY_NONE) {
+        MLA_WARN("%s; rendering with the built-in %s template", rerr.msg, chat_family_name(t->family));
+        if (used) *used = t->fallback_used;
+        return apply_builtin_json(t, messages, add_gen, out, out_len, err);
+    }
+    *err = rerr;
+    return rc;
+}
+
+int chat_tmpl_apply(const chat_tmpl *t, const chat_msg *msgs, size_t n, bool add_gen, const cJSON *extra_vars,
+                    char **out, size_t *out_len, const char **used, mla_err *err) {
+    cJSON *m = msgs_json(msgs, n);
+    int rc = chat_tmpl_apply_json(t, m, add_gen, extra_vars, out, out_len, used, err);
+    cJSON_Delete(m);
+    return rc;
+}
+
+int chat_tmpl_prefix(const chat_tmpl *t, char **out, mla_err *err) {
+    cJSON *m = cJSON_CreateArray();
+    int rc = chat_tmpl_apply_json(t, m, false, NULL, out, NULL, NULL, err);
+    cJSON_Delete(m);
+    return rc;
+}

@@ -1,0 +1,68 @@
+# Tokenizer and chat-template tests (coordinator/tok_*, coordinator/chat_*).
+# The tests build the tokenizer sources into their own small library, so that they do not depend
+# on the rest of mla_coord (and its dependencies) building.
+pkg_check_modules(TOKT_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(TOKT_CJSON REQUIRED IMPORTED_TARGET libcjson)
+file(GLOB tokt_srcs CONFIGURE_DEPENDS
+  ${CMAKE_SOURCE_DIR}/coordinator/tok_*.c ${CMAKE_SOURCE_DIR}/coordinator/chat_*.c)
+set(tokt_have_gguf OFF)
+if(EXISTS ${CMAKE_SOURCE_DIR}/common/gguf.c)
+  set(tokt_have_gguf ON)
+else()
+  list(FILTER tokt_srcs EXCLUDE REGEX "tok_gguf\\.c$")
+endif()
+add_library(mla_tok_test STATIC ${tokt_srcs})
+target_include_directories(mla_tok_test PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/coordinator ${CMAKE_SOURCE_DIR}/tests)
+target_link_libraries(mla_tok_test PUBLIC mla_common PkgConfig::TOKT_PCRE2 PkgConfig::TOKT_CJSON)
+if(tokt_have_gguf)
+  target_compile_definitions(mla_tok_test PUBLIC MLA_TOK_HAVE_GGUF=1)
+endif()
+
+set(tokt_dir ${CMAKE_BINARY_DIR}/tests/tok)
+file(MAKE_DIRECTORY ${tokt_dir})
+
+add_executable(test_tok ${MLA_TEST_DIR}/unit/test_tok.c)
+target_link_libraries(test_tok mla_tok_test)
+add_executable(test_chat ${MLA_TEST_DIR}/unit/test_chat.c)
+target_link_libraries(test_chat mla_tok_test)
+
+foreach(fx deepseek3 glm5)
+  set(fxdir ${MLA_FIXTURES}/tiny-${fx})
+  set(gguf ${fxdir}/tiny-${fx}-bf16.gguf)
+  # the vocabulary as gguf-py reads it (independent of our GGUF reader)
+  add_test(NAME tok_dump_${fx}
+    COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/tok/dump_vocab.py ${gguf} ${tokt_dir}/vocab-${fx}.json)
+  set_tests_properties(tok_dump_${fx} PROPERTIES FIXTURES_SETUP tokvocab_${fx})
+  add_test(NAME tok_${fx} COMMAND test_tok ${tokt_dir}/vocab-${fx}.json ${fxdir}/ref.json ${gguf})
+  set_tests_properties(tok_${fx} PROPERTIES FIXTURES_REQUIRED tokvocab_${fx})
+  # random texts against HF tokenizers on the fixture's tokenizer.json (skipped without it)
+  add_test(NAME tok_hf_${fx}
+    COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/tok/hf_compare.py $<TARGET_FILE:test_tok>
+            ${tokt_dir}/vocab-${fx}.json ${fxdir}/tokenizer.json)
+  set_tests_properties(tok_hf_${fx} PROPERTIES FIXTURES_REQUIRED tokvocab_${fx} SKIP_RETURN_CODE 77)
+  add_test(NAME chat_${fx} COMMAND test_chat ${tokt_dir}/vocab-${fx}.json ${fxdir}/ref.json ${MLA_TEST_DIR}/data/chat ${gguf})
+  set_tests_properties(chat_${fx} PROPERTIES FIXTURES_REQUIRED tokvocab_${fx})
+endforeach()
+
+# the released templates against jinja2 as an independent renderer (skipped without jinja2)
+add_test(NAME chat_jinja2_ref
+  COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/tok/jinja_compare.py $<TARGET_FILE:test_chat> ${MLA_TEST_DIR}/data/chat)
+set_tests_properties(chat_jinja2_ref PROPERTIES SKIP_RETURN_CODE 77)
+
+if(MLA_FUZZ)
+  if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "MLA_FUZZ=ON needs clang (CC=clang)")
+  endif()
+  # the sources are compiled into each target so that they carry the fuzzer's coverage
+  set(tokt_fuzz_srcs ${tokt_srcs})
+  list(FILTER tokt_fuzz_srcs EXCLUDE REGEX "tok_gguf\\.c$")
+  foreach(fz fuzz_tok fuzz_chat)
+    add_executable(${fz} ${MLA_TEST_DIR}/fuzz/${fz}.c ${tokt_fuzz_srcs})
+    target_include_directories(${fz} PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/coordinator)
+    target_compile_options(${fz} PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_options(${fz} PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_libraries(${fz} mla_common PkgConfig::TOKT_PCRE2 PkgConfig::TOKT_CJSON m)
+  endforeach()
+  add_test(NAME fuzz_tok_smoke COMMAND fuzz_tok -runs=30000 -max_len=2048 -seed=1)
+  add_test(NAME fuzz_chat_smoke COMMAND fuzz_chat -runs=20000 -max_len=1024 -seed=1 -timeout=20)
+endif()
