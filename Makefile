@@ -16,7 +16,7 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/coordinator/mlaserve inspect $(MODEL)
+	@scripts/demo.sh $(BUILD) $(MODEL)
 
 build-test:
 	@scripts/install-deps.sh --test

@@ -67,6 +67,16 @@ enum shard_role shard_role_of(const char *name, int *layer) {
     return ROLE_OTHER;
 }
 
+shard_dims shard_dims_from_config(const mla_config *c) {
+    shard_dims d = {.n_head = c->n_head,
+                    .head_k = c->head_k,
+                    .head_kv = c->head_nope + c->head_v,
+                    .head_v = c->head_v,
+                    .n_expert = c->n_expert,
+                    .n_vocab = c->n_vocab};
+    return d;
+}
+
 static uint64_t block_elems(const gguf_tensor *t) {
     const ggml_type_info *ti = ggml_type_get(t->type);
     return ti ? ti->block_elems : 1;

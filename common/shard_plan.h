@@ -26,6 +26,7 @@
 
 #include "gguf.h"
 #include "mla_err.h"
+#include "model_config.h"
 
 /* The few model dimensions the plan depends on (filled from the model config). */
 typedef struct shard_dims {
@@ -78,6 +79,9 @@ typedef struct shard_plan {
     size_t n_entries;
     uint64_t bytes_total, bytes_rank;
 } shard_plan;
+
+/* The plan's dimensions of a model config. */
+shard_dims shard_dims_from_config(const mla_config *c);
 
 /* Builds the plan for rank/world. An invalid plan (heads not divisible, no block-aligned
  * layout) is not an error: valid=false and reason says why. MLA_ERR only for bad arguments. */

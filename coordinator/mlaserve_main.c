@@ -2,17 +2,29 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd_serve.h"
+#include "cmds.h"
+
 static int usage(FILE *f) {
     fprintf(f,
             "usage: mlaserve <command> [options]\n"
             "commands:\n"
-            "  inspect MODEL.gguf [--tp N] [--json]   describe a model and a tensor-parallel plan\n");
+            "  inspect MODEL.gguf [--tp N] [--json]   describe a model and a tensor-parallel plan\n"
+            "  logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N]   exact CPU logits\n"
+            "         (--tp N: N ranks as threads; add --processes for a coordinator + N worker processes)\n"
+            "  generate -m MODEL -p PROMPT [-n N] [--tp N] [--temp T ...]   generate text\n"
+            "  serve -m MODEL [--tp N] [--host H] [--port P] [--api-key K] ...   OpenAI-compatible\n"
+            "         HTTP server over N worker processes (serve --help lists every option)\n");
     return f == stderr ? 2 : 0;
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return usage(stdout);
+    if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "logits")) return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     fprintf(stderr, "mlaserve: unknown command '%s'\n", argv[1]);
     return usage(stderr);
 }

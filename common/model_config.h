@@ -1,0 +1,93 @@
+/* model_config: the hyper-parameters of an MLA + MoE model (GGUF architectures `deepseek2`:
+ * DeepSeek-V2/V2-Lite/V3/R1, Kimi-K2, GLM-4.7-Flash; and `glm-dsa`: GLM-5) read from GGUF
+ * metadata, plus a shape check of every tensor against them.
+ *
+ * Missing optional keys get the value llama.cpp uses for the architecture; every such default
+ * is recorded in cfg->assumed[] (key, value, why) so `inspect` can show it.
+ *
+ * Ownership: mla_config is plain caller-owned storage (no pointers into the gguf_ctx);
+ * nothing to free. */
+#ifndef MODEL_CONFIG_H
+#define MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "mla_err.h"
+
+enum mla_arch { MLA_ARCH_DEEPSEEK2 = 0, MLA_ARCH_GLM_DSA = 1 };
+enum mla_gating { MLA_GATING_SOFTMAX = 1, MLA_GATING_SIGMOID = 2 };
+
+#define MLA_CONFIG_MAX_ASSUMED 32
+
+typedef struct mla_assumed {
+    char key[96];
+    char value[48];
+    char why[160];
+} mla_assumed;
+
+typedef struct mla_config {
+    enum mla_arch arch;
+    char arch_name[32];
+
+    int64_t n_layer;      /* layers run by the forward pass (block_count - nextn layers) */
+    int64_t n_layer_file; /* block_count */
+    int64_t n_nextn;      /* MTP layers present in the file, not run */
+    int64_t n_embd;
+    int64_t n_vocab;
+    int64_t n_head;
+    int64_t n_ff;         /* dense FFN width */
+    int64_t n_ff_exp;     /* routed expert FFN width (shared experts: n_ff_exp * n_expert_shared) */
+    float rms_eps;
+
+    /* MLA */
+    int64_t q_lora_rank;  /* 0: plain attn_q (DeepSeek-V2-Lite) */
+    int64_t kv_lora_rank;
+    int64_t head_k;       /* nope + rope */
+    int64_t head_v;
+    int64_t n_rope;       /* rope.dimension_count */
+    int64_t head_nope;    /* head_k - n_rope */
+
+    /* RoPE / YaRN */
+    float rope_base;
+    bool yarn;
+    float yarn_factor;
+    int64_t yarn_orig_ctx;
+    float yarn_beta_fast, yarn_beta_slow;
+    float yarn_log_mul;   /* GGUF yarn_log_multiplier = 0.1 * mscale_all_dim */
+    float rope_attn_factor; /* cos/sin multiplier (HF mscale(f,mscale)/mscale(f,mscale_all_dim)) */
+    float kq_scale;       /* softmax scale: mscale^2 / sqrt(head_k) */
+
+    /* MoE */
+    int64_t n_expert, n_expert_used, n_expert_shared;
+    int64_t n_group, n_group_used;
+    enum mla_gating gating;
+    bool weights_norm;
+    float weights_scale;
+    int64_t n_dense_lead;
+
+    /* DSA indexer (glm-dsa); n_head 0 when absent */
+    int64_t idx_n_head, idx_head_dim, idx_top_k;
+
+    int64_t ctx_train;
+
+    int n_assumed;
+    mla_assumed assumed[MLA_CONFIG_MAX_ASSUMED];
+} mla_config;
+
+/* Reads the config from metadata. MLA_ERR for an unsupported architecture, a missing required
+ * key, or inconsistent values (message names the key). */
+int mla_config_from_gguf(mla_config *cfg, const gguf_ctx *g, mla_err *err);
+
+/* Checks that every tensor the forward pass uses exists with the expected shape and a type this
+ * build can compute with, e.g.
+ *   "blk.1.attn_q_b.weight: shape [256, 380] but the config expects [256, 384]". */
+int mla_config_check_tensors(const mla_config *cfg, const gguf_ctx *g, mla_err *err);
+
+/* Whether layer il is a dense-FFN layer. */
+static inline bool mla_config_layer_dense(const mla_config *c, int64_t il) {
+    return il < c->n_dense_lead || c->n_expert == 0;
+}
+
+#endif

@@ -1,0 +1,41 @@
+/* api_metrics: the server's counters and latency histograms in Prometheus text format.
+ * Loop thread only (no locking). Ownership: plain struct owned by the caller (init/free). */
+#ifndef API_METRICS_H
+#define API_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define API_HIST_BUCKETS 14
+
+typedef struct api_hist {
+    uint64_t counts[API_HIST_BUCKETS + 1]; /* last: +Inf */
+    double sum;
+    uint64_t n;
+} api_hist;
+
+typedef struct api_metrics {
+    uint64_t http_by_status[6];   /* 1xx..5xx, index status/100 */
+    uint64_t requests_ok, requests_error, requests_cancelled;
+    uint64_t finish_stop, finish_length;
+    uint64_t prompt_tokens, generation_tokens;
+    api_hist ttft, itl, e2e;
+} api_metrics;
+
+void api_metrics_init(api_metrics *m);
+void api_metrics_free(api_metrics *m);
+void api_hist_observe(api_hist *h, double seconds);
+void api_metrics_http(api_metrics *m, int status);
+
+/* Scheduler-side gauges read at scrape time. */
+typedef struct api_gauges {
+    int64_t waiting, running, blocks_used, blocks_total, block_size;
+    int64_t preemptions, steps;
+    int64_t connections;
+    int healthy;
+} api_gauges;
+
+/* Appends the exposition text to a malloc'd string (caller frees). */
+char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *model, size_t *len);
+
+#endif

@@ -1,0 +1,419 @@
+/* api_params: see api_params.h. */
+#include "coordinator/api_params.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_err.h"
+
+int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
+                  ...) {
+    if (!e) return MLA_ERR;
+    memset(e, 0, sizeof(*e));
+    e->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    const char *type = "invalid_request_error";
+    if (status == 401) type = "authentication_error";
+    else if (status == 404) type = "not_found_error";
+    else if (status == 429) type = "rate_limit_error";
+    else if (status >= 500) type = "server_error";
+    snprintf(e->type, sizeof(e->type), "%s", type);
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
+    return MLA_ERR;
+}
+
+static int bad(api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(api_error *e, const char *param, const char *fmt, ...) {
+    char m[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof(m), fmt, ap);
+    va_end(ap);
+    return api_error_set(e, 400, param, NULL, "%s", m);
+}
+
+static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
+
+/* Integer-valued JSON number within [lo, hi]. */
+static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                   bool *present, api_error *e) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+    *present = false;
+    if (is_null(j)) return MLA_OK;
+    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be an integer", name);
+    double d = j->valuedouble;
+    if (!isfinite(d) || d != floor(d)) return bad(e, name, "'%s' must be an integer", name);
+    if (d < (double)lo || d > (double)hi)
+        return bad(e, name, "'%s' must be between %lld and %lld (got %.17g)", name, (long long)lo,
+                   (long long)hi, d);
+    *out = (int64_t)d;
+    *present = true;
+    return MLA_OK;
+}
+
+static int get_num(const cJSON *root, const char *name, double lo, double hi, float *out,
+                   api_error *e) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (is_null(j)) return MLA_OK;
+    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be a number", name);
+    double d = j->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi)
+        return bad(e, name, "'%s' must be between %g and %g (got %.17g)", name, lo, hi, d);
+    *out = (float)d;
+    return MLA_OK;
+}
+
+static int get_bool(const cJSON *root, const char *name, bool *out, api_error *e) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (is_null(j)) return MLA_OK;
+    if (!cJSON_IsBool(j)) return bad(e, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(j);
+    return MLA_OK;
+}
+
+static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int32_t *n,
+                           api_error *e) {
+    int cnt = cJSON_GetArraySize(a);
+    *ids = cnt > 0 ? mla_xmalloc((size_t)cnt * sizeof(int32_t)) : NULL;
+    *n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble != floor(it->valuedouble) ||
+            it->valuedouble < 0 || it->valuedouble > INT32_MAX) {
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return bad(e, name, "'%s' must be a list of non-negative integer token ids", name);
+        }
+        (*ids)[(*n)++] = (int32_t)it->valuedouble;
+    }
+    return MLA_OK;
+}
+
+int api_messages_check(const cJSON *messages, api_error *e) {
+    if (!cJSON_IsArray(messages)) return bad(e, "messages", "'messages' must be a list of message objects");
+    if (cJSON_GetArraySize(messages) == 0) return bad(e, "messages", "'messages' must not be empty");
+    const cJSON *m;
+    int i = 0;
+    cJSON_ArrayForEach(m, messages) {
+        if (!cJSON_IsObject(m)) return bad(e, "messages", "messages[%d] must be an object", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) return bad(e, "messages", "messages[%d].role must be a string", i);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (c && !cJSON_IsNull(c) && !cJSON_IsString(c)) {
+            if (!cJSON_IsArray(c))
+                return bad(e, "messages", "messages[%d].content must be a string or a list of parts", i);
+            const cJSON *part;
+            cJSON_ArrayForEach(part, c) {
+                const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") ||
+                    !cJSON_IsString(tx))
+                    return bad(e, "messages", "messages[%d].content: only {\"type\": \"text\", \"text\": ...} parts are supported", i);
+            }
+        }
+        i++;
+    }
+    return MLA_OK;
+}
+
+int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *root, api_error *e) {
+    memset(p, 0, sizeof(*p));
+    p->kind = kind;
+    sched_sampling_default(&p->sampling);
+    p->max_tokens = -1;
+    p->add_generation_prompt = true;
+    p->skip_special_tokens = true;
+    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    int64_t v;
+    bool has;
+
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!is_null(model)) {
+        if (!cJSON_IsString(model)) return bad(e, "model", "'model' must be a string");
+        p->model = mla_xstrdup(model->valuestring);
+    }
+    if (kind == API_COMPLETIONS) {
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (is_null(pr)) return bad(e, "prompt", "'prompt' is required");
+        if (cJSON_IsString(pr)) {
+            p->prompt_text = mla_xstrdup(pr->valuestring);
+        } else if (cJSON_IsArray(pr)) {
+            const cJSON *first = cJSON_GetArrayItem(pr, 0);
+            int n = cJSON_GetArraySize(pr);
+            if (n == 0) return bad(e, "prompt", "'prompt' must not be empty");
+            if (cJSON_IsNumber(first)) {
+                if (get_token_array(pr, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
+            } else if (n == 1 && cJSON_IsString(first)) {
+                p->prompt_text = mla_xstrdup(first->valuestring);
+            } else if (n == 1 && cJSON_IsArray(first)) {
+                if (get_token_array(first, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
+            } else if (cJSON_IsString(first) || cJSON_IsArray(first)) {
+                return bad(e, "prompt", "only one prompt per request is supported (got %d)", n);
+            } else {
+                return bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list with one of those");
+            }
+            if (p->prompt_ids && p->n_prompt_ids == 0) return bad(e, "prompt", "'prompt' must not be empty");
+        } else {
+            return bad(e, "prompt", "'prompt' must be a string or a list of token ids");
+        }
+        const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
+        if (!is_null(echo) && !cJSON_IsBool(echo)) return bad(e, "echo", "'echo' must be a boolean");
+        if (cJSON_IsTrue(echo)) return bad(e, "echo", "'echo' is not supported");
+        const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+        if (!is_null(suffix)) return bad(e, "suffix", "'suffix' is not supported");
+        if (get_int(root, "best_of", 1, 1, &v, &has, e)) return bad(e, "best_of", "'best_of' must be 1 (only one choice per request is supported)");
+        /* logprobs: integer count of alternatives (OpenAI: 0..5; here up to 20) */
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+        if (cJSON_IsBool(lp)) {
+            p->logprobs = cJSON_IsTrue(lp);
+        } else {
+            if (get_int(root, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;
+            if (has) {
+                p->logprobs = true;
+                p->top_logprobs = (int32_t)v;
+            }
+        }
+    } else {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+        if (is_null(msgs)) return bad(e, "messages", "'messages' is required");
+        if (api_messages_check(msgs, e)) return MLA_ERR;
+        p->messages = msgs;
+        if (get_bool(root, "add_generation_prompt", &p->add_generation_prompt, e)) return MLA_ERR;
+        if (get_bool(root, "logprobs", &p->logprobs, e)) return MLA_ERR;
+        if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;
+        if (has) {
+            if (!p->logprobs && v > 0) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            p->top_logprobs = (int32_t)v;
+        }
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+        if (!is_null(tools) && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
+            return bad(e, "tools", "'tools' is not supported");
+        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+        if (!is_null(rf)) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+            if (!cJSON_IsObject(rf) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
+                return bad(e, "response_format", "only 'response_format': {\"type\": \"text\"} is supported");
+        }
+    }
+    if (get_int(root, "n", 1, INT32_MAX, &v, &has, e)) return MLA_ERR;
+    if (has && v != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported (got %lld)", (long long)v);
+
+    /* max_tokens / max_completion_tokens */
+    int64_t mt = -1, mct = -1;
+    bool has_mt, has_mct;
+    if (get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e)) return MLA_ERR;
+    if (get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e)) return MLA_ERR;
+    if (has_mct) p->max_tokens = (int32_t)mct;
+    else if (has_mt) p->max_tokens = (int32_t)mt;
+
+    sched_sampling *s = &p->sampling;
+    if (get_num(root, "temperature", 0.0, 100.0, &s->temperature, e)) return MLA_ERR;
+    if (get_num(root, "top_p", 0.0, 1.0, &s->top_p, e)) return MLA_ERR;
+    if (s->top_p <= 0.0f) return bad(e, "top_p", "'top_p' must be in (0, 1]");
+    if (get_int(root, "top_k", -1, INT32_MAX, &v, &has, e)) return MLA_ERR;
+    if (has) s->top_k = v < 0 ? 0 : (int32_t)v;
+    if (get_num(root, "min_p", 0.0, 1.0, &s->min_p, e)) return MLA_ERR;
+    if (get_num(root, "presence_penalty", -2.0, 2.0, &s->presence_penalty, e)) return MLA_ERR;
+    if (get_num(root, "frequency_penalty", -2.0, 2.0, &s->frequency_penalty, e)) return MLA_ERR;
+    if (get_num(root, "repetition_penalty", 0.0, 100.0, &s->repetition_penalty, e)) return MLA_ERR;
+    if (s->repetition_penalty <= 0.0f) return bad(e, "repetition_penalty", "'repetition_penalty' must be > 0");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    if (!is_null(seed)) {
+        if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) ||
+            seed->valuedouble != floor(seed->valuedouble) || fabs(seed->valuedouble) > 9.2e18)
+            return bad(e, "seed", "'seed' must be an integer");
+        s->seed = (uint64_t)(int64_t)seed->valuedouble;
+        s->has_seed = true;
+    }
+    s->logprobs = p->logprobs;
+    s->top_logprobs = p->top_logprobs;
+
+    /* stop: string or list of strings */
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!is_null(stop)) {
+        if (cJSON_IsString(stop)) {
+            if (stop->valuestring[0]) p->stop[p->n_stop++] = mla_xstrdup(stop->valuestring);
+        } else if (cJSON_IsArray(stop)) {
+            if (cJSON_GetArraySize(stop) > API_MAX_STOP)
+                return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
+            const cJSON *it;
+            cJSON_ArrayForEach(it, stop) {
+                if (!cJSON_IsString(it)) return bad(e, "stop", "'stop' must be a string or a list of strings");
+                if (it->valuestring[0]) p->stop[p->n_stop++] = mla_xstrdup(it->valuestring);
+            }
+        } else {
+            return bad(e, "stop", "'stop' must be a string or a list of strings");
+        }
+        for (int i = 0; i < p->n_stop; i++)
+            if (strlen(p->stop[i]) > API_MAX_STOP_LEN)
+                return bad(e, "stop", "stop strings are limited to %d bytes", API_MAX_STOP_LEN);
+    }
+    const cJSON *sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
+    if (!is_null(sti)) {
+        if (!cJSON_IsArray(sti)) return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
+        if (get_token_array(sti, "stop_token_ids", &p->stop_ids, &p->n_stop_ids, e)) return MLA_ERR;
+    }
+    if (get_bool(root, "ignore_eos", &p->ignore_eos, e)) return MLA_ERR;
+    if (get_bool(root, "skip_special_tokens", &p->skip_special_tokens, e)) return MLA_ERR;
+    if (get_bool(root, "stream", &p->stream, e)) return MLA_ERR;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (!is_null(so)) {
+        if (!cJSON_IsObject(so)) return bad(e, "stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &p->include_usage, e)) return MLA_ERR;
+    }
+    return api_gen_params_check(p, e);
+}
+
+static bool in_range(float v, double lo, double hi) { return isfinite(v) && v >= lo && v <= hi; }
+
+int api_gen_params_check(const api_gen_params *p, api_error *e) {
+    const sched_sampling *s = &p->sampling;
+    if (p->kind == API_COMPLETIONS) {
+        if (!!p->prompt_text + !!p->prompt_ids != 1 || p->messages)
+            return bad(e, "prompt", "exactly one prompt (text or token ids) is required");
+        if (p->prompt_ids && p->n_prompt_ids <= 0) return bad(e, "prompt", "'prompt' must not be empty");
+    } else if (!p->messages || p->prompt_text || p->prompt_ids) {
+        return bad(e, "messages", "'messages' (and no prompt) is required");
+    }
+    for (int32_t i = 0; i < p->n_prompt_ids; i++)
+        if (p->prompt_ids[i] < 0) return bad(e, "prompt", "'prompt' must be a list of non-negative integer token ids");
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0)
+            return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
+    if (p->max_tokens != -1 && p->max_tokens < 1)
+        return bad(e, "max_tokens", "'max_tokens' must be between 1 and %d (got %d)", INT32_MAX, p->max_tokens);
+    if (!in_range(s->temperature, 0.0, 100.0))
+        return bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
+    if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f) return bad(e, "top_p", "'top_p' must be in (0, 1]");
+    if (s->top_k < 0) return bad(e, "top_k", "'top_k' must be >= -1");
+    if (!in_range(s->min_p, 0.0, 1.0)) return bad(e, "min_p", "'min_p' must be between 0 and 1 (got %g)", s->min_p);
+    if (!in_range(s->presence_penalty, -2.0, 2.0))
+        return bad(e, "presence_penalty", "'presence_penalty' must be between -2 and 2 (got %g)", s->presence_penalty);
+    if (!in_range(s->frequency_penalty, -2.0, 2.0))
+        return bad(e, "frequency_penalty", "'frequency_penalty' must be between -2 and 2 (got %g)", s->frequency_penalty);
+    if (!in_range(s->repetition_penalty, 0.0, 100.0) || s->repetition_penalty <= 0.0f)
+        return bad(e, "repetition_penalty", "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
+    if (p->top_logprobs < 0 || p->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+        return bad(e, "top_logprobs", "'top_logprobs' must be between 0 and %d", SCHED_MAX_TOP_LOGPROBS);
+    if (s->logprobs != p->logprobs || s->top_logprobs != p->top_logprobs)
+        return bad(e, "logprobs", "inconsistent logprobs settings");
+    if (p->n_stop < 0 || p->n_stop > API_MAX_STOP)
+        return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
+    for (int i = 0; i < p->n_stop; i++) {
+        if (!p->stop[i] || !p->stop[i][0]) return bad(e, "stop", "stop strings must not be empty");
+        if (strlen(p->stop[i]) > API_MAX_STOP_LEN)
+            return bad(e, "stop", "stop strings are limited to %d bytes", API_MAX_STOP_LEN);
+    }
+    return MLA_OK;
+}
+
+void api_gen_params_free(api_gen_params *p) {
+    free(p->model);
+    free(p->prompt_text);
+    free(p->prompt_ids);
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    free(p->stop_ids);
+    memset(p, 0, sizeof(*p));
+}
+
+int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
+    memset(p, 0, sizeof(*p));
+    p->add_special = true;
+    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!is_null(pr)) {
+        if (!cJSON_IsString(pr)) return bad(e, "prompt", "'prompt' must be a string");
+        p->prompt = mla_xstrdup(pr->valuestring);
+    } else if (!is_null(msgs)) {
+        if (api_messages_check(msgs, e)) return MLA_ERR;
+        p->messages = msgs;
+    } else {
+        return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
+    }
+    if (get_bool(root, "add_special_tokens", &p->add_special, e)) return MLA_ERR;
+    return MLA_OK;
+}
+
+int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
+    memset(p, 0, sizeof(*p));
+    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!cJSON_IsArray(t)) return bad(e, "tokens", "'tokens' (a list of token ids) is required");
+    return get_token_array(t, "tokens", &p->tokens, &p->n_tokens, e);
+}
+
+void api_tok_params_free(api_tok_params *p) {
+    free(p->prompt);
+    free(p->tokens);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Length of a valid UTF-8 sequence at s, 0 when invalid, -1 when valid so far but cut off. */
+static int utf8_seq(const unsigned char *s, size_t avail) {
+    unsigned char c = s[0];
+    int n;
+    uint32_t min;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) { n = 2; min = 0x80; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; min = 0x800; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; min = 0x10000; }
+    else return 0;
+    uint32_t cp = c & (0x7F >> n);
+    for (int i = 1; i < n; i++) {
+        if ((size_t)i >= avail) return -1;
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+        /* early checks so a cut-off sequence is only "incomplete" when it can still be valid */
+        if (i == 1) {
+            if (n == 3 && c == 0xE0 && s[1] < 0xA0) return 0;
+            if (n == 3 && c == 0xED && s[1] >= 0xA0) return 0;
+            if (n == 4 && c == 0xF0 && s[1] < 0x90) return 0;
+            if (n == 4 && c == 0xF4 && s[1] >= 0x90) return 0;
+        }
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return n;
+}
+
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
+    char *o = mla_xmalloc(len * 3 + 1);
+    size_t j = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        int n = utf8_seq(u + i, len - i);
+        if (n > 0) {
+            memcpy(o + j, s + i, (size_t)n);
+            j += (size_t)n;
+            i += (size_t)n;
+        } else {
+            o[j++] = (char)0xEF;
+            o[j++] = (char)0xBF;
+            o[j++] = (char)0xBD;
+            i++;
+        }
+    }
+    o[j] = 0;
+    if (out_len) *out_len = j;
+    return o;
+}
+
+size_t api_utf8_complete_prefix(const char *s, size_t len) {
+    /* only the last (up to 3) bytes can start an incomplete sequence */
+    size_t start = len > 3 ? len - 3 : 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = start; i < len; i++) {
+        if ((u[i] & 0xC0) == 0x80) continue;
+        if (utf8_seq(u + i, len - i) == -1) return i;
+    }
+    return len;
+}

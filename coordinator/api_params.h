@@ -1,0 +1,91 @@
+/* api_params: the OpenAI request bodies (completions, chat completions, tokenize, detokenize)
+ * parsed and validated into plain structs. Pure functions (no I/O, no tokenizer), shared by the
+ * server and the fuzz target.
+ *
+ * Ownership: api_gen_params_parse fills a struct the caller frees with api_gen_params_free;
+ * it holds its own copies of every string and array (the cJSON document may be deleted
+ * afterwards, except for .messages, which points into it). */
+#ifndef API_PARAMS_H
+#define API_PARAMS_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "coordinator/sched_batch.h"
+
+#define API_MAX_STOP 16
+#define API_MAX_STOP_LEN 256
+
+/* An OpenAI-shaped error: status, message, type, param (may be empty), code (may be empty). */
+typedef struct api_error {
+    int status;
+    char message[1024];
+    char type[48];
+    char param[48];
+    char code[48];
+} api_error;
+
+/* Fills e and returns MLA_ERR. type is derived from status when NULL. */
+int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
+                  ...) __attribute__((format(printf, 5, 6)));
+
+enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
+
+typedef struct api_gen_params {
+    enum api_kind kind;
+    char *model;          /* NULL when absent */
+    /* completions: exactly one of prompt_text / prompt_ids */
+    char *prompt_text;
+    int32_t *prompt_ids;
+    int32_t n_prompt_ids;
+    /* chat */
+    const cJSON *messages; /* points into the request document */
+    bool add_generation_prompt;
+    sched_sampling sampling;
+    int32_t max_tokens;   /* -1: absent (use what the context leaves) */
+    char *stop[API_MAX_STOP];
+    int n_stop;
+    int32_t *stop_ids;
+    int32_t n_stop_ids;
+    bool ignore_eos;
+    bool skip_special_tokens;
+    bool stream;
+    bool include_usage;   /* stream_options.include_usage */
+    bool logprobs;        /* return logprobs at all */
+    int32_t top_logprobs; /* alternatives per token */
+} api_gen_params;
+
+/* Parses a completions (kind API_COMPLETIONS) or chat (API_CHAT) request body. On failure
+ * returns MLA_ERR with e set (400 with the offending param). */
+int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *root, api_error *e);
+/* The value rules of a filled api_gen_params (sampling ranges, max_tokens, logprobs, stop strings,
+ * token ids, exactly one prompt), shared by the JSON parser above and the protobuf API
+ * (coordinator/pbapi_*). Returns MLA_ERR with e set (400 with the offending param). */
+int api_gen_params_check(const api_gen_params *p, api_error *e);
+void api_gen_params_free(api_gen_params *p);
+
+/* /tokenize: {"prompt": str} or {"messages": [...]} (+ "add_special_tokens": bool).
+ * /detokenize: {"tokens": [int]}. */
+typedef struct api_tok_params {
+    char *prompt;
+    const cJSON *messages;
+    bool add_special;
+    int32_t *tokens;
+    int32_t n_tokens;
+} api_tok_params;
+int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e);
+int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e);
+void api_tok_params_free(api_tok_params *p);
+
+/* Checks a chat "messages" array: objects with a string "role" and "content" a string, null or
+ * an array of {"type":"text","text":str} parts. */
+int api_messages_check(const cJSON *messages, api_error *e);
+
+/* Valid UTF-8 copy of bytes (invalid sequences become U+FFFD); NUL-terminated, caller frees. */
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+/* Length of the longest prefix of s[0..len) that does not end inside an incomplete (but so far
+ * valid) UTF-8 sequence. */
+size_t api_utf8_complete_prefix(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,1054 @@
+/* api_server: see api_server.h. */
+#include "coordinator/api_server.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "common/mla_log.h"
+#include "coordinator/api_metrics.h"
+#include "coordinator/api_params.h"
+
+typedef api_token tok_entry; /* byte range [start, end) in the text */
+
+typedef struct api_req {
+    api_server *srv;
+    struct api_req *prev, *next;
+    http_conn *conn;     /* NULL once the response is complete or the client left */
+    api_sink sink;       /* a non-HTTP front (api_server_generate) */
+    bool has_sink;       /* until its final call or it detaches */
+    bool cancelled;      /* finished by cancellation */
+    uint64_t sched_id;
+    enum api_kind kind;
+    bool stream, include_usage, logprobs, skip_special;
+    int32_t top_logprobs;
+    char id[48];
+    long long created;
+    char *stop[API_MAX_STOP];
+    int n_stop;
+    size_t max_stop_len;
+    /* generated text (bytes) and its tokens */
+    char *text;
+    size_t text_len, text_cap;
+    tok_entry *toks;
+    int n_toks, cap_toks;
+    size_t stop_scanned; /* text up to here holds no stop string start that fits */
+    size_t sent_len;     /* streamed bytes */
+    int n_tok_sent;
+    size_t off_bytes, off_chars; /* cursor for character offsets */
+    bool text_done;      /* a stop string ended the text */
+    const char *finish_reason;
+    int32_t n_prompt, n_completion;
+    bool responded;      /* response complete (or the client left) */
+    bool client_gone;
+    double t_start, t_first, t_last;
+} api_req;
+
+typedef struct qev {
+    sched_event ev;
+    char *error;
+} qev;
+
+struct api_server {
+    uv_loop_t *loop;
+    api_config cfg;
+    char *model_name, *api_key;
+    api_tokenizer tok;
+    sched *s;
+    http_server *http;
+    uv_async_t async;
+    bool async_open;
+    pthread_mutex_t mu;
+    qev *q;
+    int nq, capq;
+    api_metrics m;
+    api_req *reqs;
+    int n_inflight;
+    uint64_t counter;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- replies ---- */
+
+static void reply(api_server *a, http_conn *c, int status, const char *ctype, const char *body,
+                  size_t len, const char *extra) {
+    api_metrics_http(&a->m, status);
+    http_respond(c, status, ctype, body, len, extra);
+}
+
+static void reply_json(api_server *a, http_conn *c, int status, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    MLA_ASSERT(s);
+    reply(a, c, status, "application/json", s, strlen(s), NULL);
+    free(s);
+}
+
+static cJSON *error_json(const api_error *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *er = cJSON_AddObjectToObject(root, "error");
+    size_t n;
+    char *msg = api_utf8_sanitize(e->message, strlen(e->message), &n);
+    cJSON_AddStringToObject(er, "message", msg);
+    free(msg);
+    cJSON_AddStringToObject(er, "type", e->type);
+    if (e->param[0])
+        cJSON_AddStringToObject(er, "param", e->param);
+    else
+        cJSON_AddNullToObject(er, "param");
+    if (e->code[0])
+        cJSON_AddStringToObject(er, "code", e->code);
+    else
+        cJSON_AddNullToObject(er, "code");
+    return root;
+}
+
+static void reply_error(api_server *a, http_conn *c, const api_error *e, const char *extra) {
+    cJSON *j = error_json(e);
+    char *s = cJSON_PrintUnformatted(j);
+    reply(a, c, e->status, "application/json", s, strlen(s), extra);
+    free(s);
+    cJSON_Delete(j);
+}
+
+static void reply_errorf(api_server *a, http_conn *c, int status, const char *param, const char *code,
+                         const char *msg) {
+    api_error e;
+    api_error_set(&e, status, param, code, "%s", msg);
+    reply_error(a, c, &e, NULL);
+}
+
+/* ---- tokens and text ---- */
+
+static char *token_string(api_server *a, int32_t id, size_t *n) {
+    size_t len = 0;
+    const char *p = a->tok.piece(a->tok.ctx, id, &len);
+    if (!p) {
+        p = "";
+        len = 0;
+    }
+    return api_utf8_sanitize(p, len, n);
+}
+
+static cJSON *bytes_json(api_server *a, int32_t id) {
+    size_t len = 0;
+    const char *p = a->tok.piece(a->tok.ctx, id, &len);
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; p && i < len; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((unsigned char)p[i]));
+    return arr;
+}
+
+static double lp_value(float lp) {
+    if (isnan(lp)) return -9999.0;
+    if (lp < -9999.0f) return -9999.0;
+    return lp;
+}
+
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80) c++;
+    return c;
+}
+
+/* character offset of byte position pos (monotonic cursor) */
+static size_t char_offset(api_req *r, size_t pos) {
+    if (pos < r->off_bytes) {
+        r->off_bytes = 0;
+        r->off_chars = 0;
+    }
+    r->off_chars += utf8_chars(r->text + r->off_bytes, pos - r->off_bytes);
+    r->off_bytes = pos;
+    return r->off_chars;
+}
+
+/* logprobs JSON for toks[from, to) */
+static cJSON *logprobs_json(api_req *r, int from, int to) {
+    api_server *a = r->srv;
+    cJSON *lp = cJSON_CreateObject();
+    if (r->kind == API_COMPLETIONS) {
+        cJSON *tokens = cJSON_AddArrayToObject(lp, "tokens");
+        cJSON *tlps = cJSON_AddArrayToObject(lp, "token_logprobs");
+        cJSON *tops = cJSON_AddArrayToObject(lp, "top_logprobs");
+        cJSON *offs = cJSON_AddArrayToObject(lp, "text_offset");
+        for (int i = from; i < to; i++) {
+            tok_entry *t = &r->toks[i];
+            size_t n;
+            char *s = token_string(a, t->id, &n);
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
+            free(s);
+            cJSON_AddItemToArray(tlps, cJSON_CreateNumber(lp_value(t->logprob)));
+            cJSON *d = cJSON_CreateObject();
+            for (int k = 0; k < t->n_top; k++) {
+                char *ts = token_string(a, t->top_ids[k], &n);
+                if (!cJSON_GetObjectItemCaseSensitive(d, ts))
+                    cJSON_AddNumberToObject(d, ts, lp_value(t->top_lps[k]));
+                free(ts);
+            }
+            cJSON_AddItemToArray(tops, d);
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)char_offset(r, t->start)));
+        }
+    } else {
+        cJSON *content = cJSON_AddArrayToObject(lp, "content");
+        for (int i = from; i < to; i++) {
+            tok_entry *t = &r->toks[i];
+            size_t n;
+            cJSON *o = cJSON_CreateObject();
+            char *s = token_string(a, t->id, &n);
+            cJSON_AddStringToObject(o, "token", s);
+            free(s);
+            cJSON_AddNumberToObject(o, "logprob", lp_value(t->logprob));
+            cJSON_AddItemToObject(o, "bytes", bytes_json(a, t->id));
+            cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+            for (int k = 0; k < t->n_top; k++) {
+                cJSON *to2 = cJSON_CreateObject();
+                char *ts = token_string(a, t->top_ids[k], &n);
+                cJSON_AddStringToObject(to2, "token", ts);
+                free(ts);
+                cJSON_AddNumberToObject(to2, "logprob", lp_value(t->top_lps[k]));
+                cJSON_AddItemToObject(to2, "bytes", bytes_json(a, t->top_ids[k]));
+                cJSON_AddItemToArray(tops, to2);
+            }
+            cJSON_AddItemToArray(content, o);
+        }
+        cJSON_AddNullToObject(lp, "refusal");
+    }
+    return lp;
+}
+
+static cJSON *usage_json(const api_req *r) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", r->n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + r->n_completion);
+    return u;
+}
+
+static cJSON *chunk_base(const api_req *r) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", r->id);
+    cJSON_AddStringToObject(j, "object", r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(j, "created", (double)r->created);
+    cJSON_AddStringToObject(j, "model", r->srv->model_name);
+    return j;
+}
+
+static void sse_send(api_req *r, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    size_t n = strlen(s);
+    char *buf = mla_xmalloc(n + 9);
+    memcpy(buf, "data: ", 6);
+    memcpy(buf + 6, s, n);
+    memcpy(buf + 6 + n, "\n\n", 2);
+    http_stream_write(r->conn, buf, n + 8);
+    free(buf);
+    free(s);
+}
+
+/* A stream chunk with text[from_b, to_b) and tokens [t0, t1); finish may be NULL. */
+static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, const char *finish) {
+    cJSON *j = chunk_base(r);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    size_t n;
+    char *txt = api_utf8_sanitize(r->text + from_b, to_b - from_b, &n);
+    if (r->kind == API_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (to_b > from_b || !finish) cJSON_AddStringToObject(d, "content", txt);
+    } else {
+        cJSON_AddStringToObject(c, "text", txt);
+    }
+    free(txt);
+    if (r->logprobs && t1 > t0)
+        cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, t0, t1));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+    sse_send(r, j);
+    cJSON_Delete(j);
+}
+
+/* Number of tokens that belong to the final text. */
+static int final_token_count(const api_req *r) {
+    int n = 0;
+    while (n < r->n_toks) {
+        const tok_entry *t = &r->toks[n];
+        if (t->start < r->text_len || (t->start == t->end && t->start <= r->text_len && !r->text_done)) {
+            n++;
+            continue;
+        }
+        break;
+    }
+    return n;
+}
+
+/* Streams what is safe to send: text that cannot become part of a stop string and ends on a
+ * UTF-8 boundary, with its tokens. */
+static void stream_flush(api_req *r) {
+    size_t safe = r->text_len;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        size_t kmax = sl - 1 < r->text_len ? sl - 1 : r->text_len;
+        for (size_t k = kmax; k >= 1; k--) {
+            if (!memcmp(r->text + r->text_len - k, r->stop[i], k)) {
+                if (r->text_len - k < safe) safe = r->text_len - k;
+                break;
+            }
+        }
+    }
+    safe = api_utf8_complete_prefix(r->text, safe);
+    int t0 = r->n_tok_sent, t1 = t0;
+    while (t1 < r->n_toks && r->toks[t1].end <= safe) t1++;
+    if (t1 == t0) return;
+    size_t to_b = r->toks[t1 - 1].end;
+    if (to_b < r->sent_len) to_b = r->sent_len;
+    if (r->has_sink)
+        r->sink.on_delta(r->sink.ud, r->text, r->sent_len, to_b, r->toks + t0, t1 - t0);
+    else
+        send_chunk(r, r->sent_len, to_b, t0, t1, NULL);
+    r->sent_len = to_b;
+    r->n_tok_sent = t1;
+}
+
+static void req_unlink_conn(api_req *r) {
+    r->conn = NULL;
+    r->has_sink = false;
+    r->responded = true;
+}
+
+static bool has_client(const api_req *r) { return r->conn || r->has_sink; }
+
+/* Completes the response (text final: stop string, stop token, length, or error). */
+static void complete_response(api_req *r, const char *error) {
+    api_server *a = r->srv;
+    if (r->responded || !has_client(r)) return;
+    http_conn *c = r->conn;
+    int n_final = final_token_count(r);
+    if (r->has_sink) {
+        int t0 = r->n_tok_sent < n_final ? r->n_tok_sent : n_final;
+        size_t from = r->sent_len < r->text_len ? r->sent_len : r->text_len;
+        if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+        api_sink sk = r->sink;
+        req_unlink_conn(r);
+        sk.on_final(sk.ud, r->text ? r->text : "", from, error ? from : r->text_len,
+                    r->toks + t0, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
+                    error, r->cancelled, r->n_prompt, r->n_completion);
+        return;
+    }
+    if (r->stream) {
+        if (error) {
+            api_error e;
+            api_error_set(&e, 500, NULL, "generation_failed", "generation failed: %s", error);
+            cJSON *j = error_json(&e);
+            sse_send(r, j);
+            cJSON_Delete(j);
+        } else {
+            int t0 = r->n_tok_sent;
+            if (t0 > n_final) t0 = n_final;
+            size_t from = r->sent_len < r->text_len ? r->sent_len : r->text_len;
+            /* clip the last token's range to the final text */
+            if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+            send_chunk(r, from, r->text_len, t0, n_final, r->finish_reason);
+            if (r->include_usage) {
+                cJSON *j = chunk_base(r);
+                cJSON_AddArrayToObject(j, "choices");
+                cJSON_AddItemToObject(j, "usage", usage_json(r));
+                sse_send(r, j);
+                cJSON_Delete(j);
+            }
+        }
+        http_stream_write(c, "data: [DONE]\n\n", 14);
+        http_stream_end(c);
+    } else if (error) {
+        api_error e;
+        api_error_set(&e, 500, NULL, "generation_failed", "generation failed: %s", error);
+        reply_error(a, c, &e, NULL);
+    } else {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "id", r->id);
+        cJSON_AddStringToObject(j, "object", r->kind == API_CHAT ? "chat.completion" : "text_completion");
+        cJSON_AddNumberToObject(j, "created", (double)r->created);
+        cJSON_AddStringToObject(j, "model", a->model_name);
+        cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", 0);
+        size_t n;
+        char *txt = api_utf8_sanitize(r->text, r->text_len, &n);
+        if (r->kind == API_CHAT) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", txt);
+        } else {
+            cJSON_AddStringToObject(ch, "text", txt);
+        }
+        free(txt);
+        if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+        if (r->logprobs)
+            cJSON_AddItemToObject(ch, "logprobs", logprobs_json(r, 0, n_final));
+        else
+            cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddStringToObject(ch, "finish_reason", r->finish_reason ? r->finish_reason : "stop");
+        cJSON_AddItemToArray(choices, ch);
+        cJSON_AddItemToObject(j, "usage", usage_json(r));
+        reply_json(a, c, 200, j);
+        cJSON_Delete(j);
+    }
+    if (r->stream) api_metrics_http(&a->m, 200);
+    req_unlink_conn(r);
+}
+
+static void check_stops(api_req *r) {
+    if (!r->n_stop || r->text_done) return;
+    size_t from = r->stop_scanned > r->max_stop_len - 1 ? r->stop_scanned - (r->max_stop_len - 1) : 0;
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < r->n_stop; i++) {
+        const char *hit = memmem(r->text + from, r->text_len - from, r->stop[i], strlen(r->stop[i]));
+        if (hit && (size_t)(hit - r->text) < best) best = (size_t)(hit - r->text);
+    }
+    if (best != SIZE_MAX) {
+        r->text_len = best;
+        r->text_done = true;
+        r->finish_reason = "stop";
+        sched_cancel(r->srv->s, r->sched_id);
+    } else {
+        r->stop_scanned = r->text_len;
+    }
+}
+
+static void req_free(api_req *r) {
+    api_server *a = r->srv;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        a->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    a->n_inflight--;
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->text);
+    free(r->toks);
+    free(r);
+}
+
+static void process_event(api_server *a, const sched_event *ev, const char *error) {
+    api_req *r = ev->user;
+    double t = now_s();
+    if (ev->has_token && !r->text_done) {
+        r->n_completion++;
+        a->m.generation_tokens++;
+        if (r->t_first == 0) {
+            r->t_first = t;
+            api_hist_observe(&a->m.ttft, t - r->t_start);
+        } else {
+            api_hist_observe(&a->m.itl, t - r->t_last);
+        }
+        r->t_last = t;
+        if (!ev->is_stop) {
+            size_t len = 0;
+            const char *p = "";
+            int32_t id = ev->result.token;
+            if (!(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
+                p = a->tok.piece(a->tok.ctx, id, &len);
+                if (!p) len = 0;
+            }
+            if (r->n_toks == r->cap_toks) {
+                r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 64;
+                r->toks = mla_xrealloc(r->toks, (size_t)r->cap_toks * sizeof(*r->toks));
+            }
+            tok_entry *te = &r->toks[r->n_toks++];
+            te->id = id;
+            te->logprob = ev->result.logprob;
+            te->n_top = r->top_logprobs < ev->result.n_top ? r->top_logprobs : ev->result.n_top;
+            if (te->n_top < 0) te->n_top = 0;
+            memcpy(te->top_ids, ev->result.top_ids, sizeof(te->top_ids));
+            memcpy(te->top_lps, ev->result.top_logprobs, sizeof(te->top_lps));
+            te->start = r->text_len;
+            if (r->text_len + len + 1 > r->text_cap) {
+                r->text_cap = (r->text_len + len + 1) * 2;
+                r->text = mla_xrealloc(r->text, r->text_cap);
+            }
+            if (len) memcpy(r->text + r->text_len, p, len);
+            r->text_len += len;
+            te->end = r->text_len;
+            check_stops(r);
+        }
+        if (!r->text_done && r->stream && has_client(r) && !r->responded) stream_flush(r);
+        if (r->text_done && has_client(r)) complete_response(r, NULL);
+    }
+    if (ev->finish == SCHED_FINISH_NONE) return;
+    /* the final event: the scheduler is done with this request */
+    switch (ev->finish) {
+    case SCHED_FINISH_STOP:
+        if (!r->finish_reason) r->finish_reason = "stop";
+        break;
+    case SCHED_FINISH_LENGTH:
+        if (!r->finish_reason) r->finish_reason = "length";
+        break;
+    case SCHED_FINISH_ERROR:
+        a->m.requests_error++;
+        MLA_WARN("api: request %s failed: %s", r->id, error ? error : "?");
+        break;
+    default:
+        break;
+    }
+    if (ev->finish == SCHED_FINISH_ERROR) {
+        complete_response(r, error ? error : "unknown error");
+    } else if (ev->finish == SCHED_FINISH_CANCELLED && !r->text_done) {
+        a->m.requests_cancelled++;
+        r->cancelled = true;
+        complete_response(r, "the request was cancelled");
+    } else {
+        if (r->finish_reason && !strcmp(r->finish_reason, "length")) a->m.finish_length++;
+        else a->m.finish_stop++;
+        complete_response(r, NULL);
+    }
+    if (r->t_first > 0) api_hist_observe(&a->m.e2e, t - r->t_start);
+    req_free(r);
+}
+
+static void on_async(uv_async_t *h) {
+    api_server *a = h->data;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        int n = a->nq;
+        qev *q = a->q;
+        a->q = NULL;
+        a->nq = a->capq = 0;
+        pthread_mutex_unlock(&a->mu);
+        if (n == 0) break;
+        for (int i = 0; i < n; i++) {
+            process_event(a, &q[i].ev, q[i].error);
+            free(q[i].error);
+        }
+        free(q);
+    }
+}
+
+void api_server_on_event(void *cb_ctx, const sched_event *ev) {
+    api_server *a = cb_ctx;
+    pthread_mutex_lock(&a->mu);
+    if (a->nq == a->capq) {
+        a->capq = a->capq ? a->capq * 2 : 64;
+        a->q = mla_xrealloc(a->q, (size_t)a->capq * sizeof(*a->q));
+    }
+    qev *e = &a->q[a->nq++];
+    e->ev = *ev;
+    e->error = ev->error ? mla_xstrdup(ev->error) : NULL;
+    e->ev.error = NULL;
+    pthread_mutex_unlock(&a->mu);
+    uv_async_send(&a->async);
+}
+
+static void on_client_abort(void *ud) {
+    api_req *r = ud;
+    r->conn = NULL;
+    r->client_gone = true;
+    r->responded = true;
+    MLA_DEBUG("api: client of %s went away; cancelling", r->id);
+    sched_cancel(r->srv->s, r->sched_id);
+}
+
+/* ---- request handlers ---- */
+
+static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
+    if (!j) {
+        reply_errorf(a, c, 400, NULL, "invalid_json", "the request body is not valid JSON");
+        return NULL;
+    }
+    return j;
+}
+
+static void encode_error(api_error *e, const mla_err *err) {
+    api_error_set(e, 400, "prompt", NULL, "cannot tokenize the prompt: %s", err->msg);
+}
+
+/* Prompt text for a chat request, or NULL with e set. */
+static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, api_error *e) {
+    if (!a->tok.render_chat) {
+        api_error_set(e, 400, "messages", NULL, "this model has no chat template; use /v1/completions");
+        return NULL;
+    }
+    char *out = NULL;
+    mla_err err = {{0}};
+    if (a->tok.render_chat(a->tok.ctx, messages, add_gen, &out, &err) != MLA_OK) {
+        api_error_set(e, 400, "messages", NULL, "cannot render the chat template: %s", err.msg);
+        return NULL;
+    }
+    return out;
+}
+
+/* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
+ * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
+ * set. Moves p's stop strings into the request. */
+static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c, const api_sink *sink,
+                                 api_error *e) {
+    enum api_kind kind = p->kind;
+    int32_t *ids = NULL;
+    int32_t n_ids = 0;
+    mla_err err = {{0}};
+    api_req *r = NULL;
+    if (p->model && strcmp(p->model, a->model_name)) {
+        api_error_set(e, 404, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
+                      p->model, a->model_name);
+        goto done;
+    }
+    if (kind == API_CHAT) {
+        char *text = render_chat(a, p->messages, p->add_generation_prompt, e);
+        if (!text) goto done;
+        int rc = a->tok.encode(a->tok.ctx, text, strlen(text), false, true, &ids, &n_ids, &err);
+        free(text);
+        if (rc != MLA_OK) {
+            encode_error(e, &err);
+            goto done;
+        }
+    } else if (p->prompt_text) {
+        if (a->tok.encode(a->tok.ctx, p->prompt_text, strlen(p->prompt_text), true, true, &ids, &n_ids, &err) != MLA_OK) {
+            encode_error(e, &err);
+            goto done;
+        }
+    } else {
+        ids = p->prompt_ids;
+        n_ids = p->n_prompt_ids;
+        p->prompt_ids = NULL;
+        p->n_prompt_ids = 0;
+        for (int32_t i = 0; i < n_ids; i++)
+            if (ids[i] < 0 || ids[i] >= a->tok.n_vocab) {
+                api_error_set(e, 400, "prompt", NULL, "token id %d is out of range (the vocabulary has %d tokens)",
+                              ids[i], a->tok.n_vocab);
+                goto done;
+            }
+    }
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= a->tok.n_vocab) {
+            api_error_set(e, 400, "stop_token_ids", NULL, "token id %d is out of range (the vocabulary has %d tokens)",
+                          p->stop_ids[i], a->tok.n_vocab);
+            goto done;
+        }
+    if (n_ids == 0) {
+        api_error_set(e, 400, "prompt", NULL, "the prompt is empty (no tokens)");
+        goto done;
+    }
+    if (n_ids >= a->cfg.max_context) {
+        api_error_set(e, 400, kind == API_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                      "This model's maximum context length is %d tokens. However, your prompt has %d tokens "
+                      "(no room for a completion).", a->cfg.max_context, n_ids);
+        goto done;
+    }
+    int32_t max_tokens = p->max_tokens;
+    if (max_tokens > 0 && (int64_t)n_ids + max_tokens > a->cfg.max_context) {
+        api_error_set(e, 400, "max_tokens", "context_length_exceeded",
+                      "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+                      "(%d in the prompt, %d for the completion).", a->cfg.max_context,
+                      (long long)n_ids + max_tokens, n_ids, max_tokens);
+        goto done;
+    }
+    if (max_tokens <= 0) {
+        max_tokens = a->cfg.max_context - n_ids;
+        if (a->cfg.default_max_tokens > 0 && max_tokens > a->cfg.default_max_tokens) max_tokens = a->cfg.default_max_tokens;
+    }
+
+    r = mla_xcalloc(1, sizeof(*r));
+    r->srv = a;
+    r->conn = c;
+    if (sink) {
+        r->sink = *sink;
+        r->has_sink = true;
+    }
+    r->kind = kind;
+    r->stream = p->stream || sink;
+    r->include_usage = p->include_usage;
+    r->logprobs = p->logprobs;
+    r->top_logprobs = p->top_logprobs;
+    r->skip_special = p->skip_special_tokens;
+    r->created = (long long)time(NULL);
+    a->counter++;
+    snprintf(r->id, sizeof(r->id), "%s-%llx%08llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)r->created, (unsigned long long)a->counter);
+    r->max_stop_len = 1;
+    for (int i = 0; i < p->n_stop; i++) {
+        r->stop[r->n_stop++] = p->stop[i];
+        p->stop[i] = NULL;
+        size_t l = strlen(r->stop[i]);
+        if (l > r->max_stop_len) r->max_stop_len = l;
+    }
+    p->n_stop = 0;
+    r->n_prompt = n_ids;
+    r->t_start = now_s();
+
+    sched_request sr = {0};
+    sr.prompt = ids;
+    sr.n_prompt = n_ids;
+    sr.max_tokens = max_tokens;
+    sr.stop_ids = p->stop_ids;
+    sr.n_stop_ids = p->n_stop_ids;
+    sr.ignore_eos = p->ignore_eos;
+    sr.sampling = p->sampling;
+    sr.user = r;
+    int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
+    if (rc != SCHED_E_OK) {
+        for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+        free(r);
+        r = NULL;
+        int status = rc == SCHED_E_QUEUE_FULL ? 429 : (rc == SCHED_E_CAPACITY || rc == SCHED_E_STOPPED) ? 503 : 400;
+        api_error_set(e, status, NULL, rc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", err.msg);
+        goto done;
+    }
+    r->next = a->reqs;
+    if (a->reqs) a->reqs->prev = r;
+    a->reqs = r;
+    a->n_inflight++;
+    a->m.prompt_tokens += (uint64_t)n_ids;
+done:
+    free(ids);
+    return r;
+}
+
+static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
+    cJSON *root = parse_body(a, c, hr);
+    if (!root) return;
+    api_gen_params p;
+    api_error e;
+    api_req *r = NULL;
+    if (api_gen_params_parse(&p, kind, root, &e) != MLA_OK || !(r = start_generation(a, &p, c, NULL, &e))) {
+        reply_error(a, c, &e, NULL);
+        goto done;
+    }
+    http_conn_on_abort(c, on_client_abort, r);
+    if (r->stream) {
+        http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+        if (kind == API_CHAT) {
+            cJSON *j = chunk_base(r);
+            cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+            cJSON *ch = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ch, "index", 0);
+            cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+            cJSON_AddStringToObject(d, "role", "assistant");
+            cJSON_AddStringToObject(d, "content", "");
+            cJSON_AddNullToObject(ch, "logprobs");
+            cJSON_AddNullToObject(ch, "finish_reason");
+            cJSON_AddItemToArray(choices, ch);
+            if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+            sse_send(r, j);
+            cJSON_Delete(j);
+        }
+    }
+done:
+    api_gen_params_free(&p);
+    cJSON_Delete(root);
+}
+
+int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                        int32_t **ids, int32_t *n, api_error *e) {
+    *ids = NULL;
+    *n = 0;
+    char *owned = NULL;
+    if (messages) {
+        owned = render_chat(a, messages, true, e);
+        if (!owned) return MLA_ERR;
+        text = owned;
+        add_special = false;
+    }
+    if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
+    mla_err err = {{0}};
+    int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, ids, n, &err);
+    free(owned);
+    if (rc != MLA_OK) {
+        encode_error(e, &err);
+        *ids = NULL;
+        *n = 0;
+        return MLA_ERR;
+    }
+    return MLA_OK;
+}
+
+static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr) {
+    cJSON *root = parse_body(a, c, hr);
+    if (!root) return;
+    api_tok_params p;
+    api_error e;
+    int32_t *ids = NULL, n = 0;
+    if (api_tokenize_params_parse(&p, root, &e) != MLA_OK ||
+        api_server_tokenize(a, p.prompt, p.messages, p.add_special, &ids, &n, &e) != MLA_OK) {
+        reply_error(a, c, &e, NULL);
+    } else {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *arr = cJSON_AddArrayToObject(j, "tokens");
+        for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+        cJSON_AddNumberToObject(j, "count", n);
+        cJSON_AddNumberToObject(j, "max_model_len", a->cfg.max_context);
+        reply_json(a, c, 200, j);
+        cJSON_Delete(j);
+    }
+    free(ids);
+    api_tok_params_free(&p);
+    cJSON_Delete(root);
+}
+
+static void handle_detokenize(api_server *a, http_conn *c, const http_request *hr) {
+    cJSON *root = parse_body(a, c, hr);
+    if (!root) return;
+    api_tok_params p;
+    api_error e;
+    if (api_detokenize_params_parse(&p, root, &e) != MLA_OK) {
+        reply_error(a, c, &e, NULL);
+    } else {
+        char *buf = NULL;
+        size_t len = 0, cap = 0;
+        bool bad_id = false;
+        for (int32_t i = 0; i < p.n_tokens; i++) {
+            size_t n = 0;
+            const char *s = a->tok.piece(a->tok.ctx, p.tokens[i], &n);
+            if (!s || p.tokens[i] >= a->tok.n_vocab) {
+                api_error_set(&e, 400, "tokens", NULL, "token id %d is out of range (the vocabulary has %d tokens)",
+                              p.tokens[i], a->tok.n_vocab);
+                bad_id = true;
+                break;
+            }
+            if (len + n + 1 > cap) {
+                cap = (len + n + 1) * 2;
+                buf = mla_xrealloc(buf, cap);
+            }
+            memcpy(buf + len, s, n);
+            len += n;
+        }
+        if (bad_id) {
+            reply_error(a, c, &e, NULL);
+        } else {
+            size_t n;
+            char *txt = api_utf8_sanitize(buf ? buf : "", len, &n);
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "prompt", txt);
+            reply_json(a, c, 200, j);
+            cJSON_Delete(j);
+            free(txt);
+        }
+        free(buf);
+    }
+    api_tok_params_free(&p);
+    cJSON_Delete(root);
+}
+
+static void handle_models(api_server *a, http_conn *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(j, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", a->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "mlaserve");
+    cJSON_AddNumberToObject(m, "max_model_len", a->cfg.max_context);
+    cJSON_AddItemToArray(data, m);
+    reply_json(a, c, 200, j);
+    cJSON_Delete(j);
+}
+
+bool api_server_healthy(api_server *a, char *why, size_t cap) {
+    why[0] = 0;
+    if (!a->cfg.health) return true;
+    return a->cfg.health(a->cfg.health_ctx, why, cap);
+}
+
+static void handle_health(api_server *a, http_conn *c) {
+    char why[512];
+    if (api_server_healthy(a, why, sizeof(why))) {
+        reply(a, c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+    } else {
+        api_error e;
+        api_error_set(&e, 503, NULL, "worker_down", "unhealthy: %s", why[0] ? why : "a worker is down");
+        reply_error(a, c, &e, NULL);
+    }
+}
+
+static void handle_metrics(api_server *a, http_conn *c) {
+    api_gauges g = {0};
+    if (a->s) {
+        sched_stats st;
+        sched_get_stats(a->s, &st);
+        g.waiting = st.waiting;
+        g.running = st.running;
+        g.blocks_used = st.blocks_used;
+        g.blocks_total = st.blocks_total;
+        g.block_size = st.block_size;
+        g.preemptions = (int64_t)st.preemptions;
+        g.steps = (int64_t)st.steps;
+    }
+    g.connections = a->http ? http_server_n_conns(a->http) : 0;
+    char why[256];
+    g.healthy = api_server_healthy(a, why, sizeof(why)) ? 1 : 0;
+    size_t n;
+    char *s = api_metrics_render(&a->m, &g, a->model_name, &n);
+    reply(a, c, 200, "text/plain; version=0.0.4; charset=utf-8", s, n, NULL);
+    free(s);
+}
+
+bool api_server_auth_required(const api_server *a) { return a->api_key && a->api_key[0]; }
+
+static bool authorized(api_server *a, const http_request *req) {
+    if (!a->api_key || !a->api_key[0]) return true;
+    const char *h = req->authorization;
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return api_server_key_ok(a, h);
+}
+
+bool api_server_key_ok(const api_server *a, const char *h) {
+    if (!a->api_key || !a->api_key[0]) return true;
+    if (!h) return false;
+    /* constant-time comparison */
+    size_t la = strlen(a->api_key), lh = strlen(h);
+    unsigned char diff = (unsigned char)(la != lh);
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a->api_key[i] ^ (i < lh ? h[i] : 0));
+    return diff == 0;
+}
+
+typedef struct route {
+    const char *path;
+    int method; /* enum http_method */
+    bool auth;
+} route;
+
+static const route routes[] = {
+    {"/v1/completions", HTTP_POST, true},
+    {"/v1/chat/completions", HTTP_POST, true},
+    {"/v1/models", HTTP_GET, true},
+    {"/health", HTTP_GET, false},
+    {"/metrics", HTTP_GET, false},
+    {"/tokenize", HTTP_POST, true},
+    {"/detokenize", HTTP_POST, true},
+};
+
+void api_server_handle(void *ud, http_conn *c, const http_request *req) {
+    api_server *a = ud;
+    const route *rt = NULL;
+    size_t plen = strlen(req->path);
+    while (plen > 1 && req->path[plen - 1] == '/') plen--; /* tolerate a trailing slash */
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strlen(routes[i].path) == plen && !strncmp(routes[i].path, req->path, plen)) rt = &routes[i];
+    if (!rt) {
+        api_error e;
+        size_t n;
+        char *p = api_utf8_sanitize(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
+        api_error_set(&e, 404, NULL, "not_found", "no route %s %s", req->method, p);
+        free(p);
+        reply_error(a, c, &e, NULL);
+        return;
+    }
+    if (req->method_id != rt->method) {
+        api_error e;
+        api_error_set(&e, 405, NULL, "method_not_allowed", "%s is not allowed on %s (use %s)", req->method,
+                      rt->path, rt->method == HTTP_GET ? "GET" : "POST");
+        char allow[32];
+        snprintf(allow, sizeof(allow), "Allow: %s\r\n", rt->method == HTTP_GET ? "GET" : "POST");
+        reply_error(a, c, &e, allow);
+        return;
+    }
+    if (rt->auth && !authorized(a, req)) {
+        api_error e;
+        api_error_set(&e, 401, NULL, "invalid_api_key",
+                      "missing or wrong API key (send 'Authorization: Bearer <key>')");
+        reply_error(a, c, &e, "WWW-Authenticate: Bearer\r\n");
+        return;
+    }
+    if (!strcmp(rt->path, "/v1/completions")) handle_generate(a, c, req, API_COMPLETIONS);
+    else if (!strcmp(rt->path, "/v1/chat/completions")) handle_generate(a, c, req, API_CHAT);
+    else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
+    else if (!strcmp(rt->path, "/health")) handle_health(a, c);
+    else if (!strcmp(rt->path, "/metrics")) handle_metrics(a, c);
+    else if (!strcmp(rt->path, "/tokenize")) handle_tokenize(a, c, req);
+    else handle_detokenize(a, c, req);
+}
+
+/* ---- lifetime ---- */
+
+int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
+                   const api_tokenizer *tok, mla_err *err) {
+    *out = NULL;
+    if (!tok || !tok->encode || !tok->piece) return mla_errf(err, "api: the tokenizer needs encode and piece");
+    if (cfg->max_context <= 1) return mla_errf(err, "api: max_context must be > 1 (got %d)", cfg->max_context);
+    api_server *a = mla_xcalloc(1, sizeof(*a));
+    a->loop = loop;
+    a->cfg = *cfg;
+    a->model_name = mla_xstrdup(cfg->model_name ? cfg->model_name : "model");
+    a->api_key = cfg->api_key && cfg->api_key[0] ? mla_xstrdup(cfg->api_key) : NULL;
+    a->cfg.model_name = a->model_name;
+    a->cfg.api_key = a->api_key;
+    a->tok = *tok;
+    pthread_mutex_init(&a->mu, NULL);
+    api_metrics_init(&a->m);
+    int rc = uv_async_init(loop, &a->async, on_async);
+    if (rc < 0) {
+        free(a->model_name);
+        free(a->api_key);
+        free(a);
+        return mla_errf(err, "api: uv_async_init: %s", uv_strerror(rc));
+    }
+    a->async.data = a;
+    a->async_open = true;
+    *out = a;
+    return MLA_OK;
+}
+
+void api_server_set_sched(api_server *a, sched *s) { a->s = s; }
+void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
+int api_server_inflight(const api_server *a) { return a->n_inflight; }
+
+void api_server_drain(api_server *a) {
+    while (a->n_inflight > 0) {
+        on_async(&a->async);
+        if (a->n_inflight > 0) uv_run(a->loop, UV_RUN_ONCE);
+    }
+}
+
+static void on_async_closed(uv_handle_t *h) { (void)h; }
+
+void api_server_free(api_server *a) {
+    if (!a) return;
+    /* the scheduler is stopped: queued events are dropped, requests freed */
+    for (int i = 0; i < a->nq; i++) free(a->q[i].error);
+    free(a->q);
+    while (a->reqs) req_free(a->reqs);
+    if (a->async_open) {
+        uv_close((uv_handle_t *)&a->async, on_async_closed);
+        uv_run(a->loop, UV_RUN_NOWAIT);
+    }
+    api_metrics_free(&a->m);
+    pthread_mutex_destroy(&a->mu);
+    free(a->model_name);
+    free(a->api_key);
+    free(a);
+}
+
+const char *api_server_model_name(const api_server *a) { return a->model_name; }
+int32_t api_server_max_context(const api_server *a) { return a->cfg.max_context; }
+
+api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {
+    MLA_ASSERT(sink && sink->on_delta && sink->on_final);
+    return start_generation(a, p, NULL, sink, e);
+}
+
+void api_server_gen_cancel(api_gen *g, bool detach) {
+    if (!g) return;
+    if (detach) {
+        g->has_sink = false;
+        g->client_gone = true;
+        g->responded = true;
+    }
+    sched_cancel(g->srv->s, g->sched_id);
+}

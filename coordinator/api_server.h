@@ -1,0 +1,131 @@
+/* api_server: the OpenAI-compatible HTTP API over the scheduler.
+ *
+ * Routes: POST /v1/completions, POST /v1/chat/completions (both with stream:true as
+ * Server-Sent Events ending in "data: [DONE]"), GET /v1/models, GET /health, GET /metrics,
+ * POST /tokenize, POST /detokenize. Errors use the OpenAI shape
+ * {"error":{"message","type","param","code"}}.
+ *
+ * Engine-agnostic: the tokenizer and the chat template come in as function pointers
+ * (api_tokenizer), the model through the scheduler (sched_batch.h), worker health through a
+ * callback. Threads: everything runs on the libuv loop thread except api_server_on_event, which
+ * the scheduler calls from its thread: it only queues the event and wakes the loop (uv_async).
+ * Stop strings are matched on the detokenized text here; the text is cut before them and the
+ * request is cancelled in the scheduler.
+ *
+ * Setup order: api_server_new -> sched_init with on_event = api_server_on_event and
+ * cb_ctx = the api server -> api_server_set_sched -> http_server_init with handler
+ * api_server_handle and ud = the api server -> api_server_set_http.
+ * Shutdown: http_server_close, api_server_drain (runs the loop until every request has its
+ * final scheduler event), sched_stop, sched_free, api_server_free, http_server_free.
+ * Ownership: api_server_new copies the config strings and the tokenizer struct (not what its
+ * ctx points to); the caller frees with api_server_free. */
+#ifndef API_SERVER_H
+#define API_SERVER_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/mla_err.h"
+#include "coordinator/api_params.h"
+#include "coordinator/http_server.h"
+#include "coordinator/sched_batch.h"
+
+typedef struct api_tokenizer {
+    void *ctx;
+    int32_t n_vocab;
+    /* text -> token ids (*ids malloc'd, caller frees). add_special: BOS etc. per the vocab;
+     * parse_special: special-token texts become those tokens. */
+    int (*encode)(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                  int32_t **ids, int32_t *n, mla_err *err);
+    /* The bytes a token decodes to (may be part of a UTF-8 sequence); NULL when out of range. */
+    const char *(*piece)(void *ctx, int32_t id, size_t *len);
+    /* Control tokens render as nothing when skip_special_tokens (the default). */
+    bool (*is_special)(void *ctx, int32_t id);
+    /* End-of-generation tokens (EOS, EOT...). */
+    bool (*is_eog)(void *ctx, int32_t id);
+    /* Renders chat messages (a validated cJSON array) to prompt text (malloc'd, caller frees);
+     * NULL when the model has no chat template (chat requests then get 400). */
+    int (*render_chat)(void *ctx, const cJSON *messages, bool add_generation_prompt, char **out,
+                       mla_err *err);
+} api_tokenizer;
+
+typedef struct api_config {
+    const char *model_name;    /* the id in /v1/models and responses */
+    const char *api_key;       /* NULL or "": no authentication */
+    int32_t max_context;       /* prompt + completion limit */
+    int32_t default_max_tokens;/* when the request names none; 0: what the context leaves */
+    /* Worker health: return true when all is well; else fill why. NULL: always healthy. */
+    bool (*health)(void *ctx, char *why, size_t cap);
+    void *health_ctx;
+} api_config;
+
+typedef struct api_server api_server;
+
+int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
+                   const api_tokenizer *tok, mla_err *err);
+void api_server_set_sched(api_server *a, sched *s);
+void api_server_set_http(api_server *a, http_server *h);
+/* The http_handler_fn (ud = the api server). */
+void api_server_handle(void *ud, http_conn *c, const http_request *req);
+/* The sched_config.on_event callback (cb_ctx = the api server); any thread. */
+void api_server_on_event(void *cb_ctx, const sched_event *ev);
+/* Runs the loop until no generation request is in flight (after http_server_close). */
+void api_server_drain(api_server *a);
+int api_server_inflight(const api_server *a);
+void api_server_free(api_server *a);
+
+/* ---- the same generation path for other fronts (the protobuf API, coordinator/pbapi_*) ----
+ * Everything below runs on the loop thread. */
+
+/* A generated token: id, logprob, alternatives, and its byte range [start, end) in the
+ * request's generated text. */
+typedef struct api_token {
+    int32_t id;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
+    float top_lps[SCHED_MAX_TOP_LOGPROBS];
+    size_t start, end;
+} api_token;
+
+/* Where a generation's output goes. text is the whole generated text so far (after
+ * detokenization and stop strings); [from, to) is the part not delivered yet and toks[0, n)
+ * the tokens it comes from (their ranges may reach past to: a token's text can be cut by a stop
+ * string or end inside a UTF-8 sequence). Text up to `to` ends on a UTF-8 boundary (the bytes
+ * themselves are the model's: they may be invalid UTF-8). */
+typedef struct api_sink {
+    void *ud;
+    void (*on_delta)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n);
+    /* The last call: the rest of the text and tokens, then finish_reason ("stop", "length") on
+     * success or error (a message; finish_reason NULL; cancelled: true when the request was
+     * cancelled) and the usage. The api_gen handle is gone after it returns. */
+    void (*on_final)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
+                     const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
+                     int32_t n_completion);
+} api_sink;
+
+typedef struct api_req api_gen;
+
+/* Starts a generation as the HTTP API does (model name check, chat template, tokenization,
+ * context checks, stop strings, submission to the scheduler, metrics). p must have passed
+ * api_gen_params_check; its stop strings move into the request (the caller still frees p).
+ * Returns the handle, or NULL with e set (e->status as the HTTP API would answer). */
+api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e);
+/* Cancels a generation. detach: the sink is never called again (its client left); else the
+ * sink gets its final call (error, cancelled = true) once the scheduler is done. */
+void api_server_gen_cancel(api_gen *g, bool detach);
+/* Tokenizes a prompt (add_special: BOS etc.) or chat messages (a checked cJSON array, with the
+ * generation prompt) as /tokenize does; *ids malloc'd, caller frees. */
+int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                        int32_t **ids, int32_t *n, api_error *e);
+/* The request's key matches the server's (constant time; true when the server has none). */
+bool api_server_key_ok(const api_server *a, const char *key);
+bool api_server_auth_required(const api_server *a);
+const char *api_server_model_name(const api_server *a);
+int32_t api_server_max_context(const api_server *a);
+bool api_server_healthy(api_server *a, char *why, size_t cap);
+
+#endif

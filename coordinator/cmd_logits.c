@@ -1,0 +1,247 @@
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "common/coll_host.h"
+#include "common/gguf.h"
+#include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "worker/model.h"
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: mlaserve logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]\n"
+            "                       [--in-process] [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
+            "  --tp N         N tensor-parallel ranks, one worker process each, through a coordinator\n"
+            "  --in-process   run the --tp ranks as threads of this process instead\n");
+    return 2;
+}
+
+/* Reads one line of ids; returns count (0 for an empty line), -1 at EOF, -2 on a bad id. */
+static int64_t read_line_ids(FILE *f, int32_t **ids, size_t *cap, int64_t line_no) {
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n = getline(&line, &lcap, f);
+    if (n < 0) {
+        free(line);
+        return -1;
+    }
+    int64_t cnt = 0;
+    char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "mlaserve logits: line %lld: bad token id near '%.20s'\n", (long long)line_no, p);
+            free(line);
+            return -2;
+        }
+        if ((size_t)cnt == *cap) {
+            *cap = *cap ? *cap * 2 : 256;
+            *ids = mla_xrealloc(*ids, *cap * sizeof **ids);
+        }
+        (*ids)[cnt++] = (int32_t)v;
+        p = end;
+    }
+    free(line);
+    return cnt;
+}
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+typedef struct prompts {
+    int32_t **ids;
+    int64_t *n;
+    int64_t count;
+} prompts;
+
+typedef struct rank_job {
+    const gguf_ctx *g;
+    coll *c;              /* NULL: single rank */
+    int threads;
+    long decode_from, greedy;
+    const prompts *P;
+    FILE *fout, *fids;    /* rank 0 only */
+    const char *outp;
+    int rc;
+    mla_err err;
+} rank_job;
+
+static void *run_rank(void *arg) {
+    rank_job *j = arg;
+    mla_err *err = &j->err;
+    mla_model *m = NULL;
+    float *logits = NULL;
+    j->rc = MLA_ERR;
+    mla_model_opts opts = {j->threads};
+    if (mla_model_load(&m, j->g, j->c, &opts, err) < 0) return NULL;
+    const mla_config *c = mla_model_config(m);
+    uint32_t eos = UINT32_MAX;
+    if (gguf_get_u32(j->g, "tokenizer.ggml.eos_token_id", &eos, err) < 0) goto out;
+    for (int64_t p = 0; p < j->P->count; p++) {
+        const int32_t *ids = j->P->ids[p];
+        const int64_t n = j->P->n[p];
+        mla_state *st = mla_state_new(m, n + j->greedy + 1);
+        logits = mla_xrealloc(logits, (size_t)(n * c->n_vocab) * sizeof *logits);
+        long df = j->decode_from;
+        int64_t k = df < 0 || df >= n ? n : (df < 1 ? 1 : df);
+        int rc = mla_model_forward(m, st, ids, k, 0, MLA_LOGITS_ALL, logits, err);
+        for (int64_t t = k; t < n && rc == MLA_OK; t++)
+            rc = mla_model_forward(m, st, ids + t, 1, t, MLA_LOGITS_ALL, logits + t * c->n_vocab, err);
+        if (rc == MLA_OK && j->fout &&
+            fwrite(logits, sizeof *logits, (size_t)(n * c->n_vocab), j->fout) != (size_t)(n * c->n_vocab)) {
+            mla_errf(err, "%s: write failed", j->outp);
+            rc = MLA_ERR;
+        }
+        if (rc == MLA_OK && j->greedy > 0) {
+            float *last = mla_xmalloc((size_t)c->n_vocab * sizeof *last);
+            memcpy(last, logits + (n - 1) * c->n_vocab, (size_t)c->n_vocab * sizeof *last);
+            for (long i = 0; i < j->greedy && rc == MLA_OK; i++) {
+                int32_t tok = argmax(last, c->n_vocab);
+                if (j->fids) fprintf(j->fids, "%s%d", i ? " " : "", tok);
+                if ((uint32_t)tok == eos || i + 1 == j->greedy) break;
+                rc = mla_model_forward(m, st, &tok, 1, n + i, MLA_LOGITS_LAST, last, err);
+            }
+            if (j->fids) fputc('\n', j->fids);
+            free(last);
+        }
+        mla_state_free(st);
+        if (rc < 0) goto out;
+    }
+    j->rc = MLA_OK;
+out:
+    free(logits);
+    mla_model_free(m);
+    return NULL;
+}
+
+int cmd_logits(int argc, char **argv) {
+    /* --tp N > 1 runs one process per rank through the coordinator (coord_cmd.c), as serving
+     * does; --in-process keeps the ranks as threads of this process (quick checks, debugging). */
+    bool in_process = false;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--in-process")) in_process = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--processes") || !strcmp(argv[i], "--workers-external"))
+            return cmd_logits_tp(argc, argv);
+        if (!in_process && !strcmp(argv[i], "--tp") && i + 1 < argc && atoi(argv[i + 1]) > 1)
+            return cmd_logits_tp(argc, argv);
+    }
+    const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
+    int threads = 1, tp = 1;
+    long decode_from = -1, greedy = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--in-process")) continue;
+        if (i + 1 >= argc) return usage();
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = argv[++i];
+        else if (!strcmp(a, "--tokens")) tokens = argv[++i];
+        else if (!strcmp(a, "--out")) outp = argv[++i];
+        else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--tp")) tp = atoi(argv[++i]);
+        else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
+        else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
+        else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
+        else return usage();
+    }
+    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
+
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    prompts P = {0};
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    int status = 1;
+    coll_host_seg *seg = NULL;
+    rank_job *jobs = NULL;
+    pthread_t *th = NULL;
+    if (gguf_open(&g, model, &err) < 0) goto fail;
+    fin = fopen(tokens, "r");
+    if (!fin) {
+        mla_errf(&err, "%s: %s", tokens, strerror(errno));
+        goto fail;
+    }
+    for (int64_t line = 1;; line++) {
+        int64_t n = read_line_ids(fin, &ids, &cap, line);
+        if (n == -1) break;
+        if (n == -2) goto fail_quiet;
+        if (n == 0) continue;
+        P.ids = mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
+        P.n = mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
+        P.ids[P.count] = mla_xmalloc((size_t)n * sizeof *ids);
+        memcpy(P.ids[P.count], ids, (size_t)n * sizeof *ids);
+        P.n[P.count++] = n;
+    }
+    fout = fopen(outp, "wb");
+    if (!fout) {
+        mla_errf(&err, "%s: %s", outp, strerror(errno));
+        goto fail;
+    }
+    if (ids_out && !(fids = fopen(ids_out, "w"))) {
+        mla_errf(&err, "%s: %s", ids_out, strerror(errno));
+        goto fail;
+    }
+    /* tp > 1: every rank is a thread of this process with its own model shard, joined by the
+     * shared-memory host collective (the same code path as one process per rank). */
+    jobs = mla_xcalloc((size_t)tp, sizeof *jobs);
+    th = mla_xcalloc((size_t)tp, sizeof *th);
+    char name[COLL_HOST_NAME_MAX];
+    if (tp > 1) {
+        coll_host_make_name(name, sizeof name);
+        if (coll_host_seg_create(&seg, name, tp, 0, &err) < 0) goto fail;
+    }
+    for (int r = 0; r < tp; r++) {
+        rank_job *j = &jobs[r];
+        j->g = g, j->threads = threads, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->outp = outp;
+        j->fout = r == 0 ? fout : NULL;
+        j->fids = r == 0 ? fids : NULL;
+        if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
+    }
+    for (int r = 1; r < tp; r++)
+        if (pthread_create(&th[r], NULL, run_rank, &jobs[r])) MLA_PANIC("pthread_create failed");
+    run_rank(&jobs[0]);
+    if (jobs[0].rc < 0 && seg) coll_host_seg_abort(seg, "rank 0 failed");
+    for (int r = 1; r < tp; r++) pthread_join(th[r], NULL);
+    status = 0;
+    for (int r = 0; r < tp; r++)
+        if (jobs[r].rc < 0) {
+            fprintf(stderr, "mlaserve logits: rank %d: %s\n", r, jobs[r].err.msg);
+            status = 1;
+        }
+    goto done;
+fail:
+    fprintf(stderr, "mlaserve logits: %s\n", err.msg);
+fail_quiet:
+    status = 1;
+done:
+    if (fout && fclose(fout) != 0 && status == 0) {
+        fprintf(stderr, "mlaserve logits: %s: close failed\n", outp);
+        status = 1;
+    }
+    if (fids) fclose(fids);
+    if (fin) fclose(fin);
+    for (int r = 0; jobs && r < tp; r++)
+        if (jobs[r].c) coll_free(jobs[r].c);
+    coll_host_seg_free(seg);
+    free(jobs);
+    free(th);
+    for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
+    free(P.ids);
+    free(P.n);
+    free(ids);
+    if (g) gguf_close(g);
+    return status;
+}

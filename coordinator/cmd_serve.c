@@ -1,0 +1,340 @@
+/* cmd_serve: tokenizer + chat template + coordinator (workers) + scheduler + HTTP. See
+ * cmd_serve.h. The scheduler's backend here turns each step plan into a wire_step_plan for
+ * coord_step (the workers keep their own per-sequence cache, addressed by sequence id and
+ * positions; the scheduler's block accounting bounds how much of it is in use). */
+#include "coordinator/cmd_serve.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#include "common/gguf.h"
+#include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "coordinator/api_server.h"
+#include "coordinator/chat.h"
+#include "coordinator/coord.h"
+#include "coordinator/http_server.h"
+#include "coordinator/sched_batch.h"
+#include "coordinator/tok.h"
+
+typedef struct serve_ctx {
+    tok_vocab *vocab;
+    chat_tmpl *tmpl;
+    char *prefix; /* what every plain prompt starts with (BOS, "[gMASK]<sop>") */
+    coord *c;
+    uint64_t step_id;
+    uint64_t seed_base;
+    wire_seq *wseqs;
+    int cap_wseqs;
+    int32_t *pos;
+    size_t cap_pos;
+} serve_ctx;
+
+/* ---- tokenizer adapter ---- */
+
+static int st_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                     int32_t **ids, int32_t *n, mla_err *err) {
+    serve_ctx *s = ctx;
+    tok_ids out = {0};
+    int rc = MLA_OK;
+    if (add_special && s->prefix && s->prefix[0])
+        rc = tok_encode(s->vocab, s->prefix, strlen(s->prefix), false, true, &out, err);
+    else if (add_special && !s->prefix)
+        rc = MLA_OK; /* no template prefix: tok_encode's own add_special below */
+    if (rc == MLA_OK)
+        rc = tok_encode(s->vocab, text, len, add_special && !s->prefix, parse_special, &out, err);
+    if (rc != MLA_OK) {
+        tok_ids_free(&out);
+        return rc;
+    }
+    *ids = out.ids; /* ownership moves to the caller (malloc'd) */
+    *n = (int32_t)out.n;
+    return MLA_OK;
+}
+
+static const char *st_piece(void *ctx, int32_t id, size_t *len) {
+    serve_ctx *s = ctx;
+    return tok_token_piece(s->vocab, id, len);
+}
+static bool st_special(void *ctx, int32_t id) {
+    serve_ctx *s = ctx;
+    return tok_token_type(s->vocab, id) == TOK_TYPE_CONTROL;
+}
+static bool st_eog(void *ctx, int32_t id) {
+    serve_ctx *s = ctx;
+    return tok_is_eog(s->vocab, id);
+}
+static int st_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+    serve_ctx *s = ctx;
+    size_t len = 0;
+    const char *used = NULL;
+    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, NULL, out, &len, &used, err);
+}
+
+/* ---- scheduler backend over the coordinator ---- */
+
+static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    serve_ctx *s = ctx;
+    if (plan->n_seqs > s->cap_wseqs) {
+        s->cap_wseqs = plan->n_seqs * 2;
+        s->wseqs = mla_xrealloc(s->wseqs, (size_t)s->cap_wseqs * sizeof(*s->wseqs));
+    }
+    if ((size_t)plan->n_tokens > s->cap_pos) {
+        s->cap_pos = (size_t)plan->n_tokens * 2;
+        s->pos = mla_xrealloc(s->pos, s->cap_pos * sizeof(int32_t));
+    }
+    size_t off = 0;
+    for (int i = 0; i < plan->n_seqs; i++) {
+        const sched_plan_seq *p = &plan->seqs[i];
+        wire_seq *w = &s->wseqs[i];
+        memset(w, 0, sizeof(*w));
+        w->seq_id = p->seq_id;
+        w->n_tokens = (uint32_t)p->n_tokens;
+        w->tokens = (int32_t *)p->tokens;
+        w->positions = s->pos + off;
+        for (int32_t k = 0; k < p->n_tokens; k++) s->pos[off + (size_t)k] = p->start_pos + k;
+        off += (size_t)p->n_tokens;
+        w->cache_slot = 0;
+        w->sample = p->sample;
+        const sched_sampling *sp = p->sampling;
+        w->sp.temperature = sp->temperature;
+        w->sp.top_k = sp->top_k;
+        w->sp.top_p = sp->top_p;
+        w->sp.min_p = sp->min_p;
+        w->sp.repetition_penalty = sp->repetition_penalty;
+        w->sp.presence_penalty = sp->presence_penalty;
+        w->sp.frequency_penalty = sp->frequency_penalty;
+        /* no seed given: a per-request one (the stream index is the position, so preemption
+         * and recomputation give the same tokens either way) */
+        w->sp.seed = sp->has_seed ? sp->seed : s->seed_base ^ (p->seq_id * 0x9E3779B97F4A7C15ULL);
+        w->sp.logprobs = sp->logprobs;
+        w->sp.top_logprobs = (uint32_t)sp->top_logprobs;
+        w->sp.logits = WIRE_LOGITS_NONE;
+    }
+    wire_step_plan wp = {.step_id = ++s->step_id, .n_seqs = (uint32_t)plan->n_seqs, .seqs = s->wseqs};
+    wire_step_result res;
+    if (coord_step(s->c, &wp, &res, err) != MLA_OK) return MLA_ERR;
+    int rc = MLA_OK;
+    if (!res.ok) {
+        rc = mla_errf(err, "%s", res.error[0] ? res.error : "the workers failed the step");
+    } else {
+        for (int i = 0; i < plan->n_seqs && rc == MLA_OK; i++) {
+            if (!plan->seqs[i].sample) continue;
+            const wire_seq_result *r = NULL;
+            for (uint32_t k = 0; k < res.n_seqs; k++)
+                if (res.seqs[k].seq_id == plan->seqs[i].seq_id) r = &res.seqs[k];
+            if (!r || r->token < 0) {
+                rc = mla_errf(err, "the workers returned no token for sequence %llu",
+                              (unsigned long long)plan->seqs[i].seq_id);
+                break;
+            }
+            results[i].token = r->token;
+            results[i].logprob = r->logprob;
+            results[i].n_top = (int32_t)(r->n_top < SCHED_MAX_TOP_LOGPROBS ? r->n_top : SCHED_MAX_TOP_LOGPROBS);
+            for (int32_t k = 0; k < results[i].n_top; k++) {
+                results[i].top_ids[k] = r->top[k].token;
+                results[i].top_logprobs[k] = r->top[k].logprob;
+            }
+        }
+    }
+    coord_result_free(&res);
+    return rc;
+}
+
+static void cb_free(void *ctx, uint64_t id) {
+    serve_ctx *s = ctx;
+    mla_err err;
+    if (coord_free_seqs(s->c, &id, 1, &err) != MLA_OK)
+        MLA_WARN("serve: freeing sequence %llu: %s", (unsigned long long)id, err.msg);
+}
+
+static bool cb_health(void *ctx, char *why, size_t cap) {
+    serve_ctx *s = ctx;
+    mla_err err = {{0}};
+    if (coord_healthy(s->c, &err)) return true;
+    snprintf(why, cap, "%s", err.msg[0] ? err.msg : "the worker group failed");
+    return false;
+}
+
+/* ---- the command ---- */
+
+static uv_signal_t sig_term, sig_int;
+static http_server *g_http;
+static void on_signal(uv_signal_t *h, int signum) {
+    MLA_INFO("serve: signal %d, shutting down", signum);
+    http_server_close(g_http);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_stop(h->loop);
+}
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: mlaserve serve -m MODEL.gguf [--tp N] [--threads N] [--host H] [--port P]\n"
+            "       [--api-key K] [--model-name NAME] [--max-context N] [--max-seqs N]\n"
+            "       [--step-tokens N] [--kv-blocks N] [--block-size N] [--max-queue N]\n"
+            "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n");
+    return 2;
+}
+
+static const char *basename_of(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
+    const char *model_name = NULL, *port_file = NULL, *worker_exe = NULL, *endpoint = NULL;
+    int port = 8000, tp = 1, threads = 1;
+    long max_context = 0, max_seqs = 32, step_tokens = 512, kv_blocks = 0, block_size = 16, max_queue = 256;
+    http_server_config hc;
+    http_server_config_default(&hc);
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "mlaserve serve: %s needs a value\n", a);
+            return usage();
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--tp")) tp = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--host")) host = v;
+        else if (!strcmp(a, "--port")) port = atoi(v);
+        else if (!strcmp(a, "--api-key")) api_key = v;
+        else if (!strcmp(a, "--model-name")) model_name = v;
+        else if (!strcmp(a, "--max-context")) max_context = atol(v);
+        else if (!strcmp(a, "--max-seqs")) max_seqs = atol(v);
+        else if (!strcmp(a, "--step-tokens")) step_tokens = atol(v);
+        else if (!strcmp(a, "--kv-blocks")) kv_blocks = atol(v);
+        else if (!strcmp(a, "--block-size")) block_size = atol(v);
+        else if (!strcmp(a, "--max-queue")) max_queue = atol(v);
+        else if (!strcmp(a, "--max-body")) hc.lim.max_body = (size_t)atol(v);
+        else if (!strcmp(a, "--max-conns")) hc.max_conns = atoi(v);
+        else if (!strcmp(a, "--port-file")) port_file = v;
+        else if (!strcmp(a, "--worker-exe")) worker_exe = v;
+        else if (!strcmp(a, "--coord")) endpoint = v;
+        else {
+            fprintf(stderr, "mlaserve serve: unknown option %s\n", a);
+            return usage();
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "mlaserve serve: -m MODEL.gguf is required\n");
+        return usage();
+    }
+    if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || step_tokens < 1 ||
+        block_size < 1 || max_queue < 1 || max_context < 0 || kv_blocks < 0) {
+        fprintf(stderr, "mlaserve serve: an option value is out of range\n");
+        return usage();
+    }
+    signal(SIGPIPE, SIG_IGN);
+    mla_log_set_tag("coord");
+    mla_err err = {{0}};
+    serve_ctx S = {0};
+    gguf_ctx *g = NULL;
+    sched *s = NULL;
+    api_server *api = NULL;
+    http_server *http = NULL;
+    uv_loop_t *loop = uv_default_loop();
+    int rc = 1;
+    bool loop_ran = false;
+
+    if (gguf_open(&g, model, &err)) goto out;
+    if (tok_vocab_from_gguf(&S.vocab, g, &err)) goto out;
+    if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
+        MLA_WARN("serve: no chat template (%s); /v1/chat/completions is off", err.msg);
+        S.tmpl = NULL;
+    } else if (chat_tmpl_prefix(S.tmpl, &S.prefix, &err)) {
+        MLA_WARN("serve: chat template prefix: %s", err.msg);
+        S.prefix = NULL;
+    }
+    /* the model's context length */
+    {
+        gguf_str arch;
+        uint32_t ctx_len = 0;
+        if (gguf_get_str(g, "general.architecture", &arch, NULL) == MLA_OK) {
+            char key[160];
+            snprintf(key, sizeof(key), "%.*s.context_length", (int)arch.len, arch.ptr);
+            if (gguf_get_u32(g, key, &ctx_len, NULL) != MLA_OK) ctx_len = 0;
+        }
+        if (max_context == 0) max_context = ctx_len ? (ctx_len < 8192 ? ctx_len : 8192) : 4096;
+        if (ctx_len && max_context > (long)ctx_len) {
+            mla_errf(&err, "--max-context %ld is beyond the model's context length %u", max_context, ctx_len);
+            goto out;
+        }
+    }
+    if (kv_blocks == 0) kv_blocks = (max_seqs * max_context + block_size - 1) / block_size;
+    coord_config cc = {.endpoint = endpoint, .world = tp, .model_path = model,
+                       .model_hash = gguf_index_hash(g), .worker_exe = worker_exe, .n_threads = threads};
+    if (coord_start(&S.c, &cc, &err)) {
+        mla_err_prefix(&err, "starting %d workers", tp);
+        goto out;
+    }
+    S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
+    api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)coord_n_vocab(S.c), .encode = st_encode,
+                         .piece = st_piece, .is_special = st_special, .is_eog = st_eog,
+                         .render_chat = S.tmpl ? st_chat : NULL};
+    api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
+                     .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S};
+    if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
+    sched_config sc = {.block_size = (int32_t)block_size, .n_blocks = (int32_t)kv_blocks,
+                       .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
+                       .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
+                       .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
+    sched_backend be = {.ctx = &S, .run_step = cb_run, .free_seq = cb_free};
+    if (sched_init(&s, &sc, &be, &err)) goto out;
+    api_server_set_sched(api, s);
+    if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto out;
+    api_server_set_http(api, http);
+    g_http = http;
+    int bound = 0;
+    if (http_server_listen(http, host, port, &bound, &err)) goto out;
+    if (sched_start(s, &err)) goto out;
+    if (port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
+            mla_errf(&err, "cannot write the port file %s", port_file);
+            goto out;
+        }
+    }
+    MLA_INFO("serve: %s on http://%s:%d (tp %d, context %ld, %ld KV blocks of %ld)", ac.model_name, host,
+             bound, tp, max_context, kv_blocks, block_size);
+    uv_signal_init(loop, &sig_term);
+    uv_signal_init(loop, &sig_int);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    loop_ran = true;
+    uv_run(loop, UV_RUN_DEFAULT);
+    rc = 0;
+out:
+    if (rc != 0) fprintf(stderr, "mlaserve serve: %s\n", err.msg);
+    if (http && !loop_ran) http_server_close(http);
+    if (api) api_server_drain(api);
+    if (s) {
+        sched_stop(s);
+        sched_free(s);
+    }
+    if (api) api_server_free(api);
+    if (http) http_server_free(http);
+    uv_run(loop, UV_RUN_NOWAIT);
+    uv_loop_close(loop);
+    if (S.c) coord_stop(S.c);
+    free(S.wseqs);
+    free(S.pos);
+    free(S.prefix);
+    if (S.tmpl) chat_tmpl_free(S.tmpl);
+    if (S.vocab) tok_vocab_free(S.vocab);
+    if (g) gguf_close(g);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* cmds: the subcommands of the `mlaserve` front command. Each takes argc/argv starting at its
+ * own name (argv[0] = "logits") and returns the process exit status. */
+#ifndef CMDS_H
+#define CMDS_H
+
+/* mlaserve logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N] [--decode-from K]
+ *                 [--greedy N --ids-out IDS_OUT.txt]
+ * One prompt per line of IDS.txt (space-separated token ids). Writes float32 logits of every
+ * position, prompts one after another, [tokens, vocab]. --decode-from K runs the first K
+ * tokens of each prompt in one pass and the rest one token at a time (same output).
+ * --greedy N also continues each prompt greedily for up to N tokens (stopping after EOS) and
+ * writes the generated ids, one line per prompt, to --ids-out. --tp N runs N tensor-parallel
+ * ranks (threads of this process joined by the host collective); rank 0 writes the files. */
+int cmd_logits(int argc, char **argv);
+
+/* The same command through a coordinator and N worker processes (coordinator/coord_cmd.c):
+ * cmd_logits hands over when it sees --processes or --workers-external. Same output format. */
+int cmd_logits_tp(int argc, char **argv);
+
+/* mlaserve generate -m MODEL -p PROMPT [-n N] [--tp N] [sampling options]: tokenizes the prompt,
+ * generates through the coordinator and the workers, prints the text (coordinator/coord_cmd.c). */
+int cmd_generate(int argc, char **argv);
+
+/* mlaserve inspect MODEL.gguf [--tp N] [--json] (coordinator/cmd_inspect.c): architecture,
+ * hyperparameters and assumed defaults, tokenizer and chat template, tensors by role, and the
+ * tensor-parallel plan for N ranks. Exit 0 when the plan is valid, 3 when not. */
+int cmd_inspect(int argc, char **argv);
+
+#endif

@@ -1,0 +1,741 @@
+#include "coord.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coll_host.h"
+#include "mla_log.h"
+
+extern char **environ;
+
+enum { ST_STARTING = 0, ST_READY = 1, ST_FAILED = 2, ST_STOPPED = 3 };
+
+typedef struct rank_st {
+    int registered, loaded;
+    unsigned char ident[256];
+    size_t ident_len;
+    pid_t pid;         /* spawned child (local mode) */
+    int32_t reg_pid;   /* pid the worker reported */
+    int64_t last_rx;
+    int exited;
+    int wstatus;
+    char refusal[WIRE_MAX_STR];
+} rank_st;
+
+struct coord {
+    coord_config cfg;
+    char *model_path, *worker_exe;
+    char **worker_args;
+    char endpoint[512];
+    char ipc_path[256];
+    void *zctx, *router, *api_io, *api_user;
+    pthread_t th;
+    int th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;
+    char fail_msg[1024];
+    uint32_t n_vocab;
+    coll_host_seg *seg;
+    rank_st ranks[WIRE_MAX_WORLD];
+    pthread_mutex_t api_mu;
+    /* I/O thread only */
+    int inflight;
+    uint64_t inflight_step;
+    int64_t start_deadline;
+};
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- I/O thread helpers -------------------------------------------------------------------- */
+
+static void send_to_rank(coord *c, int r, const void *buf, size_t n) {
+    rank_st *rs = &c->ranks[r];
+    if (!rs->registered) return;
+    if (zmq_send(c->router, rs->ident, rs->ident_len, ZMQ_SNDMORE) < 0 ||
+        zmq_send(c->router, buf, n, 0) < 0)
+        MLA_WARN("send to worker %d: %s", r, zmq_strerror(zmq_errno()));
+}
+
+static void send_frame_to_ident(coord *c, const void *ident, size_t ilen, const wire_msg *m) {
+    uint8_t *buf;
+    size_t n;
+    mla_err err;
+    if (wire_encode(m, &buf, &n, &err)) {
+        MLA_ERROR("%s", err.msg);
+        return;
+    }
+    if (zmq_send(c->router, ident, ilen, ZMQ_SNDMORE) < 0 || zmq_send(c->router, buf, n, 0) < 0)
+        MLA_WARN("send: %s", zmq_strerror(zmq_errno()));
+    free(buf);
+}
+
+static void broadcast_control(coord *c, wire_control_kind kind) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = kind;
+    uint8_t *buf;
+    size_t n;
+    mla_err err;
+    if (wire_encode(&m, &buf, &n, &err)) MLA_PANIC("%s", err.msg);
+    for (int r = 0; r < c->cfg.world; r++)
+        if (c->ranks[r].registered && !c->ranks[r].exited) send_to_rank(c, r, buf, n);
+    free(buf);
+}
+
+static void api_reply(coord *c, char tag, const void *payload, size_t n) {
+    zmq_send(c->api_io, &tag, 1, n ? ZMQ_SNDMORE : 0);
+    if (n) zmq_send(c->api_io, payload, n, 0);
+}
+
+static void api_reply_err(coord *c, const char *msg) { api_reply(c, 'E', msg, strlen(msg) + 1); }
+
+/* The group failed: remember why (first reason wins), release the ranks blocked in the
+ * collective, fail the in-flight step, tell the survivors to shut down. */
+static void group_fail(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void group_fail(coord *c, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    int first = c->state == ST_STARTING || c->state == ST_READY;
+    if (first) {
+        c->state = ST_FAILED;
+        snprintf(c->fail_msg, sizeof c->fail_msg, "%s", msg);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (!first) return;
+    MLA_ERROR("worker group failed: %s", msg);
+    coll_host_seg_abort(c->seg, msg);
+    if (c->inflight) {
+        char m2[1200];
+        snprintf(m2, sizeof m2, "step %" PRIu64 " failed: %s", c->inflight_step, msg);
+        api_reply_err(c, m2);
+        c->inflight = 0;
+    }
+    broadcast_control(c, WIRE_CTL_SHUTDOWN);
+}
+
+static int find_rank(coord *c, const void *ident, size_t n) {
+    for (int r = 0; r < c->cfg.world; r++)
+        if (c->ranks[r].registered && c->ranks[r].ident_len == n && !memcmp(c->ranks[r].ident, ident, n))
+            return r;
+    return -1;
+}
+
+static void refuse(coord *c, const void *ident, size_t ilen, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void refuse(coord *c, const void *ident, size_t ilen, int rank, const char *fmt, ...) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_REGISTER_REPLY;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.reply.reason, sizeof m.u.reply.reason, fmt, ap);
+    va_end(ap);
+    MLA_WARN("refusing worker (rank %d): %s", rank, m.u.reply.reason);
+    if (rank >= 0 && rank < c->cfg.world && !c->ranks[rank].refusal[0])
+        snprintf(c->ranks[rank].refusal, sizeof c->ranks[rank].refusal, "%s", m.u.reply.reason);
+    send_frame_to_ident(c, ident, ilen, &m);
+}
+
+static void handle_register(coord *c, const void *ident, size_t ilen, const wire_register *rg) {
+    int r = (int)rg->rank;
+    int st;
+    pthread_mutex_lock(&c->mu);
+    st = c->state;
+    pthread_mutex_unlock(&c->mu);
+    if (rg->protocol_version != WIRE_VERSION)
+        return refuse(c, ident, ilen, r, "protocol version %u, the coordinator speaks version %u",
+                      rg->protocol_version, WIRE_VERSION);
+    if ((int)rg->world != c->cfg.world)
+        return refuse(c, ident, ilen, r, "world size %u, the coordinator runs world size %d",
+                      rg->world, c->cfg.world);
+    if (rg->model_hash != c->cfg.model_hash)
+        return refuse(c, ident, ilen, r,
+                      "model hash %016" PRIx64 " differs from the coordinator's %016" PRIx64
+                      " (a different model file?)",
+                      rg->model_hash, c->cfg.model_hash);
+    if (st != ST_STARTING)
+        return refuse(c, ident, ilen, r, "the group is not accepting workers (%s)",
+                      st == ST_READY ? "already complete" : "it failed or stopped");
+    rank_st *rs = &c->ranks[r];
+    if (rs->registered)
+        return refuse(c, ident, ilen, r, "rank %d is already registered (pid %d)", r, (int)rs->reg_pid);
+    if (!c->cfg.external && rs->pid != (pid_t)rg->pid)
+        return refuse(c, ident, ilen, r, "rank %d belongs to the local worker pid %d, not pid %d", r,
+                      (int)rs->pid, (int)rg->pid);
+    if (ilen > sizeof rs->ident) return refuse(c, ident, ilen, r, "routing id too long");
+    memcpy(rs->ident, ident, ilen);
+    rs->ident_len = ilen;
+    rs->registered = 1;
+    rs->reg_pid = rg->pid;
+    rs->last_rx = now_ms();
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_REGISTER_REPLY;
+    m.u.reply.ok = true;
+    if (c->seg) snprintf(m.u.reply.coll_shm_name, sizeof m.u.reply.coll_shm_name, "%s", coll_host_seg_name(c->seg));
+    m.u.reply.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
+    m.u.reply.heartbeat_timeout_ms = (uint32_t)c->cfg.heartbeat_timeout_ms;
+    m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
+    send_frame_to_ident(c, ident, ilen, &m);
+    MLA_INFO("worker %d registered (pid %d, host %s, device %s)", r, (int)rg->pid, rg->host, rg->device);
+}
+
+static void check_ready(coord *c) {
+    for (int r = 0; r < c->cfg.world; r++)
+        if (!c->ranks[r].loaded) return;
+    coll_host_seg_unlink(c->seg); /* every rank has attached (LOADED comes after the attach) */
+    pthread_mutex_lock(&c->mu);
+    if (c->state == ST_STARTING) c->state = ST_READY;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
+}
+
+static void handle_router(coord *c) {
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&id, c->router, 0) < 0) goto out;
+    if (!zmq_msg_more(&id)) goto out;
+    if (zmq_msg_recv(&body, c->router, 0) < 0) goto out;
+    while (zmq_msg_more(&body)) { /* a well-behaved peer never sends more parts */
+        zmq_msg_close(&body);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&body, c->router, 0) < 0) goto out;
+    }
+    const void *ident = zmq_msg_data(&id);
+    size_t ilen = zmq_msg_size(&id);
+    int r = find_rank(c, ident, ilen);
+    wire_limits lim = {.n_vocab = c->n_vocab, .world = (uint32_t)c->cfg.world};
+    wire_msg m;
+    mla_err err;
+    if (wire_decode(zmq_msg_data(&body), zmq_msg_size(&body), &lim, &m, &err)) {
+        MLA_WARN("dropping a malformed frame from %s: %s", r >= 0 ? "a worker" : "an unknown peer", err.msg);
+        goto out;
+    }
+    if (r < 0) {
+        if (m.kind == WIRE_REGISTER) handle_register(c, ident, ilen, &m.u.reg);
+        else MLA_WARN("dropping a %s frame from an unregistered peer", wire_kind_name(m.kind));
+        wire_msg_free(&m);
+        goto out;
+    }
+    c->ranks[r].last_rx = now_ms();
+    switch (m.kind) {
+    case WIRE_CONTROL:
+        if (m.u.ctl.kind == WIRE_CTL_LOADED) {
+            if (m.u.ctl.status != 0) {
+                group_fail(c, "worker %d failed to load the model: %s", r, m.u.ctl.message);
+            } else if (c->n_vocab && c->n_vocab != m.u.ctl.n_vocab) {
+                group_fail(c, "worker %d reports vocabulary %u, others %u", r, m.u.ctl.n_vocab, c->n_vocab);
+            } else {
+                c->n_vocab = m.u.ctl.n_vocab;
+                c->ranks[r].loaded = 1;
+                check_ready(c);
+            }
+        } else if (m.u.ctl.kind == WIRE_CTL_ERROR) {
+            group_fail(c, "worker %d: %s", r, m.u.ctl.message);
+        }
+        break;
+    case WIRE_STEP_RESULT:
+        if (r != 0) {
+            MLA_WARN("dropping a step result from worker %d (only rank 0 answers)", r);
+        } else if (!c->inflight || m.u.result.step_id != c->inflight_step) {
+            MLA_WARN("dropping a result for step %" PRIu64 " (none in flight with that id)", m.u.result.step_id);
+        } else if (!m.u.result.ok) {
+            group_fail(c, "worker 0: %s", m.u.result.error);
+        } else {
+            wire_msg *heap = mla_xmalloc(sizeof *heap);
+            *heap = m;
+            memset(&m, 0, sizeof m);
+            c->inflight = 0;
+            api_reply(c, 'R', &heap, sizeof heap);
+        }
+        break;
+    default:
+        MLA_WARN("dropping an unexpected %s frame from worker %d", wire_kind_name(m.kind), r);
+        break;
+    }
+    wire_msg_free(&m);
+out:
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+}
+
+/* returns 1 when asked to quit */
+static int handle_api(coord *c) {
+    zmq_msg_t tag, body;
+    zmq_msg_init(&tag);
+    zmq_msg_init(&body);
+    int quit = 0;
+    if (zmq_msg_recv(&tag, c->api_io, 0) < 0) goto out;
+    char t = *(char *)zmq_msg_data(&tag);
+    if (zmq_msg_more(&tag) && zmq_msg_recv(&body, c->api_io, 0) < 0) goto out;
+    if (t == 'Q') {
+        quit = 1;
+        goto out;
+    }
+    pthread_mutex_lock(&c->mu);
+    int st = c->state;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", c->fail_msg);
+    pthread_mutex_unlock(&c->mu);
+    if (st != ST_READY) {
+        char m[1100];
+        snprintf(m, sizeof m, "the worker group is not available: %s",
+                 st == ST_FAILED ? why : "not ready");
+        api_reply_err(c, m);
+        goto out;
+    }
+    if (t == 'P') {
+        if (c->inflight) {
+            api_reply_err(c, "a step is already in flight");
+            goto out;
+        }
+        /* the step id sits in the frame; the API side passed it first */
+        uint64_t step_id;
+        MLA_ASSERT(zmq_msg_size(&body) > sizeof step_id);
+        memcpy(&step_id, zmq_msg_data(&body), sizeof step_id);
+        const uint8_t *frame = (const uint8_t *)zmq_msg_data(&body) + sizeof step_id;
+        size_t n = zmq_msg_size(&body) - sizeof step_id;
+        c->inflight = 1;
+        c->inflight_step = step_id;
+        for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
+    } else if (t == 'F') {
+        for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
+        api_reply(c, 'K', NULL, 0);
+    }
+out:
+    zmq_msg_close(&tag);
+    zmq_msg_close(&body);
+    return quit;
+}
+
+static void describe_exit(char *buf, size_t n, int ws) {
+    if (WIFEXITED(ws)) snprintf(buf, n, "exited with status %d", WEXITSTATUS(ws));
+    else if (WIFSIGNALED(ws)) snprintf(buf, n, "was killed by signal %d", WTERMSIG(ws));
+    else snprintf(buf, n, "stopped (wait status %d)", ws);
+}
+
+static void supervise(coord *c, int64_t t) {
+    /* local children: waitpid, so that a death is seen within one poll tick */
+    for (int r = 0; r < c->cfg.world; r++) {
+        rank_st *rs = &c->ranks[r];
+        if (!rs->pid || rs->exited) continue;
+        int ws;
+        pid_t p = waitpid(rs->pid, &ws, WNOHANG);
+        if (p == rs->pid) {
+            rs->exited = 1;
+            rs->wstatus = ws;
+            char how[64];
+            describe_exit(how, sizeof how, ws);
+            if (rs->refusal[0])
+                group_fail(c, "worker %d (pid %d) %s: registration refused: %s", r, (int)rs->pid, how, rs->refusal);
+            else
+                group_fail(c, "worker %d (pid %d) %s", r, (int)rs->pid, how);
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    int st = c->state;
+    pthread_mutex_unlock(&c->mu);
+    if (st != ST_STARTING && st != ST_READY) return;
+    for (int r = 0; r < c->cfg.world; r++) {
+        rank_st *rs = &c->ranks[r];
+        if (rs->registered && t - rs->last_rx > c->cfg.heartbeat_timeout_ms)
+            group_fail(c, "worker %d (pid %d) stopped answering: no message for %lld ms", r,
+                       (int)rs->reg_pid, (long long)(t - rs->last_rx));
+    }
+    if (st == ST_STARTING && t > c->start_deadline) {
+        char missing[512] = "";
+        size_t off = 0;
+        for (int r = 0; r < c->cfg.world && off < sizeof missing - 16; r++)
+            if (!c->ranks[r].loaded)
+                off += (size_t)snprintf(missing + off, sizeof missing - off, " %d%s", r,
+                                        c->ranks[r].registered ? "(loading)" : "");
+        group_fail(c, "workers did not register and load within %d ms; missing ranks:%s%s%s",
+                   c->cfg.start_timeout_ms, missing, c->ranks[0].refusal[0] ? "; last refusal: " : "",
+                   c->ranks[0].refusal);
+    }
+}
+
+static void *io_main(void *arg) {
+    coord *c = arg;
+    mla_log_set_tag("coord");
+    int64_t last_hb = 0;
+    for (;;) {
+        zmq_pollitem_t items[2] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, 2, 10);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            group_fail(c, "zmq poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (rc > 0 && (items[0].revents & ZMQ_POLLIN))
+            for (int k = 0; k < 64; k++) {
+                handle_router(c);
+                int ev = 0;
+                size_t sz = sizeof ev;
+                zmq_getsockopt(c->router, ZMQ_EVENTS, &ev, &sz);
+                if (!(ev & ZMQ_POLLIN)) break;
+            }
+        if (rc > 0 && (items[1].revents & ZMQ_POLLIN))
+            if (handle_api(c)) break;
+        int64_t t = now_ms();
+        if (t - last_hb >= c->cfg.heartbeat_ms) {
+            broadcast_control(c, WIRE_CTL_HEARTBEAT);
+            last_hb = t;
+        }
+        supervise(c, t);
+    }
+    broadcast_control(c, WIRE_CTL_SHUTDOWN);
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------------------------- */
+
+static char *default_worker_exe(void) {
+    const char *env = getenv("MLA_WORKER_EXE");
+    if (env && *env) return mla_xstrdup(env);
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            const char *cands[] = {"/mlaserve-worker", "/../worker/mlaserve-worker"};
+            for (size_t i = 0; i < 2; i++) {
+                char p[PATH_MAX + 64];
+                snprintf(p, sizeof p, "%s%s", self, cands[i]);
+                if (access(p, X_OK) == 0) return mla_xstrdup(p);
+            }
+        }
+    }
+    return mla_xstrdup("mlaserve-worker");
+}
+
+static int spawn_worker(coord *c, int r, mla_err *err) {
+    char rank_s[16], world_s[16], thr_s[16];
+    snprintf(rank_s, sizeof rank_s, "%d", r);
+    snprintf(world_s, sizeof world_s, "%d", c->cfg.world);
+    snprintf(thr_s, sizeof thr_s, "%d", c->cfg.n_threads > 0 ? c->cfg.n_threads : 1);
+    size_t nextra = 0;
+    while (c->worker_args && c->worker_args[nextra]) nextra++;
+    char **argv = mla_xcalloc(16 + nextra, sizeof *argv);
+    size_t k = 0;
+    argv[k++] = c->worker_exe;
+    argv[k++] = "--coord";
+    argv[k++] = c->endpoint;
+    argv[k++] = "--rank";
+    argv[k++] = rank_s;
+    argv[k++] = "--world";
+    argv[k++] = world_s;
+    argv[k++] = "-m";
+    argv[k++] = c->model_path;
+    argv[k++] = "--threads";
+    argv[k++] = thr_s;
+    for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
+    argv[k] = NULL;
+    pid_t pid;
+    int rc = posix_spawnp(&pid, c->worker_exe, NULL, NULL, argv, environ);
+    free(argv);
+    if (rc != 0) return mla_errf(err, "cannot start worker %d (%s): %s", r, c->worker_exe, strerror(rc));
+    c->ranks[r].pid = pid;
+    MLA_INFO("started worker %d: pid %d", r, (int)pid);
+    return MLA_OK;
+}
+
+/* Creates the collective segment, starts (or awaits) the workers and the I/O thread, and waits
+ * until the group is ready or failed. The sockets exist already. */
+static int group_launch(coord *c, mla_err *err) {
+    memset(c->ranks, 0, sizeof c->ranks);
+    c->state = ST_STARTING;
+    c->fail_msg[0] = '\0';
+    c->n_vocab = 0;
+    c->inflight = 0;
+    if (c->cfg.world > 1) {
+        char name[COLL_HOST_NAME_MAX];
+        coll_host_make_name(name, sizeof name);
+        if (coll_host_seg_create(&c->seg, name, c->cfg.world, c->cfg.coll_chunk_bytes, err)) return MLA_ERR;
+    }
+    if (!c->cfg.external) {
+        for (int r = 0; r < c->cfg.world; r++)
+            if (spawn_worker(c, r, err)) return MLA_ERR;
+    } else {
+        MLA_INFO("waiting for %d external workers on %s", c->cfg.world, c->endpoint);
+    }
+    c->start_deadline = now_ms() + c->cfg.start_timeout_ms;
+    if (pthread_create(&c->th, NULL, io_main, c) != 0) MLA_PANIC("pthread_create failed");
+    c->th_started = 1;
+    pthread_mutex_lock(&c->mu);
+    while (c->state == ST_STARTING) pthread_cond_wait(&c->cv, &c->mu);
+    int st = c->state;
+    if (st != ST_READY) mla_errf(err, "%s", c->fail_msg);
+    pthread_mutex_unlock(&c->mu);
+    return st == ST_READY ? MLA_OK : MLA_ERR;
+}
+
+/* Stops the I/O thread (which tells the workers to shut down), reaps the local workers (SIGKILL
+ * after a grace period) and removes the segment. The caller holds api_mu or is the only user. */
+static void group_teardown(coord *c) {
+    if (c->th_started) {
+        zmq_send(c->api_user, "Q", 1, 0);
+        pthread_join(c->th, NULL);
+        c->th_started = 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->state != ST_FAILED) c->state = ST_STOPPED;
+    pthread_mutex_unlock(&c->mu);
+    int64_t deadline = now_ms() + 3000;
+    for (int r = 0; r < c->cfg.world; r++) {
+        rank_st *rs = &c->ranks[r];
+        if (!rs->pid || rs->exited) continue;
+        int ws;
+        for (;;) {
+            pid_t p = waitpid(rs->pid, &ws, WNOHANG);
+            if (p == rs->pid || (p < 0 && errno == ECHILD)) break;
+            if (now_ms() > deadline) {
+                MLA_WARN("worker %d (pid %d) did not exit; killing it", r, (int)rs->pid);
+                kill(rs->pid, SIGKILL);
+                waitpid(rs->pid, &ws, 0);
+                break;
+            }
+            usleep(5000);
+        }
+        rs->exited = 1;
+    }
+    coll_host_seg_free(c->seg);
+    c->seg = NULL;
+}
+
+int coord_restart(coord *c, mla_err *err) {
+    pthread_mutex_lock(&c->api_mu);
+    group_teardown(c);
+    MLA_INFO("restarting the worker group");
+    int rc = group_launch(c, err);
+    pthread_mutex_unlock(&c->api_mu);
+    return rc;
+}
+
+int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
+    *out = NULL;
+    if (cfg_in->world < 1 || cfg_in->world > WIRE_MAX_WORLD)
+        return mla_errf(err, "world size %d outside [1, %d]", cfg_in->world, WIRE_MAX_WORLD);
+    if (!cfg_in->model_path) return mla_errf(err, "no model path");
+    coord *c = mla_xcalloc(1, sizeof *c);
+    c->cfg = *cfg_in;
+    if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
+    if (c->cfg.heartbeat_timeout_ms <= 0) {
+        const char *env = getenv("MLA_HEARTBEAT_TIMEOUT_MS");
+        c->cfg.heartbeat_timeout_ms = env && atoi(env) > 0 ? atoi(env) : 1000;
+    }
+    if (c->cfg.heartbeat_timeout_ms <= c->cfg.heartbeat_ms) c->cfg.heartbeat_timeout_ms = 2 * c->cfg.heartbeat_ms;
+    if (c->cfg.coll_timeout_ms <= 0) c->cfg.coll_timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;
+    if (c->cfg.start_timeout_ms <= 0) c->cfg.start_timeout_ms = 120000;
+    c->model_path = mla_xstrdup(cfg_in->model_path);
+    c->worker_exe = cfg_in->worker_exe ? mla_xstrdup(cfg_in->worker_exe) : default_worker_exe();
+    size_t nextra = 0;
+    while (cfg_in->worker_args && cfg_in->worker_args[nextra]) nextra++;
+    c->worker_args = mla_xcalloc(nextra + 1, sizeof *c->worker_args);
+    for (size_t i = 0; i < nextra; i++) c->worker_args[i] = mla_xstrdup(cfg_in->worker_args[i]);
+    c->cfg.model_path = c->model_path;
+    c->cfg.worker_exe = c->worker_exe;
+    c->cfg.worker_args = (const char *const *)c->worker_args;
+    c->cfg.endpoint = NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    pthread_mutex_init(&c->api_mu, NULL);
+    c->state = ST_STARTING;
+
+    c->zctx = zmq_ctx_new();
+    c->router = zmq_socket(c->zctx, ZMQ_ROUTER);
+    int one = 1, linger = 200;
+    zmq_setsockopt(c->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(c->router, ZMQ_LINGER, &linger, sizeof linger);
+    int64_t maxmsg = (int64_t)WIRE_MAX_FRAME; /* larger messages are dropped by ZeroMQ itself */
+    zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (cfg_in->endpoint) {
+        snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg_in->endpoint);
+    } else {
+        static _Atomic unsigned counter = 0;
+        snprintf(c->ipc_path, sizeof c->ipc_path, "/tmp/mla-coord-%d-%u.sock", (int)getpid(),
+                 atomic_fetch_add(&counter, 1));
+        snprintf(c->endpoint, sizeof c->endpoint, "ipc://%s", c->ipc_path);
+    }
+    if (zmq_bind(c->router, c->endpoint) != 0) {
+        mla_errf(err, "cannot bind %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+        c->ipc_path[0] = '\0';
+        coord_stop(c);
+        return MLA_ERR;
+    }
+    size_t elen = sizeof c->endpoint;
+    zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &elen);
+    if (!strncmp(c->endpoint, "ipc://", 6) && !c->ipc_path[0])
+        snprintf(c->ipc_path, sizeof c->ipc_path, "%s", c->endpoint + 6);
+
+    c->api_io = zmq_socket(c->zctx, ZMQ_PAIR);
+    c->api_user = zmq_socket(c->zctx, ZMQ_PAIR);
+    char api_ep[64];
+    snprintf(api_ep, sizeof api_ep, "inproc://coord-api-%p", (void *)c);
+    if (zmq_bind(c->api_io, api_ep) || zmq_connect(c->api_user, api_ep))
+        MLA_PANIC("inproc: %s", zmq_strerror(zmq_errno()));
+
+    if (group_launch(c, err)) {
+        coord_stop(c);
+        return MLA_ERR;
+    }
+    *out = c;
+    return MLA_OK;
+}
+
+const char *coord_endpoint(const coord *c) { return c->endpoint; }
+uint32_t coord_n_vocab(const coord *c) { return c->n_vocab; }
+int coord_world(const coord *c) { return c->cfg.world; }
+pid_t coord_worker_pid(const coord *c, int rank) {
+    return rank >= 0 && rank < c->cfg.world ? c->ranks[rank].pid : 0;
+}
+
+int coord_healthy(coord *c, mla_err *err) {
+    pthread_mutex_lock(&c->mu);
+    int ok = c->state == ST_READY;
+    if (!ok) mla_errf(err, "%s", c->state == ST_FAILED ? c->fail_msg : "the worker group is stopped");
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
+/* waits for the I/O thread's answer: 'R' + result pointer, 'K', or 'E' + message */
+static int api_wait(coord *c, wire_msg **res, mla_err *err) {
+    zmq_msg_t tag, body;
+    zmq_msg_init(&tag);
+    zmq_msg_init(&body);
+    int rc = MLA_OK;
+    while (zmq_msg_recv(&tag, c->api_user, 0) < 0) {
+        if (zmq_errno() != EINTR) {
+            zmq_msg_close(&tag);
+            return mla_errf(err, "coordinator: %s", zmq_strerror(zmq_errno()));
+        }
+    }
+    char t = *(char *)zmq_msg_data(&tag);
+    if (zmq_msg_more(&tag)) zmq_msg_recv(&body, c->api_user, 0);
+    if (t == 'E') {
+        rc = mla_errf(err, "%.*s", (int)zmq_msg_size(&body), (const char *)zmq_msg_data(&body));
+    } else if (t == 'R') {
+        MLA_ASSERT(res && zmq_msg_size(&body) == sizeof *res);
+        memcpy(res, zmq_msg_data(&body), sizeof *res);
+    }
+    zmq_msg_close(&tag);
+    zmq_msg_close(&body);
+    return rc;
+}
+
+static int api_send(coord *c, char tag, uint64_t *prefix, const uint8_t *buf, size_t n) {
+    zmq_msg_t m;
+    size_t pre = prefix ? sizeof *prefix : 0;
+    zmq_msg_init_size(&m, pre + n);
+    if (prefix) memcpy(zmq_msg_data(&m), prefix, pre);
+    memcpy((uint8_t *)zmq_msg_data(&m) + pre, buf, n);
+    zmq_send(c->api_user, &tag, 1, ZMQ_SNDMORE);
+    int rc = zmq_msg_send(&m, c->api_user, 0);
+    if (rc < 0) zmq_msg_close(&m);
+    return rc < 0 ? MLA_ERR : MLA_OK;
+}
+
+int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_err *err) {
+    memset(out, 0, sizeof *out);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_STEP_PLAN;
+    m.u.plan = *plan;
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
+    /* validate our own plan as a worker will (cheap, and fails here with a clear message) */
+    wire_msg chk;
+    wire_limits lim = {.n_vocab = c->n_vocab, .world = (uint32_t)c->cfg.world};
+    if (wire_decode(buf, n, &lim, &chk, err)) {
+        free(buf);
+        return mla_err_prefix(err, "invalid step plan");
+    }
+    wire_msg_free(&chk);
+    pthread_mutex_lock(&c->api_mu);
+    uint64_t id = plan->step_id;
+    int rc = api_send(c, 'P', &id, buf, n);
+    free(buf);
+    wire_msg *res = NULL;
+    if (rc == MLA_OK) rc = api_wait(c, &res, err);
+    else mla_errf(err, "coordinator: cannot queue the step");
+    pthread_mutex_unlock(&c->api_mu);
+    if (rc) return MLA_ERR;
+    *out = res->u.result;
+    free(res);
+    return MLA_OK;
+}
+
+void coord_result_free(wire_step_result *r) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_STEP_RESULT;
+    m.u.result = *r;
+    wire_msg_free(&m);
+    memset(r, 0, sizeof *r);
+}
+
+int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err) {
+    if (n == 0) return MLA_OK;
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = WIRE_CTL_FREE_SEQ;
+    m.u.ctl.n_seq_ids = n;
+    m.u.ctl.seq_ids = (uint64_t *)ids;
+    uint8_t *buf;
+    size_t len;
+    if (wire_encode(&m, &buf, &len, err)) return MLA_ERR;
+    pthread_mutex_lock(&c->api_mu);
+    int rc = api_send(c, 'F', NULL, buf, len);
+    free(buf);
+    if (rc == MLA_OK) rc = api_wait(c, NULL, err);
+    pthread_mutex_unlock(&c->api_mu);
+    return rc;
+}
+
+void coord_stop(coord *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->api_mu);
+    group_teardown(c);
+    pthread_mutex_unlock(&c->api_mu);
+    if (c->api_io) zmq_close(c->api_io);
+    if (c->api_user) zmq_close(c->api_user);
+    if (c->router) zmq_close(c->router);
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    if (c->ipc_path[0]) unlink(c->ipc_path);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->api_mu);
+    for (size_t i = 0; c->worker_args && c->worker_args[i]; i++) free(c->worker_args[i]);
+    free(c->worker_args);
+    free(c->model_path);
+    free(c->worker_exe);
+    free(c);
+}

@@ -1,0 +1,118 @@
+/* coord: the coordinator's side of the worker group, as a library (used by `mlaserve generate /
+ * logits --tp N`, later by the scheduler and the HTTP server).
+ *
+ * coord_start() binds a ZeroMQ ROUTER socket (tcp:// or ipc://), creates the host collective
+ * segment, and either starts `world` local worker processes (posix_spawn of mlaserve-worker,
+ * supervised with waitpid) or waits for external ones. Every worker registers (protocol version,
+ * model hash, world size and rank are checked; a mismatch is refused with the reason), attaches
+ * the collective, loads its shard and reports LOADED; then the group is ready.
+ *
+ * A background I/O thread owns the socket: it sends each StepPlan to every rank (one DEALER per
+ * worker on the ROUTER), returns rank 0's StepResult, exchanges heartbeats, and supervises. A
+ * worker that exits (waitpid) or stops answering (heartbeat timeout) fails the group: the
+ * collective is aborted (so the other ranks are released), the in-flight step fails with a
+ * message naming the worker, the remaining workers are told to shut down, and every later call
+ * fails with the same message. Policy: stop (a group is never half-alive); the owner may then
+ * call coord_restart().
+ *
+ * Ownership: coord_start() returns a coord owned by the caller; coord_stop() shuts the workers
+ * down (SHUTDOWN, then SIGKILL after a grace period), reaps every child and frees everything.
+ * Results from coord_step() are owned by the caller: coord_result_free(). */
+#ifndef COORD_H
+#define COORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "mla_err.h"
+#include "wire.h"
+
+typedef struct coord coord;
+
+typedef struct coord_config {
+    const char *endpoint;      /* bind address; NULL: a fresh ipc:// path under /tmp */
+    int world;                 /* tensor-parallel degree */
+    const char *model_path;
+    uint64_t model_hash;       /* what workers must report (gguf_index_hash) */
+    int external;              /* 1: do not spawn, wait for external workers */
+    const char *worker_exe;    /* NULL: $MLA_WORKER_EXE, else mlaserve-worker next to this program */
+    const char *const *worker_args; /* extra arguments for every spawned worker, NULL-terminated */
+    int n_threads;             /* --threads for spawned workers (0: 1) */
+    int heartbeat_ms;          /* 0: 100 */
+    int heartbeat_timeout_ms;  /* 0: $MLA_HEARTBEAT_TIMEOUT_MS, else 1000 */
+    int coll_timeout_ms;       /* 0: 30000 */
+    size_t coll_chunk_bytes;   /* 0: default */
+    int start_timeout_ms;      /* registration + load; 0: 120000 */
+    /* Per-step timeout: a step in flight longer than this fails the group ("a worker hangs").
+     * 0: $MLA_STEP_TIMEOUT_MS, else 600000; < 0: off. */
+    int step_timeout_ms;
+    /* Security of the control plane (see the note below). curve_dir: a folder written by
+     * `mlaserve keygen` with server.key and authorized_keys (and client.key, handed to spawned
+     * workers); NULL: no CURVE. insecure: allow a non-loopback tcp:// bind without CURVE. */
+    const char *curve_dir;
+    int insecure;
+    /* What a group failure leads to: COORD_ON_FAILURE_STOP (the group stays failed; the owner
+     * may call coord_restart), COORD_ON_FAILURE_RESTART (a supervisor thread restarts the group,
+     * at most max_restarts times in a row without a step succeeding in between, 0: 5), or
+     * COORD_ON_FAILURE_EXIT (as STOP; the owner is expected to exit: see coord_policy). */
+    int on_failure;
+    int max_restarts;
+} coord_config;
+
+enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE_EXIT = 2 };
+
+/* Control-plane security. With curve_dir the ROUTER is a ZeroMQ CURVE server (traffic
+ * authenticated and encrypted, libsodium-backed libzmq) and a ZAP handler admits only clients
+ * whose public key is listed in authorized_keys (refusals are logged with the peer address).
+ * Without keys only ipc://, inproc:// and loopback tcp:// (127.*, localhost, [::1]) endpoints
+ * may be bound, unless insecure is set. */
+
+/* Parses one control-plane option at argv[*i] into cfg (string values point into argv):
+ *   --coord EP, --workers-external, --curve-dir DIR, --insecure-control-plane,
+ *   --heartbeat-timeout-ms N, --step-timeout-ms N, --start-timeout-ms N,
+ *   --on-worker-failure stop|restart|exit, --max-restarts N
+ * Returns 1 when it consumed the option (*i then indexes its last word), 0 when the option is
+ * not one of these, -1 with err on a bad or missing value. */
+int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err);
+/* Usage lines for those options. */
+extern const char coord_opts_usage[];
+
+/* 1 when the endpoint may be bound without CURVE (ipc://, inproc://, tcp on loopback). */
+int coord_endpoint_is_local(const char *endpoint);
+/* Reads a Z85 key (40 characters, surrounding whitespace ignored) from a file into out[41]. */
+int coord_read_z85_key(const char *path, char out[41], mla_err *err);
+
+int coord_start(coord **out, const coord_config *cfg, mla_err *err);
+
+const char *coord_endpoint(const coord *c);
+uint32_t coord_n_vocab(const coord *c);
+int coord_world(const coord *c);
+/* pid of a local worker (0 for external workers or before it started) */
+pid_t coord_worker_pid(const coord *c, int rank);
+
+/* Runs one step on every worker; blocks until rank 0's result or a failure. On MLA_OK *out holds
+ * the result (out->ok is true). */
+int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_err *err);
+void coord_result_free(wire_step_result *r);
+
+/* Forgets sequences on every worker. */
+int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err);
+
+/* 1 while the group is ready; 0 once it failed or while it restarts (the reason goes to err
+ * when not NULL). */
+int coord_healthy(coord *c, mla_err *err);
+/* The on_failure policy in force, and the number of restarts so far. */
+int coord_policy(const coord *c);
+int coord_restarts(coord *c);
+/* 1 when the group failed for good: failed with policy STOP or EXIT, or RESTART gave up. */
+int coord_failed_for_good(coord *c);
+
+/* Restart policy: tears the group down (as coord_stop does, keeping the socket) and starts a
+ * fresh one (new workers, new collective; every sequence's cache is gone). Local workers are
+ * spawned again; external ones must register again. */
+int coord_restart(coord *c, mla_err *err);
+
+void coord_stop(coord *c);
+
+#endif

@@ -1,0 +1,346 @@
+/* `mlaserve logits --tp N` and `mlaserve generate`: the front command through the coordinator
+ * and N worker processes (coordinator/coord.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chat.h"
+#include "cmds.h"
+#include "common/gguf.h"
+#include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "coord.h"
+#include "tok.h"
+
+typedef struct group_opts {
+    const char *model;
+    int tp, threads, external;
+    const char *endpoint;
+    const char *worker_exe;
+} group_opts;
+
+/* consumes a group option at argv[*i]; 1 when it was one, -1 on a bad value, 0 otherwise */
+static int group_opt(group_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--workers-external")) {
+        o->external = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--processes")) return 1; /* the only mode here */
+    if (!v) return 0;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
+    else if (!strcmp(a, "--tp")) o->tp = atoi(v);
+    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--coord")) o->endpoint = v;
+    else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
+    else return 0;
+    (*i)++;
+    if (o->tp < 1 || o->tp > WIRE_MAX_WORLD || o->threads < 1) return -1;
+    return 1;
+}
+
+static int start_group(const group_opts *o, gguf_ctx **g, coord **c, mla_err *err) {
+    if (gguf_open(g, o->model, err)) return MLA_ERR;
+    coord_config cfg = {.endpoint = o->endpoint,
+                        .world = o->tp,
+                        .model_path = o->model,
+                        .model_hash = gguf_index_hash(*g),
+                        .external = o->external,
+                        .worker_exe = o->worker_exe,
+                        .n_threads = o->threads};
+    if (coord_start(c, &cfg, err)) return mla_err_prefix(err, "starting %d workers", o->tp);
+    return MLA_OK;
+}
+
+/* one sequence: tokens[0..n) with prompt chunk k, logits of every position into out (n x V);
+ * then up to greedy tokens into gen (stops after eos). */
+static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tokens, int64_t n,
+                   int64_t k, float *out, long greedy, int32_t eos, int32_t *gen, long *n_gen, mla_err *err) {
+    const uint32_t V = coord_n_vocab(c);
+    int32_t *pos = mla_xmalloc((size_t)(n + greedy + 1) * sizeof *pos);
+    for (int64_t i = 0; i < n + greedy + 1; i++) pos[i] = (int32_t)i;
+    int rc = MLA_OK;
+    int64_t off = 0;
+    int32_t next = -1;
+    *n_gen = 0;
+    while (off < n && rc == MLA_OK) {
+        int64_t cnt = off == 0 ? k : 1;
+        wire_seq s = {.seq_id = seq_id, .n_tokens = (uint32_t)cnt, .tokens = (int32_t *)tokens + off,
+                      .positions = pos + off, .sample = off + cnt == n && greedy > 0};
+        s.sp.top_p = 1;
+        s.sp.repetition_penalty = 1;
+        s.sp.logits = WIRE_LOGITS_ALL;
+        wire_step_plan plan = {.step_id = ++*step, .n_seqs = 1, .seqs = &s};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, err);
+        if (rc) break;
+        memcpy(out + off * V, res.seqs[0].logits, (size_t)cnt * V * sizeof(float));
+        next = res.seqs[0].token;
+        coord_result_free(&res);
+        off += cnt;
+    }
+    for (long i = 0; rc == MLA_OK && greedy > 0 && i < greedy; i++) {
+        gen[(*n_gen)++] = next;
+        if (next == eos || i + 1 == greedy) break;
+        wire_seq s = {.seq_id = seq_id, .n_tokens = 1, .tokens = &next, .positions = pos + n + i, .sample = true};
+        s.sp.top_p = 1;
+        s.sp.repetition_penalty = 1;
+        wire_step_plan plan = {.step_id = ++*step, .n_seqs = 1, .seqs = &s};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, err);
+        if (rc) break;
+        next = res.seqs[0].token;
+        coord_result_free(&res);
+    }
+    free(pos);
+    if (rc == MLA_OK) rc = coord_free_seqs(c, &seq_id, 1, err);
+    return rc;
+}
+
+int cmd_logits_tp(int argc, char **argv) {
+    group_opts o = {.tp = 1, .threads = 1};
+    const char *tokens = NULL, *outp = NULL, *ids_out = NULL;
+    long decode_from = -1, greedy = 0;
+    for (int i = 1; i < argc; i++) {
+        int g = group_opt(&o, argc, argv, &i);
+        if (g < 0) goto usage;
+        if (g) continue;
+        if (i + 1 >= argc) goto usage;
+        const char *a = argv[i];
+        if (!strcmp(a, "--tokens")) tokens = argv[++i];
+        else if (!strcmp(a, "--out")) outp = argv[++i];
+        else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
+        else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
+        else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
+        else goto usage;
+    }
+    if (!o.model || !tokens || !outp || (greedy > 0 && !ids_out)) goto usage;
+
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    coord *c = NULL;
+    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    int32_t *ids = NULL, *gen = NULL;
+    float *logits = NULL;
+    size_t cap = 0;
+    int status = 1;
+    uint64_t step = 0;
+    if (start_group(&o, &g, &c, &err)) goto fail;
+    uint32_t eos = UINT32_MAX;
+    if (gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos, &err) < 0) goto fail;
+    const uint32_t V = coord_n_vocab(c);
+    if (!(fin = fopen(tokens, "r")) || !(fout = fopen(outp, "wb")) || (ids_out && !(fids = fopen(ids_out, "w")))) {
+        mla_errf(&err, "%s: %s", !fin ? tokens : !fout ? outp : ids_out, strerror(errno));
+        goto fail;
+    }
+    gen = mla_xmalloc((size_t)(greedy > 0 ? greedy : 1) * sizeof *gen);
+    char *line = NULL;
+    size_t lcap = 0;
+    for (uint64_t ln = 1; getline(&line, &lcap, fin) >= 0; ln++) {
+        size_t n = 0;
+        for (char *p = line, *end;; p = end) {
+            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+            if (!*p) break;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || errno || v < 0 || (uint64_t)v >= V) {
+                mla_errf(&err, "%s: line %llu: bad token id near '%.20s'", tokens, (unsigned long long)ln, p);
+                free(line);
+                goto fail;
+            }
+            if (n == cap) {
+                cap = cap ? 2 * cap : 256;
+                ids = mla_xrealloc(ids, cap * sizeof *ids);
+            }
+            ids[n++] = (int32_t)v;
+        }
+        if (!n) continue;
+        logits = mla_xrealloc(logits, n * V * sizeof *logits);
+        int64_t k = decode_from < 0 || decode_from >= (long)n ? (int64_t)n : (decode_from < 1 ? 1 : decode_from);
+        long n_gen = 0;
+        if (run_seq(c, ln, &step, ids, (int64_t)n, k, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) {
+            free(line);
+            goto fail;
+        }
+        if (fwrite(logits, sizeof *logits, n * V, fout) != n * V) {
+            mla_errf(&err, "%s: write failed", outp);
+            free(line);
+            goto fail;
+        }
+        if (fids) {
+            for (long i = 0; i < n_gen; i++) fprintf(fids, "%s%d", i ? " " : "", gen[i]);
+            fputc('\n', fids);
+        }
+    }
+    free(line);
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "mlaserve logits: %s\n", err.msg);
+    status = 1;
+done:
+    if (fout && fclose(fout) != 0 && status == 0) {
+        fprintf(stderr, "mlaserve logits: %s: close failed\n", outp);
+        status = 1;
+    }
+    if (fids) fclose(fids);
+    if (fin) fclose(fin);
+    coord_stop(c);
+    if (g) gguf_close(g);
+    free(ids);
+    free(gen);
+    free(logits);
+    return status;
+usage:
+    fprintf(stderr,
+            "usage: mlaserve logits --processes -m MODEL.gguf --tokens IDS.txt --out OUT.f32 --tp N [--threads N]\n"
+            "                       [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
+            "                       [--workers-external] [--coord ENDPOINT] [--worker-exe PATH]\n");
+    return 2;
+}
+
+int cmd_generate(int argc, char **argv) {
+    group_opts o = {.tp = 1, .threads = 1};
+    const char *prompt = NULL;
+    long n_predict = 64;
+    wire_sampling sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    int verbose = 0, chat = 0;
+    for (int i = 1; i < argc; i++) {
+        int g = group_opt(&o, argc, argv, &i);
+        if (g < 0) goto usage;
+        if (g) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "-v")) {
+            verbose = 1;
+            continue;
+        }
+        if (!strcmp(a, "--chat")) {
+            chat = 1;
+            continue;
+        }
+        if (i + 1 >= argc) goto usage;
+        const char *v = argv[++i];
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-n")) n_predict = atol(v);
+        else if (!strcmp(a, "--temp")) sp.temperature = strtof(v, NULL);
+        else if (!strcmp(a, "--top-k")) sp.top_k = atoi(v);
+        else if (!strcmp(a, "--top-p")) sp.top_p = strtof(v, NULL);
+        else if (!strcmp(a, "--min-p")) sp.min_p = strtof(v, NULL);
+        else if (!strcmp(a, "--repeat-penalty")) sp.repetition_penalty = strtof(v, NULL);
+        else if (!strcmp(a, "--presence-penalty")) sp.presence_penalty = strtof(v, NULL);
+        else if (!strcmp(a, "--frequency-penalty")) sp.frequency_penalty = strtof(v, NULL);
+        else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
+        else goto usage;
+    }
+    if (!o.model || !prompt || n_predict < 1) goto usage;
+    if (!verbose) {
+        mla_log_set_level(MLA_LOG_WARN);
+        if (!getenv("MLA_LOG_LEVEL")) setenv("MLA_LOG_LEVEL", "warn", 1); /* for the workers */
+    }
+
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    coord *c = NULL;
+    tok_vocab *voc = NULL;
+    chat_tmpl *tmpl = NULL;
+    char *text = NULL;
+    tok_ids ids = {0};
+    int32_t *pos = NULL;
+    int status = 1;
+    if (gguf_open(&g, o.model, &err) || tok_vocab_from_gguf(&voc, g, &err) ||
+        chat_tmpl_from_gguf(&tmpl, g, voc, &err))
+        goto fail;
+    gguf_close(g);
+    g = NULL;
+    /* A chat prompt goes through the model's chat template; a plain prompt gets the text every
+     * prompt of the model starts with (BOS, or GLM's [gMASK]<sop>), as the HTTP API does. */
+    if (chat) {
+        chat_msg m = {.role = "user", .content = prompt};
+        size_t len;
+        if (chat_tmpl_apply(tmpl, &m, 1, true, NULL, &text, &len, NULL, &err)) goto fail;
+    } else {
+        char *prefix = NULL;
+        if (chat_tmpl_prefix(tmpl, &prefix, &err)) goto fail;
+        size_t lp = strlen(prefix), ln = strlen(prompt);
+        text = mla_xmalloc(lp + ln + 1);
+        memcpy(text, prefix, lp);
+        memcpy(text + lp, prompt, ln + 1);
+        free(prefix);
+    }
+    if (tok_encode(voc, text, strlen(text), false, true, &ids, &err)) goto fail;
+    if (ids.n == 0) {
+        mla_errf(&err, "the prompt has no tokens");
+        goto fail;
+    }
+    if (start_group(&o, &g, &c, &err)) goto fail;
+    pos = mla_xmalloc((ids.n + (size_t)n_predict) * sizeof *pos);
+    for (size_t i = 0; i < ids.n + (size_t)n_predict; i++) pos[i] = (int32_t)i;
+    tok_stream ts;
+    tok_stream_init(&ts, voc, true);
+    size_t bufcap = tok_max_piece_len(voc) * 2 + 16;
+    char *buf = mla_xmalloc(bufcap);
+    size_t off = 0, cnt = ids.n;
+    int32_t next = -1;
+    long n_gen = 0;
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t1 = t0;
+    for (long i = 0; i < n_predict; i++) {
+        wire_seq s = {.seq_id = 1, .n_tokens = (uint32_t)cnt, .tokens = i ? &next : ids.ids,
+                      .positions = pos + off, .sample = true, .sp = sp};
+        wire_step_plan plan = {.step_id = (uint64_t)i + 1, .n_seqs = 1, .seqs = &s};
+        wire_step_result res;
+        if (coord_step(c, &plan, &res, &err)) {
+            free(buf);
+            tok_stream_free(&ts);
+            goto fail;
+        }
+        next = res.seqs[0].token;
+        coord_result_free(&res);
+        if (i == 0) clock_gettime(CLOCK_MONOTONIC, &t1);
+        n_gen++;
+        off += cnt;
+        cnt = 1;
+        if (tok_is_eog(voc, next)) break;
+        int n = tok_stream_feed(&ts, next, buf, bufcap);
+        if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
+    int n = tok_stream_finish(&ts, buf, bufcap);
+    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    double prefill_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double decode_s = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+    fprintf(stderr,
+            "mlaserve generate: prompt %zu tokens in %.3f s (%.1f tokens/s, first token included); "
+            "%ld more tokens in %.3f s (%.1f tokens/s); tp %d\n",
+            ids.n, prefill_s, prefill_s > 0 ? (double)ids.n / prefill_s : 0.0, n_gen - 1, decode_s,
+            decode_s > 0 ? (double)(n_gen - 1) / decode_s : 0.0, o.tp);
+    free(buf);
+    tok_stream_free(&ts);
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "mlaserve generate: %s\n", err.msg);
+done:
+    coord_stop(c);
+    if (g) gguf_close(g);
+    chat_tmpl_free(tmpl);
+    free(text);
+    tok_vocab_free(voc);
+    tok_ids_free(&ids);
+    free(pos);
+    return status;
+usage:
+    fprintf(stderr,
+            "usage: mlaserve generate -m MODEL.gguf -p PROMPT [--chat] [-n N] [--tp N] [--threads N]\n"
+            "                         [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+            "                         [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
+            "                         [--workers-external] [--coord ENDPOINT] [--worker-exe PATH] [-v]\n");
+    return 2;
+}

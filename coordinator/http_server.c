@@ -1,0 +1,530 @@
+/* http_server: see http_server.h. */
+#include "coordinator/http_server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_log.h"
+
+enum conn_state { CS_READING, CS_HANDLING, CS_STREAMING, CS_CLOSING };
+
+struct http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_shutdown_t shut;
+    bool lingering;         /* write side shut down, draining the client before closing */
+    http_server *srv;
+    http_conn *prev, *next;
+    enum conn_state state;
+    http_req parser;
+    char *pending;          /* bytes received, not parsed yet */
+    size_t pend_off, pend_len, pend_cap;
+    bool keep_alive;        /* of the current request */
+    bool close_after_write; /* close once the write queue drains */
+    bool in_process;
+    bool sent_continue;
+    bool request_outstanding;
+    void (*abort_fn)(void *);
+    void *abort_ud;
+    uint64_t last_progress_ms; /* last completed write or request start */
+    size_t queued;             /* bytes handed to uv_write, not completed */
+    int n_handles_open;
+    char peer[64];
+};
+
+struct http_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    bool listening, closed;
+    http_server_config cfg;
+    http_handler_fn handler;
+    void *ud;
+    http_conn *conns;
+    int n_conns;
+    int n_closing;
+};
+
+void http_server_config_default(http_server_config *c) {
+    http_limits_default(&c->lim);
+    c->max_conns = 1024;
+    c->idle_timeout_ms = 60000;
+    c->request_timeout_ms = 30000;
+    c->max_write_queue = 1u << 20;
+    c->write_timeout_ms = 30000;
+    c->max_pending = 1u << 20;
+}
+
+const char *http_status_text(int status) {
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+    }
+}
+
+/* ---- connection lifetime ---- */
+
+static void conn_process(http_conn *c);
+static void linger_close(http_conn *c);
+
+static void on_handle_closed(uv_handle_t *h) {
+    http_conn *c = h->data;
+    if (--c->n_handles_open > 0) return;
+    http_server *s = c->srv;
+    s->n_closing--;
+    http_req_free(&c->parser);
+    free(c->pending);
+    free(c);
+}
+
+static void conn_close(http_conn *c) {
+    if (c->state == CS_CLOSING) return;
+    bool outstanding = c->request_outstanding;
+    c->state = CS_CLOSING;
+    c->request_outstanding = false;
+    http_server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_conns--;
+    s->n_closing++;
+    uv_timer_stop(&c->timer);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->n_handles_open = 2;
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    if (outstanding && c->abort_fn) {
+        void (*fn)(void *) = c->abort_fn;
+        c->abort_fn = NULL;
+        fn(c->abort_ud);
+    }
+}
+
+/* ---- writing ---- */
+
+typedef struct wreq {
+    uv_write_t w;
+    http_conn *c;
+    size_t len;
+    char data[];
+} wreq;
+
+static void on_written(uv_write_t *w, int status) {
+    wreq *r = (wreq *)w;
+    http_conn *c = r->c;
+    c->queued -= r->len;
+    free(r);
+    if (c->state == CS_CLOSING) return;
+    if (status < 0) {
+        MLA_DEBUG("http: write to %s failed: %s", c->peer, uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    c->last_progress_ms = uv_now(c->srv->loop);
+    if (c->close_after_write && c->queued == 0) linger_close(c);
+}
+
+static void conn_write(http_conn *c, const char *a, size_t na, const char *b, size_t nb,
+                       const char *d, size_t nd) {
+    if (c->state == CS_CLOSING) return;
+    size_t len = na + nb + nd;
+    wreq *r = mla_xmalloc(sizeof(*r) + len);
+    r->c = c;
+    r->len = len;
+    if (na) memcpy(r->data, a, na);
+    if (nb) memcpy(r->data + na, b, nb);
+    if (nd) memcpy(r->data + na + nb, d, nd);
+    uv_buf_t buf = uv_buf_init(r->data, (unsigned)len);
+    if (c->queued == 0) c->last_progress_ms = uv_now(c->srv->loop);
+    c->queued += len;
+    int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written);
+    if (rc < 0) {
+        c->queued -= len;
+        free(r);
+        conn_close(c);
+        return;
+    }
+    if (c->queued > c->srv->cfg.max_write_queue * 4) {
+        /* far beyond the slow-client allowance: stop buffering for it now */
+        MLA_WARN("http: client %s does not read its response; closing", c->peer);
+        conn_close(c);
+    }
+}
+
+static void arm_timer(http_conn *c);
+static void on_timer(uv_timer_t *t);
+
+static void on_shutdown(uv_shutdown_t *r, int status) {
+    http_conn *c = r->data;
+    if (status < 0 && status != UV_ECANCELED && c->state != CS_CLOSING) conn_close(c);
+}
+
+/* Closing after a final response: shut the write side down, read and discard what the client
+ * still sends until it closes (or 2 s pass), then close. Closing with unread input would reset
+ * the connection and could destroy the response before the client reads it. */
+static void linger_close(http_conn *c) {
+    if (c->state == CS_CLOSING || c->lingering) return;
+    c->lingering = true;
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_timer, 2000, 0);
+}
+
+/* The response is complete: next request or close. */
+static void response_done(http_conn *c) {
+    if (c->state == CS_CLOSING) return;
+    c->request_outstanding = false;
+    c->abort_fn = NULL;
+    if (!c->keep_alive || c->srv->closed) {
+        c->close_after_write = true;
+        c->state = CS_READING; /* nothing more is parsed; closes when the writes drain */
+        if (c->queued == 0) linger_close(c);
+        else arm_timer(c);
+        return;
+    }
+    c->state = CS_READING;
+    http_req_next(&c->parser);
+    c->sent_continue = false;
+    arm_timer(c);
+    if (!c->in_process) conn_process(c);
+}
+
+static int header_block(char *out, size_t cap, int status, const char *ctype, const char *extra,
+                        bool keep_alive, bool chunked, size_t len) {
+    char lenline[64];
+    if (chunked)
+        snprintf(lenline, sizeof(lenline), "Transfer-Encoding: chunked\r\n");
+    else
+        snprintf(lenline, sizeof(lenline), "Content-Length: %zu\r\n", len);
+    return snprintf(out, cap,
+                    "HTTP/1.1 %d %s\r\n"
+                    "Content-Type: %s\r\n"
+                    "%s"
+                    "Connection: %s\r\n"
+                    "%s"
+                    "\r\n",
+                    status, http_status_text(status), ctype ? ctype : "text/plain", lenline,
+                    keep_alive ? "keep-alive" : "close", extra ? extra : "");
+}
+
+void http_respond(http_conn *c, int status, const char *content_type, const char *body,
+                  size_t len, const char *extra_headers) {
+    if (c->state == CS_CLOSING) return;
+    MLA_ASSERT(c->state == CS_HANDLING);
+    if (c->srv->closed) c->keep_alive = false;
+    char head[1024];
+    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
+                         false, len);
+    MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
+    conn_write(c, head, (size_t)n, body, len, NULL, 0);
+    response_done(c);
+}
+
+void http_stream_begin(http_conn *c, int status, const char *content_type,
+                       const char *extra_headers) {
+    if (c->state == CS_CLOSING) return;
+    MLA_ASSERT(c->state == CS_HANDLING);
+    char head[1024];
+    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
+                         true, 0);
+    MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
+    c->state = CS_STREAMING;
+    conn_write(c, head, (size_t)n, NULL, 0, NULL, 0);
+}
+
+void http_stream_write(http_conn *c, const char *data, size_t len) {
+    if (c->state == CS_CLOSING || len == 0) return;
+    MLA_ASSERT(c->state == CS_STREAMING);
+    char pre[32];
+    int n = snprintf(pre, sizeof(pre), "%zx\r\n", len);
+    conn_write(c, pre, (size_t)n, data, len, "\r\n", 2);
+}
+
+void http_stream_end(http_conn *c) {
+    if (c->state == CS_CLOSING) return;
+    MLA_ASSERT(c->state == CS_STREAMING);
+    conn_write(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0);
+    c->state = CS_HANDLING;
+    response_done(c);
+}
+
+void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud) {
+    c->abort_fn = fn;
+    c->abort_ud = ud;
+}
+
+const char *http_conn_peer(const http_conn *c) { return c->peer; }
+
+/* An error answer from the server itself (parse errors, limits), then close. */
+static void respond_error_close(http_conn *c, int status, const char *msg) {
+    char body[512];
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    /* msg is our own text (no quotes or backslashes), safe to embed */
+    int n = snprintf(body, sizeof(body),
+                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":%d}}",
+                     msg, type, status);
+    if (n < 0 || (size_t)n >= sizeof(body)) n = (int)strlen(body);
+    c->keep_alive = false;
+    c->state = CS_HANDLING;
+    http_respond(c, status, "application/json", body, (size_t)n, NULL);
+}
+
+/* ---- timers ---- */
+
+static void on_timer(uv_timer_t *t) {
+    http_conn *c = t->data;
+    if (c->state == CS_CLOSING) return;
+    http_server *s = c->srv;
+    if (c->state == CS_READING) {
+        if (c->close_after_write || c->lingering) {
+            conn_close(c);
+        } else if (c->parser.started) {
+            MLA_DEBUG("http: %s: request not complete in time", c->peer);
+            respond_error_close(c, 408, "the request was not completed in time");
+        } else {
+            conn_close(c); /* idle keep-alive */
+        }
+        return;
+    }
+    /* handling / streaming: watch for a client that does not take its response */
+    uint64_t now = uv_now(s->loop);
+    if (c->queued > s->cfg.max_write_queue && now - c->last_progress_ms > s->cfg.write_timeout_ms) {
+        MLA_WARN("http: client %s stopped reading (%zu bytes queued); closing", c->peer, c->queued);
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_timer, 1000, 0);
+}
+
+static void arm_timer(http_conn *c) {
+    http_server *s = c->srv;
+    uint64_t ms = 1000;
+    if (c->state == CS_READING) ms = c->parser.started ? s->cfg.request_timeout_ms : s->cfg.idle_timeout_ms;
+    if (ms == 0) ms = 1;
+    uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ---- reading ---- */
+
+static void conn_process(http_conn *c) {
+    c->in_process = true;
+    while (c->state == CS_READING && !c->close_after_write && c->pend_len > c->pend_off) {
+        bool was_started = c->parser.started;
+        size_t n = http_req_feed(&c->parser, c->pending + c->pend_off, c->pend_len - c->pend_off);
+        c->pend_off += n;
+        if (!was_started && c->parser.started) arm_timer(c); /* request timeout from now */
+        if (c->parser.state == HTTP_REQ_ERROR) {
+            respond_error_close(c, c->parser.err_status, c->parser.err_msg);
+            break;
+        }
+        if (c->parser.state == HTTP_REQ_MORE) {
+            if (c->parser.headers_done && c->parser.req.expect_continue && !c->sent_continue) {
+                c->sent_continue = true;
+                conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL, 0, NULL, 0);
+            }
+            break;
+        }
+        /* a complete request */
+        c->state = CS_HANDLING;
+        c->keep_alive = c->parser.req.keep_alive;
+        c->request_outstanding = true;
+        c->abort_fn = NULL;
+        c->last_progress_ms = uv_now(c->srv->loop);
+        uv_timer_start(&c->timer, on_timer, 1000, 0);
+        c->srv->handler(c->srv->ud, c, &c->parser.req);
+    }
+    if (c->state != CS_CLOSING) {
+        /* compact */
+        if (c->pend_off == c->pend_len) {
+            c->pend_off = c->pend_len = 0;
+        } else if (c->pend_off > 0 && c->state == CS_READING) {
+            memmove(c->pending, c->pending + c->pend_off, c->pend_len - c->pend_off);
+            c->pend_len -= c->pend_off;
+            c->pend_off = 0;
+        }
+    }
+    c->in_process = false;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    http_conn *c = h->data;
+    (void)suggested;
+    size_t want = 65536;
+    if (c->pend_cap - c->pend_len < want) {
+        if (c->pend_off > 0) {
+            memmove(c->pending, c->pending + c->pend_off, c->pend_len - c->pend_off);
+            c->pend_len -= c->pend_off;
+            c->pend_off = 0;
+        }
+        if (c->pend_cap - c->pend_len < want) {
+            c->pend_cap = c->pend_len + want;
+            c->pending = mla_xrealloc(c->pending, c->pend_cap);
+        }
+    }
+    *buf = uv_buf_init(c->pending + c->pend_len, (unsigned)(c->pend_cap - c->pend_len));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    http_conn *c = st->data;
+    (void)buf;
+    if (c->state == CS_CLOSING) return;
+    if (nread < 0) {
+        if (nread != UV_EOF) MLA_DEBUG("http: read from %s: %s", c->peer, uv_strerror((int)nread));
+        /* the client went away (or half-closed): an outstanding request is cancelled */
+        if (c->state == CS_READING && c->parser.started && nread == UV_EOF && !c->close_after_write) {
+            respond_error_close(c, 400, "the connection ended inside a request");
+        } else if (!(c->close_after_write && c->queued > 0) || c->lingering) {
+            conn_close(c);
+        }
+        return;
+    }
+    if (nread == 0) return;
+    c->pend_len += (size_t)nread;
+    if (c->state != CS_READING) {
+        size_t held = c->pend_len - c->pend_off;
+        if (held > c->srv->cfg.max_pending) {
+            MLA_WARN("http: client %s sent %zu bytes while its request was running; closing", c->peer, held);
+            conn_close(c);
+        }
+        return;
+    }
+    if (c->close_after_write) {
+        c->pend_off = c->pend_len = 0; /* discard */
+        return;
+    }
+    if (!c->parser.started) arm_timer(c);
+    conn_process(c);
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+    http_server *s = ls->data;
+    if (status < 0) {
+        MLA_WARN("http: accept: %s", uv_strerror(status));
+        return;
+    }
+    http_conn *c = mla_xcalloc(1, sizeof(*c));
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    http_req_init(&c->parser, &s->cfg.lim);
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    c->state = CS_READING;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
+        conn_close(c);
+        return;
+    }
+    struct sockaddr_storage sa;
+    int salen = sizeof(sa);
+    snprintf(c->peer, sizeof(c->peer), "?");
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
+        char ip[48] = "?";
+        int port = 0;
+        if (sa.ss_family == AF_INET) {
+            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        } else if (sa.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        }
+        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (s->n_conns > s->cfg.max_conns) {
+        MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns - 1, s->cfg.max_conns, c->peer);
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read); /* drained, then closed */
+        respond_error_close(c, 503, "too many open connections");
+        return;
+    }
+    arm_timer(c);
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int http_server_init(http_server **out, uv_loop_t *loop, const http_server_config *cfg,
+                     http_handler_fn handler, void *ud, mla_err *err) {
+    (void)err;
+    http_server *s = mla_xcalloc(1, sizeof(*s));
+    s->loop = loop;
+    if (cfg)
+        s->cfg = *cfg;
+    else
+        http_server_config_default(&s->cfg);
+    s->handler = handler;
+    s->ud = ud;
+    *out = s;
+    return MLA_OK;
+}
+
+int http_server_listen(http_server *s, const char *host, int port, int *bound_port, mla_err *err) {
+    struct sockaddr_storage sa;
+    if (!host) host = "127.0.0.1";
+    if (port < 0 || port > 65535) return mla_errf(err, "port %d is out of range", port);
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0)
+        return mla_errf(err, "'%s' is not an IPv4 or IPv6 address", host);
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    s->listening = true;
+    int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    if (rc < 0) return mla_errf(err, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+    struct sockaddr_storage got;
+    int len = sizeof(got);
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
+    int p = got.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&got)->sin6_port)
+                                      : ntohs(((struct sockaddr_in *)&got)->sin_port);
+    if (bound_port) *bound_port = p;
+    MLA_INFO("http: listening on %s:%d", host, p);
+    return MLA_OK;
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+    http_server *s = h->data;
+    s->n_closing--;
+}
+
+void http_server_close(http_server *s) {
+    if (s->closed) return;
+    s->closed = true;
+    if (s->listening) {
+        s->n_closing++;
+        uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+        s->listening = false;
+    }
+    while (s->conns) conn_close(s->conns);
+}
+
+void http_server_free(http_server *s) {
+    if (!s) return;
+    http_server_close(s);
+    while (s->n_closing > 0) uv_run(s->loop, UV_RUN_ONCE);
+    free(s);
+}
+
+int http_server_n_conns(const http_server *s) { return s->n_conns; }

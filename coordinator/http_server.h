@@ -1,0 +1,72 @@
+/* http_server: an HTTP/1.1 server on a libuv loop (keep-alive, pipelining one request at a time,
+ * chunked streaming responses, limits and timeouts).
+ *
+ * Every function here runs on the loop thread. A complete request is handed to the handler;
+ * the handler answers now or later (from the loop thread) with exactly one of
+ * http_respond(...) or http_stream_begin(...) + http_stream_write(...)* + http_stream_end().
+ * While a request is outstanding, further bytes from the client are buffered (not parsed); an
+ * end of stream or a reset from the client, a slow reader (more than max_write_queue bytes not
+ * taken for write_timeout_ms) or server shutdown closes the connection, and then the abort
+ * callback (http_conn_on_abort) runs once: after it the http_conn pointer is gone.
+ *
+ * Limits: http_limits (URL, headers, body) answer 414/431/413 and close; a request not complete
+ * within request_timeout_ms of its first byte gets 408; an idle keep-alive connection is closed
+ * after idle_timeout_ms; connections beyond max_conns get 503 and are closed.
+ *
+ * Ownership: http_server_init / http_server_free (after http_server_close and the loop has run
+ * the close callbacks: http_server_free runs the loop itself until they are done). Connections
+ * are owned by the server. */
+#ifndef HTTP_SERVER_H
+#define HTTP_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+#include "common/mla_err.h"
+#include "coordinator/http_req.h"
+
+typedef struct http_server_config {
+    http_limits lim;
+    int max_conns;                /* open connections */
+    unsigned idle_timeout_ms;     /* keep-alive idle */
+    unsigned request_timeout_ms;  /* first byte to complete request */
+    size_t max_write_queue;       /* bytes queued to a client before it counts as slow */
+    unsigned write_timeout_ms;    /* a slow client making no progress this long is dropped */
+    size_t max_pending;           /* bytes buffered from a client while a request is outstanding */
+} http_server_config;
+
+/* Defaults: http_limits_default, 1024 connections, idle 60 s, request 30 s, write queue 1 MiB,
+ * write timeout 30 s, pending 1 MiB. */
+void http_server_config_default(http_server_config *c);
+
+typedef struct http_server http_server;
+typedef struct http_conn http_conn;
+
+typedef void (*http_handler_fn)(void *ud, http_conn *c, const http_request *req);
+
+int http_server_init(http_server **out, uv_loop_t *loop, const http_server_config *cfg,
+                     http_handler_fn handler, void *ud, mla_err *err);
+/* Binds and listens; port 0 picks a free one, *bound_port (may be NULL) gets the real one. */
+int http_server_listen(http_server *s, const char *host, int port, int *bound_port, mla_err *err);
+/* Stops listening and closes every connection (abort callbacks run for outstanding requests). */
+void http_server_close(http_server *s);
+void http_server_free(http_server *s);
+int http_server_n_conns(const http_server *s);
+
+/* A whole response. extra_headers: "Name: value\r\n" lines or NULL. */
+void http_respond(http_conn *c, int status, const char *content_type, const char *body,
+                  size_t len, const char *extra_headers);
+/* A streaming (chunked) response. */
+void http_stream_begin(http_conn *c, int status, const char *content_type,
+                       const char *extra_headers);
+void http_stream_write(http_conn *c, const char *data, size_t len);
+void http_stream_end(http_conn *c);
+/* fn(ud) runs once if the connection goes away before the response is complete. */
+void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud);
+/* The peer address as text (for logs). */
+const char *http_conn_peer(const http_conn *c);
+
+const char *http_status_text(int status);
+
+#endif

@@ -1,0 +1,561 @@
+/* pbapi_server: see pbapi_server.h. */
+#include "coordinator/pbapi_server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/apiclient.h"
+#include "common/mla_log.h"
+#include "coordinator/pbapi_frame.h"
+
+typedef struct pb_conn pb_conn;
+
+typedef struct pb_req {
+    pb_conn *c;
+    struct pb_req *prev, *next;
+    uint64_t id;
+    api_gen *g;
+    bool logprobs;
+    uint32_t index; /* tokens sent */
+} pb_req;
+
+struct pb_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_shutdown_t shut;
+    pbapi_server *srv;
+    pb_conn *prev, *next;
+    pbapi_framer fr;
+    bool authed;
+    bool closing;   /* handles being closed */
+    bool lingering; /* write side shut down after a fatal error, discarding input */
+    pb_req *reqs;
+    int n_reqs;
+    size_t queued;
+    int n_handles_open;
+    char peer[64];
+};
+
+struct pbapi_server {
+    uv_loop_t *loop;
+    api_server *api;
+    pbapi_config cfg;
+    uv_tcp_t listener;
+    bool listening, closed;
+    pb_conn *conns;
+    int n_conns, n_closing;
+};
+
+void pbapi_config_default(pbapi_config *c) {
+    c->max_frame = APICLIENT_MAX_FRAME_DEFAULT;
+    c->max_conns = 1024;
+    c->max_inflight = 256;
+    c->max_write_queue = 8u << 20;
+}
+
+/* ---- connection lifetime ---- */
+
+static void on_handle_closed(uv_handle_t *h) {
+    pb_conn *c = h->data;
+    if (--c->n_handles_open > 0) return;
+    c->srv->n_closing--;
+    pbapi_framer_free(&c->fr);
+    free(c);
+}
+
+static void req_unlink(pb_req *r) {
+    pb_conn *c = r->c;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    c->n_reqs--;
+    free(r);
+}
+
+static void conn_close(pb_conn *c) {
+    if (c->closing) return;
+    c->closing = true;
+    pbapi_server *s = c->srv;
+    /* its requests: no more output, cancelled in the scheduler */
+    while (c->reqs) {
+        pb_req *r = c->reqs;
+        if (r->g) api_server_gen_cancel(r->g, true);
+        req_unlink(r);
+    }
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_conns--;
+    s->n_closing++;
+    uv_timer_stop(&c->timer);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->n_handles_open = 2;
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+}
+
+/* ---- writing ---- */
+
+typedef struct wreq {
+    uv_write_t w;
+    pb_conn *c;
+    size_t len;
+    uint8_t *data;
+} wreq;
+
+static void on_written(uv_write_t *w, int status) {
+    wreq *r = (wreq *)w;
+    pb_conn *c = r->c;
+    c->queued -= r->len;
+    free(r->data);
+    free(r);
+    if (c->closing) return;
+    if (status < 0) {
+        MLA_DEBUG("pbapi: write to %s failed: %s", c->peer, uv_strerror(status));
+        conn_close(c);
+    }
+}
+
+static void send_msg(pb_conn *c, int kind, const ProtobufCMessage *m) {
+    if (c->closing || c->lingering) return;
+    wreq *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->data = apiclient_frame_pack(kind, m, &r->len);
+    uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
+    c->queued += r->len;
+    int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written);
+    if (rc < 0) {
+        c->queued -= r->len;
+        free(r->data);
+        free(r);
+        conn_close(c);
+        return;
+    }
+    if (c->queued > c->srv->cfg.max_write_queue) {
+        MLA_WARN("pbapi: client %s leaves %zu bytes unread; closing", c->peer, c->queued);
+        conn_close(c);
+    }
+}
+
+static void send_error(pb_conn *c, uint64_t id, int code, const char *param, const char *msg) {
+    Mlaapi__Error e = MLAAPI__ERROR__INIT;
+    e.has_request_id = true;
+    e.request_id = id;
+    e.has_code = true;
+    e.code = (Mlaapi__ErrorCode)code;
+    size_t n;
+    char *m = api_utf8_sanitize(msg, strlen(msg), &n);
+    e.message = m;
+    e.param = param && param[0] ? (char *)param : NULL;
+    send_msg(c, MLAAPI__FRAME_KIND__FRAME_ERROR, &e.base);
+    free(m);
+}
+
+static void on_linger_timer(uv_timer_t *t) { conn_close(t->data); }
+
+static void on_shutdown(uv_shutdown_t *r, int status) {
+    pb_conn *c = r->data;
+    if (status < 0 && !c->closing) conn_close(c);
+}
+
+/* A malformed frame: Error (request_id 0), cancel the requests, shut the write side down and
+ * discard input until the client closes (or 2 s), so the error is not lost to a reset. */
+static void fatal(pb_conn *c, int code, const char *param, const char *msg) {
+    MLA_INFO("pbapi: client %s: %s (%s); closing", c->peer, msg, apiclient_code_name(code));
+    send_error(c, 0, code, param, msg);
+    if (c->closing) return;
+    while (c->reqs) {
+        pb_req *r = c->reqs;
+        if (r->g) api_server_gen_cancel(r->g, true);
+        req_unlink(r);
+    }
+    c->lingering = true;
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_linger_timer, 2000, 0);
+}
+
+/* ---- generation output ---- */
+
+static void send_token(pb_req *r, const char *text, size_t from, size_t to, const api_token *t) {
+    Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
+    m.has_request_id = true;
+    m.request_id = r->id;
+    m.has_token_id = true;
+    m.token_id = t->id;
+    m.has_index = true;
+    m.index = r->index++;
+    size_t n;
+    char *s = api_utf8_sanitize(text + from, to - from, &n);
+    m.text = s;
+    Mlaapi__TopLogprob tops[SCHED_MAX_TOP_LOGPROBS], *topp[SCHED_MAX_TOP_LOGPROBS];
+    if (r->logprobs) {
+        m.has_logprob = true;
+        m.logprob = t->logprob;
+        int nt = t->n_top < SCHED_MAX_TOP_LOGPROBS ? t->n_top : SCHED_MAX_TOP_LOGPROBS;
+        for (int k = 0; k < nt; k++) {
+            mlaapi__top_logprob__init(&tops[k]);
+            tops[k].has_token_id = tops[k].has_logprob = true;
+            tops[k].token_id = t->top_ids[k];
+            tops[k].logprob = t->top_lps[k];
+            topp[k] = &tops[k];
+        }
+        m.n_top_logprobs = (size_t)(nt > 0 ? nt : 0);
+        m.top_logprobs = topp;
+    }
+    send_msg(r->c, MLAAPI__FRAME_KIND__FRAME_GENERATE_RESPONSE, &m.base);
+    free(s);
+}
+
+/* One frame per token; the text [from, to) is shared out so that each piece ends on a UTF-8
+ * boundary (the last token takes the rest). Returns where the sent text ends. */
+static size_t send_tokens(pb_req *r, const char *text, size_t from, size_t to, const api_token *toks, int n) {
+    size_t cur = from;
+    for (int k = 0; k < n; k++) {
+        size_t e = to;
+        if (k < n - 1) {
+            e = toks[k].end < to ? toks[k].end : to;
+            e = api_utf8_complete_prefix(text, e);
+            if (e < cur) e = cur;
+        }
+        send_token(r, text, cur, e, &toks[k]);
+        cur = e;
+    }
+    return cur;
+}
+
+static void on_delta(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n) {
+    pb_req *r = ud;
+    send_tokens(r, text, from, to, toks, n);
+}
+
+static void on_final(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
+                     const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
+                     int32_t n_completion) {
+    pb_req *r = ud;
+    pb_conn *c = r->c;
+    r->g = NULL;
+    if (error) {
+        send_error(c, r->id, cancelled ? MLAAPI__ERROR_CODE__ERROR_CANCELLED : MLAAPI__ERROR_CODE__ERROR_INTERNAL,
+                   NULL, error);
+    } else {
+        size_t cur = send_tokens(r, text, from, to, toks, n);
+        Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
+        Mlaapi__Usage u = MLAAPI__USAGE__INIT;
+        m.has_request_id = true;
+        m.request_id = r->id;
+        size_t len;
+        char *s = api_utf8_sanitize(text + cur, to > cur ? to - cur : 0, &len);
+        m.text = s;
+        m.finish_reason = (char *)finish_reason;
+        u.has_prompt_tokens = u.has_completion_tokens = u.has_total_tokens = true;
+        u.prompt_tokens = (uint32_t)n_prompt;
+        u.completion_tokens = (uint32_t)n_completion;
+        u.total_tokens = (uint32_t)(n_prompt + n_completion);
+        m.usage = &u;
+        send_msg(c, MLAAPI__FRAME_KIND__FRAME_GENERATE_RESPONSE, &m.base);
+        free(s);
+    }
+    /* send_msg may have closed the connection, which unlinked (freed) every request already */
+    if (!c->closing) req_unlink(r);
+}
+
+/* ---- requests ---- */
+
+static int status_code(int status) {
+    switch (status) {
+    case 400: return MLAAPI__ERROR_CODE__ERROR_INVALID_REQUEST;
+    case 401: return MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED;
+    case 404: return MLAAPI__ERROR_CODE__ERROR_NOT_FOUND;
+    case 429: return MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED;
+    case 503: return MLAAPI__ERROR_CODE__ERROR_UNAVAILABLE;
+    default: return MLAAPI__ERROR_CODE__ERROR_INTERNAL;
+    }
+}
+
+static pb_req *find_req(pb_conn *c, uint64_t id) {
+    for (pb_req *r = c->reqs; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static void handle_generate(pb_conn *c, pbapi_request *q) {
+    pbapi_server *s = c->srv;
+    if (find_req(c, q->request_id)) {
+        char m[96];
+        snprintf(m, sizeof(m), "request_id %llu is already in flight on this connection",
+                 (unsigned long long)q->request_id);
+        fatal(c, MLAAPI__ERROR_CODE__ERROR_DUPLICATE_ID, "request_id", m);
+        return;
+    }
+    if (c->n_reqs >= s->cfg.max_inflight) {
+        char m[96];
+        snprintf(m, sizeof(m), "at most %d requests may be in flight on one connection", s->cfg.max_inflight);
+        send_error(c, q->request_id, MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, NULL, m);
+        return;
+    }
+    pb_req *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->id = q->request_id;
+    r->logprobs = q->gen.logprobs;
+    api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final};
+    api_error e;
+    r->g = api_server_generate(s->api, &q->gen, &sink, &e);
+    if (!r->g) {
+        free(r);
+        send_error(c, q->request_id, status_code(e.status), e.param, e.message);
+        return;
+    }
+    r->next = c->reqs;
+    if (c->reqs) c->reqs->prev = r;
+    c->reqs = r;
+    c->n_reqs++;
+}
+
+static void handle_tokenize(pb_conn *c, pbapi_request *q) {
+    int32_t *ids = NULL, n = 0;
+    api_error e;
+    if (api_server_tokenize(c->srv->api, q->text, q->messages, q->add_special, &ids, &n, &e) != MLA_OK) {
+        send_error(c, q->request_id, status_code(e.status), e.param, e.message);
+        return;
+    }
+    Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
+    m.has_request_id = true;
+    m.request_id = q->request_id;
+    m.n_ids = (size_t)n;
+    m.ids = ids;
+    m.has_max_model_len = true;
+    m.max_model_len = (uint32_t)api_server_max_context(c->srv->api);
+    send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &m.base);
+    free(ids);
+}
+
+static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t len) {
+    pbapi_server *s = c->srv;
+    pbapi_request q;
+    int code = 0;
+    char param[48];
+    mla_err err = {{0}};
+    if (pbapi_request_decode(kind, payload, len, &q, &code, param, &err) != MLA_OK) {
+        fatal(c, code, param, err.msg);
+        pbapi_request_free(&q);
+        return;
+    }
+    if (kind == MLAAPI__FRAME_KIND__FRAME_HELLO) {
+        if (q.api_key && !api_server_key_ok(s->api, q.api_key)) {
+            fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED, "api_key", "wrong API key in Hello");
+        } else {
+            if (q.api_key) c->authed = true;
+            Mlaapi__HelloReply m = MLAAPI__HELLO_REPLY__INIT;
+            m.has_version = m.has_max_frame = true;
+            m.version = APICLIENT_VERSION;
+            m.max_frame = s->cfg.max_frame;
+            m.server = "mlaserve";
+            m.model = (char *)api_server_model_name(s->api);
+            send_msg(c, MLAAPI__FRAME_KIND__FRAME_HELLO_REPLY, &m.base);
+        }
+        pbapi_request_free(&q);
+        return;
+    }
+    if (kind != MLAAPI__FRAME_KIND__FRAME_HEALTH && !c->authed && !api_server_key_ok(s->api, q.api_key)) {
+        send_error(c, q.request_id, MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED, "api_key",
+                   "missing or wrong API key (send it in Hello or in the request's api_key)");
+        pbapi_request_free(&q);
+        return;
+    }
+    switch (kind) {
+    case MLAAPI__FRAME_KIND__FRAME_GENERATE: handle_generate(c, &q); break;
+    case MLAAPI__FRAME_KIND__FRAME_TOKENIZE: handle_tokenize(c, &q); break;
+    case MLAAPI__FRAME_KIND__FRAME_HEALTH: {
+        char why[512];
+        Mlaapi__HealthResponse m = MLAAPI__HEALTH_RESPONSE__INIT;
+        m.has_request_id = m.has_ok = true;
+        m.request_id = q.request_id;
+        m.ok = api_server_healthy(s->api, why, sizeof(why));
+        m.status = m.ok ? "ok" : why;
+        send_msg(c, MLAAPI__FRAME_KIND__FRAME_HEALTH_RESPONSE, &m.base);
+        break;
+    }
+    case MLAAPI__FRAME_KIND__FRAME_MODELS: {
+        Mlaapi__ModelsResponse m = MLAAPI__MODELS_RESPONSE__INIT;
+        Mlaapi__ModelInfo mi = MLAAPI__MODEL_INFO__INIT, *mp = &mi;
+        mi.id = (char *)api_server_model_name(s->api);
+        mi.has_max_model_len = true;
+        mi.max_model_len = (uint32_t)api_server_max_context(s->api);
+        mi.owned_by = "mlaserve";
+        m.has_request_id = true;
+        m.request_id = q.request_id;
+        m.n_models = 1;
+        m.models = &mp;
+        send_msg(c, MLAAPI__FRAME_KIND__FRAME_MODELS_RESPONSE, &m.base);
+        break;
+    }
+    default: { /* FRAME_CANCEL: unknown or finished ids are ignored */
+        pb_req *r = find_req(c, q.request_id);
+        if (r && r->g) api_server_gen_cancel(r->g, false);
+        break;
+    }
+    }
+    pbapi_request_free(&q);
+}
+
+/* ---- reading ---- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)h;
+    (void)suggested;
+    buf->base = mla_xmalloc(65536);
+    buf->len = 65536;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    pb_conn *c = st->data;
+    if (nread < 0) {
+        if (nread != UV_EOF) MLA_DEBUG("pbapi: read from %s: %s", c->peer, uv_strerror((int)nread));
+        free(buf->base);
+        if (!c->closing) conn_close(c); /* the client left: its requests are cancelled */
+        return;
+    }
+    if (c->closing || c->lingering || nread == 0) {
+        free(buf->base);
+        return;
+    }
+    pbapi_framer_feed(&c->fr, buf->base, (size_t)nread);
+    free(buf->base);
+    for (;;) {
+        int kind, code;
+        const uint8_t *p;
+        size_t len;
+        mla_err err = {{0}};
+        int rc = pbapi_framer_next(&c->fr, &kind, &p, &len, &code, &err);
+        if (rc == 0) break;
+        if (rc < 0) {
+            fatal(c, code, NULL, err.msg);
+            break;
+        }
+        handle_frame(c, kind, p, len);
+        if (c->closing || c->lingering) break;
+    }
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+    pbapi_server *s = ls->data;
+    if (status < 0) {
+        MLA_WARN("pbapi: accept: %s", uv_strerror(status));
+        return;
+    }
+    pb_conn *c = mla_xcalloc(1, sizeof(*c));
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    pbapi_framer_init(&c->fr, s->cfg.max_frame);
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
+        conn_close(c);
+        return;
+    }
+    struct sockaddr_storage sa;
+    int salen = sizeof(sa);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
+        char ip[48] = "?";
+        int port = 0;
+        if (sa.ss_family == AF_INET) {
+            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        } else if (sa.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        }
+        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    if (s->n_conns > s->cfg.max_conns) {
+        char m[96];
+        snprintf(m, sizeof(m), "too many open connections (limit %d)", s->cfg.max_conns);
+        fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAVAILABLE, NULL, m);
+    }
+}
+
+/* ---- server ---- */
+
+int pbapi_server_init(pbapi_server **out, uv_loop_t *loop, api_server *api, const pbapi_config *cfg, mla_err *err) {
+    *out = NULL;
+    pbapi_config d;
+    pbapi_config_default(&d);
+    if (!cfg) cfg = &d;
+    if (cfg->max_frame < 64 || cfg->max_conns < 1 || cfg->max_inflight < 1 || cfg->max_write_queue < 4096)
+        return mla_errf(err, "pbapi: a limit is out of range (max_frame >= 64, max_conns and max_inflight >= 1, "
+                             "max_write_queue >= 4096)");
+    pbapi_server *s = mla_xcalloc(1, sizeof(*s));
+    s->loop = loop;
+    s->api = api;
+    s->cfg = *cfg;
+    int rc = uv_tcp_init(loop, &s->listener);
+    if (rc < 0) {
+        free(s);
+        return mla_errf(err, "pbapi: uv_tcp_init: %s", uv_strerror(rc));
+    }
+    s->listener.data = s;
+    *out = s;
+    return MLA_OK;
+}
+
+int pbapi_server_listen(pbapi_server *s, const char *host, int port, int *bound_port, mla_err *err) {
+    struct sockaddr_storage sa;
+    int rc;
+    if (strchr(host, ':'))
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa);
+    else
+        rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&sa);
+    if (rc < 0) return mla_errf(err, "pbapi: bad listen address %s: %s", host, uv_strerror(rc));
+    rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&sa, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    if (rc < 0) return mla_errf(err, "pbapi: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+    s->listening = true;
+    if (bound_port) {
+        struct sockaddr_storage b;
+        int bl = sizeof(b);
+        *bound_port = port;
+        if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&b, &bl) == 0)
+            *bound_port = ntohs(b.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&b)->sin6_port
+                                                        : ((struct sockaddr_in *)&b)->sin_port);
+    }
+    return MLA_OK;
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+    pbapi_server *s = h->data;
+    s->n_closing--;
+}
+
+void pbapi_server_close(pbapi_server *s) {
+    if (!s || s->closed) return;
+    s->closed = true;
+    s->n_closing++;
+    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+    while (s->conns) conn_close(s->conns);
+}
+
+void pbapi_server_free(pbapi_server *s) {
+    if (!s) return;
+    pbapi_server_close(s);
+    while (s->n_closing > 0) uv_run(s->loop, UV_RUN_ONCE);
+    free(s);
+}
+
+int pbapi_server_n_conns(const pbapi_server *s) { return s->n_conns; }

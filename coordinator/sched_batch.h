@@ -1,0 +1,184 @@
+/* sched_batch (prefix sched_): continuous batching over a paged latent KV cache, engine-agnostic.
+ * (Not named sched.h: the coordinator folder is on the include path and would shadow <sched.h>.)
+ *
+ * Requests (prompt token ids, sampling parameters, max_tokens, stop token ids) join and leave
+ * between steps. Every step the scheduler builds a plan: decode tokens of running sequences
+ * first, then prefill chunks of prompts (a per-step token budget), then admission of waiting
+ * requests while the cache and the budget allow. A plan entry names the sequence, its new token
+ * ids, their start position, its cache block table and its sampling parameters; a backend
+ * (sched_backend: function pointers) executes the plan and returns one sampled token per entry
+ * that asked for one.
+ *
+ * KV cache: n_blocks blocks of block_size token slots (latent cache rows), a free list, each
+ * sequence owns ceil(tokens / block_size) blocks in its block table. When a running sequence
+ * needs a block and none is free, the youngest running sequence is preempted: its blocks are
+ * freed, the backend is told (free_seq) and it goes back to the head of the waiting queue to be
+ * recomputed (prompt + tokens generated so far) later. A request that could never fit the whole
+ * cache (prompt + max_tokens > capacity) is refused at submission (SCHED_E_CAPACITY, a 503-type
+ * error); a full waiting queue refuses with SCHED_E_QUEUE_FULL (a 429-type error).
+ *
+ * Threads: sched_submit / sched_cancel / sched_stats may be called from any thread. sched_step
+ * runs one step on the calling thread; sched_start runs steps on an own thread until
+ * sched_stop. Events (tokens, finish) are delivered through cfg.on_event on the thread that runs
+ * the step, never with the scheduler's lock held. Every accepted request gets exactly one final
+ * event (finish != SCHED_FINISH_NONE), also after cancellation or a backend failure; after it the
+ * scheduler never mentions that request again.
+ *
+ * Ownership: sched_init returns a scheduler the caller frees with sched_free (which stops the
+ * thread; requests still inside are dropped without events). sched_submit copies the prompt,
+ * the stop ids and the sampling parameters. The plan passed to run_step and everything it
+ * points to is owned by the scheduler and valid only during that call. */
+#ifndef SCHED_BATCH_H
+#define SCHED_BATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/mla_err.h"
+
+#define SCHED_MAX_TOP_LOGPROBS 20
+
+typedef struct sched_sampling {
+    float temperature;        /* 0: greedy */
+    float top_p;              /* 1: off */
+    int32_t top_k;            /* 0 or -1: off */
+    float min_p;              /* 0: off */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    float repetition_penalty; /* 1: off */
+    uint64_t seed;
+    bool has_seed;
+    bool logprobs;            /* return the sampled token's logprob */
+    int32_t top_logprobs;     /* 0..SCHED_MAX_TOP_LOGPROBS alternatives */
+} sched_sampling;
+
+/* Default (neutral) sampling parameters: temperature 1, no filters, no penalties. */
+void sched_sampling_default(sched_sampling *s);
+
+typedef struct sched_plan_seq {
+    uint64_t seq_id;            /* = the request id */
+    const int32_t *tokens;      /* the new tokens to run, n_tokens >= 1 */
+    int32_t n_tokens;
+    int32_t start_pos;          /* position of tokens[0]; cache rows [0, start_pos) are valid */
+    const int32_t *block_table; /* n_blocks cache block ids; position p lives in block
+                                   block_table[p / block_size], slot p % block_size */
+    int32_t n_blocks;
+    bool sample;                /* true: return the next token after tokens[n_tokens-1] */
+    const sched_sampling *sampling;
+    /* Tokens generated so far for this request (for penalties and seeded sampling: the
+     * n_generated-th sampled token of a request uses the same random stream whether or not it
+     * was preempted). The prompt is seq_tokens[0, n_prompt). */
+    const int32_t *seq_tokens;
+    int32_t n_prompt;
+    int32_t n_generated;
+} sched_plan_seq;
+
+typedef struct sched_plan {
+    const sched_plan_seq *seqs;
+    int n_seqs;
+    int32_t block_size;
+    int32_t n_tokens; /* sum of seqs[i].n_tokens */
+} sched_plan;
+
+typedef struct sched_result {
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
+    float top_logprobs[SCHED_MAX_TOP_LOGPROBS];
+} sched_result;
+
+typedef struct sched_backend {
+    void *ctx;
+    /* Runs the plan; results[i] is filled for every plan entry with sample == true (entries
+     * without are left alone). Returns MLA_OK, or MLA_ERR with err filled (every request in
+     * the plan is then finished with SCHED_FINISH_ERROR and its sequence freed). */
+    int (*run_step)(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err);
+    /* Forget a sequence's cache state (finished, cancelled or preempted). May be NULL. */
+    void (*free_seq)(void *ctx, uint64_t seq_id);
+} sched_backend;
+
+enum sched_finish {
+    SCHED_FINISH_NONE = 0,  /* not finished: a token event */
+    SCHED_FINISH_STOP,      /* a stop token was sampled (it is in the event, is_stop set) */
+    SCHED_FINISH_LENGTH,    /* max_tokens reached or the context is full */
+    SCHED_FINISH_CANCELLED, /* sched_cancel */
+    SCHED_FINISH_ERROR,     /* backend failure; message in the event */
+};
+const char *sched_finish_name(enum sched_finish f);
+
+typedef struct sched_event {
+    uint64_t req_id;
+    void *user;              /* as given to sched_submit */
+    bool has_token;
+    bool is_stop;            /* the token is a stop token (not part of the text) */
+    sched_result result;     /* valid when has_token */
+    enum sched_finish finish;
+    int32_t n_prompt;        /* prompt tokens of the request */
+    int32_t n_generated;     /* tokens generated so far, this one included */
+    const char *error;       /* SCHED_FINISH_ERROR: message (valid during the callback) */
+} sched_event;
+
+typedef struct sched_config {
+    int32_t block_size;      /* token slots per cache block (> 0) */
+    int32_t n_blocks;        /* cache blocks in all (> 0) */
+    int32_t max_seqs;        /* sequences per step (> 0) */
+    int32_t max_step_tokens; /* token budget per step, prefill chunks included (> 0) */
+    int32_t max_queue;       /* waiting requests before SCHED_E_QUEUE_FULL (> 0) */
+    int32_t max_context;     /* prompt + generated limit per sequence (> 0) */
+    /* Tokens that end generation for every request (EOS etc.) besides its own stop ids. */
+    bool (*is_eog)(void *eog_ctx, int32_t token);
+    void *eog_ctx;
+    /* Called for every event; see the thread note above. */
+    void (*on_event)(void *cb_ctx, const sched_event *ev);
+    void *cb_ctx;
+} sched_config;
+
+typedef struct sched_request {
+    const int32_t *prompt;
+    int32_t n_prompt;        /* >= 1 */
+    int32_t max_tokens;      /* >= 1 */
+    const int32_t *stop_ids; /* may be NULL */
+    int32_t n_stop_ids;
+    bool ignore_eos;         /* do not apply cfg.is_eog */
+    sched_sampling sampling;
+    void *user;
+} sched_request;
+
+enum sched_submit_err {
+    SCHED_E_OK = 0,
+    SCHED_E_INVALID = -1,    /* bad request (empty prompt, max_tokens < 1) */
+    SCHED_E_CONTEXT = -2,    /* prompt (+1) longer than max_context */
+    SCHED_E_CAPACITY = -3,   /* can never fit the cache: prompt + max_tokens > capacity */
+    SCHED_E_QUEUE_FULL = -4, /* too many waiting */
+    SCHED_E_STOPPED = -5,    /* the scheduler is shutting down */
+};
+
+typedef struct sched_stats {
+    int32_t waiting, running;
+    int32_t blocks_used, blocks_total, block_size;
+    uint64_t steps, preemptions, tokens_prefilled, tokens_generated;
+} sched_stats;
+
+typedef struct sched sched;
+
+int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, mla_err *err);
+void sched_free(sched *s);
+
+/* Adds a request; on success *req_id gets its id (> 0) and SCHED_E_OK is returned. On failure a
+ * negative sched_submit_err is returned and err names the problem; no event will follow. */
+int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *err);
+/* Finishes a request at the next step (final event SCHED_FINISH_CANCELLED). Unknown or finished
+ * ids are ignored. */
+void sched_cancel(sched *s, uint64_t req_id);
+
+/* Runs one step on this thread. Returns 1 when work was done, 0 when idle. */
+int sched_step(sched *s);
+/* Starts / stops the scheduler thread (which calls sched_step until stopped). */
+int sched_start(sched *s, mla_err *err);
+void sched_stop(sched *s);
+
+void sched_get_stats(sched *s, sched_stats *st);
+
+#endif

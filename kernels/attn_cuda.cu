@@ -1,0 +1,816 @@
+/* attn_cuda: absorbed MLA attention (split over key chunks, online softmax), the DSA indexer
+ * (scores + radix top-k), per-head float matmuls, the MoE plan (counting sort by expert on the
+ * GPU) + weighted combine, and sampling. API and meaning: kernels/cuda_ops.h. */
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda_internal.h"
+
+namespace {
+
+__device__ __forceinline__ float wsum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float wmax(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* ---------------------------------------------------------------- MLA attention */
+/* Block = (split, group of AT_HG heads, token); 8 warps. Keys are walked in chunks of AT_C = 32
+ * rows staged in shared memory (row stride row+1: conflict-free when lane j reads key j). Warp h
+ * scores head h against the 32 keys (lane = key), keeps the running max / sum; every thread
+ * accumulates AT_LP latent columns of each head's output. */
+constexpr int AT_HG = 8, AT_C = 32, AT_T = 256, AT_LP = 4;
+
+struct attn_k {
+    const float *qa, *qp;
+    int64_t qp_ld_t, qp_ld_h;
+    int H, L, R;
+    const float *kv;
+    int64_t pos0;
+    float scale;
+    const int32_t *sel, *nsel;
+    int64_t sel_stride;
+    float *out, *work;
+    int splits, per;
+};
+
+__global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
+    extern __shared__ float sm[];
+    __shared__ float alpha[AT_HG], mrun[AT_HG], lrun[AT_HG];
+    const int row = a.L + a.R, rs = row + 1;
+    float *kvs = sm;
+    float *qs = kvs + AT_C * rs;
+    float *ps = qs + AT_HG * row;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
+    const int64_t pos = a.pos0 + t;
+    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
+    const int64_t k0 = (int64_t)split * a.per;
+    const int64_t k1 = nk < k0 + a.per ? nk : k0 + a.per;
+    for (int i = tid; i < AT_HG * row; i += AT_T) {
+        int h = i / row, c = i % row, hh = hg0 + h;
+        float v = 0.f;
+        if (hh < a.H) v = c < a.L ? a.qa[((int64_t)t * a.H + hh) * a.L + c] : a.qp[t * a.qp_ld_t + hh * a.qp_ld_h + (c - a.L)];
+        qs[i] = v;
+    }
+    if (tid < AT_HG) {
+        mrun[tid] = -INFINITY;
+        lrun[tid] = 0.f;
+    }
+    float o[AT_HG][AT_LP];
+#pragma unroll
+    for (int h = 0; h < AT_HG; h++)
+#pragma unroll
+        for (int q = 0; q < AT_LP; q++) o[h][q] = 0.f;
+    for (int64_t kb = k0; kb < k1; kb += AT_C) {
+        __syncthreads();
+        for (int j = warp; j < AT_C; j += AT_T / 32) {
+            int64_t k = kb + j;
+            if (k < k1) {
+                int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+                const float *src = a.kv + key * row;
+                for (int c = lane; c < row; c += 32) kvs[j * rs + c] = src[c];
+            }
+        }
+        __syncthreads();
+        {
+            const int h = warp, j = lane;
+            float s = -INFINITY;
+            if (kb + j < k1 && hg0 + h < a.H) {
+                const float *qh = qs + h * row, *kj = kvs + j * rs;
+                float d = 0.f;
+                for (int c = 0; c < row; c++) d = fmaf(qh[c], kj[c], d);
+                s = d * a.scale;
+            }
+            const float mo = mrun[h];
+            const float mc = wmax(s);
+            const float mn = fmaxf(mo, mc);
+            const float p = s == -INFINITY ? 0.f : __expf(s - mn);
+            const float al = mn == -INFINITY ? 1.f : __expf(mo - mn);
+            const float ls = wsum(p);
+            ps[h * AT_C + j] = p;
+            __syncwarp();
+            if (lane == 0) {
+                alpha[h] = al;
+                mrun[h] = mn;
+                lrun[h] = lrun[h] * al + ls;
+            }
+        }
+        __syncthreads();
+        const int nj = (int)(k1 - kb < AT_C ? k1 - kb : AT_C);
+#pragma unroll
+        for (int h = 0; h < AT_HG; h++) {
+            const float al = alpha[h];
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) o[h][q] *= al;
+        }
+        for (int j = 0; j < nj; j++) {
+            const float *kj = kvs + j * rs;
+            float kvv[AT_LP];
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                kvv[q] = c < a.L ? kj[c] : 0.f;
+            }
+#pragma unroll
+            for (int h = 0; h < AT_HG; h++) {
+                const float p = ps[h * AT_C + j];
+#pragma unroll
+                for (int q = 0; q < AT_LP; q++) o[h][q] = fmaf(p, kvv[q], o[h][q]);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < AT_HG; h++) {
+        const int hh = hg0 + h;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = lrun[h] > 0.f ? 1.f / lrun[h] : 0.f;
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                if (c < a.L) a.out[((int64_t)t * a.H + hh) * a.L + c] = o[h][q] * inv;
+            }
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (a.L + 2);
+            if (tid == 0) {
+                w[0] = mrun[h];
+                w[1] = lrun[h];
+            }
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                if (c < a.L) w[2 + c] = o[h][q];
+            }
+        }
+    }
+}
+
+/* Combines the splits of one (head, token): block (h, t). */
+__global__ void mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits, float *__restrict__ out) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *w = work + ((int64_t)t * H + h) * splits * (L + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, w[s * (L + 2)]);
+    float den = 0.f;
+    for (int s = 0; s < splits; s++) {
+        float m = w[s * (L + 2)];
+        if (m != -INFINITY) den += w[s * (L + 2) + 1] * __expf(m - M);
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; s++) {
+            float m = w[s * (L + 2)];
+            if (m != -INFINITY) acc += w[s * (L + 2) + 2 + c] * __expf(m - M);
+        }
+        out[((int64_t)t * H + h) * L + c] = acc * inv;
+    }
+}
+
+/* ---------------------------------------------------------------- DSA indexer */
+/* Block (key group, token): q[t] and w[t] in shared memory, one warp per key. */
+constexpr int DS_KPB = 64;
+__global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k,
+                                  int H, int D, int64_t pos0, float *__restrict__ scores, int64_t ld) {
+    extern __shared__ float qsm[];
+    float *ws = qsm + H * D;
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int i = threadIdx.x; i < H * D; i += blockDim.x) qsm[i] = q[(int64_t)t * H * D + i];
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ws[i] = w[(int64_t)t * H + i];
+    __syncthreads();
+    const int64_t nk = pos0 + t + 1;
+    const float sc = 1.0f / sqrtf((float)D);
+    for (int jj = warp; jj < DS_KPB; jj += nw) {
+        const int64_t j = (int64_t)blockIdx.x * DS_KPB + jj;
+        if (j >= nk) break;
+        float kr[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int c = lane + 32 * i;
+            kr[i] = c < D ? k[j * D + c] : 0.f;
+        }
+        float s = 0.f;
+        for (int h = 0; h < H; h++) {
+            const float *qh = qsm + h * D;
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int c = lane + 32 * i;
+                if (c < D) d = fmaf(qh[c], kr[i], d);
+            }
+            d = wsum(d) * sc;
+            if (d > 0.f) s += ws[h] * d;
+        }
+        if (lane == 0) scores[t * ld + j] = s;
+    }
+}
+
+__device__ __forceinline__ uint32_t fkey(float f) {
+    if (isnan(f)) f = -INFINITY;
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive prefix of a 0/1 flag over the block (blockDim.x multiple of 32, <= 1024); *total
+ * gets the block's count. Uses sh[0..32]. */
+__device__ int block_scan_flag(bool f, int *sh, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned m = __ballot_sync(0xffffffffu, f);
+    int pre = __popc(m & ((1u << lane) - 1u));
+    __syncthreads();
+    if (lane == 0) sh[warp] = __popc(m);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int i = 0; i < nw; i++) {
+            int v = sh[i];
+            sh[i] = acc;
+            acc += v;
+        }
+        sh[32] = acc;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[warp] + pre;
+}
+
+/* Radix select over the keys of v[0..n): the key of the k-th largest (1-based) and how many
+ * elements equal to it are to be taken (lowest indices first). */
+__device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *hist, uint32_t *thr, int64_t *need,
+                             int64_t *sh64) {
+    uint32_t prefix = 0, mask = 0;
+    int64_t rem = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            uint32_t key = fkey(v[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int64_t above = 0;
+            int d = 255;
+            for (; d > 0; d--) {
+                if (above + hist[d] >= rem) break;
+                above += hist[d];
+            }
+            sh64[0] = rem - above;
+            sh64[1] = d;
+        }
+        __syncthreads();
+        rem = sh64[0];
+        prefix |= (uint32_t)sh64[1] << shift;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    *thr = prefix;
+    *need = rem;
+}
+
+constexpr int TK_T = 1024;
+__global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict__ scores, int64_t ld, int64_t pos0,
+                                                         int64_t top_k, int32_t *__restrict__ sel,
+                                                         int32_t *__restrict__ nsel) {
+    __shared__ unsigned hist[256];
+    __shared__ int64_t sh64[2];
+    __shared__ int sh[33];
+    const int t = blockIdx.x;
+    const int64_t n = pos0 + t + 1;
+    int32_t *out = sel + (int64_t)t * top_k;
+    if (n <= top_k) {
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) out[j] = (int32_t)j;
+        if (threadIdx.x == 0) nsel[t] = (int32_t)n;
+        return;
+    }
+    const float *v = scores + t * ld;
+    uint32_t thr;
+    int64_t need;
+    radix_select(v, n, top_k, hist, &thr, &need, sh64);
+    int64_t eq_before = 0, out_before = 0;
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+        int64_t i = base + threadIdx.x;
+        uint32_t key = i < n ? fkey(v[i]) : 0u;
+        bool gt = i < n && key > thr, eq = i < n && key == thr;
+        int eq_tot;
+        int eq_rank = block_scan_flag(eq, sh, &eq_tot);
+        bool take = gt || (eq && eq_before + eq_rank < need);
+        int tk_tot;
+        int pos = block_scan_flag(take, sh, &tk_tot);
+        if (take) out[out_before + pos] = (int32_t)i;
+        eq_before += eq_tot;
+        out_before += tk_tot;
+    }
+    if (threadIdx.x == 0) nsel[t] = (int32_t)top_k;
+}
+
+/* ---------------------------------------------------------------- per-head float matmul */
+__global__ void head_matmul_kernel(const float *__restrict__ W, int in, int out, const float *__restrict__ x,
+                                   int64_t xt, int64_t xh, int T, float *__restrict__ y, int64_t yt, int64_t yh) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.y, o = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (o >= out) return;
+    const float *wr = W + ((int64_t)h * out + o) * in;
+    float wv[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int c = lane + 32 * i;
+        wv[i] = c < in ? wr[c] : 0.f;
+    }
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + t * xt + h * xh;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int c = lane + 32 * i;
+            if (c < in) s = fmaf(wv[i], xr[c], s);
+        }
+        s = wsum(s);
+        if (lane == 0) y[t * yt + h * yh + o] = s;
+    }
+}
+
+/* ---------------------------------------------------------------- MoE plan + combine */
+/* One block: counts per owned expert, exclusive offsets, scatter of pair ids (order inside an
+ * expert does not matter: every pair's output row is its own), tiles of <= 8 pairs. */
+constexpr int MP_TILE = 8;
+__global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs, int n_expert, int rank, int world,
+                                int32_t *counts, int32_t *sorted, int32_t *tile_e, int32_t *tile_s, int32_t *tile_n,
+                                int32_t *n_tiles) {
+    extern __shared__ int32_t ms[];
+    int32_t *cnt = ms, *off = ms + n_expert, *toff = ms + 2 * n_expert, *fill = ms + 3 * n_expert;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        cnt[e] = 0;
+        fill[e] = 0;
+    }
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < npairs; p += blockDim.x) {
+        int e = ids[p];
+        if (e >= 0 && e < n_expert && e % world == rank) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t a = 0, b = 0;
+        for (int e = 0; e < n_expert; e++) {
+            off[e] = a;
+            toff[e] = b;
+            a += cnt[e];
+            b += (cnt[e] + MP_TILE - 1) / MP_TILE;
+        }
+        *n_tiles = b;
+    }
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < npairs; p += blockDim.x) {
+        int e = ids[p];
+        if (e >= 0 && e < n_expert && e % world == rank) sorted[off[e] + atomicAdd(&fill[e], 1)] = (int32_t)p;
+    }
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        counts[e] = cnt[e];
+        for (int j = 0; j * MP_TILE < cnt[e]; j++) {
+            tile_e[toff[e] + j] = e;
+            tile_s[toff[e] + j] = off[e] + j * MP_TILE;
+            tile_n[toff[e] + j] = min(MP_TILE, cnt[e] - j * MP_TILE);
+        }
+    }
+}
+
+__global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *__restrict__ ids,
+                                   const float *__restrict__ w, int K, int64_t n, int rank, int world,
+                                   float *__restrict__ out) {
+    const int64_t t = blockIdx.y;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float acc = out[t * n + i];
+        for (int k = 0; k < K; k++) {
+            int e = ids[t * K + k];
+            if (e % world == rank) acc = fmaf(w[t * K + k], y[(t * K + k) * n + i], acc);
+        }
+        out[t * n + i] = acc;
+    }
+}
+
+/* ---------------------------------------------------------------- sampling */
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ double dev_uniform(uint64_t seed, uint64_t stream) {
+    uint64_t r = mix64(mix64(seed) ^ mix64(stream ^ 0x5851f42d4c957f2dull));
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+constexpr int SP_T = 1024, SP_CAP = MLA_CUDA_SAMPLE_CAP;
+struct samp_k {
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed, stream0;
+};
+
+__global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ logits, int64_t V, samp_k sp,
+                                                       int32_t *__restrict__ ids) {
+    __shared__ float cv[SP_CAP];
+    __shared__ int32_t ci[SP_CAP];
+    __shared__ double dsh[33];
+    __shared__ float fsh[33];
+    __shared__ int ish[33];
+    __shared__ unsigned hist[256];
+    __shared__ int64_t sh64[2];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float *w = logits + (int64_t)t * V;
+    /* max (value, lowest index) */
+    float bv = -INFINITY;
+    int64_t bi = INT64_MAX;
+    for (int64_t i = tid; i < V; i += SP_T) {
+        float v = w[i];
+        if (bi == INT64_MAX || v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    __shared__ int64_t bis[32];
+    if (lane == 0) {
+        fsh[warp] = bv;
+        bis[warp] = bi;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 1; i < SP_T / 32; i++)
+            if (fsh[i] > fsh[0] || (fsh[i] == fsh[0] && bis[i] < bis[0])) {
+                fsh[0] = fsh[i];
+                bis[0] = bis[i];
+            }
+    }
+    __syncthreads();
+    const float mxf = fsh[0];
+    const int64_t amax = bis[0];
+    if (sp.temperature == 0.f || sp.top_k == 1) {
+        if (tid == 0) ids[t] = (int32_t)amax;
+        return;
+    }
+    if (sp.top_k > SP_CAP && (int64_t)sp.top_k < V) {
+        if (tid == 0) ids[t] = -1;
+        return;
+    }
+    const double invt = 1.0 / (double)sp.temperature;
+    const bool topk_on = sp.top_k > 0 && (int64_t)sp.top_k < V;
+    const bool sorted = topk_on || sp.top_p < 1.0f || sp.min_p > 0.f;
+    const double mx = (double)mxf;
+    if (!sorted) {
+        /* every token in id order: inclusive prefix sums in double, chunk by chunk */
+        double tot = 0;
+        for (int64_t i = tid; i < V; i += SP_T) tot += exp(((double)w[i] - mx) * invt);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        __syncthreads();
+        if (lane == 0) dsh[warp] = tot;
+        __syncthreads();
+        if (tid == 0) {
+            double s = 0;
+            for (int i = 0; i < SP_T / 32; i++) s += dsh[i];
+            dsh[32] = s;
+        }
+        __syncthreads();
+        const double u = dev_uniform(sp.seed, sp.stream0 + t) * dsh[32];
+        double run = 0;
+        __shared__ int64_t found;
+        if (tid == 0) found = V - 1;
+        __syncthreads();
+        for (int64_t base = 0; base < V; base += SP_T) {
+            int64_t i = base + tid;
+            double p = i < V ? exp(((double)w[i] - mx) * invt) : 0.0;
+            /* inclusive scan over the block */
+            double s = p;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                double n = __shfl_up_sync(0xffffffffu, s, o);
+                if (lane >= o) s += n;
+            }
+            __syncthreads();
+            if (lane == 31) dsh[warp] = s;
+            __syncthreads();
+            if (tid == 0) {
+                double a = 0;
+                for (int k = 0; k < SP_T / 32; k++) {
+                    double v = dsh[k];
+                    dsh[k] = a;
+                    a += v;
+                }
+                dsh[32] = a;
+            }
+            __syncthreads();
+            double cum = run + dsh[warp] + s;
+            bool hit = i < V && i < V - 1 && u < cum;
+            unsigned m = __ballot_sync(0xffffffffu, hit);
+            if (m && lane == __ffs(m) - 1) atomicMin((unsigned long long *)&found, (unsigned long long)i);
+            run += dsh[32];
+            __syncthreads();
+            if (found < V - 1) break;
+        }
+        if (tid == 0) ids[t] = (int32_t)found;
+        return;
+    }
+    /* candidate set: the top K by (value desc, id asc) */
+    int64_t K = topk_on ? sp.top_k : V;
+    if (K > SP_CAP) K = SP_CAP;
+    const bool capped = K < (topk_on ? (int64_t)sp.top_k : V);
+    uint32_t thr;
+    int64_t need;
+    radix_select(w, V, K, hist, &thr, &need, sh64);
+    int64_t eq_before = 0, out_before = 0;
+    for (int64_t base = 0; base < V; base += SP_T) {
+        int64_t i = base + tid;
+        uint32_t key = i < V ? fkey(w[i]) : 0u;
+        bool gt = i < V && key > thr, eq = i < V && key == thr;
+        int eq_tot;
+        int eq_rank = block_scan_flag(eq, ish, &eq_tot);
+        bool take = gt || (eq && eq_before + eq_rank < need);
+        int tk_tot;
+        int pos = block_scan_flag(take, ish, &tk_tot);
+        if (take) {
+            cv[out_before + pos] = w[i];
+            ci[out_before + pos] = (int32_t)i;
+        }
+        eq_before += eq_tot;
+        out_before += tk_tot;
+    }
+    for (int64_t j = K + tid; j < SP_CAP; j += SP_T) {
+        cv[j] = -INFINITY;
+        ci[j] = INT32_MAX;
+    }
+    __syncthreads();
+    /* bitonic sort of SP_CAP (value desc, id asc) */
+    for (int size = 2; size <= SP_CAP; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < SP_CAP; i += SP_T) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool desc = (i & size) == 0;
+                    float a = cv[i], b = cv[j];
+                    int32_t ia = ci[i], ib = ci[j];
+                    bool a_first = a > b || (a == b && ia < ib);
+                    if (desc != a_first) {
+                        cv[i] = b;
+                        cv[j] = a;
+                        ci[i] = ib;
+                        ci[j] = ia;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    /* total over all V when not cut by top_k (the CPU's tot before top_p) */
+    double totall = 0;
+    if (!topk_on) {
+        double s = 0;
+        for (int64_t i = tid; i < V; i += SP_T) s += exp(((double)w[i] - mx) * invt);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) dsh[warp] = s;
+        __syncthreads();
+        if (tid == 0) {
+            double a = 0;
+            for (int i = 0; i < SP_T / 32; i++) a += dsh[i];
+            dsh[32] = a;
+        }
+        __syncthreads();
+        totall = dsh[32];
+    }
+    if (tid != 0) return;
+    int64_t n = K;
+    double tot = 0;
+    for (int64_t j = 0; j < n; j++) tot += exp(((double)cv[j] - mx) * invt);
+    if (!topk_on) tot = totall;
+    bool overflow = false;
+    if (sp.top_p < 1.0f) {
+        double cum = 0, lim = (double)sp.top_p * tot;
+        int64_t keep = 0;
+        while (keep < n) {
+            cum += exp(((double)cv[keep++] - mx) * invt);
+            if (cum >= lim) break;
+        }
+        if (cum < lim && capped) overflow = true;
+        n = keep;
+    }
+    if (sp.min_p > 0.f) {
+        double p0 = exp(((double)cv[0] - mx) * invt);
+        double cut = (double)sp.min_p * p0;
+        int64_t keep = 1;
+        while (keep < n && exp(((double)cv[keep] - mx) * invt) >= cut) keep++;
+        if (keep == n && capped && sp.top_p >= 1.0f) overflow = true;
+        n = keep;
+    }
+    if (overflow) {
+        ids[t] = -1;
+        return;
+    }
+    tot = 0;
+    for (int64_t j = 0; j < n; j++) tot += exp(((double)cv[j] - mx) * invt);
+    double u = dev_uniform(sp.seed, sp.stream0 + t) * tot;
+    int64_t j = 0;
+    double cum = 0;
+    for (; j + 1 < n; j++) {
+        cum += exp(((double)cv[j] - mx) * invt);
+        if (u < cum) break;
+    }
+    ids[t] = ci[j];
+}
+
+} // namespace
+
+/* ================================================================ host API */
+
+extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int n_splits) {
+    return (size_t)T * (size_t)H * (size_t)n_splits * (size_t)(L + 2);
+}
+
+extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(a->kv_lora > 0 && a->kv_lora <= AT_T * AT_LP && a->n_rope >= 0 && a->n_rope <= 128);
+    MLA_ASSERT(a->n_tokens >= 0 && a->n_tokens <= 65535 && a->n_head > 0);
+    if (a->n_tokens == 0) return MLA_OK;
+    const int row = (int)(a->kv_lora + a->n_rope);
+    const size_t smem = ((size_t)AT_C * (row + 1) + (size_t)AT_HG * row + AT_HG * AT_C) * sizeof(float);
+    static size_t smem_set = 0;
+    if (smem > smem_set) {
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+                    "mla_attn: shared memory %zu", smem);
+        smem_set = smem;
+    }
+    const int64_t nk_max = a->sel ? a->sel_stride : a->pos0 + a->n_tokens;
+    const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
+    int splits = 1;
+    if (a->work) {
+        int64_t base = a->n_tokens * hgroups;
+        int64_t want = (264 + base - 1) / base;
+        int64_t maxs = (nk_max + 255) / 256;
+        splits = (int)(want < maxs ? want : maxs);
+        if (splits < 1) splits = 1;
+        while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats)
+            splits--;
+    }
+    int64_t per = (nk_max + splits - 1) / splits;
+    per = (per + AT_C - 1) / AT_C * AT_C;
+    attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
+                a->kv, a->pos0, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits, (int)per};
+    dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
+    mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
+    if (splits > 1) {
+        mla_attn_reduce_kernel<<<dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, (cudaStream_t)stream>>>(
+            a->work, (int)a->n_head, (int)a->kv_lora, splits, a->out);
+        MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
+    }
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t H,
+                                   int64_t D, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                                   mla_err *e) {
+    MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= pos0 + T && T <= 65535);
+    if (T == 0) return MLA_OK;
+    size_t smem = (size_t)(H * D + H) * sizeof(float);
+    if (smem > 48 * 1024)
+        MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+                    "dsa_scores smem");
+    dim3 grid((unsigned)((pos0 + T + DS_KPB - 1) / DS_KPB), (unsigned)T);
+    dsa_scores_kernel<<<grid, 256, smem, (cudaStream_t)stream>>>(d_q, d_w, d_k, (int)H, (int)D, pos0, d_scores, ld);
+    MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys=%lld", (long long)T, (long long)(pos0 + T));
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k,
+                                 int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(top_k > 0 && T <= INT32_MAX);
+    if (T == 0) return MLA_OK;
+    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, pos0, top_k, d_sel, d_nsel);
+    MLACU_CHECK(cudaGetLastError(), e, "dsa_topk T=%lld k=%lld", (long long)T, (long long)top_k);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
+                                    int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
+                                    mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(in > 0 && in <= 1024 && out > 0 && H > 0 && H <= 65535);
+    if (T == 0) return MLA_OK;
+    dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
+    head_matmul_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+    MLACU_CHECK(cudaGetLastError(), e, "head_matmul H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
+                (long long)in, (long long)T);
+    return MLA_OK;
+}
+
+static size_t al16(size_t b) { return (b + 255) / 256 * 256; }
+
+static int64_t moe_max_tiles(int64_t T, int64_t K, int64_t X) { return (T * K + MP_TILE - 1) / MP_TILE + X; }
+
+extern "C" size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t K, int64_t X) {
+    int64_t mt = moe_max_tiles(T, K, X);
+    return al16((size_t)(T * K) * 4) + 3 * al16((size_t)mt * 4) + al16(4) + al16((size_t)X * 4);
+}
+
+extern "C" void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_t T, int64_t K, int64_t X, int rank,
+                                       int world) {
+    int64_t mt = moe_max_tiles(T, K, X);
+    uint8_t *m = (uint8_t *)d_mem;
+    p->sorted = (int32_t *)m;
+    m += al16((size_t)(T * K) * 4);
+    p->tile_e = (int32_t *)m;
+    m += al16((size_t)mt * 4);
+    p->tile_s = (int32_t *)m;
+    m += al16((size_t)mt * 4);
+    p->tile_n = (int32_t *)m;
+    m += al16((size_t)mt * 4);
+    p->n_tiles = (int32_t *)m;
+    m += al16(4);
+    p->counts = (int32_t *)m;
+    p->max_tiles = mt;
+    p->rank = rank;
+    p->world = world;
+}
+
+extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_ids, int64_t T, int64_t K, int64_t X,
+                                       mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
+    p->max_tiles = moe_max_tiles(T, K, X);
+    moe_plan_kernel<<<1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream>>>(
+        d_ids, T * K, (int)X, p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
+    MLACU_CHECK(cudaGetLastError(), e, "moe plan T=%lld", (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_w, int64_t T, int64_t K,
+                                    int64_t n, int rank, int world, float *d_out, mla_cuda_stream stream, mla_err *e) {
+    if (T == 0) return MLA_OK;
+    MLA_ASSERT(T <= 65535);
+    unsigned gx = (unsigned)((n + 255) / 256);
+    moe_combine_kernel<<<dim3(gx, (unsigned)T), 256, 0, (cudaStream_t)stream>>>(d_y, d_ids, d_w, (int)K, n, rank, world,
+                                                                                d_out);
+    MLACU_CHECK(cudaGetLastError(), e, "moe combine");
+    return MLA_OK;
+}
+
+extern "C" size_t mla_cuda_moe_work_bytes(int64_t T, int64_t K, int64_t E, int64_t F, int64_t X) {
+    return mla_cuda_moe_plan_bytes(T, K, X) + al16((size_t)(T * K * F) * 4) * 3 + al16((size_t)(T * K * E) * 4);
+}
+
+extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
+                                  const float *d_w, int64_t K, float *d_out, void *d_work, mla_cuda_stream stream,
+                                  mla_err *e) {
+    if (T == 0) return MLA_OK;
+    const int64_t E = ex->n_embd, F = ex->n_ff;
+    uint8_t *m = (uint8_t *)d_work;
+    mla_cuda_moe_plan pl;
+    mla_cuda_moe_plan_init(&pl, m, T, K, ex->n_expert, ex->rank, ex->world);
+    m += mla_cuda_moe_plan_bytes(T, K, ex->n_expert);
+    float *h = (float *)m;
+    m += al16((size_t)(T * K * F) * 4);
+    float *g = (float *)m;
+    m += al16((size_t)(T * K * F) * 4);
+    float *u = (float *)m;
+    m += al16((size_t)(T * K * F) * 4);
+    float *y = (float *)m;
+    if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
+    if (ex->gate_type == ex->up_type) {
+        if (mla_cuda_matmul_grouped(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, d_x, (int)K, &pl, h, stream,
+                                    e))
+            return MLA_ERR;
+    } else {
+        if (mla_cuda_matmul_grouped(ex->gate_type, ex->gate, NULL, ex->gate_estride, E, F, d_x, (int)K, &pl, g, stream,
+                                    e) ||
+            mla_cuda_matmul_grouped(ex->up_type, ex->up, NULL, ex->up_estride, E, F, d_x, (int)K, &pl, u, stream, e) ||
+            mla_cuda_swiglu(g, u, h, T * K * F, stream, e))
+            return MLA_ERR;
+    }
+    if (mla_cuda_matmul_grouped(ex->down_type, ex->down, NULL, ex->down_estride, F, E, h, 1, &pl, y, stream, e))
+        return MLA_ERR;
+    return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
+}
+
+extern "C" int mla_cuda_sample(const float *d_logits, int64_t T, int64_t n, const mla_cuda_sampling *sp,
+                               uint64_t stream0, int32_t *d_ids, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n > 0 && n <= INT32_MAX);
+    if (T == 0) return MLA_OK;
+    samp_k k = {sp->temperature, sp->top_p, sp->min_p, sp->top_k, sp->seed, stream0};
+    sample_kernel<<<(unsigned)T, SP_T, 0, (cudaStream_t)stream>>>(d_logits, n, k, d_ids);
+    MLACU_CHECK(cudaGetLastError(), e, "sample T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}

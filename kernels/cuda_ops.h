@@ -1,0 +1,204 @@
+/* cuda_ops: the CUDA versions of the kernels/ ops, callable from C host code.
+ *
+ * Every op has the same meaning as its CPU reference (kernels/<op>.h, the definition of
+ * correct); pointers named d_* are DEVICE pointers, and each op is enqueued on `stream`
+ * (NULL = the legacy default stream) and returns before it has run. Ownership: the caller owns
+ * every buffer; nothing here allocates device memory except where a function says so.
+ *
+ * Errors: a function returning int gives MLA_OK, or MLA_ERR with a message in *e when the CUDA
+ * runtime reports a failure (launch error, no device). Bad arguments (an unsupported type,
+ * sizes that break an op's documented rules) are caller bugs and abort through MLA_ASSERT.
+ *
+ * Call mla_cuda_init() once per process after choosing the device: it uploads the IQ grid
+ * tables (kernels/quant_grids.c) to device memory. */
+#ifndef CUDA_OPS_H
+#define CUDA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+/* common/mla_err.h is C11 (_Noreturn) without C++ guards: shim both for .cu files. */
+#ifndef _Noreturn
+#define _Noreturn [[noreturn]]
+#endif
+extern "C" {
+#endif
+
+#include "common/mla_err.h"
+#include "kernels/moe.h"
+#include "kernels/rope.h"
+
+/* Same type as cudaStream_t, without needing the CUDA headers in C code. */
+typedef struct CUstream_st *mla_cuda_stream;
+
+/* Selects `device` (cudaSetDevice) and uploads the quantization tables. Idempotent. */
+int mla_cuda_init(int device, mla_err *e);
+
+/* True when the CUDA kernels handle type t (dequant and both matmul paths). */
+bool mla_cuda_quant_supported(uint32_t t);
+
+/* Bytes to allocate for `rows` rows of `n` elements of type t: ggml_row_bytes(t, n) * rows,
+ * rounded up to 16 (the matmul kernels read weights with 16-byte loads). */
+size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows);
+
+/* d_dst[0..n) = dequantized d_src (n elements, a multiple of the block size: several rows
+ * stored back to back dequantize as one). Mirrors quant_dequant_row. */
+int mla_cuda_dequant_row(uint32_t t, const void *d_src, float *d_dst, int64_t n,
+                         mla_cuda_stream stream, mla_err *e);
+
+/* y[T][out] = x[T][in] · W^T, W = `out` rows of `in` elements of type t (GGUF layout: ne0 = in,
+ * ne1 = out, rows of ggml_row_bytes(t, in) bytes back to back; the buffer padded as
+ * mla_cuda_weight_bytes says). in must be a multiple of 32 and of t's block size. x and y are
+ * float, row-major. mla_cuda_matmul picks the path: GEMV (fp32 math) for T <= 8, otherwise the
+ * tensor-core path (x and the dequantized W rounded to bf16, fp32 accumulation). */
+int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                    int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+/* The two paths, callable directly (tests, benchmarks). gemv: any T >= 1 (cost grows with T;
+ * meant for 1..8; 16 rows per block sharing x in shared memory); mma: any T >= 1. */
+int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int64_t out,
+                         const float *d_x, int64_t T, float *d_y, mla_cuda_stream stream,
+                         mla_err *e);
+/* A second GEMV (one independent warp per row, x read from global memory; slower on the H200
+ * today, kept for tuning), any T (runs tokens two at a time). */
+int mla_cuda_matmul_gemv_warp(uint32_t t, const void *d_w, int64_t in, int64_t out,
+                              const float *d_x, int64_t T, float *d_y, mla_cuda_stream stream,
+                              mla_err *e);
+int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                        int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+
+/* ---- element-wise and per-row ops (same meaning as the CPU op named) ---- */
+/* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */
+int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
+                     float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e);
+int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w,
+                       const float *d_b, float eps, float *d_y, int64_t ldy, mla_cuda_stream stream,
+                       mla_err *e);
+/* act_swiglu: y = silu(g) * u; act_add: y += a. */
+int mla_cuda_swiglu(const float *d_g, const float *d_u, float *d_y, int64_t n, mla_cuda_stream stream,
+                    mla_err *e);
+int mla_cuda_add(float *d_y, const float *d_a, int64_t n, mla_cuda_stream stream, mla_err *e);
+/* rope_apply for T tokens at once: token t's n_vec vectors start at d_x + t*tok_stride (vector
+ * v at + v*stride) and sit at position d_pos[t] (device array), or pos0 + t when d_pos is NULL.
+ * t is the host table from rope_table_init (its inv_freq travels as a kernel argument). */
+int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t T, int64_t n_vec, int64_t stride,
+                  int64_t tok_stride, int64_t pos0, const int32_t *d_pos, mla_cuda_stream stream,
+                  mla_err *e);
+/* moe_route for T tokens: d_logits [T][n_expert], d_bias [n_expert] or NULL, d_ids/d_w
+ * [T][n_used]. n_expert <= 1024, n_group <= 32, n_used <= 32. */
+int mla_cuda_moe_route(const moe_route_params *p, const float *d_logits, const float *d_bias,
+                       int64_t T, int32_t *d_ids, float *d_w, mla_cuda_stream stream, mla_err *e);
+/* Greedy sampling: d_ids[t] = argmax of row t of d_logits [T][n] (ties: lowest index). */
+int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids,
+                    mla_cuda_stream stream, mla_err *e);
+/* Embedding gather: d_out[t][0..n) = dequantized row d_ids[t] of d_w (rows of n elements of
+ * type t, as in mla_cuda_matmul). */
+int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *d_ids, int64_t T,
+                      float *d_out, mla_cuda_stream stream, mla_err *e);
+
+/* ---- attention, indexer, experts, sampling (kernels/attn_cuda.cu) ---- */
+/* Absorbed MLA attention, the meaning of mla_attn (kernels/mla_attn.h) with two extensions: q_pe
+ * of token t, head h at d_q_pe + t*q_pe_ld_t + h*q_pe_ld_h (contiguous: ld_t = n_head*n_rope,
+ * ld_h = n_rope), and a split over key chunks (flash-decoding): with d_work (work_floats floats,
+ * see mla_cuda_attn_work_floats) each (token, head) is computed as up to n_splits partial
+ * softmaxes combined by a second kernel; d_work NULL: one pass per (token, head).
+ * kv_lora <= 1024, n_rope <= 128. All pointers are device pointers; sel/n_sel as in mla_attn. */
+typedef struct mla_cuda_attn_args {
+    const float *q_abs, *q_pe;
+    int64_t q_pe_ld_t, q_pe_ld_h;
+    int64_t n_tokens, n_head, kv_lora, n_rope;
+    const float *kv;
+    int64_t pos0;
+    float scale;
+    const int32_t *sel, *n_sel;
+    int64_t sel_stride;
+    float *out;
+    float *work;
+    size_t work_floats;
+} mla_cuda_attn_args;
+size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
+int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
+
+/* DSA indexer (kernels/dsa_indexer.h): d_scores[t*ld + j] = dsa_scores of query t for keys
+ * j <= pos0 + t (entries past that are left alone); ld >= pos0 + T. */
+int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t n_head,
+                        int64_t head_dim, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                        mla_err *e);
+/* dsa_topk of each row t over its pos0 + t + 1 scores (every key when that is <= top_k): sel
+ * [T][top_k] ascending ids, n_sel [T]. Same tie rule (higher score, then lower id; NaN = -inf). */
+int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k, int32_t *d_sel,
+                      int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
+
+/* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
+ * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */
+int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
+                         int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
+                         mla_cuda_stream stream, mla_err *e);
+
+/* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
+ * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,
+ * and cuts each expert's pairs into tiles of <= 8. Buffers live in caller memory of
+ * mla_cuda_moe_plan_bytes(); max_tiles is the grid bound (the real count stays on the device). */
+typedef struct mla_cuda_moe_plan {
+    int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles, *counts;
+    int64_t max_tiles;
+    int world, rank;
+} mla_cuda_moe_plan;
+size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t n_used, int64_t n_expert);
+/* Lays the plan out in d_mem (mla_cuda_moe_plan_bytes bytes) for T tokens. */
+void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_t T, int64_t n_used, int64_t n_expert,
+                            int rank, int world);
+int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_ids, int64_t T, int64_t n_used,
+                            int64_t n_expert, mla_cuda_stream stream, mla_err *e);
+/* Grouped GEMV over a plan's tiles (quant_cuda.cu): pair p of expert e reads x row p / x_div and
+ * writes y row p: y[p][o] = W0_e[o] . x (d_w1 NULL), or silu(W0_e[o] . x) * (W1_e[o] . x)
+ * (gate and up of one type). W_e starts at (e / world) * estride bytes (this rank's experts
+ * packed in order). */
+int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
+                            int64_t out, const float *d_x, int x_div, const mla_cuda_moe_plan *plan, float *d_y,
+                            mla_cuda_stream stream, mla_err *e);
+/* out[t] += sum_k w[t][k] * y[t*n_used + k] over the pairs whose expert this rank owns (k in
+ * increasing order). */
+int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_w, int64_t T, int64_t n_used,
+                         int64_t n, int rank, int world, float *d_out, mla_cuda_stream stream, mla_err *e);
+/* Device MoE: routed experts of this rank (experts packed as above) applied to x [T][n_embd],
+ * added into out; d_work of mla_cuda_moe_work_bytes(). */
+typedef struct mla_cuda_experts {
+    uint32_t gate_type, up_type, down_type;
+    const void *gate, *up, *down;
+    size_t gate_estride, up_estride, down_estride;
+    int64_t n_embd, n_ff, n_expert;
+    int rank, world;
+} mla_cuda_experts;
+size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_t n_ff, int64_t n_expert);
+int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
+                       const float *d_w, int64_t n_used, float *d_out, void *d_work, mla_cuda_stream stream,
+                       mla_err *e);
+
+/* Sampling (worker/sample.h without the history penalties and logprobs): row t of d_logits is
+ * sampled with stream stream0 + t. Greedy when temperature == 0 or top_k == 1 (argmax, lowest
+ * id); else the CPU order: sort (value desc, id asc) when top_k/top_p/min_p are on, top_k,
+ * exp((w - max) / temperature) in double, top_p prefix, min_p, one draw with
+ * sampler_uniform(seed, stream). The sorted candidates are held on chip: when top_k > 2048, or
+ * top_p/min_p would keep more than 2048 tokens, d_ids[t] = -1 (sample that row on the host). */
+typedef struct mla_cuda_sampling {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+    uint64_t seed;
+} mla_cuda_sampling;
+#define MLA_CUDA_SAMPLE_CAP 2048
+int mla_cuda_sample(const float *d_logits, int64_t T, int64_t n, const mla_cuda_sampling *sp, uint64_t stream0,
+                    int32_t *d_ids, mla_cuda_stream stream, mla_err *e);
+
+/* Known-answer tests of every CUDA op against its CPU reference on small random inputs
+ * (kernels/cuda_selfcheck.cu). MLA_OK when all pass; else MLA_ERR naming the first failure.
+ * Needs mla_cuda_init first. Workers call it before serving. */
+int cuda_selfcheck(mla_err *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,175 @@
+/* cuda_selfcheck: small known-answer tests of the CUDA ops against the CPU references, for a
+ * worker to run before serving (catches a wrong build, a broken driver or a bad device). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda_internal.h"
+#include "kernels/cuda_rand.h"
+
+extern "C" {
+#include "kernels/act.h"
+#include "kernels/moe.h"
+#include "kernels/quant.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+}
+
+namespace {
+
+/* Device scratch owned by one selfcheck run. */
+struct scratch {
+    void *p[8];
+    int n;
+};
+void *salloc(scratch *s, size_t bytes, const void *init) {
+    void *d = NULL;
+    if (s->n >= 8 || cudaMalloc(&d, bytes + 16) != cudaSuccess) return NULL;
+    s->p[s->n++] = d;
+    if (init && cudaMemcpy(d, init, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    if (!init && cudaMemset(d, 0xff, bytes) != cudaSuccess) return NULL;
+    return d;
+}
+void sfree(scratch *s) {
+    for (int i = 0; i < s->n; i++) cudaFree(s->p[i]);
+    s->n = 0;
+}
+
+int compare(const char *what, const float *got, const float *ref, int64_t n, double bound, mla_err *e) {
+    double err = gr_rel_l2(got, ref, n);
+    if (!(err <= bound)) return mla_errf(e, "cuda_selfcheck: %s: relative error %.3g > %.1g", what, err, bound);
+    return MLA_OK;
+}
+
+int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, bool mma, gr_rng *r, mla_err *e) {
+    size_t rb = ggml_row_bytes(t, in);
+    uint8_t *w = (uint8_t *)malloc(rb * out);
+    float *x = (float *)malloc(sizeof(float) * (in * T + in + 2 * T * out));
+    float *deq = x + in * T, *ref = deq + in, *got = ref + T * out;
+    gr_quant_rows(r, t, w, in, out);
+    gr_fill(r, x, in * T, 1.0f);
+    for (int64_t o = 0; o < out; o++) {
+        quant_dequant_row(t, w + o * rb, deq, in);
+        for (int64_t k = 0; k < T; k++) {
+            double acc = 0;
+            for (int64_t i = 0; i < in; i++) acc += (double)deq[i] * x[k * in + i];
+            ref[k * out + o] = (float)acc;
+        }
+    }
+    scratch s = {{0}, 0};
+    int rc = MLA_ERR;
+    void *dw = salloc(&s, rb * out, w);
+    float *dx = (float *)salloc(&s, sizeof(float) * in * T, x);
+    float *dy = (float *)salloc(&s, sizeof(float) * T * out, NULL);
+    if (!dw || !dx || !dy) {
+        mla_errf(e, "cuda_selfcheck: device allocation failed");
+    } else if ((mma ? mla_cuda_matmul_mma : mla_cuda_matmul_gemv)(t, dw, in, out, dx, T, dy, 0, e) == MLA_OK) {
+        cudaError_t err = cudaMemcpy(got, dy, sizeof(float) * T * out, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) {
+            mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
+        } else {
+            char what[64];
+            snprintf(what, sizeof what, "%s %s", mma ? "mma" : "gemv", ggml_type_name(t));
+            rc = compare(what, got, ref, T * out, mma ? 1e-2 : 1e-4, e);
+        }
+    }
+    sfree(&s);
+    free(w);
+    free(x);
+    return rc;
+}
+
+int check_small_ops(gr_rng *r, mla_err *e) {
+    const int64_t T = 3, n = 576;
+    float x[T * n], w[n], ref[T * n], got[T * n];
+    gr_fill(r, x, T * n, 2.0f);
+    gr_fill(r, w, n, 1.0f);
+    scratch s = {{0}, 0};
+    int rc = MLA_ERR;
+    float *dx = (float *)salloc(&s, sizeof x, x), *dw = (float *)salloc(&s, sizeof w, w);
+    float *dy = (float *)salloc(&s, sizeof x, NULL);
+    if (!dx || !dw || !dy) {
+        mla_errf(e, "cuda_selfcheck: device allocation failed");
+        goto out;
+    }
+    /* rmsnorm */
+    rmsnorm(x, n, T, n, w, 1e-6f, ref, n);
+    if (mla_cuda_rmsnorm(dx, n, T, n, dw, 1e-6f, dy, n, 0, e) != MLA_OK) goto out;
+    if (cudaMemcpy(got, dy, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+    if (compare("rmsnorm", got, ref, T * n, 1e-5, e) != MLA_OK) goto out;
+    /* swiglu */
+    act_swiglu(x, x + n, ref, n);
+    if (mla_cuda_swiglu(dx, dx + n, dy, n, 0, e) != MLA_OK) goto out;
+    if (cudaMemcpy(got, dy, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+    if (compare("swiglu", got, ref, n, 1e-5, e) != MLA_OK) goto out;
+    /* rope (YaRN, adjacent pairs) on 9 vectors of 64 per token */
+    {
+        rope_params rp = {64, 10000.0, true, 40.0, 4096.0, 32.0, 1.0, 1.0};
+        rope_table tb;
+        rope_table_init(&tb, &rp);
+        memcpy(ref, x, sizeof x);
+        for (int64_t t = 0; t < T; t++) rope_apply(&tb, ROPE_ADJACENT, ref + t * n, 9, 64, 100 + t);
+        if (cudaMemcpy(dy, x, sizeof x, cudaMemcpyHostToDevice) != cudaSuccess) goto cuda_fail;
+        if (mla_cuda_rope(&tb, ROPE_ADJACENT, dy, T, 9, 64, n, 100, NULL, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(got, dy, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (compare("rope", got, ref, T * n, 1e-5, e) != MLA_OK) goto out;
+    }
+    /* routing: 64 experts, 4 groups of which 2 used, top 6, sigmoid + bias */
+    {
+        moe_route_params p = {64, 6, 4, 2, 2, true, 2.5f};
+        int32_t ids_ref[T * 6], ids_got[T * 6];
+        float w_ref[T * 6], w_got[T * 6];
+        for (int64_t t = 0; t < T; t++) moe_route(&p, x + t * 64, w, ids_ref + t * 6, w_ref + t * 6);
+        int32_t *dids = (int32_t *)dy;
+        float *dwt = dy + T * 6;
+        if (mla_cuda_moe_route(&p, dx, dw, T, dids, dwt, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(ids_got, dids, sizeof ids_got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (cudaMemcpy(w_got, dwt, sizeof w_got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (memcmp(ids_ref, ids_got, sizeof ids_ref) != 0) {
+            mla_errf(e, "cuda_selfcheck: moe_route chose other experts than the CPU");
+            goto out;
+        }
+        if (compare("moe_route weights", w_got, w_ref, T * 6, 1e-5, e) != MLA_OK) goto out;
+    }
+    /* greedy */
+    {
+        int32_t id = -1;
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (x[i] > x[best]) best = i;
+        if (mla_cuda_argmax(dx, 1, n, (int32_t *)dy, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(&id, dy, 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (id != best) {
+            mla_errf(e, "cuda_selfcheck: argmax %d, CPU %lld", id, (long long)best);
+            goto out;
+        }
+    }
+    rc = MLA_OK;
+    goto out;
+cuda_fail:
+    mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(cudaGetLastError()));
+out:
+    sfree(&s);
+    return rc;
+}
+
+} // namespace
+
+extern "C" int cuda_selfcheck(mla_err *e) {
+    gr_rng r = {0xc0ffeeull};
+    static const uint32_t types[] = {GGML_TYPE_F32,    GGML_TYPE_F16,     GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
+                                     GGML_TYPE_Q5_0,   GGML_TYPE_Q2_K,    GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
+                                     GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K,    GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
+                                     GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S,   GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
+                                     GGML_TYPE_IQ1_S,  GGML_TYPE_IQ1_M};
+    for (uint32_t t : types) {
+        if (!quant_supported(t)) continue; /* the CPU reference decides what is checkable */
+        if (check_matmul(t, 1280, 40, 3, false, &r, e) != MLA_OK) return MLA_ERR;
+        if (check_matmul(t, 512, 130, 20, true, &r, e) != MLA_OK) return MLA_ERR;
+    }
+    if (check_small_ops(&r, e) != MLA_OK) return MLA_ERR;
+    cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
+    return MLA_OK;
+}

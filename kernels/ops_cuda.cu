@@ -1,0 +1,320 @@
+/* ops_cuda: the small ops of a layer on the device: rmsnorm, layernorm, swiglu, add, rope,
+ * embedding gather, MoE routing, greedy sampling. Each mirrors its CPU reference (see
+ * kernels/cuda_ops.h for the exact correspondence). */
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+
+#include "kernels/cuda_internal.h"
+
+extern "C" {
+#include "kernels/moe.h"
+#include "kernels/rope.h"
+}
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets it. */
+__device__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = lane < nw ? red[lane] : 0.f;
+    return warp_sum(s);
+}
+
+__global__ void rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
+                               float eps, float *y, int64_t ldy) {
+    __shared__ float red[32];
+    const float *xr = x + blockIdx.x * ldx;
+    float *yr = y + blockIdx.x * ldy;
+    float ss = 0.f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+}
+
+__global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
+                                 const float *__restrict__ b, float eps, float *y, int64_t ldy) {
+    __shared__ float red[32];
+    const float *xr = x + blockIdx.x * ldx;
+    float *yr = y + blockIdx.x * ldy;
+    float s = 0.f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s, red) / (float)n;
+    float v = 0.f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+    float var = block_sum(v, red) / (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float o = (xr[i] - mean) * r;
+        if (w) o *= w[i];
+        if (b) o += b[i];
+        yr[i] = o;
+    }
+}
+
+__global__ void swiglu_kernel(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i];
+        y[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+__global__ void add_kernel(float *y, const float *a, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += a[i];
+}
+
+struct rope_k {
+    int n_dims;
+    double attn_factor;
+    double inv_freq[ROPE_MAX_DIMS / 2];
+};
+
+/* block = one token; threads over (vector, pair). cos/sin in double as the CPU does. */
+__global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
+                            int64_t pos0, const int32_t *pos) {
+    const int t = blockIdx.x, h = rk.n_dims / 2;
+    const int64_t p = pos ? (int64_t)pos[t] : pos0 + t;
+    float *xt = x + t * tok_stride;
+    for (int64_t k = threadIdx.x; k < n_vec * h; k += blockDim.x) {
+        int64_t v = k / h;
+        int i = (int)(k % h);
+        double s, c;
+        sincos((double)p * rk.inv_freq[i], &s, &c);
+        float cs = (float)(c * rk.attn_factor), sn = (float)(s * rk.attn_factor);
+        float *yv = xt + v * stride;
+        int i0 = mode == ROPE_ADJACENT ? 2 * i : i;
+        int i1 = mode == ROPE_ADJACENT ? 2 * i + 1 : i + h;
+        float a = yv[i0], b = yv[i1];
+        yv[i0] = a * cs - b * sn;
+        yv[i1] = a * sn + b * cs;
+    }
+}
+
+/* One warp per token. Experts <= 1024, groups <= 32 (asserted on the host). */
+struct route_k {
+    int n_expert, n_used, n_group, n_group_used, gating, norm;
+    float scale;
+};
+constexpr int RT_WARPS = 4, RT_MAXE = 1024;
+
+__device__ __forceinline__ void argmax_pair(float &v, int &i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+__global__ void route_kernel(route_k p, const float *__restrict__ logits, const float *__restrict__ bias, int64_t T,
+                             int32_t *ids, float *wout) {
+    __shared__ float s_prob[RT_WARPS][RT_MAXE], s_choice[RT_WARPS][RT_MAXE];
+    __shared__ unsigned char s_ok[RT_WARPS][RT_MAXE];
+    __shared__ float s_gs[RT_WARPS][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * RT_WARPS + warp;
+    if (t >= T) return;
+    const int n = p.n_expert;
+    const float *l = logits + t * n;
+    float *prob = s_prob[warp], *choice = s_choice[warp];
+    unsigned char *ok = s_ok[warp];
+    if (p.gating == 1) {
+        float m = -INFINITY;
+        for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = 0.f;
+        for (int e = lane; e < n; e += 32) {
+            float v = l[e] == -INFINITY ? 0.f : expf(l[e] - m);
+            prob[e] = v;
+            s += v;
+        }
+        s = warp_sum(s);
+        for (int e = lane; e < n; e += 32) prob[e] /= s;
+    } else {
+        for (int e = lane; e < n; e += 32) prob[e] = 1.0f / (1.0f + expf(-l[e]));
+    }
+    for (int e = lane; e < n; e += 32) {
+        choice[e] = prob[e] + (bias ? bias[e] : 0.f);
+        ok[e] = 1;
+    }
+    __syncwarp();
+    if (p.n_group > 1 && p.n_group_used < p.n_group) {
+        const int G = p.n_group, per = n / G;
+        if (lane < G) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int i = lane * per; i < (lane + 1) * per; i++) {
+                float v = choice[i];
+                if (v > a) {
+                    b = a;
+                    a = v;
+                } else if (v > b) {
+                    b = v;
+                }
+            }
+            s_gs[warp][lane] = a + b;
+        }
+        __syncwarp();
+        float gv = lane < G ? s_gs[warp][lane] : -INFINITY;
+        bool gfree = lane < G, gok = false;
+        for (int k = 0; k < p.n_group_used; k++) {
+            float v = gfree ? gv : -INFINITY;
+            int i = gfree ? lane : 0x7fffffff;
+            argmax_pair(v, i);
+            if (lane == i) {
+                gfree = false;
+                gok = true;
+            }
+        }
+        unsigned okmask = __ballot_sync(0xffffffffu, gok);
+        for (int e = lane; e < n; e += 32) ok[e] = (okmask >> (e / per)) & 1;
+        __syncwarp();
+    }
+    float sum = 0.f;
+    float myw = 0.f;
+    int myid = -1;
+    for (int k = 0; k < p.n_used; k++) {
+        float v = -INFINITY;
+        int i = 0x7fffffff;
+        for (int e = lane; e < n; e += 32)
+            if (ok[e] && (choice[e] > v || i == 0x7fffffff)) {
+                v = choice[e];
+                i = e;
+            }
+        argmax_pair(v, i);
+        __syncwarp();
+        if (lane == 0) ok[i] = 0;
+        __syncwarp();
+        float pw = prob[i];
+        sum += pw;
+        if (lane == k) {
+            myid = i;
+            myw = pw;
+        }
+    }
+    if (lane < p.n_used) {
+        float wv = myw;
+        if (p.norm) wv = (float)((double)wv / ((double)sum + 1e-20));
+        ids[t * p.n_used + lane] = myid;
+        wout[t * p.n_used + lane] = wv * p.scale;
+    }
+}
+
+/* Greedy: one block per row, highest logit, ties to the lower index. */
+__global__ void argmax_kernel(const float *__restrict__ logits, int64_t n, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *l = logits + blockIdx.x * n;
+    float v = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        if (l[i] > v || idx == 0x7fffffff) {
+            v = l[i];
+            idx = (int)i;
+        }
+    argmax_pair(v, idx);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = idx;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        v = lane < nw ? sv[lane] : -INFINITY;
+        idx = lane < nw ? si[lane] : 0x7fffffff;
+        argmax_pair(v, idx);
+        if (lane == 0) out[blockIdx.x] = idx;
+    }
+}
+
+unsigned ew_grid(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+} // namespace
+
+extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
+                                float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(T >= 0 && n > 0);
+    if (T == 0) return MLA_OK;
+    rmsnorm_kernel<<<(unsigned)T, 256, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
+    MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w,
+                                  const float *d_b, float eps, float *d_y, int64_t ldy, mla_cuda_stream stream,
+                                  mla_err *e) {
+    MLA_ASSERT(T >= 0 && n > 0);
+    if (T == 0) return MLA_OK;
+    layernorm_kernel<<<(unsigned)T, 256, 0, stream>>>(d_x, ldx, n, d_w, d_b, eps, d_y, ldy);
+    MLACU_CHECK(cudaGetLastError(), e, "layernorm T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_swiglu(const float *d_g, const float *d_u, float *d_y, int64_t n, mla_cuda_stream stream,
+                               mla_err *e) {
+    if (n <= 0) return MLA_OK;
+    swiglu_kernel<<<ew_grid(n), 256, 0, stream>>>(d_g, d_u, d_y, n);
+    MLACU_CHECK(cudaGetLastError(), e, "swiglu n=%lld", (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_add(float *d_y, const float *d_a, int64_t n, mla_cuda_stream stream, mla_err *e) {
+    if (n <= 0) return MLA_OK;
+    add_kernel<<<ew_grid(n), 256, 0, stream>>>(d_y, d_a, n);
+    MLACU_CHECK(cudaGetLastError(), e, "add n=%lld", (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t T, int64_t n_vec, int64_t stride,
+                             int64_t tok_stride, int64_t pos0, const int32_t *d_pos, mla_cuda_stream stream,
+                             mla_err *e) {
+    MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && (mode == ROPE_ADJACENT || mode == ROPE_NEOX));
+    if (T <= 0 || n_vec <= 0) return MLA_OK;
+    rope_k rk;
+    rk.n_dims = t->n_dims;
+    rk.attn_factor = t->attn_factor;
+    for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
+    rope_kernel<<<(unsigned)T, 128, 0, stream>>>(rk, mode, d_x, n_vec, stride, tok_stride, pos0, d_pos);
+    MLACU_CHECK(cudaGetLastError(), e, "rope T=%lld n_vec=%lld", (long long)T, (long long)n_vec);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_moe_route(const moe_route_params *p, const float *d_logits, const float *d_bias,
+                                  int64_t T, int32_t *d_ids, float *d_w, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(p->n_expert > 0 && p->n_expert <= RT_MAXE && p->n_used > 0 && p->n_used <= 32 &&
+               p->n_used <= p->n_expert && p->n_group >= 1 && p->n_group <= 32 && p->n_expert % p->n_group == 0);
+    if (T <= 0) return MLA_OK;
+    route_k rk = {p->n_expert, p->n_used, p->n_group, p->n_group_used, p->gating, p->norm ? 1 : 0, p->scale};
+    route_kernel<<<(unsigned)((T + RT_WARPS - 1) / RT_WARPS), RT_WARPS * 32, 0, stream>>>(rk, d_logits, d_bias, T,
+                                                                                          d_ids, d_w);
+    MLACU_CHECK(cudaGetLastError(), e, "moe_route T=%lld", (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids, mla_cuda_stream stream,
+                               mla_err *e) {
+    MLA_ASSERT(n > 0 && n < INT32_MAX);
+    if (T <= 0) return MLA_OK;
+    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n, d_ids);
+    MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}

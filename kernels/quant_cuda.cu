@@ -1,0 +1,731 @@
+/* quant_cuda: device dequantization and quantized matmul (GEMV for decode, mma.sync bf16
+ * tensor cores for prefill) for every type in cuda_quant_unit.h. API: kernels/cuda_ops.h. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_internal.h"
+#include "kernels/cuda_quant_unit.h"
+
+extern "C" {
+#include "kernels/quant.h"
+}
+
+namespace mlacu {
+
+/* ---------------------------------------------------------------- dequant */
+
+template <int TY>
+__global__ void dequant_kernel(const uint8_t *__restrict__ src, float *__restrict__ dst, int64_t nunits) {
+    using Q = qtraits<TY>;
+    int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= nunits) return;
+    float v[32];
+    deq_unit<TY>(src + (u / Q::BU) * Q::BB, (int)(u % Q::BU), v);
+    float4 *o = (float4 *)(dst + u * 32);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+}
+
+/* Embedding gather: thread per (token, unit). */
+template <int TY>
+__global__ void get_rows_kernel(const uint8_t *__restrict__ W, size_t rb, int64_t units, const int32_t *__restrict__ ids,
+                                float *__restrict__ out) {
+    using Q = qtraits<TY>;
+    int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= units) return;
+    const int t = blockIdx.y;
+    float v[32];
+    deq_unit<TY>(W + (size_t)ids[t] * rb + (u / Q::BU) * Q::BB, (int)(u % Q::BU), v);
+    float4 *o = (float4 *)(out + ((size_t)t * units + u) * 32);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+}
+
+/* ---------------------------------------------------------------- GEMV (T <= 8) */
+/* A block of GV_WARPS warps owns GV_RPW rows per warp. The K dimension is walked in chunks of
+ * 1024 elements (32 units): x[:, chunk] is staged in shared memory (unit stride 33 floats: no
+ * bank conflicts when each lane reads its own unit), each warp copies the chunk bytes of its
+ * rows into shared memory with 16-byte coalesced loads (issued one chunk ahead), then lane u
+ * dequantizes unit u in registers and dots it with the T token rows. */
+constexpr int GV_WARPS = 8, GV_RPW = 2, GV_TMAX = 8, GV_CHUNK = 1024, GV_XS = 32 * 33;
+
+template <int TY> struct gv {
+    static constexpr int CB = (GV_CHUNK / qtraits<TY>::BE) * qtraits<TY>::BB; /* chunk bytes */
+    static constexpr int SB = (CB + 16 + 15) / 16 * 16; /* staged bytes incl. misalignment */
+    static constexpr int NV = (SB / 16 + 31) / 32;     /* 16-byte vectors per lane */
+};
+
+template <int TY> static size_t gemv_smem(int T) {
+    return (size_t)T * GV_XS * 4 + (size_t)GV_WARPS * GV_RPW * gv<TY>::SB;
+}
+
+template <int TY>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x,
+                int T, float *__restrict__ y) {
+    using Q = qtraits<TY>;
+    using G = gv<TY>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    float *xs = (float *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *ws = smem + (size_t)T * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
+    const int row0 = (blockIdx.x * GV_WARPS + warp) * GV_RPW;
+    const int nchunks = (in + GV_CHUNK - 1) / GV_CHUNK;
+
+    float acc[GV_RPW][GV_TMAX];
+#pragma unroll
+    for (int r = 0; r < GV_RPW; r++)
+#pragma unroll
+        for (int t = 0; t < GV_TMAX; t++) acc[r][t] = 0.f;
+
+    uint4 pre[GV_RPW][G::NV];
+    int nvec[GV_RPW];
+    auto chunk_src = [&](int r, int c, int &off, int &nv) -> const uint4 * {
+        const uint8_t *g = W + (size_t)(row0 + r) * rb + (size_t)c * G::CB;
+        size_t nbytes = rb - (size_t)c * G::CB;
+        if (nbytes > (size_t)G::CB) nbytes = G::CB;
+        off = (int)((uintptr_t)g & 15);
+        nv = (int)((off + nbytes + 15) / 16);
+        return (const uint4 *)(g - off);
+    };
+    auto load = [&](int c) {
+#pragma unroll
+        for (int r = 0; r < GV_RPW; r++) {
+            nvec[r] = 0;
+            if (row0 + r >= out) continue;
+            int off, nv;
+            const uint4 *s = chunk_src(r, c, off, nv);
+            nvec[r] = nv;
+#pragma unroll
+            for (int k = 0; k < G::NV; k++) {
+                int i = lane + 32 * k;
+                if (i < nv) pre[r][k] = __ldg(s + i);
+            }
+        }
+    };
+    load(0);
+    for (int c = 0; c < nchunks; c++) {
+        const int k0 = c * GV_CHUNK;
+        const int nk = min(GV_CHUNK, in - k0);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < T * (GV_CHUNK / 4); idx += GV_WARPS * 32) {
+            int t = idx / (GV_CHUNK / 4), k4 = (idx % (GV_CHUNK / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k4 < nk) v = __ldg((const float4 *)(x + (size_t)t * in + k0 + k4));
+            float *d = xs + t * GV_XS + (k4 >> 5) * 33 + (k4 & 31);
+            d[0] = v.x;
+            d[1] = v.y;
+            d[2] = v.z;
+            d[3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < GV_RPW; r++) {
+            uint4 *d = (uint4 *)(ws + r * G::SB);
+#pragma unroll
+            for (int k = 0; k < G::NV; k++) {
+                int i = lane + 32 * k;
+                if (i < nvec[r]) d[i] = pre[r][k];
+            }
+        }
+        __syncthreads();
+        if (c + 1 < nchunks) load(c + 1);
+        const int u = lane;
+        if (u < nk / 32) {
+#pragma unroll
+            for (int r = 0; r < GV_RPW; r++) {
+                if (row0 + r >= out) continue;
+                int off, nv;
+                chunk_src(r, c, off, nv);
+                const uint8_t *blk = ws + r * G::SB + off + (u / Q::BU) * Q::BB;
+                float v[32];
+                deq_unit<TY>(blk, u % Q::BU, v);
+#pragma unroll
+                for (int t = 0; t < GV_TMAX; t++) {
+                    if (t < T) {
+                        const float *xr = xs + t * GV_XS + u * 33;
+                        float s = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 32; i++) s = fmaf(v[i], xr[i], s);
+                        acc[r][t] += s;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_RPW; r++) {
+#pragma unroll
+        for (int t = 0; t < GV_TMAX; t++) {
+            float s = acc[r][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = s;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- GEMV variant, T <= 2 */
+/* One warp per row, warps independent (no block barrier): the warp copies 32 * UPL units of its
+ * row at a time into its own double-buffered shared slot with 16-byte loads issued one chunk
+ * ahead, lane u dequantizes units u, u + 32, ... and reads x straight from global memory.
+ * Measured on the H200 (bench/results/gpu-ops-2026-11-29.md) 1.2-1.9x SLOWER than gemv_kernel
+ * at T = 1, so it is not the default: kept, checked, for tuning (mla_cuda_matmul_gemv_warp). */
+constexpr int G2_WARPS = 4, G2_TMAX = 2;
+
+template <int TY> struct gv2 {
+    static constexpr int UPL = qtraits<TY>::BE == 32 && qtraits<TY>::BB >= 64 ? 1 : 2; /* F32/F16/BF16: 1 */
+    static constexpr int CE = 32 * 32 * UPL;                                             /* chunk elements */
+    static constexpr int CB = (CE / qtraits<TY>::BE) * qtraits<TY>::BB;
+    static constexpr int SB = (CB + 16 + 15) / 16 * 16;
+    static constexpr int NV = (SB / 16 + 31) / 32;
+};
+
+template <int TY>
+__global__ void __launch_bounds__(G2_WARPS * 32)
+    gemv2_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x, int T,
+                 float *__restrict__ y) {
+    using Q = qtraits<TY>;
+    using G = gv2<TY>;
+    __shared__ __align__(16) uint8_t sm[G2_WARPS][2][G::SB];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * G2_WARPS + warp;
+    if (row >= out) return; /* whole warp: no block-wide barrier below */
+    const uint8_t *wr = W + (size_t)row * rb;
+    const int nchunks = (in + G::CE - 1) / G::CE;
+    float acc[G2_TMAX] = {0.f, 0.f};
+    uint4 pre[G::NV];
+    int off = 0, nv = 0;
+    auto load = [&](int c) {
+        const uint8_t *g = wr + (size_t)c * G::CB;
+        size_t nbytes = rb - (size_t)c * G::CB;
+        if (nbytes > (size_t)G::CB) nbytes = G::CB;
+        off = (int)((uintptr_t)g & 15);
+        nv = (int)((off + nbytes + 15) / 16);
+        const uint4 *s = (const uint4 *)(g - off);
+#pragma unroll
+        for (int k = 0; k < G::NV; k++) {
+            int i = lane + 32 * k;
+            if (i < nv) pre[k] = __ldg(s + i);
+        }
+    };
+    load(0);
+    for (int c = 0; c < nchunks; c++) {
+        uint8_t *buf = sm[warp][c & 1];
+#pragma unroll
+        for (int k = 0; k < G::NV; k++) {
+            int i = lane + 32 * k;
+            if (i < nv) ((uint4 *)buf)[i] = pre[k];
+        }
+        const int coff = off;
+        __syncwarp();
+        if (c + 1 < nchunks) load(c + 1);
+        const int k0 = c * G::CE, nu = min(G::CE, in - k0) / 32;
+#pragma unroll
+        for (int j = 0; j < G::UPL; j++) {
+            const int u = lane + 32 * j;
+            if (u < nu) {
+                float v[32];
+                deq_unit<TY>(buf + coff + (u / Q::BU) * Q::BB, u % Q::BU, v);
+#pragma unroll
+                for (int t = 0; t < G2_TMAX; t++) {
+                    if (t < T) {
+                        const float4 *xr = (const float4 *)(x + (size_t)t * in + k0 + u * 32);
+                        float s = 0.f;
+#pragma unroll
+                        for (int q = 0; q < 8; q++) {
+                            float4 xv = __ldg(xr + q);
+                            s = fmaf(v[4 * q], xv.x, s);
+                            s = fmaf(v[4 * q + 1], xv.y, s);
+                            s = fmaf(v[4 * q + 2], xv.z, s);
+                            s = fmaf(v[4 * q + 3], xv.w, s);
+                        }
+                        acc[t] += s;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < G2_TMAX; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0 && t < T) y[(size_t)t * out + row] = s;
+    }
+}
+
+/* ---------------------------------------------------------------- tensor cores */
+/* Block tile 64 tokens x 128 output rows, K step 32 (one unit). Threads 0..127 dequantize one
+ * unit of one W row each into bf16 shared memory, threads 128..255 convert the x tile; then 8
+ * warps (2 x 4, 32x32 each) run mma.sync m16n8k16 bf16 -> fp32. Two shared buffers: one
+ * barrier per K step. Rows padded to 40 bf16 (80 bytes): conflict-free fragment loads. */
+constexpr int MM_BM = 64, MM_BN = 128, MM_LD = 40;
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int TY>
+__global__ void __launch_bounds__(256)
+    mma_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x, int T,
+               float *__restrict__ y) {
+    using Q = qtraits<TY>;
+    __shared__ __align__(16) __nv_bfloat16 As[2][MM_BM][MM_LD];
+    __shared__ __align__(16) __nv_bfloat16 Bs[2][MM_BN][MM_LD];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = warp >> 2, wn = warp & 3, g = lane >> 2, tig = lane & 3;
+    const int m0 = blockIdx.y * MM_BM, n0 = blockIdx.x * MM_BN;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[i][j][k] = 0.f;
+
+    const int nk = in / 32;
+    for (int kt = 0; kt < nk; kt++) {
+        const int buf = kt & 1;
+        if (tid < MM_BN) {
+            const int n = n0 + tid;
+            float v[32];
+            if (n < out) {
+                deq_unit<TY>(W + (size_t)n * rb + (size_t)(kt / Q::BU) * Q::BB, kt % Q::BU, v);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++) v[i] = 0.f;
+            }
+            uint4 *d = (uint4 *)&Bs[buf][tid][0];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                d[q] = make_uint4(pack_bf16(v[8 * q], v[8 * q + 1]), pack_bf16(v[8 * q + 2], v[8 * q + 3]),
+                                  pack_bf16(v[8 * q + 4], v[8 * q + 5]), pack_bf16(v[8 * q + 6], v[8 * q + 7]));
+        } else {
+            const int i = tid - MM_BN, m = i >> 1, kh = (i & 1) * 16;
+            const int gm = m0 + m;
+            float4 f[4];
+            if (gm < T) {
+                const float4 *s = (const float4 *)(x + (size_t)gm * in + (size_t)kt * 32 + kh);
+#pragma unroll
+                for (int q = 0; q < 4; q++) f[q] = __ldg(s + q);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; q++) f[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            uint4 *d = (uint4 *)&As[buf][m][kh];
+            d[0] = make_uint4(pack_bf16(f[0].x, f[0].y), pack_bf16(f[0].z, f[0].w), pack_bf16(f[1].x, f[1].y),
+                              pack_bf16(f[1].z, f[1].w));
+            d[1] = make_uint4(pack_bf16(f[2].x, f[2].y), pack_bf16(f[2].z, f[2].w), pack_bf16(f[3].x, f[3].y),
+                              pack_bf16(f[3].z, f[3].w));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            const int c = ks * 16 + 2 * tig;
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int r = wm * 32 + mt * 16 + g;
+                a[mt][0] = *(const uint32_t *)&As[buf][r][c];
+                a[mt][1] = *(const uint32_t *)&As[buf][r + 8][c];
+                a[mt][2] = *(const uint32_t *)&As[buf][r][c + 8];
+                a[mt][3] = *(const uint32_t *)&As[buf][r + 8][c + 8];
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int n = wn * 32 + nt * 8 + g;
+                uint32_t b0 = *(const uint32_t *)&Bs[buf][n][c];
+                uint32_t b1 = *(const uint32_t *)&Bs[buf][n][c + 8];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) mma_bf16(acc[mt][nt], a[mt], b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int m = m0 + wm * 32 + mt * 16 + g;
+            const int n = n0 + wn * 32 + nt * 8 + 2 * tig;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int mm = m + 8 * h;
+                if (mm >= T) continue;
+                if (n < out) y[(size_t)mm * out + n] = acc[mt][nt][2 * h];
+                if (n + 1 < out) y[(size_t)mm * out + n + 1] = acc[mt][nt][2 * h + 1];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- grouped expert GEMV (MoE) */
+/* The gemv_kernel scheme over tiles of a MoE plan (mla_cuda_moe_plan): blockIdx.y walks the
+ * tiles (up to GV_TMAX token slots of one expert each), blockIdx.x the output rows. FUSE: warp
+ * w owns output row f of both W0 (gate, r = 0) and W1 (up, r = 1) and writes silu(g) * u. */
+template <int TY, bool FUSE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_grp_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t rb, size_t estride, int in,
+                    int out, const float *__restrict__ x, int x_div, const int32_t *__restrict__ sorted,
+                    const int32_t *__restrict__ tile_e, const int32_t *__restrict__ tile_s,
+                    const int32_t *__restrict__ tile_n, const int32_t *__restrict__ n_tiles, int world,
+                    float *__restrict__ y) {
+    using Q = qtraits<TY>;
+    using G = gv<TY>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int xr[GV_TMAX], yr[GV_TMAX];
+    float *xs = (float *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *ws = smem + (size_t)GV_TMAX * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
+    const int nt = *n_tiles;
+    const int nchunks = (in + GV_CHUNK - 1) / GV_CHUNK;
+    for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+        const int e = tile_e[tile], s0 = tile_s[tile], T = tile_n[tile];
+        const size_t eo = (size_t)(e / world) * estride;
+        const int f = blockIdx.x * GV_WARPS + warp;
+        const int row0 = f * GV_RPW;
+        auto rowptr = [&](int r) -> const uint8_t * {
+            if (FUSE) return (r == 0 ? W0 : W1) + eo + (size_t)f * rb;
+            return W0 + eo + (size_t)(row0 + r) * rb;
+        };
+        auto valid = [&](int r) -> bool { return FUSE ? f < out : row0 + r < out; };
+        __syncthreads();
+        if (threadIdx.x < GV_TMAX && threadIdx.x < T) {
+            int p = sorted[s0 + threadIdx.x];
+            xr[threadIdx.x] = p / x_div;
+            yr[threadIdx.x] = p;
+        }
+        float acc[GV_RPW][GV_TMAX];
+#pragma unroll
+        for (int r = 0; r < GV_RPW; r++)
+#pragma unroll
+            for (int t = 0; t < GV_TMAX; t++) acc[r][t] = 0.f;
+        uint4 pre[GV_RPW][G::NV];
+        int nvec[GV_RPW];
+        auto chunk_src = [&](int r, int c, int &off, int &nv) -> const uint4 * {
+            const uint8_t *g = rowptr(r) + (size_t)c * G::CB;
+            size_t nbytes = rb - (size_t)c * G::CB;
+            if (nbytes > (size_t)G::CB) nbytes = G::CB;
+            off = (int)((uintptr_t)g & 15);
+            nv = (int)((off + nbytes + 15) / 16);
+            return (const uint4 *)(g - off);
+        };
+        auto load = [&](int c) {
+#pragma unroll
+            for (int r = 0; r < GV_RPW; r++) {
+                nvec[r] = 0;
+                if (!valid(r)) continue;
+                int off, nv;
+                const uint4 *s = chunk_src(r, c, off, nv);
+                nvec[r] = nv;
+#pragma unroll
+                for (int k = 0; k < G::NV; k++) {
+                    int i = lane + 32 * k;
+                    if (i < nv) pre[r][k] = __ldg(s + i);
+                }
+            }
+        };
+        load(0);
+        for (int c = 0; c < nchunks; c++) {
+            const int k0 = c * GV_CHUNK;
+            const int nk = min(GV_CHUNK, in - k0);
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < T * (GV_CHUNK / 4); idx += GV_WARPS * 32) {
+                int t = idx / (GV_CHUNK / 4), k4 = (idx % (GV_CHUNK / 4)) * 4;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (k4 < nk) v = __ldg((const float4 *)(x + (size_t)xr[t] * in + k0 + k4));
+                float *d = xs + t * GV_XS + (k4 >> 5) * 33 + (k4 & 31);
+                d[0] = v.x;
+                d[1] = v.y;
+                d[2] = v.z;
+                d[3] = v.w;
+            }
+#pragma unroll
+            for (int r = 0; r < GV_RPW; r++) {
+                uint4 *d = (uint4 *)(ws + r * G::SB);
+#pragma unroll
+                for (int k = 0; k < G::NV; k++) {
+                    int i = lane + 32 * k;
+                    if (i < nvec[r]) d[i] = pre[r][k];
+                }
+            }
+            __syncthreads();
+            if (c + 1 < nchunks) load(c + 1);
+            const int u = lane;
+            if (u < nk / 32) {
+#pragma unroll
+                for (int r = 0; r < GV_RPW; r++) {
+                    if (!valid(r)) continue;
+                    int off, nv;
+                    chunk_src(r, c, off, nv);
+                    const uint8_t *blk = ws + r * G::SB + off + (u / Q::BU) * Q::BB;
+                    float v[32];
+                    deq_unit<TY>(blk, u % Q::BU, v);
+#pragma unroll
+                    for (int t = 0; t < GV_TMAX; t++) {
+                        if (t < T) {
+                            const float *xq = xs + t * GV_XS + u * 33;
+                            float s = 0.f;
+#pragma unroll
+                            for (int i = 0; i < 32; i++) s = fmaf(v[i], xq[i], s);
+                            acc[r][t] += s;
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < GV_TMAX; t++) {
+            float s0v = acc[0][t], s1v = acc[1][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                s0v += __shfl_xor_sync(0xffffffffu, s0v, o);
+                s1v += __shfl_xor_sync(0xffffffffu, s1v, o);
+            }
+            if (lane == 0 && t < T) {
+                if (FUSE) {
+                    if (f < out) y[(size_t)yr[t] * out + f] = s0v / (1.0f + expf(-s0v)) * s1v;
+                } else {
+                    if (row0 < out) y[(size_t)yr[t] * out + row0] = s0v;
+                    if (row0 + 1 < out) y[(size_t)yr[t] * out + row0 + 1] = s1v;
+                }
+            }
+        }
+    }
+}
+
+template <int TY, bool FUSE>
+static cudaError_t launch_grp(const void *w0, const void *w1, size_t estride, int64_t in, int64_t out, const float *x,
+                              int x_div, const mla_cuda_moe_plan *pl, float *y, cudaStream_t s) {
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t err = cudaFuncSetAttribute(gemv_grp_kernel<TY, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)gemv_smem<TY>(GV_TMAX));
+        if (err != cudaSuccess) return err;
+        attr_set = true;
+    }
+    const int rows_per_block = FUSE ? GV_WARPS : GV_WARPS * GV_RPW;
+    int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
+    dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
+    gemv_grp_kernel<TY, FUSE><<<grid, GV_WARPS * 32, gemv_smem<TY>(GV_TMAX), s>>>(
+        (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)in, (int)out, x, x_div,
+        pl->sorted, pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- host dispatch */
+
+template <int TY> static cudaError_t launch_dequant(const void *src, float *dst, int64_t n, cudaStream_t s) {
+    int64_t nu = n / 32;
+    if (nu == 0) return cudaSuccess;
+    dequant_kernel<TY><<<(unsigned)((nu + 255) / 256), 256, 0, s>>>((const uint8_t *)src, dst, nu);
+    return cudaGetLastError();
+}
+
+template <int TY>
+static cudaError_t launch_get_rows(const void *w, int64_t n, const int32_t *ids, int64_t T, float *out, cudaStream_t s) {
+    int64_t units = n / 32;
+    for (int64_t t0 = 0; t0 < T; t0 += 65535) {
+        int64_t tn = T - t0 < 65535 ? T - t0 : 65535;
+        dim3 grid((unsigned)((units + 127) / 128), (unsigned)tn);
+        get_rows_kernel<TY><<<grid, 128, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, n), units, ids + t0,
+                                                  out + t0 * n);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+template <int TY>
+static cudaError_t launch_gemv(const void *w, int64_t in, int64_t out, const float *x, int64_t T, float *y,
+                               cudaStream_t s, bool warp_variant) {
+    static bool attr_set = false; /* per type; the max dynamic size is set once */
+    size_t rb = ggml_row_bytes(TY, in);
+    if (!attr_set) {
+        cudaError_t err = cudaFuncSetAttribute(gemv_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)gemv_smem<TY>(GV_TMAX));
+        if (err != cudaSuccess) return err;
+        attr_set = true;
+    }
+    if (warp_variant) {
+        for (int64_t t0 = 0; t0 < T; t0 += G2_TMAX) {
+            int tn = (int)(T - t0 < G2_TMAX ? T - t0 : G2_TMAX);
+            gemv2_kernel<TY><<<(unsigned)((out + G2_WARPS - 1) / G2_WARPS), G2_WARPS * 32, 0, s>>>(
+                (const uint8_t *)w, rb, (int)in, (int)out, x + t0 * in, tn, y + t0 * out);
+            cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return err;
+        }
+        return cudaSuccess;
+    }
+    unsigned grid = (unsigned)((out + GV_WARPS * GV_RPW - 1) / (GV_WARPS * GV_RPW));
+    for (int64_t t0 = 0; t0 < T; t0 += GV_TMAX) {
+        int tn = (int)(T - t0 < GV_TMAX ? T - t0 : GV_TMAX);
+        gemv_kernel<TY><<<grid, GV_WARPS * 32, gemv_smem<TY>(tn), s>>>(
+            (const uint8_t *)w, rb, (int)in, (int)out, x + t0 * in, tn, y + t0 * out);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+template <int TY>
+static cudaError_t launch_mma(const void *w, int64_t in, int64_t out, const float *x, int64_t T, float *y,
+                              cudaStream_t s) {
+    size_t rb = ggml_row_bytes(TY, in);
+    dim3 grid((unsigned)((out + MM_BN - 1) / MM_BN), (unsigned)((T + MM_BM - 1) / MM_BM));
+    mma_kernel<TY><<<grid, 256, 0, s>>>((const uint8_t *)w, rb, (int)in, (int)out, x, (int)T, y);
+    return cudaGetLastError();
+}
+
+} // namespace mlacu
+
+using namespace mlacu;
+
+extern "C" bool mla_cuda_quant_supported(uint32_t t) {
+    switch (t) {
+#define MLACU_CASE(T_) case T_:
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+        return true;
+    default:
+        return false;
+    }
+}
+
+extern "C" size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows) {
+    size_t b = ggml_row_bytes(t, n) * (size_t)rows;
+    return (b + 15) / 16 * 16;
+}
+
+extern "C" int mla_cuda_init(int device, mla_err *e) {
+    MLACU_CHECK(cudaSetDevice(device), e, "cudaSetDevice(%d)", device);
+#define UP(dst, src) MLACU_CHECK(cudaMemcpyToSymbol(dst, src, sizeof(src)), e, "upload %s", #src)
+    UP(g_iq2xxs_grid, quant_iq2xxs_grid);
+    UP(g_iq2xs_grid, quant_iq2xs_grid);
+    UP(g_iq2s_grid, quant_iq2s_grid);
+    UP(g_iq3xxs_grid, quant_iq3xxs_grid);
+    UP(g_iq3s_grid, quant_iq3s_grid);
+    UP(g_iq1s_grid, quant_iq1s_grid);
+    UP(g_ksigns, quant_ksigns);
+    UP(g_kvalues_iq4nl, quant_kvalues_iq4nl);
+#undef UP
+    return MLA_OK;
+}
+
+static void check_shape(uint32_t t, int64_t in, int64_t out, int64_t T) {
+    MLA_ASSERT(mla_cuda_quant_supported(t));
+    MLA_ASSERT(in > 0 && in % 32 == 0 && in % ggml_type_get(t)->block_elems == 0 && in <= INT32_MAX);
+    MLA_ASSERT(out > 0 && out <= INT32_MAX && T >= 0);
+}
+
+extern "C" int mla_cuda_dequant_row(uint32_t t, const void *d_src, float *d_dst, int64_t n, mla_cuda_stream stream,
+                                    mla_err *e) {
+    MLA_ASSERT(mla_cuda_quant_supported(t));
+    MLA_ASSERT(n >= 0 && n % 32 == 0 && n % ggml_type_get(t)->block_elems == 0);
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = launch_dequant<T_>(d_src, d_dst, n, stream);                                                          \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "dequant %s n=%lld", ggml_type_name(t), (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_get_rows(uint32_t t, const void *d_w, int64_t n, const int32_t *d_ids, int64_t T,
+                                 float *d_out, mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, n, 1, T);
+    if (T == 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = launch_get_rows<T_>(d_w, n, d_ids, T, d_out, stream);                                                 \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "get_rows %s n=%lld T=%lld", ggml_type_name(t), (long long)n, (long long)T);
+    return MLA_OK;
+}
+
+static int gemv_any(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T, float *d_y,
+                    mla_cuda_stream stream, bool warp_variant, mla_err *e) {
+    check_shape(t, in, out, T);
+    if (T == 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = launch_gemv<T_>(d_w, in, out, d_x, T, d_y, stream, warp_variant);                                     \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "gemv %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,
+                                    float *d_y, mla_cuda_stream stream, mla_err *e) {
+    return gemv_any(t, d_w, in, out, d_x, T, d_y, stream, false, e);
+}
+
+extern "C" int mla_cuda_matmul_gemv_warp(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                                         int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e) {
+    return gemv_any(t, d_w, in, out, d_x, T, d_y, stream, true, e);
+}
+
+extern "C" int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,
+                                   float *d_y, mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, in, out, T);
+    if (T == 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = launch_mma<T_>(d_w, in, out, d_x, T, d_y, stream);                                                    \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "mma %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,
+                               float *d_y, mla_cuda_stream stream, mla_err *e) {
+    if (T <= GV_TMAX) return mla_cuda_matmul_gemv(t, d_w, in, out, d_x, T, d_y, stream, e);
+    return mla_cuda_matmul_mma(t, d_w, in, out, d_x, T, d_y, stream, e);
+}
+
+extern "C" int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
+                                       int64_t out, const float *d_x, int x_div, const mla_cuda_moe_plan *plan,
+                                       float *d_y, mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, in, out, 1);
+    MLA_ASSERT(x_div >= 1 && plan && plan->world >= 1);
+    if (plan->max_tiles <= 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = d_w1 ? launch_grp<T_, true>(d_w0, d_w1, estride, in, out, d_x, x_div, plan, d_y, stream)             \
+                   : launch_grp<T_, false>(d_w0, NULL, estride, in, out, d_x, x_div, plan, d_y, stream);           \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "grouped gemv %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
+    return MLA_OK;
+}

@@ -1,0 +1,81 @@
+# Control plane: host collective, wire format, sampler, coordinator + worker processes.
+add_executable(test_coll_host ${MLA_TEST_DIR}/unit/test_coll_host.c)
+target_include_directories(test_coll_host PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_coll_host mla_common rt)
+add_test(NAME coll_host COMMAND test_coll_host)
+set_tests_properties(coll_host PROPERTIES TIMEOUT 120)
+
+add_executable(test_wire ${MLA_TEST_DIR}/unit/test_wire.c)
+target_include_directories(test_wire PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_wire mla_worker m)
+add_test(NAME wire COMMAND test_wire)
+
+# wire fuzz target: replayed over a generated seed corpus in every build (tests/fuzz/replay_main.c),
+# and run by libFuzzer with -DMLA_FUZZ=ON (clang)
+set(WIRE_CORPUS ${CMAKE_CURRENT_BINARY_DIR}/wire_corpus)
+add_executable(make_wire_corpus ${MLA_TEST_DIR}/ctrl/make_wire_corpus.c)
+target_link_libraries(make_wire_corpus mla_worker)
+add_executable(replay_wire ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_wire.c)
+target_link_libraries(replay_wire mla_worker)
+add_test(NAME wire_make_corpus COMMAND make_wire_corpus ${WIRE_CORPUS})
+set_tests_properties(wire_make_corpus PROPERTIES FIXTURES_SETUP wire_gen)
+add_test(NAME wire_fuzz_replay COMMAND replay_wire ${WIRE_CORPUS})
+set_tests_properties(wire_fuzz_replay PROPERTIES FIXTURES_REQUIRED wire_gen)
+
+if(MLA_FUZZ)
+  if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "MLA_FUZZ=ON needs clang (configure with CC=clang)")
+  endif()
+  # wire.c is compiled into the target so that it carries the fuzzer's coverage instrumentation
+  add_executable(fuzz_wire ${MLA_TEST_DIR}/fuzz/fuzz_wire.c ${CMAKE_SOURCE_DIR}/worker/wire.c)
+  target_include_directories(fuzz_wire PRIVATE ${CMAKE_SOURCE_DIR}/worker ${CMAKE_SOURCE_DIR}/common)
+  target_compile_options(fuzz_wire PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_wire PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_wire mla_proto mla_common m)
+  add_test(NAME wire_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_wire> 20 ${WIRE_CORPUS})
+  set_tests_properties(wire_fuzz_smoke PROPERTIES FIXTURES_REQUIRED wire_gen
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
+
+add_executable(test_sample ${MLA_TEST_DIR}/unit/test_sample.c)
+target_include_directories(test_sample PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_sample mla_worker m)
+add_test(NAME sample COMMAND test_sample)
+
+# the worker runtime with the tiny deterministic test engine (tests only)
+add_library(mla_test_engine STATIC ${MLA_TEST_DIR}/ctrl/test_engine.c)
+target_include_directories(mla_test_engine PUBLIC ${MLA_TEST_DIR}/ctrl)
+target_link_libraries(mla_test_engine PUBLIC mla_worker)
+add_executable(mla-test-worker ${MLA_TEST_DIR}/ctrl/test_worker_main.c)
+target_link_libraries(mla-test-worker mla_test_engine)
+
+add_executable(test_coord ${MLA_TEST_DIR}/unit/test_coord.c)
+target_include_directories(test_coord PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_coord mla_coord mla_test_engine m)
+foreach(part group refuse kill orphan load)
+  add_test(NAME coord_${part} COMMAND test_coord $<TARGET_FILE:mla-test-worker> ${part})
+  set_tests_properties(coord_${part} PROPERTIES TIMEOUT 180)
+endforeach()
+
+# the real model through coordinator + mlaserve-worker processes vs the single-process forward
+if(TARGET mlaserve-worker)
+  add_executable(test_coord_model ${MLA_TEST_DIR}/unit/test_coord_model.c)
+  target_include_directories(test_coord_model PRIVATE ${MLA_TEST_DIR}/unit)
+  target_link_libraries(test_coord_model mla_coord m)
+  foreach(fx tiny-deepseek3/tiny-deepseek3-bf16 tiny-glm5/tiny-glm5-q8_0)
+    get_filename_component(fxn ${fx} NAME)
+    add_test(NAME coord_model_${fxn}
+             COMMAND test_coord_model $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES}/${fx}.gguf)
+    set_tests_properties(coord_model_${fxn} PROPERTIES TIMEOUT 300)
+  endforeach()
+endif()
+
+add_test(NAME ctrl_cli_tp COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/ctrl/cli_tp.py
+         $<TARGET_FILE:mlaserve> ${MLA_FIXTURES})
+# a generous heartbeat timeout: sanitizer builds on 2 busy cores
+set_tests_properties(ctrl_cli_tp PROPERTIES TIMEOUT 300 ENVIRONMENT "MLA_HEARTBEAT_TIMEOUT_MS=5000")
+
+# not a test: per-step control-plane overhead (numbers in docs/ctrl.md)
+add_executable(bench_ctrl ${MLA_TEST_DIR}/ctrl/bench_ctrl.c)
+target_link_libraries(bench_ctrl mla_coord mla_test_engine)

@@ -1,0 +1,137 @@
+#include "test_engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct tseq {
+    uint64_t id, h;
+} tseq;
+
+struct engine {
+    int rank, world;
+    coll *c;
+    tseq *seqs;
+    size_t n, cap;
+    int delay_ms;
+};
+
+int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mla_errf(err, "cannot open %s", path);
+    uint64_t h = 0xcbf29ce484222325ull;
+    int ch;
+    while ((ch = fgetc(f)) != EOF) h = (h ^ (uint64_t)(unsigned char)ch) * 0x100000001b3ull;
+    fclose(f);
+    *hash = h;
+    return MLA_OK;
+}
+
+static uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t test_engine_advance(uint64_t h, int32_t t, int32_t pos) {
+    return mix(h ^ mix((uint64_t)(uint32_t)t * 131 + (uint64_t)(uint32_t)pos));
+}
+
+static float part(int r, uint64_t h, int32_t pos, int v) {
+    uint64_t z = mix(h ^ mix(((uint64_t)r << 40) ^ ((uint64_t)(uint32_t)pos << 16) ^ (uint64_t)v));
+    return (float)((int)(z % 512) - 256) / 64.0f;
+}
+
+void test_engine_expected(uint64_t h, int32_t pos, int world, float *row) {
+    for (int v = 0; v < TEST_VOCAB; v++) {
+        float s = 0;
+        for (int r = 0; r < world; r++) s += part(r, h, pos, v);
+        row[v] = s;
+    }
+}
+
+static int te_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
+    (void)n_threads;
+    const char *fl = getenv("MLA_TEST_ENGINE_FAIL_LOAD");
+    if (fl && atoi(fl) == rank) return mla_errf(err, "test engine: load failure requested for rank %d", rank);
+    FILE *f = fopen(path, "rb");
+    if (!f) return mla_errf(err, "cannot open %s", path);
+    fclose(f);
+    engine *e = mla_xcalloc(1, sizeof *e);
+    e->rank = rank;
+    e->world = world;
+    e->c = c;
+    const char *d = getenv("MLA_TEST_ENGINE_DELAY_MS");
+    e->delay_ms = d ? atoi(d) : 0;
+    *out = e;
+    return MLA_OK;
+}
+
+static uint32_t te_vocab(const engine *e) {
+    (void)e;
+    return TEST_VOCAB;
+}
+
+static tseq *get_seq(engine *e, uint64_t id) {
+    for (size_t i = 0; i < e->n; i++)
+        if (e->seqs[i].id == id) return &e->seqs[i];
+    if (e->n == e->cap) {
+        e->cap = e->cap ? 2 * e->cap : 8;
+        e->seqs = mla_xrealloc(e->seqs, e->cap * sizeof *e->seqs);
+    }
+    e->seqs[e->n] = (tseq){id, 0};
+    return &e->seqs[e->n++];
+}
+
+static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+    if (e->delay_ms > 0) usleep((useconds_t)e->delay_ms * 1000);
+    size_t total = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) total += engine_logit_rows(&p->seqs[i]);
+    float *buf = mla_xmalloc(total * TEST_VOCAB * sizeof(float));
+    size_t row = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        tseq *q = get_seq(e, s->seq_id);
+        if (s->positions[0] == 0) q->h = 0;
+        int all = s->sp.logits == WIRE_LOGITS_ALL;
+        for (uint32_t k = 0; k < s->n_tokens; k++) {
+            q->h = test_engine_advance(q->h, s->tokens[k], s->positions[k]);
+            if (all || k + 1 == s->n_tokens) {
+                for (int v = 0; v < TEST_VOCAB; v++)
+                    buf[row * TEST_VOCAB + (size_t)v] = part(e->rank, q->h, s->positions[k], v);
+                row++;
+            }
+        }
+    }
+    if (coll_allreduce_sum_f32(e->c, buf, total * TEST_VOCAB, err)) {
+        free(buf);
+        return MLA_ERR;
+    }
+    row = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        uint32_t nr = engine_logit_rows(&p->seqs[i]);
+        memcpy(logits[i], buf + row * TEST_VOCAB, (size_t)nr * TEST_VOCAB * sizeof(float));
+        row += nr;
+    }
+    free(buf);
+    return MLA_OK;
+}
+
+static void te_free_seq(engine *e, uint64_t id) {
+    for (size_t i = 0; i < e->n; i++)
+        if (e->seqs[i].id == id) {
+            e->seqs[i] = e->seqs[--e->n];
+            return;
+        }
+}
+
+static void te_destroy(engine *e) {
+    if (!e) return;
+    free(e->seqs);
+    free(e);
+}
+
+const engine_ops test_engine_ops = {"test", test_engine_file_hash, te_load, te_vocab, te_step,
+                                    te_free_seq, te_destroy};

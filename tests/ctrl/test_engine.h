@@ -1,0 +1,31 @@
+/* A tiny deterministic engine for testing the control plane (tests only, never shipped).
+ *
+ * Vocabulary TEST_VOCAB. Per sequence it keeps a running hash of every token it was given
+ * (its "KV cache"); free_seq forgets it. The logits of a token are the sum over ranks of a
+ * per-rank part, combined with the real collective (all-reduce), so a wrong collective or a
+ * missing rank changes the answer:
+ *   logit[v] = sum_r part(r, state_after_token, position, v),  part in multiples of 1/64
+ * (exact in float, whatever the summation order). test_engine_expected() computes the same
+ * thing in-process for the tests.
+ * Environment knobs: MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
+ * MLA_TEST_ENGINE_FAIL_LOAD (a rank number whose load fails). */
+#ifndef TEST_ENGINE_H
+#define TEST_ENGINE_H
+
+#include <stdint.h>
+
+#include "engine.h"
+
+#define TEST_VOCAB 97
+
+extern const engine_ops test_engine_ops;
+
+/* model hash used by the test engine: FNV-1a of the model file's bytes */
+int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err);
+
+/* running state after appending token t at position pos to state h (start: 0 = empty) */
+uint64_t test_engine_advance(uint64_t h, int32_t t, int32_t pos);
+/* the logits row for state h (after its token at position pos), world size T */
+void test_engine_expected(uint64_t h, int32_t pos, int world, float *row);
+
+#endif

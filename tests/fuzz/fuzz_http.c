@@ -1,0 +1,87 @@
+/* libFuzzer target for the HTTP request side of the server: the input is a byte stream from
+ * one client, fed to http_req in pieces whose sizes come from the input itself; every complete
+ * request is checked (strings present, body NUL-terminated), its body parsed as JSON and run
+ * through every request-body parser of the API (completions, chat, tokenize, detokenize) and
+ * the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang); tests/fuzz/replay_main.c replays the
+ * corpus (tests/data/http) without libFuzzer. */
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/api_params.h"
+#include "coordinator/http_req.h"
+
+static volatile size_t g_sink;
+
+static void check_utf8(const char *s, size_t len) {
+    size_t n = 0;
+    char *o = api_utf8_sanitize(s, len, &n);
+    if (strlen(o) > n) __builtin_trap();
+    if (api_utf8_complete_prefix(o, n) != n) __builtin_trap(); /* sanitized text is complete */
+    size_t p = api_utf8_complete_prefix(s, len);
+    if (p > len || len - p > 3) __builtin_trap();
+    g_sink += n;
+    free(o);
+}
+
+static void handle(const http_request *r) {
+    if (!r->method || !r->path || !r->query || !r->body) __builtin_trap();
+    if (r->body[r->body_len] != 0) __builtin_trap();
+    check_utf8(r->path, strlen(r->path));
+    cJSON *j = cJSON_ParseWithLength(r->body, r->body_len);
+    if (!j) return;
+    api_error e;
+    api_gen_params p;
+    for (int k = 0; k < 2; k++) {
+        if (api_gen_params_parse(&p, k ? API_CHAT : API_COMPLETIONS, j, &e) == MLA_OK) {
+            if (p.sampling.top_logprobs < 0 || p.sampling.top_logprobs > SCHED_MAX_TOP_LOGPROBS) __builtin_trap();
+            if (p.n_stop < 0 || p.n_stop > API_MAX_STOP) __builtin_trap();
+            for (int i = 0; i < p.n_stop; i++) check_utf8(p.stop[i], strlen(p.stop[i]));
+            if (p.prompt_text) check_utf8(p.prompt_text, strlen(p.prompt_text));
+        } else if (e.status != 400 || !e.message[0]) {
+            __builtin_trap();
+        }
+        api_gen_params_free(&p);
+    }
+    api_tok_params t;
+    if (api_tokenize_params_parse(&t, j, &e) != MLA_OK && e.status != 400) __builtin_trap();
+    api_tok_params_free(&t);
+    if (api_detokenize_params_parse(&t, j, &e) != MLA_OK && e.status != 400) __builtin_trap();
+    api_tok_params_free(&t);
+    cJSON_Delete(j);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    http_limits lim;
+    http_limits_default(&lim);
+    lim.max_body = 4096;
+    lim.max_header_bytes = 2048;
+    lim.max_headers = 16;
+    lim.max_url = 512;
+    http_req p;
+    http_req_init(&p, &lim);
+    /* piece size from the first byte (1..32 or whole) */
+    size_t step = size ? (size_t)(data[0] % 33) : 0;
+    const char *s = (const char *)data;
+    size_t off = 0;
+    int guard = 0;
+    while (off < size && guard++ < 100000) {
+        size_t n = step ? (size - off < step ? size - off : step) : size - off;
+        size_t used = http_req_feed(&p, s + off, n);
+        if (used > n) __builtin_trap();
+        off += used;
+        if (p.state == HTTP_REQ_DONE) {
+            handle(&p.req);
+            http_req_next(&p);
+        } else if (p.state == HTTP_REQ_ERROR) {
+            if (p.err_status < 400 || p.err_status > 505 || !p.err_msg[0]) __builtin_trap();
+            break;
+        } else if (used < n) {
+            __builtin_trap(); /* more wanted, yet bytes left unconsumed */
+        }
+    }
+    http_req_free(&p);
+    return 0;
+}

@@ -1,0 +1,507 @@
+/* mla-gpu-check: checks every CUDA op against its CPU reference (kernels/ .c files, the definition
+ * of correct) on fresh random inputs at several sizes, real model sizes included, then times
+ * it. Outputs are poisoned (NaN) before each checked run; errors are relative L2 against the
+ * CPU result; a NaN anywhere fails. Timing: CUDA events, warm-up, median of many runs, with
+ * weights rotated over several copies so that large runs do not measure the L2 cache.
+ * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
+ * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
+ *
+ * Usage: mla-gpu-check [--quick] [--out FILE]   exit status 0 when every check passes. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_ops.h"
+#include "kernels/cuda_rand.h"
+
+extern "C" {
+#include "kernels/act.h"
+#include "kernels/dsa_indexer.h"
+#include "kernels/layernorm.h"
+#include "kernels/mla_attn.h"
+#include "kernels/moe.h"
+#include "kernels/quant.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+}
+
+#define CK(call)                                                                                        \
+    do {                                                                                                \
+        cudaError_t err_ = (call);                                                                      \
+        if (err_ != cudaSuccess) {                                                                      \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));    \
+            exit(2);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define OK(call)                                                                                        \
+    do {                                                                                                \
+        mla_err e_;                                                                                     \
+        if ((call) != MLA_OK) {                                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, e_.msg);                      \
+            exit(2);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define E (&e_)
+
+struct row {
+    std::string op, shape;
+    double err, bound;
+    bool pass;
+    double us, gbs, tflops, frac; /* frac of the relevant ceiling; <0: none */
+};
+static std::vector<row> g_rows;
+static double g_copy_gbs = 0, g_bf16_tflops = 790;
+static int g_reps = 50;
+static gr_rng g_rng = {0x5eed1234ull};
+
+static void *dmalloc(size_t n) {
+    void *p;
+    CK(cudaMalloc(&p, n ? n : 16));
+    return p;
+}
+static void *dup(const void *h, size_t n, size_t alloc = 0) {
+    void *d = dmalloc(alloc > n ? alloc : n);
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+static void poison(void *d, size_t n) { CK(cudaMemset(d, 0xff, n)); } /* 0xffffffff = NaN */
+static void down(void *h, const void *d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
+
+/* Median time in microseconds of fn over g_reps runs (after 3 warm-ups); fn(i) may rotate
+ * buffers by i. */
+static double time_us(const std::function<void(int)> &fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) fn(i);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ms;
+    for (int i = 0; i < g_reps; i++) {
+        CK(cudaEventRecord(a));
+        fn(i);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float t;
+        CK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+    }
+    CK(cudaGetLastError());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1000.0;
+}
+
+static void add_row(const std::string &op, const std::string &shape, double err, double bound, double us,
+                    double bytes, double flops, bool mem_bound) {
+    row r;
+    r.op = op;
+    r.shape = shape;
+    r.err = err;
+    r.bound = bound;
+    r.pass = err <= bound; /* NaN/inf fail */
+    r.us = us;
+    r.gbs = us > 0 ? bytes / us * 1e-3 : 0;
+    r.tflops = us > 0 ? flops / us * 1e-6 : 0;
+    r.frac = us <= 0 ? -1 : mem_bound ? r.gbs / g_copy_gbs : r.tflops / g_bf16_tflops;
+    g_rows.push_back(r);
+    printf("%-22s %-30s err %.2e (<= %.0e) %s  %9.2f us %8.1f GB/s %7.2f TFLOP/s\n", op.c_str(), shape.c_str(),
+           err, bound, r.pass ? "ok  " : "FAIL", us, r.gbs, r.tflops);
+    fflush(stdout);
+}
+
+static std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static std::string fmt(const char *f, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+static bool all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- ceilings */
+static void measure_copy(void) {
+    size_t n = (size_t)2 << 30; /* 2 GiB each way */
+    void *a = dmalloc(n), *b = dmalloc(n);
+    CK(cudaMemset(a, 1, n));
+    double us = time_us([&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
+    g_copy_gbs = 2.0 * n / us * 1e-3;
+    printf("ceiling: D2D copy %.0f GB/s (read + write, 2 GiB), bf16 dense %.0f TFLOP/s (given)\n", g_copy_gbs,
+           g_bf16_tflops);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+}
+
+/* ---------------------------------------------------------------- quant: dequant, matmul */
+static void check_dequant(uint32_t t, int64_t n) {
+    size_t rb = ggml_row_bytes(t, n);
+    std::vector<uint8_t> w(rb);
+    gr_quant_rows(&g_rng, t, w.data(), n, 1);
+    std::vector<float> ref(n), got(n);
+    quant_dequant_row(t, w.data(), ref.data(), n);
+    void *dw = dup(w.data(), rb);
+    float *dy = (float *)dmalloc(n * 4);
+    poison(dy, n * 4);
+    OK(mla_cuda_dequant_row(t, dw, dy, n, 0, E));
+    down(got.data(), dy, n * 4);
+    double err = gr_rel_l2(got.data(), ref.data(), n);
+    double us = time_us([&](int) { OK(mla_cuda_dequant_row(t, dw, dy, n, 0, E)); });
+    add_row(fmt("dequant %s", ggml_type_name(t)), fmt("n=%lld", (long long)n), err, 1e-6, us, rb + 4.0 * n, 0, true);
+    CK(cudaFree(dw));
+    CK(cudaFree(dy));
+}
+
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP };
+
+/* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
+static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path path, bool timed) {
+    size_t rb = ggml_row_bytes(t, in), wbytes = rb * out, walloc = mla_cuda_weight_bytes(t, in, out);
+    std::vector<uint8_t> w(wbytes);
+    gr_quant_rows(&g_rng, t, w.data(), in, out);
+    std::vector<float> x(T * in);
+    gr_fill(&g_rng, x.data(), T * in, 1.0f);
+    /* weight copies rotated in timing so the working set exceeds the L2 cache */
+    int ncopy = timed ? (int)std::min<size_t>(8, std::max<size_t>(1, ((size_t)512 << 20) / walloc)) : 1;
+    std::vector<void *> dw;
+    for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
+    float *dx = (float *)dup(x.data(), T * in * 4);
+    float *dy = (float *)dmalloc(T * out * 4);
+    auto run = [&](int i) {
+        void *wi = dw[i % ncopy];
+        if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
+        else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
+        else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
+        else OK(mla_cuda_matmul(t, wi, in, out, dx, T, dy, 0, E));
+    };
+    poison(dy, T * out * 4);
+    run(0);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> y(T * out);
+    down(y.data(), dy, T * out * 4);
+    bool finite = all_finite(y.data(), y.size());
+    /* reference on sampled rows (all rows when small) */
+    int64_t nsamp = std::min<int64_t>(out, T > 64 ? 48 : 256);
+    std::vector<float> deq(in), got, ref;
+    for (int64_t s = 0; s < nsamp; s++) {
+        int64_t o = nsamp == out ? s : (int64_t)(gr_u64(&g_rng) % (uint64_t)out);
+        quant_dequant_row(t, w.data() + (size_t)o * rb, deq.data(), in);
+        for (int64_t tk = 0; tk < T; tk++) {
+            double acc = 0;
+            const float *xr = x.data() + tk * in;
+            for (int64_t i = 0; i < in; i++) acc += (double)deq[i] * xr[i];
+            ref.push_back((float)acc);
+            got.push_back(y[tk * out + o]);
+        }
+    }
+    double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
+    bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
+    double us = timed ? time_us(run) : 0;
+    const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp" : "matmul";
+    add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
+            err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out, !bf16);
+    for (void *p : dw) CK(cudaFree(p));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
+static void check_get_rows(uint32_t t, int64_t n, int64_t vocab, int64_t T) {
+    size_t rb = ggml_row_bytes(t, n);
+    std::vector<uint8_t> w(rb * vocab);
+    gr_quant_rows(&g_rng, t, w.data(), n, vocab);
+    std::vector<int32_t> ids(T);
+    for (auto &i : ids) i = (int32_t)(gr_u64(&g_rng) % (uint64_t)vocab);
+    void *dw = dup(w.data(), w.size(), mla_cuda_weight_bytes(t, n, vocab));
+    int32_t *di = (int32_t *)dup(ids.data(), T * 4);
+    float *dy = (float *)dmalloc(T * n * 4);
+    poison(dy, T * n * 4);
+    OK(mla_cuda_get_rows(t, dw, n, di, T, dy, 0, E));
+    std::vector<float> got(T * n), ref(T * n);
+    down(got.data(), dy, T * n * 4);
+    for (int64_t k = 0; k < T; k++) quant_dequant_row(t, w.data() + (size_t)ids[k] * rb, ref.data() + k * n, n);
+    double err = gr_rel_l2(got.data(), ref.data(), T * n);
+    double us = time_us([&](int) { OK(mla_cuda_get_rows(t, dw, n, di, T, dy, 0, E)); });
+    add_row(fmt("get_rows %s", ggml_type_name(t)), fmt("n=%lld T=%lld", (long long)n, (long long)T), err, 1e-6, us,
+            (double)rb * T + 4.0 * T * n, 0, true);
+    CK(cudaFree(dw));
+    CK(cudaFree(di));
+    CK(cudaFree(dy));
+}
+
+/* ---------------------------------------------------------------- small ops */
+static void check_rmsnorm(int64_t T, int64_t n) {
+    std::vector<float> x(T * n), w(n), ref(T * n), got(T * n);
+    gr_fill(&g_rng, x.data(), T * n, 3.0f);
+    gr_fill(&g_rng, w.data(), n, 1.0f);
+    rmsnorm(x.data(), n, T, n, w.data(), 1e-6f, ref.data(), n);
+    float *dx = (float *)dup(x.data(), T * n * 4), *dw = (float *)dup(w.data(), n * 4);
+    float *dy = (float *)dmalloc(T * n * 4);
+    poison(dy, T * n * 4);
+    OK(mla_cuda_rmsnorm(dx, n, T, n, dw, 1e-6f, dy, n, 0, E));
+    down(got.data(), dy, T * n * 4);
+    double err = gr_rel_l2(got.data(), ref.data(), T * n);
+    double us = time_us([&](int) { OK(mla_cuda_rmsnorm(dx, n, T, n, dw, 1e-6f, dy, n, 0, E)); });
+    add_row("rmsnorm", fmt("T=%lld n=%lld", (long long)T, (long long)n), err, 1e-5, us, 8.0 * T * n + 4.0 * n, 0,
+            true);
+    CK(cudaFree(dx));
+    CK(cudaFree(dw));
+    CK(cudaFree(dy));
+}
+
+static void check_layernorm(int64_t T, int64_t n) {
+    std::vector<float> x(T * n), w(n), b(n), ref(T * n), got(T * n);
+    gr_fill(&g_rng, x.data(), T * n, 3.0f);
+    gr_fill(&g_rng, w.data(), n, 1.0f);
+    gr_fill(&g_rng, b.data(), n, 1.0f);
+    for (int64_t i = 0; i < T * n; i++) x[i] += 0.5f;
+    layernorm(x.data(), n, T, n, w.data(), b.data(), 1e-6f, ref.data(), n);
+    float *dx = (float *)dup(x.data(), T * n * 4), *dw = (float *)dup(w.data(), n * 4),
+          *db = (float *)dup(b.data(), n * 4);
+    float *dy = (float *)dmalloc(T * n * 4);
+    poison(dy, T * n * 4);
+    OK(mla_cuda_layernorm(dx, n, T, n, dw, db, 1e-6f, dy, n, 0, E));
+    down(got.data(), dy, T * n * 4);
+    double err = gr_rel_l2(got.data(), ref.data(), T * n);
+    double us = time_us([&](int) { OK(mla_cuda_layernorm(dx, n, T, n, dw, db, 1e-6f, dy, n, 0, E)); });
+    add_row("layernorm", fmt("T=%lld n=%lld", (long long)T, (long long)n), err, 1e-5, us, 8.0 * T * n + 8.0 * n, 0,
+            true);
+    CK(cudaFree(dx));
+    CK(cudaFree(dw));
+    CK(cudaFree(db));
+    CK(cudaFree(dy));
+}
+
+static void check_swiglu_add(int64_t n) {
+    std::vector<float> g(n), u(n), ref(n), got(n);
+    gr_fill(&g_rng, g.data(), n, 2.0f);
+    gr_fill(&g_rng, u.data(), n, 1.0f);
+    act_swiglu(g.data(), u.data(), ref.data(), n);
+    float *dg = (float *)dup(g.data(), n * 4), *du = (float *)dup(u.data(), n * 4), *dy = (float *)dmalloc(n * 4);
+    poison(dy, n * 4);
+    OK(mla_cuda_swiglu(dg, du, dy, n, 0, E));
+    down(got.data(), dy, n * 4);
+    double err = gr_rel_l2(got.data(), ref.data(), n);
+    double us = time_us([&](int) { OK(mla_cuda_swiglu(dg, du, dy, n, 0, E)); });
+    add_row("swiglu", fmt("n=%lld", (long long)n), err, 1e-5, us, 12.0 * n, 0, true);
+    /* add: y = g; y += u */
+    std::vector<float> ref2(g);
+    act_add(ref2.data(), u.data(), n);
+    CK(cudaMemcpy(dy, dg, n * 4, cudaMemcpyDeviceToDevice));
+    OK(mla_cuda_add(dy, du, n, 0, E));
+    down(got.data(), dy, n * 4);
+    err = gr_rel_l2(got.data(), ref2.data(), n);
+    us = time_us([&](int) { OK(mla_cuda_add(dy, du, n, 0, E)); });
+    add_row("add", fmt("n=%lld", (long long)n), err, 1e-6, us, 12.0 * n, 0, true);
+    CK(cudaFree(dg));
+    CK(cudaFree(du));
+    CK(cudaFree(dy));
+}
+
+static void check_rope(const char *name, const rope_params *rp, int mode, int64_t T, int64_t n_vec, int64_t stride,
+                       int64_t pos0) {
+    rope_table tb;
+    rope_table_init(&tb, rp);
+    int64_t tok = n_vec * stride, n = T * tok;
+    std::vector<float> x(n), ref, got(n);
+    gr_fill(&g_rng, x.data(), n, 1.0f);
+    ref = x;
+    for (int64_t t = 0; t < T; t++) rope_apply(&tb, (enum rope_mode)mode, ref.data() + t * tok, n_vec, stride, pos0 + t);
+    float *dx = (float *)dup(x.data(), n * 4);
+    OK(mla_cuda_rope(&tb, mode, dx, T, n_vec, stride, tok, pos0, NULL, 0, E));
+    down(got.data(), dx, n * 4);
+    double err = gr_rel_l2(got.data(), ref.data(), n);
+    double us = time_us([&](int) { OK(mla_cuda_rope(&tb, mode, dx, T, n_vec, stride, tok, pos0, NULL, 0, E)); });
+    add_row(name, fmt("T=%lld %lldx%d pos=%lld", (long long)T, (long long)n_vec, rp->n_dims, (long long)pos0), err,
+            1e-5, us, 8.0 * T * n_vec * rp->n_dims, 0, true);
+    CK(cudaFree(dx));
+}
+
+static void check_route(const char *name, const moe_route_params *p, int64_t T, bool with_bias) {
+    int n = p->n_expert, k = p->n_used;
+    std::vector<float> logits(T * n), bias(n), w_ref(T * k), w_got(T * k);
+    std::vector<int32_t> id_ref(T * k), id_got(T * k);
+    gr_fill(&g_rng, logits.data(), T * n, 2.0f);
+    gr_fill(&g_rng, bias.data(), n, 0.1f);
+    for (int64_t t = 0; t < T; t++)
+        moe_route(p, logits.data() + t * n, with_bias ? bias.data() : NULL, id_ref.data() + t * k, w_ref.data() + t * k);
+    float *dl = (float *)dup(logits.data(), T * n * 4), *db = (float *)dup(bias.data(), n * 4);
+    int32_t *di = (int32_t *)dmalloc(T * k * 4);
+    float *dw = (float *)dmalloc(T * k * 4);
+    poison(di, T * k * 4);
+    poison(dw, T * k * 4);
+    OK(mla_cuda_moe_route(p, dl, with_bias ? db : NULL, T, di, dw, 0, E));
+    down(id_got.data(), di, T * k * 4);
+    down(w_got.data(), dw, T * k * 4);
+    int64_t mism = 0;
+    for (int64_t i = 0; i < T * k; i++) mism += id_got[i] != id_ref[i];
+    double err = mism ? INFINITY : gr_rel_l2(w_got.data(), w_ref.data(), T * k);
+    if (mism) printf("  moe_route: %lld of %lld expert ids differ\n", (long long)mism, (long long)(T * k));
+    double us = time_us([&](int) { OK(mla_cuda_moe_route(p, dl, with_bias ? db : NULL, T, di, dw, 0, E)); });
+    add_row(name, fmt("T=%lld E=%d k=%d g=%d/%d", (long long)T, n, k, p->n_group, p->n_group_used), err, 1e-5, us,
+            4.0 * T * n, 0, true);
+    CK(cudaFree(dl));
+    CK(cudaFree(db));
+    CK(cudaFree(di));
+    CK(cudaFree(dw));
+}
+
+static void check_argmax(int64_t T, int64_t n) {
+    std::vector<float> l(T * n);
+    gr_fill(&g_rng, l.data(), T * n, 3.0f);
+    /* a planted tie: the lower index must win */
+    l[n / 3] = 100.f;
+    l[n / 2] = 100.f;
+    std::vector<int32_t> ref(T), got(T);
+    for (int64_t t = 0; t < T; t++) {
+        int64_t b = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (l[t * n + i] > l[t * n + b]) b = i;
+        ref[t] = (int32_t)b;
+    }
+    float *dl = (float *)dup(l.data(), T * n * 4);
+    int32_t *di = (int32_t *)dmalloc(T * 4);
+    poison(di, T * 4);
+    OK(mla_cuda_argmax(dl, T, n, di, 0, E));
+    down(got.data(), di, T * 4);
+    int64_t mism = 0;
+    for (int64_t t = 0; t < T; t++) mism += got[t] != ref[t];
+    double us = time_us([&](int) { OK(mla_cuda_argmax(dl, T, n, di, 0, E)); });
+    add_row("argmax", fmt("T=%lld n=%lld", (long long)T, (long long)n), mism ? INFINITY : 0.0, 0, us, 4.0 * T * n, 0,
+            true);
+    CK(cudaFree(dl));
+    CK(cudaFree(di));
+}
+
+#include "tests/gpu/gpu_check_attn.inc"
+
+/* ---------------------------------------------------------------- main */
+int main(int argc, char **argv) {
+    bool quick = false;
+    const char *out_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--out FILE]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (getenv("MLA_BF16_TFLOPS")) g_bf16_tflops = atof(getenv("MLA_BF16_TFLOPS"));
+    if (quick) g_reps = 10;
+    mla_err e0;
+    if (mla_cuda_init(0, &e0) != MLA_OK) {
+        fprintf(stderr, "mla-gpu-check: %s\n", e0.msg);
+        return 2;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, sm_%d%d, %d SMs, %.0f GiB, L2 %d MiB\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20);
+    measure_copy();
+    {
+        mla_err e1;
+        int rc = cuda_selfcheck(&e1);
+        add_row("cuda_selfcheck", "small known-answer", rc == MLA_OK ? 0.0 : INFINITY, 0, 0, 0, 0, true);
+        if (rc != MLA_OK) printf("  selfcheck: %s\n", e1.msg);
+    }
+
+    static const uint32_t types[] = {GGML_TYPE_F32,   GGML_TYPE_F16,    GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
+                                     GGML_TYPE_Q5_0,  GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
+                                     GGML_TYPE_Q5_K,  GGML_TYPE_Q6_K,   GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
+                                     GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
+                                     GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M};
+    for (uint32_t t : types) check_dequant(t, 7168 * 64);
+    /* decode GEMV: expert/dense shapes of DeepSeek-V3 (7168) and GLM-5 (6144) */
+    for (uint32_t t : types) {
+        check_matmul(t, 7168, 2048, 1, MM_GEMV, true);
+        check_matmul(t, 7168, 2048, 8, MM_GEMV, true);
+        check_matmul(t, 512, 100, 5, MM_GEMV, false);   /* partial block of rows, short row */
+        check_matmul(t, 1536, 300, 3, MM_GEMV, false);  /* partial K chunk */
+        check_matmul(t, 2560, 77, 2, MM_GEMV_WARP, false); /* warp-per-row variant, partial chunk */
+        check_matmul(t, 512, 5, 3, MM_GEMV_WARP, false);
+        check_matmul(t, 7168, 2048, 1, MM_GEMV_WARP, true); /* the other variant at T = 1 */
+    }
+    if (!quick) {
+        uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
+        for (uint32_t t : big) {
+            check_matmul(t, 7168, 18432, 1, MM_GEMV, true);
+            check_matmul(t, 2048, 7168, 1, MM_GEMV, true);
+            check_matmul(t, 6144, 2048, 4, MM_GEMV, true);
+        }
+    }
+    /* prefill: tensor cores */
+    for (uint32_t t : types) {
+        check_matmul(t, 7168, 2048, 256, MM_MMA, true);
+        check_matmul(t, 512, 100, 77, MM_MMA, false);
+    }
+    if (!quick) {
+        uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_IQ2_XXS};
+        for (uint32_t t : big) check_matmul(t, 7168, 18432, 2048, MM_MMA, true);
+        check_matmul(GGML_TYPE_Q4_K, 7168, 2048, 16, MM_AUTO, true);
+    }
+    for (uint32_t t : {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+        check_get_rows(t, 7168, 1000, 64);
+    check_get_rows(GGML_TYPE_Q4_K, 6144, 300, 7);
+
+    check_rmsnorm(1, 512);
+    check_rmsnorm(4, 1536);
+    check_rmsnorm(64, 7168);
+    check_rmsnorm(33, 6144);
+    check_layernorm(16, 128);
+    check_swiglu_add(64 * 18432 + 7);
+    {
+        rope_params yarn = {64, 10000.0, true, 40.0, 4096.0, 32.0, 1.0, 1.0};
+        rope_params plain = {64, 1e6, false, 1.0, 0.0, 0.0, 0.0, 1.0};
+        check_rope("rope adjacent yarn", &yarn, ROPE_ADJACENT, 16, 128, 192, 1000);
+        check_rope("rope adjacent yarn", &yarn, ROPE_ADJACENT, 1, 1, 576, 163000);
+        check_rope("rope adjacent", &plain, ROPE_ADJACENT, 8, 64, 192, 7);
+        check_rope("rope neox (indexer)", &plain, ROPE_NEOX, 8, 64, 128, 5000);
+    }
+    {
+        moe_route_params v3 = {256, 8, 8, 4, 2, true, 2.5f};
+        moe_route_params g5 = {256, 8, 1, 1, 2, true, 2.5f};
+        moe_route_params sm = {64, 6, 1, 1, 1, false, 1.0f};
+        moe_route_params tiny = {8, 2, 4, 2, 2, true, 1.0f};
+        check_route("moe_route sigmoid grp", &v3, 64, true);
+        check_route("moe_route sigmoid", &g5, 300, true);
+        check_route("moe_route softmax", &sm, 17, false);
+        check_route("moe_route tiny", &tiny, 9, true);
+    }
+    check_argmax(8, 129280);
+    check_argmax(1, 2048);
+    check_attn_all(quick);
+
+    /* table */
+    FILE *fo = out_path ? fopen(out_path, "w") : NULL;
+    int fails = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        FILE *f = pass ? fo : stdout;
+        if (!f) continue;
+        fprintf(f, "\n| op | shape | rel err | bound | ok | time us | GB/s | TFLOP/s | %% ceiling |\n");
+        fprintf(f, "|---|---|---|---|---|---|---|---|---|\n");
+        for (const row &r : g_rows) {
+            if (!pass && !r.pass) fails++;
+            fprintf(f, "| %s | %s | %.2e | %.0e | %s | %.2f | %.1f | %.2f | %s |\n", r.op.c_str(), r.shape.c_str(),
+                    r.err, r.bound, r.pass ? "ok" : "FAIL", r.us, r.gbs, r.tflops,
+                    r.frac >= 0 ? fmt("%.0f%%", 100 * r.frac).c_str() : "-");
+        }
+        fprintf(f, "\n%d checks, %d failed. Ceilings: copy %.0f GB/s, bf16 %.0f TFLOP/s. Device: %s\n",
+                (int)g_rows.size(), fails, g_copy_gbs, g_bf16_tflops, prop.name);
+    }
+    if (fo) fclose(fo);
+    return fails ? 1 : 0;
+}

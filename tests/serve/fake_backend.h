@@ -1,0 +1,51 @@
+/* fake_backend: a deterministic stand-in for the model workers, for tests only.
+ *
+ * It keeps a real paged cache (one int32 token per slot) addressed through the block tables of
+ * the plans, checks the scheduler's bookkeeping (continuous positions, blocks owned by one live
+ * sequence only, block tables long enough) and "samples" the next token as a pure function of
+ * the whole sequence read back from its cache: fake_next(). A wrong block table or position
+ * therefore changes the output, which tests compare with fake_next() over the true sequence.
+ *
+ * The fake model over a byte vocabulary (ids 0..255 are bytes, FAKE_EOS = 256, FAKE_BOS = 257):
+ *   h = FNV-1a 64 of the tokens (each as 4 little-endian bytes)
+ *   next = FAKE_EOS when h % eos_period == 0 (eos_period > 0), else ALPHA[h % 27]
+ *   logprob = -(((h >> 8) % 1000) / 1000) - 0.001
+ *   top i (0-based): ALPHA[(h + i) % 27] (top 0 is the chosen token), logprob - 0.5 * i
+ * with ALPHA = "abcdefghijklmnopqrstuvwxyz ". */
+#ifndef FAKE_BACKEND_H
+#define FAKE_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "coordinator/sched_batch.h"
+
+#define FAKE_EOS 256
+#define FAKE_BOS 257
+#define FAKE_VOCAB 258
+
+typedef struct fake_backend fake_backend;
+
+typedef struct fake_config {
+    int32_t n_blocks, block_size; /* must match the scheduler's */
+    uint32_t eos_period;          /* 0: never EOS */
+    int step_delay_ms;            /* sleep per step (to make streams last) */
+    int64_t fail_at_step;         /* step index (0-based) whose run_step fails; -1 never */
+} fake_config;
+
+fake_backend *fake_backend_new(const fake_config *cfg);
+void fake_backend_free(fake_backend *f);
+/* Fills be with the fake's functions. */
+void fake_backend_bind(fake_backend *f, sched_backend *be);
+
+/* The reference: the next token and its logprobs after seq[0..n). */
+void fake_next(const int32_t *seq, int n, uint32_t eos_period, int n_top, sched_result *out);
+
+/* Counters for tests. Violations of the scheduler's contract are counted (and logged). */
+typedef struct fake_stats {
+    int64_t steps, violations, live_seqs, max_batch_tokens, max_batch_seqs, frees;
+} fake_stats;
+void fake_backend_stats(fake_backend *f, fake_stats *st);
+void fake_backend_set_delay(fake_backend *f, int step_delay_ms);
+
+#endif

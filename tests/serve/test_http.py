@@ -1,0 +1,505 @@
+"""HTTP tests of the serving front against the fake backend (tests/serve/fake_server_main.c).
+Usage: test_http.py FAKE_SERVER_EXE. Every answer is checked against fakeref.py, an independent
+Python model of the fake backend and tokenizer. 127.0.0.1 only, free ports, bounded in time."""
+import http.client
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fakeref as R  # noqa: E402
+
+EXE = sys.argv[1]
+FAILS = []
+PASSES = [0]
+
+
+def check(cond, what):
+    if cond:
+        PASSES[0] += 1
+    else:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def request(port, method, path, body=None, headers=None, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    if headers:
+        h.update(headers)
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def post(port, path, body, **kw):
+    st, hd, data = request(port, "POST", path, body, **kw)
+    try:
+        j = json.loads(data)
+    except ValueError:
+        j = None
+    return st, j, data, hd
+
+
+def sse_events(data):
+    """Parses an SSE body into JSON events; returns (events, saw_done, done_last)."""
+    evs, done, done_last = [], False, False
+    for block in data.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        check(block.startswith("data: "), "SSE block starts with 'data: ': %r" % block[:40])
+        payload = block[6:]
+        if payload == "[DONE]":
+            done = True
+            done_last = True
+            continue
+        done_last = False
+        evs.append(json.loads(payload))
+    return evs, done, done_last
+
+
+def is_error_shape(j, status_hint=""):
+    ok = isinstance(j, dict) and isinstance(j.get("error"), dict)
+    if ok:
+        e = j["error"]
+        ok = all(k in e for k in ("message", "type", "param", "code")) and isinstance(e["message"], str) and e["message"]
+    check(ok, "OpenAI error shape %s: %r" % (status_hint, j))
+
+
+def ref_completion(prompt_ids, max_tokens, **kw):
+    toks, lps, tops, fin = R.generate(prompt_ids, max_tokens, **kw)
+    return toks, lps, tops, fin
+
+
+# ---------------------------------------------------------------- main server
+def test_basic(port):
+    st, hd, data = request(port, "GET", "/v1/models")
+    j = json.loads(data)
+    check(st == 200 and j["object"] == "list" and j["data"][0]["id"] == "fake-model", "/v1/models")
+    st, hd, data = request(port, "GET", "/health")
+    check(st == 200, "/health 200")
+    # tokenize / detokenize
+    st, j, _, _ = post(port, "/tokenize", {"prompt": "héllo<|eos|>"})
+    check(st == 200 and j["tokens"] == R.encode("héllo<|eos|>") and j["count"] == len(j["tokens"]), "/tokenize %r" % j)
+    st, j, _, _ = post(port, "/tokenize", {"prompt": "ab", "add_special_tokens": False})
+    check(st == 200 and j["tokens"] == [97, 98], "/tokenize without specials")
+    msgs = [{"role": "user", "content": "hi"}]
+    st, j, _, _ = post(port, "/tokenize", {"messages": msgs})
+    check(st == 200 and j["tokens"] == R.chat_prompt(msgs), "/tokenize messages")
+    st, j, _, _ = post(port, "/detokenize", {"tokens": list("héllo".encode())})
+    check(st == 200 and j["prompt"] == "héllo", "/detokenize %r" % j)
+    st, j, _, _ = post(port, "/detokenize", {"tokens": [99999]})
+    check(st == 400, "/detokenize out of range 400")
+    is_error_shape(j)
+
+
+def test_completions(port):
+    prompt = "hello world"
+    pids = R.encode(prompt)
+    toks, lps, tops, fin = ref_completion(pids, 20, n_top=3)
+    st, j, _, _ = post(port, "/v1/completions", {"model": "fake-model", "prompt": prompt, "max_tokens": 20, "logprobs": 3,
+                                                  "temperature": 0})
+    check(st == 200, "completions 200")
+    ch = j["choices"][0]
+    check(ch["text"] == R.text_of(toks), "completion text %r vs %r" % (ch["text"], R.text_of(toks)))
+    check(ch["finish_reason"] == fin == "length", "finish length")
+    check(j["usage"] == {"prompt_tokens": len(pids), "completion_tokens": 20, "total_tokens": len(pids) + 20}, "usage %r" % j["usage"])
+    lp = ch["logprobs"]
+    check(lp["tokens"] == [chr(t) for t in toks], "logprobs.tokens")
+    check([R.f32(x) for x in lp["token_logprobs"]] == lps, "token_logprobs")
+    check(lp["text_offset"] == list(range(20)), "text_offset")
+    exp_tops = [{chr(t): l for t, l in reversed(tp)} for tp in tops]
+    got_tops = [{k: R.f32(v) for k, v in d.items()} for d in lp["top_logprobs"]]
+    check(got_tops == exp_tops, "top_logprobs")
+    check(j["object"] == "text_completion" and j["id"].startswith("cmpl-"), "completion object/id")
+    # token id prompt, and a list holding one prompt
+    st, j2, _, _ = post(port, "/v1/completions", {"prompt": pids, "max_tokens": 20})
+    check(st == 200 and j2["choices"][0]["text"] == R.text_of(toks) and j2["choices"][0]["logprobs"] is None, "token-id prompt")
+    st, j2, _, _ = post(port, "/v1/completions", {"prompt": [prompt], "max_completion_tokens": 20})
+    check(st == 200 and j2["choices"][0]["text"] == R.text_of(toks), "prompt list of one / max_completion_tokens")
+
+
+def test_stream_completions(port):
+    prompt = "stream me"
+    pids = R.encode(prompt)
+    toks, lps, tops, fin = ref_completion(pids, 30, n_top=2)
+    st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 30, "stream": True,
+                                                             "logprobs": 2, "stream_options": {"include_usage": True}})
+    check(st == 200 and hd.get("Content-Type", "").startswith("text/event-stream"), "stream content type")
+    evs, done, done_last = sse_events(data)
+    check(done and done_last, "stream ends with [DONE]")
+    text = "".join(e["choices"][0]["text"] for e in evs if e["choices"])
+    check(text == R.text_of(toks), "streamed text")
+    fins = [e["choices"][0]["finish_reason"] for e in evs if e["choices"]]
+    check(fins[-1] == "length" and all(f is None for f in fins[:-1]), "stream finish_reason %r" % fins[-3:])
+    ltoks, llps, offs = [], [], []
+    for e in evs:
+        if e["choices"] and e["choices"][0]["logprobs"]:
+            l = e["choices"][0]["logprobs"]
+            ltoks += l["tokens"]; llps += l["token_logprobs"]; offs += l["text_offset"]
+    check(ltoks == [chr(t) for t in toks] and [R.f32(x) for x in llps] == lps and offs == list(range(30)), "streamed logprobs")
+    check(evs[-1]["choices"] == [] and evs[-1]["usage"]["completion_tokens"] == 30, "usage chunk")
+
+
+def test_chat(port):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    pids = R.chat_prompt(msgs)
+    toks, lps, tops, fin = ref_completion(pids, 16, n_top=2)
+    st, j, _, _ = post(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 16, "logprobs": True, "top_logprobs": 2})
+    check(st == 200 and j["object"] == "chat.completion", "chat 200")
+    m = j["choices"][0]["message"]
+    check(m["role"] == "assistant" and m["content"] == R.text_of(toks), "chat content")
+    content = j["choices"][0]["logprobs"]["content"]
+    check([c["token"] for c in content] == [chr(t) for t in toks], "chat logprobs tokens")
+    check([R.f32(c["logprob"]) for c in content] == lps, "chat logprobs values")
+    check(all(c["bytes"] == [t] for c, t in zip(content, toks)), "chat logprobs bytes")
+    check(all([(ord(x["token"]), R.f32(x["logprob"])) for x in c["top_logprobs"]] == tp for c, tp in zip(content, tops)), "chat top_logprobs")
+    check(j["usage"]["prompt_tokens"] == len(pids), "chat usage")
+    # stream
+    st, hd, data = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 16, "stream": True})
+    evs, done, _ = sse_events(data)
+    check(done and evs[0]["choices"][0]["delta"].get("role") == "assistant", "chat stream role first")
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in evs)
+    check(text == R.text_of(toks), "chat stream text")
+    check(evs[-1]["choices"][0]["finish_reason"] == "length" and evs[-1]["object"] == "chat.completion.chunk", "chat stream finish")
+
+
+def test_stops(port):
+    prompt = "stop strings"
+    pids = R.encode(prompt)
+    toks, _, _, _ = ref_completion(pids, 60)
+    full = R.text_of(toks)
+    stop = full[10:13]
+    cut = full.index(stop)
+    for stream in (False, True):
+        st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 60, "stop": [stop, "\u00e9\u00e9"], "stream": stream, "logprobs": 0})
+        if stream:
+            evs, done, _ = sse_events(data)
+            text = "".join(e["choices"][0]["text"] for e in evs)
+            fin = evs[-1]["choices"][0]["finish_reason"]
+            ntok = sum(len(e["choices"][0]["logprobs"]["tokens"]) for e in evs if e["choices"][0]["logprobs"])
+        else:
+            j = json.loads(data)
+            text = j["choices"][0]["text"]
+            fin = j["choices"][0]["finish_reason"]
+            ntok = len(j["choices"][0]["logprobs"]["tokens"])
+        check(text == full[:cut], "stop string cut (stream=%s): %r vs %r" % (stream, text, full[:cut]))
+        check(fin == "stop", "stop string finish (stream=%s)" % stream)
+        check(ntok == cut, "logprob tokens end at the cut (stream=%s)" % stream)
+    # stop token ids: the 4th generated token
+    st, j, _, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 60, "stop_token_ids": [toks[3]]})
+    first = toks.index(toks[3])
+    check(j["choices"][0]["text"] == full[:first] and j["choices"][0]["finish_reason"] == "stop", "stop_token_ids")
+    check(j["usage"]["completion_tokens"] == first + 1, "stop token counted in usage")
+
+
+def test_errors(port):
+    def err(body, status, what, raw=False, path="/v1/completions", param=None):
+        st, j, data, _ = post(port, path, body)
+        check(st == status, "%s: status %d (got %d: %r)" % (what, status, st, data[:200]))
+        is_error_shape(j, what)
+        if param:
+            check(j["error"]["param"] == param, "%s: param %r" % (what, j["error"]["param"]))
+    err(b"{not json", 400, "bad JSON")
+    err(b"", 400, "empty body")
+    err([1, 2], 400, "non-object body")
+    err({"prompt": "x", "temperature": "hot"}, 400, "wrong type temperature", param="temperature")
+    err({"prompt": "x", "max_tokens": 1.5}, 400, "fractional max_tokens", param="max_tokens")
+    err({"prompt": "x", "max_tokens": 0}, 400, "max_tokens 0", param="max_tokens")
+    err({"prompt": "x", "n": 2}, 400, "n=2", param="n")
+    err({"prompt": 5}, 400, "prompt type", param="prompt")
+    err({"prompt": ["a", "b"]}, 400, "two prompts", param="prompt")
+    err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
+    err({"prompt": "x", "top_p": 0}, 400, "top_p 0", param="top_p")
+    err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
+    err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
+    err({"prompt": "x", "model": "other"}, 404, "unknown model", param="model")
+    err({"prompt": [1, 99999]}, 400, "token id out of range")
+    err({"prompt": "x" * 3000}, 400, "prompt over context")
+    err({"prompt": "x" * 100, "max_tokens": 2000}, 400, "prompt + max_tokens over context", param="max_tokens")
+    err({"messages": "hi"}, 400, "messages type", path="/v1/chat/completions", param="messages")
+    err({"messages": [{"role": "user", "content": 3}]}, 400, "content type", path="/v1/chat/completions")
+    err({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs without logprobs", path="/v1/chat/completions")
+    st, hd, data = request(port, "GET", "/nope")
+    check(st == 404, "unknown route 404")
+    is_error_shape(json.loads(data))
+    st, hd, data = request(port, "GET", "/v1/completions")
+    check(st == 405 and hd.get("Allow") == "POST", "wrong method 405 %r" % hd)
+    is_error_shape(json.loads(data))
+    st, hd, data = request(port, "POST", "/health", b"{}")
+    check(st == 405, "POST /health 405")
+
+
+def raw(port, payload, timeout=10, read_until_close=True):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(payload)
+    out = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+            if not read_until_close:
+                break
+    except socket.timeout:
+        out += b"<timeout>"
+    s.close()
+    return out
+
+
+def test_http_level(port):
+    out = raw(port, b"BLAH BLAH\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400"), "garbage request line -> 400: %r" % out[:60])
+    out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 431"), "header too large -> 431: %r" % out[:60])
+    hdrs = b"".join(b"X-%d: v\r\n" % i for i in range(100))
+    out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + hdrs + b"\r\n")
+    check(out.startswith(b"HTTP/1.1 431"), "too many headers -> 431")
+    out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400"), "bad content-length -> 400")
+    out = raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 414"), "long URL -> 414")
+    out = raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n")
+    check(b" 505 " in out[:20] or out.startswith(b"HTTP/1.1 400"), "HTTP/2.0 request line refused: %r" % out[:40])
+    # pipelining + keep-alive + close
+    body = b'{"prompt":"ab","max_tokens":3}'
+    req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    out = raw(port, req + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    check(out.count(b"HTTP/1.1 200 OK") == 3, "three pipelined responses: %r" % out[:400])
+    i1, i2, i3 = out.find(b"text_completion"), out.find(b'"status":"ok"'), out.find(b'"object":"list"')
+    check(0 < i1 < i2 < i3, "pipelined responses in order")
+    # chunked request body
+    out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+              b"5\r\n{\"pro\r\n11\r\nmpt\": \"abc\"}     \r\n0\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 200") and b"[257,97,98,99]" in out, "chunked request body: %r" % out[-80:])
+    # Expect: 100-continue
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+    first = s.recv(100)
+    check(first.startswith(b"HTTP/1.1 100 Continue"), "100 Continue: %r" % first)
+    s.sendall(b'{"prompt":"ab"}')
+    rest = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        rest += d
+    s.close()
+    check(b"[257,97,98]" in rest, "body after 100-continue")
+    # keep-alive on one http.client connection
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for i in range(5):
+        c.request("GET", "/health")
+        r = c.getresponse()
+        r.read()
+        check(r.status == 200, "keep-alive request %d" % i)
+    c.close()
+
+
+def stream_client(port, prompt, max_tokens, results, idx):
+    try:
+        st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "stream": True}, timeout=60)
+        evs, done, _ = sse_events(data)
+        results[idx] = (st, "".join(e["choices"][0]["text"] for e in evs), done)
+    except Exception as e:  # noqa: BLE001
+        results[idx] = (0, repr(e), False)
+
+
+def test_concurrent(port, n=64):
+    results = [None] * n
+    ths = [threading.Thread(target=stream_client, args=(port, "client %d says" % i, 24 + i % 9, results, i)) for i in range(n)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(120)
+    ok = 0
+    for i, r in enumerate(results):
+        toks, _, _, _ = R.generate(R.encode("client %d says" % i), 24 + i % 9)
+        if r and r[0] == 200 and r[2] and r[1] == R.text_of(toks):
+            ok += 1
+        else:
+            print("client", i, r, flush=True)
+    check(ok == n, "%d concurrent streaming clients correct (%d ok)" % (n, ok))
+
+
+def metric(port, name):
+    st, hd, data = request(port, "GET", "/metrics")
+    for line in data.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_disconnect(port):
+    before = metric(port, 'mlaserve_requests_total{model="fake-model",finish_reason="cancelled"}')
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    body = json.dumps({"prompt": "long one", "max_tokens": 1500, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 5:
+        got += s.recv(4096)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+    s.close()
+    # others are served meanwhile and afterwards
+    toks, _, _, _ = R.generate(R.encode("after"), 10)
+    st, j, _, _ = post(port, "/v1/completions", {"prompt": "after", "max_tokens": 10})
+    check(st == 200 and j["choices"][0]["text"] == R.text_of(toks), "served after an abrupt disconnect")
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if metric(port, "mlaserve_num_requests_running") == 0 and \
+                metric(port, 'mlaserve_requests_total{model="fake-model",finish_reason="cancelled"}') == before + 1:
+            break
+        time.sleep(0.05)
+    check(metric(port, "mlaserve_num_requests_running") == 0, "disconnected stream cancelled in the scheduler")
+    check(metric(port, "mlaserve_kv_cache_blocks_used") == 0, "its cache blocks freed")
+    # a client that goes away during a non-streamed request
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    body = json.dumps({"prompt": "long two", "max_tokens": 1500}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(0.1)
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and metric(port, "mlaserve_num_requests_running") != 0:
+        time.sleep(0.05)
+    check(metric(port, "mlaserve_num_requests_running") == 0, "non-streamed request cancelled on disconnect")
+
+
+def test_metrics(port):
+    st, hd, data = request(port, "GET", "/metrics")
+    t = data.decode()
+    check(st == 200 and hd.get("Content-Type", "").startswith("text/plain"), "/metrics 200 text/plain")
+    for name in ("mlaserve_time_to_first_token_seconds_bucket", "mlaserve_inter_token_latency_seconds_count",
+                 "mlaserve_num_requests_waiting", "mlaserve_kv_cache_usage_ratio", "mlaserve_prompt_tokens_total",
+                 "mlaserve_generation_tokens_total", "# TYPE mlaserve_time_to_first_token_seconds histogram"):
+        check(name in t, "metrics has " + name)
+    check(metric(port, 'mlaserve_time_to_first_token_seconds_count{model="fake-model"}') > 0, "ttft observed")
+    check(metric(port, 'mlaserve_generation_tokens_total{model="fake-model"}') > 100, "tokens out counted")
+
+
+# ---------------------------------------------------------------- second server: limits, auth
+def test_limits(exe):
+    hf = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mla_health_%d" % os.getpid())
+    if os.path.exists(hf):
+        os.unlink(hf)
+    srv = R.Server(exe, "--api-key", "sekrit", "--max-body", 4096, "--max-queue", 2, "--max-seqs", 1,
+                   "--step-delay-ms", 20, "--max-context", 64, "--request-timeout-ms", 500,
+                   "--idle-timeout-ms", 3000, "--max-conns", 8, "--health-file", hf, "--eos-period", 7)
+    port = srv.port
+    auth = {"Authorization": "Bearer sekrit"}
+    try:
+        st, j, _, hd = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        check(st == 401 and "WWW-Authenticate" in hd, "no key 401")
+        is_error_shape(j)
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers={"Authorization": "Bearer nope"})
+        check(st == 401, "wrong key 401")
+        st, hd, data = request(port, "GET", "/health")
+        check(st == 200, "/health needs no key")
+        # EOS (eos period 7): stops with finish stop, EOS not in the text
+        pids = R.encode("eos test")
+        toks, _, _, fin = R.generate(pids, 40, eos_period=7, max_context=64)
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "eos test", "max_tokens": 40}, headers=auth)
+        check(st == 200 and j["choices"][0]["text"] == R.text_of(toks) and j["choices"][0]["finish_reason"] == fin, "EOS ends generation (%s)" % fin)
+        check(j["usage"]["completion_tokens"] == len(toks), "EOS counted")
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "eos test", "max_tokens": 40, "ignore_eos": True}, headers=auth)
+        # with ignore_eos the EOS token is generated like any other (rendered as nothing)
+        check(st == 200 and j["choices"][0]["finish_reason"] == "length", "ignore_eos runs to the length")
+        # body too large
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "y" * 5000}, headers=auth)
+        check(st == 413, "body too large 413 (got %d)" % st)
+        # prompt over the context
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "z" * 70}, headers=auth)
+        check(st == 400 and j["error"]["code"] == "context_length_exceeded", "prompt over context 400")
+        # health callback
+        open(hf, "w").close()
+        st, hd, data = request(port, "GET", "/health")
+        check(st == 503 and "worker" in json.loads(data)["error"]["message"], "/health 503 when a worker is down")
+        os.unlink(hf)
+        st, hd, data = request(port, "GET", "/health")
+        check(st == 200, "/health back to 200")
+        # slow client: partial request -> 408 after the request timeout, others unaffected
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        t0 = time.time()
+        st, hd, data = request(port, "GET", "/health")
+        check(st == 200, "served while a slow client dawdles")
+        out = b""
+        try:
+            while True:
+                d = s.recv(4096)
+                if not d:
+                    break
+                out += d
+        except socket.timeout:
+            pass
+        s.close()
+        check(out.startswith(b"HTTP/1.1 408"), "slow client gets 408: %r" % out[:40])
+        check(time.time() - t0 < 9, "slow client dropped within the request timeout")
+        # too many queued: max_seqs 1, max_queue 2, 20 ms a step
+        results = [None] * 8
+
+        def longreq(i):
+            results[i] = post(port, "/v1/completions", {"prompt": "q%d" % i, "max_tokens": 40, "ignore_eos": True}, headers=auth)[0]
+        ths = [threading.Thread(target=longreq, args=(i,)) for i in range(8)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(60)
+        check(results.count(429) >= 1 and results.count(200) >= 3, "too many queued -> 429: %r" % results)
+        # max connections: 8 open idle connections, the 9th is refused with 503
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+        time.sleep(0.2)
+        out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        check(out.startswith(b"HTTP/1.1 503"), "connection limit -> 503: %r" % out[:40])
+        for s in socks:
+            s.close()
+        time.sleep(0.2)
+        st, hd, data = request(port, "GET", "/health")
+        check(st == 200, "served again after connections closed")
+    finally:
+        rc = srv.stop()
+        check(rc == 0, "limits server clean exit (%r)\n%s" % (rc, srv.logtext()[-2000:]))
+
+
+def test_backend_failure(exe):
+    srv = R.Server(exe, "--fail-at-step", 0)
+    try:
+        st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+        check(st == 500 and "worker 1 is down" in j["error"]["message"], "backend failure -> 500 with the reason: %r" % j)
+        st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+        check(st == 200, "served after a failed step")
+    finally:
+        check(srv.stop() == 0, "failure server clean exit")
+
+
+def main():
+    srv = R.Server(EXE, "--step-delay-ms", 2)
+    try:
+        for t in (test_basic, test_completions, test_stream_completions, test_chat, test_stops, test_errors,
+                  test_http_level, test_concurrent, test_disconnect, test_metrics):
+            t0 = time.time()
+            t(srv.port)
+            print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)
+    finally:
+        rc = srv.stop()
+        check(rc == 0, "main server clean exit (%r)" % rc)
+        if FAILS:
+            print(srv.logtext()[-3000:])
+    for t in (test_limits, test_backend_failure):
+        t0 = time.time()
+        t(EXE)
+        print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)
+    print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

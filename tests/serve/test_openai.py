@@ -1,0 +1,102 @@
+"""The official `openai` Python package against the fake server: completions and chat,
+streaming and not, logprobs, errors. Usage: test_openai.py FAKE_SERVER_EXE.
+Exits 77 (skipped) when the openai package is not installed (pip install openai)."""
+import os
+import sys
+
+try:
+    import openai
+except ImportError:
+    print("openai package not installed: skipped (pip install openai)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fakeref as R  # noqa: E402
+
+FAILS, PASSES = [], [0]
+
+
+def check(cond, what):
+    if cond:
+        PASSES[0] += 1
+    else:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def main():
+    srv = R.Server(sys.argv[1], "--api-key", "k-123")
+    try:
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="k-123", timeout=30, max_retries=0)
+        models = cl.models.list()
+        check([m.id for m in models.data] == ["fake-model"], "models.list")
+
+        prompt = "The openai client"
+        toks, lps, tops, fin = R.generate(R.encode(prompt), 12, n_top=2)
+        r = cl.completions.create(model="fake-model", prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+        c = r.choices[0]
+        check(c.text == R.text_of(toks) and c.finish_reason == "length", "completions text")
+        check(c.logprobs.tokens == [chr(t) for t in toks], "completions logprobs tokens")
+        check([R.f32(x) for x in c.logprobs.token_logprobs] == lps, "completions token_logprobs")
+        check(len(c.logprobs.top_logprobs) == 12 and all(len(d) == 2 for d in c.logprobs.top_logprobs), "completions top_logprobs")
+        check(r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(R.encode(prompt)), "completions usage")
+
+        text, last = "", None
+        for ch in cl.completions.create(model="fake-model", prompt=prompt, max_tokens=12, stream=True,
+                                        stream_options={"include_usage": True}):
+            if ch.choices:
+                text += ch.choices[0].text
+                if ch.choices[0].finish_reason:
+                    last = ch.choices[0].finish_reason
+            elif ch.usage:
+                check(ch.usage.completion_tokens == 12, "stream usage")
+        check(text == R.text_of(toks) and last == "length", "completions stream")
+
+        msgs = [{"role": "user", "content": "What is 7 plus 5?"}]
+        ctoks, clps, ctops, cfin = R.generate(R.chat_prompt(msgs), 10, n_top=3)
+        r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, logprobs=True, top_logprobs=3)
+        c = r.choices[0]
+        check(c.message.role == "assistant" and c.message.content == R.text_of(ctoks), "chat content")
+        check([x.token for x in c.logprobs.content] == [chr(t) for t in ctoks], "chat logprobs tokens")
+        check([R.f32(x.logprob) for x in c.logprobs.content] == clps, "chat logprobs")
+        check(all(len(x.top_logprobs) == 3 and x.bytes == [t] for x, t in zip(c.logprobs.content, ctoks)), "chat top_logprobs/bytes")
+
+        text, fins, lpn = "", [], 0
+        for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, stream=True, logprobs=True):
+            d = ch.choices[0].delta
+            text += d.content or ""
+            if ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+                lpn += len(ch.choices[0].logprobs.content)
+            if ch.choices[0].finish_reason:
+                fins.append(ch.choices[0].finish_reason)
+        check(text == R.text_of(ctoks) and fins == ["length"] and lpn == 10, "chat stream")
+
+        full = R.text_of(ctoks)
+        stop = full[4:6]
+        r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, stop=stop)
+        check(r.choices[0].message.content == full[:full.index(stop)] and r.choices[0].finish_reason == "stop", "chat stop string")
+
+        try:
+            cl.completions.create(model="fake-model", prompt="x", max_tokens=2, n=2)
+            check(False, "n=2 should fail")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "'n'" in str(e), "n=2 BadRequestError")
+        try:
+            openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="wrong", max_retries=0).models.list()
+            check(False, "wrong key should fail")
+        except openai.AuthenticationError as e:
+            check(e.status_code == 401, "wrong key AuthenticationError")
+        try:
+            cl.completions.create(model="nope", prompt="x", max_tokens=2)
+            check(False, "unknown model should fail")
+        except openai.NotFoundError as e:
+            check(e.status_code == 404, "unknown model NotFoundError")
+    finally:
+        rc = srv.stop()
+        check(rc == 0, "clean exit")
+    print("openai %s: %d passed, %d failed" % (openai.__version__, PASSES[0], len(FAILS)))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

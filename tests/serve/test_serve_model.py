@@ -1,0 +1,114 @@
+"""`mlaserve serve` (coordinator/cmd_serve.c) on the tiny-deepseek3 fixture: tokenizer, chat
+template, coordinator, CPU workers and the HTTP API together. Known answers come from the
+fixture's Hugging Face reference (ref.json: input tokens, greedy continuations, top-5 logprobs).
+Usage: test_serve_model.py SERVE_EXE WORKER_EXE FIXTURES_DIR TP. Exit 77 when the fixture is
+missing."""
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+exe, worker, fixtures, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
+if not os.path.exists(model):
+    print("fixture missing: skipped")
+    sys.exit(77)
+ref = json.load(open(os.path.join(fixtures, "tiny-deepseek3", "ref.json")))
+FAILS, PASSES = [], [0]
+
+
+def check(cond, what):
+    if cond:
+        PASSES[0] += 1
+    else:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def post(port, path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+d = tempfile.mkdtemp(prefix="serve_model_")
+pf = os.path.join(d, "port")
+log = open(os.path.join(d, "log"), "w+")
+env = dict(os.environ)
+env.pop("MLASERVE_API_KEY", None)
+proc = subprocess.Popen([exe, "-m", model, "--tp", str(tp), "--port", "0", "--port-file", pf, "--worker-exe", worker,
+                         "--max-context", "512", "--max-seqs", "8"], stdout=log, stderr=subprocess.STDOUT, env=env)
+try:
+    deadline = time.time() + 120
+    while not os.path.exists(pf):
+        if proc.poll() is not None or time.time() > deadline:
+            log.seek(0)
+            print(log.read())
+            sys.exit(1)
+        time.sleep(0.05)
+    port = int(open(pf).read())
+    plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
+    for p in plain:
+        st, data = post(port, "/tokenize", {"prompt": p["text"]})
+        check(st == 200 and json.loads(data)["tokens"] == p["tokens"], "tokenize %r" % p["text"][:30])
+        n = len(p["greedy"])
+        st, data = post(port, "/v1/completions", {"prompt": p["text"], "max_tokens": n, "temperature": 0, "logprobs": 5})
+        check(st == 200, "completions %d %r" % (st, data[:200]))
+        if st != 200:
+            continue
+        j = json.loads(data)
+        c = j["choices"][0]
+        check(c["text"] == p["greedy_text"], "greedy text %r vs %r" % (c["text"], p["greedy_text"]))
+        top = c["logprobs"]["top_logprobs"][0]
+        exp_id, exp_lp = p["last_top5"][0]
+        check(abs(c["logprobs"]["token_logprobs"][0] - exp_lp) < 0.05, "first token logprob %r vs %r" % (c["logprobs"]["token_logprobs"][0], exp_lp))
+        check(len(top) >= 4, "top_logprobs has alternatives")
+        check(j["usage"]["prompt_tokens"] == len(p["tokens"]), "usage prompt tokens")
+    # concurrent requests (batched in one step) give the same answers
+    import threading
+    res = {}
+
+    def go(i, p):
+        res[i] = post(port, "/v1/completions", {"prompt": p["text"], "max_tokens": len(p["greedy"]), "temperature": 0})
+    ths = [threading.Thread(target=go, args=(i, p)) for i, p in enumerate(plain * 2)]
+    [t.start() for t in ths]
+    [t.join(180) for t in ths]
+    for i, p in enumerate(plain * 2):
+        st, data = res.get(i, (0, b""))
+        check(st == 200 and json.loads(data)["choices"][0]["text"] == p["greedy_text"], "batched greedy %d" % i)
+    # chat through the template: "What is 7 plus 5?" -> "7 plus 5 is 12." then EOS
+    st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"}],
+                                                    "max_tokens": 30, "temperature": 0})
+    check(st == 200, "chat %d %r" % (st, data[:300]))
+    if st == 200:
+        c = json.loads(data)["choices"][0]
+        check(c["message"]["content"] == "7 plus 5 is 12." and c["finish_reason"] == "stop", "chat answer %r" % c)
+    st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2 plus 3?"}],
+                                                    "max_tokens": 30, "temperature": 0, "stream": True})
+    text = "".join(json.loads(b[6:])["choices"][0]["delta"].get("content", "")
+                   for b in data.decode().split("\n\n") if b.startswith("data: {"))
+    check(st == 200 and text == "2 plus 3 is 5." and data.decode().rstrip().endswith("data: [DONE]"), "chat stream %r" % text)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/health")
+    r = c.getresponse()
+    r.read()
+    check(r.status == 200, "/health")
+finally:
+    proc.terminate()
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = -999
+    check(rc == 0, "clean exit %r" % rc)
+    if FAILS:
+        log.seek(0)
+        print(log.read()[-4000:])
+print("tp %d: %d passed, %d failed" % (tp, PASSES[0], len(FAILS)))
+sys.exit(1 if FAILS else 0)

@@ -1,0 +1,469 @@
+/* Coordinator + real worker processes (mla-test-worker: the worker runtime with the test engine).
+ * usage: test_coord TEST_WORKER_EXE [group|refuse|kill|orphan|load|all]
+ *  group : T = 1, 2, 4 local workers exchange steps; logits equal the independently computed
+ *          sum over ranks, greedy tokens their argmax, logprobs the log-softmax; free_seq reaches
+ *          every rank; no zombie after stop.
+ *  refuse: wrong protocol version, wrong model hash (local); world mismatch and duplicate rank
+ *          (external workers), each refused with the reason; the worker exits with it.
+ *  kill  : kill -9 of a worker in the middle of a step: the step fails naming the worker and the
+ *          signal; later steps fail at once; coord_restart brings a fresh group that serves steps;
+ *          stop leaves no zombie. Bounded waits only.
+ *  orphan: the coordinator process is SIGKILLed: external workers exit by themselves.
+ *  load  : a worker whose load fails makes coord_start fail with its message. */
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "mla_test.h"
+#include "test_engine.h"
+
+extern char **environ;
+static const char *g_exe;
+static char g_model[256], g_model2[256];
+static uint64_t g_hash;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int reaped(pid_t pid) {
+    int ws;
+    return waitpid(pid, &ws, WNOHANG) < 0 && errno == ECHILD && (kill(pid, 0) < 0 && errno == ESRCH);
+}
+
+/* waits up to secs for pid; returns its wait status or -1 (then kills it) */
+static int wait_bounded(pid_t pid, double secs) {
+    double end = now_s() + secs;
+    int ws;
+    for (;;) {
+        pid_t p = waitpid(pid, &ws, WNOHANG);
+        if (p == pid) return ws;
+        if (now_s() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &ws, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+}
+
+static coord_config base_cfg(int world) {
+    coord_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.world = world;
+    cfg.model_path = g_model;
+    cfg.model_hash = g_hash;
+    cfg.worker_exe = g_exe;
+    cfg.heartbeat_ms = 100;
+    cfg.heartbeat_timeout_ms = 3000; /* generous: sanitizer builds on 2 cores */
+    cfg.coll_timeout_ms = 20000;
+    cfg.start_timeout_ms = 30000;
+    return cfg;
+}
+
+/* ---- group: steps through T workers ----------------------------------------------------- */
+
+typedef struct ref_seq {
+    uint64_t id;
+    uint64_t h;
+    int32_t pos;
+} ref_seq;
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void test_group(int T) {
+    coord *c;
+    mla_err err;
+    coord_config cfg = base_cfg(T);
+    int rc = coord_start(&c, &cfg, &err);
+    REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
+    CHECK(coord_n_vocab(c) == TEST_VOCAB);
+    pid_t pids[8];
+    for (int r = 0; r < T; r++) pids[r] = coord_worker_pid(c, r);
+
+    ref_seq ref[3] = {{11, 0, 0}, {22, 0, 0}, {33, 0, 0}};
+    int32_t next[3] = {0, 0, 0};
+    float row[TEST_VOCAB];
+    int bad_logits = 0, bad_tok = 0, bad_lp = 0;
+    for (int step = 0; step < 6; step++) {
+        int32_t toks[3][8], pos[3][8];
+        uint32_t nt[3];
+        wire_seq seqs[3];
+        memset(seqs, 0, sizeof seqs);
+        for (int i = 0; i < 3; i++) {
+            nt[i] = step == 0 ? (uint32_t)(5 - 2 * i) : 1; /* prompts of 5, 3, 1 tokens */
+            for (uint32_t k = 0; k < nt[i]; k++) {
+                toks[i][k] = step == 0 ? (int32_t)((7 * i + 3 * k + 1) % TEST_VOCAB) : next[i];
+                pos[i][k] = ref[i].pos + (int32_t)k;
+            }
+            seqs[i] = (wire_seq){.seq_id = ref[i].id, .n_tokens = nt[i], .tokens = toks[i],
+                                 .positions = pos[i], .cache_slot = (uint32_t)i, .sample = true};
+            seqs[i].sp.top_p = 1;
+            seqs[i].sp.repetition_penalty = 1;
+        }
+        seqs[0].sp.logits = WIRE_LOGITS_ALL;
+        seqs[1].sp = (wire_sampling){.temperature = 0.8f, .top_p = 1, .repetition_penalty = 1,
+                                     .seed = 5, .logprobs = true, .top_logprobs = 3,
+                                     .logits = WIRE_LOGITS_LAST};
+        wire_step_plan plan = {.step_id = 1000 + (uint64_t)step, .n_seqs = 3, .seqs = seqs};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, &err);
+        CHECKF(rc == MLA_OK, "T=%d step %d: %s", T, step, err.msg);
+        if (rc) break;
+        CHECK(res.ok && res.step_id == plan.step_id && res.n_seqs == 3);
+        for (int i = 0; i < 3; i++) {
+            const wire_seq_result *sr = NULL;
+            for (uint32_t j = 0; j < res.n_seqs; j++)
+                if (res.seqs[j].seq_id == ref[i].id) sr = &res.seqs[j];
+            REQUIRE(sr);
+            for (uint32_t k = 0; k < nt[i]; k++) {
+                ref[i].h = test_engine_advance(ref[i].h, toks[i][k], pos[i][k]);
+                test_engine_expected(ref[i].h, pos[i][k], T, row);
+                if (i == 0) {
+                    if (sr->n_logit_rows != nt[0] || memcmp(sr->logits + (size_t)k * TEST_VOCAB, row, sizeof row))
+                        bad_logits++;
+                } else if (i == 1 && k + 1 == nt[i]) {
+                    if (sr->n_logit_rows != 1 || memcmp(sr->logits, row, sizeof row)) bad_logits++;
+                }
+            }
+            ref[i].pos += (int32_t)nt[i];
+            if (i == 2 && sr->logits) bad_logits++;
+            if (i != 1 && sr->token != argmax(row, TEST_VOCAB)) bad_tok++;
+            if (sr->token < 0 || sr->token >= TEST_VOCAB) {
+                bad_tok++;
+                break;
+            }
+            if (i == 1) {
+                double mx = -1e30, se = 0;
+                for (int v = 0; v < TEST_VOCAB; v++) mx = mx > row[v] ? mx : row[v];
+                for (int v = 0; v < TEST_VOCAB; v++) se += exp(row[v] - mx);
+                double lp = row[sr->token] - mx - log(se);
+                if (fabs(lp - sr->logprob) > 1e-4 || sr->n_top != 3 ||
+                    sr->top[0].token != argmax(row, TEST_VOCAB))
+                    bad_lp++;
+            }
+            next[i] = sr->token;
+        }
+        coord_result_free(&res);
+    }
+    CHECKF(bad_logits == 0, "T=%d: %d logits rows differ from the reference", T, bad_logits);
+    CHECKF(bad_tok == 0, "T=%d: %d greedy tokens differ", T, bad_tok);
+    CHECKF(bad_lp == 0, "T=%d: %d logprob mismatches", T, bad_lp);
+
+    /* free seq 11 on every rank, then continue it: its state starts from scratch */
+    uint64_t id = 11;
+    CHECK(coord_free_seqs(c, &id, 1, &err) == MLA_OK);
+    int32_t t1 = 5, p1 = ref[0].pos;
+    wire_seq s1 = {.seq_id = 11, .n_tokens = 1, .tokens = &t1, .positions = &p1, .sample = false};
+    s1.sp.logits = WIRE_LOGITS_LAST;
+    wire_step_plan plan = {.step_id = 2000, .n_seqs = 1, .seqs = &s1};
+    wire_step_result res;
+    REQUIRE(coord_step(c, &plan, &res, &err) == MLA_OK);
+    test_engine_expected(test_engine_advance(0, t1, p1), p1, T, row);
+    CHECK(res.n_seqs == 1 && res.seqs[0].token == -1 && res.seqs[0].logits &&
+          !memcmp(res.seqs[0].logits, row, sizeof row));
+    coord_result_free(&res);
+
+    /* an invalid plan is refused before it reaches the workers */
+    t1 = TEST_VOCAB;
+    CHECK(coord_step(c, &plan, &res, &err) == MLA_ERR && strstr(err.msg, "vocabulary"));
+    CHECK(coord_healthy(c, NULL));
+
+    coord_stop(c);
+    for (int r = 0; r < T; r++) CHECKF(reaped(pids[r]), "T=%d: worker %d not reaped", T, r);
+}
+
+/* ---- refusals ---------------------------------------------------------------------------- */
+
+static pid_t spawn_ext(const char *endpoint, int rank, int world, const char *errfile) {
+    char rs[16], ws[16];
+    snprintf(rs, sizeof rs, "%d", rank);
+    snprintf(ws, sizeof ws, "%d", world);
+    char *argv[] = {(char *)g_exe, "--coord", (char *)endpoint, "--rank", rs, "--world", ws, "-m",
+                    g_model, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (errfile) posix_spawn_file_actions_addopen(&fa, 2, errfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid;
+    int rc = posix_spawn(&pid, g_exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE(rc == 0);
+    return pid;
+}
+
+static int file_has(const char *path, const char *needle) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+typedef struct start_arg {
+    coord_config cfg;
+    coord *c;
+    int rc;
+    mla_err err;
+} start_arg;
+
+static void *start_thread(void *p) {
+    start_arg *a = p;
+    a->rc = coord_start(&a->c, &a->cfg, &a->err);
+    return NULL;
+}
+
+static void test_refusals(void) {
+    mla_err err;
+    coord *c = NULL;
+    /* wrong protocol version (local worker) */
+    coord_config cfg = base_cfg(2);
+    const char *args[] = {"--protocol-version", "99", NULL};
+    cfg.worker_args = args;
+    CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "refused") && strstr(err.msg, "protocol version 99"), "msg: %s", err.msg);
+    /* wrong model hash */
+    cfg = base_cfg(2);
+    cfg.model_hash = g_hash ^ 1;
+    CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "refused") && strstr(err.msg, "model hash"), "msg: %s", err.msg);
+
+    /* external workers: world mismatch and duplicate rank, then a good group */
+    char ep[128], ef[3][128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/mla-test-coord-%d.sock", (int)getpid());
+    for (int i = 0; i < 3; i++) snprintf(ef[i], sizeof ef[i], "/tmp/mla-test-coord-%d-%d.err", (int)getpid(), i);
+    start_arg a;
+    memset(&a, 0, sizeof a);
+    a.cfg = base_cfg(2);
+    a.cfg.external = 1;
+    a.cfg.endpoint = ep;
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, start_thread, &a) == 0);
+    pid_t bad = spawn_ext(ep, 0, 3, ef[0]);
+    int ws = wait_bounded(bad, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 3, "world-mismatch worker status %d", ws);
+    CHECKF(file_has(ef[0], "refused") && file_has(ef[0], "world size 3"), "worker stderr lacks the reason");
+    pid_t w0 = spawn_ext(ep, 0, 2, NULL);
+    usleep(300000); /* let rank 0 register first (if not, either one is refused: both fine) */
+    pid_t dup = spawn_ext(ep, 0, 2, ef[1]);
+    ws = wait_bounded(dup, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 3, "duplicate worker status %d", ws);
+    CHECKF(file_has(ef[1], "already registered"), "duplicate's stderr lacks the reason");
+    pid_t w1 = spawn_ext(ep, 1, 2, NULL);
+    pthread_join(th, NULL);
+    CHECKF(a.rc == MLA_OK, "external group: %s", a.err.msg);
+    if (a.rc == MLA_OK) {
+        int32_t t = 3, p = 0;
+        wire_seq s = {.seq_id = 1, .n_tokens = 1, .tokens = &t, .positions = &p, .sample = true};
+        s.sp.top_p = 1;
+        s.sp.repetition_penalty = 1;
+        wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
+        wire_step_result res;
+        CHECK(coord_step(a.c, &plan, &res, &err) == MLA_OK);
+        float row[TEST_VOCAB];
+        test_engine_expected(test_engine_advance(0, 3, 0), 0, 2, row);
+        CHECK(res.n_seqs == 1 && res.seqs[0].token == argmax(row, TEST_VOCAB));
+        coord_result_free(&res);
+        coord_stop(a.c);
+    }
+    /* the external workers got SHUTDOWN and exit cleanly */
+    ws = wait_bounded(w0, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "external worker 0 status %d", ws);
+    ws = wait_bounded(w1, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "external worker 1 status %d", ws);
+    for (int i = 0; i < 3; i++) unlink(ef[i]);
+}
+
+/* ---- kill -9 mid-step --------------------------------------------------------------------- */
+
+typedef struct step_arg {
+    coord *c;
+    int rc;
+    mla_err err;
+    double t_end;
+} step_arg;
+
+static void *step_thread(void *p) {
+    step_arg *a = p;
+    int32_t t[2] = {1, 2}, pos[2] = {0, 1};
+    wire_seq s = {.seq_id = 1, .n_tokens = 2, .tokens = t, .positions = pos, .sample = true};
+    s.sp.top_p = 1;
+    s.sp.repetition_penalty = 1;
+    wire_step_plan plan = {.step_id = 42, .n_seqs = 1, .seqs = &s};
+    wire_step_result res;
+    a->rc = coord_step(a->c, &plan, &res, &a->err);
+    a->t_end = now_s();
+    if (a->rc == MLA_OK) coord_result_free(&res);
+    return NULL;
+}
+
+static void test_kill(int T, int victim) {
+    setenv("MLA_TEST_ENGINE_DELAY_MS", "1500", 1);
+    coord *c;
+    mla_err err;
+    coord_config cfg = base_cfg(T);
+    int rc = coord_start(&c, &cfg, &err);
+    unsetenv("MLA_TEST_ENGINE_DELAY_MS");
+    REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
+    pid_t pids[8];
+    for (int r = 0; r < T; r++) pids[r] = coord_worker_pid(c, r);
+    step_arg a = {.c = c};
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, step_thread, &a) == 0);
+    usleep(400000); /* inside the step (it sleeps 1.5 s before its all-reduce) */
+    double t_kill = now_s();
+    kill(pids[victim], SIGKILL);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 30;
+    int joined = pthread_timedjoin_np(th, NULL, &dl) == 0;
+    REQUIRE(joined); /* a hang here is the failure this test exists for */
+    char needle[32];
+    snprintf(needle, sizeof needle, "worker %d", victim);
+    CHECK(a.rc == MLA_ERR);
+    CHECKF(strstr(a.err.msg, needle) && strstr(a.err.msg, "signal 9"), "msg: %s", a.err.msg);
+    printf("T=%d: kill -9 of worker %d noticed after %.0f ms: %s\n", T, victim, (a.t_end - t_kill) * 1e3, a.err.msg);
+    /* later calls fail at once with the reason */
+    step_arg b = {.c = c};
+    step_thread(&b);
+    CHECKF(b.rc == MLA_ERR && strstr(b.err.msg, needle), "msg: %s", b.err.msg);
+    CHECK(!coord_healthy(c, &err));
+    /* restart policy: a fresh group on the same coordinator serves steps again */
+    rc = coord_restart(c, &err);
+    CHECKF(rc == MLA_OK, "restart: %s", err.msg);
+    pid_t pids2[8];
+    for (int r = 0; r < T; r++) {
+        pids2[r] = coord_worker_pid(c, r);
+        CHECK(pids2[r] > 0 && pids2[r] != pids[r]);
+        CHECKF(reaped(pids[r]), "T=%d: old worker %d not reaped after restart", T, r);
+    }
+    if (rc == MLA_OK) {
+        step_arg d = {.c = c};
+        step_thread(&d);
+        CHECKF(d.rc == MLA_OK, "step after restart: %s", d.err.msg);
+        CHECK(coord_healthy(c, NULL));
+    }
+    coord_stop(c);
+    for (int r = 0; r < T; r++) CHECKF(reaped(pids2[r]), "T=%d: worker %d not reaped", T, r);
+}
+
+/* ---- the coordinator dies: workers leave by themselves ---------------------------------- */
+
+static void check_no_shm_left_of(pid_t pid);
+static void test_orphan(void) {
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/mla-test-orphan-%d.sock", (int)getpid());
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0);
+    pid_t cp = fork();
+    REQUIRE(cp >= 0);
+    if (cp == 0) {
+        close(pfd[0]);
+        alarm(60);
+        coord *c;
+        mla_err err;
+        coord_config cfg = base_cfg(2);
+        cfg.external = 1;
+        cfg.endpoint = ep;
+        cfg.heartbeat_timeout_ms = 1000;
+        char ok = coord_start(&c, &cfg, &err) == MLA_OK ? 'y' : 'n';
+        if (write(pfd[1], &ok, 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(pfd[1]);
+    pid_t w0 = spawn_ext(ep, 0, 2, NULL), w1 = spawn_ext(ep, 1, 2, NULL);
+    char ok = 0;
+    CHECK(read(pfd[0], &ok, 1) == 1 && ok == 'y');
+    close(pfd[0]);
+    kill(cp, SIGKILL);
+    waitpid(cp, NULL, 0);
+    check_no_shm_left_of(cp); /* unlinked once every rank had attached */
+    int s0 = wait_bounded(w0, 30), s1 = wait_bounded(w1, 30);
+    CHECKF(s0 >= 0 && WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "orphaned worker 0 status %d", s0);
+    CHECKF(s1 >= 0 && WIFEXITED(s1) && WEXITSTATUS(s1) == 1, "orphaned worker 1 status %d", s1);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/mla-test-orphan-%d.sock", (int)getpid());
+    unlink(path);
+}
+
+static void test_load_failure(void) {
+    setenv("MLA_TEST_ENGINE_FAIL_LOAD", "1", 1);
+    coord *c;
+    mla_err err;
+    coord_config cfg = base_cfg(2);
+    CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "worker 1") && strstr(err.msg, "load failure requested"), "msg: %s", err.msg);
+    unsetenv("MLA_TEST_ENGINE_FAIL_LOAD");
+}
+
+static void check_no_shm_left_of(pid_t pid) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "mla-coll-%d-", (int)pid);
+    int left = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) left++;
+    closedir(d);
+    CHECKF(left == 0, "%d shared-memory segments of pid %d left behind", left, (int)pid);
+}
+
+static void check_no_shm_left(void) { check_no_shm_left_of(getpid()); }
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s TEST_WORKER_EXE [group|refuse|kill|orphan|load|all]\n", argv[0]);
+        return 2;
+    }
+    alarm(300);
+    g_exe = argv[1];
+    const char *which = argc > 2 ? argv[2] : "all";
+    snprintf(g_model, sizeof g_model, "/tmp/mla-test-model-%d.bin", (int)getpid());
+    snprintf(g_model2, sizeof g_model2, "/tmp/mla-test-model2-%d.bin", (int)getpid());
+    write_file(g_model, "test model A\n");
+    write_file(g_model2, "test model B\n");
+    mla_err err;
+    REQUIRE(test_engine_file_hash(g_model, &g_hash, &err) == MLA_OK);
+    int all = !strcmp(which, "all");
+    if (all || !strcmp(which, "orphan")) test_orphan(); /* first: it forks */
+    if (all || !strcmp(which, "group")) {
+        test_group(1);
+        test_group(2);
+        test_group(4);
+    }
+    if (all || !strcmp(which, "refuse")) test_refusals();
+    if (all || !strcmp(which, "kill")) {
+        test_kill(2, 1);
+        test_kill(4, 2);
+    }
+    if (all || !strcmp(which, "load")) test_load_failure();
+    check_no_shm_left();
+    unlink(g_model);
+    unlink(g_model2);
+    return mla_test_finish();
+}

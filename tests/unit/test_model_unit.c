@@ -1,0 +1,173 @@
+/* Unit tests of the model config, shape validation and MoE routing. argv[1]: fixtures folder. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gguf.h"
+#include "common/model_config.h"
+#include "kernels/moe.h"
+#include "mla_test.h"
+#include "worker/model.h"
+
+static float logit_of(float p) { return logf(p / (1.0f - p)); } /* sigmoid^-1 */
+
+static void test_routing(void) {
+    /* 8 experts in 4 groups of 2, 2 groups used, 2 experts chosen. Expert 0 has the highest
+     * single score but its group (0) has the lowest top-2 sum, so group limiting must drop it. */
+    const float p[8] = {0.95f, 0.05f, 0.60f, 0.58f, 0.70f, 0.50f, 0.40f, 0.45f};
+    float lg[8];
+    for (int i = 0; i < 8; i++) lg[i] = logit_of(p[i]);
+    moe_route_params rp = {8, 2, 4, 2, 2, true, 2.5f};
+    int32_t ids[2];
+    float w[2];
+    /* group sums: g0 1.00, g1 1.18, g2 1.20, g3 0.85 -> groups 2 and 1 -> experts 4 (0.70), 2 (0.60) */
+    moe_route(&rp, lg, NULL, ids, w);
+    CHECKF(ids[0] == 4 && ids[1] == 2, "ids %d %d", ids[0], ids[1]);
+    CHECK(fabsf(w[0] - 2.5f * 0.70f / 1.30f) < 1e-5f && fabsf(w[1] - 2.5f * 0.60f / 1.30f) < 1e-5f);
+    /* without groups expert 0 wins */
+    moe_route_params flat = {8, 2, 1, 1, 2, true, 1.0f};
+    moe_route(&flat, lg, NULL, ids, w);
+    CHECKF(ids[0] == 0 && ids[1] == 4, "flat ids %d %d", ids[0], ids[1]);
+    /* bias changes the choice, not the weights: push expert 7 (p .45) up into group 3 */
+    float bias[8] = {0, 0, 0, 0, 0, 0, 0, 0.5f};
+    /* group sums with bias: g3 = 0.40 + 0.95 = 1.35 (best), g2 1.20 -> experts 7 (0.95) and 4 (0.70) */
+    moe_route(&rp, lg, bias, ids, w);
+    CHECKF(ids[0] == 7 && ids[1] == 4, "biased ids %d %d", ids[0], ids[1]);
+    CHECK(fabsf(w[0] - 2.5f * 0.45f / (0.45f + 0.70f)) < 1e-5f);
+    /* no normalisation */
+    moe_route_params nn = {8, 2, 4, 2, 2, false, 1.0f};
+    moe_route(&nn, lg, NULL, ids, w);
+    CHECK(fabsf(w[0] - 0.70f) < 1e-5f && fabsf(w[1] - 0.60f) < 1e-5f);
+    /* softmax gating: weights are softmax probabilities of the chosen */
+    moe_route_params sm = {8, 2, 1, 1, 1, false, 1.0f};
+    float z[8] = {1, 2, 3, 0, 0, 0, 0, 5};
+    moe_route(&sm, z, NULL, ids, w);
+    double den = 0;
+    for (int i = 0; i < 8; i++) den += exp(z[i]);
+    CHECK(ids[0] == 7 && ids[1] == 2);
+    CHECK(fabs(w[0] - exp(5) / den) < 1e-5 && fabs(w[1] - exp(3) / den) < 1e-5);
+    /* ties resolve to the lower id, the same on every call (every rank) */
+    float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    moe_route(&flat, t, NULL, ids, w);
+    CHECK(ids[0] == 0 && ids[1] == 1);
+}
+
+static void *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *b = malloc((size_t)sz);
+    if (fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = (size_t)sz;
+    return b;
+}
+
+/* Finds the tensor info of `name` in a GGUF buffer and returns the offset of its ne[0]. */
+static size_t find_ne(const uint8_t *b, size_t n, const char *name) {
+    size_t L = strlen(name);
+    for (size_t i = 8; i + L + 12 < n; i++) {
+        uint64_t len;
+        memcpy(&len, b + i - 8, 8);
+        if (len == L && !memcmp(b + i, name, L)) return i + L + 4;
+    }
+    return 0;
+}
+
+static void test_config_and_shapes(const char *fx) {
+    char path[1024];
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    snprintf(path, sizeof path, "%s/tiny-deepseek3/tiny-deepseek3-q8_0.gguf", fx);
+    REQUIRE(gguf_open(&g, path, &err) == MLA_OK);
+    mla_config c;
+    REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+    CHECK(c.arch == MLA_ARCH_DEEPSEEK2 && c.n_layer == 4 && c.n_embd == 256 && c.n_vocab == 2048);
+    CHECK(c.n_head == 4 && c.q_lora_rank == 256 && c.kv_lora_rank == 256);
+    CHECK(c.head_k == 96 && c.head_v == 64 && c.n_rope == 32 && c.head_nope == 64);
+    CHECK(c.yarn && c.yarn_factor == 4.0f && c.yarn_orig_ctx == 1024);
+    /* mscale = 1 + 0.1 * 1 * ln 4 ; kq_scale = mscale^2 / sqrt(96) */
+    double ms = 1.0 + 0.1 * log(4.0);
+    CHECK(fabs(c.kq_scale - ms * ms / sqrt(96.0)) < 1e-6);
+    CHECK(c.n_expert == 8 && c.n_expert_used == 2 && c.n_group == 4 && c.n_group_used == 2);
+    CHECK(c.gating == MLA_GATING_SIGMOID && c.weights_norm && c.weights_scale == 2.5f);
+    CHECK(c.n_dense_lead == 1 && c.n_expert_shared == 1 && c.idx_n_head == 0);
+    CHECK(mla_config_check_tensors(&c, g, &err) == MLA_OK);
+    gguf_close(g);
+
+    /* glm-dsa: no expert_gating_func key -> sigmoid, recorded as assumed */
+    snprintf(path, sizeof path, "%s/tiny-glm5/tiny-glm5-q8_0.gguf", fx);
+    REQUIRE(gguf_open(&g, path, &err) == MLA_OK);
+    REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+    CHECK(c.arch == MLA_ARCH_GLM_DSA && c.gating == MLA_GATING_SIGMOID && !c.yarn);
+    CHECK(c.idx_n_head == 4 && c.idx_head_dim == 64 && c.idx_top_k == 32);
+    CHECK(fabs(c.kq_scale - 1.0 / sqrt(96.0)) < 1e-7);
+    int found = 0;
+    for (int i = 0; i < c.n_assumed; i++)
+        if (strstr(c.assumed[i].key, "expert_gating_func")) found = 1;
+    CHECK(found);
+    gguf_close(g);
+
+    /* a wrong shape is named in the error */
+    size_t n;
+    snprintf(path, sizeof path, "%s/tiny-deepseek3/tiny-deepseek3-q8_0.gguf", fx);
+    uint8_t *buf = read_all(path, &n);
+    REQUIRE(buf);
+    size_t off = find_ne(buf, n, "blk.1.attn_q_b.weight");
+    REQUIRE(off > 0);
+    int64_t ne1;
+    memcpy(&ne1, buf + off + 8, 8);
+    CHECK(ne1 == 384);
+    ne1 = 352; /* 11 rows of 32: still a valid tensor, wrong for the config */
+    memcpy(buf + off + 8, &ne1, 8);
+    REQUIRE(gguf_open_memory(&g, buf, n, "patched.gguf", &err) == MLA_OK);
+    REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+    CHECK(mla_config_check_tensors(&c, g, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "blk.1.attn_q_b.weight") && strstr(err.msg, "[256, 352]") && strstr(err.msg, "[256, 384]"),
+           "message: %s", err.msg);
+    mla_model *m = NULL;
+    CHECK(mla_model_load(&m, g, NULL, NULL, &err) == MLA_ERR && m == NULL);
+    CHECK(strstr(err.msg, "blk.1.attn_q_b.weight") != NULL);
+    gguf_close(g);
+    free(buf);
+}
+
+static void test_forward_errors(const char *fx) {
+    char path[1024];
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    snprintf(path, sizeof path, "%s/tiny-glm5/tiny-glm5-q8_0.gguf", fx);
+    REQUIRE(gguf_open(&g, path, &err) == MLA_OK);
+    mla_model *m = NULL;
+    mla_model_opts o = {2};
+    REQUIRE(mla_model_load(&m, g, NULL, &o, &err) == MLA_OK);
+    mla_state *s = mla_state_new(m, 4);
+    int32_t bad[1] = {5000};
+    CHECK(mla_model_forward(m, s, bad, 1, 0, MLA_LOGITS_NONE, NULL, &err) == MLA_ERR && strstr(err.msg, "5000"));
+    int32_t ok[5] = {2, 3, 4, 5, 6};
+    CHECK(mla_model_forward(m, s, ok, 5, 0, MLA_LOGITS_NONE, NULL, &err) == MLA_ERR);
+    float *lg = malloc(2048 * sizeof *lg);
+    CHECK(mla_model_forward(m, s, ok, 4, 0, MLA_LOGITS_LAST, lg, &err) == MLA_OK);
+    CHECK(mla_state_n_past(s) == 4 && isfinite(lg[0]));
+    CHECK(mla_model_forward(m, s, ok, 1, 4, MLA_LOGITS_LAST, lg, &err) == MLA_ERR); /* full */
+    free(lg);
+    mla_state_free(s);
+    mla_model_free(m);
+    gguf_close(g);
+}
+
+int main(int argc, char **argv) {
+    test_routing();
+    if (argc > 1) {
+        test_config_and_shapes(argv[1]);
+        test_forward_errors(argv[1]);
+    }
+    return mla_test_finish();
+}

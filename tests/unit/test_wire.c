@@ -1,0 +1,284 @@
+/* wire: round trips of every frame kind, and rejection of malformed frames (crafted with the
+ * protobuf-c structures directly, so that the encoder's own checks are not what is tested). */
+#include <math.h>
+#include <stdint.h>
+
+#include "mla.pb-c.h"
+#include "mla_test.h"
+#include "wire.h"
+
+static size_t pack_env(Mla__Envelope *env, uint8_t **buf) {
+    size_t n = mla__envelope__get_packed_size(env);
+    *buf = malloc(n + 1);
+    mla__envelope__pack(env, *buf);
+    return n;
+}
+
+/* a valid two-sequence plan, as protobuf structures the test can break */
+typedef struct plan_fix {
+    Mla__Envelope env;
+    Mla__StepPlan plan;
+    Mla__SeqPlan seq[2];
+    Mla__SeqPlan *seqp[2];
+    Mla__SamplingParams sp[2];
+    int32_t tok[2][3], pos[2][3];
+} plan_fix;
+
+static void plan_fix_init(plan_fix *f) {
+    memset(f, 0, sizeof *f);
+    mla__envelope__init(&f->env);
+    mla__step_plan__init(&f->plan);
+    f->env.magic = WIRE_MAGIC;
+    f->env.version = WIRE_VERSION;
+    f->env.kind = MLA__FRAME_KIND__FRAME_STEP_PLAN;
+    f->env.body_case = MLA__ENVELOPE__BODY_PLAN;
+    f->env.plan = &f->plan;
+    f->plan.step_id = 7;
+    f->plan.n_seqs = 2;
+    f->plan.seqs = f->seqp;
+    for (int i = 0; i < 2; i++) {
+        mla__seq_plan__init(&f->seq[i]);
+        mla__sampling_params__init(&f->sp[i]);
+        f->seqp[i] = &f->seq[i];
+        f->seq[i].seq_id = 100 + (uint64_t)i;
+        for (int k = 0; k < 3; k++) {
+            f->tok[i][k] = 5 + k + i;
+            f->pos[i][k] = 10 + k;
+        }
+        f->seq[i].n_tokens = f->seq[i].n_positions = 3;
+        f->seq[i].tokens = f->tok[i];
+        f->seq[i].positions = f->pos[i];
+        f->seq[i].sample = 1;
+        f->sp[i].temperature = 0.7f;
+        f->sp[i].top_p = 0.9f;
+        f->sp[i].top_logprobs = 5;
+        f->seq[i].sampling = &f->sp[i];
+    }
+}
+
+static const wire_limits k_lim = {.n_vocab = 64, .max_ctx = 1024, .max_seqs = 8, .max_slots = 4};
+
+/* decodes the fixture; returns the rc and leaves the message in err */
+static int decode_fix(plan_fix *f, mla_err *err) {
+    uint8_t *buf;
+    size_t n = pack_env(&f->env, &buf);
+    wire_msg m;
+    int rc = wire_decode(buf, n, &k_lim, &m, err);
+    if (rc == MLA_OK) wire_msg_free(&m);
+    free(buf);
+    return rc;
+}
+
+#define EXPECT_REJECT(mutation, needle)                                                     \
+    do {                                                                                    \
+        plan_fix f;                                                                         \
+        plan_fix_init(&f);                                                                  \
+        mutation;                                                                           \
+        mla_err e = {{0}};                                                                  \
+        int rc_ = decode_fix(&f, &e);                                                       \
+        CHECKF(rc_ == MLA_ERR && strstr(e.msg, needle), "%s -> rc %d msg '%s'", #mutation, \
+               rc_, e.msg);                                                                 \
+    } while (0)
+
+static void test_plan_rejections(void) {
+    plan_fix f;
+    plan_fix_init(&f);
+    mla_err e;
+    CHECKF(decode_fix(&f, &e) == MLA_OK, "valid fixture rejected: %s", e.msg);
+    EXPECT_REJECT(f.env.magic = 0x12345678, "magic");
+    EXPECT_REJECT(f.env.version = WIRE_VERSION + 1, "version");
+    EXPECT_REJECT(f.env.kind = MLA__FRAME_KIND__FRAME_CONTROL, "does not match");
+    EXPECT_REJECT(f.env.kind = (Mla__FrameKind)99, "unknown frame kind");
+    EXPECT_REJECT(f.plan.n_seqs = 0, "sequences");
+    EXPECT_REJECT(f.seq[1].seq_id = 100, "twice");
+    EXPECT_REJECT(f.tok[0][1] = 64, "vocabulary");
+    EXPECT_REJECT(f.tok[1][0] = -3, "vocabulary");
+    EXPECT_REJECT(f.pos[0][2] = 13, "consecutive");
+    EXPECT_REJECT(f.pos[0][0] = -1, "position");
+    EXPECT_REJECT((f.pos[1][0] = 1022, f.pos[1][1] = 1023, f.pos[1][2] = 1024), "position");
+    EXPECT_REJECT(f.seq[0].n_positions = 2, "positions");
+    EXPECT_REJECT((f.seq[0].n_tokens = 0, f.seq[0].n_positions = 0), "tokens");
+    EXPECT_REJECT(f.seq[1].cache_slot = 4, "cache slot");
+    EXPECT_REJECT(f.sp[0].temperature = NAN, "temperature");
+    EXPECT_REJECT(f.sp[0].temperature = -1, "temperature");
+    EXPECT_REJECT(f.sp[0].top_p = 1.5f, "top_p");
+    EXPECT_REJECT(f.sp[1].min_p = -0.1f, "min_p");
+    EXPECT_REJECT(f.sp[1].top_k = 65, "top_k");
+    EXPECT_REJECT(f.sp[1].top_k = -1, "top_k");
+    EXPECT_REJECT(f.sp[1].frequency_penalty = INFINITY, "frequency_penalty");
+    EXPECT_REJECT(f.sp[1].presence_penalty = 1000, "presence_penalty");
+    EXPECT_REJECT(f.sp[1].repetition_penalty = -2, "repetition_penalty");
+    EXPECT_REJECT(f.sp[1].top_logprobs = WIRE_MAX_TOP_LOGPROBS + 1, "top_logprobs");
+    EXPECT_REJECT(f.sp[1].logits = (Mla__LogitsMode)3, "logits mode");
+
+    /* over the frame limit, garbage, truncation */
+    plan_fix_init(&f);
+    uint8_t *buf;
+    size_t n = pack_env(&f.env, &buf);
+    wire_msg m;
+    wire_limits small = k_lim;
+    small.max_frame = n - 1;
+    CHECK(wire_decode(buf, n, &small, &m, &e) == MLA_ERR && strstr(e.msg, "exceeds"));
+    CHECK(wire_decode(buf, 0, &k_lim, &m, &e) == MLA_ERR);
+    int crashes_or_accepts_prefix = 0;
+    for (size_t k = 1; k < n; k++) {
+        if (wire_decode(buf, k, &k_lim, &m, &e) == MLA_OK) {
+            crashes_or_accepts_prefix++; /* the body is last: every prefix is broken */
+            wire_msg_free(&m);
+        }
+    }
+    CHECK(crashes_or_accepts_prefix == 0);
+    uint8_t junk[64];
+    for (int i = 0; i < 64; i++) junk[i] = (uint8_t)(i * 37 + 11);
+    CHECK(wire_decode(junk, sizeof junk, &k_lim, &m, &e) == MLA_ERR);
+    free(buf);
+}
+
+static int roundtrip(const wire_msg *in, wire_msg *out, const wire_limits *lim, mla_err *e) {
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(in, &buf, &n, e)) return MLA_ERR;
+    int rc = wire_decode(buf, n, lim, out, e);
+    free(buf);
+    return rc;
+}
+
+static void test_roundtrips(void) {
+    mla_err e;
+    wire_msg in, out;
+    /* Register */
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_REGISTER;
+    in.u.reg = (wire_register){.rank = 2, .world = 4, .protocol_version = WIRE_VERSION,
+                               .model_hash = 0xdeadbeefcafef00dull, .pid = 1234};
+    strcpy(in.u.reg.host, "node1");
+    strcpy(in.u.reg.device, "cpu");
+    REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
+    CHECK(out.kind == WIRE_REGISTER && out.u.reg.rank == 2 && out.u.reg.world == 4 &&
+          out.u.reg.model_hash == 0xdeadbeefcafef00dull && out.u.reg.pid == 1234 &&
+          !strcmp(out.u.reg.host, "node1") && !strcmp(out.u.reg.device, "cpu"));
+    wire_msg_free(&out);
+    /* a Register of another version still decodes (to be refused with a reason) */
+    in.u.reg.protocol_version = WIRE_VERSION + 5;
+    REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
+    CHECK(out.u.reg.protocol_version == WIRE_VERSION + 5);
+    in.u.reg.protocol_version = WIRE_VERSION;
+    in.u.reg.rank = 4;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "rank"));
+    in.u.reg.rank = 1;
+    strcpy(in.u.reg.host, "bad\nhost");
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "control character"));
+
+    /* RegisterReply */
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_REGISTER_REPLY;
+    in.u.reply.ok = true;
+    strcpy(in.u.reply.coll_shm_name, "/mla-coll-1-2-abc");
+    in.u.reply.heartbeat_ms = 100;
+    in.u.reply.heartbeat_timeout_ms = 1000;
+    in.u.reply.coll_timeout_ms = 30000;
+    in.u.reply.nccl_id_len = 3;
+    memcpy(in.u.reply.nccl_id, "\x01\x02\x03", 3);
+    REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
+    CHECK(out.u.reply.ok && !strcmp(out.u.reply.coll_shm_name, "/mla-coll-1-2-abc") &&
+          out.u.reply.heartbeat_ms == 100 && out.u.reply.nccl_id_len == 3 &&
+          out.u.reply.nccl_id[2] == 3);
+    strcpy(in.u.reply.coll_shm_name, "/../etc/passwd");
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR);
+    strcpy(in.u.reply.coll_shm_name, "/ok");
+    in.u.reply.heartbeat_timeout_ms = 50;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "heartbeat"));
+    in.u.reply.ok = false;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "reason"));
+    strcpy(in.u.reply.reason, "model hash mismatch");
+    REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
+    CHECK(!out.u.reply.ok && !strcmp(out.u.reply.reason, "model hash mismatch"));
+
+    /* StepPlan */
+    int32_t toks[3] = {1, 2, 3}, pos[3] = {0, 1, 2};
+    wire_seq seqs[1] = {{.seq_id = 9, .n_tokens = 3, .tokens = toks, .positions = pos,
+                         .cache_slot = 1, .sample = true,
+                         .sp = {.temperature = 0.5f, .top_k = 7, .top_p = 0, .min_p = 0.05f,
+                                .repetition_penalty = 0, .seed = 42, .logprobs = true,
+                                .top_logprobs = 3, .logits = WIRE_LOGITS_ALL}}};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_STEP_PLAN;
+    in.u.plan = (wire_step_plan){.step_id = 77, .n_seqs = 1, .seqs = seqs};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    const wire_seq *s = &out.u.plan.seqs[0];
+    CHECK(out.u.plan.step_id == 77 && out.u.plan.n_seqs == 1 && s->seq_id == 9 && s->n_tokens == 3 &&
+          s->tokens[2] == 3 && s->positions[2] == 2 && s->cache_slot == 1 && s->sample);
+    CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f &&
+          s->sp.seed == 42 && s->sp.logprobs && s->sp.top_logprobs == 3 &&
+          s->sp.logits == WIRE_LOGITS_ALL && fabsf(s->sp.min_p - 0.05f) < 1e-7f);
+    wire_msg_free(&out);
+
+    /* StepResult */
+    float logits[2 * 64];
+    for (int i = 0; i < 128; i++) logits[i] = (float)i * 0.25f - 3;
+    wire_seq_result sr[2];
+    memset(sr, 0, sizeof sr);
+    sr[0] = (wire_seq_result){.seq_id = 9, .token = 17, .logprob = -0.5f, .n_top = 2,
+                              .n_logit_rows = 2, .n_vocab = 64, .logits = logits};
+    sr[0].top[0] = (wire_top){17, -0.5f};
+    sr[0].top[1] = (wire_top){3, -1.5f};
+    sr[1] = (wire_seq_result){.seq_id = 10, .token = -1, .logprob = 0};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_STEP_RESULT;
+    in.u.result = (wire_step_result){.step_id = 77, .ok = true, .n_seqs = 2, .seqs = sr};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.result.ok && out.u.result.n_seqs == 2 && out.u.result.seqs[0].token == 17 &&
+          out.u.result.seqs[0].n_top == 2 && out.u.result.seqs[0].top[1].token == 3 &&
+          out.u.result.seqs[0].n_logit_rows == 2 &&
+          !memcmp(out.u.result.seqs[0].logits, logits, sizeof logits) &&
+          out.u.result.seqs[1].token == -1 && out.u.result.seqs[1].logits == NULL);
+    wire_msg_free(&out);
+    sr[0].token = 64;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "vocabulary"));
+    sr[0].token = 17;
+    sr[0].logprob = 0.5f;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "logprob"));
+    sr[0].logprob = -0.5f;
+    sr[0].n_vocab = 32; /* 2 x 32 != 128 floats sent */
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "logits"));
+    sr[0].n_vocab = 64;
+    sr[1].seq_id = 9;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "twice"));
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_STEP_RESULT;
+    in.u.result.step_id = 3;
+    in.u.result.ok = false;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "error message"));
+    strcpy(in.u.result.error, "engine: out of memory");
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(!out.u.result.ok && !strcmp(out.u.result.error, "engine: out of memory"));
+
+    /* Control */
+    uint64_t ids[3] = {5, 6, 7};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_CONTROL;
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_FREE_SEQ, .n_seq_ids = 3, .seq_ids = ids, .rank = 1};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.ctl.kind == WIRE_CTL_FREE_SEQ && out.u.ctl.n_seq_ids == 3 && out.u.ctl.seq_ids[2] == 7);
+    wire_msg_free(&out);
+    ids[2] = 5;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "twice"));
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_HEARTBEAT, .n_seq_ids = 1, .seq_ids = ids};
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR);
+    in.u.ctl = (wire_control){.kind = (wire_control_kind)9};
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "unknown control"));
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_ERROR};
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "message"));
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_LOADED, .status = 0, .n_vocab = 0};
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "vocabulary"));
+    wire_limits w2 = k_lim;
+    w2.world = 2;
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_HEARTBEAT, .rank = 2};
+    CHECK(roundtrip(&in, &out, &w2, &e) == MLA_ERR && strstr(e.msg, "rank"));
+}
+
+int main(void) {
+    test_plan_rejections();
+    test_roundtrips();
+    return mla_test_finish();
+}

@@ -1,0 +1,57 @@
+/* model_cuda: the forward pass of worker/model.h on one CUDA device, same weights, same
+ * semantics, same tensor-parallel plan (common/shard_plan.h): this rank's shard of every tensor
+ * is uploaded still quantized (attn_k_b / attn_v_b of its heads are dequantized once to float:
+ * they feed the per-head absorbed products); the latent KV cache and the indexer key cache live
+ * on the device; every op of a step runs on the device on one stream. Host synchronisation
+ * inside a step happens only for a collective with world > 1 (the host collective copies
+ * through pinned memory) and for the final copy of the logits.
+ *
+ * Ownership: mla_cmodel_load borrows the gguf_ctx (only during load: weights are copied to the
+ * device) and the coll (must outlive the model; NULL = single rank). mla_cmodel_free releases
+ * all device memory. A state (caches) belongs to its model and is released with
+ * mla_cstate_free before the model. One model per thread (its stream and scratch). */
+#ifndef WORKER_MODEL_CUDA_H
+#define WORKER_MODEL_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/coll.h"
+#include "common/gguf.h"
+#include "common/mla_err.h"
+#include "common/model_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mla_cmodel mla_cmodel;
+typedef struct mla_cstate mla_cstate;
+
+typedef struct mla_cmodel_opts {
+    int device;        /* CUDA device ordinal */
+    bool exact;        /* fp32 GEMV for every matmul (no bf16 tensor-core path for T > 8) */
+} mla_cmodel_opts;
+
+int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts, mla_err *err);
+void mla_cmodel_free(mla_cmodel *m);
+const mla_config *mla_cmodel_config(const mla_cmodel *m);
+/* Device bytes the weights of this rank take. */
+uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
+
+/* NULL with err set when the device memory is short. */
+mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err);
+void mla_cstate_free(mla_cstate *s);
+int64_t mla_cstate_n_past(const mla_cstate *s);
+void mla_cstate_truncate(mla_cstate *s, int64_t pos);
+
+/* As mla_model_forward (worker/model.h): mode 0 none, 1 last token, 2 all tokens; logits is a
+ * host buffer [rows][n_vocab]; every rank receives the full logits. */
+int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t n_tokens, int64_t pos0,
+                       int mode, float *logits, mla_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,46 @@
+/* sample: token sampling on the worker (rank 0, after the logits of a sequence's last token).
+ *
+ * Order of operations: penalties on the logits (repetition: divide positive / multiply negative
+ * logits of tokens seen in the history; frequency: minus f x count; presence: minus p once), then
+ * greedy (temperature 0 or top_k 1: argmax, lowest id on ties), else temperature, top_k, softmax,
+ * top_p (smallest prefix of the sorted distribution whose mass reaches top_p), min_p (drop tokens
+ * below min_p x the largest probability), and one draw.
+ *
+ * Randomness is stateless: the draw is a hash of (seed, stream), where the caller passes the
+ * position of the token being sampled as the stream. The same seed, position and logits always
+ * give the same token, whatever else the batch holds and whichever process samples.
+ *
+ * Logprobs (logprob of the chosen token, top_logprobs) are those of the model's raw distribution
+ * (log-softmax of the unmodified logits), as the OpenAI API reports them.
+ *
+ * Ownership: a sampler holds scratch buffers for one vocabulary size; sampler_new / sampler_free. */
+#ifndef SAMPLE_H
+#define SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mla_err.h"
+#include "wire.h"
+
+typedef struct sampler sampler;
+
+typedef struct sample_out {
+    int32_t token;
+    float logprob;
+    uint32_t n_top;
+    wire_top top[WIRE_MAX_TOP_LOGPROBS];
+} sample_out;
+
+sampler *sampler_new(uint32_t n_vocab);
+void sampler_free(sampler *s);
+
+/* history: tokens the penalties look at (prompt and generated so far), each in [0, n_vocab);
+ * out-of-range history entries are ignored. */
+void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, const int32_t *history,
+                    size_t n_history, uint64_t stream, sample_out *out);
+
+/* The uniform number in [0, 1) used for (seed, stream); exposed for tests. */
+double sampler_uniform(uint64_t seed, uint64_t stream);
+
+#endif

@@ -1,0 +1,577 @@
+#include "wire.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mla.pb-c.h"
+
+const char *wire_kind_name(wire_kind k) {
+    switch (k) {
+    case WIRE_REGISTER: return "Register";
+    case WIRE_REGISTER_REPLY: return "RegisterReply";
+    case WIRE_STEP_PLAN: return "StepPlan";
+    case WIRE_STEP_RESULT: return "StepResult";
+    case WIRE_CONTROL: return "Control";
+    }
+    return "?";
+}
+
+/* ---- encode -------------------------------------------------------------------------------- */
+
+static char *s_or_empty(const char *s) { return (char *)(s ? s : ""); }
+
+int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
+    *out = NULL;
+    *len = 0;
+    Mla__Envelope env = MLA__ENVELOPE__INIT;
+    env.magic = WIRE_MAGIC;
+    env.version = WIRE_VERSION;
+    env.kind = (Mla__FrameKind)m->kind;
+    Mla__Register reg = MLA__REGISTER__INIT;
+    Mla__RegisterReply rep = MLA__REGISTER_REPLY__INIT;
+    Mla__StepPlan plan = MLA__STEP_PLAN__INIT;
+    Mla__StepResult res = MLA__STEP_RESULT__INIT;
+    Mla__Control ctl = MLA__CONTROL__INIT;
+    /* per-sequence storage for plans and results */
+    Mla__SeqPlan *sps = NULL, **spp = NULL;
+    Mla__SamplingParams *sms = NULL;
+    Mla__SeqResult *srs = NULL, **srp = NULL;
+    Mla__TopLogprob *tops = NULL, **topp = NULL;
+    int rc = MLA_OK;
+
+    switch (m->kind) {
+    case WIRE_REGISTER:
+        reg.rank = m->u.reg.rank;
+        reg.world = m->u.reg.world;
+        reg.host = s_or_empty(m->u.reg.host);
+        reg.device = s_or_empty(m->u.reg.device);
+        reg.protocol_version = m->u.reg.protocol_version;
+        reg.model_hash = m->u.reg.model_hash;
+        reg.pid = m->u.reg.pid;
+        env.body_case = MLA__ENVELOPE__BODY_REG;
+        env.reg = &reg;
+        /* the envelope carries the version the sender speaks */
+        env.version = m->u.reg.protocol_version;
+        break;
+    case WIRE_REGISTER_REPLY:
+        rep.ok = m->u.reply.ok;
+        rep.reason = s_or_empty(m->u.reply.reason);
+        rep.coll_shm_name = s_or_empty(m->u.reply.coll_shm_name);
+        rep.nccl_unique_id.len = m->u.reply.nccl_id_len;
+        rep.nccl_unique_id.data = (uint8_t *)m->u.reply.nccl_id;
+        rep.heartbeat_ms = m->u.reply.heartbeat_ms;
+        rep.heartbeat_timeout_ms = m->u.reply.heartbeat_timeout_ms;
+        rep.coll_timeout_ms = m->u.reply.coll_timeout_ms;
+        env.body_case = MLA__ENVELOPE__BODY_REPLY;
+        env.reply = &rep;
+        break;
+    case WIRE_STEP_PLAN: {
+        const wire_step_plan *p = &m->u.plan;
+        plan.step_id = p->step_id;
+        plan.n_seqs = p->n_seqs;
+        sps = mla_xcalloc(p->n_seqs ? p->n_seqs : 1, sizeof *sps);
+        spp = mla_xcalloc(p->n_seqs ? p->n_seqs : 1, sizeof *spp);
+        sms = mla_xcalloc(p->n_seqs ? p->n_seqs : 1, sizeof *sms);
+        for (uint32_t i = 0; i < p->n_seqs; i++) {
+            const wire_seq *s = &p->seqs[i];
+            mla__seq_plan__init(&sps[i]);
+            mla__sampling_params__init(&sms[i]);
+            sps[i].seq_id = s->seq_id;
+            sps[i].n_tokens = s->n_tokens;
+            sps[i].tokens = s->tokens;
+            sps[i].n_positions = s->n_tokens;
+            sps[i].positions = s->positions;
+            sps[i].cache_slot = s->cache_slot;
+            sps[i].sample = s->sample;
+            sms[i].temperature = s->sp.temperature;
+            sms[i].top_k = s->sp.top_k;
+            sms[i].top_p = s->sp.top_p;
+            sms[i].min_p = s->sp.min_p;
+            sms[i].repetition_penalty = s->sp.repetition_penalty;
+            sms[i].presence_penalty = s->sp.presence_penalty;
+            sms[i].frequency_penalty = s->sp.frequency_penalty;
+            sms[i].seed = s->sp.seed;
+            sms[i].logprobs = s->sp.logprobs;
+            sms[i].top_logprobs = s->sp.top_logprobs;
+            sms[i].logits = (Mla__LogitsMode)s->sp.logits;
+            sps[i].sampling = &sms[i];
+            spp[i] = &sps[i];
+        }
+        plan.seqs = spp;
+        env.body_case = MLA__ENVELOPE__BODY_PLAN;
+        env.plan = &plan;
+        break;
+    }
+    case WIRE_STEP_RESULT: {
+        const wire_step_result *r = &m->u.result;
+        res.step_id = r->step_id;
+        res.ok = r->ok;
+        res.error = s_or_empty(r->error);
+        res.n_seqs = r->n_seqs;
+        size_t ntop = 0;
+        for (uint32_t i = 0; i < r->n_seqs; i++) ntop += r->seqs[i].n_top;
+        srs = mla_xcalloc(r->n_seqs ? r->n_seqs : 1, sizeof *srs);
+        srp = mla_xcalloc(r->n_seqs ? r->n_seqs : 1, sizeof *srp);
+        tops = mla_xcalloc(ntop ? ntop : 1, sizeof *tops);
+        topp = mla_xcalloc(ntop ? ntop : 1, sizeof *topp);
+        size_t t = 0;
+        for (uint32_t i = 0; i < r->n_seqs; i++) {
+            const wire_seq_result *s = &r->seqs[i];
+            mla__seq_result__init(&srs[i]);
+            srs[i].seq_id = s->seq_id;
+            srs[i].token = s->token;
+            srs[i].logprob = s->logprob;
+            srs[i].n_top = s->n_top;
+            srs[i].top = topp + t;
+            for (uint32_t k = 0; k < s->n_top; k++, t++) {
+                mla__top_logprob__init(&tops[t]);
+                tops[t].token = s->top[k].token;
+                tops[t].logprob = s->top[k].logprob;
+                topp[t] = &tops[t];
+            }
+            srs[i].n_logit_rows = s->n_logit_rows;
+            srs[i].n_vocab = s->n_vocab;
+            srs[i].n_logits = s->logits ? (size_t)s->n_logit_rows * s->n_vocab : 0;
+            srs[i].logits = s->logits;
+            srp[i] = &srs[i];
+        }
+        res.seqs = srp;
+        env.body_case = MLA__ENVELOPE__BODY_RESULT;
+        env.result = &res;
+        break;
+    }
+    case WIRE_CONTROL:
+        ctl.kind = (Mla__ControlKind)m->u.ctl.kind;
+        ctl.n_seq_ids = m->u.ctl.n_seq_ids;
+        ctl.seq_ids = m->u.ctl.seq_ids;
+        ctl.message = s_or_empty(m->u.ctl.message);
+        ctl.status = m->u.ctl.status;
+        ctl.n_vocab = m->u.ctl.n_vocab;
+        ctl.model_path = s_or_empty(m->u.ctl.model_path);
+        ctl.rank = m->u.ctl.rank;
+        ctl.step_id = m->u.ctl.step_id;
+        env.body_case = MLA__ENVELOPE__BODY_CONTROL;
+        env.control = &ctl;
+        break;
+    default:
+        return mla_errf(err, "wire: cannot encode frame kind %d", (int)m->kind);
+    }
+    size_t n = mla__envelope__get_packed_size(&env);
+    if (n > WIRE_MAX_FRAME) {
+        rc = mla_errf(err, "wire: %s frame of %zu bytes exceeds the limit of %zu",
+                      wire_kind_name(m->kind), n, WIRE_MAX_FRAME);
+    } else {
+        uint8_t *buf = mla_xmalloc(n);
+        size_t w = mla__envelope__pack(&env, buf);
+        MLA_ASSERT(w == n);
+        *out = buf;
+        *len = n;
+    }
+    free(sps);
+    free(spp);
+    free(sms);
+    free(srs);
+    free(srp);
+    free(tops);
+    free(topp);
+    return rc;
+}
+
+/* ---- decode + validate --------------------------------------------------------------------- */
+
+/* copies a protobuf string that must be printable ASCII/UTF-8 without control characters. */
+static int copy_str(char *dst, size_t cap, const char *src, const char *field, mla_err *err) {
+    if (!src) src = "";
+    size_t n = strlen(src);
+    if (n >= cap) return mla_errf(err, "wire: %s is %zu bytes long (limit %zu)", field, n, cap - 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)src[i];
+        if (c < 0x20 || c == 0x7f)
+            return mla_errf(err, "wire: %s holds a control character at byte %zu", field, i);
+    }
+    memcpy(dst, src, n + 1);
+    return MLA_OK;
+}
+
+static int is_shm_name(const char *s) {
+    size_t n = strlen(s);
+    if (n < 2 || n >= 64 || s[0] != '/') return 0;
+    for (size_t i = 1; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 1 when all n ids are distinct */
+static int ids_unique(const uint64_t *ids, size_t n) {
+    if (n < 2) return 1;
+    uint64_t *c = mla_xmalloc(n * sizeof *c);
+    memcpy(c, ids, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    int ok = 1;
+    for (size_t i = 1; i < n; i++)
+        if (c[i] == c[i - 1]) ok = 0;
+    free(c);
+    return ok;
+}
+
+static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire_limits *lim,
+                          wire_sampling *o, mla_err *err) {
+    if (!p) {
+        memset(o, 0, sizeof *o);
+        o->top_p = 1.0f;
+        o->repetition_penalty = 1.0f;
+        return MLA_OK;
+    }
+#define BAD(...) return mla_errf(err, __VA_ARGS__)
+    if (!isfinite(p->temperature) || p->temperature < 0 || p->temperature > 100)
+        BAD("wire: seq %llu: temperature %g outside [0, 100]", (unsigned long long)seq, p->temperature);
+    if (p->top_k < 0 || (lim->n_vocab && (uint32_t)p->top_k > lim->n_vocab))
+        BAD("wire: seq %llu: top_k %d outside [0, vocab]", (unsigned long long)seq, p->top_k);
+    if (!isfinite(p->top_p) || p->top_p < 0 || p->top_p > 1)
+        BAD("wire: seq %llu: top_p %g outside [0, 1]", (unsigned long long)seq, p->top_p);
+    if (!isfinite(p->min_p) || p->min_p < 0 || p->min_p > 1)
+        BAD("wire: seq %llu: min_p %g outside [0, 1]", (unsigned long long)seq, p->min_p);
+    if (!isfinite(p->repetition_penalty) || p->repetition_penalty < 0 || p->repetition_penalty > 100)
+        BAD("wire: seq %llu: repetition_penalty %g outside [0, 100]", (unsigned long long)seq,
+            p->repetition_penalty);
+    if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 100)
+        BAD("wire: seq %llu: presence_penalty %g outside [-100, 100]", (unsigned long long)seq,
+            p->presence_penalty);
+    if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 100)
+        BAD("wire: seq %llu: frequency_penalty %g outside [-100, 100]", (unsigned long long)seq,
+            p->frequency_penalty);
+    if (p->top_logprobs > WIRE_MAX_TOP_LOGPROBS)
+        BAD("wire: seq %llu: top_logprobs %u exceeds %d", (unsigned long long)seq, p->top_logprobs,
+            WIRE_MAX_TOP_LOGPROBS);
+    if ((int)p->logits < 0 || (int)p->logits > 2)
+        BAD("wire: seq %llu: logits mode %d unknown", (unsigned long long)seq, (int)p->logits);
+#undef BAD
+    o->temperature = p->temperature;
+    o->top_k = p->top_k;
+    o->top_p = p->top_p == 0 ? 1.0f : p->top_p;
+    o->min_p = p->min_p;
+    o->repetition_penalty = p->repetition_penalty == 0 ? 1.0f : p->repetition_penalty;
+    o->presence_penalty = p->presence_penalty;
+    o->frequency_penalty = p->frequency_penalty;
+    o->seed = p->seed;
+    o->logprobs = p->logprobs;
+    o->top_logprobs = p->top_logprobs;
+    o->logits = (wire_logits_mode)p->logits;
+    return MLA_OK;
+}
+
+static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step_plan *o,
+                       mla_err *err) {
+    uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
+    uint32_t max_ctx = lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX;
+    if (p->n_seqs == 0 || p->n_seqs > max_seqs)
+        return mla_errf(err, "wire: step plan with %zu sequences (1..%u allowed)", p->n_seqs, max_seqs);
+    size_t total = 0;
+    uint64_t *ids = mla_xmalloc(p->n_seqs * sizeof *ids);
+    for (size_t i = 0; i < p->n_seqs; i++) {
+        const Mla__SeqPlan *s = p->seqs[i];
+        ids[i] = s->seq_id;
+        if (s->n_tokens == 0 || s->n_tokens != s->n_positions) {
+            free(ids);
+            return mla_errf(err, "wire: seq %llu: %zu tokens and %zu positions (need equal, >= 1)",
+                            (unsigned long long)s->seq_id, s->n_tokens, s->n_positions);
+        }
+        total += s->n_tokens;
+        if (total > WIRE_MAX_STEP_TOKENS) {
+            free(ids);
+            return mla_errf(err, "wire: step plan holds more than %u tokens", WIRE_MAX_STEP_TOKENS);
+        }
+        for (size_t k = 0; k < s->n_tokens; k++) {
+            int32_t t = s->tokens[k], pos = s->positions[k];
+            if (t < 0 || (lim->n_vocab && (uint32_t)t >= lim->n_vocab)) {
+                free(ids);
+                return mla_errf(err, "wire: seq %llu: token %d at index %zu outside the vocabulary (%u)",
+                                (unsigned long long)s->seq_id, t, k, lim->n_vocab);
+            }
+            if (pos < 0 || (uint32_t)pos >= max_ctx || (k > 0 && pos != s->positions[k - 1] + 1)) {
+                free(ids);
+                return mla_errf(err, "wire: seq %llu: position %d at index %zu is out of range or "
+                                "not consecutive (context %u)",
+                                (unsigned long long)s->seq_id, pos, k, max_ctx);
+            }
+        }
+        if (lim->max_slots && s->cache_slot >= lim->max_slots) {
+            free(ids);
+            return mla_errf(err, "wire: seq %llu: cache slot %u >= %u", (unsigned long long)s->seq_id,
+                            s->cache_slot, lim->max_slots);
+        }
+    }
+    int uniq = ids_unique(ids, p->n_seqs);
+    free(ids);
+    if (!uniq) return mla_errf(err, "wire: step plan lists a sequence id twice");
+
+    o->step_id = p->step_id;
+    o->n_seqs = (uint32_t)p->n_seqs;
+    o->seqs = mla_xcalloc(p->n_seqs, sizeof *o->seqs);
+    for (size_t i = 0; i < p->n_seqs; i++) {
+        const Mla__SeqPlan *s = p->seqs[i];
+        wire_seq *d = &o->seqs[i];
+        d->seq_id = s->seq_id;
+        d->n_tokens = (uint32_t)s->n_tokens;
+        d->cache_slot = s->cache_slot;
+        d->sample = s->sample;
+        d->tokens = mla_xmalloc(s->n_tokens * sizeof *d->tokens);
+        d->positions = mla_xmalloc(s->n_tokens * sizeof *d->positions);
+        memcpy(d->tokens, s->tokens, s->n_tokens * sizeof *d->tokens);
+        memcpy(d->positions, s->positions, s->n_tokens * sizeof *d->positions);
+        if (check_sampling(s->sampling, s->seq_id, lim, &d->sp, err)) {
+            o->n_seqs = (uint32_t)i + 1;
+            return MLA_ERR; /* caller frees what was built */
+        }
+    }
+    return MLA_OK;
+}
+
+static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_step_result *o,
+                         mla_err *err) {
+    uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
+    o->step_id = r->step_id;
+    o->ok = r->ok;
+    if (copy_str(o->error, sizeof o->error, r->error, "StepResult.error", err)) return MLA_ERR;
+    if (!r->ok) {
+        if (!o->error[0]) return mla_errf(err, "wire: failed step result without an error message");
+        if (r->n_seqs) return mla_errf(err, "wire: failed step result carries sequences");
+        return MLA_OK;
+    }
+    if (r->n_seqs > max_seqs)
+        return mla_errf(err, "wire: step result with %zu sequences (limit %u)", r->n_seqs, max_seqs);
+    uint64_t *ids = mla_xmalloc((r->n_seqs ? r->n_seqs : 1) * sizeof *ids);
+    for (size_t i = 0; i < r->n_seqs; i++) ids[i] = r->seqs[i]->seq_id;
+    int uniq = ids_unique(ids, r->n_seqs);
+    free(ids);
+    if (!uniq) return mla_errf(err, "wire: step result lists a sequence id twice");
+    size_t total_logits = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const Mla__SeqResult *s = r->seqs[i];
+        unsigned long long id = (unsigned long long)s->seq_id;
+        if (s->token < -1 || (lim->n_vocab && s->token >= 0 && (uint32_t)s->token >= lim->n_vocab))
+            return mla_errf(err, "wire: seq %llu: sampled token %d outside the vocabulary", id, s->token);
+        if (isnan(s->logprob) || s->logprob > 0)
+            return mla_errf(err, "wire: seq %llu: logprob %g is not <= 0", id, s->logprob);
+        if (s->n_top > WIRE_MAX_TOP_LOGPROBS)
+            return mla_errf(err, "wire: seq %llu: %zu top logprobs (limit %d)", id, s->n_top,
+                            WIRE_MAX_TOP_LOGPROBS);
+        for (size_t k = 0; k < s->n_top; k++) {
+            const Mla__TopLogprob *t = s->top[k];
+            if (t->token < 0 || (lim->n_vocab && (uint32_t)t->token >= lim->n_vocab) ||
+                isnan(t->logprob) || t->logprob > 0)
+                return mla_errf(err, "wire: seq %llu: top logprob %zu (token %d, %g) invalid", id, k,
+                                t->token, t->logprob);
+        }
+        if (s->n_logits) {
+            if (s->n_vocab == 0 || (lim->n_vocab && s->n_vocab != lim->n_vocab) ||
+                s->n_logit_rows == 0 || s->n_logit_rows > WIRE_MAX_STEP_TOKENS ||
+                (uint64_t)s->n_logit_rows * s->n_vocab != s->n_logits)
+                return mla_errf(err, "wire: seq %llu: %zu logits do not match %u rows x %u vocab", id,
+                                s->n_logits, s->n_logit_rows, s->n_vocab);
+            total_logits += s->n_logits;
+        } else if (s->n_logit_rows) {
+            return mla_errf(err, "wire: seq %llu: %u logit rows announced, none sent", id, s->n_logit_rows);
+        }
+    }
+    (void)total_logits; /* bounded by the frame size */
+    o->n_seqs = (uint32_t)r->n_seqs;
+    o->seqs = mla_xcalloc(r->n_seqs ? r->n_seqs : 1, sizeof *o->seqs);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const Mla__SeqResult *s = r->seqs[i];
+        wire_seq_result *d = &o->seqs[i];
+        d->seq_id = s->seq_id;
+        d->token = s->token;
+        d->logprob = s->logprob;
+        d->n_top = (uint32_t)s->n_top;
+        for (size_t k = 0; k < s->n_top; k++) {
+            d->top[k].token = s->top[k]->token;
+            d->top[k].logprob = s->top[k]->logprob;
+        }
+        if (s->n_logits) {
+            d->n_logit_rows = s->n_logit_rows;
+            d->n_vocab = s->n_vocab;
+            d->logits = mla_xmalloc(s->n_logits * sizeof(float));
+            memcpy(d->logits, s->logits, s->n_logits * sizeof(float));
+        }
+    }
+    return MLA_OK;
+}
+
+static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_control *o,
+                          mla_err *err) {
+    uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
+    uint32_t world = lim->world ? lim->world : WIRE_MAX_WORLD;
+    if ((int)c->kind < WIRE_CTL_HEARTBEAT || (int)c->kind > WIRE_CTL_ERROR)
+        return mla_errf(err, "wire: unknown control kind %d", (int)c->kind);
+    if (c->n_seq_ids > max_seqs)
+        return mla_errf(err, "wire: control frame lists %zu sequences (limit %u)", c->n_seq_ids, max_seqs);
+    if ((int)c->kind != WIRE_CTL_FREE_SEQ && c->n_seq_ids)
+        return mla_errf(err, "wire: control kind %d carries sequence ids", (int)c->kind);
+    if (c->rank >= world) return mla_errf(err, "wire: control frame from rank %u (world %u)", c->rank, world);
+    if ((int)c->kind == WIRE_CTL_LOADED && c->status == 0 &&
+        (c->n_vocab == 0 || c->n_vocab > (1u << 24)))
+        return mla_errf(err, "wire: loaded control frame with vocabulary size %u", c->n_vocab);
+    if ((int)c->kind == WIRE_CTL_ERROR && (!c->message || !c->message[0]))
+        return mla_errf(err, "wire: error control frame without a message");
+    o->kind = (wire_control_kind)c->kind;
+    o->status = c->status;
+    o->n_vocab = c->n_vocab;
+    o->rank = c->rank;
+    o->step_id = c->step_id;
+    if (copy_str(o->message, sizeof o->message, c->message, "Control.message", err)) return MLA_ERR;
+    if (copy_str(o->model_path, sizeof o->model_path, c->model_path, "Control.model_path", err))
+        return MLA_ERR;
+    if (!ids_unique(c->seq_ids, c->n_seq_ids))
+        return mla_errf(err, "wire: control frame lists a sequence id twice");
+    o->n_seq_ids = (uint32_t)c->n_seq_ids;
+    if (c->n_seq_ids) {
+        o->seq_ids = mla_xmalloc(c->n_seq_ids * sizeof *o->seq_ids);
+        memcpy(o->seq_ids, c->seq_ids, c->n_seq_ids * sizeof *o->seq_ids);
+    }
+    return MLA_OK;
+}
+
+int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg *out, mla_err *err) {
+    memset(out, 0, sizeof *out);
+    wire_limits lim0 = {0};
+    const wire_limits *lim = lim_in ? lim_in : &lim0;
+    size_t max_frame = lim->max_frame ? lim->max_frame : WIRE_MAX_FRAME;
+    if (len > max_frame) return mla_errf(err, "wire: frame of %zu bytes exceeds the limit of %zu", len, max_frame);
+    if (len == 0) return mla_errf(err, "wire: empty frame");
+    Mla__Envelope *env = mla__envelope__unpack(NULL, len, buf);
+    if (!env) return mla_errf(err, "wire: frame of %zu bytes is not a valid protobuf envelope", len);
+    int rc = MLA_OK;
+    if (env->magic != WIRE_MAGIC) {
+        rc = mla_errf(err, "wire: bad magic 0x%08x", env->magic);
+        goto done;
+    }
+    int expect_case = 0;
+    switch ((int)env->kind) {
+    case WIRE_REGISTER: expect_case = MLA__ENVELOPE__BODY_REG; break;
+    case WIRE_REGISTER_REPLY: expect_case = MLA__ENVELOPE__BODY_REPLY; break;
+    case WIRE_STEP_PLAN: expect_case = MLA__ENVELOPE__BODY_PLAN; break;
+    case WIRE_STEP_RESULT: expect_case = MLA__ENVELOPE__BODY_RESULT; break;
+    case WIRE_CONTROL: expect_case = MLA__ENVELOPE__BODY_CONTROL; break;
+    default:
+        rc = mla_errf(err, "wire: unknown frame kind %d", (int)env->kind);
+        goto done;
+    }
+    if ((int)env->body_case != expect_case) {
+        rc = mla_errf(err, "wire: frame kind %s does not match its body", wire_kind_name((wire_kind)env->kind));
+        goto done;
+    }
+    /* A Register of another protocol version is decoded (so that it can be refused with a
+     * reason); every other frame must speak our version. */
+    if (env->kind != (Mla__FrameKind)WIRE_REGISTER && env->version != WIRE_VERSION) {
+        rc = mla_errf(err, "wire: protocol version %u, expected %u", env->version, WIRE_VERSION);
+        goto done;
+    }
+    out->kind = (wire_kind)env->kind;
+    switch (out->kind) {
+    case WIRE_REGISTER: {
+        const Mla__Register *r = env->reg;
+        wire_register *o = &out->u.reg;
+        if (r->protocol_version != env->version) {
+            rc = mla_errf(err, "wire: register frame version %u disagrees with its envelope (%u)",
+                          r->protocol_version, env->version);
+            break;
+        }
+        if (r->world == 0 || r->world > WIRE_MAX_WORLD || r->rank >= r->world) {
+            rc = mla_errf(err, "wire: register: rank %u / world %u out of range", r->rank, r->world);
+            break;
+        }
+        if (r->pid <= 0) {
+            rc = mla_errf(err, "wire: register: pid %d", r->pid);
+            break;
+        }
+        o->rank = r->rank;
+        o->world = r->world;
+        o->protocol_version = r->protocol_version;
+        o->model_hash = r->model_hash;
+        o->pid = r->pid;
+        if (copy_str(o->host, sizeof o->host, r->host, "Register.host", err) ||
+            copy_str(o->device, sizeof o->device, r->device, "Register.device", err))
+            rc = MLA_ERR;
+        break;
+    }
+    case WIRE_REGISTER_REPLY: {
+        const Mla__RegisterReply *r = env->reply;
+        wire_register_reply *o = &out->u.reply;
+        o->ok = r->ok;
+        if (copy_str(o->reason, sizeof o->reason, r->reason, "RegisterReply.reason", err) ||
+            copy_str(o->coll_shm_name, sizeof o->coll_shm_name, r->coll_shm_name,
+                     "RegisterReply.coll_shm_name", err)) {
+            rc = MLA_ERR;
+            break;
+        }
+        if (r->nccl_unique_id.len > WIRE_MAX_NCCL_ID) {
+            rc = mla_errf(err, "wire: NCCL id of %zu bytes", r->nccl_unique_id.len);
+            break;
+        }
+        if (!r->ok && !o->reason[0]) {
+            rc = mla_errf(err, "wire: refusal without a reason");
+            break;
+        }
+        if (r->ok) {
+            if (o->coll_shm_name[0] && !is_shm_name(o->coll_shm_name)) {
+                rc = mla_errf(err, "wire: collective name '%s' is not a shared-memory name", o->coll_shm_name);
+                break;
+            }
+            if (r->heartbeat_ms < 10 || r->heartbeat_ms > 60000 ||
+                r->heartbeat_timeout_ms <= r->heartbeat_ms || r->heartbeat_timeout_ms > 3600000 ||
+                r->coll_timeout_ms > 3600000) {
+                rc = mla_errf(err, "wire: heartbeat %u ms / timeout %u ms / collective timeout %u ms invalid",
+                              r->heartbeat_ms, r->heartbeat_timeout_ms, r->coll_timeout_ms);
+                break;
+            }
+        }
+        if (r->nccl_unique_id.len) memcpy(o->nccl_id, r->nccl_unique_id.data, r->nccl_unique_id.len);
+        o->nccl_id_len = (uint32_t)r->nccl_unique_id.len;
+        o->heartbeat_ms = r->heartbeat_ms;
+        o->heartbeat_timeout_ms = r->heartbeat_timeout_ms;
+        o->coll_timeout_ms = r->coll_timeout_ms;
+        break;
+    }
+    case WIRE_STEP_PLAN: rc = decode_plan(env->plan, lim, &out->u.plan, err); break;
+    case WIRE_STEP_RESULT: rc = decode_result(env->result, lim, &out->u.result, err); break;
+    case WIRE_CONTROL: rc = decode_control(env->control, lim, &out->u.ctl, err); break;
+    }
+done:
+    mla__envelope__free_unpacked(env, NULL);
+    if (rc) wire_msg_free(out);
+    return rc;
+}
+
+void wire_msg_free(wire_msg *m) {
+    if (!m) return;
+    switch (m->kind) {
+    case WIRE_STEP_PLAN:
+        if (m->u.plan.seqs)
+            for (uint32_t i = 0; i < m->u.plan.n_seqs; i++) {
+                free(m->u.plan.seqs[i].tokens);
+                free(m->u.plan.seqs[i].positions);
+            }
+        free(m->u.plan.seqs);
+        break;
+    case WIRE_STEP_RESULT:
+        if (m->u.result.seqs)
+            for (uint32_t i = 0; i < m->u.result.n_seqs; i++) free(m->u.result.seqs[i].logits);
+        free(m->u.result.seqs);
+        break;
+    case WIRE_CONTROL: free(m->u.ctl.seq_ids); break;
+    default: break;
+    }
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,162 @@
+/* wire: coordinator <-> worker frames (proto/mla.proto) as plain C structs, with encoding,
+ * decoding and validation. A frame is one protobuf Envelope (magic, version, kind, one body).
+ *
+ * wire_decode() never trusts its input: it rejects frames over the size limit, a wrong magic or
+ * version, a kind that does not match the body, and every field out of range (counts, token ids,
+ * positions, sequence ids, sampling parameters, strings), with a message naming the field.
+ *
+ * Ownership: wire_decode() fills a wire_msg whose arrays are heap copies owned by the message;
+ * release them with wire_msg_free(). A wire_msg built by hand for wire_encode() points at the
+ * caller's arrays (wire_encode only reads them; never wire_msg_free such a message).
+ * wire_encode() returns a malloc'ed buffer the caller free()s. */
+#ifndef WIRE_H
+#define WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mla_err.h"
+
+#define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
+#define WIRE_VERSION 1u
+#define WIRE_MAX_FRAME ((size_t)256 << 20)
+#define WIRE_MAX_SEQS 4096
+#define WIRE_MAX_STEP_TOKENS (1u << 20)
+#define WIRE_MAX_CTX (1u << 24)
+#define WIRE_MAX_TOP_LOGPROBS 20
+#define WIRE_MAX_WORLD 64
+#define WIRE_MAX_STR 512
+#define WIRE_MAX_NCCL_ID 128
+
+typedef enum wire_kind {
+    WIRE_REGISTER = 1,
+    WIRE_REGISTER_REPLY = 2,
+    WIRE_STEP_PLAN = 3,
+    WIRE_STEP_RESULT = 4,
+    WIRE_CONTROL = 5,
+} wire_kind;
+
+typedef enum wire_logits_mode { WIRE_LOGITS_NONE = 0, WIRE_LOGITS_LAST = 1, WIRE_LOGITS_ALL = 2 } wire_logits_mode;
+
+typedef enum wire_control_kind {
+    WIRE_CTL_HEARTBEAT = 1,
+    WIRE_CTL_SHUTDOWN = 2,
+    WIRE_CTL_FREE_SEQ = 3,
+    WIRE_CTL_LOAD = 4,
+    WIRE_CTL_LOADED = 5,
+    WIRE_CTL_ERROR = 6,
+} wire_control_kind;
+
+typedef struct wire_register {
+    uint32_t rank, world;
+    char host[WIRE_MAX_STR];
+    char device[WIRE_MAX_STR];
+    uint32_t protocol_version;
+    uint64_t model_hash;
+    int32_t pid;
+} wire_register;
+
+typedef struct wire_register_reply {
+    bool ok;
+    char reason[WIRE_MAX_STR];
+    char coll_shm_name[WIRE_MAX_STR];
+    uint8_t nccl_id[WIRE_MAX_NCCL_ID];
+    uint32_t nccl_id_len;
+    uint32_t heartbeat_ms, heartbeat_timeout_ms, coll_timeout_ms;
+} wire_register_reply;
+
+/* Sampling parameters, normalised by wire_decode: top_p 0 -> 1, repetition_penalty 0 -> 1. */
+typedef struct wire_sampling {
+    float temperature; /* 0 = greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty, frequency_penalty;
+    uint64_t seed;
+    bool logprobs;
+    uint32_t top_logprobs;
+    wire_logits_mode logits;
+} wire_sampling;
+
+typedef struct wire_seq {
+    uint64_t seq_id;
+    uint32_t n_tokens;
+    int32_t *tokens;
+    int32_t *positions;
+    uint32_t cache_slot;
+    bool sample;
+    wire_sampling sp;
+} wire_seq;
+
+typedef struct wire_step_plan {
+    uint64_t step_id;
+    uint32_t n_seqs;
+    wire_seq *seqs;
+} wire_step_plan;
+
+typedef struct wire_top {
+    int32_t token;
+    float logprob;
+} wire_top;
+
+typedef struct wire_seq_result {
+    uint64_t seq_id;
+    int32_t token; /* -1 when not sampled */
+    float logprob;
+    uint32_t n_top;
+    wire_top top[WIRE_MAX_TOP_LOGPROBS];
+    uint32_t n_logit_rows, n_vocab;
+    float *logits; /* n_logit_rows * n_vocab, or NULL */
+} wire_seq_result;
+
+typedef struct wire_step_result {
+    uint64_t step_id;
+    bool ok;
+    char error[WIRE_MAX_STR];
+    uint32_t n_seqs;
+    wire_seq_result *seqs;
+} wire_step_result;
+
+typedef struct wire_control {
+    wire_control_kind kind;
+    uint32_t n_seq_ids;
+    uint64_t *seq_ids;
+    char message[WIRE_MAX_STR];
+    int32_t status;
+    uint32_t n_vocab;
+    char model_path[WIRE_MAX_STR];
+    uint32_t rank;
+    uint64_t step_id;
+} wire_control;
+
+typedef struct wire_msg {
+    wire_kind kind;
+    union {
+        wire_register reg;
+        wire_register_reply reply;
+        wire_step_plan plan;
+        wire_step_result result;
+        wire_control ctl;
+    } u;
+} wire_msg;
+
+/* What the receiver knows, to bound what it accepts. Zero fields mean "unknown": token ids are
+ * then only checked to be non-negative, positions against WIRE_MAX_CTX. */
+typedef struct wire_limits {
+    uint32_t n_vocab;
+    uint32_t max_ctx;
+    uint32_t max_seqs;   /* 0: WIRE_MAX_SEQS */
+    uint32_t max_slots;  /* cache_slot < max_slots; 0: unchecked */
+    uint32_t world;      /* rank checks in Control; 0: WIRE_MAX_WORLD */
+    size_t max_frame;    /* 0: WIRE_MAX_FRAME */
+} wire_limits;
+
+int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err);
+int wire_decode(const void *buf, size_t len, const wire_limits *lim, wire_msg *out, mla_err *err);
+void wire_msg_free(wire_msg *m);
+
+const char *wire_kind_name(wire_kind k);
+
+#endif

@@ -1,0 +1,492 @@
+#include "wk_run.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coll_host.h"
+#include "mla_log.h"
+#include "sample.h"
+#include "wire.h"
+
+#define WK_REFUSED (-3)
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- argument parsing ------------------------------------------------------------------- */
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return MLA_ERR;
+    *out = (int)v;
+    return MLA_OK;
+}
+
+int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
+    const engine_ops *eng = cfg->engine;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->engine = eng;
+    cfg->rank = -1;
+    cfg->world = -1;
+    cfg->n_threads = 1;
+    cfg->device = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int pv;
+        if (!strcmp(a, "--coord") && v) cfg->coord_endpoint = v, i++;
+        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) cfg->model_path = v, i++;
+        else if (!strcmp(a, "--device") && v) cfg->device = v, i++;
+        else if (!strcmp(a, "--rank") && v) {
+            if (parse_int(v, 0, WIRE_MAX_WORLD - 1, &cfg->rank)) return mla_errf(err, "bad --rank '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--world") && v) {
+            if (parse_int(v, 1, WIRE_MAX_WORLD, &cfg->world)) return mla_errf(err, "bad --world '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (parse_int(v, 1, 1024, &cfg->n_threads)) return mla_errf(err, "bad --threads '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--protocol-version") && v) {
+            if (parse_int(v, 1, 1 << 30, &pv)) return mla_errf(err, "bad --protocol-version '%s'", v);
+            cfg->protocol_version = (uint32_t)pv;
+            i++;
+        } else {
+            return mla_errf(err, "unknown or incomplete argument '%s'", a);
+        }
+    }
+    if (!cfg->coord_endpoint || cfg->rank < 0 || cfg->world < 1 || !cfg->model_path)
+        return mla_errf(err, "need --coord ENDPOINT --rank R --world T -m MODEL");
+    if (cfg->rank >= cfg->world) return mla_errf(err, "--rank %d is not below --world %d", cfg->rank, cfg->world);
+    return MLA_OK;
+}
+
+/* ---- shared state between the two threads ------------------------------------------------ */
+
+typedef struct wk {
+    const wk_config *cfg;
+    void *zctx;
+    char pair_ep[64];
+    coll *coll;
+    _Atomic uint32_t n_vocab;
+    _Atomic int compute_failed;
+    char compute_err[sizeof(((mla_err *)0)->msg)];
+} wk;
+
+static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(m, &buf, &n, err)) return MLA_ERR;
+    int rc = zmq_send(sock, buf, n, 0);
+    free(buf);
+    if (rc < 0) return mla_errf(err, "zmq send: %s", zmq_strerror(zmq_errno()));
+    return MLA_OK;
+}
+
+static void send_control(void *sock, wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab,
+                         uint64_t step_id, const char *message) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = kind;
+    m.u.ctl.rank = (uint32_t)rank;
+    m.u.ctl.status = status;
+    m.u.ctl.n_vocab = n_vocab;
+    m.u.ctl.step_id = step_id;
+    if (message) snprintf(m.u.ctl.message, sizeof m.u.ctl.message, "%s", message);
+    mla_err err;
+    if (send_msg(sock, &m, &err)) MLA_WARN("%s", err.msg);
+}
+
+/* ---- compute thread ---------------------------------------------------------------------- */
+
+typedef struct seq_hist {
+    uint64_t id;
+    int32_t *tok;
+    size_t n, cap;
+} seq_hist;
+
+typedef struct hist_tab {
+    seq_hist *v;
+    size_t n, cap;
+} hist_tab;
+
+static seq_hist *hist_get(hist_tab *t, uint64_t id) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id) return &t->v[i];
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->v = mla_xrealloc(t->v, t->cap * sizeof *t->v);
+    }
+    seq_hist *h = &t->v[t->n++];
+    memset(h, 0, sizeof *h);
+    h->id = id;
+    return h;
+}
+
+static void hist_drop(hist_tab *t, uint64_t id) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id) {
+            free(t->v[i].tok);
+            t->v[i] = t->v[--t->n];
+            return;
+        }
+}
+
+static void hist_append(seq_hist *h, const wire_seq *s) {
+    if (s->positions[0] == 0) h->n = 0; /* a sequence starting over */
+    if (h->n + s->n_tokens > h->cap) {
+        h->cap = (h->n + s->n_tokens) * 2;
+        h->tok = mla_xrealloc(h->tok, h->cap * sizeof *h->tok);
+    }
+    memcpy(h->tok + h->n, s->tokens, s->n_tokens * sizeof *h->tok);
+    h->n += s->n_tokens;
+}
+
+static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
+    const int rank = w->cfg->rank;
+    const uint32_t V = atomic_load(&w->n_vocab);
+    float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
+    for (uint32_t i = 0; i < p->n_seqs; i++)
+        rows[i] = mla_xmalloc((size_t)engine_logit_rows(&p->seqs[i]) * V * sizeof(float));
+    mla_err err;
+    int rc = w->cfg->engine->step(eng, p, (float *const *)rows, &err);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    if (rc) {
+        MLA_ERROR("step %llu failed: %s", (unsigned long long)p->step_id, err.msg);
+        if (rank == 0) {
+            m.kind = WIRE_STEP_RESULT;
+            m.u.result.step_id = p->step_id;
+            m.u.result.ok = false;
+            snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %.480s", err.msg);
+            if (send_msg(pair, &m, &err)) MLA_WARN("%s", err.msg);
+        } else {
+            send_control(pair, WIRE_CTL_ERROR, rank, 1, 0, p->step_id, err.msg);
+        }
+    } else if (rank == 0) {
+        wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
+        for (uint32_t i = 0; i < p->n_seqs; i++) {
+            const wire_seq *s = &p->seqs[i];
+            seq_hist *h = hist_get(hist, s->seq_id);
+            hist_append(h, s);
+            uint32_t nrow = engine_logit_rows(s);
+            const float *last = rows[i] + (size_t)(nrow - 1) * V;
+            sr[i].seq_id = s->seq_id;
+            sr[i].token = -1;
+            if (s->sample) {
+                sample_out so;
+                sampler_sample(smp, last, &s->sp, h->tok, h->n,
+                               (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
+                sr[i].token = so.token;
+                sr[i].logprob = so.logprob;
+                sr[i].n_top = so.n_top;
+                memcpy(sr[i].top, so.top, sizeof so.top);
+            }
+            if (s->sp.logits != WIRE_LOGITS_NONE) {
+                sr[i].n_logit_rows = nrow;
+                sr[i].n_vocab = V;
+                sr[i].logits = rows[i];
+            }
+        }
+        m.kind = WIRE_STEP_RESULT;
+        m.u.result.step_id = p->step_id;
+        m.u.result.ok = true;
+        m.u.result.n_seqs = p->n_seqs;
+        m.u.result.seqs = sr;
+        if (send_msg(pair, &m, &err)) {
+            /* e.g. too large a frame: report instead of going silent */
+            memset(&m, 0, sizeof m);
+            m.kind = WIRE_STEP_RESULT;
+            m.u.result.step_id = p->step_id;
+            snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %.480s", err.msg);
+            mla_err e2;
+            if (send_msg(pair, &m, &e2)) MLA_WARN("%s", e2.msg);
+        }
+        free(sr);
+    }
+    for (uint32_t i = 0; i < p->n_seqs; i++) free(rows[i]);
+    free(rows);
+}
+
+static void *compute_main(void *arg) {
+    wk *w = arg;
+    const wk_config *cfg = w->cfg;
+    void *pair = zmq_socket(w->zctx, ZMQ_PAIR);
+    int linger = 0;
+    zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(pair, w->pair_ep) != 0) MLA_PANIC("inproc connect: %s", zmq_strerror(zmq_errno()));
+    engine *eng = NULL;
+    mla_err err;
+    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, cfg->n_threads, &err)) {
+        snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
+        atomic_store(&w->compute_failed, 1);
+        send_control(pair, WIRE_CTL_LOADED, cfg->rank, 1, 0, 0, w->compute_err);
+        zmq_send(pair, "X", 1, 0);
+        zmq_close(pair);
+        return NULL;
+    }
+    uint32_t V = cfg->engine->n_vocab(eng);
+    atomic_store(&w->n_vocab, V);
+    send_control(pair, WIRE_CTL_LOADED, cfg->rank, 0, V, 0, NULL);
+    sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
+    hist_tab hist = {0};
+    for (;;) {
+        wire_msg *m = NULL;
+        int n = zmq_recv(pair, &m, sizeof m, 0);
+        if (n != (int)sizeof m) {
+            if (n < 0 && zmq_errno() == EINTR) continue;
+            break;
+        }
+        if (!m) break; /* quit */
+        if (m->kind == WIRE_STEP_PLAN) {
+            run_plan(w, eng, smp, &hist, pair, &m->u.plan);
+        } else if (m->kind == WIRE_CONTROL && m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
+            for (uint32_t i = 0; i < m->u.ctl.n_seq_ids; i++) {
+                cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
+                hist_drop(&hist, m->u.ctl.seq_ids[i]);
+            }
+        }
+        wire_msg_free(m);
+        free(m);
+    }
+    for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
+    free(hist.v);
+    sampler_free(smp);
+    cfg->engine->destroy(eng);
+    zmq_close(pair);
+    return NULL;
+}
+
+/* ---- I/O thread --------------------------------------------------------------------------- */
+
+static int do_register(const wk_config *cfg, void *dealer, wire_register_reply *reply, mla_err *err) {
+    uint64_t hash = 0;
+    if (cfg->engine->model_hash(cfg->model_path, &hash, err))
+        return mla_err_prefix(err, "model %s", cfg->model_path);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_REGISTER;
+    m.u.reg.rank = (uint32_t)cfg->rank;
+    m.u.reg.world = (uint32_t)cfg->world;
+    m.u.reg.protocol_version = cfg->protocol_version ? cfg->protocol_version : WIRE_VERSION;
+    m.u.reg.model_hash = hash;
+    m.u.reg.pid = (int32_t)getpid();
+    if (gethostname(m.u.reg.host, sizeof m.u.reg.host - 1) != 0) strcpy(m.u.reg.host, "?");
+    for (char *p = m.u.reg.host; *p; p++)
+        if ((unsigned char)*p < 0x20) *p = '?';
+    snprintf(m.u.reg.device, sizeof m.u.reg.device, "%s", cfg->device ? cfg->device : "cpu");
+    if (send_msg(dealer, &m, err)) return MLA_ERR;
+    int64_t deadline = now_ms() + (cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000);
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return mla_errf(err, "no answer from the coordinator at %s to the registration",
+                            cfg->coord_endpoint);
+        zmq_pollitem_t it = {dealer, 0, ZMQ_POLLIN, 0};
+        int rc = zmq_poll(&it, 1, (long)left);
+        if (rc < 0) {
+            if (zmq_errno() == EINTR) continue;
+            return mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));
+        }
+        if (rc == 0) continue;
+        zmq_msg_t zm;
+        zmq_msg_init(&zm);
+        if (zmq_msg_recv(&zm, dealer, 0) < 0) {
+            zmq_msg_close(&zm);
+            continue;
+        }
+        wire_msg in;
+        mla_err e2;
+        int drc = wire_decode(zmq_msg_data(&zm), zmq_msg_size(&zm), NULL, &in, &e2);
+        zmq_msg_close(&zm);
+        if (drc) {
+            MLA_WARN("dropping a malformed frame from the coordinator: %s", e2.msg);
+            continue;
+        }
+        if (in.kind != WIRE_REGISTER_REPLY) {
+            wire_msg_free(&in);
+            continue;
+        }
+        *reply = in.u.reply;
+        if (!reply->ok) {
+            mla_errf(err, "registration refused by the coordinator: %s", reply->reason);
+            return WK_REFUSED;
+        }
+        return MLA_OK;
+    }
+}
+
+int wk_run(const wk_config *cfg, mla_err *err) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "worker %d", cfg->rank);
+    mla_log_set_tag(tag);
+    int rc = MLA_OK;
+    wk w;
+    memset(&w, 0, sizeof w);
+    w.cfg = cfg;
+    w.zctx = zmq_ctx_new();
+    void *dealer = zmq_socket(w.zctx, ZMQ_DEALER);
+    int linger = 200;
+    zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
+    int64_t maxmsg = (int64_t)WIRE_MAX_FRAME;
+    zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (zmq_connect(dealer, cfg->coord_endpoint) != 0) {
+        rc = mla_errf(err, "cannot connect to %s: %s", cfg->coord_endpoint, zmq_strerror(zmq_errno()));
+        zmq_close(dealer);
+        zmq_ctx_term(w.zctx);
+        return rc;
+    }
+    wire_register_reply reply;
+    rc = do_register(cfg, dealer, &reply, err);
+    if (rc) {
+        zmq_close(dealer);
+        zmq_ctx_term(w.zctx);
+        return rc;
+    }
+    MLA_INFO("registered with %s (rank %d of %d)", cfg->coord_endpoint, cfg->rank, cfg->world);
+    if (reply.coll_shm_name[0]) {
+        if (coll_host_attach(&w.coll, reply.coll_shm_name, cfg->rank, cfg->world,
+                             (int)reply.coll_timeout_ms, err)) {
+            zmq_close(dealer);
+            zmq_ctx_term(w.zctx);
+            return MLA_ERR;
+        }
+    } else if (cfg->world == 1) {
+        w.coll = coll_single_new();
+    } else {
+        zmq_close(dealer);
+        zmq_ctx_term(w.zctx);
+        return mla_errf(err, "the coordinator gave no collective for world size %d", cfg->world);
+    }
+
+    void *pair = zmq_socket(w.zctx, ZMQ_PAIR);
+    zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof linger);
+    snprintf(w.pair_ep, sizeof w.pair_ep, "inproc://wk-compute-%p", (void *)&w);
+    if (zmq_bind(pair, w.pair_ep) != 0) MLA_PANIC("inproc bind: %s", zmq_strerror(zmq_errno()));
+    pthread_t th;
+    if (pthread_create(&th, NULL, compute_main, &w) != 0) MLA_PANIC("pthread_create failed");
+
+    const int hb_ms = (int)reply.heartbeat_ms;
+    const int hb_timeout = (int)reply.heartbeat_timeout_ms;
+    int64_t last_rx = now_ms(), last_tx = 0;
+    int stop = 0;
+    while (!stop) {
+        int64_t t = now_ms();
+        if (t - last_tx >= hb_ms) {
+            send_control(dealer, WIRE_CTL_HEARTBEAT, cfg->rank, 0, 0, 0, NULL);
+            last_tx = t;
+        }
+        if (t - last_rx > hb_timeout) {
+            rc = mla_errf(err, "the coordinator stopped answering (nothing for %lld ms); exiting",
+                          (long long)(t - last_rx));
+            coll_host_abort(w.coll, "a worker lost its coordinator");
+            break;
+        }
+        zmq_pollitem_t items[2] = {{dealer, 0, ZMQ_POLLIN, 0}, {pair, 0, ZMQ_POLLIN, 0}};
+        int prc = zmq_poll(items, 2, hb_ms);
+        if (prc < 0) {
+            if (zmq_errno() == EINTR) continue;
+            rc = mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            zmq_msg_t zm;
+            zmq_msg_init(&zm);
+            if (zmq_msg_recv(&zm, pair, 0) >= 0) {
+                if (zmq_msg_size(&zm) == 1 && ((char *)zmq_msg_data(&zm))[0] == 'X') {
+                    rc = mla_errf(err, "%s", w.compute_err);
+                    stop = 1;
+                } else if (zmq_msg_send(&zm, dealer, 0) < 0) {
+                    MLA_WARN("send to the coordinator: %s", zmq_strerror(zmq_errno()));
+                }
+            }
+            zmq_msg_close(&zm);
+        }
+        if (stop) break;
+        if (items[0].revents & ZMQ_POLLIN) {
+            zmq_msg_t zm;
+            zmq_msg_init(&zm);
+            if (zmq_msg_recv(&zm, dealer, 0) < 0) {
+                zmq_msg_close(&zm);
+                continue;
+            }
+            last_rx = now_ms();
+            wire_limits lim = {.n_vocab = atomic_load(&w.n_vocab), .world = (uint32_t)cfg->world};
+            wire_msg *m = mla_xcalloc(1, sizeof *m);
+            mla_err e2;
+            int drc = wire_decode(zmq_msg_data(&zm), zmq_msg_size(&zm), &lim, m, &e2);
+            zmq_msg_close(&zm);
+            if (drc) {
+                MLA_WARN("dropping a malformed frame from the coordinator: %s", e2.msg);
+                free(m);
+                continue;
+            }
+            int forward = 0;
+            if (m->kind == WIRE_STEP_PLAN) forward = 1;
+            else if (m->kind == WIRE_CONTROL) {
+                if (m->u.ctl.kind == WIRE_CTL_SHUTDOWN) {
+                    MLA_INFO("shutdown requested by the coordinator");
+                    stop = 1;
+                } else if (m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
+                    forward = 1;
+                }
+            }
+            if (forward) {
+                if (zmq_send(pair, &m, sizeof m, 0) != (int)sizeof m) {
+                    MLA_WARN("inproc send: %s", zmq_strerror(zmq_errno()));
+                    wire_msg_free(m);
+                    free(m);
+                }
+            } else {
+                wire_msg_free(m);
+                free(m);
+            }
+        }
+    }
+
+    /* stop the compute thread: it is idle unless a step is running; a step stuck in a collective
+     * is released by the abort flag */
+    if (rc != MLA_OK && w.coll) coll_host_abort(w.coll, "a worker is exiting");
+    wire_msg *quit = NULL;
+    zmq_send(pair, &quit, sizeof quit, ZMQ_DONTWAIT);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    int joined = pthread_timedjoin_np(th, NULL, &ts) == 0;
+    if (!joined) {
+        MLA_WARN("the compute thread did not stop; leaving without cleanup");
+        return rc;
+    }
+    zmq_close(pair);
+    zmq_close(dealer);
+    zmq_ctx_term(w.zctx);
+    coll_free(w.coll);
+    return rc;
+}
+
+int wk_main(int argc, char **argv, const engine_ops *engine) {
+    wk_config cfg = {.engine = engine};
+    mla_err err;
+    if (wk_parse_args(argc, argv, &cfg, &err)) {
+        fprintf(stderr, "%s: %s\nusage: %s --coord ENDPOINT --rank R --world T -m MODEL [--threads N]\n",
+                argv[0], err.msg, argv[0]);
+        return 2;
+    }
+    int rc = wk_run(&cfg, &err);
+    if (rc == MLA_OK) return 0;
+    mla_log_set_tag("worker");
+    fprintf(stderr, "mlaserve-worker (rank %d): %s\n", cfg.rank, err.msg);
+    return rc == WK_REFUSED ? 3 : 1;
+}

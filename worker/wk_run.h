@@ -1,0 +1,42 @@
+/* wk_run: the worker process's runtime, shared by mlaserve-worker and test workers.
+ *
+ * Two threads. The I/O thread (the caller of wk_run) owns the ZeroMQ DEALER socket connected to
+ * the coordinator: it registers, answers and sends heartbeats, validates every frame
+ * (worker/wire.h) and passes plans to the compute thread over an inproc pair. The compute thread
+ * attaches nothing itself: it loads the engine on the collective the I/O thread attached, runs
+ * each StepPlan, samples on rank 0 (worker/sample.h) and hands the StepResult back. Heartbeats
+ * therefore continue while a long step runs.
+ *
+ * The worker exits (wk_run returns) on SHUTDOWN (MLA_OK), on a refused registration (MLA_ERR,
+ * "registration refused: <reason>"), when the coordinator stops answering for the heartbeat
+ * timeout (MLA_ERR), or on a fatal engine error (MLA_ERR). */
+#ifndef WK_RUN_H
+#define WK_RUN_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "mla_err.h"
+
+typedef struct wk_config {
+    const char *coord_endpoint; /* tcp://host:port or ipc://path */
+    int rank, world;
+    const char *model_path;
+    int n_threads;
+    const char *device;          /* reported at registration; default "cpu" */
+    const engine_ops *engine;
+    uint32_t protocol_version;   /* 0: WIRE_VERSION (tests set others to check refusals) */
+    int register_timeout_ms;     /* 0: 60000 */
+} wk_config;
+
+/* Parses "--coord E --rank R --world T -m MODEL [--threads N] [--device D]" (and, for tests,
+ * "--protocol-version V"). MLA_ERR with a usage message on a bad command line. */
+int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err);
+
+int wk_run(const wk_config *cfg, mla_err *err);
+
+/* The usual main(): parse, run, print the error, exit status 0 (clean), 2 (bad usage),
+ * 3 (registration refused) or 1 (other failure). */
+int wk_main(int argc, char **argv, const engine_ops *engine);
+
+#endif
