@@ -245,6 +245,20 @@ int mla_config_from_gguf(mla_config *c, const gguf_ctx *g, mla_err *err) {
         if (c->idx_head_dim < c->n_rope || c->idx_top_k < 1)
             return mla_errf(err, "indexer key_length %lld / top_k %lld are invalid", (long long)c->idx_head_dim,
                             (long long)c->idx_top_k);
+        /* Per-layer indexer kind (HF indexer_types; true = "full"). A "shared" layer reuses the
+         * previous full layer's top-k in HF (GlmMoeDsaAttention.prev_topk_indices) and carries no
+         * indexer weights; that is not implemented: refuse rather than select per layer. */
+        const gguf_value *ty = NULL;
+        if ((rc = gguf_get_arr(g, k(&r, "attention.indexer.types"), GGUF_VT_BOOL, &ty, err)) < 0) return rc;
+        if (rc == 1) {
+            if (ty->v.arr.n < (uint64_t)c->n_layer)
+                return mla_errf(err, "%s has %llu entries for %lld layers", r.key, (unsigned long long)ty->v.arr.n,
+                                (long long)c->n_layer);
+            for (int64_t il = 0; il < c->n_layer; il++)
+                if (!ty->v.arr.items[il].v.b)
+                    return mla_errf(err, "%s: layer %lld reuses the previous layer's DSA top-k (\"shared\"), "
+                                         "which this build does not support", r.key, (long long)il);
+        }
     } else if (c->arch == MLA_ARCH_GLM_DSA) {
         return mla_errf(err, "%s is missing (required for glm-dsa)", k(&r, "attention.indexer.head_count"));
     }

@@ -69,6 +69,8 @@ struct api_server {
     api_req *reqs;
     int n_inflight;
     uint64_t counter;
+    bool draining;             /* api_server_set_draining: no new generations */
+    const char *cancel_reason; /* api_server_cancel_all: the error cancelled requests get */
 };
 
 static double now_s(void) {
@@ -509,7 +511,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
     } else if (ev->finish == SCHED_FINISH_CANCELLED && !r->text_done) {
         a->m.requests_cancelled++;
         r->cancelled = true;
-        complete_response(r, "the request was cancelled");
+        complete_response(r, a->cancel_reason ? a->cancel_reason : "the request was cancelled");
     } else {
         if (r->finish_reason && !strcmp(r->finish_reason, "length")) a->m.finish_length++;
         else a->m.finish_stop++;
@@ -602,6 +604,18 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
     int32_t n_ids = 0;
     mla_err err = {{0}};
     api_req *r = NULL;
+    if (a->draining) {
+        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+        goto done;
+    }
+    {
+        char why[512];
+        if (!api_server_healthy(a, why, sizeof(why))) {
+            api_error_set(e, 503, NULL, "worker_down", "the worker group is not available: %s",
+                          why[0] ? why : "a worker is down");
+            goto done;
+        }
+    }
     if (p->model && strcmp(p->model, a->model_name)) {
         api_error_set(e, 404, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
                       p->model, a->model_name);
@@ -866,7 +880,11 @@ bool api_server_healthy(api_server *a, char *why, size_t cap) {
 
 static void handle_health(api_server *a, http_conn *c) {
     char why[512];
-    if (api_server_healthy(a, why, sizeof(why))) {
+    if (a->draining) {
+        api_error e;
+        api_error_set(&e, 503, NULL, "shutting_down", "draining: the server is shutting down");
+        reply_error(a, c, &e, NULL);
+    } else if (api_server_healthy(a, why, sizeof(why))) {
         reply(a, c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
     } else {
         api_error e;
@@ -1008,6 +1026,13 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
 void api_server_set_sched(api_server *a, sched *s) { a->s = s; }
 void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
 int api_server_inflight(const api_server *a) { return a->n_inflight; }
+
+void api_server_set_draining(api_server *a) { a->draining = true; }
+
+void api_server_cancel_all(api_server *a, const char *reason) {
+    a->cancel_reason = reason;
+    for (api_req *r = a->reqs; r; r = r->next) sched_cancel(a->s, r->sched_id);
+}
 
 void api_server_drain(api_server *a) {
     while (a->n_inflight > 0) {

@@ -75,6 +75,11 @@ void api_server_on_event(void *cb_ctx, const sched_event *ev);
 /* Runs the loop until no generation request is in flight (after http_server_close). */
 void api_server_drain(api_server *a);
 int api_server_inflight(const api_server *a);
+/* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503;
+ * requests in flight go on. */
+void api_server_set_draining(api_server *a);
+/* Cancels every request in flight; each fails with `reason` (a static string) as its error. */
+void api_server_cancel_all(api_server *a, const char *reason);
 void api_server_free(api_server *a);
 
 /* ---- the same generation path for other fronts (the protobuf API, coordinator/pbapi_*) ----

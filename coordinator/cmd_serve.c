@@ -18,6 +18,7 @@
 #include "coordinator/chat.h"
 #include "coordinator/coord.h"
 #include "coordinator/http_server.h"
+#include "coordinator/pbapi_server.h"
 #include "coordinator/sched_batch.h"
 #include "coordinator/tok.h"
 
@@ -164,12 +165,57 @@ static bool cb_health(void *ctx, char *why, size_t cap) {
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
-static void on_signal(uv_signal_t *h, int signum) {
-    MLA_INFO("serve: signal %d, shutting down", signum);
+static pbapi_server *g_pb;
+/* graceful drain and the worker-failure policy (deploy task): a 200 ms watch timer */
+static uv_timer_t g_watch;
+static api_server *g_api;
+static coord *g_coord;
+static double g_drain_timeout = 30;
+static int g_draining, g_drain_cancelled, g_exit_rc;
+static uint64_t g_drain_deadline;
+
+static void serve_close(uv_loop_t *loop) {
     http_server_close(g_http);
+    if (g_pb) pbapi_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_stop(h->loop);
+    uv_close((uv_handle_t *)&g_watch, NULL);
+    uv_stop(loop);
+}
+
+static void on_watch(uv_timer_t *t) {
+    if (!g_draining) {
+        if (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT && coord_failed_for_good(g_coord)) {
+            MLA_ERROR("serve: the worker group failed and --on-worker-failure is exit: exiting with status 1");
+            g_exit_rc = 1;
+            g_draining = 1;
+            api_server_set_draining(g_api);
+            g_drain_deadline = uv_now(t->loop);
+        }
+        return;
+    }
+    if (api_server_inflight(g_api) == 0) {
+        MLA_INFO("serve: no request in flight; stopping");
+        serve_close(t->loop);
+    } else if (!g_drain_cancelled && uv_now(t->loop) >= g_drain_deadline) {
+        MLA_WARN("serve: drain timeout: failing the %d request(s) still in flight", api_server_inflight(g_api));
+        api_server_cancel_all(g_api, "the server shut down before the request finished (drain timeout)");
+        g_drain_cancelled = 1;
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    if (g_draining) {
+        MLA_WARN("serve: signal %d again: failing what is in flight and stopping", signum);
+        g_drain_deadline = 0;
+    } else {
+        MLA_INFO("serve: signal %d: draining (no new requests; %d in flight get up to %.1f s)", signum,
+                 api_server_inflight(g_api), g_drain_timeout);
+        g_draining = 1;
+        api_server_set_draining(g_api);
+        g_drain_deadline = uv_now(h->loop) + (uint64_t)(g_drain_timeout > 0 ? g_drain_timeout * 1000 : 0);
+    }
+    on_watch(&g_watch);
 }
 
 static int usage(void) {
@@ -177,7 +223,10 @@ static int usage(void) {
             "usage: mlaserve serve -m MODEL.gguf [--tp N] [--threads N] [--host H] [--port P]\n"
             "       [--api-key K] [--model-name NAME] [--max-context N] [--max-seqs N]\n"
             "       [--step-tokens N] [--kv-blocks N] [--block-size N] [--max-queue N]\n"
-            "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n");
+            "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n"
+            "       [--proto-port P] [--proto-port-file F]   (protobuf API on P, same host and key)\n"
+            "       [--drain-timeout S]   (SIGTERM: finish requests in flight for up to S s, default 30)\n%s",
+            coord_opts_usage);
     return 2;
 }
 
@@ -189,15 +238,27 @@ static const char *basename_of(const char *p) {
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL, *worker_exe = NULL, *endpoint = NULL;
-    int port = 8000, tp = 1, threads = 1;
+    int port = 8000, tp = 1, threads = 1, proto_port = -1;
+    const char *proto_port_file = NULL;
     long max_context = 0, max_seqs = 32, step_tokens = 512, kv_blocks = 0, block_size = 16, max_queue = 256;
     http_server_config hc;
     http_server_config_default(&hc);
+    coord_config cc = {0};
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
+        }
+        mla_err oerr;
+        int co = coord_parse_opt(&cc, argc, argv, &i, &oerr); /* control-plane options */
+        if (co < 0) {
+            fprintf(stderr, "mlaserve serve: %s\n", oerr.msg);
+            return usage();
+        }
+        if (co > 0) {
+            i--; /* the loop steps by 2; i is at the option's last word */
+            continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -220,8 +281,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) hc.lim.max_body = (size_t)atol(v);
         else if (!strcmp(a, "--max-conns")) hc.max_conns = atoi(v);
         else if (!strcmp(a, "--port-file")) port_file = v;
+        else if (!strcmp(a, "--proto-port")) proto_port = atoi(v);
+        else if (!strcmp(a, "--proto-port-file")) proto_port_file = v;
         else if (!strcmp(a, "--worker-exe")) worker_exe = v;
         else if (!strcmp(a, "--coord")) endpoint = v;
+        else if (!strcmp(a, "--drain-timeout")) g_drain_timeout = strtod(v, NULL);
         else {
             fprintf(stderr, "mlaserve serve: unknown option %s\n", a);
             return usage();
@@ -232,7 +296,8 @@ int cmd_serve(int argc, char **argv) {
         return usage();
     }
     if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || step_tokens < 1 ||
-        block_size < 1 || max_queue < 1 || max_context < 0 || kv_blocks < 0) {
+        block_size < 1 || max_queue < 1 || max_context < 0 || kv_blocks < 0 || proto_port < -1 || proto_port > 65535 ||
+        (proto_port_file && proto_port < 0)) {
         fprintf(stderr, "mlaserve serve: an option value is out of range\n");
         return usage();
     }
@@ -244,6 +309,7 @@ int cmd_serve(int argc, char **argv) {
     sched *s = NULL;
     api_server *api = NULL;
     http_server *http = NULL;
+    pbapi_server *pb = NULL;
     uv_loop_t *loop = uv_default_loop();
     int rc = 1;
     bool loop_ran = false;
@@ -273,8 +339,12 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (kv_blocks == 0) kv_blocks = (max_seqs * max_context + block_size - 1) / block_size;
-    coord_config cc = {.endpoint = endpoint, .world = tp, .model_path = model,
-                       .model_hash = gguf_index_hash(g), .worker_exe = worker_exe, .n_threads = threads};
+    if (endpoint) cc.endpoint = endpoint;
+    cc.world = tp;
+    cc.model_path = model;
+    cc.model_hash = gguf_index_hash(g);
+    cc.worker_exe = worker_exe;
+    cc.n_threads = threads;
     if (coord_start(&S.c, &cc, &err)) {
         mla_err_prefix(&err, "starting %d workers", tp);
         goto out;
@@ -298,33 +368,51 @@ int cmd_serve(int argc, char **argv) {
     g_http = http;
     int bound = 0;
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
+    int pb_bound = -1;
+    if (proto_port >= 0) {
+        if (pbapi_server_init(&pb, loop, api, NULL, &err)) goto out;
+        g_pb = pb;
+        if (pbapi_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
+    }
     if (sched_start(s, &err)) goto out;
-    if (port_file) {
+    const char *pfiles[2] = {proto_port_file, port_file}; /* the HTTP port file last: it means ready */
+    const int pports[2] = {pb_bound, bound};
+    for (int k = 0; k < 2; k++) {
+        if (!pfiles[k]) continue;
         char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", pfiles[k]);
         FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
-            mla_errf(&err, "cannot write the port file %s", port_file);
+        if (!f || fprintf(f, "%d\n", pports[k]) < 0 || fclose(f) != 0 || rename(tmp, pfiles[k]) != 0) {
+            mla_errf(&err, "cannot write the port file %s", pfiles[k]);
             goto out;
         }
     }
+    if (pb) MLA_INFO("serve: protobuf API on %s:%d", host, pb_bound);
     MLA_INFO("serve: %s on http://%s:%d (tp %d, context %ld, %ld KV blocks of %ld)", ac.model_name, host,
              bound, tp, max_context, kv_blocks, block_size);
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
+    g_api = api;
+    g_coord = S.c;
+    uv_timer_init(loop, &g_watch);
+    uv_timer_start(&g_watch, on_watch, 200, 200);
     loop_ran = true;
     uv_run(loop, UV_RUN_DEFAULT);
-    rc = 0;
+    rc = g_exit_rc;
+    if (rc) mla_errf(&err, "the worker group failed (--on-worker-failure exit)");
 out:
     if (rc != 0) fprintf(stderr, "mlaserve serve: %s\n", err.msg);
     if (http && !loop_ran) http_server_close(http);
+    if (pb && !loop_ran) pbapi_server_close(pb);
     if (api) api_server_drain(api);
     if (s) {
         sched_stop(s);
         sched_free(s);
     }
+    if (pb) pbapi_server_free(pb);
+    g_pb = NULL;
     if (api) api_server_free(api);
     if (http) http_server_free(http);
     uv_run(loop, UV_RUN_NOWAIT);

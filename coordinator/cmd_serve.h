@@ -3,6 +3,8 @@
  *                  [--model-name NAME] [--max-context N] [--max-seqs N] [--step-tokens N]
  *                  [--kv-blocks N] [--block-size N] [--max-queue N] [--max-body BYTES]
  *                  [--max-conns N] [--port-file F] [--worker-exe X] [--coord ENDPOINT]
+ *                  [--proto-port P] [--proto-port-file F]
+ * --proto-port: the protobuf API (coordinator/pbapi_server.h) on the same host, same API key.
  * Binds 127.0.0.1 by default; the API key may also come from MLASERVE_API_KEY. argv[0] is
  * "serve". Returns the process exit status (0 after SIGINT / SIGTERM). */
 #ifndef CMD_SERVE_H

@@ -26,4 +26,8 @@ int cmd_generate(int argc, char **argv);
  * tensor-parallel plan for N ranks. Exit 0 when the plan is valid, 3 when not. */
 int cmd_inspect(int argc, char **argv);
 
+/* mlaserve keygen DIR [--client NAME] [--force] (coordinator/cmd_keygen.c): CURVE key pairs for
+ * the coordinator <-> worker control plane. */
+int cmd_keygen(int argc, char **argv);
+
 #endif

@@ -1,5 +1,6 @@
 #include "coord.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -36,7 +37,7 @@ typedef struct rank_st {
 
 struct coord {
     coord_config cfg;
-    char *model_path, *worker_exe;
+    char *model_path, *worker_exe, *curve_dir;
     char **worker_args;
     char endpoint[512];
     char ipc_path[256];
@@ -51,9 +52,19 @@ struct coord {
     coll_host_seg *seg;
     rank_st ranks[WIRE_MAX_WORLD];
     pthread_mutex_t api_mu;
+    /* CURVE: the ZAP handler socket (served by the I/O thread) and the allowed client keys */
+    void *zap;
+    uint8_t (*allowed)[32];
+    int n_allowed;
+    unsigned zap_refusals;
+    /* restart policy (under mu): the supervisor thread, its stop flag, counters */
+    pthread_t sup_th;
+    int sup_started, quit, gave_up, restarts;
+    _Atomic int consecutive_restarts; /* since the last successful step */
     /* I/O thread only */
     int inflight;
     uint64_t inflight_step;
+    int64_t inflight_since;
     int64_t start_deadline;
 };
 
@@ -271,6 +282,7 @@ static void handle_router(coord *c) {
             *heap = m;
             memset(&m, 0, sizeof m);
             c->inflight = 0;
+            atomic_store(&c->consecutive_restarts, 0);
             api_reply(c, 'R', &heap, sizeof heap);
         }
         break;
@@ -322,6 +334,7 @@ static int handle_api(coord *c) {
         size_t n = zmq_msg_size(&body) - sizeof step_id;
         c->inflight = 1;
         c->inflight_step = step_id;
+        c->inflight_since = now_ms();
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
     } else if (t == 'F') {
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
@@ -361,6 +374,11 @@ static void supervise(coord *c, int64_t t) {
     int st = c->state;
     pthread_mutex_unlock(&c->mu);
     if (st != ST_STARTING && st != ST_READY) return;
+    if (c->inflight && c->cfg.step_timeout_ms > 0 && t - c->inflight_since > c->cfg.step_timeout_ms) {
+        group_fail(c, "step %" PRIu64 " did not finish within %d ms (a worker hangs or is too slow; see --step-timeout-ms)",
+                   c->inflight_step, c->cfg.step_timeout_ms);
+        return;
+    }
     for (int r = 0; r < c->cfg.world; r++) {
         rank_st *rs = &c->ranks[r];
         if (rs->registered && t - rs->last_rx > c->cfg.heartbeat_timeout_ms)
@@ -380,13 +398,67 @@ static void supervise(coord *c, int64_t t) {
     }
 }
 
+/* One ZAP request (RFC 27): version, request id, domain, address, routing id, mechanism,
+ * credentials. CURVE clients are admitted when their public key is in authorized_keys. */
+static void handle_zap(coord *c) {
+    char parts[7][256];
+    size_t len[7];
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->zap, 0) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        more = zmq_msg_more(&m);
+        if (n < 7) {
+            len[n] = zmq_msg_size(&m) < sizeof parts[n] - 1 ? zmq_msg_size(&m) : sizeof parts[n] - 1;
+            memcpy(parts[n], zmq_msg_data(&m), len[n]);
+            parts[n][len[n]] = '\0';
+        }
+        n++;
+        zmq_msg_close(&m);
+    }
+    const char *status = "400", *text = "malformed ZAP request";
+    if (n >= 7 && len[5] == 5 && !memcmp(parts[5], "CURVE", 5) && len[6] == 32) {
+        int ok = 0;
+        for (int k = 0; k < c->n_allowed && !ok; k++) ok = !memcmp(c->allowed[k], parts[6], 32);
+        if (ok) {
+            status = "200";
+            text = "OK";
+        } else {
+            text = "client key not authorized";
+            char z[41] = "?";
+            zmq_z85_encode(z, (const uint8_t *)parts[6], 32);
+            unsigned k = c->zap_refusals++;
+            if (k < 5 || k % 100 == 0)
+                MLA_WARN("refusing a control-plane connection from %s: its CURVE key %s is not in authorized_keys "
+                         "(%u refusals so far)", parts[3], z, k + 1);
+        }
+    } else if (n >= 6) {
+        text = "mechanism not allowed";
+        MLA_WARN("refusing a control-plane connection from %s: mechanism %s (CURVE required)", parts[3], parts[5]);
+    }
+    const char *rid = n >= 2 ? parts[1] : "";
+    size_t rlen = n >= 2 ? len[1] : 0;
+    zmq_send(c->zap, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(c->zap, rid, rlen, ZMQ_SNDMORE);
+    zmq_send(c->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(c->zap, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(c->zap, "", 0, ZMQ_SNDMORE);
+    zmq_send(c->zap, "", 0, 0);
+}
+
 static void *io_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
     int64_t last_hb = 0;
     for (;;) {
-        zmq_pollitem_t items[2] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, 10);
+        zmq_pollitem_t items[3] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0},
+                                   {c->zap, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, c->zap ? 3 : 2, 10);
+        if (rc > 0 && c->zap && (items[2].revents & ZMQ_POLLIN)) handle_zap(c);
         if (rc < 0 && zmq_errno() != EINTR) {
             group_fail(c, "zmq poll: %s", zmq_strerror(zmq_errno()));
             break;
@@ -410,6 +482,145 @@ static void *io_main(void *arg) {
     }
     broadcast_control(c, WIRE_CTL_SHUTDOWN);
     return NULL;
+}
+
+/* ---- security ----------------------------------------------------------------------------- */
+
+int coord_endpoint_is_local(const char *ep) {
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return 1;
+    if (strncmp(ep, "tcp://", 6)) return 0;
+    const char *h = ep + 6;
+    const char *semi = strchr(h, ';'); /* tcp://src;dst: judge the destination */
+    if (semi) h = semi + 1;
+    if (!strncmp(h, "127.", 4)) return 1;
+    if (!strncmp(h, "localhost:", 10)) return 1;
+    if (!strncmp(h, "[::1]:", 6)) return 1;
+    return 0;
+}
+
+int coord_read_z85_key(const char *path, char out[41], mla_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return mla_errf(err, "cannot read the key file %s: %s", path, strerror(errno));
+    char buf[256];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = buf;
+    while (*p && isspace((unsigned char)*p)) p++;
+    size_t k = 0;
+    while (p[k] && !isspace((unsigned char)p[k])) k++;
+    uint8_t bin[32];
+    if (k != 40) return mla_errf(err, "%s: not a Z85 key (expected 40 characters, found %zu)", path, k);
+    memcpy(out, p, 40);
+    out[40] = '\0';
+    if (!zmq_z85_decode(bin, out)) return mla_errf(err, "%s: not a valid Z85 key", path);
+    return MLA_OK;
+}
+
+/* Loads server.key and authorized_keys from the curve folder, binds the ZAP handler and makes the
+ * ROUTER a CURVE server. */
+static int setup_curve(coord *c, mla_err *err) {
+    if (!zmq_has("curve"))
+        return mla_errf(err, "--curve-dir: this libzmq was built without CURVE support (needs libsodium)");
+    char path[PATH_MAX + 32], secret[41];
+    snprintf(path, sizeof path, "%s/server.key", c->curve_dir);
+    if (coord_read_z85_key(path, secret, err)) return MLA_ERR;
+    snprintf(path, sizeof path, "%s/authorized_keys", c->curve_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return mla_errf(err, "cannot read %s: %s (write it with `mlaserve keygen`)", path, strerror(errno));
+    char line[512];
+    int ln = 0;
+    while (fgets(line, sizeof line, f)) {
+        ln++;
+        char *p = line;
+        while (*p && isspace((unsigned char)*p)) p++;
+        if (!*p || (p[0] == '#' && (!p[1] || isspace((unsigned char)p[1])))) continue; /* Z85 has '#' */
+        size_t k = 0;
+        while (p[k] && !isspace((unsigned char)p[k])) k++;
+        char z[41];
+        uint8_t bin[32];
+        if (k == 40) {
+            memcpy(z, p, 40);
+            z[40] = '\0';
+        }
+        if (k != 40 || !zmq_z85_decode(bin, z)) {
+            fclose(f);
+            return mla_errf(err, "%s:%d: not a Z85 public key", path, ln);
+        }
+        c->allowed = mla_xrealloc(c->allowed, (size_t)(c->n_allowed + 1) * sizeof *c->allowed);
+        memcpy(c->allowed[c->n_allowed++], bin, 32);
+    }
+    fclose(f);
+    if (c->n_allowed == 0) return mla_errf(err, "%s lists no client key: no worker could join", path);
+    c->zap = zmq_socket(c->zctx, ZMQ_REP);
+    int linger = 0;
+    zmq_setsockopt(c->zap, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(c->zap, "inproc://zeromq.zap.01") != 0)
+        return mla_errf(err, "cannot bind the ZAP handler: %s", zmq_strerror(zmq_errno()));
+    int one = 1;
+    if (zmq_setsockopt(c->router, ZMQ_CURVE_SERVER, &one, sizeof one) ||
+        zmq_setsockopt(c->router, ZMQ_CURVE_SECRETKEY, secret, 40) ||
+        zmq_setsockopt(c->router, ZMQ_ZAP_DOMAIN, "mlaserve", 8))
+        return mla_errf(err, "CURVE setup: %s", zmq_strerror(zmq_errno()));
+    memset(secret, 0, sizeof secret);
+    MLA_INFO("control plane: CURVE on, %d authorized client key(s) from %s", c->n_allowed, path);
+    return MLA_OK;
+}
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+const char coord_opts_usage[] =
+    "control plane: [--coord ENDPOINT] [--workers-external] [--curve-dir DIR] [--insecure-control-plane]\n"
+    "       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--start-timeout-ms N]\n"
+    "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n";
+
+int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--workers-external")) {
+        cfg->external = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--insecure-control-plane")) {
+        cfg->insecure = 1;
+        return 1;
+    }
+    static const char *const with_value[] = {"--coord", "--curve-dir", "--heartbeat-timeout-ms", "--step-timeout-ms",
+                                             "--start-timeout-ms", "--on-worker-failure", "--max-restarts"};
+    size_t k = 0;
+    while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
+    if (k == sizeof with_value / sizeof *with_value) return 0;
+    if (*i + 1 >= argc) {
+        mla_errf(err, "%s needs a value", a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    if (!strcmp(a, "--coord")) {
+        cfg->endpoint = v;
+    } else if (!strcmp(a, "--curve-dir")) {
+        cfg->curve_dir = v;
+    } else if (!strcmp(a, "--on-worker-failure")) {
+        if (!strcmp(v, "stop")) cfg->on_failure = COORD_ON_FAILURE_STOP;
+        else if (!strcmp(v, "restart")) cfg->on_failure = COORD_ON_FAILURE_RESTART;
+        else if (!strcmp(v, "exit")) cfg->on_failure = COORD_ON_FAILURE_EXIT;
+        else {
+            mla_errf(err, "--on-worker-failure: '%s' is not stop, restart or exit", v);
+            return -1;
+        }
+    } else {
+        char *end;
+        errno = 0;
+        long n = strtol(v, &end, 10);
+        int lo = !strcmp(a, "--step-timeout-ms") ? -1 : 1;
+        if (errno || end == v || *end || n < lo || n > 24L * 3600 * 1000) {
+            mla_errf(err, "%s: bad value '%s'", a, v);
+            return -1;
+        }
+        if (!strcmp(a, "--heartbeat-timeout-ms")) cfg->heartbeat_timeout_ms = (int)n;
+        else if (!strcmp(a, "--step-timeout-ms")) cfg->step_timeout_ms = n == 0 ? -1 : (int)n;
+        else if (!strcmp(a, "--start-timeout-ms")) cfg->start_timeout_ms = (int)n;
+        else cfg->max_restarts = (int)n;
+    }
+    return 1;
 }
 
 /* ---- public API ------------------------------------------------------------------------------- */
@@ -442,7 +653,7 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     snprintf(thr_s, sizeof thr_s, "%d", c->cfg.n_threads > 0 ? c->cfg.n_threads : 1);
     size_t nextra = 0;
     while (c->worker_args && c->worker_args[nextra]) nextra++;
-    char **argv = mla_xcalloc(16 + nextra, sizeof *argv);
+    char **argv = mla_xcalloc(20 + nextra, sizeof *argv);
     size_t k = 0;
     argv[k++] = c->worker_exe;
     argv[k++] = "--coord";
@@ -455,6 +666,10 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     argv[k++] = c->model_path;
     argv[k++] = "--threads";
     argv[k++] = thr_s;
+    if (c->cfg.curve_dir) {
+        argv[k++] = "--curve-dir";
+        argv[k++] = (char *)c->cfg.curve_dir;
+    }
     for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
     argv[k] = NULL;
     pid_t pid;
@@ -469,6 +684,10 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
 /* Creates the collective segment, starts (or awaits) the workers and the I/O thread, and waits
  * until the group is ready or failed. The sockets exist already. */
 static int group_launch(coord *c, mla_err *err) {
+    pthread_mutex_lock(&c->mu);
+    int quit = c->quit;
+    pthread_mutex_unlock(&c->mu);
+    if (quit) return mla_errf(err, "the coordinator is stopping");
     memset(c->ranks, 0, sizeof c->ranks);
     c->state = ST_STARTING;
     c->fail_msg[0] = '\0';
@@ -489,9 +708,9 @@ static int group_launch(coord *c, mla_err *err) {
     if (pthread_create(&c->th, NULL, io_main, c) != 0) MLA_PANIC("pthread_create failed");
     c->th_started = 1;
     pthread_mutex_lock(&c->mu);
-    while (c->state == ST_STARTING) pthread_cond_wait(&c->cv, &c->mu);
+    while (c->state == ST_STARTING && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
     int st = c->state;
-    if (st != ST_READY) mla_errf(err, "%s", c->fail_msg);
+    if (st != ST_READY) mla_errf(err, "%s", st == ST_STARTING ? "the coordinator is stopping" : c->fail_msg);
     pthread_mutex_unlock(&c->mu);
     return st == ST_READY ? MLA_OK : MLA_ERR;
 }
@@ -529,6 +748,70 @@ static void group_teardown(coord *c) {
     c->seg = NULL;
 }
 
+/* ---- restart policy ---------------------------------------------------------------------- */
+
+/* The supervisor thread (policy RESTART): waits for a failure, backs off, restarts the group;
+ * gives up after max_restarts restarts without a successful step in between. */
+static void *sup_main(void *arg) {
+    coord *c = arg;
+    mla_log_set_tag("coord");
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->quit && (c->state != ST_FAILED || c->gave_up)) pthread_cond_wait(&c->cv, &c->mu);
+        if (c->quit) break;
+        int n = atomic_load(&c->consecutive_restarts);
+        if (n >= c->cfg.max_restarts) {
+            c->gave_up = 1;
+            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
+                      c->fail_msg);
+            continue;
+        }
+        /* back off 250 ms, 500 ms, ... up to 5 s; coord_stop interrupts */
+        int64_t wait_ms = 250LL << (n < 5 ? n : 5);
+        if (wait_ms > 5000) wait_ms = 5000;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(wait_ms / 1000);
+        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (!c->quit && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0) {
+        }
+        if (c->quit) break;
+        c->restarts++;
+        atomic_fetch_add(&c->consecutive_restarts, 1);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c->fail_msg);
+        int k = c->restarts;
+        pthread_mutex_unlock(&c->mu);
+        MLA_WARN("restarting the worker group (restart %d; it failed: %s)", k, why);
+        mla_err err = {{0}};
+        if (coord_restart(c, &err)) MLA_ERROR("worker group restart %d failed: %s", k, err.msg);
+        else MLA_INFO("worker group restarted (restart %d)", k);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int coord_policy(const coord *c) { return c->cfg.on_failure; }
+
+int coord_restarts(coord *c) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->restarts;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+int coord_failed_for_good(coord *c) {
+    pthread_mutex_lock(&c->mu);
+    int r = c->state == ST_FAILED && (c->cfg.on_failure != COORD_ON_FAILURE_RESTART || c->gave_up);
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 int coord_restart(coord *c, mla_err *err) {
     pthread_mutex_lock(&c->api_mu);
     group_teardown(c);
@@ -553,6 +836,13 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (c->cfg.heartbeat_timeout_ms <= c->cfg.heartbeat_ms) c->cfg.heartbeat_timeout_ms = 2 * c->cfg.heartbeat_ms;
     if (c->cfg.coll_timeout_ms <= 0) c->cfg.coll_timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;
     if (c->cfg.start_timeout_ms <= 0) c->cfg.start_timeout_ms = 120000;
+    if (c->cfg.step_timeout_ms == 0) {
+        const char *env = getenv("MLA_STEP_TIMEOUT_MS");
+        c->cfg.step_timeout_ms = env && atoi(env) != 0 ? atoi(env) : 600000;
+    }
+    if (c->cfg.max_restarts <= 0) c->cfg.max_restarts = 5;
+    c->curve_dir = cfg_in->curve_dir ? mla_xstrdup(cfg_in->curve_dir) : NULL;
+    c->cfg.curve_dir = c->curve_dir;
     c->model_path = mla_xstrdup(cfg_in->model_path);
     c->worker_exe = cfg_in->worker_exe ? mla_xstrdup(cfg_in->worker_exe) : default_worker_exe();
     size_t nextra = 0;
@@ -575,6 +865,24 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     zmq_setsockopt(c->router, ZMQ_LINGER, &linger, sizeof linger);
     int64_t maxmsg = (int64_t)WIRE_MAX_FRAME; /* larger messages are dropped by ZeroMQ itself */
     zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (c->curve_dir) {
+        if (setup_curve(c, err)) {
+            coord_stop(c);
+            return MLA_ERR;
+        }
+    } else if (cfg_in->endpoint && !coord_endpoint_is_local(cfg_in->endpoint)) {
+        if (!cfg_in->insecure) {
+            mla_errf(err,
+                     "refusing to bind the control plane on %s without CURVE keys: anyone who can reach it could "
+                     "join as a worker and read the traffic. Give --curve-dir DIR (keys from `mlaserve keygen DIR`), "
+                     "bind a loopback or ipc:// endpoint, or pass --insecure-control-plane on a trusted network",
+                     cfg_in->endpoint);
+            coord_stop(c);
+            return MLA_ERR;
+        }
+        MLA_WARN("control plane on %s WITHOUT authentication or encryption (--insecure-control-plane)",
+                 cfg_in->endpoint);
+    }
     if (cfg_in->endpoint) {
         snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg_in->endpoint);
     } else {
@@ -605,6 +913,10 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
         coord_stop(c);
         return MLA_ERR;
     }
+    if (c->cfg.on_failure == COORD_ON_FAILURE_RESTART) {
+        if (pthread_create(&c->sup_th, NULL, sup_main, c) != 0) MLA_PANIC("pthread_create failed");
+        c->sup_started = 1;
+    }
     *out = c;
     return MLA_OK;
 }
@@ -619,7 +931,13 @@ pid_t coord_worker_pid(const coord *c, int rank) {
 int coord_healthy(coord *c, mla_err *err) {
     pthread_mutex_lock(&c->mu);
     int ok = c->state == ST_READY;
-    if (!ok) mla_errf(err, "%s", c->state == ST_FAILED ? c->fail_msg : "the worker group is stopped");
+    if (!ok)
+        mla_errf(err, "%s%s",
+                 c->state == ST_FAILED ? c->fail_msg
+                 : c->state == ST_STARTING ? "the worker group is restarting"
+                                           : "the worker group is stopped",
+                 c->state == ST_FAILED && c->cfg.on_failure == COORD_ON_FAILURE_RESTART && !c->gave_up
+                     ? " (restarting)" : "");
     pthread_mutex_unlock(&c->mu);
     return ok;
 }
@@ -722,12 +1040,21 @@ int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err) {
 
 void coord_stop(coord *c) {
     if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->quit = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->sup_started) {
+        pthread_join(c->sup_th, NULL);
+        c->sup_started = 0;
+    }
     pthread_mutex_lock(&c->api_mu);
     group_teardown(c);
     pthread_mutex_unlock(&c->api_mu);
     if (c->api_io) zmq_close(c->api_io);
     if (c->api_user) zmq_close(c->api_user);
     if (c->router) zmq_close(c->router);
+    if (c->zap) zmq_close(c->zap);
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->ipc_path[0]) unlink(c->ipc_path);
     pthread_mutex_destroy(&c->mu);
@@ -737,5 +1064,7 @@ void coord_stop(coord *c) {
     free(c->worker_args);
     free(c->model_path);
     free(c->worker_exe);
+    free(c->curve_dir);
+    free(c->allowed);
     free(c);
 }

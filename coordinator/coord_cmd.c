@@ -16,25 +16,24 @@
 
 typedef struct group_opts {
     const char *model;
-    int tp, threads, external;
-    const char *endpoint;
+    int tp, threads;
     const char *worker_exe;
+    coord_config cc; /* control-plane options (coord_parse_opt) */
 } group_opts;
 
 /* consumes a group option at argv[*i]; 1 when it was one, -1 on a bad value, 0 otherwise */
 static int group_opt(group_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (!strcmp(a, "--workers-external")) {
-        o->external = 1;
-        return 1;
-    }
+    mla_err err;
+    int co = coord_parse_opt(&o->cc, argc, argv, i, &err);
+    if (co < 0) fprintf(stderr, "mlaserve: %s\n", err.msg);
+    if (co) return co;
     if (!strcmp(a, "--processes")) return 1; /* the only mode here */
     if (!v) return 0;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
     else if (!strcmp(a, "--tp")) o->tp = atoi(v);
     else if (!strcmp(a, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(a, "--coord")) o->endpoint = v;
     else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
     else return 0;
     (*i)++;
@@ -44,13 +43,12 @@ static int group_opt(group_opts *o, int argc, char **argv, int *i) {
 
 static int start_group(const group_opts *o, gguf_ctx **g, coord **c, mla_err *err) {
     if (gguf_open(g, o->model, err)) return MLA_ERR;
-    coord_config cfg = {.endpoint = o->endpoint,
-                        .world = o->tp,
-                        .model_path = o->model,
-                        .model_hash = gguf_index_hash(*g),
-                        .external = o->external,
-                        .worker_exe = o->worker_exe,
-                        .n_threads = o->threads};
+    coord_config cfg = o->cc;
+    cfg.world = o->tp;
+    cfg.model_path = o->model;
+    cfg.model_hash = gguf_index_hash(*g);
+    cfg.worker_exe = o->worker_exe;
+    cfg.n_threads = o->threads;
     if (coord_start(c, &cfg, err)) return mla_err_prefix(err, "starting %d workers", o->tp);
     return MLA_OK;
 }
@@ -198,7 +196,7 @@ usage:
     fprintf(stderr,
             "usage: mlaserve logits --processes -m MODEL.gguf --tokens IDS.txt --out OUT.f32 --tp N [--threads N]\n"
             "                       [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
-            "                       [--workers-external] [--coord ENDPOINT] [--worker-exe PATH]\n");
+            "                       [--worker-exe PATH]\n%s", coord_opts_usage);
     return 2;
 }
 
@@ -341,6 +339,6 @@ usage:
             "usage: mlaserve generate -m MODEL.gguf -p PROMPT [--chat] [-n N] [--tp N] [--threads N]\n"
             "                         [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
             "                         [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
-            "                         [--workers-external] [--coord ENDPOINT] [--worker-exe PATH] [-v]\n");
+            "                         [--worker-exe PATH] [-v]\n%s", coord_opts_usage);
     return 2;
 }

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd_client.h"
 #include "cmd_serve.h"
 #include "cmds.h"
 
@@ -14,7 +15,10 @@ static int usage(FILE *f) {
             "         (--tp N: N ranks as threads; add --processes for a coordinator + N worker processes)\n"
             "  generate -m MODEL -p PROMPT [-n N] [--tp N] [--temp T ...]   generate text\n"
             "  serve -m MODEL [--tp N] [--host H] [--port P] [--api-key K] ...   OpenAI-compatible\n"
-            "         HTTP server over N worker processes (serve --help lists every option)\n");
+            "         HTTP server over N worker processes (serve --help lists every option)\n"
+            "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models\n"
+            "         protobuf API client (of serve --proto-port P)\n"
+            "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -25,6 +29,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "client")) return cmd_client(argc - 1, argv + 1);
     fprintf(stderr, "mlaserve: unknown command '%s'\n", argv[1]);
     return usage(stderr);
 }

@@ -121,6 +121,17 @@ static void on_written(uv_write_t *w, int status) {
     }
 }
 
+static void on_linger_timer(uv_timer_t *t);
+
+/* Closing from inside a sink callback would free the request being served: stop output now,
+ * close from the timer. */
+static void close_soon(pb_conn *c) {
+    if (c->closing) return;
+    c->lingering = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_timer_start(&c->timer, on_linger_timer, 0, 0);
+}
+
 static void send_msg(pb_conn *c, int kind, const ProtobufCMessage *m) {
     if (c->closing || c->lingering) return;
     wreq *r = mla_xcalloc(1, sizeof(*r));
@@ -133,12 +144,12 @@ static void send_msg(pb_conn *c, int kind, const ProtobufCMessage *m) {
         c->queued -= r->len;
         free(r->data);
         free(r);
-        conn_close(c);
+        close_soon(c);
         return;
     }
     if (c->queued > c->srv->cfg.max_write_queue) {
         MLA_WARN("pbapi: client %s leaves %zu bytes unread; closing", c->peer, c->queued);
-        conn_close(c);
+        close_soon(c);
     }
 }
 
@@ -168,7 +179,7 @@ static void on_shutdown(uv_shutdown_t *r, int status) {
 static void fatal(pb_conn *c, int code, const char *param, const char *msg) {
     MLA_INFO("pbapi: client %s: %s (%s); closing", c->peer, msg, apiclient_code_name(code));
     send_error(c, 0, code, param, msg);
-    if (c->closing) return;
+    if (c->closing || c->lingering) return;
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
@@ -264,8 +275,7 @@ static void on_final(void *ud, const char *text, size_t from, size_t to, const a
         send_msg(c, MLAAPI__FRAME_KIND__FRAME_GENERATE_RESPONSE, &m.base);
         free(s);
     }
-    /* send_msg may have closed the connection, which unlinked (freed) every request already */
-    if (!c->closing) req_unlink(r);
+    req_unlink(r);
 }
 
 /* ---- requests ---- */

@@ -19,3 +19,24 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
     set_tests_properties(cuda_quant_host PROPERTIES TIMEOUT 120)
   endif()
 endif()
+
+# The CUDA forward pass (worker/model_cuda.cu) and mla-e2e, `mlaserve logits` on it for the GPU
+# machine (GPU-only build: no zmq/uv/protobuf-c there). Built here and in CI, run by
+# scripts/gpu_check.sh through tests/model/check_logits.py.
+if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
+  if(NOT TARGET mla_model_cuda)
+    add_library(mla_model_cuda STATIC ${CMAKE_SOURCE_DIR}/worker/model_cuda.cu)
+    target_include_directories(mla_model_cuda PUBLIC ${CMAKE_SOURCE_DIR})
+    target_compile_options(mla_model_cuda PRIVATE -Xcompiler=-Wall,-Wextra -Werror=all-warnings)
+    target_link_libraries(mla_model_cuda PUBLIC mla_kernels_cuda mla_kernels mla_common)
+  endif()
+  add_executable(mla-e2e ${mla_gpu_dir}/e2e_main.cu)
+  target_include_directories(mla-e2e PRIVATE ${CMAKE_SOURCE_DIR})
+  target_compile_options(mla-e2e PRIVATE -Xcompiler=-Wall,-Wextra -Werror=all-warnings)
+  target_link_libraries(mla-e2e mla_model_cuda Threads::Threads)
+  # worker/sample.c (the CPU sampler, reference of mla_cuda_sample) without the rest of worker/
+  add_library(mla_sample_ref STATIC ${CMAKE_SOURCE_DIR}/worker/sample.c)
+  target_include_directories(mla_sample_ref PUBLIC ${CMAKE_SOURCE_DIR}/worker ${CMAKE_SOURCE_DIR})
+  target_link_libraries(mla_sample_ref PUBLIC mla_common m)
+  target_link_libraries(mla-gpu-check mla_sample_ref)
+endif()

@@ -1,6 +1,8 @@
 #include "wk_run.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -49,6 +51,8 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
         if (!strcmp(a, "--coord") && v) cfg->coord_endpoint = v, i++;
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) cfg->model_path = v, i++;
         else if (!strcmp(a, "--device") && v) cfg->device = v, i++;
+        else if (!strcmp(a, "--curve-dir") && v) cfg->curve_dir = v, i++;
+        else if (!strcmp(a, "--curve-client-key") && v) cfg->curve_client_key = v, i++;
         else if (!strcmp(a, "--rank") && v) {
             if (parse_int(v, 0, WIRE_MAX_WORLD - 1, &cfg->rank)) return mla_errf(err, "bad --rank '%s'", v);
             i++;
@@ -69,6 +73,8 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
     if (!cfg->coord_endpoint || cfg->rank < 0 || cfg->world < 1 || !cfg->model_path)
         return mla_errf(err, "need --coord ENDPOINT --rank R --world T -m MODEL");
     if (cfg->rank >= cfg->world) return mla_errf(err, "--rank %d is not below --world %d", cfg->rank, cfg->world);
+    if (cfg->curve_client_key && !cfg->curve_dir)
+        return mla_errf(err, "--curve-client-key needs --curve-dir (for server.pub)");
     return MLA_OK;
 }
 
@@ -157,6 +163,8 @@ static void hist_append(seq_hist *h, const wire_seq *s) {
 static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
     const int rank = w->cfg->rank;
     const uint32_t V = atomic_load(&w->n_vocab);
+    const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
+    if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
     float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
     for (uint32_t i = 0; i < p->n_seqs; i++)
         rows[i] = mla_xmalloc((size_t)engine_logit_rows(&p->seqs[i]) * V * sizeof(float));
@@ -271,7 +279,75 @@ static void *compute_main(void *arg) {
 
 /* ---- I/O thread --------------------------------------------------------------------------- */
 
-static int do_register(const wk_config *cfg, void *dealer, wire_register_reply *reply, mla_err *err) {
+static int read_z85(const char *path, char out[41], mla_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return mla_errf(err, "cannot read the key file %s: %s", path, strerror(errno));
+    char buf[256];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = buf;
+    while (*p && isspace((unsigned char)*p)) p++;
+    size_t k = 0;
+    while (p[k] && !isspace((unsigned char)p[k])) k++;
+    uint8_t bin[32];
+    if (k != 40) return mla_errf(err, "%s: not a Z85 key (expected 40 characters, found %zu)", path, k);
+    memcpy(out, p, 40);
+    out[40] = '\0';
+    if (!zmq_z85_decode(bin, out)) return mla_errf(err, "%s: not a valid Z85 key", path);
+    return MLA_OK;
+}
+
+/* Makes the DEALER a CURVE client with the keys from cfg. */
+static int setup_curve(const wk_config *cfg, void *dealer, mla_err *err) {
+    if (!zmq_has("curve")) return mla_errf(err, "--curve-dir: this libzmq was built without CURVE support");
+    char path[PATH_MAX + 32], server_pub[41], secret[41], pub[41];
+    snprintf(path, sizeof path, "%s/server.pub", cfg->curve_dir);
+    if (read_z85(path, server_pub, err)) return MLA_ERR;
+    if (cfg->curve_client_key) snprintf(path, sizeof path, "%s", cfg->curve_client_key);
+    else snprintf(path, sizeof path, "%s/client.key", cfg->curve_dir);
+    if (read_z85(path, secret, err)) return MLA_ERR;
+    if (zmq_curve_public(pub, secret) != 0) return mla_errf(err, "%s: cannot derive the public key", path);
+    if (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, server_pub, 40) ||
+        zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, pub, 40) || zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, secret, 40))
+        return mla_errf(err, "CURVE setup: %s", zmq_strerror(zmq_errno()));
+    memset(secret, 0, sizeof secret);
+    return MLA_OK;
+}
+
+/* A handshake failure reported by the socket monitor: MLA_OK when none (or one that may pass),
+ * WK_REFUSED when the coordinator refused our key, MLA_ERR on repeated protocol failures. */
+static int check_monitor(void *mon, int *n_proto, mla_err *err) {
+    zmq_msg_t a, b;
+    zmq_msg_init(&a);
+    zmq_msg_init(&b);
+    int rc = MLA_OK;
+    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) goto out;
+    if (zmq_msg_more(&a)) zmq_msg_recv(&b, mon, 0);
+    if (zmq_msg_size(&a) < 6) goto out;
+    uint16_t ev;
+    uint32_t val;
+    memcpy(&ev, zmq_msg_data(&a), 2);
+    memcpy(&val, (const uint8_t *)zmq_msg_data(&a) + 2, 4);
+    if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        mla_errf(err, "the coordinator refused this worker's CURVE key (ZAP status %u): is its public key in the "
+                      "coordinator's authorized_keys?", val);
+        rc = WK_REFUSED;
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+        MLA_WARN("handshake with the coordinator failed (event 0x%x, %u)", ev, val);
+        if (++*n_proto >= 3) {
+            mla_errf(err, "the security handshake with the coordinator failed %d times (wrong server.pub, or one side "
+                          "uses CURVE and the other does not)", *n_proto);
+            rc = WK_REFUSED;
+        }
+    }
+out:
+    zmq_msg_close(&a);
+    zmq_msg_close(&b);
+    return rc;
+}
+
+static int do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_reply *reply, mla_err *err) {
     uint64_t hash = 0;
     if (cfg->engine->model_hash(cfg->model_path, &hash, err))
         return mla_err_prefix(err, "model %s", cfg->model_path);
@@ -289,18 +365,24 @@ static int do_register(const wk_config *cfg, void *dealer, wire_register_reply *
     snprintf(m.u.reg.device, sizeof m.u.reg.device, "%s", cfg->device ? cfg->device : "cpu");
     if (send_msg(dealer, &m, err)) return MLA_ERR;
     int64_t deadline = now_ms() + (cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000);
+    int n_proto = 0;
     for (;;) {
         int64_t left = deadline - now_ms();
         if (left <= 0)
             return mla_errf(err, "no answer from the coordinator at %s to the registration",
                             cfg->coord_endpoint);
-        zmq_pollitem_t it = {dealer, 0, ZMQ_POLLIN, 0};
-        int rc = zmq_poll(&it, 1, (long)left);
+        zmq_pollitem_t it[2] = {{dealer, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(it, mon ? 2 : 1, (long)left);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             return mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));
         }
         if (rc == 0) continue;
+        if (mon && (it[1].revents & ZMQ_POLLIN)) {
+            int mrc = check_monitor(mon, &n_proto, err);
+            if (mrc) return mrc;
+        }
+        if (!(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t zm;
         zmq_msg_init(&zm);
         if (zmq_msg_recv(&zm, dealer, 0) < 0) {
@@ -342,20 +424,47 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
     int64_t maxmsg = (int64_t)WIRE_MAX_FRAME;
     zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    /* handshake failures (a refused CURVE key) are seen through a socket monitor during the
+     * registration: fail fast with the reason instead of waiting for the timeout */
+    void *mon = NULL;
+    if (cfg->curve_dir) {
+        char mon_ep[64];
+        snprintf(mon_ep, sizeof mon_ep, "inproc://wk-mon-%p", (void *)&w);
+        if (setup_curve(cfg, dealer, err)) {
+            zmq_close(dealer);
+            zmq_ctx_term(w.zctx);
+            return MLA_ERR;
+        }
+        if (zmq_socket_monitor(dealer, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+            mon = zmq_socket(w.zctx, ZMQ_PAIR);
+            zmq_setsockopt(mon, ZMQ_LINGER, &linger, sizeof linger);
+            if (zmq_connect(mon, mon_ep) != 0) {
+                zmq_close(mon);
+                mon = NULL;
+            }
+        }
+    }
     if (zmq_connect(dealer, cfg->coord_endpoint) != 0) {
         rc = mla_errf(err, "cannot connect to %s: %s", cfg->coord_endpoint, zmq_strerror(zmq_errno()));
+        if (mon) zmq_close(mon);
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
         return rc;
     }
     wire_register_reply reply;
-    rc = do_register(cfg, dealer, &reply, err);
+    rc = do_register(cfg, dealer, mon, &reply, err);
+    if (mon) {
+        zmq_socket_monitor(dealer, NULL, 0);
+        zmq_close(mon);
+    }
     if (rc) {
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
         return rc;
     }
-    MLA_INFO("registered with %s (rank %d of %d)", cfg->coord_endpoint, cfg->rank, cfg->world);
+    MLA_INFO("registered with %s (rank %d of %d%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
+             cfg->curve_dir ? ", CURVE" : "");
     if (reply.coll_shm_name[0]) {
         if (coll_host_attach(&w.coll, reply.coll_shm_name, cfg->rank, cfg->world,
                              (int)reply.coll_timeout_ms, err)) {
@@ -480,7 +589,9 @@ int wk_main(int argc, char **argv, const engine_ops *engine) {
     wk_config cfg = {.engine = engine};
     mla_err err;
     if (wk_parse_args(argc, argv, &cfg, &err)) {
-        fprintf(stderr, "%s: %s\nusage: %s --coord ENDPOINT --rank R --world T -m MODEL [--threads N]\n",
+        fprintf(stderr,
+                "%s: %s\nusage: %s --coord ENDPOINT --rank R --world T -m MODEL [--threads N] [--device D]\n"
+                "       [--curve-dir DIR [--curve-client-key FILE]]\n",
                 argv[0], err.msg, argv[0]);
         return 2;
     }

@@ -27,16 +27,24 @@ typedef struct wk_config {
     const engine_ops *engine;
     uint32_t protocol_version;   /* 0: WIRE_VERSION (tests set others to check refusals) */
     int register_timeout_ms;     /* 0: 60000 */
+    /* CURVE (coordinator/coord.h): curve_dir holds server.pub and client.key (written by
+     * `mlaserve keygen`); curve_client_key names another client key file. NULL: no CURVE. */
+    const char *curve_dir;
+    const char *curve_client_key;
 } wk_config;
 
-/* Parses "--coord E --rank R --world T -m MODEL [--threads N] [--device D]" (and, for tests,
+/* Fault injection for tests: $MLA_WORKER_STEP_DELAY_MS makes the compute thread sleep that long
+ * before every step (so that a test can act while a generation is in flight). */
+
+/* Parses "--coord E --rank R --world T -m MODEL [--threads N] [--device D] [--curve-dir DIR]
+ * [--curve-client-key FILE]" (and, for tests,
  * "--protocol-version V"). MLA_ERR with a usage message on a bad command line. */
 int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err);
 
 int wk_run(const wk_config *cfg, mla_err *err);
 
 /* The usual main(): parse, run, print the error, exit status 0 (clean), 2 (bad usage),
- * 3 (registration refused) or 1 (other failure). */
+ * 3 (registration refused, CURVE key refused included) or 1 (other failure). */
 int wk_main(int argc, char **argv, const engine_ops *engine);
 
 #endif

@@ -137,6 +137,26 @@ static void test_config_and_shapes(const char *fx) {
     CHECK(strstr(err.msg, "blk.1.attn_q_b.weight") != NULL);
     gguf_close(g);
     free(buf);
+
+    /* glm-dsa attention.indexer.types (array of bool, true = "full"): a "shared" layer (reuse of
+     * the previous layer's top-k) is refused with the layer named, not silently run per layer */
+    snprintf(path, sizeof path, "%s/tiny-glm5/tiny-glm5-q8_0.gguf", fx);
+    buf = read_all(path, &n);
+    REQUIRE(buf);
+    const char *key = "glm-dsa.attention.indexer.types";
+    size_t koff = find_ne(buf, n, key); /* key + 4: past the array's type field */
+    REQUIRE(koff > 0);
+    uint32_t ety;
+    uint64_t cnt;
+    memcpy(&ety, buf + koff, 4);
+    memcpy(&cnt, buf + koff + 4, 8);
+    CHECK(ety == 7 && cnt == 4); /* BOOL x 4 layers */
+    buf[koff + 12 + 2] = 0;       /* layer 2: shared */
+    REQUIRE(gguf_open_memory(&g, buf, n, "patched.gguf", &err) == MLA_OK);
+    CHECK(mla_config_from_gguf(&c, g, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "indexer.types") && strstr(err.msg, "layer 2"), "message: %s", err.msg);
+    gguf_close(g);
+    free(buf);
 }
 
 static void test_forward_errors(const char *fx) {

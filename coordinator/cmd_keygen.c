@@ -1,0 +1,116 @@
+/* `mlaserve keygen DIR [--client NAME] [--force]`: CURVE key pairs for the control plane
+ * (coordinator/coord.h). Keys are Z85 text (40 characters and a newline), made with
+ * zmq_curve_keypair (libsodium-backed libzmq).
+ *
+ * Without --client it writes the server pair and one client pair shared by the workers:
+ *   DIR/server.key (secret, 0600)   DIR/server.pub
+ *   DIR/client.key (secret, 0600)   DIR/client.pub
+ *   DIR/authorized_keys             the client public keys the coordinator admits
+ * and refuses to overwrite an existing server.key without --force. --client NAME adds a client
+ * pair NAME.key / NAME.pub and appends NAME.pub's key to authorized_keys (a worker uses it with
+ * --curve-client-key DIR/NAME.key). The coordinator needs server.key and authorized_keys; a
+ * worker needs server.pub and its client key. DIR is created with mode 0700. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cmds.h"
+#include "common/mla_err.h"
+
+static int write_file(const char *dir, const char *name, const char *text, mode_t mode, int append, mla_err *err) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
+    if (fd < 0) return mla_errf(err, "cannot write %s: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    ssize_t w = write(fd, text, n);
+    int rc = fchmod(fd, mode);
+    if (close(fd) != 0 || w != (ssize_t)n || rc != 0) return mla_errf(err, "cannot write %s", path);
+    return MLA_OK;
+}
+
+/* writes NAME.key and NAME.pub; pub_out gets the public key */
+static int write_pair(const char *dir, const char *name, char pub_out[41], mla_err *err) {
+    char secret[41], line[64], file[300];
+    if (zmq_curve_keypair(pub_out, secret) != 0)
+        return mla_errf(err, "zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
+    snprintf(line, sizeof line, "%s\n", secret);
+    snprintf(file, sizeof file, "%s.key", name);
+    int rc = write_file(dir, file, line, 0600, 0, err);
+    memset(secret, 0, sizeof secret);
+    memset(line, 0, sizeof line);
+    if (rc) return rc;
+    snprintf(line, sizeof line, "%s\n", pub_out);
+    snprintf(file, sizeof file, "%s.pub", name);
+    return write_file(dir, file, line, 0644, 0, err);
+}
+
+static int valid_name(const char *s) {
+    if (!*s || strlen(s) > 64 || !strcmp(s, "server")) return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_'))
+            return 0;
+    return 1;
+}
+
+int cmd_keygen(int argc, char **argv) {
+    const char *dir = NULL, *client = NULL;
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--force")) force = 1;
+        else if (!strcmp(argv[i], "--client") && i + 1 < argc) client = argv[++i];
+        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        else goto usage;
+    }
+    if (!dir || (client && !valid_name(client))) goto usage;
+    mla_err err = {{0}};
+    if (!zmq_has("curve")) {
+        fprintf(stderr, "mlaserve keygen: this libzmq was built without CURVE support (needs libsodium)\n");
+        return 1;
+    }
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mlaserve keygen: cannot create %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    char path[PATH_MAX], pub[41], line[128];
+    if (client) {
+        snprintf(path, sizeof path, "%s/server.key", dir);
+        if (access(path, F_OK) != 0) {
+            fprintf(stderr, "mlaserve keygen: %s does not exist: run `mlaserve keygen %s` first\n", path, dir);
+            return 1;
+        }
+        snprintf(path, sizeof path, "%s/%s.key", dir, client);
+        if (access(path, F_OK) == 0 && !force) {
+            fprintf(stderr, "mlaserve keygen: %s exists (--force overwrites it)\n", path);
+            return 1;
+        }
+        if (write_pair(dir, client, pub, &err)) goto fail;
+        snprintf(line, sizeof line, "%s %s\n", pub, client);
+        if (write_file(dir, "authorized_keys", line, 0644, 1, &err)) goto fail;
+        printf("wrote %s/%s.key and %s/%s.pub; added to %s/authorized_keys\n", dir, client, dir, client, dir);
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/server.key", dir);
+    if (access(path, F_OK) == 0 && !force) {
+        fprintf(stderr, "mlaserve keygen: %s exists (--force replaces every key in %s)\n", path, dir);
+        return 1;
+    }
+    if (write_pair(dir, "server", pub, &err) || write_pair(dir, "client", pub, &err)) goto fail;
+    snprintf(line, sizeof line, "# client public keys the coordinator admits (Z85, one a line)\n%s client\n", pub);
+    if (write_file(dir, "authorized_keys", line, 0644, 0, &err)) goto fail;
+    printf("wrote %s/{server,client}.{key,pub} and %s/authorized_keys\n", dir, dir);
+    return 0;
+fail:
+    fprintf(stderr, "mlaserve keygen: %s\n", err.msg);
+    return 1;
+usage:
+    fprintf(stderr, "usage: mlaserve keygen DIR [--client NAME] [--force]\n"
+                    "  writes CURVE key pairs for the coordinator <-> worker control plane\n");
+    return 2;
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # the cleanup functions run from traps
+# deploy/launch.sh: one node, N GPUs: `mlaserve serve` (coordinator + HTTP) and one
+# `mlaserve-worker` per GPU (CUDA_VISIBLE_DEVICES=i for worker i), each with its own log file.
+# Ctrl-C / SIGTERM: the server is asked to drain (SIGTERM), the workers follow it; whatever is
+# still running after the grace period is killed, so no process outlives the launcher.
+#
+# usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P]
+#                         [--curve-dir DIR] [--grace S] [--dry-run] [-- extra serve options]
+#   -n N          tensor-parallel degree = workers = GPUs (default: nvidia-smi's count, else 1)
+#   --logs DIR    coordinator.log and worker-<i>.log go there (default ./mlaserve-logs-<date>)
+#   --bin DIR     where mlaserve and mlaserve-worker are (default: beside this script's build, PATH)
+#   --cpu         no GPUs: the workers share the host (CPU backend); for testing
+#   --dry-run     print the commands instead of running them
+# Environment: MLASERVE_API_KEY (API key), NCCL_* / CUDA_* (passed to the workers unchanged).
+set -euo pipefail
+
+model="" n="" logs="" bin="" port=8000 host=127.0.0.1 curve="" grace=40 dry=0 cpu=0
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -m|--model) model=$2; shift 2 ;;
+    -n|--tp) n=$2; shift 2 ;;
+    --logs) logs=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --host) host=$2; shift 2 ;;
+    --curve-dir) curve=$2; shift 2 ;;
+    --grace) grace=$2; shift 2 ;;
+    --cpu) cpu=1; shift ;;
+    --dry-run) dry=1; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "launch.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$model" ]] || { echo "launch.sh: -m MODEL.gguf is required" >&2; exit 2; }
+if [[ -z "$n" ]]; then
+  if [[ $cpu -eq 0 ]] && command -v nvidia-smi >/dev/null 2>&1; then
+    n=$(nvidia-smi -L | grep -c '^GPU' || true)
+  fi
+  [[ -n "$n" && "$n" -ge 1 ]] || n=1
+fi
+[[ "$n" =~ ^[0-9]+$ && "$n" -ge 1 ]] || { echo "launch.sh: bad -n '$n'" >&2; exit 2; }
+
+find_bin() { # name -> path
+  if [[ -n "$bin" ]]; then
+    # a build tree keeps the worker in ../worker
+    if [[ ! -x "$bin/$1" && -x "$bin/../worker/$1" ]]; then echo "$bin/../worker/$1"; else echo "$bin/$1"; fi
+    return
+  fi
+  local here; here=$(cd "$(dirname "$0")/.." && pwd)
+  for d in "$here/build/coordinator" "$here/build/worker"; do
+    [[ -x "$d/$1" ]] && { echo "$d/$1"; return; }
+  done
+  command -v "$1" || echo "$1"
+}
+serve_exe=$(find_bin mlaserve)
+worker_exe=$(find_bin mlaserve-worker)
+logs=${logs:-./mlaserve-logs-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$logs"
+
+# The control plane: an ipc:// socket private to this node (no network, no keys needed); with
+# --curve-dir the workers and the coordinator also use CURVE.
+sock="$(cd "$logs" && pwd)/coord.sock"
+[[ ${#sock} -lt 100 ]] || sock="${TMPDIR:-/tmp}/mlaserve-$$.sock" # sun_path holds 107 bytes
+endpoint="ipc://$sock"
+curve_args=()
+[[ -n "$curve" ]] && curve_args=(--curve-dir "$curve")
+
+serve_cmd=("$serve_exe" serve -m "$model" --tp "$n" --host "$host" --port "$port" --workers-external
+           --coord "$endpoint" --port-file "$logs/port" "${curve_args[@]}" "${extra[@]}")
+worker_args() { # rank -> the array wargs
+  wargs=("$worker_exe" --coord "$endpoint" --rank "$1" --world "$n" -m "$model" "${curve_args[@]}")
+  if [[ $cpu -eq 1 ]]; then wargs+=(--device cpu); else wargs+=(--device "cuda:$1"); fi
+}
+
+if [[ $dry -eq 1 ]]; then
+  printf 'coordinator:'; printf ' %q' "${serve_cmd[@]}"; printf '\n'
+  for ((r = 0; r < n; r++)); do
+    worker_args "$r"
+    printf 'worker %d:' "$r"
+    [[ $cpu -eq 1 ]] || printf ' CUDA_VISIBLE_DEVICES=%d' "$r"
+    printf ' %q' "${wargs[@]}"; printf '\n'
+  done
+  exit 0
+fi
+
+pids=()
+coord_pid=""
+stopping=0
+stop_pids() { # grace pid... : TERM, wait up to grace seconds, KILL, reap
+  local grace_s=$1 p deadline; shift
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+  deadline=$((SECONDS + grace_s))
+  for p in "$@"; do
+    while kill -0 "$p" 2>/dev/null && [[ $SECONDS -lt $deadline ]]; do sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "launch.sh: pid $p did not stop in ${grace_s}s; killing it" >&2
+      kill -KILL "$p" 2>/dev/null || true
+    fi
+    wait "$p" 2>/dev/null || true
+  done
+}
+cleanup() {
+  # the coordinator first: it drains (finishes requests in flight) and then tells the workers
+  # to shut down; then the workers, then anything left is killed
+  [[ -n "$coord_pid" ]] && stop_pids "$grace" "$coord_pid"
+  [[ ${#pids[@]} -gt 1 ]] && stop_pids 5 "${pids[@]:1}"
+  rm -f "$sock"
+}
+on_signal() {
+  [[ $stopping -eq 1 ]] && return
+  stopping=1
+  echo "launch.sh: stopping (logs in $logs)" >&2
+  cleanup
+  trap - EXIT
+  exit 0
+}
+trap on_signal INT TERM
+trap cleanup EXIT
+
+echo "launch.sh: coordinator + $n workers; logs in $logs" >&2
+"${serve_cmd[@]}" >"$logs/coordinator.log" 2>&1 &
+coord_pid=$!
+pids+=("$coord_pid")
+for ((r = 0; r < n; r++)); do
+  worker_args "$r"
+  if [[ $cpu -eq 1 ]]; then
+    "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
+  else
+    CUDA_VISIBLE_DEVICES=$r "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
+  fi
+  pids+=("$!")
+done
+echo "${pids[*]}" >"$logs/pids"
+
+# Only the coordinator's exit ends the launcher: a worker that dies is reported by the
+# coordinator (/health 503, logs) and handled per --on-worker-failure.
+status=0
+live=("${pids[@]}")
+while [[ ${#live[@]} -gt 0 ]]; do
+  st=0
+  done_pid=""
+  wait -n -p done_pid "${live[@]}" || st=$?
+  [[ $stopping -eq 1 ]] && break
+  [[ -z "$done_pid" ]] && break
+  if [[ "$done_pid" == "$coord_pid" ]]; then status=$st; break; fi
+  echo "launch.sh: worker pid $done_pid exited (status $st)" >&2
+  rest=()
+  for p in "${live[@]}"; do [[ "$p" == "$done_pid" ]] || rest+=("$p"); done
+  live=("${rest[@]}")
+done
+echo "launch.sh: the coordinator exited (status $status); stopping the workers" >&2
+exit "$status"

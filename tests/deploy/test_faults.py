@@ -1,0 +1,200 @@
+"""Fault injection against `mlaserve serve --tp 2` on the tiny fixture (CPU workers):
+  death    SIGKILL a worker mid-generation: the request fails with a message naming the worker,
+           /health 503 with the reason, new generations 503, /metrics still answers; then
+           --on-worker-failure restart brings the group back (a new completion succeeds)
+  hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
+           is caught by --step-timeout-ms
+  coord    SIGKILL the coordinator: its workers exit by themselves
+  drain    SIGTERM: new requests 503, the in-flight one completes, exit 0; with a short
+           --drain-timeout the in-flight one fails with the drain message, exit 0
+  bounds   --max-body, prompt length, max_tokens, --max-conns, --max-queue
+Usage: test_faults.py MLASERVE WORKER FIXTURES CASE"""
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dlib import (Server, alive, check, children_of, finish, model_path, read_rest, read_sse_events,  # noqa: E402
+                  wait_for, worker_pids)
+
+exe, worker, fixtures, case = sys.argv[1:5]
+model = model_path(fixtures)
+SLOW = {"MLA_WORKER_STEP_DELAY_MS": "60"}
+LONG = {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True}
+
+
+def health(srv):
+    st, d = srv.get("/health")
+    return st, d.decode(errors="replace")
+
+
+def case_death():
+    for policy in ("stop", "restart"):
+        srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", policy], SLOW, worker)
+        try:
+            pids = worker_pids(srv, 2)
+            c, r = srv.stream_start(LONG)
+            first = read_sse_events(r, 2, 30)
+            check(r.status == 200 and len(first) == 2, "%s: streaming started" % policy)
+            os.kill(pids[1], signal.SIGKILL)
+            rest = read_rest(r, 30)
+            c.close()
+            joined = b" ".join(rest)
+            check(b"error" in joined and b"worker 1" in joined and b"killed by signal 9" in joined,
+                  "%s: the in-flight request failed naming the worker" % policy, joined[-300:])
+            if policy == "stop":
+                st, body = health(srv)
+                check(st == 503 and "worker 1" in body, "stop: /health 503 with the reason", body)
+                st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+                check(st == 503 and b"worker_down" in d, "stop: new generation refused with 503", d[:200])
+                st, d = srv.get("/metrics")
+                check(st == 200, "stop: /metrics still answers")
+                time.sleep(1.0)
+                st, body = health(srv)
+                check(st == 503, "stop: the group stays down")
+                check("worker group failed" in srv.text(), "stop: logged")
+            else:
+                ok = wait_for(lambda: health(srv)[0] == 200, 30, 0.2)
+                check(ok, "restart: /health back to 200")
+                st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                check(st == 200 and json.loads(d)["usage"]["completion_tokens"] == 3,
+                      "restart: a new completion succeeds", d[:200])
+                check("restarting the worker group" in srv.text(), "restart: logged")
+            rc = srv.stop()
+            check(rc == 0, "%s: clean exit after SIGTERM (rc %s)" % (policy, rc))
+            check(not any(alive(p) for p in pids.values()), "%s: no worker left" % policy)
+        finally:
+            srv.stop(signal.SIGKILL)
+
+
+def case_hang():
+    srv = Server(exe, model, ["--tp", "2", "--heartbeat-timeout-ms", "1500"], SLOW, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        c, r = srv.stream_start(LONG)
+        check(len(read_sse_events(r, 2, 30)) == 2, "hang: streaming started")
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        rest = b" ".join(read_rest(r, 30))
+        c.close()
+        check(b"stopped answering" in rest, "hang: heartbeat timeout fails the request", rest[-300:])
+        st, body = health(srv)
+        check(st == 503 and "stopped answering" in body, "hang: /health 503 with the reason", body)
+        print("detected after %.1f s" % (time.time() - t0))
+        os.kill(pids[1], signal.SIGCONT)
+        check(srv.stop() == 0, "hang: clean exit")
+        check(wait_for(lambda: not any(alive(p) for p in pids.values()), 10), "hang: no worker left")
+    finally:
+        srv.stop(signal.SIGKILL)
+    # the step timeout: every step takes 1.5 s, the limit is 0.5 s
+    srv = Server(exe, model, ["--tp", "2", "--step-timeout-ms", "500"], {"MLA_WORKER_STEP_DELAY_MS": "1500"}, worker)
+    try:
+        st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        check(st == 500 and b"did not finish within 500 ms" in d, "step timeout: request fails", d[:300])
+        st, body = health(srv)
+        check(st == 503 and "did not finish" in body, "step timeout: /health 503", body)
+        check(srv.stop() == 0, "step timeout: clean exit")
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def case_coord():
+    srv = Server(exe, model, ["--tp", "2", "--heartbeat-timeout-ms", "1000"], None, worker)
+    pids = worker_pids(srv, 2)
+    check(all(alive(p) for p in pids.values()), "coord: workers running")
+    srv.proc.kill()
+    srv.proc.wait()
+    gone = wait_for(lambda: not any(alive(p) for p in pids.values()), 20, 0.1)
+    check(gone, "coord: the workers exited by themselves after the coordinator died")
+    for p in pids.values():  # never leave one behind
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+
+
+def case_drain():
+    srv = Server(exe, model, ["--tp", "2", "--drain-timeout", "60"], SLOW, worker)
+    try:
+        c, r = srv.stream_start({"prompt": "Hello", "max_tokens": 30, "ignore_eos": True})
+        check(len(read_sse_events(r, 1, 30)) == 1, "drain: streaming started")
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        check(st == 503 and b"shutting_down" in d, "drain: new request 503", d[:200])
+        st, _ = srv.get("/health")
+        check(st == 503, "drain: /health 503")
+        rest = read_rest(r, 60)
+        c.close()
+        chunks = [json.loads(x) for x in rest if x not in (b"[DONE]",)]
+        fin = [ch["choices"][0].get("finish_reason") for ch in chunks if ch.get("choices")]
+        check(rest and rest[-1] == b"[DONE]" and "length" in fin and not any("error" in ch for ch in chunks),
+              "drain: the in-flight request completed", rest[-2:])
+        srv.proc.wait(60)
+        check(srv.proc.returncode == 0, "drain: exit 0")
+    finally:
+        srv.stop(signal.SIGKILL)
+    srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "1"], SLOW, worker)
+    try:
+        c, r = srv.stream_start(LONG)
+        check(len(read_sse_events(r, 1, 30)) == 1, "drain timeout: streaming started")
+        srv.proc.send_signal(signal.SIGTERM)
+        rest = b" ".join(read_rest(r, 30))
+        c.close()
+        check(b"drain timeout" in rest, "drain timeout: the in-flight request failed with the reason", rest[-300:])
+        srv.proc.wait(30)
+        check(srv.proc.returncode == 0, "drain timeout: exit 0")
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def case_bounds():
+    srv = Server(exe, model, ["--tp", "1", "--max-body", "2000", "--max-conns", "3", "--max-queue", "1",
+                              "--max-seqs", "1"], {"MLA_WORKER_STEP_DELAY_MS": "30"}, worker)
+    try:
+        st, d = srv.post("/v1/completions", None, raw=json.dumps({"prompt": "x" * 5000, "max_tokens": 1}))
+        check(st == 413, "bounds: body over --max-body -> 413", st)
+        st, d = srv.post("/v1/completions", {"prompt": list(range(1, 300)), "max_tokens": 1})
+        check(st == 400 and b"context" in d, "bounds: prompt longer than the context -> 400", d[:200])
+        st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 100000})
+        check(st == 400 and b"max_tokens" in d, "bounds: max_tokens beyond the context -> 400", d[:200])
+        # --max-queue 1 with one running sequence: of 4 concurrent requests at least one is 429
+        res = []
+
+        def one():
+            try:
+                res.append(srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 20, "ignore_eos": True})[0])
+            except Exception as e:  # noqa: BLE001
+                res.append(str(e))
+        ts = [threading.Thread(target=one) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        check(429 in res and 200 in res, "bounds: --max-queue -> 429 for the overflow", res)
+        # --max-conns 3: the 4th open connection gets 503 and is closed
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
+        time.sleep(0.3)
+        s4 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        data = b""
+        try:
+            while True:
+                b = s4.recv(4096)
+                if not b:
+                    break
+                data += b
+        except OSError:
+            pass
+        check(b" 503 " in data.split(b"\r\n")[0] if data else False, "bounds: connection over --max-conns -> 503",
+              data[:100])
+        for s in socks + [s4]:
+            s.close()
+        check(srv.stop() == 0, "bounds: clean exit")
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+{"death": case_death, "hang": case_hang, "coord": case_coord, "drain": case_drain, "bounds": case_bounds}[case]()
+finish()

@@ -1,0 +1,72 @@
+"""Control-plane security (CURVE): `mlaserve keygen`, a coordinator with --curve-dir on loopback
+tcp:// and external workers: a worker with a key not in authorized_keys is refused (exit 3, the
+reason on both sides), a worker without CURVE is refused, the right keys work (one worker with the
+shared client key, one with a key added by `keygen --client`); a non-loopback bind without keys
+is refused with the reason. Usage: test_keys.py MLASERVE WORKER FIXTURES"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dlib import Server, check, finish, free_port, model_path, wait_for  # noqa: E402
+
+exe, worker, fixtures = sys.argv[1:4]
+model = model_path(fixtures)
+d = tempfile.mkdtemp(prefix="mla_keys_")
+A, B = os.path.join(d, "a"), os.path.join(d, "b")
+for k in (A, B):
+    r = subprocess.run([exe, "keygen", k], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0, "keygen %s" % os.path.basename(k), r.stderr)
+check(oct(os.stat(os.path.join(A, "server.key")).st_mode & 0o777) == "0o600", "server.key is 0600")
+check(len(open(os.path.join(A, "server.pub")).read().strip()) == 40, "server.pub is a Z85 key")
+r = subprocess.run([exe, "keygen", A], capture_output=True, text=True, timeout=30)
+check(r.returncode != 0 and "exists" in r.stderr, "keygen refuses to overwrite", r.stderr)
+r = subprocess.run([exe, "keygen", A, "--client", "node2"], capture_output=True, text=True, timeout=30)
+check(r.returncode == 0 and open(os.path.join(A, "node2.pub")).read().strip() in open(os.path.join(A, "authorized_keys")).read(),
+      "keygen --client adds an authorized key", r.stderr)
+
+# non-loopback bind without keys: refused before anything starts
+for cmd in ([exe, "serve", "-m", model, "--coord", "tcp://0.0.0.0:%d" % free_port(), "--port", "0"],
+            [exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--coord", "tcp://0.0.0.0:%d" % free_port()]):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "refusing to bind the control plane" in r.stderr and "--insecure-control-plane" in r.stderr,
+          "%s: non-loopback bind without keys refused with the reason" % cmd[1], r.stderr[-300:])
+
+port = free_port()
+ep = "tcp://127.0.0.1:%d" % port
+srv = Server(exe, model, ["--tp", "2", "--workers-external", "--coord", ep, "--curve-dir", A], wait=False)
+procs = []
+try:
+    def wk(rank, *extra):
+        return subprocess.Popen([worker, "--coord", ep, "--rank", str(rank), "--world", "2", "-m", model] + list(extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bad = wk(0, "--curve-dir", A, "--curve-client-key", os.path.join(B, "client.key"))
+    out = bad.communicate(timeout=30)[0]
+    check(bad.returncode == 3 and "refused this worker's CURVE key" in out, "wrong client key refused (exit 3)", out[-300:])
+    check(wait_for(lambda: "refusing a control-plane connection" in srv.text(), 10), "coordinator logged the refusal")
+    plain = wk(0)
+    out = plain.communicate(timeout=60)[0]
+    check(plain.returncode == 3 and "handshake" in out, "worker without CURVE refused (exit 3)", out[-300:])
+    wrong_server = wk(0, "--curve-dir", B)  # B's server.pub: the handshake cannot succeed
+    out = wrong_server.communicate(timeout=60)[0]
+    check(wrong_server.returncode in (1, 3), "worker with the wrong server key does not join", out[-300:])
+    procs = [wk(0, "--curve-dir", A), wk(1, "--curve-dir", A, "--curve-client-key", os.path.join(A, "node2.key"))]
+    srv.wait_ready(60)
+    st, body = srv.get("/health")
+    check(st == 200, "group ready with the right keys")
+    st, body = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, "generation over CURVE", body[:200])
+    check("CURVE on" in srv.text(), "coordinator logged CURVE on")
+    check(srv.stop() == 0, "clean exit")
+    for p in procs:
+        p.communicate(timeout=20)
+    check(all(p.returncode == 0 for p in procs), "workers exited cleanly", [p.returncode for p in procs])
+finally:
+    srv.stop(9)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+finish()

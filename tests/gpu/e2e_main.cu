@@ -1,0 +1,269 @@
+/* mla-e2e: `mlaserve logits` on the CUDA forward pass (worker/model_cuda.h), for the GPU machine
+ * where the full tree (libzmq, libuv, protobuf-c) cannot be built. Same command line and output
+ * as coordinator/cmd_logits.c, so tests/model/check_logits.py drives it unchanged:
+ *   mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]
+ *                  [--decode-from K] [--greedy N --ids-out IDS_OUT.txt] [--exact] [--device D]
+ * --tp N: N ranks as threads of this process on one device, joined by the host collective
+ * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
+ * ignored. --exact: fp32 GEMV for every matmul. Env MLA_E2E_TIME=1 prints step timings. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cuda_ops.h"
+extern "C" {
+#include "common/coll_host.h"
+#include "common/gguf.h"
+#include "common/mla_log.h"
+#include "worker/model_cuda.h"
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
+                    "                      [--greedy N --ids-out FILE] [--exact] [--device D]\n");
+    return 2;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct prompts {
+    int32_t **ids;
+    int64_t *n;
+    int64_t count;
+};
+
+struct rank_job {
+    const gguf_ctx *g;
+    coll *c;
+    bool exact;
+    int device;
+    long decode_from, greedy;
+    const prompts *P;
+    FILE *fout, *fids;
+    int rc;
+    mla_err err;
+    double t_prefill, t_decode;
+    long n_prefill_tok, n_decode;
+};
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+static void *run_rank(void *arg) {
+    rank_job *j = (rank_job *)arg;
+    mla_err *err = &j->err;
+    mla_cmodel *m = NULL;
+    float *logits = NULL;
+    j->rc = MLA_ERR;
+    mla_cmodel_opts opts = {j->device, j->exact};
+    if (mla_cmodel_load(&m, j->g, j->c, &opts, err) < 0) return NULL;
+    const mla_config *c = mla_cmodel_config(m);
+    uint32_t eos = UINT32_MAX;
+    if (gguf_get_u32(j->g, "tokenizer.ggml.eos_token_id", &eos, err) < 0) goto out;
+    {
+        mla_err e2;
+        if (cuda_selfcheck(&e2) != MLA_OK) {
+            mla_errf(err, "CUDA self-check failed: %s", e2.msg);
+            goto out;
+        }
+    }
+    for (int64_t p = 0; p < j->P->count; p++) {
+        const int32_t *ids = j->P->ids[p];
+        const int64_t n = j->P->n[p];
+        mla_cstate *st = mla_cstate_new(m, n + j->greedy + 1, err);
+        if (!st) goto out;
+        logits = (float *)mla_xrealloc(logits, (size_t)(n * c->n_vocab) * sizeof *logits);
+        long df = j->decode_from;
+        int64_t k = df < 0 || df >= n ? n : (df < 1 ? 1 : df);
+        double t0 = now_s();
+        int rc = mla_cmodel_forward(m, st, ids, k, 0, 2, logits, err);
+        j->t_prefill += now_s() - t0;
+        j->n_prefill_tok += k;
+        for (int64_t t = k; t < n && rc == MLA_OK; t++)
+            rc = mla_cmodel_forward(m, st, ids + t, 1, t, 2, logits + t * c->n_vocab, err);
+        if (rc == MLA_OK && j->fout &&
+            fwrite(logits, sizeof *logits, (size_t)(n * c->n_vocab), j->fout) != (size_t)(n * c->n_vocab)) {
+            mla_errf(err, "write failed");
+            rc = MLA_ERR;
+        }
+        if (rc == MLA_OK && j->greedy > 0) {
+            float *last = (float *)mla_xmalloc((size_t)c->n_vocab * sizeof *last);
+            memcpy(last, logits + (n - 1) * c->n_vocab, (size_t)c->n_vocab * sizeof *last);
+            for (long i = 0; i < j->greedy && rc == MLA_OK; i++) {
+                int32_t tok = argmax(last, c->n_vocab);
+                if (j->fids) fprintf(j->fids, "%s%d", i ? " " : "", tok);
+                if ((uint32_t)tok == eos || i + 1 == j->greedy) break;
+                double t1 = now_s();
+                rc = mla_cmodel_forward(m, st, &tok, 1, n + i, 1, last, err);
+                j->t_decode += now_s() - t1;
+                j->n_decode++;
+            }
+            if (j->fids) fputc('\n', j->fids);
+            free(last);
+        }
+        mla_cstate_free(st);
+        if (rc < 0) goto out;
+    }
+    j->rc = MLA_OK;
+out:
+    free(logits);
+    mla_cmodel_free(m);
+    return NULL;
+}
+
+static int64_t read_line_ids(FILE *f, int32_t **ids, size_t *cap) {
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n = getline(&line, &lcap, f);
+    if (n < 0) {
+        free(line);
+        return -1;
+    }
+    int64_t cnt = 0;
+    char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            free(line);
+            return -2;
+        }
+        if ((size_t)cnt == *cap) {
+            *cap = *cap ? *cap * 2 : 256;
+            *ids = (int32_t *)mla_xrealloc(*ids, *cap * sizeof **ids);
+        }
+        (*ids)[cnt++] = (int32_t)v;
+        p = end;
+    }
+    free(line);
+    return cnt;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "logits")) return usage();
+    const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
+    int tp = 1, device = 0;
+    bool exact = false;
+    long decode_from = -1, greedy = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--exact")) {
+            exact = true;
+            continue;
+        }
+        if (i + 1 >= argc) return usage();
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = argv[++i];
+        else if (!strcmp(a, "--tokens")) tokens = argv[++i];
+        else if (!strcmp(a, "--out")) outp = argv[++i];
+        else if (!strcmp(a, "--threads")) ++i;
+        else if (!strcmp(a, "--tp")) tp = atoi(argv[++i]);
+        else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
+        else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
+        else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
+        else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
+        else if (!strcmp(a, "--backend")) ++i; /* always cuda here */
+        else return usage();
+    }
+    if (getenv("MLA_E2E_EXACT")) exact = true;
+    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    prompts P = {0, 0, 0};
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    int status = 1;
+    coll_host_seg *seg = NULL;
+    rank_job *jobs = NULL;
+    pthread_t *th = NULL;
+    char name[COLL_HOST_NAME_MAX];
+    if (gguf_open(&g, model, &err) < 0) goto fail;
+    if (!(fin = fopen(tokens, "r"))) {
+        mla_errf(&err, "%s: %s", tokens, strerror(errno));
+        goto fail;
+    }
+    for (;;) {
+        int64_t n = read_line_ids(fin, &ids, &cap);
+        if (n == -1) break;
+        if (n == -2) {
+            mla_errf(&err, "%s: bad token id", tokens);
+            goto fail;
+        }
+        if (n == 0) continue;
+        P.ids = (int32_t **)mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
+        P.n = (int64_t *)mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
+        P.ids[P.count] = (int32_t *)mla_xmalloc((size_t)n * sizeof *ids);
+        memcpy(P.ids[P.count], ids, (size_t)n * sizeof *ids);
+        P.n[P.count++] = n;
+    }
+    if (!(fout = fopen(outp, "wb"))) {
+        mla_errf(&err, "%s: %s", outp, strerror(errno));
+        goto fail;
+    }
+    if (ids_out && !(fids = fopen(ids_out, "w"))) {
+        mla_errf(&err, "%s: %s", ids_out, strerror(errno));
+        goto fail;
+    }
+    jobs = (rank_job *)mla_xcalloc((size_t)tp, sizeof *jobs);
+    th = (pthread_t *)mla_xcalloc((size_t)tp, sizeof *th);
+    if (tp > 1) {
+        coll_host_make_name(name, sizeof name);
+        if (coll_host_seg_create(&seg, name, tp, 0, &err) < 0) goto fail;
+    }
+    for (int r = 0; r < tp; r++) {
+        rank_job *j = &jobs[r];
+        j->g = g, j->exact = exact, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->fout = r == 0 ? fout : NULL;
+        j->fids = r == 0 ? fids : NULL;
+        if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
+    }
+    for (int r = 1; r < tp; r++)
+        if (pthread_create(&th[r], NULL, run_rank, &jobs[r])) MLA_PANIC("pthread_create failed");
+    run_rank(&jobs[0]);
+    if (jobs[0].rc < 0 && seg) coll_host_seg_abort(seg, "rank 0 failed");
+    for (int r = 1; r < tp; r++) pthread_join(th[r], NULL);
+    status = 0;
+    for (int r = 0; r < tp; r++)
+        if (jobs[r].rc < 0) {
+            fprintf(stderr, "mla-e2e: rank %d: %s\n", r, jobs[r].err.msg);
+            status = 1;
+        }
+    if (getenv("MLA_E2E_TIME") && status == 0)
+        fprintf(stderr, "mla-e2e timing (rank 0): prefill %ld tokens %.1f ms; decode %ld steps %.3f ms/step\n",
+                jobs[0].n_prefill_tok, jobs[0].t_prefill * 1e3, jobs[0].n_decode,
+                jobs[0].n_decode ? jobs[0].t_decode * 1e3 / jobs[0].n_decode : 0.0);
+    goto done;
+fail:
+    fprintf(stderr, "mla-e2e: %s\n", err.msg);
+    status = 1;
+done:
+    if (fout && fclose(fout) != 0) status = 1;
+    if (fids) fclose(fids);
+    if (fin) fclose(fin);
+    for (int r = 0; jobs && r < tp; r++)
+        if (jobs[r].c) coll_free(jobs[r].c);
+    coll_host_seg_free(seg);
+    free(jobs);
+    free(th);
+    for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
+    free(P.ids);
+    free(P.n);
+    free(ids);
+    if (g) gguf_close(g);
+    return status;
+}

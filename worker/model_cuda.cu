@@ -1,0 +1,680 @@
+/* model_cuda: the CUDA forward pass (worker/model_cuda.h), step for step the CPU model of
+ * worker/model.c (read that file for the meaning of every stage). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda_ops.h"
+
+extern "C" {
+#include "common/mla_log.h"
+#include "common/shard_plan.h"
+#include "kernels/matmul.h"
+#include "kernels/moe.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+#include "worker/model_cuda.h"
+}
+
+#define CU(call, ...)                                                                                   \
+    do {                                                                                                \
+        cudaError_t cu_e_ = (call);                                                                     \
+        if (cu_e_ != cudaSuccess) {                                                                     \
+            mla_errf(err, __VA_ARGS__);                                                                 \
+            return mla_err_prefix(err, "CUDA %s", cudaGetErrorString(cu_e_)), MLA_ERR;                   \
+        }                                                                                               \
+    } while (0)
+#define TRY(call)                                                                                       \
+    do {                                                                                                \
+        if ((call) != MLA_OK) return MLA_ERR;                                                           \
+    } while (0)
+
+namespace {
+
+struct dmat {
+    uint32_t type = 0;
+    void *d = nullptr;
+    int64_t n_in = 0, n_out = 0;
+};
+
+struct dffn {
+    dmat gate, up, down;
+    bool skip = false;
+};
+
+struct dlayer {
+    float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;
+    dmat q_a, q_b, kv_a, o;
+    float *kb, *vb; /* [Hl][KL][dn], [Hl][dv][KL] */
+    bool o_gather;
+    int64_t o_r0, o_r1;
+    dmat iq_b, ik, iproj;
+    float *ik_norm_w, *ik_norm_b;
+    bool dense, has_shexp;
+    dffn ffn;
+    dmat router;
+    float *router_bias;
+    mla_cuda_experts ex;
+};
+
+__global__ void scale_kernel(float *x, int64_t n, float s) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+} // namespace
+
+struct mla_cmodel {
+    mla_config cfg;
+    coll *c;
+    coll *own_coll;
+    int rank, world, device;
+    bool exact;
+    int64_t h0, h1, Hl;
+    rope_table rope;
+    dmat tok_embd, output;
+    float *out_norm;
+    int64_t out_r0, out_r1;
+    bool out_split;
+    dlayer *L;
+    cudaStream_t st;
+    uint64_t wbytes;
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+    /* scratch for up to cap_T tokens */
+    int64_t cap_T, cap_keys;
+    float *x, *h, *y, *cq, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores, *attn_work,
+        *logit_dev;
+    size_t attn_work_floats;
+    int32_t *tok, *rid, *sel, *nsel;
+    void *moe_work;
+    size_t moe_work_bytes;
+    float *hbuf;   /* pinned host staging */
+    size_t hbuf_floats;
+    float *hbuf2;
+    int32_t *htok;
+};
+
+struct mla_cstate {
+    mla_cmodel *m;
+    int64_t n_ctx, n_past, n_layer, kv_row, ik_row;
+    float **kv, **ik;
+};
+
+static int dalloc(mla_cmodel *m, void **p, size_t n, mla_err *err) {
+    CU(cudaMalloc(p, n ? n : 16), "cudaMalloc %zu bytes", n);
+    if (m->n_allocs == m->cap_allocs) {
+        m->cap_allocs = m->cap_allocs ? 2 * m->cap_allocs : 256;
+        m->allocs = (void **)mla_xrealloc(m->allocs, m->cap_allocs * sizeof *m->allocs);
+    }
+    m->allocs[m->n_allocs++] = *p;
+    m->wbytes += n;
+    return MLA_OK;
+}
+
+static int up_bytes(mla_cmodel *m, void **d, const void *h, size_t n, size_t alloc, mla_err *err) {
+    TRY(dalloc(m, d, alloc > n ? alloc : n, err));
+    CU(cudaMemcpy(*d, h, n, cudaMemcpyHostToDevice), "upload %zu bytes", n);
+    return MLA_OK;
+}
+
+static int up_f32(mla_cmodel *m, float **d, const gguf_tensor *t, mla_err *err) {
+    *d = nullptr;
+    if (!t) return MLA_OK;
+    MLA_ASSERT(t->type == GGML_TYPE_F32);
+    size_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) n *= (size_t)t->ne[i];
+    return up_bytes(m, (void **)d, t->data, n * 4, 0, err);
+}
+
+/* Packs the rows of a view back to back (column views included) and uploads them. */
+static int up_mat(mla_cmodel *m, dmat *d, const mla_mat *v, mla_err *err) {
+    if (!mla_cuda_quant_supported(v->type))
+        return mla_errf(err, "type %s has no CUDA kernels", ggml_type_name(v->type));
+    size_t rb = ggml_row_bytes(v->type, v->n_in), n = rb * (size_t)v->n_out;
+    uint8_t *h = (uint8_t *)mla_xmalloc(n ? n : 1);
+    for (int64_t r = 0; r < v->n_out; r++) memcpy(h + (size_t)r * rb, v->data + (size_t)r * v->row_stride, rb);
+    int rc = up_bytes(m, &d->d, h, n, mla_cuda_weight_bytes(v->type, v->n_in, v->n_out) + 16, err);
+    free(h);
+    d->type = v->type;
+    d->n_in = v->n_in;
+    d->n_out = v->n_out;
+    return rc;
+}
+
+static mla_mat mat_of(const gguf_tensor *t) { return mla_mat_make(t->type, t->data, t->ne[0], t->ne[1]); }
+
+static const gguf_tensor *tens(const gguf_ctx *g, const char *fmt, int64_t il) {
+    char nm[128];
+    snprintf(nm, sizeof nm, fmt, (long long)il);
+    return gguf_find_tensor(g, nm);
+}
+
+static mla_mat shard_mat(const shard_plan *p, const gguf_tensor *t) {
+    mla_mat m = mat_of(t);
+    const shard_entry *e = shard_plan_find(p, t->name);
+    MLA_ASSERT(e);
+    if (e->kind == SHARD_ROWS) return mla_mat_rows(&m, e->begin, e->end);
+    if (e->kind == SHARD_COLS) return mla_mat_cols(&m, e->begin, e->end);
+    return m;
+}
+
+static int load_ffn(mla_cmodel *m, dffn *f, const shard_plan *p, const gguf_tensor *gt, const gguf_tensor *ut,
+                    const gguf_tensor *dt, mla_err *err) {
+    const shard_entry *eg = shard_plan_find(p, gt->name), *ed = shard_plan_find(p, dt->name);
+    MLA_ASSERT(eg && ed);
+    bool r0 = eg->rank0_only || ed->rank0_only;
+    f->skip = r0 && m->rank != 0;
+    if (f->skip) return MLA_OK; /* this rank adds zero: nothing to upload */
+    mla_mat g = r0 ? mat_of(gt) : shard_mat(p, gt), u = r0 ? mat_of(ut) : shard_mat(p, ut),
+            d = r0 ? mat_of(dt) : shard_mat(p, dt);
+    TRY(up_mat(m, &f->gate, &g, err));
+    TRY(up_mat(m, &f->up, &u, err));
+    TRY(up_mat(m, &f->down, &d, err));
+    return MLA_OK;
+}
+
+/* This rank's experts of a 3-D expert tensor, packed in increasing expert order. */
+static int up_experts(mla_cmodel *m, const gguf_tensor *t, const void **d, size_t *estride, mla_err *err) {
+    if (!mla_cuda_quant_supported(t->type))
+        return mla_errf(err, "%s: type %s has no CUDA kernels", t->name, ggml_type_name(t->type));
+    size_t sb = ggml_row_bytes(t->type, t->ne[0]) * (size_t)t->ne[1];
+    int64_t X = t->ne[2], nown = 0;
+    for (int64_t e = m->rank; e < X; e += m->world) nown++;
+    uint8_t *h = (uint8_t *)mla_xmalloc(sb * (size_t)(nown ? nown : 1));
+    int64_t k = 0;
+    for (int64_t e = m->rank; e < X; e += m->world) memcpy(h + sb * (size_t)k++, t->data + sb * (size_t)e, sb);
+    void *dp;
+    int rc = up_bytes(m, &dp, h, sb * (size_t)nown, sb * (size_t)nown + 32, err);
+    free(h);
+    *d = dp;
+    *estride = sb;
+    return rc;
+}
+
+/* Per-head float matrices of this rank's heads: kb [Hl][KL][dn], vb [Hl][dv][KL]. */
+static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_tensor *vbt, const gguf_tensor *kvbt,
+                   mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const int64_t dn = c->head_nope, dv = c->head_v, KL = c->kv_lora_rank, Hl = m->Hl;
+    float *kb = (float *)mla_xmalloc((size_t)(Hl * KL * dn) * sizeof(float));
+    float *vb = (float *)mla_xmalloc((size_t)(Hl * dv * KL) * sizeof(float));
+    for (int64_t h = 0; h < Hl; h++) {
+        const int64_t hg = m->h0 + h;
+        if (kbt) {
+            mla_mat k = mla_mat_slice(kbt->type, kbt->data, dn, KL, hg);
+            for (int64_t r = 0; r < KL; r++) quant_dequant_row(k.type, k.data + (size_t)r * k.row_stride, kb + (h * KL + r) * dn, dn);
+            mla_mat v = mla_mat_slice(vbt->type, vbt->data, KL, dv, hg);
+            for (int64_t r = 0; r < dv; r++) quant_dequant_row(v.type, v.data + (size_t)r * v.row_stride, vb + (h * dv + r) * KL, KL);
+        } else {
+            mla_mat kvb = mat_of(kvbt);
+            float *row = (float *)mla_xmalloc((size_t)KL * sizeof(float));
+            for (int64_t o = 0; o < dn; o++) {
+                quant_dequant_row(kvb.type, kvb.data + (size_t)(hg * (dn + dv) + o) * kvb.row_stride, row, KL);
+                for (int64_t cc = 0; cc < KL; cc++) kb[(h * KL + cc) * dn + o] = row[cc];
+            }
+            for (int64_t o = 0; o < dv; o++)
+                quant_dequant_row(kvb.type, kvb.data + (size_t)(hg * (dn + dv) + dn + o) * kvb.row_stride,
+                                  vb + (h * dv + o) * KL, KL);
+            free(row);
+        }
+    }
+    int rc = up_bytes(m, (void **)&l->kb, kb, (size_t)(Hl * KL * dn) * 4, 0, err);
+    if (rc == MLA_OK) rc = up_bytes(m, (void **)&l->vb, vb, (size_t)(Hl * dv * KL) * 4, 0, err);
+    free(kb);
+    free(vb);
+    return rc;
+}
+
+extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
+                               mla_err *err) {
+    *out = nullptr;
+    mla_cmodel *m = (mla_cmodel *)mla_xcalloc(1, sizeof *m);
+    if (!c) c = m->own_coll = coll_single_new();
+    m->c = c;
+    m->rank = c->rank;
+    m->world = c->world;
+    m->device = opts ? opts->device : 0;
+    m->exact = opts && opts->exact;
+    shard_plan plan;
+    memset(&plan, 0, sizeof plan);
+    const mla_config *cf = &m->cfg;
+    if (mla_cuda_init(m->device, err) < 0) goto fail;
+    if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess) {
+        mla_errf(err, "cudaStreamCreate failed");
+        goto fail;
+    }
+    if (mla_config_from_gguf(&m->cfg, g, err) < 0 || mla_config_check_tensors(&m->cfg, g, err) < 0) goto fail;
+    if (cf->n_rope > ROPE_MAX_DIMS) {
+        mla_errf(err, "rope dims %lld exceed %d", (long long)cf->n_rope, ROPE_MAX_DIMS);
+        goto fail;
+    }
+    if (cf->kv_lora_rank > 1024 || cf->head_nope > 1024 || cf->n_rope > 128 || (cf->idx_n_head > 0 && cf->idx_head_dim > 256)) {
+        mla_errf(err, "model dimensions outside the CUDA kernels' limits (kv_lora <= 1024, rope <= 128, indexer head <= 256)");
+        goto fail;
+    }
+    {
+        shard_dims d = {cf->n_head, cf->head_k, cf->head_nope + cf->head_v, cf->head_v, cf->n_expert, cf->n_vocab};
+        if (shard_plan_build(&plan, g, &d, m->rank, m->world, err) < 0) goto fail;
+    }
+    if (!plan.valid) {
+        mla_errf(err, "tensor-parallel plan for %d ranks is invalid: %s", m->world, plan.reason);
+        goto fail;
+    }
+    m->h0 = cf->n_head * m->rank / m->world;
+    m->h1 = cf->n_head * (m->rank + 1) / m->world;
+    m->Hl = m->h1 - m->h0;
+    {
+        rope_params rp = {(int)cf->n_rope, cf->rope_base, cf->yarn, cf->yarn_factor, (double)cf->yarn_orig_ctx,
+                          cf->yarn_beta_fast, cf->yarn_beta_slow, cf->rope_attn_factor};
+        rope_table_init(&m->rope, &rp);
+    }
+    {
+        mla_mat te = mat_of(gguf_find_tensor(g, "token_embd.weight"));
+        if (up_mat(m, &m->tok_embd, &te, err) < 0) goto fail;
+        if (up_f32(m, &m->out_norm, gguf_find_tensor(g, "output_norm.weight"), err) < 0) goto fail;
+        const gguf_tensor *ot = gguf_find_tensor(g, "output.weight");
+        const shard_entry *e = shard_plan_find(&plan, ot->name);
+        mla_mat om = mat_of(ot);
+        m->out_r0 = 0;
+        m->out_r1 = cf->n_vocab;
+        if (e->kind == SHARD_ROWS && m->world > 1) {
+            m->out_split = true;
+            m->out_r0 = e->begin;
+            m->out_r1 = e->end;
+            om = mla_mat_rows(&om, e->begin, e->end);
+        }
+        if (up_mat(m, &m->output, &om, err) < 0) goto fail;
+    }
+    m->L = (dlayer *)mla_xcalloc((size_t)cf->n_layer, sizeof *m->L);
+    for (int64_t il = 0; il < cf->n_layer; il++) {
+        dlayer *l = &m->L[il];
+        mla_mat v;
+#define UPF(dst, name) \
+    if (up_f32(m, &(dst), tens(g, name, il), err) < 0) goto fail;
+#define UPM(dst, view) \
+    v = (view);        \
+    if (up_mat(m, &(dst), &v, err) < 0) goto fail;
+        UPF(l->attn_norm, "blk.%lld.attn_norm.weight");
+        UPF(l->ffn_norm, "blk.%lld.ffn_norm.weight");
+        UPF(l->kv_a_norm, "blk.%lld.attn_kv_a_norm.weight");
+        UPM(l->kv_a, mat_of(tens(g, "blk.%lld.attn_kv_a_mqa.weight", il)));
+        if (cf->q_lora_rank > 0) {
+            UPM(l->q_a, mat_of(tens(g, "blk.%lld.attn_q_a.weight", il)));
+            UPF(l->q_a_norm, "blk.%lld.attn_q_a_norm.weight");
+            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q_b.weight", il)));
+        } else {
+            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q.weight", il)));
+        }
+        if (up_kv_b(m, l, tens(g, "blk.%lld.attn_k_b.weight", il), tens(g, "blk.%lld.attn_v_b.weight", il),
+                    tens(g, "blk.%lld.attn_kv_b.weight", il), err) < 0)
+            goto fail;
+        {
+            const gguf_tensor *ot = tens(g, "blk.%lld.attn_output.weight", il);
+            const shard_entry *e = shard_plan_find(&plan, ot->name);
+            UPM(l->o, shard_mat(&plan, ot));
+            l->o_gather = e->gather_input;
+            l->o_r0 = e->kind == SHARD_ROWS ? e->begin : 0;
+            l->o_r1 = e->kind == SHARD_ROWS ? e->end : cf->n_embd;
+            if (e->kind == SHARD_REPLICATE && m->world > 1) {
+                mla_errf(err, "%s: replicated attn_output is not supported with %d ranks", ot->name, m->world);
+                goto fail;
+            }
+        }
+        if (cf->idx_n_head > 0) {
+            UPM(l->iq_b, mat_of(tens(g, "blk.%lld.indexer.attn_q_b.weight", il)));
+            UPM(l->ik, mat_of(tens(g, "blk.%lld.indexer.attn_k.weight", il)));
+            UPM(l->iproj, mat_of(tens(g, "blk.%lld.indexer.proj.weight", il)));
+            UPF(l->ik_norm_w, "blk.%lld.indexer.k_norm.weight");
+            UPF(l->ik_norm_b, "blk.%lld.indexer.k_norm.bias");
+        }
+        l->dense = mla_config_layer_dense(cf, il);
+        if (l->dense) {
+            if (load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il), tens(g, "blk.%lld.ffn_up.weight", il),
+                         tens(g, "blk.%lld.ffn_down.weight", il), err) < 0)
+                goto fail;
+        } else {
+            UPM(l->router, mat_of(tens(g, "blk.%lld.ffn_gate_inp.weight", il)));
+            UPF(l->router_bias, "blk.%lld.exp_probs_b.bias");
+            const gguf_tensor *eg = tens(g, "blk.%lld.ffn_gate_exps.weight", il);
+            const gguf_tensor *eu = tens(g, "blk.%lld.ffn_up_exps.weight", il);
+            const gguf_tensor *ed = tens(g, "blk.%lld.ffn_down_exps.weight", il);
+            mla_cuda_experts *x = &l->ex;
+            x->gate_type = eg->type;
+            x->up_type = eu->type;
+            x->down_type = ed->type;
+            if (up_experts(m, eg, &x->gate, &x->gate_estride, err) < 0 || up_experts(m, eu, &x->up, &x->up_estride, err) < 0 ||
+                up_experts(m, ed, &x->down, &x->down_estride, err) < 0)
+                goto fail;
+            x->n_embd = cf->n_embd;
+            x->n_ff = cf->n_ff_exp;
+            x->n_expert = cf->n_expert;
+            x->rank = m->rank;
+            x->world = m->world;
+            l->has_shexp = cf->n_expert_shared > 0;
+            if (l->has_shexp &&
+                load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
+                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il), err) < 0)
+                goto fail;
+        }
+#undef UPF
+#undef UPM
+    }
+    shard_plan_free(&plan);
+    MLA_INFO("cuda model: rank %d/%d, %.1f MiB of weights on device %d", m->rank, m->world, m->wbytes / 1048576.0,
+             m->device);
+    *out = m;
+    return MLA_OK;
+fail:
+    shard_plan_free(&plan);
+    mla_cmodel_free(m);
+    return MLA_ERR;
+}
+
+static void free_scratch(mla_cmodel *m) {
+    void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
+                  m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
+                  m->moe_work};
+    for (void *p : ps)
+        if (p) cudaFree(p);
+    if (m->hbuf) cudaFreeHost(m->hbuf);
+    if (m->hbuf2) cudaFreeHost(m->hbuf2);
+    if (m->htok) cudaFreeHost(m->htok);
+    m->x = m->h = m->y = m->cq = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
+        m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
+    m->tok = m->rid = m->sel = m->nsel = nullptr;
+    m->moe_work = nullptr;
+    m->hbuf = m->hbuf2 = nullptr;
+    m->htok = nullptr;
+    m->cap_T = m->cap_keys = 0;
+}
+
+extern "C" void mla_cmodel_free(mla_cmodel *m) {
+    if (!m) return;
+    if (m->st) cudaStreamSynchronize(m->st);
+    free_scratch(m);
+    for (size_t i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
+    free(m->allocs);
+    free(m->L);
+    if (m->st) cudaStreamDestroy(m->st);
+    if (m->own_coll) coll_free(m->own_coll);
+    free(m);
+}
+
+extern "C" const mla_config *mla_cmodel_config(const mla_cmodel *m) { return &m->cfg; }
+extern "C" uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m) { return m->wbytes; }
+
+extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err) {
+    MLA_ASSERT(n_ctx > 0);
+    mla_cstate *s = (mla_cstate *)mla_xcalloc(1, sizeof *s);
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->n_layer = m->cfg.n_layer;
+    s->kv_row = m->cfg.kv_lora_rank + m->cfg.n_rope;
+    s->ik_row = m->cfg.idx_head_dim;
+    s->kv = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->kv);
+    s->ik = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->ik);
+    if (cudaSetDevice(m->device) != cudaSuccess) {
+        mla_errf(err, "cudaSetDevice(%d) failed", m->device);
+        mla_cstate_free(s);
+        return nullptr;
+    }
+    for (int64_t il = 0; il < s->n_layer; il++) {
+        if (cudaMalloc((void **)&s->kv[il], (size_t)(n_ctx * s->kv_row) * 4) != cudaSuccess ||
+            (m->cfg.idx_n_head > 0 && cudaMalloc((void **)&s->ik[il], (size_t)(n_ctx * s->ik_row) * 4) != cudaSuccess)) {
+            mla_errf(err, "KV cache of %lld tokens: out of device memory", (long long)n_ctx);
+            mla_cstate_free(s);
+            return nullptr;
+        }
+    }
+    return s;
+}
+
+extern "C" void mla_cstate_free(mla_cstate *s) {
+    if (!s) return;
+    cudaStreamSynchronize(s->m->st);
+    for (int64_t il = 0; il < s->n_layer; il++) {
+        if (s->kv[il]) cudaFree(s->kv[il]);
+        if (s->ik[il]) cudaFree(s->ik[il]);
+    }
+    free(s->kv);
+    free(s->ik);
+    free(s);
+}
+
+extern "C" int64_t mla_cstate_n_past(const mla_cstate *s) { return s->n_past; }
+extern "C" void mla_cstate_truncate(mla_cstate *s, int64_t pos) {
+    MLA_ASSERT(pos >= 0 && pos <= s->n_past);
+    s->n_past = pos;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) {
+    if (T <= m->cap_T && keys <= m->cap_keys) return MLA_OK;
+    cudaStreamSynchronize(m->st);
+    free_scratch(m);
+    const mla_config *c = &m->cfg;
+    T = T < 16 ? 16 : T;
+    keys = keys < 256 ? 256 : keys;
+    const int64_t E = c->n_embd, Hl = m->Hl, KL = c->kv_lora_rank, row = KL + c->n_rope;
+    int64_t Fmax = c->n_ff > c->n_ff_exp * (c->n_expert_shared > 0 ? c->n_expert_shared : 1) ? c->n_ff
+                                                                                                : c->n_ff_exp * c->n_expert_shared;
+    if (Fmax < 1) Fmax = 1;
+    const int64_t V = c->n_vocab, X = c->n_expert > 0 ? c->n_expert : 1, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
+#define A(p, n)                                                                                                        \
+    CU(cudaMalloc((void **)&(p), (size_t)(n) * 4 + 64), "scratch %s: %lld tokens", #p, (long long)T)
+    A(m->x, T * E);
+    A(m->h, T * E);
+    A(m->y, T * E);
+    A(m->cq, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1));
+    A(m->q, T * Hl * c->head_k);
+    A(m->kva, T * row);
+    A(m->qabs, T * Hl * KL);
+    A(m->ol, T * Hl * KL);
+    A(m->o, T * Hl * c->head_v);
+    A(m->full, T * c->n_head * c->head_v);
+    A(m->part, T * (E > V ? E : V));
+    A(m->g, T * Fmax);
+    A(m->u, T * Fmax);
+    A(m->iq, T * (c->idx_n_head * c->idx_head_dim + 1));
+    A(m->iw, T * (c->idx_n_head + 1));
+    A(m->rl, T * X);
+    A(m->rw, T * K);
+    A(m->scores, T * (c->idx_n_head > 0 ? keys : 1));
+    A(m->logit_dev, T * V);
+    A(m->tok, T);
+    A(m->rid, T * K);
+    A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
+    A(m->nsel, T);
+#undef A
+    m->attn_work_floats = mla_cuda_attn_work_floats(T < 64 ? T : 64, Hl, KL, 32);
+    CU(cudaMalloc((void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
+    m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
+    CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
+    m->hbuf_floats = (size_t)(T * (E > V ? E : V) + T * c->n_head * c->head_v) * (size_t)m->world + 64;
+    CU(cudaMallocHost((void **)&m->hbuf, m->hbuf_floats * 4), "pinned staging");
+    CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
+    CU(cudaMallocHost((void **)&m->htok, (size_t)T * 4), "pinned staging");
+    m->cap_T = T;
+    m->cap_keys = keys;
+    return MLA_OK;
+}
+
+static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
+    if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+}
+
+/* buf[0..n) device: summed over ranks through the host collective (pinned copies). */
+static int allreduce(mla_cmodel *m, float *d, size_t n, mla_err *err) {
+    if (m->world == 1) return MLA_OK;
+    CU(cudaMemcpyAsync(m->hbuf, d, n * 4, cudaMemcpyDeviceToHost, m->st), "allreduce copy");
+    CU(cudaStreamSynchronize(m->st), "allreduce sync");
+    TRY(coll_allreduce_sum_f32(m->c, m->hbuf, n, err));
+    CU(cudaMemcpyAsync(d, m->hbuf, n * 4, cudaMemcpyHostToDevice, m->st), "allreduce copy back");
+    return MLA_OK;
+}
+
+static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, int64_t T, float *y, mla_err *err) {
+    const int64_t E = m->cfg.n_embd;
+    if (f->skip) {
+        CU(cudaMemsetAsync(y, 0, (size_t)(T * E) * 4, m->st), "memset");
+        return MLA_OK;
+    }
+    const int64_t F = f->gate.n_out;
+    TRY(mm(m, &f->gate, h, T, m->g, err));
+    TRY(mm(m, &f->up, h, T, m->u, err));
+    TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
+    return mm(m, &f->down, m->g, T, y, err);
+}
+
+static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const dlayer *l = &m->L[il];
+    const int64_t E = c->n_embd, Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, dv = c->head_v,
+                  KL = c->kv_lora_rank, row = KL + dr;
+    cudaStream_t st = m->st;
+    const float *qin = m->h;
+    if (c->q_lora_rank > 0) {
+        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
+        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
+                             err));
+        qin = m->cq;
+    }
+    TRY(mm(m, &l->q_b, qin, T, m->q, err));
+    TRY(mm(m, &l->kv_a, m->h, T, m->kva, err));
+    float *kvc = s->kv[il];
+    TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, kvc + pos0 * row, row, st, err));
+    CU(cudaMemcpy2DAsync(kvc + pos0 * row + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
+                         cudaMemcpyDeviceToDevice, st),
+       "k_pe copy");
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, kvc + pos0 * row + KL, T, 1, dr, row, pos0, NULL, st, err));
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, pos0, NULL, st, err));
+    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, st, err));
+    const int32_t *sel = NULL;
+    if (c->idx_n_head > 0) {
+        const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
+        float *ikc = s->ik[il];
+        TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
+        TRY(mm(m, &l->ik, m->h, T, ikc + pos0 * ihd, err));
+        TRY(mla_cuda_layernorm(ikc + pos0 * ihd, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, ikc + pos0 * ihd, ihd,
+                               st, err));
+        TRY(mm(m, &l->iproj, m->h, T, m->iw, err));
+        scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
+        CU(cudaGetLastError(), "scale");
+        /* same rope form as worker/model.c uses for the indexer */
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, pos0, NULL, st, err));
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, ikc + pos0 * ihd, T, 1, ihd, ihd, pos0, NULL, st, err));
+        if (pos0 + T > c->idx_top_k) {
+            const int64_t ld = pos0 + T;
+            TRY(mla_cuda_dsa_scores(m->iq, m->iw, ikc, T, nih, ihd, pos0, m->scores, ld, st, err));
+            TRY(mla_cuda_dsa_topk(m->scores, ld, T, pos0, c->idx_top_k, m->sel, m->nsel, st, err));
+            sel = m->sel;
+        }
+    }
+    mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
+                             c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats};
+    TRY(mla_cuda_mla_attn(&aa, st, err));
+    TRY(mla_cuda_head_matmul(l->vb, Hl, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, st, err));
+    if (!l->o_gather) {
+        TRY(mm(m, &l->o, m->o, T, m->y, err));
+    } else {
+        const int64_t H = c->n_head, per = T * Hl * dv, w = l->o_r1 - l->o_r0;
+        CU(cudaMemcpyAsync(m->hbuf2, m->o, (size_t)per * 4, cudaMemcpyDeviceToHost, st), "gather copy");
+        CU(cudaStreamSynchronize(st), "gather sync");
+        TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)per, err));
+        for (int r = 0; r < m->world; r++) { /* rank-major -> token-major, straight into the device */
+            int64_t rh0 = H * r / m->world, rhl = H * (r + 1) / m->world - rh0;
+            CU(cudaMemcpy2DAsync(m->full + rh0 * dv, (size_t)(H * dv) * 4, m->hbuf + r * per, (size_t)(rhl * dv) * 4,
+                                 (size_t)(rhl * dv) * 4, (size_t)T, cudaMemcpyHostToDevice, st),
+               "gather upload");
+        }
+        TRY(mm(m, &l->o, m->full, T, m->part, err));
+        CU(cudaMemsetAsync(m->y, 0, (size_t)(T * E) * 4, st), "memset");
+        CU(cudaMemcpy2DAsync(m->y + l->o_r0, (size_t)E * 4, m->part, (size_t)w * 4, (size_t)w * 4, (size_t)T,
+                             cudaMemcpyDeviceToDevice, st),
+           "rows copy");
+        /* the host staging is reused by the all-reduce below: wait for the uploads */
+        CU(cudaStreamSynchronize(st), "gather sync");
+    }
+    return allreduce(m, m->y, (size_t)(T * E), err);
+}
+
+static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const dlayer *l = &m->L[il];
+    const int64_t E = c->n_embd;
+    if (l->dense) {
+        TRY(ffn_apply(m, &l->ffn, m->h, T, m->y, err));
+    } else {
+        const int64_t X = c->n_expert, K = c->n_expert_used;
+        if (l->has_shexp) {
+            TRY(ffn_apply(m, &l->ffn, m->h, T, m->y, err));
+        } else {
+            CU(cudaMemsetAsync(m->y, 0, (size_t)(T * E) * 4, m->st), "memset");
+        }
+        TRY(mm(m, &l->router, m->h, T, m->rl, err));
+        moe_route_params rp = {(int)X, (int)K, (int)c->n_group, (int)c->n_group_used, (int)c->gating, c->weights_norm,
+                               c->weights_scale};
+        TRY(mla_cuda_moe_route(&rp, m->rl, l->router_bias, T, m->rid, m->rw, m->st, err));
+        TRY(mla_cuda_moe_apply(&l->ex, m->h, T, m->rid, m->rw, K, m->y, m->moe_work, m->st, err));
+    }
+    return allreduce(m, m->y, (size_t)(T * E), err);
+}
+
+extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
+                                  int mode, float *logits, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    if (T <= 0) return mla_errf(err, "no tokens to run");
+    if (pos0 != s->n_past)
+        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
+                        (long long)s->n_past);
+    if (pos0 + T > s->n_ctx)
+        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
+                        (long long)s->n_ctx);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
+                            (long long)c->n_vocab);
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    TRY(ensure_scratch(m, T, s->n_ctx, err));
+    const int64_t E = c->n_embd;
+    cudaStream_t st = m->st;
+    memcpy(m->htok, tokens, (size_t)T * 4);
+    CU(cudaMemcpyAsync(m->tok, m->htok, (size_t)T * 4, cudaMemcpyHostToDevice, st), "tokens");
+    TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, m->tok, T, m->x, st, err));
+    for (int64_t il = 0; il < c->n_layer; il++) {
+        const dlayer *l = &m->L[il];
+        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(attention(m, s, il, T, pos0, err));
+        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
+        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(ffn_moe(m, il, T, err));
+        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
+    }
+    s->n_past = pos0 + T;
+    if (mode != 0) {
+        const int64_t t0 = mode == 1 ? T - 1 : 0, nt = T - t0, V = c->n_vocab;
+        TRY(mla_cuda_rmsnorm(m->x + t0 * E, E, nt, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+        TRY(mm(m, &m->output, m->h, nt, m->logit_dev, err));
+        if (!m->out_split) {
+            CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(nt * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+            CU(cudaStreamSynchronize(st), "step");
+            memcpy(logits, m->hbuf, (size_t)(nt * V) * 4);
+        } else {
+            const int64_t Vr = m->out_r1 - m->out_r0;
+            CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nt * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+            CU(cudaStreamSynchronize(st), "step");
+            TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nt * Vr), err));
+            for (int r = 0; r < m->world; r++)
+                for (int64_t t = 0; t < nt; t++)
+                    memcpy(logits + t * V + r * Vr, m->hbuf + (r * nt + t) * Vr, (size_t)Vr * 4);
+        }
+    } else {
+        CU(cudaStreamSynchronize(st), "step");
+    }
+    return MLA_OK;
+}
