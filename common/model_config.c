@@ -347,8 +347,15 @@ int mla_config_check_tensors(const mla_config *c, const gguf_ctx *g, mla_err *er
             CHK(L("attn_v_b.weight"), 3, false, false, c->kv_lora_rank, c->head_v, H);
         } else {
             snprintf(nm, sizeof nm, "blk.%lld.attn_kv_b.weight", (long long)il);
-            if (!gguf_find_tensor(g, nm))
+            const gguf_tensor *kvb = gguf_find_tensor(g, nm);
+            if (!kvb)
                 return mla_errf(err, "blk.%lld: neither attn_k_b/attn_v_b nor legacy attn_kv_b is present", (long long)il);
+            /* legacy fused up-projection: per head the rows [nope of W_k | v of W_v] */
+            const int64_t kv_rows = H * (c->head_nope + c->head_v);
+            if (kvb->ne[1] != kv_rows)
+                return mla_errf(err, "%s: %lld rows, expected %lld heads x (nope %lld + v %lld) = %lld rows",
+                                nm, (long long)kvb->ne[1], (long long)H,
+                                (long long)c->head_nope, (long long)c->head_v, (long long)kv_rows);
             CHK(L("attn_kv_b.weight"), 2, false, false, c->kv_lora_rank, H * (c->head_nope + c->head_v));
         }
         CHK(L("attn_output.weight"), 2, false, false, H * c->head_v, E);

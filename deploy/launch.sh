@@ -72,7 +72,7 @@ serve_cmd=("$serve_exe" serve -m "$model" --tp "$n" --host "$host" --port "$port
            --coord "$endpoint" --port-file "$logs/port" "${curve_args[@]}" "${extra[@]}")
 worker_args() { # rank -> the array wargs
   wargs=("$worker_exe" --coord "$endpoint" --rank "$1" --world "$n" -m "$model" "${curve_args[@]}")
-  if [[ $cpu -eq 1 ]]; then wargs+=(--device cpu); else wargs+=(--device "cuda:$1"); fi
+  if [[ $cpu -eq 1 ]]; then wargs+=(--backend cpu --device cpu); else wargs+=(--backend cuda --device "cuda:$1"); fi
 }
 
 if [[ $dry -eq 1 ]]; then

@@ -36,6 +36,9 @@ typedef struct CUstream_st *mla_cuda_stream;
 /* Selects `device` (cudaSetDevice) and uploads the quantization tables. Idempotent. */
 int mla_cuda_init(int device, mla_err *e);
 
+/* Number of CUDA devices visible (0 when none or no driver). */
+int mla_cuda_device_count(void);
+
 /* True when the CUDA kernels handle type t (dequant and both matmul paths). */
 bool mla_cuda_quant_supported(uint32_t t);
 

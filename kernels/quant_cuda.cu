@@ -605,6 +605,15 @@ extern "C" size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows) {
     return (b + 15) / 16 * 16;
 }
 
+extern "C" int mla_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 extern "C" int mla_cuda_init(int device, mla_err *e) {
     MLACU_CHECK(cudaSetDevice(device), e, "cudaSetDevice(%d)", device);
 #define UP(dst, src) MLACU_CHECK(cudaMemcpyToSymbol(dst, src, sizeof(src)), e, "upload %s", #src)

@@ -41,7 +41,7 @@ rc=0
 if [ "$ops" = 1 ]; then
   timeout "${OPS_S:-330}" "$BUILD/mla-gpu-check" $quick --out "$OUT/gpu-ops-table.md" >"$OUT/gpu-check.log" 2>&1 || rc=$?
   grep -E "FAIL|differ|error|mismatch" "$OUT/gpu-check.log" | head -40 || true
-  if [ "$e2e" = 1 ]; then grep -E "^(mla_attn|dsa|head_matmul|moe_experts|sample|cuda_selfcheck)" "$OUT/gpu-check.log" | cut -c1-130; tail -2 "$OUT/gpu-ops-table.md" 2>/dev/null
+  if [ "$e2e" = 1 ]; then grep -E "^(mla_attn|dsa|head_matmul|moe_experts|sample|cuda_selfcheck)" "$OUT/gpu-check.log" | cut -c1-130; tail -2 "$OUT/gpu-ops-table.md" 2>/dev/null || true
   else cat "$OUT/gpu-ops-table.md" 2>/dev/null || tail -40 "$OUT/gpu-check.log"; fi
   echo "mla-gpu-check exit status $rc ($(( $(date +%s) - start )) s since start)"
 fi
@@ -62,17 +62,21 @@ if [ "$e2e" = 1 ]; then
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; rc=1; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
-  e2e_run "ds3 bf16 TP1 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 exact-fp32 vs HF + greedy" "MLA_E2E_EXACT=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 incremental == one pass" "MLA_E2E_EXACT=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
+  e2e_run "ds3 bf16 TP1 --fast (bf16 tensor cores) vs HF + greedy" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 vs HF + greedy" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 incremental == one pass" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
   e2e_run "ds3 q8_0 TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2
   e2e_run "ds3 q4_k_m TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
   e2e_run "glm5 bf16 TP1 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 long (DSA) + greedy + incr" "MLA_E2E_EXACT=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP1 --fast vs HF" "MLA_E2E_FAST=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
+  e2e_run "glm5 bf16 TP1 long (DSA) + greedy + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy --incremental 40 --inc-rtol 1e-4
   e2e_run "ds3 q4_k_m TP2 == TP1" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
+  e2e_run "ds3 q4_k_m TP2 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --tp 2 --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
+  e2e_run "ds3 q4_k_m TP2 --fast == TP1" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
   e2e_run "ds3 bf16 TP2 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP4 == TP1 + incr" "MLA_E2E_EXACT=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --tp 4 --tp-rtol 1e-4 --incremental 30 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP4 == TP1 + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --tp 4 --tp-rtol 1e-4 --incremental 30 --inc-rtol 1e-4
   e2e_run "ds3 bf16 TP4 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
   MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" 2>&1 | grep timing || true

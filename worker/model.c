@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
@@ -29,6 +30,9 @@ typedef struct layer_w {
     mla_mat q_a, q_b, kv_a; /* q_b: rows of this rank's heads (or plain attn_q when no q_lora) */
     bool legacy_kv_b;
     const gguf_tensor *k_b, *v_b, *kv_b;
+    const uint8_t *k_b_data, *v_b_data; /* whole-tensor layout; this rank's heads filled */
+    mla_mat kv_b_mat;       /* legacy: rows of this rank's heads, starting at global row kv_b_r0 */
+    int64_t kv_b_r0;
     mla_mat o;              /* attn_output view of this rank */
     bool o_gather;          /* o split by output rows [o_r0, o_r1) with the head outputs gathered */
     int64_t o_r0, o_r1;
@@ -60,6 +64,10 @@ struct mla_model {
     bool out_split;
     layer_w *L;
     bool *owned;            /* [n_expert] */
+    /* world > 1: this rank's bytes of every split tensor, copied out of the file mapping */
+    void **priv;
+    size_t *priv_len;
+    size_t n_priv;
 };
 
 struct mla_state {
@@ -87,8 +95,51 @@ static int check_type(const gguf_tensor *t, mla_err *err) {
     return MLA_OK;
 }
 
+/* With several ranks, each rank copies its bytes of every split tensor into private memory
+ * and drops its mapping of the whole tensor, so that a worker keeps resident only its shard
+ * (a column slice of a matrix touches every page of it; experts and heads are contiguous but
+ * the kernel maps neighbouring pages around each fault). Private buffers are anonymous
+ * mappings: pages never written (other ranks' experts and heads, kept at their offsets so that
+ * indexing is unchanged) cost nothing. One rank keeps zero-copy views into the file. */
+static uint8_t *priv_alloc(mla_model *m, size_t n) {
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) MLA_PANIC("out of memory: %zu bytes for a weight shard", n);
+    m->priv = mla_xrealloc(m->priv, (m->n_priv + 1) * sizeof *m->priv);
+    m->priv_len = mla_xrealloc(m->priv_len, (m->n_priv + 1) * sizeof *m->priv_len);
+    m->priv[m->n_priv] = p;
+    m->priv_len[m->n_priv++] = n ? n : 1;
+    return p;
+}
+
+/* A compact private copy of view v (rows of its columns, row_stride = the slice's bytes). */
+static mla_mat priv_mat(mla_model *m, mla_mat v) {
+    if (m->world == 1) return v;
+    size_t rb = ggml_row_bytes(v.type, v.n_in);
+    uint8_t *p = priv_alloc(m, rb * (size_t)v.n_out);
+    for (int64_t r = 0; r < v.n_out; r++) memcpy(p + (size_t)r * rb, v.data + (size_t)r * v.row_stride, rb);
+    v.data = p;
+    v.row_stride = rb;
+    return v;
+}
+
+/* A private copy of slices [s] of a 3-D tensor (slice_bytes each) for which keep(s) holds,
+ * at their offsets in a buffer of the whole tensor's size. */
+static const uint8_t *priv_slices(mla_model *m, const gguf_tensor *t, int64_t n_slices, const bool *keep,
+                                  int64_t s0, int64_t s1) {
+    if (m->world == 1) return t->data;
+    size_t sb = t->nbytes / (size_t)n_slices;
+    uint8_t *p = priv_alloc(m, t->nbytes);
+    for (int64_t s = 0; s < n_slices; s++)
+        if (keep ? keep[s] : (s >= s0 && s < s1)) memcpy(p + (size_t)s * sb, t->data + (size_t)s * sb, sb);
+    return p;
+}
+
+static void drop_mapping(const mla_model *m, const gguf_tensor *t) {
+    if (m->world > 1) gguf_evict(m->g, t->data, t->nbytes);
+}
+
 /* The view of a 2-D matrix this rank uses, from its plan entry. */
-static mla_mat shard_mat(const shard_plan *p, const gguf_tensor *t) {
+static mla_mat shard_mat_view(const shard_plan *p, const gguf_tensor *t) {
     mla_mat m = mat_of(t);
     const shard_entry *e = shard_plan_find(p, t->name);
     MLA_ASSERT(e);
@@ -97,18 +148,30 @@ static mla_mat shard_mat(const shard_plan *p, const gguf_tensor *t) {
     return m;
 }
 
-static void load_ffn(ffn_shard *f, const shard_plan *p, const gguf_tensor *gt, const gguf_tensor *ut,
-                     const gguf_tensor *dt, int rank) {
+/* The same, as this rank's own copy when the tensor is split. */
+static mla_mat shard_mat(mla_model *mm, const shard_plan *p, const gguf_tensor *t) {
+    const shard_entry *e = shard_plan_find(p, t->name);
+    MLA_ASSERT(e);
+    mla_mat v = shard_mat_view(p, t);
+    if (e->kind == SHARD_REPLICATE) return v;
+    v = priv_mat(mm, v);
+    drop_mapping(mm, t);
+    return v;
+}
+
+static void load_ffn(mla_model *m, ffn_shard *f, const shard_plan *p, const gguf_tensor *gt,
+                     const gguf_tensor *ut, const gguf_tensor *dt) {
     const shard_entry *eg = shard_plan_find(p, gt->name), *ed = shard_plan_find(p, dt->name);
     MLA_ASSERT(eg && ed);
-    f->gate = shard_mat(p, gt);
-    f->up = shard_mat(p, ut);
-    f->down = shard_mat(p, dt);
-    f->skip = (eg->rank0_only || ed->rank0_only) && rank != 0;
-    if (eg->rank0_only || ed->rank0_only) { /* replicated: whole matrices */
+    f->skip = (eg->rank0_only || ed->rank0_only) && m->rank != 0;
+    if (eg->rank0_only || ed->rank0_only) { /* replicated: whole matrices (rank 0 alone reads them) */
         f->gate = mat_of(gt);
         f->up = mat_of(ut);
         f->down = mat_of(dt);
+    } else {
+        f->gate = shard_mat(m, p, gt);
+        f->up = shard_mat(m, p, ut);
+        f->down = shard_mat(m, p, dt);
     }
     MLA_ASSERT(f->gate.n_out == f->down.n_in && f->up.n_out == f->gate.n_out);
 }
@@ -171,7 +234,8 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
             m->out_split = true;
             m->out_r0 = e->begin;
             m->out_r1 = e->end;
-            m->output = mla_mat_rows(&m->output, e->begin, e->end);
+            m->output = priv_mat(m, mla_mat_rows(&m->output, e->begin, e->end));
+            drop_mapping(m, ot);
         }
     }
     if (cf->n_expert > 0) {
@@ -189,18 +253,27 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
         if (cf->q_lora_rank > 0) {
             l->q_a = mat_of(tens(g, "blk.%lld.attn_q_a.weight", il));
             l->q_a_norm = f32_of(tens(g, "blk.%lld.attn_q_a_norm.weight", il));
-            l->q_b = shard_mat(&plan, tens(g, "blk.%lld.attn_q_b.weight", il));
+            l->q_b = shard_mat(m, &plan, tens(g, "blk.%lld.attn_q_b.weight", il));
         } else {
-            l->q_b = shard_mat(&plan, tens(g, "blk.%lld.attn_q.weight", il));
+            l->q_b = shard_mat(m, &plan, tens(g, "blk.%lld.attn_q.weight", il));
         }
         l->k_b = tens(g, "blk.%lld.attn_k_b.weight", il);
         l->v_b = tens(g, "blk.%lld.attn_v_b.weight", il);
         l->kv_b = tens(g, "blk.%lld.attn_kv_b.weight", il);
         l->legacy_kv_b = !l->k_b;
+        if (l->legacy_kv_b) {
+            l->kv_b_mat = shard_mat(m, &plan, l->kv_b);
+            l->kv_b_r0 = shard_plan_find(&plan, l->kv_b->name)->begin;
+        } else {
+            l->k_b_data = priv_slices(m, l->k_b, cf->n_head, NULL, m->h0, m->h1);
+            l->v_b_data = priv_slices(m, l->v_b, cf->n_head, NULL, m->h0, m->h1);
+            drop_mapping(m, l->k_b);
+            drop_mapping(m, l->v_b);
+        }
         {
             const gguf_tensor *ot = tens(g, "blk.%lld.attn_output.weight", il);
             const shard_entry *e = shard_plan_find(&plan, ot->name);
-            l->o = shard_mat(&plan, ot);
+            l->o = shard_mat(m, &plan, ot);
             l->o_gather = e->gather_input;
             l->o_r0 = e->kind == SHARD_ROWS ? e->begin : 0;
             l->o_r1 = e->kind == SHARD_ROWS ? e->end : cf->n_embd;
@@ -218,21 +291,31 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
         }
         l->dense = mla_config_layer_dense(cf, il);
         if (l->dense) {
-            load_ffn(&l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il), tens(g, "blk.%lld.ffn_up.weight", il),
-                     tens(g, "blk.%lld.ffn_down.weight", il), m->rank);
+            load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il),
+                     tens(g, "blk.%lld.ffn_up.weight", il), tens(g, "blk.%lld.ffn_down.weight", il));
         } else {
             l->router = mat_of(tens(g, "blk.%lld.ffn_gate_inp.weight", il));
             l->router_bias = f32_of(tens(g, "blk.%lld.exp_probs_b.bias", il));
             const gguf_tensor *eg = tens(g, "blk.%lld.ffn_gate_exps.weight", il);
             const gguf_tensor *eu = tens(g, "blk.%lld.ffn_up_exps.weight", il);
             const gguf_tensor *ed = tens(g, "blk.%lld.ffn_down_exps.weight", il);
-            l->ex = (moe_experts){eg->type, eu->type, ed->type, eg->data, eu->data, ed->data,
-                                  cf->n_embd, cf->n_ff_exp, cf->n_expert, m->owned};
+            l->ex = (moe_experts){eg->type,
+                                  eu->type,
+                                  ed->type,
+                                  priv_slices(m, eg, cf->n_expert, m->owned, 0, 0),
+                                  priv_slices(m, eu, cf->n_expert, m->owned, 0, 0),
+                                  priv_slices(m, ed, cf->n_expert, m->owned, 0, 0),
+                                  cf->n_embd,
+                                  cf->n_ff_exp,
+                                  cf->n_expert,
+                                  m->owned};
+            drop_mapping(m, eg);
+            drop_mapping(m, eu);
+            drop_mapping(m, ed);
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp)
-                load_ffn(&l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
-                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il),
-                         m->rank);
+                load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
+                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il));
         }
     }
     if (plan.notes[0]) MLA_INFO("tensor-parallel plan notes:\n%s", plan.notes);
@@ -249,6 +332,9 @@ fail:
 void mla_model_free(mla_model *m) {
     if (!m) return;
     threadpool_free(m->tp);
+    for (size_t i = 0; i < m->n_priv; i++) munmap(m->priv[i], m->priv_len[i]);
+    free(m->priv);
+    free(m->priv_len);
     free(m->L);
     free(m->owned);
     if (m->own_coll) coll_free(m->own_coll);
@@ -351,11 +437,11 @@ static int attention(mla_model *m, mla_state *st, int64_t il, int64_t T, int64_t
     for (int64_t h = 0; h < Hl; h++) {
         const int64_t hg = m->h0 + h;
         if (!l->legacy_kv_b) {
-            mla_mat kb = mla_mat_slice(l->k_b->type, l->k_b->data, dn, KL, hg);
+            mla_mat kb = mla_mat_slice(l->k_b->type, l->k_b_data, dn, KL, hg);
             matmul(m->tp, s->q + h * dk, Hl * dk, T, &kb, s->qabs + h * KL, Hl * KL);
         } else {
-            mla_mat kvb = mat_of(l->kv_b);
-            mla_mat kb = mla_mat_rows(&kvb, hg * (dn + dv), hg * (dn + dv) + dn);
+            const int64_t r = hg * (dn + dv) - l->kv_b_r0; /* row of head hg in this rank's kv_b */
+            mla_mat kb = mla_mat_rows(&l->kv_b_mat, r, r + dn);
             matmul_t(m->tp, s->q + h * dk, Hl * dk, T, &kb, s->qabs + h * KL, Hl * KL);
         }
     }
@@ -391,10 +477,10 @@ static int attention(mla_model *m, mla_state *st, int64_t il, int64_t T, int64_t
         const int64_t hg = m->h0 + h;
         mla_mat vb;
         if (!l->legacy_kv_b) {
-            vb = mla_mat_slice(l->v_b->type, l->v_b->data, KL, dv, hg);
+            vb = mla_mat_slice(l->v_b->type, l->v_b_data, KL, dv, hg);
         } else {
-            mla_mat kvb = mat_of(l->kv_b);
-            vb = mla_mat_rows(&kvb, hg * (dn + dv) + dn, (hg + 1) * (dn + dv));
+            const int64_t r = hg * (dn + dv) - l->kv_b_r0;
+            vb = mla_mat_rows(&l->kv_b_mat, r + dn, r + dn + dv);
         }
         matmul(m->tp, s->ol + h * KL, Hl * KL, T, &vb, s->o + h * dv, Hl * dv);
     }

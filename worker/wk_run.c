@@ -333,8 +333,12 @@ static int check_monitor(void *mon, int *n_proto, mla_err *err) {
         mla_errf(err, "the coordinator refused this worker's CURVE key (ZAP status %u): is its public key in the "
                       "coordinator's authorized_keys?", val);
         rc = WK_REFUSED;
-    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-        MLA_WARN("handshake with the coordinator failed (event 0x%x, %u)", ev, val);
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        *n_proto = -1000000; /* connected: later drops are the heartbeat's business */
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
+               ev == ZMQ_EVENT_DISCONNECTED) {
+        /* a CURVE server drops a plain client (and the other way round) during the handshake */
+        if (ev != ZMQ_EVENT_DISCONNECTED) MLA_WARN("handshake with the coordinator failed (event 0x%x, %u)", ev, val);
         if (++*n_proto >= 3) {
             mla_errf(err, "the security handshake with the coordinator failed %d times (wrong server.pub, or one side "
                           "uses CURVE and the other does not)", *n_proto);
@@ -427,16 +431,17 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     /* handshake failures (a refused CURVE key) are seen through a socket monitor during the
      * registration: fail fast with the reason instead of waiting for the timeout */
     void *mon = NULL;
-    if (cfg->curve_dir) {
+    if (cfg->curve_dir && setup_curve(cfg, dealer, err)) {
+        zmq_close(dealer);
+        zmq_ctx_term(w.zctx);
+        return MLA_ERR;
+    }
+    {
         char mon_ep[64];
         snprintf(mon_ep, sizeof mon_ep, "inproc://wk-mon-%p", (void *)&w);
-        if (setup_curve(cfg, dealer, err)) {
-            zmq_close(dealer);
-            zmq_ctx_term(w.zctx);
-            return MLA_ERR;
-        }
         if (zmq_socket_monitor(dealer, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+                                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                                   ZMQ_EVENT_DISCONNECTED) == 0) {
             mon = zmq_socket(w.zctx, ZMQ_PAIR);
             zmq_setsockopt(mon, ZMQ_LINGER, &linger, sizeof linger);
             if (zmq_connect(mon, mon_ep) != 0) {

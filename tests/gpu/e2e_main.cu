@@ -5,7 +5,8 @@
  *                  [--decode-from K] [--greedy N --ids-out IDS_OUT.txt] [--exact] [--device D]
  * --tp N: N ranks as threads of this process on one device, joined by the host collective
  * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
- * ignored. --exact: fp32 GEMV for every matmul. Env MLA_E2E_TIME=1 prints step timings. */
+ * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
+ * cores for steps of more than 8 tokens. Env MLA_E2E_TIME=1 prints step timings. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -24,7 +25,7 @@ extern "C" {
 
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
-                    "                      [--greedy N --ids-out FILE] [--exact] [--device D]\n");
+                    "                      [--greedy N --ids-out FILE] [--exact|--fast] [--device D]\n");
     return 2;
 }
 
@@ -158,12 +159,12 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "logits")) return usage();
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
     int tp = 1, device = 0;
-    bool exact = false;
+    bool exact = true;
     long decode_from = -1, greedy = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--exact")) {
-            exact = true;
+        if (!strcmp(a, "--exact") || !strcmp(a, "--fast")) {
+            exact = !strcmp(a, "--exact");
             continue;
         }
         if (i + 1 >= argc) return usage();
@@ -179,7 +180,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) ++i; /* always cuda here */
         else return usage();
     }
-    if (getenv("MLA_E2E_EXACT")) exact = true;
+    if (getenv("MLA_E2E_FAST")) exact = false;
     if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
     mla_err err = {{0}};
     gguf_ctx *g = NULL;

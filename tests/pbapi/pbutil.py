@@ -37,6 +37,9 @@ class Server:
         self.log = open(os.path.join(self.dir, "log"), "w+")
         env = dict(os.environ)
         env.pop("MLASERVE_API_KEY", None)
+        # sanitizer builds on a loaded 2-core machine: a worker busy in a long step must not be
+        # taken for dead (the default heartbeat timeout is 1 s)
+        env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "20000")
         cmd = [exe, "serve", "-m", model, "--tp", str(tp), "--port", str(port), "--port-file", pf,
                "--proto-port", str(proto_port), "--proto-port-file", ppf, "--worker-exe", worker] + list(extra)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)

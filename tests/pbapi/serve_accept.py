@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pbutil as pb  # noqa: E402
@@ -91,11 +92,12 @@ def stream(port, body, timeout=300):
 
 
 prompts = ref["prompts"]
-srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "32"])
+srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "64", "--step-tokens", "2048"])
 sent_prompt, got_completion, n_req = 0, 0, 0
 try:
     port = srv.port
     m0 = pb.metrics(port)
+    t0 = time.time()
     single = []
     for p in prompts:
         st, data = post(port, body_for(p))
@@ -144,6 +146,8 @@ try:
         except Exception as e:  # noqa: BLE001 (reported as a failure below)
             results[i] = (0, repr(e), None, None, False)
 
+    print("single requests: %.1f s" % (time.time() - t0), flush=True)
+    t0 = time.time()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(N_CLIENTS)]
     for t in threads:
         t.start()
@@ -165,6 +169,7 @@ try:
             got_completion += usage["completion_tokens"]
         n_req += 1
         n_ok += ok
+    print("concurrent phase: %.1f s" % (time.time() - t0), flush=True)
     print("%d/%d concurrent streams complete and equal to the single-request answers" % (n_ok, N_CLIENTS))
     m1 = pb.metrics(port)
 

@@ -1,0 +1,173 @@
+"""Launchers: deploy/launch.sh (one node: coordinator + one worker per device, CPU backend here)
+and deploy/slurm/mlaserve.sbatch (dry run, then a run under a fake srun/scontrol that starts the
+tasks on this machine). Checks the generated commands, that generation works, the per-process
+logs, and that Ctrl-C / SIGTERM stops everything (no orphans).
+Usage: test_launch.py MLASERVE WORKER FIXTURES SOURCE_DIR CASE (launch | slurm)"""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dlib import alive, check, finish, free_port, model_path, wait_for  # noqa: E402
+
+exe, worker, fixtures, src, case = sys.argv[1:6]
+model = model_path(fixtures)
+bindir = os.path.dirname(os.path.abspath(exe))
+workdir = os.path.dirname(os.path.abspath(worker))
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def post(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    d = r.read()
+    c.close()
+    return r.status, d
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    d = r.read()
+    c.close()
+    return r.status, d
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    st = open("/proc/%s/stat" % d).read()
+                except OSError:
+                    continue
+                if int(st[st.rindex(")") + 2:].split()[1]) == p:
+                    out.append(int(d))
+                    todo.append(int(d))
+    return out
+
+
+def kill_all(pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def case_launch():
+    d = tempfile.mkdtemp(prefix="mla_launch_")
+    logs = os.path.join(d, "logs")
+    script = os.path.join(src, "deploy", "launch.sh")
+    r = subprocess.run([script, "-m", model, "-n", "2", "--cpu", "--dry-run", "--bin", bindir, "--logs", logs],
+                       capture_output=True, text=True, timeout=30)
+    lines = r.stdout.splitlines()
+    check(r.returncode == 0 and len(lines) == 3 and "--tp 2" in lines[0] and "--workers-external" in lines[0],
+          "launch.sh --dry-run: the coordinator command", r.stdout)
+    check(all("--rank %d --world 2" % k in lines[k + 1] for k in range(2)), "launch.sh --dry-run: one worker per rank")
+    r = subprocess.run([script, "-m", model, "-n", "2", "--dry-run", "--bin", bindir, "--logs", logs],
+                       capture_output=True, text=True, timeout=30)
+    check("CUDA_VISIBLE_DEVICES=1 " in r.stdout and "--backend cuda --device cuda:1" in r.stdout,
+          "launch.sh --dry-run: CUDA_VISIBLE_DEVICES per worker", r.stdout)
+    port = free_port()
+    p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
+                          "--", "--max-context", "256", "--max-seqs", "2", "--kv-blocks", "64"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = []
+    try:
+        check(wait_for(lambda: os.path.exists(os.path.join(logs, "port")) or p.poll() is not None, 90, 0.1)
+              and p.poll() is None, "launch.sh: server ready")
+        procs = descendants(p.pid)
+        st, body = post(port, {"prompt": "Hello", "max_tokens": 3})
+        check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, "launch.sh: generation", body[:200])
+        for f in ("coordinator.log", "worker-0.log", "worker-1.log"):
+            check(os.path.getsize(os.path.join(logs, f)) > 0, "launch.sh: %s written" % f)
+        check("registered" in open(os.path.join(logs, "worker-1.log")).read(), "launch.sh: worker 1 log has its lines")
+        p.send_signal(signal.SIGINT)  # Ctrl-C
+        out = p.communicate(timeout=60)[0]
+        check(p.returncode == 0, "launch.sh: exit 0 after Ctrl-C", out[-300:])
+        check(wait_for(lambda: not any(alive(x) for x in procs), 10), "launch.sh: no orphans",
+              [x for x in procs if alive(x)])
+        check(len(procs) >= 3, "launch.sh: started 3 processes", procs)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        kill_all([x for x in procs if alive(x)])
+
+
+def sbatch_env(extra):
+    env = dict(os.environ)
+    env.update({"PATH": os.path.join(here, "fakeslurm") + ":" + env["PATH"], "SLURM_NTASKS": "2",
+                "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "77", "MLASERVE_MODEL": model,
+                "MLASERVE_BIN": bindir})
+    env.update(extra)
+    return env
+
+
+def case_slurm():
+    d = tempfile.mkdtemp(prefix="mla_slurm_")
+    script = os.path.join(src, "deploy", "slurm", "mlaserve.sbatch")
+    keys = os.path.join(d, "keys")
+    check(subprocess.run([exe, "keygen", keys], capture_output=True, timeout=30).returncode == 0, "keygen")
+    r = subprocess.run([script], capture_output=True, text=True, timeout=30,
+                       env=sbatch_env({"FAKE_SLURM_HOSTS": "gpu-a gpu-b", "MLASERVE_DRY_RUN": "1",
+                                       "NCCL_SOCKET_IFNAME": "ib0", "MLASERVE_CURVE_DIR": keys}))
+    out = r.stdout
+    check(r.returncode == 0 and "coordinator on gpu-a" in out and "--tp 2" in out and "--workers-external" in out
+          and "tcp://\\*:29555" in out and "--curve-dir " + keys in out, "sbatch dry run: coordinator command", out)
+    check("MLA_COORD=tcp://gpu-a:29555" in out and "--ntasks=2" in out and "--gpus-per-task=1" in out
+          and "--export=ALL" in out and "SLURM_PROCID" in out, "sbatch dry run: srun command", out)
+    check("passed: NCCL_SOCKET_IFNAME=ib0" in out, "sbatch dry run: NCCL_* passed through", out)
+    r = subprocess.run([script], capture_output=True, text=True, timeout=30,
+                       env=sbatch_env({"MLASERVE_DRY_RUN": "1"}))
+    check(r.returncode == 2 and "MLASERVE_CURVE_DIR" in r.stderr, "sbatch: refuses to run without keys", r.stderr)
+    # a real run under the fake srun: every task on this machine, coordinator reached as localhost
+    port, cport = free_port(), free_port()
+    logs = os.path.join(d, "logs")
+    slog = os.path.join(d, "srun.log")
+    # the worker binary sits in another folder of a build tree: point MLASERVE_BIN at a folder
+    # with both
+    both = os.path.join(d, "bin")
+    os.mkdir(both)
+    os.symlink(os.path.abspath(exe), os.path.join(both, "mlaserve"))
+    os.symlink(os.path.abspath(worker), os.path.join(both, "mlaserve-worker"))
+    env = sbatch_env({"FAKE_SLURM_HOSTS": "localhost", "MLASERVE_CURVE_DIR": keys, "MLASERVE_BIN": both,
+                      "MLASERVE_COORD_PORT": str(cport), "MLASERVE_PORT": str(port), "MLASERVE_LOGS": logs,
+                      "FAKE_SLURM_LOG": slog, "MLASERVE_BACKEND": "cpu", "MLASERVE_SERVE_ARGS": "--max-context 256 --max-seqs 2 --kv-blocks 64"})
+    p = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    procs = []
+    try:
+        ok = wait_for(lambda: os.path.exists(os.path.join(logs, "port")) or p.poll() is not None, 90, 0.1)
+        check(ok and p.poll() is None, "sbatch under fake srun: server ready",
+              open(os.path.join(logs, "coordinator.log")).read()[-500:] if os.path.exists(logs) else "")
+        procs = descendants(p.pid)
+        st, body = post(port, {"prompt": "Hello", "max_tokens": 3})
+        check(st == 200, "sbatch under fake srun: generation over tcp + CURVE", body[:200])
+        check("ntasks=2" in open(slog).read(), "sbatch: srun asked for one task per GPU")
+        for k in range(2):
+            txt = open(os.path.join(logs, "worker-%d.log" % k)).read()
+            check("rank %d of 2, CURVE" % k in txt, "sbatch: worker %d registered with CURVE" % k, txt[-200:])
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        check(p.returncode == 0, "sbatch: exit 0 after SIGTERM")
+        check(wait_for(lambda: not any(alive(x) for x in procs), 15), "sbatch: no orphans",
+              [x for x in procs if alive(x)])
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        kill_all([x for x in procs if alive(x)])
+
+
+{"launch": case_launch, "slurm": case_slurm}[case]()
+finish()

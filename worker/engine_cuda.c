@@ -1,0 +1,149 @@
+/* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id, rewind
+ * on a lower first position, MLA_N_CTX). MLA_CUDA_FAST=1 selects the bf16 tensor-core matmuls for
+ * steps of more than 8 tokens (faster prefill; logits ~4e-2 off in log-prob on the fixtures),
+ * otherwise every matmul is the fp32 GEMV. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_cuda.h"
+#include "gguf.h"
+#include "mla_log.h"
+
+#ifdef MLA_HAVE_CUDA
+#include "kernels/cuda_ops.h"
+#include "model_cuda.h"
+
+typedef struct cu_seq {
+    uint64_t id;
+    mla_cstate *st;
+} cu_seq;
+
+struct engine {
+    gguf_ctx *g;
+    mla_cmodel *m;
+    int64_t n_ctx;
+    cu_seq *seqs;
+    size_t n, cap;
+};
+
+static int cu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
+    gguf_ctx *g;
+    if (gguf_open(&g, path, err)) return MLA_ERR;
+    *hash = gguf_index_hash(g);
+    gguf_close(g);
+    return MLA_OK;
+}
+
+static int cu_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
+    (void)world, (void)n_threads;
+    int dev = rank;
+    const char *de = getenv("MLA_CUDA_DEVICE");
+    if (de && *de) dev = atoi(de);
+    else if (mla_cuda_device_count() > 0) dev = rank % mla_cuda_device_count();
+    if (mla_cuda_init(dev, err)) return mla_err_prefix(err, "CUDA device %d", dev);
+    mla_err se;
+    if (cuda_selfcheck(&se)) return mla_errf(err, "CUDA self-check failed on device %d, refusing to start: %s", dev, se.msg);
+    engine *e = mla_xcalloc(1, sizeof *e);
+    if (gguf_open(&e->g, path, err)) {
+        free(e);
+        return MLA_ERR;
+    }
+    const char *fast = getenv("MLA_CUDA_FAST");
+    mla_cmodel_opts opts = {dev, !(fast && *fast == '1')};
+    if (mla_cmodel_load(&e->m, e->g, c, &opts, err)) {
+        gguf_close(e->g);
+        free(e);
+        return MLA_ERR;
+    }
+    /* weights are on the device: the file is no longer needed */
+    gguf_close(e->g);
+    e->g = NULL;
+    const mla_config *cf = mla_cmodel_config(e->m);
+    e->n_ctx = cf->ctx_train > 0 && cf->ctx_train < 8192 ? cf->ctx_train : 8192;
+    const char *env = getenv("MLA_N_CTX");
+    if (env && atoll(env) > 0) e->n_ctx = atoll(env);
+    *out = e;
+    return MLA_OK;
+}
+
+static uint32_t cu_vocab(const engine *e) { return (uint32_t)mla_cmodel_config(e->m)->n_vocab; }
+
+static mla_cstate *get_state(engine *e, uint64_t id, mla_err *err) {
+    for (size_t i = 0; i < e->n; i++)
+        if (e->seqs[i].id == id) return e->seqs[i].st;
+    mla_cstate *st = mla_cstate_new(e->m, e->n_ctx, err);
+    if (!st) return NULL;
+    if (e->n == e->cap) {
+        e->cap = e->cap ? 2 * e->cap : 8;
+        e->seqs = mla_xrealloc(e->seqs, e->cap * sizeof *e->seqs);
+    }
+    e->seqs[e->n].id = id;
+    e->seqs[e->n].st = st;
+    return e->seqs[e->n++].st;
+}
+
+static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        mla_cstate *st = get_state(e, s->seq_id, err);
+        if (!st) return MLA_ERR;
+        int64_t pos0 = s->positions[0], past = mla_cstate_n_past(st);
+        if (pos0 < past) mla_cstate_truncate(st, pos0);
+        else if (pos0 > past)
+            return mla_errf(err, "seq %llu: starts at position %lld but its cache holds %lld tokens",
+                            (unsigned long long)s->seq_id, (long long)pos0, (long long)past);
+        if (pos0 + (int64_t)s->n_tokens > e->n_ctx)
+            return mla_errf(err, "seq %llu: %lld tokens exceed the context of %lld", (unsigned long long)s->seq_id,
+                            (long long)(pos0 + s->n_tokens), (long long)e->n_ctx);
+        int mode = s->sp.logits == WIRE_LOGITS_ALL ? 2 : (s->sample || s->sp.logits == WIRE_LOGITS_LAST) ? 1 : 0;
+        if (mla_cmodel_forward(e->m, st, s->tokens, s->n_tokens, pos0, mode, logits[i], err))
+            return mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
+    }
+    return MLA_OK;
+}
+
+static void cu_free_seq(engine *e, uint64_t id) {
+    for (size_t i = 0; i < e->n; i++)
+        if (e->seqs[i].id == id) {
+            mla_cstate_free(e->seqs[i].st);
+            e->seqs[i] = e->seqs[--e->n];
+            return;
+        }
+}
+
+static void cu_destroy(engine *e) {
+    if (!e) return;
+    for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
+    free(e->seqs);
+    mla_cmodel_free(e->m);
+    if (e->g) gguf_close(e->g);
+    free(e);
+}
+
+const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy};
+
+#else /* no CUDA in this build */
+
+static int nc_hash(const char *path, uint64_t *hash, mla_err *err) {
+    gguf_ctx *g;
+    if (gguf_open(&g, path, err)) return MLA_ERR;
+    *hash = gguf_index_hash(g);
+    gguf_close(g);
+    return MLA_OK;
+}
+static int nc_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
+    (void)path, (void)rank, (void)world, (void)c, (void)n_threads;
+    *out = NULL;
+    return mla_errf(err, "--backend cuda: this mlaserve was built without CUDA (configure with -DMLA_CUDA=ON)");
+}
+static uint32_t nc_vocab(const engine *e) { (void)e; return 0; }
+static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err *err) {
+    (void)e, (void)p, (void)l;
+    return mla_errf(err, "no CUDA");
+}
+static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
+static void nc_destroy(engine *e) { (void)e; }
+const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy};
+
+#endif
