@@ -1,4 +1,5 @@
 #include "coord.h"
+#include "worker/curve.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -498,25 +499,6 @@ int coord_endpoint_is_local(const char *ep) {
     return 0;
 }
 
-int coord_read_z85_key(const char *path, char out[41], mla_err *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) return mla_errf(err, "cannot read the key file %s: %s", path, strerror(errno));
-    char buf[256];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = buf;
-    while (*p && isspace((unsigned char)*p)) p++;
-    size_t k = 0;
-    while (p[k] && !isspace((unsigned char)p[k])) k++;
-    uint8_t bin[32];
-    if (k != 40) return mla_errf(err, "%s: not a Z85 key (expected 40 characters, found %zu)", path, k);
-    memcpy(out, p, 40);
-    out[40] = '\0';
-    if (!zmq_z85_decode(bin, out)) return mla_errf(err, "%s: not a valid Z85 key", path);
-    return MLA_OK;
-}
-
 /* Loads server.key and authorized_keys from the curve folder, binds the ZAP handler and makes the
  * ROUTER a CURVE server. */
 static int setup_curve(coord *c, mla_err *err) {
@@ -524,7 +506,7 @@ static int setup_curve(coord *c, mla_err *err) {
         return mla_errf(err, "--curve-dir: this libzmq was built without CURVE support (needs libsodium)");
     char path[PATH_MAX + 32], secret[41];
     snprintf(path, sizeof path, "%s/server.key", c->curve_dir);
-    if (coord_read_z85_key(path, secret, err)) return MLA_ERR;
+    if (curve_read_z85_key(path, secret, err)) return MLA_ERR;
     snprintf(path, sizeof path, "%s/authorized_keys", c->curve_dir);
     FILE *f = fopen(path, "r");
     if (!f) return mla_errf(err, "cannot read %s: %s (write it with `mlaserve keygen`)", path, strerror(errno));

@@ -80,8 +80,6 @@ extern const char coord_opts_usage[];
 
 /* 1 when the endpoint may be bound without CURVE (ipc://, inproc://, tcp on loopback). */
 int coord_endpoint_is_local(const char *endpoint);
-/* Reads a Z85 key (40 characters, surrounding whitespace ignored) from a file into out[41]. */
-int coord_read_z85_key(const char *path, char out[41], mla_err *err);
 
 int coord_start(coord **out, const coord_config *cfg, mla_err *err);
 

@@ -1,4 +1,5 @@
 #include "wk_run.h"
+#include "curve.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -279,34 +280,15 @@ static void *compute_main(void *arg) {
 
 /* ---- I/O thread --------------------------------------------------------------------------- */
 
-static int read_z85(const char *path, char out[41], mla_err *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) return mla_errf(err, "cannot read the key file %s: %s", path, strerror(errno));
-    char buf[256];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = buf;
-    while (*p && isspace((unsigned char)*p)) p++;
-    size_t k = 0;
-    while (p[k] && !isspace((unsigned char)p[k])) k++;
-    uint8_t bin[32];
-    if (k != 40) return mla_errf(err, "%s: not a Z85 key (expected 40 characters, found %zu)", path, k);
-    memcpy(out, p, 40);
-    out[40] = '\0';
-    if (!zmq_z85_decode(bin, out)) return mla_errf(err, "%s: not a valid Z85 key", path);
-    return MLA_OK;
-}
-
 /* Makes the DEALER a CURVE client with the keys from cfg. */
 static int setup_curve(const wk_config *cfg, void *dealer, mla_err *err) {
     if (!zmq_has("curve")) return mla_errf(err, "--curve-dir: this libzmq was built without CURVE support");
     char path[PATH_MAX + 32], server_pub[41], secret[41], pub[41];
     snprintf(path, sizeof path, "%s/server.pub", cfg->curve_dir);
-    if (read_z85(path, server_pub, err)) return MLA_ERR;
+    if (curve_read_z85_key(path, server_pub, err)) return MLA_ERR;
     if (cfg->curve_client_key) snprintf(path, sizeof path, "%s", cfg->curve_client_key);
     else snprintf(path, sizeof path, "%s/client.key", cfg->curve_dir);
-    if (read_z85(path, secret, err)) return MLA_ERR;
+    if (curve_read_z85_key(path, secret, err)) return MLA_ERR;
     if (zmq_curve_public(pub, secret) != 0) return mla_errf(err, "%s: cannot derive the public key", path);
     if (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, server_pub, 40) ||
         zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, pub, 40) || zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, secret, 40))
