@@ -813,7 +813,7 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
     if (c->cfg.heartbeat_timeout_ms <= 0) {
         const char *env = getenv("MLA_HEARTBEAT_TIMEOUT_MS");
-        c->cfg.heartbeat_timeout_ms = env && atoi(env) > 0 ? atoi(env) : 1000;
+        c->cfg.heartbeat_timeout_ms = env && atoi(env) > 0 ? atoi(env) : 5000;
     }
     if (c->cfg.heartbeat_timeout_ms <= c->cfg.heartbeat_ms) c->cfg.heartbeat_timeout_ms = 2 * c->cfg.heartbeat_ms;
     if (c->cfg.coll_timeout_ms <= 0) c->cfg.coll_timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;

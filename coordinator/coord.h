@@ -40,7 +40,7 @@ typedef struct coord_config {
     const char *const *worker_args; /* extra arguments for every spawned worker, NULL-terminated */
     int n_threads;             /* --threads for spawned workers (0: 1) */
     int heartbeat_ms;          /* 0: 100 */
-    int heartbeat_timeout_ms;  /* 0: $MLA_HEARTBEAT_TIMEOUT_MS, else 1000 */
+    int heartbeat_timeout_ms;  /* 0: $MLA_HEARTBEAT_TIMEOUT_MS, else 5000 */
     int coll_timeout_ms;       /* 0: 30000 */
     size_t coll_chunk_bytes;   /* 0: default */
     int start_timeout_ms;      /* registration + load; 0: 120000 */

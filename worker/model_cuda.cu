@@ -270,6 +270,13 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         rope_params rp = {(int)cf->n_rope, cf->rope_base, cf->yarn, cf->yarn_factor, (double)cf->yarn_orig_ctx,
                           cf->yarn_beta_fast, cf->yarn_beta_slow, cf->rope_attn_factor};
         rope_table_init(&m->rope, &rp);
+        /* MLA_ROPE_FREQ_BF16=1: bf16-rounded inverse frequencies, exactly as worker/model.c (the
+         * fixtures' HF reference rotated with them; the DSA top-k is sensitive to the difference). */
+        const char *rf = getenv("MLA_ROPE_FREQ_BF16");
+        if (rf && *rf && strcmp(rf, "0") != 0) {
+            rope_table_round_freq_bf16(&m->rope);
+            MLA_INFO("RoPE inverse frequencies rounded to bf16 (MLA_ROPE_FREQ_BF16)");
+        }
     }
     {
         mla_mat te = mat_of(gguf_find_tensor(g, "token_embd.weight"));
