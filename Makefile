@@ -6,7 +6,7 @@ MODEL ?= models/tiny-deepseek3-bf16.gguf
 BUILD ?= build
 TEST_BUILD ?= build-test
 
-.PHONY: run test deps build build-test fuzz cuda clean
+.PHONY: run test deps build build-test fuzz cuda clean bundle
 
 deps:
 	@scripts/install-deps.sh
@@ -25,6 +25,10 @@ build-test:
 
 test: build-test
 	cd $(TEST_BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# a relocatable release tree with CUDA (sm_90/100/120) in .bundle/: bin/ + lib/ (scripts/bundle.sh)
+bundle:
+	@scripts/bundle.sh .bundle
 
 clean:
 	rm -rf $(BUILD) $(TEST_BUILD)

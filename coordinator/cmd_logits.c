@@ -133,7 +133,8 @@ int cmd_logits(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--in-process")) in_process = true;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--processes") || !strcmp(argv[i], "--workers-external"))
+        if (!strcmp(argv[i], "--processes") || !strcmp(argv[i], "--workers-external") ||
+            !strcmp(argv[i], "--backend")) /* a backend is a worker's: processes */
             return cmd_logits_tp(argc, argv);
         if (!in_process && !strcmp(argv[i], "--tp") && i + 1 < argc && atoi(argv[i + 1]) > 1)
             return cmd_logits_tp(argc, argv);

@@ -323,18 +323,18 @@ int cmd_serve(int argc, char **argv) {
         MLA_WARN("serve: chat template prefix: %s", err.msg);
         S.prefix = NULL;
     }
+    /* refuse a model or a tensor-parallel degree that cannot work before starting workers */
+    mla_config mcfg;
+    if (coord_check_model(g, tp, &mcfg, &err)) {
+        mla_err_prefix(&err, "%s", model);
+        goto out;
+    }
     /* the model's context length */
     {
-        gguf_str arch;
-        uint32_t ctx_len = 0;
-        if (gguf_get_str(g, "general.architecture", &arch, NULL) == MLA_OK) {
-            char key[160];
-            snprintf(key, sizeof(key), "%.*s.context_length", (int)arch.len, arch.ptr);
-            if (gguf_get_u32(g, key, &ctx_len, NULL) != MLA_OK) ctx_len = 0;
-        }
-        if (max_context == 0) max_context = ctx_len ? (ctx_len < 8192 ? ctx_len : 8192) : 4096;
-        if (ctx_len && max_context > (long)ctx_len) {
-            mla_errf(&err, "--max-context %ld is beyond the model's context length %u", max_context, ctx_len);
+        const long ctx_len = (long)mcfg.ctx_train;
+        if (max_context == 0) max_context = ctx_len > 0 ? (ctx_len < 8192 ? ctx_len : 8192) : 4096;
+        if (ctx_len > 0 && max_context > ctx_len) {
+            mla_errf(&err, "--max-context %ld is beyond the model's context length %ld", max_context, ctx_len);
             goto out;
         }
     }

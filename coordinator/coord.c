@@ -18,6 +18,7 @@
 #include <zmq.h>
 
 #include "coll_host.h"
+#include "common/shard_plan.h"
 #include "mla_log.h"
 
 extern char **environ;
@@ -554,7 +555,8 @@ static int setup_curve(coord *c, mla_err *err) {
 const char coord_opts_usage[] =
     "control plane: [--coord ENDPOINT] [--workers-external] [--curve-dir DIR] [--insecure-control-plane]\n"
     "       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--start-timeout-ms N]\n"
-    "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n";
+    "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n"
+    "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n";
 
 int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err) {
     const char *a = argv[*i];
@@ -567,7 +569,8 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
         return 1;
     }
     static const char *const with_value[] = {"--coord", "--curve-dir", "--heartbeat-timeout-ms", "--step-timeout-ms",
-                                             "--start-timeout-ms", "--on-worker-failure", "--max-restarts"};
+                                             "--start-timeout-ms", "--on-worker-failure", "--max-restarts",
+                                             "--backend"};
     size_t k = 0;
     while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
     if (k == sizeof with_value / sizeof *with_value) return 0;
@@ -580,6 +583,12 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
         cfg->endpoint = v;
     } else if (!strcmp(a, "--curve-dir")) {
         cfg->curve_dir = v;
+    } else if (!strcmp(a, "--backend")) {
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+            mla_errf(err, "--backend: '%s' is not cpu or cuda", v);
+            return -1;
+        }
+        cfg->backend = v;
     } else if (!strcmp(a, "--on-worker-failure")) {
         if (!strcmp(v, "stop")) cfg->on_failure = COORD_ON_FAILURE_STOP;
         else if (!strcmp(v, "restart")) cfg->on_failure = COORD_ON_FAILURE_RESTART;
@@ -651,6 +660,10 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     if (c->cfg.curve_dir) {
         argv[k++] = "--curve-dir";
         argv[k++] = (char *)c->cfg.curve_dir;
+    }
+    if (c->cfg.backend) {
+        argv[k++] = "--backend";
+        argv[k++] = (char *)c->cfg.backend;
     }
     for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
     argv[k] = NULL;
@@ -800,6 +813,19 @@ int coord_restart(coord *c, mla_err *err) {
     MLA_INFO("restarting the worker group");
     int rc = group_launch(c, err);
     pthread_mutex_unlock(&c->api_mu);
+    return rc;
+}
+
+int coord_check_model(const gguf_ctx *g, int world, mla_config *cfg_out, mla_err *err) {
+    mla_config cfg;
+    if (mla_config_from_gguf(&cfg, g, err) || mla_config_check_tensors(&cfg, g, err)) return MLA_ERR;
+    shard_plan plan;
+    shard_dims d = shard_dims_from_config(&cfg);
+    if (shard_plan_build(&plan, g, &d, 0, world, err)) return MLA_ERR;
+    int rc = MLA_OK;
+    if (!plan.valid) rc = mla_errf(err, "the model cannot be split over %d ranks: %s", world, plan.reason);
+    shard_plan_free(&plan);
+    if (rc == MLA_OK && cfg_out) *cfg_out = cfg;
     return rc;
 }
 

@@ -26,6 +26,8 @@
 #include <sys/types.h>
 
 #include "mla_err.h"
+#include "common/gguf.h"
+#include "common/model_config.h"
 #include "wire.h"
 
 typedef struct coord coord;
@@ -39,6 +41,7 @@ typedef struct coord_config {
     const char *worker_exe;    /* NULL: $MLA_WORKER_EXE, else mlaserve-worker next to this program */
     const char *const *worker_args; /* extra arguments for every spawned worker, NULL-terminated */
     int n_threads;             /* --threads for spawned workers (0: 1) */
+    const char *backend;       /* --backend for spawned workers ("cpu"/"cuda"; NULL: their MLA_BACKEND, else cpu) */
     int heartbeat_ms;          /* 0: 100 */
     int heartbeat_timeout_ms;  /* 0: $MLA_HEARTBEAT_TIMEOUT_MS, else 5000 */
     int coll_timeout_ms;       /* 0: 30000 */
@@ -80,6 +83,12 @@ extern const char coord_opts_usage[];
 
 /* 1 when the endpoint may be bound without CURVE (ipc://, inproc://, tcp on loopback). */
 int coord_endpoint_is_local(const char *endpoint);
+
+/* Checks, before any worker starts, that the model can be served with `world` ranks: its
+ * config and tensor shapes, and a valid tensor-parallel plan (the one the workers will load,
+ * common/shard_plan.h). MLA_ERR with the reason (heads not divisible, no block-aligned
+ * layout, a bad tensor) otherwise. cfg_out (may be NULL) receives the model config. */
+int coord_check_model(const gguf_ctx *g, int world, mla_config *cfg_out, mla_err *err);
 
 int coord_start(coord **out, const coord_config *cfg, mla_err *err);
 

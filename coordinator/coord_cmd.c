@@ -43,6 +43,7 @@ static int group_opt(group_opts *o, int argc, char **argv, int *i) {
 
 static int start_group(const group_opts *o, gguf_ctx **g, coord **c, mla_err *err) {
     if (gguf_open(g, o->model, err)) return MLA_ERR;
+    if (coord_check_model(*g, o->tp, NULL, err)) return mla_err_prefix(err, "%s", o->model);
     coord_config cfg = o->cc;
     cfg.world = o->tp;
     cfg.model_path = o->model;

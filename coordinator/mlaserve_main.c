@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cmd_client.h"
+#include "cmd_mkmodel.h"
 #include "cmd_serve.h"
 #include "cmds.h"
 
@@ -18,7 +19,9 @@ static int usage(FILE *f) {
             "         HTTP server over N worker processes (serve --help lists every option)\n"
             "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models\n"
             "         protobuf API client (of serve --proto-port P)\n"
-            "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n");
+            "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n"
+            "  mkmodel --family v3|glm5|v2lite -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"
+            "         synthetic model at real shapes with random weights (mkmodel --help)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -31,6 +34,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (!strcmp(argv[1], "client")) return cmd_client(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     fprintf(stderr, "mlaserve: unknown command '%s'\n", argv[1]);
     return usage(stderr);
 }

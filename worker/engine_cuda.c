@@ -13,6 +13,9 @@
 #ifdef MLA_HAVE_CUDA
 #include "kernels/cuda_ops.h"
 #include "model_cuda.h"
+#ifdef MLA_HAVE_NCCL
+#include "coll_nccl.h"
+#endif
 
 typedef struct cu_seq {
     uint64_t id;
@@ -25,7 +28,41 @@ struct engine {
     int64_t n_ctx;
     cu_seq *seqs;
     size_t n, cap;
+    coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
 };
+
+#ifdef MLA_HAVE_NCCL
+/* NCCL when every rank has a GPU of its own (world <= visible devices) and MLA_NCCL is not 0
+ * (MLA_NCCL=1 makes a failure to set it up an error rather than a fall-back). Rank 0 makes the
+ * unique id and hands it out over the host-side collective c; a known-answer check follows. */
+static int setup_nccl(engine *e, coll *c, int rank, int world, int dev, mla_err *err) {
+    const char *env = getenv("MLA_NCCL");
+    if (env && !strcmp(env, "0")) return MLA_OK;
+    bool force = env && !strcmp(env, "1");
+    int ndev = mla_cuda_device_count();
+    bool ok = world <= ndev && coll_nccl_available();
+    if (!ok) {
+        if (force)
+            return mla_errf(err, "MLA_NCCL=1 but NCCL cannot serve %d ranks here (%d devices, libnccl %s)", world, ndev,
+                            coll_nccl_available() ? "found" : "not found");
+        MLA_INFO("collective: host (%d ranks, %d devices, libnccl %s)", world, ndev,
+                 coll_nccl_available() ? "found" : "not found");
+        return MLA_OK;
+    }
+    unsigned char msg[1 + COLL_NCCL_ID_BYTES] = {0}; /* msg[0] = 1: rank 0 made an id */
+    if (rank == 0) {
+        mla_err ie;
+        if (coll_nccl_make_id(msg + 1, &ie) == MLA_OK) msg[0] = 1;
+        else MLA_WARN("%s", ie.msg);
+    }
+    if (world > 1 && coll_broadcast(c, msg, sizeof msg, 0, err)) return mla_err_prefix(err, "NCCL id");
+    if (!msg[0]) return mla_errf(err, "rank 0 could not make an NCCL unique id");
+    if (coll_nccl_new(&e->nccl, msg + 1, rank, world, dev, err)) return MLA_ERR;
+    if (coll_nccl_selftest(e->nccl, err)) return MLA_ERR;
+    MLA_INFO("collective: NCCL (rank %d of %d, device %d; self-check passed)", rank, world, dev);
+    return MLA_OK;
+}
+#endif
 
 static int cu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
     gguf_ctx *g;
@@ -50,12 +87,25 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
         return MLA_ERR;
     }
     const char *fast = getenv("MLA_CUDA_FAST");
-    mla_cmodel_opts opts = {dev, !(fast && *fast == '1')};
-    if (mla_cmodel_load(&e->m, e->g, c, &opts, err)) {
+    mla_cmodel_opts opts = {dev, !(fast && *fast == '1'), false};
+#ifdef MLA_HAVE_NCCL
+    if (setup_nccl(e, c, rank, world, dev, err)) {
+        if (e->nccl) coll_free(e->nccl);
         gguf_close(e->g);
         free(e);
         return MLA_ERR;
     }
+    opts.coll_on_device = e->nccl != NULL;
+#endif
+    if (mla_cmodel_load(&e->m, e->g, e->nccl ? e->nccl : c, &opts, err)) {
+        if (e->nccl) coll_free(e->nccl);
+        gguf_close(e->g);
+        free(e);
+        return MLA_ERR;
+    }
+#ifdef MLA_HAVE_NCCL
+    if (e->nccl) coll_nccl_set_stream(e->nccl, mla_cmodel_stream(e->m));
+#endif
     /* weights are on the device: the file is no longer needed */
     gguf_close(e->g);
     e->g = NULL;
@@ -117,6 +167,7 @@ static void cu_destroy(engine *e) {
     for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
     free(e->seqs);
     mla_cmodel_free(e->m);
+    if (e->nccl) coll_free(e->nccl);
     if (e->g) gguf_close(e->g);
     free(e);
 }

@@ -72,6 +72,7 @@ struct mla_cmodel {
     coll *own_coll;
     int rank, world, device;
     bool exact;
+    bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
     int64_t h0, h1, Hl;
     rope_table rope;
     dmat tok_embd, output;
@@ -94,6 +95,7 @@ struct mla_cmodel {
     float *hbuf;   /* pinned host staging */
     size_t hbuf_floats;
     float *hbuf2;
+    float *dgbuf;  /* device gather buffer (hbuf_floats) when coll_dev */
     int32_t *htok;
 };
 
@@ -228,6 +230,8 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
     return rc;
 }
 
+extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; }
+
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {
     *out = nullptr;
@@ -238,6 +242,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->world = c->world;
     m->device = opts ? opts->device : 0;
     m->exact = opts && opts->exact;
+    m->coll_dev = opts && opts->coll_on_device;
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
@@ -383,7 +388,7 @@ fail:
 static void free_scratch(mla_cmodel *m) {
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work};
+                  m->moe_work, m->dgbuf};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -393,6 +398,7 @@ static void free_scratch(mla_cmodel *m) {
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
+    m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
     m->htok = nullptr;
     m->cap_T = m->cap_keys = 0;
@@ -504,6 +510,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     m->hbuf_floats = (size_t)(T * (E > V ? E : V) + T * c->n_head * c->head_v) * (size_t)m->world + 64;
     CU(cudaMallocHost((void **)&m->hbuf, m->hbuf_floats * 4), "pinned staging");
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
+    if (m->coll_dev) CU(cudaMalloc((void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
     CU(cudaMallocHost((void **)&m->htok, (size_t)T * 4), "pinned staging");
     m->cap_T = T;
     m->cap_keys = keys;
@@ -518,6 +525,7 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y,
 /* buf[0..n) device: summed over ranks through the host collective (pinned copies). */
 static int allreduce(mla_cmodel *m, float *d, size_t n, mla_err *err) {
     if (m->world == 1) return MLA_OK;
+    if (m->coll_dev) return coll_allreduce_sum_f32(m->c, d, n, err); /* NCCL, ordered with m->st */
     CU(cudaMemcpyAsync(m->hbuf, d, n * 4, cudaMemcpyDeviceToHost, m->st), "allreduce copy");
     CU(cudaStreamSynchronize(m->st), "allreduce sync");
     TRY(coll_allreduce_sum_f32(m->c, m->hbuf, n, err));
@@ -590,13 +598,19 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
         TRY(mm(m, &l->o, m->o, T, m->y, err));
     } else {
         const int64_t H = c->n_head, per = T * Hl * dv, w = l->o_r1 - l->o_r0;
-        CU(cudaMemcpyAsync(m->hbuf2, m->o, (size_t)per * 4, cudaMemcpyDeviceToHost, st), "gather copy");
-        CU(cudaStreamSynchronize(st), "gather sync");
-        TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)per, err));
+        const float *gsrc = m->hbuf;
+        if (m->coll_dev) { /* NCCL: device to device */
+            TRY(coll_allgather_f32(m->c, m->o, m->dgbuf, (size_t)per, err));
+            gsrc = m->dgbuf;
+        } else {
+            CU(cudaMemcpyAsync(m->hbuf2, m->o, (size_t)per * 4, cudaMemcpyDeviceToHost, st), "gather copy");
+            CU(cudaStreamSynchronize(st), "gather sync");
+            TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)per, err));
+        }
         for (int r = 0; r < m->world; r++) { /* rank-major -> token-major, straight into the device */
             int64_t rh0 = H * r / m->world, rhl = H * (r + 1) / m->world - rh0;
-            CU(cudaMemcpy2DAsync(m->full + rh0 * dv, (size_t)(H * dv) * 4, m->hbuf + r * per, (size_t)(rhl * dv) * 4,
-                                 (size_t)(rhl * dv) * 4, (size_t)T, cudaMemcpyHostToDevice, st),
+            CU(cudaMemcpy2DAsync(m->full + rh0 * dv, (size_t)(H * dv) * 4, gsrc + r * per, (size_t)(rhl * dv) * 4,
+                                 (size_t)(rhl * dv) * 4, (size_t)T, cudaMemcpyDefault, st),
                "gather upload");
         }
         TRY(mm(m, &l->o, m->full, T, m->part, err));
@@ -673,9 +687,17 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
             memcpy(logits, m->hbuf, (size_t)(nt * V) * 4);
         } else {
             const int64_t Vr = m->out_r1 - m->out_r0;
-            CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nt * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
-            CU(cudaStreamSynchronize(st), "step");
-            TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nt * Vr), err));
+            if (m->coll_dev) { /* NCCL gather on the device, one copy of all ranks' rows */
+                TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nt * Vr), err));
+                CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * nt * Vr) * 4, cudaMemcpyDeviceToHost, st),
+                   "logits copy");
+                CU(cudaStreamSynchronize(st), "step");
+            } else {
+                CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nt * Vr) * 4, cudaMemcpyDeviceToHost, st),
+                   "logits copy");
+                CU(cudaStreamSynchronize(st), "step");
+                TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nt * Vr), err));
+            }
             for (int r = 0; r < m->world; r++)
                 for (int64_t t = 0; t < nt; t++)
                     memcpy(logits + t * V + r * Vr, m->hbuf + (r * nt + t) * Vr, (size_t)Vr * 4);

@@ -31,11 +31,17 @@ typedef struct mla_cstate mla_cstate;
 typedef struct mla_cmodel_opts {
     int device;        /* CUDA device ordinal */
     bool exact;        /* fp32 GEMV for every matmul (no bf16 tensor-core path for T > 8) */
+    /* the coll takes DEVICE buffers, ordered with the model's stream (NCCL, common/coll_nccl.h:
+     * the owner attaches mla_cmodel_stream() to it before the first forward); false: host
+     * buffers (the host collective; the model stages through pinned memory) */
+    bool coll_on_device;
 } mla_cmodel_opts;
 
 int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts, mla_err *err);
 void mla_cmodel_free(mla_cmodel *m);
 const mla_config *mla_cmodel_config(const mla_cmodel *m);
+/* the model's compute stream (a cudaStream_t) */
+void *mla_cmodel_stream(const mla_cmodel *m);
 /* Device bytes the weights of this rank take. */
 uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
 

@@ -5,27 +5,14 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 
-FAILS, PASSES = [], [0]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mlatest  # noqa: E402
+from mlatest import FAILS, check, finish, wait_for  # noqa: E402,F401
 
-
-def check(cond, what, extra=""):
-    if cond:
-        PASSES[0] += 1
-        print("ok:", what, flush=True)
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, extra, flush=True)
-    return cond
-
-
-def finish():
-    print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
-    sys.exit(1 if FAILS else 0)
+mlatest.set_verbose(True)  # "ok: <what>" for every passed check
 
 
 def model_path(fixtures):
@@ -44,68 +31,20 @@ def free_port():
     return p
 
 
-def wait_for(cond, timeout, step=0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
-
-
-class Server:
+class Server(mlatest.ServeProcess):
     """`mlaserve serve` with its log in a temp folder; stop() never leaves it running."""
 
     def __init__(self, exe, model, args, env_extra=None, worker=None, host="127.0.0.1", timeout=90, wait=True):
-        self.dir = tempfile.mkdtemp(prefix="mla_deploy_")
-        self.pf = os.path.join(self.dir, "port")
-        self.logpath = os.path.join(self.dir, "log")
-        self.log = open(self.logpath, "w+")
-        self.host = host
-        env = dict(os.environ)
-        env.pop("MLASERVE_API_KEY", None)
-        env.update(env_extra or {})
-        cmd = [exe, "serve", "-m", model, "--port", "0", "--port-file", self.pf, "--max-context", "256",
-               "--max-seqs", "4", "--kv-blocks", "128"]
-        if worker:
-            cmd += ["--worker-exe", worker]
-        self.proc = subprocess.Popen(cmd + args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.port = None
-        if wait:
-            self.wait_ready(timeout)
-
-    def wait_ready(self, timeout=90):
-        ok = wait_for(lambda: os.path.exists(self.pf) or self.proc.poll() is not None, timeout)
-        if not ok or not os.path.exists(self.pf):
-            print(self.text())
-            self.stop()
-            raise SystemExit("the server did not start")
-        self.port = int(open(self.pf).read())
-
-    def text(self):
-        self.log.flush()
-        return open(self.logpath, errors="replace").read()
+        super().__init__([exe, "serve", "-m", model, "--port", "0"],
+                         ["--max-context", "256", "--max-seqs", "4", "--kv-blocks", "128"] + list(args),
+                         worker=worker, env=env_extra, host=host, timeout=timeout, start=wait,
+                         prefix="mla_deploy_", fail_tail=None)
 
     def conn(self, timeout=60):
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def get(self, path, timeout=30):
-        c = self.conn(timeout)
-        c.request("GET", path)
-        r = c.getresponse()
-        d = r.read()
-        c.close()
-        return r.status, d
-
     def post(self, path, body, timeout=120, raw=None):
-        c = self.conn(timeout)
-        c.request("POST", path, body=raw if raw is not None else json.dumps(body),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        d = r.read()
-        c.close()
-        return r.status, d
+        return super().post(path, raw if raw is not None else body, timeout=timeout)
 
     def stream_start(self, body, timeout=120):
         """POST a streaming completion; returns (conn, response) after the headers."""
@@ -119,14 +58,7 @@ class Server:
         return children_of(self.proc.pid)
 
     def stop(self, sig=signal.SIGTERM, timeout=30):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return super().stop(sig, timeout=timeout)
 
 
 def read_sse_events(resp, n_events, timeout):

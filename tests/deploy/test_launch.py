@@ -3,7 +3,6 @@ and deploy/slurm/mlaserve.sbatch (dry run, then a run under a fake srun/scontrol
 tasks on this machine). Checks the generated commands, that generation works, the per-process
 logs, and that Ctrl-C / SIGTERM stops everything (no orphans).
 Usage: test_launch.py MLASERVE WORKER FIXTURES SOURCE_DIR CASE (launch | slurm)"""
-import http.client
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from dlib import alive, check, finish, free_port, model_path, wait_for  # noqa: E402
+from mlatest import http_get, http_post  # noqa: E402
 
 exe, worker, fixtures, src, case = sys.argv[1:6]
 model = model_path(fixtures)
@@ -23,21 +23,10 @@ here = os.path.dirname(os.path.abspath(__file__))
 
 
 def post(port, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    d = r.read()
-    c.close()
-    return r.status, d
+    return http_post(port, "/v1/completions", body, timeout=60)
 
 
-def get(port, path):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", path)
-    r = c.getresponse()
-    d = r.read()
-    c.close()
-    return r.status, d
+get = http_get
 
 
 def descendants(pid):

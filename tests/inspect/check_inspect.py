@@ -22,19 +22,11 @@ from gguf import GGUFReader
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'gguf'))
 import gguf_write as gw  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lib'))
+from mlatest import check, finish  # noqa: E402
+
 exe, fixtures, work = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(work, exist_ok=True)
-failures = 0
-passed = 0
-
-
-def check(cond, what):
-    global failures, passed
-    if cond:
-        passed += 1
-    else:
-        failures += 1
-        print('FAIL:', what)
 
 
 def inspect(path, tp, expect_rc=None, parse=True):
@@ -135,5 +127,4 @@ with open(bad, 'wb') as f:
 _, r = inspect(bad, 1, parse=False)
 check(r.returncode != 0 and 'deepseek2.' in r.stderr, f'inspect of a file without hyperparameters: {r.returncode} {r.stderr[-300:]}')
 
-print(f'{passed} passed, {failures} failed')
-sys.exit(1 if failures else 0)
+finish()

@@ -5,10 +5,10 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mlatest  # noqa: E402
 
 VERSION = 1
 K_HELLO, K_GENERATE, K_TOKENIZE, K_HEALTH, K_MODELS, K_CANCEL = 1, 2, 3, 4, 5, 6
@@ -28,46 +28,18 @@ def fixture_paths(fixtures):
     return model, json.load(open(ref))
 
 
-class Server:
+class Server(mlatest.ServeProcess):
     """`mlaserve serve` at --tp N with the HTTP and protobuf ports on 127.0.0.1."""
 
     def __init__(self, exe, worker, model, tp=2, extra=(), port=0, proto_port=0, timeout=120):
-        self.dir = tempfile.mkdtemp(prefix="pbapi_")
-        pf, ppf = os.path.join(self.dir, "port"), os.path.join(self.dir, "pport")
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        env = dict(os.environ)
-        env.pop("MLASERVE_API_KEY", None)
         # sanitizer builds on a loaded 2-core machine: a worker busy in a long step must not be
         # taken for dead (the default heartbeat timeout is 1 s)
-        env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "20000")
-        cmd = [exe, "serve", "-m", model, "--tp", str(tp), "--port", str(port), "--port-file", pf,
-               "--proto-port", str(proto_port), "--proto-port-file", ppf, "--worker-exe", worker] + list(extra)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + timeout
-        while not os.path.exists(pf):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.log.seek(0)
-                print(self.log.read()[-4000:])
-                self.stop()
-                raise SystemExit("the server did not start")
-            time.sleep(0.05)
-        self.port = int(open(pf).read())
-        self.proto_port = int(open(ppf).read())
+        super().__init__([exe, "serve", "-m", model, "--tp", str(tp), "--port", str(port),
+                          "--proto-port", str(proto_port)], extra, worker=worker, proto=True,
+                         env_default={"MLA_HEARTBEAT_TIMEOUT_MS": "20000"}, timeout=timeout, prefix="pbapi_")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -999
-        return self.proc.returncode
-
-    def tail(self, n=4000):
-        self.log.seek(0)
-        return self.log.read()[-n:]
+        return super().stop(timeout=60, killed_rc=-999)
 
 
 # ---- protobuf wire format ----

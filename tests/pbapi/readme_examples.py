@@ -16,6 +16,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from mlatest import FAILS, check, summary  # noqa: E402
+
 readme, build_dir, models_dir, fixtures = sys.argv[1:5]
 ref_path = os.path.join(fixtures, "tiny-deepseek3", "ref.json")
 if not os.path.exists(ref_path):
@@ -23,15 +26,6 @@ if not os.path.exists(ref_path):
     sys.exit(77)
 ref = json.load(open(ref_path))
 EOS_TEXT = "<｜end▁of▁sentence｜>"
-FAILS, PASSES = [], [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
 
 
 def sections(text, names):
@@ -174,5 +168,4 @@ finally:
     if FAILS:
         log.seek(0)
         print(log.read()[-3000:])
-print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
-sys.exit(1 if FAILS else 0)
+sys.exit(summary())

@@ -14,20 +14,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pbutil as pb  # noqa: E402
+from mlatest import FAILS, check, summary  # noqa: E402
 
 exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
 model, ref = pb.fixture_paths(fixtures)
 EOS_TEXT = "<｜end▁of▁sentence｜>"
 N_CLIENTS = 64
-FAILS, PASSES = [], [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
 
 
 def body_for(p):
@@ -197,5 +189,4 @@ finally:
     check(rc == 0, "clean exit %r" % rc)
     if FAILS:
         print(srv.tail())
-print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
-sys.exit(1 if FAILS else 0)
+sys.exit(summary())

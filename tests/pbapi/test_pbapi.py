@@ -11,18 +11,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pbutil as pb  # noqa: E402
+from mlatest import FAILS, check, summary  # noqa: E402
 
 exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
 model, ref = pb.fixture_paths(fixtures)
-FAILS, PASSES = [], [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
 
 
 def client(port, *args, key=None, timeout=120):
@@ -234,5 +226,4 @@ finally:
     if FAILS:
         print(srv.tail())
 
-print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
-sys.exit(1 if FAILS else 0)
+sys.exit(summary())

@@ -13,9 +13,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lib'))
+from mlatest import ServeProcess  # noqa: E402
 
 exe, model, tp = sys.argv[1], sys.argv[2], int(sys.argv[3])
 real = os.path.realpath(model)
@@ -50,47 +51,35 @@ def worker_pids(parent):
     out = subprocess.run(['pgrep', '-P', str(parent)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out if 'mlaserve-worker' in open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace')]
 
-with tempfile.TemporaryDirectory() as tmp:
-    portfile = os.path.join(tmp, 'port')
-    srv = subprocess.Popen([exe, 'serve', '-m', model, '--tp', str(tp), '--port', '0', '--port-file', portfile],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for _ in range(300):
-            if os.path.exists(portfile) and open(portfile).read().strip():
-                break
-            if srv.poll() is not None:
-                sys.exit(f'server exited: {srv.stderr.read().decode()[-2000:]}')
-            time.sleep(0.1)
-        port = int(open(portfile).read())
-        req = urllib.request.Request(f'http://127.0.0.1:{port}/v1/completions',
-                                     data=json.dumps({'prompt': '1 2 3 4 5 6', 'max_tokens': 4}).encode(),
-                                     headers={'Content-Type': 'application/json'})
-        body = json.load(urllib.request.urlopen(req, timeout=120))
-        assert body['choices'][0]['text'], body
-        pids = worker_pids(srv.pid)
-        failures = 0
-        if len(pids) != tp:
-            print(f'FAIL: found {len(pids)} worker processes, want {tp}')
-            failures += 1
-        slack = 2 * page * n_tensors + meta_bytes + page
-        for pid in pids:
-            rss = rss_of_mapping(pid)
-            rank = None
-            cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\0')
-            if b'--rank' in cmd:
-                rank = int(cmd[cmd.index(b'--rank') + 1])
-            want = per_rank[rank if rank is not None else 0]
-            vmrss = [int(x.split()[1]) * 1024 for x in open(f'/proc/{pid}/status') if x.startswith('VmRSS:')][0]
-            ok = rss <= min(want, replicated) + slack
-            print(f'worker pid {pid} rank {rank}: model file resident {rss / 2**20:.2f} MiB '
-                  f'(replicated tensors {replicated / 2**20:.2f} MiB, rank shard {want / 2**20:.2f} MiB, '
-                  f'file {file_bytes / 2**20:.2f} MiB), VmRSS {vmrss / 2**20:.1f} MiB: {"ok" if ok else "FAIL"}')
-            failures += not ok
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+srv = ServeProcess([exe, 'serve', '-m', model, '--tp', str(tp), '--port', '0'], timeout=30, poll=0.1,
+                   prefix='rss_', fail_tail=2000)
+try:
+    port = srv.port
+    req = urllib.request.Request(f'http://127.0.0.1:{port}/v1/completions',
+                                 data=json.dumps({'prompt': '1 2 3 4 5 6', 'max_tokens': 4}).encode(),
+                                 headers={'Content-Type': 'application/json'})
+    body = json.load(urllib.request.urlopen(req, timeout=120))
+    assert body['choices'][0]['text'], body
+    pids = worker_pids(srv.proc.pid)
+    failures = 0
+    if len(pids) != tp:
+        print(f'FAIL: found {len(pids)} worker processes, want {tp}')
+        failures += 1
+    slack = 2 * page * n_tensors + meta_bytes + page
+    for pid in pids:
+        rss = rss_of_mapping(pid)
+        rank = None
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\0')
+        if b'--rank' in cmd:
+            rank = int(cmd[cmd.index(b'--rank') + 1])
+        want = per_rank[rank if rank is not None else 0]
+        vmrss = [int(x.split()[1]) * 1024 for x in open(f'/proc/{pid}/status') if x.startswith('VmRSS:')][0]
+        ok = rss <= min(want, replicated) + slack
+        print(f'worker pid {pid} rank {rank}: model file resident {rss / 2**20:.2f} MiB '
+              f'(replicated tensors {replicated / 2**20:.2f} MiB, rank shard {want / 2**20:.2f} MiB, '
+              f'file {file_bytes / 2**20:.2f} MiB), VmRSS {vmrss / 2**20:.1f} MiB: {"ok" if ok else "FAIL"}')
+        failures += not ok
+finally:
+    srv.stop(timeout=20)
 print(f'{tp - failures if failures <= tp else 0} passed, {failures} failed')
 sys.exit(1 if failures else 0)

@@ -1,10 +1,11 @@
 """Independent Python model of tests/serve/fake_backend.c and the fake tokenizer of
 tests/serve/fake_server_main.c: what the server must answer."""
-import struct
-import subprocess
 import os
-import time
-import tempfile
+import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mlatest  # noqa: E402
 
 ALPHA = "abcdefghijklmnopqrstuvwxyz "
 EOS, BOS = 256, 257
@@ -75,39 +76,15 @@ def text_of(toks):
     return bytes(t for t in toks if t < 256).decode("utf-8", "replace")
 
 
-class Server:
+class Server(mlatest.ServeProcess):
     """Starts the fake server on a free port (it binds port 0 and writes the port to a file)."""
 
     def __init__(self, exe, *args, env=None):
-        self.dir = tempfile.mkdtemp(prefix="fake_server_")
-        self.port_file = os.path.join(self.dir, "port")
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        e = dict(os.environ)
-        e.pop("MLASERVE_API_KEY", None)
-        if env:
-            e.update(env)
-        self.proc = subprocess.Popen([exe, "--port-file", self.port_file] + [str(a) for a in args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        deadline = time.time() + 20
-        while not os.path.exists(self.port_file):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("fake server did not start: " + self.logtext())
-            time.sleep(0.02)
-        self.port = int(open(self.port_file).read())
+        super().__init__([exe], args, env=env, timeout=20, poll=0.02, prefix="fake_server_", fail_tail=None)
 
     def logtext(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        return self.text()
 
     def stop(self):
-        """SIGTERM, and the exit status (0 expected: a clean shutdown)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -999
-        return self.proc.returncode
+        """SIGTERM, and the exit status (0 expected: a clean shutdown); -999 when it had to be killed."""
+        return super().stop(timeout=20, killed_rc=-999)

@@ -12,32 +12,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fakeref as R  # noqa: E402
+from mlatest import FAILS, check, http_request as request, summary  # noqa: E402,F401
 
 EXE = sys.argv[1]
-FAILS = []
-PASSES = [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-
-
-def request(port, method, path, body=None, headers=None, timeout=30):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    if headers:
-        h.update(headers)
-    if body is not None and not isinstance(body, (bytes, str)):
-        body = json.dumps(body)
-    c.request(method, path, body=body, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, dict(r.getheaders()), data
 
 
 def post(port, path, body, **kw):
@@ -497,8 +474,7 @@ def main():
         t0 = time.time()
         t(EXE)
         print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)
-    print("%d passed, %d failed" % (PASSES[0], len(FAILS)))
-    return 1 if FAILS else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -12,16 +12,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fakeref as R  # noqa: E402
-
-FAILS, PASSES = [], [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
+from mlatest import check, summary  # noqa: E402
 
 
 def main():
@@ -94,8 +85,7 @@ def main():
     finally:
         rc = srv.stop()
         check(rc == 0, "clean exit")
-    print("openai %s: %d passed, %d failed" % (openai.__version__, PASSES[0], len(FAILS)))
-    return 1 if FAILS else 0
+    return summary("openai %s: " % openai.__version__)
 
 
 if __name__ == "__main__":

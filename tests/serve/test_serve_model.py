@@ -3,13 +3,12 @@ template, coordinator, CPU workers and the HTTP API together. Known answers come
 fixture's Hugging Face reference (ref.json: input tokens, greedy continuations, top-5 logprobs).
 Usage: test_serve_model.py SERVE_EXE WORKER_EXE FIXTURES_DIR TP. Exit 77 when the fixture is
 missing."""
-import http.client
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from mlatest import FAILS, ServeProcess, check, http_get, http_post as post, summary  # noqa: E402
 
 exe, worker, fixtures, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
@@ -17,42 +16,10 @@ if not os.path.exists(model):
     print("fixture missing: skipped")
     sys.exit(77)
 ref = json.load(open(os.path.join(fixtures, "tiny-deepseek3", "ref.json")))
-FAILS, PASSES = [], [0]
-
-
-def check(cond, what):
-    if cond:
-        PASSES[0] += 1
-    else:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-
-
-def post(port, path, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
-
-
-d = tempfile.mkdtemp(prefix="serve_model_")
-pf = os.path.join(d, "port")
-log = open(os.path.join(d, "log"), "w+")
-env = dict(os.environ)
-env.pop("MLASERVE_API_KEY", None)
-proc = subprocess.Popen([exe, "-m", model, "--tp", str(tp), "--port", "0", "--port-file", pf, "--worker-exe", worker,
-                         "--max-context", "512", "--max-seqs", "8"], stdout=log, stderr=subprocess.STDOUT, env=env)
+srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"], ["--max-context", "512", "--max-seqs", "8"],
+                   worker=worker, timeout=120, prefix="serve_model_", fail_tail=None)
 try:
-    deadline = time.time() + 120
-    while not os.path.exists(pf):
-        if proc.poll() is not None or time.time() > deadline:
-            log.seek(0)
-            print(log.read())
-            sys.exit(1)
-        time.sleep(0.05)
-    port = int(open(pf).read())
+    port = srv.port
     plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
     for p in plain:
         st, data = post(port, "/tokenize", {"prompt": p["text"]})
@@ -94,21 +61,11 @@ try:
     text = "".join(json.loads(b[6:])["choices"][0]["delta"].get("content", "")
                    for b in data.decode().split("\n\n") if b.startswith("data: {"))
     check(st == 200 and text == "2 plus 3 is 5." and data.decode().rstrip().endswith("data: [DONE]"), "chat stream %r" % text)
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/health")
-    r = c.getresponse()
-    r.read()
-    check(r.status == 200, "/health")
+    st, _ = http_get(port, "/health")
+    check(st == 200, "/health")
 finally:
-    proc.terminate()
-    try:
-        rc = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = -999
+    rc = srv.stop(timeout=60, killed_rc=-999)
     check(rc == 0, "clean exit %r" % rc)
     if FAILS:
-        log.seek(0)
-        print(log.read()[-4000:])
-print("tp %d: %d passed, %d failed" % (tp, PASSES[0], len(FAILS)))
-sys.exit(1 if FAILS else 0)
+        print(srv.tail())
+sys.exit(summary("tp %d: " % tp))
