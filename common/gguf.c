@@ -252,7 +252,7 @@ static const char *shown(const char *s, size_t len, char *buf, size_t cap) {
 /* Copies a name/key into the arena as a C string; refuses empty names and embedded NULs. */
 static int rd_name(rd *r, const char **out, const char *what) {
     uint64_t start = r->pos;
-    gguf_str s;
+    gguf_str s = {0};
     if (rd_str(r, &s, what)) return MLA_ERR;
     if (s.len == 0) return fail_at(r, start, "empty %s", what);
     if (memchr(s.ptr, 0, (size_t)s.len)) {

@@ -5,12 +5,14 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/ggml_types.h"
 #include "common/gguf.h"
@@ -237,51 +239,97 @@ static void fix_block(uint32_t type, uint8_t *b, float std, rng *r) {
     }
 }
 
-#define CHUNK (4u << 20)
+/* Tensor data is generated in sub-chunks of about 1 MiB (whole blocks), each with its own
+ * random stream seeded by (seed, tensor, sub-chunk): the bytes do not depend on the number of
+ * threads. A round fills up to ROUND_SUBS sub-chunks in parallel, then writes them in order. */
+#define SUB_BYTES (1u << 20)
+#define ROUND_SUBS 64
 
-static int write_tensor(gguf_writer *w, const tplan *t, uint64_t seed, size_t idx, uint8_t *buf, mla_err *err) {
-    rng r = {mix64(seed ^ mix64((uint64_t)idx + 1))};
+typedef struct gen_job {
+    const tplan *t;
+    uint64_t seed;
+    size_t idx;
+    uint8_t *buf;       /* ROUND_SUBS sub-chunks, sub k at buf + k * sub_bytes */
+    size_t sub_bytes;   /* bytes of a full sub-chunk */
+    size_t unit;        /* block (or element) bytes */
+    uint64_t first_sub; /* global index of the round's first sub-chunk */
+    size_t n_sub;
+    size_t last_bytes;  /* bytes of the round's last sub-chunk */
+    int n_thr, thr;
+} gen_job;
+
+static void gen_sub(const gen_job *j, size_t k) {
+    const tplan *t = j->t;
+    uint8_t *b = j->buf + k * j->sub_bytes;
+    size_t nbytes = k + 1 == j->n_sub ? j->last_bytes : j->sub_bytes;
+    rng r = {mix64(j->seed ^ mix64((uint64_t)j->idx + 1) ^ mix64((j->first_sub + k) * 0x9E3779B97F4A7C15ULL + 7))};
     if (t->type == GGML_TYPE_F32) {
-        float *f = (float *)(void *)buf;
-        const size_t per = CHUNK / sizeof(float);
-        uint64_t n = t->bytes / sizeof(float);
+        float *f = (float *)(void *)b;
         const float a = t->std * 1.7320508f; /* uniform [-a, a] has std a / sqrt(3) */
-        while (n) {
-            size_t k = n < per ? (size_t)n : per;
-            for (size_t i = 0; i < k; i++) {
-                switch (t->init) {
-                case INIT_ONES: f[i] = 1.0f + 0.05f * (2.0f * rng_unit(&r) - 1.0f); break;
-                case INIT_ZERO: f[i] = 0.0f; break;
-                default: f[i] = a * (2.0f * rng_unit(&r) - 1.0f); break;
-                }
+        for (size_t i = 0; i < nbytes / sizeof(float); i++) {
+            switch (t->init) {
+            case INIT_ONES: f[i] = 1.0f + 0.05f * (2.0f * rng_unit(&r) - 1.0f); break;
+            case INIT_ZERO: f[i] = 0.0f; break;
+            default: f[i] = a * (2.0f * rng_unit(&r) - 1.0f); break;
             }
-            if (gguf_write_data(w, f, k * sizeof(float), err) < 0) return MLA_ERR;
-            n -= k;
         }
-        return MLA_OK;
+        return;
     }
-    const ggml_type_info *ti = ggml_type_get(t->type);
-    const size_t bb = ti->block_bytes, per = CHUNK / bb;
-    uint64_t nb = t->bytes / bb;
-    while (nb) {
-        size_t k = nb < per ? (size_t)nb : per;
-        size_t nbytes = k * bb, i = 0;
-        for (; i + 8 <= nbytes; i += 8) {
-            uint64_t x = rng_next(&r);
-            memcpy(buf + i, &x, 8);
+    size_t i = 0;
+    for (; i + 8 <= nbytes; i += 8) {
+        uint64_t x = rng_next(&r);
+        memcpy(b + i, &x, 8);
+    }
+    if (i < nbytes) {
+        uint64_t x = rng_next(&r);
+        memcpy(b + i, &x, nbytes - i);
+    }
+    for (size_t o = 0; o < nbytes; o += j->unit) fix_block(t->type, b + o, t->std, &r);
+}
+
+static void *gen_thread(void *arg) {
+    const gen_job *j = arg;
+    for (size_t k = (size_t)j->thr; k < j->n_sub; k += (size_t)j->n_thr) gen_sub(j, k);
+    return NULL;
+}
+
+static int write_tensor(gguf_writer *w, const tplan *t, uint64_t seed, size_t idx, uint8_t *buf, int n_thr,
+                        mla_err *err) {
+    size_t unit = t->type == GGML_TYPE_F32 ? sizeof(float) : ggml_type_get(t->type)->block_bytes;
+    size_t sub = SUB_BYTES / unit * unit;
+    uint64_t left = t->bytes, first = 0;
+    while (left) {
+        gen_job base = {.t = t, .seed = seed, .idx = idx, .buf = buf, .sub_bytes = sub, .unit = unit,
+                        .first_sub = first};
+        uint64_t round = (uint64_t)sub * ROUND_SUBS;
+        if (round > left) round = left;
+        base.n_sub = (size_t)((round + sub - 1) / sub);
+        base.last_bytes = (size_t)(round - (uint64_t)(base.n_sub - 1) * sub);
+        int nt = n_thr < (int)base.n_sub ? n_thr : (int)base.n_sub;
+        gen_job jobs[64];
+        pthread_t th[64];
+        int started = 0;
+        for (int i = 0; i < nt; i++) {
+            jobs[i] = base;
+            jobs[i].n_thr = nt;
+            jobs[i].thr = i;
         }
-        if (i < nbytes) {
-            uint64_t x = rng_next(&r);
-            memcpy(buf + i, &x, nbytes - i);
+        for (int i = 1; i < nt; i++)
+            if (pthread_create(&th[i], NULL, gen_thread, &jobs[i]) == 0) started = i;
+            else break;
+        if (started + 1 < nt) { /* could not start them all: the caller's thread does the rest */
+            for (int i = started + 1; i < nt; i++) gen_thread(&jobs[i]);
         }
-        for (size_t j = 0; j < k; j++) fix_block(t->type, buf + j * bb, t->std, &r);
-        if (gguf_write_data(w, buf, nbytes, err) < 0) return MLA_ERR;
-        nb -= k;
+        gen_thread(&jobs[0]);
+        for (int i = 1; i <= started; i++) pthread_join(th[i], NULL);
+        if (gguf_write_data(w, buf, (size_t)round, err) < 0) return MLA_ERR;
+        left -= round;
+        first += base.n_sub;
     }
     return MLA_OK;
 }
 
-/* ---- tokenizer: 256 byte tokens (GPT-2 byte-to-unicode), letter n-grams built by merges,
+/* ---- tokenizer: 256 byte tokens (GPT-2 byte-to-unicode), space-prefixed letter words built by merges,
  * special tokens ---- */
 
 typedef struct vocab {
@@ -345,21 +393,17 @@ static void build_vocab(vocab *v, int64_t n_vocab, bool glm) {
         s[k] = 0;
         vocab_push(v, s, 1);
     }
-    /* level 2: "Ġx" and "xy"; level k+1: every level-k token followed by a letter. Each merge
-     * joins a token of the previous level with a single letter, both already in the vocab. */
+    /* words with a leading space, as most of a real vocabulary: level 2 "Ġx", level k+1 every
+     * level-k word followed by a letter. Each merge joins the previous level's word with one
+     * letter, so ranks grow with length and " word" tokenizes to one token when it is in the
+     * vocabulary (no shorter merge inside the word competes with the left-to-right chain). */
     size_t lvl_begin = v->n, made = 0;
-    for (int x = -1; x < 26 && made < n_merge; x++)
-        for (int y = 0; y < 26 && made < n_merge; y++) {
-            if (x < 0) {
-                snprintf(s, sizeof s, "\xC4\xA0%c", 'a' + y);
-                snprintf(m, sizeof m, "\xC4\xA0 %c", 'a' + y);
-            } else {
-                snprintf(s, sizeof s, "%c%c", 'a' + x, 'a' + y);
-                snprintf(m, sizeof m, "%c %c", 'a' + x, 'a' + y);
-            }
-            vocab_push(v, s, 1);
-            v->merges[made++] = mla_xstrdup(m);
-        }
+    for (int y = 0; y < 26 && made < n_merge; y++) {
+        snprintf(s, sizeof s, "\xC4\xA0%c", 'a' + y);
+        snprintf(m, sizeof m, "\xC4\xA0 %c", 'a' + y);
+        vocab_push(v, s, 1);
+        v->merges[made++] = mla_xstrdup(m);
+    }
     while (made < n_merge) {
         size_t lvl_end = v->n;
         for (size_t i = lvl_begin; i < lvl_end && made < n_merge; i++)
@@ -491,7 +535,8 @@ static int usage(FILE *o) {
             "                    Q6_K; dense FFN and shared experts Q4_K; norms, router F32 (default q4k)\n"
             "  --split-size SIZE split into NAME-0000i-of-0000N.gguf parts of at most SIZE bytes\n"
             "                    (K/M/G suffixes; default 48G; 0 = one file)\n"
-            "  --seed S          random seed (default 1)\n"
+            "  --seed S          random seed (default 1; the bytes do not depend on --threads)\n"
+            "  --threads N       generator threads (default: every CPU)\n"
             "  --small           test-sized widths: hidden 1024, 16 heads, vocab 4096, 16 experts,\n"
             "                    FFN 1024, expert FFN 256 (352 for v2lite); the ranks and head dims\n"
             "                    stay real\n"
@@ -526,7 +571,7 @@ static int parse_i64(const char *s, int64_t lo, int64_t *out) {
 
 int cmd_mkmodel(int argc, char **argv) {
     const char *family = NULL, *outp = NULL, *mix = "q4k";
-    int64_t layers = -1, vocab_o = -1, hidden_o = -1, heads_o = -1, experts_o = -1, ff_o = -1, ffe_o = -1;
+    int64_t n_thr64 = 0, layers = -1, vocab_o = -1, hidden_o = -1, heads_o = -1, experts_o = -1, ff_o = -1, ffe_o = -1;
     uint64_t split = 48ull << 30, seed = 1;
     bool small = false, dry = false;
     for (int i = 1; i < argc; i++) {
@@ -557,6 +602,7 @@ int cmd_mkmodel(int argc, char **argv) {
             }
             seed = (uint64_t)sv;
         } else if (!strcmp(a, "--layers")) num = &layers;
+        else if (!strcmp(a, "--threads")) num = &n_thr64;
         else if (!strcmp(a, "--vocab")) num = &vocab_o;
         else if (!strcmp(a, "--hidden")) num = &hidden_o;
         else if (!strcmp(a, "--heads")) num = &heads_o;
@@ -633,6 +679,12 @@ int cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
 
+    int n_thr = (int)n_thr64;
+    if (n_thr <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_thr = nc < 1 ? 1 : (int)nc;
+    }
+    if (n_thr > 64) n_thr = 64;
     plan p = {0};
     build_plan(&s, &p);
     /* parts: greedy in file order */
@@ -670,7 +722,7 @@ int cmd_mkmodel(int argc, char **argv) {
     size_t plen = strlen(outp);
     size_t stem = plen > 5 && !strcmp(outp + plen - 5, ".gguf") ? plen - 5 : plen;
     char *path = mla_xmalloc(plen + 32);
-    uint8_t *buf = mla_xmalloc(CHUNK);
+    uint8_t *buf = mla_xmalloc((size_t)SUB_BYTES * ROUND_SUBS);
     mla_err err = {0};
     int rc = MLA_OK;
     struct timespec t0, t1;
@@ -692,7 +744,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc = gguf_write_add_tensor(w, p.t[i].name, p.t[i].nd, p.t[i].ne, p.t[i].type, &err);
         if (rc == MLA_OK) rc = gguf_write_begin_data(w, &err);
         for (ti = first; ti < p.n && p.t[ti].part == part && rc == MLA_OK; ti++)
-            rc = write_tensor(w, &p.t[ti], seed, ti, buf, &err);
+            rc = write_tensor(w, &p.t[ti], seed, ti, buf, n_thr, &err);
         if (rc == MLA_OK) {
             rc = gguf_write_close(w, &err);
         } else {

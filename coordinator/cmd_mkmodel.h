@@ -5,7 +5,7 @@
  * Tensor data is streamed to disk (common/gguf_write.h); nothing tensor-sized is held.
  *
  * mlaserve mkmodel --family v3|glm5|v2lite -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3]
- *                  [--split-size SIZE] [--seed S] [--small] [--vocab N] [--hidden N] [--heads N]
+ *                  [--split-size SIZE] [--seed S] [--threads N] [--small] [--vocab N] [--hidden N] [--heads N]
  *                  [--experts N] [--ff N] [--ff-exp N] [--dry-run]
  * Returns the process exit status (0 ok, 1 error, 2 usage). */
 #ifndef CMD_MKMODEL_H

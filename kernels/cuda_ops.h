@@ -70,6 +70,14 @@ int mla_cuda_matmul_gemv_warp(uint32_t t, const void *d_w, int64_t in, int64_t o
                               mla_err *e);
 int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                         int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+/* The tensor-core path with fp32-class accuracy: x and the dequantized W split into bf16 hi + lo,
+ * three MMAs (hi*hi + hi*lo + lo*hi), fp32 accumulate (relative error ~1e-5 instead of ~3e-3).
+ * mla_cuda_matmul_split: the GEMV for T <= 128 (faster there on the H200), mma3 above (the
+ * prefill path of --split / MLA_CUDA_FAST=split). */
+int mla_cuda_matmul_mma3(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                         int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                          int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 
 /* ---- element-wise and per-row ops (same meaning as the CPU op named) ---- */
 /* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */

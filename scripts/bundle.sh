@@ -40,7 +40,7 @@ for b in "$DEST"/bin/*; do
   readelf -d "$b" | grep -q 'RPATH.*\$ORIGIN/../lib' || { echo "bundle: $b has no RPATH \$ORIGIN/../lib" >&2; bad=1; }
   while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
-    case "$path" in "$(cd "$DEST/lib" && pwd)"/*|"$DEST/lib/"*) ;; *) echo "bundle: $b: $name -> $path (not bundled)" >&2; bad=1 ;; esac
+    case "$(realpath -m "$path")" in "$(cd "$DEST/lib" && pwd -P)"/*) ;; *) echo "bundle: $b: $name -> $path (not bundled)" >&2; bad=1 ;; esac
   done < <(env -u LD_LIBRARY_PATH ldd "$b" | awk '/=> /{print $1, $3}')
 done
 [ "$bad" = 0 ] || exit 1

@@ -2,12 +2,20 @@
 # The one script to run on the GPU machine: configures a CUDA-only build (MLA_GPU_ONLY: common +
 # kernels + the op harness; that machine has no libzmq/libuv/protobuf-c/pcre2), builds it, runs
 # (C warnings that a different gcc raises in others' files do not stop it), the host check of the dequantizers and mla-gpu-check, and writes the table to $OUT (or ./out).
-#   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops]
-#       env: ARCH (default 90), BUILD (default build-gpu), FIX (fixtures, default .gpu-fixtures)
+#   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]
+#       env: ARCH (default 90), BUILD (default build-gpu), FIX (fixtures, default .gpu-fixtures),
+#            BUNDLE (--stack: the release tree of `make bundle`, default .bundle)
 # --e2e: after the op checks, the fixtures through the CUDA forward pass (mla-e2e, driven by
 # tests/model/check_logits.py with the CPU tests' bounds) at TP = 1, 2, 4 (ranks as threads
 # sharing the GPU through the host collective), and a short table. Fixtures travel in .gpu-fixtures/
 # (ignored; copy with scripts/gpu_fixtures.sh, carried by the run tool).
+# --stack: the whole distributed stack from the bundle (scripts/bundle.sh, built on the CPU machine
+# and carried): `mlaserve logits --tp 1/2/4 --backend cuda` (coordinator + mlaserve-worker
+# processes; TP 1 on NCCL, TP > 1 sharing the one GPU through the host collective) checked by
+# check_logits.py on both bf16 fixtures, and `mlaserve serve --backend cuda --tp 2` answering a
+# chat. Needs no build there (with --no-ops and without --e2e nothing is compiled).
+# --mma3: only the prefill matmul paths side by side (mla-gpu-check --mma3: fp32 GEMV, bf16 mma,
+# split-bf16 mma3; errors against the CPU in double, times), table in $OUT/gpu-mma3-table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -18,13 +26,17 @@ quick=""
 sanitize=0
 e2e=0
 ops=1
+stack=0
+mma3=0
 for a in "$@"; do
   case "$a" in
     --quick) quick="--quick" ;;
     --sanitize) sanitize=1 ;;
     --e2e) e2e=1 ;;
     --no-ops) ops=0 ;;
-    *) echo "usage: $0 [--quick] [--sanitize] [--e2e] [--no-ops]" >&2; exit 2 ;;
+    --stack) stack=1 ;;
+    --mma3) mma3=1 ;;
+    *) echo "usage: $0 [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]" >&2; exit 2 ;;
   esac
 done
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -32,11 +44,13 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu-info.txt" || true
 start=$(date +%s)
+if [ "$ops" = 1 ] || [ "$e2e" = 1 ] || [ "$sanitize" = 1 ] || [ "$mma3" = 1 ]; then
 cmake -S . -B "$BUILD" "${gen[@]}" -DMLA_GPU_ONLY=ON -DMLA_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS="-Wno-maybe-uninitialized" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 "$BUILD/test_cuda_quant_host" | tail -1
+fi
 rc=0
 if [ "$ops" = 1 ]; then
   timeout "${OPS_S:-330}" "$BUILD/mla-gpu-check" $quick --out "$OUT/gpu-ops-table.md" >"$OUT/gpu-check.log" 2>&1 || rc=$?
@@ -44,6 +58,11 @@ if [ "$ops" = 1 ]; then
   if [ "$e2e" = 1 ]; then grep -E "^(mla_attn|dsa|head_matmul|moe_experts|sample|cuda_selfcheck)" "$OUT/gpu-check.log" | cut -c1-130; tail -2 "$OUT/gpu-ops-table.md" 2>/dev/null || true
   else cat "$OUT/gpu-ops-table.md" 2>/dev/null || tail -40 "$OUT/gpu-check.log"; fi
   echo "mla-gpu-check exit status $rc ($(( $(date +%s) - start )) s since start)"
+fi
+if [ "$mma3" = 1 ]; then
+  timeout "${MMA3_S:-240}" "$BUILD/mla-gpu-check" --mma3 --out "$OUT/gpu-mma3-table.md" >"$OUT/gpu-mma3.log" 2>&1 || rc=$?
+  grep -E "^(gemv|mma|ceiling|device)" "$OUT/gpu-mma3.log" | cut -c1-140
+  echo "mla-gpu-check --mma3 exit status $rc"
 fi
 if [ "$e2e" = 1 ]; then
   FIX="${FIX:-.gpu-fixtures}"
@@ -54,7 +73,11 @@ if [ "$e2e" = 1 ]; then
   printf "| run | result | numbers |\n|---|---|---|\n" >"$table"
   e2e_run() { # name, env, args...
     local name="$1" envs="$2"; shift 2
-    local t0=$(date +%s) r=0
+    local t0=$(date +%s) r=0 prev="" x
+    for x in "$@"; do # a fixture left behind (the transfer limit): the row says so
+      if [ "$prev" = --model ] && [ ! -e "$x" ]; then printf "| %s | skipped | %s not carried |\n" "$name" "$x" >>"$table"; return 0; fi
+      prev="$x"
+    done
     echo "== $name ($envs)" >>"$OUT/e2e.log"
     env $envs timeout 120 "${chk[@]}" "$@" >"$OUT/e2e-one.log" 2>&1 || r=$?
     cat "$OUT/e2e-one.log" >>"$OUT/e2e.log"
@@ -63,13 +86,18 @@ if [ "$e2e" = 1 ]; then
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
   e2e_run "ds3 bf16 TP1 --fast (bf16 tensor cores) vs HF + greedy" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 --split (split-bf16 tensor cores) vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP1 --split vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP1 long --split, bf16 RoPE freqs, 0.01 + greedy + incr" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 long TP4 --split == TP1 --split, vs HF 0.01" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-4 --hf-argmax 0.99 --hf-dlogp 0.01
   e2e_run "ds3 bf16 TP1 vs HF + greedy" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "ds3 bf16 TP1 incremental == one pass" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
   e2e_run "ds3 q8_0 TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2
   e2e_run "ds3 q4_k_m TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
   e2e_run "glm5 bf16 TP1 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "glm5 bf16 TP1 --fast vs HF" "MLA_E2E_FAST=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
-  e2e_run "glm5 bf16 TP1 long (DSA) + greedy + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP1 long (DSA) bf16 RoPE freqs, 0.01 + greedy + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP1 long (DSA) exact freqs + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy
   e2e_run "ds3 q4_k_m TP2 == TP1" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
   e2e_run "ds3 q4_k_m TP2 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --tp 2 --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
   e2e_run "ds3 q4_k_m TP2 --fast == TP1" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
@@ -79,10 +107,77 @@ if [ "$e2e" = 1 ]; then
   e2e_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
-  MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" 2>&1 | grep timing || true
+  for p in --exact --split --fast; do
+    echo "$p: $(MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" $p 2>&1 | grep timing)" || true
+  done
   rm -f "$OUT/l.f32"
   cat "$table"
   echo "e2e done ($(( $(date +%s) - start )) s since start)"
+fi
+if [ "$stack" = 1 ]; then
+  FIX="${FIX:-.gpu-fixtures}"
+  ds="$FIX/tiny-deepseek3" glm="$FIX/tiny-glm5"
+  B="$(cd "${BUNDLE:-.bundle}" && pwd)"
+  W=/tmp/mla-stack
+  rm -rf "$W" && mkdir -p "$W"
+  unset LD_LIBRARY_PATH
+  echo "bundle: $(ls "$B/bin" | tr '\n' ' '); libs not found: $(ldd "$B"/bin/* | grep -c 'not found' || true)"
+  ldd "$B/bin/mlaserve-worker" | grep -E "nccl|not found" || true
+  # check_logits.py runs `BIN logits ...`: BIN appends --backend cuda (a backend => worker processes)
+  printf '#!/bin/sh\nexec "%s/bin/mlaserve" "$@" --backend cuda\n' "$B" >"$W/mlaserve-cuda"
+  chmod +x "$W/mlaserve-cuda"
+  chk=(python3 tests/model/check_logits.py --mlaserve "$W/mlaserve-cuda")
+  table="$OUT/stack-table.md"
+  printf "| run (mlaserve logits --backend cuda, worker processes) | result | numbers |\n|---|---|---|\n" >"$table"
+  : >"$OUT/stack.log"
+  st_run() { # name, env, args...
+    local name="$1" envs="$2"; shift 2
+    local t0=$(date +%s) r=0
+    echo "== $name ($envs)" >>"$OUT/stack.log"
+    env $envs timeout 180 "${chk[@]}" "$@" >"$W/one.log" 2>&1 || r=$?
+    cat "$W/one.log" >>"$OUT/stack.log"
+    local tot; tot=$(grep -E "^TOTAL|ranks vs 1 rank|FAIL|failed|Error|error" "$W/one.log" | tr '\n' ' ' | cut -c1-400)
+    local res=pass; [ $r = 0 ] || { res="FAIL($r)"; rc=1; }
+    printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
+  }
+  # which collective each TP uses (the worker logs it): TP 1 = NCCL (one rank per GPU)
+  python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:2]]" >"$W/tok.txt"
+  for tp in 1 2; do
+    timeout 120 "$B/bin/mlaserve" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$W/tok.txt" --out "$W/l.f32" \
+      --tp $tp --backend cuda >"$W/coll$tp.log" 2>&1 || echo "TP $tp direct run failed: $(tail -3 "$W/coll$tp.log")"
+    echo "TP $tp: $(grep -hE 'collective:|NCCL|self-check failed' "$W/coll$tp.log" | sed -E 's/^.*(collective:|NCCL|self-check)/\1/' | sort | uniq -c | tr '\n' ';')"
+  done | tee -a "$OUT/stack.log"
+  st_run "ds3 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "ds3 bf16 TP1 host coll (MLA_NCCL=0) vs HF" "MLA_NCCL=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01
+  st_run "glm5 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "glm5 bf16 TP1 long, bf16 RoPE freqs, 0.01 + greedy + incr" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
+  st_run "ds3 bf16 TP2 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "ds3 bf16 TP4 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "glm5 bf16 TP4 long, bf16 RoPE freqs, 0.01 + greedy; == TP1" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  st_run "glm5 bf16 TP4 vs HF" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 4 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
+  # serving: the OpenAI chat API on 2 CUDA worker processes
+  t0=$(date +%s)
+  "$B/bin/mlaserve" serve -m "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --backend cuda --port 0 --port-file "$W/port" >"$W/serve.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 1 300); do [ -s "$W/port" ] && break; kill -0 $spid 2>/dev/null || break; sleep 0.2; done
+  answer="(no server)"
+  if [ -s "$W/port" ]; then
+    answer=$(python3 - "$(cat "$W/port")" <<'PY' 2>&1
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
+    data=json.dumps({"messages": [{"role": "user", "content": "What is 7 plus 5?"}], "max_tokens": 32}).encode(),
+    headers={"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+PY
+)
+  fi
+  kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
+  grep -E "collective|backend|cuda|error" "$W/serve.log" | head -8 >>"$OUT/stack.log" || true
+  res=pass; [ "$answer" = "7 plus 5 is 12." ] || { res=FAIL; rc=1; tail -20 "$W/serve.log"; }
+  printf "| serve --backend cuda --tp 2: chat \"What is 7 plus 5?\" | %s | answer: %s (%ss) |\n" "$res" "$answer" "$(( $(date +%s) - t0 ))" >>"$table"
+  cat "$table"
+  echo "stack done ($(( $(date +%s) - start )) s since start)"
 fi
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer memcheck (quick run, at most ${SANITIZE_S:-300} s):"

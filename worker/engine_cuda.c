@@ -1,6 +1,7 @@
 /* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id, rewind
  * on a lower first position, MLA_N_CTX). MLA_CUDA_FAST=1 selects the bf16 tensor-core matmuls for
  * steps of more than 8 tokens (faster prefill; logits ~4e-2 off in log-prob on the fixtures),
+ * MLA_CUDA_FAST=split the split-bf16 tensor-core matmuls (hi/lo, 3 MMAs: fp32-class accuracy),
  * otherwise every matmul is the fp32 GEMV. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +88,9 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
         return MLA_ERR;
     }
     const char *fast = getenv("MLA_CUDA_FAST");
-    mla_cmodel_opts opts = {dev, !(fast && *fast == '1'), false};
+    /* MLA_CUDA_FAST=1: plain bf16 tensor cores for steps > 8 tokens; =split: split-bf16 (3 MMAs) */
+    bool split = fast && !strcmp(fast, "split");
+    mla_cmodel_opts opts = {dev, !(fast && (*fast == '1' || split)), false, split};
 #ifdef MLA_HAVE_NCCL
     if (setup_nccl(e, c, rank, world, dev, err)) {
         if (e->nccl) coll_free(e->nccl);

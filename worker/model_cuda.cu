@@ -73,6 +73,7 @@ struct mla_cmodel {
     int rank, world, device;
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
+    bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     int64_t h0, h1, Hl;
     rope_table rope;
     dmat tok_embd, output;
@@ -243,6 +244,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->device = opts ? opts->device : 0;
     m->exact = opts && opts->exact;
     m->coll_dev = opts && opts->coll_on_device;
+    m->split = opts && opts->split;
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
@@ -519,6 +521,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
     if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
 }
 

@@ -35,6 +35,9 @@ typedef struct mla_cmodel_opts {
      * the owner attaches mla_cmodel_stream() to it before the first forward); false: host
      * buffers (the host collective; the model stages through pinned memory) */
     bool coll_on_device;
+    /* with exact false: steps of more than 8 tokens on the split-bf16 tensor-core matmul
+     * (mla_cuda_matmul_split: hi/lo, 3 MMAs, ~fp32 accuracy) instead of plain bf16 */
+    bool split;
 } mla_cmodel_opts;
 
 int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts, mla_err *err);

@@ -6,7 +6,8 @@
  * --tp N: N ranks as threads of this process on one device, joined by the host collective
  * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
  * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
- * cores for steps of more than 8 tokens. Env MLA_E2E_TIME=1 prints step timings. */
+ * cores for steps of more than 8 tokens; --split or MLA_E2E_FAST=split: the split-bf16 tensor
+ * cores (hi/lo, 3 MMAs, fp32-class accuracy) there. Env MLA_E2E_TIME=1 prints step timings. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -25,7 +26,7 @@ extern "C" {
 
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
-                    "                      [--greedy N --ids-out FILE] [--exact|--fast] [--device D]\n");
+                    "                      [--greedy N --ids-out FILE] [--exact|--fast|--split] [--device D]\n");
     return 2;
 }
 
@@ -44,7 +45,7 @@ struct prompts {
 struct rank_job {
     const gguf_ctx *g;
     coll *c;
-    bool exact;
+    bool exact, split;
     int device;
     long decode_from, greedy;
     const prompts *P;
@@ -68,7 +69,7 @@ static void *run_rank(void *arg) {
     mla_cmodel *m = NULL;
     float *logits = NULL;
     j->rc = MLA_ERR;
-    mla_cmodel_opts opts = {j->device, j->exact};
+    mla_cmodel_opts opts = {j->device, j->exact, false, j->split};
     if (mla_cmodel_load(&m, j->g, j->c, &opts, err) < 0) return NULL;
     const mla_config *c = mla_cmodel_config(m);
     uint32_t eos = UINT32_MAX;
@@ -159,12 +160,13 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "logits")) return usage();
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
     int tp = 1, device = 0;
-    bool exact = true;
+    bool exact = true, split = false;
     long decode_from = -1, greedy = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--exact") || !strcmp(a, "--fast")) {
+        if (!strcmp(a, "--exact") || !strcmp(a, "--fast") || !strcmp(a, "--split")) {
             exact = !strcmp(a, "--exact");
+            split = !strcmp(a, "--split");
             continue;
         }
         if (i + 1 >= argc) return usage();
@@ -180,7 +182,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) ++i; /* always cuda here */
         else return usage();
     }
-    if (getenv("MLA_E2E_FAST")) exact = false;
+    if (getenv("MLA_E2E_FAST")) { /* 1: --fast, split: --split */
+        exact = false;
+        split = !strcmp(getenv("MLA_E2E_FAST"), "split");
+    }
     if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
@@ -228,7 +233,7 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < tp; r++) {
         rank_job *j = &jobs[r];
-        j->g = g, j->exact = exact, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->g = g, j->exact = exact, j->split = split, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
         j->fout = r == 0 ? fout : NULL;
         j->fids = r == 0 ? fids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;

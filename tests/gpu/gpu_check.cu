@@ -166,7 +166,7 @@ static void check_dequant(uint32_t t, int64_t n) {
     CK(cudaFree(dy));
 }
 
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3 };
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
 static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path path, bool timed) {
@@ -186,6 +186,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
+        else if (path == MM_MMA3) OK(mla_cuda_matmul_mma3(t, wi, in, out, dx, T, dy, 0, E));
         else OK(mla_cuda_matmul(t, wi, in, out, dx, T, dy, 0, E));
     };
     poison(dy, T * out * 4);
@@ -211,9 +212,12 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
     bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
     double us = timed ? time_us(run) : 0;
-    const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp" : "matmul";
+    const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
+                   : path == MM_MMA3 ? "mma3 (split bf16)" : "matmul";
+    /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
-            err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out, !bf16);
+            err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
+            !bf16 && path != MM_MMA3 && T <= 8);
     for (void *p : dw) CK(cudaFree(p));
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -390,13 +394,14 @@ static void check_argmax(int64_t T, int64_t n) {
 
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
-    bool quick = false;
+    bool quick = false, mma3_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--mma3")) mma3_only = true;
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -424,6 +429,18 @@ int main(int argc, char **argv) {
                                      GGML_TYPE_Q5_K,  GGML_TYPE_Q6_K,   GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
                                      GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
                                      GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M};
+    if (mma3_only) { /* the prefill paths side by side: fp32 GEMV, bf16 mma, split-bf16 mma3 */
+        for (uint32_t t : {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS}) {
+            for (int64_t T : {16, 64, 256, 1024}) {
+                check_matmul(t, 7168, 2048, T, MM_GEMV, true);
+                check_matmul(t, 7168, 2048, T, MM_MMA, true);
+                check_matmul(t, 7168, 2048, T, MM_MMA3, true);
+            }
+            check_matmul(t, 512, 100, 77, MM_MMA3, false);
+            check_matmul(t, 7168, 18432, 2048, MM_MMA3, true);
+            check_matmul(t, 7168, 18432, 2048, MM_MMA, true);
+        }
+    } else { /* every op */
     for (uint32_t t : types) check_dequant(t, 7168 * 64);
     /* decode GEMV: expert/dense shapes of DeepSeek-V3 (7168) and GLM-5 (6144) */
     for (uint32_t t : types) {
@@ -447,6 +464,8 @@ int main(int argc, char **argv) {
     for (uint32_t t : types) {
         check_matmul(t, 7168, 2048, 256, MM_MMA, true);
         check_matmul(t, 512, 100, 77, MM_MMA, false);
+        check_matmul(t, 7168, 2048, 256, MM_MMA3, true);
+        check_matmul(t, 512, 100, 77, MM_MMA3, false);
     }
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_IQ2_XXS};
@@ -484,6 +503,7 @@ int main(int argc, char **argv) {
     check_argmax(8, 129280);
     check_argmax(1, 2048);
     check_attn_all(quick);
+    } /* every op */
 
     /* table */
     FILE *fo = out_path ? fopen(out_path, "w") : NULL;

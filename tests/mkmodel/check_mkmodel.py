@@ -224,6 +224,18 @@ for name, famkey, layers, mix, extra, dims in CASES:
         if os.path.exists(fn):
             os.remove(fn)
 
+# the bytes depend on --seed, not on --threads
+outs = []
+for i, extra in enumerate((['--threads', '1'], ['--threads', '3'], ['--threads', '2', '--seed', '9'])):
+    out = os.path.join(work, f'det{i}.gguf')
+    p = run(['mkmodel', '--family', 'v2lite', '--layers', '2', '--small', '-o', out] + extra)
+    check(p.returncode == 0, f'determinism run {i}: rc {p.returncode}')
+    outs.append(open(out, 'rb').read() if p.returncode == 0 else b'')
+    if os.path.exists(out):
+        os.remove(out)
+check(outs[0] == outs[1] and len(outs[0]) > 0, 'same bytes with 1 and 3 threads')
+check(outs[0] != outs[2], 'another seed gives other bytes')
+
 # bad input is refused with a message
 p = run(['mkmodel', '--family', 'v4', '-o', os.path.join(work, 'x.gguf')])
 check(p.returncode == 2 and 'unknown family' in p.stderr, 'unknown family refused')
