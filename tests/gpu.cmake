@@ -40,3 +40,21 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   target_link_libraries(mla_sample_ref PUBLIC mla_common m)
   target_link_libraries(mla-gpu-check mla_sample_ref)
 endif()
+
+# `--backend cpu|cuda` of mlaserve logits/generate/serve (coordinator/coord.c coord_parse_opt): a
+# backend means worker processes, also at TP 1; checked against the HF logits through them (CPU
+# backend here; scripts/gpu_check.sh --stack runs the cuda backend on the GPU machine), and a
+# bad value is refused with a message naming it.
+if(TARGET mlaserve AND BUILD_TESTING)
+  add_test(NAME backend_cpu_processes_tp1
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/model/check_logits.py
+                   --mlaserve ${CMAKE_SOURCE_DIR}/tests/gpu/mlaserve_backend.sh
+                   --fixture ${MLA_FIXTURES}/tiny-deepseek3 --model ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf
+                   --prompts 0,5 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy)
+  set_tests_properties(backend_cpu_processes_tp1 PROPERTIES TIMEOUT 120
+                       ENVIRONMENT "MLA_TEST_EXE=$<TARGET_FILE:mlaserve>;MLA_TEST_BACKEND=cpu")
+  add_test(NAME backend_bad_refused
+           COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
+                   --out /dev/null --backend gpu)
+  set_tests_properties(backend_bad_refused PROPERTIES TIMEOUT 30 PASS_REGULAR_EXPRESSION "--backend: 'gpu' is not cpu or cuda")
+endif()

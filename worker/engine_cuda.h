@@ -3,7 +3,12 @@
  * coordinator's workers inherit it: `MLA_BACKEND=cuda mlaserve serve|generate|logits --processes`).
  * Device: rank % device count, or MLA_CUDA_DEVICE. Before loading, the engine runs
  * cuda_selfcheck() and refuses to start with the name of the op that failed. In a build without
- * CUDA, load() fails with "built without CUDA". */
+ * CUDA, load() fails with "built without CUDA".
+ * Collective: NCCL (common/coll_nccl.h, device buffers on the model's stream) when the build has it,
+ * libnccl.so.2 loads and every rank has a GPU of its own (world <= visible devices); rank 0 makes
+ * the unique id and broadcasts it over the worker's host collective, and a known-answer check of
+ * the NCCL operations runs before the model loads. Otherwise the worker's host collective (pinned
+ * copies). MLA_NCCL=0 forbids NCCL, MLA_NCCL=1 makes "cannot use NCCL" an error. */
 #ifndef ENGINE_CUDA_H
 #define ENGINE_CUDA_H
 
