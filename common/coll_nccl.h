@@ -12,7 +12,8 @@
  * fails with a message.
  *
  * The unique id: one rank (rank 0) makes it with coll_nccl_make_id() and hands it to the others
- * (the worker broadcasts it over its host-side collective), then every rank calls coll_nccl_new().
+ * (through the coordinator: engine_boot in worker/engine.h, Control NCCL_ID in docs/ctrl.md), then
+ * every rank calls coll_nccl_new().
  * Ownership: coll_nccl_new() returns a coll released with coll_free() (destroys the communicator,
  * the stream and the events); the attached compute stream stays the caller's. */
 #ifndef COLL_NCCL_H

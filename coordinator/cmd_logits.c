@@ -7,6 +7,7 @@
 #include "cmds.h"
 #include "common/coll_host.h"
 #include "common/gguf.h"
+#include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
 #include "worker/model.h"
@@ -18,39 +19,6 @@ static int usage(void) {
             "  --tp N         N tensor-parallel ranks, one worker process each, through a coordinator\n"
             "  --in-process   run the --tp ranks as threads of this process instead\n");
     return 2;
-}
-
-/* Reads one line of ids; returns count (0 for an empty line), -1 at EOF, -2 on a bad id. */
-static int64_t read_line_ids(FILE *f, int32_t **ids, size_t *cap, int64_t line_no) {
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t n = getline(&line, &lcap, f);
-    if (n < 0) {
-        free(line);
-        return -1;
-    }
-    int64_t cnt = 0;
-    char *p = line;
-    for (;;) {
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "mlaserve logits: line %lld: bad token id near '%.20s'\n", (long long)line_no, p);
-            free(line);
-            return -2;
-        }
-        if ((size_t)cnt == *cap) {
-            *cap = *cap ? *cap * 2 : 256;
-            *ids = mla_xrealloc(*ids, *cap * sizeof **ids);
-        }
-        (*ids)[cnt++] = (int32_t)v;
-        p = end;
-    }
-    free(line);
-    return cnt;
 }
 
 static int32_t argmax(const float *x, int64_t n) {
@@ -162,8 +130,7 @@ int cmd_logits(int argc, char **argv) {
     gguf_ctx *g = NULL;
     FILE *fin = NULL, *fout = NULL, *fids = NULL;
     prompts P = {0};
-    int32_t *ids = NULL;
-    size_t cap = 0;
+    ids_line L = {0};
     int status = 1;
     coll_host_seg *seg = NULL;
     rank_job *jobs = NULL;
@@ -174,16 +141,16 @@ int cmd_logits(int argc, char **argv) {
         mla_errf(&err, "%s: %s", tokens, strerror(errno));
         goto fail;
     }
-    for (int64_t line = 1;; line++) {
-        int64_t n = read_line_ids(fin, &ids, &cap, line);
-        if (n == -1) break;
-        if (n == -2) goto fail_quiet;
-        if (n == 0) continue;
+    for (uint64_t line = 1;; line++) {
+        int r = ids_file_next(fin, tokens, line, &L, &err);
+        if (r < 0) goto fail;
+        if (r == 0) break;
+        if (L.n == 0) continue;
         P.ids = mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
         P.n = mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
-        P.ids[P.count] = mla_xmalloc((size_t)n * sizeof *ids);
-        memcpy(P.ids[P.count], ids, (size_t)n * sizeof *ids);
-        P.n[P.count++] = n;
+        P.ids[P.count] = mla_xmalloc(L.n * sizeof *L.ids);
+        memcpy(P.ids[P.count], L.ids, L.n * sizeof *L.ids);
+        P.n[P.count++] = (int64_t)L.n;
     }
     fout = fopen(outp, "wb");
     if (!fout) {
@@ -225,7 +192,6 @@ int cmd_logits(int argc, char **argv) {
     goto done;
 fail:
     fprintf(stderr, "mlaserve logits: %s\n", err.msg);
-fail_quiet:
     status = 1;
 done:
     if (fout && fclose(fout) != 0 && status == 0) {
@@ -242,7 +208,7 @@ done:
     for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
     free(P.ids);
     free(P.n);
-    free(ids);
+    ids_line_free(&L);
     if (g) gguf_close(g);
     return status;
 }

@@ -68,6 +68,10 @@ struct coord {
     uint64_t inflight_step;
     int64_t inflight_since;
     int64_t start_deadline;
+    /* the NCCL unique id rank 0 published (Control NCCL_ID) for this group; relayed to the
+     * other ranks (I/O thread only; reset by group_launch) */
+    uint8_t nccl_id[WIRE_MAX_NCCL_ID];
+    int nccl_id_known;
 };
 
 static int64_t now_ms(void) {
@@ -172,6 +176,18 @@ static void refuse(coord *c, const void *ident, size_t ilen, int rank, const cha
     send_frame_to_ident(c, ident, ilen, &m);
 }
 
+/* Relays the NCCL unique id published by rank 0 to rank r (a Control NCCL_ID frame, rank 0). */
+static void send_nccl_id(coord *c, int r) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = WIRE_CTL_NCCL_ID;
+    m.u.ctl.rank = 0;
+    memcpy(m.u.ctl.nccl_id, c->nccl_id, WIRE_MAX_NCCL_ID);
+    m.u.ctl.nccl_id_len = WIRE_MAX_NCCL_ID;
+    send_frame_to_ident(c, c->ranks[r].ident, c->ranks[r].ident_len, &m);
+}
+
 static void handle_register(coord *c, const void *ident, size_t ilen, const wire_register *rg) {
     int r = (int)rg->rank;
     int st;
@@ -214,6 +230,8 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
     send_frame_to_ident(c, ident, ilen, &m);
     MLA_INFO("worker %d registered (pid %d, host %s, device %s)", r, (int)rg->pid, rg->host, rg->device);
+    /* rank 0 published its NCCL id before this rank registered: it follows the reply */
+    if (c->nccl_id_known && r != 0) send_nccl_id(c, r);
 }
 
 static void check_ready(coord *c) {
@@ -270,6 +288,20 @@ static void handle_router(coord *c) {
             }
         } else if (m.u.ctl.kind == WIRE_CTL_ERROR) {
             group_fail(c, "worker %d: %s", r, m.u.ctl.message);
+        } else if (m.u.ctl.kind == WIRE_CTL_NCCL_ID) {
+            /* wire_decode checked 128 bytes and rank 0 in the frame; the sender must be rank 0 */
+            if (r != 0) {
+                MLA_WARN("dropping an NCCL id from worker %d (only rank 0 makes it)", r);
+            } else if (c->nccl_id_known) {
+                MLA_WARN("dropping a second NCCL id from worker 0");
+            } else {
+                memcpy(c->nccl_id, m.u.ctl.nccl_id, WIRE_MAX_NCCL_ID);
+                c->nccl_id_known = 1;
+                int n = 0;
+                for (int q = 1; q < c->cfg.world; q++)
+                    if (c->ranks[q].registered && !c->ranks[q].exited) send_nccl_id(c, q), n++;
+                MLA_INFO("NCCL id from worker 0 relayed to %d registered rank(s); later ones get it at registration", n);
+            }
         }
         break;
     case WIRE_STEP_RESULT:
@@ -688,6 +720,8 @@ static int group_launch(coord *c, mla_err *err) {
     c->fail_msg[0] = '\0';
     c->n_vocab = 0;
     c->inflight = 0;
+    c->nccl_id_known = 0;
+    memset(c->nccl_id, 0, sizeof c->nccl_id);
     if (c->cfg.world > 1) {
         char name[COLL_HOST_NAME_MAX];
         coll_host_make_name(name, sizeof name);

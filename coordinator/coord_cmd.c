@@ -9,6 +9,7 @@
 #include "chat.h"
 #include "cmds.h"
 #include "common/gguf.h"
+#include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
 #include "coord.h"
@@ -122,9 +123,9 @@ int cmd_logits_tp(int argc, char **argv) {
     gguf_ctx *g = NULL;
     coord *c = NULL;
     FILE *fin = NULL, *fout = NULL, *fids = NULL;
-    int32_t *ids = NULL, *gen = NULL;
+    ids_line L = {0};
+    int32_t *gen = NULL;
     float *logits = NULL;
-    size_t cap = 0;
     int status = 1;
     uint64_t step = 0;
     if (start_group(&o, &g, &c, &err)) goto fail;
@@ -136,37 +137,25 @@ int cmd_logits_tp(int argc, char **argv) {
         goto fail;
     }
     gen = mla_xmalloc((size_t)(greedy > 0 ? greedy : 1) * sizeof *gen);
-    char *line = NULL;
-    size_t lcap = 0;
-    for (uint64_t ln = 1; getline(&line, &lcap, fin) >= 0; ln++) {
-        size_t n = 0;
-        for (char *p = line, *end;; p = end) {
-            while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-            if (!*p) break;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < 0 || (uint64_t)v >= V) {
-                mla_errf(&err, "%s: line %llu: bad token id near '%.20s'", tokens, (unsigned long long)ln, p);
-                free(line);
+    for (uint64_t ln = 1;; ln++) {
+        int r = ids_file_next(fin, tokens, ln, &L, &err);
+        if (r < 0) goto fail;
+        if (r == 0) break;
+        size_t n = L.n;
+        const int32_t *ids = L.ids;
+        for (size_t i = 0; i < n; i++)
+            if ((uint32_t)ids[i] >= V) {
+                mla_errf(&err, "%s: line %llu: token id %d is not below the vocabulary size %u", tokens,
+                         (unsigned long long)ln, ids[i], V);
                 goto fail;
             }
-            if (n == cap) {
-                cap = cap ? 2 * cap : 256;
-                ids = mla_xrealloc(ids, cap * sizeof *ids);
-            }
-            ids[n++] = (int32_t)v;
-        }
         if (!n) continue;
         logits = mla_xrealloc(logits, n * V * sizeof *logits);
         int64_t k = decode_from < 0 || decode_from >= (long)n ? (int64_t)n : (decode_from < 1 ? 1 : decode_from);
         long n_gen = 0;
-        if (run_seq(c, ln, &step, ids, (int64_t)n, k, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) {
-            free(line);
-            goto fail;
-        }
+        if (run_seq(c, ln, &step, ids, (int64_t)n, k, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) goto fail;
         if (fwrite(logits, sizeof *logits, n * V, fout) != n * V) {
             mla_errf(&err, "%s: write failed", outp);
-            free(line);
             goto fail;
         }
         if (fids) {
@@ -174,7 +163,6 @@ int cmd_logits_tp(int argc, char **argv) {
             fputc('\n', fids);
         }
     }
-    free(line);
     status = 0;
     goto done;
 fail:
@@ -189,7 +177,7 @@ done:
     if (fin) fclose(fin);
     coord_stop(c);
     if (g) gguf_close(g);
-    free(ids);
+    ids_line_free(&L);
     free(gen);
     free(logits);
     return status;

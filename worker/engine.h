@@ -2,7 +2,8 @@
  * and test engines plug into the same worker process (worker/wk_run.h).
  *
  * Ownership: load() creates an engine owned by the caller, released with destroy(). The coll
- * passed to load() stays owned by the caller and outlives the engine. Buffers passed to step()
+ * passed to load() stays owned by the caller and outlives the engine; boot (may be NULL: no
+ * coordinator to relay through) is used during load() only. Buffers passed to step()
  * belong to the caller.
  *
  * step() runs one StepPlan on this rank's shard. Every rank calls it with the same plan (the
@@ -13,6 +14,7 @@
 #ifndef ENGINE_H
 #define ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "coll.h"
@@ -21,12 +23,25 @@
 
 typedef struct engine engine;
 
+/* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_run.c):
+ * rank 0 publishes a secret every rank needs before its collective exists (the NCCL unique id,
+ * WIRE_MAX_NCCL_ID bytes); the coordinator relays it (Control NCCL_ID, docs/ctrl.md); the other
+ * ranks wait for it, bounded by a timeout (MLA_NCCL_ID_TIMEOUT_MS, 120 s by default), failing with
+ * a message. Engines that need no such id (the CPU engine) ignore it. Called from load() only. */
+typedef struct engine_boot {
+    void *ctx;
+    /* rank 0: hands the id to the coordinator */
+    int (*publish_id)(void *ctx, const uint8_t *id, size_t len, mla_err *err);
+    /* ranks > 0: waits for the id rank 0 published; len must be WIRE_MAX_NCCL_ID */
+    int (*wait_id)(void *ctx, uint8_t *id, size_t len, mla_err *err);
+} engine_boot;
+
 typedef struct engine_ops {
     const char *name;
     /* the model's identity, checked by the coordinator at registration (cheap: no weights) */
     int (*model_hash)(const char *model_path, uint64_t *hash, mla_err *err);
-    int (*load)(engine **out, const char *model_path, int rank, int world, coll *c, int n_threads,
-                mla_err *err);
+    int (*load)(engine **out, const char *model_path, int rank, int world, coll *c, const engine_boot *boot,
+                int n_threads, mla_err *err);
     uint32_t (*n_vocab)(const engine *e);
     int (*step)(engine *e, const wire_step_plan *plan, float *const *logits, mla_err *err);
     /* forgets a sequence's cached state; unknown ids are ignored */

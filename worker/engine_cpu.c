@@ -32,9 +32,9 @@ static int cpu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
     return MLA_OK;
 }
 
-static int cpu_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads,
-                    mla_err *err) {
-    (void)rank, (void)world;
+static int cpu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
+                    int n_threads, mla_err *err) {
+    (void)rank, (void)world, (void)boot; /* the host collective needs no id */
     engine *e = mla_xcalloc(1, sizeof *e);
     if (gguf_open(&e->g, path, err)) {
         free(e);

@@ -35,8 +35,11 @@ struct engine {
 #ifdef MLA_HAVE_NCCL
 /* NCCL when every rank has a GPU of its own (world <= visible devices) and MLA_NCCL is not 0
  * (MLA_NCCL=1 makes a failure to set it up an error rather than a fall-back). Rank 0 makes the
- * unique id and hands it out over the host-side collective c; a known-answer check follows. */
-static int setup_nccl(engine *e, coll *c, int rank, int world, int dev, mla_err *err) {
+ * unique id and publishes it through the coordinator (boot->publish_id: works across hosts); the
+ * other ranks wait for it (boot->wait_id, bounded); a known-answer check follows. Every rank
+ * takes the same NCCL-or-host decision only when they see the same device counts: a mixed group
+ * fails (the ranks waiting for an id time out with a message) rather than mixing collectives. */
+static int setup_nccl(engine *e, const engine_boot *boot, int rank, int world, int dev, mla_err *err) {
     const char *env = getenv("MLA_NCCL");
     if (env && !strcmp(env, "0")) return MLA_OK;
     bool force = env && !strcmp(env, "1");
@@ -50,15 +53,19 @@ static int setup_nccl(engine *e, coll *c, int rank, int world, int dev, mla_err 
                  coll_nccl_available() ? "found" : "not found");
         return MLA_OK;
     }
-    unsigned char msg[1 + COLL_NCCL_ID_BYTES] = {0}; /* msg[0] = 1: rank 0 made an id */
-    if (rank == 0) {
-        mla_err ie;
-        if (coll_nccl_make_id(msg + 1, &ie) == MLA_OK) msg[0] = 1;
-        else MLA_WARN("%s", ie.msg);
+    unsigned char id[COLL_NCCL_ID_BYTES] = {0};
+    if (world > 1 && !boot) {
+        if (force) return mla_errf(err, "MLA_NCCL=1 but no coordinator relays the NCCL id");
+        MLA_INFO("collective: host (no coordinator to hand out the NCCL id)");
+        return MLA_OK;
     }
-    if (world > 1 && coll_broadcast(c, msg, sizeof msg, 0, err)) return mla_err_prefix(err, "NCCL id");
-    if (!msg[0]) return mla_errf(err, "rank 0 could not make an NCCL unique id");
-    if (coll_nccl_new(&e->nccl, msg + 1, rank, world, dev, err)) return MLA_ERR;
+    if (rank == 0) {
+        if (coll_nccl_make_id(id, err)) return mla_err_prefix(err, "NCCL id");
+        if (world > 1 && boot->publish_id(boot->ctx, id, sizeof id, err)) return mla_err_prefix(err, "publishing the NCCL id");
+    } else if (boot->wait_id(boot->ctx, id, sizeof id, err)) {
+        return mla_err_prefix(err, "NCCL id");
+    }
+    if (coll_nccl_new(&e->nccl, id, rank, world, dev, err)) return MLA_ERR;
     if (coll_nccl_selftest(e->nccl, err)) return MLA_ERR;
     MLA_INFO("collective: NCCL (rank %d of %d, device %d; self-check passed)", rank, world, dev);
     return MLA_OK;
@@ -73,8 +80,9 @@ static int cu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
     return MLA_OK;
 }
 
-static int cu_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
-    (void)world, (void)n_threads;
+static int cu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
+                   mla_err *err) {
+    (void)world, (void)n_threads, (void)boot;
     int dev = rank;
     const char *de = getenv("MLA_CUDA_DEVICE");
     if (de && *de) dev = atoi(de);
@@ -92,7 +100,7 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     bool split = fast && !strcmp(fast, "split");
     mla_cmodel_opts opts = {dev, !(fast && (*fast == '1' || split)), false, split};
 #ifdef MLA_HAVE_NCCL
-    if (setup_nccl(e, c, rank, world, dev, err)) {
+    if (setup_nccl(e, boot, rank, world, dev, err)) {
         if (e->nccl) coll_free(e->nccl);
         gguf_close(e->g);
         free(e);
@@ -186,8 +194,9 @@ static int nc_hash(const char *path, uint64_t *hash, mla_err *err) {
     gguf_close(g);
     return MLA_OK;
 }
-static int nc_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
-    (void)path, (void)rank, (void)world, (void)c, (void)n_threads;
+static int nc_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
+                   mla_err *err) {
+    (void)path, (void)rank, (void)world, (void)c, (void)boot, (void)n_threads;
     *out = NULL;
     return mla_errf(err, "--backend cuda: this mlaserve was built without CUDA (configure with -DMLA_CUDA=ON)");
 }

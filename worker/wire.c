@@ -152,6 +152,10 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         ctl.model_path = s_or_empty(m->u.ctl.model_path);
         ctl.rank = m->u.ctl.rank;
         ctl.step_id = m->u.ctl.step_id;
+        if (m->u.ctl.nccl_id_len > WIRE_MAX_NCCL_ID)
+            return mla_errf(err, "wire: NCCL id of %u bytes", m->u.ctl.nccl_id_len);
+        ctl.nccl_id.len = m->u.ctl.nccl_id_len;
+        ctl.nccl_id.data = (uint8_t *)m->u.ctl.nccl_id;
         env.body_case = MLA__ENVELOPE__BODY_CONTROL;
         env.control = &ctl;
         break;
@@ -413,7 +417,7 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
                           mla_err *err) {
     uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
     uint32_t world = lim->world ? lim->world : WIRE_MAX_WORLD;
-    if ((int)c->kind < WIRE_CTL_HEARTBEAT || (int)c->kind > WIRE_CTL_ERROR)
+    if ((int)c->kind < WIRE_CTL_HEARTBEAT || (int)c->kind > WIRE_CTL_NCCL_ID)
         return mla_errf(err, "wire: unknown control kind %d", (int)c->kind);
     if (c->n_seq_ids > max_seqs)
         return mla_errf(err, "wire: control frame lists %zu sequences (limit %u)", c->n_seq_ids, max_seqs);
@@ -425,11 +429,21 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
         return mla_errf(err, "wire: loaded control frame with vocabulary size %u", c->n_vocab);
     if ((int)c->kind == WIRE_CTL_ERROR && (!c->message || !c->message[0]))
         return mla_errf(err, "wire: error control frame without a message");
+    if ((int)c->kind == WIRE_CTL_NCCL_ID) {
+        if (c->nccl_id.len != WIRE_MAX_NCCL_ID)
+            return mla_errf(err, "wire: NCCL id control frame with %zu bytes of id (need exactly %u)",
+                            c->nccl_id.len, (unsigned)WIRE_MAX_NCCL_ID);
+        if (c->rank != 0) return mla_errf(err, "wire: NCCL id control frame from rank %u (only rank 0 makes it)", c->rank);
+    } else if (c->nccl_id.len) {
+        return mla_errf(err, "wire: control kind %d carries an NCCL id", (int)c->kind);
+    }
     o->kind = (wire_control_kind)c->kind;
     o->status = c->status;
     o->n_vocab = c->n_vocab;
     o->rank = c->rank;
     o->step_id = c->step_id;
+    if (c->nccl_id.len) memcpy(o->nccl_id, c->nccl_id.data, c->nccl_id.len);
+    o->nccl_id_len = (uint32_t)c->nccl_id.len;
     if (copy_str(o->message, sizeof o->message, c->message, "Control.message", err)) return MLA_ERR;
     if (copy_str(o->model_path, sizeof o->model_path, c->model_path, "Control.model_path", err))
         return MLA_ERR;

@@ -46,6 +46,7 @@ typedef enum wire_control_kind {
     WIRE_CTL_LOAD = 4,
     WIRE_CTL_LOADED = 5,
     WIRE_CTL_ERROR = 6,
+    WIRE_CTL_NCCL_ID = 7, /* rank 0 -> coordinator -> other ranks: nccl_id, exactly WIRE_MAX_NCCL_ID bytes */
 } wire_control_kind;
 
 typedef struct wire_register {
@@ -129,6 +130,10 @@ typedef struct wire_control {
     char model_path[WIRE_MAX_STR];
     uint32_t rank;
     uint64_t step_id;
+    /* WIRE_CTL_NCCL_ID only (wire_decode: exactly WIRE_MAX_NCCL_ID bytes, rank 0; other kinds
+     * carry none) */
+    uint8_t nccl_id[WIRE_MAX_NCCL_ID];
+    uint32_t nccl_id_len;
 } wire_control;
 
 typedef struct wire_msg {

@@ -89,6 +89,12 @@ typedef struct wk {
     _Atomic uint32_t n_vocab;
     _Atomic int compute_failed;
     char compute_err[sizeof(((mla_err *)0)->msg)];
+    /* the NCCL id relayed by the coordinator (Control NCCL_ID), for engine_boot.wait_id: set by
+     * the I/O thread, waited for by the compute thread; id_quit: the I/O thread is leaving */
+    pthread_mutex_t id_mu;
+    pthread_cond_t id_cv;
+    uint8_t nccl_id[WIRE_MAX_NCCL_ID];
+    int id_known, id_quit;
 } wk;
 
 static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
@@ -229,6 +235,49 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     free(rows);
 }
 
+/* ---- engine_boot (worker/engine.h): the NCCL id through the coordinator ---------------------- */
+
+typedef struct wk_boot {
+    wk *w;
+    void *pair; /* the compute thread's end of the inproc pair */
+} wk_boot;
+
+static int boot_publish(void *ctx, const uint8_t *id, size_t len, mla_err *err) {
+    wk_boot *b = ctx;
+    if (len != WIRE_MAX_NCCL_ID) return mla_errf(err, "an NCCL id of %zu bytes (need %u)", len, (unsigned)WIRE_MAX_NCCL_ID);
+    if (b->w->cfg->rank != 0) return mla_errf(err, "rank %d cannot publish the NCCL id (rank 0 does)", b->w->cfg->rank);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = WIRE_CTL_NCCL_ID;
+    m.u.ctl.rank = 0;
+    memcpy(m.u.ctl.nccl_id, id, len);
+    m.u.ctl.nccl_id_len = (uint32_t)len;
+    return send_msg(b->pair, &m, err); /* the I/O thread forwards it to the coordinator */
+}
+
+static int boot_wait(void *ctx, uint8_t *id, size_t len, mla_err *err) {
+    wk *w = ((wk_boot *)ctx)->w;
+    if (len != WIRE_MAX_NCCL_ID) return mla_errf(err, "an NCCL id of %zu bytes (need %u)", len, (unsigned)WIRE_MAX_NCCL_ID);
+    const char *env = getenv("MLA_NCCL_ID_TIMEOUT_MS");
+    long timeout_ms = env && atol(env) > 0 ? atol(env) : 120000;
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    int rc = 0;
+    pthread_mutex_lock(&w->id_mu);
+    while (!w->id_known && !w->id_quit && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->id_cv, &w->id_mu, &dl);
+    int known = w->id_known, quit = w->id_quit;
+    if (known) memcpy(id, w->nccl_id, len);
+    pthread_mutex_unlock(&w->id_mu);
+    if (known) return MLA_OK;
+    if (quit) return mla_errf(err, "the worker is stopping while it waits for rank 0's NCCL id");
+    return mla_errf(err, "no NCCL id from rank 0 through the coordinator within %ld ms (rank 0 not started, "
+                         "failed, or not using NCCL? MLA_NCCL_ID_TIMEOUT_MS sets the wait)", timeout_ms);
+}
+
 static void *compute_main(void *arg) {
     wk *w = arg;
     const wk_config *cfg = w->cfg;
@@ -238,7 +287,9 @@ static void *compute_main(void *arg) {
     if (zmq_connect(pair, w->pair_ep) != 0) MLA_PANIC("inproc connect: %s", zmq_strerror(zmq_errno()));
     engine *eng = NULL;
     mla_err err;
-    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, cfg->n_threads, &err)) {
+    wk_boot bctx = {w, pair};
+    const engine_boot boot = {&bctx, boot_publish, boot_wait};
+    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, cfg->n_threads, &err)) {
         snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
         atomic_store(&w->compute_failed, 1);
         send_control(pair, WIRE_CTL_LOADED, cfg->rank, 1, 0, 0, w->compute_err);
@@ -404,6 +455,14 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     wk w;
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
+    pthread_mutex_init(&w.id_mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* boot_wait's deadline */
+        pthread_cond_init(&w.id_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     w.zctx = zmq_ctx_new();
     void *dealer = zmq_socket(w.zctx, ZMQ_DEALER);
     int linger = 200;
@@ -537,6 +596,17 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                     stop = 1;
                 } else if (m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
                     forward = 1;
+                } else if (m->u.ctl.kind == WIRE_CTL_NCCL_ID) {
+                    /* wire_decode checked: exactly WIRE_MAX_NCCL_ID bytes, from rank 0 */
+                    pthread_mutex_lock(&w.id_mu);
+                    if (cfg->rank != 0 && !w.id_known) {
+                        memcpy(w.nccl_id, m->u.ctl.nccl_id, WIRE_MAX_NCCL_ID);
+                        w.id_known = 1;
+                        pthread_cond_broadcast(&w.id_cv);
+                    } else {
+                        MLA_WARN("dropping an unexpected NCCL id from the coordinator");
+                    }
+                    pthread_mutex_unlock(&w.id_mu);
                 }
             }
             if (forward) {
@@ -555,6 +625,10 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     /* stop the compute thread: it is idle unless a step is running; a step stuck in a collective
      * is released by the abort flag */
     if (rc != MLA_OK && w.coll) coll_host_abort(w.coll, "a worker is exiting");
+    pthread_mutex_lock(&w.id_mu);
+    w.id_quit = 1; /* a load waiting for the NCCL id gives up */
+    pthread_cond_broadcast(&w.id_cv);
+    pthread_mutex_unlock(&w.id_mu);
     wire_msg *quit = NULL;
     zmq_send(pair, &quit, sizeof quit, ZMQ_DONTWAIT);
     struct timespec ts;
@@ -569,6 +643,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     zmq_close(dealer);
     zmq_ctx_term(w.zctx);
     coll_free(w.coll);
+    pthread_cond_destroy(&w.id_cv);
+    pthread_mutex_destroy(&w.id_mu);
     return rc;
 }
 

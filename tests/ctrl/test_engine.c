@@ -52,10 +52,41 @@ void test_engine_expected(uint64_t h, int32_t pos, int world, float *row) {
     }
 }
 
-static int te_load(engine **out, const char *path, int rank, int world, coll *c, int n_threads, mla_err *err) {
+void test_engine_boot_id(uint64_t seed, uint8_t id[WIRE_MAX_NCCL_ID]) {
+    for (int i = 0; i < WIRE_MAX_NCCL_ID; i += 8) {
+        uint64_t z = mix(seed ^ mix((uint64_t)i));
+        memcpy(id + i, &z, 8);
+    }
+}
+
+/* the NCCL-id exchange as an engine using NCCL does it (MLA_TEST_ENGINE_ID_SEED set, world > 1) */
+static int te_boot(const engine_boot *boot, int rank, int world, mla_err *err) {
+    const char *seed = getenv("MLA_TEST_ENGINE_ID_SEED");
+    if (!seed || world < 2) return MLA_OK;
+    if (!boot) return mla_errf(err, "test engine: no bootstrap relay for the id");
+    uint8_t want[WIRE_MAX_NCCL_ID], got[WIRE_MAX_NCCL_ID];
+    test_engine_boot_id(strtoull(seed, NULL, 0), want);
+    if (rank == 0) {
+        const char *corrupt = getenv("MLA_TEST_ENGINE_ID_CORRUPT");
+        if (corrupt && atoi(corrupt) > 0) want[atoi(corrupt) % WIRE_MAX_NCCL_ID] ^= 0x5a;
+        const char *nopub = getenv("MLA_TEST_ENGINE_ID_NOPUB");
+        if (nopub && atoi(nopub)) return MLA_OK;
+        return boot->publish_id(boot->ctx, want, sizeof want, err);
+    }
+    if (boot->wait_id(boot->ctx, got, sizeof got, err)) return mla_err_prefix(err, "test engine");
+    for (int i = 0; i < WIRE_MAX_NCCL_ID; i++)
+        if (got[i] != want[i])
+            return mla_errf(err, "test engine: the id relayed from rank 0 differs at byte %d (%02x, expected %02x)", i,
+                            got[i], want[i]);
+    return MLA_OK;
+}
+
+static int te_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
+                   mla_err *err) {
     (void)n_threads;
     const char *fl = getenv("MLA_TEST_ENGINE_FAIL_LOAD");
     if (fl && atoi(fl) == rank) return mla_errf(err, "test engine: load failure requested for rank %d", rank);
+    if (te_boot(boot, rank, world, err)) return MLA_ERR;
     FILE *f = fopen(path, "rb");
     if (!f) return mla_errf(err, "cannot open %s", path);
     fclose(f);

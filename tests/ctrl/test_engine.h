@@ -8,7 +8,12 @@
  * (exact in float, whatever the summation order). test_engine_expected() computes the same
  * thing in-process for the tests.
  * Environment knobs: MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
- * MLA_TEST_ENGINE_FAIL_LOAD (a rank number whose load fails). */
+ * MLA_TEST_ENGINE_FAIL_LOAD (a rank number whose load fails).
+ * NCCL-id relay (engine_boot, as the CUDA engine uses it): with MLA_TEST_ENGINE_ID_SEED=S and
+ * world > 1, rank 0's load publishes test_engine_boot_id(S) through the coordinator and every
+ * other rank's load waits for it and fails unless the relayed bytes are exactly those;
+ * MLA_TEST_ENGINE_ID_CORRUPT=B makes rank 0 flip byte B (1..127) before publishing,
+ * MLA_TEST_ENGINE_ID_NOPUB=1 makes it publish nothing (the others time out). */
 #ifndef TEST_ENGINE_H
 #define TEST_ENGINE_H
 
@@ -22,6 +27,9 @@ extern const engine_ops test_engine_ops;
 
 /* model hash used by the test engine: FNV-1a of the model file's bytes */
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err);
+
+/* the 128-byte id rank 0 publishes for seed S (MLA_TEST_ENGINE_ID_SEED) */
+void test_engine_boot_id(uint64_t seed, uint8_t id[WIRE_MAX_NCCL_ID]);
 
 /* running state after appending token t at position pos to state h (start: 0 = empty) */
 uint64_t test_engine_advance(uint64_t h, int32_t t, int32_t pos);

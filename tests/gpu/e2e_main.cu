@@ -20,6 +20,7 @@
 extern "C" {
 #include "common/coll_host.h"
 #include "common/gguf.h"
+#include "common/ids_file.h"
 #include "common/mla_log.h"
 #include "worker/model_cuda.h"
 }
@@ -125,37 +126,6 @@ out:
     return NULL;
 }
 
-static int64_t read_line_ids(FILE *f, int32_t **ids, size_t *cap) {
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t n = getline(&line, &lcap, f);
-    if (n < 0) {
-        free(line);
-        return -1;
-    }
-    int64_t cnt = 0;
-    char *p = line;
-    for (;;) {
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) {
-            free(line);
-            return -2;
-        }
-        if ((size_t)cnt == *cap) {
-            *cap = *cap ? *cap * 2 : 256;
-            *ids = (int32_t *)mla_xrealloc(*ids, *cap * sizeof **ids);
-        }
-        (*ids)[cnt++] = (int32_t)v;
-        p = end;
-    }
-    free(line);
-    return cnt;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "logits")) return usage();
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
@@ -191,8 +161,7 @@ int main(int argc, char **argv) {
     gguf_ctx *g = NULL;
     FILE *fin = NULL, *fout = NULL, *fids = NULL;
     prompts P = {0, 0, 0};
-    int32_t *ids = NULL;
-    size_t cap = 0;
+    ids_line L = {};
     int status = 1;
     coll_host_seg *seg = NULL;
     rank_job *jobs = NULL;
@@ -203,19 +172,16 @@ int main(int argc, char **argv) {
         mla_errf(&err, "%s: %s", tokens, strerror(errno));
         goto fail;
     }
-    for (;;) {
-        int64_t n = read_line_ids(fin, &ids, &cap);
-        if (n == -1) break;
-        if (n == -2) {
-            mla_errf(&err, "%s: bad token id", tokens);
-            goto fail;
-        }
-        if (n == 0) continue;
+    for (uint64_t line = 1;; line++) {
+        int r = ids_file_next(fin, tokens, line, &L, &err);
+        if (r < 0) goto fail;
+        if (r == 0) break;
+        if (L.n == 0) continue;
         P.ids = (int32_t **)mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
         P.n = (int64_t *)mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
-        P.ids[P.count] = (int32_t *)mla_xmalloc((size_t)n * sizeof *ids);
-        memcpy(P.ids[P.count], ids, (size_t)n * sizeof *ids);
-        P.n[P.count++] = n;
+        P.ids[P.count] = (int32_t *)mla_xmalloc(L.n * sizeof *L.ids);
+        memcpy(P.ids[P.count], L.ids, L.n * sizeof *L.ids);
+        P.n[P.count++] = (int64_t)L.n;
     }
     if (!(fout = fopen(outp, "wb"))) {
         mla_errf(&err, "%s: %s", outp, strerror(errno));
@@ -269,7 +235,7 @@ done:
     for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
     free(P.ids);
     free(P.n);
-    free(ids);
+    ids_line_free(&L);
     if (g) gguf_close(g);
     return status;
 }

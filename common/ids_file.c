@@ -1,0 +1,42 @@
+#include "ids_file.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+int ids_file_next(FILE *f, const char *path, uint64_t line_no, ids_line *out, mla_err *err) {
+    char *line = NULL;
+    size_t lcap = 0;
+    out->n = 0;
+    if (getline(&line, &lcap, f) < 0) {
+        free(line);
+        return 0;
+    }
+    for (char *p = line, *end;; p = end) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            size_t shown = strcspn(p, "\r\n");
+            mla_errf(err, "%s: line %llu: bad token id near '%.*s'", path, (unsigned long long)line_no,
+                     (int)(shown < 20 ? shown : 20), p);
+            free(line);
+            return MLA_ERR;
+        }
+        if (out->n == out->cap) {
+            out->cap = out->cap ? 2 * out->cap : 256;
+            out->ids = mla_xrealloc(out->ids, out->cap * sizeof *out->ids);
+        }
+        out->ids[out->n++] = (int32_t)v;
+    }
+    free(line);
+    return 1;
+}
+
+void ids_line_free(ids_line *l) {
+    free(l->ids);
+    l->ids = NULL;
+    l->n = l->cap = 0;
+}
