@@ -1,5 +1,6 @@
 /* http_server: see http_server.h. */
 #include "coordinator/http_server.h"
+#include "coordinator/uvnet.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -440,21 +441,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         conn_close(c);
         return;
     }
-    struct sockaddr_storage sa;
-    int salen = sizeof(sa);
-    snprintf(c->peer, sizeof(c->peer), "?");
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
-        char ip[48] = "?";
-        int port = 0;
-        if (sa.ss_family == AF_INET) {
-            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
-        } else if (sa.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
-        }
-        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
-    }
+    uvnet_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
     if (s->n_conns > s->cfg.max_conns) {
         MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns - 1, s->cfg.max_conns, c->peer);
@@ -482,23 +469,12 @@ int http_server_init(http_server **out, uv_loop_t *loop, const http_server_confi
 }
 
 int http_server_listen(http_server *s, const char *host, int port, int *bound_port, mla_err *err) {
-    struct sockaddr_storage sa;
     if (!host) host = "127.0.0.1";
-    if (port < 0 || port > 65535) return mla_errf(err, "port %d is out of range", port);
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
-        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0)
-        return mla_errf(err, "'%s' is not an IPv4 or IPv6 address", host);
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
     s->listening = true;
-    int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0);
-    if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
-    if (rc < 0) return mla_errf(err, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
-    struct sockaddr_storage got;
-    int len = sizeof(got);
-    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
-    int p = got.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&got)->sin6_port)
-                                      : ntohs(((struct sockaddr_in *)&got)->sin_port);
+    int p = 0;
+    if (uvnet_listen(&s->listener, host, port, on_connection, &p, err)) return MLA_ERR;
     if (bound_port) *bound_port = p;
     MLA_INFO("http: listening on %s:%d", host, p);
     return MLA_OK;

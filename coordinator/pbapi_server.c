@@ -1,5 +1,6 @@
 /* pbapi_server: see pbapi_server.h. */
 #include "coordinator/pbapi_server.h"
+#include "coordinator/uvnet.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,20 +479,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         conn_close(c);
         return;
     }
-    struct sockaddr_storage sa;
-    int salen = sizeof(sa);
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
-        char ip[48] = "?";
-        int port = 0;
-        if (sa.ss_family == AF_INET) {
-            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
-        } else if (sa.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
-            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
-        }
-        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
-    }
+    uvnet_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (s->n_conns > s->cfg.max_conns) {
@@ -526,25 +514,9 @@ int pbapi_server_init(pbapi_server **out, uv_loop_t *loop, api_server *api, cons
 }
 
 int pbapi_server_listen(pbapi_server *s, const char *host, int port, int *bound_port, mla_err *err) {
-    struct sockaddr_storage sa;
-    int rc;
-    if (strchr(host, ':'))
-        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa);
-    else
-        rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&sa);
-    if (rc < 0) return mla_errf(err, "pbapi: bad listen address %s: %s", host, uv_strerror(rc));
-    rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&sa, 0);
-    if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
-    if (rc < 0) return mla_errf(err, "pbapi: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+    if (uvnet_listen(&s->listener, host, port, on_connection, bound_port, err))
+        return mla_err_prefix(err, "pbapi");
     s->listening = true;
-    if (bound_port) {
-        struct sockaddr_storage b;
-        int bl = sizeof(b);
-        *bound_port = port;
-        if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&b, &bl) == 0)
-            *bound_port = ntohs(b.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&b)->sin6_port
-                                                        : ((struct sockaddr_in *)&b)->sin_port);
-    }
     return MLA_OK;
 }
 

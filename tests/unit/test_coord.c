@@ -1,5 +1,5 @@
 /* Coordinator + real worker processes (mla-test-worker: the worker runtime with the test engine).
- * usage: test_coord TEST_WORKER_EXE [group|refuse|kill|orphan|load|all]
+ * usage: test_coord TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|all]
  *  group : T = 1, 2, 4 local workers exchange steps; logits equal the independently computed
  *          sum over ranks, greedy tokens their argmax, logprobs the log-softmax; free_seq reaches
  *          every rank; no zombie after stop.
@@ -420,6 +420,80 @@ static void test_load_failure(void) {
     unsetenv("MLA_TEST_ENGINE_FAIL_LOAD");
 }
 
+/* ---- NCCL id relay: rank 0 -> coordinator -> other ranks ----------------------------------- */
+
+/* one step through the group: the logits of every rank arrived (the all-reduce ran) */
+static void step_check(coord *c, int T) {
+    int32_t t = 4, p = 0;
+    wire_seq s = {.seq_id = 9, .n_tokens = 1, .tokens = &t, .positions = &p, .sample = false};
+    s.sp.logits = WIRE_LOGITS_LAST;
+    wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
+    wire_step_result res;
+    mla_err err;
+    int rc = coord_step(c, &plan, &res, &err);
+    CHECKF(rc == MLA_OK, "T=%d step: %s", T, err.msg);
+    if (rc) return;
+    float row[TEST_VOCAB];
+    test_engine_expected(test_engine_advance(0, t, p), p, T, row);
+    CHECK(res.n_seqs == 1 && res.seqs[0].logits && !memcmp(res.seqs[0].logits, row, sizeof row));
+    coord_result_free(&res);
+}
+
+static void test_nccl_id(void) {
+    mla_err err;
+    coord *c;
+    /* every rank > 0 fails its load unless it receives exactly the 128 bytes rank 0 published */
+    setenv("MLA_TEST_ENGINE_ID_SEED", "0x1234abcd", 1);
+    for (int T = 2; T <= 4; T += 2) {
+        coord_config cfg = base_cfg(T);
+        int rc = coord_start(&c, &cfg, &err);
+        CHECKF(rc == MLA_OK, "T=%d with the id relay: %s", T, err.msg);
+        if (rc == MLA_OK) {
+            step_check(c, T);
+            coord_stop(c);
+        }
+    }
+    /* external workers, rank 1 registering well after rank 0 published: the id follows its
+     * RegisterReply */
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/mla-test-ncclid-%d.sock", (int)getpid());
+    start_arg a;
+    memset(&a, 0, sizeof a);
+    a.cfg = base_cfg(2);
+    a.cfg.external = 1;
+    a.cfg.endpoint = ep;
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, start_thread, &a) == 0);
+    pid_t w0 = spawn_ext(ep, 0, 2, NULL);
+    usleep(500000); /* most likely published by now; either order must work */
+    pid_t w1 = spawn_ext(ep, 1, 2, NULL);
+    pthread_join(th, NULL);
+    CHECKF(a.rc == MLA_OK, "external group with the id relay: %s", a.err.msg);
+    if (a.rc == MLA_OK) {
+        step_check(a.c, 2);
+        coord_stop(a.c);
+    }
+    int ws = wait_bounded(w0, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "external worker 0 status %d", ws);
+    ws = wait_bounded(w1, 20);
+    CHECKF(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "external worker 1 status %d", ws);
+
+    /* what rank 1 receives is what rank 0 sent: a byte changed on rank 0 is seen on rank 1 */
+    setenv("MLA_TEST_ENGINE_ID_CORRUPT", "77", 1);
+    coord_config cfg = base_cfg(2);
+    CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "worker 1") && strstr(err.msg, "differs at byte 77"), "msg: %s", err.msg);
+    unsetenv("MLA_TEST_ENGINE_ID_CORRUPT");
+    /* rank 0 publishes nothing: rank 1 gives up after the timeout, with the reason */
+    setenv("MLA_TEST_ENGINE_ID_NOPUB", "1", 1);
+    setenv("MLA_NCCL_ID_TIMEOUT_MS", "1000", 1);
+    CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "worker 1") && strstr(err.msg, "no NCCL id from rank 0"), "msg: %s", err.msg);
+    unsetenv("MLA_TEST_ENGINE_ID_NOPUB");
+    unsetenv("MLA_NCCL_ID_TIMEOUT_MS");
+    unsetenv("MLA_TEST_ENGINE_ID_SEED");
+}
+
 static void check_no_shm_left_of(pid_t pid) {
     DIR *d = opendir("/dev/shm");
     if (!d) return;
@@ -437,7 +511,7 @@ static void check_no_shm_left(void) { check_no_shm_left_of(getpid()); }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s TEST_WORKER_EXE [group|refuse|kill|orphan|load|all]\n", argv[0]);
+        fprintf(stderr, "usage: %s TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|all]\n", argv[0]);
         return 2;
     }
     alarm(300);
@@ -462,6 +536,7 @@ int main(int argc, char **argv) {
         test_kill(4, 2);
     }
     if (all || !strcmp(which, "load")) test_load_failure();
+    if (all || !strcmp(which, "ncclid")) test_nccl_id();
     check_no_shm_left();
     unlink(g_model);
     unlink(g_model2);
