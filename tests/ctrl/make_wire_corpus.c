@@ -78,5 +78,8 @@ int main(int argc, char **argv) {
     m.kind = WIRE_CONTROL;
     m.u.ctl = (wire_control){.kind = WIRE_CTL_FREE_SEQ, .n_seq_ids = 2, .seq_ids = ids};
     emit("control", &m);
+    m.u.ctl = (wire_control){.kind = WIRE_CTL_NCCL_ID, .nccl_id_len = WIRE_MAX_NCCL_ID};
+    for (int i = 0; i < WIRE_MAX_NCCL_ID; i++) m.u.ctl.nccl_id[i] = (uint8_t)(i * 7 + 1);
+    emit("nccl_id", &m);
     return 0;
 }
