@@ -1,18 +1,21 @@
 # Two commands for a new user (each installs what is missing, then builds):
-#   make run    start mlaserve on the bundled tiny model and answer a prompt
-#   make test   build with ASan+UBSan and run every test under ctest
+#   make run    start mlaserve on the bundled tiny model (CPU workers) and answer a prompt
+#   make test   build with ASan+UBSan and run every test under ctest (CUDA code compiled when
+#               nvcc is there, run only on a GPU machine: scripts/gpu_check.sh)
+# `make build CUDA=ON` builds the CUDA backend too; `make bundle` a relocatable tree with it.
 JOBS ?= $(shell nproc)
 MODEL ?= models/tiny-deepseek3-bf16.gguf
 BUILD ?= build
 TEST_BUILD ?= build-test
+CUDA ?= OFF
 
-.PHONY: run test deps build build-test fuzz cuda clean bundle
+.PHONY: run test deps build build-test clean bundle
 
 deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=$(CUDA) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
