@@ -296,6 +296,16 @@ int shard_plan_build(shard_plan *p, const gguf_ctx *g, const shard_dims *d, int 
     return MLA_OK;
 }
 
+int shard_plan_for_model(shard_plan *p, const gguf_ctx *g, const mla_config *cfg, int rank, int world,
+                         mla_err *err) {
+    shard_dims d = shard_dims_from_config(cfg);
+    if (shard_plan_build(p, g, &d, rank, world, err)) return MLA_ERR;
+    if (p->valid) return MLA_OK;
+    mla_errf(err, "tensor-parallel plan for %d ranks is invalid: %s", world, p->reason);
+    shard_plan_free(p);
+    return MLA_ERR;
+}
+
 void shard_plan_free(shard_plan *p) {
     free(p->entries);
     p->entries = NULL;

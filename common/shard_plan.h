@@ -88,6 +88,10 @@ shard_dims shard_dims_from_config(const mla_config *c);
 int shard_plan_build(shard_plan *p, const gguf_ctx *g, const shard_dims *d, int rank, int world,
                      mla_err *err);
 void shard_plan_free(shard_plan *p);
+/* The plan a worker loads with: shard_plan_build on the config's dimensions, and MLA_ERR
+ * ("tensor-parallel plan for N ranks is invalid: <reason>") when it is not valid. */
+int shard_plan_for_model(shard_plan *p, const gguf_ctx *g, const mla_config *cfg, int rank, int world,
+                         mla_err *err);
 
 const char *shard_role_name(enum shard_role r);
 const char *shard_kind_name(enum shard_kind k);

@@ -854,13 +854,10 @@ int coord_check_model(const gguf_ctx *g, int world, mla_config *cfg_out, mla_err
     mla_config cfg;
     if (mla_config_from_gguf(&cfg, g, err) || mla_config_check_tensors(&cfg, g, err)) return MLA_ERR;
     shard_plan plan;
-    shard_dims d = shard_dims_from_config(&cfg);
-    if (shard_plan_build(&plan, g, &d, 0, world, err)) return MLA_ERR;
-    int rc = MLA_OK;
-    if (!plan.valid) rc = mla_errf(err, "the model cannot be split over %d ranks: %s", world, plan.reason);
+    if (shard_plan_for_model(&plan, g, &cfg, 0, world, err)) return MLA_ERR;
     shard_plan_free(&plan);
-    if (rc == MLA_OK && cfg_out) *cfg_out = cfg;
-    return rc;
+    if (cfg_out) *cfg_out = cfg;
+    return MLA_OK;
 }
 
 int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {

@@ -1,9 +1,12 @@
 #include "rope.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "common/model_config.h"
 
 static double corr_dim(double n_rot, int dims, double base, double orig_ctx) {
     return (double)dims * log(orig_ctx / (n_rot * 2.0 * M_PI)) / (2.0 * log(base));
@@ -67,5 +70,17 @@ void rope_apply(const rope_table *t, enum rope_mode mode, float *x, int64_t n_ve
             y[i0] = a * cs[i] - b * sn[i];
             y[i1] = a * sn[i] + b * cs[i];
         }
+    }
+}
+
+void rope_table_for_model(rope_table *t, const mla_config *cf) {
+    rope_params rp = {(int)cf->n_rope,          cf->rope_base,      cf->yarn,
+                      cf->yarn_factor,          (double)cf->yarn_orig_ctx,
+                      cf->yarn_beta_fast,       cf->yarn_beta_slow, cf->rope_attn_factor};
+    rope_table_init(t, &rp);
+    const char *e = getenv("MLA_ROPE_FREQ_BF16");
+    if (e && *e && strcmp(e, "0") != 0) {
+        rope_table_round_freq_bf16(t);
+        MLA_INFO("RoPE inverse frequencies rounded to bf16 (MLA_ROPE_FREQ_BF16)");
     }
 }

@@ -43,6 +43,12 @@ void rope_table_init(rope_table *t, const rope_params *p);
  * Not for normal serving: a 2^-9 relative frequency error grows with the position. */
 void rope_table_round_freq_bf16(rope_table *t);
 
+/* The table of a model: rope_table_init with the config's RoPE / YaRN parameters, and the
+ * bf16-rounded frequencies when MLA_ROPE_FREQ_BF16=1 (Hugging Face casts its inv_freq buffer
+ * with the weights; the fixtures' reference was made that way). Every backend calls this. */
+struct mla_config;
+void rope_table_for_model(rope_table *t, const struct mla_config *cfg);
+
 /* Rotates n_vec vectors of t->n_dims elements (vector v at x + v*stride) for position pos. */
 void rope_apply(const rope_table *t, enum rope_mode mode, float *x, int64_t n_vec, int64_t stride,
                 int64_t pos);

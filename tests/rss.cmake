@@ -14,7 +14,7 @@ foreach(cmd generate serve)
   endif()
   add_test(NAME tp3_refused_${cmd}
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/model/expect_error.py
-                   "the model cannot be split over 3 ranks: tensor parallelism 3 does not divide the 4 attention heads"
+                   "tensor-parallel plan for 3 ranks is invalid: tensor parallelism 3 does not divide the 4 attention heads"
                    $<TARGET_FILE:mlaserve> ${cmd} -m ${MLA_FIXTURES}/tiny-glm5/tiny-glm5-q8_0.gguf --tp 3 ${args})
   set_tests_properties(tp3_refused_${cmd} PROPERTIES TIMEOUT 60 FAIL_REGULAR_EXPRESSION "failed to load|registered")
 endforeach()

@@ -197,30 +197,12 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
     for (size_t i = 0; i < gguf_n_tensors(g); i++)
         if (check_type(gguf_tensor_at(g, i), err) < 0) goto fail;
 
-    shard_dims d = {cf->n_head, cf->head_k, cf->head_nope + cf->head_v, cf->head_v, cf->n_expert, cf->n_vocab};
-    if (shard_plan_build(&plan, g, &d, m->rank, m->world, err) < 0) goto fail;
-    if (!plan.valid) {
-        mla_errf(err, "tensor-parallel plan for %d ranks is invalid: %s", m->world, plan.reason);
-        goto fail;
-    }
+    if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->n_head_local = m->h1 - m->h0;
 
-    rope_params rp = {(int)cf->n_rope, cf->rope_base, cf->yarn, cf->yarn_factor, (double)cf->yarn_orig_ctx,
-                      cf->yarn_beta_fast, cf->yarn_beta_slow, cf->rope_attn_factor};
-    rope_table_init(&m->rope, &rp);
-    {
-        /* MLA_ROPE_FREQ_BF16=1: rotate with bf16-rounded inverse frequencies, as the fixtures' HF
-         * reference did (its inv_freq buffer was cast to bf16 with the weights). Exact
-         * frequencies otherwise. The DSA top-k turns the tiny difference into different key
-         * choices at near-tied scores, so only this mode matches that reference everywhere. */
-        const char *e = getenv("MLA_ROPE_FREQ_BF16");
-        if (e && *e && strcmp(e, "0") != 0) {
-            rope_table_round_freq_bf16(&m->rope);
-            MLA_INFO("RoPE inverse frequencies rounded to bf16 (MLA_ROPE_FREQ_BF16)");
-        }
-    }
+    rope_table_for_model(&m->rope, cf);
 
     m->tok_embd = gguf_find_tensor(g, "token_embd.weight");
     m->out_norm = f32_of(gguf_find_tensor(g, "output_norm.weight"));

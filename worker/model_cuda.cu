@@ -262,29 +262,11 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         mla_errf(err, "model dimensions outside the CUDA kernels' limits (kv_lora <= 1024, rope <= 128, indexer head <= 256)");
         goto fail;
     }
-    {
-        shard_dims d = {cf->n_head, cf->head_k, cf->head_nope + cf->head_v, cf->head_v, cf->n_expert, cf->n_vocab};
-        if (shard_plan_build(&plan, g, &d, m->rank, m->world, err) < 0) goto fail;
-    }
-    if (!plan.valid) {
-        mla_errf(err, "tensor-parallel plan for %d ranks is invalid: %s", m->world, plan.reason);
-        goto fail;
-    }
+    if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->Hl = m->h1 - m->h0;
-    {
-        rope_params rp = {(int)cf->n_rope, cf->rope_base, cf->yarn, cf->yarn_factor, (double)cf->yarn_orig_ctx,
-                          cf->yarn_beta_fast, cf->yarn_beta_slow, cf->rope_attn_factor};
-        rope_table_init(&m->rope, &rp);
-        /* MLA_ROPE_FREQ_BF16=1: bf16-rounded inverse frequencies, exactly as worker/model.c (the
-         * fixtures' HF reference rotated with them; the DSA top-k is sensitive to the difference). */
-        const char *rf = getenv("MLA_ROPE_FREQ_BF16");
-        if (rf && *rf && strcmp(rf, "0") != 0) {
-            rope_table_round_freq_bf16(&m->rope);
-            MLA_INFO("RoPE inverse frequencies rounded to bf16 (MLA_ROPE_FREQ_BF16)");
-        }
-    }
+    rope_table_for_model(&m->rope, cf);
     {
         mla_mat te = mat_of(gguf_find_tensor(g, "token_embd.weight"));
         if (up_mat(m, &m->tok_embd, &te, err) < 0) goto fail;
