@@ -78,8 +78,11 @@ def forward(kv, W, toks, mla_rope='inter', idx_rope='inter'):
     for l in range(nl):
         p = f'blk.{l}.'
         h = rms(x, W[p + 'attn_norm.weight'], eps)
-        cq = rms(h @ W[p + 'attn_q_a.weight'].T, W[p + 'attn_q_a_norm.weight'], eps)
-        q = (cq @ W[p + 'attn_q_b.weight'].T).reshape(T, H, dk).transpose(1, 0, 2)
+        if p + 'attn_q_a.weight' in W:
+            cq = rms(h @ W[p + 'attn_q_a.weight'].T, W[p + 'attn_q_a_norm.weight'], eps)
+            q = (cq @ W[p + 'attn_q_b.weight'].T).reshape(T, H, dk).transpose(1, 0, 2)
+        else:  # no q-LoRA (DeepSeek-V2-Lite): HF q_proj, rows per head [nope | rope]
+            q = (h @ W[p + 'attn_q.weight'].T).reshape(T, H, dk).transpose(1, 0, 2)
         qn, qp = q[..., :dn], q[..., dn:]
         ckv = h @ W[p + 'attn_kv_a_mqa.weight'].T
         c, kp = rms(ckv[:, :kvr], W[p + 'attn_kv_a_norm.weight'], eps), ckv[:, kvr:]
@@ -127,7 +130,7 @@ def forward(kv, W, toks, mla_rope='inter', idx_rope='inter'):
             ne, nu = g('expert_count'), g('expert_used_count'); ng, gu = g('expert_group_count', 1), g('expert_group_used_count', 1)
             lg = h @ W[p + 'ffn_gate_inp.weight'].T
             sg = 1 / (1 + np.exp(-lg)) if g('expert_gating_func', 2) == 2 else np.exp(lg - lg.max(-1, keepdims=True)) / np.exp(lg - lg.max(-1, keepdims=True)).sum(-1, keepdims=True)
-            ch = sg + W[p + 'exp_probs_b.bias']
+            ch = sg + W[p + 'exp_probs_b.bias'] if p + 'exp_probs_b.bias' in W else sg
             y = np.zeros_like(h)
             for t in range(T):
                 gs = np.sort(ch[t].reshape(ng, -1), -1)[:, -2:].sum(-1)
