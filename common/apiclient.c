@@ -177,6 +177,15 @@ static int wait_answer(apiclient *c, uint64_t id, int want, uint8_t **payload, s
     }
 }
 
+/* One unary call: sends request q (whose request_id is id) and waits for its answer frame of
+ * kind want. *payload malloc'd. */
+static int call(apiclient *c, int kind, const ProtobufCMessage *q, uint64_t id, int want, uint8_t **payload,
+                size_t *len, mla_err *err) {
+    int got;
+    if (send_msg(c, kind, q, err)) return MLA_ERR;
+    return wait_answer(c, id, want, payload, len, &got, err);
+}
+
 int apiclient_connect(apiclient **out, const char *host, int port, const char *api_key, int timeout_ms,
                       mla_err *err) {
     *out = NULL;
@@ -386,9 +395,7 @@ int apiclient_tokenize(apiclient *c, const char *text, bool add_special, int32_t
     q.add_special_tokens = add_special;
     uint8_t *buf;
     size_t len;
-    int kind;
-    if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE, &q.base, err) ||
-        wait_answer(c, id, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &buf, &len, &kind, err))
+    if (call(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE, &q.base, id, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &buf, &len, err))
         return MLA_ERR;
     Mlaapi__TokenizeResponse *r = mlaapi__tokenize_response__unpack(NULL, len, buf);
     free(buf);
@@ -408,9 +415,7 @@ int apiclient_health(apiclient *c, bool *ok, char *status, size_t cap, mla_err *
     q.request_id = id;
     uint8_t *buf;
     size_t len;
-    int kind;
-    if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_HEALTH, &q.base, err) ||
-        wait_answer(c, id, MLAAPI__FRAME_KIND__FRAME_HEALTH_RESPONSE, &buf, &len, &kind, err))
+    if (call(c, MLAAPI__FRAME_KIND__FRAME_HEALTH, &q.base, id, MLAAPI__FRAME_KIND__FRAME_HEALTH_RESPONSE, &buf, &len, err))
         return MLA_ERR;
     Mlaapi__HealthResponse *r = mlaapi__health_response__unpack(NULL, len, buf);
     free(buf);
@@ -431,9 +436,7 @@ int apiclient_models(apiclient *c, apiclient_model **models, size_t *n, mla_err 
     q.request_id = id;
     uint8_t *buf;
     size_t len;
-    int kind;
-    if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_MODELS, &q.base, err) ||
-        wait_answer(c, id, MLAAPI__FRAME_KIND__FRAME_MODELS_RESPONSE, &buf, &len, &kind, err))
+    if (call(c, MLAAPI__FRAME_KIND__FRAME_MODELS, &q.base, id, MLAAPI__FRAME_KIND__FRAME_MODELS_RESPONSE, &buf, &len, err))
         return MLA_ERR;
     Mlaapi__ModelsResponse *r = mlaapi__models_response__unpack(NULL, len, buf);
     free(buf);

@@ -62,6 +62,13 @@ static void hist(sbuf *b, const char *name, const char *help, const api_hist *h,
               (unsigned long long)h->n);
 }
 
+/* One sample with its HELP and TYPE lines; lbl NULL: no labels. */
+static void metric_int(sbuf *b, const char *name, const char *type, const char *help, const char *lbl, long long v) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s", name, help, name, type, name);
+    if (lbl) sb_printf(b, "{%s}", lbl);
+    sb_printf(b, " %lld\n", v);
+}
+
 char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *model, size_t *len) {
     sbuf b = {mla_xmalloc(4096), 0, 4096};
     b.p[0] = 0;
@@ -84,41 +91,25 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
     sb_printf(&b, "mlaserve_requests_total{%s,finish_reason=\"length\"} %llu\n", lbl, (unsigned long long)m->finish_length);
     sb_printf(&b, "mlaserve_requests_total{%s,finish_reason=\"error\"} %llu\n", lbl, (unsigned long long)m->requests_error);
     sb_printf(&b, "mlaserve_requests_total{%s,finish_reason=\"cancelled\"} %llu\n", lbl, (unsigned long long)m->requests_cancelled);
-    sb_printf(&b, "# HELP mlaserve_prompt_tokens_total Prompt tokens received.\n"
-                  "# TYPE mlaserve_prompt_tokens_total counter\nmlaserve_prompt_tokens_total{%s} %llu\n",
-              lbl, (unsigned long long)m->prompt_tokens);
-    sb_printf(&b, "# HELP mlaserve_generation_tokens_total Tokens generated.\n"
-                  "# TYPE mlaserve_generation_tokens_total counter\nmlaserve_generation_tokens_total{%s} %llu\n",
-              lbl, (unsigned long long)m->generation_tokens);
+    metric_int(&b, "mlaserve_prompt_tokens_total", "counter", "Prompt tokens received.", lbl,
+               (long long)m->prompt_tokens);
+    metric_int(&b, "mlaserve_generation_tokens_total", "counter", "Tokens generated.", lbl,
+               (long long)m->generation_tokens);
     hist(&b, "mlaserve_time_to_first_token_seconds", "Time from request to its first token.", &m->ttft, lbl);
     hist(&b, "mlaserve_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &m->itl, lbl);
     hist(&b, "mlaserve_e2e_request_latency_seconds", "Time from request to its last token.", &m->e2e, lbl);
-    sb_printf(&b, "# HELP mlaserve_num_requests_waiting Requests waiting for admission.\n"
-                  "# TYPE mlaserve_num_requests_waiting gauge\nmlaserve_num_requests_waiting{%s} %lld\n",
-              lbl, (long long)g->waiting);
-    sb_printf(&b, "# HELP mlaserve_num_requests_running Requests in the running batch.\n"
-                  "# TYPE mlaserve_num_requests_running gauge\nmlaserve_num_requests_running{%s} %lld\n",
-              lbl, (long long)g->running);
-    sb_printf(&b, "# HELP mlaserve_kv_cache_blocks_used KV cache blocks in use.\n"
-                  "# TYPE mlaserve_kv_cache_blocks_used gauge\nmlaserve_kv_cache_blocks_used{%s} %lld\n",
-              lbl, (long long)g->blocks_used);
-    sb_printf(&b, "# HELP mlaserve_kv_cache_blocks_total KV cache blocks in all.\n"
-                  "# TYPE mlaserve_kv_cache_blocks_total gauge\nmlaserve_kv_cache_blocks_total{%s} %lld\n",
-              lbl, (long long)g->blocks_total);
+    metric_int(&b, "mlaserve_num_requests_waiting", "gauge", "Requests waiting for admission.", lbl, g->waiting);
+    metric_int(&b, "mlaserve_num_requests_running", "gauge", "Requests in the running batch.", lbl, g->running);
+    metric_int(&b, "mlaserve_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", lbl, g->blocks_used);
+    metric_int(&b, "mlaserve_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", lbl, g->blocks_total);
     sb_printf(&b, "# HELP mlaserve_kv_cache_usage_ratio Fraction of KV cache blocks in use.\n"
                   "# TYPE mlaserve_kv_cache_usage_ratio gauge\nmlaserve_kv_cache_usage_ratio{%s} %.6f\n",
               lbl, g->blocks_total > 0 ? (double)g->blocks_used / (double)g->blocks_total : 0.0);
-    sb_printf(&b, "# HELP mlaserve_preemptions_total Sequences preempted for lack of KV cache.\n"
-                  "# TYPE mlaserve_preemptions_total counter\nmlaserve_preemptions_total{%s} %lld\n",
-              lbl, (long long)g->preemptions);
-    sb_printf(&b, "# HELP mlaserve_steps_total Batched model steps run.\n"
-                  "# TYPE mlaserve_steps_total counter\nmlaserve_steps_total{%s} %lld\n",
-              lbl, (long long)g->steps);
-    sb_printf(&b, "# HELP mlaserve_http_connections Open HTTP connections.\n"
-                  "# TYPE mlaserve_http_connections gauge\nmlaserve_http_connections %lld\n",
-              (long long)g->connections);
-    sb_printf(&b, "# HELP mlaserve_healthy 1 when every worker is up.\n"
-                  "# TYPE mlaserve_healthy gauge\nmlaserve_healthy %d\n", g->healthy);
+    metric_int(&b, "mlaserve_preemptions_total", "counter", "Sequences preempted for lack of KV cache.", lbl,
+               g->preemptions);
+    metric_int(&b, "mlaserve_steps_total", "counter", "Batched model steps run.", lbl, g->steps);
+    metric_int(&b, "mlaserve_http_connections", "gauge", "Open HTTP connections.", NULL, g->connections);
+    metric_int(&b, "mlaserve_healthy", "gauge", "1 when every worker is up.", NULL, g->healthy);
     if (len) *len = b.n;
     return b.p;
 }
