@@ -368,9 +368,18 @@ static int check_monitor(void *mon, int *n_proto, mla_err *err) {
         rc = WK_REFUSED;
     } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         *n_proto = -1000000; /* connected: later drops are the heartbeat's business */
-    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
-               ev == ZMQ_EVENT_DISCONNECTED) {
-        /* a CURVE server drops a plain client (and the other way round) during the handshake */
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        /* libzmq does not reconnect after a protocol error (a mechanism mismatch, a CURVE message
+         * that does not decrypt): waiting would only run into the registration timeout */
+        mla_errf(err, "the security handshake with the coordinator failed: %s (ZMTP protocol error 0x%x)",
+                 val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                     ? "one side uses CURVE and the other does not"
+                     : "wrong server.pub, or one side uses CURVE and the other does not",
+                 val);
+        rc = WK_REFUSED;
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || ev == ZMQ_EVENT_DISCONNECTED) {
+        /* the peer closed the connection during the handshake (a CURVE server dropping a plain
+         * client, or the other way round): libzmq reconnects, so count the attempts */
         if (ev != ZMQ_EVENT_DISCONNECTED) MLA_WARN("handshake with the coordinator failed (event 0x%x, %u)", ev, val);
         if (++*n_proto >= 3) {
             mla_errf(err, "the security handshake with the coordinator failed %d times (wrong server.pub, or one side "

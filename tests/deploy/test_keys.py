@@ -47,10 +47,10 @@ try:
     check(bad.returncode == 3 and "refused this worker's CURVE key" in out, "wrong client key refused (exit 3)", out[-300:])
     check(wait_for(lambda: "refusing a control-plane connection" in srv.text(), 10), "coordinator logged the refusal")
     plain = wk(0)
-    out = plain.communicate(timeout=60)[0]
+    out = plain.communicate(timeout=90)[0]  # > the worker's 60 s registration timeout
     check(plain.returncode == 3 and "handshake" in out, "worker without CURVE refused (exit 3)", out[-300:])
     wrong_server = wk(0, "--curve-dir", B)  # B's server.pub: the handshake cannot succeed
-    out = wrong_server.communicate(timeout=60)[0]
+    out = wrong_server.communicate(timeout=90)[0]
     check(wrong_server.returncode in (1, 3), "worker with the wrong server key does not join", out[-300:])
     procs = [wk(0, "--curve-dir", A), wk(1, "--curve-dir", A, "--curve-client-key", os.path.join(A, "node2.key"))]
     srv.wait_ready(60)
