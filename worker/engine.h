@@ -47,6 +47,14 @@ typedef struct engine_ops {
     /* forgets a sequence's cached state; unknown ids are ignored */
     void (*free_seq)(engine *e, uint64_t seq_id);
     void (*destroy)(engine *e);
+    /* For `mlaserve bench` (NULL: the engine cannot; the worker answers with an error).
+     * bench_fill: makes seq_id (created if new) hold n_past positions of zero latent cache, as if
+     * a prompt of that length had run, so that decode at a long context is timed without
+     * prefilling it. bench_coll: times iters all-reduces of n floats on the collective the model
+     * uses (device buffers where that is NCCL); *sec_per_op is the mean per all-reduce. Every
+     * rank calls it with the same arguments. */
+    int (*bench_fill)(engine *e, uint64_t seq_id, uint32_t n_past, mla_err *err);
+    int (*bench_coll)(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err);
 } engine_ops;
 
 /* rows of logits step() writes for sequence s */

@@ -109,4 +109,4 @@ static void cpu_destroy(engine *e) {
 }
 
 const engine_ops engine_cpu_ops = {"cpu", cpu_model_hash, cpu_load, cpu_vocab, cpu_step, cpu_free_seq,
-                                   cpu_destroy};
+                                   cpu_destroy, NULL, NULL};

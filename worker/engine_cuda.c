@@ -183,7 +183,8 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy};
+const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy,
+                                   NULL, NULL};
 
 #else /* no CUDA in this build */
 
@@ -207,6 +208,7 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 }
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
-const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy};
+const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
+                                   NULL, NULL};
 
 #endif
