@@ -33,7 +33,9 @@ struct attn_k {
     int64_t qp_ld_t, qp_ld_h;
     int H, L, R;
     const float *kv;
+    const float *const *kvt; /* per-token cache base (batched decode), NULL: kv */
     int64_t pos0;
+    const int32_t *post;     /* per-token position, NULL: pos0 + t */
     float scale;
     const int32_t *sel, *nsel;
     int64_t sel_stride;
@@ -50,7 +52,8 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     float *ps = qs + AT_HG * row;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
-    const int64_t pos = a.pos0 + t;
+    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
+    const float *kvb = a.kvt ? a.kvt[t] : a.kv;
     const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
     const int64_t k0 = (int64_t)split * a.per;
     const int64_t k1 = nk < k0 + a.per ? nk : k0 + a.per;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
             int64_t k = kb + j;
             if (k < k1) {
                 int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-                const float *src = a.kv + key * row;
+                const float *src = kvb + key * row;
                 for (int c = lane; c < row; c += 32) kvs[j * rs + c] = src[c];
             }
         }
@@ -179,15 +182,18 @@ __global__ void mla_attn_reduce_kernel(const float *__restrict__ work, int H, in
 /* ---------------------------------------------------------------- DSA indexer */
 /* Block (key group, token): q[t] and w[t] in shared memory, one warp per key. */
 constexpr int DS_KPB = 64;
-__global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k,
-                                  int H, int D, int64_t pos0, float *__restrict__ scores, int64_t ld) {
+__global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k0,
+                                  const float *const *__restrict__ kt, const int32_t *__restrict__ post, int H, int D,
+                                  int64_t pos0, float *__restrict__ scores, int64_t ld) {
     extern __shared__ float qsm[];
     float *ws = qsm + H * D;
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     for (int i = threadIdx.x; i < H * D; i += blockDim.x) qsm[i] = q[(int64_t)t * H * D + i];
     for (int i = threadIdx.x; i < H; i += blockDim.x) ws[i] = w[(int64_t)t * H + i];
     __syncthreads();
-    const int64_t nk = pos0 + t + 1;
+    const int64_t nk = (post ? (int64_t)post[t] : pos0 + t) + 1;
+    if ((int64_t)blockIdx.x * DS_KPB >= nk) return; /* past this token's keys (a batched step's grid is sized for the longest) */
+    const float *k = kt ? kt[t] : k0;
     const float sc = 1.0f / sqrtf((float)D);
     for (int jj = warp; jj < DS_KPB; jj += nw) {
         const int64_t j = (int64_t)blockIdx.x * DS_KPB + jj;
@@ -279,13 +285,13 @@ __device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *his
 
 constexpr int TK_T = 1024;
 __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict__ scores, int64_t ld, int64_t pos0,
-                                                         int64_t top_k, int32_t *__restrict__ sel,
-                                                         int32_t *__restrict__ nsel) {
+                                                         const int32_t *__restrict__ post, int64_t top_k,
+                                                         int32_t *__restrict__ sel, int32_t *__restrict__ nsel) {
     __shared__ unsigned hist[256];
     __shared__ int64_t sh64[2];
     __shared__ int sh[33];
     const int t = blockIdx.x;
-    const int64_t n = pos0 + t + 1;
+    const int64_t n = (post ? (int64_t)post[t] : pos0 + t) + 1;
     int32_t *out = sel + (int64_t)t * top_k;
     if (n <= top_k) {
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) out[j] = (int32_t)j;
@@ -311,6 +317,16 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
         out_before += tk_tot;
     }
     if (threadIdx.x == 0) nsel[t] = (int32_t)top_k;
+}
+
+/* ---------------------------------------------------------------- cache rows of a batched step */
+/* Block t: row t of src goes to dst[t] + pos[t] * dst_ld. */
+__global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n, float *const *__restrict__ dst,
+                                    const int32_t *__restrict__ pos, int64_t dst_ld) {
+    const int t = blockIdx.x;
+    float *d = dst[t] + (int64_t)pos[t] * dst_ld;
+    const float *s = src + (int64_t)t * src_ld;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) d[c] = s[c];
 }
 
 /* ---------------------------------------------------------------- per-head float matmul */
@@ -655,7 +671,8 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
                     "mla_attn: shared memory %zu", smem);
         smem_set = smem;
     }
-    const int64_t nk_max = a->sel ? a->sel_stride : a->pos0 + a->n_tokens;
+    MLA_ASSERT(!a->pos_tok || a->max_keys > 0);
+    const int64_t nk_max = a->sel ? a->sel_stride : a->pos_tok ? a->max_keys : a->pos0 + a->n_tokens;
     const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
     int splits = 1;
     if (a->work) {
@@ -670,7 +687,8 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     int64_t per = (nk_max + splits - 1) / splits;
     per = (per + AT_C - 1) / AT_C * AT_C;
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
-                a->kv, a->pos0, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits, (int)per};
+                a->kv, a->kv_tok, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
+                splits, (int)per};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
     mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
@@ -682,27 +700,58 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     return MLA_OK;
 }
 
-extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t H,
-                                   int64_t D, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
-                                   mla_err *e) {
-    MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= pos0 + T && T <= 65535);
+static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_k, const float *const *d_kt,
+                             const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t pos0, int64_t max_keys,
+                             float *d_scores, int64_t ld, cudaStream_t stream, mla_err *e) {
+    MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= max_keys && T <= 65535);
     if (T == 0) return MLA_OK;
     size_t smem = (size_t)(H * D + H) * sizeof(float);
     if (smem > 48 * 1024)
         MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
                     "dsa_scores smem");
-    dim3 grid((unsigned)((pos0 + T + DS_KPB - 1) / DS_KPB), (unsigned)T);
-    dsa_scores_kernel<<<grid, 256, smem, (cudaStream_t)stream>>>(d_q, d_w, d_k, (int)H, (int)D, pos0, d_scores, ld);
-    MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys=%lld", (long long)T, (long long)(pos0 + T));
+    dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
+    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_kt, d_pos, (int)H, (int)D, pos0, d_scores, ld);
+    MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys<=%lld", (long long)T, (long long)max_keys);
     return MLA_OK;
+}
+
+extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t H,
+                                   int64_t D, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                                   mla_err *e) {
+    return dsa_scores_launch(d_q, d_w, d_k, NULL, NULL, T, H, D, pos0, pos0 + T, d_scores, ld, (cudaStream_t)stream, e);
+}
+
+extern "C" int mla_cuda_dsa_scores_tok(const float *d_q, const float *d_w, const float *const *d_k_tok,
+                                       const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t max_keys,
+                                       float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(d_k_tok && d_pos && max_keys > 0);
+    return dsa_scores_launch(d_q, d_w, NULL, d_k_tok, d_pos, T, H, D, 0, max_keys, d_scores, ld, (cudaStream_t)stream, e);
 }
 
 extern "C" int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k,
                                  int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(top_k > 0 && T <= INT32_MAX);
     if (T == 0) return MLA_OK;
-    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, pos0, top_k, d_sel, d_nsel);
+    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, pos0, NULL, top_k, d_sel, d_nsel);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_topk T=%lld k=%lld", (long long)T, (long long)top_k);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
+                                     int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(top_k > 0 && T <= INT32_MAX && d_pos);
+    if (T == 0) return MLA_OK;
+    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, 0, d_pos, top_k, d_sel, d_nsel);
+    MLACU_CHECK(cudaGetLastError(), e, "dsa_topk (per-token positions) T=%lld k=%lld", (long long)T, (long long)top_k);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_scatter_rows(const float *d_src, int64_t src_ld, int64_t n, int64_t T, float *const *d_dst,
+                                     const int32_t *d_pos, int64_t dst_ld, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n);
+    if (T == 0) return MLA_OK;
+    scatter_rows_kernel<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(d_src, src_ld, (int)n, d_dst, d_pos, dst_ld);
+    MLACU_CHECK(cudaGetLastError(), e, "scatter_rows T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
 

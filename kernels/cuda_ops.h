@@ -127,6 +127,13 @@ typedef struct mla_cuda_attn_args {
     float *out;
     float *work;
     size_t work_floats;
+    /* Batched decode (tokens of different sequences): when kv_tok is set, token t reads the cache
+     * at kv_tok[t] (device array of device pointers) instead of kv; when pos_tok is set, token t
+     * sits at position pos_tok[t] (device array) instead of pos0 + t, and max_keys (> every
+     * pos_tok[t]) sizes the grid, so one launch shape serves every step (CUDA graphs). */
+    const float *const *kv_tok;
+    const int32_t *pos_tok;
+    int64_t max_keys;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
@@ -140,6 +147,20 @@ int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, in
  * [T][top_k] ascending ids, n_sel [T]. Same tie rule (higher score, then lower id; NaN = -inf). */
 int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k, int32_t *d_sel,
                       int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
+
+/* The same for a batched decode step: query t (position d_pos[t], device) scores the keys of its
+ * own sequence, d_k_tok[t] (device array of device pointers); grid sized by max_keys > every
+ * d_pos[t]; ld >= max_keys. */
+int mla_cuda_dsa_scores_tok(const float *d_q, const float *d_w, const float *const *d_k_tok, const int32_t *d_pos,
+                            int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys, float *d_scores, int64_t ld,
+                            mla_cuda_stream stream, mla_err *e);
+/* dsa_topk of row t over its d_pos[t] + 1 scores. */
+int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
+                          int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
+/* Cache writes of a batched decode step: d_dst[t][d_pos[t] * dst_ld + c] = d_src[t * src_ld + c]
+ * for c < n (d_dst: device array of device pointers, one per token). */
+int mla_cuda_scatter_rows(const float *d_src, int64_t src_ld, int64_t n, int64_t T, float *const *d_dst,
+                          const int32_t *d_pos, int64_t dst_ld, mla_cuda_stream stream, mla_err *e);
 
 /* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
  * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */

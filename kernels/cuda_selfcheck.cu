@@ -10,6 +10,7 @@
 
 extern "C" {
 #include "kernels/act.h"
+#include "kernels/mla_attn.h"
 #include "kernels/moe.h"
 #include "kernels/quant.h"
 #include "kernels/rmsnorm.h"
@@ -154,6 +155,63 @@ out:
     return rc;
 }
 
+/* Absorbed MLA attention, both launch forms, against mla_attn: a prefill-shaped call (5 tokens
+ * after 20 cached, one cache, no split) and a batched decode call (3 sequences at positions 40, 5
+ * and 577, each with its own cache, grid sized for 600 keys: split over 3 key chunks, some of them
+ * empty for the shorter sequences). 12 heads (two head groups, the second partial), kv_lora 64,
+ * rope 16. */
+int check_attn(gr_rng *r, mla_err *e) {
+    enum { H = 12, L = 64, R = 16, ROW = L + R, T = 5, P0 = 20, B = 3, MAXK = 600 };
+    static const int32_t pos[B] = {40, 5, 577};
+    static float qa[T * H * L], qp[T * H * R], kv[B * MAXK * ROW], ref[T * H * L], got[T * H * L];
+    gr_fill(r, qa, T * H * L, 0.05f);
+    gr_fill(r, qp, T * H * R, 0.2f);
+    gr_fill(r, kv, B * MAXK * ROW, 1.0f);
+    const float scale = 0.125f;
+    scratch s = {{0}, 0};
+    int rc = MLA_ERR;
+    float *dqa = (float *)salloc(&s, sizeof qa, qa), *dqp = (float *)salloc(&s, sizeof qp, qp);
+    float *dkv = (float *)salloc(&s, sizeof kv, kv), *dout = (float *)salloc(&s, sizeof got, NULL);
+    const size_t wf = mla_cuda_attn_work_floats(B, H, L, 8);
+    float *dwork = (float *)salloc(&s, wf * 4, NULL);
+    const float *ptrs[B];
+    for (int b = 0; b < B; b++) ptrs[b] = dkv + (size_t)b * MAXK * ROW;
+    const float **dptr = (const float **)salloc(&s, sizeof ptrs, ptrs);
+    int32_t *dpos = (int32_t *)salloc(&s, sizeof pos, pos);
+    if (!dqa || !dqp || !dkv || !dout || !dwork || !dptr || !dpos) {
+        mla_errf(e, "cuda_selfcheck: attention buffers: %s", cudaGetErrorString(cudaGetLastError()));
+        goto out;
+    }
+    {
+        mla_attn_args ca = {qa, qp, T, H, L, R, kv, P0, scale, NULL, NULL, 0, ref};
+        mla_attn(NULL, &ca);
+        mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
+                                NULL, NULL, 0};
+        if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (compare("mla_attn (prefill form)", got, ref, T * H * L, 1e-4, e) != MLA_OK) goto out;
+    }
+    {
+        for (int b = 0; b < B; b++) {
+            mla_attn_args ca = {qa + b * H * L, qp + b * H * R, 1, H, L, R, kv + (size_t)b * MAXK * ROW, pos[b], scale,
+                                NULL, NULL, 0, ref + b * H * L};
+            mla_attn(NULL, &ca);
+        }
+        mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
+                                dptr, dpos, MAXK};
+        if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(got, dout, (size_t)B * H * L * 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (compare("mla_attn (batched decode form)", got, ref, B * H * L, 1e-4, e) != MLA_OK) goto out;
+    }
+    rc = MLA_OK;
+    goto out;
+cuda_fail:
+    mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(cudaGetLastError()));
+out:
+    sfree(&s);
+    return rc;
+}
+
 } // namespace
 
 extern "C" int cuda_selfcheck(mla_err *e) {
@@ -169,6 +227,7 @@ extern "C" int cuda_selfcheck(mla_err *e) {
         if (check_matmul(t, 512, 130, 20, true, &r, e) != MLA_OK) return MLA_ERR;
     }
     if (check_small_ops(&r, e) != MLA_OK) return MLA_ERR;
+    if (check_attn(&r, e) != MLA_OK) return MLA_ERR;
     cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;

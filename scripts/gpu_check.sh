@@ -4,7 +4,12 @@
 # (C warnings that a different gcc raises in others' files do not stop it), the host check of the dequantizers and mla-gpu-check, and writes the table to $OUT (or ./out).
 #   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]
 #       env: ARCH (default 90), BUILD (default build-gpu), FIX (fixtures, default .gpu-fixtures),
-#            BUNDLE (--stack: the release tree of `make bundle`, default .bundle)
+#            BUNDLE (--stack: the release tree of `make bundle`, default .bundle),
+#            PREBUILT=1: BUILD already holds mla-gpu-check and mla-e2e (built elsewhere and carried):
+#            nothing is compiled here
+# Decode steps take the batched path with CUDA graphs by default (worker/model_cuda.h
+# mla_cmodel_decode); rows marked "eager" run with MLA_CUDA_GRAPHS=0, "per-sequence" with
+# MLA_CUDA_BATCHED=0 (the earlier path), "--batch" decode all prompts together (B = prompts).
 # --e2e: after the op checks, the fixtures through the CUDA forward pass (mla-e2e, driven by
 # tests/model/check_logits.py with the CPU tests' bounds) at TP = 1, 2, 4 (ranks as threads
 # sharing the GPU through the host collective), and a short table. Fixtures travel in .gpu-fixtures/
@@ -44,7 +49,10 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu-info.txt" || true
 start=$(date +%s)
-if [ "$ops" = 1 ] || [ "$e2e" = 1 ] || [ "$sanitize" = 1 ] || [ "$mma3" = 1 ]; then
+if [ "${PREBUILT:-0}" = 1 ]; then
+  [ -x "$BUILD/mla-gpu-check" ] && [ -x "$BUILD/mla-e2e" ] || { echo "PREBUILT=1 but $BUILD lacks mla-gpu-check/mla-e2e" >&2; exit 1; }
+  echo "prebuilt: $BUILD"
+elif [ "$ops" = 1 ] || [ "$e2e" = 1 ] || [ "$sanitize" = 1 ] || [ "$mma3" = 1 ]; then
 cmake -S . -B "$BUILD" "${gen[@]}" -DMLA_GPU_ONLY=ON -DMLA_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS="-Wno-maybe-uninitialized" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
@@ -85,31 +93,28 @@ if [ "$e2e" = 1 ]; then
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; case "$name" in *--fast*) res="$res, informational";; *) rc=1;; esac; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
-  e2e_run "ds3 bf16 TP1 --fast (bf16 tensor cores) vs HF + greedy" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 --split (split-bf16 tensor cores) vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 --split vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 long --split, bf16 RoPE freqs, 0.01 + greedy + incr" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
-  e2e_run "glm5 bf16 long TP4 --split == TP1 --split, vs HF 0.01" "MLA_E2E_FAST=split" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-4 --hf-argmax 0.99 --hf-dlogp 0.01
-  e2e_run "ds3 bf16 TP1 vs HF + greedy" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 incremental == one pass" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
+  e2e_run "ds3 bf16 TP1 vs HF + greedy (decode: graphs)" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 --batch greedy (all prompts decoded together, graphs)" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
+  e2e_run "ds3 bf16 TP1 --batch greedy, eager" "MLA_CUDA_GRAPHS=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
+  e2e_run "ds3 bf16 TP1 per-sequence (MLA_CUDA_BATCHED=0) vs HF + greedy" "MLA_CUDA_BATCHED=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 incremental (graphs) == one pass" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
+  e2e_run "ds3 bf16 TP1 --split vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP1 vs HF + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP1 long (DSA) bf16 RoPE freqs, 0.01 + greedy + incr (graphs)" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP1 all prompts --batch greedy (DSA on and off in one step), bf16 RoPE freqs" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
+  e2e_run "glm5 bf16 TP1 long (DSA) exact freqs + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy
   e2e_run "ds3 q8_0 TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2
   e2e_run "ds3 q4_k_m TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
-  e2e_run "glm5 bf16 TP1 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 --fast vs HF" "MLA_E2E_FAST=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
-  e2e_run "glm5 bf16 TP1 long (DSA) bf16 RoPE freqs, 0.01 + greedy + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
-  e2e_run "glm5 bf16 TP1 long (DSA) exact freqs + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy
-  e2e_run "ds3 q4_k_m TP2 == TP1" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
-  e2e_run "ds3 q4_k_m TP2 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --tp 2 --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
-  e2e_run "ds3 q4_k_m TP2 --fast == TP1" "MLA_E2E_FAST=1" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --prompts 0,7 --tp 2 --tp-rtol 1e-4
-  e2e_run "ds3 bf16 TP2 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP2 vs HF + greedy (host collective: batched, eager)" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP2 --batch greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "glm5 bf16 TP4 == TP1 + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --tp 4 --tp-rtol 1e-4 --incremental 30 --inc-rtol 1e-4
-  e2e_run "ds3 bf16 TP4 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "glm5 bf16 TP4 --batch greedy, bf16 RoPE freqs" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 4 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
-  for p in --exact --split --fast; do
-    echo "$p: $(MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" $p 2>&1 | grep timing)" || true
+  for v in "MLA_CUDA_BATCHED=0" "MLA_CUDA_GRAPHS=0" "X=1"; do
+    echo "$v: $(env $v MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" 2>&1 | grep timing)" || true
   done
+  echo "--batch: $(MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" --batch 2>&1 | grep -E 'timing|graphs' | tr '\n' ' ')" || true
   rm -f "$OUT/l.f32"
   cat "$table"
   echo "e2e done ($(( $(date +%s) - start )) s since start)"
@@ -156,12 +161,16 @@ if [ "$stack" = 1 ]; then
   st_run "ds3 bf16 TP4 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "glm5 bf16 TP4 long, bf16 RoPE freqs, 0.01 + greedy; == TP1" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "glm5 bf16 TP4 vs HF" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 4 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
-  # serving: the OpenAI chat API on 2 CUDA worker processes
+  # serving: the OpenAI chat API on CUDA worker processes (TP 2: host collective, batched decode
+  # eager; TP 1: NCCL, batched decode in CUDA graphs), then 12 different completions sent at once
+  # must equal the same completions sent one at a time (greedy): batched decode == one sequence
+  for tp in 2 1; do
   t0=$(date +%s)
-  "$B/bin/mlaserve" serve -m "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --backend cuda --port 0 --port-file "$W/port" >"$W/serve.log" 2>&1 &
+  rm -f "$W/port"
+  "$B/bin/mlaserve" serve -m "$ds/tiny-deepseek3-bf16.gguf" --tp $tp --backend cuda --port 0 --port-file "$W/port" >"$W/serve.log" 2>&1 &
   spid=$!
   for _ in $(seq 1 300); do [ -s "$W/port" ] && break; kill -0 $spid 2>/dev/null || break; sleep 0.2; done
-  answer="(no server)"
+  answer="(no server)" conc="(no server)"
   if [ -s "$W/port" ]; then
     answer=$(python3 - "$(cat "$W/port")" <<'PY' 2>&1
 import json, sys, urllib.request
@@ -171,11 +180,34 @@ req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completion
 print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
 PY
 )
+    conc=$(python3 - "$(cat "$W/port")" <<'PY' 2>&1
+import json, sys, threading, urllib.request
+port = sys.argv[1]
+prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "The quick brown fox",
+           "In the beginning", "Water boils at", "My favourite colour is", "def main():",
+           "The sun rises in the", "Hello, my name is", "A B C D", "Seven plus five is"]
+def complete(p, out, i):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps({"prompt": p, "max_tokens": 24, "temperature": 0}).encode(),
+        headers={"Content-Type": "application/json"})
+    out[i] = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["text"]
+seq = [None] * len(prompts)
+for i, p in enumerate(prompts): complete(p, seq, i)
+con = [None] * len(prompts)
+th = [threading.Thread(target=complete, args=(p, con, i)) for i, p in enumerate(prompts)]
+[t.start() for t in th]; [t.join() for t in th]
+same = sum(a == b for a, b in zip(seq, con))
+print(f"{same}/{len(prompts)} equal" + ("" if same == len(prompts) else f"; first diff: {[(a, b) for a, b in zip(seq, con) if a != b][0]!r}"))
+PY
+)
   fi
   kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true
-  grep -E "collective|backend|cuda|error" "$W/serve.log" | head -8 >>"$OUT/stack.log" || true
+  grep -E "collective|backend|cuda|graph|error" "$W/serve.log" | head -8 >>"$OUT/stack.log" || true
   res=pass; [ "$answer" = "7 plus 5 is 12." ] || { res=FAIL; rc=1; tail -20 "$W/serve.log"; }
-  printf "| serve --backend cuda --tp 2: chat \"What is 7 plus 5?\" | %s | answer: %s (%ss) |\n" "$res" "$answer" "$(( $(date +%s) - t0 ))" >>"$table"
+  printf "| serve --backend cuda --tp %s: chat \"What is 7 plus 5?\" | %s | answer: %s (%ss) |\n" "$tp" "$res" "$answer" "$(( $(date +%s) - t0 ))" >>"$table"
+  res=pass; [ "$conc" = "12/12 equal" ] || { res=FAIL; rc=1; }
+  printf "| serve --backend cuda --tp %s: 12 completions at once == one at a time (greedy) | %s | %s |\n" "$tp" "$res" "$conc" >>"$table"
+  done
   cat "$table"
   echo "stack done ($(( $(date +%s) - start )) s since start)"
 fi

@@ -2,7 +2,8 @@
  * on a lower first position, MLA_N_CTX). MLA_CUDA_FAST=1 selects the bf16 tensor-core matmuls for
  * steps of more than 8 tokens (faster prefill; logits ~4e-2 off in log-prob on the fixtures),
  * MLA_CUDA_FAST=split the split-bf16 tensor-core matmuls (hi/lo, 3 MMAs: fp32-class accuracy),
- * otherwise every matmul is the fp32 GEMV. */
+ * otherwise every matmul is the fp32 GEMV. The decode sequences of a step run as one batched step
+ * (CUDA graphs where the collective allows: worker/model_cuda.h mla_cmodel_decode). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,24 +145,67 @@ static mla_cstate *get_state(engine *e, uint64_t id, mla_err *err) {
     return e->seqs[e->n++].st;
 }
 
+/* Sequences with several new tokens (prompts) run one by one; the single-token ones (decode)
+ * run together as one batched step (mla_cmodel_decode), unless MLA_CUDA_BATCHED=0. */
 static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
-    for (uint32_t i = 0; i < p->n_seqs; i++) {
+    mla_cstate **bst = NULL;
+    int32_t *btok = NULL;
+    float **blog = NULL;
+    uint32_t nb = 0;
+    int rc = MLA_OK;
+    if (mla_cmodel_batched(e->m) && p->n_seqs > 0) {
+        bst = mla_xmalloc(p->n_seqs * sizeof *bst);
+        btok = mla_xmalloc(p->n_seqs * sizeof *btok);
+        blog = mla_xmalloc(p->n_seqs * sizeof *blog);
+    }
+    for (uint32_t i = 0; i < p->n_seqs && rc == MLA_OK; i++) {
         const wire_seq *s = &p->seqs[i];
         mla_cstate *st = get_state(e, s->seq_id, err);
-        if (!st) return MLA_ERR;
+        if (!st) {
+            rc = MLA_ERR;
+            break;
+        }
         int64_t pos0 = s->positions[0], past = mla_cstate_n_past(st);
         if (pos0 < past) mla_cstate_truncate(st, pos0);
-        else if (pos0 > past)
-            return mla_errf(err, "seq %llu: starts at position %lld but its cache holds %lld tokens",
-                            (unsigned long long)s->seq_id, (long long)pos0, (long long)past);
-        if (pos0 + (int64_t)s->n_tokens > e->n_ctx)
-            return mla_errf(err, "seq %llu: %lld tokens exceed the context of %lld", (unsigned long long)s->seq_id,
-                            (long long)(pos0 + s->n_tokens), (long long)e->n_ctx);
+        else if (pos0 > past) {
+            rc = mla_errf(err, "seq %llu: starts at position %lld but its cache holds %lld tokens",
+                          (unsigned long long)s->seq_id, (long long)pos0, (long long)past);
+            break;
+        }
+        if (pos0 + (int64_t)s->n_tokens > e->n_ctx) {
+            rc = mla_errf(err, "seq %llu: %lld tokens exceed the context of %lld", (unsigned long long)s->seq_id,
+                          (long long)(pos0 + s->n_tokens), (long long)e->n_ctx);
+            break;
+        }
         int mode = s->sp.logits == WIRE_LOGITS_ALL ? 2 : (s->sample || s->sp.logits == WIRE_LOGITS_LAST) ? 1 : 0;
+        if (bst && s->n_tokens == 1) {
+            bst[nb] = st;
+            btok[nb] = s->tokens[0];
+            blog[nb++] = mode ? logits[i] : NULL;
+            continue;
+        }
         if (mla_cmodel_forward(e->m, st, s->tokens, s->n_tokens, pos0, mode, logits[i], err))
-            return mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
+            rc = mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
     }
-    return MLA_OK;
+    if (rc == MLA_OK && nb > 0 && mla_cmodel_decode(e->m, bst, btok, nb, blog, err))
+        rc = mla_err_prefix(err, "decode step of %u sequences", nb);
+    free(bst);
+    free(btok);
+    free(blog);
+    return rc;
+}
+
+static int cu_bench_fill(engine *e, uint64_t id, uint32_t n_past, mla_err *err) {
+    mla_cstate *st = get_state(e, id, err);
+    if (!st) return MLA_ERR;
+    if ((int64_t)n_past >= e->n_ctx)
+        return mla_errf(err, "seq %llu: cannot fill %u positions, the context is %lld (MLA_N_CTX sets it)",
+                        (unsigned long long)id, n_past, (long long)e->n_ctx);
+    return mla_cstate_bench_fill(st, n_past, err);
+}
+
+static int cu_bench_coll(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err) {
+    return mla_cmodel_bench_coll(e->m, n, iters, sec_per_op, err);
 }
 
 static void cu_free_seq(engine *e, uint64_t id) {
@@ -184,7 +228,7 @@ static void cu_destroy(engine *e) {
 }
 
 const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy,
-                                   NULL, NULL};
+                                   cu_bench_fill, cu_bench_coll};
 
 #else /* no CUDA in this build */
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda_ops.h"
 
@@ -98,6 +99,23 @@ struct mla_cmodel {
     float *hbuf2;
     float *dgbuf;  /* device gather buffer (hbuf_floats) when coll_dev */
     int32_t *htok;
+    /* batched decode (mla_cmodel_decode): the step block holds everything a step of B tokens
+     * changes, so that a captured graph replays with new data (step_layout): tok [B], pos [B],
+     * kvp/ikp [n_layer][B] (each token's cache base per layer), back to back; uploaded with one
+     * copy from its pinned mirror */
+    uint8_t *dstep, *hstep;
+    size_t step_bytes;
+    float *kvn, *ikn; /* [cap_T][kv row], [cap_T][indexer head dim]: a step's new cache rows */
+    bool batched;     /* MLA_CUDA_BATCHED != 0: single-token steps take the batched path */
+    bool graphs;      /* MLA_CUDA_GRAPHS != 0 and capture is possible (one rank or NCCL) */
+    struct dgraph {
+        int64_t B, max_keys;
+        int seen;             /* eager runs so far: capture on the second */
+        cudaGraphExec_t exec; /* NULL until captured */
+        uint64_t used;
+    } gr[8];
+    uint64_t gr_tick;
+    uint64_t n_graph_launch, n_graph_capture;
 };
 
 struct mla_cstate {
@@ -105,6 +123,25 @@ struct mla_cstate {
     int64_t n_ctx, n_past, n_layer, kv_row, ik_row;
     float **kv, **ik;
 };
+
+struct step_off {
+    size_t pos, kvp, ikp, total;
+};
+static step_off step_layout(int64_t n_layer, int64_t B) {
+    step_off o;
+    o.pos = (size_t)B * 4;
+    o.kvp = (o.pos + (size_t)B * 4 + 15) / 16 * 16;
+    o.ikp = o.kvp + (size_t)(n_layer * B) * sizeof(float *);
+    o.total = o.ikp + (size_t)(n_layer * B) * sizeof(float *);
+    return o;
+}
+
+static void graphs_clear(mla_cmodel *m) {
+    for (auto &g : m->gr) {
+        if (g.exec) cudaGraphExecDestroy(g.exec);
+        g = mla_cmodel::dgraph{};
+    }
+}
 
 static int dalloc(mla_cmodel *m, void **p, size_t n, mla_err *err) {
     CU(cudaMalloc(p, n ? n : 16), "cudaMalloc %zu bytes", n);
@@ -245,6 +282,12 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->exact = opts && opts->exact;
     m->coll_dev = opts && opts->coll_on_device;
     m->split = opts && opts->split;
+    {
+        const char *b = getenv("MLA_CUDA_BATCHED"), *gr = getenv("MLA_CUDA_GRAPHS");
+        m->batched = !(b && !strcmp(b, "0"));
+        /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
+        m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
+    }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
@@ -370,14 +413,18 @@ fail:
 }
 
 static void free_scratch(mla_cmodel *m) {
+    graphs_clear(m); /* they point into the scratch */
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf};
+                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
     if (m->hbuf2) cudaFreeHost(m->hbuf2);
     if (m->htok) cudaFreeHost(m->htok);
+    if (m->hstep) cudaFreeHost(m->hstep);
+    m->dstep = m->hstep = nullptr;
+    m->kvn = m->ikn = nullptr;
     m->x = m->h = m->y = m->cq = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
@@ -451,6 +498,8 @@ extern "C" void mla_cstate_truncate(mla_cstate *s, int64_t pos) {
 
 static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) {
     if (T <= m->cap_T && keys <= m->cap_keys) return MLA_OK;
+    if (T < m->cap_T) T = m->cap_T; /* grow, never shrink the other dimension */
+    if (keys < m->cap_keys) keys = m->cap_keys;
     cudaStreamSynchronize(m->st);
     free_scratch(m);
     const mla_config *c = &m->cfg;
@@ -486,7 +535,6 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     A(m->rid, T * K);
     A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
     A(m->nsel, T);
-#undef A
     m->attn_work_floats = mla_cuda_attn_work_floats(T < 64 ? T : 64, Hl, KL, 32);
     CU(cudaMalloc((void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
@@ -496,6 +544,13 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
     if (m->coll_dev) CU(cudaMalloc((void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
     CU(cudaMallocHost((void **)&m->htok, (size_t)T * 4), "pinned staging");
+    A(m->kvn, T * row);
+    A(m->ikn, T * (c->idx_head_dim > 0 ? c->idx_head_dim : 1));
+#undef A
+    m->step_bytes = step_layout(c->n_layer, T).total;
+    CU(cudaMalloc((void **)&m->dstep, m->step_bytes), "step block");
+    CU(cudaMallocHost((void **)&m->hstep, m->step_bytes), "pinned step block");
+    memset(m->hstep, 0, m->step_bytes);
     m->cap_T = T;
     m->cap_keys = keys;
     return MLA_OK;
@@ -531,11 +586,12 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, int64_t T, fl
     return mm(m, &f->down, m->g, T, y, err);
 }
 
+static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
+
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
-    const int64_t E = c->n_embd, Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, dv = c->head_v,
-                  KL = c->kv_lora_rank, row = KL + dr;
+    const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     cudaStream_t st = m->st;
     const float *qin = m->h;
     if (c->q_lora_rank > 0) {
@@ -576,8 +632,18 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
         }
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
-                             c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats};
+                             c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
+                             NULL, NULL, 0};
     TRY(mla_cuda_mla_attn(&aa, st, err));
+    return attn_out(m, l, T, err);
+}
+
+/* The attention's output side, from m->ol (latent outputs of this rank's heads): v_b, attn_output
+ * (row- or column-split), the all-reduce; result in m->y. */
+static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
+    cudaStream_t st = m->st;
     TRY(mla_cuda_head_matmul(l->vb, Hl, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, st, err));
     if (!l->o_gather) {
         TRY(mm(m, &l->o, m->o, T, m->y, err));
@@ -604,7 +670,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
                              cudaMemcpyDeviceToDevice, st),
            "rows copy");
         /* the host staging is reused by the all-reduce below: wait for the uploads */
-        CU(cudaStreamSynchronize(st), "gather sync");
+        if (!m->coll_dev) CU(cudaStreamSynchronize(st), "gather sync");
     }
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
@@ -631,6 +697,233 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, mla_err *err) {
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
 
+/* ---------------------------------------------------------------- batched decode */
+/* Attention of a batched decode step: B tokens of B sequences; positions, cache bases and token
+ * ids are read from the step block on the device (nothing here depends on them on the host). */
+static int attention_b(mla_cmodel *m, int64_t il, int64_t B, int64_t max_keys, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const dlayer *l = &m->L[il];
+    const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
+    cudaStream_t st = m->st;
+    const step_off so = step_layout(c->n_layer, B);
+    const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
+    float *const *kvp = (float *const *)(m->dstep + so.kvp) + il * B;
+    float *const *ikp = (float *const *)(m->dstep + so.ikp) + il * B;
+    const float *qin = m->h;
+    if (c->q_lora_rank > 0) {
+        TRY(mm(m, &l->q_a, m->h, B, m->cq, err));
+        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, B, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
+                             err));
+        qin = m->cq;
+    }
+    TRY(mm(m, &l->q_b, qin, B, m->q, err));
+    TRY(mm(m, &l->kv_a, m->h, B, m->kva, err));
+    /* the new cache rows: normalized latent + roped k_pe, built in kvn, then stored per sequence */
+    TRY(mla_cuda_rmsnorm(m->kva, row, B, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
+    CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)B,
+                         cudaMemcpyDeviceToDevice, st),
+       "k_pe copy");
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, B, 1, dr, row, 0, pos, st, err));
+    TRY(mla_cuda_scatter_rows(m->kvn, row, row, B, kvp, pos, row, st, err));
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, B, Hl, dk, Hl * dk, 0, pos, st, err));
+    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, B, m->qabs, Hl * KL, KL, st, err));
+    const int32_t *sel = NULL;
+    if (c->idx_n_head > 0) {
+        /* always through the indexer: a sequence with no more than top_k keys selects all of them,
+         * in order, which is the plain attention */
+        const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
+        TRY(mm(m, &l->iq_b, m->cq, B, m->iq, err));
+        TRY(mm(m, &l->ik, m->h, B, m->ikn, err));
+        TRY(mla_cuda_layernorm(m->ikn, ihd, B, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
+        TRY(mm(m, &l->iproj, m->h, B, m->iw, err));
+        scale_kernel<<<(unsigned)((B * nih + 255) / 256), 256, 0, st>>>(m->iw, B * nih, 1.0f / sqrtf((float)nih));
+        CU(cudaGetLastError(), "scale");
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, B, nih, ihd, nih * ihd, 0, pos, st, err));
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, B, 1, ihd, ihd, 0, pos, st, err));
+        TRY(mla_cuda_scatter_rows(m->ikn, ihd, ihd, B, ikp, pos, ihd, st, err));
+        TRY(mla_cuda_dsa_scores_tok(m->iq, m->iw, ikp, pos, B, nih, ihd, max_keys, m->scores, max_keys, st, err));
+        TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, B, pos, c->idx_top_k, m->sel, m->nsel, st, err));
+        sel = m->sel;
+    }
+    mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, B, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
+                             c->idx_top_k, m->ol, B <= 64 ? m->attn_work : NULL, m->attn_work_floats,
+                             (const float *const *)kvp, pos, max_keys};
+    TRY(mla_cuda_mla_attn(&aa, st, err));
+    return attn_out(m, l, B, err);
+}
+
+/* Everything of a decode step that runs on the device, from the token ids in the step block to
+ * the logits in m->logit_dev (or, split over ranks on NCCL, gathered in m->dgbuf). */
+static int decode_body(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const int64_t E = c->n_embd;
+    cudaStream_t st = m->st;
+    TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, B, m->x, st, err));
+    for (int64_t il = 0; il < c->n_layer; il++) {
+        const dlayer *l = &m->L[il];
+        TRY(mla_cuda_rmsnorm(m->x, E, B, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(attention_b(m, il, B, max_keys, err));
+        TRY(mla_cuda_add(m->x, m->y, B * E, st, err));
+        TRY(mla_cuda_rmsnorm(m->x, E, B, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(ffn_moe(m, il, B, err));
+        TRY(mla_cuda_add(m->x, m->y, B * E, st, err));
+    }
+    TRY(mla_cuda_rmsnorm(m->x, E, B, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    TRY(mm(m, &m->output, m->h, B, m->logit_dev, err));
+    if (m->out_split && m->coll_dev)
+        TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(B * (m->out_r1 - m->out_r0)), err));
+    return MLA_OK;
+}
+
+/* Runs decode_body for (B, max_keys): eagerly the first time, captured into a CUDA graph the
+ * second time, replayed after that. A capture that fails turns graphs off for this model (with
+ * the reason in the log) and the step runs eagerly: slower, never different. */
+static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) {
+    if (!m->graphs) return decode_body(m, B, max_keys, err);
+    mla_cmodel::dgraph *g = nullptr, *lru = &m->gr[0];
+    for (auto &e : m->gr) {
+        if (e.B == B && e.max_keys == max_keys) g = &e;
+        if (e.used < lru->used) lru = &e;
+    }
+    if (!g) {
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);
+        *lru = mla_cmodel::dgraph{};
+        g = lru;
+        g->B = B;
+        g->max_keys = max_keys;
+    }
+    g->used = ++m->gr_tick;
+    if (!g->exec && g->seen++ == 0) return decode_body(m, B, max_keys, err); /* warm-up: lazy attributes, sizes */
+    if (!g->exec) {
+        cudaGraph_t graph = nullptr;
+        CU(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal), "graph capture start");
+        mla_err e2;
+        int rc = decode_body(m, B, max_keys, &e2);
+        cudaError_t ce = cudaStreamEndCapture(m->st, &graph);
+        if (rc == MLA_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&g->exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (rc != MLA_OK || ce != cudaSuccess) {
+            (void)cudaGetLastError(); /* clear the capture's error state */
+            MLA_WARN("CUDA graphs off for this model: capture of a decode step of %lld tokens failed: %s",
+                     (long long)B, rc != MLA_OK ? e2.msg : cudaGetErrorString(ce));
+            g->exec = nullptr;
+            graphs_clear(m);
+            m->graphs = false;
+            return decode_body(m, B, max_keys, err);
+        }
+        m->n_graph_capture++;
+    }
+    CU(cudaGraphLaunch(g->exec, m->st), "graph launch (decode of %lld tokens)", (long long)B);
+    m->n_graph_launch++;
+    return MLA_OK;
+}
+
+extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                 float *const *logits, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    if (B <= 0) return mla_errf(err, "no sequences to decode");
+    if (B > 65535) return mla_errf(err, "a decode step of %lld sequences exceeds 65535", (long long)B);
+    int64_t max_keys = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const mla_cstate *s = states[b];
+        MLA_ASSERT(s && s->m == m);
+        if (tokens[b] < 0 || tokens[b] >= c->n_vocab)
+            return mla_errf(err, "token id %d of sequence %lld is outside the vocabulary of %lld", tokens[b],
+                            (long long)b, (long long)c->n_vocab);
+        if (s->n_past + 1 > s->n_ctx)
+            return mla_errf(err, "sequence %lld: position %lld is past the context of %lld", (long long)b,
+                            (long long)s->n_past, (long long)s->n_ctx);
+        for (int64_t b2 = 0; b2 < b; b2++)
+            if (states[b2] == s) return mla_errf(err, "sequence %lld appears twice in one decode step", (long long)b);
+        if (s->n_ctx > max_keys) max_keys = s->n_ctx;
+    }
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    TRY(ensure_scratch(m, B, max_keys, err));
+    const step_off so = step_layout(c->n_layer, B);
+    int32_t *htok = (int32_t *)m->hstep, *hpos = (int32_t *)(m->hstep + so.pos);
+    float **hkv = (float **)(m->hstep + so.kvp), **hik = (float **)(m->hstep + so.ikp);
+    for (int64_t b = 0; b < B; b++) {
+        htok[b] = tokens[b];
+        hpos[b] = (int32_t)states[b]->n_past;
+        for (int64_t il = 0; il < c->n_layer; il++) {
+            hkv[il * B + b] = states[b]->kv[il];
+            hik[il * B + b] = states[b]->ik[il];
+        }
+    }
+    cudaStream_t st = m->st;
+    CU(cudaMemcpyAsync(m->dstep, m->hstep, so.total, cudaMemcpyHostToDevice, st), "step block upload");
+    TRY(decode_run(m, B, max_keys, err));
+    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
+    /* the result: the logits rows to the host (the step's one synchronisation) */
+    const int64_t V = c->n_vocab;
+    if (!m->out_split) {
+        CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(B * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+        for (int64_t b = 0; b < B; b++)
+            if (logits && logits[b]) memcpy(logits[b], m->hbuf + b * V, (size_t)V * 4);
+        return MLA_OK;
+    }
+    const int64_t Vr = m->out_r1 - m->out_r0;
+    if (m->coll_dev) {
+        CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * B * Vr) * 4, cudaMemcpyDeviceToHost, st),
+           "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+    } else {
+        CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(B * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+        TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(B * Vr), err));
+    }
+    for (int64_t b = 0; b < B; b++)
+        if (logits && logits[b])
+            for (int r = 0; r < m->world; r++) memcpy(logits[b] + r * Vr, m->hbuf + (r * B + b) * Vr, (size_t)Vr * 4);
+    return MLA_OK;
+}
+
+extern "C" bool mla_cmodel_batched(const mla_cmodel *m) { return m->batched; }
+
+extern "C" void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches) {
+    *captures = m->n_graph_capture;
+    *launches = m->n_graph_launch;
+}
+
+extern "C" int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err) {
+    mla_cmodel *m = s->m;
+    if (n_past < 0 || n_past >= s->n_ctx)
+        return mla_errf(err, "cannot fill %lld positions: the context holds %lld", (long long)n_past,
+                        (long long)s->n_ctx);
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    for (int64_t il = 0; il < s->n_layer; il++) {
+        CU(cudaMemsetAsync(s->kv[il], 0, (size_t)(n_past * s->kv_row) * 4, m->st), "cache fill");
+        if (s->ik[il]) CU(cudaMemsetAsync(s->ik[il], 0, (size_t)(n_past * s->ik_row) * 4, m->st), "cache fill");
+    }
+    CU(cudaStreamSynchronize(m->st), "cache fill");
+    s->n_past = n_past;
+    return MLA_OK;
+}
+
+extern "C" int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double *sec_per_op, mla_err *err) {
+    MLA_ASSERT(iters > 0);
+    *sec_per_op = 0;
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    float *d = nullptr;
+    CU(cudaMalloc((void **)&d, (n ? n : 1) * 4), "bench buffer of %zu floats", n);
+    int rc = MLA_OK;
+    if (cudaMemsetAsync(d, 0, n * 4, m->st) != cudaSuccess) rc = mla_errf(err, "bench buffer memset");
+    /* the model's own all-reduce path (NCCL on device buffers, or the host collective through
+     * pinned copies), which needs staging for n floats: the scratch of a step of that size */
+    if (rc == MLA_OK) rc = ensure_scratch(m, (int64_t)(n / (size_t)m->cfg.n_embd) + 1, m->cap_keys, err);
+    for (int i = 0; i < 2 && rc == MLA_OK; i++) rc = allreduce(m, d, n, err);
+    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "bench sync");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < iters && rc == MLA_OK; i++) rc = allreduce(m, d, n, err);
+    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "bench sync");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cudaFree(d);
+    if (rc == MLA_OK) *sec_per_op = ((double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9) / iters;
+    return rc;
+}
+
 extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
                                   int mode, float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
@@ -645,6 +938,10 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
         if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
             return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
                             (long long)c->n_vocab);
+    if (T == 1 && m->batched) { /* a decode step: the batched (and graph) path with one sequence */
+        float *rows[1] = {mode != 0 ? logits : NULL};
+        return mla_cmodel_decode(m, &s, tokens, 1, rows, err);
+    }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     TRY(ensure_scratch(m, T, s->n_ctx, err));
     const int64_t E = c->n_embd;

@@ -3,8 +3,9 @@
  * is uploaded still quantized (attn_k_b / attn_v_b of its heads are dequantized once to float:
  * they feed the per-head absorbed products); the latent KV cache and the indexer key cache live
  * on the device; every op of a step runs on the device on one stream. Host synchronisation
- * inside a step happens only for a collective with world > 1 (the host collective copies
- * through pinned memory) and for the final copy of the logits.
+ * inside a step happens only for a collective with world > 1 on the host collective (it copies
+ * through pinned memory; NCCL runs on its own stream ordered by events) and for the final copy
+ * of the logits.
  *
  * Ownership: mla_cmodel_load borrows the gguf_ctx (only during load: weights are copied to the
  * device) and the coll (must outlive the model; NULL = single rank). mla_cmodel_free releases
@@ -58,6 +59,28 @@ void mla_cstate_truncate(mla_cstate *s, int64_t pos);
  * host buffer [rows][n_vocab]; every rank receives the full logits. */
 int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t n_tokens, int64_t pos0,
                        int mode, float *logits, mla_err *err);
+
+/* One decode step of B sequences, one new token each: tokens[b] at position
+ * mla_cstate_n_past(states[b]) (the states are distinct). Every matmul runs over the B tokens at
+ * once; each token attends over its own sequence's cache. Positions, cache addresses and token
+ * ids reach the device in one copy, so the step's work is captured once per (B, longest context)
+ * as a CUDA graph and replayed (with one rank or NCCL: MLA_CUDA_GRAPHS=0 turns graphs off); the
+ * only host synchronisation is the copy of the logits. logits: NULL, or B host rows of n_vocab
+ * (NULL rows skipped); every rank receives the full rows. Same results as mla_cmodel_forward
+ * one sequence at a time. mla_cmodel_forward takes this path for single-token steps unless
+ * MLA_CUDA_BATCHED=0. */
+int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                      float *const *logits, mla_err *err);
+/* whether the batched decode path is on (MLA_CUDA_BATCHED) */
+bool mla_cmodel_batched(const mla_cmodel *m);
+/* graphs captured and launched so far */
+void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches);
+
+/* For `mlaserve bench` (worker/engine.h bench_fill, bench_coll): the state holds n_past
+ * positions of zero cache; the model's all-reduce path timed over iters all-reduces of n floats
+ * (every rank calls it). */
+int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err);
+int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double *sec_per_op, mla_err *err);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,10 @@
  * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
  * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
  * cores for steps of more than 8 tokens; --split or MLA_E2E_FAST=split: the split-bf16 tensor
- * cores (hi/lo, 3 MMAs, fp32-class accuracy) there. Env MLA_E2E_TIME=1 prints step timings. */
+ * cores (hi/lo, 3 MMAs, fp32-class accuracy) there. Env MLA_E2E_TIME=1 prints step timings.
+ * --batch (with --greedy): every prompt is prefilled first, then the greedy continuations of all
+ * prompts run together as batched decode steps (mla_cmodel_decode, B = the prompts still going),
+ * written in prompt order as without --batch. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -27,7 +30,7 @@ extern "C" {
 
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
-                    "                      [--greedy N --ids-out FILE] [--exact|--fast|--split] [--device D]\n");
+                    "                      [--greedy N --ids-out FILE [--batch]] [--exact|--fast|--split] [--device D]\n");
     return 2;
 }
 
@@ -46,7 +49,7 @@ struct prompts {
 struct rank_job {
     const gguf_ctx *g;
     coll *c;
-    bool exact, split;
+    bool exact, split, batch;
     int device;
     long decode_from, greedy;
     const prompts *P;
@@ -62,6 +65,81 @@ static int32_t argmax(const float *x, int64_t n) {
     for (int64_t i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return (int32_t)b;
+}
+
+/* --batch: prefill every prompt, then decode all greedy continuations together. */
+static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
+    const mla_config *c = mla_cmodel_config(m);
+    const int64_t P = j->P->count, V = c->n_vocab;
+    mla_cstate **st = (mla_cstate **)mla_xcalloc((size_t)P, sizeof *st);
+    float *last = (float *)mla_xmalloc((size_t)(P * V) * sizeof *last);
+    int32_t *out = (int32_t *)mla_xcalloc((size_t)(P * (j->greedy + 1)), sizeof *out);
+    int64_t *nout = (int64_t *)mla_xcalloc((size_t)P, sizeof *nout);
+    bool *done = (bool *)mla_xcalloc((size_t)P, sizeof *done);
+    mla_cstate **bst = (mla_cstate **)mla_xcalloc((size_t)P, sizeof *bst);
+    int32_t *btok = (int32_t *)mla_xcalloc((size_t)P, sizeof *btok);
+    float **brow = (float **)mla_xcalloc((size_t)P, sizeof *brow);
+    int64_t *bidx = (int64_t *)mla_xcalloc((size_t)P, sizeof *bidx);
+    float *logits = NULL;
+    int rc = MLA_OK;
+    for (int64_t p = 0; p < P && rc == MLA_OK; p++) {
+        const int64_t n = j->P->n[p];
+        if (!(st[p] = mla_cstate_new(m, n + j->greedy + 1, err))) {
+            rc = MLA_ERR;
+            break;
+        }
+        logits = (float *)mla_xrealloc(logits, (size_t)(n * V) * sizeof *logits);
+        double t0 = now_s();
+        rc = mla_cmodel_forward(m, st[p], j->P->ids[p], n, 0, 2, logits, err);
+        j->t_prefill += now_s() - t0;
+        j->n_prefill_tok += n;
+        if (rc == MLA_OK && j->fout && fwrite(logits, sizeof *logits, (size_t)(n * V), j->fout) != (size_t)(n * V))
+            rc = mla_errf(err, "write failed");
+        memcpy(last + p * V, logits + (n - 1) * V, (size_t)V * sizeof *last);
+    }
+    for (long i = 0; rc == MLA_OK && i < j->greedy; i++) {
+        int64_t B = 0;
+        for (int64_t p = 0; p < P; p++) {
+            if (done[p]) continue;
+            int32_t tok = argmax(last + p * V, V);
+            out[p * (j->greedy + 1) + nout[p]++] = tok;
+            if ((uint32_t)tok == eos || i + 1 == j->greedy) {
+                done[p] = true;
+                continue;
+            }
+            bst[B] = st[p];
+            btok[B] = tok;
+            brow[B] = last + p * V;
+            bidx[B++] = p;
+        }
+        if (B == 0) break;
+        double t1 = now_s();
+        rc = mla_cmodel_decode(m, bst, btok, B, brow, err);
+        j->t_decode += now_s() - t1;
+        j->n_decode++;
+    }
+    for (int64_t p = 0; rc == MLA_OK && j->fids && p < P; p++) {
+        for (int64_t k = 0; k < nout[p]; k++) fprintf(j->fids, "%s%d", k ? " " : "", out[p * (j->greedy + 1) + k]);
+        fputc('\n', j->fids);
+    }
+    if (rc == MLA_OK && getenv("MLA_E2E_TIME")) {
+        uint64_t cap, launch;
+        mla_cmodel_graph_stats(m, &cap, &launch);
+        fprintf(stderr, "mla-e2e --batch: %lld prompts, CUDA graphs captured %llu, launched %llu\n", (long long)P,
+                (unsigned long long)cap, (unsigned long long)launch);
+    }
+    for (int64_t p = 0; p < P; p++) mla_cstate_free(st[p]);
+    free(st);
+    free(last);
+    free(out);
+    free(nout);
+    free(done);
+    free(bst);
+    free(btok);
+    free(brow);
+    free(bidx);
+    free(logits);
+    return rc;
 }
 
 static void *run_rank(void *arg) {
@@ -81,6 +159,10 @@ static void *run_rank(void *arg) {
             mla_errf(err, "CUDA self-check failed: %s", e2.msg);
             goto out;
         }
+    }
+    if (j->batch) {
+        if (run_batched(j, m, eos, err) == MLA_OK) j->rc = MLA_OK;
+        goto out;
     }
     for (int64_t p = 0; p < j->P->count; p++) {
         const int32_t *ids = j->P->ids[p];
@@ -130,13 +212,17 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "logits")) return usage();
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
     int tp = 1, device = 0;
-    bool exact = true, split = false;
+    bool exact = true, split = false, batch = false;
     long decode_from = -1, greedy = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--exact") || !strcmp(a, "--fast") || !strcmp(a, "--split")) {
             exact = !strcmp(a, "--exact");
             split = !strcmp(a, "--split");
+            continue;
+        }
+        if (!strcmp(a, "--batch")) {
+            batch = true;
             continue;
         }
         if (i + 1 >= argc) return usage();
@@ -156,7 +242,9 @@ int main(int argc, char **argv) {
         exact = false;
         split = !strcmp(getenv("MLA_E2E_FAST"), "split");
     }
-    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
+    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || (batch && greedy <= 0) || tp < 1 ||
+        tp > COLL_HOST_MAX_WORLD)
+        return usage();
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
     FILE *fin = NULL, *fout = NULL, *fids = NULL;
@@ -199,7 +287,7 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < tp; r++) {
         rank_job *j = &jobs[r];
-        j->g = g, j->exact = exact, j->split = split, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
         j->fout = r == 0 ? fout : NULL;
         j->fids = r == 0 ? fids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;

@@ -58,6 +58,8 @@ def main():
     ap.add_argument('--prompts')
     ap.add_argument('--tp', type=int, default=1, help='tensor-parallel ranks for the runs')
     ap.add_argument('--tp-rtol', type=float, help='also run with 1 rank; max |diff| / max|logit| bound')
+    ap.add_argument('--extra', action='append', default=[],
+                    help='one more argument for the logits command (repeatable; --extra=--batch)')
     a = ap.parse_args()
     global ROPE_BF16
     ROPE_BF16 = a.rope_freq_bf16
@@ -72,7 +74,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         extra = ['--greedy', '24', '--ids-out', os.path.join(tmp, 'ids.txt')] if a.greedy else []
         tpx = ['--tp', str(a.tp)] if a.tp > 1 else []
-        ours = run(a.mlaserve, a.model, prompts, a.threads, tmp, extra + tpx)
+        ours = run(a.mlaserve, a.model, prompts, a.threads, tmp, extra + tpx + a.extra)
         n_tot = sum(len(p['tokens']) for p in prompts)
         if ours.size != n_tot * V:
             raise SystemExit(f'expected {n_tot}x{V} logits, got {ours.size} floats')

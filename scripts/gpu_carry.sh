@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Packs what one GPU-machine call needs into .gpucarry/ (ignored; name it in the run tool's carry),
+# compressed so that the repository plus this stays under the 64 MiB a call may carry:
+#   bundle.tar.xz    the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/
+#   harness.tar.xz   mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
+#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/
+#   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
+#                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
+#   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
+# On the GPU machine scripts/gpu_session.sh unpacks them. Usage: scripts/gpu_carry.sh
+#   env: FIXTURES (default ../shared/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
+#   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FIX="${FIXTURES:-../shared/fixtures}"
+HB="${HARNESS_BUILD:-build-b90}"
+C=.gpucarry
+rm -rf "$C" && mkdir -p "$C"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
+tail -3 "$tmp/bundle.log"
+tar cf - .bundle90 | xz -T2 -6 >"$C/bundle.tar.xz"
+cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e >/dev/null
+mkdir -p "$tmp/h/build-gpu-carried"
+cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$tmp/h/build-gpu-carried/"
+strip "$tmp/h/build-gpu-carried/"*
+tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -6 >"$C/harness.tar.xz"
+mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
+cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"
+cp "$FIX"/tiny-glm5/{ref.json,ref_logits.f32,tiny-glm5-bf16.gguf} "$tmp/f/.gpu-fixtures/tiny-glm5/"
+[ "${GLM_Q8:-0}" = 1 ] && cp "$FIX"/tiny-glm5/tiny-glm5-q8_0.gguf "$tmp/f/.gpu-fixtures/tiny-glm5/"
+tar cf - -C "$tmp/f" .gpu-fixtures | xz -T2 -6 >"$C/fixtures.tar.xz"
+if [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
+ls -la "$C"
+tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+carried=$(du -cb "$C"/* | tail -1 | cut -f1)
+echo "tracked $((tracked / 1048576)) MiB + carried $((carried / 1048576)) MiB = $(((tracked + carried) / 1048576)) MiB (limit 64)"
