@@ -63,10 +63,15 @@ struct coord {
     pthread_t sup_th;
     int sup_started, quit, gave_up, restarts;
     _Atomic int consecutive_restarts; /* since the last successful step */
-    /* I/O thread only */
+    /* I/O thread only: the step or bench request in flight (one at a time) */
     int inflight;
-    uint64_t inflight_step;
+    int inflight_bench;   /* 1: a Bench request (answered by every rank), 0: a step */
+    uint64_t inflight_step; /* its step id or bench id */
     int64_t inflight_since;
+    int bench_answered[WIRE_MAX_WORLD], bench_n_answered;
+    double bench_sec;     /* the slowest rank's seconds per operation */
+    char bench_err[1024]; /* the error of the lowest failing rank so far */
+    int bench_err_rank;
     int64_t start_deadline;
     /* the NCCL unique id rank 0 published (Control NCCL_ID) for this group; relayed to the
      * other ranks (I/O thread only; reset by group_launch) */
@@ -146,7 +151,8 @@ static void group_fail(coord *c, const char *fmt, ...) {
     coll_host_seg_abort(c->seg, msg);
     if (c->inflight) {
         char m2[1200];
-        snprintf(m2, sizeof m2, "step %" PRIu64 " failed: %s", c->inflight_step, msg);
+        snprintf(m2, sizeof m2, "%s %" PRIu64 " failed: %s", c->inflight_bench ? "bench request" : "step",
+                 c->inflight_step, msg);
         api_reply_err(c, m2);
         c->inflight = 0;
     }
@@ -307,7 +313,7 @@ static void handle_router(coord *c) {
     case WIRE_STEP_RESULT:
         if (r != 0) {
             MLA_WARN("dropping a step result from worker %d (only rank 0 answers)", r);
-        } else if (!c->inflight || m.u.result.step_id != c->inflight_step) {
+        } else if (!c->inflight || c->inflight_bench || m.u.result.step_id != c->inflight_step) {
             MLA_WARN("dropping a result for step %" PRIu64 " (none in flight with that id)", m.u.result.step_id);
         } else if (!m.u.result.ok) {
             group_fail(c, "worker 0: %s", m.u.result.error);
@@ -320,6 +326,31 @@ static void handle_router(coord *c) {
             api_reply(c, 'R', &heap, sizeof heap);
         }
         break;
+    case WIRE_BENCH_RESULT: {
+        const wire_bench_result *br = &m.u.bench_result;
+        if (!c->inflight || !c->inflight_bench || br->bench_id != c->inflight_step) {
+            MLA_WARN("dropping a bench result %" PRIu64 " from worker %d (none in flight with that id)", br->bench_id, r);
+        } else if ((int)br->rank != r || c->bench_answered[r]) {
+            MLA_WARN("dropping a bench result from worker %d (rank %u in the frame%s)", r, br->rank,
+                     c->bench_answered[r] ? ", already answered" : "");
+        } else {
+            /* every rank answers; the lowest failing rank's error is reported (whatever the order of
+             * arrival), else the slowest rank's time */
+            c->bench_answered[r] = 1;
+            c->bench_n_answered++;
+            if (!br->ok && (!c->bench_err[0] || r < c->bench_err_rank)) {
+                snprintf(c->bench_err, sizeof c->bench_err, "worker %d: %s", r, br->error);
+                c->bench_err_rank = r;
+            }
+            if (br->ok && br->sec_per_op > c->bench_sec) c->bench_sec = br->sec_per_op;
+            if (c->bench_n_answered == c->cfg.world) {
+                c->inflight = 0;
+                if (c->bench_err[0]) api_reply_err(c, c->bench_err);
+                else api_reply(c, 'S', &c->bench_sec, sizeof c->bench_sec);
+            }
+        }
+        break;
+    }
     default:
         MLA_WARN("dropping an unexpected %s frame from worker %d", wire_kind_name(m.kind), r);
         break;
@@ -355,9 +386,9 @@ static int handle_api(coord *c) {
         api_reply_err(c, m);
         goto out;
     }
-    if (t == 'P') {
+    if (t == 'P' || t == 'B') {
         if (c->inflight) {
-            api_reply_err(c, "a step is already in flight");
+            api_reply_err(c, "a step or bench request is already in flight");
             goto out;
         }
         /* the step id sits in the frame; the API side passed it first */
@@ -367,8 +398,15 @@ static int handle_api(coord *c) {
         const uint8_t *frame = (const uint8_t *)zmq_msg_data(&body) + sizeof step_id;
         size_t n = zmq_msg_size(&body) - sizeof step_id;
         c->inflight = 1;
+        c->inflight_bench = t == 'B';
         c->inflight_step = step_id;
         c->inflight_since = now_ms();
+        if (t == 'B') {
+            memset(c->bench_answered, 0, sizeof c->bench_answered);
+            c->bench_n_answered = 0;
+            c->bench_sec = 0;
+            c->bench_err[0] = '\0';
+        }
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
     } else if (t == 'F') {
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
@@ -409,8 +447,8 @@ static void supervise(coord *c, int64_t t) {
     pthread_mutex_unlock(&c->mu);
     if (st != ST_STARTING && st != ST_READY) return;
     if (c->inflight && c->cfg.step_timeout_ms > 0 && t - c->inflight_since > c->cfg.step_timeout_ms) {
-        group_fail(c, "step %" PRIu64 " did not finish within %d ms (a worker hangs or is too slow; see --step-timeout-ms)",
-                   c->inflight_step, c->cfg.step_timeout_ms);
+        group_fail(c, "%s %" PRIu64 " did not finish within %d ms (a worker hangs or is too slow; see --step-timeout-ms)",
+                   c->inflight_bench ? "bench request" : "step", c->inflight_step, c->cfg.step_timeout_ms);
         return;
     }
     for (int r = 0; r < c->cfg.world; r++) {
@@ -644,6 +682,40 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
         else cfg->max_restarts = (int)n;
     }
     return 1;
+}
+
+/* ---- commands that start a worker group ---------------------------------------------------- */
+
+int coord_group_opt(coord_group_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    mla_err err;
+    int co = coord_parse_opt(&o->cc, argc, argv, i, &err);
+    if (co < 0) fprintf(stderr, "mlaserve: %s\n", err.msg);
+    if (co) return co;
+    if (!strcmp(a, "--processes")) return 1; /* the only mode of these commands */
+    if (!v) return 0;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
+    else if (!strcmp(a, "--tp")) o->tp = atoi(v);
+    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
+    else return 0;
+    (*i)++;
+    if (o->tp < 1 || o->tp > WIRE_MAX_WORLD || o->threads < 1) return -1;
+    return 1;
+}
+
+int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, mla_err *err) {
+    *c = NULL;
+    if (coord_check_model(g, o->tp, NULL, err)) return mla_err_prefix(err, "%s", o->model);
+    coord_config cfg = o->cc;
+    cfg.world = o->tp;
+    cfg.model_path = o->model;
+    cfg.model_hash = gguf_index_hash(g);
+    cfg.worker_exe = o->worker_exe;
+    cfg.n_threads = o->threads;
+    if (coord_start(c, &cfg, err)) return mla_err_prefix(err, "starting %d workers", o->tp);
+    return MLA_OK;
 }
 
 /* ---- public API ------------------------------------------------------------------------------- */
@@ -981,8 +1053,9 @@ int coord_healthy(coord *c, mla_err *err) {
     return ok;
 }
 
-/* waits for the I/O thread's answer: 'R' + result pointer, 'K', or 'E' + message */
-static int api_wait(coord *c, wire_msg **res, mla_err *err) {
+/* waits for the I/O thread's answer: 'R' + result pointer, 'S' + a double (bench), 'K', or 'E' +
+ * message */
+static int api_wait_any(coord *c, wire_msg **res, double *sec, mla_err *err) {
     zmq_msg_t tag, body;
     zmq_msg_init(&tag);
     zmq_msg_init(&body);
@@ -1000,11 +1073,16 @@ static int api_wait(coord *c, wire_msg **res, mla_err *err) {
     } else if (t == 'R') {
         MLA_ASSERT(res && zmq_msg_size(&body) == sizeof *res);
         memcpy(res, zmq_msg_data(&body), sizeof *res);
+    } else if (t == 'S') {
+        MLA_ASSERT(sec && zmq_msg_size(&body) == sizeof *sec);
+        memcpy(sec, zmq_msg_data(&body), sizeof *sec);
     }
     zmq_msg_close(&tag);
     zmq_msg_close(&body);
     return rc;
 }
+
+static int api_wait(coord *c, wire_msg **res, mla_err *err) { return api_wait_any(c, res, NULL, err); }
 
 static int api_send(coord *c, char tag, uint64_t *prefix, const uint8_t *buf, size_t n) {
     zmq_msg_t m;
@@ -1075,6 +1153,47 @@ int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err) {
     if (rc == MLA_OK) rc = api_wait(c, NULL, err);
     pthread_mutex_unlock(&c->api_mu);
     return rc;
+}
+
+/* Sends a Bench request to every rank and waits until all answered (or the group failed). */
+static int coord_bench(coord *c, wire_bench *b, double *sec, mla_err *err) {
+    static _Atomic uint64_t next_id = 1;
+    b->bench_id = atomic_fetch_add(&next_id, 1);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_BENCH;
+    m.u.bench = *b;
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
+    wire_msg chk; /* validated as a worker will */
+    if (wire_decode(buf, n, NULL, &chk, err)) {
+        free(buf);
+        return mla_err_prefix(err, "invalid bench request");
+    }
+    wire_msg_free(&chk);
+    pthread_mutex_lock(&c->api_mu);
+    uint64_t id = b->bench_id;
+    int rc = api_send(c, 'B', &id, buf, n);
+    free(buf);
+    double s = 0;
+    if (rc == MLA_OK) rc = api_wait_any(c, NULL, &s, err);
+    else mla_errf(err, "coordinator: cannot queue the bench request");
+    pthread_mutex_unlock(&c->api_mu);
+    if (rc == MLA_OK && sec) *sec = s;
+    return rc;
+}
+
+int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, mla_err *err) {
+    wire_bench b = {.op = WIRE_BENCH_FILL, .n_seq_ids = n, .seq_ids = (uint64_t *)ids, .n_past = n_past};
+    return coord_bench(c, &b, NULL, err);
+}
+
+int coord_bench_coll(coord *c, size_t n_floats, int iters, double *sec_per_op, mla_err *err) {
+    if (iters < 1) return mla_errf(err, "%d all-reduce iterations (need at least 1)", iters);
+    wire_bench b = {.op = WIRE_BENCH_COLL, .n_floats = n_floats, .iters = (uint32_t)iters};
+    *sec_per_op = 0;
+    return coord_bench(c, &b, sec_per_op, err);
 }
 
 void coord_stop(coord *c) {

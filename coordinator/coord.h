@@ -81,6 +81,26 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
 /* Usage lines for those options. */
 extern const char coord_opts_usage[];
 
+/* What every command that starts a worker group takes (`mlaserve generate`, `logits
+ * --processes`, `bench`): the model, the tensor-parallel degree, threads per worker, the worker
+ * program, and the control-plane options above. Strings point into argv. */
+typedef struct coord_group_opts {
+    const char *model;
+    int tp, threads;
+    const char *worker_exe;
+    coord_config cc;
+} coord_group_opts;
+
+/* Consumes a group option at argv[*i]: those of coord_parse_opt, --processes, -m/--model M,
+ * --tp N, --threads N, --worker-exe PATH. 1 when it was one (*i then indexes its last word), -1 on
+ * a bad value (a control-plane option's reason is printed on stderr), 0 when not a group option. */
+int coord_group_opt(coord_group_opts *o, int argc, char **argv, int *i);
+
+/* Checks that the open model g (the file o->model) can be served by o->tp ranks
+ * (coord_check_model) and starts the group: o->tp local workers (or external ones), as
+ * coord_start. MLA_ERR with the reason, prefixed by the model path or "starting N workers". */
+int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, mla_err *err);
+
 /* 1 when the endpoint may be bound without CURVE (ipc://, inproc://, tcp on loopback). */
 int coord_endpoint_is_local(const char *endpoint);
 
@@ -105,6 +125,16 @@ void coord_result_free(wire_step_result *r);
 
 /* Forgets sequences on every worker. */
 int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err);
+
+/* `mlaserve bench` (Bench frames, answered by every rank; the step timeout and the group's
+ * failure handling apply as to a step). coord_bench_fill makes each of the n sequences (created
+ * if new) hold n_past positions of zero latent cache on every rank (engine bench_fill), so that
+ * their next step runs at position n_past. coord_bench_coll has every rank time iters all-reduces
+ * of n_floats floats on its model's collective; *sec_per_op is the slowest rank's mean per
+ * all-reduce. A rank that cannot (an engine without the hook, a context too small) answers with
+ * an error, returned as "worker R: <reason>" (the lowest such rank); the group stays usable. */
+int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, mla_err *err);
+int coord_bench_coll(coord *c, size_t n_floats, int iters, double *sec_per_op, mla_err *err);
 
 /* 1 while the group is ready; 0 once it failed or while it restarts (the reason goes to err
  * when not NULL). */

@@ -15,44 +15,11 @@
 #include "coord.h"
 #include "tok.h"
 
-typedef struct group_opts {
-    const char *model;
-    int tp, threads;
-    const char *worker_exe;
-    coord_config cc; /* control-plane options (coord_parse_opt) */
-} group_opts;
-
-/* consumes a group option at argv[*i]; 1 when it was one, -1 on a bad value, 0 otherwise */
-static int group_opt(group_opts *o, int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    mla_err err;
-    int co = coord_parse_opt(&o->cc, argc, argv, i, &err);
-    if (co < 0) fprintf(stderr, "mlaserve: %s\n", err.msg);
-    if (co) return co;
-    if (!strcmp(a, "--processes")) return 1; /* the only mode here */
-    if (!v) return 0;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-    else if (!strcmp(a, "--tp")) o->tp = atoi(v);
-    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
-    else return 0;
-    (*i)++;
-    if (o->tp < 1 || o->tp > WIRE_MAX_WORLD || o->threads < 1) return -1;
-    return 1;
-}
+typedef coord_group_opts group_opts;
 
 static int start_group(const group_opts *o, gguf_ctx **g, coord **c, mla_err *err) {
     if (gguf_open(g, o->model, err)) return MLA_ERR;
-    if (coord_check_model(*g, o->tp, NULL, err)) return mla_err_prefix(err, "%s", o->model);
-    coord_config cfg = o->cc;
-    cfg.world = o->tp;
-    cfg.model_path = o->model;
-    cfg.model_hash = gguf_index_hash(*g);
-    cfg.worker_exe = o->worker_exe;
-    cfg.n_threads = o->threads;
-    if (coord_start(c, &cfg, err)) return mla_err_prefix(err, "starting %d workers", o->tp);
-    return MLA_OK;
+    return coord_group_start(o, *g, c, err);
 }
 
 /* one sequence: tokens[0..n) with prompt chunk k, logits of every position into out (n x V);
@@ -105,7 +72,7 @@ int cmd_logits_tp(int argc, char **argv) {
     const char *tokens = NULL, *outp = NULL, *ids_out = NULL;
     long decode_from = -1, greedy = 0;
     for (int i = 1; i < argc; i++) {
-        int g = group_opt(&o, argc, argv, &i);
+        int g = coord_group_opt(&o, argc, argv, &i);
         if (g < 0) goto usage;
         if (g) continue;
         if (i + 1 >= argc) goto usage;
@@ -196,7 +163,7 @@ int cmd_generate(int argc, char **argv) {
     wire_sampling sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
     int verbose = 0, chat = 0;
     for (int i = 1; i < argc; i++) {
-        int g = group_opt(&o, argc, argv, &i);
+        int g = coord_group_opt(&o, argc, argv, &i);
         if (g < 0) goto usage;
         if (g) continue;
         const char *a = argv[i];

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd_bench.h"
 #include "cmd_client.h"
 #include "cmd_mkmodel.h"
 #include "cmd_serve.h"
@@ -15,6 +16,9 @@ static int usage(FILE *f) {
             "  logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N]   exact CPU logits\n"
             "         (--tp N: N ranks as threads; add --processes for a coordinator + N worker processes)\n"
             "  generate -m MODEL -p PROMPT [-n N] [--tp N] [--temp T ...]   generate text\n"
+            "  bench -m MODEL [--tp 1,2,4] [--prefill 512,4096] [--batch 1,8,32] [--ctx 1024] [--steps N] ...\n"
+            "         throughput of the serving stack: prefill, decode at a batch and context, all-reduce cost\n"
+            "         (bench --help lists every option)\n"
             "  serve -m MODEL [--tp N] [--host H] [--port P] [--api-key K] ...   OpenAI-compatible\n"
             "         HTTP server over N worker processes (serve --help lists every option)\n"
             "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models\n"
@@ -32,6 +36,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (!strcmp(argv[1], "client")) return cmd_client(argc - 1, argv + 1);
     if (!strcmp(argv[1], "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);

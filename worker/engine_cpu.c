@@ -1,10 +1,13 @@
 /* engine_cpu: the engine (worker/engine.h) on top of the CPU forward pass (worker/model.h).
  * One mla_state (latent KV cache) per sequence id, of MLA_N_CTX tokens (environment; default
  * min(trained context, 8192)). A plan whose first position is below the cached length rewinds
- * the cache (positions 0 restarts the sequence); a gap is an error. */
+ * the cache (positions 0 restarts the sequence); a gap is an error. Bench hooks: bench_fill zeroes
+ * the first n_past rows of a sequence's cache (mla_state_bench_fill); bench_coll times the
+ * worker's collective (the host collective) on a buffer of zeros. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine_cpu.h"
 #include "gguf.h"
@@ -19,6 +22,7 @@ typedef struct cpu_seq {
 struct engine {
     gguf_ctx *g;
     mla_model *m;
+    coll *c; /* the worker's collective (borrowed) */
     int64_t n_ctx;
     cpu_seq *seqs;
     size_t n, cap;
@@ -36,6 +40,7 @@ static int cpu_load(engine **out, const char *path, int rank, int world, coll *c
                     int n_threads, mla_err *err) {
     (void)rank, (void)world, (void)boot; /* the host collective needs no id */
     engine *e = mla_xcalloc(1, sizeof *e);
+    e->c = c;
     if (gguf_open(&e->g, path, err)) {
         free(e);
         return MLA_ERR;
@@ -99,6 +104,33 @@ static void cpu_free_seq(engine *e, uint64_t id) {
         }
 }
 
+static int cpu_bench_fill(engine *e, uint64_t id, uint32_t n_past, mla_err *err) {
+    if ((int64_t)n_past > e->n_ctx)
+        return mla_errf(err, "%u positions exceed the context of %lld (MLA_N_CTX)", n_past, (long long)e->n_ctx);
+    return mla_state_bench_fill(get_state(e, id), n_past, err);
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cpu_bench_coll(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err) {
+    *sec_per_op = 0;
+    if (n == 0 || iters < 1) return mla_errf(err, "an all-reduce of %zu floats %d times (need at least 1 of each)", n, iters);
+    if (!e->c) return mla_errf(err, "this engine has no collective");
+    float *buf = calloc(n, sizeof *buf); /* zeros: sums stay zero, however many iterations */
+    if (!buf) return mla_errf(err, "cannot allocate %zu floats for the all-reduce", n);
+    int rc = coll_allreduce_sum_f32(e->c, buf, n, err); /* untimed: faults the pages, lines up the ranks */
+    double t0 = mono_s();
+    for (int i = 0; rc == MLA_OK && i < iters; i++) rc = coll_allreduce_sum_f32(e->c, buf, n, err);
+    double t1 = mono_s();
+    free(buf);
+    if (rc == MLA_OK) *sec_per_op = (t1 - t0) / iters;
+    return rc;
+}
+
 static void cpu_destroy(engine *e) {
     if (!e) return;
     for (size_t i = 0; i < e->n; i++) mla_state_free(e->seqs[i].st);
@@ -109,4 +141,4 @@ static void cpu_destroy(engine *e) {
 }
 
 const engine_ops engine_cpu_ops = {"cpu", cpu_model_hash, cpu_load, cpu_vocab, cpu_step, cpu_free_seq,
-                                   cpu_destroy, NULL, NULL};
+                                   cpu_destroy, cpu_bench_fill, cpu_bench_coll};

@@ -359,6 +359,17 @@ void mla_state_truncate(mla_state *s, int64_t pos) {
     s->n_past = pos;
 }
 
+int mla_state_bench_fill(mla_state *s, int64_t n_past, mla_err *err) {
+    if (n_past < 0 || n_past > s->n_ctx)
+        return mla_errf(err, "%lld positions do not fit the context of %lld", (long long)n_past, (long long)s->n_ctx);
+    for (int64_t il = 0; il < s->n_layer; il++) {
+        memset(s->kv[il], 0, (size_t)(n_past * s->kv_row) * sizeof(float));
+        if (s->ik[il]) memset(s->ik[il], 0, (size_t)(n_past * s->ik_row) * sizeof(float));
+    }
+    s->n_past = n_past;
+    return MLA_OK;
+}
+
 /* ---------------- forward ---------------- */
 
 typedef struct scratch {

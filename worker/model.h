@@ -45,6 +45,10 @@ void mla_state_free(mla_state *s);
 int64_t mla_state_n_past(const mla_state *s);
 /* Forget tokens from position pos on (pos <= n_past). */
 void mla_state_truncate(mla_state *s, int64_t pos);
+/* For `mlaserve bench`: the cache holds n_past positions of zeros (latent rows and indexer keys),
+ * as if a prompt of that length had run, so that the next forward runs at position n_past.
+ * MLA_ERR when n_past is negative or exceeds the state's context. */
+int mla_state_bench_fill(mla_state *s, int64_t n_past, mla_err *err);
 
 enum mla_logits_mode { MLA_LOGITS_NONE = 0, MLA_LOGITS_LAST = 1, MLA_LOGITS_ALL = 2 };
 

@@ -14,6 +14,8 @@ const char *wire_kind_name(wire_kind k) {
     case WIRE_STEP_PLAN: return "StepPlan";
     case WIRE_STEP_RESULT: return "StepResult";
     case WIRE_CONTROL: return "Control";
+    case WIRE_BENCH: return "Bench";
+    case WIRE_BENCH_RESULT: return "BenchResult";
     }
     return "?";
 }
@@ -34,6 +36,8 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     Mla__StepPlan plan = MLA__STEP_PLAN__INIT;
     Mla__StepResult res = MLA__STEP_RESULT__INIT;
     Mla__Control ctl = MLA__CONTROL__INIT;
+    Mla__Bench bench = MLA__BENCH__INIT;
+    Mla__BenchResult bres = MLA__BENCH_RESULT__INIT;
     /* per-sequence storage for plans and results */
     Mla__SeqPlan *sps = NULL, **spp = NULL;
     Mla__SamplingParams *sms = NULL;
@@ -158,6 +162,26 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         ctl.nccl_id.data = (uint8_t *)m->u.ctl.nccl_id;
         env.body_case = MLA__ENVELOPE__BODY_CONTROL;
         env.control = &ctl;
+        break;
+    case WIRE_BENCH:
+        bench.bench_id = m->u.bench.bench_id;
+        bench.op = (Mla__BenchOp)m->u.bench.op;
+        bench.n_seq_ids = m->u.bench.n_seq_ids;
+        bench.seq_ids = m->u.bench.seq_ids;
+        bench.n_past = m->u.bench.n_past;
+        bench.n_floats = m->u.bench.n_floats;
+        bench.iters = m->u.bench.iters;
+        env.body_case = MLA__ENVELOPE__BODY_BENCH;
+        env.bench = &bench;
+        break;
+    case WIRE_BENCH_RESULT:
+        bres.bench_id = m->u.bench_result.bench_id;
+        bres.rank = m->u.bench_result.rank;
+        bres.ok = m->u.bench_result.ok;
+        bres.error = s_or_empty(m->u.bench_result.error);
+        bres.sec_per_op = m->u.bench_result.sec_per_op;
+        env.body_case = MLA__ENVELOPE__BODY_BENCH_RESULT;
+        env.bench_result = &bres;
         break;
     default:
         return mla_errf(err, "wire: cannot encode frame kind %d", (int)m->kind);
@@ -457,6 +481,64 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
     return MLA_OK;
 }
 
+static int decode_bench(const Mla__Bench *b, const wire_limits *lim, wire_bench *o, mla_err *err) {
+    uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
+    uint32_t max_ctx = lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX;
+    unsigned long long id = (unsigned long long)b->bench_id;
+    if ((int)b->op == WIRE_BENCH_FILL) {
+        if (b->n_seq_ids == 0 || b->n_seq_ids > max_seqs)
+            return mla_errf(err, "wire: bench %llu: fill of %zu sequences (1..%u allowed)", id, b->n_seq_ids, max_seqs);
+        if (b->n_past > max_ctx)
+            return mla_errf(err, "wire: bench %llu: fill to %u positions exceeds the context limit %u", id, b->n_past,
+                            max_ctx);
+        if (b->n_floats || b->iters)
+            return mla_errf(err, "wire: bench %llu: a fill carries all-reduce fields (n_floats %llu, iters %u)", id,
+                            (unsigned long long)b->n_floats, b->iters);
+        if (!ids_unique(b->seq_ids, b->n_seq_ids))
+            return mla_errf(err, "wire: bench %llu: fill lists a sequence id twice", id);
+    } else if ((int)b->op == WIRE_BENCH_COLL) {
+        if (b->n_floats == 0 || b->n_floats > WIRE_MAX_BENCH_FLOATS)
+            return mla_errf(err, "wire: bench %llu: all-reduce of %llu floats (1..%llu allowed)", id,
+                            (unsigned long long)b->n_floats, (unsigned long long)WIRE_MAX_BENCH_FLOATS);
+        if (b->iters == 0 || b->iters > WIRE_MAX_BENCH_ITERS)
+            return mla_errf(err, "wire: bench %llu: %u all-reduce iterations (1..%u allowed)", id, b->iters,
+                            WIRE_MAX_BENCH_ITERS);
+        if (b->n_seq_ids || b->n_past)
+            return mla_errf(err, "wire: bench %llu: an all-reduce carries fill fields (%zu sequences, n_past %u)", id,
+                            b->n_seq_ids, b->n_past);
+    } else {
+        return mla_errf(err, "wire: bench %llu: unknown op %d", id, (int)b->op);
+    }
+    o->bench_id = b->bench_id;
+    o->op = (wire_bench_op)b->op;
+    o->n_past = b->n_past;
+    o->n_floats = b->n_floats;
+    o->iters = b->iters;
+    o->n_seq_ids = (uint32_t)b->n_seq_ids;
+    if (b->n_seq_ids) {
+        o->seq_ids = mla_xmalloc(b->n_seq_ids * sizeof *o->seq_ids);
+        memcpy(o->seq_ids, b->seq_ids, b->n_seq_ids * sizeof *o->seq_ids);
+    }
+    return MLA_OK;
+}
+
+static int decode_bench_result(const Mla__BenchResult *r, const wire_limits *lim, wire_bench_result *o,
+                               mla_err *err) {
+    uint32_t world = lim->world ? lim->world : WIRE_MAX_WORLD;
+    unsigned long long id = (unsigned long long)r->bench_id;
+    if (r->rank >= world) return mla_errf(err, "wire: bench result %llu from rank %u (world %u)", id, r->rank, world);
+    if (copy_str(o->error, sizeof o->error, r->error, "BenchResult.error", err)) return MLA_ERR;
+    if (!r->ok && !o->error[0]) return mla_errf(err, "wire: failed bench result %llu without an error message", id);
+    if (r->ok && o->error[0]) return mla_errf(err, "wire: successful bench result %llu carries an error message", id);
+    if (!isfinite(r->sec_per_op) || r->sec_per_op < 0 || r->sec_per_op > 1e6)
+        return mla_errf(err, "wire: bench result %llu: %g seconds per operation", id, r->sec_per_op);
+    o->bench_id = r->bench_id;
+    o->rank = r->rank;
+    o->ok = r->ok;
+    o->sec_per_op = r->sec_per_op;
+    return MLA_OK;
+}
+
 int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg *out, mla_err *err) {
     memset(out, 0, sizeof *out);
     wire_limits lim0 = {0};
@@ -478,6 +560,8 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
     case WIRE_STEP_PLAN: expect_case = MLA__ENVELOPE__BODY_PLAN; break;
     case WIRE_STEP_RESULT: expect_case = MLA__ENVELOPE__BODY_RESULT; break;
     case WIRE_CONTROL: expect_case = MLA__ENVELOPE__BODY_CONTROL; break;
+    case WIRE_BENCH: expect_case = MLA__ENVELOPE__BODY_BENCH; break;
+    case WIRE_BENCH_RESULT: expect_case = MLA__ENVELOPE__BODY_BENCH_RESULT; break;
     default:
         rc = mla_errf(err, "wire: unknown frame kind %d", (int)env->kind);
         goto done;
@@ -561,6 +645,8 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
     case WIRE_STEP_PLAN: rc = decode_plan(env->plan, lim, &out->u.plan, err); break;
     case WIRE_STEP_RESULT: rc = decode_result(env->result, lim, &out->u.result, err); break;
     case WIRE_CONTROL: rc = decode_control(env->control, lim, &out->u.ctl, err); break;
+    case WIRE_BENCH: rc = decode_bench(env->bench, lim, &out->u.bench, err); break;
+    case WIRE_BENCH_RESULT: rc = decode_bench_result(env->bench_result, lim, &out->u.bench_result, err); break;
     }
 done:
     mla__envelope__free_unpacked(env, NULL);
@@ -585,6 +671,7 @@ void wire_msg_free(wire_msg *m) {
         free(m->u.result.seqs);
         break;
     case WIRE_CONTROL: free(m->u.ctl.seq_ids); break;
+    case WIRE_BENCH: free(m->u.bench.seq_ids); break;
     default: break;
     }
     memset(m, 0, sizeof *m);

@@ -19,7 +19,7 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 1u
+#define WIRE_VERSION 2u /* 2: Bench / BenchResult frames */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -28,6 +28,8 @@
 #define WIRE_MAX_WORLD 64
 #define WIRE_MAX_STR 512
 #define WIRE_MAX_NCCL_ID 128
+#define WIRE_MAX_BENCH_FLOATS ((uint64_t)1 << 28) /* one all-reduce buffer of `mlaserve bench` (1 GiB) */
+#define WIRE_MAX_BENCH_ITERS 1000000u
 
 typedef enum wire_kind {
     WIRE_REGISTER = 1,
@@ -35,6 +37,8 @@ typedef enum wire_kind {
     WIRE_STEP_PLAN = 3,
     WIRE_STEP_RESULT = 4,
     WIRE_CONTROL = 5,
+    WIRE_BENCH = 6,        /* coordinator -> every worker (`mlaserve bench`) */
+    WIRE_BENCH_RESULT = 7, /* every worker -> coordinator, one per Bench */
 } wire_kind;
 
 typedef enum wire_logits_mode { WIRE_LOGITS_NONE = 0, WIRE_LOGITS_LAST = 1, WIRE_LOGITS_ALL = 2 } wire_logits_mode;
@@ -136,6 +140,30 @@ typedef struct wire_control {
     uint32_t nccl_id_len;
 } wire_control;
 
+/* `mlaserve bench` (worker/engine.h bench_fill / bench_coll). wire_decode checks: a known op;
+ * FILL: 1..max_seqs distinct seq ids, n_past <= max_ctx, no COLL fields; COLL: 1 <= n_floats <=
+ * WIRE_MAX_BENCH_FLOATS, 1 <= iters <= WIRE_MAX_BENCH_ITERS, no FILL fields. */
+typedef enum wire_bench_op { WIRE_BENCH_FILL = 1, WIRE_BENCH_COLL = 2 } wire_bench_op;
+
+typedef struct wire_bench {
+    uint64_t bench_id;
+    wire_bench_op op;
+    uint32_t n_seq_ids;
+    uint64_t *seq_ids;
+    uint32_t n_past;
+    uint64_t n_floats;
+    uint32_t iters;
+} wire_bench;
+
+/* wire_decode checks: rank < world; not ok: an error message, ok: none; sec_per_op finite, >= 0. */
+typedef struct wire_bench_result {
+    uint64_t bench_id;
+    uint32_t rank;
+    bool ok;
+    char error[WIRE_MAX_STR];
+    double sec_per_op;
+} wire_bench_result;
+
 typedef struct wire_msg {
     wire_kind kind;
     union {
@@ -144,6 +172,8 @@ typedef struct wire_msg {
         wire_step_plan plan;
         wire_step_result result;
         wire_control ctl;
+        wire_bench bench;
+        wire_bench_result bench_result;
     } u;
 } wire_msg;
 
@@ -154,7 +184,7 @@ typedef struct wire_limits {
     uint32_t max_ctx;
     uint32_t max_seqs;   /* 0: WIRE_MAX_SEQS */
     uint32_t max_slots;  /* cache_slot < max_slots; 0: unchecked */
-    uint32_t world;      /* rank checks in Control; 0: WIRE_MAX_WORLD */
+    uint32_t world;      /* rank checks in Control and BenchResult; 0: WIRE_MAX_WORLD */
     size_t max_frame;    /* 0: WIRE_MAX_FRAME */
 } wire_limits;
 

@@ -235,6 +235,49 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     free(rows);
 }
 
+/* A Bench request (`mlaserve bench`): through the engine's bench hooks, in order with the steps;
+ * every rank answers with a BenchResult (an engine without the hook answers with an error). */
+static void run_bench(wk *w, engine *eng, hist_tab *hist, void *pair, const wire_bench *b) {
+    const engine_ops *ops = w->cfg->engine;
+    const int rank = w->cfg->rank;
+    mla_err err = {{0}};
+    int rc = MLA_OK;
+    double sec = 0;
+    if (b->op == WIRE_BENCH_FILL) {
+        if (!ops->bench_fill) {
+            rc = mla_errf(&err, "the %s engine has no bench_fill hook: it cannot fill sequences for `mlaserve bench`",
+                          ops->name ? ops->name : "?");
+        }
+        for (uint32_t i = 0; rc == MLA_OK && i < b->n_seq_ids; i++) {
+            hist_drop(hist, b->seq_ids[i]); /* synthetic context: no tokens for the penalties */
+            if (ops->bench_fill(eng, b->seq_ids[i], b->n_past, &err))
+                rc = mla_err_prefix(&err, "bench fill of seq %llu to %u positions", (unsigned long long)b->seq_ids[i],
+                                    b->n_past);
+        }
+    } else if (!ops->bench_coll) {
+        rc = mla_errf(&err, "the %s engine has no bench_coll hook: it cannot time all-reduces for `mlaserve bench`",
+                      ops->name ? ops->name : "?");
+    } else if (ops->bench_coll(eng, (size_t)b->n_floats, (int)b->iters, &sec, &err)) {
+        rc = mla_err_prefix(&err, "bench all-reduce of %llu floats", (unsigned long long)b->n_floats);
+    } else if (!(sec >= 0 && sec <= 1e6)) {
+        rc = mla_errf(&err, "bench all-reduce: the engine reports %g seconds per operation", sec);
+    }
+    if (rc) MLA_ERROR("bench request %llu failed: %s", (unsigned long long)b->bench_id, err.msg);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_BENCH_RESULT;
+    m.u.bench_result.bench_id = b->bench_id;
+    m.u.bench_result.rank = (uint32_t)rank;
+    m.u.bench_result.ok = rc == MLA_OK;
+    m.u.bench_result.sec_per_op = rc == MLA_OK ? sec : 0;
+    if (rc) {
+        snprintf(m.u.bench_result.error, sizeof m.u.bench_result.error, "%.500s", err.msg);
+        for (char *p = m.u.bench_result.error; *p; p++) /* wire_decode refuses control characters */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
+    }
+    if (send_msg(pair, &m, &err)) MLA_WARN("%s", err.msg);
+}
+
 /* ---- engine_boot (worker/engine.h): the NCCL id through the coordinator ---------------------- */
 
 typedef struct wk_boot {
@@ -312,6 +355,8 @@ static void *compute_main(void *arg) {
         if (!m) break; /* quit */
         if (m->kind == WIRE_STEP_PLAN) {
             run_plan(w, eng, smp, &hist, pair, &m->u.plan);
+        } else if (m->kind == WIRE_BENCH) {
+            run_bench(w, eng, &hist, pair, &m->u.bench);
         } else if (m->kind == WIRE_CONTROL && m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
             for (uint32_t i = 0; i < m->u.ctl.n_seq_ids; i++) {
                 cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
@@ -598,7 +643,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                 continue;
             }
             int forward = 0;
-            if (m->kind == WIRE_STEP_PLAN) forward = 1;
+            if (m->kind == WIRE_STEP_PLAN || m->kind == WIRE_BENCH) forward = 1;
             else if (m->kind == WIRE_CONTROL) {
                 if (m->u.ctl.kind == WIRE_CTL_SHUTDOWN) {
                     MLA_INFO("shutdown requested by the coordinator");

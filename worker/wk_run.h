@@ -4,7 +4,9 @@
  * the coordinator: it registers, answers and sends heartbeats, validates every frame
  * (worker/wire.h) and passes plans to the compute thread over an inproc pair. The compute thread
  * attaches nothing itself: it loads the engine on the collective the I/O thread attached, runs
- * each StepPlan, samples on rank 0 (worker/sample.h) and hands the StepResult back. Heartbeats
+ * each StepPlan, samples on rank 0 (worker/sample.h) and hands the StepResult back. Bench frames
+ * (`mlaserve bench`) take the same path, in order with the plans: the engine's bench_fill /
+ * bench_coll run and every rank answers with a BenchResult (an error when the hook is NULL). Heartbeats
  * therefore continue while a long step runs.
  *
  * The worker exits (wk_run returns) on SHUTDOWN (MLA_OK), on a refused registration (MLA_ERR,

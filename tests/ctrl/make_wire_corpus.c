@@ -1,5 +1,6 @@
-/* Writes a seed corpus for the wire fuzzer: one valid frame of every kind (encoded by
- * wire_encode) plus truncated and bit-flipped copies. usage: make_wire_corpus DIR */
+/* Writes a seed corpus for the wire fuzzer: one valid frame of every kind, Bench and BenchResult
+ * included (encoded by wire_encode), plus truncated and bit-flipped copies.
+ * usage: make_wire_corpus DIR */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,5 +82,19 @@ int main(int argc, char **argv) {
     m.u.ctl = (wire_control){.kind = WIRE_CTL_NCCL_ID, .nccl_id_len = WIRE_MAX_NCCL_ID};
     for (int i = 0; i < WIRE_MAX_NCCL_ID; i++) m.u.ctl.nccl_id[i] = (uint8_t)(i * 7 + 1);
     emit("nccl_id", &m);
+    uint64_t bids[3] = {4, 5, 6};
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_BENCH;
+    m.u.bench = (wire_bench){.bench_id = 1, .op = WIRE_BENCH_FILL, .n_seq_ids = 3, .seq_ids = bids, .n_past = 1024};
+    emit("bench_fill", &m);
+    m.u.bench = (wire_bench){.bench_id = 2, .op = WIRE_BENCH_COLL, .n_floats = 7168, .iters = 20};
+    emit("bench_coll", &m);
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_BENCH_RESULT;
+    m.u.bench_result = (wire_bench_result){.bench_id = 2, .rank = 1, .ok = true, .sec_per_op = 3.5e-5};
+    emit("bench_result", &m);
+    m.u.bench_result = (wire_bench_result){.bench_id = 1, .rank = 0, .ok = false};
+    strcpy(m.u.bench_result.error, "the test engine has no bench_fill hook");
+    emit("bench_error", &m);
     return 0;
 }

@@ -341,9 +341,154 @@ static void test_nccl_id(void) {
     CHECK(wire_encode(&in, &buf, &n, &e) == MLA_ERR);
 }
 
+/* Bench / BenchResult (`mlaserve bench`): round trips, and every rule of wire_decode on frames
+ * crafted with protobuf-c directly */
+static int decode_bench_env(const Mla__Bench *b, const Mla__BenchResult *r, const wire_limits *lim, wire_msg *out,
+                            mla_err *e) {
+    Mla__Envelope env = MLA__ENVELOPE__INIT;
+    env.magic = WIRE_MAGIC;
+    env.version = WIRE_VERSION;
+    if (b) {
+        env.kind = MLA__FRAME_KIND__FRAME_BENCH;
+        env.body_case = MLA__ENVELOPE__BODY_BENCH;
+        env.bench = (Mla__Bench *)b;
+    } else {
+        env.kind = MLA__FRAME_KIND__FRAME_BENCH_RESULT;
+        env.body_case = MLA__ENVELOPE__BODY_BENCH_RESULT;
+        env.bench_result = (Mla__BenchResult *)r;
+    }
+    uint8_t *buf;
+    size_t n = pack_env(&env, &buf);
+    int rc = wire_decode(buf, n, lim, out, e);
+    free(buf);
+    return rc;
+}
+
+#define EXPECT_BENCH_REJECT(setup, needle)                                                                   \
+    do {                                                                                                     \
+        uint64_t ids_[3] = {5, 6, 7};                                                                        \
+        Mla__Bench b = MLA__BENCH__INIT;                                                                     \
+        b.bench_id = 9;                                                                                      \
+        b.op = MLA__BENCH_OP__BENCH_FILL;                                                                    \
+        b.n_seq_ids = 3;                                                                                     \
+        b.seq_ids = ids_;                                                                                    \
+        b.n_past = 100;                                                                                      \
+        setup;                                                                                               \
+        wire_msg m_;                                                                                         \
+        mla_err e_ = {{0}};                                                                                  \
+        int rc_ = decode_bench_env(&b, NULL, &k_lim, &m_, &e_);                                              \
+        if (rc_ == MLA_OK) wire_msg_free(&m_);                                                               \
+        CHECKF(rc_ == MLA_ERR && strstr(e_.msg, needle), "%s -> rc %d msg '%s'", #setup, rc_, e_.msg);       \
+    } while (0)
+
+#define EXPECT_RESULT_REJECT(setup, needle)                                                                  \
+    do {                                                                                                     \
+        Mla__BenchResult r = MLA__BENCH_RESULT__INIT;                                                        \
+        r.bench_id = 9;                                                                                      \
+        r.rank = 1;                                                                                          \
+        r.ok = 1;                                                                                            \
+        r.sec_per_op = 1e-4;                                                                                 \
+        setup;                                                                                               \
+        wire_msg m_;                                                                                         \
+        mla_err e_ = {{0}};                                                                                  \
+        wire_limits l_ = k_lim;                                                                              \
+        l_.world = 2;                                                                                        \
+        int rc_ = decode_bench_env(NULL, &r, &l_, &m_, &e_);                                                 \
+        if (rc_ == MLA_OK) wire_msg_free(&m_);                                                               \
+        CHECKF(rc_ == MLA_ERR && strstr(e_.msg, needle), "%s -> rc %d msg '%s'", #setup, rc_, e_.msg);       \
+    } while (0)
+
+static void test_bench(void) {
+    mla_err e;
+    wire_msg in, out;
+    /* round trips: fill, all-reduce, results */
+    uint64_t ids[3] = {5, 6, 7};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_BENCH;
+    in.u.bench = (wire_bench){.bench_id = 3, .op = WIRE_BENCH_FILL, .n_seq_ids = 3, .seq_ids = ids, .n_past = 1000};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.kind == WIRE_BENCH && out.u.bench.bench_id == 3 && out.u.bench.op == WIRE_BENCH_FILL &&
+          out.u.bench.n_seq_ids == 3 && out.u.bench.seq_ids[2] == 7 && out.u.bench.n_past == 1000 &&
+          out.u.bench.n_floats == 0 && out.u.bench.iters == 0);
+    wire_msg_free(&out);
+    in.u.bench = (wire_bench){.bench_id = 4, .op = WIRE_BENCH_COLL, .n_floats = 256 * 7168, .iters = 20};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.bench.op == WIRE_BENCH_COLL && out.u.bench.n_floats == 256 * 7168 && out.u.bench.iters == 20 &&
+          out.u.bench.n_seq_ids == 0 && !out.u.bench.seq_ids);
+    wire_msg_free(&out);
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_BENCH_RESULT;
+    in.u.bench_result = (wire_bench_result){.bench_id = 4, .rank = 1, .ok = true, .sec_per_op = 2.5e-5};
+    wire_limits w2 = k_lim;
+    w2.world = 2;
+    REQUIRE(roundtrip(&in, &out, &w2, &e) == MLA_OK);
+    CHECK(out.kind == WIRE_BENCH_RESULT && out.u.bench_result.bench_id == 4 && out.u.bench_result.rank == 1 &&
+          out.u.bench_result.ok && out.u.bench_result.sec_per_op == 2.5e-5 && !out.u.bench_result.error[0]);
+    wire_msg_free(&out);
+    in.u.bench_result = (wire_bench_result){.bench_id = 5, .rank = 0, .ok = false};
+    strcpy(in.u.bench_result.error, "the test engine has no bench_fill hook");
+    REQUIRE(roundtrip(&in, &out, &w2, &e) == MLA_OK);
+    CHECK(!out.u.bench_result.ok && !strcmp(out.u.bench_result.error, "the test engine has no bench_fill hook"));
+    wire_msg_free(&out);
+
+    /* fill */
+    EXPECT_BENCH_REJECT(b.op = (Mla__BenchOp)0, "unknown op");
+    EXPECT_BENCH_REJECT(b.op = (Mla__BenchOp)3, "unknown op");
+    EXPECT_BENCH_REJECT(b.n_seq_ids = 0, "fill of 0 sequences");
+    EXPECT_BENCH_REJECT(ids_[2] = 5, "twice");
+    EXPECT_BENCH_REJECT(b.n_past = 1025, "context limit 1024");
+    EXPECT_BENCH_REJECT(b.iters = 2, "all-reduce fields");
+    EXPECT_BENCH_REJECT(b.n_floats = 2, "all-reduce fields");
+    {
+        uint64_t many[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+        EXPECT_BENCH_REJECT((b.n_seq_ids = 9, b.seq_ids = many), "fill of 9 sequences");
+    }
+    /* all-reduce */
+#define COLL_OK (b.op = MLA__BENCH_OP__BENCH_COLL, b.n_seq_ids = 0, b.n_past = 0, b.n_floats = 1024, b.iters = 3)
+    EXPECT_BENCH_REJECT((COLL_OK, b.n_floats = 0), "all-reduce of 0 floats");
+    EXPECT_BENCH_REJECT((COLL_OK, b.n_floats = WIRE_MAX_BENCH_FLOATS + 1), "floats");
+    EXPECT_BENCH_REJECT((COLL_OK, b.iters = 0), "0 all-reduce iterations");
+    EXPECT_BENCH_REJECT((COLL_OK, b.iters = WIRE_MAX_BENCH_ITERS + 1), "iterations");
+    EXPECT_BENCH_REJECT((COLL_OK, b.n_past = 4), "fill fields");
+    EXPECT_BENCH_REJECT((COLL_OK, b.n_seq_ids = 1), "fill fields");
+#undef COLL_OK
+    {
+        /* the valid all-reduce request passes (so the rejections above are about their one change) */
+        Mla__Bench b = MLA__BENCH__INIT;
+        b.op = MLA__BENCH_OP__BENCH_COLL;
+        b.n_floats = 1024;
+        b.iters = 3;
+        CHECKF(decode_bench_env(&b, NULL, &k_lim, &out, &e) == MLA_OK, "%s", e.msg);
+        wire_msg_free(&out);
+    }
+    /* results */
+    EXPECT_RESULT_REJECT(r.rank = 2, "rank 2 (world 2)");
+    EXPECT_RESULT_REJECT(r.ok = 0, "without an error message");
+    EXPECT_RESULT_REJECT(r.error = "boom", "carries an error message");
+    EXPECT_RESULT_REJECT((r.ok = 0, r.error = "two\nlines"), "control character");
+    EXPECT_RESULT_REJECT(r.sec_per_op = NAN, "seconds per operation");
+    EXPECT_RESULT_REJECT(r.sec_per_op = INFINITY, "seconds per operation");
+    EXPECT_RESULT_REJECT(r.sec_per_op = -1e-3, "seconds per operation");
+    /* a body that does not match the kind */
+    {
+        Mla__Envelope env = MLA__ENVELOPE__INIT;
+        Mla__Bench b = MLA__BENCH__INIT;
+        env.magic = WIRE_MAGIC;
+        env.version = WIRE_VERSION;
+        env.kind = MLA__FRAME_KIND__FRAME_BENCH_RESULT;
+        env.body_case = MLA__ENVELOPE__BODY_BENCH;
+        env.bench = &b;
+        uint8_t *buf;
+        size_t n = pack_env(&env, &buf);
+        CHECK(wire_decode(buf, n, &k_lim, &out, &e) == MLA_ERR && strstr(e.msg, "does not match"));
+        free(buf);
+    }
+}
+
 int main(void) {
     test_plan_rejections();
     test_roundtrips();
     test_nccl_id();
+    test_bench();
     return mla_test_finish();
 }

@@ -1,0 +1,792 @@
+/* mlaserve bench: see cmd_bench.h. The workers are started through coord_group_start, as by
+ * `mlaserve generate` and `logits --processes`; the steps are plain coord_step calls. */
+#include "cmd_bench.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/gguf.h"
+#include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "common/model_config.h"
+#include "common/shard_plan.h"
+#include "coord.h"
+
+#define BENCH_MAX_LIST 64
+
+typedef struct int_list {
+    long v[BENCH_MAX_LIST];
+    int n;
+} int_list;
+
+typedef struct bench_opts {
+    coord_group_opts g;
+    int_list tp, prefill, batch, ctx;
+    long steps, warmup, repeat, coll_iters;
+    uint64_t seed;
+    double bw_gbs, tflops; /* 0: not given */
+    const char *json, *md;
+    int verbose;
+} bench_opts;
+
+/* One table row. NAN: not applicable (printed "-", JSON null). */
+typedef struct bench_row {
+    int tp;
+    int decode;
+    long batch, prompt, ctx;
+    long runs;                    /* prefill repeats, or timed decode steps */
+    double ms_best, ms_mean;      /* time to first token, or step time */
+    double tok_s, tok_s_seq;
+    double ar_us, ar_ms, ar_frac; /* one all-reduce; all-reduces of a step; share of the step */
+    double scaling;
+    double mb_rank, gbs, bw_frac; /* decode: MB touched per step per rank, achieved GB/s, roofline */
+    double tflops, flops_frac;    /* prefill */
+} bench_row;
+
+typedef struct row_vec {
+    bench_row *v;
+    size_t n, cap;
+} row_vec;
+
+/* What a step touches, from the GGUF tensors and the tensor-parallel plan of rank 0 (the rank
+ * that holds the most: replicated FFNs that rank 0 alone computes). Layers past n_layer (MTP)
+ * are not run and not counted. */
+typedef struct model_cost {
+    double nonexp_bytes_rank; /* every non-expert weight but token_embd, rank 0's share */
+    double embd_row_bytes;    /* one row of token_embd (a step reads one per token) */
+    double expert_bytes;      /* one routed expert's gate + up + down, summed over the MoE layers */
+    double nonexp_params;     /* every non-expert weight but token_embd (shared experts included) */
+    double expert_params;     /* one routed expert, summed over the MoE layers */
+} model_cost;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static int parse_long(const char *opt, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < lo || n > hi) {
+        fprintf(stderr, "mlaserve bench: %s: '%s' is not an integer in [%ld, %ld]\n", opt, v, lo, hi);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+/* "1,8,32" (or "none" where allowed: the phase is skipped) */
+static int parse_list(const char *opt, const char *v, long lo, long hi, int allow_none, int_list *out) {
+    out->n = 0;
+    if (allow_none && !strcmp(v, "none")) return 0;
+    const char *p = v;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        if (len == 0 || len >= sizeof item) {
+            fprintf(stderr, "mlaserve bench: %s: '%s' is not a comma-separated list of integers in [%ld, %ld]%s\n", opt,
+                    v, lo, hi, allow_none ? " (or none)" : "");
+            return -1;
+        }
+        if (out->n == BENCH_MAX_LIST) {
+            fprintf(stderr, "mlaserve bench: %s: more than %d values\n", opt, BENCH_MAX_LIST);
+            return -1;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (parse_long(opt, item, lo, hi, &out->v[out->n])) return -1;
+        out->n++;
+        if (!comma) return 0;
+        p = comma + 1;
+    }
+}
+
+static int parse_pos_double(const char *opt, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(d) || d <= 0) {
+        fprintf(stderr, "mlaserve bench: %s: '%s' is not a positive number\n", opt, v);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static const char usage_text[] =
+    "usage: mlaserve bench -m MODEL.gguf [--tp LIST] [--backend cpu|cuda] [--threads N]\n"
+    "                      [--prefill LIST|none] [--repeat N] [--batch LIST|none] [--ctx LIST] [--steps N]\n"
+    "                      [--warmup N] [--coll-iters N] [--seed S] [--bw-gbs X] [--tflops X]\n"
+    "                      [--json FILE] [--md FILE] [--env NAME=VALUE ...] [--worker-exe PATH] [-v]\n"
+    "  LIST: comma-separated integers, e.g. --tp 1,2,4 --prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384\n"
+    "  --tp LIST          tensor-parallel sizes, one after another, fresh workers each (default 1)\n"
+    "  --prefill LIST     prompt lengths: time to first token of one sequence (default 512; none: skip)\n"
+    "  --repeat N         prefill runs per length: best and mean (default 3)\n"
+    "  --batch LIST       decode batch sizes (default 1,8,32; none: skip decode)\n"
+    "  --ctx LIST         context each decode sequence holds (filled, not prefilled) (default 1024)\n"
+    "  --steps N          timed decode steps per point (default 16), after --warmup N untimed (default 2)\n"
+    "  --coll-iters N     all-reduces timed per decode point when TP > 1 (default 20)\n"
+    "  --seed S           seed of the synthetic token ids (default 1234)\n"
+    "  --bw-gbs X         memory bandwidth of one rank's device in GB/s: decode rows show bytes/bandwidth\n"
+    "                     over the step time\n"
+    "  --tflops X         compute limit of one rank's device in TFLOP/s: prefill rows show their fraction of\n"
+    "                     TP x X\n"
+    "  --json FILE, --md FILE   the results as JSON (for plots) and as the markdown printed on stdout\n"
+    "  --env NAME=VALUE   set in the environment the workers inherit (e.g. MLA_CUDA_FAST=1); the workers'\n"
+    "                     MLA_N_CTX is set to what the largest point needs unless it is set already\n"
+    "  --threads N        compute threads per worker (default 1); -v: worker logs at info level\n";
+
+static int usage(void) {
+    fprintf(stderr, "%s%s", usage_text, coord_opts_usage);
+    return 2;
+}
+
+/* ---- model cost ----------------------------------------------------------------------------- */
+
+static int model_cost_for(model_cost *mc, const gguf_ctx *g, const mla_config *cf, int tp, mla_err *err) {
+    memset(mc, 0, sizeof *mc);
+    shard_plan p;
+    if (shard_plan_for_model(&p, g, cf, 0, tp, err)) return MLA_ERR;
+    for (size_t i = 0; i < p.n_entries; i++) {
+        const shard_entry *e = &p.entries[i];
+        if (e->layer >= cf->n_layer) continue;
+        const gguf_tensor *t = gguf_find_tensor(g, e->name);
+        if (!t) continue;
+        switch (e->role) {
+        case ROLE_EMBD: mc->embd_row_bytes = t->ne[1] > 0 ? (double)t->nbytes / (double)t->ne[1] : 0; break;
+        case ROLE_EXP_GATE:
+        case ROLE_EXP_UP:
+        case ROLE_EXP_DOWN:
+            if (cf->n_expert > 0) {
+                mc->expert_bytes += (double)t->nbytes / (double)cf->n_expert;
+                mc->expert_params += (double)t->n_elems / (double)cf->n_expert;
+            }
+            break;
+        default:
+            mc->nonexp_bytes_rank += (double)e->bytes_rank;
+            mc->nonexp_params += (double)t->n_elems;
+            break;
+        }
+    }
+    shard_plan_free(&p);
+    return MLA_OK;
+}
+
+/* expected distinct experts of one MoE layer that a batch of b tokens routes to */
+static double experts_touched(const mla_config *cf, long b) {
+    if (cf->n_expert <= 0) return 0;
+    double x = (double)cf->n_expert, k = (double)cf->n_expert_used;
+    return x * (1.0 - pow(1.0 - k / x, (double)b));
+}
+
+/* bytes one rank touches in a decode step of b sequences at context ctx */
+static double decode_bytes_rank(const model_cost *mc, const mla_config *cf, int tp, long b, long ctx) {
+    double kv_row = (double)(cf->kv_lora_rank + cf->n_rope) + (cf->idx_n_head > 0 ? (double)cf->idx_head_dim : 0);
+    return mc->nonexp_bytes_rank + (double)b * mc->embd_row_bytes +
+           experts_touched(cf, b) / tp * mc->expert_bytes + (double)b * (double)ctx * (double)cf->n_layer * kv_row * 4.0;
+}
+
+/* ---- measurements ------------------------------------------------------------------------- */
+
+typedef struct run_ctx {
+    const bench_opts *o;
+    const mla_config *cf;
+    model_cost mc;
+    coord *c;
+    int tp;
+    uint32_t n_vocab;
+    uint64_t next_seq, next_step;
+} run_ctx;
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void synth_tokens(int32_t *tok, long n, uint32_t n_vocab, uint64_t seed) {
+    uint64_t s = seed;
+    for (long i = 0; i < n; i++) tok[i] = (int32_t)(splitmix(&s) % n_vocab);
+}
+
+static wire_sampling greedy(void) {
+    wire_sampling sp;
+    memset(&sp, 0, sizeof sp);
+    sp.top_p = 1;
+    sp.repetition_penalty = 1;
+    sp.logits = WIRE_LOGITS_NONE;
+    return sp;
+}
+
+/* one step; checks that every sequence came back with a token; *sec its time from send to result */
+static int timed_step(run_ctx *x, wire_seq *seqs, uint32_t n, int32_t *next, double *sec, mla_err *err) {
+    wire_step_plan plan = {.step_id = ++x->next_step, .n_seqs = n, .seqs = seqs};
+    wire_step_result res;
+    double t0 = now_s();
+    if (coord_step(x->c, &plan, &res, err)) return MLA_ERR;
+    *sec = now_s() - t0;
+    int rc = MLA_OK;
+    if (res.n_seqs != n) rc = mla_errf(err, "step %llu: %u results for %u sequences", (unsigned long long)plan.step_id,
+                                       res.n_seqs, n);
+    for (uint32_t i = 0; rc == MLA_OK && i < n; i++) {
+        if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token < 0 || (uint32_t)res.seqs[i].token >= x->n_vocab)
+            rc = mla_errf(err, "step %llu: result %u is seq %llu token %d (expected seq %llu and a token)",
+                          (unsigned long long)plan.step_id, i, (unsigned long long)res.seqs[i].seq_id,
+                          res.seqs[i].token, (unsigned long long)seqs[i].seq_id);
+        else if (next)
+            next[i] = res.seqs[i].token;
+    }
+    coord_result_free(&res);
+    return rc;
+}
+
+/* one prefill of p tokens (a fresh sequence, freed afterwards) */
+static int prefill_once(run_ctx *x, long p, const int32_t *tok, const int32_t *pos, double *sec, mla_err *err) {
+    uint64_t id = x->next_seq++;
+    wire_seq s = {.seq_id = id, .n_tokens = (uint32_t)p, .tokens = (int32_t *)tok, .positions = (int32_t *)pos,
+                  .sample = true, .sp = greedy()};
+    int rc = timed_step(x, &s, 1, NULL, sec, err);
+    mla_err e2;
+    if (coord_free_seqs(x->c, &id, 1, rc == MLA_OK ? err : &e2) && rc == MLA_OK) rc = MLA_ERR;
+    return rc;
+}
+
+static int run_prefill(run_ctx *x, long p, int warm, bench_row *row, mla_err *err) {
+    const bench_opts *o = x->o;
+    int32_t *tok = mla_xmalloc((size_t)p * sizeof *tok), *pos = mla_xmalloc((size_t)p * sizeof *pos);
+    synth_tokens(tok, p, x->n_vocab, o->seed ^ ((uint64_t)p * 0x9e3779b97f4a7c15ull));
+    for (long i = 0; i < p; i++) pos[i] = (int32_t)i;
+    double best = INFINITY, sum = 0, sec = 0;
+    int rc = MLA_OK;
+    if (warm) rc = prefill_once(x, p, tok, pos, &sec, err); /* untimed: first touch of the weights */
+    for (long r = 0; rc == MLA_OK && r < o->repeat; r++) {
+        rc = prefill_once(x, p, tok, pos, &sec, err);
+        if (rc == MLA_OK) {
+            best = sec < best ? sec : best;
+            sum += sec;
+        }
+    }
+    free(tok);
+    free(pos);
+    if (rc) return MLA_ERR;
+    const double mean = sum / (double)o->repeat;
+    row->runs = o->repeat;
+    row->ms_best = best * 1e3;
+    row->ms_mean = mean * 1e3;
+    row->tok_s = (double)p / best;
+    const double flops = 2.0 * (double)p * (x->mc.nonexp_params + (double)x->cf->n_expert_used * x->mc.expert_params) / best;
+    row->tflops = flops / 1e12;
+    row->flops_frac = o->tflops > 0 ? flops / ((double)x->tp * o->tflops * 1e12) : NAN;
+    return MLA_OK;
+}
+
+static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err) {
+    const bench_opts *o = x->o;
+    uint64_t *ids = mla_xmalloc((size_t)b * sizeof *ids);
+    int32_t *tok = mla_xmalloc((size_t)b * sizeof *tok), *pos = mla_xmalloc((size_t)b * sizeof *pos);
+    wire_seq *seqs = mla_xcalloc((size_t)b, sizeof *seqs);
+    for (long i = 0; i < b; i++) ids[i] = x->next_seq++;
+    synth_tokens(tok, b, x->n_vocab, o->seed ^ ((uint64_t)(b * 131 + ctx) * 0xbf58476d1ce4e5b9ull));
+    double total = 0, best = INFINITY, sec = 0;
+    int rc = coord_bench_fill(x->c, ids, (uint32_t)b, (uint32_t)ctx, err);
+    if (rc) mla_err_prefix(err, "filling %ld sequences to %ld positions", b, ctx);
+    for (long s = 0; rc == MLA_OK && s < o->warmup + o->steps; s++) {
+        for (long i = 0; i < b; i++) {
+            pos[i] = (int32_t)(ctx + s);
+            seqs[i] = (wire_seq){.seq_id = ids[i], .n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
+                                 .sample = true, .sp = greedy()};
+        }
+        rc = timed_step(x, seqs, (uint32_t)b, tok, &sec, err);
+        if (rc) mla_err_prefix(err, "decode step at position %ld", ctx + s);
+        else if (s >= o->warmup) {
+            total += sec;
+            best = sec < best ? sec : best;
+        }
+    }
+    mla_err e2;
+    if (coord_free_seqs(x->c, ids, (uint32_t)b, rc == MLA_OK ? err : &e2) && rc == MLA_OK) rc = MLA_ERR;
+    double ar = NAN;
+    if (rc == MLA_OK && x->tp > 1) {
+        size_t n = (size_t)b * (size_t)x->cf->n_embd;
+        rc = coord_bench_coll(x->c, n, (int)o->coll_iters, &ar, err);
+        if (rc) mla_err_prefix(err, "timing all-reduces of %zu floats", n);
+    }
+    free(ids);
+    free(tok);
+    free(pos);
+    free(seqs);
+    if (rc) return MLA_ERR;
+    const double step = total / (double)o->steps;
+    row->runs = o->steps;
+    row->ms_best = best * 1e3;
+    row->ms_mean = step * 1e3;
+    row->tok_s = (double)b * (double)o->steps / total;
+    row->tok_s_seq = (double)o->steps / total;
+    if (x->tp > 1) {
+        const double per_step = 2.0 * (double)x->cf->n_layer * ar;
+        row->ar_us = ar * 1e6;
+        row->ar_ms = per_step * 1e3;
+        row->ar_frac = per_step / step;
+    }
+    const double bytes = decode_bytes_rank(&x->mc, x->cf, x->tp, b, ctx);
+    row->mb_rank = bytes / 1e6;
+    row->gbs = bytes / step / 1e9;
+    row->bw_frac = o->bw_gbs > 0 ? bytes / (o->bw_gbs * 1e9) / step : NAN;
+    return MLA_OK;
+}
+
+static bench_row new_row(int tp, int decode, long batch, long prompt, long ctx) {
+    bench_row r = {.tp = tp, .decode = decode, .batch = batch, .prompt = prompt, .ctx = ctx};
+    r.ms_best = r.ms_mean = r.tok_s = r.tok_s_seq = NAN;
+    r.ar_us = r.ar_ms = r.ar_frac = r.scaling = NAN;
+    r.mb_rank = r.gbs = r.bw_frac = r.tflops = r.flops_frac = NAN;
+    return r;
+}
+
+static void push_row(row_vec *rv, const bench_row *r) {
+    if (rv->n == rv->cap) {
+        rv->cap = rv->cap ? 2 * rv->cap : 16;
+        rv->v = mla_xrealloc(rv->v, rv->cap * sizeof *rv->v);
+    }
+    rv->v[rv->n++] = *r;
+}
+
+/* Every point of one TP size on a fresh group. On failure *where says which point. */
+static int run_tp(const bench_opts *o, const gguf_ctx *g, const mla_config *cf, int tp, row_vec *rv, char *where,
+                  size_t where_len, mla_err *err) {
+    run_ctx x = {.o = o, .cf = cf, .tp = tp, .next_seq = 1};
+    snprintf(where, where_len, "tp %d", tp);
+    if (model_cost_for(&x.mc, g, cf, tp, err)) return MLA_ERR;
+    coord_group_opts go = o->g;
+    go.tp = tp;
+    fprintf(stderr, "mlaserve bench: tp %d: starting %d worker%s\n", tp, tp, tp > 1 ? "s" : "");
+    if (coord_group_start(&go, g, &x.c, err)) return MLA_ERR;
+    x.n_vocab = coord_n_vocab(x.c);
+    int rc = MLA_OK;
+    for (int i = 0; rc == MLA_OK && i < o->prefill.n; i++) {
+        long p = o->prefill.v[i];
+        snprintf(where, where_len, "tp %d: prefill %ld", tp, p);
+        fprintf(stderr, "mlaserve bench: %s\n", where);
+        bench_row r = new_row(tp, 0, 1, p, 0);
+        rc = run_prefill(&x, p, i == 0 && o->warmup > 0, &r, err);
+        if (rc == MLA_OK) push_row(rv, &r);
+    }
+    for (int j = 0; rc == MLA_OK && j < o->ctx.n; j++)
+        for (int i = 0; rc == MLA_OK && i < o->batch.n; i++) {
+            long b = o->batch.v[i], ctx = o->ctx.v[j];
+            snprintf(where, where_len, "tp %d: decode batch %ld ctx %ld", tp, b, ctx);
+            fprintf(stderr, "mlaserve bench: %s\n", where);
+            bench_row r = new_row(tp, 1, b, 0, ctx);
+            rc = run_decode(&x, b, ctx, &r, err);
+            if (rc == MLA_OK) push_row(rv, &r);
+        }
+    coord_stop(x.c);
+    return rc;
+}
+
+/* throughput(TP N) / (N * throughput(TP 1)) for the same point, when TP 1 was measured */
+static void fill_scaling(row_vec *rv) {
+    for (size_t i = 0; i < rv->n; i++) {
+        bench_row *r = &rv->v[i];
+        for (size_t k = 0; k < rv->n; k++) {
+            const bench_row *b = &rv->v[k];
+            if (b->tp == 1 && b->decode == r->decode && b->batch == r->batch && b->prompt == r->prompt &&
+                b->ctx == r->ctx && b->tok_s > 0)
+                r->scaling = r->tok_s / ((double)r->tp * b->tok_s);
+        }
+    }
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+typedef struct bench_info {
+    char date[64], host[256], family[512], backend[32];
+    double file_gib;
+} bench_info;
+
+static void fmt_num(char *buf, size_t n, double v) {
+    if (isnan(v)) snprintf(buf, n, "-");
+    else if (fabs(v) >= 1000) snprintf(buf, n, "%.0f", v);
+    else if (fabs(v) >= 100) snprintf(buf, n, "%.1f", v);
+    else if (fabs(v) >= 1) snprintf(buf, n, "%.2f", v);
+    else snprintf(buf, n, "%.3g", v);
+}
+
+static void fmt_pct(char *buf, size_t n, double v) {
+    if (isnan(v)) snprintf(buf, n, "-");
+    else snprintf(buf, n, "%.1f%%", 100.0 * v);
+}
+
+static void list_str(char *buf, size_t n, const int_list *l) {
+    size_t off = 0;
+    buf[0] = '\0';
+    if (l->n == 0) snprintf(buf, n, "none");
+    for (int i = 0; i < l->n && off < n; i++) off += (size_t)snprintf(buf + off, n - off, "%s%ld", i ? "," : "", l->v[i]);
+}
+
+static void print_md(FILE *f, const bench_opts *o, const bench_info *in, const row_vec *rv, const char *error) {
+    char tps[512], pf[512], bs[512], cs[512];
+    list_str(tps, sizeof tps, &o->tp);
+    list_str(pf, sizeof pf, &o->prefill);
+    list_str(bs, sizeof bs, &o->batch);
+    list_str(cs, sizeof cs, &o->ctx);
+    fprintf(f, "# mlaserve bench\n\n");
+    fprintf(f, "- model: %s (%.2f GiB)\n", o->g.model, in->file_gib);
+    fprintf(f, "- family: %s\n", in->family);
+    fprintf(f, "- backend: %s, %d thread%s per worker\n", in->backend, o->g.threads, o->g.threads > 1 ? "s" : "");
+    fprintf(f, "- tp: %s\n", tps);
+    fprintf(f, "- points: prefill %s (%ld repeats); decode batch %s at ctx %s (%ld warm-up + %ld timed steps)\n", pf,
+            o->repeat, bs, cs, o->warmup, o->steps);
+    if (o->bw_gbs > 0 || o->tflops > 0) {
+        fprintf(f, "- limits per rank:");
+        if (o->bw_gbs > 0) fprintf(f, " %g GB/s", o->bw_gbs);
+        if (o->tflops > 0) fprintf(f, "%s %g TFLOP/s", o->bw_gbs > 0 ? "," : "", o->tflops);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "- date: %s\n", in->date);
+    fprintf(f, "- host: %s\n\n", in->host);
+    fprintf(f, "| tp | phase | batch | prompt | ctx | ms best | ms mean | tok/s | tok/s/seq | allreduce ms/step | "
+               "allreduce %% | scaling | MB/step/rank | GB/s | bw %% | TFLOP/s | compute %% |\n");
+    fprintf(f, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < rv->n; i++) {
+        const bench_row *r = &rv->v[i];
+        char c[12][32];
+        fmt_num(c[0], sizeof c[0], r->ms_best);
+        fmt_num(c[1], sizeof c[1], r->ms_mean);
+        fmt_num(c[2], sizeof c[2], r->tok_s);
+        fmt_num(c[3], sizeof c[3], r->tok_s_seq);
+        fmt_num(c[4], sizeof c[4], r->ar_ms);
+        fmt_pct(c[5], sizeof c[5], r->ar_frac);
+        fmt_pct(c[6], sizeof c[6], r->scaling);
+        fmt_num(c[7], sizeof c[7], r->mb_rank);
+        fmt_num(c[8], sizeof c[8], r->gbs);
+        fmt_pct(c[9], sizeof c[9], r->bw_frac);
+        fmt_num(c[10], sizeof c[10], r->tflops);
+        fmt_pct(c[11], sizeof c[11], r->flops_frac);
+        char prompt[24] = "-", ctx[24] = "-";
+        if (!r->decode) snprintf(prompt, sizeof prompt, "%ld", r->prompt);
+        else snprintf(ctx, sizeof ctx, "%ld", r->ctx);
+        fprintf(f, "| %d | %s | %ld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->tp,
+                r->decode ? "decode" : "prefill", r->batch, prompt, ctx, c[0], c[1], c[2], c[3], c[4], c[5], c[6],
+                c[7], c[8], c[9], c[10], c[11]);
+    }
+    fprintf(f, "\n- prefill: ms = time to first token of one sequence (best, mean of the repeats); tok/s = prompt / "
+               "best; TFLOP/s = 2 x prompt x active parameters / best; compute %% = that / (tp x --tflops)\n"
+               "- decode: ms = step time (best, mean of the timed steps); tok/s = batch x steps / their time; "
+               "allreduce = 2 x layers x one all-reduce of batch x n_embd floats (slowest rank), and its share of the "
+               "mean step; MB/step/rank = weights read (rank 0's shard; expected distinct experts / tp) + KV cache "
+               "read; GB/s = MB / mean step; bw %% = (MB / --bw-gbs) / mean step\n"
+               "- scaling = tok/s / (tp x tok/s of TP 1 at the same point)\n");
+    if (error) fprintf(f, "\nERROR (the run stopped here): %s\n", error);
+}
+
+static void json_num(cJSON *o, const char *k, double v) {
+    if (isnan(v) || isinf(v)) cJSON_AddNullToObject(o, k);
+    else cJSON_AddNumberToObject(o, k, v);
+}
+
+static void json_list(cJSON *o, const char *k, const int_list *l) {
+    cJSON *a = cJSON_AddArrayToObject(o, k);
+    for (int i = 0; i < l->n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)l->v[i]));
+}
+
+static char *make_json(const bench_opts *o, const bench_info *in, const mla_config *cf, const row_vec *rv,
+                       const char *error) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model", o->g.model);
+    cJSON_AddNumberToObject(root, "model_gib", in->file_gib);
+    cJSON_AddStringToObject(root, "family", cf->arch_name);
+    cJSON *sh = cJSON_AddObjectToObject(root, "shapes");
+#define NUM(k, v) cJSON_AddNumberToObject(sh, k, (double)(v))
+    NUM("n_layer", cf->n_layer);
+    NUM("n_embd", cf->n_embd);
+    NUM("n_vocab", cf->n_vocab);
+    NUM("n_head", cf->n_head);
+    NUM("q_lora_rank", cf->q_lora_rank);
+    NUM("kv_lora_rank", cf->kv_lora_rank);
+    NUM("head_nope", cf->head_nope);
+    NUM("head_rope", cf->n_rope);
+    NUM("head_v", cf->head_v);
+    NUM("n_ff", cf->n_ff);
+    NUM("n_ff_exp", cf->n_ff_exp);
+    NUM("n_expert", cf->n_expert);
+    NUM("n_expert_used", cf->n_expert_used);
+    NUM("n_expert_shared", cf->n_expert_shared);
+    NUM("n_leading_dense", cf->n_dense_lead);
+    NUM("indexer_n_head", cf->idx_n_head);
+    NUM("indexer_head_dim", cf->idx_head_dim);
+    NUM("indexer_top_k", cf->idx_top_k);
+#undef NUM
+    cJSON_AddStringToObject(root, "backend", in->backend);
+    cJSON_AddNumberToObject(root, "threads", o->g.threads);
+    json_list(root, "tp", &o->tp);
+    json_list(root, "prefill", &o->prefill);
+    json_list(root, "batch", &o->batch);
+    json_list(root, "ctx", &o->ctx);
+    cJSON_AddNumberToObject(root, "repeat", (double)o->repeat);
+    cJSON_AddNumberToObject(root, "warmup", (double)o->warmup);
+    cJSON_AddNumberToObject(root, "steps", (double)o->steps);
+    cJSON_AddNumberToObject(root, "coll_iters", (double)o->coll_iters);
+    cJSON_AddNumberToObject(root, "seed", (double)o->seed);
+    json_num(root, "bw_gbs", o->bw_gbs > 0 ? o->bw_gbs : NAN);
+    json_num(root, "tflops", o->tflops > 0 ? o->tflops : NAN);
+    cJSON_AddStringToObject(root, "date", in->date);
+    cJSON_AddStringToObject(root, "host", in->host);
+    cJSON *rows = cJSON_AddArrayToObject(root, "rows");
+    for (size_t i = 0; i < rv->n; i++) {
+        const bench_row *r = &rv->v[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "tp", r->tp);
+        cJSON_AddStringToObject(j, "phase", r->decode ? "decode" : "prefill");
+        cJSON_AddNumberToObject(j, "batch", (double)r->batch);
+        json_num(j, "prompt", r->decode ? NAN : (double)r->prompt);
+        json_num(j, "ctx", r->decode ? (double)r->ctx : NAN);
+        cJSON_AddNumberToObject(j, "runs", (double)r->runs);
+        json_num(j, "ms_best", r->ms_best);
+        json_num(j, "ms_mean", r->ms_mean);
+        json_num(j, "tok_s", r->tok_s);
+        json_num(j, "tok_s_per_seq", r->tok_s_seq);
+        json_num(j, "allreduce_us_per_op", r->ar_us);
+        json_num(j, "allreduce_ms_per_step", r->ar_ms);
+        json_num(j, "allreduce_frac", r->ar_frac);
+        json_num(j, "scaling", r->scaling);
+        json_num(j, "mb_per_step_rank", r->mb_rank);
+        json_num(j, "gb_s", r->gbs);
+        json_num(j, "bw_frac", r->bw_frac);
+        json_num(j, "tflops", r->tflops);
+        json_num(j, "flops_frac", r->flops_frac);
+        cJSON_AddItemToArray(rows, j);
+    }
+    if (error) cJSON_AddStringToObject(root, "error", error);
+    else cJSON_AddNullToObject(root, "error");
+    char *s = cJSON_Print(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+static int write_text(const char *path, const char *text, mla_err *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return mla_errf(err, "%s: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n;
+    if (fclose(f) != 0) bad = 1;
+    if (bad) return mla_errf(err, "%s: write failed", path);
+    return MLA_OK;
+}
+
+static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, const mla_config *cf) {
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(in->date, sizeof in->date, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    if (gethostname(in->host, sizeof in->host - 1) != 0) snprintf(in->host, sizeof in->host, "?");
+    in->host[sizeof in->host - 1] = '\0';
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t hl = strlen(in->host);
+    snprintf(in->host + hl, sizeof in->host - hl, " (%ld CPUs)", ncpu);
+    uint64_t bytes = 0;
+    for (int p = 0; p < gguf_n_parts(g); p++) bytes += gguf_part_size(g, p);
+    in->file_gib = (double)bytes / (1024.0 * 1024.0 * 1024.0);
+    int n = snprintf(in->family, sizeof in->family,
+                     "%s: %lld layers, n_embd %lld, %lld heads (nope %lld + rope %lld, v %lld), q_lora %lld, kv_lora "
+                     "%lld, vocab %lld",
+                     cf->arch_name, (long long)cf->n_layer, (long long)cf->n_embd, (long long)cf->n_head,
+                     (long long)cf->head_nope, (long long)cf->n_rope, (long long)cf->head_v,
+                     (long long)cf->q_lora_rank, (long long)cf->kv_lora_rank, (long long)cf->n_vocab);
+    if (cf->n_expert > 0 && n > 0 && (size_t)n < sizeof in->family)
+        n += snprintf(in->family + n, sizeof in->family - (size_t)n,
+                      ", %lld experts (%lld used, %lld shared, width %lld), %lld dense lead layer%s",
+                      (long long)cf->n_expert, (long long)cf->n_expert_used, (long long)cf->n_expert_shared,
+                      (long long)cf->n_ff_exp, (long long)cf->n_dense_lead, cf->n_dense_lead == 1 ? "" : "s");
+    if (cf->idx_n_head > 0 && n > 0 && (size_t)n < sizeof in->family)
+        snprintf(in->family + n, sizeof in->family - (size_t)n, ", DSA indexer %lld x %lld top %lld",
+                 (long long)cf->idx_n_head, (long long)cf->idx_head_dim, (long long)cf->idx_top_k);
+    const char *be = o->g.cc.backend ? o->g.cc.backend : getenv("MLA_BACKEND");
+    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : "cpu");
+}
+
+/* ---- the command ----------------------------------------------------------------------------- */
+
+int cmd_bench(int argc, char **argv) {
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    o.g.tp = 1;
+    o.g.threads = 1;
+    o.tp = (int_list){{1}, 1};
+    o.prefill = (int_list){{512}, 1};
+    o.batch = (int_list){{1, 8, 32}, 3};
+    o.ctx = (int_list){{1024}, 1};
+    o.steps = 16;
+    o.warmup = 2;
+    o.repeat = 3;
+    o.coll_iters = 20;
+    o.seed = 1234;
+    const char *envs[BENCH_MAX_LIST];
+    int n_env = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s%s", usage_text, coord_opts_usage);
+            return 0;
+        }
+        if (!strcmp(a, "-v")) {
+            o.verbose = 1;
+            continue;
+        }
+        /* options of this command first (--tp takes a list here) */
+        static const char *const mine[] = {"--tp", "--prefill", "--batch", "--ctx", "--steps", "--warmup", "--repeat",
+                                           "--coll-iters", "--seed", "--bw-gbs", "--tflops", "--json", "--md", "--env"};
+        size_t k = 0;
+        while (k < sizeof mine / sizeof *mine && strcmp(a, mine[k])) k++;
+        if (k < sizeof mine / sizeof *mine) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mlaserve bench: %s needs a value\n", a);
+                return usage();
+            }
+            const char *v = argv[++i];
+            int bad = 0;
+            long seed = (long)o.seed;
+            if (!strcmp(a, "--tp")) bad = parse_list(a, v, 1, WIRE_MAX_WORLD, 0, &o.tp);
+            else if (!strcmp(a, "--prefill")) bad = parse_list(a, v, 1, WIRE_MAX_STEP_TOKENS, 1, &o.prefill);
+            else if (!strcmp(a, "--batch")) bad = parse_list(a, v, 1, WIRE_MAX_SEQS, 1, &o.batch);
+            else if (!strcmp(a, "--ctx")) bad = parse_list(a, v, 0, WIRE_MAX_CTX / 2, 0, &o.ctx);
+            else if (!strcmp(a, "--steps")) bad = parse_long(a, v, 1, 1000000, &o.steps);
+            else if (!strcmp(a, "--warmup")) bad = parse_long(a, v, 0, 1000000, &o.warmup);
+            else if (!strcmp(a, "--repeat")) bad = parse_long(a, v, 1, 1000000, &o.repeat);
+            else if (!strcmp(a, "--coll-iters")) bad = parse_long(a, v, 1, WIRE_MAX_BENCH_ITERS, &o.coll_iters);
+            else if (!strcmp(a, "--seed")) {
+                bad = parse_long(a, v, 0, 0x7fffffffL, &seed);
+                o.seed = (uint64_t)seed;
+            }
+            else if (!strcmp(a, "--bw-gbs")) bad = parse_pos_double(a, v, &o.bw_gbs);
+            else if (!strcmp(a, "--tflops")) bad = parse_pos_double(a, v, &o.tflops);
+            else if (!strcmp(a, "--json")) o.json = v;
+            else if (!strcmp(a, "--md")) o.md = v;
+            else if (!strcmp(a, "--env")) {
+                const char *eq = strchr(v, '=');
+                if (!eq || eq == v || n_env == BENCH_MAX_LIST) {
+                    fprintf(stderr, "mlaserve bench: --env: '%s' is not NAME=VALUE%s\n", v,
+                            n_env == BENCH_MAX_LIST ? " (too many)" : "");
+                    bad = 1;
+                } else {
+                    envs[n_env++] = v;
+                }
+            }
+            if (bad) return usage();
+            continue;
+        }
+        int gr = coord_group_opt(&o.g, argc, argv, &i);
+        if (gr < 0) {
+            fprintf(stderr, "mlaserve bench: bad value for %s\n", a);
+            return usage();
+        }
+        if (gr) continue;
+        fprintf(stderr, "mlaserve bench: unknown option '%s'\n", a);
+        return usage();
+    }
+    if (!o.g.model) {
+        fprintf(stderr, "mlaserve bench: no model (-m MODEL.gguf)\n");
+        return usage();
+    }
+    if (o.prefill.n == 0 && o.batch.n == 0) {
+        fprintf(stderr, "mlaserve bench: nothing to measure (--prefill none and --batch none)\n");
+        return usage();
+    }
+    long max_ctx = 0, max_p = 0;
+    for (int i = 0; i < o.prefill.n; i++) max_p = o.prefill.v[i] > max_p ? o.prefill.v[i] : max_p;
+    if (o.batch.n)
+        for (int i = 0; i < o.ctx.n; i++) max_ctx = o.ctx.v[i] > max_ctx ? o.ctx.v[i] : max_ctx;
+    const long need_ctx = o.batch.n ? max_ctx + o.warmup + o.steps : 0;
+    if (need_ctx > (long)WIRE_MAX_CTX) {
+        fprintf(stderr, "mlaserve bench: --ctx %ld + %ld warm-up + %ld steps exceed the protocol's context limit %u\n",
+                max_ctx, o.warmup, o.steps, WIRE_MAX_CTX);
+        return usage();
+    }
+    if (!o.verbose) {
+        mla_log_set_level(MLA_LOG_WARN);
+        if (!getenv("MLA_LOG_LEVEL")) setenv("MLA_LOG_LEVEL", "warn", 1); /* for the workers */
+    }
+    for (int i = 0; i < n_env; i++) {
+        const char *eq = strchr(envs[i], '=');
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - envs[i]), envs[i]);
+        setenv(name, eq + 1, 1);
+    }
+    /* the workers' context: what the largest point needs (a smaller cache per sequence than the
+     * default for short points, and room for long ones), unless the caller chose one */
+    if (!getenv("MLA_N_CTX")) {
+        char v[32];
+        snprintf(v, sizeof v, "%ld", need_ctx > max_p ? need_ctx : max_p);
+        setenv("MLA_N_CTX", v, 1);
+    }
+
+    mla_err err = {{0}};
+    gguf_ctx *g = NULL;
+    mla_config cf;
+    int status = 1;
+    row_vec rv = {0};
+    char where[128] = "", errmsg[sizeof err.msg + 160];
+    const char *error = NULL;
+    if (gguf_open(&g, o.g.model, &err)) {
+        fprintf(stderr, "mlaserve bench: %s\n", err.msg);
+        return 1;
+    }
+    /* every TP size is checked before any worker starts */
+    for (int i = 0; i < o.tp.n; i++)
+        if (coord_check_model(g, (int)o.tp.v[i], &cf, &err)) {
+            fprintf(stderr, "mlaserve bench: %s: --tp %ld: %s\n", o.g.model, o.tp.v[i], err.msg);
+            gguf_close(g);
+            return 1;
+        }
+    bench_info info;
+    make_info(&info, &o, g, &cf);
+    for (int i = 0; i < o.tp.n && !error; i++) {
+        if (run_tp(&o, g, &cf, (int)o.tp.v[i], &rv, where, sizeof where, &err)) {
+            snprintf(errmsg, sizeof errmsg, "%s: %s", where, err.msg);
+            error = errmsg;
+            fprintf(stderr, "mlaserve bench: %s\n", error);
+        }
+    }
+    fill_scaling(&rv);
+    status = error ? 1 : 0;
+    if (rv.n || !error) {
+        print_md(stdout, &o, &info, &rv, error);
+        fflush(stdout);
+    }
+    if (o.md) {
+        FILE *f = fopen(o.md, "w");
+        if (!f) {
+            fprintf(stderr, "mlaserve bench: %s: %s\n", o.md, strerror(errno));
+            status = 1;
+        } else {
+            print_md(f, &o, &info, &rv, error);
+            if (fclose(f) != 0) {
+                fprintf(stderr, "mlaserve bench: %s: write failed\n", o.md);
+                status = 1;
+            }
+        }
+    }
+    if (o.json) {
+        char *js = make_json(&o, &info, &cf, &rv, error);
+        if (write_text(o.json, js, &err)) {
+            fprintf(stderr, "mlaserve bench: %s\n", err.msg);
+            status = 1;
+        }
+        cJSON_free(js);
+    }
+    free(rv.v);
+    gguf_close(g);
+    return status;
+}

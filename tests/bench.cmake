@@ -1,0 +1,18 @@
+# `mlaserve bench` (coordinator/cmd_bench.c), the Bench frames (worker/wire.c, worker/wk_run.c) and the
+# CPU engine's bench hooks (worker/engine_cpu.c). No timing is asserted anywhere.
+if(TARGET mlaserve-worker)
+  add_test(NAME bench_cli
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_bench.py $<TARGET_FILE:mlaserve>
+                   ${CMAKE_SOURCE_DIR}/models/tiny-deepseek3-bf16.gguf ${CMAKE_CURRENT_BINARY_DIR}/bench_work)
+  # a generous heartbeat timeout: sanitizer builds on 2 busy cores
+  set_tests_properties(bench_cli PROPERTIES TIMEOUT 300 ENVIRONMENT "MLA_HEARTBEAT_TIMEOUT_MS=10000")
+endif()
+
+add_executable(test_bench_hooks ${MLA_TEST_DIR}/bench/test_bench_hooks.c)
+target_include_directories(test_bench_hooks PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_bench_hooks mla_coord mla_test_engine m)
+add_test(NAME bench_nohook COMMAND test_bench_hooks nohook $<TARGET_FILE:mla-test-worker>)
+set_tests_properties(bench_nohook PROPERTIES TIMEOUT 180)
+add_test(NAME bench_fill_deepseek3 COMMAND test_bench_hooks fill ${CMAKE_SOURCE_DIR}/models/tiny-deepseek3-bf16.gguf 8)
+# glm-dsa: the indexer key cache is filled too; a decode after 32 positions sees 33 keys > top_k (32)
+add_test(NAME bench_fill_glm5 COMMAND test_bench_hooks fill ${MLA_FIXTURES}/tiny-glm5/tiny-glm5-q8_0.gguf 32)
