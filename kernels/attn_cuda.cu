@@ -21,6 +21,12 @@ __device__ __forceinline__ float wmax(float v) {
     return v;
 }
 
+/* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK): block j / BS of the token's
+ * table, then the layer's offset inside the block, then the slot. */
+__device__ __forceinline__ const float *paged_row(const float *const *tab, int64_t off, int64_t ld, int64_t j) {
+    return tab[j >> MLA_CUDA_KV_BLOCK_LOG2] + off + (j & (MLA_CUDA_KV_BLOCK - 1)) * ld;
+}
+
 /* ---------------------------------------------------------------- MLA attention */
 /* Block = (split, group of AT_HG heads, token); 8 warps. Keys are walked in chunks of AT_C = 32
  * rows staged in shared memory (row stride row+1: conflict-free when lane j reads key j). Warp h
@@ -33,7 +39,8 @@ struct attn_k {
     int64_t qp_ld_t, qp_ld_h;
     int H, L, R;
     const float *kv;
-    const float *const *kvt; /* per-token cache base (batched decode), NULL: kv */
+    const float *const *const *tabs; /* per-token block table (paged cache), NULL: kv */
+    int64_t tab_off;
     int64_t pos0;
     const int32_t *post;     /* per-token position, NULL: pos0 + t */
     float scale;
@@ -53,7 +60,7 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
     const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
-    const float *kvb = a.kvt ? a.kvt[t] : a.kv;
+    const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
     const int64_t k0 = (int64_t)split * a.per;
     const int64_t k1 = nk < k0 + a.per ? nk : k0 + a.per;
@@ -78,7 +85,7 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
             int64_t k = kb + j;
             if (k < k1) {
                 int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-                const float *src = kvb + key * row;
+                const float *src = tab ? paged_row(tab, a.tab_off, row, key) : a.kv + key * row;
                 for (int c = lane; c < row; c += 32) kvs[j * rs + c] = src[c];
             }
         }
@@ -182,9 +189,10 @@ __global__ void mla_attn_reduce_kernel(const float *__restrict__ work, int H, in
 /* ---------------------------------------------------------------- DSA indexer */
 /* Block (key group, token): q[t] and w[t] in shared memory, one warp per key. */
 constexpr int DS_KPB = 64;
-__global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k0,
-                                  const float *const *__restrict__ kt, const int32_t *__restrict__ post, int H, int D,
-                                  int64_t pos0, float *__restrict__ scores, int64_t ld) {
+__global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k,
+                                  const float *const *const *__restrict__ tabs, int64_t tab_off,
+                                  const int32_t *__restrict__ post, int H, int D, int64_t pos0,
+                                  float *__restrict__ scores, int64_t ld) {
     extern __shared__ float qsm[];
     float *ws = qsm + H * D;
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -193,16 +201,17 @@ __global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__re
     __syncthreads();
     const int64_t nk = (post ? (int64_t)post[t] : pos0 + t) + 1;
     if ((int64_t)blockIdx.x * DS_KPB >= nk) return; /* past this token's keys (a batched step's grid is sized for the longest) */
-    const float *k = kt ? kt[t] : k0;
+    const float *const *tab = tabs ? tabs[t] : nullptr;
     const float sc = 1.0f / sqrtf((float)D);
     for (int jj = warp; jj < DS_KPB; jj += nw) {
         const int64_t j = (int64_t)blockIdx.x * DS_KPB + jj;
         if (j >= nk) break;
+        const float *kj = tab ? paged_row(tab, tab_off, D, j) : k + j * D;
         float kr[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             int c = lane + 32 * i;
-            kr[i] = c < D ? k[j * D + c] : 0.f;
+            kr[i] = c < D ? kj[c] : 0.f;
         }
         float s = 0.f;
         for (int h = 0; h < H; h++) {
@@ -320,11 +329,12 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
 }
 
 /* ---------------------------------------------------------------- cache rows of a batched step */
-/* Block t: row t of src goes to dst[t] + pos[t] * dst_ld. */
-__global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n, float *const *__restrict__ dst,
+/* Block t: row t of src goes to slot pos[t] of token t's paged cache. */
+__global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n,
+                                    const float *const *const *__restrict__ tabs, int64_t tab_off,
                                     const int32_t *__restrict__ pos, int64_t dst_ld) {
     const int t = blockIdx.x;
-    float *d = dst[t] + (int64_t)pos[t] * dst_ld;
+    float *d = (float *)paged_row(tabs[t], tab_off, dst_ld, pos[t]);
     const float *s = src + (int64_t)t * src_ld;
     for (int c = threadIdx.x; c < n; c += blockDim.x) d[c] = s[c];
 }
@@ -687,7 +697,7 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     int64_t per = (nk_max + splits - 1) / splits;
     per = (per + AT_C - 1) / AT_C * AT_C;
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
-                a->kv, a->kv_tok, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
+                a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
                 splits, (int)per};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
     mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
@@ -700,8 +710,8 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     return MLA_OK;
 }
 
-static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_k, const float *const *d_kt,
-                             const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t pos0, int64_t max_keys,
+static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_k, const float *const *const *d_tabs,
+                             int64_t tab_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t pos0, int64_t max_keys,
                              float *d_scores, int64_t ld, cudaStream_t stream, mla_err *e) {
     MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= max_keys && T <= 65535);
     if (T == 0) return MLA_OK;
@@ -710,7 +720,8 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
         MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
                     "dsa_scores smem");
     dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
-    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_kt, d_pos, (int)H, (int)D, pos0, d_scores, ld);
+    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D, pos0, d_scores,
+                                                   ld);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys<=%lld", (long long)T, (long long)max_keys);
     return MLA_OK;
 }
@@ -718,14 +729,16 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
 extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t H,
                                    int64_t D, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
                                    mla_err *e) {
-    return dsa_scores_launch(d_q, d_w, d_k, NULL, NULL, T, H, D, pos0, pos0 + T, d_scores, ld, (cudaStream_t)stream, e);
+    return dsa_scores_launch(d_q, d_w, d_k, NULL, 0, NULL, T, H, D, pos0, pos0 + T, d_scores, ld, (cudaStream_t)stream, e);
 }
 
-extern "C" int mla_cuda_dsa_scores_tok(const float *d_q, const float *d_w, const float *const *d_k_tok,
-                                       const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t max_keys,
-                                       float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(d_k_tok && d_pos && max_keys > 0);
-    return dsa_scores_launch(d_q, d_w, NULL, d_k_tok, d_pos, T, H, D, 0, max_keys, d_scores, ld, (cudaStream_t)stream, e);
+extern "C" int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *const *const *d_blk_tok,
+                                         int64_t blk_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D,
+                                         int64_t max_keys, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                                         mla_err *e) {
+    MLA_ASSERT(d_blk_tok && d_pos && max_keys > 0 && blk_off >= 0);
+    return dsa_scores_launch(d_q, d_w, NULL, d_blk_tok, blk_off, d_pos, T, H, D, 0, max_keys, d_scores, ld,
+                             (cudaStream_t)stream, e);
 }
 
 extern "C" int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k,
@@ -746,11 +759,13 @@ extern "C" int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t 
     return MLA_OK;
 }
 
-extern "C" int mla_cuda_scatter_rows(const float *d_src, int64_t src_ld, int64_t n, int64_t T, float *const *d_dst,
-                                     const int32_t *d_pos, int64_t dst_ld, mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n);
+extern "C" int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_t T,
+                                      const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
+                                      int64_t dst_ld, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n && blk_off >= 0);
     if (T == 0) return MLA_OK;
-    scatter_rows_kernel<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(d_src, src_ld, (int)n, d_dst, d_pos, dst_ld);
+    scatter_rows_kernel<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(d_src, src_ld, (int)n, d_blk_tok, blk_off, d_pos,
+                                                                       dst_ld);
     MLACU_CHECK(cudaGetLastError(), e, "scatter_rows T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }

@@ -109,6 +109,13 @@ int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *
                       float *d_out, mla_cuda_stream stream, mla_err *e);
 
 /* ---- attention, indexer, experts, sampling (kernels/attn_cuda.cu) ---- */
+/* The paged latent cache: a sequence's cache is a list of blocks of MLA_CUDA_KV_BLOCK token slots
+ * (its block table: a device array of block base pointers). A block holds, for each of the
+ * model's layers, MLA_CUDA_KV_BLOCK rows of the latent cache (kv_lora + rope floats), then for
+ * each layer as many indexer key rows (glm-dsa); the ops take the offset of one layer's rows
+ * inside a block. Row j of a sequence: table[j / BS] + offset + (j % BS) * row floats. */
+#define MLA_CUDA_KV_BLOCK_LOG2 6
+#define MLA_CUDA_KV_BLOCK (1 << MLA_CUDA_KV_BLOCK_LOG2)
 /* Absorbed MLA attention, the meaning of mla_attn (kernels/mla_attn.h) with two extensions: q_pe
  * of token t, head h at d_q_pe + t*q_pe_ld_t + h*q_pe_ld_h (contiguous: ld_t = n_head*n_rope,
  * ld_h = n_rope), and a split over key chunks (flash-decoding): with d_work (work_floats floats,
@@ -127,11 +134,14 @@ typedef struct mla_cuda_attn_args {
     float *out;
     float *work;
     size_t work_floats;
-    /* Batched decode (tokens of different sequences): when kv_tok is set, token t reads the cache
-     * at kv_tok[t] (device array of device pointers) instead of kv; when pos_tok is set, token t
-     * sits at position pos_tok[t] (device array) instead of pos0 + t, and max_keys (> every
-     * pos_tok[t]) sizes the grid, so one launch shape serves every step (CUDA graphs). */
-    const float *const *kv_tok;
+    /* Paged cache and tokens of different sequences (a batched step): when blk_tok is set, token
+     * t reads its keys from the paged cache of its own sequence, blk_tok[t] (a device array of
+     * that sequence's block table, see MLA_CUDA_KV_BLOCK), rows at blk_off floats into each block,
+     * instead of kv; when pos_tok is set, token t sits at position pos_tok[t] (device array)
+     * instead of pos0 + t, and max_keys (> every pos_tok[t]) sizes the grid, so one launch shape
+     * serves every step (CUDA graphs). */
+    const float *const *const *blk_tok;
+    int64_t blk_off;
     const int32_t *pos_tok;
     int64_t max_keys;
 } mla_cuda_attn_args;
@@ -148,19 +158,21 @@ int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, in
 int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k, int32_t *d_sel,
                       int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
 
-/* The same for a batched decode step: query t (position d_pos[t], device) scores the keys of its
- * own sequence, d_k_tok[t] (device array of device pointers); grid sized by max_keys > every
- * d_pos[t]; ld >= max_keys. */
-int mla_cuda_dsa_scores_tok(const float *d_q, const float *d_w, const float *const *d_k_tok, const int32_t *d_pos,
-                            int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys, float *d_scores, int64_t ld,
-                            mla_cuda_stream stream, mla_err *e);
+/* The same over paged caches: query t (position d_pos[t], device) scores the keys of its own
+ * sequence (block table d_blk_tok[t], rows of head_dim floats at blk_off floats into each block);
+ * grid sized by max_keys > every d_pos[t]; ld >= max_keys. */
+int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
+                              const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
+                              float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
 /* dsa_topk of row t over its d_pos[t] + 1 scores. */
 int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
                           int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
-/* Cache writes of a batched decode step: d_dst[t][d_pos[t] * dst_ld + c] = d_src[t * src_ld + c]
- * for c < n (d_dst: device array of device pointers, one per token). */
-int mla_cuda_scatter_rows(const float *d_src, int64_t src_ld, int64_t n, int64_t T, float *const *d_dst,
-                          const int32_t *d_pos, int64_t dst_ld, mla_cuda_stream stream, mla_err *e);
+/* Cache writes of a step: row t of d_src (n floats at d_src + t * src_ld) goes to slot d_pos[t]
+ * of token t's paged cache (block table d_blk_tok[t], rows of dst_ld floats at blk_off floats
+ * into each block). */
+int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_t T,
+                           const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos, int64_t dst_ld,
+                           mla_cuda_stream stream, mla_err *e);
 
 /* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
  * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */

@@ -155,18 +155,23 @@ out:
     return rc;
 }
 
-/* Absorbed MLA attention, both launch forms, against mla_attn: a prefill-shaped call (5 tokens
- * after 20 cached, one cache, no split) and a batched decode call (3 sequences at positions 40, 5
- * and 577, each with its own cache, grid sized for 600 keys: split over 3 key chunks, some of them
- * empty for the shorter sequences). 12 heads (two head groups, the second partial), kv_lora 64,
- * rope 16. */
+/* Absorbed MLA attention, both launch forms, against mla_attn: a prefill-shaped call over one
+ * contiguous cache (5 tokens after 20 cached, no split) and a batched decode call over paged
+ * caches (3 sequences at positions 40, 5 and 577, their blocks scattered over a pool in a shuffled
+ * order, the second layer's rows of each block, grid sized for 600 keys: split over 3 key chunks,
+ * some of them empty for the shorter sequences). 12 heads (two head groups, the second partial),
+ * kv_lora 64, rope 16. */
 int check_attn(gr_rng *r, mla_err *e) {
-    enum { H = 12, L = 64, R = 16, ROW = L + R, T = 5, P0 = 20, B = 3, MAXK = 600 };
+    enum { H = 12, L = 64, R = 16, ROW = L + R, T = 5, P0 = 20, B = 3, MAXK = 600, BS = MLA_CUDA_KV_BLOCK,
+           NBS = (MAXK + BS - 1) / BS, POOL = 16, BLK = 2 * BS * ROW, OFF = BS * ROW };
     static const int32_t pos[B] = {40, 5, 577};
-    static float qa[T * H * L], qp[T * H * R], kv[B * MAXK * ROW], ref[T * H * L], got[T * H * L];
+    static const int order[POOL] = {7, 3, 12, 0, 9, 14, 1, 5, 11, 2, 15, 4, 8, 13, 6, 10};
+    static float qa[T * H * L], qp[T * H * R], kv[B * MAXK * ROW], ref[T * H * L], got[T * H * L], pool[POOL * BLK];
+    static void *tabs[B * NBS + B];
     gr_fill(r, qa, T * H * L, 0.05f);
     gr_fill(r, qp, T * H * R, 0.2f);
     gr_fill(r, kv, B * MAXK * ROW, 1.0f);
+    gr_fill(r, pool, POOL * BLK, 1.0f); /* the rows nobody should read stay random */
     const float scale = 0.125f;
     scratch s = {{0}, 0};
     int rc = MLA_ERR;
@@ -174,11 +179,10 @@ int check_attn(gr_rng *r, mla_err *e) {
     float *dkv = (float *)salloc(&s, sizeof kv, kv), *dout = (float *)salloc(&s, sizeof got, NULL);
     const size_t wf = mla_cuda_attn_work_floats(B, H, L, 8);
     float *dwork = (float *)salloc(&s, wf * 4, NULL);
-    const float *ptrs[B];
-    for (int b = 0; b < B; b++) ptrs[b] = dkv + (size_t)b * MAXK * ROW;
-    const float **dptr = (const float **)salloc(&s, sizeof ptrs, ptrs);
+    float *dpool = (float *)salloc(&s, sizeof pool, NULL);
+    void **dtabs = (void **)salloc(&s, sizeof tabs, NULL);
     int32_t *dpos = (int32_t *)salloc(&s, sizeof pos, pos);
-    if (!dqa || !dqp || !dkv || !dout || !dwork || !dptr || !dpos) {
+    if (!dqa || !dqp || !dkv || !dout || !dwork || !dpool || !dtabs || !dpos) {
         mla_errf(e, "cuda_selfcheck: attention buffers: %s", cudaGetErrorString(cudaGetLastError()));
         goto out;
     }
@@ -186,22 +190,35 @@ int check_attn(gr_rng *r, mla_err *e) {
         mla_attn_args ca = {qa, qp, T, H, L, R, kv, P0, scale, NULL, NULL, 0, ref};
         mla_attn(NULL, &ca);
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
-                                NULL, NULL, 0};
+                                NULL, 0, NULL, 0};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
         if (compare("mla_attn (prefill form)", got, ref, T * H * L, 1e-4, e) != MLA_OK) goto out;
     }
     {
+        int next = 0;
         for (int b = 0; b < B; b++) {
+            const int nb = (pos[b] + 1 + BS - 1) / BS;
+            for (int k = 0; k < nb; k++) {
+                const int blk = order[next++];
+                tabs[b * NBS + k] = dpool + (size_t)blk * BLK;
+                for (int j = k * BS; j < (k + 1) * BS && j <= pos[b]; j++)
+                    memcpy(pool + (size_t)blk * BLK + OFF + (size_t)(j - k * BS) * ROW, kv + ((size_t)b * MAXK + j) * ROW,
+                           ROW * sizeof(float));
+            }
+            tabs[B * NBS + b] = dtabs + b * NBS;
             mla_attn_args ca = {qa + b * H * L, qp + b * H * R, 1, H, L, R, kv + (size_t)b * MAXK * ROW, pos[b], scale,
                                 NULL, NULL, 0, ref + b * H * L};
             mla_attn(NULL, &ca);
         }
+        if (cudaMemcpy(dpool, pool, sizeof pool, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemcpy(dtabs, tabs, sizeof tabs, cudaMemcpyHostToDevice) != cudaSuccess)
+            goto cuda_fail;
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
-                                dptr, dpos, MAXK};
+                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, (size_t)B * H * L * 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
-        if (compare("mla_attn (batched decode form)", got, ref, B * H * L, 1e-4, e) != MLA_OK) goto out;
+        if (compare("mla_attn (paged, batched decode form)", got, ref, B * H * L, 1e-4, e) != MLA_OK) goto out;
     }
     rc = MLA_OK;
     goto out;

@@ -99,10 +99,8 @@ struct mla_cmodel {
     float *hbuf2;
     float *dgbuf;  /* device gather buffer (hbuf_floats) when coll_dev */
     int32_t *htok;
-    /* batched decode (mla_cmodel_decode): the step block holds everything a step of B tokens
-     * changes, so that a captured graph replays with new data (step_layout): tok [B], pos [B],
-     * kvp/ikp [n_layer][B] (each token's cache base per layer), back to back; uploaded with one
-     * copy from its pinned mirror */
+    /* the step block holds everything a step of T tokens changes (step_layout), so that a
+     * captured graph replays with new data; uploaded with one copy from its pinned mirror */
     uint8_t *dstep, *hstep;
     size_t step_bytes;
     float *kvn, *ikn; /* [cap_T][kv row], [cap_T][indexer head dim]: a step's new cache rows */
@@ -116,23 +114,37 @@ struct mla_cmodel {
     } gr[8];
     uint64_t gr_tick;
     uint64_t n_graph_launch, n_graph_capture;
+    /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): blocks of blk_floats floats
+     * (every layer's kv rows, then every layer's indexer key rows) cut from slabs allocated on
+     * demand; free blocks wait in free_blk */
+    bool legacy; /* MLA_CUDA_LEGACY=1: the earlier contiguous caches and per-sequence path */
+    size_t blk_floats;
+    float **free_blk;
+    size_t n_free, cap_free;
+    void **slabs;
+    size_t n_slabs;
+    int64_t blk_total, blk_used;
 };
 
 struct mla_cstate {
     mla_cmodel *m;
     int64_t n_ctx, n_past, n_layer, kv_row, ik_row;
-    float **kv, **ik;
+    float **kv, **ik;  /* MLA_CUDA_LEGACY: one contiguous cache per layer */
+    float **tab_h;     /* paged: the block table (host copy), cap_blk entries, n_blk used */
+    float **tab_d;     /* its device copy (what the kernels read) */
+    int64_t n_blk, cap_blk;
 };
 
+/* The step block of a step of T tokens: tok [T], pos [T], tabs [T] (each token's sequence's
+ * device block table), back to back. */
 struct step_off {
-    size_t pos, kvp, ikp, total;
+    size_t pos, tabs, total;
 };
-static step_off step_layout(int64_t n_layer, int64_t B) {
+static step_off step_layout(int64_t T) {
     step_off o;
-    o.pos = (size_t)B * 4;
-    o.kvp = (o.pos + (size_t)B * 4 + 15) / 16 * 16;
-    o.ikp = o.kvp + (size_t)(n_layer * B) * sizeof(float *);
-    o.total = o.ikp + (size_t)(n_layer * B) * sizeof(float *);
+    o.pos = (size_t)T * 4;
+    o.tabs = (o.pos + (size_t)T * 4 + 15) / 16 * 16;
+    o.total = o.tabs + (size_t)T * sizeof(float **);
     return o;
 }
 
@@ -284,6 +296,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->split = opts && opts->split;
     {
         const char *b = getenv("MLA_CUDA_BATCHED"), *gr = getenv("MLA_CUDA_GRAPHS");
+        const char *lg = getenv("MLA_CUDA_LEGACY");
+        m->legacy = lg && !strcmp(lg, "1");
         m->batched = !(b && !strcmp(b, "0"));
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
@@ -306,6 +320,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         goto fail;
     }
     if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
+    m->blk_floats = (size_t)(cf->n_layer * MLA_CUDA_KV_BLOCK) *
+                    (size_t)(cf->kv_lora_rank + cf->n_rope + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->Hl = m->h1 - m->h0;
@@ -441,6 +457,9 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
     free_scratch(m);
     for (size_t i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
     free(m->allocs);
+    for (size_t i = 0; i < m->n_slabs; i++) cudaFree(m->slabs[i]);
+    free(m->slabs);
+    free(m->free_blk);
     free(m->L);
     if (m->st) cudaStreamDestroy(m->st);
     if (m->own_coll) coll_free(m->own_coll);
@@ -450,6 +469,59 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
 extern "C" const mla_config *mla_cmodel_config(const mla_cmodel *m) { return &m->cfg; }
 extern "C" uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m) { return m->wbytes; }
 
+/* ---------------------------------------------------------------- paged cache */
+
+static int blk_get(mla_cmodel *m, float **out, mla_err *err) {
+    if (m->n_free == 0) { /* a new slab of ~256 MiB (at least one block) */
+        const size_t bb = m->blk_floats * 4;
+        size_t nb = ((size_t)256 << 20) / bb;
+        if (nb < 1) nb = 1;
+        void *d = nullptr;
+        if (cudaMalloc(&d, nb * bb) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mla_errf(err, "KV cache: out of device memory for %zu more blocks of %d tokens (%lld in use, %.1f MiB each)",
+                            nb, MLA_CUDA_KV_BLOCK, (long long)m->blk_used, bb / 1048576.0);
+        }
+        m->slabs = (void **)mla_xrealloc(m->slabs, (m->n_slabs + 1) * sizeof *m->slabs);
+        m->slabs[m->n_slabs++] = d;
+        if (m->cap_free < m->n_free + nb) {
+            m->cap_free = m->n_free + nb + m->cap_free;
+            m->free_blk = (float **)mla_xrealloc(m->free_blk, m->cap_free * sizeof *m->free_blk);
+        }
+        for (size_t i = nb; i-- > 0;) m->free_blk[m->n_free++] = (float *)d + i * m->blk_floats;
+        m->blk_total += (int64_t)nb;
+    }
+    *out = m->free_blk[--m->n_free];
+    m->blk_used++;
+    return MLA_OK;
+}
+
+static void blk_put(mla_cmodel *m, float *b) {
+    MLA_ASSERT(m->n_free < m->cap_free);
+    m->free_blk[m->n_free++] = b;
+    m->blk_used--;
+}
+
+/* Blocks for the first n_tokens positions of s (its table grows; new entries reach the device
+ * on the model's stream, ahead of the step that uses them). */
+static int state_reserve(mla_cstate *s, int64_t n_tokens, mla_err *err) {
+    mla_cmodel *m = s->m;
+    const int64_t need = (n_tokens + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK, old = s->n_blk;
+    MLA_ASSERT(need <= s->cap_blk);
+    while (s->n_blk < need) TRY(blk_get(m, &s->tab_h[s->n_blk++], err));
+    if (s->n_blk > old)
+        CU(cudaMemcpyAsync(s->tab_d + old, s->tab_h + old, (size_t)(s->n_blk - old) * sizeof(float *),
+                           cudaMemcpyHostToDevice, m->st),
+           "block table upload");
+    return MLA_OK;
+}
+
+/* Returns the blocks past the first keep positions (nothing in flight: steps end synchronised). */
+static void state_release(mla_cstate *s, int64_t keep) {
+    const int64_t k = (keep + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
+    while (s->n_blk > k) blk_put(s->m, s->tab_h[--s->n_blk]);
+}
+
 extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err) {
     MLA_ASSERT(n_ctx > 0);
     mla_cstate *s = (mla_cstate *)mla_xcalloc(1, sizeof *s);
@@ -458,13 +530,23 @@ extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err
     s->n_layer = m->cfg.n_layer;
     s->kv_row = m->cfg.kv_lora_rank + m->cfg.n_rope;
     s->ik_row = m->cfg.idx_head_dim;
-    s->kv = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->kv);
-    s->ik = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->ik);
     if (cudaSetDevice(m->device) != cudaSuccess) {
         mla_errf(err, "cudaSetDevice(%d) failed", m->device);
         mla_cstate_free(s);
         return nullptr;
     }
+    if (!m->legacy) { /* paged: only the table; blocks come as the sequence grows */
+        s->cap_blk = (n_ctx + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
+        s->tab_h = (float **)mla_xcalloc((size_t)s->cap_blk, sizeof *s->tab_h);
+        if (cudaMalloc((void **)&s->tab_d, (size_t)s->cap_blk * sizeof(float *)) != cudaSuccess) {
+            mla_errf(err, "block table of %lld entries: out of device memory", (long long)s->cap_blk);
+            mla_cstate_free(s);
+            return nullptr;
+        }
+        return s;
+    }
+    s->kv = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->kv);
+    s->ik = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->ik);
     for (int64_t il = 0; il < s->n_layer; il++) {
         if (cudaMalloc((void **)&s->kv[il], (size_t)(n_ctx * s->kv_row) * 4) != cudaSuccess ||
             (m->cfg.idx_n_head > 0 && cudaMalloc((void **)&s->ik[il], (size_t)(n_ctx * s->ik_row) * 4) != cudaSuccess)) {
@@ -479,12 +561,15 @@ extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err
 extern "C" void mla_cstate_free(mla_cstate *s) {
     if (!s) return;
     cudaStreamSynchronize(s->m->st);
-    for (int64_t il = 0; il < s->n_layer; il++) {
+    for (int64_t il = 0; s->kv && il < s->n_layer; il++) {
         if (s->kv[il]) cudaFree(s->kv[il]);
         if (s->ik[il]) cudaFree(s->ik[il]);
     }
     free(s->kv);
     free(s->ik);
+    if (s->tab_h) state_release(s, 0);
+    free(s->tab_h);
+    if (s->tab_d) cudaFree(s->tab_d);
     free(s);
 }
 
@@ -492,6 +577,12 @@ extern "C" int64_t mla_cstate_n_past(const mla_cstate *s) { return s->n_past; }
 extern "C" void mla_cstate_truncate(mla_cstate *s, int64_t pos) {
     MLA_ASSERT(pos >= 0 && pos <= s->n_past);
     s->n_past = pos;
+    if (s->tab_h) state_release(s, pos);
+}
+
+extern "C" void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total) {
+    *blocks_used = m->blk_used;
+    *blocks_total = m->blk_total;
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -547,7 +638,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     A(m->kvn, T * row);
     A(m->ikn, T * (c->idx_head_dim > 0 ? c->idx_head_dim : 1));
 #undef A
-    m->step_bytes = step_layout(c->n_layer, T).total;
+    m->step_bytes = step_layout(T).total;
     CU(cudaMalloc((void **)&m->dstep, m->step_bytes), "step block");
     CU(cudaMallocHost((void **)&m->hstep, m->step_bytes), "pinned step block");
     memset(m->hstep, 0, m->step_bytes);
@@ -633,7 +724,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             NULL, NULL, 0};
+                             NULL, 0, NULL, 0};
     TRY(mla_cuda_mla_attn(&aa, st, err));
     return attn_out(m, l, T, err);
 }
@@ -697,89 +788,96 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, mla_err *err) {
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
 
-/* ---------------------------------------------------------------- batched decode */
-/* Attention of a batched decode step: B tokens of B sequences; positions, cache bases and token
- * ids are read from the step block on the device (nothing here depends on them on the host). */
-static int attention_b(mla_cmodel *m, int64_t il, int64_t B, int64_t max_keys, mla_err *err) {
+/* ---------------------------------------------------------------- steps over the paged cache */
+/* Attention of a step of T tokens (of one sequence or of many): token ids, positions and each
+ * token's block table are read from the step block on the device; the new cache rows go to
+ * their slots through the tables (nothing here depends on positions on the host). */
+static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
+    const int64_t ihd = c->idx_n_head > 0 ? c->idx_head_dim : 0;
+    /* this layer's rows inside a block: kv rows of every layer first, then indexer keys */
+    const int64_t kv_off = il * MLA_CUDA_KV_BLOCK * row, ik_off = c->n_layer * MLA_CUDA_KV_BLOCK * row + il * MLA_CUDA_KV_BLOCK * ihd;
     cudaStream_t st = m->st;
-    const step_off so = step_layout(c->n_layer, B);
+    const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
-    float *const *kvp = (float *const *)(m->dstep + so.kvp) + il * B;
-    float *const *ikp = (float *const *)(m->dstep + so.ikp) + il * B;
+    const float *const *const *tabs = (const float *const *const *)(m->dstep + so.tabs);
     const float *qin = m->h;
     if (c->q_lora_rank > 0) {
-        TRY(mm(m, &l->q_a, m->h, B, m->cq, err));
-        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, B, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
+        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
+        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
                              err));
         qin = m->cq;
     }
-    TRY(mm(m, &l->q_b, qin, B, m->q, err));
-    TRY(mm(m, &l->kv_a, m->h, B, m->kva, err));
-    /* the new cache rows: normalized latent + roped k_pe, built in kvn, then stored per sequence */
-    TRY(mla_cuda_rmsnorm(m->kva, row, B, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
-    CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)B,
+    TRY(mm(m, &l->q_b, qin, T, m->q, err));
+    TRY(mm(m, &l->kv_a, m->h, T, m->kva, err));
+    /* the new cache rows: normalized latent + roped k_pe, built in kvn, then stored in the blocks */
+    TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
+    CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
                          cudaMemcpyDeviceToDevice, st),
        "k_pe copy");
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, B, 1, dr, row, 0, pos, st, err));
-    TRY(mla_cuda_scatter_rows(m->kvn, row, row, B, kvp, pos, row, st, err));
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, B, Hl, dk, Hl * dk, 0, pos, st, err));
-    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, B, m->qabs, Hl * KL, KL, st, err));
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
+    TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, st, err));
+    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
+    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, st, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
-        /* always through the indexer: a sequence with no more than top_k keys selects all of them,
+        /* always through the indexer: a token with no more than top_k keys selects all of them,
          * in order, which is the plain attention */
-        const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
-        TRY(mm(m, &l->iq_b, m->cq, B, m->iq, err));
-        TRY(mm(m, &l->ik, m->h, B, m->ikn, err));
-        TRY(mla_cuda_layernorm(m->ikn, ihd, B, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
-        TRY(mm(m, &l->iproj, m->h, B, m->iw, err));
-        scale_kernel<<<(unsigned)((B * nih + 255) / 256), 256, 0, st>>>(m->iw, B * nih, 1.0f / sqrtf((float)nih));
+        const int64_t nih = c->idx_n_head;
+        TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
+        TRY(mm(m, &l->ik, m->h, T, m->ikn, err));
+        TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
+        TRY(mm(m, &l->iproj, m->h, T, m->iw, err));
+        scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
         CU(cudaGetLastError(), "scale");
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, B, nih, ihd, nih * ihd, 0, pos, st, err));
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, B, 1, ihd, ihd, 0, pos, st, err));
-        TRY(mla_cuda_scatter_rows(m->ikn, ihd, ihd, B, ikp, pos, ihd, st, err));
-        TRY(mla_cuda_dsa_scores_tok(m->iq, m->iw, ikp, pos, B, nih, ihd, max_keys, m->scores, max_keys, st, err));
-        TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, B, pos, c->idx_top_k, m->sel, m->nsel, st, err));
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
+        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, st, err));
+        TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, m->scores, max_keys, st,
+                                      err));
+        TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, T, pos, c->idx_top_k, m->sel, m->nsel, st, err));
         sel = m->sel;
     }
-    mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, B, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
-                             c->idx_top_k, m->ol, B <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             (const float *const *)kvp, pos, max_keys};
+    mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
+                             c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
+                             tabs, kv_off, pos, max_keys};
     TRY(mla_cuda_mla_attn(&aa, st, err));
-    return attn_out(m, l, B, err);
+    return attn_out(m, l, T, err);
 }
 
-/* Everything of a decode step that runs on the device, from the token ids in the step block to
- * the logits in m->logit_dev (or, split over ranks on NCCL, gathered in m->dgbuf). */
-static int decode_body(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) {
+/* Everything of a step of T tokens that runs on the device, from the token ids in the step block
+ * to the logits of rows [out0, out0 + nout) in m->logit_dev (or, split over ranks on NCCL,
+ * gathered in m->dgbuf). */
+static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, int64_t nout, mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd;
     cudaStream_t st = m->st;
-    TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, B, m->x, st, err));
+    TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, T, m->x, st, err));
     for (int64_t il = 0; il < c->n_layer; il++) {
         const dlayer *l = &m->L[il];
-        TRY(mla_cuda_rmsnorm(m->x, E, B, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(attention_b(m, il, B, max_keys, err));
-        TRY(mla_cuda_add(m->x, m->y, B * E, st, err));
-        TRY(mla_cuda_rmsnorm(m->x, E, B, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(ffn_moe(m, il, B, err));
-        TRY(mla_cuda_add(m->x, m->y, B * E, st, err));
+        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(attention_b(m, il, T, max_keys, err));
+        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
+        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
+        TRY(ffn_moe(m, il, T, err));
+        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
     }
-    TRY(mla_cuda_rmsnorm(m->x, E, B, E, m->out_norm, c->rms_eps, m->h, E, st, err));
-    TRY(mm(m, &m->output, m->h, B, m->logit_dev, err));
+    if (nout <= 0) return MLA_OK;
+    TRY(mla_cuda_rmsnorm(m->x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    TRY(mm(m, &m->output, m->h, nout, m->logit_dev, err));
     if (m->out_split && m->coll_dev)
-        TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(B * (m->out_r1 - m->out_r0)), err));
+        TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nout * (m->out_r1 - m->out_r0)), err));
     return MLA_OK;
 }
 
-/* Runs decode_body for (B, max_keys): eagerly the first time, captured into a CUDA graph the
- * second time, replayed after that. A capture that fails turns graphs off for this model (with
- * the reason in the log) and the step runs eagerly: slower, never different. */
+/* A decode step of B tokens (logits of every row): eagerly the first time for (B, max_keys),
+ * captured into a CUDA graph the second time, replayed after that. A capture that fails turns
+ * graphs off for this model (with the reason in the log) and the step runs eagerly: slower,
+ * never different. */
 static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) {
-    if (!m->graphs) return decode_body(m, B, max_keys, err);
+    if (!m->graphs) return step_body(m, B, max_keys, 0, B, err);
     mla_cmodel::dgraph *g = nullptr, *lru = &m->gr[0];
     for (auto &e : m->gr) {
         if (e.B == B && e.max_keys == max_keys) g = &e;
@@ -793,12 +891,12 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
         g->max_keys = max_keys;
     }
     g->used = ++m->gr_tick;
-    if (!g->exec && g->seen++ == 0) return decode_body(m, B, max_keys, err); /* warm-up: lazy attributes, sizes */
+    if (!g->exec && g->seen++ == 0) return step_body(m, B, max_keys, 0, B, err); /* warm-up: lazy attributes */
     if (!g->exec) {
         cudaGraph_t graph = nullptr;
         CU(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal), "graph capture start");
         mla_err e2;
-        int rc = decode_body(m, B, max_keys, &e2);
+        int rc = step_body(m, B, max_keys, 0, B, &e2);
         cudaError_t ce = cudaStreamEndCapture(m->st, &graph);
         if (rc == MLA_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&g->exec, graph, 0);
         if (graph) cudaGraphDestroy(graph);
@@ -809,13 +907,56 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
             g->exec = nullptr;
             graphs_clear(m);
             m->graphs = false;
-            return decode_body(m, B, max_keys, err);
+            return step_body(m, B, max_keys, 0, B, err);
         }
         m->n_graph_capture++;
     }
     CU(cudaGraphLaunch(g->exec, m->st), "graph launch (decode of %lld tokens)", (long long)B);
     m->n_graph_launch++;
     return MLA_OK;
+}
+
+/* The nout logits rows of the step just run to the host (the step's one synchronisation):
+ * rows[i] gets row i (NULL: skipped); every rank receives full rows. */
+static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, mla_err *err) {
+    const int64_t V = m->cfg.n_vocab;
+    cudaStream_t st = m->st;
+    if (nout <= 0) {
+        CU(cudaStreamSynchronize(st), "step");
+        return MLA_OK;
+    }
+    if (!m->out_split) {
+        CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(nout * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+        for (int64_t i = 0; i < nout; i++)
+            if (rows[i]) memcpy(rows[i], m->hbuf + i * V, (size_t)V * 4);
+        return MLA_OK;
+    }
+    const int64_t Vr = m->out_r1 - m->out_r0;
+    if (m->coll_dev) { /* gathered on the device by the step */
+        CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * nout * Vr) * 4, cudaMemcpyDeviceToHost, st),
+           "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+    } else {
+        CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nout * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        CU(cudaStreamSynchronize(st), "step");
+        TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nout * Vr), err));
+    }
+    for (int64_t i = 0; i < nout; i++)
+        if (rows[i])
+            for (int r = 0; r < m->world; r++) memcpy(rows[i] + r * Vr, m->hbuf + (r * nout + i) * Vr, (size_t)Vr * 4);
+    return MLA_OK;
+}
+
+static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0, int mode,
+                          float *logits, mla_err *err);
+
+/* Writes token t of the step block: its id, position and sequence. */
+static void step_set(mla_cmodel *m, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
+    const step_off so = step_layout(T);
+    ((int32_t *)m->hstep)[t] = tok;
+    ((int32_t *)(m->hstep + so.pos))[t] = (int32_t)pos;
+    ((float ***)(m->hstep + so.tabs))[t] = s->tab_d;
 }
 
 extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
@@ -837,46 +978,24 @@ extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const
             if (states[b2] == s) return mla_errf(err, "sequence %lld appears twice in one decode step", (long long)b);
         if (s->n_ctx > max_keys) max_keys = s->n_ctx;
     }
-    CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(ensure_scratch(m, B, max_keys, err));
-    const step_off so = step_layout(c->n_layer, B);
-    int32_t *htok = (int32_t *)m->hstep, *hpos = (int32_t *)(m->hstep + so.pos);
-    float **hkv = (float **)(m->hstep + so.kvp), **hik = (float **)(m->hstep + so.ikp);
-    for (int64_t b = 0; b < B; b++) {
-        htok[b] = tokens[b];
-        hpos[b] = (int32_t)states[b]->n_past;
-        for (int64_t il = 0; il < c->n_layer; il++) {
-            hkv[il * B + b] = states[b]->kv[il];
-            hik[il * B + b] = states[b]->ik[il];
+    if (m->legacy) { /* one sequence at a time */
+        for (int64_t b = 0; b < B; b++) {
+            mla_cstate *s = states[b];
+            TRY(forward_legacy(m, s, tokens + b, 1, s->n_past, logits && logits[b] ? 1 : 0, logits ? logits[b] : NULL,
+                               err));
         }
-    }
-    cudaStream_t st = m->st;
-    CU(cudaMemcpyAsync(m->dstep, m->hstep, so.total, cudaMemcpyHostToDevice, st), "step block upload");
-    TRY(decode_run(m, B, max_keys, err));
-    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
-    /* the result: the logits rows to the host (the step's one synchronisation) */
-    const int64_t V = c->n_vocab;
-    if (!m->out_split) {
-        CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(B * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
-        CU(cudaStreamSynchronize(st), "step");
-        for (int64_t b = 0; b < B; b++)
-            if (logits && logits[b]) memcpy(logits[b], m->hbuf + b * V, (size_t)V * 4);
         return MLA_OK;
     }
-    const int64_t Vr = m->out_r1 - m->out_r0;
-    if (m->coll_dev) {
-        CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * B * Vr) * 4, cudaMemcpyDeviceToHost, st),
-           "logits copy");
-        CU(cudaStreamSynchronize(st), "step");
-    } else {
-        CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(B * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
-        CU(cudaStreamSynchronize(st), "step");
-        TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(B * Vr), err));
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    TRY(ensure_scratch(m, B, max_keys, err));
+    for (int64_t b = 0; b < B; b++) {
+        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
+        step_set(m, B, b, tokens[b], states[b]->n_past, states[b]);
     }
-    for (int64_t b = 0; b < B; b++)
-        if (logits && logits[b])
-            for (int r = 0; r < m->world; r++) memcpy(logits[b] + r * Vr, m->hbuf + (r * B + b) * Vr, (size_t)Vr * 4);
-    return MLA_OK;
+    CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
+    TRY(decode_run(m, B, max_keys, err));
+    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
+    return logits ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err);
 }
 
 extern "C" bool mla_cmodel_batched(const mla_cmodel *m) { return m->batched; }
@@ -892,7 +1011,13 @@ extern "C" int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err
         return mla_errf(err, "cannot fill %lld positions: the context holds %lld", (long long)n_past,
                         (long long)s->n_ctx);
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    for (int64_t il = 0; il < s->n_layer; il++) {
+    if (s->tab_h) {
+        state_release(s, 0);
+        TRY(state_reserve(s, n_past, err));
+        for (int64_t b = 0; b < s->n_blk; b++)
+            CU(cudaMemsetAsync(s->tab_h[b], 0, m->blk_floats * 4, m->st), "cache fill");
+    }
+    for (int64_t il = 0; s->kv && il < s->n_layer; il++) {
         CU(cudaMemsetAsync(s->kv[il], 0, (size_t)(n_past * s->kv_row) * 4, m->st), "cache fill");
         if (s->ik[il]) CU(cudaMemsetAsync(s->ik[il], 0, (size_t)(n_past * s->ik_row) * 4, m->st), "cache fill");
     }
@@ -924,24 +1049,11 @@ extern "C" int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double 
     return rc;
 }
 
-extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
-                                  int mode, float *logits, mla_err *err) {
+/* MLA_CUDA_LEGACY=1: the per-sequence path over contiguous caches (kept until the paged path has
+ * run on the GPU machine; the checks are the caller's). */
+static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0, int mode,
+                          float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
-    if (T <= 0) return mla_errf(err, "no tokens to run");
-    if (pos0 != s->n_past)
-        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
-                        (long long)s->n_past);
-    if (pos0 + T > s->n_ctx)
-        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
-                        (long long)s->n_ctx);
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
-            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
-                            (long long)c->n_vocab);
-    if (T == 1 && m->batched) { /* a decode step: the batched (and graph) path with one sequence */
-        float *rows[1] = {mode != 0 ? logits : NULL};
-        return mla_cmodel_decode(m, &s, tokens, 1, rows, err);
-    }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     TRY(ensure_scratch(m, T, s->n_ctx, err));
     const int64_t E = c->n_embd;
@@ -988,4 +1100,40 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
         CU(cudaStreamSynchronize(st), "step");
     }
     return MLA_OK;
+}
+
+extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
+                                  int mode, float *logits, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    if (T <= 0) return mla_errf(err, "no tokens to run");
+    if (pos0 != s->n_past)
+        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
+                        (long long)s->n_past);
+    if (pos0 + T > s->n_ctx)
+        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
+                        (long long)s->n_ctx);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
+                            (long long)c->n_vocab);
+    if (m->legacy) return forward_legacy(m, s, tokens, T, pos0, mode, logits, err);
+    if (T == 1 && m->batched) { /* a decode step: the batched (and graph) path with one sequence */
+        float *rows[1] = {mode != 0 ? logits : NULL};
+        return mla_cmodel_decode(m, &s, tokens, 1, rows, err);
+    }
+    /* a prompt: one step of T tokens of this sequence at positions pos0.. (no graph) */
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    const int64_t max_keys = pos0 + T;
+    TRY(ensure_scratch(m, T, max_keys, err));
+    TRY(state_reserve(s, pos0 + T, err));
+    for (int64_t t = 0; t < T; t++) step_set(m, T, t, tokens[t], pos0 + t, s);
+    CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(T).total, cudaMemcpyHostToDevice, m->st), "step block upload");
+    const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
+    TRY(step_body(m, T, max_keys, out0, nout, err));
+    s->n_past = pos0 + T;
+    float **rows = (float **)mla_xmalloc((size_t)(nout > 0 ? nout : 1) * sizeof *rows);
+    for (int64_t i = 0; i < nout; i++) rows[i] = logits + i * V;
+    int rc = logits_down(m, nout, rows, err);
+    free(rows);
+    return rc;
 }

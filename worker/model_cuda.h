@@ -49,14 +49,20 @@ void *mla_cmodel_stream(const mla_cmodel *m);
 /* Device bytes the weights of this rank take. */
 uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
 
-/* NULL with err set when the device memory is short. */
+/* A sequence's state: its latent cache (and indexer key cache) is paged: blocks of
+ * MLA_CUDA_KV_BLOCK positions (every layer's rows of those positions in one block) taken from
+ * the model's pool as the sequence grows and returned when it shrinks (truncate) or ends (free);
+ * the pool grows by slabs of ~256 MiB on demand. n_ctx bounds the positions. MLA_CUDA_LEGACY=1
+ * (read at load) keeps the earlier contiguous per-layer caches of n_ctx rows and the
+ * one-sequence-at-a-time path. NULL with err set when the device memory is short. */
 mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err);
 void mla_cstate_free(mla_cstate *s);
 int64_t mla_cstate_n_past(const mla_cstate *s);
 void mla_cstate_truncate(mla_cstate *s, int64_t pos);
 
 /* As mla_model_forward (worker/model.h): mode 0 none, 1 last token, 2 all tokens; logits is a
- * host buffer [rows][n_vocab]; every rank receives the full logits. */
+ * host buffer [rows][n_vocab]; every rank receives the full logits. A prompt runs as one step
+ * of its T tokens (the same kernels as a decode step, each token at its own position). */
 int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t n_tokens, int64_t pos0,
                        int mode, float *logits, mla_err *err);
 
@@ -71,6 +77,8 @@ int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int6
  * MLA_CUDA_BATCHED=0. */
 int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                       float *const *logits, mla_err *err);
+/* cache blocks handed to sequences and allocated in all */
+void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */
 bool mla_cmodel_batched(const mla_cmodel *m);
 /* graphs captured and launched so far */
