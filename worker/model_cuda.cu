@@ -679,20 +679,27 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, int64_t T, fl
 
 static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
 
+/* The attention's input projections of T tokens from m->h: queries in m->q (through the q-LoRA
+ * and its norm, m->cq, when the model has one) and the compressed kv + k_pe in m->kva. */
+static int project_q_kv(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const float *qin = m->h;
+    if (c->q_lora_rank > 0) {
+        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
+        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank,
+                             m->st, err));
+        qin = m->cq;
+    }
+    TRY(mm(m, &l->q_b, qin, T, m->q, err));
+    return mm(m, &l->kv_a, m->h, T, m->kva, err);
+}
+
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     cudaStream_t st = m->st;
-    const float *qin = m->h;
-    if (c->q_lora_rank > 0) {
-        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
-        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
-                             err));
-        qin = m->cq;
-    }
-    TRY(mm(m, &l->q_b, qin, T, m->q, err));
-    TRY(mm(m, &l->kv_a, m->h, T, m->kva, err));
+    TRY(project_q_kv(m, l, T, err));
     float *kvc = s->kv[il];
     TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, kvc + pos0 * row, row, st, err));
     CU(cudaMemcpy2DAsync(kvc + pos0 * row + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
@@ -803,15 +810,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
     const float *const *const *tabs = (const float *const *const *)(m->dstep + so.tabs);
-    const float *qin = m->h;
-    if (c->q_lora_rank > 0) {
-        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
-        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank, st,
-                             err));
-        qin = m->cq;
-    }
-    TRY(mm(m, &l->q_b, qin, T, m->q, err));
-    TRY(mm(m, &l->kv_a, m->h, T, m->kva, err));
+    TRY(project_q_kv(m, l, T, err));
     /* the new cache rows: normalized latent + roped k_pe, built in kvn, then stored in the blocks */
     TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
     CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
