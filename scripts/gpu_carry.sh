@@ -31,7 +31,10 @@ cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-de
 cp "$FIX"/tiny-glm5/{ref.json,ref_logits.f32,tiny-glm5-bf16.gguf} "$tmp/f/.gpu-fixtures/tiny-glm5/"
 [ "${GLM_Q8:-0}" = 1 ] && cp "$FIX"/tiny-glm5/tiny-glm5-q8_0.gguf "$tmp/f/.gpu-fixtures/tiny-glm5/"
 tar cf - -C "$tmp/f" .gpu-fixtures | xz -T2 -6 >"$C/fixtures.tar.xz"
-if [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
+# llama.cpp (scripts/build_llama_cuda.sh): its packed .llama-cuda.tar.xz, else the folder packed here
+LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
+if [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
+elif [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
 ls -la "$C"
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 carried=$(du -cb "$C"/* | tail -1 | cut -f1)

@@ -908,7 +908,9 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
             m->graphs = false;
             return step_body(m, B, max_keys, 0, B, err);
         }
-        m->n_graph_capture++;
+        if (m->n_graph_capture++ < 4)
+            MLA_INFO("CUDA graph captured: decode steps of %lld tokens (contexts up to %lld)", (long long)B,
+                     (long long)max_keys);
     }
     CU(cudaGraphLaunch(g->exec, m->st), "graph launch (decode of %lld tokens)", (long long)B);
     m->n_graph_launch++;

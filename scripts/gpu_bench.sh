@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Real-width benchmarks on the GPU machine (issue 9): a synthetic DeepSeek-V3-shaped model
+# (`mlaserve mkmodel`, random weights, Q4_K experts, Q8_0 attention, Q6_K embeddings/output),
+# written on that machine's disk, then
+#   1. `mlaserve bench` (coordinator + worker processes, the CUDA backend): prefill 512 and 4096
+#      tokens, decode at batch 1/8/32/128/256 and context 1k/16k, each against its limit (the
+#      copy bandwidth the op harness measured in this call, else 4208 GB/s; 790 TFLOP/s bf16)
+#   2. llama.cpp on the same file (scripts/llama_side_by_side.sh with the carried .llama-cuda/):
+#      one GPU, then llama.cpp's layer split over every GPU of the machine; the decode plot
+#      (bench/plot_decode.py) of both
+#   3. Nsight Compute on the first kernels of a few decode steps
+# Env: BUNDLE (release tree, default .bundle), OUT (default ./out), LAYERS (default 4),
+# BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds).
+# A dry run of the script on the CPU machine (small model, CPU backend, short lists):
+#   BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small NCU=0 \
+#   BENCH_ARGS="--prefill 16 --batch 1,4 --ctx 64 --steps 2" scripts/gpu_bench.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+B="$(cd "${BUNDLE:-.bundle}" && pwd)"
+W="${BENCH_DIR:-/tmp/mla-bench}"
+mkdir -p "$W"
+L="${LAYERS:-4}"
+M="$W/v3-${L}l-q4k.gguf"
+t0=$(date +%s)
+since() { echo "$(( $(date +%s) - t0 )) s"; }
+[ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family v3 --layers "$L" --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel.log" 2>&1 ||
+  { tail -5 "$OUT/mkmodel.log"; exit 1; }
+echo "model: $M ($(du -h "$M" | cut -f1), $(since))"
+# TP 1 and, on a machine with 2+ GPUs, TP 2 over NCCL (one rank per GPU)
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+TPS="${TPS:-$([ "$ngpu" -ge 2 ] && echo 1,2 || echo 1)}"
+bw=$(grep -o 'D2D copy [0-9]*' "$OUT/gpu-check.log" 2>/dev/null | awk '{print $3}' | head -1)
+bw="${bw:-4208}"
+rc=0
+# decode contexts up to 16k + the warm-up and timed steps
+# shellcheck disable=SC2086
+timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat 2 --warmup 2 \
+  ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 8 --env MLA_N_CTX=16640} \
+  --bw-gbs "$bw" --tflops 790 --env MLA_CUDA_FAST=split --json "$OUT/bench-v3.json" --md "$OUT/bench-v3.md" \
+  >"$OUT/bench-v3.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-v3.log"; }
+cat "$OUT/bench-v3.md" 2>/dev/null
+echo "ours done ($(since))"
+if [ -x .llama-cuda/run-llama-bench.sh ]; then
+  sbs() { timeout "$1" scripts/llama_side_by_side.sh -m "$M" --reps 1 "${@:2}" 2>&1 | tail -25; }
+  # one GPU: prefill, decode at batch 1 at both contexts, then decode at batch B (llama-batched-bench)
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --fa 1 --no-batched
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_B_S:-100}" -o "$OUT/llama-1gpu-batched" -p '' -c 1024 --tg 16 --timeout 90 --fa 1 \
+    -b 1,8,32,128,256 --mlaserve "$OUT/bench-v3.json"
+  cp "$OUT/llama-1gpu-batched/decode.png" "$OUT/decode-v3.png" 2>/dev/null || true
+  # every GPU of the machine: llama.cpp's layer split (its default with several GPUs)
+  if [ "$ngpu" -ge 2 ]; then sbs "${LLAMA_2_S:-80}" -o "$OUT/llama-${ngpu}gpu-layer" -p 512,4096 -c 1024 --tg 32 --timeout 40 --fa 1 --no-batched; fi
+  echo "llama.cpp done ($(since))"
+else
+  echo "llama.cpp: .llama-cuda/ not carried, not run"
+fi
+# 4. where a decode step's time goes: Nsight Compute on the first kernels of the decode steps of
+# the same model (mla-e2e: an 8-token prompt, 4 greedy tokens, no graphs so that kernels are
+# launched one by one), speed-of-light section only
+if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}" = 1 ]; then
+  echo "11 22 33 44 55 66 77 88" >"$W/tok.txt"
+  MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-90}" ncu --clock-control none --section SpeedOfLight \
+    -k regex:'gemv|mla_attn|grp|moe|mma' --launch-skip "${NCU_SKIP:-60}" -c "${NCU_COUNT:-14}" \
+    build-gpu-carried/mla-e2e logits -m "$M" --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 4 --ids-out "$W/ids.txt" \
+    >"$OUT/ncu.txt" 2>&1 || echo "ncu: exit status $?"
+  grep -E '^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|DRAM Throughput' "$OUT/ncu.txt" | head -80
+  echo "ncu done ($(since))"
+fi
+exit $rc
