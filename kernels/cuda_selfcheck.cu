@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_rand.h"
 
@@ -166,8 +168,15 @@ int check_attn(gr_rng *r, mla_err *e) {
            NBS = (MAXK + BS - 1) / BS, POOL = 16, BLK = 2 * BS * ROW, OFF = BS * ROW };
     static const int32_t pos[B] = {40, 5, 577};
     static const int order[POOL] = {7, 3, 12, 0, 9, 14, 1, 5, 11, 2, 15, 4, 8, 13, 6, 10};
-    static float qa[T * H * L], qp[T * H * R], kv[B * MAXK * ROW], ref[T * H * L], got[T * H * L], pool[POOL * BLK];
-    static void *tabs[B * NBS + B];
+    /* per call (ranks may be threads of one process, each running its own self-check) */
+    std::vector<float> qa_v(T * H * L), qp_v(T * H * R), kv_v(B * MAXK * ROW), ref_v(T * H * L), got_v(T * H * L),
+        pool_v(POOL * BLK);
+    std::vector<void *> tabs_v(B * NBS + B);
+    float *qa = qa_v.data(), *qp = qp_v.data(), *kv = kv_v.data(), *ref = ref_v.data(), *got = got_v.data(),
+          *pool = pool_v.data();
+    void **tabs = tabs_v.data();
+    const size_t qa_b = qa_v.size() * 4, qp_b = qp_v.size() * 4, kv_b = kv_v.size() * 4, got_b = got_v.size() * 4,
+                 pool_b = pool_v.size() * 4, tabs_b = tabs_v.size() * sizeof(void *);
     gr_fill(r, qa, T * H * L, 0.05f);
     gr_fill(r, qp, T * H * R, 0.2f);
     gr_fill(r, kv, B * MAXK * ROW, 1.0f);
@@ -175,12 +184,12 @@ int check_attn(gr_rng *r, mla_err *e) {
     const float scale = 0.125f;
     scratch s = {{0}, 0};
     int rc = MLA_ERR;
-    float *dqa = (float *)salloc(&s, sizeof qa, qa), *dqp = (float *)salloc(&s, sizeof qp, qp);
-    float *dkv = (float *)salloc(&s, sizeof kv, kv), *dout = (float *)salloc(&s, sizeof got, NULL);
+    float *dqa = (float *)salloc(&s, qa_b, qa), *dqp = (float *)salloc(&s, qp_b, qp);
+    float *dkv = (float *)salloc(&s, kv_b, kv), *dout = (float *)salloc(&s, got_b, NULL);
     const size_t wf = mla_cuda_attn_work_floats(B, H, L, 8);
     float *dwork = (float *)salloc(&s, wf * 4, NULL);
-    float *dpool = (float *)salloc(&s, sizeof pool, NULL);
-    void **dtabs = (void **)salloc(&s, sizeof tabs, NULL);
+    float *dpool = (float *)salloc(&s, pool_b, NULL);
+    void **dtabs = (void **)salloc(&s, tabs_b, NULL);
     int32_t *dpos = (int32_t *)salloc(&s, sizeof pos, pos);
     if (!dqa || !dqp || !dkv || !dout || !dwork || !dpool || !dtabs || !dpos) {
         mla_errf(e, "cuda_selfcheck: attention buffers: %s", cudaGetErrorString(cudaGetLastError()));
@@ -192,7 +201,7 @@ int check_attn(gr_rng *r, mla_err *e) {
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
                                 NULL, 0, NULL, 0};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
-        if (cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
+        if (cudaMemcpy(got, dout, got_b, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
         if (compare("mla_attn (prefill form)", got, ref, T * H * L, 1e-4, e) != MLA_OK) goto out;
     }
     {
@@ -211,8 +220,8 @@ int check_attn(gr_rng *r, mla_err *e) {
                                 NULL, NULL, 0, ref + b * H * L};
             mla_attn(NULL, &ca);
         }
-        if (cudaMemcpy(dpool, pool, sizeof pool, cudaMemcpyHostToDevice) != cudaSuccess ||
-            cudaMemcpy(dtabs, tabs, sizeof tabs, cudaMemcpyHostToDevice) != cudaSuccess)
+        if (cudaMemcpy(dpool, pool, pool_b, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemcpy(dtabs, tabs, tabs_b, cudaMemcpyHostToDevice) != cudaSuccess)
             goto cuda_fail;
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
                                 (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK};

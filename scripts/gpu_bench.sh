@@ -43,7 +43,7 @@ timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-c
   >"$OUT/bench-v3.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-v3.log"; }
 cat "$OUT/bench-v3.md" 2>/dev/null
 echo "ours done ($(since))"
-if [ -x .llama-cuda/run-llama-bench.sh ]; then
+if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
   sbs() { timeout "$1" scripts/llama_side_by_side.sh -m "$M" --reps 1 "${@:2}" 2>&1 | tail -25; }
   # one GPU: prefill, decode at batch 1 at both contexts, then decode at batch B (llama-batched-bench)
   CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --fa 1 --no-batched

@@ -33,7 +33,8 @@ cp "$FIX"/tiny-glm5/{ref.json,ref_logits.f32,tiny-glm5-bf16.gguf} "$tmp/f/.gpu-f
 tar cf - -C "$tmp/f" .gpu-fixtures | xz -T2 -6 >"$C/fixtures.tar.xz"
 # llama.cpp (scripts/build_llama_cuda.sh): its packed .llama-cuda.tar.xz, else the folder packed here
 LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
-if [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
+if [ "${NO_LLAMA:-0}" = 1 ]; then :
+elif [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
 elif [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
 ls -la "$C"
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

@@ -94,17 +94,17 @@ if [ "$e2e" = 1 ]; then
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; case "$name" in *--fast*) res="$res, informational";; *) rc=1;; esac; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
-  e2e_run "ds3 bf16 TP1 vs HF + greedy (decode: graphs)" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 --batch greedy (all prompts decoded together, graphs)" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
+  e2e_run "ds3 bf16 TP1 vs HF + greedy (decode: graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
+  e2e_run "ds3 bf16 TP1 --batch greedy (all prompts decoded together, graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "ds3 bf16 TP1 --batch greedy, eager" "MLA_CUDA_GRAPHS=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "ds3 bf16 TP1 unbatched (MLA_CUDA_BATCHED=0) vs HF + greedy" "MLA_CUDA_BATCHED=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "ds3 bf16 TP1 legacy (MLA_CUDA_LEGACY=1) vs HF + greedy" "MLA_CUDA_LEGACY=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "glm5 bf16 TP1 long (DSA) legacy, bf16 RoPE freqs + greedy" "MLA_CUDA_LEGACY=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 incremental (graphs) == one pass" "X=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
+  e2e_run "ds3 bf16 TP1 incremental (graphs) == one pass" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
   e2e_run "ds3 bf16 TP1 --split vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "glm5 bf16 TP1 vs HF + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 long (DSA) bf16 RoPE freqs, 0.01 + greedy + incr (graphs)" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
-  e2e_run "glm5 bf16 TP1 all prompts --batch greedy (DSA on and off in one step), bf16 RoPE freqs" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
+  e2e_run "glm5 bf16 TP1 long (DSA) bf16 RoPE freqs, 0.01 + greedy + incr (graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
+  e2e_run "glm5 bf16 TP1 all prompts --batch greedy (DSA on and off in one step), bf16 RoPE freqs" "MLA_CUDA_GRAPHS=require" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "glm5 bf16 TP1 long (DSA) exact freqs + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --hf-argmax 0.99 --hf-dlogp 0.05 --greedy
   e2e_run "ds3 q8_0 TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2
   e2e_run "ds3 q4_k_m TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5

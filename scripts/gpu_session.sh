@@ -14,8 +14,18 @@ export OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 # never NVLink multicast on these machines (KINDS.md)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-bench=1
-[ "${1:-}" = --no-bench ] && bench=0
+bench=1 ops=""
+for a in "$@"; do
+  case "$a" in
+    --no-bench) bench=0 ;;
+    --no-ops) ops=--no-ops ;; # skip the op checks (phase 1 runs the fixtures only)
+    *) echo "usage: $0 [--no-bench] [--no-ops]   env: LLAMA=0, NCU=0 skip those parts of phase 3" >&2; exit 2 ;;
+  esac
+done
+# the run tool returns at most 8 files: everything also goes into one archive at the end
+# (named to sort first: the files that come back are the first 8 by name)
+pack() { tar czf /tmp/session-out.tgz -C "$OUT" . 2>/dev/null && mv /tmp/session-out.tgz "$OUT/0-session-out.tgz"; }
+trap pack EXIT
 t_start=$(date +%s)
 since() { echo "$(( $(date +%s) - t_start )) s"; }
 for f in .gpucarry/*.tar.xz; do tar xJf "$f" || echo "unpack $f failed"; done
@@ -25,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 rc=0
 echo "== phase 1: op checks + fixtures through the CUDA forward pass"
 PREBUILT=1 BUILD=build-gpu-carried FIX=.gpu-fixtures OPS_S="${OPS_S:-120}" \
-  timeout "${PHASE1_S:-230}" scripts/gpu_check.sh --quick --e2e || rc=1
+  timeout "${PHASE1_S:-230}" scripts/gpu_check.sh --quick --e2e $ops || rc=1
 echo "phase 1 done ($(since))"
 echo "== phase 2: the distributed stack (bundle)"
 BUNDLE=.bundle90 FIX=.gpu-fixtures timeout "${PHASE2_S:-120}" scripts/gpu_check.sh --no-ops --stack || rc=1

@@ -106,6 +106,7 @@ struct mla_cmodel {
     float *kvn, *ikn; /* [cap_T][kv row], [cap_T][indexer head dim]: a step's new cache rows */
     bool batched;     /* MLA_CUDA_BATCHED != 0: single-token steps take the batched path */
     bool graphs;      /* MLA_CUDA_GRAPHS != 0 and capture is possible (one rank or NCCL) */
+    bool graphs_required; /* MLA_CUDA_GRAPHS=require: a failed capture is an error, not a fall-back */
     struct dgraph {
         int64_t B, max_keys;
         int seen;             /* eager runs so far: capture on the second */
@@ -301,6 +302,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         m->batched = !(b && !strcmp(b, "0"));
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
+        m->graphs_required = m->graphs && gr && !strcmp(gr, "require");
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -484,12 +486,12 @@ static int blk_get(mla_cmodel *m, float **out, mla_err *err) {
         }
         m->slabs = (void **)mla_xrealloc(m->slabs, (m->n_slabs + 1) * sizeof *m->slabs);
         m->slabs[m->n_slabs++] = d;
-        if (m->cap_free < m->n_free + nb) {
-            m->cap_free = m->n_free + nb + m->cap_free;
+        m->blk_total += (int64_t)nb;
+        if (m->cap_free < (size_t)m->blk_total) { /* room for every block to come back */
+            m->cap_free = 2 * (size_t)m->blk_total;
             m->free_blk = (float **)mla_xrealloc(m->free_blk, m->cap_free * sizeof *m->free_blk);
         }
         for (size_t i = nb; i-- > 0;) m->free_blk[m->n_free++] = (float *)d + i * m->blk_floats;
-        m->blk_total += (int64_t)nb;
     }
     *out = m->free_blk[--m->n_free];
     m->blk_used++;
@@ -901,6 +903,9 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
         if (graph) cudaGraphDestroy(graph);
         if (rc != MLA_OK || ce != cudaSuccess) {
             (void)cudaGetLastError(); /* clear the capture's error state */
+            if (m->graphs_required)
+                return mla_errf(err, "MLA_CUDA_GRAPHS=require: capture of a decode step of %lld tokens failed: %s",
+                                (long long)B, rc != MLA_OK ? e2.msg : cudaGetErrorString(ce));
             MLA_WARN("CUDA graphs off for this model: capture of a decode step of %lld tokens failed: %s",
                      (long long)B, rc != MLA_OK ? e2.msg : cudaGetErrorString(ce));
             g->exec = nullptr;

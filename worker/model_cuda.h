@@ -70,7 +70,8 @@ int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int6
  * mla_cstate_n_past(states[b]) (the states are distinct). Every matmul runs over the B tokens at
  * once; each token attends over its own sequence's cache. Positions, cache addresses and token
  * ids reach the device in one copy, so the step's work is captured once per (B, longest context)
- * as a CUDA graph and replayed (with one rank or NCCL: MLA_CUDA_GRAPHS=0 turns graphs off); the
+ * as a CUDA graph and replayed (with one rank or NCCL: MLA_CUDA_GRAPHS=0 turns graphs off,
+ * =require makes a failed capture an error instead of a logged fall-back to eager steps); the
  * only host synchronisation is the copy of the logits. logits: NULL, or B host rows of n_vocab
  * (NULL rows skipped); every rank receives the full rows. Same results as mla_cmodel_forward
  * one sequence at a time. mla_cmodel_forward takes this path for single-token steps unless
