@@ -44,14 +44,17 @@ timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-c
 cat "$OUT/bench-v3.md" 2>/dev/null
 echo "ours done ($(since))"
 if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
-  sbs() { timeout "$1" scripts/llama_side_by_side.sh -m "$M" --reps 1 "${@:2}" 2>&1 | tail -25; }
+  # FlashAttention where the package has its kernels (scripts/build_llama_cuda.sh FA=1), else off
+  fa=0
+  grep -q "GGML_CUDA_FA=ON" .llama-cuda/README.txt 2>/dev/null && fa=1
+  sbs() { timeout "$1" scripts/llama_side_by_side.sh -m "$M" --reps 1 --fa "$fa" "${@:2}" 2>&1 | tail -25; }
   # one GPU: prefill, decode at batch 1 at both contexts, then decode at batch B (llama-batched-bench)
-  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --fa 1 --no-batched
-  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_B_S:-100}" -o "$OUT/llama-1gpu-batched" -p '' -c 1024 --tg 16 --timeout 90 --fa 1 \
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --no-batched
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_B_S:-100}" -o "$OUT/llama-1gpu-batched" -p '' -c 1024 --tg 16 --timeout 90 \
     -b 1,8,32,128,256 --mlaserve "$OUT/bench-v3.json"
   cp "$OUT/llama-1gpu-batched/decode.png" "$OUT/decode-v3.png" 2>/dev/null || true
   # every GPU of the machine: llama.cpp's layer split (its default with several GPUs)
-  if [ "$ngpu" -ge 2 ]; then sbs "${LLAMA_2_S:-80}" -o "$OUT/llama-${ngpu}gpu-layer" -p 512,4096 -c 1024 --tg 32 --timeout 40 --fa 1 --no-batched; fi
+  if [ "$ngpu" -ge 2 ]; then sbs "${LLAMA_2_S:-80}" -o "$OUT/llama-${ngpu}gpu-layer" -p 512,4096 -c 1024 --tg 32 --timeout 40 --no-batched; fi
   echo "llama.cpp done ($(since))"
 else
   echo "llama.cpp: .llama-cuda/ not carried, not run"
