@@ -1096,6 +1096,21 @@ static int api_send(coord *c, char tag, uint64_t *prefix, const uint8_t *buf, si
     return rc < 0 ? MLA_ERR : MLA_OK;
 }
 
+/* Encodes m and decodes it back as a worker will (cheap, and a bad request fails here with a
+ * clear message naming `what`). *buf is the caller's on success. */
+static int encode_checked(const wire_msg *m, const wire_limits *lim, const char *what, uint8_t **buf, size_t *n,
+                          mla_err *err) {
+    if (wire_encode(m, buf, n, err)) return MLA_ERR;
+    wire_msg chk;
+    if (wire_decode(*buf, *n, lim, &chk, err)) {
+        free(*buf);
+        *buf = NULL;
+        return mla_err_prefix(err, "invalid %s", what);
+    }
+    wire_msg_free(&chk);
+    return MLA_OK;
+}
+
 int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_err *err) {
     memset(out, 0, sizeof *out);
     wire_msg m;
@@ -1104,15 +1119,8 @@ int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_
     m.u.plan = *plan;
     uint8_t *buf;
     size_t n;
-    if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
-    /* validate our own plan as a worker will (cheap, and fails here with a clear message) */
-    wire_msg chk;
     wire_limits lim = {.n_vocab = c->n_vocab, .world = (uint32_t)c->cfg.world};
-    if (wire_decode(buf, n, &lim, &chk, err)) {
-        free(buf);
-        return mla_err_prefix(err, "invalid step plan");
-    }
-    wire_msg_free(&chk);
+    if (encode_checked(&m, &lim, "step plan", &buf, &n, err)) return MLA_ERR;
     pthread_mutex_lock(&c->api_mu);
     uint64_t id = plan->step_id;
     int rc = api_send(c, 'P', &id, buf, n);
@@ -1165,13 +1173,7 @@ static int coord_bench(coord *c, wire_bench *b, double *sec, mla_err *err) {
     m.u.bench = *b;
     uint8_t *buf;
     size_t n;
-    if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
-    wire_msg chk; /* validated as a worker will */
-    if (wire_decode(buf, n, NULL, &chk, err)) {
-        free(buf);
-        return mla_err_prefix(err, "invalid bench request");
-    }
-    wire_msg_free(&chk);
+    if (encode_checked(&m, NULL, "bench request", &buf, &n, err)) return MLA_ERR;
     pthread_mutex_lock(&c->api_mu);
     uint64_t id = b->bench_id;
     int rc = api_send(c, 'B', &id, buf, n);
