@@ -389,3 +389,19 @@ int mla_config_check_tensors(const mla_config *c, const gguf_ctx *g, mla_err *er
 #undef L
     return MLA_OK;
 }
+
+int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T, int64_t pos0, int64_t n_past,
+                          int64_t n_ctx, mla_err *err) {
+    if (T <= 0) return mla_errf(err, "no tokens to run");
+    if (pos0 != n_past)
+        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
+                        (long long)n_past);
+    if (pos0 + T > n_ctx)
+        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
+                        (long long)n_ctx);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
+                            (long long)c->n_vocab);
+    return MLA_OK;
+}

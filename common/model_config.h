@@ -85,6 +85,12 @@ int mla_config_from_gguf(mla_config *cfg, const gguf_ctx *g, mla_err *err);
  *   "blk.1.attn_q_b.weight: shape [256, 380] but the config expects [256, 384]". */
 int mla_config_check_tensors(const mla_config *cfg, const gguf_ctx *g, mla_err *err);
 
+/* Checks the arguments of a forward step against a sequence's state, as every model (CPU and
+ * CUDA) does before it runs one: T > 0 tokens starting at pos0 == n_past, ending within n_ctx,
+ * every id inside the vocabulary. MLA_ERR with a message naming the first problem. */
+int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T, int64_t pos0, int64_t n_past,
+                          int64_t n_ctx, mla_err *err);
+
 /* Whether layer il is a dense-FFN layer. */
 static inline bool mla_config_layer_dense(const mla_config *c, int64_t il) {
     return il < c->n_dense_lead || c->n_expert == 0;

@@ -526,17 +526,7 @@ static int ffn_moe(mla_model *m, int64_t il, int64_t T, scratch *s, mla_err *err
 int mla_model_forward(mla_model *m, mla_state *st, const int32_t *tokens, int64_t T, int64_t pos0,
                       enum mla_logits_mode mode, float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
-    if (T <= 0) return mla_errf(err, "no tokens to run");
-    if (pos0 != st->n_past)
-        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
-                        (long long)st->n_past);
-    if (pos0 + T > st->n_ctx)
-        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
-                        (long long)st->n_ctx);
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
-            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
-                            (long long)c->n_vocab);
+    if (mla_config_check_step(c, tokens, T, pos0, st->n_past, st->n_ctx, err)) return MLA_ERR;
     const int64_t E = c->n_embd, Hl = m->n_head_local, KL = c->kv_lora_rank;
     scratch s = {0};
     s.x = fa(T * E);

@@ -1111,17 +1111,7 @@ static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, i
 extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
                                   int mode, float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
-    if (T <= 0) return mla_errf(err, "no tokens to run");
-    if (pos0 != s->n_past)
-        return mla_errf(err, "forward at position %lld but the cache holds %lld tokens", (long long)pos0,
-                        (long long)s->n_past);
-    if (pos0 + T > s->n_ctx)
-        return mla_errf(err, "%lld tokens at position %lld exceed the context of %lld", (long long)T, (long long)pos0,
-                        (long long)s->n_ctx);
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
-            return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
-                            (long long)c->n_vocab);
+    if (mla_config_check_step(c, tokens, T, pos0, s->n_past, s->n_ctx, err)) return MLA_ERR;
     if (m->legacy) return forward_legacy(m, s, tokens, T, pos0, mode, logits, err);
     if (T == 1 && m->batched) { /* a decode step: the batched (and graph) path with one sequence */
         float *rows[1] = {mode != 0 ? logits : NULL};
