@@ -40,3 +40,33 @@ void ids_line_free(ids_line *l) {
     l->ids = NULL;
     l->n = l->cap = 0;
 }
+
+int ids_file_read_all(const char *path, ids_prompts *out, mla_err *err) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    if (!f) return mla_errf(err, "%s: %s", path, strerror(errno));
+    ids_line L = {0};
+    int rc = MLA_OK;
+    for (uint64_t line = 1;; line++) {
+        int r = ids_file_next(f, path, line, &L, err);
+        if (r < 0) rc = MLA_ERR;
+        if (r <= 0) break;
+        if (L.n == 0) continue;
+        out->ids = mla_xrealloc(out->ids, (size_t)(out->count + 1) * sizeof *out->ids);
+        out->n = mla_xrealloc(out->n, (size_t)(out->count + 1) * sizeof *out->n);
+        out->ids[out->count] = mla_xmalloc(L.n * sizeof *L.ids);
+        memcpy(out->ids[out->count], L.ids, L.n * sizeof *L.ids);
+        out->n[out->count++] = (int64_t)L.n;
+    }
+    ids_line_free(&L);
+    fclose(f);
+    if (rc) ids_prompts_free(out);
+    return rc;
+}
+
+void ids_prompts_free(ids_prompts *p) {
+    for (int64_t i = 0; i < p->count; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->n);
+    memset(p, 0, sizeof *p);
+}

@@ -22,4 +22,17 @@ typedef struct ids_line {
 int ids_file_next(FILE *f, const char *path, uint64_t line_no, ids_line *out, mla_err *err);
 void ids_line_free(ids_line *l);
 
+/* Every non-empty line of a whole file: the prompts of `mlaserve logits` and its GPU twin.
+ * Ownership: the arrays are the caller's, released with ids_prompts_free. */
+typedef struct ids_prompts {
+    int32_t **ids;
+    int64_t *n;
+    int64_t count;
+} ids_prompts;
+
+/* Reads path into out (zeroed first). MLA_ERR with "PATH: ..." when it cannot be opened or a line
+ * is bad (out is then released). */
+int ids_file_read_all(const char *path, ids_prompts *out, mla_err *err);
+void ids_prompts_free(ids_prompts *p);
+
 #endif

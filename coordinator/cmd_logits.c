@@ -28,11 +28,7 @@ static int32_t argmax(const float *x, int64_t n) {
     return (int32_t)b;
 }
 
-typedef struct prompts {
-    int32_t **ids;
-    int64_t *n;
-    int64_t count;
-} prompts;
+typedef ids_prompts prompts;
 
 typedef struct rank_job {
     const gguf_ctx *g;
@@ -128,30 +124,14 @@ int cmd_logits(int argc, char **argv) {
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
-    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    FILE *fout = NULL, *fids = NULL;
     prompts P = {0};
-    ids_line L = {0};
     int status = 1;
     coll_host_seg *seg = NULL;
     rank_job *jobs = NULL;
     pthread_t *th = NULL;
     if (gguf_open(&g, model, &err) < 0) goto fail;
-    fin = fopen(tokens, "r");
-    if (!fin) {
-        mla_errf(&err, "%s: %s", tokens, strerror(errno));
-        goto fail;
-    }
-    for (uint64_t line = 1;; line++) {
-        int r = ids_file_next(fin, tokens, line, &L, &err);
-        if (r < 0) goto fail;
-        if (r == 0) break;
-        if (L.n == 0) continue;
-        P.ids = mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
-        P.n = mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
-        P.ids[P.count] = mla_xmalloc(L.n * sizeof *L.ids);
-        memcpy(P.ids[P.count], L.ids, L.n * sizeof *L.ids);
-        P.n[P.count++] = (int64_t)L.n;
-    }
+    if (ids_file_read_all(tokens, &P, &err) < 0) goto fail;
     fout = fopen(outp, "wb");
     if (!fout) {
         mla_errf(&err, "%s: %s", outp, strerror(errno));
@@ -199,16 +179,12 @@ done:
         status = 1;
     }
     if (fids) fclose(fids);
-    if (fin) fclose(fin);
     for (int r = 0; jobs && r < tp; r++)
         if (jobs[r].c) coll_free(jobs[r].c);
     coll_host_seg_free(seg);
     free(jobs);
     free(th);
-    for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
-    free(P.ids);
-    free(P.n);
-    ids_line_free(&L);
+    ids_prompts_free(&P);
     if (g) gguf_close(g);
     return status;
 }

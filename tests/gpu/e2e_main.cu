@@ -40,11 +40,7 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-struct prompts {
-    int32_t **ids;
-    int64_t *n;
-    int64_t count;
-};
+typedef ids_prompts prompts;
 
 struct rank_job {
     const gguf_ctx *g;
@@ -79,7 +75,6 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
     mla_cstate **bst = (mla_cstate **)mla_xcalloc((size_t)P, sizeof *bst);
     int32_t *btok = (int32_t *)mla_xcalloc((size_t)P, sizeof *btok);
     float **brow = (float **)mla_xcalloc((size_t)P, sizeof *brow);
-    int64_t *bidx = (int64_t *)mla_xcalloc((size_t)P, sizeof *bidx);
     float *logits = NULL;
     int rc = MLA_OK;
     for (int64_t p = 0; p < P && rc == MLA_OK; p++) {
@@ -109,8 +104,7 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
             }
             bst[B] = st[p];
             btok[B] = tok;
-            brow[B] = last + p * V;
-            bidx[B++] = p;
+            brow[B++] = last + p * V;
         }
         if (B == 0) break;
         double t1 = now_s();
@@ -137,7 +131,6 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
     free(bst);
     free(btok);
     free(brow);
-    free(bidx);
     free(logits);
     return rc;
 }
@@ -247,30 +240,15 @@ int main(int argc, char **argv) {
         return usage();
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
-    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    FILE *fout = NULL, *fids = NULL;
     prompts P = {0, 0, 0};
-    ids_line L = {};
     int status = 1;
     coll_host_seg *seg = NULL;
     rank_job *jobs = NULL;
     pthread_t *th = NULL;
     char name[COLL_HOST_NAME_MAX];
     if (gguf_open(&g, model, &err) < 0) goto fail;
-    if (!(fin = fopen(tokens, "r"))) {
-        mla_errf(&err, "%s: %s", tokens, strerror(errno));
-        goto fail;
-    }
-    for (uint64_t line = 1;; line++) {
-        int r = ids_file_next(fin, tokens, line, &L, &err);
-        if (r < 0) goto fail;
-        if (r == 0) break;
-        if (L.n == 0) continue;
-        P.ids = (int32_t **)mla_xrealloc(P.ids, (size_t)(P.count + 1) * sizeof *P.ids);
-        P.n = (int64_t *)mla_xrealloc(P.n, (size_t)(P.count + 1) * sizeof *P.n);
-        P.ids[P.count] = (int32_t *)mla_xmalloc(L.n * sizeof *L.ids);
-        memcpy(P.ids[P.count], L.ids, L.n * sizeof *L.ids);
-        P.n[P.count++] = (int64_t)L.n;
-    }
+    if (ids_file_read_all(tokens, &P, &err) < 0) goto fail;
     if (!(fout = fopen(outp, "wb"))) {
         mla_errf(&err, "%s: %s", outp, strerror(errno));
         goto fail;
@@ -314,16 +292,12 @@ fail:
 done:
     if (fout && fclose(fout) != 0) status = 1;
     if (fids) fclose(fids);
-    if (fin) fclose(fin);
     for (int r = 0; jobs && r < tp; r++)
         if (jobs[r].c) coll_free(jobs[r].c);
     coll_host_seg_free(seg);
     free(jobs);
     free(th);
-    for (int64_t p = 0; p < P.count; p++) free(P.ids[p]);
-    free(P.ids);
-    free(P.n);
-    ids_line_free(&L);
+    ids_prompts_free(&P);
     if (g) gguf_close(g);
     return status;
 }
