@@ -9,7 +9,8 @@
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
 # On the GPU machine scripts/gpu_session.sh unpacks them. Usage: scripts/gpu_carry.sh
 #   env: FIXTURES (default ../shared/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
-#   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file.
+#   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
+#   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIX="${FIXTURES:-../shared/fixtures}"
@@ -28,6 +29,8 @@ strip "$tmp/h/build-gpu-carried/"*
 tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -6 >"$C/harness.tar.xz"
 mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
 cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"
+# the quantized files and llama.cpp's logits for them: the integer GEMV path runs on these
+[ "${DS_QUANT:-1}" = 1 ] && cp "$FIX"/tiny-deepseek3/{tiny-deepseek3-q8_0.gguf,tiny-deepseek3-q4_k_m.gguf,llamacpp_logits-q8_0.f32,llamacpp_logits-q4_k_m.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"
 cp "$FIX"/tiny-glm5/{ref.json,ref_logits.f32,tiny-glm5-bf16.gguf} "$tmp/f/.gpu-fixtures/tiny-glm5/"
 [ "${GLM_Q8:-0}" = 1 ] && cp "$FIX"/tiny-glm5/tiny-glm5-q8_0.gguf "$tmp/f/.gpu-fixtures/tiny-glm5/"
 tar cf - -C "$tmp/f" .gpu-fixtures | xz -T2 -6 >"$C/fixtures.tar.xz"

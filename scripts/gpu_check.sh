@@ -90,7 +90,7 @@ if [ "$e2e" = 1 ]; then
     echo "== $name ($envs)" >>"$OUT/e2e.log"
     env $envs timeout 120 "${chk[@]}" "$@" >"$OUT/e2e-one.log" 2>&1 || r=$?
     cat "$OUT/e2e-one.log" >>"$OUT/e2e.log"
-    local tot; tot=$(grep -E "^TOTAL|ranks vs 1 rank|FAIL|failed|Error|error" "$OUT/e2e-one.log" | tr '\n' ' ' | cut -c1-400)
+    local tot; tot=$(grep -E "^TOTAL|ranks vs 1 rank|rank 0: CUDA graphs|FAIL|failed|Error|error" "$OUT/e2e-one.log" | tr '\n' ' ' | cut -c1-400)
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; case "$name" in *--fast*) res="$res, informational";; *) rc=1;; esac; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
@@ -144,7 +144,7 @@ if [ "$stack" = 1 ]; then
     echo "== $name ($envs)" >>"$OUT/stack.log"
     env $envs timeout 180 "${chk[@]}" "$@" >"$W/one.log" 2>&1 || r=$?
     cat "$W/one.log" >>"$OUT/stack.log"
-    local tot; tot=$(grep -E "^TOTAL|ranks vs 1 rank|FAIL|failed|Error|error" "$W/one.log" | tr '\n' ' ' | cut -c1-400)
+    local tot; tot=$(grep -E "^TOTAL|ranks vs 1 rank|rank 0: CUDA graphs|FAIL|failed|Error|error" "$W/one.log" | tr '\n' ' ' | cut -c1-400)
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; rc=1; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }

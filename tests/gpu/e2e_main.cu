@@ -50,7 +50,7 @@ struct rank_job {
     long decode_from, greedy;
     const prompts *P;
     FILE *fout, *fids;
-    int rc;
+    int rank, rc;
     mla_err err;
     double t_prefill, t_decode;
     long n_prefill_tok, n_decode;
@@ -115,12 +115,6 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
     for (int64_t p = 0; rc == MLA_OK && j->fids && p < P; p++) {
         for (int64_t k = 0; k < nout[p]; k++) fprintf(j->fids, "%s%d", k ? " " : "", out[p * (j->greedy + 1) + k]);
         fputc('\n', j->fids);
-    }
-    if (rc == MLA_OK && getenv("MLA_E2E_TIME")) {
-        uint64_t cap, launch;
-        mla_cmodel_graph_stats(m, &cap, &launch);
-        fprintf(stderr, "mla-e2e --batch: %lld prompts, CUDA graphs captured %llu, launched %llu\n", (long long)P,
-                (unsigned long long)cap, (unsigned long long)launch);
     }
     for (int64_t p = 0; p < P; p++) mla_cstate_free(st[p]);
     free(st);
@@ -196,6 +190,17 @@ static void *run_rank(void *arg) {
     }
     j->rc = MLA_OK;
 out:
+    if (m && j->rc == MLA_OK) { /* the evidence that decode steps ran as graph replays */
+        uint64_t cap, launch;
+        mla_cmodel_graph_stats(m, &cap, &launch);
+        const char *gr = getenv("MLA_CUDA_GRAPHS");
+        fprintf(stderr, "mla-e2e rank %d: CUDA graphs captured %llu, launched %llu, decode steps %ld\n", j->rank,
+                (unsigned long long)cap, (unsigned long long)launch, j->n_decode);
+        if (gr && !strcmp(gr, "require") && j->n_decode > 2 && launch == 0) {
+            mla_errf(err, "MLA_CUDA_GRAPHS=require: %ld decode steps ran and no CUDA graph was launched", j->n_decode);
+            j->rc = MLA_ERR;
+        }
+    }
     free(logits);
     mla_cmodel_free(m);
     return NULL;
@@ -265,7 +270,7 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < tp; r++) {
         rank_job *j = &jobs[r];
-        j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->rank = r, j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
         j->fout = r == 0 ? fout : NULL;
         j->fids = r == 0 ? fids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;

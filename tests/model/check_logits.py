@@ -36,6 +36,9 @@ def run(bin_, model, prompts, threads, tmp, extra=()):
     if r.returncode != 0:
         sys.stderr.write(r.stderr)
         raise SystemExit(f'mlaserve logits failed ({r.returncode})')
+    for line in r.stderr.splitlines():  # mla-e2e's graph capture/launch counts: the evidence
+        if 'CUDA graphs' in line:
+            print(line)
     return np.fromfile(out, dtype=np.float32)
 
 
