@@ -368,7 +368,7 @@ __global__ void head_matmul_kernel(const float *__restrict__ W, int in, int out,
 /* ---------------------------------------------------------------- MoE plan + combine */
 /* One block: counts per owned expert, exclusive offsets, scatter of pair ids (order inside an
  * expert does not matter: every pair's output row is its own), tiles of <= 8 pairs. */
-constexpr int MP_TILE = 8;
+constexpr int MP_TILE = MLACU_MOE_TILE;
 __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs, int n_expert, int rank, int world,
                                 int32_t *counts, int32_t *sorted, int32_t *tile_e, int32_t *tile_s, int32_t *tile_n,
                                 int32_t *n_tiles) {
@@ -833,7 +833,8 @@ extern "C" int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, cons
 }
 
 extern "C" size_t mla_cuda_moe_work_bytes(int64_t T, int64_t K, int64_t E, int64_t F, int64_t X) {
-    return mla_cuda_moe_plan_bytes(T, K, X) + al16((size_t)(T * K * F) * 4) * 3 + al16((size_t)(T * K * E) * 4);
+    return mla_cuda_moe_plan_bytes(T, K, X) + al16((size_t)(T * K * F) * 4) * 3 + al16((size_t)(T * K * E) * 4) +
+           mla_cuda_q8_bytes(T, E) + mla_cuda_q8_bytes(T * K, F);
 }
 
 extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
@@ -852,8 +853,15 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     float *u = (float *)m;
     m += al16((size_t)(T * K * F) * 4);
     float *y = (float *)m;
+    m += al16((size_t)(T * K * E) * 4);
+    void *qx = m, *qh = m + mla_cuda_q8_bytes(T, E); /* q8 buffers of x and of h */
     if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
-    if (ex->gate_type == ex->up_type) {
+    if (ex->q8 && ex->gate_type == ex->up_type && mla_cuda_q8_supported(ex->gate_type)) {
+        if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||
+            mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, qx, T, (int)K, &pl, h,
+                                       stream, e))
+            return MLA_ERR;
+    } else if (ex->gate_type == ex->up_type) {
         if (mla_cuda_matmul_grouped(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, d_x, (int)K, &pl, h, stream,
                                     e))
             return MLA_ERR;
@@ -864,7 +872,12 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             mla_cuda_swiglu(g, u, h, T * K * F, stream, e))
             return MLA_ERR;
     }
-    if (mla_cuda_matmul_grouped(ex->down_type, ex->down, NULL, ex->down_estride, F, E, h, 1, &pl, y, stream, e))
+    if (ex->q8 && mla_cuda_q8_supported(ex->down_type)) {
+        if (mla_cuda_quantize_q8(h, T * K, F, qh, stream, e) ||
+            mla_cuda_matmul_grouped_q8(ex->down_type, ex->down, NULL, ex->down_estride, F, E, qh, T * K, 1, &pl, y,
+                                       stream, e))
+            return MLA_ERR;
+    } else if (mla_cuda_matmul_grouped(ex->down_type, ex->down, NULL, ex->down_estride, F, E, h, 1, &pl, y, stream, e))
         return MLA_ERR;
     return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
 }

@@ -22,6 +22,10 @@
         }                                                                                      \
     } while (0)
 
+/* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
+ * quant_cuda.cu hold one tile's tokens in registers). */
+#define MLACU_MOE_TILE 8
+
 static inline int mlacu_fail_(mla_err *e, cudaError_t err) {
     if (e) {
         size_t n = strlen(e->msg);

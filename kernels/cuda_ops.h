@@ -79,6 +79,20 @@ int mla_cuda_matmul_mma3(uint32_t t, const void *d_w, int64_t in, int64_t out, c
 int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                           int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 
+/* The integer GEMV for quantized weights (the decode path when the model enables it): the
+ * activations are first quantized per 32 elements to int8 with a float scale (round to nearest
+ * even of x * 127 / max|x|: llama.cpp's q8_1 scheme), then each weight unit's integers dot them
+ * with dp4a. Relative error ~3e-3 from the activation rounding, fp32 otherwise.
+ * mla_cuda_q8_supported: every quantized type (not F32/F16/BF16). A q8 buffer for T rows of `in`
+ * elements takes mla_cuda_q8_bytes(T, in) bytes (16-aligned); mla_cuda_quantize_q8 fills it from
+ * x [T][in]; mla_cuda_matmul_q8 then computes y [T][out] as mla_cuda_matmul does (any T; 8
+ * tokens per pass over W). */
+bool mla_cuda_q8_supported(uint32_t t);
+size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
+int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
+int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
+                       float *d_y, mla_cuda_stream stream, mla_err *e);
+
 /* ---- element-wise and per-row ops (same meaning as the CPU op named) ---- */
 /* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */
 int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
@@ -202,6 +216,10 @@ int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_ids, int64_t 
 int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
                             int64_t out, const float *d_x, int x_div, const mla_cuda_moe_plan *plan, float *d_y,
                             mla_cuda_stream stream, mla_err *e);
+/* The same from a q8 buffer of the x_rows rows of x (mla_cuda_quantize_q8); t quantized. */
+int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
+                               int64_t out, const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
+                               float *d_y, mla_cuda_stream stream, mla_err *e);
 /* out[t] += sum_k w[t][k] * y[t*n_used + k] over the pairs whose expert this rank owns (k in
  * increasing order). */
 int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_w, int64_t T, int64_t n_used,
@@ -214,6 +232,7 @@ typedef struct mla_cuda_experts {
     size_t gate_estride, up_estride, down_estride;
     int64_t n_embd, n_ff, n_expert;
     int rank, world;
+    bool q8; /* the integer GEMV (mla_cuda_matmul_q8) for the quantized ones of the three */
 } mla_cuda_experts;
 size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_t n_ff, int64_t n_expert);
 int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,

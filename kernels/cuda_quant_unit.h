@@ -365,6 +365,311 @@ MLACU_UNROLL
     }
 }
 
+/* ---------------------------------------------------------------- integer form of a unit */
+/* For the integer GEMV (activations quantized to int8 in blocks of 32, dot products with dp4a):
+ * unit_i8<T>(blk, sub, u) writes the unit as 32 signed 8-bit integers q (u.q[j] packs elements
+ * 4j..4j+3, element 4j in the low byte) with, per half of 16 elements h, a scale s[h] and an
+ * offset m[h]: element i of half h equals s[h] * q[i] - m[h] (what deq_unit gives, to float
+ * rounding). Every quantized type has this form; the IQ1 grids' +-1/8 offsets become exact
+ * integers by scaling q by 8. F32/F16/BF16 have none (qtraits<T>::I8 is false for them). */
+struct unit_i8_t {
+    uint32_t q[8];
+    float s[2], m[2];
+};
+template <int T> struct i8traits {
+    static constexpr bool OK = true;
+};
+template <> struct i8traits<GGML_TYPE_F32> { static constexpr bool OK = false; };
+template <> struct i8traits<GGML_TYPE_F16> { static constexpr bool OK = false; };
+template <> struct i8traits<GGML_TYPE_BF16> { static constexpr bool OK = false; };
+
+/* per-byte a - b (mod 256) */
+__host__ __device__ __forceinline__ uint32_t vsub4(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+    return __vsub4(a, b);
+#else
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= ((((a >> (8 * i)) & 0xFFu) - ((b >> (8 * i)) & 0xFFu)) & 0xFFu) << (8 * i);
+    return r;
+#endif
+}
+/* bits 0..3 of t to bit 0 of bytes 0..3 (the four products land in disjoint bit ranges) */
+__host__ __device__ __forceinline__ uint32_t bits4_bytes(uint32_t t) {
+    return ((t & 0xFu) * 0x00204081u) & 0x01010101u;
+}
+/* bytes g (magnitudes < 128) negated where sign bits 0..3 of s are set */
+__host__ __device__ __forceinline__ uint32_t signs4(uint32_t g, uint32_t s) {
+    uint32_t m = bits4_bytes(s) * 0xFFu;
+    return vsub4(g ^ m, m);
+}
+/* N little-endian 32-bit words from p. A = the alignment p is known to have (16, 4 or 2). On the
+ * device 16-aligned runs use 16-byte loads; 2-aligned ones aligned 4-byte loads and funnel
+ * shifts (never reading a word past the run when p is 4-aligned). */
+template <int N, int A> __host__ __device__ __forceinline__ void ldw(const uint8_t *p, uint32_t *w) {
+#ifdef __CUDA_ARCH__
+    if (A >= 16 && N % 4 == 0) {
+MLACU_UNROLL
+        for (int i = 0; i < N / 4; i++) {
+            uint4 v = __ldg((const uint4 *)p + i);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if (A >= 4) {
+MLACU_UNROLL
+        for (int i = 0; i < N; i++) w[i] = __ldg((const uint32_t *)p + i);
+    } else {
+        const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+        const uint32_t sh = (uint32_t)((uintptr_t)p & 3) * 8;
+        uint32_t lo = __ldg(a);
+MLACU_UNROLL
+        for (int i = 0; i < N; i++) {
+            uint32_t hi = sh ? __ldg(a + i + 1) : 0u;
+            w[i] = __funnelshift_r(lo, hi, sh);
+            lo = hi;
+        }
+    }
+#else
+    for (int i = 0; i < N; i++) w[i] = rd32(p + 4 * i);
+#endif
+}
+/* 4 bytes of a grid table row (device: one load; tables are __device__ arrays) */
+__host__ __device__ __forceinline__ uint32_t grid4(const uint8_t *g) {
+#ifdef __CUDA_ARCH__
+    return *(const uint32_t *)g;
+#else
+    return rd32(g);
+#endif
+}
+
+template <int T>
+__host__ __device__ __forceinline__ void unit_i8(const uint8_t *b, int sub, unit_i8_t &u);
+
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q8_0>(const uint8_t *b, int, unit_i8_t &u) {
+    ldw<8, 2>(b + 2, u.q);
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q5_0>(const uint8_t *b, int, unit_i8_t &u) {
+    uint32_t l[4];
+    ldw<4, 2>(b + 6, l);
+    uint32_t qh = rd32(b + 2);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        u.q[j] = vsub4((l[j] & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (4 * j)) << 4), 0x10101010u);
+        u.q[j + 4] = vsub4(((l[j] >> 4) & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (16 + 4 * j)) << 4), 0x10101010u);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q4_K>(const uint8_t *b, int sub, unit_i8_t &u) {
+    uint32_t w[8];
+    ldw<8, 16>(b + 16 + 32 * (sub >> 1), w);
+    const int sh = 4 * (sub & 1);
+MLACU_UNROLL
+    for (int j = 0; j < 8; j++) u.q[j] = (w[j] >> sh) & 0x0F0F0F0Fu;
+    int sc, m;
+    kscale_min(b + 4, sub, sc, m);
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)sc;
+    u.m[0] = u.m[1] = h2f(rd16(b + 2)) * (float)m;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q5_K>(const uint8_t *b, int sub, unit_i8_t &u) {
+    uint32_t w[8], h[8];
+    ldw<8, 16>(b + 48 + 32 * (sub >> 1), w);
+    ldw<8, 16>(b + 16, h);
+    const int sh = 4 * (sub & 1);
+MLACU_UNROLL
+    for (int j = 0; j < 8; j++) u.q[j] = ((w[j] >> sh) & 0x0F0F0F0Fu) | (((h[j] >> sub) & 0x01010101u) << 4);
+    int sc, m;
+    kscale_min(b + 4, sub, sc, m);
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)sc;
+    u.m[0] = u.m[1] = h2f(rd16(b + 2)) * (float)m;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q6_K>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const int n = sub >> 2, k = sub & 3;
+    uint32_t l[8], h[8];
+    ldw<8, 2>(b + 64 * n + 32 * (k & 1), l);
+    ldw<8, 2>(b + 128 + 32 * n, h);
+    const int lsh = 4 * (k >> 1), hsh = 2 * k;
+MLACU_UNROLL
+    for (int j = 0; j < 8; j++)
+        u.q[j] = vsub4(((l[j] >> lsh) & 0x0F0F0F0Fu) | (((h[j] >> hsh) & 0x03030303u) << 4), 0x20202020u);
+    const int8_t *scales = (const int8_t *)(b + 192);
+    float d = h2f(rd16(b + 208));
+    u.s[0] = d * (float)scales[8 * n + 2 * k];
+    u.s[1] = d * (float)scales[8 * n + 2 * k + 1];
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q2_K>(const uint8_t *b, int sub, unit_i8_t &u) {
+    uint32_t w[8];
+    ldw<8, 4>(b + 16 + 32 * (sub >> 2), w);
+    const int sh = 2 * (sub & 3);
+MLACU_UNROLL
+    for (int j = 0; j < 8; j++) u.q[j] = (w[j] >> sh) & 0x03030303u;
+    float d = h2f(rd16(b + 80)), dmin = h2f(rd16(b + 82));
+    int s0 = b[2 * sub], s1 = b[2 * sub + 1];
+    u.s[0] = d * (float)(s0 & 0xF), u.m[0] = dmin * (float)(s0 >> 4);
+    u.s[1] = d * (float)(s1 & 0xF), u.m[1] = dmin * (float)(s1 >> 4);
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q3_K>(const uint8_t *b, int sub, unit_i8_t &u) {
+    uint32_t w[8], hm[8];
+    ldw<8, 2>(b + 32 + 32 * (sub >> 2), w);
+    ldw<8, 2>(b, hm);
+    const int sh = 2 * (sub & 3);
+MLACU_UNROLL
+    for (int j = 0; j < 8; j++)
+        u.q[j] = vsub4(((w[j] >> sh) & 0x03030303u) | (((hm[j] >> sub) & 0x01010101u) << 2), 0x04040404u);
+    float d = h2f(rd16(b + 108));
+    u.s[0] = d * (float)q3k_scale(b + 96, 2 * sub);
+    u.s[1] = d * (float)q3k_scale(b + 96, 2 * sub + 1);
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ4_XS>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
+    uint32_t l[4];
+    ldw<4, 4>(b + 8 + 16 * sub, l);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        uint32_t lo = 0, hi = 0;
+MLACU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            uint32_t byte = (l[j] >> (8 * i)) & 0xFFu;
+            lo |= (uint32_t)(uint8_t)kv[byte & 0xF] << (8 * i);
+            hi |= (uint32_t)(uint8_t)kv[byte >> 4] << (8 * i);
+        }
+        u.q[j] = lo, u.q[j + 4] = hi;
+    }
+    uint32_t sh = rd16(b + 2);
+    int ls = ((b[4 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF) | (((sh >> (2 * sub)) & 3) << 4);
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)(ls - 32);
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ2_XXS>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *q = b + 2 + 8 * sub;
+    uint32_t aux1 = rd32(q + 4);
+MLACU_UNROLL
+    for (int l = 0; l < 4; l++) {
+        const uint8_t *g = MLACU_TAB(g_iq2xxs_grid, quant_iq2xxs_grid)[q[l]];
+        uint32_t s = MLACU_TAB(g_ksigns, quant_ksigns)[(aux1 >> (7 * l)) & 127];
+        u.q[2 * l] = signs4(grid4(g), s);
+        u.q[2 * l + 1] = signs4(grid4(g + 4), s >> 4);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (0.5f + (float)(aux1 >> 28)) * 0.25f;
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ2_XS>(const uint8_t *b, int sub, unit_i8_t &u) {
+MLACU_UNROLL
+    for (int l = 0; l < 4; l++) {
+        uint32_t w = rd16(b + 2 + 2 * (4 * sub + l));
+        const uint8_t *g = MLACU_TAB(g_iq2xs_grid, quant_iq2xs_grid)[w & 511];
+        uint32_t s = MLACU_TAB(g_ksigns, quant_ksigns)[w >> 9];
+        u.q[2 * l] = signs4(grid4(g), s);
+        u.q[2 * l + 1] = signs4(grid4(g + 4), s >> 4);
+    }
+    float d = h2f(rd16(b));
+    int sc = b[66 + sub];
+    u.s[0] = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
+    u.s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ2_S>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *qs = b + 2 + 4 * sub, *signs = b + 34 + 4 * sub;
+    int qh = b[66 + sub], sc = b[74 + sub];
+MLACU_UNROLL
+    for (int l = 0; l < 4; l++) {
+        const uint8_t *g = MLACU_TAB(g_iq2s_grid, quant_iq2s_grid)[qs[l] | (((qh >> (2 * l)) & 3) << 8)];
+        uint32_t s = signs[l];
+        u.q[2 * l] = signs4(grid4(g), s);
+        u.q[2 * l + 1] = signs4(grid4(g + 4), s >> 4);
+    }
+    float d = h2f(rd16(b));
+    u.s[0] = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
+    u.s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ3_XXS>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *qs = b + 2 + 8 * sub;
+    uint32_t aux = rd32(b + 66 + 4 * sub);
+MLACU_UNROLL
+    for (int l = 0; l < 4; l++) {
+        uint32_t s = MLACU_TAB(g_ksigns, quant_ksigns)[(aux >> (7 * l)) & 127];
+        u.q[2 * l] = signs4(grid4(MLACU_TAB(g_iq3xxs_grid, quant_iq3xxs_grid)[qs[2 * l]]), s);
+        u.q[2 * l + 1] = signs4(grid4(MLACU_TAB(g_iq3xxs_grid, quant_iq3xxs_grid)[qs[2 * l + 1]]), s >> 4);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ3_S>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *qs = b + 2 + 8 * sub, *signs = b + 74 + 4 * sub;
+    int qh = b[66 + sub];
+MLACU_UNROLL
+    for (int g = 0; g < 8; g++) {
+        int idx = qs[g] | (((qh >> g) & 1) << 8);
+        u.q[g] = signs4(grid4(MLACU_TAB(g_iq3s_grid, quant_iq3s_grid)[idx]), signs[g >> 1] >> (4 * (g & 1)));
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)(1 + 2 * ((b[106 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF));
+    u.m[0] = u.m[1] = 0.f;
+}
+/* IQ1: element = dl * (g + delta), g in {-1, 0, 1}, delta = +-1/8: q = 8 g +- 1, scale dl / 8 */
+__host__ __device__ __forceinline__ uint32_t iq1_word(uint32_t g, bool neg) {
+    uint32_t v = (g << 3) & 0xF8F8F8F8u; /* 8 g per byte */
+    return neg ? vsub4(v, 0x01010101u) : vsub4(v, 0xFFFFFFFFu);
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ1_S>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *qs = b + 2 + 4 * sub;
+    uint32_t qh = rd16(b + 34 + 2 * sub);
+    const bool neg = (qh & 0x8000) != 0;
+MLACU_UNROLL
+    for (int l = 0; l < 4; l++) {
+        const int8_t *g = MLACU_TAB(g_iq1s_grid, quant_iq1s_grid)[qs[l] | (((qh >> (3 * l)) & 7) << 8)];
+        u.q[2 * l] = iq1_word(grid4((const uint8_t *)g), neg);
+        u.q[2 * l + 1] = iq1_word(grid4((const uint8_t *)g + 4), neg);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ1_M>(const uint8_t *b, int sub, unit_i8_t &u) {
+    const uint8_t *qs = b + 4 * sub, *qh = b + 32 + 2 * sub;
+    uint32_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
+    float d = h2f((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000));
+    uint32_t w = rd16(b + 48 + 2 * (sub >> 1));
+    int shw = 6 * (sub & 1);
+MLACU_UNROLL
+    for (int g = 0; g < 4; g++) {
+        int hb = qh[g >> 1] >> (4 * (g & 1));
+        const int8_t *gr = MLACU_TAB(g_iq1s_grid, quant_iq1s_grid)[qs[g] | ((hb & 7) << 8)];
+        u.q[2 * g] = iq1_word(grid4((const uint8_t *)gr), (hb & 8) != 0);
+        u.q[2 * g + 1] = iq1_word(grid4((const uint8_t *)gr + 4), (hb & 8) != 0);
+    }
+    u.s[0] = d * (float)(2 * ((w >> shw) & 7) + 1) * 0.125f;
+    u.s[1] = d * (float)(2 * ((w >> (shw + 3)) & 7) + 1) * 0.125f;
+    u.m[0] = u.m[1] = 0.f;
+}
+/* float types: no integer form (never called; keeps the type switch uniform) */
+#define MLACU_NO_I8(T_)                                                                          \
+    template <>                                                                                  \
+    __host__ __device__ __forceinline__ void unit_i8<T_>(const uint8_t *, int, unit_i8_t &u) {  \
+        for (int j = 0; j < 8; j++) u.q[j] = 0;                                                  \
+        u.s[0] = u.s[1] = u.m[0] = u.m[1] = 0.f;                                                 \
+    }
+MLACU_NO_I8(GGML_TYPE_F32)
+MLACU_NO_I8(GGML_TYPE_F16)
+MLACU_NO_I8(GGML_TYPE_BF16)
+#undef MLACU_NO_I8
+
 } // namespace mlacu
 
 #endif

@@ -116,4 +116,16 @@ static inline double gr_rel_l2(const float *a, const float *b, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* What mla_cuda_quantize_q8 makes of x (n a multiple of 32), back in floats, in place or not:
+ * per 32 elements d * round(x * id), d = max|x| / 127, id = 127 / max|x|, with the same float
+ * operations: the exact input of the integer GEMV, so the reference of its checks. */
+static inline void gr_q8_round(const float *x, float *out, int64_t n) {
+    for (int64_t b = 0; b + 32 <= n; b += 32) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        for (int i = 0; i < 32; i++) out[b + i] = d * (float)(int)nearbyintf(x[b + i] * id);
+    }
+}
+
 #endif

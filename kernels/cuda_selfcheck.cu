@@ -45,19 +45,24 @@ int compare(const char *what, const float *got, const float *ref, int64_t n, dou
     return MLA_OK;
 }
 
-int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, bool mma, gr_rng *r, mla_err *e) {
+enum mm_kind { MM_GEMV, MM_MMA, MM_Q8 };
+
+int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_kind k, gr_rng *r, mla_err *e) {
     size_t rb = ggml_row_bytes(t, in);
     uint8_t *w = (uint8_t *)malloc(rb * out);
     float *x = (float *)malloc(sizeof(float) * (in * T + in + 2 * T * out));
     float *deq = x + in * T, *ref = deq + in, *got = ref + T * out;
     gr_quant_rows(r, t, w, in, out);
     gr_fill(r, x, in * T, 1.0f);
+    float *xr = (float *)malloc(sizeof(float) * in * T); /* the reference's x: as the q8 path rounds it */
+    if (k == MM_Q8) gr_q8_round(x, xr, in * T);
+    else memcpy(xr, x, sizeof(float) * in * T);
     for (int64_t o = 0; o < out; o++) {
         quant_dequant_row(t, w + o * rb, deq, in);
-        for (int64_t k = 0; k < T; k++) {
+        for (int64_t j = 0; j < T; j++) {
             double acc = 0;
-            for (int64_t i = 0; i < in; i++) acc += (double)deq[i] * x[k * in + i];
-            ref[k * out + o] = (float)acc;
+            for (int64_t i = 0; i < in; i++) acc += (double)deq[i] * xr[j * in + i];
+            ref[j * out + o] = (float)acc;
         }
     }
     scratch s = {{0}, 0};
@@ -65,21 +70,31 @@ int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, bool mma, gr_rn
     void *dw = salloc(&s, rb * out, w);
     float *dx = (float *)salloc(&s, sizeof(float) * in * T, x);
     float *dy = (float *)salloc(&s, sizeof(float) * T * out, NULL);
-    if (!dw || !dx || !dy) {
+    void *dq = k == MM_Q8 ? salloc(&s, mla_cuda_q8_bytes(T, in), NULL) : dy;
+    int run = MLA_ERR;
+    if (!dw || !dx || !dy || !dq) {
         mla_errf(e, "cuda_selfcheck: device allocation failed");
-    } else if ((mma ? mla_cuda_matmul_mma : mla_cuda_matmul_gemv)(t, dw, in, out, dx, T, dy, 0, e) == MLA_OK) {
+    } else if (k == MM_Q8) {
+        run = mla_cuda_quantize_q8(dx, T, in, dq, 0, e);
+        if (run == MLA_OK) run = mla_cuda_matmul_q8(t, dw, in, out, dq, T, dy, 0, e);
+    } else {
+        run = (k == MM_MMA ? mla_cuda_matmul_mma : mla_cuda_matmul_gemv)(t, dw, in, out, dx, T, dy, 0, e);
+    }
+    if (run == MLA_OK) {
         cudaError_t err = cudaMemcpy(got, dy, sizeof(float) * T * out, cudaMemcpyDeviceToHost);
         if (err != cudaSuccess) {
             mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
         } else {
             char what[64];
-            snprintf(what, sizeof what, "%s %s", mma ? "mma" : "gemv", ggml_type_name(t));
-            rc = compare(what, got, ref, T * out, mma ? 1e-2 : 1e-4, e);
+            snprintf(what, sizeof what, "%s %s", k == MM_MMA ? "mma" : k == MM_Q8 ? "gemv q8" : "gemv",
+                     ggml_type_name(t));
+            rc = compare(what, got, ref, T * out, k == MM_MMA ? 1e-2 : 1e-4, e);
         }
     }
     sfree(&s);
     free(w);
     free(x);
+    free(xr);
     return rc;
 }
 
@@ -249,8 +264,9 @@ extern "C" int cuda_selfcheck(mla_err *e) {
                                      GGML_TYPE_IQ1_S,  GGML_TYPE_IQ1_M};
     for (uint32_t t : types) {
         if (!quant_supported(t)) continue; /* the CPU reference decides what is checkable */
-        if (check_matmul(t, 1280, 40, 3, false, &r, e) != MLA_OK) return MLA_ERR;
-        if (check_matmul(t, 512, 130, 20, true, &r, e) != MLA_OK) return MLA_ERR;
+        if (check_matmul(t, 1280, 40, 3, MM_GEMV, &r, e) != MLA_OK) return MLA_ERR;
+        if (check_matmul(t, 512, 130, 20, MM_MMA, &r, e) != MLA_OK) return MLA_ERR;
+        if (mla_cuda_q8_supported(t) && check_matmul(t, 1280, 40, 11, MM_Q8, &r, e) != MLA_OK) return MLA_ERR;
     }
     if (check_small_ops(&r, e) != MLA_OK) return MLA_ERR;
     if (check_attn(&r, e) != MLA_OK) return MLA_ERR;

@@ -573,6 +573,210 @@ static cudaError_t launch_grp(const void *w0, const void *w1, size_t estride, in
     return cudaGetLastError();
 }
 
+/* ---------------------------------------------------------------- integer GEMV (q8 activations) */
+/* The decode path for quantized weights, the scheme llama.cpp's CUDA backend uses: the
+ * activations are quantized per 32 elements to int8 (scale d = max|x| / 127, round to nearest
+ * even) by q8x_kernel into a q8 buffer: int8 [T][in], then float4 [T][in / 32] holding
+ * (d, d * sum of the first 16 q, d * sum of the last 16 q, 0). A weight unit in its integer form
+ * (unit_i8) dots an activation block with eight dp4a, so a weight element costs a quarter of an
+ * integer instruction instead of a dequantization and an FMA per token, and the weight bytes
+ * go from global memory straight to registers (no shared memory): the kernel can stream at HBM
+ * speed. One warp owns GQ_R rows; lane l takes units l, l + 32, ...; tokens up to GQ_T per
+ * launch. */
+constexpr int GQ_WARPS = 4, GQ_R = 2, GQ_T = 8;
+static_assert(GQ_T >= MLACU_MOE_TILE && GV_TMAX >= MLACU_MOE_TILE, "a MoE tile's tokens must fit one pass");
+
+__global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__restrict__ q, float4 *__restrict__ s) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nblk) return;
+    const float4 *xp = (const float4 *)(x + i * 32);
+    float v[32];
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float4 f = __ldg(xp + k);
+        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    uint32_t w[8];
+    int sum0 = 0, sum1 = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        uint32_t pk = 0;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int qi = __float2int_rn(__fmul_rn(v[4 * j + b], id));
+            if (j < 4) sum0 += qi;
+            else sum1 += qi;
+            pk |= (uint32_t)(qi & 0xFF) << (8 * b);
+        }
+        w[j] = pk;
+    }
+    uint4 *qo = (uint4 *)(q + i * 32);
+    qo[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    qo[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    s[i] = make_float4(d, d * (float)sum0, d * (float)sum1, 0.f);
+}
+
+/* the q8 buffer of T rows of `in` elements: int8 part, then the float4 part (16-aligned) */
+static __host__ __device__ __forceinline__ size_t q8_scale_off(int64_t T, int64_t in) {
+    return ((size_t)(T * in) + 15) / 16 * 16;
+}
+
+/* acc[r][t] += row r (pointer p[r]) . activation row xr[t] over all units (lane-strided) */
+template <int TY>
+__device__ __forceinline__ void gemvq_rows(const uint8_t *const p[GQ_R], int nu, const uint4 *__restrict__ qx,
+                                           const float4 *__restrict__ sx, const int xr[GQ_T], int T, int lane,
+                                           float acc[GQ_R][GQ_T]) {
+    using Q = qtraits<TY>;
+#pragma unroll 2
+    for (int u = lane; u < nu; u += 32) {
+        unit_i8_t w[GQ_R];
+#pragma unroll
+        for (int r = 0; r < GQ_R; r++) unit_i8<TY>(p[r] + (size_t)(u / Q::BU) * Q::BB, u % Q::BU, w[r]);
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            if (t >= T) break;
+            const size_t blk = (size_t)xr[t] * nu + u;
+            const uint4 a = __ldg(qx + 2 * blk), b = __ldg(qx + 2 * blk + 1);
+            const float4 sv = __ldg(sx + blk);
+#pragma unroll
+            for (int r = 0; r < GQ_R; r++) {
+                int i0 = __dp4a((int)w[r].q[0], (int)a.x, 0);
+                i0 = __dp4a((int)w[r].q[1], (int)a.y, i0);
+                i0 = __dp4a((int)w[r].q[2], (int)a.z, i0);
+                i0 = __dp4a((int)w[r].q[3], (int)a.w, i0);
+                int i1 = __dp4a((int)w[r].q[4], (int)b.x, 0);
+                i1 = __dp4a((int)w[r].q[5], (int)b.y, i1);
+                i1 = __dp4a((int)w[r].q[6], (int)b.z, i1);
+                i1 = __dp4a((int)w[r].q[7], (int)b.w, i1);
+                acc[r][t] += sv.x * (w[r].s[0] * (float)i0 + w[r].s[1] * (float)i1) -
+                             (w[r].m[0] * sv.y + w[r].m[1] * sv.z);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int TY>
+__global__ void __launch_bounds__(GQ_WARPS * 32)
+    gemvq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
+                 const float4 *__restrict__ sx, int T, float *__restrict__ y) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GQ_WARPS + warp) * GQ_R;
+    if (row0 >= out) return;
+    const uint8_t *p[GQ_R];
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++) p[r] = W + (size_t)min(row0 + r, out - 1) * rb; /* past the end: row out-1 again */
+    int xr[GQ_T];
+#pragma unroll
+    for (int t = 0; t < GQ_T; t++) xr[t] = t;
+    float acc[GQ_R][GQ_T];
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
+    gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, acc);
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+        }
+}
+
+/* The grouped expert version over a MoE plan's tiles (as gemv_grp_kernel): blockIdx.y walks the
+ * tiles, a warp owns rows (FUSE: row f of gate and of up, writing silu(g) * u). */
+template <int TY, bool FUSE>
+__global__ void __launch_bounds__(GQ_WARPS * 32)
+    gemvq_grp_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t rb, size_t estride, int nu,
+                     int out, const uint4 *__restrict__ qx, const float4 *__restrict__ sx, int x_div,
+                     const int32_t *__restrict__ sorted, const int32_t *__restrict__ tile_e,
+                     const int32_t *__restrict__ tile_s, const int32_t *__restrict__ tile_n,
+                     const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int f = blockIdx.x * GQ_WARPS + warp;
+    const int row0 = FUSE ? f : f * GQ_R;
+    if (row0 >= out) return;
+    const int nt = *n_tiles;
+    for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+        const int e = tile_e[tile], s0 = tile_s[tile], T = tile_n[tile];
+        const size_t eo = (size_t)(e / world) * estride;
+        const uint8_t *p[GQ_R];
+        if (FUSE) {
+            p[0] = W0 + eo + (size_t)f * rb;
+            p[1] = W1 + eo + (size_t)f * rb;
+        } else {
+#pragma unroll
+            for (int r = 0; r < GQ_R; r++) p[r] = W0 + eo + (size_t)min(row0 + r, out - 1) * rb;
+        }
+        int xr[GQ_T], yr[GQ_T];
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            int pr = t < T ? sorted[s0 + t] : 0;
+            xr[t] = pr / x_div;
+            yr[t] = pr;
+        }
+        float acc[GQ_R][GQ_T];
+#pragma unroll
+        for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+            for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
+        gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, acc);
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            float a0 = warp_sum(acc[0][t]), a1 = warp_sum(acc[1][t]);
+            if (lane == 0 && t < T) {
+                if (FUSE) {
+                    y[(size_t)yr[t] * out + f] = a0 / (1.0f + expf(-a0)) * a1;
+                } else {
+                    y[(size_t)yr[t] * out + row0] = a0;
+                    if (row0 + 1 < out) y[(size_t)yr[t] * out + row0 + 1] = a1;
+                }
+            }
+        }
+    }
+}
+
+template <int TY>
+static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const void *q8, int64_t T, float *y,
+                                cudaStream_t s) {
+    const int nu = (int)(in / 32);
+    const uint4 *qx = (const uint4 *)q8;
+    const float4 *sx = (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in));
+    unsigned grid = (unsigned)((out + GQ_WARPS * GQ_R - 1) / (GQ_WARPS * GQ_R));
+    for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
+        int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
+        gemvq_kernel<TY><<<grid, GQ_WARPS * 32, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
+                                                         qx + t0 * nu * 2, sx + t0 * nu, tn, y + t0 * out);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+template <int TY, bool FUSE>
+static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
+                               const void *q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *pl, float *y,
+                               cudaStream_t s) {
+    const int rows_per_block = FUSE ? GQ_WARPS : GQ_WARPS * GQ_R;
+    int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
+    dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
+    gemvq_grp_kernel<TY, FUSE><<<grid, GQ_WARPS * 32, 0, s>>>(
+        (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out,
+        (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted,
+        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
+    return cudaGetLastError();
+}
+
 /* ---------------------------------------------------------------- host dispatch */
 
 template <int TY> static cudaError_t launch_dequant(const void *src, float *dst, int64_t n, cudaStream_t s) {
@@ -813,5 +1017,77 @@ extern "C" int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void 
 #undef MLACU_CASE
     }
     MLACU_CHECK(err, e, "grouped gemv %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
+    return MLA_OK;
+}
+
+/* ---------------------------------------------------------------- integer GEMV API */
+
+extern "C" bool mla_cuda_q8_supported(uint32_t t) {
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        return i8traits<T_>::OK;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    default:
+        return false;
+    }
+}
+
+extern "C" size_t mla_cuda_q8_bytes(int64_t T, int64_t in) {
+    MLA_ASSERT(T >= 0 && in >= 0 && in % 32 == 0);
+    return q8_scale_off(T, in) + (size_t)(T * in / 32) * 16;
+}
+
+extern "C" int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream,
+                                    mla_err *e) {
+    MLA_ASSERT(T >= 0 && in > 0 && in % 32 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)d_q8 & 15) == 0);
+    const int64_t nblk = T * in / 32;
+    if (nblk == 0) return MLA_OK;
+    q8x_kernel<<<(unsigned)((nblk + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
+        d_x, nblk, (int8_t *)d_q8, (float4 *)((uint8_t *)d_q8 + q8_scale_off(T, in)));
+    MLACU_CHECK(cudaGetLastError(), e, "quantize_q8 T=%lld in=%lld", (long long)T, (long long)in);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
+                                  float *d_y, mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, in, out, T);
+    MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
+    if (T == 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = launch_gemvq<T_>(d_w, in, out, d_q8, T, d_y, (cudaStream_t)stream);                                   \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "gemv q8 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, size_t estride,
+                                          int64_t in, int64_t out, const void *d_q8, int64_t x_rows, int x_div,
+                                          const mla_cuda_moe_plan *plan, float *d_y, mla_cuda_stream stream,
+                                          mla_err *e) {
+    check_shape(t, in, out, 1);
+    MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1);
+    MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
+    if (plan->max_tiles <= 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        err = d_w1 ? launch_grpq<T_, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y,          \
+                                           (cudaStream_t)stream)                                                    \
+                   : launch_grpq<T_, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y,          \
+                                            (cudaStream_t)stream);                                                  \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     return MLA_OK;
 }

@@ -59,16 +59,27 @@ if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
 else
   echo "llama.cpp: .llama-cuda/ not carried, not run"
 fi
-# 4. where a decode step's time goes: Nsight Compute on the first kernels of the decode steps of
-# the same model (mla-e2e: an 8-token prompt, 4 greedy tokens, no graphs so that kernels are
-# launched one by one), speed-of-light section only
+# 4. where a decode step's time goes: Nsight Compute's duration of every kernel of mla-e2e on the
+# same model (an 8-token prompt, 3 greedy tokens, graphs off so that kernels run one by one),
+# summed by kernel over the last complete decode step (bench/ncu_step.py); with the integer GEMV
+# (MLA_CUDA_Q8=1) and with the fp32 one (=0). NCU_SOL=1 adds the speed-of-light section of the
+# first decode kernels.
 if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}" = 1 ]; then
   echo "11 22 33 44 55 66 77 88" >"$W/tok.txt"
-  MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-90}" ncu --clock-control none --section SpeedOfLight \
-    -k regex:'gemv|mla_attn|grp|moe|mma' --launch-skip "${NCU_SKIP:-60}" -c "${NCU_COUNT:-14}" \
-    build-gpu-carried/mla-e2e logits -m "$M" --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 4 --ids-out "$W/ids.txt" \
-    >"$OUT/ncu.txt" 2>&1 || echo "ncu: exit status $?"
-  grep -E '^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|DRAM Throughput' "$OUT/ncu.txt" | head -80
+  e2e=(build-gpu-carried/mla-e2e logits -m "$M" --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 3 --ids-out "$W/ids.txt")
+  for q in ${NCU_Q8:-1 0}; do
+    MLA_CUDA_Q8=$q MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-100}" ncu --clock-control none --csv \
+      --metrics gpu__time_duration.sum "${e2e[@]}" >"$OUT/ncu-step-q8$q.csv" 2>"$OUT/ncu-step-q8$q.err" ||
+      echo "ncu (MLA_CUDA_Q8=$q): exit status $?"
+    echo "decode step by kernel, MLA_CUDA_Q8=$q:"
+    python3 bench/ncu_step.py "$OUT/ncu-step-q8$q.csv" | tee "$OUT/ncu-step-q8$q.md" | head -24
+  done
+  if [ "${NCU_SOL:-0}" = 1 ]; then
+    MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-90}" ncu --clock-control none --section SpeedOfLight \
+      -k regex:'gemv|mla_attn|grp|moe|mma' --launch-skip "${NCU_SKIP:-60}" -c "${NCU_COUNT:-14}" "${e2e[@]}" \
+      >"$OUT/ncu.txt" 2>&1 || echo "ncu: exit status $?"
+    grep -E '^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|DRAM Throughput' "$OUT/ncu.txt" | head -80
+  fi
   echo "ncu done ($(since))"
 fi
 exit $rc

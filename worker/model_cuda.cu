@@ -75,6 +75,9 @@ struct mla_cmodel {
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
+    bool q8;       /* the integer GEMV (int8 activations, dp4a) for quantized weights, steps <= Q8_TMAX tokens */
+    int64_t max_in; /* the widest matmul input: sizes q8buf */
+    void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
     int64_t h0, h1, Hl;
     rope_table rope;
     dmat tok_embd, output;
@@ -193,6 +196,7 @@ static int up_mat(mla_cmodel *m, dmat *d, const mla_mat *v, mla_err *err) {
     free(h);
     d->type = v->type;
     d->n_in = v->n_in;
+    if (v->n_in > m->max_in) m->max_in = v->n_in;
     d->n_out = v->n_out;
     return rc;
 }
@@ -303,6 +307,9 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
         m->graphs_required = m->graphs && gr && !strcmp(gr, "require");
+        /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
+        const char *q8 = getenv("MLA_CUDA_Q8");
+        m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -410,6 +417,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             x->n_expert = cf->n_expert;
             x->rank = m->rank;
             x->world = m->world;
+            x->q8 = m->q8;
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp &&
                 load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
@@ -434,7 +442,7 @@ static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn};
+                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -447,6 +455,7 @@ static void free_scratch(mla_cmodel *m) {
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
+    m->q8buf = nullptr;
     m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
     m->htok = nullptr;
@@ -632,6 +641,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     CU(cudaMalloc((void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
     CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
+    CU(cudaMalloc(&m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
     m->hbuf_floats = (size_t)(T * (E > V ? E : V) + T * c->n_head * c->head_v) * (size_t)m->world + 64;
     CU(cudaMallocHost((void **)&m->hbuf, m->hbuf_floats * 4), "pinned staging");
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
@@ -649,7 +659,15 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     return MLA_OK;
 }
 
+/* Steps of up to this many tokens take the integer GEMV when m->q8 (it passes over W once per 8
+ * tokens; beyond, the tensor-core paths). */
+#define Q8_TMAX 64
+
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
+    if (m->q8 && T <= Q8_TMAX && mla_cuda_q8_supported(w->type)) {
+        TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
+        return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+    }
     if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);

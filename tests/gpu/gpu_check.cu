@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -166,7 +167,8 @@ static void check_dequant(uint32_t t, int64_t n) {
     CK(cudaFree(dy));
 }
 
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3 };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8 };
+
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
 static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path path, bool timed) {
@@ -181,9 +183,13 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
     float *dx = (float *)dup(x.data(), T * in * 4);
     float *dy = (float *)dmalloc(T * out * 4);
+    void *dq = path == MM_Q8 ? dmalloc(mla_cuda_q8_bytes(T, in)) : NULL;
     auto run = [&](int i) {
         void *wi = dw[i % ncopy];
-        if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
+        if (path == MM_Q8) { /* timed with the quantization of x: what a step pays */
+            OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
+            OK(mla_cuda_matmul_q8(t, wi, in, out, dq, T, dy, 0, E));
+        } else if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA3) OK(mla_cuda_matmul_mma3(t, wi, in, out, dx, T, dy, 0, E));
@@ -195,7 +201,8 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     std::vector<float> y(T * out);
     down(y.data(), dy, T * out * 4);
     bool finite = all_finite(y.data(), y.size());
-    /* reference on sampled rows (all rows when small) */
+    /* reference on sampled rows (all rows when small); for the integer GEMV, of x as it quantizes it */
+    if (path == MM_Q8) gr_q8_round(x.data(), x.data(), T * in);
     int64_t nsamp = std::min<int64_t>(out, T > 64 ? 48 : 256);
     std::vector<float> deq(in), got, ref;
     for (int64_t s = 0; s < nsamp; s++) {
@@ -213,7 +220,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
-                   : path == MM_MMA3 ? "mma3 (split bf16)" : "matmul";
+                   : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8" : "matmul";
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
             err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
@@ -221,6 +228,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     for (void *p : dw) CK(cudaFree(p));
     CK(cudaFree(dx));
     CK(cudaFree(dy));
+    if (dq) CK(cudaFree(dq));
 }
 
 static void check_get_rows(uint32_t t, int64_t n, int64_t vocab, int64_t T) {
@@ -452,6 +460,26 @@ int main(int argc, char **argv) {
         check_matmul(t, 512, 5, 3, MM_GEMV_WARP, false);
         check_matmul(t, 7168, 2048, 1, MM_GEMV_WARP, true); /* the other variant at T = 1 */
     }
+    /* the integer GEMV (int8 activations): every quantized type, partial row blocks, short rows,
+     * token counts over one pass (8) */
+    for (uint32_t t : types) {
+        if (!mla_cuda_q8_supported(t)) continue;
+        check_matmul(t, 7168, 2048, 1, MM_Q8, true);
+        check_matmul(t, 7168, 2048, 8, MM_Q8, true);
+        check_matmul(t, 512, 101, 5, MM_Q8, false);
+        check_matmul(t, 1536, 300, 13, MM_Q8, false);
+        check_matmul(t, 256, 3, 2, MM_Q8, false);
+    }
+    /* decode shapes of DeepSeek-V3 at T = 1 (fp32 GEMV beside the integer one), and the integer
+     * GEMV against the tensor cores as T grows (where mm() switches, Q8_TMAX) */
+    for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 2048, 7168},
+                                                       {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
+                                                       {GGML_TYPE_Q6_K, 7168, 32768}}) {
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8, true);
+        if (!quick) check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_GEMV, true);
+    }
+    for (int64_t T : {2, 4, 16, 32, 64, 128}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_Q8, true);
+    for (int64_t T : {16, 64, 128}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_MMA3, true);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
         for (uint32_t t : big) {

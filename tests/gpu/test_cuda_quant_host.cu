@@ -1,6 +1,6 @@
 /* Host-side check of the CUDA dequantizers (kernels/cuda_quant_unit.h): their __host__
  * instantiation must reproduce the CPU reference quant_dequant_row on random blocks of every
- * supported type. Needs no GPU (runs in CI); the device build of the same code is checked
+ * supported type, and so must the integer form of each quantized type (unit_i8: s * q - m). Needs no GPU (runs in CI); the device build of the same code is checked
  * against the CPU by mla-gpu-check on the GPU machine. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +39,24 @@ template <int TY> static void check_type(gr_rng *r) {
     }
     CHECKF(bad == 0, "%s: %d of %lld elements differ", ggml_type_name(TY), bad, (long long)(n * rows));
     CHECKF(amax > 0, "%s: all zero", ggml_type_name(TY));
-    printf("%-8s max|x| %.3g  mismatches %d\n", ggml_type_name(TY), amax, bad);
+    int bad8 = 0;
+    if (i8traits<TY>::OK) {
+        for (int64_t u = 0; u < n * rows / 32; u++) {
+            unit_i8_t q;
+            unit_i8<TY>(w + (u / Q::BU) * Q::BB, (int)(u % Q::BU), q);
+            for (int i = 0; i < 32; i++) {
+                int8_t qi = (int8_t)(q.q[i / 4] >> (8 * (i % 4)));
+                double v = (double)q.s[i / 16] * qi - q.m[i / 16], want = ref[32 * u + i];
+                if (!(fabs(v - want) <= 1e-6 * amax) && bad8++ < 3)
+                    fprintf(stderr, "%s: integer form, element %lld: %g * %d - %g = %.9g, cpu %.9g\n",
+                            ggml_type_name(TY), (long long)(32 * u + i), q.s[i / 16], qi, q.m[i / 16], v, want);
+            }
+        }
+        CHECKF(bad8 == 0, "%s: integer form: %d of %lld elements differ", ggml_type_name(TY), bad8,
+               (long long)(n * rows));
+    }
+    printf("%-8s max|x| %.3g  mismatches %d, integer form %s\n", ggml_type_name(TY), amax, bad,
+           i8traits<TY>::OK ? (bad8 ? "MISMATCH" : "ok") : "none");
     free(w);
     free(ref);
     free(got);
