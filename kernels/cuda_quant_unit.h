@@ -18,6 +18,7 @@
 #endif
 
 #include <stdint.h>
+#include <string.h>
 
 extern "C" {
 #include "common/ggml_types.h"
@@ -419,16 +420,25 @@ MLACU_UNROLL
     } else {
         const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
         const uint32_t sh = (uint32_t)((uintptr_t)p & 3) * 8;
-        uint32_t lo = __ldg(a);
+        uint32_t v[N + 1];
 MLACU_UNROLL
-        for (int i = 0; i < N; i++) {
-            uint32_t hi = sh ? __ldg(a + i + 1) : 0u;
-            w[i] = __funnelshift_r(lo, hi, sh);
-            lo = hi;
-        }
+        for (int i = 0; i < N; i++) v[i] = __ldg(a + i);
+        v[N] = sh ? __ldg(a + N) : 0u;
+MLACU_UNROLL
+        for (int i = 0; i < N; i++) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
     }
-#else
-    for (int i = 0; i < N; i++) w[i] = rd32(p + 4 * i);
+#else /* the host runs the same word arithmetic (so that the host test checks it) with plain loads */
+    if (A >= 4) {
+        for (int i = 0; i < N; i++) memcpy(&w[i], p + 4 * i, 4);
+    } else {
+        const uint8_t *a = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)3);
+        const uint32_t sh = (uint32_t)((uintptr_t)p & 3) * 8;
+        uint32_t v[N + 1];
+        for (int i = 0; i < N; i++) memcpy(&v[i], a + 4 * i, 4);
+        v[N] = 0;
+        if (sh) memcpy(&v[N], a + 4 * N, 4);
+        for (int i = 0; i < N; i++) w[i] = sh ? (v[i] >> sh) | (v[i + 1] << (32 - sh)) : v[i];
+    }
 #endif
 }
 /* 4 bytes of a grid table row (device: one load; tables are __device__ arrays) */
@@ -442,6 +452,25 @@ __host__ __device__ __forceinline__ uint32_t grid4(const uint8_t *g) {
 
 template <int T>
 __host__ __device__ __forceinline__ void unit_i8(const uint8_t *b, int sub, unit_i8_t &u);
+
+/* Q4_K / Q5_K: d, dmin and sub-block j's 6-bit scale and min from the block's first 16 bytes,
+ * read as four words (one 16-byte load on the device) */
+__host__ __device__ __forceinline__ void k4_header(const uint8_t *b, int j, float &s, float &m) {
+    uint32_t h[4];
+    ldw<4, 16>(b, h);
+    const uint32_t s0 = h[1], s1 = h[2], s2 = h[3]; /* scale bytes 0-3, 4-7, 8-11 */
+    const int k = 8 * (j & 3);
+    int sc, mn;
+    if (j < 4) {
+        sc = (int)((s0 >> k) & 63);
+        mn = (int)((s1 >> k) & 63);
+    } else {
+        sc = (int)(((s2 >> k) & 0xF) | (((s0 >> k) >> 6 & 3) << 4));
+        mn = (int)(((s2 >> k) >> 4 & 0xF) | (((s1 >> k) >> 6 & 3) << 4));
+    }
+    s = h2f(h[0] & 0xFFFF) * (float)sc;
+    m = h2f(h[0] >> 16) * (float)mn;
+}
 
 template <>
 __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q8_0>(const uint8_t *b, int, unit_i8_t &u) {
@@ -469,10 +498,8 @@ __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q4_K>(const uint8_t *
     const int sh = 4 * (sub & 1);
 MLACU_UNROLL
     for (int j = 0; j < 8; j++) u.q[j] = (w[j] >> sh) & 0x0F0F0F0Fu;
-    int sc, m;
-    kscale_min(b + 4, sub, sc, m);
-    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)sc;
-    u.m[0] = u.m[1] = h2f(rd16(b + 2)) * (float)m;
+    k4_header(b, sub, u.s[0], u.m[0]);
+    u.s[1] = u.s[0], u.m[1] = u.m[0];
 }
 template <>
 __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q5_K>(const uint8_t *b, int sub, unit_i8_t &u) {
@@ -482,10 +509,8 @@ __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q5_K>(const uint8_t *
     const int sh = 4 * (sub & 1);
 MLACU_UNROLL
     for (int j = 0; j < 8; j++) u.q[j] = ((w[j] >> sh) & 0x0F0F0F0Fu) | (((h[j] >> sub) & 0x01010101u) << 4);
-    int sc, m;
-    kscale_min(b + 4, sub, sc, m);
-    u.s[0] = u.s[1] = h2f(rd16(b)) * (float)sc;
-    u.m[0] = u.m[1] = h2f(rd16(b + 2)) * (float)m;
+    k4_header(b, sub, u.s[0], u.m[0]);
+    u.s[1] = u.s[0], u.m[1] = u.m[0];
 }
 template <>
 __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q6_K>(const uint8_t *b, int sub, unit_i8_t &u) {

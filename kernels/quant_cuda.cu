@@ -625,14 +625,14 @@ static __host__ __device__ __forceinline__ size_t q8_scale_off(int64_t T, int64_
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
-/* acc[r][t] += row r (pointer p[r]) . activation row xr[t] over all units (lane-strided) */
+/* acc[r][t] += row r (pointer p[r]) . activation row xr[t] over units u0, u0 + step, ... */
 template <int TY>
 __device__ __forceinline__ void gemvq_rows(const uint8_t *const p[GQ_R], int nu, const uint4 *__restrict__ qx,
-                                           const float4 *__restrict__ sx, const int xr[GQ_T], int T, int lane,
-                                           float acc[GQ_R][GQ_T]) {
+                                           const float4 *__restrict__ sx, const int xr[GQ_T], int T, int u0,
+                                           int step, float acc[GQ_R][GQ_T]) {
     using Q = qtraits<TY>;
 #pragma unroll 2
-    for (int u = lane; u < nu; u += 32) {
+    for (int u = u0; u < nu; u += step) {
         unit_i8_t w[GQ_R];
 #pragma unroll
         for (int r = 0; r < GQ_R; r++) unit_i8<TY>(p[r] + (size_t)(u / Q::BU) * Q::BB, u % Q::BU, w[r]);
@@ -665,13 +665,17 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* wpr warps (1, 2 or 4) share a group of GQ_R rows, splitting its units, so that short rows
+ * (few units) still give every multiprocessor enough warps; partial sums meet in shared memory. */
 template <int TY>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
-                 const float4 *__restrict__ sx, int T, float *__restrict__ y) {
+                 const float4 *__restrict__ sx, int T, float *__restrict__ y, int wpr) {
+    __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * GQ_WARPS + warp) * GQ_R;
-    if (row0 >= out) return;
+    const int grp = warp / wpr, part = warp % wpr;
+    const int row0 = (blockIdx.x * (GQ_WARPS / wpr) + grp) * GQ_R;
+    if (wpr == 1 && row0 >= out) return; /* no barrier below when wpr == 1 */
     const uint8_t *p[GQ_R];
 #pragma unroll
     for (int r = 0; r < GQ_R; r++) p[r] = W + (size_t)min(row0 + r, out - 1) * rb; /* past the end: row out-1 again */
@@ -683,14 +687,27 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
         for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
-    gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, acc);
+    gemvq_rows<TY>(p, nu, qx, sx, xr, T, part * 32 + lane, 32 * wpr, acc);
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
         for (int t = 0; t < GQ_T; t++) {
             float v = warp_sum(acc[r][t]);
-            if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+            if (wpr == 1) {
+                if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+            } else if (lane == 0) {
+                red[warp][r][t] = v;
+            }
         }
+    if (wpr == 1) return;
+    __syncthreads();
+    /* lanes of the group's first warp: one (row, token) each */
+    if (part == 0 && lane < GQ_R * GQ_T) {
+        const int r = lane / GQ_T, t = lane % GQ_T;
+        float v = 0.f;
+        for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
+        if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+    }
 }
 
 /* The grouped expert version over a MoE plan's tiles (as gemv_grp_kernel): blockIdx.y walks the
@@ -730,7 +747,7 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
         for (int r = 0; r < GQ_R; r++)
 #pragma unroll
             for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
-        gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, acc);
+        gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, 32, acc);
 #pragma unroll
         for (int t = 0; t < GQ_T; t++) {
             float a0 = warp_sum(acc[0][t]), a1 = warp_sum(acc[1][t]);
@@ -752,11 +769,14 @@ static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const vo
     const int nu = (int)(in / 32);
     const uint4 *qx = (const uint4 *)q8;
     const float4 *sx = (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in));
-    unsigned grid = (unsigned)((out + GQ_WARPS * GQ_R - 1) / (GQ_WARPS * GQ_R));
+    /* warps per row group: 1 up to 4 as rows get longer (64 units a warp at least) */
+    const int wpr = nu >= 512 ? 4 : nu >= 128 ? 2 : 1;
+    const int rows_per_block = GQ_WARPS / wpr * GQ_R;
+    unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
         int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
         gemvq_kernel<TY><<<grid, GQ_WARPS * 32, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
-                                                         qx + t0 * nu * 2, sx + t0 * nu, tn, y + t0 * out);
+                                                         qx + t0 * nu * 2, sx + t0 * nu, tn, y + t0 * out, wpr);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }

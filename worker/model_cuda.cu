@@ -660,8 +660,9 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
 }
 
 /* Steps of up to this many tokens take the integer GEMV when m->q8 (it passes over W once per 8
- * tokens; beyond, the tensor-core paths). */
-#define Q8_TMAX 64
+ * tokens; beyond, the tensor-core paths). H200, Q4_K 7168 -> 2048: 202 us at T = 64 and 402 at
+ * 128 against 637 / 636 for mma3 (bench/results/gpu-h200-2026-11-29d.md). */
+#define Q8_TMAX 128
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
     if (m->q8 && T <= Q8_TMAX && mla_cuda_q8_supported(w->type)) {
