@@ -18,9 +18,11 @@ def main():
         unit = r.get('Metric Unit', 'nsecond')
         v = float(r['Metric Value'].replace(',', ''))
         v *= {'nsecond': 1e-3, 'usecond': 1.0, 'msecond': 1e3, 'second': 1e6}.get(unit, 1e-3)
-        rows.append((int(r['ID']), r['Kernel Name'].split('(')[0].split('<')[0].strip(), v))
+        name = r['Kernel Name'].replace('(anonymous namespace)::', '').replace('<unnamed>::', '').replace('void ', '')
+        name = name.split('(')[0].split('<')[0].strip() + f" {r.get('Grid Size', '')}x{r.get('Block Size', '')}"
+        rows.append((int(r['ID']), name, v))
     rows.sort()
-    starts = [i for i, (_, k, _) in enumerate(rows) if 'get_rows' in k]
+    starts = [i for i, (_, k, _) in enumerate(rows) if k.startswith('mlacu::get_rows')]
     if len(starts) < back + 1:
         sys.exit(f'ncu_step: {len(starts)} steps found in {path}, need {back + 1}')
     a, b = starts[-back - 1], starts[-back]

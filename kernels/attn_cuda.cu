@@ -784,7 +784,11 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
 
 static size_t al16(size_t b) { return (b + 255) / 256 * 256; }
 
-static int64_t moe_max_tiles(int64_t T, int64_t K, int64_t X) { return (T * K + MP_TILE - 1) / MP_TILE + X; }
+/* tiles of a plan: at most one per pair, and at most one partial tile per expert */
+static int64_t moe_max_tiles(int64_t T, int64_t K, int64_t X) {
+    int64_t b = (T * K + MP_TILE - 1) / MP_TILE + X;
+    return T * K < b ? T * K : b;
+}
 
 extern "C" size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t K, int64_t X) {
     int64_t mt = moe_max_tiles(T, K, X);

@@ -117,6 +117,10 @@ int mla_cuda_moe_route(const moe_route_params *p, const float *d_logits, const f
 /* Greedy sampling: d_ids[t] = argmax of row t of d_logits [T][n] (ties: lowest index). */
 int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids,
                     mla_cuda_stream stream, mla_err *e);
+/* The same over rows gathered from `pieces` ranks: row t is piece 0..pieces-1 of n_piece values
+ * each, piece r at d_logits + (r * T + t) * n_piece (an all-gather of vocabulary slices). */
+int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
+                           mla_cuda_stream stream, mla_err *e);
 /* Embedding gather: d_out[t][0..n) = dequantized row d_ids[t] of d_w (rows of n elements of
  * type t, as in mla_cuda_matmul). */
 int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *d_ids, int64_t T,

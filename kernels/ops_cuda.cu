@@ -84,15 +84,21 @@ struct rope_k {
 /* block = one token; threads over (vector, pair). cos/sin in double as the CPU does. */
 __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
                             int64_t pos0, const int32_t *pos) {
+    __shared__ float tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2]; /* this token's cos / sin per frequency */
     const int t = blockIdx.x, h = rk.n_dims / 2;
     const int64_t p = pos ? (int64_t)pos[t] : pos0 + t;
     float *xt = x + t * tok_stride;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+        double s, c;
+        sincos((double)p * rk.inv_freq[i], &s, &c);
+        tcs[i] = (float)(c * rk.attn_factor);
+        tsn[i] = (float)(s * rk.attn_factor);
+    }
+    __syncthreads();
     for (int64_t k = threadIdx.x; k < n_vec * h; k += blockDim.x) {
         int64_t v = k / h;
         int i = (int)(k % h);
-        double s, c;
-        sincos((double)p * rk.inv_freq[i], &s, &c);
-        float cs = (float)(c * rk.attn_factor), sn = (float)(s * rk.attn_factor);
+        const float cs = tcs[i], sn = tsn[i];
         float *yv = xt + v * stride;
         int i0 = mode == ROPE_ADJACENT ? 2 * i : i;
         int i1 = mode == ROPE_ADJACENT ? 2 * i + 1 : i + h;
@@ -216,17 +222,22 @@ __global__ void route_kernel(route_k p, const float *__restrict__ logits, const 
 }
 
 /* Greedy: one block per row, highest logit, ties to the lower index. */
-__global__ void argmax_kernel(const float *__restrict__ logits, int64_t n, int32_t *out) {
+/* Row t (blockIdx.x) of T is n_piece * pieces values: piece r at logits + (r * T + t) * n_piece
+ * (pieces = 1: rows back to back). */
+__global__ void argmax_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces, int32_t *out) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    const float *l = logits + blockIdx.x * n;
+    const int64_t T = gridDim.x;
     float v = -INFINITY;
     int idx = 0x7fffffff;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        if (l[i] > v || idx == 0x7fffffff) {
-            v = l[i];
-            idx = (int)i;
-        }
+    for (int r = 0; r < pieces; r++) {
+        const float *l = logits + ((int64_t)r * T + blockIdx.x) * n_piece;
+        for (int64_t i = threadIdx.x; i < n_piece; i += blockDim.x)
+            if (l[i] > v || idx == 0x7fffffff) {
+                v = l[i];
+                idx = (int)(r * n_piece + i);
+            }
+    }
     argmax_pair(v, idx);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
@@ -314,7 +325,16 @@ extern "C" int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int3
                                mla_err *e) {
     MLA_ASSERT(n > 0 && n < INT32_MAX);
     if (T <= 0) return MLA_OK;
-    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n, d_ids);
+    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n, 1, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
+                                      mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < INT32_MAX && T < 65536);
+    if (T <= 0) return MLA_OK;
+    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n_piece, pieces, d_ids);
+    MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
     return MLA_OK;
 }

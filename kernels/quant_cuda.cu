@@ -667,6 +667,31 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* wpr warps (1, 2 or 4) share a group of GQ_R rows, splitting its units, so that short rows
  * (few units) still give every multiprocessor enough warps; partial sums meet in shared memory. */
+/* Sums a row group's partial results over its wpr warps and stores y[t][row0 + r]. */
+__device__ __forceinline__ void gemv_group_store(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
+                                                 int part, int wpr, int row0, int out, int T, float *__restrict__ y) {
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (wpr == 1) {
+                if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+            } else if (lane == 0) {
+                red[warp][r][t] = v;
+            }
+        }
+    if (wpr == 1) return;
+    __syncthreads();
+    /* lanes of the group's first warp: one (row, token) each */
+    if (part == 0 && lane < GQ_R * GQ_T) {
+        const int r = lane / GQ_T, t = lane % GQ_T;
+        float v = 0.f;
+        for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
+        if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
+    }
+}
+
 template <int TY>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
@@ -688,26 +713,75 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
     gemvq_rows<TY>(p, nu, qx, sx, xr, T, part * 32 + lane, 32 * wpr, acc);
+    gemv_group_store(acc, red, warp, lane, part, wpr, row0, out, T, y);
+}
+
+/* The float-weight GEMV (F32 / F16 / BF16: routers, bf16 files) in the same layout as
+ * gemvq_kernel: lanes over 32-element units read W with 16-byte loads straight to registers and
+ * dot them with fp32 x (L1-cached), wpr warps per group of GQ_R rows. */
+template <int TY> __device__ __forceinline__ void unit_f32(const uint8_t *b, float *v) {
+    if (TY == GGML_TYPE_F32) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 f = __ldg((const float4 *)b + i);
+            v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 q = __ldg((const uint4 *)b + i);
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (TY == GGML_TYPE_BF16) {
+                    v[8 * i + 2 * k] = bits_f32(w[k] << 16);
+                    v[8 * i + 2 * k + 1] = bits_f32(w[k] & 0xFFFF0000u);
+                } else {
+                    v[8 * i + 2 * k] = h2f(w[k] & 0xFFFF);
+                    v[8 * i + 2 * k + 1] = h2f(w[k] >> 16);
+                }
+            }
+        }
+    }
+}
+
+template <int TY>
+__global__ void __launch_bounds__(GQ_WARPS * 32)
+    gemvf_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const float *__restrict__ x, int T,
+                 float *__restrict__ y, int wpr) {
+    __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = warp / wpr, part = warp % wpr;
+    const int row0 = (blockIdx.x * (GQ_WARPS / wpr) + grp) * GQ_R;
+    if (wpr == 1 && row0 >= out) return;
+    const uint8_t *p[GQ_R];
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++) p[r] = W + (size_t)min(row0 + r, out - 1) * rb;
+    float acc[GQ_R][GQ_T];
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
+        for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
+    const int in = nu * 32;
+    for (int u = part * 32 + lane; u < nu; u += 32 * wpr) {
+        float v[GQ_R][32];
+#pragma unroll
+        for (int r = 0; r < GQ_R; r++) unit_f32<TY>(p[r] + (size_t)u * qtraits<TY>::BB, v[r]);
+#pragma unroll
         for (int t = 0; t < GQ_T; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (wpr == 1) {
-                if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
-            } else if (lane == 0) {
-                red[warp][r][t] = v;
+            if (t >= T) break;
+            const float4 *xp = (const float4 *)(x + (size_t)t * in + (size_t)u * 32);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float4 xv = __ldg(xp + i);
+#pragma unroll
+                for (int r = 0; r < GQ_R; r++)
+                    acc[r][t] += v[r][4 * i] * xv.x + v[r][4 * i + 1] * xv.y + v[r][4 * i + 2] * xv.z +
+                                 v[r][4 * i + 3] * xv.w;
             }
         }
-    if (wpr == 1) return;
-    __syncthreads();
-    /* lanes of the group's first warp: one (row, token) each */
-    if (part == 0 && lane < GQ_R * GQ_T) {
-        const int r = lane / GQ_T, t = lane % GQ_T;
-        float v = 0.f;
-        for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
-        if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
     }
+    gemv_group_store(acc, red, warp, lane, part, wpr, row0, out, T, y);
 }
 
 /* The grouped expert version over a MoE plan's tiles (as gemv_grp_kernel): blockIdx.y walks the
@@ -763,14 +837,32 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
     }
 }
 
+/* warps per row group: 1 up to 4 as rows get longer (64 units a warp at least) */
+static int gemv_wpr(int nu) { return nu >= 512 ? 4 : nu >= 128 ? 2 : 1; }
+
+template <int TY>
+static cudaError_t launch_gemvf(const void *w, int64_t in, int64_t out, const float *x, int64_t T, float *y,
+                                cudaStream_t s) {
+    const int nu = (int)(in / 32), wpr = gemv_wpr(nu);
+    const int rows_per_block = GQ_WARPS / wpr * GQ_R;
+    unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
+    for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
+        int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
+        gemvf_kernel<TY><<<grid, GQ_WARPS * 32, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
+                                                         x + t0 * in, tn, y + t0 * out, wpr);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
 template <int TY>
 static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const void *q8, int64_t T, float *y,
                                 cudaStream_t s) {
     const int nu = (int)(in / 32);
     const uint4 *qx = (const uint4 *)q8;
     const float4 *sx = (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in));
-    /* warps per row group: 1 up to 4 as rows get longer (64 units a warp at least) */
-    const int wpr = nu >= 512 ? 4 : nu >= 128 ? 2 : 1;
+    const int wpr = gemv_wpr(nu);
     const int rows_per_block = GQ_WARPS / wpr * GQ_R;
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
@@ -953,7 +1045,9 @@ static int gemv_any(uint32_t t, const void *d_w, int64_t in, int64_t out, const 
     switch (t) {
 #define MLACU_CASE(T_)                                                                                              \
     case T_:                                                                                                        \
-        err = launch_gemv<T_>(d_w, in, out, d_x, T, d_y, stream, warp_variant);                                     \
+        err = !warp_variant && !i8traits<T_>::OK && ((uintptr_t)d_x & 15) == 0                                     \
+                  ? launch_gemvf<(i8traits<T_>::OK ? GGML_TYPE_F32 : T_)>(d_w, in, out, d_x, T, d_y, stream)       \
+                  : launch_gemv<T_>(d_w, in, out, d_x, T, d_y, stream, warp_variant);                              \
         break;
         MLACU_FOR_TYPES(MLACU_CASE)
 #undef MLACU_CASE

@@ -61,14 +61,15 @@ else
 fi
 # 4. where a decode step's time goes: Nsight Compute's duration of every kernel of mla-e2e on the
 # same model (an 8-token prompt, 3 greedy tokens, graphs off so that kernels run one by one),
-# summed by kernel over the last complete decode step (bench/ncu_step.py); with the integer GEMV
+# summed by kernel over the last complete decode step (bench/ncu_step.py; caches left warm between
+# kernels, as in a real step); with the integer GEMV
 # (MLA_CUDA_Q8=1) and with the fp32 one (=0). NCU_SOL=1 adds the speed-of-light section of the
 # first decode kernels.
 if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}" = 1 ]; then
   echo "11 22 33 44 55 66 77 88" >"$W/tok.txt"
   e2e=(build-gpu-carried/mla-e2e logits -m "$M" --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 3 --ids-out "$W/ids.txt")
   for q in ${NCU_Q8:-1 0}; do
-    MLA_CUDA_Q8=$q MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-100}" ncu --clock-control none --csv \
+    MLA_CUDA_Q8=$q MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-100}" ncu --clock-control none --cache-control none --csv \
       --metrics gpu__time_duration.sum "${e2e[@]}" >"$OUT/ncu-step-q8$q.csv" 2>"$OUT/ncu-step-q8$q.err" ||
       echo "ncu (MLA_CUDA_Q8=$q): exit status $?"
     echo "decode step by kernel, MLA_CUDA_Q8=$q:"

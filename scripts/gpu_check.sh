@@ -109,12 +109,15 @@ if [ "$e2e" = 1 ]; then
   e2e_run "ds3 q8_0 TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2
   e2e_run "ds3 q4_k_m TP1 vs HF + llama.cpp" "" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5
   # the integer GEMV (int8 activations, dp4a) on the quantized files (greedy ids are not HF's
-  # there: decode steps are checked as incremental == one pass, in graphs), TP 2 grouped experts
+  # there: decode steps are checked as incremental == one pass, in graphs), TP 2 grouped experts.
+  # Incremental and TP 2 are held to 1e-2, not 1e-4: a last-bit difference upstream (another
+  # summation order) can move an activation across a rounding boundary of its 8-bit grid, a step
+  # of ~0.4% of its block's largest value, which the following layers carry (seen: 2.8e-3).
   q8c=(--hf-argmax 0.95 --hf-dlogp 1.5 --llamacpp "$ds/llamacpp_logits-q4_k_m.f32" --lc-dlogp 0.5)
-  e2e_run "ds3 q8_0 TP1 integer GEMV (MLA_CUDA_Q8=1) vs HF + llama.cpp, incr (graphs)" "MLA_CUDA_Q8=1 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2 --incremental 4 --inc-rtol 1e-4
-  e2e_run "ds3 q4_k_m TP1 integer GEMV (MLA_CUDA_Q8=1) vs HF + llama.cpp, incr (graphs)" "MLA_CUDA_Q8=1 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" "${q8c[@]}" --incremental 4 --inc-rtol 1e-4
+  e2e_run "ds3 q8_0 TP1 integer GEMV (MLA_CUDA_Q8=1) vs HF + llama.cpp, incr (graphs)" "MLA_CUDA_Q8=1 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2 --incremental 4 --inc-rtol 1e-2
+  e2e_run "ds3 q4_k_m TP1 integer GEMV (MLA_CUDA_Q8=1) vs HF + llama.cpp, incr (graphs)" "MLA_CUDA_Q8=1 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" "${q8c[@]}" --incremental 4 --inc-rtol 1e-2
   e2e_run "ds3 q4_k_m TP1 split prefill + integer GEMV (MLA_E2E_FAST=split) vs HF + llama.cpp" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" "${q8c[@]}"
-  e2e_run "ds3 q4_k_m TP2 integer GEMV == TP1 vs HF + llama.cpp" "MLA_CUDA_Q8=1" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --tp 2 --tp-rtol 1e-4 "${q8c[@]}"
+  e2e_run "ds3 q4_k_m TP2 integer GEMV == TP1 vs HF + llama.cpp" "MLA_CUDA_Q8=1" --fixture "$ds" --model "$ds/tiny-deepseek3-q4_k_m.gguf" --tp 2 --tp-rtol 1e-2 "${q8c[@]}"
   e2e_run "ds3 bf16 TP2 vs HF + greedy (host collective: batched, eager)" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "ds3 bf16 TP2 --batch greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "glm5 bf16 TP4 == TP1 + incr" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --tp 4 --tp-rtol 1e-4 --incremental 30 --inc-rtol 1e-4

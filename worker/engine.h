@@ -14,6 +14,7 @@
 #ifndef ENGINE_H
 #define ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,13 @@ typedef struct engine_ops {
      * rank calls it with the same arguments. */
     int (*bench_fill)(engine *e, uint64_t seq_id, uint32_t n_past, mla_err *err);
     int (*bench_coll)(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err);
+    /* Optional (NULL: every row is sampled on the host): step() where the engine may also take
+     * the greedy token of sequence i itself when greedy[i] is set (the worker sets it for greedy
+     * sampling with no penalties, no logprobs and no logits returned): tokens[i] = the argmax of
+     * the row, lowest id on ties, and logits[i] is then left unwritten; tokens[i] = -1 for the
+     * rows it did not take, whose logits it wrote as step() does. */
+    int (*step_greedy)(engine *e, const wire_step_plan *plan, float *const *logits, const bool *greedy,
+                       int32_t *tokens, mla_err *err);
 } engine_ops;
 
 /* rows of logits step() writes for sequence s */

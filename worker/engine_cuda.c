@@ -147,17 +147,25 @@ static mla_cstate *get_state(engine *e, uint64_t id, mla_err *err) {
 
 /* Sequences with several new tokens (prompts) run one by one; the single-token ones (decode)
  * run together as one batched step (mla_cmodel_decode), unless MLA_CUDA_BATCHED=0. */
-static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
+                          mla_err *err) {
     mla_cstate **bst = NULL;
-    int32_t *btok = NULL;
+    int32_t *btok = NULL, *bids = NULL;
+    uint32_t *bseq = NULL;
     float **blog = NULL;
     uint32_t nb = 0;
     int rc = MLA_OK;
+    /* greedy rows of the batched decode take their token from the device (engine.h step_greedy) */
+    const bool dev_greedy = greedy && mla_cmodel_device_argmax(e->m);
+    bool any_greedy = false;
     if (mla_cmodel_batched(e->m) && p->n_seqs > 0) {
         bst = mla_xmalloc(p->n_seqs * sizeof *bst);
         btok = mla_xmalloc(p->n_seqs * sizeof *btok);
         blog = mla_xmalloc(p->n_seqs * sizeof *blog);
+        bids = mla_xmalloc(p->n_seqs * sizeof *bids);
+        bseq = mla_xmalloc(p->n_seqs * sizeof *bseq);
     }
+    for (uint32_t i = 0; tokens && i < p->n_seqs; i++) tokens[i] = -1;
     for (uint32_t i = 0; i < p->n_seqs && rc == MLA_OK; i++) {
         const wire_seq *s = &p->seqs[i];
         mla_cstate *st = get_state(e, s->seq_id, err);
@@ -179,20 +187,32 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
         }
         int mode = s->sp.logits == WIRE_LOGITS_ALL ? 2 : (s->sample || s->sp.logits == WIRE_LOGITS_LAST) ? 1 : 0;
         if (bst && s->n_tokens == 1) {
+            const bool g = dev_greedy && greedy[i];
+            any_greedy |= g;
             bst[nb] = st;
             btok[nb] = s->tokens[0];
-            blog[nb++] = mode ? logits[i] : NULL;
+            bseq[nb] = i;
+            blog[nb++] = mode && !g ? logits[i] : NULL;
             continue;
         }
         if (mla_cmodel_forward(e->m, st, s->tokens, s->n_tokens, pos0, mode, logits[i], err))
             rc = mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
     }
-    if (rc == MLA_OK && nb > 0 && mla_cmodel_decode(e->m, bst, btok, nb, blog, err))
+    if (rc == MLA_OK && nb > 0 &&
+        mla_cmodel_decode_greedy(e->m, bst, btok, nb, blog, any_greedy ? bids : NULL, err))
         rc = mla_err_prefix(err, "decode step of %u sequences", nb);
+    for (uint32_t b = 0; rc == MLA_OK && any_greedy && b < nb; b++)
+        if (greedy[bseq[b]]) tokens[bseq[b]] = bids[b];
     free(bst);
     free(btok);
     free(blog);
+    free(bids);
+    free(bseq);
     return rc;
+}
+
+static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+    return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
 static int cu_bench_fill(engine *e, uint64_t id, uint32_t n_past, mla_err *err) {
@@ -228,7 +248,7 @@ static void cu_destroy(engine *e) {
 }
 
 const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy,
-                                   cu_bench_fill, cu_bench_coll};
+                                   cu_bench_fill, cu_bench_coll, cu_step_greedy};
 
 #else /* no CUDA in this build */
 
@@ -253,6 +273,6 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
 const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
-                                   NULL, NULL};
+                                   NULL, NULL, NULL};
 
 #endif

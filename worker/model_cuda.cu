@@ -102,6 +102,7 @@ struct mla_cmodel {
     float *hbuf2;
     float *dgbuf;  /* device gather buffer (hbuf_floats) when coll_dev */
     int32_t *htok;
+    int32_t *dids, *hids; /* [cap_T] greedy ids of a decode step (mla_cmodel_decode_greedy) */
     /* the step block holds everything a step of T tokens changes (step_layout), so that a
      * captured graph replays with new data; uploaded with one copy from its pinned mirror */
     uint8_t *dstep, *hstep;
@@ -442,12 +443,14 @@ static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf};
+                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->dids};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
     if (m->hbuf2) cudaFreeHost(m->hbuf2);
     if (m->htok) cudaFreeHost(m->htok);
+    if (m->hids) cudaFreeHost(m->hids);
+    m->dids = m->hids = nullptr;
     if (m->hstep) cudaFreeHost(m->hstep);
     m->dstep = m->hstep = nullptr;
     m->kvn = m->ikn = nullptr;
@@ -647,6 +650,8 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
     if (m->coll_dev) CU(cudaMalloc((void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
     CU(cudaMallocHost((void **)&m->htok, (size_t)T * 4), "pinned staging");
+    CU(cudaMallocHost((void **)&m->hids, (size_t)T * 4), "pinned staging");
+    CU(cudaMalloc((void **)&m->dids, (size_t)T * 4), "greedy ids");
     A(m->kvn, T * row);
     A(m->ikn, T * (c->idx_head_dim > 0 ? c->idx_head_dim : 1));
 #undef A
@@ -665,7 +670,8 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
 #define Q8_TMAX 128
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
-    if (m->q8 && T <= Q8_TMAX && mla_cuda_q8_supported(w->type)) {
+    /* exact mode has no tensor-core path to hand large steps to: the integer GEMV takes them all */
+    if (m->q8 && (T <= Q8_TMAX || m->exact) && mla_cuda_q8_supported(w->type)) {
         TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
         return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
     }
@@ -984,8 +990,15 @@ static void step_set(mla_cmodel *m, int64_t T, int64_t t, int32_t tok, int64_t p
     ((float ***)(m->hstep + so.tabs))[t] = s->tab_d;
 }
 
+extern "C" bool mla_cmodel_device_argmax(const mla_cmodel *m) { return !m->legacy && (!m->out_split || m->coll_dev); }
+
 extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                  float *const *logits, mla_err *err) {
+    return mla_cmodel_decode_greedy(m, states, tokens, B, logits, NULL, err);
+}
+
+extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                        float *const *logits, int32_t *ids, mla_err *err) {
     const mla_config *c = &m->cfg;
     if (B <= 0) return mla_errf(err, "no sequences to decode");
     if (B > 65535) return mla_errf(err, "a decode step of %lld sequences exceeds 65535", (long long)B);
@@ -1003,6 +1016,7 @@ extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const
             if (states[b2] == s) return mla_errf(err, "sequence %lld appears twice in one decode step", (long long)b);
         if (s->n_ctx > max_keys) max_keys = s->n_ctx;
     }
+    MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
     if (m->legacy) { /* one sequence at a time */
         for (int64_t b = 0; b < B; b++) {
             mla_cstate *s = states[b];
@@ -1020,7 +1034,17 @@ extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const
     CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     TRY(decode_run(m, B, max_keys, err));
     for (int64_t b = 0; b < B; b++) states[b]->n_past++;
-    return logits ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err);
+    if (ids) { /* the greedy tokens from the device: B ints instead of B rows of logits */
+        const int64_t V = c->n_vocab;
+        if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
+        else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
+        CU(cudaMemcpyAsync(m->hids, m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st), "greedy ids copy");
+    }
+    bool any = false;
+    for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
+    TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
+    if (ids) memcpy(ids, m->hids, (size_t)B * 4);
+    return MLA_OK;
 }
 
 extern "C" bool mla_cmodel_batched(const mla_cmodel *m) { return m->batched; }

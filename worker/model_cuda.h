@@ -78,6 +78,14 @@ int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int6
  * MLA_CUDA_BATCHED=0. */
 int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                       float *const *logits, mla_err *err);
+/* mla_cmodel_decode that also returns each row's greedy token, the argmax of its logits (lowest id
+ * on ties) computed on the device: ids[b] for b < B (ids NULL: none). Rows whose logits[b] is NULL
+ * are then never copied to the host. Needs mla_cmodel_device_argmax(m): not in the legacy path,
+ * and with the vocabulary split over ranks only where the logits are gathered on the device
+ * (NCCL). */
+int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                             float *const *logits, int32_t *ids, mla_err *err);
+bool mla_cmodel_device_argmax(const mla_cmodel *m);
 /* cache blocks handed to sequences and allocated in all */
 void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */

@@ -95,7 +95,23 @@ typedef struct wk {
     pthread_cond_t id_cv;
     uint8_t nccl_id[WIRE_MAX_NCCL_ID];
     int id_known, id_quit;
+    /* the compute thread's logits rows, kept from step to step (a fresh half-megabyte row per
+     * sequence and step cost page faults), and its per-sequence greedy flags and tokens */
+    float *rows_buf;
+    size_t rows_cap;
+    bool *greedy;
+    int32_t *gtok;
+    uint32_t flags_cap;
 } wk;
+
+/* A row the engine may sample itself (engine_ops.step_greedy): greedy, nothing the host sampler
+ * adds (penalties, logprobs), no logits returned. */
+static bool greedy_on_device(const wire_seq *s) {
+    const wire_sampling *sp = &s->sp;
+    return s->sample && (sp->temperature == 0 || sp->top_k == 1) && sp->repetition_penalty == 1.0f &&
+           sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !sp->logprobs && sp->top_logprobs == 0 &&
+           sp->logits == WIRE_LOGITS_NONE;
+}
 
 static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
     uint8_t *buf;
@@ -173,10 +189,28 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
     if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
     float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
-    for (uint32_t i = 0; i < p->n_seqs; i++)
-        rows[i] = mla_xmalloc((size_t)engine_logit_rows(&p->seqs[i]) * V * sizeof(float));
+    size_t need = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) need += (size_t)engine_logit_rows(&p->seqs[i]) * V;
+    if (need > w->rows_cap) {
+        free(w->rows_buf);
+        w->rows_cap = need + need / 4;
+        w->rows_buf = mla_xmalloc(w->rows_cap * sizeof(float));
+    }
+    if (p->n_seqs > w->flags_cap) {
+        w->flags_cap = p->n_seqs * 2;
+        w->greedy = mla_xrealloc(w->greedy, w->flags_cap * sizeof *w->greedy);
+        w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
+    }
+    for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
+        rows[i] = w->rows_buf + (size_t)off * V;
+        off += engine_logit_rows(&p->seqs[i]);
+        w->greedy[i] = greedy_on_device(&p->seqs[i]);
+        w->gtok[i] = -1;
+    }
     mla_err err;
-    int rc = w->cfg->engine->step(eng, p, (float *const *)rows, &err);
+    const engine_ops *ops = w->cfg->engine;
+    int rc = ops->step_greedy ? ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, &err)
+                              : ops->step(eng, p, (float *const *)rows, &err);
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {
@@ -200,7 +234,11 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
             const float *last = rows[i] + (size_t)(nrow - 1) * V;
             sr[i].seq_id = s->seq_id;
             sr[i].token = -1;
-            if (s->sample) {
+            if (s->sample && w->gtok[i] >= 0) { /* taken on the device: greedy, no logprobs */
+                sr[i].token = w->gtok[i];
+                sr[i].logprob = 0;
+                sr[i].n_top = 0;
+            } else if (s->sample) {
                 sample_out so;
                 sampler_sample(smp, last, &s->sp, h->tok, h->n,
                                (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
@@ -231,7 +269,6 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         }
         free(sr);
     }
-    for (uint32_t i = 0; i < p->n_seqs; i++) free(rows[i]);
     free(rows);
 }
 
@@ -697,6 +734,9 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     zmq_close(dealer);
     zmq_ctx_term(w.zctx);
     coll_free(w.coll);
+    free(w.rows_buf);
+    free(w.greedy);
+    free(w.gtok);
     pthread_cond_destroy(&w.id_cv);
     pthread_mutex_destroy(&w.id_mu);
     return rc;

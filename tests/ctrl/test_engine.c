@@ -116,7 +116,9 @@ static tseq *get_seq(engine *e, uint64_t id) {
     return &e->seqs[e->n++];
 }
 
-static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+/* step and step_greedy (engine.h); greedy/tokens NULL: step */
+static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
+                          mla_err *err) {
     if (e->delay_ms > 0) usleep((useconds_t)e->delay_ms * 1000);
     size_t total = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) total += engine_logit_rows(&p->seqs[i]);
@@ -143,11 +145,24 @@ static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     row = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         uint32_t nr = engine_logit_rows(&p->seqs[i]);
-        memcpy(logits[i], buf + row * TEST_VOCAB, (size_t)nr * TEST_VOCAB * sizeof(float));
+        const float *r = buf + row * TEST_VOCAB;
         row += nr;
+        if (greedy && greedy[i]) { /* like the CUDA engine: the token, and the row left unwritten */
+            int best = 0;
+            for (int v = 1; v < TEST_VOCAB; v++)
+                if (r[v] > r[best]) best = v;
+            tokens[i] = best;
+            continue;
+        }
+        if (tokens) tokens[i] = -1;
+        memcpy(logits[i], r, (size_t)nr * TEST_VOCAB * sizeof(float));
     }
     free(buf);
     return MLA_OK;
+}
+
+static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+    return te_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
 static void te_free_seq(engine *e, uint64_t id) {
@@ -165,4 +180,4 @@ static void te_destroy(engine *e) {
 }
 
 const engine_ops test_engine_ops = {"test", test_engine_file_hash, te_load, te_vocab, te_step,
-                                    te_free_seq, te_destroy, NULL, NULL};
+                                    te_free_seq, te_destroy, NULL, NULL, te_step_greedy};
