@@ -92,6 +92,10 @@ size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
                        float *d_y, mla_cuda_stream stream, mla_err *e);
+/* The same product on the tensor cores (int8 mma, 64 tokens x 64 rows a block): for prefill and
+ * large batches, where the GEMV's passes over W (one per 8 tokens) cost more. */
+int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
+                           float *d_y, mla_cuda_stream stream, mla_err *e);
 
 /* ---- element-wise and per-row ops (same meaning as the CPU op named) ---- */
 /* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */

@@ -380,6 +380,13 @@ struct unit_i8_t {
 template <int T> struct i8traits {
     static constexpr bool OK = true;
 };
+/* SCALES2: the two halves of a unit can have different scales (else s[0] == s[1]); MIN: the
+ * offsets m can be non-zero (else m[0] == m[1] == 0). The tensor-core kernel uses both. */
+template <int T> __host__ __device__ constexpr bool i8_scales2() {
+    return T == GGML_TYPE_Q6_K || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_IQ2_XS ||
+           T == GGML_TYPE_IQ2_S || T == GGML_TYPE_IQ1_M;
+}
+template <int T> __host__ __device__ constexpr bool i8_min() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q2_K; }
 template <> struct i8traits<GGML_TYPE_F32> { static constexpr bool OK = false; };
 template <> struct i8traits<GGML_TYPE_F16> { static constexpr bool OK = false; };
 template <> struct i8traits<GGML_TYPE_BF16> { static constexpr bool OK = false; };

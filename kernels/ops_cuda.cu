@@ -37,10 +37,13 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
     float ss = 0.f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
+#pragma unroll 8
+    for (int i = threadIdx.x; i < (int)n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+#pragma unroll 8
+    for (int i = threadIdx.x; i < (int)n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
 __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
@@ -95,9 +98,9 @@ __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_
         tsn[i] = (float)(s * rk.attn_factor);
     }
     __syncthreads();
-    for (int64_t k = threadIdx.x; k < n_vec * h; k += blockDim.x) {
-        int64_t v = k / h;
-        int i = (int)(k % h);
+#pragma unroll 4
+    for (int k = threadIdx.x; k < (int)(n_vec * h); k += blockDim.x) {
+        const int v = k / h, i = k % h;
         const float cs = tcs[i], sn = tsn[i];
         float *yv = xt + v * stride;
         int i0 = mode == ROPE_ADJACENT ? 2 * i : i;
@@ -265,7 +268,8 @@ extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_
                                 float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
-    rmsnorm_kernel<<<(unsigned)T, 256, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
+    MLA_ASSERT(n < INT32_MAX);
+    rmsnorm_kernel<<<(unsigned)T, 512, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
@@ -304,7 +308,9 @@ extern "C" int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t 
     rk.n_dims = t->n_dims;
     rk.attn_factor = t->attn_factor;
     for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
-    rope_kernel<<<(unsigned)T, 128, 0, stream>>>(rk, mode, d_x, n_vec, stride, tok_stride, pos0, d_pos);
+    MLA_ASSERT(n_vec * t->n_dims < INT32_MAX);
+    rope_kernel<<<(unsigned)T, n_vec * t->n_dims / 2 >= 1024 ? 512 : 128, 0, stream>>>(rk, mode, d_x, n_vec, stride,
+                                                                                     tok_stride, pos0, d_pos);
     MLACU_CHECK(cudaGetLastError(), e, "rope T=%lld n_vec=%lld", (long long)T, (long long)n_vec);
     return MLA_OK;
 }

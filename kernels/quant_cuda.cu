@@ -889,6 +889,154 @@ static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, i
     return cudaGetLastError();
 }
 
+/* ---------------------------------------------------------------- integer tensor cores */
+/* Prefill and large batches with q8 activations: mma.sync m16n8k16 s8 x s8 -> s32. A block owns
+ * 64 tokens x 64 output rows (4 warps of 32 x 32), walks K IM_KU units (of 32) per stage: the
+ * tokens' q8 blocks are copied to shared memory, each weight unit is put in its integer form
+ * (unit_i8: any quantized type) by one thread, and every unit's two k16 halves go through the
+ * tensor cores; the int32 result of a unit (or of each half, for types with two scales per unit)
+ * is scaled into fp32 accumulators: y += d_x * s_w * (q_x . q_w) - m_w * (d_x * sum q_x). Rows of
+ * 48 bytes in shared memory: the fragment loads of a warp hit 32 distinct banks. */
+constexpr int IM_BM = 64, IM_BN = 64, IM_KU = 4, IM_LD = 48;
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+}
+
+template <int TY>
+__global__ void __launch_bounds__(128)
+    mmaq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
+                const float4 *__restrict__ sx, int T, float *__restrict__ y) {
+    using Q = qtraits<TY>;
+    __shared__ __align__(16) uint8_t As[IM_KU][IM_BM][IM_LD];
+    __shared__ __align__(16) uint8_t Bs[IM_KU][IM_BN][IM_LD];
+    __shared__ float4 Asc[IM_KU][IM_BM]; /* d, d * sum q[0:16], d * sum q[16:32] */
+    __shared__ float4 Bsc[IM_KU][IM_BN]; /* s0, s1, m0, m1 */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const int wm = warp >> 1, wn = warp & 1;
+    const int t0 = blockIdx.y * IM_BM, r0 = blockIdx.x * IM_BN;
+    float acc[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[a][b][i] = 0.f;
+    for (int u0 = 0; u0 < nu; u0 += IM_KU) {
+        __syncthreads();
+        for (int i = tid; i < IM_KU * IM_BM * 2; i += 128) {
+            const int uu = i / (IM_BM * 2), tok = (i >> 1) % IM_BM, half = i & 1;
+            const int u = u0 + uu, t = t0 + tok;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (u < nu && t < T) v = __ldg(qx + ((size_t)t * nu + u) * 2 + half);
+            *(uint4 *)&As[uu][tok][16 * half] = v;
+        }
+        for (int i = tid; i < IM_KU * IM_BM; i += 128) {
+            const int uu = i / IM_BM, tok = i % IM_BM, u = u0 + uu, t = t0 + tok;
+            Asc[uu][tok] = u < nu && t < T ? __ldg(sx + (size_t)t * nu + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int i = tid; i < IM_KU * IM_BN; i += 128) {
+            const int uu = i / IM_BN, row = i % IM_BN, u = u0 + uu;
+            unit_i8_t w;
+            if (u < nu) {
+                unit_i8<TY>(W + (size_t)min(r0 + row, out - 1) * rb + (size_t)(u / Q::BU) * Q::BB, u % Q::BU, w);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) w.q[j] = 0;
+                w.s[0] = w.s[1] = w.m[0] = w.m[1] = 0.f;
+            }
+            uint4 *d = (uint4 *)&Bs[uu][row][0];
+            d[0] = make_uint4(w.q[0], w.q[1], w.q[2], w.q[3]);
+            d[1] = make_uint4(w.q[4], w.q[5], w.q[6], w.q[7]);
+            Bsc[uu][row] = make_float4(w.s[0], w.s[1], w.m[0], w.m[1]);
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int uu = 0; uu < IM_KU && u0 + uu < nu; uu++) {
+            float da[2][2];
+            float4 sb[4][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int k = 0; k < 2; k++) da[mt][k] = Asc[uu][wm * 32 + mt * 16 + g + 8 * k].x;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int k = 0; k < 2; k++) sb[nt][k] = Bsc[uu][wn * 32 + nt * 8 + tg * 2 + k];
+            int c[2][4][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (h == 0 || i8_scales2<TY>()) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) c[mt][nt][i] = 0;
+                }
+                uint32_t a[2][2], b[4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const int tok = wm * 32 + mt * 16 + g;
+                    a[mt][0] = *(const uint32_t *)&As[uu][tok][16 * h + 4 * tg];
+                    a[mt][1] = *(const uint32_t *)&As[uu][tok + 8][16 * h + 4 * tg];
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) b[nt] = *(const uint32_t *)&Bs[uu][wn * 32 + nt * 8 + g][16 * h + 4 * tg];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) mma_s8(c[mt][nt], a[mt][0], a[mt][1], b[nt]);
+                if (h == 1 || i8_scales2<TY>()) { /* scale this half (or the whole unit) */
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const float sw = h == 0 ? sb[nt][i & 1].x : sb[nt][i & 1].y;
+                                acc[mt][nt][i] += (float)c[mt][nt][i] * (da[mt][i >> 1] * sw);
+                            }
+                }
+            }
+            if (i8_min<TY>()) {
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const float4 xa = Asc[uu][wm * 32 + mt * 16 + g + 8 * k];
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                            for (int j = 0; j < 2; j++)
+                                acc[mt][nt][2 * k + j] -= sb[nt][j].z * xa.y + sb[nt][j].w * xa.z;
+                    }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int t = t0 + wm * 32 + mt * 16 + g + 8 * (i >> 1), o = r0 + wn * 32 + nt * 8 + tg * 2 + (i & 1);
+                if (t < T && o < out) y[(size_t)t * out + o] = acc[mt][nt][i];
+            }
+}
+
+template <int TY>
+static cudaError_t launch_mmaq(const void *w, int64_t in, int64_t out, const void *q8, int64_t T, float *y,
+                               cudaStream_t s) {
+    const int nu = (int)(in / 32);
+    dim3 grid((unsigned)((out + IM_BN - 1) / IM_BN), (unsigned)((T + IM_BM - 1) / IM_BM));
+    mmaq_kernel<TY><<<grid, 128, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out, (const uint4 *)q8,
+                                         (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in)), (int)T, y);
+    return cudaGetLastError();
+}
+
 /* ---------------------------------------------------------------- host dispatch */
 
 template <int TY> static cudaError_t launch_dequant(const void *src, float *dst, int64_t n, cudaStream_t s) {
@@ -1203,5 +1351,24 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
 #undef MLACU_CASE
     }
     MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
+                                      float *d_y, mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, in, out, T);
+    MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0 && T < 65535 * (int64_t)IM_BM);
+    if (T == 0) return MLA_OK;
+    cudaError_t err = cudaErrorInvalidValue;
+    switch (t) {
+#define MLACU_CASE(T_)                                                                                              \
+    case T_:                                                                                                        \
+        if (i8traits<T_>::OK) err = launch_mmaq<(i8traits<T_>::OK ? T_ : GGML_TYPE_Q8_0)>(d_w, in, out, d_q8, T, d_y, \
+                                                                                          (cudaStream_t)stream);    \
+        break;
+        MLACU_FOR_TYPES(MLACU_CASE)
+#undef MLACU_CASE
+    }
+    MLACU_CHECK(err, e, "mma q8 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
     return MLA_OK;
 }

@@ -75,7 +75,7 @@ struct mla_cmodel {
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
-    bool q8;       /* the integer GEMV (int8 activations, dp4a) for quantized weights, steps <= Q8_TMAX tokens */
+    bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
     int64_t h0, h1, Hl;
@@ -664,16 +664,16 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     return MLA_OK;
 }
 
-/* Steps of up to this many tokens take the integer GEMV when m->q8 (it passes over W once per 8
- * tokens; beyond, the tensor-core paths). H200, Q4_K 7168 -> 2048: 202 us at T = 64 and 402 at
- * 128 against 637 / 636 for mma3 (bench/results/gpu-h200-2026-11-29d.md). */
-#define Q8_TMAX 128
+/* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
+ * passes over W once per 8 tokens), the int8 tensor cores above. */
+#define Q8_TMAX 32
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
-    /* exact mode has no tensor-core path to hand large steps to: the integer GEMV takes them all */
-    if (m->q8 && (T <= Q8_TMAX || m->exact) && mla_cuda_q8_supported(w->type)) {
+    if (m->q8 && mla_cuda_q8_supported(w->type)) {
         TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
-        return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+        if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
+            return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+        return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
     }
     if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);

@@ -167,7 +167,7 @@ static void check_dequant(uint32_t t, int64_t n) {
     CK(cudaFree(dy));
 }
 
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8 };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA };
 
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
@@ -183,12 +183,12 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
     float *dx = (float *)dup(x.data(), T * in * 4);
     float *dy = (float *)dmalloc(T * out * 4);
-    void *dq = path == MM_Q8 ? dmalloc(mla_cuda_q8_bytes(T, in)) : NULL;
+    void *dq = path == MM_Q8 || path == MM_Q8MMA ? dmalloc(mla_cuda_q8_bytes(T, in)) : NULL;
     auto run = [&](int i) {
         void *wi = dw[i % ncopy];
-        if (path == MM_Q8) { /* timed with the quantization of x: what a step pays */
+        if (path == MM_Q8 || path == MM_Q8MMA) { /* timed with the quantization of x: what a step pays */
             OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
-            OK(mla_cuda_matmul_q8(t, wi, in, out, dq, T, dy, 0, E));
+            OK((path == MM_Q8 ? mla_cuda_matmul_q8 : mla_cuda_matmul_q8_mma)(t, wi, in, out, dq, T, dy, 0, E));
         } else if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
@@ -202,7 +202,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     down(y.data(), dy, T * out * 4);
     bool finite = all_finite(y.data(), y.size());
     /* reference on sampled rows (all rows when small); for the integer GEMV, of x as it quantizes it */
-    if (path == MM_Q8) gr_q8_round(x.data(), x.data(), T * in);
+    if (path == MM_Q8 || path == MM_Q8MMA) gr_q8_round(x.data(), x.data(), T * in);
     int64_t nsamp = std::min<int64_t>(out, T > 64 ? 48 : 256);
     std::vector<float> deq(in), got, ref;
     for (int64_t s = 0; s < nsamp; s++) {
@@ -220,7 +220,8 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
-                   : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8" : "matmul";
+                   : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
+                   : path == MM_Q8MMA ? "mma q8 (int8)" : "matmul";
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
             err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
@@ -480,6 +481,19 @@ int main(int argc, char **argv) {
     }
     for (int64_t T : {2, 4, 16, 32, 64, 128}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_Q8, true);
     for (int64_t T : {16, 64, 128}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_MMA3, true);
+    /* the int8 tensor cores: every quantized type (edges: partial tiles of tokens and rows, a K
+     * that is not a multiple of the 4-unit stage), then the crossover with the GEMV and prefill */
+    for (uint32_t t : types) {
+        if (!mla_cuda_q8_supported(t)) continue;
+        check_matmul(t, 7168, 2048, 256, MM_Q8MMA, true);
+        check_matmul(t, 512, 101, 77, MM_Q8MMA, false);
+        check_matmul(t, 1536 + 256, 70, 3, MM_Q8MMA, false);
+    }
+    check_matmul(GGML_TYPE_Q8_0, 1632, 70, 5, MM_Q8MMA, false); /* 51 units: a partial stage */
+    for (int64_t T : {8, 16, 32, 64, 128, 512}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_Q8MMA, true);
+    for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q8_0, 16384, 7168},
+                                                       {GGML_TYPE_Q6_K, 18432, 7168}, {GGML_TYPE_IQ2_XXS, 7168, 2048}})
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 2048, MM_Q8MMA, true);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
         for (uint32_t t : big) {

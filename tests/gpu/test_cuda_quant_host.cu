@@ -44,6 +44,11 @@ template <int TY> static void check_type(gr_rng *r) {
         for (int64_t u = 0; u < n * rows / 32; u++) {
             unit_i8_t q;
             unit_i8<TY>(w + (u / Q::BU) * Q::BB, (int)(u % Q::BU), q);
+            if ((!i8_scales2<TY>() && q.s[0] != q.s[1]) || (!i8_min<TY>() && (q.m[0] != 0 || q.m[1] != 0))) {
+                if (bad8++ < 3)
+                    fprintf(stderr, "%s: unit %lld: scales %g %g mins %g %g break the type's traits\n",
+                            ggml_type_name(TY), (long long)u, q.s[0], q.s[1], q.m[0], q.m[1]);
+            }
             for (int i = 0; i < 32; i++) {
                 int8_t qi = (int8_t)(q.q[i / 4] >> (8 * (i % 4)));
                 double v = (double)q.s[i / 16] * qi - q.m[i / 16], want = ref[32 * u + i];
