@@ -667,6 +667,32 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* wpr warps (1, 2 or 4) share a group of GQ_R rows, splitting its units, so that short rows
  * (few units) still give every multiprocessor enough warps; partial sums meet in shared memory. */
+/* Sums acc over the wpr warps of a row group: afterwards every lane of the group's first warp
+ * (part 0) holds the totals. Every warp of the block must call it (it has block barriers when
+ * wpr > 1). */
+__device__ __forceinline__ void gemv_group_sum(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
+                                               int part, int wpr) {
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) {
+            acc[r][t] = warp_sum(acc[r][t]);
+            if (wpr > 1 && lane == 0) red[warp][r][t] = acc[r][t];
+        }
+    if (wpr == 1) return;
+    __syncthreads();
+    if (part == 0)
+#pragma unroll
+        for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+            for (int t = 0; t < GQ_T; t++) {
+                float v = 0.f;
+                for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
+                acc[r][t] = v;
+            }
+    __syncthreads(); /* red is reused by the next tile */
+}
+
 /* Sums a row group's partial results over its wpr warps and stores y[t][row0 + r]. */
 __device__ __forceinline__ void gemv_group_store(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
                                                  int part, int wpr, int row0, int out, int T, float *__restrict__ y) {
@@ -792,19 +818,21 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
                      int out, const uint4 *__restrict__ qx, const float4 *__restrict__ sx, int x_div,
                      const int32_t *__restrict__ sorted, const int32_t *__restrict__ tile_e,
                      const int32_t *__restrict__ tile_s, const int32_t *__restrict__ tile_n,
-                     const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y) {
+                     const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y, int wpr) {
+    __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int f = blockIdx.x * GQ_WARPS + warp;
+    const int grp = warp / wpr, part = warp % wpr;
+    const int f = blockIdx.x * (GQ_WARPS / wpr) + grp;
     const int row0 = FUSE ? f : f * GQ_R;
-    if (row0 >= out) return;
+    if (wpr == 1 && row0 >= out) return; /* no barrier in the loop when wpr == 1 */
     const int nt = *n_tiles;
     for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
         const int e = tile_e[tile], s0 = tile_s[tile], T = tile_n[tile];
         const size_t eo = (size_t)(e / world) * estride;
         const uint8_t *p[GQ_R];
         if (FUSE) {
-            p[0] = W0 + eo + (size_t)f * rb;
-            p[1] = W1 + eo + (size_t)f * rb;
+            p[0] = W0 + eo + (size_t)min(f, out - 1) * rb;
+            p[1] = W1 + eo + (size_t)min(f, out - 1) * rb;
         } else {
 #pragma unroll
             for (int r = 0; r < GQ_R; r++) p[r] = W0 + eo + (size_t)min(row0 + r, out - 1) * rb;
@@ -821,10 +849,12 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
         for (int r = 0; r < GQ_R; r++)
 #pragma unroll
             for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
-        gemvq_rows<TY>(p, nu, qx, sx, xr, T, lane, 32, acc);
+        gemvq_rows<TY>(p, nu, qx, sx, xr, T, part * 32 + lane, 32 * wpr, acc);
+        gemv_group_sum(acc, red, warp, lane, part, wpr);
+        if (part != 0 || row0 >= out) continue;
 #pragma unroll
         for (int t = 0; t < GQ_T; t++) {
-            float a0 = warp_sum(acc[0][t]), a1 = warp_sum(acc[1][t]);
+            const float a0 = acc[0][t], a1 = acc[1][t];
             if (lane == 0 && t < T) {
                 if (FUSE) {
                     y[(size_t)yr[t] * out + f] = a0 / (1.0f + expf(-a0)) * a1;
@@ -837,13 +867,19 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
     }
 }
 
-/* warps per row group: 1 up to 4 as rows get longer (64 units a warp at least) */
-static int gemv_wpr(int nu) { return nu >= 512 ? 4 : nu >= 128 ? 2 : 1; }
+/* Warps per group of `groups` row groups of nu units: 1, 2 or 4, splitting the units further while
+ * each warp keeps 2 or more units a lane and the launch has fewer than 16384 warps (short rows
+ * or few rows would otherwise leave the multiprocessors with too few warps to hide latency). */
+static int gemv_wpr(int nu, int64_t groups) {
+    int w = 1;
+    while (w < GQ_WARPS && nu / (32 * w) >= 2 && groups * w < 16384) w *= 2;
+    return w;
+}
 
 template <int TY>
 static cudaError_t launch_gemvf(const void *w, int64_t in, int64_t out, const float *x, int64_t T, float *y,
                                 cudaStream_t s) {
-    const int nu = (int)(in / 32), wpr = gemv_wpr(nu);
+    const int nu = (int)(in / 32), wpr = gemv_wpr(nu, (out + GQ_R - 1) / GQ_R);
     const int rows_per_block = GQ_WARPS / wpr * GQ_R;
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
@@ -862,7 +898,7 @@ static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const vo
     const int nu = (int)(in / 32);
     const uint4 *qx = (const uint4 *)q8;
     const float4 *sx = (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in));
-    const int wpr = gemv_wpr(nu);
+    const int wpr = gemv_wpr(nu, (out + GQ_R - 1) / GQ_R);
     const int rows_per_block = GQ_WARPS / wpr * GQ_R;
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
@@ -879,13 +915,15 @@ template <int TY, bool FUSE>
 static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
                                const void *q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *pl, float *y,
                                cudaStream_t s) {
-    const int rows_per_block = FUSE ? GQ_WARPS : GQ_WARPS * GQ_R;
     int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
+    const int64_t groups = FUSE ? out : (out + GQ_R - 1) / GQ_R;
+    const int wpr = gemv_wpr((int)(in / 32), groups * (ty > 0 ? ty : 1));
+    const int rows_per_block = FUSE ? GQ_WARPS / wpr : GQ_WARPS / wpr * GQ_R;
     dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
     gemvq_grp_kernel<TY, FUSE><<<grid, GQ_WARPS * 32, 0, s>>>(
         (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out,
         (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted,
-        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
+        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr);
     return cudaGetLastError();
 }
 

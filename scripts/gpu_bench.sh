@@ -43,6 +43,14 @@ timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-c
   >"$OUT/bench-v3.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-v3.log"; }
 cat "$OUT/bench-v3.md" 2>/dev/null
 echo "ours done ($(since))"
+# the same model's decode step without the coordinator, the wire and the worker loop: mla-e2e
+# (one process, greedy on the host, graphs on), 8-token prompt, 32 tokens; the difference to the
+# batch-1 row above is what the serving stack adds per step
+if [ -x build-gpu-carried/mla-e2e ]; then
+  echo "11 22 33 44 55 66 77 88" >"$W/tok8.txt"
+  echo "mla-e2e alone (MLA_CUDA_Q8=1): $(MLA_CUDA_Q8=1 MLA_E2E_TIME=1 timeout 120 build-gpu-carried/mla-e2e logits -m "$M" \
+    --tokens "$W/tok8.txt" --out "$W/l8.f32" --greedy 32 --ids-out "$W/ids8.txt" 2>&1 | grep -E 'timing|graphs' | tr '\n' ' ')"
+fi
 if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
   # FlashAttention where the package has its kernels (scripts/build_llama_cuda.sh FA=1), else off
   fa=0

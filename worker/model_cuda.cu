@@ -665,8 +665,9 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
 }
 
 /* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
- * passes over W once per 8 tokens), the int8 tensor cores above. */
-#define Q8_TMAX 32
+ * passes over W once per 8 tokens), the int8 tensor cores above. H200, Q4_K 7168 -> 2048: GEMV
+ * 128 us at T = 64 and 250 at 128, tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
+#define Q8_TMAX 96
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
     if (m->q8 && mla_cuda_q8_supported(w->type)) {
