@@ -47,7 +47,7 @@ struct attn_k {
     const int32_t *sel, *nsel;
     int64_t sel_stride;
     float *out, *work;
-    int splits, per;
+    int splits;
 };
 
 __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
@@ -62,8 +62,11 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
-    const int64_t k0 = (int64_t)split * a.per;
-    const int64_t k1 = nk < k0 + a.per ? nk : k0 + a.per;
+    /* this token's keys in equal parts over the splits (whole chunks): a graph sized for the
+     * longest context still spreads a short one over every split */
+    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + AT_C - 1) / AT_C * AT_C;
+    const int64_t k0 = (int64_t)split * per;
+    const int64_t k1 = nk < k0 + per ? nk : k0 + per;
     for (int i = tid; i < AT_HG * row; i += AT_T) {
         int h = i / row, c = i % row, hh = hg0 + h;
         float v = 0.f;
@@ -694,11 +697,9 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
         while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats)
             splits--;
     }
-    int64_t per = (nk_max + splits - 1) / splits;
-    per = (per + AT_C - 1) / AT_C * AT_C;
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
                 a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
-                splits, (int)per};
+                splits};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
     mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
