@@ -10,7 +10,8 @@
 # On the GPU machine scripts/gpu_session.sh unpacks them. Usage: scripts/gpu_carry.sh
 #   env: FIXTURES (default ../shared/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
 #   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
-#   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files.
+#   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files, NO_FIXTURES=1 every fixture, NO_LLAMA=1
+#   llama.cpp, LLAMA_TAR=FILE carries that llama.cpp package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIX="${FIXTURES:-../shared/fixtures}"
@@ -27,6 +28,7 @@ mkdir -p "$tmp/h/build-gpu-carried"
 cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$tmp/h/build-gpu-carried/"
 strip "$tmp/h/build-gpu-carried/"*
 tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -6 >"$C/harness.tar.xz"
+if [ "${NO_FIXTURES:-0}" != 1 ]; then # NO_FIXTURES=1: a benchmark-only call (room for llama.cpp)
 mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
 cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"
 # the quantized files and llama.cpp's logits for them: the integer GEMV path runs on these
@@ -34,6 +36,7 @@ cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-de
 cp "$FIX"/tiny-glm5/{ref.json,ref_logits.f32,tiny-glm5-bf16.gguf} "$tmp/f/.gpu-fixtures/tiny-glm5/"
 [ "${GLM_Q8:-0}" = 1 ] && cp "$FIX"/tiny-glm5/tiny-glm5-q8_0.gguf "$tmp/f/.gpu-fixtures/tiny-glm5/"
 tar cf - -C "$tmp/f" .gpu-fixtures | xz -T2 -6 >"$C/fixtures.tar.xz"
+fi
 # llama.cpp (scripts/build_llama_cuda.sh): its packed .llama-cuda.tar.xz, else the folder packed here
 LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
 if [ "${NO_LLAMA:-0}" = 1 ]; then :
