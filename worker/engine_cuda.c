@@ -1,9 +1,15 @@
 /* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id, rewind
- * on a lower first position, MLA_N_CTX). MLA_CUDA_FAST=1 selects the bf16 tensor-core matmuls for
- * steps of more than 8 tokens (faster prefill; logits ~4e-2 off in log-prob on the fixtures),
- * MLA_CUDA_FAST=split the split-bf16 tensor-core matmuls (hi/lo, 3 MMAs: fp32-class accuracy),
- * otherwise every matmul is the fp32 GEMV. The decode sequences of a step run as one batched step
- * (CUDA graphs where the collective allows: worker/model_cuda.h mla_cmodel_decode). */
+ * on a lower first position, MLA_N_CTX). The matmul modes (worker/model_cuda.cu mm()):
+ *   default (MLA_CUDA_FAST unset or =split): quantized weights with int8 activations (the integer
+ *     GEMV up to 96 tokens, int8 tensor cores above: llama.cpp's scheme); float weights through
+ *     the fp32 GEMV, or for steps of more than 128 tokens the split-bf16 tensor cores (hi/lo,
+ *     3 MMAs: fp32-class accuracy);
+ *   MLA_CUDA_FAST=1: plain bf16 tensor cores for float weights in steps of more than 8 tokens
+ *     (logits ~4e-2 off in log-prob on the fixtures);
+ *   MLA_CUDA_FAST=exact: every matmul the fp32 GEMV, activations never rounded (slow prefill);
+ *   MLA_CUDA_Q8=0|1 turns the int8 activations off or on in any mode.
+ * The decode sequences of a step run as one batched step (CUDA graphs where the collective
+ * allows: worker/model_cuda.h mla_cmodel_decode); greedy rows take their token on the device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,9 +103,14 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
         return MLA_ERR;
     }
     const char *fast = getenv("MLA_CUDA_FAST");
-    /* MLA_CUDA_FAST=1: plain bf16 tensor cores for steps > 8 tokens; =split: split-bf16 (3 MMAs) */
-    bool split = fast && !strcmp(fast, "split");
-    mla_cmodel_opts opts = {dev, !(fast && (*fast == '1' || split)), false, split};
+    if (fast && strcmp(fast, "1") && strcmp(fast, "split") && strcmp(fast, "exact")) {
+        gguf_close(e->g);
+        free(e);
+        return mla_errf(err, "MLA_CUDA_FAST=%s: expected split (the default), 1 or exact", fast);
+    }
+    /* the default is split; =1: plain bf16 tensor cores for float weights; =exact: fp32 GEMV only */
+    const bool exact = fast && !strcmp(fast, "exact"), plain = fast && !strcmp(fast, "1");
+    mla_cmodel_opts opts = {dev, exact, false, !exact && !plain};
 #ifdef MLA_HAVE_NCCL
     if (setup_nccl(e, boot, rank, world, dev, err)) {
         if (e->nccl) coll_free(e->nccl);
