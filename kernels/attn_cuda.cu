@@ -861,6 +861,21 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     m += al16((size_t)(T * K * E) * 4);
     void *qx = m, *qh = m + mla_cuda_q8_bytes(T, E); /* q8 buffers of x and of h */
     if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
+    /* many tokens per expert (16 on average and more: prefill): the int8 tensor cores */
+    const bool mma = ex->q8 && T * K >= 16 * ex->n_expert && mla_cuda_q8_supported(ex->gate_type) &&
+                     mla_cuda_q8_supported(ex->up_type) && mla_cuda_q8_supported(ex->down_type);
+    if (mma) {
+        if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||
+            mla_cuda_matmul_grouped_q8_mma(ex->gate_type, ex->gate, ex->gate_estride, E, F, qx, T, (int)K, &pl,
+                                           ex->n_expert, g, stream, e) ||
+            mla_cuda_matmul_grouped_q8_mma(ex->up_type, ex->up, ex->up_estride, E, F, qx, T, (int)K, &pl, ex->n_expert,
+                                           u, stream, e) ||
+            mla_cuda_swiglu(g, u, h, T * K * F, stream, e) || mla_cuda_quantize_q8(h, T * K, F, qh, stream, e) ||
+            mla_cuda_matmul_grouped_q8_mma(ex->down_type, ex->down, ex->down_estride, F, E, qh, T * K, 1, &pl,
+                                           ex->n_expert, y, stream, e))
+            return MLA_ERR;
+        return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
+    }
     if (ex->q8 && ex->gate_type == ex->up_type && mla_cuda_q8_supported(ex->gate_type)) {
         if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||
             mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, qx, T, (int)K, &pl, h,

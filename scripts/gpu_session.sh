@@ -8,18 +8,20 @@
 #   3. benchmarks at real width: scripts/gpu_bench.sh (mlaserve bench, llama.cpp beside it)
 # Input: .gpucarry/ made by scripts/gpu_carry.sh on the CPU machine (carried by the run tool).
 # Output: $OUT (default ./out): tables and logs. Usage: scripts/gpu_session.sh [--no-bench]
+# [--no-ops] [--no-stack]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 # never NVLink multicast on these machines (KINDS.md)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-bench=1 ops=""
+bench=1 ops="" stack=1
 for a in "$@"; do
   case "$a" in
     --no-bench) bench=0 ;;
+    --no-stack) stack=0 ;;
     --no-ops) ops=--no-ops ;; # skip the op checks (phase 1 runs the fixtures only)
-    *) echo "usage: $0 [--no-bench] [--no-ops]   env: LLAMA=0, NCU=0 skip those parts of phase 3" >&2; exit 2 ;;
+    *) echo "usage: $0 [--no-bench] [--no-ops] [--no-stack]   env: LLAMA=0, NCU=0 skip those parts of phase 3" >&2; exit 2 ;;
   esac
 done
 # the run tool returns at most 8 files: everything also goes into one archive at the end
@@ -37,9 +39,11 @@ echo "== phase 1: op checks + fixtures through the CUDA forward pass"
 PREBUILT=1 BUILD=build-gpu-carried FIX=.gpu-fixtures OPS_S="${OPS_S:-120}" \
   timeout "${PHASE1_S:-230}" scripts/gpu_check.sh --quick --e2e $ops || rc=1
 echo "phase 1 done ($(since))"
-echo "== phase 2: the distributed stack (bundle)"
-BUNDLE=.bundle90 FIX=.gpu-fixtures timeout "${PHASE2_S:-120}" scripts/gpu_check.sh --no-ops --stack || rc=1
-echo "phase 2 done ($(since))"
+if [ "$stack" = 1 ]; then
+  echo "== phase 2: the distributed stack (bundle)"
+  BUNDLE=.bundle90 FIX=.gpu-fixtures timeout "${PHASE2_S:-120}" scripts/gpu_check.sh --no-ops --stack || rc=1
+  echo "phase 2 done ($(since))"
+fi
 if [ "$bench" = 1 ]; then
   echo "== phase 3: benchmarks"
   BUNDLE=.bundle90 timeout "${PHASE3_S:-240}" scripts/gpu_bench.sh || rc=1
