@@ -861,8 +861,11 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     m += al16((size_t)(T * K * E) * 4);
     void *qx = m, *qh = m + mla_cuda_q8_bytes(T, E); /* q8 buffers of x and of h */
     if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
-    /* many tokens per expert (16 on average and more: prefill): the int8 tensor cores */
-    const bool mma = ex->q8 && T * K >= 16 * ex->n_expert && mla_cuda_q8_supported(ex->gate_type) &&
+    /* many tokens per expert (64 on average, a full tile, and more: long prompts): the int8 tensor
+     * cores. At 16 a expert they were no faster than the grouped GEMV on the H200 (a 512-token
+     * prompt of the V3-shaped model: 129 ms either way; 16 experts x 64 tokens: 525 us against 381),
+     * bench/results/gpu-h200-2026-11-29d.md */
+    const bool mma = ex->q8 && T * K >= 64 * ex->n_expert && mla_cuda_q8_supported(ex->gate_type) &&
                      mla_cuda_q8_supported(ex->up_type) && mla_cuda_q8_supported(ex->down_type);
     if (mma) {
         if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||

@@ -229,7 +229,8 @@ int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, s
                                int64_t out, const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The same on the int8 tensor cores, one weight matrix (no gate/up fusion), for steps with many
- * tokens per expert (prefill): 64 pairs of one expert a tile, walked from the plan's counts. */
+ * tokens per expert (long prompts; mla_cuda_moe_apply takes it from 64 a expert on average): 64
+ * pairs of one expert a tile, walked from the plan's counts. */
 int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
                                    const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                    int64_t n_expert, float *d_y, mla_cuda_stream stream, mla_err *e);
