@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_quant_unit.h"
 
@@ -625,12 +627,16 @@ static __host__ __device__ __forceinline__ size_t q8_scale_off(int64_t T, int64_
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
-/* acc[r][t] += row r (pointer p[r]) . activation row xr[t] over units u0, u0 + step, ... */
+/* acc[r][t] = row r (pointer p[r]) . activation row xr[t] over units u0, u0 + step, ... */
 template <int TY>
 __device__ __forceinline__ void gemvq_rows(const uint8_t *const p[GQ_R], int nu, const uint4 *__restrict__ qx,
                                            const float4 *__restrict__ sx, const int xr[GQ_T], int T, int u0,
                                            int step, float acc[GQ_R][GQ_T]) {
     using Q = qtraits<TY>;
+#pragma unroll
+    for (int r = 0; r < GQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
 #pragma unroll 2
     for (int u = u0; u < nu; u += step) {
         unit_i8_t w[GQ_R];
@@ -734,10 +740,6 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
 #pragma unroll
     for (int t = 0; t < GQ_T; t++) xr[t] = t;
     float acc[GQ_R][GQ_T];
-#pragma unroll
-    for (int r = 0; r < GQ_R; r++)
-#pragma unroll
-        for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
     gemvq_rows<TY>(p, nu, qx, sx, xr, T, part * 32 + lane, 32 * wpr, acc);
     gemv_group_store(acc, red, warp, lane, part, wpr, row0, out, T, y);
 }
@@ -845,10 +847,6 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
             yr[t] = pr;
         }
         float acc[GQ_R][GQ_T];
-#pragma unroll
-        for (int r = 0; r < GQ_R; r++)
-#pragma unroll
-            for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
         gemvq_rows<TY>(p, nu, qx, sx, xr, T, part * 32 + lane, 32 * wpr, acc);
         gemv_group_sum(acc, red, warp, lane, part, wpr);
         if (part != 0 || row0 >= out) continue;
@@ -1396,16 +1394,22 @@ extern "C" int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void 
 
 /* ---------------------------------------------------------------- integer GEMV API */
 
-extern "C" bool mla_cuda_q8_supported(uint32_t t) {
+/* f(std::integral_constant<int, T>{}) for the quantized type t (the types with an integer form);
+ * cudaErrorInvalidValue for any other. */
+template <class F> static cudaError_t with_q8_type(uint32_t t, F &&f) {
     switch (t) {
 #define MLACU_CASE(T_)                                                                                              \
     case T_:                                                                                                        \
-        return i8traits<T_>::OK;
+        if constexpr (i8traits<T_>::OK) return f(std::integral_constant<int, T_>{});                                \
+        break;
         MLACU_FOR_TYPES(MLACU_CASE)
 #undef MLACU_CASE
-    default:
-        return false;
     }
+    return cudaErrorInvalidValue;
+}
+
+extern "C" bool mla_cuda_q8_supported(uint32_t t) {
+    return with_q8_type(t, [](auto) { return cudaSuccess; }) == cudaSuccess;
 }
 
 extern "C" size_t mla_cuda_q8_bytes(int64_t T, int64_t in) {
@@ -1429,15 +1433,9 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
     if (T == 0) return MLA_OK;
-    cudaError_t err = cudaErrorInvalidValue;
-    switch (t) {
-#define MLACU_CASE(T_)                                                                                              \
-    case T_:                                                                                                        \
-        err = launch_gemvq<T_>(d_w, in, out, d_q8, T, d_y, (cudaStream_t)stream);                                   \
-        break;
-        MLACU_FOR_TYPES(MLACU_CASE)
-#undef MLACU_CASE
-    }
+    cudaError_t err = with_q8_type(t, [&](auto ty) {
+        return launch_gemvq<decltype(ty)::value>(d_w, in, out, d_q8, T, d_y, (cudaStream_t)stream);
+    });
     MLACU_CHECK(err, e, "gemv q8 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
     return MLA_OK;
 }
@@ -1450,18 +1448,12 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1);
     MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
     if (plan->max_tiles <= 0) return MLA_OK;
-    cudaError_t err = cudaErrorInvalidValue;
-    switch (t) {
-#define MLACU_CASE(T_)                                                                                              \
-    case T_:                                                                                                        \
-        err = d_w1 ? launch_grpq<T_, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y,          \
-                                           (cudaStream_t)stream)                                                    \
-                   : launch_grpq<T_, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y,          \
-                                            (cudaStream_t)stream);                                                  \
-        break;
-        MLACU_FOR_TYPES(MLACU_CASE)
-#undef MLACU_CASE
-    }
+    cudaError_t err = with_q8_type(t, [&](auto ty) {
+        constexpr int TY = decltype(ty)::value;
+        cudaStream_t s = (cudaStream_t)stream;
+        return d_w1 ? launch_grpq<TY, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y, s)
+                    : launch_grpq<TY, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y, s);
+    });
     MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     return MLA_OK;
 }
@@ -1471,16 +1463,9 @@ extern "C" int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, i
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0 && T < 65535 * (int64_t)IM_BM);
     if (T == 0) return MLA_OK;
-    cudaError_t err = cudaErrorInvalidValue;
-    switch (t) {
-#define MLACU_CASE(T_)                                                                                              \
-    case T_:                                                                                                        \
-        if (i8traits<T_>::OK) err = launch_mmaq<(i8traits<T_>::OK ? T_ : GGML_TYPE_Q8_0)>(d_w, in, out, d_q8, T, d_y, \
-                                                                                          (cudaStream_t)stream);    \
-        break;
-        MLACU_FOR_TYPES(MLACU_CASE)
-#undef MLACU_CASE
-    }
+    cudaError_t err = with_q8_type(t, [&](auto ty) {
+        return launch_mmaq<decltype(ty)::value>(d_w, in, out, d_q8, T, d_y, (cudaStream_t)stream);
+    });
     MLACU_CHECK(err, e, "mma q8 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in, (long long)T);
     return MLA_OK;
 }
@@ -1492,18 +1477,10 @@ extern "C" int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_
     check_shape(t, in, out, 1);
     MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1 && n_expert >= 1 &&
                n_expert <= 65535 && ((uintptr_t)d_w & 15) == 0);
-    cudaError_t err = cudaErrorInvalidValue;
-    switch (t) {
-#define MLACU_CASE(T_)                                                                                              \
-    case T_:                                                                                                        \
-        if (i8traits<T_>::OK)                                                                                       \
-            err = launch_mmaq_grp<(i8traits<T_>::OK ? T_ : GGML_TYPE_Q8_0)>(d_w, estride, in, out, d_q8, x_rows,    \
-                                                                            x_div, plan, n_expert, d_y,             \
-                                                                            (cudaStream_t)stream);                  \
-        break;
-        MLACU_FOR_TYPES(MLACU_CASE)
-#undef MLACU_CASE
-    }
+    cudaError_t err = with_q8_type(t, [&](auto ty) {
+        return launch_mmaq_grp<decltype(ty)::value>(d_w, estride, in, out, d_q8, x_rows, x_div, plan, n_expert, d_y,
+                                                    (cudaStream_t)stream);
+    });
     MLACU_CHECK(err, e, "grouped mma q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     return MLA_OK;
 }
