@@ -329,16 +329,12 @@ extern "C" int mla_cuda_moe_route(const moe_route_params *p, const float *d_logi
 
 extern "C" int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids, mla_cuda_stream stream,
                                mla_err *e) {
-    MLA_ASSERT(n > 0 && n < INT32_MAX);
-    if (T <= 0) return MLA_OK;
-    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n, 1, d_ids);
-    MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld", (long long)T, (long long)n);
-    return MLA_OK;
+    return mla_cuda_argmax_pieces(d_logits, T, n, 1, d_ids, stream, e);
 }
 
 extern "C" int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
                                       mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < INT32_MAX && T < 65536);
+    MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < INT32_MAX && T < INT32_MAX);
     if (T <= 0) return MLA_OK;
     argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n_piece, pieces, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);

@@ -702,26 +702,13 @@ __device__ __forceinline__ void gemv_group_sum(float acc[GQ_R][GQ_T], float (*re
 /* Sums a row group's partial results over its wpr warps and stores y[t][row0 + r]. */
 __device__ __forceinline__ void gemv_group_store(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
                                                  int part, int wpr, int row0, int out, int T, float *__restrict__ y) {
+    gemv_group_sum(acc, red, warp, lane, part, wpr);
+    if (part != 0 || lane != 0) return;
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
-        for (int t = 0; t < GQ_T; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (wpr == 1) {
-                if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
-            } else if (lane == 0) {
-                red[warp][r][t] = v;
-            }
-        }
-    if (wpr == 1) return;
-    __syncthreads();
-    /* lanes of the group's first warp: one (row, token) each */
-    if (part == 0 && lane < GQ_R * GQ_T) {
-        const int r = lane / GQ_T, t = lane % GQ_T;
-        float v = 0.f;
-        for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
-        if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = v;
-    }
+        for (int t = 0; t < GQ_T; t++)
+            if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = acc[r][t];
 }
 
 template <int TY>
