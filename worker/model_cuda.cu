@@ -669,16 +669,35 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
  * 128 us at T = 64 and 250 at 128, tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
 #define Q8_TMAX 96
 
+static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
+
+/* y = x W^T from the activations already quantized into m->q8buf */
+static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err *err) {
+    if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
+        return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+    return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+}
+
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
-    if (m->q8 && mla_cuda_q8_supported(w->type)) {
+    if (mm_q8(m, w)) {
         TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
-        if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
-            return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
-        return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+        return mm_from_q8(m, w, T, y, err);
     }
     if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+}
+
+/* mm() of two matrices on the same input: when both take the int8 path, x is quantized once. */
+static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, int64_t T,
+               mla_err *err) {
+    if (!mm_q8(m, w0) || !mm_q8(m, w1) || w0->n_in != w1->n_in) {
+        TRY(mm(m, w0, x, T, y0, err));
+        return mm(m, w1, x, T, y1, err);
+    }
+    TRY(mla_cuda_quantize_q8(x, T, w0->n_in, m->q8buf, m->st, err));
+    TRY(mm_from_q8(m, w0, T, y0, err));
+    return mm_from_q8(m, w1, T, y1, err);
 }
 
 /* buf[0..n) device: summed over ranks through the host collective (pinned copies). */
@@ -699,8 +718,7 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, int64_t T, fl
         return MLA_OK;
     }
     const int64_t F = f->gate.n_out;
-    TRY(mm(m, &f->gate, h, T, m->g, err));
-    TRY(mm(m, &f->up, h, T, m->u, err));
+    TRY(mm2(m, &f->gate, m->g, &f->up, m->u, h, T, err));
     TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
     return mm(m, &f->down, m->g, T, y, err);
 }
@@ -711,15 +729,13 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
  * and its norm, m->cq, when the model has one) and the compressed kv + k_pe in m->kva. */
 static int project_q_kv(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     const mla_config *c = &m->cfg;
-    const float *qin = m->h;
-    if (c->q_lora_rank > 0) {
-        TRY(mm(m, &l->q_a, m->h, T, m->cq, err));
+    if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
+        TRY(mm2(m, &l->q_a, m->cq, &l->kv_a, m->kva, m->h, T, err));
         TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank,
                              m->st, err));
-        qin = m->cq;
+        return mm(m, &l->q_b, m->cq, T, m->q, err);
     }
-    TRY(mm(m, &l->q_b, qin, T, m->q, err));
-    return mm(m, &l->kv_a, m->h, T, m->kva, err);
+    return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, T, err);
 }
 
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
@@ -741,10 +757,9 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
         const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
         float *ikc = s->ik[il];
         TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
-        TRY(mm(m, &l->ik, m->h, T, ikc + pos0 * ihd, err));
+        TRY(mm2(m, &l->ik, ikc + pos0 * ihd, &l->iproj, m->iw, m->h, T, err));
         TRY(mla_cuda_layernorm(ikc + pos0 * ihd, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, ikc + pos0 * ihd, ihd,
                                st, err));
-        TRY(mm(m, &l->iproj, m->h, T, m->iw, err));
         scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
         CU(cudaGetLastError(), "scale");
         /* same rope form as worker/model.c uses for the indexer */
@@ -854,9 +869,8 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
          * in order, which is the plain attention */
         const int64_t nih = c->idx_n_head;
         TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
-        TRY(mm(m, &l->ik, m->h, T, m->ikn, err));
+        TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, T, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
-        TRY(mm(m, &l->iproj, m->h, T, m->iw, err));
         scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
         CU(cudaGetLastError(), "scale");
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
