@@ -1,5 +1,6 @@
 #include "coord.h"
 #include "worker/curve.h"
+#include "worker/zspin.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -65,6 +66,7 @@ struct coord {
     _Atomic int consecutive_restarts; /* since the last successful step */
     /* I/O thread only: the step or bench request in flight (one at a time) */
     int inflight;
+    long spin_us; /* zspin_default(the workers' backend): polls before sleeping while a step is out */
     int inflight_bench;   /* 1: a Bench request (answered by every rank), 0: a step */
     uint64_t inflight_step; /* its step id or bench id */
     int64_t inflight_since;
@@ -529,7 +531,7 @@ static void *io_main(void *arg) {
     for (;;) {
         zmq_pollitem_t items[3] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0},
                                    {c->zap, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, c->zap ? 3 : 2, 10);
+        int rc = zspin_poll(items, c->zap ? 3 : 2, 10, c->inflight ? c->spin_us : 0);
         if (rc > 0 && c->zap && (items[2].revents & ZMQ_POLLIN)) handle_zap(c);
         if (rc < 0 && zmq_errno() != EINTR) {
             group_fail(c, "zmq poll: %s", zmq_strerror(zmq_errno()));
@@ -939,6 +941,7 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (!cfg_in->model_path) return mla_errf(err, "no model path");
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
+    c->spin_us = zspin_default(c->cfg.backend ? c->cfg.backend : getenv("MLA_BACKEND"));
     if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
     if (c->cfg.heartbeat_timeout_ms <= 0) {
         const char *env = getenv("MLA_HEARTBEAT_TIMEOUT_MS");
@@ -1060,6 +1063,8 @@ static int api_wait_any(coord *c, wire_msg **res, double *sec, mla_err *err) {
     zmq_msg_init(&tag);
     zmq_msg_init(&body);
     int rc = MLA_OK;
+    zmq_pollitem_t it = {c->api_user, 0, ZMQ_POLLIN, 0};
+    zspin_poll(&it, 1, -1, c->spin_us); /* the answer to a decode step comes within milliseconds */
     while (zmq_msg_recv(&tag, c->api_user, 0) < 0) {
         if (zmq_errno() != EINTR) {
             zmq_msg_close(&tag);

@@ -1,6 +1,7 @@
 /* attn_cuda: absorbed MLA attention (split over key chunks, online softmax), the DSA indexer
  * (scores + radix top-k), per-head float matmuls, the MoE plan (counting sort by expert on the
  * GPU) + weighted combine, and sampling. API and meaning: kernels/cuda_ops.h. */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
@@ -189,6 +190,222 @@ __global__ void mla_attn_reduce_kernel(const float *__restrict__ work, int H, in
     }
 }
 
+/* ---------------------------------------------------------------- MLA attention on tensor cores */
+/* The same attention with fp16 mma.sync m16n8k16 (fp32 accumulation): queries (times the
+ * softmax scale), keys and the softmax weights P are rounded to fp16, as llama.cpp's
+ * FlashAttention kernels do over their fp16 cache (fp16 rather than bf16: 3 more mantissa bits;
+ * the latent and rope rows are normalized, far from fp16's range). Block = (split, group of TC_HR
+ * = 32 heads, token), 4 warps, two blocks per SM. The 32 query rows (latent + rope) are staged
+ * once in shared memory; keys are walked in tiles of TC_KT = 32 rows, converted from the fp32
+ * cache into shared memory (each key's row address looked up once per tile, the loads of a
+ * thread issued in batches so that their latencies overlap). Warp w computes S for rows 16 (w / 2) .. +16 against keys
+ * 16 (w % 2) .. +16; the two warps of a row block exchange row maxima and sums through shared
+ * memory (both keep the same running max / sum in registers), write P to shared memory, and
+ * each accumulates its half of the latent columns of O = P V (V is the latent part of the same
+ * key rows). Row strides are an odd number of 16-byte units (ldmatrix without bank conflicts). */
+constexpr int TC_HR = 32, TC_KT = 32, TC_T = 128;
+
+template <int L, int R> struct tc_cfg {
+    static constexpr int ROW = L + R;
+    static constexpr int LDS = (ROW / 8) % 2 ? ROW + 16 : ROW + 8; /* 16-bit elements */
+    static constexpr int LDP = TC_KT + 8;                          /* 80 bytes: 5 units */
+    static constexpr int NT = L / 16;                              /* n-tiles of 8 per warp (L / 2 columns) */
+    static constexpr int KS = ROW / 16;                            /* k-steps of S */
+    static constexpr int PER = TC_KT * (ROW / 4) / TC_T;           /* float4 loads per thread and tile */
+    static constexpr size_t SMEM = ((size_t)(TC_HR + TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
+    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0,
+                  "tensor-core attention shape");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+template <int L, int R>
+__global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
+    using C = tc_cfg<L, R>;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __shared__ const float *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
+    __half *qs = (__half *)tc_sm;
+    __half *ks = qs + TC_HR * C::LDS;
+    __half *ps = ks + TC_KT * C::LDS;
+    float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int mt = warp >> 1, half = warp & 1;
+    const int t = blockIdx.z, hg0 = blockIdx.y * TC_HR, split = blockIdx.x;
+    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
+    const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
+    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
+    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + TC_KT - 1) / TC_KT * TC_KT;
+    const int64_t k0 = (int64_t)split * per;
+    const int64_t k1 = nk < k0 + per ? nk : k0 + per;
+    /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane */
+    auto rows_of = [&](int64_t kb, const float **dst) {
+        const int64_t k = kb + lane;
+        const float *src = nullptr;
+        if (k < k1) {
+            const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+            src = tab ? paged_row(tab, a.tab_off, C::ROW, key) : a.kv + key * C::ROW;
+        }
+        dst[lane] = src;
+    };
+    if (warp == 0 && k0 < k1) rows_of(k0, rowp[0]);
+    const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
+    for (int i = tid; i < TC_HR * (C::ROW / 2); i += TC_T) {
+        const int h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
+        float v0 = 0.f, v1 = 0.f;
+        if (hh < a.H) {
+            if (c < L) {
+                const float *q = a.qa + ((int64_t)t * a.H + hh) * L + c;
+                v0 = q[0];
+                v1 = q[1];
+            } else {
+                const float *q = a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L);
+                v0 = q[0];
+                v1 = q[1];
+            }
+        }
+        *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v0 * sl2, v1 * sl2);
+    }
+    float o[C::NT][4];
+#pragma unroll
+    for (int n = 0; n < C::NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const uint32_t qaddr = smem_u32(qs + (mt * 16 + (lane & 15)) * C::LDS + (lane >> 4) * 8);
+    const uint32_t kaddr = smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8);
+    const uint32_t paddr = smem_u32(ps + (mt * 16 + (lane & 15)) * C::LDP + (lane >> 4) * 8);
+    const uint32_t vaddr =
+        smem_u32(ks + ((lane & 7) + (((lane >> 3) & 1) << 3)) * C::LDS + half * (L / 2) + (lane >> 4) * 8);
+    int buf = 0;
+    for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
+        __syncthreads(); /* the previous tile's readers are done; rowp[buf] is written */
+        {
+            constexpr int IPK = C::ROW / 4, BATCH = 6;
+#pragma unroll 1
+            for (int b0 = 0; b0 < C::PER; b0 += BATCH) {
+                float4 v[BATCH];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int i = tid + (b0 + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+                    const float *src = rowp[buf][j];
+                    v[u] = src ? __ldg((const float4 *)(src + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int i = tid + (b0 + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+                    *(uint2 *)(ks + j * C::LDS + c) = make_uint2(pack_h2(v[u].x, v[u].y), pack_h2(v[u].z, v[u].w));
+                }
+            }
+        }
+        if (warp == 0 && kb + TC_KT < k1) rows_of(kb + TC_KT, rowp[buf ^ 1]);
+        __syncthreads();
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 6
+        for (int kk = 0; kk < C::KS; kk++) {
+            uint32_t A[4], B[4];
+            mlacu_ldsm_x4(A, qaddr + kk * 32);
+            mlacu_ldsm_x4(B, kaddr + kk * 32);
+            mlacu_mma_f16(s[0], A, B[0], B[1]);
+            mlacu_mma_f16(s[1], A, B[2], B[3]);
+        }
+        /* s[j][e]: row g (e < 2) or g + 8, key 16 half + 8 j + 2 c4 + (e & 1) */
+        const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = half * 16 + 8 * j + 2 * c4 + (e & 1);
+                const float v = key < nvalid ? s[j][e] : -INFINITY;
+                s[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (c4 == 0) {
+            pmax[warp * 16 + g] = mx[0];
+            pmax[warp * 16 + g + 8] = mx[1];
+        }
+        __syncthreads();
+        float mn[2], al[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mn[r] = fmaxf(m_r[r], fmaxf(mx[r], pmax[(warp ^ 1) * 16 + g + 8 * r]));
+            al[r] = exp2f(m_r[r] - mn[r]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = exp2f(s[j][e] - mn[e >> 1]);
+                sum[e >> 1] += s[j][e];
+            }
+            const int col = half * 16 + 8 * j + 2 * c4;
+            *(uint32_t *)(ps + (mt * 16 + g) * C::LDP + col) = pack_h2(s[j][0], s[j][1]);
+            *(uint32_t *)(ps + (mt * 16 + g + 8) * C::LDP + col) = pack_h2(s[j][2], s[j][3]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        }
+        if (c4 == 0) {
+            psum[warp * 16 + g] = sum[0];
+            psum[warp * 16 + g + 8] = sum[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l_r[r] = l_r[r] * al[r] + sum[r] + psum[(warp ^ 1) * 16 + g + 8 * r];
+            m_r[r] = mn[r];
+        }
+#pragma unroll
+        for (int n = 0; n < C::NT; n++) {
+            o[n][0] *= al[0];
+            o[n][1] *= al[0];
+            o[n][2] *= al[1];
+            o[n][3] *= al[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < TC_KT / 16; kk++) {
+            uint32_t A[4];
+            mlacu_ldsm_x4(A, paddr + kk * 32);
+#pragma unroll
+            for (int n = 0; n < C::NT; n += 2) {
+                uint32_t B[4];
+                mlacu_ldsm_x4_t(B, vaddr + kk * 16 * C::LDS * 2 + n * 16);
+                mlacu_mma_f16(o[n], A, B[0], B[1]);
+                mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int hh = hg0 + mt * 16 + g + 8 * r;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+            float *dst = a.out + ((int64_t)t * a.H + hh) * L + half * (L / 2) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
+            if (half == 0 && c4 == 0) {
+                w[0] = m_r[r] * 0.69314718055994531f; /* natural units, as mla_attn_reduce_kernel reads */
+                w[1] = l_r[r];
+            }
+            float *dst = w + 2 + half * (L / 2) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- DSA indexer */
 /* Block (key group, token): q[t] and w[t] in shared memory, one warp per key. */
 constexpr int DS_KPB = 64;
@@ -343,17 +560,22 @@ __global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_l
 }
 
 /* ---------------------------------------------------------------- per-head float matmul */
-__global__ void head_matmul_kernel(const float *__restrict__ W, int in, int out, const float *__restrict__ x,
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+/* One warp per (output, head), the row in registers, every token in turn (decode steps). */
+template <typename WT>
+__global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, const float *__restrict__ x,
                                    int64_t xt, int64_t xh, int T, float *__restrict__ y, int64_t yt, int64_t yh) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y, o = blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= out) return;
-    const float *wr = W + ((int64_t)h * out + o) * in;
+    const WT *wr = W + ((int64_t)h * out + o) * in;
     float wv[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         int c = lane + 32 * i;
-        wv[i] = c < in ? wr[c] : 0.f;
+        wv[i] = c < in ? to_f32(wr[c]) : 0.f;
     }
     for (int t = 0; t < T; t++) {
         const float *xr = x + t * xt + h * xh;
@@ -366,6 +588,74 @@ __global__ void head_matmul_kernel(const float *__restrict__ W, int in, int out,
         s = wsum(s);
         if (lane == 0) y[t * yt + h * yh + o] = s;
     }
+}
+
+/* Steps of many tokens with fp16 weights: per head, Y_h [T][out] = X_h [T][in] W_h^T on fp16
+ * mma.sync (fp32 accumulation; x rounded to fp16 as it is staged). Block = 64 tokens x 64
+ * outputs of one head, 4 warps of 32 x 32, K in chunks of 32 (in % 32 == 0, x's strides % 4). */
+constexpr int HM_B = 64, HM_K = 32, HM_LD = HM_K + 8; /* 80-byte rows: ldmatrix without conflicts */
+__global__ void __launch_bounds__(128) head_mma_kernel(const __half *__restrict__ W, int in, int out,
+                                                       const float *__restrict__ x, int64_t xt, int64_t xh, int T,
+                                                       float *__restrict__ y, int64_t yt, int64_t yh) {
+    __shared__ __align__(16) __half As[HM_B * HM_LD], Bs[HM_B * HM_LD];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int wm = warp >> 1, wn = warp & 1;
+    const int o0 = blockIdx.x * HM_B, t0 = blockIdx.y * HM_B, h = blockIdx.z;
+    const __half *Wh = W + (int64_t)h * out * in;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int n = 0; n < 4; n++) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+    const uint32_t abase = (uint32_t)__cvta_generic_to_shared(As + (wm * 32 + (lane & 15)) * HM_LD + (lane >> 4) * 8);
+    const uint32_t bbase = (uint32_t)__cvta_generic_to_shared(
+        Bs + (wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * HM_LD + ((lane >> 3) & 1) * 8);
+    for (int k0 = 0; k0 < in; k0 += HM_K) {
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 4; u++) { /* x: 64 rows x 32 floats, 4 float4 per thread */
+            const int i = tid + u * 128, r = i >> 3, c = (i & 7) * 4, t = t0 + r;
+            float4 v = t < T ? *(const float4 *)(x + t * xt + h * xh + k0 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+            *(uint2 *)(As + r * HM_LD + c) = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) { /* W: 64 rows x 32 halves, 2 x 16 bytes per thread */
+            const int i = tid + u * 128, r = i >> 2, c = (i & 3) * 8, o = o0 + r;
+            uint4 v = o < out ? *(const uint4 *)(Wh + (int64_t)o * in + k0 + c) : make_uint4(0u, 0u, 0u, 0u);
+            *(uint4 *)(Bs + r * HM_LD + c) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < HM_K / 16; kk++) {
+            uint32_t A[2][4], B[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) mlacu_ldsm_x4(A[i], abase + (i * 16 * HM_LD + kk * 16) * 2);
+#pragma unroll
+            for (int j = 0; j < 2; j++) mlacu_ldsm_x4(B[j], bbase + (j * 16 * HM_LD + kk * 16) * 2);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    mlacu_mma_f16(acc[i][2 * j], A[i], B[j][0], B[j][1]);
+                    mlacu_mma_f16(acc[i][2 * j + 1], A[i], B[j][2], B[j][3]);
+                }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = t0 + wm * 32 + i * 16 + g + 8 * r;
+            if (t >= T) continue;
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const int o = o0 + wn * 32 + n * 8 + 2 * c4;
+                float *yr = y + t * yt + h * yh;
+                if (o < out) yr[o] = acc[i][n][2 * r];
+                if (o + 1 < out) yr[o + 1] = acc[i][n][2 * r + 1];
+            }
+        }
 }
 
 /* ---------------------------------------------------------------- MoE plan + combine */
@@ -672,10 +962,69 @@ extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int
     return (size_t)T * (size_t)H * (size_t)n_splits * (size_t)(L + 2);
 }
 
+/* Splits of a launch: enough blocks for two waves of two per SM over 132 SMs, each split at
+ * least min_keys keys, within the work buffer. */
+static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys) {
+    if (!a->work) return 1;
+    const int64_t want = (264 + blocks_per_split - 1) / blocks_per_split, maxs = (nk_max + min_keys - 1) / min_keys;
+    int splits = (int)(want < maxs ? want : maxs);
+    if (splits < 1) splits = 1;
+    while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats) splits--;
+    return splits;
+}
+
+/* Combines the splits of a launch (none to combine with one). */
+static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st, mla_err *e) {
+    if (splits == 1) return MLA_OK;
+    mla_attn_reduce_kernel<<<dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, st>>>(
+        a->work, (int)a->n_head, (int)a->kv_lora, splits, a->out);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
+    return MLA_OK;
+}
+
+template <int L, int R>
+static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+    using C = tc_cfg<L, R>;
+    static bool smem_set = false;
+    if (!smem_set) {
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
+                    e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
+        smem_set = true;
+    }
+    dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
+    mla_attn_tc_kernel<L, R><<<grid, TC_T, C::SMEM, stream>>>(k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
+    return MLA_OK;
+}
+
+/* The tensor-core attention where a kernel exists for the shape: MLA_OK, MLA_ERR, or 1 (none:
+ * the caller takes the fp32 kernel). */
+static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream stream, mla_err *e) {
+    const int64_t L = a->kv_lora, R = a->n_rope;
+    const bool w512 = L == 512 && R == 64, w256 = L == 256 && R == 32;
+    if (!w512 && !w256) return 1;
+    if (!a->blk_tok && ((uintptr_t)a->kv & 15)) return 1;
+    if (a->blk_tok && (a->blk_off & 3)) return 1;
+    const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 64);
+    attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
+                a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
+    cudaStream_t st = (cudaStream_t)stream;
+    const int r = w512 ? tc_launch<512, 64>(k, a->n_tokens, a->n_head, st, e) : tc_launch<256, 32>(k, a->n_tokens, a->n_head, st, e);
+    if (r) return r;
+    return attn_reduce(a, splits, st, e);
+}
+
 extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(a->kv_lora > 0 && a->kv_lora <= AT_T * AT_LP && a->n_rope >= 0 && a->n_rope <= 128);
     MLA_ASSERT(a->n_tokens >= 0 && a->n_tokens <= 65535 && a->n_head > 0);
+    MLA_ASSERT(!a->pos_tok || a->max_keys > 0);
     if (a->n_tokens == 0) return MLA_OK;
+    const int64_t nk_max = a->sel ? a->sel_stride : a->pos_tok ? a->max_keys : a->pos0 + a->n_tokens;
+    if (a->tensor_cores) {
+        const int r = tc_attn(a, nk_max, stream, e);
+        if (r != 1) return r;
+    }
     const int row = (int)(a->kv_lora + a->n_rope);
     const size_t smem = ((size_t)AT_C * (row + 1) + (size_t)AT_HG * row + AT_HG * AT_C) * sizeof(float);
     static size_t smem_set = 0;
@@ -684,31 +1033,15 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
                     "mla_attn: shared memory %zu", smem);
         smem_set = smem;
     }
-    MLA_ASSERT(!a->pos_tok || a->max_keys > 0);
-    const int64_t nk_max = a->sel ? a->sel_stride : a->pos_tok ? a->max_keys : a->pos0 + a->n_tokens;
     const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
-    int splits = 1;
-    if (a->work) {
-        int64_t base = a->n_tokens * hgroups;
-        int64_t want = (264 + base - 1) / base;
-        int64_t maxs = (nk_max + 255) / 256;
-        splits = (int)(want < maxs ? want : maxs);
-        if (splits < 1) splits = 1;
-        while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats)
-            splits--;
-    }
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 256);
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
                 a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
                 splits};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
     mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
-    if (splits > 1) {
-        mla_attn_reduce_kernel<<<dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, (cudaStream_t)stream>>>(
-            a->work, (int)a->n_head, (int)a->kv_lora, splits, a->out);
-        MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
-    }
-    return MLA_OK;
+    return attn_reduce(a, splits, (cudaStream_t)stream, e);
 }
 
 static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_k, const float *const *const *d_tabs,
@@ -777,8 +1110,27 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
     MLA_ASSERT(in > 0 && in <= 1024 && out > 0 && H > 0 && H <= 65535);
     if (T == 0) return MLA_OK;
     dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
-    head_matmul_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+    head_matmul_kernel<float><<<grid, 256, 0, (cudaStream_t)stream>>>(d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
+                (long long)in, (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
+                                        int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
+                                        mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(in > 0 && in <= 1024 && out > 0 && H > 0 && H <= 65535);
+    if (T == 0) return MLA_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
+        dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
+        head_mma_kernel<<<grid, 128, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+    } else {
+        dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
+        head_matmul_kernel<__half><<<grid, 256, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y,
+                                                          yt, yh);
+    }
+    MLACU_CHECK(cudaGetLastError(), e, "head_matmul (fp16) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
     return MLA_OK;
 }

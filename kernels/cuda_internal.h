@@ -7,6 +7,7 @@
 #endif
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,38 @@
 /* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
  * quant_cuda.cu hold one tile's tokens in registers). */
 #define MLACU_MOE_TILE 8
+
+/* mma.sync m16n8k16 bf16 x bf16 -> fp32, c += a b (fragments in the PTX ISA's layout). */
+static __device__ __forceinline__ void mlacu_mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* the same with fp16 operands */
+static __device__ __forceinline__ void mlacu_mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* ldmatrix .x4: four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8
+ * of matrix i / 8 and receives in r[j] its two elements of matrix j (row lane / 4, columns
+ * 2 (lane % 4), +1; with _t the matrix transposed). */
+static __device__ __forceinline__ void mlacu_ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void mlacu_ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 
 static inline int mlacu_fail_(mla_err *e, cudaError_t err) {
     if (e) {

@@ -166,6 +166,11 @@ typedef struct mla_cuda_attn_args {
     int64_t blk_off;
     const int32_t *pos_tok;
     int64_t max_keys;
+    /* 1: fp16 tensor cores (queries, keys and softmax weights rounded to fp16, fp32 accumulation,
+     * as llama.cpp's FlashAttention) where a kernel exists for the shape (kv_lora 512 + rope 64, the
+     * DeepSeek/Kimi/GLM-5 width, or 256 + 32, the fixtures'; the cache and offsets 16-byte
+     * aligned); other shapes and 0: fp32 CUDA cores. */
+    int tensor_cores;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
@@ -201,6 +206,12 @@ int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_
 int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                          int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
                          mla_cuda_stream stream, mla_err *e);
+/* The same with fp16 weights (d_w: n_head * out * in halves, e.g. converted at load): steps of
+ * more than 8 tokens on fp16 tensor cores (x rounded to fp16, fp32 accumulation) when in % 32 == 0
+ * and x's strides are multiples of 4 floats, else the row-per-warp kernel reading fp16 weights. */
+int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
+                             int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
+                             mla_cuda_stream stream, mla_err *e);
 
 /* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
  * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,

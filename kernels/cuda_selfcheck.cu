@@ -1,5 +1,6 @@
 /* cuda_selfcheck: small known-answer tests of the CUDA ops against the CPU references, for a
  * worker to run before serving (catches a wrong build, a broken driver or a bad device). */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
@@ -172,15 +173,51 @@ out:
     return rc;
 }
 
+/* The absorbed per-head products: float weights (bound 1e-5) and fp16 weights (3e-3: the weights
+ * and, on the tensor-core path of T > 8, x rounded to fp16), 3 heads of 96 x 64, T = 1 and 20. */
+int check_head(gr_rng *r, int64_t T, bool f16, mla_err *e) {
+    enum { H = 3, IN = 64, OUT = 96 };
+    std::vector<float> w(H * OUT * IN), x(T * H * IN), ref(T * H * OUT), got(T * H * OUT);
+    std::vector<__half> wh(w.size());
+    gr_fill(r, w.data(), w.size(), 0.1f);
+    gr_fill(r, x.data(), x.size(), 1.0f);
+    for (size_t i = 0; i < w.size(); i++) wh[i] = __float2half_rn(w[i]);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t o = 0; o < OUT; o++) {
+                double acc = 0;
+                for (int64_t i = 0; i < IN; i++) acc += (double)w[(h * OUT + o) * IN + i] * x[(t * H + h) * IN + i];
+                ref[(t * H + h) * OUT + o] = (float)acc;
+            }
+    scratch s = {{0}, 0};
+    int rc = MLA_ERR;
+    void *dw = f16 ? salloc(&s, wh.size() * 2, wh.data()) : salloc(&s, w.size() * 4, w.data());
+    float *dx = (float *)salloc(&s, x.size() * 4, x.data()), *dy = (float *)salloc(&s, got.size() * 4, NULL);
+    if (!dw || !dx || !dy) {
+        mla_errf(e, "cuda_selfcheck: device allocation failed");
+    } else if ((f16 ? mla_cuda_head_matmul_f16(dw, H, IN, OUT, dx, H * IN, IN, T, dy, H * OUT, OUT, 0, e)
+                    : mla_cuda_head_matmul((const float *)dw, H, IN, OUT, dx, H * IN, IN, T, dy, H * OUT, OUT, 0, e)) ==
+               MLA_OK) {
+        if (cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+            mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(cudaGetLastError()));
+        else
+            rc = compare(f16 ? "head_matmul fp16" : "head_matmul", got.data(), ref.data(), T * H * OUT, f16 ? 3e-3 : 1e-5, e);
+    }
+    sfree(&s);
+    return rc;
+}
+
 /* Absorbed MLA attention, both launch forms, against mla_attn: a prefill-shaped call over one
  * contiguous cache (5 tokens after 20 cached, no split) and a batched decode call over paged
  * caches (3 sequences at positions 40, 5 and 577, their blocks scattered over a pool in a shuffled
  * order, the second layer's rows of each block, grid sized for 600 keys: split over 3 key chunks,
- * some of them empty for the shorter sequences). 12 heads (two head groups, the second partial),
- * kv_lora 64, rope 16. */
-int check_attn(gr_rng *r, mla_err *e) {
-    enum { H = 12, L = 64, R = 16, ROW = L + R, T = 5, P0 = 20, B = 3, MAXK = 600, BS = MLA_CUDA_KV_BLOCK,
-           NBS = (MAXK + BS - 1) / BS, POOL = 16, BLK = 2 * BS * ROW, OFF = BS * ROW };
+ * some of them empty for the shorter sequences). 12 heads (two head groups of the fp32 kernel, the
+ * second partial; one partial group of the tensor-core kernel). The fp32 kernel at kv_lora 64,
+ * rope 16 (bound 1e-4), the fp16 tensor-core kernel at 256 + 32 (bound 1e-2, fp16 rounding). */
+int check_attn(gr_rng *r, int L, int R, bool tc, mla_err *e) {
+    enum { H = 12, T = 5, P0 = 20, B = 3, MAXK = 600, BS = MLA_CUDA_KV_BLOCK, NBS = (MAXK + BS - 1) / BS, POOL = 16 };
+    const int ROW = L + R, BLK = 2 * BS * ROW, OFF = BS * ROW;
+    const double tol = tc ? 1e-2 : 1e-4;
     static const int32_t pos[B] = {40, 5, 577};
     static const int order[POOL] = {7, 3, 12, 0, 9, 14, 1, 5, 11, 2, 15, 4, 8, 13, 6, 10};
     /* per call (ranks may be threads of one process, each running its own self-check) */
@@ -214,10 +251,10 @@ int check_attn(gr_rng *r, mla_err *e) {
         mla_attn_args ca = {qa, qp, T, H, L, R, kv, P0, scale, NULL, NULL, 0, ref};
         mla_attn(NULL, &ca);
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
-                                NULL, 0, NULL, 0};
+                                NULL, 0, NULL, 0, tc};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, got_b, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
-        if (compare("mla_attn (prefill form)", got, ref, T * H * L, 1e-4, e) != MLA_OK) goto out;
+        if (compare(tc ? "mla_attn tensor cores (prefill form)" : "mla_attn (prefill form)", got, ref, T * H * L, tol, e) != MLA_OK) goto out;
     }
     {
         int next = 0;
@@ -239,10 +276,11 @@ int check_attn(gr_rng *r, mla_err *e) {
             cudaMemcpy(dtabs, tabs, tabs_b, cudaMemcpyHostToDevice) != cudaSuccess)
             goto cuda_fail;
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
-                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK};
+                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK, tc};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, (size_t)B * H * L * 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
-        if (compare("mla_attn (paged, batched decode form)", got, ref, B * H * L, 1e-4, e) != MLA_OK) goto out;
+        if (compare(tc ? "mla_attn tensor cores (paged, batched decode form)" : "mla_attn (paged, batched decode form)", got,
+                    ref, B * H * L, tol, e) != MLA_OK) goto out;
     }
     rc = MLA_OK;
     goto out;
@@ -270,7 +308,11 @@ extern "C" int cuda_selfcheck(mla_err *e) {
         if (mla_cuda_q8_supported(t) && check_matmul(t, 1280, 70, 67, MM_Q8MMA, &r, e) != MLA_OK) return MLA_ERR;
     }
     if (check_small_ops(&r, e) != MLA_OK) return MLA_ERR;
-    if (check_attn(&r, e) != MLA_OK) return MLA_ERR;
+    for (int64_t T : {1, 20})
+        for (bool f16 : {false, true})
+            if (check_head(&r, T, f16, e) != MLA_OK) return MLA_ERR;
+    if (check_attn(&r, 64, 16, false, e) != MLA_OK) return MLA_ERR;
+    if (check_attn(&r, 256, 32, true, e) != MLA_OK) return MLA_ERR;
     cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;

@@ -277,14 +277,6 @@ __device__ __forceinline__ void split_bf16(float a, float b, uint32_t &hi, uint3
     lo = *(uint32_t *)&l;
 }
 
-__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* SPLIT: activations and weights split into bf16 hi + lo and three MMAs per fragment
  * (hi*hi + hi*lo + lo*hi, fp32 accumulate): about fp32-GEMV accuracy (the lo*lo term, ~2^-16
  * relative, is left out) at tensor-core speed. Hi and lo tiles double the shared memory, so
@@ -395,12 +387,12 @@ __global__ void __launch_bounds__(256)
                     uint32_t l1 = *(const uint32_t *)&Bs[buf][NP - 1][n][c + 8];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
-                        mma_bf16(acc[mt][nt], a[NP - 1][mt], b0, b1);
-                        mma_bf16(acc[mt][nt], a[0][mt], l0, l1);
+                        mlacu_mma_bf16(acc[mt][nt], a[NP - 1][mt], b0, b1);
+                        mlacu_mma_bf16(acc[mt][nt], a[0][mt], l0, l1);
                     }
                 }
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) mma_bf16(acc[mt][nt], a[0][mt], b0, b1);
+                for (int mt = 0; mt < 2; mt++) mlacu_mma_bf16(acc[mt][nt], a[0][mt], b0, b1);
             }
         }
     }

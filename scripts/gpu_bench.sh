@@ -48,7 +48,7 @@ echo "ours done ($(since))"
 # batch-1 row above is what the serving stack adds per step
 if [ -x build-gpu-carried/mla-e2e ]; then
   echo "11 22 33 44 55 66 77 88" >"$W/tok8.txt"
-  echo "mla-e2e alone (MLA_CUDA_Q8=1): $(MLA_CUDA_Q8=1 MLA_E2E_TIME=1 timeout 120 build-gpu-carried/mla-e2e logits -m "$M" \
+  echo "mla-e2e alone (--split, the engine's default mode): $(MLA_E2E_TIME=1 timeout 120 build-gpu-carried/mla-e2e logits -m "$M" --split \
     --tokens "$W/tok8.txt" --out "$W/l8.f32" --greedy 32 --ids-out "$W/ids8.txt" 2>&1 | grep -E 'timing|graphs' | tr '\n' ' ')"
 fi
 if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
@@ -75,14 +75,25 @@ fi
 # first decode kernels.
 if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}" = 1 ]; then
   echo "11 22 33 44 55 66 77 88" >"$W/tok.txt"
-  e2e=(build-gpu-carried/mla-e2e logits -m "$M" --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 3 --ids-out "$W/ids.txt")
-  for q in ${NCU_Q8:-1 0}; do
+  e2e=(build-gpu-carried/mla-e2e logits -m "$M" --split --tokens "$W/tok.txt" --out "$W/l.f32" --greedy 3 --ids-out "$W/ids.txt")
+  for q in ${NCU_Q8:-1}; do
     MLA_CUDA_Q8=$q MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-100}" ncu --clock-control none --cache-control none --csv \
       --metrics gpu__time_duration.sum "${e2e[@]}" >"$OUT/ncu-step-q8$q.csv" 2>"$OUT/ncu-step-q8$q.err" ||
       echo "ncu (MLA_CUDA_Q8=$q): exit status $?"
     echo "decode step by kernel, MLA_CUDA_Q8=$q:"
     python3 bench/ncu_step.py "$OUT/ncu-step-q8$q.csv" | tee "$OUT/ncu-step-q8$q.md" | head -24
   done
+  # the same for a 512-token prompt (the first step of the run: ncu_step.py --step 1 with two
+  # greedy tokens), NCU_PREFILL=0 skips it
+  if [ "${NCU_PREFILL:-1}" = 1 ]; then
+    seq 1000 1511 | tr '\n' ' ' >"$W/tok512.txt"
+    MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-100}" ncu --clock-control none --cache-control none --csv \
+      --metrics gpu__time_duration.sum build-gpu-carried/mla-e2e logits -m "$M" --split --tokens "$W/tok512.txt" \
+      --out "$W/l.f32" --greedy 2 --ids-out "$W/ids.txt" >"$OUT/ncu-prefill.csv" 2>"$OUT/ncu-prefill.err" ||
+      echo "ncu (prefill 512): exit status $?"
+    echo "prefill step (512 tokens) by kernel:"
+    python3 bench/ncu_step.py "$OUT/ncu-prefill.csv" --step 1 | tee "$OUT/ncu-prefill.md" | head -30
+  fi
   if [ "${NCU_SOL:-0}" = 1 ]; then
     MLA_CUDA_GRAPHS=0 timeout "${NCU_S:-90}" ncu --clock-control none --section SpeedOfLight \
       -k regex:'gemv|mla_attn|grp|moe|mma' --launch-skip "${NCU_SKIP:-60}" -c "${NCU_COUNT:-14}" "${e2e[@]}" \

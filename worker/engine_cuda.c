@@ -7,7 +7,8 @@
  *   MLA_CUDA_FAST=1: plain bf16 tensor cores for float weights in steps of more than 8 tokens
  *     (logits ~4e-2 off in log-prob on the fixtures);
  *   MLA_CUDA_FAST=exact: every matmul the fp32 GEMV, activations never rounded (slow prefill);
- *   MLA_CUDA_Q8=0|1 turns the int8 activations off or on in any mode.
+ *   MLA_CUDA_Q8=0|1 turns the int8 activations off or on in any mode;
+ *   attention runs on fp16 tensor cores except in exact mode; MLA_CUDA_ATTN=tc|fp32 decides.
  * The decode sequences of a step run as one batched step (CUDA graphs where the collective
  * allows: worker/model_cuda.h mla_cmodel_decode); greedy rows take their token on the device. */
 #include <stdio.h>

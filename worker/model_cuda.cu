@@ -1,5 +1,6 @@
 /* model_cuda: the CUDA forward pass (worker/model_cuda.h), step for step the CPU model of
  * worker/model.c (read that file for the meaning of every stage). */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,7 +49,7 @@ struct dffn {
 struct dlayer {
     float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;
     dmat q_a, q_b, kv_a, o;
-    float *kb, *vb; /* [Hl][KL][dn], [Hl][dv][KL] */
+    void *kb, *vb; /* [Hl][KL][dn], [Hl][dv][KL]: float, or fp16 with m->kvb_f16 */
     bool o_gather;
     int64_t o_r0, o_r1;
     dmat iq_b, ik, iproj;
@@ -74,6 +75,8 @@ struct mla_cmodel {
     int rank, world, device;
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
+    bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
+    bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
@@ -279,8 +282,18 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
             free(row);
         }
     }
-    int rc = up_bytes(m, (void **)&l->kb, kb, (size_t)(Hl * KL * dn) * 4, 0, err);
-    if (rc == MLA_OK) rc = up_bytes(m, (void **)&l->vb, vb, (size_t)(Hl * dv * KL) * 4, 0, err);
+    const size_t nk = (size_t)(Hl * KL * dn), nv = (size_t)(Hl * dv * KL);
+    int rc;
+    if (m->kvb_f16) { /* in place: the halves fill the front of the float buffers */
+        __half *hk = (__half *)kb, *hv = (__half *)vb;
+        for (size_t i = 0; i < nk; i++) hk[i] = __float2half_rn(kb[i]);
+        for (size_t i = 0; i < nv; i++) hv[i] = __float2half_rn(vb[i]);
+        rc = up_bytes(m, &l->kb, hk, nk * 2, 0, err);
+        if (rc == MLA_OK) rc = up_bytes(m, &l->vb, hv, nv * 2, 0, err);
+    } else {
+        rc = up_bytes(m, &l->kb, kb, nk * 4, 0, err);
+        if (rc == MLA_OK) rc = up_bytes(m, &l->vb, vb, nv * 4, 0, err);
+    }
     free(kb);
     free(vb);
     return rc;
@@ -311,6 +324,15 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
         const char *q8 = getenv("MLA_CUDA_Q8");
         m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
+        /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
+        const char *at = getenv("MLA_CUDA_ATTN");
+        if (at && strcmp(at, "tc") && strcmp(at, "fp32")) {
+            mla_errf(err, "MLA_CUDA_ATTN=%s: expected tc or fp32", at);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->attn_tc = at ? !strcmp(at, "tc") : !m->exact;
+        m->kvb_f16 = !m->exact;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -738,6 +760,13 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err)
     return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, T, err);
 }
 
+/* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads. */
+static int head_mm(mla_cmodel *m, const void *w, int64_t in, int64_t out, const float *x, int64_t xt, int64_t xh,
+                   int64_t T, float *y, int64_t yt, int64_t yh, mla_err *err) {
+    if (m->kvb_f16) return mla_cuda_head_matmul_f16(w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err);
+    return mla_cuda_head_matmul((const float *)w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err);
+}
+
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
@@ -751,7 +780,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
        "k_pe copy");
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, kvc + pos0 * row + KL, T, 1, dr, row, pos0, NULL, st, err));
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, pos0, NULL, st, err));
-    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, st, err));
+    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
@@ -774,7 +803,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             NULL, 0, NULL, 0};
+                             NULL, 0, NULL, 0, m->attn_tc};
     TRY(mla_cuda_mla_attn(&aa, st, err));
     return attn_out(m, l, T, err);
 }
@@ -785,7 +814,7 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
     cudaStream_t st = m->st;
-    TRY(mla_cuda_head_matmul(l->vb, Hl, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, st, err));
+    TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, err));
     if (!l->o_gather) {
         TRY(mm(m, &l->o, m->o, T, m->y, err));
     } else {
@@ -862,7 +891,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
     TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, st, err));
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
-    TRY(mla_cuda_head_matmul(l->kb, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, st, err));
+    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         /* always through the indexer: a token with no more than top_k keys selects all of them,
@@ -883,7 +912,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             tabs, kv_off, pos, max_keys};
+                             tabs, kv_off, pos, max_keys, m->attn_tc};
     TRY(mla_cuda_mla_attn(&aa, st, err));
     return attn_out(m, l, T, err);
 }

@@ -32,7 +32,9 @@ typedef struct mla_cstate mla_cstate;
 typedef struct mla_cmodel_opts {
     int device;        /* CUDA device ordinal */
     bool exact;        /* fp32 GEMV for every matmul (no tensor cores); the int8 activations of
-                        * quantized weights (MLA_CUDA_Q8) are off unless MLA_CUDA_Q8=1 */
+                        * quantized weights (MLA_CUDA_Q8) are off unless MLA_CUDA_Q8=1, and attention
+                        * stays on fp32 CUDA cores unless MLA_CUDA_ATTN=tc (MLA_CUDA_ATTN=fp32 keeps
+                        * it there in the other modes; another value fails the load) */
     /* the coll takes DEVICE buffers, ordered with the model's stream (NCCL, common/coll_nccl.h:
      * the owner attaches mla_cmodel_stream() to it before the first forward); false: host
      * buffers (the host collective; the model stages through pinned memory) */

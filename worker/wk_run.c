@@ -17,6 +17,7 @@
 #include "mla_log.h"
 #include "sample.h"
 #include "wire.h"
+#include "zspin.h"
 
 #define WK_REFUSED (-3)
 
@@ -102,6 +103,7 @@ typedef struct wk {
     bool *greedy;
     int32_t *gtok;
     uint32_t flags_cap;
+    long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
 } wk;
 
 /* A row the engine may sample itself (engine_ops.step_greedy): greedy, nothing the host sampler
@@ -384,6 +386,8 @@ static void *compute_main(void *arg) {
     hist_tab hist = {0};
     for (;;) {
         wire_msg *m = NULL;
+        zmq_pollitem_t it = {pair, 0, ZMQ_POLLIN, 0};
+        zspin_poll(&it, 1, -1, w->spin_us); /* the next step of a decode loop comes quickly */
         int n = zmq_recv(pair, &m, sizeof m, 0);
         if (n != (int)sizeof m) {
             if (n < 0 && zmq_errno() == EINTR) continue;
@@ -546,6 +550,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     wk w;
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
+    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -641,7 +646,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
             break;
         }
         zmq_pollitem_t items[2] = {{dealer, 0, ZMQ_POLLIN, 0}, {pair, 0, ZMQ_POLLIN, 0}};
-        int prc = zmq_poll(items, 2, hb_ms);
+        int prc = zspin_poll(items, 2, hb_ms, w.spin_us);
         if (prc < 0) {
             if (zmq_errno() == EINTR) continue;
             rc = mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));

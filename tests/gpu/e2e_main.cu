@@ -8,7 +8,8 @@
  * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
  * cores for steps of more than 8 tokens; --split or MLA_E2E_FAST=split: the split-bf16 tensor
  * cores (hi/lo, 3 MMAs, fp32-class accuracy) there; --fast and --split also turn on the int8
- * activations of quantized weights (MLA_CUDA_Q8=0|1 decides in any mode). Env MLA_E2E_TIME=1
+ * activations of quantized weights (MLA_CUDA_Q8=0|1 decides in any mode) and the tensor-core
+ * attention (MLA_CUDA_ATTN=tc|fp32 decides in any mode). Env MLA_E2E_TIME=1
  * prints step timings; every run prints each rank's CUDA graph captures and launches, and with
  * MLA_CUDA_GRAPHS=require fails when decode steps ran without a graph.
  * --batch (with --greedy): every prompt is prefilled first, then the greedy continuations of all

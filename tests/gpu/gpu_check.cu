@@ -7,6 +7,7 @@
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
  * Usage: mla-gpu-check [--quick] [--out FILE]   exit status 0 when every check passes. */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdarg.h>

@@ -1,0 +1,35 @@
+#include "zspin.h"
+
+#include "mla_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+int zspin_poll(zmq_pollitem_t *items, int n, long timeout_ms, long spin_us) {
+    if (spin_us > 0) {
+        const long long end = now_us() + spin_us;
+        do {
+            int rc = zmq_poll(items, n, 0);
+            if (rc != 0) return rc;
+        } while (now_us() < end);
+    }
+    return zmq_poll(items, n, timeout_ms);
+}
+
+long zspin_default(const char *backend) {
+    const char *e = getenv("MLA_SPIN_US");
+    if (e && *e) {
+        char *end;
+        long v = strtol(e, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000) return v;
+        MLA_WARN("MLA_SPIN_US=%s: expected microseconds 0..1000000; using the default", e);
+    }
+    return backend && !strcmp(backend, "cuda") ? 2000 : 0;
+}
