@@ -168,24 +168,43 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     }
 }
 
-/* Combines the splits of one (head, token): block (h, t). */
-__global__ void mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits, float *__restrict__ out) {
-    const int h = blockIdx.x, t = blockIdx.y;
+/* Combines the splits of one (head, token): block (h, t), 256 threads. The splits' maxima and
+ * sums are read in parallel into shared memory (weights exp(m_s - M) / den there), then each
+ * thread sums its columns over the splits with independent loads. */
+constexpr int AR_MAXS = 1024;
+__global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits,
+                                                               float *__restrict__ out) {
+    __shared__ float wgt[AR_MAXS], red[2][8];
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *w = work + ((int64_t)t * H + h) * splits * (L + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, w[s * (L + 2)]);
-    float den = 0.f;
-    for (int s = 0; s < splits; s++) {
-        float m = w[s * (L + 2)];
-        if (m != -INFINITY) den += w[s * (L + 2) + 1] * __expf(m - M);
+    float mloc = -INFINITY;
+    for (int s = tid; s < splits; s += 256) {
+        wgt[s] = w[s * (L + 2)];
+        mloc = fmaxf(mloc, wgt[s]);
     }
+    mloc = wmax(mloc);
+    if (lane == 0) red[0][warp] = mloc;
+    __syncthreads();
+    float M = red[0][0];
+#pragma unroll
+    for (int i = 1; i < 8; i++) M = fmaxf(M, red[0][i]);
+    float dloc = 0.f;
+    for (int s = tid; s < splits; s += 256) {
+        const float m = wgt[s], e = m == -INFINITY ? 0.f : __expf(m - M);
+        dloc += w[s * (L + 2) + 1] * e;
+        wgt[s] = e;
+    }
+    dloc = wsum(dloc);
+    if (lane == 0) red[1][warp] = dloc;
+    __syncthreads();
+    float den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) den += red[1][i];
     const float inv = den > 0.f ? 1.f / den : 0.f;
-    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+    for (int c = tid; c < L; c += 256) {
         float acc = 0.f;
-        for (int s = 0; s < splits; s++) {
-            float m = w[s * (L + 2)];
-            if (m != -INFINITY) acc += w[s * (L + 2) + 2 + c] * __expf(m - M);
-        }
+#pragma unroll 8
+        for (int s = 0; s < splits; s++) acc += w[s * (L + 2) + 2 + c] * wgt[s];
         out[((int64_t)t * H + h) * L + c] = acc * inv;
     }
 }
@@ -212,8 +231,13 @@ template <int L, int R> struct tc_cfg {
     static constexpr int NT = L / 16;                              /* n-tiles of 8 per warp (L / 2 columns) */
     static constexpr int KS = ROW / 16;                            /* k-steps of S */
     static constexpr int PER = TC_KT * (ROW / 4) / TC_T;           /* float4 loads per thread and tile */
-    static constexpr size_t SMEM = ((size_t)(TC_HR + TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
-    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0,
+    static constexpr int NB = PER / 6;                             /* load batches of 6 float4 per tile */
+    static constexpr int QP = TC_HR * (ROW / 2) / TC_T;            /* query float2 per thread */
+    /* queries, two key tiles (the one in use, the next one loading), P, the row exchanges: 112.5 KB
+     * at 512 + 64, two blocks in the 228 KB of an H100/H200 SM */
+    static constexpr size_t SMEM = ((size_t)(TC_HR + 2 * TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
+    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0 &&
+                      KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 12 == 0,
                   "tensor-core attention shape");
 };
 
@@ -229,8 +253,8 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __shared__ const float *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
     __half *qs = (__half *)tc_sm;
-    __half *ks = qs + TC_HR * C::LDS;
-    __half *ps = ks + TC_KT * C::LDS;
+    __half *ks = qs + TC_HR * C::LDS; /* two tiles of TC_KT rows */
+    __half *ps = ks + 2 * TC_KT * C::LDS;
     float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
@@ -241,7 +265,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + TC_KT - 1) / TC_KT * TC_KT;
     const int64_t k0 = (int64_t)split * per;
     const int64_t k1 = nk < k0 + per ? nk : k0 + per;
-    /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane */
+    /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane (NULL past k1) */
     auto rows_of = [&](int64_t kb, const float **dst) {
         const int64_t k = kb + lane;
         const float *src = nullptr;
@@ -251,65 +275,102 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         }
         dst[lane] = src;
     };
+    /* batch b of a tile: 6 float4 per thread from the rows in rp, then into key buffer kd */
+    constexpr int IPK = C::ROW / 4;
+    auto load_batch = [&](const float *const *rp, int b, float4 *v) {
+#pragma unroll
+        for (int u = 0; u < 6; u++) {
+            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+            const float *src = rp[j];
+            v[u] = src ? __ldg((const float4 *)(src + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    auto store_batch = [&](__half *kd, int b, const float4 *v) {
+#pragma unroll
+        for (int u = 0; u < 6; u++) {
+            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+            *(uint2 *)(kd + j * C::LDS + c) = make_uint2(pack_h2(v[u].x, v[u].y), pack_h2(v[u].z, v[u].w));
+        }
+    };
     if (warp == 0 && k0 < k1) rows_of(k0, rowp[0]);
     const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
-    for (int i = tid; i < TC_HR * (C::ROW / 2); i += TC_T) {
-        const int h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
-        float v0 = 0.f, v1 = 0.f;
-        if (hh < a.H) {
-            if (c < L) {
-                const float *q = a.qa + ((int64_t)t * a.H + hh) * L + c;
-                v0 = q[0];
-                v1 = q[1];
-            } else {
-                const float *q = a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L);
-                v0 = q[0];
-                v1 = q[1];
-            }
+    /* the queries: float2 loads, 12 in flight per thread (the host checked their alignment) */
+#pragma unroll 1
+    for (int b = 0; b < C::QP; b += 12) {
+        float2 v[12];
+#pragma unroll
+        for (int u = 0; u < 12; u++) {
+            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
+            v[u] = make_float2(0.f, 0.f);
+            if (hh < a.H)
+                v[u] = c < L ? *(const float2 *)(a.qa + ((int64_t)t * a.H + hh) * L + c)
+                             : *(const float2 *)(a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L));
         }
-        *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v0 * sl2, v1 * sl2);
+#pragma unroll
+        for (int u = 0; u < 12; u++) {
+            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2;
+            *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v[u].x * sl2, v[u].y * sl2);
+        }
+    }
+    /* the first tile, loaded before the loop (two batches in flight); the loop loads tile i + 1
+     * during tile i's scores */
+    __syncthreads();
+    if (k0 < k1) {
+#pragma unroll 1
+        for (int b = 0; b < C::NB; b += 2) {
+            float4 v[6], v2[6];
+            load_batch(rowp[0], b, v);
+            if (b + 1 < C::NB) load_batch(rowp[0], b + 1, v2);
+            store_batch(ks, b, v);
+            if (b + 1 < C::NB) store_batch(ks, b + 1, v2);
+        }
+        if (warp == 0 && k0 + TC_KT < k1) rows_of(k0 + TC_KT, rowp[1]);
     }
     float o[C::NT][4];
 #pragma unroll
     for (int n = 0; n < C::NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const uint32_t qaddr = smem_u32(qs + (mt * 16 + (lane & 15)) * C::LDS + (lane >> 4) * 8);
-    const uint32_t kaddr = smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8);
+    const uint32_t kaddr0 = smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8);
     const uint32_t paddr = smem_u32(ps + (mt * 16 + (lane & 15)) * C::LDP + (lane >> 4) * 8);
-    const uint32_t vaddr =
+    const uint32_t vaddr0 =
         smem_u32(ks + ((lane & 7) + (((lane >> 3) & 1) << 3)) * C::LDS + half * (L / 2) + (lane >> 4) * 8);
+    constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
     int buf = 0;
     for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
-        __syncthreads(); /* the previous tile's readers are done; rowp[buf] is written */
-        {
-            constexpr int IPK = C::ROW / 4, BATCH = 6;
-#pragma unroll 1
-            for (int b0 = 0; b0 < C::PER; b0 += BATCH) {
-                float4 v[BATCH];
-#pragma unroll
-                for (int u = 0; u < BATCH; u++) {
-                    const int i = tid + (b0 + u) * TC_T, j = i / IPK, c = i % IPK * 4;
-                    const float *src = rowp[buf][j];
-                    v[u] = src ? __ldg((const float4 *)(src + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-#pragma unroll
-                for (int u = 0; u < BATCH; u++) {
-                    const int i = tid + (b0 + u) * TC_T, j = i / IPK, c = i % IPK * 4;
-                    *(uint2 *)(ks + j * C::LDS + c) = make_uint2(pack_h2(v[u].x, v[u].y), pack_h2(v[u].z, v[u].w));
-                }
-            }
-        }
-        if (warp == 0 && kb + TC_KT < k1) rows_of(kb + TC_KT, rowp[buf ^ 1]);
-        __syncthreads();
+        __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
+                          * readers of buffer buf ^ 1 (the previous tile) are done */
+        const bool next = kb + TC_KT < k1;
+        const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
+        __half *knext = ks + (buf ^ 1) * TC_KT * C::LDS;
+        /* S = Q K^T, two accumulator sets per n-tile (independent mma chains), and in between
+         * the next tile's loads, batch by batch */
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 6
-        for (int kk = 0; kk < C::KS; kk++) {
-            uint32_t A[4], B[4];
-            mlacu_ldsm_x4(A, qaddr + kk * 32);
-            mlacu_ldsm_x4(B, kaddr + kk * 32);
-            mlacu_mma_f16(s[0], A, B[0], B[1]);
-            mlacu_mma_f16(s[1], A, B[2], B[3]);
+        float s2[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+        for (int b = 0; b < C::NB; b++) {
+            float4 v[6];
+            if (next) load_batch(rowp[buf ^ 1], b, v);
+#pragma unroll
+            for (int k6 = 0; k6 < 6; k6 += 2) {
+                const int kk = 6 * b + k6;
+                uint32_t A[4], B[4], A2[4], B2[4];
+                mlacu_ldsm_x4(A, qaddr + kk * 32);
+                mlacu_ldsm_x4(B, kaddr + kk * 32);
+                mlacu_ldsm_x4(A2, qaddr + kk * 32 + 32);
+                mlacu_ldsm_x4(B2, kaddr + kk * 32 + 32);
+                mlacu_mma_f16(s[0], A, B[0], B[1]);
+                mlacu_mma_f16(s[1], A, B[2], B[3]);
+                mlacu_mma_f16(s2[0], A2, B2[0], B2[1]);
+                mlacu_mma_f16(s2[1], A2, B2[2], B2[3]);
+            }
+            if (next) store_batch(knext, b, v);
         }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] += s2[j][e];
+        if (warp == 0 && kb + 2 * TC_KT < k1) rows_of(kb + 2 * TC_KT, rowp[buf]);
         /* s[j][e]: row g (e < 2) or g + 8, key 16 half + 8 j + 2 c4 + (e & 1) */
         const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -587,6 +648,63 @@ __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, co
         }
         s = wsum(s);
         if (lane == 0) y[t * yt + h * yh + o] = s;
+    }
+}
+
+/* Decode steps (T <= 8) with fp16 weights of rows of IN halves: a block = 64 output rows of one
+ * head (8 per warp), x of the head staged in shared memory; G = min(32, IN / 8) lanes share a
+ * row, each taking 16-byte chunks, and every lane issues all its loads before it computes. */
+template <int IN>
+__global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__restrict__ W, int out,
+                                                            const float *__restrict__ x, int64_t xt, int64_t xh, int T,
+                                                            float *__restrict__ y, int64_t yt, int64_t yh) {
+    constexpr int CPR = IN / 8, G = CPR < 32 ? CPR : 32, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
+    static_assert(IN % 8 == 0 && 32 % G == 0 && CPR % G == 0 && 8 % RPW == 0, "head GEMV shape");
+    __shared__ __align__(16) float xs[8 * IN];
+    const int h = blockIdx.y, o0 = blockIdx.x * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
+    const int sub = lane / G, gl = lane % G;
+    uint4 w[NP][NJ];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int o = o0 + warp * 8 + p * RPW + sub;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            w[p][j] = o < out ? __ldg((const uint4 *)(W + ((int64_t)h * out + o) * IN + (gl + G * j) * 8))
+                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const __half2 *wh = (const __half2 *)&w[p][j];
+            float wf[8];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 f = __half22float2(wh[q]);
+                wf[2 * q] = f.x;
+                wf[2 * q + 1] = f.y;
+            }
+            const int c = (gl + G * j) * 8;
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                if (t >= T) break;
+                const float4 a = *(const float4 *)(xs + t * IN + c), b = *(const float4 *)(xs + t * IN + c + 4);
+                acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                          wf[7] * b.w;
+            }
+        }
+        const int o = o0 + warp * 8 + p * RPW + sub;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= T) break;
+            float v = acc[t];
+#pragma unroll
+            for (int off = G / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (gl == 0 && o < out) y[t * yt + h * yh + o] = v;
+        }
     }
 }
 
@@ -969,6 +1087,7 @@ static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, in
     const int64_t want = (264 + blocks_per_split - 1) / blocks_per_split, maxs = (nk_max + min_keys - 1) / min_keys;
     int splits = (int)(want < maxs ? want : maxs);
     if (splits < 1) splits = 1;
+    if (splits > AR_MAXS) splits = AR_MAXS;
     while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats) splits--;
     return splits;
 }
@@ -982,19 +1101,37 @@ static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st,
     return MLA_OK;
 }
 
-template <int L, int R>
-static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+template <int L, int R> static int tc_launch_setup(mla_err *e) {
     using C = tc_cfg<L, R>;
     static bool smem_set = false;
     if (!smem_set) {
         MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
                     e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
+        /* all of the SM's unified memory as shared memory: two blocks per SM */
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
+                    "mla_attn (tensor cores): carveout");
         smem_set = true;
     }
+    return MLA_OK;
+}
+
+template <int L, int R>
+static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+    using C = tc_cfg<L, R>;
+    if (tc_launch_setup<L, R>(e) != MLA_OK) return MLA_ERR;
     dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
     mla_attn_tc_kernel<L, R><<<grid, TC_T, C::SMEM, stream>>>(k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
     return MLA_OK;
+}
+
+extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
+    using C = tc_cfg<512, 64>;
+    mla_err e;
+    if (tc_launch_setup<512, 64>(&e) != MLA_OK) return -1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64>, TC_T, C::SMEM) != cudaSuccess) return -1;
+    return n;
 }
 
 /* The tensor-core attention where a kernel exists for the shape: MLA_OK, MLA_ERR, or 1 (none:
@@ -1004,6 +1141,7 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
     const bool w512 = L == 512 && R == 64, w256 = L == 256 && R == 32;
     if (!w512 && !w256) return 1;
     if (!a->blk_tok && ((uintptr_t)a->kv & 15)) return 1;
+    if (((uintptr_t)a->q_abs & 7) || ((uintptr_t)a->q_pe & 7) || (a->q_pe_ld_t & 1) || (a->q_pe_ld_h & 1)) return 1;
     if (a->blk_tok && (a->blk_off & 3)) return 1;
     const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
     const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 64);
@@ -1125,6 +1263,13 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
         dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
         head_mma_kernel<<<grid, 128, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+    } else if (T <= 8 && (in == 64 || in == 128 || in == 256 || in == 512)) {
+        dim3 grid((unsigned)((out + 63) / 64), (unsigned)H);
+        const __half *w = (const __half *)d_w;
+        if (in == 64) head_gemv_f16_kernel<64><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 128) head_gemv_f16_kernel<128><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 256) head_gemv_f16_kernel<256><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else head_gemv_f16_kernel<512><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
     } else {
         dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
         head_matmul_kernel<__half><<<grid, 256, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y,

@@ -173,6 +173,9 @@ typedef struct mla_cuda_attn_args {
     int tensor_cores;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
+/* Blocks of the tensor-core attention (512 + 64) resident per SM on this device (2 by design;
+ * -1 on an error): what the op harness reports. */
+int mla_cuda_attn_tc_blocks_per_sm(void);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
 
 /* DSA indexer (kernels/dsa_indexer.h): d_scores[t*ld + j] = dsa_scores of query t for keys
@@ -208,7 +211,8 @@ int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t o
                          mla_cuda_stream stream, mla_err *e);
 /* The same with fp16 weights (d_w: n_head * out * in halves, e.g. converted at load): steps of
  * more than 8 tokens on fp16 tensor cores (x rounded to fp16, fp32 accumulation) when in % 32 == 0
- * and x's strides are multiples of 4 floats, else the row-per-warp kernel reading fp16 weights. */
+ * and x's strides are multiples of 4 floats; up to 8 tokens a GEMV with 16-byte weight loads
+ * (in = 64, 128, 256 or 512); else the row-per-warp kernel reading fp16 weights. */
 int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                              int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
                              mla_cuda_stream stream, mla_err *e);
