@@ -31,12 +31,36 @@ __device__ float block_sum(float v, float *red) {
     return warp_sum(s);
 }
 
-__global__ void rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
-                               float eps, float *y, int64_t ldy) {
+constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
+__global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n,
+                                                       const float *__restrict__ w, float eps, float *y, int64_t ldy) {
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
     float ss = 0.f;
+    if (n <= RN_T * RN_V) {
+        /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
+         * the reduction (one block per token is latency, not bandwidth); the same sums and
+         * products, in the same order, as the loops below */
+        float xv[RN_V], wv[RN_V];
+#pragma unroll
+        for (int k = 0; k < RN_V; k++) {
+            const int i = threadIdx.x + k * RN_T;
+            xv[k] = i < n ? xr[i] : 0.f;
+            wv[k] = i < n ? w[i] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < RN_V; k++)
+            if (threadIdx.x + k * RN_T < n) ss += xv[k] * xv[k];
+        ss = block_sum(ss, red);
+        const float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
+#pragma unroll
+        for (int k = 0; k < RN_V; k++) {
+            const int i = threadIdx.x + k * RN_T;
+            if (i < n) yr[i] = xv[k] * r * wv[k];
+        }
+        return;
+    }
     /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
 #pragma unroll 8
     for (int i = threadIdx.x; i < (int)n; i += blockDim.x) ss += xr[i] * xr[i];
@@ -269,7 +293,7 @@ extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
     MLA_ASSERT(n < INT32_MAX);
-    rmsnorm_kernel<<<(unsigned)T, 512, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
+    rmsnorm_kernel<<<(unsigned)T, RN_T, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }

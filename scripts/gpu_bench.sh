@@ -10,7 +10,8 @@
 #      (bench/plot_decode.py) of both
 #   3. Nsight Compute on the first kernels of a few decode steps
 # Env: BUNDLE (release tree, default .bundle), OUT (default ./out), LAYERS (default 4),
-# BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds).
+# BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds),
+# FAMILY (v3, glm5 or v2lite: the shapes mkmodel writes; outputs are named by it).
 # A dry run of the script on the CPU machine (small model, CPU backend, short lists):
 #   BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small NCU=0 \
 #   BENCH_ARGS="--prefill 16 --batch 1,4 --ctx 64 --steps 2" scripts/gpu_bench.sh
@@ -23,10 +24,11 @@ B="$(cd "${BUNDLE:-.bundle}" && pwd)"
 W="${BENCH_DIR:-/tmp/mla-bench}"
 mkdir -p "$W"
 L="${LAYERS:-4}"
-M="$W/v3-${L}l-q4k.gguf"
+F="${FAMILY:-v3}" # v3 | glm5 | v2lite (mkmodel --family)
+M="$W/${F}-${L}l-q4k.gguf"
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }
-[ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family v3 --layers "$L" --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel.log" 2>&1 ||
+[ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" --layers "$L" --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel.log" 2>&1 ||
   { tail -5 "$OUT/mkmodel.log"; exit 1; }
 echo "model: $M ($(du -h "$M" | cut -f1), $(since))"
 # TP 1 and, on a machine with 2+ GPUs, TP 2 over NCCL (one rank per GPU)
@@ -39,9 +41,9 @@ rc=0
 # shellcheck disable=SC2086
 timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat 2 --warmup 2 \
   ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 8 --env MLA_N_CTX=16640} \
-  --bw-gbs "$bw" --tflops 790 --env MLA_CUDA_FAST=split --json "$OUT/bench-v3.json" --md "$OUT/bench-v3.md" \
-  >"$OUT/bench-v3.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-v3.log"; }
-cat "$OUT/bench-v3.md" 2>/dev/null
+  --bw-gbs "$bw" --tflops 790 --env MLA_CUDA_FAST=split --json "$OUT/bench-$F.json" --md "$OUT/bench-$F.md" \
+  >"$OUT/bench-$F.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-$F.log"; }
+cat "$OUT/bench-$F.md" 2>/dev/null
 echo "ours done ($(since))"
 # the same model's decode step without the coordinator, the wire and the worker loop: mla-e2e
 # (one process, greedy on the host, graphs on), 8-token prompt, 32 tokens; the difference to the
@@ -57,10 +59,10 @@ if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
   grep -q "GGML_CUDA_FA=ON" .llama-cuda/README.txt 2>/dev/null && fa=1
   sbs() { timeout "$1" scripts/llama_side_by_side.sh -m "$M" --reps 1 --fa "$fa" "${@:2}" 2>&1 | tail -25; }
   # one GPU: prefill, decode at batch 1 at both contexts, then decode at batch B (llama-batched-bench)
-  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --no-batched
-  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_B_S:-100}" -o "$OUT/llama-1gpu-batched" -p '' -c 1024 --tg 16 --timeout 90 \
-    -b 1,8,32,128,256 --mlaserve "$OUT/bench-v3.json"
-  cp "$OUT/llama-1gpu-batched/decode.png" "$OUT/decode-v3.png" 2>/dev/null || true
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_S:-110}" -o "$OUT/llama-1gpu-$F" -p 512,4096 -c 1024,16384 --tg 32 --timeout 50 --no-batched
+  CUDA_VISIBLE_DEVICES=0 sbs "${LLAMA_B_S:-100}" -o "$OUT/llama-1gpu-batched-$F" -p '' -c 1024 --tg 16 --timeout 90 \
+    -b 1,8,32,128,256 --mlaserve "$OUT/bench-$F.json"
+  cp "$OUT/llama-1gpu-batched-$F/decode.png" "$OUT/decode-$F.png" 2>/dev/null || true
   # every GPU of the machine: llama.cpp's layer split (its default with several GPUs)
   if [ "$ngpu" -ge 2 ]; then sbs "${LLAMA_2_S:-80}" -o "$OUT/llama-${ngpu}gpu-layer" -p 512,4096 -c 1024 --tg 32 --timeout 40 --no-batched; fi
   echo "llama.cpp done ($(since))"

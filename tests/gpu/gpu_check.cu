@@ -523,6 +523,9 @@ int main(int argc, char **argv) {
     check_rmsnorm(4, 1536);
     check_rmsnorm(64, 7168);
     check_rmsnorm(33, 6144);
+    check_rmsnorm(1, 7168);  /* a decode step: one block, registers */
+    check_rmsnorm(3, 9000);  /* past 8192: the two-pass loop */
+    check_rmsnorm(2, 577);
     check_layernorm(16, 128);
     check_swiglu_add(64 * 18432 + 7);
     {
