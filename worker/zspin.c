@@ -2,6 +2,7 @@
 
 #include "mla_log.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,7 @@ int zspin_poll(zmq_pollitem_t *items, int n, long timeout_ms, long spin_us) {
         do {
             int rc = zmq_poll(items, n, 0);
             if (rc != 0) return rc;
+            sched_yield(); /* a runnable thread of ours (the one that will answer) goes first */
         } while (now_us() < end);
     }
     return zmq_poll(items, n, timeout_ms);

@@ -1,8 +1,9 @@
 /* zspin: zmq_poll that spins before it sleeps. A step loop on a GPU hands every step through
  * several threads (coordinator caller -> coordinator I/O -> worker I/O -> worker compute and back);
  * each blocking wait costs a thread wake-up (tens of microseconds on a VM, more under load) per
- * hop per step. zspin_poll first polls without waiting for up to spin_us microseconds, so that a
- * message arriving within that window is taken at once, then blocks as zmq_poll does. The spin
+ * hop per step. zspin_poll first polls without waiting (yielding the core between polls, so that
+ * spinning threads never starve the one that has to answer) for up to spin_us microseconds: a
+ * message arriving within that window is taken at once; then it blocks as zmq_poll does. The spin
  * length: zspin_default(). No state; thread-safe as zmq_poll is (each socket in one thread). */
 #ifndef ZSPIN_H
 #define ZSPIN_H
