@@ -1101,16 +1101,29 @@ static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st,
     return MLA_OK;
 }
 
+/* MLA_OK, MLA_ERR, or 1: this device cannot give a block the kernel's shared memory (the
+ * 512 + 64 kernel takes 113 KB: Hopper / Blackwell data-center parts and the A100 can, GPUs with
+ * 99-101 KB a block such as sm_86/89/120 cannot; they keep the fp32 kernel). Once per process
+ * (one device per process, or ranks of one process on one device). */
 template <int L, int R> static int tc_launch_setup(mla_err *e) {
     using C = tc_cfg<L, R>;
-    static bool smem_set = false;
-    if (!smem_set) {
+    static int state = 0; /* 0: not yet, 1: set up, 2: not on this device */
+    if (state == 2) return 1;
+    if (state == 0) {
+        int dev = 0, optin = 0;
+        MLACU_CHECK(cudaGetDevice(&dev), e, "mla_attn (tensor cores): device");
+        MLACU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), e,
+                    "mla_attn (tensor cores): shared memory limit");
+        if ((size_t)optin < C::SMEM + sizeof(float *) * 2 * TC_KT) {
+            state = 2;
+            return 1;
+        }
         MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
                     e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
         /* all of the SM's unified memory as shared memory: two blocks per SM */
         MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
                     "mla_attn (tensor cores): carveout");
-        smem_set = true;
+        state = 1;
     }
     return MLA_OK;
 }
@@ -1118,7 +1131,8 @@ template <int L, int R> static int tc_launch_setup(mla_err *e) {
 template <int L, int R>
 static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
     using C = tc_cfg<L, R>;
-    if (tc_launch_setup<L, R>(e) != MLA_OK) return MLA_ERR;
+    const int s = tc_launch_setup<L, R>(e);
+    if (s != MLA_OK) return s;
     dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
     mla_attn_tc_kernel<L, R><<<grid, TC_T, C::SMEM, stream>>>(k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
@@ -1128,14 +1142,15 @@ static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream,
 extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
     using C = tc_cfg<512, 64>;
     mla_err e;
-    if (tc_launch_setup<512, 64>(&e) != MLA_OK) return -1;
+    const int s = tc_launch_setup<512, 64>(&e);
+    if (s != MLA_OK) return s == 1 ? 0 : -1;
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64>, TC_T, C::SMEM) != cudaSuccess) return -1;
     return n;
 }
 
-/* The tensor-core attention where a kernel exists for the shape: MLA_OK, MLA_ERR, or 1 (none:
- * the caller takes the fp32 kernel). */
+/* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
+ * or 1 (none: the caller takes the fp32 kernel). */
 static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream stream, mla_err *e) {
     const int64_t L = a->kv_lora, R = a->n_rope;
     const bool w512 = L == 512 && R == 64, w256 = L == 256 && R == 32;

@@ -168,12 +168,13 @@ typedef struct mla_cuda_attn_args {
     int64_t max_keys;
     /* 1: fp16 tensor cores (queries, keys and softmax weights rounded to fp16, fp32 accumulation,
      * as llama.cpp's FlashAttention) where a kernel exists for the shape (kv_lora 512 + rope 64, the
-     * DeepSeek/Kimi/GLM-5 width, or 256 + 32, the fixtures'; the cache and offsets 16-byte
-     * aligned); other shapes and 0: fp32 CUDA cores. */
+     * DeepSeek/Kimi/GLM-5 width, on GPUs that give a block 113 KB of shared memory, or 256 + 32,
+     * the fixtures'; the cache and offsets 16-byte aligned); other shapes and 0: fp32 CUDA cores. */
     int tensor_cores;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
-/* Blocks of the tensor-core attention (512 + 64) resident per SM on this device (2 by design;
+/* Blocks of the tensor-core attention (512 + 64) resident per SM on this device (2 by design on
+ * Hopper; 0 where a block cannot have its 113 KB of shared memory and the fp32 kernel is used;
  * -1 on an error): what the op harness reports. */
 int mla_cuda_attn_tc_blocks_per_sm(void);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
