@@ -38,6 +38,11 @@ if(MLA_FUZZ)
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
 
+add_executable(test_zspin ${MLA_TEST_DIR}/unit/test_zspin.c)
+target_include_directories(test_zspin PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_zspin mla_worker Threads::Threads)
+add_test(NAME zspin COMMAND test_zspin)
+
 add_executable(test_sample ${MLA_TEST_DIR}/unit/test_sample.c)
 target_include_directories(test_sample PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_sample mla_worker m)
