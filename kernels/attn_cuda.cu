@@ -51,6 +51,17 @@ struct attn_k {
     int splits;
 };
 
+/* The keys [k0, k1) of token t that split `split` walks: the token's keys (its selected ones, or
+ * positions 0..pos) in equal parts over the splits, whole chunks of `chunk` keys each (a graph
+ * sized for the longest context still spreads a short one over every split). */
+__device__ __forceinline__ void split_keys(const attn_k &a, int t, int split, int chunk, int64_t &k0, int64_t &k1) {
+    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
+    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
+    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + chunk - 1) / chunk * chunk;
+    k0 = (int64_t)split * per;
+    k1 = nk < k0 + per ? nk : k0 + per;
+}
+
 __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     extern __shared__ float sm[];
     __shared__ float alpha[AT_HG], mrun[AT_HG], lrun[AT_HG];
@@ -60,14 +71,9 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     float *ps = qs + AT_HG * row;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
-    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
-    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
-    /* this token's keys in equal parts over the splits (whole chunks): a graph sized for the
-     * longest context still spreads a short one over every split */
-    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + AT_C - 1) / AT_C * AT_C;
-    const int64_t k0 = (int64_t)split * per;
-    const int64_t k1 = nk < k0 + per ? nk : k0 + per;
+    int64_t k0, k1;
+    split_keys(a, t, split, AT_C, k0, k1);
     for (int i = tid; i < AT_HG * row; i += AT_T) {
         int h = i / row, c = i % row, hh = hg0 + h;
         float v = 0.f;
@@ -259,12 +265,9 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
     const int t = blockIdx.z, hg0 = blockIdx.y * TC_HR, split = blockIdx.x;
-    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
-    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
-    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + TC_KT - 1) / TC_KT * TC_KT;
-    const int64_t k0 = (int64_t)split * per;
-    const int64_t k1 = nk < k0 + per ? nk : k0 + per;
+    int64_t k0, k1;
+    split_keys(a, t, split, TC_KT, k0, k1);
     /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane (NULL past k1) */
     auto rows_of = [&](int64_t kb, const float **dst) {
         const int64_t k = kb + lane;

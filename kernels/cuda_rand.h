@@ -128,4 +128,17 @@ static inline void gr_q8_round(const float *x, float *out, int64_t n) {
     }
 }
 
+/* The reference of the per-head products (mla_cuda_head_matmul) on packed rows, double sums:
+ * y[t][h][o] = sum_i w[h][o][i] * x[t][h][i]. */
+static inline void gr_head_matmul_ref(const float *w, const float *x, int64_t T, int64_t H, int64_t in, int64_t out,
+                                      float *y) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t o = 0; o < out; o++) {
+                double s = 0;
+                for (int64_t i = 0; i < in; i++) s += (double)w[(h * out + o) * in + i] * x[(t * H + h) * in + i];
+                y[(t * H + h) * out + o] = (float)s;
+            }
+}
+
 #endif

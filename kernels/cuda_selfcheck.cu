@@ -182,13 +182,7 @@ int check_head(gr_rng *r, int64_t T, bool f16, mla_err *e) {
     gr_fill(r, w.data(), w.size(), 0.1f);
     gr_fill(r, x.data(), x.size(), 1.0f);
     for (size_t i = 0; i < w.size(); i++) wh[i] = __float2half_rn(w[i]);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t o = 0; o < OUT; o++) {
-                double acc = 0;
-                for (int64_t i = 0; i < IN; i++) acc += (double)w[(h * OUT + o) * IN + i] * x[(t * H + h) * IN + i];
-                ref[(t * H + h) * OUT + o] = (float)acc;
-            }
+    gr_head_matmul_ref(w.data(), x.data(), T, H, IN, OUT, ref.data());
     scratch s = {{0}, 0};
     int rc = MLA_ERR;
     void *dw = f16 ? salloc(&s, wh.size() * 2, wh.data()) : salloc(&s, w.size() * 4, w.data());
