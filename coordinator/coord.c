@@ -52,6 +52,8 @@ struct coord {
     int state;
     char fail_msg[1024];
     uint32_t n_vocab;
+    long spin_us; /* zspin_default(the workers' backend), set at start: how long the I/O thread
+                   * (while a step is out) and the caller waiting for an answer poll before sleeping */
     coll_host_seg *seg;
     rank_st ranks[WIRE_MAX_WORLD];
     pthread_mutex_t api_mu;
@@ -66,7 +68,6 @@ struct coord {
     _Atomic int consecutive_restarts; /* since the last successful step */
     /* I/O thread only: the step or bench request in flight (one at a time) */
     int inflight;
-    long spin_us; /* zspin_default(the workers' backend): polls before sleeping while a step is out */
     int inflight_bench;   /* 1: a Bench request (answered by every rank), 0: a step */
     uint64_t inflight_step; /* its step id or bench id */
     int64_t inflight_since;
