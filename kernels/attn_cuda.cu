@@ -1354,7 +1354,8 @@ extern "C" int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, cons
 
 extern "C" size_t mla_cuda_moe_work_bytes(int64_t T, int64_t K, int64_t E, int64_t F, int64_t X) {
     return mla_cuda_moe_plan_bytes(T, K, X) + al16((size_t)(T * K * F) * 4) * 3 + al16((size_t)(T * K * E) * 4) +
-           mla_cuda_q8_bytes(T, E) + mla_cuda_q8_bytes(T * K, F);
+           mla_cuda_q8_bytes(T, E) + mla_cuda_q8_bytes(T * K, F) + mla_cuda_act_h_bytes(T, E) +
+           mla_cuda_act_h_bytes(T * K, F);
 }
 
 extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
@@ -1375,7 +1376,24 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     float *y = (float *)m;
     m += al16((size_t)(T * K * E) * 4);
     void *qx = m, *qh = m + mla_cuda_q8_bytes(T, E); /* q8 buffers of x and of h */
+    m += mla_cuda_q8_bytes(T, E) + mla_cuda_q8_bytes(T * K, F);
+    void *hx = m, *hh = m + mla_cuda_act_h_bytes(T, E); /* fp16 buffers of x and of h */
     if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
+    /* enough tokens per expert: the fp16 tensor cores, 32 pairs a tile, 64 from 48 a expert */
+    if (ex->mmh_min > 0 && T * K >= (int64_t)ex->mmh_min * ex->n_expert && mla_cuda_mmh_supported(ex->gate_type, E) &&
+        mla_cuda_mmh_supported(ex->up_type, E) && mla_cuda_mmh_supported(ex->down_type, F)) {
+        const int bm = T * K >= 48 * ex->n_expert ? 64 : 32;
+        if (mla_cuda_act_h(d_x, T, E, hx, stream, e) ||
+            mla_cuda_matmul_grouped_h(ex->gate_type, ex->gate, ex->gate_estride, E, F, hx, T, (int)K, &pl,
+                                      ex->n_expert, bm, g, stream, e) ||
+            mla_cuda_matmul_grouped_h(ex->up_type, ex->up, ex->up_estride, E, F, hx, T, (int)K, &pl, ex->n_expert,
+                                      bm, u, stream, e) ||
+            mla_cuda_swiglu(g, u, h, T * K * F, stream, e) || mla_cuda_act_h(h, T * K, F, hh, stream, e) ||
+            mla_cuda_matmul_grouped_h(ex->down_type, ex->down, ex->down_estride, F, E, hh, T * K, 1, &pl,
+                                      ex->n_expert, bm, y, stream, e))
+            return MLA_ERR;
+        return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
+    }
     /* many tokens per expert (64 on average, a full tile, and more: long prompts): the int8 tensor
      * cores. At 16 a expert they were no faster than the grouped GEMV on the H200 (a 512-token
      * prompt of the V3-shaped model: 129 ms either way; 16 experts x 64 tokens: 525 us against 381),

@@ -97,6 +97,21 @@ int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, con
 int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
                            float *d_y, mla_cuda_stream stream, mla_err *e);
 
+/* The prefill path for quantized weights on the fp16 tensor cores: x is first converted to fp16,
+ * each row scaled by a power of two that puts its largest element below 2^14 (11 significant bits
+ * of every element; the scale comes back out exactly), W is dequantized to fp16 in shared memory
+ * (one more rounding, 2^-11 relative), products summed in fp32. Relative error ~3e-4, below the
+ * int8 path's ~3e-3; no per-32 rescaling, so the tensor cores set the pace.
+ * mla_cuda_mmh_supported: the quantized types (as q8), in a multiple of 128 and of the block. An fp16 buffer of
+ * T rows of `in` takes mla_cuda_act_h_bytes(T, in) bytes (16-aligned; x 16-aligned, in % 4 == 0);
+ * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (128 tokens x 128 rows a
+ * block). */
+bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
+size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
+int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);
+int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_xh, int64_t T,
+                      float *d_y, mla_cuda_stream stream, mla_err *e);
+
 /* ---- element-wise and per-row ops (same meaning as the CPU op named) ---- */
 /* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */
 int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
@@ -250,6 +265,11 @@ int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, s
 int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
                                    const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                    int64_t n_expert, float *d_y, mla_cuda_stream stream, mla_err *e);
+/* The same on the fp16 tensor cores (mla_cuda_matmul_h) from an fp16 buffer of the x_rows rows
+ * of x (mla_cuda_act_h): bm (32 or 64) pairs of one expert a tile. */
+int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
+                              const void *d_xh, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
+                              int64_t n_expert, int bm, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* out[t] += sum_k w[t][k] * y[t*n_used + k] over the pairs whose expert this rank owns (k in
  * increasing order). */
 int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_w, int64_t T, int64_t n_used,
@@ -263,6 +283,9 @@ typedef struct mla_cuda_experts {
     int64_t n_embd, n_ff, n_expert;
     int rank, world;
     bool q8; /* the integer GEMV (mla_cuda_matmul_q8) for the quantized ones of the three */
+    /* from this many pairs a expert on average (0: never), the fp16 tensor cores
+     * (mla_cuda_matmul_grouped_h) when all three types allow them */
+    int mmh_min;
 } mla_cuda_experts;
 size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_t n_ff, int64_t n_expert);
 int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,

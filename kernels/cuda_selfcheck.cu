@@ -46,7 +46,7 @@ int compare(const char *what, const float *got, const float *ref, int64_t n, dou
     return MLA_OK;
 }
 
-enum mm_kind { MM_GEMV, MM_MMA, MM_Q8, MM_Q8MMA };
+enum mm_kind { MM_GEMV, MM_MMA, MM_Q8, MM_Q8MMA, MM_H };
 
 int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_kind k, gr_rng *r, mla_err *e) {
     size_t rb = ggml_row_bytes(t, in);
@@ -71,13 +71,18 @@ int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_kind k, gr_r
     void *dw = salloc(&s, rb * out, w);
     float *dx = (float *)salloc(&s, sizeof(float) * in * T, x);
     float *dy = (float *)salloc(&s, sizeof(float) * T * out, NULL);
-    void *dq = k == MM_Q8 || k == MM_Q8MMA ? salloc(&s, mla_cuda_q8_bytes(T, in), NULL) : dy;
+    void *dq = k == MM_Q8 || k == MM_Q8MMA ? salloc(&s, mla_cuda_q8_bytes(T, in), NULL)
+             : k == MM_H                  ? salloc(&s, mla_cuda_act_h_bytes(T, in), NULL)
+                                          : dy;
     int run = MLA_ERR;
     if (!dw || !dx || !dy || !dq) {
         mla_errf(e, "cuda_selfcheck: device allocation failed");
     } else if (k == MM_Q8 || k == MM_Q8MMA) {
         run = mla_cuda_quantize_q8(dx, T, in, dq, 0, e);
         if (run == MLA_OK) run = (k == MM_Q8 ? mla_cuda_matmul_q8 : mla_cuda_matmul_q8_mma)(t, dw, in, out, dq, T, dy, 0, e);
+    } else if (k == MM_H) {
+        run = mla_cuda_act_h(dx, T, in, dq, 0, e);
+        if (run == MLA_OK) run = mla_cuda_matmul_h(t, dw, in, out, dq, T, dy, 0, e);
     } else {
         run = (k == MM_MMA ? mla_cuda_matmul_mma : mla_cuda_matmul_gemv)(t, dw, in, out, dx, T, dy, 0, e);
     }
@@ -88,8 +93,9 @@ int check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_kind k, gr_r
         } else {
             char what[64];
             snprintf(what, sizeof what, "%s %s",
-                     k == MM_MMA ? "mma" : k == MM_Q8 ? "gemv q8" : k == MM_Q8MMA ? "mma q8" : "gemv", ggml_type_name(t));
-            rc = compare(what, got, ref, T * out, k == MM_MMA ? 1e-2 : 1e-4, e);
+                     k == MM_MMA ? "mma" : k == MM_Q8 ? "gemv q8" : k == MM_Q8MMA ? "mma q8" : k == MM_H ? "mma f16" : "gemv",
+                     ggml_type_name(t));
+            rc = compare(what, got, ref, T * out, k == MM_MMA ? 1e-2 : k == MM_H ? 2e-3 : 1e-4, e);
         }
     }
     sfree(&s);
@@ -300,6 +306,7 @@ extern "C" int cuda_selfcheck(mla_err *e) {
         if (check_matmul(t, 512, 130, 20, MM_MMA, &r, e) != MLA_OK) return MLA_ERR;
         if (mla_cuda_q8_supported(t) && check_matmul(t, 1280, 40, 11, MM_Q8, &r, e) != MLA_OK) return MLA_ERR;
         if (mla_cuda_q8_supported(t) && check_matmul(t, 1280, 70, 67, MM_Q8MMA, &r, e) != MLA_OK) return MLA_ERR;
+        if (mla_cuda_mmh_supported(t, 1280) && check_matmul(t, 1280, 130, 131, MM_H, &r, e) != MLA_OK) return MLA_ERR;
     }
     if (check_small_ops(&r, e) != MLA_OK) return MLA_ERR;
     for (int64_t T : {1, 20})

@@ -81,6 +81,9 @@ struct mla_cmodel {
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
+    bool mmh;       /* quantized weights on the fp16 tensor cores above Q8_TMAX tokens (mla_cuda_matmul_h) */
+    void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
+    int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
     rope_table rope;
     dmat tok_embd, output;
@@ -93,7 +96,7 @@ struct mla_cmodel {
     void **allocs;
     size_t n_allocs, cap_allocs;
     /* scratch for up to cap_T tokens */
-    int64_t cap_T, cap_keys;
+    int64_t cap_T, cap_keys, cap_out; /* cap_out: rows of logits */
     float *x, *h, *y, *cq, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores, *attn_work,
         *logit_dev;
     size_t attn_work_floats;
@@ -301,6 +304,12 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
 
 extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; }
 
+/* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
+ * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
+ * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
+ * 15.5 (bench/results/gpu-h200-2026-11-30.md). */
+#define MOE_MMH_MIN 8
+
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {
     *out = nullptr;
@@ -324,6 +333,18 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
         const char *q8 = getenv("MLA_CUDA_Q8");
         m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
+        /* prompts on the fp16 tensor cores: on unless exact; MLA_CUDA_MMH=0|1 decides */
+        const char *mh = getenv("MLA_CUDA_MMH");
+        m->mmh = (mh ? !strcmp(mh, "1") : true) && !m->exact;
+        const char *mm = getenv("MLA_MOE_MMH_MIN");
+        char *end = nullptr;
+        long mmin = mm ? strtol(mm, &end, 10) : MOE_MMH_MIN;
+        if (mm && (end == mm || *end || mmin < 0 || mmin > 1000000)) {
+            mla_errf(err, "MLA_MOE_MMH_MIN=%s: expected a count of pairs a expert (0: never)", mm);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->moe_mmh_min = (int)mmin;
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
         const char *at = getenv("MLA_CUDA_ATTN");
         if (at && strcmp(at, "tc") && strcmp(at, "fp32")) {
@@ -441,6 +462,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             x->rank = m->rank;
             x->world = m->world;
             x->q8 = m->q8;
+            x->mmh_min = m->mmh ? m->moe_mmh_min : 0;
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp &&
                 load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
@@ -465,7 +487,7 @@ static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->dids};
+                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -480,11 +502,11 @@ static void free_scratch(mla_cmodel *m) {
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
-    m->q8buf = nullptr;
+    m->q8buf = m->xhbuf = nullptr;
     m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
     m->htok = nullptr;
-    m->cap_T = m->cap_keys = 0;
+    m->cap_T = m->cap_keys = m->cap_out = 0;
 }
 
 extern "C" void mla_cmodel_free(mla_cmodel *m) {
@@ -623,15 +645,19 @@ extern "C" void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, i
 
 /* ---------------------------------------------------------------- forward */
 
-static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) {
-    if (T <= m->cap_T && keys <= m->cap_keys) return MLA_OK;
-    if (T < m->cap_T) T = m->cap_T; /* grow, never shrink the other dimension */
+/* The step buffers for T tokens, keys keys and the logits of nout rows (a prompt asks for one row,
+ * or none: the logits buffers are not sized by its length). */
+static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, mla_err *err) {
+    if (T <= m->cap_T && keys <= m->cap_keys && nout <= m->cap_out) return MLA_OK;
+    if (T < m->cap_T) T = m->cap_T; /* grow, never shrink the other dimensions */
     if (keys < m->cap_keys) keys = m->cap_keys;
+    if (nout < m->cap_out) nout = m->cap_out;
     cudaStreamSynchronize(m->st);
     free_scratch(m);
     const mla_config *c = &m->cfg;
     T = T < 16 ? 16 : T;
     keys = keys < 256 ? 256 : keys;
+    nout = nout < 16 ? 16 : nout;
     const int64_t E = c->n_embd, Hl = m->Hl, KL = c->kv_lora_rank, row = KL + c->n_rope;
     int64_t Fmax = c->n_ff > c->n_ff_exp * (c->n_expert_shared > 0 ? c->n_expert_shared : 1) ? c->n_ff
                                                                                                 : c->n_ff_exp * c->n_expert_shared;
@@ -649,7 +675,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     A(m->ol, T * Hl * KL);
     A(m->o, T * Hl * c->head_v);
     A(m->full, T * c->n_head * c->head_v);
-    A(m->part, T * (E > V ? E : V));
+    A(m->part, T * E);
     A(m->g, T * Fmax);
     A(m->u, T * Fmax);
     A(m->iq, T * (c->idx_n_head * c->idx_head_dim + 1));
@@ -657,7 +683,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     A(m->rl, T * X);
     A(m->rw, T * K);
     A(m->scores, T * (c->idx_n_head > 0 ? keys : 1));
-    A(m->logit_dev, T * V);
+    A(m->logit_dev, nout * V);
     A(m->tok, T);
     A(m->rid, T * K);
     A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
@@ -667,7 +693,10 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
     CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
     CU(cudaMalloc(&m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
-    m->hbuf_floats = (size_t)(T * (E > V ? E : V) + T * c->n_head * c->head_v) * (size_t)m->world + 64;
+    CU(cudaMalloc(&m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
+    /* staging for the all-reduce (T x E), the attention output's gather (T x heads x v) and the
+     * logits (nout x V, from every rank) */
+    m->hbuf_floats = (size_t)(T * E + T * c->n_head * c->head_v + nout * V) * (size_t)m->world + 64;
     CU(cudaMallocHost((void **)&m->hbuf, m->hbuf_floats * 4), "pinned staging");
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
     if (m->coll_dev) CU(cudaMalloc((void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
@@ -683,6 +712,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
     memset(m->hstep, 0, m->step_bytes);
     m->cap_T = T;
     m->cap_keys = keys;
+    m->cap_out = nout;
     return MLA_OK;
 }
 
@@ -693,6 +723,11 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, mla_err *err) 
 
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
+/* steps of more than Q8_TMAX tokens on the fp16 tensor cores (mla_cuda_matmul_h) */
+static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
+    return m->mmh && T > Q8_TMAX && mla_cuda_mmh_supported(w->type, w->n_in);
+}
+
 /* y = x W^T from the activations already quantized into m->q8buf */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err *err) {
     if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
@@ -701,6 +736,10 @@ static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err
 }
 
 static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
+    if (mm_h(m, w, T)) {
+        TRY(mla_cuda_act_h(x, T, w->n_in, m->xhbuf, m->st, err));
+        return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, m->xhbuf, T, y, m->st, err);
+    }
     if (mm_q8(m, w)) {
         TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
         return mm_from_q8(m, w, T, y, err);
@@ -710,9 +749,15 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y,
     return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
 }
 
-/* mm() of two matrices on the same input: when both take the int8 path, x is quantized once. */
+/* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
+ * converted once. */
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, int64_t T,
                mla_err *err) {
+    if (mm_h(m, w0, T) && mm_h(m, w1, T) && w0->n_in == w1->n_in) {
+        TRY(mla_cuda_act_h(x, T, w0->n_in, m->xhbuf, m->st, err));
+        TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
+        return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
+    }
     if (!mm_q8(m, w0) || !mm_q8(m, w1) || w0->n_in != w1->n_in) {
         TRY(mm(m, w0, x, T, y0, err));
         return mm(m, w1, x, T, y1, err);
@@ -1070,7 +1115,7 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         return MLA_OK;
     }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(ensure_scratch(m, B, max_keys, err));
+    TRY(ensure_scratch(m, B, max_keys, B, err));
     for (int64_t b = 0; b < B; b++) {
         TRY(state_reserve(states[b], states[b]->n_past + 1, err));
         step_set(m, B, b, tokens[b], states[b]->n_past, states[b]);
@@ -1129,7 +1174,7 @@ extern "C" int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double 
     if (cudaMemsetAsync(d, 0, n * 4, m->st) != cudaSuccess) rc = mla_errf(err, "bench buffer memset");
     /* the model's own all-reduce path (NCCL on device buffers, or the host collective through
      * pinned copies), which needs staging for n floats: the scratch of a step of that size */
-    if (rc == MLA_OK) rc = ensure_scratch(m, (int64_t)(n / (size_t)m->cfg.n_embd) + 1, m->cap_keys, err);
+    if (rc == MLA_OK) rc = ensure_scratch(m, (int64_t)(n / (size_t)m->cfg.n_embd) + 1, m->cap_keys, m->cap_out, err);
     for (int i = 0; i < 2 && rc == MLA_OK; i++) rc = allreduce(m, d, n, err);
     if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "bench sync");
     struct timespec t0, t1;
@@ -1148,7 +1193,7 @@ static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, i
                           float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(ensure_scratch(m, T, s->n_ctx, err));
+    TRY(ensure_scratch(m, T, s->n_ctx, T, err));
     const int64_t E = c->n_embd;
     cudaStream_t st = m->st;
     memcpy(m->htok, tokens, (size_t)T * 4);
@@ -1207,11 +1252,11 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     /* a prompt: one step of T tokens of this sequence at positions pos0.. (no graph) */
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     const int64_t max_keys = pos0 + T;
-    TRY(ensure_scratch(m, T, max_keys, err));
+    const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
+    TRY(ensure_scratch(m, T, max_keys, nout, err));
     TRY(state_reserve(s, pos0 + T, err));
     for (int64_t t = 0; t < T; t++) step_set(m, T, t, tokens[t], pos0 + t, s);
     CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(T).total, cudaMemcpyHostToDevice, m->st), "step block upload");
-    const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
     TRY(step_body(m, T, max_keys, out0, nout, err));
     s->n_past = pos0 + T;
     float **rows = (float **)mla_xmalloc((size_t)(nout > 0 ? nout : 1) * sizeof *rows);

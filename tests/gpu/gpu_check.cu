@@ -168,7 +168,7 @@ static void check_dequant(uint32_t t, int64_t n) {
     CK(cudaFree(dy));
 }
 
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H };
 
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
@@ -184,12 +184,17 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
     float *dx = (float *)dup(x.data(), T * in * 4);
     float *dy = (float *)dmalloc(T * out * 4);
-    void *dq = path == MM_Q8 || path == MM_Q8MMA ? dmalloc(mla_cuda_q8_bytes(T, in)) : NULL;
+    void *dq = path == MM_Q8 || path == MM_Q8MMA ? dmalloc(mla_cuda_q8_bytes(T, in))
+             : path == MM_H                    ? dmalloc(mla_cuda_act_h_bytes(T, in))
+                                               : NULL;
     auto run = [&](int i) {
         void *wi = dw[i % ncopy];
         if (path == MM_Q8 || path == MM_Q8MMA) { /* timed with the quantization of x: what a step pays */
             OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
             OK((path == MM_Q8 ? mla_cuda_matmul_q8 : mla_cuda_matmul_q8_mma)(t, wi, in, out, dq, T, dy, 0, E));
+        } else if (path == MM_H) { /* timed with the conversion of x */
+            OK(mla_cuda_act_h(dx, T, in, dq, 0, E));
+            OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
         } else if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
@@ -222,10 +227,10 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
-                   : path == MM_Q8MMA ? "mma q8 (int8)" : "matmul";
+                   : path == MM_Q8MMA ? "mma q8 (int8)" : path == MM_H ? "mma f16" : "matmul";
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
-            err, bf16 ? 1e-2 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
+            err, bf16 ? 1e-2 : path == MM_H ? 2e-3 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
             !bf16 && path != MM_MMA3 && T <= 8);
     for (void *p : dw) CK(cudaFree(p));
     CK(cudaFree(dx));
@@ -402,16 +407,42 @@ static void check_argmax(int64_t T, int64_t n) {
 
 #include "tests/gpu/gpu_check_attn.inc"
 
+/* The fp16 tensor cores (mla_cuda_matmul_h), dense; --mmh runs these and the experts' alone. */
+static void check_mmh_all(const uint32_t *types, size_t ntypes) {
+    /* the fp16 tensor cores (the prompt path): every quantized type, partial tiles of tokens and
+     * rows, 4-byte copies (Q8_0, Q6_K: chunks not a multiple of 16 bytes), then the V3 prompt
+     * shapes beside the int8 kernel */
+    for (size_t k = 0; k < ntypes; k++) {
+        const uint32_t t = types[k];
+        if (!mla_cuda_mmh_supported(t, 7168)) continue; /* 512 and 1792: multiples of 128 too */
+        check_matmul(t, 7168, 2048, 256, MM_H, true);
+        check_matmul(t, 512, 101, 77, MM_H, false);
+        check_matmul(t, 1536 + 256, 70, 131, MM_H, false);
+    }
+    check_matmul(GGML_TYPE_Q8_0, 1664, 70, 5, MM_H, false); /* 13 chunks of four blocks */
+    for (int64_t T : {128, 512, 2048}) check_matmul(GGML_TYPE_Q4_K, 7168, 2048, T, MM_H, true);
+    for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 18432, 7168},
+                                                       {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
+                                                       {GGML_TYPE_Q6_K, 7168, 32768}, {GGML_TYPE_IQ2_XXS, 7168, 2048}}) {
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 512, MM_H, true);
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 512, MM_Q8MMA, true);
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 2048, MM_H, true);
+    }
+}
+
+
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
-    bool quick = false, mma3_only = false;
+    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--mma3")) mma3_only = true;
+        else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
+        else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -439,7 +470,13 @@ int main(int argc, char **argv) {
                                      GGML_TYPE_Q5_K,  GGML_TYPE_Q6_K,   GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
                                      GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
                                      GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M};
-    if (mma3_only) { /* the prefill paths side by side: fp32 GEMV, bf16 mma, split-bf16 mma3 */
+    if (moe512) { /* the experts of a 512-token V3 prompt on the fp16 tensor cores, once */
+        g_reps = 1;
+        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
+    } else if (mmh_only) { /* the fp16 tensor-core paths alone */
+        check_mmh_all(types, sizeof types / sizeof types[0]);
+        check_moe_mmh();
+    } else if (mma3_only) { /* the prefill paths side by side: fp32 GEMV, bf16 mma, split-bf16 mma3 */
         for (uint32_t t : {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS}) {
             for (int64_t T : {16, 64, 256, 1024}) {
                 check_matmul(t, 7168, 2048, T, MM_GEMV, true);
@@ -495,6 +532,7 @@ int main(int argc, char **argv) {
     for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q8_0, 16384, 7168},
                                                        {GGML_TYPE_Q6_K, 18432, 7168}, {GGML_TYPE_IQ2_XXS, 7168, 2048}})
         check_matmul((uint32_t)sh[0], sh[1], sh[2], 2048, MM_Q8MMA, true);
+    check_mmh_all(types, sizeof types / sizeof types[0]);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
         for (uint32_t t : big) {
