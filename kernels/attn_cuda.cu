@@ -655,13 +655,14 @@ __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, co
 }
 
 /* Decode steps (T <= 8) with fp16 weights of rows of IN halves: a block = 64 output rows of one
- * head (8 per warp), x of the head staged in shared memory; G = min(32, IN / 8) lanes share a
- * row, each taking 16-byte chunks, and every lane issues all its loads before it computes. */
-template <int IN>
+ * head (8 per warp), x of the head staged in shared memory; G lanes share a row (min(32, IN / 8),
+ * or 8 where that does not divide a warp: GLM-5's 192), each taking 16-byte chunks, and every lane
+ * issues all its loads before it computes. */
+template <int IN, int G = (IN / 8 < 32 ? IN / 8 : 32)>
 __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__restrict__ W, int out,
                                                             const float *__restrict__ x, int64_t xt, int64_t xh, int T,
                                                             float *__restrict__ y, int64_t yt, int64_t yh) {
-    constexpr int CPR = IN / 8, G = CPR < 32 ? CPR : 32, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
+    constexpr int CPR = IN / 8, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
     static_assert(IN % 8 == 0 && 32 % G == 0 && CPR % G == 0 && 8 % RPW == 0, "head GEMV shape");
     __shared__ __align__(16) float xs[8 * IN];
     const int h = blockIdx.y, o0 = blockIdx.x * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1281,11 +1282,12 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
         dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
         head_mma_kernel<<<grid, 128, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-    } else if (T <= 8 && (in == 64 || in == 128 || in == 256 || in == 512)) {
+    } else if (T <= 8 && (in == 64 || in == 128 || in == 192 || in == 256 || in == 512)) {
         dim3 grid((unsigned)((out + 63) / 64), (unsigned)H);
         const __half *w = (const __half *)d_w;
         if (in == 64) head_gemv_f16_kernel<64><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
         else if (in == 128) head_gemv_f16_kernel<128><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 192) head_gemv_f16_kernel<192, 8><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
         else if (in == 256) head_gemv_f16_kernel<256><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
         else head_gemv_f16_kernel<512><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
     } else {
