@@ -6,7 +6,10 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--out FILE]   exit status 0 when every check passes. */
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--out FILE]   exit status 0 when
+ * every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only the
+ * fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of a
+ * 512-token V3 prompt's experts, for a profiler (ncu). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
