@@ -1069,6 +1069,20 @@ __global__ void __launch_bounds__(128)
     mmaq_store(acc, sm, r0, out, y);
 }
 
+/* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the
+ * first warp, shared with the block (a barrier: every thread of the block calls it). */
+__device__ __forceinline__ int plan_first_pair(const int32_t *__restrict__ counts, int e) {
+    __shared__ int s_off;
+    if (threadIdx.x < 32) {
+        int sum = 0;
+        for (int k = threadIdx.x; k < e; k += 32) sum += counts[k];
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (threadIdx.x == 0) s_off = sum;
+    }
+    __syncthreads();
+    return s_off;
+}
+
 /* The experts of a MoE plan on the int8 tensor cores: block (row block, expert e) walks e's pairs
  * (plan.sorted from e's offset, the sum of the counts before it) 64 at a time: pair p reads q8
  * row p / x_div, writes y row p. For prefill-sized steps (many tokens per expert). */
@@ -1079,18 +1093,10 @@ __global__ void __launch_bounds__(128)
                     const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
                     float *__restrict__ y) {
     __shared__ mmaq_smem sm;
-    __shared__ int s_off;
     const int e = blockIdx.y, r0 = blockIdx.x * IM_BN, tid = threadIdx.x;
     const int cnt = counts[e];
     if (cnt == 0) return; /* the whole block: no barrier passed yet */
-    if (tid < 32) { /* e's first pair: the counts of the experts before it */
-        int sum = 0;
-        for (int k = tid; k < e; k += 32) sum += counts[k];
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (tid == 0) s_off = sum;
-    }
-    __syncthreads();
-    const int off = s_off;
+    const int off = plan_first_pair(counts, e);
     const uint8_t *We = W + (size_t)(e / world) * estride;
     for (int c0 = 0; c0 < cnt; c0 += IM_BM) {
         __syncthreads(); /* the previous chunk's stores read yrow */
@@ -1418,7 +1424,6 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
     extern __shared__ __align__(16) uint8_t mh_sm[];
     constexpr int BM = WGM * MT * 16;
     int *xrow = (int *)(mh_sm + mh_smem<TY, BM>() - 2 * BM * 4), *yrow = xrow + BM;
-    __shared__ int s_off;
     const int r0 = blockIdx.x * MH_BN, tid = threadIdx.x;
     int cnt, off;
     const uint8_t *We = W;
@@ -1429,14 +1434,7 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
         const int e = blockIdx.y;
         cnt = counts[e];
         if (cnt == 0) return; /* the whole block: no barrier passed yet */
-        if (tid < 32) { /* e's first pair: the counts of the experts before it */
-            int sum = 0;
-            for (int k = tid; k < e; k += 32) sum += counts[k];
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (tid == 0) s_off = sum;
-        }
-        __syncthreads();
-        off = s_off;
+        off = plan_first_pair(counts, e);
         We = W + (size_t)(e / world) * estride;
     }
     for (int c0 = 0; c0 < cnt; c0 += BM) {
