@@ -1179,19 +1179,27 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
-/* The 32 elements of a unit as 16 fp16 pairs. Generic: the float dequantization, rounded. */
-template <int TY> __device__ __forceinline__ void deq_h_f32(const uint8_t *b, int sub, uint32_t (&h)[16]) {
+/* The 32 elements of a unit as fp16, stored to d (16-aligned shared memory: 4 x 16 bytes). The
+ * results stay in registers: no array whose address escapes (an out-of-line call taking one
+ * would put it in local memory). Generic: the float dequantization, rounded. */
+__device__ __forceinline__ void store_h(uint4 *d, const uint32_t (&h)[16]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) d[q] = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+}
+template <int TY> __device__ __forceinline__ void deq_h_f32(const uint8_t *b, int sub, uint4 *d) {
     float v[32];
     deq_unit<TY>(b, sub, v);
+    uint32_t h[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) h[i] = h2_bits(__floats2half2_rn(v[2 * i], v[2 * i + 1]));
+    store_h(d, h);
 }
-template <int TY> __device__ __forceinline__ void deq_h(const uint8_t *b, int sub, uint32_t (&h)[16]) {
-    deq_h_f32<TY>(b, sub, h);
+template <int TY> __device__ __forceinline__ void deq_h(const uint8_t *b, int sub, uint4 *d) {
+    deq_h_f32<TY>(b, sub, d);
 }
 /* the same out of line: the rare fallback of the fast paths, kept from their registers */
-template <int TY> __device__ __noinline__ void deq_h_slow(const uint8_t *b, int sub, uint32_t (&h)[16]) {
-    deq_h_f32<TY>(b, sub, h);
+template <int TY> __device__ __noinline__ void deq_h_slow(const uint8_t *b, int sub, uint4 *d) {
+    deq_h_f32<TY>(b, sub, d);
 }
 /* Four bytes 0..255 (b0..b3 of u) as fp16 pairs (b0, b1), (b2, b3), each plus 1024: the half
  * with bits 0x64XX is 1024 + XX. */
@@ -1204,9 +1212,9 @@ __device__ __forceinline__ void bytes_h2(uint32_t u, __half2 &lo, __half2 &hi) {
  * nibbles to fp16 exactly, then q * d1 - m1 with one fp16 rounding (d1 and m1 rounded to fp16
  * first: relative 2^-11). The float path when they would not fit fp16 or the block is not
  * 16-aligned. */
-template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q4_K>(const uint8_t *b, int sub, uint32_t (&h)[16]) {
+template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q4_K>(const uint8_t *b, int sub, uint4 *d) {
     if ((uintptr_t)b & 15) {
-        deq_h_slow<GGML_TYPE_Q4_K>(b, sub, h);
+        deq_h_slow<GGML_TYPE_Q4_K>(b, sub, d);
         return;
     }
     const uint4 hd = *(const uint4 *)b; /* x: d | dmin; y, z, w: scale bytes 0-3, 4-7, 8-11 */
@@ -1217,7 +1225,7 @@ template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q4_K>(const uint8_t 
     const int m = sub < 4 ? (int)(z & 63) : (int)((w >> 4) | ((z >> 6) << 4));
     const float d1 = h2f(hd.x & 0xFFFF) * (float)sc, m1 = h2f(hd.x >> 16) * (float)m;
     if (!(fabsf(d1) < 60000.f && fabsf(m1) < 60000.f)) {
-        deq_h_slow<GGML_TYPE_Q4_K>(b, sub, h);
+        deq_h_slow<GGML_TYPE_Q4_K>(b, sub, d);
         return;
     }
     const uint4 *qp = (const uint4 *)(b + 16 + 32 * (sub >> 1));
@@ -1226,18 +1234,23 @@ template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q4_K>(const uint8_t 
     const __half2 hdv = __float2half2_rn(d1), hm = __float2half2_rn(-m1), k1024 = __float2half2_rn(1024.f);
     const int sh = 4 * (sub & 1);
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint32_t u = (qw[k] >> sh) & 0x0F0F0F0Fu;
-        __half2 lo, hi;
-        bytes_h2(u, lo, hi);
-        h[2 * k] = h2_bits(__hfma2(__hsub2(lo, k1024), hdv, hm));
-        h[2 * k + 1] = h2_bits(__hfma2(__hsub2(hi, k1024), hdv, hm));
+    for (int q = 0; q < 4; q++) { /* 8 elements, then their 16 bytes out: few live registers */
+        uint32_t t[4];
+#pragma unroll
+        for (int k2 = 0; k2 < 2; k2++) {
+            const uint32_t u = (qw[2 * q + k2] >> sh) & 0x0F0F0F0Fu;
+            __half2 lo, hi;
+            bytes_h2(u, lo, hi);
+            t[2 * k2] = h2_bits(__hfma2(__hsub2(lo, k1024), hdv, hm));
+            t[2 * k2 + 1] = h2_bits(__hfma2(__hsub2(hi, k1024), hdv, hm));
+        }
+        d[q] = make_uint4(t[0], t[1], t[2], t[3]);
     }
 }
 /* Q8_0 (blocks at even offsets): nine aligned 32-bit loads and funnel shifts instead of 2-byte
  * loads; q + 128 to fp16 exactly, minus 1152, times d (an fp16 already): one rounding. Reads up to
  * 2 bytes past the block (the shared-memory window has them). */
-template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q8_0>(const uint8_t *b, int, uint32_t (&h)[16]) {
+template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q8_0>(const uint8_t *b, int, uint4 *d) {
     const uint32_t *wp = (const uint32_t *)((uintptr_t)b & ~(uintptr_t)3);
     const bool odd = ((uintptr_t)b & 2) != 0; /* the block starts at byte 2 of its first word */
     uint32_t w[9];
@@ -1246,12 +1259,18 @@ template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q8_0>(const uint8_t 
     const uint32_t dbits = odd ? w[0] >> 16 : w[0] & 0xFFFF;
     const __half2 hd = bits_h2(dbits * 0x10001u), k1152 = __float2half2_rn(1152.f);
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint32_t u = (odd ? w[k + 1] : __funnelshift_r(w[k], w[k + 1], 16)) ^ 0x80808080u;
-        __half2 lo, hi;
-        bytes_h2(u, lo, hi);
-        h[2 * k] = h2_bits(__hmul2(__hsub2(lo, k1152), hd));
-        h[2 * k + 1] = h2_bits(__hmul2(__hsub2(hi, k1152), hd));
+    for (int q = 0; q < 4; q++) {
+        uint32_t t[4];
+#pragma unroll
+        for (int k2 = 0; k2 < 2; k2++) {
+            const int k = 2 * q + k2;
+            const uint32_t u = (odd ? w[k + 1] : __funnelshift_r(w[k], w[k + 1], 16)) ^ 0x80808080u;
+            __half2 lo, hi;
+            bytes_h2(u, lo, hi);
+            t[2 * k2] = h2_bits(__hmul2(__hsub2(lo, k1152), hd));
+            t[2 * k2 + 1] = h2_bits(__hmul2(__hsub2(hi, k1152), hd));
+        }
+        d[q] = make_uint4(t[0], t[1], t[2], t[3]);
     }
 }
 
@@ -1358,11 +1377,7 @@ __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t 
             for (int j = 0; j < MH_BN * 2 / NT; j++) {
                 const int i = tid + j * NT, r = i >> 1, uu = i & 1, uc = sub * 2 + uu; /* unit of the chunk */
                 const uint8_t *rowp = Rs + r * G::RAWB + (v16 ? 0 : ((uintptr_t)row_chunk(r, c) & 3));
-                uint32_t h[16];
-                deq_h<TY>(rowp + (uc / Q::BU) * Q::BB, uc % Q::BU, h);
-                uint4 *d = (uint4 *)(Bs + r * MH_LDH + uu * 32);
-#pragma unroll
-                for (int q = 0; q < 4; q++) d[q] = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+                deq_h<TY>(rowp + (uc / Q::BU) * Q::BB, uc % Q::BU, (uint4 *)(Bs + r * MH_LDH + uu * 32));
             }
         }
         if (RA && s + 1 < nsteps) load_a(s + 1); /* in flight during the MMAs */
