@@ -88,6 +88,11 @@ int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, 
  * x [T][in]; mla_cuda_matmul_q8 then computes y [T][out] as mla_cuda_matmul does (any T; 8
  * tokens per pass over W). */
 bool mla_cuda_q8_supported(uint32_t t);
+/* One-token products of Q4_K, Q6_K and Q8_0 weights (mla_cuda_matmul_q8 with T = 1, and
+ * mla_cuda_matmul_grouped_q8 over a plan for one token) stream W through shared memory with x
+ * held in registers (kernels/gemvs_cuda.cu); off, they take the per-warp GEMV of every type. On by default; one switch for the process (the
+ * worker sets it from MLA_CUDA_GEMVS=0|1, the op checks compare both). */
+void mla_cuda_set_gemv_stream(bool on);
 size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
@@ -240,6 +245,7 @@ int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_
 typedef struct mla_cuda_moe_plan {
     int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles, *counts;
     int64_t max_tiles;
+    int64_t tokens; /* the T it was laid out / built for: no tile has more pairs */
     int world, rank;
 } mla_cuda_moe_plan;
 size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t n_used, int64_t n_expert);

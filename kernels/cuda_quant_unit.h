@@ -460,11 +460,9 @@ __host__ __device__ __forceinline__ uint32_t grid4(const uint8_t *g) {
 template <int T>
 __host__ __device__ __forceinline__ void unit_i8(const uint8_t *b, int sub, unit_i8_t &u);
 
-/* Q4_K / Q5_K: d, dmin and sub-block j's 6-bit scale and min from the block's first 16 bytes,
- * read as four words (one 16-byte load on the device) */
-__host__ __device__ __forceinline__ void k4_header(const uint8_t *b, int j, float &s, float &m) {
-    uint32_t h[4];
-    ldw<4, 16>(b, h);
+/* Q4_K / Q5_K: d, dmin and sub-block j's 6-bit scale and min from the block's first 16 bytes as
+ * four words h (k4_scale), or read from b (k4_header: one 16-byte load on the device) */
+__host__ __device__ __forceinline__ void k4_scale(const uint32_t h[4], int j, float &s, float &m) {
     const uint32_t s0 = h[1], s1 = h[2], s2 = h[3]; /* scale bytes 0-3, 4-7, 8-11 */
     const int k = 8 * (j & 3);
     int sc, mn;
@@ -477,6 +475,11 @@ __host__ __device__ __forceinline__ void k4_header(const uint8_t *b, int j, floa
     }
     s = h2f(h[0] & 0xFFFF) * (float)sc;
     m = h2f(h[0] >> 16) * (float)mn;
+}
+__host__ __device__ __forceinline__ void k4_header(const uint8_t *b, int j, float &s, float &m) {
+    uint32_t h[4];
+    ldw<4, 16>(b, h);
+    k4_scale(h, j, s, m);
 }
 
 template <>

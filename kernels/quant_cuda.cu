@@ -8,6 +8,7 @@
 
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_quant_unit.h"
+#include "kernels/gemvs_cuda.h"
 
 extern "C" {
 #include "kernels/quant.h"
@@ -1165,16 +1166,6 @@ template <int TY, int BM> __host__ __device__ constexpr size_t mh_smem() {
            (size_t)2 * BM * 4;
 }
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
@@ -1808,6 +1799,9 @@ template <class F> static cudaError_t with_q8_type(uint32_t t, F &&f) {
     return cudaErrorInvalidValue;
 }
 
+static bool g_gemv_stream = true; /* mla_cuda_set_gemv_stream */
+extern "C" void mla_cuda_set_gemv_stream(bool on) { g_gemv_stream = on; }
+
 extern "C" bool mla_cuda_q8_supported(uint32_t t) {
     return with_q8_type(t, [](auto) { return cudaSuccess; }) == cudaSuccess;
 }
@@ -1833,6 +1827,13 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
     if (T == 0) return MLA_OK;
+    if (g_gemv_stream && T == 1 && gemvs_supported(t, in, 1)) {
+        cudaError_t err = gemvs_dense(t, d_w, in, out, d_q8, (const uint8_t *)d_q8 + q8_scale_off(T, in), d_y,
+                                      (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
+                    (long long)in, (long long)T);
+        return MLA_OK;
+    }
     cudaError_t err = with_q8_type(t, [&](auto ty) {
         return launch_gemvq<decltype(ty)::value>(d_w, in, out, d_q8, T, d_y, (cudaStream_t)stream);
     });
@@ -1848,6 +1849,14 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1);
     MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
     if (plan->max_tiles <= 0) return MLA_OK;
+    if (g_gemv_stream && plan->tokens == 1 && gemvs_supported(t, in, d_w1 ? 2 : 1)) {
+        cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8,
+                                        (const uint8_t *)d_q8 + q8_scale_off(x_rows, in), x_div, plan, d_y,
+                                        (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "grouped gemv q8 (streamed) %s %lldx%lld", ggml_type_name(t), (long long)out,
+                    (long long)in);
+        return MLA_OK;
+    }
     cudaError_t err = with_q8_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
         cudaStream_t s = (cudaStream_t)stream;

@@ -27,7 +27,7 @@ cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
 cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$tmp/h/build-gpu-carried/"
 strip "$tmp/h/build-gpu-carried/"*
-tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -6 >"$C/harness.tar.xz"
+tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/harness.tar.xz" # -9e: the two binaries share most bytes
 if [ "${NO_FIXTURES:-0}" != 1 ]; then # NO_FIXTURES=1: a benchmark-only call (room for llama.cpp)
 mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
 cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"

@@ -353,6 +353,14 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             return MLA_ERR;
         }
         m->attn_tc = at ? !strcmp(at, "tc") : !m->exact;
+        /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 (process-wide): MLA_CUDA_GEMVS=0|1, on by default */
+        const char *gs = getenv("MLA_CUDA_GEMVS");
+        if (gs && strcmp(gs, "0") && strcmp(gs, "1")) {
+            mla_errf(err, "MLA_CUDA_GEMVS=%s: expected 0 or 1", gs);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        mla_cuda_set_gemv_stream(!(gs && !strcmp(gs, "0")));
         m->kvb_f16 = !m->exact;
     }
     shard_plan plan;

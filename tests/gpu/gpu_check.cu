@@ -6,10 +6,11 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--out FILE]   exit status 0 when
- * every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only the
- * fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of a
- * 512-token V3 prompt's experts, for a profiler (ncu). */
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--out FILE]   exit status
+ * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
+ * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
+ * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
+ * quantized weights, streamed beside per-warp. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -171,7 +172,9 @@ static void check_dequant(uint32_t t, int64_t n) {
     CK(cudaFree(dy));
 }
 
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H };
+/* MM_Q8: mla_cuda_matmul_q8 as the model calls it (streamed for Q4_K / Q6_K / Q8_0); MM_Q8ROWS:
+ * the same with the streamed GEMV switched off (the per-warp GEMV of every type) */
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H, MM_Q8ROWS };
 
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
@@ -187,14 +190,17 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
     float *dx = (float *)dup(x.data(), T * in * 4);
     float *dy = (float *)dmalloc(T * out * 4);
-    void *dq = path == MM_Q8 || path == MM_Q8MMA ? dmalloc(mla_cuda_q8_bytes(T, in))
+    const bool q8 = path == MM_Q8 || path == MM_Q8MMA || path == MM_Q8ROWS;
+    void *dq = q8                              ? dmalloc(mla_cuda_q8_bytes(T, in))
              : path == MM_H                    ? dmalloc(mla_cuda_act_h_bytes(T, in))
                                                : NULL;
     auto run = [&](int i) {
         void *wi = dw[i % ncopy];
-        if (path == MM_Q8 || path == MM_Q8MMA) { /* timed with the quantization of x: what a step pays */
+        if (q8) { /* timed with the quantization of x: what a step pays */
             OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
-            OK((path == MM_Q8 ? mla_cuda_matmul_q8 : mla_cuda_matmul_q8_mma)(t, wi, in, out, dq, T, dy, 0, E));
+            if (path == MM_Q8ROWS) mla_cuda_set_gemv_stream(false);
+            OK((path == MM_Q8MMA ? mla_cuda_matmul_q8_mma : mla_cuda_matmul_q8)(t, wi, in, out, dq, T, dy, 0, E));
+            mla_cuda_set_gemv_stream(true);
         } else if (path == MM_H) { /* timed with the conversion of x */
             OK(mla_cuda_act_h(dx, T, in, dq, 0, E));
             OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
@@ -211,7 +217,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     down(y.data(), dy, T * out * 4);
     bool finite = all_finite(y.data(), y.size());
     /* reference on sampled rows (all rows when small); for the integer GEMV, of x as it quantizes it */
-    if (path == MM_Q8 || path == MM_Q8MMA) gr_q8_round(x.data(), x.data(), T * in);
+    if (q8) gr_q8_round(x.data(), x.data(), T * in);
     int64_t nsamp = std::min<int64_t>(out, T > 64 ? 48 : 256);
     std::vector<float> deq(in), got, ref;
     for (int64_t s = 0; s < nsamp; s++) {
@@ -230,6 +236,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
+                   : path == MM_Q8ROWS ? "gemv q8 rows"
                    : path == MM_Q8MMA ? "mma q8 (int8)" : path == MM_H ? "mma f16" : "matmul";
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
@@ -410,6 +417,35 @@ static void check_argmax(int64_t T, int64_t n) {
 
 #include "tests/gpu/gpu_check_attn.inc"
 
+/* The streamed one-token GEMV (Q4_K, Q6_K, Q8_0: kernels/gemvs_cuda.cu) against the exact
+ * product of the quantized x: 1-4 items a thread, groups of 32-256 threads (1-8 groups a block),
+ * stages of 1-64 rows, ragged last stages; over a MoE plan (fused gate/up and down, mixed types, a
+ * TP rank); then the decode shapes of DeepSeek-V3 and a decode step's experts timed beside the
+ * per-warp GEMV. --gemv runs these alone. */
+static void check_gemv_stream(bool quick) {
+    for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
+        for (auto io : std::vector<std::array<int64_t, 2>>{{768, 77}, {7168, 333}, {18432, 37}, {16384, 50},
+                                                           {32768, 9}, {512, 1000}, {1536, 301}, {2048, 7168}})
+            check_matmul(t, io[0], io[1], 1, MM_Q8, false);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 256, 8, 7168, 256, 1, 0, 1, false, true);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 1, 1, 2, false, true);
+    check_moe(GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 1, 0, 1, false, true);
+    for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 18432, 7168},
+                                                       {GGML_TYPE_Q4_K, 7168, 2048}, {GGML_TYPE_Q4_K, 2048, 7168},
+                                                       {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
+                                                       {GGML_TYPE_Q8_0, 7168, 1536}, {GGML_TYPE_Q8_0, 7168, 576},
+                                                       {GGML_TYPE_Q6_K, 7168, 32768}}) {
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8, true);
+        check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8ROWS, true);
+    }
+    if (!quick) check_matmul(GGML_TYPE_Q6_K, 7168, 129280, 1, MM_Q8, true); /* the whole output matrix */
+    time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
+    mla_cuda_set_gemv_stream(false);
+    time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
+    mla_cuda_set_gemv_stream(true);
+    g_rows.back().op += " rows";
+}
+
 /* The fp16 tensor cores (mla_cuda_matmul_h), dense; --mmh runs these and the experts' alone. */
 static void check_mmh_all(const uint32_t *types, size_t ntypes) {
     /* the fp16 tensor cores (the prompt path): every quantized type, partial tiles of tokens and
@@ -436,16 +472,17 @@ static void check_mmh_all(const uint32_t *types, size_t ntypes) {
 
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
-    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false;
+    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--mma3")) mma3_only = true;
         else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
+        else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -476,6 +513,8 @@ int main(int argc, char **argv) {
     if (moe512) { /* the experts of a 512-token V3 prompt on the fp16 tensor cores, once */
         g_reps = 1;
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
+    } else if (gemv_only) {
+        check_gemv_stream(quick);
     } else if (mmh_only) { /* the fp16 tensor-core paths alone */
         check_mmh_all(types, sizeof types / sizeof types[0]);
         check_moe_mmh();
@@ -536,6 +575,7 @@ int main(int argc, char **argv) {
                                                        {GGML_TYPE_Q6_K, 18432, 7168}, {GGML_TYPE_IQ2_XXS, 7168, 2048}})
         check_matmul((uint32_t)sh[0], sh[1], sh[2], 2048, MM_Q8MMA, true);
     check_mmh_all(types, sizeof types / sizeof types[0]);
+    check_gemv_stream(quick);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
         for (uint32_t t : big) {

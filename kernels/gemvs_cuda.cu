@@ -1,0 +1,414 @@
+/* gemvs_cuda: the streamed integer GEMV, the one-token decode path of the common quantized types
+ * (Q4_K, Q6_K, Q8_0), dense and over a MoE plan. API: kernels/gemvs_cuda.h (internal to kernels/).
+ *
+ * Why a second GEMV: the per-warp GEMV of quant_cuda.cu (any type, 1-8 tokens) gives each lane
+ * its own 32-element units along a row: every unit pays a scale decode and its share of a warp
+ * sum, and every row makes every lane load its part of x again. Profiled at 18432 x 7168 Q4_K it
+ * issues ~200 warp instructions per 32 units and streams at 34-42% of the copy rate. Here:
+ *
+ * - Items are 128 elements (half a Q4_K or Q6_K block, four Q8_0 blocks), so one scale decode,
+ *   a few wide shared-memory reads and 32 dp4a serve 128 weights. Q4_K's high nibbles are dotted
+ *   in place (masked, x16, the factor folded into the scale); its minima and Q6_K's -32 offset go
+ *   through the activation block sums.
+ * - Columns are stationary: a block is G groups of TPG threads (the row's items rounded up to a
+ *   warp); thread i of a group owns item i of every row and keeps its 128 activations (int8) and
+ *   their scales in registers, loaded once (over a MoE plan: again when the x row changes).
+ * - Rows stream: a block owns a contiguous run of stages; a stage is R = G x RG whole rows of each
+ *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (~16 KB in all), which
+ *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, GS_STAGES - 1
+ *   stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
+ *   and are stored one stage later.
+ * - Over a MoE plan built for one token, every tile holds one pair: a stage is a tile's row range.
+ *
+ * The weights must be padded as mla_cuda_weight_bytes says: a copy ends at the next 16 bytes. */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda_internal.h"
+#include "kernels/cuda_quant_unit.h"
+#include "kernels/gemvs_cuda.h"
+
+extern "C" {
+#include "kernels/quant.h"
+}
+
+namespace mlacu {
+
+constexpr int GS_THREADS = 256, GS_STAGES = 4, GS_RG_MAX = 8;
+constexpr int GS_TARGET = 16384;       /* bytes of W a stage aims at */
+constexpr int GS_SMEM_MAX = 200 << 10; /* longer rows than a stage of this allows: not this kernel */
+
+/* ---- the stage copy: one bulk (TMA) copy a matrix, completion counted on an mbarrier */
+__device__ __forceinline__ uint32_t gs_sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void gs_bar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gs_sa(bar)) : "memory");
+}
+__device__ __forceinline__ void gs_bar_expect(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gs_sa(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void gs_bar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\n GS_WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra GS_WAIT%=;\n}\n" ::"r"(gs_sa(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* bytes (a multiple of 16) from 16-aligned global src to 16-aligned shared dst */
+__device__ __forceinline__ void gs_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     gs_sa(dst)),
+                 "l"(src), "r"(bytes), "r"(gs_sa(bar))
+                 : "memory");
+}
+
+/* dp4a of unsigned bytes a with signed bytes b */
+__device__ __forceinline__ int gs_dpu(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* 4 words of unsigned quants masked by m . 16 signed activations */
+__device__ __forceinline__ int gs_dp4m(const uint32_t *w, uint32_t m, uint4 x) {
+    int s = gs_dpu(w[0] & m, x.x, 0);
+    s = gs_dpu(w[1] & m, x.y, s);
+    s = gs_dpu(w[2] & m, x.z, s);
+    return gs_dpu(w[3] & m, x.w, s);
+}
+__device__ __forceinline__ int gs_dp4(const uint32_t *w, uint4 x) {
+    int s = __dp4a((int)w[0], (int)x.x, 0);
+    s = __dp4a((int)w[1], (int)x.y, s);
+    s = __dp4a((int)w[2], (int)x.z, s);
+    return __dp4a((int)w[3], (int)x.w, s);
+}
+
+/* N little-endian words from p, 2-aligned shared memory: N + 1 aligned loads and funnel shifts
+ * (reads up to 4 bytes past the N words: the stage buffers keep 16 spare bytes) */
+template <int N> __device__ __forceinline__ void gs_words(const uint8_t *p, uint32_t *w) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
+    uint32_t v[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) v[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
+
+/* An item is 128 elements of a row: Q4_K: half a block (it / 2, sub-blocks 4 (it % 2) .. + 3);
+ * Q6_K: half n = it % 2 of block it / 2; Q8_0: blocks 4 it .. 4 it + 3. A thread's activations
+ * for it: the int8 of its four 32-element units (x[2 i], x[2 i + 1]: unit i's halves) and per
+ * unit f[i] = d, and g[i]: Q4_K d * sum of the unit's q; Q6_K d * sum of each half (g[2 i], g[2 i + 1]). */
+template <int TY> struct gs_x {
+    uint4 x[8];
+    float f[4], g[TY == GGML_TYPE_Q6_K ? 8 : TY == GGML_TYPE_Q4_K ? 4 : 1];
+};
+
+/* xo: the activation row's first unit */
+template <int TY>
+__device__ __forceinline__ void gs_load_x(const uint4 *__restrict__ qx, const float4 *__restrict__ sx, size_t xo,
+                                          int it, gs_x<TY> &x) {
+    const size_t u0 = xo + (size_t)it * 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        x.x[2 * i] = __ldg(qx + 2 * (u0 + i));
+        x.x[2 * i + 1] = __ldg(qx + 2 * (u0 + i) + 1);
+        const float4 s = __ldg(sx + u0 + i);
+        x.f[i] = s.x;
+        if constexpr (TY == GGML_TYPE_Q4_K) x.g[i] = s.y + s.z;
+        if constexpr (TY == GGML_TYPE_Q6_K) x.g[2 * i] = s.y, x.g[2 * i + 1] = s.z;
+    }
+}
+
+/* item it of the row at rp (shared memory) . x */
+template <int TY> __device__ __forceinline__ float gs_dot(const uint8_t *rp, int it, const gs_x<TY> &x) {
+    if constexpr (TY == GGML_TYPE_Q4_K) {
+        /* sub-blocks 4 hb + i: i = 0, 1 the low / high nibbles of qs[64 hb ..], i = 2, 3 of qs[64 hb + 32 ..];
+         * their 6-bit scales and minima as bytes of SC and MN (hb = 0: bytes 0-3 / 4-7 of the
+         * scales; hb = 1: the low / high nibbles of bytes 8-11 with bits 6-7 of bytes 0-3 / 4-7) */
+        const uint8_t *b = rp + (size_t)(it >> 1) * 144;
+        const int hb = it & 1;
+        const uint4 hv = *(const uint4 *)b;
+        const uint4 *qp = (const uint4 *)(b + 16 + 64 * hb);
+        uint32_t w[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 v = qp[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+        const uint32_t SC = hb ? (hv.w & 0x0F0F0F0Fu) | ((hv.y >> 2) & 0x30303030u) : hv.y & 0x3F3F3F3Fu;
+        const uint32_t MN = hb ? ((hv.w >> 4) & 0x0F0F0F0Fu) | ((hv.z >> 2) & 0x30303030u) : hv.z & 0x3F3F3F3Fu;
+        const float d = h2f(hv.x & 0xFFFF), dmin = h2f(hv.x >> 16);
+        float acc = 0.f, mins = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t *wi = w + 8 * (i >> 1);
+            const uint32_t m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const int dot = gs_dp4m(wi, m, x.x[2 * i]) + gs_dp4m(wi + 4, m, x.x[2 * i + 1]);
+            const float sc = (float)((SC >> (8 * i)) & 0xFF) * ((i & 1) ? 0.0625f : 1.f); /* high nibbles: x16 */
+            acc = fmaf(sc * x.f[i], (float)dot, acc);
+            mins = fmaf((float)((MN >> (8 * i)) & 0xFF), x.g[i], mins);
+        }
+        return d * acc - dmin * mins;
+    } else if constexpr (TY == GGML_TYPE_Q6_K) {
+        const uint8_t *b = rp + (size_t)(it >> 1) * 210;
+        const int n = it & 1;
+        uint32_t l[16], h[8], sc[2];
+        gs_words<16>(b + 64 * n, l);
+        gs_words<8>(b + 128 + 32 * n, h);
+        gs_words<2>(b + 192 + 8 * n, sc);
+        const float d = h2f(*(const uint16_t *)(b + 208));
+        float acc = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) { /* unit k: nibbles (k >> 1) of ql[32 (k & 1) ..], bits 2k, 2k + 1 of qh */
+            uint32_t q[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t hi = k < 2 ? (h[i] << (4 - 2 * k)) : (h[i] >> (2 * k - 4));
+                q[i] = ((l[8 * (k & 1) + i] >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (hi & 0x30303030u);
+            }
+            const uint32_t s2 = sc[k >> 1] >> (16 * (k & 1));
+            const float c0 = (float)(int8_t)(s2 & 0xFF), c1 = (float)(int8_t)((s2 >> 8) & 0xFF);
+            acc += c0 * (x.f[k] * (float)gs_dp4(q, x.x[2 * k]) - 32.f * x.g[2 * k]) +
+                   c1 * (x.f[k] * (float)gs_dp4(q + 4, x.x[2 * k + 1]) - 32.f * x.g[2 * k + 1]);
+        }
+        return d * acc;
+    } else {
+        /* 136 bytes from an 8-aligned start: blocks at 0, 34, 68, 102; their quants at 2 (funnel), 36,
+         * 70 (funnel), 104 */
+        const uint2 *p = (const uint2 *)(rp + (size_t)it * 136);
+        uint32_t w[34];
+#pragma unroll
+        for (int i = 0; i < 17; i++) {
+            const uint2 v = p[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+        float acc = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            uint32_t qs[8];
+            const int w0 = (34 * q + 2) / 4; /* word holding the quants' first byte */
+            const bool odd = (q & 1) == 0;   /* quants at 2 mod 4: funnel */
+#pragma unroll
+            for (int i = 0; i < 8; i++) qs[i] = odd ? __funnelshift_r(w[w0 + i], w[w0 + i + 1], 16) : w[w0 + i];
+            const uint32_t dh = (q & 1) ? w[(34 * q) / 4] >> 16 : w[(34 * q) / 4] & 0xFFFF;
+            acc = fmaf(h2f(dh) * x.f[q], (float)(gs_dp4(qs, x.x[2 * q]) + gs_dp4(qs + 4, x.x[2 * q + 1])), acc);
+        }
+        return acc;
+    }
+}
+
+/* Dense (GRP false): y[row] = W[0] row . x row 0. Grouped (GRP): over a MoE plan's tiles of one
+ * pair each, as gemvq_grp_kernel: tile i is expert tile_e[i]'s pair p = sorted[tile_s[i]], which
+ * reads x row p / x_div and writes y row p; expert e's matrix m starts at W[m] + (e / world) *
+ * estride. NM = 2: y = silu(W[0] x) * (W[1] x). */
+struct gs_args {
+    const uint8_t *W[2];
+    size_t estride;
+    int rb, out, ni, R, RG, TPG, msb, x_div, world;
+    const uint4 *qx;
+    const float4 *sx;
+    const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
+    float *y;
+};
+
+__device__ __forceinline__ float gs_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Blocks of G groups of TPG threads (blockDim.x = G TPG); thread ti of a group owns item ti. */
+template <int TY, int NM, bool GRP>
+__global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
+    extern __shared__ __align__(16) uint8_t gs_sm[];
+    __shared__ float red[2][GS_THREADS / 32][NM][GS_RG_MAX];
+    __shared__ uint64_t full[GS_STAGES];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int R = A.R, RG = A.RG, gpm = (A.out + R - 1) / R;
+    const int groups = gpm * (GRP ? *A.n_tiles : 1);
+    const int g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x);
+    const int g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
+    const int sb = NM * A.msb;
+    const int grp = tid / A.TPG, ti = tid % A.TPG, wpg = A.TPG / 32; /* warps a thread group */
+    auto tile_of = [&](int g) { return GRP ? g / gpm : 0; };
+    /* matrix m of group g: where its rows start, and that address's offset from 16-alignment */
+    auto rows_at = [&](int g, int m) -> const uint8_t * {
+        const size_t eo = GRP ? (size_t)(A.tile_e[tile_of(g)] / A.world) * A.estride : 0;
+        return (m ? A.W[1] : A.W[0]) + eo + (size_t)(GRP ? g % gpm : g) * R * A.rb;
+    };
+    auto issue = [&](int g, int buf) { /* thread 0 */
+        if (g >= g1) return;
+        const int rg = GRP ? g % gpm : g;
+        const int nrow = min(R, A.out - rg * R);
+        const uint8_t *src[NM];
+        uint32_t bytes[NM], all = 0;
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint8_t *s0 = rows_at(g, m);
+            src[m] = (const uint8_t *)((uintptr_t)s0 & ~(uintptr_t)15);
+            bytes[m] = (uint32_t)(((uintptr_t)(s0 + (size_t)nrow * A.rb) + 15) / 16 * 16 - (uintptr_t)src[m]);
+            all += bytes[m];
+        }
+        gs_bar_expect(&full[buf], all);
+#pragma unroll
+        for (int m = 0; m < NM; m++) gs_bulk(gs_sm + (size_t)buf * sb + m * A.msb, src[m], bytes[m], &full[buf]);
+    };
+    auto pair_of = [&](int g) { return GRP ? A.sorted[A.tile_s[tile_of(g)]] : 0; };
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < GS_STAGES; s++) gs_bar_init(&full[s]);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < GS_STAGES - 1; s++) issue(g0 + s, s);
+    }
+    __syncthreads();
+    gs_x<TY> x;
+    int xrow = -1;
+    for (int k = 0;; k++) {
+        const int g = g0 + k;
+        if (g < g1) gs_bar_wait(&full[k % GS_STAGES], (uint32_t)(k / GS_STAGES) & 1u); /* stage k landed */
+        __syncthreads(); /* stage k - 1's buffer and sums are done with */
+        if (k > 0 && tid < R) { /* store stage k - 1's rows */
+            const int gp = g - 1, r = tid, row = (GRP ? gp % gpm : gp) * R + r;
+            if (row < A.out) {
+                const int gr = r / RG, rr = r % RG;
+                float s[2] = {0.f, 0.f};
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    for (int w = 0; w < wpg; w++) s[m] += red[(k - 1) & 1][gr * wpg + w][m][rr];
+                A.y[(size_t)pair_of(gp) * A.out + row] = NM == 2 ? s[0] / (1.0f + expf(-s[0])) * s[NM - 1] : s[0];
+            }
+        }
+        if (g >= g1) break;
+        if (tid == 0) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* our reads of the buffer, then the copy */
+            issue(g + GS_STAGES - 1, (k + GS_STAGES - 1) % GS_STAGES);
+        }
+        if (GRP && A.tile_n[tile_of(g)] != 1) __trap(); /* one-token plans have one pair a tile */
+        const int xr = pair_of(g) / A.x_div;
+        if (xr != xrow) { /* block-uniform */
+            xrow = xr;
+            if (ti < A.ni) gs_load_x<TY>(A.qx, A.sx, (size_t)xr * A.ni * 4, ti, x);
+        }
+        const uint8_t *st[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) /* the copy started at the 16-aligned address below the rows */
+            st[m] = gs_sm + (size_t)(k % GS_STAGES) * sb + m * A.msb + ((uintptr_t)rows_at(g, m) & 15);
+        for (int rr = 0; rr < RG; rr++) {
+            const int r = grp * RG + rr, row = (GRP ? g % gpm : g) * R + r;
+            float acc[NM];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                acc[m] = 0.f;
+                if (row < A.out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
+                acc[m] = gs_warp_sum(acc[m]);
+            }
+            if (lane == 0)
+#pragma unroll
+                for (int m = 0; m < NM; m++) red[k & 1][warp][m][rr] = acc[m];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- host */
+struct gs_geo {
+    int TPG, G, RG, R, msb;
+    size_t smem;
+};
+
+/* TPG threads a group (the row's items rounded up to a warp), G groups (<= 256 threads) of RG
+ * rows (<= 8), about GS_TARGET bytes a stage */
+static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
+    const int64_t ni = in / 128;
+    if (in % 256 || ni < 1 || ni > GS_THREADS) return false;
+    g.TPG = (int)((ni + 31) / 32 * 32);
+    g.G = GS_THREADS / g.TPG;
+    g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (GS_TARGET / nm - 32) / (g.G * rb)));
+    g.R = g.G * g.RG;
+    g.msb = (int)(((int64_t)g.R * rb + 32 + 15) / 16 * 16);
+    g.smem = (size_t)GS_STAGES * nm * g.msb;
+    return g.smem <= (size_t)GS_SMEM_MAX;
+}
+
+static int gs_nsm() {
+    static int nsm = 0;
+    if (!nsm) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            nsm = 132;
+    }
+    return nsm;
+}
+
+template <int TY, int NM, bool GRP>
+static cudaError_t gs_launch(const gs_args &A, const gs_geo &g, int64_t max_groups, cudaStream_t s) {
+    auto kern = gemvs_kernel<TY, NM, GRP>;
+    static bool attr = false;
+    if (!attr) {
+        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GS_SMEM_MAX);
+        if (err != cudaSuccess) return err;
+        attr = true;
+    }
+    int bps = 0;
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, g.G * g.TPG, g.smem);
+    if (err != cudaSuccess) return err;
+    const int64_t grid = std::min<int64_t>(max_groups, (int64_t)gs_nsm() * std::max(1, bps));
+    if (grid <= 0) return cudaSuccess;
+    kern<<<(unsigned)grid, g.G * g.TPG, g.smem, s>>>(A);
+    return cudaGetLastError();
+}
+
+template <typename F> static cudaError_t gs_with_type(uint32_t t, F f) {
+    switch (t) {
+    case GGML_TYPE_Q4_K: return f(std::integral_constant<int, GGML_TYPE_Q4_K>{});
+    case GGML_TYPE_Q6_K: return f(std::integral_constant<int, GGML_TYPE_Q6_K>{});
+    case GGML_TYPE_Q8_0: return f(std::integral_constant<int, GGML_TYPE_Q8_0>{});
+    default: return cudaErrorNotSupported;
+    }
+}
+
+bool gemvs_supported(uint32_t t, int64_t in, int nm) {
+    if (t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q6_K && t != GGML_TYPE_Q8_0) return false;
+    gs_geo g;
+    return in > 0 && (nm == 1 || nm == 2) && gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g);
+}
+
+static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, int64_t out, const void *qx,
+                       const void *sx, float *y, const gs_geo &g) {
+    gs_args A = {};
+    A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
+    A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.ni = (int)(in / 128);
+    A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1;
+    A.qx = (const uint4 *)qx, A.sx = (const float4 *)sx, A.y = y;
+    return A;
+}
+
+cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, float *y,
+                        cudaStream_t s) {
+    gs_geo g;
+    if (!gemvs_supported(t, in, 1) || !gs_geometry(in, (int64_t)ggml_row_bytes(t, in), 1, g))
+        return cudaErrorNotSupported;
+    const gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
+    return gs_with_type(t, [&](auto ty) { return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s); });
+}
+
+cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
+                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, float *y,
+                          cudaStream_t s) {
+    const int nm = w1 ? 2 : 1;
+    gs_geo g;
+    if (pl->tokens != 1 || !gemvs_supported(t, in, nm) || !gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g))
+        return cudaErrorNotSupported;
+    gs_args A = gs_base(t, w0, w1, in, out, qx, sx, y, g);
+    A.estride = estride, A.x_div = x_div, A.world = pl->world;
+    A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n;
+    A.n_tiles = pl->n_tiles;
+    const int64_t maxg = pl->max_tiles * ((out + g.R - 1) / g.R);
+    return gs_with_type(t, [&](auto ty) {
+        constexpr int TY = decltype(ty)::value;
+        return w1 ? gs_launch<TY, 2, true>(A, g, maxg, s) : gs_launch<TY, 1, true>(A, g, maxg, s);
+    });
+}
+
+} // namespace mlacu
