@@ -10,11 +10,12 @@
  *   a few wide shared-memory reads and 32 dp4a serve 128 weights. Q4_K's high nibbles are dotted
  *   in place (masked, x16, the factor folded into the scale); its minima and Q6_K's -32 offset go
  *   through the activation block sums.
- * - Columns are stationary: a block is G groups of TPG threads (the row's items rounded up to a
- *   warp); thread i of a group owns item i of every row and keeps its 128 activations (int8) and
- *   their scales in registers, loaded once (over a MoE plan: again when the x row changes).
+ * - Columns are stationary: a block is G groups of TPG threads (the row's items rounded up to 16
+ *   or to a warp); thread i of a group owns item i of every row and keeps its 128 activations
+ *   (int8) and their scales in registers, loaded once (over a MoE plan: again when the x row
+ *   changes).
  * - Rows stream: a block owns a contiguous run of stages; a stage is R = G x RG whole rows of each
- *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (~16 KB in all), which
+ *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (~32 KB in all), which
  *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, GS_STAGES - 1
  *   stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
  *   and are stored one stage later.
@@ -36,8 +37,8 @@ extern "C" {
 
 namespace mlacu {
 
-constexpr int GS_THREADS = 256, GS_STAGES = 4, GS_RG_MAX = 8;
-constexpr int GS_TARGET = 16384;       /* bytes of W a stage aims at */
+constexpr int GS_THREADS = 256, GS_STAGES = 3, GS_RG_MAX = 8;
+constexpr int GS_TARGET = 32768;       /* bytes of W a stage aims at */
 constexpr int GS_SMEM_MAX = 200 << 10; /* longer rows than a stage of this allows: not this kernel */
 
 /* ---- the stage copy: one bulk (TMA) copy a matrix, completion counted on an mbarrier */
@@ -211,9 +212,11 @@ struct gs_args {
     float *y;
 };
 
-__device__ __forceinline__ float gs_warp_sum(float v) {
+/* the sum over the aligned run of n lanes (16 or 32) holding v */
+__device__ __forceinline__ float gs_lane_sum(float v, int n) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        if (o < n) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -221,15 +224,17 @@ __device__ __forceinline__ float gs_warp_sum(float v) {
 template <int TY, int NM, bool GRP>
 __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     extern __shared__ __align__(16) uint8_t gs_sm[];
-    __shared__ float red[2][GS_THREADS / 32][NM][GS_RG_MAX];
+    __shared__ float red[2][GS_THREADS / 16][NM][GS_RG_MAX];
     __shared__ uint64_t full[GS_STAGES];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int R = A.R, RG = A.RG, gpm = (A.out + R - 1) / R;
     const int groups = gpm * (GRP ? *A.n_tiles : 1);
     const int g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x);
     const int g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
     const int sb = NM * A.msb;
-    const int grp = tid / A.TPG, ti = tid % A.TPG, wpg = A.TPG / 32; /* warps a thread group */
+    const int grp = tid / A.TPG, ti = tid % A.TPG;
+    /* a group's partial sums: one per warp (TPG >= 32) or per group (TPG 16: two groups a warp) */
+    const int run = min(A.TPG, 32), part = tid / run, ppg = A.TPG / run;
     auto tile_of = [&](int g) { return GRP ? g / gpm : 0; };
     /* matrix m of group g: where its rows start, and that address's offset from 16-alignment */
     auto rows_at = [&](int g, int m) -> const uint8_t * {
@@ -275,7 +280,7 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
                 float s[2] = {0.f, 0.f};
 #pragma unroll
                 for (int m = 0; m < NM; m++)
-                    for (int w = 0; w < wpg; w++) s[m] += red[(k - 1) & 1][gr * wpg + w][m][rr];
+                    for (int w = 0; w < ppg; w++) s[m] += red[(k - 1) & 1][gr * ppg + w][m][rr];
                 A.y[(size_t)pair_of(gp) * A.out + row] = NM == 2 ? s[0] / (1.0f + expf(-s[0])) * s[NM - 1] : s[0];
             }
         }
@@ -301,11 +306,11 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
             for (int m = 0; m < NM; m++) {
                 acc[m] = 0.f;
                 if (row < A.out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
-                acc[m] = gs_warp_sum(acc[m]);
+                acc[m] = gs_lane_sum(acc[m], run);
             }
-            if (lane == 0)
+            if (lane % run == 0)
 #pragma unroll
-                for (int m = 0; m < NM; m++) red[k & 1][warp][m][rr] = acc[m];
+                for (int m = 0; m < NM; m++) red[k & 1][part][m][rr] = acc[m];
         }
     }
 }
@@ -316,12 +321,12 @@ struct gs_geo {
     size_t smem;
 };
 
-/* TPG threads a group (the row's items rounded up to a warp), G groups (<= 256 threads) of RG
- * rows (<= 8), about GS_TARGET bytes a stage */
+/* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256
+ * threads) of RG rows (<= 8), about GS_TARGET bytes a stage */
 static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
     const int64_t ni = in / 128;
     if (in % 256 || ni < 1 || ni > GS_THREADS) return false;
-    g.TPG = (int)((ni + 31) / 32 * 32);
+    g.TPG = ni <= 16 ? 16 : (int)((ni + 31) / 32 * 32);
     g.G = GS_THREADS / g.TPG;
     g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (GS_TARGET / nm - 32) / (g.G * rb)));
     g.R = g.G * g.RG;
