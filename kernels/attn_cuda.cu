@@ -475,16 +475,18 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
 constexpr int DS_KPB = 64;
 __global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__restrict__ w, const float *__restrict__ k,
                                   const float *const *const *__restrict__ tabs, int64_t tab_off,
-                                  const int32_t *__restrict__ post, int H, int D, int64_t pos0,
+                                  const int32_t *__restrict__ post, int H, int D, int64_t pos0, int64_t skip,
                                   float *__restrict__ scores, int64_t ld) {
     extern __shared__ float qsm[];
     float *ws = qsm + H * D;
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int64_t nk = (post ? (int64_t)post[t] : pos0 + t) + 1;
+    /* past this token's keys (a batched step's grid is sized for the longest), or a token whose
+     * selection takes all its keys unscored (block-uniform: before any barrier) */
+    if ((int64_t)blockIdx.x * DS_KPB >= nk || nk <= skip) return;
     for (int i = threadIdx.x; i < H * D; i += blockDim.x) qsm[i] = q[(int64_t)t * H * D + i];
     for (int i = threadIdx.x; i < H; i += blockDim.x) ws[i] = w[(int64_t)t * H + i];
     __syncthreads();
-    const int64_t nk = (post ? (int64_t)post[t] : pos0 + t) + 1;
-    if ((int64_t)blockIdx.x * DS_KPB >= nk) return; /* past this token's keys (a batched step's grid is sized for the longest) */
     const float *const *tab = tabs ? tabs[t] : nullptr;
     const float sc = 1.0f / sqrtf((float)D);
     for (int jj = warp; jj < DS_KPB; jj += nw) {
@@ -1203,7 +1205,7 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
 
 static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_k, const float *const *const *d_tabs,
                              int64_t tab_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D, int64_t pos0, int64_t max_keys,
-                             float *d_scores, int64_t ld, cudaStream_t stream, mla_err *e) {
+                             int64_t skip, float *d_scores, int64_t ld, cudaStream_t stream, mla_err *e) {
     MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= max_keys && T <= 65535);
     if (T == 0) return MLA_OK;
     size_t smem = (size_t)(H * D + H) * sizeof(float);
@@ -1211,8 +1213,8 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
         MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
                     "dsa_scores smem");
     dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
-    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D, pos0, d_scores,
-                                                   ld);
+    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D, pos0, skip,
+                                                   d_scores, ld);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys<=%lld", (long long)T, (long long)max_keys);
     return MLA_OK;
 }
@@ -1220,15 +1222,16 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
 extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const float *d_k, int64_t T, int64_t H,
                                    int64_t D, int64_t pos0, float *d_scores, int64_t ld, mla_cuda_stream stream,
                                    mla_err *e) {
-    return dsa_scores_launch(d_q, d_w, d_k, NULL, 0, NULL, T, H, D, pos0, pos0 + T, d_scores, ld, (cudaStream_t)stream, e);
+    return dsa_scores_launch(d_q, d_w, d_k, NULL, 0, NULL, T, H, D, pos0, pos0 + T, 0, d_scores, ld, (cudaStream_t)stream,
+                             e);
 }
 
 extern "C" int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *const *const *d_blk_tok,
                                          int64_t blk_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D,
-                                         int64_t max_keys, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                                         int64_t max_keys, int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream,
                                          mla_err *e) {
     MLA_ASSERT(d_blk_tok && d_pos && max_keys > 0 && blk_off >= 0);
-    return dsa_scores_launch(d_q, d_w, NULL, d_blk_tok, blk_off, d_pos, T, H, D, 0, max_keys, d_scores, ld,
+    return dsa_scores_launch(d_q, d_w, NULL, d_blk_tok, blk_off, d_pos, T, H, D, 0, max_keys, skip_keys, d_scores, ld,
                              (cudaStream_t)stream, e);
 }
 

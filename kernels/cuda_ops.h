@@ -211,10 +211,12 @@ int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0
 
 /* The same over paged caches: query t (position d_pos[t], device) scores the keys of its own
  * sequence (block table d_blk_tok[t], rows of head_dim floats at blk_off floats into each block);
- * grid sized by max_keys > every d_pos[t]; ld >= max_keys. */
+ * grid sized by max_keys > every d_pos[t]; ld >= max_keys. A query with no more than skip_keys
+ * keys is not scored (its row is left alone): with skip_keys = top_k, mla_cuda_dsa_topk_tok
+ * selects all of such a query's keys without reading its row; 0 scores every query. */
 int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
                               const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
-                              float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
+                              int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
 /* dsa_topk of row t over its d_pos[t] + 1 scores. */
 int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
                           int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);

@@ -78,10 +78,11 @@ struct mla_cmodel {
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
-    bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
+    bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to gemv_tmax tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
-    bool mmh;       /* quantized weights on the fp16 tensor cores above Q8_TMAX tokens (mla_cuda_matmul_h) */
+    bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
+    int gemv_tmax;  /* with q8: the integer GEMV up to this many tokens a step (Q8_TMAX; MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
     int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
@@ -304,6 +305,12 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
 
 extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; }
 
+/* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
+ * passes over W once per 8 tokens), the tensor cores above (fp16 with m->mmh, else int8); the
+ * default of m->gemv_tmax (MLA_CUDA_GEMV_TMAX). H200, Q4_K 7168 -> 2048: GEMV 128 us at T = 64 and
+ * 250 at 128, int8 tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
+#define Q8_TMAX 96
+
 /* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
  * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
  * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
@@ -345,6 +352,14 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             return MLA_ERR;
         }
         m->moe_mmh_min = (int)mmin;
+        const char *gt = getenv("MLA_CUDA_GEMV_TMAX");
+        long gtmax = gt ? strtol(gt, &end, 10) : Q8_TMAX;
+        if (gt && (end == gt || *end || gtmax < 1 || gtmax > 4096)) {
+            mla_errf(err, "MLA_CUDA_GEMV_TMAX=%s: expected a token count from 1 to 4096", gt);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->gemv_tmax = (int)gtmax;
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
         const char *at = getenv("MLA_CUDA_ATTN");
         if (at && strcmp(at, "tc") && strcmp(at, "fp32")) {
@@ -724,21 +739,17 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     return MLA_OK;
 }
 
-/* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
- * passes over W once per 8 tokens), the int8 tensor cores above. H200, Q4_K 7168 -> 2048: GEMV
- * 128 us at T = 64 and 250 at 128, tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
-#define Q8_TMAX 96
 
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
-/* steps of more than Q8_TMAX tokens on the fp16 tensor cores (mla_cuda_matmul_h) */
+/* steps of more than m->gemv_tmax tokens on the fp16 tensor cores (mla_cuda_matmul_h) */
 static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
-    return m->mmh && T > Q8_TMAX && mla_cuda_mmh_supported(w->type, w->n_in);
+    return m->mmh && T > m->gemv_tmax && mla_cuda_mmh_supported(w->type, w->n_in);
 }
 
 /* y = x W^T from the activations already quantized into m->q8buf */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err *err) {
-    if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
+    if (T <= m->gemv_tmax || m->exact) /* exact mode: no tensor cores */
         return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
     return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
 }
@@ -947,21 +958,30 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
-        /* always through the indexer: a token with no more than top_k keys selects all of them,
-         * in order, which is the plain attention */
+        /* A token with no more than top_k keys selects all of them, in order: the plain
+         * attention. A step whose key bound max_keys (what a decode graph is keyed on) is no more
+         * than top_k (a prompt of up to top_k tokens) skips the indexer's queries, scores and
+         * selection; otherwise such tokens are left unscored (skip_keys) and selected whole. The
+         * indexer's key rows are computed and stored for later steps either way. */
         const int64_t nih = c->idx_n_head;
-        TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
-        TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, T, err));
+        const bool select = max_keys > c->idx_top_k;
+        if (select) {
+            TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
+            TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, T, err));
+        } else
+            TRY(mm(m, &l->ik, m->h, T, m->ikn, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
-        scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
-        CU(cudaGetLastError(), "scale");
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
         TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, st, err));
-        TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, m->scores, max_keys, st,
-                                      err));
-        TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, T, pos, c->idx_top_k, m->sel, m->nsel, st, err));
-        sel = m->sel;
+        if (select) {
+            scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
+            CU(cudaGetLastError(), "scale");
+            TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
+            TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                          m->scores, max_keys, st, err));
+            TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, T, pos, c->idx_top_k, m->sel, m->nsel, st, err));
+            sel = m->sel;
+        }
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,

@@ -439,6 +439,16 @@ static void check_gemv_stream(bool quick) {
         check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8ROWS, true);
     }
     if (!quick) check_matmul(GGML_TYPE_Q6_K, 7168, 129280, 1, MM_Q8, true); /* the whole output matrix */
+    /* where a step leaves the integer GEMV (one pass over W per 8 tokens) for the fp16 tensor
+     * cores (one pass): the model's gemv_tmax (MLA_CUDA_GEMV_TMAX) */
+    if (!quick)
+        for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 18432, 7168},
+                                                           {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
+                                                           {GGML_TYPE_Q6_K, 7168, 32768}, {GGML_TYPE_Q4_K, 7168, 2048}})
+            for (int64_t T : {16, 32, 64}) {
+                check_matmul((uint32_t)sh[0], sh[1], sh[2], T, MM_Q8, true);
+                check_matmul((uint32_t)sh[0], sh[1], sh[2], T, MM_H, true);
+            }
     time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
     mla_cuda_set_gemv_stream(false);
     time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
