@@ -1228,8 +1228,8 @@ extern "C" int mla_cuda_dsa_scores(const float *d_q, const float *d_w, const flo
 
 extern "C" int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *const *const *d_blk_tok,
                                          int64_t blk_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D,
-                                         int64_t max_keys, int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream,
-                                         mla_err *e) {
+                                         int64_t max_keys, int64_t skip_keys, float *d_scores, int64_t ld,
+                                         mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(d_blk_tok && d_pos && max_keys > 0 && blk_off >= 0);
     return dsa_scores_launch(d_q, d_w, NULL, d_blk_tok, blk_off, d_pos, T, H, D, 0, max_keys, skip_keys, d_scores, ld,
                              (cudaStream_t)stream, e);

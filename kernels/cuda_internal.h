@@ -80,6 +80,32 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
 }
 static __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
+/* the current device's multiprocessor count (read once a process; 132, an H100/H200's, if the
+ * query fails) */
+static inline int mlacu_sm_count(void) {
+    static int nsm = 0;
+    if (!nsm) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            nsm = 132;
+    }
+    return nsm;
+}
+
+/* the current device's largest opt-in dynamic shared memory a block (read once a process; 48 KB,
+ * what every device gives, if the query fails) */
+static inline int mlacu_smem_optin(void) {
+    static int v = 0;
+    if (!v) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            v = 48 << 10;
+    }
+    return v;
+}
+
 static inline int mlacu_fail_(mla_err *e, cudaError_t err) {
     if (e) {
         size_t n = strlen(e->msg);

@@ -90,8 +90,9 @@ int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, 
 bool mla_cuda_q8_supported(uint32_t t);
 /* One-token products of Q4_K, Q6_K and Q8_0 weights (mla_cuda_matmul_q8 with T = 1, and
  * mla_cuda_matmul_grouped_q8 over a plan for one token) stream W through shared memory with x
- * held in registers (kernels/gemvs_cuda.cu); off, they take the per-warp GEMV of every type. On by default; one switch for the process (the
- * worker sets it from MLA_CUDA_GEMVS=0|1, the op checks compare both). */
+ * held in registers (kernels/gemvs_cuda.cu); off, they take the per-warp GEMV of every type. On
+ * by default; one switch for the process (the worker sets it from MLA_CUDA_GEMVS=0|1, the op
+ * checks compare both). */
 void mla_cuda_set_gemv_stream(bool on);
 size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);

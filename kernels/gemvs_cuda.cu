@@ -40,6 +40,11 @@ namespace mlacu {
 constexpr int GS_THREADS = 256, GS_STAGES = 3, GS_RG_MAX = 8;
 constexpr int GS_TARGET = 32768;       /* bytes of W a stage aims at */
 constexpr int GS_SMEM_MAX = 200 << 10; /* longer rows than a stage of this allows: not this kernel */
+constexpr int GS_SMEM_STATIC = 4 << 10; /* the kernel's own shared memory (sums, barriers), rounded up */
+
+/* the dynamic shared memory a block may have here: GS_SMEM_MAX, or less on devices that give
+ * less (sm_86/89/120: ~100 KB a block; there, longer rows take the per-warp GEMV) */
+static int gs_smem_limit() { return std::min(GS_SMEM_MAX, mlacu_smem_optin() - GS_SMEM_STATIC); }
 
 /* ---- the stage copy: one bulk (TMA) copy a matrix, completion counted on an mbarrier */
 __device__ __forceinline__ uint32_t gs_sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -236,7 +241,7 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     /* a group's partial sums: one per warp (TPG >= 32) or per group (TPG 16: two groups a warp) */
     const int run = min(A.TPG, 32), part = tid / run, ppg = A.TPG / run;
     auto tile_of = [&](int g) { return GRP ? g / gpm : 0; };
-    /* matrix m of group g: where its rows start, and that address's offset from 16-alignment */
+    /* where the rows of group g start in matrix m (the copy starts at the 16-aligned address below) */
     auto rows_at = [&](int g, int m) -> const uint8_t * {
         const size_t eo = GRP ? (size_t)(A.tile_e[tile_of(g)] / A.world) * A.estride : 0;
         return (m ? A.W[1] : A.W[0]) + eo + (size_t)(GRP ? g % gpm : g) * R * A.rb;
@@ -332,18 +337,7 @@ static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
     g.R = g.G * g.RG;
     g.msb = (int)(((int64_t)g.R * rb + 32 + 15) / 16 * 16);
     g.smem = (size_t)GS_STAGES * nm * g.msb;
-    return g.smem <= (size_t)GS_SMEM_MAX;
-}
-
-static int gs_nsm() {
-    static int nsm = 0;
-    if (!nsm) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            nsm = 132;
-    }
-    return nsm;
+    return (int64_t)g.smem <= gs_smem_limit();
 }
 
 template <int TY, int NM, bool GRP>
@@ -351,14 +345,14 @@ static cudaError_t gs_launch(const gs_args &A, const gs_geo &g, int64_t max_grou
     auto kern = gemvs_kernel<TY, NM, GRP>;
     static bool attr = false;
     if (!attr) {
-        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GS_SMEM_MAX);
+        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gs_smem_limit());
         if (err != cudaSuccess) return err;
         attr = true;
     }
     int bps = 0;
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, g.G * g.TPG, g.smem);
     if (err != cudaSuccess) return err;
-    const int64_t grid = std::min<int64_t>(max_groups, (int64_t)gs_nsm() * std::max(1, bps));
+    const int64_t grid = std::min<int64_t>(max_groups, (int64_t)mlacu_sm_count() * std::max(1, bps));
     if (grid <= 0) return cudaSuccess;
     kern<<<(unsigned)grid, g.G * g.TPG, g.smem, s>>>(A);
     return cudaGetLastError();
@@ -395,7 +389,9 @@ cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, cons
     if (!gemvs_supported(t, in, 1) || !gs_geometry(in, (int64_t)ggml_row_bytes(t, in), 1, g))
         return cudaErrorNotSupported;
     const gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
-    return gs_with_type(t, [&](auto ty) { return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s); });
+    return gs_with_type(t, [&](auto ty) {
+        return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s);
+    });
 }
 
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,

@@ -1525,13 +1525,7 @@ static cudaError_t launch_mmh_cfg(const void *w, size_t estride, int64_t in, int
 template <int TY>
 static cudaError_t launch_mmh(const void *w, int64_t in, int64_t out, const void *xh, int64_t T, float *y,
                               cudaStream_t s) {
-    static int nsm = 0;
-    if (!nsm) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            nsm = 132;
-    }
+    const int nsm = mlacu_sm_count();
     const int64_t rowb = (out + MH_BN - 1) / MH_BN;
     if (rowb * ((T + 127) / 128) < nsm)
         return launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 63) / 64), y, s);

@@ -311,6 +311,19 @@ extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; 
  * 250 at 128, int8 tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
 #define Q8_TMAX 96
 
+/* *v = the environment's integer `name` (dflt when unset); false with a message naming it when it
+ * is not an integer in [lo, hi] */
+static bool env_count(const char *name, long dflt, long lo, long hi, const char *what, long *v, mla_err *err) {
+    const char *s = getenv(name);
+    char *end = nullptr;
+    *v = s ? strtol(s, &end, 10) : dflt;
+    if (s && (end == s || *end || *v < lo || *v > hi)) {
+        mla_errf(err, "%s=%s: expected %s", name, s, what);
+        return false;
+    }
+    return true;
+}
+
 /* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
  * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
  * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
@@ -343,22 +356,14 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         /* prompts on the fp16 tensor cores: on unless exact; MLA_CUDA_MMH=0|1 decides */
         const char *mh = getenv("MLA_CUDA_MMH");
         m->mmh = (mh ? !strcmp(mh, "1") : true) && !m->exact;
-        const char *mm = getenv("MLA_MOE_MMH_MIN");
-        char *end = nullptr;
-        long mmin = mm ? strtol(mm, &end, 10) : MOE_MMH_MIN;
-        if (mm && (end == mm || *end || mmin < 0 || mmin > 1000000)) {
-            mla_errf(err, "MLA_MOE_MMH_MIN=%s: expected a count of pairs a expert (0: never)", mm);
+        long mmin, gtmax;
+        if (!env_count("MLA_MOE_MMH_MIN", MOE_MMH_MIN, 0, 1000000, "a count of pairs a expert (0: never)", &mmin,
+                       err) ||
+            !env_count("MLA_CUDA_GEMV_TMAX", Q8_TMAX, 1, 4096, "a token count from 1 to 4096", &gtmax, err)) {
             mla_cmodel_free(m);
             return MLA_ERR;
         }
         m->moe_mmh_min = (int)mmin;
-        const char *gt = getenv("MLA_CUDA_GEMV_TMAX");
-        long gtmax = gt ? strtol(gt, &end, 10) : Q8_TMAX;
-        if (gt && (end == gt || *end || gtmax < 1 || gtmax > 4096)) {
-            mla_errf(err, "MLA_CUDA_GEMV_TMAX=%s: expected a token count from 1 to 4096", gt);
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
         m->gemv_tmax = (int)gtmax;
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
         const char *at = getenv("MLA_CUDA_ATTN");
