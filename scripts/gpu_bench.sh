@@ -104,4 +104,7 @@ if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}
   fi
   echo "ncu done ($(since))"
 fi
+# the run tool brings back only the first 8 files by name: all of $OUT also as one archive that
+# sorts first
+tar czf "/tmp/bench-$F.tgz" -C "$OUT" --exclude='0-*.tgz' . 2>/dev/null && mv "/tmp/bench-$F.tgz" "$OUT/0-bench-$F.tgz"
 exit $rc
