@@ -1,12 +1,17 @@
 /* Host-side check of the CUDA dequantizers (kernels/cuda_quant_unit.h): their __host__
  * instantiation must reproduce the CPU reference quant_dequant_row on random blocks of every
- * supported type, and so must the integer form of each quantized type (unit_i8: s * q - m). Needs no GPU (runs in CI); the device build of the same code is checked
- * against the CPU by mla-gpu-check on the GPU machine. */
+ * supported type, and so must the integer form of each quantized type (unit_i8: s * q - m); and
+ * the streamed GEMV's item arithmetic (kernels/gemvs_item.h) must give the dot product of the
+ * dequantized row with the q8 activations. Needs no GPU (runs in CI); the device build of the same
+ * code is checked against the CPU by mla-gpu-check on the GPU machine. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <math.h>
+
 #include "kernels/cuda_quant_unit.h"
 #include "kernels/cuda_rand.h"
+#include "kernels/gemvs_item.h"
 
 extern "C" {
 #include "tests/unit/mla_test.h"
@@ -67,10 +72,73 @@ template <int TY> static void check_type(gr_rng *r) {
     free(got);
 }
 
+/* x in quant_cuda.cu's q8 layout (what q8x_kernel writes): per 32 elements d = max|x| / 127,
+ * q = x / d rounded to nearest even, and (d, d * sum of the first 16 q, d * sum of the last 16, 0) */
+static void q8_host(const float *x, int64_t n, int8_t *q, float4 *s) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int sum[2] = {0, 0};
+        for (int i = 0; i < 32; i++) {
+            const int qi = (int)nearbyintf(x[32 * b + i] * id);
+            q[32 * b + i] = (int8_t)qi;
+            sum[i / 16] += qi;
+        }
+        s[b] = make_float4(d, d * (float)sum[0], d * (float)sum[1], 0.f);
+    }
+}
+
+/* Each row, as the streamed GEMV computes it (every item of 128 elements, its activations
+ * loaded as a thread does), against the CPU dequantization dotted in double with the same
+ * activations; rows at every offset 0..15 from 16-aligned (the host loads are bytewise). */
+template <int TY> static void check_gemvs_items(gr_rng *r) {
+    const int64_t n = 2304, rows = 5; /* 18 items a row: an odd count of Q4_K / Q6_K halves */
+    const size_t rb = ggml_row_bytes(TY, n);
+    uint8_t *w = (uint8_t *)malloc(rb * rows), *buf = (uint8_t *)malloc(rb + 64);
+    float *x = (float *)malloc(sizeof(float) * n), *deq = (float *)malloc(sizeof(float) * n);
+    int8_t *q = (int8_t *)malloc(n);
+    float4 *s = (float4 *)malloc(sizeof(float4) * (n / 32));
+    gr_quant_rows(r, TY, w, n, rows);
+    gr_fill(r, x, n, 1.0f);
+    q8_host(x, n, q, s);
+    double worst = 0;
+    for (int64_t row = 0; row < rows; row++) {
+        uint8_t *rp = buf + 16 + (row * 5) % 16; /* gs_words may read 3 bytes before, 4 after */
+        memcpy(rp, w + row * rb, rb);
+        memset(rp + rb, 0xA5, 16);
+        double got = 0;
+        for (int it = 0; it < (int)(n / 128); it++) {
+            gs_x<TY> xi;
+            gs_load_x<TY>((const uint4 *)q, s, 0, it, xi);
+            got += gs_dot<TY>(rp, it, xi);
+        }
+        quant_dequant_row(TY, w + row * rb, deq, n);
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const double xv = (double)s[i / 32].x * q[i];
+            ref += (double)deq[i] * xv;
+            mag += fabs((double)deq[i] * xv);
+        }
+        worst = fmax(worst, fabs(got - ref) / (mag > 0 ? mag : 1));
+    }
+    CHECKF(worst <= 1e-5, "%s: streamed GEMV items off by %.3g of the dot's magnitude", ggml_type_name(TY), worst);
+    printf("%-8s streamed GEMV items: worst error %.3g of the magnitude\n", ggml_type_name(TY), worst);
+    free(w);
+    free(buf);
+    free(x);
+    free(deq);
+    free(q);
+    free(s);
+}
+
 int main(void) {
     gr_rng r = {12345};
 #define RUN(T_) check_type<T_>(&r);
     MLACU_FOR_TYPES(RUN)
 #undef RUN
+    check_gemvs_items<GGML_TYPE_Q4_K>(&r);
+    check_gemvs_items<GGML_TYPE_Q6_K>(&r);
+    check_gemvs_items<GGML_TYPE_Q8_0>(&r);
     return mla_test_finish();
 }
