@@ -43,7 +43,10 @@ try:
         return subprocess.Popen([worker, "--coord", ep, "--rank", str(rank), "--world", "2", "-m", model] + list(extra),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     bad = wk(0, "--curve-dir", A, "--curve-client-key", os.path.join(B, "client.key"))
-    out = bad.communicate(timeout=30)[0]
+    # 90 s, as below: > the worker's 60 s registration timeout, so that a server slow to start on
+    # a loaded machine (the ASan build, tests in parallel) fails a check with the worker's own
+    # words rather than this wait (a CI run timed out here at 30 s)
+    out = bad.communicate(timeout=90)[0]
     check(bad.returncode == 3 and "refused this worker's CURVE key" in out, "wrong client key refused (exit 3)", out[-300:])
     check(wait_for(lambda: "refusing a control-plane connection" in srv.text(), 10), "coordinator logged the refusal")
     plain = wk(0)
