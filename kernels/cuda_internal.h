@@ -59,26 +59,18 @@ static __device__ __forceinline__ void mlacu_ldsm_x4_t(uint32_t *r, uint32_t add
                  : "r"(addr));
 }
 
-/* cp.async (sm_80+): 16 or 4 bytes global -> shared without registers; _n: 16 bytes of which
- * only the first n (0..16) are read, the rest zero-filled; commit closes a group; wait<N>
- * returns when at most N of this thread's groups are in flight. */
+/* cp.async (sm_80+): 16 or 4 bytes global -> shared without registers; commit closes a group;
+ * wait_all returns when all of this thread's groups have landed. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                  "l"(src));
-}
-static __device__ __forceinline__ void cp_async16_n(void *dst, const void *src, int n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(n));
 }
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                  "l"(src));
 }
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-static __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 /* the current device's multiprocessor count (read once a process; 132, an H100/H200's, if the
  * query fails) */

@@ -233,10 +233,15 @@ template <typename F> static cudaError_t gs_with_type(uint32_t t, F f) {
     }
 }
 
-bool gemvs_supported(uint32_t t, int64_t in, int nm) {
+/* the geometry for type t, rows of `in` elements, nm matrices; false where this kernel does not apply */
+static bool gs_plan(uint32_t t, int64_t in, int nm, gs_geo &g) {
     if (t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q6_K && t != GGML_TYPE_Q8_0) return false;
-    gs_geo g;
     return in > 0 && (nm == 1 || nm == 2) && gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g);
+}
+
+bool gemvs_supported(uint32_t t, int64_t in, int nm) {
+    gs_geo g;
+    return gs_plan(t, in, nm, g);
 }
 
 static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, int64_t out, const void *qx,
@@ -252,8 +257,7 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
 cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, float *y,
                         cudaStream_t s) {
     gs_geo g;
-    if (!gemvs_supported(t, in, 1) || !gs_geometry(in, (int64_t)ggml_row_bytes(t, in), 1, g))
-        return cudaErrorNotSupported;
+    if (!gs_plan(t, in, 1, g)) return cudaErrorNotSupported;
     const gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
     return gs_with_type(t, [&](auto ty) {
         return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s);
@@ -265,8 +269,7 @@ cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t est
                           cudaStream_t s) {
     const int nm = w1 ? 2 : 1;
     gs_geo g;
-    if (pl->tokens != 1 || !gemvs_supported(t, in, nm) || !gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g))
-        return cudaErrorNotSupported;
+    if (pl->tokens != 1 || !gs_plan(t, in, nm, g)) return cudaErrorNotSupported;
     gs_args A = gs_base(t, w0, w1, in, out, qx, sx, y, g);
     A.estride = estride, A.x_div = x_div, A.world = pl->world;
     A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n;
