@@ -784,7 +784,8 @@ __global__ void __launch_bounds__(128) head_mma_kernel(const __half *__restrict_
 
 /* ---------------------------------------------------------------- MoE plan + combine */
 /* One block: counts per owned expert, exclusive offsets, scatter of pair ids (order inside an
- * expert does not matter: every pair's output row is its own), tiles of <= 8 pairs. */
+ * expert does not matter: every pair's output row is its own), tiles of <= 8 pairs: first the
+ * experts with one pair (n_tiles[1] of them), then the others' tiles. */
 constexpr int MP_TILE = MLACU_MOE_TILE;
 __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs, int n_expert, int rank, int world,
                                 int32_t *counts, int32_t *sorted, int32_t *tile_e, int32_t *tile_s, int32_t *tile_n,
@@ -803,13 +804,17 @@ __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs,
     __syncthreads();
     if (threadIdx.x == 0) {
         int32_t a = 0, b = 0;
+        for (int e = 0; e < n_expert; e++)
+            if (cnt[e] == 1) toff[e] = b++;
+        n_tiles[1] = b;
         for (int e = 0; e < n_expert; e++) {
             off[e] = a;
-            toff[e] = b;
             a += cnt[e];
+            if (cnt[e] == 1) continue;
+            toff[e] = b;
             b += (cnt[e] + MP_TILE - 1) / MP_TILE;
         }
-        *n_tiles = b;
+        n_tiles[0] = b;
     }
     __syncthreads();
     for (int64_t p = threadIdx.x; p < npairs; p += blockDim.x) {
@@ -1313,7 +1318,7 @@ static int64_t moe_max_tiles(int64_t T, int64_t K, int64_t X) {
 
 extern "C" size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t K, int64_t X) {
     int64_t mt = moe_max_tiles(T, K, X);
-    return al16((size_t)(T * K) * 4) + 3 * al16((size_t)mt * 4) + al16(4) + al16((size_t)X * 4);
+    return al16((size_t)(T * K) * 4) + 3 * al16((size_t)mt * 4) + al16(8) + al16((size_t)X * 4);
 }
 
 extern "C" void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_t T, int64_t K, int64_t X, int rank,
@@ -1329,10 +1334,12 @@ extern "C" void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_
     p->tile_n = (int32_t *)m;
     m += al16((size_t)mt * 4);
     p->n_tiles = (int32_t *)m;
-    m += al16(4);
+    m += al16(8);
     p->counts = (int32_t *)m;
     p->max_tiles = mt;
     p->tokens = T;
+    p->n_used = K;
+    p->n_expert = X;
     p->rank = rank;
     p->world = world;
 }
@@ -1342,6 +1349,8 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
     p->max_tiles = moe_max_tiles(T, K, X);
     p->tokens = T;
+    p->n_used = K;
+    p->n_expert = X;
     moe_plan_kernel<<<1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream>>>(
         d_ids, T * K, (int)X, p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
     MLACU_CHECK(cudaGetLastError(), e, "moe plan T=%lld", (long long)T);

@@ -88,12 +88,19 @@ int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, 
  * x [T][in]; mla_cuda_matmul_q8 then computes y [T][out] as mla_cuda_matmul does (any T; 8
  * tokens per pass over W). */
 bool mla_cuda_q8_supported(uint32_t t);
-/* One-token products of Q4_K, Q6_K and Q8_0 weights (mla_cuda_matmul_q8 with T = 1, and
- * mla_cuda_matmul_grouped_q8 over a plan for one token) stream W through shared memory with x
- * held in registers (kernels/gemvs_cuda.cu); off, they take the per-warp GEMV of every type. On
- * by default; one switch for the process (the worker sets it from MLA_CUDA_GEMVS=0|1, the op
- * checks compare both). */
-void mla_cuda_set_gemv_stream(bool on);
+/* Small-batch products of Q4_K, Q6_K, Q8_0 and Q5_0 weights (mla_cuda_matmul_q8 with T up to
+ * dense_tmax, mla_cuda_matmul_grouped_q8 over a plan for up to grouped_tmax tokens) stream W
+ * through shared memory once, x held in registers a token at a time (kernels/gemvs_cuda.cu).
+ * The item arithmetic is paid per token, so that from 2 tokens (2 pairs a tile) the per-warp
+ * GEMV of every type (8 tokens a pass over W) is faster: it takes the rest (0: everything).
+ * grouped_tmax MLA_CUDA_GEMVS_SINGLES: plans of one token whole, and of more tokens the tiles
+ * of the experts with one pair, the per-warp GEMV the others. Defaults MLA_CUDA_GEMVS_DENSE /
+ * _GROUPED; one setting for the process (the worker sets 0, 0 from MLA_CUDA_GEMVS=0; the op
+ * checks compare them). dense_tmax <= 8. */
+#define MLA_CUDA_GEMVS_DENSE 1
+#define MLA_CUDA_GEMVS_SINGLES (-1)
+#define MLA_CUDA_GEMVS_GROUPED MLA_CUDA_GEMVS_SINGLES
+void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
@@ -109,9 +116,11 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
  * (one more rounding, 2^-11 relative), products summed in fp32. Relative error ~3e-4, below the
  * int8 path's ~3e-3; no per-32 rescaling, so the tensor cores set the pace.
  * mla_cuda_mmh_supported: the quantized types (as q8), in a multiple of 128 and of the block. An fp16 buffer of
- * T rows of `in` takes mla_cuda_act_h_bytes(T, in) bytes (16-aligned; x 16-aligned, in % 4 == 0);
- * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (128 tokens x 128 rows a
- * block). */
+ * T rows of `in` takes mla_cuda_act_h_bytes(T, in) bytes (16-aligned; x 16-aligned, in % 4 == 0),
+ * enough for any fewer rows or shorter ones: it ends with the dense product's workspace (steps of
+ * up to 64 tokens split K over more blocks and sum the parts in a fixed order);
+ * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (up to 128 tokens x 128
+ * rows a block), using the workspace: one product at a time per buffer (stream order). */
 bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
 size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
 int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);
@@ -243,12 +252,15 @@ int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_
 
 /* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
  * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,
- * and cuts each expert's pairs into tiles of <= 8. Buffers live in caller memory of
- * mla_cuda_moe_plan_bytes(); max_tiles is the grid bound (the real count stays on the device). */
+ * and cuts each expert's pairs into tiles of <= 8: first the experts with one pair, a tile each,
+ * then the others' tiles. Buffers live in caller memory of mla_cuda_moe_plan_bytes(); max_tiles
+ * is the grid bound (the real counts stay on the device: n_tiles[0] tiles, the first n_tiles[1]
+ * of them single). */
 typedef struct mla_cuda_moe_plan {
     int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles, *counts;
     int64_t max_tiles;
     int64_t tokens; /* the T it was laid out / built for: no tile has more pairs */
+    int64_t n_used, n_expert; /* likewise: the pairs a token, the experts of the model */
     int world, rank;
 } mla_cuda_moe_plan;
 size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t n_used, int64_t n_expert);

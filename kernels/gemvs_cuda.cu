@@ -1,12 +1,13 @@
-/* gemvs_cuda: the streamed integer GEMV, the one-token decode path of the common quantized types
- * (Q4_K, Q6_K, Q8_0), dense and over a MoE plan. API: kernels/gemvs_cuda.h (internal to kernels/).
+/* gemvs_cuda: the streamed integer GEMV, the small-batch decode path of the common quantized
+ * types (Q4_K, Q6_K, Q8_0, Q5_0): dense steps of 1 .. GS_NP tokens and the experts of a MoE plan with
+ * up to GS_NP pairs a tile. API: kernels/gemvs_cuda.h (internal to kernels/).
  *
  * Why a second GEMV: the per-warp GEMV of quant_cuda.cu (any type, 1-8 tokens) gives each lane
  * its own 32-element units along a row: every unit pays a scale decode and its share of a warp
  * sum, and every row makes every lane load its part of x again. Profiled at 18432 x 7168 Q4_K it
  * issues ~200 warp instructions per 32 units and streams at 34-42% of the copy rate. Here:
  *
- * - Items are 128 elements (half a Q4_K or Q6_K block, four Q8_0 blocks), so one scale decode,
+ * - Items are 128 elements (half a Q4_K or Q6_K block, four Q8_0 or Q5_0 blocks), so one scale decode,
  *   a few wide shared-memory reads and 32 dp4a serve 128 weights. Q4_K's high nibbles are dotted
  *   in place (masked, x16, the factor folded into the scale); its minima and Q6_K's -32 offset go
  *   through the activation block sums.
@@ -19,7 +20,9 @@
  *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, GS_STAGES - 1
  *   stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
  *   and are stored one stage later.
- * - Over a MoE plan built for one token, every tile holds one pair: a stage is a tile's row range.
+ * - Over a MoE plan a stage is a tile's row range. Each token of a dense step, each pair of a tile,
+ *   is one step over the stage in shared memory: W is read from memory once whatever their number;
+ *   the item arithmetic is paid per token (what bounds this kernel from ~4-8 tokens).
  *
  * The weights must be padded as mla_cuda_weight_bytes says: a copy ends at the next 16 bytes. */
 #include <cuda_runtime.h>
@@ -39,6 +42,7 @@ extern "C" {
 namespace mlacu {
 
 constexpr int GS_THREADS = 256, GS_STAGES = 3, GS_RG_MAX = 8;
+constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
 constexpr int GS_TARGET = 32768;       /* bytes of W a stage aims at */
 constexpr int GS_SMEM_MAX = 200 << 10; /* longer rows than a stage of this allows: not this kernel */
 constexpr int GS_SMEM_STATIC = 4 << 10; /* the kernel's own shared memory (sums, barriers), rounded up */
@@ -69,14 +73,15 @@ __device__ __forceinline__ void gs_bulk(void *dst, const void *src, uint32_t byt
                  : "memory");
 }
 
-/* Dense (GRP false): y[row] = W[0] row . x row 0. Grouped (GRP): over a MoE plan's tiles of one
- * pair each, as gemvq_grp_kernel: tile i is expert tile_e[i]'s pair p = sorted[tile_s[i]], which
- * reads x row p / x_div and writes y row p; expert e's matrix m starts at W[m] + (e / world) *
- * estride. NM = 2: y = silu(W[0] x) * (W[1] x). */
+/* Dense (GRP false): y[t][row] = W[0] row . x row t for the T tokens. Grouped (GRP): over a MoE
+ * plan's tiles (as gemvq_grp_kernel): tile i holds tile_n[i] (1 .. GS_NP) pairs of expert tile_e[i],
+ * p = sorted[tile_s[i] + j], which read x row p / x_div and write y row p; expert e's matrix m
+ * starts at W[m] + (e / world) * estride. NM = 2: y = silu(W[0] x) * (W[1] x). */
 struct gs_args {
     const uint8_t *W[2];
     size_t estride;
-    int rb, out, ni, R, RG, TPG, msb, x_div, world;
+    int rb, out, ni, R, RG, TPG, msb, x_div, world, T;
+    bool singles; /* grouped: only the plan's first n_tiles[1] tiles, of one pair each */
     const uint4 *qx;
     const float4 *sx;
     const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
@@ -91,7 +96,10 @@ __device__ __forceinline__ float gs_lane_sum(float v, int n) {
     return v;
 }
 
-/* Blocks of G groups of TPG threads (blockDim.x = G TPG); thread ti of a group owns item ti. */
+/* Blocks of G groups of TPG threads (blockDim.x = G TPG); thread ti of a group owns item ti. A
+ * block walks its stages; each stage (R rows of a tile, or of W) takes one step per pair (token):
+ * the pair's x into registers when its row changes, the stage's rows dotted with it, the sums
+ * into red[step & 1], stored after the next step's barrier. */
 template <int TY, int NM, bool GRP>
 __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     extern __shared__ __align__(16) uint8_t gs_sm[];
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     __shared__ uint64_t full[GS_STAGES];
     const int tid = threadIdx.x, lane = tid & 31;
     const int R = A.R, RG = A.RG, gpm = (A.out + R - 1) / R;
-    const int groups = gpm * (GRP ? *A.n_tiles : 1);
+    const int groups = gpm * (GRP ? A.n_tiles[A.singles ? 1 : 0] : 1);
     const int g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x);
     const int g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
     const int sb = NM * A.msb;
@@ -129,7 +137,17 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
 #pragma unroll
         for (int m = 0; m < NM; m++) gs_bulk(gs_sm + (size_t)buf * sb + m * A.msb, src[m], bytes[m], &full[buf]);
     };
-    auto pair_of = [&](int g) { return GRP ? A.sorted[A.tile_s[tile_of(g)]] : 0; };
+    /* step c's sums (pair p, rows of row group rg) to y: a thread a row */
+    auto store = [&](int c, int p, int rg) {
+        const int r = tid, row = rg * R + r;
+        if (r >= R || row >= A.out) return;
+        const int gr = r / RG, rr = r % RG;
+        float s[2] = {0.f, 0.f};
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+            for (int w = 0; w < ppg; w++) s[m] += red[c & 1][gr * ppg + w][m][rr];
+        A.y[(size_t)p * A.out + row] = NM == 2 ? s[0] / (1.0f + expf(-s[0])) * s[NM - 1] : s[0];
+    };
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < GS_STAGES; s++) gs_bar_init(&full[s]);
@@ -139,51 +157,47 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     }
     __syncthreads();
     gs_x<TY> x;
-    int xrow = -1;
-    for (int k = 0;; k++) {
-        const int g = g0 + k;
-        if (g < g1) gs_bar_wait(&full[k % GS_STAGES], (uint32_t)(k / GS_STAGES) & 1u); /* stage k landed */
-        __syncthreads(); /* stage k - 1's buffer and sums are done with */
-        if (k > 0 && tid < R) { /* store stage k - 1's rows */
-            const int gp = g - 1, r = tid, row = (GRP ? gp % gpm : gp) * R + r;
-            if (row < A.out) {
-                const int gr = r / RG, rr = r % RG;
-                float s[2] = {0.f, 0.f};
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-                    for (int w = 0; w < ppg; w++) s[m] += red[(k - 1) & 1][gr * ppg + w][m][rr];
-                A.y[(size_t)pair_of(gp) * A.out + row] = NM == 2 ? s[0] / (1.0f + expf(-s[0])) * s[NM - 1] : s[0];
-            }
-        }
-        if (g >= g1) break;
-        if (tid == 0) {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* our reads of the buffer, then the copy */
-            issue(g + GS_STAGES - 1, (k + GS_STAGES - 1) % GS_STAGES);
-        }
-        if (GRP && A.tile_n[tile_of(g)] != 1) __trap(); /* one-token plans have one pair a tile */
-        const int xr = pair_of(g) / A.x_div;
-        if (xr != xrow) { /* block-uniform */
-            xrow = xr;
-            if (ti < A.ni) gs_load_x<TY>(A.qx, A.sx, (size_t)xr * A.ni * 4, ti, x);
-        }
+    int xrow = -1, c = 0, pp = 0, prg = 0; /* steps so far; the last one's pair and row group */
+    for (int k = 0; g0 + k < g1; k++) {
+        const int g = g0 + k, rg = GRP ? g % gpm : g;
+        gs_bar_wait(&full[k % GS_STAGES], (uint32_t)(k / GS_STAGES) & 1u); /* stage k landed */
+        const int n = GRP ? A.tile_n[tile_of(g)] : A.T;
+        if (n < 1 || n > GS_NP) __trap(); /* plans hold 1 .. GS_NP pairs a tile; the host checks T */
         const uint8_t *st[NM];
 #pragma unroll
         for (int m = 0; m < NM; m++) /* the copy started at the 16-aligned address below the rows */
             st[m] = gs_sm + (size_t)(k % GS_STAGES) * sb + m * A.msb + ((uintptr_t)rows_at(g, m) & 15);
-        for (int rr = 0; rr < RG; rr++) {
-            const int r = grp * RG + rr, row = (GRP ? g % gpm : g) * R + r;
-            float acc[NM];
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                acc[m] = 0.f;
-                if (row < A.out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
-                acc[m] = gs_lane_sum(acc[m], run);
+        for (int j = 0; j < n; j++, c++) {
+            __syncthreads(); /* step c - 1's sums are in; at j = 0, stage k - 1's buffer is free */
+            if (c > 0) store(c - 1, pp, prg);
+            if (j == 0 && tid == 0) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* our reads, then the copy */
+                issue(g + GS_STAGES - 1, (k + GS_STAGES - 1) % GS_STAGES);
             }
-            if (lane % run == 0)
+            const int p = GRP ? A.sorted[A.tile_s[tile_of(g)] + j] : j;
+            const int xr = GRP ? p / A.x_div : j;
+            if (xr != xrow) { /* block-uniform */
+                xrow = xr;
+                if (ti < A.ni) gs_load_x<TY>(A.qx, A.sx, (size_t)xr * A.ni * 4, ti, x);
+            }
+            for (int rr = 0; rr < RG; rr++) {
+                const int r = grp * RG + rr, row = rg * R + r;
+                float acc[NM];
 #pragma unroll
-                for (int m = 0; m < NM; m++) red[k & 1][part][m][rr] = acc[m];
+                for (int m = 0; m < NM; m++) {
+                    acc[m] = 0.f;
+                    if (row < A.out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
+                    acc[m] = gs_lane_sum(acc[m], run);
+                }
+                if (lane % run == 0)
+#pragma unroll
+                    for (int m = 0; m < NM; m++) red[c & 1][part][m][rr] = acc[m];
+            }
+            pp = p, prg = rg;
         }
     }
+    __syncthreads();
+    if (c > 0) store(c - 1, pp, prg);
 }
 
 /* ---------------------------------------------------------------- host */
@@ -193,10 +207,10 @@ struct gs_geo {
 };
 
 /* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256
- * threads) of RG rows (<= 8), about GS_TARGET bytes a stage */
+ * threads) of RG rows (<= 8), about GS_TARGET bytes a stage; rows of whole items */
 static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
     const int64_t ni = in / 128;
-    if (in % 256 || ni < 1 || ni > GS_THREADS) return false;
+    if (in % 128 || ni < 1 || ni > GS_THREADS) return false;
     g.TPG = ni <= 16 ? 16 : (int)((ni + 31) / 32 * 32);
     g.G = GS_THREADS / g.TPG;
     g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (GS_TARGET / nm - 32) / (g.G * rb)));
@@ -229,14 +243,17 @@ template <typename F> static cudaError_t gs_with_type(uint32_t t, F f) {
     case GGML_TYPE_Q4_K: return f(std::integral_constant<int, GGML_TYPE_Q4_K>{});
     case GGML_TYPE_Q6_K: return f(std::integral_constant<int, GGML_TYPE_Q6_K>{});
     case GGML_TYPE_Q8_0: return f(std::integral_constant<int, GGML_TYPE_Q8_0>{});
+    case GGML_TYPE_Q5_0: return f(std::integral_constant<int, GGML_TYPE_Q5_0>{});
     default: return cudaErrorNotSupported;
     }
 }
 
 /* the geometry for type t, rows of `in` elements, nm matrices; false where this kernel does not apply */
 static bool gs_plan(uint32_t t, int64_t in, int nm, gs_geo &g) {
-    if (t != GGML_TYPE_Q4_K && t != GGML_TYPE_Q6_K && t != GGML_TYPE_Q8_0) return false;
-    return in > 0 && (nm == 1 || nm == 2) && gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g);
+    const bool k = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K; /* items are half blocks */
+    if (!k && t != GGML_TYPE_Q8_0 && t != GGML_TYPE_Q5_0) return false;
+    return in > 0 && (!k || in % 256 == 0) && (nm == 1 || nm == 2) &&
+           gs_geometry(in, (int64_t)ggml_row_bytes(t, in), nm, g);
 }
 
 bool gemvs_supported(uint32_t t, int64_t in, int nm) {
@@ -249,31 +266,33 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
     gs_args A = {};
     A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
     A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.ni = (int)(in / 128);
-    A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1;
+    A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1, A.T = 1;
     A.qx = (const uint4 *)qx, A.sx = (const float4 *)sx, A.y = y;
     return A;
 }
 
-cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, float *y,
-                        cudaStream_t s) {
+cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, int64_t T,
+                        float *y, cudaStream_t s) {
     gs_geo g;
-    if (!gs_plan(t, in, 1, g)) return cudaErrorNotSupported;
-    const gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
+    if (T < 1 || T > GS_NP || !gs_plan(t, in, 1, g)) return cudaErrorNotSupported;
+    gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
+    A.T = (int)T;
     return gs_with_type(t, [&](auto ty) {
         return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s);
     });
 }
 
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
-                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, float *y,
-                          cudaStream_t s) {
+                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool singles,
+                          float *y, cudaStream_t s) {
     const int nm = w1 ? 2 : 1;
     gs_geo g;
-    if (pl->tokens != 1 || !gs_plan(t, in, nm, g)) return cudaErrorNotSupported;
+    if (!gs_plan(t, in, nm, g)) return cudaErrorNotSupported;
     gs_args A = gs_base(t, w0, w1, in, out, qx, sx, y, g);
     A.estride = estride, A.x_div = x_div, A.world = pl->world;
     A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n;
     A.n_tiles = pl->n_tiles;
+    A.singles = singles;
     const int64_t maxg = pl->max_tiles * ((out + g.R - 1) / g.R);
     return gs_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;

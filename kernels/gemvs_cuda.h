@@ -1,5 +1,5 @@
-/* gemvs_cuda: the streamed integer GEMV (kernels/gemvs_cuda.cu), the one-token decode path of
- * Q4_K, Q6_K and Q8_0 weights; internal to kernels/ (CUDA C++), called by quant_cuda.cu's q8 entry points
+/* gemvs_cuda: the streamed integer GEMV (kernels/gemvs_cuda.cu), the small-batch decode path of
+ * Q4_K, Q6_K, Q8_0 and Q5_0 weights; internal to kernels/ (CUDA C++), called by quant_cuda.cu's q8 entry points
  * (kernels/cuda_ops.h). Activations come as quant_cuda's q8 buffer: qx the int8 rows, sx their
  * float4 scales per 32 elements. Nothing is allocated or owned here. */
 #ifndef GEMVS_CUDA_H
@@ -18,14 +18,16 @@ namespace mlacu {
 /* whether the streamed GEMV takes weights of type t with rows of `in` elements, nm matrices (1,
  * or 2: gate and up) a stage */
 bool gemvs_supported(uint32_t t, int64_t in, int nm);
-/* y [out] = W x for one token; cudaErrorNotSupported where not supported */
-cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, float *y,
-                        cudaStream_t s);
-/* mla_cuda_matmul_grouped_q8 over a MoE plan built for one token (pl->tokens == 1; w1 NULL: one
- * matrix, else silu(w0 x) * (w1 x)); cudaErrorNotSupported otherwise */
+/* y [T][out] = x W^T for T = 1 .. MLACU_MOE_TILE tokens (qx, sx: the q8 buffer of the T rows);
+ * cudaErrorNotSupported where not supported */
+cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, int64_t T,
+                        float *y, cudaStream_t s);
+/* mla_cuda_matmul_grouped_q8 over a MoE plan (w1 NULL: one matrix, else silu(w0 x) * (w1 x)),
+ * every tile or (singles) those of one pair; cudaErrorNotSupported where the type or row length
+ * is not supported */
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
-                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, float *y,
-                          cudaStream_t s);
+                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool singles,
+                          float *y, cudaStream_t s);
 } // namespace mlacu
 
 #endif

@@ -82,13 +82,13 @@ template <int N> __host__ __device__ __forceinline__ void gs_words(const uint8_t
 }
 
 /* An item is 128 elements of a row: Q4_K: half a block (it / 2, sub-blocks 4 (it % 2) .. + 3);
- * Q6_K: half n = it % 2 of block it / 2; Q8_0: blocks 4 it .. 4 it + 3. A thread's activations
- * for it: the int8 of its four 32-element units (x[2 i], x[2 i + 1]: unit i's halves) and per
- * unit f[i] = d, and g: Q4_K g[i] = d * sum of the unit's q; Q6_K g[2 i], g[2 i + 1] = d * the sum
- * of each half's q. */
+ * Q6_K: half n = it % 2 of block it / 2; Q8_0, Q5_0: blocks 4 it .. 4 it + 3. A thread's
+ * activations for it: the int8 of its four 32-element units (x[2 i], x[2 i + 1]: unit i's halves)
+ * and per unit f[i] = d, and g: Q4_K, Q5_0 g[i] = d * sum of the unit's q; Q6_K g[2 i], g[2 i + 1]
+ * = d * the sum of each half's q. */
 template <int TY> struct gs_x {
     uint4 x[8];
-    float f[4], g[TY == GGML_TYPE_Q6_K ? 8 : TY == GGML_TYPE_Q4_K ? 4 : 1];
+    float f[4], g[TY == GGML_TYPE_Q6_K ? 8 : TY == GGML_TYPE_Q4_K || TY == GGML_TYPE_Q5_0 ? 4 : 1];
 };
 
 /* xo: the activation row's first unit */
@@ -102,12 +102,15 @@ MLACU_UNROLL
         x.x[2 * i + 1] = gs_ldg(qx + 2 * (u0 + i) + 1);
         const float4 s = gs_ldg(sx + u0 + i);
         x.f[i] = s.x;
-        if constexpr (TY == GGML_TYPE_Q4_K) x.g[i] = s.y + s.z;
+        if constexpr (TY == GGML_TYPE_Q4_K || TY == GGML_TYPE_Q5_0) x.g[i] = s.y + s.z;
         if constexpr (TY == GGML_TYPE_Q6_K) x.g[2 * i] = s.y, x.g[2 * i + 1] = s.z;
     }
 }
 
-/* item it of the row at rp (device: shared memory; Q4_K rows 16-aligned, Q8_0 rows 8-aligned) . x */
+/* the 4 bits of b at bit 4 of each byte (bit i to byte i) */
+__host__ __device__ __forceinline__ uint32_t gs_bits4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+
+/* item it of the row at rp (device: shared memory; Q4_K rows 16-aligned, Q8_0 / Q5_0 rows 8-aligned) . x */
 template <int TY> __host__ __device__ __forceinline__ float gs_dot(const uint8_t *rp, int it, const gs_x<TY> &x) {
     if constexpr (TY == GGML_TYPE_Q4_K) {
         /* sub-blocks 4 hb + i: i = 0, 1 the low / high nibbles of qs[64 hb ..], i = 2, 3 of
@@ -160,6 +163,36 @@ MLACU_UNROLL
                    c1 * (x.f[k] * (float)gs_dp4(q + 4, x.x[2 * k + 1]) - 32.f * x.g[2 * k + 1]);
         }
         return d * acc;
+    } else if constexpr (TY == GGML_TYPE_Q5_0) {
+        /* 88 bytes from an 8-aligned start: blocks of 22 at 0, 22, 44, 66 (d, then qh: 4 bytes,
+         * then qs: 16); element j < 16 is qs[j]'s low nibble with bit j of qh, j + 16 the high
+         * nibble with bit j + 16: q + 16 dotted unsigned, the 16 through the unit's sum */
+        const uint8_t *p = rp + (size_t)it * 88;
+        uint32_t w[23];
+MLACU_UNROLL
+        for (int i = 0; i < 11; i++) {
+            const uint2 v = gs_ld<uint2>(p + 8 * i);
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+        w[22] = 0;
+        auto at = [&](int o) { return o % 4 ? gs_shr(w[o / 4], w[o / 4 + 1], 8 * (o % 4)) : w[o / 4]; };
+        float acc = 0.f;
+MLACU_UNROLL
+        for (int q = 0; q < 4; q++) {
+            const int o = 22 * q;
+            const uint32_t qh = at(o + 2);
+            int dot = 0;
+MLACU_UNROLL
+            for (int i = 0; i < 4; i++) {
+                const uint32_t qs = at(o + 6 + 4 * i);
+                const uint32_t *xl = &x.x[2 * q].x, *xh = &x.x[2 * q + 1].x;
+                dot = gs_dpu((qs & 0x0F0F0F0Fu) | gs_bits4((qh >> (4 * i)) & 0xF), xl[i], dot);
+                dot = gs_dpu(((qs >> 4) & 0x0F0F0F0Fu) | gs_bits4((qh >> (16 + 4 * i)) & 0xF), xh[i], dot);
+            }
+            const float d = h2f(at(o) & 0xFFFF);
+            acc = fmaf(d, x.f[q] * (float)dot - 16.f * x.g[q], acc);
+        }
+        return acc;
     } else {
         /* 136 bytes from an 8-aligned start: blocks at 0, 34, 68, 102; their quants at 2 (funnel), 36,
          * 70 (funnel), 104 */

@@ -794,22 +794,23 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
 }
 
 /* The grouped expert version over a MoE plan's tiles (as gemv_grp_kernel): blockIdx.y walks the
- * tiles, a warp owns rows (FUSE: row f of gate and of up, writing silu(g) * u). */
+ * tiles (multi: those after the plan's single-pair ones), a warp owns rows (FUSE: row f of gate
+ * and of up, writing silu(g) * u). */
 template <int TY, bool FUSE>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvq_grp_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t rb, size_t estride, int nu,
                      int out, const uint4 *__restrict__ qx, const float4 *__restrict__ sx, int x_div,
                      const int32_t *__restrict__ sorted, const int32_t *__restrict__ tile_e,
                      const int32_t *__restrict__ tile_s, const int32_t *__restrict__ tile_n,
-                     const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y, int wpr) {
+                     const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y, int wpr, bool multi) {
     __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
     const int f = blockIdx.x * (GQ_WARPS / wpr) + grp;
     const int row0 = FUSE ? f : f * GQ_R;
     if (wpr == 1 && row0 >= out) return; /* no barrier in the loop when wpr == 1 */
-    const int nt = *n_tiles;
-    for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+    const int nt = n_tiles[0];
+    for (int tile = blockIdx.y + (multi ? n_tiles[1] : 0); tile < nt; tile += gridDim.y) {
         const int e = tile_e[tile], s0 = tile_s[tile], T = tile_n[tile];
         const size_t eo = (size_t)(e / world) * estride;
         const uint8_t *p[GQ_R];
@@ -893,7 +894,7 @@ static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const vo
 template <int TY, bool FUSE>
 static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
                                const void *q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *pl, float *y,
-                               cudaStream_t s) {
+                               bool multi, cudaStream_t s) {
     int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
     const int64_t groups = FUSE ? out : (out + GQ_R - 1) / GQ_R;
     const int wpr = gemv_wpr((int)(in / 32), groups * (ty > 0 ? ty : 1));
@@ -902,7 +903,7 @@ static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, i
     gemvq_grp_kernel<TY, FUSE><<<grid, GQ_WARPS * 32, 0, s>>>(
         (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out,
         (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted,
-        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr);
+        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr, multi);
     return cudaGetLastError();
 }
 
@@ -1265,17 +1266,17 @@ template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q8_0>(const uint8_t 
     }
 }
 
-/* One block's product over all of K: acc = x rows (xrow) x W rows r0.. (128), raw chunks and x
- * tiles double-buffered. 4-warp tiles (RA) fetch chunk c + 1 as chunk c starts, so that a block
- * keeps a chunk of W in flight while it works (what a short tile of tokens needs to stream W at
+/* One block's product over chunks [c_begin, c_end) of K: acc = x rows (xrow) x W rows r0..
+ * (128), raw chunks and x tiles double-buffered. 4-warp tiles (RA) fetch chunk c + 1 as chunk c
+ * starts, so that a block keeps a chunk of W in flight while it works (what a short tile of tokens needs to stream W at
  * the memory's rate), and read the next x tile into registers during a step's MMAs. 8-warp
  * tiles (compute-bound; no registers to spare) take x by cp.async a step ahead and W's next
  * chunk with the chunk's last step. sm: the dynamic shared memory; the caller has filled xrow
  * and synchronised. al16: W, rb and estride allow 16-byte copies. */
 template <int TY, int MT, int WGM>
 __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t rb, bool al16, int in, int out,
-                                          int r0, const __half *__restrict__ xh, uint8_t *sm,
-                                          float (&acc)[MT][4][4]) {
+                                          int r0, int c_begin, int c_end, const __half *__restrict__ xh,
+                                          uint8_t *sm, float (&acc)[MT][4][4]) {
     using G = mh_geo<TY>;
     using Q = qtraits<TY>;
     constexpr int NT = WGM * 128, BM = WGM * MT * 16, NA = BM * 8 / NT;
@@ -1291,7 +1292,7 @@ __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t 
         for (int b = 0; b < 4; b++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[a][b][i] = 0.f;
-    const int nsteps = in / MH_BK, nchunks = in / G::CK;
+    const int s_begin = c_begin * G::SPC, s_end = c_end * G::SPC;
     const bool v16 = G::CB % 16 == 0 && al16;
     auto row_chunk = [&](int r, int c) { /* global address of row r0 + r's chunk c */
         return W + (size_t)min(r0 + r, out - 1) * rb + (size_t)c * G::CB;
@@ -1339,27 +1340,27 @@ __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t 
             *(uint4 *)(Ad + r * MH_LDH + c * 8) = areg[j];
         }
     };
-    issue_raw(0);
+    issue_raw(c_begin);
     if constexpr (RA) {
-        load_a(0);
-        store_a(0);
+        load_a(s_begin);
+        store_a(s_begin);
     } else {
-        issue_a(0);
+        issue_a(s_begin);
     }
     cp_async_commit();
     const uint32_t b_base = (uint32_t)__cvta_generic_to_shared(Bs);
-    for (int s = 0; s < nsteps; s++) {
+    for (int s = s_begin; s < s_end; s++) {
         const int c = s / G::SPC, sub = s % G::SPC;
         if (RA ? sub == 0 : true) cp_async_wait_all(); /* this thread's part of chunk c (and x tile s) */
         __syncthreads(); /* chunk c and x tile s are in; every warp is past step s - 1's MMAs */
         if constexpr (RA) {
-            if (sub == 0 && c + 1 < nchunks) {
+            if (sub == 0 && c + 1 < c_end) {
                 issue_raw(c + 1);
                 cp_async_commit();
             }
         } else {
-            if (s + 1 < nsteps) issue_a(s + 1);
-            if (sub == G::SPC - 1 && c + 1 < nchunks) issue_raw(c + 1);
+            if (s + 1 < s_end) issue_a(s + 1);
+            if (sub == G::SPC - 1 && c + 1 < c_end) issue_raw(c + 1);
             cp_async_commit();
         }
         { /* dequantize step s: two units of each of the 128 rows */
@@ -1371,7 +1372,7 @@ __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t 
                 deq_h<TY>(rowp + (uc / Q::BU) * Q::BB, uc % Q::BU, (uint4 *)(Bs + r * MH_LDH + uu * 32));
             }
         }
-        if (RA && s + 1 < nsteps) load_a(s + 1); /* in flight during the MMAs */
+        if (RA && s + 1 < s_end) load_a(s + 1); /* in flight during the MMAs */
         __syncthreads();
         const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(As + (s & 1) * BM * MH_LDH);
 #pragma unroll
@@ -1391,7 +1392,7 @@ __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t 
                 for (int nt = 0; nt < 4; nt++)
                     mlacu_mma_f16(acc[mt][nt], a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
         }
-        if (RA && s + 1 < nsteps) store_a(s + 1); /* buffer (s + 1) & 1: last read by step s - 1's MMAs */
+        if (RA && s + 1 < s_end) store_a(s + 1); /* buffer (s + 1) & 1: last read by step s - 1's MMAs */
     }
 }
 
@@ -1418,14 +1419,15 @@ __device__ __forceinline__ void mmh_store(const float (&acc)[MT][4][4], const in
         }
 }
 
-/* Dense (counts NULL): block (row block, token block) computes y rows t0.. of the T tokens.
- * Grouped, the experts of a MoE plan (as mmaq_grp_kernel): block (row block, expert e) walks
- * e's pairs BM at a time; pair p reads x row p / x_div and writes y row p. */
+/* Dense (counts NULL): block (row block, token block, split z) computes y rows t0.. of the T
+ * tokens over K's chunk range z of `splits` (splits > 1: into ws + z T out, summed by
+ * mh_sum_kernel). Grouped, the experts of a MoE plan (as mmaq_grp_kernel): block (row block,
+ * expert e) walks e's pairs BM at a time; pair p reads x row p / x_div and writes y row p. */
 template <int TY, int MT, int WGM>
 __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
     mmh_kernel(const uint8_t *__restrict__ W, size_t rb, size_t estride, bool al16, int in, int out,
                const __half *__restrict__ xh, const float *__restrict__ xs, int T, int x_div,
-               const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
+               const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world, int splits,
                float *__restrict__ y) {
     extern __shared__ __align__(16) uint8_t mh_sm[];
     constexpr int BM = WGM * MT * 16;
@@ -1451,9 +1453,11 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
             yrow[i] = c0 + i < cnt ? p : -1;
         }
         __syncthreads();
+        const int nch = in / mh_geo<TY>::CK, z = blockIdx.z;
         float acc[MT][4][4];
-        mmh_block<TY, MT, WGM>(We, rb, al16, in, out, r0, xh, mh_sm, acc);
-        mmh_store<MT>(acc, xrow, yrow, xs, r0, out, y);
+        mmh_block<TY, MT, WGM>(We, rb, al16, in, out, r0, (int)((int64_t)z * nch / splits),
+                               (int)((int64_t)(z + 1) * nch / splits), xh, mh_sm, acc);
+        mmh_store<MT>(acc, xrow, yrow, xs, r0, out, y + (size_t)z * T * out);
     }
 }
 
@@ -1504,32 +1508,78 @@ static bool mh_al16(const void *w, size_t rb, size_t estride) {
     return ((uintptr_t)w & 15) == 0 && rb % 16 == 0 && estride % 16 == 0;
 }
 
-/* tiles of MT 16-token slices a warp, WGM x 4 warps; counts NULL: dense over T tokens */
+/* tiles of MT 16-token slices a warp, WGM x 4 warps; counts NULL: dense over T tokens, K in
+ * `splits` chunk ranges (blockIdx.z) */
 template <int TY, int MT, int WGM>
 static cudaError_t launch_mmh_cfg(const void *w, size_t estride, int64_t in, int64_t out, const void *xh,
                                   int64_t x_rows, int64_t T, int x_div, const int32_t *sorted, const int32_t *counts,
-                                  int world, unsigned gy, float *y, cudaStream_t s) {
+                                  int world, unsigned gy, int splits, float *y, cudaStream_t s) {
     constexpr int BM = WGM * MT * 16;
     static bool allowed = false;
     cudaError_t err = mh_allow(mmh_kernel<TY, MT, WGM>, mh_smem<TY, BM>(), allowed);
     if (err != cudaSuccess) return err;
     const size_t rb = ggml_row_bytes(TY, in);
-    dim3 grid((unsigned)((out + MH_BN - 1) / MH_BN), gy);
+    dim3 grid((unsigned)((out + MH_BN - 1) / MH_BN), gy, (unsigned)splits);
     mmh_kernel<TY, MT, WGM><<<grid, WGM * 128, mh_smem<TY, BM>(), s>>>(
         (const uint8_t *)w, rb, estride, mh_al16(w, rb, estride), (int)in, (int)out, (const __half *)xh,
-        (const float *)((const uint8_t *)xh + mh_scale_off(x_rows, in)), (int)T, x_div, sorted, counts, world, y);
+        (const float *)((const uint8_t *)xh + mh_scale_off(x_rows, in)), (int)T, x_div, sorted, counts, world, splits,
+        y);
     return cudaGetLastError();
 }
 
-/* Dense: 128-token tiles (8 warps), or 64-token ones (4 warps) when those would leave SMs idle. */
+/* Small steps (decode batches: T <= MH_SPLIT_TMAX, one tile of tokens) would give one block a 128
+ * rows: too few for the GPU and each walks all of K. They split K instead, into enough chunk
+ * ranges for about MH_SPLIT_BLOCKS blocks (a fixed count, so that every GPU sums alike), each
+ * range at least two chunks; the partial products go to the workspace after the activations'
+ * scales (mla_cuda_act_h_bytes counts it: < 2 MH_SPLIT_BLOCKS x 128 x T floats) and
+ * mh_sum_kernel adds them in order. */
+constexpr int MH_SPLIT_TMAX = 64, MH_SPLIT_BLOCKS = 512;
+
+static size_t mh_ws_off(int64_t T, int64_t in) { return mh_scale_off(T, in) + ((size_t)T * 4 + 15) / 16 * 16; }
+/* the workspace of every step of up to T tokens */
+static size_t mh_ws_bytes(int64_t T) {
+    return (size_t)2 * MH_SPLIT_BLOCKS * MH_BN * 4 * (size_t)std::min<int64_t>(T, MH_SPLIT_TMAX);
+}
+static int mh_splits(int64_t out, int64_t nch, int64_t T) {
+    const int64_t rowb = (out + MH_BN - 1) / MH_BN;
+    if (T > MH_SPLIT_TMAX || rowb >= MH_SPLIT_BLOCKS) return 1;
+    const int64_t sp = std::min<int64_t>((MH_SPLIT_BLOCKS + rowb - 1) / rowb, std::max<int64_t>(1, nch / 2));
+    MLA_ASSERT((size_t)sp * (size_t)out * (size_t)T * 4 <= mh_ws_bytes(T));
+    return (int)sp;
+}
+
+/* y [n] = the sum of the `splits` partial products ws [z][n], z in order */
+__global__ void __launch_bounds__(256) mh_sum_kernel(const float *__restrict__ ws, int splits, int64_t n,
+                                                     float *__restrict__ y) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256) {
+        float v = ws[i];
+        for (int z = 1; z < splits; z++) v += ws[(size_t)z * n + i];
+        y[i] = v;
+    }
+}
+
+/* Dense: up to MH_SPLIT_TMAX tokens, one tile of 32 or 64 (4 warps) over K's split ranges; more,
+ * 128-token tiles (8 warps), or 64-token ones (4 warps) when those would leave SMs idle. */
 template <int TY>
 static cudaError_t launch_mmh(const void *w, int64_t in, int64_t out, const void *xh, int64_t T, float *y,
                               cudaStream_t s) {
     const int nsm = mlacu_sm_count();
     const int64_t rowb = (out + MH_BN - 1) / MH_BN;
+    if (T <= MH_SPLIT_TMAX) {
+        const int sp = mh_splits(out, in / mh_geo<TY>::CK, T);
+        float *ws = (float *)((uint8_t *)xh + mh_ws_off(T, in)), *dst = sp > 1 ? ws : y;
+        cudaError_t err =
+            T <= 32 ? launch_mmh_cfg<TY, 2, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, 1, sp, dst, s)
+                    : launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, 1, sp, dst, s);
+        if (err != cudaSuccess || sp == 1) return err;
+        const int64_t n = T * out;
+        mh_sum_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4 * nsm), 256, 0, s>>>(ws, sp, n, y);
+        return cudaGetLastError();
+    }
     if (rowb * ((T + 127) / 128) < nsm)
-        return launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 63) / 64), y, s);
-    return launch_mmh_cfg<TY, 4, 2>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 127) / 128), y, s);
+        return launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 63) / 64), 1, y,
+                                        s);
+    return launch_mmh_cfg<TY, 4, 2>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 127) / 128), 1, y, s);
 }
 
 /* ---------------------------------------------------------------- host dispatch */
@@ -1793,8 +1843,17 @@ template <class F> static cudaError_t with_q8_type(uint32_t t, F &&f) {
     return cudaErrorInvalidValue;
 }
 
-static bool g_gemv_stream = true; /* mla_cuda_set_gemv_stream */
-extern "C" void mla_cuda_set_gemv_stream(bool on) { g_gemv_stream = on; }
+/* mla_cuda_set_gemv_stream: the streamed GEMV for dense steps of up to g_gs_dense tokens and
+ * for the experts of steps of up to g_gs_grouped tokens (0: never; MLA_CUDA_GEMVS_SINGLES: one) */
+static int g_gs_dense = MLA_CUDA_GEMVS_DENSE, g_gs_grouped = MLA_CUDA_GEMVS_GROUPED;
+extern "C" void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax) {
+    MLA_ASSERT(dense_tmax >= 0 && dense_tmax <= MLACU_MOE_TILE && grouped_tmax >= MLA_CUDA_GEMVS_SINGLES);
+    g_gs_dense = dense_tmax;
+    g_gs_grouped = grouped_tmax;
+}
+static bool gs_grouped_on(const mla_cuda_moe_plan *pl) {
+    return pl->tokens <= (g_gs_grouped == MLA_CUDA_GEMVS_SINGLES ? 1 : g_gs_grouped);
+}
 
 extern "C" bool mla_cuda_q8_supported(uint32_t t) {
     return with_q8_type(t, [](auto) { return cudaSuccess; }) == cudaSuccess;
@@ -1821,8 +1880,8 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
     if (T == 0) return MLA_OK;
-    if (g_gemv_stream && T == 1 && gemvs_supported(t, in, 1)) {
-        cudaError_t err = gemvs_dense(t, d_w, in, out, d_q8, (const uint8_t *)d_q8 + q8_scale_off(T, in), d_y,
+    if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
+        cudaError_t err = gemvs_dense(t, d_w, in, out, d_q8, (const uint8_t *)d_q8 + q8_scale_off(T, in), T, d_y,
                                       (cudaStream_t)stream);
         MLACU_CHECK(err, e, "gemv q8 (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
                     (long long)in, (long long)T);
@@ -1843,19 +1902,22 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1);
     MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
     if (plan->max_tiles <= 0) return MLA_OK;
-    if (g_gemv_stream && plan->tokens == 1 && gemvs_supported(t, in, d_w1 ? 2 : 1)) {
-        cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8,
-                                        (const uint8_t *)d_q8 + q8_scale_off(x_rows, in), x_div, plan, d_y,
-                                        (cudaStream_t)stream);
+    cudaStream_t s = (cudaStream_t)stream;
+    const void *sx = (const uint8_t *)d_q8 + q8_scale_off(x_rows, in);
+    /* the streamed GEMV: every tile (one-token and sparse plans), or, by default, the tiles of one
+     * pair (the per-warp GEMV then takes the others) */
+    const bool gs = gemvs_supported(t, in, d_w1 ? 2 : 1), all = gs && gs_grouped_on(plan);
+    const bool singles = gs && !all && g_gs_grouped == MLA_CUDA_GEMVS_SINGLES;
+    if (all || singles) {
+        cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, s);
         MLACU_CHECK(err, e, "grouped gemv q8 (streamed) %s %lldx%lld", ggml_type_name(t), (long long)out,
                     (long long)in);
-        return MLA_OK;
+        if (all) return MLA_OK;
     }
     cudaError_t err = with_q8_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
-        cudaStream_t s = (cudaStream_t)stream;
-        return d_w1 ? launch_grpq<TY, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y, s)
-                    : launch_grpq<TY, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y, s);
+        return d_w1 ? launch_grpq<TY, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y, singles, s)
+                    : launch_grpq<TY, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y, singles, s);
     });
     MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     return MLA_OK;
@@ -1898,7 +1960,7 @@ extern "C" bool mla_cuda_mmh_supported(uint32_t t, int64_t in) {
 
 extern "C" size_t mla_cuda_act_h_bytes(int64_t T, int64_t in) {
     MLA_ASSERT(T >= 0 && in >= 0);
-    return mh_scale_off(T, in) + ((size_t)T * 4 + 15) / 16 * 16;
+    return mh_ws_off(T, in) + mh_ws_bytes(T);
 }
 
 extern "C" int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream,
@@ -1935,9 +1997,9 @@ extern "C" int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t est
         cudaStream_t s = (cudaStream_t)stream;
         const unsigned gy = (unsigned)n_expert;
         return bm == 32 ? launch_mmh_cfg<TY, 2, 1>(d_w, estride, in, out, d_xh, x_rows, 0, x_div, plan->sorted,
-                                                   plan->counts, plan->world, gy, d_y, s)
+                                                   plan->counts, plan->world, gy, 1, d_y, s)
                         : launch_mmh_cfg<TY, 4, 1>(d_w, estride, in, out, d_xh, x_rows, 0, x_div, plan->sorted,
-                                                   plan->counts, plan->world, gy, d_y, s);
+                                                   plan->counts, plan->world, gy, 1, d_y, s);
     });
     MLACU_CHECK(err, e, "grouped mma f16 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     return MLA_OK;

@@ -78,11 +78,11 @@ struct mla_cmodel {
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
-    bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to gemv_tmax tokens, int8 mma above */
+    bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
-    int gemv_tmax;  /* with q8: the integer GEMV up to this many tokens a step (Q8_TMAX; MLA_CUDA_GEMV_TMAX) */
+    int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MMH_TMIN; MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
     int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
@@ -306,10 +306,17 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
 extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; }
 
 /* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
- * passes over W once per 8 tokens), the tensor cores above (fp16 with m->mmh, else int8); the
- * default of m->gemv_tmax (MLA_CUDA_GEMV_TMAX). H200, Q4_K 7168 -> 2048: GEMV 128 us at T = 64 and
- * 250 at 128, int8 tensor cores ~210 at both (bench/results/gpu-h200-2026-11-29d.md). */
+ * passes over W once per 8 tokens), the int8 tensor cores above. H200, Q4_K 7168 -> 2048: GEMV
+ * 128 us at T = 64 and 250 at 128, int8 tensor cores ~210 at both
+ * (bench/results/gpu-h200-2026-11-29d.md). */
 #define Q8_TMAX 96
+/* With m->mmh, the weights the fp16 tensor cores take (mla_cuda_mmh_supported) keep the integer
+ * GEMV up to this many tokens a step, the tensor cores above: the default of m->gemv_tmax
+ * (MLA_CUDA_GEMV_TMAX). There steps of up to 64 tokens split K over ~512 blocks, one pass over W
+ * for any batch, where the GEMV makes one per 8 tokens. H200 at 8 tokens: 18432 x 7168 Q4_K 91 us
+ * either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K output matrix 603 against 1100; at
+ * 16 the tensor cores win everywhere (bench/results/gpu-h200-2026-11-30e.md). */
+#define MMH_TMIN 8
 
 /* *v = the environment's integer `name` (dflt when unset); false with a message naming it when it
  * is not an integer in [lo, hi] */
@@ -359,7 +366,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         long mmin, gtmax;
         if (!env_count("MLA_MOE_MMH_MIN", MOE_MMH_MIN, 0, 1000000, "a count of pairs a expert (0: never)", &mmin,
                        err) ||
-            !env_count("MLA_CUDA_GEMV_TMAX", Q8_TMAX, 1, 4096, "a token count from 1 to 4096", &gtmax, err)) {
+            !env_count("MLA_CUDA_GEMV_TMAX", MMH_TMIN, 1, 4096, "a token count from 1 to 4096", &gtmax, err)) {
             mla_cmodel_free(m);
             return MLA_ERR;
         }
@@ -380,7 +387,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             mla_cmodel_free(m);
             return MLA_ERR;
         }
-        mla_cuda_set_gemv_stream(!(gs && !strcmp(gs, "0")));
+        if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
+        else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         m->kvb_f16 = !m->exact;
     }
     shard_plan plan;
@@ -754,7 +762,7 @@ static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
 
 /* y = x W^T from the activations already quantized into m->q8buf */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err *err) {
-    if (T <= m->gemv_tmax || m->exact) /* exact mode: no tensor cores */
+    if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
         return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
     return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
 }

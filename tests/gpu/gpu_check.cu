@@ -67,6 +67,8 @@ static std::vector<row> g_rows;
 static double g_copy_gbs = 0, g_bf16_tflops = 790;
 static int g_reps = 50;
 static gr_rng g_rng = {0x5eed1234ull};
+/* the streamed GEMV's token limits in force (mla_cuda_set_gemv_stream): the library's defaults */
+static int g_gs_dense = MLA_CUDA_GEMVS_DENSE, g_gs_grouped = MLA_CUDA_GEMVS_GROUPED;
 
 static void *dmalloc(size_t n) {
     void *p;
@@ -198,9 +200,9 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         void *wi = dw[i % ncopy];
         if (q8) { /* timed with the quantization of x: what a step pays */
             OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
-            if (path == MM_Q8ROWS) mla_cuda_set_gemv_stream(false);
+            if (path == MM_Q8ROWS) mla_cuda_set_gemv_stream(0, 0);
             OK((path == MM_Q8MMA ? mla_cuda_matmul_q8_mma : mla_cuda_matmul_q8)(t, wi, in, out, dq, T, dy, 0, E));
-            mla_cuda_set_gemv_stream(true);
+            mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
         } else if (path == MM_H) { /* timed with the conversion of x */
             OK(mla_cuda_act_h(dx, T, in, dq, 0, E));
             OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
@@ -417,43 +419,149 @@ static void check_argmax(int64_t T, int64_t n) {
 
 #include "tests/gpu/gpu_check_attn.inc"
 
-/* The streamed one-token GEMV (Q4_K, Q6_K, Q8_0: kernels/gemvs_cuda.cu) against the exact
- * product of the quantized x: 1-4 items a thread, groups of 32-256 threads (1-8 groups a block),
- * stages of 1-64 rows, ragged last stages; over a MoE plan (fused gate/up and down, mixed types, a
- * TP rank); then the decode shapes of DeepSeek-V3 and a decode step's experts timed beside the
- * per-warp GEMV. --gemv runs these alone. */
+/* The small-batch paths of one weight matrix at several token counts, weights made once: the
+ * streamed GEMV (T <= 8), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
+ * each checked on sampled rows against the exact product (of x as each path rounds it) and
+ * timed, weights rotated past the L2 cache. The rows of each T are where the model's thresholds
+ * come from (MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMV_TMAX). */
+static void sweep_matmul(uint32_t t, int64_t in, int64_t out, const std::vector<int64_t> &Ts) {
+    const size_t rb = ggml_row_bytes(t, in), wbytes = rb * out, walloc = mla_cuda_weight_bytes(t, in, out);
+    std::vector<uint8_t> w(wbytes);
+    gr_quant_rows(&g_rng, t, w.data(), in, out);
+    const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(1, ((size_t)512 << 20) / walloc));
+    std::vector<void *> dw;
+    for (int i = 0; i < ncopy; i++) dw.push_back(dup(w.data(), wbytes, walloc));
+    const int64_t Tmax = *std::max_element(Ts.begin(), Ts.end()), nsamp = std::min<int64_t>(out, 24);
+    std::vector<int64_t> rows(nsamp);
+    std::vector<float> deq(nsamp * in);
+    for (int64_t s = 0; s < nsamp; s++) {
+        rows[s] = nsamp == out ? s : (int64_t)(gr_u64(&g_rng) % (uint64_t)out);
+        quant_dequant_row(t, w.data() + (size_t)rows[s] * rb, deq.data() + s * in, in);
+    }
+    std::vector<float> x(Tmax * in), xq(Tmax * in), y(Tmax * out);
+    gr_fill(&g_rng, x.data(), x.size(), 1.0f);
+    gr_q8_round(x.data(), xq.data(), (int64_t)x.size());
+    float *dx = (float *)dup(x.data(), x.size() * 4), *dy = (float *)dmalloc(Tmax * out * 4);
+    void *dq = dmalloc(std::max(mla_cuda_q8_bytes(Tmax, in), mla_cuda_act_h_bytes(Tmax, in)));
+    enum { STREAM, WARP, F16 };
+    for (int64_t T : Ts)
+        for (int path : {STREAM, WARP, F16}) {
+            if (path == STREAM && (T > 8 || !mla_cuda_q8_supported(t))) continue;
+            if (path == F16 && !mla_cuda_mmh_supported(t, in)) continue;
+            auto run = [&](int i) {
+                void *wi = dw[i % ncopy];
+                if (path == F16) {
+                    OK(mla_cuda_act_h(dx, T, in, dq, 0, E));
+                    OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
+                    return;
+                }
+                OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
+                mla_cuda_set_gemv_stream(path == STREAM ? 8 : 0, g_gs_grouped);
+                OK(mla_cuda_matmul_q8(t, wi, in, out, dq, T, dy, 0, E));
+                mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
+            };
+            poison(dy, T * out * 4);
+            run(0);
+            CK(cudaDeviceSynchronize());
+            down(y.data(), dy, T * out * 4);
+            const float *xr = path == F16 ? x.data() : xq.data();
+            std::vector<float> got, ref;
+            for (int64_t s = 0; s < nsamp; s++)
+                for (int64_t tk = 0; tk < T; tk++) {
+                    double acc = 0;
+                    for (int64_t i = 0; i < in; i++) acc += (double)deq[s * in + i] * xr[tk * in + i];
+                    ref.push_back((float)acc);
+                    got.push_back(y[tk * out + rows[s]]);
+                }
+            const bool finite = all_finite(y.data(), T * out);
+            const double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
+            const double us = time_us(run);
+            add_row(fmt("%s %s", path == STREAM ? "gemv q8" : path == WARP ? "gemv q8 rows" : "mma f16",
+                        ggml_type_name(t)),
+                    fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T), err,
+                    path == F16 ? 2e-3 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out, true);
+        }
+    for (void *p : dw) CK(cudaFree(p));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(dq));
+}
+
+/* The streamed GEMV (Q4_K, Q6_K, Q8_0: kernels/gemvs_cuda.cu) against the exact product of the
+ * quantized x: 1-4 items a thread, groups of 32-256 threads (1-8 groups a block), stages of 1-64
+ * rows, ragged last stages, 1-8 tokens a step; over MoE plans of one token and of several (tiles
+ * of 1-8 pairs; fused gate/up and down, mixed types, a TP rank); the fp16 tensor cores with K
+ * split (1-64 tokens, partial rows); then the decode shapes of DeepSeek-V3 and GLM-5 at 1-64
+ * tokens on each path (sweep_matmul), and the experts of decode steps of 1-64 tokens with and
+ * without the streamed GEMV. --gemv runs these alone. */
 static void check_gemv_stream(bool quick) {
-    for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
+    mla_cuda_set_gemv_stream(8, 1 << 30); /* every step it can take */
+    for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0}) {
         for (auto io : std::vector<std::array<int64_t, 2>>{{768, 77}, {7168, 333}, {18432, 37}, {16384, 50},
                                                            {32768, 9}, {512, 1000}, {1536, 301}, {2048, 7168}})
             check_matmul(t, io[0], io[1], 1, MM_Q8, false);
+        for (int64_t T : {2, 3, 5, 8}) check_matmul(t, T == 3 ? 18432 : 1536, T == 5 ? 7168 : 301, T, MM_Q8, false);
+    }
     check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 256, 8, 7168, 256, 1, 0, 1, false, true);
     check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 1, 1, 2, false, true);
     check_moe(GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 1, 0, 1, false, true);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false, true);  /* 1-4 pairs a tile */
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false, true); /* full tiles of 8 */
+    check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false, true);
+    /* DeepSeek-V2-Lite's experts: 1408 inputs of the down projection, Q5_0 (not whole Q4_K blocks) */
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 1, 0, 1, false, true);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false, true);
+    check_matmul(GGML_TYPE_Q8_0, 1408, 300, 3, MM_Q8, false);
+    /* the same inputs streamed and per-warp: the q8 rounding of x and h is the error of both */
+    for (int k = 0; k < 3; k++) {
+        const gr_rng r0 = g_rng;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 1, 1, 2, false, true);
+        g_rng = r0;
+        mla_cuda_set_gemv_stream(0, 0);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 1, 1, 2, false, true);
+        g_rows.back().op += " rows";
+        mla_cuda_set_gemv_stream(8, 1 << 30);
+    }
+    /* by default: the tiles of one pair streamed, the others per-warp */
+    mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false, true);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false, true);
+    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false, true);
+    check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false, true);
+    for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
+        for (int64_t T : {1, 7, 16, 33, 64}) check_matmul(t, T == 33 ? 1536 : 7168, T == 7 ? 77 : 2048, T, MM_H, false);
+    std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32, 64};
+    if (quick) Ts = {1, 4, 32};
     for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 18432, 7168},
-                                                       {GGML_TYPE_Q4_K, 7168, 2048}, {GGML_TYPE_Q4_K, 2048, 7168},
+                                                       {GGML_TYPE_Q4_K, 7168, 2048}, {GGML_TYPE_Q4_K, 6144, 12288},
                                                        {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
                                                        {GGML_TYPE_Q8_0, 7168, 1536}, {GGML_TYPE_Q8_0, 7168, 576},
-                                                       {GGML_TYPE_Q6_K, 7168, 32768}}) {
-        check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8, true);
-        check_matmul((uint32_t)sh[0], sh[1], sh[2], 1, MM_Q8ROWS, true);
-    }
-    if (!quick) check_matmul(GGML_TYPE_Q6_K, 7168, 129280, 1, MM_Q8, true); /* the whole output matrix */
-    /* where a step leaves the integer GEMV (one pass over W per 8 tokens) for the fp16 tensor
-     * cores (one pass): the model's gemv_tmax (MLA_CUDA_GEMV_TMAX) */
-    if (!quick)
-        for (auto sh : std::vector<std::array<int64_t, 3>>{{GGML_TYPE_Q4_K, 7168, 18432}, {GGML_TYPE_Q4_K, 18432, 7168},
-                                                           {GGML_TYPE_Q8_0, 16384, 7168}, {GGML_TYPE_Q8_0, 1536, 24576},
-                                                           {GGML_TYPE_Q6_K, 7168, 32768}, {GGML_TYPE_Q4_K, 7168, 2048}})
-            for (int64_t T : {16, 32, 64}) {
-                check_matmul((uint32_t)sh[0], sh[1], sh[2], T, MM_Q8, true);
-                check_matmul((uint32_t)sh[0], sh[1], sh[2], T, MM_H, true);
+                                                       {GGML_TYPE_Q6_K, 7168, 32768}})
+        sweep_matmul((uint32_t)sh[0], sh[1], sh[2], Ts);
+    if (!quick) sweep_matmul(GGML_TYPE_Q6_K, 6144, 154880, {1, 8, 32}); /* GLM-5's output matrix */
+    sweep_matmul(GGML_TYPE_Q5_0, 1408, 2048, {1, 4});                      /* a V2-Lite expert's down */
+    /* the experts of decode steps: all tiles streamed, all per-warp, and the default (sparse
+     * plans streamed; else the tiles of one pair streamed, the others per-warp), routed evenly
+     * (one pair an expert up to 32 tokens) and clustered (tiles of 1-8 pairs mixed) */
+    for (int64_t T : {1, 4, 8, 16, 32, 64})
+        for (bool cl : {false, true}) {
+            if ((quick && T != 1 && T != 32) || (cl && T == 1)) continue;
+            const gr_rng r0 = g_rng;
+            const char *name[3] = {" streamed", " rows", " default"};
+            const int grouped[3] = {1 << 30, 0, g_gs_grouped};
+            for (int v = 0; v < 3; v++) {
+                g_rng = r0;
+                mla_cuda_set_gemv_stream(g_gs_dense, grouped[v]);
+                time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 0, cl);
+                g_rows.back().op += name[v];
+                if (cl) g_rows.back().op += " clustered";
             }
-    time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
-    mla_cuda_set_gemv_stream(false);
-    time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 1, true);
-    mla_cuda_set_gemv_stream(true);
-    g_rows.back().op += " rows";
+            if (T >= 16 && !cl) {
+                time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
+                g_rows.back().op += " f16";
+            }
+        }
+    mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
 }
 
 /* The fp16 tensor cores (mla_cuda_matmul_h), dense; --mmh runs these and the experts' alone. */

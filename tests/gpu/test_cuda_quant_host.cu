@@ -140,5 +140,6 @@ int main(void) {
     check_gemvs_items<GGML_TYPE_Q4_K>(&r);
     check_gemvs_items<GGML_TYPE_Q6_K>(&r);
     check_gemvs_items<GGML_TYPE_Q8_0>(&r);
+    check_gemvs_items<GGML_TYPE_Q5_0>(&r);
     return mla_test_finish();
 }
