@@ -207,10 +207,12 @@ __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__res
 #pragma unroll
     for (int i = 0; i < 8; i++) den += red[1][i];
     const float inv = den > 0.f ? 1.f / den : 0.f;
+    /* splits with no keys (a graph sized for the longest context over a short one) weigh 0: their
+     * outputs are not read */
     for (int c = tid; c < L; c += 256) {
         float acc = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < splits; s++) acc += w[s * (L + 2) + 2 + c] * wgt[s];
+        for (int s = 0; s < splits; s++)
+            if (wgt[s] != 0.f) acc += w[s * (L + 2) + 2 + c] * wgt[s];
         out[((int64_t)t * H + h) * L + c] = acc * inv;
     }
 }

@@ -81,6 +81,15 @@ template <int N> __host__ __device__ __forceinline__ void gs_words(const uint8_t
     for (int i = 0; i < N; i++) w[i] = gs_shr(v[i], v[i + 1], sh);
 }
 
+/* 2 N little-endian words from p (8-aligned: N 8-byte loads) */
+template <int N> __host__ __device__ __forceinline__ void gs_words8(const uint8_t *p, uint32_t *w) {
+    MLACU_UNROLL
+    for (int i = 0; i < N; i++) {
+        const uint2 v = gs_ld<uint2>(p + 8 * i);
+        w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+}
+
 /* An item is 128 elements of a row: Q4_K: half a block (it / 2, sub-blocks 4 (it % 2) .. + 3);
  * Q6_K: half n = it % 2 of block it / 2; Q8_0, Q5_0: blocks 4 it .. 4 it + 3. A thread's
  * activations for it: the int8 of its four 32-element units (x[2 i], x[2 i + 1]: unit i's halves)
@@ -167,13 +176,8 @@ MLACU_UNROLL
         /* 88 bytes from an 8-aligned start: blocks of 22 at 0, 22, 44, 66 (d, then qh: 4 bytes,
          * then qs: 16); element j < 16 is qs[j]'s low nibble with bit j of qh, j + 16 the high
          * nibble with bit j + 16: q + 16 dotted unsigned, the 16 through the unit's sum */
-        const uint8_t *p = rp + (size_t)it * 88;
         uint32_t w[23];
-MLACU_UNROLL
-        for (int i = 0; i < 11; i++) {
-            const uint2 v = gs_ld<uint2>(p + 8 * i);
-            w[2 * i] = v.x, w[2 * i + 1] = v.y;
-        }
+        gs_words8<11>(rp + (size_t)it * 88, w);
         w[22] = 0;
         auto at = [&](int o) { return o % 4 ? gs_shr(w[o / 4], w[o / 4 + 1], 8 * (o % 4)) : w[o / 4]; };
         float acc = 0.f;
@@ -196,13 +200,8 @@ MLACU_UNROLL
     } else {
         /* 136 bytes from an 8-aligned start: blocks at 0, 34, 68, 102; their quants at 2 (funnel), 36,
          * 70 (funnel), 104 */
-        const uint8_t *p = rp + (size_t)it * 136;
         uint32_t w[34];
-MLACU_UNROLL
-        for (int i = 0; i < 17; i++) {
-            const uint2 v = gs_ld<uint2>(p + 8 * i);
-            w[2 * i] = v.x, w[2 * i + 1] = v.y;
-        }
+        gs_words8<17>(rp + (size_t)it * 136, w);
         float acc = 0.f;
 MLACU_UNROLL
         for (int q = 0; q < 4; q++) {

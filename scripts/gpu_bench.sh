@@ -37,10 +37,11 @@ TPS="${TPS:-$([ "$ngpu" -ge 2 ] && echo 1,2 || echo 1)}"
 bw=$(grep -o 'D2D copy [0-9]*' "$OUT/gpu-check.log" 2>/dev/null | awk '{print $3}' | head -1)
 bw="${bw:-4208}"
 rc=0
-# decode contexts up to 16k + the warm-up and timed steps
+# decode contexts up to 16k + the warm-up and timed steps; 32 timed steps a point, as llama-bench's
+# tg32 (with 8, one slow step moved a row by 10%)
 # shellcheck disable=SC2086
 timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat 2 --warmup 2 \
-  ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 8 --env MLA_N_CTX=16640} \
+  ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32 --env MLA_N_CTX=16640} \
   --bw-gbs "$bw" --tflops 790 --env MLA_CUDA_FAST=split --json "$OUT/bench-$F.json" --md "$OUT/bench-$F.md" \
   >"$OUT/bench-$F.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-$F.log"; }
 cat "$OUT/bench-$F.md" 2>/dev/null
