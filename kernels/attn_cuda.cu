@@ -1340,8 +1340,6 @@ extern "C" void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_
     p->counts = (int32_t *)m;
     p->max_tiles = mt;
     p->tokens = T;
-    p->n_used = K;
-    p->n_expert = X;
     p->rank = rank;
     p->world = world;
 }
@@ -1351,8 +1349,6 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
     p->max_tiles = moe_max_tiles(T, K, X);
     p->tokens = T;
-    p->n_used = K;
-    p->n_expert = X;
     moe_plan_kernel<<<1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream>>>(
         d_ids, T * K, (int)X, p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
     MLACU_CHECK(cudaGetLastError(), e, "moe plan T=%lld", (long long)T);

@@ -260,7 +260,6 @@ typedef struct mla_cuda_moe_plan {
     int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles, *counts;
     int64_t max_tiles;
     int64_t tokens; /* the T it was laid out / built for: no tile has more pairs */
-    int64_t n_used, n_expert; /* likewise: the pairs a token, the experts of the model */
     int world, rank;
 } mla_cuda_moe_plan;
 size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t n_used, int64_t n_expert);

@@ -1167,7 +1167,6 @@ template <int TY, int BM> __host__ __device__ constexpr size_t mh_smem() {
            (size_t)2 * BM * 4;
 }
 
-
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
@@ -1268,11 +1267,11 @@ template <> __device__ __forceinline__ void deq_h<GGML_TYPE_Q8_0>(const uint8_t 
 
 /* One block's product over chunks [c_begin, c_end) of K: acc = x rows (xrow) x W rows r0..
  * (128), raw chunks and x tiles double-buffered. 4-warp tiles (RA) fetch chunk c + 1 as chunk c
- * starts, so that a block keeps a chunk of W in flight while it works (what a short tile of tokens needs to stream W at
- * the memory's rate), and read the next x tile into registers during a step's MMAs. 8-warp
- * tiles (compute-bound; no registers to spare) take x by cp.async a step ahead and W's next
- * chunk with the chunk's last step. sm: the dynamic shared memory; the caller has filled xrow
- * and synchronised. al16: W, rb and estride allow 16-byte copies. */
+ * starts, so that a block keeps a chunk of W in flight while it works (what a short tile of
+ * tokens needs to stream W at the memory's rate), and read the next x tile into registers during
+ * a step's MMAs. 8-warp tiles (compute-bound; no registers to spare) take x by cp.async a step
+ * ahead and W's next chunk with the chunk's last step. sm: the dynamic shared memory; the caller
+ * has filled xrow and synchronised. al16: W, rb and estride allow 16-byte copies. */
 template <int TY, int MT, int WGM>
 __device__ __forceinline__ void mmh_block(const uint8_t *__restrict__ W, size_t rb, bool al16, int in, int out,
                                           int r0, int c_begin, int c_end, const __half *__restrict__ xh,
@@ -1904,8 +1903,8 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     if (plan->max_tiles <= 0) return MLA_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *sx = (const uint8_t *)d_q8 + q8_scale_off(x_rows, in);
-    /* the streamed GEMV: every tile (one-token and sparse plans), or, by default, the tiles of one
-     * pair (the per-warp GEMV then takes the others) */
+    /* the streamed GEMV: every tile (plans of up to g_gs_grouped tokens; by default one), or, by
+     * default, the tiles of one pair (the per-warp GEMV then takes the others) */
     const bool gs = gemvs_supported(t, in, d_w1 ? 2 : 1), all = gs && gs_grouped_on(plan);
     const bool singles = gs && !all && g_gs_grouped == MLA_CUDA_GEMVS_SINGLES;
     if (all || singles) {

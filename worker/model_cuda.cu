@@ -380,7 +380,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             return MLA_ERR;
         }
         m->attn_tc = at ? !strcmp(at, "tc") : !m->exact;
-        /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 (process-wide): MLA_CUDA_GEMVS=0|1, on by default */
+        /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 (process-wide): MLA_CUDA_GEMVS=0|1, on by
+         * default */
         const char *gs = getenv("MLA_CUDA_GEMVS");
         if (gs && strcmp(gs, "0") && strcmp(gs, "1")) {
             mla_errf(err, "MLA_CUDA_GEMVS=%s: expected 0 or 1", gs);
@@ -751,7 +752,6 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     m->cap_out = nout;
     return MLA_OK;
 }
-
 
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
