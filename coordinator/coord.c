@@ -20,6 +20,7 @@
 
 #include "coll_host.h"
 #include "common/shard_plan.h"
+#include "common/steptrace.h"
 #include "mla_log.h"
 
 extern char **environ;
@@ -321,6 +322,7 @@ static void handle_router(coord *c) {
         } else if (!m.u.result.ok) {
             group_fail(c, "worker 0: %s", m.u.result.error);
         } else {
+            steptrace_mark(m.u.result.step_id, 'G');
             wire_msg *heap = mla_xmalloc(sizeof *heap);
             *heap = m;
             memset(&m, 0, sizeof m);
@@ -410,6 +412,7 @@ static int handle_api(coord *c) {
             c->bench_sec = 0;
             c->bench_err[0] = '\0';
         }
+        if (t == 'P') steptrace_mark(step_id, 'B');
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
     } else if (t == 'F') {
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
@@ -1129,12 +1132,14 @@ int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_
     if (encode_checked(&m, &lim, "step plan", &buf, &n, err)) return MLA_ERR;
     pthread_mutex_lock(&c->api_mu);
     uint64_t id = plan->step_id;
+    steptrace_mark(id, 'A');
     int rc = api_send(c, 'P', &id, buf, n);
     free(buf);
     wire_msg *res = NULL;
     if (rc == MLA_OK) rc = api_wait(c, &res, err);
     else mla_errf(err, "coordinator: cannot queue the step");
     pthread_mutex_unlock(&c->api_mu);
+    steptrace_mark(id, 'H');
     if (rc) return MLA_ERR;
     *out = res->u.result;
     free(res);

@@ -63,6 +63,7 @@ __device__ __forceinline__ void split_keys(const attn_k &a, int t, int split, in
 }
 
 __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
+    mlacu_pdl_enter();
     extern __shared__ float sm[];
     __shared__ float alpha[AT_HG], mrun[AT_HG], lrun[AT_HG];
     const int row = a.L + a.R, rs = row + 1;
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
 constexpr int AR_MAXS = 1024;
 __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits,
                                                                float *__restrict__ out) {
+    mlacu_pdl_enter();
     __shared__ float wgt[AR_MAXS], red[2][8];
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *w = work + ((int64_t)t * H + h) * splits * (L + 2);
@@ -257,6 +259,7 @@ __device__ __forceinline__ uint32_t pack_h2(float a, float b) {
 
 template <int L, int R>
 __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
+    mlacu_pdl_enter();
     using C = tc_cfg<L, R>;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     __shared__ const float *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
@@ -479,6 +482,7 @@ __global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__re
                                   const float *const *const *__restrict__ tabs, int64_t tab_off,
                                   const int32_t *__restrict__ post, int H, int D, int64_t pos0, int64_t skip,
                                   float *__restrict__ scores, int64_t ld) {
+    mlacu_pdl_enter();
     extern __shared__ float qsm[];
     float *ws = qsm + H * D;
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -584,6 +588,7 @@ constexpr int TK_T = 1024;
 __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict__ scores, int64_t ld, int64_t pos0,
                                                          const int32_t *__restrict__ post, int64_t top_k,
                                                          int32_t *__restrict__ sel, int32_t *__restrict__ nsel) {
+    mlacu_pdl_enter();
     __shared__ unsigned hist[256];
     __shared__ int64_t sh64[2];
     __shared__ int sh[33];
@@ -621,6 +626,7 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
 __global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n,
                                     const float *const *const *__restrict__ tabs, int64_t tab_off,
                                     const int32_t *__restrict__ pos, int64_t dst_ld) {
+    mlacu_pdl_enter();
     const int t = blockIdx.x;
     float *d = (float *)paged_row(tabs[t], tab_off, dst_ld, pos[t]);
     const float *s = src + (int64_t)t * src_ld;
@@ -635,6 +641,7 @@ __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 template <typename WT>
 __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, const float *__restrict__ x,
                                    int64_t xt, int64_t xh, int T, float *__restrict__ y, int64_t yt, int64_t yh) {
+    mlacu_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y, o = blockIdx.x * (blockDim.x >> 5) + warp;
     if (o >= out) return;
@@ -666,6 +673,7 @@ template <int IN, int G = (IN / 8 < 32 ? IN / 8 : 32)>
 __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__restrict__ W, int out,
                                                             const float *__restrict__ x, int64_t xt, int64_t xh, int T,
                                                             float *__restrict__ y, int64_t yt, int64_t yh) {
+    mlacu_pdl_enter();
     constexpr int CPR = IN / 8, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
     static_assert(IN % 8 == 0 && 32 % G == 0 && CPR % G == 0 && 8 % RPW == 0, "head GEMV shape");
     __shared__ __align__(16) float xs[8 * IN];
@@ -723,6 +731,7 @@ constexpr int HM_B = 64, HM_K = 32, HM_LD = HM_K + 8; /* 80-byte rows: ldmatrix 
 __global__ void __launch_bounds__(128) head_mma_kernel(const __half *__restrict__ W, int in, int out,
                                                        const float *__restrict__ x, int64_t xt, int64_t xh, int T,
                                                        float *__restrict__ y, int64_t yt, int64_t yh) {
+    mlacu_pdl_enter();
     __shared__ __align__(16) __half As[HM_B * HM_LD], Bs[HM_B * HM_LD];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
@@ -792,6 +801,7 @@ constexpr int MP_TILE = MLACU_MOE_TILE;
 __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs, int n_expert, int rank, int world,
                                 int32_t *counts, int32_t *sorted, int32_t *tile_e, int32_t *tile_s, int32_t *tile_n,
                                 int32_t *n_tiles) {
+    mlacu_pdl_enter();
     extern __shared__ int32_t ms[];
     int32_t *cnt = ms, *off = ms + n_expert, *toff = ms + 2 * n_expert, *fill = ms + 3 * n_expert;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
@@ -836,6 +846,7 @@ __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs,
 __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *__restrict__ ids,
                                    const float *__restrict__ w, int K, int64_t n, int rank, int world,
                                    float *__restrict__ out) {
+    mlacu_pdl_enter();
     const int64_t t = blockIdx.y;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float acc = out[t * n + i];
@@ -868,6 +879,7 @@ struct samp_k {
 
 __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ logits, int64_t V, samp_k sp,
                                                        int32_t *__restrict__ ids) {
+    mlacu_pdl_enter();
     __shared__ float cv[SP_CAP];
     __shared__ int32_t ci[SP_CAP];
     __shared__ double dsh[33];
@@ -1108,8 +1120,8 @@ static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, in
 /* Combines the splits of a launch (none to combine with one). */
 static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st, mla_err *e) {
     if (splits == 1) return MLA_OK;
-    mla_attn_reduce_kernel<<<dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, st>>>(
-        a->work, (int)a->n_head, (int)a->kv_lora, splits, a->out);
+    mlacu_launch(mla_attn_reduce_kernel, dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, st, a->work,
+                 (int)a->n_head, (int)a->kv_lora, splits, a->out);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
     return MLA_OK;
 }
@@ -1147,7 +1159,7 @@ static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream,
     const int s = tc_launch_setup<L, R>(e);
     if (s != MLA_OK) return s;
     dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
-    mla_attn_tc_kernel<L, R><<<grid, TC_T, C::SMEM, stream>>>(k);
+    mlacu_launch(mla_attn_tc_kernel<L, R>, grid, TC_T, C::SMEM, stream, k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
     return MLA_OK;
 }
@@ -1205,7 +1217,7 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
                 a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
                 splits};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
-    mla_attn_kernel<<<grid, AT_T, smem, (cudaStream_t)stream>>>(k);
+    mlacu_launch(mla_attn_kernel, grid, AT_T, smem, (cudaStream_t)stream, k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
     return attn_reduce(a, splits, (cudaStream_t)stream, e);
 }
@@ -1220,8 +1232,8 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
         MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
                     "dsa_scores smem");
     dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
-    dsa_scores_kernel<<<grid, 256, smem, stream>>>(d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D, pos0, skip,
-                                                   d_scores, ld);
+    mlacu_launch(dsa_scores_kernel, grid, 256, smem, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D,
+                 pos0, skip, d_scores, ld);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys<=%lld", (long long)T, (long long)max_keys);
     return MLA_OK;
 }
@@ -1246,7 +1258,8 @@ extern "C" int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, i
                                  int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(top_k > 0 && T <= INT32_MAX);
     if (T == 0) return MLA_OK;
-    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, pos0, NULL, top_k, d_sel, d_nsel);
+    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, 0, (cudaStream_t)stream, d_scores, ld, pos0, nullptr, top_k, d_sel,
+                 d_nsel);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_topk T=%lld k=%lld", (long long)T, (long long)top_k);
     return MLA_OK;
 }
@@ -1255,7 +1268,8 @@ extern "C" int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t 
                                      int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(top_k > 0 && T <= INT32_MAX && d_pos);
     if (T == 0) return MLA_OK;
-    dsa_topk_kernel<<<(unsigned)T, TK_T, 0, (cudaStream_t)stream>>>(d_scores, ld, 0, d_pos, top_k, d_sel, d_nsel);
+    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, 0, (cudaStream_t)stream, d_scores, ld, 0, d_pos, top_k, d_sel,
+                 d_nsel);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_topk (per-token positions) T=%lld k=%lld", (long long)T, (long long)top_k);
     return MLA_OK;
 }
@@ -1265,8 +1279,8 @@ extern "C" int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_
                                       int64_t dst_ld, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n && blk_off >= 0);
     if (T == 0) return MLA_OK;
-    scatter_rows_kernel<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(d_src, src_ld, (int)n, d_blk_tok, blk_off, d_pos,
-                                                                       dst_ld);
+    mlacu_launch(scatter_rows_kernel, (unsigned)T, 256, 0, (cudaStream_t)stream, d_src, src_ld, (int)n, d_blk_tok,
+                 blk_off, d_pos, dst_ld);
     MLACU_CHECK(cudaGetLastError(), e, "scatter_rows T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
@@ -1277,7 +1291,8 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
     MLA_ASSERT(in > 0 && in <= 1024 && out > 0 && H > 0 && H <= 65535);
     if (T == 0) return MLA_OK;
     dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
-    head_matmul_kernel<float><<<grid, 256, 0, (cudaStream_t)stream>>>(d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+    mlacu_launch(head_matmul_kernel<float>, grid, 256, 0, (cudaStream_t)stream, d_w, (int)in, (int)out, d_x, xt, xh,
+                 (int)T, d_y, yt, yh);
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
     return MLA_OK;
@@ -1291,19 +1306,25 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     cudaStream_t st = (cudaStream_t)stream;
     if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
         dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
-        head_mma_kernel<<<grid, 128, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        mlacu_launch(head_mma_kernel, grid, 128, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T,
+                     d_y, yt, yh);
     } else if (T <= 8 && (in == 64 || in == 128 || in == 192 || in == 256 || in == 512)) {
         dim3 grid((unsigned)((out + 63) / 64), (unsigned)H);
         const __half *w = (const __half *)d_w;
-        if (in == 64) head_gemv_f16_kernel<64><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 128) head_gemv_f16_kernel<128><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 192) head_gemv_f16_kernel<192, 8><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 256) head_gemv_f16_kernel<256><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else head_gemv_f16_kernel<512><<<grid, 256, 0, st>>>(w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        if (in == 64)
+            mlacu_launch(head_gemv_f16_kernel<64>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 128)
+            mlacu_launch(head_gemv_f16_kernel<128>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 192)
+            mlacu_launch(head_gemv_f16_kernel<192, 8>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else if (in == 256)
+            mlacu_launch(head_gemv_f16_kernel<256>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        else
+            mlacu_launch(head_gemv_f16_kernel<512>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
     } else {
         dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
-        head_matmul_kernel<__half><<<grid, 256, 0, st>>>((const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T, d_y,
-                                                          yt, yh);
+        mlacu_launch(head_matmul_kernel<__half>, grid, 256, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh,
+                     (int)T, d_y, yt, yh);
     }
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (fp16) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
@@ -1349,8 +1370,8 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
     p->max_tiles = moe_max_tiles(T, K, X);
     p->tokens = T;
-    moe_plan_kernel<<<1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream>>>(
-        d_ids, T * K, (int)X, p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
+    mlacu_launch(moe_plan_kernel, 1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream, d_ids, T * K, (int)X,
+                 p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
     MLACU_CHECK(cudaGetLastError(), e, "moe plan T=%lld", (long long)T);
     return MLA_OK;
 }
@@ -1360,8 +1381,8 @@ extern "C" int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, cons
     if (T == 0) return MLA_OK;
     MLA_ASSERT(T <= 65535);
     unsigned gx = (unsigned)((n + 255) / 256);
-    moe_combine_kernel<<<dim3(gx, (unsigned)T), 256, 0, (cudaStream_t)stream>>>(d_y, d_ids, d_w, (int)K, n, rank, world,
-                                                                                d_out);
+    mlacu_launch(moe_combine_kernel, dim3(gx, (unsigned)T), 256, 0, (cudaStream_t)stream, d_y, d_ids, d_w, (int)K, n,
+                 rank, world, d_out);
     MLACU_CHECK(cudaGetLastError(), e, "moe combine");
     return MLA_OK;
 }
@@ -1457,7 +1478,7 @@ extern "C" int mla_cuda_sample(const float *d_logits, int64_t T, int64_t n, cons
     MLA_ASSERT(n > 0 && n <= INT32_MAX);
     if (T == 0) return MLA_OK;
     samp_k k = {sp->temperature, sp->top_p, sp->min_p, sp->top_k, sp->seed, stream0};
-    sample_kernel<<<(unsigned)T, SP_T, 0, (cudaStream_t)stream>>>(d_logits, n, k, d_ids);
+    mlacu_launch(sample_kernel, (unsigned)T, SP_T, 0, (cudaStream_t)stream, d_logits, n, k, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "sample T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }

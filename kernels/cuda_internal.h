@@ -9,7 +9,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <atomic>
+#include <utility>
 
 #include "kernels/cuda_ops.h"
 
@@ -22,6 +26,57 @@
             return mlacu_fail_((e), mlacu_err_);                                              \
         }                                                                                      \
     } while (0)
+
+/* Programmatic dependent launch (sm_90+). Every kernel of kernels/ starts with mlacu_pdl_enter()
+ * and is launched with mlacu_launch. On a Hopper GPU the launch lets the next kernel of the stream
+ * be scheduled while this one still runs. Each kernel's first statement waits until the grid
+ * before it has finished and its writes are visible (griddepcontrol.wait), then allows the next
+ * one to be scheduled (launch_dependents). The order of effects is the plain stream order; what
+ * is saved is the launch gap between kernels (over 100 kernels a decode step). A kernel launched
+ * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
+ * off; devices before sm_90 never get it. */
+static __device__ __forceinline__ void mlacu_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* whether launches take the attribute: the current device is sm_90+ and MLA_CUDA_PDL is not 0
+ * (decided once a process) */
+static inline bool mlacu_pdl_on(void) {
+    static std::atomic<int> v{-1};
+    int r = v.load(std::memory_order_relaxed);
+    if (r < 0) {
+        const char *e = getenv("MLA_CUDA_PDL");
+        int dev = 0, major = 0;
+        r = !(e && !strcmp(e, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+        v.store(r, std::memory_order_relaxed);
+    }
+    return r != 0;
+}
+
+/* k<<<grid, block, smem, st>>>(args...), with programmatic stream serialization when
+ * mlacu_pdl_on(); errors surface as those of <<<>>> do (cudaGetLastError, or the next sync). */
+template <typename... P, typename... A>
+static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
+    if (!mlacu_pdl_on()) {
+        k<<<grid, block, smem, st>>>(std::forward<A>(args)...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
 
 /* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
  * quant_cuda.cu hold one tile's tokens in registers). */

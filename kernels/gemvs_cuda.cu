@@ -102,6 +102,7 @@ __device__ __forceinline__ float gs_lane_sum(float v, int n) {
  * into red[step & 1], stored after the next step's barrier. */
 template <int TY, int NM, bool GRP>
 __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
+    mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t gs_sm[];
     __shared__ float red[2][GS_THREADS / 16][NM][GS_RG_MAX];
     __shared__ uint64_t full[GS_STAGES];
@@ -234,7 +235,7 @@ static cudaError_t gs_launch(const gs_args &A, const gs_geo &g, int64_t max_grou
     if (err != cudaSuccess) return err;
     const int64_t grid = std::min<int64_t>(max_groups, (int64_t)mlacu_sm_count() * std::max(1, bps));
     if (grid <= 0) return cudaSuccess;
-    kern<<<(unsigned)grid, g.G * g.TPG, g.smem, s>>>(A);
+    mlacu_launch(kern, (unsigned)grid, g.G * g.TPG, g.smem, s, A);
     return cudaGetLastError();
 }
 

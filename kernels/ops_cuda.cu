@@ -34,6 +34,7 @@ __device__ float block_sum(float v, float *red) {
 constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
 __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n,
                                                        const float *__restrict__ w, float eps, float *y, int64_t ldy) {
+    mlacu_pdl_enter();
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *__restrict__
 
 __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
                                  const float *__restrict__ b, float eps, float *y, int64_t ldy) {
+    mlacu_pdl_enter();
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
@@ -91,6 +93,7 @@ __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64
 }
 
 __global__ void swiglu_kernel(const float *g, const float *u, float *y, int64_t n) {
+    mlacu_pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a = g[i];
         y[i] = a / (1.0f + expf(-a)) * u[i];
@@ -98,6 +101,7 @@ __global__ void swiglu_kernel(const float *g, const float *u, float *y, int64_t 
 }
 
 __global__ void add_kernel(float *y, const float *a, int64_t n) {
+    mlacu_pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += a[i];
 }
@@ -111,6 +115,7 @@ struct rope_k {
 /* block = one token; threads over (vector, pair). cos/sin in double as the CPU does. */
 __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
                             int64_t pos0, const int32_t *pos) {
+    mlacu_pdl_enter();
     __shared__ float tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2]; /* this token's cos / sin per frequency */
     const int t = blockIdx.x, h = rk.n_dims / 2;
     const int64_t p = pos ? (int64_t)pos[t] : pos0 + t;
@@ -156,6 +161,7 @@ __device__ __forceinline__ void argmax_pair(float &v, int &i) {
 
 __global__ void route_kernel(route_k p, const float *__restrict__ logits, const float *__restrict__ bias, int64_t T,
                              int32_t *ids, float *wout) {
+    mlacu_pdl_enter();
     __shared__ float s_prob[RT_WARPS][RT_MAXE], s_choice[RT_WARPS][RT_MAXE];
     __shared__ unsigned char s_ok[RT_WARPS][RT_MAXE];
     __shared__ float s_gs[RT_WARPS][32];
@@ -252,6 +258,7 @@ __global__ void route_kernel(route_k p, const float *__restrict__ logits, const 
 /* Row t (blockIdx.x) of T is n_piece * pieces values: piece r at logits + (r * T + t) * n_piece
  * (pieces = 1: rows back to back). */
 __global__ void argmax_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces, int32_t *out) {
+    mlacu_pdl_enter();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int64_t T = gridDim.x;
@@ -293,7 +300,7 @@ extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
     MLA_ASSERT(n < INT32_MAX);
-    rmsnorm_kernel<<<(unsigned)T, RN_T, 0, stream>>>(d_x, ldx, n, d_w, eps, d_y, ldy);
+    mlacu_launch(rmsnorm_kernel, (unsigned)T, RN_T, 0, stream, d_x, ldx, n, d_w, eps, d_y, ldy);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
@@ -303,7 +310,7 @@ extern "C" int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int6
                                   mla_err *e) {
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
-    layernorm_kernel<<<(unsigned)T, 256, 0, stream>>>(d_x, ldx, n, d_w, d_b, eps, d_y, ldy);
+    mlacu_launch(layernorm_kernel, (unsigned)T, 256, 0, stream, d_x, ldx, n, d_w, d_b, eps, d_y, ldy);
     MLACU_CHECK(cudaGetLastError(), e, "layernorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
@@ -311,14 +318,14 @@ extern "C" int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int6
 extern "C" int mla_cuda_swiglu(const float *d_g, const float *d_u, float *d_y, int64_t n, mla_cuda_stream stream,
                                mla_err *e) {
     if (n <= 0) return MLA_OK;
-    swiglu_kernel<<<ew_grid(n), 256, 0, stream>>>(d_g, d_u, d_y, n);
+    mlacu_launch(swiglu_kernel, ew_grid(n), 256, 0, stream, d_g, d_u, d_y, n);
     MLACU_CHECK(cudaGetLastError(), e, "swiglu n=%lld", (long long)n);
     return MLA_OK;
 }
 
 extern "C" int mla_cuda_add(float *d_y, const float *d_a, int64_t n, mla_cuda_stream stream, mla_err *e) {
     if (n <= 0) return MLA_OK;
-    add_kernel<<<ew_grid(n), 256, 0, stream>>>(d_y, d_a, n);
+    mlacu_launch(add_kernel, ew_grid(n), 256, 0, stream, d_y, d_a, n);
     MLACU_CHECK(cudaGetLastError(), e, "add n=%lld", (long long)n);
     return MLA_OK;
 }
@@ -333,8 +340,8 @@ extern "C" int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t 
     rk.attn_factor = t->attn_factor;
     for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
     MLA_ASSERT(n_vec * t->n_dims < INT32_MAX);
-    rope_kernel<<<(unsigned)T, n_vec * t->n_dims / 2 >= 1024 ? 512 : 128, 0, stream>>>(rk, mode, d_x, n_vec, stride,
-                                                                                     tok_stride, pos0, d_pos);
+    mlacu_launch(rope_kernel, (unsigned)T, n_vec * t->n_dims / 2 >= 1024 ? 512 : 128, 0, stream, rk, mode, d_x, n_vec,
+                 stride, tok_stride, pos0, d_pos);
     MLACU_CHECK(cudaGetLastError(), e, "rope T=%lld n_vec=%lld", (long long)T, (long long)n_vec);
     return MLA_OK;
 }
@@ -345,8 +352,8 @@ extern "C" int mla_cuda_moe_route(const moe_route_params *p, const float *d_logi
                p->n_used <= p->n_expert && p->n_group >= 1 && p->n_group <= 32 && p->n_expert % p->n_group == 0);
     if (T <= 0) return MLA_OK;
     route_k rk = {p->n_expert, p->n_used, p->n_group, p->n_group_used, p->gating, p->norm ? 1 : 0, p->scale};
-    route_kernel<<<(unsigned)((T + RT_WARPS - 1) / RT_WARPS), RT_WARPS * 32, 0, stream>>>(rk, d_logits, d_bias, T,
-                                                                                          d_ids, d_w);
+    mlacu_launch(route_kernel, (unsigned)((T + RT_WARPS - 1) / RT_WARPS), RT_WARPS * 32, 0, stream, rk, d_logits,
+                 d_bias, T, d_ids, d_w);
     MLACU_CHECK(cudaGetLastError(), e, "moe_route T=%lld", (long long)T);
     return MLA_OK;
 }
@@ -360,7 +367,7 @@ extern "C" int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t 
                                       mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < INT32_MAX && T < INT32_MAX);
     if (T <= 0) return MLA_OK;
-    argmax_kernel<<<(unsigned)T, 1024, 0, stream>>>(d_logits, n_piece, pieces, d_ids);
+    mlacu_launch(argmax_kernel, (unsigned)T, 1024, 0, stream, d_logits, n_piece, pieces, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
     return MLA_OK;
 }

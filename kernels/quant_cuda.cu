@@ -20,6 +20,7 @@ namespace mlacu {
 
 template <int TY>
 __global__ void dequant_kernel(const uint8_t *__restrict__ src, float *__restrict__ dst, int64_t nunits) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= nunits) return;
@@ -34,6 +35,7 @@ __global__ void dequant_kernel(const uint8_t *__restrict__ src, float *__restric
 template <int TY>
 __global__ void get_rows_kernel(const uint8_t *__restrict__ W, size_t rb, int64_t units, const int32_t *__restrict__ ids,
                                 float *__restrict__ out) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= units) return;
@@ -67,6 +69,7 @@ template <int TY>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x,
                 int T, float *__restrict__ y) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     using G = gv<TY>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -188,6 +191,7 @@ template <int TY>
 __global__ void __launch_bounds__(G2_WARPS * 32)
     gemv2_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x, int T,
                  float *__restrict__ y) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     using G = gv2<TY>;
     __shared__ __align__(16) uint8_t sm[G2_WARPS][2][G::SB];
@@ -287,6 +291,7 @@ template <int TY, bool SPLIT>
 __global__ void __launch_bounds__(256)
     mma_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x, int T,
                float *__restrict__ y) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     constexpr int NB = SPLIT ? 1 : 2, NP = SPLIT ? 2 : 1;
     __shared__ __align__(16) __nv_bfloat16 As[NB][NP][MM_BM][MM_LD];
@@ -426,6 +431,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                     const int32_t *__restrict__ tile_e, const int32_t *__restrict__ tile_s,
                     const int32_t *__restrict__ tile_n, const int32_t *__restrict__ n_tiles, int world,
                     float *__restrict__ y) {
+    mlacu_pdl_enter();
     using Q = qtraits<TY>;
     using G = gv<TY>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -563,9 +569,9 @@ static cudaError_t launch_grp(const void *w0, const void *w1, size_t estride, in
     const int rows_per_block = FUSE ? GV_WARPS : GV_WARPS * GV_RPW;
     int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
     dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
-    gemv_grp_kernel<TY, FUSE><<<grid, GV_WARPS * 32, gemv_smem<TY>(GV_TMAX), s>>>(
-        (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)in, (int)out, x, x_div,
-        pl->sorted, pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
+    mlacu_launch(gemv_grp_kernel<TY, FUSE>, grid, GV_WARPS * 32, gemv_smem<TY>(GV_TMAX), s, (const uint8_t *)w0,
+                 (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)in, (int)out, x, x_div, pl->sorted,
+                 pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
     return cudaGetLastError();
 }
 
@@ -583,6 +589,7 @@ constexpr int GQ_WARPS = 4, GQ_R = 2, GQ_T = 8;
 static_assert(GQ_T >= MLACU_MOE_TILE && GV_TMAX >= MLACU_MOE_TILE, "a MoE tile's tokens must fit one pass");
 
 __global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__restrict__ q, float4 *__restrict__ s) {
+    mlacu_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nblk) return;
     const float4 *xp = (const float4 *)(x + i * 32);
@@ -709,6 +716,7 @@ template <int TY>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
                  const float4 *__restrict__ sx, int T, float *__restrict__ y, int wpr) {
+    mlacu_pdl_enter();
     __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
@@ -758,6 +766,7 @@ template <int TY>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvf_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const float *__restrict__ x, int T,
                  float *__restrict__ y, int wpr) {
+    mlacu_pdl_enter();
     __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
@@ -803,6 +812,7 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
                      const int32_t *__restrict__ sorted, const int32_t *__restrict__ tile_e,
                      const int32_t *__restrict__ tile_s, const int32_t *__restrict__ tile_n,
                      const int32_t *__restrict__ n_tiles, int world, float *__restrict__ y, int wpr, bool multi) {
+    mlacu_pdl_enter();
     __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
@@ -864,8 +874,8 @@ static cudaError_t launch_gemvf(const void *w, int64_t in, int64_t out, const fl
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
         int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
-        gemvf_kernel<TY><<<grid, GQ_WARPS * 32, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
-                                                         x + t0 * in, tn, y + t0 * out, wpr);
+        mlacu_launch(gemvf_kernel<TY>, grid, GQ_WARPS * 32, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), nu,
+                     (int)out, x + t0 * in, tn, y + t0 * out, wpr);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
@@ -883,8 +893,8 @@ static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const vo
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
         int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
-        gemvq_kernel<TY><<<grid, GQ_WARPS * 32, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
-                                                         qx + t0 * nu * 2, sx + t0 * nu, tn, y + t0 * out, wpr);
+        mlacu_launch(gemvq_kernel<TY>, grid, GQ_WARPS * 32, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), nu,
+                     (int)out, qx + t0 * nu * 2, sx + t0 * nu, tn, y + t0 * out, wpr);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
@@ -900,10 +910,10 @@ static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, i
     const int wpr = gemv_wpr((int)(in / 32), groups * (ty > 0 ? ty : 1));
     const int rows_per_block = FUSE ? GQ_WARPS / wpr : GQ_WARPS / wpr * GQ_R;
     dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
-    gemvq_grp_kernel<TY, FUSE><<<grid, GQ_WARPS * 32, 0, s>>>(
-        (const uint8_t *)w0, (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out,
-        (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted,
-        pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr, multi);
+    mlacu_launch(gemvq_grp_kernel<TY, FUSE>, grid, GQ_WARPS * 32, 0, s, (const uint8_t *)w0, (const uint8_t *)w1,
+                 ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out, (const uint4 *)q8,
+                 (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->tile_e,
+                 pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr, multi);
     return cudaGetLastError();
 }
 
@@ -1063,6 +1073,7 @@ template <int TY>
 __global__ void __launch_bounds__(128)
     mmaq_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const uint4 *__restrict__ qx,
                 const float4 *__restrict__ sx, int T, float *__restrict__ y) {
+    mlacu_pdl_enter();
     __shared__ mmaq_smem sm;
     const int t0 = blockIdx.y * IM_BM, r0 = blockIdx.x * IM_BN;
     for (int i = threadIdx.x; i < IM_BM; i += 128) sm.xrow[i] = sm.yrow[i] = t0 + i < T ? t0 + i : -1;
@@ -1094,6 +1105,7 @@ __global__ void __launch_bounds__(128)
                     const uint4 *__restrict__ qx, const float4 *__restrict__ sx, int x_div,
                     const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
                     float *__restrict__ y) {
+    mlacu_pdl_enter();
     __shared__ mmaq_smem sm;
     const int e = blockIdx.y, r0 = blockIdx.x * IM_BN, tid = threadIdx.x;
     const int cnt = counts[e];
@@ -1118,8 +1130,8 @@ static cudaError_t launch_mmaq(const void *w, int64_t in, int64_t out, const voi
                                cudaStream_t s) {
     const int nu = (int)(in / 32);
     dim3 grid((unsigned)((out + IM_BN - 1) / IM_BN), (unsigned)((T + IM_BM - 1) / IM_BM));
-    mmaq_kernel<TY><<<grid, 128, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out, (const uint4 *)q8,
-                                         (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in)), (int)T, y);
+    mlacu_launch(mmaq_kernel<TY>, grid, 128, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
+                 (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in)), (int)T, y);
     return cudaGetLastError();
 }
 
@@ -1128,10 +1140,10 @@ static cudaError_t launch_mmaq_grp(const void *w, size_t estride, int64_t in, in
                                    int64_t x_rows, int x_div, const mla_cuda_moe_plan *pl, int64_t n_expert, float *y,
                                    cudaStream_t s) {
     dim3 grid((unsigned)((out + IM_BN - 1) / IM_BN), (unsigned)n_expert);
-    mmaq_grp_kernel<TY><<<grid, 128, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, in), estride, (int)(in / 32),
-                                             (int)out, (const uint4 *)q8,
-                                             (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div,
-                                             pl->sorted, pl->counts, pl->world, y);
+    mlacu_launch(mmaq_grp_kernel<TY>, grid, 128, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), estride,
+                 (int)(in / 32), (int)out, (const uint4 *)q8,
+                 (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->counts,
+                 pl->world, y);
     return cudaGetLastError();
 }
 
@@ -1428,6 +1440,7 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
                const __half *__restrict__ xh, const float *__restrict__ xs, int T, int x_div,
                const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world, int splits,
                float *__restrict__ y) {
+    mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t mh_sm[];
     constexpr int BM = WGM * MT * 16;
     int *xrow = (int *)(mh_sm + mh_smem<TY, BM>() - 2 * BM * 4), *yrow = xrow + BM;
@@ -1466,6 +1479,7 @@ __host__ __device__ inline size_t mh_scale_off(int64_t T, int64_t in) { return (
 
 __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x, int64_t in, __half *__restrict__ xh,
                                                     float *__restrict__ xs) {
+    mlacu_pdl_enter();
     const int64_t t = blockIdx.x;
     const float4 *xr = (const float4 *)(x + t * in);
     float m = 0.f;
@@ -1519,10 +1533,10 @@ static cudaError_t launch_mmh_cfg(const void *w, size_t estride, int64_t in, int
     if (err != cudaSuccess) return err;
     const size_t rb = ggml_row_bytes(TY, in);
     dim3 grid((unsigned)((out + MH_BN - 1) / MH_BN), gy, (unsigned)splits);
-    mmh_kernel<TY, MT, WGM><<<grid, WGM * 128, mh_smem<TY, BM>(), s>>>(
-        (const uint8_t *)w, rb, estride, mh_al16(w, rb, estride), (int)in, (int)out, (const __half *)xh,
-        (const float *)((const uint8_t *)xh + mh_scale_off(x_rows, in)), (int)T, x_div, sorted, counts, world, splits,
-        y);
+    mlacu_launch(mmh_kernel<TY, MT, WGM>, grid, WGM * 128, mh_smem<TY, BM>(), s, (const uint8_t *)w, rb, estride,
+                 mh_al16(w, rb, estride), (int)in, (int)out, (const __half *)xh,
+                 (const float *)((const uint8_t *)xh + mh_scale_off(x_rows, in)), (int)T, x_div, sorted, counts, world,
+                 splits, y);
     return cudaGetLastError();
 }
 
@@ -1550,6 +1564,7 @@ static int mh_splits(int64_t out, int64_t nch, int64_t T) {
 /* y [n] = the sum of the `splits` partial products ws [z][n], z in order */
 __global__ void __launch_bounds__(256) mh_sum_kernel(const float *__restrict__ ws, int splits, int64_t n,
                                                      float *__restrict__ y) {
+    mlacu_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256) {
         float v = ws[i];
         for (int z = 1; z < splits; z++) v += ws[(size_t)z * n + i];
@@ -1572,7 +1587,7 @@ static cudaError_t launch_mmh(const void *w, int64_t in, int64_t out, const void
                     : launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, 1, sp, dst, s);
         if (err != cudaSuccess || sp == 1) return err;
         const int64_t n = T * out;
-        mh_sum_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4 * nsm), 256, 0, s>>>(ws, sp, n, y);
+        mlacu_launch(mh_sum_kernel, (unsigned)std::min<int64_t>((n + 255) / 256, 4 * nsm), 256, 0, s, ws, sp, n, y);
         return cudaGetLastError();
     }
     if (rowb * ((T + 127) / 128) < nsm)
@@ -1586,7 +1601,7 @@ static cudaError_t launch_mmh(const void *w, int64_t in, int64_t out, const void
 template <int TY> static cudaError_t launch_dequant(const void *src, float *dst, int64_t n, cudaStream_t s) {
     int64_t nu = n / 32;
     if (nu == 0) return cudaSuccess;
-    dequant_kernel<TY><<<(unsigned)((nu + 255) / 256), 256, 0, s>>>((const uint8_t *)src, dst, nu);
+    mlacu_launch(dequant_kernel<TY>, (unsigned)((nu + 255) / 256), 256, 0, s, (const uint8_t *)src, dst, nu);
     return cudaGetLastError();
 }
 
@@ -1596,8 +1611,8 @@ static cudaError_t launch_get_rows(const void *w, int64_t n, const int32_t *ids,
     for (int64_t t0 = 0; t0 < T; t0 += 65535) {
         int64_t tn = T - t0 < 65535 ? T - t0 : 65535;
         dim3 grid((unsigned)((units + 127) / 128), (unsigned)tn);
-        get_rows_kernel<TY><<<grid, 128, 0, s>>>((const uint8_t *)w, ggml_row_bytes(TY, n), units, ids + t0,
-                                                  out + t0 * n);
+        mlacu_launch(get_rows_kernel<TY>, grid, 128, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, n), units, ids + t0,
+                     out + t0 * n);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
@@ -1618,8 +1633,8 @@ static cudaError_t launch_gemv(const void *w, int64_t in, int64_t out, const flo
     if (warp_variant) {
         for (int64_t t0 = 0; t0 < T; t0 += G2_TMAX) {
             int tn = (int)(T - t0 < G2_TMAX ? T - t0 : G2_TMAX);
-            gemv2_kernel<TY><<<(unsigned)((out + G2_WARPS - 1) / G2_WARPS), G2_WARPS * 32, 0, s>>>(
-                (const uint8_t *)w, rb, (int)in, (int)out, x + t0 * in, tn, y + t0 * out);
+            mlacu_launch(gemv2_kernel<TY>, (unsigned)((out + G2_WARPS - 1) / G2_WARPS), G2_WARPS * 32, 0, s,
+                         (const uint8_t *)w, rb, (int)in, (int)out, x + t0 * in, tn, y + t0 * out);
             cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return err;
         }
@@ -1628,8 +1643,8 @@ static cudaError_t launch_gemv(const void *w, int64_t in, int64_t out, const flo
     unsigned grid = (unsigned)((out + GV_WARPS * GV_RPW - 1) / (GV_WARPS * GV_RPW));
     for (int64_t t0 = 0; t0 < T; t0 += GV_TMAX) {
         int tn = (int)(T - t0 < GV_TMAX ? T - t0 : GV_TMAX);
-        gemv_kernel<TY><<<grid, GV_WARPS * 32, gemv_smem<TY>(tn), s>>>(
-            (const uint8_t *)w, rb, (int)in, (int)out, x + t0 * in, tn, y + t0 * out);
+        mlacu_launch(gemv_kernel<TY>, grid, GV_WARPS * 32, gemv_smem<TY>(tn), s, (const uint8_t *)w, rb, (int)in,
+                     (int)out, x + t0 * in, tn, y + t0 * out);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
@@ -1641,7 +1656,7 @@ static cudaError_t launch_mma(const void *w, int64_t in, int64_t out, const floa
                               cudaStream_t s) {
     size_t rb = ggml_row_bytes(TY, in);
     dim3 grid((unsigned)((out + MM_BN - 1) / MM_BN), (unsigned)((T + MM_BM - 1) / MM_BM));
-    mma_kernel<TY, SPLIT><<<grid, 256, 0, s>>>((const uint8_t *)w, rb, (int)in, (int)out, x, (int)T, y);
+    mlacu_launch(mma_kernel<TY, SPLIT>, grid, 256, 0, s, (const uint8_t *)w, rb, (int)in, (int)out, x, (int)T, y);
     return cudaGetLastError();
 }
 
@@ -1868,8 +1883,8 @@ extern "C" int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, voi
     MLA_ASSERT(T >= 0 && in > 0 && in % 32 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)d_q8 & 15) == 0);
     const int64_t nblk = T * in / 32;
     if (nblk == 0) return MLA_OK;
-    q8x_kernel<<<(unsigned)((nblk + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
-        d_x, nblk, (int8_t *)d_q8, (float4 *)((uint8_t *)d_q8 + q8_scale_off(T, in)));
+    mlacu_launch(q8x_kernel, (unsigned)((nblk + 127) / 128), 128, 0, (cudaStream_t)stream, d_x, nblk, (int8_t *)d_q8,
+                 (float4 *)((uint8_t *)d_q8 + q8_scale_off(T, in)));
     MLACU_CHECK(cudaGetLastError(), e, "quantize_q8 T=%lld in=%lld", (long long)T, (long long)in);
     return MLA_OK;
 }
@@ -1967,8 +1982,8 @@ extern "C" int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_x
     MLA_ASSERT(T >= 0 && T <= INT32_MAX && in > 0 && in % 4 == 0 && ((uintptr_t)d_x & 15) == 0 &&
                ((uintptr_t)d_xh & 15) == 0);
     if (T == 0) return MLA_OK;
-    act_h_kernel<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(
-        d_x, in, (__half *)d_xh, (float *)((uint8_t *)d_xh + mh_scale_off(T, in)));
+    mlacu_launch(act_h_kernel, (unsigned)T, 256, 0, (cudaStream_t)stream, d_x, in, (__half *)d_xh,
+                 (float *)((uint8_t *)d_xh + mh_scale_off(T, in)));
     MLACU_CHECK(cudaGetLastError(), e, "act_h T=%lld in=%lld", (long long)T, (long long)in);
     return MLA_OK;
 }

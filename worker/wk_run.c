@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "coll_host.h"
+#include "common/steptrace.h"
 #include "mla_log.h"
 #include "sample.h"
 #include "wire.h"
@@ -187,6 +188,7 @@ static void hist_append(seq_hist *h, const wire_seq *s) {
 
 static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
     const int rank = w->cfg->rank;
+    steptrace_mark(p->step_id, 'D');
     const uint32_t V = atomic_load(&w->n_vocab);
     const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
     if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
@@ -260,6 +262,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         m.u.result.ok = true;
         m.u.result.n_seqs = p->n_seqs;
         m.u.result.seqs = sr;
+        steptrace_mark(p->step_id, 'E');
         if (send_msg(pair, &m, &err)) {
             /* e.g. too large a frame: report instead of going silent */
             memset(&m, 0, sizeof m);
@@ -632,6 +635,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     const int hb_ms = (int)reply.heartbeat_ms;
     const int hb_timeout = (int)reply.heartbeat_timeout_ms;
     int64_t last_rx = now_ms(), last_tx = 0;
+    uint64_t last_plan = 0; /* the last step plan forwarded: what a result from the pair answers (steptrace) */
     int stop = 0;
     while (!stop) {
         int64_t t = now_ms();
@@ -659,8 +663,10 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                 if (zmq_msg_size(&zm) == 1 && ((char *)zmq_msg_data(&zm))[0] == 'X') {
                     rc = mla_errf(err, "%s", w.compute_err);
                     stop = 1;
-                } else if (zmq_msg_send(&zm, dealer, 0) < 0) {
-                    MLA_WARN("send to the coordinator: %s", zmq_strerror(zmq_errno()));
+                } else {
+                    steptrace_mark(last_plan, 'F'); /* the compute thread answers the plans in order */
+                    if (zmq_msg_send(&zm, dealer, 0) < 0)
+                        MLA_WARN("send to the coordinator: %s", zmq_strerror(zmq_errno()));
                 }
             }
             zmq_msg_close(&zm);
@@ -685,6 +691,10 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                 continue;
             }
             int forward = 0;
+            if (m->kind == WIRE_STEP_PLAN) {
+                last_plan = m->u.plan.step_id;
+                steptrace_mark(last_plan, 'C');
+            }
             if (m->kind == WIRE_STEP_PLAN || m->kind == WIRE_BENCH) forward = 1;
             else if (m->kind == WIRE_CONTROL) {
                 if (m->u.ctl.kind == WIRE_CTL_SHUTDOWN) {

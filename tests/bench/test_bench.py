@@ -115,6 +115,26 @@ def main():
     check(r.returncode != 0 and "filling 2 sequences to 32 positions" in r.stderr and
           "exceed the context of 20" in r.stderr, "a fill past the context fails, naming it", r.stderr[-2000:])
 
+    # ---- MLA_STEP_TRACE: every process of a TP 2 run marks each decode step; scripts/steptrace.py
+    # finds all 8 marks of each of the 5 steps (2 warm-up + 3 timed), in causal order
+    tdir = os.path.join(work, "trace")
+    os.makedirs(tdir, exist_ok=True)
+    for p in os.listdir(tdir):
+        os.remove(os.path.join(tdir, p))
+    r = run([exe, "bench", "-m", model, "--tp", "2", "--prefill", "none", "--batch", "1", "--ctx", "8", "--steps", "3",
+             "--coll-iters", "1"], env={"MLA_STEP_TRACE": tdir})
+    check(r.returncode == 0, "bench with MLA_STEP_TRACE exits 0", r.stderr[-2000:])
+    files = sorted(os.listdir(tdir))
+    check(len(files) == 3 and all(f.startswith("steptrace-") for f in files),
+          "one trace file for the coordinator and each of 2 workers", files)
+    st = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "steptrace.py")
+    r = subprocess.run([sys.executable, st, tdir], capture_output=True, text=True, timeout=60)
+    legs = [l for l in r.stdout.splitlines() if l.startswith("| ") and "->" in l]
+    check(r.returncode == 0 and r.stdout.startswith("5 steps with every mark"), "steptrace.py: 5 complete steps",
+          r.stdout + r.stderr)
+    check(len(legs) == 9 and all(float(l.split("|")[2]) >= 0 for l in legs), "steptrace.py: 9 legs, none negative",
+          legs)
+
     # ---- bad arguments
     bad = [
         (["--tp", "1", "--frobnicate"], "unknown option '--frobnicate'"),

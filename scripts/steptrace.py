@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Where a step's time goes between the client and the engine: reads the files that
+MLA_STEP_TRACE=DIR makes every process write (common/steptrace.h) and prints, per leg, the
+median and 90th percentile over the steps that have every mark.
+
+usage: scripts/steptrace.py DIR [--skip N]   (--skip: leave out the first N complete steps)"""
+import glob
+import os
+import statistics
+import sys
+
+LEGS = [
+    ("A", "B", "coordinator: caller -> I/O thread"),
+    ("B", "C", "wire: coordinator -> worker I/O thread (+ encode, decode)"),
+    ("C", "D", "worker: I/O thread -> compute thread"),
+    ("D", "E", "worker: the step (engine, sampling, encoding)"),
+    ("E", "F", "worker: compute thread -> I/O thread"),
+    ("F", "G", "wire: worker -> coordinator I/O thread (+ decode)"),
+    ("G", "H", "coordinator: I/O thread -> caller"),
+    ("H", "A+", "caller: result -> next plan"),
+]
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    d = sys.argv[1]
+    skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 0
+    marks = {}
+    for p in glob.glob(os.path.join(d, "steptrace-*.txt")):
+        with open(p) as f:
+            for line in f:
+                s, m, ns = line.split()
+                # a mark seen twice for a step (several ranks): keep the first
+                marks.setdefault(int(s), {}).setdefault(m, int(ns))
+    steps = sorted(s for s, m in marks.items() if all(k in m for k in "ABCDEFGH"))
+    steps = steps[skip:]
+    if not steps:
+        print("no step has every mark (A..H): was MLA_STEP_TRACE set for the coordinator and the workers?")
+        return 1
+    print(f"{len(steps)} steps with every mark ({d})")
+    print(f"| leg | median us | p90 us |\n|---|---:|---:|")
+    total = []
+    for a, b, what in LEGS:
+        v = []
+        for s in steps:
+            if b == "A+":
+                nxt = marks.get(s + 1, {})
+                if "A" in nxt:
+                    v.append((nxt["A"] - marks[s]["H"]) / 1e3)
+            else:
+                v.append((marks[s][b] - marks[s][a]) / 1e3)
+        if not v:
+            continue
+        v.sort()
+        print(f"| {a}->{b} {what} | {statistics.median(v):.1f} | {v[int(0.9 * (len(v) - 1))]:.1f} |")
+    for s in steps:
+        total.append((marks[s]["H"] - marks[s]["A"]) / 1e3)
+    eng = sorted((marks[s]["E"] - marks[s]["D"]) / 1e3 for s in steps)
+    print(f"| A->H the step as the caller sees it | {statistics.median(total):.1f} | "
+          f"{sorted(total)[int(0.9 * (len(total) - 1))]:.1f} |")
+    print(f"serving path (A->H minus D->E), median: {statistics.median(total) - statistics.median(eng):.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
