@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -13,12 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "coll_host.h"
+#include "common/fdlink.h"
 #include "common/shard_plan.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
@@ -37,6 +40,11 @@ typedef struct rank_st {
     int exited;
     int wstatus;
     char refusal[WIRE_MAX_STR];
+    /* a local worker's link (common/fdlink.h; NULL: ZeroMQ only): made at the spawn, used both
+     * ways for everything after the registration reply (link_on); a link that failed
+     * (link_dead: the worker is gone) takes nothing more, supervise() reports the exit */
+    fdlink *link;
+    int link_on, link_dead;
 } rank_st;
 
 struct coord {
@@ -93,7 +101,12 @@ static int64_t now_ms(void) {
 
 static void send_to_rank(coord *c, int r, const void *buf, size_t n) {
     rank_st *rs = &c->ranks[r];
-    if (!rs->registered) return;
+    if (!rs->registered || rs->link_dead) return;
+    if (rs->link_on) {
+        mla_err err;
+        if (fdlink_send(rs->link, buf, n, &err)) MLA_WARN("send to worker %d: %s", r, err.msg);
+        return;
+    }
     if (zmq_send(c->router, rs->ident, rs->ident_len, ZMQ_SNDMORE) < 0 ||
         zmq_send(c->router, buf, n, 0) < 0)
         MLA_WARN("send to worker %d: %s", r, zmq_strerror(zmq_errno()));
@@ -195,7 +208,12 @@ static void send_nccl_id(coord *c, int r) {
     m.u.ctl.rank = 0;
     memcpy(m.u.ctl.nccl_id, c->nccl_id, WIRE_MAX_NCCL_ID);
     m.u.ctl.nccl_id_len = WIRE_MAX_NCCL_ID;
-    send_frame_to_ident(c, c->ranks[r].ident, c->ranks[r].ident_len, &m);
+    uint8_t *buf;
+    size_t n;
+    mla_err err;
+    if (wire_encode(&m, &buf, &n, &err)) MLA_PANIC("%s", err.msg);
+    send_to_rank(c, r, buf, n);
+    free(buf);
 }
 
 static void handle_register(coord *c, const void *ident, size_t ilen, const wire_register *rg) {
@@ -239,7 +257,9 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     m.u.reply.heartbeat_timeout_ms = (uint32_t)c->cfg.heartbeat_timeout_ms;
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
     send_frame_to_ident(c, ident, ilen, &m);
-    MLA_INFO("worker %d registered (pid %d, host %s, device %s)", r, (int)rg->pid, rg->host, rg->device);
+    rs->link_on = rs->link != NULL; /* from here on everything goes over the link */
+    MLA_INFO("worker %d registered (pid %d, host %s, device %s%s)", r, (int)rg->pid, rg->host, rg->device,
+             rs->link_on ? ", local link" : "");
     /* rank 0 published its NCCL id before this rank registered: it follows the reply */
     if (c->nccl_id_known && r != 0) send_nccl_id(c, r);
 }
@@ -254,6 +274,8 @@ static void check_ready(coord *c) {
     pthread_mutex_unlock(&c->mu);
     MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
 }
+
+static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const void *data, size_t len);
 
 static void handle_router(coord *c) {
     zmq_msg_t id, body;
@@ -270,18 +292,30 @@ static void handle_router(coord *c) {
     const void *ident = zmq_msg_data(&id);
     size_t ilen = zmq_msg_size(&id);
     int r = find_rank(c, ident, ilen);
+    if (r >= 0 && (c->ranks[r].link_on || c->ranks[r].link_dead))
+        MLA_WARN("dropping a ZeroMQ frame from worker %d (it talks over its link)", r);
+    else
+        handle_frame(c, r, ident, ilen, zmq_msg_data(&body), zmq_msg_size(&body));
+out:
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+}
+
+/* One frame from worker r (-1: a peer not registered yet, which may only register; ident its
+ * ZeroMQ routing id), from the router or from the worker's link. */
+static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const void *data, size_t len) {
     wire_limits lim = {.n_vocab = c->n_vocab, .world = (uint32_t)c->cfg.world};
     wire_msg m;
     mla_err err;
-    if (wire_decode(zmq_msg_data(&body), zmq_msg_size(&body), &lim, &m, &err)) {
+    if (wire_decode(data, len, &lim, &m, &err)) {
         MLA_WARN("dropping a malformed frame from %s: %s", r >= 0 ? "a worker" : "an unknown peer", err.msg);
-        goto out;
+        return;
     }
     if (r < 0) {
         if (m.kind == WIRE_REGISTER) handle_register(c, ident, ilen, &m.u.reg);
         else MLA_WARN("dropping a %s frame from an unregistered peer", wire_kind_name(m.kind));
         wire_msg_free(&m);
-        goto out;
+        return;
     }
     c->ranks[r].last_rx = now_ms();
     switch (m.kind) {
@@ -361,9 +395,6 @@ static void handle_router(coord *c) {
         break;
     }
     wire_msg_free(&m);
-out:
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
 }
 
 /* returns 1 when asked to quit */
@@ -528,19 +559,58 @@ static void handle_zap(coord *c) {
     zmq_send(c->zap, "", 0, 0);
 }
 
+/* A local worker's link is readable or writable (revents of its poll item): every whole frame
+ * that has arrived goes through handle_frame, queued bytes go out. A link that fails is closed;
+ * the worker is then gone, and supervise() or the heartbeat timeout says how. */
+static void handle_link(coord *c, int r, short revents) {
+    rank_st *rs = &c->ranks[r];
+    mla_err err;
+    int rc = MLA_OK;
+    if (revents & ZMQ_POLLOUT) rc = fdlink_flush(rs->link, &err);
+    for (int k = 0; rc == MLA_OK && rs->link_on && k < 64; k++) {
+        uint8_t *f;
+        size_t n;
+        int got = fdlink_recv(rs->link, &f, &n, &err);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        handle_frame(c, r, rs->ident, rs->ident_len, f, n);
+        free(f);
+    }
+    if (rc == MLA_OK || !rs->link_on) return;
+    MLA_INFO("worker %d: %s", r, err.msg);
+    rs->link_on = 0;
+    rs->link_dead = 1;
+    fdlink_free(rs->link);
+    rs->link = NULL;
+}
+
 static void *io_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
     int64_t last_hb = 0;
     for (;;) {
-        zmq_pollitem_t items[3] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0},
-                                   {c->zap, 0, ZMQ_POLLIN, 0}};
-        int rc = zspin_poll(items, c->zap ? 3 : 2, 10, c->inflight ? c->spin_us : 0);
+        /* the router, the API pair, the ZAP socket (CURVE), then the local workers' links */
+        zmq_pollitem_t items[3 + WIRE_MAX_WORLD] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0},
+                                                    {c->zap, 0, ZMQ_POLLIN, 0}};
+        const int first_link = c->zap ? 3 : 2;
+        int n_items = first_link, link_rank[WIRE_MAX_WORLD];
+        for (int r = 0; r < c->cfg.world; r++) {
+            rank_st *rs = &c->ranks[r];
+            if (!rs->link_on) continue;
+            link_rank[n_items - first_link] = r;
+            items[n_items++] = (zmq_pollitem_t){NULL, fdlink_fd(rs->link),
+                                                (short)(ZMQ_POLLIN | (fdlink_pending(rs->link) ? ZMQ_POLLOUT : 0)), 0};
+        }
+        int rc = zspin_poll(items, n_items, 10, c->inflight ? c->spin_us : 0);
         if (rc > 0 && c->zap && (items[2].revents & ZMQ_POLLIN)) handle_zap(c);
         if (rc < 0 && zmq_errno() != EINTR) {
             group_fail(c, "zmq poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
+        for (int i = first_link; rc > 0 && i < n_items; i++)
+            if (items[i].revents) handle_link(c, link_rank[i - first_link], items[i].revents);
         if (rc > 0 && (items[0].revents & ZMQ_POLLIN))
             for (int k = 0; k < 64; k++) {
                 handle_router(c);
@@ -747,6 +817,9 @@ static char *default_worker_exe(void) {
     return mla_xstrdup("mlaserve-worker");
 }
 
+/* the descriptor a local worker finds its link on (--link-fd) */
+#define LINK_FD 3
+
 static int spawn_worker(coord *c, int r, mla_err *err) {
     char rank_s[16], world_s[16], thr_s[16];
     snprintf(rank_s, sizeof rank_s, "%d", r);
@@ -754,7 +827,7 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     snprintf(thr_s, sizeof thr_s, "%d", c->cfg.n_threads > 0 ? c->cfg.n_threads : 1);
     size_t nextra = 0;
     while (c->worker_args && c->worker_args[nextra]) nextra++;
-    char **argv = mla_xcalloc(20 + nextra, sizeof *argv);
+    char **argv = mla_xcalloc(22 + nextra, sizeof *argv);
     size_t k = 0;
     argv[k++] = c->worker_exe;
     argv[k++] = "--coord";
@@ -776,12 +849,48 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
         argv[k++] = (char *)c->cfg.backend;
     }
     for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
+    /* the link (common/fdlink.h): one end stays here, the other is the child's descriptor
+     * LINK_FD; MLA_LOCAL_LINK=0 leaves every frame on ZeroMQ */
+    const char *ll = getenv("MLA_LOCAL_LINK");
+    int sv[2] = {-1, -1};
+    char link_s[16];
+    if (!(ll && !strcmp(ll, "0"))) {
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+            MLA_WARN("worker %d: no local link (socketpair: %s); ZeroMQ only", r, strerror(errno));
+            sv[0] = sv[1] = -1;
+        } else if (sv[1] == LINK_FD) { /* dup2 onto itself would keep close-on-exec */
+            int d = fcntl(sv[1], F_DUPFD_CLOEXEC, LINK_FD + 1);
+            close(sv[1]);
+            sv[1] = d;
+        }
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (sv[1] >= 0) {
+        posix_spawn_file_actions_adddup2(&fa, sv[1], LINK_FD);
+        snprintf(link_s, sizeof link_s, "%d", LINK_FD);
+        argv[k++] = "--link-fd";
+        argv[k++] = link_s;
+    }
     argv[k] = NULL;
     pid_t pid;
-    int rc = posix_spawnp(&pid, c->worker_exe, NULL, NULL, argv, environ);
+    int rc = posix_spawnp(&pid, c->worker_exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
     free(argv);
-    if (rc != 0) return mla_errf(err, "cannot start worker %d (%s): %s", r, c->worker_exe, strerror(rc));
+    if (sv[1] >= 0) close(sv[1]);
+    if (rc != 0) {
+        if (sv[0] >= 0) close(sv[0]);
+        return mla_errf(err, "cannot start worker %d (%s): %s", r, c->worker_exe, strerror(rc));
+    }
     c->ranks[r].pid = pid;
+    if (sv[0] >= 0) {
+        mla_err e2;
+        c->ranks[r].link = fdlink_new(sv[0], WIRE_MAX_FRAME, &e2);
+        if (!c->ranks[r].link) {
+            MLA_WARN("worker %d: %s", r, e2.msg);
+            close(sv[0]);
+        }
+    }
     MLA_INFO("started worker %d: pid %d", r, (int)pid);
     return MLA_OK;
 }
@@ -850,6 +959,11 @@ static void group_teardown(coord *c) {
             usleep(5000);
         }
         rs->exited = 1;
+    }
+    for (int r = 0; r < c->cfg.world; r++) {
+        fdlink_free(c->ranks[r].link);
+        c->ranks[r].link = NULL;
+        c->ranks[r].link_on = 0;
     }
     coll_host_seg_free(c->seg);
     c->seg = NULL;

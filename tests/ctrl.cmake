@@ -38,6 +38,11 @@ if(MLA_FUZZ)
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
 
+add_executable(test_fdlink ${MLA_TEST_DIR}/unit/test_fdlink.c)
+target_include_directories(test_fdlink PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_fdlink mla_common)
+add_test(NAME fdlink COMMAND test_fdlink)
+
 add_executable(test_zspin ${MLA_TEST_DIR}/unit/test_zspin.c)
 target_include_directories(test_zspin PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_zspin mla_worker Threads::Threads)
@@ -61,6 +66,11 @@ target_link_libraries(test_coord mla_coord mla_test_engine m)
 foreach(part group refuse kill orphan load ncclid)
   add_test(NAME coord_${part} COMMAND test_coord $<TARGET_FILE:mla-test-worker> ${part})
   set_tests_properties(coord_${part} PROPERTIES TIMEOUT 180)
+endforeach()
+# the local workers' links off: every frame on ZeroMQ, as with workers on other hosts
+foreach(part group kill)
+  add_test(NAME coord_${part}_zmq_only COMMAND test_coord $<TARGET_FILE:mla-test-worker> ${part})
+  set_tests_properties(coord_${part}_zmq_only PROPERTIES TIMEOUT 180 ENVIRONMENT "MLA_LOCAL_LINK=0")
 endforeach()
 
 # the real model through coordinator + mlaserve-worker processes vs the single-process forward

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <zmq.h>
 
 #include "coll_host.h"
+#include "common/fdlink.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
 #include "sample.h"
@@ -64,6 +66,9 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
             i++;
         } else if (!strcmp(a, "--threads") && v) {
             if (parse_int(v, 1, 1024, &cfg->n_threads)) return mla_errf(err, "bad --threads '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--link-fd") && v) {
+            if (parse_int(v, 1, 1 << 20, &cfg->link_fd)) return mla_errf(err, "bad --link-fd '%s'", v);
             i++;
         } else if (!strcmp(a, "--protocol-version") && v) {
             if (parse_int(v, 1, 1 << 30, &pv)) return mla_errf(err, "bad --protocol-version '%s'", v);
@@ -126,8 +131,8 @@ static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
     return MLA_OK;
 }
 
-static void send_control(void *sock, wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab,
-                         uint64_t step_id, const char *message) {
+static wire_msg control_msg(wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab, uint64_t step_id,
+                            const char *message) {
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_CONTROL;
@@ -136,7 +141,17 @@ static void send_control(void *sock, wire_control_kind kind, int rank, int32_t s
     m.u.ctl.status = status;
     m.u.ctl.n_vocab = n_vocab;
     m.u.ctl.step_id = step_id;
-    if (message) snprintf(m.u.ctl.message, sizeof m.u.ctl.message, "%s", message);
+    if (message) { /* cut to fit, as snprintf would (without its truncation warning once inlined) */
+        size_t k = strnlen(message, sizeof m.u.ctl.message - 1);
+        memcpy(m.u.ctl.message, message, k);
+        m.u.ctl.message[k] = '\0';
+    }
+    return m;
+}
+
+static void send_control(void *sock, wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab,
+                         uint64_t step_id, const char *message) {
+    wire_msg m = control_msg(kind, rank, status, n_vocab, step_id, message);
     mla_err err;
     if (send_msg(sock, &m, &err)) MLA_WARN("%s", err.msg);
 }
@@ -545,6 +560,84 @@ static int do_register(const wk_config *cfg, void *dealer, void *mon, wire_regis
     }
 }
 
+/* ---- the I/O thread's traffic with the coordinator ------------------------------------------- */
+
+typedef struct io_st {
+    wk *w;
+    void *dealer, *pair;
+    fdlink *link;       /* the local link (--link-fd), NULL: the DEALER carries everything */
+    int64_t last_rx;    /* when the coordinator was last heard from */
+    uint64_t last_plan; /* the last step plan forwarded: what a result from the pair answers (steptrace) */
+    int stop;           /* SHUTDOWN received */
+} io_st;
+
+/* one encoded frame to the coordinator: over the link when there is one, else the DEALER */
+static void up_frame(io_st *io, const void *buf, size_t n) {
+    mla_err e;
+    if (io->link) {
+        if (fdlink_send(io->link, buf, n, &e)) MLA_WARN("send to the coordinator: %s", e.msg);
+    } else if (zmq_send(io->dealer, buf, n, 0) < 0) {
+        MLA_WARN("send to the coordinator: %s", zmq_strerror(zmq_errno()));
+    }
+}
+
+static void send_up(io_st *io, const wire_msg *m) {
+    uint8_t *buf;
+    size_t n;
+    mla_err e;
+    if (wire_encode(m, &buf, &n, &e)) {
+        MLA_WARN("%s", e.msg);
+        return;
+    }
+    up_frame(io, buf, n);
+    free(buf);
+}
+
+/* One frame from the coordinator (DEALER or link): plans, bench requests and FREE_SEQ go to the
+ * compute thread in order; the NCCL id is handed to a load waiting for it; SHUTDOWN sets stop. */
+static void handle_down(io_st *io, const void *data, size_t len) {
+    wk *w = io->w;
+    const wk_config *cfg = w->cfg;
+    io->last_rx = now_ms();
+    wire_limits lim = {.n_vocab = atomic_load(&w->n_vocab), .world = (uint32_t)cfg->world};
+    wire_msg *m = mla_xcalloc(1, sizeof *m);
+    mla_err e2;
+    if (wire_decode(data, len, &lim, m, &e2)) {
+        MLA_WARN("dropping a malformed frame from the coordinator: %s", e2.msg);
+        free(m);
+        return;
+    }
+    int forward = 0;
+    if (m->kind == WIRE_STEP_PLAN) {
+        io->last_plan = m->u.plan.step_id;
+        steptrace_mark(io->last_plan, 'C');
+    }
+    if (m->kind == WIRE_STEP_PLAN || m->kind == WIRE_BENCH) forward = 1;
+    else if (m->kind == WIRE_CONTROL) {
+        if (m->u.ctl.kind == WIRE_CTL_SHUTDOWN) {
+            MLA_INFO("shutdown requested by the coordinator");
+            io->stop = 1;
+        } else if (m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
+            forward = 1;
+        } else if (m->u.ctl.kind == WIRE_CTL_NCCL_ID) {
+            /* wire_decode checked: exactly WIRE_MAX_NCCL_ID bytes, from rank 0 */
+            pthread_mutex_lock(&w->id_mu);
+            if (cfg->rank != 0 && !w->id_known) {
+                memcpy(w->nccl_id, m->u.ctl.nccl_id, WIRE_MAX_NCCL_ID);
+                w->id_known = 1;
+                pthread_cond_broadcast(&w->id_cv);
+            } else {
+                MLA_WARN("dropping an unexpected NCCL id from the coordinator");
+            }
+            pthread_mutex_unlock(&w->id_mu);
+        }
+    }
+    if (forward && zmq_send(io->pair, &m, sizeof m, 0) == (int)sizeof m) return;
+    if (forward) MLA_WARN("inproc send: %s", zmq_strerror(zmq_errno()));
+    wire_msg_free(m);
+    free(m);
+}
+
 int wk_run(const wk_config *cfg, mla_err *err) {
     char tag[32];
     snprintf(tag, sizeof tag, "worker %d", cfg->rank);
@@ -608,11 +701,19 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         zmq_ctx_term(w.zctx);
         return rc;
     }
-    MLA_INFO("registered with %s (rank %d of %d%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
-             cfg->curve_dir ? ", CURVE" : "");
+    MLA_INFO("registered with %s (rank %d of %d%s%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
+             cfg->curve_dir ? ", CURVE" : "", cfg->link_fd > 0 ? ", local link" : "");
+    /* the coordinator that started this worker talks over the link from its reply on */
+    fdlink *link = NULL;
+    if (cfg->link_fd > 0 && !(link = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, err))) {
+        zmq_close(dealer);
+        zmq_ctx_term(w.zctx);
+        return mla_err_prefix(err, "--link-fd");
+    }
     if (reply.coll_shm_name[0]) {
         if (coll_host_attach(&w.coll, reply.coll_shm_name, cfg->rank, cfg->world,
                              (int)reply.coll_timeout_ms, err)) {
+            fdlink_free(link);
             zmq_close(dealer);
             zmq_ctx_term(w.zctx);
             return MLA_ERR;
@@ -620,6 +721,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     } else if (cfg->world == 1) {
         w.coll = coll_single_new();
     } else {
+        fdlink_free(link);
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
         return mla_errf(err, "the coordinator gave no collective for world size %d", cfg->world);
@@ -634,23 +736,27 @@ int wk_run(const wk_config *cfg, mla_err *err) {
 
     const int hb_ms = (int)reply.heartbeat_ms;
     const int hb_timeout = (int)reply.heartbeat_timeout_ms;
-    int64_t last_rx = now_ms(), last_tx = 0;
-    uint64_t last_plan = 0; /* the last step plan forwarded: what a result from the pair answers (steptrace) */
+    io_st io = {&w, dealer, pair, link, now_ms(), 0, 0};
+    int64_t last_tx = 0;
     int stop = 0;
     while (!stop) {
         int64_t t = now_ms();
         if (t - last_tx >= hb_ms) {
-            send_control(dealer, WIRE_CTL_HEARTBEAT, cfg->rank, 0, 0, 0, NULL);
+            wire_msg hb = control_msg(WIRE_CTL_HEARTBEAT, cfg->rank, 0, 0, 0, NULL);
+            send_up(&io, &hb);
             last_tx = t;
         }
-        if (t - last_rx > hb_timeout) {
+        if (t - io.last_rx > hb_timeout) {
             rc = mla_errf(err, "the coordinator stopped answering (nothing for %lld ms); exiting",
-                          (long long)(t - last_rx));
+                          (long long)(t - io.last_rx));
             coll_host_abort(w.coll, "a worker lost its coordinator");
             break;
         }
-        zmq_pollitem_t items[2] = {{dealer, 0, ZMQ_POLLIN, 0}, {pair, 0, ZMQ_POLLIN, 0}};
-        int prc = zspin_poll(items, 2, hb_ms, w.spin_us);
+        zmq_pollitem_t items[3] = {{dealer, 0, ZMQ_POLLIN, 0}, {pair, 0, ZMQ_POLLIN, 0}, {NULL, -1, 0, 0}};
+        if (link)
+            items[2] = (zmq_pollitem_t){NULL, fdlink_fd(link), (short)(ZMQ_POLLIN | (fdlink_pending(link) ? ZMQ_POLLOUT : 0)),
+                                        0};
+        int prc = zspin_poll(items, link ? 3 : 2, hb_ms, w.spin_us);
         if (prc < 0) {
             if (zmq_errno() == EINTR) continue;
             rc = mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));
@@ -664,14 +770,31 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                     rc = mla_errf(err, "%s", w.compute_err);
                     stop = 1;
                 } else {
-                    steptrace_mark(last_plan, 'F'); /* the compute thread answers the plans in order */
-                    if (zmq_msg_send(&zm, dealer, 0) < 0)
-                        MLA_WARN("send to the coordinator: %s", zmq_strerror(zmq_errno()));
+                    steptrace_mark(io.last_plan, 'F'); /* the compute thread answers the plans in order */
+                    up_frame(&io, zmq_msg_data(&zm), zmq_msg_size(&zm));
                 }
             }
             zmq_msg_close(&zm);
         }
         if (stop) break;
+        if (link && items[2].revents) {
+            mla_err e2;
+            int lrc = items[2].revents & ZMQ_POLLOUT ? fdlink_flush(link, &e2) : MLA_OK;
+            for (int k = 0; lrc == MLA_OK && !io.stop && k < 64; k++) {
+                uint8_t *fr;
+                size_t n;
+                lrc = fdlink_recv(link, &fr, &n, &e2);
+                if (lrc <= 0) break;
+                lrc = MLA_OK;
+                handle_down(&io, fr, n);
+                free(fr);
+            }
+            if (lrc == MLA_ERR) {
+                rc = mla_errf(err, "the coordinator's local link: %s; exiting", e2.msg);
+                coll_host_abort(w.coll, "a worker lost its coordinator");
+                break;
+            }
+        }
         if (items[0].revents & ZMQ_POLLIN) {
             zmq_msg_t zm;
             zmq_msg_init(&zm);
@@ -679,53 +802,11 @@ int wk_run(const wk_config *cfg, mla_err *err) {
                 zmq_msg_close(&zm);
                 continue;
             }
-            last_rx = now_ms();
-            wire_limits lim = {.n_vocab = atomic_load(&w.n_vocab), .world = (uint32_t)cfg->world};
-            wire_msg *m = mla_xcalloc(1, sizeof *m);
-            mla_err e2;
-            int drc = wire_decode(zmq_msg_data(&zm), zmq_msg_size(&zm), &lim, m, &e2);
+            if (link) MLA_WARN("dropping a ZeroMQ frame from the coordinator (it talks over the local link)");
+            else handle_down(&io, zmq_msg_data(&zm), zmq_msg_size(&zm));
             zmq_msg_close(&zm);
-            if (drc) {
-                MLA_WARN("dropping a malformed frame from the coordinator: %s", e2.msg);
-                free(m);
-                continue;
-            }
-            int forward = 0;
-            if (m->kind == WIRE_STEP_PLAN) {
-                last_plan = m->u.plan.step_id;
-                steptrace_mark(last_plan, 'C');
-            }
-            if (m->kind == WIRE_STEP_PLAN || m->kind == WIRE_BENCH) forward = 1;
-            else if (m->kind == WIRE_CONTROL) {
-                if (m->u.ctl.kind == WIRE_CTL_SHUTDOWN) {
-                    MLA_INFO("shutdown requested by the coordinator");
-                    stop = 1;
-                } else if (m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
-                    forward = 1;
-                } else if (m->u.ctl.kind == WIRE_CTL_NCCL_ID) {
-                    /* wire_decode checked: exactly WIRE_MAX_NCCL_ID bytes, from rank 0 */
-                    pthread_mutex_lock(&w.id_mu);
-                    if (cfg->rank != 0 && !w.id_known) {
-                        memcpy(w.nccl_id, m->u.ctl.nccl_id, WIRE_MAX_NCCL_ID);
-                        w.id_known = 1;
-                        pthread_cond_broadcast(&w.id_cv);
-                    } else {
-                        MLA_WARN("dropping an unexpected NCCL id from the coordinator");
-                    }
-                    pthread_mutex_unlock(&w.id_mu);
-                }
-            }
-            if (forward) {
-                if (zmq_send(pair, &m, sizeof m, 0) != (int)sizeof m) {
-                    MLA_WARN("inproc send: %s", zmq_strerror(zmq_errno()));
-                    wire_msg_free(m);
-                    free(m);
-                }
-            } else {
-                wire_msg_free(m);
-                free(m);
-            }
         }
+        stop = io.stop;
     }
 
     /* stop the compute thread: it is idle unless a step is running; a step stuck in a collective
@@ -745,6 +826,13 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         MLA_WARN("the compute thread did not stop; leaving without cleanup");
         return rc;
     }
+    /* what is still queued for the coordinator (an error report) gets up to a second */
+    for (int i = 0; link && fdlink_pending(link) && i < 100; i++) {
+        struct pollfd p = {fdlink_fd(link), POLLOUT, 0};
+        mla_err e2;
+        if (poll(&p, 1, 10) < 0 || ((p.revents & POLLOUT) && fdlink_flush(link, &e2))) break;
+    }
+    fdlink_free(link);
     zmq_close(pair);
     zmq_close(dealer);
     zmq_ctx_term(w.zctx);

@@ -1,7 +1,9 @@
 /* wk_run: the worker process's runtime, shared by mlaserve-worker and test workers.
  *
  * Two threads. The I/O thread (the caller of wk_run) owns the ZeroMQ DEALER socket connected to
- * the coordinator: it registers, answers and sends heartbeats, validates every frame
+ * the coordinator, and the local link when the coordinator started this worker (link_fd: every
+ * frame after the registration reply goes over it; docs/ctrl.md): it registers, answers and
+ * sends heartbeats, validates every frame
  * (worker/wire.h) and passes plans to the compute thread over an inproc pair. The compute thread
  * attaches nothing itself: it loads the engine on the collective the I/O thread attached, runs
  * each StepPlan, samples on rank 0 (worker/sample.h) and hands the StepResult back. Bench frames
@@ -33,13 +35,17 @@ typedef struct wk_config {
      * `mlaserve keygen`); curve_client_key names another client key file. NULL: no CURVE. */
     const char *curve_dir;
     const char *curve_client_key;
+    /* > 0: the descriptor of the local link (common/fdlink.h) the coordinator made when it
+     * started this worker; every frame after the registration reply goes over it both ways.
+     * 0: the DEALER carries everything. */
+    int link_fd;
 } wk_config;
 
 /* Fault injection for tests: $MLA_WORKER_STEP_DELAY_MS makes the compute thread sleep that long
  * before every step (so that a test can act while a generation is in flight). */
 
 /* Parses "--coord E --rank R --world T -m MODEL [--threads N] [--device D] [--curve-dir DIR]
- * [--curve-client-key FILE]" (and, for tests,
+ * [--curve-client-key FILE] [--link-fd FD]" (and, for tests,
  * "--protocol-version V"). MLA_ERR with a usage message on a bad command line. */
 int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err);
 

@@ -1,0 +1,123 @@
+/* fdlink (common/fdlink.h) over a socketpair: frames of 0 bytes to 8 MB arrive whole and in order
+ * when the writer must queue (the socket buffer made small) and the reader drains in between;
+ * a partial frame is not handed out; a frame over max_frame is refused on send and, arriving
+ * from a peer with a larger limit, ends the link with an error naming the size; the peer
+ * closing is an error saying "closed", also in the middle of a frame. */
+#include <poll.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fdlink.h"
+#include "mla_test.h"
+
+static void fill(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)((i * 2654435761u) >> 13 ^ seed);
+}
+
+/* drains every whole frame that has arrived into got[], returns how many */
+static int drain(fdlink *l, uint8_t **got, size_t *got_n, int at, int max) {
+    mla_err e;
+    int rc;
+    uint8_t *f;
+    size_t n;
+    while (at < max && (rc = fdlink_recv(l, &f, &n, &e)) == 1) {
+        got[at] = f;
+        got_n[at++] = n;
+    }
+    return at;
+}
+
+static void test_order_and_queueing(void) {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    int small = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    mla_err e;
+    fdlink *a = fdlink_new(sv[0], 16u << 20, &e), *b = fdlink_new(sv[1], 16u << 20, &e);
+    REQUIRE(a && b);
+    enum { NF = 7 };
+    const size_t sizes[NF] = {0, 1, 7, 8, 65536, 3u << 20, 8u << 20};
+    uint8_t *src[NF], *got[NF] = {0};
+    size_t got_n[NF] = {0};
+    for (int i = 0; i < NF; i++) {
+        src[i] = malloc(sizes[i] ? sizes[i] : 1);
+        fill(src[i], sizes[i], (uint32_t)i);
+        CHECK(fdlink_send(a, src[i], sizes[i], &e) == MLA_OK);
+    }
+    CHECKF(fdlink_pending(a) > 0, "8 MB cannot fit a 4 KB socket buffer: some must be queued");
+    int have = 0;
+    for (int spins = 0; have < NF && spins < 1000000; spins++) {
+        struct pollfd p[2] = {{fdlink_fd(a), fdlink_pending(a) ? POLLOUT : 0, 0}, {fdlink_fd(b), POLLIN, 0}};
+        poll(p, 2, 1000);
+        if (p[0].revents & POLLOUT) CHECK(fdlink_flush(a, &e) == MLA_OK);
+        have = drain(b, got, got_n, have, NF);
+    }
+    CHECK(have == NF);
+    CHECK(fdlink_pending(a) == 0);
+    for (int i = 0; i < have; i++) {
+        CHECKF(got_n[i] == sizes[i] && memcmp(got[i], src[i], sizes[i]) == 0, "frame %d (%zu bytes)", i, sizes[i]);
+        free(got[i]);
+    }
+    for (int i = 0; i < NF; i++) free(src[i]);
+    /* nothing more: 0, not an error */
+    uint8_t *f;
+    size_t n;
+    CHECK(fdlink_recv(b, &f, &n, &e) == 0 && f == NULL);
+    fdlink_free(a);
+    /* the writer gone: "closed" */
+    CHECK(fdlink_recv(b, &f, &n, &e) == MLA_ERR && strstr(e.msg, "closed"));
+    fdlink_free(b);
+}
+
+static void test_partial_and_limits(void) {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    mla_err e;
+    fdlink *b = fdlink_new(sv[1], 100, &e);
+    REQUIRE(b);
+    /* half a header, then the rest of a 5-byte frame in two pieces */
+    const uint8_t hdr[8] = {5, 0, 0, 0, 0, 0, 0, 0};
+    uint8_t *f;
+    size_t n;
+    CHECK(write(sv[0], hdr, 3) == 3);
+    CHECK(fdlink_recv(b, &f, &n, &e) == 0);
+    CHECK(write(sv[0], hdr + 3, 5) == 5 && write(sv[0], "he", 2) == 2);
+    CHECK(fdlink_recv(b, &f, &n, &e) == 0);
+    CHECK(write(sv[0], "llo", 3) == 3);
+    CHECK(fdlink_recv(b, &f, &n, &e) == 1 && n == 5 && memcmp(f, "hello", 5) == 0);
+    free(f);
+    /* sending over the limit is refused and leaves the link usable */
+    uint8_t big[101] = {0};
+    CHECK(fdlink_send(b, big, sizeof big, &e) == MLA_ERR && strstr(e.msg, "101 bytes exceeds 100"));
+    CHECK(fdlink_send(b, big, 100, &e) == MLA_OK);
+    /* a header announcing more than the limit ends the link */
+    const uint8_t huge[8] = {0, 0, 0, 0, 1, 0, 0, 0}; /* 2^32 */
+    CHECK(write(sv[0], huge, 8) == 8);
+    CHECK(fdlink_recv(b, &f, &n, &e) == MLA_ERR && strstr(e.msg, "4294967296 bytes exceeds 100"));
+    CHECK(fdlink_recv(b, &f, &n, &e) == MLA_ERR);
+    fdlink_free(b);
+    close(sv[0]);
+    /* the peer closing in the middle of a frame */
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    b = fdlink_new(sv[1], 100, &e);
+    CHECK(write(sv[0], hdr, 8) == 8 && write(sv[0], "ab", 2) == 2);
+    close(sv[0]);
+    CHECK(fdlink_recv(b, &f, &n, &e) == MLA_ERR && strstr(e.msg, "in the middle of a frame"));
+    fdlink_free(b);
+    /* writing to a closed peer: an error, no SIGPIPE */
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    fdlink *a = fdlink_new(sv[0], 100, &e);
+    close(sv[1]);
+    CHECK(fdlink_send(a, "x", 1, &e) == MLA_ERR && strstr(e.msg, "link write"));
+    fdlink_free(a);
+    /* a descriptor that is not open */
+    CHECK(fdlink_new(-1, 100, &e) == NULL && strstr(e.msg, "link descriptor -1"));
+}
+
+int main(void) {
+    test_order_and_queueing();
+    test_partial_and_limits();
+    return mla_test_finish();
+}
