@@ -35,7 +35,7 @@ echo "model: $M ($(du -h "$M" | cut -f1), $(since))"
 ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 TPS="${TPS:-$([ "$ngpu" -ge 2 ] && echo 1,2 || echo 1)}"
 bw=$(grep -o 'D2D copy [0-9]*' "$OUT/gpu-check.log" 2>/dev/null | awk '{print $3}' | head -1)
-bw="${bw:-4208}"
+bw="${BW_GBS:-${bw:-4208}}" # BW_GBS: a copy rate measured earlier (the op harness did not run in this call)
 rc=0
 # decode contexts up to 16k + the warm-up and timed steps; 32 timed steps a point, as llama-bench's
 # tg32 (with 8, one slow step moved a row by 10%)
