@@ -1127,12 +1127,23 @@ extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const
     return mla_cmodel_decode_greedy(m, states, tokens, B, logits, NULL, err);
 }
 
+/* A decode step's key bound (what its graph is keyed on and its attention is sized by): the most
+ * keys a token of the step has, rounded up to a power of two (at least 256), at most the largest
+ * cache. A sequence moves to the next graph log2 times over its life; the attention's splits, and
+ * GLM-5's indexer (skipped while the bound is within top_k), follow the sequences' length rather
+ * than the size of their caches (MLA_N_CTX). */
+static int64_t key_bound(int64_t need, int64_t cap) {
+    int64_t b = 256;
+    while (b < need) b *= 2;
+    return b < cap ? b : cap;
+}
+
 extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                         float *const *logits, int32_t *ids, mla_err *err) {
     const mla_config *c = &m->cfg;
     if (B <= 0) return mla_errf(err, "no sequences to decode");
     if (B > 65535) return mla_errf(err, "a decode step of %lld sequences exceeds 65535", (long long)B);
-    int64_t max_keys = 0;
+    int64_t need = 0, cap = 0; /* the most keys a token of this step has; the largest cache */
     for (int64_t b = 0; b < B; b++) {
         const mla_cstate *s = states[b];
         MLA_ASSERT(s && s->m == m);
@@ -1144,8 +1155,10 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
                             (long long)s->n_past, (long long)s->n_ctx);
         for (int64_t b2 = 0; b2 < b; b2++)
             if (states[b2] == s) return mla_errf(err, "sequence %lld appears twice in one decode step", (long long)b);
-        if (s->n_ctx > max_keys) max_keys = s->n_ctx;
+        if (s->n_past + 1 > need) need = s->n_past + 1;
+        if (s->n_ctx > cap) cap = s->n_ctx;
     }
+    const int64_t max_keys = key_bound(need, cap);
     MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
     if (m->legacy) { /* one sequence at a time */
         for (int64_t b = 0; b < B; b++) {
@@ -1156,7 +1169,7 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         return MLA_OK;
     }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(ensure_scratch(m, B, max_keys, B, err));
+    TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
     for (int64_t b = 0; b < B; b++) {
         TRY(state_reserve(states[b], states[b]->n_past + 1, err));
         step_set(m, B, b, tokens[b], states[b]->n_past, states[b]);
