@@ -35,11 +35,23 @@
  * is saved is the launch gap between kernels (over 100 kernels a decode step). A kernel launched
  * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
  * off; devices before sm_90 never get it. */
-static __device__ __forceinline__ void mlacu_pdl_enter() {
+static __device__ __forceinline__ void mlacu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void mlacu_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+/* the usual first statement: wait, then let the next kernel be scheduled. A kernel may instead
+ * do work that reads nothing an earlier kernel writes (the weights) before mlacu_pdl_wait(), and
+ * must not touch anything else until it returns (the streamed GEMV prefetches its first stages
+ * of weights that way). */
+static __device__ __forceinline__ void mlacu_pdl_enter() {
+    mlacu_pdl_wait();
+    mlacu_pdl_trigger();
 }
 
 /* whether launches take the attribute: the current device is sm_90+ and MLA_CUDA_PDL is not 0

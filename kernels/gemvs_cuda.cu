@@ -102,7 +102,8 @@ __device__ __forceinline__ float gs_lane_sum(float v, int n) {
  * into red[step & 1], stored after the next step's barrier. */
 template <int TY, int NM, bool GRP>
 __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
-    mlacu_pdl_enter();
+    /* the plan of a MoE step (tile list and count) comes from the kernel before */
+    if (GRP) mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t gs_sm[];
     __shared__ float red[2][GS_THREADS / 16][NM][GS_RG_MAX];
     __shared__ uint64_t full[GS_STAGES];
@@ -156,6 +157,9 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
 #pragma unroll
         for (int s = 0; s < GS_STAGES - 1; s++) issue(g0 + s, s);
     }
+    /* a dense product's first stages are weights only, so they are already on their way while
+     * the kernel before finishes (programmatic launch); x and y wait for it */
+    if (!GRP) mlacu_pdl_enter();
     __syncthreads();
     gs_x<TY> x;
     int xrow = -1, c = 0, pp = 0, prg = 0; /* steps so far; the last one's pair and row group */

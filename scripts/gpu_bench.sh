@@ -67,6 +67,8 @@ if [ -x .llama-cuda/run-llama-bench.sh ] && [ "${LLAMA:-1}" = 1 ]; then
   # every GPU of the machine: llama.cpp's layer split (its default with several GPUs)
   if [ "$ngpu" -ge 2 ]; then sbs "${LLAMA_2_S:-80}" -o "$OUT/llama-${ngpu}gpu-layer" -p 512,4096 -c 1024 --tg 32 --timeout 40 --no-batched; fi
   echo "llama.cpp done ($(since))"
+  python3 bench/compare_llama.py "$OUT/bench-$F.json" "$OUT/llama-1gpu-$F" "$OUT/llama-1gpu-batched-$F" |
+    tee "$OUT/compare-$F.md"
 else
   echo "llama.cpp: .llama-cuda/ not carried, not run"
 fi
