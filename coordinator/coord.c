@@ -862,6 +862,10 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
             int d = fcntl(sv[1], F_DUPFD_CLOEXEC, LINK_FD + 1);
             close(sv[1]);
             sv[1] = d;
+            if (d < 0) { /* no link then: both ends or neither */
+                close(sv[0]);
+                sv[0] = -1;
+            }
         }
     }
     posix_spawn_file_actions_t fa;
