@@ -80,6 +80,21 @@ int fdlink_send(fdlink *l, const void *buf, size_t n, mla_err *err) {
     return fdlink_flush(l, err);
 }
 
+int fdlink_pump(fdlink *l, bool writable, int max_frames, int (*on_frame)(void *ctx, const uint8_t *frame, size_t n),
+                void *ctx, mla_err *err) {
+    if (writable && fdlink_flush(l, err)) return MLA_ERR;
+    for (int k = 0; k < max_frames; k++) {
+        uint8_t *f;
+        size_t n;
+        int got = fdlink_recv(l, &f, &n, err);
+        if (got <= 0) return got;
+        int stop = on_frame(ctx, f, n);
+        free(f);
+        if (stop) break;
+    }
+    return MLA_OK;
+}
+
 /* the length in the header at l->in (HDR bytes there) */
 static uint64_t hdr_len(const fdlink *l) {
     uint64_t v = 0;

@@ -38,6 +38,13 @@ int fdlink_flush(fdlink *l, mla_err *err);
 /* bytes queued and not yet written */
 size_t fdlink_pending(const fdlink *l);
 
+/* What a poll loop does when the link's descriptor polls ready: when writable, the queued bytes
+ * go out (fdlink_flush); then each whole frame that has arrived, up to max_frames of them, goes
+ * to on_frame(ctx, frame, n) (the frame is freed after the call) until on_frame returns nonzero.
+ * MLA_ERR when the link failed (frames handed out before stay handled). */
+int fdlink_pump(fdlink *l, bool writable, int max_frames, int (*on_frame)(void *ctx, const uint8_t *frame, size_t n),
+                void *ctx, mla_err *err);
+
 /* 1: *frame (malloc'd, the caller's) holds one whole frame of *n bytes; 0: no whole frame yet
  * (nothing more to read now); MLA_ERR: the peer closed the link ("closed" in the message when
  * cleanly at a frame boundary), a read failed, or a frame is too long. Call it until it returns

@@ -559,26 +559,26 @@ static void handle_zap(coord *c) {
     zmq_send(c->zap, "", 0, 0);
 }
 
+typedef struct link_src {
+    coord *c;
+    int r;
+} link_src;
+
+static int link_frame(void *ctx, const uint8_t *f, size_t n) {
+    const link_src *ls = ctx;
+    const rank_st *rs = &ls->c->ranks[ls->r];
+    handle_frame(ls->c, ls->r, rs->ident, rs->ident_len, f, n);
+    return 0;
+}
+
 /* A local worker's link is readable or writable (revents of its poll item): every whole frame
  * that has arrived goes through handle_frame, queued bytes go out. A link that fails is closed;
  * the worker is then gone, and supervise() or the heartbeat timeout says how. */
 static void handle_link(coord *c, int r, short revents) {
     rank_st *rs = &c->ranks[r];
     mla_err err;
-    int rc = MLA_OK;
-    if (revents & ZMQ_POLLOUT) rc = fdlink_flush(rs->link, &err);
-    for (int k = 0; rc == MLA_OK && rs->link_on && k < 64; k++) {
-        uint8_t *f;
-        size_t n;
-        int got = fdlink_recv(rs->link, &f, &n, &err);
-        if (got <= 0) {
-            rc = got;
-            break;
-        }
-        handle_frame(c, r, rs->ident, rs->ident_len, f, n);
-        free(f);
-    }
-    if (rc == MLA_OK || !rs->link_on) return;
+    link_src ls = {c, r};
+    if (fdlink_pump(rs->link, (revents & ZMQ_POLLOUT) != 0, 64, link_frame, &ls, &err) == MLA_OK) return;
     MLA_INFO("worker %d: %s", r, err.msg);
     rs->link_on = 0;
     rs->link_dead = 1;

@@ -638,6 +638,13 @@ static void handle_down(io_st *io, const void *data, size_t len) {
     free(m);
 }
 
+/* fdlink_pump's callback: one frame from the link; stop after SHUTDOWN */
+static int link_down(void *ctx, const uint8_t *f, size_t n) {
+    io_st *io = ctx;
+    handle_down(io, f, n);
+    return io->stop;
+}
+
 int wk_run(const wk_config *cfg, mla_err *err) {
     char tag[32];
     snprintf(tag, sizeof tag, "worker %d", cfg->rank);
@@ -779,17 +786,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         if (stop) break;
         if (link && items[2].revents) {
             mla_err e2;
-            int lrc = items[2].revents & ZMQ_POLLOUT ? fdlink_flush(link, &e2) : MLA_OK;
-            for (int k = 0; lrc == MLA_OK && !io.stop && k < 64; k++) {
-                uint8_t *fr;
-                size_t n;
-                lrc = fdlink_recv(link, &fr, &n, &e2);
-                if (lrc <= 0) break;
-                lrc = MLA_OK;
-                handle_down(&io, fr, n);
-                free(fr);
-            }
-            if (lrc == MLA_ERR) {
+            if (fdlink_pump(link, (items[2].revents & ZMQ_POLLOUT) != 0, 64, link_down, &io, &e2)) {
                 rc = mla_errf(err, "the coordinator's local link: %s; exiting", e2.msg);
                 coll_host_abort(w.coll, "a worker lost its coordinator");
                 break;

@@ -2,7 +2,8 @@
  * when the writer must queue (the socket buffer made small) and the reader drains in between;
  * a partial frame is not handed out; a frame over max_frame is refused on send and, arriving
  * from a peer with a larger limit, ends the link with an error naming the size; the peer
- * closing is an error saying "closed", also in the middle of a frame. */
+ * closing is an error saying "closed", also in the middle of a frame; fdlink_pump hands frames
+ * out in order, bounded a call, until its callback stops it. */
 #include <poll.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -116,8 +117,42 @@ static void test_partial_and_limits(void) {
     CHECK(fdlink_new(-1, 100, &e) == NULL && strstr(e.msg, "link descriptor -1"));
 }
 
+/* fdlink_pump: each whole frame to the callback in order, at most max_frames a call, stopping
+ * when the callback says so; the rest wait for the next call; a closed peer is MLA_ERR */
+typedef struct seen {
+    int n, stop_at;
+    char got[8];
+} seen;
+
+static int on_frame(void *ctx, const uint8_t *f, size_t n) {
+    seen *s = ctx;
+    if (n == 1 && s->n < 8) s->got[s->n] = (char)f[0];
+    s->n++;
+    return s->n == s->stop_at;
+}
+
+static void test_pump(void) {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    mla_err e;
+    fdlink *a = fdlink_new(sv[0], 100, &e), *b = fdlink_new(sv[1], 100, &e);
+    REQUIRE(a && b);
+    for (const char *p = "abcde"; *p; p++) CHECK(fdlink_send(a, p, 1, &e) == MLA_OK);
+    seen s = {0, 2, {0}};
+    CHECK(fdlink_pump(b, true, 64, on_frame, &s, &e) == MLA_OK && s.n == 2); /* stopped at 2 */
+    s.stop_at = 0;
+    CHECK(fdlink_pump(b, false, 2, on_frame, &s, &e) == MLA_OK && s.n == 4); /* at most 2 */
+    CHECK(fdlink_pump(b, false, 64, on_frame, &s, &e) == MLA_OK && s.n == 5);
+    CHECK(memcmp(s.got, "abcde", 5) == 0);
+    CHECK(fdlink_pump(b, false, 64, on_frame, &s, &e) == MLA_OK && s.n == 5); /* nothing more */
+    fdlink_free(a);
+    CHECK(fdlink_pump(b, false, 64, on_frame, &s, &e) == MLA_ERR && strstr(e.msg, "closed"));
+    fdlink_free(b);
+}
+
 int main(void) {
     test_order_and_queueing();
     test_partial_and_limits();
+    test_pump();
     return mla_test_finish();
 }
