@@ -94,6 +94,20 @@ static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t s
  * quant_cuda.cu hold one tile's tokens in registers). */
 #define MLACU_MOE_TILE 8
 
+/* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the
+ * first warp, shared with the block (a barrier: every thread of the block calls it). */
+static __device__ __forceinline__ int plan_first_pair(const int32_t *__restrict__ counts, int e) {
+    __shared__ int s_off;
+    if (threadIdx.x < 32) {
+        int sum = 0;
+        for (int k = threadIdx.x; k < e; k += 32) sum += counts[k];
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (threadIdx.x == 0) s_off = sum;
+    }
+    __syncthreads();
+    return s_off;
+}
+
 /* mma.sync m16n8k16 bf16 x bf16 -> fp32, c += a b (fragments in the PTX ISA's layout). */
 static __device__ __forceinline__ void mlacu_mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile(

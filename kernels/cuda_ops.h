@@ -120,7 +120,9 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
  * enough for any fewer rows or shorter ones: it ends with the dense product's workspace (steps of
  * up to 64 tokens split K over more blocks and sum the parts in a fixed order);
  * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (up to 128 tokens x 128
- * rows a block), using the workspace: one product at a time per buffer (stream order). */
+ * rows a block), using the workspace: one product at a time per buffer (stream order). On compute
+ * capability 9.0, Q4_K products of more than 64 tokens take the warpgroup kernel of
+ * kernels/wgmma_cuda.h (same values; MLA_CUDA_WGMMA=0 keeps them here). */
 bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
 size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
 int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);
@@ -286,7 +288,8 @@ int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_t estride, 
                                    const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                    int64_t n_expert, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The same on the fp16 tensor cores (mla_cuda_matmul_h) from an fp16 buffer of the x_rows rows
- * of x (mla_cuda_act_h): bm (32 or 64) pairs of one expert a tile. */
+ * of x (mla_cuda_act_h): bm (32 or 64) pairs of one expert a tile (Q4_K on compute capability
+ * 9.0: the warpgroup kernel, which picks its own tile). */
 int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
                               const void *d_xh, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                               int64_t n_expert, int bm, float *d_y, mla_cuda_stream stream, mla_err *e);

@@ -9,6 +9,9 @@
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_quant_unit.h"
 #include "kernels/gemvs_cuda.h"
+#ifdef MLA_CUDA_WGMMA
+#include "kernels/wgmma_cuda.h"
+#endif
 
 extern "C" {
 #include "kernels/quant.h"
@@ -1082,20 +1085,6 @@ __global__ void __launch_bounds__(128)
     mmaq_store(acc, sm, r0, out, y);
 }
 
-/* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the
- * first warp, shared with the block (a barrier: every thread of the block calls it). */
-__device__ __forceinline__ int plan_first_pair(const int32_t *__restrict__ counts, int e) {
-    __shared__ int s_off;
-    if (threadIdx.x < 32) {
-        int sum = 0;
-        for (int k = threadIdx.x; k < e; k += 32) sum += counts[k];
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (threadIdx.x == 0) s_off = sum;
-    }
-    __syncthreads();
-    return s_off;
-}
-
 /* The experts of a MoE plan on the int8 tensor cores: block (row block, expert e) walks e's pairs
  * (plan.sorted from e's offset, the sum of the counts before it) 64 at a time: pair p reads q8
  * row p / x_div, writes y row p. For prefill-sized steps (many tokens per expert). */
@@ -1993,6 +1982,16 @@ extern "C" int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_mmh_supported(t, in) && ((uintptr_t)d_xh & 15) == 0 && (T + 127) / 128 <= 65535);
     if (T == 0) return MLA_OK;
+#ifdef MLA_CUDA_WGMMA
+    if (T > MH_SPLIT_TMAX && mlacu_wg_usable(t, in, out, T, d_w, 0)) { /* prompts: the warpgroup kernel */
+        cudaError_t err = mlacu_wg_q4k(d_w, 0, in, out, (const __half *)d_xh,
+                                       (const float *)((const uint8_t *)d_xh + mh_scale_off(T, in)), T, 1, NULL, NULL,
+                                       1, 0, T, d_y, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "wgmma f16 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in,
+                    (long long)T);
+        return MLA_OK;
+    }
+#endif
     cudaError_t err = with_q8_type(t, [&](auto ty) {
         return launch_mmh<decltype(ty)::value>(d_w, in, out, d_xh, T, d_y, (cudaStream_t)stream);
     });
@@ -2006,6 +2005,16 @@ extern "C" int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t est
     check_shape(t, in, out, 1);
     MLA_ASSERT(mla_cuda_mmh_supported(t, in) && x_div >= 1 && plan && plan->world >= 1 && n_expert >= 1 &&
                n_expert <= 65535 && ((uintptr_t)d_xh & 15) == 0 && (bm == 32 || bm == 64));
+#ifdef MLA_CUDA_WGMMA
+    if (mlacu_wg_usable(t, in, out, x_rows, d_w, estride)) {
+        cudaError_t err = mlacu_wg_q4k(d_w, estride, in, out, (const __half *)d_xh,
+                                       (const float *)((const uint8_t *)d_xh + mh_scale_off(x_rows, in)), 0, x_div,
+                                       plan->sorted, plan->counts, plan->world, (unsigned)n_expert,
+                                       x_rows * x_div, d_y, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "grouped wgmma f16 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
+        return MLA_OK;
+    }
+#endif
     cudaError_t err = with_q8_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
         cudaStream_t s = (cudaStream_t)stream;

@@ -6,11 +6,12 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--out FILE]   exit status
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--out FILE]   exit status
  * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
- * quantized weights, streamed beside per-warp. */
+ * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
+ * and timings (check_wg); --wgprof: one run of its timed products, for a profiler. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -27,6 +28,9 @@
 
 #include "kernels/cuda_ops.h"
 #include "kernels/cuda_rand.h"
+#ifdef MLA_CUDA_WGMMA
+#include "kernels/wgmma_cuda.h"
+#endif
 
 extern "C" {
 #include "kernels/act.h"
@@ -588,9 +592,122 @@ static void check_mmh_all(const uint32_t *types, size_t ntypes) {
 }
 
 
+#ifdef MLA_CUDA_WGMMA
+/* The warpgroup kernel (kernels/wgmma_cuda.cu, Q4_K on sm_90a) behind mla_cuda_matmul_h (prompts)
+ * and mla_cuda_matmul_grouped_h (experts): each tile shape forced in turn on partial tiles of
+ * tokens and rows, ragged expert counts, TP ranks; then timed against the mma.sync kernel (mode
+ * 0) at DeepSeek-V3's expert and dense shapes. --wg runs these alone. */
+/* Layout probe: x one-hot at column k0 (token n weighted 1 + n % 7), so that y[n][o] is W[o][k0]
+ * times the weight: every (k0, row, token) of one 512 x 128 product, T = 128, checked against the
+ * dequantized element to 1% of the row's largest (the fp16 dequantization is ~2^-11 of d sc q and
+ * dmin m; any other element of the row differs by d sc or more, ~7% of the largest). Prints the
+ * first misplaced elements. */
+static void probe_wg(int mode) {
+    const int64_t in = 512, out = 128, T = 128;
+    const size_t rb = ggml_row_bytes(GGML_TYPE_Q4_K, in);
+    std::vector<uint8_t> w(rb * out);
+    gr_quant_rows(&g_rng, GGML_TYPE_Q4_K, w.data(), in, out);
+    std::vector<float> deq(in * out), x(T * in, 0.f), y(T * out);
+    for (int64_t o = 0; o < out; o++) quant_dequant_row(GGML_TYPE_Q4_K, w.data() + o * rb, deq.data() + o * in, in);
+    void *dw = dup(w.data(), w.size());
+    float *dx = (float *)dmalloc(T * in * 4), *dy = (float *)dmalloc(T * out * 4);
+    void *dh = dmalloc(mla_cuda_act_h_bytes(T, in));
+    mlacu_wg_set(mode);
+    std::vector<double> rmax(out, 0.0); /* a misplaced element is another weight of the row: off by d sc or more */
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t k = 0; k < in; k++) rmax[o] = std::max(rmax[o], (double)fabsf(deq[o * in + k]));
+    int64_t bad = 0, badk = 0;
+    for (int64_t k0 = 0; k0 < in; k0++) {
+        for (int64_t n = 0; n < T; n++) x[n * in + k0] = (float)(1 + n % 7);
+        CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        for (int64_t n = 0; n < T; n++) x[n * in + k0] = 0.f;
+        OK(mla_cuda_act_h(dx, T, in, dh, 0, E));
+        OK(mla_cuda_matmul_h(GGML_TYPE_Q4_K, dw, in, out, dh, T, dy, 0, E));
+        down(y.data(), dy, y.size() * 4);
+        int64_t nb = 0;
+        for (int64_t n = 0; n < T; n++)
+            for (int64_t o = 0; o < out; o++) {
+                const double want = deq[o * in + k0] * (1 + n % 7), got = y[n * out + o];
+                if (!(fabs(got - want) <= 1e-2 * rmax[o] * (1 + n % 7))) {
+                    if (bad < 12)
+                        printf("  probe wg%d: k0 %lld row %lld token %lld: got %.6g want %.6g\n", mode, (long long)k0,
+                               (long long)o, (long long)n, got, want);
+                    bad++, nb++;
+                }
+            }
+        badk += nb > 0;
+    }
+    printf("  probe wg%d: %lld of %lld elements misplaced, in %lld of %lld columns\n", mode, (long long)bad,
+           (long long)(in * out * T), (long long)badk, (long long)in);
+    add_row(fmt("wg layout probe wg%d", mode), "512x128 T=128 one-hot", bad ? INFINITY : 0.0, 0, 0, 0, 0, true);
+    mlacu_wg_set(1);
+    CK(cudaFree(dw));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(dh));
+}
+
+static void check_wg(void) {
+    const int modes[] = {6401, 6402, 12801, 12802};
+    if (!mlacu_wg_usable(GGML_TYPE_Q4_K, 7168, 2048, 2048, (const void *)256, 0)) {
+        printf("wgmma: not usable on this device (needs compute capability 9.0)\n");
+        return;
+    }
+    for (int m : modes) probe_wg(m);
+    probe_wg(1006401);  /* one wgmma group in flight */
+    probe_wg(3012802); /* three */
+    for (int m : modes) {
+        mlacu_wg_set(m);
+        const size_t r0 = g_rows.size();
+        check_matmul(GGML_TYPE_Q4_K, 512, 101, 77, MM_H, false);   /* partial rows and tokens */
+        check_matmul(GGML_TYPE_Q4_K, 1536, 300, 131, MM_H, false); /* three blocks of K */
+        check_matmul(GGML_TYPE_Q4_K, 7168, 2048, 200, MM_H, false);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 7168, 512, 64, 0, 1, false, true, 1);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 1024, 1024, 300, 1, 2, false, true, 1);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 4, 4, 512, 512, 150, 0, 1, false, true, 1); /* down: mma.sync */
+        for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += fmt(" wg%d", m);
+    }
+    for (int m : {0, 1}) {
+        mlacu_wg_set(m);
+        const size_t r0 = g_rows.size();
+        for (int64_t T : {512, 2048, 4096}) time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
+        check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
+        for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += m ? " wgmma" : " mma.sync";
+    }
+    for (int m : modes) /* each tile shape at 64 pairs a expert, with 1, 2 and 3 wgmma groups in flight */
+        for (int d : {1, 2, 3}) {
+            mlacu_wg_set(m + 1000000 * d);
+            time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 2048, true, 1);
+            g_rows.back().op += fmt(" wg%d depth %d", m, d);
+        }
+    for (int m : {12801, 12802}) { /* 128-token tiles at 128 pairs a expert and dense, 128 or 256 rows */
+        mlacu_wg_set(m);
+        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 4096, true, 1);
+        g_rows.back().op += fmt(" wg%d", m);
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
+        g_rows.back().op += fmt(" wg%d", m);
+        check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
+        g_rows.back().op += fmt(" wg%d", m);
+    }
+    for (int d : {1, 2, 3}) {
+        mlacu_wg_set(12801 + 1000000 * d);
+        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 4096, true, 1);
+        g_rows.back().op += fmt(" wg12801 depth %d", d);
+        mlacu_wg_set(1000000 * d + 12801);
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
+        g_rows.back().op += fmt(" wg12801 depth %d", d);
+    }
+    mlacu_wg_set(1);
+}
+#else
+static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA architectures)\n"); }
+#endif
+
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
-    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false;
+    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -598,9 +715,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
+        else if (!strcmp(argv[i], "--wg")) wg_only = true;
+        else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -633,6 +752,13 @@ int main(int argc, char **argv) {
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
     } else if (gemv_only) {
         check_gemv_stream(quick);
+    } else if (wg_only) {
+        check_wg();
+    } else if (wg_prof) { /* V3's experts at 64 and 128 pairs a expert, and a dense prompt product, once */
+        g_reps = 1;
+        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 2048, true, 1);
+        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 4096, true, 1);
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
     } else if (mmh_only) { /* the fp16 tensor-core paths alone */
         check_mmh_all(types, sizeof types / sizeof types[0]);
         check_moe_mmh();
@@ -693,6 +819,7 @@ int main(int argc, char **argv) {
                                                        {GGML_TYPE_Q6_K, 18432, 7168}, {GGML_TYPE_IQ2_XXS, 7168, 2048}})
         check_matmul((uint32_t)sh[0], sh[1], sh[2], 2048, MM_Q8MMA, true);
     check_mmh_all(types, sizeof types / sizeof types[0]);
+    check_wg();
     check_gemv_stream(quick);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
