@@ -108,6 +108,39 @@ static __device__ __forceinline__ int plan_first_pair(const int32_t *__restrict_
     return s_off;
 }
 
+/* The pairs one block of a tiled product takes: dense (counts NULL), tile blockIdx.y of bm tokens
+ * over T (pair p = token p); grouped, expert blockIdx.y's pairs of a MoE plan and its weights,
+ * W + (e / world) estride. Returns false for an expert without pairs, before any barrier (the
+ * block returns whole); else every thread of the block must have called it (a barrier). */
+static __device__ __forceinline__ bool plan_block_pairs(const uint8_t *W, size_t estride, int T, int bm,
+                                                        const int32_t *__restrict__ counts, int world, int &cnt,
+                                                        int &off, const uint8_t *&We) {
+    We = W;
+    if (!counts) {
+        off = blockIdx.y * bm;
+        cnt = min(bm, T - off);
+        return true;
+    }
+    const int e = blockIdx.y;
+    cnt = counts[e];
+    if (cnt == 0) return false;
+    off = plan_first_pair(counts, e);
+    We = W + (size_t)(e / world) * estride;
+    return true;
+}
+
+/* A tile's bm rows from pair c0 on (the last pair repeated past cnt): x row (pair / x_div when
+ * grouped) and y row (-1 past cnt), filled by the nthreads threads of the block. */
+static __device__ __forceinline__ void plan_tile_rows(int *xrow, int *yrow, int bm, int nthreads, int off, int c0,
+                                                      int cnt, const int32_t *__restrict__ sorted,
+                                                      const int32_t *__restrict__ counts, int x_div) {
+    for (int i = threadIdx.x; i < bm; i += nthreads) {
+        const int k = off + min(c0 + i, cnt - 1), p = counts ? sorted[k] : k;
+        xrow[i] = counts ? p / x_div : p;
+        yrow[i] = c0 + i < cnt ? p : -1;
+    }
+}
+
 /* mma.sync m16n8k16 bf16 x bf16 -> fp32, c += a b (fragments in the PTX ISA's layout). */
 static __device__ __forceinline__ void mlacu_mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile(

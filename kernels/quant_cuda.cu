@@ -1433,26 +1433,13 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
     extern __shared__ __align__(16) uint8_t mh_sm[];
     constexpr int BM = WGM * MT * 16;
     int *xrow = (int *)(mh_sm + mh_smem<TY, BM>() - 2 * BM * 4), *yrow = xrow + BM;
-    const int r0 = blockIdx.x * MH_BN, tid = threadIdx.x;
+    const int r0 = blockIdx.x * MH_BN;
     int cnt, off;
-    const uint8_t *We = W;
-    if (!counts) {
-        off = blockIdx.y * BM;
-        cnt = min(BM, T - off);
-    } else {
-        const int e = blockIdx.y;
-        cnt = counts[e];
-        if (cnt == 0) return; /* the whole block: no barrier passed yet */
-        off = plan_first_pair(counts, e);
-        We = W + (size_t)(e / world) * estride;
-    }
+    const uint8_t *We;
+    if (!plan_block_pairs(W, estride, T, BM, counts, world, cnt, off, We)) return;
     for (int c0 = 0; c0 < cnt; c0 += BM) {
         __syncthreads(); /* the previous tile's stores read xrow / yrow */
-        for (int i = tid; i < BM; i += WGM * 128) {
-            const int k = off + min(c0 + i, cnt - 1), p = counts ? sorted[k] : k;
-            xrow[i] = counts ? p / x_div : p;
-            yrow[i] = c0 + i < cnt ? p : -1;
-        }
+        plan_tile_rows(xrow, yrow, BM, WGM * 128, off, c0, cnt, sorted, counts, x_div);
         __syncthreads();
         const int nch = in / mh_geo<TY>::CK, z = blockIdx.z;
         float acc[MT][4][4];

@@ -246,25 +246,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     int *xrow = (int *)(sm + WG_STAGES * G::SB + 8 * G::SCW), *yrow = xrow + NT;
     const int r0 = blockIdx.x * G::R, tid = threadIdx.x;
     int cnt, off;
-    const uint8_t *We = W;
-    if (!counts) {
-        off = blockIdx.y * NT;
-        cnt = min(NT, T - off);
-    } else {
-        const int e = blockIdx.y;
-        cnt = counts[e];
-        if (cnt == 0) return; /* the whole block: no barrier passed yet */
-        off = plan_first_pair(counts, e);
-        We = W + (size_t)(e / world) * estride;
-    }
+    const uint8_t *We;
+    if (!plan_block_pairs(W, estride, T, NT, counts, world, cnt, off, We)) return;
     const int wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     for (int c0 = 0; c0 < cnt; c0 += NT) {
         __syncthreads(); /* the previous tile's stores read xrow / yrow */
-        for (int i = tid; i < NT; i += WG_THREADS) {
-            const int k = off + min(c0 + i, cnt - 1), p = counts ? sorted[k] : k;
-            xrow[i] = counts ? p / x_div : p;
-            yrow[i] = c0 + i < cnt ? p : -1;
-        }
+        plan_tile_rows(xrow, yrow, NT, WG_THREADS, off, c0, cnt, sorted, counts, x_div);
         __syncthreads();
         float acc[MT][NT / 2];
         wg_block<NT, MT>(We, rb, in, out, r0, xh, sm, xrow, acc, depth);
