@@ -6,6 +6,7 @@
 #error "cuda_internal.h is CUDA C++"
 #endif
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -184,7 +185,20 @@ static __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
                  "l"(src));
 }
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() { /* all but the newest N groups */
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+
+/* fp16 pairs as their bits and back */
+static __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
+static __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
+/* Four bytes 0..255 (b0..b3 of u) as fp16 pairs (b0, b1), (b2, b3), each plus 1024: the half
+ * with bits 0x64XX is 1024 + XX. */
+static __device__ __forceinline__ void bytes_h2(uint32_t u, __half2 &lo, __half2 &hi) {
+    lo = bits_h2(__byte_perm(u, 0x64646464u, 0x4140));
+    hi = bits_h2(__byte_perm(u, 0x64646464u, 0x4342));
+}
 
 /* the current device's multiprocessor count (read once a process; 132, an H100/H200's, if the
  * query fails) */

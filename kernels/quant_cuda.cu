@@ -1168,8 +1168,6 @@ template <int TY, int BM> __host__ __device__ constexpr size_t mh_smem() {
            (size_t)2 * BM * 4;
 }
 
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }
 
 /* The 32 elements of a unit as fp16, stored to d (16-aligned shared memory: 4 x 16 bytes). The
  * results stay in registers: no array whose address escapes (an out-of-line call taking one
@@ -1192,12 +1190,6 @@ template <int TY> __device__ __forceinline__ void deq_h(const uint8_t *b, int su
 /* the same out of line: the rare fallback of the fast paths, kept from their registers */
 template <int TY> __device__ __noinline__ void deq_h_slow(const uint8_t *b, int sub, uint4 *d) {
     deq_h_f32<TY>(b, sub, d);
-}
-/* Four bytes 0..255 (b0..b3 of u) as fp16 pairs (b0, b1), (b2, b3), each plus 1024: the half
- * with bits 0x64XX is 1024 + XX. */
-__device__ __forceinline__ void bytes_h2(uint32_t u, __half2 &lo, __half2 &hi) {
-    lo = bits_h2(__byte_perm(u, 0x64646464u, 0x4140));
-    hi = bits_h2(__byte_perm(u, 0x64646464u, 0x4342));
 }
 /* Q4_K from a 16-aligned block: the header (d, dmin, 12 bytes of scales) and the unit's 32 bytes
  * of nibbles in three 16-byte loads (byte loads of shared memory cost a bank wavefront each);

@@ -85,22 +85,17 @@ template <int N> static __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 static __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 /* K-major, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (SBO); LBO unused */
 static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
-static __device__ __forceinline__ __half2 u_h2(uint32_t u) { return *(__half2 *)&u; }
-static __device__ __forceinline__ uint32_t h2_u(__half2 h) { return *(uint32_t *)&h; }
 
 /* (d sc, -(dmin m)) of sub-block j (0..3 of the stage's four) as two broadcast pairs */
 static __device__ __forceinline__ void wg_scale(uint32_t scw, uint32_t mw, int j, __half2 dm, __half2 &dd,
                                                 __half2 &nm) {
     const uint32_t u = (__byte_perm(scw, mw, (uint32_t)j | ((uint32_t)(4 + j) << 8)) & 0x00FF00FFu) | 0x64006400u;
-    const __half2 v = __hmul2(__hsub2(u_h2(u), __float2half2_rn(1024.f)), dm);
+    const __half2 v = __hmul2(__hsub2(bits_h2(u), __float2half2_rn(1024.f)), dm);
     dd = __low2half2(v);
     nm = __hneg2(__high2half2(v));
 }
@@ -176,9 +171,9 @@ static __device__ __forceinline__ void wg_block(const uint8_t *__restrict__ W, s
                 const uint32_t scw = odd ? (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u) : hd.y & 0x3F3F3F3Fu;
                 const uint32_t mw = odd ? ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u) : hd.z & 0x3F3F3F3Fu;
                 __half2 dd0, nm0, dd1, nm1;
-                wg_scale(scw, mw, 2 * jp, u_h2(hd.x), dd0, nm0);
-                wg_scale(scw, mw, 2 * jp + 1, u_h2(hd.x), dd1, nm1);
-                *(uint4 *)(scs + mt * 16 * WG_SCR + rl * WG_SCR + jp * 16) = make_uint4(h2_u(dd0), h2_u(nm0), h2_u(dd1), h2_u(nm1));
+                wg_scale(scw, mw, 2 * jp, bits_h2(hd.x), dd0, nm0);
+                wg_scale(scw, mw, 2 * jp + 1, bits_h2(hd.x), dd1, nm1);
+                *(uint4 *)(scs + mt * 16 * WG_SCR + rl * WG_SCR + jp * 16) = make_uint4(h2_bits(dd0), h2_bits(nm0), h2_bits(dd1), h2_bits(nm1));
             }
             __syncwarp();
         }
@@ -193,8 +188,8 @@ static __device__ __forceinline__ void wg_block(const uint8_t *__restrict__ W, s
                 for (int hf = 0; hf < 2; hf++) {
                     const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * WG_RSB;
                     const uint4 sc = *(const uint4 *)(scs + mt * 16 * WG_SCR + (g + 8 * hf) * WG_SCR + ch * 16);
-                    dd[mt][hf][0] = u_h2(sc.x), nm[mt][hf][0] = u_h2(sc.y);
-                    dd[mt][hf][1] = u_h2(sc.z), nm[mt][hf][1] = u_h2(sc.w);
+                    dd[mt][hf][0] = bits_h2(sc.x), nm[mt][hf][0] = bits_h2(sc.y);
+                    dd[mt][hf][1] = bits_h2(sc.z), nm[mt][hf][1] = bits_h2(sc.w);
                     const uint32_t *qw = (const uint32_t *)(rp + 16 + 32 * ch) + (t >> 1);
                     X[mt][hf][0] = __byte_perm(qw[0], qw[2], sel);
                     X[mt][hf][1] = __byte_perm(qw[4], qw[6], sel);
@@ -207,10 +202,10 @@ static __device__ __forceinline__ void wg_block(const uint8_t *__restrict__ W, s
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         const uint32_t v = (q < 2 ? X[mt][hf][q & 1] : X[mt][hf][q & 1] >> 4) & 0x0F0F0F0Fu;
-                        const __half2 lo = u_h2(__byte_perm(v, 0x64646464u, 0x4140));
-                        const __half2 hi = u_h2(__byte_perm(v, 0x64646464u, 0x4342));
-                        A[b][mt][hf] = h2_u(__hfma2(__hsub2(lo, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
-                        A[b][mt][2 + hf] = h2_u(__hfma2(__hsub2(hi, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
+                        __half2 lo, hi;
+                        bytes_h2(v, lo, hi);
+                        A[b][mt][hf] = h2_bits(__hfma2(__hsub2(lo, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
+                        A[b][mt][2 + hf] = h2_bits(__hfma2(__hsub2(hi, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
                     }
                 const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
                 wg_fence();
