@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mla_log.h"
@@ -404,4 +405,12 @@ int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T,
             return mla_errf(err, "token id %d at index %lld is outside the vocabulary of %lld", tokens[t], (long long)t,
                             (long long)c->n_vocab);
     return MLA_OK;
+}
+
+int mla_cuda_kv_f16(bool attn_fp32, bool legacy, mla_err *err) {
+    const char *v = getenv("MLA_CUDA_KV");
+    if (v && strcmp(v, "f16") && strcmp(v, "f32"))
+        return mla_errf(err, "MLA_CUDA_KV=%s: expected f16 or f32 (the latent cache's element type)", v);
+    if (legacy) return 0;
+    return v ? !strcmp(v, "f16") : !attn_fp32;
 }

@@ -63,6 +63,7 @@ typedef struct model_cost {
     double expert_bytes;      /* one routed expert's gate + up + down, summed over the MoE layers */
     double nonexp_params;     /* every non-expert weight but token_embd (shared experts included) */
     double expert_params;     /* one routed expert, summed over the MoE layers */
+    int kv_bytes;             /* bytes a latent cache element: 2 (the CUDA backend's fp16 cache) or 4 */
 } model_cost;
 
 static double now_s(void) {
@@ -192,9 +193,11 @@ static double experts_touched(const mla_config *cf, long b) {
 
 /* bytes one rank touches in a decode step of b sequences at context ctx */
 static double decode_bytes_rank(const model_cost *mc, const mla_config *cf, int tp, long b, long ctx) {
-    double kv_row = (double)(cf->kv_lora_rank + cf->n_rope) + (cf->idx_n_head > 0 ? (double)cf->idx_head_dim : 0);
+    /* a cache row: the latent + rope elements, then the indexer key's floats */
+    double kv_row = (double)(cf->kv_lora_rank + cf->n_rope) * mc->kv_bytes +
+                    (cf->idx_n_head > 0 ? (double)cf->idx_head_dim * 4.0 : 0);
     return mc->nonexp_bytes_rank + (double)b * mc->embd_row_bytes +
-           experts_touched(cf, b) / tp * mc->expert_bytes + (double)b * (double)ctx * (double)cf->n_layer * kv_row * 4.0;
+           experts_touched(cf, b) / tp * mc->expert_bytes + (double)b * (double)ctx * (double)cf->n_layer * kv_row;
 }
 
 /* ---- measurements ------------------------------------------------------------------------- */
@@ -364,11 +367,12 @@ static void push_row(row_vec *rv, const bench_row *r) {
 }
 
 /* Every point of one TP size on a fresh group. On failure *where says which point. */
-static int run_tp(const bench_opts *o, const gguf_ctx *g, const mla_config *cf, int tp, row_vec *rv, char *where,
-                  size_t where_len, mla_err *err) {
+static int run_tp(const bench_opts *o, const gguf_ctx *g, const mla_config *cf, int tp, int kv_bytes, row_vec *rv,
+                  char *where, size_t where_len, mla_err *err) {
     run_ctx x = {.o = o, .cf = cf, .tp = tp, .next_seq = 1};
     snprintf(where, where_len, "tp %d", tp);
     if (model_cost_for(&x.mc, g, cf, tp, err)) return MLA_ERR;
+    x.mc.kv_bytes = kv_bytes;
     coord_group_opts go = o->g;
     go.tp = tp;
     fprintf(stderr, "mlaserve bench: tp %d: starting %d worker%s\n", tp, tp, tp > 1 ? "s" : "");
@@ -414,6 +418,7 @@ static void fill_scaling(row_vec *rv) {
 typedef struct bench_info {
     char date[64], host[256], family[512], backend[32];
     double file_gib;
+    int kv_bytes; /* model_cost.kv_bytes */
 } bench_info;
 
 static void fmt_num(char *buf, size_t n, double v) {
@@ -445,7 +450,8 @@ static void print_md(FILE *f, const bench_opts *o, const bench_info *in, const r
     fprintf(f, "# mlaserve bench\n\n");
     fprintf(f, "- model: %s (%.2f GiB)\n", o->g.model, in->file_gib);
     fprintf(f, "- family: %s\n", in->family);
-    fprintf(f, "- backend: %s, %d thread%s per worker\n", in->backend, o->g.threads, o->g.threads > 1 ? "s" : "");
+    fprintf(f, "- backend: %s, %d thread%s per worker; latent cache %s\n", in->backend, o->g.threads,
+            o->g.threads > 1 ? "s" : "", in->kv_bytes == 2 ? "fp16" : "fp32");
     fprintf(f, "- tp: %s\n", tps);
     fprintf(f, "- points: prefill %s (%ld repeats); decode batch %s at ctx %s (%ld warm-up + %ld timed steps)\n", pf,
             o->repeat, bs, cs, o->warmup, o->steps);
@@ -530,6 +536,7 @@ static char *make_json(const bench_opts *o, const bench_info *in, const mla_conf
     NUM("indexer_top_k", cf->idx_top_k);
 #undef NUM
     cJSON_AddStringToObject(root, "backend", in->backend);
+    cJSON_AddStringToObject(root, "kv_cache", in->kv_bytes == 2 ? "f16" : "f32");
     cJSON_AddNumberToObject(root, "threads", o->g.threads);
     json_list(root, "tp", &o->tp);
     json_list(root, "prefill", &o->prefill);
@@ -752,8 +759,23 @@ int cmd_bench(int argc, char **argv) {
         }
     bench_info info;
     make_info(&info, &o, g, &cf);
+    /* the latent cache's element type, as the workers will choose it (they read the same
+     * environment, --env included) */
+    info.kv_bytes = 4;
+    if (!strcmp(info.backend, "cuda")) {
+        /* attention in fp32: MLA_CUDA_ATTN=fp32, or exact mode unless MLA_CUDA_ATTN=tc (model_cuda.cu) */
+        const char *fast = getenv("MLA_CUDA_FAST"), *at = getenv("MLA_CUDA_ATTN"), *lg = getenv("MLA_CUDA_LEGACY");
+        const bool attn_fp32 = at ? !strcmp(at, "fp32") : fast && !strcmp(fast, "exact");
+        const int kf = mla_cuda_kv_f16(attn_fp32, lg && !strcmp(lg, "1"), &err);
+        if (kf < 0) {
+            fprintf(stderr, "mlaserve bench: %s\n", err.msg);
+            gguf_close(g);
+            return 1;
+        }
+        if (kf == 1 && (cf.kv_lora_rank + cf.n_rope) % 2 == 0) info.kv_bytes = 2;
+    }
     for (int i = 0; i < o.tp.n && !error; i++) {
-        if (run_tp(&o, g, &cf, (int)o.tp.v[i], &rv, where, sizeof where, &err)) {
+        if (run_tp(&o, g, &cf, (int)o.tp.v[i], info.kv_bytes, &rv, where, sizeof where, &err)) {
             snprintf(errmsg, sizeof errmsg, "%s: %s", where, err.msg);
             error = errmsg;
             fprintf(stderr, "mlaserve bench: %s\n", error);

@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/cuda_internal.h"
 
 namespace {
@@ -22,11 +24,15 @@ __device__ __forceinline__ float wmax(float v) {
     return v;
 }
 
-/* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK): block j / BS of the token's
- * table, then the layer's offset inside the block, then the slot. */
-__device__ __forceinline__ const float *paged_row(const float *const *tab, int64_t off, int64_t ld, int64_t j) {
-    return tab[j >> MLA_CUDA_KV_BLOCK_LOG2] + off + (j & (MLA_CUDA_KV_BLOCK - 1)) * ld;
+/* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or
+ * __half: the fp16 latent cache, whose offset and row length count halves): block j / BS of the
+ * token's table, then the layer's offset inside the block, then the slot. */
+template <typename KT>
+__device__ __forceinline__ const KT *paged_row_t(const float *const *tab, int64_t off, int64_t ld, int64_t j) {
+    return (const KT *)tab[j >> MLA_CUDA_KV_BLOCK_LOG2] + off + (j & (MLA_CUDA_KV_BLOCK - 1)) * ld;
 }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 /* ---------------------------------------------------------------- MLA attention */
 /* Block = (split, group of AT_HG heads, token); 8 warps. Keys are walked in chunks of AT_C = 32
@@ -39,7 +45,7 @@ struct attn_k {
     const float *qa, *qp;
     int64_t qp_ld_t, qp_ld_h;
     int H, L, R;
-    const float *kv;
+    const void *kv;                  /* contiguous cache of KT rows (the kernels' element type) */
     const float *const *const *tabs; /* per-token block table (paged cache), NULL: kv */
     int64_t tab_off;
     int64_t pos0;
@@ -62,6 +68,7 @@ __device__ __forceinline__ void split_keys(const attn_k &a, int t, int split, in
     k1 = nk < k0 + per ? nk : k0 + per;
 }
 
+template <typename KT>
 __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     mlacu_pdl_enter();
     extern __shared__ float sm[];
@@ -96,8 +103,8 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
             int64_t k = kb + j;
             if (k < k1) {
                 int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-                const float *src = tab ? paged_row(tab, a.tab_off, row, key) : a.kv + key * row;
-                for (int c = lane; c < row; c += 32) kvs[j * rs + c] = src[c];
+                const KT *src = tab ? paged_row_t<KT>(tab, a.tab_off, row, key) : (const KT *)a.kv + key * row;
+                for (int c = lane; c < row; c += 32) kvs[j * rs + c] = to_f32(src[c]);
             }
         }
         __syncthreads();
@@ -175,19 +182,23 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     }
 }
 
-/* Combines the splits of one (head, token): block (h, t), 256 threads. The splits' maxima and
- * sums are read in parallel into shared memory (weights exp(m_s - M) / den there), then each
- * thread sums its columns over the splits with independent loads. */
-constexpr int AR_MAXS = 1024;
+/* Combines the splits of one (head, token), AR_C latent columns a block: block (chunk + head *
+ * chunks, token), 256 threads. The splits' maxima and sums are read in parallel into shared
+ * memory (weights exp(m_s - M) / den there); then each of AR_G groups of AR_C threads sums its
+ * column over every AR_G-th split, four loads in flight, and the groups' sums are added. */
+constexpr int AR_MAXS = 1024, AR_C = 64, AR_G = 256 / AR_C;
 __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits,
                                                                float *__restrict__ out) {
     mlacu_pdl_enter();
-    __shared__ float wgt[AR_MAXS], red[2][8];
-    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float *w = work + ((int64_t)t * H + h) * splits * (L + 2);
+    __shared__ float wgt[AR_MAXS], red[2][8], part[AR_G][AR_C];
+    const int chunks = (L + AR_C - 1) / AR_C;
+    const int h = blockIdx.x / chunks, c0 = blockIdx.x % chunks * AR_C, t = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t ld = L + 2;
+    const float *w = work + ((int64_t)t * H + h) * splits * ld;
     float mloc = -INFINITY;
     for (int s = tid; s < splits; s += 256) {
-        wgt[s] = w[s * (L + 2)];
+        wgt[s] = w[s * ld];
         mloc = fmaxf(mloc, wgt[s]);
     }
     mloc = wmax(mloc);
@@ -199,7 +210,7 @@ __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__res
     float dloc = 0.f;
     for (int s = tid; s < splits; s += 256) {
         const float m = wgt[s], e = m == -INFINITY ? 0.f : __expf(m - M);
-        dloc += w[s * (L + 2) + 1] * e;
+        dloc += w[s * ld + 1] * e;
         wgt[s] = e;
     }
     dloc = wsum(dloc);
@@ -211,11 +222,28 @@ __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__res
     const float inv = den > 0.f ? 1.f / den : 0.f;
     /* splits with no keys (a graph sized for the longest context over a short one) weigh 0: their
      * outputs are not read */
-    for (int c = tid; c < L; c += 256) {
-        float acc = 0.f;
-        for (int s = 0; s < splits; s++)
-            if (wgt[s] != 0.f) acc += w[s * (L + 2) + 2 + c] * wgt[s];
-        out[((int64_t)t * H + h) * L + c] = acc * inv;
+    const int g = tid / AR_C, cc = tid % AR_C, c = c0 + cc;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < L) {
+        const float *wc = w + 2 + c;
+        int s = g;
+        for (; s + 3 * AR_G < splits; s += 4 * AR_G) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = wgt[s + u * AR_G] != 0.f ? wc[(s + u * AR_G) * ld] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc[u] = fmaf(v[u], wgt[s + u * AR_G], acc[u]);
+        }
+        for (; s < splits; s += AR_G)
+            if (wgt[s] != 0.f) acc[0] = fmaf(wc[s * ld], wgt[s], acc[0]);
+    }
+    part[g][cc] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    __syncthreads();
+    if (g == 0 && c < L) {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < AR_G; i++) sum += part[i][cc];
+        out[((int64_t)t * H + h) * L + c] = sum * inv;
     }
 }
 
@@ -257,12 +285,33 @@ __device__ __forceinline__ uint32_t pack_h2(float a, float b) {
     return *(uint32_t *)&h;
 }
 
-template <int L, int R>
+/* Four consecutive cache elements as one load: a float4 of the fp32 cache, a uint2 of the fp16 one;
+ * h4 gives them as four halves (the fp32 ones rounded). */
+template <typename KT> struct kv4;
+template <> struct kv4<float> {
+    using T = float4;
+    static __device__ __forceinline__ T zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+    static __device__ __forceinline__ uint2 h4(T v) { return make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w)); }
+};
+template <> struct kv4<__half> {
+    using T = uint2;
+    static __device__ __forceinline__ T zero() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ uint2 h4(T v) { return v; }
+};
+
+/* KT: the cache's element type. An fp32 cache is loaded through registers during the scores of
+ * the tile before (rounded to fp16 on the way to shared memory); an fp16 cache (ASYNC) is copied
+ * as it is by cp.async, two tiles in flight: each tile's copy is issued as soon as its buffer is
+ * free, and the first two are issued before the queries are staged. */
+template <int L, int R, typename KT>
 __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     mlacu_pdl_enter();
     using C = tc_cfg<L, R>;
+    constexpr bool ASYNC = std::is_same<KT, __half>::value;
+    static_assert((TC_KT * (C::ROW / 8)) % TC_T == 0, "16-byte copies of a key tile");
     extern __shared__ __align__(16) unsigned char tc_sm[];
-    __shared__ const float *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
+    __shared__ const KT *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
+    using V4 = typename kv4<KT>::T;
     __half *qs = (__half *)tc_sm;
     __half *ks = qs + TC_HR * C::LDS; /* two tiles of TC_KT rows */
     __half *ps = ks + 2 * TC_KT * C::LDS;
@@ -274,33 +323,55 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     int64_t k0, k1;
     split_keys(a, t, split, TC_KT, k0, k1);
     /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane (NULL past k1) */
-    auto rows_of = [&](int64_t kb, const float **dst) {
+    auto rows_of = [&](int64_t kb, const KT **dst) {
         const int64_t k = kb + lane;
-        const float *src = nullptr;
+        const KT *src = nullptr;
         if (k < k1) {
             const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-            src = tab ? paged_row(tab, a.tab_off, C::ROW, key) : a.kv + key * C::ROW;
+            src = tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
         }
         dst[lane] = src;
     };
-    /* batch b of a tile: 6 float4 per thread from the rows in rp, then into key buffer kd */
+    /* batch b of a tile: 6 loads of 4 elements per thread from the rows in rp, then into key
+     * buffer kd */
     constexpr int IPK = C::ROW / 4;
-    auto load_batch = [&](const float *const *rp, int b, float4 *v) {
+    auto load_batch = [&](const KT *const *rp, int b, V4 *v) {
 #pragma unroll
         for (int u = 0; u < 6; u++) {
             const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
-            const float *src = rp[j];
-            v[u] = src ? __ldg((const float4 *)(src + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const KT *src = rp[j];
+            v[u] = src ? __ldg((const V4 *)(src + c)) : kv4<KT>::zero();
         }
     };
-    auto store_batch = [&](__half *kd, int b, const float4 *v) {
+    auto store_batch = [&](__half *kd, int b, const V4 *v) {
 #pragma unroll
         for (int u = 0; u < 6; u++) {
             const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
-            *(uint2 *)(kd + j * C::LDS + c) = make_uint2(pack_h2(v[u].x, v[u].y), pack_h2(v[u].z, v[u].w));
+            *(uint2 *)(kd + j * C::LDS + c) = kv4<KT>::h4(v[u]);
         }
     };
-    if (warp == 0 && k0 < k1) rows_of(k0, rowp[0]);
+    /* an fp16 tile: 16-byte copies straight into key buffer kd (zeros past k1); one commit group */
+    constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
+    auto issue_tile = [&](const KT *const *rp, __half *kd) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const int i = tid + u * TC_T, j = i / CPK, c = i % CPK * 8;
+            const KT *src = rp[j];
+            cp_async16_zfill(kd + j * C::LDS + c, src ? (const void *)(src + c) : (const void *)a.qa, src != nullptr);
+        }
+        cp_async_commit();
+    };
+    if (warp == 0 && k0 < k1) {
+        rows_of(k0, rowp[0]);
+        if (ASYNC && k0 + TC_KT < k1) rows_of(k0 + TC_KT, rowp[1]);
+    }
+    if constexpr (ASYNC) { /* tiles 0 and 1 in flight while the queries are staged (a group each) */
+        __syncthreads();
+        if (k0 < k1) issue_tile(rowp[0], ks);
+        else cp_async_commit();
+        if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
+        else cp_async_commit();
+    }
     const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
     /* the queries: float2 loads, 12 in flight per thread (the host checked their alignment) */
 #pragma unroll 1
@@ -323,10 +394,10 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     /* the first tile, loaded before the loop (two batches in flight); the loop loads tile i + 1
      * during tile i's scores */
     __syncthreads();
-    if (k0 < k1) {
+    if (!ASYNC && k0 < k1) {
 #pragma unroll 1
         for (int b = 0; b < C::NB; b += 2) {
-            float4 v[6], v2[6];
+            V4 v[6], v2[6];
             load_batch(rowp[0], b, v);
             if (b + 1 < C::NB) load_batch(rowp[0], b + 1, v2);
             store_batch(ks, b, v);
@@ -346,9 +417,10 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
     int buf = 0;
     for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
+        if constexpr (ASYNC) cp_async_wait<1>(); /* this thread's copies of tile buf are done */
         __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
                           * readers of buffer buf ^ 1 (the previous tile) are done */
-        const bool next = kb + TC_KT < k1;
+        const bool next = !ASYNC && kb + TC_KT < k1;
         const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
         __half *knext = ks + (buf ^ 1) * TC_KT * C::LDS;
         /* S = Q K^T, two accumulator sets per n-tile (independent mma chains), and in between
@@ -357,7 +429,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         float s2[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
         for (int b = 0; b < C::NB; b++) {
-            float4 v[6];
+            V4 v[6];
             if (next) load_batch(rowp[buf ^ 1], b, v);
 #pragma unroll
             for (int k6 = 0; k6 < 6; k6 += 2) {
@@ -452,7 +524,13 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
                 mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
             }
         }
+        if constexpr (ASYNC) { /* buffer buf is free once every warp is past its P V: tile + 2 into it */
+            __syncthreads();
+            if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
+            else cp_async_commit();
+        }
     }
+    if constexpr (ASYNC) cp_async_wait<0>(); /* no copy outlives the block (only empty groups remain) */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int hh = hg0 + mt * 16 + g + 8 * r;
@@ -498,7 +576,7 @@ __global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__re
     for (int jj = warp; jj < DS_KPB; jj += nw) {
         const int64_t j = (int64_t)blockIdx.x * DS_KPB + jj;
         if (j >= nk) break;
-        const float *kj = tab ? paged_row(tab, tab_off, D, j) : k + j * D;
+        const float *kj = tab ? paged_row_t<float>(tab, tab_off, D, j) : k + j * D;
         float kr[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -521,59 +599,159 @@ __global__ void dsa_scores_kernel(const float *__restrict__ q, const float *__re
     }
 }
 
+/* The same scores with a lane per key, for head_dim D (64 or 128) and up to DS_HMAX heads: the
+ * block's 64 keys, each lane holding its key's dot products with every head in registers and
+ * reading the queries from shared memory (every lane the same address: a broadcast), no
+ * shuffles; the key row is read as float4, a chunk of 32 elements at a time. The warp-per-key
+ * kernel above takes other shapes. */
+constexpr int DS_HMAX = 32;
+template <int D>
+__global__ void __launch_bounds__(DS_KPB) dsa_scores_lane_kernel(const float *__restrict__ q, const float *__restrict__ w,
+                                                                const float *__restrict__ k,
+                                                                const float *const *const *__restrict__ tabs,
+                                                                int64_t tab_off, const int32_t *__restrict__ post, int H,
+                                                                int64_t pos0, int64_t skip, float *__restrict__ scores,
+                                                                int64_t ld) {
+    static_assert(D % 32 == 0, "chunks of 32 elements");
+    mlacu_pdl_enter();
+    __shared__ float4 qs4[DS_HMAX * D / 4];
+    __shared__ float ws[DS_HMAX];
+    const int t = blockIdx.y;
+    const int64_t nk = (post ? (int64_t)post[t] : pos0 + t) + 1;
+    if ((int64_t)blockIdx.x * DS_KPB >= nk || nk <= skip) return; /* block-uniform, as above */
+    const float4 *q4 = (const float4 *)(q + (int64_t)t * H * D);
+    for (int i = threadIdx.x; i < H * D / 4; i += DS_KPB) qs4[i] = q4[i];
+    for (int i = threadIdx.x; i < H; i += DS_KPB) ws[i] = w[(int64_t)t * H + i];
+    __syncthreads();
+    const int64_t j = (int64_t)blockIdx.x * DS_KPB + threadIdx.x;
+    const bool valid = j < nk;
+    const float *const *tab = tabs ? tabs[t] : nullptr;
+    const float4 *k4 = (const float4 *)(valid ? (tab ? paged_row_t<float>(tab, tab_off, D, j) : k + j * D) : q);
+    float acc[DS_HMAX];
+#pragma unroll
+    for (int h = 0; h < DS_HMAX; h++) acc[h] = 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 32; c++) {
+        float4 kr[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) kr[u] = valid ? __ldg(k4 + c * 8 + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int h = 0; h < DS_HMAX; h++) {
+            if (h >= H) break;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float4 qv = qs4[h * (D / 4) + c * 8 + u];
+                acc[h] = fmaf(qv.x, kr[u].x, acc[h]);
+                acc[h] = fmaf(qv.y, kr[u].y, acc[h]);
+                acc[h] = fmaf(qv.z, kr[u].z, acc[h]);
+                acc[h] = fmaf(qv.w, kr[u].w, acc[h]);
+            }
+        }
+    }
+    const float sc = 1.0f / sqrtf((float)D);
+    float sum = 0.f;
+#pragma unroll
+    for (int h = 0; h < DS_HMAX; h++) {
+        if (h >= H) break;
+        const float d = acc[h] * sc;
+        if (d > 0.f) sum += ws[h] * d;
+    }
+    if (valid) scores[t * ld + j] = sum;
+}
+
 __device__ __forceinline__ uint32_t fkey(float f) {
     if (isnan(f)) f = -INFINITY;
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix of a 0/1 flag over the block (blockDim.x multiple of 32, <= 1024); *total
- * gets the block's count. Uses sh[0..32]. */
-__device__ int block_scan_flag(bool f, int *sh, int *total) {
+/* Exclusive prefix of v over the block (blockDim.x multiple of 32, <= 1024); *total gets the
+ * block's sum. Uses sh[0..32]. */
+__device__ int block_scan_int(int v, int *sh, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    unsigned m = __ballot_sync(0xffffffffu, f);
-    int pre = __popc(m & ((1u << lane) - 1u));
+    int inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += up;
+    }
     __syncthreads();
-    if (lane == 0) sh[warp] = __popc(m);
+    if (lane == 31) sh[warp] = inc;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0;
-        for (int i = 0; i < nw; i++) {
-            int v = sh[i];
-            sh[i] = acc;
-            acc += v;
+    if (warp == 0) {
+        const int w = lane < nw ? sh[lane] : 0;
+        int wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int up = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += up;
         }
-        sh[32] = acc;
+        if (lane < nw) sh[lane] = wi - w;
+        if (lane == 31) sh[32] = wi;
     }
     __syncthreads();
     *total = sh[32];
-    return sh[warp] + pre;
+    return sh[warp] + inc - v;
 }
 
-/* Radix select over the keys of v[0..n): the key of the k-th largest (1-based) and how many
- * elements equal to it are to be taken (lowest indices first). */
-__device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *hist, uint32_t *thr, int64_t *need,
-                             int64_t *sh64) {
+/* The same for a 0/1 flag. */
+__device__ __forceinline__ int block_scan_flag(bool f, int *sh, int *total) { return block_scan_int(f ? 1 : 0, sh, total); }
+
+/* One radix pass's histogram: key's byte at shift into hist when act (the whole warp calls it:
+ * lanes of a warp in the same bin add once, __match_any_sync, since scores sharing their top
+ * byte would otherwise queue on one counter). */
+__device__ __forceinline__ void radix_hist_add(bool act, uint32_t key, int shift, unsigned *hist) {
+    const unsigned am = __ballot_sync(0xffffffffu, act);
+    if (act) {
+        const uint32_t bin = (key >> shift) & 255u;
+        const unsigned peers = __match_any_sync(am, bin);
+        if ((int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+    }
+}
+
+/* After a pass's histogram (block-synchronised): the bin holding the rem-th largest (from the
+ * top bin down) into sh64[1], and the rank left within it into sh64[0]. Warp 0: lane l sums bins
+ * 8l..8l+7, a suffix sum over the lanes picks the lane, that lane its bin. */
+__device__ __forceinline__ void radix_pick_bin(const unsigned *hist, int64_t rem, int64_t *sh64) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    int64_t own = 0;
+#pragma unroll
+    for (int b = 0; b < 8; b++) own += hist[8 * lane + b];
+    int64_t suf = own; /* bins 8 lane .. 255 */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int64_t up = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += up;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, suf >= rem);
+    const int ln = hit ? 31 - __clz(hit) : 0; /* the highest lane reaching rem */
+    if (lane == ln) {
+        int64_t above = suf - own;
+        int d = 8 * lane + 7;
+        for (; d > 8 * lane; d--) {
+            if (above + hist[d] >= rem) break;
+            above += hist[d];
+        }
+        sh64[0] = rem - above;
+        sh64[1] = d;
+    }
+}
+
+/* Radix select: the key of the k-th largest (1-based) of a row and how many elements equal to it
+ * are to be taken (lowest indices first); four passes of 8 bits. each_key(f) calls f(valid, key)
+ * for every key of the row, the whole block together (warp-uniform calls). */
+template <typename EachKey>
+__device__ void radix_select_keys(EachKey each_key, int64_t k, unsigned *hist, uint32_t *thr, int64_t *need,
+                                  int64_t *sh64) {
     uint32_t prefix = 0, mask = 0;
     int64_t rem = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            uint32_t key = fkey(v[i]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
+        each_key([&](bool valid, uint32_t key) { radix_hist_add(valid && (key & mask) == prefix, key, shift, hist); });
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int64_t above = 0;
-            int d = 255;
-            for (; d > 0; d--) {
-                if (above + hist[d] >= rem) break;
-                above += hist[d];
-            }
-            sh64[0] = rem - above;
-            sh64[1] = d;
-        }
+        radix_pick_bin(hist, rem, sh64);
         __syncthreads();
         rem = sh64[0];
         prefix |= (uint32_t)sh64[1] << shift;
@@ -584,11 +762,31 @@ __device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *his
     *need = rem;
 }
 
+/* The same over the scores v[0..n) in global memory (read again each pass). */
+__device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *hist, uint32_t *thr, int64_t *need,
+                             int64_t *sh64) {
+    radix_select_keys(
+        [&](auto f) {
+            for (int64_t base = 0; base < n; base += blockDim.x) { /* warp-uniform trip count */
+                const int64_t i = base + threadIdx.x;
+                f(i < n, i < n ? fkey(v[i]) : 0u);
+            }
+        },
+        k, hist, thr, need, sh64);
+}
+
+/* Per token (block t): the top_k keys by score (higher score, then lower id), ascending ids; a
+ * token with no more than top_k keys takes them all. A row of up to cap keys (the dynamic shared
+ * memory the host gave, cap * 4 bytes) is read once into shared memory as radix keys, per =
+ * ceil(n / TK_T) consecutive ones a thread (stored at r * TK_T + thread: no bank conflicts), for
+ * the four radix passes and the output (one count scan for the threshold's ties, one for the
+ * output offsets); a longer row is read again each pass and emitted a block-wide chunk at a time. */
 constexpr int TK_T = 1024;
 __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict__ scores, int64_t ld, int64_t pos0,
                                                          const int32_t *__restrict__ post, int64_t top_k,
-                                                         int32_t *__restrict__ sel, int32_t *__restrict__ nsel) {
+                                                         int32_t *__restrict__ sel, int32_t *__restrict__ nsel, int64_t cap) {
     mlacu_pdl_enter();
+    extern __shared__ uint32_t tk_keys[];
     __shared__ unsigned hist[256];
     __shared__ int64_t sh64[2];
     __shared__ int sh[33];
@@ -601,6 +799,39 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
         return;
     }
     const float *v = scores + t * ld;
+    if (n <= cap) {
+        const int per = (int)((n + TK_T - 1) / TK_T); /* keys [i0, i0 + per) of this thread */
+        const int64_t i0 = (int64_t)threadIdx.x * per;
+        /* keys past n are 0: neither above nor at any threshold (fkey of every float is above 0) */
+        for (int r = 0; r < per; r++) tk_keys[r * TK_T + threadIdx.x] = i0 + r < n ? fkey(v[i0 + r]) : 0u;
+        uint32_t prefix;
+        int64_t rem;
+        radix_select_keys(
+            [&](auto f) {
+                for (int r = 0; r < per; r++) { /* block-uniform trip count */
+                    const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
+                    f(key != 0u, key);
+                }
+            },
+            top_k, hist, &prefix, &rem, sh64);
+        int gt = 0, eq = 0;
+        for (int r = 0; r < per; r++) {
+            const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
+            gt += key > prefix;
+            eq += key == prefix;
+        }
+        int tot;
+        const int64_t eq_before = block_scan_int(eq, sh, &tot);
+        const int64_t eq_take = rem - eq_before < 0 ? 0 : rem - eq_before < eq ? rem - eq_before : eq;
+        int64_t o = block_scan_int(gt + (int)eq_take, sh, &tot), e = 0;
+        for (int r = 0; r < per; r++) {
+            const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
+            const bool take = key > prefix || (key == prefix && e++ < eq_take);
+            if (take) out[o++] = (int32_t)(i0 + r);
+        }
+        if (threadIdx.x == 0) nsel[t] = (int32_t)top_k;
+        return;
+    }
     uint32_t thr;
     int64_t need;
     radix_select(v, n, top_k, hist, &thr, &need, sh64);
@@ -622,20 +853,22 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
 }
 
 /* ---------------------------------------------------------------- cache rows of a batched step */
-/* Block t: row t of src goes to slot pos[t] of token t's paged cache. */
+/* Block t: row t of src goes to slot pos[t] of token t's paged cache, of element type KT (fp16:
+ * rounded to nearest). */
+__device__ __forceinline__ void kv_store(float *d, float v) { *d = v; }
+__device__ __forceinline__ void kv_store(__half *d, float v) { *d = __float2half_rn(v); }
+template <typename KT>
 __global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n,
                                     const float *const *const *__restrict__ tabs, int64_t tab_off,
                                     const int32_t *__restrict__ pos, int64_t dst_ld) {
     mlacu_pdl_enter();
     const int t = blockIdx.x;
-    float *d = (float *)paged_row(tabs[t], tab_off, dst_ld, pos[t]);
+    KT *d = (KT *)paged_row_t<KT>(tabs[t], tab_off, dst_ld, pos[t]);
     const float *s = src + (int64_t)t * src_ld;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) d[c] = s[c];
+    for (int c = threadIdx.x; c < n; c += blockDim.x) kv_store(d + c, s[c]);
 }
 
 /* ---------------------------------------------------------------- per-head float matmul */
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 /* One warp per (output, head), the row in registers, every token in turn (decode steps). */
 template <typename WT>
@@ -1105,6 +1338,17 @@ extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int
     return (size_t)T * (size_t)H * (size_t)n_splits * (size_t)(L + 2);
 }
 
+/* The tensor-core kernel's least keys a split: 128 (four tiles). Measured on the H200 (one
+ * sequence of 16k keys, 16 heads, fp16 cache: 256 splits of 64 keys 38.9 us, 128 of 128 27.7 us,
+ * 64 of 256 35.6 us): the fewer splits, the less each block's fixed cost (its queries, the first
+ * tiles' latency) and the combine count; too few leave SMs idle. mla_cuda_attn_tune changes it. */
+constexpr int TC_MIN_KEYS = 128;
+static int g_tc_min_keys = 0;
+extern "C" void mla_cuda_attn_tune(int min_keys) {
+    MLA_ASSERT(min_keys >= 0 && min_keys % TC_KT == 0);
+    g_tc_min_keys = min_keys;
+}
+
 /* Splits of a launch: enough blocks for two waves of two per SM over 132 SMs, each split at
  * least min_keys keys, within the work buffer. */
 static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys) {
@@ -1120,7 +1364,8 @@ static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, in
 /* Combines the splits of a launch (none to combine with one). */
 static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st, mla_err *e) {
     if (splits == 1) return MLA_OK;
-    mlacu_launch(mla_attn_reduce_kernel, dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 256, 0, st, a->work,
+    const int64_t chunks = (a->kv_lora + AR_C - 1) / AR_C;
+    mlacu_launch(mla_attn_reduce_kernel, dim3((unsigned)(a->n_head * chunks), (unsigned)a->n_tokens), 256, 0, st, a->work,
                  (int)a->n_head, (int)a->kv_lora, splits, a->out);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
     return MLA_OK;
@@ -1130,7 +1375,7 @@ static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st,
  * 512 + 64 kernel takes 113 KB: Hopper / Blackwell data-center parts and the A100 can, GPUs with
  * 99-101 KB a block such as sm_86/89/120 cannot; they keep the fp32 kernel). Once per process
  * (one device per process, or ranks of one process on one device). */
-template <int L, int R> static int tc_launch_setup(mla_err *e) {
+template <int L, int R, typename KT> static int tc_launch_setup(mla_err *e) {
     using C = tc_cfg<L, R>;
     static int state = 0; /* 0: not yet, 1: set up, 2: not on this device */
     if (state == 2) return 1;
@@ -1143,23 +1388,23 @@ template <int L, int R> static int tc_launch_setup(mla_err *e) {
             state = 2;
             return 1;
         }
-        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
                     e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
         /* all of the SM's unified memory as shared memory: two blocks per SM */
-        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
                     "mla_attn (tensor cores): carveout");
         state = 1;
     }
     return MLA_OK;
 }
 
-template <int L, int R>
+template <int L, int R, typename KT>
 static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
     using C = tc_cfg<L, R>;
-    const int s = tc_launch_setup<L, R>(e);
+    const int s = tc_launch_setup<L, R, KT>(e);
     if (s != MLA_OK) return s;
     dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
-    mlacu_launch(mla_attn_tc_kernel<L, R>, grid, TC_T, C::SMEM, stream, k);
+    mlacu_launch(mla_attn_tc_kernel<L, R, KT>, grid, TC_T, C::SMEM, stream, k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
     return MLA_OK;
 }
@@ -1167,10 +1412,11 @@ static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream,
 extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
     using C = tc_cfg<512, 64>;
     mla_err e;
-    const int s = tc_launch_setup<512, 64>(&e);
+    const int s = tc_launch_setup<512, 64, __half>(&e);
     if (s != MLA_OK) return s == 1 ? 0 : -1;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64>, TC_T, C::SMEM) != cudaSuccess) return -1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64, __half>, TC_T, C::SMEM) != cudaSuccess)
+        return -1;
     return n;
 }
 
@@ -1184,11 +1430,15 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
     if (((uintptr_t)a->q_abs & 7) || ((uintptr_t)a->q_pe & 7) || (a->q_pe_ld_t & 1) || (a->q_pe_ld_h & 1)) return 1;
     if (a->blk_tok && (a->blk_off & 3)) return 1;
     const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
-    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 64);
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS);
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
                 a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
     cudaStream_t st = (cudaStream_t)stream;
-    const int r = w512 ? tc_launch<512, 64>(k, a->n_tokens, a->n_head, st, e) : tc_launch<256, 32>(k, a->n_tokens, a->n_head, st, e);
+    int r;
+    if (a->kv_f16) r = w512 ? tc_launch<512, 64, __half>(k, a->n_tokens, a->n_head, st, e)
+                            : tc_launch<256, 32, __half>(k, a->n_tokens, a->n_head, st, e);
+    else r = w512 ? tc_launch<512, 64, float>(k, a->n_tokens, a->n_head, st, e)
+                  : tc_launch<256, 32, float>(k, a->n_tokens, a->n_head, st, e);
     if (r) return r;
     return attn_reduce(a, splits, st, e);
 }
@@ -1205,11 +1455,12 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     }
     const int row = (int)(a->kv_lora + a->n_rope);
     const size_t smem = ((size_t)AT_C * (row + 1) + (size_t)AT_HG * row + AT_HG * AT_C) * sizeof(float);
-    static size_t smem_set = 0;
-    if (smem > smem_set) {
-        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
-                    "mla_attn: shared memory %zu", smem);
-        smem_set = smem;
+    static size_t smem_set[2] = {0, 0}; /* per element type */
+    if (smem > smem_set[a->kv_f16 != 0]) {
+        MLACU_CHECK(cudaFuncSetAttribute(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    e, "mla_attn: shared memory %zu", smem);
+        smem_set[a->kv_f16 != 0] = smem;
     }
     const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
     const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 256);
@@ -1217,7 +1468,7 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
                 a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
                 splits};
     dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
-    mlacu_launch(mla_attn_kernel, grid, AT_T, smem, (cudaStream_t)stream, k);
+    mlacu_launch(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>, grid, AT_T, smem, (cudaStream_t)stream, k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
     return attn_reduce(a, splits, (cudaStream_t)stream, e);
 }
@@ -1227,11 +1478,22 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
                              int64_t skip, float *d_scores, int64_t ld, cudaStream_t stream, mla_err *e) {
     MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= max_keys && T <= 65535);
     if (T == 0) return MLA_OK;
+    dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
+    if (H <= DS_HMAX && (D == 64 || D == 128) && !((uintptr_t)d_q & 15) && (d_k || !(tab_off & 3)) &&
+        (!d_k || !((uintptr_t)d_k & 15))) { /* rows and queries 16-byte aligned */
+        if (D == 128)
+            mlacu_launch(dsa_scores_lane_kernel<128>, grid, DS_KPB, 0, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H,
+                         pos0, skip, d_scores, ld);
+        else
+            mlacu_launch(dsa_scores_lane_kernel<64>, grid, DS_KPB, 0, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H,
+                         pos0, skip, d_scores, ld);
+        MLACU_CHECK(cudaGetLastError(), e, "dsa_scores (a lane a key) T=%lld keys<=%lld", (long long)T, (long long)max_keys);
+        return MLA_OK;
+    }
     size_t smem = (size_t)(H * D + H) * sizeof(float);
     if (smem > 48 * 1024)
         MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
                     "dsa_scores smem");
-    dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
     mlacu_launch(dsa_scores_kernel, grid, 256, smem, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D,
                  pos0, skip, d_scores, ld);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_scores T=%lld keys<=%lld", (long long)T, (long long)max_keys);
@@ -1254,12 +1516,36 @@ extern "C" int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, con
                              (cudaStream_t)stream, e);
 }
 
+/* dsa_topk_kernel's shared memory for rows of up to max_n keys: their radix keys when they fit in
+ * what the device gives a block (past the kernel's static 1.2 KB), else none (cap 0: the kernel
+ * reads the scores again each pass). The limit is set once a process. */
+static int topk_smem(int64_t max_n, size_t *smem, int64_t *cap, mla_err *e) {
+    static int64_t limit = -1; /* keys a block may hold */
+    if (limit < 0) {
+        int dev = 0, optin = 0;
+        MLACU_CHECK(cudaGetDevice(&dev), e, "dsa_topk: device");
+        MLACU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), e,
+                    "dsa_topk: shared memory limit");
+        const int64_t bytes = (int64_t)optin - 4096;
+        MLACU_CHECK(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), e,
+                    "dsa_topk: shared memory %lld", (long long)bytes);
+        limit = bytes / 4 / TK_T * TK_T;
+    }
+    const int64_t want = (max_n + TK_T - 1) / TK_T * TK_T;
+    *cap = want <= limit ? want : 0;
+    *smem = (size_t)*cap * 4;
+    return MLA_OK;
+}
+
 extern "C" int mla_cuda_dsa_topk(const float *d_scores, int64_t ld, int64_t T, int64_t pos0, int64_t top_k,
                                  int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(top_k > 0 && T <= INT32_MAX);
     if (T == 0) return MLA_OK;
-    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, 0, (cudaStream_t)stream, d_scores, ld, pos0, nullptr, top_k, d_sel,
-                 d_nsel);
+    size_t smem;
+    int64_t cap;
+    if (topk_smem(pos0 + T, &smem, &cap, e)) return MLA_ERR;
+    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, smem, (cudaStream_t)stream, d_scores, ld, pos0, nullptr, top_k, d_sel,
+                 d_nsel, cap);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_topk T=%lld k=%lld", (long long)T, (long long)top_k);
     return MLA_OK;
 }
@@ -1268,20 +1554,23 @@ extern "C" int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t 
                                      int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(top_k > 0 && T <= INT32_MAX && d_pos);
     if (T == 0) return MLA_OK;
-    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, 0, (cudaStream_t)stream, d_scores, ld, 0, d_pos, top_k, d_sel,
-                 d_nsel);
+    size_t smem;
+    int64_t cap;
+    if (topk_smem(ld, &smem, &cap, e)) return MLA_ERR; /* every row's keys fit in its ld scores */
+    mlacu_launch(dsa_topk_kernel, (unsigned)T, TK_T, smem, (cudaStream_t)stream, d_scores, ld, 0, d_pos, top_k, d_sel,
+                 d_nsel, cap);
     MLACU_CHECK(cudaGetLastError(), e, "dsa_topk (per-token positions) T=%lld k=%lld", (long long)T, (long long)top_k);
     return MLA_OK;
 }
 
 extern "C" int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_t T,
                                       const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
-                                      int64_t dst_ld, mla_cuda_stream stream, mla_err *e) {
+                                      int64_t dst_ld, int dst_f16, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n && blk_off >= 0);
     if (T == 0) return MLA_OK;
-    mlacu_launch(scatter_rows_kernel, (unsigned)T, 256, 0, (cudaStream_t)stream, d_src, src_ld, (int)n, d_blk_tok,
-                 blk_off, d_pos, dst_ld);
-    MLACU_CHECK(cudaGetLastError(), e, "scatter_rows T=%lld n=%lld", (long long)T, (long long)n);
+    mlacu_launch(dst_f16 ? scatter_rows_kernel<__half> : scatter_rows_kernel<float>, (unsigned)T, 256, 0,
+                 (cudaStream_t)stream, d_src, src_ld, (int)n, d_blk_tok, blk_off, d_pos, dst_ld);
+    MLACU_CHECK(cudaGetLastError(), e, "scatter_rows%s T=%lld n=%lld", dst_f16 ? " (fp16)" : "", (long long)T, (long long)n);
     return MLA_OK;
 }
 

@@ -167,7 +167,9 @@ int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *
  * (its block table: a device array of block base pointers). A block holds, for each of the
  * model's layers, MLA_CUDA_KV_BLOCK rows of the latent cache (kv_lora + rope floats), then for
  * each layer as many indexer key rows (glm-dsa); the ops take the offset of one layer's rows
- * inside a block. Row j of a sequence: table[j / BS] + offset + (j % BS) * row floats. */
+ * inside a block. Row j of a sequence: table[j / BS] + offset + (j % BS) * row elements. The
+ * latent rows may be fp16 (mla_cuda_attn_args.kv_f16, mla_cuda_scatter_paged's dst_f16), their
+ * offset and row length then counting halves from the block's base; indexer keys are floats. */
 #define MLA_CUDA_KV_BLOCK_LOG2 6
 #define MLA_CUDA_KV_BLOCK (1 << MLA_CUDA_KV_BLOCK_LOG2)
 /* Absorbed MLA attention, the meaning of mla_attn (kernels/mla_attn.h) with two extensions: q_pe
@@ -180,7 +182,7 @@ typedef struct mla_cuda_attn_args {
     const float *q_abs, *q_pe;
     int64_t q_pe_ld_t, q_pe_ld_h;
     int64_t n_tokens, n_head, kv_lora, n_rope;
-    const float *kv;
+    const void *kv; /* the contiguous cache: rows of kv_lora + n_rope floats (kv_f16: halves) */
     int64_t pos0;
     float scale;
     const int32_t *sel, *n_sel;
@@ -203,12 +205,19 @@ typedef struct mla_cuda_attn_args {
      * DeepSeek/Kimi/GLM-5 width, on GPUs that give a block 113 KB of shared memory, or 256 + 32,
      * the fixtures'; the cache and offsets 16-byte aligned); other shapes and 0: fp32 CUDA cores. */
     int tensor_cores;
+    /* 1: the cache (kv, or the blocks' latent rows) holds fp16, blk_off counting halves; the
+     * tensor-core kernel reads it as it is (it rounds an fp32 cache to fp16 itself), the fp32
+     * kernel widens it. 0: floats. */
+    int kv_f16;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
 /* Blocks of the tensor-core attention (512 + 64) resident per SM on this device (2 by design on
  * Hopper; 0 where a block cannot have its 113 KB of shared memory and the fp32 kernel is used;
  * -1 on an error): what the op harness reports. */
 int mla_cuda_attn_tc_blocks_per_sm(void);
+/* For the op harness's timings: the tensor-core kernel's least keys a split (a multiple of 32;
+ * 0 restores the default, 128). Process-wide. */
+void mla_cuda_attn_tune(int min_keys);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
 
 /* DSA indexer (kernels/dsa_indexer.h): d_scores[t*ld + j] = dsa_scores of query t for keys
@@ -233,11 +242,11 @@ int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *c
 int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
                           int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
 /* Cache writes of a step: row t of d_src (n floats at d_src + t * src_ld) goes to slot d_pos[t]
- * of token t's paged cache (block table d_blk_tok[t], rows of dst_ld floats at blk_off floats
- * into each block). */
+ * of token t's paged cache (block table d_blk_tok[t], rows of dst_ld elements at blk_off elements
+ * into each block); elements are floats, or with dst_f16 halves (rounded to nearest). */
 int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_t T,
                            const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos, int64_t dst_ld,
-                           mla_cuda_stream stream, mla_err *e);
+                           int dst_f16, mla_cuda_stream stream, mla_err *e);
 
 /* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
  * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */

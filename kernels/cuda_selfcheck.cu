@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -213,22 +214,24 @@ int check_head(gr_rng *r, int64_t T, bool f16, mla_err *e) {
  * order, the second layer's rows of each block, grid sized for 600 keys: split over 3 key chunks,
  * some of them empty for the shorter sequences). 12 heads (two head groups of the fp32 kernel, the
  * second partial; one partial group of the tensor-core kernel). The fp32 kernel at kv_lora 64,
- * rope 16 (bound 1e-4), the fp16 tensor-core kernel at 256 + 32 (bound 1e-2, fp16 rounding). */
-int check_attn(gr_rng *r, int L, int R, bool tc, mla_err *e) {
+ * rope 16 (bound 1e-4), the fp16 tensor-core kernel at 256 + 32 (bound 1e-2, fp16 rounding).
+ * f16: the paged cache holds fp16 rows (the reference reads the same rounded rows). */
+int check_attn(gr_rng *r, int L, int R, bool tc, bool f16, mla_err *e) {
     enum { H = 12, T = 5, P0 = 20, B = 3, MAXK = 600, BS = MLA_CUDA_KV_BLOCK, NBS = (MAXK + BS - 1) / BS, POOL = 16 };
-    const int ROW = L + R, BLK = 2 * BS * ROW, OFF = BS * ROW;
+    const int ROW = L + R, BLK = 2 * BS * ROW, OFF = BS * ROW; /* in elements */
     const double tol = tc ? 1e-2 : 1e-4;
     static const int32_t pos[B] = {40, 5, 577};
     static const int order[POOL] = {7, 3, 12, 0, 9, 14, 1, 5, 11, 2, 15, 4, 8, 13, 6, 10};
     /* per call (ranks may be threads of one process, each running its own self-check) */
     std::vector<float> qa_v(T * H * L), qp_v(T * H * R), kv_v(B * MAXK * ROW), ref_v(T * H * L), got_v(T * H * L),
         pool_v(POOL * BLK);
+    std::vector<__half> pool_h(f16 ? POOL * BLK : 0);
     std::vector<void *> tabs_v(B * NBS + B);
     float *qa = qa_v.data(), *qp = qp_v.data(), *kv = kv_v.data(), *ref = ref_v.data(), *got = got_v.data(),
           *pool = pool_v.data();
     void **tabs = tabs_v.data();
     const size_t qa_b = qa_v.size() * 4, qp_b = qp_v.size() * 4, kv_b = kv_v.size() * 4, got_b = got_v.size() * 4,
-                 pool_b = pool_v.size() * 4, tabs_b = tabs_v.size() * sizeof(void *);
+                 pool_b = pool_v.size() * (f16 ? 2 : 4), tabs_b = tabs_v.size() * sizeof(void *);
     gr_fill(r, qa, T * H * L, 0.05f);
     gr_fill(r, qp, T * H * R, 0.2f);
     gr_fill(r, kv, B * MAXK * ROW, 1.0f);
@@ -240,7 +243,7 @@ int check_attn(gr_rng *r, int L, int R, bool tc, mla_err *e) {
     float *dkv = (float *)salloc(&s, kv_b, kv), *dout = (float *)salloc(&s, got_b, NULL);
     const size_t wf = mla_cuda_attn_work_floats(B, H, L, 8);
     float *dwork = (float *)salloc(&s, wf * 4, NULL);
-    float *dpool = (float *)salloc(&s, pool_b, NULL);
+    char *dpool = (char *)salloc(&s, pool_b, NULL);
     void **dtabs = (void **)salloc(&s, tabs_b, NULL);
     int32_t *dpos = (int32_t *)salloc(&s, sizeof pos, pos);
     if (!dqa || !dqp || !dkv || !dout || !dwork || !dpool || !dtabs || !dpos) {
@@ -251,18 +254,20 @@ int check_attn(gr_rng *r, int L, int R, bool tc, mla_err *e) {
         mla_attn_args ca = {qa, qp, T, H, L, R, kv, P0, scale, NULL, NULL, 0, ref};
         mla_attn(NULL, &ca);
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
-                                NULL, 0, NULL, 0, tc};
+                                NULL, 0, NULL, 0, tc, 0};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, got_b, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
         if (compare(tc ? "mla_attn tensor cores (prefill form)" : "mla_attn (prefill form)", got, ref, T * H * L, tol, e) != MLA_OK) goto out;
     }
     {
         int next = 0;
+        if (f16) /* the rows as the fp16 cache holds them, for the references below and the pool */
+            for (float &v : kv_v) v = __half2float(__float2half_rn(v));
         for (int b = 0; b < B; b++) {
             const int nb = (pos[b] + 1 + BS - 1) / BS;
             for (int k = 0; k < nb; k++) {
                 const int blk = order[next++];
-                tabs[b * NBS + k] = dpool + (size_t)blk * BLK;
+                tabs[b * NBS + k] = dpool + (size_t)blk * BLK * (f16 ? 2 : 4);
                 for (int j = k * BS; j < (k + 1) * BS && j <= pos[b]; j++)
                     memcpy(pool + (size_t)blk * BLK + OFF + (size_t)(j - k * BS) * ROW, kv + ((size_t)b * MAXK + j) * ROW,
                            ROW * sizeof(float));
@@ -272,15 +277,19 @@ int check_attn(gr_rng *r, int L, int R, bool tc, mla_err *e) {
                                 NULL, NULL, 0, ref + b * H * L};
             mla_attn(NULL, &ca);
         }
-        if (cudaMemcpy(dpool, pool, pool_b, cudaMemcpyHostToDevice) != cudaSuccess ||
+        if (f16)
+            for (size_t i = 0; i < pool_h.size(); i++) pool_h[i] = __float2half_rn(pool[i]);
+        if (cudaMemcpy(dpool, f16 ? (const void *)pool_h.data() : (const void *)pool, pool_b, cudaMemcpyHostToDevice) != cudaSuccess ||
             cudaMemcpy(dtabs, tabs, tabs_b, cudaMemcpyHostToDevice) != cudaSuccess)
             goto cuda_fail;
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
-                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK, tc};
+                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK, tc, f16};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, (size_t)B * H * L * 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
-        if (compare(tc ? "mla_attn tensor cores (paged, batched decode form)" : "mla_attn (paged, batched decode form)", got,
-                    ref, B * H * L, tol, e) != MLA_OK) goto out;
+        char what[96];
+        snprintf(what, sizeof what, "mla_attn%s (paged%s, batched decode form)", tc ? " tensor cores" : "",
+                 f16 ? " fp16 cache" : "");
+        if (compare(what, got, ref, B * H * L, tol, e) != MLA_OK) goto out;
     }
     rc = MLA_OK;
     goto out;
@@ -312,8 +321,10 @@ extern "C" int cuda_selfcheck(mla_err *e) {
     for (int64_t T : {1, 20})
         for (bool f16 : {false, true})
             if (check_head(&r, T, f16, e) != MLA_OK) return MLA_ERR;
-    if (check_attn(&r, 64, 16, false, e) != MLA_OK) return MLA_ERR;
-    if (check_attn(&r, 256, 32, true, e) != MLA_OK) return MLA_ERR;
+    for (bool f16 : {false, true}) {
+        if (check_attn(&r, 64, 16, false, f16, e) != MLA_OK) return MLA_ERR;
+        if (check_attn(&r, 256, 32, true, f16, e) != MLA_OK) return MLA_ERR;
+    }
     cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;

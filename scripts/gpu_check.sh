@@ -176,10 +176,11 @@ if [ "$stack" = 1 ]; then
   st_run "ds3 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "ds3 bf16 TP1 host coll (MLA_NCCL=0) vs HF" "MLA_NCCL=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01
   st_run "glm5 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  # the engine's default attention rounds queries, keys and softmax weights to fp16 (as llama.cpp's
-  # CUDA kernels over their fp16 cache): on the long glm5 prompt the worst |dlogp| moves from
-  # ~1e-5 to 0.011 (measured), and incremental / TP differ from one pass / TP 1 by ~4e-4 (other
-  # key splits, other rounding of P): 0.02 and 1e-2 there; fp32 attention keeps 0.01 and 1e-4
+  # the engine's default attention rounds queries, keys and softmax weights to fp16 over an fp16
+  # latent cache (as llama.cpp's CUDA kernels over theirs): on the long glm5 prompt the worst
+  # |dlogp| moves from ~1e-5 to 0.011 (measured), and incremental / TP differ from one pass / TP 1
+  # by ~4e-4 (other key splits, other rounding of P): 0.02 and 1e-2 there; fp32 attention (over an
+  # fp32 cache, its default) keeps 0.01 and 1e-4
   st_run "glm5 bf16 TP1 long, bf16 RoPE freqs, 0.02 + greedy + incr" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 40 --inc-rtol 1e-2
   st_run "glm5 bf16 TP1 long, fp32 attention (MLA_CUDA_ATTN=fp32), 0.01 + greedy + incr" "MLA_CUDA_ATTN=fp32" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
   st_run "ds3 bf16 TP2 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy

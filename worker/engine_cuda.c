@@ -8,7 +8,9 @@
  *     (logits ~4e-2 off in log-prob on the fixtures);
  *   MLA_CUDA_FAST=exact: every matmul the fp32 GEMV, activations never rounded (slow prefill);
  *   MLA_CUDA_Q8=0|1 turns the int8 activations off or on in any mode;
- *   attention runs on fp16 tensor cores except in exact mode; MLA_CUDA_ATTN=tc|fp32 decides.
+ *   attention runs on fp16 tensor cores except in exact mode; MLA_CUDA_ATTN=tc|fp32 decides;
+ *   the latent cache holds fp16 with tensor-core attention, fp32 with fp32 attention;
+ *   MLA_CUDA_KV=f16|f32 decides (common/model_config.h mla_cuda_kv_f16).
  * The decode sequences of a step run as one batched step (CUDA graphs where the collective
  * allows: worker/model_cuda.h mla_cmodel_decode); greedy rows take their token on the device. */
 #include <stdio.h>

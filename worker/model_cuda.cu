@@ -127,9 +127,10 @@ struct mla_cmodel {
     uint64_t gr_tick;
     uint64_t n_graph_launch, n_graph_capture;
     /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): blocks of blk_floats floats
-     * (every layer's kv rows, then every layer's indexer key rows) cut from slabs allocated on
-     * demand; free blocks wait in free_blk */
+     * (every layer's kv rows, fp16 with kv_f16, then every layer's indexer key rows) cut from slabs
+     * allocated on demand; free blocks wait in free_blk */
     bool legacy; /* MLA_CUDA_LEGACY=1: the earlier contiguous caches and per-sequence path */
+    bool kv_f16; /* the blocks' latent rows in fp16 (mla_cuda_kv_f16: MLA_CUDA_KV) */
     size_t blk_floats;
     float **free_blk;
     size_t n_free, cap_free;
@@ -391,6 +392,12 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         m->kvb_f16 = !m->exact;
+        const int kf = mla_cuda_kv_f16(!m->attn_tc, m->legacy, err);
+        if (kf < 0) {
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->kv_f16 = kf == 1;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -410,8 +417,9 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         goto fail;
     }
     if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
+    if ((cf->kv_lora_rank + cf->n_rope) % 2) m->kv_f16 = false; /* the indexer rows after the fp16 ones stay aligned */
     m->blk_floats = (size_t)(cf->n_layer * MLA_CUDA_KV_BLOCK) *
-                    (size_t)(cf->kv_lora_rank + cf->n_rope + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
+                    (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->Hl = m->h1 - m->h0;
@@ -880,7 +888,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             NULL, 0, NULL, 0, m->attn_tc};
+                             NULL, 0, NULL, 0, m->attn_tc, 0};
     TRY(mla_cuda_mla_attn(&aa, st, err));
     return attn_out(m, l, T, err);
 }
@@ -953,8 +961,10 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     const int64_t ihd = c->idx_n_head > 0 ? c->idx_head_dim : 0;
-    /* this layer's rows inside a block: kv rows of every layer first, then indexer keys */
-    const int64_t kv_off = il * MLA_CUDA_KV_BLOCK * row, ik_off = c->n_layer * MLA_CUDA_KV_BLOCK * row + il * MLA_CUDA_KV_BLOCK * ihd;
+    /* this layer's rows inside a block: kv rows of every layer first (kv_off in elements: halves
+     * with kv_f16), then indexer keys (ik_off in floats) */
+    const int64_t kv_off = il * MLA_CUDA_KV_BLOCK * row,
+                  ik_off = c->n_layer * MLA_CUDA_KV_BLOCK * row / (m->kv_f16 ? 2 : 1) + il * MLA_CUDA_KV_BLOCK * ihd;
     cudaStream_t st = m->st;
     const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
@@ -966,7 +976,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
                          cudaMemcpyDeviceToDevice, st),
        "k_pe copy");
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
-    TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, st, err));
+    TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
     TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
     const int32_t *sel = NULL;
@@ -985,7 +995,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
             TRY(mm(m, &l->ik, m->h, T, m->ikn, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
-        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, st, err));
+        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, 0, st, err));
         if (select) {
             scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
             CU(cudaGetLastError(), "scale");
@@ -998,7 +1008,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             tabs, kv_off, pos, max_keys, m->attn_tc};
+                             tabs, kv_off, pos, max_keys, m->attn_tc, m->kv_f16};
     TRY(mla_cuda_mla_attn(&aa, st, err));
     return attn_out(m, l, T, err);
 }

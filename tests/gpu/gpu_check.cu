@@ -707,7 +707,8 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
-    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false;
+    bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
+         attn_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -717,9 +718,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
         else if (!strcmp(argv[i], "--wg")) wg_only = true;
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
+        else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -750,6 +752,8 @@ int main(int argc, char **argv) {
     if (moe512) { /* the experts of a 512-token V3 prompt on the fp16 tensor cores, once */
         g_reps = 1;
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
+    } else if (attn_only) {
+        check_attn_all(true);
     } else if (gemv_only) {
         check_gemv_stream(quick);
     } else if (wg_only) {
