@@ -241,9 +241,12 @@ int cmd_inspect(int argc, char **argv) {
     cJSON_AddNumberToObject(tpo, "bytes_total", (double)plans[0].bytes_total);
     cJSON *per = cJSON_AddArrayToObject(tpo, "bytes_per_rank");
     for (int r = 0; r < tp; r++) cJSON_AddItemToArray(per, cJSON_CreateNumber((double)plans[r].bytes_rank));
-    /* the latent KV cache is replicated: per token, every layer holds kv_lora + rope floats */
+    /* the latent KV cache is replicated: per token, every layer holds kv_lora + rope elements,
+     * floats on the CPU, halves on CUDA with tensor-core attention (mla_cuda_kv_f16) */
     cJSON_AddNumberToObject(tpo, "kv_cache_bytes_per_token_f32",
                             (double)(cfg.n_layer * (cfg.kv_lora_rank + cfg.n_rope) * 4));
+    cJSON_AddNumberToObject(tpo, "kv_cache_bytes_per_token_f16",
+                            (double)(cfg.n_layer * (cfg.kv_lora_rank + cfg.n_rope) * 2));
     cJSON *split = cJSON_AddArrayToObject(tpo, "split_by_role");
     for (int r = 0; r < ROLE_COUNT; r++) {
         if (!sums[r].count) continue;
@@ -310,8 +313,10 @@ int cmd_inspect(int argc, char **argv) {
             fmt_bytes(b2, sizeof b2, plans[r].bytes_rank);
             printf(" [%d] %s", r, b2);
         }
-        printf("\n  latent KV cache per token (all layers, f32, replicated on every rank): %lld bytes\n",
-               (long long)(cfg.n_layer * (cfg.kv_lora_rank + cfg.n_rope) * 4));
+        printf("\n  latent KV cache per token (all layers, replicated on every rank): %lld bytes in f32 (CPU), "
+               "%lld in f16 (CUDA, MLA_CUDA_KV)\n",
+               (long long)(cfg.n_layer * (cfg.kv_lora_rank + cfg.n_rope) * 4),
+               (long long)(cfg.n_layer * (cfg.kv_lora_rank + cfg.n_rope) * 2));
     }
     rc = plans[0].valid && tensors_ok ? 0 : 3;
 out:

@@ -777,10 +777,10 @@ __device__ void radix_select(const float *v, int64_t n, int64_t k, unsigned *his
 
 /* Per token (block t): the top_k keys by score (higher score, then lower id), ascending ids; a
  * token with no more than top_k keys takes them all. A row of up to cap keys (the dynamic shared
- * memory the host gave, cap * 4 bytes) is read once into shared memory as radix keys, per =
- * ceil(n / TK_T) consecutive ones a thread (stored at r * TK_T + thread: no bank conflicts), for
- * the four radix passes and the output (one count scan for the threshold's ties, one for the
- * output offsets); a longer row is read again each pass and emitted a block-wide chunk at a time. */
+ * memory the host gave, cap * 4 bytes) is read once into shared memory as radix keys, for the
+ * four radix passes; a longer row is read again each pass (coalesced). Then each thread takes
+ * per = ceil(n / TK_T) consecutive keys (stored at r * TK_T + thread: no bank conflicts) for the
+ * output: one count scan for the threshold's ties, one for the output offsets. */
 constexpr int TK_T = 1024;
 __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict__ scores, int64_t ld, int64_t pos0,
                                                          const int32_t *__restrict__ post, int64_t top_k,
@@ -799,55 +799,41 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
         return;
     }
     const float *v = scores + t * ld;
-    if (n <= cap) {
-        const int per = (int)((n + TK_T - 1) / TK_T); /* keys [i0, i0 + per) of this thread */
-        const int64_t i0 = (int64_t)threadIdx.x * per;
-        /* keys past n are 0: neither above nor at any threshold (fkey of every float is above 0) */
-        for (int r = 0; r < per; r++) tk_keys[r * TK_T + threadIdx.x] = i0 + r < n ? fkey(v[i0 + r]) : 0u;
-        uint32_t prefix;
-        int64_t rem;
+    const bool in_smem = n <= cap;
+    const int64_t per = (n + TK_T - 1) / TK_T; /* keys [i0, i0 + per) of this thread */
+    const int64_t i0 = (int64_t)threadIdx.x * per;
+    /* keys past n are 0: neither above nor at any threshold (fkey of every float is above 0) */
+    auto key_at = [&](int64_t r) -> uint32_t {
+        return in_smem ? tk_keys[r * TK_T + threadIdx.x] : i0 + r < n ? fkey(v[i0 + r]) : 0u;
+    };
+    uint32_t thr;
+    int64_t need;
+    if (in_smem) {
+        for (int64_t r = 0; r < per; r++) tk_keys[r * TK_T + threadIdx.x] = i0 + r < n ? fkey(v[i0 + r]) : 0u;
         radix_select_keys(
             [&](auto f) {
-                for (int r = 0; r < per; r++) { /* block-uniform trip count */
+                for (int64_t r = 0; r < per; r++) { /* block-uniform trip count */
                     const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
                     f(key != 0u, key);
                 }
             },
-            top_k, hist, &prefix, &rem, sh64);
-        int gt = 0, eq = 0;
-        for (int r = 0; r < per; r++) {
-            const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
-            gt += key > prefix;
-            eq += key == prefix;
-        }
-        int tot;
-        const int64_t eq_before = block_scan_int(eq, sh, &tot);
-        const int64_t eq_take = rem - eq_before < 0 ? 0 : rem - eq_before < eq ? rem - eq_before : eq;
-        int64_t o = block_scan_int(gt + (int)eq_take, sh, &tot), e = 0;
-        for (int r = 0; r < per; r++) {
-            const uint32_t key = tk_keys[r * TK_T + threadIdx.x];
-            const bool take = key > prefix || (key == prefix && e++ < eq_take);
-            if (take) out[o++] = (int32_t)(i0 + r);
-        }
-        if (threadIdx.x == 0) nsel[t] = (int32_t)top_k;
-        return;
+            top_k, hist, &thr, &need, sh64);
+    } else
+        radix_select(v, n, top_k, hist, &thr, &need, sh64);
+    int gt = 0, eq = 0;
+    for (int64_t r = 0; r < per; r++) {
+        const uint32_t key = key_at(r);
+        gt += key > thr;
+        eq += key == thr;
     }
-    uint32_t thr;
-    int64_t need;
-    radix_select(v, n, top_k, hist, &thr, &need, sh64);
-    int64_t eq_before = 0, out_before = 0;
-    for (int64_t base = 0; base < n; base += blockDim.x) {
-        int64_t i = base + threadIdx.x;
-        uint32_t key = i < n ? fkey(v[i]) : 0u;
-        bool gt = i < n && key > thr, eq = i < n && key == thr;
-        int eq_tot;
-        int eq_rank = block_scan_flag(eq, sh, &eq_tot);
-        bool take = gt || (eq && eq_before + eq_rank < need);
-        int tk_tot;
-        int pos = block_scan_flag(take, sh, &tk_tot);
-        if (take) out[out_before + pos] = (int32_t)i;
-        eq_before += eq_tot;
-        out_before += tk_tot;
+    int tot;
+    const int64_t eq_before = block_scan_int(eq, sh, &tot);
+    const int64_t eq_take = need - eq_before < 0 ? 0 : need - eq_before < eq ? need - eq_before : eq;
+    int64_t o = block_scan_int(gt + (int)eq_take, sh, &tot), e = 0;
+    for (int64_t r = 0; r < per; r++) {
+        const uint32_t key = key_at(r);
+        const bool take = key > thr || (key == thr && e++ < eq_take);
+        if (take) out[o++] = (int32_t)(i0 + r);
     }
     if (threadIdx.x == 0) nsel[t] = (int32_t)top_k;
 }
