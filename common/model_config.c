@@ -407,10 +407,10 @@ int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T,
     return MLA_OK;
 }
 
-int mla_cuda_kv_f16(bool attn_fp32, bool legacy, mla_err *err) {
+int mla_cuda_kv_f16(int64_t row, bool attn_fp32, bool legacy, mla_err *err) {
     const char *v = getenv("MLA_CUDA_KV");
     if (v && strcmp(v, "f16") && strcmp(v, "f32"))
         return mla_errf(err, "MLA_CUDA_KV=%s: expected f16 or f32 (the latent cache's element type)", v);
-    if (legacy) return 0;
+    if (legacy || row % 2) return 0;
     return v ? !strcmp(v, "f16") : !attn_fp32;
 }

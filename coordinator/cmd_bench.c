@@ -766,13 +766,13 @@ int cmd_bench(int argc, char **argv) {
         /* attention in fp32: MLA_CUDA_ATTN=fp32, or exact mode unless MLA_CUDA_ATTN=tc (model_cuda.cu) */
         const char *fast = getenv("MLA_CUDA_FAST"), *at = getenv("MLA_CUDA_ATTN"), *lg = getenv("MLA_CUDA_LEGACY");
         const bool attn_fp32 = at ? !strcmp(at, "fp32") : fast && !strcmp(fast, "exact");
-        const int kf = mla_cuda_kv_f16(attn_fp32, lg && !strcmp(lg, "1"), &err);
+        const int kf = mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, lg && !strcmp(lg, "1"), &err);
         if (kf < 0) {
             fprintf(stderr, "mlaserve bench: %s\n", err.msg);
             gguf_close(g);
             return 1;
         }
-        if (kf == 1 && (cf.kv_lora_rank + cf.n_rope) % 2 == 0) info.kv_bytes = 2;
+        if (kf == 1) info.kv_bytes = 2;
     }
     for (int i = 0; i < o.tp.n && !error; i++) {
         if (run_tp(&o, g, &cf, (int)o.tp.v[i], info.kv_bytes, &rv, where, sizeof where, &err)) {

@@ -1465,8 +1465,8 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
     MLA_ASSERT(D > 0 && D <= 256 && H > 0 && ld >= max_keys && T <= 65535);
     if (T == 0) return MLA_OK;
     dim3 grid((unsigned)((max_keys + DS_KPB - 1) / DS_KPB), (unsigned)T);
-    if (H <= DS_HMAX && (D == 64 || D == 128) && !((uintptr_t)d_q & 15) && (d_k || !(tab_off & 3)) &&
-        (!d_k || !((uintptr_t)d_k & 15))) { /* rows and queries 16-byte aligned */
+    const bool rows16 = d_k ? !((uintptr_t)d_k & 15) : !(tab_off & 3); /* key rows 16-byte aligned */
+    if (H <= DS_HMAX && (D == 64 || D == 128) && !((uintptr_t)d_q & 15) && rows16) {
         if (D == 128)
             mlacu_launch(dsa_scores_lane_kernel<128>, grid, DS_KPB, 0, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H,
                          pos0, skip, d_scores, ld);
@@ -1508,11 +1508,7 @@ extern "C" int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, con
 static int topk_smem(int64_t max_n, size_t *smem, int64_t *cap, mla_err *e) {
     static int64_t limit = -1; /* keys a block may hold */
     if (limit < 0) {
-        int dev = 0, optin = 0;
-        MLACU_CHECK(cudaGetDevice(&dev), e, "dsa_topk: device");
-        MLACU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), e,
-                    "dsa_topk: shared memory limit");
-        const int64_t bytes = (int64_t)optin - 4096;
+        const int64_t bytes = (int64_t)mlacu_smem_optin() - 4096;
         MLACU_CHECK(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), e,
                     "dsa_topk: shared memory %lld", (long long)bytes);
         limit = bytes / 4 / TK_T * TK_T;

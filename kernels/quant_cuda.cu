@@ -1168,7 +1168,6 @@ template <int TY, int BM> __host__ __device__ constexpr size_t mh_smem() {
            (size_t)2 * BM * 4;
 }
 
-
 /* The 32 elements of a unit as fp16, stored to d (16-aligned shared memory: 4 x 16 bytes). The
  * results stay in registers: no array whose address escapes (an out-of-line call taking one
  * would put it in local memory). Generic: the float dequantization, rounded. */

@@ -392,12 +392,6 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         m->kvb_f16 = !m->exact;
-        const int kf = mla_cuda_kv_f16(!m->attn_tc, m->legacy, err);
-        if (kf < 0) {
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        m->kv_f16 = kf == 1;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -417,7 +411,11 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         goto fail;
     }
     if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
-    if ((cf->kv_lora_rank + cf->n_rope) % 2) m->kv_f16 = false; /* the indexer rows after the fp16 ones stay aligned */
+    {
+        const int kf = mla_cuda_kv_f16(cf->kv_lora_rank + cf->n_rope, !m->attn_tc, m->legacy, err);
+        if (kf < 0) goto fail;
+        m->kv_f16 = kf == 1;
+    }
     m->blk_floats = (size_t)(cf->n_layer * MLA_CUDA_KV_BLOCK) *
                     (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
     m->h0 = cf->n_head * m->rank / m->world;
