@@ -1694,7 +1694,7 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
                                       ex->n_expert, bm, g, stream, e) ||
             mla_cuda_matmul_grouped_h(ex->up_type, ex->up, ex->up_estride, E, F, hx, T, (int)K, &pl, ex->n_expert,
                                       bm, u, stream, e) ||
-            mla_cuda_swiglu(g, u, h, T * K * F, stream, e) || mla_cuda_act_h(h, T * K, F, hh, stream, e) ||
+            mla_cuda_swiglu_h(g, u, T * K, F, hh, stream, e) ||
             mla_cuda_matmul_grouped_h(ex->down_type, ex->down, ex->down_estride, F, E, hh, T * K, 1, &pl,
                                       ex->n_expert, bm, y, stream, e))
             return MLA_ERR;

@@ -91,6 +91,9 @@ static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t s
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
+/* silu(g) u: swiglu_kernel's and the fused fp16 conversion's (mla_cuda_swiglu_h) one expression */
+static __device__ __forceinline__ float mlacu_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 /* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
  * quant_cuda.cu hold one tile's tokens in registers). */
 #define MLACU_MOE_TILE 8

@@ -126,6 +126,10 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
 bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
 size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
 int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);
+/* the same buffer filled from swiglu(g, u) rows (the experts' hidden rows): the bits of
+ * mla_cuda_swiglu then mla_cuda_act_h, without the fp32 rows between them */
+int mla_cuda_swiglu_h(const float *d_g, const float *d_u, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream,
+                      mla_err *e);
 int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_xh, int64_t T,
                       float *d_y, mla_cuda_stream stream, mla_err *e);
 

@@ -129,6 +129,28 @@ int check_small_ops(gr_rng *r, mla_err *e) {
     if (mla_cuda_swiglu(dx, dx + n, dy, n, 0, e) != MLA_OK) goto out;
     if (cudaMemcpy(got, dy, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
     if (compare("swiglu", got, ref, n, 1e-5, e) != MLA_OK) goto out;
+    /* swiglu fused into the fp16 rows: the same bits as swiglu then act_h (g the T rows of x, u a
+     * copy of them; equal fp16 rows mean equal row scales, which set them) */
+    {
+        const size_t hb = mla_cuda_act_h_bytes(T, n);
+        uint8_t *dh = (uint8_t *)salloc(&s, 2 * hb, NULL);
+        float *du = (float *)salloc(&s, sizeof x, x);
+        uint16_t a[T * n], b[T * n];
+        if (!dh || !du) {
+            mla_errf(e, "cuda_selfcheck: device allocation failed");
+            goto out;
+        }
+        if (mla_cuda_swiglu(dx, du, dy, T * n, 0, e) != MLA_OK || mla_cuda_act_h(dy, T, n, dh, 0, e) != MLA_OK ||
+            mla_cuda_swiglu_h(dx, du, T, n, dh + hb, 0, e) != MLA_OK)
+            goto out;
+        if (cudaMemcpy(a, dh, sizeof a, cudaMemcpyDeviceToHost) != cudaSuccess ||
+            cudaMemcpy(b, dh + hb, sizeof b, cudaMemcpyDeviceToHost) != cudaSuccess)
+            goto cuda_fail;
+        if (memcmp(a, b, sizeof a)) {
+            mla_errf(e, "cuda_selfcheck: swiglu_h differs from swiglu then act_h");
+            goto out;
+        }
+    }
     /* rope (YaRN, adjacent pairs) on 9 vectors of 64 per token */
     {
         rope_params rp = {64, 10000.0, true, 40.0, 4096.0, 32.0, 1.0, 1.0};

@@ -95,8 +95,7 @@ __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64
 __global__ void swiglu_kernel(const float *g, const float *u, float *y, int64_t n) {
     mlacu_pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float a = g[i];
-        y[i] = a / (1.0f + expf(-a)) * u[i];
+        y[i] = mlacu_swiglu(g[i], u[i]);
     }
 }
 

@@ -1441,17 +1441,28 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
 }
 
 /* x [T][in] fp32 -> fp16 rows scaled by 2^e (largest element below 2^14), then the T floats
- * 2^-e at mh_scale_off(T, in). One block per row. */
+ * 2^-e at mh_scale_off(T, in). One block per row. With u (the fused swiglu): the row is
+ * mlacu_swiglu(x, u), as swiglu_kernel computes it, so the result is the same bits as swiglu then
+ * act_h, without the fp32 row in between. */
 __host__ __device__ inline size_t mh_scale_off(int64_t T, int64_t in) { return ((size_t)(T * in) * 2 + 15) / 16 * 16; }
 
-__global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x, int64_t in, __half *__restrict__ xh,
-                                                    float *__restrict__ xs) {
+__global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x, const float *__restrict__ u,
+                                                    int64_t in, __half *__restrict__ xh, float *__restrict__ xs) {
     mlacu_pdl_enter();
     const int64_t t = blockIdx.x;
-    const float4 *xr = (const float4 *)(x + t * in);
+    const float4 *xr = (const float4 *)(x + t * in), *ur = u ? (const float4 *)(u + t * in) : nullptr;
+    auto load = [&](int64_t i) {
+        float4 v = xr[i];
+        if (ur) {
+            const float4 w = ur[i];
+            v = make_float4(mlacu_swiglu(v.x, w.x), mlacu_swiglu(v.y, w.y), mlacu_swiglu(v.z, w.z),
+                            mlacu_swiglu(v.w, w.w));
+        }
+        return v;
+    };
     float m = 0.f;
     for (int64_t i = threadIdx.x; i < in / 4; i += 256) {
-        const float4 v = xr[i];
+        const float4 v = load(i);
         m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
     __shared__ float red[8];
@@ -1469,7 +1480,7 @@ __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x,
     const float s = ldexpf(1.f, e);
     __half2 *o = (__half2 *)(xh + t * in);
     for (int64_t i = threadIdx.x; i < in / 4; i += 256) {
-        const float4 v = xr[i];
+        const float4 v = load(i);
         o[2 * i] = __floats2half2_rn(v.x * s, v.y * s);
         o[2 * i + 1] = __floats2half2_rn(v.z * s, v.w * s);
     }
@@ -1944,15 +1955,26 @@ extern "C" size_t mla_cuda_act_h_bytes(int64_t T, int64_t in) {
     return mh_ws_off(T, in) + mh_ws_bytes(T);
 }
 
+static int act_h_launch(const float *d_x, const float *d_u, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream,
+                        mla_err *e) {
+    MLA_ASSERT(T >= 0 && T <= INT32_MAX && in > 0 && in % 4 == 0 && ((uintptr_t)d_x & 15) == 0 &&
+               ((uintptr_t)d_u & 15) == 0 && ((uintptr_t)d_xh & 15) == 0);
+    if (T == 0) return MLA_OK;
+    mlacu_launch(act_h_kernel, (unsigned)T, 256, 0, (cudaStream_t)stream, d_x, d_u, in, (__half *)d_xh,
+                 (float *)((uint8_t *)d_xh + mh_scale_off(T, in)));
+    MLACU_CHECK(cudaGetLastError(), e, "act_h%s T=%lld in=%lld", d_u ? " (swiglu)" : "", (long long)T, (long long)in);
+    return MLA_OK;
+}
+
 extern "C" int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream,
                               mla_err *e) {
-    MLA_ASSERT(T >= 0 && T <= INT32_MAX && in > 0 && in % 4 == 0 && ((uintptr_t)d_x & 15) == 0 &&
-               ((uintptr_t)d_xh & 15) == 0);
-    if (T == 0) return MLA_OK;
-    mlacu_launch(act_h_kernel, (unsigned)T, 256, 0, (cudaStream_t)stream, d_x, in, (__half *)d_xh,
-                 (float *)((uint8_t *)d_xh + mh_scale_off(T, in)));
-    MLACU_CHECK(cudaGetLastError(), e, "act_h T=%lld in=%lld", (long long)T, (long long)in);
-    return MLA_OK;
+    return act_h_launch(d_x, NULL, T, in, d_xh, stream, e);
+}
+
+extern "C" int mla_cuda_swiglu_h(const float *d_g, const float *d_u, int64_t T, int64_t in, void *d_xh,
+                                 mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(d_u);
+    return act_h_launch(d_g, d_u, T, in, d_xh, stream, e);
 }
 
 extern "C" int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_xh, int64_t T,

@@ -1,27 +1,32 @@
 /* wgmma_cuda: Q4_K weights x fp16 activations on the warpgroup tensor cores (sm_90a); see
  * wgmma_cuda.h.
  *
- * A block of two warpgroups owns R = 128 MT weight rows (each warpgroup MT tiles of 64) and a tile
- * of NT tokens (64 or 128). wgmma m64nNTk16 takes A (64 weight rows x 16) from registers and B (16
- * x NT tokens) from shared memory:
- * - W never goes through shared memory as fp16: each thread dequantizes its own A fragment (rows
- *   g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step) from the
- *   raw Q4_K bytes, which cp.async brings in: per row and stage (128 elements, half a block) the
- *   block's 16-byte header and its 64 bytes of nibbles. The four bytes a thread needs for a k16
- *   step (2t, 2t + 1, 2t + 8, 2t + 9 of a 16-byte half) come from two 32-bit reads and one
- *   byte_perm; the low nibbles are one sub-block's step, the high ones the next sub-block's.
- *   Nibbles to fp16 exactly (0x64XX is 1024 + XX), then (q - 1024) d1 - m1 with d1 = d sc and
- *   m1 = dmin m rounded to fp16: the same values as the mma.sync kernel's deq_h.
- * - x rows (gathered by the plan) come by cp.async into the K-major layout with the 128-byte
- *   swizzle: per stage two k-blocks of 64 elements, NT rows of 128 bytes each, 16-byte chunk c of
- *   row n at chunk c ^ (n % 8); descriptor SBO 1024 (8 rows), a k16 step 32 bytes further.
- * - The scales: each warp decodes its 16 rows' four sub-blocks of a stage once into shared
- *   memory as (d1, d1) and (-m1, -m1) pairs (lane -> one row, two sub-blocks).
- * Stages of 128 elements, WG_STAGES deep, each thread's copies set up once as 32-bit offsets. A
- * thread keeps three A fragments: it dequantizes step j + 1 while wgmma j - 1 and j may still run
- * (wait_group 1 after each commit; 2 groups in flight measured best of 1-3), and every stage ends
- * with wait_group 0 before the barrier that lets its buffer be refilled. Generic-proxy writes
- * (cp.async) are made visible to wgmma (async proxy) by fence.proxy.async before that barrier.
+ * A block owns R = 128 MT weight rows and a tile of NT tokens (16, 32, 64 or 128), with three warpgroups:
+ * two consumers (each MT tiles of 64 rows) and one producer. wgmma m64nNTk16 takes A (64 weight
+ * rows x 16) from registers and B (16 x NT tokens) from shared memory:
+ * - W never goes through shared memory as fp16: each consumer thread dequantizes its own A
+ *   fragment (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16
+ *   step) from the raw Q4_K bytes: per row and stage (128 elements, half a block) the block's
+ *   16-byte header and its 64 bytes of nibbles. The four bytes a thread needs for a k16 step (2t,
+ *   2t + 1, 2t + 8, 2t + 9 of a 16-byte half) come from two 32-bit reads and one byte_perm; the
+ *   low nibbles are one sub-block's step, the high ones the next sub-block's. Nibbles to fp16
+ *   exactly (0x64XX is 1024 + XX), then (q - 1024) d1 - m1 with d1 = d sc and m1 = dmin m rounded
+ *   to fp16: the same values as the mma.sync kernel's deq_h.
+ * - x rows (gathered by the plan) land in the K-major layout with the 128-byte swizzle: per stage
+ *   two k-blocks of 64 elements, NT rows of 128 bytes each, 16-byte chunk c of row n at chunk
+ *   c ^ (n % 8); descriptor SBO 1024 (8 rows), a k16 step 32 bytes further.
+ * - The scales: each consumer warp decodes its 16 rows' four sub-blocks of a stage once into
+ *   shared memory as (d1, d1) and (-m1, -m1) pairs (lane -> one row, two sub-blocks).
+ * - Warp specialization: the producer warpgroup only issues the cp.async copies of each stage
+ *   (WG_STAGES buffers of 128 elements). Buffers pass by mbarriers: full[b] completes when the
+ *   producer's copies into b have landed (each producer thread's cp.async.mbarrier.arrive.noinc,
+ *   128 arrivals), empty[b] when the 256 consumer threads are done with it (an arrival each once
+ *   the stage's wgmmas have completed, which the next stage's first wait_group shows). No block
+ *   barrier and no wait_group 0 a stage: the tensor cores are fed across stage boundaries (the
+ *   form without a producer, a block barrier a stage, ran 22-25% slower; H200, 2026-11-30). A
+ *   consumer makes the landed copies visible to wgmma's proxy (fence.proxy.async) after its wait
+ *   on full[b]. The producer gives up registers (setmaxnreg) to the consumers, whose 128 x 256
+ *   tiles keep 128 accumulators a thread.
  * Checked against the CPU in mla-gpu-check (--wg: every tile shape, a one-hot layout probe,
  * experts with TP ranks). */
 #include "kernels/wgmma_cuda.h"
@@ -39,21 +44,48 @@ namespace {
 constexpr int WG_KS = 128;  /* K elements a stage: half a Q4_K block */
 constexpr int WG_RSB = 80;  /* a row's bytes a stage: the block's header (16) and half its nibbles (64) */
 constexpr int WG_STAGES = 4;
-constexpr int WG_THREADS = 256;
 /* a row's decoded scales a stage: four sub-blocks of (d1, d1 | -m1, -m1), 8 bytes each, and 16 of
  * padding (eight rows read at once fall in distinct banks) */
 constexpr int WG_SCR = 48;
+constexpr int WG_THREADS = 384; /* two consumer warpgroups, one producer */
 
+/* A block's shapes and resources. Registers: setmaxnreg moves them within the block's own
+ * allocation, R0 a thread at launch (what __launch_bounds__ leaves: 168 for one block an SM, 80 for
+ * two, as tiles of 128 rows and up to 64 tokens take): the producer's release must cover the
+ * consumers' request, or setmaxnreg.inc waits for ever. */
 template <int NT, int MT> struct wg_geo {
     static constexpr int R = 2 * MT * 64;                   /* weight rows a block */
     static constexpr int XB = NT * WG_KS * 2;               /* x bytes a stage (two k-blocks of NT x 128 B) */
     static constexpr int WB = R * WG_RSB;                   /* W bytes a stage */
     static constexpr int SB = (XB + WB + 1023) / 1024 * 1024; /* a stage, 1024-aligned (the swizzle's unit) */
-    static constexpr int SCW = MT * 16 * WG_SCR;            /* a warp's decoded scales */
-    static constexpr size_t SMEM = (size_t)WG_STAGES * SB + (size_t)8 * SCW + 2 * NT * 4 + 1024; /* + xrow, yrow, alignment */
+    static constexpr int SCW = MT * 16 * WG_SCR;            /* a consumer warp's decoded scales */
+    /* stages, scales, xrow and yrow, the full and empty mbarriers, 1024 of alignment */
+    static constexpr size_t SMEM = (size_t)WG_STAGES * SB + (size_t)8 * SCW + 2 * NT * 4 + 2 * WG_STAGES * 8 + 1024;
+    static constexpr int MINB = MT == 1 && NT <= 64 ? 2 : 1; /* blocks an SM */
+    static constexpr int R0 = 65536 / (MINB * WG_THREADS) / 8 * 8;
+    static constexpr int PREGS = MINB == 2 ? 40 : 56, CREGS = MINB == 2 ? 96 : 224; /* producer, consumer */
+    static_assert(128 * PREGS + 256 * CREGS <= WG_THREADS * R0 && PREGS <= R0 && CREGS >= R0, "registers within the block's");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static __device__ __forceinline__ void wg_mma_n16(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+static __device__ __forceinline__ void wg_mma_n32(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 static __device__ __forceinline__ void wg_mma_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -73,6 +105,12 @@ static __device__ __forceinline__ void wg_mma_n128(float (&d)[64], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 template <int NT> struct wg_mma;
+template <> struct wg_mma<16> {
+    static __device__ __forceinline__ void run(float (&d)[8], const uint32_t (&a)[4], uint64_t db) { wg_mma_n16(d, a, db); }
+};
+template <> struct wg_mma<32> {
+    static __device__ __forceinline__ void run(float (&d)[16], const uint32_t (&a)[4], uint64_t db) { wg_mma_n32(d, a, db); }
+};
 template <> struct wg_mma<64> {
     static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wg_mma_n64(d, a, db); }
 };
@@ -100,176 +138,255 @@ static __device__ __forceinline__ void wg_scale(uint32_t scw, uint32_t mw, int j
     nm = __hneg2(__high2half2(v));
 }
 
-/* One block's product of its R rows with the NT x rows xrow[] over all of K. */
-template <int NT, int MT>
-static __device__ __forceinline__ void wg_block(const uint8_t *__restrict__ W, size_t rb, int in, int out, int r0,
-                                                const __half *__restrict__ xh, uint8_t *sm, const int *xrow,
-                                                float (&acc)[MT][NT / 2], int depth) {
+/* One stage of a consumer warpgroup's product (the stage's buffer st: x tile, then the rows' raw
+ * bytes): the warp's scales decoded into scs, then the stage's eight k16 steps on the acc tiles.
+ * Two wgmma groups in flight (wait_group 1 after each commit: 2 measured best of 1-3). after_first()
+ * runs once the first step's wgmma is issued and the one before it has completed: the previous
+ * stage's wgmmas are all done from there on. Returns with one group in flight. */
+template <int NT, int MT, typename F>
+static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs, bool odd, float (&acc)[MT][NT / 2],
+                                                F after_first) {
     using G = wg_geo<NT, MT>;
     const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    uint8_t *scs = sm + WG_STAGES * G::SB + (tid >> 5) * G::SCW; /* this warp's decoded scales */
-    const int nst = in / WG_KS;
-    /* each thread's copies of a stage, set up once: byte offsets of the sources (x from xh, W from
-     * W: both below 4 GB) and of the destinations in a stage; a stage adds its K offset */
-    constexpr int NXJ = NT * 16 / WG_THREADS, NWJ = (G::R * 5 + WG_THREADS - 1) / WG_THREADS;
-    static_assert(NT * 16 % WG_THREADS == 0, "whole x chunks a thread");
-    uint32_t xo[NXJ], xd[NXJ], wo[NWJ], wd[NWJ];
+    const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+    const __half2 k1024 = __float2half2_rn(1024.f);
+    const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(st);
+    const uint8_t *ws = st + G::XB;
+    { /* the warp's 16 rows x 4 sub-blocks of scales, decoded once: lane -> row lane / 2, sub-blocks
+       * 2 (lane % 2), +1 (the four lanes of a row would otherwise each decode all four) */
+        const int rl = lane >> 1, jp = lane & 1;
 #pragma unroll
-    for (int j = 0; j < NXJ; j++) {
-        const int i = tid + j * WG_THREADS, n = i >> 4, c = i & 15;
-        xo[j] = (uint32_t)(((size_t)xrow[n] * in + c * 8) * 2);
-        xd[j] = (uint32_t)((c >> 3) * (NT * 128) + n * 128 + (((c & 7) ^ (n & 7)) << 4));
+        for (int mt = 0; mt < MT; mt++) {
+            const uint4 hd = *(const uint4 *)(ws + (wg * MT * 64 + mt * 64 + wq * 16 + rl) * WG_RSB);
+            /* x: d | dmin; y, z, w: scale bytes 0-3, 4-7, 8-11 (kscale_min: sub-blocks 0-3 from
+             * bytes j and j + 4, 4-7 from bytes j + 8 and the top bits of j and j + 4) */
+            const uint32_t scw = odd ? (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u) : hd.y & 0x3F3F3F3Fu;
+            const uint32_t mw = odd ? ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u) : hd.z & 0x3F3F3F3Fu;
+            __half2 dd0, nm0, dd1, nm1;
+            wg_scale(scw, mw, 2 * jp, bits_h2(hd.x), dd0, nm0);
+            wg_scale(scw, mw, 2 * jp + 1, bits_h2(hd.x), dd1, nm1);
+            *(uint4 *)(scs + mt * 16 * WG_SCR + rl * WG_SCR + jp * 16) = make_uint4(h2_bits(dd0), h2_bits(nm0), h2_bits(dd1), h2_bits(nm1));
+        }
+        __syncwarp();
     }
+    uint32_t A[3][MT][4]; /* fragments of three k16 steps: up to three wgmma groups read them */
 #pragma unroll
-    for (int j = 0; j < NWJ; j++) { /* chunk 0 of a row: the header; 1-4: nibbles (+64 on odd stages) */
-        const int i = min(tid + j * WG_THREADS, G::R * 5 - 1), r = i / 5, c = i % 5;
-        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + (c ? 16 * c : 0));
-        wd[j] = (uint32_t)(G::XB + r * WG_RSB + 16 * c) | (c ? 0x80000000u : 0u);
+    for (int ch = 0; ch < 2; ch++) {
+        __half2 dd[MT][2][2], nm[MT][2][2]; /* [tile][row g / g + 8][low / high nibbles] */
+        uint32_t X[MT][2][2];               /* [tile][row][bytes of elements 0-15 / 16-31] */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * WG_RSB;
+                const uint4 sc = *(const uint4 *)(scs + mt * 16 * WG_SCR + (g + 8 * hf) * WG_SCR + ch * 16);
+                dd[mt][hf][0] = bits_h2(sc.x), nm[mt][hf][0] = bits_h2(sc.y);
+                dd[mt][hf][1] = bits_h2(sc.z), nm[mt][hf][1] = bits_h2(sc.w);
+                const uint32_t *qw = (const uint32_t *)(rp + 16 + 32 * ch) + (t >> 1);
+                X[mt][hf][0] = __byte_perm(qw[0], qw[2], sel);
+                X[mt][hf][1] = __byte_perm(qw[4], qw[6], sel);
+            }
+#pragma unroll
+        for (int q = 0; q < 4; q++) { /* k16 steps: sub-block lo 0-15, 16-31; hi 0-15, 16-31 */
+            const int b = (4 * ch + q) % 3; /* A buffer: free once wgmma 4 ch + q - 3 is done */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint32_t v = (q < 2 ? X[mt][hf][q & 1] : X[mt][hf][q & 1] >> 4) & 0x0F0F0F0Fu;
+                    __half2 lo, hi;
+                    bytes_h2(v, lo, hi);
+                    A[b][mt][hf] = h2_bits(__hfma2(__hsub2(lo, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
+                    A[b][mt][2 + hf] = h2_bits(__hfma2(__hsub2(hi, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
+                }
+            const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
+            wg_commit();
+            wg_wait<1>(); /* wgmma j - 1 done: its buffer is step j + 2's */
+            if (ch == 0 && q == 0) after_first();
+        }
     }
-    auto issue = [&](int s) {
-        uint8_t *st = sm + (s % WG_STAGES) * G::SB;
-        const uint8_t *xs = (const uint8_t *)xh + (size_t)s * WG_KS * 2;
+}
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ bool mbar_try_wait(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(b)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+/* until the phase of parity `parity` has completed. A wait of 2^34 cycles (seconds) is a broken
+ * pipeline: it traps (the launch fails with cudaErrorLaunchFailure) rather than hang the stream.
+ * No printf: a call here would serialize the consumers' wgmma pipeline. */
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    if (mbar_try_wait(b, parity)) return;
+    const long long t0 = clock64();
+    while (!mbar_try_wait(b, parity))
+        if (clock64() - t0 > (1ll << 34)) __trap();
+}
+/* an arrival on b when pred (predicated, not a branch: a branch among the consumers' wgmmas would
+ * make ptxas serialize them) */
+static __device__ __forceinline__ void mbar_arrive_if(uint64_t *b, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_u32(b)),
+                 "r"((uint32_t)pred)
+                 : "memory");
+}
+/* an arrival on b once all of this thread's earlier cp.async have landed (not counted ahead: the
+ * barrier's count includes it) */
+static __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+
+/* The producer warpgroup's copies of one tile: nst stages from stage counter it on (buffer it %
+ * WG_STAGES; its use it / WG_STAGES waits for the consumers' release of the use before). */
+template <int NT, int MT>
+static __device__ __forceinline__ void wg_produce(const uint8_t *__restrict__ W, size_t rb, int in, int out, int r0,
+                                                  const __half *__restrict__ xh, uint8_t *sm, const int *xrow,
+                                                  uint64_t *full, uint64_t *empty, uint32_t it, int nst) {
+    using G = wg_geo<NT, MT>;
+    const int pt = threadIdx.x - 256;
+    /* x: chunk c of rows n0 + 8 j (the swizzle's n % 8 is n0's); W: chunk i = pt + 128 j of the
+     * stage's R rows x 5 chunks (0: the block's header; 1-4: nibbles, + 64 bytes on odd stages) */
+    constexpr int NXJ = NT / 8, NWJ = (G::R * 5 + 127) / 128;
+    const int c = pt & 15, n0 = pt >> 4;
+    const uint32_t xd0 = (uint32_t)((c >> 3) * (NT * 128) + n0 * 128 + (((c & 7) ^ (n0 & 7)) << 4));
+    const uint32_t xrb = (uint32_t)in * 2;
+    uint32_t wo[NWJ], wd[NWJ];
 #pragma unroll
-        for (int j = 0; j < NXJ; j++) cp_async16(st + xd[j], xs + xo[j]);
+    for (int j = 0; j < NWJ; j++) {
+        const int i = min(pt + j * 128, G::R * 5 - 1), r = i / 5, k = i % 5;
+        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + (k ? 16 * k : 0));
+        wd[j] = (uint32_t)(G::XB + r * WG_RSB + 16 * k) | (k ? 0x80000000u : 0u);
+    }
+#pragma unroll 1
+    for (int s = 0; s < nst; s++, it++) {
+        const int b = (int)(it % WG_STAGES);
+        if (it >= (uint32_t)WG_STAGES) mbar_wait(&empty[b], (it / WG_STAGES - 1) & 1);
+        uint8_t *st = sm + b * G::SB;
+        const uint8_t *xs = (const uint8_t *)xh + (size_t)s * WG_KS * 2 + c * 16;
+#pragma unroll
+        for (int j = 0; j < NXJ; j++) cp_async16(st + xd0 + j * 1024, xs + (uint32_t)xrow[n0 + 8 * j] * xrb);
         const uint8_t *wb = W + (size_t)(s >> 1) * 144;
         const uint32_t qo = 64 * (s & 1);
 #pragma unroll
         for (int j = 0; j < NWJ; j++)
-            if (j + 1 < NWJ || tid + j * WG_THREADS < G::R * 5)
+            if (j + 1 < NWJ || pt + j * 128 < G::R * 5)
                 cp_async16(st + (wd[j] & 0x7FFFFFFFu), wb + wo[j] + (wd[j] >> 31 ? qo : 0u));
-    };
+        mbar_arrive_cp_async(&full[b]);
+    }
+}
+
+/* A consumer warpgroup's share of one tile: its rows' product over all of K into acc. */
+template <int NT, int MT>
+static __device__ __forceinline__ void wg_consume(uint8_t *sm, uint64_t *full, uint64_t *empty, uint32_t it, int nst,
+                                                  float (&acc)[MT][NT / 2]) {
+    using G = wg_geo<NT, MT>;
+    uint8_t *scs = sm + WG_STAGES * G::SB + (threadIdx.x >> 5) * G::SCW;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int i = 0; i < NT / 2; i++) acc[mt][i] = 0.f;
 #pragma unroll 1
-    for (int p = 0; p < WG_STAGES - 1; p++) {
-        if (p < nst) issue(p);
-        cp_async_commit();
+    for (int s = 0; s < nst; s++, it++) {
+        const int b = (int)(it % WG_STAGES);
+        mbar_wait(&full[b], (it / WG_STAGES) & 1);
+        fence_proxy_async(); /* the landed copies, to wgmma's proxy */
+        /* this thread is done with the previous stage's buffer */
+        wg_stage<NT, MT>(sm + b * G::SB, scs, s & 1, acc, [&] { mbar_arrive_if(&empty[(it - 1) % WG_STAGES], s > 0); });
     }
-    const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
-    const __half2 k1024 = __float2half2_rn(1024.f);
-#pragma unroll 1
-    for (int s = 0; s < nst; s++) {
-        cp_async_wait<WG_STAGES - 2>(); /* this thread's copies of stage s */
-        fence_proxy_async();            /* visible to wgmma */
-        __syncthreads();                /* everyone's; and stage s - 1's buffer is free */
-        if (s + WG_STAGES - 1 < nst) issue(s + WG_STAGES - 1);
-        cp_async_commit();
-        const uint8_t *st = sm + (s % WG_STAGES) * G::SB;
-        const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(st);
-        const uint8_t *ws = st + G::XB;
-        const bool odd = s & 1; /* sub-blocks 4..7 of the block */
-        { /* the warp's 16 rows x 4 sub-blocks of scales, decoded once: lane -> row lane / 2, sub-blocks
-           * 2 (lane % 2), +1 (the four lanes of a row would otherwise each decode all four) */
-            const int rl = lane >> 1, jp = lane & 1;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const uint4 hd = *(const uint4 *)(ws + (wg * MT * 64 + mt * 64 + wq * 16 + rl) * WG_RSB);
-                /* x: d | dmin; y, z, w: scale bytes 0-3, 4-7, 8-11 (kscale_min: sub-blocks 0-3 from
-                 * bytes j and j + 4, 4-7 from bytes j + 8 and the top bits of j and j + 4) */
-                const uint32_t scw = odd ? (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u) : hd.y & 0x3F3F3F3Fu;
-                const uint32_t mw = odd ? ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u) : hd.z & 0x3F3F3F3Fu;
-                __half2 dd0, nm0, dd1, nm1;
-                wg_scale(scw, mw, 2 * jp, bits_h2(hd.x), dd0, nm0);
-                wg_scale(scw, mw, 2 * jp + 1, bits_h2(hd.x), dd1, nm1);
-                *(uint4 *)(scs + mt * 16 * WG_SCR + rl * WG_SCR + jp * 16) = make_uint4(h2_bits(dd0), h2_bits(nm0), h2_bits(dd1), h2_bits(nm1));
-            }
-            __syncwarp();
-        }
-        uint32_t A[3][MT][4]; /* fragments of three k16 steps: up to three wgmma groups read them */
-#pragma unroll
-        for (int ch = 0; ch < 2; ch++) {
-            __half2 dd[MT][2][2], nm[MT][2][2]; /* [tile][row g / g + 8][low / high nibbles] */
-            uint32_t X[MT][2][2];               /* [tile][row][bytes of elements 0-15 / 16-31] */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * WG_RSB;
-                    const uint4 sc = *(const uint4 *)(scs + mt * 16 * WG_SCR + (g + 8 * hf) * WG_SCR + ch * 16);
-                    dd[mt][hf][0] = bits_h2(sc.x), nm[mt][hf][0] = bits_h2(sc.y);
-                    dd[mt][hf][1] = bits_h2(sc.z), nm[mt][hf][1] = bits_h2(sc.w);
-                    const uint32_t *qw = (const uint32_t *)(rp + 16 + 32 * ch) + (t >> 1);
-                    X[mt][hf][0] = __byte_perm(qw[0], qw[2], sel);
-                    X[mt][hf][1] = __byte_perm(qw[4], qw[6], sel);
-                }
-#pragma unroll
-            for (int q = 0; q < 4; q++) { /* k16 steps: sub-block lo 0-15, 16-31; hi 0-15, 16-31 */
-                const int b = (4 * ch + q) % 3; /* A buffer: free once wgmma 4 ch + q - 3 is done */
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const uint32_t v = (q < 2 ? X[mt][hf][q & 1] : X[mt][hf][q & 1] >> 4) & 0x0F0F0F0Fu;
-                        __half2 lo, hi;
-                        bytes_h2(v, lo, hi);
-                        A[b][mt][hf] = h2_bits(__hfma2(__hsub2(lo, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
-                        A[b][mt][2 + hf] = h2_bits(__hfma2(__hsub2(hi, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
-                    }
-                const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
-                wg_fence();
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
-                wg_commit();
-                if (depth == 2) /* wgmma j - 2 done: its buffer is the next step's */
-                    wg_wait<1>();
-                else if (depth == 3)
-                    wg_wait<2>();
-                else
-                    wg_wait<0>();
-            }
-        }
-        wg_wait<0>(); /* this stage's buffers are read before the next barrier */
-    }
+    wg_wait<0>();
+    mbar_arrive_if(&empty[(it - 1) % WG_STAGES], nst > 0);
 }
+
+/* A consumer thread's share of the tile's outputs: y[yrow[n]][o] = acc * xs[xrow[n]] (rows past
+ * out and tokens past the tile's pairs skipped). */
+template <int NT, int MT>
+static __device__ __forceinline__ void wg_store(const float (&acc)[MT][NT / 2], int r0, int out, const int *xrow,
+                                                const int *yrow, const float *__restrict__ xs, float *__restrict__ y) {
+    const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    /* D fragment: n8 block i, row g (+8 for hf), tokens 8i + 2t, +1 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int o = r0 + wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf;
+            if (o >= out) continue;
+#pragma unroll
+            for (int i = 0; i < NT / 8; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int n = 8 * i + 2 * t + j, yr = yrow[n];
+                    if (yr >= 0) y[(size_t)yr * out + o] = acc[mt][4 * i + 2 * hf + j] * xs[xrow[n]];
+                }
+        }
+}
+
 #endif
 
 /* Dense (counts NULL): block (row block, token tile) over T tokens. Grouped: block (row block,
- * expert e) walks e's pairs NT at a time. */
+ * expert e) walks e's pairs NT at a time; its tiles are separated by block barriers. */
 template <int NT, int MT>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+__global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT>::MINB)
     wg_q4k_kernel(const uint8_t *__restrict__ W, size_t rb, size_t estride, int in, int out,
-                  const __half *__restrict__ xh, const float *__restrict__ xs, int T, int x_div,
-                  const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
-                  float *__restrict__ y, int depth) {
+                     const __half *__restrict__ xh, const float *__restrict__ xs, int T, int x_div,
+                     const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
+                     float *__restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mlacu_pdl_enter();
     using G = wg_geo<NT, MT>;
     extern __shared__ __align__(16) uint8_t wg_sm_raw[];
     uint8_t *sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
     int *xrow = (int *)(sm + WG_STAGES * G::SB + 8 * G::SCW), *yrow = xrow + NT;
+    uint64_t *full = (uint64_t *)(yrow + NT), *empty = full + WG_STAGES;
     const int r0 = blockIdx.x * G::R, tid = threadIdx.x;
     int cnt, off;
     const uint8_t *We;
     if (!plan_block_pairs(W, estride, T, NT, counts, world, cnt, off, We)) return;
-    const int wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    for (int c0 = 0; c0 < cnt; c0 += NT) {
-        __syncthreads(); /* the previous tile's stores read xrow / yrow */
+    if (tid == 0) {
+        for (int b = 0; b < WG_STAGES; b++) {
+            mbar_init(&full[b], 128);
+            mbar_init(&empty[b], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    /* the two roles never join again (setmaxnreg holds where each branch runs on its own); tiles are
+     * separated by named barrier 1 over all WG_THREADS */
+    const int nst = in / WG_KS;
+    auto tile_rows = [&](int c0) {
+        asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory"); /* the previous tile's stores read xrow / yrow */
         plan_tile_rows(xrow, yrow, NT, WG_THREADS, off, c0, cnt, sorted, counts, x_div);
-        __syncthreads();
-        float acc[MT][NT / 2];
-        wg_block<NT, MT>(We, rb, in, out, r0, xh, sm, xrow, acc, depth);
-        /* D fragment: n8 block i, row g (+8 for hf), tokens 8i + 2t, +1 */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int o = r0 + wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf;
-                if (o >= out) continue;
-#pragma unroll
-                for (int i = 0; i < NT / 8; i++)
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const int n = 8 * i + 2 * t + j, yr = yrow[n];
-                        if (yr >= 0) y[(size_t)yr * out + o] = acc[mt][4 * i + 2 * hf + j] * xs[xrow[n]];
-                    }
-            }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
+    };
+    uint32_t it = 0; /* stages issued (producer) or taken (consumers) before this tile */
+    if (tid >= 256) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wg_geo<NT, MT>::PREGS));
+        for (int c0 = 0; c0 < cnt; c0 += NT, it += (uint32_t)nst) {
+            tile_rows(c0);
+            wg_produce<NT, MT>(We, rb, in, out, r0, xh, sm, xrow, full, empty, it, nst);
+        }
+        cp_async_commit(); /* nothing in flight when the block ends */
+        cp_async_wait_all();
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg_geo<NT, MT>::CREGS));
+        for (int c0 = 0; c0 < cnt; c0 += NT, it += (uint32_t)nst) {
+            tile_rows(c0);
+            float acc[MT][NT / 2];
+            wg_consume<NT, MT>(sm, full, empty, it, nst, acc);
+            wg_store<NT, MT>(acc, r0, out, xrow, yrow, xs, y);
+        }
     }
 #else
     (void)W, (void)rb, (void)estride, (void)in, (void)out, (void)xh, (void)xs, (void)T, (void)x_div, (void)sorted;
-    (void)counts, (void)world, (void)y, (void)depth;
-    __trap(); /* built for sm_90a alone; mlacu_wg_usable keeps other devices away */
+    (void)counts, (void)world, (void)y;
+    __trap();
 #endif
 }
 
@@ -298,25 +415,25 @@ bool wg_device_ok(void) {
 template <int NT, int MT>
 cudaError_t wg_launch(const void *w, size_t rb, size_t estride, int64_t in, int64_t out, const __half *xh,
                       const float *xs, int64_t T, int x_div, const int32_t *sorted, const int32_t *counts, int world,
-                      unsigned gy, float *y, int depth, cudaStream_t s) {
+                      unsigned gy, float *y, cudaStream_t s) {
     using G = wg_geo<NT, MT>;
     static bool allowed = false;
     if (!allowed) {
         cudaError_t err = cudaFuncSetAttribute(wg_q4k_kernel<NT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)G::SMEM);
+                                               (int)wg_geo<NT, MT>::SMEM);
         if (err != cudaSuccess) return err;
         allowed = true;
     }
     dim3 grid((unsigned)((out + G::R - 1) / G::R), counts ? gy : (unsigned)((T + NT - 1) / NT));
-    mlacu_launch(wg_q4k_kernel<NT, MT>, grid, WG_THREADS, G::SMEM, s, (const uint8_t *)w, rb, estride, (int)in,
-                 (int)out, xh, xs, (int)T, x_div, sorted, counts, world, y, depth);
+    mlacu_launch(wg_q4k_kernel<NT, MT>, grid, WG_THREADS, wg_geo<NT, MT>::SMEM, s, (const uint8_t *)w, rb, estride,
+                 (int)in, (int)out, xh, xs, (int)T, x_div, sorted, counts, world, y);
     return cudaGetLastError();
 }
 
 } // namespace
 
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride) {
-    const uint64_t lim = (uint64_t)1 << 32; /* wg_block's 32-bit offsets */
+    const uint64_t lim = (uint64_t)1 << 32; /* wg_produce's 32-bit offsets */
     return wg_mode() != 0 && type == GGML_TYPE_Q4_K && in > 0 && in % 512 == 0 && out > 0 && x_rows >= 0 &&
            (uint64_t)x_rows * (uint64_t)in * 2 < lim && (uint64_t)out * ggml_row_bytes(type, in) < lim &&
            ((uintptr_t)w & 15) == 0 && estride % 16 == 0 && wg_device_ok();
@@ -329,20 +446,26 @@ cudaError_t mlacu_wg_q4k(const void *w, size_t estride, int64_t in, int64_t out,
                          int64_t pairs, float *y, cudaStream_t s) {
     const size_t rb = ggml_row_bytes(GGML_TYPE_Q4_K, in);
     int mode = wg_mode();
-    /* wgmma groups in flight: 2 by default; mode + 1000000 k: k (diagnosis and tuning) */
-    int depth = 2;
-    if (mode >= 1000000) depth = mode / 1000000, mode %= 1000000;
     /* 128-token tiles x 256 rows from 96 pairs a tile on average, else 64 x 128 (two blocks an SM):
-     * the fastest of the four at 64 and 128 pairs an expert and on dense prompts (H200, 2026-11-30) */
+     * the fastest at 64 and 128 pairs an expert and on dense prompts (H200, 2026-11-30). Fewer
+     * pairs an expert (short prompts, decode batches) take 32- and 16-token tiles: a 64-token
+     * tile of 16 pairs spends three quarters of its tensor-core work on padding (the whole layer
+     * 1.3x faster at 8 and 16 pairs an expert spread evenly). A router spreads them unevenly, and
+     * an expert past one tile reads its weights again for the next: the tile is the smallest
+     * that holds the mean plus two standard deviations of a Poisson count (mean + 2 sqrt(mean)). */
     if (mode == 1) {
         const int64_t tiles = counts ? (int64_t)gy : 1, per = pairs / (tiles > 0 ? tiles : 1);
-        mode = per >= 96 ? 12802 : 6401;
+        mode = per >= 96 ? 12802 : per > 22 ? 6401 : per > 10 ? 3202 : 1601;
     }
     switch (mode) {
-    case 6401: return wg_launch<64, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, depth, s);
-    case 6402: return wg_launch<64, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, depth, s);
-    case 12801: return wg_launch<128, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, depth, s);
-    case 12802: return wg_launch<128, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, depth, s);
+    case 1601: return wg_launch<16, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 1602: return wg_launch<16, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 3201: return wg_launch<32, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 3202: return wg_launch<32, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 6401: return wg_launch<64, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 6402: return wg_launch<64, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 12801: return wg_launch<128, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    case 12802: return wg_launch<128, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -20,9 +20,9 @@
  * expert stride 16-aligned */
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride);
 
-/* For tests and benchmarks: mode 0 off, 1 the default choice, or a forced tile of nt tokens (64
- * or 128) x mt 64-row tiles a warpgroup (1 or 2): mode = 100 nt + mt. Not thread-safe: set it
- * before launches. */
+/* For tests and benchmarks: mode 0 off, 1 the default choice, or a forced tile of nt tokens (16,
+ * 32, 64 or 128) x mt 64-row tiles a consumer warpgroup (1 or 2): mode = 100 nt + mt. Not
+ * thread-safe: set it before launches. */
 void mlacu_wg_set(int mode);
 
 /* y = x W^T. Dense (counts NULL): tiles of tokens over T (gy unused). Grouped (counts, sorted of a

@@ -648,57 +648,40 @@ static void probe_wg(int mode) {
 }
 
 static void check_wg(void) {
-    const int modes[] = {6401, 6402, 12801, 12802};
+    const int modes[] = {1601, 1602, 3201, 3202, 6401, 6402, 12801, 12802};
     if (!mlacu_wg_usable(GGML_TYPE_Q4_K, 7168, 2048, 2048, (const void *)256, 0)) {
         printf("wgmma: not usable on this device (needs compute capability 9.0)\n");
         return;
     }
     for (int m : modes) probe_wg(m);
-    probe_wg(1006401);  /* one wgmma group in flight */
-    probe_wg(3012802); /* three */
     for (int m : modes) {
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
         check_matmul(GGML_TYPE_Q4_K, 512, 101, 77, MM_H, false);   /* partial rows and tokens */
-        check_matmul(GGML_TYPE_Q4_K, 1536, 300, 131, MM_H, false); /* three blocks of K */
+        check_matmul(GGML_TYPE_Q4_K, 1536, 300, 131, MM_H, false); /* 12 stages: each buffer used thrice */
         check_matmul(GGML_TYPE_Q4_K, 7168, 2048, 200, MM_H, false);
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 7168, 512, 64, 0, 1, false, true, 1);
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 1024, 1024, 300, 1, 2, false, true, 1);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 1024, 1024, 300, 1, 2, false, true, 1); /* 2-3 tiles an expert */
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 4, 4, 512, 512, 150, 0, 1, false, true, 1); /* down: mma.sync */
         for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += fmt(" wg%d", m);
     }
-    for (int m : {0, 1}) {
+    for (int m : {0, 1}) { /* mma.sync, then the default tiles */
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
-        for (int64_t T : {512, 2048, 4096}) time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
+        for (int64_t T : {256, 512, 2048, 4096}) time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
         check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
         for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += m ? " wgmma" : " mma.sync";
     }
-    for (int m : modes) /* each tile shape at 64 pairs a expert, with 1, 2 and 3 wgmma groups in flight */
-        for (int d : {1, 2, 3}) {
-            mlacu_wg_set(m + 1000000 * d);
-            time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 2048, true, 1);
-            g_rows.back().op += fmt(" wg%d depth %d", m, d);
+    for (int m : {1601, 1602, 3201, 3202, 6401}) /* the small tiles at 8 and 16 pairs an expert */
+        for (int64_t T : {256, 512}) {
+            mlacu_wg_set(m);
+            time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
+            g_rows.back().op += fmt(" wg%d", m);
+            time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1, true); /* as a router spreads them */
+            g_rows.back().op += fmt(" clustered wg%d", m);
         }
-    for (int m : {12801, 12802}) { /* 128-token tiles at 128 pairs a expert and dense, 128 or 256 rows */
-        mlacu_wg_set(m);
-        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 4096, true, 1);
-        g_rows.back().op += fmt(" wg%d", m);
-        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
-        g_rows.back().op += fmt(" wg%d", m);
-        check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
-        g_rows.back().op += fmt(" wg%d", m);
-    }
-    for (int d : {1, 2, 3}) {
-        mlacu_wg_set(12801 + 1000000 * d);
-        time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 4096, true, 1);
-        g_rows.back().op += fmt(" wg12801 depth %d", d);
-        mlacu_wg_set(1000000 * d + 12801);
-        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
-        g_rows.back().op += fmt(" wg12801 depth %d", d);
-    }
     mlacu_wg_set(1);
 }
 #else
