@@ -301,7 +301,7 @@ int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_t estride, 
                                    const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                    int64_t n_expert, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The same on the fp16 tensor cores (mla_cuda_matmul_h) from an fp16 buffer of the x_rows rows
- * of x (mla_cuda_act_h): bm (32 or 64) pairs of one expert a tile (Q4_K on compute capability
+ * of x (mla_cuda_act_h or mla_cuda_swiglu_h): bm (32 or 64) pairs of one expert a tile (Q4_K on compute capability
  * 9.0: the warpgroup kernel, which picks its own tile). */
 int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
                               const void *d_xh, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,

@@ -23,7 +23,7 @@
  *   128 arrivals), empty[b] when the 256 consumer threads are done with it (an arrival each once
  *   the stage's wgmmas have completed, which the next stage's first wait_group shows). No block
  *   barrier and no wait_group 0 a stage: the tensor cores are fed across stage boundaries (the
- *   form without a producer, a block barrier a stage, ran 22-25% slower; H200, 2026-11-30). A
+ *   form without a producer, a block barrier a stage, took 18-25% longer; H200, 2026-11-30). A
  *   consumer makes the landed copies visible to wgmma's proxy (fence.proxy.async) after its wait
  *   on full[b]. The producer gives up registers (setmaxnreg) to the consumers, whose 128 x 256
  *   tiles keep 128 accumulators a thread.
@@ -169,7 +169,7 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
         }
         __syncwarp();
     }
-    uint32_t A[3][MT][4]; /* fragments of three k16 steps: up to three wgmma groups read them */
+    uint32_t A[3][MT][4]; /* fragments of three k16 steps: the two wgmma groups in flight, the next one */
 #pragma unroll
     for (int ch = 0; ch < 2; ch++) {
         __half2 dd[MT][2][2], nm[MT][2][2]; /* [tile][row g / g + 8][low / high nibbles] */
