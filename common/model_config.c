@@ -407,6 +407,13 @@ int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T,
     return MLA_OK;
 }
 
+int mla_cuda_attn_fp32(bool exact, mla_err *err) {
+    const char *v = getenv("MLA_CUDA_ATTN");
+    if (v && strcmp(v, "tc") && strcmp(v, "fp32"))
+        return mla_errf(err, "MLA_CUDA_ATTN=%s: expected tc or fp32", v);
+    return v ? !strcmp(v, "fp32") : exact;
+}
+
 int mla_cuda_kv_f16(int64_t row, bool attn_fp32, bool legacy, mla_err *err) {
     const char *v = getenv("MLA_CUDA_KV");
     if (v && strcmp(v, "f16") && strcmp(v, "f32"))

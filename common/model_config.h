@@ -91,6 +91,12 @@ int mla_config_check_tensors(const mla_config *cfg, const gguf_ctx *g, mla_err *
 int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T, int64_t pos0, int64_t n_past,
                           int64_t n_ctx, mla_err *err);
 
+/* Whether the CUDA backend's attention runs in fp32 (1) or on the fp16 tensor cores (0):
+ * MLA_CUDA_ATTN=fp32|tc decides, else fp32 exactly in exact mode (exact: MLA_CUDA_FAST=exact, as
+ * the engine reads it). MLA_ERR when MLA_CUDA_ATTN holds another value (err names it). The backend
+ * and `mlaserve bench` both ask here. */
+int mla_cuda_attn_fp32(bool exact, mla_err *err);
+
 /* The element type of the CUDA backend's latent cache, rows of `row` (kv_lora + rope) elements:
  * fp16 where attention runs on the fp16 tensor cores (which round the keys to fp16 anyway), fp32
  * where it runs in fp32 (attn_fp32: exact mode or MLA_CUDA_ATTN=fp32); MLA_CUDA_KV=f16|f32 (as

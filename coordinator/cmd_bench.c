@@ -763,10 +763,10 @@ int cmd_bench(int argc, char **argv) {
      * environment, --env included) */
     info.kv_bytes = 4;
     if (!strcmp(info.backend, "cuda")) {
-        /* attention in fp32: MLA_CUDA_ATTN=fp32, or exact mode unless MLA_CUDA_ATTN=tc (model_cuda.cu) */
-        const char *fast = getenv("MLA_CUDA_FAST"), *at = getenv("MLA_CUDA_ATTN"), *lg = getenv("MLA_CUDA_LEGACY");
-        const bool attn_fp32 = at ? !strcmp(at, "fp32") : fast && !strcmp(fast, "exact");
-        const int kf = mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, lg && !strcmp(lg, "1"), &err);
+        const char *fast = getenv("MLA_CUDA_FAST"), *lg = getenv("MLA_CUDA_LEGACY");
+        const int attn_fp32 = mla_cuda_attn_fp32(fast && !strcmp(fast, "exact"), &err);
+        const int kf = attn_fp32 < 0 ? MLA_ERR
+                                     : mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, lg && !strcmp(lg, "1"), &err);
         if (kf < 0) {
             fprintf(stderr, "mlaserve bench: %s\n", err.msg);
             gguf_close(g);

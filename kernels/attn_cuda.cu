@@ -1366,11 +1366,8 @@ template <int L, int R, typename KT> static int tc_launch_setup(mla_err *e) {
     static int state = 0; /* 0: not yet, 1: set up, 2: not on this device */
     if (state == 2) return 1;
     if (state == 0) {
-        int dev = 0, optin = 0;
-        MLACU_CHECK(cudaGetDevice(&dev), e, "mla_attn (tensor cores): device");
-        MLACU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), e,
-                    "mla_attn (tensor cores): shared memory limit");
-        if ((size_t)optin < C::SMEM + sizeof(float *) * 2 * TC_KT) {
+        /* a failed query reads as 48 KB: the kernel is then not used on this device */
+        if ((size_t)mlacu_smem_optin() < C::SMEM + sizeof(float *) * 2 * TC_KT) {
             state = 2;
             return 1;
         }

@@ -374,13 +374,12 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         m->moe_mmh_min = (int)mmin;
         m->gemv_tmax = (int)gtmax;
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
-        const char *at = getenv("MLA_CUDA_ATTN");
-        if (at && strcmp(at, "tc") && strcmp(at, "fp32")) {
-            mla_errf(err, "MLA_CUDA_ATTN=%s: expected tc or fp32", at);
+        const int attn_fp32 = mla_cuda_attn_fp32(m->exact, err);
+        if (attn_fp32 < 0) {
             mla_cmodel_free(m);
             return MLA_ERR;
         }
-        m->attn_tc = at ? !strcmp(at, "tc") : !m->exact;
+        m->attn_tc = !attn_fp32;
         /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 (process-wide): MLA_CUDA_GEMVS=0|1, on by
          * default */
         const char *gs = getenv("MLA_CUDA_GEMVS");

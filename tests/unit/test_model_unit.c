@@ -204,9 +204,27 @@ static void test_kv_type(void) {
     unsetenv("MLA_CUDA_KV");
 }
 
+/* The CUDA attention's kind (mla_cuda_attn_fp32): fp32 in exact mode only, MLA_CUDA_ATTN over
+ * both, a bad value named. */
+static void test_attn_kind(void) {
+    mla_err err;
+    unsetenv("MLA_CUDA_ATTN");
+    CHECK(mla_cuda_attn_fp32(false, &err) == 0);
+    CHECK(mla_cuda_attn_fp32(true, &err) == 1);
+    setenv("MLA_CUDA_ATTN", "tc", 1);
+    CHECK(mla_cuda_attn_fp32(true, &err) == 0);
+    setenv("MLA_CUDA_ATTN", "fp32", 1);
+    CHECK(mla_cuda_attn_fp32(false, &err) == 1);
+    setenv("MLA_CUDA_ATTN", "flash", 1);
+    memset(&err, 0, sizeof err);
+    CHECK(mla_cuda_attn_fp32(false, &err) == MLA_ERR && strstr(err.msg, "MLA_CUDA_ATTN=flash") != NULL);
+    unsetenv("MLA_CUDA_ATTN");
+}
+
 int main(int argc, char **argv) {
     test_routing();
     test_kv_type();
+    test_attn_kind();
     if (argc > 1) {
         test_config_and_shapes(argv[1]);
         test_forward_errors(argv[1]);
