@@ -665,27 +665,26 @@ __device__ __forceinline__ uint32_t fkey(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Inclusive prefix of v over the warp's lanes (the whole warp calls it). */
+__device__ __forceinline__ int warp_scan_int(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += up;
+    }
+    return v;
+}
+
 /* Exclusive prefix of v over the block (blockDim.x multiple of 32, <= 1024); *total gets the
  * block's sum. Uses sh[0..32]. */
 __device__ int block_scan_int(int v, int *sh, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int inc = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int up = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += up;
-    }
+    const int inc = warp_scan_int(v, lane);
     __syncthreads();
     if (lane == 31) sh[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        const int w = lane < nw ? sh[lane] : 0;
-        int wi = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int up = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += up;
-        }
+        const int w = lane < nw ? sh[lane] : 0, wi = warp_scan_int(w, lane);
         if (lane < nw) sh[lane] = wi - w;
         if (lane == 31) sh[32] = wi;
     }
