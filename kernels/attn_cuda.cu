@@ -24,13 +24,6 @@ __device__ __forceinline__ float wmax(float v) {
     return v;
 }
 
-/* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or
- * __half: the fp16 latent cache, whose offset and row length count halves): block j / BS of the
- * token's table, then the layer's offset inside the block, then the slot. */
-template <typename KT>
-__device__ __forceinline__ const KT *paged_row_t(const float *const *tab, int64_t off, int64_t ld, int64_t j) {
-    return (const KT *)tab[j >> MLA_CUDA_KV_BLOCK_LOG2] + off + (j & (MLA_CUDA_KV_BLOCK - 1)) * ld;
-}
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
@@ -840,8 +833,6 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
 /* ---------------------------------------------------------------- cache rows of a batched step */
 /* Block t: row t of src goes to slot pos[t] of token t's paged cache, of element type KT (fp16:
  * rounded to nearest). */
-__device__ __forceinline__ void kv_store(float *d, float v) { *d = v; }
-__device__ __forceinline__ void kv_store(__half *d, float v) { *d = __float2half_rn(v); }
 template <typename KT>
 __global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n,
                                     const float *const *const *__restrict__ tabs, int64_t tab_off,
@@ -1032,19 +1023,37 @@ __global__ void moe_plan_kernel(const int32_t *__restrict__ ids, int64_t npairs,
         if (e >= 0 && e < n_expert && e % world == rank) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t a = 0, b = 0;
-        for (int e = 0; e < n_expert; e++)
-            if (cnt[e] == 1) toff[e] = b++;
-        n_tiles[1] = b;
-        for (int e = 0; e < n_expert; e++) {
-            off[e] = a;
-            a += cnt[e];
-            if (cnt[e] == 1) continue;
-            toff[e] = b;
-            b += (cnt[e] + MP_TILE - 1) / MP_TILE;
+    /* pairs before each expert (off), and its first tile (toff): the tiles of one pair first, in
+     * expert order, then the others' in expert order. Thread i scans a run of experts; three block
+     * scans place the runs. */
+    {
+        __shared__ int sh[33];
+        const int per = (n_expert + (int)blockDim.x - 1) / (int)blockDim.x;
+        const int e0 = min(n_expert, (int)threadIdx.x * per), e1 = min(n_expert, e0 + per);
+        int sc = 0, ss = 0, stl = 0;
+        for (int e = e0; e < e1; e++) {
+            const int c = cnt[e];
+            sc += c;
+            ss += c == 1;
+            stl += c == 1 ? 0 : (c + MP_TILE - 1) / MP_TILE;
         }
-        n_tiles[0] = b;
+        int tot_c, tot_s, tot_t;
+        int a = block_scan_int(sc, sh, &tot_c), s1 = block_scan_int(ss, sh, &tot_s), b = block_scan_int(stl, sh, &tot_t);
+        b += tot_s;
+        for (int e = e0; e < e1; e++) {
+            const int c = cnt[e];
+            off[e] = a;
+            a += c;
+            if (c == 1) toff[e] = s1++;
+            else {
+                toff[e] = b;
+                b += (c + MP_TILE - 1) / MP_TILE;
+            }
+        }
+        if (threadIdx.x == 0) {
+            n_tiles[1] = tot_s;
+            n_tiles[0] = tot_s + tot_t;
+        }
     }
     __syncthreads();
     for (int64_t p = threadIdx.x; p < npairs; p += blockDim.x) {
@@ -1660,9 +1669,9 @@ extern "C" size_t mla_cuda_moe_work_bytes(int64_t T, int64_t K, int64_t E, int64
            mla_cuda_act_h_bytes(T * K, F);
 }
 
-extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
-                                  const float *d_w, int64_t K, float *d_out, void *d_work, mla_cuda_stream stream,
-                                  mla_err *e) {
+extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, int64_t T,
+                                  const int32_t *d_ids, const float *d_w, int64_t K, float *d_out, void *d_work,
+                                  mla_cuda_stream stream, mla_err *e) {
     if (T == 0) return MLA_OK;
     const int64_t E = ex->n_embd, F = ex->n_ff;
     uint8_t *m = (uint8_t *)d_work;
@@ -1678,6 +1687,11 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     float *y = (float *)m;
     m += al16((size_t)(T * K * E) * 4);
     void *qx = m, *qh = m + mla_cuda_q8_bytes(T, E); /* q8 buffers of x and of h */
+    /* x's q8 buffer: the caller's, else quantized here (qx) by q8x() */
+    auto q8x = [&]() -> const void * {
+        if (d_xq) return d_xq;
+        return mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ? nullptr : qx;
+    };
     m += mla_cuda_q8_bytes(T, E) + mla_cuda_q8_bytes(T * K, F);
     void *hx = m, *hh = m + mla_cuda_act_h_bytes(T, E); /* fp16 buffers of x and of h */
     if (mla_cuda_moe_plan_build(&pl, d_ids, T, K, ex->n_expert, stream, e)) return MLA_ERR;
@@ -1703,10 +1717,11 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     const bool mma = ex->q8 && T * K >= 64 * ex->n_expert && mla_cuda_q8_supported(ex->gate_type) &&
                      mla_cuda_q8_supported(ex->up_type) && mla_cuda_q8_supported(ex->down_type);
     if (mma) {
-        if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||
-            mla_cuda_matmul_grouped_q8_mma(ex->gate_type, ex->gate, ex->gate_estride, E, F, qx, T, (int)K, &pl,
+        const void *xq = q8x();
+        if (!xq ||
+            mla_cuda_matmul_grouped_q8_mma(ex->gate_type, ex->gate, ex->gate_estride, E, F, xq, T, (int)K, &pl,
                                            ex->n_expert, g, stream, e) ||
-            mla_cuda_matmul_grouped_q8_mma(ex->up_type, ex->up, ex->up_estride, E, F, qx, T, (int)K, &pl, ex->n_expert,
+            mla_cuda_matmul_grouped_q8_mma(ex->up_type, ex->up, ex->up_estride, E, F, xq, T, (int)K, &pl, ex->n_expert,
                                            u, stream, e) ||
             mla_cuda_swiglu(g, u, h, T * K * F, stream, e) || mla_cuda_quantize_q8(h, T * K, F, qh, stream, e) ||
             mla_cuda_matmul_grouped_q8_mma(ex->down_type, ex->down, ex->down_estride, F, E, qh, T * K, 1, &pl,
@@ -1715,9 +1730,9 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
         return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
     }
     if (ex->q8 && ex->gate_type == ex->up_type && mla_cuda_q8_supported(ex->gate_type)) {
-        if (mla_cuda_quantize_q8(d_x, T, E, qx, stream, e) ||
-            mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, qx, T, (int)K, &pl, h,
-                                       stream, e))
+        const void *xq = q8x();
+        if (!xq || mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, xq, T, (int)K,
+                                              &pl, h, stream, e))
             return MLA_ERR;
     } else if (ex->gate_type == ex->up_type) {
         if (mla_cuda_matmul_grouped(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, d_x, (int)K, &pl, h, stream,

@@ -94,9 +94,45 @@ static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t s
 /* silu(g) u: swiglu_kernel's and the fused fp16 conversion's (mla_cuda_swiglu_h) one expression */
 static __device__ __forceinline__ float mlacu_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* The q8 buffer of T rows of `in` elements (mla_cuda_quantize_q8): int8 [T][in], then from this
+ * offset (16-aligned) a float4 a 32-element unit: (d, d * sum of its first 16 q, d * sum of its
+ * last 16 q, 0). */
+static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, int64_t in) {
+    return ((size_t)(T * in) + 15) / 16 * 16;
+}
+
+/* One 32-element unit held by a warp, element `lane` in each lane (every lane calls it): its int8
+ * at q[0..32), its scales at *s, the values q8x_kernel (quant_cuda.cu) gives the same 32 floats:
+ * d = max|v| / 127, q = round-to-nearest-even(v * 127 / max|v|). */
+static __device__ __forceinline__ void mlacu_q8_unit_warp(float v, int8_t *q, float4 *s) {
+    const int lane = threadIdx.x & 31;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const int qi = __float2int_rn(__fmul_rn(v, id));
+    int h = qi; /* the sum over this lane's half of the warp (lanes 0-15, 16-31) */
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+    const int h1 = __shfl_sync(0xffffffffu, h, 16);
+    q[lane] = (int8_t)qi;
+    if (lane == 0) *s = make_float4(d, d * (float)h, d * (float)h1, 0.f);
+}
+
+/* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or
+ * __half: the fp16 latent cache, whose offset and row length count halves): block j / BS of the
+ * token's table, then the layer's offset inside the block, then the slot. */
+template <typename KT>
+__device__ __forceinline__ const KT *paged_row_t(const float *const *tab, int64_t off, int64_t ld, int64_t j) {
+    return (const KT *)tab[j >> MLA_CUDA_KV_BLOCK_LOG2] + off + (j & (MLA_CUDA_KV_BLOCK - 1)) * ld;
+}
+/* a cache element from a float (fp16: rounded to nearest) */
+__device__ __forceinline__ void kv_store(float *d, float v) { *d = v; }
+__device__ __forceinline__ void kv_store(__half *d, float v) { *d = __float2half_rn(v); }
+
 /* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
  * quant_cuda.cu hold one tile's tokens in registers). */
-#define MLACU_MOE_TILE 8
+#define MLACU_MOE_TILE MLA_CUDA_MOE_TILE
 
 /* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the
  * first warp, shared with the block (a barrier: every thread of the block calls it). */

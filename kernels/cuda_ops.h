@@ -105,6 +105,16 @@ size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
                        float *d_y, mla_cuda_stream stream, mla_err *e);
+/* y = silu(x Wg^T) * (x Wu^T) from one q8 buffer (Wg, Wu: type t, out x in), as
+ * mla_cuda_matmul_q8 twice then mla_cuda_swiglu (the same bits); where the streamed GEMV takes
+ * the step, one kernel reads both matrices, else d_u ([T][out] floats) holds x Wu^T. */
+int mla_cuda_matmul_q8_swiglu(uint32_t t, const void *d_wg, const void *d_wu, int64_t in, int64_t out,
+                              const void *d_q8, int64_t T, float *d_y, float *d_u, mla_cuda_stream stream,
+                              mla_err *e);
+/* ya = x Wa^T and yb = x Wb^T from one q8 buffer (both of type t, rows of `in`), as
+ * mla_cuda_matmul_q8 twice (the same bits); one kernel where the streamed GEMV takes the step */
+int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out_a, float *d_ya, const void *d_wb, int64_t out_b,
+                            float *d_yb, int64_t in, const void *d_q8, int64_t T, mla_cuda_stream stream, mla_err *e);
 /* The same product on the tensor cores (int8 mma, 64 tokens x 64 rows a block): for prefill and
  * large batches, where the GEMV's passes over W (one per 8 tokens) cost more. */
 int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,
@@ -137,6 +147,12 @@ int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_t out, cons
 /* rmsnorm (kernels/rmsnorm.h) and layernorm (kernels/layernorm.h; w or b may be NULL). */
 int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
                      float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e);
+/* rmsnorm with the residual add before it and the q8 quantization after it, in one kernel: with
+ * d_res, x [T][n] += res [T][n] first (written back; ldx == n), as mla_cuda_add; then y =
+ * rmsnorm(x) as mla_cuda_rmsnorm; with d_q8 (n % 32 == 0, ldy == n), also y's q8 buffer as
+ * mla_cuda_quantize_q8(y, T, n, d_q8) fills it. The same bits as those ops in turn. */
+int mla_cuda_rmsnorm_ex(float *d_x, const float *d_res, int64_t ldx, int64_t T, int64_t n, const float *d_w,
+                        float eps, float *d_y, int64_t ldy, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w,
                        const float *d_b, float eps, float *d_y, int64_t ldy, mla_cuda_stream stream,
                        mla_err *e);
@@ -252,6 +268,17 @@ int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_
                            const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos, int64_t dst_ld,
                            int dst_f16, mla_cuda_stream stream, mla_err *e);
 
+/* The cache side of an MLA step in one kernel: row t of d_kva (kv_lora latent floats, then
+ * t->n_dims k_pe floats) normalized (rmsnorm, weights d_norm_w) and rotated (rope, adjacent
+ * pairs, position d_pos[t]), stored as mla_cuda_scatter_paged stores it (rows of kv_lora +
+ * n_dims elements at blk_off), and the n_head query k_pe vectors of token t (d_q + t q_ld, head_ld
+ * apart) rotated in place. The same bits as mla_cuda_rmsnorm, mla_cuda_rope (twice) and
+ * mla_cuda_scatter_paged in turn. kv_lora <= 8192. */
+int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int64_t T, int64_t kv_lora, const float *d_norm_w,
+                         float eps, const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
+                         int kv_f16, float *d_q, int64_t q_ld, int64_t n_head, int64_t head_ld,
+                         mla_cuda_stream stream, mla_err *e);
+
 /* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
  * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */
 int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
@@ -271,6 +298,7 @@ int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_
  * then the others' tiles. Buffers live in caller memory of mla_cuda_moe_plan_bytes(); max_tiles
  * is the grid bound (the real counts stay on the device: n_tiles[0] tiles, the first n_tiles[1]
  * of them single). */
+#define MLA_CUDA_MOE_TILE 8 /* pairs a tile of a plan at most */
 typedef struct mla_cuda_moe_plan {
     int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles, *counts;
     int64_t max_tiles;
@@ -311,7 +339,8 @@ int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t estride, int64
 int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_w, int64_t T, int64_t n_used,
                          int64_t n, int rank, int world, float *d_out, mla_cuda_stream stream, mla_err *e);
 /* Device MoE: routed experts of this rank (experts packed as above) applied to x [T][n_embd],
- * added into out; d_work of mla_cuda_moe_work_bytes(). */
+ * added into out; d_work of mla_cuda_moe_work_bytes(). d_xq: NULL, or x's q8 buffer
+ * (mla_cuda_quantize_q8(d_x, T, n_embd)) where the caller has it (else made here when needed). */
 typedef struct mla_cuda_experts {
     uint32_t gate_type, up_type, down_type;
     const void *gate, *up, *down;
@@ -324,9 +353,9 @@ typedef struct mla_cuda_experts {
     int mmh_min;
 } mla_cuda_experts;
 size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_t n_ff, int64_t n_expert);
-int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, int64_t T, const int32_t *d_ids,
-                       const float *d_w, int64_t n_used, float *d_out, void *d_work, mla_cuda_stream stream,
-                       mla_err *e);
+int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, int64_t T,
+                       const int32_t *d_ids, const float *d_w, int64_t n_used, float *d_out, void *d_work,
+                       mla_cuda_stream stream, mla_err *e);
 
 /* Sampling (worker/sample.h without the history penalties and logprobs): row t of d_logits is
  * sampled with stream stream0 + t. Greedy when temperature == 0 or top_k == 1 (argmax, lowest

@@ -17,7 +17,7 @@
  *   changes).
  * - Rows stream: a block owns a contiguous run of stages; a stage is R = G x RG whole rows of each
  *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (~32 KB in all), which
- *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, GS_STAGES - 1
+ *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, stages - 1
  *   stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
  *   and are stored one stage later.
  * - Over a MoE plan a stage is a tile's row range. Each token of a dense step, each pair of a tile,
@@ -41,9 +41,26 @@ extern "C" {
 
 namespace mlacu {
 
-constexpr int GS_THREADS = 256, GS_STAGES = 3, GS_RG_MAX = 8;
+constexpr int GS_THREADS = 256, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
 constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
-constexpr int GS_TARGET = 32768;       /* bytes of W a stage aims at */
+/* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at: 3 and
+ * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; read once a process: for measurements) */
+struct gs_tune {
+    int stages = 3, target = 32768;
+};
+static const gs_tune &gs_tuning() {
+    static const gs_tune t = [] {
+        gs_tune v;
+        const char *e = getenv("MLA_CUDA_GS");
+        int a = 0, b = 0;
+        if (e && sscanf(e, "%d:%d", &a, &b) == 2 && a >= 2 && a <= GS_STAGES_MAX && b >= 4096 && b <= 65536)
+            v.stages = a, v.target = b;
+        else if (e)
+            fprintf(stderr, "MLA_CUDA_GS=%s ignored: expected STAGES:BYTES, 2-%d and 4096-65536\n", e, GS_STAGES_MAX);
+        return v;
+    }();
+    return t;
+}
 constexpr int GS_SMEM_MAX = 200 << 10; /* longer rows than a stage of this allows: not this kernel */
 constexpr int GS_SMEM_STATIC = 4 << 10; /* the kernel's own shared memory (sums, barriers), rounded up */
 
@@ -73,19 +90,20 @@ __device__ __forceinline__ void gs_bulk(void *dst, const void *src, uint32_t byt
                  : "memory");
 }
 
-/* Dense (GRP false): y[t][row] = W[0] row . x row t for the T tokens. Grouped (GRP): over a MoE
+/* Dense (GRP false): y[t][row] = W[0] row . x row t for the T tokens; with G0 > 0 (NM = 1) the
+ * row groups from G0 on are those of a second matrix on the same x, W2 (out2 rows) into y2. Grouped (GRP): over a MoE
  * plan's tiles (as gemvq_grp_kernel): tile i holds tile_n[i] (1 .. GS_NP) pairs of expert tile_e[i],
  * p = sorted[tile_s[i] + j], which read x row p / x_div and write y row p; expert e's matrix m
  * starts at W[m] + (e / world) * estride. NM = 2: y = silu(W[0] x) * (W[1] x). */
 struct gs_args {
-    const uint8_t *W[2];
+    const uint8_t *W[2], *W2;
     size_t estride;
-    int rb, out, ni, R, RG, TPG, msb, x_div, world, T;
+    int rb, out, ni, R, RG, TPG, msb, x_div, world, T, out2, G0, stages;
     bool singles; /* grouped: only the plan's first n_tiles[1] tiles, of one pair each */
     const uint4 *qx;
     const float4 *sx;
     const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
-    float *y;
+    float *y, *y2;
 };
 
 /* the sum over the aligned run of n lanes (16 or 32) holding v */
@@ -106,10 +124,11 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     if (GRP) mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t gs_sm[];
     __shared__ float red[2][GS_THREADS / 16][NM][GS_RG_MAX];
-    __shared__ uint64_t full[GS_STAGES];
+    __shared__ uint64_t full[GS_STAGES_MAX];
+    const int NS = A.stages;
     const int tid = threadIdx.x, lane = tid & 31;
     const int R = A.R, RG = A.RG, gpm = (A.out + R - 1) / R;
-    const int groups = gpm * (GRP ? A.n_tiles[A.singles ? 1 : 0] : 1);
+    const int groups = GRP ? gpm * A.n_tiles[A.singles ? 1 : 0] : A.G0 > 0 ? A.G0 + (A.out2 + R - 1) / R : gpm;
     const int g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x);
     const int g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
     const int sb = NM * A.msb;
@@ -117,15 +136,16 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     /* a group's partial sums: one per warp (TPG >= 32) or per group (TPG 16: two groups a warp) */
     const int run = min(A.TPG, 32), part = tid / run, ppg = A.TPG / run;
     auto tile_of = [&](int g) { return GRP ? g / gpm : 0; };
+    auto second = [&](int g) { return !GRP && A.G0 > 0 && g >= A.G0; }; /* group g is of W2 */
+    auto rg_of = [&](int g) { return GRP ? g % gpm : second(g) ? g - A.G0 : g; };
     /* where the rows of group g start in matrix m (the copy starts at the 16-aligned address below) */
     auto rows_at = [&](int g, int m) -> const uint8_t * {
         const size_t eo = GRP ? (size_t)(A.tile_e[tile_of(g)] / A.world) * A.estride : 0;
-        return (m ? A.W[1] : A.W[0]) + eo + (size_t)(GRP ? g % gpm : g) * R * A.rb;
+        return (second(g) ? A.W2 : m ? A.W[1] : A.W[0]) + eo + (size_t)rg_of(g) * R * A.rb;
     };
     auto issue = [&](int g, int buf) { /* thread 0 */
         if (g >= g1) return;
-        const int rg = GRP ? g % gpm : g;
-        const int nrow = min(R, A.out - rg * R);
+        const int nrow = min(R, (second(g) ? A.out2 : A.out) - rg_of(g) * R);
         const uint8_t *src[NM];
         uint32_t bytes[NM], all = 0;
 #pragma unroll
@@ -139,23 +159,23 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
 #pragma unroll
         for (int m = 0; m < NM; m++) gs_bulk(gs_sm + (size_t)buf * sb + m * A.msb, src[m], bytes[m], &full[buf]);
     };
-    /* step c's sums (pair p, rows of row group rg) to y: a thread a row */
-    auto store = [&](int c, int p, int rg) {
-        const int r = tid, row = rg * R + r;
-        if (r >= R || row >= A.out) return;
+    /* step c's sums (pair p, rows of row group rg, of W2 with s2) to y: a thread a row */
+    auto store = [&](int c, int p, int rg, bool s2) {
+        const int r = tid, row = rg * R + r, out = s2 ? A.out2 : A.out;
+        if (r >= R || row >= out) return;
         const int gr = r / RG, rr = r % RG;
         float s[2] = {0.f, 0.f};
 #pragma unroll
         for (int m = 0; m < NM; m++)
             for (int w = 0; w < ppg; w++) s[m] += red[c & 1][gr * ppg + w][m][rr];
-        A.y[(size_t)p * A.out + row] = NM == 2 ? s[0] / (1.0f + expf(-s[0])) * s[NM - 1] : s[0];
+        (s2 ? A.y2 : A.y)[(size_t)p * out + row] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
     };
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < GS_STAGES; s++) gs_bar_init(&full[s]);
+        for (int s = 0; s < NS; s++) gs_bar_init(&full[s]);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #pragma unroll
-        for (int s = 0; s < GS_STAGES - 1; s++) issue(g0 + s, s);
+        for (int s = 0; s < NS - 1; s++) issue(g0 + s, s);
     }
     /* a dense product's first stages are weights only, so they are already on their way while
      * the kernel before finishes (programmatic launch); x and y wait for it */
@@ -163,21 +183,22 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
     __syncthreads();
     gs_x<TY> x;
     int xrow = -1, c = 0, pp = 0, prg = 0; /* steps so far; the last one's pair and row group */
+    bool ps2 = false;
     for (int k = 0; g0 + k < g1; k++) {
-        const int g = g0 + k, rg = GRP ? g % gpm : g;
-        gs_bar_wait(&full[k % GS_STAGES], (uint32_t)(k / GS_STAGES) & 1u); /* stage k landed */
+        const int g = g0 + k, rg = rg_of(g), out = second(g) ? A.out2 : A.out;
+        gs_bar_wait(&full[k % NS], (uint32_t)(k / NS) & 1u); /* stage k landed */
         const int n = GRP ? A.tile_n[tile_of(g)] : A.T;
         if (n < 1 || n > GS_NP) __trap(); /* plans hold 1 .. GS_NP pairs a tile; the host checks T */
         const uint8_t *st[NM];
 #pragma unroll
         for (int m = 0; m < NM; m++) /* the copy started at the 16-aligned address below the rows */
-            st[m] = gs_sm + (size_t)(k % GS_STAGES) * sb + m * A.msb + ((uintptr_t)rows_at(g, m) & 15);
+            st[m] = gs_sm + (size_t)(k % NS) * sb + m * A.msb + ((uintptr_t)rows_at(g, m) & 15);
         for (int j = 0; j < n; j++, c++) {
             __syncthreads(); /* step c - 1's sums are in; at j = 0, stage k - 1's buffer is free */
-            if (c > 0) store(c - 1, pp, prg);
+            if (c > 0) store(c - 1, pp, prg, ps2);
             if (j == 0 && tid == 0) {
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* our reads, then the copy */
-                issue(g + GS_STAGES - 1, (k + GS_STAGES - 1) % GS_STAGES);
+                issue(g + NS - 1, (k + NS - 1) % NS);
             }
             const int p = GRP ? A.sorted[A.tile_s[tile_of(g)] + j] : j;
             const int xr = GRP ? p / A.x_div : j;
@@ -191,18 +212,18 @@ __global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
 #pragma unroll
                 for (int m = 0; m < NM; m++) {
                     acc[m] = 0.f;
-                    if (row < A.out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
+                    if (row < out && ti < A.ni) acc[m] = gs_dot<TY>(st[m] + (size_t)r * A.rb, ti, x);
                     acc[m] = gs_lane_sum(acc[m], run);
                 }
                 if (lane % run == 0)
 #pragma unroll
                     for (int m = 0; m < NM; m++) red[c & 1][part][m][rr] = acc[m];
             }
-            pp = p, prg = rg;
+            pp = p, prg = rg, ps2 = second(g);
         }
     }
     __syncthreads();
-    if (c > 0) store(c - 1, pp, prg);
+    if (c > 0) store(c - 1, pp, prg, ps2);
 }
 
 /* ---------------------------------------------------------------- host */
@@ -212,16 +233,16 @@ struct gs_geo {
 };
 
 /* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256
- * threads) of RG rows (<= 8), about GS_TARGET bytes a stage; rows of whole items */
+ * threads) of RG rows (<= 8), about gs_tuning().target bytes a stage; rows of whole items */
 static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
     const int64_t ni = in / 128;
     if (in % 128 || ni < 1 || ni > GS_THREADS) return false;
     g.TPG = ni <= 16 ? 16 : (int)((ni + 31) / 32 * 32);
     g.G = GS_THREADS / g.TPG;
-    g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (GS_TARGET / nm - 32) / (g.G * rb)));
+    g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (gs_tuning().target / nm - 32) / (g.G * rb)));
     g.R = g.G * g.RG;
     g.msb = (int)(((int64_t)g.R * rb + 32 + 15) / 16 * 16);
-    g.smem = (size_t)GS_STAGES * nm * g.msb;
+    g.smem = (size_t)gs_tuning().stages * nm * g.msb;
     return (int64_t)g.smem <= gs_smem_limit();
 }
 
@@ -272,18 +293,35 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
     A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
     A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.ni = (int)(in / 128);
     A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1, A.T = 1;
+    A.stages = gs_tuning().stages;
     A.qx = (const uint4 *)qx, A.sx = (const float4 *)sx, A.y = y;
     return A;
 }
 
-cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, int64_t T,
-                        float *y, cudaStream_t s) {
+cudaError_t gemvs_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
+                        const void *sx, int64_t T, float *y, cudaStream_t s) {
+    const int nm = w1 ? 2 : 1;
     gs_geo g;
-    if (T < 1 || T > GS_NP || !gs_plan(t, in, 1, g)) return cudaErrorNotSupported;
-    gs_args A = gs_base(t, w, NULL, in, out, qx, sx, y, g);
+    if (T < 1 || T > GS_NP || !gs_plan(t, in, nm, g)) return cudaErrorNotSupported;
+    gs_args A = gs_base(t, w, w1, in, out, qx, sx, y, g);
     A.T = (int)T;
     return gs_with_type(t, [&](auto ty) {
-        return gs_launch<decltype(ty)::value, 1, false>(A, g, (out + g.R - 1) / g.R, s);
+        constexpr int TY = decltype(ty)::value;
+        const int64_t groups = (out + g.R - 1) / g.R;
+        return w1 ? gs_launch<TY, 2, false>(A, g, groups, s) : gs_launch<TY, 1, false>(A, g, groups, s);
+    });
+}
+
+cudaError_t gemvs_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
+                             float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s) {
+    gs_geo g;
+    if (T < 1 || T > GS_NP || !gs_plan(t, in, 1, g)) return cudaErrorNotSupported;
+    gs_args A = gs_base(t, wa, NULL, in, out_a, qx, sx, ya, g);
+    A.T = (int)T;
+    A.W2 = (const uint8_t *)wb, A.out2 = (int)out_b, A.y2 = yb;
+    A.G0 = (int)((out_a + g.R - 1) / g.R);
+    return gs_with_type(t, [&](auto ty) {
+        return gs_launch<decltype(ty)::value, 1, false>(A, g, A.G0 + (out_b + g.R - 1) / g.R, s);
     });
 }
 

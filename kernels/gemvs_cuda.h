@@ -18,10 +18,14 @@ namespace mlacu {
 /* whether the streamed GEMV takes weights of type t with rows of `in` elements, nm matrices (1,
  * or 2: gate and up) a stage */
 bool gemvs_supported(uint32_t t, int64_t in, int nm);
-/* y [T][out] = x W^T for T = 1 .. MLACU_MOE_TILE tokens (qx, sx: the q8 buffer of the T rows);
- * cudaErrorNotSupported where not supported */
-cudaError_t gemvs_dense(uint32_t t, const void *w, int64_t in, int64_t out, const void *qx, const void *sx, int64_t T,
-                        float *y, cudaStream_t s);
+/* y [T][out] = x W^T for T = 1 .. MLACU_MOE_TILE tokens (qx, sx: the q8 buffer of the T rows); with
+ * w1, y = silu(x W^T) * (x W1^T) (both read in one stage); cudaErrorNotSupported where not
+ * supported */
+cudaError_t gemvs_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
+                        const void *sx, int64_t T, float *y, cudaStream_t s);
+/* ya = x Wa^T and yb = x Wb^T (same type and row length) in one launch */
+cudaError_t gemvs_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
+                             float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s);
 /* mla_cuda_matmul_grouped_q8 over a MoE plan (w1 NULL: one matrix, else silu(w0 x) * (w1 x)),
  * every tile or (singles) those of one pair; cudaErrorNotSupported where the type or row length
  * is not supported */

@@ -32,24 +32,33 @@ __device__ float block_sum(float v, float *red) {
 }
 
 constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
-__global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n,
-                                                       const float *__restrict__ w, float eps, float *y, int64_t ldy) {
-    mlacu_pdl_enter();
-    __shared__ float red[32];
-    const float *xr = x + blockIdx.x * ldx;
-    float *yr = y + blockIdx.x * ldy;
+/* Row xr of n (one block of RN_T threads; every thread calls it): with ADD, xr[i] += rr[i] first,
+ * written back (mla_cuda_add's sum); then st(i, y_i) for y = rmsnorm(x) w, and with Q8 (rows of
+ * up to RN_T RN_V elements, n % 32 == 0) also y's q8 units: element i of the row's int8 at q[i],
+ * unit u's scales at qs[u] (mla_cuda_quantize_q8's values). */
+template <bool ADD, bool Q8, typename ST>
+__device__ __forceinline__ void rms_row(float *xr, const float *rr, int n, const float *__restrict__ w, float eps,
+                                        float *red, int8_t *q, float4 *qs, ST st) {
     float ss = 0.f;
     if (n <= RN_T * RN_V) {
         /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
          * the reduction (one block per token is latency, not bandwidth); the same sums and
          * products, in the same order, as the loops below */
-        float xv[RN_V], wv[RN_V];
+        float xv[RN_V], wv[RN_V], rv[RN_V];
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
             const int i = threadIdx.x + k * RN_T;
             xv[k] = i < n ? xr[i] : 0.f;
             wv[k] = i < n ? w[i] : 0.f;
+            if (ADD) rv[k] = i < n ? rr[i] : 0.f;
         }
+        if (ADD) /* after every load: a store to x before them would hold each one back */
+#pragma unroll
+            for (int k = 0; k < RN_V; k++) {
+                const int i = threadIdx.x + k * RN_T;
+                xv[k] += rv[k];
+                if (i < n) xr[i] = xv[k];
+            }
 #pragma unroll
         for (int k = 0; k < RN_V; k++)
             if (threadIdx.x + k * RN_T < n) ss += xv[k] * xv[k];
@@ -58,17 +67,36 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *__restrict__
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
             const int i = threadIdx.x + k * RN_T;
-            if (i < n) yr[i] = xv[k] * r * wv[k];
+            const float y = xv[k] * r * wv[k];
+            if (i < n) st(i, y);
+            /* a warp holds one whole 32-element unit at each k (RN_T is a multiple of 32) */
+            if (Q8 && (int)(threadIdx.x & ~31u) + k * RN_T < n) mlacu_q8_unit_warp(y, q + (i & ~31), qs + i / 32);
         }
         return;
     }
     /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
+    if (ADD)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += rr[i];
 #pragma unroll 8
-    for (int i = threadIdx.x; i < (int)n; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
 #pragma unroll 8
-    for (int i = threadIdx.x; i < (int)n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) st(i, xr[i] * r * w[i]);
+}
+
+/* block t: row t. With ADD x += res (rows of n, ldx == n); with Q8 the q8 buffer of y (q: int8
+ * [T][n], qs: its scales) */
+template <bool ADD, bool Q8>
+__global__ void __launch_bounds__(RN_T) rmsnorm_kernel(float *x, const float *__restrict__ res, int64_t ldx, int64_t n,
+                                                       const float *__restrict__ w, float eps, float *y, int64_t ldy,
+                                                       int8_t *q, float4 *qs) {
+    mlacu_pdl_enter();
+    __shared__ float red[32];
+    float *yr = y + blockIdx.x * ldy;
+    rms_row<ADD, Q8>(x + blockIdx.x * ldx, ADD ? res + blockIdx.x * n : nullptr, (int)n, w, eps, red,
+                     Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr,
+                     [&](int i, float v) { yr[i] = v; });
 }
 
 __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
@@ -111,14 +139,11 @@ struct rope_k {
     double inv_freq[ROPE_MAX_DIMS / 2];
 };
 
-/* block = one token; threads over (vector, pair). cos/sin in double as the CPU does. */
-__global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
-                            int64_t pos0, const int32_t *pos) {
-    mlacu_pdl_enter();
-    __shared__ float tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2]; /* this token's cos / sin per frequency */
-    const int t = blockIdx.x, h = rk.n_dims / 2;
-    const int64_t p = pos ? (int64_t)pos[t] : pos0 + t;
-    float *xt = x + t * tok_stride;
+/* Token position p's rotation of n_vec vectors (stride apart) at xt; the whole block calls it.
+ * cos/sin in double as the CPU does. */
+__device__ __forceinline__ void rope_token(const rope_k &rk, int mode, float *xt, int64_t n_vec, int64_t stride,
+                                           int64_t p, float *tcs, float *tsn) {
+    const int h = rk.n_dims / 2;
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         double s, c;
         sincos((double)p * rk.inv_freq[i], &s, &c);
@@ -137,6 +162,42 @@ __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_
         yv[i0] = a * cs - b * sn;
         yv[i1] = a * sn + b * cs;
     }
+}
+
+/* block = one token; threads over (vector, pair) */
+__global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
+                            int64_t pos0, const int32_t *pos) {
+    mlacu_pdl_enter();
+    __shared__ float tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2]; /* this token's cos / sin per frequency */
+    const int t = blockIdx.x;
+    rope_token(rk, mode, x + t * tok_stride, n_vec, stride, pos ? (int64_t)pos[t] : pos0 + t, tcs, tsn);
+}
+
+/* The cache side of an MLA step (mla_cuda_mla_kv_rows), block (t, 0): row t's latent normalized,
+ * its k_pe rotated, both stored in its cache slot; block (t, 1): token t's query k_pe rotated in
+ * place. RN_T threads. */
+template <typename KT>
+__global__ void __launch_bounds__(RN_T) mla_kv_rows_kernel(rope_k rk, const float *__restrict__ kva, int KL, int dr,
+                                                           const float *__restrict__ nw, float eps,
+                                                           const float *const *const *__restrict__ tabs,
+                                                           int64_t kv_off, const int32_t *__restrict__ pos, float *q,
+                                                           int64_t q_ld, int64_t n_head, int64_t head_ld) {
+    mlacu_pdl_enter();
+    __shared__ float red[32], tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2], pe[ROPE_MAX_DIMS];
+    const int t = blockIdx.x, row = KL + dr;
+    if (blockIdx.y == 1) {
+        rope_token(rk, ROPE_ADJACENT, q + t * q_ld, n_head, head_ld, pos[t], tcs, tsn);
+        return;
+    }
+    KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
+    const float *s = kva + (int64_t)t * row;
+    rms_row<false, false>(const_cast<float *>(s), nullptr, KL, nw, eps, red, nullptr, nullptr,
+                          [&](int i, float v) { kv_store(d + i, v); });
+    for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
+    __syncthreads();
+    rope_token(rk, ROPE_ADJACENT, pe, 1, dr, pos[t], tcs, tsn);
+    __syncthreads();
+    for (int i = threadIdx.x; i < dr; i += blockDim.x) kv_store(d + KL + i, pe[i]);
 }
 
 /* One warp per token. Experts <= 1024, groups <= 32 (asserted on the host). */
@@ -299,8 +360,26 @@ extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
     MLA_ASSERT(n < INT32_MAX);
-    mlacu_launch(rmsnorm_kernel, (unsigned)T, RN_T, 0, stream, d_x, ldx, n, d_w, eps, d_y, ldy);
+    mlacu_launch(rmsnorm_kernel<false, false>, (unsigned)T, RN_T, 0, stream, const_cast<float *>(d_x),
+                 (const float *)nullptr, ldx, n, d_w, eps, d_y, ldy, (int8_t *)nullptr, (float4 *)nullptr);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_rmsnorm_ex(float *d_x, const float *d_res, int64_t ldx, int64_t T, int64_t n,
+                                   const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8,
+                                   mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(T >= 0 && n > 0 && n < INT32_MAX && (!d_res || ldx == n) && (!d_q8 || (n % 32 == 0 && ldy == n)));
+    if (T == 0) return MLA_OK;
+    const bool q8 = d_q8 && n <= RN_T * RN_V; /* longer rows: quantized after */
+    int8_t *q = (int8_t *)d_q8;
+    float4 *qs = d_q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
+    auto k = d_res ? (q8 ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
+                   : (q8 ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
+    mlacu_launch(k, (unsigned)T, RN_T, 0, stream, d_x, d_res, ldx, n, d_w, eps, d_y, ldy, q, qs);
+    MLACU_CHECK(cudaGetLastError(), e, "rmsnorm%s%s T=%lld n=%lld", d_res ? " (+ residual)" : "", q8 ? " (+ q8)" : "",
+                (long long)T, (long long)n);
+    if (d_q8 && !q8) return mla_cuda_quantize_q8(d_y, T, n, d_q8, stream, e);
     return MLA_OK;
 }
 
@@ -329,19 +408,39 @@ extern "C" int mla_cuda_add(float *d_y, const float *d_a, int64_t n, mla_cuda_st
     return MLA_OK;
 }
 
+static rope_k rope_args(const rope_table *t) {
+    rope_k rk;
+    rk.n_dims = t->n_dims;
+    rk.attn_factor = t->attn_factor;
+    for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
+    return rk;
+}
+
 extern "C" int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t T, int64_t n_vec, int64_t stride,
                              int64_t tok_stride, int64_t pos0, const int32_t *d_pos, mla_cuda_stream stream,
                              mla_err *e) {
     MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && (mode == ROPE_ADJACENT || mode == ROPE_NEOX));
     if (T <= 0 || n_vec <= 0) return MLA_OK;
-    rope_k rk;
-    rk.n_dims = t->n_dims;
-    rk.attn_factor = t->attn_factor;
-    for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
+    const rope_k rk = rope_args(t);
     MLA_ASSERT(n_vec * t->n_dims < INT32_MAX);
     mlacu_launch(rope_kernel, (unsigned)T, n_vec * t->n_dims / 2 >= 1024 ? 512 : 128, 0, stream, rk, mode, d_x, n_vec,
                  stride, tok_stride, pos0, d_pos);
     MLACU_CHECK(cudaGetLastError(), e, "rope T=%lld n_vec=%lld", (long long)T, (long long)n_vec);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int64_t T, int64_t kv_lora,
+                                    const float *d_norm_w, float eps, const float *const *const *d_blk_tok,
+                                    int64_t blk_off, const int32_t *d_pos, int kv_f16, float *d_q, int64_t q_ld,
+                                    int64_t n_head, int64_t head_ld, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && kv_lora > 0 && kv_lora <= RN_T * RN_V && T >= 0 &&
+               T <= INT32_MAX && n_head > 0 && head_ld >= t->n_dims && blk_off >= 0);
+    if (T == 0) return MLA_OK;
+    const rope_k rk = rope_args(t);
+    mlacu_launch(kv_f16 ? mla_kv_rows_kernel<__half> : mla_kv_rows_kernel<float>, dim3((unsigned)T, 2), RN_T, 0,
+                 stream, rk, d_kva, (int)kv_lora, t->n_dims, d_norm_w, eps, d_blk_tok, blk_off, d_pos, d_q, q_ld,
+                 n_head, head_ld);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_kv_rows%s T=%lld", kv_f16 ? " (fp16)" : "", (long long)T);
     return MLA_OK;
 }
 

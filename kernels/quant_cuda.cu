@@ -626,10 +626,6 @@ __global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__
     s[i] = make_float4(d, d * (float)sum0, d * (float)sum1, 0.f);
 }
 
-/* the q8 buffer of T rows of `in` elements: int8 part, then the float4 part (16-aligned) */
-static __host__ __device__ __forceinline__ size_t q8_scale_off(int64_t T, int64_t in) {
-    return ((size_t)(T * in) + 15) / 16 * 16;
-}
 
 /* acc[r][t] = row r (pointer p[r]) . activation row xr[t] over units u0, u0 + step, ... */
 template <int TY>
@@ -890,7 +886,7 @@ static cudaError_t launch_gemvq(const void *w, int64_t in, int64_t out, const vo
                                 cudaStream_t s) {
     const int nu = (int)(in / 32);
     const uint4 *qx = (const uint4 *)q8;
-    const float4 *sx = (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in));
+    const float4 *sx = (const float4 *)((const uint8_t *)q8 + mlacu_q8_scale_off(T, in));
     const int wpr = gemv_wpr(nu, (out + GQ_R - 1) / GQ_R);
     const int rows_per_block = GQ_WARPS / wpr * GQ_R;
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
@@ -915,7 +911,7 @@ static cudaError_t launch_grpq(const void *w0, const void *w1, size_t estride, i
     dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
     mlacu_launch(gemvq_grp_kernel<TY, FUSE>, grid, GQ_WARPS * 32, 0, s, (const uint8_t *)w0, (const uint8_t *)w1,
                  ggml_row_bytes(TY, in), estride, (int)(in / 32), (int)out, (const uint4 *)q8,
-                 (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->tile_e,
+                 (const float4 *)((const uint8_t *)q8 + mlacu_q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->tile_e,
                  pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y, wpr, multi);
     return cudaGetLastError();
 }
@@ -1120,7 +1116,7 @@ static cudaError_t launch_mmaq(const void *w, int64_t in, int64_t out, const voi
     const int nu = (int)(in / 32);
     dim3 grid((unsigned)((out + IM_BN - 1) / IM_BN), (unsigned)((T + IM_BM - 1) / IM_BM));
     mlacu_launch(mmaq_kernel<TY>, grid, 128, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out,
-                 (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + q8_scale_off(T, in)), (int)T, y);
+                 (const uint4 *)q8, (const float4 *)((const uint8_t *)q8 + mlacu_q8_scale_off(T, in)), (int)T, y);
     return cudaGetLastError();
 }
 
@@ -1131,7 +1127,7 @@ static cudaError_t launch_mmaq_grp(const void *w, size_t estride, int64_t in, in
     dim3 grid((unsigned)((out + IM_BN - 1) / IM_BN), (unsigned)n_expert);
     mlacu_launch(mmaq_grp_kernel<TY>, grid, 128, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), estride,
                  (int)(in / 32), (int)out, (const uint4 *)q8,
-                 (const float4 *)((const uint8_t *)q8 + q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->counts,
+                 (const float4 *)((const uint8_t *)q8 + mlacu_q8_scale_off(x_rows, in)), x_div, pl->sorted, pl->counts,
                  pl->world, y);
     return cudaGetLastError();
 }
@@ -1853,7 +1849,7 @@ extern "C" bool mla_cuda_q8_supported(uint32_t t) {
 
 extern "C" size_t mla_cuda_q8_bytes(int64_t T, int64_t in) {
     MLA_ASSERT(T >= 0 && in >= 0 && in % 32 == 0);
-    return q8_scale_off(T, in) + (size_t)(T * in / 32) * 16;
+    return mlacu_q8_scale_off(T, in) + (size_t)(T * in / 32) * 16;
 }
 
 extern "C" int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream,
@@ -1862,7 +1858,7 @@ extern "C" int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, voi
     const int64_t nblk = T * in / 32;
     if (nblk == 0) return MLA_OK;
     mlacu_launch(q8x_kernel, (unsigned)((nblk + 127) / 128), 128, 0, (cudaStream_t)stream, d_x, nblk, (int8_t *)d_q8,
-                 (float4 *)((uint8_t *)d_q8 + q8_scale_off(T, in)));
+                 (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, in)));
     MLACU_CHECK(cudaGetLastError(), e, "quantize_q8 T=%lld in=%lld", (long long)T, (long long)in);
     return MLA_OK;
 }
@@ -1873,8 +1869,8 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
     if (T == 0) return MLA_OK;
     if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
-        cudaError_t err = gemvs_dense(t, d_w, in, out, d_q8, (const uint8_t *)d_q8 + q8_scale_off(T, in), T, d_y,
-                                      (cudaStream_t)stream);
+        cudaError_t err = gemvs_dense(t, d_w, NULL, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T,
+                                      d_y, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "gemv q8 (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
                     (long long)in, (long long)T);
         return MLA_OK;
@@ -1886,6 +1882,43 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     return MLA_OK;
 }
 
+extern "C" int mla_cuda_matmul_q8_swiglu(uint32_t t, const void *d_wg, const void *d_wu, int64_t in, int64_t out,
+                                         const void *d_q8, int64_t T, float *d_y, float *d_u, mla_cuda_stream stream,
+                                         mla_err *e) {
+    check_shape(t, in, out, T);
+    MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_wg & 15) == 0 && ((uintptr_t)d_wu & 15) == 0);
+    if (T == 0) return MLA_OK;
+    if (T <= g_gs_dense && gemvs_supported(t, in, 2)) {
+        cudaError_t err = gemvs_dense(t, d_wg, d_wu, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in),
+                                      T, d_y, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 gate+up (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
+                    (long long)in, (long long)T);
+        return MLA_OK;
+    }
+    if (mla_cuda_matmul_q8(t, d_wg, in, out, d_q8, T, d_y, stream, e) ||
+        mla_cuda_matmul_q8(t, d_wu, in, out, d_q8, T, d_u, stream, e))
+        return MLA_ERR;
+    return mla_cuda_swiglu(d_y, d_u, d_y, T * out, stream, e);
+}
+
+extern "C" int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out_a, float *d_ya, const void *d_wb,
+                                       int64_t out_b, float *d_yb, int64_t in, const void *d_q8, int64_t T,
+                                       mla_cuda_stream stream, mla_err *e) {
+    check_shape(t, in, out_a, T);
+    check_shape(t, in, out_b, T);
+    MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_wa & 15) == 0 && ((uintptr_t)d_wb & 15) == 0);
+    if (T == 0) return MLA_OK;
+    if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
+        cudaError_t err = gemvs_dense_pair(t, d_wa, out_a, d_ya, d_wb, out_b, d_yb, in, d_q8,
+                                           (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 pair (streamed) %s %lld+%lldx%lld T=%lld", ggml_type_name(t), (long long)out_a,
+                    (long long)out_b, (long long)in, (long long)T);
+        return MLA_OK;
+    }
+    if (mla_cuda_matmul_q8(t, d_wa, in, out_a, d_q8, T, d_ya, stream, e)) return MLA_ERR;
+    return mla_cuda_matmul_q8(t, d_wb, in, out_b, d_q8, T, d_yb, stream, e);
+}
+
 extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, size_t estride,
                                           int64_t in, int64_t out, const void *d_q8, int64_t x_rows, int x_div,
                                           const mla_cuda_moe_plan *plan, float *d_y, mla_cuda_stream stream,
@@ -1895,7 +1928,7 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
     if (plan->max_tiles <= 0) return MLA_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    const void *sx = (const uint8_t *)d_q8 + q8_scale_off(x_rows, in);
+    const void *sx = (const uint8_t *)d_q8 + mlacu_q8_scale_off(x_rows, in);
     /* the streamed GEMV: every tile (plans of up to g_gs_grouped tokens; by default one), or, by
      * default, the tiles of one pair (the per-warp GEMV then takes the others) */
     const bool gs = gemvs_supported(t, in, d_w1 ? 2 : 1), all = gs && gs_grouped_on(plan);

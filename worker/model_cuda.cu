@@ -81,6 +81,11 @@ struct mla_cmodel {
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
+    /* decode-step fusions (MLA_CUDA_FUSE=0 turns them off): the residual add and the q8
+     * quantization into the norms, the cache side of the attention in one kernel, two products
+     * of one input (and gate / up with swiglu) in one GEMV */
+    bool fuse;
+    void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
     int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MMH_TMIN; MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
@@ -391,6 +396,13 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         m->kvb_f16 = !m->exact;
+        const char *fu = getenv("MLA_CUDA_FUSE");
+        if (fu && strcmp(fu, "0") && strcmp(fu, "1")) {
+            mla_errf(err, "MLA_CUDA_FUSE=%s: expected 0 or 1", fu);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->fuse = !(fu && !strcmp(fu, "0"));
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -529,7 +541,8 @@ static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
     void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids};
+                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
+                  m->q8h, m->q8c};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -544,7 +557,7 @@ static void free_scratch(mla_cmodel *m) {
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
-    m->q8buf = m->xhbuf = nullptr;
+    m->q8buf = m->xhbuf = m->q8h = m->q8c = nullptr;
     m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
     m->htok = nullptr;
@@ -735,6 +748,8 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
     CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
     CU(cudaMalloc(&m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
+    CU(cudaMalloc(&m->q8h, mla_cuda_q8_bytes(T, (E + 31) / 32 * 32)), "q8 activations");
+    CU(cudaMalloc(&m->q8c, mla_cuda_q8_bytes(T, (c->q_lora_rank + 31) / 32 * 32 + 32)), "q8 activations");
     CU(cudaMalloc(&m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
     /* staging for the all-reduce (T x E), the attention output's gather (T x heads x v) and the
      * logits (nout x V, from every rank) */
@@ -765,21 +780,33 @@ static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
     return m->mmh && T > m->gemv_tmax && mla_cuda_mmh_supported(w->type, w->n_in);
 }
 
-/* y = x W^T from the activations already quantized into m->q8buf */
-static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, float *y, mla_err *err) {
+/* y = x W^T from the activations already quantized (q: a q8 buffer of x) */
+static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, const void *q, float *y, mla_err *err) {
     if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
-        return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
-    return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, m->q8buf, T, y, m->st, err);
+        return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
+    return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
 }
 
-static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y, mla_err *err) {
+/* x's q8 buffer: xq where the caller has it (a norm made it), else x quantized into m->q8buf */
+static const void *q8_of(mla_cmodel *m, const float *x, const void *xq, int64_t T, int64_t in, mla_err *err) {
+    if (xq) return xq;
+    return mla_cuda_quantize_q8(x, T, in, m->q8buf, m->st, err) ? nullptr : m->q8buf;
+}
+
+/* whether the norms of a step of T tokens also quantize their rows (for the q8 products after
+ * them: the integer GEMV, or the int8 tensor cores where the fp16 ones are off) */
+static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->fuse && m->q8 && !(m->mmh && T > m->gemv_tmax); }
+
+/* y = x W^T; xq: NULL, or x's q8 buffer */
+static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {
     if (mm_h(m, w, T)) {
         TRY(mla_cuda_act_h(x, T, w->n_in, m->xhbuf, m->st, err));
         return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, m->xhbuf, T, y, m->st, err);
     }
     if (mm_q8(m, w)) {
-        TRY(mla_cuda_quantize_q8(x, T, w->n_in, m->q8buf, m->st, err));
-        return mm_from_q8(m, w, T, y, err);
+        const void *q = q8_of(m, x, xq, T, w->n_in, err);
+        if (!q) return MLA_ERR;
+        return mm_from_q8(m, w, T, q, y, err);
     }
     if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
@@ -787,21 +814,42 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, int64_t T, float *y,
 }
 
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
- * converted once. */
-static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, int64_t T,
-               mla_err *err) {
+ * converted once; on the integer GEMV, matrices of one type in one kernel (fuse). */
+static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
+               int64_t T, mla_err *err) {
     if (mm_h(m, w0, T) && mm_h(m, w1, T) && w0->n_in == w1->n_in) {
         TRY(mla_cuda_act_h(x, T, w0->n_in, m->xhbuf, m->st, err));
         TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
         return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
     }
-    if (!mm_q8(m, w0) || !mm_q8(m, w1) || w0->n_in != w1->n_in) {
-        TRY(mm(m, w0, x, T, y0, err));
-        return mm(m, w1, x, T, y1, err);
+    if (!mm_q8(m, w0) || !mm_q8(m, w1) || w0->n_in != w1->n_in || mm_h(m, w0, T) || mm_h(m, w1, T)) {
+        TRY(mm(m, w0, x, xq, T, y0, err));
+        return mm(m, w1, x, xq, T, y1, err);
     }
-    TRY(mla_cuda_quantize_q8(x, T, w0->n_in, m->q8buf, m->st, err));
-    TRY(mm_from_q8(m, w0, T, y0, err));
-    return mm_from_q8(m, w1, T, y1, err);
+    const void *q = q8_of(m, x, xq, T, w0->n_in, err);
+    if (!q) return MLA_ERR;
+    if (m->fuse && w0->type == w1->type && (T <= Q8_TMAX || m->exact))
+        return mla_cuda_matmul_q8_pair(w0->type, w0->d, w0->n_out, y0, w1->d, w1->n_out, y1, w0->n_in, q, T, m->st,
+                                       err);
+    TRY(mm_from_q8(m, w0, T, q, y0, err));
+    return mm_from_q8(m, w1, T, q, y1, err);
+}
+
+/* m->h = rmsnorm(x [+ res, added into x first]) of T rows (weights w); *hq: its q8 buffer
+ * (m->q8h) where norm_q8 says the products after it read one, else NULL */
+static int norm_h(mla_cmodel *m, float *x, const float *res, int64_t T, const float *w, const void **hq,
+                  mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const int64_t E = c->n_embd;
+    *hq = nullptr;
+    if (!m->fuse) {
+        if (res) TRY(mla_cuda_add(x, res, T * E, m->st, err));
+        return mla_cuda_rmsnorm(x, E, T, E, w, c->rms_eps, m->h, E, m->st, err);
+    }
+    void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
+    TRY(mla_cuda_rmsnorm_ex(x, res, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
+    *hq = q;
+    return MLA_OK;
 }
 
 /* buf[0..n) device: summed over ranks through the host collective (pinned copies). */
@@ -815,31 +863,45 @@ static int allreduce(mla_cmodel *m, float *d, size_t n, mla_err *err) {
     return MLA_OK;
 }
 
-static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, int64_t T, float *y, mla_err *err) {
+/* y = down(silu(gate h) * up h); hq: NULL, or h's q8 buffer */
+static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *hq, int64_t T, float *y,
+                     mla_err *err) {
     const int64_t E = m->cfg.n_embd;
     if (f->skip) {
         CU(cudaMemsetAsync(y, 0, (size_t)(T * E) * 4, m->st), "memset");
         return MLA_OK;
     }
-    const int64_t F = f->gate.n_out;
-    TRY(mm2(m, &f->gate, m->g, &f->up, m->u, h, T, err));
-    TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
-    return mm(m, &f->down, m->g, T, y, err);
+    const dmat *gt = &f->gate, *up = &f->up;
+    const int64_t F = gt->n_out;
+    if (m->fuse && mm_q8(m, gt) && mm_q8(m, up) && !mm_h(m, gt, T) && !mm_h(m, up, T) && gt->type == up->type &&
+        gt->n_in == up->n_in && (T <= Q8_TMAX || m->exact)) { /* gate, up and swiglu in one GEMV */
+        const void *q = q8_of(m, h, hq, T, gt->n_in, err);
+        if (!q) return MLA_ERR;
+        TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, m->st, err));
+    } else {
+        TRY(mm2(m, gt, m->g, up, m->u, h, hq, T, err));
+        TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
+    }
+    return mm(m, &f->down, m->g, nullptr, T, y, err);
 }
 
 static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
 
-/* The attention's input projections of T tokens from m->h: queries in m->q (through the q-LoRA
- * and its norm, m->cq, when the model has one) and the compressed kv + k_pe in m->kva. */
-static int project_q_kv(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
+/* The attention's input projections of T tokens from m->h (hq: NULL or its q8 buffer): queries in
+ * m->q (through the q-LoRA and its norm, m->cq, when the model has one; *cq_q: cq's q8 buffer
+ * where the norm made one, else NULL) and the compressed kv + k_pe in m->kva. */
+static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t T, const void **cq_q, mla_err *err) {
     const mla_config *c = &m->cfg;
+    *cq_q = nullptr;
     if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
-        TRY(mm2(m, &l->q_a, m->cq, &l->kv_a, m->kva, m->h, T, err));
-        TRY(mla_cuda_rmsnorm(m->cq, c->q_lora_rank, T, c->q_lora_rank, l->q_a_norm, c->rms_eps, m->cq, c->q_lora_rank,
-                             m->st, err));
-        return mm(m, &l->q_b, m->cq, T, m->q, err);
+        const int64_t QL = c->q_lora_rank;
+        TRY(mm2(m, &l->q_a, m->cq, &l->kv_a, m->kva, m->h, hq, T, err));
+        void *q = m->fuse && norm_q8(m, T) && QL % 32 == 0 ? m->q8c : nullptr;
+        TRY(mla_cuda_rmsnorm_ex(m->cq, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st, err));
+        *cq_q = q;
+        return mm(m, &l->q_b, m->cq, q, T, m->q, err);
     }
-    return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, T, err);
+    return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, hq, T, err);
 }
 
 /* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads. */
@@ -854,7 +916,8 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     cudaStream_t st = m->st;
-    TRY(project_q_kv(m, l, T, err));
+    const void *cq_q;
+    TRY(project_q_kv(m, l, nullptr, T, &cq_q, err));
     float *kvc = s->kv[il];
     TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, kvc + pos0 * row, row, st, err));
     CU(cudaMemcpy2DAsync(kvc + pos0 * row + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
@@ -867,8 +930,8 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     if (c->idx_n_head > 0) {
         const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
         float *ikc = s->ik[il];
-        TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
-        TRY(mm2(m, &l->ik, ikc + pos0 * ihd, &l->iproj, m->iw, m->h, T, err));
+        TRY(mm(m, &l->iq_b, m->cq, cq_q, T, m->iq, err));
+        TRY(mm2(m, &l->ik, ikc + pos0 * ihd, &l->iproj, m->iw, m->h, nullptr, T, err));
         TRY(mla_cuda_layernorm(ikc + pos0 * ihd, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, ikc + pos0 * ihd, ihd,
                                st, err));
         scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
@@ -898,7 +961,7 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     cudaStream_t st = m->st;
     TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, err));
     if (!l->o_gather) {
-        TRY(mm(m, &l->o, m->o, T, m->y, err));
+        TRY(mm(m, &l->o, m->o, nullptr, T, m->y, err));
     } else {
         const int64_t H = c->n_head, per = T * Hl * dv, w = l->o_r1 - l->o_r0;
         const float *gsrc = m->hbuf;
@@ -916,7 +979,7 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
                                  (size_t)(rhl * dv) * 4, (size_t)T, cudaMemcpyDefault, st),
                "gather upload");
         }
-        TRY(mm(m, &l->o, m->full, T, m->part, err));
+        TRY(mm(m, &l->o, m->full, nullptr, T, m->part, err));
         CU(cudaMemsetAsync(m->y, 0, (size_t)(T * E) * 4, st), "memset");
         CU(cudaMemcpy2DAsync(m->y + l->o_r0, (size_t)E * 4, m->part, (size_t)w * 4, (size_t)w * 4, (size_t)T,
                              cudaMemcpyDeviceToDevice, st),
@@ -927,24 +990,26 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
 
-static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, mla_err *err) {
+/* The layer's FFN (dense, or shared + routed experts) of m->h (hq: NULL or its q8 buffer) into m->y,
+ * all-reduced */
+static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
     const int64_t E = c->n_embd;
     if (l->dense) {
-        TRY(ffn_apply(m, &l->ffn, m->h, T, m->y, err));
+        TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
     } else {
         const int64_t X = c->n_expert, K = c->n_expert_used;
         if (l->has_shexp) {
-            TRY(ffn_apply(m, &l->ffn, m->h, T, m->y, err));
+            TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
         } else {
             CU(cudaMemsetAsync(m->y, 0, (size_t)(T * E) * 4, m->st), "memset");
         }
-        TRY(mm(m, &l->router, m->h, T, m->rl, err));
+        TRY(mm(m, &l->router, m->h, hq, T, m->rl, err));
         moe_route_params rp = {(int)X, (int)K, (int)c->n_group, (int)c->n_group_used, (int)c->gating, c->weights_norm,
                                c->weights_scale};
         TRY(mla_cuda_moe_route(&rp, m->rl, l->router_bias, T, m->rid, m->rw, m->st, err));
-        TRY(mla_cuda_moe_apply(&l->ex, m->h, T, m->rid, m->rw, K, m->y, m->moe_work, m->st, err));
+        TRY(mla_cuda_moe_apply(&l->ex, m->h, hq, T, m->rid, m->rw, K, m->y, m->moe_work, m->st, err));
     }
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
@@ -953,7 +1018,7 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, mla_err *err) {
 /* Attention of a step of T tokens (of one sequence or of many): token ids, positions and each
  * token's block table are read from the step block on the device; the new cache rows go to
  * their slots through the tables (nothing here depends on positions on the host). */
-static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, mla_err *err) {
+static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, const void *hq, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
@@ -966,15 +1031,22 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
     const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
     const float *const *const *tabs = (const float *const *const *)(m->dstep + so.tabs);
-    TRY(project_q_kv(m, l, T, err));
-    /* the new cache rows: normalized latent + roped k_pe, built in kvn, then stored in the blocks */
-    TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
-    CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
-                         cudaMemcpyDeviceToDevice, st),
-       "k_pe copy");
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
-    TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
+    const void *cq_q;
+    TRY(project_q_kv(m, l, hq, T, &cq_q, err));
+    /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
+     * roped */
+    if (m->fuse && m->rope.n_dims == dr && KL <= 8192) {
+        TRY(mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs, kv_off, pos, m->kv_f16,
+                                 m->q + dn, Hl * dk, Hl, dk, st, err));
+    } else { /* built in kvn, then stored */
+        TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
+        CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
+                             cudaMemcpyDeviceToDevice, st),
+           "k_pe copy");
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
+        TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
+        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
+    }
     TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
@@ -986,10 +1058,10 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, m
         const int64_t nih = c->idx_n_head;
         const bool select = max_keys > c->idx_top_k;
         if (select) {
-            TRY(mm(m, &l->iq_b, m->cq, T, m->iq, err));
-            TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, T, err));
+            TRY(mm(m, &l->iq_b, m->cq, cq_q, T, m->iq, err));
+            TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, hq, T, err));
         } else
-            TRY(mm(m, &l->ik, m->h, T, m->ikn, err));
+            TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
         TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, 0, st, err));
@@ -1018,18 +1090,22 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
     const int64_t E = c->n_embd;
     cudaStream_t st = m->st;
     TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, T, m->x, st, err));
+    /* each sublayer's output m->y is added into the residual stream m->x by the next norm */
+    const void *hq = nullptr;
     for (int64_t il = 0; il < c->n_layer; il++) {
         const dlayer *l = &m->L[il];
-        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(attention_b(m, il, T, max_keys, err));
-        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
-        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(ffn_moe(m, il, T, err));
-        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
+        TRY(norm_h(m, m->x, il ? m->y : nullptr, T, l->attn_norm, &hq, err));
+        TRY(attention_b(m, il, T, max_keys, hq, err));
+        TRY(norm_h(m, m->x, m->y, T, l->ffn_norm, &hq, err));
+        TRY(ffn_moe(m, il, T, hq, err));
     }
+    if (nout <= 0 || out0 > 0 || nout < T) TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
     if (nout <= 0) return MLA_OK;
-    TRY(mla_cuda_rmsnorm(m->x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
-    TRY(mm(m, &m->output, m->h, nout, m->logit_dev, err));
+    if (out0 > 0 || nout < T)
+        TRY(mla_cuda_rmsnorm(m->x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    else
+        TRY(norm_h(m, m->x, m->y, T, m->out_norm, &hq, err));
+    TRY(mm(m, &m->output, m->h, out0 > 0 || nout < T ? nullptr : hq, nout, m->logit_dev, err));
     if (m->out_split && m->coll_dev)
         TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nout * (m->out_r1 - m->out_r0)), err));
     return MLA_OK;
@@ -1266,14 +1342,14 @@ static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, i
         TRY(attention(m, s, il, T, pos0, err));
         TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
         TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(ffn_moe(m, il, T, err));
+        TRY(ffn_moe(m, il, T, nullptr, err));
         TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
     }
     s->n_past = pos0 + T;
     if (mode != 0) {
         const int64_t t0 = mode == 1 ? T - 1 : 0, nt = T - t0, V = c->n_vocab;
         TRY(mla_cuda_rmsnorm(m->x + t0 * E, E, nt, E, m->out_norm, c->rms_eps, m->h, E, st, err));
-        TRY(mm(m, &m->output, m->h, nt, m->logit_dev, err));
+        TRY(mm(m, &m->output, m->h, nullptr, nt, m->logit_dev, err));
         if (!m->out_split) {
             CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(nt * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
             CU(cudaStreamSynchronize(st), "step");

@@ -71,6 +71,7 @@ static std::vector<row> g_rows;
 static double g_copy_gbs = 0, g_bf16_tflops = 790;
 static int g_reps = 50;
 static gr_rng g_rng = {0x5eed1234ull};
+static int g_chain = 8; /* time_gemv_chain's launches a run (--gemvt1: 1, for a profiler) */
 /* the streamed GEMV's token limits in force (mla_cuda_set_gemv_stream): the library's defaults */
 static int g_gs_dense = MLA_CUDA_GEMVS_DENSE, g_gs_grouped = MLA_CUDA_GEMVS_GROUPED;
 
@@ -295,6 +296,187 @@ static void check_rmsnorm(int64_t T, int64_t n) {
     CK(cudaFree(dx));
     CK(cudaFree(dw));
     CK(cudaFree(dy));
+}
+
+/* bytes that differ between two device buffers of n bytes */
+static int64_t dev_diff(const void *a, const void *b, size_t n) {
+    std::vector<uint8_t> ha(n), hb(n);
+    down(ha.data(), a, n);
+    down(hb.data(), b, n);
+    int64_t d = 0;
+    for (size_t i = 0; i < n; i++) d += ha[i] != hb[i];
+    return d;
+}
+
+/* The fused norm of a decode step (mla_cuda_rmsnorm_ex): x += res, y = rmsnorm(x), y's q8 buffer.
+ * Against the CPU (x + res, rmsnorm: the float rows; the q8 rounding of y: its values), and bit for
+ * bit against mla_cuda_add, mla_cuda_rmsnorm and mla_cuda_quantize_q8 in turn. */
+static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8) {
+    std::vector<float> x(T * n), r(T * n), w(n), xr(T * n), ref(T * n), got(T * n), gx(T * n);
+    gr_fill(&g_rng, x.data(), T * n, 3.0f);
+    gr_fill(&g_rng, r.data(), T * n, 1.0f);
+    gr_fill(&g_rng, w.data(), n, 1.0f);
+    for (int64_t i = 0; i < T * n; i++) xr[i] = res ? x[i] + r[i] : x[i];
+    rmsnorm(xr.data(), n, T, n, w.data(), 1e-6f, ref.data(), n);
+    float *dx = (float *)dup(x.data(), T * n * 4), *dx2 = (float *)dup(x.data(), T * n * 4);
+    float *dr = (float *)dup(r.data(), T * n * 4), *dw = (float *)dup(w.data(), n * 4);
+    float *dy = (float *)dmalloc(T * n * 4), *dy2 = (float *)dmalloc(T * n * 4);
+    const size_t qb = mla_cuda_q8_bytes(T, n);
+    void *dq = dmalloc(qb), *dq2 = dmalloc(qb);
+    poison(dy, T * n * 4);
+    poison(dq, qb);
+    poison(dq2, qb);
+    OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, n, T, n, dw, 1e-6f, dy, n, q8 ? dq : NULL, 0, E));
+    if (res) OK(mla_cuda_add(dx2, dr, T * n, 0, E));
+    OK(mla_cuda_rmsnorm(dx2, n, T, n, dw, 1e-6f, dy2, n, 0, E));
+    if (q8) OK(mla_cuda_quantize_q8(dy2, T, n, dq2, 0, E));
+    CK(cudaDeviceSynchronize());
+    down(got.data(), dy, T * n * 4);
+    down(gx.data(), dx, T * n * 4);
+    double err = std::max(gr_rel_l2(got.data(), ref.data(), T * n), gr_rel_l2(gx.data(), xr.data(), T * n));
+    if (q8) { /* the q8 buffer's values (int8 times its unit's scale) against the rounding of y */
+        std::vector<int8_t> hq(T * n);
+        std::vector<float> hs(T * n / 32 * 4), qv(T * n), qr(T * n);
+        down(hq.data(), dq, T * n);
+        down(hs.data(), (const uint8_t *)dq + (qb - T * n / 32 * 16), T * n / 32 * 16);
+        for (int64_t i = 0; i < T * n; i++) qv[i] = hs[i / 32 * 4] * (float)hq[i];
+        gr_q8_round(ref.data(), qr.data(), T * n);
+        err = std::max(err, gr_rel_l2(qv.data(), qr.data(), T * n));
+    }
+    const int64_t bits = dev_diff(dx, dx2, T * n * 4) + dev_diff(dy, dy2, T * n * 4) + (q8 ? dev_diff(dq, dq2, qb) : 0);
+    double us = time_us([&](int) {
+        OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, n, T, n, dw, 1e-6f, dy, n, q8 ? dq : NULL, 0, E));
+    });
+    const char *nm = res ? (q8 ? "rmsnorm + residual + q8" : "rmsnorm + residual") : q8 ? "rmsnorm + q8" : "rmsnorm_ex";
+    add_row(nm, fmt("T=%lld n=%lld", (long long)T, (long long)n), err, 1e-5, us, (res ? 16.0 : 8.0) * T * n, 0, true);
+    add_row(fmt("%s = unfused", nm), fmt("T=%lld n=%lld, bytes differing", (long long)T, (long long)n),
+            bits ? INFINITY : 0, 0, 0, 0, 0, true);
+    for (void *p : {(void *)dx, (void *)dx2, (void *)dr, (void *)dw, (void *)dy, (void *)dy2, dq, dq2}) CK(cudaFree(p));
+}
+
+/* Two products of one q8 buffer in one kernel (mla_cuda_matmul_q8_pair, and gate / up with
+ * swiglu, mla_cuda_matmul_q8_swiglu): bit for bit against mla_cuda_matmul_q8 (each checked
+ * against the CPU above) twice, then mla_cuda_swiglu; timed against those. */
+static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, int64_t T, bool swiglu) {
+    const size_t rb = ggml_row_bytes(t, in);
+    std::vector<uint8_t> wa(rb * out_a), wb(rb * out_b);
+    gr_quant_rows(&g_rng, t, wa.data(), in, out_a);
+    gr_quant_rows(&g_rng, t, wb.data(), in, out_b);
+    std::vector<float> x(T * in);
+    gr_fill(&g_rng, x.data(), T * in, 1.0f);
+    void *dwa = dup(wa.data(), wa.size(), mla_cuda_weight_bytes(t, in, out_a));
+    void *dwb = dup(wb.data(), wb.size(), mla_cuda_weight_bytes(t, in, out_b));
+    float *dx = (float *)dup(x.data(), T * in * 4);
+    void *dq = dmalloc(mla_cuda_q8_bytes(T, in));
+    float *ya = (float *)dmalloc(T * out_a * 4), *yb = (float *)dmalloc(T * out_b * 4);
+    float *ra = (float *)dmalloc(T * out_a * 4), *rb2 = (float *)dmalloc(T * out_b * 4);
+    OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
+    poison(ya, T * out_a * 4);
+    poison(yb, T * out_b * 4);
+    auto fused = [&](int) {
+        if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ya, yb, 0, E));
+        else OK(mla_cuda_matmul_q8_pair(t, dwa, out_a, ya, dwb, out_b, yb, in, dq, T, 0, E));
+    };
+    auto apart = [&](int) {
+        OK(mla_cuda_matmul_q8(t, dwa, in, out_a, dq, T, ra, 0, E));
+        OK(mla_cuda_matmul_q8(t, dwb, in, out_b, dq, T, rb2, 0, E));
+        if (swiglu) OK(mla_cuda_swiglu(ra, rb2, ra, T * out_a, 0, E));
+    };
+    fused(0);
+    apart(0);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> hy(T * out_a);
+    down(hy.data(), ya, T * out_a * 4);
+    int64_t bits = dev_diff(ya, ra, T * out_a * 4) + (swiglu ? 0 : dev_diff(yb, rb2, T * out_b * 4));
+    if (!all_finite(hy.data(), hy.size())) bits++;
+    const double us = time_us(fused), us0 = time_us(apart);
+    const double bytes = (double)rb * (out_a + out_b);
+    add_row(fmt("gemv q8 %s %s = apart", swiglu ? "gate+up" : "pair", ggml_type_name(t)),
+            fmt("%lld+%lldx%lld T=%lld, bytes differing", (long long)out_a, (long long)out_b, (long long)in,
+                (long long)T),
+            bits ? INFINITY : 0, 0, us, bytes, 0, true);
+    add_row(fmt("  (apart: two gemv q8%s)", swiglu ? " + swiglu" : ""), fmt("T=%lld", (long long)T), 0, 0, us0, bytes,
+            0, true);
+    for (void *p : {dwa, dwb, (void *)dx, dq, (void *)ya, (void *)yb, (void *)ra, (void *)rb2}) CK(cudaFree(p));
+}
+
+/* The decode GEMVs of a V3 step at T = 1 as a step runs them: a chain of 8 launches back to back
+ * (programmatic launch lets each start under the one before) over copies of W that together pass
+ * the L2 cache; us a launch and the copy rate. kind 0: one matrix, 1: two of the same input
+ * (mla_cuda_matmul_q8_pair, out + out2 rows), 2: gate / up with swiglu (out rows each). */
+static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64_t out2 = 0) {
+    const size_t rb = ggml_row_bytes(t, in);
+    const int64_t rows = kind == 1 ? out + out2 : kind == 2 ? 2 * out : out;
+    const size_t wbytes = rb * rows, walloc = mla_cuda_weight_bytes(t, in, rows);
+    std::vector<uint8_t> w(wbytes);
+    gr_quant_rows(&g_rng, t, w.data(), in, rows);
+    const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(1, ((size_t)512 << 20) / walloc));
+    std::vector<uint8_t *> dw;
+    for (int i = 0; i < ncopy; i++) dw.push_back((uint8_t *)dup(w.data(), wbytes, walloc + 256));
+    std::vector<float> x(in);
+    gr_fill(&g_rng, x.data(), in, 1.0f);
+    float *dx = (float *)dup(x.data(), in * 4), *dy = (float *)dmalloc(rows * 4 + 64);
+    void *dq = dmalloc(mla_cuda_q8_bytes(1, in));
+    OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
+    const int chain = g_chain;
+    const double us = time_us([&](int it) {
+        for (int c = 0; c < chain; c++) {
+            uint8_t *wi = dw[(it * chain + c) % ncopy];
+            /* the second matrix starts at a 16-aligned row boundary past the first */
+            uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
+            if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
+            else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
+            else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
+        }
+    }) / chain;
+    add_row(fmt("gemv chain %s%s", ggml_type_name(t), kind == 1 ? " pair" : kind == 2 ? " gate+up" : ""),
+            fmt("%lld%sx%lld T=1", (long long)out, kind == 1 ? fmt("+%lld", (long long)out2).c_str() : kind == 2 ? "x2" : "",
+                (long long)in),
+            0, 0, us, (double)wbytes, 0, true);
+    for (uint8_t *p : dw) CK(cudaFree(p));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(dq));
+}
+
+static void time_gemv_v3(void) {
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 0);       /* dense gate (or up) */
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 2);       /* gate + up + swiglu */
+    time_gemv_chain(GGML_TYPE_Q4_K, 18432, 7168, 0);       /* dense down */
+    time_gemv_chain(GGML_TYPE_Q8_0, 16384, 7168, 0);       /* attention output */
+    time_gemv_chain(GGML_TYPE_Q8_0, 1536, 24576, 0);       /* q_b */
+    time_gemv_chain(GGML_TYPE_Q8_0, 7168, 1536, 0);        /* q_a */
+    time_gemv_chain(GGML_TYPE_Q8_0, 7168, 576, 0);         /* kv_a */
+    time_gemv_chain(GGML_TYPE_Q8_0, 7168, 1536, 1, 576);   /* q_a + kv_a */
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 2048, 2);        /* shared expert gate + up */
+    time_gemv_chain(GGML_TYPE_Q6_K, 7168, 129280, 0);      /* output */
+}
+
+static void check_kv_rows_all(void); /* gpu_check_attn.inc: the paged cache */
+
+static void check_fused_decode(void) {
+    for (int64_t T : {1, 3})
+        for (int64_t n : {7168, 1536, 2048, 6144})
+            for (int v = 0; v < 3; v++) check_rmsnorm_ex(T, n, v != 1, v != 0);
+    check_rmsnorm_ex(2, 9216, true, true); /* past 8192: the two-pass loop, then quantized apart */
+    check_rmsnorm_ex(1, 9216, true, false);
+    /* V3's q_a + kv_a (Q8_0), GLM-5's indexer pair, shapes with partial stages */
+    for (int64_t T : {1, 2}) {
+        check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);
+        check_q8_two(GGML_TYPE_Q8_0, 6144, 2048, 576, T, false);
+        check_q8_two(GGML_TYPE_Q4_K, 2048, 77, 333, T, false);
+        check_q8_two(GGML_TYPE_Q6_K, 7168, 130, 7, T, false);
+        check_q8_two(GGML_TYPE_Q5_0, 1408, 300, 65, T, false);
+    }
+    /* dense FFN gate / up: V3 (18432), a shared expert (2048), GLM-5 (12288), V2-Lite (10944) */
+    for (int64_t T : {1, 2})
+        for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0}) {
+            check_q8_two(t, 7168, 18432, 18432, T, true);
+            check_q8_two(t, 7168, 2048, 2048, T, true);
+            if (T == 1) check_q8_two(t, 2048, 10944, 10944, T, true);
+        }
+    check_q8_two(GGML_TYPE_Q4_K, 6144, 12288, 12288, 1, true);
+    check_kv_rows_all();
 }
 
 static void check_layernorm(int64_t T, int64_t n) {
@@ -691,7 +873,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false;
+         attn_only = false, fused_only = false, gemvt = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -702,9 +884,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--wg")) wg_only = true;
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
+        else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
+        else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
+        else if (!strcmp(argv[i], "--gemvt1")) gemvt = true, g_chain = 1, g_reps = 1; /* the same, once: for a profiler */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -737,6 +922,10 @@ int main(int argc, char **argv) {
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
     } else if (attn_only) {
         check_attn_all(true);
+    } else if (fused_only) {
+        check_fused_decode();
+    } else if (gemvt) {
+        time_gemv_v3();
     } else if (gemv_only) {
         check_gemv_stream(quick);
     } else if (wg_only) {
@@ -841,6 +1030,7 @@ int main(int argc, char **argv) {
     check_rmsnorm(2, 577);
     check_layernorm(16, 128);
     check_swiglu_add(64 * 18432 + 7);
+    check_fused_decode();
     {
         rope_params yarn = {64, 10000.0, true, 40.0, 4096.0, 32.0, 1.0, 1.0};
         rope_params plain = {64, 1e6, false, 1.0, 0.0, 0.0, 0.0, 1.0};
