@@ -882,13 +882,13 @@ template <int IN, int G = (IN / 8 < 32 ? IN / 8 : 32)>
 __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__restrict__ W, int out,
                                                             const float *__restrict__ x, int64_t xt, int64_t xh, int T,
                                                             float *__restrict__ y, int64_t yt, int64_t yh) {
-    mlacu_pdl_enter();
     constexpr int CPR = IN / 8, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
     static_assert(IN % 8 == 0 && 32 % G == 0 && CPR % G == 0 && 8 % RPW == 0, "head GEMV shape");
     __shared__ __align__(16) float xs[8 * IN];
     const int h = blockIdx.y, o0 = blockIdx.x * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
     const int sub = lane / G, gl = lane % G;
+    /* the weights (no kernel writes them) are loaded while the kernel before finishes
+     * (programmatic launch); x after it */
     uint4 w[NP][NJ];
 #pragma unroll
     for (int p = 0; p < NP; p++) {
@@ -898,6 +898,8 @@ __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__rest
             w[p][j] = o < out ? __ldg((const uint4 *)(W + ((int64_t)h * out + o) * IN + (gl + G * j) * 8))
                               : make_uint4(0u, 0u, 0u, 0u);
     }
+    mlacu_pdl_enter();
+    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
     __syncthreads();
 #pragma unroll
     for (int p = 0; p < NP; p++) {
@@ -1646,7 +1648,14 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
     p->max_tiles = moe_max_tiles(T, K, X);
     p->tokens = T;
-    mlacu_launch(moe_plan_kernel, 1, 1024, (size_t)X * 4 * sizeof(int32_t), (cudaStream_t)stream, d_ids, T * K, (int)X,
+    const size_t smem = (size_t)X * 4 * sizeof(int32_t);
+    static size_t smem_set = 48 << 10; /* past 48 KB (3072 experts and more) only by opting in */
+    if (smem > smem_set) {
+        MLACU_CHECK(cudaFuncSetAttribute(moe_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+                    "moe plan: shared memory %zu", smem);
+        smem_set = smem;
+    }
+    mlacu_launch(moe_plan_kernel, 1, 1024, smem, (cudaStream_t)stream, d_ids, T * K, (int)X,
                  p->rank, p->world, p->counts, p->sorted, p->tile_e, p->tile_s, p->tile_n, p->n_tiles);
     MLACU_CHECK(cudaGetLastError(), e, "moe plan T=%lld", (long long)T);
     return MLA_OK;

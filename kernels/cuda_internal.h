@@ -101,22 +101,41 @@ static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, 
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
-/* One 32-element unit held by a warp, element `lane` in each lane (every lane calls it): its int8
- * at q[0..32), its scales at *s, the values q8x_kernel (quant_cuda.cu) gives the same 32 floats:
- * d = max|v| / 127, q = round-to-nearest-even(v * 127 / max|v|). */
-static __device__ __forceinline__ void mlacu_q8_unit_warp(float v, int8_t *q, float4 *s) {
+/* N 32-element units held by a warp, unit k's element `lane` in v[k] of each lane (every lane
+ * calls it): units k < n_store get their int8 at q + k * ld and their scales at s[k * ld / 32],
+ * the values q8x_kernel (quant_cuda.cu) gives the same 32 floats: d = max|v| / 127,
+ * q = round-to-nearest-even(v * 127 / max|v|). The N reductions run side by side. */
+template <int N>
+static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], int8_t *q, float4 *s, int ld,
+                                                           int n_store) {
     const int lane = threadIdx.x & 31;
-    float amax = fabsf(v);
+    float am[N];
+    int qi[N], h[N];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-    const int qi = __float2int_rn(__fmul_rn(v, id));
-    int h = qi; /* the sum over this lane's half of the warp (lanes 0-15, 16-31) */
+    for (int k = 0; k < N; k++) am[k] = fabsf(v[k]);
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
-    const int h1 = __shfl_sync(0xffffffffu, h, 16);
-    q[lane] = (int8_t)qi;
-    if (lane == 0) *s = make_float4(d, d * (float)h, d * (float)h1, 0.f);
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) am[k] = fmaxf(am[k], __shfl_xor_sync(0xffffffffu, am[k], o));
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const float id = am[k] > 0.f ? 127.f / am[k] : 0.f;
+        h[k] = qi[k] = __float2int_rn(__fmul_rn(v[k], id));
+    }
+    /* the sums over each half of the warp (lanes 0-15, 16-31) */
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) h[k] += __shfl_xor_sync(0xffffffffu, h[k], o);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const int h1 = __shfl_sync(0xffffffffu, h[k], 16);
+        if (k < n_store) {
+            q[k * ld + lane] = (int8_t)qi[k];
+            const float d = am[k] / 127.f;
+            if (lane == 0) s[k * ld / 32] = make_float4(d, d * (float)h[k], d * (float)h1, 0.f);
+        }
+    }
 }
 
 /* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or

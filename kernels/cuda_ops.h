@@ -148,11 +148,13 @@ int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_t out, cons
 int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
                      float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e);
 /* rmsnorm with the residual add before it and the q8 quantization after it, in one kernel: with
- * d_res, x [T][n] += res [T][n] first (written back; ldx == n), as mla_cuda_add; then y =
- * rmsnorm(x) as mla_cuda_rmsnorm; with d_q8 (n % 32 == 0, ldy == n), also y's q8 buffer as
- * mla_cuda_quantize_q8(y, T, n, d_q8) fills it. The same bits as those ops in turn. */
-int mla_cuda_rmsnorm_ex(float *d_x, const float *d_res, int64_t ldx, int64_t T, int64_t n, const float *d_w,
-                        float eps, float *d_y, int64_t ldy, void *d_q8, mla_cuda_stream stream, mla_err *e);
+ * d_res, the sum x [T][n] + res [T][n] first (ldx == n), as mla_cuda_add makes it, written to d_xsum
+ * (d_x itself: in place; another buffer lets a row be shared by several blocks), and normalized;
+ * else x is; y = rmsnorm as mla_cuda_rmsnorm; with d_q8 (n % 32 == 0, ldy == n), also y's q8
+ * buffer as mla_cuda_quantize_q8(y, T, n, d_q8) fills it. The same bits as those ops in turn. */
+int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *d_xsum, int64_t ldx, int64_t T, int64_t n,
+                        const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8, mla_cuda_stream stream,
+                        mla_err *e);
 int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w,
                        const float *d_b, float eps, float *d_y, int64_t ldy, mla_cuda_stream stream,
                        mla_err *e);

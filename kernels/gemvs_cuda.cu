@@ -41,7 +41,8 @@ extern "C" {
 
 namespace mlacu {
 
-constexpr int GS_THREADS = 256, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
+/* blocks of 256 threads, or of two groups up to 320 (rows of 129-160 items: 18432 elements) */
+constexpr int GS_THREADS = 256, GS_THREADS_MAX = 320, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
 constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
 /* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at: 3 and
  * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; read once a process: for measurements) */
@@ -119,11 +120,11 @@ __device__ __forceinline__ float gs_lane_sum(float v, int n) {
  * the pair's x into registers when its row changes, the stage's rows dotted with it, the sums
  * into red[step & 1], stored after the next step's barrier. */
 template <int TY, int NM, bool GRP>
-__global__ void __launch_bounds__(GS_THREADS, 2) gemvs_kernel(const gs_args A) {
+__global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args A) {
     /* the plan of a MoE step (tile list and count) comes from the kernel before */
     if (GRP) mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t gs_sm[];
-    __shared__ float red[2][GS_THREADS / 16][NM][GS_RG_MAX];
+    __shared__ float red[2][GS_THREADS_MAX / 16][NM][GS_RG_MAX];
     __shared__ uint64_t full[GS_STAGES_MAX];
     const int NS = A.stages;
     const int tid = threadIdx.x, lane = tid & 31;
@@ -232,13 +233,15 @@ struct gs_geo {
     size_t smem;
 };
 
-/* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256
- * threads) of RG rows (<= 8), about gs_tuning().target bytes a stage; rows of whole items */
+/* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256 threads,
+ * or two of up to 160) of RG rows (<= 8), about gs_tuning().target bytes a stage; rows of whole
+ * items */
 static bool gs_geometry(int64_t in, int64_t rb, int nm, gs_geo &g) {
     const int64_t ni = in / 128;
     if (in % 128 || ni < 1 || ni > GS_THREADS) return false;
     g.TPG = ni <= 16 ? 16 : (int)((ni + 31) / 32 * 32);
     g.G = GS_THREADS / g.TPG;
+    if (g.G == 1 && 2 * g.TPG <= GS_THREADS_MAX) g.G = 2; /* one group of 129-160 threads: five warps a block */
     g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (gs_tuning().target / nm - 32) / (g.G * rb)));
     g.R = g.G * g.RG;
     g.msb = (int)(((int64_t)g.R * rb + 32 + 15) / 16 * 16);

@@ -32,13 +32,16 @@ __device__ float block_sum(float v, float *red) {
 }
 
 constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
-/* Row xr of n (one block of RN_T threads; every thread calls it): with ADD, xr[i] += rr[i] first,
- * written back (mla_cuda_add's sum); then st(i, y_i) for y = rmsnorm(x) w, and with Q8 (rows of
+constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (mla_cuda_rmsnorm_ex) */
+/* Row xr of n (one block of RN_T threads; every thread calls it): with ADD, x = xr + rr first
+ * (mla_cuda_add's sum), written to xo (xo == xr: in place, one block a row); then st(i, y_i) for y = rmsnorm(x) w, and with Q8 (rows of
  * up to RN_T RN_V elements, n % 32 == 0) also y's q8 units: element i of the row's int8 at q[i],
- * unit u's scales at qs[u] (mla_cuda_quantize_q8's values). */
+ * unit u's scales at qs[u] (mla_cuda_quantize_q8's values). Rows of up to RN_T RN_V: only the
+ * elements i = threadIdx.x + k RN_T with k0 <= k < k1 are written (x, y and q8; the sum is the
+ * whole row's), so that several blocks can share a row (k1 - k0 = RN_KB, or the whole row). */
 template <bool ADD, bool Q8, typename ST>
-__device__ __forceinline__ void rms_row(float *xr, const float *rr, int n, const float *__restrict__ w, float eps,
-                                        float *red, int8_t *q, float4 *qs, ST st) {
+__device__ __forceinline__ void rms_row(const float *xr, const float *rr, float *xo, int n, const float *__restrict__ w,
+                                        float eps, float *red, int8_t *q, float4 *qs, int k0, int k1, ST st) {
     float ss = 0.f;
     if (n <= RN_T * RN_V) {
         /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
@@ -57,7 +60,7 @@ __device__ __forceinline__ void rms_row(float *xr, const float *rr, int n, const
             for (int k = 0; k < RN_V; k++) {
                 const int i = threadIdx.x + k * RN_T;
                 xv[k] += rv[k];
-                if (i < n) xr[i] = xv[k];
+                if (i < n && k >= k0 && k < k1) xo[i] = xv[k];
             }
 #pragma unroll
         for (int k = 0; k < RN_V; k++)
@@ -67,16 +70,35 @@ __device__ __forceinline__ void rms_row(float *xr, const float *rr, int n, const
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
             const int i = threadIdx.x + k * RN_T;
-            const float y = xv[k] * r * wv[k];
-            if (i < n) st(i, y);
-            /* a warp holds one whole 32-element unit at each k (RN_T is a multiple of 32) */
-            if (Q8 && (int)(threadIdx.x & ~31u) + k * RN_T < n) mlacu_q8_unit_warp(y, q + (i & ~31), qs + i / 32);
+            xv[k] = xv[k] * r * wv[k]; /* y */
+            if (i < n && k >= k0 && k < k1) st(i, xv[k]);
+        }
+        /* a warp holds one whole 32-element unit at each k (RN_T is a multiple of 32): units
+         * past n are computed on zeros and not stored */
+        if (Q8) {
+            const int base = (int)(threadIdx.x & ~31u), nk = (n - base + RN_T - 1) / RN_T; /* this warp's units */
+            if (k1 - k0 >= RN_V) {
+                mlacu_q8_units_warp<RN_V>(xv, q + base, qs + base / 32, RN_T, nk);
+            } else { /* the slice's units only (block-uniform k0) */
+                float v[RN_KB];
+#pragma unroll
+                for (int j = 0; j < RN_KB; j++) {
+                    v[j] = 0.f;
+#pragma unroll
+                    for (int k = 0; k < RN_V; k++)
+                        if (k == k0 + j) v[j] = xv[k];
+                }
+                mlacu_q8_units_warp<RN_KB>(v, q + base + k0 * RN_T, qs + (base + k0 * RN_T) / 32, RN_T,
+                                           min(RN_KB, nk - k0));
+            }
         }
         return;
     }
     /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
-    if (ADD)
-        for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += rr[i];
+    if (ADD) { /* each thread its own elements: read back below by the same thread */
+        for (int i = threadIdx.x; i < n; i += blockDim.x) xo[i] = xr[i] + rr[i];
+        xr = xo;
+    }
 #pragma unroll 8
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
@@ -85,17 +107,20 @@ __device__ __forceinline__ void rms_row(float *xr, const float *rr, int n, const
     for (int i = threadIdx.x; i < n; i += blockDim.x) st(i, xr[i] * r * w[i]);
 }
 
-/* block t: row t. With ADD x += res (rows of n, ldx == n); with Q8 the q8 buffer of y (q: int8
- * [T][n], qs: its scales) */
+/* block (t, j): row t, slice j of RN_KB RN_T elements (gridDim.y > 1: rows of up to RN_T RN_V;
+ * with ADD, xo is not x), or the whole row (gridDim.y 1). With ADD xo = x + res (rows of n,
+ * ldx == n); with Q8 the q8 buffer of y (q: int8 [T][n], qs: its scales) */
 template <bool ADD, bool Q8>
-__global__ void __launch_bounds__(RN_T) rmsnorm_kernel(float *x, const float *__restrict__ res, int64_t ldx, int64_t n,
-                                                       const float *__restrict__ w, float eps, float *y, int64_t ldy,
-                                                       int8_t *q, float4 *qs) {
+__global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const float *__restrict__ res, float *xo,
+                                                       int64_t ldx, int64_t n, const float *__restrict__ w, float eps,
+                                                       float *y, int64_t ldy, int8_t *q, float4 *qs) {
     mlacu_pdl_enter();
     __shared__ float red[32];
     float *yr = y + blockIdx.x * ldy;
-    rms_row<ADD, Q8>(x + blockIdx.x * ldx, ADD ? res + blockIdx.x * n : nullptr, (int)n, w, eps, red,
-                     Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr,
+    const int k0 = gridDim.y > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = gridDim.y > 1 ? k0 + RN_KB : RN_V;
+    rms_row<ADD, Q8>(x + blockIdx.x * ldx, ADD ? res + blockIdx.x * n : nullptr, ADD ? xo + blockIdx.x * n : nullptr,
+                     (int)n, w, eps, red,
+                     Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr, k0, k1,
                      [&](int i, float v) { yr[i] = v; });
 }
 
@@ -191,7 +216,7 @@ __global__ void __launch_bounds__(RN_T) mla_kv_rows_kernel(rope_k rk, const floa
     }
     KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
     const float *s = kva + (int64_t)t * row;
-    rms_row<false, false>(const_cast<float *>(s), nullptr, KL, nw, eps, red, nullptr, nullptr,
+    rms_row<false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, 0, RN_V,
                           [&](int i, float v) { kv_store(d + i, v); });
     for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
     __syncthreads();
@@ -360,23 +385,29 @@ extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
     MLA_ASSERT(n < INT32_MAX);
-    mlacu_launch(rmsnorm_kernel<false, false>, (unsigned)T, RN_T, 0, stream, const_cast<float *>(d_x),
-                 (const float *)nullptr, ldx, n, d_w, eps, d_y, ldy, (int8_t *)nullptr, (float4 *)nullptr);
+    mlacu_launch(rmsnorm_kernel<false, false>, (unsigned)T, RN_T, 0, stream, d_x, (const float *)nullptr,
+                 (float *)nullptr, ldx, n, d_w, eps, d_y, ldy, (int8_t *)nullptr, (float4 *)nullptr);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
 
-extern "C" int mla_cuda_rmsnorm_ex(float *d_x, const float *d_res, int64_t ldx, int64_t T, int64_t n,
-                                   const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8,
+extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *d_xsum, int64_t ldx, int64_t T,
+                                   int64_t n, const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8,
                                    mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(T >= 0 && n > 0 && n < INT32_MAX && (!d_res || ldx == n) && (!d_q8 || (n % 32 == 0 && ldy == n)));
+    MLA_ASSERT(T >= 0 && n > 0 && n < INT32_MAX && (!d_res || (ldx == n && d_xsum)) &&
+               (!d_q8 || (n % 32 == 0 && ldy == n)));
     if (T == 0) return MLA_OK;
     const bool q8 = d_q8 && n <= RN_T * RN_V; /* longer rows: quantized after */
     int8_t *q = (int8_t *)d_q8;
     float4 *qs = d_q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
     auto k = d_res ? (q8 ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
                    : (q8 ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
-    mlacu_launch(k, (unsigned)T, RN_T, 0, stream, d_x, d_res, ldx, n, d_w, eps, d_y, ldy, q, qs);
+    /* a few rows with q8: each row over several blocks (its quantization spread over SMs; each
+     * block sums the whole row again, from L2) */
+    const bool apart = (!d_res || d_xsum != d_x) && d_y != d_x && (!d_res || d_y != d_xsum); /* nothing in place */
+    const unsigned slices = q8 && T <= 16 && apart ? (unsigned)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)) : 1;
+    mlacu_launch(k, dim3((unsigned)T, slices), RN_T, 0, stream, d_x, d_res, d_xsum, ldx, n, d_w, eps, d_y, ldy, q,
+                 qs);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm%s%s T=%lld n=%lld", d_res ? " (+ residual)" : "", q8 ? " (+ q8)" : "",
                 (long long)T, (long long)n);
     if (d_q8 && !q8) return mla_cuda_quantize_q8(d_y, T, n, d_q8, stream, e);

@@ -765,15 +765,21 @@ template <int TY>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvf_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const float *__restrict__ x, int T,
                  float *__restrict__ y, int wpr) {
-    mlacu_pdl_enter();
     __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
     const int row0 = (blockIdx.x * (GQ_WARPS / wpr) + grp) * GQ_R;
-    if (wpr == 1 && row0 >= out) return;
     const uint8_t *p[GQ_R];
 #pragma unroll
     for (int r = 0; r < GQ_R; r++) p[r] = W + (size_t)min(row0 + r, out - 1) * rb;
+    /* this thread's weight units into L2 while the kernel before finishes (programmatic launch;
+     * no kernel writes weights) */
+    for (int u = part * 32 + lane; u < nu; u += 32 * wpr)
+#pragma unroll
+        for (int r = 0; r < GQ_R; r++)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p[r] + (size_t)u * qtraits<TY>::BB));
+    mlacu_pdl_enter();
+    if (wpr == 1 && row0 >= out) return;
     float acc[GQ_R][GQ_T];
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)

@@ -85,6 +85,10 @@ struct mla_cmodel {
      * quantization into the norms, the cache side of the attention in one kernel, two products
      * of one input (and gate / up with swiglu) in one GEMV */
     bool fuse;
+    /* with fuse, a MoE layer's shared expert runs on st2 beside the router and its routing on st
+     * (forked and joined by the events: inside a captured graph, two branches) */
+    cudaStream_t st2;
+    cudaEvent_t ev_fork, ev_join;
     void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
     int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MMH_TMIN; MLA_CUDA_GEMV_TMAX) */
@@ -103,8 +107,9 @@ struct mla_cmodel {
     size_t n_allocs, cap_allocs;
     /* scratch for up to cap_T tokens */
     int64_t cap_T, cap_keys, cap_out; /* cap_out: rows of logits */
-    float *x, *h, *y, *cq, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores, *attn_work,
-        *logit_dev;
+    /* x2: the residual stream's second buffer (norm_h); cqr: q_a's output before its norm (cq) */
+    float *x, *x2, *h, *y, *cq, *cqr, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores,
+        *attn_work, *logit_dev;
     size_t attn_work_floats;
     int32_t *tok, *rid, *sel, *nsel;
     void *moe_work;
@@ -408,8 +413,11 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
     if (mla_cuda_init(m->device, err) < 0) goto fail;
-    if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess) {
-        mla_errf(err, "cudaStreamCreate failed");
+    if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&m->st2, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_join, cudaEventDisableTiming) != cudaSuccess) {
+        mla_errf(err, "cudaStreamCreate / cudaEventCreate failed");
         goto fail;
     }
     if (mla_config_from_gguf(&m->cfg, g, err) < 0 || mla_config_check_tensors(&m->cfg, g, err) < 0) goto fail;
@@ -539,7 +547,7 @@ fail:
 
 static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
-    void *ps[] = {m->x, m->h, m->y, m->cq, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
+    void *ps[] = {m->x, m->x2, m->h, m->y, m->cq, m->cqr, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
                   m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
                   m->q8h, m->q8c};
@@ -553,7 +561,7 @@ static void free_scratch(mla_cmodel *m) {
     if (m->hstep) cudaFreeHost(m->hstep);
     m->dstep = m->hstep = nullptr;
     m->kvn = m->ikn = nullptr;
-    m->x = m->h = m->y = m->cq = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
+    m->x = m->x2 = m->h = m->y = m->cq = m->cqr = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
         m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
@@ -575,6 +583,9 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
     free(m->free_blk);
     free(m->L);
     if (m->st) cudaStreamDestroy(m->st);
+    if (m->st2) cudaStreamDestroy(m->st2);
+    if (m->ev_fork) cudaEventDestroy(m->ev_fork);
+    if (m->ev_join) cudaEventDestroy(m->ev_join);
     if (m->own_coll) coll_free(m->own_coll);
     free(m);
 }
@@ -721,9 +732,11 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
 #define A(p, n)                                                                                                        \
     CU(cudaMalloc((void **)&(p), (size_t)(n) * 4 + 64), "scratch %s: %lld tokens", #p, (long long)T)
     A(m->x, T * E);
+    A(m->x2, T * E);
     A(m->h, T * E);
     A(m->y, T * E);
     A(m->cq, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1));
+    A(m->cqr, T * (c->q_lora_rank > 0 ? c->q_lora_rank : 1));
     A(m->q, T * Hl * c->head_k);
     A(m->kva, T * row);
     A(m->qabs, T * Hl * KL);
@@ -835,19 +848,23 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
     return mm_from_q8(m, w1, T, q, y1, err);
 }
 
-/* m->h = rmsnorm(x [+ res, added into x first]) of T rows (weights w); *hq: its q8 buffer
- * (m->q8h) where norm_q8 says the products after it read one, else NULL */
-static int norm_h(mla_cmodel *m, float *x, const float *res, int64_t T, const float *w, const void **hq,
+/* m->h = rmsnorm(x [+ res]) of T rows (weights w), *x the residual stream (m->x or m->x2): with
+ * res, x + res becomes the stream (with fuse written to the other buffer, so that the norm's
+ * blocks can share a row; else added in place). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
+ * products after it read one, else NULL. */
+static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const float *w, const void **hq,
                   mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd;
     *hq = nullptr;
     if (!m->fuse) {
-        if (res) TRY(mla_cuda_add(x, res, T * E, m->st, err));
-        return mla_cuda_rmsnorm(x, E, T, E, w, c->rms_eps, m->h, E, m->st, err);
+        if (res) TRY(mla_cuda_add(*x, res, T * E, m->st, err));
+        return mla_cuda_rmsnorm(*x, E, T, E, w, c->rms_eps, m->h, E, m->st, err);
     }
     void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
-    TRY(mla_cuda_rmsnorm_ex(x, res, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
+    float *xs = res ? (*x == m->x ? m->x2 : m->x) : nullptr;
+    TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
+    if (res) *x = xs;
     *hq = q;
     return MLA_OK;
 }
@@ -895,9 +912,10 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
     *cq_q = nullptr;
     if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
         const int64_t QL = c->q_lora_rank;
-        TRY(mm2(m, &l->q_a, m->cq, &l->kv_a, m->kva, m->h, hq, T, err));
+        TRY(mm2(m, &l->q_a, m->cqr, &l->kv_a, m->kva, m->h, hq, T, err));
         void *q = m->fuse && norm_q8(m, T) && QL % 32 == 0 ? m->q8c : nullptr;
-        TRY(mla_cuda_rmsnorm_ex(m->cq, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st, err));
+        TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
+                                err));
         *cq_q = q;
         return mm(m, &l->q_b, m->cq, q, T, m->q, err);
     }
@@ -1000,7 +1018,20 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
         TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
     } else {
         const int64_t X = c->n_expert, K = c->n_expert_used;
-        if (l->has_shexp) {
+        /* the shared expert beside the router and the routing (fuse): on st2, into m->y, joined
+         * before the routed experts add into m->y. The router then must not use m->q8buf (the
+         * shared expert's): it reads hq, or is not a q8 product. */
+        const bool side = m->fuse && l->has_shexp && (hq || !mm_q8(m, &l->router));
+        if (side) {
+            CU(cudaEventRecord(m->ev_fork, m->st), "fork");
+            CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
+            cudaStream_t st0 = m->st;
+            m->st = m->st2; /* ffn_apply's kernels go to m->st */
+            const int rc = ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err);
+            m->st = st0;
+            TRY(rc);
+            CU(cudaEventRecord(m->ev_join, m->st2), "join");
+        } else if (l->has_shexp) {
             TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
         } else {
             CU(cudaMemsetAsync(m->y, 0, (size_t)(T * E) * 4, m->st), "memset");
@@ -1009,6 +1040,7 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
         moe_route_params rp = {(int)X, (int)K, (int)c->n_group, (int)c->n_group_used, (int)c->gating, c->weights_norm,
                                c->weights_scale};
         TRY(mla_cuda_moe_route(&rp, m->rl, l->router_bias, T, m->rid, m->rw, m->st, err));
+        if (side) CU(cudaStreamWaitEvent(m->st, m->ev_join, 0), "join");
         TRY(mla_cuda_moe_apply(&l->ex, m->h, hq, T, m->rid, m->rw, K, m->y, m->moe_work, m->st, err));
     }
     return allreduce(m, m->y, (size_t)(T * E), err);
@@ -1090,21 +1122,22 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
     const int64_t E = c->n_embd;
     cudaStream_t st = m->st;
     TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, T, m->x, st, err));
-    /* each sublayer's output m->y is added into the residual stream m->x by the next norm */
+    /* each sublayer's output m->y is added into the residual stream x by the next norm */
     const void *hq = nullptr;
+    float *x = m->x;
     for (int64_t il = 0; il < c->n_layer; il++) {
         const dlayer *l = &m->L[il];
-        TRY(norm_h(m, m->x, il ? m->y : nullptr, T, l->attn_norm, &hq, err));
+        TRY(norm_h(m, &x, il ? m->y : nullptr, T, l->attn_norm, &hq, err));
         TRY(attention_b(m, il, T, max_keys, hq, err));
-        TRY(norm_h(m, m->x, m->y, T, l->ffn_norm, &hq, err));
+        TRY(norm_h(m, &x, m->y, T, l->ffn_norm, &hq, err));
         TRY(ffn_moe(m, il, T, hq, err));
     }
-    if (nout <= 0 || out0 > 0 || nout < T) TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
+    if (nout <= 0 || out0 > 0 || nout < T) TRY(mla_cuda_add(x, m->y, T * E, st, err));
     if (nout <= 0) return MLA_OK;
     if (out0 > 0 || nout < T)
-        TRY(mla_cuda_rmsnorm(m->x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+        TRY(mla_cuda_rmsnorm(x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
     else
-        TRY(norm_h(m, m->x, m->y, T, m->out_norm, &hq, err));
+        TRY(norm_h(m, &x, m->y, T, m->out_norm, &hq, err));
     TRY(mm(m, &m->output, m->h, out0 > 0 || nout < T ? nullptr : hq, nout, m->logit_dev, err));
     if (m->out_split && m->coll_dev)
         TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nout * (m->out_r1 - m->out_r0)), err));

@@ -308,10 +308,12 @@ static int64_t dev_diff(const void *a, const void *b, size_t n) {
     return d;
 }
 
-/* The fused norm of a decode step (mla_cuda_rmsnorm_ex): x += res, y = rmsnorm(x), y's q8 buffer.
- * Against the CPU (x + res, rmsnorm: the float rows; the q8 rounding of y: its values), and bit for
- * bit against mla_cuda_add, mla_cuda_rmsnorm and mla_cuda_quantize_q8 in turn. */
-static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8) {
+/* The fused norm of a decode step (mla_cuda_rmsnorm_ex): s = x + res, y = rmsnorm(s), y's q8
+ * buffer; s into another buffer (the model's way: several blocks a row), or in place (x; with
+ * res false, y = x: the q-LoRA norm). Against the CPU (x + res, rmsnorm: the float rows; the q8
+ * rounding of y: its values), and bit for bit against mla_cuda_add, mla_cuda_rmsnorm and
+ * mla_cuda_quantize_q8 in turn. */
+static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_place = false) {
     std::vector<float> x(T * n), r(T * n), w(n), xr(T * n), ref(T * n), got(T * n), gx(T * n);
     gr_fill(&g_rng, x.data(), T * n, 3.0f);
     gr_fill(&g_rng, r.data(), T * n, 1.0f);
@@ -320,19 +322,26 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8) {
     rmsnorm(xr.data(), n, T, n, w.data(), 1e-6f, ref.data(), n);
     float *dx = (float *)dup(x.data(), T * n * 4), *dx2 = (float *)dup(x.data(), T * n * 4);
     float *dr = (float *)dup(r.data(), T * n * 4), *dw = (float *)dup(w.data(), n * 4);
-    float *dy = (float *)dmalloc(T * n * 4), *dy2 = (float *)dmalloc(T * n * 4);
+    float *dy = (float *)dmalloc(T * n * 4), *dy2 = (float *)dmalloc(T * n * 4), *ds = (float *)dmalloc(T * n * 4);
     const size_t qb = mla_cuda_q8_bytes(T, n);
     void *dq = dmalloc(qb), *dq2 = dmalloc(qb);
     poison(dy, T * n * 4);
+    poison(ds, T * n * 4);
     poison(dq, qb);
     poison(dq2, qb);
-    OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, n, T, n, dw, 1e-6f, dy, n, q8 ? dq : NULL, 0, E));
+    /* s: ds, or x itself; y: dy, or x itself (in place without res) */
+    float *dsum = res ? (in_place ? dx : ds) : NULL, *dyo = in_place && !res ? dx : dy;
+    auto run = [&](int) {
+        OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, dsum, n, T, n, dw, 1e-6f, dyo, n, q8 ? dq : NULL, 0, E));
+    };
+    run(0);
     if (res) OK(mla_cuda_add(dx2, dr, T * n, 0, E));
     OK(mla_cuda_rmsnorm(dx2, n, T, n, dw, 1e-6f, dy2, n, 0, E));
     if (q8) OK(mla_cuda_quantize_q8(dy2, T, n, dq2, 0, E));
     CK(cudaDeviceSynchronize());
-    down(got.data(), dy, T * n * 4);
-    down(gx.data(), dx, T * n * 4);
+    down(got.data(), dyo, T * n * 4);
+    down(gx.data(), res ? dsum : dx, T * n * 4);
+    if (in_place && !res) gx = x; /* x became y: the sum check is y's own */
     double err = std::max(gr_rel_l2(got.data(), ref.data(), T * n), gr_rel_l2(gx.data(), xr.data(), T * n));
     if (q8) { /* the q8 buffer's values (int8 times its unit's scale) against the rounding of y */
         std::vector<int8_t> hq(T * n);
@@ -343,15 +352,17 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8) {
         gr_q8_round(ref.data(), qr.data(), T * n);
         err = std::max(err, gr_rel_l2(qv.data(), qr.data(), T * n));
     }
-    const int64_t bits = dev_diff(dx, dx2, T * n * 4) + dev_diff(dy, dy2, T * n * 4) + (q8 ? dev_diff(dq, dq2, qb) : 0);
-    double us = time_us([&](int) {
-        OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, n, T, n, dw, 1e-6f, dy, n, q8 ? dq : NULL, 0, E));
-    });
+    const int64_t bits = (res ? dev_diff(dsum, dx2, T * n * 4) : 0) + dev_diff(dyo, dy2, T * n * 4) +
+                         (q8 ? dev_diff(dq, dq2, qb) : 0);
+    /* timed out of place (in place: rerun on its own output) */
+    if (in_place) dsum = res ? ds : NULL, dyo = dy;
+    double us = time_us(run);
     const char *nm = res ? (q8 ? "rmsnorm + residual + q8" : "rmsnorm + residual") : q8 ? "rmsnorm + q8" : "rmsnorm_ex";
-    add_row(nm, fmt("T=%lld n=%lld", (long long)T, (long long)n), err, 1e-5, us, (res ? 16.0 : 8.0) * T * n, 0, true);
-    add_row(fmt("%s = unfused", nm), fmt("T=%lld n=%lld, bytes differing", (long long)T, (long long)n),
-            bits ? INFINITY : 0, 0, 0, 0, 0, true);
-    for (void *p : {(void *)dx, (void *)dx2, (void *)dr, (void *)dw, (void *)dy, (void *)dy2, dq, dq2}) CK(cudaFree(p));
+    const std::string sh = fmt("T=%lld n=%lld%s", (long long)T, (long long)n, in_place ? " in place" : "");
+    add_row(nm, sh, err, 1e-5, us, (res ? 16.0 : 8.0) * T * n, 0, true);
+    add_row(fmt("%s = unfused", nm), sh + ", bytes differing", bits ? INFINITY : 0, 0, 0, 0, 0, true);
+    for (void *p : {(void *)dx, (void *)dx2, (void *)dr, (void *)dw, (void *)dy, (void *)dy2, (void *)ds, dq, dq2})
+        CK(cudaFree(p));
 }
 
 /* Two products of one q8 buffer in one kernel (mla_cuda_matmul_q8_pair, and gate / up with
@@ -460,6 +471,12 @@ static void check_fused_decode(void) {
             for (int v = 0; v < 3; v++) check_rmsnorm_ex(T, n, v != 1, v != 0);
     check_rmsnorm_ex(2, 9216, true, true); /* past 8192: the two-pass loop, then quantized apart */
     check_rmsnorm_ex(1, 9216, true, false);
+    for (int64_t T : {1, 20}) { /* in place: one block a row (T = 20: more rows than slicing takes) */
+        check_rmsnorm_ex(T, 7168, true, true, true);
+        check_rmsnorm_ex(T, 1536, false, true, true);
+        check_rmsnorm_ex(2, 9216, true, true, true);
+    }
+    check_rmsnorm_ex(20, 7168, true, true);
     /* V3's q_a + kv_a (Q8_0), GLM-5's indexer pair, shapes with partial stages */
     for (int64_t T : {1, 2}) {
         check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);
