@@ -34,11 +34,12 @@ __device__ float block_sum(float v, float *red) {
 constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
 constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (mla_cuda_rmsnorm_ex) */
 /* Row xr of n (one block of RN_T threads; every thread calls it): with ADD, x = xr + rr first
- * (mla_cuda_add's sum), written to xo (xo == xr: in place, one block a row); then st(i, y_i) for y = rmsnorm(x) w, and with Q8 (rows of
- * up to RN_T RN_V elements, n % 32 == 0) also y's q8 units: element i of the row's int8 at q[i],
- * unit u's scales at qs[u] (mla_cuda_quantize_q8's values). Rows of up to RN_T RN_V: only the
- * elements i = threadIdx.x + k RN_T with k0 <= k < k1 are written (x, y and q8; the sum is the
- * whole row's), so that several blocks can share a row (k1 - k0 = RN_KB, or the whole row). */
+ * (mla_cuda_add's sum), written to xo (xo == xr: in place, one block a row); then st(i, y_i) for
+ * y = rmsnorm(x) w, and with Q8 (rows of up to RN_T RN_V elements, n % 32 == 0) also y's q8
+ * units: element i of the row's int8 at q[i], unit u's scales at qs[u] (mla_cuda_quantize_q8's
+ * values). Rows of up to RN_T RN_V: only the elements i = threadIdx.x + k RN_T with
+ * k0 <= k < k1 are written (x, y and q8; the sum is the whole row's), so that several blocks can
+ * share a row (k1 - k0 = RN_KB, or the whole row). */
 template <bool ADD, bool Q8, typename ST>
 __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float *xo, int n, const float *__restrict__ w,
                                         float eps, float *red, int8_t *q, float4 *qs, int k0, int k1, ST st) {
@@ -119,9 +120,8 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     float *yr = y + blockIdx.x * ldy;
     const int k0 = gridDim.y > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = gridDim.y > 1 ? k0 + RN_KB : RN_V;
     rms_row<ADD, Q8>(x + blockIdx.x * ldx, ADD ? res + blockIdx.x * n : nullptr, ADD ? xo + blockIdx.x * n : nullptr,
-                     (int)n, w, eps, red,
-                     Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr, k0, k1,
-                     [&](int i, float v) { yr[i] = v; });
+                     (int)n, w, eps, red, Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr,
+                     k0, k1, [&](int i, float v) { yr[i] = v; });
 }
 
 __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
