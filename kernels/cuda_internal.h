@@ -101,6 +101,13 @@ static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, 
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
+/* The q8 rounding of a 32-element unit (q8x_kernel in quant_cuda.cu, mlacu_q8_units_warp): its
+ * scale d = max|v| / 127, the inverse 127 / max|v| (0 for a unit of zeros), and an element's
+ * int8, round-to-nearest-even(v * inverse). */
+static __device__ __forceinline__ float mlacu_q8_d(float amax) { return amax / 127.f; }
+static __device__ __forceinline__ float mlacu_q8_inv(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
+static __device__ __forceinline__ int mlacu_q8_round(float v, float inv) { return __float2int_rn(__fmul_rn(v, inv)); }
+
 /* N 32-element units held by a warp, unit k's element `lane` in v[k] of each lane (every lane
  * calls it): units k < n_store get their int8 at q + k * ld and their scales at s[k * ld / 32],
  * the values q8x_kernel (quant_cuda.cu) gives the same 32 floats: d = max|v| / 127,
@@ -119,8 +126,7 @@ static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], 
         for (int k = 0; k < N; k++) am[k] = fmaxf(am[k], __shfl_xor_sync(0xffffffffu, am[k], o));
 #pragma unroll
     for (int k = 0; k < N; k++) {
-        const float id = am[k] > 0.f ? 127.f / am[k] : 0.f;
-        h[k] = qi[k] = __float2int_rn(__fmul_rn(v[k], id));
+        h[k] = qi[k] = mlacu_q8_round(v[k], mlacu_q8_inv(am[k]));
     }
     /* the sums over each half of the warp (lanes 0-15, 16-31) */
 #pragma unroll
@@ -132,7 +138,7 @@ static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], 
         const int h1 = __shfl_sync(0xffffffffu, h[k], 16);
         if (k < n_store) {
             q[k * ld + lane] = (int8_t)qi[k];
-            const float d = am[k] / 127.f;
+            const float d = mlacu_q8_d(am[k]);
             if (lane == 0) s[k * ld / 32] = make_float4(d, d * (float)h[k], d * (float)h1, 0.f);
         }
     }

@@ -382,13 +382,7 @@ unsigned ew_grid(int64_t n) {
 
 extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
                                 float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(T >= 0 && n > 0);
-    if (T == 0) return MLA_OK;
-    MLA_ASSERT(n < INT32_MAX);
-    mlacu_launch(rmsnorm_kernel<false, false>, (unsigned)T, RN_T, 0, stream, d_x, (const float *)nullptr,
-                 (float *)nullptr, ldx, n, d_w, eps, d_y, ldy, (int8_t *)nullptr, (float4 *)nullptr);
-    MLACU_CHECK(cudaGetLastError(), e, "rmsnorm T=%lld n=%lld", (long long)T, (long long)n);
-    return MLA_OK;
+    return mla_cuda_rmsnorm_ex(d_x, NULL, NULL, ldx, T, n, d_w, eps, d_y, ldy, NULL, stream, e);
 }
 
 extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *d_xsum, int64_t ldx, int64_t T,

@@ -605,7 +605,7 @@ __global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__
     }
 #pragma unroll
     for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
-    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const float d = mlacu_q8_d(amax), id = mlacu_q8_inv(amax);
     uint32_t w[8];
     int sum0 = 0, sum1 = 0;
 #pragma unroll
@@ -613,7 +613,7 @@ __global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__
         uint32_t pk = 0;
 #pragma unroll
         for (int b = 0; b < 4; b++) {
-            int qi = __float2int_rn(__fmul_rn(v[4 * j + b], id));
+            int qi = mlacu_q8_round(v[4 * j + b], id);
             if (j < 4) sum0 += qi;
             else sum1 += qi;
             pk |= (uint32_t)(qi & 0xFF) << (8 * b);

@@ -762,6 +762,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
     CU(cudaMalloc(&m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
     CU(cudaMalloc(&m->q8h, mla_cuda_q8_bytes(T, (E + 31) / 32 * 32)), "q8 activations");
+    /* + 32: not an empty allocation for models without a q-LoRA */
     CU(cudaMalloc(&m->q8c, mla_cuda_q8_bytes(T, (c->q_lora_rank + 31) / 32 * 32 + 32)), "q8 activations");
     CU(cudaMalloc(&m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
     /* staging for the all-reduce (T x E), the attention output's gather (T x heads x v) and the
@@ -826,6 +827,13 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int6
     return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
 }
 
+/* whether two matrices on the same input of a T-token step take the integer GEMV together: both
+ * q8 products off the fp16 tensor cores, of one type and row length, below the int8 tensor cores */
+static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_t T) {
+    return mm_q8(m, w0) && mm_q8(m, w1) && !mm_h(m, w0, T) && !mm_h(m, w1, T) && w0->type == w1->type &&
+           w0->n_in == w1->n_in && (T <= Q8_TMAX || m->exact);
+}
+
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
  * converted once; on the integer GEMV, matrices of one type in one kernel (fuse). */
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
@@ -841,7 +849,7 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
     }
     const void *q = q8_of(m, x, xq, T, w0->n_in, err);
     if (!q) return MLA_ERR;
-    if (m->fuse && w0->type == w1->type && (T <= Q8_TMAX || m->exact))
+    if (m->fuse && q8_gemv2(m, w0, w1, T))
         return mla_cuda_matmul_q8_pair(w0->type, w0->d, w0->n_out, y0, w1->d, w1->n_out, y1, w0->n_in, q, T, m->st,
                                        err);
     TRY(mm_from_q8(m, w0, T, q, y0, err));
@@ -890,8 +898,7 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
     }
     const dmat *gt = &f->gate, *up = &f->up;
     const int64_t F = gt->n_out;
-    if (m->fuse && mm_q8(m, gt) && mm_q8(m, up) && !mm_h(m, gt, T) && !mm_h(m, up, T) && gt->type == up->type &&
-        gt->n_in == up->n_in && (T <= Q8_TMAX || m->exact)) { /* gate, up and swiglu in one GEMV */
+    if (m->fuse && q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
         const void *q = q8_of(m, h, hq, T, gt->n_in, err);
         if (!q) return MLA_ERR;
         TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, m->st, err));
@@ -913,7 +920,7 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
     if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
         const int64_t QL = c->q_lora_rank;
         TRY(mm2(m, &l->q_a, m->cqr, &l->kv_a, m->kva, m->h, hq, T, err));
-        void *q = m->fuse && norm_q8(m, T) && QL % 32 == 0 ? m->q8c : nullptr;
+        void *q = norm_q8(m, T) && QL % 32 == 0 ? m->q8c : nullptr;
         TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
                                 err));
         *cq_q = q;
@@ -1132,13 +1139,13 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
         TRY(norm_h(m, &x, m->y, T, l->ffn_norm, &hq, err));
         TRY(ffn_moe(m, il, T, hq, err));
     }
-    if (nout <= 0 || out0 > 0 || nout < T) TRY(mla_cuda_add(x, m->y, T * E, st, err));
+    /* logits of every row: the last add in the output norm; else added here, rows normalized apart */
+    const bool all_rows = out0 == 0 && nout == T;
+    if (!all_rows) TRY(mla_cuda_add(x, m->y, T * E, st, err));
     if (nout <= 0) return MLA_OK;
-    if (out0 > 0 || nout < T)
-        TRY(mla_cuda_rmsnorm(x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
-    else
-        TRY(norm_h(m, &x, m->y, T, m->out_norm, &hq, err));
-    TRY(mm(m, &m->output, m->h, out0 > 0 || nout < T ? nullptr : hq, nout, m->logit_dev, err));
+    if (all_rows) TRY(norm_h(m, &x, m->y, T, m->out_norm, &hq, err));
+    else TRY(mla_cuda_rmsnorm(x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    TRY(mm(m, &m->output, m->h, all_rows ? hq : nullptr, nout, m->logit_dev, err));
     if (m->out_split && m->coll_dev)
         TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nout * (m->out_r1 - m->out_r0)), err));
     return MLA_OK;

@@ -463,7 +463,7 @@ static void time_gemv_v3(void) {
     time_gemv_chain(GGML_TYPE_Q6_K, 7168, 129280, 0);      /* output */
 }
 
-static void check_kv_rows_all(void); /* gpu_check_attn.inc: the paged cache */
+static void check_fused_paged(void); /* gpu_check_attn.inc: the cache side (paged caches) and the MoE plan */
 
 static void check_fused_decode(void) {
     for (int64_t T : {1, 3})
@@ -493,7 +493,7 @@ static void check_fused_decode(void) {
             if (T == 1) check_q8_two(t, 2048, 10944, 10944, T, true);
         }
     check_q8_two(GGML_TYPE_Q4_K, 6144, 12288, 12288, 1, true);
-    check_kv_rows_all();
+    check_fused_paged();
 }
 
 static void check_layernorm(int64_t T, int64_t n) {
