@@ -101,6 +101,10 @@ bool mla_cuda_q8_supported(uint32_t t);
 #define MLA_CUDA_GEMVS_SINGLES (-1)
 #define MLA_CUDA_GEMVS_GROUPED MLA_CUDA_GEMVS_SINGLES
 void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
+/* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
+ * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
+ * MLA_CUDA_GSWS=0: for measurements and the op checks. */
+void mla_cuda_set_gemv_ws(int on);
 size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,

@@ -6,6 +6,7 @@
 #ifndef GEMVS_ITEM_H
 #define GEMVS_ITEM_H
 
+#include <math.h>
 #include <string.h>
 
 #include "kernels/cuda_quant_unit.h"
@@ -116,6 +117,30 @@ MLACU_UNROLL
     }
 }
 
+/* a b, a b + c, a + b, each rounded once as written (device: never contracted with a neighbour, so
+ * that every kernel inlining gs_dot gets the same bits whatever the compiler fuses around it) */
+__host__ __device__ __forceinline__ float gs_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float gs_fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return fmaf(a, b, c);
+#endif
+}
+__host__ __device__ __forceinline__ float gs_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
 /* the 4 bits of b at bit 4 of each byte (bit i to byte i) */
 __host__ __device__ __forceinline__ uint32_t gs_bits4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
 
@@ -144,11 +169,11 @@ MLACU_UNROLL
             const uint32_t *wi = w + 8 * (i >> 1);
             const uint32_t m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
             const int dot = gs_dp4m(wi, m, x.x[2 * i]) + gs_dp4m(wi + 4, m, x.x[2 * i + 1]);
-            const float sc = (float)((SC >> (8 * i)) & 0xFF) * ((i & 1) ? 0.0625f : 1.f); /* high nibbles: x16 */
-            acc = fmaf(sc * x.f[i], (float)dot, acc);
-            mins = fmaf((float)((MN >> (8 * i)) & 0xFF), x.g[i], mins);
+            const float sc = gs_mul((float)((SC >> (8 * i)) & 0xFF), (i & 1) ? 0.0625f : 1.f); /* high nibbles: x16 */
+            acc = gs_fma(gs_mul(sc, x.f[i]), (float)dot, acc);
+            mins = gs_fma((float)((MN >> (8 * i)) & 0xFF), x.g[i], mins);
         }
-        return d * acc - dmin * mins;
+        return gs_fma(d, acc, -gs_mul(dmin, mins));
     } else if constexpr (TY == GGML_TYPE_Q6_K) {
         const uint8_t *b = rp + (size_t)(it >> 1) * 210;
         const int n = it & 1;
@@ -168,10 +193,11 @@ MLACU_UNROLL
             }
             const uint32_t s2 = sc[k >> 1] >> (16 * (k & 1));
             const float c0 = (float)(int8_t)(s2 & 0xFF), c1 = (float)(int8_t)((s2 >> 8) & 0xFF);
-            acc += c0 * (x.f[k] * (float)gs_dp4(q, x.x[2 * k]) - 32.f * x.g[2 * k]) +
-                   c1 * (x.f[k] * (float)gs_dp4(q + 4, x.x[2 * k + 1]) - 32.f * x.g[2 * k + 1]);
+            const float u0 = gs_fma(x.f[k], (float)gs_dp4(q, x.x[2 * k]), -gs_mul(32.f, x.g[2 * k]));
+            const float u1 = gs_fma(x.f[k], (float)gs_dp4(q + 4, x.x[2 * k + 1]), -gs_mul(32.f, x.g[2 * k + 1]));
+            acc = gs_add(acc, gs_fma(c0, u0, gs_mul(c1, u1)));
         }
-        return d * acc;
+        return gs_mul(d, acc);
     } else if constexpr (TY == GGML_TYPE_Q5_0) {
         /* 88 bytes from an 8-aligned start: blocks of 22 at 0, 22, 44, 66 (d, then qh: 4 bytes,
          * then qs: 16); element j < 16 is qs[j]'s low nibble with bit j of qh, j + 16 the high
@@ -194,7 +220,7 @@ MLACU_UNROLL
                 dot = gs_dpu(((qs >> 4) & 0x0F0F0F0Fu) | gs_bits4((qh >> (16 + 4 * i)) & 0xF), xh[i], dot);
             }
             const float d = h2f(at(o) & 0xFFFF);
-            acc = fmaf(d, x.f[q] * (float)dot - 16.f * x.g[q], acc);
+            acc = gs_fma(d, gs_fma(x.f[q], (float)dot, -gs_mul(16.f, x.g[q])), acc);
         }
         return acc;
     } else {
@@ -211,7 +237,7 @@ MLACU_UNROLL
 MLACU_UNROLL
             for (int i = 0; i < 8; i++) qs[i] = odd ? gs_shr(w[w0 + i], w[w0 + i + 1], 16) : w[w0 + i];
             const uint32_t dh = (q & 1) ? w[(34 * q) / 4] >> 16 : w[(34 * q) / 4] & 0xFFFF;
-            acc = fmaf(h2f(dh) * x.f[q], (float)(gs_dp4(qs, x.x[2 * q]) + gs_dp4(qs + 4, x.x[2 * q + 1])), acc);
+            acc = gs_fma(gs_mul(h2f(dh), x.f[q]), (float)(gs_dp4(qs, x.x[2 * q]) + gs_dp4(qs + 4, x.x[2 * q + 1])), acc);
         }
         return acc;
     }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Packs what one GPU-machine call needs into .gpucarry/ (ignored; name it in the run tool's carry),
 # compressed so that the repository plus this stays under the 64 MiB a call may carry:
-#   bundle.tar.xz    the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/
-#   harness.tar.xz   mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
-#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/
+#   bins.tar.xz      the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/, and
+#                    mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
+#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/; one archive,
+#                    since the three programs share their kernels' code (10.5 -> 6.3 MB)
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
@@ -22,12 +23,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
 tail -3 "$tmp/bundle.log"
-tar cf - .bundle90 | xz -T2 -6 >"$C/bundle.tar.xz"
 cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
 cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$tmp/h/build-gpu-carried/"
 strip "$tmp/h/build-gpu-carried/"*
-tar cf - -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/harness.tar.xz" # -9e: the two binaries share most bytes
+tar cf - .bundle90 -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/bins.tar.xz" # -9e: a window over all three
 if [ "${NO_FIXTURES:-0}" != 1 ]; then # NO_FIXTURES=1: a benchmark-only call (room for llama.cpp)
 mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
 cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"

@@ -400,9 +400,18 @@ static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, i
     down(hy.data(), ya, T * out_a * 4);
     int64_t bits = dev_diff(ya, ra, T * out_a * 4) + (swiglu ? 0 : dev_diff(yb, rb2, T * out_b * 4));
     if (!all_finite(hy.data(), hy.size())) bits++;
+    /* and the streamed GEMV's two kernels (T = 1: warp-specialized, else the other) the same bits:
+     * the fused launch again on the other one, into the apart buffers */
+    mla_cuda_set_gemv_ws(0);
+    poison(ra, T * out_a * 4);
+    poison(rb2, T * out_b * 4);
+    if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ra, rb2, 0, E));
+    else OK(mla_cuda_matmul_q8_pair(t, dwa, out_a, ra, dwb, out_b, rb2, in, dq, T, 0, E));
+    mla_cuda_set_gemv_ws(1);
+    bits += dev_diff(ya, ra, T * out_a * 4) + (swiglu ? 0 : dev_diff(yb, rb2, T * out_b * 4));
     const double us = time_us(fused), us0 = time_us(apart);
     const double bytes = (double)rb * (out_a + out_b);
-    add_row(fmt("gemv q8 %s %s = apart", swiglu ? "gate+up" : "pair", ggml_type_name(t)),
+    add_row(fmt("gemv q8 %s %s = apart = unspecialized", swiglu ? "gate+up" : "pair", ggml_type_name(t)),
             fmt("%lld+%lldx%lld T=%lld, bytes differing", (long long)out_a, (long long)out_b, (long long)in,
                 (long long)T),
             bits ? INFINITY : 0, 0, us, bytes, 0, true);
@@ -430,20 +439,32 @@ static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64
     void *dq = dmalloc(mla_cuda_q8_bytes(1, in));
     OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
     const int chain = g_chain;
-    const double us = time_us([&](int it) {
-        for (int c = 0; c < chain; c++) {
-            uint8_t *wi = dw[(it * chain + c) % ncopy];
-            /* the second matrix starts at a 16-aligned row boundary past the first */
-            uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
-            if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
-            else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
-            else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
-        }
-    }) / chain;
-    add_row(fmt("gemv chain %s%s", ggml_type_name(t), kind == 1 ? " pair" : kind == 2 ? " gate+up" : ""),
-            fmt("%lld%sx%lld T=1", (long long)out, kind == 1 ? fmt("+%lld", (long long)out2).c_str() : kind == 2 ? "x2" : "",
-                (long long)in),
-            0, 0, us, (double)wbytes, 0, true);
+    /* the warp-specialized kernel, then the other one (mla_cuda_set_gemv_ws): rows the same bits */
+    const int64_t ny = kind == 1 ? out + out2 : out;
+    std::vector<float> res[2];
+    for (int ws : {1, 0}) {
+        mla_cuda_set_gemv_ws(ws);
+        poison(dy, rows * 4);
+        const double us = time_us([&](int it) {
+            for (int c = 0; c < chain; c++) {
+                uint8_t *wi = dw[(it * chain + c) % ncopy];
+                /* the second matrix starts at a 16-aligned row boundary past the first */
+                uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
+                if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
+                else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
+                else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
+            }
+        }) / chain;
+        res[ws].resize(ny);
+        down(res[ws].data(), dy, ny * 4);
+        const bool same = ws || (memcmp(res[0].data(), res[1].data(), ny * 4) == 0 && all_finite(res[1].data(), ny));
+        add_row(fmt("gemv chain %s%s%s", ggml_type_name(t), kind == 1 ? " pair" : kind == 2 ? " gate+up" : "",
+                    ws ? "" : " unspecialized = ws"),
+                fmt("%lld%sx%lld T=1", (long long)out,
+                    kind == 1 ? fmt("+%lld", (long long)out2).c_str() : kind == 2 ? "x2" : "", (long long)in),
+                same ? 0 : INFINITY, 0, us, (double)wbytes, 0, true);
+    }
+    mla_cuda_set_gemv_ws(1);
     for (uint8_t *p : dw) CK(cudaFree(p));
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -461,6 +482,10 @@ static void time_gemv_v3(void) {
     time_gemv_chain(GGML_TYPE_Q8_0, 7168, 1536, 1, 576);   /* q_a + kv_a */
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 2048, 2);        /* shared expert gate + up */
     time_gemv_chain(GGML_TYPE_Q6_K, 7168, 129280, 0);      /* output */
+    /* the same types at the other one's length: is a rate the type's or the launch length's? */
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 129280, 0);
+    time_gemv_chain(GGML_TYPE_Q6_K, 7168, 18432, 0);
+    time_gemv_chain(GGML_TYPE_Q8_0, 7168, 18432, 0);
 }
 
 static void check_fused_paged(void); /* gpu_check_attn.inc: the cache side (paged caches) and the MoE plan */
