@@ -105,6 +105,15 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
  * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
  * MLA_CUDA_GSWS=0: for measurements and the op checks. */
 void mla_cuda_set_gemv_ws(int on);
+/* The warp-specialized kernel's launches from now on write time stamps (the global nanosecond
+ * clock) into d_stamps, MLA_CUDA_GEMV_TRACE_N words a block of the grid (at most 2 blocks an SM):
+ * thread 0 of the consumers [0] at entry, [1] once the kernel before is done, [2] once it has
+ * dotted its last stage, [3] the block's stage count, [4 + k] when stage k landed; the producer
+ * [64 + k] when it posted stage k (stages past 60 / 64 unstamped; a dense product's first posts
+ * are stamped before the wait on the kernel before). NULL (the default): none. For the op
+ * harness's timeline (mla-gpu-check --gemvtrace). */
+#define MLA_CUDA_GEMV_TRACE_N 128
+void mla_cuda_set_gemv_trace(unsigned long long *d_stamps);
 size_t mla_cuda_q8_bytes(int64_t T, int64_t in);
 int mla_cuda_quantize_q8(const float *d_x, int64_t T, int64_t in, void *d_q8, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,

@@ -108,11 +108,19 @@ struct gs_args {
     size_t estride;
     int rb, out, ni, R, RG, TPG, msb, x_div, world, T, out2, G0, stages;
     bool singles; /* grouped: only the plan's first n_tiles[1] tiles, of one pair each */
+    unsigned long long *trace; /* warp-specialized: per-block time stamps (gemvs_set_trace), or NULL */
     const uint4 *qx;
     const float4 *sx;
     const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
     float *y, *y2;
 };
+
+/* the global nanosecond clock (the same on every SM) */
+__device__ __forceinline__ unsigned long long gs_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 /* the sum over the aligned run of n lanes (16 or 32) holding v (every shuffle taken, the adds
  * predicated: no branch) */
@@ -326,10 +334,16 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
             if (A.tile_n[t] != 1) __trap(); /* the host sends plans of one pair a tile only */
             ce = A.tile_e[t], cp = A.sorted[A.tile_s[t]];
         };
+        /* tracing (gemvs_set_trace): the block's GS_TRACE_N stamps; the producer's post of stage k at
+         * [GS_TRACE_N / 2 + k] */
+        unsigned long long *tr = A.trace ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
+        auto stamp = [&](int k) {
+            if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = gs_now();
+        };
         int pre = 0; /* a dense product posts its first stages before the wait (weights only) */
         if (!GRP) {
             span();
-            for (; pre < NS && pre < g1 - g0; pre++) post(pre);
+            for (; pre < NS && pre < g1 - g0; pre++) post(pre), stamp(pre);
         }
         mlacu_pdl_enter();
         if (GRP) span();
@@ -341,6 +355,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
                 if ((k & 31) == 0) fetch(k); /* grouped: pre is 0 */
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 post(k);
+                stamp(k);
             }
             if (k < NS) continue;
             __syncwarp();
@@ -358,15 +373,20 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         }
         return;
     }
-    /* ---- the consumers */
+    /* ---- the consumers (tracing: thread 0 stamps [0] entry, [1] the wait on the kernel before
+     * done, [2] its last stage done, [3] the stage count, [4 + k] stage k landed) */
+    unsigned long long *tr = A.trace && tid == 0 ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
+    if (tr) tr[0] = gs_now();
     mlacu_pdl_enter();
     span();
+    if (tr) tr[1] = gs_now(), tr[3] = (unsigned long long)(g1 - g0);
     const int grp = tid / A.TPG, ti = tid % A.TPG, part = tid / run;
     gs_x<TY> x;
     int xrow = -1;
     if (!GRP && ti < A.ni) gs_load_x<TY>(A.qx, A.sx, 0, ti, x), xrow = 0; /* one token: row 0 */
     for (int k = 0, b = 0, ph = 0, slot = 0; k < g1 - g0; k++) {
         gs_bar_wait(&full[b], (uint32_t)ph);
+        if (tr && 4 + k < GS_TRACE_N / 2) tr[4 + k] = gs_now();
         const gs_desc d = desc[slot];
         if (GRP && d.xr != xrow) { /* block-uniform */
             xrow = d.xr;
@@ -409,6 +429,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         if (++b == NS) b = 0, ph ^= 1;
         if (++slot == 2 * NS) slot = 0;
     }
+    if (tr) tr[2] = gs_now();
 }
 
 /* ---------------------------------------------------------------- host */
@@ -496,6 +517,9 @@ bool gemvs_supported(uint32_t t, int64_t in, int nm) {
 
 void gemvs_set_ws(bool on) { g_gs_ws = on; }
 
+static unsigned long long *g_gs_trace = nullptr;
+void gemvs_set_trace(unsigned long long *d_stamps) { g_gs_trace = d_stamps; }
+
 static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, int64_t out, const void *qx,
                        const void *sx, float *y, const gs_geo &g) {
     gs_args A = {};
@@ -504,6 +528,7 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
     A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1, A.T = 1;
     A.stages = gs_tuning().stages;
     A.qx = (const uint4 *)qx, A.sx = (const float4 *)sx, A.y = y;
+    A.trace = g.ws ? g_gs_trace : nullptr;
     return A;
 }
 

@@ -21,6 +21,9 @@ bool gemvs_supported(uint32_t t, int64_t in, int nm);
 /* whether steps of one token (one pair a tile) take the warp-specialized kernel (default: yes,
  * unless MLA_CUDA_GSWS=0); for the op checks, which compare the two */
 void gemvs_set_ws(bool on);
+/* mla_cuda_set_gemv_trace (kernels/cuda_ops.h) */
+constexpr int GS_TRACE_N = MLA_CUDA_GEMV_TRACE_N;
+void gemvs_set_trace(unsigned long long *d_stamps);
 /* y [T][out] = x W^T for T = 1 .. MLACU_MOE_TILE tokens (qx, sx: the q8 buffer of the T rows); with
  * w1, y = silu(x W^T) * (x W1^T) (both read in one stage); cudaErrorNotSupported where not
  * supported */

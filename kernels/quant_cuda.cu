@@ -1846,6 +1846,7 @@ extern "C" void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax) {
     g_gs_grouped = grouped_tmax;
 }
 extern "C" void mla_cuda_set_gemv_ws(int on) { gemvs_set_ws(on != 0); }
+extern "C" void mla_cuda_set_gemv_trace(unsigned long long *d_stamps) { gemvs_set_trace(d_stamps); }
 static bool gs_grouped_on(const mla_cuda_moe_plan *pl) {
     return pl->tokens <= (g_gs_grouped == MLA_CUDA_GEMVS_SINGLES ? 1 : g_gs_grouped);
 }

@@ -471,6 +471,95 @@ static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64
     CK(cudaFree(dq));
 }
 
+/* A timeline of the warp-specialized GEMV (mla_cuda_set_gemv_trace): three launches back to back
+ * after three untimed ones, every block's stamps, printed as when blocks start, pass the wait on
+ * the launch before, see their first and last stage land and end (us from the first launch's
+ * first block), the bytes landed in each microsecond, and how long stages take from post to
+ * landing by their place in the block. kind: as time_gemv_chain (0 one matrix, 2 gate + up). */
+static void trace_gemv(uint32_t t, int64_t in, int64_t out, int kind) {
+    const int N = MLA_CUDA_GEMV_TRACE_N, L = 3;
+    const size_t rb = ggml_row_bytes(t, in);
+    const int64_t rows = kind == 2 ? 2 * out : out;
+    const size_t wbytes = rb * rows, walloc = mla_cuda_weight_bytes(t, in, rows);
+    std::vector<uint8_t> w(wbytes);
+    gr_quant_rows(&g_rng, t, w.data(), in, rows);
+    const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(2, ((size_t)512 << 20) / walloc));
+    std::vector<uint8_t *> dw;
+    for (int i = 0; i < ncopy; i++) dw.push_back((uint8_t *)dup(w.data(), wbytes, walloc + 256));
+    std::vector<float> x(in);
+    gr_fill(&g_rng, x.data(), in, 1.0f);
+    float *dx = (float *)dup(x.data(), in * 4), *dy = (float *)dmalloc(rows * 4 + 64);
+    void *dq = dmalloc(mla_cuda_q8_bytes(1, in));
+    OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const size_t per = (size_t)4 * sms * N; /* stamps a launch: up to 4 blocks an SM */
+    unsigned long long *st = (unsigned long long *)dmalloc(per * L * 8);
+    CK(cudaMemset(st, 0, per * L * 8));
+    auto launch = [&](int i) {
+        uint8_t *wi = dw[i % ncopy], *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
+        if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
+        else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
+    };
+    for (int i = 0; i < 3; i++) launch(i);
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < L; i++) {
+        mla_cuda_set_gemv_trace(st + per * i);
+        launch(3 + i);
+    }
+    mla_cuda_set_gemv_trace(NULL);
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> h(per * L);
+    down(h.data(), st, h.size() * 8);
+    unsigned long long t0 = ~0ull;
+    for (size_t b = 0; b < per / N; b++)
+        if (h[b * N]) t0 = std::min(t0, h[b * N]);
+    printf("gemv timeline %s %lldx%lld%s: %d launches back to back, us from the first block's start\n",
+           ggml_type_name(t), (long long)out, (long long)in, kind == 2 ? " gate+up" : "", L);
+    auto pct = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? std::string("-")
+                         : fmt("%6.2f %6.2f %6.2f", v[0], v[v.size() / 2], v.back());
+    };
+    for (int i = 0; i < L; i++) {
+        const unsigned long long *H = h.data() + per * i;
+        std::vector<double> ent, wt, first, last, end, lat[4];
+        std::vector<double> bins(200, 0.0);
+        long nb = 0, stages = 0;
+        for (size_t b = 0; b < per / N; b++) {
+            const unsigned long long *B = H + b * N;
+            if (!B[0]) continue;
+            nb++;
+            const int nk = (int)B[3];
+            stages += nk;
+            auto us = [&](unsigned long long v) { return (double)(v - t0) * 1e-3; };
+            ent.push_back(us(B[0])), wt.push_back(us(B[1])), end.push_back(us(B[2]));
+            if (nk > 0 && B[4]) first.push_back(us(B[4]));
+            if (nk > 0 && nk <= N / 2 - 4 && B[4 + nk - 1]) last.push_back(us(B[4 + nk - 1]));
+            for (int k = 0; k < nk && k < N / 2 - 4; k++) {
+                const double tl = us(B[4 + k]);
+                if (tl >= 0 && tl < (double)bins.size()) bins[(size_t)tl] += 1;
+                if (B[N / 2 + k]) lat[std::min(k, 3)].push_back(tl - us(B[N / 2 + k]));
+            }
+        }
+        const double sbytes = stages ? (double)wbytes / (double)stages : 0; /* a stage's bytes, on average */
+        printf("  launch %d: %ld blocks, %ld stages (min / median / max, us)\n", i + 1, nb, stages);
+        printf("    start %s | kernel before done %s | first stage landed %s\n", pct(ent).c_str(), pct(wt).c_str(),
+               pct(first).c_str());
+        printf("    last stage landed %s | end %s\n", pct(last).c_str(), pct(end).c_str());
+        printf("    post -> landed, stage 0: %s, 1: %s, 2: %s, 3+: %s\n", pct(lat[0]).c_str(), pct(lat[1]).c_str(),
+               pct(lat[2]).c_str(), pct(lat[3]).c_str());
+        std::string r;
+        size_t hi = 0;
+        for (size_t k = 0; k < bins.size(); k++)
+            if (bins[k] > 0) hi = k;
+        for (size_t k = 0; k <= hi; k++) r += fmt(" %.0f", bins[k] * sbytes * 1e-3); /* bytes a us, in GB/s */
+        printf("    GB/s landed a microsecond:%s\n", r.c_str());
+    }
+    for (uint8_t *p : dw) CK(cudaFree(p));
+    for (void *p : {(void *)dx, (void *)dy, dq, (void *)st}) CK(cudaFree(p));
+}
+
 static void time_gemv_v3(void) {
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 0);       /* dense gate (or up) */
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 2);       /* gate + up + swiglu */
@@ -915,7 +1004,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false, fused_only = false, gemvt = false;
+         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -929,9 +1018,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
         else if (!strcmp(argv[i], "--gemvt1")) gemvt = true, g_chain = 1, g_reps = 1; /* the same, once: for a profiler */
+        else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -966,6 +1056,12 @@ int main(int argc, char **argv) {
         check_attn_all(true);
     } else if (fused_only) {
         check_fused_decode();
+    } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
+        trace_gemv(GGML_TYPE_Q4_K, 7168, 18432, 0);
+        trace_gemv(GGML_TYPE_Q4_K, 7168, 18432, 2);
+        trace_gemv(GGML_TYPE_Q4_K, 18432, 7168, 0);
+        trace_gemv(GGML_TYPE_Q8_0, 16384, 7168, 0);
+        trace_gemv(GGML_TYPE_Q4_K, 7168, 73728, 0);
     } else if (gemvt) {
         time_gemv_v3();
     } else if (gemv_only) {
