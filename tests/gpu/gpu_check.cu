@@ -420,24 +420,57 @@ static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, i
     for (void *p : {dwa, dwb, (void *)dx, dq, (void *)ya, (void *)yb, (void *)ra, (void *)rb2}) CK(cudaFree(p));
 }
 
+/* One-token GEMV inputs for the chains and the timeline: copies of one random W of type t (out
+ * rows, or out + out2, or 2 x out for kind 1 / 2 as below; at least min_copies, together past the
+ * L2 cache), x and its q8 row, y. launch(i) runs kind 0: one matrix, 1: two of the same input
+ * (mla_cuda_matmul_q8_pair, out + out2 rows), 2: gate / up with swiglu (out rows each) on copy i. */
+struct gemv_inputs {
+    uint32_t t;
+    int64_t in, out, out2, rows;
+    int kind;
+    size_t rb, wbytes;
+    std::vector<uint8_t *> dw;
+    float *dx, *dy;
+    void *dq;
+    gemv_inputs(uint32_t t_, int64_t in_, int64_t out_, int kind_, int64_t out2_, int min_copies)
+        : t(t_), in(in_), out(out_), out2(out2_), kind(kind_) {
+        rb = ggml_row_bytes(t, in);
+        rows = kind == 1 ? out + out2 : kind == 2 ? 2 * out : out;
+        wbytes = rb * rows;
+        const size_t walloc = mla_cuda_weight_bytes(t, in, rows);
+        std::vector<uint8_t> w(wbytes);
+        gr_quant_rows(&g_rng, t, w.data(), in, rows);
+        const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(min_copies, ((size_t)512 << 20) / walloc));
+        for (int i = 0; i < ncopy; i++) dw.push_back((uint8_t *)dup(w.data(), wbytes, walloc + 256));
+        std::vector<float> x(in);
+        gr_fill(&g_rng, x.data(), in, 1.0f);
+        dx = (float *)dup(x.data(), in * 4), dy = (float *)dmalloc(rows * 4 + 64);
+        dq = dmalloc(mla_cuda_q8_bytes(1, in));
+        OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
+    }
+    gemv_inputs(const gemv_inputs &) = delete;
+    gemv_inputs &operator=(const gemv_inputs &) = delete;
+    ~gemv_inputs() {
+        for (uint8_t *p : dw) CK(cudaFree(p));
+        for (void *p : {(void *)dx, (void *)dy, dq}) CK(cudaFree(p));
+    }
+    void launch(int i) const {
+        uint8_t *wi = dw[(size_t)i % dw.size()];
+        uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16; /* the second matrix: 16-aligned past the first */
+        if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
+        else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
+        else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
+    }
+};
+
 /* The decode GEMVs of a V3 step at T = 1 as a step runs them: a chain of 8 launches back to back
  * (programmatic launch lets each start under the one before) over copies of W that together pass
- * the L2 cache; us a launch and the copy rate. kind 0: one matrix, 1: two of the same input
- * (mla_cuda_matmul_q8_pair, out + out2 rows), 2: gate / up with swiglu (out rows each). */
+ * the L2 cache; us a launch and the copy rate, on both kernels (kind: as gemv_inputs). */
 static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64_t out2 = 0) {
-    const size_t rb = ggml_row_bytes(t, in);
-    const int64_t rows = kind == 1 ? out + out2 : kind == 2 ? 2 * out : out;
-    const size_t wbytes = rb * rows, walloc = mla_cuda_weight_bytes(t, in, rows);
-    std::vector<uint8_t> w(wbytes);
-    gr_quant_rows(&g_rng, t, w.data(), in, rows);
-    const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(1, ((size_t)512 << 20) / walloc));
-    std::vector<uint8_t *> dw;
-    for (int i = 0; i < ncopy; i++) dw.push_back((uint8_t *)dup(w.data(), wbytes, walloc + 256));
-    std::vector<float> x(in);
-    gr_fill(&g_rng, x.data(), in, 1.0f);
-    float *dx = (float *)dup(x.data(), in * 4), *dy = (float *)dmalloc(rows * 4 + 64);
-    void *dq = dmalloc(mla_cuda_q8_bytes(1, in));
-    OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
+    const gemv_inputs G(t, in, out, kind, out2, 1);
+    const int64_t rows = G.rows;
+    const size_t wbytes = G.wbytes;
+    float *dy = G.dy;
     const int chain = g_chain;
     /* the warp-specialized kernel, then the other one (mla_cuda_set_gemv_ws): rows the same bits */
     const int64_t ny = kind == 1 ? out + out2 : out;
@@ -446,14 +479,7 @@ static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64
         mla_cuda_set_gemv_ws(ws);
         poison(dy, rows * 4);
         const double us = time_us([&](int it) {
-            for (int c = 0; c < chain; c++) {
-                uint8_t *wi = dw[(it * chain + c) % ncopy];
-                /* the second matrix starts at a 16-aligned row boundary past the first */
-                uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
-                if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
-                else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
-                else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
-            }
+            for (int c = 0; c < chain; c++) G.launch(it * chain + c);
         }) / chain;
         res[ws].resize(ny);
         down(res[ws].data(), dy, ny * 4);
@@ -465,47 +491,26 @@ static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64
                 same ? 0 : INFINITY, 0, us, (double)wbytes, 0, true);
     }
     mla_cuda_set_gemv_ws(1);
-    for (uint8_t *p : dw) CK(cudaFree(p));
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
-    CK(cudaFree(dq));
 }
 
 /* A timeline of the warp-specialized GEMV (mla_cuda_set_gemv_trace): three launches back to back
  * after three untimed ones, every block's stamps, printed as when blocks start, pass the wait on
  * the launch before, see their first and last stage land and end (us from the first launch's
  * first block), the bytes landed in each microsecond, and how long stages take from post to
- * landing by their place in the block. kind: as time_gemv_chain (0 one matrix, 2 gate + up). */
+ * landing by their place in the block. kind: as gemv_inputs (0 one matrix, 2 gate + up). */
 static void trace_gemv(uint32_t t, int64_t in, int64_t out, int kind) {
     const int N = MLA_CUDA_GEMV_TRACE_N, L = 3;
-    const size_t rb = ggml_row_bytes(t, in);
-    const int64_t rows = kind == 2 ? 2 * out : out;
-    const size_t wbytes = rb * rows, walloc = mla_cuda_weight_bytes(t, in, rows);
-    std::vector<uint8_t> w(wbytes);
-    gr_quant_rows(&g_rng, t, w.data(), in, rows);
-    const int ncopy = (int)std::min<size_t>(8, std::max<size_t>(2, ((size_t)512 << 20) / walloc));
-    std::vector<uint8_t *> dw;
-    for (int i = 0; i < ncopy; i++) dw.push_back((uint8_t *)dup(w.data(), wbytes, walloc + 256));
-    std::vector<float> x(in);
-    gr_fill(&g_rng, x.data(), in, 1.0f);
-    float *dx = (float *)dup(x.data(), in * 4), *dy = (float *)dmalloc(rows * 4 + 64);
-    void *dq = dmalloc(mla_cuda_q8_bytes(1, in));
-    OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
+    const gemv_inputs G(t, in, out, kind, 0, 2);
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const size_t per = (size_t)4 * sms * N; /* stamps a launch: up to 4 blocks an SM */
     unsigned long long *st = (unsigned long long *)dmalloc(per * L * 8);
     CK(cudaMemset(st, 0, per * L * 8));
-    auto launch = [&](int i) {
-        uint8_t *wi = dw[i % ncopy], *w2 = wi + ((size_t)rb * out + 15) / 16 * 16;
-        if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
-        else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
-    };
-    for (int i = 0; i < 3; i++) launch(i);
+    for (int i = 0; i < 3; i++) G.launch(i);
     CK(cudaDeviceSynchronize());
     for (int i = 0; i < L; i++) {
         mla_cuda_set_gemv_trace(st + per * i);
-        launch(3 + i);
+        G.launch(3 + i);
     }
     mla_cuda_set_gemv_trace(NULL);
     CK(cudaDeviceSynchronize());
@@ -542,7 +547,7 @@ static void trace_gemv(uint32_t t, int64_t in, int64_t out, int kind) {
                 if (B[N / 2 + k]) lat[std::min(k, 3)].push_back(tl - us(B[N / 2 + k]));
             }
         }
-        const double sbytes = stages ? (double)wbytes / (double)stages : 0; /* a stage's bytes, on average */
+        const double sbytes = stages ? (double)G.wbytes / (double)stages : 0; /* a stage's bytes, on average */
         printf("  launch %d: %ld blocks, %ld stages (min / median / max, us)\n", i + 1, nb, stages);
         printf("    start %s | kernel before done %s | first stage landed %s\n", pct(ent).c_str(), pct(wt).c_str(),
                pct(first).c_str());
@@ -556,8 +561,7 @@ static void trace_gemv(uint32_t t, int64_t in, int64_t out, int kind) {
         for (size_t k = 0; k <= hi; k++) r += fmt(" %.0f", bins[k] * sbytes * 1e-3); /* bytes a us, in GB/s */
         printf("    GB/s landed a microsecond:%s\n", r.c_str());
     }
-    for (uint8_t *p : dw) CK(cudaFree(p));
-    for (void *p : {(void *)dx, (void *)dy, dq, (void *)st}) CK(cudaFree(p));
+    CK(cudaFree(st));
 }
 
 static void time_gemv_v3(void) {
