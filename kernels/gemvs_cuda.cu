@@ -27,7 +27,8 @@
  *   form of it, gemvw_kernel: one warp copies and stores, the others only wait for a stage and
  *   dot it; stages pass between them on mbarriers, with no block barrier. Its consumers dot two
  *   rows at a time and sum their lanes together (Q4_K, Q8_0, Q5_0). At V3's shapes (H200,
- *   2026-11-30) a launch in a chain: dense down 26.8 -> 23.6 us, the output matrix 216 -> 186.
+ *   2026-11-30, a launch in a chain, against the other kernel in the same call): dense down
+ *   25.6 -> 23.6 us, the output matrix 216 -> 186 (bench/results/gpu-h200-2026-11-30l.md).
  *   Both forms give the same bits: gs_dot rounds every float step as written (gemvs_item.h).
  *
  * The weights must be padded as mla_cuda_weight_bytes says: a copy ends at the next 16 bytes. */
