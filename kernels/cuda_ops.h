@@ -105,7 +105,7 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
  * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
  * MLA_CUDA_GSWS=0: for measurements and the op checks. */
 void mla_cuda_set_gemv_ws(int on);
-/* The warp-specialized kernel's launches from now on write time stamps (the global nanosecond
+/* The warp-specialized kernel's dense launches from now on write time stamps (the global nanosecond
  * clock) into d_stamps, MLA_CUDA_GEMV_TRACE_N words a block of the grid (at most 2 blocks an SM):
  * thread 0 of the consumers [0] at entry, [1] once the kernel before is done, [2] once it has
  * dotted its last stage, [3] the block's stage count, [4 + k] when stage k landed; the producer

@@ -335,9 +335,9 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
             if (A.tile_n[t] != 1) __trap(); /* the host sends plans of one pair a tile only */
             ce = A.tile_e[t], cp = A.sorted[A.tile_s[t]];
         };
-        /* tracing (gemvs_set_trace): the block's GS_TRACE_N stamps; the producer's post of stage k at
-         * [GS_TRACE_N / 2 + k] */
-        unsigned long long *tr = A.trace ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
+        /* tracing (gemvs_set_trace; dense products only): the block's GS_TRACE_N stamps; the
+         * producer's post of stage k at [GS_TRACE_N / 2 + k] */
+        unsigned long long *tr = !GRP && A.trace ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
         auto stamp = [&](int k) {
             if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = gs_now();
         };
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     }
     /* ---- the consumers (tracing: thread 0 stamps [0] entry, [1] the wait on the kernel before
      * done, [2] its last stage done, [3] the stage count, [4 + k] stage k landed) */
-    unsigned long long *tr = A.trace && tid == 0 ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
+    unsigned long long *tr = !GRP && A.trace && tid == 0 ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
     if (tr) tr[0] = gs_now();
     mlacu_pdl_enter();
     span();
