@@ -152,6 +152,11 @@ template <int NM, bool GRP> struct gs_map {
     __device__ __forceinline__ int groups() const {
         return GRP ? gpm * A.n_tiles[A.singles ? 1 : 0] : A.G0 > 0 ? A.G0 + (A.out2 + A.R - 1) / A.R : gpm;
     }
+    /* this block's stages g0 .. g1 - 1: an even share, contiguous */
+    __device__ __forceinline__ void span(int &g0, int &g1) const {
+        const int n = groups();
+        g0 = (int)((int64_t)blockIdx.x * n / gridDim.x), g1 = (int)((int64_t)(blockIdx.x + 1) * n / gridDim.x);
+    }
     __device__ __forceinline__ int tile_of(int g) const { return GRP ? g / gpm : 0; }
     __device__ __forceinline__ bool second(int g) const { return !GRP && A.G0 > 0 && g >= A.G0; } /* of W2 */
     __device__ __forceinline__ int rg_of(int g) const { return GRP ? g % gpm : second(g) ? g - A.G0 : g; }
@@ -161,6 +166,11 @@ template <int NM, bool GRP> struct gs_map {
     __device__ __forceinline__ const uint8_t *rows_at(int g, int m, int e) const {
         const size_t eo = GRP ? (size_t)(e / A.world) * A.estride : 0;
         return (second(g) ? A.W2 : m ? A.W[1] : A.W[0]) + eo + (size_t)rg_of(g) * A.R * A.rb;
+    }
+    /* a row's output from its sums s[m] over each matrix m: y (or y2, s2) [p][row] */
+    __device__ __forceinline__ void put(bool s2, int p, int row, const float (&s)[2]) const {
+        const int out = s2 ? A.out2 : A.out;
+        (s2 ? A.y2 : A.y)[(size_t)p * out + row] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
     }
     /* one thread: group g's rows of each matrix into the stage buffer dst (matrix m at m msb),
      * each copy from the 16-aligned address below its rows, completion on bar */
@@ -195,9 +205,9 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
     const gs_map<NM, GRP> M(A);
     const int NS = A.stages;
     const int tid = threadIdx.x, lane = tid & 31;
-    const int R = A.R, RG = A.RG, groups = M.groups();
-    const int g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x);
-    const int g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
+    const int R = A.R, RG = A.RG;
+    int g0, g1;
+    M.span(g0, g1);
     const int sb = NM * A.msb;
     const int grp = tid / A.TPG, ti = tid % A.TPG;
     /* a group's partial sums: one per warp (TPG >= 32) or per group (TPG 16: two groups a warp) */
@@ -215,7 +225,7 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
 #pragma unroll
         for (int m = 0; m < NM; m++)
             for (int w = 0; w < ppg; w++) s[m] += red[c & 1][gr * ppg + w][m][rr];
-        (s2 ? A.y2 : A.y)[(size_t)p * out + row] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
+        M.put(s2, p, row, s);
     };
     if (tid == 0) {
 #pragma unroll
@@ -310,10 +320,6 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     }
     __syncthreads();
     int g0 = 0, g1 = 0;
-    auto span = [&] {
-        const int groups = M.groups();
-        g0 = (int)((int64_t)blockIdx.x * groups / gridDim.x), g1 = (int)((int64_t)(blockIdx.x + 1) * groups / gridDim.x);
-    };
     if (tid >= NC) { /* ---- the producer warp */
         int ce = 0, cp = 0; /* grouped: the expert and pair of stage (k & ~31) + lane */
         auto post = [&](int k) { /* all lanes; lane 0 posts */
@@ -343,11 +349,11 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         };
         int pre = 0; /* a dense product posts its first stages before the wait (weights only) */
         if (!GRP) {
-            span();
+            M.span(g0, g1);
             for (; pre < NS && pre < g1 - g0; pre++) post(pre), stamp(pre);
         }
         mlacu_pdl_enter();
-        if (GRP) span();
+        if (GRP) M.span(g0, g1);
         const int nk = g1 - g0;
         for (int k = 0; k < nk + NS; k++) {
             __syncwarp();
@@ -368,8 +374,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
 #pragma unroll
                 for (int m = 0; m < NM; m++)
                     for (int w = 0; w < ppg; w++) s[m] += red_at(slot, gr * ppg + w, m, rr);
-                const int out = d.s2 ? A.out2 : A.out;
-                (d.s2 ? A.y2 : A.y)[(size_t)d.p * out + d.row0 + r] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
+                M.put(d.s2, d.p, d.row0 + r, s);
             }
         }
         return;
@@ -379,7 +384,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     unsigned long long *tr = !GRP && A.trace && tid == 0 ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
     if (tr) tr[0] = gs_now();
     mlacu_pdl_enter();
-    span();
+    M.span(g0, g1);
     if (tr) tr[1] = gs_now(), tr[3] = (unsigned long long)(g1 - g0);
     const int grp = tid / A.TPG, ti = tid % A.TPG, part = tid / run;
     gs_x<TY> x;
@@ -500,7 +505,6 @@ template <typename F> static cudaError_t gs_with_type(uint32_t t, F f) {
     }
 }
 
-/* the geometry for type t, rows of `in` elements, nm matrices; false where this kernel does not apply */
 /* the geometry for type t, rows of `in` elements, nm matrices, steps of one token (one1: the
  * warp-specialized kernel takes them where it fits); false where this kernel does not apply */
 static bool gs_plan(uint32_t t, int64_t in, int nm, bool one1, gs_geo &g) {

@@ -626,7 +626,6 @@ __global__ void q8x_kernel(const float *__restrict__ x, int64_t nblk, int8_t *__
     s[i] = make_float4(d, d * (float)sum0, d * (float)sum1, 0.f);
 }
 
-
 /* acc[r][t] = row r (pointer p[r]) . activation row xr[t] over units u0, u0 + step, ... */
 template <int TY>
 __device__ __forceinline__ void gemvq_rows(const uint8_t *const p[GQ_R], int nu, const uint4 *__restrict__ qx,
