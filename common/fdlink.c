@@ -16,7 +16,9 @@ struct fdlink {
     size_t out_off, out_len, out_cap;
     uint8_t *in; /* received bytes [0, in_len), a frame at a time at its start */
     size_t in_len, in_cap;
-    bool dead;
+    bool dead;  /* the stream ended or cannot be trusted: nothing more either way */
+    bool wdead; /* a write failed (the peer is gone): no more writes, but what it sent before can
+                 * still be read */
 };
 
 fdlink *fdlink_new(int fd, size_t max_frame, mla_err *err) {
@@ -44,14 +46,14 @@ int fdlink_fd(const fdlink *l) { return l->fd; }
 size_t fdlink_pending(const fdlink *l) { return l->out_len - l->out_off; }
 
 int fdlink_flush(fdlink *l, mla_err *err) {
-    if (l->dead) return mla_errf(err, "link closed");
+    if (l->dead || l->wdead) return mla_errf(err, "link closed");
     while (l->out_off < l->out_len) {
         /* MSG_NOSIGNAL: a peer that went away is an error here, not a SIGPIPE */
         ssize_t k = send(l->fd, l->out + l->out_off, l->out_len - l->out_off, MSG_NOSIGNAL);
         if (k < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return MLA_OK;
-            l->dead = true;
+            l->wdead = true;
             return mla_errf(err, "link write: %s", strerror(errno));
         }
         l->out_off += (size_t)k;
@@ -61,7 +63,7 @@ int fdlink_flush(fdlink *l, mla_err *err) {
 }
 
 int fdlink_send(fdlink *l, const void *buf, size_t n, mla_err *err) {
-    if (l->dead) return mla_errf(err, "link closed");
+    if (l->dead || l->wdead) return mla_errf(err, "link closed");
     if (n > l->max_frame) return mla_errf(err, "link: a frame of %zu bytes exceeds %zu", n, l->max_frame);
     if (l->out_off > 0 && l->out_off == l->out_len) l->out_off = l->out_len = 0;
     if (l->out_off > 0 && l->out_len + HDR + n > l->out_cap) { /* compact before growing */
@@ -82,15 +84,22 @@ int fdlink_send(fdlink *l, const void *buf, size_t n, mla_err *err) {
 
 int fdlink_pump(fdlink *l, bool writable, int max_frames, int (*on_frame)(void *ctx, const uint8_t *frame, size_t n),
                 void *ctx, mla_err *err) {
-    if (writable && fdlink_flush(l, err)) return MLA_ERR;
+    /* a failed write still lets the frames that arrived before it be handed out */
+    mla_err werr;
+    const bool wfail = writable && fdlink_flush(l, &werr) != MLA_OK;
     for (int k = 0; k < max_frames; k++) {
         uint8_t *f;
         size_t n;
         int got = fdlink_recv(l, &f, &n, err);
-        if (got <= 0) return got;
+        if (got < 0) return got;
+        if (got == 0) break;
         int stop = on_frame(ctx, f, n);
         free(f);
         if (stop) break;
+    }
+    if (wfail) {
+        if (err) *err = werr;
+        return MLA_ERR;
     }
     return MLA_OK;
 }

@@ -29,10 +29,12 @@ void fdlink_free(fdlink *l);
 int fdlink_fd(const fdlink *l);
 
 /* Queues one frame of n bytes (a copy) and writes as much as the socket takes now. MLA_ERR
- * when n exceeds max_frame or the peer is gone (the link is dead from then on). */
+ * when n exceeds max_frame or the peer is gone (no more writes from then on; the frames the peer
+ * sent before it went can still be read). */
 int fdlink_send(fdlink *l, const void *buf, size_t n, mla_err *err);
 
-/* Writes queued bytes until the socket would block. MLA_ERR when the peer is gone. */
+/* Writes queued bytes until the socket would block. MLA_ERR when the peer is gone (as for
+ * fdlink_send). */
 int fdlink_flush(fdlink *l, mla_err *err);
 
 /* bytes queued and not yet written */
@@ -41,7 +43,8 @@ size_t fdlink_pending(const fdlink *l);
 /* What a poll loop does when the link's descriptor polls ready: when writable, the queued bytes
  * go out (fdlink_flush); then each whole frame that has arrived, up to max_frames of them, goes
  * to on_frame(ctx, frame, n) (the frame is freed after the call) until on_frame returns nonzero.
- * MLA_ERR when the link failed (frames handed out before stay handled). */
+ * MLA_ERR when the link failed (frames handed out before stay handled); a failed write still
+ * hands out the frames that had arrived, then returns its error. */
 int fdlink_pump(fdlink *l, bool writable, int max_frames, int (*on_frame)(void *ctx, const uint8_t *frame, size_t n),
                 void *ctx, mla_err *err);
 

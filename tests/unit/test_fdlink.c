@@ -3,7 +3,8 @@
  * a partial frame is not handed out; a frame over max_frame is refused on send and, arriving
  * from a peer with a larger limit, ends the link with an error naming the size; the peer
  * closing is an error saying "closed", also in the middle of a frame; fdlink_pump hands frames
- * out in order, bounded a call, until its callback stops it. */
+ * out in order, bounded a call, until its callback stops it; a failed write leaves what the peer
+ * sent before it readable. */
 #include <poll.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -150,9 +151,45 @@ static void test_pump(void) {
     fdlink_free(b);
 }
 
+/* The peer sent frames, then went (a worker that reports a failed load and exits, while frames to
+ * it sit unread): a write to it fails, later writes are refused, and what it sent is still read,
+ * through fdlink_recv and through fdlink_pump, whose failed flush comes after the frames. */
+static void test_read_after_failed_write(void) {
+    static const uint8_t two[2][9] = {{1, 0, 0, 0, 0, 0, 0, 0, 'p'}, {1, 0, 0, 0, 0, 0, 0, 0, 'q'}};
+    for (int pump = 0; pump < 2; pump++) {
+        int sv[2];
+        REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+        mla_err e;
+        fdlink *a = fdlink_new(sv[0], 100, &e);
+        REQUIRE(a);
+        CHECK(fdlink_send(a, "z", 1, &e) == MLA_OK); /* left unread by the peer */
+        CHECK(write(sv[1], two[0], 9) == 9 && write(sv[1], two[1], 9) == 9);
+        close(sv[1]);
+        CHECK(fdlink_send(a, "x", 1, &e) == MLA_ERR && strstr(e.msg, "link write"));
+        CHECK(fdlink_send(a, "y", 1, &e) == MLA_ERR && strstr(e.msg, "closed"));
+        CHECK(fdlink_pending(a) > 0);
+        if (pump) {
+            seen s = {0, 0, {0}};
+            /* the frames, then the end: a reset (the peer left "z" unread) */
+            CHECKF(fdlink_pump(a, true, 64, on_frame, &s, &e) == MLA_ERR && strstr(e.msg, "link read"), "%s", e.msg);
+            CHECKF(s.n == 2 && memcmp(s.got, "pq", 2) == 0, "pumped %d frames", s.n);
+        } else {
+            uint8_t *f;
+            size_t n;
+            for (int i = 0; i < 2; i++) {
+                CHECKF(fdlink_recv(a, &f, &n, &e) == 1 && n == 1 && f[0] == two[i][8], "frame %d: %s", i, e.msg);
+                free(f);
+            }
+            CHECKF(fdlink_recv(a, &f, &n, &e) == MLA_ERR && strstr(e.msg, "link read"), "%s", e.msg);
+        }
+        fdlink_free(a);
+    }
+}
+
 int main(void) {
     test_order_and_queueing();
     test_partial_and_limits();
     test_pump();
+    test_read_after_failed_write();
     return mla_test_finish();
 }
