@@ -877,11 +877,13 @@ __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, co
 /* Decode steps (T <= 8) with fp16 weights of rows of IN halves: a block = 64 output rows of one
  * head (8 per warp), x of the head staged in shared memory; G lanes share a row (min(32, IN / 8),
  * or 8 where that does not divide a warp: GLM-5's 192), each taking 16-byte chunks, and every lane
- * issues all its loads before it computes. */
+ * issues all its loads before it computes. yq (NULL, or y's q8 int8 rows, ys their unit scales;
+ * out % 32 == 0): the block then rounds its two 32-row units of each token too. */
 template <int IN, int G = (IN / 8 < 32 ? IN / 8 : 32)>
 __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__restrict__ W, int out,
                                                             const float *__restrict__ x, int64_t xt, int64_t xh, int T,
-                                                            float *__restrict__ y, int64_t yt, int64_t yh) {
+                                                            float *__restrict__ y, int64_t yt, int64_t yh,
+                                                            int8_t *__restrict__ yq, float4 *__restrict__ ys) {
     constexpr int CPR = IN / 8, RPW = 32 / G, NP = 8 / RPW, NJ = CPR / G;
     static_assert(IN % 8 == 0 && 32 % G == 0 && CPR % G == 0 && 8 % RPW == 0, "head GEMV shape");
     __shared__ __align__(16) float xs[8 * IN];
@@ -932,6 +934,15 @@ __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__rest
             for (int off = G / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
             if (gl == 0 && o < out) y[t * yt + h * yh + o] = v;
         }
+    }
+    if (!yq) return;
+    __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
+    for (int u = warp; u < 2 * T; u += 8) { /* token u / 2, rows o0 + (u & 1) 32 .. + 31: a warp a unit */
+        const int o = o0 + (u & 1) * 32;
+        if (o >= out) continue;
+        const int64_t i = (u >> 1) * yt + h * yh + o;
+        const float v[1] = {y[i + lane]};
+        mlacu_q8_units_warp<1>(v, yq + i, ys + i / 32, 32, 1);
     }
 }
 
@@ -1578,10 +1589,12 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
 
 extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
                                         int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
-                                        mla_cuda_stream stream, mla_err *e) {
+                                        void *d_yq, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(in > 0 && in <= 1024 && out > 0 && H > 0 && H <= 65535);
+    MLA_ASSERT(!d_yq || (out % 32 == 0 && yh == out && yt == H * yh && ((uintptr_t)d_yq & 15) == 0));
     if (T == 0) return MLA_OK;
     cudaStream_t st = (cudaStream_t)stream;
+    bool yq_done = false; /* the kernel rounded y into d_yq */
     if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
         dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
         mlacu_launch(head_mma_kernel, grid, 128, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T,
@@ -1589,16 +1602,18 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     } else if (T <= 8 && (in == 64 || in == 128 || in == 192 || in == 256 || in == 512)) {
         dim3 grid((unsigned)((out + 63) / 64), (unsigned)H);
         const __half *w = (const __half *)d_w;
-        if (in == 64)
-            mlacu_launch(head_gemv_f16_kernel<64>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 128)
-            mlacu_launch(head_gemv_f16_kernel<128>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 192)
-            mlacu_launch(head_gemv_f16_kernel<192, 8>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else if (in == 256)
-            mlacu_launch(head_gemv_f16_kernel<256>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
-        else
-            mlacu_launch(head_gemv_f16_kernel<512>, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh);
+        void *kq = mlacu_q8out_on() ? d_yq : NULL; /* else quantized after it, below */
+        int8_t *q = (int8_t *)kq;
+        float4 *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
+        auto go = [&](auto kern) {
+            mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs);
+        };
+        if (in == 64) go(head_gemv_f16_kernel<64>);
+        else if (in == 128) go(head_gemv_f16_kernel<128>);
+        else if (in == 192) go(head_gemv_f16_kernel<192, 8>);
+        else if (in == 256) go(head_gemv_f16_kernel<256>);
+        else go(head_gemv_f16_kernel<512>);
+        yq_done = kq != NULL;
     } else {
         dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
         mlacu_launch(head_matmul_kernel<__half>, grid, 256, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh,
@@ -1606,7 +1621,7 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     }
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (fp16) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
-    return MLA_OK;
+    return d_yq && !yq_done ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
 }
 
 static size_t al16(size_t b) { return (b + 255) / 256 * 256; }
@@ -1738,11 +1753,15 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             return MLA_ERR;
         return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
     }
+    bool qh_made = false; /* qh holds h */
     if (ex->q8 && ex->gate_type == ex->up_type && mla_cuda_q8_supported(ex->gate_type)) {
         const void *xq = q8x();
+        /* h's q8 buffer too, for the down projection (rounded by the GEMV where it can) */
+        void *hq = ex->q8 && mla_cuda_q8_supported(ex->down_type) ? qh : NULL;
         if (!xq || mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, xq, T, (int)K,
-                                              &pl, h, stream, e))
+                                              &pl, h, hq, stream, e))
             return MLA_ERR;
+        qh_made = hq != NULL;
     } else if (ex->gate_type == ex->up_type) {
         if (mla_cuda_matmul_grouped(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, d_x, (int)K, &pl, h, stream,
                                     e))
@@ -1755,9 +1774,9 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             return MLA_ERR;
     }
     if (ex->q8 && mla_cuda_q8_supported(ex->down_type)) {
-        if (mla_cuda_quantize_q8(h, T * K, F, qh, stream, e) ||
+        if ((!qh_made && mla_cuda_quantize_q8(h, T * K, F, qh, stream, e)) ||
             mla_cuda_matmul_grouped_q8(ex->down_type, ex->down, NULL, ex->down_estride, F, E, qh, T * K, 1, &pl, y,
-                                       stream, e))
+                                       NULL, stream, e))
             return MLA_ERR;
     } else if (mla_cuda_matmul_grouped(ex->down_type, ex->down, NULL, ex->down_estride, F, E, h, 1, &pl, y, stream, e))
         return MLA_ERR;

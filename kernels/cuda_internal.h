@@ -70,6 +70,20 @@ static inline bool mlacu_pdl_on(void) {
     return r != 0;
 }
 
+/* whether the GEMVs that can round their own output into a q8 buffer do (the streamed GEMV's
+ * warp-specialized kernel, the fp16 head GEMV; else mla_cuda_quantize_q8 after them, the same
+ * bytes): yes unless MLA_CUDA_Q8OUT=0 (decided once a process; for measurements) */
+static inline bool mlacu_q8out_on(void) {
+    static std::atomic<int> v{-1};
+    int r = v.load(std::memory_order_relaxed);
+    if (r < 0) {
+        const char *e = getenv("MLA_CUDA_Q8OUT");
+        r = !(e && !strcmp(e, "0"));
+        v.store(r, std::memory_order_relaxed);
+    }
+    return r != 0;
+}
+
 /* k<<<grid, block, smem, st>>>(args...), with programmatic stream serialization when
  * mlacu_pdl_on(); errors surface as those of <<<>>> do (cudaGetLastError, or the next sync). */
 template <typename... P, typename... A>

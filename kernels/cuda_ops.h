@@ -120,10 +120,13 @@ int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64_t out, con
                        float *d_y, mla_cuda_stream stream, mla_err *e);
 /* y = silu(x Wg^T) * (x Wu^T) from one q8 buffer (Wg, Wu: type t, out x in), as
  * mla_cuda_matmul_q8 twice then mla_cuda_swiglu (the same bits); where the streamed GEMV takes
- * the step, one kernel reads both matrices, else d_u ([T][out] floats) holds x Wu^T. */
+ * the step, one kernel reads both matrices, else d_u ([T][out] floats) holds x Wu^T. d_yq: NULL,
+ * or a q8 buffer of T rows of out (mla_cuda_q8_bytes) that also gets y, as mla_cuda_quantize_q8
+ * after it would give it (the same bytes; the GEMV's warp-specialized kernel rounds its own rows,
+ * no kernel more). */
 int mla_cuda_matmul_q8_swiglu(uint32_t t, const void *d_wg, const void *d_wu, int64_t in, int64_t out,
-                              const void *d_q8, int64_t T, float *d_y, float *d_u, mla_cuda_stream stream,
-                              mla_err *e);
+                              const void *d_q8, int64_t T, float *d_y, float *d_u, void *d_yq,
+                              mla_cuda_stream stream, mla_err *e);
 /* ya = x Wa^T and yb = x Wb^T from one q8 buffer (both of type t, rows of `in`), as
  * mla_cuda_matmul_q8 twice (the same bits); one kernel where the streamed GEMV takes the step */
 int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out_a, float *d_ya, const void *d_wb, int64_t out_b,
@@ -302,10 +305,13 @@ int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t o
 /* The same with fp16 weights (d_w: n_head * out * in halves, e.g. converted at load): steps of
  * more than 8 tokens on fp16 tensor cores (x rounded to fp16, fp32 accumulation) when in % 32 == 0
  * and x's strides are multiples of 4 floats; up to 8 tokens a GEMV with 16-byte weight loads
- * (in = 64, 128, 256 or 512); else the row-per-warp kernel reading fp16 weights. */
+ * (in = 64, 128, 256 or 512); else the row-per-warp kernel reading fp16 weights. d_yq: NULL, or
+ * the q8 buffer of y's T rows of y_ld_t (y_ld_t = n_head y_ld_h, y_ld_h = out, a multiple of 32),
+ * which also gets y as mla_cuda_quantize_q8 after it would give it (the decode GEMV rounds its own
+ * rows: no kernel more). */
 int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                              int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
-                             mla_cuda_stream stream, mla_err *e);
+                             void *d_yq, mla_cuda_stream stream, mla_err *e);
 
 /* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
  * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,
@@ -333,10 +339,12 @@ int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_ids, int64_t 
 int mla_cuda_matmul_grouped(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
                             int64_t out, const float *d_x, int x_div, const mla_cuda_moe_plan *plan, float *d_y,
                             mla_cuda_stream stream, mla_err *e);
-/* The same from a q8 buffer of the x_rows rows of x (mla_cuda_quantize_q8); t quantized. */
+/* The same from a q8 buffer of the x_rows rows of x (mla_cuda_quantize_q8); t quantized. d_yq:
+ * NULL, or a q8 buffer of the x_rows x_div rows of y that also gets the rows the plan writes, as
+ * mla_cuda_matmul_q8_swiglu's d_yq. */
 int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, size_t estride, int64_t in,
                                int64_t out, const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
-                               float *d_y, mla_cuda_stream stream, mla_err *e);
+                               float *d_y, void *d_yq, mla_cuda_stream stream, mla_err *e);
 /* The same on the int8 tensor cores, one weight matrix (no gate/up fusion), for steps with many
  * tokens per expert (long prompts; mla_cuda_moe_apply takes it from 64 a expert on average): 64
  * pairs of one expert a tile, walked from the plan's counts. */

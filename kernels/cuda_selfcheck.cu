@@ -218,7 +218,7 @@ int check_head(gr_rng *r, int64_t T, bool f16, mla_err *e) {
     float *dx = (float *)salloc(&s, x.size() * 4, x.data()), *dy = (float *)salloc(&s, got.size() * 4, NULL);
     if (!dw || !dx || !dy) {
         mla_errf(e, "cuda_selfcheck: device allocation failed");
-    } else if ((f16 ? mla_cuda_head_matmul_f16(dw, H, IN, OUT, dx, H * IN, IN, T, dy, H * OUT, OUT, 0, e)
+    } else if ((f16 ? mla_cuda_head_matmul_f16(dw, H, IN, OUT, dx, H * IN, IN, T, dy, H * OUT, OUT, NULL, 0, e)
                     : mla_cuda_head_matmul((const float *)dw, H, IN, OUT, dx, H * IN, IN, T, dy, H * OUT, OUT, 0, e)) ==
                MLA_OK) {
         if (cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)

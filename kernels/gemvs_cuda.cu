@@ -30,6 +30,8 @@
  *   2026-11-30, a launch in a chain, against the other kernel in the same call): dense down
  *   25.6 -> 23.6 us, the output matrix 216 -> 186 (bench/results/gpu-h200-2026-11-30l.md).
  *   Both forms give the same bits: gs_dot rounds every float step as written (gemvs_item.h).
+ *   Asked for it (gate + up of a token's FFN, the next product's input), that kernel also rounds y
+ *   into a q8 buffer itself: the kernel after it (mla_cuda_quantize_q8) is gone, the same bytes.
  *
  * The weights must be padded as mla_cuda_weight_bytes says: a copy ends at the next 16 bytes. */
 #include <cuda_runtime.h>
@@ -110,6 +112,9 @@ struct gs_args {
     int rb, out, ni, R, RG, TPG, msb, x_div, world, T, out2, G0, stages;
     bool singles; /* grouped: only the plan's first n_tiles[1] tiles, of one pair each */
     unsigned long long *trace; /* warp-specialized: per-block time stamps (gemvs_set_trace), or NULL */
+    int8_t *yq;  /* warp-specialized: y's q8 buffer (its int8 rows, ys its unit scales), or NULL */
+    float4 *ys;
+    int uslot;   /* yq: the launch's row of gs_units */
     const uint4 *qx;
     const float4 *sx;
     const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
@@ -284,6 +289,73 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
     if (c > 0) store(c - 1, pp, prg, ps2);
 }
 
+/* The q8 rounding of y (A.yq) inside the warp-specialized kernel: a 32-row unit of y row p is
+ * rounded by the producer warp that stores its last rows. A block's stages are a contiguous run,
+ * so most units lie inside one block's run: its producer counts their rows itself and rounds them
+ * from its own stores. A unit shared with another block (the first and the last of a run) is
+ * counted in gs_units[slot][p out / 32 + u] once the block's stages are all stored (a fence
+ * earlier would wait on the copies in flight); the warp that brings the count to 32 rounds it
+ * (after the other block's stores, fenced before they were counted) and sets the count back to 0,
+ * so that every launch finds its row at 0 (launches rotate over GS_USLOTS rows, host side:
+ * kernels on two streams at once do not share one). Values are rounded as q8x_kernel would
+ * (mlacu_q8_units_warp). */
+constexpr int GS_USLOTS = 8, GS_UNITS_MAX = 4096;
+__device__ int gs_units[GS_USLOTS][GS_UNITS_MAX];
+
+/* a unit of y: pair p, unit u (-1: none), n of its rows stored by this block */
+struct gs_unit {
+    int p = 0, u = -1, n = 0;
+    /* round it (shared: after other blocks' stores, read from L2) */
+    __device__ __forceinline__ void round(const gs_args &A, int lane, bool shared) const {
+        const size_t o = (size_t)p * A.out + (size_t)u * 32;
+        const float v[1] = {shared ? __ldcg(A.y + o + lane) : A.y[o + lane]};
+        mlacu_q8_units_warp<1>(v, A.yq + o, A.ys + o / 32, 32, 1);
+    }
+    /* count this block's rows of a shared unit (after a fence over them); the last to count rounds it */
+    __device__ __forceinline__ void count(const gs_args &A, int lane) const {
+        if (u < 0) return;
+        int *cnt = gs_units[A.uslot] + (size_t)p * (A.out / 32) + u;
+        int last = 0;
+        if (lane == 0) last = atomicAdd(cnt, n) + n == 32;
+        if (__shfl_sync(0xffffffffu, last, 0)) {
+            __threadfence(); /* the other block's stores, fenced before it counted them */
+            round(A, lane, true);
+            if (lane == 0) *cnt = 0;
+        }
+    }
+};
+/* The producer warp's units (every lane holds the same) */
+struct gs_units_of_run {
+    gs_unit first, cur; /* the run's first unit, where shared; the unit in progress */
+    /* rows row0 .. row0 + nrow - 1 of pair pp are stored (by this warp) */
+    __device__ __forceinline__ void stored(const gs_args &A, int pp, int row0, int nrow, int lane) {
+        for (int uu = row0 / 32; uu * 32 < row0 + nrow; uu++) {
+            const int k = min(row0 + nrow, uu * 32 + 32) - max(row0, uu * 32);
+            if (uu != cur.u || pp != cur.p) {
+                if (cur.u >= 0) { /* left unfinished: shared with the block before (once a run) */
+                    if (first.u >= 0) __trap();
+                    first = cur;
+                }
+                cur.p = pp, cur.u = uu, cur.n = 0;
+            }
+            cur.n += k;
+            if (cur.n == 32) { /* all of it from this warp: no count */
+                __syncwarp();
+                cur.round(A, lane, false);
+                cur.u = -1;
+            }
+        }
+    }
+    /* the run is stored: count its shared units */
+    __device__ __forceinline__ void end(const gs_args &A, int lane) const {
+        if (first.u < 0 && cur.u < 0) return;
+        __threadfence(); /* our stores, before the counts */
+        __syncwarp();
+        first.count(A, lane);
+        cur.count(A, lane);
+    }
+};
+
 /* ---- the warp-specialized form: one step a stage (a dense step of one token, a plan's tiles
  * of one pair), no block barrier a stage.
  *
@@ -292,9 +364,10 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
  * buffer k mod NS on full[]. A consumer warp waits on full[], dots its rows, writes its partial
  * sums into slot k mod 2 NS of red, and arrives on empty[] (one arrival a warp). Once empty[] has
  * all of them the producer posts stage k + NS into the buffer, then adds stage k's partial sums
- * (in the order the other kernel adds them: the same bits) and stores them. Slots of desc and
- * red are 2 NS, so that stage k's are still there after stage k + NS is posted; they are reused by
- * stage k + 2 NS, posted only after that. */
+ * (in the order the other kernel adds them: the same bits) and stores them (with A.yq, then
+ * rounds their 32-row units: gs_units_of_run above). Slots of desc and red are 2 NS, so that
+ * stage k's are still there after stage k + NS is posted; they are reused by stage k + 2 NS,
+ * posted only after that. */
 struct gs_desc {
     int off[2]; /* where matrix m's rows start in the buffer (the copies start 16-aligned below) */
     int xr, p;  /* x row, y row */
@@ -347,6 +420,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         auto stamp = [&](int k) {
             if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = gs_now();
         };
+        gs_units_of_run un; /* A.yq: the units this block stores */
         int pre = 0; /* a dense product posts its first stages before the wait (weights only) */
         if (!GRP) {
             M.span(g0, g1);
@@ -376,7 +450,9 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
                     for (int w = 0; w < ppg; w++) s[m] += red_at(slot, gr * ppg + w, m, rr);
                 M.put(d.s2, d.p, d.row0 + r, s);
             }
+            if (A.yq) un.stored(A, d.p, d.row0, d.nrow, lane); /* never with W2 (the host) */
         }
+        if (A.yq) un.end(A, lane);
         return;
     }
     /* ---- the consumers (tracing: thread 0 stamps [0] entry, [1] the wait on the kernel before
@@ -525,6 +601,18 @@ void gemvs_set_ws(bool on) { g_gs_ws = on; }
 static unsigned long long *g_gs_trace = nullptr;
 void gemvs_set_trace(unsigned long long *d_stamps) { g_gs_trace = d_stamps; }
 
+static unsigned g_gs_uslot; /* the next launch's row of gs_units, mod GS_USLOTS */
+
+/* A's q8 output: yq (rows rows of A.out) where the warp-specialized kernel takes the launch and
+ * gs_units has room; whether it does */
+static bool gs_q8out(gs_args &A, const gs_geo &g, void *yq, int64_t rows) {
+    if (!yq || !g.ws || A.out % 32 || rows * (A.out / 32) > GS_UNITS_MAX || A.G0 > 0 || !mlacu_q8out_on())
+        return false;
+    A.yq = (int8_t *)yq, A.ys = (float4 *)((uint8_t *)yq + mlacu_q8_scale_off(rows, A.out));
+    A.uslot = (int)(__atomic_fetch_add(&g_gs_uslot, 1u, __ATOMIC_RELAXED) % GS_USLOTS);
+    return true;
+}
+
 static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, int64_t out, const void *qx,
                        const void *sx, float *y, const gs_geo &g) {
     gs_args A = {};
@@ -538,12 +626,14 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
 }
 
 cudaError_t gemvs_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
-                        const void *sx, int64_t T, float *y, cudaStream_t s) {
+                        const void *sx, int64_t T, float *y, void *yq, bool *yq_done, cudaStream_t s) {
     const int nm = w1 ? 2 : 1;
     gs_geo g;
+    if (yq_done) *yq_done = false;
     if (T < 1 || T > GS_NP || !gs_plan(t, in, nm, T == 1, g)) return cudaErrorNotSupported;
     gs_args A = gs_base(t, w, w1, in, out, qx, sx, y, g);
     A.T = (int)T;
+    if (yq_done) *yq_done = T == 1 && gs_q8out(A, g, yq, 1);
     return gs_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
         const int64_t groups = (out + g.R - 1) / g.R;
@@ -566,9 +656,10 @@ cudaError_t gemvs_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *y
 
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
                           const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool singles,
-                          float *y, cudaStream_t s) {
+                          float *y, void *yq, int64_t y_rows, bool *yq_done, cudaStream_t s) {
     const int nm = w1 ? 2 : 1;
     gs_geo g;
+    if (yq_done) *yq_done = false;
     /* tiles of one pair: those of a singles launch, every one of a plan of one token */
     if (!gs_plan(t, in, nm, singles || pl->tokens <= 1, g)) return cudaErrorNotSupported;
     gs_args A = gs_base(t, w0, w1, in, out, qx, sx, y, g);
@@ -576,6 +667,7 @@ cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t est
     A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n;
     A.n_tiles = pl->n_tiles;
     A.singles = singles;
+    if (yq_done) *yq_done = !singles && pl->tokens <= 1 && gs_q8out(A, g, yq, y_rows);
     const int64_t maxg = pl->max_tiles * ((out + g.R - 1) / g.R);
     return gs_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;

@@ -26,18 +26,20 @@ constexpr int GS_TRACE_N = MLA_CUDA_GEMV_TRACE_N;
 void gemvs_set_trace(unsigned long long *d_stamps);
 /* y [T][out] = x W^T for T = 1 .. MLACU_MOE_TILE tokens (qx, sx: the q8 buffer of the T rows); with
  * w1, y = silu(x W^T) * (x W1^T) (both read in one stage); cudaErrorNotSupported where not
- * supported */
+ * supported. yq: NULL, or y's q8 buffer (T rows of out), which *yq_done says whether the launch
+ * filled (the warp-specialized kernel does, out a multiple of 32; else the caller rounds y). */
 cudaError_t gemvs_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
-                        const void *sx, int64_t T, float *y, cudaStream_t s);
+                        const void *sx, int64_t T, float *y, void *yq, bool *yq_done, cudaStream_t s);
 /* ya = x Wa^T and yb = x Wb^T (same type and row length) in one launch */
 cudaError_t gemvs_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
                              float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s);
 /* mla_cuda_matmul_grouped_q8 over a MoE plan (w1 NULL: one matrix, else silu(w0 x) * (w1 x)),
  * every tile or (singles) those of one pair; cudaErrorNotSupported where the type or row length
- * is not supported */
+ * is not supported. yq: NULL, or y's q8 buffer (y_rows rows of out), filled as gemvs_dense says
+ * (here only where every tile is of one pair and not singles). */
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
                           const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool singles,
-                          float *y, cudaStream_t s);
+                          float *y, void *yq, int64_t y_rows, bool *yq_done, cudaStream_t s);
 } // namespace mlacu
 
 #endif

@@ -1877,7 +1877,7 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     if (T == 0) return MLA_OK;
     if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
         cudaError_t err = gemvs_dense(t, d_w, NULL, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T,
-                                      d_y, (cudaStream_t)stream);
+                                      d_y, NULL, NULL, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "gemv q8 (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
                     (long long)in, (long long)T);
         return MLA_OK;
@@ -1890,22 +1890,23 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
 }
 
 extern "C" int mla_cuda_matmul_q8_swiglu(uint32_t t, const void *d_wg, const void *d_wu, int64_t in, int64_t out,
-                                         const void *d_q8, int64_t T, float *d_y, float *d_u, mla_cuda_stream stream,
-                                         mla_err *e) {
+                                         const void *d_q8, int64_t T, float *d_y, float *d_u, void *d_yq,
+                                         mla_cuda_stream stream, mla_err *e) {
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_wg & 15) == 0 && ((uintptr_t)d_wu & 15) == 0);
+    MLA_ASSERT(!d_yq || (out % 32 == 0 && ((uintptr_t)d_yq & 15) == 0));
     if (T == 0) return MLA_OK;
+    bool yq_done = false;
     if (T <= g_gs_dense && gemvs_supported(t, in, 2)) {
         cudaError_t err = gemvs_dense(t, d_wg, d_wu, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in),
-                                      T, d_y, (cudaStream_t)stream);
+                                      T, d_y, d_yq, &yq_done, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "gemv q8 gate+up (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
                     (long long)in, (long long)T);
-        return MLA_OK;
-    }
-    if (mla_cuda_matmul_q8(t, d_wg, in, out, d_q8, T, d_y, stream, e) ||
-        mla_cuda_matmul_q8(t, d_wu, in, out, d_q8, T, d_u, stream, e))
+    } else if (mla_cuda_matmul_q8(t, d_wg, in, out, d_q8, T, d_y, stream, e) ||
+               mla_cuda_matmul_q8(t, d_wu, in, out, d_q8, T, d_u, stream, e) ||
+               mla_cuda_swiglu(d_y, d_u, d_y, T * out, stream, e))
         return MLA_ERR;
-    return mla_cuda_swiglu(d_y, d_u, d_y, T * out, stream, e);
+    return d_yq && !yq_done ? mla_cuda_quantize_q8(d_y, T, out, d_yq, stream, e) : MLA_OK;
 }
 
 extern "C" int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out_a, float *d_ya, const void *d_wb,
@@ -1928,10 +1929,11 @@ extern "C" int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out
 
 extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const void *d_w1, size_t estride,
                                           int64_t in, int64_t out, const void *d_q8, int64_t x_rows, int x_div,
-                                          const mla_cuda_moe_plan *plan, float *d_y, mla_cuda_stream stream,
+                                          const mla_cuda_moe_plan *plan, float *d_y, void *d_yq, mla_cuda_stream stream,
                                           mla_err *e) {
     check_shape(t, in, out, 1);
     MLA_ASSERT(mla_cuda_q8_supported(t) && x_div >= 1 && plan && plan->world >= 1);
+    MLA_ASSERT(!d_yq || (out % 32 == 0 && ((uintptr_t)d_yq & 15) == 0));
     MLA_ASSERT(((uintptr_t)d_w0 & 15) == 0 && ((uintptr_t)d_w1 & 15) == 0);
     if (plan->max_tiles <= 0) return MLA_OK;
     cudaStream_t s = (cudaStream_t)stream;
@@ -1940,19 +1942,25 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
      * default, the tiles of one pair (the per-warp GEMV then takes the others) */
     const bool gs = gemvs_supported(t, in, d_w1 ? 2 : 1), all = gs && gs_grouped_on(plan);
     const bool singles = gs && !all && g_gs_grouped == MLA_CUDA_GEMVS_SINGLES;
+    const int64_t y_rows = x_rows * x_div;
+    bool yq_done = false;
     if (all || singles) {
-        cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, s);
+        cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, d_yq,
+                                        y_rows, &yq_done, s);
         MLACU_CHECK(err, e, "grouped gemv q8 (streamed) %s %lldx%lld", ggml_type_name(t), (long long)out,
                     (long long)in);
-        if (all) return MLA_OK;
     }
-    cudaError_t err = with_q8_type(t, [&](auto ty) {
-        constexpr int TY = decltype(ty)::value;
-        return d_w1 ? launch_grpq<TY, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y, singles, s)
-                    : launch_grpq<TY, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y, singles, s);
-    });
-    MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
-    return MLA_OK;
+    if (!all) {
+        cudaError_t err = with_q8_type(t, [&](auto ty) {
+            constexpr int TY = decltype(ty)::value;
+            return d_w1 ? launch_grpq<TY, true>(d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y,
+                                                singles, s)
+                        : launch_grpq<TY, false>(d_w0, NULL, estride, in, out, d_q8, x_rows, x_div, plan, d_y,
+                                                 singles, s);
+        });
+        MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
+    }
+    return d_yq && !yq_done ? mla_cuda_quantize_q8(d_y, y_rows, out, d_yq, stream, e) : MLA_OK;
 }
 
 extern "C" int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const void *d_q8, int64_t T,

@@ -896,17 +896,21 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
         CU(cudaMemsetAsync(y, 0, (size_t)(T * E) * 4, m->st), "memset");
         return MLA_OK;
     }
-    const dmat *gt = &f->gate, *up = &f->up;
+    const dmat *gt = &f->gate, *up = &f->up, *dn = &f->down;
     const int64_t F = gt->n_out;
+    void *gq = nullptr; /* the hidden rows' q8 buffer, for the down projection */
     if (m->fuse && q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
         const void *q = q8_of(m, h, hq, T, gt->n_in, err);
         if (!q) return MLA_ERR;
-        TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, m->st, err));
+        /* and the hidden rows' rounding for a q8 down projection (in the GEMV where it can): into
+         * m->q8buf, unless that holds h's */
+        if (q != m->q8buf && mm_q8(m, dn) && !mm_h(m, dn, T) && F % 32 == 0) gq = m->q8buf;
+        TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, gq, m->st, err));
     } else {
         TRY(mm2(m, gt, m->g, up, m->u, h, hq, T, err));
         TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
     }
-    return mm(m, &f->down, m->g, nullptr, T, y, err);
+    return mm(m, dn, m->g, gq, T, y, err);
 }
 
 static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
@@ -929,11 +933,13 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
     return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, hq, T, err);
 }
 
-/* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads. */
+/* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads; yq: NULL,
+ * or a q8 buffer that also gets y (mla_cuda_head_matmul_f16's d_yq) */
 static int head_mm(mla_cmodel *m, const void *w, int64_t in, int64_t out, const float *x, int64_t xt, int64_t xh,
-                   int64_t T, float *y, int64_t yt, int64_t yh, mla_err *err) {
-    if (m->kvb_f16) return mla_cuda_head_matmul_f16(w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err);
-    return mla_cuda_head_matmul((const float *)w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err);
+                   int64_t T, float *y, int64_t yt, int64_t yh, void *yq, mla_err *err) {
+    if (m->kvb_f16) return mla_cuda_head_matmul_f16(w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
+    TRY(mla_cuda_head_matmul((const float *)w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err));
+    return yq ? mla_cuda_quantize_q8(y, T, yt, yq, m->st, err) : MLA_OK;
 }
 
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
@@ -950,7 +956,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
        "k_pe copy");
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, kvc + pos0 * row + KL, T, 1, dr, row, pos0, NULL, st, err));
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, pos0, NULL, st, err));
-    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
+    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
@@ -984,9 +990,11 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
     cudaStream_t st = m->st;
-    TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, err));
+    /* the output rows' q8 buffer for a q8 attn_output, made by the v_b GEMV where it can */
+    void *oq = !l->o_gather && mm_q8(m, &l->o) && !mm_h(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
+    TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
     if (!l->o_gather) {
-        TRY(mm(m, &l->o, m->o, nullptr, T, m->y, err));
+        TRY(mm(m, &l->o, m->o, oq, T, m->y, err));
     } else {
         const int64_t H = c->n_head, per = T * Hl * dv, w = l->o_r1 - l->o_r0;
         const float *gsrc = m->hbuf;
@@ -1086,7 +1094,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
     }
-    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, err));
+    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         /* A token with no more than top_k keys selects all of them, in order: the plain

@@ -367,7 +367,9 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
 
 /* Two products of one q8 buffer in one kernel (mla_cuda_matmul_q8_pair, and gate / up with
  * swiglu, mla_cuda_matmul_q8_swiglu): bit for bit against mla_cuda_matmul_q8 (each checked
- * against the CPU above) twice, then mla_cuda_swiglu; timed against those. */
+ * against the CPU above) twice, then mla_cuda_swiglu; timed against those. With swiglu (out_a a
+ * multiple of 32) the q8 rows of y it makes on the way, byte for byte against
+ * mla_cuda_quantize_q8 of y. */
 static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, int64_t T, bool swiglu) {
     const size_t rb = ggml_row_bytes(t, in);
     std::vector<uint8_t> wa(rb * out_a), wb(rb * out_b);
@@ -381,11 +383,14 @@ static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, i
     void *dq = dmalloc(mla_cuda_q8_bytes(T, in));
     float *ya = (float *)dmalloc(T * out_a * 4), *yb = (float *)dmalloc(T * out_b * 4);
     float *ra = (float *)dmalloc(T * out_a * 4), *rb2 = (float *)dmalloc(T * out_b * 4);
+    const bool yq = swiglu && out_a % 32 == 0;
+    const size_t yqb = yq ? mla_cuda_q8_bytes(T, out_a) : 16;
+    void *dyq = dmalloc(yqb), *dyq2 = dmalloc(yqb);
     OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
     poison(ya, T * out_a * 4);
     poison(yb, T * out_b * 4);
     auto fused = [&](int) {
-        if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ya, yb, 0, E));
+        if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ya, yb, yq ? dyq : NULL, 0, E));
         else OK(mla_cuda_matmul_q8_pair(t, dwa, out_a, ya, dwb, out_b, yb, in, dq, T, 0, E));
     };
     auto apart = [&](int) {
@@ -393,37 +398,43 @@ static void check_q8_two(uint32_t t, int64_t in, int64_t out_a, int64_t out_b, i
         OK(mla_cuda_matmul_q8(t, dwb, in, out_b, dq, T, rb2, 0, E));
         if (swiglu) OK(mla_cuda_swiglu(ra, rb2, ra, T * out_a, 0, E));
     };
+    poison(dyq, yqb);
     fused(0);
     apart(0);
+    if (yq) OK(mla_cuda_quantize_q8(ra, T, out_a, dyq2, 0, E));
     CK(cudaDeviceSynchronize());
     std::vector<float> hy(T * out_a);
     down(hy.data(), ya, T * out_a * 4);
     int64_t bits = dev_diff(ya, ra, T * out_a * 4) + (swiglu ? 0 : dev_diff(yb, rb2, T * out_b * 4));
+    if (yq) bits += dev_diff(dyq, dyq2, yqb);
     if (!all_finite(hy.data(), hy.size())) bits++;
     /* and the streamed GEMV's two kernels (T = 1: warp-specialized, else the other) the same bits:
      * the fused launch again on the other one, into the apart buffers */
     mla_cuda_set_gemv_ws(0);
     poison(ra, T * out_a * 4);
     poison(rb2, T * out_b * 4);
-    if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ra, rb2, 0, E));
+    if (swiglu) OK(mla_cuda_matmul_q8_swiglu(t, dwa, dwb, in, out_a, dq, T, ra, rb2, NULL, 0, E));
     else OK(mla_cuda_matmul_q8_pair(t, dwa, out_a, ra, dwb, out_b, rb2, in, dq, T, 0, E));
     mla_cuda_set_gemv_ws(1);
     bits += dev_diff(ya, ra, T * out_a * 4) + (swiglu ? 0 : dev_diff(yb, rb2, T * out_b * 4));
     const double us = time_us(fused), us0 = time_us(apart);
     const double bytes = (double)rb * (out_a + out_b);
-    add_row(fmt("gemv q8 %s %s = apart = unspecialized", swiglu ? "gate+up" : "pair", ggml_type_name(t)),
+    add_row(fmt("gemv q8 %s %s = apart = unspecialized", swiglu ? (yq ? "gate+up (+q8)" : "gate+up") : "pair",
+                ggml_type_name(t)),
             fmt("%lld+%lldx%lld T=%lld, bytes differing", (long long)out_a, (long long)out_b, (long long)in,
                 (long long)T),
             bits ? INFINITY : 0, 0, us, bytes, 0, true);
     add_row(fmt("  (apart: two gemv q8%s)", swiglu ? " + swiglu" : ""), fmt("T=%lld", (long long)T), 0, 0, us0, bytes,
             0, true);
-    for (void *p : {dwa, dwb, (void *)dx, dq, (void *)ya, (void *)yb, (void *)ra, (void *)rb2}) CK(cudaFree(p));
+    for (void *p : {dwa, dwb, (void *)dx, dq, (void *)ya, (void *)yb, (void *)ra, (void *)rb2, dyq, dyq2})
+        CK(cudaFree(p));
 }
 
 /* One-token GEMV inputs for the chains and the timeline: copies of one random W of type t (out
  * rows, or out + out2, or 2 x out for kind 1 / 2 as below; at least min_copies, together past the
  * L2 cache), x and its q8 row, y. launch(i) runs kind 0: one matrix, 1: two of the same input
- * (mla_cuda_matmul_q8_pair, out + out2 rows), 2: gate / up with swiglu (out rows each) on copy i. */
+ * (mla_cuda_matmul_q8_pair, out + out2 rows), 2: gate / up with swiglu (out rows each) on copy i,
+ * 3: that and y's q8 buffer (yq). */
 struct gemv_inputs {
     uint32_t t;
     int64_t in, out, out2, rows;
@@ -431,11 +442,11 @@ struct gemv_inputs {
     size_t rb, wbytes;
     std::vector<uint8_t *> dw;
     float *dx, *dy;
-    void *dq;
+    void *dq, *yq;
     gemv_inputs(uint32_t t_, int64_t in_, int64_t out_, int kind_, int64_t out2_, int min_copies)
         : t(t_), in(in_), out(out_), out2(out2_), kind(kind_) {
         rb = ggml_row_bytes(t, in);
-        rows = kind == 1 ? out + out2 : kind == 2 ? 2 * out : out;
+        rows = kind == 1 ? out + out2 : kind >= 2 ? 2 * out : out;
         wbytes = rb * rows;
         const size_t walloc = mla_cuda_weight_bytes(t, in, rows);
         std::vector<uint8_t> w(wbytes);
@@ -446,20 +457,21 @@ struct gemv_inputs {
         gr_fill(&g_rng, x.data(), in, 1.0f);
         dx = (float *)dup(x.data(), in * 4), dy = (float *)dmalloc(rows * 4 + 64);
         dq = dmalloc(mla_cuda_q8_bytes(1, in));
+        yq = dmalloc(mla_cuda_q8_bytes(1, (out + 31) / 32 * 32));
         OK(mla_cuda_quantize_q8(dx, 1, in, dq, 0, E));
     }
     gemv_inputs(const gemv_inputs &) = delete;
     gemv_inputs &operator=(const gemv_inputs &) = delete;
     ~gemv_inputs() {
         for (uint8_t *p : dw) CK(cudaFree(p));
-        for (void *p : {(void *)dx, (void *)dy, dq}) CK(cudaFree(p));
+        for (void *p : {(void *)dx, (void *)dy, dq, yq}) CK(cudaFree(p));
     }
     void launch(int i) const {
         uint8_t *wi = dw[(size_t)i % dw.size()];
         uint8_t *w2 = wi + ((size_t)rb * out + 15) / 16 * 16; /* the second matrix: 16-aligned past the first */
         if (kind == 0) OK(mla_cuda_matmul_q8(t, wi, in, out, dq, 1, dy, 0, E));
         else if (kind == 1) OK(mla_cuda_matmul_q8_pair(t, wi, out, dy, w2, out2, dy + out, in, dq, 1, 0, E));
-        else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, 0, E));
+        else OK(mla_cuda_matmul_q8_swiglu(t, wi, w2, in, out, dq, 1, dy, dy + out, kind == 3 ? yq : NULL, 0, E));
     }
 };
 
@@ -474,20 +486,29 @@ static void time_gemv_chain(uint32_t t, int64_t in, int64_t out, int kind, int64
     const int chain = g_chain;
     /* the warp-specialized kernel, then the other one (mla_cuda_set_gemv_ws): rows the same bits */
     const int64_t ny = kind == 1 ? out + out2 : out;
+    const size_t qb = kind == 3 ? mla_cuda_q8_bytes(1, out) : 0; /* kind 3: y's q8 buffer compared too */
     std::vector<float> res[2];
+    std::vector<uint8_t> rq[2];
     for (int ws : {1, 0}) {
         mla_cuda_set_gemv_ws(ws);
         poison(dy, rows * 4);
+        if (qb) poison(G.yq, qb);
         const double us = time_us([&](int it) {
             for (int c = 0; c < chain; c++) G.launch(it * chain + c);
         }) / chain;
-        res[ws].resize(ny);
+        res[ws].resize(ny), rq[ws].resize(qb);
         down(res[ws].data(), dy, ny * 4);
-        const bool same = ws || (memcmp(res[0].data(), res[1].data(), ny * 4) == 0 && all_finite(res[1].data(), ny));
-        add_row(fmt("gemv chain %s%s%s", ggml_type_name(t), kind == 1 ? " pair" : kind == 2 ? " gate+up" : "",
+        if (qb) down(rq[ws].data(), G.yq, qb);
+        const bool same = ws || (memcmp(res[0].data(), res[1].data(), ny * 4) == 0 && all_finite(res[1].data(), ny) &&
+                                 rq[0] == rq[1]);
+        add_row(fmt("gemv chain %s%s%s", ggml_type_name(t),
+                    kind == 1   ? " pair"
+                    : kind == 2 ? " gate+up"
+                    : kind == 3 ? " gate+up+q8"
+                                : "",
                     ws ? "" : " unspecialized = ws"),
                 fmt("%lld%sx%lld T=1", (long long)out,
-                    kind == 1 ? fmt("+%lld", (long long)out2).c_str() : kind == 2 ? "x2" : "", (long long)in),
+                    kind == 1 ? fmt("+%lld", (long long)out2).c_str() : kind >= 2 ? "x2" : "", (long long)in),
                 same ? 0 : INFINITY, 0, us, (double)wbytes, 0, true);
     }
     mla_cuda_set_gemv_ws(1);
@@ -567,6 +588,7 @@ static void trace_gemv(uint32_t t, int64_t in, int64_t out, int kind) {
 static void time_gemv_v3(void) {
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 0);       /* dense gate (or up) */
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 2);       /* gate + up + swiglu */
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 18432, 3);       /* and its q8 rounding */
     time_gemv_chain(GGML_TYPE_Q4_K, 18432, 7168, 0);       /* dense down */
     time_gemv_chain(GGML_TYPE_Q8_0, 16384, 7168, 0);       /* attention output */
     time_gemv_chain(GGML_TYPE_Q8_0, 1536, 24576, 0);       /* q_b */
@@ -574,6 +596,7 @@ static void time_gemv_v3(void) {
     time_gemv_chain(GGML_TYPE_Q8_0, 7168, 576, 0);         /* kv_a */
     time_gemv_chain(GGML_TYPE_Q8_0, 7168, 1536, 1, 576);   /* q_a + kv_a */
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 2048, 2);        /* shared expert gate + up */
+    time_gemv_chain(GGML_TYPE_Q4_K, 7168, 2048, 3);
     time_gemv_chain(GGML_TYPE_Q6_K, 7168, 129280, 0);      /* output */
     /* the same types at the other one's length: is a rate the type's or the launch length's? */
     time_gemv_chain(GGML_TYPE_Q4_K, 7168, 129280, 0);
@@ -609,6 +632,8 @@ static void check_fused_decode(void) {
             check_q8_two(t, 7168, 18432, 18432, T, true);
             check_q8_two(t, 7168, 2048, 2048, T, true);
             if (T == 1) check_q8_two(t, 2048, 10944, 10944, T, true);
+            /* 48-row stages: 32-row units split over stages of other blocks, the last stage short */
+            check_q8_two(t, t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q5_0 ? 256 : 512, 1088, 1088, T, true);
         }
     check_q8_two(GGML_TYPE_Q4_K, 6144, 12288, 12288, 1, true);
     check_fused_paged();
