@@ -1753,11 +1753,12 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             return MLA_ERR;
         return mla_cuda_moe_combine(y, d_ids, d_w, T, K, E, ex->rank, ex->world, d_out, stream, e);
     }
+    const bool q8_down = ex->q8 && mla_cuda_q8_supported(ex->down_type);
     bool qh_made = false; /* qh holds h */
     if (ex->q8 && ex->gate_type == ex->up_type && mla_cuda_q8_supported(ex->gate_type)) {
         const void *xq = q8x();
         /* h's q8 buffer too, for the down projection (rounded by the GEMV where it can) */
-        void *hq = ex->q8 && mla_cuda_q8_supported(ex->down_type) ? qh : NULL;
+        void *hq = q8_down ? qh : NULL;
         if (!xq || mla_cuda_matmul_grouped_q8(ex->gate_type, ex->gate, ex->up, ex->gate_estride, E, F, xq, T, (int)K,
                                               &pl, h, hq, stream, e))
             return MLA_ERR;
@@ -1773,7 +1774,7 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             mla_cuda_swiglu(g, u, h, T * K * F, stream, e))
             return MLA_ERR;
     }
-    if (ex->q8 && mla_cuda_q8_supported(ex->down_type)) {
+    if (q8_down) {
         if ((!qh_made && mla_cuda_quantize_q8(h, T * K, F, qh, stream, e)) ||
             mla_cuda_matmul_grouped_q8(ex->down_type, ex->down, NULL, ex->down_estride, F, E, qh, T * K, 1, &pl, y,
                                        NULL, stream, e))

@@ -794,6 +794,9 @@ static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
     return m->mmh && T > m->gemv_tmax && mla_cuda_mmh_supported(w->type, w->n_in);
 }
 
+/* whether mm() of w in a T-token step reads a q8 buffer of x (off the fp16 tensor cores) */
+static bool mm_reads_q8(const mla_cmodel *m, const dmat *w, int64_t T) { return mm_q8(m, w) && !mm_h(m, w, T); }
+
 /* y = x W^T from the activations already quantized (q: a q8 buffer of x) */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, const void *q, float *y, mla_err *err) {
     if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
@@ -830,8 +833,8 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int6
 /* whether two matrices on the same input of a T-token step take the integer GEMV together: both
  * q8 products off the fp16 tensor cores, of one type and row length, below the int8 tensor cores */
 static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_t T) {
-    return mm_q8(m, w0) && mm_q8(m, w1) && !mm_h(m, w0, T) && !mm_h(m, w1, T) && w0->type == w1->type &&
-           w0->n_in == w1->n_in && (T <= Q8_TMAX || m->exact);
+    return mm_reads_q8(m, w0, T) && mm_reads_q8(m, w1, T) && w0->type == w1->type && w0->n_in == w1->n_in &&
+           (T <= Q8_TMAX || m->exact);
 }
 
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
@@ -843,7 +846,7 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
         TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
         return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
     }
-    if (!mm_q8(m, w0) || !mm_q8(m, w1) || w0->n_in != w1->n_in || mm_h(m, w0, T) || mm_h(m, w1, T)) {
+    if (!mm_reads_q8(m, w0, T) || !mm_reads_q8(m, w1, T) || w0->n_in != w1->n_in) {
         TRY(mm(m, w0, x, xq, T, y0, err));
         return mm(m, w1, x, xq, T, y1, err);
     }
@@ -904,7 +907,7 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
         if (!q) return MLA_ERR;
         /* and the hidden rows' rounding for a q8 down projection (in the GEMV where it can): into
          * m->q8buf, unless that holds h's */
-        if (q != m->q8buf && mm_q8(m, dn) && !mm_h(m, dn, T) && F % 32 == 0) gq = m->q8buf;
+        if (q != m->q8buf && mm_reads_q8(m, dn, T) && F % 32 == 0) gq = m->q8buf;
         TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, gq, m->st, err));
     } else {
         TRY(mm2(m, gt, m->g, up, m->u, h, hq, T, err));
@@ -991,7 +994,7 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
     cudaStream_t st = m->st;
     /* the output rows' q8 buffer for a q8 attn_output, made by the v_b GEMV where it can */
-    void *oq = !l->o_gather && mm_q8(m, &l->o) && !mm_h(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
+    void *oq = !l->o_gather && mm_reads_q8(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
     TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
     if (!l->o_gather) {
         TRY(mm(m, &l->o, m->o, oq, T, m->y, err));
