@@ -305,6 +305,9 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
     double total = 0, best = INFINITY, sec = 0;
     int rc = coord_bench_fill(x->c, ids, (uint32_t)b, (uint32_t)ctx, err);
     if (rc) mla_err_prefix(err, "filling %ld sequences to %ld positions", b, ctx);
+    /* a step's time is from the result before to its own (the first: from its plan): what a
+     * client waits between tokens, whatever the workers do between plans (worker/wk_ahead.h) */
+    double t_prev = now_s();
     for (long s = 0; rc == MLA_OK && s < o->warmup + o->steps; s++) {
         for (long i = 0; i < b; i++) {
             pos[i] = (int32_t)(ctx + s);
@@ -312,6 +315,9 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
                                  .sample = true, .sp = greedy()};
         }
         rc = timed_step(x, seqs, (uint32_t)b, tok, &sec, err);
+        const double t = now_s();
+        sec = t - t_prev;
+        t_prev = t;
         if (rc) mla_err_prefix(err, "decode step at position %ld", ctx + s);
         else if (s >= o->warmup) {
             total += sec;
@@ -490,7 +496,7 @@ static void print_md(FILE *f, const bench_opts *o, const bench_info *in, const r
     }
     fprintf(f, "\n- prefill: ms = time to first token of one sequence (best, mean of the repeats); tok/s = prompt / "
                "best; TFLOP/s = 2 x prompt x active parameters / best; compute %% = that / (tp x --tflops)\n"
-               "- decode: ms = step time (best, mean of the timed steps); tok/s = batch x steps / their time; "
+               "- decode: ms = step time, from one step's result to the next (best, mean of the timed steps); tok/s = batch x steps / their time; "
                "allreduce = 2 x layers x one all-reduce of batch x n_embd floats (slowest rank), and its share of the "
                "mean step; MB/step/rank = weights read (rank 0's shard; expected distinct experts / tp) + KV cache "
                "read; GB/s = MB / mean step; bw %% = (MB / --bw-gbs) / mean step\n"

@@ -20,6 +20,7 @@
 #include "mla_log.h"
 #include "sample.h"
 #include "wire.h"
+#include "wk_ahead.h"
 #include "zspin.h"
 
 #define WK_REFUSED (-3)
@@ -108,18 +109,16 @@ typedef struct wk {
     size_t rows_cap;
     bool *greedy;
     int32_t *gtok;
+    /* the step ahead (worker/wk_ahead.h) and its scratch: a plan's rows it answered (hit), the
+     * indices of the others (ridx), their greedy flags and tokens (rgreedy, rtok) */
+    wk_ahead ahead;
+    bool ahead_on;
+    bool *rgreedy;
+    int32_t *rtok, *hit;
+    uint32_t *ridx;
     uint32_t flags_cap;
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
 } wk;
-
-/* A row the engine may sample itself (engine_ops.step_greedy): greedy, nothing the host sampler
- * adds (penalties, logprobs), no logits returned. */
-static bool greedy_on_device(const wire_seq *s) {
-    const wire_sampling *sp = &s->sp;
-    return s->sample && (sp->temperature == 0 || sp->top_k == 1) && sp->repetition_penalty == 1.0f &&
-           sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !sp->logprobs && sp->top_logprobs == 0 &&
-           sp->logits == WIRE_LOGITS_NONE;
-}
 
 static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
     uint8_t *buf;
@@ -201,6 +200,46 @@ static void hist_append(seq_hist *h, const wire_seq *s) {
     h->n += s->n_tokens;
 }
 
+/* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
+ * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
+ * engine wrote logits into rows[i] instead. */
+static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
+    const engine_ops *ops = w->cfg->engine;
+    if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
+    wire_step_plan rest = *p;
+    uint32_t nhit = 0;
+    if (w->ahead.plan.n_seqs) nhit = wk_ahead_match(&w->ahead, p, w->hit, &rest, w->ridx);
+    if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
+    for (uint32_t i = 0; i < p->n_seqs; i++) w->gtok[i] = w->hit[i];
+    if (rest.n_seqs == 0) return MLA_OK;
+    /* the residual rows, compacted: their logits rows, greedy flags and tokens */
+    float **rrows = mla_xmalloc(rest.n_seqs * sizeof *rrows);
+    for (uint32_t k = 0; k < rest.n_seqs; k++) {
+        rrows[k] = rows[w->ridx[k]];
+        w->rgreedy[k] = w->greedy[w->ridx[k]];
+    }
+    int rc = ops->step_greedy(eng, &rest, (float *const *)rrows, w->rgreedy, w->rtok, err);
+    for (uint32_t k = 0; rc == MLA_OK && k < rest.n_seqs; k++) w->gtok[w->ridx[k]] = w->rtok[k];
+    free(rrows);
+    return rc;
+}
+
+/* After plan p: the step that follows from its device tokens, run now (worker/wk_ahead.h). The
+ * logits rows of p are big enough for it (one row a sequence, as p had). */
+static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
+    if (!w->ahead_on || !wk_ahead_build(&w->ahead, p, w->gtok)) return;
+    const wire_step_plan *a = &w->ahead.plan;
+    for (uint32_t i = 0; i < a->n_seqs; i++) w->rgreedy[i] = true;
+    mla_err err;
+    if (w->cfg->engine->step_greedy(eng, a, (float *const *)rows, w->rgreedy, w->rtok, &err)) {
+        MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s",
+                 (unsigned long long)p->step_id, err.msg);
+        wk_ahead_done(&w->ahead, NULL);
+        return;
+    }
+    wk_ahead_done(&w->ahead, w->rtok);
+}
+
 static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
     const int rank = w->cfg->rank;
     steptrace_mark(p->step_id, 'D');
@@ -218,21 +257,24 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     if (p->n_seqs > w->flags_cap) {
         w->flags_cap = p->n_seqs * 2;
         w->greedy = mla_xrealloc(w->greedy, w->flags_cap * sizeof *w->greedy);
+        w->rgreedy = mla_xrealloc(w->rgreedy, w->flags_cap * sizeof *w->rgreedy);
         w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
+        w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
+        w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
+        w->ridx = mla_xrealloc(w->ridx, w->flags_cap * sizeof *w->ridx);
     }
     for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
         rows[i] = w->rows_buf + (size_t)off * V;
         off += engine_logit_rows(&p->seqs[i]);
-        w->greedy[i] = greedy_on_device(&p->seqs[i]);
+        w->greedy[i] = wk_ahead_greedy_row(&p->seqs[i]);
         w->gtok[i] = -1;
     }
     mla_err err;
-    const engine_ops *ops = w->cfg->engine;
-    int rc = ops->step_greedy ? ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, &err)
-                              : ops->step(eng, p, (float *const *)rows, &err);
+    int rc = run_rows(w, eng, p, rows, &err);
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {
+        wk_ahead_clear(&w->ahead);
         MLA_ERROR("step %llu failed: %s", (unsigned long long)p->step_id, err.msg);
         if (rank == 0) {
             m.kind = WIRE_STEP_RESULT;
@@ -289,6 +331,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         }
         free(sr);
     }
+    if (rc == MLA_OK) run_ahead(w, eng, p, rows);
     free(rows);
 }
 
@@ -415,10 +458,12 @@ static void *compute_main(void *arg) {
         if (m->kind == WIRE_STEP_PLAN) {
             run_plan(w, eng, smp, &hist, pair, &m->u.plan);
         } else if (m->kind == WIRE_BENCH) {
+            wk_ahead_clear(&w->ahead); /* a fill rewrites caches */
             run_bench(w, eng, &hist, pair, &m->u.bench);
         } else if (m->kind == WIRE_CONTROL && m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
             for (uint32_t i = 0; i < m->u.ctl.n_seq_ids; i++) {
                 cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
+                wk_ahead_drop(&w->ahead, m->u.ctl.seq_ids[i]);
                 hist_drop(&hist, m->u.ctl.seq_ids[i]);
             }
         }
@@ -654,6 +699,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
     w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
+    wk_ahead_init(&w.ahead);
+    w.ahead_on = wk_ahead_enabled() && cfg->engine && cfg->engine->step_greedy;
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -837,6 +884,11 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.rows_buf);
     free(w.greedy);
     free(w.gtok);
+    free(w.rgreedy);
+    free(w.rtok);
+    free(w.hit);
+    free(w.ridx);
+    wk_ahead_free(&w.ahead);
     pthread_cond_destroy(&w.id_cv);
     pthread_mutex_destroy(&w.id_mu);
     return rc;

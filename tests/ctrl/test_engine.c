@@ -5,8 +5,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* a sequence: the running state after each of its positions (h[k]: after the token at k) */
 typedef struct tseq {
-    uint64_t id, h;
+    uint64_t id;
+    uint64_t *h;
+    size_t n, cap;
 } tseq;
 
 struct engine {
@@ -15,6 +18,7 @@ struct engine {
     tseq *seqs;
     size_t n, cap;
     int delay_ms;
+    uint64_t tokens_run; /* tokens advanced over the engine's life (MLA_TEST_ENGINE_STATS) */
 };
 
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
@@ -112,7 +116,7 @@ static tseq *get_seq(engine *e, uint64_t id) {
         e->cap = e->cap ? 2 * e->cap : 8;
         e->seqs = mla_xrealloc(e->seqs, e->cap * sizeof *e->seqs);
     }
-    e->seqs[e->n] = (tseq){id, 0};
+    e->seqs[e->n] = (tseq){id, NULL, 0, 0};
     return &e->seqs[e->n++];
 }
 
@@ -122,18 +126,33 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
     if (e->delay_ms > 0) usleep((useconds_t)e->delay_ms * 1000);
     size_t total = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) total += engine_logit_rows(&p->seqs[i]);
+    /* positions as the real engines take them: a plan starting below what a sequence holds
+     * rewinds it there, one starting past it is refused (checked before anything advances) */
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        const tseq *q = get_seq(e, s->seq_id);
+        if (s->positions[0] < 0 || (size_t)s->positions[0] > q->n)
+            return mla_errf(err, "test engine: seq %llu starts at position %d but holds %zu",
+                            (unsigned long long)s->seq_id, s->positions[0], q->n);
+    }
     float *buf = mla_xmalloc(total * TEST_VOCAB * sizeof(float));
     size_t row = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         tseq *q = get_seq(e, s->seq_id);
-        if (s->positions[0] == 0) q->h = 0;
+        q->n = (size_t)s->positions[0];
+        if (q->n + s->n_tokens > q->cap) {
+            q->cap = (q->n + s->n_tokens) * 2;
+            q->h = mla_xrealloc(q->h, q->cap * sizeof *q->h);
+        }
         int all = s->sp.logits == WIRE_LOGITS_ALL;
         for (uint32_t k = 0; k < s->n_tokens; k++) {
-            q->h = test_engine_advance(q->h, s->tokens[k], s->positions[k]);
+            const uint64_t h = test_engine_advance(q->n ? q->h[q->n - 1] : 0, s->tokens[k], s->positions[k]);
+            q->h[q->n++] = h;
+            e->tokens_run++;
             if (all || k + 1 == s->n_tokens) {
                 for (int v = 0; v < TEST_VOCAB; v++)
-                    buf[row * TEST_VOCAB + (size_t)v] = part(e->rank, q->h, s->positions[k], v);
+                    buf[row * TEST_VOCAB + (size_t)v] = part(e->rank, h, s->positions[k], v);
                 row++;
             }
         }
@@ -168,6 +187,7 @@ static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla
 static void te_free_seq(engine *e, uint64_t id) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) {
+            free(e->seqs[i].h);
             e->seqs[i] = e->seqs[--e->n];
             return;
         }
@@ -175,6 +195,17 @@ static void te_free_seq(engine *e, uint64_t id) {
 
 static void te_destroy(engine *e) {
     if (!e) return;
+    const char *stats = getenv("MLA_TEST_ENGINE_STATS");
+    if (stats && *stats) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d", stats, e->rank);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%llu\n", (unsigned long long)e->tokens_run);
+            fclose(f);
+        }
+    }
+    for (size_t i = 0; i < e->n; i++) free(e->seqs[i].h);
     free(e->seqs);
     free(e);
 }

@@ -1,5 +1,5 @@
 /* Coordinator + real worker processes (mla-test-worker: the worker runtime with the test engine).
- * usage: test_coord TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|all]
+ * usage: test_coord TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|ahead|all]
  *  group : T = 1, 2, 4 local workers exchange steps; logits equal the independently computed
  *          sum over ranks, greedy tokens their argmax, logprobs the log-softmax; free_seq reaches
  *          every rank; no zombie after stop.
@@ -9,7 +9,9 @@
  *          signal; later steps fail at once; coord_restart brings a fresh group that serves steps;
  *          stop leaves no zombie. Bounded waits only.
  *  orphan: the coordinator process is SIGKILLed: external workers exit by themselves.
- *  load  : a worker whose load fails makes coord_start fail with its message. */
+ *  load  : a worker whose load fails makes coord_start fail with its message.
+ *  ahead : scripted greedy steps with the workers' step ahead off and on, T = 1, 2: every token
+ *          equals the reference, and the engines advanced exactly the tokens the rule implies. */
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -172,16 +174,14 @@ static void test_group(int T) {
     CHECKF(bad_tok == 0, "T=%d: %d greedy tokens differ", T, bad_tok);
     CHECKF(bad_lp == 0, "T=%d: %d logprob mismatches", T, bad_lp);
 
-    /* free seq 11 on every rank, then continue it: its state starts from scratch */
-    uint64_t id = 11;
-    CHECK(coord_free_seqs(c, &id, 1, &err) == MLA_OK);
+    /* seq 11 continued at its next position with logits: equal to the reference */
     int32_t t1 = 5, p1 = ref[0].pos;
     wire_seq s1 = {.seq_id = 11, .n_tokens = 1, .tokens = &t1, .positions = &p1, .sample = false};
     s1.sp.logits = WIRE_LOGITS_LAST;
     wire_step_plan plan = {.step_id = 2000, .n_seqs = 1, .seqs = &s1};
     wire_step_result res;
     REQUIRE(coord_step(c, &plan, &res, &err) == MLA_OK);
-    test_engine_expected(test_engine_advance(0, t1, p1), p1, T, row);
+    test_engine_expected(test_engine_advance(ref[0].h, t1, p1), p1, T, row);
     CHECK(res.n_seqs == 1 && res.seqs[0].token == -1 && res.seqs[0].logits &&
           !memcmp(res.seqs[0].logits, row, sizeof row));
     coord_result_free(&res);
@@ -191,8 +191,119 @@ static void test_group(int T) {
     CHECK(coord_step(c, &plan, &res, &err) == MLA_ERR && strstr(err.msg, "vocabulary"));
     CHECK(coord_healthy(c, NULL));
 
+    /* free seq 11 on every rank: its cache is gone, so continuing it is refused (the step fails) */
+    uint64_t id = 11;
+    CHECK(coord_free_seqs(c, &id, 1, &err) == MLA_OK);
+    t1 = 5;
+    p1 = ref[0].pos + 1;
+    plan.step_id = 2001;
+    CHECKF(coord_step(c, &plan, &res, &err) == MLA_ERR && strstr(err.msg, "holds 0"), "T=%d: after free: %s", T,
+           err.msg);
+
     coord_stop(c);
     for (int r = 0; r < T; r++) CHECKF(reaped(pids[r]), "T=%d: worker %d not reaped", T, r);
+}
+
+/* ---- ahead: the workers' step ahead (worker/wk_ahead.h) -------------------------------------- */
+
+/* One row of a scripted step: seq (0..2), prompt tokens (0: a one-token decode), forced token
+ * (-1: the sequence's last token), logits LAST instead of a greedy row on the device. */
+typedef struct arow {
+    int seq, prompt, forced, logits;
+} arow;
+
+/* Nine steps of three greedy sequences through T workers, with the step ahead on or off: plans
+ * that continue it, drop a sequence, take one back at the position run ahead, add a prompt,
+ * force another token and ask for logits right after a step ahead, follow a free. Every token
+ * (and logits row) equals the reference; the engine advanced exactly the tokens the rule of
+ * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). */
+static void test_ahead(int T, int on) {
+    static const arow script[9][3] = {
+        {{0, 4, -1, 0}, {1, 2, -1, 0}, {-1, 0, 0, 0}},
+        {{0, 0, -1, 0}, {1, 0, -1, 0}, {-1, 0, 0, 0}},
+        {{0, 0, -1, 0}, {1, 0, -1, 0}, {-1, 0, 0, 0}},
+        {{0, 0, -1, 0}, {-1, 0, 0, 0}, {-1, 0, 0, 0}},
+        {{0, 0, -1, 0}, {1, 0, -1, 0}, {2, 3, -1, 0}},
+        {{0, 0, -1, 0}, {1, 0, -1, 0}, {2, 0, -1, 0}},
+        {{0, 0, 1, 0}, {1, 0, -1, 1}, {2, 0, -1, 0}},
+        {{1, 0, -1, 0}, {2, 0, -1, 0}, {-1, 0, 0, 0}}, /* after seq 0 is freed */
+        {{1, 0, -1, 0}, {2, 0, -1, 0}, {-1, 0, 0, 0}},
+    };
+    char stats[128];
+    snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-%d", (int)getpid());
+    setenv("MLA_TEST_ENGINE_STATS", stats, 1);
+    setenv("MLA_STEP_AHEAD", on ? "1" : "0", 1);
+    coord *c;
+    mla_err err;
+    coord_config cfg = base_cfg(T);
+    int rc = coord_start(&c, &cfg, &err);
+    unsetenv("MLA_STEP_AHEAD");
+    unsetenv("MLA_TEST_ENGINE_STATS");
+    REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
+    uint64_t hist[3][64];     /* reference state after each position */
+    int32_t pos[3] = {0, 0, 0}, last[3] = {0, 0, 0};
+    int bad = 0;
+    float row[TEST_VOCAB];
+    for (int st = 0; st < 9 && rc == MLA_OK; st++) {
+        if (st == 7) {
+            uint64_t id = 100;
+            CHECK(coord_free_seqs(c, &id, 1, &err) == MLA_OK);
+        }
+        wire_seq seqs[3];
+        int32_t toks[3][8], ps[3][8];
+        uint32_t n = 0;
+        for (int r = 0; r < 3 && script[st][r].seq >= 0; r++, n++) {
+            const arow *a = &script[st][r];
+            const int q = a->seq;
+            const uint32_t nt = a->prompt ? (uint32_t)a->prompt : 1;
+            for (uint32_t k = 0; k < nt; k++) {
+                toks[n][k] = a->prompt ? (int32_t)((11 * q + 5 * k + 2) % TEST_VOCAB)
+                                       : a->forced >= 0 ? (last[q] + a->forced) % TEST_VOCAB : last[q];
+                ps[n][k] = pos[q] + (int32_t)k;
+            }
+            seqs[n] = (wire_seq){.seq_id = 100 + (uint64_t)q, .n_tokens = nt, .tokens = toks[n], .positions = ps[n],
+                                 .sample = true};
+            seqs[n].sp.top_p = 1;
+            seqs[n].sp.repetition_penalty = 1;
+            if (a->logits) seqs[n].sp.logits = WIRE_LOGITS_LAST;
+        }
+        wire_step_plan plan = {.step_id = 3000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, &err);
+        CHECKF(rc == MLA_OK, "T=%d ahead=%d step %d: %s", T, on, st, err.msg);
+        if (rc) break;
+        CHECK(res.ok && res.n_seqs == n);
+        for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
+            const int q = (int)(seqs[i].seq_id - 100);
+            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
+                const int32_t p = ps[i][k];
+                REQUIRE(p < 64);
+                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
+            }
+            const int32_t p = ps[i][seqs[i].n_tokens - 1];
+            test_engine_expected(hist[q][p], p, T, row);
+            if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token != argmax(row, TEST_VOCAB)) bad++;
+            if (seqs[i].sp.logits == WIRE_LOGITS_LAST &&
+                (!res.seqs[i].logits || memcmp(res.seqs[i].logits, row, sizeof row)))
+                bad++;
+            last[q] = res.seqs[i].token;
+            pos[q] = p + 1;
+        }
+        coord_result_free(&res);
+    }
+    CHECKF(bad == 0, "T=%d ahead=%d: %d tokens or logits rows differ from the reference", T, on, bad);
+    coord_stop(c);
+    for (int r = 0; r < T; r++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s.%d", stats, r);
+        FILE *f = fopen(path, "r");
+        unsigned long long got = 0;
+        CHECKF(f && fscanf(f, "%llu", &got) == 1, "T=%d: no engine count from rank %d (%s)", T, r, path);
+        if (f) fclose(f);
+        unlink(path);
+        CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%d rank %d: the engine advanced %llu tokens (expected %d)", T, on,
+               r, got, on ? 31 : 26);
+    }
 }
 
 /* ---- refusals ---------------------------------------------------------------------------- */
@@ -511,7 +622,7 @@ static void check_no_shm_left(void) { check_no_shm_left_of(getpid()); }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|all]\n", argv[0]);
+        fprintf(stderr, "usage: %s TEST_WORKER_EXE [group|refuse|kill|orphan|load|ncclid|ahead|all]\n", argv[0]);
         return 2;
     }
     alarm(300);
@@ -529,6 +640,12 @@ int main(int argc, char **argv) {
         test_group(1);
         test_group(2);
         test_group(4);
+    }
+    if (all || !strcmp(which, "ahead")) {
+        for (int on = 0; on < 2; on++) {
+            test_ahead(1, on);
+            test_ahead(2, on);
+        }
     }
     if (all || !strcmp(which, "refuse")) test_refusals();
     if (all || !strcmp(which, "kill")) {

@@ -1,0 +1,94 @@
+/* wk_ahead: which plans are followed by a step ahead, and which rows of the next plan take its
+ * tokens (the rest form the residual plan, in order). The processes around it: test_coord ahead. */
+#include <stdlib.h>
+
+#include "mla_test.h"
+#include "wk_ahead.h"
+
+static int32_t g_tok[16], g_pos[16];
+
+static wire_seq row(int i, uint64_t id, int32_t tok, int32_t pos) {
+    g_tok[i] = tok;
+    g_pos[i] = pos;
+    wire_seq s = {.seq_id = id, .n_tokens = 1, .tokens = &g_tok[i], .positions = &g_pos[i], .sample = true};
+    s.sp.top_p = 1;
+    s.sp.repetition_penalty = 1;
+    return s;
+}
+
+int main(void) {
+    wk_ahead a;
+    wk_ahead_init(&a);
+    wire_seq s[4] = {row(0, 7, 3, 10), row(1, 8, 4, 20), row(2, 9, 5, 30)};
+    wire_step_plan p = {.step_id = 1, .n_seqs = 3, .seqs = s};
+    int32_t took[3] = {40, 41, 42}, out[3] = {50, 51, 52}, hit[4];
+    uint32_t idx[4];
+    wire_step_plan rest;
+
+    /* refused: a row with no device token, a prompt row, a sampled row, an empty plan */
+    int32_t none[3] = {40, -1, 42};
+    CHECK(!wk_ahead_build(&a, &p, none) && a.plan.n_seqs == 0);
+    s[1].n_tokens = 2;
+    CHECK(!wk_ahead_build(&a, &p, took));
+    s[1].n_tokens = 1;
+    s[2].sp.temperature = 0.7f;
+    CHECK(!wk_ahead_build(&a, &p, took));
+    s[2].sp.temperature = 0;
+    s[2].sp.logits = WIRE_LOGITS_LAST;
+    CHECK(!wk_ahead_build(&a, &p, took));
+    s[2].sp.logits = WIRE_LOGITS_NONE;
+    wire_step_plan empty = {.step_id = 1, .n_seqs = 0, .seqs = s};
+    CHECK(!wk_ahead_build(&a, &empty, took));
+
+    /* built: the same sequences, the tokens taken, one position further */
+    REQUIRE(wk_ahead_build(&a, &p, took));
+    CHECK(a.plan.n_seqs == 3);
+    for (int i = 0; i < 3; i++)
+        CHECK(a.plan.seqs[i].seq_id == s[i].seq_id && a.plan.seqs[i].n_tokens == 1 &&
+              a.plan.seqs[i].tokens[0] == took[i] && a.plan.seqs[i].positions[0] == s[i].positions[0] + 1);
+    wk_ahead_done(&a, out);
+    CHECK(a.rows_run == 3);
+
+    /* the next plan, reordered, one sequence gone (8), one with another token (9), one new (6) */
+    wire_seq n[4] = {row(4, 9, 99, 31), row(5, 7, 40, 11), row(6, 6, 1, 0)};
+    wire_step_plan q = {.step_id = 2, .n_seqs = 3, .seqs = n};
+    CHECK(wk_ahead_match(&a, &q, hit, &rest, idx) == 1);
+    CHECK(hit[0] == -1 && hit[1] == 50 && hit[2] == -1);
+    CHECK(rest.n_seqs == 2 && rest.step_id == 2 && idx[0] == 0 && idx[1] == 2 && rest.seqs[0].seq_id == 9 &&
+          rest.seqs[1].seq_id == 6);
+    CHECK(a.plan.n_seqs == 0 && a.rows_used == 1);
+    /* matched once: the step ahead is gone after a match */
+    CHECK(wk_ahead_match(&a, &q, hit, &rest, idx) == 0 && rest.n_seqs == 3);
+
+    /* a row asking for logits, or at another position, does not take the token */
+    REQUIRE(wk_ahead_build(&a, &p, took));
+    wk_ahead_done(&a, out);
+    wire_seq m[4] = {row(8, 7, 40, 11), row(9, 8, 41, 22), row(10, 9, 42, 31)};
+    m[0].sp.logits = WIRE_LOGITS_LAST;
+    wire_step_plan r = {.step_id = 3, .n_seqs = 3, .seqs = m};
+    CHECK(wk_ahead_match(&a, &r, hit, &rest, idx) == 1 && hit[2] == 52 && rest.n_seqs == 2);
+
+    /* a sequence appearing twice takes the token once; a dropped sequence takes nothing */
+    REQUIRE(wk_ahead_build(&a, &p, took));
+    wk_ahead_done(&a, out);
+    wk_ahead_drop(&a, 8);
+    wire_seq d[4] = {row(11, 7, 40, 11), row(12, 7, 40, 11), row(13, 8, 41, 21), row(14, 9, 42, 31)};
+    wire_step_plan t = {.step_id = 4, .n_seqs = 4, .seqs = d};
+    CHECK(wk_ahead_match(&a, &t, hit, &rest, idx) == 2);
+    CHECK(hit[0] == 50 && hit[1] == -1 && hit[2] == -1 && hit[3] == 52 && rest.n_seqs == 2);
+
+    /* a step ahead that failed answers nothing */
+    REQUIRE(wk_ahead_build(&a, &p, took));
+    wk_ahead_done(&a, NULL);
+    wire_seq f[3] = {row(0, 7, 40, 11), row(1, 8, 41, 21), row(2, 9, 42, 31)};
+    wire_step_plan u = {.step_id = 5, .n_seqs = 3, .seqs = f};
+    CHECK(wk_ahead_match(&a, &u, hit, &rest, idx) == 0 && rest.n_seqs == 3);
+    CHECK(a.rows_run == 9 && a.rows_used == 4);
+
+    setenv("MLA_STEP_AHEAD", "0", 1);
+    CHECK(!wk_ahead_enabled());
+    setenv("MLA_STEP_AHEAD", "1", 1);
+    CHECK(wk_ahead_enabled());
+    wk_ahead_free(&a);
+    return mla_test_finish();
+}

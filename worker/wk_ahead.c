@@ -1,0 +1,110 @@
+#include "wk_ahead.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mla_err.h"
+
+void wk_ahead_init(wk_ahead *a) { memset(a, 0, sizeof *a); }
+
+void wk_ahead_free(wk_ahead *a) {
+    free(a->plan.seqs);
+    free(a->tok);
+    free(a->pos);
+    free(a->out);
+    free(a->rest);
+    memset(a, 0, sizeof *a);
+}
+
+bool wk_ahead_enabled(void) {
+    const char *e = getenv("MLA_STEP_AHEAD");
+    return !(e && !strcmp(e, "0"));
+}
+
+bool wk_ahead_greedy_row(const wire_seq *s) {
+    const wire_sampling *sp = &s->sp;
+    return s->sample && (sp->temperature == 0 || sp->top_k == 1) && sp->repetition_penalty == 1.0f &&
+           sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !sp->logprobs && sp->top_logprobs == 0 &&
+           sp->logits == WIRE_LOGITS_NONE;
+}
+
+void wk_ahead_clear(wk_ahead *a) { a->plan.n_seqs = 0; }
+
+bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
+    wk_ahead_clear(a);
+    if (p->n_seqs == 0) return false;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        if (s->n_tokens != 1 || !wk_ahead_greedy_row(s) || tok[i] < 0 || s->positions[0] == INT32_MAX) return false;
+    }
+    if (p->n_seqs > a->cap) {
+        a->cap = p->n_seqs;
+        a->plan.seqs = mla_xrealloc(a->plan.seqs, a->cap * sizeof *a->plan.seqs);
+        a->tok = mla_xrealloc(a->tok, a->cap * sizeof *a->tok);
+        a->pos = mla_xrealloc(a->pos, a->cap * sizeof *a->pos);
+        a->out = mla_xrealloc(a->out, a->cap * sizeof *a->out);
+    }
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        a->tok[i] = tok[i];
+        a->pos[i] = p->seqs[i].positions[0] + 1;
+        a->out[i] = -1;
+        a->plan.seqs[i] = p->seqs[i];
+        a->plan.seqs[i].tokens = &a->tok[i];
+        a->plan.seqs[i].positions = &a->pos[i];
+    }
+    a->plan.n_seqs = p->n_seqs;
+    a->plan.step_id = 0;
+    return true;
+}
+
+void wk_ahead_done(wk_ahead *a, const int32_t *out) {
+    if (!out) {
+        wk_ahead_clear(a);
+        return;
+    }
+    memcpy(a->out, out, a->plan.n_seqs * sizeof *a->out);
+    a->rows_run += a->plan.n_seqs;
+}
+
+void wk_ahead_drop(wk_ahead *a, uint64_t id) {
+    for (uint32_t i = 0; i < a->plan.n_seqs; i++)
+        if (a->plan.seqs[i].seq_id == id) a->out[i] = -1;
+}
+
+/* the row of the step ahead that row s asks for exactly, or -1 (hint: the likely index) */
+static int64_t find(const wk_ahead *a, const wire_seq *s, uint32_t hint) {
+    if (s->n_tokens != 1 || !wk_ahead_greedy_row(s)) return -1;
+    const uint32_t n = a->plan.n_seqs;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t j = (hint + k) % n;
+        if (a->plan.seqs[j].seq_id != s->seq_id) continue;
+        if (a->out[j] < 0 || a->pos[j] != s->positions[0] || a->tok[j] != s->tokens[0]) return -1;
+        return j;
+    }
+    return -1;
+}
+
+uint32_t wk_ahead_match(wk_ahead *a, const wire_step_plan *p, int32_t *hit, wire_step_plan *rest, uint32_t *rest_idx) {
+    if (p->n_seqs > a->rest_cap) {
+        a->rest_cap = p->n_seqs;
+        a->rest = mla_xrealloc(a->rest, a->rest_cap * sizeof *a->rest);
+    }
+    uint32_t nhit = 0, nrest = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const int64_t j = a->plan.n_seqs ? find(a, &p->seqs[i], i) : -1;
+        hit[i] = j >= 0 ? a->out[j] : -1;
+        if (j >= 0) {
+            a->out[j] = -1; /* once */
+            nhit++;
+        } else {
+            rest_idx[nrest] = i;
+            a->rest[nrest++] = p->seqs[i];
+        }
+    }
+    a->rows_used += nhit;
+    rest->step_id = p->step_id;
+    rest->n_seqs = nrest;
+    rest->seqs = a->rest;
+    wk_ahead_clear(a);
+    return nhit;
+}

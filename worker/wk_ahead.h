@@ -1,0 +1,68 @@
+/* wk_ahead: the worker's step ahead (used by worker/wk_run.c's compute thread).
+ *
+ * After a step whose every row was a one-token decode whose token the engine took greedily on
+ * the device, the next step is known before the coordinator sends it: the same sequences, the
+ * tokens just taken, the positions one further. The compute thread runs that step while the
+ * result travels to the coordinator and the next plan comes back, so that the device does not
+ * wait for the round trip.
+ *
+ * When the next plan arrives, each of its rows that asks for exactly what was run ahead (the
+ * same sequence, one token, that token at that position, greedy on the device, no logits) takes
+ * its token from the step ahead; the other rows form a residual plan that the engine runs as
+ * usual. A sequence run ahead but then not continued (finished, freed, sent with a different
+ * token or more tokens) needs nothing: the engines rewind a sequence whose plan starts below
+ * what its cache holds (worker/engine.h), and free_seq forgets it.
+ *
+ * Every rank takes the same decision from the same plan and the same device tokens (the argmax
+ * of logits every rank holds in full), so the collectives inside the step ahead still pair up.
+ *
+ * Ownership: a wk_ahead owns the step it built (its rows, tokens and positions) and the residual
+ * plan's row array; the residual's token and position arrays point into the plan it was cut
+ * from, which must outlive its use. MLA_STEP_AHEAD=0 turns the step ahead off (wk_ahead_enabled). */
+#ifndef WK_AHEAD_H
+#define WK_AHEAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct wk_ahead {
+    wire_step_plan plan; /* the step run ahead (n_seqs 0: none); rows point into tok/pos */
+    int32_t *tok, *pos;  /* its input token and position, one a row */
+    int32_t *out;        /* the token each of its rows took; -1: none (the step failed) */
+    uint32_t cap;
+    wire_seq *rest; /* the residual plan's rows (wk_ahead_match) */
+    uint32_t rest_cap;
+    uint64_t rows_run, rows_used; /* rows run ahead, and of those, rows a plan took */
+} wk_ahead;
+
+void wk_ahead_init(wk_ahead *a);
+void wk_ahead_free(wk_ahead *a);
+
+/* MLA_STEP_AHEAD is not 0 */
+bool wk_ahead_enabled(void);
+
+/* The row of a plan whose token the engine may take itself (engine_ops.step_greedy): greedy,
+ * nothing the host sampler adds (penalties, logprobs), no logits returned. */
+bool wk_ahead_greedy_row(const wire_seq *s);
+
+/* Builds the step that follows plan p, whose row i took token tok[i] on the device (-1: it did
+ * not): returns false (and holds no step) unless every row of p is a one-token greedy row with a
+ * token. Replaces any step held before. */
+bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok);
+
+/* The step ahead has run: its row i took out[i] (out NULL: it failed, nothing is kept). */
+void wk_ahead_done(wk_ahead *a, const int32_t *out);
+
+/* Forgets the rows of sequence id (freed, or its cache refilled), or every row. */
+void wk_ahead_drop(wk_ahead *a, uint64_t id);
+void wk_ahead_clear(wk_ahead *a);
+
+/* Matches plan p against the step ahead: hit[i] = the token row i takes from it, or -1; the rows
+ * with -1 go, in order, into *rest (rest_idx[k] = their index in p; rest_idx holds p->n_seqs).
+ * Every row of the step ahead is used at most once; the step ahead is then cleared. Returns the
+ * number of rows hit. */
+uint32_t wk_ahead_match(wk_ahead *a, const wire_step_plan *p, int32_t *hit, wire_step_plan *rest, uint32_t *rest_idx);
+
+#endif
