@@ -63,6 +63,17 @@ typedef struct engine_ops {
      * rows it did not take, whose logits it wrote as step() does. */
     int (*step_greedy)(engine *e, const wire_step_plan *plan, float *const *logits, const bool *greedy,
                        int32_t *tokens, mla_err *err);
+    /* Optional, both or neither (NULL: the worker runs its step ahead, worker/wk_ahead.h, with
+     * step_greedy once the step before has returned). queue: starts plan a behind whatever the
+     * engine has run or queued and returns without waiting for it; a's rows are one-token greedy
+     * rows, each at its sequence's next position. With from_device, row i's token is the one
+     * that row i of the engine's last step (the last step_greedy or queue, whose rows were a's
+     * sequences in a's order, every row taken on the device) took, and a's token values are not
+     * read; an engine that cannot then fails and queues nothing. wait_queued: waits for the
+     * oldest queued plan and writes its rows' tokens. At most two plans are queued; the worker
+     * waits for every queued plan before any other call. */
+    int (*queue)(engine *e, const wire_step_plan *a, bool from_device, mla_err *err);
+    int (*wait_queued)(engine *e, int32_t *tokens, mla_err *err);
 } engine_ops;
 
 /* rows of logits step() writes for sequence s */

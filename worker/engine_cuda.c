@@ -229,6 +229,38 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
+/* engine.h queue: one-token rows at each sequence's next position, as one queued decode step */
+static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, mla_err *err) {
+    if (!mla_cmodel_batched(e->m)) return mla_errf(err, "the batched decode path is off (MLA_CUDA_BATCHED=0)");
+    mla_cstate **st = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *st);
+    int32_t *tok = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *tok);
+    int rc = MLA_OK;
+    for (uint32_t i = 0; i < a->n_seqs && rc == MLA_OK; i++) {
+        const wire_seq *s = &a->seqs[i];
+        if (!(st[i] = get_state(e, s->seq_id, err))) {
+            rc = MLA_ERR;
+        } else if (s->n_tokens != 1 || s->positions[0] != mla_cstate_n_past(st[i])) {
+            rc = mla_errf(err, "seq %llu: a queued row of %u tokens at position %d, but its cache holds %lld",
+                          (unsigned long long)s->seq_id, s->n_tokens, s->positions[0],
+                          (long long)mla_cstate_n_past(st[i]));
+        } else if ((int64_t)s->positions[0] + 1 > e->n_ctx) {
+            rc = mla_errf(err, "seq %llu: position %d is past the context of %lld", (unsigned long long)s->seq_id,
+                          s->positions[0], (long long)e->n_ctx);
+        } else {
+            tok[i] = s->tokens[0];
+        }
+    }
+    if (rc == MLA_OK && mla_cmodel_decode_queue(e->m, st, from_device ? NULL : tok, a->n_seqs, err))
+        rc = mla_err_prefix(err, "queued decode step of %u sequences", a->n_seqs);
+    free(st);
+    free(tok);
+    return rc;
+}
+
+static int cu_wait_queued(engine *e, int32_t *tokens, mla_err *err) {
+    return mla_cmodel_decode_wait(e->m, tokens, err);
+}
+
 static int cu_bench_fill(engine *e, uint64_t id, uint32_t n_past, mla_err *err) {
     mla_cstate *st = get_state(e, id, err);
     if (!st) return MLA_ERR;
@@ -261,8 +293,9 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops engine_cuda_ops = {"cuda", cu_model_hash, cu_load, cu_vocab, cu_step, cu_free_seq, cu_destroy,
-                                   cu_bench_fill, cu_bench_coll, cu_step_greedy};
+const engine_ops engine_cuda_ops = {"cuda",        cu_model_hash,  cu_load,  cu_vocab,       cu_step,
+                                   cu_free_seq,   cu_destroy,     cu_bench_fill, cu_bench_coll, cu_step_greedy,
+                                   cu_queue,      cu_wait_queued};
 
 #else /* no CUDA in this build */
 
@@ -287,6 +320,6 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
 const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
-                                   NULL, NULL, NULL};
+                                   NULL,   NULL,    NULL,    NULL,     NULL,    NULL};
 
 #endif

@@ -147,6 +147,20 @@ struct mla_cmodel {
     void **slabs;
     size_t n_slabs;
     int64_t blk_total, blk_used;
+    /* the last decode step whose greedy ids are in dids: its states, in order (last_B 0: none) */
+    mla_cstate **last_st;
+    int64_t last_B, last_cap;
+    /* queued decode steps (mla_cmodel_decode_queue), oldest first: rows, pinned slot (its step
+     * block hsq and ids hq, cap_q tokens each) and the event after its ids' copy */
+    struct qstep {
+        int64_t B;
+        int slot;
+    } qs[2];
+    int nq, qnext;
+    uint8_t *hsq[2];
+    int32_t *hq[2];
+    cudaEvent_t qev[2];
+    int64_t cap_q;
 };
 
 struct mla_cstate {
@@ -572,9 +586,23 @@ static void free_scratch(mla_cmodel *m) {
     m->cap_T = m->cap_keys = m->cap_out = 0;
 }
 
+static void queue_free(mla_cmodel *m) {
+    for (int k = 0; k < 2; k++) {
+        if (m->hsq[k]) cudaFreeHost(m->hsq[k]);
+        if (m->hq[k]) cudaFreeHost(m->hq[k]);
+        if (m->qev[k]) cudaEventDestroy(m->qev[k]);
+        m->hsq[k] = nullptr;
+        m->hq[k] = nullptr;
+        m->qev[k] = nullptr;
+    }
+    m->cap_q = 0;
+}
+
 extern "C" void mla_cmodel_free(mla_cmodel *m) {
     if (!m) return;
     if (m->st) cudaStreamSynchronize(m->st);
+    queue_free(m);
+    free(m->last_st);
     free_scratch(m);
     for (size_t i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
     free(m->allocs);
@@ -685,6 +713,8 @@ extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err
 extern "C" void mla_cstate_free(mla_cstate *s) {
     if (!s) return;
     cudaStreamSynchronize(s->m->st);
+    for (int64_t b = 0; b < s->m->last_B; b++) /* its ids may no longer feed a queued step */
+        if (s->m->last_st[b] == s) s->m->last_B = 0;
     for (int64_t il = 0; s->kv && il < s->n_layer; il++) {
         if (s->kv[il]) cudaFree(s->kv[il]);
         if (s->ik[il]) cudaFree(s->ik[il]);
@@ -1247,11 +1277,14 @@ static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, i
                           float *logits, mla_err *err);
 
 /* Writes token t of the step block: its id, position and sequence. */
-static void step_set(mla_cmodel *m, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
+static void step_set_in(uint8_t *hs, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
     const step_off so = step_layout(T);
-    ((int32_t *)m->hstep)[t] = tok;
-    ((int32_t *)(m->hstep + so.pos))[t] = (int32_t)pos;
-    ((float ***)(m->hstep + so.tabs))[t] = s->tab_d;
+    ((int32_t *)hs)[t] = tok;
+    ((int32_t *)(hs + so.pos))[t] = (int32_t)pos;
+    ((float ***)(hs + so.tabs))[t] = s->tab_d;
+}
+static void step_set(mla_cmodel *m, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
+    step_set_in(m->hstep, T, t, tok, pos, s);
 }
 
 extern "C" bool mla_cmodel_device_argmax(const mla_cmodel *m) { return !m->legacy && (!m->out_split || m->coll_dev); }
@@ -1272,8 +1305,10 @@ static int64_t key_bound(int64_t need, int64_t cap) {
     return b < cap ? b : cap;
 }
 
-extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
-                                        float *const *logits, int32_t *ids, mla_err *err) {
+/* The checks of a decode step of B states (tokens NULL: not checked, they come from the device):
+ * *max_keys its key bound, *cap the largest cache. */
+static int decode_check(const mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                        int64_t *max_keys, int64_t *cap_out, mla_err *err) {
     const mla_config *c = &m->cfg;
     if (B <= 0) return mla_errf(err, "no sequences to decode");
     if (B > 65535) return mla_errf(err, "a decode step of %lld sequences exceeds 65535", (long long)B);
@@ -1281,7 +1316,7 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
     for (int64_t b = 0; b < B; b++) {
         const mla_cstate *s = states[b];
         MLA_ASSERT(s && s->m == m);
-        if (tokens[b] < 0 || tokens[b] >= c->n_vocab)
+        if (tokens && (tokens[b] < 0 || tokens[b] >= c->n_vocab))
             return mla_errf(err, "token id %d of sequence %lld is outside the vocabulary of %lld", tokens[b],
                             (long long)b, (long long)c->n_vocab);
         if (s->n_past + 1 > s->n_ctx)
@@ -1292,7 +1327,26 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         if (s->n_past + 1 > need) need = s->n_past + 1;
         if (s->n_ctx > cap) cap = s->n_ctx;
     }
-    const int64_t max_keys = key_bound(need, cap);
+    *max_keys = key_bound(need, cap);
+    *cap_out = cap;
+    return MLA_OK;
+}
+
+/* Remembers the states of the decode step whose greedy ids dids now holds (B 0: none). */
+static void set_last(mla_cmodel *m, mla_cstate *const *states, int64_t B) {
+    if (B > m->last_cap) {
+        m->last_cap = B;
+        m->last_st = (mla_cstate **)mla_xrealloc(m->last_st, (size_t)B * sizeof *m->last_st);
+    }
+    if (B) memcpy(m->last_st, states, (size_t)B * sizeof *states);
+    m->last_B = B;
+}
+
+extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                        float *const *logits, int32_t *ids, mla_err *err) {
+    const mla_config *c = &m->cfg;
+    int64_t max_keys = 0, cap = 0;
+    TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
     if (m->legacy) { /* one sequence at a time */
         for (int64_t b = 0; b < B; b++) {
@@ -1303,6 +1357,7 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         return MLA_OK;
     }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
+    m->last_B = 0;
     TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
     for (int64_t b = 0; b < B; b++) {
         TRY(state_reserve(states[b], states[b]->n_past + 1, err));
@@ -1316,11 +1371,72 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
         else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
         CU(cudaMemcpyAsync(m->hids, m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st), "greedy ids copy");
+        set_last(m, states, B);
     }
     bool any = false;
     for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
     TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
     if (ids) memcpy(ids, m->hids, (size_t)B * 4);
+    return MLA_OK;
+}
+
+extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                       mla_err *err) {
+    const mla_config *c = &m->cfg;
+    int64_t max_keys = 0, cap = 0;
+    TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
+    if (m->legacy || !mla_cmodel_device_argmax(m))
+        return mla_errf(err, "this model takes no greedy tokens on the device: nothing can be queued");
+    if (m->nq == 2) return mla_errf(err, "two decode steps are queued already");
+    if (!tokens) { /* the ids in dids must be these states' */
+        bool same = m->last_B == B;
+        for (int64_t b = 0; same && b < B; b++) same = m->last_st[b] == states[b];
+        if (!same) return mla_errf(err, "the last decode step's greedy ids are not these %lld sequences'", (long long)B);
+        if (B > m->cap_T || cap > m->cap_keys || B > m->cap_out)
+            return mla_errf(err, "a queued step from the device's ids cannot grow the scratch");
+    }
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    if (B > m->cap_q) { /* only with nothing queued: the slots move */
+        if (m->nq > 0) return mla_errf(err, "a queued step of %lld rows needs larger slots while one is queued", (long long)B);
+        queue_free(m);
+        const int64_t n = B < 256 ? 256 : B;
+        for (int k = 0; k < 2; k++) {
+            CU(cudaMallocHost((void **)&m->hsq[k], step_layout(n).total), "pinned step block");
+            CU(cudaMallocHost((void **)&m->hq[k], (size_t)n * 4), "pinned ids");
+            CU(cudaEventCreateWithFlags(&m->qev[k], cudaEventDisableTiming), "event");
+        }
+        m->cap_q = n;
+    }
+    TRY(ensure_scratch(m, B, cap, B, err));
+    const int slot = m->qnext;
+    for (int64_t b = 0; b < B; b++) {
+        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
+        step_set_in(m->hsq[slot], B, b, tokens ? tokens[b] : 0, states[b]->n_past, states[b]);
+    }
+    CU(cudaMemcpyAsync(m->dstep, m->hsq[slot], step_layout(B).total, cudaMemcpyHostToDevice, m->st),
+       "step block upload");
+    if (!tokens) /* the tokens: the ids the step before took, still on the device */
+        CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
+    TRY(decode_run(m, B, max_keys, err));
+    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
+    const int64_t V = c->n_vocab;
+    if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
+    else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
+    CU(cudaMemcpyAsync(m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st), "greedy ids copy");
+    CU(cudaEventRecord(m->qev[slot], m->st), "event");
+    set_last(m, states, B);
+    m->qs[m->nq++] = mla_cmodel::qstep{B, slot};
+    m->qnext ^= 1;
+    return MLA_OK;
+}
+
+extern "C" int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err) {
+    if (m->nq == 0) return mla_errf(err, "no decode step is queued");
+    const mla_cmodel::qstep q = m->qs[0];
+    m->qs[0] = m->qs[1];
+    m->nq--;
+    CU(cudaEventSynchronize(m->qev[q.slot]), "queued decode step of %lld sequences", (long long)q.B);
+    memcpy(ids, m->hq[q.slot], (size_t)q.B * 4);
     return MLA_OK;
 }
 
@@ -1439,6 +1555,7 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     }
     /* a prompt: one step of T tokens of this sequence at positions pos0.. (no graph) */
     CU(cudaSetDevice(m->device), "cudaSetDevice");
+    m->last_B = 0;
     const int64_t max_keys = pos0 + T;
     const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
     TRY(ensure_scratch(m, T, max_keys, nout, err));

@@ -89,6 +89,17 @@ int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *t
 int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                              float *const *logits, int32_t *ids, mla_err *err);
 bool mla_cmodel_device_argmax(const mla_cmodel *m);
+/* A decode step queued on the device (worker/engine.h queue): mla_cmodel_decode_queue starts a
+ * greedy decode step of the B states, each at its next position, behind everything before it on
+ * the model's stream, and returns without waiting (at most two queued). tokens NULL: each
+ * state's token is the greedy id the model's last decode step took for it on the device (that
+ * step's states in the same order: mla_cmodel_decode_greedy with ids, or the last queued step);
+ * anything else fails and queues nothing. Needs mla_cmodel_device_argmax(m).
+ * mla_cmodel_decode_wait waits for the oldest queued step and writes its B greedy ids. Freeing a
+ * state waits for everything queued. */
+int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                            mla_err *err);
+int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err);
 /* cache blocks handed to sequences and allocated in all */
 void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */

@@ -35,7 +35,8 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
     if (p->n_seqs == 0) return false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
-        if (s->n_tokens != 1 || !wk_ahead_greedy_row(s) || tok[i] < 0 || s->positions[0] == INT32_MAX) return false;
+        if (s->n_tokens != 1 || !wk_ahead_greedy_row(s) || (tok && tok[i] < 0) || s->positions[0] == INT32_MAX)
+            return false;
     }
     if (p->n_seqs > a->cap) {
         a->cap = p->n_seqs;
@@ -45,7 +46,7 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
         a->out = mla_xrealloc(a->out, a->cap * sizeof *a->out);
     }
     for (uint32_t i = 0; i < p->n_seqs; i++) {
-        a->tok[i] = tok[i];
+        a->tok[i] = tok ? tok[i] : -1;
         a->pos[i] = p->seqs[i].positions[0] + 1;
         a->out[i] = -1;
         a->plan.seqs[i] = p->seqs[i];
@@ -54,6 +55,21 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
     }
     a->plan.n_seqs = p->n_seqs;
     a->plan.step_id = 0;
+    return true;
+}
+
+void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok) {
+    memcpy(a->tok, tok, a->plan.n_seqs * sizeof *a->tok);
+}
+
+bool wk_ahead_covers(const wk_ahead *a, const wire_step_plan *p) {
+    if (a->plan.n_seqs == 0 || p->n_seqs != a->plan.n_seqs) return false;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        if (s->seq_id != a->plan.seqs[i].seq_id || s->n_tokens != 1 || !wk_ahead_greedy_row(s) ||
+            s->positions[0] != a->pos[i] || s->tokens[0] != a->tok[i])
+            return false;
+    }
     return true;
 }
 

@@ -48,9 +48,15 @@ bool wk_ahead_enabled(void);
 bool wk_ahead_greedy_row(const wire_seq *s);
 
 /* Builds the step that follows plan p, whose row i took token tok[i] on the device (-1: it did
- * not): returns false (and holds no step) unless every row of p is a one-token greedy row with a
- * token. Replaces any step held before. */
+ * not; tok NULL: not known yet, wk_ahead_set_tokens gives them): returns false (and holds no
+ * step) unless every row of p is a one-token greedy row with a token. Replaces any step held
+ * before. */
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok);
+void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok);
+
+/* Whether plan p asks for exactly the step held, row for row in its order (the rows' tokens
+ * taken or not yet): then a step built from p can take its tokens on the device. */
+bool wk_ahead_covers(const wk_ahead *a, const wire_step_plan *p);
 
 /* The step ahead has run: its row i took out[i] (out NULL: it failed, nothing is kept). */
 void wk_ahead_done(wk_ahead *a, const int32_t *out);

@@ -89,6 +89,8 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
 
 /* ---- shared state between the two threads ------------------------------------------------ */
 
+enum { AHEAD_OFF, AHEAD_SYNC, AHEAD_QUEUE }; /* MLA_STEP_AHEAD=0 / sync / on */
+
 typedef struct wk {
     const wk_config *cfg;
     void *zctx;
@@ -109,10 +111,13 @@ typedef struct wk {
     size_t rows_cap;
     bool *greedy;
     int32_t *gtok;
-    /* the step ahead (worker/wk_ahead.h) and its scratch: a plan's rows it answered (hit), the
-     * indices of the others (ridx), their greedy flags and tokens (rgreedy, rtok) */
-    wk_ahead ahead;
-    bool ahead_on;
+    /* the step ahead (worker/wk_ahead.h): ahead[cur] is the one held, run or (queued) in the
+     * engine; the other is the one queued behind it (chained) while a plan is matched. Its
+     * scratch: a plan's rows it answered (hit), the indices of the others (ridx), their greedy
+     * flags and tokens (rgreedy, rtok) */
+    wk_ahead ahead[2];
+    int cur, ahead_mode;
+    bool queued, chained;
     bool *rgreedy;
     int32_t *rtok, *hit;
     uint32_t *ridx;
@@ -200,17 +205,55 @@ static void hist_append(seq_hist *h, const wire_seq *s) {
     h->n += s->n_tokens;
 }
 
+/* Waits for the queued step ahead (when there is one) and keeps its tokens for the next plan. */
+static void ahead_collect(wk *w, engine *eng) {
+    if (!w->queued) return;
+    w->queued = false;
+    mla_err err;
+    wk_ahead *a = &w->ahead[w->cur];
+    if (w->cfg->engine->wait_queued(eng, w->rtok, &err)) {
+        MLA_WARN("the step ahead failed (the next plan runs in full): %s", err.msg);
+        wk_ahead_done(a, NULL);
+        return;
+    }
+    wk_ahead_done(a, w->rtok);
+}
+
 /* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
  * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
- * engine wrote logits into rows[i] instead. */
+ * engine wrote logits into rows[i] instead. When p asks for exactly the queued step ahead, the
+ * step after it is queued first, from the tokens on the device (w->chained). */
 static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
     const engine_ops *ops = w->cfg->engine;
+    w->chained = false;
     if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
+    wk_ahead *a = &w->ahead[w->cur], *next = &w->ahead[w->cur ^ 1];
+    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL)) {
+        mla_err qerr;
+        w->chained = ops->queue(eng, &next->plan, true, &qerr) == MLA_OK;
+        if (!w->chained) {
+            MLA_INFO("step %llu: the step after the step ahead was not queued: %s", (unsigned long long)p->step_id,
+                     qerr.msg);
+            wk_ahead_clear(next);
+        }
+    }
+    ahead_collect(w, eng);
     wire_step_plan rest = *p;
     uint32_t nhit = 0;
-    if (w->ahead.plan.n_seqs) nhit = wk_ahead_match(&w->ahead, p, w->hit, &rest, w->ridx);
+    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, &rest, w->ridx);
+    if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
+        w->queued = true;
+        w->cur ^= 1;
+        ahead_collect(w, eng);
+        wk_ahead_clear(&w->ahead[w->cur]);
+        w->chained = false;
+    } else if (w->chained) {
+        w->cur ^= 1;
+        w->queued = true;
+    }
     if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
     for (uint32_t i = 0; i < p->n_seqs; i++) w->gtok[i] = w->hit[i];
+    if (w->chained) wk_ahead_set_tokens(&w->ahead[w->cur], w->gtok); /* its inputs: this step's tokens */
     if (rest.n_seqs == 0) return MLA_OK;
     /* the residual rows, compacted: their logits rows, greedy flags and tokens */
     float **rrows = mla_xmalloc(rest.n_seqs * sizeof *rrows);
@@ -224,20 +267,29 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     return rc;
 }
 
-/* After plan p: the step that follows from its device tokens, run now (worker/wk_ahead.h). The
- * logits rows of p are big enough for it (one row a sequence, as p had). */
+/* After plan p (its result sent): the step that follows from its device tokens, queued in the
+ * engine or run now (worker/wk_ahead.h), unless run_rows already queued it. The logits rows of p
+ * are big enough for it (one row a sequence, as p had). */
 static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
-    if (!w->ahead_on || !wk_ahead_build(&w->ahead, p, w->gtok)) return;
-    const wire_step_plan *a = &w->ahead.plan;
-    for (uint32_t i = 0; i < a->n_seqs; i++) w->rgreedy[i] = true;
+    if (w->ahead_mode == AHEAD_OFF || w->chained) return;
+    wk_ahead *a = &w->ahead[w->cur];
+    if (!wk_ahead_build(a, p, w->gtok)) return;
     mla_err err;
-    if (w->cfg->engine->step_greedy(eng, a, (float *const *)rows, w->rgreedy, w->rtok, &err)) {
-        MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s",
-                 (unsigned long long)p->step_id, err.msg);
-        wk_ahead_done(&w->ahead, NULL);
-        return;
+    if (w->ahead_mode == AHEAD_QUEUE) {
+        if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
+            w->queued = true;
+            return;
+        }
+    } else {
+        for (uint32_t i = 0; i < a->plan.n_seqs; i++) w->rgreedy[i] = true;
+        if (w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)rows, w->rgreedy, w->rtok, &err) == MLA_OK) {
+            wk_ahead_done(a, w->rtok);
+            return;
+        }
     }
-    wk_ahead_done(&w->ahead, w->rtok);
+    MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s", (unsigned long long)p->step_id,
+             err.msg);
+    wk_ahead_done(a, NULL);
 }
 
 static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
@@ -274,7 +326,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {
-        wk_ahead_clear(&w->ahead);
+        wk_ahead_clear(&w->ahead[w->cur]);
         MLA_ERROR("step %llu failed: %s", (unsigned long long)p->step_id, err.msg);
         if (rank == 0) {
             m.kind = WIRE_STEP_RESULT;
@@ -458,18 +510,25 @@ static void *compute_main(void *arg) {
         if (m->kind == WIRE_STEP_PLAN) {
             run_plan(w, eng, smp, &hist, pair, &m->u.plan);
         } else if (m->kind == WIRE_BENCH) {
-            wk_ahead_clear(&w->ahead); /* a fill rewrites caches */
+            ahead_collect(w, eng);
+            wk_ahead_clear(&w->ahead[w->cur]); /* a fill rewrites caches */
             run_bench(w, eng, &hist, pair, &m->u.bench);
         } else if (m->kind == WIRE_CONTROL && m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
+            ahead_collect(w, eng); /* nothing queued may use a cache that goes */
             for (uint32_t i = 0; i < m->u.ctl.n_seq_ids; i++) {
                 cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
-                wk_ahead_drop(&w->ahead, m->u.ctl.seq_ids[i]);
+                wk_ahead_drop(&w->ahead[w->cur], m->u.ctl.seq_ids[i]);
                 hist_drop(&hist, m->u.ctl.seq_ids[i]);
             }
         }
         wire_msg_free(m);
         free(m);
     }
+    ahead_collect(w, eng);
+    if (w->ahead_mode != AHEAD_OFF)
+        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan",
+                 (unsigned long long)(w->ahead[0].rows_run + w->ahead[1].rows_run),
+                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used));
     for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
     free(hist.v);
     sampler_free(smp);
@@ -699,8 +758,13 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
     w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
-    wk_ahead_init(&w.ahead);
-    w.ahead_on = wk_ahead_enabled() && cfg->engine && cfg->engine->step_greedy;
+    wk_ahead_init(&w.ahead[0]);
+    wk_ahead_init(&w.ahead[1]);
+    if (cfg->engine && cfg->engine->step_greedy && wk_ahead_enabled()) {
+        const char *am = getenv("MLA_STEP_AHEAD");
+        w.ahead_mode = cfg->engine->queue && cfg->engine->wait_queued && !(am && !strcmp(am, "sync")) ? AHEAD_QUEUE
+                                                                                                      : AHEAD_SYNC;
+    }
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -888,7 +952,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.rtok);
     free(w.hit);
     free(w.ridx);
-    wk_ahead_free(&w.ahead);
+    wk_ahead_free(&w.ahead[0]);
+    wk_ahead_free(&w.ahead[1]);
     pthread_cond_destroy(&w.id_cv);
     pthread_mutex_destroy(&w.id_mu);
     return rc;

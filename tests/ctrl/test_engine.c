@@ -19,6 +19,14 @@ struct engine {
     size_t n, cap;
     int delay_ms;
     uint64_t tokens_run; /* tokens advanced over the engine's life (MLA_TEST_ENGINE_STATS) */
+    /* the last step's rows and the tokens it took (-1: not taken: then no queue from it), and
+     * the tokens of the queued steps, oldest first (queue / wait_queued) */
+    uint64_t *last_id;
+    int32_t *last_tok;
+    uint32_t last_n, last_cap;
+    int32_t *queued[2];
+    uint32_t queued_n[2], n_queued;
+    uint64_t n_queue_host, n_queue_device; /* queue calls with each source of tokens */
 };
 
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
@@ -126,6 +134,12 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
     if (e->delay_ms > 0) usleep((useconds_t)e->delay_ms * 1000);
     size_t total = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) total += engine_logit_rows(&p->seqs[i]);
+    e->last_n = 0;
+    if (p->n_seqs > e->last_cap) {
+        e->last_cap = p->n_seqs;
+        e->last_id = mla_xrealloc(e->last_id, e->last_cap * sizeof *e->last_id);
+        e->last_tok = mla_xrealloc(e->last_tok, e->last_cap * sizeof *e->last_tok);
+    }
     /* positions as the real engines take them: a plan starting below what a sequence holds
      * rewinds it there, one starting past it is refused (checked before anything advances) */
     for (uint32_t i = 0; i < p->n_seqs; i++) {
@@ -166,17 +180,69 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         uint32_t nr = engine_logit_rows(&p->seqs[i]);
         const float *r = buf + row * TEST_VOCAB;
         row += nr;
+        e->last_id[i] = p->seqs[i].seq_id;
+        e->last_tok[i] = -1;
         if (greedy && greedy[i]) { /* like the CUDA engine: the token, and the row left unwritten */
             int best = 0;
             for (int v = 1; v < TEST_VOCAB; v++)
                 if (r[v] > r[best]) best = v;
-            tokens[i] = best;
+            tokens[i] = e->last_tok[i] = best;
             continue;
         }
         if (tokens) tokens[i] = -1;
         memcpy(logits[i], r, (size_t)nr * TEST_VOCAB * sizeof(float));
     }
+    e->last_n = p->n_seqs;
     free(buf);
+    return MLA_OK;
+}
+
+/* queue (engine.h): runs the plan now (every rank queues the same, so its all-reduce pairs up)
+ * and keeps its tokens until wait_queued asks for them */
+static int te_queue(engine *e, const wire_step_plan *a, bool from_device, mla_err *err) {
+    if (e->n_queued == 2) return mla_errf(err, "test engine: two plans are queued already");
+    wire_step_plan q = *a;
+    q.seqs = mla_xmalloc(a->n_seqs * sizeof *q.seqs);
+    int32_t *tok = mla_xmalloc(a->n_seqs * sizeof *tok);
+    bool *greedy = mla_xmalloc(a->n_seqs * sizeof *greedy);
+    float **rows = mla_xcalloc(a->n_seqs ? a->n_seqs : 1, sizeof *rows);
+    int rc = MLA_OK;
+    if (from_device && e->last_n != a->n_seqs) rc = mla_errf(err, "test engine: the last step had other rows");
+    for (uint32_t i = 0; rc == MLA_OK && i < a->n_seqs; i++) {
+        q.seqs[i] = a->seqs[i];
+        if (from_device) {
+            if (e->last_id[i] != a->seqs[i].seq_id || e->last_tok[i] < 0) {
+                rc = mla_errf(err, "test engine: row %u of the last step is not this sequence's greedy token", i);
+                break;
+            }
+            tok[i] = e->last_tok[i];
+            q.seqs[i].tokens = &tok[i];
+        }
+        greedy[i] = true;
+    }
+    int32_t *out = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *out);
+    if (rc == MLA_OK) rc = te_step_greedy(e, &q, rows, greedy, out, err);
+    if (rc == MLA_OK) {
+        if (from_device) e->n_queue_device++;
+        else e->n_queue_host++;
+        e->queued[e->n_queued] = out;
+        e->queued_n[e->n_queued++] = a->n_seqs;
+    }
+    else free(out);
+    free(q.seqs);
+    free(tok);
+    free(greedy);
+    free(rows);
+    return rc;
+}
+
+static int te_wait_queued(engine *e, int32_t *tokens, mla_err *err) {
+    if (e->n_queued == 0) return mla_errf(err, "test engine: nothing is queued");
+    memcpy(tokens, e->queued[0], e->queued_n[0] * sizeof *tokens);
+    free(e->queued[0]);
+    e->queued[0] = e->queued[1];
+    e->queued_n[0] = e->queued_n[1];
+    e->n_queued--;
     return MLA_OK;
 }
 
@@ -201,14 +267,19 @@ static void te_destroy(engine *e) {
         snprintf(path, sizeof path, "%s.%d", stats, e->rank);
         FILE *f = fopen(path, "w");
         if (f) {
-            fprintf(f, "%llu\n", (unsigned long long)e->tokens_run);
+            fprintf(f, "%llu %llu %llu\n", (unsigned long long)e->tokens_run, (unsigned long long)e->n_queue_host,
+                    (unsigned long long)e->n_queue_device);
             fclose(f);
         }
     }
     for (size_t i = 0; i < e->n; i++) free(e->seqs[i].h);
+    for (uint32_t i = 0; i < e->n_queued; i++) free(e->queued[i]);
+    free(e->last_id);
+    free(e->last_tok);
     free(e->seqs);
     free(e);
 }
 
-const engine_ops test_engine_ops = {"test", test_engine_file_hash, te_load, te_vocab, te_step,
-                                    te_free_seq, te_destroy, NULL, NULL, te_step_greedy};
+const engine_ops test_engine_ops = {"test",         test_engine_file_hash, te_load, te_vocab,      te_step,
+                                    te_free_seq,    te_destroy,            NULL,    NULL,          te_step_greedy,
+                                    te_queue,       te_wait_queued};

@@ -7,7 +7,12 @@
  *   logit[v] = sum_r part(r, state_after_token, position, v),  part in multiples of 1/64
  * (exact in float, whatever the summation order). test_engine_expected() computes the same
  * thing in-process for the tests.
+ * Positions are taken as the real engines take them: a plan starting below what a sequence holds
+ * rewinds it there (a running state is kept per position), one starting past it is refused.
+ * queue / wait_queued (engine.h) run the plan at once and hand its tokens out later.
  * Environment knobs: MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
+ * MLA_TEST_ENGINE_STATS=PATH (at destroy, PATH.<rank> gets "tokens host_queues device_queues":
+ * the tokens the engine advanced, and its queue calls with tokens from the plan / the device),
  * MLA_TEST_ENGINE_FAIL_LOAD (a rank number whose load fails).
  * NCCL-id relay (engine_boot, as the CUDA engine uses it): with MLA_TEST_ENGINE_ID_SEED=S and
  * world > 1, rank 0's load publishes test_engine_boot_id(S) through the coordinator and every

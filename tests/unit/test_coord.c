@@ -10,8 +10,9 @@
  *          stop leaves no zombie. Bounded waits only.
  *  orphan: the coordinator process is SIGKILLed: external workers exit by themselves.
  *  load  : a worker whose load fails makes coord_start fail with its message.
- *  ahead : scripted greedy steps with the workers' step ahead off and on, T = 1, 2: every token
- *          equals the reference, and the engines advanced exactly the tokens the rule implies. */
+ *  ahead : scripted greedy steps with the workers' step ahead off, run after a step (sync) and
+ *          queued in the engine (on), T = 1, 2: every token equals the reference, and the engines
+ *          advanced exactly the tokens the rule implies, queued as it implies. */
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -217,7 +218,8 @@ typedef struct arow {
  * force another token and ask for logits right after a step ahead, follow a free. Every token
  * (and logits row) equals the reference; the engine advanced exactly the tokens the rule of
  * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). */
-static void test_ahead(int T, int on) {
+static void test_ahead(int T, const char *mode) {
+    const int on = strcmp(mode, "0") != 0, queued = !strcmp(mode, "1");
     static const arow script[9][3] = {
         {{0, 4, -1, 0}, {1, 2, -1, 0}, {-1, 0, 0, 0}},
         {{0, 0, -1, 0}, {1, 0, -1, 0}, {-1, 0, 0, 0}},
@@ -232,7 +234,7 @@ static void test_ahead(int T, int on) {
     char stats[128];
     snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-%d", (int)getpid());
     setenv("MLA_TEST_ENGINE_STATS", stats, 1);
-    setenv("MLA_STEP_AHEAD", on ? "1" : "0", 1);
+    setenv("MLA_STEP_AHEAD", mode, 1);
     coord *c;
     mla_err err;
     coord_config cfg = base_cfg(T);
@@ -270,7 +272,7 @@ static void test_ahead(int T, int on) {
         wire_step_plan plan = {.step_id = 3000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
         wire_step_result res;
         rc = coord_step(c, &plan, &res, &err);
-        CHECKF(rc == MLA_OK, "T=%d ahead=%d step %d: %s", T, on, st, err.msg);
+        CHECKF(rc == MLA_OK, "T=%d ahead=%s step %d: %s", T, mode, st, err.msg);
         if (rc) break;
         CHECK(res.ok && res.n_seqs == n);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
@@ -291,18 +293,23 @@ static void test_ahead(int T, int on) {
         }
         coord_result_free(&res);
     }
-    CHECKF(bad == 0, "T=%d ahead=%d: %d tokens or logits rows differ from the reference", T, on, bad);
+    CHECKF(bad == 0, "T=%d ahead=%s: %d tokens or logits rows differ from the reference", T, mode, bad);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
         char path[160];
         snprintf(path, sizeof path, "%s.%d", stats, r);
         FILE *f = fopen(path, "r");
-        unsigned long long got = 0;
-        CHECKF(f && fscanf(f, "%llu", &got) == 1, "T=%d: no engine count from rank %d (%s)", T, r, path);
+        unsigned long long got = 0, qh = 9, qd = 9;
+        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
+               r, path);
         if (f) fclose(f);
         unlink(path);
-        CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%d rank %d: the engine advanced %llu tokens (expected %d)", T, on,
-               r, got, on ? 31 : 26);
+        CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens (expected %d)", T,
+               mode, r, got, on ? 31 : 26);
+        /* queued: after steps 2, 4, 6 and 8 from the plan's tokens; in steps 3 and 9, which asked
+         * for exactly the step ahead, the next one from the tokens on the device */
+        CHECKF(qh == (queued ? 4u : 0u) && qd == (queued ? 2u : 0u),
+               "T=%d ahead=%s rank %d: %llu queued from the plan, %llu from the device", T, mode, r, qh, qd);
     }
 }
 
@@ -642,9 +649,10 @@ int main(int argc, char **argv) {
         test_group(4);
     }
     if (all || !strcmp(which, "ahead")) {
-        for (int on = 0; on < 2; on++) {
-            test_ahead(1, on);
-            test_ahead(2, on);
+        static const char *const modes[] = {"0", "sync", "1"};
+        for (int k = 0; k < 3; k++) {
+            test_ahead(1, modes[k]);
+            test_ahead(2, modes[k]);
         }
     }
     if (all || !strcmp(which, "refuse")) test_refusals();

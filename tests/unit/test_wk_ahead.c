@@ -5,7 +5,7 @@
 #include "mla_test.h"
 #include "wk_ahead.h"
 
-static int32_t g_tok[16], g_pos[16];
+static int32_t g_tok[32], g_pos[32];
 
 static wire_seq row(int i, uint64_t id, int32_t tok, int32_t pos) {
     g_tok[i] = tok;
@@ -84,6 +84,30 @@ int main(void) {
     wire_step_plan u = {.step_id = 5, .n_seqs = 3, .seqs = f};
     CHECK(wk_ahead_match(&a, &u, hit, &rest, idx) == 0 && rest.n_seqs == 3);
     CHECK(a.rows_run == 9 && a.rows_used == 4);
+
+    /* built before its tokens are known (queued behind the step that takes them): a plan covers
+     * it only row for row, in order, with those tokens */
+    wire_seq s2[3] = {row(16, 7, 3, 10), row(17, 8, 4, 20), row(18, 9, 5, 30)};
+    wire_step_plan p2 = {.step_id = 5, .n_seqs = 3, .seqs = s2};
+    REQUIRE(wk_ahead_build(&a, &p2, NULL));
+    CHECK(a.plan.seqs[0].tokens[0] == -1 && a.plan.seqs[0].positions[0] == 11);
+    wk_ahead_set_tokens(&a, took);
+    wire_seq c[3] = {row(19, 7, 40, 11), row(20, 8, 41, 21), row(21, 9, 42, 31)};
+    wire_step_plan cp = {.step_id = 6, .n_seqs = 3, .seqs = c};
+    CHECK(wk_ahead_covers(&a, &cp));
+    wire_seq c2[3] = {c[1], c[0], c[2]};
+    wire_step_plan cp2 = {.step_id = 6, .n_seqs = 3, .seqs = c2};
+    CHECK(!wk_ahead_covers(&a, &cp2)); /* reordered */
+    cp.n_seqs = 2;
+    CHECK(!wk_ahead_covers(&a, &cp)); /* a row fewer */
+    cp.n_seqs = 3;
+    g_tok[21] = 43;
+    CHECK(!wk_ahead_covers(&a, &cp)); /* another token */
+    g_tok[21] = 42;
+    c[1].sp.logprobs = true;
+    CHECK(!wk_ahead_covers(&a, &cp)); /* not a greedy row */
+    wk_ahead_clear(&a);
+    CHECK(!wk_ahead_covers(&a, &cp));
 
     setenv("MLA_STEP_AHEAD", "0", 1);
     CHECK(!wk_ahead_enabled());
