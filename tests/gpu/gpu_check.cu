@@ -343,13 +343,15 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
     down(gx.data(), res ? dsum : dx, T * n * 4);
     if (in_place && !res) gx = x; /* x became y: the sum check is y's own */
     double err = std::max(gr_rel_l2(got.data(), ref.data(), T * n), gr_rel_l2(gx.data(), xr.data(), T * n));
-    if (q8) { /* the q8 buffer's values (int8 times its unit's scale) against the rounding of y */
+    if (q8) { /* the q8 buffer's values (int8 times its unit's scale) against the rounding of the y
+               * the kernel wrote (y itself is held to the CPU's above): the CPU's y, a last bit
+               * off, can round an element on a boundary the other way, which alone is ~2e-5 */
         std::vector<int8_t> hq(T * n);
         std::vector<float> hs(T * n / 32 * 4), qv(T * n), qr(T * n);
         down(hq.data(), dq, T * n);
         down(hs.data(), (const uint8_t *)dq + (qb - T * n / 32 * 16), T * n / 32 * 16);
         for (int64_t i = 0; i < T * n; i++) qv[i] = hs[i / 32 * 4] * (float)hq[i];
-        gr_q8_round(ref.data(), qr.data(), T * n);
+        gr_q8_round(got.data(), qr.data(), T * n);
         err = std::max(err, gr_rel_l2(qv.data(), qr.data(), T * n));
     }
     const int64_t bits = (res ? dev_diff(dsum, dx2, T * n * 4) : 0) + dev_diff(dyo, dy2, T * n * 4) +
@@ -833,6 +835,18 @@ static void sweep_matmul(uint32_t t, int64_t in, int64_t out, const std::vector<
     CK(cudaFree(dq));
 }
 
+/* The per-warp integer GEMV (steps of 2-8 tokens) timed on DeepSeek-V3's dense products of a
+ * decode step of 4 and 8 tokens, checked as check_matmul does (--gemvq). */
+static void time_gemvq_v3(void) {
+    for (int64_t T : {4, 8}) {
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, T, MM_Q8ROWS, true);  /* dense gate / up */
+        check_matmul(GGML_TYPE_Q4_K, 18432, 7168, T, MM_Q8ROWS, true);  /* dense down */
+        check_matmul(GGML_TYPE_Q8_0, 16384, 7168, T, MM_Q8ROWS, true);  /* attention output */
+        check_matmul(GGML_TYPE_Q8_0, 1536, 24576, T, MM_Q8ROWS, true);  /* q_b */
+        check_matmul(GGML_TYPE_Q6_K, 7168, 129280, T, MM_Q8ROWS, true); /* output */
+    }
+}
+
 /* The streamed GEMV (Q4_K, Q6_K, Q8_0: kernels/gemvs_cuda.cu) against the exact product of the
  * quantized x: 1-4 items a thread, groups of 32-256 threads (1-8 groups a block), stages of 1-64
  * rows, ragged last stages, 1-8 tokens a step; over MoE plans of one token and of several (tiles
@@ -1033,7 +1047,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false;
+         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1041,6 +1055,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
+        else if (!strcmp(argv[i], "--gemvq")) gemvq = true; /* the integer GEMV of 2-8 tokens, timed */
         else if (!strcmp(argv[i], "--wg")) wg_only = true;
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
@@ -1050,7 +1065,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1093,6 +1108,8 @@ int main(int argc, char **argv) {
         trace_gemv(GGML_TYPE_Q4_K, 7168, 73728, 0);
     } else if (gemvt) {
         time_gemv_v3();
+    } else if (gemvq) {
+        time_gemvq_v3();
     } else if (gemv_only) {
         check_gemv_stream(quick);
     } else if (wg_only) {
