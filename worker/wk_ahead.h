@@ -2,9 +2,10 @@
  *
  * After a step whose every row was a one-token decode whose token the engine took greedily on
  * the device, the next step is known before the coordinator sends it: the same sequences, the
- * tokens just taken, the positions one further. The compute thread runs that step while the
- * result travels to the coordinator and the next plan comes back, so that the device does not
- * wait for the round trip.
+ * tokens just taken, the positions one further. The compute thread runs that step (or queues
+ * it in the engine: engine.h queue) while the result travels to the coordinator and the next
+ * plan comes back, so that the device does not wait for the round trip. A step built before its
+ * tokens are known (wk_ahead_build with NULL) is queued behind the one that takes them.
  *
  * When the next plan arrives, each of its rows that asks for exactly what was run ahead (the
  * same sequence, one token, that token at that position, greedy on the device, no logits) takes
@@ -18,7 +19,8 @@
  *
  * Ownership: a wk_ahead owns the step it built (its rows, tokens and positions) and the residual
  * plan's row array; the residual's token and position arrays point into the plan it was cut
- * from, which must outlive its use. MLA_STEP_AHEAD=0 turns the step ahead off (wk_ahead_enabled). */
+ * from, which must outlive its use. MLA_STEP_AHEAD=0 turns the step ahead off (wk_ahead_enabled);
+ * worker/wk_run.c reads MLA_STEP_AHEAD=sync (run it, do not queue it). */
 #ifndef WK_AHEAD_H
 #define WK_AHEAD_H
 
