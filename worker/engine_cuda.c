@@ -320,6 +320,6 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
 const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
-                                   NULL,   NULL,    NULL,    NULL,     NULL,    NULL};
+                                   NULL,   NULL,    NULL,    NULL,     NULL};
 
 #endif
