@@ -233,13 +233,14 @@ static wire_sampling greedy(void) {
     return sp;
 }
 
-/* one step; checks that every sequence came back with a token; *sec its time from send to result */
+/* one step; checks that every sequence came back with a token; *sec (sec not NULL) its time from
+ * send to result */
 static int timed_step(run_ctx *x, wire_seq *seqs, uint32_t n, int32_t *next, double *sec, mla_err *err) {
     wire_step_plan plan = {.step_id = ++x->next_step, .n_seqs = n, .seqs = seqs};
     wire_step_result res;
     double t0 = now_s();
     if (coord_step(x->c, &plan, &res, err)) return MLA_ERR;
-    *sec = now_s() - t0;
+    if (sec) *sec = now_s() - t0;
     int rc = MLA_OK;
     if (res.n_seqs != n) rc = mla_errf(err, "step %llu: %u results for %u sequences", (unsigned long long)plan.step_id,
                                        res.n_seqs, n);
@@ -302,7 +303,7 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
     wire_seq *seqs = mla_xcalloc((size_t)b, sizeof *seqs);
     for (long i = 0; i < b; i++) ids[i] = x->next_seq++;
     synth_tokens(tok, b, x->n_vocab, o->seed ^ ((uint64_t)(b * 131 + ctx) * 0xbf58476d1ce4e5b9ull));
-    double total = 0, best = INFINITY, sec = 0;
+    double total = 0, best = INFINITY;
     int rc = coord_bench_fill(x->c, ids, (uint32_t)b, (uint32_t)ctx, err);
     if (rc) mla_err_prefix(err, "filling %ld sequences to %ld positions", b, ctx);
     /* a step's time is from the result before to its own (the first: from its plan): what a
@@ -314,9 +315,8 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
             seqs[i] = (wire_seq){.seq_id = ids[i], .n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
                                  .sample = true, .sp = greedy()};
         }
-        rc = timed_step(x, seqs, (uint32_t)b, tok, &sec, err);
-        const double t = now_s();
-        sec = t - t_prev;
+        rc = timed_step(x, seqs, (uint32_t)b, tok, NULL, err);
+        const double t = now_s(), sec = t - t_prev;
         t_prev = t;
         if (rc) mla_err_prefix(err, "decode step at position %ld", ctx + s);
         else if (s >= o->warmup) {
@@ -496,7 +496,8 @@ static void print_md(FILE *f, const bench_opts *o, const bench_info *in, const r
     }
     fprintf(f, "\n- prefill: ms = time to first token of one sequence (best, mean of the repeats); tok/s = prompt / "
                "best; TFLOP/s = 2 x prompt x active parameters / best; compute %% = that / (tp x --tflops)\n"
-               "- decode: ms = step time, from one step's result to the next (best, mean of the timed steps); tok/s = batch x steps / their time; "
+               "- decode: ms = step time, from one step's result to the next (best, mean of the timed steps); "
+               "tok/s = batch x steps / their time; "
                "allreduce = 2 x layers x one all-reduce of batch x n_embd floats (slowest rank), and its share of the "
                "mean step; MB/step/rank = weights read (rank 0's shard; expected distinct experts / tp) + KV cache "
                "read; GB/s = MB / mean step; bw %% = (MB / --bw-gbs) / mean step\n"

@@ -293,8 +293,8 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops engine_cuda_ops = {"cuda",        cu_model_hash,  cu_load,  cu_vocab,       cu_step,
-                                   cu_free_seq,   cu_destroy,     cu_bench_fill, cu_bench_coll, cu_step_greedy,
+const engine_ops engine_cuda_ops = {"cuda",        cu_model_hash, cu_load,       cu_vocab,       cu_step,
+                                   cu_free_seq,   cu_destroy,    cu_bench_fill, cu_bench_coll,  cu_step_greedy,
                                    cu_queue,      cu_wait_queued};
 
 #else /* no CUDA in this build */

@@ -1276,15 +1276,12 @@ static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, mla_err 
 static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0, int mode,
                           float *logits, mla_err *err);
 
-/* Writes token t of the step block: its id, position and sequence. */
-static void step_set_in(uint8_t *hs, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
+/* Writes token t of the step block staged at hs (pinned): its id, position and sequence. */
+static void step_set(uint8_t *hs, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
     const step_off so = step_layout(T);
     ((int32_t *)hs)[t] = tok;
     ((int32_t *)(hs + so.pos))[t] = (int32_t)pos;
     ((float ***)(hs + so.tabs))[t] = s->tab_d;
-}
-static void step_set(mla_cmodel *m, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
-    step_set_in(m->hstep, T, t, tok, pos, s);
 }
 
 extern "C" bool mla_cmodel_device_argmax(const mla_cmodel *m) { return !m->legacy && (!m->out_split || m->coll_dev); }
@@ -1342,9 +1339,39 @@ static void set_last(mla_cmodel *m, mla_cstate *const *states, int64_t B) {
     m->last_B = B;
 }
 
+/* A decode step of the B states (decode_check's max_keys and cap) on the model's stream, not
+ * waited for; the states' n_past advanced. Its step block is staged in the model's pinned block
+ * (slot < 0) or in queue slot `slot` (hsq), looked up after ensure_scratch, which may move the
+ * model's. tokens NULL: each state's token is the greedy id the step before took, still in dids.
+ * ids: the greedy ids also go to dids and are copied to the slot's pinned ids (hids or hq), and
+ * these states become the ones dids belongs to (set_last); else to none. */
+static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                         int64_t max_keys, int64_t cap, int slot, bool ids, mla_err *err) {
+    m->last_B = 0;
+    TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
+    uint8_t *hs = slot < 0 ? m->hstep : m->hsq[slot];
+    for (int64_t b = 0; b < B; b++) {
+        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
+        step_set(hs, B, b, tokens ? tokens[b] : 0, states[b]->n_past, states[b]);
+    }
+    CU(cudaMemcpyAsync(m->dstep, hs, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
+    if (!tokens) /* the tokens: the ids the step before took, still on the device */
+        CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
+    TRY(decode_run(m, B, max_keys, err));
+    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
+    if (!ids) return MLA_OK;
+    /* the greedy tokens from the device: B ints instead of B rows of logits */
+    const int64_t V = m->cfg.n_vocab;
+    if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
+    else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
+    CU(cudaMemcpyAsync(slot < 0 ? m->hids : m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st),
+       "greedy ids copy");
+    set_last(m, states, B);
+    return MLA_OK;
+}
+
 extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                         float *const *logits, int32_t *ids, mla_err *err) {
-    const mla_config *c = &m->cfg;
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
@@ -1357,22 +1384,7 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
         return MLA_OK;
     }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    m->last_B = 0;
-    TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
-    for (int64_t b = 0; b < B; b++) {
-        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
-        step_set(m, B, b, tokens[b], states[b]->n_past, states[b]);
-    }
-    CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
-    TRY(decode_run(m, B, max_keys, err));
-    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
-    if (ids) { /* the greedy tokens from the device: B ints instead of B rows of logits */
-        const int64_t V = c->n_vocab;
-        if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
-        else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
-        CU(cudaMemcpyAsync(m->hids, m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st), "greedy ids copy");
-        set_last(m, states, B);
-    }
+    TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, err));
     bool any = false;
     for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
     TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
@@ -1382,7 +1394,6 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
 
 extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                        mla_err *err) {
-    const mla_config *c = &m->cfg;
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     if (m->legacy || !mla_cmodel_device_argmax(m))
@@ -1407,24 +1418,9 @@ extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states,
         }
         m->cap_q = n;
     }
-    TRY(ensure_scratch(m, B, cap, B, err));
     const int slot = m->qnext;
-    for (int64_t b = 0; b < B; b++) {
-        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
-        step_set_in(m->hsq[slot], B, b, tokens ? tokens[b] : 0, states[b]->n_past, states[b]);
-    }
-    CU(cudaMemcpyAsync(m->dstep, m->hsq[slot], step_layout(B).total, cudaMemcpyHostToDevice, m->st),
-       "step block upload");
-    if (!tokens) /* the tokens: the ids the step before took, still on the device */
-        CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
-    TRY(decode_run(m, B, max_keys, err));
-    for (int64_t b = 0; b < B; b++) states[b]->n_past++;
-    const int64_t V = c->n_vocab;
-    if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
-    else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
-    CU(cudaMemcpyAsync(m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st), "greedy ids copy");
+    TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, err));
     CU(cudaEventRecord(m->qev[slot], m->st), "event");
-    set_last(m, states, B);
     m->qs[m->nq++] = mla_cmodel::qstep{B, slot};
     m->qnext ^= 1;
     return MLA_OK;
@@ -1560,7 +1556,7 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
     TRY(ensure_scratch(m, T, max_keys, nout, err));
     TRY(state_reserve(s, pos0 + T, err));
-    for (int64_t t = 0; t < T; t++) step_set(m, T, t, tokens[t], pos0 + t, s);
+    for (int64_t t = 0; t < T; t++) step_set(m->hstep, T, t, tokens[t], pos0 + t, s);
     CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(T).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     TRY(step_body(m, T, max_keys, out0, nout, err));
     s->n_past = pos0 + T;

@@ -16,9 +16,10 @@ void wk_ahead_free(wk_ahead *a) {
     memset(a, 0, sizeof *a);
 }
 
-bool wk_ahead_enabled(void) {
+wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue) {
     const char *e = getenv("MLA_STEP_AHEAD");
-    return !(e && !strcmp(e, "0"));
+    if (!step_greedy || (e && !strcmp(e, "0"))) return WK_AHEAD_OFF;
+    return queue && !(e && !strcmp(e, "sync")) ? WK_AHEAD_QUEUE : WK_AHEAD_SYNC;
 }
 
 bool wk_ahead_greedy_row(const wire_seq *s) {
@@ -62,14 +63,17 @@ void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok) {
     memcpy(a->tok, tok, a->plan.n_seqs * sizeof *a->tok);
 }
 
+/* whether row s asks for exactly row j of the step held: its sequence, one token, that token at
+ * that position, a greedy row */
+static bool asks_for(const wk_ahead *a, uint32_t j, const wire_seq *s) {
+    return s->seq_id == a->plan.seqs[j].seq_id && s->n_tokens == 1 && wk_ahead_greedy_row(s) &&
+           s->positions[0] == a->pos[j] && s->tokens[0] == a->tok[j];
+}
+
 bool wk_ahead_covers(const wk_ahead *a, const wire_step_plan *p) {
     if (a->plan.n_seqs == 0 || p->n_seqs != a->plan.n_seqs) return false;
-    for (uint32_t i = 0; i < p->n_seqs; i++) {
-        const wire_seq *s = &p->seqs[i];
-        if (s->seq_id != a->plan.seqs[i].seq_id || s->n_tokens != 1 || !wk_ahead_greedy_row(s) ||
-            s->positions[0] != a->pos[i] || s->tokens[0] != a->tok[i])
-            return false;
-    }
+    for (uint32_t i = 0; i < p->n_seqs; i++)
+        if (!asks_for(a, i, &p->seqs[i])) return false;
     return true;
 }
 
@@ -87,15 +91,14 @@ void wk_ahead_drop(wk_ahead *a, uint64_t id) {
         if (a->plan.seqs[i].seq_id == id) a->out[i] = -1;
 }
 
-/* the row of the step ahead that row s asks for exactly, or -1 (hint: the likely index) */
+/* the row of the step ahead with row s's sequence, if s asks for exactly it and its token is
+ * there; else -1 (hint: the likely index) */
 static int64_t find(const wk_ahead *a, const wire_seq *s, uint32_t hint) {
-    if (s->n_tokens != 1 || !wk_ahead_greedy_row(s)) return -1;
     const uint32_t n = a->plan.n_seqs;
     for (uint32_t k = 0; k < n; k++) {
         const uint32_t j = (hint + k) % n;
         if (a->plan.seqs[j].seq_id != s->seq_id) continue;
-        if (a->out[j] < 0 || a->pos[j] != s->positions[0] || a->tok[j] != s->tokens[0]) return -1;
-        return j;
+        return a->out[j] >= 0 && asks_for(a, j, s) ? (int64_t)j : -1;
     }
     return -1;
 }

@@ -19,8 +19,8 @@
  *
  * Ownership: a wk_ahead owns the step it built (its rows, tokens and positions) and the residual
  * plan's row array; the residual's token and position arrays point into the plan it was cut
- * from, which must outlive its use. MLA_STEP_AHEAD=0 turns the step ahead off (wk_ahead_enabled);
- * worker/wk_run.c reads MLA_STEP_AHEAD=sync (run it, do not queue it). */
+ * from, which must outlive its use. MLA_STEP_AHEAD (wk_ahead_mode): 0 off, sync run after the
+ * step, else queued where the engine can. */
 #ifndef WK_AHEAD_H
 #define WK_AHEAD_H
 
@@ -42,8 +42,11 @@ typedef struct wk_ahead {
 void wk_ahead_init(wk_ahead *a);
 void wk_ahead_free(wk_ahead *a);
 
-/* MLA_STEP_AHEAD is not 0 */
-bool wk_ahead_enabled(void);
+/* How the worker takes the step ahead, from MLA_STEP_AHEAD: 0 not at all, sync run after the step
+ * (step_greedy), anything else (or unset) queued in the engine where it has queue / wait_queued;
+ * OFF for an engine without step_greedy, SYNC for one without queue. */
+typedef enum { WK_AHEAD_OFF, WK_AHEAD_SYNC, WK_AHEAD_QUEUE } wk_ahead_mode_t;
+wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue);
 
 /* The row of a plan whose token the engine may take itself (engine_ops.step_greedy): greedy,
  * nothing the host sampler adds (penalties, logprobs), no logits returned. */

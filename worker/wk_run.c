@@ -89,8 +89,6 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
 
 /* ---- shared state between the two threads ------------------------------------------------ */
 
-enum { AHEAD_OFF, AHEAD_SYNC, AHEAD_QUEUE }; /* MLA_STEP_AHEAD=0 / sync / on */
-
 typedef struct wk {
     const wk_config *cfg;
     void *zctx;
@@ -116,7 +114,8 @@ typedef struct wk {
      * scratch: a plan's rows it answered (hit), the indices of the others (ridx), their greedy
      * flags and tokens (rgreedy, rtok) */
     wk_ahead ahead[2];
-    int cur, ahead_mode;
+    wk_ahead_mode_t ahead_mode;
+    int cur;
     bool queued, chained;
     bool *rgreedy;
     int32_t *rtok, *hit;
@@ -271,11 +270,11 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
  * engine or run now (worker/wk_ahead.h), unless run_rows already queued it. The logits rows of p
  * are big enough for it (one row a sequence, as p had). */
 static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
-    if (w->ahead_mode == AHEAD_OFF || w->chained) return;
+    if (w->ahead_mode == WK_AHEAD_OFF || w->chained) return;
     wk_ahead *a = &w->ahead[w->cur];
     if (!wk_ahead_build(a, p, w->gtok)) return;
     mla_err err;
-    if (w->ahead_mode == AHEAD_QUEUE) {
+    if (w->ahead_mode == WK_AHEAD_QUEUE) {
         if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
             w->queued = true;
             return;
@@ -525,7 +524,7 @@ static void *compute_main(void *arg) {
         free(m);
     }
     ahead_collect(w, eng);
-    if (w->ahead_mode != AHEAD_OFF)
+    if (w->ahead_mode != WK_AHEAD_OFF)
         MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan",
                  (unsigned long long)(w->ahead[0].rows_run + w->ahead[1].rows_run),
                  (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used));
@@ -760,11 +759,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
     wk_ahead_init(&w.ahead[0]);
     wk_ahead_init(&w.ahead[1]);
-    if (cfg->engine && cfg->engine->step_greedy && wk_ahead_enabled()) {
-        const char *am = getenv("MLA_STEP_AHEAD");
-        w.ahead_mode = cfg->engine->queue && cfg->engine->wait_queued && !(am && !strcmp(am, "sync")) ? AHEAD_QUEUE
-                                                                                                      : AHEAD_SYNC;
-    }
+    if (cfg->engine)
+        w.ahead_mode = wk_ahead_mode(cfg->engine->step_greedy != NULL, cfg->engine->queue && cfg->engine->wait_queued);
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;

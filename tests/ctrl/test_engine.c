@@ -227,8 +227,9 @@ static int te_queue(engine *e, const wire_step_plan *a, bool from_device, mla_er
         else e->n_queue_host++;
         e->queued[e->n_queued] = out;
         e->queued_n[e->n_queued++] = a->n_seqs;
+    } else {
+        free(out);
     }
-    else free(out);
     free(q.seqs);
     free(tok);
     free(greedy);
@@ -280,6 +281,5 @@ static void te_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops test_engine_ops = {"test",         test_engine_file_hash, te_load, te_vocab,      te_step,
-                                    te_free_seq,    te_destroy,            NULL,    NULL,          te_step_greedy,
-                                    te_queue,       te_wait_queued};
+const engine_ops test_engine_ops = {"test",   test_engine_file_hash, te_load, te_vocab, te_step, te_free_seq, te_destroy,
+                                    NULL,     NULL,                  te_step_greedy, te_queue, te_wait_queued};

@@ -109,10 +109,15 @@ int main(void) {
     wk_ahead_clear(&a);
     CHECK(!wk_ahead_covers(&a, &cp));
 
+    unsetenv("MLA_STEP_AHEAD");
+    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_QUEUE && wk_ahead_mode(true, false) == WK_AHEAD_SYNC);
+    CHECK(wk_ahead_mode(false, true) == WK_AHEAD_OFF);
     setenv("MLA_STEP_AHEAD", "0", 1);
-    CHECK(!wk_ahead_enabled());
+    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_OFF);
+    setenv("MLA_STEP_AHEAD", "sync", 1);
+    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_SYNC);
     setenv("MLA_STEP_AHEAD", "1", 1);
-    CHECK(wk_ahead_enabled());
+    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_QUEUE);
     wk_ahead_free(&a);
     return mla_test_finish();
 }
