@@ -946,6 +946,88 @@ __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__rest
     }
 }
 
+/* Decode steps (T <= 8) with Q8_0 weights as the GGUF holds them (a row of IN elements: NB = IN / 32
+ * blocks of 34 bytes, an fp16 scale d then 32 int8 q): half the bytes of the fp16 copy. A block
+ * = hq_shape<IN>::ROWS output rows of one head, copied into shared memory before the wait on the kernel
+ * before (no kernel writes weights), the head's x staged after it. LPR lanes share a row (NB
+ * rounded up to a power of two), lane gl taking the row's blocks gl, gl + LPR, ...; a block's 8
+ * groups of 4 elements are walked from group gl on, so that the lanes of a row read x from
+ * different banks. y = sum over the row's blocks of d * (sum of q x), in fp32. yq: as
+ * head_gemv_f16_kernel (its 32-row units rounded by the block). */
+template <int IN> struct hq_shape {
+    static constexpr int NB = IN / 32, RB = NB * 34;
+    static constexpr int LPR = NB <= 1 ? 1 : NB <= 2 ? 2 : NB <= 4 ? 4 : NB <= 8 ? 8 : NB <= 16 ? 16 : 32;
+    static constexpr int RPW = 32 / LPR, BPL = (NB + LPR - 1) / LPR;
+    static constexpr int ROWS = 8 * RPW > 64 ? 8 * RPW : IN > 256 ? 32 : 64; /* a block's rows */
+    static constexpr int PASSES = ROWS / (8 * RPW);
+    static_assert(IN % 32 == 0 && NB <= 32 && ROWS % 32 == 0 && PASSES >= 1 && (ROWS * RB) % 16 == 0, "head q8 shape");
+};
+template <int IN>
+__global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__restrict__ W, int out,
+                                                           const float *__restrict__ x, int64_t xt, int64_t xh, int T,
+                                                           float *__restrict__ y, int64_t yt, int64_t yh,
+                                                           int8_t *__restrict__ yq, float4 *__restrict__ ys) {
+    using S = hq_shape<IN>;
+    __shared__ __align__(16) uint8_t ws[S::ROWS * S::RB];
+    __shared__ __align__(16) float xs[8 * IN];
+    const int h = blockIdx.y, o0 = blockIdx.x * S::ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sub = lane / S::LPR, gl = lane % S::LPR;
+    {
+        const uint4 *src = (const uint4 *)(W + ((size_t)h * out + o0) * S::RB);
+        for (int i = threadIdx.x; i < S::ROWS * S::RB / 16; i += 256) ((uint4 *)ws)[i] = __ldg(src + i);
+    }
+    mlacu_pdl_enter();
+    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < S::PASSES; p++) {
+        const int r = p * 8 * S::RPW + warp * S::RPW + sub; /* the block's row */
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < S::BPL; j++) {
+            const int b = gl + S::LPR * j;
+            if (b >= S::NB) break;
+            const uint8_t *blk = ws + r * S::RB + b * 34;
+            const float d = __half2float(*(const __half *)blk);
+            float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int g = (k + gl) & 7; /* elements 4g .. 4g + 3 of the block */
+                const uint16_t lo = *(const uint16_t *)(blk + 2 + 4 * g), hi = *(const uint16_t *)(blk + 4 + 4 * g);
+                const float q0 = (float)(int8_t)(lo & 0xff), q1 = (float)(int8_t)(lo >> 8);
+                const float q2 = (float)(int8_t)(hi & 0xff), q3 = (float)(int8_t)(hi >> 8);
+#pragma unroll
+                for (int t = 0; t < 8; t++) {
+                    if (t >= T) break;
+                    const float4 a = *(const float4 *)(xs + t * IN + b * 32 + 4 * g);
+                    part[t] += q0 * a.x + q1 * a.y + q2 * a.z + q3 * a.w;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < 8; t++) acc[t] += d * part[t];
+        }
+        const int o = o0 + r;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t >= T) break;
+            float v = acc[t];
+#pragma unroll
+            for (int off = S::LPR / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (gl == 0 && o < out) y[t * yt + h * yh + o] = v;
+        }
+    }
+    if (!yq) return;
+    __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
+    constexpr int UPB = S::ROWS / 32; /* 32-row units a block */
+    for (int u = warp; u < UPB * T; u += 8) { /* token u / UPB, rows o0 + (u % UPB) 32 .. + 31: a warp a unit */
+        const int o = o0 + (u % UPB) * 32;
+        if (o >= out) continue;
+        const int64_t i = (u / UPB) * yt + h * yh + o;
+        const float v[1] = {y[i + lane]};
+        mlacu_q8_units_warp<1>(v, yq + i, ys + i / 32, 32, 1);
+    }
+}
+
 /* Steps of many tokens with fp16 weights: per head, Y_h [T][out] = X_h [T][in] W_h^T on fp16
  * mma.sync (fp32 accumulation; x rounded to fp16 as it is staged). Block = 64 tokens x 64
  * outputs of one head, 4 warps of 32 x 32, K in chunks of 32 (in % 32 == 0, x's strides % 4). */
@@ -1622,6 +1704,47 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (fp16) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
     return d_yq && !yq_done ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
+}
+
+/* the rows a block of head_gemv_q8_kernel takes for rows of `in` elements; 0: no kernel */
+static int head_q8_rows(int64_t in) {
+    switch (in) {
+    case 64: return hq_shape<64>::ROWS;
+    case 128: return hq_shape<128>::ROWS;
+    case 192: return hq_shape<192>::ROWS;
+    case 256: return hq_shape<256>::ROWS;
+    case 512: return hq_shape<512>::ROWS;
+    default: return 0;
+    }
+}
+
+extern "C" bool mla_cuda_head_q8_supported(int64_t in, int64_t out) {
+    const int rows = head_q8_rows(in);
+    return rows > 0 && out > 0 && out % rows == 0;
+}
+
+extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
+                                       int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
+                                       void *d_yq, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(mla_cuda_head_q8_supported(in, out) && T >= 0 && T <= 8 && H > 0 && H <= 65535);
+    MLA_ASSERT(((uintptr_t)d_w & 15) == 0);
+    MLA_ASSERT(!d_yq || (out % 32 == 0 && yh == out && yt == H * yh && ((uintptr_t)d_yq & 15) == 0));
+    if (T == 0) return MLA_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    void *kq = mlacu_q8out_on() ? d_yq : NULL; /* else quantized after it, below */
+    int8_t *q = (int8_t *)kq;
+    float4 *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
+    const dim3 grid((unsigned)(out / head_q8_rows(in)), (unsigned)H);
+    const uint8_t *w = (const uint8_t *)d_w;
+    auto go = [&](auto kern) { mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs); };
+    if (in == 64) go(head_gemv_q8_kernel<64>);
+    else if (in == 128) go(head_gemv_q8_kernel<128>);
+    else if (in == 192) go(head_gemv_q8_kernel<192>);
+    else if (in == 256) go(head_gemv_q8_kernel<256>);
+    else go(head_gemv_q8_kernel<512>);
+    MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
+                (long long)in, (long long)T);
+    return d_yq && !kq ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
 }
 
 static size_t al16(size_t b) { return (b + 255) / 256 * 256; }

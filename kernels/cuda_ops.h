@@ -312,6 +312,15 @@ int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t o
 int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                              int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
                              void *d_yq, mla_cuda_stream stream, mla_err *e);
+/* The same for decode steps with Q8_0 weights as a GGUF holds them (d_w: n_head * out rows of `in`
+ * elements, ggml_row_bytes(Q8_0, in) each, 16-aligned): steps of up to 8 tokens, y = per row the
+ * sum over its 32-element blocks of d * (q . x) in fp32; d_yq as mla_cuda_head_matmul_f16. The
+ * weights are read once, half the bytes of the fp16 copy. Only where mla_cuda_head_q8_supported
+ * (in = 64, 128, 192, 256 or 512; out a multiple of the kernel's rows a block: 64, 32 at 512). */
+bool mla_cuda_head_q8_supported(int64_t in, int64_t out);
+int mla_cuda_head_matmul_q8(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
+                            int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
+                            void *d_yq, mla_cuda_stream stream, mla_err *e);
 
 /* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
  * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,

@@ -50,6 +50,7 @@ struct dlayer {
     float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;
     dmat q_a, q_b, kv_a, o;
     void *kb, *vb; /* [Hl][KL][dn], [Hl][dv][KL]: float, or fp16 with m->kvb_f16 */
+    void *kb_q8, *vb_q8; /* the same rows as the file's Q8_0 bytes, for decode steps (m->kvb_q8), or NULL */
     bool o_gather;
     int64_t o_r0, o_r1;
     dmat iq_b, ik, iproj;
@@ -77,6 +78,9 @@ struct mla_cmodel {
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
+    /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
+     * those bytes (mla_cuda_head_matmul_q8; MLA_CUDA_KVB_Q8=0 turns it off) */
+    bool kvb_q8;
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
@@ -325,6 +329,15 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
     }
     free(kb);
     free(vb);
+    /* the file's Q8_0 rows of this rank's heads as they are (a head's rows are contiguous) */
+    if (rc == MLA_OK && kbt && m->kvb_q8 && kbt->type == GGML_TYPE_Q8_0 && vbt->type == GGML_TYPE_Q8_0 &&
+        mla_cuda_head_q8_supported(dn, KL) && mla_cuda_head_q8_supported(KL, dv)) {
+        const mla_mat k = mla_mat_slice(kbt->type, kbt->data, dn, KL, m->h0);
+        const mla_mat v = mla_mat_slice(vbt->type, vbt->data, KL, dv, m->h0);
+        const size_t kn = (size_t)(Hl * KL) * k.row_stride, vn = (size_t)(Hl * dv) * v.row_stride;
+        rc = up_bytes(m, &l->kb_q8, k.data, kn, kn + 16, err);
+        if (rc == MLA_OK) rc = up_bytes(m, &l->vb_q8, v.data, vn, vn + 16, err);
+    }
     return rc;
 }
 
@@ -415,6 +428,13 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         m->kvb_f16 = !m->exact;
+        const char *kq = getenv("MLA_CUDA_KVB_Q8");
+        if (kq && strcmp(kq, "0") && strcmp(kq, "1")) {
+            mla_errf(err, "MLA_CUDA_KVB_Q8=%s: expected 0 or 1", kq);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        m->kvb_q8 = !m->exact && !(kq && !strcmp(kq, "0"));
         const char *fu = getenv("MLA_CUDA_FUSE");
         if (fu && strcmp(fu, "0") && strcmp(fu, "1")) {
             mla_errf(err, "MLA_CUDA_FUSE=%s: expected 0 or 1", fu);
@@ -966,10 +986,12 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
     return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, hq, T, err);
 }
 
-/* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads; yq: NULL,
- * or a q8 buffer that also gets y (mla_cuda_head_matmul_f16's d_yq) */
-static int head_mm(mla_cmodel *m, const void *w, int64_t in, int64_t out, const float *x, int64_t xt, int64_t xh,
-                   int64_t T, float *y, int64_t yt, int64_t yh, void *yq, mla_err *err) {
+/* The absorbed per-head products (k_b before attention, v_b after) of this rank's heads: w as
+ * dlayer's kb / vb, wq its Q8_0 rows or NULL (steps of up to 8 tokens read those); yq: NULL, or a
+ * q8 buffer that also gets y (mla_cuda_head_matmul_f16's d_yq) */
+static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int64_t out, const float *x, int64_t xt,
+                   int64_t xh, int64_t T, float *y, int64_t yt, int64_t yh, void *yq, mla_err *err) {
+    if (wq && T <= 8) return mla_cuda_head_matmul_q8(wq, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
     if (m->kvb_f16) return mla_cuda_head_matmul_f16(w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
     TRY(mla_cuda_head_matmul((const float *)w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err));
     return yq ? mla_cuda_quantize_q8(y, T, yt, yq, m->st, err) : MLA_OK;
@@ -989,7 +1011,7 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
        "k_pe copy");
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, kvc + pos0 * row + KL, T, 1, dr, row, pos0, NULL, st, err));
     TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, pos0, NULL, st, err));
-    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
+    TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
@@ -1025,7 +1047,7 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
     cudaStream_t st = m->st;
     /* the output rows' q8 buffer for a q8 attn_output, made by the v_b GEMV where it can */
     void *oq = !l->o_gather && mm_reads_q8(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
-    TRY(head_mm(m, l->vb, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
+    TRY(head_mm(m, l->vb, l->vb_q8, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
     if (!l->o_gather) {
         TRY(mm(m, &l->o, m->o, oq, T, m->y, err));
     } else {
@@ -1127,7 +1149,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
     }
-    TRY(head_mm(m, l->kb, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
+    TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         /* A token with no more than top_k keys selects all of them, in order: the plain
