@@ -874,6 +874,22 @@ __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, co
     }
 }
 
+/* The q8 rounding of a head GEMV block's rows o0 .. o0 + 32 UPB - 1 of head h for each of the T
+ * tokens (after a barrier over the block's stores of y): a warp a 32-row unit, into yq (int8
+ * rows) and ys (their unit scales), as mla_cuda_quantize_q8 of y gives them. */
+template <int UPB>
+__device__ __forceinline__ void head_round_units(const float *y, int64_t yt, int64_t yh, int h, int o0, int out, int T,
+                                                 int8_t *yq, float4 *ys) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int u = warp; u < UPB * T; u += (int)(blockDim.x >> 5)) { /* token u / UPB, unit u % UPB */
+        const int o = o0 + (u % UPB) * 32;
+        if (o >= out) continue;
+        const int64_t i = (u / UPB) * yt + h * yh + o;
+        const float v[1] = {y[i + lane]};
+        mlacu_q8_units_warp<1>(v, yq + i, ys + i / 32, 32, 1);
+    }
+}
+
 /* Decode steps (T <= 8) with fp16 weights of rows of IN halves: a block = 64 output rows of one
  * head (8 per warp), x of the head staged in shared memory; G lanes share a row (min(32, IN / 8),
  * or 8 where that does not divide a warp: GLM-5's 192), each taking 16-byte chunks, and every lane
@@ -937,13 +953,7 @@ __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__rest
     }
     if (!yq) return;
     __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
-    for (int u = warp; u < 2 * T; u += 8) { /* token u / 2, rows o0 + (u & 1) 32 .. + 31: a warp a unit */
-        const int o = o0 + (u & 1) * 32;
-        if (o >= out) continue;
-        const int64_t i = (u >> 1) * yt + h * yh + o;
-        const float v[1] = {y[i + lane]};
-        mlacu_q8_units_warp<1>(v, yq + i, ys + i / 32, 32, 1);
-    }
+    head_round_units<2>(y, yt, yh, h, o0, out, T, yq, ys);
 }
 
 /* Decode steps (T <= 8) with Q8_0 weights as the GGUF holds them (a row of IN elements: NB = IN / 32
@@ -1018,14 +1028,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
     }
     if (!yq) return;
     __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
-    constexpr int UPB = S::ROWS / 32; /* 32-row units a block */
-    for (int u = warp; u < UPB * T; u += 8) { /* token u / UPB, rows o0 + (u % UPB) 32 .. + 31: a warp a unit */
-        const int o = o0 + (u % UPB) * 32;
-        if (o >= out) continue;
-        const int64_t i = (u / UPB) * yt + h * yh + o;
-        const float v[1] = {y[i + lane]};
-        mlacu_q8_units_warp<1>(v, yq + i, ys + i / 32, 32, 1);
-    }
+    head_round_units<S::ROWS / 32>(y, yt, yh, h, o0, out, T, yq, ys);
 }
 
 /* Steps of many tokens with fp16 weights: per head, Y_h [T][out] = X_h [T][in] W_h^T on fp16
@@ -1669,6 +1672,14 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
     return MLA_OK;
 }
 
+/* Where a head GEMV kernel rounds y into d_yq itself (mlacu_q8out_on): *q, *qs its int8 rows and
+ * unit scales for T rows of yt; else both NULL and the caller quantizes after it. */
+static void head_yq(void *d_yq, int64_t T, int64_t yt, int8_t **q, float4 **qs) {
+    void *kq = mlacu_q8out_on() ? d_yq : NULL;
+    *q = (int8_t *)kq;
+    *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
+}
+
 extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
                                         int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
                                         void *d_yq, mla_cuda_stream stream, mla_err *e) {
@@ -1684,9 +1695,9 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     } else if (T <= 8 && (in == 64 || in == 128 || in == 192 || in == 256 || in == 512)) {
         dim3 grid((unsigned)((out + 63) / 64), (unsigned)H);
         const __half *w = (const __half *)d_w;
-        void *kq = mlacu_q8out_on() ? d_yq : NULL; /* else quantized after it, below */
-        int8_t *q = (int8_t *)kq;
-        float4 *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
+        int8_t *q;
+        float4 *qs;
+        head_yq(d_yq, T, yt, &q, &qs);
         auto go = [&](auto kern) {
             mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs);
         };
@@ -1695,7 +1706,7 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
         else if (in == 192) go(head_gemv_f16_kernel<192, 8>);
         else if (in == 256) go(head_gemv_f16_kernel<256>);
         else go(head_gemv_f16_kernel<512>);
-        yq_done = kq != NULL;
+        yq_done = q != NULL;
     } else {
         dim3 grid((unsigned)((out + 7) / 8), (unsigned)H);
         mlacu_launch(head_matmul_kernel<__half>, grid, 256, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh,
@@ -1731,9 +1742,9 @@ extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, i
     MLA_ASSERT(!d_yq || (out % 32 == 0 && yh == out && yt == H * yh && ((uintptr_t)d_yq & 15) == 0));
     if (T == 0) return MLA_OK;
     cudaStream_t st = (cudaStream_t)stream;
-    void *kq = mlacu_q8out_on() ? d_yq : NULL; /* else quantized after it, below */
-    int8_t *q = (int8_t *)kq;
-    float4 *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
+    int8_t *q;
+    float4 *qs;
+    head_yq(d_yq, T, yt, &q, &qs);
     const dim3 grid((unsigned)(out / head_q8_rows(in)), (unsigned)H);
     const uint8_t *w = (const uint8_t *)d_w;
     auto go = [&](auto kern) { mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs); };
@@ -1744,7 +1755,7 @@ extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, i
     else go(head_gemv_q8_kernel<512>);
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
-    return d_yq && !kq ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
+    return d_yq && !q ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
 }
 
 static size_t al16(size_t b) { return (b + 255) / 256 * 256; }
