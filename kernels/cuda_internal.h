@@ -273,6 +273,36 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() { /* all
 }
 static __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
+/* Bulk copies (TMA, sm_90+) into shared memory, their completion counted on an mbarrier: init
+ * with the number of arrivals a phase takes; expect = one arrival that also expects `bytes` of
+ * copies; wait returns once the phase of that parity has completed. */
+static __device__ __forceinline__ uint32_t mlacu_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void mlacu_mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mlacu_smem_u32(bar)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mlacu_mbar_expect(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mlacu_smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mlacu_mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mlacu_smem_u32(bar)) : "memory");
+}
+static __device__ __forceinline__ void mlacu_mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\n MBAR_WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra MBAR_WAIT%=;\n}\n" ::"r"(mlacu_smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* bytes (a multiple of 16) from 16-aligned global src to 16-aligned shared dst */
+static __device__ __forceinline__ void mlacu_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     mlacu_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(mlacu_smem_u32(bar))
+                 : "memory");
+}
+
 /* fp16 pairs as their bits and back */
 static __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 static __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }

@@ -101,6 +101,14 @@ bool mla_cuda_q8_supported(uint32_t t);
 #define MLA_CUDA_GEMVS_SINGLES (-1)
 #define MLA_CUDA_GEMVS_GROUPED MLA_CUDA_GEMVS_SINGLES
 void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
+/* Dense steps of tmin .. tmax tokens (mla_cuda_matmul_q8, _swiglu, _pair) of Q4_K, Q6_K and Q8_0
+ * weights stream W once through int8 tensor cores, the tokens as the n of the mma
+ * (kernels/gemvm_cuda.cu); before the rules above. Defaults MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 8:
+ * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01); tmax 0: never (the worker sets
+ * it from MLA_CUDA_GEMVM=0; the op checks compare them). 2 <= tmin, tmax <= 8. */
+#define MLA_CUDA_GEMVM_TMIN 4
+#define MLA_CUDA_GEMVM_TMAX 8
+void mla_cuda_set_gemv_mma(int tmin, int tmax);
 /* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
  * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
  * MLA_CUDA_GSWS=0: for measurements and the op checks. */

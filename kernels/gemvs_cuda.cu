@@ -79,28 +79,6 @@ constexpr int GS_SMEM_STATIC = 4 << 10; /* the kernel's own shared memory (sums,
  * less (sm_86/89/120: ~100 KB a block; there, longer rows take the per-warp GEMV) */
 static int gs_smem_limit() { return std::min(GS_SMEM_MAX, mlacu_smem_optin() - GS_SMEM_STATIC); }
 
-/* ---- the stage copy: one bulk (TMA) copy a matrix, completion counted on an mbarrier */
-__device__ __forceinline__ uint32_t gs_sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void gs_bar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gs_sa(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void gs_bar_expect(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gs_sa(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void gs_bar_wait(uint64_t *bar, uint32_t parity) {
-    asm volatile("{\n .reg .pred p;\n GS_WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 " @!p bra GS_WAIT%=;\n}\n" ::"r"(gs_sa(bar)),
-                 "r"(parity)
-                 : "memory");
-}
-/* bytes (a multiple of 16) from 16-aligned global src to 16-aligned shared dst */
-__device__ __forceinline__ void gs_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     gs_sa(dst)),
-                 "l"(src), "r"(bytes), "r"(gs_sa(bar))
-                 : "memory");
-}
-
 /* Dense (GRP false): y[t][row] = W[0] row . x row t for the T tokens; with G0 > 0 (NM = 1) the
  * row groups from G0 on are those of a second matrix on the same x, W2 (out2 rows) into y2. Grouped (GRP): over a MoE
  * plan's tiles (as gemvq_grp_kernel): tile i holds tile_n[i] (1 .. GS_NP) pairs of expert tile_e[i],
@@ -190,9 +168,9 @@ template <int NM, bool GRP> struct gs_map {
             bytes[m] = (uint32_t)(((uintptr_t)(s0 + (size_t)n * A.rb) + 15) / 16 * 16 - (uintptr_t)src[m]);
             all += bytes[m];
         }
-        gs_bar_expect(bar, all);
+        mlacu_mbar_expect(bar, all);
 #pragma unroll
-        for (int m = 0; m < NM; m++) gs_bulk(dst + m * A.msb, src[m], bytes[m], bar);
+        for (int m = 0; m < NM; m++) mlacu_bulk_g2s(dst + m * A.msb, src[m], bytes[m], bar);
     }
 };
 
@@ -234,7 +212,7 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
     };
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < NS; s++) gs_bar_init(&full[s], 1);
+        for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #pragma unroll
         for (int s = 0; s < NS - 1; s++) issue(g0 + s, s);
@@ -248,7 +226,7 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
     bool ps2 = false;
     for (int k = 0; g0 + k < g1; k++) {
         const int g = g0 + k, rg = M.rg_of(g), out = M.out_of(g);
-        gs_bar_wait(&full[k % NS], (uint32_t)(k / NS) & 1u); /* stage k landed */
+        mlacu_mbar_wait(&full[k % NS], (uint32_t)(k / NS) & 1u); /* stage k landed */
         const int n = GRP ? A.tile_n[M.tile_of(g)] : A.T;
         if (n < 1 || n > GS_NP) __trap(); /* plans hold 1 .. GS_NP pairs a tile; the host checks T */
         const uint8_t *st[NM];
@@ -388,7 +366,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         return red[((slot * parts + part) * NM + m) * RG + rr];
     };
     if (tid == 0) {
-        for (int s = 0; s < NS; s++) gs_bar_init(&full[s], 1), gs_bar_init(&empty[s], (uint32_t)(NC / 32));
+        for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1), mlacu_mbar_init(&empty[s], (uint32_t)(NC / 32));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -431,7 +409,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         const int nk = g1 - g0;
         for (int k = 0; k < nk + NS; k++) {
             __syncwarp();
-            if (k >= NS) gs_bar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
+            if (k >= NS) mlacu_mbar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
             if (k < nk && k >= pre) {
                 if ((k & 31) == 0) fetch(k); /* grouped: pre is 0 */
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -467,7 +445,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     int xrow = -1;
     if (!GRP && ti < A.ni) gs_load_x<TY>(A.qx, A.sx, 0, ti, x), xrow = 0; /* one token: row 0 */
     for (int k = 0, b = 0, ph = 0, slot = 0; k < g1 - g0; k++) {
-        gs_bar_wait(&full[b], (uint32_t)ph);
+        mlacu_mbar_wait(&full[b], (uint32_t)ph);
         if (tr && 4 + k < GS_TRACE_N / 2) tr[4 + k] = gs_now();
         const gs_desc d = desc[slot];
         if (GRP && d.xr != xrow) { /* block-uniform */
@@ -507,7 +485,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
             }
         }
         __syncwarp();
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(gs_sa(&empty[b])) : "memory");
+        if (lane == 0) mlacu_mbar_arrive(&empty[b]);
         if (++b == NS) b = 0, ph ^= 1;
         if (++slot == 2 * NS) slot = 0;
     }

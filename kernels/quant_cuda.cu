@@ -1845,6 +1845,16 @@ extern "C" void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax) {
     g_gs_grouped = grouped_tmax;
 }
 extern "C" void mla_cuda_set_gemv_ws(int on) { gemvs_set_ws(on != 0); }
+/* mla_cuda_set_gemv_mma: the streamed tensor-core GEMV for dense steps of g_gm_min .. g_gm_max tokens */
+static int g_gm_min = MLA_CUDA_GEMVM_TMIN, g_gm_max = MLA_CUDA_GEMVM_TMAX;
+extern "C" void mla_cuda_set_gemv_mma(int tmin, int tmax) {
+    MLA_ASSERT(tmin >= 2 && tmax >= 0 && tmax <= MLACU_MOE_TILE);
+    g_gm_min = tmin, g_gm_max = tmax;
+}
+/* whether a dense step of T tokens over nm matrices of type t takes it */
+static bool gm_takes(uint32_t t, int64_t in, int nm, int64_t T) {
+    return T >= g_gm_min && T <= g_gm_max && gemvm_supported(t, in, nm);
+}
 extern "C" void mla_cuda_set_gemv_trace(unsigned long long *d_stamps) { gemvs_set_trace(d_stamps); }
 static bool gs_grouped_on(const mla_cuda_moe_plan *pl) {
     return pl->tokens <= (g_gs_grouped == MLA_CUDA_GEMVS_SINGLES ? 1 : g_gs_grouped);
@@ -1875,6 +1885,13 @@ extern "C" int mla_cuda_matmul_q8(uint32_t t, const void *d_w, int64_t in, int64
     check_shape(t, in, out, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_w & 15) == 0);
     if (T == 0) return MLA_OK;
+    if (gm_takes(t, in, 1, T)) {
+        cudaError_t err = gemvm_dense(t, d_w, NULL, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T,
+                                      d_y, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 (tensor cores) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
+                    (long long)in, (long long)T);
+        return MLA_OK;
+    }
     if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
         cudaError_t err = gemvs_dense(t, d_w, NULL, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T,
                                       d_y, NULL, NULL, (cudaStream_t)stream);
@@ -1897,7 +1914,12 @@ extern "C" int mla_cuda_matmul_q8_swiglu(uint32_t t, const void *d_wg, const voi
     MLA_ASSERT(!d_yq || (out % 32 == 0 && ((uintptr_t)d_yq & 15) == 0));
     if (T == 0) return MLA_OK;
     bool yq_done = false;
-    if (T <= g_gs_dense && gemvs_supported(t, in, 2)) {
+    if (gm_takes(t, in, 2, T)) {
+        cudaError_t err = gemvm_dense(t, d_wg, d_wu, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in),
+                                      T, d_y, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 gate+up (tensor cores) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
+                    (long long)in, (long long)T);
+    } else if (T <= g_gs_dense && gemvs_supported(t, in, 2)) {
         cudaError_t err = gemvs_dense(t, d_wg, d_wu, in, out, d_q8, (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in),
                                       T, d_y, d_yq, &yq_done, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "gemv q8 gate+up (streamed) %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out,
@@ -1916,6 +1938,13 @@ extern "C" int mla_cuda_matmul_q8_pair(uint32_t t, const void *d_wa, int64_t out
     check_shape(t, in, out_b, T);
     MLA_ASSERT(mla_cuda_q8_supported(t) && ((uintptr_t)d_wa & 15) == 0 && ((uintptr_t)d_wb & 15) == 0);
     if (T == 0) return MLA_OK;
+    if (gm_takes(t, in, 1, T)) {
+        cudaError_t err = gemvm_dense_pair(t, d_wa, out_a, d_ya, d_wb, out_b, d_yb, in, d_q8,
+                                           (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T, (cudaStream_t)stream);
+        MLACU_CHECK(err, e, "gemv q8 pair (tensor cores) %s %lld+%lldx%lld T=%lld", ggml_type_name(t),
+                    (long long)out_a, (long long)out_b, (long long)in, (long long)T);
+        return MLA_OK;
+    }
     if (T <= g_gs_dense && gemvs_supported(t, in, 1)) {
         cudaError_t err = gemvs_dense_pair(t, d_wa, out_a, d_ya, d_wb, out_b, d_yb, in, d_q8,
                                            (const uint8_t *)d_q8 + mlacu_q8_scale_off(T, in), T, (cudaStream_t)stream);

@@ -427,6 +427,15 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         }
         if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
+        /* its tensor-core form for dense steps of 4-8 tokens (process-wide): MLA_CUDA_GEMVM=0|1, on
+         * by default */
+        const char *gmv = getenv("MLA_CUDA_GEMVM");
+        if (gmv && strcmp(gmv, "0") && strcmp(gmv, "1")) {
+            mla_errf(err, "MLA_CUDA_GEMVM=%s: expected 0 or 1", gmv);
+            mla_cmodel_free(m);
+            return MLA_ERR;
+        }
+        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, gmv && !strcmp(gmv, "0") ? 0 : MLA_CUDA_GEMVM_TMAX);
         m->kvb_f16 = !m->exact;
         const char *kq = getenv("MLA_CUDA_KVB_Q8");
         if (kq && strcmp(kq, "0") && strcmp(kq, "1")) {

@@ -74,6 +74,8 @@ static gr_rng g_rng = {0x5eed1234ull};
 static int g_chain = 8; /* time_gemv_chain's launches a run (--gemvt1: 1, for a profiler) */
 /* the streamed GEMV's token limits in force (mla_cuda_set_gemv_stream): the library's defaults */
 static int g_gs_dense = MLA_CUDA_GEMVS_DENSE, g_gs_grouped = MLA_CUDA_GEMVS_GROUPED;
+/* and its tensor-core form's (mla_cuda_set_gemv_mma) */
+static int g_gm_min = MLA_CUDA_GEMVM_TMIN, g_gm_max = MLA_CUDA_GEMVM_TMAX;
 
 static void *dmalloc(size_t n) {
     void *p;
@@ -205,9 +207,10 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         void *wi = dw[i % ncopy];
         if (q8) { /* timed with the quantization of x: what a step pays */
             OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
-            if (path == MM_Q8ROWS) mla_cuda_set_gemv_stream(0, 0);
+            if (path == MM_Q8ROWS) mla_cuda_set_gemv_stream(0, 0), mla_cuda_set_gemv_mma(2, 0);
             OK((path == MM_Q8MMA ? mla_cuda_matmul_q8_mma : mla_cuda_matmul_q8)(t, wi, in, out, dq, T, dy, 0, E));
             mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
+            mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
         } else if (path == MM_H) { /* timed with the conversion of x */
             OK(mla_cuda_act_h(dx, T, in, dq, 0, E));
             OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
@@ -805,8 +808,10 @@ static void sweep_matmul(uint32_t t, int64_t in, int64_t out, const std::vector<
                 }
                 OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
                 mla_cuda_set_gemv_stream(path == STREAM ? 8 : 0, g_gs_grouped);
+                mla_cuda_set_gemv_mma(g_gm_min, path == STREAM ? 8 : 0);
                 OK(mla_cuda_matmul_q8(t, wi, in, out, dq, T, dy, 0, E));
                 mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
+                mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
             };
             poison(dy, T * out * 4);
             run(0);
@@ -845,6 +850,45 @@ static void time_gemvq_v3(void) {
         check_matmul(GGML_TYPE_Q8_0, 1536, 24576, T, MM_Q8ROWS, true);  /* q_b */
         check_matmul(GGML_TYPE_Q6_K, 7168, 129280, T, MM_Q8ROWS, true); /* output */
     }
+}
+
+/* The streamed tensor-core GEMV of 2-8 tokens (kernels/gemvm_cuda.cu) against the exact product
+ * of the quantized x: every token count, rows not a multiple of a band (32), row lengths with a
+ * short last chunk, odd row offsets (Q8_0 / Q6_K rows not 16-aligned); gate + up with swiglu and
+ * the pair launch bit for bit against single launches; then DeepSeek-V3's dense products of a
+ * decode step of 2, 4 and 8 tokens timed beside the per-warp GEMV (--gemvm). */
+static void check_gemvm(bool quick) {
+    g_gm_min = 2; /* every token count it can take (restored below) */
+    mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
+    for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0}) {
+        const int64_t k = t == GGML_TYPE_Q8_0 ? 32 : 256;
+        for (int64_t T = 2; T <= 8; T++) check_matmul(t, 7168, T % 2 ? 77 : 333, T, MM_Q8, false);
+        for (auto io : std::vector<std::array<int64_t, 2>>{{k * 5, 1000}, {k * 3, 33}, {18432, 64}, {16384, 31},
+                                                           {1536, 301}, {512, 1}, {k, 40}, {2048 + k, 97}})
+            check_matmul(t, io[0], io[1], quick ? 8 : 3, MM_Q8, false);
+        check_q8_two(t, 7168, 1536, 576, 4, false);
+        check_q8_two(t, 2048 + k, 77, 333, 8, false);
+        check_q8_two(t, 7168, 2048, 2048, 8, true);
+        check_q8_two(t, 512 + k, 1088, 1088, 3, true);
+    }
+    check_matmul(GGML_TYPE_Q8_0, 1408, 300, 5, MM_Q8, false); /* 44 units: 1.375 chunks */
+    if (quick) {
+        g_gm_min = MLA_CUDA_GEMVM_TMIN;
+        mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
+        return;
+    }
+    for (int64_t T : {2, 4, 8}) {
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, T, MM_Q8, true);  /* dense gate / up */
+        check_matmul(GGML_TYPE_Q4_K, 18432, 7168, T, MM_Q8, true);  /* dense down */
+        check_matmul(GGML_TYPE_Q8_0, 16384, 7168, T, MM_Q8, true);  /* attention output */
+        check_matmul(GGML_TYPE_Q8_0, 1536, 24576, T, MM_Q8, true);  /* q_b */
+        check_matmul(GGML_TYPE_Q6_K, 7168, 129280, T, MM_Q8, true); /* output */
+        check_q8_two(GGML_TYPE_Q4_K, 7168, 18432, 18432, T, true);  /* gate + up + swiglu */
+        check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);    /* q_a + kv_a */
+    }
+    time_gemvq_v3(); /* the per-warp GEMV at 4 and 8 tokens, beside */
+    g_gm_min = MLA_CUDA_GEMVM_TMIN;
+    mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
 }
 
 /* The streamed GEMV (Q4_K, Q6_K, Q8_0: kernels/gemvs_cuda.cu) against the exact product of the
@@ -1047,7 +1091,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false;
+         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1056,6 +1100,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
         else if (!strcmp(argv[i], "--gemvq")) gemvq = true; /* the integer GEMV of 2-8 tokens, timed */
+        else if (!strcmp(argv[i], "--gemvm")) gemvm = true; /* its tensor-core form, checked and timed */
+        else if (!strcmp(argv[i], "--gemvm1")) gemvm1 = true; /* V3's dense products at 8 tokens, once: for a profiler */
         else if (!strcmp(argv[i], "--wg")) wg_only = true;
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
@@ -1065,7 +1111,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1110,6 +1156,12 @@ int main(int argc, char **argv) {
         time_gemv_v3();
     } else if (gemvq) {
         time_gemvq_v3();
+    } else if (gemvm) {
+        check_gemvm(false);
+    } else if (gemvm1) {
+        check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 8, MM_Q8, false);
+        check_matmul(GGML_TYPE_Q8_0, 16384, 7168, 8, MM_Q8, false);
+        check_matmul(GGML_TYPE_Q6_K, 7168, 129280, 8, MM_Q8, false);
     } else if (gemv_only) {
         check_gemv_stream(quick);
     } else if (wg_only) {
@@ -1181,6 +1233,7 @@ int main(int argc, char **argv) {
     check_mmh_all(types, sizeof types / sizeof types[0]);
     check_wg();
     check_gemv_stream(quick);
+    check_gemvm(true);
     if (!quick) {
         uint32_t big[] = {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS};
         for (uint32_t t : big) {

@@ -1,0 +1,552 @@
+/* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 8 tokens (2 .. 8 where
+ * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input). API:
+ * kernels/gemvs_cuda.h (internal to kernels/).
+ *
+ * Why: the per-warp integer GEMV (quant_cuda.cu) pays every weight's arithmetic once per token
+ * and reads 8 tokens' activations through L1 for every unit of two rows; at DeepSeek-V3's shapes
+ * it moved the dense weights of a batch-8 step at 0.7-1.2 TB/s (bench/results, -30n). Here the 8
+ * tokens are the n of an int8 mma.sync m16n8k32 (m16n8k16 for Q6_K's 16-element scales): a
+ * weight's bytes go through the tensor cores once for all tokens.
+ *
+ * - A block owns a run of bands of 32 rows (two m16 tiles); a band is walked in chunks of K. A
+ *   stage is the band's 32 row segments of the chunk (CE elements: 1024 for Q8_0, 2048 for the K
+ *   types), one bulk copy (TMA) each, and the T tokens' int8 chunk and unit scales, a copy a
+ *   token, all issued by the lanes of a producer warp onto one mbarrier, as many ahead as there
+ *   are buffers (the weights of the first ones before the wait on the kernel before). Segments sit
+ *   at a stride of an odd number of 16 bytes, token rows at CE + 32, so that the lanes of a
+ *   fragment load hit distinct banks.
+ * - 8 consumer warps split each chunk's 32-element units (UPW each: whole Q4_K sub-block pairs,
+ *   whole Q6_K halves); a warp takes both m16 tiles of its units. The lane that owns a row decodes
+ *   its scales once a stage; the fragment lanes take them by shuffles.
+ * - The k order inside a unit is permuted (a thread's 8 consecutive elements are its 4 + 4 of
+ *   the fragment, on A and B alike), so that A and B fragments are plain 8-byte loads.
+ * - Per unit and row the int32 result is scaled into fp32 accumulators:
+ *   y += d_w * s (q_w . q_x) d_x - m_w (d_x sum q_x) (Q4_K), d_w (q_w . q_x) d_x (Q8_0),
+ *   d s16 ((q_w . q_x) d_x - 32 d_x sum q_x) for each 16-element half (Q6_K, q_w unsigned 0..63).
+ * - At a band's last chunk the warps' partial sums meet in shared memory (a named barrier over the
+ *   consumers) and are added in a fixed order: the same bits whatever the grid.
+ *
+ * Measured (H200, 2026-12-01, bench/results/gpu-h200-2026-12-01.md): 31-59% of the copy rate at
+ * V3's shapes, against 17-34% for the per-warp GEMV at 8 tokens. Below 4 tokens the per-warp GEMV
+ * was as fast, hence the default range. The chunk sizes and the 112 KB budget a block were
+ * measured against smaller chunks and one block an SM.
+ *
+ * The weights must be 16-aligned and padded as mla_cuda_weight_bytes says (a copy ends at the
+ * next 16 bytes). */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_internal.h"
+#include "kernels/cuda_quant_unit.h"
+#include "kernels/gemvs_cuda.h"
+#include "kernels/gemvs_item.h"
+
+extern "C" {
+#include "kernels/quant.h"
+}
+
+namespace mlacu {
+
+constexpr int GM_ROWS = 32, GM_WARPS = 8, GM_THREADS = GM_WARPS * 32 + 32, GM_TOK = 8, GM_STAGES_MAX = 6;
+
+/* UPW units (32 elements) a warp a chunk: a chunk is CE = 8 UPW 32 elements, CB bytes of a row */
+template <int TY> struct gm_traits;
+template <> struct gm_traits<GGML_TYPE_Q8_0> {
+    static constexpr int UPW = 4, BE = 32, BB = 34, NS = 2; /* NS: the x scales a unit and token pair */
+};
+template <> struct gm_traits<GGML_TYPE_Q4_K> {
+    static constexpr int UPW = 8, BE = 256, BB = 144, NS = 4;
+};
+template <> struct gm_traits<GGML_TYPE_Q6_K> {
+    static constexpr int UPW = 8, BE = 256, BB = 210, NS = 6;
+};
+template <int TY> __host__ __device__ constexpr int gm_ce() { return GM_WARPS * gm_traits<TY>::UPW * 32; }
+template <int TY> __host__ __device__ constexpr int gm_cb() { return gm_ce<TY>() / gm_traits<TY>::BE * gm_traits<TY>::BB; }
+
+/* bands [0, nb0) are W's (NM matrices: W[0], W[1]), [nb0, nb) W2's (NM = 1) */
+struct gm_args {
+    const uint8_t *W[2], *W2;
+    const uint8_t *qx;
+    const float4 *sx;
+    float *y, *y2;
+    int in, rb, out, out2, nb0, nb, nch, T, stages, seg;
+};
+
+/* c += a b: m16n8k32 (A unsigned with UA, else signed; B signed), fragments as the PTX ISA lays
+ * them out */
+template <bool UA> __device__ __forceinline__ void gm_mma32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if (UA)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* c += a b: m16n8k16, A unsigned, B signed */
+__device__ __forceinline__ void gm_mma16u(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+}
+
+/* A thread's activations for one unit: B fragment words (token g's elements: Q4_K / Q8_0 8 t ..
+ * 8 t + 7, Q6_K 4 t .. 4 t + 3 of each half) and the scales of tokens 2 t, 2 t + 1 (s[0], s[1]
+ * = d; Q4_K s[2], s[3] = d sum q; Q6_K s[2 + 2 h + i] = 32 d sum of half h's q) */
+template <int TY> struct gm_xu {
+    uint32_t b[2];
+    float s[gm_traits<TY>::NS];
+};
+
+/* The x side of a stage: the T tokens' int8 chunks at a stride of CE + 32 bytes, then their float4
+ * unit scales at a stride of CE / 32 + 1 (strides that put a fragment load's lanes on distinct
+ * banks) */
+template <int TY> __host__ __device__ constexpr int gm_xst() { return gm_ce<TY>() + 32; }
+template <int TY> __host__ __device__ constexpr int gm_sst() { return gm_ce<TY>() / 32 + 1; }
+template <int TY> __host__ __device__ constexpr int gm_xbytes(int T) { return T * (gm_xst<TY>() + 16 * gm_sst<TY>()); }
+
+/* unit uc of the chunk: x_s the stage's x side */
+template <int TY>
+__device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int g, int t, gm_xu<TY> &x) {
+    x.b[0] = x.b[1] = 0;
+#pragma unroll
+    for (int i = 0; i < gm_traits<TY>::NS; i++) x.s[i] = 0.f;
+    if (g < T) {
+        const uint8_t *p = x_s + g * gm_xst<TY>() + uc * 32;
+        if constexpr (TY == GGML_TYPE_Q6_K) {
+            x.b[0] = gs_ld<uint32_t>(p + 4 * t);
+            x.b[1] = gs_ld<uint32_t>(p + 16 + 4 * t);
+        } else {
+            const uint2 v = gs_ld<uint2>(p + 8 * t);
+            x.b[0] = v.x, x.b[1] = v.y;
+        }
+    }
+    const float4 *sx = (const float4 *)(x_s + T * gm_xst<TY>());
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int tok = 2 * t + k;
+        if (tok >= T) continue;
+        const float4 f = sx[tok * gm_sst<TY>() + uc];
+        x.s[k] = f.x;
+        if constexpr (TY == GGML_TYPE_Q4_K) x.s[2 + k] = f.y + f.z;
+        if constexpr (TY == GGML_TYPE_Q6_K) x.s[2 + k] = 32.f * f.y, x.s[4 + k] = 32.f * f.z;
+    }
+}
+
+/* The scales of one row for the warp's UPW units, decoded once a stage by the lane that owns the
+ * row (lane = row of the band) and handed to the fragment lanes by shuffles: Q8_0 d; Q4_K d s and
+ * dmin m; Q6_K d s16 of each half h (f[2 i + h]) */
+template <int TY> struct gm_rs {
+    float f[TY == GGML_TYPE_Q8_0 ? gm_traits<TY>::UPW : 2 * gm_traits<TY>::UPW];
+};
+template <int TY> __device__ __forceinline__ void gm_row_scales(const uint8_t *pr, int warp, gm_rs<TY> &rs) {
+    if constexpr (TY == GGML_TYPE_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < gm_traits<TY>::UPW; i++)
+            rs.f[i] = __half2float(gs_ld<__half>(pr + 34 * (warp * gm_traits<TY>::UPW + i)));
+    } else if constexpr (TY == GGML_TYPE_Q4_K) { /* sub-blocks j0 .. j0 + UPW - 1 of one block */
+        constexpr int UPW = gm_traits<TY>::UPW;
+        const int u0 = warp * UPW, j0 = u0 & 7;
+        const uint8_t *b = pr + 144 * (u0 >> 3);
+        const uint32_t s0 = gs_ld<uint32_t>(b + 4), s1 = gs_ld<uint32_t>(b + 8), s2 = gs_ld<uint32_t>(b + 12);
+        const float2 dm = __half22float2(gs_ld<__half2>(b));
+#pragma unroll
+        for (int q = 0; q < UPW / 4; q++) { /* the 6-bit scales and minima of four sub-blocks, a byte each */
+            uint32_t sc, m;
+            if (j0 + 4 * q == 0) {
+                sc = s0 & 0x3F3F3F3Fu, m = s1 & 0x3F3F3F3Fu;
+            } else {
+                sc = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+                m = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                rs.f[4 * q + i] = dm.x * (float)((sc >> (8 * i)) & 0xFFu),
+                rs.f[UPW + 4 * q + i] = dm.y * (float)((m >> (8 * i)) & 0xFFu);
+        }
+    } else { /* the warp's UPW / 4 halves of a block: their 16-element scales */
+        constexpr int UPW = gm_traits<TY>::UPW;
+        const int u0 = warp * UPW;
+        const uint8_t *b = pr + 210 * (u0 >> 3);
+        const float d = __half2float(gs_ld<__half>(b + 208));
+#pragma unroll
+        for (int k = 0; k < 2 * UPW; k++) rs.f[k] = d * (float)(int8_t)b[192 + 2 * (u0 & 7) + k];
+    }
+}
+
+/* acc[0..3] (row ra: tokens 2t, 2t + 1; row ra + 8 likewise) += the warp's units of the row
+ * segments at pa (row ra = g of a tile) and pb (ra + 8) dotted with x; n: how many of the UPW
+ * units the chunk holds */
+template <int TY>
+__device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, int ra, int warp, int t, int n,
+                                        const uint8_t *x_s, int T, const gm_rs<TY> &rs, float (&acc)[4]) {
+    const int g = ra & 7;
+    gm_xu<TY> x[gm_traits<TY>::UPW]; /* each unit's activations, loaded where it is first used */
+    auto epi = [&](const int (&c)[4], float fa, float fb, float xs0, float xs1, float &a0, float &a1, float &a2,
+                   float &a3) {
+        a0 = fmaf((float)c[0], fa * xs0, a0);
+        a1 = fmaf((float)c[1], fa * xs1, a1);
+        a2 = fmaf((float)c[2], fb * xs0, a2);
+        a3 = fmaf((float)c[3], fb * xs1, a3);
+    };
+    if constexpr (TY == GGML_TYPE_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < gm_traits<TY>::UPW; i++) {
+            if (i >= n) break;
+            const int uc = warp * gm_traits<TY>::UPW + i;
+            gm_load_x<TY>(x_s, T, uc, g, t, x[i]);
+            uint32_t wa[2], wb[2];
+            gs_words<2>(pa + 34 * uc + 2 + 8 * t, wa);
+            gs_words<2>(pb + 34 * uc + 2 + 8 * t, wb);
+            const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
+            int c[4] = {0, 0, 0, 0};
+            gm_mma32<false>(c, a, x[i].b[0], x[i].b[1]);
+            const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
+            epi(c, fa, fb, x[i].s[0], x[i].s[1], acc[0], acc[1], acc[2], acc[3]);
+        }
+    } else if constexpr (TY == GGML_TYPE_Q4_K) {
+        constexpr int UPW = gm_traits<TY>::UPW;
+        const int sb = (warp * UPW) >> 3, jp0 = ((warp * UPW) & 7) >> 1;
+#pragma unroll
+        for (int ip = 0; ip < UPW / 2; ip++) { /* sub-blocks 2 ip, 2 ip + 1 of the warp's: one byte pair */
+            if (2 * ip >= n) break;
+            const uint2 qa = gs_ld<uint2>(pa + 144 * sb + 16 + 32 * (jp0 + ip) + 8 * t);
+            const uint2 qb = gs_ld<uint2>(pb + 144 * sb + 16 + 32 * (jp0 + ip) + 8 * t);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int i = 2 * ip + hi, sh = 4 * hi;
+                gm_load_x<TY>(x_s, T, warp * UPW + i, g, t, x[i]);
+                const uint32_t a[4] = {(qa.x >> sh) & 0x0F0F0F0Fu, (qb.x >> sh) & 0x0F0F0F0Fu,
+                                       (qa.y >> sh) & 0x0F0F0F0Fu, (qb.y >> sh) & 0x0F0F0F0Fu};
+                int c[4] = {0, 0, 0, 0};
+                gm_mma32<true>(c, a, x[i].b[0], x[i].b[1]);
+                const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
+                const float ma = __shfl_sync(0xffffffffu, rs.f[UPW + i], ra),
+                            mb = __shfl_sync(0xffffffffu, rs.f[UPW + i], ra + 8);
+                epi(c, fa, fb, x[i].s[0], x[i].s[1], acc[0], acc[1], acc[2], acc[3]);
+                acc[0] = fmaf(-ma, x[i].s[2], acc[0]);
+                acc[1] = fmaf(-ma, x[i].s[3], acc[1]);
+                acc[2] = fmaf(-mb, x[i].s[2], acc[2]);
+                acc[3] = fmaf(-mb, x[i].s[3], acc[3]);
+            }
+        }
+    } else { /* Q6_K: the warp's units are UPW / 4 halves of a block, four units each; each unit
+              * two 16-element halves h */
+        constexpr int UPW = gm_traits<TY>::UPW;
+        const int u0 = warp * UPW, sb = u0 >> 3;
+#pragma unroll
+        for (int nh = 0; nh < UPW / 4; nh++) {
+        const int n = ((u0 & 7) >> 2) + nh;
+        uint32_t ql[2][2][2], qh[2][2]; /* [row][h][ql low units 0, 2 / 1, 3] */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint8_t *b = (r ? pb : pa) + 210 * sb;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                gs_words<1>(b + 64 * n + 16 * h + 4 * t, &ql[r][h][0]);
+                gs_words<1>(b + 64 * n + 32 + 16 * h + 4 * t, &ql[r][h][1]);
+                gs_words<1>(b + 128 + 32 * n + 16 * h + 4 * t, &qh[r][h]);
+            }
+        }
+#pragma unroll
+        for (int i4 = 0; i4 < 4; i4++) {
+            const int i = 4 * nh + i4;
+            gm_load_x<TY>(x_s, T, u0 + i, g, t, x[i]);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t q[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    q[r] = ((ql[r][h][i4 & 1] >> (4 * (i4 >> 1))) & 0x0F0F0F0Fu) |
+                           (((qh[r][h] >> (2 * i4)) & 0x03030303u) << 4);
+                int c[4] = {0, 0, 0, 0};
+                gm_mma16u(c, q[0], q[1], x[i].b[h]);
+                const float fa = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra),
+                            fb = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra + 8);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[e] = fmaf(e < 2 ? fa : fb, fmaf((float)c[e], x[i].s[e & 1], -x[i].s[2 + 2 * h + (e & 1)]),
+                                  acc[e]);
+            }
+        }
+        }
+    }
+}
+
+template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm_kernel(const gm_args A) {
+    using Q = gm_traits<TY>;
+    constexpr int CE = gm_ce<TY>(), CB = gm_cb<TY>();
+    extern __shared__ __align__(16) uint8_t gm_sm[];
+    __shared__ uint64_t full[GM_STAGES_MAX], empty[GM_STAGES_MAX];
+    const int NS = A.stages, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const size_t msb = (size_t)GM_ROWS * A.seg, sb = NM * msb + gm_xbytes<TY>(A.T);
+    float *red = (float *)(gm_sm + (size_t)NS * sb); /* [GM_WARPS][NM][2][4][32] */
+    if (tid == 0) {
+        for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1), mlacu_mbar_init(&empty[s], GM_WARPS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int b0 = (int)((int64_t)blockIdx.x * A.nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * A.nb / gridDim.x);
+    const int nk = (b1 - b0) * A.nch;
+    /* band b's matrix m, first row and row count */
+    auto band = [&](int b, int m, const uint8_t *&w, int &row0, int &rows) {
+        const bool two = b >= A.nb0;
+        w = two ? A.W2 : A.W[m];
+        row0 = (two ? b - A.nb0 : b) * GM_ROWS;
+        rows = min(GM_ROWS, (two ? A.out2 : A.out) - row0);
+    };
+    if (warp == GM_WARPS) { /* ---- the producer: lane i copies row i (of each matrix) of a stage */
+        /* stage k: the expected bytes and the weights' copies (x: after the wait on the kernel
+         * before, from lanes 0 .. T - 1 (int8 rows) and 8 .. 8 + T - 1 (their scales)) */
+        auto post_w = [&](int k) {
+            const int b = b0 + k / A.nch, c = k % A.nch;
+            const uint8_t *src[NM];
+            uint32_t bytes[NM], all = 0;
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const uint8_t *w;
+                int row0, rows;
+                band(b, m, w, row0, rows);
+                bytes[m] = 0, src[m] = nullptr;
+                if (lane < rows) {
+                    const uint8_t *s0 = w + (size_t)(row0 + lane) * A.rb + (size_t)c * CB;
+                    const int n = min(CB, A.rb - c * CB);
+                    src[m] = (const uint8_t *)((uintptr_t)s0 & ~(uintptr_t)15);
+                    bytes[m] = (uint32_t)(((uintptr_t)(s0 + n) + 15) / 16 * 16 - (uintptr_t)src[m]);
+                }
+                all += bytes[m];
+            }
+            all = __reduce_add_sync(0xffffffffu, all);
+            const int nx = min(CE, A.in - c * CE);
+            uint64_t *bar = &full[k % NS];
+            if (lane == 0) mlacu_mbar_expect(bar, all + (uint32_t)(A.T * (nx + nx / 2)));
+            __syncwarp();
+            uint8_t *dst = gm_sm + (size_t)(k % NS) * sb + (size_t)lane * A.seg;
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                if (bytes[m]) mlacu_bulk_g2s(dst + m * msb, src[m], bytes[m], bar);
+        };
+        auto post_x = [&](int k) {
+            const int c = k % A.nch, nx = min(CE, A.in - c * CE), tok = lane & 7;
+            if (tok >= A.T || lane >= 16) return;
+            uint8_t *xs = gm_sm + (size_t)(k % NS) * sb + NM * msb;
+            uint64_t *bar = &full[k % NS];
+            if (lane < 8)
+                mlacu_bulk_g2s(xs + tok * gm_xst<TY>(), A.qx + (size_t)tok * A.in + (size_t)c * CE, (uint32_t)nx, bar);
+            else
+                mlacu_bulk_g2s(xs + A.T * gm_xst<TY>() + tok * 16 * gm_sst<TY>(),
+                               A.sx + (size_t)tok * (A.in / 32) + (size_t)c * (CE / 32), (uint32_t)(nx / 2), bar);
+        };
+        int pre = 0; /* weights only before the wait on the kernel before */
+        for (; pre < NS && pre < nk; pre++) post_w(pre);
+        mlacu_pdl_enter();
+        for (int k = 0; k < pre; k++) post_x(k);
+        for (int k = pre; k < nk; k++) {
+            mlacu_mbar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            post_w(k);
+            post_x(k);
+        }
+        return;
+    }
+    /* ---- the consumers */
+    mlacu_pdl_enter();
+    const int g = lane >> 2, t = lane & 3;
+    float acc[NM][2][4];
+    auto zero = [&] {
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[m][mt][i] = 0.f;
+    };
+    zero();
+    for (int k = 0, b = b0, c = 0, buf = 0, ph = 0; k < nk; k++) { /* stage k: band b, chunk c, buffer buf */
+        const int nu = min(CE, A.in - c * CE) / 32; /* units of this chunk */
+        mlacu_mbar_wait(&full[buf], (uint32_t)ph);
+        const uint8_t *st = gm_sm + (size_t)buf * sb;
+        const int n = min(Q::UPW, nu - warp * Q::UPW); /* of the warp's units (whole groups of 4 for the K types) */
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint8_t *w;
+            int row0, rows;
+            band(b, m, w, row0, rows);
+            /* where row r's segment starts in its slot (the copy began 16-aligned below: only the low
+             * bits of its offset in W count; Q4_K rows and chunks are whole 16 bytes) */
+            const uint32_t o0 = (uint32_t)row0 * (uint32_t)A.rb + (uint32_t)c * CB;
+            auto row_at = [&](int r) {
+                const uint32_t o = TY == GGML_TYPE_Q4_K ? 0u : (o0 + (uint32_t)r * (uint32_t)A.rb) & 15u;
+                return st + m * msb + r * A.seg + o;
+            };
+            if (n <= 0) continue;
+            gm_rs<TY> rs;
+            gm_row_scales<TY>(row_at(lane), warp, rs);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int ra = mt * 16 + g;
+                gm_tile<TY>(row_at(ra), row_at(ra + 8), ra, warp, t, n, st + NM * msb, A.T, rs, acc[m][mt]);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mlacu_mbar_arrive(&empty[buf]);
+        if (++buf == NS) buf = 0, ph ^= 1;
+        if (++c < A.nch) continue;
+        c = 0;
+        /* the band is done: the warps' sums meet in red, a thread a (tile, register, lane) adds
+         * them in warp order and stores the row and token they hold */
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[(((warp * NM + m) * 2 + mt) * 4 + i) * 32 + lane] = acc[m][mt][i];
+        zero();
+        asm volatile("bar.sync 1, %0;\n" ::"r"(GM_WARPS * 32) : "memory");
+        {
+            const int mt = tid >> 7, i = (tid >> 5) & 3, ln = tid & 31;
+            float s[2] = {0.f, 0.f};
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                for (int wp = 0; wp < GM_WARPS; wp++) s[m] += red[(((wp * NM + m) * 2 + mt) * 4 + i) * 32 + ln];
+            const uint8_t *w;
+            int row0, rows;
+            band(b, 0, w, row0, rows);
+            const int r = mt * 16 + (ln >> 2) + 8 * (i >> 1), tok = 2 * (ln & 3) + (i & 1);
+            if (r < rows && tok < A.T) {
+                const bool two = b >= A.nb0;
+                (two ? A.y2 : A.y)[(size_t)tok * (two ? A.out2 : A.out) + row0 + r] =
+                    NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
+            }
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"r"(GM_WARPS * 32) : "memory");
+        b++;
+    }
+}
+
+/* ---------------------------------------------------------------- host */
+/* shared memory a block aims at (two blocks an SM): MLA_CUDA_GM=KB (32-220; read once a process:
+ * for measurements), default 112 */
+static int gm_budget() {
+    static const int v = [] {
+        const char *e = getenv("MLA_CUDA_GM");
+        int kb = 0;
+        if (e && sscanf(e, "%d", &kb) == 1 && kb >= 32 && kb <= 220) return kb << 10;
+        if (e) fprintf(stderr, "MLA_CUDA_GM=%s ignored: expected KB of shared memory a block, 32-220\n", e);
+        return 112 << 10;
+    }();
+    return v;
+}
+
+/* the dynamic shared memory a block may have here */
+static int64_t gm_smem_limit() { return std::min(200 << 10, mlacu_smem_optin() - (4 << 10)); }
+
+struct gm_geo {
+    int seg, stages;
+    size_t smem;
+};
+
+template <typename F> static cudaError_t gm_with_type(uint32_t t, F f) {
+    switch (t) {
+    case GGML_TYPE_Q4_K: return f(std::integral_constant<int, GGML_TYPE_Q4_K>{});
+    case GGML_TYPE_Q6_K: return f(std::integral_constant<int, GGML_TYPE_Q6_K>{});
+    case GGML_TYPE_Q8_0: return f(std::integral_constant<int, GGML_TYPE_Q8_0>{});
+    default: return cudaErrorNotSupported;
+    }
+}
+
+/* the geometry for T tokens (the x side of a stage holds T rows) */
+static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
+    int cb = 0, be = 0, xb = 0;
+    if (gm_with_type(t, [&](auto ty) {
+            constexpr int TY = decltype(ty)::value;
+            cb = gm_cb<TY>(), be = gm_traits<TY>::BE, xb = gm_xbytes<TY>(T);
+            return cudaSuccess;
+        }) != cudaSuccess)
+        return false;
+    if (in <= 0 || in % be || in > (1 << 24) || (nm != 1 && nm != 2)) return false;
+    /* a row segment's slot: the chunk, the 16-aligned start below it, 4 bytes of word reads past
+     * it; an odd number of 16 bytes */
+    g.seg = (cb + 32 + 15) / 16;
+    if (g.seg % 2 == 0) g.seg++;
+    g.seg *= 16;
+    /* as many stages as the budget holds, at least 2, and never past what a block may have (so
+     * that fewer tokens, whose stages are smaller, always fit where 8 do) */
+    const size_t stage = (size_t)nm * GM_ROWS * g.seg + xb, red = (size_t)GM_WARPS * nm * 2 * 4 * 32 * sizeof(float);
+    const int64_t limit = gm_smem_limit(), fit = ((int64_t)gm_budget() - (int64_t)red) / (int64_t)stage,
+                  most = (limit - (int64_t)red) / (int64_t)stage;
+    g.stages = (int)std::min<int64_t>({GM_STAGES_MAX, most, std::max<int64_t>(2, fit)});
+    g.smem = g.stages * stage + red;
+    return g.stages >= 2;
+}
+
+bool gemvm_supported(uint32_t t, int64_t in, int nm) {
+    gm_geo g;
+    return gm_plan(t, in, nm, GM_TOK, g); /* fewer tokens take less shared memory */
+}
+
+template <int TY, int NM> static cudaError_t gm_launch(const gm_args &A, const gm_geo &g, cudaStream_t s) {
+    auto kern = gemvm_kernel<TY, NM>;
+    static bool attr = false;
+    if (!attr) {
+        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gm_smem_limit());
+        if (err != cudaSuccess) return err;
+        attr = true;
+    }
+    int bps = 0;
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, GM_THREADS, g.smem);
+    if (err != cudaSuccess) return err;
+    const int64_t grid = std::min<int64_t>(A.nb, (int64_t)mlacu_sm_count() * std::max(1, bps));
+    if (grid <= 0) return cudaSuccess;
+    mlacu_launch(kern, (unsigned)grid, GM_THREADS, g.smem, s, A);
+    return cudaGetLastError();
+}
+
+static gm_args gm_base(uint32_t t, int64_t in, int64_t out, const void *qx, const void *sx, int64_t T, float *y,
+                       const gm_geo &g) {
+    gm_args A = {};
+    A.qx = (const uint8_t *)qx, A.sx = (const float4 *)sx, A.y = y;
+    A.in = (int)in, A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.T = (int)T;
+    A.nb0 = A.nb = (int)((out + GM_ROWS - 1) / GM_ROWS);
+    A.stages = g.stages, A.seg = g.seg;
+    gm_with_type(t, [&](auto ty) {
+        A.nch = (int)((in + gm_ce<decltype(ty)::value>() - 1) / gm_ce<decltype(ty)::value>());
+        return cudaSuccess;
+    });
+    return A;
+}
+
+cudaError_t gemvm_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
+                        const void *sx, int64_t T, float *y, cudaStream_t s) {
+    const int nm = w1 ? 2 : 1;
+    gm_geo g;
+    if (T < 2 || T > GM_TOK || out < 1 || out > INT32_MAX - GM_ROWS || !gm_plan(t, in, nm, (int)T, g))
+        return cudaErrorNotSupported;
+    gm_args A = gm_base(t, in, out, qx, sx, T, y, g);
+    A.W[0] = (const uint8_t *)w, A.W[1] = (const uint8_t *)(w1 ? w1 : w);
+    return gm_with_type(t, [&](auto ty) {
+        constexpr int TY = decltype(ty)::value;
+        return w1 ? gm_launch<TY, 2>(A, g, s) : gm_launch<TY, 1>(A, g, s);
+    });
+}
+
+cudaError_t gemvm_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
+                             float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s) {
+    gm_geo g;
+    if (T < 2 || T > GM_TOK || out_a < 1 || out_b < 1 || out_a + out_b > INT32_MAX - 2 * GM_ROWS ||
+        !gm_plan(t, in, 1, (int)T, g))
+        return cudaErrorNotSupported;
+    gm_args A = gm_base(t, in, out_a, qx, sx, T, ya, g);
+    A.W[0] = A.W[1] = (const uint8_t *)wa;
+    A.W2 = (const uint8_t *)wb, A.out2 = (int)out_b, A.y2 = yb;
+    A.nb = A.nb0 + (int)((out_b + GM_ROWS - 1) / GM_ROWS);
+    return gm_with_type(t, [&](auto ty) { return gm_launch<decltype(ty)::value, 1>(A, g, s); });
+}
+
+} // namespace mlacu
