@@ -26,7 +26,7 @@
  * - At a band's last chunk the warps' partial sums meet in shared memory (a named barrier over the
  *   consumers) and are added in a fixed order: the same bits whatever the grid.
  *
- * Measured (H200, 2026-12-01, bench/results/gpu-h200-2026-12-01.md): 31-59% of the copy rate at
+ * Measured (H200, 2026-12-01, bench/results/gpu-h200-2026-12-01.md): 30-59% of the copy rate at
  * V3's shapes, against 17-34% for the per-warp GEMV at 8 tokens. Below 4 tokens the per-warp GEMV
  * was as fast, hence the default range. The chunk sizes and the 112 KB budget a block were
  * measured against smaller chunks and one block an SM.
@@ -98,7 +98,7 @@ __device__ __forceinline__ void gm_mma16u(int (&c)[4], uint32_t a0, uint32_t a1,
 
 /* A thread's activations for one unit: B fragment words (token g's elements: Q4_K / Q8_0 8 t ..
  * 8 t + 7, Q6_K 4 t .. 4 t + 3 of each half) and the scales of tokens 2 t, 2 t + 1 (s[0], s[1]
- * = d; Q4_K s[2], s[3] = d sum q; Q6_K s[2 + 2 h + i] = 32 d sum of half h's q) */
+ * = d; Q4_K s[2], s[3] = d sum q; Q6_K s[2 + 2 h + k] = 32 d sum of half h's q, of token 2 t + k) */
 template <int TY> struct gm_xu {
     uint32_t b[2];
     float s[gm_traits<TY>::NS];
@@ -242,39 +242,39 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
         const int u0 = warp * UPW, sb = u0 >> 3;
 #pragma unroll
         for (int nh = 0; nh < UPW / 4; nh++) {
-        const int n = ((u0 & 7) >> 2) + nh;
-        uint32_t ql[2][2][2], qh[2][2]; /* [row][h][ql low units 0, 2 / 1, 3] */
+            const int n = ((u0 & 7) >> 2) + nh;
+            uint32_t ql[2][2][2], qh[2][2]; /* [row][h][ql low units 0, 2 / 1, 3] */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const uint8_t *b = (r ? pb : pa) + 210 * sb;
+            for (int r = 0; r < 2; r++) {
+                const uint8_t *b = (r ? pb : pa) + 210 * sb;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                gs_words<1>(b + 64 * n + 16 * h + 4 * t, &ql[r][h][0]);
-                gs_words<1>(b + 64 * n + 32 + 16 * h + 4 * t, &ql[r][h][1]);
-                gs_words<1>(b + 128 + 32 * n + 16 * h + 4 * t, &qh[r][h]);
+                for (int h = 0; h < 2; h++) {
+                    gs_words<1>(b + 64 * n + 16 * h + 4 * t, &ql[r][h][0]);
+                    gs_words<1>(b + 64 * n + 32 + 16 * h + 4 * t, &ql[r][h][1]);
+                    gs_words<1>(b + 128 + 32 * n + 16 * h + 4 * t, &qh[r][h]);
+                }
             }
-        }
 #pragma unroll
-        for (int i4 = 0; i4 < 4; i4++) {
-            const int i = 4 * nh + i4;
-            gm_load_x<TY>(x_s, T, u0 + i, g, t, x[i]);
+            for (int i4 = 0; i4 < 4; i4++) {
+                const int i = 4 * nh + i4;
+                gm_load_x<TY>(x_s, T, u0 + i, g, t, x[i]);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t q[2];
+                for (int h = 0; h < 2; h++) {
+                    uint32_t q[2];
 #pragma unroll
-                for (int r = 0; r < 2; r++)
-                    q[r] = ((ql[r][h][i4 & 1] >> (4 * (i4 >> 1))) & 0x0F0F0F0Fu) |
-                           (((qh[r][h] >> (2 * i4)) & 0x03030303u) << 4);
-                int c[4] = {0, 0, 0, 0};
-                gm_mma16u(c, q[0], q[1], x[i].b[h]);
-                const float fa = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra),
-                            fb = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra + 8);
+                    for (int r = 0; r < 2; r++)
+                        q[r] = ((ql[r][h][i4 & 1] >> (4 * (i4 >> 1))) & 0x0F0F0F0Fu) |
+                               (((qh[r][h] >> (2 * i4)) & 0x03030303u) << 4);
+                    int c[4] = {0, 0, 0, 0};
+                    gm_mma16u(c, q[0], q[1], x[i].b[h]);
+                    const float fa = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra),
+                                fb = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra + 8);
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[e] = fmaf(e < 2 ? fa : fb, fmaf((float)c[e], x[i].s[e & 1], -x[i].s[2 + 2 * h + (e & 1)]),
-                                  acc[e]);
+                    for (int e = 0; e < 4; e++)
+                        acc[e] = fmaf(e < 2 ? fa : fb, fmaf((float)c[e], x[i].s[e & 1], -x[i].s[2 + 2 * h + (e & 1)]),
+                                      acc[e]);
+                }
             }
-        }
         }
     }
 }
