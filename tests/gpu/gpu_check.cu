@@ -854,8 +854,9 @@ static void time_gemvq_v3(void) {
 
 /* The streamed tensor-core GEMV of 2-8 tokens (kernels/gemvm_cuda.cu) against the exact product
  * of the quantized x: every token count, rows not a multiple of a band (32), row lengths with a
- * short last chunk, odd row offsets (Q8_0 / Q6_K rows not 16-aligned); gate + up with swiglu and
- * the pair launch bit for bit against single launches; then DeepSeek-V3's dense products of a
+ * short last chunk, odd row offsets (Q8_0 / Q6_K rows not 16-aligned); gate + up with swiglu (one
+ * launch for Q8_0, one a matrix for the K types: gemvm_cuda.cu) and the pair launch bit for bit
+ * against single launches; then DeepSeek-V3's dense products of a
  * decode step of 2, 4 and 8 tokens timed beside the per-warp GEMV (--gemvm). */
 static void check_gemvm(bool quick) {
     g_gm_min = 2; /* every token count it can take (restored below) */
