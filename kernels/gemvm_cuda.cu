@@ -297,12 +297,19 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
     __syncthreads();
     const int b0 = (int)((int64_t)blockIdx.x * A.nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * A.nb / gridDim.x);
     const int nk = (b1 - b0) * A.nch;
-    /* band b's matrix m, first row and row count */
-    auto band = [&](int b, int m, const uint8_t *&w, int &row0, int &rows) {
+    /* band b: matrix m's rows row0 .. row0 + rows - 1, and where its sums go (y, out rows) */
+    struct gm_band {
+        const uint8_t *w;
+        float *y;
+        int row0, rows, out;
+    };
+    auto band = [&](int b, int m) {
         const bool two = b >= A.nb0;
-        w = two ? A.W2 : A.W[m];
-        row0 = (two ? b - A.nb0 : b) * GM_ROWS;
-        rows = min(GM_ROWS, (two ? A.out2 : A.out) - row0);
+        gm_band d;
+        d.w = two ? A.W2 : A.W[m], d.y = two ? A.y2 : A.y, d.out = two ? A.out2 : A.out;
+        d.row0 = (two ? b - A.nb0 : b) * GM_ROWS;
+        d.rows = min(GM_ROWS, d.out - d.row0);
+        return d;
     };
     if (warp == GM_WARPS) { /* ---- the producer: lane i copies row i (of each matrix) of a stage */
         /* stage k: the expected bytes and the weights' copies (x: after the wait on the kernel
@@ -313,12 +320,10 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
             uint32_t bytes[NM], all = 0;
 #pragma unroll
             for (int m = 0; m < NM; m++) {
-                const uint8_t *w;
-                int row0, rows;
-                band(b, m, w, row0, rows);
+                const gm_band d = band(b, m);
                 bytes[m] = 0, src[m] = nullptr;
-                if (lane < rows) {
-                    const uint8_t *s0 = w + (size_t)(row0 + lane) * A.rb + (size_t)c * CB;
+                if (lane < d.rows) {
+                    const uint8_t *s0 = d.w + (size_t)(d.row0 + lane) * A.rb + (size_t)c * CB;
                     const int n = min(CB, A.rb - c * CB);
                     src[m] = (const uint8_t *)((uintptr_t)s0 & ~(uintptr_t)15);
                     bytes[m] = (uint32_t)(((uintptr_t)(s0 + n) + 15) / 16 * 16 - (uintptr_t)src[m]);
@@ -378,9 +383,7 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
         const int n = min(Q::UPW, nu - warp * Q::UPW); /* of the warp's units (whole groups of 4 for the K types) */
 #pragma unroll
         for (int m = 0; m < NM; m++) {
-            const uint8_t *w;
-            int row0, rows;
-            band(b, m, w, row0, rows);
+            const int row0 = band(b, m).row0;
             /* where row r's segment starts in its slot (the copy began 16-aligned below: only the low
              * bits of its offset in W count; Q4_K rows and chunks are whole 16 bytes) */
             const uint32_t o0 = (uint32_t)row0 * (uint32_t)A.rb + (uint32_t)c * CB;
@@ -418,15 +421,10 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
 #pragma unroll
             for (int m = 0; m < NM; m++)
                 for (int wp = 0; wp < GM_WARPS; wp++) s[m] += red[(((wp * NM + m) * 2 + mt) * 4 + i) * 32 + ln];
-            const uint8_t *w;
-            int row0, rows;
-            band(b, 0, w, row0, rows);
+            const gm_band d = band(b, 0);
             const int r = mt * 16 + (ln >> 2) + 8 * (i >> 1), tok = 2 * (ln & 3) + (i & 1);
-            if (r < rows && tok < A.T) {
-                const bool two = b >= A.nb0;
-                (two ? A.y2 : A.y)[(size_t)tok * (two ? A.out2 : A.out) + row0 + r] =
-                    NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
-            }
+            if (r < d.rows && tok < A.T)
+                d.y[(size_t)tok * d.out + d.row0 + r] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
         }
         asm volatile("bar.sync 1, %0;\n" ::"r"(GM_WARPS * 32) : "memory");
         b++;
@@ -451,7 +449,7 @@ static int gm_budget() {
 static int64_t gm_smem_limit() { return std::min(200 << 10, mlacu_smem_optin() - (4 << 10)); }
 
 struct gm_geo {
-    int seg, stages;
+    int ce, seg, stages; /* ce: elements a chunk */
     size_t smem;
 };
 
@@ -469,7 +467,7 @@ static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
     int cb = 0, be = 0, xb = 0;
     if (gm_with_type(t, [&](auto ty) {
             constexpr int TY = decltype(ty)::value;
-            cb = gm_cb<TY>(), be = gm_traits<TY>::BE, xb = gm_xbytes<TY>(T);
+            cb = gm_cb<TY>(), be = gm_traits<TY>::BE, xb = gm_xbytes<TY>(T), g.ce = gm_ce<TY>();
             return cudaSuccess;
         }) != cudaSuccess)
         return false;
@@ -517,11 +515,7 @@ static gm_args gm_base(uint32_t t, int64_t in, int64_t out, const void *qx, cons
     A.qx = (const uint8_t *)qx, A.sx = (const float4 *)sx, A.y = y;
     A.in = (int)in, A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.T = (int)T;
     A.nb0 = A.nb = (int)((out + GM_ROWS - 1) / GM_ROWS);
-    A.stages = g.stages, A.seg = g.seg;
-    gm_with_type(t, [&](auto ty) {
-        A.nch = (int)((in + gm_ce<decltype(ty)::value>() - 1) / gm_ce<decltype(ty)::value>());
-        return cudaSuccess;
-    });
+    A.stages = g.stages, A.seg = g.seg, A.nch = (int)((in + g.ce - 1) / g.ce);
     return A;
 }
 

@@ -873,12 +873,7 @@ static void check_gemvm(bool quick) {
         check_q8_two(t, 512 + k, 1088, 1088, 3, true);
     }
     check_matmul(GGML_TYPE_Q8_0, 1408, 300, 5, MM_Q8, false); /* 44 units: 1.375 chunks */
-    if (quick) {
-        g_gm_min = MLA_CUDA_GEMVM_TMIN;
-        mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
-        return;
-    }
-    for (int64_t T : {2, 4, 8}) {
+    for (int64_t T : quick ? std::vector<int64_t>{} : std::vector<int64_t>{2, 4, 8}) {
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, T, MM_Q8, true);  /* dense gate / up */
         check_matmul(GGML_TYPE_Q4_K, 18432, 7168, T, MM_Q8, true);  /* dense down */
         check_matmul(GGML_TYPE_Q8_0, 16384, 7168, T, MM_Q8, true);  /* attention output */
@@ -887,7 +882,7 @@ static void check_gemvm(bool quick) {
         check_q8_two(GGML_TYPE_Q4_K, 7168, 18432, 18432, T, true);  /* gate + up + swiglu */
         check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);    /* q_a + kv_a */
     }
-    time_gemvq_v3(); /* the per-warp GEMV at 4 and 8 tokens, beside */
+    if (!quick) time_gemvq_v3(); /* the per-warp GEMV at 4 and 8 tokens, beside */
     g_gm_min = MLA_CUDA_GEMVM_TMIN;
     mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
 }
