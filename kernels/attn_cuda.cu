@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda_internal.h"
@@ -268,7 +269,7 @@ template <int L, int R> struct tc_cfg {
      * at 512 + 64, two blocks in the 228 KB of an H100/H200 SM */
     static constexpr size_t SMEM = ((size_t)(TC_HR + 2 * TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
     static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0 &&
-                      KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 12 == 0,
+                      KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 36 == 0,
                   "tensor-core attention shape");
 };
 
@@ -298,7 +299,6 @@ template <> struct kv4<__half> {
  * free, and the first two are issued before the queries are staged. */
 template <int L, int R, typename KT>
 __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
-    mlacu_pdl_enter();
     using C = tc_cfg<L, R>;
     constexpr bool ASYNC = std::is_same<KT, __half>::value;
     static_assert((TC_KT * (C::ROW / 8)) % TC_T == 0, "16-byte copies of a key tile");
@@ -312,18 +312,24 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
     const int t = blockIdx.z, hg0 = blockIdx.y * TC_HR, split = blockIdx.x;
+    /* A paged fp16 cache without selected keys: the first two tiles' rows are looked up and their
+     * copies issued before the wait on the kernel before, which wrote only the queries. The
+     * positions and block tables come from the host; the cache rows were stored at least two
+     * launches back, and every kernel lets the next one be scheduled only after its own wait has
+     * returned, so those launches have completed when this one starts (cuda_internal.h). The
+     * selected keys (DSA) come from the kernel just before. */
+    const bool early = ASYNC && a.tabs && !a.sel;
+    if (!early) mlacu_pdl_wait();
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     int64_t k0, k1;
     split_keys(a, t, split, TC_KT, k0, k1);
-    /* tile starting at kb: lanes of warp 0 look up the row of key kb + lane (NULL past k1) */
-    auto rows_of = [&](int64_t kb, const KT **dst) {
-        const int64_t k = kb + lane;
-        const KT *src = nullptr;
-        if (k < k1) {
-            const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-            src = tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
-        }
-        dst[lane] = src;
+    /* the cache row of key k of this split (NULL past k1): a lane of warp 0 looks it up, a key a
+     * lane of a tile; the lookups (the block table, the selected keys) are loads, issued well
+     * before the rows are stored for the tile's copy */
+    auto row_at = [&](int64_t k) -> const KT * {
+        if (k >= k1) return nullptr;
+        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+        return tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
     };
     /* batch b of a tile: 6 loads of 4 elements per thread from the rows in rp, then into key
      * buffer kd */
@@ -354,9 +360,10 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         }
         cp_async_commit();
     };
-    if (warp == 0 && k0 < k1) {
-        rows_of(k0, rowp[0]);
-        if (ASYNC && k0 + TC_KT < k1) rows_of(k0 + TC_KT, rowp[1]);
+    if (warp == 0 && k0 < k1) { /* both tiles' lookups in flight together */
+        const KT *r0 = row_at(k0 + lane), *r1 = ASYNC ? row_at(k0 + TC_KT + lane) : nullptr;
+        rowp[0][lane] = r0;
+        if (ASYNC) rowp[1][lane] = r1;
     }
     if constexpr (ASYNC) { /* tiles 0 and 1 in flight while the queries are staged (a group each) */
         __syncthreads();
@@ -365,13 +372,15 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
         else cp_async_commit();
     }
+    if (early) mlacu_pdl_wait();
+    /* the queries: float2 loads, QB in flight per thread (the host checked their alignment) */
     const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
-    /* the queries: float2 loads, 12 in flight per thread (the host checked their alignment) */
+    constexpr int QB = 36;
 #pragma unroll 1
-    for (int b = 0; b < C::QP; b += 12) {
-        float2 v[12];
+    for (int b = 0; b < C::QP; b += QB) {
+        float2 v[QB];
 #pragma unroll
-        for (int u = 0; u < 12; u++) {
+        for (int u = 0; u < QB; u++) {
             const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
             v[u] = make_float2(0.f, 0.f);
             if (hh < a.H)
@@ -379,7 +388,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
                              : *(const float2 *)(a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L));
         }
 #pragma unroll
-        for (int u = 0; u < 12; u++) {
+        for (int u = 0; u < QB; u++) {
             const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2;
             *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v[u].x * sl2, v[u].y * sl2);
         }
@@ -387,6 +396,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     /* the first tile, loaded before the loop (two batches in flight); the loop loads tile i + 1
      * during tile i's scores */
     __syncthreads();
+    if (tid == 0) MLACU_TRACE_MARK(3);
     if (!ASYNC && k0 < k1) {
 #pragma unroll 1
         for (int b = 0; b < C::NB; b += 2) {
@@ -396,7 +406,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             store_batch(ks, b, v);
             if (b + 1 < C::NB) store_batch(ks, b + 1, v2);
         }
-        if (warp == 0 && k0 + TC_KT < k1) rows_of(k0 + TC_KT, rowp[1]);
+        if (warp == 0 && k0 + TC_KT < k1) rowp[1][lane] = row_at(k0 + TC_KT + lane);
     }
     float o[C::NT][4];
 #pragma unroll
@@ -410,10 +420,15 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
     int buf = 0;
     for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
+        /* the next kernel (the splits' combine: many blocks) is scheduled at the block's last tile:
+         * resident earlier, its waiting blocks would take issue slots from these */
+        if (kb + TC_KT >= k1) mlacu_pdl_trigger();
         if constexpr (ASYNC) cp_async_wait<1>(); /* this thread's copies of tile buf are done */
         __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
                           * readers of buffer buf ^ 1 (the previous tile) are done */
         const bool next = !ASYNC && kb + TC_KT < k1;
+        /* the rows of the tile after next: looked up now, stored after the scores */
+        const KT *row2 = warp == 0 ? row_at(kb + 2 * TC_KT + lane) : nullptr;
         const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
         __half *knext = ks + (buf ^ 1) * TC_KT * C::LDS;
         /* S = Q K^T, two accumulator sets per n-tile (independent mma chains), and in between
@@ -443,7 +458,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[j][e] += s2[j][e];
-        if (warp == 0 && kb + 2 * TC_KT < k1) rows_of(kb + 2 * TC_KT, rowp[buf]);
+        if (warp == 0 && kb + 2 * TC_KT < k1) rowp[buf][lane] = row2;
         /* s[j][e]: row g (e < 2) or g + 8, key 16 half + 8 j + 2 c4 + (e & 1) */
         const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -522,6 +537,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
             else cp_async_commit();
         }
+        if (tid == 0) MLACU_TRACE_MARK(4);
     }
     if constexpr (ASYNC) cp_async_wait<0>(); /* no copy outlives the block (only empty groups remain) */
 #pragma unroll
@@ -544,6 +560,8 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
         }
     }
+    if (k0 >= k1) mlacu_pdl_trigger();
+    if (tid == 0) MLACU_TRACE_MARK(1);
 }
 
 /* ---------------------------------------------------------------- DSA indexer */
@@ -980,15 +998,25 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
     using S = hq_shape<IN>;
     __shared__ __align__(16) uint8_t ws[S::ROWS * S::RB];
     __shared__ __align__(16) float xs[8 * IN];
+    __shared__ uint64_t bar;
     const int h = blockIdx.y, o0 = blockIdx.x * S::ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sub = lane / S::LPR, gl = lane % S::LPR;
-    {
-        const uint4 *src = (const uint4 *)(W + ((size_t)h * out + o0) * S::RB);
-        for (int i = threadIdx.x; i < S::ROWS * S::RB / 16; i += 256) ((uint4 *)ws)[i] = __ldg(src + i);
+    /* the block's rows (contiguous, 16-byte aligned: the host checks W, ROWS RB is a multiple of
+     * 16) by one bulk copy, before the wait: a weight. Loads by every thread drain from an SM far
+     * slower than a bulk copy does. */
+    if (threadIdx.x == 0) {
+        mlacu_mbar_init(&bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_expect(&bar, S::ROWS * S::RB);
+        mlacu_bulk_g2s(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
     }
-    mlacu_pdl_enter();
+    mlacu_pdl_wait();
     for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
     __syncthreads();
+    mlacu_mbar_wait(&bar, 0);
+    /* the next kernel is scheduled once x is in (v_b is followed by the attention output's
+     * streamed GEMV, whose first copies would otherwise queue ahead of these loads) */
+    mlacu_pdl_trigger();
 #pragma unroll
     for (int p = 0; p < S::PASSES; p++) {
         const int r = p * 8 * S::RPW + warp * S::RPW + sub; /* the block's row */
@@ -1433,8 +1461,13 @@ extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int
 /* The tensor-core kernel's least keys a split: 128 (four tiles). Measured on the H200 (one
  * sequence of 16k keys, 16 heads, fp16 cache: 256 splits of 64 keys 38.9 us, 128 of 128 27.7 us,
  * 64 of 256 35.6 us): the fewer splits, the less each block's fixed cost (its queries, the first
- * tiles' latency) and the combine count; too few leave SMs idle. mla_cuda_attn_tune changes it. */
-constexpr int TC_MIN_KEYS = 128;
+ * tiles' latency) and the combine count; too few leave SMs idle. One token (a batch-1 decode
+ * step) whose keys leave fewer blocks than SMs at 128 a split takes splits of down to 64 keys, up
+ * to a block an SM: at 1k keys V3's 128 heads 23.6-23.9 us against 28.4-28.6, V2-Lite's 16 heads
+ * 17.6-18.4 against 22.0-22.3, GLM-5's 64 over 2048 selected keys 21.3-21.8 against 22.5-23.1
+ * (mla-gpu-check --attn1, eighteenth session; at 4k and 16k keys those grids time as the
+ * committed ones or better). mla_cuda_attn_tune changes the first bound. */
+constexpr int TC_MIN_KEYS = 128, TC_MIN_KEYS1 = 64;
 static int g_tc_min_keys = 0;
 extern "C" void mla_cuda_attn_tune(int min_keys) {
     MLA_ASSERT(min_keys >= 0 && min_keys % TC_KT == 0);
@@ -1442,11 +1475,18 @@ extern "C" void mla_cuda_attn_tune(int min_keys) {
 }
 
 /* Splits of a launch: enough blocks for two waves of two per SM over 132 SMs, each split at
- * least min_keys keys, within the work buffer. */
-static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys) {
+ * least min_keys keys, within the work buffer. min_keys2 (< min_keys, or 0): where min_keys
+ * leaves fewer blocks than SMs, splits of down to min_keys2 keys up to a block an SM. */
+static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys,
+                       int64_t min_keys2 = 0) {
     if (!a->work) return 1;
     const int64_t want = (264 + blocks_per_split - 1) / blocks_per_split, maxs = (nk_max + min_keys - 1) / min_keys;
     int splits = (int)(want < maxs ? want : maxs);
+    if (min_keys2 > 0 && splits * blocks_per_split < mlacu_sm_count()) {
+        const int64_t want2 = (mlacu_sm_count() + blocks_per_split - 1) / blocks_per_split,
+                      maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
+        splits = std::max(splits, (int)std::min(want2, maxs2));
+    }
     if (splits < 1) splits = 1;
     if (splits > AR_MAXS) splits = AR_MAXS;
     while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats) splits--;
@@ -1519,7 +1559,8 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
     if (((uintptr_t)a->q_abs & 7) || ((uintptr_t)a->q_pe & 7) || (a->q_pe_ld_t & 1) || (a->q_pe_ld_h & 1)) return 1;
     if (a->blk_tok && (a->blk_off & 3)) return 1;
     const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
-    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS);
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS,
+                                   a->n_tokens == 1 && !g_tc_min_keys ? TC_MIN_KEYS1 : 0);
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
                 a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
     cudaStream_t st = (cudaStream_t)stream;

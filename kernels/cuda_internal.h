@@ -28,6 +28,54 @@
         }                                                                                      \
     } while (0)
 
+#ifdef MLA_CUDA_STEPTRACE
+/* The step trace (a diagnostic build: cmake -DMLA_CUDA_STEPTRACE=ON; MLA_CUDA_STEPTRACE=PREFIX at
+ * run time). Thread 0 of every block that calls mlacu_pdl_wait() writes one record: its launch
+ * (%gridid), block, SM, and the global clock as it enters the wait and as the wait returns. The
+ * host side (ops_cuda.cu) logs every mlacu_launch in order and writes both at exit, for
+ * bench/steptrace.py. Each translation unit has its own copy of the device pointers, bound at
+ * its first launch. MLACU_TRACE_MARK(tag) adds a record of the calling thread's time (t_out) and
+ * SM clock (t_in) under a tag (> 0; the waits' records have tag 0). */
+struct mlacu_trace_rec {
+    unsigned long long grid, t_in, t_out;
+    unsigned block, sm, tag, pad;
+};
+static __device__ mlacu_trace_rec *mlacu_trace_buf;
+static __device__ unsigned *mlacu_trace_cnt;
+static __device__ unsigned mlacu_trace_cap;
+void mlacu_trace_host(mlacu_trace_rec **buf, unsigned **cnt, unsigned *cap); /* ops_cuda.cu */
+void mlacu_trace_log(const void *k, dim3 grid, dim3 block, size_t smem, cudaStream_t st);
+static inline void mlacu_trace_bind_tu(void) {
+    static bool bound = false;
+    if (bound) return;
+    bound = true;
+    mlacu_trace_rec *b = nullptr;
+    unsigned *c = nullptr, cap = 0;
+    mlacu_trace_host(&b, &c, &cap);
+    cudaMemcpyToSymbol(mlacu_trace_buf, &b, sizeof b);
+    cudaMemcpyToSymbol(mlacu_trace_cnt, &c, sizeof c);
+    cudaMemcpyToSymbol(mlacu_trace_cap, &cap, sizeof cap);
+}
+static __device__ __forceinline__ unsigned long long mlacu_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned long long t_in, unsigned long long t_out) {
+    if (!mlacu_trace_buf) return;
+    unsigned i = atomicAdd(mlacu_trace_cnt, 1u);
+    if (i >= mlacu_trace_cap) return;
+    unsigned long long g;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    mlacu_trace_buf[i] = {g, t_in, t_out, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm, tag, 0};
+}
+#define MLACU_TRACE_MARK(tag) mlacu_trace_put((tag), (unsigned long long)clock64(), mlacu_gtime())
+#else
+#define MLACU_TRACE_MARK(tag) ((void)0)
+#endif
+
 /* Programmatic dependent launch (sm_90+). Every kernel of kernels/ starts with mlacu_pdl_enter()
  * and is launched with mlacu_launch. On a Hopper GPU the launch lets the next kernel of the stream
  * be scheduled while this one still runs. Each kernel's first statement waits until the grid
@@ -35,10 +83,21 @@
  * one to be scheduled (launch_dependents). The order of effects is the plain stream order; what
  * is saved is the launch gap between kernels (over 100 kernels a decode step). A kernel launched
  * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
- * off; devices before sm_90 never get it. */
+ * off; devices before sm_90 never get it.
+ * Every kernel lets the next one be scheduled only after its own wait has returned (some later:
+ * a norm once its row is in, the attention at its last key tile, so that the next kernel's copies
+ * or waiting blocks do not slow them). So when a kernel starts, every launch of the stream but the
+ * one just before it has completed: a kernel may read before its wait what launches two or more
+ * back wrote (the attention's cache rows), as well as weights and what the host uploaded. */
 static __device__ __forceinline__ void mlacu_pdl_wait() {
+#ifdef MLA_CUDA_STEPTRACE
+    const unsigned long long t_in = mlacu_gtime();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#ifdef MLA_CUDA_STEPTRACE
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) mlacu_trace_put(0, t_in, mlacu_gtime());
 #endif
 }
 static __device__ __forceinline__ void mlacu_pdl_trigger() {
@@ -88,6 +147,10 @@ static inline bool mlacu_q8out_on(void) {
  * mlacu_pdl_on(); errors surface as those of <<<>>> do (cudaGetLastError, or the next sync). */
 template <typename... P, typename... A>
 static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
+#ifdef MLA_CUDA_STEPTRACE
+    mlacu_trace_bind_tu();
+    mlacu_trace_log((const void *)k, grid, block, smem, st);
+#endif
     if (!mlacu_pdl_on()) {
         k<<<grid, block, smem, st>>>(std::forward<A>(args)...);
         return;

@@ -490,6 +490,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         if (++slot == 2 * NS) slot = 0;
     }
     if (tr) tr[2] = gs_now();
+    if (tid == 0) MLACU_TRACE_MARK(1);
 }
 
 /* ---------------------------------------------------------------- host */

@@ -39,10 +39,20 @@ constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (m
  * units: element i of the row's int8 at q[i], unit u's scales at qs[u] (mla_cuda_quantize_q8's
  * values). Rows of up to RN_T RN_V: only the elements i = threadIdx.x + k RN_T with
  * k0 <= k < k1 are written (x, y and q8; the sum is the whole row's), so that several blocks can
- * share a row (k1 - k0 = RN_KB, or the whole row). */
-template <bool ADD, bool Q8, typename ST>
+ * share a row (k1 - k0 = RN_KB, or the whole row).
+ * PDL: the caller has not waited on the kernel before; rms_row reads w (a weight) first, then
+ * waits, and lets the next kernel be scheduled once the row's loads are in (its reduction). A
+ * decode step's norm is followed by a streamed GEMV whose blocks copy their first stages of
+ * weights as soon as they are scheduled: those copies would otherwise queue ahead of the norm's
+ * own loads, on the step's critical path. fetch() runs after the wait, before xr and rr are read
+ * (rmsnorm_kernel's bulk copy of them into shared memory). */
+struct rms_no_fetch {
+    __device__ void operator()() const {}
+};
+template <bool ADD, bool Q8, bool PDL = false, typename ST, typename FETCH = rms_no_fetch>
 __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float *xo, int n, const float *__restrict__ w,
-                                        float eps, float *red, int8_t *q, float4 *qs, int k0, int k1, ST st) {
+                                        float eps, float *red, int8_t *q, float4 *qs, int k0, int k1, ST st,
+                                        FETCH fetch = {}) {
     float ss = 0.f;
     if (n <= RN_T * RN_V) {
         /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
@@ -52,8 +62,14 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
             const int i = threadIdx.x + k * RN_T;
-            xv[k] = i < n ? xr[i] : 0.f;
             wv[k] = i < n ? w[i] : 0.f;
+        }
+        if (PDL) mlacu_pdl_wait();
+        fetch();
+#pragma unroll
+        for (int k = 0; k < RN_V; k++) {
+            const int i = threadIdx.x + k * RN_T;
+            xv[k] = i < n ? xr[i] : 0.f;
             if (ADD) rv[k] = i < n ? rr[i] : 0.f;
         }
         if (ADD) /* after every load: a store to x before them would hold each one back */
@@ -67,6 +83,7 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
         for (int k = 0; k < RN_V; k++)
             if (threadIdx.x + k * RN_T < n) ss += xv[k] * xv[k];
         ss = block_sum(ss, red);
+        if (PDL) mlacu_pdl_trigger();
         const float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
@@ -96,6 +113,8 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
         return;
     }
     /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
+    if (PDL) mlacu_pdl_enter();
+    fetch();
     if (ADD) { /* each thread its own elements: read back below by the same thread */
         for (int i = threadIdx.x; i < n; i += blockDim.x) xo[i] = xr[i] + rr[i];
         xr = xo;
@@ -114,14 +133,37 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
 template <bool ADD, bool Q8>
 __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const float *__restrict__ res, float *xo,
                                                        int64_t ldx, int64_t n, const float *__restrict__ w, float eps,
-                                                       float *y, int64_t ldy, int8_t *q, float4 *qs) {
-    mlacu_pdl_enter();
-    __shared__ float red[32];
+                                                       float *y, int64_t ldy, int8_t *q, float4 *qs, int bulk) {
+    /* bulk: the row (and with ADD the residual's) copied into shared memory by the copy engine
+     * (one bulk copy each) instead of every thread loading its elements: a few blocks read a
+     * row each, and the loads of one SM drain far slower than its bulk copies */
+    extern __shared__ __align__(16) float rn_sm[];
+    __shared__ float red[32]; /* rms_row waits on the kernel before */
+    __shared__ uint64_t bar;
     float *yr = y + blockIdx.x * ldy;
     const int k0 = gridDim.y > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = gridDim.y > 1 ? k0 + RN_KB : RN_V;
-    rms_row<ADD, Q8>(x + blockIdx.x * ldx, ADD ? res + blockIdx.x * n : nullptr, ADD ? xo + blockIdx.x * n : nullptr,
-                     (int)n, w, eps, red, Q8 ? q + blockIdx.x * n : nullptr, Q8 ? qs + blockIdx.x * (n / 32) : nullptr,
-                     k0, k1, [&](int i, float v) { yr[i] = v; });
+    const float *xr = x + blockIdx.x * ldx, *rr = ADD ? res + blockIdx.x * n : nullptr;
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            mlacu_mbar_init(&bar, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+    auto fetch = [&]() {
+        if (!bulk) return;
+        if (threadIdx.x == 0) {
+            const uint32_t b = (uint32_t)n * 4;
+            mlacu_mbar_expect(&bar, ADD ? 2 * b : b);
+            mlacu_bulk_g2s(rn_sm, xr, b, &bar);
+            if (ADD) mlacu_bulk_g2s(rn_sm + n, rr, b, &bar);
+        }
+        mlacu_mbar_wait(&bar, 0);
+    };
+    rms_row<ADD, Q8, true>(bulk ? rn_sm : xr, bulk && ADD ? rn_sm + n : rr, ADD ? xo + blockIdx.x * n : nullptr,
+                           (int)n, w, eps, red, Q8 ? q + blockIdx.x * n : nullptr,
+                           Q8 ? qs + blockIdx.x * (n / 32) : nullptr, k0, k1, [&](int i, float v) { yr[i] = v; }, fetch);
+    if (threadIdx.x == 0) MLACU_TRACE_MARK(1);
 }
 
 __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
@@ -400,8 +442,22 @@ extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *
      * block sums the whole row again, from L2) */
     const bool apart = (!d_res || d_xsum != d_x) && d_y != d_x && (!d_res || d_y != d_xsum); /* nothing in place */
     const unsigned slices = q8 && T <= 16 && apart ? (unsigned)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)) : 1;
-    mlacu_launch(k, dim3((unsigned)T, slices), RN_T, 0, stream, d_x, d_res, d_xsum, ldx, n, d_w, eps, d_y, ldy, q,
-                 qs);
+    /* rows of up to RN_T RN_V elements, 16-byte aligned, few of them (a decode step's): bulk
+     * copies into shared memory (rmsnorm_kernel) */
+    const size_t rowb = (size_t)n * 4, smem = d_res ? 2 * rowb : rowb;
+    const int bulk = n <= RN_T * RN_V && T <= 16 && rowb % 16 == 0 && (ldx * 4) % 16 == 0 && (uintptr_t)d_x % 16 == 0 &&
+                     (!d_res || (uintptr_t)d_res % 16 == 0);
+    if (bulk) {
+        static bool attr[4] = {false, false, false, false};
+        bool &done = attr[(d_res ? 2 : 0) + (q8 ? 1 : 0)];
+        if (!done) {
+            MLACU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(2 * RN_T * RN_V * 4)), e,
+                        "rmsnorm: shared memory");
+            done = true;
+        }
+    }
+    mlacu_launch(k, dim3((unsigned)T, slices), RN_T, bulk ? smem : 0, stream, d_x, d_res, d_xsum, ldx, n, d_w, eps, d_y,
+                 ldy, q, qs, bulk);
     MLACU_CHECK(cudaGetLastError(), e, "rmsnorm%s%s T=%lld n=%lld", d_res ? " (+ residual)" : "", q8 ? " (+ q8)" : "",
                 (long long)T, (long long)n);
     if (d_q8 && !q8) return mla_cuda_quantize_q8(d_y, T, n, d_q8, stream, e);
@@ -494,3 +550,75 @@ extern "C" int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t 
     MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
     return MLA_OK;
 }
+
+#ifdef MLA_CUDA_STEPTRACE
+/* The step trace's host side (cuda_internal.h): one device buffer of records a process, the
+ * launches logged in order, both written at exit to MLA_CUDA_STEPTRACE.dev.csv / .host.csv. */
+#include <mutex>
+#include <vector>
+namespace {
+struct trace_launch {
+    const void *k;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t st;
+};
+std::mutex g_trace_mu;
+std::vector<trace_launch> g_trace_log;
+mlacu_trace_rec *g_trace_buf;
+unsigned *g_trace_cnt;
+const unsigned g_trace_cap = 1u << 21;
+
+void trace_write(void) {
+    const char *pre = getenv("MLA_CUDA_STEPTRACE");
+    if (!pre || !g_trace_buf) return;
+    cudaDeviceSynchronize();
+    unsigned n = 0;
+    cudaMemcpy(&n, g_trace_cnt, sizeof n, cudaMemcpyDeviceToHost);
+    if (n > g_trace_cap) n = g_trace_cap;
+    std::vector<mlacu_trace_rec> r(n);
+    cudaMemcpy(r.data(), g_trace_buf, n * sizeof(mlacu_trace_rec), cudaMemcpyDeviceToHost);
+    char path[4096];
+    snprintf(path, sizeof path, "%s.dev.csv", pre);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "grid,block,sm,tag,t_in,t_out\n");
+    for (const auto &x : r) fprintf(f, "%llu,%u,%u,%u,%llu,%llu\n", x.grid, x.block, x.sm, x.tag, x.t_in, x.t_out);
+    fclose(f);
+    snprintf(path, sizeof path, "%s.host.csv", pre);
+    f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "seq,name,grid,block,smem,stream\n");
+    for (size_t i = 0; i < g_trace_log.size(); i++) {
+        const trace_launch &l = g_trace_log[i];
+        const char *nm = "?";
+        if (cudaFuncGetName(&nm, l.k) != cudaSuccess) nm = "?";
+        fprintf(f, "%zu,%s,%u,%u,%zu,%p\n", i, nm, l.grid.x * l.grid.y * l.grid.z, l.block.x * l.block.y * l.block.z,
+                l.smem, (void *)l.st);
+    }
+    fclose(f);
+    fprintf(stderr, "step trace: %u block records, %zu launches -> %s.{dev,host}.csv\n", n, g_trace_log.size(), pre);
+}
+} // namespace
+
+void mlacu_trace_host(mlacu_trace_rec **buf, unsigned **cnt, unsigned *cap) {
+    std::lock_guard<std::mutex> l(g_trace_mu);
+    if (!g_trace_buf && getenv("MLA_CUDA_STEPTRACE")) {
+        if (cudaMalloc(&g_trace_buf, (size_t)g_trace_cap * sizeof(mlacu_trace_rec)) != cudaSuccess ||
+            cudaMalloc(&g_trace_cnt, sizeof(unsigned)) != cudaSuccess || cudaMemset(g_trace_cnt, 0, sizeof(unsigned)) != cudaSuccess) {
+            fprintf(stderr, "step trace: no device memory for the buffer\n");
+            abort();
+        }
+        atexit(trace_write);
+    }
+    *buf = g_trace_buf;
+    *cnt = g_trace_cnt;
+    *cap = g_trace_buf ? g_trace_cap : 0;
+}
+
+void mlacu_trace_log(const void *k, dim3 grid, dim3 block, size_t smem, cudaStream_t st) {
+    if (!g_trace_buf) return;
+    std::lock_guard<std::mutex> l(g_trace_mu);
+    g_trace_log.push_back({k, grid, block, smem, st});
+}
+#endif

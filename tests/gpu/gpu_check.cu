@@ -1087,7 +1087,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false;
+         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1101,13 +1101,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--wg")) wg_only = true;
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
+        else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
         else if (!strcmp(argv[i], "--gemvt1")) gemvt = true, g_chain = 1, g_reps = 1; /* the same, once: for a profiler */
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1140,6 +1141,8 @@ int main(int argc, char **argv) {
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
     } else if (attn_only) {
         check_attn_all(true);
+    } else if (attn1) {
+        time_attn_decode1();
     } else if (fused_only) {
         check_fused_decode();
     } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
