@@ -373,6 +373,11 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         else cp_async_commit();
     }
     if (early) mlacu_pdl_wait();
+    /* With a combine to follow (splits > 1: many small blocks, which would take issue slots from
+     * these while they wait), the next kernel is scheduled at each block's last tile; without one
+     * (prompts, large decode batches), as soon as the wait has returned. */
+    const bool late = a.splits > 1;
+    if (!late) mlacu_pdl_trigger();
     /* the queries: float2 loads, QB in flight per thread (the host checked their alignment) */
     const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
     constexpr int QB = 36;
@@ -420,9 +425,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
     int buf = 0;
     for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
-        /* the next kernel (the splits' combine: many blocks) is scheduled at the block's last tile:
-         * resident earlier, its waiting blocks would take issue slots from these */
-        if (kb + TC_KT >= k1) mlacu_pdl_trigger();
+        if (late && kb + TC_KT >= k1) mlacu_pdl_trigger();
         if constexpr (ASYNC) cp_async_wait<1>(); /* this thread's copies of tile buf are done */
         __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
                           * readers of buffer buf ^ 1 (the previous tile) are done */
@@ -560,7 +563,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
         }
     }
-    if (k0 >= k1) mlacu_pdl_trigger();
+    if (late && k0 >= k1) mlacu_pdl_trigger();
     if (tid == 0) MLACU_TRACE_MARK(1);
 }
 
