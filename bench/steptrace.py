@@ -38,14 +38,14 @@ def short(name):
 
 
 def clock_ghz(blocks):
-    """the SM clock rate over each block's marks (cycles / ns), median over blocks; {} if none"""
+    """the SM clock rate over each block's marks (cycles / ns), median over blocks; None if none"""
     v = []
     for ms in blocks.values():
         ms.sort()
         if len(ms) > 1 and ms[-1][0] > ms[0][0] and ms[-1][1] > ms[0][1]:
             v.append((ms[-1][1] - ms[0][1]) / (ms[-1][0] - ms[0][0]))
     v.sort()
-    return v[len(v) // 2] if v else {}
+    return v[len(v) // 2] if v else None
 
 
 def main():
@@ -113,8 +113,8 @@ def main():
             med = lambda v: v[len(v) // 2] if v else float('nan')
             print(f"\n{r['name']} #{i}: after its wait, queries staged {med(q):.1f} us, done {med(e):.1f} "
                   f"(last {max(e):.1f}); tiles a block {med(tiles)}, {med(per):.2f} us a tile after the first")
-            ck = r.get('clk', {})
-            if ck:
+            ck = r['clk']
+            if ck is not None:
                 print(f"  SM clock between the first and the last mark: {ck:.2f} GHz")
     tot, cnt = collections.Counter(), collections.Counter()
     main_st = step[0]['st']

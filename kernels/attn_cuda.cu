@@ -1009,7 +1009,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
      * slower than a bulk copy does. */
     if (threadIdx.x == 0) {
         mlacu_mbar_init(&bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_init_fence();
         mlacu_mbar_expect(&bar, S::ROWS * S::RB);
         mlacu_bulk_g2s(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
     }

@@ -345,6 +345,11 @@ static __device__ __forceinline__ uint32_t mlacu_smem_u32(const void *p) {
 static __device__ __forceinline__ void mlacu_mbar_init(uint64_t *bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mlacu_smem_u32(bar)), "r"(count) : "memory");
 }
+/* after a thread's mbarrier inits, before the barriers are used by other threads or the copy
+ * engine */
+static __device__ __forceinline__ void mlacu_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 static __device__ __forceinline__ void mlacu_mbar_expect(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mlacu_smem_u32(bar)), "r"(bytes)
                  : "memory");

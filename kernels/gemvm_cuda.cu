@@ -292,7 +292,7 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
     float *red = (float *)(gm_sm + (size_t)NS * sb); /* [GM_WARPS][NM][2][4][32] */
     if (tid == 0) {
         for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1), mlacu_mbar_init(&empty[s], GM_WARPS);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_init_fence();
     }
     __syncthreads();
     const int b0 = (int)((int64_t)blockIdx.x * A.nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * A.nb / gridDim.x);

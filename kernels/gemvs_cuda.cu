@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(GS_THREADS_MAX, 2) gemvs_kernel(const gs_args 
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_init_fence();
 #pragma unroll
         for (int s = 0; s < NS - 1; s++) issue(g0 + s, s);
     }
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     };
     if (tid == 0) {
         for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1), mlacu_mbar_init(&empty[s], (uint32_t)(NC / 32));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_init_fence();
     }
     __syncthreads();
     int g0 = 0, g1 = 0;

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     if (bulk) {
         if (threadIdx.x == 0) {
             mlacu_mbar_init(&bar, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            mlacu_mbar_init_fence();
         }
         __syncthreads();
     }

@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT>::MINB)
             mbar_init(&full[b], 128);
             mbar_init(&empty[b], 256);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mlacu_mbar_init_fence();
     }
     __syncthreads();
     /* the two roles never join again (setmaxnreg holds where each branch runs on its own); tiles are
