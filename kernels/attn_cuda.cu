@@ -898,9 +898,8 @@ __global__ void head_matmul_kernel(const WT *__restrict__ W, int in, int out, co
 /* The q8 rounding of a head GEMV block's rows o0 .. o0 + 32 UPB - 1 of head h for each of the T
  * tokens (after a barrier over the block's stores of y): a warp a 32-row unit, into yq (int8
  * rows) and ys (their unit scales), as mla_cuda_quantize_q8 of y gives them. */
-template <int UPB>
-__device__ __forceinline__ void head_round_units(const float *y, int64_t yt, int64_t yh, int h, int o0, int out, int T,
-                                                 int8_t *yq, float4 *ys) {
+__device__ __forceinline__ void head_round_units(int UPB, const float *y, int64_t yt, int64_t yh, int h, int o0, int out,
+                                                 int T, int8_t *yq, float4 *ys) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int u = warp; u < UPB * T; u += (int)(blockDim.x >> 5)) { /* token u / UPB, unit u % UPB */
         const int o = o0 + (u % UPB) * 32;
@@ -974,7 +973,7 @@ __global__ void __launch_bounds__(256) head_gemv_f16_kernel(const __half *__rest
     }
     if (!yq) return;
     __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
-    head_round_units<2>(y, yt, yh, h, o0, out, T, yq, ys);
+    head_round_units(2, y, yt, yh, h, o0, out, T, yq, ys);
 }
 
 /* Decode steps (T <= 8) with Q8_0 weights as the GGUF holds them (a row of IN elements: NB = IN / 32
@@ -993,35 +992,15 @@ template <int IN> struct hq_shape {
     static constexpr int PASSES = ROWS / (8 * RPW);
     static_assert(IN % 32 == 0 && NB <= 32 && ROWS % 32 == 0 && PASSES >= 1 && (ROWS * RB) % 16 == 0, "head q8 shape");
 };
+/* The block's rows r = p 8 RPW + warp RPW + sub of ws (passes p < np; row o0 + r of head h's
+ * out) dotted with the T rows of xs, y stored (lane gl == 0 of each row's LPR lanes). */
 template <int IN>
-__global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__restrict__ W, int out,
-                                                           const float *__restrict__ x, int64_t xt, int64_t xh, int T,
-                                                           float *__restrict__ y, int64_t yt, int64_t yh,
-                                                           int8_t *__restrict__ yq, float4 *__restrict__ ys) {
+__device__ __forceinline__ void hq_rows(const uint8_t *ws, const float *xs, int np, int o0, int out, int h, int T,
+                                        float *__restrict__ y, int64_t yt, int64_t yh) {
     using S = hq_shape<IN>;
-    __shared__ __align__(16) uint8_t ws[S::ROWS * S::RB];
-    __shared__ __align__(16) float xs[8 * IN];
-    __shared__ uint64_t bar;
-    const int h = blockIdx.y, o0 = blockIdx.x * S::ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int sub = lane / S::LPR, gl = lane % S::LPR;
-    /* the block's rows (contiguous, 16-byte aligned: the host checks W, ROWS RB is a multiple of
-     * 16) by one bulk copy, before the wait: a weight. Loads by every thread drain from an SM far
-     * slower than a bulk copy does. */
-    if (threadIdx.x == 0) {
-        mlacu_mbar_init(&bar, 1);
-        mlacu_mbar_init_fence();
-        mlacu_mbar_expect(&bar, S::ROWS * S::RB);
-        mlacu_bulk_g2s(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
-    }
-    mlacu_pdl_wait();
-    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
-    __syncthreads();
-    mlacu_mbar_wait(&bar, 0);
-    /* the next kernel is scheduled once x is in (v_b is followed by the attention output's
-     * streamed GEMV, whose first copies would otherwise queue ahead of these loads) */
-    mlacu_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane / S::LPR, gl = lane % S::LPR;
 #pragma unroll
-    for (int p = 0; p < S::PASSES; p++) {
+    for (int p = 0; p < np; p++) {
         const int r = p * 8 * S::RPW + warp * S::RPW + sub; /* the block's row */
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -1057,9 +1036,134 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
             if (gl == 0 && o < out) y[t * yt + h * yh + o] = v;
         }
     }
+}
+
+/* the queries' k_pe rotation k_b may do (mla_cuda_head_matmul_q8_rope): none where qpe is NULL */
+struct hq_rope {
+    mlacu_rope_k<MLA_CUDA_ROPE_ARG_DIMS> rk;
+    float *qpe;
+    int64_t qpe_t, qpe_h;
+    const int32_t *pos;
+};
+template <int IN>
+__global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__restrict__ W, int out,
+                                                           const float *__restrict__ x, int64_t xt, int64_t xh, int T,
+                                                           float *__restrict__ y, int64_t yt, int64_t yh,
+                                                           int8_t *__restrict__ yq, float4 *__restrict__ ys,
+                                                           const __grid_constant__ hq_rope rp) {
+    using S = hq_shape<IN>;
+    __shared__ __align__(16) uint8_t ws[S::ROWS * S::RB];
+    __shared__ __align__(16) float xs[8 * IN];
+    __shared__ uint64_t bar;
+    const int h = blockIdx.y, o0 = blockIdx.x * S::ROWS;
+    /* the block's rows (contiguous, 16-byte aligned: the host checks W, ROWS RB is a multiple of
+     * 16) by one bulk copy, before the wait: a weight. Loads by every thread drain from an SM far
+     * slower than a bulk copy does. */
+    if (threadIdx.x == 0) {
+        mlacu_mbar_init(&bar, 1);
+        mlacu_mbar_init_fence();
+        mlacu_mbar_expect(&bar, S::ROWS * S::RB);
+        mlacu_bulk_g2s(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
+    }
+    mlacu_pdl_wait();
+    for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
+    __syncthreads();
+    mlacu_mbar_wait(&bar, 0);
+    /* the next kernel is scheduled once x is in (v_b is followed by the attention output's
+     * streamed GEMV, whose first copies would otherwise queue ahead of these loads) */
+    mlacu_pdl_trigger();
+    hq_rows<IN>(ws, xs, S::PASSES, o0, out, h, T, y, yt, yh);
+    if (rp.qpe && (int)blockIdx.x < T) { /* head h's k_pe of token t, by the head's blocks t mod gridDim.x */
+        __shared__ float tcs[MLA_CUDA_ROPE_ARG_DIMS / 2], tsn[MLA_CUDA_ROPE_ARG_DIMS / 2];
+        for (int t = blockIdx.x; t < T; t += gridDim.x) {
+            mlacu_rope_token(rp.rk, ROPE_ADJACENT, rp.qpe + t * rp.qpe_t + h * rp.qpe_h, 1, rp.rk.n_dims, rp.pos[t], tcs,
+                             tsn);
+            __syncthreads(); /* tcs / tsn are the next token's */
+        }
+    }
     if (!yq) return;
     __syncthreads(); /* the block's rows of y are stored (and visible to the block) */
-    head_round_units<S::ROWS / 32>(y, yt, yh, h, o0, out, T, yq, ys);
+    head_round_units(S::ROWS / 32, y, yt, yh, h, o0, out, T, yq, ys);
+}
+
+/* v_b over the attention's splits, not yet combined (mla_cuda_head_matmul_q8_comb): block (0, h)
+ * = all `out` rows of head h (their weights by one bulk copy into dynamic shared memory before
+ * the wait), its x the combine of the ns splits' partials of each token (work rows [t][h][split]
+ * of IN + 2: maximum in natural units, sum, then the unnormalized output), as
+ * mla_attn_reduce_kernel forms it: x = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s. The first
+ * splits' columns are loaded with the maxima and sums, before their reduction. */
+/* splits at most (a lane each: one warp reads a token's maxima and sums); a thread's column loads in flight */
+constexpr int HQ_COMB_MAXS = MLA_CUDA_HEAD_COMB_MAXS, HQ_COMB_SB = 16;
+static_assert(HQ_COMB_MAXS <= 32, "a warp a token's splits");
+/* the combine kernel's static shared memory (xs, ew, inv, the barrier), rounded up */
+constexpr size_t hq_comb_static(int64_t in) { return (size_t)(8 * in + 8 * HQ_COMB_MAXS + 8) * 4 + 64; }
+template <int IN>
+__global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *__restrict__ W, int out,
+                                                                const float *__restrict__ work, int H, int ns, int T,
+                                                                float *__restrict__ y, int64_t yt, int64_t yh,
+                                                                int8_t *__restrict__ yq, float4 *__restrict__ ys) {
+    using S = hq_shape<IN>;
+    static_assert(IN % 2 == 0 && IN / 2 <= 256, "head q8 combine shape");
+    extern __shared__ __align__(16) uint8_t hq_sm[];
+    __shared__ __align__(16) float xs[8 * IN];
+    __shared__ float ew[8 * HQ_COMB_MAXS], inv[8]; /* exp(m_s - M) of token t, split s; 1 / sum */
+    __shared__ uint64_t bar;
+    const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t wb = (uint32_t)out * S::RB;
+    if (tid == 0) {
+        mlacu_mbar_init(&bar, 1);
+        mlacu_mbar_init_fence();
+        mlacu_mbar_expect(&bar, wb);
+        mlacu_bulk_g2s(hq_sm, W + (size_t)h * out * S::RB, wb, &bar);
+    }
+    mlacu_pdl_wait();
+    const int64_t ld = IN + 2;
+    /* item i: token i / (IN / 2), columns 2 (i % (IN / 2)) + {0, 1} */
+    constexpr int CP = IN / 2;
+    float2 v[HQ_COMB_SB];
+    auto load_cols = [&](int i, int s0) {
+        const float *w = work + (((int64_t)(i / CP) * H + h) * ns) * ld + 2 + 2 * (i % CP);
+#pragma unroll
+        for (int u = 0; u < HQ_COMB_SB; u++)
+            v[u] = s0 + u < ns ? *(const float2 *)(w + (int64_t)(s0 + u) * ld) : make_float2(0.f, 0.f);
+    };
+    if (tid < T * CP) load_cols(tid, 0);
+    if (warp < T) { /* token warp: its splits' maxima and sums (a lane a split) */
+        const float *w = work + ((int64_t)warp * H + h) * ns * ld;
+        const float m = lane < ns ? w[lane * ld] : -INFINITY, l = lane < ns ? w[lane * ld + 1] : 0.f;
+        float M = m;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float e = m == -INFINITY ? 0.f : __expf(m - M);
+        float den = l * e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+        ew[warp * HQ_COMB_MAXS + lane] = e;
+        if (lane == 0) inv[warp] = den > 0.f ? 1.f / den : 0.f;
+    }
+    __syncthreads();
+    for (int i = tid; i < T * CP; i += 256) {
+        const int t = i / CP;
+        if (i != tid) load_cols(i, 0);
+        float2 acc = make_float2(0.f, 0.f);
+        for (int s0 = 0; s0 < ns; s0 += HQ_COMB_SB) {
+            if (s0 > 0) load_cols(i, s0);
+#pragma unroll
+            for (int u = 0; u < HQ_COMB_SB; u++) {
+                const float e = s0 + u < ns ? ew[t * HQ_COMB_MAXS + s0 + u] : 0.f;
+                acc.x = fmaf(v[u].x, e, acc.x);
+                acc.y = fmaf(v[u].y, e, acc.y);
+            }
+        }
+        *(float2 *)(xs + t * IN + 2 * (i % CP)) = make_float2(acc.x * inv[t], acc.y * inv[t]);
+    }
+    __syncthreads();
+    mlacu_mbar_wait(&bar, 0);
+    mlacu_pdl_trigger();
+    hq_rows<IN>(hq_sm, xs, out / (8 * S::RPW), 0, out, h, T, y, yt, yh);
+    if (!yq) return;
+    __syncthreads();
+    head_round_units(out / 32, y, yt, yh, h, 0, out, T, yq, ys);
 }
 
 /* Steps of many tokens with fp16 weights: per head, Y_h [T][out] = X_h [T][in] W_h^T on fp16
@@ -1496,9 +1600,11 @@ static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, in
     return splits;
 }
 
-/* Combines the splits of a launch (none to combine with one). */
+/* Combines the splits of a launch (none to combine with one), unless the caller combines them
+ * (n_splits_out, up to comb_max splits). */
 static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st, mla_err *e) {
-    if (splits == 1) return MLA_OK;
+    if (a->n_splits_out) *a->n_splits_out = splits > 1 && splits <= a->comb_max ? splits : 1;
+    if (splits == 1 || (a->n_splits_out && *a->n_splits_out > 1)) return MLA_OK;
     const int64_t chunks = (a->kv_lora + AR_C - 1) / AR_C;
     mlacu_launch(mla_attn_reduce_kernel, dim3((unsigned)(a->n_head * chunks), (unsigned)a->n_tokens), 256, 0, st, a->work,
                  (int)a->n_head, (int)a->kv_lora, splits, a->out);
@@ -1778,9 +1884,29 @@ extern "C" bool mla_cuda_head_q8_supported(int64_t in, int64_t out) {
     return rows > 0 && out > 0 && out % rows == 0;
 }
 
+static int head_q8_launch(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x, int64_t xt,
+                          int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh, void *d_yq, const hq_rope &rp,
+                          mla_cuda_stream stream, mla_err *e);
+
 extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
                                        int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
                                        void *d_yq, mla_cuda_stream stream, mla_err *e) {
+    const hq_rope rp = {};
+    return head_q8_launch(d_w, H, in, out, d_x, xt, xh, T, d_y, yt, yh, d_yq, rp, stream, e);
+}
+
+extern "C" int mla_cuda_head_matmul_q8_rope(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
+                                            int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
+                                            const rope_table *t, float *d_qpe, int64_t qpe_t, int64_t qpe_h,
+                                            const int32_t *d_pos, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(t->n_dims > 0 && t->n_dims <= MLA_CUDA_ROPE_ARG_DIMS && d_qpe && d_pos);
+    const hq_rope rp = {mlacu_rope_args<MLA_CUDA_ROPE_ARG_DIMS>(t), d_qpe, qpe_t, qpe_h, d_pos};
+    return head_q8_launch(d_w, H, in, out, d_x, xt, xh, T, d_y, yt, yh, NULL, rp, stream, e);
+}
+
+static int head_q8_launch(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x, int64_t xt,
+                          int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh, void *d_yq, const hq_rope &rp,
+                          mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(mla_cuda_head_q8_supported(in, out) && T >= 0 && T <= 8 && H > 0 && H <= 65535);
     MLA_ASSERT(((uintptr_t)d_w & 15) == 0);
     MLA_ASSERT(!d_yq || (out % 32 == 0 && yh == out && yt == H * yh && ((uintptr_t)d_yq & 15) == 0));
@@ -1791,7 +1917,9 @@ extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, i
     head_yq(d_yq, T, yt, &q, &qs);
     const dim3 grid((unsigned)(out / head_q8_rows(in)), (unsigned)H);
     const uint8_t *w = (const uint8_t *)d_w;
-    auto go = [&](auto kern) { mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs); };
+    auto go = [&](auto kern) {
+        mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs, rp);
+    };
     if (in == 64) go(head_gemv_q8_kernel<64>);
     else if (in == 128) go(head_gemv_q8_kernel<128>);
     else if (in == 192) go(head_gemv_q8_kernel<192>);
@@ -1799,6 +1927,44 @@ extern "C" int mla_cuda_head_matmul_q8(const void *d_w, int64_t H, int64_t in, i
     else go(head_gemv_q8_kernel<512>);
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
+    return d_yq && !q ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
+}
+
+extern "C" bool mla_cuda_head_q8_comb_supported(int64_t in, int64_t out, int64_t T, int n_splits) {
+    if ((in != 256 && in != 512) || !mla_cuda_head_q8_supported(in, out) || T < 1 || T > 8 || n_splits < 2 ||
+        n_splits > HQ_COMB_MAXS)
+        return false;
+    const size_t wb = (size_t)out * (size_t)(in / 32 * 34);
+    return wb % 16 == 0 && wb + hq_comb_static(in) <= (size_t)mlacu_smem_optin();
+}
+
+extern "C" int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_work,
+                                            int n_splits, int64_t T, float *d_y, int64_t yt, int64_t yh, void *d_yq,
+                                            mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(mla_cuda_head_q8_comb_supported(in, out, T, n_splits) && H > 0 && H <= 65535);
+    MLA_ASSERT(((uintptr_t)d_w & 15) == 0 && ((uintptr_t)d_work & 7) == 0);
+    MLA_ASSERT(!d_yq || (yh == out && yt == H * yh && ((uintptr_t)d_yq & 15) == 0));
+    cudaStream_t st = (cudaStream_t)stream;
+    int8_t *q;
+    float4 *qs;
+    head_yq(d_yq, T, yt, &q, &qs);
+    const size_t smem = (size_t)out * (size_t)(in / 32 * 34);
+    auto go = [&](auto kern, bool &attr) -> int {
+        if (!attr) { /* all a block may have beside the static part: the check above bounds smem by it */
+            MLACU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             mlacu_smem_optin() - (int)hq_comb_static(in)),
+                        e, "head_matmul (Q8_0, splits combined): shared memory");
+            attr = true;
+        }
+        mlacu_launch(kern, dim3(1, (unsigned)H), 256, smem, st, (const uint8_t *)d_w, (int)out, d_work, (int)H,
+                     n_splits, (int)T, d_y, yt, yh, q, qs);
+        return MLA_OK;
+    };
+    static bool attr[2] = {false, false};
+    if ((in == 512 ? go(head_gemv_q8_comb_kernel<512>, attr[1]) : go(head_gemv_q8_comb_kernel<256>, attr[0])) != MLA_OK)
+        return MLA_ERR;
+    MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0, %d splits combined) H=%lld %lldx%lld T=%lld", n_splits,
+                (long long)H, (long long)out, (long long)in, (long long)T);
     return d_yq && !q ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
 }
 

@@ -85,8 +85,8 @@ static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned lo
  * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
  * off; devices before sm_90 never get it.
  * Every kernel lets the next one be scheduled only after its own wait has returned (some later:
- * a norm once its row is in, the attention at its last key tile, so that the next kernel's copies
- * or waiting blocks do not slow them). So when a kernel starts, every launch of the stream but the
+ * a decode step's norm once its row is in, the attention at its last key tile where a combine
+ * follows, so that the next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch of the stream but the
  * one just before it has completed: a kernel may read before its wait what launches two or more
  * back wrote (the attention's cache rows), as well as weights and what the host uploaded. */
 static __device__ __forceinline__ void mlacu_pdl_wait() {
@@ -414,6 +414,48 @@ static inline int mlacu_fail_(mla_err *e, cudaError_t err) {
                  cudaGetErrorString(err));
     }
     return MLA_ERR;
+}
+
+/* A rope_table (kernels/rope.h) of up to D rotary dimensions as a kernel argument. */
+template <int D> struct mlacu_rope_k {
+    int n_dims;
+    double attn_factor;
+    double inv_freq[D / 2];
+};
+template <int D> static inline mlacu_rope_k<D> mlacu_rope_args(const rope_table *t) {
+    MLA_ASSERT(t->n_dims <= D);
+    mlacu_rope_k<D> rk;
+    rk.n_dims = t->n_dims;
+    rk.attn_factor = t->attn_factor;
+    for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
+    return rk;
+}
+
+/* Token position p's rotation of n_vec vectors (stride apart) at xt (rope_apply's); the whole
+ * block calls it, tcs / tsn shared memory of n_dims / 2 floats each. cos/sin in double as the CPU
+ * does. */
+template <typename RK>
+static __device__ __forceinline__ void mlacu_rope_token(const RK &rk, int mode, float *xt, int64_t n_vec, int64_t stride,
+                                                        int64_t p, float *tcs, float *tsn) {
+    const int h = rk.n_dims / 2;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+        double s, c;
+        sincos((double)p * rk.inv_freq[i], &s, &c);
+        tcs[i] = (float)(c * rk.attn_factor);
+        tsn[i] = (float)(s * rk.attn_factor);
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int k = threadIdx.x; k < (int)(n_vec * h); k += blockDim.x) {
+        const int v = k / h, i = k % h;
+        const float cs = tcs[i], sn = tsn[i];
+        float *yv = xt + v * stride;
+        int i0 = mode == ROPE_ADJACENT ? 2 * i : i;
+        int i1 = mode == ROPE_ADJACENT ? 2 * i + 1 : i + h;
+        float a = yv[i0], b = yv[i1];
+        yv[i0] = a * cs - b * sn;
+        yv[i1] = a * sn + b * cs;
+    }
 }
 
 #endif

@@ -255,6 +255,11 @@ typedef struct mla_cuda_attn_args {
      * tensor-core kernel reads it as it is (it rounds an fp32 cache to fp16 itself), the fp32
      * kernel widens it. 0: floats. */
     int kv_f16;
+    /* n_splits_out NULL: the launch combines its splits itself. Else *n_splits_out gets the splits
+     * a launch of 2 .. comb_max splits leaves uncombined in work (the caller combines them:
+     * mla_cuda_head_matmul_q8_comb), or 1: out holds the result. */
+    int comb_max;
+    int *n_splits_out;
 } mla_cuda_attn_args;
 size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int n_splits);
 /* Blocks of the tensor-core attention (512 + 64) resident per SM on this device (2 by design on
@@ -304,6 +309,17 @@ int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int64_t T, int
                          float eps, const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
                          int kv_f16, float *d_q, int64_t q_ld, int64_t n_head, int64_t head_ld,
                          mla_cuda_stream stream, mla_err *e);
+/* A decode step's q-LoRA norm and its cache side in one launch (q_a and kv_a come from one
+ * product): mla_cuda_rmsnorm_ex of the T rows of d_x (n floats each, no residual; d_q8: NULL, or
+ * y's q8 buffer) and mla_cuda_mla_kv_rows's cache rows, but not its rotation of the queries' k_pe
+ * (mla_cuda_head_matmul_q8_rope does that, in k_b). Where mla_cuda_qnorm_kv_rows_supported:
+ * n <= 8192 and a multiple of 32, kv_lora <= 8192, n_rope even and <= MLA_CUDA_ROPE_ARG_DIMS. */
+#define MLA_CUDA_ROPE_ARG_DIMS 128
+bool mla_cuda_qnorm_kv_rows_supported(int64_t n, int64_t kv_lora, int n_rope);
+int mla_cuda_qnorm_kv_rows(const float *d_x, int64_t T, int64_t n, const float *d_w, float eps, float *d_y, void *d_q8,
+                           const rope_table *t, const float *d_kva, int64_t kv_lora, const float *d_kv_norm_w,
+                           const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos, int kv_f16,
+                           mla_cuda_stream stream, mla_err *e);
 
 /* Per-head matrices in float (absorbed k_b, v_b): d_w [n_head][out][in] (in <= 1024);
  * y[t*y_ld_t + h*y_ld_h + o] = sum_i W[h][o][i] * x[t*x_ld_t + h*x_ld_h + i]. */
@@ -329,6 +345,25 @@ bool mla_cuda_head_q8_supported(int64_t in, int64_t out);
 int mla_cuda_head_matmul_q8(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                             int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
                             void *d_yq, mla_cuda_stream stream, mla_err *e);
+/* The same (k_b) that also rotates, in place, the T tokens' query k_pe of each head (t->n_dims <=
+ * MLA_CUDA_ROPE_ARG_DIMS floats at d_qpe + t*qpe_ld_t + h*qpe_ld_h, position d_pos[t]): the
+ * rotation mla_cuda_mla_kv_rows does and mla_cuda_qnorm_kv_rows leaves out. The k_pe must not
+ * overlap the rows of x the product reads. */
+int mla_cuda_head_matmul_q8_rope(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
+                                 int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
+                                 const rope_table *t, float *d_qpe, int64_t qpe_ld_t, int64_t qpe_ld_h,
+                                 const int32_t *d_pos, mla_cuda_stream stream, mla_err *e);
+
+/* mla_cuda_head_matmul_q8 (v_b) of x = the combine of the attention's n_splits uncombined splits
+ * (d_work as mla_cuda_mla_attn leaves it with n_splits_out; in = its kv_lora): a block a head,
+ * the splits combined as the attention's own combine does, in the head GEMV's prologue. Only where
+ * mla_cuda_head_q8_comb_supported (in 256 or 512, T 1 .. 8, 2 .. 32 splits, a head's rows in
+ * shared memory). */
+#define MLA_CUDA_HEAD_COMB_MAXS 32
+bool mla_cuda_head_q8_comb_supported(int64_t in, int64_t out, int64_t T, int n_splits);
+int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_work,
+                                 int n_splits, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h, void *d_yq,
+                                 mla_cuda_stream stream, mla_err *e);
 
 /* MoE on the device (moe_experts_apply): a plan groups the (token, slot) pairs p = t*n_used + k by
  * expert with a counting sort on the GPU (no host sync), keeping only experts e % world == rank,

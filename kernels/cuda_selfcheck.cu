@@ -276,7 +276,7 @@ int check_attn(gr_rng *r, int L, int R, bool tc, bool f16, mla_err *e) {
         mla_attn_args ca = {qa, qp, T, H, L, R, kv, P0, scale, NULL, NULL, 0, ref};
         mla_attn(NULL, &ca);
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, T, H, L, R, dkv, P0, scale, NULL, NULL, 0, dout, NULL, 0,
-                                NULL, 0, NULL, 0, tc, 0};
+                                NULL, 0, NULL, 0, tc, 0, 0, NULL};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, got_b, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
         if (compare(tc ? "mla_attn tensor cores (prefill form)" : "mla_attn (prefill form)", got, ref, T * H * L, tol, e) != MLA_OK) goto out;
@@ -305,7 +305,7 @@ int check_attn(gr_rng *r, int L, int R, bool tc, bool f16, mla_err *e) {
             cudaMemcpy(dtabs, tabs, tabs_b, cudaMemcpyHostToDevice) != cudaSuccess)
             goto cuda_fail;
         mla_cuda_attn_args a = {dqa, dqp, H * R, R, B, H, L, R, NULL, 0, scale, NULL, NULL, 0, dout, dwork, wf,
-                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK, tc, f16};
+                                (const float *const *const *)(dtabs + B * NBS), OFF, dpos, MAXK, tc, f16, 0, NULL};
         if (mla_cuda_mla_attn(&a, 0, e) != MLA_OK) goto out;
         if (cudaMemcpy(got, dout, (size_t)B * H * L * 4, cudaMemcpyDeviceToHost) != cudaSuccess) goto cuda_fail;
         char what[96];

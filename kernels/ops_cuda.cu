@@ -41,8 +41,9 @@ constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (m
  * k0 <= k < k1 are written (x, y and q8; the sum is the whole row's), so that several blocks can
  * share a row (k1 - k0 = RN_KB, or the whole row).
  * PDL: the caller has not waited on the kernel before; rms_row reads w (a weight) first, then
- * waits, and lets the next kernel be scheduled once the row's loads are in (its reduction). A
- * decode step's norm is followed by a streamed GEMV whose blocks copy their first stages of
+ * waits, and lets the next kernel be scheduled once the row's loads are in (its reduction).
+ * rmsnorm_kernel takes this form for a decode step's few rows only. A decode step's norm is
+ * followed by a streamed GEMV whose blocks copy their first stages of
  * weights as soon as they are scheduled: those copies would otherwise queue ahead of the norm's
  * own loads, on the step's critical path. fetch() runs after the wait, before xr and rr are read
  * (rmsnorm_kernel's bulk copy of them into shared memory). */
@@ -151,7 +152,6 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
         __syncthreads();
     }
     auto fetch = [&]() {
-        if (!bulk) return;
         if (threadIdx.x == 0) {
             const uint32_t b = (uint32_t)n * 4;
             mlacu_mbar_expect(&bar, ADD ? 2 * b : b);
@@ -160,9 +160,21 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
         }
         mlacu_mbar_wait(&bar, 0);
     };
-    rms_row<ADD, Q8, true>(bulk ? rn_sm : xr, bulk && ADD ? rn_sm + n : rr, ADD ? xo + blockIdx.x * n : nullptr,
-                           (int)n, w, eps, red, Q8 ? q + blockIdx.x * n : nullptr,
-                           Q8 ? qs + blockIdx.x * (n / 32) : nullptr, k0, k1, [&](int i, float v) { yr[i] = v; }, fetch);
+    auto st = [&](int i, float v) { yr[i] = v; };
+    int8_t *qrow = Q8 ? q + blockIdx.x * n : nullptr;
+    float4 *qsrow = Q8 ? qs + blockIdx.x * (n / 32) : nullptr;
+    float *xorow = ADD ? xo + blockIdx.x * n : nullptr;
+    /* rms_row's PDL form (weights before the wait, the next kernel scheduled after the reduction)
+     * only for a decode step's few rows: over many rows (prompts, decode batches of 128 and 256)
+     * it cost 2-11% a step on the H200 (bench/results/gpu-h200-2026-12-01c.md), so those wait and
+     * let the next kernel be scheduled at once */
+    if (bulk) {
+        rms_row<ADD, Q8, true>(rn_sm, ADD ? rn_sm + n : nullptr, xorow, (int)n, w, eps, red, qrow, qsrow, k0, k1, st,
+                               fetch);
+    } else {
+        mlacu_pdl_enter();
+        rms_row<ADD, Q8>(xr, rr, xorow, (int)n, w, eps, red, qrow, qsrow, k0, k1, st);
+    }
     if (threadIdx.x == 0) MLACU_TRACE_MARK(1);
 }
 
@@ -200,36 +212,7 @@ __global__ void add_kernel(float *y, const float *a, int64_t n) {
         y[i] += a[i];
 }
 
-struct rope_k {
-    int n_dims;
-    double attn_factor;
-    double inv_freq[ROPE_MAX_DIMS / 2];
-};
-
-/* Token position p's rotation of n_vec vectors (stride apart) at xt; the whole block calls it.
- * cos/sin in double as the CPU does. */
-__device__ __forceinline__ void rope_token(const rope_k &rk, int mode, float *xt, int64_t n_vec, int64_t stride,
-                                           int64_t p, float *tcs, float *tsn) {
-    const int h = rk.n_dims / 2;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        double s, c;
-        sincos((double)p * rk.inv_freq[i], &s, &c);
-        tcs[i] = (float)(c * rk.attn_factor);
-        tsn[i] = (float)(s * rk.attn_factor);
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int k = threadIdx.x; k < (int)(n_vec * h); k += blockDim.x) {
-        const int v = k / h, i = k % h;
-        const float cs = tcs[i], sn = tsn[i];
-        float *yv = xt + v * stride;
-        int i0 = mode == ROPE_ADJACENT ? 2 * i : i;
-        int i1 = mode == ROPE_ADJACENT ? 2 * i + 1 : i + h;
-        float a = yv[i0], b = yv[i1];
-        yv[i0] = a * cs - b * sn;
-        yv[i1] = a * sn + b * cs;
-    }
-}
+using rope_k = mlacu_rope_k<ROPE_MAX_DIMS>;
 
 /* block = one token; threads over (vector, pair) */
 __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_t stride, int64_t tok_stride,
@@ -237,12 +220,32 @@ __global__ void rope_kernel(rope_k rk, int mode, float *x, int64_t n_vec, int64_
     mlacu_pdl_enter();
     __shared__ float tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2]; /* this token's cos / sin per frequency */
     const int t = blockIdx.x;
-    rope_token(rk, mode, x + t * tok_stride, n_vec, stride, pos ? (int64_t)pos[t] : pos0 + t, tcs, tsn);
+    mlacu_rope_token(rk, mode, x + t * tok_stride, n_vec, stride, pos ? (int64_t)pos[t] : pos0 + t, tcs, tsn);
 }
 
-/* The cache side of an MLA step (mla_cuda_mla_kv_rows), block (t, 0): row t's latent normalized,
- * its k_pe rotated, both stored in its cache slot; block (t, 1): token t's query k_pe rotated in
- * place. RN_T threads. */
+/* Token t's new cache row: its latent (kva row t, KL floats) normalized (weights nw), its k_pe
+ * (the dr floats after it) rotated, both stored in its cache slot (position pos[t] through block
+ * table tabs[t]). The whole block (RN_T threads) calls it after its wait on the kernel before. */
+template <typename KT, typename RK>
+__device__ __forceinline__ void kv_row_store(const RK &rk, const float *__restrict__ kva, int KL, int dr,
+                                             const float *__restrict__ nw, float eps,
+                                             const float *const *const *__restrict__ tabs, int64_t kv_off,
+                                             const int32_t *__restrict__ pos, int t, float *red, float *tcs, float *tsn,
+                                             float *pe) {
+    const int row = KL + dr;
+    KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
+    const float *s = kva + (int64_t)t * row;
+    rms_row<false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, 0, RN_V,
+                          [&](int i, float v) { kv_store(d + i, v); });
+    for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
+    __syncthreads();
+    mlacu_rope_token(rk, ROPE_ADJACENT, pe, 1, dr, pos[t], tcs, tsn);
+    __syncthreads();
+    for (int i = threadIdx.x; i < dr; i += blockDim.x) kv_store(d + KL + i, pe[i]);
+}
+
+/* The cache side of an MLA step (mla_cuda_mla_kv_rows), block (t, 0): token t's cache row
+ * (kv_row_store); block (t, 1): token t's query k_pe rotated in place. RN_T threads. */
 template <typename KT>
 __global__ void __launch_bounds__(RN_T) mla_kv_rows_kernel(rope_k rk, const float *__restrict__ kva, int KL, int dr,
                                                            const float *__restrict__ nw, float eps,
@@ -251,20 +254,37 @@ __global__ void __launch_bounds__(RN_T) mla_kv_rows_kernel(rope_k rk, const floa
                                                            int64_t q_ld, int64_t n_head, int64_t head_ld) {
     mlacu_pdl_enter();
     __shared__ float red[32], tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2], pe[ROPE_MAX_DIMS];
-    const int t = blockIdx.x, row = KL + dr;
+    const int t = blockIdx.x;
     if (blockIdx.y == 1) {
-        rope_token(rk, ROPE_ADJACENT, q + t * q_ld, n_head, head_ld, pos[t], tcs, tsn);
+        mlacu_rope_token(rk, ROPE_ADJACENT, q + t * q_ld, n_head, head_ld, pos[t], tcs, tsn);
         return;
     }
-    KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
-    const float *s = kva + (int64_t)t * row;
-    rms_row<false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, 0, RN_V,
-                          [&](int i, float v) { kv_store(d + i, v); });
-    for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
-    __syncthreads();
-    rope_token(rk, ROPE_ADJACENT, pe, 1, dr, pos[t], tcs, tsn);
-    __syncthreads();
-    for (int i = threadIdx.x; i < dr; i += blockDim.x) kv_store(d + KL + i, pe[i]);
+    kv_row_store<KT>(rk, kva, KL, dr, nw, eps, tabs, kv_off, pos, t, red, tcs, tsn, pe);
+}
+
+/* mla_cuda_qnorm_kv_rows: blocks (t, j < slices) the q-LoRA norm of row t (slice j of RN_KB RN_T
+ * elements when slices > 1, as rmsnorm_kernel without a residual), block (t, slices) token t's
+ * cache row (kv_row_store). */
+template <typename KT, bool Q8>
+__global__ void __launch_bounds__(RN_T) qnorm_kv_kernel(const float *__restrict__ x, int n, const float *__restrict__ w,
+                                                        float eps, float *__restrict__ y, int8_t *q, float4 *qs,
+                                                        int slices, mlacu_rope_k<MLA_CUDA_ROPE_ARG_DIMS> rk,
+                                                        const float *__restrict__ kva, int KL, int dr,
+                                                        const float *__restrict__ nw,
+                                                        const float *const *const *__restrict__ tabs, int64_t kv_off,
+                                                        const int32_t *__restrict__ pos) {
+    __shared__ float red[32], tcs[MLA_CUDA_ROPE_ARG_DIMS / 2], tsn[MLA_CUDA_ROPE_ARG_DIMS / 2],
+        pe[MLA_CUDA_ROPE_ARG_DIMS];
+    const int t = blockIdx.x;
+    if ((int)blockIdx.y == slices) {
+        mlacu_pdl_enter();
+        kv_row_store<KT>(rk, kva, KL, dr, nw, eps, tabs, kv_off, pos, t, red, tcs, tsn, pe);
+        return;
+    }
+    const int k0 = slices > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = slices > 1 ? k0 + RN_KB : RN_V;
+    float *yr = y + (int64_t)t * n;
+    rms_row<false, Q8, true>(x + (int64_t)t * n, nullptr, nullptr, n, w, eps, red, Q8 ? q + (int64_t)t * n : nullptr,
+                             Q8 ? qs + (int64_t)t * (n / 32) : nullptr, k0, k1, [&](int i, float v) { yr[i] = v; });
 }
 
 /* One warp per token. Experts <= 1024, groups <= 32 (asserted on the host). */
@@ -489,20 +509,12 @@ extern "C" int mla_cuda_add(float *d_y, const float *d_a, int64_t n, mla_cuda_st
     return MLA_OK;
 }
 
-static rope_k rope_args(const rope_table *t) {
-    rope_k rk;
-    rk.n_dims = t->n_dims;
-    rk.attn_factor = t->attn_factor;
-    for (int i = 0; i < t->n_dims / 2; i++) rk.inv_freq[i] = t->inv_freq[i];
-    return rk;
-}
-
 extern "C" int mla_cuda_rope(const rope_table *t, int mode, float *d_x, int64_t T, int64_t n_vec, int64_t stride,
                              int64_t tok_stride, int64_t pos0, const int32_t *d_pos, mla_cuda_stream stream,
                              mla_err *e) {
     MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && (mode == ROPE_ADJACENT || mode == ROPE_NEOX));
     if (T <= 0 || n_vec <= 0) return MLA_OK;
-    const rope_k rk = rope_args(t);
+    const rope_k rk = mlacu_rope_args<ROPE_MAX_DIMS>(t);
     MLA_ASSERT(n_vec * t->n_dims < INT32_MAX);
     mlacu_launch(rope_kernel, (unsigned)T, n_vec * t->n_dims / 2 >= 1024 ? 512 : 128, 0, stream, rk, mode, d_x, n_vec,
                  stride, tok_stride, pos0, d_pos);
@@ -517,11 +529,37 @@ extern "C" int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int
     MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && kv_lora > 0 && kv_lora <= RN_T * RN_V && T >= 0 &&
                T <= INT32_MAX && n_head > 0 && head_ld >= t->n_dims && blk_off >= 0);
     if (T == 0) return MLA_OK;
-    const rope_k rk = rope_args(t);
+    const rope_k rk = mlacu_rope_args<ROPE_MAX_DIMS>(t);
     mlacu_launch(kv_f16 ? mla_kv_rows_kernel<__half> : mla_kv_rows_kernel<float>, dim3((unsigned)T, 2), RN_T, 0,
                  stream, rk, d_kva, (int)kv_lora, t->n_dims, d_norm_w, eps, d_blk_tok, blk_off, d_pos, d_q, q_ld,
                  n_head, head_ld);
     MLACU_CHECK(cudaGetLastError(), e, "mla_kv_rows%s T=%lld", kv_f16 ? " (fp16)" : "", (long long)T);
+    return MLA_OK;
+}
+
+extern "C" bool mla_cuda_qnorm_kv_rows_supported(int64_t n, int64_t kv_lora, int n_rope) {
+    return n > 0 && n <= RN_T * RN_V && n % 32 == 0 && kv_lora > 0 && kv_lora <= RN_T * RN_V && n_rope > 0 &&
+           n_rope <= MLA_CUDA_ROPE_ARG_DIMS && n_rope % 2 == 0;
+}
+
+extern "C" int mla_cuda_qnorm_kv_rows(const float *d_x, int64_t T, int64_t n, const float *d_w, float eps, float *d_y,
+                                      void *d_q8, const rope_table *t, const float *d_kva, int64_t kv_lora,
+                                      const float *d_kv_norm_w, const float *const *const *d_blk_tok, int64_t blk_off,
+                                      const int32_t *d_pos, int kv_f16, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(mla_cuda_qnorm_kv_rows_supported(n, kv_lora, t->n_dims) && T >= 0 && T <= 65535 && blk_off >= 0);
+    if (T == 0) return MLA_OK;
+    const bool q8 = d_q8 != NULL;
+    int8_t *q = (int8_t *)d_q8;
+    float4 *qs = q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
+    /* as mla_cuda_rmsnorm_ex: a few rows with q8 over several blocks each */
+    const int slices = q8 && T <= 16 ? (int)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)) : 1;
+    const auto rk = mlacu_rope_args<MLA_CUDA_ROPE_ARG_DIMS>(t);
+    auto k = kv_f16 ? (q8 ? qnorm_kv_kernel<__half, true> : qnorm_kv_kernel<__half, false>)
+                    : (q8 ? qnorm_kv_kernel<float, true> : qnorm_kv_kernel<float, false>);
+    mlacu_launch(k, dim3((unsigned)T, (unsigned)slices + 1), RN_T, 0, stream, d_x, (int)n, d_w, eps, d_y, q, qs, slices,
+                 rk, d_kva, (int)kv_lora, t->n_dims, d_kv_norm_w, d_blk_tok, blk_off, d_pos);
+    MLACU_CHECK(cudaGetLastError(), e, "qnorm_kv_rows%s T=%lld n=%lld", kv_f16 ? " (fp16)" : "", (long long)T,
+                (long long)n);
     return MLA_OK;
 }
 

@@ -81,6 +81,16 @@ struct mla_cmodel {
     /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
      * those bytes (mla_cuda_head_matmul_q8; MLA_CUDA_KVB_Q8=0 turns it off) */
     bool kvb_q8;
+    /* decode steps whose v_b reads those bytes: the attention's splits combined in v_b's prologue
+     * (mla_cuda_head_matmul_q8_comb) instead of a kernel of their own, where the rank's heads are
+     * at least 3/4 of the SMs (a block a head: V3's 128 heads at TP 1, not GLM-5's 64 or
+     * V2-Lite's 16, which were slower so on the H200); MLA_CUDA_VB_COMB=0 off */
+    bool vb_comb;
+    int sms; /* the device's SMs (0: unknown) */
+    /* decode steps of a q-LoRA model whose k_b reads those bytes: the cache rows written in the
+     * q-LoRA norm's launch and the queries' k_pe rotated by k_b (mla_cuda_qnorm_kv_rows,
+     * mla_cuda_head_matmul_q8_rope) instead of a cache-side kernel; MLA_CUDA_KV_MERGE=0 off */
+    bool kv_merge;
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
@@ -369,6 +379,18 @@ static bool env_count(const char *name, long dflt, long lo, long hi, const char 
     return true;
 }
 
+/* *on = the environment's switch `name`: 0 or 1, dflt when unset; false with a message naming it
+ * otherwise */
+static bool env_switch(const char *name, bool dflt, bool *on, mla_err *err) {
+    const char *s = getenv(name);
+    if (s && strcmp(s, "0") && strcmp(s, "1")) {
+        mla_errf(err, "%s=%s: expected 0 or 1", name, s);
+        return false;
+    }
+    *on = s ? !strcmp(s, "1") : dflt;
+    return true;
+}
+
 /* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
  * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
  * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
@@ -417,45 +439,30 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             return MLA_ERR;
         }
         m->attn_tc = !attn_fp32;
-        /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 (process-wide): MLA_CUDA_GEMVS=0|1, on by
-         * default */
-        const char *gs = getenv("MLA_CUDA_GEMVS");
-        if (gs && strcmp(gs, "0") && strcmp(gs, "1")) {
-            mla_errf(err, "MLA_CUDA_GEMVS=%s: expected 0 or 1", gs);
+        /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 and its tensor-core form for dense
+         * steps of 4-8 tokens (both process-wide): MLA_CUDA_GEMVS, MLA_CUDA_GEMVM; then the
+         * model's own switches, each 0 or 1, on by default: MLA_CUDA_KVB_Q8 (off in exact mode),
+         * MLA_CUDA_VB_COMB, MLA_CUDA_KV_MERGE, MLA_CUDA_FUSE */
+        bool gemvs, gemvm, kvb_q8;
+        if (!env_switch("MLA_CUDA_GEMVS", true, &gemvs, err) || !env_switch("MLA_CUDA_GEMVM", true, &gemvm, err) ||
+            !env_switch("MLA_CUDA_KVB_Q8", true, &kvb_q8, err) ||
+            !env_switch("MLA_CUDA_VB_COMB", true, &m->vb_comb, err) ||
+            !env_switch("MLA_CUDA_KV_MERGE", true, &m->kv_merge, err) ||
+            !env_switch("MLA_CUDA_FUSE", true, &m->fuse, err)) {
             mla_cmodel_free(m);
             return MLA_ERR;
         }
-        if (gs && !strcmp(gs, "0")) mla_cuda_set_gemv_stream(0, 0);
+        if (!gemvs) mla_cuda_set_gemv_stream(0, 0);
         else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
-        /* its tensor-core form for dense steps of 4-8 tokens (process-wide): MLA_CUDA_GEMVM=0|1, on
-         * by default */
-        const char *gmv = getenv("MLA_CUDA_GEMVM");
-        if (gmv && strcmp(gmv, "0") && strcmp(gmv, "1")) {
-            mla_errf(err, "MLA_CUDA_GEMVM=%s: expected 0 or 1", gmv);
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, gmv && !strcmp(gmv, "0") ? 0 : MLA_CUDA_GEMVM_TMAX);
+        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, gemvm ? MLA_CUDA_GEMVM_TMAX : 0);
         m->kvb_f16 = !m->exact;
-        const char *kq = getenv("MLA_CUDA_KVB_Q8");
-        if (kq && strcmp(kq, "0") && strcmp(kq, "1")) {
-            mla_errf(err, "MLA_CUDA_KVB_Q8=%s: expected 0 or 1", kq);
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        m->kvb_q8 = !m->exact && !(kq && !strcmp(kq, "0"));
-        const char *fu = getenv("MLA_CUDA_FUSE");
-        if (fu && strcmp(fu, "0") && strcmp(fu, "1")) {
-            mla_errf(err, "MLA_CUDA_FUSE=%s: expected 0 or 1", fu);
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        m->fuse = !(fu && !strcmp(fu, "0"));
+        m->kvb_q8 = !m->exact && kvb_q8;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
     if (mla_cuda_init(m->device, err) < 0) goto fail;
+    if (cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, m->device) != cudaSuccess) m->sms = 0;
     if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&m->st2, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
@@ -975,20 +982,42 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
     return mm(m, dn, m->g, gq, T, y, err);
 }
 
-static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err);
+static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, int n_splits, mla_err *err);
+
+/* Where a paged step's new cache rows go (attention_b), for project_q_kv's merged form */
+struct kv_dest {
+    const float *const *const *tabs;
+    int64_t kv_off;
+    const int32_t *pos;
+};
+
+/* whether a paged step of T tokens writes its cache rows in the q-LoRA norm's launch and rotates
+ * the queries' k_pe in k_b (m->kv_merge) */
+static bool kv_merged(const mla_cmodel *m, const dlayer *l, int64_t T) {
+    const mla_config *c = &m->cfg;
+    return m->kv_merge && m->fuse && c->q_lora_rank > 0 && l->kb_q8 && T <= 8 && m->rope.n_dims == c->n_rope &&
+           norm_q8(m, T) && mla_cuda_qnorm_kv_rows_supported(c->q_lora_rank, c->kv_lora_rank, (int)c->n_rope);
+}
 
 /* The attention's input projections of T tokens from m->h (hq: NULL or its q8 buffer): queries in
  * m->q (through the q-LoRA and its norm, m->cq, when the model has one; *cq_q: cq's q8 buffer
- * where the norm made one, else NULL) and the compressed kv + k_pe in m->kva. */
-static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t T, const void **cq_q, mla_err *err) {
+ * where the norm made one, else NULL) and the compressed kv + k_pe in m->kva. kd (kv_merged):
+ * the cache rows are also written, in the norm's launch. */
+static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t T, const void **cq_q,
+                        const kv_dest *kd, mla_err *err) {
     const mla_config *c = &m->cfg;
     *cq_q = nullptr;
     if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
         const int64_t QL = c->q_lora_rank;
         TRY(mm2(m, &l->q_a, m->cqr, &l->kv_a, m->kva, m->h, hq, T, err));
         void *q = norm_q8(m, T) && QL % 32 == 0 ? m->q8c : nullptr;
-        TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
-                                err));
+        if (kd)
+            TRY(mla_cuda_qnorm_kv_rows(m->cqr, T, QL, l->q_a_norm, c->rms_eps, m->cq, q, &m->rope, m->kva,
+                                       c->kv_lora_rank, l->kv_a_norm, kd->tabs, kd->kv_off, kd->pos, m->kv_f16, m->st,
+                                       err));
+        else
+            TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
+                                    err));
         *cq_q = q;
         return mm(m, &l->q_b, m->cq, q, T, m->q, err);
     }
@@ -1006,13 +1035,23 @@ static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int
     return yq ? mla_cuda_quantize_q8(y, T, yt, yq, m->st, err) : MLA_OK;
 }
 
+/* the most splits of a T-token step's attention that its v_b combines (mla_cuda_head_matmul_q8_comb),
+ * or 0: the attention combines them */
+static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
+    const mla_config *c = &m->cfg;
+    return m->vb_comb && l->vb_q8 && T <= 8 && m->sms > 0 && 4 * m->Hl >= 3 * m->sms &&
+                   mla_cuda_head_q8_comb_supported(c->kv_lora_rank, c->head_v, T, MLA_CUDA_HEAD_COMB_MAXS)
+               ? MLA_CUDA_HEAD_COMB_MAXS
+               : 0;
+}
+
 static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     cudaStream_t st = m->st;
     const void *cq_q;
-    TRY(project_q_kv(m, l, nullptr, T, &cq_q, err));
+    TRY(project_q_kv(m, l, nullptr, T, &cq_q, nullptr, err));
     float *kvc = s->kv[il];
     TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, kvc + pos0 * row, row, st, err));
     CU(cudaMemcpy2DAsync(kvc + pos0 * row + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
@@ -1043,20 +1082,24 @@ static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             NULL, 0, NULL, 0, m->attn_tc, 0};
+                             NULL, 0, NULL, 0, m->attn_tc, 0, 0, NULL};
     TRY(mla_cuda_mla_attn(&aa, st, err));
-    return attn_out(m, l, T, err);
+    return attn_out(m, l, T, 1, err);
 }
 
-/* The attention's output side, from m->ol (latent outputs of this rank's heads): v_b, attn_output
- * (row- or column-split), the all-reduce; result in m->y. */
-static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, mla_err *err) {
+/* The attention's output side, from m->ol (latent outputs of this rank's heads), or with n_splits
+ * > 1 from the attention's splits in m->attn_work, which v_b combines (vb_comb_max): v_b,
+ * attn_output (row- or column-split), the all-reduce; result in m->y. */
+static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, int n_splits, mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
     cudaStream_t st = m->st;
     /* the output rows' q8 buffer for a q8 attn_output, made by the v_b GEMV where it can */
     void *oq = !l->o_gather && mm_reads_q8(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
-    TRY(head_mm(m, l->vb, l->vb_q8, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
+    if (n_splits > 1)
+        TRY(mla_cuda_head_matmul_q8_comb(l->vb_q8, Hl, KL, dv, m->attn_work, n_splits, T, m->o, Hl * dv, dv, oq, st,
+                                         err));
+    else TRY(head_mm(m, l->vb, l->vb_q8, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
     if (!l->o_gather) {
         TRY(mm(m, &l->o, m->o, oq, T, m->y, err));
     } else {
@@ -1143,22 +1186,29 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
     const float *const *const *tabs = (const float *const *const *)(m->dstep + so.tabs);
     const void *cq_q;
-    TRY(project_q_kv(m, l, hq, T, &cq_q, err));
+    const bool merged = kv_merged(m, l, T);
+    const kv_dest kd = {tabs, kv_off, pos};
+    TRY(project_q_kv(m, l, hq, T, &cq_q, merged ? &kd : nullptr, err));
     /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
-     * roped */
-    if (m->fuse && m->rope.n_dims == dr && KL <= 8192) {
-        TRY(mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs, kv_off, pos, m->kv_f16,
-                                 m->q + dn, Hl * dk, Hl, dk, st, err));
-    } else { /* built in kvn, then stored */
-        TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
-        CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
-                             cudaMemcpyDeviceToDevice, st),
-           "k_pe copy");
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
-        TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
+     * roped. Merged: the rows are stored already, and k_b rotates the queries'. */
+    if (merged) {
+        TRY(mla_cuda_head_matmul_q8_rope(l->kb_q8, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, &m->rope,
+                                         m->q + dn, Hl * dk, dk, pos, st, err));
+    } else {
+        if (m->fuse && m->rope.n_dims == dr && KL <= 8192) {
+            TRY(mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs, kv_off, pos, m->kv_f16,
+                                     m->q + dn, Hl * dk, Hl, dk, st, err));
+        } else { /* built in kvn, then stored */
+            TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, m->kvn, row, st, err));
+            CU(cudaMemcpy2DAsync(m->kvn + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4,
+                                 (size_t)T, cudaMemcpyDeviceToDevice, st),
+               "k_pe copy");
+            TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->kvn + KL, T, 1, dr, row, 0, pos, st, err));
+            TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
+            TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
+        }
+        TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     }
-    TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
         /* A token with no more than top_k keys selects all of them, in order: the plain
@@ -1188,9 +1238,11 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             tabs, kv_off, pos, max_keys, m->attn_tc, m->kv_f16};
+                             tabs, kv_off, pos, max_keys, m->attn_tc, m->kv_f16, vb_comb_max(m, l, T), NULL};
+    int n_splits = 1;
+    if (aa.comb_max > 0) aa.n_splits_out = &n_splits;
     TRY(mla_cuda_mla_attn(&aa, st, err));
-    return attn_out(m, l, T, err);
+    return attn_out(m, l, T, n_splits, err);
 }
 
 /* Everything of a step of T tokens that runs on the device, from the token ids in the step block
