@@ -1086,9 +1086,9 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
     head_round_units(S::ROWS / 32, y, yt, yh, h, o0, out, T, yq, ys);
 }
 
-/* v_b over the attention's splits, not yet combined (mla_cuda_head_matmul_q8_comb): block (0, h)
- * = all `out` rows of head h (their weights by one bulk copy into dynamic shared memory before
- * the wait), its x the combine of the ns splits' partials of each token (work rows [t][h][split]
+/* v_b over the attention's splits, not yet combined (mla_cuda_head_matmul_q8_comb): block (j, h)
+ * = rows j rpb .. j rpb + rpb - 1 of head h (their weights by one bulk copy into dynamic shared
+ * memory before the wait), its x the combine of the ns splits' partials of each token (work rows [t][h][split]
  * of IN + 2: maximum in natural units, sum, then the unnormalized output), as
  * mla_attn_reduce_kernel forms it: x = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s. The first
  * splits' columns are loaded with the maxima and sums, before their reduction. */
@@ -1098,7 +1098,7 @@ static_assert(HQ_COMB_MAXS <= 32, "a warp a token's splits");
 /* the combine kernel's static shared memory (xs, ew, inv, the barrier), rounded up */
 constexpr size_t hq_comb_static(int64_t in) { return (size_t)(8 * in + 8 * HQ_COMB_MAXS + 8) * 4 + 64; }
 template <int IN>
-__global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *__restrict__ W, int out,
+__global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *__restrict__ W, int out, int rpb,
                                                                 const float *__restrict__ work, int H, int ns, int T,
                                                                 float *__restrict__ y, int64_t yt, int64_t yh,
                                                                 int8_t *__restrict__ yq, float4 *__restrict__ ys) {
@@ -1108,13 +1108,13 @@ __global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *_
     __shared__ __align__(16) float xs[8 * IN];
     __shared__ float ew[8 * HQ_COMB_MAXS], inv[8]; /* exp(m_s - M) of token t, split s; 1 / sum */
     __shared__ uint64_t bar;
-    const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint32_t wb = (uint32_t)out * S::RB;
+    const int h = blockIdx.y, o0 = blockIdx.x * rpb, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t wb = (uint32_t)rpb * S::RB;
     if (tid == 0) {
         mlacu_mbar_init(&bar, 1);
         mlacu_mbar_init_fence();
         mlacu_mbar_expect(&bar, wb);
-        mlacu_bulk_g2s(hq_sm, W + (size_t)h * out * S::RB, wb, &bar);
+        mlacu_bulk_g2s(hq_sm, W + ((size_t)h * out + o0) * S::RB, wb, &bar);
     }
     mlacu_pdl_wait();
     const int64_t ld = IN + 2;
@@ -1160,10 +1160,10 @@ __global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *_
     __syncthreads();
     mlacu_mbar_wait(&bar, 0);
     mlacu_pdl_trigger();
-    hq_rows<IN>(hq_sm, xs, out / (8 * S::RPW), 0, out, h, T, y, yt, yh);
+    hq_rows<IN>(hq_sm, xs, rpb / (8 * S::RPW), o0, out, h, T, y, yt, yh);
     if (!yq) return;
     __syncthreads();
-    head_round_units(out / 32, y, yt, yh, h, 0, out, T, yq, ys);
+    head_round_units(rpb / 32, y, yt, yh, h, o0, out, T, yq, ys);
 }
 
 /* Steps of many tokens with fp16 weights: per head, Y_h [T][out] = X_h [T][in] W_h^T on fp16
@@ -1948,7 +1948,12 @@ extern "C" int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t H, int64_t 
     int8_t *q;
     float4 *qs;
     head_yq(d_yq, T, yt, &q, &qs);
-    const size_t smem = (size_t)out * (size_t)(in / 32 * 34);
+    /* blocks a head: the fewest (each combines the splits again) that, with a head's rows split
+     * into runs of a multiple of 32, give 3/4 of the SMs a block */
+    int nb = 1;
+    while (4 * H * nb < 3 * mlacu_sm_count() && out % (64 * nb) == 0) nb *= 2;
+    const int rpb = (int)(out / nb);
+    const size_t smem = (size_t)rpb * (size_t)(in / 32 * 34);
     auto go = [&](auto kern, bool &attr) -> int {
         if (!attr) { /* all a block may have beside the static part: the check above bounds smem by it */
             MLACU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1956,8 +1961,8 @@ extern "C" int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t H, int64_t 
                         e, "head_matmul (Q8_0, splits combined): shared memory");
             attr = true;
         }
-        mlacu_launch(kern, dim3(1, (unsigned)H), 256, smem, st, (const uint8_t *)d_w, (int)out, d_work, (int)H,
-                     n_splits, (int)T, d_y, yt, yh, q, qs);
+        mlacu_launch(kern, dim3((unsigned)nb, (unsigned)H), 256, smem, st, (const uint8_t *)d_w, (int)out, rpb, d_work,
+                     (int)H, n_splits, (int)T, d_y, yt, yh, q, qs);
         return MLA_OK;
     };
     static bool attr[2] = {false, false};

@@ -355,10 +355,11 @@ int mla_cuda_head_matmul_q8_rope(const void *d_w, int64_t n_head, int64_t in, in
                                  const int32_t *d_pos, mla_cuda_stream stream, mla_err *e);
 
 /* mla_cuda_head_matmul_q8 (v_b) of x = the combine of the attention's n_splits uncombined splits
- * (d_work as mla_cuda_mla_attn leaves it with n_splits_out; in = its kv_lora): a block a head,
- * the splits combined as the attention's own combine does, in the head GEMV's prologue. Only where
- * mla_cuda_head_q8_comb_supported (in 256 or 512, T 1 .. 8, 2 .. 32 splits, a head's rows in
- * shared memory). */
+ * (d_work as mla_cuda_mla_attn leaves it with n_splits_out; in = its kv_lora), combined as the
+ * attention's own combine does, in the head GEMV's prologue: a head's rows over as few blocks as
+ * give 3/4 of the SMs a block (V3's 128 heads one each, GLM-5's 64 two, V2-Lite's 16 four), each
+ * block combining the head's splits. Only where mla_cuda_head_q8_comb_supported (in 256 or 512,
+ * T 1 .. 8, 2 .. 32 splits, a head's rows in shared memory). */
 #define MLA_CUDA_HEAD_COMB_MAXS 32
 bool mla_cuda_head_q8_comb_supported(int64_t in, int64_t out, int64_t T, int n_splits);
 int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_work,

@@ -82,11 +82,8 @@ struct mla_cmodel {
      * those bytes (mla_cuda_head_matmul_q8; MLA_CUDA_KVB_Q8=0 turns it off) */
     bool kvb_q8;
     /* decode steps whose v_b reads those bytes: the attention's splits combined in v_b's prologue
-     * (mla_cuda_head_matmul_q8_comb) instead of a kernel of their own, where the rank's heads are
-     * at least 3/4 of the SMs (a block a head: V3's 128 heads at TP 1, not GLM-5's 64 or
-     * V2-Lite's 16, which were slower so on the H200); MLA_CUDA_VB_COMB=0 off */
+     * (mla_cuda_head_matmul_q8_comb) instead of a kernel of their own; MLA_CUDA_VB_COMB=0 off */
     bool vb_comb;
-    int sms; /* the device's SMs (0: unknown) */
     /* decode steps of a q-LoRA model whose k_b reads those bytes: the cache rows written in the
      * q-LoRA norm's launch and the queries' k_pe rotated by k_b (mla_cuda_qnorm_kv_rows,
      * mla_cuda_head_matmul_q8_rope) instead of a cache-side kernel; MLA_CUDA_KV_MERGE=0 off */
@@ -462,7 +459,6 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     memset(&plan, 0, sizeof plan);
     const mla_config *cf = &m->cfg;
     if (mla_cuda_init(m->device, err) < 0) goto fail;
-    if (cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, m->device) != cudaSuccess) m->sms = 0;
     if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&m->st2, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
@@ -1039,7 +1035,7 @@ static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int
  * or 0: the attention combines them */
 static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->vb_comb && l->vb_q8 && T <= 8 && m->sms > 0 && 4 * m->Hl >= 3 * m->sms &&
+    return m->vb_comb && l->vb_q8 && T <= 8 &&
                    mla_cuda_head_q8_comb_supported(c->kv_lora_rank, c->head_v, T, MLA_CUDA_HEAD_COMB_MAXS)
                ? MLA_CUDA_HEAD_COMB_MAXS
                : 0;
