@@ -373,8 +373,8 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         else cp_async_commit();
     }
     if (early) mlacu_pdl_wait();
-    /* With a combine to follow (splits > 1: many small blocks, which would take issue slots from
-     * these while they wait), the next kernel is scheduled at each block's last tile; without one
+    /* Split (the combine, or v_b combining, follows: blocks that would take issue slots from these
+     * while they wait), the next kernel is scheduled at each block's last tile; with one split
      * (prompts, large decode batches), as soon as the wait has returned. */
     const bool late = a.splits > 1;
     if (!late) mlacu_pdl_trigger();
@@ -1088,11 +1088,12 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
 
 /* v_b over the attention's splits, not yet combined (mla_cuda_head_matmul_q8_comb): block (j, h)
  * = rows j rpb .. j rpb + rpb - 1 of head h (their weights by one bulk copy into dynamic shared
- * memory before the wait), its x the combine of the ns splits' partials of each token (work rows [t][h][split]
- * of IN + 2: maximum in natural units, sum, then the unnormalized output), as
+ * memory before the wait), its x the combine of the ns splits' partials of each token (work rows
+ * [t][h][split] of IN + 2: maximum in natural units, sum, then the unnormalized output), as
  * mla_attn_reduce_kernel forms it: x = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s. The first
  * splits' columns are loaded with the maxima and sums, before their reduction. */
-/* splits at most (a lane each: one warp reads a token's maxima and sums); a thread's column loads in flight */
+/* splits at most (a lane each: one warp reads a token's maxima and sums); a thread's column loads
+ * in flight */
 constexpr int HQ_COMB_MAXS = MLA_CUDA_HEAD_COMB_MAXS, HQ_COMB_SB = 16;
 static_assert(HQ_COMB_MAXS <= 32, "a warp a token's splits");
 /* the combine kernel's static shared memory (xs, ew, inv, the barrier), rounded up */

@@ -28,6 +28,13 @@
         }                                                                                      \
     } while (0)
 
+/* the global nanosecond clock (the same on every SM) */
+static __device__ __forceinline__ unsigned long long mlacu_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 #ifdef MLA_CUDA_STEPTRACE
 /* The step trace (a diagnostic build: cmake -DMLA_CUDA_STEPTRACE=ON; MLA_CUDA_STEPTRACE=PREFIX at
  * run time). Thread 0 of every block that calls mlacu_pdl_wait() writes one record: its launch
@@ -56,11 +63,6 @@ static inline void mlacu_trace_bind_tu(void) {
     cudaMemcpyToSymbol(mlacu_trace_cnt, &c, sizeof c);
     cudaMemcpyToSymbol(mlacu_trace_cap, &cap, sizeof cap);
 }
-static __device__ __forceinline__ unsigned long long mlacu_gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned long long t_in, unsigned long long t_out) {
     if (!mlacu_trace_buf) return;
     unsigned i = atomicAdd(mlacu_trace_cnt, 1u);
@@ -85,10 +87,11 @@ static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned lo
  * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
  * off; devices before sm_90 never get it.
  * Every kernel lets the next one be scheduled only after its own wait has returned (some later:
- * a decode step's norm once its row is in, the attention at its last key tile where a combine
- * follows, so that the next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch of the stream but the
- * one just before it has completed: a kernel may read before its wait what launches two or more
- * back wrote (the attention's cache rows), as well as weights and what the host uploaded. */
+ * a decode step's norm once its row is in, a split attention at its last key tile, so that the
+ * next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch
+ * of the stream but the one just before it has completed: a kernel may read before its wait what
+ * launches two or more back wrote (the attention's cache rows), as well as weights and what the
+ * host uploaded. */
 static __device__ __forceinline__ void mlacu_pdl_wait() {
 #ifdef MLA_CUDA_STEPTRACE
     const unsigned long long t_in = mlacu_gtime();

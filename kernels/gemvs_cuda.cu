@@ -99,12 +99,6 @@ struct gs_args {
     float *y, *y2;
 };
 
-/* the global nanosecond clock (the same on every SM) */
-__device__ __forceinline__ unsigned long long gs_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 /* the sum over the aligned run of n lanes (16 or 32) holding v (every shuffle taken, the adds
  * predicated: no branch) */
@@ -396,7 +390,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
          * producer's post of stage k at [GS_TRACE_N / 2 + k] */
         unsigned long long *tr = !GRP && A.trace ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
         auto stamp = [&](int k) {
-            if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = gs_now();
+            if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = mlacu_gtime();
         };
         gs_units_of_run un; /* A.yq: the units this block stores */
         int pre = 0; /* a dense product posts its first stages before the wait (weights only) */
@@ -436,17 +430,17 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
     /* ---- the consumers (tracing: thread 0 stamps [0] entry, [1] the wait on the kernel before
      * done, [2] its last stage done, [3] the stage count, [4 + k] stage k landed) */
     unsigned long long *tr = !GRP && A.trace && tid == 0 ? A.trace + (size_t)blockIdx.x * GS_TRACE_N : nullptr;
-    if (tr) tr[0] = gs_now();
+    if (tr) tr[0] = mlacu_gtime();
     mlacu_pdl_enter();
     M.span(g0, g1);
-    if (tr) tr[1] = gs_now(), tr[3] = (unsigned long long)(g1 - g0);
+    if (tr) tr[1] = mlacu_gtime(), tr[3] = (unsigned long long)(g1 - g0);
     const int grp = tid / A.TPG, ti = tid % A.TPG, part = tid / run;
     gs_x<TY> x;
     int xrow = -1;
     if (!GRP && ti < A.ni) gs_load_x<TY>(A.qx, A.sx, 0, ti, x), xrow = 0; /* one token: row 0 */
     for (int k = 0, b = 0, ph = 0, slot = 0; k < g1 - g0; k++) {
         mlacu_mbar_wait(&full[b], (uint32_t)ph);
-        if (tr && 4 + k < GS_TRACE_N / 2) tr[4 + k] = gs_now();
+        if (tr && 4 + k < GS_TRACE_N / 2) tr[4 + k] = mlacu_gtime();
         const gs_desc d = desc[slot];
         if (GRP && d.xr != xrow) { /* block-uniform */
             xrow = d.xr;
@@ -489,7 +483,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
         if (++b == NS) b = 0, ph ^= 1;
         if (++slot == 2 * NS) slot = 0;
     }
-    if (tr) tr[2] = gs_now();
+    if (tr) tr[2] = mlacu_gtime();
     if (tid == 0) MLACU_TRACE_MARK(1);
 }
 

@@ -43,9 +43,9 @@ constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (m
  * PDL: the caller has not waited on the kernel before; rms_row reads w (a weight) first, then
  * waits, and lets the next kernel be scheduled once the row's loads are in (its reduction).
  * rmsnorm_kernel takes this form for a decode step's few rows only. A decode step's norm is
- * followed by a streamed GEMV whose blocks copy their first stages of
- * weights as soon as they are scheduled: those copies would otherwise queue ahead of the norm's
- * own loads, on the step's critical path. fetch() runs after the wait, before xr and rr are read
+ * followed by a streamed GEMV whose blocks copy their first stages of weights as soon as they are
+ * scheduled: those copies would otherwise queue ahead of the norm's own loads, on the step's
+ * critical path. fetch() runs after the wait, before xr and rr are read
  * (rmsnorm_kernel's bulk copy of them into shared memory). */
 struct rms_no_fetch {
     __device__ void operator()() const {}
@@ -128,6 +128,15 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
     for (int i = threadIdx.x; i < n; i += blockDim.x) st(i, xr[i] * r * w[i]);
 }
 
+/* Slice j of `slices` blocks sharing a row: its k0 .. k1 - 1 of rms_row (the whole row with one);
+ * and how many blocks a row of n takes when it is sliced (a few rows with q8: each row's
+ * quantization spread over SMs, each block summing the whole row again, from L2) */
+__device__ __forceinline__ void rn_slice(int j, int slices, int &k0, int &k1) {
+    k0 = slices > 1 ? j * RN_KB : 0;
+    k1 = slices > 1 ? k0 + RN_KB : RN_V;
+}
+static unsigned rn_slices(int64_t n) { return (unsigned)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)); }
+
 /* block (t, j): row t, slice j of RN_KB RN_T elements (gridDim.y > 1: rows of up to RN_T RN_V;
  * with ADD, xo is not x), or the whole row (gridDim.y 1). With ADD xo = x + res (rows of n,
  * ldx == n); with Q8 the q8 buffer of y (q: int8 [T][n], qs: its scales) */
@@ -142,7 +151,8 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     __shared__ float red[32]; /* rms_row waits on the kernel before */
     __shared__ uint64_t bar;
     float *yr = y + blockIdx.x * ldy;
-    const int k0 = gridDim.y > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = gridDim.y > 1 ? k0 + RN_KB : RN_V;
+    int k0, k1;
+    rn_slice((int)blockIdx.y, (int)gridDim.y, k0, k1);
     const float *xr = x + blockIdx.x * ldx, *rr = ADD ? res + blockIdx.x * n : nullptr;
     if (bulk) {
         if (threadIdx.x == 0) {
@@ -281,7 +291,8 @@ __global__ void __launch_bounds__(RN_T) qnorm_kv_kernel(const float *__restrict_
         kv_row_store<KT>(rk, kva, KL, dr, nw, eps, tabs, kv_off, pos, t, red, tcs, tsn, pe);
         return;
     }
-    const int k0 = slices > 1 ? (int)blockIdx.y * RN_KB : 0, k1 = slices > 1 ? k0 + RN_KB : RN_V;
+    int k0, k1;
+    rn_slice((int)blockIdx.y, slices, k0, k1);
     float *yr = y + (int64_t)t * n;
     rms_row<false, Q8, true>(x + (int64_t)t * n, nullptr, nullptr, n, w, eps, red, Q8 ? q + (int64_t)t * n : nullptr,
                              Q8 ? qs + (int64_t)t * (n / 32) : nullptr, k0, k1, [&](int i, float v) { yr[i] = v; });
@@ -458,10 +469,9 @@ extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *
     float4 *qs = d_q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
     auto k = d_res ? (q8 ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
                    : (q8 ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
-    /* a few rows with q8: each row over several blocks (its quantization spread over SMs; each
-     * block sums the whole row again, from L2) */
+    /* a few rows with q8: each row over several blocks (rn_slices) */
     const bool apart = (!d_res || d_xsum != d_x) && d_y != d_x && (!d_res || d_y != d_xsum); /* nothing in place */
-    const unsigned slices = q8 && T <= 16 && apart ? (unsigned)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)) : 1;
+    const unsigned slices = q8 && T <= 16 && apart ? rn_slices(n) : 1;
     /* rows of up to RN_T RN_V elements, 16-byte aligned, few of them (a decode step's): bulk
      * copies into shared memory (rmsnorm_kernel) */
     const size_t rowb = (size_t)n * 4, smem = d_res ? 2 * rowb : rowb;
@@ -551,8 +561,8 @@ extern "C" int mla_cuda_qnorm_kv_rows(const float *d_x, int64_t T, int64_t n, co
     const bool q8 = d_q8 != NULL;
     int8_t *q = (int8_t *)d_q8;
     float4 *qs = q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
-    /* as mla_cuda_rmsnorm_ex: a few rows with q8 over several blocks each */
-    const int slices = q8 && T <= 16 ? (int)((n + RN_T * RN_KB - 1) / (RN_T * RN_KB)) : 1;
+    /* as mla_cuda_rmsnorm_ex: a few rows with q8 over several blocks each (x and y apart) */
+    const int slices = q8 && T <= 16 ? (int)rn_slices(n) : 1;
     const auto rk = mlacu_rope_args<MLA_CUDA_ROPE_ARG_DIMS>(t);
     auto k = kv_f16 ? (q8 ? qnorm_kv_kernel<__half, true> : qnorm_kv_kernel<__half, false>)
                     : (q8 ? qnorm_kv_kernel<float, true> : qnorm_kv_kernel<float, false>);

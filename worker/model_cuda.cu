@@ -987,11 +987,15 @@ struct kv_dest {
     const int32_t *pos;
 };
 
+/* whether a T-token step's absorbed product reads wq, a matrix's Q8_0 rows (dlayer's kb_q8 /
+ * vb_q8, or NULL): head_mm's choice, which the merged forms below follow */
+static bool head_reads_q8(const void *wq, int64_t T) { return wq && T <= 8; }
+
 /* whether a paged step of T tokens writes its cache rows in the q-LoRA norm's launch and rotates
  * the queries' k_pe in k_b (m->kv_merge) */
 static bool kv_merged(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->kv_merge && m->fuse && c->q_lora_rank > 0 && l->kb_q8 && T <= 8 && m->rope.n_dims == c->n_rope &&
+    return m->kv_merge && m->fuse && c->q_lora_rank > 0 && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == c->n_rope &&
            norm_q8(m, T) && mla_cuda_qnorm_kv_rows_supported(c->q_lora_rank, c->kv_lora_rank, (int)c->n_rope);
 }
 
@@ -1025,7 +1029,7 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
  * q8 buffer that also gets y (mla_cuda_head_matmul_f16's d_yq) */
 static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int64_t out, const float *x, int64_t xt,
                    int64_t xh, int64_t T, float *y, int64_t yt, int64_t yh, void *yq, mla_err *err) {
-    if (wq && T <= 8) return mla_cuda_head_matmul_q8(wq, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
+    if (head_reads_q8(wq, T)) return mla_cuda_head_matmul_q8(wq, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
     if (m->kvb_f16) return mla_cuda_head_matmul_f16(w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, yq, m->st, err);
     TRY(mla_cuda_head_matmul((const float *)w, m->Hl, in, out, x, xt, xh, T, y, yt, yh, m->st, err));
     return yq ? mla_cuda_quantize_q8(y, T, yt, yq, m->st, err) : MLA_OK;
@@ -1035,7 +1039,7 @@ static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int
  * or 0: the attention combines them */
 static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->vb_comb && l->vb_q8 && T <= 8 &&
+    return m->vb_comb && head_reads_q8(l->vb_q8, T) &&
                    mla_cuda_head_q8_comb_supported(c->kv_lora_rank, c->head_v, T, MLA_CUDA_HEAD_COMB_MAXS)
                ? MLA_CUDA_HEAD_COMB_MAXS
                : 0;
