@@ -99,7 +99,6 @@ struct gs_args {
     float *y, *y2;
 };
 
-
 /* the sum over the aligned run of n lanes (16 or 32) holding v (every shuffle taken, the adds
  * predicated: no branch) */
 __device__ __forceinline__ float gs_lane_sum(float v, int n) {
