@@ -414,10 +414,10 @@ int mla_cuda_attn_fp32(bool exact, mla_err *err) {
     return v ? !strcmp(v, "fp32") : exact;
 }
 
-int mla_cuda_kv_f16(int64_t row, bool attn_fp32, bool legacy, mla_err *err) {
+int mla_cuda_kv_f16(int64_t row, bool attn_fp32, mla_err *err) {
     const char *v = getenv("MLA_CUDA_KV");
     if (v && strcmp(v, "f16") && strcmp(v, "f32"))
         return mla_errf(err, "MLA_CUDA_KV=%s: expected f16 or f32 (the latent cache's element type)", v);
-    if (legacy || row % 2) return 0;
+    if (row % 2) return 0;
     return v ? !strcmp(v, "f16") : !attn_fp32;
 }

@@ -100,11 +100,11 @@ int mla_cuda_attn_fp32(bool exact, mla_err *err);
 /* The element type of the CUDA backend's latent cache, rows of `row` (kv_lora + rope) elements:
  * fp16 where attention runs on the fp16 tensor cores (which round the keys to fp16 anyway), fp32
  * where it runs in fp32 (attn_fp32: exact mode or MLA_CUDA_ATTN=fp32); MLA_CUDA_KV=f16|f32 (as
- * llama.cpp's --cache-type-k) overrides both. The legacy contiguous path (legacy) has only fp32,
- * and so do rows of an odd length (the indexer rows after the fp16 ones in a block stay aligned).
+ * llama.cpp's --cache-type-k) overrides both. Rows of an odd length stay fp32 (the indexer rows
+ * after the fp16 ones in a block stay aligned).
  * Returns 1 (fp16), 0 (fp32), or MLA_ERR when MLA_CUDA_KV holds another value (err names it). The
  * backend and `mlaserve bench` (which counts the bytes a decode step reads) both ask here. */
-int mla_cuda_kv_f16(int64_t row, bool attn_fp32, bool legacy, mla_err *err);
+int mla_cuda_kv_f16(int64_t row, bool attn_fp32, mla_err *err);
 
 /* Whether layer il is a dense-FFN layer. */
 static inline bool mla_config_layer_dense(const mla_config *c, int64_t il) {

@@ -100,8 +100,30 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
     hist(&b, "mlaserve_e2e_request_latency_seconds", "Time from request to its last token.", &m->e2e, lbl);
     metric_int(&b, "mlaserve_num_requests_waiting", "gauge", "Requests waiting for admission.", lbl, g->waiting);
     metric_int(&b, "mlaserve_num_requests_running", "gauge", "Requests in the running batch.", lbl, g->running);
-    metric_int(&b, "mlaserve_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", lbl, g->blocks_used);
-    metric_int(&b, "mlaserve_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", lbl, g->blocks_total);
+    metric_int(&b, "mlaserve_kv_cache_blocks_used", "gauge", "KV cache blocks held by running requests.", lbl,
+               g->blocks_used);
+    metric_int(&b, "mlaserve_kv_cache_blocks_total", "gauge",
+               "KV cache blocks the scheduler hands out (the smallest rank's pool).", lbl, g->blocks_total);
+    metric_int(&b, "mlaserve_kv_cache_blocks_cached", "gauge",
+               "Full blocks kept for the prefix cache, free to evict.", lbl, g->blocks_cached);
+    metric_int(&b, "mlaserve_kv_cache_block_size", "gauge", "Token positions per KV cache block.", lbl, g->block_size);
+    metric_int(&b, "mlaserve_kv_cache_block_bytes", "gauge", "Bytes of one KV cache block on a rank.", lbl,
+               g->block_bytes);
+    if (g->n_ranks > 0) {
+        sb_printf(&b, "# HELP mlaserve_kv_cache_rank_blocks KV cache blocks in each rank's pool.\n"
+                      "# TYPE mlaserve_kv_cache_rank_blocks gauge\n");
+        for (int r = 0; r < g->n_ranks; r++)
+            sb_printf(&b, "mlaserve_kv_cache_rank_blocks{%s,rank=\"%d\"} %u\n", lbl, r, g->rank_blocks[r]);
+        sb_printf(&b, "# HELP mlaserve_kv_cache_rank_bytes Bytes of each rank's KV cache pool.\n"
+                      "# TYPE mlaserve_kv_cache_rank_bytes gauge\n");
+        for (int r = 0; r < g->n_ranks; r++)
+            sb_printf(&b, "mlaserve_kv_cache_rank_bytes{%s,rank=\"%d\"} %.0f\n", lbl, r,
+                      (double)g->rank_blocks[r] * (double)g->block_bytes);
+    }
+    metric_int(&b, "mlaserve_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+               lbl, g->prefix_queries);
+    metric_int(&b, "mlaserve_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", lbl,
+               g->prefix_hits);
     sb_printf(&b, "# HELP mlaserve_kv_cache_usage_ratio Fraction of KV cache blocks in use.\n"
                   "# TYPE mlaserve_kv_cache_usage_ratio gauge\nmlaserve_kv_cache_usage_ratio{%s} %.6f\n",
               lbl, g->blocks_total > 0 ? (double)g->blocks_used / (double)g->blocks_total : 0.0);

@@ -30,6 +30,11 @@ void api_metrics_http(api_metrics *m, int status);
 /* Scheduler-side gauges read at scrape time. */
 typedef struct api_gauges {
     int64_t waiting, running, blocks_used, blocks_total, block_size;
+    int64_t blocks_cached;           /* full blocks kept for the prefix cache, evictable */
+    int64_t prefix_queries, prefix_hits; /* prompt tokens looked up in the prefix cache, found */
+    int64_t block_bytes;             /* one block's bytes on a rank */
+    const uint32_t *rank_blocks;     /* the blocks each rank's pool holds (n_ranks of them) */
+    int n_ranks;
     int64_t preemptions, steps;
     int64_t connections;
     int healthy;

@@ -718,7 +718,8 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
         free(r);
         r = NULL;
-        int status = rc == SCHED_E_QUEUE_FULL ? 429 : (rc == SCHED_E_CAPACITY || rc == SCHED_E_STOPPED) ? 503 : 400;
+        /* a request the whole cache cannot hold is the client's to shorten: 400, as a too long prompt */
+        int status = rc == SCHED_E_QUEUE_FULL ? 429 : rc == SCHED_E_STOPPED ? 503 : 400;
         api_error_set(e, status, NULL, rc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", err.msg);
         goto done;
     }
@@ -905,7 +906,13 @@ static void handle_metrics(api_server *a, http_conn *c) {
         g.block_size = st.block_size;
         g.preemptions = (int64_t)st.preemptions;
         g.steps = (int64_t)st.steps;
+        g.blocks_cached = st.blocks_cached;
+        g.prefix_queries = (int64_t)st.prefix_queries;
+        g.prefix_hits = (int64_t)st.prefix_hits;
     }
+    g.rank_blocks = a->cfg.rank_blocks;
+    g.n_ranks = a->cfg.n_ranks;
+    g.block_bytes = (int64_t)a->cfg.block_bytes;
     g.connections = a->http ? http_server_n_conns(a->http) : 0;
     char why[256];
     g.healthy = api_server_healthy(a, why, sizeof(why)) ? 1 : 0;

@@ -60,6 +60,11 @@ typedef struct api_config {
     /* Worker health: return true when all is well; else fill why. NULL: always healthy. */
     bool (*health)(void *ctx, char *why, size_t cap);
     void *health_ctx;
+    /* the cache pools for /metrics: blocks of each of n_ranks ranks (borrowed, outlives the
+     * server), the bytes of one block */
+    const uint32_t *rank_blocks;
+    int n_ranks;
+    uint64_t block_bytes;
 } api_config;
 
 typedef struct api_server api_server;

@@ -145,7 +145,8 @@ static const char usage_text[] =
     "                     TP x X\n"
     "  --json FILE, --md FILE   the results as JSON (for plots) and as the markdown printed on stdout\n"
     "  --env NAME=VALUE   set in the environment the workers inherit (e.g. MLA_CUDA_FAST=1); the workers'\n"
-    "                     MLA_N_CTX is set to what the largest point needs unless it is set already\n"
+    "                     cache pool holds what --gpu-memory-utilization / --kv-memory give (a point that\n"
+    "                     does not fit fails naming the numbers)\n"
     "  --threads N        compute threads per worker (default 1); -v: worker logs at info level\n";
 
 static int usage(void) {
@@ -259,9 +260,15 @@ static int timed_step(run_ctx *x, wire_seq *seqs, uint32_t n, int32_t *next, dou
 /* one prefill of p tokens (a fresh sequence, freed afterwards) */
 static int prefill_once(run_ctx *x, long p, const int32_t *tok, const int32_t *pos, double *sec, mla_err *err) {
     uint64_t id = x->next_seq++;
+    uint32_t *tab = mla_xmalloc(((size_t)coord_table_len(x->c, (uint32_t)p) + 1) * sizeof *tab), ntab = 0;
+    if (coord_slot_table(x->c, 0, 1, (uint32_t)p, tab, &ntab, err)) {
+        free(tab);
+        return MLA_ERR;
+    }
     wire_seq s = {.seq_id = id, .n_tokens = (uint32_t)p, .tokens = (int32_t *)tok, .positions = (int32_t *)pos,
-                  .sample = true, .sp = greedy()};
+                  .sample = true, .sp = greedy(), .n_blocks = ntab, .blocks = tab};
     int rc = timed_step(x, &s, 1, NULL, sec, err);
+    free(tab);
     mla_err e2;
     if (coord_free_seqs(x->c, &id, 1, rc == MLA_OK ? err : &e2) && rc == MLA_OK) rc = MLA_ERR;
     return rc;
@@ -304,7 +311,8 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
     for (long i = 0; i < b; i++) ids[i] = x->next_seq++;
     synth_tokens(tok, b, x->n_vocab, o->seed ^ ((uint64_t)(b * 131 + ctx) * 0xbf58476d1ce4e5b9ull));
     double total = 0, best = INFINITY;
-    int rc = coord_bench_fill(x->c, ids, (uint32_t)b, (uint32_t)ctx, err);
+    const uint32_t cover = (uint32_t)(ctx + o->warmup + o->steps + 1);
+    int rc = coord_bench_fill(x->c, ids, (uint32_t)b, (uint32_t)ctx, cover, err);
     if (rc) mla_err_prefix(err, "filling %ld sequences to %ld positions", b, ctx);
     /* a step's time is from the result before to its own (the first: from its plan): what a
      * client waits between tokens, whatever the workers do between plans (worker/wk_ahead.h) */
@@ -313,7 +321,7 @@ static int run_decode(run_ctx *x, long b, long ctx, bench_row *row, mla_err *err
         for (long i = 0; i < b; i++) {
             pos[i] = (int32_t)(ctx + s);
             seqs[i] = (wire_seq){.seq_id = ids[i], .n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
-                                 .sample = true, .sp = greedy()};
+                                 .sample = true, .sp = greedy(), .block_start = coord_table_len(x->c, cover)};
         }
         rc = timed_step(x, seqs, (uint32_t)b, tok, NULL, err);
         const double t = now_s(), sec = t - t_prev;
@@ -738,13 +746,12 @@ int cmd_bench(int argc, char **argv) {
         snprintf(name, sizeof name, "%.*s", (int)(eq - envs[i]), envs[i]);
         setenv(name, eq + 1, 1);
     }
-    /* the workers' context: what the largest point needs (a smaller cache per sequence than the
-     * default for short points, and room for long ones), unless the caller chose one */
-    if (!getenv("MLA_N_CTX")) {
-        char v[32];
-        snprintf(v, sizeof v, "%ld", need_ctx > max_p ? need_ctx : max_p);
-        setenv("MLA_N_CTX", v, 1);
-    }
+    /* the workers' scratch and tables: what the largest point needs */
+    long max_b = 1;
+    for (int i = 0; i < o.batch.n; i++) max_b = o.batch.v[i] > max_b ? o.batch.v[i] : max_b;
+    o.g.cc.kv.max_context = (uint32_t)((need_ctx + 1 > max_p ? need_ctx + 1 : max_p));
+    o.g.cc.kv.max_step_tokens = (uint32_t)(max_p > max_b ? max_p : max_b);
+    o.g.cc.kv.max_seqs = (uint32_t)(max_b < (long)WIRE_MAX_SEQS ? max_b : (long)WIRE_MAX_SEQS);
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
@@ -770,10 +777,10 @@ int cmd_bench(int argc, char **argv) {
      * environment, --env included) */
     info.kv_bytes = 4;
     if (!strcmp(info.backend, "cuda")) {
-        const char *fast = getenv("MLA_CUDA_FAST"), *lg = getenv("MLA_CUDA_LEGACY");
+        const char *fast = getenv("MLA_CUDA_FAST");
         const int attn_fp32 = mla_cuda_attn_fp32(fast && !strcmp(fast, "exact"), &err);
         const int kf = attn_fp32 < 0 ? MLA_ERR
-                                     : mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, lg && !strcmp(lg, "1"), &err);
+                                     : mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, &err);
         if (kf < 0) {
             fprintf(stderr, "mlaserve bench: %s\n", err.msg);
             gguf_close(g);

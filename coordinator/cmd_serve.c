@@ -99,7 +99,9 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->positions = s->pos + off;
         for (int32_t k = 0; k < p->n_tokens; k++) s->pos[off + (size_t)k] = p->start_pos + k;
         off += (size_t)p->n_tokens;
-        w->cache_slot = 0;
+        w->block_start = (uint32_t)p->n_blocks_sent;
+        w->n_blocks = (uint32_t)(p->n_blocks - p->n_blocks_sent);
+        w->blocks = (uint32_t *)(p->block_table + p->n_blocks_sent); /* ids >= 0: the same bits */
         w->sample = p->sample;
         const sched_sampling *sp = p->sampling;
         w->sp.temperature = sp->temperature;
@@ -221,8 +223,10 @@ static void on_signal(uv_signal_t *h, int signum) {
 static int usage(void) {
     fprintf(stderr,
             "usage: mlaserve serve -m MODEL.gguf [--tp N] [--threads N] [--host H] [--port P]\n"
-            "       [--api-key K] [--model-name NAME] [--max-context N] [--max-seqs N]\n"
-            "       [--step-tokens N] [--kv-blocks N] [--block-size N] [--max-queue N]\n"
+            "       [--api-key K] [--model-name NAME] [--max-seqs N] [--max-queue N]\n"
+            "       [--max-context N]   (prompt + completion; default the model's, or what the cache holds)\n"
+            "       [--max-prefill-tokens N]   (tokens a step, prompts in chunks of at most this; default 2048)\n"
+            "       [--no-prefix-cache]   (every request prefills its whole prompt)\n"
             "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n"
             "       [--proto-port P] [--proto-port-file F]   (protobuf API on P, same host and key)\n"
             "       [--drain-timeout S]   (SIGTERM: finish requests in flight for up to S s, default 30)\n%s",
@@ -240,7 +244,8 @@ int cmd_serve(int argc, char **argv) {
     const char *model_name = NULL, *port_file = NULL, *worker_exe = NULL, *endpoint = NULL;
     int port = 8000, tp = 1, threads = 1, proto_port = -1;
     const char *proto_port_file = NULL;
-    long max_context = 0, max_seqs = 32, step_tokens = 512, kv_blocks = 0, block_size = 16, max_queue = 256;
+    long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
+    bool prefix_cache = true;
     http_server_config hc;
     http_server_config_default(&hc);
     coord_config cc = {0};
@@ -260,6 +265,11 @@ int cmd_serve(int argc, char **argv) {
             i--; /* the loop steps by 2; i is at the option's last word */
             continue;
         }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            prefix_cache = false;
+            i--;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "mlaserve serve: %s needs a value\n", a);
@@ -274,9 +284,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--model-name")) model_name = v;
         else if (!strcmp(a, "--max-context")) max_context = atol(v);
         else if (!strcmp(a, "--max-seqs")) max_seqs = atol(v);
-        else if (!strcmp(a, "--step-tokens")) step_tokens = atol(v);
-        else if (!strcmp(a, "--kv-blocks")) kv_blocks = atol(v);
-        else if (!strcmp(a, "--block-size")) block_size = atol(v);
+        else if (!strcmp(a, "--max-prefill-tokens")) step_tokens = atol(v);
         else if (!strcmp(a, "--max-queue")) max_queue = atol(v);
         else if (!strcmp(a, "--max-body")) hc.lim.max_body = (size_t)atol(v);
         else if (!strcmp(a, "--max-conns")) hc.max_conns = atoi(v);
@@ -295,8 +303,9 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mlaserve serve: -m MODEL.gguf is required\n");
         return usage();
     }
-    if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || step_tokens < 1 ||
-        block_size < 1 || max_queue < 1 || max_context < 0 || kv_blocks < 0 || proto_port < -1 || proto_port > 65535 ||
+    if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || max_seqs > WIRE_MAX_SEQS ||
+        step_tokens < 1 || step_tokens > (long)WIRE_MAX_STEP_TOKENS || max_queue < 1 || max_context < 0 ||
+        max_context > (long)WIRE_MAX_CTX || proto_port < -1 || proto_port > 65535 ||
         (proto_port_file && proto_port < 0)) {
         fprintf(stderr, "mlaserve serve: an option value is out of range\n");
         return usage();
@@ -329,16 +338,16 @@ int cmd_serve(int argc, char **argv) {
         mla_err_prefix(&err, "%s", model);
         goto out;
     }
-    /* the model's context length */
-    {
-        const long ctx_len = (long)mcfg.ctx_train;
-        if (max_context == 0) max_context = ctx_len > 0 ? (ctx_len < 8192 ? ctx_len : 8192) : 4096;
-        if (ctx_len > 0 && max_context > ctx_len) {
-            mla_errf(&err, "--max-context %ld is beyond the model's context length %ld", max_context, ctx_len);
-            goto out;
-        }
+    /* the model's context length, unless a shorter one is asked for */
+    const long ctx_len = (long)mcfg.ctx_train;
+    if (ctx_len > 0 && max_context > ctx_len) {
+        mla_errf(&err, "--max-context %ld is beyond the model's context length %ld", max_context, ctx_len);
+        goto out;
     }
-    if (kv_blocks == 0) kv_blocks = (max_seqs * max_context + block_size - 1) / block_size;
+    if (max_context == 0) max_context = ctx_len > 0 ? ctx_len : 4096;
+    cc.kv.max_context = (uint32_t)max_context;
+    cc.kv.max_step_tokens = (uint32_t)step_tokens;
+    cc.kv.max_seqs = (uint32_t)max_seqs;
     if (endpoint) cc.endpoint = endpoint;
     cc.world = tp;
     cc.model_path = model;
@@ -349,14 +358,31 @@ int cmd_serve(int argc, char **argv) {
         mla_err_prefix(&err, "starting %d workers", tp);
         goto out;
     }
+    /* the cache the workers took: the smallest rank's blocks are what the scheduler hands out */
+    coord_kv_info kvi;
+    coord_kv_pool(S.c, &kvi);
+    const long pool_tokens = (long)kvi.n_blocks * (long)kvi.block_size;
+    MLA_INFO("serve: cache pool %u blocks of %u positions = %ld positions a rank (%.2f GiB a rank)", kvi.n_blocks,
+             kvi.block_size, pool_tokens, (double)kvi.n_blocks * (double)kvi.block_bytes / 1073741824.0);
+    if (pool_tokens < max_context) {
+        MLA_WARN("serve: one sequence of %ld positions does not fit the cache (%ld positions): serving a context of "
+                 "%ld; more memory (--gpu-memory-utilization, --kv-memory, more GPUs) gives more",
+                 max_context, pool_tokens, pool_tokens);
+        max_context = pool_tokens;
+    }
+    if (max_context < 2) {
+        mla_errf(&err, "the cache pool holds %ld positions: too few to serve a request", pool_tokens);
+        goto out;
+    }
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)coord_n_vocab(S.c), .encode = st_encode,
                          .piece = st_piece, .is_special = st_special, .is_eog = st_eog,
                          .render_chat = S.tmpl ? st_chat : NULL};
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
-                     .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S};
+                     .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S,
+                     .rank_blocks = kvi.rank_blocks, .n_ranks = tp, .block_bytes = kvi.block_bytes};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
-    sched_config sc = {.block_size = (int32_t)block_size, .n_blocks = (int32_t)kv_blocks,
+    sched_config sc = {.block_size = (int32_t)kvi.block_size, .n_blocks = (int32_t)kvi.n_blocks, .prefix_cache = prefix_cache,
                        .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
                        .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                        .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
@@ -388,8 +414,8 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (pb) MLA_INFO("serve: protobuf API on %s:%d", host, pb_bound);
-    MLA_INFO("serve: %s on http://%s:%d (tp %d, context %ld, %ld KV blocks of %ld)", ac.model_name, host,
-             bound, tp, max_context, kv_blocks, block_size);
+    MLA_INFO("serve: %s on http://%s:%d (tp %d, context %ld, %u cache blocks of %u, prefix cache %s)", ac.model_name,
+             host, bound, tp, max_context, kvi.n_blocks, kvi.block_size, prefix_cache ? "on" : "off");
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);

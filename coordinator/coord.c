@@ -45,6 +45,9 @@ typedef struct rank_st {
      * (link_dead: the worker is gone) takes nothing more, supervise() reports the exit */
     fdlink *link;
     int link_on, link_dead;
+    /* the cache pool it took (LOADED) */
+    uint32_t kv_blocks, kv_block_size;
+    uint64_t kv_block_bytes;
 } rank_st;
 
 struct coord {
@@ -256,6 +259,7 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     m.u.reply.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
     m.u.reply.heartbeat_timeout_ms = (uint32_t)c->cfg.heartbeat_timeout_ms;
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
+    m.u.reply.kv = c->cfg.kv;
     send_frame_to_ident(c, ident, ilen, &m);
     rs->link_on = rs->link != NULL; /* from here on everything goes over the link */
     MLA_INFO("worker %d registered (pid %d, host %s, device %s%s)", r, (int)rg->pid, rg->host, rg->device,
@@ -273,6 +277,10 @@ static void check_ready(coord *c) {
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
+    for (int r = 0; r < c->cfg.world; r++)
+        MLA_INFO("cache pool of rank %d: %u blocks of %u positions (%.0f positions, %.2f GiB)", r, c->ranks[r].kv_blocks,
+                 c->ranks[r].kv_block_size, (double)c->ranks[r].kv_blocks * c->ranks[r].kv_block_size,
+                 (double)c->ranks[r].kv_blocks * (double)c->ranks[r].kv_block_bytes / 1073741824.0);
 }
 
 static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const void *data, size_t len);
@@ -325,8 +333,14 @@ static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const 
                 group_fail(c, "worker %d failed to load the model: %s", r, m.u.ctl.message);
             } else if (c->n_vocab && c->n_vocab != m.u.ctl.n_vocab) {
                 group_fail(c, "worker %d reports vocabulary %u, others %u", r, m.u.ctl.n_vocab, c->n_vocab);
+            } else if (r > 0 && c->ranks[0].kv_block_size && c->ranks[0].kv_block_size != m.u.ctl.kv_block_size) {
+                group_fail(c, "worker %d uses cache blocks of %u positions, worker 0 of %u", r, m.u.ctl.kv_block_size,
+                           c->ranks[0].kv_block_size);
             } else {
                 c->n_vocab = m.u.ctl.n_vocab;
+                c->ranks[r].kv_blocks = m.u.ctl.kv_blocks;
+                c->ranks[r].kv_block_size = m.u.ctl.kv_block_size;
+                c->ranks[r].kv_block_bytes = m.u.ctl.kv_block_bytes;
                 c->ranks[r].loaded = 1;
                 check_ready(c);
             }
@@ -702,7 +716,29 @@ const char coord_opts_usage[] =
     "control plane: [--coord ENDPOINT] [--workers-external] [--curve-dir DIR] [--insecure-control-plane]\n"
     "       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--start-timeout-ms N]\n"
     "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n"
-    "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n";
+    "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n"
+    "cache pool: [--gpu-memory-utilization F] (CUDA: the fraction of each GPU's memory used in all, weights\n"
+    "       included, default 0.90) [--kv-memory BYTES] (CPU: the pool's size, default 1G; CUDA: a cap;\n"
+    "       suffixes K, M, G, T)\n";
+
+/* BYTES with an optional K/M/G/T (powers of 1024) suffix; 0 on a bad value. */
+static uint64_t parse_bytes(const char *v) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || !(x > 0)) return 0;
+    double mul = 1;
+    switch (*end) {
+    case 'K': case 'k': mul = 1024.0; end++; break;
+    case 'M': case 'm': mul = 1048576.0; end++; break;
+    case 'G': case 'g': mul = 1073741824.0; end++; break;
+    case 'T': case 't': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || x * mul >= 1.8e19) return 0;
+    return (uint64_t)(x * mul);
+}
 
 int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err) {
     const char *a = argv[*i];
@@ -716,7 +752,7 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
     }
     static const char *const with_value[] = {"--coord", "--curve-dir", "--heartbeat-timeout-ms", "--step-timeout-ms",
                                              "--start-timeout-ms", "--on-worker-failure", "--max-restarts",
-                                             "--backend"};
+                                             "--backend", "--gpu-memory-utilization", "--kv-memory"};
     size_t k = 0;
     while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
     if (k == sizeof with_value / sizeof *with_value) return 0;
@@ -735,6 +771,19 @@ int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *e
             return -1;
         }
         cfg->backend = v;
+    } else if (!strcmp(a, "--gpu-memory-utilization")) {
+        char *end;
+        double f = strtod(v, &end);
+        if (end == v || *end || !(f > 0 && f <= 1)) {
+            mla_errf(err, "--gpu-memory-utilization: '%s' is not a fraction in (0, 1]", v);
+            return -1;
+        }
+        cfg->kv.gpu_memory_utilization = (float)f;
+    } else if (!strcmp(a, "--kv-memory")) {
+        if (!(cfg->kv.kv_memory_bytes = parse_bytes(v))) {
+            mla_errf(err, "--kv-memory: '%s' is not a size in bytes (suffixes K, M, G, T)", v);
+            return -1;
+        }
     } else if (!strcmp(a, "--on-worker-failure")) {
         if (!strcmp(v, "stop")) cfg->on_failure = COORD_ON_FAILURE_STOP;
         else if (!strcmp(v, "restart")) cfg->on_failure = COORD_ON_FAILURE_RESTART;
@@ -1061,6 +1110,13 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (cfg_in->world < 1 || cfg_in->world > WIRE_MAX_WORLD)
         return mla_errf(err, "world size %d outside [1, %d]", cfg_in->world, WIRE_MAX_WORLD);
     if (!cfg_in->model_path) return mla_errf(err, "no model path");
+    const wire_kv_opts *kv = &cfg_in->kv;
+    if (kv->gpu_memory_utilization < 0 || kv->gpu_memory_utilization > 1 || kv->max_step_tokens > WIRE_MAX_STEP_TOKENS ||
+        kv->max_context > WIRE_MAX_CTX || kv->max_seqs > WIRE_MAX_SEQS)
+        return mla_errf(err, "cache pool settings out of range: --gpu-memory-utilization %g (0, 1], steps of %u tokens "
+                             "(at most %u), context %u (at most %u), %u sequences (at most %u)",
+                        kv->gpu_memory_utilization, kv->max_step_tokens, WIRE_MAX_STEP_TOKENS, kv->max_context,
+                        WIRE_MAX_CTX, kv->max_seqs, WIRE_MAX_SEQS);
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
     c->spin_us = zspin_default(c->cfg.backend ? c->cfg.backend : getenv("MLA_BACKEND"));
@@ -1077,6 +1133,9 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
         c->cfg.step_timeout_ms = env && atoi(env) != 0 ? atoi(env) : 600000;
     }
     if (c->cfg.max_restarts <= 0) c->cfg.max_restarts = 5;
+    if (!(c->cfg.kv.gpu_memory_utilization > 0)) c->cfg.kv.gpu_memory_utilization = 0.90f;
+    if (c->cfg.kv.max_step_tokens == 0) c->cfg.kv.max_step_tokens = 512;
+    if (c->cfg.kv.max_seqs == 0) c->cfg.kv.max_seqs = 32;
     c->curve_dir = cfg_in->curve_dir ? mla_xstrdup(cfg_in->curve_dir) : NULL;
     c->cfg.curve_dir = c->curve_dir;
     c->model_path = mla_xstrdup(cfg_in->model_path);
@@ -1159,6 +1218,16 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
 
 const char *coord_endpoint(const coord *c) { return c->endpoint; }
 uint32_t coord_n_vocab(const coord *c) { return c->n_vocab; }
+
+void coord_kv_pool(const coord *c, coord_kv_info *out) {
+    memset(out, 0, sizeof *out);
+    out->block_size = c->ranks[0].kv_block_size;
+    out->block_bytes = c->ranks[0].kv_block_bytes;
+    for (int r = 0; r < c->cfg.world; r++) {
+        out->rank_blocks[r] = c->ranks[r].kv_blocks;
+        if (r == 0 || c->ranks[r].kv_blocks < out->n_blocks) out->n_blocks = c->ranks[r].kv_blocks;
+    }
+}
 int coord_world(const coord *c) { return c->cfg.world; }
 pid_t coord_worker_pid(const coord *c, int rank) {
     return rank >= 0 && rank < c->cfg.world ? c->ranks[rank].pid : 0;
@@ -1315,9 +1384,41 @@ static int coord_bench(coord *c, wire_bench *b, double *sec, mla_err *err) {
     return rc;
 }
 
-int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, mla_err *err) {
-    wire_bench b = {.op = WIRE_BENCH_FILL, .n_seq_ids = n, .seq_ids = (uint64_t *)ids, .n_past = n_past};
-    return coord_bench(c, &b, NULL, err);
+int coord_slot_table(const coord *c, uint32_t slot, uint32_t n_slots, uint32_t positions, uint32_t *ids, uint32_t *n,
+                     mla_err *err) {
+    coord_kv_info k;
+    coord_kv_pool(c, &k);
+    if (k.block_size == 0) return mla_errf(err, "the workers reported no cache pool");
+    const uint64_t per = ((uint64_t)positions + k.block_size - 1) / k.block_size;
+    if (slot >= n_slots || per * n_slots > k.n_blocks)
+        return mla_errf(err, "%u sequences of %u positions need %llu cache blocks of %u positions; the pool holds %u "
+                             "(--kv-memory, --gpu-memory-utilization)",
+                        n_slots, positions, (unsigned long long)(per * n_slots), k.block_size, k.n_blocks);
+    for (uint64_t b = 0; b < per; b++) ids[b] = (uint32_t)(slot * per + b);
+    *n = (uint32_t)per;
+    return MLA_OK;
+}
+
+uint32_t coord_table_len(const coord *c, uint32_t positions) {
+    const uint32_t bs = c->ranks[0].kv_block_size ? c->ranks[0].kv_block_size : 1;
+    return (uint32_t)(((uint64_t)positions + bs - 1) / bs);
+}
+
+int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, uint32_t cover, mla_err *err) {
+    const uint32_t per = coord_table_len(c, cover > n_past ? cover : n_past);
+    uint32_t *blocks = mla_xmalloc((size_t)n * (per ? per : 1) * sizeof *blocks);
+    int rc = MLA_OK;
+    for (uint32_t i = 0; rc == MLA_OK && i < n; i++) {
+        uint32_t got;
+        rc = coord_slot_table(c, i, n, cover > n_past ? cover : n_past, blocks + (size_t)i * per, &got, err);
+    }
+    if (rc == MLA_OK) {
+        wire_bench b = {.op = WIRE_BENCH_FILL, .n_seq_ids = n, .seq_ids = (uint64_t *)ids, .n_past = n_past,
+                        .blocks_per_seq = per, .n_blocks = n * per, .blocks = blocks};
+        rc = coord_bench(c, &b, NULL, err);
+    }
+    free(blocks);
+    return rc;
 }
 
 int coord_bench_coll(coord *c, size_t n_floats, int iters, double *sec_per_op, mla_err *err) {

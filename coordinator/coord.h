@@ -61,6 +61,10 @@ typedef struct coord_config {
      * COORD_ON_FAILURE_EXIT (as STOP; the owner is expected to exit: see coord_policy). */
     int on_failure;
     int max_restarts;
+    /* The cache pool every worker takes at load (RegisterReply, worker/engine.h engine_opts):
+     * zeros take the defaults (gpu_memory_utilization 0.90, steps of 512 tokens, 32 sequences,
+     * the model's context; a CPU worker's kv_memory_bytes 0: its default of 1 GiB). */
+    wire_kv_opts kv;
 } coord_config;
 
 enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE_EXIT = 2 };
@@ -114,6 +118,14 @@ int coord_start(coord **out, const coord_config *cfg, mla_err *err);
 
 const char *coord_endpoint(const coord *c);
 uint32_t coord_n_vocab(const coord *c);
+/* The cache pools the ranks took (LOADED): n_blocks is the smallest rank's, the one block tables
+ * may use; block_size positions a block on every rank (checked equal); block_bytes rank 0's. */
+typedef struct coord_kv_info {
+    uint32_t n_blocks, block_size;
+    uint64_t block_bytes;
+    uint32_t rank_blocks[WIRE_MAX_WORLD];
+} coord_kv_info;
+void coord_kv_pool(const coord *c, coord_kv_info *out);
 int coord_world(const coord *c);
 /* pid of a local worker (0 for external workers or before it started) */
 pid_t coord_worker_pid(const coord *c, int rank);
@@ -133,7 +145,17 @@ int coord_free_seqs(coord *c, const uint64_t *ids, uint32_t n, mla_err *err);
  * of n_floats floats on its model's collective; *sec_per_op is the slowest rank's mean per
  * all-reduce. A rank that cannot (an engine without the hook, a context too small) answers with
  * an error, returned as "worker R: <reason>" (the lowest such rank); the group stays usable. */
-int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, mla_err *err);
+int coord_bench_fill(coord *c, const uint64_t *ids, uint32_t n, uint32_t n_past, uint32_t cover, mla_err *err);
+
+/* Block tables for commands that run their own plans (generate, logits, bench) instead of the
+ * scheduler: the slot-th of n_slots sequences of up to `positions` positions takes the contiguous
+ * pool blocks [slot * k, (slot + 1) * k), k = coord_table_len(c, positions), written to ids (room
+ * for k) with *n = k. MLA_ERR naming the numbers when the smallest rank's pool cannot hold n_slots
+ * such sequences. coord_bench_fill's sequence i takes slot i of n with `cover` (>= n_past)
+ * positions, for the decode steps that follow. */
+int coord_slot_table(const coord *c, uint32_t slot, uint32_t n_slots, uint32_t positions, uint32_t *ids, uint32_t *n,
+                     mla_err *err);
+uint32_t coord_table_len(const coord *c, uint32_t positions);
 int coord_bench_coll(coord *c, size_t n_floats, int iters, double *sec_per_op, mla_err *err);
 
 /* 1 while the group is ready; 0 once it failed or while it restarts (the reason goes to err

@@ -29,14 +29,18 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
     const uint32_t V = coord_n_vocab(c);
     int32_t *pos = mla_xmalloc((size_t)(n + greedy + 1) * sizeof *pos);
     for (int64_t i = 0; i < n + greedy + 1; i++) pos[i] = (int32_t)i;
-    int rc = MLA_OK;
+    /* the whole table in the first plan: one sequence at a time, blocks from 0 */
+    const uint32_t npos = (uint32_t)(n + greedy + 1);
+    uint32_t *tab = mla_xmalloc(((size_t)coord_table_len(c, npos) + 1) * sizeof *tab), ntab = 0;
+    int rc = coord_slot_table(c, 0, 1, npos, tab, &ntab, err);
     int64_t off = 0;
     int32_t next = -1;
     *n_gen = 0;
     while (off < n && rc == MLA_OK) {
         int64_t cnt = off == 0 ? k : 1;
         wire_seq s = {.seq_id = seq_id, .n_tokens = (uint32_t)cnt, .tokens = (int32_t *)tokens + off,
-                      .positions = pos + off, .sample = off + cnt == n && greedy > 0};
+                      .positions = pos + off, .sample = off + cnt == n && greedy > 0,
+                      .block_start = off == 0 ? 0 : ntab, .n_blocks = off == 0 ? ntab : 0, .blocks = tab};
         s.sp.top_p = 1;
         s.sp.repetition_penalty = 1;
         s.sp.logits = WIRE_LOGITS_ALL;
@@ -52,7 +56,8 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
     for (long i = 0; rc == MLA_OK && greedy > 0 && i < greedy; i++) {
         gen[(*n_gen)++] = next;
         if (next == eos || i + 1 == greedy) break;
-        wire_seq s = {.seq_id = seq_id, .n_tokens = 1, .tokens = &next, .positions = pos + n + i, .sample = true};
+        wire_seq s = {.seq_id = seq_id, .n_tokens = 1, .tokens = &next, .positions = pos + n + i, .sample = true,
+                      .block_start = ntab};
         s.sp.top_p = 1;
         s.sp.repetition_penalty = 1;
         wire_step_plan plan = {.step_id = ++*step, .n_seqs = 1, .seqs = &s};
@@ -63,6 +68,7 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
         coord_result_free(&res);
     }
     free(pos);
+    free(tab);
     if (rc == MLA_OK) rc = coord_free_seqs(c, &seq_id, 1, err);
     return rc;
 }
@@ -203,6 +209,7 @@ int cmd_generate(int argc, char **argv) {
     char *text = NULL;
     tok_ids ids = {0};
     int32_t *pos = NULL;
+    uint32_t *tab = NULL, ntab = 0;
     int status = 1;
     if (gguf_open(&g, o.model, &err) || tok_vocab_from_gguf(&voc, g, &err) ||
         chat_tmpl_from_gguf(&tmpl, g, voc, &err))
@@ -229,9 +236,13 @@ int cmd_generate(int argc, char **argv) {
         mla_errf(&err, "the prompt has no tokens");
         goto fail;
     }
+    o.cc.kv.max_context = (uint32_t)(ids.n + (size_t)n_predict + 1);
+    o.cc.kv.max_step_tokens = (uint32_t)ids.n;
     if (start_group(&o, &g, &c, &err)) goto fail;
     pos = mla_xmalloc((ids.n + (size_t)n_predict) * sizeof *pos);
     for (size_t i = 0; i < ids.n + (size_t)n_predict; i++) pos[i] = (int32_t)i;
+    tab = mla_xmalloc(((size_t)coord_table_len(c, (uint32_t)(ids.n + (size_t)n_predict)) + 1) * sizeof *tab);
+    if (coord_slot_table(c, 0, 1, (uint32_t)(ids.n + (size_t)n_predict), tab, &ntab, &err)) goto fail;
     tok_stream ts;
     tok_stream_init(&ts, voc, true);
     size_t bufcap = tok_max_piece_len(voc) * 2 + 16;
@@ -244,7 +255,8 @@ int cmd_generate(int argc, char **argv) {
     t1 = t0;
     for (long i = 0; i < n_predict; i++) {
         wire_seq s = {.seq_id = 1, .n_tokens = (uint32_t)cnt, .tokens = i ? &next : ids.ids,
-                      .positions = pos + off, .sample = true, .sp = sp};
+                      .positions = pos + off, .sample = true, .sp = sp, .block_start = i ? ntab : 0,
+                      .n_blocks = i ? 0 : ntab, .blocks = tab};
         wire_step_plan plan = {.step_id = (uint64_t)i + 1, .n_seqs = 1, .seqs = &s};
         wire_step_result res;
         if (coord_step(c, &plan, &res, &err)) {
@@ -289,6 +301,7 @@ done:
     tok_vocab_free(voc);
     tok_ids_free(&ids);
     free(pos);
+    free(tab);
     return status;
 usage:
     fprintf(stderr,

@@ -335,6 +335,7 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->start_pos = q->n_computed;
     p->block_table = q->blocks;
     p->n_blocks = q->n_blocks;
+    p->n_blocks_sent = 0; /* the whole table every step */
     p->sample = q->n_computed + chunk == q->n_tokens;
     p->sampling = &q->sampling;
     p->seq_tokens = q->tokens;

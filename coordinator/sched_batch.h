@@ -64,6 +64,7 @@ typedef struct sched_plan_seq {
     const int32_t *block_table; /* n_blocks cache block ids; position p lives in block
                                    block_table[p / block_size], slot p % block_size */
     int32_t n_blocks;
+    int32_t n_blocks_sent;      /* leading entries the backend already holds for this sequence */
     bool sample;                /* true: return the next token after tokens[n_tokens-1] */
     const sched_sampling *sampling;
     /* Tokens generated so far for this request (for penalties and seeded sampling: the
@@ -127,6 +128,7 @@ typedef struct sched_config {
     int32_t max_step_tokens; /* token budget per step, prefill chunks included (> 0) */
     int32_t max_queue;       /* waiting requests before SCHED_E_QUEUE_FULL (> 0) */
     int32_t max_context;     /* prompt + generated limit per sequence (> 0) */
+    bool prefix_cache;       /* share full blocks of equal prefixes among requests */
     /* Tokens that end generation for every request (EOS etc.) besides its own stop ids. */
     bool (*is_eog)(void *eog_ctx, int32_t token);
     void *eog_ctx;
@@ -159,6 +161,8 @@ typedef struct sched_stats {
     int32_t waiting, running;
     int32_t blocks_used, blocks_total, block_size;
     uint64_t steps, preemptions, tokens_prefilled, tokens_generated;
+    int32_t blocks_cached;
+    uint64_t prefix_queries, prefix_hits;
 } sched_stats;
 
 typedef struct sched sched;

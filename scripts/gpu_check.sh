@@ -9,8 +9,7 @@
 #            nothing is compiled here
 # By default the caches are paged and decode steps take the batched path with CUDA graphs
 # (worker/model_cuda.h mla_cmodel_decode); rows marked "eager" run with MLA_CUDA_GRAPHS=0,
-# "unbatched" with MLA_CUDA_BATCHED=0, "legacy" with MLA_CUDA_LEGACY=1 (contiguous caches, one
-# sequence at a time: the path of the earlier sessions); "--batch" decodes all prompts together.
+# "unbatched" with MLA_CUDA_BATCHED=0; "--batch" decodes all prompts together.
 # --e2e: after the op checks, the fixtures through the CUDA forward pass (mla-e2e, driven by
 # tests/model/check_logits.py with the CPU tests' bounds) at TP = 1, 2, 4 (ranks as threads
 # sharing the GPU through the host collective), and a short table. Fixtures travel in .gpu-fixtures/
@@ -98,8 +97,6 @@ if [ "$e2e" = 1 ]; then
   e2e_run "ds3 bf16 TP1 --batch greedy (all prompts decoded together, graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "ds3 bf16 TP1 --batch greedy, eager" "MLA_CUDA_GRAPHS=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "ds3 bf16 TP1 unbatched (MLA_CUDA_BATCHED=0) vs HF + greedy" "MLA_CUDA_BATCHED=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "ds3 bf16 TP1 legacy (MLA_CUDA_LEGACY=1) vs HF + greedy" "MLA_CUDA_LEGACY=1" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  e2e_run "glm5 bf16 TP1 long (DSA) legacy, bf16 RoPE freqs + greedy" "MLA_CUDA_LEGACY=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "ds3 bf16 TP1 incremental (graphs) == one pass" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --incremental 4 --inc-rtol 1e-4
   e2e_run "ds3 bf16 TP1 --split vs HF + greedy" "MLA_E2E_FAST=split" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "glm5 bf16 TP1 vs HF + greedy" "X=1" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
@@ -132,7 +129,7 @@ if [ "$e2e" = 1 ]; then
   e2e_run "glm5 bf16 TP2 tensor-core attention == TP1 vs HF" "MLA_CUDA_ATTN=tc" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,3,7 --tp 2 --tp-rtol 1e-2 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
-  for v in "MLA_CUDA_LEGACY=1" "MLA_CUDA_BATCHED=0" "MLA_CUDA_GRAPHS=0" "X=1"; do
+  for v in "MLA_CUDA_BATCHED=0" "MLA_CUDA_GRAPHS=0" "X=1"; do
     echo "$v: $(env $v MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" 2>&1 | grep timing)" || true
   done
   echo "--batch: $(MLA_E2E_TIME=1 "$BUILD/mla-e2e" logits -m "$ds/tiny-deepseek3-bf16.gguf" --tokens "$OUT/tok.txt" --out "$OUT/l.f32" --greedy 24 --ids-out "$OUT/ids.txt" --batch 2>&1 | grep -E 'timing|graphs' | tr '\n' ' ')" || true

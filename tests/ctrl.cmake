@@ -81,7 +81,7 @@ endforeach()
 # the real model through coordinator + mlaserve-worker processes vs the single-process forward
 if(TARGET mlaserve-worker)
   add_executable(test_coord_model ${MLA_TEST_DIR}/unit/test_coord_model.c)
-  target_include_directories(test_coord_model PRIVATE ${MLA_TEST_DIR}/unit)
+  target_include_directories(test_coord_model PRIVATE ${MLA_TEST_DIR}/unit ${MLA_TEST_DIR}/ctrl)
   target_link_libraries(test_coord_model mla_coord m)
   foreach(fx tiny-deepseek3/tiny-deepseek3-bf16 tiny-glm5/tiny-glm5-q8_0)
     get_filename_component(fxn ${fx} NAME)

@@ -37,12 +37,35 @@ typedef struct engine_boot {
     int (*wait_id)(void *ctx, uint8_t *id, size_t len, mla_err *err);
 } engine_boot;
 
+/* What load() sizes the engine by: threads, and the cache pool settings the coordinator sent at
+ * registration (wire_kv_opts: the fraction of the device, or the bytes, the pool may take; the
+ * largest step and context the scratch must hold). */
+typedef struct engine_opts {
+    int n_threads;
+    wire_kv_opts kv;
+} engine_opts;
+
+/* The latent cache pool an engine took at load: n_blocks blocks of block_size positions (every
+ * layer's cache rows of those positions), block_bytes each. The coordinator's scheduler assigns
+ * the blocks (one pager); the engine only stores rows where the block tables say. */
+typedef struct engine_kv_pool {
+    uint32_t n_blocks, block_size;
+    uint64_t block_bytes;
+} engine_kv_pool;
+
 typedef struct engine_ops {
     const char *name;
     /* the model's identity, checked by the coordinator at registration (cheap: no weights) */
     int (*model_hash)(const char *model_path, uint64_t *hash, mla_err *err);
     int (*load)(engine **out, const char *model_path, int rank, int world, coll *c, const engine_boot *boot,
-                int n_threads, mla_err *err);
+                const engine_opts *opts, mla_err *err);
+    /* the pool load() took */
+    void (*kv_pool)(const engine *e, engine_kv_pool *out);
+    /* Applies the block table updates of every row of plan p (wire_seq block_start / blocks),
+     * creating the sequences it does not know yet. The worker calls it for every plan before
+     * anything of that plan runs, also for rows a step ahead already answered. MLA_ERR (nothing
+     * applied to that row and after) for a cut past the table's end. */
+    int (*set_tables)(engine *e, const wire_step_plan *p, mla_err *err);
     uint32_t (*n_vocab)(const engine *e);
     int (*step)(engine *e, const wire_step_plan *plan, float *const *logits, mla_err *err);
     /* forgets a sequence's cached state; unknown ids are ignored */
@@ -51,10 +74,12 @@ typedef struct engine_ops {
     /* For `mlaserve bench` (NULL: the engine cannot; the worker answers with an error).
      * bench_fill: makes seq_id (created if new) hold n_past positions of zero latent cache, as if
      * a prompt of that length had run, so that decode at a long context is timed without
-     * prefilling it. bench_coll: times iters all-reduces of n floats on the collective the model
+     * prefilling it; its block table becomes blocks[0, n_blocks), which must cover n_past
+     * positions. bench_coll: times iters all-reduces of n floats on the collective the model
      * uses (device buffers where that is NCCL); *sec_per_op is the mean per all-reduce. Every
      * rank calls it with the same arguments. */
-    int (*bench_fill)(engine *e, uint64_t seq_id, uint32_t n_past, mla_err *err);
+    int (*bench_fill)(engine *e, uint64_t seq_id, uint32_t n_past, const uint32_t *blocks, uint32_t n_blocks,
+                      mla_err *err);
     int (*bench_coll)(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err);
     /* Optional (NULL: every row is sampled on the host): step() where the engine may also take
      * the greedy token of sequence i itself when greedy[i] is set (the worker sets it for greedy

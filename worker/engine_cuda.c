@@ -1,5 +1,6 @@
-/* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id, rewind
- * on a lower first position, MLA_N_CTX). The matmul modes (worker/model_cuda.cu mm()):
+/* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id: its
+ * block table into the model's cache pool, which load() sizes from the coordinator's settings;
+ * rewind on a lower first position). The matmul modes (worker/model_cuda.cu mm()):
  *   default (MLA_CUDA_FAST unset or =split): quantized weights with int8 activations (the integer
  *     GEMV up to 96 tokens, int8 tensor cores above: llama.cpp's scheme); float weights through
  *     the fp32 GEMV, or for steps of more than 128 tokens the split-bf16 tensor cores (hi/lo,
@@ -36,7 +37,8 @@ typedef struct cu_seq {
 struct engine {
     gguf_ctx *g;
     mla_cmodel *m;
-    int64_t n_ctx;
+    int64_t n_ctx; /* the longest sequence a table covers */
+    engine_kv_pool pool;
     cu_seq *seqs;
     size_t n, cap;
     coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
@@ -90,9 +92,11 @@ static int cu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
     return MLA_OK;
 }
 
-static int cu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
-                   mla_err *err) {
-    (void)world, (void)n_threads, (void)boot;
+static void cu_destroy(engine *e);
+
+static int cu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
+                   const engine_opts *eo, mla_err *err) {
+    (void)world, (void)boot;
     int dev = rank;
     const char *de = getenv("MLA_CUDA_DEVICE");
     if (de && *de) dev = atoi(de);
@@ -136,19 +140,34 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     gguf_close(e->g);
     e->g = NULL;
     const mla_config *cf = mla_cmodel_config(e->m);
-    e->n_ctx = cf->ctx_train > 0 && cf->ctx_train < 8192 ? cf->ctx_train : 8192;
-    const char *env = getenv("MLA_N_CTX");
-    if (env && atoll(env) > 0) e->n_ctx = atoll(env);
+    e->n_ctx = eo->kv.max_context > 0 ? eo->kv.max_context : cf->ctx_train > 0 ? cf->ctx_train : 4096;
+    mla_cmodel_kv_opts ko = {eo->kv.gpu_memory_utilization, eo->kv.kv_memory_bytes, WIRE_MAX_BLOCKS,
+                             eo->kv.max_step_tokens, e->n_ctx, eo->kv.max_seqs};
+    if (mla_cmodel_kv_init(e->m, &ko, err)) {
+        mla_err_prefix(err, "device %d", dev);
+        cu_destroy(e);
+        return MLA_ERR;
+    }
+    int64_t nb = 0;
+    mla_cmodel_kv_pool(e->m, &nb, &e->pool.block_bytes);
+    e->pool.n_blocks = (uint32_t)nb;
+    e->pool.block_size = MLA_CUDA_KV_BLOCK;
+    MLA_INFO("cache pool: %u blocks of %u positions (%.2f MiB each, %.2f GiB, %.0f positions) on device %d",
+             e->pool.n_blocks, e->pool.block_size, (double)e->pool.block_bytes / 1048576.0,
+             (double)e->pool.n_blocks * (double)e->pool.block_bytes / 1073741824.0,
+             (double)e->pool.n_blocks * e->pool.block_size, dev);
     *out = e;
     return MLA_OK;
 }
+
+static void cu_kv_pool(const engine *e, engine_kv_pool *out) { *out = e->pool; }
 
 static uint32_t cu_vocab(const engine *e) { return (uint32_t)mla_cmodel_config(e->m)->n_vocab; }
 
 static mla_cstate *get_state(engine *e, uint64_t id, mla_err *err) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) return e->seqs[i].st;
-    mla_cstate *st = mla_cstate_new(e->m, e->n_ctx, err);
+    mla_cstate *st = mla_cstate_new(e->m, err);
     if (!st) return NULL;
     if (e->n == e->cap) {
         e->cap = e->cap ? 2 * e->cap : 8;
@@ -157,6 +176,16 @@ static mla_cstate *get_state(engine *e, uint64_t id, mla_err *err) {
     e->seqs[e->n].id = id;
     e->seqs[e->n].st = st;
     return e->seqs[e->n++].st;
+}
+
+static int cu_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        mla_cstate *st = get_state(e, s->seq_id, err);
+        if (!st || mla_cstate_set_blocks(st, s->block_start, s->blocks, s->n_blocks, err))
+            return mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
+    }
+    return MLA_OK;
 }
 
 /* Sequences with several new tokens (prompts) run one by one; the single-token ones (decode)
@@ -243,9 +272,9 @@ static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, mla_er
             rc = mla_errf(err, "seq %llu: a queued row of %u tokens at position %d, but its cache holds %lld",
                           (unsigned long long)s->seq_id, s->n_tokens, s->positions[0],
                           (long long)mla_cstate_n_past(st[i]));
-        } else if ((int64_t)s->positions[0] + 1 > e->n_ctx) {
-            rc = mla_errf(err, "seq %llu: position %d is past the context of %lld", (unsigned long long)s->seq_id,
-                          s->positions[0], (long long)e->n_ctx);
+        } else if ((int64_t)s->positions[0] + 1 > mla_cstate_covered(st[i])) {
+            rc = mla_errf(err, "seq %llu: no block for position %d yet (the table covers %lld)",
+                          (unsigned long long)s->seq_id, s->positions[0], (long long)mla_cstate_covered(st[i]));
         } else {
             tok[i] = s->tokens[0];
         }
@@ -261,12 +290,14 @@ static int cu_wait_queued(engine *e, int32_t *tokens, mla_err *err) {
     return mla_cmodel_decode_wait(e->m, tokens, err);
 }
 
-static int cu_bench_fill(engine *e, uint64_t id, uint32_t n_past, mla_err *err) {
+static int cu_bench_fill(engine *e, uint64_t id, uint32_t n_past, const uint32_t *blocks, uint32_t n_blocks,
+                         mla_err *err) {
     mla_cstate *st = get_state(e, id, err);
     if (!st) return MLA_ERR;
     if ((int64_t)n_past >= e->n_ctx)
-        return mla_errf(err, "seq %llu: cannot fill %u positions, the context is %lld (MLA_N_CTX sets it)",
-                        (unsigned long long)id, n_past, (long long)e->n_ctx);
+        return mla_errf(err, "seq %llu: cannot fill %u positions, the context is %lld", (unsigned long long)id, n_past,
+                        (long long)e->n_ctx);
+    if (mla_cstate_set_blocks(st, 0, blocks, n_blocks, err)) return mla_err_prefix(err, "seq %llu", (unsigned long long)id);
     return mla_cstate_bench_fill(st, n_past, err);
 }
 
@@ -293,9 +324,20 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops engine_cuda_ops = {"cuda",        cu_model_hash, cu_load,       cu_vocab,       cu_step,
-                                   cu_free_seq,   cu_destroy,    cu_bench_fill, cu_bench_coll,  cu_step_greedy,
-                                   cu_queue,      cu_wait_queued};
+const engine_ops engine_cuda_ops = {.name = "cuda",
+                                    .model_hash = cu_model_hash,
+                                    .load = cu_load,
+                                    .kv_pool = cu_kv_pool,
+                                    .set_tables = cu_set_tables,
+                                    .n_vocab = cu_vocab,
+                                    .step = cu_step,
+                                    .free_seq = cu_free_seq,
+                                    .destroy = cu_destroy,
+                                    .bench_fill = cu_bench_fill,
+                                    .bench_coll = cu_bench_coll,
+                                    .step_greedy = cu_step_greedy,
+                                    .queue = cu_queue,
+                                    .wait_queued = cu_wait_queued};
 
 #else /* no CUDA in this build */
 
@@ -306,9 +348,9 @@ static int nc_hash(const char *path, uint64_t *hash, mla_err *err) {
     gguf_close(g);
     return MLA_OK;
 }
-static int nc_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
-                   mla_err *err) {
-    (void)path, (void)rank, (void)world, (void)c, (void)boot, (void)n_threads;
+static int nc_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
+                   const engine_opts *eo, mla_err *err) {
+    (void)path, (void)rank, (void)world, (void)c, (void)boot, (void)eo;
     *out = NULL;
     return mla_errf(err, "--backend cuda: this mlaserve was built without CUDA (configure with -DMLA_CUDA=ON)");
 }
@@ -319,7 +361,22 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 }
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
-const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
-                                   NULL,   NULL,    NULL,    NULL,     NULL};
+static void nc_kv_pool(const engine *e, engine_kv_pool *out) {
+    (void)e;
+    memset(out, 0, sizeof *out);
+}
+static int nc_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
+    (void)e, (void)p;
+    return mla_errf(err, "no CUDA");
+}
+const engine_ops engine_cuda_ops = {.name = "cuda",
+                                    .model_hash = nc_hash,
+                                    .load = nc_load,
+                                    .kv_pool = nc_kv_pool,
+                                    .set_tables = nc_set_tables,
+                                    .n_vocab = nc_vocab,
+                                    .step = nc_step,
+                                    .free_seq = nc_free_seq,
+                                    .destroy = nc_destroy};
 
 #endif

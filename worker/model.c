@@ -353,6 +353,15 @@ void mla_state_free(mla_state *s) {
 }
 
 int64_t mla_state_n_past(const mla_state *s) { return s->n_past; }
+int64_t mla_state_n_ctx(const mla_state *s) { return s->n_ctx; }
+float *mla_state_rows(mla_state *s, int64_t il, bool indexer) {
+    MLA_ASSERT(il >= 0 && il < s->n_layer);
+    return indexer ? s->ik[il] : s->kv[il];
+}
+void mla_state_set_n_past(mla_state *s, int64_t n_past) {
+    MLA_ASSERT(n_past >= 0 && n_past <= s->n_ctx);
+    s->n_past = n_past;
+}
 
 void mla_state_truncate(mla_state *s, int64_t pos) {
     MLA_ASSERT(pos >= 0 && pos <= s->n_past);

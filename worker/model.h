@@ -50,6 +50,14 @@ void mla_state_truncate(mla_state *s, int64_t pos);
  * MLA_ERR when n_past is negative or exceeds the state's context. */
 int mla_state_bench_fill(mla_state *s, int64_t n_past, mla_err *err);
 
+/* For an engine that keeps the rows elsewhere (worker/engine_cpu.c: a paged pool) and copies
+ * them in before a forward and out after it: layer il's latent rows [n_ctx][kv_lora + n_rope],
+ * or (indexer) its indexer key rows [n_ctx][idx_head_dim] (NULL without an indexer); the
+ * state's context; setting the valid length (0 <= n_past <= n_ctx). */
+float *mla_state_rows(mla_state *s, int64_t il, bool indexer);
+int64_t mla_state_n_ctx(const mla_state *s);
+void mla_state_set_n_past(mla_state *s, int64_t n_past);
+
 enum mla_logits_mode { MLA_LOGITS_NONE = 0, MLA_LOGITS_LAST = 1, MLA_LOGITS_ALL = 2 };
 
 /* Runs n_tokens tokens at positions pos0.. (pos0 must equal the state's n_past: prompt in one

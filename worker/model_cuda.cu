@@ -147,17 +147,15 @@ struct mla_cmodel {
     } gr[8];
     uint64_t gr_tick;
     uint64_t n_graph_launch, n_graph_capture;
-    /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): blocks of blk_floats floats
-     * (every layer's kv rows, fp16 with kv_f16, then every layer's indexer key rows) cut from slabs
-     * allocated on demand; free blocks wait in free_blk */
-    bool legacy; /* MLA_CUDA_LEGACY=1: the earlier contiguous caches and per-sequence path */
+    /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): n_pool blocks of blk_floats
+     * floats (every layer's kv rows, fp16 with kv_f16, then every layer's indexer key rows) in one
+     * allocation made by mla_cmodel_kv_init; which block holds what is the block tables' business
+     * (the coordinator's scheduler assigns them) */
     bool kv_f16; /* the blocks' latent rows in fp16 (mla_cuda_kv_f16: MLA_CUDA_KV) */
     size_t blk_floats;
-    float **free_blk;
-    size_t n_free, cap_free;
-    void **slabs;
-    size_t n_slabs;
-    int64_t blk_total, blk_used;
+    float *pool;
+    int64_t n_pool;
+    int64_t max_ctx; /* the positions a state's table can cover (mla_cmodel_kv_init) */
     /* the last decode step whose greedy ids are in dids: its states, in order (last_B 0: none) */
     mla_cstate **last_st;
     int64_t last_B, last_cap;
@@ -177,8 +175,7 @@ struct mla_cmodel {
 struct mla_cstate {
     mla_cmodel *m;
     int64_t n_ctx, n_past, n_layer, kv_row, ik_row;
-    float **kv, **ik;  /* MLA_CUDA_LEGACY: one contiguous cache per layer */
-    float **tab_h;     /* paged: the block table (host copy), cap_blk entries, n_blk used */
+    float **tab_h;     /* the block table (host copy), cap_blk entries, n_blk used */
     float **tab_d;     /* its device copy (what the kernels read) */
     int64_t n_blk, cap_blk;
 };
@@ -408,8 +405,6 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->split = opts && opts->split;
     {
         const char *b = getenv("MLA_CUDA_BATCHED"), *gr = getenv("MLA_CUDA_GRAPHS");
-        const char *lg = getenv("MLA_CUDA_LEGACY");
-        m->legacy = lg && !strcmp(lg, "1");
         m->batched = !(b && !strcmp(b, "0"));
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
@@ -477,7 +472,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     }
     if (shard_plan_for_model(&plan, g, cf, m->rank, m->world, err) < 0) goto fail;
     {
-        const int kf = mla_cuda_kv_f16(cf->kv_lora_rank + cf->n_rope, !m->attn_tc, m->legacy, err);
+        const int kf = mla_cuda_kv_f16(cf->kv_lora_rank + cf->n_rope, !m->attn_tc, err);
         if (kf < 0) goto fail;
         m->kv_f16 = kf == 1;
     }
@@ -638,9 +633,7 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
     free_scratch(m);
     for (size_t i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
     free(m->allocs);
-    for (size_t i = 0; i < m->n_slabs; i++) cudaFree(m->slabs[i]);
-    free(m->slabs);
-    free(m->free_blk);
+    if (m->pool) cudaFree(m->pool);
     free(m->L);
     if (m->st) cudaStreamDestroy(m->st);
     if (m->st2) cudaStreamDestroy(m->st2);
@@ -655,62 +648,82 @@ extern "C" uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m) { return m->wby
 
 /* ---------------------------------------------------------------- paged cache */
 
-static int blk_get(mla_cmodel *m, float **out, mla_err *err) {
-    if (m->n_free == 0) { /* a new slab of ~256 MiB (at least one block) */
-        const size_t bb = m->blk_floats * 4;
-        size_t nb = ((size_t)256 << 20) / bb;
-        if (nb < 1) nb = 1;
+static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, mla_err *err);
+
+/* The largest pool that fits: util of the device's memory in all (what the weights and the
+ * scratch already hold counted in), less a margin for what comes later (graphs, library
+ * workspaces), at most cap_bytes (0: no cap), in whole blocks. */
+static int64_t pool_blocks(size_t free_b, size_t total_b, double util, uint64_t cap_bytes, size_t blk_bytes,
+                           double *budget_out) {
+    const double used = (double)(total_b - free_b), margin = fmin(512.0 * 1048576.0, 0.02 * (double)total_b);
+    double budget = util * (double)total_b - used - margin;
+    if (cap_bytes && budget > (double)cap_bytes) budget = (double)cap_bytes;
+    *budget_out = budget;
+    return budget > 0 ? (int64_t)(budget / (double)blk_bytes) : 0;
+}
+
+extern "C" int mla_cmodel_kv_init(mla_cmodel *m, const mla_cmodel_kv_opts *o, mla_err *err) {
+    if (m->pool) return mla_errf(err, "the cache pool is already allocated");
+    if (o->max_ctx < 1 || o->max_step_tokens < 1 || o->max_seqs < 1 || !(o->gpu_memory_utilization > 0) ||
+        o->gpu_memory_utilization > 1)
+        return mla_errf(err, "cache pool settings: context %lld, step %lld tokens, %lld sequences, utilization %g",
+                        (long long)o->max_ctx, (long long)o->max_step_tokens, (long long)o->max_seqs,
+                        o->gpu_memory_utilization);
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    m->max_ctx = o->max_ctx;
+    /* the scratch of the largest step first, so that what is left is what the pool may take */
+    const int64_t T = o->max_step_tokens > o->max_seqs ? o->max_step_tokens : o->max_seqs;
+    TRY(ensure_scratch(m, T, o->max_ctx, o->max_seqs, err));
+    CU(cudaStreamSynchronize(m->st), "scratch");
+    size_t fr = 0, tot = 0;
+    CU(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo");
+    const size_t bb = m->blk_floats * 4;
+    double budget = 0;
+    int64_t n = pool_blocks(fr, tot, o->gpu_memory_utilization, o->kv_bytes_cap, bb, &budget);
+    if (n < 1)
+        return mla_errf(err, "no room for the cache pool: %.2f GiB of %.2f GiB in use after the weights and the scratch "
+                             "(%lld-token steps), --gpu-memory-utilization %.2f leaves %.2f GiB; a block of %d positions "
+                             "takes %.2f MiB",
+                        (double)(tot - fr) / 1073741824.0, (double)tot / 1073741824.0, (long long)T,
+                        o->gpu_memory_utilization, budget / 1073741824.0, MLA_CUDA_KV_BLOCK, (double)bb / 1048576.0);
+    if (o->max_blocks > 0 && n > o->max_blocks) n = o->max_blocks;
+    for (int tries = 0;; tries++) { /* the free memory may be in pieces: a little less each time */
         void *d = nullptr;
-        if (cudaMalloc(&d, nb * bb) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return mla_errf(err, "KV cache: out of device memory for %zu more blocks of %d tokens (%lld in use, %.1f MiB each)",
-                            nb, MLA_CUDA_KV_BLOCK, (long long)m->blk_used, bb / 1048576.0);
+        if (cudaMalloc(&d, (size_t)n * bb) == cudaSuccess) {
+            m->pool = (float *)d;
+            break;
         }
-        m->slabs = (void **)mla_xrealloc(m->slabs, (m->n_slabs + 1) * sizeof *m->slabs);
-        m->slabs[m->n_slabs++] = d;
-        m->blk_total += (int64_t)nb;
-        if (m->cap_free < (size_t)m->blk_total) { /* room for every block to come back */
-            m->cap_free = 2 * (size_t)m->blk_total;
-            m->free_blk = (float **)mla_xrealloc(m->free_blk, m->cap_free * sizeof *m->free_blk);
-        }
-        for (size_t i = nb; i-- > 0;) m->free_blk[m->n_free++] = (float *)d + i * m->blk_floats;
+        (void)cudaGetLastError();
+        if (tries == 20 || n < 2)
+            return mla_errf(err, "the cache pool: cudaMalloc of %lld blocks (%.2f GiB) failed", (long long)n,
+                            (double)n * (double)bb / 1073741824.0);
+        n -= n / 20 > 0 ? n / 20 : 1;
     }
-    *out = m->free_blk[--m->n_free];
-    m->blk_used++;
+    m->n_pool = n;
     return MLA_OK;
 }
 
-static void blk_put(mla_cmodel *m, float *b) {
-    MLA_ASSERT(m->n_free < m->cap_free);
-    m->free_blk[m->n_free++] = b;
-    m->blk_used--;
+extern "C" void mla_cmodel_kv_pool(const mla_cmodel *m, int64_t *n_blocks, uint64_t *block_bytes) {
+    *n_blocks = m->n_pool;
+    *block_bytes = (uint64_t)m->blk_floats * 4;
 }
 
-/* Blocks for the first n_tokens positions of s (its table grows; new entries reach the device
- * on the model's stream, ahead of the step that uses them). */
-static int state_reserve(mla_cstate *s, int64_t n_tokens, mla_err *err) {
-    mla_cmodel *m = s->m;
-    const int64_t need = (n_tokens + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK, old = s->n_blk;
-    MLA_ASSERT(need <= s->cap_blk);
-    while (s->n_blk < need) TRY(blk_get(m, &s->tab_h[s->n_blk++], err));
-    if (s->n_blk > old)
-        CU(cudaMemcpyAsync(s->tab_d + old, s->tab_h + old, (size_t)(s->n_blk - old) * sizeof(float *),
-                           cudaMemcpyHostToDevice, m->st),
-           "block table upload");
+/* Checks that s's table covers its first n_tokens positions. */
+static int state_covers(const mla_cstate *s, int64_t n_tokens, mla_err *err) {
+    if (n_tokens > s->n_blk * MLA_CUDA_KV_BLOCK)
+        return mla_errf(err, "the block table covers %lld positions, the step needs %lld",
+                        (long long)(s->n_blk * MLA_CUDA_KV_BLOCK), (long long)n_tokens);
     return MLA_OK;
 }
 
-/* Returns the blocks past the first keep positions (nothing in flight: steps end synchronised). */
-static void state_release(mla_cstate *s, int64_t keep) {
-    const int64_t k = (keep + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
-    while (s->n_blk > k) blk_put(s->m, s->tab_h[--s->n_blk]);
-}
-
-extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err) {
-    MLA_ASSERT(n_ctx > 0);
+extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, mla_err *err) {
+    if (!m->pool) {
+        mla_errf(err, "no cache pool (mla_cmodel_kv_init)");
+        return nullptr;
+    }
     mla_cstate *s = (mla_cstate *)mla_xcalloc(1, sizeof *s);
     s->m = m;
-    s->n_ctx = n_ctx;
+    s->n_ctx = m->max_ctx;
     s->n_layer = m->cfg.n_layer;
     s->kv_row = m->cfg.kv_lora_rank + m->cfg.n_rope;
     s->ik_row = m->cfg.idx_head_dim;
@@ -719,27 +732,37 @@ extern "C" mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err
         mla_cstate_free(s);
         return nullptr;
     }
-    if (!m->legacy) { /* paged: only the table; blocks come as the sequence grows */
-        s->cap_blk = (n_ctx + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
-        s->tab_h = (float **)mla_xcalloc((size_t)s->cap_blk, sizeof *s->tab_h);
-        if (cudaMalloc((void **)&s->tab_d, (size_t)s->cap_blk * sizeof(float *)) != cudaSuccess) {
-            mla_errf(err, "block table of %lld entries: out of device memory", (long long)s->cap_blk);
-            mla_cstate_free(s);
-            return nullptr;
-        }
-        return s;
-    }
-    s->kv = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->kv);
-    s->ik = (float **)mla_xcalloc((size_t)s->n_layer, sizeof *s->ik);
-    for (int64_t il = 0; il < s->n_layer; il++) {
-        if (cudaMalloc((void **)&s->kv[il], (size_t)(n_ctx * s->kv_row) * 4) != cudaSuccess ||
-            (m->cfg.idx_n_head > 0 && cudaMalloc((void **)&s->ik[il], (size_t)(n_ctx * s->ik_row) * 4) != cudaSuccess)) {
-            mla_errf(err, "KV cache of %lld tokens: out of device memory", (long long)n_ctx);
-            mla_cstate_free(s);
-            return nullptr;
-        }
+    s->cap_blk = (s->n_ctx + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
+    s->tab_h = (float **)mla_xcalloc((size_t)s->cap_blk, sizeof *s->tab_h);
+    if (cudaMalloc((void **)&s->tab_d, (size_t)s->cap_blk * sizeof(float *)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mla_errf(err, "block table of %lld entries: out of device memory", (long long)s->cap_blk);
+        mla_cstate_free(s);
+        return nullptr;
     }
     return s;
+}
+
+extern "C" int mla_cstate_set_blocks(mla_cstate *s, int64_t start, const uint32_t *ids, int64_t n, mla_err *err) {
+    mla_cmodel *m = s->m;
+    if (start < 0 || start > s->n_blk)
+        return mla_errf(err, "a table update from entry %lld, the table holds %lld", (long long)start,
+                        (long long)s->n_blk);
+    if (n < 0 || start + n > s->cap_blk)
+        return mla_errf(err, "a table of %lld blocks exceeds the %lld of the context (%lld positions)",
+                        (long long)(start + n), (long long)s->cap_blk, (long long)s->n_ctx);
+    for (int64_t i = 0; i < n; i++)
+        if ((int64_t)ids[i] >= m->n_pool)
+            return mla_errf(err, "block %u is outside the pool of %lld blocks", ids[i], (long long)m->n_pool);
+    if (start < s->n_blk) CU(cudaStreamSynchronize(m->st), "table cut"); /* nothing queued may read them */
+    for (int64_t i = 0; i < n; i++) s->tab_h[start + i] = m->pool + (size_t)ids[i] * m->blk_floats;
+    s->n_blk = start + n;
+    if (s->n_past > s->n_blk * MLA_CUDA_KV_BLOCK) s->n_past = s->n_blk * MLA_CUDA_KV_BLOCK;
+    if (n > 0)
+        CU(cudaMemcpyAsync(s->tab_d + start, s->tab_h + start, (size_t)n * sizeof(float *), cudaMemcpyHostToDevice,
+                           m->st),
+           "block table upload");
+    return MLA_OK;
 }
 
 extern "C" void mla_cstate_free(mla_cstate *s) {
@@ -747,28 +770,16 @@ extern "C" void mla_cstate_free(mla_cstate *s) {
     cudaStreamSynchronize(s->m->st);
     for (int64_t b = 0; b < s->m->last_B; b++) /* its ids may no longer feed a queued step */
         if (s->m->last_st[b] == s) s->m->last_B = 0;
-    for (int64_t il = 0; s->kv && il < s->n_layer; il++) {
-        if (s->kv[il]) cudaFree(s->kv[il]);
-        if (s->ik[il]) cudaFree(s->ik[il]);
-    }
-    free(s->kv);
-    free(s->ik);
-    if (s->tab_h) state_release(s, 0);
     free(s->tab_h);
     if (s->tab_d) cudaFree(s->tab_d);
     free(s);
 }
 
 extern "C" int64_t mla_cstate_n_past(const mla_cstate *s) { return s->n_past; }
+extern "C" int64_t mla_cstate_covered(const mla_cstate *s) { return s->n_blk * MLA_CUDA_KV_BLOCK; }
 extern "C" void mla_cstate_truncate(mla_cstate *s, int64_t pos) {
     MLA_ASSERT(pos >= 0 && pos <= s->n_past);
     s->n_past = pos;
-    if (s->tab_h) state_release(s, pos);
-}
-
-extern "C" void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total) {
-    *blocks_used = m->blk_used;
-    *blocks_total = m->blk_total;
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -1045,48 +1056,6 @@ static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
                : 0;
 }
 
-static int attention(mla_cmodel *m, mla_cstate *s, int64_t il, int64_t T, int64_t pos0, mla_err *err) {
-    const mla_config *c = &m->cfg;
-    const dlayer *l = &m->L[il];
-    const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
-    cudaStream_t st = m->st;
-    const void *cq_q;
-    TRY(project_q_kv(m, l, nullptr, T, &cq_q, nullptr, err));
-    float *kvc = s->kv[il];
-    TRY(mla_cuda_rmsnorm(m->kva, row, T, KL, l->kv_a_norm, c->rms_eps, kvc + pos0 * row, row, st, err));
-    CU(cudaMemcpy2DAsync(kvc + pos0 * row + KL, (size_t)row * 4, m->kva + KL, (size_t)row * 4, (size_t)dr * 4, (size_t)T,
-                         cudaMemcpyDeviceToDevice, st),
-       "k_pe copy");
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, kvc + pos0 * row + KL, T, 1, dr, row, pos0, NULL, st, err));
-    TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, pos0, NULL, st, err));
-    TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
-    const int32_t *sel = NULL;
-    if (c->idx_n_head > 0) {
-        const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
-        float *ikc = s->ik[il];
-        TRY(mm(m, &l->iq_b, m->cq, cq_q, T, m->iq, err));
-        TRY(mm2(m, &l->ik, ikc + pos0 * ihd, &l->iproj, m->iw, m->h, nullptr, T, err));
-        TRY(mla_cuda_layernorm(ikc + pos0 * ihd, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, ikc + pos0 * ihd, ihd,
-                               st, err));
-        scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
-        CU(cudaGetLastError(), "scale");
-        /* same rope form as worker/model.c uses for the indexer */
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, pos0, NULL, st, err));
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, ikc + pos0 * ihd, T, 1, ihd, ihd, pos0, NULL, st, err));
-        if (pos0 + T > c->idx_top_k) {
-            const int64_t ld = pos0 + T;
-            TRY(mla_cuda_dsa_scores(m->iq, m->iw, ikc, T, nih, ihd, pos0, m->scores, ld, st, err));
-            TRY(mla_cuda_dsa_topk(m->scores, ld, T, pos0, c->idx_top_k, m->sel, m->nsel, st, err));
-            sel = m->sel;
-        }
-    }
-    mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, kvc, pos0, c->kq_scale, sel, m->nsel,
-                             c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
-                             NULL, 0, NULL, 0, m->attn_tc, 0, 0, NULL};
-    TRY(mla_cuda_mla_attn(&aa, st, err));
-    return attn_out(m, l, T, 1, err);
-}
-
 /* The attention's output side, from m->ol (latent outputs of this rank's heads), or with n_splits
  * > 1 from the attention's splits in m->attn_work, which v_b combines (vb_comb_max): v_b,
  * attn_output (row- or column-split), the all-reduce; result in m->y. */
@@ -1356,9 +1325,6 @@ static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, mla_err 
     return MLA_OK;
 }
 
-static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0, int mode,
-                          float *logits, mla_err *err);
-
 /* Writes token t of the step block staged at hs (pinned): its id, position and sequence. */
 static void step_set(uint8_t *hs, int64_t T, int64_t t, int32_t tok, int64_t pos, const mla_cstate *s) {
     const step_off so = step_layout(T);
@@ -1367,7 +1333,7 @@ static void step_set(uint8_t *hs, int64_t T, int64_t t, int32_t tok, int64_t pos
     ((float ***)(hs + so.tabs))[t] = s->tab_d;
 }
 
-extern "C" bool mla_cmodel_device_argmax(const mla_cmodel *m) { return !m->legacy && (!m->out_split || m->coll_dev); }
+extern "C" bool mla_cmodel_device_argmax(const mla_cmodel *m) { return !m->out_split || m->coll_dev; }
 
 extern "C" int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                  float *const *logits, mla_err *err) {
@@ -1434,7 +1400,7 @@ static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t
     TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
     uint8_t *hs = slot < 0 ? m->hstep : m->hsq[slot];
     for (int64_t b = 0; b < B; b++) {
-        TRY(state_reserve(states[b], states[b]->n_past + 1, err));
+        TRY(state_covers(states[b], states[b]->n_past + 1, err));
         step_set(hs, B, b, tokens ? tokens[b] : 0, states[b]->n_past, states[b]);
     }
     CU(cudaMemcpyAsync(m->dstep, hs, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
@@ -1458,14 +1424,6 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
-    if (m->legacy) { /* one sequence at a time */
-        for (int64_t b = 0; b < B; b++) {
-            mla_cstate *s = states[b];
-            TRY(forward_legacy(m, s, tokens + b, 1, s->n_past, logits && logits[b] ? 1 : 0, logits ? logits[b] : NULL,
-                               err));
-        }
-        return MLA_OK;
-    }
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, err));
     bool any = false;
@@ -1479,7 +1437,7 @@ extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states,
                                        mla_err *err) {
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
-    if (m->legacy || !mla_cmodel_device_argmax(m))
+    if (!mla_cmodel_device_argmax(m))
         return mla_errf(err, "this model takes no greedy tokens on the device: nothing can be queued");
     if (m->nq == 2) return mla_errf(err, "two decode steps are queued already");
     if (!tokens) { /* the ids in dids must be these states' */
@@ -1532,16 +1490,8 @@ extern "C" int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err
         return mla_errf(err, "cannot fill %lld positions: the context holds %lld", (long long)n_past,
                         (long long)s->n_ctx);
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    if (s->tab_h) {
-        state_release(s, 0);
-        TRY(state_reserve(s, n_past, err));
-        for (int64_t b = 0; b < s->n_blk; b++)
-            CU(cudaMemsetAsync(s->tab_h[b], 0, m->blk_floats * 4, m->st), "cache fill");
-    }
-    for (int64_t il = 0; s->kv && il < s->n_layer; il++) {
-        CU(cudaMemsetAsync(s->kv[il], 0, (size_t)(n_past * s->kv_row) * 4, m->st), "cache fill");
-        if (s->ik[il]) CU(cudaMemsetAsync(s->ik[il], 0, (size_t)(n_past * s->ik_row) * 4, m->st), "cache fill");
-    }
+    TRY(state_covers(s, n_past, err));
+    for (int64_t b = 0; b < s->n_blk; b++) CU(cudaMemsetAsync(s->tab_h[b], 0, m->blk_floats * 4, m->st), "cache fill");
     CU(cudaStreamSynchronize(m->st), "cache fill");
     s->n_past = n_past;
     return MLA_OK;
@@ -1570,64 +1520,10 @@ extern "C" int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double 
     return rc;
 }
 
-/* MLA_CUDA_LEGACY=1: the per-sequence path over contiguous caches (kept until the paged path has
- * run on the GPU machine; the checks are the caller's). */
-static int forward_legacy(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0, int mode,
-                          float *logits, mla_err *err) {
-    const mla_config *c = &m->cfg;
-    CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(ensure_scratch(m, T, s->n_ctx, T, err));
-    const int64_t E = c->n_embd;
-    cudaStream_t st = m->st;
-    memcpy(m->htok, tokens, (size_t)T * 4);
-    CU(cudaMemcpyAsync(m->tok, m->htok, (size_t)T * 4, cudaMemcpyHostToDevice, st), "tokens");
-    TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, m->tok, T, m->x, st, err));
-    for (int64_t il = 0; il < c->n_layer; il++) {
-        const dlayer *l = &m->L[il];
-        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->attn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(attention(m, s, il, T, pos0, err));
-        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
-        TRY(mla_cuda_rmsnorm(m->x, E, T, E, l->ffn_norm, c->rms_eps, m->h, E, st, err));
-        TRY(ffn_moe(m, il, T, nullptr, err));
-        TRY(mla_cuda_add(m->x, m->y, T * E, st, err));
-    }
-    s->n_past = pos0 + T;
-    if (mode != 0) {
-        const int64_t t0 = mode == 1 ? T - 1 : 0, nt = T - t0, V = c->n_vocab;
-        TRY(mla_cuda_rmsnorm(m->x + t0 * E, E, nt, E, m->out_norm, c->rms_eps, m->h, E, st, err));
-        TRY(mm(m, &m->output, m->h, nullptr, nt, m->logit_dev, err));
-        if (!m->out_split) {
-            CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(nt * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
-            CU(cudaStreamSynchronize(st), "step");
-            memcpy(logits, m->hbuf, (size_t)(nt * V) * 4);
-        } else {
-            const int64_t Vr = m->out_r1 - m->out_r0;
-            if (m->coll_dev) { /* NCCL gather on the device, one copy of all ranks' rows */
-                TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nt * Vr), err));
-                CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * nt * Vr) * 4, cudaMemcpyDeviceToHost, st),
-                   "logits copy");
-                CU(cudaStreamSynchronize(st), "step");
-            } else {
-                CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nt * Vr) * 4, cudaMemcpyDeviceToHost, st),
-                   "logits copy");
-                CU(cudaStreamSynchronize(st), "step");
-                TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nt * Vr), err));
-            }
-            for (int r = 0; r < m->world; r++)
-                for (int64_t t = 0; t < nt; t++)
-                    memcpy(logits + t * V + r * Vr, m->hbuf + (r * nt + t) * Vr, (size_t)Vr * 4);
-        }
-    } else {
-        CU(cudaStreamSynchronize(st), "step");
-    }
-    return MLA_OK;
-}
-
 extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *tokens, int64_t T, int64_t pos0,
                                   int mode, float *logits, mla_err *err) {
     const mla_config *c = &m->cfg;
     if (mla_config_check_step(c, tokens, T, pos0, s->n_past, s->n_ctx, err)) return MLA_ERR;
-    if (m->legacy) return forward_legacy(m, s, tokens, T, pos0, mode, logits, err);
     if (T == 1 && m->batched) { /* a decode step: the batched (and graph) path with one sequence */
         float *rows[1] = {mode != 0 ? logits : NULL};
         return mla_cmodel_decode(m, &s, tokens, 1, rows, err);
@@ -1638,7 +1534,7 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     const int64_t max_keys = pos0 + T;
     const int64_t out0 = mode == 1 ? T - 1 : 0, nout = mode == 0 ? 0 : T - out0, V = c->n_vocab;
     TRY(ensure_scratch(m, T, max_keys, nout, err));
-    TRY(state_reserve(s, pos0 + T, err));
+    TRY(state_covers(s, pos0 + T, err));
     for (int64_t t = 0; t < T; t++) step_set(m->hstep, T, t, tokens[t], pos0 + t, s);
     CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(T).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     TRY(step_body(m, T, max_keys, out0, nout, err));

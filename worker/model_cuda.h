@@ -52,15 +52,35 @@ void *mla_cmodel_stream(const mla_cmodel *m);
 /* Device bytes the weights of this rank take. */
 uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
 
-/* A sequence's state: its latent cache (and indexer key cache) is paged: blocks of
- * MLA_CUDA_KV_BLOCK positions (every layer's rows of those positions in one block) taken from
- * the model's pool as the sequence grows and returned when it shrinks (truncate) or ends (free);
- * the pool grows by slabs of ~256 MiB on demand. n_ctx bounds the positions. MLA_CUDA_LEGACY=1
- * (read at load) keeps the earlier contiguous per-layer caches of n_ctx rows and the
- * one-sequence-at-a-time path. NULL with err set when the device memory is short. */
-mla_cstate *mla_cstate_new(mla_cmodel *m, int64_t n_ctx, mla_err *err);
+/* The latent cache pool (one allocation, blocks of MLA_CUDA_KV_BLOCK positions: every layer's
+ * rows of those positions, then every layer's indexer key rows, in one block). mla_cmodel_kv_init
+ * first sizes the scratch for the largest step (max_step_tokens or max_seqs tokens, max_ctx keys,
+ * max_seqs rows of logits), then takes what is left of gpu_memory_utilization x the device's
+ * memory (vLLM's meaning: the weights and the scratch count in) less a margin of min(512 MiB, 2%)
+ * for graphs and library workspaces, at most kv_bytes_cap bytes (0: no cap) and max_blocks blocks
+ * (0: no cap). MLA_ERR naming the numbers when not one block fits. Once per model. */
+typedef struct mla_cmodel_kv_opts {
+    double gpu_memory_utilization;
+    uint64_t kv_bytes_cap;
+    int64_t max_blocks;
+    int64_t max_step_tokens, max_ctx, max_seqs;
+} mla_cmodel_kv_opts;
+int mla_cmodel_kv_init(mla_cmodel *m, const mla_cmodel_kv_opts *o, mla_err *err);
+/* blocks in the pool and the device bytes of one */
+void mla_cmodel_kv_pool(const mla_cmodel *m, int64_t *n_blocks, uint64_t *block_bytes);
+
+/* A sequence's state: its block table (which pool blocks hold its positions: position p in block
+ * table[p / MLA_CUDA_KV_BLOCK]) and how many positions are valid. The table holds up to the
+ * pool's max_ctx positions; mla_cstate_set_blocks cuts it to start entries and appends ids[0, n)
+ * (uploaded on the model's stream ahead of any step that reads them). Who owns which block is
+ * the caller's business (the coordinator's scheduler): shared blocks are only read by the steps
+ * (a step writes only the rows of its new positions). NULL / MLA_ERR with err set. */
+mla_cstate *mla_cstate_new(mla_cmodel *m, mla_err *err);
+int mla_cstate_set_blocks(mla_cstate *s, int64_t start, const uint32_t *ids, int64_t n, mla_err *err);
 void mla_cstate_free(mla_cstate *s);
 int64_t mla_cstate_n_past(const mla_cstate *s);
+/* the positions its table covers */
+int64_t mla_cstate_covered(const mla_cstate *s);
 void mla_cstate_truncate(mla_cstate *s, int64_t pos);
 
 /* As mla_model_forward (worker/model.h): mode 0 none, 1 last token, 2 all tokens; logits is a
@@ -83,9 +103,8 @@ int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *t
                       float *const *logits, mla_err *err);
 /* mla_cmodel_decode that also returns each row's greedy token, the argmax of its logits (lowest id
  * on ties) computed on the device: ids[b] for b < B (ids NULL: none). Rows whose logits[b] is NULL
- * are then never copied to the host. Needs mla_cmodel_device_argmax(m): not in the legacy path,
- * and with the vocabulary split over ranks only where the logits are gathered on the device
- * (NCCL). */
+ * are then never copied to the host. Needs mla_cmodel_device_argmax(m): with the vocabulary split
+ * over ranks only where the logits are gathered on the device (NCCL). */
 int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                              float *const *logits, int32_t *ids, mla_err *err);
 bool mla_cmodel_device_argmax(const mla_cmodel *m);
@@ -100,15 +119,13 @@ bool mla_cmodel_device_argmax(const mla_cmodel *m);
 int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                             mla_err *err);
 int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err);
-/* cache blocks handed to sequences and allocated in all */
-void mla_cmodel_kv_stats(const mla_cmodel *m, int64_t *blocks_used, int64_t *blocks_total);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */
 bool mla_cmodel_batched(const mla_cmodel *m);
 /* graphs captured and launched so far */
 void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches);
 
 /* For `mlaserve bench` (worker/engine.h bench_fill, bench_coll): the state holds n_past
- * positions of zero cache; the model's all-reduce path timed over iters all-reduces of n floats
+ * positions of zero cache (its table must cover them); the model's all-reduce path timed over iters all-reduces of n floats
  * (every rank calls it). */
 int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err);
 int mla_cmodel_bench_coll(mla_cmodel *m, size_t n, int iters, double *sec_per_op, mla_err *err);

@@ -68,6 +68,11 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         rep.heartbeat_ms = m->u.reply.heartbeat_ms;
         rep.heartbeat_timeout_ms = m->u.reply.heartbeat_timeout_ms;
         rep.coll_timeout_ms = m->u.reply.coll_timeout_ms;
+        rep.gpu_memory_utilization = m->u.reply.kv.gpu_memory_utilization;
+        rep.kv_memory_bytes = m->u.reply.kv.kv_memory_bytes;
+        rep.max_step_tokens = m->u.reply.kv.max_step_tokens;
+        rep.max_context = m->u.reply.kv.max_context;
+        rep.max_seqs = m->u.reply.kv.max_seqs;
         env.body_case = MLA__ENVELOPE__BODY_REPLY;
         env.reply = &rep;
         break;
@@ -87,7 +92,9 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sps[i].tokens = s->tokens;
             sps[i].n_positions = s->n_tokens;
             sps[i].positions = s->positions;
-            sps[i].cache_slot = s->cache_slot;
+            sps[i].block_start = s->block_start;
+            sps[i].n_blocks = s->n_blocks;
+            sps[i].blocks = s->blocks;
             sps[i].sample = s->sample;
             sms[i].temperature = s->sp.temperature;
             sms[i].top_k = s->sp.top_k;
@@ -156,6 +163,9 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         ctl.model_path = s_or_empty(m->u.ctl.model_path);
         ctl.rank = m->u.ctl.rank;
         ctl.step_id = m->u.ctl.step_id;
+        ctl.kv_blocks = m->u.ctl.kv_blocks;
+        ctl.kv_block_size = m->u.ctl.kv_block_size;
+        ctl.kv_block_bytes = m->u.ctl.kv_block_bytes;
         if (m->u.ctl.nccl_id_len > WIRE_MAX_NCCL_ID)
             return mla_errf(err, "wire: NCCL id of %u bytes", m->u.ctl.nccl_id_len);
         ctl.nccl_id.len = m->u.ctl.nccl_id_len;
@@ -171,6 +181,9 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         bench.n_past = m->u.bench.n_past;
         bench.n_floats = m->u.bench.n_floats;
         bench.iters = m->u.bench.iters;
+        bench.blocks_per_seq = m->u.bench.blocks_per_seq;
+        bench.n_blocks = m->u.bench.n_blocks;
+        bench.blocks = m->u.bench.blocks;
         env.body_case = MLA__ENVELOPE__BODY_BENCH;
         env.bench = &bench;
         break;
@@ -303,6 +316,7 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
                        mla_err *err) {
     uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
     uint32_t max_ctx = lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX;
+    uint32_t max_blocks = lim->max_blocks ? lim->max_blocks : WIRE_MAX_BLOCKS;
     if (p->n_seqs == 0 || p->n_seqs > max_seqs)
         return mla_errf(err, "wire: step plan with %zu sequences (1..%u allowed)", p->n_seqs, max_seqs);
     size_t total = 0;
@@ -334,11 +348,17 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
                                 (unsigned long long)s->seq_id, pos, k, max_ctx);
             }
         }
-        if (lim->max_slots && s->cache_slot >= lim->max_slots) {
+        if (s->n_blocks > max_blocks || s->block_start > max_blocks - s->n_blocks) {
             free(ids);
-            return mla_errf(err, "wire: seq %llu: cache slot %u >= %u", (unsigned long long)s->seq_id,
-                            s->cache_slot, lim->max_slots);
+            return mla_errf(err, "wire: seq %llu: block table of %u + %zu entries (limit %u)",
+                            (unsigned long long)s->seq_id, s->block_start, s->n_blocks, max_blocks);
         }
+        for (size_t k = 0; k < s->n_blocks; k++)
+            if (s->blocks[k] >= max_blocks) {
+                free(ids);
+                return mla_errf(err, "wire: seq %llu: block %u at table entry %zu outside the pool of %u blocks",
+                                (unsigned long long)s->seq_id, s->blocks[k], s->block_start + k, max_blocks);
+            }
     }
     int uniq = ids_unique(ids, p->n_seqs);
     free(ids);
@@ -352,8 +372,13 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
         wire_seq *d = &o->seqs[i];
         d->seq_id = s->seq_id;
         d->n_tokens = (uint32_t)s->n_tokens;
-        d->cache_slot = s->cache_slot;
         d->sample = s->sample;
+        d->block_start = s->block_start;
+        d->n_blocks = (uint32_t)s->n_blocks;
+        if (s->n_blocks) {
+            d->blocks = mla_xmalloc(s->n_blocks * sizeof *d->blocks);
+            memcpy(d->blocks, s->blocks, s->n_blocks * sizeof *d->blocks);
+        }
         d->tokens = mla_xmalloc(s->n_tokens * sizeof *d->tokens);
         d->positions = mla_xmalloc(s->n_tokens * sizeof *d->positions);
         memcpy(d->tokens, s->tokens, s->n_tokens * sizeof *d->tokens);
@@ -451,6 +476,13 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
     if ((int)c->kind == WIRE_CTL_LOADED && c->status == 0 &&
         (c->n_vocab == 0 || c->n_vocab > (1u << 24)))
         return mla_errf(err, "wire: loaded control frame with vocabulary size %u", c->n_vocab);
+    if ((int)c->kind == WIRE_CTL_LOADED && c->status == 0 &&
+        (c->kv_blocks == 0 || c->kv_blocks > WIRE_MAX_BLOCKS || c->kv_block_size == 0 ||
+         c->kv_block_size > WIRE_MAX_CTX || c->kv_block_bytes == 0))
+        return mla_errf(err, "wire: loaded control frame with a cache pool of %u blocks of %u positions, %llu bytes each",
+                        c->kv_blocks, c->kv_block_size, (unsigned long long)c->kv_block_bytes);
+    if ((int)c->kind != WIRE_CTL_LOADED && (c->kv_blocks || c->kv_block_size || c->kv_block_bytes))
+        return mla_errf(err, "wire: control kind %d carries a cache pool", (int)c->kind);
     if ((int)c->kind == WIRE_CTL_ERROR && (!c->message || !c->message[0]))
         return mla_errf(err, "wire: error control frame without a message");
     if ((int)c->kind == WIRE_CTL_NCCL_ID) {
@@ -466,6 +498,9 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
     o->n_vocab = c->n_vocab;
     o->rank = c->rank;
     o->step_id = c->step_id;
+    o->kv_blocks = c->kv_blocks;
+    o->kv_block_size = c->kv_block_size;
+    o->kv_block_bytes = c->kv_block_bytes;
     if (c->nccl_id.len) memcpy(o->nccl_id, c->nccl_id.data, c->nccl_id.len);
     o->nccl_id_len = (uint32_t)c->nccl_id.len;
     if (copy_str(o->message, sizeof o->message, c->message, "Control.message", err)) return MLA_ERR;
@@ -484,6 +519,7 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
 static int decode_bench(const Mla__Bench *b, const wire_limits *lim, wire_bench *o, mla_err *err) {
     uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
     uint32_t max_ctx = lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX;
+    uint32_t max_blocks = lim->max_blocks ? lim->max_blocks : WIRE_MAX_BLOCKS;
     unsigned long long id = (unsigned long long)b->bench_id;
     if ((int)b->op == WIRE_BENCH_FILL) {
         if (b->n_seq_ids == 0 || b->n_seq_ids > max_seqs)
@@ -496,6 +532,14 @@ static int decode_bench(const Mla__Bench *b, const wire_limits *lim, wire_bench 
                             (unsigned long long)b->n_floats, b->iters);
         if (!ids_unique(b->seq_ids, b->n_seq_ids))
             return mla_errf(err, "wire: bench %llu: fill lists a sequence id twice", id);
+        if (b->blocks_per_seq == 0 || b->blocks_per_seq > max_blocks ||
+            (uint64_t)b->blocks_per_seq * b->n_seq_ids != b->n_blocks)
+            return mla_errf(err, "wire: bench %llu: %zu blocks for %zu sequences of %u blocks each", id, b->n_blocks,
+                            b->n_seq_ids, b->blocks_per_seq);
+        for (size_t k = 0; k < b->n_blocks; k++)
+            if (b->blocks[k] >= max_blocks)
+                return mla_errf(err, "wire: bench %llu: block %u outside the pool of %u blocks", id, b->blocks[k],
+                                max_blocks);
     } else if ((int)b->op == WIRE_BENCH_COLL) {
         if (b->n_floats == 0 || b->n_floats > WIRE_MAX_BENCH_FLOATS)
             return mla_errf(err, "wire: bench %llu: all-reduce of %llu floats (1..%llu allowed)", id,
@@ -503,7 +547,7 @@ static int decode_bench(const Mla__Bench *b, const wire_limits *lim, wire_bench 
         if (b->iters == 0 || b->iters > WIRE_MAX_BENCH_ITERS)
             return mla_errf(err, "wire: bench %llu: %u all-reduce iterations (1..%u allowed)", id, b->iters,
                             WIRE_MAX_BENCH_ITERS);
-        if (b->n_seq_ids || b->n_past)
+        if (b->n_seq_ids || b->n_past || b->n_blocks || b->blocks_per_seq)
             return mla_errf(err, "wire: bench %llu: an all-reduce carries fill fields (%zu sequences, n_past %u)", id,
                             b->n_seq_ids, b->n_past);
     } else {
@@ -518,6 +562,12 @@ static int decode_bench(const Mla__Bench *b, const wire_limits *lim, wire_bench 
     if (b->n_seq_ids) {
         o->seq_ids = mla_xmalloc(b->n_seq_ids * sizeof *o->seq_ids);
         memcpy(o->seq_ids, b->seq_ids, b->n_seq_ids * sizeof *o->seq_ids);
+    }
+    o->blocks_per_seq = b->blocks_per_seq;
+    o->n_blocks = (uint32_t)b->n_blocks;
+    if (b->n_blocks) {
+        o->blocks = mla_xmalloc(b->n_blocks * sizeof *o->blocks);
+        memcpy(o->blocks, b->blocks, b->n_blocks * sizeof *o->blocks);
     }
     return MLA_OK;
 }
@@ -640,6 +690,19 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
         o->heartbeat_ms = r->heartbeat_ms;
         o->heartbeat_timeout_ms = r->heartbeat_timeout_ms;
         o->coll_timeout_ms = r->coll_timeout_ms;
+        if (r->ok && (!(r->gpu_memory_utilization > 0.0f && r->gpu_memory_utilization <= 1.0f) ||
+                      r->max_step_tokens == 0 || r->max_step_tokens > WIRE_MAX_STEP_TOKENS ||
+                      r->max_context > WIRE_MAX_CTX || r->max_seqs == 0 || r->max_seqs > WIRE_MAX_SEQS)) {
+            rc = mla_errf(err, "wire: cache pool settings invalid (gpu_memory_utilization %g, max_step_tokens %u, "
+                               "max_context %u, max_seqs %u)",
+                          r->gpu_memory_utilization, r->max_step_tokens, r->max_context, r->max_seqs);
+            break;
+        }
+        o->kv.gpu_memory_utilization = r->gpu_memory_utilization;
+        o->kv.kv_memory_bytes = r->kv_memory_bytes;
+        o->kv.max_step_tokens = r->max_step_tokens;
+        o->kv.max_context = r->max_context;
+        o->kv.max_seqs = r->max_seqs;
         break;
     }
     case WIRE_STEP_PLAN: rc = decode_plan(env->plan, lim, &out->u.plan, err); break;
@@ -662,6 +725,7 @@ void wire_msg_free(wire_msg *m) {
             for (uint32_t i = 0; i < m->u.plan.n_seqs; i++) {
                 free(m->u.plan.seqs[i].tokens);
                 free(m->u.plan.seqs[i].positions);
+                free(m->u.plan.seqs[i].blocks);
             }
         free(m->u.plan.seqs);
         break;
@@ -671,7 +735,10 @@ void wire_msg_free(wire_msg *m) {
         free(m->u.result.seqs);
         break;
     case WIRE_CONTROL: free(m->u.ctl.seq_ids); break;
-    case WIRE_BENCH: free(m->u.bench.seq_ids); break;
+    case WIRE_BENCH:
+        free(m->u.bench.seq_ids);
+        free(m->u.bench.blocks);
+        break;
     default: break;
     }
     memset(m, 0, sizeof *m);

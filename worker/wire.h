@@ -19,7 +19,7 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 2u /* 2: Bench / BenchResult frames */
+#define WIRE_VERSION 3u /* 3: block tables in the plan, the cache pool at registration */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -30,6 +30,7 @@
 #define WIRE_MAX_NCCL_ID 128
 #define WIRE_MAX_BENCH_FLOATS ((uint64_t)1 << 28) /* one all-reduce buffer of `mlaserve bench` (1 GiB) */
 #define WIRE_MAX_BENCH_ITERS 1000000u
+#define WIRE_MAX_BLOCKS (1u << 24) /* cache blocks of one pool */
 
 typedef enum wire_kind {
     WIRE_REGISTER = 1,
@@ -62,6 +63,17 @@ typedef struct wire_register {
     int32_t pid;
 } wire_register;
 
+/* What a worker sizes its scratch and its latent cache pool by (RegisterReply; wire_decode
+ * checks gpu_memory_utilization in (0, 1], max_step_tokens <= WIRE_MAX_STEP_TOKENS, max_context
+ * <= WIRE_MAX_CTX, max_seqs <= WIRE_MAX_SEQS). */
+typedef struct wire_kv_opts {
+    float gpu_memory_utilization; /* CUDA: the fraction of the device's memory used in all */
+    uint64_t kv_memory_bytes;     /* CPU: the pool's bytes; CUDA: a cap on them (0: none) */
+    uint32_t max_step_tokens;     /* largest step (prefill chunk) */
+    uint32_t max_context;         /* longest sequence (0: the model's context) */
+    uint32_t max_seqs;            /* most sequences a step */
+} wire_kv_opts;
+
 typedef struct wire_register_reply {
     bool ok;
     char reason[WIRE_MAX_STR];
@@ -69,6 +81,7 @@ typedef struct wire_register_reply {
     uint8_t nccl_id[WIRE_MAX_NCCL_ID];
     uint32_t nccl_id_len;
     uint32_t heartbeat_ms, heartbeat_timeout_ms, coll_timeout_ms;
+    wire_kv_opts kv; /* the cache pool the worker takes at load */
 } wire_register_reply;
 
 /* Sampling parameters, normalised by wire_decode: top_p 0 -> 1, repetition_penalty 0 -> 1. */
@@ -90,9 +103,13 @@ typedef struct wire_seq {
     uint32_t n_tokens;
     int32_t *tokens;
     int32_t *positions;
-    uint32_t cache_slot;
     bool sample;
     wire_sampling sp;
+    /* block table update: the worker's table for the sequence is cut to block_start entries,
+     * then blocks[0, n_blocks) are appended (wire_decode checks every id < max_blocks) */
+    uint32_t block_start;
+    uint32_t n_blocks;
+    uint32_t *blocks;
 } wire_seq;
 
 typedef struct wire_step_plan {
@@ -134,6 +151,9 @@ typedef struct wire_control {
     char model_path[WIRE_MAX_STR];
     uint32_t rank;
     uint64_t step_id;
+    /* WIRE_CTL_LOADED only (status 0: kv_blocks >= 1, kv_block_size >= 1, kv_block_bytes >= 1) */
+    uint32_t kv_blocks, kv_block_size;
+    uint64_t kv_block_bytes;
     /* WIRE_CTL_NCCL_ID only (wire_decode: exactly WIRE_MAX_NCCL_ID bytes, rank 0; other kinds
      * carry none) */
     uint8_t nccl_id[WIRE_MAX_NCCL_ID];
@@ -153,6 +173,12 @@ typedef struct wire_bench {
     uint32_t n_past;
     uint64_t n_floats;
     uint32_t iters;
+    /* FILL only: sequence i's table is blocks[i * blocks_per_seq, (i + 1) * blocks_per_seq);
+     * wire_decode checks n_blocks == n_seq_ids * blocks_per_seq >= 1 and every id < max_blocks;
+     * the engine checks that a table covers n_past positions at its block size */
+    uint32_t blocks_per_seq;
+    uint32_t n_blocks;
+    uint32_t *blocks;
 } wire_bench;
 
 /* wire_decode checks: rank < world; not ok: an error message, ok: none; sec_per_op finite, >= 0. */
@@ -183,7 +209,7 @@ typedef struct wire_limits {
     uint32_t n_vocab;
     uint32_t max_ctx;
     uint32_t max_seqs;   /* 0: WIRE_MAX_SEQS */
-    uint32_t max_slots;  /* cache_slot < max_slots; 0: unchecked */
+    uint32_t max_blocks; /* block ids < max_blocks; 0: WIRE_MAX_BLOCKS */
     uint32_t world;      /* rank checks in Control and BenchResult; 0: WIRE_MAX_WORLD */
     size_t max_frame;    /* 0: WIRE_MAX_FRAME */
 } wire_limits;

@@ -122,6 +122,8 @@ typedef struct wk {
     uint32_t *ridx;
     uint32_t flags_cap;
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
+    wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */
+    _Atomic uint32_t kv_blocks; /* the pool's blocks once loaded: what block ids are checked against */
 } wk;
 
 static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
@@ -321,7 +323,9 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         w->gtok[i] = -1;
     }
     mla_err err;
-    int rc = run_rows(w, eng, p, rows, &err);
+    /* the plan's table updates first: also those of rows a step ahead answered */
+    int rc = w->cfg->engine->set_tables(eng, p, &err);
+    if (rc == MLA_OK) rc = run_rows(w, eng, p, rows, &err);
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {
@@ -401,7 +405,8 @@ static void run_bench(wk *w, engine *eng, hist_tab *hist, void *pair, const wire
         }
         for (uint32_t i = 0; rc == MLA_OK && i < b->n_seq_ids; i++) {
             hist_drop(hist, b->seq_ids[i]); /* synthetic context: no tokens for the penalties */
-            if (ops->bench_fill(eng, b->seq_ids[i], b->n_past, &err))
+            if (ops->bench_fill(eng, b->seq_ids[i], b->n_past, b->blocks + (size_t)i * b->blocks_per_seq,
+                                b->blocks_per_seq, &err))
                 rc = mla_err_prefix(&err, "bench fill of seq %llu to %u positions", (unsigned long long)b->seq_ids[i],
                                     b->n_past);
         }
@@ -483,7 +488,8 @@ static void *compute_main(void *arg) {
     mla_err err;
     wk_boot bctx = {w, pair};
     const engine_boot boot = {&bctx, boot_publish, boot_wait};
-    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, cfg->n_threads, &err)) {
+    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv};
+    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, &eo, &err)) {
         snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
         atomic_store(&w->compute_failed, 1);
         send_control(pair, WIRE_CTL_LOADED, cfg->rank, 1, 0, 0, w->compute_err);
@@ -493,7 +499,16 @@ static void *compute_main(void *arg) {
     }
     uint32_t V = cfg->engine->n_vocab(eng);
     atomic_store(&w->n_vocab, V);
-    send_control(pair, WIRE_CTL_LOADED, cfg->rank, 0, V, 0, NULL);
+    engine_kv_pool kp;
+    cfg->engine->kv_pool(eng, &kp);
+    atomic_store(&w->kv_blocks, kp.n_blocks);
+    {
+        wire_msg lm = control_msg(WIRE_CTL_LOADED, cfg->rank, 0, V, 0, NULL);
+        lm.u.ctl.kv_blocks = kp.n_blocks;
+        lm.u.ctl.kv_block_size = kp.block_size;
+        lm.u.ctl.kv_block_bytes = kp.block_bytes;
+        if (send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
+    }
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
     hist_tab hist = {0};
     for (;;) {
@@ -702,7 +717,8 @@ static void handle_down(io_st *io, const void *data, size_t len) {
     wk *w = io->w;
     const wk_config *cfg = w->cfg;
     io->last_rx = now_ms();
-    wire_limits lim = {.n_vocab = atomic_load(&w->n_vocab), .world = (uint32_t)cfg->world};
+    wire_limits lim = {.n_vocab = atomic_load(&w->n_vocab), .world = (uint32_t)cfg->world,
+                       .max_blocks = atomic_load(&w->kv_blocks)};
     wire_msg *m = mla_xcalloc(1, sizeof *m);
     mla_err e2;
     if (wire_decode(data, len, &lim, m, &e2)) {
@@ -817,6 +833,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     }
     MLA_INFO("registered with %s (rank %d of %d%s%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
              cfg->curve_dir ? ", CURVE" : "", cfg->link_fd > 0 ? ", local link" : "");
+    w.kv = reply.kv;
     /* the coordinator that started this worker talks over the link from its reply on */
     fdlink *link = NULL;
     if (cfg->link_fd > 0 && !(link = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, err))) {

@@ -7,9 +7,8 @@ numbers only have to exist, be positive and finite, and be where the options say
   finite times and throughputs; scaling efficiency on every row (TP 1 ran); the all-reduce cost on the
   TP 2 decode rows and not on the TP 1 ones; the roofline fraction on decode rows, the compute fraction
   on prefill rows; the markdown on stdout and in --md has the header lines and one row per point.
-- the fill takes effect: with the workers' context (MLA_N_CTX) exactly ctx + warm-up + steps the run
-  succeeds (a decode step at position ctx is only accepted when the cache holds ctx positions), and
-  one position less fails naming the token count and the context.
+- the fill goes through the cache pool (--kv-memory): a pool of exactly the blocks the decode point
+  needs runs, one block less fails naming both counts, a pool without a block fails at load.
 - bad arguments fail with a message and a nonzero status: an unknown option, --tp 3 (does not divide
   the 4 heads), --batch 0, a bad list, a missing model.
 usage: test_bench.py MLASERVE MODEL WORKDIR
@@ -26,7 +25,6 @@ from mlatest import check, finish  # noqa: E402
 
 def run(cmd, env=None, timeout=180):
     e = dict(os.environ)
-    e.pop("MLA_N_CTX", None)
     e.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
 
@@ -103,17 +101,20 @@ def main():
     check(len(table) == 6, "markdown: 6 rows", table)
     check(all(l.count("|") == 18 for l in table), "markdown: 17 columns per row")
 
-    # ---- the fill takes effect: decode at position ctx needs a cache of exactly ctx positions
+    # ---- the fill goes through the pool: 2 sequences of 32 + 2 warm-up + 3 steps (+1) positions take 2 x 3
+    # blocks of 16; a block of the tiny model is 4 layers x 16 x 288 floats = 72 KiB. Six blocks run, five
+    # fail naming what was needed and what the pool holds.
     base = [exe, "bench", "-m", model, "--tp", "1", "--prefill", "none", "--batch", "2", "--ctx", "32", "--steps",
             "3", "--warmup", "2"]
-    r = run(base, env={"MLA_N_CTX": "37"})
-    check(r.returncode == 0, "ctx 32 + 2 + 3 steps in a context of 37", r.stderr[-2000:])
-    r = run(base, env={"MLA_N_CTX": "36"})
-    check(r.returncode != 0 and "decode step at position 36" in r.stderr and
-          "37 tokens exceed the context of 36" in r.stderr, "one position less fails, naming it", r.stderr[-2000:])
-    r = run(base, env={"MLA_N_CTX": "20"})
+    r = run(base + ["--kv-memory", "432K"])
+    check(r.returncode == 0, "2 x 38 positions in a pool of 6 blocks", r.stderr[-2000:])
+    r = run(base + ["--kv-memory", "360K"])
     check(r.returncode != 0 and "filling 2 sequences to 32 positions" in r.stderr and
-          "exceed the context of 20" in r.stderr, "a fill past the context fails, naming it", r.stderr[-2000:])
+          "need 6 cache blocks of 16 positions; the pool holds 5" in r.stderr, "one block less fails, naming it",
+          r.stderr[-2000:])
+    r = run(base + ["--kv-memory", "1K"])
+    check(r.returncode != 0 and "holds no cache block" in r.stderr, "a pool without a block fails at load",
+          r.stderr[-2000:])
 
     # ---- MLA_STEP_TRACE: every process of a TP 2 run marks each decode step; scripts/steptrace.py
     # finds all 8 marks of each of the 5 steps (2 warm-up + 3 timed), in causal order

@@ -43,7 +43,7 @@ static void test_nohook(const char *exe) {
 
     uint64_t ids[2] = {1, 2};
     memset(&err, 0, sizeof err);
-    rc = coord_bench_fill(c, ids, 2, 100, &err);
+    rc = coord_bench_fill(c, ids, 2, 100, 101, &err);
     CHECKF(rc == MLA_ERR && strstr(err.msg, "worker 0") && strstr(err.msg, "test engine") &&
                strstr(err.msg, "no bench_fill hook"),
            "fill: rc %d, '%s'", rc, err.msg);
@@ -56,7 +56,9 @@ static void test_nohook(const char *exe) {
 
     /* the group still runs steps: one token, greedy */
     int32_t tok = 3, pos = 0;
-    wire_seq s = {.seq_id = 1, .n_tokens = 1, .tokens = &tok, .positions = &pos, .sample = true};
+    uint32_t blk = 0;
+    wire_seq s = {.seq_id = 1, .n_tokens = 1, .tokens = &tok, .positions = &pos, .sample = true, .n_blocks = 1,
+                  .blocks = &blk};
     s.sp.top_p = 1;
     s.sp.repetition_penalty = 1;
     wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
@@ -78,18 +80,30 @@ typedef struct fx {
     uint32_t V;
 } fx;
 
+#define CTX 80
+#define PER 5 /* blocks of 16 positions a sequence: CTX positions */
+
+/* sequence id's table: the pool blocks [id * PER, (id + 1) * PER) */
+static const uint32_t *table_of(uint64_t id) {
+    static uint32_t t[PER];
+    for (int b = 0; b < PER; b++) t[b] = (uint32_t)(id * PER + (uint64_t)b);
+    return t;
+}
+
 /* one step of tokens at positions pos0.., the last row's logits into out (may be NULL) */
 static int step(fx *f, uint64_t id, const int32_t *tok, int n, int pos0, float *out, mla_err *err) {
     int32_t pos[64];
     REQUIRE(n <= 64);
     for (int i = 0; i < n; i++) pos[i] = pos0 + i;
-    wire_seq s = {.seq_id = id, .n_tokens = (uint32_t)n, .tokens = (int32_t *)tok, .positions = pos};
+    wire_seq s = {.seq_id = id, .n_tokens = (uint32_t)n, .tokens = (int32_t *)tok, .positions = pos, .n_blocks = PER,
+                  .blocks = (uint32_t *)table_of(id)};
     s.sp.top_p = 1;
     s.sp.repetition_penalty = 1;
     s.sp.logits = WIRE_LOGITS_LAST;
     wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
     float *row = mla_xmalloc((size_t)f->V * sizeof *row);
-    int rc = engine_cpu_ops.step(f->e, &plan, &row, err);
+    int rc = engine_cpu_ops.set_tables(f->e, &plan, err);
+    if (rc == MLA_OK) rc = engine_cpu_ops.step(f->e, &plan, &row, err);
     if (rc == MLA_OK && out) memcpy(out, row, (size_t)f->V * sizeof *row);
     free(row);
     return rc;
@@ -109,11 +123,11 @@ static int all_finite(const float *a, uint32_t n) {
 
 static void test_fill(const char *model, int n) {
     REQUIRE(n >= 2 && n <= 32);
-    setenv("MLA_N_CTX", "80", 1); /* the engine's context */
     mla_err err = {{0}};
     fx f = {0};
     coll *c = coll_single_new();
-    int rc = engine_cpu_ops.load(&f.e, model, 0, 1, c, NULL, 1, &err);
+    const engine_opts eo = {.n_threads = 1, .kv = {.kv_memory_bytes = 4u << 20, .max_context = CTX}};
+    int rc = engine_cpu_ops.load(&f.e, model, 0, 1, c, NULL, &eo, &err);
     REQUIRE(rc == MLA_OK || (fprintf(stderr, "load: %s\n", err.msg), 0));
     REQUIRE(engine_cpu_ops.bench_fill && engine_cpu_ops.bench_coll);
     f.V = engine_cpu_ops.n_vocab(f.e);
@@ -124,10 +138,10 @@ static void test_fill(const char *model, int n) {
 
     /* A: a real prompt of n tokens, then filled to n: the rows are zeros, not the prompt's */
     REQUIRE(step(&f, 1, prompt, n, 0, NULL, &err) == MLA_OK);
-    CHECKF(engine_cpu_ops.bench_fill(f.e, 1, (uint32_t)n, &err) == MLA_OK, "%s", err.msg);
+    CHECKF(engine_cpu_ops.bench_fill(f.e, 1, (uint32_t)n, table_of(1), PER, &err) == MLA_OK, "%s", err.msg);
     CHECKF(step(&f, 1, &x, 1, n, la, &err) == MLA_OK, "decode at %d after the fill: %s", n, err.msg);
     /* B: a new sequence filled to n decodes at position n (the engine refuses a gap) */
-    CHECKF(engine_cpu_ops.bench_fill(f.e, 2, (uint32_t)n, &err) == MLA_OK, "%s", err.msg);
+    CHECKF(engine_cpu_ops.bench_fill(f.e, 2, (uint32_t)n, table_of(2), PER, &err) == MLA_OK, "%s", err.msg);
     CHECKF(step(&f, 2, &x, 1, n, lb, &err) == MLA_OK, "decode at %d after the fill: %s", n, err.msg);
     CHECK(all_finite(lb, f.V));
     CHECKF(!memcmp(la, lb, f.V * sizeof(float)), "filled-over prompt vs fresh fill: max |d| %g",
@@ -139,11 +153,11 @@ static void test_fill(const char *model, int n) {
     /* E: a fill to n/2 decodes at n/2 with other logits: the zero rows are attended to (fewer of
      * them weigh less against the new token's own key; RoPE alone would not show: the new token
      * meets only itself at a relative distance of 0) */
-    CHECKF(engine_cpu_ops.bench_fill(f.e, 5, (uint32_t)(n / 2), &err) == MLA_OK, "%s", err.msg);
+    CHECKF(engine_cpu_ops.bench_fill(f.e, 5, (uint32_t)(n / 2), table_of(5), PER, &err) == MLA_OK, "%s", err.msg);
     CHECKF(step(&f, 5, &x, 1, n / 2, le, &err) == MLA_OK, "decode at %d: %s", n / 2, err.msg);
     CHECKF(max_abs_diff(lb, le, f.V) > 1e-3, "fill %d vs %d: max |d| %g", n, n / 2, max_abs_diff(lb, le, f.V));
     /* D: filled to n/2, the next step at n leaves a gap: refused, naming both */
-    CHECKF(engine_cpu_ops.bench_fill(f.e, 4, (uint32_t)(n / 2), &err) == MLA_OK, "%s", err.msg);
+    CHECKF(engine_cpu_ops.bench_fill(f.e, 4, (uint32_t)(n / 2), table_of(4), PER, &err) == MLA_OK, "%s", err.msg);
     memset(&err, 0, sizeof err);
     rc = step(&f, 4, &x, 1, n, NULL, &err);
     char want[64];
@@ -151,7 +165,7 @@ static void test_fill(const char *model, int n) {
     CHECKF(rc == MLA_ERR && strstr(err.msg, want), "gap: rc %d '%s'", rc, err.msg);
     /* past the context (80) */
     memset(&err, 0, sizeof err);
-    rc = engine_cpu_ops.bench_fill(f.e, 6, 81, &err);
+    rc = engine_cpu_ops.bench_fill(f.e, 6, 81, table_of(6), PER, &err);
     CHECKF(rc == MLA_ERR && strstr(err.msg, "81 positions") && strstr(err.msg, "context of 80"), "rc %d '%s'", rc,
            err.msg);
     engine_cpu_ops.free_seq(f.e, 6);

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_tables.h"
 #include "coord.h"
 #include "test_engine.h"
 
@@ -53,9 +54,10 @@ int main(int argc, char **argv) {
         }
         int32_t tok = 1, pos = 0;
         for (int s = 0; s < steps + 100; s++) {
-            pos = s % 4000;
+            pos = s % 256; /* within the block table (tests/ctrl/test_tables.h) */
             tok = (tok * 7 + 3) % TEST_VOCAB;
             wire_seq q = {.seq_id = 1, .n_tokens = 1, .tokens = &tok, .positions = &pos, .sample = true};
+            tt_table(&q, 0);
             q.sp.top_p = 1;
             q.sp.repetition_penalty = 1;
             wire_step_plan plan = {.step_id = (uint64_t)s + 1, .n_seqs = 1, .seqs = &q};

@@ -10,7 +10,10 @@ typedef struct tseq {
     uint64_t id;
     uint64_t *h;
     size_t n, cap;
+    uint32_t n_tab; /* block table entries the plans gave it (set_tables) */
 } tseq;
+
+#define TE_BLOCK 16 /* positions a cache block */
 
 struct engine {
     int rank, world;
@@ -27,6 +30,7 @@ struct engine {
     int32_t *queued[2];
     uint32_t queued_n[2], n_queued;
     uint64_t n_queue_host, n_queue_device; /* queue calls with each source of tokens */
+    engine_kv_pool pool; /* kv_memory_bytes / 1 KiB blocks (4096 when 0) of TE_BLOCK positions */
 };
 
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
@@ -93,9 +97,8 @@ static int te_boot(const engine_boot *boot, int rank, int world, mla_err *err) {
     return MLA_OK;
 }
 
-static int te_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot, int n_threads,
-                   mla_err *err) {
-    (void)n_threads;
+static int te_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
+                   const engine_opts *eo, mla_err *err) {
     const char *fl = getenv("MLA_TEST_ENGINE_FAIL_LOAD");
     if (fl && atoi(fl) == rank) return mla_errf(err, "test engine: load failure requested for rank %d", rank);
     if (te_boot(boot, rank, world, err)) return MLA_ERR;
@@ -108,9 +111,17 @@ static int te_load(engine **out, const char *path, int rank, int world, coll *c,
     e->c = c;
     const char *d = getenv("MLA_TEST_ENGINE_DELAY_MS");
     e->delay_ms = d ? atoi(d) : 0;
+    const uint64_t nb = eo->kv.kv_memory_bytes ? eo->kv.kv_memory_bytes / 1024 : 4096;
+    e->pool = (engine_kv_pool){(uint32_t)(nb < WIRE_MAX_BLOCKS ? nb : WIRE_MAX_BLOCKS), TE_BLOCK, 1024};
+    if (e->pool.n_blocks == 0) {
+        free(e);
+        return mla_errf(err, "test engine: --kv-memory holds no block of 1024 bytes");
+    }
     *out = e;
     return MLA_OK;
 }
+
+static void te_kv_pool(const engine *e, engine_kv_pool *out) { *out = e->pool; }
 
 static uint32_t te_vocab(const engine *e) {
     (void)e;
@@ -124,8 +135,25 @@ static tseq *get_seq(engine *e, uint64_t id) {
         e->cap = e->cap ? 2 * e->cap : 8;
         e->seqs = mla_xrealloc(e->seqs, e->cap * sizeof *e->seqs);
     }
-    e->seqs[e->n] = (tseq){id, NULL, 0, 0};
+    e->seqs[e->n] = (tseq){id, NULL, 0, 0, 0};
     return &e->seqs[e->n++];
+}
+
+/* set_tables (engine.h): the tables' lengths are kept and checked as the real engines check them */
+static int te_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        tseq *q = get_seq(e, s->seq_id);
+        if (s->block_start > q->n_tab)
+            return mla_errf(err, "test engine: seq %llu: a table update from entry %u, the table holds %u",
+                            (unsigned long long)s->seq_id, s->block_start, q->n_tab);
+        for (uint32_t k = 0; k < s->n_blocks; k++)
+            if (s->blocks[k] >= e->pool.n_blocks)
+                return mla_errf(err, "test engine: seq %llu: block %u outside the pool of %u", (unsigned long long)s->seq_id,
+                                s->blocks[k], e->pool.n_blocks);
+        q->n_tab = s->block_start + s->n_blocks;
+    }
+    return MLA_OK;
 }
 
 /* step and step_greedy (engine.h); greedy/tokens NULL: step */
@@ -148,6 +176,9 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         if (s->positions[0] < 0 || (size_t)s->positions[0] > q->n)
             return mla_errf(err, "test engine: seq %llu starts at position %d but holds %zu",
                             (unsigned long long)s->seq_id, s->positions[0], q->n);
+        if ((uint64_t)s->positions[0] + s->n_tokens > (uint64_t)q->n_tab * TE_BLOCK)
+            return mla_errf(err, "test engine: seq %llu: the block table covers %u positions, the step needs %u",
+                            (unsigned long long)s->seq_id, q->n_tab * TE_BLOCK, s->positions[0] + s->n_tokens);
     }
     float *buf = mla_xmalloc(total * TEST_VOCAB * sizeof(float));
     size_t row = 0;
@@ -281,5 +312,15 @@ static void te_destroy(engine *e) {
     free(e);
 }
 
-const engine_ops test_engine_ops = {"test",   test_engine_file_hash, te_load, te_vocab, te_step, te_free_seq, te_destroy,
-                                    NULL,     NULL,                  te_step_greedy, te_queue, te_wait_queued};
+const engine_ops test_engine_ops = {.name = "test",
+                                    .model_hash = test_engine_file_hash,
+                                    .load = te_load,
+                                    .kv_pool = te_kv_pool,
+                                    .set_tables = te_set_tables,
+                                    .n_vocab = te_vocab,
+                                    .step = te_step,
+                                    .free_seq = te_free_seq,
+                                    .destroy = te_destroy,
+                                    .step_greedy = te_step_greedy,
+                                    .queue = te_queue,
+                                    .wait_queued = te_wait_queued};

@@ -36,7 +36,7 @@ class Server(mlatest.ServeProcess):
 
     def __init__(self, exe, model, args, env_extra=None, worker=None, host="127.0.0.1", timeout=90, wait=True):
         super().__init__([exe, "serve", "-m", model, "--port", "0"],
-                         ["--max-context", "256", "--max-seqs", "4", "--kv-blocks", "128"] + list(args),
+                         ["--max-context", "256", "--max-seqs", "4", "--kv-memory", "8M"] + list(args),
                          worker=worker, env=env_extra, host=host, timeout=timeout, start=wait,
                          prefix="mla_deploy_", fail_tail=None)
 

@@ -69,7 +69,7 @@ def case_launch():
           "launch.sh --dry-run: CUDA_VISIBLE_DEVICES per worker", r.stdout)
     port = free_port()
     p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
-                          "--", "--max-context", "256", "--max-seqs", "2", "--kv-blocks", "64"],
+                          "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs = []
     try:
@@ -132,7 +132,7 @@ def case_slurm():
     os.symlink(os.path.abspath(worker), os.path.join(both, "mlaserve-worker"))
     env = sbatch_env({"FAKE_SLURM_HOSTS": "localhost", "MLASERVE_CURVE_DIR": keys, "MLASERVE_BIN": both,
                       "MLASERVE_COORD_PORT": str(cport), "MLASERVE_PORT": str(port), "MLASERVE_LOGS": logs,
-                      "FAKE_SLURM_LOG": slog, "MLASERVE_BACKEND": "cpu", "MLASERVE_SERVE_ARGS": "--max-context 256 --max-seqs 2 --kv-blocks 64"})
+                      "FAKE_SLURM_LOG": slog, "MLASERVE_BACKEND": "cpu", "MLASERVE_SERVE_ARGS": "--max-context 256 --max-seqs 2 --kv-memory 8M"})
     p = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     procs = []
     try:

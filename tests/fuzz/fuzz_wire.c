@@ -30,7 +30,7 @@ static void check_frame(const uint8_t *data, size_t size, const wire_limits *lim
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_frame(data, size, NULL);
-    wire_limits lim = {.n_vocab = 300, .max_ctx = 4096, .max_seqs = 16, .max_slots = 8,
+    wire_limits lim = {.n_vocab = 300, .max_ctx = 4096, .max_seqs = 16, .max_blocks = 8,
                        .world = 4, .max_frame = 1 << 16};
     check_frame(data, size, &lim);
     return 0;

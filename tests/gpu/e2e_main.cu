@@ -67,8 +67,39 @@ static int32_t argmax(const float *x, int64_t n) {
     return (int32_t)b;
 }
 
+/* A state whose table holds blocks [slot * per, (slot + 1) * per) of the pool (kv_setup). */
+static mla_cstate *state_at(mla_cmodel *m, int64_t slot, int64_t per, mla_err *err) {
+    mla_cstate *s = mla_cstate_new(m, err);
+    if (!s) return NULL;
+    uint32_t *ids = (uint32_t *)mla_xmalloc((size_t)per * sizeof *ids);
+    for (int64_t b = 0; b < per; b++) ids[b] = (uint32_t)(slot * per + b);
+    int rc = mla_cstate_set_blocks(s, 0, ids, per, err);
+    free(ids);
+    if (rc) {
+        mla_cstate_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* The pool for P sequences of the longest prompt plus the greedy tokens; *per: blocks each. */
+static int kv_setup(rank_job *j, mla_cmodel *m, int64_t *per, mla_err *err) {
+    int64_t nmax = 1;
+    for (int64_t p = 0; p < j->P->count; p++)
+        if (j->P->n[p] > nmax) nmax = j->P->n[p];
+    const int64_t ctx = nmax + j->greedy + 1, P = j->batch ? j->P->count : 1;
+    *per = (ctx + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
+    mla_cmodel_kv_opts ko = {0.9, 0, P * *per, nmax, ctx, P};
+    if (mla_cmodel_kv_init(m, &ko, err)) return MLA_ERR;
+    int64_t nb = 0;
+    uint64_t bb = 0;
+    mla_cmodel_kv_pool(m, &nb, &bb);
+    if (nb < P * *per) return mla_errf(err, "the cache pool holds %lld blocks, %lld needed", (long long)nb, (long long)(P * *per));
+    return MLA_OK;
+}
+
 /* --batch: prefill every prompt, then decode all greedy continuations together. */
-static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
+static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, int64_t per, mla_err *err) {
     const mla_config *c = mla_cmodel_config(m);
     const int64_t P = j->P->count, V = c->n_vocab;
     mla_cstate **st = (mla_cstate **)mla_xcalloc((size_t)P, sizeof *st);
@@ -83,7 +114,7 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, mla_err *err) {
     int rc = MLA_OK;
     for (int64_t p = 0; p < P && rc == MLA_OK; p++) {
         const int64_t n = j->P->n[p];
-        if (!(st[p] = mla_cstate_new(m, n + j->greedy + 1, err))) {
+        if (!(st[p] = state_at(m, p, per, err))) {
             rc = MLA_ERR;
             break;
         }
@@ -151,14 +182,16 @@ static void *run_rank(void *arg) {
             goto out;
         }
     }
+    int64_t per;
+    if (kv_setup(j, m, &per, err)) goto out;
     if (j->batch) {
-        if (run_batched(j, m, eos, err) == MLA_OK) j->rc = MLA_OK;
+        if (run_batched(j, m, eos, per, err) == MLA_OK) j->rc = MLA_OK;
         goto out;
     }
     for (int64_t p = 0; p < j->P->count; p++) {
         const int32_t *ids = j->P->ids[p];
         const int64_t n = j->P->n[p];
-        mla_cstate *st = mla_cstate_new(m, n + j->greedy + 1, err);
+        mla_cstate *st = state_at(m, 0, per, err);
         if (!st) goto out;
         logits = (float *)mla_xrealloc(logits, (size_t)(n * c->n_vocab) * sizeof *logits);
         long df = j->decode_from;

@@ -84,7 +84,7 @@ def stream(port, body, timeout=300):
 
 
 prompts = ref["prompts"]
-srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "64", "--step-tokens", "2048"])
+srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "64", "--max-prefill-tokens", "2048"])
 sent_prompt, got_completion, n_req = 0, 0, 0
 try:
     port = srv.port

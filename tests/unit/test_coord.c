@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_tables.h"
 #include "coord.h"
 #include "mla_test.h"
 #include "test_engine.h"
@@ -122,7 +123,8 @@ static void test_group(int T) {
                 pos[i][k] = ref[i].pos + (int32_t)k;
             }
             seqs[i] = (wire_seq){.seq_id = ref[i].id, .n_tokens = nt[i], .tokens = toks[i],
-                                 .positions = pos[i], .cache_slot = (uint32_t)i, .sample = true};
+                                 .positions = pos[i], .sample = true};
+            tt_table(&seqs[i], (uint32_t)i);
             seqs[i].sp.top_p = 1;
             seqs[i].sp.repetition_penalty = 1;
         }
@@ -178,6 +180,7 @@ static void test_group(int T) {
     /* seq 11 continued at its next position with logits: equal to the reference */
     int32_t t1 = 5, p1 = ref[0].pos;
     wire_seq s1 = {.seq_id = 11, .n_tokens = 1, .tokens = &t1, .positions = &p1, .sample = false};
+    tt_table(&s1, 0);
     s1.sp.logits = WIRE_LOGITS_LAST;
     wire_step_plan plan = {.step_id = 2000, .n_seqs = 1, .seqs = &s1};
     wire_step_result res;
@@ -265,6 +268,7 @@ static void test_ahead(int T, const char *mode) {
             }
             seqs[n] = (wire_seq){.seq_id = 100 + (uint64_t)q, .n_tokens = nt, .tokens = toks[n], .positions = ps[n],
                                  .sample = true};
+            tt_table(&seqs[n], (uint32_t)q);
             seqs[n].sp.top_p = 1;
             seqs[n].sp.repetition_penalty = 1;
             if (a->logits) seqs[n].sp.logits = WIRE_LOGITS_LAST;
@@ -396,6 +400,7 @@ static void test_refusals(void) {
     if (a.rc == MLA_OK) {
         int32_t t = 3, p = 0;
         wire_seq s = {.seq_id = 1, .n_tokens = 1, .tokens = &t, .positions = &p, .sample = true};
+        tt_table(&s, 0);
         s.sp.top_p = 1;
         s.sp.repetition_penalty = 1;
         wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
@@ -428,6 +433,7 @@ static void *step_thread(void *p) {
     step_arg *a = p;
     int32_t t[2] = {1, 2}, pos[2] = {0, 1};
     wire_seq s = {.seq_id = 1, .n_tokens = 2, .tokens = t, .positions = pos, .sample = true};
+    tt_table(&s, 0);
     s.sp.top_p = 1;
     s.sp.repetition_penalty = 1;
     wire_step_plan plan = {.step_id = 42, .n_seqs = 1, .seqs = &s};
@@ -544,6 +550,7 @@ static void test_load_failure(void) {
 static void step_check(coord *c, int T) {
     int32_t t = 4, p = 0;
     wire_seq s = {.seq_id = 9, .n_tokens = 1, .tokens = &t, .positions = &p, .sample = false};
+    tt_table(&s, 0);
     s.sp.logits = WIRE_LOGITS_LAST;
     wire_step_plan plan = {.step_id = 1, .n_seqs = 1, .seqs = &s};
     wire_step_result res;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/wait.h>
 
+#include "test_tables.h"
 #include "coord.h"
 #include "gguf.h"
 #include "mla_test.h"
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
             int n = step == 0 ? N_PROMPT : 1;
             wire_seq q = {.seq_id = 7, .n_tokens = (uint32_t)n, .tokens = toks + off,
                           .positions = pos + off, .sample = true};
+            tt_table(&q, 0);
             q.sp.top_p = 1;
             q.sp.repetition_penalty = 1;
             q.sp.logits = WIRE_LOGITS_ALL;

@@ -184,23 +184,20 @@ static void test_forward_errors(const char *fx) {
 }
 
 /* The CUDA latent cache's element type (mla_cuda_kv_f16): fp16 with tensor-core attention, fp32
- * with fp32 attention, MLA_CUDA_KV over both, fp32 always on the legacy path and for odd rows, a
- * bad value named. */
+ * with fp32 attention, MLA_CUDA_KV over both, fp32 always for odd rows, a bad value named. */
 static void test_kv_type(void) {
     mla_err err;
     unsetenv("MLA_CUDA_KV");
-    CHECK(mla_cuda_kv_f16(576, false, false, &err) == 1);
-    CHECK(mla_cuda_kv_f16(576, true, false, &err) == 0);
-    CHECK(mla_cuda_kv_f16(576, false, true, &err) == 0);
+    CHECK(mla_cuda_kv_f16(576, false, &err) == 1);
+    CHECK(mla_cuda_kv_f16(576, true, &err) == 0);
     setenv("MLA_CUDA_KV", "f32", 1);
-    CHECK(mla_cuda_kv_f16(576, false, false, &err) == 0);
+    CHECK(mla_cuda_kv_f16(576, false, &err) == 0);
     setenv("MLA_CUDA_KV", "f16", 1);
-    CHECK(mla_cuda_kv_f16(576, true, false, &err) == 1);
-    CHECK(mla_cuda_kv_f16(576, false, true, &err) == 0);
-    CHECK(mla_cuda_kv_f16(577, false, false, &err) == 0); /* odd rows stay fp32 */
+    CHECK(mla_cuda_kv_f16(576, true, &err) == 1);
+    CHECK(mla_cuda_kv_f16(577, false, &err) == 0); /* odd rows stay fp32 */
     setenv("MLA_CUDA_KV", "q8_0", 1);
     memset(&err, 0, sizeof err);
-    CHECK(mla_cuda_kv_f16(576, false, false, &err) == MLA_ERR && strstr(err.msg, "MLA_CUDA_KV=q8_0") != NULL);
+    CHECK(mla_cuda_kv_f16(576, false, &err) == MLA_ERR && strstr(err.msg, "MLA_CUDA_KV=q8_0") != NULL);
     unsetenv("MLA_CUDA_KV");
 }
 

@@ -22,6 +22,7 @@ typedef struct plan_fix {
     Mla__SeqPlan *seqp[2];
     Mla__SamplingParams sp[2];
     int32_t tok[2][3], pos[2][3];
+    uint32_t blk[2][2];
 } plan_fix;
 
 static void plan_fix_init(plan_fix *f) {
@@ -46,6 +47,10 @@ static void plan_fix_init(plan_fix *f) {
             f->pos[i][k] = 10 + k;
         }
         f->seq[i].n_tokens = f->seq[i].n_positions = 3;
+        f->blk[i][0] = (uint32_t)(2 * i);
+        f->blk[i][1] = (uint32_t)(2 * i + 1);
+        f->seq[i].n_blocks = 2;
+        f->seq[i].blocks = f->blk[i];
         f->seq[i].tokens = f->tok[i];
         f->seq[i].positions = f->pos[i];
         f->seq[i].sample = 1;
@@ -56,7 +61,7 @@ static void plan_fix_init(plan_fix *f) {
     }
 }
 
-static const wire_limits k_lim = {.n_vocab = 64, .max_ctx = 1024, .max_seqs = 8, .max_slots = 4};
+static const wire_limits k_lim = {.n_vocab = 64, .max_ctx = 1024, .max_seqs = 8, .max_blocks = 4};
 
 /* decodes the fixture; returns the rc and leaves the message in err */
 static int decode_fix(plan_fix *f, mla_err *err) {
@@ -98,7 +103,9 @@ static void test_plan_rejections(void) {
     EXPECT_REJECT((f.pos[1][0] = 1022, f.pos[1][1] = 1023, f.pos[1][2] = 1024), "position");
     EXPECT_REJECT(f.seq[0].n_positions = 2, "positions");
     EXPECT_REJECT((f.seq[0].n_tokens = 0, f.seq[0].n_positions = 0), "tokens");
-    EXPECT_REJECT(f.seq[1].cache_slot = 4, "cache slot");
+    EXPECT_REJECT(f.blk[1][1] = 4, "outside the pool of 4 blocks");
+    EXPECT_REJECT(f.seq[0].block_start = 3, "block table of 3 + 2 entries");
+    EXPECT_REJECT(f.seq[0].block_start = UINT32_MAX, "block table");
     EXPECT_REJECT(f.sp[0].temperature = NAN, "temperature");
     EXPECT_REJECT(f.sp[0].temperature = -1, "temperature");
     EXPECT_REJECT(f.sp[0].top_p = 1.5f, "top_p");
@@ -179,10 +186,22 @@ static void test_roundtrips(void) {
     in.u.reply.coll_timeout_ms = 30000;
     in.u.reply.nccl_id_len = 3;
     memcpy(in.u.reply.nccl_id, "\x01\x02\x03", 3);
+    in.u.reply.kv = (wire_kv_opts){.gpu_memory_utilization = 0.5f, .kv_memory_bytes = 1u << 30,
+                                   .max_step_tokens = 2048, .max_context = 131072, .max_seqs = 32};
     REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
     CHECK(out.u.reply.ok && !strcmp(out.u.reply.coll_shm_name, "/mla-coll-1-2-abc") &&
           out.u.reply.heartbeat_ms == 100 && out.u.reply.nccl_id_len == 3 &&
           out.u.reply.nccl_id[2] == 3);
+    CHECK(out.u.reply.kv.gpu_memory_utilization == 0.5f && out.u.reply.kv.kv_memory_bytes == (1u << 30) &&
+          out.u.reply.kv.max_step_tokens == 2048 && out.u.reply.kv.max_context == 131072 &&
+          out.u.reply.kv.max_seqs == 32);
+    /* the cache pool settings: a fraction in (0, 1], a step of at least one token */
+    in.u.reply.kv.gpu_memory_utilization = 1.5f;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "gpu_memory_utilization 1.5"));
+    in.u.reply.kv.gpu_memory_utilization = 0.9f;
+    in.u.reply.kv.max_step_tokens = 0;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "max_step_tokens 0"));
+    in.u.reply.kv.max_step_tokens = 512;
     strcpy(in.u.reply.coll_shm_name, "/../etc/passwd");
     CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR);
     strcpy(in.u.reply.coll_shm_name, "/ok");
@@ -196,8 +215,9 @@ static void test_roundtrips(void) {
 
     /* StepPlan */
     int32_t toks[3] = {1, 2, 3}, pos[3] = {0, 1, 2};
+    uint32_t blocks[2] = {3, 1};
     wire_seq seqs[1] = {{.seq_id = 9, .n_tokens = 3, .tokens = toks, .positions = pos,
-                         .cache_slot = 1, .sample = true,
+                         .block_start = 2, .n_blocks = 2, .blocks = blocks, .sample = true,
                          .sp = {.temperature = 0.5f, .top_k = 7, .top_p = 0, .min_p = 0.05f,
                                 .repetition_penalty = 0, .seed = 42, .logprobs = true,
                                 .top_logprobs = 3, .logits = WIRE_LOGITS_ALL}}};
@@ -207,7 +227,8 @@ static void test_roundtrips(void) {
     REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
     const wire_seq *s = &out.u.plan.seqs[0];
     CHECK(out.u.plan.step_id == 77 && out.u.plan.n_seqs == 1 && s->seq_id == 9 && s->n_tokens == 3 &&
-          s->tokens[2] == 3 && s->positions[2] == 2 && s->cache_slot == 1 && s->sample);
+          s->tokens[2] == 3 && s->positions[2] == 2 && s->block_start == 2 && s->n_blocks == 2 &&
+          s->blocks[0] == 3 && s->blocks[1] == 1 && s->sample);
     CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f &&
           s->sp.seed == 42 && s->sp.logprobs && s->sp.top_logprobs == 3 &&
           s->sp.logits == WIRE_LOGITS_ALL && fabsf(s->sp.min_p - 0.05f) < 1e-7f);
@@ -271,6 +292,16 @@ static void test_roundtrips(void) {
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "message"));
     in.u.ctl = (wire_control){.kind = WIRE_CTL_LOADED, .status = 0, .n_vocab = 0};
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "vocabulary"));
+    /* LOADED carries the rank's cache pool; no other kind does */
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_LOADED, .n_vocab = 64, .kv_blocks = 1000, .kv_block_size = 64,
+                              .kv_block_bytes = 4718592};
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.ctl.kv_blocks == 1000 && out.u.ctl.kv_block_size == 64 && out.u.ctl.kv_block_bytes == 4718592);
+    wire_msg_free(&out);
+    in.u.ctl.kv_blocks = 0;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "cache pool of 0 blocks"));
+    in.u.ctl = (wire_control){.kind = WIRE_CTL_HEARTBEAT, .kv_blocks = 3};
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "carries a cache pool"));
     wire_limits w2 = k_lim;
     w2.world = 2;
     in.u.ctl = (wire_control){.kind = WIRE_CTL_HEARTBEAT, .rank = 2};
@@ -367,12 +398,16 @@ static int decode_bench_env(const Mla__Bench *b, const Mla__BenchResult *r, cons
 #define EXPECT_BENCH_REJECT(setup, needle)                                                                   \
     do {                                                                                                     \
         uint64_t ids_[3] = {5, 6, 7};                                                                        \
+        uint32_t blk_[3] = {0, 1, 2};                                                                        \
         Mla__Bench b = MLA__BENCH__INIT;                                                                     \
         b.bench_id = 9;                                                                                      \
         b.op = MLA__BENCH_OP__BENCH_FILL;                                                                    \
         b.n_seq_ids = 3;                                                                                     \
         b.seq_ids = ids_;                                                                                    \
         b.n_past = 100;                                                                                      \
+        b.blocks_per_seq = 1;                                                                                \
+        b.n_blocks = 3;                                                                                      \
+        b.blocks = blk_;                                                                                     \
         setup;                                                                                               \
         wire_msg m_;                                                                                         \
         mla_err e_ = {{0}};                                                                                  \
@@ -405,11 +440,14 @@ static void test_bench(void) {
     uint64_t ids[3] = {5, 6, 7};
     memset(&in, 0, sizeof in);
     in.kind = WIRE_BENCH;
-    in.u.bench = (wire_bench){.bench_id = 3, .op = WIRE_BENCH_FILL, .n_seq_ids = 3, .seq_ids = ids, .n_past = 1000};
+    uint32_t fill_blocks[3] = {2, 0, 3};
+    in.u.bench = (wire_bench){.bench_id = 3, .op = WIRE_BENCH_FILL, .n_seq_ids = 3, .seq_ids = ids, .n_past = 1000,
+                              .blocks_per_seq = 1, .n_blocks = 3, .blocks = fill_blocks};
     REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
     CHECK(out.kind == WIRE_BENCH && out.u.bench.bench_id == 3 && out.u.bench.op == WIRE_BENCH_FILL &&
           out.u.bench.n_seq_ids == 3 && out.u.bench.seq_ids[2] == 7 && out.u.bench.n_past == 1000 &&
-          out.u.bench.n_floats == 0 && out.u.bench.iters == 0);
+          out.u.bench.n_floats == 0 && out.u.bench.iters == 0 && out.u.bench.blocks_per_seq == 1 &&
+          out.u.bench.n_blocks == 3 && out.u.bench.blocks[0] == 2 && out.u.bench.blocks[2] == 3);
     wire_msg_free(&out);
     in.u.bench = (wire_bench){.bench_id = 4, .op = WIRE_BENCH_COLL, .n_floats = 256 * 7168, .iters = 20};
     REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
@@ -439,18 +477,24 @@ static void test_bench(void) {
     EXPECT_BENCH_REJECT(b.n_past = 1025, "context limit 1024");
     EXPECT_BENCH_REJECT(b.iters = 2, "all-reduce fields");
     EXPECT_BENCH_REJECT(b.n_floats = 2, "all-reduce fields");
+    EXPECT_BENCH_REJECT(b.blocks_per_seq = 2, "3 blocks for 3 sequences of 2 blocks");
+    EXPECT_BENCH_REJECT(b.blocks_per_seq = 0, "of 0 blocks");
+    EXPECT_BENCH_REJECT(blk_[1] = 4, "block 4 outside the pool of 4 blocks");
     {
         uint64_t many[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
         EXPECT_BENCH_REJECT((b.n_seq_ids = 9, b.seq_ids = many), "fill of 9 sequences");
     }
     /* all-reduce */
-#define COLL_OK (b.op = MLA__BENCH_OP__BENCH_COLL, b.n_seq_ids = 0, b.n_past = 0, b.n_floats = 1024, b.iters = 3)
+#define COLL_OK                                                                                              \
+    (b.op = MLA__BENCH_OP__BENCH_COLL, b.n_seq_ids = 0, b.n_past = 0, b.n_floats = 1024, b.iters = 3, b.n_blocks = 0, \
+     b.blocks_per_seq = 0)
     EXPECT_BENCH_REJECT((COLL_OK, b.n_floats = 0), "all-reduce of 0 floats");
     EXPECT_BENCH_REJECT((COLL_OK, b.n_floats = WIRE_MAX_BENCH_FLOATS + 1), "floats");
     EXPECT_BENCH_REJECT((COLL_OK, b.iters = 0), "0 all-reduce iterations");
     EXPECT_BENCH_REJECT((COLL_OK, b.iters = WIRE_MAX_BENCH_ITERS + 1), "iterations");
     EXPECT_BENCH_REJECT((COLL_OK, b.n_past = 4), "fill fields");
     EXPECT_BENCH_REJECT((COLL_OK, b.n_seq_ids = 1), "fill fields");
+    EXPECT_BENCH_REJECT((COLL_OK, b.blocks_per_seq = 1), "fill fields");
 #undef COLL_OK
     {
         /* the valid all-reduce request passes (so the rejections above are about their one change) */
