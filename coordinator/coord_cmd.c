@@ -22,37 +22,79 @@ static int start_group(const group_opts *o, gguf_ctx **g, coord **c, mla_err *er
     return coord_group_start(o, *g, c, err);
 }
 
-/* one sequence: tokens[0..n) with prompt chunk k, logits of every position into out (n x V);
- * then up to greedy tokens into gen (stops after eos). */
-static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tokens, int64_t n,
-                   int64_t k, float *out, long greedy, int32_t eos, int32_t *gen, long *n_gen, mla_err *err) {
+/* How `logits --processes` runs a prompt: first step k tokens (--decode-from), the rest in steps
+ * of at most chunk tokens (--chunk; 0: one step), or, with reuse > 0 (--prefix-reuse R), through a
+ * donor: a sequence of its own first runs tokens [0, R), then the prompt's sequence shares the
+ * donor's first R / block_size blocks (as the prefix cache shares them) and runs from there; the
+ * rows before that are the donor's. */
+typedef struct seq_mode {
+    int64_t k, chunk, reuse;
+} seq_mode;
+
+/* Plans of seq_id over tokens [from, to) at those positions, in steps of at most `chunk` (the
+ * first of at most first), logits of every position into out + from * V; the table goes whole
+ * with the first step (tab[0, ntab)), later steps send none. The last step samples when sample. */
+static int run_steps(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tokens, const int32_t *pos,
+                     int64_t from, int64_t to, int64_t first, int64_t chunk, const uint32_t *tab, uint32_t ntab,
+                     bool sample, float *out, int32_t *next, mla_err *err) {
     const uint32_t V = coord_n_vocab(c);
-    int32_t *pos = mla_xmalloc((size_t)(n + greedy + 1) * sizeof *pos);
-    for (int64_t i = 0; i < n + greedy + 1; i++) pos[i] = (int32_t)i;
-    /* the whole table in the first plan: one sequence at a time, blocks from 0 */
-    const uint32_t npos = (uint32_t)(n + greedy + 1);
-    uint32_t *tab = mla_xmalloc(((size_t)coord_table_len(c, npos) + 1) * sizeof *tab), ntab = 0;
-    int rc = coord_slot_table(c, 0, 1, npos, tab, &ntab, err);
-    int64_t off = 0;
-    int32_t next = -1;
-    *n_gen = 0;
-    while (off < n && rc == MLA_OK) {
-        int64_t cnt = off == 0 ? k : 1;
+    for (int64_t off = from; off < to;) {
+        int64_t cnt = to - off, lim = off == from ? first : chunk;
+        if (lim > 0 && cnt > lim) cnt = lim;
         wire_seq s = {.seq_id = seq_id, .n_tokens = (uint32_t)cnt, .tokens = (int32_t *)tokens + off,
-                      .positions = pos + off, .sample = off + cnt == n && greedy > 0,
-                      .block_start = off == 0 ? 0 : ntab, .n_blocks = off == 0 ? ntab : 0, .blocks = tab};
+                      .positions = (int32_t *)pos + off, .sample = off + cnt == to && sample,
+                      .block_start = off == from ? 0 : ntab, .n_blocks = off == from ? ntab : 0,
+                      .blocks = (uint32_t *)tab};
         s.sp.top_p = 1;
         s.sp.repetition_penalty = 1;
         s.sp.logits = WIRE_LOGITS_ALL;
         wire_step_plan plan = {.step_id = ++*step, .n_seqs = 1, .seqs = &s};
         wire_step_result res;
-        rc = coord_step(c, &plan, &res, err);
-        if (rc) break;
+        if (coord_step(c, &plan, &res, err)) return MLA_ERR;
         memcpy(out + off * V, res.seqs[0].logits, (size_t)cnt * V * sizeof(float));
-        next = res.seqs[0].token;
+        *next = res.seqs[0].token;
         coord_result_free(&res);
         off += cnt;
     }
+    return MLA_OK;
+}
+
+/* one sequence: tokens[0..n) as mode says, logits of every position into out (n x V); then up to
+ * greedy tokens into gen (stops after eos). */
+static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tokens, int64_t n, const seq_mode *md,
+                   float *out, long greedy, int32_t eos, int32_t *gen, long *n_gen, mla_err *err) {
+    int32_t *pos = mla_xmalloc((size_t)(n + greedy + 1) * sizeof *pos);
+    for (int64_t i = 0; i < n + greedy + 1; i++) pos[i] = (int32_t)i;
+    const uint32_t npos = (uint32_t)(n + greedy + 1), per = coord_table_len(c, npos);
+    uint32_t *tab = mla_xmalloc(((size_t)per + 1) * sizeof *tab), *dtab = mla_xmalloc(((size_t)per + 1) * sizeof *dtab);
+    uint32_t ntab = 0, ndtab = 0;
+    /* a donor takes slot 0 and the sequence slot 1; alone the sequence takes slot 0 */
+    const uint32_t slots = md->reuse > 0 ? 2 : 1;
+    int rc = coord_slot_table(c, slots - 1, slots, npos, tab, &ntab, err);
+    int64_t start = 0;
+    int32_t next = -1;
+    *n_gen = 0;
+    if (rc == MLA_OK && md->reuse > 0) {
+        const uint64_t donor = seq_id | ((uint64_t)1 << 40);
+        const int64_t r = md->reuse < n ? md->reuse : n;
+        rc = coord_slot_table(c, 0, slots, npos, dtab, &ndtab, err);
+        if (rc == MLA_OK)
+            rc = run_steps(c, donor, step, tokens, pos, 0, r, 0, 0, dtab, ndtab, false, out, &next, err);
+        if (rc == MLA_OK) {
+            /* the donor's whole blocks, at most up to the prompt's last token (which the sequence
+             * computes itself, as the scheduler leaves it): read, never written, by the sequence */
+            coord_kv_info kv;
+            coord_kv_pool(c, &kv);
+            const uint32_t nshare = (uint32_t)((r < n ? r : n - 1) / kv.block_size);
+            memcpy(tab, dtab, nshare * sizeof *tab);
+            start = (int64_t)nshare * kv.block_size;
+        }
+        mla_err e2;
+        if (coord_free_seqs(c, &donor, 1, rc == MLA_OK ? err : &e2) && rc == MLA_OK) rc = MLA_ERR;
+    }
+    if (rc == MLA_OK)
+        rc = run_steps(c, seq_id, step, tokens, pos, start, n, start == 0 ? md->k : 0, md->chunk, tab, ntab,
+                       greedy > 0, out, &next, err);
     for (long i = 0; rc == MLA_OK && greedy > 0 && i < greedy; i++) {
         gen[(*n_gen)++] = next;
         if (next == eos || i + 1 == greedy) break;
@@ -69,6 +111,7 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
     }
     free(pos);
     free(tab);
+    free(dtab);
     if (rc == MLA_OK) rc = coord_free_seqs(c, &seq_id, 1, err);
     return rc;
 }
@@ -76,7 +119,7 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
 int cmd_logits_tp(int argc, char **argv) {
     group_opts o = {.tp = 1, .threads = 1};
     const char *tokens = NULL, *outp = NULL, *ids_out = NULL;
-    long decode_from = -1, greedy = 0;
+    long decode_from = -1, greedy = 0, chunk = 0, reuse = 0;
     for (int i = 1; i < argc; i++) {
         int g = coord_group_opt(&o, argc, argv, &i);
         if (g < 0) goto usage;
@@ -88,9 +131,11 @@ int cmd_logits_tp(int argc, char **argv) {
         else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
         else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
         else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
+        else if (!strcmp(a, "--chunk")) chunk = atol(argv[++i]);
+        else if (!strcmp(a, "--prefix-reuse")) reuse = atol(argv[++i]);
         else goto usage;
     }
-    if (!o.model || !tokens || !outp || (greedy > 0 && !ids_out)) goto usage;
+    if (!o.model || !tokens || !outp || (greedy > 0 && !ids_out) || chunk < 0 || reuse < 0) goto usage;
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
@@ -124,9 +169,11 @@ int cmd_logits_tp(int argc, char **argv) {
             }
         if (!n) continue;
         logits = mla_xrealloc(logits, n * V * sizeof *logits);
-        int64_t k = decode_from < 0 || decode_from >= (long)n ? (int64_t)n : (decode_from < 1 ? 1 : decode_from);
+        /* --decode-from K: K tokens, then one a step; else steps of --chunk (0: all at once) */
+        seq_mode md = {chunk, chunk, reuse};
+        if (decode_from >= 0) md = (seq_mode){decode_from < 1 ? 1 : decode_from, 1, reuse};
         long n_gen = 0;
-        if (run_seq(c, ln, &step, ids, (int64_t)n, k, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) goto fail;
+        if (run_seq(c, ln, &step, ids, (int64_t)n, &md, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) goto fail;
         if (fwrite(logits, sizeof *logits, n * V, fout) != n * V) {
             mla_errf(&err, "%s: write failed", outp);
             goto fail;
@@ -158,6 +205,9 @@ usage:
     fprintf(stderr,
             "usage: mlaserve logits --processes -m MODEL.gguf --tokens IDS.txt --out OUT.f32 --tp N [--threads N]\n"
             "                       [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
+            "                       [--chunk N]   (prompts in steps of at most N tokens after the first)\n"
+            "                       [--prefix-reuse R]   (a donor sequence computes the first R tokens; the\n"
+            "                       prompt shares its whole cache blocks and computes the rest)\n"
             "                       [--worker-exe PATH]\n%s", coord_opts_usage);
     return 2;
 }

@@ -68,6 +68,17 @@ add_test(NAME model_tp2_ds3_q4_k_m
 add_test(NAME model_tp4_glm5_bf16
          COMMAND ${_chk} --fixture ${_glm} --model ${_glm}/tiny-glm5-bf16.gguf --prompts 7
                  --tp 4 --tp-rtol 1e-4 --incremental 30 --inc-rtol 1e-4)
+# The cache pool through worker processes: prompts prefilled in chunks (multi-token steps at a
+# later position) and prompts whose first whole cache blocks another sequence computed (shared
+# blocks, read only, as the prefix cache shares them) give the one-pass logits; the fixtures' bars
+# hold either way. glm5's long prompt (155 tokens, DSA past top-k) at TP 2 over chunks of 16.
+add_test(NAME model_ds3_bf16_chunk_reuse
+         COMMAND ${_chk} --fixture ${_ds} --model ${_ds}/tiny-deepseek3-bf16.gguf --prompts 0,5,8 --extra=--processes
+                 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 5 --prefix-reuse 20)
+add_test(NAME model_tp2_glm5_bf16_chunk_reuse
+         COMMAND ${_chk} --fixture ${_glm} --model ${_glm}/tiny-glm5-bf16.gguf --prompts 7 --rope-freq-bf16 --tp 2
+                 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 16 --prefix-reuse 100)
+set_tests_properties(model_ds3_bf16_chunk_reuse model_tp2_glm5_bf16_chunk_reuse PROPERTIES TIMEOUT 300)
 set_tests_properties(model_ds3_bf16 model_ds3_bf16_incremental model_glm5_bf16 model_glm5_bf16_long
                      model_glm5_bf16_long_exact_freq model_glm5_bf16_ref_freq model_ds3_bf16_ref_freq
                      model_ds3_q8_0 model_ds3_q4_k_m model_glm5_q8_0 model_tp2_ds3_q4_k_m model_tp4_glm5_bf16

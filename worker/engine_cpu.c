@@ -5,7 +5,9 @@
  * plans give it (set_tables). A step copies the sequence's rows [0, pos0) from its blocks into a
  * contiguous working cache, runs the reference forward pass there, and copies the new rows back
  * into the blocks: the reference code stays as it is, and the pool is what bounds memory. A plan
- * whose first position is below the sequence's length rewinds it; a gap is an error. Bench hooks:
+ * whose first position is below the sequence's length rewinds it; a sequence that holds nothing
+ * may start at a later position (its table then shares blocks another sequence filled: the
+ * prefix cache); any other gap is an error. Bench hooks:
  * bench_fill zeroes the first n_past rows through a given table; bench_coll times the worker's
  * collective (the host collective) on a buffer of zeros. */
 #include <stdio.h>
@@ -180,7 +182,9 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
         const wire_seq *s = &p->seqs[i];
         cpu_seq *q = get_seq(e, s->seq_id);
         const int64_t pos0 = s->positions[0], end = pos0 + (int64_t)s->n_tokens;
-        if (pos0 > q->n_past)
+        /* a sequence that holds nothing yet may start later: rows [0, pos0) are in the blocks its
+         * table shares (the coordinator's prefix cache); otherwise a gap is an error */
+        if (pos0 > q->n_past && q->n_past > 0)
             return mla_errf(err, "seq %llu: starts at position %lld but its cache holds %lld tokens",
                             (unsigned long long)s->seq_id, (long long)pos0, (long long)q->n_past);
         if (end > e->n_ctx)

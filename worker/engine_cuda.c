@@ -217,7 +217,15 @@ static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
             break;
         }
         int64_t pos0 = s->positions[0], past = mla_cstate_n_past(st);
-        if (pos0 < past) mla_cstate_truncate(st, pos0);
+        /* a lower position rewinds; a sequence that holds nothing may start later (rows [0, pos0)
+         * are in blocks its table shares: the prefix cache); another gap is an error */
+        if (pos0 + (int64_t)s->n_tokens > mla_cstate_covered(st)) {
+            rc = mla_errf(err, "seq %llu: the block table covers %lld positions, the step needs %lld",
+                          (unsigned long long)s->seq_id, (long long)mla_cstate_covered(st),
+                          (long long)(pos0 + s->n_tokens));
+            break;
+        }
+        if (pos0 < past || (past == 0 && pos0 > 0)) mla_cstate_set_n_past(st, pos0);
         else if (pos0 > past) {
             rc = mla_errf(err, "seq %llu: starts at position %lld but its cache holds %lld tokens",
                           (unsigned long long)s->seq_id, (long long)pos0, (long long)past);

@@ -777,8 +777,8 @@ extern "C" void mla_cstate_free(mla_cstate *s) {
 
 extern "C" int64_t mla_cstate_n_past(const mla_cstate *s) { return s->n_past; }
 extern "C" int64_t mla_cstate_covered(const mla_cstate *s) { return s->n_blk * MLA_CUDA_KV_BLOCK; }
-extern "C" void mla_cstate_truncate(mla_cstate *s, int64_t pos) {
-    MLA_ASSERT(pos >= 0 && pos <= s->n_past);
+extern "C" void mla_cstate_set_n_past(mla_cstate *s, int64_t pos) {
+    MLA_ASSERT(pos >= 0 && pos <= s->n_blk * MLA_CUDA_KV_BLOCK);
     s->n_past = pos;
 }
 

@@ -81,7 +81,9 @@ void mla_cstate_free(mla_cstate *s);
 int64_t mla_cstate_n_past(const mla_cstate *s);
 /* the positions its table covers */
 int64_t mla_cstate_covered(const mla_cstate *s);
-void mla_cstate_truncate(mla_cstate *s, int64_t pos);
+/* the valid positions become [0, pos): fewer (a rewind), or more where the table shares blocks
+ * another sequence filled (pos <= mla_cstate_covered) */
+void mla_cstate_set_n_past(mla_cstate *s, int64_t pos);
 
 /* As mla_model_forward (worker/model.h): mode 0 none, 1 last token, 2 all tokens; logits is a
  * host buffer [rows][n_vocab]; every rank receives the full logits. A prompt runs as one step

@@ -8,9 +8,9 @@
 /* a sequence: the running state after each of its positions (h[k]: after the token at k) */
 typedef struct tseq {
     uint64_t id;
-    uint64_t *h;
-    size_t n, cap;
-    uint32_t n_tab; /* block table entries the plans gave it (set_tables) */
+    size_t n;       /* positions it holds */
+    uint32_t *tab;  /* its block table (set_tables) */
+    uint32_t n_tab, cap_tab;
 } tseq;
 
 #define TE_BLOCK 16 /* positions a cache block */
@@ -31,7 +31,13 @@ struct engine {
     uint32_t queued_n[2], n_queued;
     uint64_t n_queue_host, n_queue_device; /* queue calls with each source of tokens */
     engine_kv_pool pool; /* kv_memory_bytes / 1 KiB blocks (4096 when 0) of TE_BLOCK positions */
+    uint64_t *cache;     /* the "KV cache": the running state after each position, by block and slot */
 };
+
+/* the slot of position pos of q in the cache */
+static uint64_t *slot_of(engine *e, const tseq *q, size_t pos) {
+    return &e->cache[(size_t)q->tab[pos / TE_BLOCK] * TE_BLOCK + pos % TE_BLOCK];
+}
 
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
     FILE *f = fopen(path, "rb");
@@ -117,6 +123,7 @@ static int te_load(engine **out, const char *path, int rank, int world, coll *c,
         free(e);
         return mla_errf(err, "test engine: --kv-memory holds no block of 1024 bytes");
     }
+    e->cache = mla_xcalloc((size_t)e->pool.n_blocks * TE_BLOCK, sizeof *e->cache);
     *out = e;
     return MLA_OK;
 }
@@ -135,7 +142,7 @@ static tseq *get_seq(engine *e, uint64_t id) {
         e->cap = e->cap ? 2 * e->cap : 8;
         e->seqs = mla_xrealloc(e->seqs, e->cap * sizeof *e->seqs);
     }
-    e->seqs[e->n] = (tseq){id, NULL, 0, 0, 0};
+    e->seqs[e->n] = (tseq){.id = id};
     return &e->seqs[e->n++];
 }
 
@@ -151,7 +158,13 @@ static int te_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
             if (s->blocks[k] >= e->pool.n_blocks)
                 return mla_errf(err, "test engine: seq %llu: block %u outside the pool of %u", (unsigned long long)s->seq_id,
                                 s->blocks[k], e->pool.n_blocks);
+        if (s->block_start + s->n_blocks > q->cap_tab) {
+            q->cap_tab = 2 * (s->block_start + s->n_blocks);
+            q->tab = mla_xrealloc(q->tab, q->cap_tab * sizeof *q->tab);
+        }
+        memcpy(q->tab + s->block_start, s->blocks, s->n_blocks * sizeof *q->tab);
         q->n_tab = s->block_start + s->n_blocks;
+        if (q->n > (size_t)q->n_tab * TE_BLOCK) q->n = (size_t)q->n_tab * TE_BLOCK;
     }
     return MLA_OK;
 }
@@ -173,7 +186,8 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         const tseq *q = get_seq(e, s->seq_id);
-        if (s->positions[0] < 0 || (size_t)s->positions[0] > q->n)
+        /* a sequence holding nothing may start later: its table shares blocks others filled */
+        if (s->positions[0] < 0 || ((size_t)s->positions[0] > q->n && q->n > 0))
             return mla_errf(err, "test engine: seq %llu starts at position %d but holds %zu",
                             (unsigned long long)s->seq_id, s->positions[0], q->n);
         if ((uint64_t)s->positions[0] + s->n_tokens > (uint64_t)q->n_tab * TE_BLOCK)
@@ -186,14 +200,10 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         const wire_seq *s = &p->seqs[i];
         tseq *q = get_seq(e, s->seq_id);
         q->n = (size_t)s->positions[0];
-        if (q->n + s->n_tokens > q->cap) {
-            q->cap = (q->n + s->n_tokens) * 2;
-            q->h = mla_xrealloc(q->h, q->cap * sizeof *q->h);
-        }
         int all = s->sp.logits == WIRE_LOGITS_ALL;
         for (uint32_t k = 0; k < s->n_tokens; k++) {
-            const uint64_t h = test_engine_advance(q->n ? q->h[q->n - 1] : 0, s->tokens[k], s->positions[k]);
-            q->h[q->n++] = h;
+            const uint64_t h = test_engine_advance(q->n ? *slot_of(e, q, q->n - 1) : 0, s->tokens[k], s->positions[k]);
+            *slot_of(e, q, q->n++) = h;
             e->tokens_run++;
             if (all || k + 1 == s->n_tokens) {
                 for (int v = 0; v < TEST_VOCAB; v++)
@@ -285,7 +295,7 @@ static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla
 static void te_free_seq(engine *e, uint64_t id) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) {
-            free(e->seqs[i].h);
+            free(e->seqs[i].tab);
             e->seqs[i] = e->seqs[--e->n];
             return;
         }
@@ -304,7 +314,8 @@ static void te_destroy(engine *e) {
             fclose(f);
         }
     }
-    for (size_t i = 0; i < e->n; i++) free(e->seqs[i].h);
+    for (size_t i = 0; i < e->n; i++) free(e->seqs[i].tab);
+    free(e->cache);
     for (uint32_t i = 0; i < e->n_queued; i++) free(e->queued[i]);
     free(e->last_id);
     free(e->last_tok);

@@ -1,14 +1,17 @@
 /* A tiny deterministic engine for testing the control plane (tests only, never shipped).
  *
- * Vocabulary TEST_VOCAB. Per sequence it keeps a running hash of every token it was given
- * (its "KV cache"); free_seq forgets it. The logits of a token are the sum over ranks of a
+ * Vocabulary TEST_VOCAB. Its "KV cache" is the running hash after every position, stored in a pool
+ * of blocks of 16 positions (kv_memory_bytes / 1 KiB blocks, 4096 by default) where the plans'
+ * block tables say, as the real engines store rows: shared blocks give the same state; free_seq
+ * forgets a sequence's table. The logits of a token are the sum over ranks of a
  * per-rank part, combined with the real collective (all-reduce), so a wrong collective or a
  * missing rank changes the answer:
  *   logit[v] = sum_r part(r, state_after_token, position, v),  part in multiples of 1/64
  * (exact in float, whatever the summation order). test_engine_expected() computes the same
  * thing in-process for the tests.
  * Positions are taken as the real engines take them: a plan starting below what a sequence holds
- * rewinds it there (a running state is kept per position), one starting past it is refused.
+ * rewinds it there (a running state is kept per position), one starting past it is refused
+ * unless the sequence holds nothing yet (its table shares blocks), one past its table is refused.
  * queue / wait_queued (engine.h) run the plan at once and hand its tokens out later.
  * Environment knobs: MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
  * MLA_TEST_ENGINE_STATS=PATH (at destroy, PATH.<rank> gets "tokens host_queues device_queues":

@@ -6,6 +6,10 @@
       [--llamacpp FILE.f32 --lc-dlogp X]             bound against llama.cpp logits
       [--greedy]                                     greedy ids equal HF `greedy`
       [--incremental K --inc-rtol 1e-4]              decode from K == one pass
+      [--chunk N --chunk-rtol 1e-4]                  prompts in steps of N tokens == one pass
+      [--prefix-reuse R --reuse-rtol 1e-4]           the first R tokens' whole cache blocks computed by
+                                                     another sequence and shared == one pass
+      (--chunk and --prefix-reuse need worker processes: --extra=--processes, --tp > 1 or a backend)
       [--prompts 0,3,7]                              subset of prompts
       [--rope-freq-bf16] [--hf-dlogit X]             run with MLA_ROPE_FREQ_BF16=1 (RoPE inverse
                                                      frequencies rounded to bf16, as the HF reference
@@ -58,6 +62,10 @@ def main():
     ap.add_argument('--greedy', action='store_true')
     ap.add_argument('--incremental', type=int)
     ap.add_argument('--inc-rtol', type=float, default=1e-4)
+    ap.add_argument('--chunk', type=int)
+    ap.add_argument('--chunk-rtol', type=float, default=1e-4)
+    ap.add_argument('--prefix-reuse', type=int)
+    ap.add_argument('--reuse-rtol', type=float, default=1e-4)
     ap.add_argument('--prompts')
     ap.add_argument('--tp', type=int, default=1, help='tensor-parallel ranks for the runs')
     ap.add_argument('--tp-rtol', type=float, help='also run with 1 rank; max |diff| / max|logit| bound')
@@ -86,6 +94,15 @@ def main():
         inc = None
         if a.incremental is not None:
             inc = run(a.mlaserve, a.model, prompts, a.threads, tmp, ['--decode-from', str(a.incremental)] + tpx).reshape(n_tot, V)
+        others = []  # (name, logits, bound): other ways of running the prompts that must equal one pass
+        if a.chunk is not None:
+            others.append((f'chunks of {a.chunk}', run(a.mlaserve, a.model, prompts, a.threads, tmp,
+                                                     ['--chunk', str(a.chunk)] + tpx + a.extra).reshape(n_tot, V),
+                         a.chunk_rtol))
+        if a.prefix_reuse is not None:
+            others.append((f'prefix of {a.prefix_reuse} shared', run(a.mlaserve, a.model, prompts, a.threads, tmp,
+                                                                 ['--prefix-reuse', str(a.prefix_reuse)] + tpx +
+                                                                 a.extra).reshape(n_tot, V), a.reuse_rtol))
         one = None
         if a.tp_rtol is not None:
             one = run(a.mlaserve, a.model, prompts, a.threads, tmp).reshape(n_tot, V)
@@ -131,6 +148,11 @@ def main():
         off += T
     print(f'TOTAL argmax {agree}/{total} = {agree / total:.4f}; worst |dlogp| vs HF {worst["hf_dlogp"]:.2e};'
           f' max|dlogit| {worst["hf_dlogit"]:.2e}; vs llama.cpp {worst["lc_dlogp"]:.4f}; incremental rel {worst["inc_rel"]:.2e}')
+    for name, other, bound in others:
+        rel = float(np.abs(other - ours).max() / max(1e-6, np.abs(ours).max()))
+        print(f'{name} vs one pass: max|dlogit|/max|logit| {rel:.2e}')
+        if rel > bound:
+            print(f'FAIL: {name} differs from one pass: {rel:.2e} > {bound}'); ok = False
     if one is not None:
         rel = float(np.abs(one - ours).max() / max(1e-6, np.abs(one).max()))
         print(f'{a.tp} ranks vs 1 rank: max|dlogit|/max|logit| {rel:.2e}')
