@@ -21,6 +21,7 @@ typedef struct sreq {
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
     int32_t n_computed;   /* tokens whose cache rows are valid */
+    int32_t n_sent;       /* leading block table entries the backend holds (0 without state) */
     bool cancelled;
     bool has_state;       /* the backend may hold state for it */
     uint64_t preempt_step; /* step in which it was last preempted (+1), 0 never */
@@ -68,8 +69,22 @@ struct sched {
     bool step_active; /* a step is in progress (only one at a time) */
     uint64_t next_id;
     reqvec waiting, running;
-    int32_t *free_blocks; /* stack of free block ids */
+    int32_t *free_blocks; /* stack of free unregistered block ids (ref 0) */
     int32_t n_free;
+    int32_t *ref;         /* per block: how many running block tables hold it */
+    /* Prefix cache (cfg.prefix_cache), per block. A registered block is in the hash table under
+     * the key (kparent, its block_size tokens at ktok + b * block_size); with ref 0 it is also
+     * in the LRU list (evictable), oldest at lru_head. */
+    uint8_t *reg;
+    int32_t *kparent;
+    int32_t *ktok;
+    uint64_t *khash;
+    int32_t *hnext;       /* next block in the same hash bucket, -1 ends */
+    int32_t *nchild;      /* registered blocks whose kparent is this block */
+    int32_t *buckets;     /* bucket -> first block, -1 empty */
+    uint32_t bucket_mask;
+    int32_t *lru_prev, *lru_next;
+    int32_t lru_head, lru_tail, n_lru;
     int n_cancel_pending;
     sched_stats st;
     /* step scratch, reused */
@@ -122,6 +137,24 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     /* pop from the end: hand out low ids first */
     for (int32_t i = 0; i < cfg->n_blocks; i++) s->free_blocks[i] = cfg->n_blocks - 1 - i;
     s->n_free = cfg->n_blocks;
+    s->ref = mla_xcalloc((size_t)cfg->n_blocks, sizeof(int32_t));
+    s->lru_head = s->lru_tail = -1;
+    if (cfg->prefix_cache) {
+        size_t nb = (size_t)cfg->n_blocks;
+        s->reg = mla_xcalloc(nb, 1);
+        s->kparent = mla_xmalloc(nb * sizeof(int32_t));
+        s->ktok = mla_xmalloc(nb * (size_t)cfg->block_size * sizeof(int32_t));
+        s->khash = mla_xmalloc(nb * sizeof(uint64_t));
+        s->hnext = mla_xmalloc(nb * sizeof(int32_t));
+        s->nchild = mla_xcalloc(nb, sizeof(int32_t));
+        s->lru_prev = mla_xmalloc(nb * sizeof(int32_t));
+        s->lru_next = mla_xmalloc(nb * sizeof(int32_t));
+        size_t n_buckets = 16;
+        while (n_buckets < nb) n_buckets *= 2;
+        s->bucket_mask = (uint32_t)(n_buckets - 1);
+        s->buckets = mla_xmalloc(n_buckets * sizeof(int32_t));
+        for (size_t i = 0; i < n_buckets; i++) s->buckets[i] = -1;
+    }
     s->plan = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->plan));
     s->plan_req = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->plan_req));
     s->results = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->results));
@@ -150,6 +183,16 @@ void sched_free(sched *s) {
     free(s->waiting.v);
     free(s->running.v);
     free(s->free_blocks);
+    free(s->ref);
+    free(s->reg);
+    free(s->kparent);
+    free(s->ktok);
+    free(s->khash);
+    free(s->hnext);
+    free(s->nchild);
+    free(s->buckets);
+    free(s->lru_prev);
+    free(s->lru_next);
     free(s->plan);
     free(s->plan_req);
     free(s->results);
@@ -189,7 +232,8 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
     if (need > s->cfg.max_context) need = s->cfg.max_context;
     int64_t capacity = (int64_t)s->cfg.n_blocks * s->cfg.block_size;
     if (need > capacity) {
-        mla_errf(err, "the request needs up to %lld tokens of KV cache; the whole cache holds %lld",
+        mla_errf(err, "the request needs up to %lld tokens of KV cache (prompt plus max_tokens, "
+                      "within the context); the whole cache holds %lld tokens",
                  (long long)need, (long long)capacity);
         return SCHED_E_CAPACITY;
     }
@@ -248,7 +292,8 @@ void sched_get_stats(sched *s, sched_stats *st) {
     *st = s->st;
     st->waiting = s->waiting.n;
     st->running = s->running.n;
-    st->blocks_used = s->cfg.n_blocks - s->n_free;
+    st->blocks_used = s->cfg.n_blocks - s->n_free - s->n_lru;
+    st->blocks_cached = s->n_lru;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -278,13 +323,139 @@ static void queue_free_seq(sched *s, sreq *q) {
     s->to_free[s->n_to_free++] = q->id;
 }
 
-static void release_blocks(sched *s, sreq *q) {
-    for (int32_t i = q->n_blocks - 1; i >= 0; i--) {
-        MLA_ASSERT(s->n_free < s->cfg.n_blocks);
-        s->free_blocks[s->n_free++] = q->blocks[i];
+/* ---- blocks: reference counts, the free stack and the prefix cache ---- */
+
+#ifndef SCHED_PREFIX_HASH_MASK
+/* Bits of the prefix hash kept. Only a test build narrows it, to make collisions common. */
+#define SCHED_PREFIX_HASH_MASK UINT64_MAX
+#endif
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t prefix_hash(const sched *s, int32_t parent, const int32_t *toks) {
+    uint64_t h = mix64((uint64_t)(uint32_t)parent ^ 0x6a09e667f3bcc908ULL);
+    for (int32_t i = 0; i < s->cfg.block_size; i++) {
+        h = (h ^ (uint32_t)toks[i]) * 0x9e3779b97f4a7c15ULL;
+        h ^= h >> 29;
     }
+    return mix64(h) & SCHED_PREFIX_HASH_MASK;
+}
+
+static int32_t *key_tokens(const sched *s, int32_t b) {
+    return s->ktok + (size_t)b * (size_t)s->cfg.block_size;
+}
+
+/* The registered block with exactly this key, or -1. The hash only narrows the search. */
+static int32_t cache_find(const sched *s, int32_t parent, const int32_t *toks, uint64_t h) {
+    for (int32_t b = s->buckets[h & s->bucket_mask]; b >= 0; b = s->hnext[b])
+        if (s->khash[b] == h && s->kparent[b] == parent &&
+            !memcmp(key_tokens(s, b), toks, (size_t)s->cfg.block_size * sizeof(int32_t)))
+            return b;
+    return -1;
+}
+
+static void cache_insert(sched *s, int32_t b, int32_t parent, const int32_t *toks, uint64_t h) {
+    MLA_ASSERT(!s->reg[b]);
+    s->reg[b] = 1;
+    s->kparent[b] = parent;
+    memcpy(key_tokens(s, b), toks, (size_t)s->cfg.block_size * sizeof(int32_t));
+    s->khash[b] = h;
+    s->nchild[b] = 0;
+    if (parent >= 0) s->nchild[parent]++;
+    uint32_t k = (uint32_t)(h & s->bucket_mask);
+    s->hnext[b] = s->buckets[k];
+    s->buckets[k] = b;
+}
+
+static void cache_remove(sched *s, int32_t b) {
+    MLA_ASSERT(s->reg[b]);
+    /* A child's key names this block as its parent: its rows are only valid after this
+     * block's, so it must never outlive it. Eviction order guarantees it (see take_block). */
+    MLA_ASSERT(s->nchild[b] == 0);
+    int32_t *link = &s->buckets[s->khash[b] & s->bucket_mask];
+    while (*link != b) {
+        MLA_ASSERT(*link >= 0);
+        link = &s->hnext[*link];
+    }
+    *link = s->hnext[b];
+    if (s->kparent[b] >= 0) s->nchild[s->kparent[b]]--;
+    s->reg[b] = 0;
+}
+
+static void lru_push_tail(sched *s, int32_t b) {
+    s->lru_prev[b] = s->lru_tail;
+    s->lru_next[b] = -1;
+    if (s->lru_tail >= 0) s->lru_next[s->lru_tail] = b;
+    else s->lru_head = b;
+    s->lru_tail = b;
+    s->n_lru++;
+}
+
+static void lru_unlink(sched *s, int32_t b) {
+    if (s->lru_prev[b] >= 0) s->lru_next[s->lru_prev[b]] = s->lru_next[b];
+    else s->lru_head = s->lru_next[b];
+    if (s->lru_next[b] >= 0) s->lru_prev[s->lru_next[b]] = s->lru_prev[b];
+    else s->lru_tail = s->lru_prev[b];
+    s->n_lru--;
+}
+
+static bool is_registered(const sched *s, int32_t b) {
+    return s->reg && s->reg[b];
+}
+
+/* A block for a table: a free (unregistered) one first, else the least recently used cached
+ * block, which leaves the cache. The LRU head never has a registered child: a child is held
+ * only together with its parent (the parent precedes it in every table holding it), tables
+ * are released last block first, and a reuse takes the whole chain from the first block, so
+ * a child always enters the LRU before its parent and never becomes held without it. */
+static int32_t take_block(sched *s) {
+    int32_t b;
+    if (s->n_free > 0) {
+        b = s->free_blocks[--s->n_free];
+    } else {
+        MLA_ASSERT(s->n_lru > 0);
+        b = s->lru_head;
+        lru_unlink(s, b);
+        cache_remove(s, b);
+    }
+    MLA_ASSERT(s->ref[b] == 0);
+    s->ref[b] = 1;
+    return b;
+}
+
+static void block_ref(sched *s, int32_t b) {
+    if (s->ref[b] == 0) {
+        MLA_ASSERT(is_registered(s, b));
+        lru_unlink(s, b);
+    }
+    s->ref[b]++;
+}
+
+static void block_unref(sched *s, int32_t b) {
+    MLA_ASSERT(s->ref[b] > 0);
+    if (--s->ref[b] > 0) return;
+    if (is_registered(s, b)) {
+        lru_push_tail(s, b);
+    } else {
+        MLA_ASSERT(s->n_free < s->cfg.n_blocks);
+        s->free_blocks[s->n_free++] = b;
+    }
+}
+
+/* Drops the request's references, last block first (the deepest cached blocks become the
+ * least recently used); its cache state is gone. */
+static void release_blocks(sched *s, sreq *q) {
+    for (int32_t i = q->n_blocks - 1; i >= 0; i--) block_unref(s, q->blocks[i]);
     q->n_blocks = 0;
     q->n_computed = 0;
+    q->n_sent = 0;
 }
 
 /* The request leaves the scheduler: blocks back, backend told, freed after events go out. */
@@ -302,16 +473,58 @@ static int32_t blocks_for(const sched *s, int32_t tokens) {
     return (tokens + s->cfg.block_size - 1) / s->cfg.block_size;
 }
 
+static void reserve_blocks(sreq *q, int32_t n) {
+    if (n <= q->cap_blocks) return;
+    q->cap_blocks = n + 4;
+    q->blocks = mla_xrealloc(q->blocks, (size_t)q->cap_blocks * sizeof(int32_t));
+}
+
 static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
     int32_t need = blocks_for(s, upto_tokens) - q->n_blocks;
     if (need <= 0) return true;
-    if (need > s->n_free) return false;
-    if (q->n_blocks + need > q->cap_blocks) {
-        q->cap_blocks = q->n_blocks + need + 4;
-        q->blocks = mla_xrealloc(q->blocks, (size_t)q->cap_blocks * sizeof(int32_t));
-    }
-    for (int32_t i = 0; i < need; i++) q->blocks[q->n_blocks++] = s->free_blocks[--s->n_free];
+    if (need > s->n_free + s->n_lru) return false;
+    reserve_blocks(q, q->n_blocks + need);
+    for (int32_t i = 0; i < need; i++) q->blocks[q->n_blocks++] = take_block(s);
     return true;
+}
+
+/* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
+ * at least one token to compute; the ids go to q->blocks[0, hits) (q->n_blocks untouched, no
+ * reference taken). *in_lru gets how many of them are evictable now. */
+static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
+    *in_lru = 0;
+    if (!s->cfg.prefix_cache) return 0;
+    int32_t bs = s->cfg.block_size, max_hits = (q->n_tokens - 1) / bs, hits = 0;
+    reserve_blocks(q, max_hits);
+    int32_t parent = -1;
+    while (hits < max_hits) {
+        const int32_t *toks = q->tokens + (size_t)hits * (size_t)bs;
+        int32_t b = cache_find(s, parent, toks, prefix_hash(s, parent, toks));
+        if (b < 0) break;
+        if (s->ref[b] == 0) (*in_lru)++;
+        q->blocks[hits++] = b;
+        parent = b;
+    }
+    return hits;
+}
+
+/* Registers the blocks that the request's last step filled (computed tokens went from `from`
+ * to q->n_computed). A block is registered only when its parent is (a chain hangs off the
+ * cache from the first block on) and no other block holds its key (a duplicate stays private,
+ * and so do the blocks after it). */
+static void register_full_blocks(sched *s, sreq *q, int32_t from) {
+    if (!s->cfg.prefix_cache) return;
+    int32_t bs = s->cfg.block_size;
+    for (int32_t j = from / bs; j < q->n_computed / bs; j++) {
+        int32_t b = q->blocks[j];
+        MLA_ASSERT(!s->reg[b]); /* reused blocks lie before start_pos */
+        int32_t parent = j > 0 ? q->blocks[j - 1] : -1;
+        if (parent >= 0 && !s->reg[parent]) return;
+        const int32_t *toks = q->tokens + (size_t)j * (size_t)bs;
+        uint64_t h = prefix_hash(s, parent, toks);
+        if (cache_find(s, parent, toks, h) >= 0) return;
+        cache_insert(s, b, parent, toks, h);
+    }
 }
 
 static void preempt(sched *s, sreq *q) {
@@ -335,7 +548,7 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->start_pos = q->n_computed;
     p->block_table = q->blocks;
     p->n_blocks = q->n_blocks;
-    p->n_blocks_sent = 0; /* the whole table every step */
+    p->n_blocks_sent = q->n_sent;
     p->sample = q->n_computed + chunk == q->n_tokens;
     p->sampling = &q->sampling;
     p->seq_tokens = q->tokens;
@@ -343,6 +556,7 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->n_generated = q->n_gen;
     s->plan_req[*n] = q;
     q->has_state = true;
+    q->n_sent = q->n_blocks;
     (*n)++;
 }
 
@@ -381,8 +595,22 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     while (budget > 0 && n < s->cfg.max_seqs && s->waiting.n > 0) {
         sreq *q = s->waiting.v[0];
         if (q->preempt_step == s->st.steps + 1) break; /* not in the step that preempted it */
-        int32_t chunk = q->n_tokens < budget ? q->n_tokens : budget;
-        if (!alloc_blocks(s, q, chunk)) break;
+        MLA_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
+        int32_t in_lru;
+        int32_t hits = prefix_lookup(s, q, &in_lru);
+        int32_t start = hits * s->cfg.block_size;
+        int32_t chunk = q->n_tokens - start < budget ? q->n_tokens - start : budget;
+        /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
+        if (blocks_for(s, start + chunk) - hits > s->n_free + s->n_lru - in_lru) break;
+        for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
+        q->n_blocks = hits;
+        q->n_computed = start;
+        bool ok = alloc_blocks(s, q, start + chunk);
+        MLA_ASSERT(ok);
+        if (s->cfg.prefix_cache) {
+            s->st.prefix_queries += (uint64_t)q->n_tokens;
+            s->st.prefix_hits += (uint64_t)start;
+        }
         rv_remove_at(&s->waiting, 0);
         rv_push(&s->running, q);
         plan_add(s, &n, q, chunk);
@@ -465,6 +693,7 @@ int sched_step(sched *s) {
             continue;
         }
         q->n_computed += p->n_tokens;
+        register_full_blocks(s, q, p->start_pos);
         if (q->n_prompt > q->n_computed - p->n_tokens) {
             int32_t from = q->n_computed - p->n_tokens;
             int32_t to = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
@@ -545,4 +774,108 @@ void sched_stop(sched *s) {
     pthread_mutex_lock(&s->mu);
     s->thread_running = false;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- consistency check ---- */
+
+static int check_locked(sched *s, mla_err *err) {
+    int32_t nb = s->cfg.n_blocks, bs = s->cfg.block_size;
+    int32_t *holders = mla_xcalloc((size_t)nb, sizeof(int32_t));
+    int32_t *lru_pos = mla_xmalloc((size_t)nb * sizeof(int32_t));
+    int32_t *children = mla_xcalloc((size_t)nb, sizeof(int32_t));
+    uint8_t *in_free = mla_xcalloc((size_t)nb, 1);
+    int rc = MLA_OK;
+#define FAIL(...)                        \
+    do {                                 \
+        rc = mla_errf(err, __VA_ARGS__); \
+        goto out;                        \
+    } while (0)
+    for (int i = 0; i < s->waiting.n; i++)
+        if (s->waiting.v[i]->n_blocks != 0 || s->waiting.v[i]->n_computed != 0)
+            FAIL("waiting request %llu holds %d blocks", (unsigned long long)s->waiting.v[i]->id,
+                 s->waiting.v[i]->n_blocks);
+    for (int i = 0; i < s->running.n; i++) {
+        const sreq *q = s->running.v[i];
+        if (q->n_computed < 0 || q->n_computed > q->n_tokens ||
+            q->n_blocks < blocks_for(s, q->n_computed) || q->n_blocks > blocks_for(s, q->n_tokens) ||
+            q->n_sent > q->n_blocks)
+            FAIL("request %llu: %d computed of %d tokens, %d blocks, %d sent",
+                 (unsigned long long)q->id, q->n_computed, q->n_tokens, q->n_blocks, q->n_sent);
+        for (int32_t j = 0; j < q->n_blocks; j++) {
+            int32_t b = q->blocks[j];
+            if (b < 0 || b >= nb) FAIL("request %llu: block id %d", (unsigned long long)q->id, b);
+            holders[b]++;
+            if (!is_registered(s, b)) continue;
+            /* a registered block in a table holds exactly this request's tokens after exactly
+             * this request's earlier blocks */
+            int32_t parent = j > 0 ? q->blocks[j - 1] : -1;
+            if ((j + 1) * bs > q->n_computed || s->kparent[b] != parent ||
+                memcmp(key_tokens(s, b), q->tokens + (size_t)j * (size_t)bs, (size_t)bs * sizeof(int32_t)))
+                FAIL("request %llu: cached block %d at table index %d does not hold its prefix",
+                     (unsigned long long)q->id, b, j);
+        }
+    }
+    for (int32_t k = 0; k < s->n_free; k++) {
+        int32_t b = s->free_blocks[k];
+        if (b < 0 || b >= nb || in_free[b]) FAIL("free stack entry %d: block %d", k, b);
+        in_free[b] = 1;
+    }
+    for (int32_t b = 0; b < nb; b++) lru_pos[b] = -1;
+    int32_t n = 0, prev = -1;
+    for (int32_t b = s->lru_head; b >= 0; b = s->lru_next[b]) {
+        if (b >= nb || lru_pos[b] >= 0 || n >= nb || s->lru_prev[b] != prev)
+            FAIL("LRU list broken at block %d", b);
+        lru_pos[b] = n++;
+        prev = b;
+    }
+    if (prev != s->lru_tail || n != s->n_lru) FAIL("LRU list: %d blocks, counted %d", n, s->n_lru);
+    int32_t n_reg = 0, used = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        bool reg = is_registered(s, b);
+        if (s->ref[b] != holders[b])
+            FAIL("block %d: reference count %d, held by %d running tables", b, s->ref[b], holders[b]);
+        if (s->ref[b] > 0) used++;
+        if (in_free[b] != (s->ref[b] == 0 && !reg))
+            FAIL("block %d: ref %d, registered %d, on the free stack %d", b, s->ref[b], reg, in_free[b]);
+        if ((lru_pos[b] >= 0) != (s->ref[b] == 0 && reg))
+            FAIL("block %d: ref %d, registered %d, in the LRU %d", b, s->ref[b], reg, lru_pos[b] >= 0);
+        if (!reg) continue;
+        n_reg++;
+        int32_t p = s->kparent[b];
+        if (p < -1 || p >= nb || (p >= 0 && !s->reg[p]))
+            FAIL("cached block %d: parent %d is not cached", b, p);
+        if (p >= 0 && s->ref[b] > 0 && s->ref[p] == 0)
+            FAIL("cached block %d is held, its parent %d is not", b, p);
+        if (p >= 0 && lru_pos[b] >= 0 && lru_pos[p] >= 0 && lru_pos[p] < lru_pos[b])
+            FAIL("cached block %d would be evicted after its parent %d", b, p);
+        if (s->khash[b] != prefix_hash(s, p, key_tokens(s, b)) ||
+            cache_find(s, p, key_tokens(s, b), s->khash[b]) != b)
+            FAIL("cached block %d is not found under its key", b);
+        if (p >= 0) children[p]++;
+    }
+    for (int32_t b = 0; b < nb; b++)
+        if (is_registered(s, b) && children[b] != s->nchild[b])
+            FAIL("cached block %d: %d children, counted %d", b, children[b], s->nchild[b]);
+    if (s->reg) {
+        int32_t in_table = 0;
+        for (uint32_t k = 0; k <= s->bucket_mask; k++)
+            for (int32_t b = s->buckets[k]; b >= 0 && in_table <= nb; b = s->hnext[b]) in_table++;
+        if (in_table != n_reg) FAIL("hash table holds %d entries, %d blocks are cached", in_table, n_reg);
+    }
+    if (s->n_free + s->n_lru + used != nb)
+        FAIL("free %d + cached %d + used %d != %d blocks", s->n_free, s->n_lru, used, nb);
+#undef FAIL
+out:
+    free(holders);
+    free(lru_pos);
+    free(children);
+    free(in_free);
+    return rc;
+}
+
+int sched_check(sched *s, mla_err *err) {
+    pthread_mutex_lock(&s->mu);
+    int rc = check_locked(s, err);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }

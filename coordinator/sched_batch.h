@@ -9,25 +9,56 @@
  * (sched_backend: function pointers) executes the plan and returns one sampled token per entry
  * that asked for one.
  *
- * KV cache: n_blocks blocks of block_size token slots (latent cache rows), a free list, each
- * sequence owns ceil(tokens / block_size) blocks in its block table. When a running sequence
- * needs a block and none is free, the youngest running sequence is preempted: its blocks are
- * freed, the backend is told (free_seq) and it goes back to the head of the waiting queue to be
- * recomputed (prompt + tokens generated so far) later. A request that could never fit the whole
- * cache (prompt + max_tokens > capacity) is refused at submission (SCHED_E_CAPACITY, a 503-type
- * error); a full waiting queue refuses with SCHED_E_QUEUE_FULL (a 429-type error).
+ * KV cache: n_blocks blocks of block_size token slots (latent cache rows); each running sequence
+ * holds a block table with a block id for every block_size positions computed or being computed
+ * (position p lives in block table[p / block_size], slot p % block_size). Blocks are reference
+ * counted: the count is the number of running sequences whose table holds the block. When a
+ * running sequence needs a block and none can be had, the youngest running sequence is
+ * preempted: it drops its references, the backend is told (free_seq) and it goes back to the
+ * head of the waiting queue to be recomputed (prompt + tokens generated so far) later. A request
+ * that could never fit the whole cache even alone (min(prompt + max_tokens, max_context) >
+ * n_blocks * block_size) is refused at submission (SCHED_E_CAPACITY, a 503-type error, the
+ * message naming both in tokens); a full waiting queue refuses with SCHED_E_QUEUE_FULL (a
+ * 429-type error).
  *
- * Threads: sched_submit / sched_cancel / sched_stats may be called from any thread. sched_step
- * runs one step on the calling thread; sched_start runs steps on an own thread until
- * sched_stop. Events (tokens, finish) are delivered through cfg.on_event on the thread that runs
- * the step, never with the scheduler's lock held. Every accepted request gets exactly one final
- * event (finish != SCHED_FINISH_NONE), also after cancellation or a backend failure; after it the
- * scheduler never mentions that request again.
+ * Prefix cache (cfg.prefix_cache): a FULL block (block_size positions whose rows a step computed
+ * and returned MLA_OK for) is registered under the key (the id of the block before it in the
+ * table, or -1 for the first block; its block_size token ids). A sequence's block is registered
+ * only when the block before it is (each cached block hangs off a cached chain from position 0)
+ * and no other block already holds the key (a duplicate stays private to its sequence). Lookups
+ * go through a hash of the key but compare the key itself, so a hash collision never yields a
+ * wrong prefix. At admission (of a new request or of a preempted one being resumed, whose tokens
+ * are prompt + generated so far) the request takes the longest chain of cached blocks equal to its
+ * tokens from position 0, at most (n_tokens - 1) / block_size blocks so that at least one token is
+ * still computed; it holds a reference on each and starts with start_pos = hits * block_size. A
+ * block whose count drops to 0 stays cached (evictable) in an LRU list; a sequence's blocks are
+ * released last block first, so a chain's deepest blocks count as the least recently used. A new
+ * block is a free (unregistered) one when there is one, else the least recently used evictable
+ * block, which then leaves the cache. Reusing an evictable block takes it off the LRU list.
+ * Admission counts reused blocks once, whoever else holds them; preemption and finishing drop
+ * only the sequence's own references. With prefix_cache false no block is ever registered and
+ * the scheduler behaves as without the cache (every block is private, freed blocks go straight
+ * back to the free stack).
+ *
+ * What a backend must keep: the rows of a block stay as written until a plan entry writes them
+ * again, also across free_seq (free_seq forgets the sequence, not the rows: other sequences may
+ * read them as their cached prefix). A plan entry writes only positions [start_pos, start_pos +
+ * n_tokens) of its own sequence; the blocks holding positions below start_pos, shared ones
+ * included, are only read.
+ *
+ * Threads: sched_submit / sched_cancel / sched_get_stats / sched_check may be called from any
+ * thread (one mutex guards the queues, the block tables, the reference counts and the prefix
+ * cache). sched_step runs one step on the calling thread; sched_start runs steps on an own thread
+ * until sched_stop. Events (tokens, finish) are delivered through cfg.on_event on the thread that
+ * runs the step, never with the scheduler's lock held. Every accepted request gets exactly one
+ * final event (finish != SCHED_FINISH_NONE), also after cancellation or a backend failure; after
+ * it the scheduler never mentions that request again.
  *
  * Ownership: sched_init returns a scheduler the caller frees with sched_free (which stops the
  * thread; requests still inside are dropped without events). sched_submit copies the prompt,
  * the stop ids and the sampling parameters. The plan passed to run_step and everything it
- * points to is owned by the scheduler and valid only during that call. */
+ * points to is owned by the scheduler and valid only during that call. The block ids, the
+ * reference counts and the prefix cache belong to the scheduler; the backend owns the rows. */
 #ifndef SCHED_BATCH_H
 #define SCHED_BATCH_H
 
@@ -60,11 +91,20 @@ typedef struct sched_plan_seq {
     uint64_t seq_id;            /* = the request id */
     const int32_t *tokens;      /* the new tokens to run, n_tokens >= 1 */
     int32_t n_tokens;
-    int32_t start_pos;          /* position of tokens[0]; cache rows [0, start_pos) are valid */
+    /* Position of tokens[0]; cache rows [0, start_pos) are valid. On a sequence's first plan
+     * (n_blocks_sent == 0) it can be > 0: those rows are cached blocks computed earlier, maybe
+     * for other sequences (prefix cache), and are read, never written. */
+    int32_t start_pos;
     const int32_t *block_table; /* n_blocks cache block ids; position p lives in block
                                    block_table[p / block_size], slot p % block_size */
     int32_t n_blocks;
-    int32_t n_blocks_sent;      /* leading entries the backend already holds for this sequence */
+    /* Leading entries of block_table that the backend already received for this sequence in
+     * earlier plans since the sequence last got state: 0 on its first plan and on the first
+     * plan after a preemption or free_seq. Entries [0, n_blocks_sent) equal those sent before
+     * (an entry never changes once sent while the sequence keeps its state), so a backend may
+     * send or apply only [n_blocks_sent, n_blocks); its table after the step is
+     * block_table[0, n_blocks). */
+    int32_t n_blocks_sent;
     bool sample;                /* true: return the next token after tokens[n_tokens-1] */
     const sched_sampling *sampling;
     /* Tokens generated so far for this request (for penalties and seeded sampling: the
@@ -96,7 +136,8 @@ typedef struct sched_backend {
      * without are left alone). Returns MLA_OK, or MLA_ERR with err filled (every request in
      * the plan is then finished with SCHED_FINISH_ERROR and its sequence freed). */
     int (*run_step)(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err);
-    /* Forget a sequence's cache state (finished, cancelled or preempted). May be NULL. */
+    /* Forget a sequence's state (finished, cancelled or preempted): its table and position.
+     * The rows in its blocks must stay (see "What a backend must keep"). May be NULL. */
     void (*free_seq)(void *ctx, uint64_t seq_id);
 } sched_backend;
 
@@ -128,7 +169,9 @@ typedef struct sched_config {
     int32_t max_step_tokens; /* token budget per step, prefill chunks included (> 0) */
     int32_t max_queue;       /* waiting requests before SCHED_E_QUEUE_FULL (> 0) */
     int32_t max_context;     /* prompt + generated limit per sequence (> 0) */
-    bool prefix_cache;       /* share full blocks of equal prefixes among requests */
+    /* Reuse cached full blocks of earlier sequences with the same leading tokens (see "Prefix
+     * cache" above). false: every block is private, as before the cache existed. */
+    bool prefix_cache;
     /* Tokens that end generation for every request (EOS etc.) besides its own stop ids. */
     bool (*is_eog)(void *eog_ctx, int32_t token);
     void *eog_ctx;
@@ -159,10 +202,17 @@ enum sched_submit_err {
 
 typedef struct sched_stats {
     int32_t waiting, running;
+    /* blocks_used: blocks held by running sequences (reference count > 0); evictable cached
+     * blocks count as free here, so blocks_used / blocks_total is the usage ratio. */
     int32_t blocks_used, blocks_total, block_size;
     uint64_t steps, preemptions, tokens_prefilled, tokens_generated;
-    int32_t blocks_cached;
+    /* Prefix cache (0 when cfg.prefix_cache is false). prefix_queries: tokens looked up, the
+     * whole sequence at each admission (a resumed request is looked up again); prefix_hits:
+     * of those, tokens found cached (start_pos of the admission). blocks_cached: evictable
+     * cached blocks (reference count 0, still registered). Free blocks are blocks_total -
+     * blocks_used - blocks_cached. */
     uint64_t prefix_queries, prefix_hits;
+    int32_t blocks_cached;
 } sched_stats;
 
 typedef struct sched sched;
@@ -184,5 +234,13 @@ int sched_start(sched *s, mla_err *err);
 void sched_stop(sched *s);
 
 void sched_get_stats(sched *s, sched_stats *st);
+
+/* Checks the scheduler's bookkeeping (for tests and debugging): every block's reference count
+ * equals the number of running tables holding it; free + cached + used == n_blocks; the free
+ * stack, the LRU list and the hash table hold exactly the blocks they should; every cached
+ * block in a running table holds that sequence's tokens after that sequence's earlier blocks,
+ * and its parent is cached and evicted after it. Returns MLA_OK, or MLA_ERR naming the first
+ * broken rule. Takes the lock; O(n_blocks + tokens in the running tables). */
+int sched_check(sched *s, mla_err *err);
 
 #endif

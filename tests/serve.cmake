@@ -8,6 +8,14 @@ target_include_directories(test_sched PRIVATE ${MLA_TEST_DIR}/unit ${MLA_TEST_DI
 target_link_libraries(test_sched mla_fake_backend)
 add_test(NAME sched COMMAND test_sched)
 set_tests_properties(sched PROPERTIES TIMEOUT 120)
+# The same tests over a scheduler whose prefix-cache hash keeps 2 bits: nearly every lookup
+# meets blocks with its hash but another key, which only an exact key comparison tells apart.
+add_executable(test_sched_collide ${MLA_TEST_DIR}/unit/test_sched.c ${CMAKE_SOURCE_DIR}/coordinator/sched_batch.c)
+target_compile_definitions(test_sched_collide PRIVATE SCHED_PREFIX_HASH_MASK=3)
+target_include_directories(test_sched_collide PRIVATE ${MLA_TEST_DIR}/unit ${MLA_TEST_DIR})
+target_link_libraries(test_sched_collide mla_fake_backend)
+add_test(NAME sched_collide COMMAND test_sched_collide)
+set_tests_properties(sched_collide PROPERTIES TIMEOUT 120)
 
 add_executable(fake_server ${MLA_TEST_DIR}/serve/fake_server_main.c)
 target_link_libraries(fake_server mla_fake_backend)

@@ -1,7 +1,9 @@
 /* Scheduler tests against the deterministic fake backend (tests/serve/fake_backend.h): outputs
  * must equal the fake model run over the true sequence, whatever the batching, chunking and
- * preemption; the backend checks the cache bookkeeping at every step. */
+ * preemption; the backend checks the cache bookkeeping at every step. The prefix cache tests
+ * use sim (below), a backend that simulates the cache's contents shared between sequences. */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,20 +137,23 @@ static void random_job(job *j, int max_prompt, int max_new) {
     j->stop_id = -1;
 }
 
+/* Record i (the request submitted with user index i) against the reference run of job j. */
+static void check_job(world *w, int i, const job *j, int max_context, uint32_t eos_period) {
+    int32_t exp[MAXT * 2];
+    int n_exp;
+    enum sched_finish fin;
+    expect(j, max_context, eos_period, exp, &n_exp, &fin);
+    rec *r = &w->r[i];
+    CHECKF(r->n_final == 1, "job %d: %d final events", i, r->n_final);
+    CHECKF(r->events_after_final == 0, "job %d", i);
+    CHECKF(r->finish == fin, "job %d: finish %s, expected %s", i, sched_finish_name(r->finish),
+           sched_finish_name(fin));
+    CHECKF(r->n_tok == n_exp, "job %d: %d tokens, expected %d", i, r->n_tok, n_exp);
+    if (r->n_tok == n_exp) CHECKF(!memcmp(r->toks, exp, (size_t)n_exp * sizeof(int32_t)), "job %d tokens differ", i);
+}
+
 static void check_against_reference(world *w, job *jobs, int n, int max_context, uint32_t eos_period) {
-    for (int i = 0; i < n; i++) {
-        int32_t exp[MAXT * 2];
-        int n_exp;
-        enum sched_finish fin;
-        expect(&jobs[i], max_context, eos_period, exp, &n_exp, &fin);
-        rec *r = &w->r[i];
-        CHECKF(r->n_final == 1, "job %d: %d final events", i, r->n_final);
-        CHECKF(r->events_after_final == 0, "job %d", i);
-        CHECKF(r->finish == fin, "job %d: finish %s, expected %s", i, sched_finish_name(r->finish),
-               sched_finish_name(fin));
-        CHECKF(r->n_tok == n_exp, "job %d: %d tokens, expected %d", i, r->n_tok, n_exp);
-        if (r->n_tok == n_exp) CHECKF(!memcmp(r->toks, exp, (size_t)n_exp * sizeof(int32_t)), "job %d tokens differ", i);
-    }
+    for (int i = 0; i < n; i++) check_job(w, i, &jobs[i], max_context, eos_period);
 }
 
 /* Many random requests through a small cache: batching, chunked prefill and preemption. */
@@ -388,13 +393,947 @@ static void test_backend_failure(void) {
     /* the scheduler keeps serving afterwards */
     REQUIRE(submit_job(s, &jobs[2], 2, 0, NULL) == SCHED_E_OK);
     while (sched_step(s)) {}
-    check_against_reference(&w, jobs + 2, 0, cfg.max_context, 0);
+    check_job(&w, 2, &jobs[2], cfg.max_context, 0);
     CHECK(w.r[2].n_final == 1 && w.r[2].finish == SCHED_FINISH_LENGTH && w.r[2].n_tok == 20);
     sched_stats st;
     sched_get_stats(s, &st);
     CHECK(st.blocks_used == 0);
     sched_free(s);
     fake_backend_free(fb);
+}
+
+/* ---- prefix cache ----
+ *
+ * sim: a backend that keeps what the cache holds: per block id and slot, the token id written
+ * there and, like a real cache row, a value that depends on the whole prefix (a hash of the row
+ * before it, read through the table, and the token). Every plan entry first checks that the
+ * rows below start_pos, through the sequence's table as the backend holds it (the entries it
+ * had plus the new ones from n_blocks_sent on), are that sequence's tokens computed after that
+ * sequence's prefix: reused and earlier computed rows must be the right ones. Then it
+ * checks that no block it writes is in another live sequence's table, writes the new tokens and
+ * samples fake_next() over the rows read back. It also checks n_blocks_sent against the table
+ * it holds and, when sim.s is set, the scheduler's own bookkeeping (sched_check) mid-step. */
+
+#define SIM_LOG_TABLE 32
+
+typedef struct sim_seq {
+    uint64_t id;
+    int32_t *table;
+    int32_t n, cap, len;
+} sim_seq;
+
+typedef struct sim_entry {
+    uint64_t id;
+    int32_t start_pos, n_tokens, n_blocks, n_sent;
+    int32_t table[SIM_LOG_TABLE];
+} sim_entry;
+
+typedef struct sim {
+    int32_t n_blocks, bs;
+    uint32_t eos_period;
+    int32_t *slot;        /* n_blocks * bs tokens, -1 never written */
+    uint64_t *row;        /* per slot: row_value(value of the row before, token) */
+    uint64_t *truth;      /* scratch: the row values of the true sequence */
+    uint8_t *reused;      /* block read as a cached prefix since it was last written */
+    sim_seq *seqs;
+    int n_seqs, cap_seqs;
+    sim_entry *log;
+    int n_log, cap_log;
+    int32_t *scratch;
+    sched *s;
+    int64_t violations, steps, computed, frees, evicted_reused, first_plan_hits;
+} sim;
+
+static void sim_violation(sim *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sim_violation(sim *m, const char *fmt, ...) {
+    if (m->violations++ < 10) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "sim: ");
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+}
+
+static void sim_init(sim *m, int32_t n_blocks, int32_t bs, uint32_t eos_period) {
+    memset(m, 0, sizeof(*m));
+    m->n_blocks = n_blocks;
+    m->bs = bs;
+    m->eos_period = eos_period;
+    m->slot = malloc((size_t)n_blocks * (size_t)bs * sizeof(int32_t));
+    for (int64_t i = 0; i < (int64_t)n_blocks * bs; i++) m->slot[i] = -1;
+    m->row = calloc((size_t)n_blocks * (size_t)bs, sizeof(uint64_t));
+    m->truth = malloc(MAXT * 2 * sizeof(uint64_t));
+    m->reused = calloc((size_t)n_blocks, 1);
+    m->scratch = malloc(MAXT * 2 * sizeof(int32_t));
+}
+
+static void sim_done(sim *m) {
+    for (int i = 0; i < m->n_seqs; i++) free(m->seqs[i].table);
+    free(m->seqs);
+    free(m->log);
+    free(m->slot);
+    free(m->row);
+    free(m->truth);
+    free(m->reused);
+    free(m->scratch);
+}
+
+#define ROW_SEED 0x243F6A8885A308D3ULL
+
+static uint64_t row_value(uint64_t before, int32_t token) {
+    uint64_t h = (before ^ (uint32_t)token) * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 31);
+}
+
+static sim_seq *sim_find(sim *m, uint64_t id) {
+    for (int i = 0; i < m->n_seqs; i++)
+        if (m->seqs[i].id == id) return &m->seqs[i];
+    return NULL;
+}
+
+static bool sim_held_by_other(sim *m, uint64_t id, int32_t b) {
+    for (int i = 0; i < m->n_seqs; i++) {
+        if (m->seqs[i].id == id) continue;
+        for (int32_t k = 0; k < m->seqs[i].n; k++)
+            if (m->seqs[i].table[k] == b) return true;
+    }
+    return false;
+}
+
+static void sim_check_sched(sim *m) {
+    mla_err e;
+    if (m->s && sched_check(m->s, &e) != MLA_OK) sim_violation(m, "sched_check: %s", e.msg);
+}
+
+static int sim_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    (void)err;
+    sim *m = ctx;
+    m->steps++;
+    int32_t bs = m->bs;
+    if (plan->block_size != bs) sim_violation(m, "block size %d", plan->block_size);
+    sim_check_sched(m);
+    for (int i = 0; i < plan->n_seqs; i++) {
+        const sched_plan_seq *p = &plan->seqs[i];
+        int32_t end = p->start_pos + p->n_tokens;
+        if (m->n_log == m->cap_log) {
+            m->cap_log = m->cap_log ? 2 * m->cap_log : 256;
+            m->log = realloc(m->log, (size_t)m->cap_log * sizeof(*m->log));
+        }
+        sim_entry *le = &m->log[m->n_log++];
+        memset(le, -1, sizeof(*le));
+        le->id = p->seq_id;
+        le->start_pos = p->start_pos;
+        le->n_tokens = p->n_tokens;
+        le->n_blocks = p->n_blocks;
+        le->n_sent = p->n_blocks_sent;
+        for (int32_t k = 0; k < p->n_blocks && k < SIM_LOG_TABLE; k++) le->table[k] = p->block_table[k];
+        if (p->n_tokens < 1 || p->start_pos < 0 || (int64_t)p->n_blocks * bs < end || p->n_blocks_sent < 0 ||
+            p->n_blocks_sent > p->n_blocks || end > MAXT * 2) {
+            sim_violation(m, "seq %llu: bad entry (start %d, %d tokens, %d blocks, %d sent)",
+                          (unsigned long long)p->seq_id, p->start_pos, p->n_tokens, p->n_blocks, p->n_blocks_sent);
+            continue;
+        }
+        sim_seq *q = sim_find(m, p->seq_id);
+        if (!q) {
+            if (p->n_blocks_sent != 0)
+                sim_violation(m, "seq %llu: first plan says %d blocks were sent", (unsigned long long)p->seq_id,
+                              p->n_blocks_sent);
+            if (p->start_pos % bs) sim_violation(m, "seq %llu: first plan starts mid-block", (unsigned long long)p->seq_id);
+            if (m->n_seqs == m->cap_seqs) {
+                m->cap_seqs = m->cap_seqs ? 2 * m->cap_seqs : 16;
+                m->seqs = realloc(m->seqs, (size_t)m->cap_seqs * sizeof(*m->seqs));
+            }
+            q = &m->seqs[m->n_seqs++];
+            memset(q, 0, sizeof(*q));
+            q->id = p->seq_id;
+            m->first_plan_hits += p->start_pos;
+            for (int32_t k = 0; k < p->start_pos / bs; k++)
+                if (p->block_table[k] >= 0 && p->block_table[k] < m->n_blocks) m->reused[p->block_table[k]] = 1;
+        } else {
+            if (p->n_blocks_sent != q->n)
+                sim_violation(m, "seq %llu: n_blocks_sent %d, the backend holds %d", (unsigned long long)p->seq_id,
+                              p->n_blocks_sent, q->n);
+            for (int32_t k = 0; k < q->n && k < p->n_blocks; k++)
+                if (q->table[k] != p->block_table[k])
+                    sim_violation(m, "seq %llu: sent table entry %d changed (%d -> %d)", (unsigned long long)p->seq_id,
+                                  k, q->table[k], p->block_table[k]);
+            if (p->start_pos != q->len)
+                sim_violation(m, "seq %llu: start %d, %d rows computed", (unsigned long long)p->seq_id, p->start_pos,
+                              q->len);
+        }
+        /* the backend's table: what it held, then the new entries */
+        int32_t keep = p->n_blocks_sent < q->n ? p->n_blocks_sent : q->n;
+        if (q->cap < p->n_blocks) {
+            q->cap = p->n_blocks + 8;
+            q->table = realloc(q->table, (size_t)q->cap * sizeof(int32_t));
+        }
+        q->n = keep;
+        bool bad = false;
+        for (int32_t k = keep; k < p->n_blocks; k++) {
+            int32_t b = p->block_table[k];
+            if (b < 0 || b >= m->n_blocks) bad = true;
+            q->table[q->n++] = b;
+        }
+        if (bad) {
+            sim_violation(m, "seq %llu: block id out of range", (unsigned long long)p->seq_id);
+            continue;
+        }
+        if (memcmp(p->tokens, p->seq_tokens + p->start_pos, (size_t)p->n_tokens * sizeof(int32_t)))
+            sim_violation(m, "seq %llu: tokens are not the sequence's", (unsigned long long)p->seq_id);
+        for (int32_t pos = 0; pos < end; pos++)
+            m->truth[pos] = row_value(pos ? m->truth[pos - 1] : ROW_SEED, p->seq_tokens[pos]);
+        for (int32_t pos = 0; pos < p->start_pos; pos++) {
+            int64_t at = (int64_t)q->table[pos / bs] * bs + pos % bs;
+            if (m->slot[at] != p->seq_tokens[pos] || m->row[at] != m->truth[pos]) {
+                sim_violation(m, "seq %llu: row %d (block %d) holds token %d%s, the sequence has %d",
+                              (unsigned long long)p->seq_id, pos, q->table[pos / bs], m->slot[at],
+                              m->slot[at] == p->seq_tokens[pos] ? " after another prefix" : "", p->seq_tokens[pos]);
+                break;
+            }
+        }
+        for (int32_t pos = p->start_pos; pos < end; pos++) {
+            int32_t b = q->table[pos / bs];
+            /* the row before, as this sequence's table finds it */
+            uint64_t before = pos ? m->row[(int64_t)q->table[(pos - 1) / bs] * bs + (pos - 1) % bs] : ROW_SEED;
+            if (pos == p->start_pos || pos % bs == 0) {
+                if (sim_held_by_other(m, p->seq_id, b))
+                    sim_violation(m, "seq %llu writes block %d that another live sequence holds",
+                                  (unsigned long long)p->seq_id, b);
+                if (pos % bs == 0 && m->reused[b]) {
+                    m->evicted_reused++;
+                    m->reused[b] = 0;
+                }
+            }
+            m->slot[(int64_t)b * bs + pos % bs] = p->tokens[pos - p->start_pos];
+            m->row[(int64_t)b * bs + pos % bs] = row_value(before, p->tokens[pos - p->start_pos]);
+        }
+        q->len = end;
+        m->computed += p->n_tokens;
+        if (p->sample) {
+            if (end != p->n_prompt + p->n_generated)
+                sim_violation(m, "seq %llu: sampling at %d of %d", (unsigned long long)p->seq_id, end,
+                              p->n_prompt + p->n_generated);
+            for (int32_t pos = 0; pos < end; pos++) m->scratch[pos] = m->slot[(int64_t)q->table[pos / bs] * bs + pos % bs];
+            if (m->row[(int64_t)q->table[(end - 1) / bs] * bs + (end - 1) % bs] != m->truth[end - 1])
+                sim_violation(m, "seq %llu: its last row was computed after another prefix", (unsigned long long)p->seq_id);
+            fake_next(m->scratch, end, m->eos_period, p->sampling->top_logprobs, &results[i]);
+        }
+    }
+    return MLA_OK;
+}
+
+static void sim_free_seq(void *ctx, uint64_t id) {
+    sim *m = ctx;
+    m->frees++;
+    for (int i = 0; i < m->n_seqs; i++)
+        if (m->seqs[i].id == id) {
+            free(m->seqs[i].table);
+            m->seqs[i] = m->seqs[--m->n_seqs];
+            return;
+        }
+    sim_violation(m, "free_seq of unknown seq %llu", (unsigned long long)id);
+}
+
+/* A scheduler over a fresh sim with cfg's cache geometry. */
+static sched *sim_sched(sim *m, const sched_config *cfg, uint32_t eos_period) {
+    sim_init(m, cfg->n_blocks, cfg->block_size, eos_period);
+    sched_backend be = {.ctx = m, .run_step = sim_run, .free_seq = sim_free_seq};
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, cfg, &be, &err) == MLA_OK);
+    m->s = s;
+    return s;
+}
+
+static sched_stats stats_of(sched *s) {
+    sched_stats st;
+    sched_get_stats(s, &st);
+    return st;
+}
+
+/* Between steps, from outside the scheduler: the blocks in the live tables are the used ones,
+ * the live sequences the running ones. */
+static void sim_check_usage(sim *m, sched *s) {
+    sched_stats st = stats_of(s);
+    uint8_t *held = calloc((size_t)m->n_blocks, 1);
+    int32_t used = 0;
+    for (int i = 0; i < m->n_seqs; i++)
+        for (int32_t k = 0; k < m->seqs[i].n; k++)
+            if (!held[m->seqs[i].table[k]]) {
+                held[m->seqs[i].table[k]] = 1;
+                used++;
+            }
+    if (used != st.blocks_used || st.running != m->n_seqs || st.blocks_used + st.blocks_cached > st.blocks_total)
+        sim_violation(m, "%d blocks in %d live tables; the scheduler: %d used, %d cached, %d running", used, m->n_seqs,
+                      st.blocks_used, st.blocks_cached, st.running);
+    free(held);
+}
+
+/* Steps until idle (at most max_steps), checking the bookkeeping after each step. */
+static int sim_drain(sched *s, sim *m, int max_steps) {
+    int steps = 0;
+    while (steps < max_steps && sched_step(s)) {
+        steps++;
+        sim_check_sched(m);
+        sim_check_usage(m, s);
+    }
+    return steps;
+}
+
+/* The log entries of one sequence, in order. */
+static int entries_of(const sim *m, uint64_t id, const sim_entry **out, int max) {
+    int n = 0;
+    for (int i = 0; i < m->n_log && n < max; i++)
+        if (m->log[i].id == id) out[n++] = &m->log[i];
+    return n;
+}
+
+static void fill(job *j, const int32_t *stem, int n_stem, int32_t first, int n_tail, int max_tokens) {
+    if (n_stem > 0) memcpy(j->prompt, stem, (size_t)n_stem * sizeof(int32_t));
+    for (int i = 0; i < n_tail; i++) j->prompt[n_stem + i] = (first + i) % 256;
+    j->n_prompt = n_stem + n_tail;
+    j->max_tokens = max_tokens;
+    j->stop_id = -1;
+}
+
+static sched_config prefix_cfg(world *w) {
+    sched_config c = base_cfg(w);
+    c.prefix_cache = true;
+    return c;
+}
+
+/* Two requests with a 3-block common prefix: the second computes only its own tail. */
+static void test_prefix_shared(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[12];
+    for (int i = 0; i < 12; i++) stem[i] = 200 + i;
+    static job jobs[3];
+    fill(&jobs[0], stem, 12, 'x', 3, 5);
+    fill(&jobs[1], stem, 12, 'a', 5, 5);
+    fill(&jobs[2], stem, 12, 'k', 2, 30);
+    uint64_t ids[3];
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    sched_stats st = stats_of(s);
+    CHECK(st.prefix_queries == 15 && st.prefix_hits == 0);
+    CHECKF(st.blocks_cached == 4 && st.blocks_used == 0, "%d cached (3 prompt blocks + 1 of generated tokens), %d used",
+           st.blocks_cached, st.blocks_used);
+    int64_t computed = m.computed;
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, &ids[1]) == SCHED_E_OK);
+    sched_step(s);
+    st = stats_of(s);
+    CHECKF(st.prefix_hits == 12 && st.prefix_queries == 15 + 17, "%llu hits of %llu", (unsigned long long)st.prefix_hits,
+           (unsigned long long)st.prefix_queries);
+    CHECKF(m.computed - computed == 5, "the second request computed %lld prompt tokens", (long long)(m.computed - computed));
+    const sim_entry *a[64], *b[64];
+    int na = entries_of(&m, ids[0], a, 64), nb = entries_of(&m, ids[1], b, 64);
+    REQUIRE(na > 0 && nb == 1);
+    CHECK(b[0]->start_pos == 12 && b[0]->n_tokens == 5 && b[0]->n_sent == 0);
+    for (int k = 0; k < 3; k++) CHECK(b[0]->table[k] == a[0]->table[k]);
+    CHECK(b[0]->table[3] != a[0]->table[3]);
+    /* a third one while the second runs: the prefix is held twice, counted once */
+    REQUIRE(submit_job(s, &jobs[2], 2, 0, &ids[2]) == SCHED_E_OK);
+    sched_step(s);
+    st = stats_of(s);
+    CHECK(st.running == 2 && st.prefix_hits == 24);
+    CHECKF(st.blocks_used == 3 + 2 + 1, "blocks used %d: the shared prefix counts once", st.blocks_used);
+    sim_drain(s, &m, 1000);
+    check_against_reference(&w, jobs, 3, cfg.max_context, 0);
+    CHECK(m.violations == 0 && m.n_seqs == 0);
+    st = stats_of(s);
+    CHECK(st.blocks_used == 0 && st.running == 0 && st.preemptions == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* A prompt of exactly k blocks reuses at most k - 1 of them: one token is always computed. */
+static void test_prefix_cap(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[13];
+    for (int i = 0; i < 13; i++) stem[i] = 60 + 3 * i;
+    static job jobs[6];
+    fill(&jobs[0], stem, 12, 0, 0, 1);  /* 12 tokens: 3 full blocks registered */
+    fill(&jobs[1], stem, 12, 0, 0, 1);  /* the same: 2 reused, 4 tokens computed */
+    fill(&jobs[2], stem, 13, 0, 0, 1);  /* one more token: all 3 reused */
+    fill(&jobs[3], stem, 4, 0, 0, 1);   /* one block: none reused */
+    fill(&jobs[4], stem, 3, 0, 0, 1);   /* less than a block */
+    fill(&jobs[5], stem, 12, 0, 0, 3);  /* 12 again, longer output */
+    int32_t want_hits[6] = {0, 8, 12, 0, 0, 8};
+    for (int i = 0; i < 6; i++) {
+        sched_stats before = stats_of(s);
+        int64_t computed = m.computed;
+        uint64_t id;
+        REQUIRE(submit_job(s, &jobs[i], i, 0, &id) == SCHED_E_OK);
+        sim_drain(s, &m, 1000);
+        sched_stats st = stats_of(s);
+        CHECKF(st.prefix_hits - before.prefix_hits == (uint64_t)want_hits[i], "job %d: %llu tokens hit, expected %d", i,
+               (unsigned long long)(st.prefix_hits - before.prefix_hits), want_hits[i]);
+        CHECK(st.prefix_queries - before.prefix_queries == (uint64_t)jobs[i].n_prompt);
+        const sim_entry *e[8];
+        REQUIRE(entries_of(&m, id, e, 8) >= 1);
+        CHECKF(e[0]->start_pos == want_hits[i] && e[0]->n_tokens == jobs[i].n_prompt - want_hits[i],
+               "job %d: first plan at %d for %d tokens", i, e[0]->start_pos, e[0]->n_tokens);
+        CHECK(m.computed - computed == jobs[i].n_prompt - want_hits[i] + jobs[i].max_tokens - 1);
+    }
+    check_against_reference(&w, jobs, 6, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* Evictable blocks leave least recently used first, free blocks go before any of them, and a
+ * reuse makes a block recent again. */
+static void test_prefix_lru(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    cfg.n_blocks = 10;
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t none[1] = {0};
+    static job jobs[8];
+    fill(&jobs[0], none, 0, 10, 9, 1);   /* A: 2 full blocks cached, 1 partial freed */
+    fill(&jobs[1], none, 0, 40, 9, 1);   /* B */
+    fill(&jobs[2], none, 0, 70, 9, 1);   /* C */
+    fill(&jobs[3], none, 0, 10, 9, 1);   /* A again: reuses A's 2 blocks, now the most recent */
+    fill(&jobs[4], none, 0, 100, 21, 1); /* D: 6 blocks = 4 free + the 2 least recent (B's) */
+    fill(&jobs[5], none, 0, 10, 9, 1);   /* A: still cached */
+    fill(&jobs[6], none, 0, 70, 9, 1);   /* C: still cached */
+    fill(&jobs[7], none, 0, 40, 9, 1);   /* B: evicted */
+    int32_t want_hits[8] = {0, 0, 0, 8, 0, 8, 8, 0};
+    int32_t want_cached[8] = {2, 4, 6, 6, 9, 9, 9, 9}; /* B evicts two of D's, caches its own two */
+    uint64_t ids[8];
+    for (int i = 0; i < 8; i++) {
+        sched_stats before = stats_of(s);
+        REQUIRE(submit_job(s, &jobs[i], i, 0, &ids[i]) == SCHED_E_OK);
+        sim_drain(s, &m, 1000);
+        sched_stats st = stats_of(s);
+        CHECKF(st.prefix_hits - before.prefix_hits == (uint64_t)want_hits[i], "job %d: %llu tokens hit, expected %d", i,
+               (unsigned long long)(st.prefix_hits - before.prefix_hits), want_hits[i]);
+        CHECKF(st.blocks_cached == want_cached[i] && st.blocks_used == 0, "job %d: %d blocks cached, expected %d", i,
+               st.blocks_cached, want_cached[i]);
+    }
+    const sim_entry *a[4], *b[4], *c[4], *d[4];
+    REQUIRE(entries_of(&m, ids[0], a, 4) == 1 && entries_of(&m, ids[1], b, 4) == 1);
+    REQUIRE(entries_of(&m, ids[2], c, 4) == 1 && entries_of(&m, ids[4], d, 4) == 1);
+    REQUIRE(d[0]->n_blocks == 6);
+    /* B's blocks were released last block first: its second block is the older */
+    CHECKF(d[0]->table[4] == b[0]->table[1] && d[0]->table[5] == b[0]->table[0],
+           "D took blocks %d %d, B's cached blocks were %d %d", d[0]->table[4], d[0]->table[5], b[0]->table[1],
+           b[0]->table[0]);
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 2; j++) CHECK(d[0]->table[k] != a[0]->table[j] && d[0]->table[k] != c[0]->table[j]);
+    check_against_reference(&w, jobs, 8, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* Shared blocks stay while any holder runs: the first user is cancelled and the pool is
+ * pressed hard while the second still decodes on them. */
+static void test_prefix_refcount(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    cfg.n_blocks = 16;
+    cfg.max_context = 60;
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[12];
+    for (int i = 0; i < 12; i++) stem[i] = 150 + i;
+    static job jobs[12];
+    fill(&jobs[0], stem, 12, 1, 2, 40);
+    fill(&jobs[1], stem, 12, 5, 3, 40);
+    uint64_t ids[12];
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    sched_step(s);
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, &ids[1]) == SCHED_E_OK);
+    sched_step(s);
+    sched_stats st = stats_of(s);
+    REQUIRE(st.running == 2 && st.prefix_hits == 12);
+    const sim_entry *e[64];
+    REQUIRE(entries_of(&m, ids[1], e, 64) == 1 && e[0]->start_pos == 12);
+    int32_t shared[3] = {e[0]->table[0], e[0]->table[1], e[0]->table[2]};
+    sched_cancel(s, ids[0]);
+    sched_step(s);
+    CHECK(w.r[0].finish == SCHED_FINISH_CANCELLED);
+    /* ten more distinct requests: the pool runs out, the younger ones are preempted, cached
+     * blocks are evicted, but the blocks under request 1 are not handed out */
+    for (int i = 2; i < 12; i++) {
+        fill(&jobs[i], stem, 0, 20 * i, 10 + i, 10);
+        REQUIRE(submit_job(s, &jobs[i], i, 0, &ids[i]) == SCHED_E_OK);
+    }
+    int n_e = 0;
+    while (w.r[1].n_final == 0 && sched_step(s)) {
+        sim_check_sched(&m);
+        n_e = entries_of(&m, ids[1], e, 64);
+        for (int k = 0; k < 3; k++) CHECK(e[n_e - 1]->table[k] == shared[k]);
+    }
+    CHECK(n_e > 20);
+    sim_drain(s, &m, 10000);
+    st = stats_of(s);
+    CHECKF(st.preemptions > 0, "the pool should have run out (%llu preemptions)", (unsigned long long)st.preemptions);
+    for (int i = 1; i < 12; i++) check_job(&w, i, &jobs[i], cfg.max_context, 0);
+    CHECK(m.violations == 0 && m.n_seqs == 0 && st.blocks_used == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* ---- the plan stream with prefix_cache off, against a recording of the code before it ---- */
+
+typedef struct tracer {
+    uint64_t h;
+    int64_t entries, frees;
+} tracer;
+
+static void trace_mix(tracer *t, uint64_t v) {
+    for (int b = 0; b < 8; b++) {
+        t->h ^= (v >> (8 * b)) & 0xffu;
+        t->h *= 1099511628211ULL;
+    }
+}
+
+static int trace_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    (void)err;
+    tracer *t = ctx;
+    trace_mix(t, (uint64_t)plan->n_seqs);
+    trace_mix(t, (uint64_t)plan->n_tokens);
+    for (int i = 0; i < plan->n_seqs; i++) {
+        const sched_plan_seq *p = &plan->seqs[i];
+        t->entries++;
+        trace_mix(t, p->seq_id);
+        trace_mix(t, (uint64_t)p->start_pos);
+        trace_mix(t, (uint64_t)p->n_tokens);
+        trace_mix(t, (uint64_t)p->sample);
+        trace_mix(t, (uint64_t)p->n_blocks);
+        for (int32_t k = 0; k < p->n_blocks; k++) trace_mix(t, (uint64_t)p->block_table[k]);
+        if (p->sample) fake_next(p->seq_tokens, p->start_pos + p->n_tokens, 23, 0, &results[i]);
+    }
+    return MLA_OK;
+}
+
+static void trace_free(void *ctx, uint64_t id) {
+    tracer *t = ctx;
+    t->frees++;
+    trace_mix(t, 0xF4EEULL);
+    trace_mix(t, id);
+}
+
+static uint64_t trace_events_h = 1469598103934665603ULL;
+static void trace_on_event(void *ctx, const sched_event *ev) {
+    (void)ctx;
+    uint64_t v[4] = {ev->req_id, (uint64_t)ev->has_token, (uint64_t)(ev->has_token ? ev->result.token : -1),
+                     (uint64_t)ev->finish};
+    for (int i = 0; i < 4; i++)
+        for (int b = 0; b < 8; b++) {
+            trace_events_h ^= (v[i] >> (8 * b)) & 0xffu;
+            trace_events_h *= 1099511628211ULL;
+        }
+}
+
+/* A fixed workload (shared and repeated prompts, cancellations, preemption) through a small
+ * cache; returns the hash of every plan, free and event. */
+static uint64_t trace_workload(int64_t *entries, int64_t *frees, uint64_t *preemptions) {
+    tracer t = {.h = 1469598103934665603ULL};
+    trace_events_h = 1469598103934665603ULL;
+    sched_config c = {0};
+    c.block_size = 4;
+    c.n_blocks = 24;
+    c.max_seqs = 6;
+    c.max_step_tokens = 20;
+    c.max_queue = 100;
+    c.max_context = 90;
+    c.on_event = trace_on_event;
+    sched_backend be = {.ctx = &t, .run_step = trace_run, .free_seq = trace_free};
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, &c, &be, &err) == MLA_OK);
+    uint64_t r = 0x2545F4914F6CDD1DULL;
+    int32_t stems[3][40];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 40; i++) stems[k][i] = (int32_t)((k * 131 + i * 7) % 256);
+    uint64_t ids[40] = {0};
+    int submitted = 0;
+    for (int step = 0; step < 20000; step++) {
+        if (submitted < 40 && step % 2 == 0) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            int32_t prompt[60];
+            int stem = (int)(r % 4), n = 1 + (int)((r >> 8) % 50);
+            for (int i = 0; i < n; i++)
+                prompt[i] = stem < 3 && i < 40 ? stems[stem][i] : (int32_t)((r >> (i % 40)) % 256);
+            sched_request rq = {0};
+            rq.prompt = prompt;
+            rq.n_prompt = n;
+            rq.max_tokens = 1 + (int)((r >> 20) % 30);
+            sched_sampling_default(&rq.sampling);
+            REQUIRE(sched_submit(s, &rq, &ids[submitted], &err) == SCHED_E_OK);
+            submitted++;
+        }
+        if (step == 15) sched_cancel(s, ids[3]);
+        if (step == 31) sched_cancel(s, ids[10]);
+        int did = sched_step(s);
+        if (!did && submitted == 40) break;
+    }
+    sched_stats st;
+    sched_get_stats(s, &st);
+    *preemptions = st.preemptions;
+    sched_free(s);
+    *entries = t.entries;
+    *frees = t.frees;
+    return t.h ^ (trace_events_h * 31);
+}
+
+/* A block whose key another block already holds stays private, and so do the blocks after it
+ * (also those filled in later steps): their key would name a block that goes back to the free
+ * stack and may come back cached under another prefix. */
+static void test_prefix_duplicates(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t p[8], q[8];
+    for (int i = 0; i < 8; i++) p[i] = 1 + 7 * i;
+    for (int i = 0; i < 8; i++) q[i] = 90 + i;
+    static job jobs[4];
+    fill(&jobs[0], p, 8, 0, 0, 6); /* 3 full blocks, the third of generated tokens */
+    fill(&jobs[1], p, 8, 0, 0, 6); /* the same, in the same steps: all its blocks private */
+    fill(&jobs[2], q, 8, 200, 1, 1); /* takes the second request's first two blocks, caches them */
+    uint64_t ids[4];
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, &ids[1]) == SCHED_E_OK);
+    sim_drain(s, &m, 100);
+    sched_stats st = stats_of(s);
+    CHECKF(st.blocks_cached == 3 && st.prefix_hits == 0, "%d blocks cached, %llu tokens hit", st.blocks_cached,
+           (unsigned long long)st.prefix_hits);
+    REQUIRE(w.r[1].n_tok == 6);
+    /* the last request: Q (the third request's 2 blocks), then the second one's third block */
+    memcpy(jobs[3].prompt, q, sizeof(q));
+    memcpy(jobs[3].prompt + 8, w.r[1].toks, 4 * sizeof(int32_t));
+    jobs[3].prompt[12] = 3;
+    jobs[3].n_prompt = 13;
+    jobs[3].max_tokens = 1;
+    jobs[3].stop_id = -1;
+    for (int i = 2; i < 4; i++) {
+        REQUIRE(submit_job(s, &jobs[i], i, 0, &ids[i]) == SCHED_E_OK);
+        sim_drain(s, &m, 100);
+    }
+    st = stats_of(s);
+    CHECKF(st.prefix_hits == 8, "%llu tokens hit: Q's 2 blocks only", (unsigned long long)st.prefix_hits);
+    check_against_reference(&w, jobs, 4, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* Admission counts a reused block once: a request whose prefix is held by a running one needs
+ * only blocks for its own tail. */
+static void test_prefix_admission(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    cfg.n_blocks = 8;
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[16];
+    for (int i = 0; i < 16; i++) stem[i] = 30 + i;
+    static job jobs[2];
+    fill(&jobs[0], stem, 16, 90, 4, 8); /* 20 + 8: 7 blocks of 8 */
+    fill(&jobs[1], stem, 16, 120, 2, 2); /* 18 + 2: 5 blocks, 4 of them shared */
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, NULL) == SCHED_E_OK);
+    sched_step(s); /* 20 tokens in 5 blocks */
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, NULL) == SCHED_E_OK);
+    sched_step(s); /* request 0 takes a 6th block; request 1 fits in the 2 left with 4 shared */
+    sched_stats st = stats_of(s);
+    CHECKF(st.running == 2 && st.waiting == 0, "%d running, %d waiting", st.running, st.waiting);
+    CHECKF(st.blocks_used == 7, "%d blocks used", st.blocks_used);
+    CHECK(st.prefix_hits == 16);
+    sim_drain(s, &m, 1000);
+    check_against_reference(&w, jobs, 2, cfg.max_context, 0);
+    st = stats_of(s);
+    CHECK(st.preemptions == 0 && m.violations == 0);
+    /* the capacity refusal names the request and the cache in tokens */
+    static job big;
+    fill(&big, stem, 16, 0, 0, 17);
+    sched_request rq = {0};
+    rq.prompt = big.prompt;
+    rq.n_prompt = big.n_prompt;
+    rq.max_tokens = big.max_tokens;
+    sched_sampling_default(&rq.sampling);
+    mla_err err;
+    CHECK(sched_submit(s, &rq, NULL, &err) == SCHED_E_CAPACITY);
+    CHECKF(strstr(err.msg, "33 tokens") && strstr(err.msg, "32 tokens"), "%s", err.msg);
+    rq.max_tokens = 16;
+    CHECK(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* n_blocks_sent: what the backend holds, step by step, and back to 0 after a preemption. */
+static void test_blocks_sent(void) {
+    for (int pc = 0; pc < 2; pc++) {
+        static world w;
+        make_world(&w);
+        sched_config cfg = base_cfg(&w);
+        cfg.prefix_cache = pc;
+        cfg.max_step_tokens = 4;
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        static job j;
+        fill(&j, NULL, 0, 7, 10, 8);
+        uint64_t id;
+        REQUIRE(submit_job(s, &j, 0, 0, &id) == SCHED_E_OK);
+        sim_drain(s, &m, 100);
+        static const int32_t want[10][4] = {{0, 4, 1, 0},  {4, 4, 2, 1},  {8, 2, 3, 2},  {10, 1, 3, 3},
+                                            {11, 1, 3, 3}, {12, 1, 4, 3}, {13, 1, 4, 4}, {14, 1, 4, 4},
+                                            {15, 1, 4, 4}, {16, 1, 5, 4}};
+        const sim_entry *e[16];
+        int n = entries_of(&m, id, e, 16);
+        CHECKF(n == 10, "%d plans", n);
+        for (int k = 0; k < n && k < 10; k++)
+            CHECKF(e[k]->start_pos == want[k][0] && e[k]->n_tokens == want[k][1] && e[k]->n_blocks == want[k][2] &&
+                       e[k]->n_sent == want[k][3],
+                   "plan %d: start %d, %d tokens, %d blocks, %d sent", k, e[k]->start_pos, e[k]->n_tokens,
+                   e[k]->n_blocks, e[k]->n_sent);
+        check_against_reference(&w, &j, 1, cfg.max_context, 0);
+        CHECK(m.violations == 0);
+        sched_free(s);
+        sim_done(&m);
+
+        /* two requests in 6 blocks: the younger is preempted when the older needs its 4th */
+        make_world(&w);
+        cfg = base_cfg(&w);
+        cfg.prefix_cache = pc;
+        cfg.n_blocks = 6;
+        s = sim_sched(&m, &cfg, 0);
+        static job two[2];
+        fill(&two[0], NULL, 0, 1, 8, 6);
+        fill(&two[1], NULL, 0, 100, 8, 14);
+        uint64_t ids[2];
+        REQUIRE(submit_job(s, &two[0], 0, 0, &ids[0]) == SCHED_E_OK);
+        REQUIRE(submit_job(s, &two[1], 1, 0, &ids[1]) == SCHED_E_OK);
+        sim_drain(s, &m, 100);
+        sched_stats st = stats_of(s);
+        CHECKF(st.preemptions == 1, "%llu preemptions", (unsigned long long)st.preemptions);
+        const sim_entry *b[32];
+        n = entries_of(&m, ids[1], b, 32);
+        int resumed = -1;
+        for (int k = 1; k < n; k++)
+            if (b[k]->n_sent == 0) resumed = k;
+        REQUIRE(resumed == 5); /* prefill, positions 8..11, then the resumption */
+        /* with the cache its first two blocks (the prompt) are still there, its third was
+         * evicted for the older request's fourth block */
+        CHECKF(b[resumed]->start_pos == (pc ? 8 : 0) && b[resumed]->n_tokens == 13 - b[resumed]->start_pos,
+               "resumed at %d for %d tokens", b[resumed]->start_pos, b[resumed]->n_tokens);
+        if (pc) CHECK(b[resumed]->table[0] == b[0]->table[0] && b[resumed]->table[1] == b[0]->table[1]);
+        /* a resumption is looked up again: 8 + 8 + 13 tokens, 8 found */
+        CHECKF(st.prefix_queries == (pc ? 29u : 0u) && st.prefix_hits == (pc ? 8u : 0u), "%llu of %llu tokens hit",
+               (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries);
+        CHECK(b[resumed + 1]->n_sent == b[resumed]->n_blocks);
+        check_against_reference(&w, two, 2, cfg.max_context, 0);
+        CHECK(m.violations == 0);
+        sched_free(s);
+        sim_done(&m);
+    }
+}
+
+/* 64 requests, shared and distinct prefixes, through a small pool: preemption and eviction;
+ * every output must equal that of a huge pool without the cache. */
+static void pressure_jobs(job *jobs, int n) {
+    static int32_t stems[4][40];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 40; i++) stems[k][i] = (int32_t)((k * 71 + i * 13 + 5) % 256);
+    for (int i = 0; i < n; i++) {
+        int kind = (int)rnd(6); /* 0-3: a stem, 4-5: distinct */
+        int n_stem = kind < 4 ? 8 + (int)rnd(30) : 0;
+        int n_tail = (kind < 4 ? 0 : 1) + (int)rnd(20);
+        fill(&jobs[i], kind < 4 ? stems[kind] : NULL, n_stem, (int32_t)rnd(256), n_tail, 1 + (int)rnd(24));
+    }
+}
+
+static int run_pressure(world *w, job *jobs, int n, bool prefix, int32_t n_blocks, int32_t bs, sched_stats *out,
+                        sim *m) {
+    make_world(w);
+    sched_config cfg = base_cfg(w);
+    cfg.prefix_cache = prefix;
+    cfg.n_blocks = n_blocks;
+    cfg.block_size = bs;
+    cfg.max_context = 80;
+    cfg.max_step_tokens = 24;
+    sched *s = sim_sched(m, &cfg, 37);
+    int submitted = 0, steps = 0;
+    for (; submitted < 16; submitted++) REQUIRE(submit_job(s, &jobs[submitted], submitted, 1, NULL) == SCHED_E_OK);
+    for (; steps < 100000; steps++) {
+        if (submitted < n && steps % 2 == 0) {
+            REQUIRE(submit_job(s, &jobs[submitted], submitted, 1, NULL) == SCHED_E_OK);
+            submitted++;
+        }
+        int did = sched_step(s);
+        sim_check_sched(m);
+        sim_check_usage(m, s);
+        if (!did && submitted == n) break;
+    }
+    *out = stats_of(s);
+    sched_free(s);
+    return steps;
+}
+
+static void test_prefix_pressure(void) {
+    static world small, huge;
+    static job jobs[64];
+    rng = 0x9E3779B97F4A7C15ULL;
+    pressure_jobs(jobs, 64);
+    const int32_t sizes[][2] = {{4, 24}, {1, 90}, {3, 30}, {8, 12}}; /* block size, blocks (>= 80 tokens) */
+    for (int v = 0; v < 4; v++) {
+        static sim m1, m2;
+        sched_stats st1, st2;
+        int steps = run_pressure(&small, jobs, 64, true, sizes[v][1], sizes[v][0], &st1, &m1);
+        run_pressure(&huge, jobs, 64, false, 4096, sizes[v][0], &st2, &m2);
+        for (int i = 0; i < 64; i++) {
+            rec *a = &small.r[i], *b = &huge.r[i];
+            CHECKF(a->n_final == 1 && b->n_final == 1 && a->finish == b->finish && a->n_tok == b->n_tok &&
+                       !memcmp(a->toks, b->toks, (size_t)a->n_tok * sizeof(int32_t)) &&
+                       !memcmp(a->lp, b->lp, (size_t)a->n_tok * sizeof(float)),
+                   "block size %d, job %d: %d tokens (%s), without the cache %d (%s)", sizes[v][0], i, a->n_tok,
+                   sched_finish_name(a->finish), b->n_tok, sched_finish_name(b->finish));
+            check_job(&small, i, &jobs[i], 80, 37);
+        }
+        CHECKF(m1.violations == 0 && m2.violations == 0, "%lld and %lld violations", (long long)m1.violations,
+               (long long)m2.violations);
+        CHECKF(st1.preemptions > 0 && m1.evicted_reused > 0 && st1.prefix_hits > 0,
+               "block size %d: %llu preemptions, %lld reused blocks evicted, %llu hits", sizes[v][0],
+               (unsigned long long)st1.preemptions, (long long)m1.evicted_reused, (unsigned long long)st1.prefix_hits);
+        CHECK(st1.prefix_hits == (uint64_t)m1.first_plan_hits);
+        CHECK(m1.computed < m2.computed);
+        CHECK(st2.prefix_queries == 0 && st2.prefix_hits == 0 && st2.blocks_cached == 0 && st2.preemptions == 0);
+        CHECK(m2.first_plan_hits == 0);
+        CHECK(st1.blocks_used == 0 && m1.n_seqs == 0 && m1.frees == m2.frees + (int64_t)st1.preemptions);
+        printf("prefix pressure, block size %d, %d blocks: %d steps, %llu preemptions, %llu of %llu tokens hit, "
+               "%lld reused blocks evicted, %lld tokens computed (%lld without the cache)\n",
+               sizes[v][0], sizes[v][1], steps, (unsigned long long)st1.preemptions,
+               (unsigned long long)st1.prefix_hits, (unsigned long long)st1.prefix_queries,
+               (long long)m1.evicted_reused, (long long)m1.computed, (long long)m2.computed);
+        sim_done(&m1);
+        sim_done(&m2);
+    }
+}
+
+/* Random submissions and cancellations; the bookkeeping is checked at every step and inside
+ * every step. */
+static void test_prefix_random_cancel(void) {
+    static world w;
+    static job jobs[MAXR];
+    rng = 0xD1B54A32D192ED03ULL;
+    for (int round = 0; round < 6; round++) {
+        make_world(&w);
+        sched_config cfg = prefix_cfg(&w);
+        cfg.block_size = 1 + round % 5;
+        cfg.n_blocks = (60 + cfg.block_size - 1) / cfg.block_size + (int32_t)rnd(8);
+        cfg.max_context = 60;
+        cfg.max_seqs = 2 + (int32_t)rnd(6);
+        cfg.max_step_tokens = 8 + (int32_t)rnd(24);
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        pressure_jobs(jobs, MAXR);
+        for (int i = 0; i < MAXR; i++) {
+            if (jobs[i].n_prompt > 40) jobs[i].n_prompt = 40;
+            if (jobs[i].max_tokens > 20) jobs[i].max_tokens = 20;
+        }
+        uint64_t ids[MAXR];
+        bool cancelled[MAXR] = {0};
+        int submitted = 0;
+        for (int step = 0; step < 20000; step++) {
+            uint32_t r = rnd(10);
+            if (submitted < MAXR && r < 4) {
+                REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, &ids[submitted]) == SCHED_E_OK);
+                submitted++;
+            } else if (submitted > 0 && r == 4) {
+                int k = (int)rnd((uint32_t)submitted);
+                sched_cancel(s, ids[k]);
+                cancelled[k] = true;
+            }
+            int did = sched_step(s);
+            sim_check_sched(&m);
+            sim_check_usage(&m, s);
+            if (!did && submitted == MAXR) break;
+        }
+        int n_cancelled = 0;
+        for (int i = 0; i < MAXR; i++) {
+            rec *r = &w.r[i];
+            if (cancelled[i] && r->finish == SCHED_FINISH_CANCELLED) {
+                n_cancelled++;
+                int32_t exp[MAXT * 2];
+                int n_exp;
+                enum sched_finish fin;
+                expect(&jobs[i], cfg.max_context, 0, exp, &n_exp, &fin);
+                CHECKF(r->n_final == 1 && r->n_tok <= n_exp && !memcmp(r->toks, exp, (size_t)r->n_tok * sizeof(int32_t)),
+                       "round %d, cancelled job %d", round, i);
+            } else {
+                check_job(&w, i, &jobs[i], cfg.max_context, 0);
+            }
+        }
+        sched_stats st = stats_of(s);
+        CHECKF(m.violations == 0, "round %d: %lld violations", round, (long long)m.violations);
+        CHECK(n_cancelled > 0 && st.prefix_hits > 0 && st.blocks_used == 0 && m.n_seqs == 0);
+        CHECK(st.blocks_cached > 0 && st.blocks_cached <= st.blocks_total);
+        sched_free(s);
+        sim_done(&m);
+    }
+}
+
+/* prefix_cache off: the plans, frees and events of a fixed workload are those recorded from
+ * the scheduler before the cache existed. */
+static void test_prefix_off_unchanged(void) {
+    int64_t entries, frees;
+    uint64_t preemptions;
+    uint64_t h = trace_workload(&entries, &frees, &preemptions);
+    CHECKF(h == 0x0e87b17b2747f93eULL && entries == 773 && frees == 116 && preemptions == 78,
+           "hash %016llx, %lld entries, %lld frees, %llu preemptions", (unsigned long long)h, (long long)entries,
+           (long long)frees, (unsigned long long)preemptions);
+}
+
+/* The scheduler on its own thread with the cache on, checked from this one meanwhile. */
+static void test_prefix_threaded(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    cfg.n_blocks = 30;
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 30);
+    m.s = NULL; /* the sim runs on the scheduler's thread; check from here only */
+    mla_err err;
+    REQUIRE(sched_start(s, &err) == MLA_OK);
+    static job jobs[40];
+    rng = 0x1234567ULL;
+    pressure_jobs(jobs, 40);
+    for (int i = 0; i < 40; i++) REQUIRE(submit_job(s, &jobs[i], i, 0, NULL) == SCHED_E_OK);
+    int checks = 0, failed = 0;
+    for (;;) {
+        pthread_mutex_lock(&w.mu);
+        int done = w.finals;
+        pthread_mutex_unlock(&w.mu);
+        if (done == 40) break;
+        if (sched_check(s, &err) != MLA_OK && failed++ == 0) fprintf(stderr, "sched_check: %s\n", err.msg);
+        checks++;
+    }
+    sched_stop(s);
+    CHECK(failed == 0 && checks > 0);
+    check_against_reference(&w, jobs, 40, cfg.max_context, 30);
+    CHECK(m.violations == 0 && m.n_seqs == 0);
+    sched_free(s);
+    sim_done(&m);
 }
 
 /* The scheduler on its own thread, requests from this one. */
@@ -444,5 +1383,16 @@ int main(void) {
     test_refusals();
     test_backend_failure();
     test_threaded();
+    test_prefix_shared();
+    test_prefix_cap();
+    test_prefix_lru();
+    test_prefix_duplicates();
+    test_prefix_refcount();
+    test_prefix_admission();
+    test_blocks_sent();
+    test_prefix_pressure();
+    test_prefix_random_cancel();
+    test_prefix_off_unchanged();
+    test_prefix_threaded();
     return mla_test_finish();
 }
