@@ -383,6 +383,7 @@ int cmd_serve(int argc, char **argv) {
                      .rank_blocks = kvi.rank_blocks, .n_ranks = tp, .block_bytes = kvi.block_bytes};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     sched_config sc = {.block_size = (int32_t)kvi.block_size, .n_blocks = (int32_t)kvi.n_blocks, .prefix_cache = prefix_cache,
+                       .decode_lookahead = true,
                        .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
                        .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                        .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};

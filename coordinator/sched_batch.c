@@ -588,6 +588,10 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
             preempt(s, victim);
         }
         if (self_preempted) break; /* q was the youngest: nothing after it */
+        /* a decode row: the block of its next position too, when one is free without preempting
+         * (a worker may run that step ahead of the plan: worker/wk_ahead.h) */
+        if (s->cfg.decode_lookahead && chunk == pending && q->n_computed + chunk + 1 <= q->cap_tokens)
+            (void)alloc_blocks(s, q, q->n_computed + chunk + 1);
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
@@ -797,7 +801,8 @@ static int check_locked(sched *s, mla_err *err) {
     for (int i = 0; i < s->running.n; i++) {
         const sreq *q = s->running.v[i];
         if (q->n_computed < 0 || q->n_computed > q->n_tokens ||
-            q->n_blocks < blocks_for(s, q->n_computed) || q->n_blocks > blocks_for(s, q->n_tokens) ||
+            q->n_blocks < blocks_for(s, q->n_computed) ||
+            q->n_blocks > blocks_for(s, q->n_tokens + (s->cfg.decode_lookahead ? 1 : 0)) ||
             q->n_sent > q->n_blocks)
             FAIL("request %llu: %d computed of %d tokens, %d blocks, %d sent",
                  (unsigned long long)q->id, q->n_computed, q->n_tokens, q->n_blocks, q->n_sent);

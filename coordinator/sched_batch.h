@@ -172,6 +172,10 @@ typedef struct sched_config {
     /* Reuse cached full blocks of earlier sequences with the same leading tokens (see "Prefix
      * cache" above). false: every block is private, as before the cache existed. */
     bool prefix_cache;
+    /* a running sequence whose row is its last pending token also gets the block of the position
+     * after it when one can be had without preempting, so that a worker can run the next decode
+     * step before the plan for it arrives (worker/wk_ahead.h) */
+    bool decode_lookahead;
     /* Tokens that end generation for every request (EOS etc.) besides its own stop ids. */
     bool (*is_eog)(void *eog_ctx, int32_t token);
     void *eog_ctx;

@@ -51,4 +51,10 @@ if(TARGET mlaserve-worker)
                      $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES} ${tp})
     set_tests_properties(serve_model_tp${tp} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77)
   endforeach()
+  # the cache pool under pressure (preemption, eviction, chunked prefill, the prefix cache):
+  # 64 concurrent completions equal those of an unpressured server
+  add_test(NAME serve_pool_pressure
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_serve_pool.py
+                   $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
+  set_tests_properties(serve_pool_pressure PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()

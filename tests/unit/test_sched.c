@@ -1149,6 +1149,42 @@ static void test_blocks_sent(void) {
     }
 }
 
+/* decode_lookahead: every one-token row that is its sequence's last pending token holds the block
+ * of the position after it as well (here the pool has room): at a block boundary the table already
+ * has the next block, which without the lookahead would come a plan later; other rows are sized as
+ * without it, and the outputs are the same. */
+static void test_decode_lookahead(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = base_cfg(&w);
+    cfg.decode_lookahead = true;
+    cfg.max_step_tokens = 4;
+    static sim m;
+    static job j;
+    fill(&j, NULL, 0, 7, 10, 8);
+    sched *s = sim_sched(&m, &cfg, 0);
+    uint64_t id;
+    REQUIRE(submit_job(s, &j, 0, 0, &id) == SCHED_E_OK);
+    sim_drain(s, &m, 100);
+    const sim_entry *e[16];
+    int n = entries_of(&m, id, e, 16), boundaries = 0;
+    CHECKF(n == 10, "%d plans", n);
+    for (int k = 0; k < n; k++) {
+        const int32_t end = e[k]->start_pos + e[k]->n_tokens, cover = e[k]->n_blocks * cfg.block_size;
+        if (e[k]->n_tokens == 1 && end < 10 + 8 - 1) {
+            CHECKF(cover >= end + 1, "plan %d: a decode row ending at %d holds %d positions", k, end, cover);
+            boundaries += end % cfg.block_size == 0;
+        } else {
+            CHECKF(cover >= end && cover < end + cfg.block_size, "plan %d: %d positions for %d", k, cover, end);
+        }
+    }
+    CHECKF(boundaries > 0, "no decode row ended at a block boundary (block size %d)", cfg.block_size);
+    check_against_reference(&w, &j, 1, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
 /* 64 requests, shared and distinct prefixes, through a small pool: preemption and eviction;
  * every output must equal that of a huge pool without the cache. */
 static void pressure_jobs(job *jobs, int n) {
@@ -1390,6 +1426,7 @@ int main(void) {
     test_prefix_refcount();
     test_prefix_admission();
     test_blocks_sent();
+    test_decode_lookahead();
     test_prefix_pressure();
     test_prefix_random_cancel();
     test_prefix_off_unchanged();

@@ -1,0 +1,100 @@
+"""The cache pool under pressure, through `mlaserve serve` on the tiny-deepseek3 fixture (CPU workers).
+
+Server A has a pool of 12 blocks of 16 positions (--kv-memory, a block of the tiny model is 72 KiB),
+8 sequences a step, prompts prefilled in chunks of 32 tokens and the prefix cache on; server B has
+the default pool (1 GiB), one-shot prefill and no prefix cache. 64 greedy completions whose prompts
+share prefixes (4 bases) are sent to each all at once: A must preempt and evict, and every answer
+(text and token logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 400
+naming its length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
+Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR. Exit 77 when the fixture is missing."""
+import json
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from mlatest import ServeProcess, check, http_get, http_post as post, summary  # noqa: E402
+
+exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
+model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
+if not os.path.exists(model):
+    print("fixture missing: skipped")
+    sys.exit(77)
+ref = json.load(open(os.path.join(fixtures, "tiny-deepseek3", "ref.json")))
+bases = [p["text"] for p in ref["prompts"] if "<｜" not in p["text"]][:4]
+words = "one two three four five six seven eight nine ten eleven twelve".split()
+reqs = []
+for i in range(64):
+    base = bases[i % len(bases)]
+    prompt = (base + " ") * (1 + i % 2) + " ".join(words[: 1 + i % 12])
+    reqs.append({"prompt": prompt, "max_tokens": 4 + i % 7, "temperature": 0, "logprobs": 1})
+
+
+def run_all(port):
+    out = {}
+
+    def go(i):
+        out[i] = post(port, "/v1/completions", reqs[i], timeout=600)
+    ths = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+    [t.start() for t in ths]
+    [t.join(900) for t in ths]
+    return out
+
+
+def metric(text, name):
+    tot = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            tot += float(line.split()[-1])
+    return tot
+
+
+common = ["--max-context", "1024"]
+small = ServeProcess([exe, "-m", model, "--port", "0"],
+                     common + ["--kv-memory", "864K", "--max-seqs", "8", "--max-prefill-tokens", "32"],
+                     worker=worker, timeout=120, prefix="serve_pool_a_")
+big = ServeProcess([exe, "-m", model, "--port", "0"],
+                   common + ["--max-seqs", "64", "--max-prefill-tokens", "2048", "--no-prefix-cache"],
+                   worker=worker, timeout=120, prefix="serve_pool_b_")
+try:
+    ra, rb = run_all(small.port), run_all(big.port)
+    same = 0
+    for i in range(len(reqs)):
+        sa, da = ra.get(i, (0, b""))
+        sb, db = rb.get(i, (0, b""))
+        check(sa == 200 and sb == 200, "request %d: %s / %s %r" % (i, sa, sb, (da or db)[:200]))
+        if sa != 200 or sb != 200:
+            continue
+        ca, cb = json.loads(da)["choices"][0], json.loads(db)["choices"][0]
+        la, lb = ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"]
+        ok = ca["text"] == cb["text"] and len(la) == len(lb) and all(abs(x - y) <= 1e-5 for x, y in zip(la, lb))
+        check(ok, "request %d under pressure equals the unpressured run: %r vs %r" % (i, ca["text"], cb["text"]))
+        same += ok
+    print("%d of %d answers equal" % (same, len(reqs)))
+    st, m = http_get(small.port, "/metrics")
+    m = m.decode() if isinstance(m, bytes) else m
+    check(st == 200, "metrics")
+    pre, hits, q = (metric(m, "mlaserve_preemptions_total"), metric(m, "mlaserve_prefix_cache_hits_total"),
+                    metric(m, "mlaserve_prefix_cache_queries_total"))
+    print("pool A: preemptions %d, prefix cache %d of %d prompt tokens" % (pre, hits, q))
+    check(pre > 0, "the small pool preempted (it was under pressure)")
+    check(0 < hits <= q, "the prefix cache hit (%d of %d tokens)" % (hits, q))
+    check(metric(m, "mlaserve_kv_cache_blocks_total") == 12, "blocks total 12")
+    check(metric(m, "mlaserve_kv_cache_rank_blocks") == 12 and "rank=\"0\"" in m, "the rank's pool")
+    check(metric(m, "mlaserve_kv_cache_block_bytes") == 73728, "block bytes 72 KiB")
+    check(metric(m, "mlaserve_kv_cache_blocks_used") == 0, "nothing held once every request finished")
+    st, m2 = http_get(big.port, "/metrics")
+    m2 = m2.decode() if isinstance(m2, bytes) else m2
+    check(metric(m2, "mlaserve_prefix_cache_queries_total") == 0, "--no-prefix-cache looks nothing up")
+    # a request the whole pool (192 positions) cannot hold: a 400 naming its length and the capacity
+    st, data = post(small.port, "/v1/completions", {"prompt": bases[0] * 30, "max_tokens": 4})
+    msg = json.loads(data)["error"]["message"] if st == 400 else data[:200]
+    check(st == 400 and "192" in msg and "tokens" in msg, "too long for the pool: 400 %r" % msg)
+    # the server is still serving
+    st, data = post(small.port, "/v1/completions", reqs[0])
+    check(st == 200 and json.loads(data)["choices"][0]["text"] == json.loads(ra[0][1])["choices"][0]["text"],
+          "still serving after the refusal")
+finally:
+    small.stop()
+    big.stop()
+sys.exit(summary("serve_pool: "))
