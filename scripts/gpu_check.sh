@@ -186,6 +186,11 @@ if [ "$stack" = 1 ]; then
   st_run "glm5 bf16 TP4 long, bf16 RoPE freqs, 0.02 + greedy; == TP1" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy
   st_run "glm5 bf16 TP4 long, fp32 attention, 0.01; == TP1" "MLA_CUDA_ATTN=fp32" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 4 --tp-rtol 1e-4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "glm5 bf16 TP4 vs HF" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 4 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01
+  # the cache pool: prompts in chunks (multi-token steps at a later position) and prompts whose
+  # first whole blocks another sequence computed (shared, read only: the prefix cache) == one pass
+  st_run "ds3 bf16 TP1 chunks of 5, prefix of 20 shared == one pass, vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 5 --prefix-reuse 20 --chunk-rtol 1e-2 --reuse-rtol 1e-2
+  st_run "glm5 bf16 TP2 long (DSA) chunks of 16, prefix of 100 shared, bf16 RoPE freqs" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 16 --prefix-reuse 100 --chunk-rtol 1e-2 --reuse-rtol 1e-2
+  st_run "glm5 bf16 TP1 long (DSA) fp32 attention, chunks of 16, prefix of 100 shared" "MLA_CUDA_ATTN=fp32" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 16 --prefix-reuse 100 --chunk-rtol 1e-4 --reuse-rtol 1e-4
   # serving: the OpenAI chat API on CUDA worker processes (TP 2: host collective, batched decode
   # eager; TP 1: NCCL, batched decode in CUDA graphs), then 12 different completions sent at once
   # must equal the same completions sent one at a time (greedy): batched decode == one sequence

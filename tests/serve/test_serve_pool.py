@@ -1,12 +1,14 @@
-"""The cache pool under pressure, through `mlaserve serve` on the tiny-deepseek3 fixture (CPU workers).
+"""The cache pool under pressure, through `mlaserve serve` on the tiny-deepseek3 fixture.
 
-Server A has a pool of 12 blocks of 16 positions (--kv-memory, a block of the tiny model is 72 KiB),
-8 sequences a step, prompts prefilled in chunks of 32 tokens and the prefix cache on; server B has
-the default pool (1 GiB), one-shot prefill and no prefix cache. 64 greedy completions whose prompts
-share prefixes (4 bases) are sent to each all at once: A must preempt and evict, and every answer
-(text and token logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 400
-naming its length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
-Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR. Exit 77 when the fixture is missing."""
+Server B has the default pool, one-shot prefill and no prefix cache; server A a pool of BLOCKS
+blocks (--kv-memory: BLOCKS x the block bytes B reports), 8 sequences a step, prompts prefilled in
+chunks of 32 tokens and the prefix cache on. 64 greedy completions whose prompts share prefixes (4
+bases) are sent to each all at once: A must preempt and evict, and every answer (text and token
+logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 400 naming its
+length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
+Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR [BLOCKS (12)] [LOGPROB_TOL (1e-5)];
+MLA_TEST_SERVE_ARGS adds arguments to both servers (e.g. --backend cuda: blocks of 64 positions,
+BLOCKS 4). Exit 77 when the fixture is missing."""
 import json
 import os
 import sys
@@ -16,6 +18,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from mlatest import ServeProcess, check, http_get, http_post as post, summary  # noqa: E402
 
 exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
+blocks = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+tol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-5
+extra = os.environ.get("MLA_TEST_SERVE_ARGS", "").split()
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
 if not os.path.exists(model):
     print("fixture missing: skipped")
@@ -49,14 +54,20 @@ def metric(text, name):
     return tot
 
 
-common = ["--max-context", "1024"]
-small = ServeProcess([exe, "-m", model, "--port", "0"],
-                     common + ["--kv-memory", "864K", "--max-seqs", "8", "--max-prefill-tokens", "32"],
-                     worker=worker, timeout=120, prefix="serve_pool_a_")
+common = ["--max-context", "1024"] + extra
 big = ServeProcess([exe, "-m", model, "--port", "0"],
                    common + ["--max-seqs", "64", "--max-prefill-tokens", "2048", "--no-prefix-cache"],
                    worker=worker, timeout=120, prefix="serve_pool_b_")
+small = None
 try:
+    st, m0 = http_get(big.port, "/metrics")
+    m0 = m0.decode() if isinstance(m0, bytes) else m0
+    bsize, bbytes = int(metric(m0, "mlaserve_kv_cache_block_size")), int(metric(m0, "mlaserve_kv_cache_block_bytes"))
+    cap = blocks * bsize
+    print("blocks of %d positions, %d bytes: pool A %d blocks = %d positions" % (bsize, bbytes, blocks, cap))
+    small = ServeProcess([exe, "-m", model, "--port", "0"],
+                         common + ["--kv-memory", str(blocks * bbytes), "--max-seqs", "8", "--max-prefill-tokens", "32"],
+                         worker=worker, timeout=120, prefix="serve_pool_a_")
     ra, rb = run_all(small.port), run_all(big.port)
     same = 0
     for i in range(len(reqs)):
@@ -67,7 +78,7 @@ try:
             continue
         ca, cb = json.loads(da)["choices"][0], json.loads(db)["choices"][0]
         la, lb = ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"]
-        ok = ca["text"] == cb["text"] and len(la) == len(lb) and all(abs(x - y) <= 1e-5 for x, y in zip(la, lb))
+        ok = ca["text"] == cb["text"] and len(la) == len(lb) and all(abs(x - y) <= tol for x, y in zip(la, lb))
         check(ok, "request %d under pressure equals the unpressured run: %r vs %r" % (i, ca["text"], cb["text"]))
         same += ok
     print("%d of %d answers equal" % (same, len(reqs)))
@@ -79,22 +90,23 @@ try:
     print("pool A: preemptions %d, prefix cache %d of %d prompt tokens" % (pre, hits, q))
     check(pre > 0, "the small pool preempted (it was under pressure)")
     check(0 < hits <= q, "the prefix cache hit (%d of %d tokens)" % (hits, q))
-    check(metric(m, "mlaserve_kv_cache_blocks_total") == 12, "blocks total 12")
-    check(metric(m, "mlaserve_kv_cache_rank_blocks") == 12 and "rank=\"0\"" in m, "the rank's pool")
-    check(metric(m, "mlaserve_kv_cache_block_bytes") == 73728, "block bytes 72 KiB")
+    check(metric(m, "mlaserve_kv_cache_blocks_total") == blocks, "blocks total %d" % blocks)
+    check(metric(m, "mlaserve_kv_cache_rank_blocks") == blocks and "rank=\"0\"" in m, "the rank's pool")
+    check(metric(m, "mlaserve_kv_cache_block_bytes") == bbytes, "block bytes")
     check(metric(m, "mlaserve_kv_cache_blocks_used") == 0, "nothing held once every request finished")
     st, m2 = http_get(big.port, "/metrics")
     m2 = m2.decode() if isinstance(m2, bytes) else m2
     check(metric(m2, "mlaserve_prefix_cache_queries_total") == 0, "--no-prefix-cache looks nothing up")
-    # a request the whole pool (192 positions) cannot hold: a 400 naming its length and the capacity
-    st, data = post(small.port, "/v1/completions", {"prompt": bases[0] * 30, "max_tokens": 4})
+    # a request the whole pool cannot hold: a 400 naming its length and the capacity
+    st, data = post(small.port, "/v1/completions", {"prompt": bases[0] * (cap // 4), "max_tokens": 4})
     msg = json.loads(data)["error"]["message"] if st == 400 else data[:200]
-    check(st == 400 and "192" in msg and "tokens" in msg, "too long for the pool: 400 %r" % msg)
+    check(st == 400 and str(cap) in msg and "tokens" in msg, "too long for the pool: 400 %r" % msg)
     # the server is still serving
     st, data = post(small.port, "/v1/completions", reqs[0])
     check(st == 200 and json.loads(data)["choices"][0]["text"] == json.loads(ra[0][1])["choices"][0]["text"],
           "still serving after the refusal")
 finally:
-    small.stop()
+    if small:
+        small.stop()
     big.stop()
 sys.exit(summary("serve_pool: "))
