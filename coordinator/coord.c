@@ -260,6 +260,7 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     m.u.reply.heartbeat_timeout_ms = (uint32_t)c->cfg.heartbeat_timeout_ms;
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
     m.u.reply.kv = c->cfg.kv;
+    m.u.reply.kv.local_group = !c->cfg.external;
     send_frame_to_ident(c, ident, ilen, &m);
     rs->link_on = rs->link != NULL; /* from here on everything goes over the link */
     MLA_INFO("worker %d registered (pid %d, host %s, device %s%s)", r, (int)rg->pid, rg->host, rg->device,

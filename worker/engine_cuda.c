@@ -96,7 +96,7 @@ static void cu_destroy(engine *e);
 
 static int cu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
                    const engine_opts *eo, mla_err *err) {
-    (void)world, (void)boot;
+    (void)boot;
     int dev = rank;
     const char *de = getenv("MLA_CUDA_DEVICE");
     if (de && *de) dev = atoi(de);
@@ -141,7 +141,14 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     e->g = NULL;
     const mla_config *cf = mla_cmodel_config(e->m);
     e->n_ctx = eo->kv.max_context > 0 ? eo->kv.max_context : cf->ctx_train > 0 ? cf->ctx_train : 4096;
-    mla_cmodel_kv_opts ko = {eo->kv.gpu_memory_utilization, eo->kv.kv_memory_bytes, WIRE_MAX_BLOCKS,
+    /* ranks the coordinator started here with the same devices visible map to them rank % count:
+     * those on this device split it (each worker on a GPU of its own, as a launcher starts them,
+     * takes the whole fraction) */
+    int share = 1;
+    const int ndev = mla_cuda_device_count();
+    if (eo->kv.local_group && !(de && *de) && ndev > 0 && world > ndev)
+        share = world / ndev + (dev < world % ndev ? 1 : 0);
+    mla_cmodel_kv_opts ko = {eo->kv.gpu_memory_utilization, share, eo->kv.kv_memory_bytes, WIRE_MAX_BLOCKS,
                              eo->kv.max_step_tokens, e->n_ctx, eo->kv.max_seqs};
     if (mla_cmodel_kv_init(e->m, &ko, err)) {
         mla_err_prefix(err, "device %d", dev);

@@ -156,6 +156,7 @@ struct mla_cmodel {
     float *pool;
     int64_t n_pool;
     int64_t max_ctx; /* the positions a state's table can cover (mla_cmodel_kv_init) */
+    size_t scratch_bytes; /* device bytes of the step scratch (dmalloc) */
     /* the last decode step whose greedy ids are in dids: its states, in order (last_B 0: none) */
     mla_cstate **last_st;
     int64_t last_B, last_cap;
@@ -586,8 +587,16 @@ fail:
     return MLA_ERR;
 }
 
+/* cudaMalloc that counts the scratch's device bytes (mla_cmodel_kv_init weighs them) */
+static cudaError_t dmalloc(mla_cmodel *m, void **p, size_t n) {
+    const cudaError_t e = cudaMalloc(p, n);
+    if (e == cudaSuccess) m->scratch_bytes += n;
+    return e;
+}
+
 static void free_scratch(mla_cmodel *m) {
     graphs_clear(m); /* they point into the scratch */
+    m->scratch_bytes = 0;
     void *ps[] = {m->x, m->x2, m->h, m->y, m->cq, m->cqr, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
                   m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
@@ -653,10 +662,13 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
 /* The largest pool that fits: util of the device's memory in all (what the weights and the
  * scratch already hold counted in), less a margin for what comes later (graphs, library
  * workspaces), at most cap_bytes (0: no cap), in whole blocks. */
-static int64_t pool_blocks(size_t free_b, size_t total_b, double util, uint64_t cap_bytes, size_t blk_bytes,
-                           double *budget_out) {
+static int64_t pool_blocks(size_t free_b, size_t total_b, double util, int k, double own, uint64_t cap_bytes,
+                           size_t blk_bytes, double *budget_out) {
     const double used = (double)(total_b - free_b), margin = fmin(512.0 * 1048576.0, 0.02 * (double)total_b);
     double budget = util * (double)total_b - used - margin;
+    /* k processes share the device (loading at the same time): each its share less its own use,
+     * never more than is free now */
+    if (k > 1) budget = fmin(util * (double)total_b / k - own - margin / k, (double)free_b - margin);
     if (cap_bytes && budget > (double)cap_bytes) budget = (double)cap_bytes;
     *budget_out = budget;
     return budget > 0 ? (int64_t)(budget / (double)blk_bytes) : 0;
@@ -679,13 +691,17 @@ extern "C" int mla_cmodel_kv_init(mla_cmodel *m, const mla_cmodel_kv_opts *o, ml
     CU(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo");
     const size_t bb = m->blk_floats * 4;
     double budget = 0;
-    int64_t n = pool_blocks(fr, tot, o->gpu_memory_utilization, o->kv_bytes_cap, bb, &budget);
+    /* a process's own use besides its allocations: the CUDA context and library handles */
+    const double own = (double)m->wbytes + (double)m->scratch_bytes + 768.0 * 1048576.0;
+    int64_t n = pool_blocks(fr, tot, o->gpu_memory_utilization, o->ranks_on_device, own, o->kv_bytes_cap, bb, &budget);
     if (n < 1)
         return mla_errf(err, "no room for the cache pool: %.2f GiB of %.2f GiB in use after the weights and the scratch "
-                             "(%lld-token steps), --gpu-memory-utilization %.2f leaves %.2f GiB; a block of %d positions "
-                             "takes %.2f MiB",
+                             "(%lld-token steps), --gpu-memory-utilization %.2f (over %d process%s on the device) leaves "
+                             "%.2f GiB; a block of %d positions takes %.2f MiB",
                         (double)(tot - fr) / 1073741824.0, (double)tot / 1073741824.0, (long long)T,
-                        o->gpu_memory_utilization, budget / 1073741824.0, MLA_CUDA_KV_BLOCK, (double)bb / 1048576.0);
+                        o->gpu_memory_utilization, o->ranks_on_device > 1 ? o->ranks_on_device : 1,
+                        o->ranks_on_device > 1 ? "es" : "", budget / 1073741824.0, MLA_CUDA_KV_BLOCK,
+                        (double)bb / 1048576.0);
     if (o->max_blocks > 0 && n > o->max_blocks) n = o->max_blocks;
     for (int tries = 0;; tries++) { /* the free memory may be in pieces: a little less each time */
         void *d = nullptr;
@@ -803,7 +819,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     if (Fmax < 1) Fmax = 1;
     const int64_t V = c->n_vocab, X = c->n_expert > 0 ? c->n_expert : 1, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
 #define A(p, n)                                                                                                        \
-    CU(cudaMalloc((void **)&(p), (size_t)(n) * 4 + 64), "scratch %s: %lld tokens", #p, (long long)T)
+    CU(dmalloc(m, (void **)&(p), (size_t)(n) * 4 + 64), "scratch %s: %lld tokens", #p, (long long)T)
     A(m->x, T * E);
     A(m->x2, T * E);
     A(m->h, T * E);
@@ -830,28 +846,28 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
     A(m->nsel, T);
     m->attn_work_floats = mla_cuda_attn_work_floats(T < 64 ? T : 64, Hl, KL, 32);
-    CU(cudaMalloc((void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
+    CU(dmalloc(m, (void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
-    CU(cudaMalloc(&m->moe_work, m->moe_work_bytes), "MoE work");
-    CU(cudaMalloc(&m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
-    CU(cudaMalloc(&m->q8h, mla_cuda_q8_bytes(T, (E + 31) / 32 * 32)), "q8 activations");
+    CU(dmalloc(m, &m->moe_work, m->moe_work_bytes), "MoE work");
+    CU(dmalloc(m, &m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
+    CU(dmalloc(m, &m->q8h, mla_cuda_q8_bytes(T, (E + 31) / 32 * 32)), "q8 activations");
     /* + 32: not an empty allocation for models without a q-LoRA */
-    CU(cudaMalloc(&m->q8c, mla_cuda_q8_bytes(T, (c->q_lora_rank + 31) / 32 * 32 + 32)), "q8 activations");
-    CU(cudaMalloc(&m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
+    CU(dmalloc(m, &m->q8c, mla_cuda_q8_bytes(T, (c->q_lora_rank + 31) / 32 * 32 + 32)), "q8 activations");
+    CU(dmalloc(m, &m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
     /* staging for the all-reduce (T x E), the attention output's gather (T x heads x v) and the
      * logits (nout x V, from every rank) */
     m->hbuf_floats = (size_t)(T * E + T * c->n_head * c->head_v + nout * V) * (size_t)m->world + 64;
     CU(cudaMallocHost((void **)&m->hbuf, m->hbuf_floats * 4), "pinned staging");
     CU(cudaMallocHost((void **)&m->hbuf2, m->hbuf_floats * 4), "pinned staging");
-    if (m->coll_dev) CU(cudaMalloc((void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
+    if (m->coll_dev) CU(dmalloc(m, (void **)&m->dgbuf, m->hbuf_floats * 4), "gather buffer");
     CU(cudaMallocHost((void **)&m->htok, (size_t)T * 4), "pinned staging");
     CU(cudaMallocHost((void **)&m->hids, (size_t)T * 4), "pinned staging");
-    CU(cudaMalloc((void **)&m->dids, (size_t)T * 4), "greedy ids");
+    CU(dmalloc(m, (void **)&m->dids, (size_t)T * 4), "greedy ids");
     A(m->kvn, T * row);
     A(m->ikn, T * (c->idx_head_dim > 0 ? c->idx_head_dim : 1));
 #undef A
     m->step_bytes = step_layout(T).total;
-    CU(cudaMalloc((void **)&m->dstep, m->step_bytes), "step block");
+    CU(dmalloc(m, (void **)&m->dstep, m->step_bytes), "step block");
     CU(cudaMallocHost((void **)&m->hstep, m->step_bytes), "pinned step block");
     memset(m->hstep, 0, m->step_bytes);
     m->cap_T = T;

@@ -73,6 +73,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         rep.max_step_tokens = m->u.reply.kv.max_step_tokens;
         rep.max_context = m->u.reply.kv.max_context;
         rep.max_seqs = m->u.reply.kv.max_seqs;
+        rep.local_group = m->u.reply.kv.local_group;
         env.body_case = MLA__ENVELOPE__BODY_REPLY;
         env.reply = &rep;
         break;
@@ -703,6 +704,7 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
         o->kv.max_step_tokens = r->max_step_tokens;
         o->kv.max_context = r->max_context;
         o->kv.max_seqs = r->max_seqs;
+        o->kv.local_group = r->local_group;
         break;
     }
     case WIRE_STEP_PLAN: rc = decode_plan(env->plan, lim, &out->u.plan, err); break;

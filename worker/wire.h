@@ -72,6 +72,8 @@ typedef struct wire_kv_opts {
     uint32_t max_step_tokens;     /* largest step (prefill chunk) */
     uint32_t max_context;         /* longest sequence (0: the model's context) */
     uint32_t max_seqs;            /* most sequences a step */
+    bool local_group;             /* every rank was started on one host with the same devices visible:
+                                   * ranks on one device split gpu_memory_utilization */
 } wire_kv_opts;
 
 typedef struct wire_register_reply {

@@ -89,7 +89,7 @@ static int kv_setup(rank_job *j, mla_cmodel *m, int64_t *per, mla_err *err) {
         if (j->P->n[p] > nmax) nmax = j->P->n[p];
     const int64_t ctx = nmax + j->greedy + 1, P = j->batch ? j->P->count : 1;
     *per = (ctx + MLA_CUDA_KV_BLOCK - 1) / MLA_CUDA_KV_BLOCK;
-    mla_cmodel_kv_opts ko = {0.9, 0, P * *per, nmax, ctx, P};
+    mla_cmodel_kv_opts ko = {0.9, 1, 0, P * *per, nmax, ctx, P}; /* max_blocks: only what the prompts need */
     if (mla_cmodel_kv_init(m, &ko, err)) return MLA_ERR;
     int64_t nb = 0;
     uint64_t bb = 0;

@@ -187,14 +187,15 @@ static void test_roundtrips(void) {
     in.u.reply.nccl_id_len = 3;
     memcpy(in.u.reply.nccl_id, "\x01\x02\x03", 3);
     in.u.reply.kv = (wire_kv_opts){.gpu_memory_utilization = 0.5f, .kv_memory_bytes = 1u << 30,
-                                   .max_step_tokens = 2048, .max_context = 131072, .max_seqs = 32};
+                                   .max_step_tokens = 2048, .max_context = 131072, .max_seqs = 32,
+                                   .local_group = true};
     REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
     CHECK(out.u.reply.ok && !strcmp(out.u.reply.coll_shm_name, "/mla-coll-1-2-abc") &&
           out.u.reply.heartbeat_ms == 100 && out.u.reply.nccl_id_len == 3 &&
           out.u.reply.nccl_id[2] == 3);
     CHECK(out.u.reply.kv.gpu_memory_utilization == 0.5f && out.u.reply.kv.kv_memory_bytes == (1u << 30) &&
           out.u.reply.kv.max_step_tokens == 2048 && out.u.reply.kv.max_context == 131072 &&
-          out.u.reply.kv.max_seqs == 32);
+          out.u.reply.kv.max_seqs == 32 && out.u.reply.kv.local_group);
     /* the cache pool settings: a fraction in (0, 1], a step of at least one token */
     in.u.reply.kv.gpu_memory_utilization = 1.5f;
     CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "gpu_memory_utilization 1.5"));
