@@ -719,8 +719,8 @@ const char coord_opts_usage[] =
     "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n"
     "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n"
     "cache pool: [--gpu-memory-utilization F] (CUDA: the fraction of each GPU's memory used in all, weights\n"
-    "       included, default 0.90) [--kv-memory BYTES] (CPU: the pool's size, default 1G; CUDA: a cap;\n"
-    "       suffixes K, M, G, T)\n";
+    "       included, default 0.90) [--kv-memory BYTES] (the pool's size: CPU default 1G; CUDA instead of\n"
+    "       the fraction; suffixes K, M, G, T)\n";
 
 /* BYTES with an optional K/M/G/T (powers of 1024) suffix; 0 on a bad value. */
 static uint64_t parse_bytes(const char *v) {

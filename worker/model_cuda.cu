@@ -669,7 +669,8 @@ static int64_t pool_blocks(size_t free_b, size_t total_b, double util, int k, do
     /* k processes share the device (loading at the same time): each its share less its own use,
      * never more than is free now */
     if (k > 1) budget = fmin(util * (double)total_b / k - own - margin / k, (double)free_b - margin);
-    if (cap_bytes && budget > (double)cap_bytes) budget = (double)cap_bytes;
+    /* a size asked for (--kv-memory) is taken as it is where it is free, whatever the fraction */
+    if (cap_bytes) budget = fmin((double)cap_bytes, (double)free_b - margin);
     *budget_out = budget;
     return budget > 0 ? (int64_t)(budget / (double)blk_bytes) : 0;
 }

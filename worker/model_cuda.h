@@ -57,8 +57,9 @@ uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
  * first sizes the scratch for the largest step (max_step_tokens or max_seqs tokens, max_ctx keys,
  * max_seqs rows of logits), then takes what is left of gpu_memory_utilization x the device's
  * memory (vLLM's meaning: the weights and the scratch count in, and whatever else uses the device)
- * less a margin of min(512 MiB, 2%) for graphs and library workspaces, at most kv_bytes_cap bytes (0: no cap) and max_blocks blocks
- * (0: no cap). MLA_ERR naming the numbers when not one block fits. Once per model. */
+ * less a margin of min(512 MiB, 2%) for graphs and library workspaces; kv_bytes_cap > 0 (--kv-memory)
+ * asks for that many bytes instead, whatever the fraction, where they are free; at most max_blocks
+ * blocks (0: no cap). MLA_ERR naming the numbers when not one block fits. Once per model. */
 typedef struct mla_cmodel_kv_opts {
     double gpu_memory_utilization;
     int ranks_on_device; /* > 1: this many processes share the device: each takes 1/k of the

@@ -6,9 +6,12 @@ chunks of 32 tokens and the prefix cache on. 64 greedy completions whose prompts
 bases) are sent to each all at once: A must preempt and evict, and every answer (text and token
 logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 400 naming its
 length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
-Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR [BLOCKS (12)] [LOGPROB_TOL (1e-5)];
-MLA_TEST_SERVE_ARGS adds arguments to both servers (e.g. --backend cuda: blocks of 64 positions,
-BLOCKS 4). Exit 77 when the fixture is missing."""
+Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR [BLOCKS (12)] [LOGPROB_TOL (1e-5)]
+[REPEATS (2): a prompt holds its base 1..REPEATS times] [MIN_TOKENS (4): max_tokens from MIN_TOKENS to
+MIN_TOKENS + 6]; MLA_TEST_SERVE_ARGS adds arguments to both
+servers (e.g. --backend cuda: blocks of 64 positions, so BLOCKS 6, REPEATS 8 and MIN_TOKENS 70 for
+sequences that cross blocks, and LOGPROB_TOL 2e-2: other batch shapes take other kernels there). Exit 77 when the fixture is
+missing."""
 import json
 import os
 import sys
@@ -20,6 +23,8 @@ from mlatest import ServeProcess, check, http_get, http_post as post, summary  #
 exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
 blocks = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 tol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-5
+repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+min_tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 4
 extra = os.environ.get("MLA_TEST_SERVE_ARGS", "").split()
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
 if not os.path.exists(model):
@@ -31,8 +36,8 @@ words = "one two three four five six seven eight nine ten eleven twelve".split()
 reqs = []
 for i in range(64):
     base = bases[i % len(bases)]
-    prompt = (base + " ") * (1 + i % 2) + " ".join(words[: 1 + i % 12])
-    reqs.append({"prompt": prompt, "max_tokens": 4 + i % 7, "temperature": 0, "logprobs": 1})
+    prompt = (base + " ") * (1 + i % repeats) + " ".join(words[: 1 + i % 12])
+    reqs.append({"prompt": prompt, "max_tokens": min_tokens + i % 7, "temperature": 0, "logprobs": 1})
 
 
 def run_all(port):
