@@ -698,87 +698,73 @@ static int setup_curve(coord *c, mla_err *err) {
 
 /* ---- options -------------------------------------------------------------------------------- */
 
-const char coord_opts_usage[] =
-    "control plane: [--coord ENDPOINT] [--workers-external] [--curve-dir DIR] [--insecure-control-plane]\n"
-    "       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--start-timeout-ms N]\n"
-    "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n"
-    "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n";
+static int opt_step_timeout(void *ctx, const char *v, mla_err *err) {
+    coord_config *cfg = ctx;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < 0 || n > 24L * 3600 * 1000)
+        return mla_errf(err, "'%s' is not a number of milliseconds in [0, 86400000]", v);
+    cfg->step_timeout_ms = n == 0 ? -1 : (int)n;
+    return MLA_OK;
+}
 
-int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err) {
-    const char *a = argv[*i];
-    if (!strcmp(a, "--workers-external")) {
-        cfg->external = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--insecure-control-plane")) {
-        cfg->insecure = 1;
-        return 1;
-    }
-    static const char *const with_value[] = {"--coord", "--curve-dir", "--heartbeat-timeout-ms", "--step-timeout-ms",
-                                             "--start-timeout-ms", "--on-worker-failure", "--max-restarts",
-                                             "--backend"};
-    size_t k = 0;
-    while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
-    if (k == sizeof with_value / sizeof *with_value) return 0;
-    if (*i + 1 >= argc) {
-        mla_errf(err, "%s needs a value", a);
-        return -1;
-    }
-    const char *v = argv[++*i];
-    if (!strcmp(a, "--coord")) {
-        cfg->endpoint = v;
-    } else if (!strcmp(a, "--curve-dir")) {
-        cfg->curve_dir = v;
-    } else if (!strcmp(a, "--backend")) {
-        if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-            mla_errf(err, "--backend: '%s' is not cpu or cuda", v);
-            return -1;
-        }
-        cfg->backend = v;
-    } else if (!strcmp(a, "--on-worker-failure")) {
-        if (!strcmp(v, "stop")) cfg->on_failure = COORD_ON_FAILURE_STOP;
-        else if (!strcmp(v, "restart")) cfg->on_failure = COORD_ON_FAILURE_RESTART;
-        else if (!strcmp(v, "exit")) cfg->on_failure = COORD_ON_FAILURE_EXIT;
-        else {
-            mla_errf(err, "--on-worker-failure: '%s' is not stop, restart or exit", v);
-            return -1;
-        }
-    } else {
-        char *end;
-        errno = 0;
-        long n = strtol(v, &end, 10);
-        int lo = !strcmp(a, "--step-timeout-ms") ? -1 : 1;
-        if (errno || end == v || *end || n < lo || n > 24L * 3600 * 1000) {
-            mla_errf(err, "%s: bad value '%s'", a, v);
-            return -1;
-        }
-        if (!strcmp(a, "--heartbeat-timeout-ms")) cfg->heartbeat_timeout_ms = (int)n;
-        else if (!strcmp(a, "--step-timeout-ms")) cfg->step_timeout_ms = n == 0 ? -1 : (int)n;
-        else if (!strcmp(a, "--start-timeout-ms")) cfg->start_timeout_ms = (int)n;
-        else cfg->max_restarts = (int)n;
-    }
-    return 1;
+static int opt_backend(void *ctx, const char *v, mla_err *err) {
+    coord_config *cfg = ctx;
+    if (strcmp(v, "cpu") && strcmp(v, "cuda")) return mla_errf(err, "'%s' is not cpu or cuda", v);
+    cfg->backend = v;
+    return MLA_OK;
+}
+
+static const char *const failure_names[] = {"stop", "restart", "exit", NULL}; /* COORD_ON_FAILURE_* order */
+
+void coord_opt_specs(coord_config *cfg, opt_spec *s) {
+    const double day_ms = 24.0 * 3600 * 1000;
+    const opt_spec t[COORD_N_OPTS] = {
+        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+         .help = "what the workers compute on", .fn = opt_backend, .ctx = cfg},
+        {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
+         .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
+        {.name = "--workers-external", .kind = OPT_FLAG, .help = "start no workers: wait for them to register",
+         .dest = &cfg->external},
+        {.name = "--curve-dir", .kind = OPT_STR, .arg = "DIR", .def = "none",
+         .help = "CURVE keys from `mlaserve keygen DIR` (required for a non-loopback tcp:// bind)",
+         .dest = &cfg->curve_dir},
+        {.name = "--insecure-control-plane", .kind = OPT_FLAG,
+         .help = "allow a non-loopback tcp:// control plane without CURVE", .dest = &cfg->insecure},
+        {.name = "--start-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
+         .help = "fail the start when no worker registers or makes load progress for this long",
+         .dest = &cfg->start_timeout_ms, .lo = 1, .hi = day_ms},
+        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "$MLA_HEARTBEAT_TIMEOUT_MS, else 5000",
+         .help = "a worker silent this long has failed", .dest = &cfg->heartbeat_timeout_ms, .lo = 1, .hi = day_ms},
+        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "$MLA_STEP_TIMEOUT_MS, else 600000",
+         .help = "a step in flight this long fails the group (0: no limit)", .fn = opt_step_timeout, .ctx = cfg},
+        {.name = "--on-worker-failure", .kind = OPT_CHOICE, .arg = "stop|restart|exit", .def = "stop",
+         .help = "after a worker fails: stay failed, restart the group, or exit 1", .dest = &cfg->on_failure,
+         .choices = failure_names},
+        {.name = "--max-restarts", .kind = OPT_INT, .arg = "N", .def = "5",
+         .help = "restarts in a row without a successful step before giving up", .dest = &cfg->max_restarts,
+         .lo = 1, .hi = 1000000},
+    };
+    memcpy(s, t, sizeof t);
 }
 
 /* ---- commands that start a worker group ---------------------------------------------------- */
 
-int coord_group_opt(coord_group_opts *o, int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    mla_err err;
-    int co = coord_parse_opt(&o->cc, argc, argv, i, &err);
-    if (co < 0) fprintf(stderr, "mlaserve: %s\n", err.msg);
-    if (co) return co;
-    if (!strcmp(a, "--processes")) return 1; /* the only mode of these commands */
-    if (!v) return 0;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-    else if (!strcmp(a, "--tp")) o->tp = atoi(v);
-    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
-    else return 0;
-    (*i)++;
-    if (o->tp < 1 || o->tp > WIRE_MAX_WORLD || o->threads < 1) return -1;
-    return 1;
+void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
+    if (o->tp == 0) o->tp = 1;
+    if (o->threads == 0) o->threads = 1;
+    const opt_spec t[COORD_GROUP_N_OPTS] = {
+        {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
+         .help = "the GGUF file (of a split model: its first part, *-00001-of-*.gguf)", .dest = &o->model},
+        {.name = "--tp", .kind = OPT_INT, .arg = "N", .def = "1",
+         .help = "tensor-parallel degree: worker processes, one per GPU", .dest = &o->tp, .lo = 1, .hi = WIRE_MAX_WORLD},
+        {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads per worker",
+         .dest = &o->threads, .lo = 1, .hi = 1024},
+        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "$MLA_WORKER_EXE, else mlaserve-worker beside mlaserve",
+         .help = "the worker program", .dest = &o->worker_exe},
+    };
+    memcpy(s, t, sizeof t);
 }
 
 int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, mla_err *err) {
