@@ -36,7 +36,7 @@ typedef struct rank_st {
     size_t ident_len;
     pid_t pid;         /* spawned child (local mode) */
     int32_t reg_pid;   /* pid the worker reported */
-    int64_t last_rx;
+    _Atomic int64_t last_rx; /* ms of its last message (read by coord_workers on other threads) */
     int exited;
     int wstatus;
     char refusal[WIRE_MAX_STR];
@@ -45,6 +45,13 @@ typedef struct rank_st {
      * (link_dead: the worker is gone) takes nothing more, supervise() reports the exit */
     fdlink *link;
     int link_on, link_dead;
+    /* load progress (Control LOAD_PROGRESS) and the last heartbeat's stats (under mu: read by
+     * coord_workers from other threads) */
+    uint64_t load_done, load_total;
+    int64_t load_t0, load_t; /* ms: first and last progress report */
+    int has_stats;
+    wire_worker_stats stats;
+    char device[WIRE_MAX_STR];
 } rank_st;
 
 struct coord {
@@ -61,8 +68,10 @@ struct coord {
     int state;
     char fail_msg[1024];
     uint32_t n_vocab;
-    long spin_us; /* zspin_default(the workers' backend), set at start: how long the I/O thread
-                   * (while a step is out) and the caller waiting for an answer poll before sleeping */
+    _Atomic long spin_us; /* zspin_default(the workers' backend), set at start and when a CUDA worker
+                           * registers: how long the I/O thread (while a step is out) and the caller
+                           * waiting for an answer poll before sleeping */
+    int ever_ready;       /* under mu: the group was ready once (later STARTING = a restart) */
     coll_host_seg *seg;
     rank_st ranks[WIRE_MAX_WORLD];
     pthread_mutex_t api_mu;
@@ -248,6 +257,12 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     rs->registered = 1;
     rs->reg_pid = rg->pid;
     rs->last_rx = now_ms();
+    c->start_deadline = rs->last_rx + c->cfg.start_timeout_ms; /* progress: the timeout starts again */
+    pthread_mutex_lock(&c->mu);
+    snprintf(rs->device, sizeof rs->device, "%s", rg->device);
+    pthread_mutex_unlock(&c->mu);
+    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !getenv("MLA_BACKEND"))
+        c->spin_us = zspin_default("cuda"); /* the workers chose CUDA themselves */
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_REGISTER_REPLY;
@@ -269,7 +284,10 @@ static void check_ready(coord *c) {
         if (!c->ranks[r].loaded) return;
     coll_host_seg_unlink(c->seg); /* every rank has attached (LOADED comes after the attach) */
     pthread_mutex_lock(&c->mu);
-    if (c->state == ST_STARTING) c->state = ST_READY;
+    if (c->state == ST_STARTING) {
+        c->state = ST_READY;
+        c->ever_ready = 1;
+    }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
@@ -320,14 +338,35 @@ static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const 
     c->ranks[r].last_rx = now_ms();
     switch (m.kind) {
     case WIRE_CONTROL:
-        if (m.u.ctl.kind == WIRE_CTL_LOADED) {
+        if (m.u.ctl.kind == WIRE_CTL_HEARTBEAT && m.u.ctl.has_stats) {
+            pthread_mutex_lock(&c->mu);
+            c->ranks[r].has_stats = 1;
+            c->ranks[r].stats = m.u.ctl.stats;
+            pthread_mutex_unlock(&c->mu);
+        } else if (m.u.ctl.kind == WIRE_CTL_LOAD_PROGRESS) {
+            rank_st *rs = &c->ranks[r];
+            int64_t t = c->ranks[r].last_rx;
+            pthread_mutex_lock(&c->mu);
+            int more = m.u.ctl.load_done > rs->load_done || m.u.ctl.load_total != rs->load_total;
+            if (!rs->load_t0) rs->load_t0 = t;
+            if (more) rs->load_t = t;
+            rs->load_done = m.u.ctl.load_done;
+            rs->load_total = m.u.ctl.load_total;
+            pthread_mutex_unlock(&c->mu);
+            if (more) c->start_deadline = t + c->cfg.start_timeout_ms; /* the timeout counts time without progress */
+            MLA_DEBUG("worker %d: loaded %" PRIu64 " of %" PRIu64 " bytes", r, m.u.ctl.load_done, m.u.ctl.load_total);
+        } else if (m.u.ctl.kind == WIRE_CTL_LOADED) {
             if (m.u.ctl.status != 0) {
                 group_fail(c, "worker %d failed to load the model: %s", r, m.u.ctl.message);
             } else if (c->n_vocab && c->n_vocab != m.u.ctl.n_vocab) {
                 group_fail(c, "worker %d reports vocabulary %u, others %u", r, m.u.ctl.n_vocab, c->n_vocab);
             } else {
                 c->n_vocab = m.u.ctl.n_vocab;
+                pthread_mutex_lock(&c->mu);
                 c->ranks[r].loaded = 1;
+                if (c->ranks[r].load_total) c->ranks[r].load_done = c->ranks[r].load_total;
+                pthread_mutex_unlock(&c->mu);
+                c->start_deadline = c->ranks[r].last_rx + c->cfg.start_timeout_ms;
                 check_ready(c);
             }
         } else if (m.u.ctl.kind == WIRE_CTL_ERROR) {
@@ -444,6 +483,8 @@ static int handle_api(coord *c) {
             c->bench_err[0] = '\0';
         }
         if (t == 'P') steptrace_mark(step_id, 'B');
+        MLA_DEBUG("%s %" PRIu64 ": a frame of %zu bytes to %d ranks", t == 'P' ? "step" : "bench request", step_id, n,
+                  c->cfg.world);
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
     } else if (t == 'F') {
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
@@ -501,7 +542,8 @@ static void supervise(coord *c, int64_t t) {
             if (!c->ranks[r].loaded)
                 off += (size_t)snprintf(missing + off, sizeof missing - off, " %d%s", r,
                                         c->ranks[r].registered ? "(loading)" : "");
-        group_fail(c, "workers did not register and load within %d ms; missing ranks:%s%s%s",
+        group_fail(c, "workers made no start-up progress (registration, load progress) for %d ms "
+                      "(--start-timeout-ms); missing ranks:%s%s%s",
                    c->cfg.start_timeout_ms, missing, c->ranks[0].refusal[0] ? "; last refusal: " : "",
                    c->ranks[0].refusal);
     }
@@ -892,7 +934,9 @@ static int group_launch(coord *c, mla_err *err) {
     int quit = c->quit;
     pthread_mutex_unlock(&c->mu);
     if (quit) return mla_errf(err, "the coordinator is stopping");
+    pthread_mutex_lock(&c->mu);
     memset(c->ranks, 0, sizeof c->ranks);
+    pthread_mutex_unlock(&c->mu);
     c->state = ST_STARTING;
     c->fail_msg[0] = '\0';
     c->n_vocab = 0;
@@ -913,6 +957,7 @@ static int group_launch(coord *c, mla_err *err) {
     c->start_deadline = now_ms() + c->cfg.start_timeout_ms;
     if (pthread_create(&c->th, NULL, io_main, c) != 0) MLA_PANIC("pthread_create failed");
     c->th_started = 1;
+    if (c->cfg.no_wait && !c->ever_ready) return MLA_OK; /* the first start: coord_phase tells */
     pthread_mutex_lock(&c->mu);
     while (c->state == ST_STARTING && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
     int st = c->state;
@@ -1008,6 +1053,39 @@ static void *sup_main(void *arg) {
 }
 
 int coord_policy(const coord *c) { return c->cfg.on_failure; }
+
+int coord_phase(coord *c) {
+    pthread_mutex_lock(&c->mu);
+    int p = c->state == ST_READY ? COORD_PHASE_READY
+            : c->state == ST_STARTING ? (c->ever_ready ? COORD_PHASE_RESTARTING : COORD_PHASE_LOADING)
+            : c->state == ST_FAILED && !c->ever_ready ? COORD_PHASE_START_FAILED
+                                                      : COORD_PHASE_FAILED;
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+int coord_workers(coord *c, coord_worker_info *info, int cap) {
+    const int64_t t = now_ms();
+    pthread_mutex_lock(&c->mu);
+    int n = c->cfg.world < cap ? c->cfg.world : cap;
+    for (int r = 0; r < n; r++) {
+        const rank_st *rs = &c->ranks[r];
+        coord_worker_info *w = &info[r];
+        memset(w, 0, sizeof *w);
+        w->registered = rs->registered;
+        w->loaded = rs->loaded;
+        snprintf(w->device, sizeof w->device, "%s", rs->device);
+        w->load_done = rs->load_done;
+        w->load_total = rs->load_total;
+        w->load_seconds = rs->load_t0 ? (double)(rs->load_t - rs->load_t0) / 1000.0 : 0;
+        int64_t rx = rs->last_rx;
+        w->heartbeat_age = rs->registered && rx ? (double)(t - rx) / 1000.0 : -1;
+        w->has_stats = rs->has_stats;
+        w->stats = rs->stats;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
 
 int coord_restarts(coord *c) {
     pthread_mutex_lock(&c->mu);
@@ -1156,7 +1234,8 @@ int coord_healthy(coord *c, mla_err *err) {
     if (!ok)
         mla_errf(err, "%s%s",
                  c->state == ST_FAILED ? c->fail_msg
-                 : c->state == ST_STARTING ? "the worker group is restarting"
+                 : c->state == ST_STARTING ? (c->ever_ready ? "the worker group is restarting"
+                                                            : "the workers are loading the model (see /health)")
                                            : "the worker group is stopped",
                  c->state == ST_FAILED && c->cfg.on_failure == COORD_ON_FAILURE_RESTART && !c->gave_up
                      ? " (restarting)" : "");

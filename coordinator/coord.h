@@ -62,6 +62,9 @@ typedef struct coord_config {
      * COORD_ON_FAILURE_EXIT (as STOP; the owner is expected to exit: see coord_policy). */
     int on_failure;
     int max_restarts;
+    /* 1: coord_start returns once the workers are started, without waiting for them to load
+     * (`serve` answers /health meanwhile); coord_phase says when the group is ready or failed. */
+    int no_wait;
 } coord_config;
 
 enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE_EXIT = 2 };
@@ -143,6 +146,26 @@ int coord_policy(const coord *c);
 int coord_restarts(coord *c);
 /* 1 when the group failed for good: failed with policy STOP or EXIT, or RESTART gave up. */
 int coord_failed_for_good(coord *c);
+
+/* Where the group is: loading (the first start), ready, failed during the first start, failed
+ * later, or restarting. */
+enum { COORD_PHASE_LOADING, COORD_PHASE_READY, COORD_PHASE_START_FAILED, COORD_PHASE_FAILED, COORD_PHASE_RESTARTING };
+int coord_phase(coord *c);
+
+/* One worker as the coordinator sees it: registration, load progress (bytes of the model file,
+ * worker-reported; load_seconds from its first to its last progress report), the seconds since
+ * its last message (-1: not registered), and its last heartbeat's stats. */
+typedef struct coord_worker_info {
+    int registered, loaded;
+    char device[WIRE_MAX_STR];
+    uint64_t load_done, load_total;
+    double load_seconds;
+    double heartbeat_age;
+    int has_stats;
+    wire_worker_stats stats;
+} coord_worker_info;
+/* Fills info[0..min(world, cap)) and returns that count. Thread-safe. */
+int coord_workers(coord *c, coord_worker_info *info, int cap);
 
 /* Restart policy: tears the group down (as coord_stop does, keeping the socket) and starts a
  * fresh one (new workers, new collective; every sequence's cache is gone). Local workers are

@@ -141,4 +141,4 @@ static void cpu_destroy(engine *e) {
 }
 
 const engine_ops engine_cpu_ops = {"cpu", cpu_model_hash, cpu_load, cpu_vocab, cpu_step, cpu_free_seq,
-                                   cpu_destroy, cpu_bench_fill, cpu_bench_coll, NULL, NULL, NULL};
+                                   cpu_destroy, cpu_bench_fill, cpu_bench_coll, NULL, NULL, NULL, NULL};

@@ -22,6 +22,8 @@
 #include "mla_log.h"
 
 #ifdef MLA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda_ops.h"
 #include "model_cuda.h"
 #ifdef MLA_HAVE_NCCL
@@ -293,9 +295,23 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
+static int cu_mem_info(engine *e, uint64_t *free_bytes, uint64_t *total_bytes) {
+    (void)e; /* the device is the thread's current one (mla_cuda_init in cu_load) */
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return MLA_ERR;
+    }
+    *free_bytes = f;
+    *total_bytes = t;
+    return MLA_OK;
+}
+
+int engine_cuda_devices(void) { return mla_cuda_device_count(); }
+
 const engine_ops engine_cuda_ops = {"cuda",        cu_model_hash, cu_load,       cu_vocab,       cu_step,
                                    cu_free_seq,   cu_destroy,    cu_bench_fill, cu_bench_coll,  cu_step_greedy,
-                                   cu_queue,      cu_wait_queued};
+                                   cu_queue,      cu_wait_queued, cu_mem_info};
 
 #else /* no CUDA in this build */
 
@@ -319,7 +335,9 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 }
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
+int engine_cuda_devices(void) { return 0; }
+
 const engine_ops engine_cuda_ops = {"cuda", nc_hash, nc_load, nc_vocab, nc_step, nc_free_seq, nc_destroy,
-                                   NULL,   NULL,    NULL,    NULL,     NULL};
+                                   NULL,   NULL,    NULL,    NULL,     NULL,     NULL};
 
 #endif

@@ -282,4 +282,4 @@ static void te_destroy(engine *e) {
 }
 
 const engine_ops test_engine_ops = {"test",   test_engine_file_hash, te_load, te_vocab, te_step, te_free_seq, te_destroy,
-                                    NULL,     NULL,                  te_step_greedy, te_queue, te_wait_queued};
+                                    NULL,     NULL,                  te_step_greedy, te_queue, te_wait_queued, NULL};
