@@ -66,8 +66,11 @@ find_bin() { # name -> path
     if [[ ! -x "$bin/$1" && -x "$bin/../worker/$1" ]]; then echo "$bin/../worker/$1"; else echo "$bin/$1"; fi
     return
   fi
-  local here; here=$(cd "$(dirname "$0")/.." && pwd)
-  for d in "$here/build/coordinator" "$here/build/worker"; do
+  local here inst; here=$(cd "$(dirname "$0")/.." && pwd)
+  # a source tree's build, or an installed tree (PREFIX/share/mlaserve/deploy -> PREFIX/bin)
+  inst=""
+  if [[ -d "$here/../../bin" ]]; then inst=$(cd "$here/../../bin" && pwd); fi
+  for d in "$here/build/coordinator" "$here/build/worker" ${inst:+"$inst"}; do
     [[ -x "$d/$1" ]] && { echo "$d/$1"; return; }
   done
   command -v "$1" || echo "$1"
