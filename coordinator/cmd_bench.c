@@ -18,6 +18,7 @@
 #include "common/model_config.h"
 #include "common/shard_plan.h"
 #include "coord.h"
+#include "worker/engine_cuda.h"
 
 #define BENCH_MAX_LIST 64
 
@@ -113,6 +114,15 @@ static int parse_list(void *ctx, const char *v, mla_err *err) {
         if (!comma) return MLA_OK;
         p = comma + 1;
     }
+}
+
+static int parse_pos_double(void *ctx, const char *v, mla_err *err) {
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(d) || d <= 0) return mla_errf(err, "'%s' is not a positive number", v);
+    *(double *)ctx = d;
+    return MLA_OK;
 }
 
 typedef struct env_list {
@@ -609,7 +619,9 @@ static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, co
         snprintf(in->family + n, sizeof in->family - (size_t)n, ", DSA indexer %lld x %lld top %lld",
                  (long long)cf->idx_n_head, (long long)cf->idx_head_dim, (long long)cf->idx_top_k);
     const char *be = o->g.cc.backend ? o->g.cc.backend : getenv("MLA_BACKEND");
-    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : "cpu");
+    /* not given: what the workers will pick (worker/worker_main.c): cuda where this build has it
+     * and a device is visible */
+    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : engine_cuda_devices() > 0 ? "cuda" : "cpu");
 }
 
 /* ---- the command ----------------------------------------------------------------------------- */
@@ -657,12 +669,12 @@ int cmd_bench(int argc, char **argv) {
          .hi = WIRE_MAX_BENCH_ITERS},
         {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "1234", .help = "seed of the synthetic token ids",
          .dest = &o.seed, .lo = 0, .hi = 2147483647.0},
-        {.name = "--bw-gbs", .kind = OPT_DOUBLE, .arg = "X", .def = "none",
+        {.name = "--bw-gbs", .kind = OPT_FN, .arg = "X", .def = "none",
          .help = "one rank's memory bandwidth in GB/s: decode rows show bytes/bandwidth over the step time",
-         .dest = &o.bw_gbs, .lo = 1e-9, .hi = 1e12},
-        {.name = "--tflops", .kind = OPT_DOUBLE, .arg = "X", .def = "none",
-         .help = "one rank's compute in TFLOP/s: prefill rows show their fraction of TP x X", .dest = &o.tflops,
-         .lo = 1e-9, .hi = 1e12},
+         .fn = parse_pos_double, .ctx = &o.bw_gbs},
+        {.name = "--tflops", .kind = OPT_FN, .arg = "X", .def = "none",
+         .help = "one rank's compute in TFLOP/s: prefill rows show their fraction of TP x X", .fn = parse_pos_double,
+         .ctx = &o.tflops},
         {.name = "--json", .kind = OPT_STR, .arg = "FILE", .def = "none", .help = "the results as JSON (for plots)",
          .dest = &o.json},
         {.name = "--md", .kind = OPT_STR, .arg = "FILE", .def = "none", .help = "the markdown printed on stdout, to a file",
