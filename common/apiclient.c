@@ -81,7 +81,7 @@ struct apiclient {
     int fd;
     uint64_t next_id;
     int last_code;
-    char *model;
+    char *model, *server_version, *build;
     uint32_t max_frame;
 };
 
@@ -240,6 +240,8 @@ int apiclient_connect(apiclient **out, const char *host, int port, const char *a
         return mla_errf(err, "%s:%d: undecodable HelloReply", host, port);
     }
     c->model = mla_xstrdup(r->model ? r->model : "");
+    c->server_version = mla_xstrdup(r->server_version ? r->server_version : "");
+    c->build = mla_xstrdup(r->build ? r->build : "");
     c->max_frame = r->has_max_frame ? r->max_frame : APICLIENT_MAX_FRAME_DEFAULT;
     mlaapi__hello_reply__free_unpacked(r, NULL);
     *out = c;
@@ -250,11 +252,15 @@ void apiclient_close(apiclient *c) {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
     free(c->model);
+    free(c->server_version);
+    free(c->build);
     free(c);
 }
 
 int apiclient_last_code(const apiclient *c) { return c->last_code; }
 const char *apiclient_server_model(const apiclient *c) { return c->model; }
+const char *apiclient_server_version(const apiclient *c) { return c->server_version; }
+const char *apiclient_server_build(const apiclient *c) { return c->build; }
 uint32_t apiclient_server_max_frame(const apiclient *c) { return c->max_frame; }
 
 static void append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {

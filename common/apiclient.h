@@ -50,6 +50,10 @@ void apiclient_close(apiclient *c);
 int apiclient_last_code(const apiclient *c);
 /* From the HelloReply: served model and the server's max payload. */
 const char *apiclient_server_model(const apiclient *c);
+/* The server's version and build ("commit C, TYPE, CUDA sm_.. | CPU only"); "" from a server
+ * that does not say. */
+const char *apiclient_server_version(const apiclient *c);
+const char *apiclient_server_build(const apiclient *c);
 uint32_t apiclient_server_max_frame(const apiclient *c);
 
 typedef struct apiclient_gen_params {

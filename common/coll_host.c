@@ -145,7 +145,25 @@ static unsigned char *slot(host_impl *hi, int world, unsigned set, int r) {
 
 /* ---- operations ------------------------------------------------------------------------- */
 
+static int host_allreduce_run(coll *c, float *buf, size_t n, mla_err *err);
+
+/* every all-reduce of this process, for the worker's stats (coll_host_stats) */
+static _Atomic uint64_t g_ar_count, g_ar_ns;
+
 static int host_allreduce(coll *c, float *buf, size_t n, mla_err *err) {
+    int64_t t0 = now_ns();
+    int rc = host_allreduce_run(c, buf, n, err);
+    atomic_fetch_add(&g_ar_ns, (uint64_t)(now_ns() - t0));
+    atomic_fetch_add(&g_ar_count, 1);
+    return rc;
+}
+
+void coll_host_stats(uint64_t *n_allreduce, double *seconds) {
+    *n_allreduce = atomic_load(&g_ar_count);
+    *seconds = (double)atomic_load(&g_ar_ns) / 1e9;
+}
+
+static int host_allreduce_run(coll *c, float *buf, size_t n, mla_err *err) {
     host_impl *hi = c->impl;
     if (hi->dead) return fail_dead(hi, err);
     const size_t per = hi->chunk / sizeof(float);

@@ -22,6 +22,8 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
 #include "coll.h"
 #include "mla_err.h"
 
@@ -54,5 +56,8 @@ int coll_host_attach(coll **out, const char *name, int rank, int world, int time
                      mla_err *err);
 /* Sets the abort flag of the segment a rank is attached to (coll made by coll_host_attach). */
 void coll_host_abort(coll *c, const char *why);
+/* The all-reduces of this process on host collectives so far, and their total time (waiting for
+ * the other ranks included). Thread-safe. */
+void coll_host_stats(uint64_t *n_allreduce, double *seconds);
 
 #endif

@@ -11,14 +11,33 @@
 static int g_level = -1;
 static char g_tag[64] = "mlaserve";
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static const char *const names[] = {"debug", "info", "warn", "error"};
+
+int mla_log_level_parse(const char *s, enum mla_log_level *out, mla_err *err) {
+    for (int k = 0; k < 4; k++)
+        if (!strcasecmp(s, names[k])) {
+            *out = (enum mla_log_level)k;
+            return MLA_OK;
+        }
+    return mla_errf(err, "log level '%s' is not debug, info, warn or error", s);
+}
+
+int mla_log_level_opt(void *ctx, const char *value, mla_err *err) {
+    (void)ctx;
+    enum mla_log_level l;
+    if (mla_log_level_parse(value, &l, err)) return MLA_ERR;
+    mla_log_set_level(l);
+    setenv("MLA_LOG_LEVEL", names[l], 1);
+    return MLA_OK;
+}
 
 static int level_from_env(void) {
     const char *s = getenv("MLA_LOG_LEVEL");
-    if (!s) return MLA_LOG_INFO;
-    if (!strcasecmp(s, "debug")) return MLA_LOG_DEBUG;
-    if (!strcasecmp(s, "warn")) return MLA_LOG_WARN;
-    if (!strcasecmp(s, "error")) return MLA_LOG_ERROR;
-    return MLA_LOG_INFO;
+    enum mla_log_level l = MLA_LOG_INFO;
+    mla_err err;
+    if (s && *s && mla_log_level_parse(s, &l, &err))
+        fprintf(stderr, "mlaserve: MLA_LOG_LEVEL: %s; logging at info\n", err.msg);
+    return (int)l;
 }
 
 void mla_log_set_level(enum mla_log_level lvl) { g_level = (int)lvl; }
@@ -28,7 +47,6 @@ void mla_log_set_tag(const char *tag) { snprintf(g_tag, sizeof g_tag, "%s", tag)
 void mla_log(enum mla_log_level lvl, const char *fmt, ...) {
     if (g_level < 0) g_level = level_from_env();
     if ((int)lvl < g_level) return;
-    static const char *names[] = {"debug", "info", "warn", "error"};
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
@@ -39,7 +57,7 @@ void mla_log(enum mla_log_level lvl, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&g_mu);
-    fprintf(stderr, "%02d:%02d:%02d.%03ld [%s] %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-            ts.tv_nsec / 1000000, g_tag, names[lvl], msg);
+    fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%s] %s: %s\n", tm.tm_year + 1900, tm.tm_mon + 1,
+            tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, g_tag, names[lvl], msg);
     pthread_mutex_unlock(&g_mu);
 }

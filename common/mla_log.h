@@ -1,13 +1,27 @@
-/* mla_log: leveled logging to stderr with a process tag ("coord", "worker 1"). */
+/* mla_log: leveled logging to stderr with a process tag ("coord", "worker 1").
+ * A line: "2026-12-01T22:25:08.123Z [coord] info: message" (UTC, ISO 8601 with milliseconds).
+ * The level comes from mla_log_set_level, else MLA_LOG_LEVEL=debug|info|warn|error, else info. */
 #ifndef MLA_LOG_H
 #define MLA_LOG_H
+
+#include "mla_err.h"
 
 enum mla_log_level { MLA_LOG_DEBUG = 0, MLA_LOG_INFO = 1, MLA_LOG_WARN = 2, MLA_LOG_ERROR = 3 };
 
 void mla_log_set_level(enum mla_log_level lvl);
-/* tag is copied; default "mlaserve". Level also read from MLA_LOG_LEVEL=debug|info|warn|error. */
+/* tag is copied; default "mlaserve". */
 void mla_log_set_tag(const char *tag);
 void mla_log(enum mla_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "debug", "info", "warn" or "error" (any case) into *out; MLA_ERR naming the value otherwise. */
+int mla_log_level_parse(const char *s, enum mla_log_level *out, mla_err *err);
+/* An opts callback (common/opts.h, OPT_FN; ctx unused): sets the level and exports it as
+ * MLA_LOG_LEVEL, so that the workers a command spawns log at the same level. */
+int mla_log_level_opt(void *ctx, const char *value, mla_err *err);
+/* The --log-level entry of an opts table (the file using it includes common/opts.h). */
+#define MLA_LOG_LEVEL_OPT                                                                                   \
+    {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = "$MLA_LOG_LEVEL, else info", \
+     .help = "leave out log lines below this level (workers inherit it)", .fn = mla_log_level_opt}
 
 #define MLA_DEBUG(...) mla_log(MLA_LOG_DEBUG, __VA_ARGS__)
 #define MLA_INFO(...) mla_log(MLA_LOG_INFO, __VA_ARGS__)

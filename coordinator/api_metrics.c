@@ -6,17 +6,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buildinfo.h"
 #include "common/mla_err.h"
 
-static const double bounds[API_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+static const double sec_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                    0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0};
+static const double len_bounds[] = {1,    2,    5,     10,    20,    50,    100,    200,   500,
+                                    1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000};
 
-void api_metrics_init(api_metrics *m) { memset(m, 0, sizeof(*m)); }
+static void hist_init(api_hist *h, const double *b, int n) {
+    MLA_ASSERT(n <= API_HIST_MAX_BUCKETS);
+    h->bounds = b;
+    h->n_bounds = n;
+}
+
+void api_metrics_init(api_metrics *m) {
+    memset(m, 0, sizeof(*m));
+    const int ns = (int)(sizeof sec_bounds / sizeof *sec_bounds), nl = (int)(sizeof len_bounds / sizeof *len_bounds);
+    api_hist *secs[] = {&m->ttft, &m->itl, &m->e2e, &m->queue, &m->prefill, &m->decode};
+    for (size_t i = 0; i < sizeof secs / sizeof *secs; i++) hist_init(secs[i], sec_bounds, ns);
+    hist_init(&m->prompt_len, len_bounds, nl);
+    hist_init(&m->generation_len, len_bounds, nl);
+}
 void api_metrics_free(api_metrics *m) { (void)m; }
 
 void api_hist_observe(api_hist *h, double s) {
+    if (s < 0) s = 0; /* clocks of one process: never negative, but a histogram must not be */
     int i = 0;
-    while (i < API_HIST_BUCKETS && s > bounds[i]) i++;
+    while (i < h->n_bounds && s > h->bounds[i]) i++;
     h->counts[i]++;
     h->sum += s;
     h->n++;
@@ -52,11 +69,11 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 static void hist(sbuf *b, const char *name, const char *help, const api_hist *h, const char *lbl) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
-    for (int i = 0; i < API_HIST_BUCKETS; i++) {
+    for (int i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
-        sb_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, bounds[i], (unsigned long long)cum);
+        sb_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, h->bounds[i], (unsigned long long)cum);
     }
-    cum += h->counts[API_HIST_BUCKETS];
+    cum += h->counts[h->n_bounds];
     sb_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
     sb_printf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
               (unsigned long long)h->n);
@@ -69,17 +86,59 @@ static void metric_int(sbuf *b, const char *name, const char *type, const char *
     sb_printf(b, " %lld\n", v);
 }
 
+/* label-safe copy: quotes, backslashes and newlines become '_' */
+static void label_safe(char *out, size_t cap, const char *s) {
+    size_t j = 0;
+    for (const char *c = s ? s : ""; *c && j + 1 < cap; c++) out[j++] = (*c == '"' || *c == '\\' || *c == '\n') ? '_' : *c;
+    out[j] = 0;
+}
+
+/* A per-worker series: HELP/TYPE then one sample per worker (rank label) that has the value. */
+enum wfield { W_STEPS, W_STEP_S, W_AR, W_AR_S, W_HB_AGE, W_MEM_FREE, W_MEM_TOTAL, W_LOAD_DONE, W_LOAD_TOTAL };
+
+static void worker_series(sbuf *b, const api_gauges *g, const char *name, const char *type, const char *help,
+                          enum wfield f) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (int r = 0; r < g->n_workers; r++) {
+        const coord_worker_info *w = &g->workers[r];
+        const wire_worker_stats *s = &w->stats;
+        double v;
+        switch (f) {
+        case W_STEPS: if (!w->has_stats) continue; v = (double)s->steps; break;
+        case W_STEP_S: if (!w->has_stats) continue; v = s->step_seconds; break;
+        case W_AR: if (!w->has_stats) continue; v = (double)s->allreduces; break;
+        case W_AR_S: if (!w->has_stats) continue; v = s->allreduce_seconds; break;
+        case W_HB_AGE: if (w->heartbeat_age < 0) continue; v = w->heartbeat_age; break;
+        case W_MEM_FREE: if (!w->has_stats || !s->device_mem_total) continue; v = (double)s->device_mem_free; break;
+        case W_MEM_TOTAL: if (!w->has_stats || !s->device_mem_total) continue; v = (double)s->device_mem_total; break;
+        case W_LOAD_DONE: if (!w->load_total) continue; v = (double)w->load_done; break;
+        case W_LOAD_TOTAL: if (!w->load_total) continue; v = (double)w->load_total; break;
+        default: continue;
+        }
+        sb_printf(b, "%s{rank=\"%d\"} %.9g\n", name, r, v);
+    }
+}
+
 char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *model, size_t *len) {
     sbuf b = {mla_xmalloc(4096), 0, 4096};
     b.p[0] = 0;
     char lbl[300];
-    /* model names are ours (a file stem); keep label-safe characters only */
     char safe[200];
-    size_t j = 0;
-    for (const char *c = model ? model : ""; *c && j + 1 < sizeof(safe); c++)
-        safe[j++] = (*c == '"' || *c == '\\' || *c == '\n') ? '_' : *c;
-    safe[j] = 0;
+    label_safe(safe, sizeof safe, model);
     snprintf(lbl, sizeof(lbl), "model=\"%s\"", safe);
+    char ver[64], commit[64], type[64], archs[64];
+    label_safe(ver, sizeof ver, buildinfo_version());
+    label_safe(commit, sizeof commit, buildinfo_commit());
+    label_safe(type, sizeof type, buildinfo_type());
+    label_safe(archs, sizeof archs, buildinfo_cuda_archs());
+    sb_printf(&b, "# HELP mlaserve_build_info This build: version, commit, build type, CUDA architectures.\n"
+                  "# TYPE mlaserve_build_info gauge\n"
+                  "mlaserve_build_info{version=\"%s\",commit=\"%s\",build_type=\"%s\",cuda_archs=\"%s\"} 1\n",
+              ver, commit, type, archs);
+    sb_printf(&b, "# HELP mlaserve_model_info The model served: name, tensor-parallel degree, context limit.\n"
+                  "# TYPE mlaserve_model_info gauge\n"
+                  "mlaserve_model_info{%s,tp=\"%d\",max_context=\"%d\"} 1\n",
+              lbl, g->tp, (int)g->max_context);
     sb_printf(&b, "# HELP mlaserve_http_responses_total HTTP responses by status class.\n"
                   "# TYPE mlaserve_http_responses_total counter\n");
     for (int k = 1; k <= 5; k++)
@@ -98,11 +157,18 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
     hist(&b, "mlaserve_time_to_first_token_seconds", "Time from request to its first token.", &m->ttft, lbl);
     hist(&b, "mlaserve_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &m->itl, lbl);
     hist(&b, "mlaserve_e2e_request_latency_seconds", "Time from request to its last token.", &m->e2e, lbl);
+    hist(&b, "mlaserve_request_queue_time_seconds", "Time from request to its first scheduled step.", &m->queue, lbl);
+    hist(&b, "mlaserve_request_prefill_time_seconds", "Time from the first scheduled step to the first token.",
+         &m->prefill, lbl);
+    hist(&b, "mlaserve_request_decode_time_seconds", "Time from the first token to the last.", &m->decode, lbl);
+    hist(&b, "mlaserve_request_prompt_tokens", "Prompt tokens of each finished request.", &m->prompt_len, lbl);
+    hist(&b, "mlaserve_request_generation_tokens", "Tokens generated by each finished request.", &m->generation_len,
+         lbl);
     metric_int(&b, "mlaserve_num_requests_waiting", "gauge", "Requests waiting for admission.", lbl, g->waiting);
     metric_int(&b, "mlaserve_num_requests_running", "gauge", "Requests in the running batch.", lbl, g->running);
     metric_int(&b, "mlaserve_kv_cache_blocks_used", "gauge", "KV cache blocks held by running requests.", lbl,
                g->blocks_used);
-    metric_int(&b, "mlaserve_kv_cache_blocks_total", "gauge",
+    metric_int(&b, "mlaserve_kv_cache_blocks", "gauge",
                "KV cache blocks the scheduler hands out (the smallest rank's pool).", lbl, g->blocks_total);
     metric_int(&b, "mlaserve_kv_cache_blocks_cached", "gauge",
                "Full blocks kept for the prefix cache, free to evict.", lbl, g->blocks_cached);
@@ -132,6 +198,25 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
     metric_int(&b, "mlaserve_steps_total", "counter", "Batched model steps run.", lbl, g->steps);
     metric_int(&b, "mlaserve_http_connections", "gauge", "Open HTTP connections.", NULL, g->connections);
     metric_int(&b, "mlaserve_healthy", "gauge", "1 when every worker is up.", NULL, g->healthy);
+    if (g->n_workers > 0) {
+        worker_series(&b, g, "mlaserve_worker_steps_total", "counter", "Steps a worker ran.", W_STEPS);
+        worker_series(&b, g, "mlaserve_worker_step_seconds_total", "counter",
+                      "Time a worker spent in its engine's steps.", W_STEP_S);
+        worker_series(&b, g, "mlaserve_worker_allreduces_total", "counter",
+                      "All-reduces a worker timed on the host collective (none on NCCL).", W_AR);
+        worker_series(&b, g, "mlaserve_worker_allreduce_seconds_total", "counter",
+                      "Time in host-collective all-reduces, waiting for the other ranks included.", W_AR_S);
+        worker_series(&b, g, "mlaserve_worker_heartbeat_age_seconds", "gauge",
+                      "Seconds since the coordinator last heard from a worker.", W_HB_AGE);
+        worker_series(&b, g, "mlaserve_worker_device_memory_free_bytes", "gauge",
+                      "Free device memory a GPU worker reported.", W_MEM_FREE);
+        worker_series(&b, g, "mlaserve_worker_device_memory_total_bytes", "gauge",
+                      "Device memory in all a GPU worker reported.", W_MEM_TOTAL);
+        worker_series(&b, g, "mlaserve_worker_load_bytes", "gauge",
+                      "Bytes of the model file a worker has loaded.", W_LOAD_DONE);
+        worker_series(&b, g, "mlaserve_worker_load_total_bytes", "gauge",
+                      "Bytes of the model file a worker loads in all.", W_LOAD_TOTAL);
+    }
     if (len) *len = b.n;
     return b.p;
 }

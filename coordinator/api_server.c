@@ -46,6 +46,7 @@ typedef struct api_req {
     bool responded;      /* response complete (or the client left) */
     bool client_gone;
     double t_start, t_first, t_last;
+    double t_admit;      /* its first scheduled step (api_server_note_scheduled), 0: not yet */
 } api_req;
 
 typedef struct qev {
@@ -56,6 +57,10 @@ typedef struct qev {
 struct api_server {
     uv_loop_t *loop;
     api_config cfg;
+    /* the cache pools (api_server_set_capacity) */
+    const uint32_t *rank_blocks;
+    int n_ranks;
+    uint64_t block_bytes;
     char *model_name, *api_key;
     api_tokenizer tok;
     sched *s;
@@ -65,6 +70,9 @@ struct api_server {
     pthread_mutex_t mu;
     qev *q;
     int nq, capq;
+    /* api_server_note_scheduled (scheduler thread) -> the loop, under mu */
+    struct admit { uint64_t id; double t; } *adm;
+    int nadm, capadm;
     api_metrics m;
     api_req *reqs;
     int n_inflight;
@@ -454,6 +462,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         if (r->t_first == 0) {
             r->t_first = t;
             api_hist_observe(&a->m.ttft, t - r->t_start);
+            if (r->t_admit > 0) api_hist_observe(&a->m.prefill, t - r->t_admit);
         } else {
             api_hist_observe(&a->m.itl, t - r->t_last);
         }
@@ -517,20 +526,57 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         else a->m.finish_stop++;
         complete_response(r, NULL);
     }
-    if (r->t_first > 0) api_hist_observe(&a->m.e2e, t - r->t_start);
+    if (r->t_first > 0) {
+        api_hist_observe(&a->m.e2e, t - r->t_start);
+        api_hist_observe(&a->m.decode, r->t_last - r->t_first);
+    }
+    if (ev->finish != SCHED_FINISH_ERROR && ev->finish != SCHED_FINISH_CANCELLED) {
+        api_hist_observe(&a->m.prompt_len, r->n_prompt);
+        api_hist_observe(&a->m.generation_len, r->n_completion);
+    }
     req_free(r);
+}
+
+/* admissions noted by the scheduler thread: the first for each request counts */
+static void take_admits(api_server *a, struct admit *adm, int n) {
+    for (int i = 0; i < n; i++)
+        for (api_req *r = a->reqs; r; r = r->next)
+            if (r->sched_id == adm[i].id) {
+                if (r->t_admit == 0) {
+                    r->t_admit = adm[i].t;
+                    api_hist_observe(&a->m.queue, r->t_admit - r->t_start);
+                }
+                break;
+            }
+}
+
+void api_server_note_scheduled(api_server *a, uint64_t sched_id) {
+    double t = now_s();
+    pthread_mutex_lock(&a->mu);
+    if (a->nadm == a->capadm) {
+        a->capadm = a->capadm ? a->capadm * 2 : 64;
+        a->adm = mla_xrealloc(a->adm, (size_t)a->capadm * sizeof(*a->adm));
+    }
+    a->adm[a->nadm++] = (struct admit){sched_id, t};
+    pthread_mutex_unlock(&a->mu); /* taken with the step's events (on_async) */
 }
 
 static void on_async(uv_async_t *h) {
     api_server *a = h->data;
     for (;;) {
         pthread_mutex_lock(&a->mu);
+        int nadm = a->nadm;
+        struct admit *adm = a->adm;
+        a->adm = NULL;
+        a->nadm = a->capadm = 0;
         int n = a->nq;
         qev *q = a->q;
         a->q = NULL;
         a->nq = a->capq = 0;
         pthread_mutex_unlock(&a->mu);
-        if (n == 0) break;
+        take_admits(a, adm, nadm);
+        free(adm);
+        if (n == 0 && nadm == 0) break;
         for (int i = 0; i < n; i++) {
             process_event(a, &q[i].ev, q[i].error);
             free(q[i].error);
@@ -875,13 +921,21 @@ static void handle_models(api_server *a, http_conn *c) {
 
 bool api_server_healthy(api_server *a, char *why, size_t cap) {
     why[0] = 0;
+    if (!a->s) { /* no scheduler yet: the workers have not reported their cache pools */
+        snprintf(why, cap, "the workers are loading");
+        return false;
+    }
     if (!a->cfg.health) return true;
     return a->cfg.health(a->cfg.health_ctx, why, cap);
 }
 
 static void handle_health(api_server *a, http_conn *c) {
     char why[512];
-    if (a->draining) {
+    cJSON *loading = NULL;
+    if (!a->draining && a->cfg.loading && a->cfg.loading(a->cfg.health_ctx, &loading)) {
+        reply_json(a, c, 503, loading); /* the workers are loading: their progress */
+        cJSON_Delete(loading);
+    } else if (a->draining) {
         api_error e;
         api_error_set(&e, 503, NULL, "shutting_down", "draining: the server is shutting down");
         reply_error(a, c, &e, NULL);
@@ -910,16 +964,28 @@ static void handle_metrics(api_server *a, http_conn *c) {
         g.prefix_queries = (int64_t)st.prefix_queries;
         g.prefix_hits = (int64_t)st.prefix_hits;
     }
-    g.rank_blocks = a->cfg.rank_blocks;
-    g.n_ranks = a->cfg.n_ranks;
-    g.block_bytes = (int64_t)a->cfg.block_bytes;
+    g.rank_blocks = a->rank_blocks;
+    g.n_ranks = a->n_ranks;
+    g.block_bytes = (int64_t)a->block_bytes;
     g.connections = a->http ? http_server_n_conns(a->http) : 0;
+    g.tp = a->cfg.tp;
+    g.max_context = a->cfg.max_context;
+    coord_worker_info workers[WIRE_MAX_WORLD];
+    if (a->cfg.workers) {
+        g.n_workers = a->cfg.workers(a->cfg.health_ctx, workers, WIRE_MAX_WORLD);
+        g.workers = workers;
+    }
     char why[256];
     g.healthy = api_server_healthy(a, why, sizeof(why)) ? 1 : 0;
     size_t n;
     char *s = api_metrics_render(&a->m, &g, a->model_name, &n);
     reply(a, c, 200, "text/plain; version=0.0.4; charset=utf-8", s, n, NULL);
     free(s);
+}
+
+void api_server_token_counts(const api_server *a, uint64_t *prompt, uint64_t *generated) {
+    *prompt = a->m.prompt_tokens;
+    *generated = a->m.generation_tokens;
 }
 
 bool api_server_auth_required(const api_server *a) { return a->api_key && a->api_key[0]; }
@@ -1031,6 +1097,13 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
 }
 
 void api_server_set_sched(api_server *a, sched *s) { a->s = s; }
+void api_server_set_capacity(api_server *a, int32_t max_context, const uint32_t *rank_blocks, int n_ranks,
+                             uint64_t block_bytes) {
+    a->cfg.max_context = max_context;
+    a->rank_blocks = rank_blocks;
+    a->n_ranks = n_ranks;
+    a->block_bytes = block_bytes;
+}
 void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
 int api_server_inflight(const api_server *a) { return a->n_inflight; }
 
@@ -1055,6 +1128,7 @@ void api_server_free(api_server *a) {
     /* the scheduler is stopped: queued events are dropped, requests freed */
     for (int i = 0; i < a->nq; i++) free(a->q[i].error);
     free(a->q);
+    free(a->adm);
     while (a->reqs) req_free(a->reqs);
     if (a->async_open) {
         uv_close((uv_handle_t *)&a->async, on_async_closed);

@@ -30,6 +30,7 @@
 
 #include "common/mla_err.h"
 #include "coordinator/api_params.h"
+#include "coordinator/coord.h"
 #include "coordinator/http_server.h"
 #include "coordinator/sched_batch.h"
 
@@ -60,11 +61,12 @@ typedef struct api_config {
     /* Worker health: return true when all is well; else fill why. NULL: always healthy. */
     bool (*health)(void *ctx, char *why, size_t cap);
     void *health_ctx;
-    /* the cache pools for /metrics: blocks of each of n_ranks ranks (borrowed, outlives the
-     * server), the bytes of one block */
-    const uint32_t *rank_blocks;
-    int n_ranks;
-    uint64_t block_bytes;
+    /* While the workers load (the server answers before they are ready): true, with *body a
+     * JSON object (the caller's: /health answers 503 with it). NULL: never loading. ctx: health_ctx. */
+    bool (*loading)(void *ctx, cJSON **body);
+    /* /metrics: the workers' state (coordinator/coord.h coord_workers). NULL: none. ctx: health_ctx. */
+    int (*workers)(void *ctx, coord_worker_info *info, int cap);
+    int tp; /* tensor-parallel degree, for mlaserve_model_info */
 } api_config;
 
 typedef struct api_server api_server;
@@ -72,6 +74,11 @@ typedef struct api_server api_server;
 int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
                    const api_tokenizer *tok, mla_err *err);
 void api_server_set_sched(api_server *a, sched *s);
+/* Once the workers report their cache pools: the context the server takes (prompt + completion),
+ * and for /metrics the blocks of each of n_ranks ranks (borrowed, outlives the server) and the
+ * bytes of one block. Loop thread. */
+void api_server_set_capacity(api_server *a, int32_t max_context, const uint32_t *rank_blocks, int n_ranks,
+                             uint64_t block_bytes);
 void api_server_set_http(api_server *a, http_server *h);
 /* The http_handler_fn (ud = the api server). */
 void api_server_handle(void *ud, http_conn *c, const http_request *req);
@@ -83,6 +90,11 @@ int api_server_inflight(const api_server *a);
 /* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503;
  * requests in flight go on. */
 void api_server_set_draining(api_server *a);
+/* The scheduler runs a step that starts request sched_id's prompt (any thread; the first call for
+ * a request counts): the request's queue time ends, its prefill time starts (/metrics). */
+void api_server_note_scheduled(api_server *a, uint64_t sched_id);
+/* Prompt tokens received and tokens generated so far (loop thread). */
+void api_server_token_counts(const api_server *a, uint64_t *prompt, uint64_t *generated);
 /* Cancels every request in flight; each fails with `reason` (a static string) as its error. */
 void api_server_cancel_all(api_server *a, const char *reason);
 void api_server_free(api_server *a);

@@ -14,9 +14,11 @@
 #include "common/gguf.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/opts.h"
 #include "common/model_config.h"
 #include "common/shard_plan.h"
 #include "coord.h"
+#include "worker/engine_cuda.h"
 
 #define BENCH_MAX_LIST 64
 
@@ -74,85 +76,73 @@ static double now_s(void) {
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-static int parse_long(const char *opt, const char *v, long lo, long hi, long *out) {
+static int parse_long(const char *v, long lo, long hi, long *out, mla_err *err) {
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < lo || n > hi) {
-        fprintf(stderr, "mlaserve bench: %s: '%s' is not an integer in [%ld, %ld]\n", opt, v, lo, hi);
-        return -1;
-    }
+    if (errno || end == v || *end || n < lo || n > hi) return mla_errf(err, "'%s' is not an integer in [%ld, %ld]", v, lo, hi);
     *out = n;
-    return 0;
+    return MLA_OK;
 }
 
+/* a list option's destination and bounds (an opts callback's ctx) */
+typedef struct list_opt {
+    int_list *out;
+    long lo, hi;
+    int allow_none;
+} list_opt;
+
 /* "1,8,32" (or "none" where allowed: the phase is skipped) */
-static int parse_list(const char *opt, const char *v, long lo, long hi, int allow_none, int_list *out) {
+static int parse_list(void *ctx, const char *v, mla_err *err) {
+    const list_opt *lo = ctx;
+    int_list *out = lo->out;
     out->n = 0;
-    if (allow_none && !strcmp(v, "none")) return 0;
+    if (lo->allow_none && !strcmp(v, "none")) return MLA_OK;
     const char *p = v;
     for (;;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         char item[32];
-        if (len == 0 || len >= sizeof item) {
-            fprintf(stderr, "mlaserve bench: %s: '%s' is not a comma-separated list of integers in [%ld, %ld]%s\n", opt,
-                    v, lo, hi, allow_none ? " (or none)" : "");
-            return -1;
-        }
-        if (out->n == BENCH_MAX_LIST) {
-            fprintf(stderr, "mlaserve bench: %s: more than %d values\n", opt, BENCH_MAX_LIST);
-            return -1;
-        }
+        if (len == 0 || len >= sizeof item)
+            return mla_errf(err, "'%s' is not a comma-separated list of integers in [%ld, %ld]%s", v, lo->lo, lo->hi,
+                            lo->allow_none ? " (or none)" : "");
+        if (out->n == BENCH_MAX_LIST) return mla_errf(err, "more than %d values", BENCH_MAX_LIST);
         memcpy(item, p, len);
         item[len] = '\0';
-        if (parse_long(opt, item, lo, hi, &out->v[out->n])) return -1;
+        if (parse_long(item, lo->lo, lo->hi, &out->v[out->n], err)) return MLA_ERR;
         out->n++;
-        if (!comma) return 0;
+        if (!comma) return MLA_OK;
         p = comma + 1;
     }
 }
 
-static int parse_pos_double(const char *opt, const char *v, double *out) {
+static int parse_pos_double(void *ctx, const char *v, mla_err *err) {
     char *end;
     errno = 0;
     double d = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(d) || d <= 0) {
-        fprintf(stderr, "mlaserve bench: %s: '%s' is not a positive number\n", opt, v);
-        return -1;
-    }
-    *out = d;
-    return 0;
+    if (errno || end == v || *end || !isfinite(d) || d <= 0) return mla_errf(err, "'%s' is not a positive number", v);
+    *(double *)ctx = d;
+    return MLA_OK;
+}
+
+typedef struct env_list {
+    const char *v[BENCH_MAX_LIST];
+    int n;
+} env_list;
+
+static int add_env(void *ctx, const char *v, mla_err *err) {
+    env_list *e = ctx;
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v) return mla_errf(err, "'%s' is not NAME=VALUE", v);
+    if (e->n == BENCH_MAX_LIST) return mla_errf(err, "more than %d", BENCH_MAX_LIST);
+    e->v[e->n++] = v;
+    return MLA_OK;
 }
 
 static const char usage_text[] =
-    "usage: mlaserve bench -m MODEL.gguf [--tp LIST] [--backend cpu|cuda] [--threads N]\n"
-    "                      [--prefill LIST|none] [--repeat N] [--batch LIST|none] [--ctx LIST] [--steps N]\n"
-    "                      [--warmup N] [--coll-iters N] [--seed S] [--bw-gbs X] [--tflops X]\n"
-    "                      [--json FILE] [--md FILE] [--env NAME=VALUE ...] [--worker-exe PATH] [-v]\n"
-    "  LIST: comma-separated integers, e.g. --tp 1,2,4 --prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384\n"
-    "  --tp LIST          tensor-parallel sizes, one after another, fresh workers each (default 1)\n"
-    "  --prefill LIST     prompt lengths: time to first token of one sequence (default 512; none: skip)\n"
-    "  --repeat N         prefill runs per length: best and mean (default 3)\n"
-    "  --batch LIST       decode batch sizes (default 1,8,32; none: skip decode)\n"
-    "  --ctx LIST         context each decode sequence holds (filled, not prefilled) (default 1024)\n"
-    "  --steps N          timed decode steps per point (default 16), after --warmup N untimed (default 2)\n"
-    "  --coll-iters N     all-reduces timed per decode point when TP > 1 (default 20)\n"
-    "  --seed S           seed of the synthetic token ids (default 1234)\n"
-    "  --bw-gbs X         memory bandwidth of one rank's device in GB/s: decode rows show bytes/bandwidth\n"
-    "                     over the step time\n"
-    "  --tflops X         compute limit of one rank's device in TFLOP/s: prefill rows show their fraction of\n"
-    "                     TP x X\n"
-    "  --json FILE, --md FILE   the results as JSON (for plots) and as the markdown printed on stdout\n"
-    "  --env NAME=VALUE   set in the environment the workers inherit (e.g. MLA_CUDA_FAST=1); the workers'\n"
-    "                     cache pool holds what --gpu-memory-utilization / --kv-memory give (a point that\n"
-    "                     does not fit fails naming the numbers)\n"
-    "  --threads N        compute threads per worker (default 1); -v: worker logs at info level\n";
-
-static int usage(void) {
-    fprintf(stderr, "%s%s", usage_text, coord_opts_usage);
-    return 2;
-}
+    "usage: mlaserve bench -m MODEL.gguf [--tp LIST] [--prefill LIST|none] [--batch LIST|none] [--ctx LIST] [options]\n"
+    "Throughput of the serving stack: prefill (time to first token), decode at a batch and context, and the\n"
+    "all-reduce cost. LIST: comma-separated integers, e.g. --tp 1,2,4 --prefill 512,4096 --batch 1,8,32,128.\n";
 
 /* ---- model cost ----------------------------------------------------------------------------- */
 
@@ -636,7 +626,9 @@ static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, co
         snprintf(in->family + n, sizeof in->family - (size_t)n, ", DSA indexer %lld x %lld top %lld",
                  (long long)cf->idx_n_head, (long long)cf->idx_head_dim, (long long)cf->idx_top_k);
     const char *be = o->g.cc.backend ? o->g.cc.backend : getenv("MLA_BACKEND");
-    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : "cpu");
+    /* not given: what the workers will pick (worker/worker_main.c): cuda where this build has it
+     * and a device is visible */
+    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : engine_cuda_devices() > 0 ? "cuda" : "cpu");
 }
 
 /* ---- the command ----------------------------------------------------------------------------- */
@@ -655,76 +647,64 @@ int cmd_bench(int argc, char **argv) {
     o.repeat = 3;
     o.coll_iters = 20;
     o.seed = 1234;
-    const char *envs[BENCH_MAX_LIST];
-    int n_env = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("%s%s", usage_text, coord_opts_usage);
-            return 0;
-        }
-        if (!strcmp(a, "-v")) {
-            o.verbose = 1;
-            continue;
-        }
-        /* options of this command first (--tp takes a list here) */
-        static const char *const mine[] = {"--tp", "--prefill", "--batch", "--ctx", "--steps", "--warmup", "--repeat",
-                                           "--coll-iters", "--seed", "--bw-gbs", "--tflops", "--json", "--md", "--env"};
-        size_t k = 0;
-        while (k < sizeof mine / sizeof *mine && strcmp(a, mine[k])) k++;
-        if (k < sizeof mine / sizeof *mine) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "mlaserve bench: %s needs a value\n", a);
-                return usage();
-            }
-            const char *v = argv[++i];
-            int bad = 0;
-            long seed = (long)o.seed;
-            if (!strcmp(a, "--tp")) bad = parse_list(a, v, 1, WIRE_MAX_WORLD, 0, &o.tp);
-            else if (!strcmp(a, "--prefill")) bad = parse_list(a, v, 1, WIRE_MAX_STEP_TOKENS, 1, &o.prefill);
-            else if (!strcmp(a, "--batch")) bad = parse_list(a, v, 1, WIRE_MAX_SEQS, 1, &o.batch);
-            else if (!strcmp(a, "--ctx")) bad = parse_list(a, v, 0, WIRE_MAX_CTX / 2, 0, &o.ctx);
-            else if (!strcmp(a, "--steps")) bad = parse_long(a, v, 1, 1000000, &o.steps);
-            else if (!strcmp(a, "--warmup")) bad = parse_long(a, v, 0, 1000000, &o.warmup);
-            else if (!strcmp(a, "--repeat")) bad = parse_long(a, v, 1, 1000000, &o.repeat);
-            else if (!strcmp(a, "--coll-iters")) bad = parse_long(a, v, 1, WIRE_MAX_BENCH_ITERS, &o.coll_iters);
-            else if (!strcmp(a, "--seed")) {
-                bad = parse_long(a, v, 0, 0x7fffffffL, &seed);
-                o.seed = (uint64_t)seed;
-            }
-            else if (!strcmp(a, "--bw-gbs")) bad = parse_pos_double(a, v, &o.bw_gbs);
-            else if (!strcmp(a, "--tflops")) bad = parse_pos_double(a, v, &o.tflops);
-            else if (!strcmp(a, "--json")) o.json = v;
-            else if (!strcmp(a, "--md")) o.md = v;
-            else if (!strcmp(a, "--env")) {
-                const char *eq = strchr(v, '=');
-                if (!eq || eq == v || n_env == BENCH_MAX_LIST) {
-                    fprintf(stderr, "mlaserve bench: --env: '%s' is not NAME=VALUE%s\n", v,
-                            n_env == BENCH_MAX_LIST ? " (too many)" : "");
-                    bad = 1;
-                } else {
-                    envs[n_env++] = v;
-                }
-            }
-            if (bad) return usage();
-            continue;
-        }
-        int gr = coord_group_opt(&o.g, argc, argv, &i);
-        if (gr < 0) {
-            fprintf(stderr, "mlaserve bench: bad value for %s\n", a);
-            return usage();
-        }
-        if (gr) continue;
-        fprintf(stderr, "mlaserve bench: unknown option '%s'\n", a);
-        return usage();
-    }
+    env_list envs = {{0}, 0};
+    list_opt l_tp = {&o.tp, 1, WIRE_MAX_WORLD, 0}, l_prefill = {&o.prefill, 1, WIRE_MAX_STEP_TOKENS, 1},
+             l_batch = {&o.batch, 1, WIRE_MAX_SEQS, 1}, l_ctx = {&o.ctx, 0, WIRE_MAX_CTX / 2, 0};
+    opt_spec g4[COORD_GROUP_N_OPTS], cspecs[COORD_N_OPTS], gspecs[COORD_GROUP_N_OPTS - 1];
+    coord_group_opt_specs(&o.g, g4);
+    coord_opt_specs(&o.g.cc, cspecs);
+    int ng = 0;
+    for (int k = 0; k < COORD_GROUP_N_OPTS; k++)
+        if (strcmp(g4[k].name, "--tp")) gspecs[ng++] = g4[k]; /* --tp is a list here */
+    const opt_spec mine[] = {
+        {.name = "--tp", .kind = OPT_FN, .arg = "LIST", .def = "1",
+         .help = "tensor-parallel sizes, one after another, fresh workers each", .fn = parse_list, .ctx = &l_tp},
+        {.name = "--prefill", .kind = OPT_FN, .arg = "LIST|none", .def = "512",
+         .help = "prompt lengths: time to first token of one sequence", .fn = parse_list, .ctx = &l_prefill},
+        {.name = "--repeat", .kind = OPT_LONG, .arg = "N", .def = "3", .help = "prefill runs per length: best and mean",
+         .dest = &o.repeat, .lo = 1, .hi = 1000000},
+        {.name = "--batch", .kind = OPT_FN, .arg = "LIST|none", .def = "1,8,32", .help = "decode batch sizes",
+         .fn = parse_list, .ctx = &l_batch},
+        {.name = "--ctx", .kind = OPT_FN, .arg = "LIST", .def = "1024",
+         .help = "context each decode sequence holds (filled, not prefilled)", .fn = parse_list, .ctx = &l_ctx},
+        {.name = "--steps", .kind = OPT_LONG, .arg = "N", .def = "16", .help = "timed decode steps per point",
+         .dest = &o.steps, .lo = 1, .hi = 1000000},
+        {.name = "--warmup", .kind = OPT_LONG, .arg = "N", .def = "2", .help = "untimed decode steps before them",
+         .dest = &o.warmup, .lo = 0, .hi = 1000000},
+        {.name = "--coll-iters", .kind = OPT_LONG, .arg = "N", .def = "20",
+         .help = "all-reduces timed per decode point when TP > 1", .dest = &o.coll_iters, .lo = 1,
+         .hi = WIRE_MAX_BENCH_ITERS},
+        {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "1234", .help = "seed of the synthetic token ids",
+         .dest = &o.seed, .lo = 0, .hi = 2147483647.0},
+        {.name = "--bw-gbs", .kind = OPT_FN, .arg = "X", .def = "none",
+         .help = "one rank's memory bandwidth in GB/s: decode rows show bytes/bandwidth over the step time",
+         .fn = parse_pos_double, .ctx = &o.bw_gbs},
+        {.name = "--tflops", .kind = OPT_FN, .arg = "X", .def = "none",
+         .help = "one rank's compute in TFLOP/s: prefill rows show their fraction of TP x X", .fn = parse_pos_double,
+         .ctx = &o.tflops},
+        {.name = "--json", .kind = OPT_STR, .arg = "FILE", .def = "none", .help = "the results as JSON (for plots)",
+         .dest = &o.json},
+        {.name = "--md", .kind = OPT_STR, .arg = "FILE", .def = "none", .help = "the markdown printed on stdout, to a file",
+         .dest = &o.md},
+        {.name = "--env", .kind = OPT_FN, .arg = "NAME=VALUE", .def = "none",
+         .help = "set for the workers (repeatable)", .fn = add_env,
+         .ctx = &envs},
+        {.name = "--verbose", .alias = "-v", .kind = OPT_FLAG, .help = "log at info (default: warnings only)",
+         .dest = &o.verbose},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tabs[] = {{"model and workers", gspecs, (size_t)ng},
+                              {"bench", mine, sizeof mine / sizeof *mine},
+                              {"control plane", cspecs, COORD_N_OPTS}};
+    int st = opts_command("mlaserve bench", usage_text, tabs, 3, argc, argv, NULL, 0, NULL);
+    if (st >= 0) return st;
     if (!o.g.model) {
-        fprintf(stderr, "mlaserve bench: no model (-m MODEL.gguf)\n");
-        return usage();
+        fprintf(stderr, "mlaserve bench: no model (-m MODEL.gguf; --help lists the options)\n");
+        return 2;
     }
     if (o.prefill.n == 0 && o.batch.n == 0) {
         fprintf(stderr, "mlaserve bench: nothing to measure (--prefill none and --batch none)\n");
-        return usage();
+        return 2;
     }
     long max_ctx = 0, max_p = 0;
     for (int i = 0; i < o.prefill.n; i++) max_p = o.prefill.v[i] > max_p ? o.prefill.v[i] : max_p;
@@ -734,16 +714,19 @@ int cmd_bench(int argc, char **argv) {
     if (need_ctx > (long)WIRE_MAX_CTX) {
         fprintf(stderr, "mlaserve bench: --ctx %ld + %ld warm-up + %ld steps exceed the protocol's context limit %u\n",
                 max_ctx, o.warmup, o.steps, WIRE_MAX_CTX);
-        return usage();
+        return 2;
     }
-    if (!o.verbose) {
+    if (o.verbose) {
+        mla_log_set_level(MLA_LOG_INFO);
+        setenv("MLA_LOG_LEVEL", "info", 1); /* for the workers */
+    } else if (!getenv("MLA_LOG_LEVEL")) { /* --log-level and MLA_LOG_LEVEL set it otherwise */
         mla_log_set_level(MLA_LOG_WARN);
-        if (!getenv("MLA_LOG_LEVEL")) setenv("MLA_LOG_LEVEL", "warn", 1); /* for the workers */
+        setenv("MLA_LOG_LEVEL", "warn", 1);
     }
-    for (int i = 0; i < n_env; i++) {
-        const char *eq = strchr(envs[i], '=');
+    for (int i = 0; i < envs.n; i++) {
+        const char *eq = strchr(envs.v[i], '=');
         char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)(eq - envs[i]), envs[i]);
+        snprintf(name, sizeof name, "%.*s", (int)(eq - envs.v[i]), envs.v[i]);
         setenv(name, eq + 1, 1);
     }
     /* the workers' scratch and tables: what the largest point needs */

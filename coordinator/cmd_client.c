@@ -8,17 +8,17 @@
 
 #include "common/apiclient.h"
 #include "common/mla_err.h"
+#include "common/mla_log.h"
+#include "common/opts.h"
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: mlaserve client [--host H] --port P [--api-key K] [--timeout S] COMMAND\n"
-            "  generate -p TEXT [--chat] [-n N] [--temp T] [--top-p P] [--top-k K] [--seed S]\n"
-            "           [--stop STR]... [--ignore-eos] [--logprobs N] [--stream] [--json]\n"
-            "  tokenize TEXT [--no-special]\n"
-            "  health\n"
-            "  models\n");
-    return 2;
-}
+static const char client_usage[] =
+    "usage: mlaserve client [--host H] --port P [--api-key K] [--timeout S] COMMAND [options]\n"
+    "protobuf API client (of `mlaserve serve --proto-port P`). Commands:\n"
+    "  generate -p TEXT [options]   generate (mlaserve client generate --help)\n"
+    "  tokenize TEXT [--no-special] token ids of TEXT\n"
+    "  health                       the server's health (exit status 1 when unhealthy)\n"
+    "  models                       the model served and its context length\n"
+    "  info                         the server's version and build, the model, the largest frame\n";
 
 typedef struct gen_out {
     bool stream, json;
@@ -55,66 +55,70 @@ static int on_token(void *ud, const apiclient_token *t) {
     return 0;
 }
 
-static bool parse_num(const char *s, double *out) {
-    char *end;
-    *out = strtod(s, &end);
-    return end != s && *end == 0;
+typedef struct stop_list {
+    const char *v[16];
+    size_t n;
+} stop_list;
+
+static int add_stop(void *ctx, const char *v, mla_err *err) {
+    stop_list *l = ctx;
+    if (l->n >= 16) return mla_errf(err, "at most 16 stop strings");
+    l->v[l->n++] = v;
+    return MLA_OK;
 }
 
 static int do_generate(apiclient *c, int argc, char **argv) {
     apiclient_gen_params p = {0};
     gen_out o = {0};
-    const char *stops[16];
-    size_t n_stop = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-        if (!strcmp(a, "--chat")) p.chat = true;
-        else if (!strcmp(a, "--stream")) o.stream = true;
-        else if (!strcmp(a, "--json")) o.json = true;
-        else if (!strcmp(a, "--ignore-eos")) p.ignore_eos = true;
-        else if (!v) {
-            fprintf(stderr, "mlaserve client generate: %s needs a value (or is unknown)\n", a);
-            return usage();
-        } else {
-            i++;
-            if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) p.prompt = v;
-            else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && parse_num(v, &d) && d >= 1 && d <= INT32_MAX)
-                p.max_tokens = (int32_t)d;
-            else if (!strcmp(a, "--temp") && parse_num(v, &d)) {
-                p.has_temperature = true;
-                p.temperature = (float)d;
-            } else if (!strcmp(a, "--top-p") && parse_num(v, &d)) {
-                p.has_top_p = true;
-                p.top_p = (float)d;
-            } else if (!strcmp(a, "--top-k") && parse_num(v, &d)) {
-                p.has_top_k = true;
-                p.top_k = (int32_t)d;
-            } else if (!strcmp(a, "--seed")) {
-                char *end;
-                p.seed = strtoull(v, &end, 10);
-                if (end == v || *end) {
-                    fprintf(stderr, "mlaserve client generate: bad --seed %s\n", v);
-                    return usage();
-                }
-                p.has_seed = true;
-            } else if (!strcmp(a, "--stop") && n_stop < 16) {
-                stops[n_stop++] = v;
-            } else if (!strcmp(a, "--logprobs") && parse_num(v, &d) && d >= 0 && d <= 20) {
-                p.logprobs = true;
-                p.top_logprobs = (uint32_t)d;
-            } else {
-                fprintf(stderr, "mlaserve client generate: bad option %s %s\n", a, v);
-                return usage();
-            }
-        }
+    stop_list stops = {{0}, 0};
+    int chat = 0, stream = 0, json = 0, ignore_eos = 0, max_tokens = 0, top_k = 0, logprobs = -1;
+    int has_temp = 0, has_top_p = 0, has_top_k = 0, has_seed = 0;
+    const opt_spec specs[] = {
+        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &p.prompt},
+        {.name = "--chat", .kind = OPT_FLAG, .help = "the prompt is one user message of a chat", .dest = &chat},
+        {.name = "--max-tokens", .alias = "-n", .kind = OPT_INT, .arg = "N", .def = "the server's",
+         .help = "tokens to generate at most", .dest = &max_tokens, .lo = 1, .hi = 2147483647.0},
+        {.name = "--temp", .kind = OPT_FLOAT, .arg = "T", .def = "the server's", .help = "temperature (0: greedy)",
+         .dest = &p.temperature, .lo = 0, .hi = 100, .seen = &has_temp},
+        {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .def = "the server's", .help = "nucleus sampling",
+         .dest = &p.top_p, .lo = 0, .hi = 1, .seen = &has_top_p},
+        {.name = "--top-k", .kind = OPT_INT, .arg = "K", .def = "the server's", .help = "top-k sampling (0: off)",
+         .dest = &top_k, .lo = 0, .hi = 1 << 24, .seen = &has_top_k},
+        {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "random", .help = "sampling seed", .dest = &p.seed,
+         .seen = &has_seed},
+        {.name = "--stop", .kind = OPT_FN, .arg = "TEXT", .help = "stop string (repeatable, up to 16)", .fn = add_stop,
+         .ctx = &stops},
+        {.name = "--ignore-eos", .kind = OPT_FLAG, .help = "go on past end-of-generation tokens", .dest = &ignore_eos},
+        {.name = "--logprobs", .kind = OPT_INT, .arg = "N", .def = "none", .help = "log-probabilities of N alternatives",
+         .dest = &logprobs, .lo = 0, .hi = 20},
+        {.name = "--stream", .kind = OPT_FLAG, .help = "print tokens as they come", .dest = &stream},
+        {.name = "--json", .kind = OPT_FLAG, .help = "JSON lines: one a token, then the result", .dest = &json},
+    };
+    const opt_table tab = {"generate options", specs, sizeof specs / sizeof *specs};
+    int st = opts_command("mlaserve client generate", "usage: mlaserve client [...] generate -p TEXT [options]\n", &tab,
+                          1, argc, argv, NULL, 0, NULL);
+    if (st >= 0) return st;
+    p.chat = chat;
+    o.stream = stream;
+    o.json = json;
+    p.ignore_eos = ignore_eos;
+    if (max_tokens) p.max_tokens = max_tokens;
+    p.has_temperature = has_temp;
+    p.has_top_p = has_top_p;
+    p.has_top_k = has_top_k;
+    p.top_k = top_k;
+    p.has_seed = has_seed;
+    if (logprobs >= 0) {
+        p.logprobs = true;
+        p.top_logprobs = (uint32_t)logprobs;
     }
+    const char **stop_v = stops.v;
+    size_t n_stop = stops.n;
     if (!p.prompt) {
         fprintf(stderr, "mlaserve client generate: -p TEXT is required\n");
-        return usage();
+        return 2;
     }
-    p.stop = stops;
+    p.stop = stop_v;
     p.n_stop = n_stop;
     apiclient_gen_result res;
     mla_err err = {{0}};
@@ -152,47 +156,58 @@ static int do_generate(apiclient *c, int argc, char **argv) {
 int cmd_client(int argc, char **argv) {
     const char *host = "127.0.0.1", *key = getenv("MLASERVE_API_KEY");
     int port = -1, timeout_s = 600;
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        if (a[0] != '-') break;
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "mlaserve client: %s needs a value\n", a);
-            return usage();
-        }
-        i++;
-        if (!strcmp(a, "--host")) host = v;
-        else if (!strcmp(a, "--port")) port = atoi(v);
-        else if (!strcmp(a, "--api-key")) key = v;
-        else if (!strcmp(a, "--timeout")) timeout_s = atoi(v);
-        else {
-            fprintf(stderr, "mlaserve client: unknown option %s\n", a);
-            return usage();
-        }
+    const opt_spec specs[] = {
+        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "the server", .dest = &host},
+        {.name = "--port", .kind = OPT_INT, .arg = "PORT", .help = "its protobuf port (serve --proto-port; required)",
+         .dest = &port, .lo = 1, .hi = 65535},
+        {.name = "--api-key", .kind = OPT_STR, .arg = "KEY", .def = "$MLASERVE_API_KEY, else none",
+         .help = "the server's API key", .dest = &key},
+        {.name = "--timeout", .kind = OPT_INT, .arg = "S", .def = "600", .help = "seconds to wait for an answer",
+         .dest = &timeout_s, .lo = 0, .hi = 1 << 24},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
+    mla_err perr;
+    int help = 0, i = argc;
+    if (opts_parse(&tab, 1, argc, argv, 1, OPTS_STOP_AT_POSITIONAL, NULL, 0, NULL, &i, &help, &perr)) {
+        fprintf(stderr, "mlaserve client: %s (mlaserve client --help lists the options)\n", perr.msg);
+        return 2;
+    }
+    if (help) {
+        opts_help(stdout, client_usage, &tab, 1);
+        return 0;
     }
     if (i >= argc) {
-        fprintf(stderr, "mlaserve client: a command is required\n");
-        return usage();
-    }
-    if (port < 1 || port > 65535 || timeout_s < 0) {
-        fprintf(stderr, "mlaserve client: --port P (1..65535) is required\n");
-        return usage();
+        fprintf(stderr, "mlaserve client: a command is required (mlaserve client --help)\n");
+        return 2;
     }
     const char *cmd = argv[i];
     int sargc = argc - i;
     char **sargv = argv + i;
-    if (strcmp(cmd, "generate") && strcmp(cmd, "tokenize") && strcmp(cmd, "health") && strcmp(cmd, "models")) {
-        fprintf(stderr, "mlaserve client: unknown command %s\n", cmd);
-        return usage();
+    if (strcmp(cmd, "generate") && strcmp(cmd, "tokenize") && strcmp(cmd, "health") && strcmp(cmd, "models") &&
+        strcmp(cmd, "info")) {
+        fprintf(stderr, "mlaserve client: unknown command %s (mlaserve client --help)\n", cmd);
+        return 2;
     }
-    if (!strcmp(cmd, "tokenize") && sargc < 2) {
+    /* the other commands' options, checked before connecting */
+    int no_special = 0, n_pos = 0;
+    const char *text[1] = {NULL};
+    if (strcmp(cmd, "generate")) {
+        const opt_spec tspecs[] = {{.name = "--no-special", .kind = OPT_FLAG,
+                                    .help = "special tokens' text is plain text", .dest = &no_special}};
+        const opt_table ttab = {"options", tspecs, strcmp(cmd, "tokenize") ? 0 : 1};
+        int st = opts_command(strcmp(cmd, "tokenize") ? "mlaserve client" : "mlaserve client tokenize",
+                              "usage: mlaserve client [...] tokenize TEXT [--no-special]\n", &ttab, 1, sargc, sargv,
+                              text, strcmp(cmd, "tokenize") ? 0 : 1, &n_pos);
+        if (st >= 0) return st;
+    }
+    if (port < 0) {
+        fprintf(stderr, "mlaserve client: --port P (1..65535) is required\n");
+        return 2;
+    }
+    if (!strcmp(cmd, "tokenize") && !n_pos) {
         fprintf(stderr, "mlaserve client tokenize: TEXT is required\n");
-        return usage();
+        return 2;
     }
     mla_err err = {{0}};
     apiclient *c = NULL;
@@ -204,10 +219,10 @@ int cmd_client(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) {
         rc = do_generate(c, sargc, sargv);
     } else if (!strcmp(cmd, "tokenize")) {
-        bool special = !(sargc > 2 && !strcmp(sargv[2], "--no-special"));
+        bool special = !no_special;
         int32_t *ids = NULL;
         size_t n = 0;
-        if (apiclient_tokenize(c, sargv[1], special, &ids, &n, &err) != MLA_OK) {
+        if (apiclient_tokenize(c, text[0], special, &ids, &n, &err) != MLA_OK) {
             fprintf(stderr, "mlaserve client: %s\n", err.msg);
             rc = 1;
         } else {
@@ -215,6 +230,9 @@ int cmd_client(int argc, char **argv) {
             printf("\n");
         }
         free(ids);
+    } else if (!strcmp(cmd, "info")) {
+        printf("mlaserve %s (%s) model %s max_frame %u\n", apiclient_server_version(c), apiclient_server_build(c),
+               apiclient_server_model(c), apiclient_server_max_frame(c));
     } else if (!strcmp(cmd, "health")) {
         bool ok = false;
         char status[512];

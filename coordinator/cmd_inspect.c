@@ -12,6 +12,8 @@
 #include "chat.h"
 #include "cmds.h"
 #include "common/gguf.h"
+#include "common/mla_log.h"
+#include "common/opts.h"
 #include "common/model_config.h"
 #include "common/shard_plan.h"
 #include "tok.h"
@@ -92,35 +94,35 @@ static void print_hparams(const cJSON *h) {
     }
 }
 
-static int usage(void) {
-    fprintf(stderr, "usage: mlaserve inspect MODEL.gguf [--tp N] [--json]\n");
-    return 2;
-}
-
 int cmd_inspect(int argc, char **argv) {
-    const char *path = NULL;
-    int tp = 1;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > 4096) {
-                fprintf(stderr, "mlaserve inspect: --tp wants a positive integer, got '%s'\n", argv[i]);
-                return 2;
-            }
-            tp = (int)v;
-        } else if (!strcmp(argv[i], "-m") && i + 1 < argc) {
-            path = argv[++i];
-        } else if (argv[i][0] != '-' && !path) {
-            path = argv[i];
-        } else {
-            return usage();
-        }
+    const char *path = NULL, *pos[1] = {NULL};
+    int tp = 1, json_flag = 0, n_pos = 0;
+    const opt_spec specs[] = {
+        {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
+         .help = "the GGUF file (also as the first argument; a split model: its first part)", .dest = &path},
+        {.name = "--tp", .kind = OPT_INT, .arg = "N", .def = "1",
+         .help = "tensor-parallel degree whose plan to check and show (the GPUs you mean to use)", .dest = &tp, .lo = 1,
+         .hi = 4096},
+        {.name = "--json", .kind = OPT_FLAG, .help = "one JSON object on stdout instead of text", .dest = &json_flag},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
+    int st = opts_command("mlaserve inspect",
+                          "usage: mlaserve inspect MODEL.gguf [--tp N] [--json]\n"
+                          "Architecture, hyperparameters, tokenizer, chat template, tensors by role and the\n"
+                          "tensor-parallel plan for N ranks. Exit status 0 when the plan is valid, 3 when not.\n",
+                          &tab, 1, argc, argv, pos, 1, &n_pos);
+    if (st >= 0) return st;
+    if (n_pos && path) {
+        fprintf(stderr, "mlaserve inspect: the model given twice ('%s' and -m %s)\n", pos[0], path);
+        return 2;
     }
-    if (!path) return usage();
+    if (n_pos) path = pos[0];
+    if (!path) {
+        fprintf(stderr, "mlaserve inspect: no model given (mlaserve inspect MODEL.gguf; --help lists the options)\n");
+        return 2;
+    }
+    const bool json = json_flag != 0;
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;

@@ -20,6 +20,8 @@
 #include <zmq.h>
 
 #include "cmds.h"
+#include "common/mla_log.h"
+#include "common/opts.h"
 #include "common/mla_err.h"
 
 static int write_file(const char *dir, const char *name, const char *text, mode_t mode, int append, mla_err *err) {
@@ -60,14 +62,21 @@ static int valid_name(const char *s) {
 }
 
 int cmd_keygen(int argc, char **argv) {
-    const char *dir = NULL, *client = NULL;
-    int force = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--force")) force = 1;
-        else if (!strcmp(argv[i], "--client") && i + 1 < argc) client = argv[++i];
-        else if (argv[i][0] != '-' && !dir) dir = argv[i];
-        else goto usage;
-    }
+    const char *dir = NULL, *client = NULL, *pos[1] = {NULL};
+    int force = 0, n_pos = 0;
+    const opt_spec specs[] = {
+        {.name = "--client", .kind = OPT_STR, .arg = "NAME", .def = "none",
+         .help = "also a key pair for another client, NAME.key (letters, digits, - and _)", .dest = &client},
+        {.name = "--force", .kind = OPT_FLAG, .help = "overwrite keys that exist", .dest = &force},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
+    int st = opts_command("mlaserve keygen",
+                          "usage: mlaserve keygen DIR [--client NAME] [--force]\n"
+                          "CURVE key pairs for the coordinator <-> worker control plane (--curve-dir DIR).\n",
+                          &tab, 1, argc, argv, pos, 1, &n_pos);
+    if (st >= 0) return st;
+    dir = n_pos ? pos[0] : NULL;
     if (!dir || (client && !valid_name(client))) goto usage;
     mla_err err = {{0}};
     if (!zmq_has("curve")) {

@@ -10,16 +10,14 @@
 #include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/opts.h"
 #include "worker/model.h"
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: mlaserve logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]\n"
-            "                       [--in-process] [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
-            "  --tp N         N tensor-parallel ranks, one worker process each, through a coordinator\n"
-            "  --in-process   run the --tp ranks as threads of this process instead\n");
-    return 2;
-}
+static const char logits_usage[] =
+    "usage: mlaserve logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [options]\n"
+    "Exact CPU logits of every position of each prompt (one a line of IDS.txt: token ids), written\n"
+    "as float32 [tokens, vocab]. --tp N > 1 runs one worker process a rank through a coordinator\n"
+    "(as serving does); --in-process runs the ranks as threads of this process.\n";
 
 static int32_t argmax(const float *x, int64_t n) {
     int64_t b = 0;
@@ -91,36 +89,66 @@ out:
 }
 
 int cmd_logits(int argc, char **argv) {
+    coord_group_opts go = {0};
+    logits_opts lo = {.decode_from = -1};
+    int in_process = 0, processes = 0;
+    opt_spec gspecs[COORD_GROUP_N_OPTS], cspecs[COORD_N_OPTS];
+    coord_group_opt_specs(&go, gspecs);
+    coord_opt_specs(&go.cc, cspecs);
+    const opt_spec mine[] = {
+        {.name = "--tokens", .kind = OPT_STR, .arg = "IDS.txt", .help = "prompts: one a line, token ids (required)",
+         .dest = &lo.tokens},
+        {.name = "--out", .kind = OPT_STR, .arg = "OUT.f32", .help = "where the logits go (required)", .dest = &lo.out},
+        {.name = "--decode-from", .kind = OPT_LONG, .arg = "K", .def = "the whole prompt in one pass",
+         .help = "the first K tokens in one pass, the rest one at a time", .dest = &lo.decode_from, .lo = 0,
+         .hi = 1L << 30},
+        {.name = "--greedy", .kind = OPT_LONG, .arg = "N", .def = "0",
+         .help = "also continue each prompt greedily for up to N tokens (needs --ids-out)", .dest = &lo.greedy, .lo = 0,
+         .hi = 1L << 24},
+        {.name = "--ids-out", .kind = OPT_STR, .arg = "FILE", .help = "the greedy continuations, one line a prompt",
+         .dest = &lo.ids_out},
+        {.name = "--chunk", .kind = OPT_LONG, .arg = "N", .def = "0: the whole prompt in one step",
+         .help = "worker processes: prompts in steps of at most N tokens", .dest = &lo.chunk, .lo = 0, .hi = 1L << 30},
+        {.name = "--prefix-reuse", .kind = OPT_LONG, .arg = "R", .def = "0: none",
+         .help = "worker processes: another sequence computes the first R tokens; the prompt shares its whole "
+                 "cache blocks and computes the rest",
+         .dest = &lo.prefix_reuse, .lo = 0, .hi = 1L << 30},
+        {.name = "--in-process", .kind = OPT_FLAG, .help = "the --tp ranks as threads of this process",
+         .dest = &in_process},
+        {.name = "--processes", .kind = OPT_FLAG,
+         .help = "a coordinator and worker processes even for --tp 1", .dest = &processes},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
+                              {"logits", mine, sizeof mine / sizeof *mine},
+                              {"control plane (worker processes)", cspecs, COORD_N_OPTS}};
+    int st = opts_command("mlaserve logits", logits_usage, tabs, 3, argc, argv, NULL, 0, NULL);
+    if (st >= 0) return st;
+    if (!go.model || !lo.tokens || !lo.out || (lo.greedy > 0 && !lo.ids_out)) {
+        fprintf(stderr, "mlaserve logits: -m MODEL, --tokens IDS.txt and --out OUT.f32 are required (--greedy N: "
+                        "--ids-out too; --help lists the options)\n");
+        return 2;
+    }
+    const coord_config *cc = &go.cc;
+    const bool group_opts_given = cc->endpoint || cc->external || cc->curve_dir || cc->insecure || cc->backend ||
+                                  cc->start_timeout_ms || cc->heartbeat_timeout_ms || cc->step_timeout_ms ||
+                                  cc->on_failure || cc->max_restarts || go.worker_exe || cc->kv.kv_memory_bytes ||
+                                  cc->kv.gpu_memory_utilization > 0 || lo.chunk || lo.prefix_reuse;
+    if (in_process && (processes || group_opts_given)) {
+        fprintf(stderr, "mlaserve logits: --in-process runs no worker processes: --processes, --worker-exe and the "
+                        "control-plane options do not apply\n");
+        return 2;
+    }
     /* --tp N > 1 runs one process per rank through the coordinator (coord_cmd.c), as serving
      * does; --in-process keeps the ranks as threads of this process (quick checks, debugging). */
-    bool in_process = false;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--in-process")) in_process = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--processes") || !strcmp(argv[i], "--workers-external") ||
-            !strcmp(argv[i], "--backend")) /* a backend is a worker's: processes */
-            return cmd_logits_tp(argc, argv);
-        if (!in_process && !strcmp(argv[i], "--tp") && i + 1 < argc && atoi(argv[i + 1]) > 1)
-            return cmd_logits_tp(argc, argv);
+    if (!in_process && (processes || group_opts_given || go.tp > 1)) return cmd_logits_tp(&go, &lo);
+    const char *model = go.model, *tokens = lo.tokens, *outp = lo.out, *ids_out = lo.ids_out;
+    const int threads = go.threads, tp = go.tp;
+    const long decode_from = lo.decode_from, greedy = lo.greedy;
+    if (tp > COLL_HOST_MAX_WORLD) {
+        fprintf(stderr, "mlaserve logits: --in-process runs at most %d ranks\n", COLL_HOST_MAX_WORLD);
+        return 2;
     }
-    const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
-    int threads = 1, tp = 1;
-    long decode_from = -1, greedy = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--in-process")) continue;
-        if (i + 1 >= argc) return usage();
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = argv[++i];
-        else if (!strcmp(a, "--tokens")) tokens = argv[++i];
-        else if (!strcmp(a, "--out")) outp = argv[++i];
-        else if (!strcmp(a, "--threads")) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--tp")) tp = atoi(argv[++i]);
-        else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
-        else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
-        else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
-        else return usage();
-    }
-    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || tp < 1 || tp > COLL_HOST_MAX_WORLD) return usage();
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;

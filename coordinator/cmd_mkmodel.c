@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/mla_log.h"
+#include "common/opts.h"
 #include "common/ggml_types.h"
 #include "common/gguf.h"
 #include "common/gguf_write.h"
@@ -527,23 +529,10 @@ static void write_meta(gguf_writer *w, const shape *s, const vocab *v, const cha
 
 /* ---- command ---- */
 
-static int usage(FILE *o) {
-    fprintf(o,
-            "usage: mlaserve mkmodel --family v3|glm5|v2lite -o OUT.gguf [options]\n"
-            "  --layers N        blocks (default: the real count); the leading dense layers are kept\n"
-            "  --mix q4k|iq2|iq3 experts Q4_K / IQ2_XXS / IQ3_XXS; attention Q8_0; embeddings, output\n"
-            "                    Q6_K; dense FFN and shared experts Q4_K; norms, router F32 (default q4k)\n"
-            "  --split-size SIZE split into NAME-0000i-of-0000N.gguf parts of at most SIZE bytes\n"
-            "                    (K/M/G suffixes; default 48G; 0 = one file)\n"
-            "  --seed S          random seed (default 1; the bytes do not depend on --threads)\n"
-            "  --threads N       generator threads (default: every CPU)\n"
-            "  --small           test-sized widths: hidden 1024, 16 heads, vocab 4096, 16 experts,\n"
-            "                    FFN 1024, expert FFN 256 (352 for v2lite); the ranks and head dims\n"
-            "                    stay real\n"
-            "  --vocab N --hidden N --heads N --experts N --ff N --ff-exp N   single overrides\n"
-            "  --dry-run         print the plan and sizes, write nothing\n");
-    return o == stderr ? 2 : 0;
-}
+static const char mkmodel_usage[] =
+    "usage: mlaserve mkmodel --family v3|glm5|v2lite -o OUT.gguf [options]\n"
+    "A synthetic model at real shapes with random weights: experts Q4_K / IQ2_XXS / IQ3_XXS (--mix),\n"
+    "attention Q8_0, embeddings and output Q6_K, dense FFN and shared experts Q4_K, norms and router F32.\n";
 
 static int parse_size(const char *s, uint64_t *out) {
     char *end;
@@ -560,67 +549,52 @@ static int parse_size(const char *s, uint64_t *out) {
     return 0;
 }
 
-static int parse_i64(const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo) return -1;
-    *out = v;
-    return 0;
+static int opt_size(void *ctx, const char *v, mla_err *err) {
+    if (parse_size(v, ctx) < 0) return mla_errf(err, "'%s' is not a size (e.g. 48G)", v);
+    return MLA_OK;
 }
 
 int cmd_mkmodel(int argc, char **argv) {
     const char *family = NULL, *outp = NULL, *mix = "q4k";
-    int64_t n_thr64 = 0, layers = -1, vocab_o = -1, hidden_o = -1, heads_o = -1, experts_o = -1, ff_o = -1, ffe_o = -1;
+    long n_thr64 = 0, layers = -1, vocab_o = -1, hidden_o = -1, heads_o = -1, experts_o = -1, ff_o = -1, ffe_o = -1;
     uint64_t split = 48ull << 30, seed = 1;
-    bool small = false, dry = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-        int64_t *num = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
-        if (!strcmp(a, "--small")) { small = true; continue; }
-        if (!strcmp(a, "--dry-run")) { dry = true; continue; }
-        if (!has) {
-            fprintf(stderr, "mkmodel: %s needs a value (or is unknown)\n", a);
-            return usage(stderr);
-        }
-        const char *val = argv[++i];
-        if (!strcmp(a, "--family")) family = val;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) outp = val;
-        else if (!strcmp(a, "--mix")) mix = val;
-        else if (!strcmp(a, "--split-size")) {
-            if (parse_size(val, &split) < 0) {
-                fprintf(stderr, "mkmodel: --split-size '%s' is not a size (e.g. 48G)\n", val);
-                return 2;
-            }
-        } else if (!strcmp(a, "--seed")) {
-            int64_t sv;
-            if (parse_i64(val, 0, &sv) < 0) {
-                fprintf(stderr, "mkmodel: --seed '%s' is not a number\n", val);
-                return 2;
-            }
-            seed = (uint64_t)sv;
-        } else if (!strcmp(a, "--layers")) num = &layers;
-        else if (!strcmp(a, "--threads")) num = &n_thr64;
-        else if (!strcmp(a, "--vocab")) num = &vocab_o;
-        else if (!strcmp(a, "--hidden")) num = &hidden_o;
-        else if (!strcmp(a, "--heads")) num = &heads_o;
-        else if (!strcmp(a, "--experts")) num = &experts_o;
-        else if (!strcmp(a, "--ff")) num = &ff_o;
-        else if (!strcmp(a, "--ff-exp")) num = &ffe_o;
-        else {
-            fprintf(stderr, "mkmodel: unknown option %s\n", a);
-            return usage(stderr);
-        }
-        if (num && parse_i64(val, 1, num) < 0) {
-            fprintf(stderr, "mkmodel: %s '%s' is not a positive number\n", a, val);
-            return 2;
-        }
-    }
+    int small_f = 0, dry_f = 0;
+    const double big = 1e12;
+    const opt_spec specs[] = {
+        {.name = "--family", .kind = OPT_STR, .arg = "v3|glm5|v2lite", .help = "the model family (required)", .dest = &family},
+        {.name = "--out", .alias = "-o", .kind = OPT_STR, .arg = "OUT.gguf", .help = "where to write (required unless --dry-run)",
+         .dest = &outp},
+        {.name = "--layers", .kind = OPT_LONG, .arg = "N", .def = "the real count",
+         .help = "blocks; the leading dense layers are kept", .dest = &layers, .lo = 1, .hi = big},
+        {.name = "--mix", .kind = OPT_STR, .arg = "q4k|iq2|iq3", .def = "q4k", .help = "the experts' type", .dest = &mix},
+        {.name = "--split-size", .kind = OPT_FN, .arg = "SIZE", .def = "48G",
+         .help = "split into NAME-0000i-of-0000N.gguf parts of at most SIZE bytes (K/M/G/T; 0: one file)", .fn = opt_size,
+         .ctx = &split},
+        {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "1", .help = "random seed (the bytes do not depend on --threads)",
+         .dest = &seed, .lo = 0, .hi = 9.2e18},
+        {.name = "--threads", .kind = OPT_LONG, .arg = "N", .def = "every CPU", .help = "generator threads",
+         .dest = &n_thr64, .lo = 1, .hi = 4096},
+        {.name = "--small", .kind = OPT_FLAG,
+         .help = "test-sized widths (hidden 1024, 16 heads, vocab 4096, 16 experts, FFN 1024, expert FFN 256/352)",
+         .dest = &small_f},
+        {.name = "--vocab", .kind = OPT_LONG, .arg = "N", .help = "vocabulary override", .dest = &vocab_o, .lo = 1, .hi = big},
+        {.name = "--hidden", .kind = OPT_LONG, .arg = "N", .help = "hidden size override", .dest = &hidden_o, .lo = 1, .hi = big},
+        {.name = "--heads", .kind = OPT_LONG, .arg = "N", .help = "attention heads override", .dest = &heads_o, .lo = 1, .hi = big},
+        {.name = "--experts", .kind = OPT_LONG, .arg = "N", .help = "routed experts override", .dest = &experts_o, .lo = 1,
+         .hi = big},
+        {.name = "--ff", .kind = OPT_LONG, .arg = "N", .help = "dense FFN width override", .dest = &ff_o, .lo = 1, .hi = big},
+        {.name = "--ff-exp", .kind = OPT_LONG, .arg = "N", .help = "expert FFN width override", .dest = &ffe_o, .lo = 1,
+         .hi = big},
+        {.name = "--dry-run", .kind = OPT_FLAG, .help = "print the plan and sizes, write nothing", .dest = &dry_f},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
+    int st = opts_command("mlaserve mkmodel", mkmodel_usage, &tab, 1, argc, argv, NULL, 0, NULL);
+    if (st >= 0) return st;
+    const bool small = small_f, dry = dry_f;
     if (!family || (!outp && !dry)) {
-        fprintf(stderr, "mkmodel: --family and -o are required\n");
-        return usage(stderr);
+        fprintf(stderr, "mlaserve mkmodel: --family and -o are required (--help lists the options)\n");
+        return 2;
     }
     shape s;
     memset(&s, 0, sizeof s);

@@ -14,6 +14,7 @@
 #include "common/gguf.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/opts.h"
 #include "coordinator/api_server.h"
 #include "coordinator/chat.h"
 #include "coordinator/coord.h"
@@ -27,6 +28,7 @@ typedef struct serve_ctx {
     chat_tmpl *tmpl;
     char *prefix; /* what every plain prompt starts with (BOS, "[gMASK]<sop>") */
     coord *c;
+    api_server *api;
     uint64_t step_id;
     uint64_t seed_base;
     wire_seq *wseqs;
@@ -103,6 +105,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->n_blocks = (uint32_t)(p->n_blocks - p->n_blocks_sent);
         w->blocks = (uint32_t *)(p->block_table + p->n_blocks_sent); /* ids >= 0: the same bits */
         w->sample = p->sample;
+        if (p->start_pos == 0 && s->api) api_server_note_scheduled(s->api, p->seq_id); /* its prompt starts */
         const sched_sampling *sp = p->sampling;
         w->sp.temperature = sp->temperature;
         w->sp.top_k = sp->top_k;
@@ -163,6 +166,45 @@ static bool cb_health(void *ctx, char *why, size_t cap) {
     return false;
 }
 
+static int cb_workers(void *ctx, coord_worker_info *info, int cap) {
+    serve_ctx *s = ctx;
+    return coord_workers(s->c, info, cap);
+}
+
+/* /health while the first start is under way: 503 with each rank's progress */
+static bool cb_loading(void *ctx, cJSON **body) {
+    serve_ctx *s = ctx;
+    if (coord_phase(s->c) != COORD_PHASE_LOADING) return false;
+    coord_worker_info w[WIRE_MAX_WORLD];
+    int n = coord_workers(s->c, w, WIRE_MAX_WORLD);
+    cJSON *j = cJSON_CreateObject(), *ranks = cJSON_AddArrayToObject(j, "ranks");
+    cJSON_AddStringToObject(j, "status", "loading");
+    uint64_t done = 0, total = 0;
+    for (int r = 0; r < n; r++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        cJSON_AddStringToObject(o, "state", w[r].loaded ? "loaded" : !w[r].registered ? "starting"
+                                            : w[r].load_total ? "loading" : "registered");
+        if (w[r].device[0]) cJSON_AddStringToObject(o, "device", w[r].device);
+        if (w[r].load_total) {
+            cJSON_AddNumberToObject(o, "bytes_done", (double)w[r].load_done);
+            cJSON_AddNumberToObject(o, "bytes_total", (double)w[r].load_total);
+            if (w[r].load_seconds > 0 && w[r].load_done > 0) {
+                double rate = (double)w[r].load_done / w[r].load_seconds;
+                cJSON_AddNumberToObject(o, "bytes_per_second", rate);
+                if (!w[r].loaded) cJSON_AddNumberToObject(o, "eta_seconds", (double)(w[r].load_total - w[r].load_done) / rate);
+            }
+            done += w[r].load_done;
+            total += w[r].load_total;
+        }
+        cJSON_AddItemToArray(ranks, o);
+    }
+    cJSON_AddNumberToObject(j, "bytes_done", (double)done);
+    cJSON_AddNumberToObject(j, "bytes_total", (double)total);
+    *body = j;
+    return true;
+}
+
 /* ---- the command ---- */
 
 static uv_signal_t sig_term, sig_int;
@@ -173,7 +215,22 @@ static uv_timer_t g_watch;
 static api_server *g_api;
 static coord *g_coord;
 static double g_drain_timeout = 30;
+static double g_stats_interval = 10;
+static sched *g_sched;        /* made once the workers are ready (make_sched) */
+static sched_config g_sc;       /* its settings, less the pool's */
+static sched_backend g_be;
+static coord_kv_info g_kvi;     /* the pools the workers took */
+static int g_ready;         /* the group became ready and the scheduler runs */
+/* the port files, written once ready (the HTTP one last: it means ready) */
+typedef struct serve_ports {
+    const char *files[2];
+    int ports[2];
+} serve_ports;
+static serve_ports g_ports;
+/* the stats line: when the last was written, and the token counts then */
+static uint64_t g_stats_at, g_stats_prompt, g_stats_gen;
 static int g_draining, g_drain_cancelled, g_exit_rc;
+static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
 static uint64_t g_drain_deadline;
 
 static void serve_close(uv_loop_t *loop) {
@@ -185,10 +242,97 @@ static void serve_close(uv_loop_t *loop) {
     uv_stop(loop);
 }
 
+static int write_port_files(mla_err *err) {
+    for (int k = 0; k < 2; k++) {
+        if (!g_ports.files[k]) continue;
+        char tmp[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", g_ports.files[k]);
+        FILE *f = fopen(tmp, "w");
+        int ok = f && fprintf(f, "%d\n", g_ports.ports[k]) >= 0;
+        if (f && fclose(f) != 0) ok = 0;
+        if (!ok || rename(tmp, g_ports.files[k]) != 0)
+            return mla_errf(err, "cannot write the port file %s", g_ports.files[k]);
+    }
+    return MLA_OK;
+}
+
+/* the first start: ready (start the scheduler, write the port files) or failed (exit 1) */
+/* The scheduler over the pools the workers took: the smallest rank's blocks, and the context
+ * asked for (the model's by default) or what the pool holds when one sequence of it does not fit. */
+static int make_sched(mla_err *err) {
+    coord_kv_pool(g_coord, &g_kvi);
+    const long pool_tokens = (long)g_kvi.n_blocks * (long)g_kvi.block_size;
+    MLA_INFO("serve: cache pool %u blocks of %u positions = %ld positions a rank (%.2f GiB a rank)", g_kvi.n_blocks,
+             g_kvi.block_size, pool_tokens, (double)g_kvi.n_blocks * (double)g_kvi.block_bytes / 1073741824.0);
+    if (pool_tokens < g_sc.max_context) {
+        MLA_WARN("serve: one sequence of %d positions does not fit the cache (%ld positions): serving a context of "
+                 "%ld; more memory (--gpu-memory-utilization, --kv-memory, more GPUs) gives more",
+                 g_sc.max_context, pool_tokens, pool_tokens);
+        g_sc.max_context = (int32_t)pool_tokens;
+    }
+    if (g_sc.max_context < 2) return mla_errf(err, "the cache pool holds %ld positions: too few to serve a request", pool_tokens);
+    g_sc.block_size = (int32_t)g_kvi.block_size;
+    g_sc.n_blocks = (int32_t)g_kvi.n_blocks;
+    if (sched_init(&g_sched, &g_sc, &g_be, err)) return MLA_ERR;
+    api_server_set_capacity(g_api, g_sc.max_context, g_kvi.rank_blocks, coord_world(g_coord), g_kvi.block_bytes);
+    api_server_set_sched(g_api, g_sched);
+    MLA_INFO("serve: context %d, %u cache blocks of %u, prefix cache %s", g_sc.max_context, g_kvi.n_blocks,
+             g_kvi.block_size, g_sc.prefix_cache ? "on" : "off");
+    return MLA_OK;
+}
+
+static void check_start(uv_loop_t *loop) {
+    int ph = coord_phase(g_coord);
+    mla_err err = {{0}};
+    if (ph == COORD_PHASE_READY) {
+        if (make_sched(&err) || sched_start(g_sched, &err) || write_port_files(&err)) {
+            snprintf(g_exit_msg, sizeof g_exit_msg, "%s", err.msg);
+            g_exit_rc = 1;
+            serve_close(loop);
+            return;
+        }
+        g_ready = 1;
+        MLA_INFO("serve: the workers are ready; serving");
+    } else if (ph == COORD_PHASE_START_FAILED) {
+        coord_healthy(g_coord, &err);
+        snprintf(g_exit_msg, sizeof g_exit_msg, "starting %d workers: %s", coord_world(g_coord), err.msg);
+        g_exit_rc = 1;
+        serve_close(loop);
+    }
+}
+
+/* every g_stats_interval seconds while there is work: the batch, the cache and the token rates */
+static void stats_line(uv_loop_t *loop) {
+    if (g_stats_interval <= 0 || !g_ready) return;
+    uint64_t now = uv_now(loop);
+    if (!g_stats_at) g_stats_at = now;
+    if ((double)(now - g_stats_at) < g_stats_interval * 1000) return;
+    sched_stats st;
+    sched_get_stats(g_sched, &st);
+    uint64_t p, gtok;
+    api_server_token_counts(g_api, &p, &gtok);
+    double dt = (double)(now - g_stats_at) / 1000.0;
+    if (st.running || st.waiting || p != g_stats_prompt || gtok != g_stats_gen)
+        MLA_INFO("stats: %d running, %d waiting, KV cache %d of %d blocks (%.1f%%), prompt %.1f tok/s, generation "
+                 "%.1f tok/s",
+                 st.running, st.waiting, st.blocks_used, st.blocks_total,
+                 st.blocks_total ? 100.0 * st.blocks_used / st.blocks_total : 0.0, (double)(p - g_stats_prompt) / dt,
+                 (double)(gtok - g_stats_gen) / dt);
+    g_stats_at = now;
+    g_stats_prompt = p;
+    g_stats_gen = gtok;
+}
+
 static void on_watch(uv_timer_t *t) {
+    if (!g_ready && !g_draining) {
+        check_start(t->loop);
+        return;
+    }
+    stats_line(t->loop);
     if (!g_draining) {
         if (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT && coord_failed_for_good(g_coord)) {
             MLA_ERROR("serve: the worker group failed and --on-worker-failure is exit: exiting with status 1");
+            snprintf(g_exit_msg, sizeof g_exit_msg, "the worker group failed (--on-worker-failure exit)");
             g_exit_rc = 1;
             g_draining = 1;
             api_server_set_draining(g_api);
@@ -220,19 +364,10 @@ static void on_signal(uv_signal_t *h, int signum) {
     on_watch(&g_watch);
 }
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: mlaserve serve -m MODEL.gguf [--tp N] [--threads N] [--host H] [--port P]\n"
-            "       [--api-key K] [--model-name NAME] [--max-seqs N] [--max-queue N]\n"
-            "       [--max-context N]   (prompt + completion; default the model's, or what the cache holds)\n"
-            "       [--max-prefill-tokens N]   (tokens a step, prompts in chunks of at most this; default 2048)\n"
-            "       [--no-prefix-cache]   (every request prefills its whole prompt)\n"
-            "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n"
-            "       [--proto-port P] [--proto-port-file F]   (protobuf API on P, same host and key)\n"
-            "       [--drain-timeout S]   (SIGTERM: finish requests in flight for up to S s, default 30)\n%s",
-            coord_opts_usage);
-    return 2;
-}
+static const char serve_usage[] =
+    "usage: mlaserve serve -m MODEL.gguf [--tp N] [options]\n"
+    "OpenAI-compatible HTTP server (and optionally the protobuf API) over N worker processes.\n"
+    "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds.\n";
 
 static const char *basename_of(const char *p) {
     const char *s = strrchr(p, '/');
@@ -240,82 +375,88 @@ static const char *basename_of(const char *p) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
-    const char *model_name = NULL, *port_file = NULL, *worker_exe = NULL, *endpoint = NULL;
-    int port = 8000, tp = 1, threads = 1, proto_port = -1;
+    const char *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
+    const char *model_name = NULL, *port_file = NULL;
+    int port = 8000, proto_port = -1;
     const char *proto_port_file = NULL;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
-    bool prefix_cache = true;
+    int no_prefix_cache = 0;
+    long max_body;
     http_server_config hc;
     http_server_config_default(&hc);
-    coord_config cc = {0};
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        mla_err oerr;
-        int co = coord_parse_opt(&cc, argc, argv, &i, &oerr); /* control-plane options */
-        if (co < 0) {
-            fprintf(stderr, "mlaserve serve: %s\n", oerr.msg);
-            return usage();
-        }
-        if (co > 0) {
-            i--; /* the loop steps by 2; i is at the option's last word */
-            continue;
-        }
-        if (!strcmp(a, "--no-prefix-cache")) {
-            prefix_cache = false;
-            i--;
-            continue;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "mlaserve serve: %s needs a value\n", a);
-            return usage();
-        }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tp")) tp = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--host")) host = v;
-        else if (!strcmp(a, "--port")) port = atoi(v);
-        else if (!strcmp(a, "--api-key")) api_key = v;
-        else if (!strcmp(a, "--model-name")) model_name = v;
-        else if (!strcmp(a, "--max-context")) max_context = atol(v);
-        else if (!strcmp(a, "--max-seqs")) max_seqs = atol(v);
-        else if (!strcmp(a, "--max-prefill-tokens")) step_tokens = atol(v);
-        else if (!strcmp(a, "--max-queue")) max_queue = atol(v);
-        else if (!strcmp(a, "--max-body")) hc.lim.max_body = (size_t)atol(v);
-        else if (!strcmp(a, "--max-conns")) hc.max_conns = atoi(v);
-        else if (!strcmp(a, "--port-file")) port_file = v;
-        else if (!strcmp(a, "--proto-port")) proto_port = atoi(v);
-        else if (!strcmp(a, "--proto-port-file")) proto_port_file = v;
-        else if (!strcmp(a, "--worker-exe")) worker_exe = v;
-        else if (!strcmp(a, "--coord")) endpoint = v;
-        else if (!strcmp(a, "--drain-timeout")) g_drain_timeout = strtod(v, NULL);
-        else {
-            fprintf(stderr, "mlaserve serve: unknown option %s\n", a);
-            return usage();
-        }
+    max_body = (long)hc.lim.max_body;
+    coord_group_opts go = {0};
+    opt_spec gspecs[COORD_GROUP_N_OPTS], cspecs[COORD_N_OPTS];
+    coord_group_opt_specs(&go, gspecs);
+    coord_opt_specs(&go.cc, cspecs);
+    const opt_spec mine[] = {
+        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and protobuf) bind address",
+         .dest = &host},
+        {.name = "--port", .kind = OPT_INT, .arg = "PORT", .def = "8000", .help = "HTTP port (0: any free port)",
+         .dest = &port, .lo = 0, .hi = 65535},
+        {.name = "--api-key", .kind = OPT_STR, .arg = "KEY", .def = "$MLASERVE_API_KEY, else none",
+         .help = "key clients send as `Authorization: Bearer KEY` (/health and /metrics need none)", .dest = &api_key},
+        {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
+         .help = "the model's name in the API", .dest = &model_name},
+        {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
+         .help = "longest sequence (prompt + generated tokens)", .dest = &max_context, .lo = 0, .hi = WIRE_MAX_CTX},
+        {.name = "--max-seqs", .kind = OPT_LONG, .arg = "N", .def = "32", .help = "sequences in the running batch",
+         .dest = &max_seqs, .lo = 1, .hi = WIRE_MAX_SEQS},
+        {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
+         .help = "tokens a step may carry: longer prompts are prefilled in chunks beside the running decodes",
+         .dest = &step_tokens, .lo = 1, .hi = WIRE_MAX_STEP_TOKENS},
+        {.name = "--no-prefix-cache", .kind = OPT_FLAG,
+         .help = "every request prefills its whole prompt (no sharing of cached blocks)", .dest = &no_prefix_cache},
+        {.name = "--max-queue", .kind = OPT_LONG, .arg = "N", .def = "256",
+         .help = "requests waiting for admission before new ones get 429", .dest = &max_queue, .lo = 1, .hi = 1L << 24},
+        {.name = "--max-body", .kind = OPT_LONG, .arg = "BYTES", .def = "4194304", .help = "largest HTTP request body",
+         .dest = &max_body, .lo = 1, .hi = 1L << 34},
+        {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024", .help = "open HTTP connections at most",
+         .dest = &hc.max_conns, .lo = 1, .hi = 1 << 24},
+        {.name = "--port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
+         .help = "write the HTTP port here once the server is ready (the model loaded)", .dest = &port_file},
+        {.name = "--proto-port", .kind = OPT_INT, .arg = "PORT", .def = "off",
+         .help = "serve the protobuf API on this port (0: any free port), same host and key", .dest = &proto_port,
+         .lo = 0, .hi = 65535},
+        {.name = "--proto-port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
+         .help = "write the protobuf port here once ready (needs --proto-port)", .dest = &proto_port_file},
+        {.name = "--drain-timeout", .kind = OPT_DOUBLE, .arg = "S", .def = "30",
+         .help = "seconds requests in flight get after SIGTERM", .dest = &g_drain_timeout, .lo = 0, .hi = 86400},
+        {.name = "--stats-interval", .kind = OPT_DOUBLE, .arg = "S", .def = "10",
+         .help = "seconds between stats lines in the log while busy (0: none)", .dest = &g_stats_interval, .lo = 0,
+         .hi = 86400},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
+                              {"serving", mine, sizeof mine / sizeof *mine},
+                              {"control plane", cspecs, COORD_N_OPTS}};
+    mla_err oerr;
+    int help = 0;
+    if (opts_parse(tabs, 3, argc, argv, 1, 0, NULL, 0, NULL, NULL, &help, &oerr)) {
+        fprintf(stderr, "mlaserve serve: %s (mlaserve serve --help lists the options)\n", oerr.msg);
+        return 2;
     }
-    if (!model) {
-        fprintf(stderr, "mlaserve serve: -m MODEL.gguf is required\n");
-        return usage();
+    if (help) {
+        opts_help(stdout, serve_usage, tabs, 3);
+        return 0;
     }
-    if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || max_seqs > WIRE_MAX_SEQS ||
-        step_tokens < 1 || step_tokens > (long)WIRE_MAX_STEP_TOKENS || max_queue < 1 || max_context < 0 ||
-        max_context > (long)WIRE_MAX_CTX || proto_port < -1 || proto_port > 65535 ||
-        (proto_port_file && proto_port < 0)) {
-        fprintf(stderr, "mlaserve serve: an option value is out of range\n");
-        return usage();
+    if (!go.model) {
+        fprintf(stderr, "mlaserve serve: -m MODEL.gguf is required (mlaserve serve --help lists the options)\n");
+        return 2;
     }
+    if (proto_port_file && proto_port < 0) {
+        fprintf(stderr, "mlaserve serve: --proto-port-file needs --proto-port\n");
+        return 2;
+    }
+    hc.lim.max_body = (size_t)max_body;
+    const char *model = go.model;
+    const int tp = go.tp;
+    coord_config cc = go.cc;
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("coord");
     mla_err err = {{0}};
     serve_ctx S = {0};
     gguf_ctx *g = NULL;
-    sched *s = NULL;
     api_server *api = NULL;
     http_server *http = NULL;
     pbapi_server *pb = NULL;
@@ -348,48 +489,31 @@ int cmd_serve(int argc, char **argv) {
     cc.kv.max_context = (uint32_t)max_context;
     cc.kv.max_step_tokens = (uint32_t)step_tokens;
     cc.kv.max_seqs = (uint32_t)max_seqs;
-    if (endpoint) cc.endpoint = endpoint;
     cc.world = tp;
+    cc.no_wait = 1; /* HTTP answers (/health: load progress) while the workers load */
     cc.model_path = model;
     cc.model_hash = gguf_index_hash(g);
-    cc.worker_exe = worker_exe;
-    cc.n_threads = threads;
+    cc.worker_exe = go.worker_exe;
+    cc.n_threads = go.threads;
     if (coord_start(&S.c, &cc, &err)) {
         mla_err_prefix(&err, "starting %d workers", tp);
         goto out;
     }
-    /* the cache the workers took: the smallest rank's blocks are what the scheduler hands out */
-    coord_kv_info kvi;
-    coord_kv_pool(S.c, &kvi);
-    const long pool_tokens = (long)kvi.n_blocks * (long)kvi.block_size;
-    MLA_INFO("serve: cache pool %u blocks of %u positions = %ld positions a rank (%.2f GiB a rank)", kvi.n_blocks,
-             kvi.block_size, pool_tokens, (double)kvi.n_blocks * (double)kvi.block_bytes / 1073741824.0);
-    if (pool_tokens < max_context) {
-        MLA_WARN("serve: one sequence of %ld positions does not fit the cache (%ld positions): serving a context of "
-                 "%ld; more memory (--gpu-memory-utilization, --kv-memory, more GPUs) gives more",
-                 max_context, pool_tokens, pool_tokens);
-        max_context = pool_tokens;
-    }
-    if (max_context < 2) {
-        mla_errf(&err, "the cache pool holds %ld positions: too few to serve a request", pool_tokens);
-        goto out;
-    }
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
-    api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)coord_n_vocab(S.c), .encode = st_encode,
+    api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)mcfg.n_vocab, .encode = st_encode,
                          .piece = st_piece, .is_special = st_special, .is_eog = st_eog,
                          .render_chat = S.tmpl ? st_chat : NULL};
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
                      .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S,
-                     .rank_blocks = kvi.rank_blocks, .n_ranks = tp, .block_bytes = kvi.block_bytes};
+                     .loading = cb_loading, .workers = cb_workers, .tp = tp};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
-    sched_config sc = {.block_size = (int32_t)kvi.block_size, .n_blocks = (int32_t)kvi.n_blocks, .prefix_cache = prefix_cache,
-                       .decode_lookahead = true,
-                       .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
-                       .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
-                       .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
-    sched_backend be = {.ctx = &S, .run_step = cb_run, .free_seq = cb_free};
-    if (sched_init(&s, &sc, &be, &err)) goto out;
-    api_server_set_sched(api, s);
+    S.api = api;
+    /* the scheduler starts once the workers report their pools (check_start) */
+    g_sc = (sched_config){.prefix_cache = !no_prefix_cache, .decode_lookahead = true,
+                          .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
+                          .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
+                          .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
+    g_be = (sched_backend){.ctx = &S, .run_step = cb_run, .free_seq = cb_free};
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto out;
     api_server_set_http(api, http);
     g_http = http;
@@ -401,22 +525,11 @@ int cmd_serve(int argc, char **argv) {
         g_pb = pb;
         if (pbapi_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
     }
-    if (sched_start(s, &err)) goto out;
-    const char *pfiles[2] = {proto_port_file, port_file}; /* the HTTP port file last: it means ready */
-    const int pports[2] = {pb_bound, bound};
-    for (int k = 0; k < 2; k++) {
-        if (!pfiles[k]) continue;
-        char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", pfiles[k]);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", pports[k]) < 0 || fclose(f) != 0 || rename(tmp, pfiles[k]) != 0) {
-            mla_errf(&err, "cannot write the port file %s", pfiles[k]);
-            goto out;
-        }
-    }
+    g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}};
     if (pb) MLA_INFO("serve: protobuf API on %s:%d", host, pb_bound);
-    MLA_INFO("serve: %s on http://%s:%d (tp %d, context %ld, %u cache blocks of %u, prefix cache %s)", ac.model_name,
-             host, bound, tp, max_context, kvi.n_blocks, kvi.block_size, prefix_cache ? "on" : "off");
+    MLA_INFO("serve: %s on http://%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: their "
+             "progress; 503 until ready)",
+             ac.model_name, host, bound, tp, no_prefix_cache ? "off" : "on");
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
@@ -428,15 +541,16 @@ int cmd_serve(int argc, char **argv) {
     loop_ran = true;
     uv_run(loop, UV_RUN_DEFAULT);
     rc = g_exit_rc;
-    if (rc) mla_errf(&err, "the worker group failed (--on-worker-failure exit)");
+    if (rc) mla_errf(&err, "%s", g_exit_msg);
 out:
     if (rc != 0) fprintf(stderr, "mlaserve serve: %s\n", err.msg);
     if (http && !loop_ran) http_server_close(http);
     if (pb && !loop_ran) pbapi_server_close(pb);
     if (api) api_server_drain(api);
-    if (s) {
-        sched_stop(s);
-        sched_free(s);
+    if (g_sched) {
+        sched_stop(g_sched);
+        sched_free(g_sched);
+        g_sched = NULL;
     }
     if (pb) pbapi_server_free(pb);
     g_pb = NULL;

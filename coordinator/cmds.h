@@ -3,6 +3,8 @@
 #ifndef CMDS_H
 #define CMDS_H
 
+#include "coordinator/coord.h"
+
 /* mlaserve logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N] [--decode-from K]
  *                 [--greedy N --ids-out IDS_OUT.txt]
  * One prompt per line of IDS.txt (space-separated token ids). Writes float32 logits of every
@@ -13,9 +15,17 @@
  * ranks (threads of this process joined by the host collective); rank 0 writes the files. */
 int cmd_logits(int argc, char **argv);
 
+/* What `logits` writes: the files and the decode options above. */
+typedef struct logits_opts {
+    const char *tokens, *out, *ids_out;
+    long decode_from, greedy;
+    long chunk, prefix_reuse; /* worker processes only: coordinator/coord_cmd.c seq_mode */
+} logits_opts;
+
 /* The same command through a coordinator and N worker processes (coordinator/coord_cmd.c):
- * cmd_logits hands over when it sees --processes or --workers-external. Same output format. */
-int cmd_logits_tp(int argc, char **argv);
+ * cmd_logits hands over for --tp N > 1 (without --in-process), --processes, --workers-external
+ * or --backend. Same output format. */
+int cmd_logits_tp(const coord_group_opts *o, const logits_opts *lo);
 
 /* mlaserve generate -m MODEL -p PROMPT [-n N] [--tp N] [sampling options]: tokenizes the prompt,
  * generates through the coordinator and the workers, prints the text (coordinator/coord_cmd.c). */

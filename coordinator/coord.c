@@ -36,7 +36,7 @@ typedef struct rank_st {
     size_t ident_len;
     pid_t pid;         /* spawned child (local mode) */
     int32_t reg_pid;   /* pid the worker reported */
-    int64_t last_rx;
+    _Atomic int64_t last_rx; /* ms of its last message (read by coord_workers on other threads) */
     int exited;
     int wstatus;
     char refusal[WIRE_MAX_STR];
@@ -48,6 +48,13 @@ typedef struct rank_st {
     /* the cache pool it took (LOADED) */
     uint32_t kv_blocks, kv_block_size;
     uint64_t kv_block_bytes;
+    /* load progress (Control LOAD_PROGRESS) and the last heartbeat's stats (under mu: read by
+     * coord_workers from other threads) */
+    uint64_t load_done, load_total;
+    int64_t load_t0, load_t; /* ms: first and last progress report */
+    int has_stats;
+    wire_worker_stats stats;
+    char device[WIRE_MAX_STR];
 } rank_st;
 
 struct coord {
@@ -64,8 +71,10 @@ struct coord {
     int state;
     char fail_msg[1024];
     uint32_t n_vocab;
-    long spin_us; /* zspin_default(the workers' backend), set at start: how long the I/O thread
-                   * (while a step is out) and the caller waiting for an answer poll before sleeping */
+    _Atomic long spin_us; /* zspin_default(the workers' backend), set at start and when a CUDA worker
+                           * registers: how long the I/O thread (while a step is out) and the caller
+                           * waiting for an answer poll before sleeping */
+    int ever_ready;       /* under mu: the group was ready once (later STARTING = a restart) */
     coll_host_seg *seg;
     rank_st ranks[WIRE_MAX_WORLD];
     pthread_mutex_t api_mu;
@@ -251,6 +260,12 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     rs->registered = 1;
     rs->reg_pid = rg->pid;
     rs->last_rx = now_ms();
+    c->start_deadline = rs->last_rx + c->cfg.start_timeout_ms; /* progress: the timeout starts again */
+    pthread_mutex_lock(&c->mu);
+    snprintf(rs->device, sizeof rs->device, "%s", rg->device);
+    pthread_mutex_unlock(&c->mu);
+    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !getenv("MLA_BACKEND"))
+        c->spin_us = zspin_default("cuda"); /* the workers chose CUDA themselves */
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_REGISTER_REPLY;
@@ -274,7 +289,10 @@ static void check_ready(coord *c) {
         if (!c->ranks[r].loaded) return;
     coll_host_seg_unlink(c->seg); /* every rank has attached (LOADED comes after the attach) */
     pthread_mutex_lock(&c->mu);
-    if (c->state == ST_STARTING) c->state = ST_READY;
+    if (c->state == ST_STARTING) {
+        c->state = ST_READY;
+        c->ever_ready = 1;
+    }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
@@ -329,7 +347,24 @@ static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const 
     c->ranks[r].last_rx = now_ms();
     switch (m.kind) {
     case WIRE_CONTROL:
-        if (m.u.ctl.kind == WIRE_CTL_LOADED) {
+        if (m.u.ctl.kind == WIRE_CTL_HEARTBEAT && m.u.ctl.has_stats) {
+            pthread_mutex_lock(&c->mu);
+            c->ranks[r].has_stats = 1;
+            c->ranks[r].stats = m.u.ctl.stats;
+            pthread_mutex_unlock(&c->mu);
+        } else if (m.u.ctl.kind == WIRE_CTL_LOAD_PROGRESS) {
+            rank_st *rs = &c->ranks[r];
+            int64_t t = c->ranks[r].last_rx;
+            pthread_mutex_lock(&c->mu);
+            int more = m.u.ctl.load_done > rs->load_done || m.u.ctl.load_total != rs->load_total;
+            if (!rs->load_t0) rs->load_t0 = t;
+            if (more) rs->load_t = t;
+            rs->load_done = m.u.ctl.load_done;
+            rs->load_total = m.u.ctl.load_total;
+            pthread_mutex_unlock(&c->mu);
+            if (more) c->start_deadline = t + c->cfg.start_timeout_ms; /* the timeout counts time without progress */
+            MLA_DEBUG("worker %d: loaded %" PRIu64 " of %" PRIu64 " bytes", r, m.u.ctl.load_done, m.u.ctl.load_total);
+        } else if (m.u.ctl.kind == WIRE_CTL_LOADED) {
             if (m.u.ctl.status != 0) {
                 group_fail(c, "worker %d failed to load the model: %s", r, m.u.ctl.message);
             } else if (c->n_vocab && c->n_vocab != m.u.ctl.n_vocab) {
@@ -339,10 +374,14 @@ static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const 
                            c->ranks[0].kv_block_size);
             } else {
                 c->n_vocab = m.u.ctl.n_vocab;
+                pthread_mutex_lock(&c->mu);
                 c->ranks[r].kv_blocks = m.u.ctl.kv_blocks;
                 c->ranks[r].kv_block_size = m.u.ctl.kv_block_size;
                 c->ranks[r].kv_block_bytes = m.u.ctl.kv_block_bytes;
                 c->ranks[r].loaded = 1;
+                if (c->ranks[r].load_total) c->ranks[r].load_done = c->ranks[r].load_total;
+                pthread_mutex_unlock(&c->mu);
+                c->start_deadline = c->ranks[r].last_rx + c->cfg.start_timeout_ms;
                 check_ready(c);
             }
         } else if (m.u.ctl.kind == WIRE_CTL_ERROR) {
@@ -459,6 +498,8 @@ static int handle_api(coord *c) {
             c->bench_err[0] = '\0';
         }
         if (t == 'P') steptrace_mark(step_id, 'B');
+        MLA_DEBUG("%s %" PRIu64 ": a frame of %zu bytes to %d ranks", t == 'P' ? "step" : "bench request", step_id, n,
+                  c->cfg.world);
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, frame, n);
     } else if (t == 'F') {
         for (int r = 0; r < c->cfg.world; r++) send_to_rank(c, r, zmq_msg_data(&body), zmq_msg_size(&body));
@@ -516,7 +557,8 @@ static void supervise(coord *c, int64_t t) {
             if (!c->ranks[r].loaded)
                 off += (size_t)snprintf(missing + off, sizeof missing - off, " %d%s", r,
                                         c->ranks[r].registered ? "(loading)" : "");
-        group_fail(c, "workers did not register and load within %d ms; missing ranks:%s%s%s",
+        group_fail(c, "workers made no start-up progress (registration, load progress) for %d ms "
+                      "(--start-timeout-ms); missing ranks:%s%s%s",
                    c->cfg.start_timeout_ms, missing, c->ranks[0].refusal[0] ? "; last refusal: " : "",
                    c->ranks[0].refusal);
     }
@@ -713,14 +755,23 @@ static int setup_curve(coord *c, mla_err *err) {
 
 /* ---- options -------------------------------------------------------------------------------- */
 
-const char coord_opts_usage[] =
-    "control plane: [--coord ENDPOINT] [--workers-external] [--curve-dir DIR] [--insecure-control-plane]\n"
-    "       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--start-timeout-ms N]\n"
-    "       [--on-worker-failure stop|restart|exit] [--max-restarts N]\n"
-    "workers: [--backend cpu|cuda] (default: $MLA_BACKEND, else cpu)\n"
-    "cache pool: [--gpu-memory-utilization F] (CUDA: the fraction of each GPU's memory used in all, weights\n"
-    "       included, default 0.90) [--kv-memory BYTES] (the pool's size: CPU default 1G; CUDA instead of\n"
-    "       the fraction; suffixes K, M, G, T)\n";
+static int opt_step_timeout(void *ctx, const char *v, mla_err *err) {
+    coord_config *cfg = ctx;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < 0 || n > 24L * 3600 * 1000)
+        return mla_errf(err, "'%s' is not a number of milliseconds in [0, 86400000]", v);
+    cfg->step_timeout_ms = n == 0 ? -1 : (int)n;
+    return MLA_OK;
+}
+
+static int opt_backend(void *ctx, const char *v, mla_err *err) {
+    coord_config *cfg = ctx;
+    if (strcmp(v, "cpu") && strcmp(v, "cuda")) return mla_errf(err, "'%s' is not cpu or cuda", v);
+    cfg->backend = v;
+    return MLA_OK;
+}
 
 /* BYTES with an optional K/M/G/T (powers of 1024) suffix; 0 on a bad value. */
 static uint64_t parse_bytes(const char *v) {
@@ -741,94 +792,68 @@ static uint64_t parse_bytes(const char *v) {
     return (uint64_t)(x * mul);
 }
 
-int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err) {
-    const char *a = argv[*i];
-    if (!strcmp(a, "--workers-external")) {
-        cfg->external = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--insecure-control-plane")) {
-        cfg->insecure = 1;
-        return 1;
-    }
-    static const char *const with_value[] = {"--coord", "--curve-dir", "--heartbeat-timeout-ms", "--step-timeout-ms",
-                                             "--start-timeout-ms", "--on-worker-failure", "--max-restarts",
-                                             "--backend", "--gpu-memory-utilization", "--kv-memory"};
-    size_t k = 0;
-    while (k < sizeof with_value / sizeof *with_value && strcmp(a, with_value[k])) k++;
-    if (k == sizeof with_value / sizeof *with_value) return 0;
-    if (*i + 1 >= argc) {
-        mla_errf(err, "%s needs a value", a);
-        return -1;
-    }
-    const char *v = argv[++*i];
-    if (!strcmp(a, "--coord")) {
-        cfg->endpoint = v;
-    } else if (!strcmp(a, "--curve-dir")) {
-        cfg->curve_dir = v;
-    } else if (!strcmp(a, "--backend")) {
-        if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-            mla_errf(err, "--backend: '%s' is not cpu or cuda", v);
-            return -1;
-        }
-        cfg->backend = v;
-    } else if (!strcmp(a, "--gpu-memory-utilization")) {
-        char *end;
-        double f = strtod(v, &end);
-        if (end == v || *end || !(f > 0 && f <= 1)) {
-            mla_errf(err, "--gpu-memory-utilization: '%s' is not a fraction in (0, 1]", v);
-            return -1;
-        }
-        cfg->kv.gpu_memory_utilization = (float)f;
-    } else if (!strcmp(a, "--kv-memory")) {
-        if (!(cfg->kv.kv_memory_bytes = parse_bytes(v))) {
-            mla_errf(err, "--kv-memory: '%s' is not a size in bytes (suffixes K, M, G, T)", v);
-            return -1;
-        }
-    } else if (!strcmp(a, "--on-worker-failure")) {
-        if (!strcmp(v, "stop")) cfg->on_failure = COORD_ON_FAILURE_STOP;
-        else if (!strcmp(v, "restart")) cfg->on_failure = COORD_ON_FAILURE_RESTART;
-        else if (!strcmp(v, "exit")) cfg->on_failure = COORD_ON_FAILURE_EXIT;
-        else {
-            mla_errf(err, "--on-worker-failure: '%s' is not stop, restart or exit", v);
-            return -1;
-        }
-    } else {
-        char *end;
-        errno = 0;
-        long n = strtol(v, &end, 10);
-        int lo = !strcmp(a, "--step-timeout-ms") ? -1 : 1;
-        if (errno || end == v || *end || n < lo || n > 24L * 3600 * 1000) {
-            mla_errf(err, "%s: bad value '%s'", a, v);
-            return -1;
-        }
-        if (!strcmp(a, "--heartbeat-timeout-ms")) cfg->heartbeat_timeout_ms = (int)n;
-        else if (!strcmp(a, "--step-timeout-ms")) cfg->step_timeout_ms = n == 0 ? -1 : (int)n;
-        else if (!strcmp(a, "--start-timeout-ms")) cfg->start_timeout_ms = (int)n;
-        else cfg->max_restarts = (int)n;
-    }
-    return 1;
+static int opt_kv_memory(void *ctx, const char *v, mla_err *err) {
+    coord_config *cfg = ctx;
+    if (!(cfg->kv.kv_memory_bytes = parse_bytes(v)))
+        return mla_errf(err, "'%s' is not a size in bytes (suffixes K, M, G, T)", v);
+    return MLA_OK;
+}
+
+static const char *const failure_names[] = {"stop", "restart", "exit", NULL}; /* COORD_ON_FAILURE_* order */
+
+void coord_opt_specs(coord_config *cfg, opt_spec *s) {
+    const double day_ms = 24.0 * 3600 * 1000;
+    const opt_spec t[COORD_N_OPTS] = {
+        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+         .help = "what the workers compute on", .fn = opt_backend, .ctx = cfg},
+        {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
+         .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
+        {.name = "--workers-external", .kind = OPT_FLAG, .help = "start no workers: wait for them to register",
+         .dest = &cfg->external},
+        {.name = "--curve-dir", .kind = OPT_STR, .arg = "DIR", .def = "none",
+         .help = "CURVE keys from `mlaserve keygen DIR` (required for a non-loopback tcp:// bind)",
+         .dest = &cfg->curve_dir},
+        {.name = "--insecure-control-plane", .kind = OPT_FLAG,
+         .help = "allow a non-loopback tcp:// control plane without CURVE", .dest = &cfg->insecure},
+        {.name = "--start-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
+         .help = "fail the start when no worker registers or makes load progress for this long",
+         .dest = &cfg->start_timeout_ms, .lo = 1, .hi = day_ms},
+        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "$MLA_HEARTBEAT_TIMEOUT_MS, else 5000",
+         .help = "a worker silent this long has failed", .dest = &cfg->heartbeat_timeout_ms, .lo = 1, .hi = day_ms},
+        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "$MLA_STEP_TIMEOUT_MS, else 600000",
+         .help = "a step in flight this long fails the group (0: no limit)", .fn = opt_step_timeout, .ctx = cfg},
+        {.name = "--on-worker-failure", .kind = OPT_CHOICE, .arg = "stop|restart|exit", .def = "stop",
+         .help = "after a worker fails: stay failed, restart the group, or exit 1", .dest = &cfg->on_failure,
+         .choices = failure_names},
+        {.name = "--max-restarts", .kind = OPT_INT, .arg = "N", .def = "5",
+         .help = "restarts in a row without a successful step before giving up", .dest = &cfg->max_restarts,
+         .lo = 1, .hi = 1000000},
+        {.name = "--gpu-memory-utilization", .kind = OPT_FLOAT, .arg = "F", .def = "0.90",
+         .help = "CUDA: the fraction of each GPU's memory a worker uses in all, weights and cache pool included",
+         .dest = &cfg->kv.gpu_memory_utilization, .lo = 0.01, .hi = 1},
+        {.name = "--kv-memory", .kind = OPT_FN, .arg = "BYTES", .def = "CPU 1G; CUDA: from the fraction",
+         .help = "the cache pool's size (suffixes K, M, G, T); on CUDA instead of the fraction", .fn = opt_kv_memory,
+         .ctx = cfg},
+    };
+    memcpy(s, t, sizeof t);
 }
 
 /* ---- commands that start a worker group ---------------------------------------------------- */
 
-int coord_group_opt(coord_group_opts *o, int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    mla_err err;
-    int co = coord_parse_opt(&o->cc, argc, argv, i, &err);
-    if (co < 0) fprintf(stderr, "mlaserve: %s\n", err.msg);
-    if (co) return co;
-    if (!strcmp(a, "--processes")) return 1; /* the only mode of these commands */
-    if (!v) return 0;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-    else if (!strcmp(a, "--tp")) o->tp = atoi(v);
-    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(a, "--worker-exe")) o->worker_exe = v;
-    else return 0;
-    (*i)++;
-    if (o->tp < 1 || o->tp > WIRE_MAX_WORLD || o->threads < 1) return -1;
-    return 1;
+void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
+    if (o->tp == 0) o->tp = 1;
+    if (o->threads == 0) o->threads = 1;
+    const opt_spec t[COORD_GROUP_N_OPTS] = {
+        {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
+         .help = "the GGUF file (of a split model: its first part, *-00001-of-*.gguf)", .dest = &o->model},
+        {.name = "--tp", .kind = OPT_INT, .arg = "N", .def = "1",
+         .help = "tensor-parallel degree: worker processes, one per GPU", .dest = &o->tp, .lo = 1, .hi = WIRE_MAX_WORLD},
+        {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads per worker",
+         .dest = &o->threads, .lo = 1, .hi = 1024},
+        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "$MLA_WORKER_EXE, else mlaserve-worker beside mlaserve",
+         .help = "the worker program", .dest = &o->worker_exe},
+    };
+    memcpy(s, t, sizeof t);
 }
 
 int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, mla_err *err) {
@@ -956,7 +981,9 @@ static int group_launch(coord *c, mla_err *err) {
     int quit = c->quit;
     pthread_mutex_unlock(&c->mu);
     if (quit) return mla_errf(err, "the coordinator is stopping");
+    pthread_mutex_lock(&c->mu);
     memset(c->ranks, 0, sizeof c->ranks);
+    pthread_mutex_unlock(&c->mu);
     c->state = ST_STARTING;
     c->fail_msg[0] = '\0';
     c->n_vocab = 0;
@@ -977,6 +1004,7 @@ static int group_launch(coord *c, mla_err *err) {
     c->start_deadline = now_ms() + c->cfg.start_timeout_ms;
     if (pthread_create(&c->th, NULL, io_main, c) != 0) MLA_PANIC("pthread_create failed");
     c->th_started = 1;
+    if (c->cfg.no_wait && !c->ever_ready) return MLA_OK; /* the first start: coord_phase tells */
     pthread_mutex_lock(&c->mu);
     while (c->state == ST_STARTING && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
     int st = c->state;
@@ -1072,6 +1100,39 @@ static void *sup_main(void *arg) {
 }
 
 int coord_policy(const coord *c) { return c->cfg.on_failure; }
+
+int coord_phase(coord *c) {
+    pthread_mutex_lock(&c->mu);
+    int p = c->state == ST_READY ? COORD_PHASE_READY
+            : c->state == ST_STARTING ? (c->ever_ready ? COORD_PHASE_RESTARTING : COORD_PHASE_LOADING)
+            : c->state == ST_FAILED && !c->ever_ready ? COORD_PHASE_START_FAILED
+                                                      : COORD_PHASE_FAILED;
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+int coord_workers(coord *c, coord_worker_info *info, int cap) {
+    const int64_t t = now_ms();
+    pthread_mutex_lock(&c->mu);
+    int n = c->cfg.world < cap ? c->cfg.world : cap;
+    for (int r = 0; r < n; r++) {
+        const rank_st *rs = &c->ranks[r];
+        coord_worker_info *w = &info[r];
+        memset(w, 0, sizeof *w);
+        w->registered = rs->registered;
+        w->loaded = rs->loaded;
+        snprintf(w->device, sizeof w->device, "%s", rs->device);
+        w->load_done = rs->load_done;
+        w->load_total = rs->load_total;
+        w->load_seconds = rs->load_t0 ? (double)(rs->load_t - rs->load_t0) / 1000.0 : 0;
+        int64_t rx = rs->last_rx;
+        w->heartbeat_age = rs->registered && rx ? (double)(t - rx) / 1000.0 : -1;
+        w->has_stats = rs->has_stats;
+        w->stats = rs->stats;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
 
 int coord_restarts(coord *c) {
     pthread_mutex_lock(&c->mu);
@@ -1240,7 +1301,8 @@ int coord_healthy(coord *c, mla_err *err) {
     if (!ok)
         mla_errf(err, "%s%s",
                  c->state == ST_FAILED ? c->fail_msg
-                 : c->state == ST_STARTING ? "the worker group is restarting"
+                 : c->state == ST_STARTING ? (c->ever_ready ? "the worker group is restarting"
+                                                            : "the workers are loading the model (see /health)")
                                            : "the worker group is stopped",
                  c->state == ST_FAILED && c->cfg.on_failure == COORD_ON_FAILURE_RESTART && !c->gave_up
                      ? " (restarting)" : "");

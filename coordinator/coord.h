@@ -28,6 +28,7 @@
 #include "mla_err.h"
 #include "common/gguf.h"
 #include "common/model_config.h"
+#include "common/opts.h"
 #include "wire.h"
 
 typedef struct coord coord;
@@ -65,6 +66,9 @@ typedef struct coord_config {
      * zeros take the defaults (gpu_memory_utilization 0.90, steps of 512 tokens, 32 sequences,
      * the model's context; a CPU worker's kv_memory_bytes 0: its default of 1 GiB). */
     wire_kv_opts kv;
+    /* 1: coord_start returns once the workers are started, without waiting for them to load
+     * (`serve` answers /health meanwhile); coord_phase says when the group is ready or failed. */
+    int no_wait;
 } coord_config;
 
 enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE_EXIT = 2 };
@@ -75,19 +79,17 @@ enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE
  * Without keys only ipc://, inproc:// and loopback tcp:// (127.*, localhost, [::1]) endpoints
  * may be bound, unless insecure is set. */
 
-/* Parses one control-plane option at argv[*i] into cfg (string values point into argv):
+/* The control-plane options as an opts table (common/opts.h) writing into cfg:
  *   --coord EP, --workers-external, --curve-dir DIR, --insecure-control-plane,
  *   --heartbeat-timeout-ms N, --step-timeout-ms N, --start-timeout-ms N,
- *   --on-worker-failure stop|restart|exit, --max-restarts N
- * Returns 1 when it consumed the option (*i then indexes its last word), 0 when the option is
- * not one of these, -1 with err on a bad or missing value. */
-int coord_parse_opt(coord_config *cfg, int argc, char **argv, int *i, mla_err *err);
-/* Usage lines for those options. */
-extern const char coord_opts_usage[];
+ *   --on-worker-failure stop|restart|exit, --max-restarts N, --backend cpu|cuda
+ * Fills specs[0..COORD_N_OPTS); string values will point into argv. */
+#define COORD_N_OPTS 12
+void coord_opt_specs(coord_config *cfg, opt_spec *specs);
 
 /* What every command that starts a worker group takes (`mlaserve generate`, `logits
- * --processes`, `bench`): the model, the tensor-parallel degree, threads per worker, the worker
- * program, and the control-plane options above. Strings point into argv. */
+ * --processes`, `bench`, `serve`): the model, the tensor-parallel degree, threads per worker, the
+ * worker program, and the control-plane options above. Strings point into argv. */
 typedef struct coord_group_opts {
     const char *model;
     int tp, threads;
@@ -95,10 +97,10 @@ typedef struct coord_group_opts {
     coord_config cc;
 } coord_group_opts;
 
-/* Consumes a group option at argv[*i]: those of coord_parse_opt, --processes, -m/--model M,
- * --tp N, --threads N, --worker-exe PATH. 1 when it was one (*i then indexes its last word), -1 on
- * a bad value (a control-plane option's reason is printed on stderr), 0 when not a group option. */
-int coord_group_opt(coord_group_opts *o, int argc, char **argv, int *i);
+/* -m/--model PATH, --tp N, --threads N, --worker-exe PATH into o (tp and threads default to 1
+ * when 0 on entry). Fills specs[0..COORD_GROUP_N_OPTS). */
+#define COORD_GROUP_N_OPTS 4
+void coord_group_opt_specs(coord_group_opts *o, opt_spec *specs);
 
 /* Checks that the open model g (the file o->model) can be served by o->tp ranks
  * (coord_check_model) and starts the group: o->tp local workers (or external ones), as
@@ -166,6 +168,26 @@ int coord_policy(const coord *c);
 int coord_restarts(coord *c);
 /* 1 when the group failed for good: failed with policy STOP or EXIT, or RESTART gave up. */
 int coord_failed_for_good(coord *c);
+
+/* Where the group is: loading (the first start), ready, failed during the first start, failed
+ * later, or restarting. */
+enum { COORD_PHASE_LOADING, COORD_PHASE_READY, COORD_PHASE_START_FAILED, COORD_PHASE_FAILED, COORD_PHASE_RESTARTING };
+int coord_phase(coord *c);
+
+/* One worker as the coordinator sees it: registration, load progress (bytes of the model file,
+ * worker-reported; load_seconds from its first to its last progress report), the seconds since
+ * its last message (-1: not registered), and its last heartbeat's stats. */
+typedef struct coord_worker_info {
+    int registered, loaded;
+    char device[WIRE_MAX_STR];
+    uint64_t load_done, load_total;
+    double load_seconds;
+    double heartbeat_age;
+    int has_stats;
+    wire_worker_stats stats;
+} coord_worker_info;
+/* Fills info[0..min(world, cap)) and returns that count. Thread-safe. */
+int coord_workers(coord *c, coord_worker_info *info, int cap);
 
 /* Restart policy: tears the group down (as coord_stop does, keeping the socket) and starts a
  * fresh one (new workers, new collective; every sequence's cache is gone). Local workers are

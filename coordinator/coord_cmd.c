@@ -12,6 +12,7 @@
 #include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/opts.h"
 #include "coord.h"
 #include "tok.h"
 
@@ -116,26 +117,10 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
     return rc;
 }
 
-int cmd_logits_tp(int argc, char **argv) {
-    group_opts o = {.tp = 1, .threads = 1};
-    const char *tokens = NULL, *outp = NULL, *ids_out = NULL;
-    long decode_from = -1, greedy = 0, chunk = 0, reuse = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = coord_group_opt(&o, argc, argv, &i);
-        if (g < 0) goto usage;
-        if (g) continue;
-        if (i + 1 >= argc) goto usage;
-        const char *a = argv[i];
-        if (!strcmp(a, "--tokens")) tokens = argv[++i];
-        else if (!strcmp(a, "--out")) outp = argv[++i];
-        else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
-        else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
-        else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
-        else if (!strcmp(a, "--chunk")) chunk = atol(argv[++i]);
-        else if (!strcmp(a, "--prefix-reuse")) reuse = atol(argv[++i]);
-        else goto usage;
-    }
-    if (!o.model || !tokens || !outp || (greedy > 0 && !ids_out) || chunk < 0 || reuse < 0) goto usage;
+int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
+    const group_opts o = *opts;
+    const char *tokens = lo->tokens, *outp = lo->out, *ids_out = lo->ids_out;
+    const long decode_from = lo->decode_from, greedy = lo->greedy, chunk = lo->chunk, reuse = lo->prefix_reuse;
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
@@ -201,16 +186,11 @@ done:
     free(gen);
     free(logits);
     return status;
-usage:
-    fprintf(stderr,
-            "usage: mlaserve logits --processes -m MODEL.gguf --tokens IDS.txt --out OUT.f32 --tp N [--threads N]\n"
-            "                       [--decode-from K] [--greedy N --ids-out IDS_OUT.txt]\n"
-            "                       [--chunk N]   (prompts in steps of at most N tokens after the first)\n"
-            "                       [--prefix-reuse R]   (a donor sequence computes the first R tokens; the\n"
-            "                       prompt shares its whole cache blocks and computes the rest)\n"
-            "                       [--worker-exe PATH]\n%s", coord_opts_usage);
-    return 2;
 }
+
+static const char generate_usage[] =
+    "usage: mlaserve generate -m MODEL.gguf -p PROMPT [--chat] [-n N] [--tp N] [options]\n"
+    "Generates a continuation of PROMPT through a coordinator and N worker processes; prints the text.\n";
 
 int cmd_generate(int argc, char **argv) {
     group_opts o = {.tp = 1, .threads = 1};
@@ -218,37 +198,49 @@ int cmd_generate(int argc, char **argv) {
     long n_predict = 64;
     wire_sampling sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
     int verbose = 0, chat = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = coord_group_opt(&o, argc, argv, &i);
-        if (g < 0) goto usage;
-        if (g) continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "-v")) {
-            verbose = 1;
-            continue;
-        }
-        if (!strcmp(a, "--chat")) {
-            chat = 1;
-            continue;
-        }
-        if (i + 1 >= argc) goto usage;
-        const char *v = argv[++i];
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "-n")) n_predict = atol(v);
-        else if (!strcmp(a, "--temp")) sp.temperature = strtof(v, NULL);
-        else if (!strcmp(a, "--top-k")) sp.top_k = atoi(v);
-        else if (!strcmp(a, "--top-p")) sp.top_p = strtof(v, NULL);
-        else if (!strcmp(a, "--min-p")) sp.min_p = strtof(v, NULL);
-        else if (!strcmp(a, "--repeat-penalty")) sp.repetition_penalty = strtof(v, NULL);
-        else if (!strcmp(a, "--presence-penalty")) sp.presence_penalty = strtof(v, NULL);
-        else if (!strcmp(a, "--frequency-penalty")) sp.frequency_penalty = strtof(v, NULL);
-        else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
-        else goto usage;
+    opt_spec gspecs[COORD_GROUP_N_OPTS], cspecs[COORD_N_OPTS];
+    coord_group_opt_specs(&o, gspecs);
+    coord_opt_specs(&o.cc, cspecs);
+    const opt_spec mine[] = {
+        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &prompt},
+        {.name = "--chat", .kind = OPT_FLAG, .help = "the prompt is one user message, through the model's chat template",
+         .dest = &chat},
+        {.name = "--n-predict", .alias = "-n", .kind = OPT_LONG, .arg = "N", .def = "64", .help = "tokens to generate at most",
+         .dest = &n_predict, .lo = 1, .hi = 1L << 24},
+        {.name = "--temp", .kind = OPT_FLOAT, .arg = "T", .def = "0", .help = "temperature (0: greedy)",
+         .dest = &sp.temperature, .lo = 0, .hi = 100},
+        {.name = "--top-k", .kind = OPT_INT, .arg = "K", .def = "0", .help = "top-k sampling (0: off)", .dest = &sp.top_k,
+         .lo = 0, .hi = 1 << 24},
+        {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .def = "1", .help = "nucleus sampling (1: off)", .dest = &sp.top_p,
+         .lo = 0, .hi = 1},
+        {.name = "--min-p", .kind = OPT_FLOAT, .arg = "P", .def = "0", .help = "min-p sampling (0: off)", .dest = &sp.min_p,
+         .lo = 0, .hi = 1},
+        {.name = "--repeat-penalty", .kind = OPT_FLOAT, .arg = "R", .def = "1", .help = "repetition penalty (1: off)",
+         .dest = &sp.repetition_penalty, .lo = 0, .hi = 100},
+        {.name = "--presence-penalty", .kind = OPT_FLOAT, .arg = "P", .def = "0", .help = "presence penalty",
+         .dest = &sp.presence_penalty, .lo = -100, .hi = 100},
+        {.name = "--frequency-penalty", .kind = OPT_FLOAT, .arg = "F", .def = "0", .help = "frequency penalty",
+         .dest = &sp.frequency_penalty, .lo = -100, .hi = 100},
+        {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "0", .help = "sampling seed", .dest = &sp.seed},
+        {.name = "--verbose", .alias = "-v", .kind = OPT_FLAG, .help = "log at info (default: warnings only)",
+         .dest = &verbose},
+        MLA_LOG_LEVEL_OPT,
+    };
+    const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
+                              {"generation", mine, sizeof mine / sizeof *mine},
+                              {"control plane", cspecs, COORD_N_OPTS}};
+    int st = opts_command("mlaserve generate", generate_usage, tabs, 3, argc, argv, NULL, 0, NULL);
+    if (st >= 0) return st;
+    if (!o.model || !prompt) {
+        fprintf(stderr, "mlaserve generate: -m MODEL.gguf and -p PROMPT are required (--help lists the options)\n");
+        return 2;
     }
-    if (!o.model || !prompt || n_predict < 1) goto usage;
-    if (!verbose) {
+    if (verbose) {
+        mla_log_set_level(MLA_LOG_INFO);
+        setenv("MLA_LOG_LEVEL", "info", 1); /* for the workers */
+    } else if (!getenv("MLA_LOG_LEVEL")) { /* --log-level and MLA_LOG_LEVEL set it otherwise */
         mla_log_set_level(MLA_LOG_WARN);
-        if (!getenv("MLA_LOG_LEVEL")) setenv("MLA_LOG_LEVEL", "warn", 1); /* for the workers */
+        setenv("MLA_LOG_LEVEL", "warn", 1);
     }
 
     mla_err err = {{0}};
@@ -353,11 +345,4 @@ done:
     free(pos);
     free(tab);
     return status;
-usage:
-    fprintf(stderr,
-            "usage: mlaserve generate -m MODEL.gguf -p PROMPT [--chat] [-n N] [--tp N] [--threads N]\n"
-            "                         [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
-            "                         [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
-            "                         [--worker-exe PATH] [-v]\n%s", coord_opts_usage);
-    return 2;
 }

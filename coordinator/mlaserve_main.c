@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cmd_bench.h"
+#include "common/buildinfo.h"
 #include "cmd_client.h"
 #include "cmd_mkmodel.h"
 #include "cmd_serve.h"
@@ -25,13 +26,20 @@ static int usage(FILE *f) {
             "         protobuf API client (of serve --proto-port P)\n"
             "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n"
             "  mkmodel --family v3|glm5|v2lite -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"
-            "         synthetic model at real shapes with random weights (mkmodel --help)\n");
+            "         synthetic model at real shapes with random weights (mkmodel --help)\n"
+            "  version   this build: version, commit, build type, CUDA architectures (also --version)\n"
+            "every command takes --help (each option's meaning and default), --log-level LEVEL, and\n"
+            "options as `--opt value` or `--opt=value`\n");
     return f == stderr ? 2 : 0;
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return usage(stdout);
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        buildinfo_print(stdout, "mlaserve");
+        return 0;
+    }
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);

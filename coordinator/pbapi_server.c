@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buildinfo.h"
 #include "common/apiclient.h"
 #include "common/mla_log.h"
 #include "coordinator/pbapi_frame.h"
@@ -371,6 +372,11 @@ static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t le
             m.max_frame = s->cfg.max_frame;
             m.server = "mlaserve";
             m.model = (char *)api_server_model_name(s->api);
+            char build[256];
+            snprintf(build, sizeof build, "commit %s, %s, %s%s", buildinfo_commit(), buildinfo_type(),
+                     buildinfo_cuda_archs()[0] ? "CUDA sm_" : "CPU only", buildinfo_cuda_archs());
+            m.server_version = (char *)buildinfo_version();
+            m.build = build;
             send_msg(c, MLAAPI__FRAME_KIND__FRAME_HELLO_REPLY, &m.base);
         }
         pbapi_request_free(&q);

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317 # the cleanup functions run from traps
 # deploy/launch.sh: one node, N GPUs: `mlaserve serve` (coordinator + HTTP) and one
-# `mlaserve-worker` per GPU (CUDA_VISIBLE_DEVICES=i for worker i), each with its own log file.
+# `mlaserve-worker` per GPU, each with its own log file. Worker i sees one GPU: the i-th entry of
+# CUDA_VISIBLE_DEVICES when it is set (a mask given to the launcher is kept: worker i gets its
+# i-th device), else GPU i.
 # Ctrl-C / SIGTERM: the server is asked to drain (SIGTERM), the workers follow it; whatever is
 # still running after the grace period is killed, so no process outlives the launcher.
 #
 # usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P]
 #                         [--curve-dir DIR] [--grace S] [--dry-run] [-- extra serve options]
-#   -n N          tensor-parallel degree = workers = GPUs (default: nvidia-smi's count, else 1)
+#   -n N          tensor-parallel degree = workers = GPUs (default: the devices in
+#                 CUDA_VISIBLE_DEVICES, else nvidia-smi's count, else 1)
 #   --logs DIR    coordinator.log and worker-<i>.log go there (default ./mlaserve-logs-<date>)
 #   --bin DIR     where mlaserve and mlaserve-worker are (default: beside this script's build, PATH)
 #   --cpu         no GPUs: the workers share the host (CPU backend); for testing
@@ -30,18 +33,32 @@ while [[ $# -gt 0 ]]; do
     --cpu) cpu=1; shift ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "launch.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [[ -n "$model" ]] || { echo "launch.sh: -m MODEL.gguf is required" >&2; exit 2; }
+# the devices the workers get: the given mask's entries (ids or UUIDs), else 0..N-1
+mask=()
+if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  IFS=, read -r -a mask <<<"$CUDA_VISIBLE_DEVICES"
+fi
 if [[ -z "$n" ]]; then
-  if [[ $cpu -eq 0 ]] && command -v nvidia-smi >/dev/null 2>&1; then
+  if [[ ${#mask[@]} -gt 0 ]]; then
+    n=${#mask[@]}
+  elif [[ $cpu -eq 0 ]] && command -v nvidia-smi >/dev/null 2>&1; then
     n=$(nvidia-smi -L | grep -c '^GPU' || true)
   fi
   [[ -n "$n" && "$n" -ge 1 ]] || n=1
 fi
 [[ "$n" =~ ^[0-9]+$ && "$n" -ge 1 ]] || { echo "launch.sh: bad -n '$n'" >&2; exit 2; }
+if [[ $cpu -eq 0 && ${#mask[@]} -gt 0 && $n -gt ${#mask[@]} ]]; then
+  echo "launch.sh: -n $n workers but CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists ${#mask[@]} device(s)" >&2
+  exit 2
+fi
+device_of() { # rank -> the CUDA_VISIBLE_DEVICES value of that worker
+  if [[ ${#mask[@]} -gt 0 ]]; then echo "${mask[$1]}"; else echo "$1"; fi
+}
 
 find_bin() { # name -> path
   if [[ -n "$bin" ]]; then
@@ -49,8 +66,11 @@ find_bin() { # name -> path
     if [[ ! -x "$bin/$1" && -x "$bin/../worker/$1" ]]; then echo "$bin/../worker/$1"; else echo "$bin/$1"; fi
     return
   fi
-  local here; here=$(cd "$(dirname "$0")/.." && pwd)
-  for d in "$here/build/coordinator" "$here/build/worker"; do
+  local here inst; here=$(cd "$(dirname "$0")/.." && pwd)
+  # a source tree's build, or an installed tree (PREFIX/share/mlaserve/deploy -> PREFIX/bin)
+  inst=""
+  if [[ -d "$here/../../bin" ]]; then inst=$(cd "$here/../../bin" && pwd); fi
+  for d in "$here/build/coordinator" "$here/build/worker" ${inst:+"$inst"}; do
     [[ -x "$d/$1" ]] && { echo "$d/$1"; return; }
   done
   command -v "$1" || echo "$1"
@@ -80,7 +100,7 @@ if [[ $dry -eq 1 ]]; then
   for ((r = 0; r < n; r++)); do
     worker_args "$r"
     printf 'worker %d:' "$r"
-    [[ $cpu -eq 1 ]] || printf ' CUDA_VISIBLE_DEVICES=%d' "$r"
+    [[ $cpu -eq 1 ]] || printf ' CUDA_VISIBLE_DEVICES=%s' "$(device_of "$r")"
     printf ' %q' "${wargs[@]}"; printf '\n'
   done
   exit 0
@@ -129,7 +149,7 @@ for ((r = 0; r < n; r++)); do
   if [[ $cpu -eq 1 ]]; then
     "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
   else
-    CUDA_VISIBLE_DEVICES=$r "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$(device_of "$r") "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
   fi
   pids+=("$!")
 done

@@ -2,7 +2,9 @@
 # `make bundle`: a relocatable release tree of mlaserve with the CUDA backend, for a machine that
 # has only the NVIDIA driver (libcuda) and NCCL, as the GPU machine is.
 #   scripts/bundle.sh [DEST]        (default .bundle; env ARCH="90;100;120", BUILD=build-bundle)
-# DEST/bin: mlaserve, mlaserve-worker (and mlaserve-coordinator when built);
+# DEST/bin: mlaserve, mlaserve-worker (and mlaserve-coordinator when built); DEST/share: what
+# `cmake --install` puts there (share/mlaserve: deploy files, the tiny model, the Dockerfile;
+# share/doc/mlaserve), so that the bundle has the install layout (the Dockerfile copies it);
 # DEST/lib: every shared library `ldd` shows that is not glibc, libstdc++/libgcc_s, the driver
 # (libcuda) or NCCL. The binaries carry DT_RPATH $ORIGIN/../lib (--disable-new-dtags, so that it
 # also serves the bundled libraries' own dependencies: libzmq -> libsodium, libpgm, ...). The CUDA
@@ -26,6 +28,7 @@ mkdir -p "$DEST/bin" "$DEST/lib"
 bins=("$BUILD/coordinator/mlaserve" "$BUILD/worker/mlaserve-worker")
 [ -x "$BUILD/coordinator/mlaserve-coordinator" ] && bins+=("$BUILD/coordinator/mlaserve-coordinator")
 cp "${bins[@]}" "$DEST/bin/"
+cmake --install "$BUILD" --prefix "$DEST" --component share >/dev/null
 # system libraries every glibc Linux has (left out), the driver and NCCL (from the GPU machine)
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libnccl)\.'
 for b in "$DEST"/bin/*; do

@@ -4,7 +4,7 @@
 # at batch 1 with every process marking its steps (MLA_STEP_TRACE, common/steptrace.h), read by
 # scripts/steptrace.py into where each step's time goes between the caller and the engine.
 # Env: BUNDLE (release tree, default .bundle), OUT (default ./out), FAMILY (default v2lite),
-# LAYERS (default 4), CTX (default 1024), N_CTX (each cache's size, MLA_N_CTX; default CTX + 128),
+# LAYERS (default 4), CTX (default 1024),
 # STEPS (default 64), SETTINGS: settings separated by ';',
 # each a space-separated list of NAME=VALUE (default "MLA_CUDA_PDL=0;MLA_CUDA_PDL=1").
 # The model is mkmodel's, as scripts/gpu_bench.sh writes it (reused when it is there). A dry run
@@ -40,7 +40,7 @@ for s in "${sets[@]}"; do
   for e in "${kv[@]}"; do envs+=(--env "$e"); done
   env "${kv[@]}" MLA_STEP_TRACE="$T" timeout 120 "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 \
     --prefill none --batch 1 --ctx "${CTX:-1024}" --steps "${STEPS:-64}" --warmup 4 --env MLA_CUDA_FAST=split \
-    --env MLA_N_CTX="${N_CTX:-$((${CTX:-1024} + 128))}" "${envs[@]}" --md "$T/bench.md" >"$T/bench.log" 2>&1 ||
+    "${envs[@]}" --md "$T/bench.md" >"$T/bench.log" 2>&1 ||
     { echo "bench: exit status $?"; tail -5 "$T/bench.log"; }
   grep '^| 1 ' "$T/bench.md" 2>/dev/null
   python3 scripts/steptrace.py "$T" --skip 4

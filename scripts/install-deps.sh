@@ -7,6 +7,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-pip
       libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libhttp-parser-dev
       libcjson-dev libpcre2-dev libsodium-dev clang libclang-rt-dev curl
       shellcheck iproute2)
+# what the tests run besides mlaserve: promtool (Prometheus: checks /metrics), podman (builds the Dockerfile)
+[[ "${1:-}" == "--test" ]] && pkgs+=(prometheus podman)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

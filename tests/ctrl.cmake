@@ -99,3 +99,9 @@ set_tests_properties(ctrl_cli_tp PROPERTIES TIMEOUT 300 ENVIRONMENT "MLA_HEARTBE
 # not a test: per-step control-plane overhead (numbers in docs/ctrl.md)
 add_executable(bench_ctrl ${MLA_TEST_DIR}/ctrl/bench_ctrl.c)
 target_link_libraries(bench_ctrl mla_coord mla_test_engine)
+
+# the option parser every command uses (common/opts.h)
+add_executable(test_opts ${MLA_TEST_DIR}/unit/test_opts.c)
+target_include_directories(test_opts PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_opts mla_common m)
+add_test(NAME opts COMMAND test_opts)

@@ -99,6 +99,9 @@ typedef struct engine_ops {
      * waits for every queued plan before any other call. */
     int (*queue)(engine *e, const wire_step_plan *a, bool from_device, mla_err *err);
     int (*wait_queued)(engine *e, int32_t *tokens, mla_err *err);
+    /* Optional (NULL: no device): the device's free and total memory in bytes, for the worker's
+     * heartbeat stats. Called on the thread that runs the steps. */
+    int (*mem_info)(engine *e, uint64_t *free_bytes, uint64_t *total_bytes);
 } engine_ops;
 
 /* rows of logits step() writes for sequence s */

@@ -23,6 +23,8 @@
 #include "mla_log.h"
 
 #ifdef MLA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda_ops.h"
 #include "model_cuda.h"
 #ifdef MLA_HAVE_NCCL
@@ -339,6 +341,20 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
+static int cu_mem_info(engine *e, uint64_t *free_bytes, uint64_t *total_bytes) {
+    (void)e; /* the device is the thread's current one (mla_cuda_init in cu_load) */
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return MLA_ERR;
+    }
+    *free_bytes = f;
+    *total_bytes = t;
+    return MLA_OK;
+}
+
+int engine_cuda_devices(void) { return mla_cuda_device_count(); }
+
 const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .model_hash = cu_model_hash,
                                     .load = cu_load,
@@ -352,7 +368,8 @@ const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .bench_coll = cu_bench_coll,
                                     .step_greedy = cu_step_greedy,
                                     .queue = cu_queue,
-                                    .wait_queued = cu_wait_queued};
+                                    .wait_queued = cu_wait_queued,
+                                    .mem_info = cu_mem_info};
 
 #else /* no CUDA in this build */
 
@@ -376,6 +393,8 @@ static int nc_step(engine *e, const wire_step_plan *p, float *const *l, mla_err 
 }
 static void nc_free_seq(engine *e, uint64_t id) { (void)e, (void)id; }
 static void nc_destroy(engine *e) { (void)e; }
+int engine_cuda_devices(void) { return 0; }
+
 static void nc_kv_pool(const engine *e, engine_kv_pool *out) {
     (void)e;
     memset(out, 0, sizeof *out);

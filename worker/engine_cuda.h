@@ -16,4 +16,7 @@
 
 extern const engine_ops engine_cuda_ops;
 
+/* CUDA devices this process sees (0 in a build without CUDA, or with no driver or device). */
+int engine_cuda_devices(void);
+
 #endif

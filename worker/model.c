@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/loadprog.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
 #include "common/threadpool.h"
@@ -179,6 +180,7 @@ static void load_ffn(mla_model *m, ffn_shard *f, const shard_plan *p, const gguf
 int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_opts *opts,
                    mla_err *err) {
     *out = NULL;
+    loadprog_begin(g);
     mla_model *m = mla_xcalloc(1, sizeof *m);
     m->g = g;
     if (!c) c = m->own_coll = coll_single_new();
@@ -227,6 +229,7 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
 
     m->L = mla_xcalloc((size_t)cf->n_layer, sizeof *m->L);
     for (int64_t il = 0; il < cf->n_layer; il++) {
+        loadprog_layers_done(g, il);
         layer_w *l = &m->L[il];
         l->attn_norm = f32_of(tens(g, "blk.%lld.attn_norm.weight", il));
         l->ffn_norm = f32_of(tens(g, "blk.%lld.ffn_norm.weight", il));
@@ -302,6 +305,7 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
     }
     if (plan.notes[0]) MLA_INFO("tensor-parallel plan notes:\n%s", plan.notes);
     shard_plan_free(&plan);
+    loadprog_finish();
     m->tp = threadpool_new(opts && opts->n_threads > 0 ? opts->n_threads : 1);
     *out = m;
     return MLA_OK;

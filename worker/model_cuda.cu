@@ -11,6 +11,7 @@
 #include "kernels/cuda_ops.h"
 
 extern "C" {
+#include "common/loadprog.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
 #include "kernels/matmul.h"
@@ -395,6 +396,7 @@ static bool env_switch(const char *name, bool dflt, bool *on, mla_err *err) {
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {
     *out = nullptr;
+    loadprog_begin(g);
     mla_cmodel *m = (mla_cmodel *)mla_xcalloc(1, sizeof *m);
     if (!c) c = m->own_coll = coll_single_new();
     m->c = c;
@@ -502,6 +504,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     }
     m->L = (dlayer *)mla_xcalloc((size_t)cf->n_layer, sizeof *m->L);
     for (int64_t il = 0; il < cf->n_layer; il++) {
+        loadprog_layers_done(g, il);
         dlayer *l = &m->L[il];
         mla_mat v;
 #define UPF(dst, name) \
@@ -577,6 +580,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
 #undef UPM
     }
     shard_plan_free(&plan);
+    loadprog_finish();
     MLA_INFO("cuda model: rank %d/%d, %.1f MiB of weights on device %d", m->rank, m->world, m->wbytes / 1048576.0,
              m->device);
     *out = m;

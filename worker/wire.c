@@ -36,6 +36,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     Mla__StepPlan plan = MLA__STEP_PLAN__INIT;
     Mla__StepResult res = MLA__STEP_RESULT__INIT;
     Mla__Control ctl = MLA__CONTROL__INIT;
+    Mla__WorkerStats wstats = MLA__WORKER_STATS__INIT;
     Mla__Bench bench = MLA__BENCH__INIT;
     Mla__BenchResult bres = MLA__BENCH_RESULT__INIT;
     /* per-sequence storage for plans and results */
@@ -171,6 +172,18 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             return mla_errf(err, "wire: NCCL id of %u bytes", m->u.ctl.nccl_id_len);
         ctl.nccl_id.len = m->u.ctl.nccl_id_len;
         ctl.nccl_id.data = (uint8_t *)m->u.ctl.nccl_id;
+        ctl.load_done = m->u.ctl.load_done;
+        ctl.load_total = m->u.ctl.load_total;
+        if (m->u.ctl.has_stats) {
+            const wire_worker_stats *ws = &m->u.ctl.stats;
+            wstats.steps = ws->steps;
+            wstats.step_seconds = ws->step_seconds;
+            wstats.allreduces = ws->allreduces;
+            wstats.allreduce_seconds = ws->allreduce_seconds;
+            wstats.device_mem_free = ws->device_mem_free;
+            wstats.device_mem_total = ws->device_mem_total;
+            ctl.stats = &wstats;
+        }
         env.body_case = MLA__ENVELOPE__BODY_CONTROL;
         env.control = &ctl;
         break;
@@ -467,7 +480,7 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
                           mla_err *err) {
     uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
     uint32_t world = lim->world ? lim->world : WIRE_MAX_WORLD;
-    if ((int)c->kind < WIRE_CTL_HEARTBEAT || (int)c->kind > WIRE_CTL_NCCL_ID)
+    if ((int)c->kind < WIRE_CTL_HEARTBEAT || (int)c->kind > WIRE_CTL_LOAD_PROGRESS)
         return mla_errf(err, "wire: unknown control kind %d", (int)c->kind);
     if (c->n_seq_ids > max_seqs)
         return mla_errf(err, "wire: control frame lists %zu sequences (limit %u)", c->n_seq_ids, max_seqs);
@@ -494,6 +507,27 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
     } else if (c->nccl_id.len) {
         return mla_errf(err, "wire: control kind %d carries an NCCL id", (int)c->kind);
     }
+    if ((int)c->kind == WIRE_CTL_LOAD_PROGRESS) {
+        if (c->load_done > c->load_total)
+            return mla_errf(err, "wire: load progress of %llu bytes beyond the total %llu",
+                            (unsigned long long)c->load_done, (unsigned long long)c->load_total);
+    } else if (c->load_done || c->load_total) {
+        return mla_errf(err, "wire: control kind %d carries load progress", (int)c->kind);
+    }
+    if (c->stats) {
+        const Mla__WorkerStats *ws = c->stats;
+        if ((int)c->kind != WIRE_CTL_HEARTBEAT) return mla_errf(err, "wire: control kind %d carries worker stats", (int)c->kind);
+        if (!(ws->step_seconds >= 0 && ws->step_seconds < 1e15 && ws->allreduce_seconds >= 0 &&
+              ws->allreduce_seconds < 1e15))
+            return mla_errf(err, "wire: worker stats with a time that is not a finite number of seconds >= 0");
+        if (ws->device_mem_free > ws->device_mem_total)
+            return mla_errf(err, "wire: worker stats with more free device memory than in all");
+        o->has_stats = true;
+        o->stats = (wire_worker_stats){ws->steps, ws->step_seconds, ws->allreduces, ws->allreduce_seconds,
+                                       ws->device_mem_free, ws->device_mem_total};
+    }
+    o->load_done = c->load_done;
+    o->load_total = c->load_total;
     o->kind = (wire_control_kind)c->kind;
     o->status = c->status;
     o->n_vocab = c->n_vocab;

@@ -19,7 +19,7 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 3u /* 3: block tables in the plan, the cache pool at registration */
+#define WIRE_VERSION 3u /* 3: block tables in the plan, the cache pool, load progress, worker stats */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -52,6 +52,7 @@ typedef enum wire_control_kind {
     WIRE_CTL_LOADED = 5,
     WIRE_CTL_ERROR = 6,
     WIRE_CTL_NCCL_ID = 7, /* rank 0 -> coordinator -> other ranks: nccl_id, exactly WIRE_MAX_NCCL_ID bytes */
+    WIRE_CTL_LOAD_PROGRESS = 8, /* worker -> coordinator while loading: load_done of load_total bytes */
 } wire_control_kind;
 
 typedef struct wire_register {
@@ -143,6 +144,15 @@ typedef struct wire_step_result {
     wire_seq_result *seqs;
 } wire_step_result;
 
+/* proto WorkerStats: counters since the worker started, device memory as of its last step */
+typedef struct wire_worker_stats {
+    uint64_t steps;
+    double step_seconds;
+    uint64_t allreduces;
+    double allreduce_seconds;
+    uint64_t device_mem_free, device_mem_total;
+} wire_worker_stats;
+
 typedef struct wire_control {
     wire_control_kind kind;
     uint32_t n_seq_ids;
@@ -160,6 +170,11 @@ typedef struct wire_control {
      * carry none) */
     uint8_t nccl_id[WIRE_MAX_NCCL_ID];
     uint32_t nccl_id_len;
+    /* WIRE_CTL_LOAD_PROGRESS only (wire_decode: load_done <= load_total) */
+    uint64_t load_done, load_total;
+    /* a worker's heartbeat (optional; wire_decode: finite seconds >= 0, free <= total) */
+    bool has_stats;
+    wire_worker_stats stats;
 } wire_control;
 
 /* `mlaserve bench` (worker/engine.h bench_fill / bench_coll). wire_decode checks: a known op;

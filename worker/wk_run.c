@@ -15,7 +15,10 @@
 #include <zmq.h>
 
 #include "coll_host.h"
+#include "common/buildinfo.h"
 #include "common/fdlink.h"
+#include "common/loadprog.h"
+#include "common/opts.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
 #include "sample.h"
@@ -24,6 +27,7 @@
 #include "zspin.h"
 
 #define WK_REFUSED (-3)
+#define WK_HELP 1 /* wk_parse_args: --help was asked for */
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -33,13 +37,42 @@ static int64_t now_ms(void) {
 
 /* ---- argument parsing ------------------------------------------------------------------- */
 
-static int parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return MLA_ERR;
-    *out = (int)v;
-    return MLA_OK;
+static const char wk_usage[] =
+    "usage: mlaserve-worker --coord ENDPOINT --rank R --world T -m MODEL.gguf [options]\n"
+    "One tensor-parallel rank: registers with the coordinator, loads its shard, runs the steps.\n"
+    "`mlaserve serve|generate|bench` start their workers themselves; start one by hand for\n"
+    "--workers-external (workers on other hosts).\n";
+
+/* the option table over cfg (strings point into argv) */
+static size_t wk_specs(wk_config *cfg, int *proto, opt_spec *s) {
+    const opt_spec t[] = {
+        {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .help = "the coordinator (tcp://HOST:PORT or ipc://PATH)",
+         .dest = &cfg->coord_endpoint},
+        {.name = "--rank", .kind = OPT_INT, .arg = "R", .help = "this worker's rank, 0..T-1", .dest = &cfg->rank, .lo = 0,
+         .hi = WIRE_MAX_WORLD - 1},
+        {.name = "--world", .kind = OPT_INT, .arg = "T", .help = "tensor-parallel degree (the coordinator's --tp)",
+         .dest = &cfg->world, .lo = 1, .hi = WIRE_MAX_WORLD},
+        {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
+         .help = "the GGUF file (a split model: its first part), the coordinator's", .dest = &cfg->model_path},
+        {.name = "--backend", .kind = OPT_STR, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+         .help = "what this worker computes on", .dest = &cfg->backend},
+        {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads", .dest = &cfg->n_threads,
+         .lo = 1, .hi = 1024},
+        {.name = "--device", .kind = OPT_STR, .arg = "NAME", .def = "the backend's device",
+         .help = "device name reported at registration", .dest = &cfg->device},
+        {.name = "--curve-dir", .kind = OPT_STR, .arg = "DIR", .def = "none",
+         .help = "CURVE keys (server.pub, client.key) from `mlaserve keygen`", .dest = &cfg->curve_dir},
+        {.name = "--curve-client-key", .kind = OPT_STR, .arg = "FILE", .def = "DIR/client.key",
+         .help = "another client key file", .dest = &cfg->curve_client_key},
+        {.name = "--link-fd", .kind = OPT_INT, .arg = "FD", .def = "none",
+         .help = "the local link the coordinator made (set by the coordinator)", .dest = &cfg->link_fd, .lo = 1,
+         .hi = 1 << 20},
+        {.name = "--protocol-version", .kind = OPT_INT, .arg = "V", .def = "this build's",
+         .help = "protocol version to claim (tests of refusals)", .dest = proto, .lo = 1, .hi = 1 << 30},
+        MLA_LOG_LEVEL_OPT,
+    };
+    memcpy(s, t, sizeof t);
+    return sizeof t / sizeof *t;
 }
 
 int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
@@ -49,36 +82,13 @@ int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err) {
     cfg->rank = -1;
     cfg->world = -1;
     cfg->n_threads = 1;
-    cfg->device = "cpu";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int pv;
-        if (!strcmp(a, "--coord") && v) cfg->coord_endpoint = v, i++;
-        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) cfg->model_path = v, i++;
-        else if (!strcmp(a, "--device") && v) cfg->device = v, i++;
-        else if (!strcmp(a, "--curve-dir") && v) cfg->curve_dir = v, i++;
-        else if (!strcmp(a, "--curve-client-key") && v) cfg->curve_client_key = v, i++;
-        else if (!strcmp(a, "--rank") && v) {
-            if (parse_int(v, 0, WIRE_MAX_WORLD - 1, &cfg->rank)) return mla_errf(err, "bad --rank '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--world") && v) {
-            if (parse_int(v, 1, WIRE_MAX_WORLD, &cfg->world)) return mla_errf(err, "bad --world '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (parse_int(v, 1, 1024, &cfg->n_threads)) return mla_errf(err, "bad --threads '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--link-fd") && v) {
-            if (parse_int(v, 1, 1 << 20, &cfg->link_fd)) return mla_errf(err, "bad --link-fd '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--protocol-version") && v) {
-            if (parse_int(v, 1, 1 << 30, &pv)) return mla_errf(err, "bad --protocol-version '%s'", v);
-            cfg->protocol_version = (uint32_t)pv;
-            i++;
-        } else {
-            return mla_errf(err, "unknown or incomplete argument '%s'", a);
-        }
-    }
+    int proto = 0;
+    opt_spec specs[16];
+    const opt_table tab = {"options", specs, wk_specs(cfg, &proto, specs)};
+    int help = 0;
+    if (opts_parse(&tab, 1, argc, argv, 1, 0, NULL, 0, NULL, NULL, &help, err)) return MLA_ERR;
+    if (help) return WK_HELP;
+    cfg->protocol_version = (uint32_t)proto;
     if (!cfg->coord_endpoint || cfg->rank < 0 || cfg->world < 1 || !cfg->model_path)
         return mla_errf(err, "need --coord ENDPOINT --rank R --world T -m MODEL");
     if (cfg->rank >= cfg->world) return mla_errf(err, "--rank %d is not below --world %d", cfg->rank, cfg->world);
@@ -124,7 +134,29 @@ typedef struct wk {
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
     wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */
     _Atomic uint32_t kv_blocks; /* the pool's blocks once loaded: what block ids are checked against */
+    /* for the heartbeat's stats (written by the compute thread, read by the I/O thread) */
+    _Atomic uint64_t st_steps, st_step_ns, mem_free, mem_total;
+    int64_t mem_at; /* compute thread: ms of the last mem_info */
 } wk;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* compute thread: the device's memory, at most once a second */
+static void poll_mem(wk *w, engine *eng) {
+    if (!w->cfg->engine->mem_info) return;
+    int64_t t = now_ms();
+    if (w->mem_at && t - w->mem_at < 1000) return;
+    w->mem_at = t;
+    uint64_t f = 0, tot = 0;
+    if (w->cfg->engine->mem_info(eng, &f, &tot) == MLA_OK && f <= tot) {
+        atomic_store(&w->mem_free, f);
+        atomic_store(&w->mem_total, tot);
+    }
+}
 
 static int send_msg(void *sock, const wire_msg *m, mla_err *err) {
     uint8_t *buf;
@@ -323,9 +355,13 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         w->gtok[i] = -1;
     }
     mla_err err;
+    const int64_t t0 = now_ns();
     /* the plan's table updates first: also those of rows a step ahead answered */
     int rc = w->cfg->engine->set_tables(eng, p, &err);
     if (rc == MLA_OK) rc = run_rows(w, eng, p, rows, &err);
+    atomic_fetch_add(&w->st_step_ns, (uint64_t)(now_ns() - t0));
+    atomic_fetch_add(&w->st_steps, 1);
+    poll_mem(w, eng);
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {
@@ -498,6 +534,14 @@ static void *compute_main(void *arg) {
         return NULL;
     }
     uint32_t V = cfg->engine->n_vocab(eng);
+    loadprog_state lst;
+    loadprog_get(&lst);
+    if (lst.total) {
+        char d[160];
+        loadprog_describe(&lst, d, sizeof d);
+        MLA_INFO("loaded: %s in %.1f s", d, lst.seconds);
+    }
+    poll_mem(w, eng);
     atomic_store(&w->n_vocab, V);
     engine_kv_pool kp;
     cfg->engine->kv_pool(eng, &kp);
@@ -711,6 +755,34 @@ static void send_up(io_st *io, const wire_msg *m) {
     free(buf);
 }
 
+/* Load progress (common/loadprog.h) while the compute thread loads: a LOAD_PROGRESS frame to the
+ * coordinator once a second when it moved, a log line every 10 s and one at the end. */
+typedef struct load_report {
+    int64_t sent_at, logged_at;
+    uint64_t sent_done;
+} load_report;
+
+static void report_load(io_st *io, int rank, int64_t t, load_report *lr) {
+    loadprog_state st;
+    loadprog_get(&st);
+    if (!st.total) return; /* the load has not begun (self-check, collective setup) */
+    if (t - lr->sent_at >= 1000 && (st.done != lr->sent_done || !lr->sent_at)) {
+        wire_msg m = control_msg(WIRE_CTL_LOAD_PROGRESS, rank, 0, 0, 0, NULL);
+        m.u.ctl.load_done = st.done;
+        m.u.ctl.load_total = st.total;
+        send_up(io, &m);
+        lr->sent_at = t;
+        lr->sent_done = st.done;
+    }
+    if (!lr->logged_at) lr->logged_at = t;
+    if (t - lr->logged_at >= 10000) {
+        char d[160];
+        loadprog_describe(&st, d, sizeof d);
+        MLA_INFO("loading: %s", d);
+        lr->logged_at = t;
+    }
+}
+
 /* One frame from the coordinator (DEALER or link): plans, bench requests and FREE_SEQ go to the
  * compute thread in order; the NCCL id is handed to a load waiting for it; SHUTDOWN sets stop. */
 static void handle_down(io_st *io, const void *data, size_t len) {
@@ -869,14 +941,23 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     const int hb_timeout = (int)reply.heartbeat_timeout_ms;
     io_st io = {&w, dealer, pair, link, now_ms(), 0, 0};
     int64_t last_tx = 0;
+    load_report load_rep = {0};
     int stop = 0;
     while (!stop) {
         int64_t t = now_ms();
         if (t - last_tx >= hb_ms) {
             wire_msg hb = control_msg(WIRE_CTL_HEARTBEAT, cfg->rank, 0, 0, 0, NULL);
+            wire_worker_stats *ws = &hb.u.ctl.stats;
+            hb.u.ctl.has_stats = true;
+            ws->steps = atomic_load(&w.st_steps);
+            ws->step_seconds = (double)atomic_load(&w.st_step_ns) / 1e9;
+            coll_host_stats(&ws->allreduces, &ws->allreduce_seconds);
+            ws->device_mem_free = atomic_load(&w.mem_free);
+            ws->device_mem_total = atomic_load(&w.mem_total);
             send_up(&io, &hb);
             last_tx = t;
         }
+        if (!atomic_load(&w.n_vocab) && !atomic_load(&w.compute_failed)) report_load(&io, cfg->rank, t, &load_rep);
         if (t - io.last_rx > hb_timeout) {
             rc = mla_errf(err, "the coordinator stopped answering (nothing for %lld ms); exiting",
                           (long long)(t - io.last_rx));
@@ -972,16 +1053,31 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     return rc;
 }
 
-int wk_main(int argc, char **argv, const engine_ops *engine) {
-    wk_config cfg = {.engine = engine};
+int wk_main(int argc, char **argv, wk_pick_engine pick) {
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        buildinfo_print(stdout, "mlaserve-worker");
+        return 0;
+    }
+    wk_config cfg = {0};
     mla_err err;
-    if (wk_parse_args(argc, argv, &cfg, &err)) {
-        fprintf(stderr,
-                "%s: %s\nusage: %s --coord ENDPOINT --rank R --world T -m MODEL [--threads N] [--device D]\n"
-                "       [--curve-dir DIR [--curve-client-key FILE]]\n",
-                argv[0], err.msg, argv[0]);
+    int prc = wk_parse_args(argc, argv, &cfg, &err);
+    if (prc == WK_HELP) {
+        int proto = 0;
+        opt_spec specs[16];
+        const opt_table tab = {"options", specs, wk_specs(&cfg, &proto, specs)};
+        opts_help(stdout, wk_usage, &tab, 1);
+        return 0;
+    }
+    if (prc) {
+        fprintf(stderr, "%s: %s (--help lists the options)\n", argv[0], err.msg);
         return 2;
     }
+    cfg.engine = pick(cfg.backend, &err);
+    if (!cfg.engine) {
+        fprintf(stderr, "%s: %s\n", argv[0], err.msg);
+        return 2;
+    }
+    if (!cfg.device) cfg.device = cfg.engine->name;
     int rc = wk_run(&cfg, &err);
     if (rc == MLA_OK) return 0;
     mla_log_set_tag("worker");

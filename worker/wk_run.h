@@ -27,7 +27,8 @@ typedef struct wk_config {
     int rank, world;
     const char *model_path;
     int n_threads;
-    const char *device;          /* reported at registration; default "cpu" */
+    const char *device;          /* reported at registration; wk_main: the engine's name */
+    const char *backend;         /* --backend as given (NULL: none); wk_main hands it to its pick function */
     const engine_ops *engine;
     uint32_t protocol_version;   /* 0: WIRE_VERSION (tests set others to check refusals) */
     int register_timeout_ms;     /* 0: 60000 */
@@ -44,15 +45,20 @@ typedef struct wk_config {
 /* Fault injection for tests: $MLA_WORKER_STEP_DELAY_MS makes the compute thread sleep that long
  * before every step (so that a test can act while a generation is in flight). */
 
-/* Parses "--coord E --rank R --world T -m MODEL [--threads N] [--device D] [--curve-dir DIR]
- * [--curve-client-key FILE] [--link-fd FD]" (and, for tests,
- * "--protocol-version V"). MLA_ERR with a usage message on a bad command line. */
+/* Parses "--coord E --rank R --world T -m MODEL [--backend B] [--threads N] [--device D]
+ * [--curve-dir DIR] [--curve-client-key FILE] [--link-fd FD] [--log-level L]" (and, for tests,
+ * "--protocol-version V") with common/opts.h (`--opt value` or `--opt=value`). MLA_ERR with a
+ * message naming the problem; 1 when --help was asked for. */
 int wk_parse_args(int argc, char **argv, wk_config *cfg, mla_err *err);
 
 int wk_run(const wk_config *cfg, mla_err *err);
 
-/* The usual main(): parse, run, print the error, exit status 0 (clean), 2 (bad usage),
- * 3 (registration refused, CURVE key refused included) or 1 (other failure). */
-int wk_main(int argc, char **argv, const engine_ops *engine);
+/* Picks the engine for --backend (NULL: not given); NULL with err when there is none such. */
+typedef const engine_ops *(*wk_pick_engine)(const char *backend, mla_err *err);
+
+/* The usual main(): parse (--help, --version), pick the engine, run, print the error; exit
+ * status 0 (clean), 2 (bad usage), 3 (registration refused, CURVE key refused included) or 1
+ * (other failure). */
+int wk_main(int argc, char **argv, wk_pick_engine pick);
 
 #endif

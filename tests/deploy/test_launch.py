@@ -67,6 +67,18 @@ def case_launch():
                        capture_output=True, text=True, timeout=30)
     check("CUDA_VISIBLE_DEVICES=1 " in r.stdout and "--backend cuda --device cuda:1" in r.stdout,
           "launch.sh --dry-run: CUDA_VISIBLE_DEVICES per worker", r.stdout)
+    # a mask given to the launcher is kept: worker i gets its i-th device, -n defaults to its length
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5")
+    r = subprocess.run([script, "-m", model, "--dry-run", "--bin", bindir, "--logs", logs],
+                       capture_output=True, text=True, timeout=30, env=env)
+    lines = r.stdout.splitlines()
+    check(r.returncode == 0 and len(lines) == 3 and "--tp 2" in lines[0]
+          and lines[1].startswith("worker 0: CUDA_VISIBLE_DEVICES=3 ")
+          and lines[2].startswith("worker 1: CUDA_VISIBLE_DEVICES=5 "),
+          "launch.sh --dry-run: CUDA_VISIBLE_DEVICES=3,5 kept (worker 0 -> 3, worker 1 -> 5)", r.stdout)
+    r = subprocess.run([script, "-m", model, "-n", "3", "--dry-run", "--bin", bindir, "--logs", logs],
+                       capture_output=True, text=True, timeout=30, env=env)
+    check(r.returncode == 2 and "lists 2 device" in r.stderr, "launch.sh: -n beyond the mask refused", r.stderr)
     port = free_port()
     p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
                           "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M"],
@@ -117,6 +129,12 @@ def case_slurm():
     check("MLA_COORD=tcp://gpu-a:29555" in out and "--ntasks=2" in out and "--gpus-per-task=1" in out
           and "--export=ALL" in out and "SLURM_PROCID" in out, "sbatch dry run: srun command", out)
     check("passed: NCCL_SOCKET_IFNAME=ib0" in out, "sbatch dry run: NCCL_* passed through", out)
+    check("--cpus-per-task" not in out, "sbatch dry run: no --cpus-per-task when the job has none", out)
+    r = subprocess.run([script], capture_output=True, text=True, timeout=30,
+                       env=sbatch_env({"FAKE_SLURM_HOSTS": "gpu-a gpu-b", "MLASERVE_DRY_RUN": "1",
+                                       "SLURM_CPUS_PER_TASK": "8", "MLASERVE_CURVE_DIR": keys}))
+    check(r.returncode == 0 and "--cpus-per-task=8" in r.stdout,
+          "sbatch dry run: srun passes the job's --cpus-per-task (srun does not inherit it)", r.stdout)
     r = subprocess.run([script], capture_output=True, text=True, timeout=30,
                        env=sbatch_env({"MLASERVE_DRY_RUN": "1"}))
     check(r.returncode == 2 and "MLASERVE_CURVE_DIR" in r.stderr, "sbatch: refuses to run without keys", r.stderr)
@@ -132,7 +150,7 @@ def case_slurm():
     os.symlink(os.path.abspath(worker), os.path.join(both, "mlaserve-worker"))
     env = sbatch_env({"FAKE_SLURM_HOSTS": "localhost", "MLASERVE_CURVE_DIR": keys, "MLASERVE_BIN": both,
                       "MLASERVE_COORD_PORT": str(cport), "MLASERVE_PORT": str(port), "MLASERVE_LOGS": logs,
-                      "FAKE_SLURM_LOG": slog, "MLASERVE_BACKEND": "cpu", "MLASERVE_SERVE_ARGS": "--max-context 256 --max-seqs 2 --kv-memory 8M"})
+                      "FAKE_SLURM_LOG": slog, "MLASERVE_BACKEND": "cpu", "SLURM_CPUS_PER_TASK": "3", "MLASERVE_SERVE_ARGS": "--max-context 256 --max-seqs 2 --kv-memory 8M"})
     p = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     procs = []
     try:
@@ -143,6 +161,7 @@ def case_slurm():
         st, body = post(port, {"prompt": "Hello", "max_tokens": 3})
         check(st == 200, "sbatch under fake srun: generation over tcp + CURVE", body[:200])
         check("ntasks=2" in open(slog).read(), "sbatch: srun asked for one task per GPU")
+        check("cpus-per-task=3" in open(slog).read(), "sbatch: srun got --cpus-per-task", open(slog).read())
         for k in range(2):
             txt = open(os.path.join(logs, "worker-%d.log" % k)).read()
             check("rank %d of 2, CURVE" % k in txt, "sbatch: worker %d registered with CURVE" % k, txt[-200:])

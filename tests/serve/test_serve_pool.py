@@ -95,7 +95,7 @@ try:
     print("pool A: preemptions %d, prefix cache %d of %d prompt tokens" % (pre, hits, q))
     check(pre > 0, "the small pool preempted (it was under pressure)")
     check(0 < hits <= q, "the prefix cache hit (%d of %d tokens)" % (hits, q))
-    check(metric(m, "mlaserve_kv_cache_blocks_total") == blocks, "blocks total %d" % blocks)
+    check(metric(m, "mlaserve_kv_cache_blocks") == blocks, "blocks total %d" % blocks)
     check(metric(m, "mlaserve_kv_cache_rank_blocks") == blocks and "rank=\"0\"" in m, "the rank's pool")
     check(metric(m, "mlaserve_kv_cache_block_bytes") == bbytes, "block bytes")
     check(metric(m, "mlaserve_kv_cache_blocks_used") == 0, "nothing held once every request finished")

@@ -530,10 +530,89 @@ static void test_bench(void) {
     }
 }
 
+/* Control LOAD_PROGRESS (worker -> coordinator while loading) and the worker stats a heartbeat
+ * carries: round trips, and the rules of wire_decode on frames crafted with protobuf-c */
+static int decode_ctl2(Mla__ControlKind kind, uint64_t done, uint64_t total, Mla__WorkerStats *st, wire_msg *out,
+                       mla_err *e) {
+    Mla__Envelope env = MLA__ENVELOPE__INIT;
+    Mla__Control ctl = MLA__CONTROL__INIT;
+    env.magic = WIRE_MAGIC;
+    env.version = WIRE_VERSION;
+    env.kind = MLA__FRAME_KIND__FRAME_CONTROL;
+    env.body_case = MLA__ENVELOPE__BODY_CONTROL;
+    env.control = &ctl;
+    ctl.kind = kind;
+    ctl.load_done = done;
+    ctl.load_total = total;
+    ctl.stats = st;
+    uint8_t *buf;
+    size_t n = pack_env(&env, &buf);
+    wire_limits lim = {.world = 2};
+    int rc = wire_decode(buf, n, &lim, out, e);
+    free(buf);
+    return rc;
+}
+
+static void test_progress_stats(void) {
+    mla_err e;
+    wire_msg in, out;
+    wire_limits lim = {.world = 2};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_CONTROL;
+    in.u.ctl.kind = WIRE_CTL_LOAD_PROGRESS;
+    in.u.ctl.rank = 1;
+    in.u.ctl.load_done = 123456789012ULL;
+    in.u.ctl.load_total = 400000000000ULL;
+    REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
+    CHECK(out.u.ctl.kind == WIRE_CTL_LOAD_PROGRESS && out.u.ctl.rank == 1 && out.u.ctl.load_done == 123456789012ULL &&
+          out.u.ctl.load_total == 400000000000ULL && !out.u.ctl.has_stats);
+    wire_msg_free(&out);
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_CONTROL;
+    in.u.ctl.kind = WIRE_CTL_HEARTBEAT;
+    in.u.ctl.has_stats = true;
+    in.u.ctl.stats = (wire_worker_stats){.steps = 42, .step_seconds = 1.5, .allreduces = 7, .allreduce_seconds = 0.25,
+                                         .device_mem_free = 1000, .device_mem_total = 4000};
+    REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
+    CHECK(out.u.ctl.has_stats && out.u.ctl.stats.steps == 42 && out.u.ctl.stats.step_seconds == 1.5 &&
+          out.u.ctl.stats.allreduces == 7 && out.u.ctl.stats.allreduce_seconds == 0.25 &&
+          out.u.ctl.stats.device_mem_free == 1000 && out.u.ctl.stats.device_mem_total == 4000);
+    wire_msg_free(&out);
+    in.u.ctl.has_stats = false; /* a heartbeat without stats (the coordinator's) stays without */
+    REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
+    CHECK(!out.u.ctl.has_stats);
+    wire_msg_free(&out);
+    /* rules */
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_LOAD_PROGRESS, 5, 4, NULL, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "beyond the total"));
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 1, 2, NULL, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "carries load progress"));
+    Mla__WorkerStats st = MLA__WORKER_STATS__INIT;
+    st.step_seconds = 1;
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_SHUTDOWN, 0, 0, &st, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "carries worker stats"));
+    st.step_seconds = -1;
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "finite"));
+    st.step_seconds = NAN;
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR);
+    st.step_seconds = 1;
+    st.device_mem_free = 5;
+    st.device_mem_total = 4;
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "more free device memory"));
+    st.device_mem_free = 4;
+    REQUIRE(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_OK);
+    CHECK(out.u.ctl.has_stats && out.u.ctl.stats.device_mem_total == 4);
+    wire_msg_free(&out);
+    CHECK(decode_ctl2((Mla__ControlKind)9, 0, 0, NULL, &out, &e) == MLA_ERR && strstr(e.msg, "unknown control kind"));
+}
+
 int main(void) {
     test_plan_rejections();
     test_roundtrips();
     test_nccl_id();
     test_bench();
+    test_progress_stats();
     return mla_test_finish();
 }

@@ -1,0 +1,188 @@
+"""Operations, on the real `mlaserve` + `mlaserve-worker` with the tiny fixture (CPU workers):
+  startup  a slow load (MLA_LOAD_LAYER_DELAY_MS): /health answers 503 with each rank's progress
+           while loading, the workers log it, the start timeout counts only time without progress
+           (the load takes longer than --start-timeout-ms and still starts); then generation, the
+           stats line, and /metrics (every series named, checked by promtool when installed)
+  timeout  a load that stalls longer than --start-timeout-ms fails the start, naming the timeout
+  cli      --version, --help with meanings and defaults, --opt=value, unknown options named by
+           every command, --log-level, ISO dates in log lines
+Usage: test_ops.py MLASERVE WORKER FIXTURES CASE"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dlib import Server, check, finish, free_port, model_path, wait_for  # noqa: E402
+from mlatest import http_get  # noqa: E402
+
+exe, worker, fixtures, case = sys.argv[1:5]
+model = model_path(fixtures)
+
+
+def health(port):
+    try:
+        return http_get(port, "/health", timeout=5)
+    except OSError:
+        return None, None
+
+
+def case_startup():
+    port, pport = free_port(), free_port()
+    srv = Server(exe, model, ["--tp", "2", "--port", str(port), "--proto-port", str(pport), "--start-timeout-ms", "4500",
+                              "--stats-interval", "1"],
+                 env_extra={"MLA_LOAD_LAYER_DELAY_MS": "2000", "MLA_WORKER_STEP_DELAY_MS": "40"}, worker=worker,
+                 wait=False, timeout=120)
+    try:
+        seen = []
+
+        def loading_seen():
+            st, body = health(port)
+            if st == 503 and body:
+                j = json.loads(body)
+                seen.append(j)
+                return j.get("status") == "loading" and any(0 < r.get("bytes_done", 0) < r.get("bytes_total", 0)
+                                                            for r in j.get("ranks", []))
+            return False
+
+        check(wait_for(loading_seen, 60, 0.1), "/health: 503 with load progress while loading",
+              seen[-1:] or srv.tail(2000))
+        j = seen[-1]
+        check(len(j["ranks"]) == 2 and all(r["state"] in ("starting", "registered", "loading", "loaded")
+                                           for r in j["ranks"]), "/health: both ranks listed", j)
+        r = [x for x in j["ranks"] if x.get("bytes_done", 0) > 0][0]
+        check(r["bytes_total"] > r["bytes_done"] and "bytes_per_second" in r and r["eta_seconds"] > 0,
+              "/health: bytes, rate and ETA of a loading rank", r)
+        t0 = time.time()
+        srv.wait_ready(timeout=90)
+        took = time.time() - t0
+        log = srv.text()
+        check("the workers are ready; serving" in log, "serve: ready after the load", log[-1500:])
+        check(re.search(r"loaded: [0-9.]+ of [0-9.]+ GiB \(100%\), [0-9.]+ GiB/s in [0-9.]+ s", log),
+              "worker log: the load's size, rate and time", log[-2000:])
+        # 3 layer gaps of 2 s: about 6 s of loading against a 4.5 s start timeout
+        load_s = [float(x) for x in re.findall(r"loaded: .* in ([0-9.]+) s", log)]
+        check(load_s and max(load_s) > 4.5, "the load took longer than --start-timeout-ms and still started",
+              (load_s, took))
+        st, body = health(port)
+        check(st == 200, "/health: 200 once loaded", body)
+        st, body = srv.post("/v1/completions", {"prompt": "What is 7 plus 5?", "max_tokens": 40, "ignore_eos": True})
+        check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 40, "generation", body[:300])
+        check(wait_for(lambda: re.search(r"stats: \d+ running, \d+ waiting, KV cache \d+ of \d+ blocks "
+                                         r"\([0-9.]+%\), prompt [0-9.]+ tok/s, generation [0-9.]+ tok/s",
+                                         srv.text()), 10), "the stats line while busy", srv.tail(1500))
+        time.sleep(0.3)  # a heartbeat after the steps
+        st, metrics = http_get(port, "/metrics", timeout=10)
+        metrics = metrics.decode()
+        check(st == 200, "/metrics")
+        for name in ("mlaserve_build_info{", "mlaserve_model_info{", "mlaserve_request_queue_time_seconds_count",
+                     "mlaserve_request_prefill_time_seconds_count", "mlaserve_request_decode_time_seconds_count",
+                     "mlaserve_request_prompt_tokens_bucket", "mlaserve_request_generation_tokens_bucket",
+                     'mlaserve_worker_steps_total{rank="1"}', 'mlaserve_worker_step_seconds_total{rank="0"}',
+                     'mlaserve_worker_allreduce_seconds_total{rank="1"}', 'mlaserve_worker_heartbeat_age_seconds{rank="0"}',
+                     'mlaserve_worker_load_bytes{rank="0"}', "mlaserve_kv_cache_blocks{"):
+            check(name in metrics, "/metrics has " + name)
+        check("mlaserve_kv_cache_blocks_total" not in metrics, "/metrics: the block gauge has no counter's name")
+        check("mlaserve_worker_device_memory_free_bytes{" not in metrics, "/metrics: no device memory on CPU workers")
+
+        def value(pat):
+            m = re.search(pat + r" ([0-9.e+-]+)$", metrics, re.M)
+            return float(m.group(1)) if m else None
+
+        check((value(r'mlaserve_request_queue_time_seconds_count\{model="[^"]*"\}') or 0) >= 1
+              and (value(r'mlaserve_request_decode_time_seconds_count\{model="[^"]*"\}') or 0) >= 1,
+              "/metrics: the request's queue and decode times observed")
+        check((value(r'mlaserve_request_generation_tokens_sum\{model="[^"]*"\}') or 0) >= 40,
+              "/metrics: the generation length observed")
+        check((value(r'mlaserve_worker_steps_total\{rank="1"\}') or 0) >= 40
+              and (value(r'mlaserve_worker_step_seconds_total\{rank="1"\}') or 0) > 40 * 0.04,
+              "/metrics: rank 1's steps and their time (40 ms a step injected)")
+        check((value(r'mlaserve_worker_allreduces_total\{rank="0"\}') or 0) > 0,
+              "/metrics: rank 0's all-reduces on the host collective")
+        age = value(r'mlaserve_worker_heartbeat_age_seconds\{rank="0"\}')
+        check(age is not None and 0 <= age < 5, "/metrics: heartbeat age", age)
+        r = run([exe, "client", "--port", str(pport), "info"])
+        ver = run([exe, "--version"]).stdout.strip()
+        check(r.returncode == 0 and r.stdout.startswith(ver + " model "), "protobuf Hello: the build", (r.stdout, ver))
+        promtool = shutil.which("promtool")
+        if promtool:
+            r = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True, text=True,
+                               timeout=60)
+            check(r.returncode == 0, "promtool check metrics: no problem", (r.stdout + r.stderr)[-2000:])
+        else:
+            print("promtool not installed (scripts/install-deps.sh --test installs it): names not linted")
+    finally:
+        rc = srv.stop()
+    check(rc == 0, "SIGTERM: exit 0", rc)
+
+
+def case_timeout():
+    port = free_port()
+    srv = Server(exe, model, ["--tp", "2", "--port", str(port), "--start-timeout-ms", "2000"],
+                 env_extra={"MLA_LOAD_LAYER_DELAY_MS": "6000"}, worker=worker, wait=False, timeout=60)
+    try:
+        check(wait_for(lambda: srv.proc.poll() is not None, 40), "a stalled load ends the server")
+        log = srv.text()
+        check(srv.proc.returncode == 1, "exit status 1", srv.proc.returncode)
+        check("no start-up progress" in log and "--start-timeout-ms" in log and "(loading)" in log,
+              "the message names the timeout and the ranks still loading", log[-1500:])
+    finally:
+        srv.stop(timeout=10)
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
+
+
+def case_cli():
+    r = run([exe, "--version"])
+    check(r.returncode == 0 and re.match(r"mlaserve \d+\.\d+\.\d+ \(commit \S+, \S+, (CPU only|CUDA sm_\S+)\)$",
+                                         r.stdout.strip()), "mlaserve --version", r.stdout)
+    r = run([worker, "--version"])
+    check(r.returncode == 0 and r.stdout.startswith("mlaserve-worker "), "mlaserve-worker --version", r.stdout)
+    r = run([exe, "serve", "--help"])
+    out = r.stdout
+    check(r.returncode == 0 and "--tp N" in out and "(default: 1)" in out and "--log-level" in out
+          and "--start-timeout-ms N" in out and "--stats-interval S" in out, "serve --help", out[:500])
+    opts = [ln for ln in out.splitlines() if ln.startswith("  -")]
+    check(len(opts) >= 30 and all(len(ln) > 33 and ln[31:].strip() for ln in opts if len(ln) <= 31 + 200),
+          "serve --help: every option has a meaning", [ln for ln in opts if len(ln) <= 33])
+    for cmd in (["serve"], ["generate"], ["logits"], ["bench"], ["inspect"], ["keygen"], ["client"], ["mkmodel"]):
+        r = run([exe] + cmd + ["--help"])
+        check(r.returncode == 0 and "--log-level" in r.stdout, "%s --help" % cmd[0], r.stdout[:300] + r.stderr)
+        r = run([exe] + cmd + ["--no-such-option=1"])
+        check(r.returncode == 2 and "unknown option '--no-such-option'" in r.stderr, "%s: unknown option named" % cmd[0],
+              r.stderr)
+    r = run([worker, "--no-such-option"])
+    check(r.returncode == 2 and "unknown option '--no-such-option'" in r.stderr, "worker: unknown option named", r.stderr)
+    r = run([worker, "--help"])
+    check(r.returncode == 0 and "--backend cpu|cuda" in r.stdout and "(default: $MLA_BACKEND, else cuda" in r.stdout,
+          "worker --help", r.stdout[:400])
+    # --opt=value and --opt value mean the same
+    a = run([exe, "inspect", model, "--tp", "2", "--json"])
+    b = run([exe, "inspect", "--tp=2", "--json", "-m", model])
+    check(a.returncode == 0 and a.stdout == b.stdout and json.loads(a.stdout), "inspect: --tp=2 as --tp 2")
+    r = run([exe, "inspect", model, "--tp=0"])
+    check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp=0 refused naming it", r.stderr)
+    # log level and ISO dates
+    gen = [exe, "generate", "-m", model, "-p", "Hi", "-n", "2", "--worker-exe", worker]
+    r = run(gen + ["--log-level=info"])
+    lines = [ln for ln in r.stderr.splitlines() if "] info: " in ln]
+    check(r.returncode == 0 and lines and all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[", ln) for ln in lines),
+          "--log-level info: info lines with ISO dates", r.stderr[-600:])
+    check(any(ln.split("] ")[0].endswith("[worker 0") for ln in lines), "the workers log at the level given",
+          r.stderr[-600:])
+    r = run(gen + ["--log-level", "debug"])
+    check(r.returncode == 0 and "] debug: " in r.stderr, "--log-level debug", r.stderr[-400:])
+    r = run(gen + ["--log-level", "error"])
+    check(r.returncode == 0 and "] info: " not in r.stderr and "] warn: " not in r.stderr, "--log-level error",
+          r.stderr[-400:])
+    r = run(gen + ["--log-level", "loud"])
+    check(r.returncode == 2 and "'loud'" in r.stderr, "--log-level: a bad level named", r.stderr)
+
+
+{"startup": case_startup, "timeout": case_timeout, "cli": case_cli}[case]()
+finish()
