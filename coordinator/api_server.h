@@ -37,9 +37,15 @@ typedef struct api_tokenizer {
     void *ctx;
     int32_t n_vocab;
     /* text -> token ids (*ids malloc'd, caller frees). add_special: BOS etc. per the vocab;
-     * parse_special: special-token texts become those tokens. */
+     * parse_special: special-token texts become those tokens, except where they would touch
+     * one of the n_plain spans plain[2k] .. plain[2k+1] (byte offsets, ascending; NULL, 0: none):
+     * text there is plain text. */
     int (*encode)(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                  int32_t **ids, int32_t *n, mla_err *err);
+                  const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err);
+    /* Length of the control-token text at text[pos] that encode would turn into a control token
+     * (0: none). Chat messages are guarded with it (coordinator/chat_guard.h): their text never
+     * becomes control tokens. NULL: no guard (only with api_config.special_in_messages). */
+    size_t (*control_at)(void *ctx, const char *text, size_t len, size_t pos);
     /* The bytes a token decodes to (may be part of a UTF-8 sequence); NULL when out of range. */
     const char *(*piece)(void *ctx, int32_t id, size_t *len);
     /* Control tokens render as nothing when skip_special_tokens (the default). */
@@ -57,6 +63,9 @@ typedef struct api_config {
     const char *api_key;       /* NULL or "": no authentication */
     int32_t max_context;       /* prompt + completion limit */
     int32_t default_max_tokens;/* when the request names none; 0: what the context leaves */
+    /* Control-token texts inside chat messages become control tokens (the old behaviour, for
+     * trusted clients); false: only the chat template's own text yields control tokens. */
+    bool special_in_messages;
     /* Worker health: return true when all is well; else fill why. NULL: always healthy. */
     bool (*health)(void *ctx, char *why, size_t cap);
     void *health_ctx;
@@ -70,6 +79,9 @@ void api_server_set_sched(api_server *a, sched *s);
 void api_server_set_http(api_server *a, http_server *h);
 /* The http_handler_fn (ud = the api server). */
 void api_server_handle(void *ud, http_conn *c, const http_request *req);
+/* The http_early_fn (ud = the api server): refuses a request that needs the key and lacks it
+ * before its body is read. */
+bool api_server_early(void *ud, http_conn *c, const http_head *h);
 /* The sched_config.on_event callback (cb_ctx = the api server); any thread. */
 void api_server_on_event(void *cb_ctx, const sched_event *ev);
 /* Runs the loop until no generation request is in flight (after http_server_close). */
@@ -126,6 +138,17 @@ void api_server_gen_cancel(api_gen *g, bool detach);
  * generation prompt) as /tokenize does; *ids malloc'd, caller frees. */
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
                         int32_t **ids, int32_t *n, api_error *e);
+/* Wrong-key attempts: at most API_AUTH_MAX_FAILS from one client address (the peer without
+ * its port) within API_AUTH_WINDOW_S seconds; after that every request needing the key from
+ * that address is refused (429) until the window ends, whatever key it carries. Addresses are
+ * tracked in API_AUTH_SLOTS slots (the oldest is reused). */
+#define API_AUTH_MAX_FAILS 10
+#define API_AUTH_WINDOW_S 10
+#define API_AUTH_SLOTS 256
+/* Checks key for a request from peer ("addr:port"): 0 allowed (or no key configured), 401 wrong
+ * or missing key (counted), 429 this address has failed too often (*retry_after_s: seconds
+ * until it may try again). */
+int api_server_auth(api_server *a, const char *peer, const char *key, int *retry_after_s);
 /* The request's key matches the server's (constant time; true when the server has none). */
 bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);

@@ -10,7 +10,8 @@
  * --api-key K (or MLASERVE_API_KEY), --max-context N, --block-size N, --n-blocks N,
  * --max-seqs N, --step-tokens N, --max-queue N, --eos-period N, --step-delay-ms N,
  * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
- * --write-timeout-ms N, --max-write-queue N, --health-file F (unhealthy while F exists),
+ * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
+ * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
  * --fail-at-step N. SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
@@ -27,17 +28,30 @@
 
 static const char *SPECIAL[2] = {"<|eos|>", "<|bos|>"};
 
+static int g_tok_delay_ms;
+
+static size_t fk_control_at(void *ctx, const char *text, size_t len, size_t pos) {
+    (void)ctx;
+    for (int k = 0; k < 2; k++)
+        if (len - pos >= 7 && !memcmp(text + pos, SPECIAL[k], 7)) return 7;
+    return 0;
+}
+
 static int fk_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                     int32_t **ids, int32_t *n, mla_err *err) {
+                     const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err) {
     (void)ctx;
     (void)err;
+    if (g_tok_delay_ms > 0) uv_sleep((unsigned)g_tok_delay_ms); /* a slow tokenizer (--tok-delay-ms) */
     *ids = mla_xmalloc((len + 1) * sizeof(int32_t));
     *n = 0;
     if (add_special) (*ids)[(*n)++] = FAKE_BOS;
+    size_t k = 0;
     for (size_t i = 0; i < len;) {
         int sp = -1;
-        for (int k = 0; parse_special && k < 2; k++)
-            if (len - i >= 7 && !memcmp(text + i, SPECIAL[k], 7)) sp = k;
+        while (k < n_plain && plain[2 * k + 1] <= i) k++;
+        bool near_plain = k < n_plain && plain[2 * k] < i + 7;
+        for (int q = 0; parse_special && !near_plain && q < 2; q++)
+            if (len - i >= 7 && !memcmp(text + i, SPECIAL[q], 7)) sp = q;
         if (sp >= 0) {
             (*ids)[(*n)++] = 256 + sp;
             i += 7;
@@ -174,6 +188,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--idle-timeout-ms")) hc.idle_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--write-timeout-ms")) hc.write_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--max-write-queue")) hc.max_write_queue = (size_t)x;
+        else if (!strcmp(a, "--header-timeout-ms")) hc.header_timeout_ms = (unsigned)x;
+        else if (!strcmp(a, "--tok-delay-ms")) g_tok_delay_ms = (int)x;
+        else if (!strcmp(a, "--max-body-total")) hc.max_body_total = (size_t)x;
         else if (!strcmp(a, "--health-file")) health_file = v;
         else {
             fprintf(stderr, "fake_server: unknown option %s\n", a);
@@ -188,7 +205,8 @@ int main(int argc, char **argv) {
     sched_backend be;
     fake_backend_bind(fb, &be);
     api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB, .encode = fk_encode, .piece = fk_piece,
-                         .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat};
+                         .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat,
+                         .control_at = fk_control_at};
     api_config ac = {.model_name = "fake-model", .api_key = api_key, .max_context = sc.max_context,
                      .health = fk_health};
     api_server *api;
@@ -200,6 +218,7 @@ int main(int argc, char **argv) {
     sc.cb_ctx = api;
     if (sched_init(&s, &sc, &be, &err)) goto fail;
     api_server_set_sched(api, s);
+    hc.early = api_server_early;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto fail;
     api_server_set_http(api, http);
     g_http = http;
