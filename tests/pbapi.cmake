@@ -21,7 +21,11 @@ if(TARGET mlaserve-worker AND TARGET mlaserve)
   add_test(NAME readme_api_examples
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/README.md
                    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/models ${MLA_FIXTURES})
-  set_tests_properties(pbapi_model serve_accept readme_api_examples PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+  # the port's limits: idle and frame timeouts, small frames before the key (issue 36)
+  add_test(NAME pbapi_limits
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/test_pb_limits.py
+                   $<TARGET_FILE:mlaserve> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
+  set_tests_properties(pbapi_model serve_accept readme_api_examples pbapi_limits PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
   # readme_api_examples may use the fixed ports 8080/8081 (the README's); keep it alone
   set_tests_properties(readme_api_examples PROPERTIES RESOURCE_LOCK readme_ports)
