@@ -4,7 +4,9 @@
  * positions; the scheduler's block accounting bounds how much of it is in use). */
 #include "coordinator/cmd_serve.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +40,7 @@ typedef struct serve_ctx {
 /* ---- tokenizer adapter ---- */
 
 static int st_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                     int32_t **ids, int32_t *n, mla_err *err) {
+                     const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err) {
     serve_ctx *s = ctx;
     tok_ids out = {0};
     int rc = MLA_OK;
@@ -47,7 +49,7 @@ static int st_encode(void *ctx, const char *text, size_t len, bool add_special, 
     else if (add_special && !s->prefix)
         rc = MLA_OK; /* no template prefix: tok_encode's own add_special below */
     if (rc == MLA_OK)
-        rc = tok_encode(s->vocab, text, len, add_special && !s->prefix, parse_special, &out, err);
+        rc = tok_encode_spans(s->vocab, text, len, add_special && !s->prefix, parse_special, plain, n_plain, &out, err);
     if (rc != MLA_OK) {
         tok_ids_free(&out);
         return rc;
@@ -55,6 +57,11 @@ static int st_encode(void *ctx, const char *text, size_t len, bool add_special, 
     *ids = out.ids; /* ownership moves to the caller (malloc'd) */
     *n = (int32_t)out.n;
     return MLA_OK;
+}
+
+static size_t st_control_at(void *ctx, const char *text, size_t len, size_t pos) {
+    serve_ctx *s = ctx;
+    return tok_control_at(s->vocab, text, len, pos);
 }
 
 static const char *st_piece(void *ctx, int32_t id, size_t *len) {
@@ -185,8 +192,13 @@ static void serve_close(uv_loop_t *loop) {
 
 static void on_watch(uv_timer_t *t) {
     if (!g_draining) {
-        if (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT && coord_failed_for_good(g_coord)) {
-            MLA_ERROR("serve: the worker group failed and --on-worker-failure is exit: exiting with status 1");
+        /* exit (so that a supervisor restarts the server) when the group failed and the policy
+         * is exit, or restarts were given up (restart, or stop after the coordinator stood still) */
+        if (coord_failed_for_good(g_coord) &&
+            (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT || coord_gave_up(g_coord))) {
+            MLA_ERROR("serve: the worker group failed%s: exiting with status 1",
+                      coord_policy(g_coord) == COORD_ON_FAILURE_EXIT ? " and --on-worker-failure is exit"
+                                                                     : " and restarting it was given up");
             g_exit_rc = 1;
             g_draining = 1;
             api_server_set_draining(g_api);
@@ -225,9 +237,42 @@ static int usage(void) {
             "       [--step-tokens N] [--kv-blocks N] [--block-size N] [--max-queue N]\n"
             "       [--max-body BYTES] [--max-conns N] [--port-file F] [--worker-exe X] [--coord EP]\n"
             "       [--proto-port P] [--proto-port-file F]   (protobuf API on P, same host and key)\n"
-            "       [--drain-timeout S]   (SIGTERM: finish requests in flight for up to S s, default 30)\n%s",
+            "       [--drain-timeout S]   (SIGTERM: finish requests in flight for up to S s, default 30)\n"
+            "       [--api-key-file F]    (the key from file F, first line; keeps it out of the process list;\n"
+            "                              MLASERVE_API_KEY works too)\n"
+            "       [--allow-special-in-messages]  (control-token text inside chat messages becomes control\n"
+            "                              tokens, for trusted clients; default: message text is plain text)\n"
+            "       [--idle-timeout-ms N] (idle connections, HTTP and protobuf, closed after N ms; default 60000)\n"
+            "       [--request-timeout-ms N] (an HTTP request or protobuf frame not complete N ms after its\n"
+            "                              first byte is refused; default 30000; HTTP headers: 10000)\n%s",
             coord_opts_usage);
     return 2;
+}
+
+/* The first line of a key file (without the line end); NULL with err set. */
+static char *read_key_file(const char *path, mla_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        mla_errf(err, "--api-key-file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char buf[1024];
+    char *line = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!line) {
+        mla_errf(err, "--api-key-file %s: the file is empty", path);
+        return NULL;
+    }
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (!buf[0]) {
+        mla_errf(err, "--api-key-file %s: the first line is empty", path);
+        return NULL;
+    }
+    return mla_xstrdup(buf);
+}
+
+static bool host_is_loopback(const char *h) {
+    return !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strcmp(h, "localhost");
 }
 
 static const char *basename_of(const char *p) {
@@ -239,7 +284,10 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL, *worker_exe = NULL, *endpoint = NULL;
     int port = 8000, tp = 1, threads = 1, proto_port = -1;
-    const char *proto_port_file = NULL;
+    const char *proto_port_file = NULL, *api_key_file = NULL;
+    bool special_in_messages = false;
+    char *key_owned = NULL;
+    long idle_timeout_ms = -1, request_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 512, kv_blocks = 0, block_size = 16, max_queue = 256;
     http_server_config hc;
     http_server_config_default(&hc);
@@ -249,6 +297,11 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
+        }
+        if (!strcmp(a, "--allow-special-in-messages")) {
+            special_in_messages = true;
+            i--; /* no value */
+            continue;
         }
         mla_err oerr;
         int co = coord_parse_opt(&cc, argc, argv, &i, &oerr); /* control-plane options */
@@ -270,7 +323,15 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--host")) host = v;
         else if (!strcmp(a, "--port")) port = atoi(v);
-        else if (!strcmp(a, "--api-key")) api_key = v;
+        else if (!strcmp(a, "--api-key")) {
+            free(key_owned);
+            api_key = key_owned = mla_xstrdup(v);
+            /* out of /proc/PID/cmdline from now on (--api-key-file avoids even the start) */
+            memset(argv[i + 1], 'x', strlen(argv[i + 1]));
+        }
+        else if (!strcmp(a, "--api-key-file")) api_key_file = v;
+        else if (!strcmp(a, "--idle-timeout-ms")) idle_timeout_ms = atol(v);
+        else if (!strcmp(a, "--request-timeout-ms")) request_timeout_ms = atol(v);
         else if (!strcmp(a, "--model-name")) model_name = v;
         else if (!strcmp(a, "--max-context")) max_context = atol(v);
         else if (!strcmp(a, "--max-seqs")) max_seqs = atol(v);
@@ -297,9 +358,39 @@ int cmd_serve(int argc, char **argv) {
     }
     if (tp < 1 || threads < 1 || port < 0 || port > 65535 || max_seqs < 1 || step_tokens < 1 ||
         block_size < 1 || max_queue < 1 || max_context < 0 || kv_blocks < 0 || proto_port < -1 || proto_port > 65535 ||
-        (proto_port_file && proto_port < 0)) {
+        (proto_port_file && proto_port < 0) || hc.max_conns < 1 || idle_timeout_ms == 0 || idle_timeout_ms < -1 ||
+        request_timeout_ms == 0 || request_timeout_ms < -1) {
         fprintf(stderr, "mlaserve serve: an option value is out of range\n");
+        free(key_owned);
         return usage();
+    }
+    pbapi_config pc;
+    pbapi_config_default(&pc);
+    if (idle_timeout_ms > 0) hc.idle_timeout_ms = pc.idle_timeout_ms = (unsigned)idle_timeout_ms;
+    if (request_timeout_ms > 0) {
+        hc.request_timeout_ms = pc.frame_timeout_ms = (unsigned)request_timeout_ms;
+        if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
+    }
+    if (api_key_file) {
+        mla_err kerr;
+        free(key_owned);
+        api_key = key_owned = read_key_file(api_key_file, &kerr);
+        if (!api_key) {
+            fprintf(stderr, "mlaserve serve: %s\n", kerr.msg);
+            return 2;
+        }
+    }
+    if (!host_is_loopback(host) && !(api_key && api_key[0]))
+        MLA_WARN("serve: listening on %s without an API key: anyone who can reach this address can use the "
+                 "model (give --api-key-file F or MLASERVE_API_KEY)", host);
+    {
+        struct rlimit rl;
+        /* each connection is a descriptor; the workers' links and files need some too */
+        long need = (long)hc.max_conns + (proto_port >= 0 ? pc.max_conns : 0) + 64;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < need)
+            MLA_WARN("serve: the open-file limit is %ld but --max-conns %d%s needs about %ld descriptors: past the "
+                     "limit new connections fail to be accepted (raise it with ulimit -n or LimitNOFILE=)",
+                     (long)rl.rlim_cur, hc.max_conns, proto_port >= 0 ? " (and the protobuf port's 1024)" : "", need);
     }
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("coord");
@@ -351,9 +442,10 @@ int cmd_serve(int argc, char **argv) {
     }
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)coord_n_vocab(S.c), .encode = st_encode,
-                         .piece = st_piece, .is_special = st_special, .is_eog = st_eog,
+                         .piece = st_piece, .is_special = st_special, .is_eog = st_eog, .control_at = st_control_at,
                          .render_chat = S.tmpl ? st_chat : NULL};
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
+                     .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     sched_config sc = {.block_size = (int32_t)block_size, .n_blocks = (int32_t)kv_blocks,
@@ -363,6 +455,7 @@ int cmd_serve(int argc, char **argv) {
     sched_backend be = {.ctx = &S, .run_step = cb_run, .free_seq = cb_free};
     if (sched_init(&s, &sc, &be, &err)) goto out;
     api_server_set_sched(api, s);
+    hc.early = api_server_early;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto out;
     api_server_set_http(api, http);
     g_http = http;
@@ -370,7 +463,7 @@ int cmd_serve(int argc, char **argv) {
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
     int pb_bound = -1;
     if (proto_port >= 0) {
-        if (pbapi_server_init(&pb, loop, api, NULL, &err)) goto out;
+        if (pbapi_server_init(&pb, loop, api, &pc, &err)) goto out;
         g_pb = pb;
         if (pbapi_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
     }
@@ -424,5 +517,6 @@ out:
     if (S.tmpl) chat_tmpl_free(S.tmpl);
     if (S.vocab) tok_vocab_free(S.vocab);
     if (g) gguf_close(g);
+    free(key_owned);
     return rc;
 }
