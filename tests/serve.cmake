@@ -79,3 +79,23 @@ if(MLA_FUZZ)
   set_tests_properties(httpconn_fuzz_smoke PROPERTIES TIMEOUT 300
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
+
+# The scheduler's state machine under random submit / cancel / step / failure events over the
+# fake backend (tests/fuzz/fuzz_sched.c): corpus replay always, a deterministic libFuzzer run
+# with -DMLA_FUZZ=ON.
+add_executable(replay_sched ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_sched.c)
+target_include_directories(replay_sched PRIVATE ${MLA_TEST_DIR})
+target_link_libraries(replay_sched mla_fake_backend)
+add_test(NAME sched_fuzz_replay COMMAND replay_sched ${MLA_TEST_DIR}/data/sched)
+if(MLA_FUZZ)
+  add_executable(fuzz_sched ${MLA_TEST_DIR}/fuzz/fuzz_sched.c ${MLA_TEST_DIR}/serve/fake_backend.c
+                            ${CMAKE_SOURCE_DIR}/coordinator/sched_batch.c)
+  target_include_directories(fuzz_sched PRIVATE ${MLA_TEST_DIR})
+  target_compile_options(fuzz_sched PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_sched PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_sched mla_coord)
+  add_test(NAME sched_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_sched> runs=20000 ${MLA_TEST_DIR}/data/sched)
+  set_tests_properties(sched_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
