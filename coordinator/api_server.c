@@ -379,7 +379,7 @@ static void complete_response(api_req *r, const char *error) {
         api_sink sk = r->sink;
         req_unlink_conn(r);
         sk.on_final(sk.ud, r->text ? r->text : "", from, error ? from : r->text_len,
-                    r->toks + t0, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
+                    r->toks ? r->toks + t0 : NULL, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
                     error, r->cancelled, r->n_prompt, r->n_completion);
         return;
     }

@@ -99,3 +99,22 @@ if(MLA_FUZZ)
   set_tests_properties(sched_fuzz_smoke PROPERTIES TIMEOUT 300
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
+
+# Streaming response assembly (detokenized text, stop strings, UTF-8 over token boundaries,
+# EOS, length, cancellation) through api_server_generate and the real scheduler
+# (tests/fuzz/fuzz_stream.c): corpus replay always, a deterministic libFuzzer run with
+# -DMLA_FUZZ=ON.
+add_executable(replay_stream ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_stream.c)
+target_link_libraries(replay_stream mla_coord)
+add_test(NAME stream_fuzz_replay COMMAND replay_stream ${MLA_TEST_DIR}/data/stream)
+if(MLA_FUZZ)
+  add_executable(fuzz_stream ${MLA_TEST_DIR}/fuzz/fuzz_stream.c ${CMAKE_SOURCE_DIR}/coordinator/api_server.c
+                             ${CMAKE_SOURCE_DIR}/coordinator/api_params.c)
+  target_compile_options(fuzz_stream PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_stream PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_stream mla_coord)
+  add_test(NAME stream_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_stream> runs=30000 ${MLA_TEST_DIR}/data/stream)
+  set_tests_properties(stream_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
