@@ -27,7 +27,7 @@ if(MLA_FUZZ)
   target_link_options(fuzz_http PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_http mla_coord)
   add_test(NAME http_fuzz_smoke
-           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_http> 20 ${MLA_TEST_DIR}/data/http)
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_http> runs=300000 ${MLA_TEST_DIR}/data/http)
   set_tests_properties(http_fuzz_smoke PROPERTIES
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
