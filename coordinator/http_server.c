@@ -208,12 +208,13 @@ static void linger_close(http_conn *c) {
     uv_timer_start(&c->timer, on_timer, 2000, 0);
 }
 
-/* The response is complete: next request or close. */
+/* The current request's body no longer counts against max_body_total. */
 static void uncount_body(http_conn *c) {
     c->srv->body_bytes -= c->body_counted;
     c->body_counted = 0;
 }
 
+/* The response is complete: next request or close. */
 static void response_done(http_conn *c) {
     if (c->state == CS_CLOSING) return;
     c->request_outstanding = false;
