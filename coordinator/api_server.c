@@ -46,6 +46,8 @@ typedef struct api_req {
     int32_t n_prompt, n_completion;
     bool responded;      /* response complete (or the client left) */
     bool client_gone;
+    bool preparing;      /* its prompt is on the prep thread (not submitted, not linked) */
+    bool prep_cancelled, prep_detached; /* api_server_gen_cancel while preparing */
     double t_start, t_first, t_last;
 } api_req;
 
@@ -54,6 +56,7 @@ typedef struct prep_job {
     struct prep_job *next;
     api_server *srv;
     http_conn *conn;  /* NULL once the client left (the job is then dropped when done) */
+    api_req *req;     /* a sink generation (api_server_generate): the request being prepared */
     cJSON *root;      /* the request document (params point into it) */
     bool is_tokenize;
     api_gen_params gp;
@@ -725,19 +728,20 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
 }
 
 static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
-                                  const api_sink *sink, api_error *e);
+                                  const api_sink *sink, api_req *pre, api_error *e);
 
 static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c, const api_sink *sink,
                                  api_error *e) {
     int32_t *ids = NULL, n_ids = 0;
     if (gen_precheck(a, p, e) != MLA_OK || gen_prompt_ids(a, p, &ids, &n_ids, e) != MLA_OK) return NULL;
-    return submit_generation(a, p, ids, n_ids, c, sink, e);
+    return submit_generation(a, p, ids, n_ids, c, sink, NULL, e);
 }
 
 /* Checks the prompt ids against the vocabulary and the context, submits (loop thread). Takes
- * ids. */
+ * ids. pre: the request record to use (its srv and sink set; left to the caller on failure),
+ * or NULL for a new one. */
 static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
-                                  const api_sink *sink, api_error *e) {
+                                  const api_sink *sink, api_req *pre, api_error *e) {
     enum api_kind kind = p->kind;
     mla_err err = {{0}};
     api_req *r = NULL;
@@ -782,12 +786,17 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         if (a->cfg.default_max_tokens > 0 && max_tokens > a->cfg.default_max_tokens) max_tokens = a->cfg.default_max_tokens;
     }
 
-    r = mla_xcalloc(1, sizeof(*r));
-    r->srv = a;
-    r->conn = c;
-    if (sink) {
-        r->sink = *sink;
-        r->has_sink = true;
+    if (pre) {
+        r = pre;
+        r->preparing = false;
+    } else {
+        r = mla_xcalloc(1, sizeof(*r));
+        r->srv = a;
+        r->conn = c;
+        if (sink) {
+            r->sink = *sink;
+            r->has_sink = true;
+        }
     }
     r->kind = kind;
     r->stream = p->stream || sink;
@@ -822,7 +831,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
-        free(r);
+        r->n_stop = 0;
+        if (!pre) free(r);
         r = NULL;
         int status = rc == SCHED_E_QUEUE_FULL ? 429 : (rc == SCHED_E_CAPACITY || rc == SCHED_E_STOPPED) ? 503 : 400;
         api_error_set(e, status, NULL, rc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", err.msg);
@@ -866,6 +876,7 @@ static void *prep_main(void *arg) {
 }
 
 static void prep_free(prep_job *j) {
+    free(j->req); /* a sink request never submitted (nothing of it is linked anywhere) */
     if (j->is_tokenize) api_tok_params_free(&j->tp);
     else api_gen_params_free(&j->gp);
     cJSON_Delete(j->root);
@@ -878,13 +889,12 @@ static void on_prep_abort(void *ud) {
     j->conn = NULL; /* dropped when it comes back */
 }
 
-static void prep_submit(api_server *a, prep_job *j) {
+static void prep_enqueue(api_server *a, prep_job *j) {
     if (!a->prep_started) {
         if (pthread_create(&a->prep_th, NULL, prep_main, a) != 0) MLA_PANIC("pthread_create failed");
         a->prep_started = true;
     }
     a->n_prep++;
-    http_conn_on_abort(j->conn, on_prep_abort, j);
     pthread_mutex_lock(&a->prep_mu);
     if (a->prep_tail) a->prep_tail->next = j;
     else a->prep_head = j;
@@ -893,8 +903,33 @@ static void prep_submit(api_server *a, prep_job *j) {
     pthread_mutex_unlock(&a->prep_mu);
 }
 
+static void prep_submit(api_server *a, prep_job *j) {
+    http_conn_on_abort(j->conn, on_prep_abort, j);
+    prep_enqueue(a, j);
+}
+
 static void generate_ready(api_server *a, prep_job *j);
 static void tokenize_ready(api_server *a, prep_job *j);
+
+/* A sink generation's prompt is ready: submit it, or tell the sink why not. */
+static void sink_ready(api_server *a, prep_job *j) {
+    api_req *r = j->req;
+    api_sink sk = r->sink;
+    if (r->prep_detached) return; /* prep_free frees r */
+    if (r->prep_cancelled) {
+        sk.on_final(sk.ud, "", 0, 0, NULL, 0, NULL, a->cancel_reason ? a->cancel_reason : "the request was cancelled",
+                    true, 0, 0);
+        return;
+    }
+    api_error e = j->e;
+    int32_t *ids = j->ids;
+    j->ids = NULL;
+    if (j->rc == MLA_OK && submit_generation(a, &j->gp, ids, j->n_ids, NULL, NULL, r, &e)) {
+        j->req = NULL; /* submitted: the request lives on */
+        return;
+    }
+    sk.on_refused(sk.ud, &e);
+}
 
 static void on_prep_done(uv_async_t *h) {
     api_server *a = h->data;
@@ -908,7 +943,9 @@ static void on_prep_done(uv_async_t *h) {
         pthread_mutex_unlock(&a->prep_mu);
         if (!j) break;
         a->n_prep--;
-        if (j->conn) {
+        if (j->req) {
+            sink_ready(a, j);
+        } else if (j->conn) {
             http_conn_on_abort(j->conn, NULL, NULL);
             if (j->is_tokenize) tokenize_ready(a, j);
             else generate_ready(a, j);
@@ -938,7 +975,7 @@ static void generate_ready(api_server *a, prep_job *j) {
     api_req *r = NULL;
     int32_t *ids = j->ids;
     j->ids = NULL;
-    if (j->rc != MLA_OK || !(r = submit_generation(a, &j->gp, ids, j->n_ids, c, NULL, &e))) {
+    if (j->rc != MLA_OK || !(r = submit_generation(a, &j->gp, ids, j->n_ids, c, NULL, NULL, &e))) {
         reply_error(a, c, &e, NULL);
         return;
     }
@@ -1367,11 +1404,36 @@ int32_t api_server_max_context(const api_server *a) { return a->cfg.max_context;
 
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {
     MLA_ASSERT(sink && sink->on_delta && sink->on_final);
-    return start_generation(a, p, NULL, sink, e);
+    if (!sink->on_refused) return start_generation(a, p, NULL, sink, e);
+    if (gen_precheck(a, p, e) != MLA_OK) return NULL;
+    /* the prompt is made on the prep thread; the job takes p's contents */
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->gp = *p;
+    memset(p, 0, sizeof(*p));
+    p->kind = j->gp.kind;
+    if (j->gp.messages) {
+        j->root = cJSON_Duplicate(j->gp.messages, 1); /* the caller's document goes away */
+        if (!j->root) MLA_PANIC("out of memory");
+        j->gp.messages = j->root;
+    }
+    api_req *r = mla_xcalloc(1, sizeof(*r));
+    r->srv = a;
+    r->sink = *sink;
+    r->has_sink = true;
+    r->preparing = true;
+    j->req = r;
+    prep_enqueue(a, j);
+    return r;
 }
 
 void api_server_gen_cancel(api_gen *g, bool detach) {
     if (!g) return;
+    if (g->preparing) {
+        if (detach) g->prep_detached = true;
+        else g->prep_cancelled = true;
+        return;
+    }
     if (detach) {
         g->has_sink = false;
         g->client_gone = true;

@@ -122,17 +122,24 @@ typedef struct api_sink {
     void (*on_final)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
                      const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
                      int32_t n_completion);
+    /* Optional. When set, api_server_generate returns at once and the prompt (chat template,
+     * tokenizer) is made on the prep thread; a request refused then (prompt too long, template
+     * error, queue full, ...) gets this call instead, with the error the HTTP API would answer,
+     * and the handle is gone after it. NULL: all of it happens inside api_server_generate. */
+    void (*on_refused)(void *ud, const api_error *e);
 } api_sink;
 
 typedef struct api_req api_gen;
 
 /* Starts a generation as the HTTP API does (model name check, chat template, tokenization,
  * context checks, stop strings, submission to the scheduler, metrics). p must have passed
- * api_gen_params_check; its stop strings move into the request (the caller still frees p).
+ * api_gen_params_check; its stop strings move into the request (the caller still frees p; with
+ * sink->on_refused all of p's contents move, p->messages is copied).
  * Returns the handle, or NULL with e set (e->status as the HTTP API would answer). */
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e);
 /* Cancels a generation. detach: the sink is never called again (its client left); else the
- * sink gets its final call (error, cancelled = true) once the scheduler is done. */
+ * sink gets its final call (error, cancelled = true) once the scheduler is done (or, while the
+ * prompt is being made, once it is). */
 void api_server_gen_cancel(api_gen *g, bool detach);
 /* Tokenizes a prompt (add_special: BOS etc.) or chat messages (a checked cJSON array, with the
  * generation prompt) as /tokenize does; *ids malloc'd, caller frees. */

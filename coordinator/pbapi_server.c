@@ -334,6 +334,14 @@ static int status_code(int status) {
     }
 }
 
+/* The prompt was refused after the prep thread made it (api_sink.on_refused). */
+static void on_refused(void *ud, const api_error *e) {
+    pb_req *r = ud;
+    r->g = NULL;
+    send_error(r->c, r->id, status_code(e->status), e->param, e->message);
+    req_unlink(r);
+}
+
 static pb_req *find_req(pb_conn *c, uint64_t id) {
     for (pb_req *r = c->reqs; r; r = r->next)
         if (r->id == id) return r;
@@ -359,7 +367,8 @@ static void handle_generate(pb_conn *c, pbapi_request *q) {
     r->c = c;
     r->id = q->request_id;
     r->logprobs = q->gen.logprobs;
-    api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final};
+    /* the prompt is made off the loop thread: other clients are not held up by a big one */
+    api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final, .on_refused = on_refused};
     api_error e;
     r->g = api_server_generate(s->api, &q->gen, &sink, &e);
     if (!r->g) {

@@ -12,6 +12,7 @@
  * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
  * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
  * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
+ * --proto-port-file F (the protobuf API on a free port, written to F),
  * --fail-at-step N. SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "common/mla_log.h"
 #include "coordinator/api_server.h"
 #include "coordinator/http_server.h"
+#include "coordinator/pbapi_server.h"
 #include "coordinator/sched_batch.h"
 #include "fake_backend.h"
 
@@ -143,10 +145,12 @@ static bool fk_health(void *ctx, char *why, size_t cap) {
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
+static pbapi_server *g_pb;
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     MLA_INFO("fake_server: signal %d, shutting down", signum);
     http_server_close(g_http);
+    if (g_pb) pbapi_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_stop(h->loop);
@@ -155,7 +159,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("fake_server");
-    const char *port_file = NULL, *api_key = getenv("MLASERVE_API_KEY");
+    const char *port_file = NULL, *proto_port_file = NULL, *api_key = getenv("MLASERVE_API_KEY");
     int port = 0;
     sched_config sc = {.block_size = 16, .n_blocks = 512, .max_seqs = 64, .max_step_tokens = 512,
                        .max_queue = 256, .max_context = 2048};
@@ -171,6 +175,7 @@ int main(int argc, char **argv) {
         }
         long long x = atoll(v);
         if (!strcmp(a, "--port-file")) port_file = v;
+        else if (!strcmp(a, "--proto-port-file")) proto_port_file = v;
         else if (!strcmp(a, "--port")) port = (int)x;
         else if (!strcmp(a, "--api-key")) api_key = v;
         else if (!strcmp(a, "--max-context")) sc.max_context = (int32_t)x;
@@ -224,17 +229,27 @@ int main(int argc, char **argv) {
     g_http = http;
     int bound = 0;
     if (http_server_listen(http, "127.0.0.1", port, &bound, &err)) goto fail;
+    int pb_bound = 0;
+    pbapi_server *pb = NULL;
+    if (proto_port_file) {
+        if (pbapi_server_init(&pb, loop, api, NULL, &err) || pbapi_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
+            goto fail;
+        g_pb = pb;
+    }
     if (sched_start(s, &err)) goto fail;
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
-    if (port_file) {
+    const char *pfiles[2] = {proto_port_file, port_file}; /* the HTTP port file last: it means ready */
+    const int pports[2] = {pb_bound, bound};
+    for (int k = 0; k < 2; k++) {
+        if (!pfiles[k]) continue;
         char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", pfiles[k]);
         FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
-            mla_errf(&err, "cannot write %s", port_file);
+        if (!f || fprintf(f, "%d\n", pports[k]) < 0 || fclose(f) != 0 || rename(tmp, pfiles[k]) != 0) {
+            mla_errf(&err, "cannot write %s", pfiles[k]);
             goto fail;
         }
     }
@@ -244,6 +259,7 @@ int main(int argc, char **argv) {
     api_server_drain(api);
     sched_stop(s);
     sched_free(s);
+    pbapi_server_free(pb);
     api_server_free(api);
     http_server_free(http);
     uv_run(loop, UV_RUN_NOWAIT);

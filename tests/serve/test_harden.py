@@ -12,8 +12,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pbapi"))
 import fakeref as R  # noqa: E402
-from mlatest import FAILS, check, http_request as request, summary  # noqa: E402,F401
+import pbutil as pb  # noqa: E402
+from mlatest import FAILS, ServeProcess, check, http_request as request, summary  # noqa: E402,F401
 
 EXE = sys.argv[1]
 PARTS = set(sys.argv[2:])
@@ -272,9 +274,61 @@ def test_tokenize_off_loop(exe):
         check(srv.stop() == 0, "tokenize server clean exit")
 
 
+def pb_final(c, rid):
+    """Reads frames until request rid's last one: ("done", text) or ("error", code)."""
+    text = ""
+    while True:
+        k, f = c.read_frame()
+        if f.get(1, [None])[0] != rid:
+            continue
+        if k == pb.K_ERROR:
+            return "error", f.get(2, [0])[0]
+        if k == pb.K_GEN_RESP:
+            text += f.get(3, [b""])[0].decode()
+            if 7 in f:
+                return "done", text
+
+
+def test_pb_off_loop(exe):
+    # the protobuf port: a Generate's prompt is made off the loop thread too
+    srv = ServeProcess([exe], ["--tok-delay-ms", 1500], proto=True, timeout=20, prefix="fake_server_pb_")
+    try:
+        c = pb.Conn(srv.proto_port, timeout=30)
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(1, prompt="abc", max_tokens=3)))
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        dt = time.time() - t0
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf prompt is tokenized" % dt)
+        toks, _, _, _ = R.generate(R.encode("abc"), 3)
+        res = pb_final(c, 1)
+        check(res == ("done", R.text_of(toks)), "the protobuf Generate answers right: %r" % (res,))
+        # cancelled while its prompt is made: ERROR_CANCELLED
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(2, prompt="abc", max_tokens=3)) +
+               pb.frame(pb.K_CANCEL, pb.f_varint(1, 2)))
+        res = pb_final(c, 2)
+        check(res == ("error", pb.E["CANCELLED"]), "cancelled while tokenizing: %r" % (res,))
+        # refused after tokenizing (longer than the context): the error names it
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(3, prompt="x" * 3000, max_tokens=3)))
+        res = pb_final(c, 3)
+        check(res == ("error", pb.E["INVALID_REQUEST"]), "refused after tokenizing: %r" % (res,))
+        # a client that leaves while its prompt is made: nothing breaks
+        c2 = pb.Conn(srv.proto_port, timeout=30)
+        c2.send(pb.frame(pb.K_GENERATE, pb.generate_msg(4, prompt="abc", max_tokens=3)))
+        time.sleep(0.2)
+        c2.close()
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(5, prompt="xyz", max_tokens=2)))
+        toks, _, _, _ = R.generate(R.encode("xyz"), 2)
+        res = pb_final(c, 5)
+        check(res == ("done", R.text_of(toks)), "served after a client left during tokenizing: %r" % (res,))
+        c.close()
+    finally:
+        check(srv.stop(timeout=30) == 0, "protobuf tokenize server clean exit")
+
+
 def main():
     for name, t in (("big", test_big_response), ("auth", test_early_auth_and_budget), ("details", test_http_details),
-                    ("keys", test_wrong_keys), ("offloop", test_tokenize_off_loop)):
+                    ("keys", test_wrong_keys), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
         if not part(name):
             continue
         t0 = time.time()
