@@ -51,12 +51,18 @@ typedef struct api_req {
     double t_start, t_first, t_last;
 } api_req;
 
-/* A request whose prompt is tokenized on the prep thread (HTTP generation and /tokenize). */
-typedef struct prep_job {
-    struct prep_job *next;
+/* A request whose prompt is tokenized on the prep thread: HTTP generation and /tokenize, sink
+ * generations (api_server_generate with on_refused), api_server_tokenize_async. */
+typedef struct api_tok_job prep_job;
+struct api_tok_job {
+    prep_job *next;
     api_server *srv;
     http_conn *conn;  /* NULL once the client left (the job is then dropped when done) */
     api_req *req;     /* a sink generation (api_server_generate): the request being prepared */
+    /* api_server_tokenize_async: the callback (not called once detached) */
+    void (*tok_done)(void *ud, const int32_t *ids, int32_t n, const api_error *e);
+    void *tok_ud;
+    bool detached;
     cJSON *root;      /* the request document (params point into it) */
     bool is_tokenize;
     api_gen_params gp;
@@ -66,7 +72,7 @@ typedef struct prep_job {
     api_error e;
     int32_t *ids;
     int32_t n_ids;
-} prep_job;
+};
 
 typedef struct qev {
     sched_event ev;
@@ -943,7 +949,9 @@ static void on_prep_done(uv_async_t *h) {
         pthread_mutex_unlock(&a->prep_mu);
         if (!j) break;
         a->n_prep--;
-        if (j->req) {
+        if (j->tok_done) {
+            if (!j->detached) j->tok_done(j->tok_ud, j->ids, j->n_ids, j->rc == MLA_OK ? NULL : &j->e);
+        } else if (j->req) {
             sink_ready(a, j);
         } else if (j->conn) {
             http_conn_on_abort(j->conn, NULL, NULL);
@@ -1426,6 +1434,27 @@ api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *s
     prep_enqueue(a, j);
     return r;
 }
+
+api_tok_job *api_server_tokenize_async(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                                       void (*done)(void *ud, const int32_t *ids, int32_t n, const api_error *e),
+                                       void *ud) {
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->is_tokenize = true;
+    j->tp.prompt = text ? mla_xstrdup(text) : NULL;
+    if (messages) {
+        j->root = cJSON_Duplicate(messages, 1);
+        if (!j->root) MLA_PANIC("out of memory");
+        j->tp.messages = j->root;
+    }
+    j->tp.add_special = add_special;
+    j->tok_done = done;
+    j->tok_ud = ud;
+    prep_enqueue(a, j);
+    return j;
+}
+
+void api_server_tokenize_detach(api_tok_job *j) { j->detached = true; }
 
 void api_server_gen_cancel(api_gen *g, bool detach) {
     if (!g) return;

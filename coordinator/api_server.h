@@ -156,6 +156,15 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
  * or missing key (counted), 429 this address has failed too often (*retry_after_s: seconds
  * until it may try again). */
 int api_server_auth(api_server *a, const char *peer, const char *key, int *retry_after_s);
+/* Tokenizes as api_server_tokenize, on the prep thread (in arrival order with the other
+ * requests): done(ud, ids, n, e) runs later on the loop thread, e NULL on success (ids valid
+ * during the call) or the error. text and messages are copied. The handle is valid until done
+ * runs; api_server_tokenize_detach before that means done is never called (its client left). */
+typedef struct api_tok_job api_tok_job;
+api_tok_job *api_server_tokenize_async(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                                       void (*done)(void *ud, const int32_t *ids, int32_t n, const api_error *e),
+                                       void *ud);
+void api_server_tokenize_detach(api_tok_job *j);
 /* The request's key matches the server's (constant time; true when the server has none). */
 bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);

@@ -17,6 +17,7 @@ typedef struct pb_req {
     struct pb_req *prev, *next;
     uint64_t id;
     api_gen *g;
+    api_tok_job *tj; /* a Tokenize on the prep thread */
     bool logprobs;
     uint32_t index; /* tokens sent */
 } pb_req;
@@ -106,6 +107,7 @@ static void conn_close(pb_conn *c) {
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
         req_unlink(r);
     }
     if (c->prev)
@@ -209,6 +211,7 @@ static void fatal(pb_conn *c, int code, const char *param, const char *msg) {
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
         req_unlink(r);
     }
     c->lingering = true;
@@ -226,6 +229,7 @@ static void fatal_quiet(pb_conn *c) {
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
         req_unlink(r);
     }
     c->lingering = true;
@@ -382,22 +386,42 @@ static void handle_generate(pb_conn *c, pbapi_request *q) {
     c->n_reqs++;
 }
 
+static void tokenize_done(void *ud, const int32_t *ids, int32_t n, const api_error *e) {
+    pb_req *r = ud;
+    pb_conn *c = r->c;
+    r->tj = NULL;
+    if (e) {
+        send_error(c, r->id, status_code(e->status), e->param, e->message);
+    } else {
+        Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
+        m.has_request_id = true;
+        m.request_id = r->id;
+        m.n_ids = (size_t)n;
+        m.ids = (int32_t *)ids;
+        m.has_max_model_len = true;
+        m.max_model_len = (uint32_t)api_server_max_context(c->srv->api);
+        send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &m.base);
+    }
+    req_unlink(r);
+}
+
 static void handle_tokenize(pb_conn *c, pbapi_request *q) {
-    int32_t *ids = NULL, n = 0;
-    api_error e;
-    if (api_server_tokenize(c->srv->api, q->text, q->messages, q->add_special, &ids, &n, &e) != MLA_OK) {
-        send_error(c, q->request_id, status_code(e.status), e.param, e.message);
+    pbapi_server *s = c->srv;
+    if (c->n_reqs >= s->cfg.max_inflight) {
+        char m[96];
+        snprintf(m, sizeof(m), "at most %d requests may be in flight on one connection", s->cfg.max_inflight);
+        send_error(c, q->request_id, MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, NULL, m);
         return;
     }
-    Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
-    m.has_request_id = true;
-    m.request_id = q->request_id;
-    m.n_ids = (size_t)n;
-    m.ids = ids;
-    m.has_max_model_len = true;
-    m.max_model_len = (uint32_t)api_server_max_context(c->srv->api);
-    send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &m.base);
-    free(ids);
+    /* tokenized on the prep thread, in order with the other requests */
+    pb_req *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->id = q->request_id;
+    r->next = c->reqs;
+    if (c->reqs) c->reqs->prev = r;
+    c->reqs = r;
+    c->n_reqs++;
+    r->tj = api_server_tokenize_async(s->api, q->text, q->messages, q->add_special, tokenize_done, r);
 }
 
 static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t len) {

@@ -321,6 +321,16 @@ def test_pb_off_loop(exe):
         toks, _, _, _ = R.generate(R.encode("xyz"), 2)
         res = pb_final(c, 5)
         check(res == ("done", R.text_of(toks)), "served after a client left during tokenizing: %r" % (res,))
+        # Tokenize goes the same way
+        c.send(pb.frame(pb.K_TOKENIZE, pb.f_varint(1, 6) + pb.f_bytes(3, "abc")))
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        dt = time.time() - t0
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf Tokenize runs" % dt)
+        k, f = c.read_frame()
+        check(k == pb.K_TOK_RESP and f[1][0] == 6 and pb.packed_ints(f[2][0]) == R.encode("abc"),
+              "the protobuf Tokenize answers right (%d)" % k)
         c.close()
     finally:
         check(srv.stop(timeout=30) == 0, "protobuf tokenize server clean exit")
