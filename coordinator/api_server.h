@@ -8,7 +8,12 @@
  * Engine-agnostic: the tokenizer and the chat template come in as function pointers
  * (api_tokenizer), the model through the scheduler (sched_batch.h), worker health through a
  * callback. Threads: everything runs on the libuv loop thread except api_server_on_event, which
- * the scheduler calls from its thread: it only queues the event and wakes the loop (uv_async).
+ * the scheduler calls from its thread: it only queues the event and wakes the loop (uv_async),
+ * and the prep thread (started with the first request, joined by api_server_free), which makes
+ * the prompts (chat template, tokenizer) of HTTP requests, of sink generations with on_refused
+ * and of api_server_tokenize_async, in arrival order; the tokenizer's functions must therefore
+ * be callable from another thread than the loop's. Chat message text is guarded
+ * (coordinator/chat_guard.h) unless api_config.special_in_messages.
  * Stop strings are matched on the detokenized text here; the text is cut before them and the
  * request is cancelled in the scheduler.
  *
