@@ -1354,7 +1354,8 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
 
 void api_server_set_sched(api_server *a, sched *s) { a->s = s; }
 void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
-int api_server_inflight(const api_server *a) { return a->n_inflight; }
+int api_server_inflight(const api_server *a) { return a->n_inflight + a->n_prep; }
+int api_server_preparing(const api_server *a) { return a->n_prep; }
 
 void api_server_set_draining(api_server *a) { a->draining = true; }
 

@@ -91,7 +91,10 @@ bool api_server_early(void *ud, http_conn *c, const http_head *h);
 void api_server_on_event(void *cb_ctx, const sched_event *ev);
 /* Runs the loop until no generation request is in flight (after http_server_close). */
 void api_server_drain(api_server *a);
+/* Requests in flight: submitted, or with their prompt being made on the prep thread. */
 int api_server_inflight(const api_server *a);
+/* Of those, the ones whose prompt is being made (not submitted yet). */
+int api_server_preparing(const api_server *a);
 /* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503;
  * requests in flight go on. */
 void api_server_set_draining(api_server *a);

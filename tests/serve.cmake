@@ -114,7 +114,7 @@ if(MLA_FUZZ)
   target_link_options(fuzz_stream PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_stream mla_coord)
   add_test(NAME stream_fuzz_smoke
-           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_stream> runs=30000 ${MLA_TEST_DIR}/data/stream)
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_stream> runs=10000 ${MLA_TEST_DIR}/data/stream)
   set_tests_properties(stream_fuzz_smoke PROPERTIES TIMEOUT 300
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

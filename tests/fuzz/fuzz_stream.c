@@ -4,6 +4,7 @@
  * the real scheduler. The backend "samples" the bytes of the input: token b is the byte b, 256
  * is EOS; so the model's text is whatever the fuzzer wants, including invalid UTF-8. Input: a
  * header (request count, max_tokens, stop strings, when to cancel) then the token bytes.
+ * A request's header byte also picks api_server_generate's immediate or prep-thread path.
  * Checked per request: the deltas are contiguous and each ends outside an incomplete UTF-8
  * sequence; one final call; the final text is the deltas' concatenation; it holds no stop
  * string; with finish "stop" by a stop string, text + that stop string starts the model's
@@ -150,6 +151,14 @@ static void on_final(void *ud, const char *text, size_t from, size_t to, const a
     r->g = NULL;
 }
 
+static void on_refused(void *ud, const api_error *e) {
+    req *r = ud;
+    if (r->n_final++) die("refused after a final call", r->idx);
+    if (!e || !e->message[0]) die("refused without a message", r->idx);
+    r->error = true;
+    r->g = NULL;
+}
+
 static void check(req *r) {
     if (r->n_final != 1) die("no final call", r->idx);
     if (r->error) return; /* cancelled: nothing to compare */
@@ -201,6 +210,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int k = 0; k < n && i + 3 <= size; k++) {
         req *r = &reqs[k];
         r->idx = k;
+        bool async = data[i] & 0x80; /* the prompt made on the prep thread (api_sink.on_refused) */
         int max_tokens = 1 + data[i++] % 64;
         cancel_at[k] = data[i] % 4 == 0 ? data[i] / 4 : -1;
         i++;
@@ -224,7 +234,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         api_gen_params p;
         api_error e;
         if (api_gen_params_parse(&p, API_COMPLETIONS, j, &e) == MLA_OK) {
-            api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final};
+            api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final,
+                             .on_refused = async ? on_refused : NULL};
             r->g = api_server_generate(a, &p, &sink, &e);
             if (!r->g) r->n_final = 1, r->error = true; /* refused: nothing to check */
             api_gen_params_free(&p);
@@ -237,6 +248,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     g_data = data;
     g_size = size;
     g_pos = i;
+    /* prompts made on the prep thread are submitted before the first step (deterministic) */
+    while (api_server_preparing(a) > 0) uv_run(&loop, UV_RUN_ONCE);
     for (int step = 0; step < 400; step++) {
         for (int k = 0; k < n; k++)
             if (cancel_at[k] == step && reqs[k].g) api_server_gen_cancel(reqs[k].g, false);
