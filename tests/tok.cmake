@@ -64,7 +64,12 @@ if(MLA_FUZZ)
     target_link_libraries(${fz} mla_common PkgConfig::TOKT_PCRE2 PkgConfig::TOKT_CJSON m)
   endforeach()
   add_test(NAME fuzz_tok_smoke COMMAND fuzz_tok -runs=30000 -max_len=2048 -seed=1)
-  add_test(NAME fuzz_chat_smoke COMMAND fuzz_chat -runs=20000 -max_len=1024 -seed=1 -timeout=20)
+  # seeded with the released templates (tests/data/chat) and the chat-fuzz corpus, in a scratch
+  # corpus (run_fuzz.sh): unseeded it missed what real templates reach in seconds
+  add_test(NAME fuzz_chat_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_chat> runs=20000 ${MLA_TEST_DIR}/data/chat
+                   ${MLA_TEST_DIR}/data/chat-fuzz)
+  set_tests_properties(fuzz_chat_smoke PROPERTIES ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
 
 # chat messages cannot forge control tokens: the fixtures' own tokenizers and templates
