@@ -242,7 +242,8 @@ static int usage(void) {
             "                              MLASERVE_API_KEY works too)\n"
             "       [--allow-special-in-messages]  (control-token text inside chat messages becomes control\n"
             "                              tokens, for trusted clients; default: message text is plain text)\n"
-            "       [--idle-timeout-ms N] (idle connections, HTTP and protobuf, closed after N ms; default 60000)\n"
+            "       [--idle-timeout-ms N] (idle connections, HTTP and protobuf, closed after N ms; default 60000;\n"
+            "                              --max-conns applies to each port, idle connections make room)\n"
             "       [--request-timeout-ms N] (an HTTP request or protobuf frame not complete N ms after its\n"
             "                              first byte is refused; default 30000; HTTP headers: 10000)\n%s",
             coord_opts_usage);
@@ -366,6 +367,7 @@ int cmd_serve(int argc, char **argv) {
     }
     pbapi_config pc;
     pbapi_config_default(&pc);
+    pc.max_conns = hc.max_conns; /* --max-conns: per port */
     if (idle_timeout_ms > 0) hc.idle_timeout_ms = pc.idle_timeout_ms = (unsigned)idle_timeout_ms;
     if (request_timeout_ms > 0) {
         hc.request_timeout_ms = pc.frame_timeout_ms = (unsigned)request_timeout_ms;
@@ -386,11 +388,11 @@ int cmd_serve(int argc, char **argv) {
     {
         struct rlimit rl;
         /* each connection is a descriptor; the workers' links and files need some too */
-        long need = (long)hc.max_conns + (proto_port >= 0 ? pc.max_conns : 0) + 64;
+        long need = (long)hc.max_conns * (proto_port >= 0 ? 2 : 1) + 64;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < need)
             MLA_WARN("serve: the open-file limit is %ld but --max-conns %d%s needs about %ld descriptors: past the "
                      "limit new connections fail to be accepted (raise it with ulimit -n or LimitNOFILE=)",
-                     (long)rl.rlim_cur, hc.max_conns, proto_port >= 0 ? " (and the protobuf port's 1024)" : "", need);
+                     (long)rl.rlim_cur, hc.max_conns, proto_port >= 0 ? " on each of two ports" : "", need);
     }
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("coord");

@@ -595,6 +595,20 @@ static void on_connection(uv_stream_t *ls, int status) {
     uv_tcp_nodelay(&c->tcp, 1);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (s->n_conns > s->cfg.max_conns) {
+        /* make room by closing the connection idle longest (nothing in flight, no partial
+         * frame, nothing queued), if any */
+        pb_conn *old = NULL;
+        for (pb_conn *o = s->conns; o; o = o->next)
+            if (o != c && !o->closing && !o->lingering && o->n_reqs == 0 && o->queued == 0 && buffered_of(o) == 0 &&
+                (!old || o->last_active_ms < old->last_active_ms))
+                old = o;
+        if (old) {
+            MLA_DEBUG("pbapi: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
+                      s->cfg.max_conns, old->peer, c->peer);
+            conn_close(old);
+        }
+    }
+    if (s->n_conns > s->cfg.max_conns) {
         char m[96];
         snprintf(m, sizeof(m), "too many open connections (limit %d)", s->cfg.max_conns);
         fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAVAILABLE, NULL, m);

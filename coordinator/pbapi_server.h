@@ -16,7 +16,8 @@
  * Limits: until a Hello with the key (when a key is set) frames may carry max_preauth_frame
  * bytes; a frame not complete within frame_timeout_ms of its first byte gets BAD_FRAME and the
  * connection closes; a connection with no request in flight and no traffic for idle_timeout_ms
- * is closed; partial frames over all connections beyond max_buffered_total: the connection that
+ * is closed; a new connection beyond max_conns closes the connection idle longest, or when none
+ * is idle gets UNAVAILABLE and is closed; partial frames over all connections beyond max_buffered_total: the connection that
  * goes over gets UNAVAILABLE and is closed.
  *
  * Threads: loop thread only. Ownership: pbapi_server_init / pbapi_server_free (after

@@ -31,7 +31,8 @@ def error_of(c):
 
 
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--api-key", KEY,
-                                                 "--idle-timeout-ms", "1500", "--request-timeout-ms", "1500"])
+                                                 "--idle-timeout-ms", "1500", "--request-timeout-ms", "1500",
+                                                 "--max-conns", "8"])
 try:
     P = srv.proto_port
     # an idle connection is closed after the idle timeout
@@ -81,7 +82,8 @@ try:
     check(k == pb.K_ERROR and f[1][0] == 5 and f[2][0] == pb.E["UNAUTHENTICATED"], "wrong per-request key")
     check(c.closed_after(5), "a wrong key ends the connection")
     c.close()
-    # 60 idle connections are gone after the idle timeout; then clients are served
+    # 60 idle connections (beyond --max-conns 8: the older ones make room) are all gone after
+    # the idle timeout; then clients are served
     socks = [socket.create_connection(("127.0.0.1", P), timeout=10) for _ in range(60)]
     time.sleep(4)
     closed = 0
@@ -98,6 +100,30 @@ try:
     k, f = c.read_frame()
     check(k == pb.K_HEALTH_RESP, "served after the idle connections")
     c.close()
+    # --max-conns 8: 8 idle connections make room for a 9th client at once
+    socks = [socket.create_connection(("127.0.0.1", P), timeout=10) for _ in range(8)]
+    time.sleep(0.2)
+    c = pb.Conn(P, timeout=10)
+    c.send(pb.frame(pb.K_HEALTH, pb.f_varint(1, 10)))
+    k, f = c.read_frame()
+    check(k == pb.K_HEALTH_RESP, "a 9th client is served while 8 idle connections are open (kind %d)" % k)
+    c.close()
+    for s in socks:
+        s.close()
+    # ... but 8 connections inside a frame are kept: the 9th gets UNAVAILABLE
+    socks = [socket.create_connection(("127.0.0.1", P), timeout=10) for _ in range(8)]
+    for s in socks:
+        s.sendall(header(pb.K_HEALTH, 100))
+    time.sleep(0.2)
+    c = pb.Conn(P, timeout=10)
+    try:
+        k, code = error_of(c)
+        check(k == pb.K_ERROR and code == pb.E["UNAVAILABLE"], "all connections busy: UNAVAILABLE (%r %r)" % (k, code))
+    except (EOFError, OSError) as e:
+        check(False, "all connections busy: %r" % e)
+    c.close()
+    for s in socks:
+        s.close()
 finally:
     rc = srv.stop()
     check(rc == 0, "clean exit %r" % rc)
