@@ -12,6 +12,7 @@
 #include "common/mla_log.h"
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
+#include "coordinator/chat_guard.h"
 
 typedef api_token tok_entry; /* byte range [start, end) in the text */
 
@@ -45,9 +46,34 @@ typedef struct api_req {
     int32_t n_prompt, n_completion;
     bool responded;      /* response complete (or the client left) */
     bool client_gone;
+    bool preparing;      /* its prompt is on the prep thread (not submitted, not linked) */
+    bool prep_cancelled, prep_detached; /* api_server_gen_cancel while preparing */
     double t_start, t_first, t_last;
     double t_admit;      /* its first scheduled step (api_server_note_scheduled), 0: not yet */
 } api_req;
+
+/* A request whose prompt is tokenized on the prep thread: HTTP generation and /tokenize, sink
+ * generations (api_server_generate with on_refused), api_server_tokenize_async. */
+typedef struct api_tok_job prep_job;
+struct api_tok_job {
+    prep_job *next;
+    api_server *srv;
+    http_conn *conn;  /* NULL once the client left (the job is then dropped when done) */
+    api_req *req;     /* a sink generation (api_server_generate): the request being prepared */
+    /* api_server_tokenize_async: the callback (not called once detached) */
+    void (*tok_done)(void *ud, const int32_t *ids, int32_t n, const api_error *e);
+    void *tok_ud;
+    bool detached;
+    cJSON *root;      /* the request document (params point into it) */
+    bool is_tokenize;
+    api_gen_params gp;
+    api_tok_params tp;
+    /* results (prep thread) */
+    int rc;
+    api_error e;
+    int32_t *ids;
+    int32_t n_ids;
+};
 
 typedef struct qev {
     sched_event ev;
@@ -78,6 +104,21 @@ struct api_server {
     int n_inflight;
     uint64_t counter;
     bool draining;             /* api_server_set_draining: no new generations */
+    /* the prep thread: tokenizing and chat templates off the loop thread, in arrival order */
+    pthread_t prep_th;
+    bool prep_started, prep_quit;
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv;
+    prep_job *prep_head, *prep_tail; /* to do (FIFO) */
+    prep_job *done_head, *done_tail; /* done, for the loop (FIFO) */
+    uv_async_t prep_async;
+    bool prep_async_open;
+    int n_prep;                      /* jobs not yet back on the loop */
+    struct auth_fail {         /* failed key attempts by client address (api_server_auth) */
+        char addr[64];
+        uint64_t since_ms;
+        int n;
+    } fails[API_AUTH_SLOTS];
     const char *cancel_reason; /* api_server_cancel_all: the error cancelled requests get */
 };
 
@@ -355,7 +396,7 @@ static void complete_response(api_req *r, const char *error) {
         api_sink sk = r->sink;
         req_unlink_conn(r);
         sk.on_final(sk.ud, r->text ? r->text : "", from, error ? from : r->text_len,
-                    r->toks + t0, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
+                    r->toks ? r->toks + t0 : NULL, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
                     error, r->cancelled, r->n_prompt, r->n_completion);
         return;
     }
@@ -618,6 +659,17 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
         reply_errorf(a, c, 400, NULL, "invalid_json", "the request body is not valid JSON");
         return NULL;
     }
+    /* one JSON value and nothing after it but whitespace */
+    const char *stop = req->body + req->body_len;
+    while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
+    if (!end || end != stop) {
+        cJSON_Delete(j);
+        char m[96];
+        snprintf(m, sizeof m, "the request body has data after its JSON value (at byte %zu)",
+                 end ? (size_t)(end - req->body) : (size_t)0);
+        reply_errorf(a, c, 400, NULL, "invalid_json", m);
+        return NULL;
+    }
     return j;
 }
 
@@ -640,52 +692,116 @@ static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, api
     return out;
 }
 
+static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
+    api_server *a = ud;
+    return a->tok.control_at(a->tok.ctx, s, len, pos);
+}
+
+/* Chat messages -> prompt ids: the template rendered, message text guarded (chat_guard.h)
+ * unless special_in_messages. MLA_ERR with e set. */
+static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, int32_t **ids, int32_t *n, api_error *e) {
+    *ids = NULL;
+    *n = 0;
+    bool guard = !a->cfg.special_in_messages && a->tok.control_at;
+    chat_guard g;
+    chat_guard_init(&g);
+    cJSON *prot = NULL;
+    mla_err err = {{0}};
+    if (guard && chat_guard_protect(&g, messages, guard_match, a, &prot, &err) != MLA_OK) {
+        chat_guard_free(&g);
+        return api_error_set(e, 400, "messages", NULL, "%s", err.msg);
+    }
+    char *text = render_chat(a, guard ? prot : messages, add_gen, e);
+    cJSON_Delete(prot);
+    if (!text) {
+        chat_guard_free(&g);
+        return MLA_ERR;
+    }
+    char *full = text;
+    size_t len = strlen(text), *spans = NULL, n_spans = 0;
+    if (guard) {
+        chat_guard_restore(&g, text, len, &full, &len, &spans, &n_spans);
+        free(text);
+    }
+    chat_guard_free(&g);
+    int rc = a->tok.encode(a->tok.ctx, full, len, false, true, spans, n_spans, ids, n, &err);
+    free(full);
+    free(spans);
+    if (rc != MLA_OK) {
+        encode_error(e, &err);
+        *ids = NULL;
+        *n = 0;
+        return MLA_ERR;
+    }
+    return MLA_OK;
+}
+
 /* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
  * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
  * set. Moves p's stop strings into the request. */
-static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c, const api_sink *sink,
-                                 api_error *e) {
-    enum api_kind kind = p->kind;
-    int32_t *ids = NULL;
-    int32_t n_ids = 0;
+/* The checks before a generation's prompt is tokenized (loop thread). */
+static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
+    if (a->draining)
+        return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+    char why[512];
+    if (!api_server_healthy(a, why, sizeof(why)))
+        return api_error_set(e, 503, NULL, "worker_down", "the worker group is not available: %s",
+                             why[0] ? why : "a worker is down");
+    if (p->model && strcmp(p->model, a->model_name))
+        return api_error_set(e, 404, "model", "model_not_found",
+                             "the model '%s' does not exist (this server serves '%s')", p->model, a->model_name);
+    return MLA_OK;
+}
+
+/* The prompt's token ids: the chat template and tokenizer, or the ids given (moved out of p).
+ * Touches only the tokenizer and p: runs on the prep thread. */
+static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, int32_t *n_out, api_error *e) {
+    int32_t *ids = NULL, n_ids = 0;
     mla_err err = {{0}};
-    api_req *r = NULL;
-    if (a->draining) {
-        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
-        goto done;
-    }
-    {
-        char why[512];
-        if (!api_server_healthy(a, why, sizeof(why))) {
-            api_error_set(e, 503, NULL, "worker_down", "the worker group is not available: %s",
-                          why[0] ? why : "a worker is down");
-            goto done;
-        }
-    }
-    if (p->model && strcmp(p->model, a->model_name)) {
-        api_error_set(e, 404, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
-                      p->model, a->model_name);
-        goto done;
-    }
-    if (kind == API_CHAT) {
-        char *text = render_chat(a, p->messages, p->add_generation_prompt, e);
-        if (!text) goto done;
-        int rc = a->tok.encode(a->tok.ctx, text, strlen(text), false, true, &ids, &n_ids, &err);
-        free(text);
-        if (rc != MLA_OK) {
-            encode_error(e, &err);
-            goto done;
-        }
+    *ids_out = NULL;
+    *n_out = 0;
+    if (p->kind == API_CHAT) {
+        if (chat_ids(a, p->messages, p->add_generation_prompt, &ids, &n_ids, e) != MLA_OK) return MLA_ERR;
     } else if (p->prompt_text) {
-        if (a->tok.encode(a->tok.ctx, p->prompt_text, strlen(p->prompt_text), true, true, &ids, &n_ids, &err) != MLA_OK) {
+        if (a->tok.encode(a->tok.ctx, p->prompt_text, strlen(p->prompt_text), true, true, NULL, 0, &ids, &n_ids,
+                          &err) != MLA_OK) {
             encode_error(e, &err);
-            goto done;
+            return MLA_ERR;
         }
     } else {
         ids = p->prompt_ids;
         n_ids = p->n_prompt_ids;
         p->prompt_ids = NULL;
         p->n_prompt_ids = 0;
+    }
+    *ids_out = ids;
+    *n_out = n_ids;
+    return MLA_OK;
+}
+
+static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
+                                  const api_sink *sink, api_req *pre, api_error *e);
+
+static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c, const api_sink *sink,
+                                 api_error *e) {
+    int32_t *ids = NULL, n_ids = 0;
+    if (gen_precheck(a, p, e) != MLA_OK || gen_prompt_ids(a, p, &ids, &n_ids, e) != MLA_OK) return NULL;
+    return submit_generation(a, p, ids, n_ids, c, sink, NULL, e);
+}
+
+/* Checks the prompt ids against the vocabulary and the context, submits (loop thread). Takes
+ * ids. pre: the request record to use (its srv and sink set; left to the caller on failure),
+ * or NULL for a new one. */
+static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
+                                  const api_sink *sink, api_req *pre, api_error *e) {
+    enum api_kind kind = p->kind;
+    mla_err err = {{0}};
+    api_req *r = NULL;
+    if (a->draining) {
+        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+        goto done;
+    }
+    if (kind != API_CHAT && !p->prompt_text) {
         for (int32_t i = 0; i < n_ids; i++)
             if (ids[i] < 0 || ids[i] >= a->tok.n_vocab) {
                 api_error_set(e, 400, "prompt", NULL, "token id %d is out of range (the vocabulary has %d tokens)",
@@ -722,12 +838,17 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
         if (a->cfg.default_max_tokens > 0 && max_tokens > a->cfg.default_max_tokens) max_tokens = a->cfg.default_max_tokens;
     }
 
-    r = mla_xcalloc(1, sizeof(*r));
-    r->srv = a;
-    r->conn = c;
-    if (sink) {
-        r->sink = *sink;
-        r->has_sink = true;
+    if (pre) {
+        r = pre;
+        r->preparing = false;
+    } else {
+        r = mla_xcalloc(1, sizeof(*r));
+        r->srv = a;
+        r->conn = c;
+        if (sink) {
+            r->sink = *sink;
+            r->has_sink = true;
+        }
     }
     r->kind = kind;
     r->stream = p->stream || sink;
@@ -762,7 +883,8 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
-        free(r);
+        r->n_stop = 0;
+        if (!pre) free(r);
         r = NULL;
         /* a request the whole cache cannot hold is the client's to shorten: 400, as a too long prompt */
         int status = rc == SCHED_E_QUEUE_FULL ? 429 : rc == SCHED_E_STOPPED ? 503 : 400;
@@ -779,22 +901,146 @@ done:
     return r;
 }
 
+/* ---- the prep thread ---- */
+
+static void *prep_main(void *arg) {
+    api_server *a = arg;
+    pthread_mutex_lock(&a->prep_mu);
+    for (;;) {
+        while (!a->prep_quit && !a->prep_head) pthread_cond_wait(&a->prep_cv, &a->prep_mu);
+        if (a->prep_quit) break;
+        prep_job *j = a->prep_head;
+        a->prep_head = j->next;
+        if (!a->prep_head) a->prep_tail = NULL;
+        j->next = NULL;
+        pthread_mutex_unlock(&a->prep_mu);
+        if (j->is_tokenize)
+            j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, &j->ids, &j->n_ids, &j->e);
+        else
+            j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e);
+        pthread_mutex_lock(&a->prep_mu);
+        if (a->done_tail) a->done_tail->next = j;
+        else a->done_head = j;
+        a->done_tail = j;
+        uv_async_send(&a->prep_async);
+    }
+    pthread_mutex_unlock(&a->prep_mu);
+    return NULL;
+}
+
+static void prep_free(prep_job *j) {
+    free(j->req); /* a sink request never submitted (nothing of it is linked anywhere) */
+    if (j->is_tokenize) api_tok_params_free(&j->tp);
+    else api_gen_params_free(&j->gp);
+    cJSON_Delete(j->root);
+    free(j->ids);
+    free(j);
+}
+
+static void on_prep_abort(void *ud) {
+    prep_job *j = ud;
+    j->conn = NULL; /* dropped when it comes back */
+}
+
+static void prep_enqueue(api_server *a, prep_job *j) {
+    if (!a->prep_started) {
+        if (pthread_create(&a->prep_th, NULL, prep_main, a) != 0) MLA_PANIC("pthread_create failed");
+        a->prep_started = true;
+    }
+    a->n_prep++;
+    pthread_mutex_lock(&a->prep_mu);
+    if (a->prep_tail) a->prep_tail->next = j;
+    else a->prep_head = j;
+    a->prep_tail = j;
+    pthread_cond_signal(&a->prep_cv);
+    pthread_mutex_unlock(&a->prep_mu);
+}
+
+static void prep_submit(api_server *a, prep_job *j) {
+    http_conn_on_abort(j->conn, on_prep_abort, j);
+    prep_enqueue(a, j);
+}
+
+static void generate_ready(api_server *a, prep_job *j);
+static void tokenize_ready(api_server *a, prep_job *j);
+
+/* A sink generation's prompt is ready: submit it, or tell the sink why not. */
+static void sink_ready(api_server *a, prep_job *j) {
+    api_req *r = j->req;
+    api_sink sk = r->sink;
+    if (r->prep_detached) return; /* prep_free frees r */
+    if (r->prep_cancelled) {
+        sk.on_final(sk.ud, "", 0, 0, NULL, 0, NULL, a->cancel_reason ? a->cancel_reason : "the request was cancelled",
+                    true, 0, 0);
+        return;
+    }
+    api_error e = j->e;
+    int32_t *ids = j->ids;
+    j->ids = NULL;
+    if (j->rc == MLA_OK && submit_generation(a, &j->gp, ids, j->n_ids, NULL, NULL, r, &e)) {
+        j->req = NULL; /* submitted: the request lives on */
+        return;
+    }
+    sk.on_refused(sk.ud, &e);
+}
+
+static void on_prep_done(uv_async_t *h) {
+    api_server *a = h->data;
+    for (;;) {
+        pthread_mutex_lock(&a->prep_mu);
+        prep_job *j = a->done_head;
+        if (j) {
+            a->done_head = j->next;
+            if (!a->done_head) a->done_tail = NULL;
+        }
+        pthread_mutex_unlock(&a->prep_mu);
+        if (!j) break;
+        a->n_prep--;
+        if (j->tok_done) {
+            if (!j->detached) j->tok_done(j->tok_ud, j->ids, j->n_ids, j->rc == MLA_OK ? NULL : &j->e);
+        } else if (j->req) {
+            sink_ready(a, j);
+        } else if (j->conn) {
+            http_conn_on_abort(j->conn, NULL, NULL);
+            if (j->is_tokenize) tokenize_ready(a, j);
+            else generate_ready(a, j);
+        }
+        prep_free(j);
+    }
+}
+
 static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
     cJSON *root = parse_body(a, c, hr);
     if (!root) return;
-    api_gen_params p;
-    api_error e;
-    api_req *r = NULL;
-    if (api_gen_params_parse(&p, kind, root, &e) != MLA_OK || !(r = start_generation(a, &p, c, NULL, &e))) {
-        reply_error(a, c, &e, NULL);
-        goto done;
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->conn = c;
+    j->root = root;
+    if (api_gen_params_parse(&j->gp, kind, root, &j->e) != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
+        reply_error(a, c, &j->e, NULL);
+        prep_free(j);
+        return;
     }
+    prep_submit(a, j); /* tokenized on the prep thread; generate_ready goes on */
+}
+
+static void generate_ready(api_server *a, prep_job *j) {
+    http_conn *c = j->conn;
+    api_error e = j->e;
+    api_req *r = NULL;
+    int32_t *ids = j->ids;
+    j->ids = NULL;
+    if (j->rc != MLA_OK || !(r = submit_generation(a, &j->gp, ids, j->n_ids, c, NULL, NULL, &e))) {
+        reply_error(a, c, &e, NULL);
+        return;
+    }
+    enum api_kind kind = j->gp.kind;
     http_conn_on_abort(c, on_client_abort, r);
     if (r->stream) {
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
         if (kind == API_CHAT) {
-            cJSON *j = chunk_base(r);
-            cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+            cJSON *ch0 = chunk_base(r);
+            cJSON *choices = cJSON_AddArrayToObject(ch0, "choices");
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddNumberToObject(ch, "index", 0);
             cJSON *d = cJSON_AddObjectToObject(ch, "delta");
@@ -803,31 +1049,21 @@ static void handle_generate(api_server *a, http_conn *c, const http_request *hr,
             cJSON_AddNullToObject(ch, "logprobs");
             cJSON_AddNullToObject(ch, "finish_reason");
             cJSON_AddItemToArray(choices, ch);
-            if (r->include_usage) cJSON_AddNullToObject(j, "usage");
-            sse_send(r, j);
-            cJSON_Delete(j);
+            if (r->include_usage) cJSON_AddNullToObject(ch0, "usage");
+            sse_send(r, ch0);
+            cJSON_Delete(ch0);
         }
     }
-done:
-    api_gen_params_free(&p);
-    cJSON_Delete(root);
 }
 
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
                         int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    char *owned = NULL;
-    if (messages) {
-        owned = render_chat(a, messages, true, e);
-        if (!owned) return MLA_ERR;
-        text = owned;
-        add_special = false;
-    }
+    if (messages) return chat_ids(a, messages, true, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
-    int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, ids, n, &err);
-    free(owned);
+    int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);
     if (rc != MLA_OK) {
         encode_error(e, &err);
         *ids = NULL;
@@ -840,24 +1076,32 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
 static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr) {
     cJSON *root = parse_body(a, c, hr);
     if (!root) return;
-    api_tok_params p;
-    api_error e;
-    int32_t *ids = NULL, n = 0;
-    if (api_tokenize_params_parse(&p, root, &e) != MLA_OK ||
-        api_server_tokenize(a, p.prompt, p.messages, p.add_special, &ids, &n, &e) != MLA_OK) {
-        reply_error(a, c, &e, NULL);
-    } else {
-        cJSON *j = cJSON_CreateObject();
-        cJSON *arr = cJSON_AddArrayToObject(j, "tokens");
-        for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-        cJSON_AddNumberToObject(j, "count", n);
-        cJSON_AddNumberToObject(j, "max_model_len", a->cfg.max_context);
-        reply_json(a, c, 200, j);
-        cJSON_Delete(j);
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->conn = c;
+    j->root = root;
+    j->is_tokenize = true;
+    if (api_tokenize_params_parse(&j->tp, root, &j->e) != MLA_OK) {
+        reply_error(a, c, &j->e, NULL);
+        prep_free(j);
+        return;
     }
-    free(ids);
-    api_tok_params_free(&p);
-    cJSON_Delete(root);
+    prep_submit(a, j); /* tokenized on the prep thread; tokenize_ready answers */
+}
+
+static void tokenize_ready(api_server *a, prep_job *j) {
+    http_conn *c = j->conn;
+    if (j->rc != MLA_OK) {
+        reply_error(a, c, &j->e, NULL);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "tokens");
+    for (int32_t i = 0; i < j->n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->ids[i]));
+    cJSON_AddNumberToObject(o, "count", j->n_ids);
+    cJSON_AddNumberToObject(o, "max_model_len", a->cfg.max_context);
+    reply_json(a, c, 200, o);
+    cJSON_Delete(o);
 }
 
 static void handle_detokenize(api_server *a, http_conn *c, const http_request *hr) {
@@ -990,13 +1234,76 @@ void api_server_token_counts(const api_server *a, uint64_t *prompt, uint64_t *ge
 
 bool api_server_auth_required(const api_server *a) { return a->api_key && a->api_key[0]; }
 
-static bool authorized(api_server *a, const http_request *req) {
-    if (!a->api_key || !a->api_key[0]) return true;
-    const char *h = req->authorization;
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+static uint64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* "1.2.3.4:5678" / "::1:5678" -> the address without the port */
+static void addr_of(const char *peer, char *out, size_t cap) {
+    snprintf(out, cap, "%s", peer ? peer : "?");
+    char *colon = strrchr(out, ':');
+    if (colon && colon != out) *colon = 0;
+}
+
+int api_server_auth(api_server *a, const char *peer, const char *key, int *retry_after_s) {
+    if (retry_after_s) *retry_after_s = 0;
+    if (!api_server_auth_required(a)) return 0;
+    char addr[64];
+    addr_of(peer, addr, sizeof addr);
+    uint64_t now = mono_ms(), win = (uint64_t)API_AUTH_WINDOW_S * 1000u;
+    struct auth_fail *slot = NULL, *oldest = NULL;
+    for (int i = 0; i < API_AUTH_SLOTS; i++) {
+        struct auth_fail *f = &a->fails[i];
+        if (f->n && now - f->since_ms >= win) f->n = 0; /* the window is over */
+        if (f->n && !strcmp(f->addr, addr)) slot = f;
+        /* a free slot first, else the one whose window started earliest */
+        if (!oldest || (oldest->n && (!f->n || f->since_ms < oldest->since_ms))) oldest = f;
+    }
+    if (slot && slot->n >= API_AUTH_MAX_FAILS) {
+        if (retry_after_s) *retry_after_s = (int)((slot->since_ms + win - now + 999) / 1000);
+        return 429;
+    }
+    if (api_server_key_ok(a, key)) return 0;
+    if (!slot) {
+        slot = oldest;
+        snprintf(slot->addr, sizeof slot->addr, "%s", addr);
+        slot->n = 0;
+        slot->since_ms = now;
+    }
+    if (slot->n++ == 0) slot->since_ms = now;
+    return 401;
+}
+
+/* The bearer key of an Authorization header, or NULL. */
+static const char *bearer_key(const char *h) {
+    if (!h || strncasecmp(h, "Bearer ", 7)) return NULL;
     h += 7;
     while (*h == ' ') h++;
-    return api_server_key_ok(a, h);
+    return h;
+}
+
+/* Checks the request's key; false when it answered (401, or 429 after too many failures from
+ * this address); either way the connection closes after the answer. */
+static bool authorize(api_server *a, http_conn *c, const char *authorization) {
+    int retry = 0;
+    int st = api_server_auth(a, http_conn_peer(c), bearer_key(authorization), &retry);
+    if (st == 0) return true;
+    http_conn_close_after(c);
+    api_error e;
+    if (st == 429) {
+        api_error_set(&e, 429, NULL, "too_many_auth_failures",
+                      "too many requests with a wrong API key from this address; retry in %d s", retry);
+        char extra[48];
+        snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry);
+        reply_error(a, c, &e, extra);
+    } else {
+        api_error_set(&e, 401, NULL, "invalid_api_key",
+                      "missing or wrong API key (send 'Authorization: Bearer <key>')");
+        reply_error(a, c, &e, "WWW-Authenticate: Bearer\r\n");
+    }
+    return false;
 }
 
 bool api_server_key_ok(const api_server *a, const char *h) {
@@ -1025,13 +1332,33 @@ static const route routes[] = {
     {"/detokenize", HTTP_POST, true},
 };
 
+static const route *find_route(const char *path, size_t plen) {
+    const route *rt = NULL;
+    while (plen > 1 && path[plen - 1] == '/') plen--; /* tolerate a trailing slash */
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strlen(routes[i].path) == plen && !strncmp(routes[i].path, path, plen)) rt = &routes[i];
+    return rt;
+}
+
+static bool method_ok(const route *rt, int method_id) {
+    return method_id == rt->method || (rt->method == HTTP_GET && method_id == HTTP_HEAD);
+}
+
+bool api_server_early(void *ud, http_conn *c, const http_head *h) {
+    api_server *a = ud;
+    if (!api_server_auth_required(a)) return true;
+    /* the path of an origin-form URL; anything else is left to the full parse */
+    const char *u = h->url;
+    if (u[0] != '/') return true;
+    size_t plen = strcspn(u, "?#");
+    const route *rt = find_route(u, plen);
+    if (!rt || !rt->auth || !method_ok(rt, h->method_id)) return true; /* 404 / 405 / no key needed */
+    return authorize(a, c, h->authorization);
+}
+
 void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     api_server *a = ud;
-    const route *rt = NULL;
-    size_t plen = strlen(req->path);
-    while (plen > 1 && req->path[plen - 1] == '/') plen--; /* tolerate a trailing slash */
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (strlen(routes[i].path) == plen && !strncmp(routes[i].path, req->path, plen)) rt = &routes[i];
+    const route *rt = find_route(req->path, strlen(req->path));
     if (!rt) {
         api_error e;
         size_t n;
@@ -1041,22 +1368,16 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
         reply_error(a, c, &e, NULL);
         return;
     }
-    if (req->method_id != rt->method) {
+    if (!method_ok(rt, req->method_id)) {
         api_error e;
         api_error_set(&e, 405, NULL, "method_not_allowed", "%s is not allowed on %s (use %s)", req->method,
-                      rt->path, rt->method == HTTP_GET ? "GET" : "POST");
+                      rt->path, rt->method == HTTP_GET ? "GET or HEAD" : "POST");
         char allow[32];
-        snprintf(allow, sizeof(allow), "Allow: %s\r\n", rt->method == HTTP_GET ? "GET" : "POST");
+        snprintf(allow, sizeof(allow), "Allow: %s\r\n", rt->method == HTTP_GET ? "GET, HEAD" : "POST");
         reply_error(a, c, &e, allow);
         return;
     }
-    if (rt->auth && !authorized(a, req)) {
-        api_error e;
-        api_error_set(&e, 401, NULL, "invalid_api_key",
-                      "missing or wrong API key (send 'Authorization: Bearer <key>')");
-        reply_error(a, c, &e, "WWW-Authenticate: Bearer\r\n");
-        return;
-    }
+    if (rt->auth && !authorize(a, c, req->authorization)) return;
     if (!strcmp(rt->path, "/v1/completions")) handle_generate(a, c, req, API_COMPLETIONS);
     else if (!strcmp(rt->path, "/v1/chat/completions")) handle_generate(a, c, req, API_CHAT);
     else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
@@ -1072,6 +1393,8 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
                    const api_tokenizer *tok, mla_err *err) {
     *out = NULL;
     if (!tok || !tok->encode || !tok->piece) return mla_errf(err, "api: the tokenizer needs encode and piece");
+    if (tok->render_chat && !tok->control_at && !cfg->special_in_messages)
+        return mla_errf(err, "api: the tokenizer needs control_at to keep message text from control tokens");
     if (cfg->max_context <= 1) return mla_errf(err, "api: max_context must be > 1 (got %d)", cfg->max_context);
     api_server *a = mla_xcalloc(1, sizeof(*a));
     a->loop = loop;
@@ -1092,6 +1415,12 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     }
     a->async.data = a;
     a->async_open = true;
+    pthread_mutex_init(&a->prep_mu, NULL);
+    pthread_cond_init(&a->prep_cv, NULL);
+    rc = uv_async_init(loop, &a->prep_async, on_prep_done);
+    if (rc < 0) MLA_PANIC("api: uv_async_init: %s", uv_strerror(rc));
+    a->prep_async.data = a;
+    a->prep_async_open = true;
     *out = a;
     return MLA_OK;
 }
@@ -1105,7 +1434,8 @@ void api_server_set_capacity(api_server *a, int32_t max_context, const uint32_t 
     a->block_bytes = block_bytes;
 }
 void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
-int api_server_inflight(const api_server *a) { return a->n_inflight; }
+int api_server_inflight(const api_server *a) { return a->n_inflight + a->n_prep; }
+int api_server_preparing(const api_server *a) { return a->n_prep; }
 
 void api_server_set_draining(api_server *a) { a->draining = true; }
 
@@ -1115,9 +1445,10 @@ void api_server_cancel_all(api_server *a, const char *reason) {
 }
 
 void api_server_drain(api_server *a) {
-    while (a->n_inflight > 0) {
+    while (a->n_inflight > 0 || a->n_prep > 0) {
+        on_prep_done(&a->prep_async);
         on_async(&a->async);
-        if (a->n_inflight > 0) uv_run(a->loop, UV_RUN_ONCE);
+        if (a->n_inflight > 0 || a->n_prep > 0) uv_run(a->loop, UV_RUN_ONCE);
     }
 }
 
@@ -1125,6 +1456,23 @@ static void on_async_closed(uv_handle_t *h) { (void)h; }
 
 void api_server_free(api_server *a) {
     if (!a) return;
+    /* the prep thread: stopped; jobs not run or not collected are dropped */
+    if (a->prep_started) {
+        pthread_mutex_lock(&a->prep_mu);
+        a->prep_quit = true;
+        pthread_cond_signal(&a->prep_cv);
+        pthread_mutex_unlock(&a->prep_mu);
+        pthread_join(a->prep_th, NULL);
+    }
+    for (prep_job *lists[2] = {a->prep_head, a->done_head}, **l = lists; l < lists + 2; l++)
+        while (*l) {
+            prep_job *j = *l;
+            *l = j->next;
+            prep_free(j);
+        }
+    if (a->prep_async_open) uv_close((uv_handle_t *)&a->prep_async, on_async_closed);
+    pthread_mutex_destroy(&a->prep_mu);
+    pthread_cond_destroy(&a->prep_cv);
     /* the scheduler is stopped: queued events are dropped, requests freed */
     for (int i = 0; i < a->nq; i++) free(a->q[i].error);
     free(a->q);
@@ -1146,11 +1494,57 @@ int32_t api_server_max_context(const api_server *a) { return a->cfg.max_context;
 
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {
     MLA_ASSERT(sink && sink->on_delta && sink->on_final);
-    return start_generation(a, p, NULL, sink, e);
+    if (!sink->on_refused) return start_generation(a, p, NULL, sink, e);
+    if (gen_precheck(a, p, e) != MLA_OK) return NULL;
+    /* the prompt is made on the prep thread; the job takes p's contents */
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->gp = *p;
+    memset(p, 0, sizeof(*p));
+    p->kind = j->gp.kind;
+    if (j->gp.messages) {
+        j->root = cJSON_Duplicate(j->gp.messages, 1); /* the caller's document goes away */
+        if (!j->root) MLA_PANIC("out of memory");
+        j->gp.messages = j->root;
+    }
+    api_req *r = mla_xcalloc(1, sizeof(*r));
+    r->srv = a;
+    r->sink = *sink;
+    r->has_sink = true;
+    r->preparing = true;
+    j->req = r;
+    prep_enqueue(a, j);
+    return r;
 }
+
+api_tok_job *api_server_tokenize_async(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                                       void (*done)(void *ud, const int32_t *ids, int32_t n, const api_error *e),
+                                       void *ud) {
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->is_tokenize = true;
+    j->tp.prompt = text ? mla_xstrdup(text) : NULL;
+    if (messages) {
+        j->root = cJSON_Duplicate(messages, 1);
+        if (!j->root) MLA_PANIC("out of memory");
+        j->tp.messages = j->root;
+    }
+    j->tp.add_special = add_special;
+    j->tok_done = done;
+    j->tok_ud = ud;
+    prep_enqueue(a, j);
+    return j;
+}
+
+void api_server_tokenize_detach(api_tok_job *j) { j->detached = true; }
 
 void api_server_gen_cancel(api_gen *g, bool detach) {
     if (!g) return;
+    if (g->preparing) {
+        if (detach) g->prep_detached = true;
+        else g->prep_cancelled = true;
+        return;
+    }
     if (detach) {
         g->has_sink = false;
         g->client_gone = true;

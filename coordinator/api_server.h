@@ -8,7 +8,12 @@
  * Engine-agnostic: the tokenizer and the chat template come in as function pointers
  * (api_tokenizer), the model through the scheduler (sched_batch.h), worker health through a
  * callback. Threads: everything runs on the libuv loop thread except api_server_on_event, which
- * the scheduler calls from its thread: it only queues the event and wakes the loop (uv_async).
+ * the scheduler calls from its thread: it only queues the event and wakes the loop (uv_async),
+ * and the prep thread (started with the first request, joined by api_server_free), which makes
+ * the prompts (chat template, tokenizer) of HTTP requests, of sink generations with on_refused
+ * and of api_server_tokenize_async, in arrival order; the tokenizer's functions must therefore
+ * be callable from another thread than the loop's. Chat message text is guarded
+ * (coordinator/chat_guard.h) unless api_config.special_in_messages.
  * Stop strings are matched on the detokenized text here; the text is cut before them and the
  * request is cancelled in the scheduler.
  *
@@ -38,9 +43,15 @@ typedef struct api_tokenizer {
     void *ctx;
     int32_t n_vocab;
     /* text -> token ids (*ids malloc'd, caller frees). add_special: BOS etc. per the vocab;
-     * parse_special: special-token texts become those tokens. */
+     * parse_special: special-token texts become those tokens, except where they would touch
+     * one of the n_plain spans plain[2k] .. plain[2k+1] (byte offsets, ascending; NULL, 0: none):
+     * text there is plain text. */
     int (*encode)(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                  int32_t **ids, int32_t *n, mla_err *err);
+                  const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err);
+    /* Length of the control-token text at text[pos] that encode would turn into a control token
+     * (0: none). Chat messages are guarded with it (coordinator/chat_guard.h): their text never
+     * becomes control tokens. NULL: no guard (only with api_config.special_in_messages). */
+    size_t (*control_at)(void *ctx, const char *text, size_t len, size_t pos);
     /* The bytes a token decodes to (may be part of a UTF-8 sequence); NULL when out of range. */
     const char *(*piece)(void *ctx, int32_t id, size_t *len);
     /* Control tokens render as nothing when skip_special_tokens (the default). */
@@ -58,6 +69,9 @@ typedef struct api_config {
     const char *api_key;       /* NULL or "": no authentication */
     int32_t max_context;       /* prompt + completion limit */
     int32_t default_max_tokens;/* when the request names none; 0: what the context leaves */
+    /* Control-token texts inside chat messages become control tokens (the old behaviour, for
+     * trusted clients); false: only the chat template's own text yields control tokens. */
+    bool special_in_messages;
     /* Worker health: return true when all is well; else fill why. NULL: always healthy. */
     bool (*health)(void *ctx, char *why, size_t cap);
     void *health_ctx;
@@ -82,11 +96,17 @@ void api_server_set_capacity(api_server *a, int32_t max_context, const uint32_t 
 void api_server_set_http(api_server *a, http_server *h);
 /* The http_handler_fn (ud = the api server). */
 void api_server_handle(void *ud, http_conn *c, const http_request *req);
+/* The http_early_fn (ud = the api server): refuses a request that needs the key and lacks it
+ * before its body is read. */
+bool api_server_early(void *ud, http_conn *c, const http_head *h);
 /* The sched_config.on_event callback (cb_ctx = the api server); any thread. */
 void api_server_on_event(void *cb_ctx, const sched_event *ev);
 /* Runs the loop until no generation request is in flight (after http_server_close). */
 void api_server_drain(api_server *a);
+/* Requests in flight: submitted, or with their prompt being made on the prep thread. */
 int api_server_inflight(const api_server *a);
+/* Of those, the ones whose prompt is being made (not submitted yet). */
+int api_server_preparing(const api_server *a);
 /* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503;
  * requests in flight go on. */
 void api_server_set_draining(api_server *a);
@@ -127,22 +147,49 @@ typedef struct api_sink {
     void (*on_final)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
                      const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
                      int32_t n_completion);
+    /* Optional. When set, api_server_generate returns at once and the prompt (chat template,
+     * tokenizer) is made on the prep thread; a request refused then (prompt too long, template
+     * error, queue full, ...) gets this call instead, with the error the HTTP API would answer,
+     * and the handle is gone after it. NULL: all of it happens inside api_server_generate. */
+    void (*on_refused)(void *ud, const api_error *e);
 } api_sink;
 
 typedef struct api_req api_gen;
 
 /* Starts a generation as the HTTP API does (model name check, chat template, tokenization,
  * context checks, stop strings, submission to the scheduler, metrics). p must have passed
- * api_gen_params_check; its stop strings move into the request (the caller still frees p).
+ * api_gen_params_check; its stop strings move into the request (the caller still frees p; with
+ * sink->on_refused all of p's contents move, p->messages is copied).
  * Returns the handle, or NULL with e set (e->status as the HTTP API would answer). */
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e);
 /* Cancels a generation. detach: the sink is never called again (its client left); else the
- * sink gets its final call (error, cancelled = true) once the scheduler is done. */
+ * sink gets its final call (error, cancelled = true) once the scheduler is done (or, while the
+ * prompt is being made, once it is). */
 void api_server_gen_cancel(api_gen *g, bool detach);
 /* Tokenizes a prompt (add_special: BOS etc.) or chat messages (a checked cJSON array, with the
  * generation prompt) as /tokenize does; *ids malloc'd, caller frees. */
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
                         int32_t **ids, int32_t *n, api_error *e);
+/* Wrong-key attempts: at most API_AUTH_MAX_FAILS from one client address (the peer without
+ * its port) within API_AUTH_WINDOW_S seconds; after that every request needing the key from
+ * that address is refused (429) until the window ends, whatever key it carries. Addresses are
+ * tracked in API_AUTH_SLOTS slots (the oldest is reused). */
+#define API_AUTH_MAX_FAILS 10
+#define API_AUTH_WINDOW_S 10
+#define API_AUTH_SLOTS 256
+/* Checks key for a request from peer ("addr:port"): 0 allowed (or no key configured), 401 wrong
+ * or missing key (counted), 429 this address has failed too often (*retry_after_s: seconds
+ * until it may try again). */
+int api_server_auth(api_server *a, const char *peer, const char *key, int *retry_after_s);
+/* Tokenizes as api_server_tokenize, on the prep thread (in arrival order with the other
+ * requests): done(ud, ids, n, e) runs later on the loop thread, e NULL on success (ids valid
+ * during the call) or the error. text and messages are copied. The handle is valid until done
+ * runs; api_server_tokenize_detach before that means done is never called (its client left). */
+typedef struct api_tok_job api_tok_job;
+api_tok_job *api_server_tokenize_async(api_server *a, const char *text, const cJSON *messages, bool add_special,
+                                       void (*done)(void *ud, const int32_t *ids, int32_t n, const api_error *e),
+                                       void *ud);
+void api_server_tokenize_detach(api_tok_job *j);
 /* The request's key matches the server's (constant time; true when the server has none). */
 bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);

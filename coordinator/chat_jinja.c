@@ -1215,12 +1215,43 @@ typedef struct rctx {
     int base; /* first frame visible (macro calls hide the caller's frames) */
     long steps;
     int depth;
+    /* outer output buffers set aside while a macro body or {% set %} block renders into its
+     * own; an error unwinding from inside frees them (jinja_render) */
+    struct saved_out {
+        char *p;
+        size_t len, cap;
+    } saved[J_MAX_DEPTH + 8];
+    int nsaved;
 } rctx;
 
 enum { F_RANGE = 1, F_NAMESPACE, F_RAISE, F_STRFTIME, F_DICT };
 
 static void step(rctx *r, int line) {
     if (++r->steps > J_MAX_STEPS) jfail(&r->e, JINJA_E_LIMIT, line, "the template takes too many steps");
+}
+
+/* Renders into a fresh buffer from here to capture_end, which returns what was rendered. */
+static void capture_begin(rctx *r, int line) {
+    if (r->nsaved >= (int)(sizeof r->saved / sizeof r->saved[0]))
+        jfail(&r->e, JINJA_E_LIMIT, line, "macro calls and {%% set %%} blocks nested too deeply");
+    struct saved_out *o = &r->saved[r->nsaved++];
+    o->p = r->out;
+    o->len = r->out_len;
+    o->cap = r->out_cap;
+    r->out = NULL;
+    r->out_len = r->out_cap = 0;
+}
+
+static jv mk_str(rctx *r, const char *s, size_t n);
+
+static jv capture_end(rctx *r) {
+    jv v = mk_str(r, r->out ? r->out : "", r->out_len);
+    free(r->out);
+    struct saved_out *o = &r->saved[--r->nsaved];
+    r->out = o->p;
+    r->out_len = o->len;
+    r->out_cap = o->cap;
+    return v;
 }
 
 static void out_put(rctx *r, const char *s, size_t n, int line) {
@@ -2599,17 +2630,10 @@ static jv call_macro(rctx *r, const node *m, const args *a, int line) {
     r->base = r->nframes - 1;
     for (size_t i = 0; i < m->nn; i++) assign(r, m->names[i], vals[i]);
     /* render the body into its own buffer */
-    char *so = r->out;
-    size_t sl = r->out_len, sc = r->out_cap;
-    r->out = NULL;
-    r->out_len = r->out_cap = 0;
+    capture_begin(r, line);
     int rc = exec_body(r, m->l, m->n);
     (void)rc;
-    jv res = mk_str(r, r->out ? r->out : "", r->out_len);
-    free(r->out);
-    r->out = so;
-    r->out_len = sl;
-    r->out_cap = sc;
+    jv res = capture_end(r);
     r->nframes = saved_n;
     r->base = saved_base;
     return res;
@@ -2696,16 +2720,9 @@ static int exec_node(rctx *r, const node *n) {
         return X_NORMAL;
     }
     case N_SETBLOCK: {
-        char *so = r->out;
-        size_t sl = r->out_len, sc = r->out_cap;
-        r->out = NULL;
-        r->out_len = r->out_cap = 0;
+        capture_begin(r, n->line);
         exec_body(r, n->l, n->n);
-        jv v = mk_str(r, r->out ? r->out : "", r->out_len);
-        free(r->out);
-        r->out = so;
-        r->out_len = sl;
-        r->out_cap = sc;
+        jv v = capture_end(r);
         assign(r, n->names[0], v);
         return X_NORMAL;
     }
@@ -2766,6 +2783,7 @@ int jinja_render(const jinja_tmpl *t, const cJSON *vars, char **out, size_t *out
     if (setjmp(r->e.jb)) {
         int st = r->e.status;
         free(r->out);
+        while (r->nsaved > 0) free(r->saved[--r->nsaved].p);
         ar_free(&r->ar);
         free(r);
         return st;

@@ -4,7 +4,9 @@
  * positions; the scheduler's block accounting bounds how much of it is in use). */
 #include "coordinator/cmd_serve.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,7 @@ typedef struct serve_ctx {
 /* ---- tokenizer adapter ---- */
 
 static int st_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                     int32_t **ids, int32_t *n, mla_err *err) {
+                     const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err) {
     serve_ctx *s = ctx;
     tok_ids out = {0};
     int rc = MLA_OK;
@@ -49,7 +51,7 @@ static int st_encode(void *ctx, const char *text, size_t len, bool add_special, 
     else if (add_special && !s->prefix)
         rc = MLA_OK; /* no template prefix: tok_encode's own add_special below */
     if (rc == MLA_OK)
-        rc = tok_encode(s->vocab, text, len, add_special && !s->prefix, parse_special, &out, err);
+        rc = tok_encode_spans(s->vocab, text, len, add_special && !s->prefix, parse_special, plain, n_plain, &out, err);
     if (rc != MLA_OK) {
         tok_ids_free(&out);
         return rc;
@@ -57,6 +59,11 @@ static int st_encode(void *ctx, const char *text, size_t len, bool add_special, 
     *ids = out.ids; /* ownership moves to the caller (malloc'd) */
     *n = (int32_t)out.n;
     return MLA_OK;
+}
+
+static size_t st_control_at(void *ctx, const char *text, size_t len, size_t pos) {
+    serve_ctx *s = ctx;
+    return tok_control_at(s->vocab, text, len, pos);
 }
 
 static const char *st_piece(void *ctx, int32_t id, size_t *len) {
@@ -330,9 +337,13 @@ static void on_watch(uv_timer_t *t) {
     }
     stats_line(t->loop);
     if (!g_draining) {
-        if (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT && coord_failed_for_good(g_coord)) {
-            MLA_ERROR("serve: the worker group failed and --on-worker-failure is exit: exiting with status 1");
-            snprintf(g_exit_msg, sizeof g_exit_msg, "the worker group failed (--on-worker-failure exit)");
+        /* exit (so that a supervisor restarts the server) when the group failed and the policy
+         * is exit, or restarts were given up (restart, or stop after the coordinator stood still) */
+        if (coord_failed_for_good(g_coord) &&
+            (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT || coord_gave_up(g_coord))) {
+            MLA_ERROR("serve: the worker group failed%s: exiting with status 1",
+                      coord_policy(g_coord) == COORD_ON_FAILURE_EXIT ? " and --on-worker-failure is exit"
+                                                                     : " and restarting it was given up");
             g_exit_rc = 1;
             g_draining = 1;
             api_server_set_draining(g_api);
@@ -369,6 +380,32 @@ static const char serve_usage[] =
     "OpenAI-compatible HTTP server (and optionally the protobuf API) over N worker processes.\n"
     "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds.\n";
 
+/* The first line of a key file (without the line end); NULL with err set. */
+static char *read_key_file(const char *path, mla_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        mla_errf(err, "--api-key-file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char buf[1024];
+    char *line = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!line) {
+        mla_errf(err, "--api-key-file %s: the file is empty", path);
+        return NULL;
+    }
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (!buf[0]) {
+        mla_errf(err, "--api-key-file %s: the first line is empty", path);
+        return NULL;
+    }
+    return mla_xstrdup(buf);
+}
+
+static bool host_is_loopback(const char *h) {
+    return !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strcmp(h, "localhost");
+}
+
 static const char *basename_of(const char *p) {
     const char *s = strrchr(p, '/');
     return s ? s + 1 : p;
@@ -378,7 +415,10 @@ int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL;
     int port = 8000, proto_port = -1;
-    const char *proto_port_file = NULL;
+    const char *proto_port_file = NULL, *api_key_file = NULL;
+    int special_in_messages = 0;
+    char *key_owned = NULL;
+    long idle_timeout_ms = -1, request_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
     int no_prefix_cache = 0;
     long max_body;
@@ -396,6 +436,17 @@ int cmd_serve(int argc, char **argv) {
          .dest = &port, .lo = 0, .hi = 65535},
         {.name = "--api-key", .kind = OPT_STR, .arg = "KEY", .def = "$MLASERVE_API_KEY, else none",
          .help = "key clients send as `Authorization: Bearer KEY` (/health and /metrics need none)", .dest = &api_key},
+        {.name = "--api-key-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
+         .help = "the key from the file's first line (keeps it out of the process list)", .dest = &api_key_file},
+        {.name = "--allow-special-in-messages", .kind = OPT_FLAG,
+         .help = "control-token text inside chat messages becomes control tokens (trusted clients only)",
+         .dest = &special_in_messages},
+        {.name = "--idle-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "60000",
+         .help = "idle connections (HTTP and protobuf) are closed after N ms", .dest = &idle_timeout_ms, .lo = 1,
+         .hi = 86400000},
+        {.name = "--request-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "30000 (HTTP headers: 10000)",
+         .help = "a request or protobuf frame not complete N ms after its first byte is refused",
+         .dest = &request_timeout_ms, .lo = 1, .hi = 86400000},
         {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
          .help = "the model's name in the API", .dest = &model_name},
         {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
@@ -411,7 +462,8 @@ int cmd_serve(int argc, char **argv) {
          .help = "requests waiting for admission before new ones get 429", .dest = &max_queue, .lo = 1, .hi = 1L << 24},
         {.name = "--max-body", .kind = OPT_LONG, .arg = "BYTES", .def = "4194304", .help = "largest HTTP request body",
          .dest = &max_body, .lo = 1, .hi = 1L << 34},
-        {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024", .help = "open HTTP connections at most",
+        {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024",
+         .help = "open connections at most, on each port (idle ones make room for new ones)",
          .dest = &hc.max_conns, .lo = 1, .hi = 1 << 24},
         {.name = "--port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
          .help = "write the HTTP port here once the server is ready (the model loaded)", .dest = &port_file},
@@ -452,6 +504,44 @@ int cmd_serve(int argc, char **argv) {
     const char *model = go.model;
     const int tp = go.tp;
     coord_config cc = go.cc;
+    if (api_key && api_key[0] && api_key != getenv("MLASERVE_API_KEY")) {
+        /* out of /proc/PID/cmdline from now on (--api-key-file avoids even the start) */
+        api_key = key_owned = mla_xstrdup(api_key);
+        for (int i = 1; i < argc; i++)
+            if (!strncmp(argv[i], "--api-key", 9) && argv[i][9] != '-') {
+                char *v = argv[i][9] == '=' ? argv[i] + 10 : i + 1 < argc ? argv[i + 1] : NULL;
+                if (v) memset(v, 'x', strlen(v));
+            }
+    }
+    pbapi_config pc;
+    pbapi_config_default(&pc);
+    pc.max_conns = hc.max_conns; /* --max-conns: per port */
+    if (idle_timeout_ms > 0) hc.idle_timeout_ms = pc.idle_timeout_ms = (unsigned)idle_timeout_ms;
+    if (request_timeout_ms > 0) {
+        hc.request_timeout_ms = pc.frame_timeout_ms = (unsigned)request_timeout_ms;
+        if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
+    }
+    if (api_key_file) {
+        mla_err kerr;
+        free(key_owned);
+        api_key = key_owned = read_key_file(api_key_file, &kerr);
+        if (!api_key) {
+            fprintf(stderr, "mlaserve serve: %s\n", kerr.msg);
+            return 2;
+        }
+    }
+    if (!host_is_loopback(host) && !(api_key && api_key[0]))
+        MLA_WARN("serve: listening on %s without an API key: anyone who can reach this address can use the "
+                 "model (give --api-key-file F or MLASERVE_API_KEY)", host);
+    {
+        struct rlimit rl;
+        /* each connection is a descriptor; the workers' links and files need some too */
+        long need = (long)hc.max_conns * (proto_port >= 0 ? 2 : 1) + 64;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < need)
+            MLA_WARN("serve: the open-file limit is %ld but --max-conns %d%s needs about %ld descriptors: past the "
+                     "limit new connections fail to be accepted (raise it with ulimit -n or LimitNOFILE=)",
+                     (long)rl.rlim_cur, hc.max_conns, proto_port >= 0 ? " on each of two ports" : "", need);
+    }
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("coord");
     mla_err err = {{0}};
@@ -501,9 +591,10 @@ int cmd_serve(int argc, char **argv) {
     }
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)mcfg.n_vocab, .encode = st_encode,
-                         .piece = st_piece, .is_special = st_special, .is_eog = st_eog,
+                         .piece = st_piece, .is_special = st_special, .is_eog = st_eog, .control_at = st_control_at,
                          .render_chat = S.tmpl ? st_chat : NULL};
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
+                     .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S,
                      .loading = cb_loading, .workers = cb_workers, .tp = tp};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
@@ -514,6 +605,7 @@ int cmd_serve(int argc, char **argv) {
                           .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                           .is_eog = st_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
     g_be = (sched_backend){.ctx = &S, .run_step = cb_run, .free_seq = cb_free};
+    hc.early = api_server_early;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto out;
     api_server_set_http(api, http);
     g_http = http;
@@ -521,7 +613,7 @@ int cmd_serve(int argc, char **argv) {
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
     int pb_bound = -1;
     if (proto_port >= 0) {
-        if (pbapi_server_init(&pb, loop, api, NULL, &err)) goto out;
+        if (pbapi_server_init(&pb, loop, api, &pc, &err)) goto out;
         g_pb = pb;
         if (pbapi_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
     }
@@ -565,5 +657,6 @@ out:
     if (S.tmpl) chat_tmpl_free(S.tmpl);
     if (S.vocab) tok_vocab_free(S.vocab);
     if (g) gguf_close(g);
+    free(key_owned);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,6 +64,7 @@ struct coord {
     char **worker_args;
     char endpoint[512];
     char ipc_path[256];
+    char ipc_dir[256]; /* the private folder (mode 0700) holding ipc_path when we made it */
     void *zctx, *router, *api_io, *api_user;
     pthread_t th;
     int th_started;
@@ -86,6 +88,9 @@ struct coord {
     /* restart policy (under mu): the supervisor thread, its stop flag, counters */
     pthread_t sup_th;
     int sup_started, quit, gave_up, restarts;
+    int no_restart;   /* policy STOP: the supervisor decided this failure is not restarted */
+    int64_t fail_at;  /* when the group last failed (ms, now_ms) */
+    _Atomic int64_t stall_at; /* when the I/O thread last found the process had stalled */
     _Atomic int consecutive_restarts; /* since the last successful step */
     /* I/O thread only: the step or bench request in flight (one at a time) */
     int inflight;
@@ -171,6 +176,7 @@ static void group_fail(coord *c, const char *fmt, ...) {
     int first = c->state == ST_STARTING || c->state == ST_READY;
     if (first) {
         c->state = ST_FAILED;
+        c->fail_at = now_ms();
         snprintf(c->fail_msg, sizeof c->fail_msg, "%s", msg);
     }
     pthread_cond_broadcast(&c->cv);
@@ -646,8 +652,21 @@ static void handle_link(coord *c, int r, short revents) {
 static void *io_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
-    int64_t last_hb = 0;
+    int64_t last_hb = 0, last_iter = 0;
     for (;;) {
+        /* A gap between two turns of this loop (which waits at most 10 ms) means the whole
+         * process stood still (SIGSTOP, swapping, a debugger): what the workers did meanwhile was
+         * not read, so their silence is not theirs. Note the stall (a failure right after it is
+         * restarted, see sup_main) and give every rank a fresh heartbeat window. */
+        int64_t t_top = now_ms();
+        int64_t stall_ms = c->cfg.heartbeat_timeout_ms / 2 > 500 ? c->cfg.heartbeat_timeout_ms / 2 : 500;
+        if (last_iter && t_top - last_iter > stall_ms) {
+            MLA_WARN("the coordinator stood still for %lld ms (stopped or starved)", (long long)(t_top - last_iter));
+            atomic_store(&c->stall_at, t_top);
+            for (int r = 0; r < c->cfg.world; r++)
+                if (c->ranks[r].registered) c->ranks[r].last_rx = t_top;
+        }
+        last_iter = t_top;
         /* the router, the API pair, the ZAP socket (CURVE), then the local workers' links */
         zmq_pollitem_t items[3 + WIRE_MAX_WORLD] = {{c->router, 0, ZMQ_POLLIN, 0}, {c->api_io, 0, ZMQ_POLLIN, 0},
                                                     {c->zap, 0, ZMQ_POLLIN, 0}};
@@ -985,6 +1004,7 @@ static int group_launch(coord *c, mla_err *err) {
     memset(c->ranks, 0, sizeof c->ranks);
     pthread_mutex_unlock(&c->mu);
     c->state = ST_STARTING;
+    c->no_restart = 0;
     c->fail_msg[0] = '\0';
     c->n_vocab = 0;
     c->inflight = 0;
@@ -1053,22 +1073,25 @@ static void group_teardown(coord *c) {
 
 /* ---- restart policy ---------------------------------------------------------------------- */
 
-/* The supervisor thread (policy RESTART): waits for a failure, backs off, restarts the group;
- * gives up after max_restarts restarts without a successful step in between. */
+/* Whether the failure came right after the coordinator itself stood still (the workers then
+ * exit on the missed heartbeat through no fault of theirs). Under mu. */
+static int failed_after_stall(coord *c) {
+    int64_t st = atomic_load(&c->stall_at);
+    int64_t win = 2 * (int64_t)c->cfg.heartbeat_timeout_ms + 2000;
+    return st > 0 && c->fail_at - st < win && st - c->fail_at < win;
+}
+
+/* The supervisor thread (policies RESTART and STOP): waits for a failure, backs off, restarts
+ * the group; under STOP only a failure that followed a stall of the coordinator itself is
+ * restarted. Gives up after max_restarts restarts without a successful step in between. */
 static void *sup_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->quit && (c->state != ST_FAILED || c->gave_up)) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->quit && (c->state != ST_FAILED || c->gave_up || c->no_restart)) pthread_cond_wait(&c->cv, &c->mu);
         if (c->quit) break;
         int n = atomic_load(&c->consecutive_restarts);
-        if (n >= c->cfg.max_restarts) {
-            c->gave_up = 1;
-            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
-                      c->fail_msg);
-            continue;
-        }
         /* back off 250 ms, 500 ms, ... up to 5 s; coord_stop interrupts */
         int64_t wait_ms = 250LL << (n < 5 ? n : 5);
         if (wait_ms > 5000) wait_ms = 5000;
@@ -1083,13 +1106,27 @@ static void *sup_main(void *arg) {
         while (!c->quit && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0) {
         }
         if (c->quit) break;
+        if (c->cfg.on_failure != COORD_ON_FAILURE_RESTART && !failed_after_stall(c)) {
+            c->no_restart = 1; /* STOP: a worker's own failure stays (coord_failed_for_good) */
+            pthread_cond_broadcast(&c->cv);
+            continue;
+        }
+        if (n >= c->cfg.max_restarts) {
+            c->gave_up = 1;
+            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
+                      c->fail_msg);
+            pthread_cond_broadcast(&c->cv);
+            continue;
+        }
         c->restarts++;
         atomic_fetch_add(&c->consecutive_restarts, 1);
         char why[1024];
         snprintf(why, sizeof why, "%s", c->fail_msg);
         int k = c->restarts;
+        int stalled = c->cfg.on_failure != COORD_ON_FAILURE_RESTART;
         pthread_mutex_unlock(&c->mu);
-        MLA_WARN("restarting the worker group (restart %d; it failed: %s)", k, why);
+        MLA_WARN("restarting the worker group (restart %d%s; it failed: %s)", k,
+                 stalled ? ", after the coordinator stood still" : "", why);
         mla_err err = {{0}};
         if (coord_restart(c, &err)) MLA_ERROR("worker group restart %d failed: %s", k, err.msg);
         else MLA_INFO("worker group restarted (restart %d)", k);
@@ -1141,9 +1178,16 @@ int coord_restarts(coord *c) {
     return n;
 }
 
+int coord_gave_up(coord *c) {
+    pthread_mutex_lock(&c->mu);
+    int r = c->gave_up;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 int coord_failed_for_good(coord *c) {
     pthread_mutex_lock(&c->mu);
-    int r = c->state == ST_FAILED && (c->cfg.on_failure != COORD_ON_FAILURE_RESTART || c->gave_up);
+    int r = c->state == ST_FAILED && (c->cfg.on_failure == COORD_ON_FAILURE_EXIT || c->gave_up || c->no_restart);
     pthread_mutex_unlock(&c->mu);
     return r;
 }
@@ -1243,9 +1287,19 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (cfg_in->endpoint) {
         snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg_in->endpoint);
     } else {
-        static _Atomic unsigned counter = 0;
-        snprintf(c->ipc_path, sizeof c->ipc_path, "/tmp/mla-coord-%d-%u.sock", (int)getpid(),
-                 atomic_fetch_add(&counter, 1));
+        /* a fresh folder only this user can enter (mkdtemp: mode 0700, unpredictable name), the
+         * socket inside it; $TMPDIR when its path leaves room for the socket name */
+        const char *tmp = getenv("TMPDIR");
+        if (!tmp || !tmp[0] || strlen(tmp) > 60) tmp = "/tmp";
+        snprintf(c->ipc_dir, sizeof c->ipc_dir, "%s/mla-coord-XXXXXX", tmp);
+        if (!mkdtemp(c->ipc_dir)) {
+            mla_errf(err, "cannot create a private folder for the control socket (%s): %s", c->ipc_dir,
+                     strerror(errno));
+            c->ipc_dir[0] = '\0';
+            coord_stop(c);
+            return MLA_ERR;
+        }
+        snprintf(c->ipc_path, sizeof c->ipc_path, "%s/ctrl.sock", c->ipc_dir);
         snprintf(c->endpoint, sizeof c->endpoint, "ipc://%s", c->ipc_path);
     }
     if (zmq_bind(c->router, c->endpoint) != 0) {
@@ -1254,6 +1308,8 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
         coord_stop(c);
         return MLA_ERR;
     }
+    if (c->ipc_dir[0] && chmod(c->ipc_path, 0600) != 0)
+        MLA_WARN("control socket %s: chmod 0600: %s", c->ipc_path, strerror(errno));
     size_t elen = sizeof c->endpoint;
     zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &elen);
     if (!strncmp(c->endpoint, "ipc://", 6) && !c->ipc_path[0])
@@ -1270,7 +1326,7 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
         coord_stop(c);
         return MLA_ERR;
     }
-    if (c->cfg.on_failure == COORD_ON_FAILURE_RESTART) {
+    if (c->cfg.on_failure != COORD_ON_FAILURE_EXIT) {
         if (pthread_create(&c->sup_th, NULL, sup_main, c) != 0) MLA_PANIC("pthread_create failed");
         c->sup_started = 1;
     }
@@ -1304,7 +1360,9 @@ int coord_healthy(coord *c, mla_err *err) {
                  : c->state == ST_STARTING ? (c->ever_ready ? "the worker group is restarting"
                                                             : "the workers are loading the model (see /health)")
                                            : "the worker group is stopped",
-                 c->state == ST_FAILED && c->cfg.on_failure == COORD_ON_FAILURE_RESTART && !c->gave_up
+                 c->state == ST_FAILED && !c->gave_up && !c->no_restart &&
+                         (c->cfg.on_failure == COORD_ON_FAILURE_RESTART ||
+                          (c->cfg.on_failure == COORD_ON_FAILURE_STOP && failed_after_stall(c)))
                      ? " (restarting)" : "");
     pthread_mutex_unlock(&c->mu);
     return ok;
@@ -1510,6 +1568,7 @@ void coord_stop(coord *c) {
     if (c->zap) zmq_close(c->zap);
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->ipc_path[0]) unlink(c->ipc_path);
+    if (c->ipc_dir[0]) rmdir(c->ipc_dir);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->api_mu);

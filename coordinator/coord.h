@@ -57,7 +57,9 @@ typedef struct coord_config {
     const char *curve_dir;
     int insecure;
     /* What a group failure leads to: COORD_ON_FAILURE_STOP (the group stays failed; the owner
-     * may call coord_restart), COORD_ON_FAILURE_RESTART (a supervisor thread restarts the group,
+     * may call coord_restart; but a failure right after the coordinator process itself stood
+     * still longer than half the heartbeat timeout, when the workers exit on the missed
+     * heartbeat, is restarted as under RESTART), COORD_ON_FAILURE_RESTART (a supervisor thread restarts the group,
      * at most max_restarts times in a row without a step succeeding in between, 0: 5), or
      * COORD_ON_FAILURE_EXIT (as STOP; the owner is expected to exit: see coord_policy). */
     int on_failure;
@@ -166,8 +168,11 @@ int coord_healthy(coord *c, mla_err *err);
 /* The on_failure policy in force, and the number of restarts so far. */
 int coord_policy(const coord *c);
 int coord_restarts(coord *c);
-/* 1 when the group failed for good: failed with policy STOP or EXIT, or RESTART gave up. */
+/* 1 when the group failed for good: failed with policy EXIT, failed with policy STOP (not
+ * after a stall of the coordinator itself, which is restarted), or restarting gave up. */
 int coord_failed_for_good(coord *c);
+/* 1 when restarting the group was given up (max_restarts in a row without a good step). */
+int coord_gave_up(coord *c);
 
 /* Where the group is: loading (the first start), ready, failed during the first start, failed
  * later, or restarting. */

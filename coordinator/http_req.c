@@ -184,6 +184,13 @@ void http_req_init(http_req *p, const http_limits *lim) {
     p->parser.data = p;
 }
 
+void http_req_head(const http_req *p, http_head *h) {
+    h->method = http_method_str((enum http_method)p->parser.method);
+    h->method_id = p->parser.method;
+    h->url = p->url ? p->url : "";
+    h->authorization = p->auth;
+}
+
 void http_req_next(http_req *p) {
     p->state = HTTP_REQ_MORE;
     p->err_status = 0;

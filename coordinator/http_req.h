@@ -44,6 +44,14 @@ typedef struct http_request {
     int http_major, http_minor;
 } http_request;
 
+/* What is known of a request once its headers are complete (http_req_head). */
+typedef struct http_head {
+    const char *method;        /* "GET", "POST", ... */
+    int method_id;             /* enum http_method */
+    const char *url;           /* path and query as sent */
+    const char *authorization; /* NULL when absent */
+} http_head;
+
 typedef struct http_req {
     http_parser parser;
     http_parser_settings settings;
@@ -73,6 +81,9 @@ void http_req_free(http_req *p);
 /* Feeds bytes; returns how many were consumed (stops right after a complete request, so the
  * rest belongs to the next one). Check p->state afterwards. */
 size_t http_req_feed(http_req *p, const char *data, size_t len);
+/* The current request's method, URL and Authorization header (valid once headers_done, until
+ * the next feed, http_req_next or http_req_free). */
+void http_req_head(const http_req *p, http_head *h);
 /* Forgets the current request and gets ready for the next on the same connection. */
 void http_req_next(http_req *p);
 

@@ -26,9 +26,16 @@ struct http_conn {
     bool in_process;
     bool sent_continue;
     bool request_outstanding;
+    bool head_only;         /* the current request is HEAD: headers only */
+    bool http10;            /* the current request is HTTP/1.0: no chunked encoding */
+    bool raw_stream;        /* streaming without chunked encoding (HTTP/1.0): ends with the close */
+    bool early_checked;     /* the early (headers) hook ran for the current request */
+    size_t body_counted;    /* this request's body bytes counted in the server's body_bytes */
+    uint64_t idle_since;    /* when the connection last went idle (between requests) */
     void (*abort_fn)(void *);
     void *abort_ud;
     uint64_t last_progress_ms; /* last completed write or request start */
+    uint64_t req_start_ms;     /* first byte of the current request */
     size_t queued;             /* bytes handed to uv_write, not completed */
     int n_handles_open;
     char peer[64];
@@ -44,6 +51,7 @@ struct http_server {
     http_conn *conns;
     int n_conns;
     int n_closing;
+    size_t body_bytes;      /* request body bytes buffered over every connection */
 };
 
 void http_server_config_default(http_server_config *c) {
@@ -54,6 +62,9 @@ void http_server_config_default(http_server_config *c) {
     c->max_write_queue = 1u << 20;
     c->write_timeout_ms = 30000;
     c->max_pending = 1u << 20;
+    c->header_timeout_ms = 10000;
+    c->max_body_total = 256u << 20;
+    c->early = NULL;
 }
 
 const char *http_status_text(int status) {
@@ -108,6 +119,8 @@ static void conn_close(http_conn *c) {
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     s->n_closing++;
+    s->body_bytes -= c->body_counted;
+    c->body_counted = 0;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->n_handles_open = 2;
@@ -156,6 +169,7 @@ static void conn_write(http_conn *c, const char *a, size_t na, const char *b, si
     if (nd) memcpy(r->data + na + nb, d, nd);
     uv_buf_t buf = uv_buf_init(r->data, (unsigned)len);
     if (c->queued == 0) c->last_progress_ms = uv_now(c->srv->loop);
+    size_t before = c->queued; /* what the client has not taken of earlier writes */
     c->queued += len;
     int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written);
     if (rc < 0) {
@@ -164,8 +178,9 @@ static void conn_write(http_conn *c, const char *a, size_t na, const char *b, si
         conn_close(c);
         return;
     }
-    if (c->queued > c->srv->cfg.max_write_queue * 4) {
-        /* far beyond the slow-client allowance: stop buffering for it now */
+    if (before > c->srv->cfg.max_write_queue * 4) {
+        /* far beyond the slow-client allowance before this write: stop buffering for it now
+         * (one large response alone is not a slow client; on_timer judges its progress) */
         MLA_WARN("http: client %s does not read its response; closing", c->peer);
         conn_close(c);
     }
@@ -193,11 +208,20 @@ static void linger_close(http_conn *c) {
     uv_timer_start(&c->timer, on_timer, 2000, 0);
 }
 
+/* The current request's body no longer counts against max_body_total. */
+static void uncount_body(http_conn *c) {
+    c->srv->body_bytes -= c->body_counted;
+    c->body_counted = 0;
+}
+
 /* The response is complete: next request or close. */
 static void response_done(http_conn *c) {
     if (c->state == CS_CLOSING) return;
     c->request_outstanding = false;
     c->abort_fn = NULL;
+    c->head_only = c->http10 = c->raw_stream = c->early_checked = false;
+    uncount_body(c);
+    c->idle_since = uv_now(c->srv->loop);
     if (!c->keep_alive || c->srv->closed) {
         c->close_after_write = true;
         c->state = CS_READING; /* nothing more is parsed; closes when the writes drain */
@@ -212,13 +236,16 @@ static void response_done(http_conn *c) {
     if (!c->in_process) conn_process(c);
 }
 
+enum body_framing { BF_LENGTH, BF_CHUNKED, BF_CLOSE };
+
 static int header_block(char *out, size_t cap, int status, const char *ctype, const char *extra,
-                        bool keep_alive, bool chunked, size_t len) {
-    char lenline[64];
-    if (chunked)
+                        bool keep_alive, enum body_framing bf, size_t len) {
+    char lenline[64] = "";
+    if (bf == BF_CHUNKED)
         snprintf(lenline, sizeof(lenline), "Transfer-Encoding: chunked\r\n");
-    else
+    else if (bf == BF_LENGTH)
         snprintf(lenline, sizeof(lenline), "Content-Length: %zu\r\n", len);
+    /* BF_CLOSE: the body ends when the connection closes (HTTP/1.0 streaming) */
     return snprintf(out, cap,
                     "HTTP/1.1 %d %s\r\n"
                     "Content-Type: %s\r\n"
@@ -237,9 +264,10 @@ void http_respond(http_conn *c, int status, const char *content_type, const char
     if (c->srv->closed) c->keep_alive = false;
     char head[1024];
     int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
-                         false, len);
+                         BF_LENGTH, len);
     MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
-    conn_write(c, head, (size_t)n, body, len, NULL, 0);
+    /* HEAD: the same headers (Content-Length of the body a GET would get), no body */
+    conn_write(c, head, (size_t)n, body, c->head_only ? 0 : len, NULL, 0);
     response_done(c);
 }
 
@@ -248,8 +276,13 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
     char head[1024];
+    if (c->http10) {
+        /* HTTP/1.0 has no chunked encoding: the body runs until the connection closes */
+        c->raw_stream = true;
+        c->keep_alive = false;
+    }
     int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
-                         true, 0);
+                         c->raw_stream ? BF_CLOSE : BF_CHUNKED, 0);
     MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
     c->state = CS_STREAMING;
     conn_write(c, head, (size_t)n, NULL, 0, NULL, 0);
@@ -258,6 +291,10 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
 void http_stream_write(http_conn *c, const char *data, size_t len) {
     if (c->state == CS_CLOSING || len == 0) return;
     MLA_ASSERT(c->state == CS_STREAMING);
+    if (c->raw_stream) {
+        conn_write(c, data, len, NULL, 0, NULL, 0);
+        return;
+    }
     char pre[32];
     int n = snprintf(pre, sizeof(pre), "%zx\r\n", len);
     conn_write(c, pre, (size_t)n, data, len, "\r\n", 2);
@@ -266,7 +303,7 @@ void http_stream_write(http_conn *c, const char *data, size_t len) {
 void http_stream_end(http_conn *c) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_STREAMING);
-    conn_write(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0);
+    if (!c->raw_stream) conn_write(c, "0\r\n\r\n", 5, NULL, 0, NULL, 0);
     c->state = CS_HANDLING;
     response_done(c);
 }
@@ -277,6 +314,8 @@ void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud) {
 }
 
 const char *http_conn_peer(const http_conn *c) { return c->peer; }
+
+void http_conn_close_after(http_conn *c) { c->keep_alive = false; }
 
 /* An error answer from the server itself (parse errors, limits), then close. */
 static void respond_error_close(http_conn *c, int status, const char *msg) {
@@ -303,7 +342,8 @@ static void on_timer(uv_timer_t *t) {
             conn_close(c);
         } else if (c->parser.started) {
             MLA_DEBUG("http: %s: request not complete in time", c->peer);
-            respond_error_close(c, 408, "the request was not completed in time");
+            respond_error_close(c, 408, c->parser.headers_done ? "the request was not completed in time"
+                                                               : "the request headers were not completed in time");
         } else {
             conn_close(c); /* idle keep-alive */
         }
@@ -322,23 +362,78 @@ static void on_timer(uv_timer_t *t) {
 static void arm_timer(http_conn *c) {
     http_server *s = c->srv;
     uint64_t ms = 1000;
-    if (c->state == CS_READING) ms = c->parser.started ? s->cfg.request_timeout_ms : s->cfg.idle_timeout_ms;
+    if (c->state == CS_READING && !c->close_after_write && !c->lingering) {
+        if (!c->parser.started) {
+            ms = s->cfg.idle_timeout_ms;
+        } else {
+            /* headers within header_timeout_ms, the whole request within request_timeout_ms,
+             * both counted from the request's first byte */
+            uint64_t lim = s->cfg.request_timeout_ms;
+            if (!c->parser.headers_done && s->cfg.header_timeout_ms && s->cfg.header_timeout_ms < lim)
+                lim = s->cfg.header_timeout_ms;
+            uint64_t now = uv_now(s->loop), end = c->req_start_ms + lim;
+            ms = end > now ? end - now : 0;
+        }
+    } else if (c->state == CS_READING) {
+        ms = s->cfg.request_timeout_ms;
+    }
     if (ms == 0) ms = 1;
     uv_timer_start(&c->timer, on_timer, ms, 0);
 }
 
 /* ---- reading ---- */
 
+/* The early hook (headers complete, body not read yet): false when it answered the request. */
+static bool run_early(http_conn *c) {
+    http_server *s = c->srv;
+    c->early_checked = true;
+    if (!s->cfg.early) return true;
+    http_head h;
+    http_req_head(&c->parser, &h);
+    bool ka = c->keep_alive;
+    c->state = CS_HANDLING;
+    c->keep_alive = false; /* an answer now leaves the body unread: the connection closes */
+    c->request_outstanding = true;
+    c->abort_fn = NULL;
+    if (s->cfg.early(s->ud, c, &h)) {
+        if (c->state == CS_HANDLING) {
+            c->state = CS_READING;
+            c->request_outstanding = false;
+            c->keep_alive = ka;
+        }
+        return c->state == CS_READING;
+    }
+    return false;
+}
+
 static void conn_process(http_conn *c) {
+    http_server *s = c->srv;
     c->in_process = true;
     while (c->state == CS_READING && !c->close_after_write && c->pend_len > c->pend_off) {
-        bool was_started = c->parser.started;
+        bool was_started = c->parser.started, had_headers = c->parser.headers_done;
         size_t n = http_req_feed(&c->parser, c->pending + c->pend_off, c->pend_len - c->pend_off);
         c->pend_off += n;
-        if (!was_started && c->parser.started) arm_timer(c); /* request timeout from now */
+        if (!was_started && c->parser.started) {
+            c->req_start_ms = uv_now(s->loop);
+            arm_timer(c); /* header / request timeout from now */
+        }
         if (c->parser.state == HTTP_REQ_ERROR) {
             respond_error_close(c, c->parser.err_status, c->parser.err_msg);
             break;
+        }
+        if (c->parser.body_len > c->body_counted) {
+            s->body_bytes += c->parser.body_len - c->body_counted;
+            c->body_counted = c->parser.body_len;
+            if (s->body_bytes > s->cfg.max_body_total) {
+                MLA_WARN("http: request bodies buffered over all connections exceed %zu bytes; refusing %s",
+                         s->cfg.max_body_total, c->peer);
+                respond_error_close(c, 503, "the server is busy: too much request data in flight; retry later");
+                break;
+            }
+        }
+        if (c->parser.headers_done && !c->early_checked) {
+            if (!run_early(c)) break;
+            if (!had_headers) arm_timer(c); /* the request timeout now applies */
         }
         if (c->parser.state == HTTP_REQ_MORE) {
             if (c->parser.headers_done && c->parser.req.expect_continue && !c->sent_continue) {
@@ -350,6 +445,8 @@ static void conn_process(http_conn *c) {
         /* a complete request */
         c->state = CS_HANDLING;
         c->keep_alive = c->parser.req.keep_alive;
+        c->head_only = c->parser.req.method_id == HTTP_HEAD;
+        c->http10 = c->parser.req.http_major == 1 && c->parser.req.http_minor == 0;
         c->request_outstanding = true;
         c->abort_fn = NULL;
         c->last_progress_ms = uv_now(c->srv->loop);
@@ -443,6 +540,20 @@ static void on_connection(uv_stream_t *ls, int status) {
     }
     uvnet_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
+    c->idle_since = uv_now(s->loop);
+    if (s->n_conns > s->cfg.max_conns) {
+        /* make room by closing the connection idle longest between requests, if any */
+        http_conn *old = NULL;
+        for (http_conn *o = s->conns; o; o = o->next)
+            if (o != c && o->state == CS_READING && !o->parser.started && !o->close_after_write &&
+                !o->lingering && o->queued == 0 && (!old || o->idle_since < old->idle_since))
+                old = o;
+        if (old) {
+            MLA_DEBUG("http: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
+                      s->cfg.max_conns, old->peer, c->peer);
+            conn_close(old);
+        }
+    }
     if (s->n_conns > s->cfg.max_conns) {
         MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns - 1, s->cfg.max_conns, c->peer);
         uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read); /* drained, then closed */

@@ -9,9 +9,18 @@
  * taken for write_timeout_ms) or server shutdown closes the connection, and then the abort
  * callback (http_conn_on_abort) runs once: after it the http_conn pointer is gone.
  *
- * Limits: http_limits (URL, headers, body) answer 414/431/413 and close; a request not complete
- * within request_timeout_ms of its first byte gets 408; an idle keep-alive connection is closed
- * after idle_timeout_ms; connections beyond max_conns get 503 and are closed.
+ * Limits: http_limits (URL, headers, body) answer 414/431/413 and close; a request whose
+ * headers are not complete within header_timeout_ms, or that is not complete within
+ * request_timeout_ms, of its first byte gets 408; an idle keep-alive connection is closed after
+ * idle_timeout_ms; a new connection beyond max_conns closes the connection idle longest between
+ * requests, or when every connection is busy gets 503 and is closed; a request whose body would
+ * take the bodies buffered over all connections past max_body_total gets 503 and is closed.
+ * One response is never cut for its size: a client counts as slow only when more than
+ * 4 x max_write_queue bytes of earlier writes are still queued, or when more than
+ * max_write_queue bytes make no progress for write_timeout_ms.
+ * HEAD is answered as GET without the body (the handler sees method HEAD and answers as for
+ * GET). A streamed response to an HTTP/1.0 request is sent without chunked encoding and ends
+ * with the connection.
  *
  * Ownership: http_server_init / http_server_free (after http_server_close and the loop has run
  * the close callbacks: http_server_free runs the loop itself until they are done). Connections
@@ -26,6 +35,15 @@
 #include "common/mla_err.h"
 #include "coordinator/http_req.h"
 
+typedef struct http_server http_server;
+typedef struct http_conn http_conn;
+
+/* The early hook: runs once per request when its headers are complete, before the body is
+ * read (a request that arrives whole in one read may have its body buffered already). Return
+ * true to go on; to refuse the request now, answer it with http_respond (the connection then
+ * closes: the unread body is discarded) and return false. */
+typedef bool (*http_early_fn)(void *ud, http_conn *c, const http_head *h);
+
 typedef struct http_server_config {
     http_limits lim;
     int max_conns;                /* open connections */
@@ -34,14 +52,14 @@ typedef struct http_server_config {
     size_t max_write_queue;       /* bytes queued to a client before it counts as slow */
     unsigned write_timeout_ms;    /* a slow client making no progress this long is dropped */
     size_t max_pending;           /* bytes buffered from a client while a request is outstanding */
+    unsigned header_timeout_ms;   /* first byte to the end of the headers (0: request_timeout_ms) */
+    size_t max_body_total;        /* request body bytes buffered over all connections */
+    http_early_fn early;          /* NULL: none (ud is the handler's) */
 } http_server_config;
 
-/* Defaults: http_limits_default, 1024 connections, idle 60 s, request 30 s, write queue 1 MiB,
- * write timeout 30 s, pending 1 MiB. */
+/* Defaults: http_limits_default, 1024 connections, idle 60 s, headers 10 s, request 30 s,
+ * write queue 1 MiB, write timeout 30 s, pending 1 MiB, bodies over all connections 256 MiB. */
 void http_server_config_default(http_server_config *c);
-
-typedef struct http_server http_server;
-typedef struct http_conn http_conn;
 
 typedef void (*http_handler_fn)(void *ud, http_conn *c, const http_request *req);
 
@@ -64,6 +82,8 @@ void http_stream_write(http_conn *c, const char *data, size_t len);
 void http_stream_end(http_conn *c);
 /* fn(ud) runs once if the connection goes away before the response is complete. */
 void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud);
+/* The connection closes after the response being prepared (e.g. after a refused key). */
+void http_conn_close_after(http_conn *c);
 /* The peer address as text (for logs). */
 const char *http_conn_peer(const http_conn *c);
 

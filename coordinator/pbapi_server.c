@@ -18,6 +18,7 @@ typedef struct pb_req {
     struct pb_req *prev, *next;
     uint64_t id;
     api_gen *g;
+    api_tok_job *tj; /* a Tokenize on the prep thread */
     bool logprobs;
     uint32_t index; /* tokens sent */
 } pb_req;
@@ -37,6 +38,9 @@ struct pb_conn {
     size_t queued;
     int n_handles_open;
     char peer[64];
+    uint64_t last_active_ms;  /* last frame received or answer sent */
+    uint64_t frame_start_ms;  /* when the partial frame in the framer began */
+    size_t counted;           /* partial-frame bytes counted in the server's buffered */
 };
 
 struct pbapi_server {
@@ -47,6 +51,9 @@ struct pbapi_server {
     bool listening, closed;
     pb_conn *conns;
     int n_conns, n_closing;
+    uv_timer_t sweep;         /* idle and frame timeouts */
+    bool sweep_open;
+    size_t buffered;          /* partial-frame bytes over all connections */
 };
 
 void pbapi_config_default(pbapi_config *c) {
@@ -54,6 +61,22 @@ void pbapi_config_default(pbapi_config *c) {
     c->max_conns = 1024;
     c->max_inflight = 256;
     c->max_write_queue = 8u << 20;
+    c->idle_timeout_ms = 60000;
+    c->frame_timeout_ms = 30000;
+    c->max_preauth_frame = 64u << 10;
+    c->max_buffered_total = 256u << 20;
+}
+
+static uint64_t buffered_of(const pb_conn *c) { return c->fr.len - c->fr.off; }
+
+/* Keeps the server's count of partial-frame bytes; starts a frame's clock when a frame begins
+ * (nothing was pending before, or a frame was completed since: what is left is a new one). */
+static void account(pb_conn *c, bool got_frame) {
+    pbapi_server *s = c->srv;
+    size_t now = (size_t)buffered_of(c);
+    if ((c->counted == 0 || got_frame) && now > 0) c->frame_start_ms = uv_now(s->loop);
+    s->buffered = s->buffered - c->counted + now;
+    c->counted = now;
 }
 
 /* ---- connection lifetime ---- */
@@ -85,6 +108,7 @@ static void conn_close(pb_conn *c) {
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
         req_unlink(r);
     }
     if (c->prev)
@@ -94,6 +118,8 @@ static void conn_close(pb_conn *c) {
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     s->n_closing++;
+    s->buffered -= c->counted;
+    c->counted = 0;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->n_handles_open = 2;
@@ -117,6 +143,7 @@ static void on_written(uv_write_t *w, int status) {
     free(r->data);
     free(r);
     if (c->closing) return;
+    c->last_active_ms = uv_now(c->srv->loop);
     if (status < 0) {
         MLA_DEBUG("pbapi: write to %s failed: %s", c->peer, uv_strerror(status));
         conn_close(c);
@@ -185,6 +212,25 @@ static void fatal(pb_conn *c, int code, const char *param, const char *msg) {
     while (c->reqs) {
         pb_req *r = c->reqs;
         if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
+        req_unlink(r);
+    }
+    c->lingering = true;
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_linger_timer, 2000, 0);
+}
+
+/* Ends the connection after what was sent (no Error frame of its own). */
+static void fatal_quiet(pb_conn *c) {
+    if (c->closing || c->lingering) return;
+    while (c->reqs) {
+        pb_req *r = c->reqs;
+        if (r->g) api_server_gen_cancel(r->g, true);
+        if (r->tj) api_server_tokenize_detach(r->tj);
         req_unlink(r);
     }
     c->lingering = true;
@@ -293,6 +339,14 @@ static int status_code(int status) {
     }
 }
 
+/* The prompt was refused after the prep thread made it (api_sink.on_refused). */
+static void on_refused(void *ud, const api_error *e) {
+    pb_req *r = ud;
+    r->g = NULL;
+    send_error(r->c, r->id, status_code(e->status), e->param, e->message);
+    req_unlink(r);
+}
+
 static pb_req *find_req(pb_conn *c, uint64_t id) {
     for (pb_req *r = c->reqs; r; r = r->next)
         if (r->id == id) return r;
@@ -318,7 +372,8 @@ static void handle_generate(pb_conn *c, pbapi_request *q) {
     r->c = c;
     r->id = q->request_id;
     r->logprobs = q->gen.logprobs;
-    api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final};
+    /* the prompt is made off the loop thread: other clients are not held up by a big one */
+    api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final, .on_refused = on_refused};
     api_error e;
     r->g = api_server_generate(s->api, &q->gen, &sink, &e);
     if (!r->g) {
@@ -332,22 +387,42 @@ static void handle_generate(pb_conn *c, pbapi_request *q) {
     c->n_reqs++;
 }
 
+static void tokenize_done(void *ud, const int32_t *ids, int32_t n, const api_error *e) {
+    pb_req *r = ud;
+    pb_conn *c = r->c;
+    r->tj = NULL;
+    if (e) {
+        send_error(c, r->id, status_code(e->status), e->param, e->message);
+    } else {
+        Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
+        m.has_request_id = true;
+        m.request_id = r->id;
+        m.n_ids = (size_t)n;
+        m.ids = (int32_t *)ids;
+        m.has_max_model_len = true;
+        m.max_model_len = (uint32_t)api_server_max_context(c->srv->api);
+        send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &m.base);
+    }
+    req_unlink(r);
+}
+
 static void handle_tokenize(pb_conn *c, pbapi_request *q) {
-    int32_t *ids = NULL, n = 0;
-    api_error e;
-    if (api_server_tokenize(c->srv->api, q->text, q->messages, q->add_special, &ids, &n, &e) != MLA_OK) {
-        send_error(c, q->request_id, status_code(e.status), e.param, e.message);
+    pbapi_server *s = c->srv;
+    if (c->n_reqs >= s->cfg.max_inflight) {
+        char m[96];
+        snprintf(m, sizeof(m), "at most %d requests may be in flight on one connection", s->cfg.max_inflight);
+        send_error(c, q->request_id, MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, NULL, m);
         return;
     }
-    Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
-    m.has_request_id = true;
-    m.request_id = q->request_id;
-    m.n_ids = (size_t)n;
-    m.ids = ids;
-    m.has_max_model_len = true;
-    m.max_model_len = (uint32_t)api_server_max_context(c->srv->api);
-    send_msg(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &m.base);
-    free(ids);
+    /* tokenized on the prep thread, in order with the other requests */
+    pb_req *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->id = q->request_id;
+    r->next = c->reqs;
+    if (c->reqs) c->reqs->prev = r;
+    c->reqs = r;
+    c->n_reqs++;
+    r->tj = api_server_tokenize_async(s->api, q->text, q->messages, q->add_special, tokenize_done, r);
 }
 
 static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t len) {
@@ -362,10 +437,18 @@ static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t le
         return;
     }
     if (kind == MLAAPI__FRAME_KIND__FRAME_HELLO) {
-        if (q.api_key && !api_server_key_ok(s->api, q.api_key)) {
+        int retry = 0, st = q.api_key ? api_server_auth(s->api, c->peer, q.api_key, &retry) : 0;
+        if (st == 429) {
+            char m[128];
+            snprintf(m, sizeof m, "too many wrong API keys from this address; retry in %d s", retry);
+            fatal(c, MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED, "api_key", m);
+        } else if (st) {
             fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED, "api_key", "wrong API key in Hello");
         } else {
-            if (q.api_key) c->authed = true;
+            if (q.api_key) {
+                c->authed = true;
+                c->fr.max_payload = s->cfg.max_frame; /* the pre-authentication cap is lifted */
+            }
             Mlaapi__HelloReply m = MLAAPI__HELLO_REPLY__INIT;
             m.has_version = m.has_max_frame = true;
             m.version = APICLIENT_VERSION;
@@ -382,11 +465,22 @@ static void handle_frame(pb_conn *c, int kind, const uint8_t *payload, size_t le
         pbapi_request_free(&q);
         return;
     }
-    if (kind != MLAAPI__FRAME_KIND__FRAME_HEALTH && !c->authed && !api_server_key_ok(s->api, q.api_key)) {
-        send_error(c, q.request_id, MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED, "api_key",
-                   "missing or wrong API key (send it in Hello or in the request's api_key)");
-        pbapi_request_free(&q);
-        return;
+    if (kind != MLAAPI__FRAME_KIND__FRAME_HEALTH && !c->authed && api_server_auth_required(s->api)) {
+        int retry = 0, st = api_server_auth(s->api, c->peer, q.api_key, &retry);
+        if (st) {
+            /* a wrong key ends the connection: guessing costs a connection per attempt */
+            char m[128];
+            if (st == 429)
+                snprintf(m, sizeof m, "too many wrong API keys from this address; retry in %d s", retry);
+            else
+                snprintf(m, sizeof m, "missing or wrong API key (send it in Hello or in the request's api_key)");
+            send_error(c, q.request_id,
+                       st == 429 ? MLAAPI__ERROR_CODE__ERROR_RESOURCE_EXHAUSTED : MLAAPI__ERROR_CODE__ERROR_UNAUTHENTICATED,
+                       "api_key", m);
+            pbapi_request_free(&q);
+            fatal_quiet(c);
+            return;
+        }
     }
     switch (kind) {
     case MLAAPI__FRAME_KIND__FRAME_GENERATE: handle_generate(c, &q); break;
@@ -447,6 +541,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     pbapi_framer_feed(&c->fr, buf->base, (size_t)nread);
     free(buf->base);
+    pbapi_server *s = c->srv;
+    bool got_frame = false;
     for (;;) {
         int kind, code;
         const uint8_t *p;
@@ -455,11 +551,24 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         int rc = pbapi_framer_next(&c->fr, &kind, &p, &len, &code, &err);
         if (rc == 0) break;
         if (rc < 0) {
+            if (code == MLAAPI__ERROR_CODE__ERROR_FRAME_TOO_LARGE && !c->authed && api_server_auth_required(s->api))
+                mla_errf(&err, "a frame before authentication may have at most %u bytes: send Hello with the API key "
+                               "first", (unsigned)c->fr.max_payload);
             fatal(c, code, NULL, err.msg);
             break;
         }
+        c->last_active_ms = uv_now(s->loop);
+        got_frame = true;
         handle_frame(c, kind, p, len);
         if (c->closing || c->lingering) break;
+    }
+    if (c->closing) return;
+    account(c, got_frame);
+    if (!c->lingering && s->buffered > s->cfg.max_buffered_total) {
+        MLA_WARN("pbapi: partial frames over all connections exceed %zu bytes; refusing %s", s->cfg.max_buffered_total,
+                 c->peer);
+        fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAVAILABLE, NULL,
+              "the server is busy: too much request data in flight; retry later");
     }
 }
 
@@ -475,7 +584,10 @@ static void on_connection(uv_stream_t *ls, int status) {
     uv_timer_init(s->loop, &c->timer);
     c->tcp.data = c;
     c->timer.data = c;
-    pbapi_framer_init(&c->fr, s->cfg.max_frame);
+    /* before authentication (when a key is set) frames are small */
+    pbapi_framer_init(&c->fr, api_server_auth_required(s->api) && s->cfg.max_preauth_frame < s->cfg.max_frame
+                                  ? s->cfg.max_preauth_frame : s->cfg.max_frame);
+    c->last_active_ms = uv_now(s->loop);
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
     s->conns = c;
@@ -489,9 +601,44 @@ static void on_connection(uv_stream_t *ls, int status) {
     uv_tcp_nodelay(&c->tcp, 1);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (s->n_conns > s->cfg.max_conns) {
+        /* make room by closing the connection idle longest (nothing in flight, no partial
+         * frame, nothing queued), if any */
+        pb_conn *old = NULL;
+        for (pb_conn *o = s->conns; o; o = o->next)
+            if (o != c && !o->closing && !o->lingering && o->n_reqs == 0 && o->queued == 0 && buffered_of(o) == 0 &&
+                (!old || o->last_active_ms < old->last_active_ms))
+                old = o;
+        if (old) {
+            MLA_DEBUG("pbapi: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
+                      s->cfg.max_conns, old->peer, c->peer);
+            conn_close(old);
+        }
+    }
+    if (s->n_conns > s->cfg.max_conns) {
         char m[96];
         snprintf(m, sizeof(m), "too many open connections (limit %d)", s->cfg.max_conns);
         fatal(c, MLAAPI__ERROR_CODE__ERROR_UNAVAILABLE, NULL, m);
+    }
+}
+
+/* Idle and frame timeouts, checked over every connection. */
+static void on_sweep(uv_timer_t *t) {
+    pbapi_server *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    for (pb_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->closing || c->lingering) continue;
+        if (buffered_of(c) > 0) {
+            if (s->cfg.frame_timeout_ms && now - c->frame_start_ms >= s->cfg.frame_timeout_ms) {
+                char m[96];
+                snprintf(m, sizeof m, "a frame was not completed within %u ms", s->cfg.frame_timeout_ms);
+                fatal(c, MLAAPI__ERROR_CODE__ERROR_BAD_FRAME, NULL, m);
+            }
+        } else if (c->n_reqs == 0 && c->queued == 0 && s->cfg.idle_timeout_ms &&
+                   now - c->last_active_ms >= s->cfg.idle_timeout_ms) {
+            MLA_DEBUG("pbapi: %s idle for %u ms; closing", c->peer, s->cfg.idle_timeout_ms);
+            conn_close(c);
+        }
     }
 }
 
@@ -502,9 +649,10 @@ int pbapi_server_init(pbapi_server **out, uv_loop_t *loop, api_server *api, cons
     pbapi_config d;
     pbapi_config_default(&d);
     if (!cfg) cfg = &d;
-    if (cfg->max_frame < 64 || cfg->max_conns < 1 || cfg->max_inflight < 1 || cfg->max_write_queue < 4096)
-        return mla_errf(err, "pbapi: a limit is out of range (max_frame >= 64, max_conns and max_inflight >= 1, "
-                             "max_write_queue >= 4096)");
+    if (cfg->max_frame < 64 || cfg->max_conns < 1 || cfg->max_inflight < 1 || cfg->max_write_queue < 4096 ||
+        cfg->max_preauth_frame < 64 || cfg->max_buffered_total < cfg->max_frame)
+        return mla_errf(err, "pbapi: a limit is out of range (max_frame and max_preauth_frame >= 64, max_conns and "
+                             "max_inflight >= 1, max_write_queue >= 4096, max_buffered_total >= max_frame)");
     pbapi_server *s = mla_xcalloc(1, sizeof(*s));
     s->loop = loop;
     s->api = api;
@@ -515,6 +663,14 @@ int pbapi_server_init(pbapi_server **out, uv_loop_t *loop, api_server *api, cons
         return mla_errf(err, "pbapi: uv_tcp_init: %s", uv_strerror(rc));
     }
     s->listener.data = s;
+    uv_timer_init(loop, &s->sweep);
+    s->sweep.data = s;
+    s->sweep_open = true;
+    unsigned tick = 1000;
+    if (s->cfg.idle_timeout_ms && s->cfg.idle_timeout_ms / 4 < tick) tick = s->cfg.idle_timeout_ms / 4;
+    if (s->cfg.frame_timeout_ms && s->cfg.frame_timeout_ms / 4 < tick) tick = s->cfg.frame_timeout_ms / 4;
+    if (tick < 10) tick = 10;
+    uv_timer_start(&s->sweep, on_sweep, tick, tick);
     *out = s;
     return MLA_OK;
 }
@@ -536,6 +692,11 @@ void pbapi_server_close(pbapi_server *s) {
     s->closed = true;
     s->n_closing++;
     uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+    if (s->sweep_open) {
+        s->sweep_open = false;
+        s->n_closing++;
+        uv_close((uv_handle_t *)&s->sweep, on_listener_closed);
+    }
     while (s->conns) conn_close(s->conns);
 }
 

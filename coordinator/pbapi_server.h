@@ -11,7 +11,14 @@
  * leaves more than max_write_queue bytes unread, has its connection closed and its requests
  * cancelled. Authentication: when the api_server has a key, Hello.api_key (once) or each
  * request's api_key; a wrong Hello key closes the connection, a request without a good key gets
- * ERROR_UNAUTHENTICATED (Health needs none).
+ * ERROR_UNAUTHENTICATED and its connection is closed (Health needs none); an address with too
+ * many wrong keys gets ERROR_RESOURCE_EXHAUSTED (api_server_auth).
+ * Limits: until a Hello with the key (when a key is set) frames may carry max_preauth_frame
+ * bytes; a frame not complete within frame_timeout_ms of its first byte gets BAD_FRAME and the
+ * connection closes; a connection with no request in flight and no traffic for idle_timeout_ms
+ * is closed; a new connection beyond max_conns closes the connection idle longest, or when none
+ * is idle gets UNAVAILABLE and is closed; partial frames over all connections beyond max_buffered_total: the connection that
+ * goes over gets UNAVAILABLE and is closed.
  *
  * Threads: loop thread only. Ownership: pbapi_server_init / pbapi_server_free (after
  * pbapi_server_close; free runs the loop until the close callbacks are done). The api_server
@@ -31,6 +38,10 @@ typedef struct pbapi_config {
     int max_conns;           /* open connections (default 1024) */
     int max_inflight;        /* requests in flight per connection (default 256) */
     size_t max_write_queue;  /* bytes queued to a client before it is dropped (default 8 MiB) */
+    unsigned idle_timeout_ms;    /* no request in flight, nothing received or sent: closed (60 s) */
+    unsigned frame_timeout_ms;   /* a frame not complete this long after its first byte (30 s) */
+    uint32_t max_preauth_frame;  /* largest payload before a Hello with the key, when a key is set (64 KiB) */
+    size_t max_buffered_total;   /* partial-frame bytes over all connections (256 MiB) */
 } pbapi_config;
 
 void pbapi_config_default(pbapi_config *c);

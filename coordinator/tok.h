@@ -108,6 +108,15 @@ void tok_ids_free(tok_ids *t);
 int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
                bool parse_special, tok_ids *out, mla_err *err);
 
+/* As tok_encode, and CONTROL tokens are never matched where they would touch one of the
+ * n_plain spans plain[2k] .. plain[2k+1] (byte offsets into text, ascending, not overlapping):
+ * text there is tokenized as plain text (chat messages, coordinator/chat_guard.h). */
+int tok_encode_spans(const tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
+                     const size_t *plain, size_t n_plain, tok_ids *out, mla_err *err);
+/* Length of the CONTROL token text that tok_encode would match at text[pos] with parse_special
+ * (leftmost-longest among the special tokens), 0 when none. */
+size_t tok_control_at(const tok_vocab *v, const char *text, size_t len, size_t pos);
+
 /* Whole-sequence detokenization into a NUL-terminated malloc'd string (the caller frees it);
  * *out_len gets its length. skip_special: CONTROL tokens render as nothing. Ids out of range
  * render as nothing. */

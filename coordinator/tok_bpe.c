@@ -782,22 +782,28 @@ static int32_t special_at(const tok_vocab *v, const char *text, size_t len, size
     return -1;
 }
 
-int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
-               tok_ids *out, mla_err *err) {
-    size_t clean_len = 0;
-    char *clean = utf8_sanitize(text, len, &clean_len);
-    if (clean) {
-        text = clean;
-        len = clean_len;
-    }
-    if (add_special && v->add_bos) tok_ids_push(out, v->bos);
+size_t tok_control_at(const tok_vocab *v, const char *text, size_t len, size_t pos) {
+    if (!v->n_spec || pos >= len) return 0;
+    size_t ml = 0;
+    int32_t id = special_at(v, text, len, pos, true, &ml);
+    return id >= 0 && v->type[id] == TOK_TYPE_CONTROL ? ml : 0;
+}
+
+/* Encodes text[0, len) (valid UTF-8) into out; CONTROL tokens are matched only when
+ * parse_special and the match does not touch a plain span. */
+static int encode_clean(const tok_vocab *v, const char *text, size_t len, bool parse_special, const size_t *plain,
+                        size_t n_plain, tok_ids *out, mla_err *err) {
     bpe_work w = {0};
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     int rc = MLA_OK;
-    size_t start = 0, pos = 0;
+    size_t start = 0, pos = 0, k = 0;
     while (pos < len && rc == MLA_OK) {
+        while (k < n_plain && plain[2 * k + 1] <= pos) k++;
+        bool in_plain = k < n_plain && plain[2 * k] <= pos;
         size_t ml = 0;
-        int32_t id = v->n_spec ? special_at(v, text, len, pos, parse_special, &ml) : -1;
+        int32_t id = v->n_spec ? special_at(v, text, len, pos, parse_special && !in_plain, &ml) : -1;
+        if (id >= 0 && v->type[id] == TOK_TYPE_CONTROL && k < n_plain && pos + ml > plain[2 * k])
+            id = special_at(v, text, len, pos, false, &ml); /* would reach into a plain span */
         if (id < 0) {
             pos++;
             continue;
@@ -808,12 +814,55 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_specia
         start = pos;
     }
     if (rc == MLA_OK) rc = encode_raw(v, text + start, len - start, out, &w, md, err);
-    if (rc == MLA_OK && add_special && v->add_eos) tok_ids_push(out, v->eos);
     pcre2_match_data_free(md);
     free(w.sym);
     free(w.heap);
+    return rc;
+}
+
+int tok_encode_spans(const tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
+                     const size_t *plain, size_t n_plain, tok_ids *out, mla_err *err) {
+    if (add_special && v->add_bos) tok_ids_push(out, v->bos);
+    /* sanitize piece by piece so that the span offsets follow the sanitized text */
+    char *clean = NULL;
+    size_t clean_len = 0, cap = 0;
+    size_t *cp = n_plain ? mla_xmalloc(2 * n_plain * sizeof *cp) : NULL;
+    size_t at = 0;
+    for (size_t k = 0; k <= n_plain; k++) {
+        size_t b = k < n_plain ? plain[2 * k] : len, e = k < n_plain ? plain[2 * k + 1] : len;
+        if (b < at) b = at;
+        if (e < b) e = b;
+        if (b > len) b = len;
+        if (e > len) e = len;
+        for (int half = 0; half < 2; half++) {
+            size_t from = half ? b : at, to = half ? e : b;
+            if (half && k == n_plain) break;
+            if (half) cp[2 * k] = clean_len;
+            size_t pl = 0;
+            char *piece = utf8_sanitize(text + from, to - from, &pl);
+            const char *src = piece ? piece : text + from;
+            if (!piece) pl = to - from;
+            if (clean_len + pl + 1 > cap) {
+                cap = (clean_len + pl + 1) * 2;
+                clean = mla_xrealloc(clean, cap);
+            }
+            memcpy(clean + clean_len, src, pl);
+            clean_len += pl;
+            free(piece);
+            if (half) cp[2 * k + 1] = clean_len;
+        }
+        at = e;
+    }
+    int rc = encode_clean(v, clean ? clean : "", clean_len, parse_special, cp, n_plain, out, err);
+    if (rc == MLA_OK && add_special && v->add_eos) tok_ids_push(out, v->eos);
+    free(cp);
     free(clean);
     return rc;
+}
+
+int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
+               tok_ids *out, mla_err *err) {
+    return tok_encode_spans(v, text, len, add_special, parse_special, NULL, 0, out, err);
 }
 
 /* ------------------------------------------------------------------------------------------ */

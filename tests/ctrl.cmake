@@ -33,7 +33,7 @@ if(MLA_FUZZ)
   target_link_options(fuzz_wire PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_wire mla_proto mla_common m)
   add_test(NAME wire_fuzz_smoke
-           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_wire> 20 ${WIRE_CORPUS})
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_wire> runs=1000000 ${WIRE_CORPUS})
   set_tests_properties(wire_fuzz_smoke PROPERTIES FIXTURES_REQUIRED wire_gen
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

@@ -5,7 +5,7 @@
 #    split == unsplit, opening touches no tensor data.
 #  - gguf_dump_*: our reader's canonical dump equals gguf-py's (fixtures, edge files, parts).
 #  - gguf_fuzz_replay: the fuzz target over the seed/regression corpus (plain driver).
-#  - with -DMLA_FUZZ=ON (clang): fuzz_gguf (libFuzzer) and gguf_fuzz_smoke (20 s run).
+#  - with -DMLA_FUZZ=ON (clang): fuzz_gguf (libFuzzer) and gguf_fuzz_smoke (500000 inputs, -seed=1).
 set(GGUF_CORPUS ${CMAKE_CURRENT_BINARY_DIR}/gguf_corpus)
 set(GGUF_SPLIT ${CMAKE_CURRENT_BINARY_DIR}/gguf_split)
 set(GGUF_SPLIT_SRC ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-q4_k_m.gguf)
@@ -59,7 +59,7 @@ if(MLA_FUZZ)
   target_link_options(fuzz_gguf PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_gguf mla_common)
   add_test(NAME gguf_fuzz_smoke
-           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_gguf> 20 ${GGUF_CORPUS} ${MLA_TEST_DIR}/data/gguf)
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_gguf> runs=500000 ${GGUF_CORPUS} ${MLA_TEST_DIR}/data/gguf)
   set_tests_properties(gguf_fuzz_smoke PROPERTIES FIXTURES_REQUIRED gguf_gen
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

@@ -35,7 +35,7 @@ if(MLA_FUZZ)
   target_link_options(fuzz_http PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_http mla_coord)
   add_test(NAME http_fuzz_smoke
-           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_http> 20 ${MLA_TEST_DIR}/data/http)
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_http> runs=300000 ${MLA_TEST_DIR}/data/http)
   set_tests_properties(http_fuzz_smoke PROPERTIES
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
@@ -57,4 +57,78 @@ if(TARGET mlaserve-worker)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_serve_pool.py
                    $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
   set_tests_properties(serve_pool_pressure PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()
+
+# Hardening of the HTTP front (issue 36): big responses, key before body, body budget, idle
+# connections, header timeout, trailing data, HEAD, HTTP/1.0 streaming, wrong keys, tokenizing
+# off the loop thread.
+add_test(NAME serve_harden COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_harden.py $<TARGET_FILE:fake_server>)
+set_tests_properties(serve_harden PROPERTIES TIMEOUT 240)
+
+# Operational hardening on the real stack (issue 36): recovery from a coordinator stall, exit 1
+# once restarts are given up, the private control socket, the key file, the message guard, the
+# start-up warnings.
+if(TARGET mlaserve-worker)
+  add_test(NAME serve_ops
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_serve_ops.py
+                   $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
+  set_tests_properties(serve_ops PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77)
+endif()
+
+# The HTTP connection layer and the streaming framing over a real loopback connection
+# (tests/fuzz/fuzz_httpconn.c): corpus replay always, a deterministic libFuzzer run with
+# -DMLA_FUZZ=ON.
+add_executable(replay_httpconn ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_httpconn.c)
+target_link_libraries(replay_httpconn mla_coord)
+add_test(NAME httpconn_fuzz_replay COMMAND replay_httpconn ${MLA_TEST_DIR}/data/httpconn)
+set_tests_properties(httpconn_fuzz_replay PROPERTIES TIMEOUT 120)
+if(MLA_FUZZ)
+  add_executable(fuzz_httpconn ${MLA_TEST_DIR}/fuzz/fuzz_httpconn.c ${CMAKE_SOURCE_DIR}/coordinator/http_server.c
+                               ${CMAKE_SOURCE_DIR}/coordinator/http_req.c ${CMAKE_SOURCE_DIR}/coordinator/uvnet.c)
+  target_compile_options(fuzz_httpconn PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_httpconn PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_httpconn mla_coord)
+  add_test(NAME httpconn_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_httpconn> runs=1500 ${MLA_TEST_DIR}/data/httpconn)
+  set_tests_properties(httpconn_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
+
+# The scheduler's state machine under random submit / cancel / step / failure events over the
+# fake backend (tests/fuzz/fuzz_sched.c): corpus replay always, a deterministic libFuzzer run
+# with -DMLA_FUZZ=ON.
+add_executable(replay_sched ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_sched.c)
+target_include_directories(replay_sched PRIVATE ${MLA_TEST_DIR})
+target_link_libraries(replay_sched mla_fake_backend)
+add_test(NAME sched_fuzz_replay COMMAND replay_sched ${MLA_TEST_DIR}/data/sched)
+if(MLA_FUZZ)
+  add_executable(fuzz_sched ${MLA_TEST_DIR}/fuzz/fuzz_sched.c ${MLA_TEST_DIR}/serve/fake_backend.c
+                            ${CMAKE_SOURCE_DIR}/coordinator/sched_batch.c)
+  target_include_directories(fuzz_sched PRIVATE ${MLA_TEST_DIR})
+  target_compile_options(fuzz_sched PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_sched PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_sched mla_coord)
+  add_test(NAME sched_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_sched> runs=20000 ${MLA_TEST_DIR}/data/sched)
+  set_tests_properties(sched_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
+
+# Streaming response assembly (detokenized text, stop strings, UTF-8 over token boundaries,
+# EOS, length, cancellation) through api_server_generate and the real scheduler
+# (tests/fuzz/fuzz_stream.c): corpus replay always, a deterministic libFuzzer run with
+# -DMLA_FUZZ=ON.
+add_executable(replay_stream ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_stream.c)
+target_link_libraries(replay_stream mla_coord)
+add_test(NAME stream_fuzz_replay COMMAND replay_stream ${MLA_TEST_DIR}/data/stream)
+if(MLA_FUZZ)
+  add_executable(fuzz_stream ${MLA_TEST_DIR}/fuzz/fuzz_stream.c ${CMAKE_SOURCE_DIR}/coordinator/api_server.c
+                             ${CMAKE_SOURCE_DIR}/coordinator/api_params.c)
+  target_compile_options(fuzz_stream PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_stream PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_stream mla_coord)
+  add_test(NAME stream_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_stream> runs=10000 ${MLA_TEST_DIR}/data/stream)
+  set_tests_properties(stream_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

@@ -64,5 +64,36 @@ if(MLA_FUZZ)
     target_link_libraries(${fz} mla_common PkgConfig::TOKT_PCRE2 PkgConfig::TOKT_CJSON m)
   endforeach()
   add_test(NAME fuzz_tok_smoke COMMAND fuzz_tok -runs=30000 -max_len=2048 -seed=1)
-  add_test(NAME fuzz_chat_smoke COMMAND fuzz_chat -runs=20000 -max_len=1024 -seed=1 -timeout=20)
+  # seeded with the released templates (tests/data/chat) and the chat-fuzz corpus, in a scratch
+  # corpus (run_fuzz.sh): unseeded it missed what real templates reach in seconds
+  add_test(NAME fuzz_chat_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_chat> runs=20000 ${MLA_TEST_DIR}/data/chat
+                   ${MLA_TEST_DIR}/data/chat-fuzz)
+  set_tests_properties(fuzz_chat_smoke PROPERTIES ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
+
+# chat messages cannot forge control tokens: the fixtures' own tokenizers and templates
+if(tokt_have_gguf)
+  add_executable(test_chat_guard ${MLA_TEST_DIR}/unit/test_chat_guard.c)
+  target_link_libraries(test_chat_guard mla_tok_test)
+  add_test(NAME chat_guard COMMAND test_chat_guard ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf
+                                   ${MLA_FIXTURES}/tiny-glm5/tiny-glm5-bf16.gguf)
+endif()
+
+# chat templates over varied conversations and the message guard, seeded with the released
+# DeepSeek, Kimi and GLM templates (tests/data/chat-fuzz): corpus replay always (leak checks
+# under -DMLA_SANITIZE=ON), a deterministic libFuzzer run with -DMLA_FUZZ=ON
+add_executable(replay_chat_msgs ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_chat_msgs.c)
+target_link_libraries(replay_chat_msgs mla_tok_test)
+add_test(NAME chat_msgs_replay COMMAND replay_chat_msgs ${MLA_TEST_DIR}/data/chat-fuzz)
+if(MLA_FUZZ)
+  add_executable(fuzz_chat_msgs ${MLA_TEST_DIR}/fuzz/fuzz_chat_msgs.c ${tokt_fuzz_srcs})
+  target_include_directories(fuzz_chat_msgs PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/coordinator)
+  target_compile_options(fuzz_chat_msgs PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_chat_msgs PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_chat_msgs mla_common PkgConfig::TOKT_PCRE2 PkgConfig::TOKT_CJSON m)
+  add_test(NAME chat_msgs_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_chat_msgs> runs=30000 ${MLA_TEST_DIR}/data/chat-fuzz)
+  set_tests_properties(chat_msgs_fuzz_smoke PROPERTIES
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

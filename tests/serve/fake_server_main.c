@@ -10,7 +10,9 @@
  * --api-key K (or MLASERVE_API_KEY), --max-context N, --block-size N, --n-blocks N,
  * --max-seqs N, --step-tokens N, --max-queue N, --eos-period N, --step-delay-ms N,
  * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
- * --write-timeout-ms N, --max-write-queue N, --health-file F (unhealthy while F exists),
+ * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
+ * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
+ * --proto-port-file F (the protobuf API on a free port, written to F),
  * --fail-at-step N. SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
@@ -22,22 +24,36 @@
 #include "common/mla_log.h"
 #include "coordinator/api_server.h"
 #include "coordinator/http_server.h"
+#include "coordinator/pbapi_server.h"
 #include "coordinator/sched_batch.h"
 #include "fake_backend.h"
 
 static const char *SPECIAL[2] = {"<|eos|>", "<|bos|>"};
 
+static int g_tok_delay_ms;
+
+static size_t fk_control_at(void *ctx, const char *text, size_t len, size_t pos) {
+    (void)ctx;
+    for (int k = 0; k < 2; k++)
+        if (len - pos >= 7 && !memcmp(text + pos, SPECIAL[k], 7)) return 7;
+    return 0;
+}
+
 static int fk_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
-                     int32_t **ids, int32_t *n, mla_err *err) {
+                     const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err) {
     (void)ctx;
     (void)err;
+    if (g_tok_delay_ms > 0) uv_sleep((unsigned)g_tok_delay_ms); /* a slow tokenizer (--tok-delay-ms) */
     *ids = mla_xmalloc((len + 1) * sizeof(int32_t));
     *n = 0;
     if (add_special) (*ids)[(*n)++] = FAKE_BOS;
+    size_t k = 0;
     for (size_t i = 0; i < len;) {
         int sp = -1;
-        for (int k = 0; parse_special && k < 2; k++)
-            if (len - i >= 7 && !memcmp(text + i, SPECIAL[k], 7)) sp = k;
+        while (k < n_plain && plain[2 * k + 1] <= i) k++;
+        bool near_plain = k < n_plain && plain[2 * k] < i + 7;
+        for (int q = 0; parse_special && !near_plain && q < 2; q++)
+            if (len - i >= 7 && !memcmp(text + i, SPECIAL[q], 7)) sp = q;
         if (sp >= 0) {
             (*ids)[(*n)++] = 256 + sp;
             i += 7;
@@ -129,10 +145,12 @@ static bool fk_health(void *ctx, char *why, size_t cap) {
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
+static pbapi_server *g_pb;
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     MLA_INFO("fake_server: signal %d, shutting down", signum);
     http_server_close(g_http);
+    if (g_pb) pbapi_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_stop(h->loop);
@@ -141,7 +159,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("fake_server");
-    const char *port_file = NULL, *api_key = getenv("MLASERVE_API_KEY");
+    const char *port_file = NULL, *proto_port_file = NULL, *api_key = getenv("MLASERVE_API_KEY");
     int port = 0;
     sched_config sc = {.block_size = 16, .n_blocks = 512, .max_seqs = 64, .max_step_tokens = 512,
                        .max_queue = 256, .max_context = 2048};
@@ -157,6 +175,7 @@ int main(int argc, char **argv) {
         }
         long long x = atoll(v);
         if (!strcmp(a, "--port-file")) port_file = v;
+        else if (!strcmp(a, "--proto-port-file")) proto_port_file = v;
         else if (!strcmp(a, "--port")) port = (int)x;
         else if (!strcmp(a, "--api-key")) api_key = v;
         else if (!strcmp(a, "--max-context")) sc.max_context = (int32_t)x;
@@ -174,6 +193,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--idle-timeout-ms")) hc.idle_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--write-timeout-ms")) hc.write_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--max-write-queue")) hc.max_write_queue = (size_t)x;
+        else if (!strcmp(a, "--header-timeout-ms")) hc.header_timeout_ms = (unsigned)x;
+        else if (!strcmp(a, "--tok-delay-ms")) g_tok_delay_ms = (int)x;
+        else if (!strcmp(a, "--max-body-total")) hc.max_body_total = (size_t)x;
         else if (!strcmp(a, "--health-file")) health_file = v;
         else {
             fprintf(stderr, "fake_server: unknown option %s\n", a);
@@ -188,7 +210,8 @@ int main(int argc, char **argv) {
     sched_backend be;
     fake_backend_bind(fb, &be);
     api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB, .encode = fk_encode, .piece = fk_piece,
-                         .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat};
+                         .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat,
+                         .control_at = fk_control_at};
     api_config ac = {.model_name = "fake-model", .api_key = api_key, .max_context = sc.max_context,
                      .health = fk_health};
     api_server *api;
@@ -200,22 +223,33 @@ int main(int argc, char **argv) {
     sc.cb_ctx = api;
     if (sched_init(&s, &sc, &be, &err)) goto fail;
     api_server_set_sched(api, s);
+    hc.early = api_server_early;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto fail;
     api_server_set_http(api, http);
     g_http = http;
     int bound = 0;
     if (http_server_listen(http, "127.0.0.1", port, &bound, &err)) goto fail;
+    int pb_bound = 0;
+    pbapi_server *pb = NULL;
+    if (proto_port_file) {
+        if (pbapi_server_init(&pb, loop, api, NULL, &err) || pbapi_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
+            goto fail;
+        g_pb = pb;
+    }
     if (sched_start(s, &err)) goto fail;
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
-    if (port_file) {
+    const char *pfiles[2] = {proto_port_file, port_file}; /* the HTTP port file last: it means ready */
+    const int pports[2] = {pb_bound, bound};
+    for (int k = 0; k < 2; k++) {
+        if (!pfiles[k]) continue;
         char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", pfiles[k]);
         FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
-            mla_errf(&err, "cannot write %s", port_file);
+        if (!f || fprintf(f, "%d\n", pports[k]) < 0 || fclose(f) != 0 || rename(tmp, pfiles[k]) != 0) {
+            mla_errf(&err, "cannot write %s", pfiles[k]);
             goto fail;
         }
     }
@@ -225,6 +259,7 @@ int main(int argc, char **argv) {
     api_server_drain(api);
     sched_stop(s);
     sched_free(s);
+    pbapi_server_free(pb);
     api_server_free(api);
     http_server_free(http);
     uv_run(loop, UV_RUN_NOWAIT);

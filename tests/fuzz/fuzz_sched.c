@@ -1,0 +1,164 @@
+/* libFuzzer target for the scheduler's state machine (coordinator/sched_batch.c): a small cache
+ * (so that preemption happens) over the fake backend (tests/serve/fake_backend.h, which checks
+ * positions and block ownership), driven by events from the input: submit (prompt, max_tokens,
+ * stop ids, ignore_eos), cancel (a live or finished request), step, a failing step. Checked:
+ * the fake backend sees no contract violation; every accepted request gets token events with
+ * n_generated counting up, then exactly one final event and nothing after it; generated tokens
+ * never exceed max_tokens; the cache is within bounds; after cancelling everything and stepping
+ * until idle, every request is final and every block is free. Deterministic in ctest
+ * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/sched). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/sched_batch.h"
+#include "serve/fake_backend.h"
+
+#define MAX_REQ 256
+
+typedef struct rec {
+    uint64_t id;
+    int32_t max_tokens;
+    int32_t n_generated;
+    bool final;
+} rec;
+
+static rec recs[MAX_REQ];
+static int n_recs;
+static bool fail_next;
+static sched_backend fake_be;
+
+static void die(const char *what, uint64_t id) {
+    fprintf(stderr, "fuzz_sched: %s (request %llu)\n", what, (unsigned long long)id);
+    abort();
+}
+
+static void on_event(void *ctx, const sched_event *ev) {
+    (void)ctx;
+    rec *r = ev->user;
+    if (!r || r->id != ev->req_id) die("event for an unknown request", ev->req_id);
+    if (r->final) die("event after the final one", ev->req_id);
+    if (ev->has_token) {
+        if (ev->n_generated != r->n_generated + 1) die("n_generated does not count up", ev->req_id);
+        r->n_generated = ev->n_generated;
+        if (r->n_generated > r->max_tokens) die("more tokens than max_tokens", ev->req_id);
+    }
+    if (ev->finish != SCHED_FINISH_NONE) {
+        r->final = true;
+        if (ev->finish == SCHED_FINISH_ERROR && !ev->error) die("an error event without a message", ev->req_id);
+    }
+}
+
+static bool is_eog(void *ctx, int32_t tok) {
+    (void)ctx;
+    return tok == FAKE_EOS;
+}
+
+static int run_step(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    if (fail_next) {
+        fail_next = false;
+        return mla_errf(err, "injected failure");
+    }
+    return fake_be.run_step(ctx, plan, results, err);
+}
+
+static void check_stats(sched *s, const sched_config *c) {
+    sched_stats st;
+    sched_get_stats(s, &st);
+    if (st.blocks_used < 0 || st.blocks_used > st.blocks_total) die("blocks used out of range", 0);
+    /* the queue limit applies to new requests; preempted ones go back to waiting on top */
+    if (st.running > c->max_seqs || st.waiting + st.running > c->max_queue + c->max_seqs)
+        die("running / waiting over the limits", 0);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 2) return 0;
+    sched_config c = {0};
+    c.block_size = 1 + data[0] % 8;
+    c.n_blocks = 8 + data[1] % 64;
+    c.max_seqs = 1 + data[0] / 32;
+    c.max_step_tokens = 4 + data[1] / 4;
+    c.max_queue = 8;
+    c.max_context = 64;
+    c.is_eog = is_eog;
+    c.on_event = on_event;
+    fake_config fc = {.n_blocks = c.n_blocks, .block_size = c.block_size, .eos_period = 5 + data[1] % 13,
+                      .step_delay_ms = 0, .fail_at_step = -1};
+    fake_backend *fb = fake_backend_new(&fc);
+    fake_backend_bind(fb, &fake_be);
+    sched_backend be = fake_be;
+    be.run_step = run_step;
+    sched *s = NULL;
+    mla_err err;
+    if (sched_init(&s, &c, &be, &err) != MLA_OK) die("sched_init refused a valid config", 0);
+    n_recs = 0;
+    fail_next = false;
+    size_t i = 2;
+    while (i < size) {
+        uint8_t op = data[i++];
+        switch (op % 4) {
+        case 0: { /* submit */
+            if (n_recs == MAX_REQ || i + 2 > size) break;
+            int32_t n_prompt = 1 + data[i] % 40, max_tokens = 1 + data[i + 1] % 40;
+            i += 2;
+            int32_t prompt[40], stop = op / 4 % 30;
+            for (int32_t k = 0; k < n_prompt; k++) prompt[k] = i < size ? data[i++] : 'a';
+            rec *r = &recs[n_recs];
+            memset(r, 0, sizeof *r);
+            r->max_tokens = max_tokens;
+            sched_request q = {0};
+            q.prompt = prompt;
+            q.n_prompt = n_prompt;
+            q.max_tokens = max_tokens;
+            int32_t stop_id = 'a' + stop;
+            if (op & 0x40) {
+                q.stop_ids = &stop_id;
+                q.n_stop_ids = 1;
+            }
+            q.ignore_eos = op & 0x80;
+            sched_sampling_default(&q.sampling);
+            q.sampling.temperature = 0;
+            q.user = r;
+            uint64_t id = 0;
+            int rc = sched_submit(s, &q, &id, &err);
+            if (rc == SCHED_E_OK) {
+                if (id == 0) die("submit gave id 0", 0);
+                r->id = id;
+                n_recs++;
+            } else if (!err.msg[0]) {
+                die("a refused submit without a message", 0);
+            }
+            break;
+        }
+        case 1: /* cancel a request, live or not (unknown ids are ignored) */
+            if (n_recs) sched_cancel(s, recs[(op / 4) % n_recs].id);
+            else sched_cancel(s, op);
+            break;
+        case 2: /* steps */
+            for (int k = 0; k <= op / 64; k++) sched_step(s);
+            break;
+        default: /* the next step fails */
+            fail_next = true;
+            break;
+        }
+        check_stats(s, &c);
+    }
+    /* wind down: cancel everything, step until idle */
+    for (int k = 0; k < n_recs; k++) sched_cancel(s, recs[k].id);
+    int guard = 0;
+    while (sched_step(s) && guard++ < 10000) {
+    }
+    if (guard >= 10000) die("the scheduler does not go idle", 0);
+    for (int k = 0; k < n_recs; k++)
+        if (!recs[k].final) die("a request without a final event", recs[k].id);
+    sched_stats st;
+    sched_get_stats(s, &st);
+    if (st.blocks_used != 0 || st.running != 0 || st.waiting != 0) die("blocks or requests left after winding down", 0);
+    fake_stats fs;
+    fake_backend_stats(fb, &fs);
+    if (fs.violations) die("the fake backend saw contract violations", 0);
+    sched_free(s);
+    fake_backend_free(fb);
+    return 0;
+}

@@ -1,0 +1,351 @@
+"""Hardening tests of the HTTP front (issue 36) against the fake backend
+(tests/serve/fake_server_main.c): large responses arrive whole, the API key is checked before
+the body is read, request bodies are bounded over all connections, idle connections make room
+for new ones, the header timeout, trailing data after the JSON body, HEAD, streaming to HTTP/1.0
+clients, wrong-key attempts, and that tokenizing a large prompt does not stall other clients.
+Usage: test_harden.py FAKE_SERVER_EXE [PART...]. 127.0.0.1 only, free ports, bounded in time."""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pbapi"))
+import fakeref as R  # noqa: E402
+import pbutil as pb  # noqa: E402
+from mlatest import FAILS, ServeProcess, check, http_request as request, summary  # noqa: E402,F401
+
+EXE = sys.argv[1]
+PARTS = set(sys.argv[2:])
+
+
+def part(name):
+    return not PARTS or name in PARTS
+
+
+def connect(port, timeout=10):
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+
+def read_all(s, limit_s=10):
+    """Everything the server sends until it closes (or limit_s passes)."""
+    out = b""
+    end = time.time() + limit_s
+    s.settimeout(0.5)
+    while time.time() < end:
+        try:
+            d = s.recv(1 << 20)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            break
+        if not d:
+            break
+        out += d
+    return out
+
+
+def split_response(raw):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    hd = {}
+    for ln in lines[1:]:
+        k, _, v = ln.partition(":")
+        hd[k.strip().lower()] = v.strip()
+    return lines[0], hd, body
+
+
+def post_raw(port, path, body, headers=b"", version=b"HTTP/1.1"):
+    s = connect(port)
+    s.sendall(b"POST " + path + b" " + version + b"\r\nHost: x\r\nContent-Type: application/json\r\n" + headers +
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    out = read_all(s, 30)
+    s.close()
+    return out
+
+
+# ---------------------------------------------------------------- item 1: big responses
+def test_big_response(exe):
+    # /tokenize of a 1.6 MB prompt: ~6 MB of JSON, more than 4 x the 1 MiB write queue
+    srv = R.Server(exe, "--max-body", 8 << 20)
+    try:
+        prompt = "x" * (1600 * 1000)
+        body = json.dumps({"prompt": prompt, "add_special_tokens": False}).encode()
+        raw = post_raw(srv.port, b"/tokenize", body)
+        status, hd, data = split_response(raw)
+        n = int(hd.get("content-length", "-1"))
+        check(status.startswith("HTTP/1.1 200") and len(data) == n,
+              "a %d-byte response arrives whole (got %d bytes)" % (n, len(data)))
+        try:
+            j = json.loads(data)
+            check(j["count"] == len(prompt) and j["tokens"][:3] == [120, 120, 120], "big /tokenize answer is right")
+        except ValueError:
+            check(False, "big /tokenize answer is JSON")
+        check("does not read" not in srv.logtext(), "no 'client does not read' in the log")
+    finally:
+        check(srv.stop() == 0, "big-response server clean exit")
+
+
+# ---------------------------------------------------------------- item 3: early key check, budget, idle
+def test_early_auth_and_budget(exe):
+    srv = R.Server(exe, "--api-key", "sekrit", "--max-body", 4 << 20, "--max-body-total", 1 << 20,
+                   "--request-timeout-ms", 8000, "--header-timeout-ms", 600, "--max-conns", 8,
+                   "--idle-timeout-ms", 30000)
+    port = srv.port
+    try:
+        # headers announce 4 MB, no body: refused at once, before any body byte
+        s = connect(port)
+        t0 = time.time()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 401") and time.time() - t0 < 3,
+              "no key: 401 before the body (%.1fs): %r" % (time.time() - t0, out[:40]))
+        s = connect(port)
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 4000000\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 401"), "wrong key: 401 before the body: %r" % out[:40])
+        # with the key: bodies are buffered, up to 1 MiB over all connections
+        held = []
+        refused = 0
+        for i in range(4):
+            s = connect(port)
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+                      b"Content-Length: 500000\r\n\r\n" + b"{\"prompt\":\"" + b"a" * 399000)
+            held.append(s)
+            time.sleep(0.3)
+        for s in held:
+            s.settimeout(0.3)
+            try:
+                d = s.recv(100)
+            except socket.timeout:
+                d = b""
+            if d.startswith(b"HTTP/1.1 503"):
+                refused += 1
+        check(1 <= refused <= 2, "bodies over the total budget get 503 (%d of 4 refused)" % refused)
+        for s in held:
+            s.close()
+        time.sleep(0.3)
+        st, _, data = request(port, "POST", "/tokenize", {"prompt": "ab"}, headers={"Authorization": "Bearer sekrit"})
+        check(st == 200, "served after the held bodies are gone (%d)" % st)
+        # header timeout: an unfinished header block gets 408 after 0.6 s, not the 8 s request timeout
+        s = connect(port)
+        t0 = time.time()
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        out = read_all(s, 6)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 408") and time.time() - t0 < 3,
+              "header timeout 408 in %.1fs: %r" % (time.time() - t0, out[:40]))
+        # max connections 8: idle connections make room for a new client
+        idle = [connect(port) for _ in range(8)]
+        time.sleep(0.3)
+        st, _, _ = request(port, "GET", "/health", timeout=5)
+        check(st == 200, "9th client served while 8 idle connections are open (%d)" % st)
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        # ... but busy connections (requests in progress) are kept: then 503
+        busy = []
+        for _ in range(8):
+            s = connect(port)
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\nContent-Length: 100\r\n\r\n{")
+            busy.append(s)
+        time.sleep(0.3)
+        s = connect(port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 503"), "all connections busy -> 503: %r" % out[:40])
+        for s in busy:
+            s.close()
+    finally:
+        check(srv.stop() == 0, "early-auth server clean exit")
+
+
+# ---------------------------------------------------------------- item 8: HTTP details
+def test_http_details(exe):
+    srv = R.Server(exe, "--step-delay-ms", 1)
+    port = srv.port
+    try:
+        for body in (b'{"prompt":"ab"} xyz', b'{"prompt":"ab"}{"prompt":"cd"}', b'{"prompt":"ab"}\x00junk'):
+            status, _, data = split_response(post_raw(port, b"/tokenize", body))
+            check(status.startswith("HTTP/1.1 400") and b"after its JSON value" in data,
+                  "trailing data after the JSON body -> 400: %r %r" % (body, data[:120]))
+        status, _, data = split_response(post_raw(port, b"/tokenize", b'{"prompt":"ab"}  \r\n'))
+        check(status.startswith("HTTP/1.1 200"), "trailing whitespace is fine")
+        # HEAD: GET's headers, no body
+        s = connect(port)
+        s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1 200") == 2 and out.count(b'{"status":"ok"}') == 1,
+              "HEAD /health: 200 without a body, then GET on the same connection: %r" % out[:300])
+        hd = split_response(out)[1]
+        check(hd.get("content-length") == "15", "HEAD carries GET's Content-Length")
+        st, hd, data = request(port, "HEAD", "/v1/models")
+        check(st == 200 and data == b"" and int(hd.get("Content-Length", "0")) > 0, "HEAD /v1/models")
+        st, hd, _ = request(port, "PUT", "/health", body=b"")
+        check(st == 405 and "HEAD" in hd.get("Allow", ""), "405 names GET, HEAD: %r" % hd.get("Allow"))
+        # a streamed answer to an HTTP/1.0 client: no chunked encoding, ends with the connection
+        raw = post_raw(port, b"/v1/completions", json.dumps({"prompt": "ab", "max_tokens": 5, "stream": True}).encode(),
+                       version=b"HTTP/1.0")
+        status, hd, body = split_response(raw)
+        check(status.startswith("HTTP/1.1 200") and "transfer-encoding" not in hd and hd.get("connection") == "close",
+              "HTTP/1.0 stream: no chunked encoding: %r" % raw[:200])
+        check(body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n"), "HTTP/1.0 stream body is plain SSE: %r" % body[-60:])
+        toks, _, _, _ = R.generate(R.encode("ab"), 5)
+        text = "".join(json.loads(b[6:])["choices"][0]["text"] for b in body.decode().split("\n\n")
+                       if b.startswith("data: {"))
+        check(text == R.text_of(toks), "HTTP/1.0 stream text")
+    finally:
+        check(srv.stop() == 0, "details server clean exit")
+
+
+def test_wrong_keys(exe):
+    srv = R.Server(exe, "--api-key", "sekrit")
+    port = srv.port
+    try:
+        # a wrong key closes the connection: no fast guessing on one connection
+        s = connect(port)
+        req = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer guess\r\n\r\n"
+        s.sendall(req * 50)
+        out = read_all(s, 5)
+        s.close()
+        check(out.count(b"HTTP/1.1 401") == 1, "one 401 per connection, then it closes (%d)" % out.count(b"HTTP/1.1 401"))
+        # after 10 failures from this address within 10 s: 429 even with the right key
+        codes = []
+        for i in range(11):
+            st, hd, _ = request(port, "GET", "/v1/models", headers={"Authorization": "Bearer guess%d" % i})
+            codes.append(st)
+        check(codes[:9] == [401] * 9 and codes[9:] == [429, 429], "wrong keys: 401 x9 then 429: %r" % codes)
+        st, hd, data = request(port, "GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})
+        check(st == 429 and int(hd.get("Retry-After", "0")) >= 1, "blocked address: 429 with Retry-After (%d)" % st)
+        st, _, _ = request(port, "GET", "/health")
+        check(st == 200, "/health needs no key and is not blocked")
+        time.sleep(10.5)
+        st, _, _ = request(port, "GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})
+        check(st == 200, "the right key works again after the window (%d)" % st)
+    finally:
+        check(srv.stop() == 0, "wrong-keys server clean exit")
+
+
+# ---------------------------------------------------------------- item 7: tokenizing off the loop
+def test_tokenize_off_loop(exe):
+    # the fake tokenizer sleeps --tok-delay-ms per call: the loop must keep serving meanwhile
+    srv = R.Server(exe, "--tok-delay-ms", 2000)
+    port = srv.port
+    try:
+        res = {}
+
+        def slow():
+            res["tok"] = request(port, "POST", "/tokenize", {"prompt": "abc"}, timeout=30)
+
+        th = threading.Thread(target=slow)
+        th.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(port, "GET", "/health", timeout=10)
+        dt = time.time() - t0
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a prompt is tokenized" % dt)
+        th.join(30)
+        st, _, data = res.get("tok", (0, None, b""))
+        check(st == 200 and json.loads(data)["tokens"] == R.encode("abc"), "the slow /tokenize answers right")
+        # pipelined requests on one connection keep their order
+        s = connect(port)
+        body = b'{"prompt":"xy","max_tokens":2}'
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body) +
+                  b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = read_all(s, 20)
+        s.close()
+        i1, i2 = out.find(b"text_completion"), out.find(b'"status":"ok"')
+        check(0 < i1 < i2, "pipelined answers in order")
+        # a client that leaves while its prompt is tokenized: nothing leaks, the server goes on
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.2)
+        s.close()
+        time.sleep(2.5)
+        st, _, _ = request(port, "GET", "/health", timeout=10)
+        check(st == 200, "served after a client left during tokenizing")
+    finally:
+        check(srv.stop() == 0, "tokenize server clean exit")
+
+
+def pb_final(c, rid):
+    """Reads frames until request rid's last one: ("done", text) or ("error", code)."""
+    text = ""
+    while True:
+        k, f = c.read_frame()
+        if f.get(1, [None])[0] != rid:
+            continue
+        if k == pb.K_ERROR:
+            return "error", f.get(2, [0])[0]
+        if k == pb.K_GEN_RESP:
+            text += f.get(3, [b""])[0].decode()
+            if 7 in f:
+                return "done", text
+
+
+def test_pb_off_loop(exe):
+    # the protobuf port: a Generate's prompt is made off the loop thread too
+    srv = ServeProcess([exe], ["--tok-delay-ms", 1500], proto=True, timeout=20, prefix="fake_server_pb_")
+    try:
+        c = pb.Conn(srv.proto_port, timeout=30)
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(1, prompt="abc", max_tokens=3)))
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        dt = time.time() - t0
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf prompt is tokenized" % dt)
+        toks, _, _, _ = R.generate(R.encode("abc"), 3)
+        res = pb_final(c, 1)
+        check(res == ("done", R.text_of(toks)), "the protobuf Generate answers right: %r" % (res,))
+        # cancelled while its prompt is made: ERROR_CANCELLED
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(2, prompt="abc", max_tokens=3)) +
+               pb.frame(pb.K_CANCEL, pb.f_varint(1, 2)))
+        res = pb_final(c, 2)
+        check(res == ("error", pb.E["CANCELLED"]), "cancelled while tokenizing: %r" % (res,))
+        # refused after tokenizing (longer than the context): the error names it
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(3, prompt="x" * 3000, max_tokens=3)))
+        res = pb_final(c, 3)
+        check(res == ("error", pb.E["INVALID_REQUEST"]), "refused after tokenizing: %r" % (res,))
+        # a client that leaves while its prompt is made: nothing breaks
+        c2 = pb.Conn(srv.proto_port, timeout=30)
+        c2.send(pb.frame(pb.K_GENERATE, pb.generate_msg(4, prompt="abc", max_tokens=3)))
+        time.sleep(0.2)
+        c2.close()
+        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(5, prompt="xyz", max_tokens=2)))
+        toks, _, _, _ = R.generate(R.encode("xyz"), 2)
+        res = pb_final(c, 5)
+        check(res == ("done", R.text_of(toks)), "served after a client left during tokenizing: %r" % (res,))
+        # Tokenize goes the same way
+        c.send(pb.frame(pb.K_TOKENIZE, pb.f_varint(1, 6) + pb.f_bytes(3, "abc")))
+        time.sleep(0.3)
+        t0 = time.time()
+        st, _, _ = request(srv.port, "GET", "/health", timeout=10)
+        dt = time.time() - t0
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf Tokenize runs" % dt)
+        k, f = c.read_frame()
+        check(k == pb.K_TOK_RESP and f[1][0] == 6 and pb.packed_ints(f[2][0]) == R.encode("abc"),
+              "the protobuf Tokenize answers right (%d)" % k)
+        c.close()
+    finally:
+        check(srv.stop(timeout=30) == 0, "protobuf tokenize server clean exit")
+
+
+def main():
+    for name, t in (("big", test_big_response), ("auth", test_early_auth_and_budget), ("details", test_http_details),
+                    ("keys", test_wrong_keys), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
+        if not part(name):
+            continue
+        t0 = time.time()
+        t(EXE)
+        print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)
+    sys.exit(summary())
+
+
+if __name__ == "__main__":
+    main()
