@@ -24,7 +24,7 @@ int mla_log_level_parse(const char *s, enum mla_log_level *out, mla_err *err) {
 
 int mla_log_level_opt(void *ctx, const char *value, mla_err *err) {
     (void)ctx;
-    enum mla_log_level l;
+    enum mla_log_level l = MLA_LOG_INFO;
     if (mla_log_level_parse(value, &l, err)) return MLA_ERR;
     mla_log_set_level(l);
     setenv("MLA_LOG_LEVEL", names[l], 1);

@@ -64,7 +64,7 @@ struct coord {
     char **worker_args;
     char endpoint[512];
     char ipc_path[256];
-    char ipc_dir[256]; /* the private folder (mode 0700) holding ipc_path when we made it */
+    char ipc_dir[128]; /* the private folder (mode 0700) holding ipc_path when we made it */
     void *zctx, *router, *api_io, *api_user;
     pthread_t th;
     int th_started;

@@ -162,7 +162,7 @@ static int te_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
             q->cap_tab = 2 * (s->block_start + s->n_blocks);
             q->tab = mla_xrealloc(q->tab, q->cap_tab * sizeof *q->tab);
         }
-        memcpy(q->tab + s->block_start, s->blocks, s->n_blocks * sizeof *q->tab);
+        if (s->n_blocks) memcpy(q->tab + s->block_start, s->blocks, s->n_blocks * sizeof *q->tab);
         q->n_tab = s->block_start + s->n_blocks;
         if (q->n > (size_t)q->n_tab * TE_BLOCK) q->n = (size_t)q->n_tab * TE_BLOCK;
     }
