@@ -3,7 +3,8 @@
 # compressed so that the repository plus this stays under the 64 MiB a call may carry:
 #   bins.tar.xz      the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/, and
 #                    mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
-#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/; one archive,
+#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/ (share/, which
+#                    holds the repo's own model and deploy files, stays here); one archive,
 #                    since the three programs share their kernels' code (10.5 -> 6.3 MB)
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
@@ -27,7 +28,7 @@ cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
 cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$tmp/h/build-gpu-carried/"
 strip "$tmp/h/build-gpu-carried/"*
-tar cf - .bundle90 -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/bins.tar.xz" # -9e: a window over all three
+tar cf - --exclude=.bundle90/share .bundle90 -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/bins.tar.xz" # -9e: a window over all three
 if [ "${NO_FIXTURES:-0}" != 1 ]; then # NO_FIXTURES=1: a benchmark-only call (room for llama.cpp)
 mkdir -p "$tmp/f/.gpu-fixtures/tiny-deepseek3" "$tmp/f/.gpu-fixtures/tiny-glm5"
 cp "$FIX"/tiny-deepseek3/{ref.json,ref_logits.f32} "$tmp/f/.gpu-fixtures/tiny-deepseek3/"
