@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""A served-load generator for any OpenAI-compatible server (mlaserve, llama-server, vLLM), through the
+official `openai` async client.
+
+  serve_load.py --base-url http://127.0.0.1:8080/v1 --vocab 129280 \\
+      [--concurrency 8 | --rate 4.0] [--requests 64] [--shape chat|1k-256|8k-1k|IN-OUT] [--seed 1]
+      [--model NAME] [--api-key KEY] [--json OUT.json] [--label TEXT]
+
+Arrivals: a fixed number of requests in flight (--concurrency), or Poisson arrivals at --rate
+requests a second. Shapes: `chat` draws prompt and output lengths from a long-tailed (log-normal)
+distribution clipped to 50-4000 prompt tokens and 20-1000 output tokens; `1k-256` and `8k-1k` (or any
+`IN-OUT`) are fixed. Prompts are lists of token ids drawn from [256, --vocab) (the completions API
+takes them, so any tokenizer does), seeded; outputs run to their length (`ignore_eos`, temperature 0).
+Every request is streamed: time to first token (TTFT) and the gaps between later tokens (ITL) are
+measured here; output tokens are the streamed text chunks (a chunk carries one token's text in
+mlaserve and llama-server; a token whose bytes complete only in the next chunk is counted with it),
+and expected_output_tokens what the successful requests asked for. Prints one JSON object (also to
+--json): requests, errors, requests/s, output tok/s, TTFT and ITL p50/p90/p99 in ms, and the first
+error messages. Exit status 1 when a request failed."""
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+
+from openai import AsyncOpenAI
+
+
+def shape_of(name, rnd):
+    """(prompt tokens, output tokens) for one request."""
+    if name == "chat":
+        p = int(min(4000, max(50, rnd.lognormvariate(math.log(600), 0.9))))
+        o = int(min(1000, max(20, rnd.lognormvariate(math.log(150), 0.8))))
+        return p, o
+    fixed = {"1k-256": (1024, 256), "8k-1k": (8192, 1024)}
+    if name in fixed:
+        return fixed[name]
+    a, b = name.split("-")
+    return int(a), int(b)
+
+
+def pct(xs, q):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(math.ceil(q / 100.0 * len(xs))) - 1))
+    return xs[k]
+
+
+async def one(client, model, prompt, max_tokens, out):
+    t0 = time.perf_counter()
+    last, ttft, itl, n = None, None, [], 0
+    try:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        async for ev in stream:
+            if not ev.choices or not ev.choices[0].text:
+                continue
+            now = time.perf_counter()
+            if ttft is None:
+                ttft = now - t0
+            else:
+                itl.append(now - last)
+            last = now
+            n += 1
+        out.append({"ttft": ttft, "itl": itl, "chunks": n, "asked": max_tokens, "e2e": time.perf_counter() - t0,
+                    "error": None})
+    except Exception as e:  # every failure is counted and its message kept
+        out.append({"ttft": None, "itl": [], "chunks": n, "asked": max_tokens, "e2e": time.perf_counter() - t0,
+                    "error": str(e)[:300]})
+
+
+async def run(a):
+    client = AsyncOpenAI(base_url=a.base_url, api_key=a.api_key or "none", max_retries=0, timeout=a.timeout)
+    model = a.model
+    if not model:
+        models = await client.models.list()
+        model = models.data[0].id
+    rnd = random.Random(a.seed)
+    reqs = []
+    for _ in range(a.requests):
+        p, o = shape_of(a.shape, rnd)
+        reqs.append(([rnd.randrange(256, a.vocab) for _ in range(p)], o))
+    out = []
+    t0 = time.perf_counter()
+    if a.rate > 0:  # Poisson arrivals
+        tasks = []
+        for prompt, o in reqs:
+            tasks.append(asyncio.create_task(one(client, model, prompt, o, out)))
+            await asyncio.sleep(rnd.expovariate(a.rate))
+        await asyncio.gather(*tasks)
+    else:  # a fixed number in flight
+        queue = list(reversed(reqs))
+
+        async def worker():
+            while queue:
+                prompt, o = queue.pop()
+                await one(client, model, prompt, o, out)
+        await asyncio.gather(*(worker() for _ in range(max(1, a.concurrency))))
+    wall = time.perf_counter() - t0
+    await client.close()
+    ok = [r for r in out if r["error"] is None]
+    ttft = [r["ttft"] * 1e3 for r in ok if r["ttft"] is not None]
+    itl = [x * 1e3 for r in ok for x in r["itl"]]
+    tokens = sum(r["chunks"] for r in ok)
+    res = {"label": a.label, "model": model, "base_url": a.base_url, "shape": a.shape, "seed": a.seed,
+           "mode": ("rate %g/s" % a.rate) if a.rate > 0 else "concurrency %d" % a.concurrency,
+           "requests": len(out), "errors": len(out) - len(ok), "wall_s": wall,
+           "requests_per_s": len(ok) / wall if wall > 0 else None,
+           "output_tok_per_s": tokens / wall if wall > 0 else None, "output_tokens": tokens,
+           "expected_output_tokens": sum(r["asked"] for r in ok),
+           "prompt_tokens": sum(len(p) for p, _ in reqs),
+           "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+           "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
+           "first_errors": [r["error"] for r in out if r["error"]][:3]}
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", required=True, help="the server's OpenAI base URL, e.g. http://127.0.0.1:8080/v1")
+    ap.add_argument("--model", help="the model name (default: the first of /v1/models)")
+    ap.add_argument("--api-key", help="Authorization: Bearer KEY")
+    ap.add_argument("--vocab", type=int, required=True, help="token ids are drawn from [256, VOCAB)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals at this many requests a second")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--shape", default="chat", help="chat, 1k-256, 8k-1k or IN-OUT")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a request may take")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--json", help="also write the result here")
+    a = ap.parse_args()
+    if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0:
+        ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate not negative")
+    res = asyncio.run(run(a))
+    text = json.dumps(res)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if res["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""bench/serve_load.py against `mlaserve serve` on the bundled tiny model (CPU workers), through the
+official openai client. No timing is asserted: the counts and the fields have to be right.
+- 8 requests of 32 prompt tokens and 8 output tokens at concurrency 4: no error, 64 output tokens,
+  TTFT and ITL percentiles present and ordered, requests/s and tok/s positive;
+- 5 Poisson arrivals (rate 50/s) of 16 prompt tokens and 6 output tokens: no error, every asked token
+  streamed;
+- the chat-like lengths (no server): 2000 draws within 50-4000 / 20-1000 tokens, long-tailed (the mean
+  above the median), the same for the same seed;
+- 3 requests longer than the model's context (4096): 3 errors, each message kept, exit status 1.
+usage: test_serve_load.py MLASERVE MODEL"""
+import json
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "lib"))
+from mlatest import ServeProcess, check, finish  # noqa: E402
+
+exe, model = sys.argv[1], sys.argv[2]
+tool = os.path.join(here, "..", "..", "bench", "serve_load.py")
+srv = ServeProcess([exe, "serve", "-m", model, "--port", "0"], ["--max-seqs", "8"], timeout=120, prefix="serve_load_")
+
+
+def load(*args):
+    r = subprocess.run([sys.executable, tool, "--base-url", "http://127.0.0.1:%d/v1" % srv.port, "--vocab", "2048",
+                        *args], capture_output=True, text=True, timeout=600)
+    try:
+        return r.returncode, json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    except (ValueError, IndexError):
+        return r.returncode, None, r.stdout + r.stderr
+
+
+try:
+    rc, j, err = load("--concurrency", "4", "--requests", "8", "--shape", "32-8")
+    check(rc == 0 and j is not None, "fixed shape at concurrency 4: exit 0", err[-500:])
+    if j:
+        check(j["requests"] == 8 and j["errors"] == 0, "8 requests, no error", j)
+        check(j["output_tokens"] == 64 == j["expected_output_tokens"] and j["prompt_tokens"] == 256,
+              "64 output tokens, 256 prompt tokens", j)
+        t, i = j["ttft_ms"], j["itl_ms"]
+        check(all(v is not None and v > 0 for v in (t["p50"], t["p90"], t["p99"], i["p50"], i["p99"])) and
+              t["p50"] <= t["p90"] <= t["p99"] and i["p50"] <= i["p90"] <= i["p99"], "TTFT / ITL percentiles", j)
+        check(j["requests_per_s"] > 0 and j["output_tok_per_s"] > 0 and j["mode"] == "concurrency 4",
+              "throughput fields", j)
+    rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7")
+    check(rc == 0 and j is not None and j["errors"] == 0 and j["mode"] == "rate 50/s", "Poisson arrivals: no error",
+          (j, err[-500:]))
+    if j:
+        check(j["output_tokens"] == j["expected_output_tokens"] == 30, "every asked token streamed", j)
+    sys.path.insert(0, os.path.dirname(tool))
+    import random
+    import statistics
+    import serve_load
+    rnd = random.Random(11)
+    draws = [serve_load.shape_of("chat", rnd) for _ in range(2000)]
+    ps, os_ = [p for p, _ in draws], [o for _, o in draws]
+    check(min(ps) >= 50 and max(ps) <= 4000 and min(os_) >= 20 and max(os_) <= 1000, "chat lengths within bounds")
+    check(statistics.mean(ps) > statistics.median(ps) and statistics.mean(os_) > statistics.median(os_),
+          "chat lengths long-tailed", (statistics.mean(ps), statistics.median(ps)))
+    rnd = random.Random(11)
+    check([serve_load.shape_of("chat", rnd) for _ in range(2000)] == draws, "chat lengths seeded")
+    rc, j, err = load("--concurrency", "2", "--requests", "3", "--shape", "5000-4")
+    check(rc == 1 and j is not None and j["errors"] == 3 and len(j["first_errors"]) == 3 and
+          all("4096" in e for e in j["first_errors"]), "too long for the context: 3 errors named, exit 1", (rc, j))
+finally:
+    srv.stop()
+finish("serve_load: ")
