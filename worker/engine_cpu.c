@@ -17,6 +17,7 @@
 
 #include "engine_cpu.h"
 #include "gguf.h"
+#include "kvtab.h"
 #include "mla_log.h"
 #include "model.h"
 
@@ -25,8 +26,7 @@
 
 typedef struct cpu_seq {
     uint64_t id;
-    uint32_t *tab;
-    uint32_t n_tab, cap_tab;
+    kvtab tab;
     int64_t n_past;
 } cpu_seq;
 
@@ -114,24 +114,10 @@ static cpu_seq *get_seq(engine *e, uint64_t id) {
 
 /* Cuts q's table to start entries and appends ids[0, n). */
 static int seq_table(engine *e, cpu_seq *q, uint32_t start, const uint32_t *ids, uint32_t n, mla_err *err) {
-    if (start > q->n_tab)
-        return mla_errf(err, "seq %llu: a table update from entry %u, the table holds %u", (unsigned long long)q->id,
-                        start, q->n_tab);
-    const uint64_t len = (uint64_t)start + n;
-    if ((int64_t)len > (e->n_ctx + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK)
-        return mla_errf(err, "seq %llu: a table of %llu blocks exceeds the context of %lld positions",
-                        (unsigned long long)q->id, (unsigned long long)len, (long long)e->n_ctx);
-    for (uint32_t i = 0; i < n; i++)
-        if (ids[i] >= e->kv.n_blocks)
-            return mla_errf(err, "seq %llu: block %u is outside the pool of %u blocks", (unsigned long long)q->id,
-                            ids[i], e->kv.n_blocks);
-    if (len > q->cap_tab) {
-        q->cap_tab = (uint32_t)len * 2;
-        q->tab = mla_xrealloc(q->tab, q->cap_tab * sizeof *q->tab);
-    }
-    if (n) memcpy(q->tab + start, ids, n * sizeof *ids);
-    q->n_tab = (uint32_t)len;
-    if (q->n_past > (int64_t)q->n_tab * CPU_KV_BLOCK) q->n_past = (int64_t)q->n_tab * CPU_KV_BLOCK;
+    if (kvtab_apply(&q->tab, start, ids, n, e->kv.n_blocks, (uint64_t)((e->n_ctx + CPU_KV_BLOCK - 1) / CPU_KV_BLOCK),
+                    err))
+        return mla_err_prefix(err, "seq %llu", (unsigned long long)q->id);
+    if (q->n_past > (int64_t)q->tab.n * CPU_KV_BLOCK) q->n_past = (int64_t)q->tab.n * CPU_KV_BLOCK;
     return MLA_OK;
 }
 
@@ -152,7 +138,7 @@ static void copy_rows(engine *e, const cpu_seq *q, int64_t il, bool indexer, flo
     for (int64_t p = p0; p < p1;) {
         const int64_t b = p / CPU_KV_BLOCK, j = p % CPU_KV_BLOCK;
         const int64_t cnt = (CPU_KV_BLOCK - j) < (p1 - p) ? (CPU_KV_BLOCK - j) : (p1 - p);
-        float *blk = e->pool + (size_t)q->tab[b] * e->blk_floats + off + (size_t)(j * w);
+        float *blk = e->pool + (size_t)q->tab.ids[b] * e->blk_floats + off + (size_t)(j * w);
         float *row = rows + p * w;
         if (to_pool) memcpy(blk, row, (size_t)(cnt * w) * sizeof(float));
         else memcpy(row, blk, (size_t)(cnt * w) * sizeof(float));
@@ -190,9 +176,9 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
         if (end > e->n_ctx)
             return mla_errf(err, "seq %llu: %lld tokens exceed the context of %lld", (unsigned long long)s->seq_id,
                             (long long)end, (long long)e->n_ctx);
-        if (end > (int64_t)q->n_tab * CPU_KV_BLOCK)
+        if (end > (int64_t)q->tab.n * CPU_KV_BLOCK)
             return mla_errf(err, "seq %llu: the block table covers %lld positions, the step needs %lld",
-                            (unsigned long long)s->seq_id, (long long)q->n_tab * CPU_KV_BLOCK, (long long)end);
+                            (unsigned long long)s->seq_id, (long long)q->tab.n * CPU_KV_BLOCK, (long long)end);
         enum mla_logits_mode mode = s->sp.logits == WIRE_LOGITS_ALL ? MLA_LOGITS_ALL
                                     : (s->sample || s->sp.logits == WIRE_LOGITS_LAST) ? MLA_LOGITS_LAST
                                                                                      : MLA_LOGITS_NONE;
@@ -210,7 +196,7 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
 static void cpu_free_seq(engine *e, uint64_t id) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) {
-            free(e->seqs[i].tab);
+            kvtab_free(&e->seqs[i].tab);
             e->seqs[i] = e->seqs[--e->n];
             return;
         }
@@ -222,10 +208,11 @@ static int cpu_bench_fill(engine *e, uint64_t id, uint32_t n_past, const uint32_
         return mla_errf(err, "%u positions exceed the context of %lld", n_past, (long long)e->n_ctx);
     cpu_seq *q = get_seq(e, id);
     if (seq_table(e, q, 0, blocks, n_blocks, err)) return MLA_ERR;
-    if ((int64_t)n_past > (int64_t)q->n_tab * CPU_KV_BLOCK)
+    if ((int64_t)n_past > (int64_t)q->tab.n * CPU_KV_BLOCK)
         return mla_errf(err, "seq %llu: a table of %u blocks does not cover %u positions", (unsigned long long)id,
-                        q->n_tab, n_past);
-    for (uint32_t b = 0; b < q->n_tab; b++) memset(e->pool + (size_t)q->tab[b] * e->blk_floats, 0, e->blk_floats * sizeof(float));
+                        q->tab.n, n_past);
+    for (uint32_t b = 0; b < q->tab.n; b++)
+        memset(e->pool + (size_t)q->tab.ids[b] * e->blk_floats, 0, e->blk_floats * sizeof(float));
     q->n_past = n_past;
     return MLA_OK;
 }
@@ -253,7 +240,7 @@ static int cpu_bench_coll(engine *e, size_t n, int iters, double *sec_per_op, ml
 
 static void cpu_destroy(engine *e) {
     if (!e) return;
-    for (size_t i = 0; i < e->n; i++) free(e->seqs[i].tab);
+    for (size_t i = 0; i < e->n; i++) kvtab_free(&e->seqs[i].tab);
     free(e->seqs);
     mla_state_free(e->work);
     free(e->pool);

@@ -1,5 +1,7 @@
 #include "test_engine.h"
 
+#include "kvtab.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +10,8 @@
 /* a sequence: the running state after each of its positions (h[k]: after the token at k) */
 typedef struct tseq {
     uint64_t id;
-    size_t n;       /* positions it holds */
-    uint32_t *tab;  /* its block table (set_tables) */
-    uint32_t n_tab, cap_tab;
+    size_t n;  /* positions it holds */
+    kvtab tab; /* its block table (set_tables) */
 } tseq;
 
 #define TE_BLOCK 16 /* positions a cache block */
@@ -36,7 +37,7 @@ struct engine {
 
 /* the slot of position pos of q in the cache */
 static uint64_t *slot_of(engine *e, const tseq *q, size_t pos) {
-    return &e->cache[(size_t)q->tab[pos / TE_BLOCK] * TE_BLOCK + pos % TE_BLOCK];
+    return &e->cache[(size_t)q->tab.ids[pos / TE_BLOCK] * TE_BLOCK + pos % TE_BLOCK];
 }
 
 int test_engine_file_hash(const char *path, uint64_t *hash, mla_err *err) {
@@ -151,20 +152,9 @@ static int te_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         tseq *q = get_seq(e, s->seq_id);
-        if (s->block_start > q->n_tab)
-            return mla_errf(err, "test engine: seq %llu: a table update from entry %u, the table holds %u",
-                            (unsigned long long)s->seq_id, s->block_start, q->n_tab);
-        for (uint32_t k = 0; k < s->n_blocks; k++)
-            if (s->blocks[k] >= e->pool.n_blocks)
-                return mla_errf(err, "test engine: seq %llu: block %u outside the pool of %u", (unsigned long long)s->seq_id,
-                                s->blocks[k], e->pool.n_blocks);
-        if (s->block_start + s->n_blocks > q->cap_tab) {
-            q->cap_tab = 2 * (s->block_start + s->n_blocks);
-            q->tab = mla_xrealloc(q->tab, q->cap_tab * sizeof *q->tab);
-        }
-        if (s->n_blocks) memcpy(q->tab + s->block_start, s->blocks, s->n_blocks * sizeof *q->tab);
-        q->n_tab = s->block_start + s->n_blocks;
-        if (q->n > (size_t)q->n_tab * TE_BLOCK) q->n = (size_t)q->n_tab * TE_BLOCK;
+        if (kvtab_apply(&q->tab, s->block_start, s->blocks, s->n_blocks, e->pool.n_blocks, 0, err))
+            return mla_err_prefix(err, "test engine: seq %llu", (unsigned long long)s->seq_id);
+        if (q->n > (size_t)q->tab.n * TE_BLOCK) q->n = (size_t)q->tab.n * TE_BLOCK;
     }
     return MLA_OK;
 }
@@ -190,9 +180,9 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         if (s->positions[0] < 0 || ((size_t)s->positions[0] > q->n && q->n > 0))
             return mla_errf(err, "test engine: seq %llu starts at position %d but holds %zu",
                             (unsigned long long)s->seq_id, s->positions[0], q->n);
-        if ((uint64_t)s->positions[0] + s->n_tokens > (uint64_t)q->n_tab * TE_BLOCK)
+        if ((uint64_t)s->positions[0] + s->n_tokens > (uint64_t)q->tab.n * TE_BLOCK)
             return mla_errf(err, "test engine: seq %llu: the block table covers %u positions, the step needs %u",
-                            (unsigned long long)s->seq_id, q->n_tab * TE_BLOCK, s->positions[0] + s->n_tokens);
+                            (unsigned long long)s->seq_id, q->tab.n * TE_BLOCK, s->positions[0] + s->n_tokens);
     }
     float *buf = mla_xmalloc(total * TEST_VOCAB * sizeof(float));
     size_t row = 0;
@@ -295,7 +285,7 @@ static int te_step(engine *e, const wire_step_plan *p, float *const *logits, mla
 static void te_free_seq(engine *e, uint64_t id) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) {
-            free(e->seqs[i].tab);
+            kvtab_free(&e->seqs[i].tab);
             e->seqs[i] = e->seqs[--e->n];
             return;
         }
@@ -314,7 +304,7 @@ static void te_destroy(engine *e) {
             fclose(f);
         }
     }
-    for (size_t i = 0; i < e->n; i++) free(e->seqs[i].tab);
+    for (size_t i = 0; i < e->n; i++) kvtab_free(&e->seqs[i].tab);
     free(e->cache);
     for (uint32_t i = 0; i < e->n_queued; i++) free(e->queued[i]);
     free(e->last_id);
