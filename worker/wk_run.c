@@ -21,6 +21,7 @@
 #include "common/opts.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 #include "sample.h"
 #include "wire.h"
 #include "wk_ahead.h"
@@ -1070,6 +1071,11 @@ int wk_main(int argc, char **argv, wk_pick_engine pick) {
     }
     if (prc) {
         fprintf(stderr, "%s: %s (--help lists the options)\n", argv[0], err.msg);
+        return 2;
+    }
+    char swerr[sizeof err.msg];
+    if (mla_switch_check(swerr, sizeof swerr)) {
+        fprintf(stderr, "%s: %s\n", argv[0], swerr);
         return 2;
     }
     cfg.engine = pick(cfg.backend, &err);
