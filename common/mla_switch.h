@@ -25,19 +25,6 @@
  * reads it compiles everywhere); where the build has no developer switches its getter returns
  * the default. */
 typedef enum mla_sw_id {
-    /* user settings read from the environment until they become flags */
-    MLA_SW_BACKEND,
-    MLA_SW_LOG_LEVEL,
-    MLA_SW_HEARTBEAT_TIMEOUT_MS,
-    MLA_SW_STEP_TIMEOUT_MS,
-    MLA_SW_COLL_TIMEOUT_MS,
-    MLA_SW_NCCL_ID_TIMEOUT_MS,
-    MLA_SW_SPIN_US,
-    MLA_SW_STEP_AHEAD,
-    MLA_SW_WORKER_EXE,
-    MLA_SW_CUDA_DEVICE,
-    MLA_SW_NCCL,
-    MLA_SW_CUDA_FAST,
     MLA_SW_STEP_TRACE,              /* dev: directory for per-step timestamps (common/steptrace.c) */
     MLA_SW_LOAD_LAYER_DELAY_MS,     /* dev: fault injection, a slow load */
     MLA_SW_WORKER_STEP_DELAY_MS,    /* dev: fault injection, a slow step */

@@ -26,6 +26,7 @@
 #include "common/shard_plan.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 
 extern char **environ;
 
@@ -270,8 +271,8 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     pthread_mutex_lock(&c->mu);
     snprintf(rs->device, sizeof rs->device, "%s", rg->device);
     pthread_mutex_unlock(&c->mu);
-    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !getenv("MLA_BACKEND"))
-        c->spin_us = zspin_default("cuda"); /* the workers chose CUDA themselves */
+    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !c->cfg.spin_us_given)
+        c->spin_us = zspin_default("cuda", -1); /* the workers chose CUDA themselves */
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_REGISTER_REPLY;
@@ -282,6 +283,12 @@ static void handle_register(coord *c, const void *ident, size_t ilen, const wire
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
     m.u.reply.kv = c->cfg.kv;
     m.u.reply.kv.local_group = !c->cfg.external;
+    m.u.reply.wo = (wire_worker_opts){.nccl_id_timeout_ms = (uint32_t)c->cfg.nccl_id_timeout_ms,
+                                      .spin_us = c->cfg.spin_us_given ? c->cfg.spin_us : -1,
+                                      .step_ahead = (uint32_t)c->cfg.step_ahead,
+                                      .nccl = (uint32_t)c->cfg.nccl,
+                                      .cuda_precision = (uint32_t)c->cfg.cuda_precision,
+                                      .log_level = mla_log_level_given() ? 1u + (uint32_t)mla_log_level() : 0};
     send_frame_to_ident(c, ident, ilen, &m);
     rs->link_on = rs->link != NULL; /* from here on everything goes over the link */
     MLA_INFO("worker %d registered (pid %d, host %s, device %s%s)", r, (int)rg->pid, rg->host, rg->device,
@@ -819,11 +826,14 @@ static int opt_kv_memory(void *ctx, const char *v, mla_err *err) {
 }
 
 static const char *const failure_names[] = {"stop", "restart", "exit", NULL}; /* COORD_ON_FAILURE_* order */
+static const char *const ahead_names[] = {"queue", "off", "sync", NULL};         /* WIRE_AHEAD_* order */
+static const char *const nccl_names[] = {"auto", "off", "on", NULL};             /* WIRE_NCCL_* order */
+static const char *const precision_names[] = {"split", "bf16", "exact", NULL};   /* WIRE_PREC_* order */
 
 void coord_opt_specs(coord_config *cfg, opt_spec *s) {
     const double day_ms = 24.0 * 3600 * 1000;
     const opt_spec t[COORD_N_OPTS] = {
-        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
          .help = "what the workers compute on", .fn = opt_backend, .ctx = cfg},
         {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
          .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
@@ -837,9 +847,9 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
         {.name = "--start-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
          .help = "fail the start when no worker registers or makes load progress for this long",
          .dest = &cfg->start_timeout_ms, .lo = 1, .hi = day_ms},
-        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "$MLA_HEARTBEAT_TIMEOUT_MS, else 5000",
+        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "5000",
          .help = "a worker silent this long has failed", .dest = &cfg->heartbeat_timeout_ms, .lo = 1, .hi = day_ms},
-        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "$MLA_STEP_TIMEOUT_MS, else 600000",
+        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "600000",
          .help = "a step in flight this long fails the group (0: no limit)", .fn = opt_step_timeout, .ctx = cfg},
         {.name = "--on-worker-failure", .kind = OPT_CHOICE, .arg = "stop|restart|exit", .def = "stop",
          .help = "after a worker fails: stay failed, restart the group, or exit 1", .dest = &cfg->on_failure,
@@ -853,6 +863,24 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
         {.name = "--kv-memory", .kind = OPT_FN, .arg = "BYTES", .def = "CPU 1G; CUDA: from the fraction",
          .help = "the cache pool's size (suffixes K, M, G, T); on CUDA instead of the fraction", .fn = opt_kv_memory,
          .ctx = cfg},
+        {.name = "--coll-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "30000",
+         .help = "a host all-reduce waiting this long for the other ranks fails", .dest = &cfg->coll_timeout_ms,
+         .lo = 1, .hi = 3600000},
+        {.name = "--nccl-id-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
+         .help = "how long the ranks wait for rank 0's NCCL id", .dest = &cfg->nccl_id_timeout_ms, .lo = 1,
+         .hi = 3600000},
+        {.name = "--spin-us", .kind = OPT_INT, .arg = "N", .def = "2000 with cuda, else 0",
+         .help = "microseconds the step loop's threads poll before they sleep (0: no spinning)",
+         .dest = &cfg->spin_us, .lo = 0, .hi = 1000000, .seen = &cfg->spin_us_given},
+        {.name = "--step-ahead", .kind = OPT_CHOICE, .arg = "queue|off|sync", .def = "queue",
+         .help = "greedy decode: queue the next step on the device before the result returns, run it after, or not",
+         .dest = &cfg->step_ahead, .choices = ahead_names},
+        {.name = "--nccl", .kind = OPT_CHOICE, .arg = "auto|off|on", .def = "auto",
+         .help = "CUDA all-reduce over NCCL: where it can serve, never (host collective), or required",
+         .dest = &cfg->nccl, .choices = nccl_names},
+        {.name = "--cuda-precision", .kind = OPT_CHOICE, .arg = "split|bf16|exact", .def = "split",
+         .help = "CUDA float weights: split bf16 pairs, plain bf16 tensor cores, or exact fp32 (reference)",
+         .dest = &cfg->cuda_precision, .choices = precision_names},
     };
     memcpy(s, t, sizeof t);
 }
@@ -869,7 +897,7 @@ void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
          .help = "tensor-parallel degree: worker processes, one per GPU", .dest = &o->tp, .lo = 1, .hi = WIRE_MAX_WORLD},
         {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads per worker",
          .dest = &o->threads, .lo = 1, .hi = 1024},
-        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "$MLA_WORKER_EXE, else mlaserve-worker beside mlaserve",
+        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "mlaserve-worker beside mlaserve",
          .help = "the worker program", .dest = &o->worker_exe},
     };
     memcpy(s, t, sizeof t);
@@ -891,8 +919,6 @@ int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, m
 /* ---- public API ------------------------------------------------------------------------------- */
 
 static char *default_worker_exe(void) {
-    const char *env = getenv("MLA_WORKER_EXE");
-    if (env && *env) return mla_xstrdup(env);
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
@@ -921,7 +947,7 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     snprintf(thr_s, sizeof thr_s, "%d", c->cfg.n_threads > 0 ? c->cfg.n_threads : 1);
     size_t nextra = 0;
     while (c->worker_args && c->worker_args[nextra]) nextra++;
-    char **argv = mla_xcalloc(22 + nextra, sizeof *argv);
+    char **argv = mla_xcalloc(24 + nextra, sizeof *argv);
     size_t k = 0;
     argv[k++] = c->worker_exe;
     argv[k++] = "--coord";
@@ -942,13 +968,16 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
         argv[k++] = "--backend";
         argv[k++] = (char *)c->cfg.backend;
     }
+    if (mla_log_level_given()) { /* from the start; workers on other hosts get it at registration */
+        argv[k++] = "--log-level";
+        argv[k++] = (char *)mla_log_level_name(mla_log_level());
+    }
     for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
     /* the link (common/fdlink.h): one end stays here, the other is the child's descriptor
-     * LINK_FD; MLA_LOCAL_LINK=0 leaves every frame on ZeroMQ */
-    const char *ll = getenv("MLA_LOCAL_LINK");
+     * LINK_FD; MLA_LOCAL_LINK=0 (a developer switch) leaves every frame on ZeroMQ */
     int sv[2] = {-1, -1};
     char link_s[16];
-    if (!(ll && !strcmp(ll, "0"))) {
+    if (mla_sw_bool(MLA_SW_LOCAL_LINK)) {
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
             MLA_WARN("worker %d: no local link (socketpair: %s); ZeroMQ only", r, strerror(errno));
             sv[0] = sv[1] = -1;
@@ -1223,21 +1252,23 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
                              "(at most %u), context %u (at most %u), %u sequences (at most %u)",
                         kv->gpu_memory_utilization, kv->max_step_tokens, WIRE_MAX_STEP_TOKENS, kv->max_context,
                         WIRE_MAX_CTX, kv->max_seqs, WIRE_MAX_SEQS);
+    if (cfg_in->step_ahead < 0 || cfg_in->step_ahead > WIRE_AHEAD_SYNC || cfg_in->nccl < 0 ||
+        cfg_in->nccl > WIRE_NCCL_REQUIRED || cfg_in->cuda_precision < 0 || cfg_in->cuda_precision > WIRE_PREC_EXACT ||
+        cfg_in->nccl_id_timeout_ms < 0 || cfg_in->nccl_id_timeout_ms > 3600000 ||
+        (cfg_in->spin_us_given && (cfg_in->spin_us < 0 || cfg_in->spin_us > 1000000)))
+        return mla_errf(err, "worker settings out of range: --step-ahead %d, --nccl %d, --cuda-precision %d, "
+                             "--nccl-id-timeout-ms %d, --spin-us %d",
+                        cfg_in->step_ahead, cfg_in->nccl, cfg_in->cuda_precision, cfg_in->nccl_id_timeout_ms,
+                        cfg_in->spin_us);
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
-    c->spin_us = zspin_default(c->cfg.backend ? c->cfg.backend : getenv("MLA_BACKEND"));
+    c->spin_us = zspin_default(c->cfg.backend, c->cfg.spin_us_given ? c->cfg.spin_us : -1);
     if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
-    if (c->cfg.heartbeat_timeout_ms <= 0) {
-        const char *env = getenv("MLA_HEARTBEAT_TIMEOUT_MS");
-        c->cfg.heartbeat_timeout_ms = env && atoi(env) > 0 ? atoi(env) : 5000;
-    }
+    if (c->cfg.heartbeat_timeout_ms <= 0) c->cfg.heartbeat_timeout_ms = 5000;
     if (c->cfg.heartbeat_timeout_ms <= c->cfg.heartbeat_ms) c->cfg.heartbeat_timeout_ms = 2 * c->cfg.heartbeat_ms;
     if (c->cfg.coll_timeout_ms <= 0) c->cfg.coll_timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;
     if (c->cfg.start_timeout_ms <= 0) c->cfg.start_timeout_ms = 120000;
-    if (c->cfg.step_timeout_ms == 0) {
-        const char *env = getenv("MLA_STEP_TIMEOUT_MS");
-        c->cfg.step_timeout_ms = env && atoi(env) != 0 ? atoi(env) : 600000;
-    }
+    if (c->cfg.step_timeout_ms == 0) c->cfg.step_timeout_ms = 600000;
     if (c->cfg.max_restarts <= 0) c->cfg.max_restarts = 5;
     if (!(c->cfg.kv.gpu_memory_utilization > 0)) c->cfg.kv.gpu_memory_utilization = 0.90f;
     if (c->cfg.kv.max_step_tokens == 0) c->cfg.kv.max_step_tokens = 512;

@@ -14,3 +14,18 @@ target_link_libraries(test_switch_release Threads::Threads)
 add_test(NAME switch_release COMMAND test_switch_release)
 add_test(NAME switch_env COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/switch/test_env.py
          $<TARGET_FILE:mlaserve> $<TARGET_FILE:mlaserve-worker> ${CMAKE_SOURCE_DIR}/docs/switches.md)
+# the check and the getters over arbitrary environments (tests/fuzz/fuzz_switch.c): corpus
+# replay always, a deterministic libFuzzer run with -DMLA_FUZZ=ON
+add_executable(replay_switch ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_switch.c)
+target_link_libraries(replay_switch mla_common)
+add_test(NAME switch_fuzz_replay COMMAND replay_switch ${MLA_TEST_DIR}/data/switch)
+if(MLA_FUZZ)
+  add_executable(fuzz_switch ${MLA_TEST_DIR}/fuzz/fuzz_switch.c)
+  target_compile_options(fuzz_switch PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_switch PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_switch mla_common)
+  add_test(NAME switch_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_switch> runs=5000 ${MLA_TEST_DIR}/data/switch)
+  set_tests_properties(switch_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()

@@ -43,6 +43,7 @@ typedef struct engine_boot {
 typedef struct engine_opts {
     int n_threads;
     wire_kv_opts kv;
+    wire_worker_opts wo; /* the coordinator's worker settings: NCCL, CUDA precision (RegisterReply) */
 } engine_opts;
 
 /* The latent cache pool an engine took at load: n_blocks blocks of block_size positions (every

@@ -55,7 +55,7 @@ static size_t wk_specs(wk_config *cfg, int *proto, opt_spec *s) {
          .dest = &cfg->world, .lo = 1, .hi = WIRE_MAX_WORLD},
         {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
          .help = "the GGUF file (a split model: its first part), the coordinator's", .dest = &cfg->model_path},
-        {.name = "--backend", .kind = OPT_STR, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+        {.name = "--backend", .kind = OPT_STR, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
          .help = "what this worker computes on", .dest = &cfg->backend},
         {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads", .dest = &cfg->n_threads,
          .lo = 1, .hi = 1024},
@@ -132,6 +132,7 @@ typedef struct wk {
     int32_t *rtok, *hit;
     uint32_t *ridx;
     uint32_t flags_cap;
+    wire_worker_opts wo; /* the coordinator's settings (RegisterReply) */
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
     wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */
     _Atomic uint32_t kv_blocks; /* the pool's blocks once loaded: what block ids are checked against */
@@ -330,8 +331,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     const int rank = w->cfg->rank;
     steptrace_mark(p->step_id, 'D');
     const uint32_t V = atomic_load(&w->n_vocab);
-    const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
-    if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
+    const long delay = mla_sw_int(MLA_SW_WORKER_STEP_DELAY_MS); /* fault injection (tests) */
+    if (delay > 0) usleep((useconds_t)delay * 1000);
     float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
     size_t need = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) need += (size_t)engine_logit_rows(&p->seqs[i]) * V;
@@ -495,8 +496,7 @@ static int boot_publish(void *ctx, const uint8_t *id, size_t len, mla_err *err) 
 static int boot_wait(void *ctx, uint8_t *id, size_t len, mla_err *err) {
     wk *w = ((wk_boot *)ctx)->w;
     if (len != WIRE_MAX_NCCL_ID) return mla_errf(err, "an NCCL id of %zu bytes (need %u)", len, (unsigned)WIRE_MAX_NCCL_ID);
-    const char *env = getenv("MLA_NCCL_ID_TIMEOUT_MS");
-    long timeout_ms = env && atol(env) > 0 ? atol(env) : 120000;
+    long timeout_ms = w->wo.nccl_id_timeout_ms ? (long)w->wo.nccl_id_timeout_ms : 120000; /* --nccl-id-timeout-ms */
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += timeout_ms / 1000;
@@ -511,7 +511,7 @@ static int boot_wait(void *ctx, uint8_t *id, size_t len, mla_err *err) {
     if (known) return MLA_OK;
     if (quit) return mla_errf(err, "the worker is stopping while it waits for rank 0's NCCL id");
     return mla_errf(err, "no NCCL id from rank 0 through the coordinator within %ld ms (rank 0 not started, "
-                         "failed, or not using NCCL? MLA_NCCL_ID_TIMEOUT_MS sets the wait)", timeout_ms);
+                         "failed, or not using NCCL? the coordinator's --nccl-id-timeout-ms sets the wait)", timeout_ms);
 }
 
 static void *compute_main(void *arg) {
@@ -525,7 +525,7 @@ static void *compute_main(void *arg) {
     mla_err err;
     wk_boot bctx = {w, pair};
     const engine_boot boot = {&bctx, boot_publish, boot_wait};
-    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv};
+    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv, .wo = w->wo};
     if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, &eo, &err)) {
         snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
         atomic_store(&w->compute_failed, 1);
@@ -845,11 +845,9 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     wk w;
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
-    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
+    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL, -1);
     wk_ahead_init(&w.ahead[0]);
     wk_ahead_init(&w.ahead[1]);
-    if (cfg->engine)
-        w.ahead_mode = wk_ahead_mode(cfg->engine->step_greedy != NULL, cfg->engine->queue && cfg->engine->wait_queued);
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -904,9 +902,17 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         zmq_ctx_term(w.zctx);
         return rc;
     }
+    /* the coordinator's flags (docs/switches.md); a --log-level of this worker's own wins */
+    if (reply.wo.log_level && !mla_log_level_given()) mla_log_set_level((enum mla_log_level)(reply.wo.log_level - 1));
     MLA_INFO("registered with %s (rank %d of %d%s%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
              cfg->curve_dir ? ", CURVE" : "", cfg->link_fd > 0 ? ", local link" : "");
     w.kv = reply.kv;
+    /* the coordinator's flags (docs/switches.md) */
+    w.wo = reply.wo;
+    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL, reply.wo.spin_us);
+    if (cfg->engine)
+        w.ahead_mode = wk_ahead_mode(cfg->engine->step_greedy != NULL, cfg->engine->queue && cfg->engine->wait_queued,
+                                     reply.wo.step_ahead);
     /* the coordinator that started this worker talks over the link from its reply on */
     fdlink *link = NULL;
     if (cfg->link_fd > 0 && !(link = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, err))) {

@@ -74,6 +74,7 @@ r = run([mlaserve, "env"], MLA_FIXTURES="/x")
 check(r.returncode == 0, "MLA_FIXTURES (the tests' fixtures folder) is not an error")
 
 for extra, msg in ((dict(MLA_STEP_TRACEE="/tmp"), "MLA_STEP_TRACEE: unknown variable"),
+                   (dict(MLA_BACKEND="cpu"), "MLA_BACKEND: unknown variable"),
                    (bad, bad_msg)):
     r = run([mlaserve, "env"], **extra)
     check(r.returncode == 1 and msg in r.stderr, "mlaserve env with %s: exit 1 naming it (%d: %s)"

@@ -70,6 +70,9 @@ static void test_unknown(void) {
     setenv("MLA_STEP_TRACEE", "/tmp", 1); /* a typo */
     CHECK(check_fails_with("MLA_STEP_TRACEE: unknown variable", NULL));
     unsetenv("MLA_STEP_TRACEE");
+    setenv("MLA_BACKEND", "cpu", 1); /* a user setting: a flag now (--backend), no longer a switch */
+    CHECK(check_fails_with("MLA_BACKEND: unknown variable", NULL));
+    unsetenv("MLA_BACKEND");
     setenv("MLA_FIXTURES", "/somewhere", 1); /* read by the build and the tests, not the programs */
     CHECK(check_passes());
     setenv("MLASERVE_API_KEY", "k", 1); /* not an MLA_* name */
