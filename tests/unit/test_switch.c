@@ -147,11 +147,10 @@ static void test_release(void) {
 }
 
 int main(void) {
-    int release = 0;
+    const int release = !mla_switch_dev_build();
 #ifdef MLA_TEST_RELEASE_SWITCHES
-    release = 1;
+    CHECK(release); /* mla_switch.c compiled here without MLA_DEV_SWITCHES */
 #endif
-    CHECK(mla_switch_dev_build() == !release);
     /* at most 12 switches in a build without developer switches */
     int n_release = 0;
     for (int i = 0; i < MLA_SW_COUNT; i++) {
