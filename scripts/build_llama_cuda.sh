@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build_llama_cuda.sh - build llama.cpp's llama-bench and llama-batched-bench
 # with CUDA for sm_90 (H100/H200) on a machine WITHOUT a GPU, and package them
-# so they can be carried to the GPU machine (no network there) and run side by
+# so they can be carried to a GPU host without network and run side by
 # side with `mlaserve bench`.  See scripts/llama_side_by_side.sh for the runner
 # and bench/plot_decode.py for the plot.
 #
@@ -56,7 +56,7 @@
 #       run-llama-bench.sh                 wrapper: finds the CUDA 13 libs, sets
 #                                          LD_LIBRARY_PATH, execs the tool
 #       README.txt                         commit, flags, dependency list
-#   $REPO/.llama-cuda.tar.xz      (xz -9e; unpack on the GPU machine with
+#   $REPO/.llama-cuda.tar.xz      (xz -9e; unpack on the GPU host with
 #                                  `tar xJf .llama-cuda.tar.xz` in the repo root)
 #
 # Usage
@@ -138,7 +138,7 @@ package() {
 
   # Copy the tools and, transitively, every NEEDED library found in the build's bin/
   # (the llama.cpp shared libraries, under their soname).  Everything else must be a
-  # CUDA library present on the GPU machine or a base system library.
+  # CUDA library present on the GPU host or a base system library.
   local todo=("${TARGETS[@]}") done_=" " f lib bad=0 needed=""
   for t in "${TARGETS[@]}"; do cp "$bin/$t" "$PKG/$t"; done
   while [ ${#todo[@]} -gt 0 ]; do
@@ -230,10 +230,10 @@ EOF
     echo "cmake  : ${CMAKE_FLAGS[*]}"
     echo "targets: ${TARGETS[*]} (stripped; RPATH \$ORIGIN)"
     echo "bundled: $bundled"
-    echo "needs  : $needed(not bundled: CUDA 13 from the GPU machine, base system)"
+    echo "needs  : $needed(not bundled: CUDA 13 from the GPU host, base system)"
     echo "glibc  : highest symbol version needed $glibc_max"
     echo
-    echo "Usage (GPU machine, repo root):"
+    echo "Usage (GPU host, repo root):"
     echo "  .llama-cuda/run-llama-bench.sh -m model.gguf -ngl 99 -fa $FA -p 512 -n 0 -o json"
     echo "  .llama-cuda/run-llama-bench.sh --batched -m model.gguf -ngl 99 -fa $([ "$FA" = 1 ] && echo on || echo off) -c 16384 -pps -npp 128 -ntg 128 -npl 1,8,32 --output-format jsonl"
     if [ "$FA" = 1 ]; then

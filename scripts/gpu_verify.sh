@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, everything the CPU machine cannot check, in order of importance,
+# On a GPU host, everything a build host without a GPU cannot check, in order of importance,
 # each phase bounded in time so that a slow one cannot eat the others:
 #   1. the CUDA op checks against the CPU references (mla-gpu-check --quick) and the fixtures
 #      through the CUDA forward pass (mla-e2e, check_logits.py): scripts/gpu_check.sh --e2e
 #   2. the distributed stack from the bundle (coordinator + worker processes, NCCL at TP 1,
 #      the host collective at TP 2/4, serving, concurrent requests == one at a time)
 #   3. benchmarks at real width: scripts/gpu_bench.sh (mlaserve bench, llama.cpp beside it)
-# Input: .gpucarry/ made by scripts/gpu_carry.sh on the CPU machine (carried by the run tool).
-# Output: $OUT (default ./out): tables and logs. Usage: scripts/gpu_session.sh [--no-bench]
+# Input: .gpucarry/ made by scripts/gpu_carry.sh on the build host.
+# Output: $OUT (default ./out): tables and logs. Usage: scripts/gpu_verify.sh [--no-bench]
 # [--no-ops] [--no-stack]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +24,9 @@ for a in "$@"; do
     *) echo "usage: $0 [--no-bench] [--no-ops] [--no-stack]   env: LLAMA=0, NCU=0 skip those parts of phase 3" >&2; exit 2 ;;
   esac
 done
-# the run tool returns at most 8 files: everything also goes into one archive at the end
+# keep the outputs few: everything also goes into one archive at the end
 # (named to sort first: the files that come back are the first 8 by name)
-pack() { tar czf /tmp/session-out.tgz -C "$OUT" . 2>/dev/null && mv /tmp/session-out.tgz "$OUT/0-session-out.tgz"; }
+pack() { tar czf /tmp/verify-out.tgz -C "$OUT" . 2>/dev/null && mv /tmp/verify-out.tgz "$OUT/0-verify-out.tgz"; }
 trap pack EXIT
 t_start=$(date +%s)
 since() { echo "$(( $(date +%s) - t_start )) s"; }
