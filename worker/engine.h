@@ -24,10 +24,10 @@
 
 typedef struct engine engine;
 
-/* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_run.c):
+/* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_boot.c):
  * rank 0 publishes a secret every rank needs before its collective exists (the NCCL unique id,
  * WIRE_MAX_NCCL_ID bytes); the coordinator relays it (Control NCCL_ID, docs/ctrl.md); the other
- * ranks wait for it, bounded by a timeout (MLA_NCCL_ID_TIMEOUT_MS, 120 s by default), failing with
+ * ranks wait for it, bounded by a timeout (the coordinator's --nccl-id-timeout-ms, 120 s by default), failing with
  * a message. Engines that need no such id (the CPU engine) ignore it. Called from load() only. */
 typedef struct engine_boot {
     void *ctx;
