@@ -1,7 +1,7 @@
 # Two commands for a new user (each installs what is missing, then builds):
 #   make run    start mlaserve on the bundled tiny model (CPU workers) and answer a prompt
 #   make test   build with ASan+UBSan and run every test under ctest (CUDA code compiled when
-#               nvcc is there, run only on a GPU: scripts/gpu_check.sh)
+#               nvcc is there, run only on a GPU host: scripts/gpu_check.sh)
 #   make check  a quick build without sanitizers and the fast labels (CHECK_LABELS) under ctest
 # One test by name: cd build-test && ctest -R '^model_ds3_bf16$' --output-on-failure; labels
 # and fixtures: docs/testing.md.
