@@ -23,7 +23,7 @@ if(TARGET mlaserve-worker AND TARGET mlaserve)
   add_test(NAME readme_api_examples
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/README.md
                    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/models ${MLA_FIXTURES})
-  set_tests_properties(grpc_api serve_accept readme_api_examples PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+  set_tests_properties(grpc_api serve_accept readme_api_examples PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
   # readme_api_examples may use the fixed ports 8080/8081 (the README's); keep it alone
   set_tests_properties(readme_api_examples PROPERTIES RESOURCE_LOCK readme_ports)
