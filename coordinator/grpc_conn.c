@@ -9,6 +9,7 @@
 #include "coordinator/grpc_msg.h"
 
 typedef struct gstream {
+    struct gstream *prev, *next; /* the connection's streams (nghttp2_session_del calls no callback) */
     int32_t id;
     int method;
     bool bad_method, bad_post, bad_ctype, bad_timeout, too_many_headers;
@@ -34,6 +35,7 @@ struct grpc_conn {
     size_t buffered; /* request bytes over the streams */
     size_t out;      /* response bytes queued over the streams */
     int n_calls;
+    gstream *streams;
 };
 
 const char *grpc_status_name(int code) {
@@ -71,6 +73,11 @@ static char *pct_encode(const char *m) {
 #define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
 
 static void stream_free(grpc_conn *c, gstream *st) {
+    if (st->prev)
+        st->prev->next = st->next;
+    else
+        c->streams = st->next;
+    if (st->next) st->next->prev = st->prev;
     c->buffered -= st->in_len;
     c->out -= st->out_len - st->out_off;
     free(st->in);
@@ -98,13 +105,16 @@ static void reply_status(grpc_conn *c, gstream *st, int status, const char *msg)
 /* ---- request side ---- */
 
 static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud) {
-    (void)ud;
+    grpc_conn *c = ud;
     if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
     gstream *st = mla_xcalloc(1, sizeof(*st));
     st->id = f->hd.stream_id;
     st->timeout_ms = -1;
     st->bad_post = true;
     st->bad_ctype = true;
+    st->next = c->streams;
+    if (c->streams) c->streams->prev = st;
+    c->streams = st;
     nghttp2_session_set_stream_user_data(s, f->hd.stream_id, st);
     return 0;
 }
@@ -379,8 +389,8 @@ int grpc_conn_init(grpc_conn **out, const grpc_conn_limits *lim, const grpc_conn
 void grpc_conn_free(grpc_conn *c) {
     if (!c) return;
     /* streams still open: freed without callbacks */
-    c->cb.on_cancel = NULL;
-    nghttp2_session_del(c->s); /* calls on_stream_close for each open stream */
+    nghttp2_session_del(c->s);
+    while (c->streams) stream_free(c, c->streams);
     free(c);
 }
 
