@@ -261,7 +261,11 @@ static int call(apiclient *c, const char *path, const ProtobufCMessage *q,
     protobuf_c_message_pack(q, req + 5);
     acall a = {.req = req, .req_len = n + 5, .on_msg = on_msg, .ud = ud, .err = err};
     char tmo[24];
-    snprintf(tmo, sizeof tmo, "%dm", c->timeout_ms);
+    /* grpc-timeout has at most 8 digits */
+    if (c->timeout_ms <= 99999999)
+        snprintf(tmo, sizeof tmo, "%dm", c->timeout_ms);
+    else
+        snprintf(tmo, sizeof tmo, "%dS", (c->timeout_ms + 999) / 1000);
     nghttp2_nv nva[8] = {NV(":method", "POST"), NV(":scheme", c->ssl ? "https" : "http"), NV(":path", path),
                          NV(":authority", c->authority), NV("content-type", "application/grpc"), NV("te", "trailers")};
     size_t nn = 6;
