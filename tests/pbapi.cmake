@@ -7,7 +7,7 @@
 #    = the same requests made singly, a bad field failing only its call, wrong key, garbage on
 #    the port, grpc.health.v1, TLS with a self-signed certificate.
 #  - serve_accept: HTTP single requests = HF greedy, 64 concurrent streaming clients, /metrics sums.
-#  - readme_api_examples: the README "HTTP API" / "gRPC API" sh blocks run as printed.
+#  - readme_api_examples: the docs/api.md "HTTP API" / "gRPC API" sh blocks run as printed.
 #  - with -DMLA_FUZZ=ON (clang): fuzz_grpc (libFuzzer) and grpc_fuzz_smoke (200000 inputs, -seed=1).
 add_executable(replay_grpc ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_grpc.c)
 target_link_libraries(replay_grpc mla_coord)
@@ -21,7 +21,7 @@ if(TARGET mlaserve-worker AND TARGET mlaserve)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/serve_accept.py
                    $<TARGET_FILE:mlaserve> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
   add_test(NAME readme_api_examples
-           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/README.md
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/docs/api.md
                    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/models ${MLA_FIXTURES})
   set_tests_properties(grpc_api serve_accept readme_api_examples PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
                        ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
