@@ -8,6 +8,7 @@ or grpcio-tools is missing."""
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -272,7 +273,8 @@ r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", 
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyf, "-out", cert],
                    capture_output=True)
 check(r.returncode == 0, "openssl made a certificate: %r" % r.stderr[-300:])
-srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--tls-cert", cert, "--tls-key", keyf])
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--tls-cert", cert, "--tls-key", keyf,
+                                                 "--idle-timeout-ms", "1500"])
 try:
     P = srv.proto_port
     creds = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
@@ -290,6 +292,21 @@ try:
     rc, out, err = client(P, "generate", "-p", p["text"], "-n", str(len(p["greedy"])), "--temp", "0", key=None,
                           extra=["--host", "localhost", "--tls-ca", cert])
     check(rc == 0 and out == p["greedy_text"] + "\n", "TLS: client generate %r %r" % (out, err))
+    # an idle HTTP/2 connection (TLS, ALPN h2, preface and SETTINGS, then nothing) is closed
+    ctx = ssl.create_default_context(cafile=cert)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", P), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        check(s.selected_alpn_protocol() == "h2", "TLS: ALPN h2")
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        t0 = time.time()
+        try:
+            while s.recv(65536):
+                pass
+        except (ssl.SSLError, OSError):
+            pass
+        dt = time.time() - t0
+        check(1.0 < dt < 6, "TLS: an idle connection closed after %.1fs (--idle-timeout-ms 1500)" % dt)
     rc, out, err = client(P, "health", key=None, extra=["--host", "localhost", "--tls"])
     check(rc == 1 and "TLS" in err, "TLS: client without the CA refuses the certificate: %r" % err)
 finally:
