@@ -191,7 +191,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 static const char serve_usage[] =
     "usage: mlaserve serve -m MODEL.gguf [--tp N] [options]\n"
-    "OpenAI-compatible HTTP server (and optionally the protobuf API) over N worker processes.\n"
+    "OpenAI-compatible HTTP server (and optionally the gRPC API) over N worker processes.\n"
     "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds.\n";
 
 /* The first line of a key file (without the line end); NULL with err set. */
@@ -244,7 +244,7 @@ int cmd_serve(int argc, char **argv) {
     coord_group_opt_specs(&go, gspecs);
     coord_opt_specs(&go.cc, cspecs);
     const opt_spec mine[] = {
-        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and protobuf) bind address",
+        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and gRPC) bind address",
          .dest = &host},
         {.name = "--port", .kind = OPT_INT, .arg = "PORT", .def = "8000", .help = "HTTP port (0: any free port)",
          .dest = &port, .lo = 0, .hi = 65535},
