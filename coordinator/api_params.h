@@ -60,8 +60,8 @@ typedef struct api_gen_params {
  * returns MLA_ERR with e set (400 with the offending param). */
 int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *root, api_error *e);
 /* The value rules of a filled api_gen_params (sampling ranges, max_tokens, logprobs, stop strings,
- * token ids, exactly one prompt), shared by the JSON parser above and the protobuf API
- * (coordinator/pbapi_*). Returns MLA_ERR with e set (400 with the offending param). */
+ * token ids, exactly one prompt), shared by the JSON parser above and the gRPC API
+ * (coordinator/grpc_*). Returns MLA_ERR with e set (400 with the offending param). */
 int api_gen_params_check(const api_gen_params *p, api_error *e);
 void api_gen_params_free(api_gen_params *p);
 

@@ -119,7 +119,7 @@ void api_server_token_counts(const api_server *a, uint64_t *prompt, uint64_t *ge
 void api_server_cancel_all(api_server *a, const char *reason);
 void api_server_free(api_server *a);
 
-/* ---- the same generation path for other fronts (the protobuf API, coordinator/pbapi_*) ----
+/* ---- the same generation path for other fronts (the gRPC API, coordinator/grpc_*) ----
  * Everything below runs on the loop thread. */
 
 /* A generated token: id, logprob, alternatives, and its byte range [start, end) in the

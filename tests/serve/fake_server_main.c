@@ -12,7 +12,7 @@
  * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
  * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
  * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
- * --proto-port-file F (the protobuf API on a free port, written to F),
+ * --proto-port-file F (the gRPC API on a free port, written to F),
  * --fail-at-step N. SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
@@ -24,7 +24,7 @@
 #include "common/mla_log.h"
 #include "coordinator/api_server.h"
 #include "coordinator/http_server.h"
-#include "coordinator/pbapi_server.h"
+#include "coordinator/grpc_server.h"
 #include "coordinator/sched_batch.h"
 #include "fake_backend.h"
 
@@ -145,12 +145,12 @@ static bool fk_health(void *ctx, char *why, size_t cap) {
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
-static pbapi_server *g_pb;
+static grpc_server *g_pb;
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     MLA_INFO("fake_server: signal %d, shutting down", signum);
     http_server_close(g_http);
-    if (g_pb) pbapi_server_close(g_pb);
+    if (g_pb) grpc_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_stop(h->loop);
@@ -230,9 +230,9 @@ int main(int argc, char **argv) {
     int bound = 0;
     if (http_server_listen(http, "127.0.0.1", port, &bound, &err)) goto fail;
     int pb_bound = 0;
-    pbapi_server *pb = NULL;
+    grpc_server *pb = NULL;
     if (proto_port_file) {
-        if (pbapi_server_init(&pb, loop, api, NULL, &err) || pbapi_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
+        if (grpc_server_init(&pb, loop, api, NULL, &err) || grpc_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
             goto fail;
         g_pb = pb;
     }
@@ -259,7 +259,7 @@ int main(int argc, char **argv) {
     api_server_drain(api);
     sched_stop(s);
     sched_free(s);
-    pbapi_server_free(pb);
+    grpc_server_free(pb);
     api_server_free(api);
     http_server_free(http);
     uv_run(loop, UV_RUN_NOWAIT);
