@@ -22,6 +22,8 @@
 #include "coordinator/coord.h"
 #include "coordinator/http_server.h"
 #include "coordinator/pbapi_server.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 #include "coordinator/sched_batch.h"
 #include "coordinator/tok.h"
 
@@ -78,11 +80,15 @@ static bool st_eog(void *ctx, int32_t id) {
     serve_ctx *s = ctx;
     return tok_is_eog(s->vocab, id);
 }
-static int st_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+static int st_chat(void *ctx, const cJSON *messages, bool add_gen, const cJSON *vars, char **out, mla_err *err) {
     serve_ctx *s = ctx;
     size_t len = 0;
     const char *used = NULL;
-    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, NULL, out, &len, &used, err);
+    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, vars, out, &len, &used, err);
+}
+static bool st_uses_var(void *ctx, const char *name) {
+    serve_ctx *s = ctx;
+    return chat_tmpl_uses_var(s->tmpl, name);
 }
 
 /* ---- scheduler backend over the coordinator ---- */
@@ -411,12 +417,33 @@ static const char *basename_of(const char *p) {
     return s ? s + 1 : p;
 }
 
+/* A whole text file (--chat-template), at most 1 MiB, NUL-terminated (caller frees). */
+static int read_text_file(const char *path, char **out, size_t *len, mla_err *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mla_errf(err, "cannot open: %s", strerror(errno));
+    char *b = mla_xmalloc((1u << 20) + 1);
+    size_t n = fread(b, 1, (1u << 20) + 1, f);
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || n > (1u << 20)) {
+        free(b);
+        return mla_errf(err, "%s", bad ? "read error" : "larger than 1 MiB");
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return MLA_OK;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL;
     int port = 8000, proto_port = -1;
     const char *proto_port_file = NULL, *api_key_file = NULL;
     int special_in_messages = 0;
+    const char *reasoning_parser = "auto", *tool_parser = "auto", *chat_template_file = NULL;
+    char *chat_template_src = NULL;
     char *key_owned = NULL;
     long idle_timeout_ms = -1, request_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
@@ -441,6 +468,15 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--allow-special-in-messages", .kind = OPT_FLAG,
          .help = "control-token text inside chat messages becomes control tokens (trusted clients only)",
          .dest = &special_in_messages},
+        {.name = "--chat-template", .kind = OPT_STR, .arg = "FILE", .def = "the GGUF's tokenizer.chat_template",
+         .help = "render chat requests with this Jinja template instead", .dest = &chat_template_file},
+        {.name = "--reasoning-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "reasoning_content from <think> blocks: auto (by the chat template), none, deepseek-r1, "
+                 "deepseek-v3.1, glm, kimi-k2 (docs/chat-dialects.md)",
+         .dest = &reasoning_parser},
+        {.name = "--tool-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "tool_calls from the model's output: auto (by the chat template), none, deepseek, kimi-k2, glm",
+         .dest = &tool_parser},
         {.name = "--idle-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "60000",
          .help = "idle connections (HTTP and protobuf) are closed after N ms", .dest = &idle_timeout_ms, .lo = 1,
          .hi = 86400000},
@@ -556,13 +592,23 @@ int cmd_serve(int argc, char **argv) {
 
     if (gguf_open(&g, model, &err)) goto out;
     if (tok_vocab_from_gguf(&S.vocab, g, &err)) goto out;
-    if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
+    if (chat_template_file) {
+        size_t tlen = 0;
+        if (read_text_file(chat_template_file, &chat_template_src, &tlen, &err) ||
+            chat_tmpl_from_gguf_src(&S.tmpl, g, S.vocab, chat_template_src, tlen, &err)) {
+            mla_err_prefix(&err, "--chat-template %s", chat_template_file);
+            goto out;
+        }
+    } else if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
         MLA_WARN("serve: no chat template (%s); /v1/chat/completions is off", err.msg);
         S.tmpl = NULL;
     } else if (chat_tmpl_prefix(S.tmpl, &S.prefix, &err)) {
         MLA_WARN("serve: chat template prefix: %s", err.msg);
         S.prefix = NULL;
     }
+    int rk = 0, tk = 0;
+    if (chat_tmpl_parsers(S.tmpl, reasoning_parser, tool_parser, &rk, &tk, &err)) goto out;
+    MLA_INFO("serve: reasoning parser %s, tool-call parser %s", reasoning_kind_name(rk), toolcall_kind_name(tk));
     /* refuse a model or a tensor-parallel degree that cannot work before starting workers */
     mla_config mcfg;
     if (coord_check_model(g, tp, &mcfg, &err)) {
@@ -592,11 +638,12 @@ int cmd_serve(int argc, char **argv) {
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = {.ctx = &S, .n_vocab = (int32_t)mcfg.n_vocab, .encode = st_encode,
                          .piece = st_piece, .is_special = st_special, .is_eog = st_eog, .control_at = st_control_at,
-                         .render_chat = S.tmpl ? st_chat : NULL};
+                         .render_chat = S.tmpl ? st_chat : NULL, .chat_uses_var = S.tmpl ? st_uses_var : NULL};
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
                      .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .health = cb_health, .health_ctx = &S,
-                     .loading = cb_loading, .workers = cb_workers, .tp = tp};
+                     .loading = cb_loading, .workers = cb_workers, .tp = tp, .reasoning_parser = rk,
+                     .tool_parser = tk};
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     S.api = api;
     /* the scheduler starts once the workers report their pools (check_start) */
@@ -655,6 +702,7 @@ out:
     free(S.pos);
     free(S.prefix);
     if (S.tmpl) chat_tmpl_free(S.tmpl);
+    free(chat_template_src);
     if (S.vocab) tok_vocab_free(S.vocab);
     if (g) gguf_close(g);
     free(key_owned);
