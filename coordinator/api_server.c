@@ -601,7 +601,8 @@ static void complete_response(api_req *r, const char *error) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             char *cs = api_utf8_sanitize(ps.content, ps.content_len, &n);
-            if (ps.content_len || !ps.n_calls) cJSON_AddStringToObject(m, "content", cs);
+            /* no content beside calls or reasoning: null, as OpenAI answers */
+            if (ps.content_len || !(ps.n_calls || ps.rs.has_reasoning)) cJSON_AddStringToObject(m, "content", cs);
             else cJSON_AddNullToObject(m, "content");
             free(cs);
             if (r->chat->rk != REASONING_NONE) {

@@ -54,7 +54,7 @@ void reasoning_split_text(const char *t, size_t len, bool inside, bool final, re
         if (len - w >= ol && !memcmp(t + w, OPEN_TAG, ol)) {
             inside = true;
             pos = w + ol;
-        } else if (!final && (w == len || !memcmp(t + w, OPEN_TAG, len - w))) {
+        } else if (!final && (w == len || (len - w < ol && !memcmp(t + w, OPEN_TAG, len - w)))) {
             /* only whitespace or a beginning of "<think>" so far: nothing is certain yet */
             return;
         } else {

@@ -48,6 +48,10 @@ enum toolcall_kind toolcall_auto(const char *src) {
     if (strstr(src, DS_CALL_BEGIN)) return TOOLCALL_DEEPSEEK;
     if (strstr(src, KM_CALL_BEGIN)) return TOOLCALL_KIMI_K2;
     if (strstr(src, GL_CALL_BEGIN) && strstr(src, GL_KEY_BEGIN)) return TOOLCALL_GLM;
+    /* the family's turn markers, for templates that render no calls of their own */
+    if (strstr(src, "<|im_assistant|>")) return TOOLCALL_KIMI_K2;
+    if (strstr(src, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>")) return TOOLCALL_DEEPSEEK;
+    if (strstr(src, "[gMASK]")) return TOOLCALL_GLM;
     return TOOLCALL_NONE;
 }
 
@@ -76,6 +80,12 @@ static char *dup_n(const char *s, size_t n) {
 }
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+static bool all_ws(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!is_ws(s[i])) return false;
+    return true;
+}
 
 static void trim(const char **s, size_t *n) {
     while (*n && is_ws(**s)) {
@@ -407,10 +417,16 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
                     size_t ps = partial_suffix(t, len, pos, starts[i]);
                     if (len - ps < end) end = len - ps;
                 }
-            if (end > pos) sb_add(&content, t + pos, end - pos);
+            /* trailing whitespace may still come before a call (held back) */
+            if (!final)
+                while (end > pos && is_ws(t[end - 1])) end--;
+            if (end > pos && !(r->n_calls && final && all_ws(t + pos, end - pos))) sb_add(&content, t + pos, end - pos);
             break;
         }
-        sb_add(&content, t + pos, m - pos);
+        /* the text before a call, without the whitespace that separates it from the call */
+        size_t seg = m;
+        while (seg > pos && is_ws(t[seg - 1])) seg--;
+        sb_add(&content, t + pos, seg - pos);
         size_t sp = m + ml;
         int before = r->n_calls;
         int st = k == TOOLCALL_DEEPSEEK ? ds_section(t, len, &sp, final, r)

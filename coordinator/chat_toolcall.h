@@ -11,7 +11,8 @@
  *   glm       <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or
  *             without newlines between the parts; V is a JSON value unless the tool's parameter
  *             schema says "string" (or names no type), else a string.
- * Text outside the calls is content. ARGS is the model's text as is (it may be invalid JSON, as
+ * Text outside the calls is content (less the whitespace before a call and whitespace-only text
+ * between or after calls). ARGS is the model's text as is (it may be invalid JSON, as
  * OpenAI documents for its own models); GLM's pairs become a JSON object.
  *
  * Like reasoning_split_text, a pure function of the whole content so far: a partial parse
@@ -40,7 +41,8 @@ enum toolcall_kind { TOOLCALL_NONE = 0, TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOO
 const char *toolcall_kind_name(enum toolcall_kind k);
 /* The names above and "auto" (TOOLCALL_AUTO); -2 when unknown. */
 int toolcall_kind_parse(const char *name);
-/* The format a chat template's own tool-call rendering uses (TOOLCALL_NONE: none found). */
+/* The format a chat template's own tool-call rendering uses, else the one of the family whose
+ * turn markers it writes (TOOLCALL_NONE: neither found). */
 enum toolcall_kind toolcall_auto(const char *template_src);
 
 typedef struct toolcall {

@@ -23,6 +23,11 @@ add_test(NAME serve_http COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/tes
 set_tests_properties(serve_http PROPERTIES TIMEOUT 180)
 add_test(NAME serve_openai COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_openai.py $<TARGET_FILE:fake_server>)
 set_tests_properties(serve_openai PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+# reasoning_content / tool_calls / template variables of the DeepSeek, GLM and Kimi dialects:
+# a scripted model under the released templates, through the openai client
+add_test(NAME serve_chat_dialects COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_chat_dialects.py
+                                          $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
+set_tests_properties(serve_chat_dialects PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 
 # HTTP request parsing + API body parsing: corpus replay always, libFuzzer with -DMLA_FUZZ=ON.
 add_executable(replay_http ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_http.c)
