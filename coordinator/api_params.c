@@ -131,10 +131,10 @@ int api_messages_check(const cJSON *messages, api_error *e) {
 static const char *const k_common_keys[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "stream",
-    "stream_options", "logprobs",
+    "stream_options", "logprobs", "max_completion_tokens",
     /* structured output and logit_bias: coordinator/api_constrain.c */
     "logit_bias", "response_format", "grammar", NULL};
-static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs", "max_completion_tokens",
+static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                                           "reasoning_effort", NULL};
 static const char *const k_completion_keys[] = {"prompt", "echo", "suffix", "best_of", NULL};
