@@ -137,3 +137,21 @@ if(MLA_FUZZ)
   set_tests_properties(stream_fuzz_smoke PROPERTIES TIMEOUT 300
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
+
+# the chat output parsers (tests/fuzz/fuzz_chat_parse.c: reasoning_content and tool calls,
+# streamed parses never taken back): corpus replay always, a deterministic libFuzzer run with
+# -DMLA_FUZZ=ON
+add_executable(replay_chat_parse ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_chat_parse.c)
+target_link_libraries(replay_chat_parse mla_coord)
+add_test(NAME chat_parse_fuzz_replay COMMAND replay_chat_parse ${MLA_TEST_DIR}/data/chat-parse)
+if(MLA_FUZZ)
+  add_executable(fuzz_chat_parse ${MLA_TEST_DIR}/fuzz/fuzz_chat_parse.c ${CMAKE_SOURCE_DIR}/coordinator/chat_reasoning.c
+                                 ${CMAKE_SOURCE_DIR}/coordinator/chat_toolcall.c)
+  target_compile_options(fuzz_chat_parse PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_chat_parse PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_chat_parse mla_coord)
+  add_test(NAME chat_parse_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_chat_parse> runs=30000 ${MLA_TEST_DIR}/data/chat-parse)
+  set_tests_properties(chat_parse_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
