@@ -39,7 +39,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 
 # a template that renders `tools` in DeepSeek's turn format (DeepSeek's released templates do not
 # render tools: users serve them with --chat-template of one that does)
-DS_TOOLS_TEMPLATE = ("{{ bos_token }}{% if tools %}## Tools\n{{ tools | tojson }}\n{% endif %}"
+DS_TOOLS_TEMPLATE = ("{{ bos_token }}{% if reasoning_effort is defined %}Reasoning effort: {{ reasoning_effort }}\n"
+                     "{% endif %}{% if tools %}## Tools\n{{ tools | tojson }}\n{% endif %}"
                      "{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
                      "{% elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"
                      "{% elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
@@ -269,6 +270,33 @@ def main():
         prompt = bytes(t for t in ids if t < 256).decode("utf-8", "replace")
         check("<|user|>\nab" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
               "normalized messages reach the template", prompt)
+
+        # a parsed stream still carries every token's logprobs and the usage
+        r1 = servers[(os.path.join(data, "deepseek-r1.jinja"), ())]
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % r1.port, api_key="x", timeout=30, max_retries=0)
+        with open(script, "w") as f:
+            f.write(" ".join(str(t) for t in tokens(split_markers("Hm.</think>Yes."), True)))
+        n_lp, usage, reasoning, content = 0, None, "", ""
+        for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50, stream=True, logprobs=True,
+                                             stream_options={"include_usage": True}):
+            if ch.usage:
+                usage = ch.usage
+            for c in ch.choices:
+                n_lp += len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+                content += c.delta.content or ""
+        # (the EOS that ends it counts as a completion token and has no text)
+        check(usage is not None and usage.completion_tokens - 1 == n_lp == len(tokens(split_markers("Hm.</think>Yes."), True)),
+              "stream logprobs and usage with the parser", (n_lp, usage))
+        check(reasoning == "Hm." and content == "Yes.", "stream with logprobs parsed", (reasoning, content))
+
+        # reasoning_effort reaches a template that reads it: the prompt grows by exactly that line
+        ds = servers[(ds_tmpl, ())]
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % ds.port, api_key="x", timeout=30, max_retries=0)
+        base = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=2).usage.prompt_tokens
+        eff = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=2,
+                                         reasoning_effort="high").usage.prompt_tokens
+        check(eff - base == len("Reasoning effort: high\n"), "reasoning_effort rendered", (base, eff))
 
         # DeepSeek's released template does not render tools: refused, not ignored
         srv2 = run_server(exe, os.path.join(data, "deepseek-v3.1.jinja"), [], script)
