@@ -5,6 +5,7 @@ Renders the released templates of DATA_DIR/*.jinja and a set of feature template
 conversations (system, multi-turn, tool calls with mapping / string arguments, tool results,
 reasoning, list content, unicode) and compares byte for byte. Exit 77 without jinja2.
 usage: jinja_compare.py TEST_CHAT DATA_DIR"""
+import datetime
 import glob
 import json
 import os
@@ -30,8 +31,12 @@ def hf_env():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env
 
 
@@ -84,6 +89,7 @@ FEATURES = [
     "{{ messages[0].content.split('</think>', 1)[1] }}",
     "{{ undefined_name.attr }}",
     "{{ 'a' + 1 }}",
+    "{{ strftime_now('%Y-%m') }} {{ strftime_now('%d') | length }}",
 ]
 
 
