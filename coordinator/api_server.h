@@ -16,6 +16,10 @@
  * (coordinator/chat_guard.h) unless api_config.special_in_messages.
  * Stop strings are matched on the detokenized text here; the text is cut before them and the
  * request is cancelled in the scheduler.
+ * Chat responses are split into content, reasoning_content and tool_calls by the parsers named in
+ * api_config (coordinator/chat_reasoning.h, chat_toolcall.h; docs/chat-dialects.md), in whole
+ * responses and streams; the template variables of a request (chat_template_kwargs,
+ * reasoning_effort, tools) must be read by the template (api_tokenizer.chat_uses_var).
  *
  * Setup order: api_server_new -> sched_init with on_event = api_server_on_event and
  * cb_ctx = the api server -> api_server_set_sched -> http_server_init with handler
