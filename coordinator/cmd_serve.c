@@ -21,6 +21,8 @@
 #include "coordinator/coord.h"
 #include "coordinator/http_server.h"
 #include "coordinator/grpc_server.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 #include "coordinator/sched_batch.h"
 #include "coordinator/serve_adapt.h"
 #include "coordinator/tok.h"
@@ -225,12 +227,33 @@ static const char *basename_of(const char *p) {
     return s ? s + 1 : p;
 }
 
+/* A whole text file (--chat-template), at most 1 MiB, NUL-terminated (caller frees). */
+static int read_text_file(const char *path, char **out, size_t *len, mla_err *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mla_errf(err, "cannot open: %s", strerror(errno));
+    char *b = mla_xmalloc((1u << 20) + 1);
+    size_t n = fread(b, 1, (1u << 20) + 1, f);
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || n > (1u << 20)) {
+        free(b);
+        return mla_errf(err, "%s", bad ? "read error" : "larger than 1 MiB");
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return MLA_OK;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL;
     int port = 8000, proto_port = -1;
     const char *proto_port_file = NULL, *api_key_file = NULL, *tls_cert = NULL, *tls_key = NULL;
     int special_in_messages = 0;
+    const char *reasoning_parser = "auto", *tool_parser = "auto", *chat_template_file = NULL;
+    char *chat_template_src = NULL;
     char *key_owned = NULL;
     long idle_timeout_ms = -1, request_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
@@ -255,6 +278,15 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--allow-special-in-messages", .kind = OPT_FLAG,
          .help = "control-token text inside chat messages becomes control tokens (trusted clients only)",
          .dest = &special_in_messages},
+        {.name = "--chat-template", .kind = OPT_STR, .arg = "FILE", .def = "the GGUF's tokenizer.chat_template",
+         .help = "render chat requests with this Jinja template instead", .dest = &chat_template_file},
+        {.name = "--reasoning-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "reasoning_content from <think> blocks: auto (by the chat template), none, deepseek-r1, "
+                 "deepseek-v3.1, glm, kimi-k2 (docs/chat-dialects.md)",
+         .dest = &reasoning_parser},
+        {.name = "--tool-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "tool_calls from the model's output: auto (by the chat template), none, deepseek, kimi-k2, glm",
+         .dest = &tool_parser},
         {.name = "--idle-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "60000",
          .help = "idle connections (HTTP and gRPC) are closed after N ms", .dest = &idle_timeout_ms, .lo = 1,
          .hi = 86400000},
@@ -380,13 +412,23 @@ int cmd_serve(int argc, char **argv) {
 
     if (gguf_open(&g, model, &err)) goto out;
     if (tok_vocab_from_gguf(&S.vocab, g, &err)) goto out;
-    if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
+    if (chat_template_file) {
+        size_t tlen = 0;
+        if (read_text_file(chat_template_file, &chat_template_src, &tlen, &err) ||
+            chat_tmpl_from_gguf_src(&S.tmpl, g, S.vocab, chat_template_src, tlen, &err)) {
+            mla_err_prefix(&err, "--chat-template %s", chat_template_file);
+            goto out;
+        }
+    } else if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
         MLA_WARN("serve: no chat template (%s); /v1/chat/completions is off", err.msg);
         S.tmpl = NULL;
     } else if (chat_tmpl_prefix(S.tmpl, &S.prefix, &err)) {
         MLA_WARN("serve: chat template prefix: %s", err.msg);
         S.prefix = NULL;
     }
+    int rk = 0, tk = 0;
+    if (chat_tmpl_parsers(S.tmpl, reasoning_parser, tool_parser, &rk, &tk, &err)) goto out;
+    MLA_INFO("serve: reasoning parser %s, tool-call parser %s", reasoning_kind_name(rk), toolcall_kind_name(tk));
     /* refuse a model or a tensor-parallel degree that cannot work before starting workers */
     mla_config mcfg;
     if (coord_check_model(g, tp, &mcfg, &err)) {
@@ -419,6 +461,8 @@ int cmd_serve(int argc, char **argv) {
                      .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .tp = tp};
     serve_adapt_api_hooks(&S, &ac);
+    ac.reasoning_parser = rk;
+    ac.tool_parser = tk;
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     S.api = api;
     /* the scheduler starts once the workers report their pools (check_start) */
@@ -474,6 +518,7 @@ out:
     uv_loop_close(loop);
     if (S.c) coord_stop(S.c);
     serve_adapt_free(&S);
+    free(chat_template_src);
     if (g) gguf_close(g);
     free(key_owned);
     return rc;

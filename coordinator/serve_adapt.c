@@ -47,11 +47,15 @@ bool serve_adapt_is_eog(void *ctx, int32_t id) {
     serve_adapt *s = ctx;
     return tok_is_eog(s->vocab, id);
 }
-static int st_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+static int st_chat(void *ctx, const cJSON *messages, bool add_gen, const cJSON *vars, char **out, mla_err *err) {
     serve_adapt *s = ctx;
     size_t len = 0;
     const char *used = NULL;
-    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, NULL, out, &len, &used, err);
+    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, vars, out, &len, &used, err);
+}
+static bool st_uses_var(void *ctx, const char *name) {
+    serve_adapt *s = ctx;
+    return chat_tmpl_uses_var(s->tmpl, name);
 }
 
 /* ---- scheduler backend over the coordinator ---- */
@@ -184,7 +188,7 @@ static bool cb_loading(void *ctx, cJSON **body) {
 api_tokenizer serve_adapt_tokenizer(serve_adapt *s, int32_t n_vocab) {
     return (api_tokenizer){.ctx = s, .n_vocab = n_vocab, .encode = st_encode, .piece = st_piece,
                            .is_special = st_special, .is_eog = serve_adapt_is_eog, .control_at = st_control_at,
-                           .render_chat = s->tmpl ? st_chat : NULL};
+                           .render_chat = s->tmpl ? st_chat : NULL, .chat_uses_var = s->tmpl ? st_uses_var : NULL};
 }
 
 void serve_adapt_api_hooks(serve_adapt *s, api_config *ac) {
