@@ -691,6 +691,8 @@ void gram_vocab_set_eos(gram_vocab *v, uint32_t id) {
 
 uint32_t gram_vocab_n(const gram_vocab *v) { return v->n; }
 
+bool gram_vocab_is_eos(const gram_vocab *v, uint32_t id) { return id < v->n && v->eos[id]; }
+
 const uint8_t *gram_vocab_bytes(const gram_vocab *v, uint32_t id, size_t *len) {
     *len = id < v->n ? v->len[id] : 0;
     return id < v->n ? v->bytes[id] : NULL;

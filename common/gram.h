@@ -57,6 +57,7 @@ void gram_vocab_set(gram_vocab *v, uint32_t id, const uint8_t *bytes, size_t len
 /* Marks id an end-of-sequence token: allowed exactly when the grammar is complete. */
 void gram_vocab_set_eos(gram_vocab *v, uint32_t id);
 uint32_t gram_vocab_n(const gram_vocab *v);
+bool gram_vocab_is_eos(const gram_vocab *v, uint32_t id);
 /* The bytes of token id (NULL, 0 when absent). */
 const uint8_t *gram_vocab_bytes(const gram_vocab *v, uint32_t id, size_t *len);
 void gram_vocab_free(gram_vocab *v);
