@@ -330,9 +330,8 @@ static int wrap_tail(parser *p, vec *alt, size_t from, uint32_t *out) {
     uint32_t r;
     if (new_rule(p, &r)) return MLA_ERR;
     vec *a = new_alt(p, r);
-    elem *src = (elem *)alt->p + from;
     size_t k = alt->n - from;
-    for (size_t j = 0; j < k; j++) *(elem *)vec_push(a) = src[j];
+    for (size_t j = 0; j < k; j++) *(elem *)vec_push(a) = ((elem *)alt->p)[from + j];
     alt->n = from;
     *out = r;
     return MLA_OK;

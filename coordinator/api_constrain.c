@@ -117,7 +117,7 @@ static int fail(sctx *c, const char *path, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
-    snprintf(c->err, c->err_len, "%s (at %s)", m, path[0] ? path : "#");
+    snprintf(c->err, c->err_len, "%s (at #%s)", m, path);
     return -1;
 }
 
@@ -333,7 +333,7 @@ static int gen_ref(sctx *c, const char *ref, const char *path, int depth) {
     }
     c->refs[c->n_refs].ref = mla_xstrdup(ref);
     c->refs[c->n_refs++].rule = r;
-    int v = gen(c, target, ref, depth + 1);
+    int v = gen(c, target, ref + 1, depth + 1);
     if (v < 0) return -1;
     rule_head(c, r);
     sb_printf(&c->out, "s%d\n", v);
