@@ -135,6 +135,7 @@ static bool is_name_ch(char c) {
 static prule *rule_at(parser *p, uint32_t r) { return &((prule *)p->rules.p)[r]; }
 
 static int new_rule(parser *p, uint32_t *out) {
+    *out = 0;
     if (p->rules.n >= GRAM_MAX_RULES) return perr(p, "too many rules (at most " "16384" ")");
     prule *r = vec_push(&p->rules);
     r->alts.sz = sizeof(vec);
@@ -295,7 +296,7 @@ static int parse_primary(parser *p, uint32_t rule, vec *alt, bool *got) {
     if (c == '(') {
         if (++p->depth > GRAM_MAX_NEST) return perr(p, "groups nested too deeply (at most 100)");
         p->i++;
-        uint32_t sub;
+        uint32_t sub = 0;
         if (new_rule(p, &sub)) return MLA_ERR;
         if (parse_alts(p, sub)) return MLA_ERR;
         skip_ws(p);
@@ -327,7 +328,7 @@ static int parse_primary(parser *p, uint32_t rule, vec *alt, bool *got) {
 
 /* Moves alt[from..) into a new rule and leaves a reference to it; returns that rule. */
 static int wrap_tail(parser *p, vec *alt, size_t from, uint32_t *out) {
-    uint32_t r;
+    uint32_t r = 0;
     if (new_rule(p, &r)) return MLA_ERR;
     vec *a = new_alt(p, r);
     size_t k = alt->n - from;
@@ -354,7 +355,7 @@ static int add_repeat(parser *p, vec *alt, uint32_t x, uint32_t mn, uint32_t mx)
     for (uint32_t k = 0; k < mn; k++)
         if (add_elem(p, alt, E_REF, x)) return MLA_ERR;
     if (mx == UINT32_MAX) { /* R ::= X R | empty */
-        uint32_t r;
+        uint32_t r = 0;
         if (new_rule(p, &r)) return MLA_ERR;
         vec *a = new_alt(p, r);
         if (add_elem(p, a, E_REF, x) || add_elem(p, a, E_REF, r)) return MLA_ERR;
@@ -364,7 +365,7 @@ static int add_repeat(parser *p, vec *alt, uint32_t x, uint32_t mn, uint32_t mx)
     /* O_k ::= X O_{k-1} | empty, O_1 ::= X | empty */
     uint32_t prev = UINT32_MAX;
     for (uint32_t k = mn; k < mx; k++) {
-        uint32_t r;
+        uint32_t r = 0;
         if (new_rule(p, &r)) return MLA_ERR;
         vec *a = new_alt(p, r);
         if (add_elem(p, a, E_REF, x)) return MLA_ERR;
@@ -385,7 +386,7 @@ static int parse_seq(parser *p, uint32_t rule, vec *alt) {
         skip_ws(p);
         if (p->i >= p->n) return MLA_OK;
         char c = p->s[p->i];
-        uint32_t mn, mx;
+        uint32_t mn = 0, mx = 0;
         if (c == '*') { mn = 0; mx = UINT32_MAX; }
         else if (c == '+') { mn = 1; mx = UINT32_MAX; }
         else if (c == '?') { mn = 0; mx = 1; }
@@ -407,7 +408,7 @@ static int parse_seq(parser *p, uint32_t rule, vec *alt) {
             continue;
         }
         p->i++;
-        uint32_t x;
+        uint32_t x = 0;
         if (wrap_tail(p, alt, from, &x)) return MLA_ERR;
         alt = &((vec *)rule_at(p, rule)->alts.p)[rule_at(p, rule)->alts.n - 1]; /* rules may have moved */
         if (add_repeat(p, alt, x, mn, mx)) return MLA_ERR;
@@ -643,6 +644,11 @@ struct gram_vocab {
     tnode *t;
     uint32_t n_t, cap_t;
     uint32_t *tok_next; /* tokens with equal bytes, chained */
+    /* the trie flattened for walks (built at the first mask, dropped by a set): nodes in
+     * depth-first order, node i's children kid[first[i] .. first[i] + nkid[i]) */
+    uint32_t *first, *nkid, *kid, *ftok;
+    uint8_t *fbyte;
+    uint32_t n_f;
 };
 
 gram_vocab *gram_vocab_new(uint32_t n_vocab) {
@@ -659,9 +665,63 @@ gram_vocab *gram_vocab_new(uint32_t n_vocab) {
     return v;
 }
 
+static void unfreeze(gram_vocab *v) {
+    free(v->first);
+    free(v->nkid);
+    free(v->kid);
+    free(v->ftok);
+    free(v->fbyte);
+    v->first = v->nkid = v->kid = v->ftok = NULL;
+    v->fbyte = NULL;
+    v->n_f = 0;
+}
+
+static void freeze(gram_vocab *v) {
+    if (v->n_f) return;
+    uint32_t N = v->n_t;
+    v->first = mla_xmalloc(N * sizeof *v->first);
+    v->nkid = mla_xmalloc(N * sizeof *v->nkid);
+    v->kid = mla_xmalloc(N * sizeof *v->kid);
+    v->ftok = mla_xmalloc(N * sizeof *v->ftok);
+    v->fbyte = mla_xmalloc(N);
+    uint32_t *newid = mla_xmalloc(N * sizeof *newid), *stack = mla_xmalloc(N * sizeof *stack);
+    /* preorder ids */
+    uint32_t sp = 0, k = 0;
+    stack[sp++] = 0;
+    while (sp) {
+        uint32_t o = stack[--sp];
+        newid[o] = k++;
+        for (uint32_t c = v->t[o].child; c; c = v->t[c].sib) stack[sp++] = c;
+    }
+    uint32_t nk = 0;
+    for (uint32_t o = 0; o < N; o++) {
+        uint32_t i = newid[o];
+        v->fbyte[i] = v->t[o].byte;
+        v->ftok[i] = v->t[o].tok;
+    }
+    /* children lists in preorder of their parents */
+    for (uint32_t i = 0; i < N; i++) v->nkid[i] = 0;
+    sp = 0;
+    stack[sp++] = 0;
+    while (sp) {
+        uint32_t o = stack[--sp];
+        uint32_t i = newid[o];
+        v->first[i] = nk;
+        for (uint32_t c = v->t[o].child; c; c = v->t[c].sib) {
+            v->kid[nk++] = newid[c];
+            v->nkid[i]++;
+            stack[sp++] = c;
+        }
+    }
+    free(newid);
+    free(stack);
+    v->n_f = N;
+}
+
 void gram_vocab_set(gram_vocab *v, uint32_t id, const uint8_t *bytes, size_t len) {
     MLA_ASSERT(id < v->n && !v->bytes[id]);
     if (!len) return;
+    unfreeze(v);
     v->bytes[id] = mla_xmalloc(len);
     memcpy(v->bytes[id], bytes, len);
     v->len[id] = (uint32_t)len;
@@ -705,6 +765,7 @@ void gram_vocab_free(gram_vocab *v) {
     free(v->eos);
     free(v->tok_next);
     free(v->t);
+    unfreeze(v);
     free(v);
 }
 
@@ -753,6 +814,29 @@ struct gram_match {
     uint32_t n_tmp, cap_tmp;
     mla_err *err;
     int failed;
+    /* a mask's walk: its states interned (ws, their stacks in wpool, a hash wh) and the
+     * transitions found (trans[state * 256 + byte]: -2 not yet known, -1 dead), so that each
+     * state meets each byte once however many tokens share it */
+    struct wstate {
+        uint32_t off, n, cp;
+        uint8_t need, tot;
+    } *ws;
+    uint32_t n_ws, cap_ws;
+    uint32_t *wpool;
+    size_t n_wpool, cap_wpool;
+    int32_t *trans;
+    uint32_t *wh;
+    uint32_t wh_cap;
+    /* masks of states met before (their stacks are kept nodes, so equal ids are equal states):
+     * GRAM_MASK_CACHE bitsets, replaced round robin */
+    struct mcache {
+        sstate key;
+        const gram_vocab *v;
+        uint64_t *bits;
+        int64_t cnt;
+        bool used;
+    } mc[GRAM_MASK_CACHE];
+    uint32_t mc_next;
 };
 
 static uint32_t hnode(uint32_t pos, uint32_t parent) {
@@ -999,6 +1083,14 @@ void gram_match_free(gram_match *m) {
     for (uint32_t i = 0; i < m->n_lv; i++) free(m->lv[i].st);
     free(m->lv);
     free(m->tmp);
+    free(m->ws);
+    free(m->wpool);
+    free(m->trans);
+    free(m->wh);
+    for (uint32_t k = 0; k < GRAM_MASK_CACHE; k++) {
+        free(m->mc[k].key.st);
+        free(m->mc[k].bits);
+    }
     free(m);
 }
 
@@ -1054,20 +1146,96 @@ bool gram_match_complete(const gram_match *m) {
     return m->cur.need == 0 && m->cur.n > 0 && m->cur.st[m->cur.n - 1] == NONE; /* NONE sorts last */
 }
 
-static int64_t walk(gram_match *m, const gram_vocab *v, uint32_t tn, uint32_t depth, uint8_t *allow) {
+#define GRAM_MAX_WALK_STATES 32768
+
+static uint64_t state_hash(const sstate *x) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)x->cp << 8 | x->need);
+    for (uint32_t i = 0; i < x->n; i++) h = (h ^ x->st[i]) * 0x100000001B3ull;
+    return h ^ (h >> 29);
+}
+
+/* The id of state x in the walk's table (added when new); -1 beyond the bound. */
+static int32_t intern(gram_match *m, const sstate *x) {
+    if (m->n_ws * 2 >= m->wh_cap) {
+        uint32_t nc = m->wh_cap ? m->wh_cap * 2 : 1024;
+        free(m->wh);
+        m->wh = mla_xmalloc(nc * sizeof *m->wh);
+        memset(m->wh, 0xFF, nc * sizeof *m->wh);
+        m->wh_cap = nc;
+        for (uint32_t i = 0; i < m->n_ws; i++) {
+            sstate y = {m->wpool + m->ws[i].off, m->ws[i].n, 0, m->ws[i].cp, m->ws[i].need, m->ws[i].tot};
+            uint32_t b = (uint32_t)state_hash(&y) & (nc - 1);
+            while (m->wh[b] != UINT32_MAX) b = (b + 1) & (nc - 1);
+            m->wh[b] = i;
+        }
+    }
+    uint32_t b = (uint32_t)state_hash(x) & (m->wh_cap - 1);
+    for (; m->wh[b] != UINT32_MAX; b = (b + 1) & (m->wh_cap - 1)) {
+        const struct wstate *w = &m->ws[m->wh[b]];
+        if (w->n == x->n && w->cp == x->cp && w->need == x->need && w->tot == x->tot &&
+            !memcmp(m->wpool + w->off, x->st, x->n * sizeof *x->st))
+            return (int32_t)m->wh[b];
+    }
+    if (m->n_ws >= GRAM_MAX_WALK_STATES) {
+        if (!m->failed)
+            mla_errf(m->err, "grammar: more than %d states in one token mask", GRAM_MAX_WALK_STATES);
+        m->failed = 1;
+        return -1;
+    }
+    if (m->n_ws == m->cap_ws) {
+        m->cap_ws = m->cap_ws ? m->cap_ws * 2 : 64;
+        m->ws = mla_xrealloc(m->ws, m->cap_ws * sizeof *m->ws);
+        m->trans = mla_xrealloc(m->trans, (size_t)m->cap_ws * 256 * sizeof *m->trans);
+    }
+    if (m->n_wpool + x->n > m->cap_wpool) {
+        m->cap_wpool = (m->n_wpool + x->n) * 2;
+        m->wpool = mla_xrealloc(m->wpool, m->cap_wpool * sizeof *m->wpool);
+    }
+    if (x->n) memcpy(m->wpool + m->n_wpool, x->st, x->n * sizeof *x->st);
+    uint32_t id = m->n_ws++;
+    m->ws[id] = (struct wstate){(uint32_t)m->n_wpool, x->n, x->cp, x->need, x->tot};
+    m->n_wpool += x->n;
+    for (int k = 0; k < 256; k++) m->trans[(size_t)id * 256 + (size_t)k] = -2;
+    m->wh[b] = id;
+    return (int32_t)id;
+}
+
+/* The state after byte b from state id (-1: dead; -3: a bound was hit). */
+static int32_t trans(gram_match *m, int32_t id, uint8_t b) {
+    int32_t *t = &m->trans[(size_t)id * 256 + b];
+    if (*t != -2) return *t;
+    sstate *src = level(m, 0), *dst = level(m, 1);
+    const struct wstate *w = &m->ws[id];
+    if (w->n > src->cap) {
+        src->cap = w->n * 2;
+        src->st = mla_xrealloc(src->st, src->cap * sizeof *src->st);
+    }
+    if (w->n) memcpy(src->st, m->wpool + w->off, w->n * sizeof *src->st);
+    src->n = w->n;
+    src->cp = w->cp;
+    src->need = w->need;
+    src->tot = w->tot;
+    if (step_byte(m, src, b, dst)) return -3;
+    int32_t r = dst->n ? intern(m, dst) : -1;
+    if (r == -1 && m->failed) return -3;
+    m->trans[(size_t)id * 256 + b] = r; /* trans may have moved */
+    return r;
+}
+
+static int64_t walk(gram_match *m, const gram_vocab *v, uint32_t tn, int32_t state, uint8_t *allow) {
     int64_t cnt = 0;
-    sstate *src = &m->lv[depth];
-    for (uint32_t c = v->t[tn].child; c; c = v->t[c].sib) {
-        sstate *dst = level(m, depth + 1);
-        src = &m->lv[depth]; /* level() may have moved the array */
-        if (step_byte(m, src, v->t[c].byte, dst)) return -1;
-        if (dst->n == 0) continue;
-        for (uint32_t t = v->t[c].tok; t != UINT32_MAX; t = v->tok_next[t]) {
+    const uint32_t *kid = v->kid + v->first[tn];
+    for (uint32_t j = 0, nk = v->nkid[tn]; j < nk; j++) {
+        uint32_t c = kid[j];
+        int32_t ns = trans(m, state, v->fbyte[c]);
+        if (ns == -3) return -1;
+        if (ns < 0) continue;
+        for (uint32_t t = v->ftok[c]; t != UINT32_MAX; t = v->tok_next[t]) {
             allow[t] = 1;
             cnt++;
         }
-        if (v->t[c].child) {
-            int64_t k = walk(m, v, c, depth + 1, allow);
+        if (v->nkid[c]) {
+            int64_t k = walk(m, v, c, ns, allow);
             if (k < 0) return -1;
             cnt += k;
         }
@@ -1075,13 +1243,28 @@ static int64_t walk(gram_match *m, const gram_vocab *v, uint32_t tn, uint32_t de
     return cnt;
 }
 
-int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint8_t *allow, mla_err *err) {
+static bool same_state(const sstate *a, const sstate *b) {
+    return a->n == b->n && a->cp == b->cp && a->need == b->need && a->tot == b->tot &&
+           (!a->n || !memcmp(a->st, b->st, a->n * sizeof *a->st));
+}
+
+int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *err) {
+    freeze(v);
     m->err = err;
     m->failed = 0;
+    for (uint32_t k = 0; k < GRAM_MASK_CACHE; k++) {
+        struct mcache *c = &m->mc[k];
+        if (!c->used || c->v != v || !same_state(&c->key, &m->cur)) continue;
+        for (uint32_t i = 0; i < v->n; i++) allow[i] = (uint8_t)(c->bits[i >> 6] >> (i & 63) & 1);
+        return c->cnt;
+    }
     memset(allow, 0, v->n);
     uint32_t mark = m->n_nd;
-    state_copy(level(m, 0), &m->cur);
-    int64_t cnt = walk(m, v, 0, 0, allow);
+    m->n_ws = 0;
+    m->n_wpool = 0;
+    if (m->wh) memset(m->wh, 0xFF, m->wh_cap * sizeof *m->wh);
+    int32_t s0 = intern(m, &m->cur);
+    int64_t cnt = s0 < 0 ? -1 : walk(m, v, 0, s0, allow);
     rollback(m, mark);
     if (cnt < 0) return -1;
     if (gram_match_complete(m))
@@ -1090,5 +1273,15 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint8_t *allow, mla_
                 allow[i] = 1;
                 cnt++;
             }
+    struct mcache *c = &m->mc[m->mc_next++ % GRAM_MASK_CACHE];
+    state_copy(&c->key, &m->cur);
+    c->v = v;
+    c->cnt = cnt;
+    c->used = true;
+    size_t words = ((size_t)v->n + 63) / 64;
+    c->bits = mla_xrealloc(c->bits, (words ? words : 1) * sizeof *c->bits);
+    memset(c->bits, 0, (words ? words : 1) * sizeof *c->bits);
+    for (uint32_t i = 0; i < v->n; i++)
+        if (allow[i]) c->bits[i >> 6] |= 1ull << (i & 63);
     return cnt;
 }

@@ -17,7 +17,9 @@
  * empty string.
  *
  * Token masks: gram_vocab holds a trie of the vocabulary's token bytes (special tokens left
- * out); gram_match_mask walks it with the automaton so that shared prefixes are checked once.
+ * out); gram_match_mask walks it with the automaton so that shared prefixes are checked once, each
+ * (state, byte) transition computed once per mask, and keeps the masks of its last GRAM_MASK_CACHE
+ * states: a state met again (inside a string, between array items) costs a copy.
  *
  * Ownership: gram_parse -> gram_free (immutable afterwards, may be shared by matchers that do
  * not outlive it); gram_vocab_new -> gram_vocab_free; gram_match_new -> gram_match_free. A
@@ -40,6 +42,7 @@
 #define GRAM_MAX_DEPTH 2048
 #define GRAM_MAX_NODES (1u << 22)
 #define GRAM_MAX_EMPTY_RUN 2000
+#define GRAM_MASK_CACHE 8 /* masks a matcher keeps for states met again */
 
 typedef struct gram gram;
 typedef struct gram_vocab gram_vocab;
@@ -74,9 +77,10 @@ int gram_match_accept(gram_match *m, const uint8_t *bytes, size_t len, mla_err *
 int gram_match_try(gram_match *m, const uint8_t *bytes, size_t len, bool *ok, mla_err *err);
 /* The input so far is a complete sentence of the grammar (end of sequence allowed). */
 bool gram_match_complete(const gram_match *m);
-/* allow[i] = 1 for each token of v that the automaton accepts from the current state, end of
+/* (v's flat trie is built at its first mask; a later gram_vocab_set drops it.)
+ * allow[i] = 1 for each token of v that the automaton accepts from the current state, end of
  * sequence tokens when complete, else 0 (allow has gram_vocab_n(v) entries). Returns the count
  * allowed, or -1 with err set on a bound. */
-int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint8_t *allow, mla_err *err);
+int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *err);
 
 #endif

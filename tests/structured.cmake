@@ -43,3 +43,9 @@ if(MLA_FUZZ)
            COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_schema> runs=20000 ${MLA_TEST_DIR}/data/schema)
   set_tests_properties(fuzz_schema_smoke PROPERTIES ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
+
+# bench/gram_mask.c: the time of one token mask over a synthetic vocabulary (docs/structured-output.md);
+# run here on a small vocabulary only to check it runs (no timing asserted)
+add_executable(gram_mask ${CMAKE_SOURCE_DIR}/bench/gram_mask.c)
+target_link_libraries(gram_mask mla_coord m)
+add_test(NAME gram_mask_runs COMMAND gram_mask 4096 2)
