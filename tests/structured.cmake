@@ -5,6 +5,12 @@ target_include_directories(test_gram PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_gram mla_common m)
 add_test(NAME gram COMMAND test_gram)
 
+# the fuzz targets' seed corpora (and kept crashes) replayed in every build
+add_executable(replay_gram ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_gram.c)
+target_include_directories(replay_gram PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(replay_gram mla_common m)
+add_test(NAME gram_fuzz_replay COMMAND replay_gram ${MLA_TEST_DIR}/data/gram)
+
 if(MLA_FUZZ)
   if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "MLA_FUZZ=ON needs clang (CC=clang)")
@@ -33,6 +39,10 @@ add_executable(test_constrain ${MLA_TEST_DIR}/unit/test_constrain.c)
 target_include_directories(test_constrain PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_constrain mla_coord m)
 add_test(NAME constrain COMMAND test_constrain)
+
+add_executable(replay_schema ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_schema.c)
+target_link_libraries(replay_schema mla_coord m)
+add_test(NAME schema_fuzz_replay COMMAND replay_schema ${MLA_TEST_DIR}/data/schema)
 
 if(MLA_FUZZ)
   add_executable(fuzz_schema ${MLA_TEST_DIR}/fuzz/fuzz_schema.c ${CMAKE_SOURCE_DIR}/coordinator/api_constrain.c)
