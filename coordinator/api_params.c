@@ -326,13 +326,9 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                 return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
             p->reasoning_effort = mla_xstrdup(re->valuestring);
         }
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-        if (!is_null(rf)) {
-            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
-            if (!cJSON_IsObject(rf) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-                return bad(e, "response_format", "only 'response_format': {\"type\": \"text\"} is supported");
-        }
     }
+    /* response_format, grammar, logit_bias: coordinator/api_constrain */
+    if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;
     if (get_int(root, "n", 1, INT32_MAX, &v, &has, e)) return MLA_ERR;
     if (has && v != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported (got %lld)", (long long)v);
 
@@ -458,6 +454,7 @@ void api_gen_params_free(api_gen_params *p) {
     free(p->prompt_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     free(p->stop_ids);
+    api_constrain_free(&p->constrain);
     memset(p, 0, sizeof(*p));
 }
 

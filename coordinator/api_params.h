@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "coordinator/api_constrain.h"
 #include "coordinator/sched_batch.h"
 
 #define API_MAX_STOP 16
@@ -65,6 +66,7 @@ typedef struct api_gen_params {
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* return logprobs at all */
     int32_t top_logprobs; /* alternatives per token */
+    api_constrain constrain; /* response_format, grammar, logit_bias */
 } api_gen_params;
 
 /* Parses a completions (kind API_COMPLETIONS) or chat (API_CHAT) request body. On failure

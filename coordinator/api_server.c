@@ -1055,6 +1055,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
                           p->stop_ids[i], a->tok.n_vocab);
             goto done;
         }
+    if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, e)) goto done;
     if (n_ids == 0) {
         api_error_set(e, 400, "prompt", NULL, "the prompt is empty (no tokens)");
         goto done;
@@ -1127,6 +1128,10 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     sr.n_stop_ids = p->n_stop_ids;
     sr.ignore_eos = p->ignore_eos;
     sr.sampling = p->sampling;
+    sr.sampling.grammar = p->constrain.grammar; /* copied by sched_submit */
+    sr.sampling.bias_ids = p->constrain.bias_ids;
+    sr.sampling.bias_vals = p->constrain.bias_vals;
+    sr.sampling.n_bias = p->constrain.n_bias;
     sr.user = r;
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {

@@ -100,6 +100,21 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->sp.logprobs = sp->logprobs;
         w->sp.top_logprobs = (uint32_t)sp->top_logprobs;
         w->sp.logits = WIRE_LOGITS_NONE;
+        /* output constraints: the worker keeps them from the plan that starts the sequence's
+         * state; the matcher follows the generated tokens from position n_prompt */
+        w->sp.constrained = sp->grammar || sp->n_bias > 0;
+        if (w->sp.constrained && p->n_blocks_sent == 0) {
+            w->sp.constraint_setup = true;
+            w->sp.grammar = (char *)sp->grammar;
+            w->sp.grammar_start = (uint32_t)p->n_prompt;
+            if (p->start_pos > p->n_prompt) { /* generated tokens found in the prefix cache */
+                w->sp.replay = (int32_t *)p->seq_tokens + p->n_prompt;
+                w->sp.n_replay = (uint32_t)(p->start_pos - p->n_prompt);
+            }
+            w->sp.n_bias = (uint32_t)sp->n_bias;
+            w->sp.bias_ids = (int32_t *)sp->bias_ids;
+            w->sp.bias_vals = (float *)sp->bias_vals;
+        }
     }
     wire_step_plan wp = {.step_id = ++s->step_id, .n_seqs = (uint32_t)plan->n_seqs, .seqs = s->wseqs};
     wire_step_result res;
