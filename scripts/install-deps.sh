@@ -27,10 +27,10 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages used by the tests as independent references (gguf-py dequantization,
-# jinja2 templates, the official openai client).
+# jinja2 templates, the official openai client; matplotlib draws the benchmark plots).
 if [[ "${1:-}" == "--test" ]]; then
   py_missing=()
-  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers; do
+  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers matplotlib:matplotlib; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")
   done
   if ((${#py_missing[@]})); then
