@@ -20,11 +20,13 @@
 #      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family.
 # Every point runs under `timeout` (POINT_S, default 150 s, and its --requests); a point that fails
 # or times out is recorded with its error, and the script goes on. A model gets MODEL_S seconds
-# (default 560): a stage that would start after its budget (less the stage's bound) is skipped and
-# recorded as such, so that one model fits one 10-minute command.
+# (default: an equal share of what is left of TOTAL_S, default 570, among the models still to run)
+# from the start of its mkmodel: of what is left after mkmodel, mlaserve's points end
+# by 35%, llama-server's by 80%, then the batch-1 step and ncu; a point or stage that does not fit
+# is skipped and recorded as such, so that one model fits one 10-minute command.
 # Outputs in OUT (default ./out): serve-<model>.json (every point of every server, the rates, the
-# bench row, the kernel families), serve-<model>.md and .png (bench/plot_serve.py), and
-# 0-serve-logs.tgz (every log). Fewer than 8 files come back per model pair.
+# bench row, the kernel families), 0-serve-logs.tgz (every log, and serve-<model>.md / .png from
+# bench/plot_serve.py), and those tables and plots beside the JSONs while OUT holds fewer than 8 files.
 #
 # MODELS: words FAMILY[:LAYERS[:EXPERTS]], FAMILY one of mkmodel's (v2lite glm47flash v3 glm5);
 # e.g. "v2lite glm47flash v3:61:16 glm5:78:16" (default "v2lite glm47flash").
@@ -35,7 +37,7 @@
 # point, default 30; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
 # LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
-# NCU_S (180), MODEL_S.
+# NCU_S (180), MODEL_S, TOTAL_S.
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS=--small MODELS="v2lite:2" CONC="1 2" \
 #   SHAPE_C=32-4 SHAPE_R=48-4 REQ_MIN=2 RATE_REQS=3 NCU=0 BENCH_ARGS="--prefill none --batch 1 --ctx 64 --steps 2" \
@@ -52,7 +54,9 @@ MLA="${MLASERVE:-$B/bin/mlaserve}"
 BACKEND="${BACKEND:-cuda}"
 W="${BENCH_DIR:-/tmp/mla-serve}"
 LOGS="$W/logs"
-mkdir -p "$W" "$LOGS"
+REP="$W/report"
+rm -rf "$LOGS" "$REP"
+mkdir -p "$W" "$LOGS" "$REP"
 MODELS="${MODELS:-v2lite glm47flash}"
 CONC="${CONC:-1 8 32 128}"
 SHAPE_C="${SHAPE_C:-1k-256}"
@@ -60,7 +64,7 @@ SHAPE_R="${SHAPE_R:-chat}"
 SEED="${SEED:-1}"
 POINT_S="${POINT_S:-150}"
 START_S="${START_S:-420}"
-MODEL_S="${MODEL_S:-560}"
+TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
 LL="${LLAMA_DIR:-$ROOT/.llama-cuda}"
 BW="${BW_GBS:-4208}"
 T0=$(date +%s)
@@ -90,15 +94,22 @@ vocab_of() {
 point() {
   local key=$1 url=$2 name=$3
   shift 3
-  local f="$PTS/$key--$name.json" t=$SECONDS prc=0
-  timeout -k 10 "$POINT_S" python3 bench/serve_load.py --base-url "$url" --vocab "$VOCAB" --seed "$SEED" \
-    --timeout "$POINT_S" --label "$key $name" --json "$f.tmp" "$@" >>"$LOGS/$MK-load.log" 2>&1 || prc=$?
+  local f="$PTS/$key--$name.json" t=$SECONDS prc=0 lim=$POINT_S
+  local stage_left=$((STAGE_END - $(date +%s)))
+  [ "$stage_left" -lt "$lim" ] && lim=$stage_left
+  if [ "$lim" -lt 10 ]; then
+    printf '{"label": "%s %s", "mode": "%s", "error": "not run: out of the stage'"'"'s time", "rc": -1}\n' "$key" "$name" "$name" >"$f"
+    echo "    $key $name: not run (out of the stage's time)"
+    return
+  fi
+  timeout -k 10 "$lim" python3 bench/serve_load.py --base-url "$url" --vocab "$VOCAB" --seed "$SEED" \
+    --timeout "$lim" --label "$key $name" --json "$f.tmp" "$@" >>"$LOGS/$MK-load.log" 2>&1 || prc=$?
   if [ -s "$f.tmp" ]; then
     mv "$f.tmp" "$f"
   else
     rm -f "$f.tmp"
     local why="exit status $prc"
-    [ "$prc" = 124 ] || [ "$prc" = 137 ] && why="timed out after $POINT_S s"
+    [ "$prc" = 124 ] || [ "$prc" = 137 ] && why="timed out after $lim s"
     printf '{"label": "%s %s", "mode": "%s", "error": "%s", "rc": %d}\n' "$key" "$name" "$name" "$why" "$prc" >"$f"
     rc=1
   fi
@@ -138,10 +149,10 @@ rate_reqs() { # requests of a rate point: RATE_S seconds of arrivals, 8..512 (RA
 }
 
 # the rates: RATES, else RATE_LO / RATE_HI x (best output tok/s of mlaserve's concurrency points /
-# mean output tokens of the rate points' requests, drawn as serve_load.py draws them)
+# the mean output length of SHAPE_R, from 64 draws of serve_load.py's shape_of)
 pick_rates() {
   if [ -n "${RATES:-}" ]; then echo "$RATES"; return; fi
-  python3 - "$PTS" "$SHAPE_R" "$SEED" "${RATE_LO:-0.5}" "${RATE_HI:-0.9}" "${RATE_REQS:-64}" <<'EOF'
+  python3 - "$PTS" "$SHAPE_R" "$SEED" "${RATE_LO:-0.5}" "${RATE_HI:-0.9}" 64 <<'EOF'
 import glob, json, random, sys
 sys.path.insert(0, "bench")
 import serve_load
@@ -163,22 +174,27 @@ SPID=""
 stop_server() {
   [ -n "$SPID" ] || return 0
   kill -TERM "$SPID" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.2; done
+  for _ in $(seq 1 300); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.2; done
   kill -KILL "$SPID" 2>/dev/null
   wait "$SPID" 2>/dev/null
   SPID=""
 }
 trap 'stop_server; exit 130' INT TERM
 
+start_lim() { # a server's start-up bound: START_S, or what is left of the stage
+  local l=$((STAGE_END - $(date +%s)))
+  if [ "$l" -lt "$START_S" ]; then echo "$l"; else echo "$START_S"; fi
+}
 start_mlaserve() { # sets PORT (empty: failed) and START
-  local t=$SECONDS
+  local t=$SECONDS lim
+  lim=$(start_lim)
   rm -f "$W/port"
   # shellcheck disable=SC2086
   "$MLA" serve -m "$M" --backend "$BACKEND" --port 0 --port-file "$W/port" --max-seqs 128 --no-prefix-cache \
-    --stats-interval 0 ${SERVE_ARGS:-} >"$LOGS/$MK-mlaserve.log" 2>&1 &
+    --stats-interval 0 --drain-timeout 5 ${SERVE_ARGS:-} >"$LOGS/$MK-mlaserve.log" 2>&1 &
   SPID=$!
   PORT=""
-  while [ $((SECONDS - t)) -lt "$START_S" ]; do
+  while [ $((SECONDS - t)) -lt "$lim" ]; do
     [ -s "$W/port" ] && { PORT=$(cat "$W/port"); break; }
     kill -0 "$SPID" 2>/dev/null || break
     sleep 0.2
@@ -188,7 +204,8 @@ start_mlaserve() { # sets PORT (empty: failed) and START
 }
 
 start_llama() { # FA(on|off): sets PORT (empty: failed) and START
-  local fa=$1 t=$SECONDS p
+  local fa=$1 t=$SECONDS p lim
+  lim=$(start_lim)
   p=$(free_port)
   # shellcheck disable=SC2086
   LLAMA_TOOL=llama-server "$LL/run-llama-bench.sh" -m "$M" -ngl 99 -fa "$fa" --parallel 128 --kv-unified \
@@ -196,7 +213,7 @@ start_llama() { # FA(on|off): sets PORT (empty: failed) and START
     --no-webui ${LLAMA_ARGS:-} >"$LOGS/$MK-llama-fa$fa.log" 2>&1 &
   SPID=$!
   PORT=""
-  while [ $((SECONDS - t)) -lt "$START_S" ]; do
+  while [ $((SECONDS - t)) -lt "$lim" ]; do
     if curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1; then PORT=$p; break; fi
     kill -0 "$SPID" 2>/dev/null || break
     sleep 0.5
@@ -206,7 +223,7 @@ start_llama() { # FA(on|off): sets PORT (empty: failed) and START
 }
 
 # left(): seconds left of the model's budget; fits S: whether a stage bounded by S seconds fits
-left() { echo $((MODEL_T0 + MODEL_S - $(date +%s))); }
+left() { echo $((MODEL_T0 + MODEL_BUDGET - $(date +%s))); }
 fits() { [ "$(left)" -ge "$1" ]; }
 note() { echo "$*" >>"$PTS/notes.txt"; log "$*"; }
 
@@ -215,8 +232,11 @@ if [ "${LLAMA:-1}" = 1 ] && [ -x "$LL/run-llama-bench.sh" ] && [ -x "$LL/llama-s
 fa_kernels=0
 grep -q "GGML_CUDA_FA=ON" "$LL/README.txt" 2>/dev/null && fa_kernels=1
 
+n_left=$(echo "$MODELS" | wc -w)
 for spec in $MODELS; do
   IFS=: read -r FAM LAYERS EXPERTS <<<"$spec"
+  MODEL_BUDGET=${MODEL_S:-$(((TOTAL_END - $(date +%s)) / n_left))}
+  n_left=$((n_left - 1))
   MK="$FAM${LAYERS:+-${LAYERS}l}${EXPERTS:+-${EXPERTS}x}"
   PTS="$W/pts-$MK"
   rm -rf "$PTS"
@@ -229,7 +249,7 @@ for spec in $MODELS; do
   [ -n "$EXPERTS" ] && margs+=(--experts "$EXPERTS")
   # shellcheck disable=SC2206
   margs+=(${MKMODEL_ARGS:-})
-  log "== $MK: mkmodel ${margs[*]:1}"
+  log "== $MK ($MODEL_BUDGET s): mkmodel ${margs[*]:1}"
   t=$SECONDS
   if ! timeout -k 10 "${MKMODEL_S:-300}" "$MLA" "${margs[@]}" >"$LOGS/$MK-mkmodel.log" 2>&1; then
     note "mkmodel failed: $(tail -2 "$LOGS/$MK-mkmodel.log" | tr '\n' ' ')"
@@ -242,6 +262,12 @@ for spec in $MODELS; do
   fi
   RATES_USED=""
   if [ -s "$M" ]; then
+    # what is left of the model's time: mlaserve's points end by 35% of it, llama-server's by 80%
+    # (two starts and a probe more), the batch-1 step and ncu have the rest
+    R=$(left)
+    OURS_END=$(($(date +%s) + R * 35 / 100))
+    LLAMA_END=$(($(date +%s) + R * 80 / 100))
+    STAGE_END=$OURS_END
     # mlaserve
     start_mlaserve
     echo "$START" >"$PTS/mlaserve.start_s"
@@ -254,14 +280,15 @@ for spec in $MODELS; do
       run_points mlaserve "http://127.0.0.1:$PORT/v1" rates
       stop_server
     else
-      note "mlaserve serve did not start within $START_S s (log: $MK-mlaserve.log)"
+      note "mlaserve serve did not start in $START s (log: $MK-mlaserve.log)"
       rc=1
     fi
     [ -n "$RATES_USED" ] || RATES_USED="${RATES:-}"
+    STAGE_END=$LLAMA_END
     # llama-server
     if [ "$have_llama" = 0 ]; then
       note "llama-server not run: $([ "${LLAMA:-1}" = 1 ] && echo "no $LL/llama-server" || echo "LLAMA=0")"
-    elif ! fits 240; then
+    elif [ $((LLAMA_END - $(date +%s))) -lt 120 ]; then
       note "llama-server not run: out of the model's time ($(left) s left)"
     else
       fas="off"
@@ -270,10 +297,10 @@ for spec in $MODELS; do
       probe=${probe:-$(echo "$CONC" | awk '{print $1}')}
       best_fa="" best=-1 live=""
       for fa in $fas; do
-        fits 120 || { note "llama-server FA $fa not run: out of time"; continue; }
+        [ $((LLAMA_END - $(date +%s))) -ge 60 ] || { note "llama-server FA $fa not run: out of time"; continue; }
         start_llama "$fa"
         echo "$START" >"$PTS/llama-fa$fa.start_s"
-        [ -n "$PORT" ] || { note "llama-server -fa $fa did not start within $START_S s (log: $MK-llama-fa$fa.log)"; rc=1; continue; }
+        [ -n "$PORT" ] || { note "llama-server -fa $fa did not start in $START s (log: $MK-llama-fa$fa.log)"; rc=1; continue; }
         log "llama-server -fa $fa up in $START s"
         if [ "${LLAMA_FA_ALL:-0}" = 1 ]; then
           run_points "llama-fa$fa" "http://127.0.0.1:$PORT/v1"
@@ -293,7 +320,7 @@ for spec in $MODELS; do
         echo "$best_fa" >"$PTS/best-fa"
         note "llama-server: FlashAttention $best_fa for every point (the better at the concurrency-$probe probe, $best tok/s; $(echo "$fas" | wc -w) tried)"
         if [ -z "$live" ]; then
-          if fits 180; then start_llama "$best_fa"; else PORT=""; note "llama-server points not run: out of the model's time"; fi
+          if [ $((LLAMA_END - $(date +%s))) -ge 60 ]; then start_llama "$best_fa"; else PORT=""; note "llama-server points not run: out of time"; fi
           [ -n "$PORT" ] || { note "llama-server -fa $best_fa: no server for the points"; rc=1; }
         fi
         [ -n "$PORT" ] && run_points "llama-fa$best_fa" "http://127.0.0.1:$PORT/v1"
@@ -370,12 +397,17 @@ with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print(f"{out}: {sum(len(s['points']) for s in res['servers'].values())} points")
 EOF
-  python3 bench/plot_serve.py "$OUT/serve-$MK.json" --md "$OUT/serve-$MK.md" --png "$OUT/serve-$MK.png" >/dev/null 2>>"$LOGS/$MK-plot.log" ||
+  python3 bench/plot_serve.py "$OUT/serve-$MK.json" --md "$REP/serve-$MK.md" --png "$REP/serve-$MK.png" >/dev/null 2>>"$LOGS/$MK-plot.log" ||
     { note "plot_serve.py failed: $(tail -1 "$LOGS/$MK-plot.log")"; rc=1; }
-  [ -s "$OUT/serve-$MK.md" ] && cat "$OUT/serve-$MK.md"
+  [ -s "$REP/serve-$MK.md" ] && cat "$REP/serve-$MK.md"
+  cp "$OUT/serve-$MK.json" "$REP/"
   cp -r "$PTS" "$LOGS/" 2>/dev/null
   log "== $MK done in $(($(date +%s) - MODEL_T0)) s"
 done
-tar czf "$W/serve-logs.tgz" -C "$W" logs 2>/dev/null && mv "$W/serve-logs.tgz" "$OUT/0-serve-logs.tgz"
+tar czf "$W/serve-logs.tgz" -C "$W" logs report 2>/dev/null && mv "$W/serve-logs.tgz" "$OUT/0-serve-logs.tgz"
+# the tables and plots beside the JSONs while fewer than 8 files (all of them are in the archive)
+for f in "$REP"/*.md "$REP"/*.png; do
+  [ -e "$f" ] && [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -lt 8 ] && cp "$f" "$OUT/"
+done
 log "all done"
 exit $rc

@@ -104,7 +104,7 @@ for fn in ("run-llama-bench.sh", "llama-server"):
 out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
 env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --heads 20", MODELS="glm47flash:2",
            CONC="1 2", SHAPE_C="32-4", SHAPE_R="48-5", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
-           LLAMA_DIR=fake, START_S="120", POINT_S="240", MODEL_S="1200",
+           LLAMA_DIR=fake, START_S="120", POINT_S="240", TOTAL_S="1200",
            BENCH_ARGS="--prefill none --batch 1 --ctx 64 --steps 2 --warmup 1 --repeat 1")
 env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "10000")
 r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,

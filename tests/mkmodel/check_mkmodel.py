@@ -212,9 +212,13 @@ for name, famkey, layers, mix, extra, dims in CASES:
     if '--split-size' in extra:
         check(len(parts) > 1, f'{name}: split into {len(parts)} parts')
     check_file(name, fam, layers, mix, dims, parts)
-    for tp in ((1,) if name == 'v3vocab' else (1, 2, 4, 8)):
+    for tp in ((1,) if name == 'v3vocab' else (1, 2, 4) if name == 'glm47flash' else (1, 2, 4, 8)):
         q = run(['inspect', parts[0], '--tp', str(tp)])
         check(q.returncode == 0, f'{name}: inspect --tp {tp} rc {q.returncode}: {q.stdout[-300:]} {q.stderr[-300:]}')
+    if name == 'glm47flash':  # 20 heads do not split 8 ways: refused with the reason
+        q = run(['inspect', parts[0], '--tp', '8'])
+        check(q.returncode != 0 and 'does not divide the 20 attention heads' in q.stdout + q.stderr,
+              f'{name}: --tp 8 refused: {q.stdout[-300:]}')
     ids = os.path.join(work, 'ids.txt')
     with open(ids, 'w') as f:
         f.write('0 300 301 302 1000\n')
