@@ -65,7 +65,8 @@ def cell(p):
 
 def table(model):
     rates = model.get("rates") or []
-    out = [f"### {model['model']}: {model.get('mkmodel') or model['family']}", "",
+    desc = (model.get("mkmodel") or model["family"]).replace("mkmodel: ", "", 1)
+    out = [f"### {model['model']}: {desc}", "",
            f"{model.get('gpu')}, {model.get('date')}, commit {model.get('commit')}; concurrency points "
            f"{model.get('shape_concurrency')}, rate points {model.get('shape_rate')}, seed {model.get('seed')}.", ""]
     ours = {p["point"]: p for p in model["servers"].get(OURS, {}).get("points", [])}

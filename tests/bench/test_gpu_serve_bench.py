@@ -6,11 +6,11 @@
 2. bench/plot_serve.py on a hand-written result: the better llama-server run of each point (FA on
    at c1, FA off at c8), the ratios mlaserve / llama-server (2.00x tok/s, 0.50x ITL p99), a failed
    point shown as failed.
-3. The script itself on the CPU backend: a 2-layer --small GLM-4.7-Flash-shaped model with 20 heads,
+3. The script itself on the CPU backend: a 2-layer GLM-4.7-Flash-shaped model (hidden 256, 20 heads),
    concurrency 1 and 2, two Poisson rates derived from the concurrency points, `mlaserve bench`
    batch 1; llama-server from a package folder whose llama-server exits at once (no server: the
    script notes it and goes on, FA on skipped for want of its kernels). Checked: exit status 0,
-   the JSON (every point without error, every asked token streamed, rates below/above each other,
+   the JSON (every point without error, the asked tokens streamed, rates below/above each other,
    a decode row with a roofline share), the notes, the table, the logs archive, the model deleted.
 usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
 import csv
@@ -102,10 +102,10 @@ with open(os.path.join(fake, "README.txt"), "w") as f:
 for fn in ("run-llama-bench.sh", "llama-server"):
     os.chmod(os.path.join(fake, fn), 0o755)
 out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
-env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --heads 20", MODELS="glm47flash:2",
-           CONC="1 2", SHAPE_C="32-4", SHAPE_R="48-5", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
+env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --hidden 256 --heads 20", MODELS="glm47flash:2",
+           CONC="1 2", SHAPE_C="8-3", SHAPE_R="6-4", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
            LLAMA_DIR=fake, START_S="120", POINT_S="240", TOTAL_S="1200",
-           BENCH_ARGS="--prefill none --batch 1 --ctx 64 --steps 2 --warmup 1 --repeat 1")
+           BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1")
 env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "10000")
 r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,
                    text=True, timeout=1200)
@@ -119,13 +119,17 @@ if os.path.exists(jf):
     pts = {p["point"]: p for p in j["servers"].get("mlaserve", {}).get("points", [])}
     check(sorted(pts) == ["c1", "c2", "r1", "r2"], "mlaserve: 2 concurrency and 2 rate points", sorted(pts))
     for name, p in pts.items():
-        good = "error" not in p and p["errors"] == 0 and p["output_tokens"] == p["expected_output_tokens"] > 0
-        check(good, f"{name}: no error, every asked token streamed", p)
+        # a token whose bytes complete only in the next chunk is counted with it (serve_load.py), so the
+        # streamed chunks may fall short of the asked tokens, never above
+        want = p.get("requests", 0) * (3 if name.startswith("c") else 4)
+        good = "error" not in p and p["errors"] == 0 and p["expected_output_tokens"] == want and \
+            0 < p["output_tokens"] <= want
+        check(good, f"{name}: no error, the asked tokens streamed", p)
     if "c1" in pts and "error" not in pts["c1"]:
-        check(pts["c1"]["requests"] == 2 and pts["c1"]["mode"] == "concurrency 1" and pts["c1"]["prompt_tokens"] == 64,
-              "c1: REQ_MIN requests of 32 tokens", pts["c1"])
+        check(pts["c1"]["requests"] == 2 and pts["c1"]["mode"] == "concurrency 1" and pts["c1"]["prompt_tokens"] == 16,
+              "c1: REQ_MIN requests of 8 tokens", pts["c1"])
     if "r1" in pts and "error" not in pts["r1"]:
-        check(pts["r1"]["requests"] == 3 and pts["r1"]["shape"] == "48-5", "r1: RATE_REQS requests of SHAPE_R", pts["r1"])
+        check(pts["r1"]["requests"] == 3 and pts["r1"]["shape"] == "6-4", "r1: RATE_REQS requests of SHAPE_R", pts["r1"])
     rates = j.get("rates") or []
     check(len(rates) == 2 and 0 < rates[0] < rates[1], "two rates, the lower first", rates)
     check(pts.get("r2", {}).get("mode") == "rate %g/s" % rates[1] if len(rates) == 2 else False, "r2 at the higher rate")
@@ -134,7 +138,7 @@ if os.path.exists(jf):
     check("FA on not run" in notes and "-fa off did not start" in notes and "ncu not run" in notes,
           "notes: FA on skipped, llama-server did not start, ncu off", notes)
     rows = (j.get("bench") or {}).get("rows") or []
-    check(len(rows) == 1 and rows[0]["phase"] == "decode" and rows[0]["batch"] == 1 and rows[0]["ctx"] == 64
+    check(len(rows) == 1 and rows[0]["phase"] == "decode" and rows[0]["batch"] == 1 and rows[0]["ctx"] == 16
           and rows[0]["bw_frac"] is not None and rows[0]["bw_frac"] > 0, "bench: the batch-1 row with its roofline share", rows)
     check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
 md = os.path.join(out, "serve-glm47flash-2l.md")
