@@ -6,12 +6,12 @@
 #      bench/serve_load.py (the official openai client) at concurrency CONC (default 1 8 32 128,
 #      shape SHAPE_C, default 1k-256) and two Poisson rates (shape SHAPE_R, default chat): RATE_LO
 #      and RATE_HI (default 0.5 and 0.9) times the saturation rate, which is the best output tok/s of
-#      mlaserve's concurrency points over the mean output length of the rate points' requests; the
+#      mlaserve's concurrency points over the mean output length of SHAPE_R; the
 #      same rates, seeds and request sets for every server (RATES="r1 r2" fixes them instead);
 #   3. llama-server (.llama-cuda/run-llama-bench.sh with LLAMA_TOOL=llama-server; skipped when the
 #      package or its llama-server is absent) with -ngl 99 --parallel 128 --kv-unified -c LLAMA_CTX
 #      --cont-batching --no-cache-prompt --cache-ram 0: FlashAttention on and off at one probe point
-#      (concurrency 8), every point with the better of the two (LLAMA_FA_ALL=1: every point with both).
+#      (the first concurrency of 8 or more), every point with the better of the two (LLAMA_FA_ALL=1: every point with both).
 #      FA on only where the package was built with its kernels (README.txt says GGML_CUDA_FA=ON);
 #      otherwise -fa on would put the attention on the CPU, and the output says it was skipped;
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
@@ -33,14 +33,18 @@
 # Env: BUNDLE (default .bundle90), MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda|cpu),
 # BENCH_DIR (model folder, default /tmp/mla-serve), MIX (q4k), MKMODEL_ARGS (added to mkmodel,
 # e.g. --small), SERVE_ARGS (added to serve), CONC, SHAPE_C, SHAPE_R, WAVES (requests per concurrency
-# point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 8), RATE_S (seconds of arrivals a rate
-# point, default 30; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
-# LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608), LLAMA_ARGS,
+# point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 4), RATE_S (seconds of arrivals a rate
+# point, default 20; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
+# LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608: 128 x 1536 positions shared by
+# the slots; without FA llama.cpp also sizes an fp32 score buffer of LLAMA_CTX x 512 x heads), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
 # NCU_S (180), MODEL_S, TOTAL_S.
+# Where .bundle90/bin/mlaserve is missing and .gpucarry/*.tar.xz (scripts/gpu_carry.sh) are there, they
+# are unpacked first (the bundle, build-gpu-carried/mla-e2e, .llama-cuda/).
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
-#   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS=--small MODELS="v2lite:2" CONC="1 2" \
-#   SHAPE_C=32-4 SHAPE_R=48-4 REQ_MIN=2 RATE_REQS=3 NCU=0 BENCH_ARGS="--prefill none --batch 1 --ctx 64 --steps 2" \
+#   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS="--small --hidden 256" MODELS=glm47flash:2 \
+#   CONC="1 2" SHAPE_C=8-3 SHAPE_R=6-4 REQ_MIN=2 RATE_REQS=3 NCU=0 \
+#   BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2" \
 #   scripts/gpu_serve_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -49,6 +53,10 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export NCCL_NVLS_ENABLE=0
+# what scripts/gpu_carry.sh packed, when it is not unpacked yet (bundle, mla-e2e, llama.cpp)
+if [ ! -x "${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}" ] && compgen -G ".gpucarry/*.tar.xz" >/dev/null; then
+  for f in .gpucarry/*.tar.xz; do tar xJf "$f" || echo "unpack $f failed"; done
+fi
 B="$(cd "${BUNDLE:-.bundle90}" 2>/dev/null && pwd || echo "${BUNDLE:-.bundle90}")"
 MLA="${MLASERVE:-$B/bin/mlaserve}"
 BACKEND="${BACKEND:-cuda}"
@@ -131,7 +139,7 @@ run_points() {
   if [ "$which" != rates ]; then
     for c in $CONC; do
       n=$((c * ${WAVES:-1}))
-      [ "$n" -lt "${REQ_MIN:-8}" ] && n=${REQ_MIN:-8}
+      [ "$n" -lt "${REQ_MIN:-4}" ] && n=${REQ_MIN:-4}
       point "$key" "$url" "c$c" --concurrency "$c" --requests "$n" --shape "$SHAPE_C"
     done
   fi
@@ -145,7 +153,7 @@ run_points() {
 }
 rate_reqs() { # requests of a rate point: RATE_S seconds of arrivals, 8..512 (RATE_REQS fixes it)
   if [ -n "${RATE_REQS:-}" ]; then echo "$RATE_REQS"; return; fi
-  python3 -c "import sys; print(max(8, min(512, round(float(sys.argv[1]) * float(sys.argv[2])))))" "$1" "${RATE_S:-30}"
+  python3 -c "import sys; print(max(8, min(512, round(float(sys.argv[1]) * float(sys.argv[2])))))" "$1" "${RATE_S:-20}"
 }
 
 # the rates: RATES, else RATE_LO / RATE_HI x (best output tok/s of mlaserve's concurrency points /
@@ -171,12 +179,18 @@ EOF
 }
 
 SPID=""
-stop_server() {
+stop_server() { # the server and its children (mlaserve's workers), so that the GPU is free after it
   [ -n "$SPID" ] || return 0
+  local kids k
+  kids=$(pgrep -P "$SPID" 2>/dev/null | tr '\n' ' ')
   kill -TERM "$SPID" 2>/dev/null
   for _ in $(seq 1 300); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.2; done
   kill -KILL "$SPID" 2>/dev/null
   wait "$SPID" 2>/dev/null
+  for k in $kids; do
+    for _ in $(seq 1 100); do kill -0 "$k" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$k" 2>/dev/null
+  done
   SPID=""
 }
 trap 'stop_server; exit 130' INT TERM
@@ -308,7 +322,7 @@ for spec in $MODELS; do
           continue
         fi
         n=$((probe * ${WAVES:-1}))
-        [ "$n" -lt "${REQ_MIN:-8}" ] && n=${REQ_MIN:-8}
+        [ "$n" -lt "${REQ_MIN:-4}" ] && n=${REQ_MIN:-4}
         point "probe-llama-fa$fa" "http://127.0.0.1:$PORT/v1" "c$probe" --concurrency "$probe" --requests "$n" --shape "$SHAPE_C"
         v=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(int(j.get("output_tok_per_s") or 0) if "error" not in j and j.get("errors", 1) == 0 else 0)' \
           "$PTS/probe-llama-fa$fa--c$probe.json" 2>/dev/null || echo 0)
