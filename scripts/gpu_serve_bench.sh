@@ -11,7 +11,8 @@
 #   3. llama-server (.llama-cuda/run-llama-bench.sh with LLAMA_TOOL=llama-server; skipped when the
 #      package or its llama-server is absent) with -ngl 99 --parallel 128 --kv-unified -c LLAMA_CTX
 #      --cont-batching --no-cache-prompt --cache-ram 0: FlashAttention on and off at one probe point
-#      (the first concurrency of 8 or more), every point with the better of the two (LLAMA_FA_ALL=1: every point with both).
+#      (the first concurrency of 8 or more), every point with the better of the two (LLAMA_FA_ALL=1: every
+#      point with both; LLAMA_FA=on or off: that one alone, no probe, one server start instead of three).
 #      FA on only where the package was built with its kernels (README.txt says GGML_CUDA_FA=ON);
 #      otherwise -fa on would put the attention on the CPU, and the output says it was skipped;
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
@@ -305,8 +306,13 @@ for spec in $MODELS; do
     elif [ $((LLAMA_END - $(date +%s))) -lt 120 ]; then
       note "llama-server not run: out of the model's time ($(left) s left)"
     else
-      fas="off"
+      fas="off" all=${LLAMA_FA_ALL:-0}
       if [ "$fa_kernels" = 1 ]; then fas="on off"; else note "llama-server FA on not run: the package has no FlashAttention kernels"; fi
+      case "${LLAMA_FA:-}" in
+        on) [ "$fa_kernels" = 1 ] && fas=on; all=1 ;;
+        off) fas=off all=1 ;;
+      esac
+      [ -n "${LLAMA_FA:-}" ] && note "llama-server: FlashAttention $fas only (LLAMA_FA=$LLAMA_FA), no probe"
       probe=$(echo "$CONC" | tr ' ' '\n' | awk '$1 >= 8' | head -1)
       probe=${probe:-$(echo "$CONC" | awk '{print $1}')}
       best_fa="" best=-1 live=""
@@ -316,7 +322,7 @@ for spec in $MODELS; do
         echo "$START" >"$PTS/llama-fa$fa.start_s"
         [ -n "$PORT" ] || { note "llama-server -fa $fa did not start in $START s (log: $MK-llama-fa$fa.log)"; rc=1; continue; }
         log "llama-server -fa $fa up in $START s"
-        if [ "${LLAMA_FA_ALL:-0}" = 1 ]; then
+        if [ "$all" = 1 ]; then
           run_points "llama-fa$fa" "http://127.0.0.1:$PORT/v1"
           stop_server
           continue
@@ -330,7 +336,7 @@ for spec in $MODELS; do
         if [ "$v" -gt "$best" ]; then best=$v best_fa=$fa live=$fa; else stop_server; fi
         [ -n "$live" ] && [ "$fa" != "${fas##* }" ] && { stop_server; live=""; } # not the last: start it again later
       done
-      if [ "${LLAMA_FA_ALL:-0}" != 1 ] && [ -n "$best_fa" ]; then
+      if [ "$all" != 1 ] && [ -n "$best_fa" ]; then
         echo "$best_fa" >"$PTS/best-fa"
         note "llama-server: FlashAttention $best_fa for every point (the better at the concurrency-$probe probe, $best tok/s; $(echo "$fas" | wc -w) tried)"
         if [ -z "$live" ]; then
