@@ -29,11 +29,12 @@ fi
 # Python packages used by the tests as independent references (gguf-py dequantization,
 # jinja2 templates, the official openai client, grpcio with grpcio-tools to generate a client
 # from proto/api.proto and grpcio-health-checking for grpc.health.v1, the jsonschema validator of
-# structured output).
+# structured output; matplotlib draws the benchmark plots).
 if [[ "${1:-}" == "--test" ]]; then
   py_missing=()
   for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers grpc_tools:grpcio-tools \
-           grpc_health.v1:grpcio-health-checking jsonschema:jsonschema; do
+           grpc_health.v1:grpcio-health-checking jsonschema:jsonschema \
+           matplotlib:matplotlib; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")
   done
   if ((${#py_missing[@]})); then
