@@ -105,8 +105,8 @@ out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
 env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --hidden 256 --heads 20", MODELS="glm47flash:2",
            CONC="1 2", SHAPE_C="8-3", SHAPE_R="6-4", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
            LLAMA_DIR=fake, START_S="120", POINT_S="240", TOTAL_S="1200",
-           BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1")
-env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "10000")
+           BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000",
+           SERVE_ARGS="--heartbeat-timeout-ms 10000")  # sanitizer builds: long steps are not a dead worker
 r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,
                    text=True, timeout=1200)
 print(r.stdout[-3000:])
