@@ -16,7 +16,7 @@ if(TARGET mlaserve-worker)
   add_test(NAME bench_gpu_serve_dry
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_gpu_serve_bench.py $<TARGET_FILE:mlaserve>
                    ${CMAKE_CURRENT_BINARY_DIR}/gpu_serve_work)
-  set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900)
+  set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900 LABELS serve)
 endif()
 
 add_executable(test_bench_hooks ${MLA_TEST_DIR}/bench/test_bench_hooks.c)
