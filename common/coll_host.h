@@ -51,7 +51,7 @@ void coll_host_seg_unlink(coll_host_seg *s);
 void coll_host_seg_free(coll_host_seg *s);
 
 /* Attaches rank `rank` of `world` to the segment `name`. timeout_ms <= 0 means the default
- * (30 s, or MLA_COLL_TIMEOUT_MS from the environment). */
+ * (30 s; the coordinator sends its --coll-timeout-ms). */
 int coll_host_attach(coll **out, const char *name, int rank, int world, int timeout_ms,
                      mla_err *err);
 /* Sets the abort flag of the segment a rank is attached to (coll made by coll_host_attach). */
