@@ -181,7 +181,7 @@ static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, 
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
-/* The q8 rounding of a 32-element unit (q8x_kernel in quant_cuda.cu, mlacu_q8_units_warp): its
+/* The q8 rounding of a 32-element unit (q8x_kernel in mm_gemvq_cuda.cu, mlacu_q8_units_warp): its
  * scale d = max|v| / 127, the inverse 127 / max|v| (0 for a unit of zeros), and an element's
  * int8, round-to-nearest-even(v * inverse). */
 static __device__ __forceinline__ float mlacu_q8_d(float amax) { return amax / 127.f; }
@@ -190,7 +190,7 @@ static __device__ __forceinline__ int mlacu_q8_round(float v, float inv) { retur
 
 /* N 32-element units held by a warp, unit k's element `lane` in v[k] of each lane (every lane
  * calls it): units k < n_store get their int8 at q + k * ld and their scales at s[k * ld / 32],
- * the values q8x_kernel (quant_cuda.cu) gives the same 32 floats: d = max|v| / 127,
+ * the values q8x_kernel (mm_gemvq_cuda.cu) gives the same 32 floats: d = max|v| / 127,
  * q = round-to-nearest-even(v * 127 / max|v|). The N reductions run side by side. */
 template <int N>
 static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], int8_t *q, float4 *s, int ld,
@@ -224,6 +224,49 @@ static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], 
     }
 }
 
+/* warp-wide sum and maximum (every lane gets the result) */
+static __device__ __forceinline__ float wsum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float wmax(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Inclusive prefix of v over the warp's lanes (the whole warp calls it). */
+static __device__ __forceinline__ int warp_scan_int(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += up;
+    }
+    return v;
+}
+
+/* Exclusive prefix of v over the block (blockDim.x multiple of 32, <= 1024); *total gets the
+ * block's sum. Uses sh[0..32]. */
+static __device__ int block_scan_int(int v, int *sh, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int inc = warp_scan_int(v, lane);
+    __syncthreads();
+    if (lane == 31) sh[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        const int w = lane < nw ? sh[lane] : 0, wi = warp_scan_int(w, lane);
+        if (lane < nw) sh[lane] = wi - w;
+        if (lane == 31) sh[32] = wi;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[warp] + inc - v;
+}
+
+/* a cache or weight element as a float */
+static __device__ __forceinline__ float to_f32(float v) { return v; }
+static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
 /* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or
  * __half: the fp16 latent cache, whose offset and row length count halves): block j / BS of the
  * token's table, then the layer's offset inside the block, then the slot. */
@@ -235,8 +278,8 @@ __device__ __forceinline__ const KT *paged_row_t(const float *const *tab, int64_
 __device__ __forceinline__ void kv_store(float *d, float v) { *d = v; }
 __device__ __forceinline__ void kv_store(__half *d, float v) { *d = __float2half_rn(v); }
 
-/* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
- * quant_cuda.cu hold one tile's tokens in registers). */
+/* Token slots of one tile of a MoE plan (moe_cuda.cu builds the tiles; the grouped GEMVs of
+ * mm_gemv_cuda.cu and mm_gemvq_cuda.cu hold one tile's tokens in registers). */
 #define MLACU_MOE_TILE MLA_CUDA_MOE_TILE
 
 /* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the

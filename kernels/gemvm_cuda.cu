@@ -2,7 +2,7 @@
  * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
- * Why: the per-warp integer GEMV (quant_cuda.cu) pays every weight's arithmetic once per token
+ * Why: the per-warp integer GEMV (mm_gemvq_cuda.cu) pays every weight's arithmetic once per token
  * and reads 8 tokens' activations through L1 for every unit of two rows; at DeepSeek-V3's shapes
  * it moved the dense weights of a batch-8 step at 0.7-1.2 TB/s (bench/results, -30n). Here the 8
  * tokens are the n of an int8 mma.sync m16n8k32 (m16n8k16 for Q6_K's 16-element scales): a

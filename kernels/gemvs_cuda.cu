@@ -2,7 +2,7 @@
  * types (Q4_K, Q6_K, Q8_0, Q5_0): dense steps of 1 .. GS_NP tokens and the experts of a MoE plan with
  * up to GS_NP pairs a tile. API: kernels/gemvs_cuda.h (internal to kernels/).
  *
- * Why a second GEMV: the per-warp GEMV of quant_cuda.cu (any type, 1-8 tokens) gives each lane
+ * Why a second GEMV: the per-warp GEMV of mm_gemvq_cuda.cu (any type, 1-8 tokens) gives each lane
  * its own 32-element units along a row: every unit pays a scale decode and its share of a warp
  * sum, and every row makes every lane load its part of x again. Profiled at 18432 x 7168 Q4_K it
  * issues ~200 warp instructions per 32 units and streams at 34-42% of the copy rate. Here:

@@ -1,7 +1,8 @@
 /* gemvs_cuda: the streamed integer GEMV (kernels/gemvs_cuda.cu), the small-batch decode path of
- * Q4_K, Q6_K, Q8_0 and Q5_0 weights; internal to kernels/ (CUDA C++), called by quant_cuda.cu's q8 entry points
- * (kernels/cuda_ops.h). Activations come as quant_cuda's q8 buffer: qx the int8 rows, sx their
- * float4 scales per 32 elements. Nothing is allocated or owned here. */
+ * Q4_K, Q6_K, Q8_0 and Q5_0 weights; internal to kernels/ (CUDA C++), called by the q8 entry
+ * points of the chooser (mm_choose_cuda.cu). Activations come as the q8 buffer of
+ * mm_gemvq_cuda.cu: qx the int8 rows, sx their float4 scales per 32 elements. Nothing is
+ * allocated or owned here. */
 #ifndef GEMVS_CUDA_H
 #define GEMVS_CUDA_H
 

@@ -1,5 +1,5 @@
 /* wgmma_cuda: quantized weights x fp16 activations on Hopper's warpgroup tensor cores (wgmma,
- * sm_90a), for quant_cuda.cu's fp16 paths (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h). CUDA
+ * sm_90a), for the fp16 paths of mm_mmh_cuda.cu (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h). CUDA
  * C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles wgmma_cuda.cu for sm_90a alone and defines MLA_CUDA_WGMMA); it runs on compute
  * capability 9.0 devices only, which mlacu_wg_usable checks.

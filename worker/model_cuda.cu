@@ -881,19 +881,28 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     return MLA_OK;
 }
 
+/* whether w's type takes the q8 products (with m->q8) at some batch */
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
-/* steps of more than m->gemv_tmax tokens on the fp16 tensor cores (mla_cuda_matmul_h) */
-static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
-    return m->mmh && T > m->gemv_tmax && mla_cuda_mmh_supported(w->type, w->n_in);
+/* The family of a product of w in a T-token step (kernels/mm_choose_cuda.cu, mla_cuda_mm_choose):
+ * with m->mmh, steps of more than m->gemv_tmax tokens on the fp16 tensor cores; with m->q8, the
+ * integer GEMV up to Q8_TMAX tokens (at any batch in exact mode: no tensor cores) and the int8
+ * tensor cores above; else the float-activation forms (exact: the GEMV; split: the hi/lo split). */
+static mla_cuda_mm_family mm_family(const mla_cmodel *m, const dmat *w, int64_t T) {
+    const mla_cuda_mm_policy p = {m->q8, m->split, m->exact, m->mmh ? (int64_t)m->gemv_tmax + 1 : 0,
+                                  m->exact ? 0 : (int64_t)Q8_TMAX + 1};
+    return mla_cuda_mm_choose(&p, &w->type, &w->n_in, 1, T);
 }
 
 /* whether mm() of w in a T-token step reads a q8 buffer of x (off the fp16 tensor cores) */
-static bool mm_reads_q8(const mla_cmodel *m, const dmat *w, int64_t T) { return mm_q8(m, w) && !mm_h(m, w, T); }
+static bool mm_reads_q8(const mla_cmodel *m, const dmat *w, int64_t T) {
+    const mla_cuda_mm_family f = mm_family(m, w, T);
+    return f == MLA_CUDA_MM_Q8 || f == MLA_CUDA_MM_Q8_MMA;
+}
 
-/* y = x W^T from the activations already quantized (q: a q8 buffer of x) */
+/* y = x W^T from the activations already quantized (q: a q8 buffer of x; w reads one) */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, const void *q, float *y, mla_err *err) {
-    if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
+    if (mm_family(m, w, T) == MLA_CUDA_MM_Q8)
         return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
     return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
 }
@@ -910,32 +919,38 @@ static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->fuse && m->q8 &&
 
 /* y = x W^T; xq: NULL, or x's q8 buffer */
 static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {
-    if (mm_h(m, w, T)) {
+    switch (mm_family(m, w, T)) {
+    case MLA_CUDA_MM_H:
         TRY(mla_cuda_act_h(x, T, w->n_in, m->xhbuf, m->st, err));
         return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, m->xhbuf, T, y, m->st, err);
-    }
-    if (mm_q8(m, w)) {
+    case MLA_CUDA_MM_Q8:
+    case MLA_CUDA_MM_Q8_MMA: {
         const void *q = q8_of(m, x, xq, T, w->n_in, err);
         if (!q) return MLA_ERR;
         return mm_from_q8(m, w, T, q, y, err);
     }
-    if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
-    if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
-    return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_GEMV:
+        return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_SPLIT:
+        return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_MMA:
+        break;
+    }
+    return mla_cuda_matmul_mma(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
 }
 
 /* whether two matrices on the same input of a T-token step take the integer GEMV together: both
  * q8 products off the fp16 tensor cores, of one type and row length, below the int8 tensor cores */
 static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_t T) {
-    return mm_reads_q8(m, w0, T) && mm_reads_q8(m, w1, T) && w0->type == w1->type && w0->n_in == w1->n_in &&
-           (T <= Q8_TMAX || m->exact);
+    return mm_family(m, w0, T) == MLA_CUDA_MM_Q8 && mm_family(m, w1, T) == MLA_CUDA_MM_Q8 && w0->type == w1->type &&
+           w0->n_in == w1->n_in;
 }
 
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
  * converted once; on the integer GEMV, matrices of one type in one kernel (fuse). */
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
                int64_t T, mla_err *err) {
-    if (mm_h(m, w0, T) && mm_h(m, w1, T) && w0->n_in == w1->n_in) {
+    if (mm_family(m, w0, T) == MLA_CUDA_MM_H && mm_family(m, w1, T) == MLA_CUDA_MM_H && w0->n_in == w1->n_in) {
         TRY(mla_cuda_act_h(x, T, w0->n_in, m->xhbuf, m->st, err));
         TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
         return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
