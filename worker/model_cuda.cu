@@ -11,6 +11,7 @@
 #include "kernels/cuda_ops.h"
 
 extern "C" {
+#include "common/layer_tensors.h"
 #include "common/loadprog.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
@@ -245,12 +246,6 @@ static int up_mat(mla_cmodel *m, dmat *d, const mla_mat *v, mla_err *err) {
 }
 
 static mla_mat mat_of(const gguf_tensor *t) { return mla_mat_make(t->type, t->data, t->ne[0], t->ne[1]); }
-
-static const gguf_tensor *tens(const gguf_ctx *g, const char *fmt, int64_t il) {
-    char nm[128];
-    snprintf(nm, sizeof nm, fmt, (long long)il);
-    return gguf_find_tensor(g, nm);
-}
 
 static mla_mat shard_mat(const shard_plan *p, const gguf_tensor *t) {
     mla_mat m = mat_of(t);
@@ -506,28 +501,30 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     for (int64_t il = 0; il < cf->n_layer; il++) {
         loadprog_layers_done(g, il);
         dlayer *l = &m->L[il];
+        layer_tensors lt;
+        if (layer_tensors_find(cf, g, il, &lt, err) < 0) goto fail;
         mla_mat v;
-#define UPF(dst, name) \
-    if (up_f32(m, &(dst), tens(g, name, il), err) < 0) goto fail;
+#define UPF(dst, role) \
+    if (up_f32(m, &(dst), lt.t[role], err) < 0) goto fail;
 #define UPM(dst, view) \
     v = (view);        \
     if (up_mat(m, &(dst), &v, err) < 0) goto fail;
-        UPF(l->attn_norm, "blk.%lld.attn_norm.weight");
-        UPF(l->ffn_norm, "blk.%lld.ffn_norm.weight");
-        UPF(l->kv_a_norm, "blk.%lld.attn_kv_a_norm.weight");
-        UPM(l->kv_a, mat_of(tens(g, "blk.%lld.attn_kv_a_mqa.weight", il)));
+        UPF(l->attn_norm, LT_ATTN_NORM);
+        UPF(l->ffn_norm, LT_FFN_NORM);
+        UPF(l->kv_a_norm, LT_KV_A_NORM);
+        UPM(l->kv_a, mat_of(lt.t[LT_KV_A]));
         if (cf->q_lora_rank > 0) {
-            UPM(l->q_a, mat_of(tens(g, "blk.%lld.attn_q_a.weight", il)));
-            UPF(l->q_a_norm, "blk.%lld.attn_q_a_norm.weight");
-            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q_b.weight", il)));
+            UPM(l->q_a, mat_of(lt.t[LT_Q_A]));
+            UPF(l->q_a_norm, LT_Q_A_NORM);
+            UPM(l->q_b, shard_mat(&plan, lt.t[LT_Q_B]));
         } else {
-            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q.weight", il)));
+            UPM(l->q_b, shard_mat(&plan, lt.t[LT_Q]));
         }
-        if (up_kv_b(m, l, tens(g, "blk.%lld.attn_k_b.weight", il), tens(g, "blk.%lld.attn_v_b.weight", il),
-                    tens(g, "blk.%lld.attn_kv_b.weight", il), err) < 0)
+        if (up_kv_b(m, l, lt.t[LT_K_B], lt.t[LT_V_B],
+                    lt.t[LT_KV_B], err) < 0)
             goto fail;
         {
-            const gguf_tensor *ot = tens(g, "blk.%lld.attn_output.weight", il);
+            const gguf_tensor *ot = lt.t[LT_ATTN_OUT];
             const shard_entry *e = shard_plan_find(&plan, ot->name);
             UPM(l->o, shard_mat(&plan, ot));
             l->o_gather = e->gather_input;
@@ -539,23 +536,23 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             }
         }
         if (cf->idx_n_head > 0) {
-            UPM(l->iq_b, mat_of(tens(g, "blk.%lld.indexer.attn_q_b.weight", il)));
-            UPM(l->ik, mat_of(tens(g, "blk.%lld.indexer.attn_k.weight", il)));
-            UPM(l->iproj, mat_of(tens(g, "blk.%lld.indexer.proj.weight", il)));
-            UPF(l->ik_norm_w, "blk.%lld.indexer.k_norm.weight");
-            UPF(l->ik_norm_b, "blk.%lld.indexer.k_norm.bias");
+            UPM(l->iq_b, mat_of(lt.t[LT_IQ_B]));
+            UPM(l->ik, mat_of(lt.t[LT_IK]));
+            UPM(l->iproj, mat_of(lt.t[LT_IPROJ]));
+            UPF(l->ik_norm_w, LT_IK_NORM_W);
+            UPF(l->ik_norm_b, LT_IK_NORM_B);
         }
-        l->dense = mla_config_layer_dense(cf, il);
+        l->dense = lt.dense;
         if (l->dense) {
-            if (load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il), tens(g, "blk.%lld.ffn_up.weight", il),
-                         tens(g, "blk.%lld.ffn_down.weight", il), err) < 0)
+            if (load_ffn(m, &l->ffn, &plan, lt.t[LT_FFN_GATE], lt.t[LT_FFN_UP],
+                         lt.t[LT_FFN_DOWN], err) < 0)
                 goto fail;
         } else {
-            UPM(l->router, mat_of(tens(g, "blk.%lld.ffn_gate_inp.weight", il)));
-            UPF(l->router_bias, "blk.%lld.exp_probs_b.bias");
-            const gguf_tensor *eg = tens(g, "blk.%lld.ffn_gate_exps.weight", il);
-            const gguf_tensor *eu = tens(g, "blk.%lld.ffn_up_exps.weight", il);
-            const gguf_tensor *ed = tens(g, "blk.%lld.ffn_down_exps.weight", il);
+            UPM(l->router, mat_of(lt.t[LT_ROUTER]));
+            UPF(l->router_bias, LT_ROUTER_BIAS);
+            const gguf_tensor *eg = lt.t[LT_EXP_GATE];
+            const gguf_tensor *eu = lt.t[LT_EXP_UP];
+            const gguf_tensor *ed = lt.t[LT_EXP_DOWN];
             mla_cuda_experts *x = &l->ex;
             x->gate_type = eg->type;
             x->up_type = eu->type;
@@ -572,8 +569,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             x->mmh_min = m->mmh ? m->moe_mmh_min : 0;
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp &&
-                load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
-                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il), err) < 0)
+                load_ffn(m, &l->ffn, &plan, lt.t[LT_SHEXP_GATE],
+                         lt.t[LT_SHEXP_UP], lt.t[LT_SHEXP_DOWN], err) < 0)
                 goto fail;
         }
 #undef UPF
