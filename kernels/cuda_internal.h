@@ -84,8 +84,7 @@ static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned lo
  * before it has finished and its writes are visible (griddepcontrol.wait), then allows the next
  * one to be scheduled (launch_dependents). The order of effects is the plain stream order; what
  * is saved is the launch gap between kernels (over 100 kernels a decode step). A kernel launched
- * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
- * off; devices before sm_90 never get it.
+ * without the attribute passes both instructions as no-ops; devices before sm_90 never get it.
  * Every kernel lets the next one be scheduled only after its own wait has returned (some later:
  * a decode step's norm once its row is in, a split attention at its last key tile, so that the
  * next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch
@@ -117,30 +116,14 @@ static __device__ __forceinline__ void mlacu_pdl_enter() {
     mlacu_pdl_trigger();
 }
 
-/* whether launches take the attribute: the current device is sm_90+ and MLA_CUDA_PDL is not 0
- * (decided once a process) */
+/* whether launches take the attribute: the current device is sm_90+ (decided once a process) */
 static inline bool mlacu_pdl_on(void) {
     static std::atomic<int> v{-1};
     int r = v.load(std::memory_order_relaxed);
     if (r < 0) {
-        const char *e = getenv("MLA_CUDA_PDL");
         int dev = 0, major = 0;
-        r = !(e && !strcmp(e, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
+        r = cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-        v.store(r, std::memory_order_relaxed);
-    }
-    return r != 0;
-}
-
-/* whether the GEMVs that can round their own output into a q8 buffer do (the streamed GEMV's
- * warp-specialized kernel, the fp16 head GEMV; else mla_cuda_quantize_q8 after them, the same
- * bytes): yes unless MLA_CUDA_Q8OUT=0 (decided once a process; for measurements) */
-static inline bool mlacu_q8out_on(void) {
-    static std::atomic<int> v{-1};
-    int r = v.load(std::memory_order_relaxed);
-    if (r < 0) {
-        const char *e = getenv("MLA_CUDA_Q8OUT");
-        r = !(e && !strcmp(e, "0"));
         v.store(r, std::memory_order_relaxed);
     }
     return r != 0;

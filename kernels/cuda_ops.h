@@ -126,8 +126,8 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 #define MLA_CUDA_GEMVM_TMAX 8
 void mla_cuda_set_gemv_mma(int tmin, int tmax);
 /* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
- * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
- * MLA_CUDA_GSWS=0: for measurements and the op checks. */
+ * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0: for the op
+ * checks, which compare the two. */
 void mla_cuda_set_gemv_ws(int on);
 /* The warp-specialized kernel's dense launches from now on write time stamps (the global nanosecond
  * clock) into d_stamps, MLA_CUDA_GEMV_TRACE_N words a block of the grid (at most 2 blocks an SM):
@@ -172,7 +172,7 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
  * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (up to 128 tokens x 128
  * rows a block), using the workspace: one product at a time per buffer (stream order). On compute
  * capability 9.0, Q4_K products of more than 64 tokens take the warpgroup kernel of
- * kernels/wgmma_cuda.h (same values; MLA_CUDA_WGMMA=0 keeps them here). */
+ * kernels/wgmma_cuda.h (same values; mlacu_wg_set(0) keeps them here). */
 bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
 size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
 int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);

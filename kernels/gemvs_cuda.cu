@@ -494,15 +494,9 @@ struct gs_geo {
 };
 
 /* whether launches of one step a stage take the warp-specialized kernel: yes, unless
- * MLA_CUDA_GSWS=0 (read once a process; for measurements) or mla_cuda_set_gemv_ws(0) */
-static int g_gs_ws = -1;
-static bool gs_ws_on() {
-    if (g_gs_ws < 0) {
-        const char *e = getenv("MLA_CUDA_GSWS");
-        g_gs_ws = !(e && !strcmp(e, "0"));
-    }
-    return g_gs_ws != 0;
-}
+ * mla_cuda_set_gemv_ws(0) (the op checks compare both kernels) */
+static int g_gs_ws = 1;
+static bool gs_ws_on() { return g_gs_ws != 0; }
 
 /* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256 threads,
  * or, but for the warp-specialized kernel, two of up to 160) of RG rows (<= 8), about
@@ -578,7 +572,7 @@ static unsigned g_gs_uslot; /* the next launch's row of gs_units, mod GS_USLOTS 
 /* A's q8 output: yq (rows rows of A.out) where the warp-specialized kernel takes the launch and
  * gs_units has room; whether it does */
 static bool gs_q8out(gs_args &A, const gs_geo &g, void *yq, int64_t rows) {
-    if (!yq || !g.ws || A.out % 32 || rows * (A.out / 32) > GS_UNITS_MAX || A.G0 > 0 || !mlacu_q8out_on())
+    if (!yq || !g.ws || A.out % 32 || rows * (A.out / 32) > GS_UNITS_MAX || A.G0 > 0)
         return false;
     A.yq = (int8_t *)yq, A.ys = (float4 *)((uint8_t *)yq + mlacu_q8_scale_off(rows, A.out));
     A.uslot = (int)(__atomic_fetch_add(&g_gs_uslot, 1u, __ATOMIC_RELAXED) % GS_USLOTS);

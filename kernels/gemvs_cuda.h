@@ -19,8 +19,8 @@ namespace mlacu {
 /* whether the streamed GEMV takes weights of type t with rows of `in` elements, nm matrices (1,
  * or 2: gate and up) a stage */
 bool gemvs_supported(uint32_t t, int64_t in, int nm);
-/* whether steps of one token (one pair a tile) take the warp-specialized kernel (default: yes,
- * unless MLA_CUDA_GSWS=0); for the op checks, which compare the two */
+/* whether steps of one token (one pair a tile) take the warp-specialized kernel (default: yes);
+ * for the op checks, which compare the two */
 void gemvs_set_ws(bool on);
 /* mla_cuda_set_gemv_trace (kernels/cuda_ops.h) */
 constexpr int GS_TRACE_N = MLA_CUDA_GEMV_TRACE_N;

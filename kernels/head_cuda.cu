@@ -402,10 +402,10 @@ extern "C" int mla_cuda_head_matmul(const float *d_w, int64_t H, int64_t in, int
     return MLA_OK;
 }
 
-/* Where a head GEMV kernel rounds y into d_yq itself (mlacu_q8out_on): *q, *qs its int8 rows and
- * unit scales for T rows of yt; else both NULL and the caller quantizes after it. */
+/* Where a head GEMV kernel rounds y into d_yq itself: *q, *qs its int8 rows and unit scales for
+ * T rows of yt; else (no d_yq) both NULL. */
 static void head_yq(void *d_yq, int64_t T, int64_t yt, int8_t **q, float4 **qs) {
-    void *kq = mlacu_q8out_on() ? d_yq : NULL;
+    void *kq = d_yq;
     *q = (int8_t *)kq;
     *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
 }
