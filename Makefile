@@ -1,7 +1,7 @@
 # Two commands for a new user (each installs what is missing, then builds):
 #   make run    start mlaserve on the bundled tiny model (CPU workers) and answer a prompt
 #   make test   build with ASan+UBSan and run every test under ctest (CUDA code compiled when
-#               nvcc is there, run only on a GPU machine: scripts/gpu_check.sh)
+#               nvcc is there, run only on a GPU host: scripts/gpu_check.sh)
 # `make build CUDA=ON` builds the CUDA backend too; `make bundle` a relocatable tree with it.
 JOBS ?= $(shell nproc)
 MODEL ?= models/tiny-deepseek3-bf16.gguf

@@ -13,7 +13,7 @@ the norm, the attention), 3 the attention's queries staged, 4 one of its key til
 
 Each record costs its thread an atomic's round trip (about a microsecond) on the kernel's path:
 the trace shows where time goes and in what order, not what a step takes untraced; a kernel's
-in-chain cost is what the step loses with it (the eighteenth session's ablations).
+in-chain cost is what the step loses with it (ablations of 2026-11-30).
 
 Usage: steptrace.py PREFIX [--step K] (K-th complete step from the end, default 1) [--list]"""
 import collections

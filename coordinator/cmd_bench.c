@@ -18,7 +18,9 @@
 #include "common/model_config.h"
 #include "common/shard_plan.h"
 #include "coord.h"
-#include "worker/engine_cuda.h"
+#ifdef MLA_HAVE_CUDA
+#include "kernels/cuda_ops.h"
+#endif
 
 #define BENCH_MAX_LIST 64
 
@@ -598,6 +600,16 @@ static int write_text(const char *path, const char *text, mla_err *err) {
     return MLA_OK;
 }
 
+/* CUDA devices this process sees (what worker/worker_main.c counts to pick its backend); 0 in a
+ * build without CUDA */
+static int bench_cuda_devices(void) {
+#ifdef MLA_HAVE_CUDA
+    return mla_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, const mla_config *cf) {
     time_t t = time(NULL);
     struct tm tm;
@@ -628,7 +640,7 @@ static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, co
     const char *be = o->g.cc.backend ? o->g.cc.backend : getenv("MLA_BACKEND");
     /* not given: what the workers will pick (worker/worker_main.c): cuda where this build has it
      * and a device is visible */
-    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : engine_cuda_devices() > 0 ? "cuda" : "cpu");
+    snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : bench_cuda_devices() > 0 ? "cuda" : "cpu");
 }
 
 /* ---- the command ----------------------------------------------------------------------------- */

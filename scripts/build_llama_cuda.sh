@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build_llama_cuda.sh - build llama.cpp's llama-bench and llama-batched-bench
 # with CUDA for sm_90 (H100/H200) on a machine WITHOUT a GPU, and package them
-# so they can be carried to the GPU machine (no network there) and run side by
+# so they can be carried to a GPU host without network and run side by
 # side with `mlaserve bench`.  See scripts/llama_side_by_side.sh for the runner
 # and bench/plot_decode.py for the plot.
 #
@@ -31,7 +31,7 @@
 #                                                       build machine (only the toolkit stub)
 #   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
 #   -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF
-#   Only the targets llama-bench and llama-batched-bench are built (measured: 55 min with
+#   Only the targets llama-bench, llama-batched-bench and llama-server are built (measured: 55 min with
 #   FA while another build ran, 29 min without FA; nice 19, -j2, 2 cores).
 #
 #   Why FlashAttention is OFF: size.  A first build with FA (f16-f16 only) and static
@@ -56,7 +56,7 @@
 #       run-llama-bench.sh                 wrapper: finds the CUDA 13 libs, sets
 #                                          LD_LIBRARY_PATH, execs the tool
 #       README.txt                         commit, flags, dependency list
-#   $REPO/.llama-cuda.tar.xz      (xz -9e; unpack on the GPU machine with
+#   $REPO/.llama-cuda.tar.xz      (xz -9e; unpack on the GPU host with
 #                                  `tar xJf .llama-cuda.tar.xz` in the repo root)
 #
 # Usage
@@ -79,7 +79,7 @@ NICE=${NICE:-19}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 REPO=${REPO:-$(cd "$(dirname "$0")/.." && pwd)}
 PKG=$REPO/.llama-cuda
-TARGETS=(llama-bench llama-batched-bench)
+TARGETS=(llama-bench llama-batched-bench llama-server)
 
 FA=${FA:-0}
 if [ "$FA" = 1 ]; then FA_FLAGS=(-DGGML_CUDA_FA=ON -DGGML_CUDA_FA_QUANTS=f16-f16); else FA_FLAGS=(-DGGML_CUDA_FA=OFF); fi
@@ -102,7 +102,7 @@ CMAKE_FLAGS=(
   -DGGML_CCACHE=OFF
   -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF
-  -DLLAMA_BUILD_SERVER=OFF
+  -DLLAMA_BUILD_SERVER=ON
   -DLLAMA_BUILD_APP=OFF
   -DLLAMA_BUILD_TOOLS=ON
   -DLLAMA_OPENSSL=OFF
@@ -138,7 +138,7 @@ package() {
 
   # Copy the tools and, transitively, every NEEDED library found in the build's bin/
   # (the llama.cpp shared libraries, under their soname).  Everything else must be a
-  # CUDA library present on the GPU machine or a base system library.
+  # CUDA library present on the GPU host or a base system library.
   local todo=("${TARGETS[@]}") done_=" " f lib bad=0 needed=""
   for t in "${TARGETS[@]}"; do cp "$bin/$t" "$PKG/$t"; done
   while [ ${#todo[@]} -gt 0 ]; do
@@ -162,7 +162,7 @@ package() {
   [ $bad = 0 ] || exit 1
   needed=$(tr ' ' '\n' <<< "$needed" | sed '/^$/d' | sort -u | tr '\n' ' ')
   local bundled
-  bundled=$(cd "$PKG" && ls | grep -v -x -e llama-bench -e llama-batched-bench | tr '\n' ' ')
+  bundled=$(cd "$PKG" && ls | grep -v -x -e llama-bench -e llama-batched-bench -e llama-server | tr '\n' ' ')
   strip --strip-unneeded "$PKG"/*
   local glibc_max
   glibc_max=$(for f in "$PKG"/*; do objdump -T "$f"; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
@@ -230,10 +230,10 @@ EOF
     echo "cmake  : ${CMAKE_FLAGS[*]}"
     echo "targets: ${TARGETS[*]} (stripped; RPATH \$ORIGIN)"
     echo "bundled: $bundled"
-    echo "needs  : $needed(not bundled: CUDA 13 from the GPU machine, base system)"
+    echo "needs  : $needed(not bundled: CUDA 13 from the GPU host, base system)"
     echo "glibc  : highest symbol version needed $glibc_max"
     echo
-    echo "Usage (GPU machine, repo root):"
+    echo "Usage (GPU host, repo root):"
     echo "  .llama-cuda/run-llama-bench.sh -m model.gguf -ngl 99 -fa $FA -p 512 -n 0 -o json"
     echo "  .llama-cuda/run-llama-bench.sh --batched -m model.gguf -ngl 99 -fa $([ "$FA" = 1 ] && echo on || echo off) -c 16384 -pps -npp 128 -ntg 128 -npl 1,8,32 --output-format jsonl"
     if [ "$FA" = 1 ]; then

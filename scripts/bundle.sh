@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bundle`: a relocatable release tree of mlaserve with the CUDA backend, for a machine that
-# has only the NVIDIA driver (libcuda) and NCCL, as the GPU machine is.
+# has only the NVIDIA driver (libcuda) and NCCL, as a GPU host often is.
 #   scripts/bundle.sh [DEST]        (default .bundle; env ARCH="90;100;120", BUILD=build-bundle)
 # DEST/bin: mlaserve, mlaserve-worker (and mlaserve-coordinator when built); DEST/share: what
 # `cmake --install` puts there (share/mlaserve: deploy files, the tiny model, the Dockerfile;
@@ -29,7 +29,7 @@ bins=("$BUILD/coordinator/mlaserve" "$BUILD/worker/mlaserve-worker")
 [ -x "$BUILD/coordinator/mlaserve-coordinator" ] && bins+=("$BUILD/coordinator/mlaserve-coordinator")
 cp "${bins[@]}" "$DEST/bin/"
 cmake --install "$BUILD" --prefix "$DEST" --component share >/dev/null
-# system libraries every glibc Linux has (left out), the driver and NCCL (from the GPU machine)
+# system libraries every glibc Linux has (left out), the driver and NCCL (from the GPU host)
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libnccl)\.'
 for b in "$DEST"/bin/*; do
   ldd "$b" | awk '/=> \//{print $1, $3}' | while read -r name path; do

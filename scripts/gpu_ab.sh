@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of environment settings on one synthetic model's batch-1 decode, on the GPU machine:
+# A/B of environment settings on one synthetic model's batch-1 decode, on a GPU host:
 # for each setting, the engine's own decode step (mla-e2e, MLA_E2E_TIME) and `mlaserve bench`
 # at batch 1 with every process marking its steps (MLA_STEP_TRACE, common/steptrace.h), read by
 # scripts/steptrace.py into where each step's time goes between the caller and the engine.
@@ -8,7 +8,7 @@
 # STEPS (default 64), SETTINGS: settings separated by ';',
 # each a space-separated list of NAME=VALUE (default "MLA_CUDA_GRAPHS=0;MLA_CUDA_GRAPHS=1").
 # The model is mkmodel's, as scripts/gpu_bench.sh writes it (reused when it is there). A dry run
-# on the CPU machine: BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small BENCH_DIR=/tmp/x
+# without a GPU: BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small BENCH_DIR=/tmp/x
 # CTX=32 STEPS=8 scripts/gpu_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Real-width benchmarks on the GPU machine (issue 9): a synthetic DeepSeek-V3-shaped model
+# Real-width benchmarks on a GPU host: a synthetic DeepSeek-V3-shaped model
 # (`mlaserve mkmodel`, random weights, Q4_K experts, Q8_0 attention, Q6_K embeddings/output),
 # written on that machine's disk, then
 #   1. `mlaserve bench` (coordinator + worker processes, the CUDA backend): prefill 512 and 4096
 #      tokens, decode at batch 1/8/32/128/256 and context 1k/16k, each against its limit (the
-#      copy bandwidth the op harness measured in this call, else 4208 GB/s; 790 TFLOP/s bf16)
+#      copy bandwidth the op harness measured in this run, else 4208 GB/s; 790 TFLOP/s bf16)
 #   2. llama.cpp on the same file (scripts/llama_side_by_side.sh with the carried .llama-cuda/):
 #      one GPU, then llama.cpp's layer split over every GPU of the machine; the decode plot
 #      (bench/plot_decode.py) of both
@@ -12,7 +12,7 @@
 # Env: BUNDLE (release tree, default .bundle), OUT (default ./out), LAYERS (default 4),
 # BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds),
 # FAMILY (v3, glm5 or v2lite: the shapes mkmodel writes; outputs are named by it).
-# A dry run of the script on the CPU machine (small model, CPU backend, short lists):
+# A dry run of the script without a GPU (small model, CPU backend, short lists):
 #   BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small NCU=0 \
 #   BENCH_ARGS="--prefill 16 --batch 1,4 --ctx 64 --steps 2" scripts/gpu_bench.sh
 set -uo pipefail
@@ -35,7 +35,7 @@ echo "model: $M ($(du -h "$M" | cut -f1), $(since))"
 ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 TPS="${TPS:-$([ "$ngpu" -ge 2 ] && echo 1,2 || echo 1)}"
 bw=$(grep -o 'D2D copy [0-9]*' "$OUT/gpu-check.log" 2>/dev/null | awk '{print $3}' | head -1)
-bw="${BW_GBS:-${bw:-4208}}" # BW_GBS: a copy rate measured earlier (the op harness did not run in this call)
+bw="${BW_GBS:-${bw:-4208}}" # BW_GBS: a copy rate measured earlier (the op harness did not run in this run)
 rc=0
 # decode contexts up to 16k + the warm-up and timed steps; 32 timed steps a point, as llama-bench's
 # tg32 (with 8, one slow step moved a row by 10%)
@@ -107,7 +107,7 @@ if command -v ncu >/dev/null && [ -x build-gpu-carried/mla-e2e ] && [ "${NCU:-1}
   fi
   echo "ncu done ($(since))"
 fi
-# the run tool brings back only the first 8 files by name: all of $OUT also as one archive that
+# keep the outputs few: all of $OUT also as one archive that
 # sorts first
 tar czf "/tmp/bench-$F.tgz" -C "$OUT" --exclude='0-*.tgz' . 2>/dev/null && mv "/tmp/bench-$F.tgz" "$OUT/0-bench-$F.tgz"
 exit $rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packs what one GPU-machine call needs into .gpucarry/ (ignored; name it in the run tool's carry),
-# compressed so that the repository plus this stays under the 64 MiB a call may carry:
+# Packs what a GPU host without network needs into .gpucarry/ (ignored),
+# compressed so that the repository plus this stays under 64 MiB:
 #   bins.tar.xz      the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/, and
 #                    mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
 #                    sm_90, stripped; they need only the driver) -> build-gpu-carried/ (share/, which
@@ -9,7 +9,7 @@
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
-# On the GPU machine scripts/gpu_session.sh unpacks them. Usage: scripts/gpu_carry.sh
+# On the GPU host scripts/gpu_verify.sh unpacks them. Usage: scripts/gpu_carry.sh
 #   env: FIXTURES (default ../shared/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
 #   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
 #   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files, NO_FIXTURES=1 every fixture, NO_LLAMA=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script to run on the GPU machine: configures a CUDA-only build (MLA_GPU_ONLY: common +
+# The one script to run on a GPU host: configures a CUDA-only build (MLA_GPU_ONLY: common +
 # kernels + the op harness; that machine has no libzmq/libuv/protobuf-c/pcre2), builds it, runs
 # (C warnings that a different gcc raises in others' files do not stop it), the host check of the dequantizers and mla-gpu-check, and writes the table to $OUT (or ./out).
 #   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]
@@ -13,8 +13,8 @@
 # --e2e: after the op checks, the fixtures through the CUDA forward pass (mla-e2e, driven by
 # tests/model/check_logits.py with the CPU tests' bounds) at TP = 1, 2, 4 (ranks as threads
 # sharing the GPU through the host collective), and a short table. Fixtures travel in .gpu-fixtures/
-# (ignored; copy with scripts/gpu_fixtures.sh, carried by the run tool).
-# --stack: the whole distributed stack from the bundle (scripts/bundle.sh, built on the CPU machine
+# (ignored; copy with scripts/gpu_fixtures.sh, carried with the repository).
+# --stack: the whole distributed stack from the bundle (scripts/bundle.sh, built on a build host
 # and carried): `mlaserve logits --tp 1/2/4 --backend cuda` (coordinator + mlaserve-worker
 # processes; TP 1 on NCCL, TP > 1 sharing the one GPU through the host collective) checked by
 # check_logits.py on both bf16 fixtures, and `mlaserve serve --backend cuda --tp 2` answering a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama_side_by_side.sh - run llama.cpp's own benchmarks on the GPU machine, next to
+# llama_side_by_side.sh - run llama.cpp's own benchmarks on a GPU host, next to
 # `mlaserve bench`, with the CUDA build carried in .llama-cuda/ (made by
 # scripts/build_llama_cuda.sh; unpacked from .llama-cuda.tar.xz in the repo root if missing).
 #
@@ -133,7 +133,7 @@ done
 
 [ $DRY = 1 ] && { echo "(dry run: nothing executed; commands in $OUT/commands.txt)"; exit 0; }
 
-# summary table (python3 is on the GPU machine; standard library only)
+# summary table (python3 on the GPU host; standard library only)
 python3 - "$OUT" > "$OUT/summary.md" <<'EOF'
 import glob, json, os, re, sys
 out = sys.argv[1]

@@ -1,4 +1,4 @@
-# `mlaserve bench` (coordinator/cmd_bench.c), the Bench frames (worker/wire.c, worker/wk_run.c) and the
+# `mlaserve bench` (coordinator/cmd_bench.c), the Bench frames (proto/wire.c, worker/wk_step.c) and the
 # CPU engine's bench hooks (worker/engine_cpu.c). No timing is asserted anywhere.
 if(TARGET mlaserve-worker)
   add_test(NAME bench_cli

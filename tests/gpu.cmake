@@ -41,7 +41,7 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   target_link_libraries(mla-e2e mla_model_cuda Threads::Threads)
 endif()
 
-# `--backend cpu|cuda` of mlaserve logits/generate/serve (coordinator/coord.c coord_parse_opt): a
+# `--backend cpu|cuda` of mlaserve logits/generate/serve (coordinator/coord_opts.c): a
 # backend means worker processes, also at TP 1; checked against the HF logits through them (CPU
 # backend here; scripts/gpu_check.sh --stack runs the cuda backend on the GPU machine), and a
 # bad value is refused with a message naming it.

@@ -5,7 +5,7 @@
 #    reference, tokenize, health, models, several requests per connection, each malformed frame
 #    case, cancel, disconnect frees the request, API key.
 #  - serve_accept: HTTP single requests = HF greedy, 64 concurrent streaming clients, /metrics sums.
-#  - readme_api_examples: the README "HTTP API" / "Protobuf API" sh blocks run as printed.
+#  - readme_api_examples: the docs/api.md "HTTP API" / "Protobuf API" sh blocks run as printed.
 #  - with -DMLA_FUZZ=ON (clang): fuzz_pbframe (libFuzzer) and pbapi_fuzz_smoke (300000 inputs, -seed=1).
 add_executable(replay_pbframe ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_pbframe.c)
 target_link_libraries(replay_pbframe mla_coord)
@@ -19,7 +19,7 @@ if(TARGET mlaserve-worker AND TARGET mlaserve)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/serve_accept.py
                    $<TARGET_FILE:mlaserve> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
   add_test(NAME readme_api_examples
-           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/README.md
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/pbapi/readme_examples.py ${CMAKE_SOURCE_DIR}/docs/api.md
                    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/models ${MLA_FIXTURES})
   # the port's limits: idle and frame timeouts, small frames before the key (issue 36)
   add_test(NAME pbapi_limits

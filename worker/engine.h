@@ -24,7 +24,7 @@
 
 typedef struct engine engine;
 
-/* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_run.c):
+/* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_boot.c):
  * rank 0 publishes a secret every rank needs before its collective exists (the NCCL unique id,
  * WIRE_MAX_NCCL_ID bytes); the coordinator relays it (Control NCCL_ID, docs/ctrl.md); the other
  * ranks wait for it, bounded by a timeout (MLA_NCCL_ID_TIMEOUT_MS, 120 s by default), failing with

@@ -1,4 +1,4 @@
-/* wk_ahead: the worker's step ahead (used by worker/wk_run.c's compute thread).
+/* wk_ahead: the worker's step ahead (used by worker/wk_step.c's compute thread).
  *
  * After a step whose every row was a one-token decode whose token the engine took greedily on
  * the device, the next step is known before the coordinator sends it: the same sequences, the

@@ -4,7 +4,7 @@
  * the coordinator, and the local link when the coordinator started this worker (link_fd: every
  * frame after the registration reply goes over it; docs/ctrl.md): it registers, answers and
  * sends heartbeats, validates every frame
- * (worker/wire.h) and passes plans to the compute thread over an inproc pair. The compute thread
+ * (proto/wire.h) and passes plans to the compute thread over an inproc pair. The compute thread
  * attaches nothing itself: it loads the engine on the collective the I/O thread attached, runs
  * each StepPlan, samples on rank 0 (worker/sample.h) and hands the StepResult back. Bench frames
  * (`mlaserve bench`) take the same path, in order with the plans: the engine's bench_fill /

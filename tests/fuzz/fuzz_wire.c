@@ -1,4 +1,4 @@
-/* libFuzzer target for worker/wire: any byte string must be rejected with a message or decode to
+/* libFuzzer target for proto/wire: any byte string must be rejected with a message or decode to
  * a frame that survives encode -> decode -> encode with identical bytes. Built only with
  * -DMLA_FUZZ=ON (clang). */
 #include <stdint.h>

@@ -1,4 +1,4 @@
-"""The README's "HTTP API" and "Protobuf API" examples work as printed: every ```sh block of
+"""The API examples of docs/api.md ("HTTP API" and "Protobuf API") work as printed: every ```sh block of
 those sections runs with bash (-e -o pipefail) in a folder where build/ is this build and models/
 holds the bundled model, with PORT / PROTO_PORT set (8080 / 8081 when free, else free ports:
 the examples read ${PORT:-8080}). The block that starts `mlaserve serve` runs in the background

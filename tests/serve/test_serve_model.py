@@ -1,4 +1,4 @@
-"""`mlaserve serve` (coordinator/cmd_serve.c) on the tiny-deepseek3 fixture: tokenizer, chat
+"""`mlaserve serve` (coordinator/cmd_serve.c, serve_adapt.c) on the tiny-deepseek3 fixture: tokenizer, chat
 template, coordinator, CPU workers and the HTTP API together. Known answers come from the
 fixture's Hugging Face reference (ref.json: input tokens, greedy continuations, top-5 logprobs).
 Usage: test_serve_model.py SERVE_EXE WORKER_EXE FIXTURES_DIR TP. Exit 77 when the fixture is

@@ -1,4 +1,4 @@
-/* zspin (worker/zspin.h): the spin length from MLA_SPIN_US and the backend, and zspin_poll's
+/* zspin (proto/zspin.h): the spin length from MLA_SPIN_US and the backend, and zspin_poll's
  * answers (no timing is asserted): nothing pending after a spin and a zero timeout, a message
  * already pending, a message sent by another thread during the spin, a message sent after the
  * spin while the poll blocks. */

@@ -1,0 +1,208 @@
+/* serve_adapt (coordinator/serve_adapt.h): the tokenizer adapter, the scheduler's backend over
+ * the worker group and the health hooks of `mlaserve serve`. */
+#include "coordinator/serve_adapt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_log.h"
+
+/* ---- tokenizer adapter ---- */
+
+static int st_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                     const size_t *plain, size_t n_plain, int32_t **ids, int32_t *n, mla_err *err) {
+    serve_adapt *s = ctx;
+    tok_ids out = {0};
+    int rc = MLA_OK;
+    if (add_special && s->prefix && s->prefix[0])
+        rc = tok_encode(s->vocab, s->prefix, strlen(s->prefix), false, true, &out, err);
+    else if (add_special && !s->prefix)
+        rc = MLA_OK; /* no template prefix: tok_encode's own add_special below */
+    if (rc == MLA_OK)
+        rc = tok_encode_spans(s->vocab, text, len, add_special && !s->prefix, parse_special, plain, n_plain, &out, err);
+    if (rc != MLA_OK) {
+        tok_ids_free(&out);
+        return rc;
+    }
+    *ids = out.ids; /* ownership moves to the caller (malloc'd) */
+    *n = (int32_t)out.n;
+    return MLA_OK;
+}
+
+static size_t st_control_at(void *ctx, const char *text, size_t len, size_t pos) {
+    serve_adapt *s = ctx;
+    return tok_control_at(s->vocab, text, len, pos);
+}
+
+static const char *st_piece(void *ctx, int32_t id, size_t *len) {
+    serve_adapt *s = ctx;
+    return tok_token_piece(s->vocab, id, len);
+}
+static bool st_special(void *ctx, int32_t id) {
+    serve_adapt *s = ctx;
+    return tok_token_type(s->vocab, id) == TOK_TYPE_CONTROL;
+}
+bool serve_adapt_is_eog(void *ctx, int32_t id) {
+    serve_adapt *s = ctx;
+    return tok_is_eog(s->vocab, id);
+}
+static int st_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+    serve_adapt *s = ctx;
+    size_t len = 0;
+    const char *used = NULL;
+    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, NULL, out, &len, &used, err);
+}
+
+/* ---- scheduler backend over the coordinator ---- */
+
+static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    serve_adapt *s = ctx;
+    if (plan->n_seqs > s->cap_wseqs) {
+        s->cap_wseqs = plan->n_seqs * 2;
+        s->wseqs = mla_xrealloc(s->wseqs, (size_t)s->cap_wseqs * sizeof(*s->wseqs));
+    }
+    if ((size_t)plan->n_tokens > s->cap_pos) {
+        s->cap_pos = (size_t)plan->n_tokens * 2;
+        s->pos = mla_xrealloc(s->pos, s->cap_pos * sizeof(int32_t));
+    }
+    size_t off = 0;
+    for (int i = 0; i < plan->n_seqs; i++) {
+        const sched_plan_seq *p = &plan->seqs[i];
+        wire_seq *w = &s->wseqs[i];
+        memset(w, 0, sizeof(*w));
+        w->seq_id = p->seq_id;
+        w->n_tokens = (uint32_t)p->n_tokens;
+        w->tokens = (int32_t *)p->tokens;
+        w->positions = s->pos + off;
+        for (int32_t k = 0; k < p->n_tokens; k++) s->pos[off + (size_t)k] = p->start_pos + k;
+        off += (size_t)p->n_tokens;
+        w->block_start = (uint32_t)p->n_blocks_sent;
+        w->n_blocks = (uint32_t)(p->n_blocks - p->n_blocks_sent);
+        w->blocks = (uint32_t *)(p->block_table + p->n_blocks_sent); /* ids >= 0: the same bits */
+        w->sample = p->sample;
+        if (p->start_pos == 0 && s->api) api_server_note_scheduled(s->api, p->seq_id); /* its prompt starts */
+        const sched_sampling *sp = p->sampling;
+        w->sp.temperature = sp->temperature;
+        w->sp.top_k = sp->top_k;
+        w->sp.top_p = sp->top_p;
+        w->sp.min_p = sp->min_p;
+        w->sp.repetition_penalty = sp->repetition_penalty;
+        w->sp.presence_penalty = sp->presence_penalty;
+        w->sp.frequency_penalty = sp->frequency_penalty;
+        /* no seed given: a per-request one (the stream index is the position, so preemption
+         * and recomputation give the same tokens either way) */
+        w->sp.seed = sp->has_seed ? sp->seed : s->seed_base ^ (p->seq_id * 0x9E3779B97F4A7C15ULL);
+        w->sp.logprobs = sp->logprobs;
+        w->sp.top_logprobs = (uint32_t)sp->top_logprobs;
+        w->sp.logits = WIRE_LOGITS_NONE;
+    }
+    wire_step_plan wp = {.step_id = ++s->step_id, .n_seqs = (uint32_t)plan->n_seqs, .seqs = s->wseqs};
+    wire_step_result res;
+    if (coord_step(s->c, &wp, &res, err) != MLA_OK) return MLA_ERR;
+    int rc = MLA_OK;
+    if (!res.ok) {
+        rc = mla_errf(err, "%s", res.error[0] ? res.error : "the workers failed the step");
+    } else {
+        for (int i = 0; i < plan->n_seqs && rc == MLA_OK; i++) {
+            if (!plan->seqs[i].sample) continue;
+            const wire_seq_result *r = NULL;
+            for (uint32_t k = 0; k < res.n_seqs; k++)
+                if (res.seqs[k].seq_id == plan->seqs[i].seq_id) r = &res.seqs[k];
+            if (!r || r->token < 0) {
+                rc = mla_errf(err, "the workers returned no token for sequence %llu",
+                              (unsigned long long)plan->seqs[i].seq_id);
+                break;
+            }
+            results[i].token = r->token;
+            results[i].logprob = r->logprob;
+            results[i].n_top = (int32_t)(r->n_top < SCHED_MAX_TOP_LOGPROBS ? r->n_top : SCHED_MAX_TOP_LOGPROBS);
+            for (int32_t k = 0; k < results[i].n_top; k++) {
+                results[i].top_ids[k] = r->top[k].token;
+                results[i].top_logprobs[k] = r->top[k].logprob;
+            }
+        }
+    }
+    coord_result_free(&res);
+    return rc;
+}
+
+static void cb_free(void *ctx, uint64_t id) {
+    serve_adapt *s = ctx;
+    mla_err err;
+    if (coord_free_seqs(s->c, &id, 1, &err) != MLA_OK)
+        MLA_WARN("serve: freeing sequence %llu: %s", (unsigned long long)id, err.msg);
+}
+
+static bool cb_health(void *ctx, char *why, size_t cap) {
+    serve_adapt *s = ctx;
+    mla_err err = {{0}};
+    if (coord_healthy(s->c, &err)) return true;
+    snprintf(why, cap, "%s", err.msg[0] ? err.msg : "the worker group failed");
+    return false;
+}
+
+static int cb_workers(void *ctx, coord_worker_info *info, int cap) {
+    serve_adapt *s = ctx;
+    return coord_workers(s->c, info, cap);
+}
+
+/* /health while the first start is under way: 503 with each rank's progress */
+static bool cb_loading(void *ctx, cJSON **body) {
+    serve_adapt *s = ctx;
+    if (coord_phase(s->c) != COORD_PHASE_LOADING) return false;
+    coord_worker_info w[WIRE_MAX_WORLD];
+    int n = coord_workers(s->c, w, WIRE_MAX_WORLD);
+    cJSON *j = cJSON_CreateObject(), *ranks = cJSON_AddArrayToObject(j, "ranks");
+    cJSON_AddStringToObject(j, "status", "loading");
+    uint64_t done = 0, total = 0;
+    for (int r = 0; r < n; r++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        cJSON_AddStringToObject(o, "state", w[r].loaded ? "loaded" : !w[r].registered ? "starting"
+                                            : w[r].load_total ? "loading" : "registered");
+        if (w[r].device[0]) cJSON_AddStringToObject(o, "device", w[r].device);
+        if (w[r].load_total) {
+            cJSON_AddNumberToObject(o, "bytes_done", (double)w[r].load_done);
+            cJSON_AddNumberToObject(o, "bytes_total", (double)w[r].load_total);
+            if (w[r].load_seconds > 0 && w[r].load_done > 0) {
+                double rate = (double)w[r].load_done / w[r].load_seconds;
+                cJSON_AddNumberToObject(o, "bytes_per_second", rate);
+                if (!w[r].loaded) cJSON_AddNumberToObject(o, "eta_seconds", (double)(w[r].load_total - w[r].load_done) / rate);
+            }
+            done += w[r].load_done;
+            total += w[r].load_total;
+        }
+        cJSON_AddItemToArray(ranks, o);
+    }
+    cJSON_AddNumberToObject(j, "bytes_done", (double)done);
+    cJSON_AddNumberToObject(j, "bytes_total", (double)total);
+    *body = j;
+    return true;
+}
+
+api_tokenizer serve_adapt_tokenizer(serve_adapt *s, int32_t n_vocab) {
+    return (api_tokenizer){.ctx = s, .n_vocab = n_vocab, .encode = st_encode, .piece = st_piece,
+                           .is_special = st_special, .is_eog = serve_adapt_is_eog, .control_at = st_control_at,
+                           .render_chat = s->tmpl ? st_chat : NULL};
+}
+
+void serve_adapt_api_hooks(serve_adapt *s, api_config *ac) {
+    ac->health = cb_health;
+    ac->health_ctx = s;
+    ac->loading = cb_loading;
+    ac->workers = cb_workers;
+}
+
+sched_backend serve_adapt_backend(serve_adapt *s) {
+    return (sched_backend){.ctx = s, .run_step = cb_run, .free_seq = cb_free};
+}
+
+void serve_adapt_free(serve_adapt *s) {
+    free(s->wseqs);
+    free(s->pos);
+    free(s->prefix);
+    if (s->tmpl) chat_tmpl_free(s->tmpl);
+    if (s->vocab) tok_vocab_free(s->vocab);
+    s->wseqs = NULL, s->pos = NULL, s->prefix = NULL, s->tmpl = NULL, s->vocab = NULL;
+}

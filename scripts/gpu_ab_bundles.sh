@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Two builds side by side on the same files and GPU: `mlaserve bench` of bundle A, then of bundle
+# B, family by family (4-layer real-width mkmodel files, written here), on the rows of the 24-row
+# table of scripts/gpu_bench.sh (prefill 512 and 4096; decode at batch 1 at 1k and 16k; batch 8,
+# 32, 128, 256 at 1k), then a table of B / A per row (bench/ab_rows.py). For a change that must
+# not move speed (a refactor): A the tree before it, B after.
+# Env: A, B (release trees with bin/mlaserve; default .bundle-before and .bundle90), OUT (default
+# ./out), FAMILIES (default "v3 glm5 v2lite"), BENCH_DIR (default /tmp/mla-bench), RUN_S (time
+# bound of one bench run, default 150), BW_GBS (the copy rate for the roofline, default 4250).
+# A dry run without a GPU: A=<tree> B=<tree> BACKEND=cpu MKMODEL_ARGS=--small
+# BENCH_ARGS="--prefill 16 --batch 1,2 --ctx 64 --steps 2" scripts/gpu_ab_bundles.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+A="$(cd "${A:-.bundle-before}" && pwd)" || exit 1
+B="$(cd "${B:-.bundle90}" && pwd)" || exit 1
+W="${BENCH_DIR:-/tmp/mla-bench}"
+mkdir -p "$W"
+t0=$(date +%s)
+since() { echo "$(( $(date +%s) - t0 )) s"; }
+rc=0
+for F in ${FAMILIES:-v3 glm5 v2lite}; do
+  M="$W/${F}-4l-q4k.gguf"
+  [ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" --layers 4 --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" \
+    >"$OUT/mkmodel-$F.log" 2>&1 || { tail -5 "$OUT/mkmodel-$F.log"; rc=1; continue; }
+  for side in A B; do
+    bin="$A"; [ "$side" = B ] && bin="$B"
+    # shellcheck disable=SC2086
+    timeout "${RUN_S:-150}" "$bin/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 --repeat 2 --warmup 2 \
+      ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
+      --bw-gbs "${BW_GBS:-4250}" --tflops 790 --json "$OUT/ab-$F-$side.json" >"$OUT/ab-$F-$side.log" 2>&1 ||
+      { rc=1; echo "$F $side: mlaserve bench exit status $?"; tail -5 "$OUT/ab-$F-$side.log"; }
+    echo "$F $side done ($(since))"
+  done
+  python3 bench/ab_rows.py "$OUT/ab-$F-A.json" "$OUT/ab-$F-B.json" | tee "$OUT/ab-$F.md"
+done
+exit $rc

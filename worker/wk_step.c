@@ -1,0 +1,427 @@
+/* wk_step: the worker's compute thread (worker/wk_run.h): loads the engine, runs each step plan
+ * (and the step ahead, worker/wk_ahead.h), samples on rank 0 and hands the result back to the I/O
+ * thread; bench requests take the same path. */
+#include "wk_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/loadprog.h"
+#include "common/steptrace.h"
+#include "mla_log.h"
+#include "sample.h"
+#include "zspin.h"
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* compute thread: the device's memory, at most once a second */
+static void poll_mem(wk *w, engine *eng) {
+    if (!w->cfg->engine->mem_info) return;
+    int64_t t = wk_now_ms();
+    if (w->mem_at && t - w->mem_at < 1000) return;
+    w->mem_at = t;
+    uint64_t f = 0, tot = 0;
+    if (w->cfg->engine->mem_info(eng, &f, &tot) == MLA_OK && f <= tot) {
+        atomic_store(&w->mem_free, f);
+        atomic_store(&w->mem_total, tot);
+    }
+}
+
+int wk_send_msg(void *sock, const wire_msg *m, mla_err *err) {
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(m, &buf, &n, err)) return MLA_ERR;
+    int rc = zmq_send(sock, buf, n, 0);
+    free(buf);
+    if (rc < 0) return mla_errf(err, "zmq send: %s", zmq_strerror(zmq_errno()));
+    return MLA_OK;
+}
+
+wire_msg wk_control_msg(wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab, uint64_t step_id,
+                            const char *message) {
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_CONTROL;
+    m.u.ctl.kind = kind;
+    m.u.ctl.rank = (uint32_t)rank;
+    m.u.ctl.status = status;
+    m.u.ctl.n_vocab = n_vocab;
+    m.u.ctl.step_id = step_id;
+    if (message) { /* cut to fit, as snprintf would (without its truncation warning once inlined) */
+        size_t k = strnlen(message, sizeof m.u.ctl.message - 1);
+        memcpy(m.u.ctl.message, message, k);
+        m.u.ctl.message[k] = '\0';
+    }
+    return m;
+}
+
+static void send_control(void *sock, wire_control_kind kind, int rank, int32_t status, uint32_t n_vocab,
+                         uint64_t step_id, const char *message) {
+    wire_msg m = wk_control_msg(kind, rank, status, n_vocab, step_id, message);
+    mla_err err;
+    if (wk_send_msg(sock, &m, &err)) MLA_WARN("%s", err.msg);
+}
+
+/* ---- compute thread ---------------------------------------------------------------------- */
+
+typedef struct seq_hist {
+    uint64_t id;
+    int32_t *tok;
+    size_t n, cap;
+} seq_hist;
+
+typedef struct hist_tab {
+    seq_hist *v;
+    size_t n, cap;
+} hist_tab;
+
+static seq_hist *hist_get(hist_tab *t, uint64_t id) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id) return &t->v[i];
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->v = mla_xrealloc(t->v, t->cap * sizeof *t->v);
+    }
+    seq_hist *h = &t->v[t->n++];
+    memset(h, 0, sizeof *h);
+    h->id = id;
+    return h;
+}
+
+static void hist_drop(hist_tab *t, uint64_t id) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id) {
+            free(t->v[i].tok);
+            t->v[i] = t->v[--t->n];
+            return;
+        }
+}
+
+static void hist_append(seq_hist *h, const wire_seq *s) {
+    if (s->positions[0] == 0) h->n = 0; /* a sequence starting over */
+    if (h->n + s->n_tokens > h->cap) {
+        h->cap = (h->n + s->n_tokens) * 2;
+        h->tok = mla_xrealloc(h->tok, h->cap * sizeof *h->tok);
+    }
+    memcpy(h->tok + h->n, s->tokens, s->n_tokens * sizeof *h->tok);
+    h->n += s->n_tokens;
+}
+
+/* Waits for the queued step ahead (when there is one) and keeps its tokens for the next plan. */
+static void ahead_collect(wk *w, engine *eng) {
+    if (!w->queued) return;
+    w->queued = false;
+    mla_err err;
+    wk_ahead *a = &w->ahead[w->cur];
+    if (w->cfg->engine->wait_queued(eng, w->rtok, &err)) {
+        MLA_WARN("the step ahead failed (the next plan runs in full): %s", err.msg);
+        wk_ahead_done(a, NULL);
+        return;
+    }
+    wk_ahead_done(a, w->rtok);
+}
+
+/* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
+ * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
+ * engine wrote logits into rows[i] instead. When p asks for exactly the queued step ahead, the
+ * step after it is queued first, from the tokens on the device (w->chained). */
+static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
+    const engine_ops *ops = w->cfg->engine;
+    w->chained = false;
+    if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
+    wk_ahead *a = &w->ahead[w->cur], *next = &w->ahead[w->cur ^ 1];
+    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL)) {
+        mla_err qerr;
+        w->chained = ops->queue(eng, &next->plan, true, &qerr) == MLA_OK;
+        if (!w->chained) {
+            MLA_INFO("step %llu: the step after the step ahead was not queued: %s", (unsigned long long)p->step_id,
+                     qerr.msg);
+            wk_ahead_clear(next);
+        }
+    }
+    ahead_collect(w, eng);
+    wire_step_plan rest = *p;
+    uint32_t nhit = 0;
+    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, &rest, w->ridx);
+    if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
+        w->queued = true;
+        w->cur ^= 1;
+        ahead_collect(w, eng);
+        wk_ahead_clear(&w->ahead[w->cur]);
+        w->chained = false;
+    } else if (w->chained) {
+        w->cur ^= 1;
+        w->queued = true;
+    }
+    if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
+    for (uint32_t i = 0; i < p->n_seqs; i++) w->gtok[i] = w->hit[i];
+    if (w->chained) wk_ahead_set_tokens(&w->ahead[w->cur], w->gtok); /* its inputs: this step's tokens */
+    if (rest.n_seqs == 0) return MLA_OK;
+    /* the residual rows, compacted: their logits rows, greedy flags and tokens */
+    float **rrows = mla_xmalloc(rest.n_seqs * sizeof *rrows);
+    for (uint32_t k = 0; k < rest.n_seqs; k++) {
+        rrows[k] = rows[w->ridx[k]];
+        w->rgreedy[k] = w->greedy[w->ridx[k]];
+    }
+    int rc = ops->step_greedy(eng, &rest, (float *const *)rrows, w->rgreedy, w->rtok, err);
+    for (uint32_t k = 0; rc == MLA_OK && k < rest.n_seqs; k++) w->gtok[w->ridx[k]] = w->rtok[k];
+    free(rrows);
+    return rc;
+}
+
+/* After plan p (its result sent): the step that follows from its device tokens, queued in the
+ * engine or run now (worker/wk_ahead.h), unless run_rows already queued it. The logits rows of p
+ * are big enough for it (one row a sequence, as p had). */
+static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
+    if (w->ahead_mode == WK_AHEAD_OFF || w->chained) return;
+    wk_ahead *a = &w->ahead[w->cur];
+    if (!wk_ahead_build(a, p, w->gtok)) return;
+    mla_err err;
+    if (w->ahead_mode == WK_AHEAD_QUEUE) {
+        if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
+            w->queued = true;
+            return;
+        }
+    } else {
+        for (uint32_t i = 0; i < a->plan.n_seqs; i++) w->rgreedy[i] = true;
+        if (w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)rows, w->rgreedy, w->rtok, &err) == MLA_OK) {
+            wk_ahead_done(a, w->rtok);
+            return;
+        }
+    }
+    MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s", (unsigned long long)p->step_id,
+             err.msg);
+    wk_ahead_done(a, NULL);
+}
+
+static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
+    const int rank = w->cfg->rank;
+    steptrace_mark(p->step_id, 'D');
+    const uint32_t V = atomic_load(&w->n_vocab);
+    const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
+    if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
+    float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
+    size_t need = 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) need += (size_t)engine_logit_rows(&p->seqs[i]) * V;
+    if (need > w->rows_cap) {
+        free(w->rows_buf);
+        w->rows_cap = need + need / 4;
+        w->rows_buf = mla_xmalloc(w->rows_cap * sizeof(float));
+    }
+    if (p->n_seqs > w->flags_cap) {
+        w->flags_cap = p->n_seqs * 2;
+        w->greedy = mla_xrealloc(w->greedy, w->flags_cap * sizeof *w->greedy);
+        w->rgreedy = mla_xrealloc(w->rgreedy, w->flags_cap * sizeof *w->rgreedy);
+        w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
+        w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
+        w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
+        w->ridx = mla_xrealloc(w->ridx, w->flags_cap * sizeof *w->ridx);
+    }
+    for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
+        rows[i] = w->rows_buf + (size_t)off * V;
+        off += engine_logit_rows(&p->seqs[i]);
+        w->greedy[i] = wk_ahead_greedy_row(&p->seqs[i]);
+        w->gtok[i] = -1;
+    }
+    mla_err err;
+    const int64_t t0 = now_ns();
+    /* the plan's table updates first: also those of rows a step ahead answered */
+    int rc = w->cfg->engine->set_tables(eng, p, &err);
+    if (rc == MLA_OK) rc = run_rows(w, eng, p, rows, &err);
+    atomic_fetch_add(&w->st_step_ns, (uint64_t)(now_ns() - t0));
+    atomic_fetch_add(&w->st_steps, 1);
+    poll_mem(w, eng);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    if (rc) {
+        wk_ahead_clear(&w->ahead[w->cur]);
+        MLA_ERROR("step %llu failed: %s", (unsigned long long)p->step_id, err.msg);
+        if (rank == 0) {
+            m.kind = WIRE_STEP_RESULT;
+            m.u.result.step_id = p->step_id;
+            m.u.result.ok = false;
+            snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %.480s", err.msg);
+            if (wk_send_msg(pair, &m, &err)) MLA_WARN("%s", err.msg);
+        } else {
+            send_control(pair, WIRE_CTL_ERROR, rank, 1, 0, p->step_id, err.msg);
+        }
+    } else if (rank == 0) {
+        wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
+        for (uint32_t i = 0; i < p->n_seqs; i++) {
+            const wire_seq *s = &p->seqs[i];
+            seq_hist *h = hist_get(hist, s->seq_id);
+            hist_append(h, s);
+            uint32_t nrow = engine_logit_rows(s);
+            const float *last = rows[i] + (size_t)(nrow - 1) * V;
+            sr[i].seq_id = s->seq_id;
+            sr[i].token = -1;
+            if (s->sample && w->gtok[i] >= 0) { /* taken on the device: greedy, no logprobs */
+                sr[i].token = w->gtok[i];
+                sr[i].logprob = 0;
+                sr[i].n_top = 0;
+            } else if (s->sample) {
+                sample_out so;
+                sampler_sample(smp, last, &s->sp, h->tok, h->n,
+                               (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
+                sr[i].token = so.token;
+                sr[i].logprob = so.logprob;
+                sr[i].n_top = so.n_top;
+                memcpy(sr[i].top, so.top, sizeof so.top);
+            }
+            if (s->sp.logits != WIRE_LOGITS_NONE) {
+                sr[i].n_logit_rows = nrow;
+                sr[i].n_vocab = V;
+                sr[i].logits = rows[i];
+            }
+        }
+        m.kind = WIRE_STEP_RESULT;
+        m.u.result.step_id = p->step_id;
+        m.u.result.ok = true;
+        m.u.result.n_seqs = p->n_seqs;
+        m.u.result.seqs = sr;
+        steptrace_mark(p->step_id, 'E');
+        if (wk_send_msg(pair, &m, &err)) {
+            /* e.g. too large a frame: report instead of going silent */
+            memset(&m, 0, sizeof m);
+            m.kind = WIRE_STEP_RESULT;
+            m.u.result.step_id = p->step_id;
+            snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %.480s", err.msg);
+            mla_err e2;
+            if (wk_send_msg(pair, &m, &e2)) MLA_WARN("%s", e2.msg);
+        }
+        free(sr);
+    }
+    if (rc == MLA_OK) run_ahead(w, eng, p, rows);
+    free(rows);
+}
+
+/* A Bench request (`mlaserve bench`): through the engine's bench hooks, in order with the steps;
+ * every rank answers with a BenchResult (an engine without the hook answers with an error). */
+static void run_bench(wk *w, engine *eng, hist_tab *hist, void *pair, const wire_bench *b) {
+    const engine_ops *ops = w->cfg->engine;
+    const int rank = w->cfg->rank;
+    mla_err err = {{0}};
+    int rc = MLA_OK;
+    double sec = 0;
+    if (b->op == WIRE_BENCH_FILL) {
+        if (!ops->bench_fill) {
+            rc = mla_errf(&err, "the %s engine has no bench_fill hook: it cannot fill sequences for `mlaserve bench`",
+                          ops->name ? ops->name : "?");
+        }
+        for (uint32_t i = 0; rc == MLA_OK && i < b->n_seq_ids; i++) {
+            hist_drop(hist, b->seq_ids[i]); /* synthetic context: no tokens for the penalties */
+            if (ops->bench_fill(eng, b->seq_ids[i], b->n_past, b->blocks + (size_t)i * b->blocks_per_seq,
+                                b->blocks_per_seq, &err))
+                rc = mla_err_prefix(&err, "bench fill of seq %llu to %u positions", (unsigned long long)b->seq_ids[i],
+                                    b->n_past);
+        }
+    } else if (!ops->bench_coll) {
+        rc = mla_errf(&err, "the %s engine has no bench_coll hook: it cannot time all-reduces for `mlaserve bench`",
+                      ops->name ? ops->name : "?");
+    } else if (ops->bench_coll(eng, (size_t)b->n_floats, (int)b->iters, &sec, &err)) {
+        rc = mla_err_prefix(&err, "bench all-reduce of %llu floats", (unsigned long long)b->n_floats);
+    } else if (!(sec >= 0 && sec <= 1e6)) {
+        rc = mla_errf(&err, "bench all-reduce: the engine reports %g seconds per operation", sec);
+    }
+    if (rc) MLA_ERROR("bench request %llu failed: %s", (unsigned long long)b->bench_id, err.msg);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_BENCH_RESULT;
+    m.u.bench_result.bench_id = b->bench_id;
+    m.u.bench_result.rank = (uint32_t)rank;
+    m.u.bench_result.ok = rc == MLA_OK;
+    m.u.bench_result.sec_per_op = rc == MLA_OK ? sec : 0;
+    if (rc) {
+        snprintf(m.u.bench_result.error, sizeof m.u.bench_result.error, "%.500s", err.msg);
+        for (char *p = m.u.bench_result.error; *p; p++) /* wire_decode refuses control characters */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
+    }
+    if (wk_send_msg(pair, &m, &err)) MLA_WARN("%s", err.msg);
+}
+
+void *wk_compute_main(void *arg) {
+    wk *w = arg;
+    const wk_config *cfg = w->cfg;
+    void *pair = zmq_socket(w->zctx, ZMQ_PAIR);
+    int linger = 0;
+    zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(pair, w->pair_ep) != 0) MLA_PANIC("inproc connect: %s", zmq_strerror(zmq_errno()));
+    engine *eng = NULL;
+    mla_err err;
+    wk_boot bctx = {w, pair};
+    const engine_boot boot = {&bctx, wk_boot_publish, wk_boot_wait};
+    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv};
+    if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, &eo, &err)) {
+        snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
+        atomic_store(&w->compute_failed, 1);
+        send_control(pair, WIRE_CTL_LOADED, cfg->rank, 1, 0, 0, w->compute_err);
+        zmq_send(pair, "X", 1, 0);
+        zmq_close(pair);
+        return NULL;
+    }
+    uint32_t V = cfg->engine->n_vocab(eng);
+    loadprog_state lst;
+    loadprog_get(&lst);
+    if (lst.total) {
+        char d[160];
+        loadprog_describe(&lst, d, sizeof d);
+        MLA_INFO("loaded: %s in %.1f s", d, lst.seconds);
+    }
+    poll_mem(w, eng);
+    atomic_store(&w->n_vocab, V);
+    engine_kv_pool kp;
+    cfg->engine->kv_pool(eng, &kp);
+    atomic_store(&w->kv_blocks, kp.n_blocks);
+    {
+        wire_msg lm = wk_control_msg(WIRE_CTL_LOADED, cfg->rank, 0, V, 0, NULL);
+        lm.u.ctl.kv_blocks = kp.n_blocks;
+        lm.u.ctl.kv_block_size = kp.block_size;
+        lm.u.ctl.kv_block_bytes = kp.block_bytes;
+        if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
+    }
+    sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
+    hist_tab hist = {0};
+    for (;;) {
+        wire_msg *m = NULL;
+        zmq_pollitem_t it = {pair, 0, ZMQ_POLLIN, 0};
+        zspin_poll(&it, 1, -1, w->spin_us); /* the next step of a decode loop comes quickly */
+        int n = zmq_recv(pair, &m, sizeof m, 0);
+        if (n != (int)sizeof m) {
+            if (n < 0 && zmq_errno() == EINTR) continue;
+            break;
+        }
+        if (!m) break; /* quit */
+        if (m->kind == WIRE_STEP_PLAN) {
+            run_plan(w, eng, smp, &hist, pair, &m->u.plan);
+        } else if (m->kind == WIRE_BENCH) {
+            ahead_collect(w, eng);
+            wk_ahead_clear(&w->ahead[w->cur]); /* a fill rewrites caches */
+            run_bench(w, eng, &hist, pair, &m->u.bench);
+        } else if (m->kind == WIRE_CONTROL && m->u.ctl.kind == WIRE_CTL_FREE_SEQ) {
+            ahead_collect(w, eng); /* nothing queued may use a cache that goes */
+            for (uint32_t i = 0; i < m->u.ctl.n_seq_ids; i++) {
+                cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
+                wk_ahead_drop(&w->ahead[w->cur], m->u.ctl.seq_ids[i]);
+                hist_drop(&hist, m->u.ctl.seq_ids[i]);
+            }
+        }
+        wire_msg_free(m);
+        free(m);
+    }
+    ahead_collect(w, eng);
+    if (w->ahead_mode != WK_AHEAD_OFF)
+        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan",
+                 (unsigned long long)(w->ahead[0].rows_run + w->ahead[1].rows_run),
+                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used));
+    for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
+    free(hist.v);
+    sampler_free(smp);
+    cfg->engine->destroy(eng);
+    zmq_close(pair);
+    return NULL;
+}
