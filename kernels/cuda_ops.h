@@ -111,8 +111,8 @@ bool mla_cuda_q8_supported(uint32_t t);
  * GEMV of every type (8 tokens a pass over W) is faster: it takes the rest (0: everything).
  * grouped_tmax MLA_CUDA_GEMVS_SINGLES: plans of one token whole, and of more tokens the tiles
  * of the experts with one pair, the per-warp GEMV the others. Defaults MLA_CUDA_GEMVS_DENSE /
- * _GROUPED; one setting for the process (the worker sets 0, 0 from MLA_CUDA_GEMVS=0; the op
- * checks compare them). dense_tmax <= 8. */
+ * _GROUPED (the worker's); one setting for the process (the op checks compare others).
+ * dense_tmax <= 8. */
 #define MLA_CUDA_GEMVS_DENSE 1
 #define MLA_CUDA_GEMVS_SINGLES (-1)
 #define MLA_CUDA_GEMVS_GROUPED MLA_CUDA_GEMVS_SINGLES
@@ -120,8 +120,8 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 /* Dense steps of tmin .. tmax tokens (mla_cuda_matmul_q8, _swiglu, _pair) of Q4_K, Q6_K and Q8_0
  * weights stream W once through int8 tensor cores, the tokens as the n of the mma
  * (kernels/gemvm_cuda.cu); before the rules above. Defaults MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 8:
- * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01); tmax 0: never (the worker sets
- * it from MLA_CUDA_GEMVM=0; the op checks compare them). 2 <= tmin, tmax <= 8. */
+ * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01; the worker's); tmax 0: never
+ * (the op checks compare them). 2 <= tmin, tmax <= 8. */
 #define MLA_CUDA_GEMVM_TMIN 4
 #define MLA_CUDA_GEMVM_TMAX 8
 void mla_cuda_set_gemv_mma(int tmin, int tmax);

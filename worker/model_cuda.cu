@@ -81,25 +81,20 @@ struct mla_cmodel {
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
-     * those bytes (mla_cuda_head_matmul_q8; MLA_CUDA_KVB_Q8=0 turns it off) */
+     * those bytes (mla_cuda_head_matmul_q8). Decode steps whose v_b reads them combine the
+     * attention's splits in v_b's prologue (mla_cuda_head_matmul_q8_comb, vb_comb_max); those of
+     * a q-LoRA model whose k_b reads them write the cache rows in the q-LoRA norm's launch and
+     * rotate the queries' k_pe in k_b (mla_cuda_qnorm_kv_rows, mla_cuda_head_matmul_q8_rope,
+     * kv_merged). */
     bool kvb_q8;
-    /* decode steps whose v_b reads those bytes: the attention's splits combined in v_b's prologue
-     * (mla_cuda_head_matmul_q8_comb) instead of a kernel of their own; MLA_CUDA_VB_COMB=0 off */
-    bool vb_comb;
-    /* decode steps of a q-LoRA model whose k_b reads those bytes: the cache rows written in the
-     * q-LoRA norm's launch and the queries' k_pe rotated by k_b (mla_cuda_qnorm_kv_rows,
-     * mla_cuda_head_matmul_q8_rope) instead of a cache-side kernel; MLA_CUDA_KV_MERGE=0 off */
-    bool kv_merge;
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
-    /* decode-step fusions (MLA_CUDA_FUSE=0 turns them off): the residual add and the q8
-     * quantization into the norms, the cache side of the attention in one kernel, two products
-     * of one input (and gate / up with swiglu) in one GEMV */
-    bool fuse;
-    /* with fuse, a MoE layer's shared expert runs on st2 beside the router and its routing on st
-     * (forked and joined by the events: inside a captured graph, two branches) */
+    /* Decode-step fusions: the residual add and the q8 quantization into the norms, the cache
+     * side of the attention in one kernel, two products of one input (and gate / up with swiglu)
+     * in one GEMV. A MoE layer's shared expert runs on st2 beside the router and its routing on
+     * st (forked and joined by the events: inside a captured graph, two branches). */
     cudaStream_t st2;
     cudaEvent_t ev_fork, ev_join;
     void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
@@ -370,18 +365,6 @@ static bool env_count(const char *name, long dflt, long lo, long hi, const char 
     return true;
 }
 
-/* *on = the environment's switch `name`: 0 or 1, dflt when unset; false with a message naming it
- * otherwise */
-static bool env_switch(const char *name, bool dflt, bool *on, mla_err *err) {
-    const char *s = getenv(name);
-    if (s && strcmp(s, "0") && strcmp(s, "1")) {
-        mla_errf(err, "%s=%s: expected 0 or 1", name, s);
-        return false;
-    }
-    *on = s ? !strcmp(s, "1") : dflt;
-    return true;
-}
-
 /* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
  * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
  * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
@@ -410,9 +393,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
         const char *q8 = getenv("MLA_CUDA_Q8");
         m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
-        /* prompts on the fp16 tensor cores: on unless exact; MLA_CUDA_MMH=0|1 decides */
-        const char *mh = getenv("MLA_CUDA_MMH");
-        m->mmh = (mh ? !strcmp(mh, "1") : true) && !m->exact;
+        /* prompts on the fp16 tensor cores: on unless exact */
+        m->mmh = !m->exact;
         long mmin, gtmax;
         if (!env_count("MLA_MOE_MMH_MIN", MOE_MMH_MIN, 0, 1000000, "a count of pairs a expert (0: never)", &mmin,
                        err) ||
@@ -430,23 +412,11 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         }
         m->attn_tc = !attn_fp32;
         /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 and its tensor-core form for dense
-         * steps of 4-8 tokens (both process-wide): MLA_CUDA_GEMVS, MLA_CUDA_GEMVM; then the
-         * model's own switches, each 0 or 1, on by default: MLA_CUDA_KVB_Q8 (off in exact mode),
-         * MLA_CUDA_VB_COMB, MLA_CUDA_KV_MERGE, MLA_CUDA_FUSE */
-        bool gemvs, gemvm, kvb_q8;
-        if (!env_switch("MLA_CUDA_GEMVS", true, &gemvs, err) || !env_switch("MLA_CUDA_GEMVM", true, &gemvm, err) ||
-            !env_switch("MLA_CUDA_KVB_Q8", true, &kvb_q8, err) ||
-            !env_switch("MLA_CUDA_VB_COMB", true, &m->vb_comb, err) ||
-            !env_switch("MLA_CUDA_KV_MERGE", true, &m->kv_merge, err) ||
-            !env_switch("MLA_CUDA_FUSE", true, &m->fuse, err)) {
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        if (!gemvs) mla_cuda_set_gemv_stream(0, 0);
-        else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
-        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, gemvm ? MLA_CUDA_GEMVM_TMAX : 0);
+         * steps of 4-8 tokens (both process-wide) */
+        mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
+        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, MLA_CUDA_GEMVM_TMAX);
         m->kvb_f16 = !m->exact;
-        m->kvb_q8 = !m->exact && kvb_q8;
+        m->kvb_q8 = !m->exact;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -912,7 +882,7 @@ static const void *q8_of(mla_cmodel *m, const float *x, const void *xq, int64_t 
 
 /* whether the norms of a step of T tokens also quantize their rows (for the q8 products after
  * them: the integer GEMV, or the int8 tensor cores where the fp16 ones are off) */
-static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->fuse && m->q8 && !(m->mmh && T > m->gemv_tmax); }
+static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->q8 && !(m->mmh && T > m->gemv_tmax); }
 
 /* y = x W^T; xq: NULL, or x's q8 buffer */
 static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {
@@ -944,7 +914,7 @@ static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_
 }
 
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
- * converted once; on the integer GEMV, matrices of one type in one kernel (fuse). */
+ * converted once; on the integer GEMV, matrices of one type in one kernel. */
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
                int64_t T, mla_err *err) {
     if (mm_family(m, w0, T) == MLA_CUDA_MM_H && mm_family(m, w1, T) == MLA_CUDA_MM_H && w0->n_in == w1->n_in) {
@@ -958,7 +928,7 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
     }
     const void *q = q8_of(m, x, xq, T, w0->n_in, err);
     if (!q) return MLA_ERR;
-    if (m->fuse && q8_gemv2(m, w0, w1, T))
+    if (q8_gemv2(m, w0, w1, T))
         return mla_cuda_matmul_q8_pair(w0->type, w0->d, w0->n_out, y0, w1->d, w1->n_out, y1, w0->n_in, q, T, m->st,
                                        err);
     TRY(mm_from_q8(m, w0, T, q, y0, err));
@@ -966,18 +936,14 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
 }
 
 /* m->h = rmsnorm(x [+ res]) of T rows (weights w), *x the residual stream (m->x or m->x2): with
- * res, x + res becomes the stream (with fuse written to the other buffer, so that the norm's
- * blocks can share a row; else added in place). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
+ * res, x + res becomes the stream (written to the other buffer, so that the norm's blocks can
+ * share a row). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
  * products after it read one, else NULL. */
 static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const float *w, const void **hq,
                   mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd;
     *hq = nullptr;
-    if (!m->fuse) {
-        if (res) TRY(mla_cuda_add(*x, res, T * E, m->st, err));
-        return mla_cuda_rmsnorm(*x, E, T, E, w, c->rms_eps, m->h, E, m->st, err);
-    }
     void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
     float *xs = res ? (*x == m->x ? m->x2 : m->x) : nullptr;
     TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
@@ -1008,7 +974,7 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
     const dmat *gt = &f->gate, *up = &f->up, *dn = &f->down;
     const int64_t F = gt->n_out;
     void *gq = nullptr; /* the hidden rows' q8 buffer, for the down projection */
-    if (m->fuse && q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
+    if (q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
         const void *q = q8_of(m, h, hq, T, gt->n_in, err);
         if (!q) return MLA_ERR;
         /* and the hidden rows' rounding for a q8 down projection (in the GEMV where it can): into
@@ -1036,10 +1002,10 @@ struct kv_dest {
 static bool head_reads_q8(const void *wq, int64_t T) { return wq && T <= 8; }
 
 /* whether a paged step of T tokens writes its cache rows in the q-LoRA norm's launch and rotates
- * the queries' k_pe in k_b (m->kv_merge) */
+ * the queries' k_pe in k_b */
 static bool kv_merged(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->kv_merge && m->fuse && c->q_lora_rank > 0 && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == c->n_rope &&
+    return c->q_lora_rank > 0 && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == c->n_rope &&
            norm_q8(m, T) && mla_cuda_qnorm_kv_rows_supported(c->q_lora_rank, c->kv_lora_rank, (int)c->n_rope);
 }
 
@@ -1083,7 +1049,7 @@ static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int
  * or 0: the attention combines them */
 static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->vb_comb && head_reads_q8(l->vb_q8, T) &&
+    return head_reads_q8(l->vb_q8, T) &&
                    mla_cuda_head_q8_comb_supported(c->kv_lora_rank, c->head_v, T, MLA_CUDA_HEAD_COMB_MAXS)
                ? MLA_CUDA_HEAD_COMB_MAXS
                : 0;
@@ -1142,10 +1108,10 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
         TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
     } else {
         const int64_t X = c->n_expert, K = c->n_expert_used;
-        /* the shared expert beside the router and the routing (fuse): on st2, into m->y, joined
+        /* the shared expert beside the router and the routing: on st2, into m->y, joined
          * before the routed experts add into m->y. The router then must not use m->q8buf (the
          * shared expert's): it reads hq, or is not a q8 product. */
-        const bool side = m->fuse && l->has_shexp && (hq || !mm_q8(m, &l->router));
+        const bool side = l->has_shexp && (hq || !mm_q8(m, &l->router));
         if (side) {
             CU(cudaEventRecord(m->ev_fork, m->st), "fork");
             CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
@@ -1197,7 +1163,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         TRY(mla_cuda_head_matmul_q8_rope(l->kb_q8, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, &m->rope,
                                          m->q + dn, Hl * dk, dk, pos, st, err));
     } else {
-        if (m->fuse && m->rope.n_dims == dr && KL <= 8192) {
+        if (m->rope.n_dims == dr && KL <= 8192) {
             TRY(mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs, kv_off, pos, m->kv_f16,
                                      m->q + dn, Hl * dk, Hl, dk, st, err));
         } else { /* built in kvn, then stored */
