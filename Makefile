@@ -15,7 +15,7 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=$(CUDA) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=OFF -DMLA_CUDA=$(CUDA) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
@@ -23,7 +23,7 @@ run: build
 
 build-test:
 	@scripts/install-deps.sh --test
-	@CC=clang cmake -S . -B $(TEST_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLA_SANITIZE=ON -DMLA_FUZZ=ON >/dev/null
+	@CC=clang cmake -S . -B $(TEST_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLA_SANITIZE=ON -DMLA_FUZZ=ON -DMLA_DEV_SWITCHES=ON >/dev/null
 	@cmake --build $(TEST_BUILD) -j $(JOBS)
 
 test: build-test

@@ -334,10 +334,7 @@ int coll_host_attach(coll **out, const char *name, int rank, int world, int time
         return mla_errf(err, "host collective: rank %d / world %d out of range", rank, world);
     if (!name || name[0] != '/' || strlen(name) >= COLL_HOST_NAME_MAX || strchr(name + 1, '/'))
         return mla_errf(err, "host collective: bad shared-memory name '%s'", name ? name : "");
-    if (timeout_ms <= 0) {
-        const char *env = getenv("MLA_COLL_TIMEOUT_MS");
-        timeout_ms = env && atoi(env) > 0 ? atoi(env) : COLL_HOST_DEFAULT_TIMEOUT_MS;
-    }
+    if (timeout_ms <= 0) timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) return mla_errf(err, "host collective: shm_open(%s): %s", name, strerror(errno));
     struct stat st;

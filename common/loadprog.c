@@ -1,5 +1,6 @@
 /* loadprog: see loadprog.h. */
 #include "loadprog.h"
+#include "mla_switch.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,8 +30,8 @@ void loadprog_begin(const gguf_ctx *g) {
 }
 
 void loadprog_layers_done(const gguf_ctx *g, int64_t n_layers) {
-    const char *delay = getenv("MLA_LOAD_LAYER_DELAY_MS"); /* fault injection (tests): a slow load */
-    if (delay && atoi(delay) > 0 && n_layers > 0) usleep((useconds_t)atoi(delay) * 1000);
+    const long delay = mla_sw_int(MLA_SW_LOAD_LAYER_DELAY_MS); /* fault injection (tests): a slow load */
+    if (delay > 0 && n_layers > 0) usleep((useconds_t)delay * 1000);
     uint64_t done = 0;
     for (size_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);

@@ -8,7 +8,7 @@
 #include <strings.h>
 #include <time.h>
 
-static int g_level = -1;
+static int g_level = -1, g_given = 0;
 static char g_tag[64] = "mlaserve";
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -27,17 +27,16 @@ int mla_log_level_opt(void *ctx, const char *value, mla_err *err) {
     enum mla_log_level l = MLA_LOG_INFO;
     if (mla_log_level_parse(value, &l, err)) return MLA_ERR;
     mla_log_set_level(l);
-    setenv("MLA_LOG_LEVEL", names[l], 1);
+    g_given = 1;
     return MLA_OK;
 }
 
-static int level_from_env(void) {
-    const char *s = getenv("MLA_LOG_LEVEL");
-    enum mla_log_level l = MLA_LOG_INFO;
-    mla_err err;
-    if (s && *s && mla_log_level_parse(s, &l, &err))
-        fprintf(stderr, "mlaserve: MLA_LOG_LEVEL: %s; logging at info\n", err.msg);
-    return (int)l;
+enum mla_log_level mla_log_level(void) { return g_level < 0 ? MLA_LOG_INFO : (enum mla_log_level)g_level; }
+
+int mla_log_level_given(void) { return g_given; }
+
+const char *mla_log_level_name(enum mla_log_level lvl) {
+    return (int)lvl >= 0 && (int)lvl < 4 ? names[lvl] : "info";
 }
 
 void mla_log_set_level(enum mla_log_level lvl) { g_level = (int)lvl; }
@@ -45,7 +44,7 @@ void mla_log_set_level(enum mla_log_level lvl) { g_level = (int)lvl; }
 void mla_log_set_tag(const char *tag) { snprintf(g_tag, sizeof g_tag, "%s", tag); }
 
 void mla_log(enum mla_log_level lvl, const char *fmt, ...) {
-    if (g_level < 0) g_level = level_from_env();
+    if (g_level < 0) g_level = MLA_LOG_INFO;
     if ((int)lvl < g_level) return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -1,6 +1,6 @@
 /* mla_log: leveled logging to stderr with a process tag ("coord", "worker 1").
  * A line: "2026-12-01T22:25:08.123Z [coord] info: message" (UTC, ISO 8601 with milliseconds).
- * The level comes from mla_log_set_level, else MLA_LOG_LEVEL=debug|info|warn|error, else info. */
+ * The level comes from mla_log_set_level (--log-level), else info. */
 #ifndef MLA_LOG_H
 #define MLA_LOG_H
 
@@ -15,13 +15,18 @@ void mla_log(enum mla_log_level lvl, const char *fmt, ...) __attribute__((format
 
 /* "debug", "info", "warn" or "error" (any case) into *out; MLA_ERR naming the value otherwise. */
 int mla_log_level_parse(const char *s, enum mla_log_level *out, mla_err *err);
-/* An opts callback (common/opts.h, OPT_FN; ctx unused): sets the level and exports it as
- * MLA_LOG_LEVEL, so that the workers a command spawns log at the same level. */
+/* An opts callback (common/opts.h, OPT_FN; ctx unused): sets the level and records that it was
+ * given (the coordinator hands its level to the workers at registration). */
 int mla_log_level_opt(void *ctx, const char *value, mla_err *err);
+/* the level in force, and whether --log-level set it */
+enum mla_log_level mla_log_level(void);
+/* "debug", "info", "warn" or "error" */
+const char *mla_log_level_name(enum mla_log_level lvl);
+int mla_log_level_given(void);
 /* The --log-level entry of an opts table (the file using it includes common/opts.h). */
 #define MLA_LOG_LEVEL_OPT                                                                                   \
-    {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = "$MLA_LOG_LEVEL, else info", \
-     .help = "leave out log lines below this level (workers inherit it)", .fn = mla_log_level_opt}
+    {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = "info",                       \
+     .help = "leave out log lines below this level (workers follow the coordinator's)", .fn = mla_log_level_opt}
 
 #define MLA_DEBUG(...) mla_log(MLA_LOG_DEBUG, __VA_ARGS__)
 #define MLA_INFO(...) mla_log(MLA_LOG_INFO, __VA_ARGS__)

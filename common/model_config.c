@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mla_log.h"
+#include "mla_switch.h"
 
 static void assume(mla_config *c, const char *key, const char *why, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -380,16 +381,16 @@ int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T,
 }
 
 int mla_cuda_attn_fp32(bool exact, mla_err *err) {
-    const char *v = getenv("MLA_CUDA_ATTN");
-    if (v && strcmp(v, "tc") && strcmp(v, "fp32"))
-        return mla_errf(err, "MLA_CUDA_ATTN=%s: expected tc or fp32", v);
+    const char *v = mla_sw_str(MLA_SW_CUDA_ATTN);
+    if (!v && mla_sw_is_set(MLA_SW_CUDA_ATTN))
+        return mla_errf(err, "MLA_CUDA_ATTN=%s: expected tc or fp32", getenv("MLA_CUDA_ATTN"));
     return v ? !strcmp(v, "fp32") : exact;
 }
 
 int mla_cuda_kv_f16(int64_t row, bool attn_fp32, mla_err *err) {
-    const char *v = getenv("MLA_CUDA_KV");
-    if (v && strcmp(v, "f16") && strcmp(v, "f32"))
-        return mla_errf(err, "MLA_CUDA_KV=%s: expected f16 or f32 (the latent cache's element type)", v);
+    const char *v = mla_sw_str(MLA_SW_CUDA_KV);
+    if (!v && mla_sw_is_set(MLA_SW_CUDA_KV))
+        return mla_errf(err, "MLA_CUDA_KV=%s: expected f16 or f32 (the latent cache's element type)", getenv("MLA_CUDA_KV"));
     if (row % 2) return 0;
     return v ? !strcmp(v, "f16") : !attn_fp32;
 }

@@ -92,7 +92,7 @@ int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T,
                           int64_t n_ctx, mla_err *err);
 
 /* Whether the CUDA backend's attention runs in fp32 (1) or on the fp16 tensor cores (0):
- * MLA_CUDA_ATTN=fp32|tc decides, else fp32 exactly in exact mode (exact: MLA_CUDA_FAST=exact, as
+ * MLA_CUDA_ATTN=fp32|tc decides, else fp32 exactly in exact mode (exact: --cuda-precision exact, as
  * the engine reads it). MLA_ERR when MLA_CUDA_ATTN holds another value (err names it). The backend
  * and `mlaserve bench` both ask here. */
 int mla_cuda_attn_fp32(bool exact, mla_err *err);

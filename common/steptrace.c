@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "mla_log.h"
+#include "mla_switch.h"
 
 #define ST_CAP (1u << 16)
 
@@ -41,7 +42,7 @@ static int enabled(void) {
     if (s == 1 || s == 2) return s == 2;
     int expect = 0;
     if (atomic_compare_exchange_strong(&state, &expect, 3)) {
-        const char *d = getenv("MLA_STEP_TRACE");
+        const char *d = mla_sw_str(MLA_SW_STEP_TRACE);
         int on = d && *d && snprintf(dir, sizeof dir, "%s", d) < (int)sizeof dir;
         if (on && atexit(dump) != 0) on = 0;
         atomic_store_explicit(&state, on ? 2 : 1, memory_order_release);

@@ -637,7 +637,7 @@ static void make_info(bench_info *in, const bench_opts *o, const gguf_ctx *g, co
     if (cf->idx_n_head > 0 && n > 0 && (size_t)n < sizeof in->family)
         snprintf(in->family + n, sizeof in->family - (size_t)n, ", DSA indexer %lld x %lld top %lld",
                  (long long)cf->idx_n_head, (long long)cf->idx_head_dim, (long long)cf->idx_top_k);
-    const char *be = o->g.cc.backend ? o->g.cc.backend : getenv("MLA_BACKEND");
+    const char *be = o->g.cc.backend;
     /* not given: what the workers will pick (worker/worker_main.c): cuda where this build has it
      * and a device is visible */
     snprintf(in->backend, sizeof in->backend, "%s", be && *be ? be : bench_cuda_devices() > 0 ? "cuda" : "cpu");
@@ -728,13 +728,11 @@ int cmd_bench(int argc, char **argv) {
                 max_ctx, o.warmup, o.steps, WIRE_MAX_CTX);
         return 2;
     }
-    if (o.verbose) {
-        mla_log_set_level(MLA_LOG_INFO);
-        setenv("MLA_LOG_LEVEL", "info", 1); /* for the workers */
-    } else if (!getenv("MLA_LOG_LEVEL")) { /* --log-level and MLA_LOG_LEVEL set it otherwise */
-        mla_log_set_level(MLA_LOG_WARN);
-        setenv("MLA_LOG_LEVEL", "warn", 1);
-    }
+    /* the workers follow the level (handed over at registration) */
+    if (o.verbose)
+        mla_log_level_opt(NULL, "info", NULL);
+    else if (!mla_log_level_given()) /* --log-level sets it otherwise */
+        mla_log_level_opt(NULL, "warn", NULL);
     for (int i = 0; i < envs.n; i++) {
         const char *eq = strchr(envs.v[i], '=');
         char name[256];
@@ -768,12 +766,11 @@ int cmd_bench(int argc, char **argv) {
         }
     bench_info info;
     make_info(&info, &o, g, &cf);
-    /* the latent cache's element type, as the workers will choose it (they read the same
-     * environment, --env included) */
+    /* the latent cache's element type, as the workers will choose it (from --cuda-precision and
+     * the same environment, --env included) */
     info.kv_bytes = 4;
     if (!strcmp(info.backend, "cuda")) {
-        const char *fast = getenv("MLA_CUDA_FAST");
-        const int attn_fp32 = mla_cuda_attn_fp32(fast && !strcmp(fast, "exact"), &err);
+        const int attn_fp32 = mla_cuda_attn_fp32(o.g.cc.cuda_precision == WIRE_PREC_EXACT, &err);
         const int kf = attn_fp32 < 0 ? MLA_ERR
                                      : mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, &err);
         if (kf < 0) {

@@ -16,14 +16,13 @@
 
 #include "common/shard_plan.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 
 extern char **environ;
 
 /* ---- public API ------------------------------------------------------------------------------- */
 
 static char *default_worker_exe(void) {
-    const char *env = getenv("MLA_WORKER_EXE");
-    if (env && *env) return mla_xstrdup(env);
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
@@ -52,7 +51,7 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     snprintf(thr_s, sizeof thr_s, "%d", c->cfg.n_threads > 0 ? c->cfg.n_threads : 1);
     size_t nextra = 0;
     while (c->worker_args && c->worker_args[nextra]) nextra++;
-    char **argv = mla_xcalloc(22 + nextra, sizeof *argv);
+    char **argv = mla_xcalloc(24 + nextra, sizeof *argv);
     size_t k = 0;
     argv[k++] = c->worker_exe;
     argv[k++] = "--coord";
@@ -73,13 +72,16 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
         argv[k++] = "--backend";
         argv[k++] = (char *)c->cfg.backend;
     }
+    if (mla_log_level_given()) { /* from the start; workers on other hosts get it at registration */
+        argv[k++] = "--log-level";
+        argv[k++] = (char *)mla_log_level_name(mla_log_level());
+    }
     for (size_t i = 0; i < nextra; i++) argv[k++] = c->worker_args[i];
     /* the link (common/fdlink.h): one end stays here, the other is the child's descriptor
-     * LINK_FD; MLA_LOCAL_LINK=0 leaves every frame on ZeroMQ */
-    const char *ll = getenv("MLA_LOCAL_LINK");
+     * LINK_FD; MLA_LOCAL_LINK=0 (a developer switch) leaves every frame on ZeroMQ */
     int sv[2] = {-1, -1};
     char link_s[16];
-    if (!(ll && !strcmp(ll, "0"))) {
+    if (mla_sw_bool(MLA_SW_LOCAL_LINK)) {
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
             MLA_WARN("worker %d: no local link (socketpair: %s); ZeroMQ only", r, strerror(errno));
             sv[0] = sv[1] = -1;
@@ -289,21 +291,23 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
                              "(at most %u), context %u (at most %u), %u sequences (at most %u)",
                         kv->gpu_memory_utilization, kv->max_step_tokens, WIRE_MAX_STEP_TOKENS, kv->max_context,
                         WIRE_MAX_CTX, kv->max_seqs, WIRE_MAX_SEQS);
+    if (cfg_in->step_ahead < 0 || cfg_in->step_ahead > WIRE_AHEAD_SYNC || cfg_in->nccl < 0 ||
+        cfg_in->nccl > WIRE_NCCL_REQUIRED || cfg_in->cuda_precision < 0 || cfg_in->cuda_precision > WIRE_PREC_EXACT ||
+        cfg_in->nccl_id_timeout_ms < 0 || cfg_in->nccl_id_timeout_ms > 3600000 ||
+        (cfg_in->spin_us_given && (cfg_in->spin_us < 0 || cfg_in->spin_us > 1000000)))
+        return mla_errf(err, "worker settings out of range: --step-ahead %d, --nccl %d, --cuda-precision %d, "
+                             "--nccl-id-timeout-ms %d, --spin-us %d",
+                        cfg_in->step_ahead, cfg_in->nccl, cfg_in->cuda_precision, cfg_in->nccl_id_timeout_ms,
+                        cfg_in->spin_us);
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
-    c->spin_us = zspin_default(c->cfg.backend ? c->cfg.backend : getenv("MLA_BACKEND"));
+    c->spin_us = zspin_default(c->cfg.backend, c->cfg.spin_us_given ? c->cfg.spin_us : -1);
     if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
-    if (c->cfg.heartbeat_timeout_ms <= 0) {
-        const char *env = getenv("MLA_HEARTBEAT_TIMEOUT_MS");
-        c->cfg.heartbeat_timeout_ms = env && atoi(env) > 0 ? atoi(env) : 5000;
-    }
+    if (c->cfg.heartbeat_timeout_ms <= 0) c->cfg.heartbeat_timeout_ms = 5000;
     if (c->cfg.heartbeat_timeout_ms <= c->cfg.heartbeat_ms) c->cfg.heartbeat_timeout_ms = 2 * c->cfg.heartbeat_ms;
     if (c->cfg.coll_timeout_ms <= 0) c->cfg.coll_timeout_ms = COLL_HOST_DEFAULT_TIMEOUT_MS;
     if (c->cfg.start_timeout_ms <= 0) c->cfg.start_timeout_ms = 120000;
-    if (c->cfg.step_timeout_ms == 0) {
-        const char *env = getenv("MLA_STEP_TIMEOUT_MS");
-        c->cfg.step_timeout_ms = env && atoi(env) != 0 ? atoi(env) : 600000;
-    }
+    if (c->cfg.step_timeout_ms == 0) c->cfg.step_timeout_ms = 600000;
     if (c->cfg.max_restarts <= 0) c->cfg.max_restarts = 5;
     if (!(c->cfg.kv.gpu_memory_utilization > 0)) c->cfg.kv.gpu_memory_utilization = 0.90f;
     if (c->cfg.kv.max_step_tokens == 0) c->cfg.kv.max_step_tokens = 512;

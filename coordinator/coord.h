@@ -39,17 +39,25 @@ typedef struct coord_config {
     const char *model_path;
     uint64_t model_hash;       /* what workers must report (gguf_index_hash) */
     int external;              /* 1: do not spawn, wait for external workers */
-    const char *worker_exe;    /* NULL: $MLA_WORKER_EXE, else mlaserve-worker next to this program */
+    const char *worker_exe;    /* NULL: mlaserve-worker next to this program */
     const char *const *worker_args; /* extra arguments for every spawned worker, NULL-terminated */
     int n_threads;             /* --threads for spawned workers (0: 1) */
-    const char *backend;       /* --backend for spawned workers ("cpu"/"cuda"; NULL: their MLA_BACKEND, else cpu) */
+    const char *backend;       /* --backend for spawned workers ("cpu"/"cuda"; NULL: theirs, cuda where a GPU is) */
     int heartbeat_ms;          /* 0: 100 */
-    int heartbeat_timeout_ms;  /* 0: $MLA_HEARTBEAT_TIMEOUT_MS, else 5000 */
+    int heartbeat_timeout_ms;  /* 0: 5000 */
     int coll_timeout_ms;       /* 0: 30000 */
+    /* Worker settings handed over at registration (RegisterReply, wire_worker_opts): zeros take
+     * the defaults. spin_us counts only with spin_us_given (else the backend's default, as
+     * zspin_default). */
+    int nccl_id_timeout_ms;    /* 0: 120000 */
+    int spin_us, spin_us_given;
+    int step_ahead;            /* WIRE_AHEAD_*: queue, off, sync */
+    int nccl;                  /* WIRE_NCCL_*: auto, off, on (required) */
+    int cuda_precision;        /* WIRE_PREC_*: split, bf16, exact */
     size_t coll_chunk_bytes;   /* 0: default */
     int start_timeout_ms;      /* registration + load; 0: 120000 */
     /* Per-step timeout: a step in flight longer than this fails the group ("a worker hangs").
-     * 0: $MLA_STEP_TIMEOUT_MS, else 600000; < 0: off. */
+     * 0: 600000; < 0: off. */
     int step_timeout_ms;
     /* Security of the control plane (see the note below). curve_dir: a folder written by
      * `mlaserve keygen` with server.key and authorized_keys (and client.key, handed to spawned
@@ -84,9 +92,12 @@ enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE
 /* The control-plane options as an opts table (common/opts.h) writing into cfg:
  *   --coord EP, --workers-external, --curve-dir DIR, --insecure-control-plane,
  *   --heartbeat-timeout-ms N, --step-timeout-ms N, --start-timeout-ms N,
- *   --on-worker-failure stop|restart|exit, --max-restarts N, --backend cpu|cuda
+ *   --on-worker-failure stop|restart|exit, --max-restarts N, --backend cpu|cuda,
+ *   --gpu-memory-utilization F, --kv-memory BYTES, and the worker settings handed over at
+ *   registration: --coll-timeout-ms N, --nccl-id-timeout-ms N, --spin-us N,
+ *   --step-ahead queue|off|sync, --nccl auto|off|on, --cuda-precision split|bf16|exact
  * Fills specs[0..COORD_N_OPTS); string values will point into argv. */
-#define COORD_N_OPTS 12
+#define COORD_N_OPTS 18
 void coord_opt_specs(coord_config *cfg, opt_spec *specs);
 
 /* What every command that starts a worker group takes (`mlaserve generate`, `logits

@@ -235,13 +235,11 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "mlaserve generate: -m MODEL.gguf and -p PROMPT are required (--help lists the options)\n");
         return 2;
     }
-    if (verbose) {
-        mla_log_set_level(MLA_LOG_INFO);
-        setenv("MLA_LOG_LEVEL", "info", 1); /* for the workers */
-    } else if (!getenv("MLA_LOG_LEVEL")) { /* --log-level and MLA_LOG_LEVEL set it otherwise */
-        mla_log_set_level(MLA_LOG_WARN);
-        setenv("MLA_LOG_LEVEL", "warn", 1);
-    }
+    /* the workers follow the level (handed over at registration) */
+    if (verbose)
+        mla_log_level_opt(NULL, "info", NULL);
+    else if (!mla_log_level_given()) /* --log-level sets it otherwise */
+        mla_log_level_opt(NULL, "warn", NULL);
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;

@@ -52,11 +52,14 @@ static int opt_kv_memory(void *ctx, const char *v, mla_err *err) {
 }
 
 static const char *const failure_names[] = {"stop", "restart", "exit", NULL}; /* COORD_ON_FAILURE_* order */
+static const char *const ahead_names[] = {"queue", "off", "sync", NULL};         /* WIRE_AHEAD_* order */
+static const char *const nccl_names[] = {"auto", "off", "on", NULL};             /* WIRE_NCCL_* order */
+static const char *const precision_names[] = {"split", "bf16", "exact", NULL};   /* WIRE_PREC_* order */
 
 void coord_opt_specs(coord_config *cfg, opt_spec *s) {
     const double day_ms = 24.0 * 3600 * 1000;
     const opt_spec t[COORD_N_OPTS] = {
-        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+        {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
          .help = "what the workers compute on", .fn = opt_backend, .ctx = cfg},
         {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
          .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
@@ -70,9 +73,9 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
         {.name = "--start-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
          .help = "fail the start when no worker registers or makes load progress for this long",
          .dest = &cfg->start_timeout_ms, .lo = 1, .hi = day_ms},
-        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "$MLA_HEARTBEAT_TIMEOUT_MS, else 5000",
+        {.name = "--heartbeat-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "5000",
          .help = "a worker silent this long has failed", .dest = &cfg->heartbeat_timeout_ms, .lo = 1, .hi = day_ms},
-        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "$MLA_STEP_TIMEOUT_MS, else 600000",
+        {.name = "--step-timeout-ms", .kind = OPT_FN, .arg = "N", .def = "600000",
          .help = "a step in flight this long fails the group (0: no limit)", .fn = opt_step_timeout, .ctx = cfg},
         {.name = "--on-worker-failure", .kind = OPT_CHOICE, .arg = "stop|restart|exit", .def = "stop",
          .help = "after a worker fails: stay failed, restart the group, or exit 1", .dest = &cfg->on_failure,
@@ -86,6 +89,24 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
         {.name = "--kv-memory", .kind = OPT_FN, .arg = "BYTES", .def = "CPU 1G; CUDA: from the fraction",
          .help = "the cache pool's size (suffixes K, M, G, T); on CUDA instead of the fraction", .fn = opt_kv_memory,
          .ctx = cfg},
+        {.name = "--coll-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "30000",
+         .help = "a host all-reduce waiting this long for the other ranks fails", .dest = &cfg->coll_timeout_ms,
+         .lo = 1, .hi = 3600000},
+        {.name = "--nccl-id-timeout-ms", .kind = OPT_INT, .arg = "N", .def = "120000",
+         .help = "how long the ranks wait for rank 0's NCCL id", .dest = &cfg->nccl_id_timeout_ms, .lo = 1,
+         .hi = 3600000},
+        {.name = "--spin-us", .kind = OPT_INT, .arg = "N", .def = "2000 with cuda, else 0",
+         .help = "microseconds the step loop's threads poll before they sleep (0: no spinning)",
+         .dest = &cfg->spin_us, .lo = 0, .hi = 1000000, .seen = &cfg->spin_us_given},
+        {.name = "--step-ahead", .kind = OPT_CHOICE, .arg = "queue|off|sync", .def = "queue",
+         .help = "greedy decode: queue the next step on the device before the result returns, run it after, or not",
+         .dest = &cfg->step_ahead, .choices = ahead_names},
+        {.name = "--nccl", .kind = OPT_CHOICE, .arg = "auto|off|on", .def = "auto",
+         .help = "CUDA all-reduce over NCCL: where it can serve, never (host collective), or required",
+         .dest = &cfg->nccl, .choices = nccl_names},
+        {.name = "--cuda-precision", .kind = OPT_CHOICE, .arg = "split|bf16|exact", .def = "split",
+         .help = "CUDA float weights: split bf16 pairs, plain bf16 tensor cores, or exact fp32 (reference)",
+         .dest = &cfg->cuda_precision, .choices = precision_names},
     };
     memcpy(s, t, sizeof t);
 }
@@ -102,7 +123,7 @@ void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
          .help = "tensor-parallel degree: worker processes, one per GPU", .dest = &o->tp, .lo = 1, .hi = WIRE_MAX_WORLD},
         {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads per worker",
          .dest = &o->threads, .lo = 1, .hi = 1024},
-        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "$MLA_WORKER_EXE, else mlaserve-worker beside mlaserve",
+        {.name = "--worker-exe", .kind = OPT_STR, .arg = "PATH", .def = "mlaserve-worker beside mlaserve",
          .help = "the worker program", .dest = &o->worker_exe},
     };
     memcpy(s, t, sizeof t);

@@ -87,8 +87,8 @@ void coord_handle_register(coord *c, const void *ident, size_t ilen, const wire_
     pthread_mutex_lock(&c->mu);
     snprintf(rs->device, sizeof rs->device, "%s", rg->device);
     pthread_mutex_unlock(&c->mu);
-    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !getenv("MLA_BACKEND"))
-        c->spin_us = zspin_default("cuda"); /* the workers chose CUDA themselves */
+    if (!strncmp(rg->device, "cuda", 4) && !c->cfg.backend && !c->cfg.spin_us_given)
+        c->spin_us = zspin_default("cuda", -1); /* the workers chose CUDA themselves */
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_REGISTER_REPLY;
@@ -99,6 +99,12 @@ void coord_handle_register(coord *c, const void *ident, size_t ilen, const wire_
     m.u.reply.coll_timeout_ms = (uint32_t)c->cfg.coll_timeout_ms;
     m.u.reply.kv = c->cfg.kv;
     m.u.reply.kv.local_group = !c->cfg.external;
+    m.u.reply.wo = (wire_worker_opts){.nccl_id_timeout_ms = (uint32_t)c->cfg.nccl_id_timeout_ms,
+                                      .spin_us = c->cfg.spin_us_given ? c->cfg.spin_us : -1,
+                                      .step_ahead = (uint32_t)c->cfg.step_ahead,
+                                      .nccl = (uint32_t)c->cfg.nccl,
+                                      .cuda_precision = (uint32_t)c->cfg.cuda_precision,
+                                      .log_level = mla_log_level_given() ? 1u + (uint32_t)mla_log_level() : 0};
     coord_send_frame_to_ident(c, ident, ilen, &m);
     rs->link_on = rs->link != NULL; /* from here on everything goes over the link */
     MLA_INFO("worker %d registered (pid %d, host %s, device %s%s)", r, (int)rg->pid, rg->host, rg->device,

@@ -4,10 +4,25 @@
 
 #include "cmd_bench.h"
 #include "common/buildinfo.h"
+#include "common/mla_switch.h"
 #include "cmd_client.h"
 #include "cmd_mkmodel.h"
 #include "cmd_serve.h"
 #include "cmds.h"
+
+/* mlaserve env: the table of switches; exit 1 (and the problems on err) when the environment
+ * holds a bad or unknown MLA_* variable */
+static int cmd_env(FILE *out, FILE *err) {
+    mla_switch_print(out);
+    if (!mla_switch_dev_build())
+        fprintf(out, "(developer switches: none in this build, configured with MLA_DEV_SWITCHES=OFF)\n");
+    char swerr[1024];
+    if (mla_switch_check(swerr, sizeof swerr)) {
+        fprintf(err, "mlaserve env: %s\n", swerr);
+        return 1;
+    }
+    return 0;
+}
 
 static int usage(FILE *f) {
     fprintf(f,
@@ -27,6 +42,7 @@ static int usage(FILE *f) {
             "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n"
             "  mkmodel --family v3|glm5|v2lite -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"
             "         synthetic model at real shapes with random weights (mkmodel --help)\n"
+            "  env       the MLA_* switches of this build: type, default, value, meaning (docs/switches.md)\n"
             "  version   this build: version, commit, build type, CUDA architectures (also --version)\n"
             "every command takes --help (each option's meaning and default), --log-level LEVEL, and\n"
             "options as `--opt value` or `--opt=value`\n");
@@ -39,6 +55,18 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         buildinfo_print(stdout, "mlaserve");
         return 0;
+    }
+    if (!strcmp(argv[1], "env")) {
+        if (argc > 2) {
+            fprintf(stderr, "mlaserve env: takes no arguments\n");
+            return 2;
+        }
+        return cmd_env(stdout, stderr);
+    }
+    char swerr[1024];
+    if (mla_switch_check(swerr, sizeof swerr)) { /* a bad or unknown MLA_* variable fails the start */
+        fprintf(stderr, "mlaserve: %s\n", swerr);
+        return 2;
     }
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "logits")) return cmd_logits(argc - 1, argv + 1);

@@ -6,6 +6,7 @@
 
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/mla_switch.h"
 #include "common/model_config.h"
 
 static double corr_dim(double n_rot, int dims, double base, double orig_ctx) {
@@ -78,8 +79,7 @@ void rope_table_for_model(rope_table *t, const mla_config *cf) {
                       cf->yarn_factor,          (double)cf->yarn_orig_ctx,
                       cf->yarn_beta_fast,       cf->yarn_beta_slow, cf->rope_attn_factor};
     rope_table_init(t, &rp);
-    const char *e = getenv("MLA_ROPE_FREQ_BF16");
-    if (e && *e && strcmp(e, "0") != 0) {
+    if (mla_sw_bool(MLA_SW_ROPE_FREQ_BF16)) {
         rope_table_round_freq_bf16(t);
         MLA_INFO("RoPE inverse frequencies rounded to bf16 (MLA_ROPE_FREQ_BF16)");
     }

@@ -77,6 +77,19 @@ typedef struct wire_kv_opts {
                                    * ranks on one device split gpu_memory_utilization */
 } wire_kv_opts;
 
+/* Worker settings the coordinator's flags decide (RegisterReply; zeros: the defaults). */
+enum { WIRE_AHEAD_QUEUE = 0, WIRE_AHEAD_OFF = 1, WIRE_AHEAD_SYNC = 2 };
+enum { WIRE_NCCL_AUTO = 0, WIRE_NCCL_OFF = 1, WIRE_NCCL_REQUIRED = 2 };
+enum { WIRE_PREC_SPLIT = 0, WIRE_PREC_BF16 = 1, WIRE_PREC_EXACT = 2 };
+typedef struct wire_worker_opts {
+    uint32_t nccl_id_timeout_ms; /* 0: 120000 */
+    int32_t spin_us;             /* < 0: the backend's default */
+    uint32_t step_ahead;         /* WIRE_AHEAD_* */
+    uint32_t nccl;               /* WIRE_NCCL_* */
+    uint32_t cuda_precision;     /* WIRE_PREC_* */
+    uint32_t log_level;          /* 0: the worker's own; else 1 + enum mla_log_level */
+} wire_worker_opts;
+
 typedef struct wire_register_reply {
     bool ok;
     char reason[WIRE_MAX_STR];
@@ -85,6 +98,7 @@ typedef struct wire_register_reply {
     uint32_t nccl_id_len;
     uint32_t heartbeat_ms, heartbeat_timeout_ms, coll_timeout_ms;
     wire_kv_opts kv; /* the cache pool the worker takes at load */
+    wire_worker_opts wo;
 } wire_register_reply;
 
 /* Sampling parameters, normalised by wire_decode: top_p 0 -> 1, repetition_penalty 0 -> 1. */

@@ -25,13 +25,7 @@ int zspin_poll(zmq_pollitem_t *items, int n, long timeout_ms, long spin_us) {
     return zmq_poll(items, n, timeout_ms);
 }
 
-long zspin_default(const char *backend) {
-    const char *e = getenv("MLA_SPIN_US");
-    if (e && *e) {
-        char *end;
-        long v = strtol(e, &end, 10);
-        if (*end == '\0' && v >= 0 && v <= 1000000) return v;
-        MLA_WARN("MLA_SPIN_US=%s: expected microseconds 0..1000000; using the default", e);
-    }
+long zspin_default(const char *backend, long spin_us) {
+    if (spin_us >= 0) return spin_us;
     return backend && !strcmp(backend, "cuda") ? 2000 : 0;
 }

@@ -14,9 +14,9 @@
  * (spin_us <= 0: zmq_poll alone). */
 int zspin_poll(zmq_pollitem_t *items, int n, long timeout_ms, long spin_us);
 
-/* The spin of the step loop's waits: $MLA_SPIN_US when set (0 turns spinning off); else 2000 us
- * for the cuda backend (a GPU step leaves its host threads idle; one spinning core per hop buys
- * the wake-ups back) and 0 for the others (the CPU backend's threads compute). */
-long zspin_default(const char *backend);
+/* The spin of the step loop's waits: spin_us when >= 0 (--spin-us; 0 turns spinning off); else
+ * 2000 us for the cuda backend (a GPU step leaves its host threads idle; one spinning core per hop
+ * buys the wake-ups back) and 0 for the others (the CPU backend's threads compute). */
+long zspin_default(const char *backend, long spin_us);
 
 #endif

@@ -39,7 +39,7 @@ for s in "${sets[@]}"; do
   envs=()
   for e in "${kv[@]}"; do envs+=(--env "$e"); done
   env "${kv[@]}" MLA_STEP_TRACE="$T" timeout 120 "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 \
-    --prefill none --batch 1 --ctx "${CTX:-1024}" --steps "${STEPS:-64}" --warmup 4 --env MLA_CUDA_FAST=split \
+    --prefill none --batch 1 --ctx "${CTX:-1024}" --steps "${STEPS:-64}" --warmup 4 --cuda-precision split \
     "${envs[@]}" --md "$T/bench.md" >"$T/bench.log" 2>&1 ||
     { echo "bench: exit status $?"; tail -5 "$T/bench.log"; }
   grep '^| 1 ' "$T/bench.md" 2>/dev/null

@@ -42,7 +42,7 @@ rc=0
 # shellcheck disable=SC2086
 timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat 2 --warmup 2 \
   ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
-  --bw-gbs "$bw" --tflops 790 --env MLA_CUDA_FAST=split --json "$OUT/bench-$F.json" --md "$OUT/bench-$F.md" \
+  --bw-gbs "$bw" --tflops 790 --cuda-precision split --json "$OUT/bench-$F.json" --md "$OUT/bench-$F.md" \
   >"$OUT/bench-$F.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-$F.log"; }
 cat "$OUT/bench-$F.md" 2>/dev/null
 echo "ours done ($(since))"

@@ -26,7 +26,7 @@ rc=0
 echo "== pressure (tiny-deepseek3, CUDA workers)"
 printf '#!/bin/sh\nexec "%s/bin/mlaserve" serve "$@"\n' "$B" >"$W/serve-cmd"
 chmod +x "$W/serve-cmd"
-MLA_TEST_SERVE_ARGS="--backend cuda" timeout 300 python3 tests/serve/test_serve_pool.py "$W/serve-cmd" \
+MLASERVE_TEST_SERVE_ARGS="--backend cuda" timeout 300 python3 tests/serve/test_serve_pool.py "$W/serve-cmd" \
   "$B/bin/mlaserve-worker" "$FIX" 6 2e-2 8 70 >"$OUT/capacity-pressure.log" 2>&1 || rc=1
 grep -E "blocks of|answers equal|pool A|passed|FAIL" "$OUT/capacity-pressure.log" | head -20
 echo "pressure done ($(since))"

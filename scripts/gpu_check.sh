@@ -171,7 +171,7 @@ if [ "$stack" = 1 ]; then
     echo "TP $tp: $(grep -hE 'collective:|NCCL|self-check failed' "$W/coll$tp.log" | sed -E 's/^.*(collective:|NCCL|self-check)/\1/' | sort | uniq -c | tr '\n' ';')"
   done | tee -a "$OUT/stack.log"
   st_run "ds3 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
-  st_run "ds3 bf16 TP1 host coll (MLA_NCCL=0) vs HF" "MLA_NCCL=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01
+  st_run "ds3 bf16 TP1 host coll (--nccl off) vs HF" "" --extra=--nccl=off --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01
   st_run "glm5 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   # the engine's default attention rounds queries, keys and softmax weights to fp16 over an fp16
   # latent cache (as llama.cpp's CUDA kernels over theirs): on the long glm5 prompt the worst

@@ -94,7 +94,7 @@ endif()
 add_test(NAME ctrl_cli_tp COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/ctrl/cli_tp.py
          $<TARGET_FILE:mlaserve> ${MLA_FIXTURES})
 # a generous heartbeat timeout: sanitizer builds on 2 busy cores
-set_tests_properties(ctrl_cli_tp PROPERTIES TIMEOUT 300 ENVIRONMENT "MLA_HEARTBEAT_TIMEOUT_MS=5000")
+set_tests_properties(ctrl_cli_tp PROPERTIES TIMEOUT 300)
 
 # not a test: per-step control-plane overhead (numbers in docs/ctrl.md)
 add_executable(bench_ctrl ${MLA_TEST_DIR}/ctrl/bench_ctrl.c)

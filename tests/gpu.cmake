@@ -52,7 +52,7 @@ if(TARGET mlaserve AND BUILD_TESTING)
                    --fixture ${MLA_FIXTURES}/tiny-deepseek3 --model ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf
                    --prompts 0,5 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy)
   set_tests_properties(backend_cpu_processes_tp1 PROPERTIES TIMEOUT 120
-                       ENVIRONMENT "MLA_TEST_EXE=$<TARGET_FILE:mlaserve>;MLA_TEST_BACKEND=cpu")
+                       ENVIRONMENT "MLASERVE_TEST_EXE=$<TARGET_FILE:mlaserve>;MLASERVE_TEST_BACKEND=cpu")
   add_test(NAME backend_bad_refused
            COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
                    --out /dev/null --backend gpu)

@@ -27,7 +27,7 @@ typedef struct engine engine;
 /* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_boot.c):
  * rank 0 publishes a secret every rank needs before its collective exists (the NCCL unique id,
  * WIRE_MAX_NCCL_ID bytes); the coordinator relays it (Control NCCL_ID, docs/ctrl.md); the other
- * ranks wait for it, bounded by a timeout (MLA_NCCL_ID_TIMEOUT_MS, 120 s by default), failing with
+ * ranks wait for it, bounded by a timeout (the coordinator's --nccl-id-timeout-ms, 120 s by default), failing with
  * a message. Engines that need no such id (the CPU engine) ignore it. Called from load() only. */
 typedef struct engine_boot {
     void *ctx;
@@ -43,6 +43,7 @@ typedef struct engine_boot {
 typedef struct engine_opts {
     int n_threads;
     wire_kv_opts kv;
+    wire_worker_opts wo; /* the coordinator's worker settings: NCCL, CUDA precision (RegisterReply) */
 } engine_opts;
 
 /* The latent cache pool an engine took at load: n_blocks blocks of block_size positions (every

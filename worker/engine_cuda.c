@@ -1,13 +1,13 @@
 /* engine_cuda: see engine_cuda.h. Mirrors engine_cpu.c (one device state per sequence id: its
  * block table into the model's cache pool, which load() sizes from the coordinator's settings;
  * rewind on a lower first position). The matmul modes (worker/model_cuda.cu mm()):
- *   default (MLA_CUDA_FAST unset or =split): quantized weights with int8 activations (the integer
+ *   default (--cuda-precision split): quantized weights with int8 activations (the integer
  *     GEMV up to 96 tokens, int8 tensor cores above: llama.cpp's scheme); float weights through
  *     the fp32 GEMV, or for steps of more than 128 tokens the split-bf16 tensor cores (hi/lo,
  *     3 MMAs: fp32-class accuracy);
- *   MLA_CUDA_FAST=1: plain bf16 tensor cores for float weights in steps of more than 8 tokens
+ *   --cuda-precision bf16: plain bf16 tensor cores for float weights in steps of more than 8 tokens
  *     (logits ~4e-2 off in log-prob on the fixtures);
- *   MLA_CUDA_FAST=exact: every matmul the fp32 GEMV, activations never rounded (slow prefill);
+ *   --cuda-precision exact: every matmul the fp32 GEMV, activations never rounded (slow prefill);
  *   MLA_CUDA_Q8=0|1 turns the int8 activations off or on in any mode;
  *   attention runs on fp16 tensor cores except in exact mode; MLA_CUDA_ATTN=tc|fp32 decides;
  *   the latent cache holds fp16 with tensor-core attention, fp32 with fp32 attention;
@@ -47,21 +47,21 @@ struct engine {
 };
 
 #ifdef MLA_HAVE_NCCL
-/* NCCL when every rank has a GPU of its own (world <= visible devices) and MLA_NCCL is not 0
- * (MLA_NCCL=1 makes a failure to set it up an error rather than a fall-back). Rank 0 makes the
+/* NCCL when every rank has a GPU of its own (world <= visible devices) and the coordinator's
+ * --nccl is not off (--nccl on makes a failure to set it up an error rather than a fall-back). Rank 0 makes the
  * unique id and publishes it through the coordinator (boot->publish_id: works across hosts); the
  * other ranks wait for it (boot->wait_id, bounded); a known-answer check follows. Every rank
  * takes the same NCCL-or-host decision only when they see the same device counts: a mixed group
  * fails (the ranks waiting for an id time out with a message) rather than mixing collectives. */
-static int setup_nccl(engine *e, const engine_boot *boot, int rank, int world, int dev, mla_err *err) {
-    const char *env = getenv("MLA_NCCL");
-    if (env && !strcmp(env, "0")) return MLA_OK;
-    bool force = env && !strcmp(env, "1");
+static int setup_nccl(engine *e, const engine_boot *boot, int rank, int world, int dev, uint32_t mode,
+                      mla_err *err) {
+    if (mode == WIRE_NCCL_OFF) return MLA_OK;
+    bool force = mode == WIRE_NCCL_REQUIRED;
     int ndev = mla_cuda_device_count();
     bool ok = world <= ndev && coll_nccl_available();
     if (!ok) {
         if (force)
-            return mla_errf(err, "MLA_NCCL=1 but NCCL cannot serve %d ranks here (%d devices, libnccl %s)", world, ndev,
+            return mla_errf(err, "--nccl on but NCCL cannot serve %d ranks here (%d devices, libnccl %s)", world, ndev,
                             coll_nccl_available() ? "found" : "not found");
         MLA_INFO("collective: host (%d ranks, %d devices, libnccl %s)", world, ndev,
                  coll_nccl_available() ? "found" : "not found");
@@ -69,7 +69,7 @@ static int setup_nccl(engine *e, const engine_boot *boot, int rank, int world, i
     }
     unsigned char id[COLL_NCCL_ID_BYTES] = {0};
     if (world > 1 && !boot) {
-        if (force) return mla_errf(err, "MLA_NCCL=1 but no coordinator relays the NCCL id");
+        if (force) return mla_errf(err, "--nccl on but no coordinator relays the NCCL id");
         MLA_INFO("collective: host (no coordinator to hand out the NCCL id)");
         return MLA_OK;
     }
@@ -99,10 +99,8 @@ static void cu_destroy(engine *e);
 static int cu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
                    const engine_opts *eo, mla_err *err) {
     (void)boot;
-    int dev = rank;
-    const char *de = getenv("MLA_CUDA_DEVICE");
-    if (de && *de) dev = atoi(de);
-    else if (mla_cuda_device_count() > 0) dev = rank % mla_cuda_device_count();
+    int dev = rank; /* ranks map to the visible devices in turn (CUDA_VISIBLE_DEVICES chooses them) */
+    if (mla_cuda_device_count() > 0) dev = rank % mla_cuda_device_count();
     if (mla_cuda_init(dev, err)) return mla_err_prefix(err, "CUDA device %d", dev);
     mla_err se;
     if (cuda_selfcheck(&se)) return mla_errf(err, "CUDA self-check failed on device %d, refusing to start: %s", dev, se.msg);
@@ -111,17 +109,12 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
         free(e);
         return MLA_ERR;
     }
-    const char *fast = getenv("MLA_CUDA_FAST");
-    if (fast && strcmp(fast, "1") && strcmp(fast, "split") && strcmp(fast, "exact")) {
-        gguf_close(e->g);
-        free(e);
-        return mla_errf(err, "MLA_CUDA_FAST=%s: expected split (the default), 1 or exact", fast);
-    }
-    /* the default is split; =1: plain bf16 tensor cores for float weights; =exact: fp32 GEMV only */
-    const bool exact = fast && !strcmp(fast, "exact"), plain = fast && !strcmp(fast, "1");
+    /* the coordinator's --cuda-precision: split (the default); bf16: plain bf16 tensor cores for
+     * float weights; exact: fp32 GEMV only */
+    const bool exact = eo->wo.cuda_precision == WIRE_PREC_EXACT, plain = eo->wo.cuda_precision == WIRE_PREC_BF16;
     mla_cmodel_opts opts = {dev, exact, false, !exact && !plain};
 #ifdef MLA_HAVE_NCCL
-    if (setup_nccl(e, boot, rank, world, dev, err)) {
+    if (setup_nccl(e, boot, rank, world, dev, eo->wo.nccl, err)) {
         if (e->nccl) coll_free(e->nccl);
         gguf_close(e->g);
         free(e);
@@ -148,7 +141,7 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
      * takes the whole fraction) */
     int share = 1;
     const int ndev = mla_cuda_device_count();
-    if (eo->kv.local_group && !(de && *de) && ndev > 0 && world > ndev)
+    if (eo->kv.local_group && ndev > 0 && world > ndev)
         share = world / ndev + (dev < world % ndev ? 1 : 0);
     mla_cmodel_kv_opts ko = {eo->kv.gpu_memory_utilization, share, eo->kv.kv_memory_bytes, WIRE_MAX_BLOCKS,
                              eo->kv.max_step_tokens, e->n_ctx, eo->kv.max_seqs};

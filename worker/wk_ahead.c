@@ -16,10 +16,9 @@ void wk_ahead_free(wk_ahead *a) {
     memset(a, 0, sizeof *a);
 }
 
-wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue) {
-    const char *e = getenv("MLA_STEP_AHEAD");
-    if (!step_greedy || (e && !strcmp(e, "0"))) return WK_AHEAD_OFF;
-    return queue && !(e && !strcmp(e, "sync")) ? WK_AHEAD_QUEUE : WK_AHEAD_SYNC;
+wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue, uint32_t setting) {
+    if (!step_greedy || setting == WIRE_AHEAD_OFF) return WK_AHEAD_OFF;
+    return queue && setting != WIRE_AHEAD_SYNC ? WK_AHEAD_QUEUE : WK_AHEAD_SYNC;
 }
 
 bool wk_ahead_greedy_row(const wire_seq *s) {

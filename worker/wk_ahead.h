@@ -19,7 +19,7 @@
  *
  * Ownership: a wk_ahead owns the step it built (its rows, tokens and positions) and the residual
  * plan's row array; the residual's token and position arrays point into the plan it was cut
- * from, which must outlive its use. MLA_STEP_AHEAD (wk_ahead_mode): 0 off, sync run after the
+ * from, which must outlive its use. --step-ahead (wk_ahead_mode): off, sync run after the
  * step, else queued where the engine can. */
 #ifndef WK_AHEAD_H
 #define WK_AHEAD_H
@@ -42,11 +42,12 @@ typedef struct wk_ahead {
 void wk_ahead_init(wk_ahead *a);
 void wk_ahead_free(wk_ahead *a);
 
-/* How the worker takes the step ahead, from MLA_STEP_AHEAD: 0 not at all, sync run after the step
- * (step_greedy), anything else (or unset) queued in the engine where it has queue / wait_queued;
- * OFF for an engine without step_greedy, SYNC for one without queue. */
+/* How the worker takes the step ahead, from the coordinator's --step-ahead (setting: WIRE_AHEAD_*):
+ * off not at all, sync run after the step (step_greedy), queue (the default) queued in the engine
+ * where it has queue / wait_queued; OFF for an engine without step_greedy, SYNC for one without
+ * queue. */
 typedef enum { WK_AHEAD_OFF, WK_AHEAD_SYNC, WK_AHEAD_QUEUE } wk_ahead_mode_t;
-wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue);
+wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue, uint32_t setting);
 
 /* The row of a plan whose token the engine may take itself (engine_ops.step_greedy): greedy,
  * nothing the host sampler adds (penalties, logprobs), no logits returned. */

@@ -26,8 +26,7 @@ int wk_boot_publish(void *ctx, const uint8_t *id, size_t len, mla_err *err) {
 int wk_boot_wait(void *ctx, uint8_t *id, size_t len, mla_err *err) {
     wk *w = ((wk_boot *)ctx)->w;
     if (len != WIRE_MAX_NCCL_ID) return mla_errf(err, "an NCCL id of %zu bytes (need %u)", len, (unsigned)WIRE_MAX_NCCL_ID);
-    const char *env = getenv("MLA_NCCL_ID_TIMEOUT_MS");
-    long timeout_ms = env && atol(env) > 0 ? atol(env) : 120000;
+    long timeout_ms = w->wo.nccl_id_timeout_ms ? (long)w->wo.nccl_id_timeout_ms : 120000; /* --nccl-id-timeout-ms */
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += timeout_ms / 1000;
@@ -42,5 +41,5 @@ int wk_boot_wait(void *ctx, uint8_t *id, size_t len, mla_err *err) {
     if (known) return MLA_OK;
     if (quit) return mla_errf(err, "the worker is stopping while it waits for rank 0's NCCL id");
     return mla_errf(err, "no NCCL id from rank 0 through the coordinator within %ld ms (rank 0 not started, "
-                         "failed, or not using NCCL? MLA_NCCL_ID_TIMEOUT_MS sets the wait)", timeout_ms);
+                         "failed, or not using NCCL? the coordinator's --nccl-id-timeout-ms sets the wait)", timeout_ms);
 }

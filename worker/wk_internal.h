@@ -51,6 +51,7 @@ typedef struct wk {
     int32_t *rtok, *hit;
     uint32_t *ridx;
     uint32_t flags_cap;
+    wire_worker_opts wo; /* the coordinator's settings (RegisterReply) */
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
     wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */
     _Atomic uint32_t kv_blocks; /* the pool's blocks once loaded: what block ids are checked against */

@@ -14,6 +14,7 @@
 #include "common/opts.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 #include "zspin.h"
 
 int64_t wk_now_ms(void) {
@@ -41,7 +42,7 @@ static size_t wk_specs(wk_config *cfg, int *proto, opt_spec *s) {
          .dest = &cfg->world, .lo = 1, .hi = WIRE_MAX_WORLD},
         {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH",
          .help = "the GGUF file (a split model: its first part), the coordinator's", .dest = &cfg->model_path},
-        {.name = "--backend", .kind = OPT_STR, .arg = "cpu|cuda", .def = "$MLA_BACKEND, else cuda where a GPU is visible",
+        {.name = "--backend", .kind = OPT_STR, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
          .help = "what this worker computes on", .dest = &cfg->backend},
         {.name = "--threads", .kind = OPT_INT, .arg = "N", .def = "1", .help = "CPU threads", .dest = &cfg->n_threads,
          .lo = 1, .hi = 1024},
@@ -206,11 +207,9 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     wk w;
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
-    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL);
+    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL, -1);
     wk_ahead_init(&w.ahead[0]);
     wk_ahead_init(&w.ahead[1]);
-    if (cfg->engine)
-        w.ahead_mode = wk_ahead_mode(cfg->engine->step_greedy != NULL, cfg->engine->queue && cfg->engine->wait_queued);
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -265,9 +264,16 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         zmq_ctx_term(w.zctx);
         return rc;
     }
+    /* the coordinator's flags (docs/switches.md); a --log-level of this worker's own wins */
+    if (reply.wo.log_level && !mla_log_level_given()) mla_log_set_level((enum mla_log_level)(reply.wo.log_level - 1));
     MLA_INFO("registered with %s (rank %d of %d%s%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
              cfg->curve_dir ? ", CURVE" : "", cfg->link_fd > 0 ? ", local link" : "");
     w.kv = reply.kv;
+    w.wo = reply.wo;
+    w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL, reply.wo.spin_us);
+    if (cfg->engine)
+        w.ahead_mode = wk_ahead_mode(cfg->engine->step_greedy != NULL, cfg->engine->queue && cfg->engine->wait_queued,
+                                     reply.wo.step_ahead);
     /* the coordinator that started this worker talks over the link from its reply on */
     fdlink *link = NULL;
     if (cfg->link_fd > 0 && !(link = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, err))) {
@@ -432,6 +438,11 @@ int wk_main(int argc, char **argv, wk_pick_engine pick) {
     }
     if (prc) {
         fprintf(stderr, "%s: %s (--help lists the options)\n", argv[0], err.msg);
+        return 2;
+    }
+    char swerr[sizeof err.msg];
+    if (mla_switch_check(swerr, sizeof swerr)) {
+        fprintf(stderr, "%s: %s\n", argv[0], swerr);
         return 2;
     }
     cfg.engine = pick(cfg.backend, &err);

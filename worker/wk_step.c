@@ -10,6 +10,7 @@
 #include "common/loadprog.h"
 #include "common/steptrace.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 #include "sample.h"
 #include "zspin.h"
 
@@ -203,8 +204,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
     const int rank = w->cfg->rank;
     steptrace_mark(p->step_id, 'D');
     const uint32_t V = atomic_load(&w->n_vocab);
-    const char *delay = getenv("MLA_WORKER_STEP_DELAY_MS"); /* fault injection (tests) */
-    if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
+    const long delay = mla_sw_int(MLA_SW_WORKER_STEP_DELAY_MS); /* fault injection (tests) */
+    if (delay > 0) usleep((useconds_t)delay * 1000);
     float **rows = mla_xcalloc(p->n_seqs, sizeof *rows);
     size_t need = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) need += (size_t)engine_logit_rows(&p->seqs[i]) * V;
@@ -355,7 +356,7 @@ void *wk_compute_main(void *arg) {
     mla_err err;
     wk_boot bctx = {w, pair};
     const engine_boot boot = {&bctx, wk_boot_publish, wk_boot_wait};
-    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv};
+    const engine_opts eo = {.n_threads = cfg->n_threads, .kv = w->kv, .wo = w->wo};
     if (cfg->engine->load(&eng, cfg->model_path, cfg->rank, cfg->world, w->coll, &boot, &eo, &err)) {
         snprintf(w->compute_err, sizeof w->compute_err, "loading %.200s: %.700s", cfg->model_path, err.msg);
         atomic_store(&w->compute_failed, 1);

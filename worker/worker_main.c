@@ -2,8 +2,8 @@
  *   mlaserve-worker --coord ENDPOINT --rank R --world T -m MODEL.gguf [--backend cpu|cuda] ...
  * (`mlaserve-worker --help` lists the options.) Registers with the coordinator, attaches the
  * collective, loads its shard, then runs the step plans it receives (worker/wk_run.h). The
- * backend comes from --backend, else MLA_BACKEND in the environment (inherited from the
- * coordinator), else cuda when this build has CUDA and a device is visible, else cpu. */
+ * backend comes from --backend (the coordinator passes its own to the workers it starts), else
+ * cuda when this build has CUDA and a device is visible, else cpu. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,22 +14,17 @@
 #include "wk_run.h"
 
 static const engine_ops *pick(const char *backend, mla_err *err) {
-    const char *from = "--backend";
-    if (!backend || !*backend) {
-        backend = getenv("MLA_BACKEND");
-        from = "MLA_BACKEND";
-    }
     if (!backend || !*backend) {
         int n = engine_cuda_devices();
         if (n > 0) {
-            MLA_INFO("backend: cuda (%d CUDA device(s) visible; --backend cpu or MLA_BACKEND=cpu for the CPU)", n);
+            MLA_INFO("backend: cuda (%d CUDA device(s) visible; --backend cpu for the CPU)", n);
             return &engine_cuda_ops;
         }
         return &engine_cpu_ops;
     }
     if (!strcmp(backend, "cuda")) return &engine_cuda_ops;
     if (!strcmp(backend, "cpu")) return &engine_cpu_ops;
-    mla_errf(err, "%s: unknown backend '%s' (cpu or cuda)", from, backend);
+    mla_errf(err, "--backend: unknown backend '%s' (cpu or cuda)", backend);
     return NULL;
 }
 

@@ -1,7 +1,7 @@
 /* Per-step overhead of the control plane: coordinator -> T workers (ROUTER/DEALER, one frame per
  * worker) -> test engine (one all-reduce of 97 floats over the host collective) -> rank 0 samples
  * -> result back. Prints mean / p50 / p99 microseconds per step for each T.
- * usage: bench_ctrl TEST_WORKER_EXE [steps] [T...] */
+ * usage: bench_ctrl [--spin-us N] TEST_WORKER_EXE [steps] [T...] (--spin-us: the coordinator's) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 
 #include "test_tables.h"
 #include "coord.h"
+#include "mla_log.h"
 #include "test_engine.h"
 
 static double now_us(void) {
@@ -25,8 +26,14 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+    const char *spin = NULL;
+    if (argc > 2 && !strcmp(argv[1], "--spin-us")) {
+        spin = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: %s TEST_WORKER_EXE [steps] [T...]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--spin-us N] TEST_WORKER_EXE [steps] [T...]\n", argv[0]);
         return 2;
     }
     int steps = argc > 2 ? atoi(argv[2]) : 2000;
@@ -43,10 +50,11 @@ int main(int argc, char **argv) {
     mla_err err;
     uint64_t hash;
     test_engine_file_hash(model, &hash, &err);
-    setenv("MLA_LOG_LEVEL", "warn", 1);
+    mla_log_level_opt(NULL, "warn", &err); /* the workers follow (RegisterReply) */
     double *t = malloc((size_t)steps * sizeof *t);
     for (int k = 0; k < nT; k++) {
-        coord_config cfg = {.world = Ts[k], .model_path = model, .model_hash = hash, .worker_exe = argv[1]};
+        coord_config cfg = {.world = Ts[k], .model_path = model, .model_hash = hash, .worker_exe = argv[1],
+                            .spin_us = spin ? atoi(spin) : 0, .spin_us_given = spin != NULL};
         coord *c;
         if (coord_start(&c, &cfg, &err)) {
             fprintf(stderr, "%s\n", err.msg);

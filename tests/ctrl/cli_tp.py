@@ -17,6 +17,8 @@ import numpy as np
 
 
 def run(cmd):
+    # a generous heartbeat timeout: sanitizer builds on 2 busy cores
+    cmd = cmd[:2] + ["--heartbeat-timeout-ms", "5000"] + cmd[2:]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:
         sys.stderr.write(r.stderr)

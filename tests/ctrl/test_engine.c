@@ -1,5 +1,6 @@
 #include "test_engine.h"
 
+#include "common/mla_switch.h"
 #include "kvtab.h"
 
 #include <stdio.h>
@@ -84,16 +85,15 @@ void test_engine_boot_id(uint64_t seed, uint8_t id[WIRE_MAX_NCCL_ID]) {
 
 /* the NCCL-id exchange as an engine using NCCL does it (MLA_TEST_ENGINE_ID_SEED set, world > 1) */
 static int te_boot(const engine_boot *boot, int rank, int world, mla_err *err) {
-    const char *seed = getenv("MLA_TEST_ENGINE_ID_SEED");
+    const char *seed = mla_sw_str(MLA_SW_TEST_ENGINE_ID_SEED);
     if (!seed || world < 2) return MLA_OK;
     if (!boot) return mla_errf(err, "test engine: no bootstrap relay for the id");
     uint8_t want[WIRE_MAX_NCCL_ID], got[WIRE_MAX_NCCL_ID];
     test_engine_boot_id(strtoull(seed, NULL, 0), want);
     if (rank == 0) {
-        const char *corrupt = getenv("MLA_TEST_ENGINE_ID_CORRUPT");
-        if (corrupt && atoi(corrupt) > 0) want[atoi(corrupt) % WIRE_MAX_NCCL_ID] ^= 0x5a;
-        const char *nopub = getenv("MLA_TEST_ENGINE_ID_NOPUB");
-        if (nopub && atoi(nopub)) return MLA_OK;
+        const long corrupt = mla_sw_int(MLA_SW_TEST_ENGINE_ID_CORRUPT);
+        if (corrupt > 0) want[corrupt % WIRE_MAX_NCCL_ID] ^= 0x5a;
+        if (mla_sw_bool(MLA_SW_TEST_ENGINE_ID_NOPUB)) return MLA_OK;
         return boot->publish_id(boot->ctx, want, sizeof want, err);
     }
     if (boot->wait_id(boot->ctx, got, sizeof got, err)) return mla_err_prefix(err, "test engine");
@@ -106,8 +106,7 @@ static int te_boot(const engine_boot *boot, int rank, int world, mla_err *err) {
 
 static int te_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
                    const engine_opts *eo, mla_err *err) {
-    const char *fl = getenv("MLA_TEST_ENGINE_FAIL_LOAD");
-    if (fl && atoi(fl) == rank) return mla_errf(err, "test engine: load failure requested for rank %d", rank);
+    if (mla_sw_int(MLA_SW_TEST_ENGINE_FAIL_LOAD) == rank) return mla_errf(err, "test engine: load failure requested for rank %d", rank);
     if (te_boot(boot, rank, world, err)) return MLA_ERR;
     FILE *f = fopen(path, "rb");
     if (!f) return mla_errf(err, "cannot open %s", path);
@@ -116,8 +115,7 @@ static int te_load(engine **out, const char *path, int rank, int world, coll *c,
     e->rank = rank;
     e->world = world;
     e->c = c;
-    const char *d = getenv("MLA_TEST_ENGINE_DELAY_MS");
-    e->delay_ms = d ? atoi(d) : 0;
+    e->delay_ms = (int)mla_sw_int(MLA_SW_TEST_ENGINE_DELAY_MS);
     const uint64_t nb = eo->kv.kv_memory_bytes ? eo->kv.kv_memory_bytes / 1024 : 4096;
     e->pool = (engine_kv_pool){(uint32_t)(nb < WIRE_MAX_BLOCKS ? nb : WIRE_MAX_BLOCKS), TE_BLOCK, 1024};
     if (e->pool.n_blocks == 0) {
@@ -293,8 +291,8 @@ static void te_free_seq(engine *e, uint64_t id) {
 
 static void te_destroy(engine *e) {
     if (!e) return;
-    const char *stats = getenv("MLA_TEST_ENGINE_STATS");
-    if (stats && *stats) {
+    const char *stats = mla_sw_str(MLA_SW_TEST_ENGINE_STATS);
+    if (stats) {
         char path[4096];
         snprintf(path, sizeof path, "%s.%d", stats, e->rank);
         FILE *f = fopen(path, "w");

@@ -13,7 +13,7 @@
  * rewinds it there (a running state is kept per position), one starting past it is refused
  * unless the sequence holds nothing yet (its table shares blocks), one past its table is refused.
  * queue / wait_queued (engine.h) run the plan at once and hand its tokens out later.
- * Environment knobs: MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
+ * Developer switches (common/mla_switch.h): MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
  * MLA_TEST_ENGINE_STATS=PATH (at destroy, PATH.<rank> gets "tokens host_queues device_queues":
  * the tokens the engine advanced, and its queue calls with tokens from the plan / the device),
  * MLA_TEST_ENGINE_FAIL_LOAD (a rank number whose load fails).

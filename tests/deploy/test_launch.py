@@ -126,7 +126,7 @@ def case_slurm():
     out = r.stdout
     check(r.returncode == 0 and "coordinator on gpu-a" in out and "--tp 2" in out and "--workers-external" in out
           and "tcp://\\*:29555" in out and "--curve-dir " + keys in out, "sbatch dry run: coordinator command", out)
-    check("MLA_COORD=tcp://gpu-a:29555" in out and "--ntasks=2" in out and "--gpus-per-task=1" in out
+    check("MLASERVE_COORD=tcp://gpu-a:29555" in out and "--ntasks=2" in out and "--gpus-per-task=1" in out
           and "--export=ALL" in out and "SLURM_PROCID" in out, "sbatch dry run: srun command", out)
     check("passed: NCCL_SOCKET_IFNAME=ib0" in out, "sbatch dry run: NCCL_* passed through", out)
     check("--cpus-per-task" not in out, "sbatch dry run: no --cpus-per-task when the job has none", out)

@@ -18,8 +18,8 @@ from dlib import Server, alive, check, finish, model_path, read_rest, read_sse_e
 exe, worker, fixtures = sys.argv[1:4]
 inner = len(sys.argv) > 4 and sys.argv[4] == "--inner"
 model = model_path(fixtures)
-tag = os.environ.get("MLA_NETNS_TAG") or "%d" % (os.getpid() % 100000)
-os.environ["MLA_NETNS_TAG"] = tag  # the inner run (another pid) uses the same names
+tag = os.environ.get("MLASERVE_NETNS_TAG") or "%d" % (os.getpid() % 100000)
+os.environ["MLASERVE_NETNS_TAG"] = tag  # the inner run (another pid) uses the same names
 NSC, NSW = "mlac" + tag, "mlaw" + tag
 VC, VW = "mvc" + tag, "mvw" + tag
 ADDR_C, ADDR_W = "10.251.7.1", "10.251.7.2"  # on the two veths only, inside our namespaces

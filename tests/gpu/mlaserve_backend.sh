@@ -1,4 +1,4 @@
 #!/bin/sh
-# `mlaserve "$@" --backend $MLA_TEST_BACKEND` with mlaserve at $MLA_TEST_EXE: lets
+# `mlaserve "$@" --backend $MLASERVE_TEST_BACKEND` with mlaserve at $MLASERVE_TEST_EXE: lets
 # tests/model/check_logits.py drive the worker processes of a chosen backend.
-exec "$MLA_TEST_EXE" "$@" --backend "$MLA_TEST_BACKEND"
+exec "$MLASERVE_TEST_EXE" "$@" --backend "$MLASERVE_TEST_BACKEND"

@@ -35,8 +35,8 @@ class Server(mlatest.ServeProcess):
         # sanitizer builds on a loaded 2-core machine: a worker busy in a long step must not be
         # taken for dead (the default heartbeat timeout is 1 s)
         super().__init__([exe, "serve", "-m", model, "--tp", str(tp), "--port", str(port),
-                          "--proto-port", str(proto_port)], extra, worker=worker, proto=True,
-                         env_default={"MLA_HEARTBEAT_TIMEOUT_MS": "20000"}, timeout=timeout, prefix="pbapi_")
+                          "--proto-port", str(proto_port), "--heartbeat-timeout-ms", "20000"], extra,
+                         worker=worker, proto=True, timeout=timeout, prefix="pbapi_")
 
     def stop(self):
         return super().stop(timeout=60, killed_rc=-999)

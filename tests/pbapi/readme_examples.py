@@ -71,12 +71,13 @@ else:  # the bundled copy is the fixture file
     os.symlink(os.path.join(fixtures, "tiny-deepseek3", model_file), os.path.join(work, "models", model_file))
 env = dict(os.environ)
 env.pop("MLASERVE_API_KEY", None)
-env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "20000")  # sanitizer builds: long steps are not a dead worker
 env["PORT"] = str(free_port(8080))
 env["PROTO_PORT"] = str(free_port(8081))
 port = int(env["PORT"])
 log = open(os.path.join(work, "serve.log"), "w+")
-srv = subprocess.Popen(["bash", "-c", "exec " + serve_blocks[0].replace("\\\n", " ").strip()], cwd=work, env=env,
+srv = subprocess.Popen(["bash", "-c", "exec " + serve_blocks[0].replace("\\\n", " ").strip()
+                        # sanitizer builds: long steps are not a dead worker
+                        + " --heartbeat-timeout-ms 20000"], cwd=work, env=env,
                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

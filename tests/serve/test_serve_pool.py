@@ -8,7 +8,7 @@ logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 
 length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
 Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR [BLOCKS (12)] [LOGPROB_TOL (1e-5)]
 [REPEATS (2): a prompt holds its base 1..REPEATS times] [MIN_TOKENS (4): max_tokens from MIN_TOKENS to
-MIN_TOKENS + 6]; MLA_TEST_SERVE_ARGS adds arguments to both
+MIN_TOKENS + 6]; MLASERVE_TEST_SERVE_ARGS adds arguments to both
 servers (e.g. --backend cuda: blocks of 64 positions, so BLOCKS 6, REPEATS 8 and MIN_TOKENS 70 for
 sequences that cross blocks, and LOGPROB_TOL 2e-2: other batch shapes take other kernels there). Exit 77 when the fixture is
 missing."""
@@ -25,7 +25,7 @@ blocks = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 tol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-5
 repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
 min_tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 4
-extra = os.environ.get("MLA_TEST_SERVE_ARGS", "").split()
+extra = os.environ.get("MLASERVE_TEST_SERVE_ARGS", "").split()
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
 if not os.path.exists(model):
     print("fixture missing: skipped")

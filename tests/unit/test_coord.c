@@ -250,12 +250,12 @@ static void test_ahead(int T, const char *mode) {
     char stats[128];
     snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-%d", (int)getpid());
     setenv("MLA_TEST_ENGINE_STATS", stats, 1);
-    setenv("MLA_STEP_AHEAD", mode, 1);
     coord *c;
     mla_err err;
     coord_config cfg = base_cfg(T);
+    /* --step-ahead, handed to the workers at registration */
+    cfg.step_ahead = !on ? WIRE_AHEAD_OFF : queued ? WIRE_AHEAD_QUEUE : WIRE_AHEAD_SYNC;
     int rc = coord_start(&c, &cfg, &err);
-    unsetenv("MLA_STEP_AHEAD");
     unsetenv("MLA_TEST_ENGINE_STATS");
     REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
     uint64_t hist[3][64];     /* reference state after each position */
@@ -624,11 +624,19 @@ static void test_nccl_id(void) {
     unsetenv("MLA_TEST_ENGINE_ID_CORRUPT");
     /* rank 0 publishes nothing: rank 1 gives up after the timeout, with the reason */
     setenv("MLA_TEST_ENGINE_ID_NOPUB", "1", 1);
-    setenv("MLA_NCCL_ID_TIMEOUT_MS", "1000", 1);
+    /* --nccl-id-timeout-ms reaches the workers at registration: rank 1 gives up after 1 s, not
+     * the default 120 s */
+    cfg.nccl_id_timeout_ms = 1000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     CHECK(coord_start(&c, &cfg, &err) == MLA_ERR);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     CHECKF(strstr(err.msg, "worker 1") && strstr(err.msg, "no NCCL id from rank 0"), "msg: %s", err.msg);
+    CHECKF(strstr(err.msg, "1000 ms"), "the worker's wait names the timeout it used: %s", err.msg);
+    CHECKF(waited >= 0.9 && waited < 60, "the start failed after %.1f s (the worker waits 1 s)", waited);
+    cfg.nccl_id_timeout_ms = 0;
     unsetenv("MLA_TEST_ENGINE_ID_NOPUB");
-    unsetenv("MLA_NCCL_ID_TIMEOUT_MS");
     unsetenv("MLA_TEST_ENGINE_ID_SEED");
 }
 

@@ -109,15 +109,13 @@ int main(void) {
     wk_ahead_clear(&a);
     CHECK(!wk_ahead_covers(&a, &cp));
 
-    unsetenv("MLA_STEP_AHEAD");
-    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_QUEUE && wk_ahead_mode(true, false) == WK_AHEAD_SYNC);
-    CHECK(wk_ahead_mode(false, true) == WK_AHEAD_OFF);
-    setenv("MLA_STEP_AHEAD", "0", 1);
-    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_OFF);
-    setenv("MLA_STEP_AHEAD", "sync", 1);
-    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_SYNC);
-    setenv("MLA_STEP_AHEAD", "1", 1);
-    CHECK(wk_ahead_mode(true, true) == WK_AHEAD_QUEUE);
+    /* --step-ahead queue (the default) | off | sync, as the coordinator sends it */
+    CHECK(wk_ahead_mode(true, true, WIRE_AHEAD_QUEUE) == WK_AHEAD_QUEUE);
+    CHECK(wk_ahead_mode(true, false, WIRE_AHEAD_QUEUE) == WK_AHEAD_SYNC);
+    CHECK(wk_ahead_mode(false, true, WIRE_AHEAD_QUEUE) == WK_AHEAD_OFF);
+    CHECK(wk_ahead_mode(true, true, WIRE_AHEAD_OFF) == WK_AHEAD_OFF);
+    CHECK(wk_ahead_mode(true, true, WIRE_AHEAD_SYNC) == WK_AHEAD_SYNC);
+    CHECK(wk_ahead_mode(false, true, WIRE_AHEAD_SYNC) == WK_AHEAD_OFF);
     wk_ahead_free(&a);
     return mla_test_finish();
 }
