@@ -46,6 +46,7 @@
 #include "kernels/gemvs_item.h"
 
 extern "C" {
+#include "common/mla_switch.h"
 #include "kernels/quant.h"
 }
 
@@ -55,14 +56,15 @@ namespace mlacu {
 constexpr int GS_THREADS = 256, GS_THREADS_MAX = 320, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
 constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
 /* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at: 3 and
- * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; read once a process: for measurements) */
+ * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; a developer switch of common/mla_switch.c,
+ * read once a process: for measurements) */
 struct gs_tune {
     int stages = 3, target = 32768;
 };
 static const gs_tune &gs_tuning() {
     static const gs_tune t = [] {
         gs_tune v;
-        const char *e = getenv("MLA_CUDA_GS");
+        const char *e = mla_sw_str(MLA_SW_CUDA_GS);
         int a = 0, b = 0;
         if (e && sscanf(e, "%d:%d", &a, &b) == 2 && a >= 2 && a <= GS_STAGES_MAX && b >= 4096 && b <= 65536)
             v.stages = a, v.target = b;

@@ -13,6 +13,7 @@
 extern "C" {
 #include "common/layer_tensors.h"
 #include "common/loadprog.h"
+#include "common/mla_switch.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
 #include "kernels/matmul.h"
@@ -99,7 +100,7 @@ struct mla_cmodel {
     cudaEvent_t ev_fork, ev_join;
     void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
-    int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MMH_TMIN; MLA_CUDA_GEMV_TMAX) */
+    int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
     int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
@@ -345,31 +346,16 @@ extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; 
  * (bench/results/gpu-h200-2026-11-29d.md). */
 #define Q8_TMAX 96
 /* With m->mmh, the weights the fp16 tensor cores take (mla_cuda_mmh_supported) keep the integer
- * GEMV up to this many tokens a step, the tensor cores above: the default of m->gemv_tmax
- * (MLA_CUDA_GEMV_TMAX). There steps of up to 64 tokens split K over ~512 blocks, one pass over W
- * for any batch, where the GEMV makes one per 8 tokens. H200 at 8 tokens: 18432 x 7168 Q4_K 91 us
- * either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K output matrix 603 against 1100; at
- * 16 the tensor cores win everywhere (bench/results/gpu-h200-2026-11-30e.md). */
-#define MMH_TMIN 8
-
-/* *v = the environment's integer `name` (dflt when unset); false with a message naming it when it
- * is not an integer in [lo, hi] */
-static bool env_count(const char *name, long dflt, long lo, long hi, const char *what, long *v, mla_err *err) {
-    const char *s = getenv(name);
-    char *end = nullptr;
-    *v = s ? strtol(s, &end, 10) : dflt;
-    if (s && (end == s || *end || *v < lo || *v > hi)) {
-        mla_errf(err, "%s=%s: expected %s", name, s, what);
-        return false;
-    }
-    return true;
-}
-
-/* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
- * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
- * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
- * 15.5 (bench/results/gpu-h200-2026-11-30.md). */
-#define MOE_MMH_MIN 8
+ * GEMV up to m->gemv_tmax tokens a step, the tensor cores above: 8, the default of
+ * MLA_CUDA_GEMV_TMAX (common/mla_switch.c). There steps of up to 64 tokens split K over ~512
+ * blocks, one pass over W for any batch, where the GEMV makes one per 8 tokens. H200 at 8
+ * tokens: 18432 x 7168 Q4_K 91 us either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K
+ * output matrix 603 against 1100; at 16 the tensor cores win everywhere
+ * (bench/results/gpu-h200-2026-11-30e.md). The routed experts of a step take them from
+ * m->moe_mmh_min (token, expert) pairs a expert on average, 8 (the default of MLA_MOE_MMH_MIN),
+ * the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K): 4 a expert 7.5 ms
+ * against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against 15.5
+ * (bench/results/gpu-h200-2026-11-30.md). */
 
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {
@@ -385,25 +371,19 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->coll_dev = opts && opts->coll_on_device;
     m->split = opts && opts->split;
     {
-        const char *b = getenv("MLA_CUDA_BATCHED"), *gr = getenv("MLA_CUDA_GRAPHS");
-        m->batched = !(b && !strcmp(b, "0"));
+        /* the switches of common/mla_switch.c (values checked at start-up) */
+        const char *gr = mla_sw_str(MLA_SW_CUDA_GRAPHS);
+        m->batched = mla_sw_bool(MLA_SW_CUDA_BATCHED);
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
         m->graphs_required = m->graphs && gr && !strcmp(gr, "require");
         /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
-        const char *q8 = getenv("MLA_CUDA_Q8");
+        const char *q8 = mla_sw_str(MLA_SW_CUDA_Q8);
         m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
         /* prompts on the fp16 tensor cores: on unless exact */
         m->mmh = !m->exact;
-        long mmin, gtmax;
-        if (!env_count("MLA_MOE_MMH_MIN", MOE_MMH_MIN, 0, 1000000, "a count of pairs a expert (0: never)", &mmin,
-                       err) ||
-            !env_count("MLA_CUDA_GEMV_TMAX", MMH_TMIN, 1, 4096, "a token count from 1 to 4096", &gtmax, err)) {
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        m->moe_mmh_min = (int)mmin;
-        m->gemv_tmax = (int)gtmax;
+        m->moe_mmh_min = (int)mla_sw_int(MLA_SW_MOE_MMH_MIN);
+        m->gemv_tmax = (int)mla_sw_int(MLA_SW_CUDA_GEMV_TMAX);
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
         const int attn_fp32 = mla_cuda_attn_fp32(m->exact, err);
         if (attn_fp32 < 0) {
