@@ -21,9 +21,14 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The switch ids, in table order. A developer switch keeps its id in every build (the code that
  * reads it compiles everywhere); where the build has no developer switches its getter returns
- * the default. */
+ * the default. A new switch: an id here (before MLA_SW_COUNT) and its row at the same place in
+ * the table of common/mla_switch.c (the `switch` test checks the order and the count of 12). */
 typedef enum mla_sw_id {
     MLA_SW_STEP_TRACE,              /* dev: directory for per-step timestamps (common/steptrace.c) */
     MLA_SW_LOAD_LAYER_DELAY_MS,     /* dev: fault injection, a slow load */
@@ -91,5 +96,9 @@ void mla_switch_print(FILE *f);
 /* Tests: forget the values read, so the next getter reads the environment again. Not safe while
  * another thread reads a switch. */
 void mla_switch_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

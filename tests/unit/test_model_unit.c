@@ -7,6 +7,7 @@
 
 #include "common/gguf.h"
 #include "common/layer_tensors.h"
+#include "common/mla_switch.h"
 #include "common/model_config.h"
 #include "kernels/moe.h"
 #include "mla_test.h"
@@ -219,36 +220,48 @@ static void test_forward_errors(const char *fx) {
 /* The CUDA latent cache's element type (mla_cuda_kv_f16): fp16 with tensor-core attention, fp32
  * with fp32 attention, MLA_CUDA_KV over both, fp32 always for odd rows, a bad value named. */
 static void test_kv_type(void) {
+    if (!mla_switch_dev_build()) return; /* MLA_CUDA_KV is a developer switch */
     mla_err err;
     unsetenv("MLA_CUDA_KV");
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_kv_f16(576, false, &err) == 1);
     CHECK(mla_cuda_kv_f16(576, true, &err) == 0);
     setenv("MLA_CUDA_KV", "f32", 1);
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_kv_f16(576, false, &err) == 0);
     setenv("MLA_CUDA_KV", "f16", 1);
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_kv_f16(576, true, &err) == 1);
     CHECK(mla_cuda_kv_f16(577, false, &err) == 0); /* odd rows stay fp32 */
     setenv("MLA_CUDA_KV", "q8_0", 1);
+    mla_switch_reset(); /* the switches are read once */
     memset(&err, 0, sizeof err);
     CHECK(mla_cuda_kv_f16(576, false, &err) == MLA_ERR && strstr(err.msg, "MLA_CUDA_KV=q8_0") != NULL);
     unsetenv("MLA_CUDA_KV");
+    mla_switch_reset(); /* the switches are read once */
 }
 
 /* The CUDA attention's kind (mla_cuda_attn_fp32): fp32 in exact mode only, MLA_CUDA_ATTN over
  * both, a bad value named. */
 static void test_attn_kind(void) {
+    if (!mla_switch_dev_build()) return; /* MLA_CUDA_ATTN is a developer switch */
     mla_err err;
     unsetenv("MLA_CUDA_ATTN");
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_attn_fp32(false, &err) == 0);
     CHECK(mla_cuda_attn_fp32(true, &err) == 1);
     setenv("MLA_CUDA_ATTN", "tc", 1);
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_attn_fp32(true, &err) == 0);
     setenv("MLA_CUDA_ATTN", "fp32", 1);
+    mla_switch_reset(); /* the switches are read once */
     CHECK(mla_cuda_attn_fp32(false, &err) == 1);
     setenv("MLA_CUDA_ATTN", "flash", 1);
+    mla_switch_reset(); /* the switches are read once */
     memset(&err, 0, sizeof err);
     CHECK(mla_cuda_attn_fp32(false, &err) == MLA_ERR && strstr(err.msg, "MLA_CUDA_ATTN=flash") != NULL);
     unsetenv("MLA_CUDA_ATTN");
+    mla_switch_reset(); /* the switches are read once */
 }
 
 int main(int argc, char **argv) {
