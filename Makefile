@@ -2,14 +2,19 @@
 #   make run    start mlaserve on the bundled tiny model (CPU workers) and answer a prompt
 #   make test   build with ASan+UBSan and run every test under ctest (CUDA code compiled when
 #               nvcc is there, run only on a GPU host: scripts/gpu_check.sh)
+#   make check  a quick build without sanitizers and the fast labels (CHECK_LABELS) under ctest
+# One test by name: cd build-test && ctest -R '^model_ds3_bf16$' --output-on-failure; labels
+# and fixtures: docs/testing.md.
 # `make build CUDA=ON` builds the CUDA backend too; `make bundle` a relocatable tree with it.
 JOBS ?= $(shell nproc)
 MODEL ?= models/tiny-deepseek3-bf16.gguf
 BUILD ?= build
 TEST_BUILD ?= build-test
+CHECK_BUILD ?= build-check
+CHECK_LABELS ?= unit|model
 CUDA ?= OFF
 
-.PHONY: run test deps build build-test clean bundle
+.PHONY: run test check deps build build-test build-check clean bundle
 
 deps:
 	@scripts/install-deps.sh
@@ -29,9 +34,17 @@ build-test:
 test: build-test
 	cd $(TEST_BUILD) && ctest --output-on-failure -j $(JOBS)
 
+build-check:
+	@scripts/install-deps.sh --test
+	@cmake -S . -B $(CHECK_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=OFF >/dev/null
+	@cmake --build $(CHECK_BUILD) -j $(JOBS)
+
+check: build-check
+	cd $(CHECK_BUILD) && ctest --output-on-failure -j $(JOBS) -L '$(CHECK_LABELS)'
+
 # a relocatable release tree with CUDA (sm_90/100/120) in .bundle/: bin/ + lib/ (scripts/bundle.sh)
 bundle:
 	@scripts/bundle.sh .bundle
 
 clean:
-	rm -rf $(BUILD) $(TEST_BUILD)
+	rm -rf $(BUILD) $(TEST_BUILD) $(CHECK_BUILD)

@@ -2,41 +2,106 @@
 """Where one decode step's time goes, from Nsight Compute's CSV of kernel durations
 (ncu --csv --metrics gpu__time_duration.sum ... mla-e2e logits ... --greedy N, graphs off).
 A step starts at the embedding gather (get_rows_kernel); the last complete step is summed by
-kernel name. Usage: ncu_step.py NCU.csv [--step K] (K-th step from the end, default 1)."""
-import csv, sys, collections
+kernel name (and launch shape).
+Usage: ncu_step.py NCU.csv [--step K] [--families] [--json OUT.json]
+  --step K     the K-th step from the end (default 1)
+  --families   a table by kernel family first (see FAMILIES), then the one by kernel
+  --json F     also write {"step_us", "kernels": [...], "families": [...]} to F
+Kernel names are matched against FAMILIES in order, the first match wins; a kernel no pattern
+matches is counted under "other" and listed in the JSON's "unmatched"."""
+import collections
+import csv
+import json
+import re
+import sys
+
+# (family, regex on the kernel name without namespace and template arguments). The weight
+# products come first: the quantized GEMV / tensor-core matmuls of the dense weights, the grouped
+# ones of the routed experts (the streamed GEMVs' last template argument GRP = true), the per-head
+# products of the absorbed k_b / v_b. The names are matched with their template arguments
+# ("gemvs_kernel<12, 1, true>"); wg_q4k (the wgmma path, dense and experts alike) counts as dense.
+FAMILIES = [
+    ("matmul: experts (grouped)", r"(_grp_kernel$|^gemv[sw]_kernel<.*(true|\(bool\)1)>$)"),
+    ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
+    ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|wg_q4k)_kernel|gemm|cublas|cutlass|sm90_xmma"),
+    ("activation quantization", r"^q8x"),
+    ("attention", r"^(mla_attn|mla_kv_rows|attn|dsa_|mh_sum|flash)"),
+    ("norms", r"(rmsnorm|layernorm|qnorm)"),
+    ("MoE routing", r"^(route|moe_plan|moe_combine|top_k|topk)"),
+    ("all-reduce", r"(nccl|allreduce|all_reduce|reduce_scatter|allgather)"),
+    ("embedding and sampling", r"^(get_rows|argmax|sample|samp)"),
+    ("elementwise (rope, activation, add)", r"^(rope|swiglu|act_h|add|scale|scatter_rows|dequant)"),
+]
 
 
-def main():
-    path = sys.argv[1]
-    back = int(sys.argv[sys.argv.index('--step') + 1]) if '--step' in sys.argv else 1
+def family_of(name):
+    for fam, rx in FAMILIES:
+        if re.search(rx, name):
+            return fam
+    return "other"
+
+
+def load(path):
     rows = []
     with open(path, newline='') as f:
-        lines = [l for l in f if l.startswith('"')]  # ncu prints its own log lines before the CSV
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own log lines before the CSV
     for r in csv.DictReader(lines):
         if r.get('Metric Name') != 'gpu__time_duration.sum':
             continue
         unit = r.get('Metric Unit', 'nsecond')
         v = float(r['Metric Value'].replace(',', ''))
         v *= {'nsecond': 1e-3, 'usecond': 1.0, 'msecond': 1e3, 'second': 1e6}.get(unit, 1e-3)
-        name = r['Kernel Name'].replace('(anonymous namespace)::', '').replace('<unnamed>::', '').replace('void ', '')
-        name = name.split('(')[0].split('<')[0].strip() + f" {r.get('Grid Size', '')}x{r.get('Block Size', '')}"
-        rows.append((int(r['ID']), name, v))
+        full = r['Kernel Name'].replace('(anonymous namespace)::', '').replace('<unnamed>::', '').replace('void ', '')
+        base = full.split('(')[0].split('<')[0].strip()
+        short = full.split('(')[0].strip().split('::', 1)[-1] if full.split('(')[0].count('<') else base.split('::')[-1]
+        short = re.sub(r'^[A-Za-z_0-9]+::', '', short)
+        rows.append((int(r['ID']), base + f" {r.get('Grid Size', '')}x{r.get('Block Size', '')}", short, v))
     rows.sort()
-    starts = [i for i, (_, k, _) in enumerate(rows) if k.startswith('mlacu::get_rows')]
+    return rows
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0].startswith('-'):
+        sys.exit(__doc__)
+    path = args[0]
+    back = int(args[args.index('--step') + 1]) if '--step' in args else 1
+    out_json = args[args.index('--json') + 1] if '--json' in args else None
+    rows = load(path)
+    starts = [i for i, (_, k, _s, _) in enumerate(rows) if _s.startswith('get_rows')]
     if len(starts) < back + 1:
         sys.exit(f'ncu_step: {len(starts)} steps found in {path}, need {back + 1}')
     a, b = starts[-back - 1], starts[-back]
     step = rows[a:b]
-    tot = collections.Counter()
-    cnt = collections.Counter()
-    for _, k, us in step:
+    tot, cnt = collections.Counter(), collections.Counter()
+    ftot, fcnt = collections.Counter(), collections.Counter()
+    unmatched = set()
+    for _, k, short, us in step:
         tot[k] += us
         cnt[k] += 1
+        fam = family_of(short)
+        ftot[fam] += us
+        fcnt[fam] += 1
+        if fam == "other":
+            unmatched.add(short)
     s = sum(tot.values())
-    print(f'| kernel | launches | us | share |\n|---|---|---|---|')
+    if '--families' in args:
+        print('| family | launches | us | share |\n|---|---|---|---|')
+        for fam, us in ftot.most_common():
+            print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |')
+        print(f'| total | {b - a} | {s:.1f} | 100% |\n')
+    print('| kernel | launches | us | share |\n|---|---|---|---|')
     for k, us in tot.most_common():
         print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |')
     print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |')
+    if out_json:
+        with open(out_json, 'w') as f:
+            json.dump({"csv": path, "step_from_end": back, "first_kernel": a, "launches": b - a, "step_us": s,
+                       "families": [{"family": k, "launches": fcnt[k], "us": v, "share": v / s}
+                                    for k, v in ftot.most_common()],
+                       "kernels": [{"kernel": k, "launches": cnt[k], "us": v, "share": v / s}
+                                   for k, v in tot.most_common()],
+                       "unmatched": sorted(unmatched)}, f, indent=1)
 
 
 if __name__ == '__main__':

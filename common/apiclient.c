@@ -5,91 +5,103 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <nghttp2/nghttp2.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
-/* ---- frames ---- */
-
-uint8_t *apiclient_frame_pack(int kind, const ProtobufCMessage *msg, size_t *len) {
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    MLA_ASSERT(n + 1 <= UINT32_MAX);
-    uint8_t *buf = mla_xmalloc(APICLIENT_HDR + n);
-    uint32_t l = (uint32_t)(n + 1);
-    buf[0] = (uint8_t)(l >> 24);
-    buf[1] = (uint8_t)(l >> 16);
-    buf[2] = (uint8_t)(l >> 8);
-    buf[3] = (uint8_t)l;
-    buf[4] = (uint8_t)((APICLIENT_VERSION << 4) | (kind & 0x0F));
-    size_t w = protobuf_c_message_pack(msg, buf + APICLIENT_HDR);
-    MLA_ASSERT(w == n);
-    *len = APICLIENT_HDR + n;
-    return buf;
-}
-
-static bool known_kind(int k) {
-    return (k >= MLAAPI__FRAME_KIND__FRAME_HELLO && k <= MLAAPI__FRAME_KIND__FRAME_CANCEL) ||
-           (k >= MLAAPI__FRAME_KIND__FRAME_HELLO_REPLY && k <= MLAAPI__FRAME_KIND__FRAME_MODELS_RESPONSE) ||
-           k == MLAAPI__FRAME_KIND__FRAME_ERROR;
-}
-
-int apiclient_frame_header(const uint8_t hdr[APICLIENT_HDR], uint32_t max_payload, int *kind,
-                           uint32_t *payload_len, int *code, mla_err *err) {
-    uint32_t l = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
-    *kind = 0;
-    *payload_len = 0;
-    if (l == 0) {
-        *code = MLAAPI__ERROR_CODE__ERROR_BAD_FRAME;
-        return mla_errf(err, "frame length 0 (it counts the type byte, so it is at least 1)");
-    }
-    if (l - 1 > max_payload) {
-        *code = MLAAPI__ERROR_CODE__ERROR_FRAME_TOO_LARGE;
-        return mla_errf(err, "frame payload of %u bytes is over the limit of %u", l - 1, max_payload);
-    }
-    int ver = hdr[4] >> 4, k = hdr[4] & 0x0F;
-    if (ver != APICLIENT_VERSION) {
-        *code = MLAAPI__ERROR_CODE__ERROR_UNKNOWN_KIND;
-        return mla_errf(err, "protocol version %d in frame type 0x%02x (this side speaks %d)", ver, hdr[4],
-                        APICLIENT_VERSION);
-    }
-    if (!known_kind(k)) {
-        *code = MLAAPI__ERROR_CODE__ERROR_UNKNOWN_KIND;
-        return mla_errf(err, "unknown frame kind %d (type 0x%02x)", k, hdr[4]);
-    }
-    *kind = k;
-    *payload_len = l - 1;
-    *code = 0;
-    return MLA_OK;
-}
-
-const char *apiclient_kind_name(int kind) {
-    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(&mlaapi__frame_kind__descriptor, kind);
-    return v ? v->name : "?";
-}
-
-const char *apiclient_code_name(int code) {
-    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(&mlaapi__error_code__descriptor, code);
-    return v ? v->name : "?";
-}
-
-/* ---- the client ---- */
+/* the call in flight */
+typedef struct acall {
+    int32_t sid;
+    const uint8_t *req; /* the length-prefixed request */
+    size_t req_len, req_off;
+    int (*on_msg)(void *ud, const uint8_t *p, size_t n, mla_err *err); /* non-zero: cancel */
+    void *ud;
+    uint8_t *in;
+    size_t in_len, in_cap;
+    bool closed, cancelled, failed, has_status;
+    int status;
+    char http_status[8];
+    char message[512];
+    mla_err *err;
+} acall;
 
 struct apiclient {
     int fd;
-    uint64_t next_id;
+    SSL_CTX *ctx;
+    SSL *ssl;
+    nghttp2_session *s;
+    char authority[300];
+    char auth[600];
+    int timeout_ms;
     int last_code;
+    bool broken;
+    acall *cur;
     char *model, *server_version, *build;
-    uint32_t max_frame;
+    uint32_t max_message;
 };
 
-static int send_all(apiclient *c, const uint8_t *p, size_t n, mla_err *err) {
+static uint64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+static const char *status_name(int code) {
+    static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                        "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                        "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+    return code >= 0 && code < (int)(sizeof names / sizeof *names) ? names[code] : "?";
+}
+
+/* ---- transport ---- */
+
+static int wait_fd(apiclient *c, short ev, uint64_t deadline, mla_err *err) {
+    for (;;) {
+        int t = -1;
+        if (deadline) {
+            uint64_t n = now_ms();
+            if (n >= deadline) return mla_errf(err, "timed out waiting for the server");
+            t = (int)(deadline - n);
+        }
+        struct pollfd p = {.fd = c->fd, .events = ev};
+        int r = poll(&p, 1, t);
+        if (r > 0) return MLA_OK;
+        if (r < 0 && errno != EINTR) return mla_errf(err, "poll: %s", strerror(errno));
+    }
+}
+
+static int tls_err(mla_err *err, const char *what) {
+    char m[256];
+    unsigned long e = ERR_get_error();
+    ERR_error_string_n(e, m, sizeof m);
+    return mla_errf(err, "TLS %s: %s", what, e ? m : "the connection ended");
+}
+
+static int send_all(apiclient *c, const uint8_t *p, size_t n, uint64_t deadline, mla_err *err) {
     while (n > 0) {
-        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
+        if (c->ssl) {
+            int w = SSL_write(c->ssl, p, (int)n);
+            if (w <= 0) return tls_err(err, "write");
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (wait_fd(c, POLLOUT, deadline, err)) return MLA_ERR;
+                continue;
+            }
             return mla_errf(err, "sending to the server: %s", strerror(errno));
         }
         p += w;
@@ -98,97 +110,243 @@ static int send_all(apiclient *c, const uint8_t *p, size_t n, mla_err *err) {
     return MLA_OK;
 }
 
-static int recv_all(apiclient *c, uint8_t *p, size_t n, mla_err *err) {
-    while (n > 0) {
-        ssize_t r = recv(c->fd, p, n, 0);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return mla_errf(err, "timed out waiting for the server");
+/* Sends everything the session has ready. */
+static int pump_out(apiclient *c, uint64_t deadline, mla_err *err) {
+    for (;;) {
+        const uint8_t *d;
+        ssize_t n = nghttp2_session_mem_send(c->s, &d);
+        if (n < 0) return mla_errf(err, "HTTP/2: %s", nghttp2_strerror((int)n));
+        if (n == 0) return MLA_OK;
+        if (send_all(c, d, (size_t)n, deadline, err)) return MLA_ERR;
+    }
+}
+
+/* Reads what arrives (waiting up to the deadline) into the session. */
+static int pump_in(apiclient *c, uint64_t deadline, mla_err *err) {
+    uint8_t buf[16384];
+    ssize_t n;
+    if (!c->ssl || !SSL_pending(c->ssl))
+        if (wait_fd(c, POLLIN, deadline, err)) return MLA_ERR;
+    if (c->ssl) {
+        int r = SSL_read(c->ssl, buf, sizeof buf);
+        if (r <= 0) {
+            int e = SSL_get_error(c->ssl, r);
+            if (e == SSL_ERROR_WANT_READ) return MLA_OK;
+            if (e == SSL_ERROR_ZERO_RETURN) return mla_errf(err, "the server closed the connection");
+            return tls_err(err, "read");
+        }
+        n = r;
+    } else {
+        n = recv(c->fd, buf, sizeof buf, 0);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN) return MLA_OK;
             return mla_errf(err, "reading from the server: %s", strerror(errno));
         }
-        if (r == 0) return mla_errf(err, "the server closed the connection");
-        p += r;
-        n -= (size_t)r;
+        if (n == 0) return mla_errf(err, "the server closed the connection");
     }
+    ssize_t rc = nghttp2_session_mem_recv(c->s, buf, (size_t)n);
+    if (rc < 0) return mla_errf(err, "HTTP/2 from the server: %s", nghttp2_strerror((int)rc));
     return MLA_OK;
 }
 
-static int send_msg(apiclient *c, int kind, const ProtobufCMessage *m, mla_err *err) {
-    size_t n;
-    uint8_t *buf = apiclient_frame_pack(kind, m, &n);
-    int rc = send_all(c, buf, n, err);
-    free(buf);
+/* ---- HTTP/2 callbacks ---- */
+
+static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name, size_t nlen,
+                     const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
+    (void)s;
+    (void)flags;
+    apiclient *c = ud;
+    acall *a = c->cur;
+    if (!a || f->hd.stream_id != a->sid) return 0;
+    if (nlen == 7 && !memcmp(name, ":status", 7)) {
+        snprintf(a->http_status, sizeof a->http_status, "%.*s", (int)(vlen < 7 ? vlen : 7), value);
+    } else if (nlen == 11 && !memcmp(name, "grpc-status", 11)) {
+        a->has_status = true;
+        a->status = 0;
+        for (size_t i = 0; i < vlen && i < 4; i++) a->status = a->status * 10 + (value[i] - '0');
+    } else if (nlen == 12 && !memcmp(name, "grpc-message", 12)) {
+        /* percent-decoded */
+        size_t o = 0;
+        for (size_t i = 0; i < vlen && o + 1 < sizeof a->message; i++) {
+            unsigned hi, lo;
+            if (value[i] == '%' && i + 2 < vlen && sscanf((const char *)value + i + 1, "%1x%1x", &hi, &lo) == 2) {
+                a->message[o++] = (char)(hi << 4 | lo);
+                i += 2;
+            } else {
+                a->message[o++] = (char)value[i];
+            }
+        }
+        a->message[o] = 0;
+    }
+    return 0;
+}
+
+static int on_data(nghttp2_session *s, uint8_t flags, int32_t sid, const uint8_t *data, size_t len, void *ud) {
+    (void)flags;
+    apiclient *c = ud;
+    acall *a = c->cur;
+    if (!a || sid != a->sid || a->cancelled || a->failed) return 0;
+    if (a->in_len + len > a->in_cap) {
+        a->in_cap = (a->in_len + len) * 2;
+        a->in = mla_xrealloc(a->in, a->in_cap);
+    }
+    memcpy(a->in + a->in_len, data, len);
+    a->in_len += len;
+    size_t off = 0;
+    while (a->in_len - off >= 5) {
+        const uint8_t *h = a->in + off;
+        uint32_t n = (uint32_t)h[1] << 24 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 8 | h[4];
+        if (h[0] != 0 || n > APICLIENT_MAX_RECV_MSG) {
+            mla_errf(a->err, h[0] ? "the server sent a compressed message" : "the server sent a message of %u bytes", n);
+            a->failed = true;
+            nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_CANCEL);
+            return 0;
+        }
+        if (a->in_len - off - 5 < n) break;
+        int r = a->on_msg(a->ud, h + 5, n, a->err);
+        off += 5 + n;
+        if (r) {
+            if (r < 0)
+                a->failed = true;
+            else
+                a->cancelled = true;
+            nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_CANCEL);
+            return 0;
+        }
+    }
+    memmove(a->in, a->in + off, a->in_len - off);
+    a->in_len -= off;
+    return 0;
+}
+
+static int on_close(nghttp2_session *s, int32_t sid, uint32_t code, void *ud) {
+    (void)s;
+    (void)code;
+    apiclient *c = ud;
+    if (c->cur && sid == c->cur->sid) c->cur->closed = true;
+    return 0;
+}
+
+static ssize_t read_req(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t len, uint32_t *flags,
+                        nghttp2_data_source *src, void *ud) {
+    (void)s;
+    (void)sid;
+    (void)src;
+    apiclient *c = ud;
+    acall *a = c->cur;
+    size_t n = a->req_len - a->req_off;
+    if (n > len) n = len;
+    memcpy(buf, a->req + a->req_off, n);
+    a->req_off += n;
+    if (a->req_off == a->req_len) *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+}
+
+/* ---- calls ---- */
+
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE}
+
+/* One call of path with request q; on_msg sees each response message. */
+static int call(apiclient *c, const char *path, const ProtobufCMessage *q,
+                int (*on_msg)(void *ud, const uint8_t *p, size_t n, mla_err *err), void *ud, mla_err *err) {
+    c->last_code = 0;
+    if (c->broken) return mla_errf(err, "the connection to the server is broken");
+    size_t n = protobuf_c_message_get_packed_size(q);
+    uint8_t *req = mla_xmalloc(n + 5);
+    req[0] = 0;
+    req[1] = (uint8_t)(n >> 24);
+    req[2] = (uint8_t)(n >> 16);
+    req[3] = (uint8_t)(n >> 8);
+    req[4] = (uint8_t)n;
+    protobuf_c_message_pack(q, req + 5);
+    acall a = {.req = req, .req_len = n + 5, .on_msg = on_msg, .ud = ud, .err = err};
+    char tmo[24];
+    /* grpc-timeout has at most 8 digits */
+    if (c->timeout_ms <= 99999999)
+        snprintf(tmo, sizeof tmo, "%dm", c->timeout_ms);
+    else
+        snprintf(tmo, sizeof tmo, "%dS", (c->timeout_ms + 999) / 1000);
+    nghttp2_nv nva[8] = {NV(":method", "POST"), NV(":scheme", c->ssl ? "https" : "http"), NV(":path", path),
+                         NV(":authority", c->authority), NV("content-type", "application/grpc"), NV("te", "trailers")};
+    size_t nn = 6;
+    if (c->timeout_ms > 0) nva[nn++] = (nghttp2_nv)NV("grpc-timeout", tmo);
+    if (c->auth[0]) nva[nn++] = (nghttp2_nv)NV("authorization", c->auth);
+    nghttp2_data_provider dp = {.source = {.ptr = NULL}, .read_callback = read_req};
+    c->cur = &a;
+    a.sid = nghttp2_submit_request(c->s, NULL, nva, nn, &dp, NULL);
+    int rc = MLA_OK;
+    /* the server's deadline ends the call; this one (a little later) covers a server that is gone */
+    uint64_t deadline = c->timeout_ms > 0 ? now_ms() + (uint64_t)c->timeout_ms + 2000 : 0;
+    if (a.sid < 0) {
+        rc = mla_errf(err, "HTTP/2: %s", nghttp2_strerror(a.sid));
+        goto out;
+    }
+    while (!a.closed) {
+        if (pump_out(c, deadline, err) || pump_in(c, deadline, err)) {
+            c->broken = true;
+            rc = MLA_ERR;
+            goto out;
+        }
+    }
+    if (pump_out(c, deadline, err)) {
+        c->broken = true;
+        rc = MLA_ERR;
+        goto out;
+    }
+    if (a.failed) {
+        rc = MLA_ERR;
+    } else if (a.cancelled) {
+        c->last_code = 1;
+        rc = mla_errf(err, "cancelled");
+    } else if (!a.has_status) {
+        c->last_code = 2;
+        rc = mla_errf(err, "the call ended without a gRPC status (HTTP status %s)",
+                      a.http_status[0] ? a.http_status : "none");
+    } else if (a.status != 0) {
+        c->last_code = a.status;
+        rc = mla_errf(err, "server error %s: %s", status_name(a.status), a.message);
+    }
+out:
+    c->cur = NULL;
+    free(a.in);
+    free(req);
     return rc;
 }
 
-/* Reads one frame: *kind and the payload (malloc'd). */
-static int recv_frame(apiclient *c, int *kind, uint8_t **payload, size_t *len, mla_err *err) {
-    uint8_t hdr[APICLIENT_HDR];
-    uint32_t pl;
-    int code;
-    *payload = NULL;
-    if (recv_all(c, hdr, sizeof(hdr), err)) return MLA_ERR;
-    if (apiclient_frame_header(hdr, APICLIENT_MAX_RECV_FRAME, kind, &pl, &code, err))
-        return mla_err_prefix(err, "from the server");
-    *payload = mla_xmalloc(pl ? pl : 1);
-    if (recv_all(c, *payload, pl, err)) {
-        free(*payload);
-        *payload = NULL;
-        return MLA_ERR;
+/* Unpacks the one response message of a unary call. */
+typedef struct unary {
+    const ProtobufCMessageDescriptor *d;
+    ProtobufCMessage *m;
+} unary;
+
+static int on_unary(void *ud, const uint8_t *p, size_t n, mla_err *err) {
+    unary *u = ud;
+    if (u->m) {
+        mla_errf(err, "the server sent more than one %s", u->d->name);
+        return -1;
     }
-    *len = pl;
-    return MLA_OK;
-}
-
-/* An Error frame: fills err and last_code. Returns its request id. */
-static uint64_t take_error(apiclient *c, const uint8_t *p, size_t n, mla_err *err) {
-    Mlaapi__Error *e = mlaapi__error__unpack(NULL, n, p);
-    if (!e) {
-        mla_errf(err, "the server sent an undecodable error frame");
-        c->last_code = MLAAPI__ERROR_CODE__ERROR_INTERNAL;
-        return 0;
+    u->m = protobuf_c_message_unpack(u->d, NULL, n, p);
+    if (!u->m) {
+        mla_errf(err, "the server sent an undecodable %s", u->d->name);
+        return -1;
     }
-    c->last_code = e->has_code ? (int)e->code : MLAAPI__ERROR_CODE__ERROR_INTERNAL;
-    uint64_t id = e->has_request_id ? e->request_id : 0;
-    mla_errf(err, "server error %s: %s%s%s%s", apiclient_code_name(c->last_code), e->message ? e->message : "",
-             e->param && e->param[0] ? " (" : "", e->param && e->param[0] ? e->param : "",
-             e->param && e->param[0] ? ")" : "");
-    mlaapi__error__free_unpacked(e, NULL);
-    return id;
+    return 0;
 }
 
-/* Waits for the answer frame of request id with kind want (other requests' frames are
- * skipped). *payload malloc'd. */
-static int wait_answer(apiclient *c, uint64_t id, int want, uint8_t **payload, size_t *len, int *kind,
-                       mla_err *err) {
-    for (;;) {
-        if (recv_frame(c, kind, payload, len, err)) return MLA_ERR;
-        if (*kind == MLAAPI__FRAME_KIND__FRAME_ERROR) {
-            uint64_t eid = take_error(c, *payload, *len, err);
-            free(*payload);
-            *payload = NULL;
-            if (eid == 0 || eid == id) return MLA_ERR;
-            continue;
-        }
-        if (*kind == want) return MLA_OK;
-        free(*payload);
-        *payload = NULL;
-        /* an answer to some other request: not ours (this client has one in flight) */
-    }
+static ProtobufCMessage *call_unary(apiclient *c, const char *path, const ProtobufCMessage *q,
+                                    const ProtobufCMessageDescriptor *d, mla_err *err) {
+    unary u = {d, NULL};
+    int rc = call(c, path, q, on_unary, &u, err);
+    if (rc == MLA_OK && u.m) return u.m;
+    if (rc == MLA_OK) mla_errf(err, "the server sent no %s", d->name);
+    if (u.m) protobuf_c_message_free_unpacked(u.m, NULL);
+    return NULL;
 }
 
-/* One unary call: sends request q (whose request_id is id) and waits for its answer frame of
- * kind want. *payload malloc'd. */
-static int call(apiclient *c, int kind, const ProtobufCMessage *q, uint64_t id, int want, uint8_t **payload,
-                size_t *len, mla_err *err) {
-    int got;
-    if (send_msg(c, kind, q, err)) return MLA_ERR;
-    return wait_answer(c, id, want, payload, len, &got, err);
-}
-
-int apiclient_connect(apiclient **out, const char *host, int port, const char *api_key, int timeout_ms,
-                      mla_err *err) {
+int apiclient_connect(apiclient **out, const char *host, int port, const apiclient_opts *o, mla_err *err) {
     *out = NULL;
+    apiclient_opts none = {0};
+    if (!o) o = &none;
     char ps[16];
     snprintf(ps, sizeof(ps), "%d", port);
     struct addrinfo hints = {0}, *ai = NULL;
@@ -203,8 +361,8 @@ int apiclient_connect(apiclient **out, const char *host, int port, const char *a
             last = errno;
             continue;
         }
-        if (timeout_ms > 0) {
-            struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+        if (o->timeout_ms > 0) {
+            struct timeval tv = {.tv_sec = o->timeout_ms / 1000, .tv_usec = (o->timeout_ms % 1000) * 1000};
             setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         }
@@ -219,37 +377,75 @@ int apiclient_connect(apiclient **out, const char *host, int port, const char *a
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     apiclient *c = mla_xcalloc(1, sizeof(*c));
     c->fd = fd;
-    c->next_id = 1;
-    Mlaapi__Hello h = MLAAPI__HELLO__INIT;
-    h.has_version = true;
-    h.version = APICLIENT_VERSION;
-    h.api_key = api_key && api_key[0] ? (char *)api_key : NULL;
-    h.client_name = "mlaserve-apiclient";
-    uint8_t *p = NULL;
-    size_t n = 0;
-    int kind;
-    if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_HELLO, &h.base, err) ||
-        wait_answer(c, 0, MLAAPI__FRAME_KIND__FRAME_HELLO_REPLY, &p, &n, &kind, err)) {
-        apiclient_close(c);
-        return mla_err_prefix(err, "%s:%d", host, port);
+    c->timeout_ms = o->timeout_ms;
+    snprintf(c->authority, sizeof c->authority, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    if (o->api_key && o->api_key[0]) snprintf(c->auth, sizeof c->auth, "Bearer %s", o->api_key);
+    if (o->tls) {
+        c->ctx = SSL_CTX_new(TLS_client_method());
+        SSL_CTX_set_min_proto_version(c->ctx, TLS1_2_VERSION);
+        SSL_CTX_set_verify(c->ctx, SSL_VERIFY_PEER, NULL);
+        if ((o->tls_ca ? SSL_CTX_load_verify_locations(c->ctx, o->tls_ca, NULL)
+                       : SSL_CTX_set_default_verify_paths(c->ctx)) != 1) {
+            tls_err(err, o->tls_ca ? o->tls_ca : "CA paths");
+            apiclient_close(c);
+            return MLA_ERR;
+        }
+        static const unsigned char alpn[] = {2, 'h', '2'};
+        SSL_CTX_set_alpn_protos(c->ctx, alpn, sizeof alpn);
+        c->ssl = SSL_new(c->ctx);
+        SSL_set_fd(c->ssl, fd);
+        SSL_set_tlsext_host_name(c->ssl, host);
+        SSL_set1_host(c->ssl, host);
+        if (SSL_connect(c->ssl) != 1) {
+            tls_err(err, "handshake");
+            apiclient_close(c);
+            return mla_err_prefix(err, "%s:%d", host, port);
+        }
+        const unsigned char *proto = NULL;
+        unsigned plen = 0;
+        SSL_get0_alpn_selected(c->ssl, &proto, &plen);
+        if (plen != 2 || memcmp(proto, "h2", 2)) {
+            apiclient_close(c);
+            return mla_errf(err, "%s:%d: the TLS server did not agree to HTTP/2 (ALPN h2)", host, port);
+        }
     }
-    Mlaapi__HelloReply *r = mlaapi__hello_reply__unpack(NULL, n, p);
-    free(p);
+    nghttp2_session_callbacks *cbs;
+    nghttp2_session_callbacks_new(&cbs);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_close);
+    int rc = nghttp2_session_client_new(&c->s, cbs, c);
+    nghttp2_session_callbacks_del(cbs);
+    if (rc) {
+        apiclient_close(c);
+        return mla_errf(err, "HTTP/2: %s", nghttp2_strerror(rc));
+    }
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0}, {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1u << 20}};
+    nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, 2);
+    Mlaapi__InfoRequest q = MLAAPI__INFO_REQUEST__INIT;
+    Mlaapi__InfoResponse *r =
+        (Mlaapi__InfoResponse *)call_unary(c, "/mlaapi.MlaServe/Info", &q.base, &mlaapi__info_response__descriptor, err);
     if (!r) {
         apiclient_close(c);
-        return mla_errf(err, "%s:%d: undecodable HelloReply", host, port);
+        return mla_err_prefix(err, "%s:%d", host, port);
     }
     c->model = mla_xstrdup(r->model ? r->model : "");
     c->server_version = mla_xstrdup(r->server_version ? r->server_version : "");
     c->build = mla_xstrdup(r->build ? r->build : "");
-    c->max_frame = r->has_max_frame ? r->max_frame : APICLIENT_MAX_FRAME_DEFAULT;
-    mlaapi__hello_reply__free_unpacked(r, NULL);
+    c->max_message = r->has_max_message ? r->max_message : 0;
+    mlaapi__info_response__free_unpacked(r, NULL);
     *out = c;
     return MLA_OK;
 }
 
 void apiclient_close(apiclient *c) {
     if (!c) return;
+    if (c->s) nghttp2_session_del(c->s);
+    if (c->ssl) {
+        SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+    }
+    SSL_CTX_free(c->ctx);
     if (c->fd >= 0) close(c->fd);
     free(c->model);
     free(c->server_version);
@@ -258,10 +454,10 @@ void apiclient_close(apiclient *c) {
 }
 
 int apiclient_last_code(const apiclient *c) { return c->last_code; }
-const char *apiclient_server_model(const apiclient *c) { return c->model; }
-const char *apiclient_server_version(const apiclient *c) { return c->server_version; }
-const char *apiclient_server_build(const apiclient *c) { return c->build; }
-uint32_t apiclient_server_max_frame(const apiclient *c) { return c->max_frame; }
+const char *apiclient_server_model(const apiclient *c) { return c->model ? c->model : ""; }
+const char *apiclient_server_version(const apiclient *c) { return c->server_version ? c->server_version : ""; }
+const char *apiclient_server_build(const apiclient *c) { return c->build ? c->build : ""; }
+uint32_t apiclient_server_max_message(const apiclient *c) { return c->max_message; }
 
 static void append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
     if (*len + n + 1 > *cap) {
@@ -273,15 +469,63 @@ static void append(char **buf, size_t *len, size_t *cap, const char *s, size_t n
     (*buf)[*len] = 0;
 }
 
+typedef struct gen_state {
+    apiclient_gen_result *res;
+    size_t cap, cap_ids;
+    apiclient_token_fn fn;
+    void *ud;
+    bool done;
+} gen_state;
+
+static int on_gen_msg(void *ud, const uint8_t *p, size_t n, mla_err *err) {
+    gen_state *g = ud;
+    apiclient_gen_result *res = g->res;
+    Mlaapi__GenerateResponse *r = mlaapi__generate_response__unpack(NULL, n, p);
+    if (!r) {
+        mla_errf(err, "the server sent an undecodable GenerateResponse");
+        return -1;
+    }
+    const char *txt = r->text ? r->text : "";
+    size_t tl = strlen(txt);
+    if (tl) append(&res->text, &res->text_len, &g->cap, txt, tl);
+    int stop = 0;
+    if (r->has_token_id) {
+        if (res->n_ids == g->cap_ids) {
+            g->cap_ids = g->cap_ids ? g->cap_ids * 2 : 64;
+            res->ids = mla_xrealloc(res->ids, g->cap_ids * sizeof(int32_t));
+        }
+        res->ids[res->n_ids++] = r->token_id;
+        if (g->fn) {
+            int32_t top_ids[64];
+            float top_lps[64];
+            size_t nt = r->n_top_logprobs < 64 ? r->n_top_logprobs : 64;
+            for (size_t k = 0; k < nt; k++) {
+                top_ids[k] = r->top_logprobs[k]->token_id;
+                top_lps[k] = r->top_logprobs[k]->logprob;
+            }
+            apiclient_token t = {.index = r->index, .id = r->token_id, .text = txt, .text_len = tl,
+                                 .has_logprob = r->has_logprob, .logprob = r->logprob, .n_top = nt,
+                                 .top_ids = top_ids, .top_logprobs = top_lps};
+            stop = g->fn(g->ud, &t);
+        }
+    }
+    if (r->finish_reason) {
+        snprintf(res->finish_reason, sizeof(res->finish_reason), "%s", r->finish_reason);
+        if (r->usage) {
+            res->prompt_tokens = r->usage->prompt_tokens;
+            res->completion_tokens = r->usage->completion_tokens;
+        }
+        g->done = true;
+    }
+    mlaapi__generate_response__free_unpacked(r, NULL);
+    return stop ? 1 : 0;
+}
+
 int apiclient_generate(apiclient *c, const apiclient_gen_params *p, apiclient_token_fn fn, void *ud,
                        apiclient_gen_result *res, mla_err *err) {
     memset(res, 0, sizeof(*res));
-    c->last_code = 0;
     Mlaapi__GenerateRequest q = MLAAPI__GENERATE_REQUEST__INIT;
     Mlaapi__ChatMessage m = MLAAPI__CHAT_MESSAGE__INIT, *mp = &m;
-    uint64_t id = c->next_id++;
-    q.has_request_id = true;
-    q.request_id = id;
     q.model = (char *)p->model;
     if (p->prompt_ids) {
         q.n_prompt_ids = p->n_prompt_ids;
@@ -314,67 +558,13 @@ int apiclient_generate(apiclient *c, const apiclient_gen_params *p, apiclient_to
     q.logprobs = p->logprobs;
     q.has_top_logprobs = p->top_logprobs > 0;
     q.top_logprobs = p->top_logprobs;
-    if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_GENERATE, &q.base, err)) return MLA_ERR;
-    size_t cap = 0, cap_ids = 0;
-    bool cancel_sent = false;
-    for (;;) {
-        uint8_t *buf;
-        size_t n;
-        int kind;
-        if (wait_answer(c, id, MLAAPI__FRAME_KIND__FRAME_GENERATE_RESPONSE, &buf, &n, &kind, err)) goto fail;
-        Mlaapi__GenerateResponse *r = mlaapi__generate_response__unpack(NULL, n, buf);
-        free(buf);
-        if (!r) {
-            mla_errf(err, "the server sent an undecodable GenerateResponse");
-            goto fail;
-        }
-        if (!r->has_request_id || r->request_id != id) {
-            mlaapi__generate_response__free_unpacked(r, NULL);
-            continue;
-        }
-        const char *txt = r->text ? r->text : "";
-        size_t tl = strlen(txt);
-        if (tl) append(&res->text, &res->text_len, &cap, txt, tl);
-        int stop = 0;
-        if (r->has_token_id) {
-            if (res->n_ids == cap_ids) {
-                cap_ids = cap_ids ? cap_ids * 2 : 64;
-                res->ids = mla_xrealloc(res->ids, cap_ids * sizeof(int32_t));
-            }
-            res->ids[res->n_ids++] = r->token_id;
-            if (fn) {
-                int32_t top_ids[64];
-                float top_lps[64];
-                size_t nt = r->n_top_logprobs < 64 ? r->n_top_logprobs : 64;
-                for (size_t k = 0; k < nt; k++) {
-                    top_ids[k] = r->top_logprobs[k]->token_id;
-                    top_lps[k] = r->top_logprobs[k]->logprob;
-                }
-                apiclient_token t = {.index = r->index, .id = r->token_id, .text = txt, .text_len = tl,
-                                     .has_logprob = r->has_logprob, .logprob = r->logprob, .n_top = nt,
-                                     .top_ids = top_ids, .top_logprobs = top_lps};
-                stop = fn(ud, &t);
-            }
-        }
-        if (r->finish_reason) {
-            snprintf(res->finish_reason, sizeof(res->finish_reason), "%s", r->finish_reason);
-            if (r->usage) {
-                res->prompt_tokens = r->usage->prompt_tokens;
-                res->completion_tokens = r->usage->completion_tokens;
-            }
-            mlaapi__generate_response__free_unpacked(r, NULL);
-            break;
-        }
-        mlaapi__generate_response__free_unpacked(r, NULL);
-        if (stop && !cancel_sent) {
-            Mlaapi__CancelRequest cq = MLAAPI__CANCEL_REQUEST__INIT;
-            cq.has_request_id = true;
-            cq.request_id = id;
-            if (send_msg(c, MLAAPI__FRAME_KIND__FRAME_CANCEL, &cq.base, err)) goto fail;
-            cancel_sent = true;
-        }
+    gen_state g = {.res = res, .fn = fn, .ud = ud};
+    if (call(c, "/mlaapi.MlaServe/Generate", &q.base, on_gen_msg, &g, err) != MLA_OK) goto fail;
+    if (!g.done) {
+        mla_errf(err, "the server ended the stream without a final GenerateResponse");
+        goto fail;
     }
-    if (!res->text) append(&res->text, &res->text_len, &cap, "", 0);
+    if (!res->text) append(&res->text, &res->text_len, &g.cap, "", 0);
     return MLA_OK;
 fail:
     apiclient_gen_result_free(res);
@@ -391,21 +581,13 @@ int apiclient_tokenize(apiclient *c, const char *text, bool add_special, int32_t
                        mla_err *err) {
     *ids = NULL;
     *n = 0;
-    c->last_code = 0;
     Mlaapi__TokenizeRequest q = MLAAPI__TOKENIZE_REQUEST__INIT;
-    uint64_t id = c->next_id++;
-    q.has_request_id = true;
-    q.request_id = id;
     q.text = (char *)text;
     q.has_add_special_tokens = true;
     q.add_special_tokens = add_special;
-    uint8_t *buf;
-    size_t len;
-    if (call(c, MLAAPI__FRAME_KIND__FRAME_TOKENIZE, &q.base, id, MLAAPI__FRAME_KIND__FRAME_TOKENIZE_RESPONSE, &buf, &len, err))
-        return MLA_ERR;
-    Mlaapi__TokenizeResponse *r = mlaapi__tokenize_response__unpack(NULL, len, buf);
-    free(buf);
-    if (!r) return mla_errf(err, "the server sent an undecodable TokenizeResponse");
+    Mlaapi__TokenizeResponse *r = (Mlaapi__TokenizeResponse *)call_unary(
+        c, "/mlaapi.MlaServe/Tokenize", &q.base, &mlaapi__tokenize_response__descriptor, err);
+    if (!r) return MLA_ERR;
     *n = r->n_ids;
     *ids = mla_xmalloc((r->n_ids ? r->n_ids : 1) * sizeof(int32_t));
     if (r->n_ids) memcpy(*ids, r->ids, r->n_ids * sizeof(int32_t));
@@ -414,18 +596,10 @@ int apiclient_tokenize(apiclient *c, const char *text, bool add_special, int32_t
 }
 
 int apiclient_health(apiclient *c, bool *ok, char *status, size_t cap, mla_err *err) {
-    c->last_code = 0;
     Mlaapi__HealthRequest q = MLAAPI__HEALTH_REQUEST__INIT;
-    uint64_t id = c->next_id++;
-    q.has_request_id = true;
-    q.request_id = id;
-    uint8_t *buf;
-    size_t len;
-    if (call(c, MLAAPI__FRAME_KIND__FRAME_HEALTH, &q.base, id, MLAAPI__FRAME_KIND__FRAME_HEALTH_RESPONSE, &buf, &len, err))
-        return MLA_ERR;
-    Mlaapi__HealthResponse *r = mlaapi__health_response__unpack(NULL, len, buf);
-    free(buf);
-    if (!r) return mla_errf(err, "the server sent an undecodable HealthResponse");
+    Mlaapi__HealthResponse *r = (Mlaapi__HealthResponse *)call_unary(c, "/mlaapi.MlaServe/Health", &q.base,
+                                                                     &mlaapi__health_response__descriptor, err);
+    if (!r) return MLA_ERR;
     *ok = r->has_ok && r->ok;
     if (status && cap) snprintf(status, cap, "%s", r->status ? r->status : "");
     mlaapi__health_response__free_unpacked(r, NULL);
@@ -435,18 +609,10 @@ int apiclient_health(apiclient *c, bool *ok, char *status, size_t cap, mla_err *
 int apiclient_models(apiclient *c, apiclient_model **models, size_t *n, mla_err *err) {
     *models = NULL;
     *n = 0;
-    c->last_code = 0;
     Mlaapi__ModelsRequest q = MLAAPI__MODELS_REQUEST__INIT;
-    uint64_t id = c->next_id++;
-    q.has_request_id = true;
-    q.request_id = id;
-    uint8_t *buf;
-    size_t len;
-    if (call(c, MLAAPI__FRAME_KIND__FRAME_MODELS, &q.base, id, MLAAPI__FRAME_KIND__FRAME_MODELS_RESPONSE, &buf, &len, err))
-        return MLA_ERR;
-    Mlaapi__ModelsResponse *r = mlaapi__models_response__unpack(NULL, len, buf);
-    free(buf);
-    if (!r) return mla_errf(err, "the server sent an undecodable ModelsResponse");
+    Mlaapi__ModelsResponse *r = (Mlaapi__ModelsResponse *)call_unary(c, "/mlaapi.MlaServe/Models", &q.base,
+                                                                     &mlaapi__models_response__descriptor, err);
+    if (!r) return MLA_ERR;
     *models = mla_xcalloc(r->n_models ? r->n_models : 1, sizeof(**models));
     for (size_t i = 0; i < r->n_models; i++) {
         (*models)[i].id = mla_xstrdup(r->models[i]->id ? r->models[i]->id : "");

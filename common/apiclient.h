@@ -1,15 +1,13 @@
-/* apiclient: a small blocking client of mlaserve's protobuf API (proto/api.proto), and the frame
- * format helpers the server (coordinator/pbapi_*) shares with it.
+/* apiclient: a small blocking gRPC client of mlaserve's API (proto/api.proto service
+ * mlaapi.MlaServe, docs/grpc.md): HTTP/2 through nghttp2, over TCP (h2c) or TLS (OpenSSL,
+ * ALPN h2, the server's certificate checked against a CA file or the system's).
  *
- * Frame: uint32 big-endian LENGTH | uint8 TYPE | PAYLOAD, LENGTH = 1 + payload bytes,
- * TYPE = (APICLIENT_VERSION << 4) | kind (Mlaapi__FrameKind), PAYLOAD = the kind's message.
- *
- * One request at a time per apiclient (the protocol allows several in flight; this client
- * waits for each answer). Not thread-safe: one thread per apiclient.
+ * One call at a time per apiclient (HTTP/2 allows many; this client waits for each answer).
+ * Not thread-safe: one thread per apiclient.
  * Ownership: apiclient_connect returns a client the caller closes with apiclient_close;
  * results (apiclient_gen_result, token arrays, model lists) are the caller's to free with the
- * matching free function. Errors (network, server Error frames) return MLA_ERR with err set;
- * apiclient_last_code then says the server's ErrorCode (0 when the error was local). */
+ * matching free function. Errors (network, TLS, a call's non-OK status) return MLA_ERR with err
+ * set; apiclient_last_code then says the call's gRPC status (0 when the error was local). */
 #ifndef APICLIENT_H
 #define APICLIENT_H
 
@@ -20,41 +18,28 @@
 #include "api.pb-c.h"
 #include "common/mla_err.h"
 
-#define APICLIENT_VERSION 1
-#define APICLIENT_HDR 5                       /* length + type */
-#define APICLIENT_MAX_FRAME_DEFAULT (1u << 20) /* payload bytes the server takes by default */
-#define APICLIENT_MAX_RECV_FRAME (64u << 20)   /* payload bytes this client accepts */
-
-/* ---- frames (shared with the server) ---- */
-
-/* The whole frame (header + packed msg) for kind; malloc'd, *len gets its size. */
-uint8_t *apiclient_frame_pack(int kind, const ProtobufCMessage *msg, size_t *len);
-/* Reads a 5-byte header. On success *kind (the FrameKind, version checked) and *payload_len.
- * On failure MLA_ERR, err says why and *code is the ErrorCode (bad frame, too large, unknown
- * kind/version). */
-int apiclient_frame_header(const uint8_t hdr[APICLIENT_HDR], uint32_t max_payload, int *kind,
-                           uint32_t *payload_len, int *code, mla_err *err);
-/* Name of a FrameKind / ErrorCode (for messages). */
-const char *apiclient_kind_name(int kind);
-const char *apiclient_code_name(int code);
-
-/* ---- the client ---- */
+#define APICLIENT_MAX_RECV_MSG (64u << 20) /* response message bytes this client accepts */
 
 typedef struct apiclient apiclient;
 
-/* Connects, sends Hello (with api_key when not NULL/empty), waits for HelloReply.
- * timeout_ms bounds every blocking read/write (0: no limit). */
-int apiclient_connect(apiclient **out, const char *host, int port, const char *api_key, int timeout_ms,
-                      mla_err *err);
+typedef struct apiclient_opts {
+    const char *api_key;  /* sent as authorization: Bearer KEY (NULL/empty: none) */
+    int timeout_ms;       /* each call's deadline (grpc-timeout) and every wait (0: no limit) */
+    bool tls;             /* TLS (the server runs with --tls-cert/--tls-key) */
+    const char *tls_ca;   /* PEM file of the CA to trust (NULL: the system's) */
+} apiclient_opts;
+
+/* Connects (TCP, TLS, HTTP/2 preface) and calls Info: the served model and the server's build.
+ * MLA_ERR names what failed (resolution, connection, TLS, not a gRPC server). */
+int apiclient_connect(apiclient **out, const char *host, int port, const apiclient_opts *o, mla_err *err);
 void apiclient_close(apiclient *c);
 int apiclient_last_code(const apiclient *c);
-/* From the HelloReply: served model and the server's max payload. */
+/* From Info: served model, the server's version and build ("commit C, TYPE, CUDA sm_.. | CPU
+ * only"), and the largest request message it takes. */
 const char *apiclient_server_model(const apiclient *c);
-/* The server's version and build ("commit C, TYPE, CUDA sm_.. | CPU only"); "" from a server
- * that does not say. */
 const char *apiclient_server_version(const apiclient *c);
 const char *apiclient_server_build(const apiclient *c);
-uint32_t apiclient_server_max_frame(const apiclient *c);
+uint32_t apiclient_server_max_message(const apiclient *c);
 
 typedef struct apiclient_gen_params {
     const char *prompt;         /* plain prompt text; with chat: the user message */
@@ -90,8 +75,8 @@ typedef struct apiclient_token {
     const float *top_logprobs;
 } apiclient_token;
 
-/* Per-token callback (valid during the call). Return non-zero to cancel the request (the
- * generation then ends with an ERROR_CANCELLED error). */
+/* Per-token callback (valid during the call). Return non-zero to cancel the call (RST_STREAM:
+ * the generation then ends with MLA_ERR, apiclient_last_code GRPC status 1, CANCELLED). */
 typedef int (*apiclient_token_fn)(void *ud, const apiclient_token *t);
 
 typedef struct apiclient_gen_result {

@@ -117,10 +117,120 @@ int api_messages_check(const cJSON *messages, api_error *e) {
                 const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
                 if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") ||
                     !cJSON_IsString(tx))
-                    return bad(e, "messages", "messages[%d].content: only {\"type\": \"text\", \"text\": ...} parts are supported", i);
+                    return bad(e, "messages", "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": \"text\", \"text\": ...})", i,
+                               cJSON_IsString(ty) ? ty->valuestring : "(none)");
             }
         }
         i++;
+    }
+    return MLA_OK;
+}
+
+/* The request members this server reads, by endpoint. Anything else is refused by name: an
+ * OpenAI (or vLLM / llama.cpp) parameter it does not honour must not pass silently. */
+static const char *const k_common_keys[] = {
+    "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "stream",
+    "stream_options", "logprobs", "max_completion_tokens",
+    /* structured output and logit_bias: coordinator/api_constrain.c */
+    "logit_bias", "response_format", "grammar", NULL};
+static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs",
+                                          "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                                          "reasoning_effort", NULL};
+static const char *const k_completion_keys[] = {"prompt", "echo", "suffix", "best_of", NULL};
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *k = it->string ? it->string : "";
+        if (in_list(k_common_keys, k) || in_list(kind == API_CHAT ? k_chat_keys : k_completion_keys, k)) continue;
+        if (kind == API_COMPLETIONS && in_list(k_chat_keys, k))
+            return bad(e, k, "'%.64s' is a chat parameter: use /v1/chat/completions", k);
+        if (kind == API_CHAT && in_list(k_completion_keys, k))
+            return bad(e, k, "'%.64s' is a completions parameter: use /v1/completions", k);
+        return bad(e, k, "'%.64s' is not supported by this server (docs/openai-params.md lists the parameters)", k);
+    }
+    return MLA_OK;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}] */
+static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
+    if (!is_null(tools)) {
+        if (!cJSON_IsArray(tools)) return bad(e, "tools", "'tools' must be a list of tools");
+        int n = cJSON_GetArraySize(tools);
+        if (n > API_MAX_TOOLS) return bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS, n);
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+                return bad(e, "tools", "tools[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            if (!cJSON_IsObject(fn) || !cJSON_IsString(nm) || !nm->valuestring[0] ||
+                strlen(nm->valuestring) > API_MAX_TOOL_NAME)
+                return bad(e, "tools", "tools[%d].function.name must be a non-empty string of at most %d bytes", i,
+                           API_MAX_TOOL_NAME);
+            const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            if (!is_null(pa) && !cJSON_IsObject(pa))
+                return bad(e, "tools", "tools[%d].function.parameters must be a JSON schema object", i);
+            const cJSON *de = cJSON_GetObjectItemCaseSensitive(fn, "description");
+            if (!is_null(de) && !cJSON_IsString(de))
+                return bad(e, "tools", "tools[%d].function.description must be a string", i);
+            const cJSON *it;
+            cJSON_ArrayForEach(it, fn) {
+                const char *k = it->string ? it->string : "";
+                if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters"))
+                    return bad(e, "tools", "tools[%d].function.%.64s is not supported", i, k);
+            }
+            i++;
+        }
+        if (n > 0) p->tools = tools;
+    }
+    p->tool_choice = API_TOOLS_AUTO;
+    if (!is_null(tc)) {
+        if (cJSON_IsString(tc)) {
+            if (!strcmp(tc->valuestring, "auto")) p->tool_choice = API_TOOLS_AUTO;
+            else if (!strcmp(tc->valuestring, "none")) p->tool_choice = API_TOOLS_NONE;
+            else if (!strcmp(tc->valuestring, "required")) p->tool_choice = API_TOOLS_REQUIRED;
+            else return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+        } else {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+            if (!cJSON_IsObject(tc) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
+                return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                                             "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            p->tool_choice = API_TOOLS_NAMED;
+            p->tool_choice_name = mla_xstrdup(nm->valuestring);
+        }
+        if (!p->tools && p->tool_choice != API_TOOLS_NONE && p->tool_choice != API_TOOLS_AUTO)
+            return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
+        if (p->tool_choice == API_TOOLS_NAMED) {
+            bool found = false;
+            const cJSON *t;
+            cJSON_ArrayForEach(t, p->tools) {
+                const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+                if (cJSON_IsString(n2) && !strcmp(n2->valuestring, p->tool_choice_name)) found = true;
+            }
+            if (!found)
+                return bad(e, "tool_choice", "'tool_choice' names the function '%.200s', which is not in 'tools'",
+                           p->tool_choice_name);
+        }
+    }
+    if (!is_null(ptc)) {
+        if (!cJSON_IsBool(ptc)) return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        if (!cJSON_IsTrue(ptc))
+            return bad(e, "parallel_tool_calls",
+                       "'parallel_tool_calls': false is not supported (every call the model writes is returned)");
     }
     return MLA_OK;
 }
@@ -133,6 +243,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->add_generation_prompt = true;
     p->skip_special_tokens = true;
     if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    if (check_keys(root, kind, e)) return MLA_ERR;
     int64_t v;
     bool has;
 
@@ -194,16 +305,30 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             if (!p->logprobs && v > 0) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
             p->top_logprobs = (int32_t)v;
         }
-        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-        if (!is_null(tools) && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-            return bad(e, "tools", "'tools' is not supported");
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-        if (!is_null(rf)) {
-            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
-            if (!cJSON_IsObject(rf) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-                return bad(e, "response_format", "only 'response_format': {\"type\": \"text\"} is supported");
+        if (parse_tools(p, root, e)) return MLA_ERR;
+        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+        if (!is_null(kw)) {
+            if (!cJSON_IsObject(kw)) return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            const cJSON *it;
+            cJSON_ArrayForEach(it, kw) {
+                const char *k = it->string ? it->string : "";
+                if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") ||
+                    !strcmp(k, "bos_token") || !strcmp(k, "eos_token"))
+                    return bad(e, "chat_template_kwargs",
+                               "chat_template_kwargs.%s is set by the server (use the request's own parameter)", k);
+            }
+            p->chat_template_kwargs = kw;
+        }
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+        if (!is_null(re)) {
+            if (!cJSON_IsString(re) || (strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") &&
+                                        strcmp(re->valuestring, "medium") && strcmp(re->valuestring, "high")))
+                return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
+            p->reasoning_effort = mla_xstrdup(re->valuestring);
         }
     }
+    /* response_format, grammar, logit_bias: coordinator/api_constrain */
+    if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;
     if (get_int(root, "n", 1, INT32_MAX, &v, &has, e)) return MLA_ERR;
     if (has && v != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported (got %lld)", (long long)v);
 
@@ -269,6 +394,11 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     if (!is_null(so)) {
         if (!cJSON_IsObject(so)) return bad(e, "stream_options", "'stream_options' must be an object");
         if (get_bool(so, "include_usage", &p->include_usage, e)) return MLA_ERR;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, so) {
+            if (it->string && strcmp(it->string, "include_usage"))
+                return bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
+        }
     }
     return api_gen_params_check(p, e);
 }
@@ -318,10 +448,13 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
 
 void api_gen_params_free(api_gen_params *p) {
     free(p->model);
+    free(p->tool_choice_name);
+    free(p->reasoning_effort);
     free(p->prompt_text);
     free(p->prompt_ids);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     free(p->stop_ids);
+    api_constrain_free(&p->constrain);
     memset(p, 0, sizeof(*p));
 }
 

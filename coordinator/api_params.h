@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "coordinator/api_constrain.h"
 #include "coordinator/sched_batch.h"
 
 #define API_MAX_STOP 16
@@ -32,6 +33,11 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
 
 enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
 
+/* tool_choice */
+enum api_tool_choice { API_TOOLS_AUTO = 0, API_TOOLS_NONE, API_TOOLS_REQUIRED, API_TOOLS_NAMED };
+#define API_MAX_TOOLS 128
+#define API_MAX_TOOL_NAME 256
+
 typedef struct api_gen_params {
     enum api_kind kind;
     char *model;          /* NULL when absent */
@@ -42,6 +48,12 @@ typedef struct api_gen_params {
     /* chat */
     const cJSON *messages; /* points into the request document */
     bool add_generation_prompt;
+    const cJSON *tools;                /* points into the request document; NULL: none */
+    enum api_tool_choice tool_choice;
+    char *tool_choice_name;            /* API_TOOLS_NAMED: the function */
+    const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
+    char *reasoning_effort;            /* NULL: absent */
+    bool prompt_opens_reasoning;       /* set by the server: the rendered prompt ends in "<think>" */
     sched_sampling sampling;
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
     char *stop[API_MAX_STOP];
@@ -54,14 +66,16 @@ typedef struct api_gen_params {
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* return logprobs at all */
     int32_t top_logprobs; /* alternatives per token */
+    api_constrain constrain; /* response_format, grammar, logit_bias */
 } api_gen_params;
 
 /* Parses a completions (kind API_COMPLETIONS) or chat (API_CHAT) request body. On failure
- * returns MLA_ERR with e set (400 with the offending param). */
+ * returns MLA_ERR with e set (400 with the offending param). A member the server does not
+ * honour is refused (400 naming it; docs/openai-params.md lists them all). */
 int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *root, api_error *e);
 /* The value rules of a filled api_gen_params (sampling ranges, max_tokens, logprobs, stop strings,
- * token ids, exactly one prompt), shared by the JSON parser above and the protobuf API
- * (coordinator/pbapi_*). Returns MLA_ERR with e set (400 with the offending param). */
+ * token ids, exactly one prompt), shared by the JSON parser above and the gRPC API
+ * (coordinator/grpc_*). Returns MLA_ERR with e set (400 with the offending param). */
 int api_gen_params_check(const api_gen_params *p, api_error *e);
 void api_gen_params_free(api_gen_params *p);
 

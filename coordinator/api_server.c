@@ -13,6 +13,8 @@
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
 #include "coordinator/chat_guard.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 
 typedef api_token tok_entry; /* byte range [start, end) in the text */
 
@@ -50,7 +52,28 @@ typedef struct api_req {
     bool prep_cancelled, prep_detached; /* api_server_gen_cancel while preparing */
     double t_start, t_first, t_last;
     double t_admit;      /* its first scheduled step (api_server_note_scheduled), 0: not yet */
+    /* chat output parsing (reasoning_content, tool_calls): NULL when off */
+    struct chat_out *chat;
 } api_req;
+
+/* A chat response's parsing state: what parsers run, and what of their output was streamed. */
+typedef struct chat_out {
+    enum reasoning_kind rk;
+    bool think_open;          /* the prompt ends in "<think>" */
+    enum toolcall_kind tk;    /* TOOLCALL_NONE: no tools in this request */
+    cJSON *tools;             /* a copy of the request's tools (GLM's argument types) */
+    size_t sent_r, sent_c;    /* bytes of reasoning / content streamed */
+    int sent_calls;           /* calls whose first delta (id, name) was streamed */
+    size_t sent_args[TOOLCALL_MAX_CALLS];
+} chat_out;
+
+typedef struct chat_parsed {
+    reasoning_split rs;
+    toolcall_result tc;
+    const char *content;
+    size_t content_len;
+    int n_calls;
+} chat_parsed;
 
 /* A request whose prompt is tokenized on the prep thread: HTTP generation and /tokenize, sink
  * generations (api_server_generate with on_refused), api_server_tokenize_async. */
@@ -333,6 +356,135 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
     cJSON_Delete(j);
 }
 
+/* ---- chat output: reasoning_content and tool_calls ---- */
+
+static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o) {
+    const chat_out *co = r->chat;
+    memset(o, 0, sizeof *o);
+    const char *t = r->text ? r->text : "";
+    if (co->rk != REASONING_NONE) {
+        reasoning_split_text(t, len, co->think_open, final, &o->rs);
+    } else {
+        o->rs.c_start = 0;
+        o->rs.c_end = len;
+    }
+    if (co->tk != TOOLCALL_NONE) {
+        toolcall_parse(co->tk, t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, co->tools, &o->tc);
+        o->content = o->tc.content;
+        o->content_len = o->tc.content_len;
+        o->n_calls = o->tc.n_calls;
+    } else {
+        o->content = t + o->rs.c_start;
+        o->content_len = o->rs.c_end - o->rs.c_start;
+    }
+}
+
+static void chat_parsed_free(chat_parsed *o) { toolcall_result_free(&o->tc); }
+
+static void call_id(const api_req *r, int i, const toolcall *c, char *out, size_t cap) {
+    if (c->id) snprintf(out, cap, "%s", c->id);
+    else snprintf(out, cap, "call_%s_%d", r->id + 9, i); /* r->id is "chatcmpl-..." */
+}
+
+static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool with_index, const char *args,
+                             size_t args_len, bool header) {
+    cJSON *o = cJSON_CreateObject();
+    if (with_index) cJSON_AddNumberToObject(o, "index", i);
+    if (header) {
+        char id[300];
+        call_id(r, i, c, id, sizeof id);
+        size_t n;
+        char *s = api_utf8_sanitize(id, strlen(id), &n);
+        cJSON_AddStringToObject(o, "id", s);
+        free(s);
+        cJSON_AddStringToObject(o, "type", "function");
+    }
+    cJSON *fn = cJSON_AddObjectToObject(o, "function");
+    if (header) {
+        size_t n;
+        char *s = api_utf8_sanitize(c->name, strlen(c->name), &n);
+        cJSON_AddStringToObject(fn, "name", s);
+        free(s);
+    }
+    size_t n;
+    char *s = api_utf8_sanitize(args, args_len, &n);
+    cJSON_AddStringToObject(fn, "arguments", s);
+    free(s);
+    return o;
+}
+
+static const char *chat_finish(const api_req *r, int n_calls) {
+    const char *f = r->finish_reason ? r->finish_reason : "stop";
+    return n_calls > 0 && !strcmp(f, "stop") ? "tool_calls" : f;
+}
+
+/* Streams what the parse of text[0, len) adds to what was sent: reasoning, content, then each
+ * tool call's first delta (index, id, type, name, "") and argument fragments. The tokens
+ * [t0, t1) go with the first chunk (logprobs); finish (may be NULL) ends the stream's choice. */
+static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool finish) {
+    chat_out *co = r->chat;
+    chat_parsed ps;
+    chat_parse(r, len, final, &ps);
+    const char *t = r->text ? r->text : "";
+    size_t rl = ps.rs.r_end > ps.rs.r_start ? ps.rs.r_end - ps.rs.r_start : 0;
+    cJSON *deltas[2 + 2 * TOOLCALL_MAX_CALLS];
+    int nd = 0;
+    if (rl > co->sent_r || ps.content_len > co->sent_c) {
+        cJSON *d = cJSON_CreateObject();
+        size_t n;
+        if (rl > co->sent_r) {
+            char *s = api_utf8_sanitize(t + ps.rs.r_start + co->sent_r, rl - co->sent_r, &n);
+            cJSON_AddStringToObject(d, "reasoning_content", s);
+            free(s);
+            co->sent_r = rl;
+        }
+        if (ps.content_len > co->sent_c) {
+            char *s = api_utf8_sanitize(ps.content + co->sent_c, ps.content_len - co->sent_c, &n);
+            cJSON_AddStringToObject(d, "content", s);
+            free(s);
+            co->sent_c = ps.content_len;
+        }
+        deltas[nd++] = d;
+    }
+    for (int i = 0; i < ps.n_calls; i++) {
+        const toolcall *c = &ps.tc.calls[i];
+        if (!c->name) break;
+        if (i >= co->sent_calls) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls");
+            cJSON_AddItemToArray(arr, tool_call_json(r, i, c, true, "", 0, true));
+            deltas[nd++] = d;
+            co->sent_calls = i + 1;
+            co->sent_args[i] = 0;
+        }
+        if (c->args_len > co->sent_args[i]) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls");
+            cJSON_AddItemToArray(arr, tool_call_json(r, i, c, true, c->args + co->sent_args[i],
+                                                     c->args_len - co->sent_args[i], false));
+            deltas[nd++] = d;
+            co->sent_args[i] = c->args_len;
+        }
+    }
+    if (nd == 0 && ((r->logprobs && t1 > t0) || finish)) deltas[nd++] = cJSON_CreateObject();
+    for (int k = 0; k < nd; k++) {
+        cJSON *j = chunk_base(r);
+        cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddItemToObject(c, "delta", deltas[k]);
+        if (k == 0 && r->logprobs && t1 > t0) cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, t0, t1));
+        else cJSON_AddNullToObject(c, "logprobs");
+        if (finish && k == nd - 1) cJSON_AddStringToObject(c, "finish_reason", chat_finish(r, ps.n_calls));
+        else cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddItemToArray(choices, c);
+        if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+        sse_send(r, j);
+        cJSON_Delete(j);
+    }
+    chat_parsed_free(&ps);
+}
+
 /* Number of tokens that belong to the final text. */
 static int final_token_count(const api_req *r) {
     int n = 0;
@@ -369,6 +521,8 @@ static void stream_flush(api_req *r) {
     if (to_b < r->sent_len) to_b = r->sent_len;
     if (r->has_sink)
         r->sink.on_delta(r->sink.ud, r->text, r->sent_len, to_b, r->toks + t0, t1 - t0);
+    else if (r->chat)
+        chat_stream(r, to_b, false, t0, t1, false);
     else
         send_chunk(r, r->sent_len, to_b, t0, t1, NULL);
     r->sent_len = to_b;
@@ -413,7 +567,8 @@ static void complete_response(api_req *r, const char *error) {
             size_t from = r->sent_len < r->text_len ? r->sent_len : r->text_len;
             /* clip the last token's range to the final text */
             if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
-            send_chunk(r, from, r->text_len, t0, n_final, r->finish_reason);
+            if (r->chat) chat_stream(r, r->text_len, true, t0, n_final, true);
+            else send_chunk(r, from, r->text_len, t0, n_final, r->finish_reason);
             if (r->include_usage) {
                 cJSON *j = chunk_base(r);
                 cJSON_AddArrayToObject(j, "choices");
@@ -439,7 +594,36 @@ static void complete_response(api_req *r, const char *error) {
         cJSON_AddNumberToObject(ch, "index", 0);
         size_t n;
         char *txt = api_utf8_sanitize(r->text, r->text_len, &n);
-        if (r->kind == API_CHAT) {
+        const char *finish = r->finish_reason ? r->finish_reason : "stop";
+        if (r->chat) {
+            chat_parsed ps;
+            chat_parse(r, r->text_len, true, &ps);
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            char *cs = api_utf8_sanitize(ps.content, ps.content_len, &n);
+            /* no content beside calls or reasoning: null, as OpenAI answers */
+            if (ps.content_len || !(ps.n_calls || ps.rs.has_reasoning)) cJSON_AddStringToObject(m, "content", cs);
+            else cJSON_AddNullToObject(m, "content");
+            free(cs);
+            if (r->chat->rk != REASONING_NONE) {
+                if (ps.rs.r_end > ps.rs.r_start) {
+                    char *rs = api_utf8_sanitize(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
+                    cJSON_AddStringToObject(m, "reasoning_content", rs);
+                    free(rs);
+                } else {
+                    cJSON_AddNullToObject(m, "reasoning_content");
+                }
+            }
+            if (ps.n_calls) {
+                cJSON *arr = cJSON_AddArrayToObject(m, "tool_calls");
+                for (int i = 0; i < ps.n_calls; i++)
+                    if (ps.tc.calls[i].name)
+                        cJSON_AddItemToArray(arr, tool_call_json(r, i, &ps.tc.calls[i], false, ps.tc.calls[i].args,
+                                                                 ps.tc.calls[i].args_len, true));
+            }
+            finish = chat_finish(r, ps.n_calls);
+            chat_parsed_free(&ps);
+        } else if (r->kind == API_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddStringToObject(m, "content", txt);
@@ -452,7 +636,7 @@ static void complete_response(api_req *r, const char *error) {
             cJSON_AddItemToObject(ch, "logprobs", logprobs_json(r, 0, n_final));
         else
             cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddStringToObject(ch, "finish_reason", r->finish_reason ? r->finish_reason : "stop");
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
         cJSON_AddItemToArray(choices, ch);
         cJSON_AddItemToObject(j, "usage", usage_json(r));
         reply_json(a, c, 200, j);
@@ -491,6 +675,8 @@ static void req_free(api_req *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->text);
     free(r->toks);
+    if (r->chat) cJSON_Delete(r->chat->tools);
+    free(r->chat);
     free(r);
 }
 
@@ -512,7 +698,8 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
             size_t len = 0;
             const char *p = "";
             int32_t id = ev->result.token;
-            if (!(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
+            /* the chat parsers read the markers the model writes as control tokens */
+            if (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
                 p = a->tok.piece(a->tok.ctx, id, &len);
                 if (!p) len = 0;
             }
@@ -678,14 +865,14 @@ static void encode_error(api_error *e, const mla_err *err) {
 }
 
 /* Prompt text for a chat request, or NULL with e set. */
-static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, api_error *e) {
+static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, api_error *e) {
     if (!a->tok.render_chat) {
         api_error_set(e, 400, "messages", NULL, "this model has no chat template; use /v1/completions");
         return NULL;
     }
     char *out = NULL;
     mla_err err = {{0}};
-    if (a->tok.render_chat(a->tok.ctx, messages, add_gen, &out, &err) != MLA_OK) {
+    if (a->tok.render_chat(a->tok.ctx, messages, add_gen, vars, &out, &err) != MLA_OK) {
         api_error_set(e, 400, "messages", NULL, "cannot render the chat template: %s", err.msg);
         return NULL;
     }
@@ -699,7 +886,8 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
 
 /* Chat messages -> prompt ids: the template rendered, message text guarded (chat_guard.h)
  * unless special_in_messages. MLA_ERR with e set. */
-static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, int32_t **ids, int32_t *n, api_error *e) {
+static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool *opens_reasoning,
+                    int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
@@ -711,7 +899,7 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, int32_t 
         chat_guard_free(&g);
         return api_error_set(e, 400, "messages", NULL, "%s", err.msg);
     }
-    char *text = render_chat(a, guard ? prot : messages, add_gen, e);
+    char *text = render_chat(a, guard ? prot : messages, add_gen, vars, e);
     cJSON_Delete(prot);
     if (!text) {
         chat_guard_free(&g);
@@ -724,6 +912,7 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, int32_t 
         free(text);
     }
     chat_guard_free(&g);
+    if (opens_reasoning) *opens_reasoning = reasoning_prompt_opens(full, len);
     int rc = a->tok.encode(a->tok.ctx, full, len, false, true, spans, n_spans, ids, n, &err);
     free(full);
     free(spans);
@@ -753,6 +942,53 @@ static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     return MLA_OK;
 }
 
+static bool uses_var(api_server *a, const char *name) {
+    return a->tok.chat_uses_var && a->tok.chat_uses_var(a->tok.ctx, name);
+}
+
+/* The template variables a chat request sets: chat_template_kwargs, reasoning_effort, tools
+ * (those of tool_choice: every tool, the named one only, none for "none"). Each must be read by
+ * the model's template, else the request is refused (400 naming it). */
+static int chat_vars(api_server *a, const api_gen_params *p, cJSON **out, api_error *e) {
+    *out = NULL;
+    cJSON *v = cJSON_CreateObject();
+    const cJSON *it;
+    cJSON_ArrayForEach(it, p->chat_template_kwargs) {
+        if (!uses_var(a, it->string)) {
+            cJSON_Delete(v);
+            return api_error_set(e, 400, "chat_template_kwargs", NULL,
+                                 "chat_template_kwargs.%.64s is not used by this model's chat template", it->string);
+        }
+        cJSON_AddItemToObject(v, it->string, cJSON_Duplicate(it, 1));
+    }
+    if (p->reasoning_effort) {
+        if (!uses_var(a, "reasoning_effort")) {
+            cJSON_Delete(v);
+            return api_error_set(e, 400, "reasoning_effort", NULL,
+                                 "'reasoning_effort' is not supported by this model (its chat template does not use it)");
+        }
+        cJSON_AddStringToObject(v, "reasoning_effort", p->reasoning_effort);
+    }
+    if (p->tools && p->tool_choice != API_TOOLS_NONE) {
+        if (a->cfg.tool_parser == TOOLCALL_NONE || !uses_var(a, "tools")) {
+            cJSON_Delete(v);
+            return api_error_set(e, 400, "tools", NULL, "%s",
+                                 a->cfg.tool_parser == TOOLCALL_NONE
+                                     ? "'tools' is not supported: the server runs no tool-call parser for this model (--tool-parser)"
+                                     : "'tools' is not supported by this model's chat template (it does not render them; "
+                                       "serve it with --chat-template FILE of a template that does)");
+        }
+        cJSON *tl = cJSON_AddArrayToObject(v, "tools");
+        cJSON_ArrayForEach(it, p->tools) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "function"), "name");
+            if (p->tool_choice == API_TOOLS_NAMED && strcmp(nm->valuestring, p->tool_choice_name)) continue;
+            cJSON_AddItemToArray(tl, cJSON_Duplicate(it, 1));
+        }
+    }
+    *out = v;
+    return MLA_OK;
+}
+
 /* The prompt's token ids: the chat template and tokenizer, or the ids given (moved out of p).
  * Touches only the tokenizer and p: runs on the prep thread. */
 static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, int32_t *n_out, api_error *e) {
@@ -761,7 +997,11 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
     *ids_out = NULL;
     *n_out = 0;
     if (p->kind == API_CHAT) {
-        if (chat_ids(a, p->messages, p->add_generation_prompt, &ids, &n_ids, e) != MLA_OK) return MLA_ERR;
+        cJSON *vars = NULL;
+        if (chat_vars(a, p, &vars, e) != MLA_OK) return MLA_ERR;
+        int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, &p->prompt_opens_reasoning, &ids, &n_ids, e);
+        cJSON_Delete(vars);
+        if (rc != MLA_OK) return MLA_ERR;
     } else if (p->prompt_text) {
         if (a->tok.encode(a->tok.ctx, p->prompt_text, strlen(p->prompt_text), true, true, NULL, 0, &ids, &n_ids,
                           &err) != MLA_OK) {
@@ -815,6 +1055,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
                           p->stop_ids[i], a->tok.n_vocab);
             goto done;
         }
+    if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, e)) goto done;
     if (n_ids == 0) {
         api_error_set(e, 400, "prompt", NULL, "the prompt is empty (no tokens)");
         goto done;
@@ -856,6 +1097,14 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     r->logprobs = p->logprobs;
     r->top_logprobs = p->top_logprobs;
     r->skip_special = p->skip_special_tokens;
+    bool with_tools = p->tools && p->tool_choice != API_TOOLS_NONE && a->cfg.tool_parser != TOOLCALL_NONE;
+    if (kind == API_CHAT && !r->has_sink && (a->cfg.reasoning_parser != REASONING_NONE || with_tools)) {
+        r->chat = mla_xcalloc(1, sizeof(*r->chat));
+        r->chat->rk = (enum reasoning_kind)a->cfg.reasoning_parser;
+        r->chat->think_open = p->prompt_opens_reasoning;
+        r->chat->tk = with_tools ? (enum toolcall_kind)a->cfg.tool_parser : TOOLCALL_NONE;
+        if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
+    }
     r->created = (long long)time(NULL);
     a->counter++;
     snprintf(r->id, sizeof(r->id), "%s-%llx%08llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
@@ -879,11 +1128,18 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     sr.n_stop_ids = p->n_stop_ids;
     sr.ignore_eos = p->ignore_eos;
     sr.sampling = p->sampling;
+    sr.sampling.grammar = p->constrain.grammar; /* copied by sched_submit */
+    sr.sampling.bias_ids = p->constrain.bias_ids;
+    sr.sampling.bias_vals = p->constrain.bias_vals;
+    sr.sampling.n_bias = p->constrain.n_bias;
     sr.user = r;
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
         r->n_stop = 0;
+        if (r->chat) cJSON_Delete(r->chat->tools);
+        free(r->chat);
+        r->chat = NULL;
         if (!pre) free(r);
         r = NULL;
         /* a request the whole cache cannot hold is the client's to shorten: 400, as a too long prompt */
@@ -1060,7 +1316,7 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
                         int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages) return chat_ids(a, messages, true, ids, n, e);
+    if (messages) return chat_ids(a, messages, true, NULL, NULL, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);
@@ -1494,6 +1750,7 @@ int32_t api_server_max_context(const api_server *a) { return a->cfg.max_context;
 
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {
     MLA_ASSERT(sink && sink->on_delta && sink->on_final);
+    MLA_ASSERT(!p->tools && !p->chat_template_kwargs && !p->reasoning_effort);
     if (!sink->on_refused) return start_generation(a, p, NULL, sink, e);
     if (gen_precheck(a, p, e) != MLA_OK) return NULL;
     /* the prompt is made on the prep thread; the job takes p's contents */

@@ -16,6 +16,10 @@
  * (coordinator/chat_guard.h) unless api_config.special_in_messages.
  * Stop strings are matched on the detokenized text here; the text is cut before them and the
  * request is cancelled in the scheduler.
+ * Chat responses are split into content, reasoning_content and tool_calls by the parsers named in
+ * api_config (coordinator/chat_reasoning.h, chat_toolcall.h; docs/chat-dialects.md), in whole
+ * responses and streams; the template variables of a request (chat_template_kwargs,
+ * reasoning_effort, tools) must be read by the template (api_tokenizer.chat_uses_var).
  *
  * Setup order: api_server_new -> sched_init with on_event = api_server_on_event and
  * cb_ctx = the api server -> api_server_set_sched -> http_server_init with handler
@@ -59,9 +63,13 @@ typedef struct api_tokenizer {
     /* End-of-generation tokens (EOS, EOT...). */
     bool (*is_eog)(void *ctx, int32_t id);
     /* Renders chat messages (a validated cJSON array) to prompt text (malloc'd, caller frees);
-     * NULL when the model has no chat template (chat requests then get 400). */
-    int (*render_chat)(void *ctx, const cJSON *messages, bool add_generation_prompt, char **out,
-                       mla_err *err);
+     * vars (may be NULL): further template variables (tools, chat_template_kwargs,
+     * reasoning_effort). NULL when the model has no chat template (chat requests then get 400). */
+    int (*render_chat)(void *ctx, const cJSON *messages, bool add_generation_prompt, const cJSON *vars,
+                       char **out, mla_err *err);
+    /* Whether the chat template reads the variable name (NULL: none does). A variable a request
+     * sets (chat_template_kwargs, reasoning_effort, tools) that the template never reads is a 400. */
+    bool (*chat_uses_var)(void *ctx, const char *name);
 } api_tokenizer;
 
 typedef struct api_config {
@@ -81,6 +89,11 @@ typedef struct api_config {
     /* /metrics: the workers' state (coordinator/coord.h coord_workers). NULL: none. ctx: health_ctx. */
     int (*workers)(void *ctx, coord_worker_info *info, int cap);
     int tp; /* tensor-parallel degree, for mlaserve_model_info */
+    /* Chat output parsing (docs/chat-dialects.md): enum reasoning_kind (coordinator/chat_reasoning.h)
+     * and enum toolcall_kind (coordinator/chat_toolcall.h), resolved (no "auto"); 0: none. Only the
+     * HTTP chat API parses; api_server_generate's sinks get the text as generated. */
+    int reasoning_parser;
+    int tool_parser;
 } api_config;
 
 typedef struct api_server api_server;
@@ -119,7 +132,7 @@ void api_server_token_counts(const api_server *a, uint64_t *prompt, uint64_t *ge
 void api_server_cancel_all(api_server *a, const char *reason);
 void api_server_free(api_server *a);
 
-/* ---- the same generation path for other fronts (the protobuf API, coordinator/pbapi_*) ----
+/* ---- the same generation path for other fronts (the gRPC API, coordinator/grpc_*) ----
  * Everything below runs on the loop thread. */
 
 /* A generated token: id, logprob, alternatives, and its byte range [start, end) in the
@@ -158,7 +171,7 @@ typedef struct api_req api_gen;
 
 /* Starts a generation as the HTTP API does (model name check, chat template, tokenization,
  * context checks, stop strings, submission to the scheduler, metrics). p must have passed
- * api_gen_params_check; its stop strings move into the request (the caller still frees p; with
+ * api_gen_params_check and carry no tools / chat_template_kwargs / reasoning_effort; its stop strings move into the request (the caller still frees p; with
  * sink->on_refused all of p's contents move, p->messages is copied).
  * Returns the handle, or NULL with e set (e->status as the HTTP API would answer). */
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e);

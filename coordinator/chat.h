@@ -4,7 +4,8 @@
  * variables Hugging Face's apply_chat_template passes: messages, add_generation_prompt,
  * bos_token, eos_token (plus any extra variables the caller gives). When the GGUF carries no
  * template, or its template uses a Jinja feature chat_jinja does not implement
- * (JINJA_E_UNSUPPORTED), a built-in template of the model family is used instead:
+ * (JINJA_E_UNSUPPORTED, found when the template is loaded, with a warning), a built-in template
+ * of the model family is used instead:
  *   deepseek3: {bos}{system...}<｜User｜>{u}<｜Assistant｜>{a}<｜end▁of▁sentence｜>...<｜Assistant｜>
  *              (DeepSeek-V3's tokenizer_config.json chat_template, tools left out)
  *   glm:       [gMASK]<sop><|system|>{s}<|user|>{u}<|assistant|></think>{a}...<|assistant|><think>
@@ -56,17 +57,40 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
 /* Reads tokenizer.chat_template, general.architecture, tokenizer.ggml.pre; the BOS / EOS texts
  * come from the vocabulary. */
 int chat_tmpl_from_gguf(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, mla_err *err);
+/* Same with the template text given (override, override_len) instead of the GGUF's
+ * (--chat-template FILE); NULL: the GGUF's. */
+int chat_tmpl_from_gguf_src(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, const char *override,
+                            size_t override_len, mla_err *err);
 void chat_tmpl_free(chat_tmpl *t);
+/* The output parsers for --reasoning-parser / --tool-parser (names of coordinator/chat_reasoning.h
+ * and toolcall.h; NULL: "auto", which picks by the template's text; t may be NULL: no template,
+ * no parsers): *rk an enum reasoning_kind, *tk an enum toolcall_kind. MLA_ERR on an unknown name. */
+int chat_tmpl_parsers(const chat_tmpl *t, const char *reasoning, const char *tools, int *rk, int *tk, mla_err *err);
 
-/* Renders messages. extra_vars (may be NULL): a JSON object of further template variables
- * (tools, enable_thinking, ...). *used (may be NULL) gets the description of the template that
- * rendered (valid while t lives). Errors raised by the template (raise_exception) and runtime
- * errors are returned, not hidden by a fallback. */
+/* Renders messages, normalized first (chat_normalize with the template's own choice of
+ * argument form). extra_vars (may be NULL): a JSON object of further template variables (tools,
+ * enable_thinking, ...). *used (may be NULL) gets the description of the template that rendered
+ * (valid while t lives). Every error of the template at this point (raise_exception, runtime
+ * errors, features it lacks) is returned: no other template is tried. */
 int chat_tmpl_apply(const chat_tmpl *t, const chat_msg *msgs, size_t n, bool add_generation_prompt,
                     const cJSON *extra_vars, char **out, size_t *out_len, const char **used, mla_err *err);
 /* Same with the messages given as a JSON array of objects (any fields: tool_calls, ...). */
 int chat_tmpl_apply_json(const chat_tmpl *t, const cJSON *messages, bool add_generation_prompt,
                          const cJSON *extra_vars, char **out, size_t *out_len, const char **used, mla_err *err);
+/* Messages as templates expect them (a copy in *out, the caller deletes): content given as a
+ * list of text parts joined into one string (another part type: an error naming it);
+ * tool_calls[].function.arguments an object, parsed from the JSON string OpenAI clients send,
+ * when args_object (an error when it is not a JSON object), else a JSON string (an object is
+ * serialized). */
+int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err *err);
+/* The template reads the top-level variable name (tools, enable_thinking, ...); false for the
+ * built-in templates. */
+bool chat_tmpl_uses_var(const chat_tmpl *t, const char *name);
+/* The Jinja text (NULL: built-in). */
+const char *chat_tmpl_source(const chat_tmpl *t);
+/* Whether tool-call arguments reach the template as objects (probed at load: a template that
+ * renders them so, e.g. GLM's) or as JSON strings (DeepSeek's concatenate them). */
+bool chat_tmpl_args_object(const chat_tmpl *t);
 /* The text every prompt of this model starts with: the template rendered with no messages and
  * no generation prompt (BOS for DeepSeek, "[gMASK]<sop>" for GLM). Plain completion prompts
  * are this prefix + the prompt text, tokenized with parse_special. Malloc'd. */

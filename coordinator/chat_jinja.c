@@ -1198,6 +1198,25 @@ void jinja_free(jinja_tmpl *t) {
     free(t);
 }
 
+static bool uses_var(const node *n, const char *name, int depth) {
+    if (!n || depth > 10000) return false;
+    if (n->k == E_VAR && n->s && !strcmp(n->s->s, name)) return true;
+    if (uses_var(n->a, name, depth + 1) || uses_var(n->b, name, depth + 1) || uses_var(n->c, name, depth + 1) ||
+        uses_var(n->d, name, depth + 1))
+        return true;
+    for (size_t i = 0; i < n->n; i++)
+        if (uses_var(n->l[i], name, depth + 1)) return true;
+    for (size_t i = 0; i < n->n2; i++)
+        if (uses_var(n->l2[i], name, depth + 1)) return true;
+    return false;
+}
+
+bool jinja_uses_var(const jinja_tmpl *t, const char *name) {
+    for (size_t i = 0; t && i < t->n; i++)
+        if (uses_var(t->body[i], name, 0)) return true;
+    return false;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Render                                                                                     */
 /* ------------------------------------------------------------------------------------------ */

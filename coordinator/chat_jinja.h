@@ -22,6 +22,7 @@
 #define CHAT_JINJA_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/mla_err.h"
@@ -44,5 +45,9 @@ void jinja_free(jinja_tmpl *t);
 /* Renders with the top-level variables taken from the members of a JSON object (messages,
  * add_generation_prompt, bos_token, ...). Returns JINJA_OK or a negative jinja_status. */
 int jinja_render(const jinja_tmpl *t, const cJSON *vars, char **out, size_t *out_len, mla_err *err);
+
+/* True when the template reads the top-level variable name anywhere (a name reference in an
+ * expression; its own {% set %} of the name does not count). */
+bool jinja_uses_var(const jinja_tmpl *t, const char *name);
 
 #endif

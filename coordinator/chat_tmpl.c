@@ -6,13 +6,16 @@
 #include "chat.h"
 #include "chat_jinja.h"
 #include "common/mla_log.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 
 struct chat_tmpl {
     jinja_tmpl *jt; /* NULL: built-in */
     enum chat_family family;
     char *bos, *eos;
+    char *src;        /* the Jinja text (NULL: built-in) */
+    bool args_object; /* the template renders tool-call arguments given as an object */
     char used[512];
-    char fallback_used[512];
 };
 
 const char *chat_family_name(enum chat_family f) {
@@ -158,6 +161,99 @@ int chat_render(const char *tmpl, const chat_msg *msgs, size_t n, bool add_gen, 
     return rc;
 }
 
+int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err *err) {
+    *out = NULL;
+    if (!cJSON_IsArray(messages)) return mla_errf(err, "chat: messages must be an array");
+    cJSON *copy = cJSON_Duplicate(messages, 1);
+    int i = 0;
+    cJSON *m;
+    cJSON_ArrayForEach(m, copy) {
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_IsArray(c)) {
+            buf b = {0};
+            bput(&b, "");
+            int j = 0;
+            const cJSON *part;
+            cJSON_ArrayForEach(part, c) {
+                const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+                    free(b.p);
+                    cJSON_Delete(copy);
+                    return mla_errf(err, "messages[%d].content[%d]: parts of type '%.64s' are not supported (text parts only)",
+                                    i, j, cJSON_IsString(ty) ? ty->valuestring : "(none)");
+                }
+                bput(&b, tx->valuestring);
+                j++;
+            }
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(b.p));
+            free(b.p);
+        }
+        cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        int j = 0;
+        cJSON *tc, *tarr = cJSON_IsArray(tcs) ? tcs : NULL;
+        cJSON_ArrayForEach(tc, tarr) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            if (args_object && cJSON_IsString(args)) {
+                cJSON *parsed = cJSON_Parse(args->valuestring);
+                if (!cJSON_IsObject(parsed)) {
+                    cJSON_Delete(parsed);
+                    cJSON_Delete(copy);
+                    return mla_errf(err, "messages[%d].tool_calls[%d].function.arguments is not a JSON object", i, j);
+                }
+                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            } else if (!args_object && args && !cJSON_IsString(args)) {
+                char *s = cJSON_PrintUnformatted(args);
+                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", cJSON_CreateString(s ? s : ""));
+                free(s);
+            }
+            j++;
+        }
+        i++;
+    }
+    *out = copy;
+    return MLA_OK;
+}
+
+/* Does the template render tool-call arguments given as an object (GLM's iterate over them;
+ * DeepSeek's concatenate them as a string)? Rendered once at load with a probe conversation. */
+static bool probe_args_object(const chat_tmpl *t) {
+    const char *probe = "[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
+                        "[{\"id\":\"call_0\",\"type\":\"function\",\"function\":{\"name\":\"probe_fn\","
+                        "\"arguments\":{\"probe_key\":\"probe_val\"}}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_0\","
+                        "\"content\":\"r\"},{\"role\":\"user\",\"content\":\"u2\"}]";
+    cJSON *m = cJSON_Parse(probe);
+    char *out = NULL;
+    mla_err e = {{0}};
+    bool ok = render_jinja(t->jt, m, true, t->bos, t->eos, NULL, &out, NULL, &e) == JINJA_OK && out &&
+              strstr(out, "probe_key");
+    free(out);
+    cJSON_Delete(m);
+    return ok;
+}
+
+bool chat_tmpl_uses_var(const chat_tmpl *t, const char *name) { return t->jt && jinja_uses_var(t->jt, name); }
+const char *chat_tmpl_source(const chat_tmpl *t) { return t->src; }
+
+int chat_tmpl_parsers(const chat_tmpl *t, const char *reasoning, const char *tools, int *rk, int *tk, mla_err *err) {
+    int r = reasoning_kind_parse(reasoning ? reasoning : "auto");
+    if (r == -2)
+        return mla_errf(err, "--reasoning-parser: unknown parser '%s' (auto, none, deepseek-r1, deepseek-v3.1, glm, kimi-k2)",
+                        reasoning);
+    int k = toolcall_kind_parse(tools ? tools : "auto");
+    if (k == -2) return mla_errf(err, "--tool-parser: unknown parser '%s' (auto, none, deepseek, kimi-k2, glm)", tools);
+    if (r == REASONING_AUTO)
+        r = !t ? REASONING_NONE
+            : t->src ? (int)reasoning_auto(t->src)
+            : t->family == CHAT_FAMILY_GLM ? REASONING_GLM : REASONING_NONE; /* the built-in glm opens <think> */
+    if (k == TOOLCALL_AUTO) k = t && t->src ? (int)toolcall_auto(t->src) : TOOLCALL_NONE;
+    *rk = r;
+    *tk = k;
+    return MLA_OK;
+}
+bool chat_tmpl_args_object(const chat_tmpl *t) { return t->args_object; }
+
 int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family family, const char *bos_text,
                   const char *eos_text, mla_err *err) {
     *out = NULL;
@@ -165,7 +261,6 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
     t->family = family;
     t->bos = mla_xstrdup(bos_text ? bos_text : "");
     t->eos = mla_xstrdup(eos_text ? eos_text : "");
-    snprintf(t->fallback_used, sizeof t->fallback_used, "built-in %s", chat_family_name(family));
     if (!src || !len) {
         if (family == CHAT_FAMILY_NONE) {
             chat_tmpl_free(t);
@@ -179,8 +274,10 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
     int rc = jinja_parse(&t->jt, src, len, &perr);
     if (rc == JINJA_OK) {
         snprintf(t->used, sizeof t->used, "gguf chat_template (jinja)");
-        snprintf(t->fallback_used, sizeof t->fallback_used,
-                 "built-in %s (the gguf chat_template uses a Jinja feature not supported here)", chat_family_name(family));
+        t->src = mla_xmalloc(len + 1);
+        memcpy(t->src, src, len);
+        t->src[len] = 0;
+        t->args_object = probe_args_object(t);
         *out = t;
         return MLA_OK;
     }
@@ -196,10 +293,21 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
 }
 
 int chat_tmpl_from_gguf(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, mla_err *err) {
+    return chat_tmpl_from_gguf_src(out, g, v, NULL, 0, err);
+}
+
+int chat_tmpl_from_gguf_src(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, const char *override,
+                            size_t override_len, mla_err *err) {
     gguf_str src = {0}, arch = {0}, pre = {0};
-    int rc = gguf_get_str(g, "tokenizer.chat_template", &src, err);
-    if (rc < 0) return rc;
-    if (rc == 0) src.len = 0;
+    int rc;
+    if (override) {
+        src.ptr = override;
+        src.len = override_len;
+    } else {
+        rc = gguf_get_str(g, "tokenizer.chat_template", &src, err);
+        if (rc < 0) return rc;
+        if (rc == 0) src.len = 0;
+    }
     char archb[64] = "", preb[64] = "";
     if (gguf_get_str(g, "general.architecture", &arch, err) == 1)
         snprintf(archb, sizeof archb, "%.*s", (int)(arch.len < 63 ? arch.len : 63), arch.ptr);
@@ -229,6 +337,7 @@ int chat_tmpl_from_gguf(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, 
 void chat_tmpl_free(chat_tmpl *t) {
     if (!t) return;
     jinja_free(t->jt);
+    free(t->src);
     free(t->bos);
     free(t->eos);
     free(t);
@@ -285,22 +394,18 @@ int chat_tmpl_apply_json(const chat_tmpl *t, const cJSON *messages, bool add_gen
                          size_t *out_len, const char **used, mla_err *err) {
     *out = NULL;
     if (!cJSON_IsArray(messages)) return mla_errf(err, "chat: messages must be an array");
+    cJSON *norm = NULL;
+    if (chat_normalize(messages, t->args_object, &norm, err) != MLA_OK) return MLA_ERR;
+    int rc;
+    if (used) *used = t->used;
     if (!t->jt) {
-        if (used) *used = t->used;
-        return apply_builtin_json(t, messages, add_gen, out, out_len, err);
+        rc = apply_builtin_json(t, norm, add_gen, out, out_len, err);
+    } else {
+        /* errors of the template at request time are the request's (no other template is tried) */
+        rc = render_jinja(t->jt, norm, add_gen, t->bos, t->eos, extra_vars, out, out_len, err);
+        if (rc != JINJA_OK) mla_err_prefix(err, "the chat template failed");
     }
-    mla_err rerr = {{0}};
-    int rc = render_jinja(t->jt, messages, add_gen, t->bos, t->eos, extra_vars, out, out_len, &rerr);
-    if (rc == JINJA_OK) {
-        if (used) *used = t->used;
-        return MLA_OK;
-    }
-    if (rc == JINJA_E_UNSUPPORTED && t->family != CHAT_FAMILY_NONE) {
-        MLA_WARN("%s; rendering with the built-in %s template", rerr.msg, chat_family_name(t->family));
-        if (used) *used = t->fallback_used;
-        return apply_builtin_json(t, messages, add_gen, out, out_len, err);
-    }
-    *err = rerr;
+    cJSON_Delete(norm);
     return rc;
 }
 

@@ -12,13 +12,13 @@
 #include "common/opts.h"
 
 static const char client_usage[] =
-    "usage: mlaserve client [--host H] --port P [--api-key K] [--timeout S] COMMAND [options]\n"
-    "protobuf API client (of `mlaserve serve --proto-port P`). Commands:\n"
+    "usage: mlaserve client [--host H] --port P [--api-key K] [--timeout S] [--tls [--tls-ca F]] COMMAND [options]\n"
+    "gRPC client (of `mlaserve serve --proto-port P`, docs/grpc.md). Commands:\n"
     "  generate -p TEXT [options]   generate (mlaserve client generate --help)\n"
     "  tokenize TEXT [--no-special] token ids of TEXT\n"
     "  health                       the server's health (exit status 1 when unhealthy)\n"
     "  models                       the model served and its context length\n"
-    "  info                         the server's version and build, the model, the largest frame\n";
+    "  info                         the server's version and build, the model, the largest request\n";
 
 typedef struct gen_out {
     bool stream, json;
@@ -155,15 +155,19 @@ static int do_generate(apiclient *c, int argc, char **argv) {
 
 int cmd_client(int argc, char **argv) {
     const char *host = "127.0.0.1", *key = getenv("MLASERVE_API_KEY");
-    int port = -1, timeout_s = 600;
+    const char *tls_ca = NULL;
+    int port = -1, timeout_s = 600, tls = 0;
     const opt_spec specs[] = {
         {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "the server", .dest = &host},
-        {.name = "--port", .kind = OPT_INT, .arg = "PORT", .help = "its protobuf port (serve --proto-port; required)",
+        {.name = "--port", .kind = OPT_INT, .arg = "PORT", .help = "its gRPC port (serve --proto-port; required)",
          .dest = &port, .lo = 1, .hi = 65535},
         {.name = "--api-key", .kind = OPT_STR, .arg = "KEY", .def = "$MLASERVE_API_KEY, else none",
          .help = "the server's API key", .dest = &key},
-        {.name = "--timeout", .kind = OPT_INT, .arg = "S", .def = "600", .help = "seconds to wait for an answer",
-         .dest = &timeout_s, .lo = 0, .hi = 1 << 24},
+        {.name = "--timeout", .kind = OPT_INT, .arg = "S", .def = "600",
+         .help = "each call's deadline, seconds (0: none)", .dest = &timeout_s, .lo = 0, .hi = 1 << 21},
+        {.name = "--tls", .kind = OPT_FLAG, .help = "TLS (serve --tls-cert/--tls-key)", .dest = &tls},
+        {.name = "--tls-ca", .kind = OPT_STR, .arg = "FILE", .def = "the system's CAs",
+         .help = "PEM file of the CA that signed the server's certificate (implies --tls)", .dest = &tls_ca},
         MLA_LOG_LEVEL_OPT,
     };
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
@@ -211,7 +215,8 @@ int cmd_client(int argc, char **argv) {
     }
     mla_err err = {{0}};
     apiclient *c = NULL;
-    if (apiclient_connect(&c, host, port, key, timeout_s * 1000, &err) != MLA_OK) {
+    apiclient_opts co = {.api_key = key, .timeout_ms = timeout_s * 1000, .tls = tls || tls_ca, .tls_ca = tls_ca};
+    if (apiclient_connect(&c, host, port, &co, &err) != MLA_OK) {
         fprintf(stderr, "mlaserve client: %s\n", err.msg);
         return 1;
     }
@@ -231,8 +236,8 @@ int cmd_client(int argc, char **argv) {
         }
         free(ids);
     } else if (!strcmp(cmd, "info")) {
-        printf("mlaserve %s (%s) model %s max_frame %u\n", apiclient_server_version(c), apiclient_server_build(c),
-               apiclient_server_model(c), apiclient_server_max_frame(c));
+        printf("mlaserve %s (%s) model %s max_message %u\n", apiclient_server_version(c), apiclient_server_build(c),
+               apiclient_server_model(c), apiclient_server_max_message(c));
     } else if (!strcmp(cmd, "health")) {
         bool ok = false;
         char status[512];

@@ -1,5 +1,5 @@
-/* cmd_client: `mlaserve client`, a command-line client of the protobuf API (common/apiclient.h).
- *   mlaserve client [--host H] --port P [--api-key K] [--timeout S] COMMAND
+/* cmd_client: `mlaserve client`, a command-line gRPC client (common/apiclient.h, docs/grpc.md).
+ *   mlaserve client [--host H] --port P [--api-key K] [--timeout S] [--tls [--tls-ca F]] COMMAND
  *   COMMAND: generate -p TEXT [--chat] [-n N] [--temp T] [--top-p P] [--top-k K] [--seed S]
  *                     [--stop STR]... [--ignore-eos] [--logprobs N] [--stream] [--json]
  *            tokenize TEXT [--no-special]  |  health  |  models

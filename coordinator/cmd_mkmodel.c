@@ -1,4 +1,4 @@
-/* mlaserve mkmodel: synthetic GGUF models at real DeepSeek-V3 / GLM-5 / DeepSeek-V2-Lite shapes
+/* mlaserve mkmodel: synthetic GGUF models at real DeepSeek-V3 / GLM-5 / DeepSeek-V2-Lite / GLM-4.7-Flash shapes
  * (see cmd_mkmodel.h). */
 #include "cmd_mkmodel.h"
 
@@ -52,6 +52,12 @@ static const fam FAMILIES[] = {
     {"v2lite", "deepseek2", "DeepSeek-V2-Lite (synthetic)", 27, 2048, 16, 0, 512, 128, 64, 128, 10944, 1408,
      64, 6, 1, 1, 2, 1, 102400, 163840, 1, 1.0f, false, 10000.0f, 1e-6f, true, 40.0f, 4096, 0.707f, 0, 0,
      0, false},
+    /* GLM-4.7-Flash (zai-org/GLM-4.7-Flash, glm4_moe_lite, written as deepseek2 like its public GGUF):
+     * 47 layers (1 dense), 20 heads, q_lora 768, qk_nope 192 + qk_rope 64, v 256, 64 experts top-4
+     * + 1 shared, sigmoid routing with a bias (noaux_tc), one group, routed_scaling_factor 1.8,
+     * normalized top-k weights, no YaRN, GLM tokenizer */
+    {"glm47flash", "deepseek2", "GLM-4.7-Flash (synthetic)", 47, 2048, 20, 768, 512, 192, 64, 256, 10240, 1536,
+     64, 4, 1, 1, 1, 1, 154880, 202752, 2, 1.8f, true, 1000000.0f, 1e-5f, false, 1.0f, 0, 0.0f, 0, 0, 0, true},
 };
 
 /* ---- random numbers ---- */
@@ -530,7 +536,7 @@ static void write_meta(gguf_writer *w, const shape *s, const vocab *v, const cha
 /* ---- command ---- */
 
 static const char mkmodel_usage[] =
-    "usage: mlaserve mkmodel --family v3|glm5|v2lite -o OUT.gguf [options]\n"
+    "usage: mlaserve mkmodel --family v3|glm5|v2lite|glm47flash -o OUT.gguf [options]\n"
     "A synthetic model at real shapes with random weights: experts Q4_K / IQ2_XXS / IQ3_XXS (--mix),\n"
     "attention Q8_0, embeddings and output Q6_K, dense FFN and shared experts Q4_K, norms and router F32.\n";
 
@@ -561,7 +567,7 @@ int cmd_mkmodel(int argc, char **argv) {
     int small_f = 0, dry_f = 0;
     const double big = 1e12;
     const opt_spec specs[] = {
-        {.name = "--family", .kind = OPT_STR, .arg = "v3|glm5|v2lite", .help = "the model family (required)", .dest = &family},
+        {.name = "--family", .kind = OPT_STR, .arg = "v3|glm5|v2lite|glm47flash", .help = "the model family (required)", .dest = &family},
         {.name = "--out", .alias = "-o", .kind = OPT_STR, .arg = "OUT.gguf", .help = "where to write (required unless --dry-run)",
          .dest = &outp},
         {.name = "--layers", .kind = OPT_LONG, .arg = "N", .def = "the real count",
@@ -602,7 +608,7 @@ int cmd_mkmodel(int argc, char **argv) {
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(FAMILIES[i].key, family)) fp = &FAMILIES[i];
     if (!fp) {
-        fprintf(stderr, "mkmodel: unknown family '%s' (v3, glm5, v2lite)\n", family);
+        fprintf(stderr, "mkmodel: unknown family '%s' (v3, glm5, v2lite, glm47flash)\n", family);
         return 2;
     }
     s.f = *fp;

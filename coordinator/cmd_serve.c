@@ -20,7 +20,9 @@
 #include "coordinator/chat.h"
 #include "coordinator/coord.h"
 #include "coordinator/http_server.h"
-#include "coordinator/pbapi_server.h"
+#include "coordinator/grpc_server.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 #include "coordinator/sched_batch.h"
 #include "coordinator/serve_adapt.h"
 #include "coordinator/tok.h"
@@ -30,7 +32,7 @@
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
-static pbapi_server *g_pb;
+static grpc_server *g_pb;
 /* graceful drain and the worker-failure policy (deploy task): a 200 ms watch timer */
 static uv_timer_t g_watch;
 static api_server *g_api;
@@ -56,7 +58,7 @@ static uint64_t g_drain_deadline;
 
 static void serve_close(uv_loop_t *loop) {
     http_server_close(g_http);
-    if (g_pb) pbapi_server_close(g_pb);
+    if (g_pb) grpc_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_close((uv_handle_t *)&g_watch, NULL);
@@ -191,7 +193,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 static const char serve_usage[] =
     "usage: mlaserve serve -m MODEL.gguf [--tp N] [options]\n"
-    "OpenAI-compatible HTTP server (and optionally the protobuf API) over N worker processes.\n"
+    "OpenAI-compatible HTTP server (and optionally the gRPC API) over N worker processes.\n"
     "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds.\n";
 
 /* The first line of a key file (without the line end); NULL with err set. */
@@ -225,12 +227,33 @@ static const char *basename_of(const char *p) {
     return s ? s + 1 : p;
 }
 
+/* A whole text file (--chat-template), at most 1 MiB, NUL-terminated (caller frees). */
+static int read_text_file(const char *path, char **out, size_t *len, mla_err *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mla_errf(err, "cannot open: %s", strerror(errno));
+    char *b = mla_xmalloc((1u << 20) + 1);
+    size_t n = fread(b, 1, (1u << 20) + 1, f);
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || n > (1u << 20)) {
+        free(b);
+        return mla_errf(err, "%s", bad ? "read error" : "larger than 1 MiB");
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return MLA_OK;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = getenv("MLASERVE_API_KEY");
     const char *model_name = NULL, *port_file = NULL;
     int port = 8000, proto_port = -1;
-    const char *proto_port_file = NULL, *api_key_file = NULL;
+    const char *proto_port_file = NULL, *api_key_file = NULL, *tls_cert = NULL, *tls_key = NULL;
     int special_in_messages = 0;
+    const char *reasoning_parser = "auto", *tool_parser = "auto", *chat_template_file = NULL;
+    char *chat_template_src = NULL;
     char *key_owned = NULL;
     long idle_timeout_ms = -1, request_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
@@ -244,7 +267,7 @@ int cmd_serve(int argc, char **argv) {
     coord_group_opt_specs(&go, gspecs);
     coord_opt_specs(&go.cc, cspecs);
     const opt_spec mine[] = {
-        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and protobuf) bind address",
+        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and gRPC) bind address",
          .dest = &host},
         {.name = "--port", .kind = OPT_INT, .arg = "PORT", .def = "8000", .help = "HTTP port (0: any free port)",
          .dest = &port, .lo = 0, .hi = 65535},
@@ -255,11 +278,20 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--allow-special-in-messages", .kind = OPT_FLAG,
          .help = "control-token text inside chat messages becomes control tokens (trusted clients only)",
          .dest = &special_in_messages},
+        {.name = "--chat-template", .kind = OPT_STR, .arg = "FILE", .def = "the GGUF's tokenizer.chat_template",
+         .help = "render chat requests with this Jinja template instead", .dest = &chat_template_file},
+        {.name = "--reasoning-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "reasoning_content from <think> blocks: auto (by the chat template), none, deepseek-r1, "
+                 "deepseek-v3.1, glm, kimi-k2 (docs/chat-dialects.md)",
+         .dest = &reasoning_parser},
+        {.name = "--tool-parser", .kind = OPT_STR, .arg = "NAME", .def = "auto",
+         .help = "tool_calls from the model's output: auto (by the chat template), none, deepseek, kimi-k2, glm",
+         .dest = &tool_parser},
         {.name = "--idle-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "60000",
-         .help = "idle connections (HTTP and protobuf) are closed after N ms", .dest = &idle_timeout_ms, .lo = 1,
+         .help = "idle connections (HTTP and gRPC) are closed after N ms", .dest = &idle_timeout_ms, .lo = 1,
          .hi = 86400000},
         {.name = "--request-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "30000 (HTTP headers: 10000)",
-         .help = "a request or protobuf frame not complete N ms after its first byte is refused",
+         .help = "an HTTP request not complete N ms after its first byte is refused",
          .dest = &request_timeout_ms, .lo = 1, .hi = 86400000},
         {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
          .help = "the model's name in the API", .dest = &model_name},
@@ -282,10 +314,14 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
          .help = "write the HTTP port here once the server is ready (the model loaded)", .dest = &port_file},
         {.name = "--proto-port", .kind = OPT_INT, .arg = "PORT", .def = "off",
-         .help = "serve the protobuf API on this port (0: any free port), same host and key", .dest = &proto_port,
-         .lo = 0, .hi = 65535},
+         .help = "serve the gRPC API (docs/grpc.md) on this port (0: any free port), same host and key",
+         .dest = &proto_port, .lo = 0, .hi = 65535},
+        {.name = "--tls-cert", .kind = OPT_STR, .arg = "FILE", .def = "none (plain h2c)",
+         .help = "the gRPC port speaks TLS with this PEM certificate chain (needs --tls-key)", .dest = &tls_cert},
+        {.name = "--tls-key", .kind = OPT_STR, .arg = "FILE", .def = "none", .help = "the PEM private key of --tls-cert",
+         .dest = &tls_key},
         {.name = "--proto-port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
-         .help = "write the protobuf port here once ready (needs --proto-port)", .dest = &proto_port_file},
+         .help = "write the gRPC port here once ready (needs --proto-port)", .dest = &proto_port_file},
         {.name = "--drain-timeout", .kind = OPT_DOUBLE, .arg = "S", .def = "30",
          .help = "seconds requests in flight get after SIGTERM", .dest = &g_drain_timeout, .lo = 0, .hi = 86400},
         {.name = "--stats-interval", .kind = OPT_DOUBLE, .arg = "S", .def = "10",
@@ -314,6 +350,10 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mlaserve serve: --proto-port-file needs --proto-port\n");
         return 2;
     }
+    if ((tls_cert || tls_key) && (proto_port < 0 || !tls_cert || !tls_key)) {
+        fprintf(stderr, "mlaserve serve: --tls-cert and --tls-key go together, with --proto-port\n");
+        return 2;
+    }
     hc.lim.max_body = (size_t)max_body;
     const char *model = go.model;
     const int tp = go.tp;
@@ -327,12 +367,14 @@ int cmd_serve(int argc, char **argv) {
                 if (v) memset(v, 'x', strlen(v));
             }
     }
-    pbapi_config pc;
-    pbapi_config_default(&pc);
+    grpc_config pc;
+    grpc_config_default(&pc);
     pc.max_conns = hc.max_conns; /* --max-conns: per port */
+    pc.tls_cert = tls_cert;
+    pc.tls_key = tls_key;
     if (idle_timeout_ms > 0) hc.idle_timeout_ms = pc.idle_timeout_ms = (unsigned)idle_timeout_ms;
     if (request_timeout_ms > 0) {
-        hc.request_timeout_ms = pc.frame_timeout_ms = (unsigned)request_timeout_ms;
+        hc.request_timeout_ms = (unsigned)request_timeout_ms;
         if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
     }
     if (api_key_file) {
@@ -363,20 +405,30 @@ int cmd_serve(int argc, char **argv) {
     gguf_ctx *g = NULL;
     api_server *api = NULL;
     http_server *http = NULL;
-    pbapi_server *pb = NULL;
+    grpc_server *pb = NULL;
     uv_loop_t *loop = uv_default_loop();
     int rc = 1;
     bool loop_ran = false;
 
     if (gguf_open(&g, model, &err)) goto out;
     if (tok_vocab_from_gguf(&S.vocab, g, &err)) goto out;
-    if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
+    if (chat_template_file) {
+        size_t tlen = 0;
+        if (read_text_file(chat_template_file, &chat_template_src, &tlen, &err) ||
+            chat_tmpl_from_gguf_src(&S.tmpl, g, S.vocab, chat_template_src, tlen, &err)) {
+            mla_err_prefix(&err, "--chat-template %s", chat_template_file);
+            goto out;
+        }
+    } else if (chat_tmpl_from_gguf(&S.tmpl, g, S.vocab, &err)) {
         MLA_WARN("serve: no chat template (%s); /v1/chat/completions is off", err.msg);
         S.tmpl = NULL;
     } else if (chat_tmpl_prefix(S.tmpl, &S.prefix, &err)) {
         MLA_WARN("serve: chat template prefix: %s", err.msg);
         S.prefix = NULL;
     }
+    int rk = 0, tk = 0;
+    if (chat_tmpl_parsers(S.tmpl, reasoning_parser, tool_parser, &rk, &tk, &err)) goto out;
+    MLA_INFO("serve: reasoning parser %s, tool-call parser %s", reasoning_kind_name(rk), toolcall_kind_name(tk));
     /* refuse a model or a tensor-parallel degree that cannot work before starting workers */
     mla_config mcfg;
     if (coord_check_model(g, tp, &mcfg, &err)) {
@@ -409,6 +461,8 @@ int cmd_serve(int argc, char **argv) {
                      .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .tp = tp};
     serve_adapt_api_hooks(&S, &ac);
+    ac.reasoning_parser = rk;
+    ac.tool_parser = tk;
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     S.api = api;
     /* the scheduler starts once the workers report their pools (check_start) */
@@ -425,12 +479,12 @@ int cmd_serve(int argc, char **argv) {
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
     int pb_bound = -1;
     if (proto_port >= 0) {
-        if (pbapi_server_init(&pb, loop, api, &pc, &err)) goto out;
+        if (grpc_server_init(&pb, loop, api, &pc, &err)) goto out;
         g_pb = pb;
-        if (pbapi_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
+        if (grpc_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
     }
     g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}};
-    if (pb) MLA_INFO("serve: protobuf API on %s:%d", host, pb_bound);
+    if (pb) MLA_INFO("serve: gRPC API on %s:%d%s", host, pb_bound, tls_cert ? " (TLS)" : "");
     MLA_INFO("serve: %s on http://%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: their "
              "progress; 503 until ready)",
              ac.model_name, host, bound, tp, no_prefix_cache ? "off" : "on");
@@ -449,14 +503,14 @@ int cmd_serve(int argc, char **argv) {
 out:
     if (rc != 0) fprintf(stderr, "mlaserve serve: %s\n", err.msg);
     if (http && !loop_ran) http_server_close(http);
-    if (pb && !loop_ran) pbapi_server_close(pb);
+    if (pb && !loop_ran) grpc_server_close(pb);
     if (api) api_server_drain(api);
     if (g_sched) {
         sched_stop(g_sched);
         sched_free(g_sched);
         g_sched = NULL;
     }
-    if (pb) pbapi_server_free(pb);
+    if (pb) grpc_server_free(pb);
     g_pb = NULL;
     if (api) api_server_free(api);
     if (http) http_server_free(http);
@@ -464,6 +518,7 @@ out:
     uv_loop_close(loop);
     if (S.c) coord_stop(S.c);
     serve_adapt_free(&S);
+    free(chat_template_src);
     if (g) gguf_close(g);
     free(key_owned);
     return rc;

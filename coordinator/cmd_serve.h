@@ -3,8 +3,9 @@
  *                  [--model-name NAME] [--max-context N] [--max-seqs N] [--step-tokens N]
  *                  [--kv-blocks N] [--block-size N] [--max-queue N] [--max-body BYTES]
  *                  [--max-conns N] [--port-file F] [--worker-exe X] [--coord ENDPOINT]
- *                  [--proto-port P] [--proto-port-file F]
- * --proto-port: the protobuf API (coordinator/pbapi_server.h) on the same host, same API key.
+ *                  [--proto-port P] [--proto-port-file F] [--tls-cert F --tls-key F]
+ * --proto-port: the gRPC API (coordinator/grpc_server.h, docs/grpc.md) on the same host, same
+ * API key; TLS on that port with --tls-cert/--tls-key.
  * Binds 127.0.0.1 by default; the API key may also come from MLASERVE_API_KEY. argv[0] is
  * "serve". Returns the process exit status (0 after SIGINT / SIGTERM). */
 #ifndef CMD_SERVE_H

@@ -169,6 +169,9 @@ static void sreq_free(sreq *q) {
     free(q->tokens);
     free(q->stop_ids);
     free(q->blocks);
+    free((char *)q->sampling.grammar);
+    free((int32_t *)q->sampling.bias_ids);
+    free((float *)q->sampling.bias_vals);
     free(q);
 }
 
@@ -250,6 +253,18 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
     }
     q->ignore_eos = r->ignore_eos;
     q->sampling = r->sampling;
+    q->sampling.grammar = r->sampling.grammar ? mla_xstrdup(r->sampling.grammar) : NULL;
+    q->sampling.bias_ids = NULL;
+    q->sampling.bias_vals = NULL;
+    q->sampling.n_bias = r->sampling.n_bias > 0 ? r->sampling.n_bias : 0;
+    if (q->sampling.n_bias) {
+        int32_t *bi = mla_xmalloc((size_t)q->sampling.n_bias * sizeof *bi);
+        float *bv = mla_xmalloc((size_t)q->sampling.n_bias * sizeof *bv);
+        memcpy(bi, r->sampling.bias_ids, (size_t)q->sampling.n_bias * sizeof *bi);
+        memcpy(bv, r->sampling.bias_vals, (size_t)q->sampling.n_bias * sizeof *bv);
+        q->sampling.bias_ids = bi;
+        q->sampling.bias_vals = bv;
+    }
     q->user = r->user;
 
     pthread_mutex_lock(&s->mu);

@@ -82,6 +82,13 @@ typedef struct sched_sampling {
     bool has_seed;
     bool logprobs;            /* return the sampled token's logprob */
     int32_t top_logprobs;     /* 0..SCHED_MAX_TOP_LOGPROBS alternatives */
+    /* Output constraints (coordinator/api_constrain.h): a GBNF grammar (NULL: none) and logit
+     * biases. In a sched_request they are the submitter's (read during sched_submit only); the
+     * scheduler keeps its own copies for the request's life. */
+    const char *grammar;
+    const int32_t *bias_ids;
+    const float *bias_vals;
+    int32_t n_bias;
 } sched_sampling;
 
 /* Default (neutral) sampling parameters: temperature 1, no filters, no penalties. */

@@ -47,11 +47,15 @@ bool serve_adapt_is_eog(void *ctx, int32_t id) {
     serve_adapt *s = ctx;
     return tok_is_eog(s->vocab, id);
 }
-static int st_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+static int st_chat(void *ctx, const cJSON *messages, bool add_gen, const cJSON *vars, char **out, mla_err *err) {
     serve_adapt *s = ctx;
     size_t len = 0;
     const char *used = NULL;
-    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, NULL, out, &len, &used, err);
+    return chat_tmpl_apply_json(s->tmpl, messages, add_gen, vars, out, &len, &used, err);
+}
+static bool st_uses_var(void *ctx, const char *name) {
+    serve_adapt *s = ctx;
+    return chat_tmpl_uses_var(s->tmpl, name);
 }
 
 /* ---- scheduler backend over the coordinator ---- */
@@ -96,6 +100,21 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->sp.logprobs = sp->logprobs;
         w->sp.top_logprobs = (uint32_t)sp->top_logprobs;
         w->sp.logits = WIRE_LOGITS_NONE;
+        /* output constraints: the worker keeps them from the plan that starts the sequence's
+         * state; the matcher follows the generated tokens from position n_prompt */
+        w->sp.constrained = sp->grammar || sp->n_bias > 0;
+        if (w->sp.constrained && p->n_blocks_sent == 0) {
+            w->sp.constraint_setup = true;
+            w->sp.grammar = (char *)sp->grammar;
+            w->sp.grammar_start = (uint32_t)p->n_prompt;
+            if (p->start_pos > p->n_prompt) { /* generated tokens found in the prefix cache */
+                w->sp.replay = (int32_t *)p->seq_tokens + p->n_prompt;
+                w->sp.n_replay = (uint32_t)(p->start_pos - p->n_prompt);
+            }
+            w->sp.n_bias = (uint32_t)sp->n_bias;
+            w->sp.bias_ids = (int32_t *)sp->bias_ids;
+            w->sp.bias_vals = (float *)sp->bias_vals;
+        }
     }
     wire_step_plan wp = {.step_id = ++s->step_id, .n_seqs = (uint32_t)plan->n_seqs, .seqs = s->wseqs};
     wire_step_result res;
@@ -184,7 +203,7 @@ static bool cb_loading(void *ctx, cJSON **body) {
 api_tokenizer serve_adapt_tokenizer(serve_adapt *s, int32_t n_vocab) {
     return (api_tokenizer){.ctx = s, .n_vocab = n_vocab, .encode = st_encode, .piece = st_piece,
                            .is_special = st_special, .is_eog = serve_adapt_is_eog, .control_at = st_control_at,
-                           .render_chat = s->tmpl ? st_chat : NULL};
+                           .render_chat = s->tmpl ? st_chat : NULL, .chat_uses_var = s->tmpl ? st_uses_var : NULL};
 }
 
 void serve_adapt_api_hooks(serve_adapt *s, api_config *ac) {

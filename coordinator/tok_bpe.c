@@ -17,7 +17,7 @@
 /* ------------------------------------------------------------------------------------------ */
 
 /* deepseek-v3: the three Split regexes of the pre_tokenizer "Sequence" in the fixture's
- * tokenizer.json (shared/fixtures/tiny-deepseek3/tokenizer.json, which is DeepSeek-V3's
+ * tokenizer.json (tests/fixtures/tiny-deepseek3/tokenizer.json, which is DeepSeek-V3's
  * tokenizer.json pre_tokenizer); identical to llama.cpp llama-vocab.cpp
  * LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM. The CJK class is written with \x{} escapes for the
  * same code point ranges (U+4E00-U+9FA5, U+3040-U+309F, U+30A0-U+30FF). */
@@ -29,7 +29,7 @@ static const char *const re_deepseek3[] = {
     NULL,
 };
 
-/* glm4: the single Split regex of shared/fixtures/tiny-glm5/tokenizer.json (GLM-4.5/GLM-5's
+/* glm4: the single Split regex of tests/fixtures/tiny-glm5/tokenizer.json (GLM-4.5/GLM-5's
  * tokenizer.json); llama.cpp llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_CHATGLM4 has the same text
  * (the case-insensitive (?i:'s|...) of the original written out as character classes). */
 static const char *const re_glm4[] = {

@@ -1,5 +1,5 @@
-/* uvnet: TCP plumbing shared by the HTTP server (http_server.c) and the protobuf API server
- * (pbapi_server.c) on the libuv loop. No ownership: the caller owns the handles and buffers. */
+/* uvnet: TCP plumbing shared by the HTTP server (http_server.c) and the gRPC API server
+ * (grpc_server.c) on the libuv loop. No ownership: the caller owns the handles and buffers. */
 #ifndef UVNET_H
 #define UVNET_H
 

@@ -115,6 +115,16 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sms[i].logprobs = s->sp.logprobs;
             sms[i].top_logprobs = s->sp.top_logprobs;
             sms[i].logits = (Mla__LogitsMode)s->sp.logits;
+            sms[i].constrained = s->sp.constrained;
+            sms[i].constraint_setup = s->sp.constraint_setup;
+            sms[i].grammar = s_or_empty(s->sp.grammar);
+            sms[i].grammar_start = s->sp.grammar_start;
+            sms[i].n_replay = s->sp.n_replay;
+            sms[i].replay = s->sp.replay;
+            sms[i].n_bias_ids = s->sp.n_bias;
+            sms[i].bias_ids = s->sp.bias_ids;
+            sms[i].n_bias_values = s->sp.n_bias;
+            sms[i].bias_values = s->sp.bias_vals;
             sps[i].sampling = &sms[i];
             spp[i] = &sps[i];
         }
@@ -317,6 +327,29 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
             WIRE_MAX_TOP_LOGPROBS);
     if ((int)p->logits < 0 || (int)p->logits > 2)
         BAD("wire: seq %llu: logits mode %d unknown", (unsigned long long)seq, (int)p->logits);
+    size_t glen = p->grammar ? strlen(p->grammar) : 0;
+    if (glen > WIRE_MAX_GRAMMAR)
+        BAD("wire: seq %llu: grammar of %zu bytes exceeds %u", (unsigned long long)seq, glen, WIRE_MAX_GRAMMAR);
+    if (p->n_bias_ids != p->n_bias_values)
+        BAD("wire: seq %llu: %zu logit bias ids but %zu values", (unsigned long long)seq, p->n_bias_ids,
+            p->n_bias_values);
+    if (p->n_bias_ids > WIRE_MAX_BIAS)
+        BAD("wire: seq %llu: %zu logit biases exceed %d", (unsigned long long)seq, p->n_bias_ids, WIRE_MAX_BIAS);
+    for (size_t k = 0; k < p->n_bias_ids; k++) {
+        if (p->bias_ids[k] < 0 || (lim->n_vocab && (uint32_t)p->bias_ids[k] >= lim->n_vocab))
+            BAD("wire: seq %llu: logit bias token %d outside the vocabulary", (unsigned long long)seq, p->bias_ids[k]);
+        if (!isfinite(p->bias_values[k]) || fabsf(p->bias_values[k]) > 100)
+            BAD("wire: seq %llu: logit bias %g outside [-100, 100]", (unsigned long long)seq, p->bias_values[k]);
+    }
+    if (p->n_replay > (lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX))
+        BAD("wire: seq %llu: %zu replayed tokens exceed the context", (unsigned long long)seq, p->n_replay);
+    for (size_t k = 0; k < p->n_replay; k++)
+        if (p->replay[k] < 0 || (lim->n_vocab && (uint32_t)p->replay[k] >= lim->n_vocab))
+            BAD("wire: seq %llu: replayed token %d outside the vocabulary", (unsigned long long)seq, p->replay[k]);
+    if ((glen || p->n_bias_ids || p->n_replay) && !p->constraint_setup)
+        BAD("wire: seq %llu: grammar, biases or replayed tokens without constraint_setup", (unsigned long long)seq);
+    if (p->constraint_setup && !p->constrained)
+        BAD("wire: seq %llu: constraint_setup on a row that is not constrained", (unsigned long long)seq);
 #undef BAD
     o->temperature = p->temperature;
     o->top_k = p->top_k;
@@ -329,6 +362,22 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
     o->logprobs = p->logprobs;
     o->top_logprobs = p->top_logprobs;
     o->logits = (wire_logits_mode)p->logits;
+    o->constrained = p->constrained;
+    o->constraint_setup = p->constraint_setup;
+    o->grammar_start = p->grammar_start;
+    if (glen) o->grammar = mla_xstrdup(p->grammar);
+    o->n_replay = (uint32_t)p->n_replay;
+    if (p->n_replay) {
+        o->replay = mla_xmalloc(p->n_replay * sizeof *o->replay);
+        memcpy(o->replay, p->replay, p->n_replay * sizeof *o->replay);
+    }
+    o->n_bias = (uint32_t)p->n_bias_ids;
+    if (p->n_bias_ids) {
+        o->bias_ids = mla_xmalloc(p->n_bias_ids * sizeof *o->bias_ids);
+        o->bias_vals = mla_xmalloc(p->n_bias_ids * sizeof *o->bias_vals);
+        memcpy(o->bias_ids, p->bias_ids, p->n_bias_ids * sizeof *o->bias_ids);
+        memcpy(o->bias_vals, p->bias_values, p->n_bias_ids * sizeof *o->bias_vals);
+    }
     return MLA_OK;
 }
 
@@ -781,6 +830,10 @@ void wire_msg_free(wire_msg *m) {
                 free(m->u.plan.seqs[i].tokens);
                 free(m->u.plan.seqs[i].positions);
                 free(m->u.plan.seqs[i].blocks);
+                free(m->u.plan.seqs[i].sp.grammar);
+                free(m->u.plan.seqs[i].sp.replay);
+                free(m->u.plan.seqs[i].sp.bias_ids);
+                free(m->u.plan.seqs[i].sp.bias_vals);
             }
         free(m->u.plan.seqs);
         break;

@@ -31,6 +31,8 @@
 #define WIRE_MAX_BENCH_FLOATS ((uint64_t)1 << 28) /* one all-reduce buffer of `mlaserve bench` (1 GiB) */
 #define WIRE_MAX_BENCH_ITERS 1000000u
 #define WIRE_MAX_BLOCKS (1u << 24) /* cache blocks of one pool */
+#define WIRE_MAX_GRAMMAR (1u << 20) /* bytes of a grammar (common/gram.h GRAM_MAX_TEXT) */
+#define WIRE_MAX_BIAS 300         /* logit biases of a sequence */
 
 typedef enum wire_kind {
     WIRE_REGISTER = 1,
@@ -113,6 +115,15 @@ typedef struct wire_sampling {
     bool logprobs;
     uint32_t top_logprobs;
     wire_logits_mode logits;
+    /* output constraints (proto/mla.proto SamplingParams): arrays owned by the decoded message */
+    bool constrained, constraint_setup;
+    char *grammar; /* NUL-terminated, NULL when none (at most WIRE_MAX_GRAMMAR bytes) */
+    uint32_t grammar_start;
+    uint32_t n_replay;
+    int32_t *replay;
+    uint32_t n_bias; /* <= WIRE_MAX_BIAS */
+    int32_t *bias_ids;
+    float *bias_vals;
 } wire_sampling;
 
 typedef struct wire_seq {

@@ -10,13 +10,13 @@
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
 # On the GPU host scripts/gpu_verify.sh unpacks them. Usage: scripts/gpu_carry.sh
-#   env: FIXTURES (default ../shared/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
+#   env: FIXTURES (default tests/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
 #   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
 #   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files, NO_FIXTURES=1 every fixture, NO_LLAMA=1
 #   llama.cpp, LLAMA_TAR=FILE carries that llama.cpp package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FIX="${FIXTURES:-../shared/fixtures}"
+FIX="${FIXTURES:-tests/fixtures}"
 HB="${HARNESS_BUILD:-build-b90}"
 C=.gpucarry
 rm -rf "$C" && mkdir -p "$C"

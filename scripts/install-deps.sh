@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-pip
       libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libhttp-parser-dev
-      libcjson-dev libpcre2-dev libsodium-dev clang libclang-rt-dev curl
+      libcjson-dev libpcre2-dev libsodium-dev libnghttp2-dev libssl-dev openssl clang libclang-rt-dev curl
       shellcheck iproute2)
 # what the tests run besides mlaserve: promtool (Prometheus: checks /metrics), podman (builds the Dockerfile)
 [[ "${1:-}" == "--test" ]] && pkgs+=(prometheus podman)
@@ -27,10 +27,14 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages used by the tests as independent references (gguf-py dequantization,
-# jinja2 templates, the official openai client).
+# jinja2 templates, the official openai client, grpcio with grpcio-tools to generate a client
+# from proto/api.proto and grpcio-health-checking for grpc.health.v1, the jsonschema validator of
+# structured output; matplotlib draws the benchmark plots).
 if [[ "${1:-}" == "--test" ]]; then
   py_missing=()
-  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers; do
+  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers grpc_tools:grpcio-tools \
+           grpc_health.v1:grpcio-health-checking jsonschema:jsonschema \
+           matplotlib:matplotlib; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")
   done
   if ((${#py_missing[@]})); then

@@ -11,6 +11,13 @@ if(TARGET mlaserve-worker)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_serve_load.py $<TARGET_FILE:mlaserve>
                    ${CMAKE_SOURCE_DIR}/models/tiny-deepseek3-bf16.gguf)
   set_tests_properties(bench_serve_load PROPERTIES TIMEOUT 600)
+  # scripts/gpu_serve_bench.sh dry run (CPU backend, a small GLM-4.7-Flash-shaped model, no llama-server),
+  # bench/ncu_step.py --families and bench/plot_serve.py on hand-made inputs
+  add_test(NAME bench_gpu_serve_dry
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_gpu_serve_bench.py $<TARGET_FILE:mlaserve>
+                   ${CMAKE_CURRENT_BINARY_DIR}/gpu_serve_work)
+  set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900 LABELS bench
+                       ENVIRONMENT "MLA_HEARTBEAT_TIMEOUT_MS=10000")
 endif()
 
 add_executable(test_bench_hooks ${MLA_TEST_DIR}/bench/test_bench_hooks.c)

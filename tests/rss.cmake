@@ -1,4 +1,5 @@
-# Each worker process touches only its shard of the model file; impossible splits are refused up front.
+# Each worker of a TP group holds in its own (anonymous) memory only its shard, whatever the page
+# cache holds (tests/rss/check_rss.py); impossible splits are refused up front.
 add_test(NAME worker_rss_tp4
          COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/rss/check_rss.py $<TARGET_FILE:mlaserve>
                  ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf 4)

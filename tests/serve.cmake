@@ -23,6 +23,11 @@ add_test(NAME serve_http COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/tes
 set_tests_properties(serve_http PROPERTIES TIMEOUT 180)
 add_test(NAME serve_openai COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_openai.py $<TARGET_FILE:fake_server>)
 set_tests_properties(serve_openai PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+# reasoning_content / tool_calls / template variables of the DeepSeek, GLM and Kimi dialects:
+# a scripted model under the released templates, through the openai client
+add_test(NAME serve_chat_dialects COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_chat_dialects.py
+                                          $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
+set_tests_properties(serve_chat_dialects PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 
 # HTTP request parsing + API body parsing: corpus replay always, libFuzzer with -DMLA_FUZZ=ON.
 add_executable(replay_http ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_http.c)
@@ -130,5 +135,23 @@ if(MLA_FUZZ)
   add_test(NAME stream_fuzz_smoke
            COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_stream> runs=10000 ${MLA_TEST_DIR}/data/stream)
   set_tests_properties(stream_fuzz_smoke PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
+endif()
+
+# the chat output parsers (tests/fuzz/fuzz_chat_parse.c: reasoning_content and tool calls,
+# streamed parses never taken back): corpus replay always, a deterministic libFuzzer run with
+# -DMLA_FUZZ=ON
+add_executable(replay_chat_parse ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_chat_parse.c)
+target_link_libraries(replay_chat_parse mla_coord)
+add_test(NAME chat_parse_fuzz_replay COMMAND replay_chat_parse ${MLA_TEST_DIR}/data/chat-parse)
+if(MLA_FUZZ)
+  add_executable(fuzz_chat_parse ${MLA_TEST_DIR}/fuzz/fuzz_chat_parse.c ${CMAKE_SOURCE_DIR}/coordinator/chat_reasoning.c
+                                 ${CMAKE_SOURCE_DIR}/coordinator/chat_toolcall.c)
+  target_compile_options(fuzz_chat_parse PRIVATE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_chat_parse PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_chat_parse mla_coord)
+  add_test(NAME chat_parse_fuzz_smoke
+           COMMAND ${MLA_TEST_DIR}/fuzz/run_fuzz.sh $<TARGET_FILE:fuzz_chat_parse> runs=30000 ${MLA_TEST_DIR}/data/chat-parse)
+  set_tests_properties(chat_parse_fuzz_smoke PROPERTIES TIMEOUT 300
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()

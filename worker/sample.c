@@ -11,6 +11,7 @@ struct sampler {
     uint32_t *count;  /* history counts (touched entries reset after use) */
     uint32_t *idx;    /* candidate ids */
     double *p;        /* candidate probabilities */
+    float *m;         /* logits under a sample_mod */
 };
 
 sampler *sampler_new(uint32_t n_vocab) {
@@ -21,6 +22,7 @@ sampler *sampler_new(uint32_t n_vocab) {
     s->count = mla_xcalloc(n_vocab, sizeof *s->count);
     s->idx = mla_xmalloc(n_vocab * sizeof *s->idx);
     s->p = mla_xmalloc(n_vocab * sizeof *s->p);
+    s->m = mla_xmalloc(n_vocab * sizeof *s->m);
     return s;
 }
 
@@ -30,6 +32,7 @@ void sampler_free(sampler *s) {
     free(s->count);
     free(s->idx);
     free(s->p);
+    free(s->m);
     free(s);
 }
 
@@ -78,7 +81,22 @@ static void top_logprobs(const float *logits, uint32_t V, double lse, uint32_t n
 
 void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, const int32_t *history,
                     size_t n_history, uint64_t stream, sample_out *out) {
+    sampler_sample_mod(s, logits, sp, NULL, history, n_history, stream, out);
+}
+
+void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp, const sample_mod *mod,
+                        const int32_t *history, size_t n_history, uint64_t stream, sample_out *out) {
     const uint32_t V = s->n_vocab;
+    if (mod && (mod->allow || mod->n_bias)) {
+        float *m = s->m;
+        memcpy(m, logits, V * sizeof *m);
+        for (uint32_t k = 0; k < mod->n_bias; k++)
+            if (mod->bias_ids[k] >= 0 && (uint32_t)mod->bias_ids[k] < V) m[mod->bias_ids[k]] += mod->bias_vals[k];
+        if (mod->allow)
+            for (uint32_t i = 0; i < V; i++)
+                if (!mod->allow[i]) m[i] = -INFINITY;
+        logits = m;
+    }
     memset(out, 0, sizeof *out);
     float *w = s->w;
     memcpy(w, logits, V * sizeof *w);
@@ -168,5 +186,6 @@ void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, co
         if (sp->top_logprobs) top_logprobs(logits, V, lse, sp->top_logprobs, out);
         for (uint32_t k = 0; k < out->n_top; k++)
             if (out->top[k].logprob > 0) out->top[k].logprob = 0;
+        while (out->n_top && !isfinite(out->top[out->n_top - 1].logprob)) out->n_top--; /* masked out */
     }
 }

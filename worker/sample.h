@@ -32,6 +32,17 @@ typedef struct sample_out {
     wire_top top[WIRE_MAX_TOP_LOGPROBS];
 } sample_out;
 
+/* Output constraints of one row (worker/wk_constrain.h), applied to its logits first: tokens
+ * with allow[i] == 0 get -inf, bias_vals[k] is added to token bias_ids[k] (OpenAI logit_bias).
+ * Logprobs then are those of this modified distribution (as OpenAI reports them under
+ * logit_bias); tokens at -inf are never listed among top_logprobs. */
+typedef struct sample_mod {
+    const uint8_t *allow; /* NULL: every token */
+    const int32_t *bias_ids;
+    const float *bias_vals;
+    uint32_t n_bias;
+} sample_mod;
+
 sampler *sampler_new(uint32_t n_vocab);
 void sampler_free(sampler *s);
 
@@ -39,6 +50,9 @@ void sampler_free(sampler *s);
  * out-of-range history entries are ignored. */
 void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, const int32_t *history,
                     size_t n_history, uint64_t stream, sample_out *out);
+/* The same with the row's constraints (mod may be NULL). */
+void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp, const sample_mod *mod,
+                        const int32_t *history, size_t n_history, uint64_t stream, sample_out *out);
 
 /* The uniform number in [0, 1) used for (seed, stream); exposed for tests. */
 double sampler_uniform(uint64_t seed, uint64_t stream);

@@ -25,7 +25,7 @@ bool wk_ahead_greedy_row(const wire_seq *s) {
     const wire_sampling *sp = &s->sp;
     return s->sample && (sp->temperature == 0 || sp->top_k == 1) && sp->repetition_penalty == 1.0f &&
            sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !sp->logprobs && sp->top_logprobs == 0 &&
-           sp->logits == WIRE_LOGITS_NONE;
+           sp->logits == WIRE_LOGITS_NONE && !sp->constrained; /* constrained: the host samples */
 }
 
 void wk_ahead_clear(wk_ahead *a) { a->plan.n_seqs = 0; }

@@ -12,6 +12,7 @@
 #include "mla_log.h"
 #include "mla_switch.h"
 #include "sample.h"
+#include "wk_constrain.h"
 #include "zspin.h"
 
 static int64_t now_ns(void) {
@@ -200,7 +201,8 @@ static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows)
     wk_ahead_done(a, NULL);
 }
 
-static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pair, const wire_step_plan *p) {
+static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_tab *hist, void *pair,
+                     const wire_step_plan *p) {
     const int rank = w->cfg->rank;
     steptrace_mark(p->step_id, 'D');
     const uint32_t V = atomic_load(&w->n_vocab);
@@ -252,6 +254,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
             send_control(pair, WIRE_CTL_ERROR, rank, 1, 0, p->step_id, err.msg);
         }
     } else if (rank == 0) {
+        char cerr[420] = "";
         wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
         for (uint32_t i = 0; i < p->n_seqs; i++) {
             const wire_seq *s = &p->seqs[i];
@@ -265,10 +268,20 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
                 sr[i].token = w->gtok[i];
                 sr[i].logprob = 0;
                 sr[i].n_top = 0;
+            }
+            sample_mod mod = {0};
+            if (s->sp.constrained && wk_constrain_row(cons, s, &mod, &err)) {
+                /* cannot be served (the coordinator checked the grammar): the step reports it */
+                MLA_ERROR("step %llu: %s", (unsigned long long)p->step_id, err.msg);
+                if (!cerr[0]) snprintf(cerr, sizeof cerr, "%.400s", err.msg);
+                continue;
+            }
+            if (s->sample && w->gtok[i] >= 0) {
+                /* taken on the device above */
             } else if (s->sample) {
                 sample_out so;
-                sampler_sample(smp, last, &s->sp, h->tok, h->n,
-                               (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
+                sampler_sample_mod(smp, last, &s->sp, &mod, h->tok, h->n,
+                                   (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
                 sr[i].token = so.token;
                 sr[i].logprob = so.logprob;
                 sr[i].n_top = so.n_top;
@@ -282,7 +295,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, hist_tab *hist, void *pai
         }
         m.kind = WIRE_STEP_RESULT;
         m.u.result.step_id = p->step_id;
-        m.u.result.ok = true;
+        m.u.result.ok = !cerr[0];
+        if (cerr[0]) snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %s", cerr);
         m.u.result.n_seqs = p->n_seqs;
         m.u.result.seqs = sr;
         steptrace_mark(p->step_id, 'E');
@@ -386,6 +400,7 @@ void *wk_compute_main(void *arg) {
         if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
     }
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
+    wk_constrain *cons = cfg->rank == 0 ? wk_constrain_new(cfg->model_path, V) : NULL;
     hist_tab hist = {0};
     for (;;) {
         wire_msg *m = NULL;
@@ -398,7 +413,7 @@ void *wk_compute_main(void *arg) {
         }
         if (!m) break; /* quit */
         if (m->kind == WIRE_STEP_PLAN) {
-            run_plan(w, eng, smp, &hist, pair, &m->u.plan);
+            run_plan(w, eng, smp, cons, &hist, pair, &m->u.plan);
         } else if (m->kind == WIRE_BENCH) {
             ahead_collect(w, eng);
             wk_ahead_clear(&w->ahead[w->cur]); /* a fill rewrites caches */
@@ -409,6 +424,7 @@ void *wk_compute_main(void *arg) {
                 cfg->engine->free_seq(eng, m->u.ctl.seq_ids[i]);
                 wk_ahead_drop(&w->ahead[w->cur], m->u.ctl.seq_ids[i]);
                 hist_drop(&hist, m->u.ctl.seq_ids[i]);
+                if (cons) wk_constrain_drop(cons, m->u.ctl.seq_ids[i]);
             }
         }
         wire_msg_free(m);
@@ -422,6 +438,7 @@ void *wk_compute_main(void *arg) {
     for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
     free(hist.v);
     sampler_free(smp);
+    wk_constrain_free(cons);
     cfg->engine->destroy(eng);
     zmq_close(pair);
     return NULL;

@@ -109,7 +109,7 @@ def case_startup():
         check(age is not None and 0 <= age < 5, "/metrics: heartbeat age", age)
         r = run([exe, "client", "--port", str(pport), "info"])
         ver = run([exe, "--version"]).stdout.strip()
-        check(r.returncode == 0 and r.stdout.startswith(ver + " model "), "protobuf Hello: the build", (r.stdout, ver))
+        check(r.returncode == 0 and r.stdout.startswith(ver + " model "), "gRPC Info: the build", (r.stdout, ver))
         promtool = shutil.which("promtool")
         if promtool:
             r = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True, text=True,

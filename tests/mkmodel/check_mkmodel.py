@@ -49,6 +49,10 @@ FAM = {
     'v2lite': dict(arch='deepseek2', heads=16, q_lora=0, kv_lora=512, nope=128, rope=64, v=128,
                    experts=64, used=6, groups=1, groups_used=1, shared=2, dense=1, vocab=102400,
                    hidden=2048, ff=10944, ff_exp=1408, pre='deepseek-v3'),
+    # GLM-4.7-Flash (zai-org/GLM-4.7-Flash config.json, glm4_moe_lite; its GGUF says deepseek2)
+    'glm47flash': dict(arch='deepseek2', heads=20, q_lora=768, kv_lora=512, nope=192, rope=64, v=256,
+                       experts=64, used=4, groups=1, groups_used=1, shared=1, dense=1, vocab=154880,
+                       hidden=2048, ff=10240, ff_exp=1536, pre='glm4'),
 }
 SMALL = dict(hidden=1024, heads=16, vocab=4096, experts=16, ff=1024)
 MIX_EXP = {'q4k': QT.Q4_K, 'iq2': QT.IQ2_XXS, 'iq3': QT.IQ3_XXS}
@@ -58,6 +62,8 @@ CASES = [
     ('v3', 'v3', 4, 'q4k', ['--small'], dict(SMALL, ff_exp=256)),
     ('glm5', 'glm5', 4, 'iq2', ['--small', '--split-size', '24M'], dict(SMALL, ff_exp=256)),
     ('v2lite', 'v2lite', 2, 'iq3', ['--small'], dict(SMALL, ff_exp=352)),
+    # 20 heads kept: a head count that is not a power of two, with qk_nope 192 and v 256 under deepseek2
+    ('glm47flash', 'glm47flash', 3, 'q4k', ['--small', '--heads', '20'], dict(SMALL, ff_exp=256, heads=20)),
     # the real vocabulary size with a narrow width: the tokenizer at full size
     ('v3vocab', 'v3', 1, 'q4k', ['--small', '--vocab', '129280', '--hidden', '256'],
      dict(SMALL, ff_exp=256, vocab=129280, hidden=256)),
@@ -206,9 +212,13 @@ for name, famkey, layers, mix, extra, dims in CASES:
     if '--split-size' in extra:
         check(len(parts) > 1, f'{name}: split into {len(parts)} parts')
     check_file(name, fam, layers, mix, dims, parts)
-    for tp in ((1,) if name == 'v3vocab' else (1, 2, 4, 8)):
+    for tp in ((1,) if name == 'v3vocab' else (1, 2, 4) if name == 'glm47flash' else (1, 2, 4, 8)):
         q = run(['inspect', parts[0], '--tp', str(tp)])
         check(q.returncode == 0, f'{name}: inspect --tp {tp} rc {q.returncode}: {q.stdout[-300:]} {q.stderr[-300:]}')
+    if name == 'glm47flash':  # 20 heads do not split 8 ways: refused with the reason
+        q = run(['inspect', parts[0], '--tp', '8'])
+        check(q.returncode != 0 and 'does not divide the 20 attention heads' in q.stdout + q.stderr,
+              f'{name}: --tp 8 refused: {q.stdout[-300:]}')
     ids = os.path.join(work, 'ids.txt')
     with open(ids, 'w') as f:
         f.write('0 300 301 302 1000\n')
@@ -220,6 +230,10 @@ for name, famkey, layers, mix, extra, dims in CASES:
         check(x.size == 5 * dims['vocab'], f'{name}: {x.size} logits')
         check(np.isfinite(x).all(), f'{name}: logits finite')
         check(x.reshape(5, -1).std(axis=1).min() > 1e-3, f'{name}: logits not constant')
+    if name == 'glm47flash':
+        # end to end through the coordinator and a CPU worker: 6 greedy tokens from a text prompt
+        q = run(['generate', '-m', parts[0], '-p', 'the quick brown fox', '-n', '6', '--backend', 'cpu'])
+        check(q.returncode == 0 and q.stdout.strip() != '', f'{name}: generate rc {q.returncode}: {q.stderr[-500:]}')
     for fn in parts + [lo]:
         if os.path.exists(fn):
             os.remove(fn)
@@ -245,6 +259,34 @@ p = run(['mkmodel', '--family', 'v3', '--dry-run'])
 check(p.returncode == 0 and '61 layers' in p.stderr and 'vocab 129280' in p.stderr, 'real V3 shapes by default')
 p = run(['mkmodel', '--family', 'glm5', '--dry-run'])
 check(p.returncode == 0 and '78 layers' in p.stderr and 'hidden 6144' in p.stderr, 'real GLM-5 shapes by default')
+
+p = run(['mkmodel', '--family', 'glm47flash', '--dry-run'])
+check(p.returncode == 0 and all(w in p.stderr for w in ('deepseek2', '47 layers (1 dense)', 'hidden 2048', '20 heads',
+                                                        'vocab 154880', '64 experts top-4')),
+      f'real GLM-4.7-Flash shapes by default: {p.stderr[-300:]}')
+
+
+def gib(args):
+    q = run(['mkmodel', '--dry-run'] + args)
+    try:
+        return q.returncode, float(q.stderr.split(' GiB in ')[0].rsplit(' ', 1)[1]), q.stderr
+    except (IndexError, ValueError):
+        return q.returncode, None, q.stderr
+
+
+# --experts cuts the routed experts at full depth: the file shrinks by the experts' share
+for famkey, n_exp, layers, moe_layers, hidden, ff_exp in (('v3', 16, 61, 58, 7168, 2048),
+                                                           ('glm5', 16, 78, 75, 6144, 2048)):
+    rc0, full, _ = gib(['--family', famkey])
+    rc1, cut, err = gib(['--family', famkey, '--experts', str(n_exp)])
+    check(rc0 == 0 and rc1 == 0 and f'{layers} layers' in err and f'{n_exp} experts' in err,
+          f'{famkey} --experts {n_exp}: {err[-300:]}')
+    if full and cut:
+        # Q4_K: 144 bytes a 256 weights; 3 matrices of hidden x ff_exp an expert and MoE layer
+        dropped = (256 - n_exp) * moe_layers * 3 * hidden * ff_exp * 144 / 256 / 2 ** 30
+        check(abs((full - cut) - dropped) < 0.02 * dropped, f'{famkey}: {full:.2f} - {cut:.2f} GiB, want {dropped:.2f} less')
+p = run(['mkmodel', '--family', 'v3', '--experts', '8', '--dry-run'])
+check(p.returncode == 2 and 'cannot serve top-8' in p.stderr, 'V3 with 8 experts refused (8 groups, 4 used, top-8)')
 
 shutil.rmtree(work, ignore_errors=True)
 print(f'{passed} passed, {failures} failed')

@@ -1,4 +1,4 @@
-"""The API examples of docs/api.md ("HTTP API" and "Protobuf API") work as printed: every ```sh block of
+"""The API examples of docs/api.md ("HTTP API" and "gRPC API") work as printed: every ```sh block of
 those sections runs with bash (-e -o pipefail) in a folder where build/ is this build and models/
 holds the bundled model, with PORT / PROTO_PORT set (8080 / 8081 when free, else free ports:
 the examples read ${PORT:-8080}). The block that starts `mlaserve serve` runs in the background
@@ -53,7 +53,7 @@ def free_port(prefer):
 
 
 text = open(readme, encoding="utf-8").read()
-body = sections(text, {"HTTP API", "Protobuf API"})
+body = sections(text, {"HTTP API", "gRPC API"})
 blocks = re.findall(r"```sh\n(.*?)```", body, re.S)
 check(len(blocks) >= 6, "the sections have their sh examples (%d)" % len(blocks))
 serve_blocks = [b for b in blocks if "mlaserve serve" in b]

@@ -108,27 +108,19 @@ try:
         sent_prompt += len(p["tokens"])
         got_completion += len(p["greedy"])
         n_req += 1
-    # the ids themselves, through the protobuf API (the HTTP API returns text): the reference's
+    # the ids themselves, through the gRPC API (the HTTP API returns text): the reference's
     # greedy ids (EOS is the stop token: reported in the usage, not streamed as a token)
-    for p in prompts[:2]:
-        c = pb.Conn(srv.proto_port)
-        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(1, ids=p["tokens"], max_tokens=len(p["greedy"]),
-                                                       temperature=0.0)))
-        ids = []
-        while True:
-            k, f = c.read_frame()
-            check(k == pb.K_GEN_RESP, "protobuf frame kind %d" % k)
-            if k != pb.K_GEN_RESP:
-                break
-            if 2 in f:
-                ids.append(f[2][0])
-            if 7 in f:
-                break
-        c.close()
-        check(ids == p["greedy"], "greedy ids %r vs %r" % (ids, p["greedy"]))
-        sent_prompt += len(p["tokens"])
-        got_completion += len(p["greedy"])
-        n_req += 1
+    api_pb2, api_grpc, grpc = pb.stubs()
+    with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as chan:
+        stub = api_grpc.MlaServeStub(chan)
+        for p in prompts[:2]:
+            resp = list(stub.Generate(api_pb2.GenerateRequest(prompt_ids=p["tokens"], max_tokens=len(p["greedy"]),
+                                                              temperature=0.0), timeout=120))
+            ids = [r.token_id for r in resp if r.HasField("token_id")]
+            check(ids == p["greedy"], "greedy ids %r vs %r" % (ids, p["greedy"]))
+            sent_prompt += len(p["tokens"])
+            got_completion += len(p["greedy"])
+            n_req += 1
 
     results = [None] * N_CLIENTS
 

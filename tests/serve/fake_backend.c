@@ -101,6 +101,22 @@ static void note_block(fseq *s, int32_t b) {
     s->blocks[s->n_blocks++] = b;
 }
 
+/* The n-th id of the script file, FAKE_EOS past its end (or when it cannot be read). */
+static int32_t script_token(const char *path, int32_t n) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) return FAKE_EOS;
+    long v = 0;
+    int32_t i = 0, tok = FAKE_EOS;
+    while (i < 65536 && fscanf(fp, "%ld", &v) == 1) {
+        if (i++ == n) {
+            tok = (int32_t)v;
+            break;
+        }
+    }
+    fclose(fp);
+    return tok;
+}
+
 static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
     fake_backend *f = ctx;
     pthread_mutex_lock(&f->mu);
@@ -160,6 +176,7 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
                 f->scratch[pos] = (b >= 0 && b < f->cfg.n_blocks) ? f->cache[(int64_t)b * bs + pos % bs] : -1;
             }
             fake_next(f->scratch, end, f->cfg.eos_period, p->sampling->top_logprobs, &results[i]);
+            if (f->cfg.script_file) results[i].token = script_token(f->cfg.script_file, p->n_generated);
         }
     }
     if (sum != plan->n_tokens) violation(f, "plan token count is wrong", 0);

@@ -31,6 +31,10 @@ typedef struct fake_config {
     uint32_t eos_period;          /* 0: never EOS */
     int step_delay_ms;            /* sleep per step (to make streams last) */
     int64_t fail_at_step;         /* step index (0-based) whose run_step fails; -1 never */
+    /* A scripted model: when set, a sequence's n-th generated token is the n-th id of this file
+     * (ids as decimal numbers separated by whitespace, read at every sampling step; at most
+     * 65536), then FAKE_EOS; logprobs as fake_next gives them. NULL: fake_next's tokens. */
+    const char *script_file;
 } fake_config;
 
 fake_backend *fake_backend_new(const fake_config *cfg);

@@ -12,8 +12,12 @@
  * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
  * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
  * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
- * --proto-port-file F (the protobuf API on a free port, written to F),
- * --fail-at-step N. SIGTERM / SIGINT shut it down cleanly. */
+ * --proto-port-file F (the gRPC API on a free port, written to F),
+ * --fail-at-step N, --script-file F (a scripted model: fake_backend.h), --chat-template FILE (chat
+ * requests rendered by coordinator/chat_tmpl with this Jinja template instead of the fake
+ * format), --reasoning-parser NAME, --tool-parser NAME (as mlaserve serve's). The vocabulary has
+ * bytes 0..255, EOS, BOS and, from FAKE_VOCAB on, the marker texts of MARKERS as control tokens
+ * (so the chat parsers see them through the control-token path). SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +27,30 @@
 
 #include "common/mla_log.h"
 #include "coordinator/api_server.h"
+#include "coordinator/chat.h"
 #include "coordinator/http_server.h"
-#include "coordinator/pbapi_server.h"
+#include "coordinator/grpc_server.h"
 #include "coordinator/sched_batch.h"
 #include "fake_backend.h"
 
 static const char *SPECIAL[2] = {"<|eos|>", "<|bos|>"};
 
 static int g_tok_delay_ms;
+static chat_tmpl *g_tmpl;
+
+/* control tokens FAKE_VOCAB + i: the markers of the chat dialects (reasoning, tool calls) */
+static const char *const MARKERS[] = {
+    "<think>", "</think>",
+    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>",
+    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>",
+    "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>",
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+};
+#define N_MARKERS ((int32_t)(sizeof MARKERS / sizeof *MARKERS))
 
 static size_t fk_control_at(void *ctx, const char *text, size_t len, size_t pos) {
     (void)ctx;
@@ -80,13 +100,17 @@ static const char *fk_piece(void *ctx, int32_t id, size_t *len) {
         *len = 7;
         return SPECIAL[id - 256];
     }
+    if (id >= FAKE_VOCAB && id < FAKE_VOCAB + N_MARKERS) {
+        *len = strlen(MARKERS[id - FAKE_VOCAB]);
+        return MARKERS[id - FAKE_VOCAB];
+    }
     *len = 0;
     return NULL;
 }
 
 static bool fk_special(void *ctx, int32_t id) {
     (void)ctx;
-    return id == 256 || id == 257;
+    return id == 256 || id == 257 || (id >= FAKE_VOCAB && id < FAKE_VOCAB + N_MARKERS);
 }
 static bool fk_eog(void *ctx, int32_t id) {
     (void)ctx;
@@ -103,9 +127,10 @@ static void sb_add(char **s, size_t *n, size_t *cap, const char *t, size_t l) {
     (*s)[*n] = 0;
 }
 
-static int fk_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, mla_err *err) {
+static int fk_chat(void *ctx, const cJSON *messages, bool add_gen, const cJSON *vars, char **out, mla_err *err) {
     (void)ctx;
     (void)err;
+    if (g_tmpl) return chat_tmpl_apply_json(g_tmpl, messages, add_gen, vars, out, NULL, NULL, err);
     char *s = NULL;
     size_t n = 0, cap = 0;
     sb_add(&s, &n, &cap, "<|bos|>", 7);
@@ -132,6 +157,11 @@ static int fk_chat(void *ctx, const cJSON *messages, bool add_gen, char **out, m
     return MLA_OK;
 }
 
+static bool fk_uses_var(void *ctx, const char *name) {
+    (void)ctx;
+    return g_tmpl && chat_tmpl_uses_var(g_tmpl, name);
+}
+
 static const char *health_file;
 static bool fk_health(void *ctx, char *why, size_t cap) {
     (void)ctx;
@@ -145,12 +175,12 @@ static bool fk_health(void *ctx, char *why, size_t cap) {
 
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
-static pbapi_server *g_pb;
+static grpc_server *g_pb;
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     MLA_INFO("fake_server: signal %d, shutting down", signum);
     http_server_close(g_http);
-    if (g_pb) pbapi_server_close(g_pb);
+    if (g_pb) grpc_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
     uv_stop(h->loop);
@@ -166,6 +196,7 @@ int main(int argc, char **argv) {
     fake_config fc = {.eos_period = 0, .step_delay_ms = 0, .fail_at_step = -1};
     http_server_config hc;
     http_server_config_default(&hc);
+    const char *tmpl_file = NULL, *rparser = "auto", *tparser = "auto";
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -197,6 +228,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tok-delay-ms")) g_tok_delay_ms = (int)x;
         else if (!strcmp(a, "--max-body-total")) hc.max_body_total = (size_t)x;
         else if (!strcmp(a, "--health-file")) health_file = v;
+        else if (!strcmp(a, "--script-file")) fc.script_file = v;
+        else if (!strcmp(a, "--chat-template")) tmpl_file = v;
+        else if (!strcmp(a, "--reasoning-parser")) rparser = v;
+        else if (!strcmp(a, "--tool-parser")) tparser = v;
         else {
             fprintf(stderr, "fake_server: unknown option %s\n", a);
             return 2;
@@ -206,14 +241,27 @@ int main(int argc, char **argv) {
     fc.block_size = sc.block_size;
     uv_loop_t *loop = uv_default_loop();
     mla_err err;
+    int rk = 0, tk = 0;
+    if (tmpl_file) {
+        FILE *tf = fopen(tmpl_file, "rb");
+        static char src[1 << 20];
+        size_t sl = tf ? fread(src, 1, sizeof src - 1, tf) : 0;
+        if (tf) fclose(tf);
+        if (!sl) {
+            mla_errf(&err, "cannot read %s", tmpl_file);
+            goto fail;
+        }
+        if (chat_tmpl_new(&g_tmpl, src, sl, CHAT_FAMILY_NONE, "<|bos|>", "<|eos|>", &err)) goto fail;
+    }
+    if (chat_tmpl_parsers(g_tmpl, rparser, tparser, &rk, &tk, &err)) goto fail;
     fake_backend *fb = fake_backend_new(&fc);
     sched_backend be;
     fake_backend_bind(fb, &be);
-    api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB, .encode = fk_encode, .piece = fk_piece,
+    api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB + N_MARKERS, .encode = fk_encode, .piece = fk_piece,
                          .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat,
-                         .control_at = fk_control_at};
+                         .control_at = fk_control_at, .chat_uses_var = fk_uses_var};
     api_config ac = {.model_name = "fake-model", .api_key = api_key, .max_context = sc.max_context,
-                     .health = fk_health};
+                     .health = fk_health, .reasoning_parser = rk, .tool_parser = tk};
     api_server *api;
     sched *s;
     http_server *http;
@@ -230,9 +278,9 @@ int main(int argc, char **argv) {
     int bound = 0;
     if (http_server_listen(http, "127.0.0.1", port, &bound, &err)) goto fail;
     int pb_bound = 0;
-    pbapi_server *pb = NULL;
+    grpc_server *pb = NULL;
     if (proto_port_file) {
-        if (pbapi_server_init(&pb, loop, api, NULL, &err) || pbapi_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
+        if (grpc_server_init(&pb, loop, api, NULL, &err) || grpc_server_listen(pb, "127.0.0.1", 0, &pb_bound, &err))
             goto fail;
         g_pb = pb;
     }
@@ -259,12 +307,13 @@ int main(int argc, char **argv) {
     api_server_drain(api);
     sched_stop(s);
     sched_free(s);
-    pbapi_server_free(pb);
+    grpc_server_free(pb);
     api_server_free(api);
     http_server_free(http);
     uv_run(loop, UV_RUN_NOWAIT);
     uv_loop_close(loop);
     fake_backend_free(fb);
+    chat_tmpl_free(g_tmpl);
     MLA_INFO("fake_server: stopped");
     return 0;
 fail:

@@ -274,66 +274,55 @@ def test_tokenize_off_loop(exe):
         check(srv.stop() == 0, "tokenize server clean exit")
 
 
-def pb_final(c, rid):
-    """Reads frames until request rid's last one: ("done", text) or ("error", code)."""
-    text = ""
-    while True:
-        k, f = c.read_frame()
-        if f.get(1, [None])[0] != rid:
-            continue
-        if k == pb.K_ERROR:
-            return "error", f.get(2, [0])[0]
-        if k == pb.K_GEN_RESP:
-            text += f.get(3, [b""])[0].decode()
-            if 7 in f:
-                return "done", text
-
-
 def test_pb_off_loop(exe):
-    # the protobuf port: a Generate's prompt is made off the loop thread too
+    # the gRPC port: a Generate's prompt is made off the loop thread too
+    api_pb2, api_grpc, grpc = pb.stubs()
     srv = ServeProcess([exe], ["--tok-delay-ms", 1500], proto=True, timeout=20, prefix="fake_server_pb_")
     try:
-        c = pb.Conn(srv.proto_port, timeout=30)
-        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(1, prompt="abc", max_tokens=3)))
+        chan = grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port)
+        stub = api_grpc.MlaServeStub(chan)
+        call = stub.Generate(api_pb2.GenerateRequest(prompt="abc", max_tokens=3), timeout=30)
         time.sleep(0.3)
         t0 = time.time()
         st, _, _ = request(srv.port, "GET", "/health", timeout=10)
         dt = time.time() - t0
-        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf prompt is tokenized" % dt)
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a gRPC prompt is tokenized" % dt)
         toks, _, _, _ = R.generate(R.encode("abc"), 3)
-        res = pb_final(c, 1)
-        check(res == ("done", R.text_of(toks)), "the protobuf Generate answers right: %r" % (res,))
-        # cancelled while its prompt is made: ERROR_CANCELLED
-        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(2, prompt="abc", max_tokens=3)) +
-               pb.frame(pb.K_CANCEL, pb.f_varint(1, 2)))
-        res = pb_final(c, 2)
-        check(res == ("error", pb.E["CANCELLED"]), "cancelled while tokenizing: %r" % (res,))
-        # refused after tokenizing (longer than the context): the error names it
-        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(3, prompt="x" * 3000, max_tokens=3)))
-        res = pb_final(c, 3)
-        check(res == ("error", pb.E["INVALID_REQUEST"]), "refused after tokenizing: %r" % (res,))
-        # a client that leaves while its prompt is made: nothing breaks
-        c2 = pb.Conn(srv.proto_port, timeout=30)
-        c2.send(pb.frame(pb.K_GENERATE, pb.generate_msg(4, prompt="abc", max_tokens=3)))
+        text = "".join(r.text for r in call)
+        check(text == R.text_of(toks), "the gRPC Generate answers right: %r" % text)
+        # cancelled (Cancel by request_id) while its prompt is made: CANCELLED
+        call = stub.Generate(api_pb2.GenerateRequest(request_id=2, prompt="abc", max_tokens=3), timeout=30)
         time.sleep(0.2)
-        c2.close()
-        c.send(pb.frame(pb.K_GENERATE, pb.generate_msg(5, prompt="xyz", max_tokens=2)))
+        stub.Cancel(api_pb2.CancelRequest(request_id=2), timeout=10)
+        try:
+            list(call)
+            check(False, "cancelled while tokenizing: no error")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.CANCELLED, "cancelled while tokenizing: %s" % e.code())
+        # refused after tokenizing (longer than the context): INVALID_ARGUMENT
+        try:
+            list(stub.Generate(api_pb2.GenerateRequest(prompt="x" * 3000, max_tokens=3), timeout=30))
+            check(False, "refused after tokenizing: no error")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.INVALID_ARGUMENT, "refused after tokenizing: %s" % e.code())
+        # a call reset while its prompt is made: nothing breaks
+        call = stub.Generate(api_pb2.GenerateRequest(prompt="abc", max_tokens=3), timeout=30)
+        time.sleep(0.2)
+        call.cancel()
         toks, _, _, _ = R.generate(R.encode("xyz"), 2)
-        res = pb_final(c, 5)
-        check(res == ("done", R.text_of(toks)), "served after a client left during tokenizing: %r" % (res,))
+        text = "".join(r.text for r in stub.Generate(api_pb2.GenerateRequest(prompt="xyz", max_tokens=2), timeout=30))
+        check(text == R.text_of(toks), "served after a call left during tokenizing: %r" % text)
         # Tokenize goes the same way
-        c.send(pb.frame(pb.K_TOKENIZE, pb.f_varint(1, 6) + pb.f_bytes(3, "abc")))
+        fut = stub.Tokenize.future(api_pb2.TokenizeRequest(text="abc"), timeout=30)
         time.sleep(0.3)
         t0 = time.time()
         st, _, _ = request(srv.port, "GET", "/health", timeout=10)
         dt = time.time() - t0
-        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a protobuf Tokenize runs" % dt)
-        k, f = c.read_frame()
-        check(k == pb.K_TOK_RESP and f[1][0] == 6 and pb.packed_ints(f[2][0]) == R.encode("abc"),
-              "the protobuf Tokenize answers right (%d)" % k)
-        c.close()
+        check(st == 200 and dt < 0.5, "/health answered in %.2fs while a gRPC Tokenize runs" % dt)
+        check(list(fut.result().ids) == R.encode("abc"), "the gRPC Tokenize answers right")
+        chan.close()
     finally:
-        check(srv.stop(timeout=30) == 0, "protobuf tokenize server clean exit")
+        check(srv.stop(timeout=30) == 0, "gRPC tokenize server clean exit")
 
 
 def main():

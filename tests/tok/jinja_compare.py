@@ -5,6 +5,7 @@ Renders the released templates of DATA_DIR/*.jinja and a set of feature template
 conversations (system, multi-turn, tool calls with mapping / string arguments, tool results,
 reasoning, list content, unicode) and compares byte for byte. Exit 77 without jinja2.
 usage: jinja_compare.py TEST_CHAT DATA_DIR"""
+import datetime
 import glob
 import json
 import os
@@ -30,8 +31,12 @@ def hf_env():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env
 
 
@@ -84,7 +89,65 @@ FEATURES = [
     "{{ messages[0].content.split('</think>', 1)[1] }}",
     "{{ undefined_name.attr }}",
     "{{ 'a' + 1 }}",
+    "{{ strftime_now('%Y-%m') }} {{ strftime_now('%d') | length }}",
 ]
+
+
+# chat requests as clients send them (content as text parts, tool-call arguments as JSON strings),
+# with tools and the thinking switches: rendered through chat_tmpl_apply_json (which normalizes the
+# messages) against jinja2 on messages normalized here as vLLM does (parts joined; arguments
+# parsed into an object when the template renders objects, else kept as the JSON string)
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}, "days": {"type": "integer"}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+REQUESTS = [
+    [{"role": "system", "content": [{"type": "text", "text": "Be brief. "}, {"type": "text", "text": "Use tools."}]},
+     {"role": "user", "content": [{"type": "text", "text": "Weather in "}, {"type": "text", "text": "Paris?"}]}],
+    [{"role": "user", "content": "Weather in Paris and the time?"},
+     {"role": "assistant", "content": "", "reasoning_content": "Two calls.", "tool_calls": [
+         {"id": "functions.get_weather:0", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+         {"id": "functions.get_time:1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+     {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+     {"role": "tool", "tool_call_id": "functions.get_time:1", "content": "noon"},
+     {"role": "assistant", "content": "Sunny, and it is noon."},
+     {"role": "user", "content": [{"type": "text", "text": "Thanks"}]}],
+]
+REQ_VARIANTS = [
+    {"add_generation_prompt": True},
+    {"add_generation_prompt": True, "tools": TOOLS},
+    {"add_generation_prompt": True, "tools": TOOLS, "enable_thinking": False},
+    {"add_generation_prompt": True, "thinking": True},
+    {"add_generation_prompt": True, "enable_thinking": True, "tools": TOOLS[:1]},
+]
+
+
+def renders_object_arguments(env, tmpl):
+    probe = [{"role": "user", "content": "u"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"id": "call_0", "type": "function", "function": {"name": "probe_fn", "arguments": {"probe_key": "probe_val"}}}]},
+             {"role": "tool", "tool_call_id": "call_0", "content": "r"}, {"role": "user", "content": "u2"}]
+    try:
+        return "probe_key" in env.from_string(tmpl).render(messages=probe, add_generation_prompt=True, bos_token=B, eos_token=E)
+    except Exception:
+        return False
+
+
+def normalized(msgs, args_object):
+    out = []
+    for m in msgs:
+        m = json.loads(json.dumps(m))
+        if isinstance(m.get("content"), list):
+            m["content"] = "".join(p["text"] for p in m["content"])
+        for tc in m.get("tool_calls") or []:
+            a = tc["function"]["arguments"]
+            if args_object and isinstance(a, str):
+                tc["function"]["arguments"] = json.loads(a)
+            elif not args_object and not isinstance(a, str):
+                tc["function"]["arguments"] = json.dumps(a, separators=(",", ":"))
+        out.append(m)
+    return out
 
 
 def main():
@@ -108,6 +171,18 @@ def main():
                     ref, ref_err = None, f"{type(ex).__name__}: {ex}"
                 jobs.append({"template": tmpl, "vars": variables})
                 refs.append((name, ci, vi, ref, ref_err))
+        if name.startswith("feature"):
+            continue
+        obj = renders_object_arguments(env, tmpl)
+        for ri, req in enumerate(REQUESTS):
+            for vi, var in enumerate(REQ_VARIANTS):
+                try:
+                    ref, ref_err = env.from_string(tmpl).render(
+                        **dict(var, messages=normalized(req, obj), bos_token=B, eos_token=E)), None
+                except Exception as ex:
+                    ref, ref_err = None, f"{type(ex).__name__}: {ex}"
+                jobs.append({"template": tmpl, "vars": dict(var, messages=req, bos_token=B, eos_token=E), "apply": True})
+                refs.append((name + " (request)", ri, vi, ref, ref_err))
     with tempfile.TemporaryDirectory() as tmp:
         jp = os.path.join(tmp, "jobs.json")
         with open(jp, "w", encoding="utf-8") as f:

@@ -40,7 +40,8 @@ static int render_mode(const char *tfile, const char *vfile) {
     return rc == JINJA_OK ? 0 : 3;
 }
 
-/* [{"template": ..., "vars": {...}}, ...] -> [{"ok": bool, "out": str, "err": str}, ...] */
+/* [{"template": ..., "vars": {...}, "apply": bool}, ...] -> [{"ok": bool, "out": str, "err": str}, ...]
+ * apply: rendered as a chat request is (chat_tmpl_apply_json), else by jinja_render alone. */
 static int render_batch_mode(const char *file) {
     cJSON *jobs = tf_read_json(file);
     if (!jobs) return 2;
@@ -52,10 +53,32 @@ static int render_batch_mode(const char *file) {
         jinja_tmpl *jt;
         char *out = NULL;
         size_t ol = 0;
-        int rc = jinja_parse(&jt, t, strlen(t), &err);
-        if (rc == JINJA_OK) {
-            rc = jinja_render(jt, cJSON_GetObjectItemCaseSensitive(j, "vars"), &out, &ol, &err);
-            jinja_free(jt);
+        const cJSON *vars = cJSON_GetObjectItemCaseSensitive(j, "vars");
+        int rc;
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "apply"))) {
+            /* as a chat request: chat_tmpl_apply_json (messages normalized, the other variables
+             * passed through) */
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(vars, "bos_token");
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(vars, "eos_token");
+            chat_tmpl *ct = NULL;
+            rc = chat_tmpl_new(&ct, t, strlen(t), CHAT_FAMILY_NONE, cJSON_IsString(b) ? b->valuestring : "",
+                               cJSON_IsString(e) ? e->valuestring : "", &err);
+            if (rc == MLA_OK) {
+                cJSON *extra = cJSON_Duplicate(vars, 1);
+                cJSON_DeleteItemFromObjectCaseSensitive(extra, "messages");
+                cJSON_DeleteItemFromObjectCaseSensitive(extra, "add_generation_prompt");
+                rc = chat_tmpl_apply_json(ct, cJSON_GetObjectItemCaseSensitive(vars, "messages"),
+                                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(vars, "add_generation_prompt")),
+                                          extra, &out, &ol, NULL, &err);
+                cJSON_Delete(extra);
+                chat_tmpl_free(ct);
+            }
+        } else {
+            rc = jinja_parse(&jt, t, strlen(t), &err);
+            if (rc == JINJA_OK) {
+                rc = jinja_render(jt, vars, &out, &ol, &err);
+                jinja_free(jt);
+            }
         }
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "ok", rc == JINJA_OK);
@@ -210,10 +233,9 @@ static void run_builtin_and_errors(void) {
     src = "{{ messages[0].content | wordwrap(5) }}";
     REQUIRE(chat_tmpl_new(&t, src, strlen(src), CHAT_FAMILY_DEEPSEEK3, B, NULL, &err) == MLA_OK);
     CHECK(strstr(chat_tmpl_used(t), "gguf") != NULL);
-    REQUIRE(chat_tmpl_apply(t, conv + 1, 1, true, NULL, &out, NULL, &used, &err) == MLA_OK);
-    CHECK(!strcmp(out, "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜>"));
-    CHECK(strstr(used, "built-in deepseek3") != NULL);
-    free(out);
+    /* no other template is tried at request time: the error is the request's */
+    CHECK(chat_tmpl_apply(t, conv + 1, 1, true, NULL, &out, NULL, &used, &err) == JINJA_E_UNSUPPORTED);
+    CHECK(strstr(err.msg, "wordwrap") != NULL && out == NULL);
     /* chat_render (no fallback) names the feature */
     CHECK(chat_render(src, conv + 1, 1, true, "", "", &out, &err) == JINJA_E_UNSUPPORTED);
     CHECK(strstr(err.msg, "wordwrap") != NULL);

@@ -222,7 +222,56 @@ static void test_uniform(void) {
     CHECK(chi2(b, p, 10, 100000, &imp) < 45);
 }
 
+/* sample_mod: a mask and logit biases (OpenAI semantics), the logprobs of the modified distribution */
+static void test_mod(void) {
+    const uint32_t V = 6;
+    const float logits[6] = {3.0f, 1.0f, 0.5f, 2.0f, -1.0f, 0.0f};
+    sampler *s = sampler_new(V);
+    wire_sampling sp = base();
+    sp.temperature = 0;
+    sp.logprobs = true;
+    sp.top_logprobs = 5;
+    sample_out o;
+    /* +100 on token 4 wins greedy; its logprob is that of the biased softmax */
+    int32_t bid[2] = {4, 0};
+    float bval[2] = {100.0f, -100.0f};
+    sample_mod mod = {NULL, bid, bval, 2};
+    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 1, &o);
+    CHECK(o.token == 4);
+    double z = 0;
+    double biased[6];
+    for (uint32_t i = 0; i < V; i++) {
+        biased[i] = logits[i] + (i == 4 ? 100.0 : i == 0 ? -100.0 : 0.0);
+        z += exp(biased[i] - 99.0);
+    }
+    CHECKF(fabs(o.logprob - (biased[4] - 99.0 - log(z))) < 1e-5, "logprob %g", o.logprob);
+    /* -100 on the argmax bans it: the next best */
+    mod.n_bias = 1;
+    bid[0] = 0;
+    bval[0] = -100.0f;
+    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 1, &o);
+    CHECK(o.token == 3);
+    /* a mask: only tokens 1 and 2; the top logprobs list only them, normalised over them */
+    uint8_t allow[6] = {0, 1, 1, 0, 0, 0};
+    sample_mod m2 = {allow, NULL, NULL, 0};
+    sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, 1, &o);
+    CHECK(o.token == 1 && o.n_top == 2 && o.top[0].token == 1 && o.top[1].token == 2);
+    double lz = log(exp(1.0) + exp(0.5));
+    CHECK(fabs(o.top[0].logprob - (1.0 - lz)) < 1e-5 && fabs(o.top[1].logprob - (0.5 - lz)) < 1e-5);
+    /* sampled draws never leave the mask */
+    sp.temperature = 1.5f;
+    sp.top_k = 0;
+    int bad = 0;
+    for (uint64_t st = 0; st < 2000; st++) {
+        sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, st, &o);
+        bad += !allow[o.token];
+    }
+    CHECK(bad == 0);
+    sampler_free(s);
+}
+
 int main(void) {
+    test_mod();
     test_distributions();
     test_greedy_and_seeds();
     test_penalties();

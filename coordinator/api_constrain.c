@@ -1,0 +1,600 @@
+/* api_constrain: see api_constrain.h. */
+#include "coordinator/api_constrain.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gram.h"
+#include "common/mla_err.h"
+#include "coordinator/api_params.h"
+
+/* ---- a growing string --------------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool over; /* beyond GRAM_MAX_TEXT */
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t len) {
+    if (b->over || b->n + len + 1 > GRAM_MAX_TEXT) {
+        b->over = true;
+        return;
+    }
+    if (b->n + len + 1 > b->cap) {
+        b->cap = (b->n + len + 1) * 2;
+        b->p = mla_xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = 0;
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        sb_add(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = mla_xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_add(b, big, (size_t)n);
+    free(big);
+}
+
+/* s as a GBNF string literal */
+static void sb_lit(sbuf *b, const char *s) {
+    sb_add(b, "\"", 1);
+    for (const unsigned char *u = (const unsigned char *)s; *u; u++) {
+        if (*u == '"' || *u == '\\') {
+            char e[2] = {'\\', (char)*u};
+            sb_add(b, e, 2);
+        } else if (*u < 0x20 || *u == 0x7F) {
+            sb_printf(b, "\\x%02X", *u);
+        } else {
+            sb_add(b, (const char *)u, 1);
+        }
+    }
+    sb_add(b, "\"", 1);
+}
+
+/* ---- the JSON grammar --------------------------------------------------------------------- */
+
+static const char json_base[] =
+    "ws ::= [ \\t\\n]{0,8}\n"
+    "jstr ::= \"\\\"\" jchar* \"\\\"\"\n"
+    "jchar ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+    "jint ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
+    "jnum ::= jint (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
+    "jbool ::= \"true\" | \"false\"\n"
+    "jnull ::= \"null\"\n"
+    "jval ::= jobj | jarr | jstr | jnum | jbool | jnull\n"
+    "jobj ::= \"{\" ws (jstr ws \":\" ws jval (ws \",\" ws jstr ws \":\" ws jval)*)? ws \"}\"\n"
+    "jarr ::= \"[\" ws (jval (ws \",\" ws jval)*)? ws \"]\"\n";
+
+const char *api_json_object_gbnf(void) {
+    static char g[sizeof json_base + 32];
+    if (!g[0]) snprintf(g, sizeof g, "root ::= jobj\n%s", json_base);
+    return g;
+}
+
+/* ---- schema compiler ---------------------------------------------------------------------- */
+
+typedef struct sref {
+    char *ref;
+    int rule;
+} sref;
+
+typedef struct sctx {
+    const cJSON *root;
+    sbuf out;
+    int n_rules;
+    sref *refs;
+    int n_refs, cap_refs;
+    char *err;
+    size_t err_len;
+    bool failed;
+} sctx;
+
+static int fail(sctx *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(sctx *c, const char *path, const char *fmt, ...) {
+    if (c->failed) return -1;
+    c->failed = true;
+    char m[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    snprintf(c->err, c->err_len, "%s (at #%s)", m, path);
+    return -1;
+}
+
+static const char *const annotations[] = {"title", "description", "default", "examples", "$schema", "$id",
+                                          "$comment", "$defs", "definitions", NULL};
+static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "items",
+                                       "minItems", "maxItems", "minLength", "maxLength", "enum", "const",
+                                       "anyOf", "oneOf", "$ref", NULL};
+
+static bool in_list(const char *s, const char *const *l) {
+    for (; *l; l++)
+        if (!strcmp(s, *l)) return true;
+    return false;
+}
+
+static int gen(sctx *c, const cJSON *s, const char *path, int depth);
+
+static int new_rule(sctx *c) { return c->n_rules++; }
+
+/* a rule "sN ::= " header; the caller writes the body and the newline */
+static void rule_head(sctx *c, int r) { sb_printf(&c->out, "s%d ::= ", r); }
+
+static int get_count(sctx *c, const cJSON *s, const char *k, const char *path, int64_t *v) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(s, k);
+    if (!j) return 0;
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < 0)
+        return fail(c, path, "'%s' must be a non-negative integer", k);
+    if (j->valuedouble > GRAM_MAX_REPEAT)
+        return fail(c, path, "'%s' above %d is not supported", k, GRAM_MAX_REPEAT);
+    *v = (int64_t)j->valuedouble;
+    return 1;
+}
+
+/* "x{mn,mx}" in GBNF (mx < 0: unbounded) */
+static void sb_rep(sbuf *b, const char *x, int64_t mn, int64_t mx) {
+    if (mx < 0) sb_printf(b, "%s{%lld,}", x, (long long)mn);
+    else sb_printf(b, "%s{%lld,%lld}", x, (long long)mn, (long long)mx);
+}
+
+static int gen_literal(sctx *c, const cJSON *v) {
+    char *txt = cJSON_PrintUnformatted(v);
+    if (!txt) return fail(c, "", "cannot print a value of enum/const");
+    sb_lit(&c->out, txt);
+    free(txt);
+    return 0;
+}
+
+static int gen_object(sctx *c, const cJSON *s, const char *path, int depth, int r) {
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+    const cJSON *addl = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    if (props && !cJSON_IsObject(props)) return fail(c, path, "'properties' must be an object");
+    if (req && !cJSON_IsArray(req)) return fail(c, path, "'required' must be a list of names");
+    if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl))
+        return fail(c, path, "'additionalProperties' must be a boolean or a schema");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, req) {
+        if (!cJSON_IsString(it)) return fail(c, path, "'required' must be a list of names");
+        if (!cJSON_GetObjectItemCaseSensitive(props, it->valuestring))
+            return fail(c, path, "required property '%s' is not in 'properties'", it->valuestring);
+    }
+    int n = cJSON_GetArraySize(props);
+    if (n == 0) {
+        if (cJSON_IsFalse(addl)) {
+            rule_head(c, r);
+            sb_printf(&c->out, "\"{\" ws \"}\"\n");
+            return 0;
+        }
+        if (cJSON_IsObject(addl)) { /* a map */
+            char p2[300];
+            snprintf(p2, sizeof p2, "%s/additionalProperties", path);
+            int v = gen(c, addl, p2, depth + 1);
+            if (v < 0) return -1;
+            rule_head(c, r);
+            sb_printf(&c->out, "\"{\" ws (jstr ws \":\" ws s%d (ws \",\" ws jstr ws \":\" ws s%d)*)? ws \"}\"\n", v, v);
+            return 0;
+        }
+        rule_head(c, r);
+        sb_printf(&c->out, "jobj\n");
+        return 0;
+    }
+    /* known properties in the schema's order, optional ones skippable; no other keys (outputs stay
+     * valid under any additionalProperties) */
+    int *kv = mla_xmalloc((size_t)n * sizeof *kv);
+    bool *need = mla_xcalloc((size_t)n, sizeof *need);
+    int i = 0;
+    cJSON_ArrayForEach(it, props) {
+        const cJSON *q;
+        cJSON_ArrayForEach(q, req) if (!strcmp(q->valuestring, it->string)) need[i] = true;
+        char p2[300];
+        snprintf(p2, sizeof p2, "%s/properties/%.100s", path, it->string);
+        int v = gen(c, it, p2, depth + 1);
+        if (v < 0) {
+            free(kv);
+            free(need);
+            return -1;
+        }
+        kv[i] = new_rule(c);
+        rule_head(c, kv[i]);
+        {
+            cJSON *ks = cJSON_CreateString(it->string);
+            char *kt = cJSON_PrintUnformatted(ks);
+            sb_lit(&c->out, kt);
+            free(kt);
+            cJSON_Delete(ks);
+        }
+        sb_printf(&c->out, " ws \":\" ws s%d\n", v);
+        i++;
+    }
+    /* after_i: the properties from i on, each preceded by a comma; first_i: the same with
+     * nothing before */
+    int *after = mla_xmalloc(((size_t)n + 1) * sizeof *after), *first = mla_xmalloc(((size_t)n + 1) * sizeof *first);
+    after[n] = -1;
+    first[n] = -1;
+    for (int k = n - 1; k >= 0; k--) {
+        after[k] = new_rule(c);
+        rule_head(c, after[k]);
+        sb_printf(&c->out, need[k] ? "ws \",\" ws s%d" : "(ws \",\" ws s%d)?", kv[k]);
+        if (after[k + 1] >= 0) sb_printf(&c->out, " s%d", after[k + 1]);
+        sb_printf(&c->out, "\n");
+        first[k] = new_rule(c);
+        rule_head(c, first[k]);
+        sb_printf(&c->out, "s%d", kv[k]);
+        if (after[k + 1] >= 0) sb_printf(&c->out, " s%d", after[k + 1]);
+        if (!need[k]) {
+            if (first[k + 1] >= 0) sb_printf(&c->out, " | s%d", first[k + 1]);
+            else sb_printf(&c->out, " | \"\"");
+        }
+        sb_printf(&c->out, "\n");
+    }
+    rule_head(c, r);
+    sb_printf(&c->out, "\"{\" ws s%d ws \"}\"\n", first[0]);
+    free(kv);
+    free(need);
+    free(after);
+    free(first);
+    return 0;
+}
+
+static int gen_array(sctx *c, const cJSON *s, const char *path, int depth, int r) {
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+    int64_t mn = 0, mx = -1;
+    if (get_count(c, s, "minItems", path, &mn) < 0 || get_count(c, s, "maxItems", path, &mx) < 0) return -1;
+    if (mx >= 0 && mx < mn) return fail(c, path, "'maxItems' is below 'minItems'");
+    if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items))
+        return fail(c, path, "'items' must be a schema (a list of schemas, prefixItems style, is not supported)");
+    char it[32] = "jval";
+    if (items) {
+        char p2[300];
+        snprintf(p2, sizeof p2, "%s/items", path);
+        int v = gen(c, items, p2, depth + 1);
+        if (v < 0) return -1;
+        snprintf(it, sizeof it, "s%d", v);
+    }
+    rule_head(c, r);
+    if (mx == 0) {
+        sb_printf(&c->out, "\"[\" ws \"]\"\n");
+        return 0;
+    }
+    char more[64];
+    snprintf(more, sizeof more, "(ws \",\" ws %s)", it);
+    sb_printf(&c->out, "\"[\" ws %s%s ", mn == 0 ? "(" : "", it);
+    sb_rep(&c->out, more, mn > 0 ? mn - 1 : 0, mx < 0 ? -1 : mx - 1);
+    sb_printf(&c->out, "%s ws \"]\"\n", mn == 0 ? ")?" : "");
+    return 0;
+}
+
+static int gen_type(sctx *c, const cJSON *s, const char *t, const char *path, int depth, int r) {
+    if (!strcmp(t, "object")) return gen_object(c, s, path, depth, r);
+    if (!strcmp(t, "array")) return gen_array(c, s, path, depth, r);
+    if (!strcmp(t, "string")) {
+        int64_t mn = 0, mx = -1;
+        if (get_count(c, s, "minLength", path, &mn) < 0 || get_count(c, s, "maxLength", path, &mx) < 0) return -1;
+        if (mx >= 0 && mx < mn) return fail(c, path, "'maxLength' is below 'minLength'");
+        rule_head(c, r);
+        if (mn == 0 && mx < 0) {
+            sb_printf(&c->out, "jstr\n");
+        } else {
+            sb_printf(&c->out, "\"\\\"\" ");
+            sb_rep(&c->out, "jchar", mn, mx);
+            sb_printf(&c->out, " \"\\\"\"\n");
+        }
+        return 0;
+    }
+    const char *base = !strcmp(t, "number") ? "jnum" : !strcmp(t, "integer") ? "jint" : !strcmp(t, "boolean") ? "jbool"
+                       : !strcmp(t, "null") ? "jnull" : NULL;
+    if (!base) return fail(c, path, "unknown type '%.60s'", t);
+    rule_head(c, r);
+    sb_printf(&c->out, "%s\n", base);
+    return 0;
+}
+
+static int gen_ref(sctx *c, const char *ref, const char *path, int depth) {
+    for (int i = 0; i < c->n_refs; i++)
+        if (!strcmp(c->refs[i].ref, ref)) return c->refs[i].rule;
+    const cJSON *target = NULL;
+    if (!strcmp(ref, "#")) {
+        target = c->root;
+    } else if (!strncmp(ref, "#/$defs/", 8) || !strncmp(ref, "#/definitions/", 14)) {
+        const char *sec = ref[2] == '$' ? "$defs" : "definitions";
+        const char *name = ref + (ref[2] == '$' ? 8 : 14);
+        if (strchr(name, '/') || strchr(name, '~'))
+            return fail(c, path, "$ref '%.100s': only #/$defs/NAME and #/definitions/NAME are supported", ref);
+        target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, sec), name);
+    } else {
+        return fail(c, path, "$ref '%.100s': only #/$defs/NAME and #/definitions/NAME are supported", ref);
+    }
+    if (!target) return fail(c, path, "$ref '%.100s' points to nothing", ref);
+    int r = new_rule(c);
+    if (c->n_refs == c->cap_refs) {
+        c->cap_refs = c->cap_refs ? 2 * c->cap_refs : 8;
+        c->refs = mla_xrealloc(c->refs, (size_t)c->cap_refs * sizeof *c->refs);
+    }
+    c->refs[c->n_refs].ref = mla_xstrdup(ref);
+    c->refs[c->n_refs++].rule = r;
+    int v = gen(c, target, ref + 1, depth + 1);
+    if (v < 0) return -1;
+    rule_head(c, r);
+    sb_printf(&c->out, "s%d\n", v);
+    return r;
+}
+
+/* Compiles schema s into a new rule; returns its number, -1 on failure. */
+static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
+    if (c->failed) return -1;
+    if (depth > API_SCHEMA_MAX_DEPTH) return fail(c, path, "the schema is nested deeper than %d", API_SCHEMA_MAX_DEPTH);
+    if (c->out.over) return fail(c, path, "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
+    int r = new_rule(c);
+    if (cJSON_IsTrue(s)) {
+        rule_head(c, r);
+        sb_printf(&c->out, "jval\n");
+        return r;
+    }
+    if (cJSON_IsFalse(s)) return fail(c, path, "the schema false admits no value");
+    if (!cJSON_IsObject(s)) return fail(c, path, "a schema must be an object or a boolean");
+    const cJSON *k;
+    int n_cons = 0;
+    cJSON_ArrayForEach(k, s) {
+        if (in_list(k->string, annotations)) continue;
+        if (!in_list(k->string, keywords)) return fail(c, path, "unsupported JSON-schema keyword '%.60s'", k->string);
+        n_cons++;
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    const char *single = ref ? "$ref" : en ? "enum" : cn ? "const" : any ? (any->string[0] == 'a' ? "anyOf" : "oneOf")
+                                                                       : NULL;
+    if (single && n_cons > 1)
+        return fail(c, path, "'%s' together with other keywords is not supported (move them into its branches)",
+                    single);
+    if (ref) {
+        if (!cJSON_IsString(ref)) return fail(c, path, "'$ref' must be a string");
+        int v = gen_ref(c, ref->valuestring, path, depth);
+        if (v < 0) return -1;
+        rule_head(c, r);
+        sb_printf(&c->out, "s%d\n", v);
+        return r;
+    }
+    if (en || cn) {
+        if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
+            return fail(c, path, "'enum' must be a non-empty list");
+        rule_head(c, r);
+        if (cn) {
+            if (gen_literal(c, cn)) return -1;
+        } else {
+            const cJSON *v;
+            int i = 0;
+            cJSON_ArrayForEach(v, en) {
+                if (i++) sb_printf(&c->out, " | ");
+                if (gen_literal(c, v)) return -1;
+            }
+        }
+        sb_printf(&c->out, "\n");
+        return r;
+    }
+    if (any) {
+        if (!cJSON_IsArray(any) || cJSON_GetArraySize(any) == 0)
+            return fail(c, path, "'%s' must be a non-empty list of schemas", single);
+        int na = cJSON_GetArraySize(any);
+        int *alts = mla_xmalloc((size_t)na * sizeof *alts);
+        int i = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, any) {
+            char p2[300];
+            snprintf(p2, sizeof p2, "%s/%s/%d", path, single, i);
+            alts[i] = gen(c, v, p2, depth + 1);
+            if (alts[i] < 0) {
+                free(alts);
+                return -1;
+            }
+            i++;
+        }
+        rule_head(c, r);
+        for (i = 0; i < na; i++) sb_printf(&c->out, "%ss%d", i ? " | " : "", alts[i]);
+        sb_printf(&c->out, "\n");
+        free(alts);
+        return r;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!ty) {
+        if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "additionalProperties") ||
+            cJSON_GetObjectItemCaseSensitive(s, "required"))
+            return gen_type(c, s, "object", path, depth, r) < 0 ? -1 : r;
+        if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "minItems") ||
+            cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
+            return gen_type(c, s, "array", path, depth, r) < 0 ? -1 : r;
+        if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+            return fail(c, path, "'minLength'/'maxLength' without \"type\": \"string\" is not supported");
+        rule_head(c, r);
+        sb_printf(&c->out, "jval\n");
+        return r;
+    }
+    if (cJSON_IsString(ty)) return gen_type(c, s, ty->valuestring, path, depth, r) < 0 ? -1 : r;
+    if (!cJSON_IsArray(ty) || cJSON_GetArraySize(ty) == 0)
+        return fail(c, path, "'type' must be a type name or a non-empty list of them");
+    int nt = cJSON_GetArraySize(ty);
+    int *alts = mla_xmalloc((size_t)nt * sizeof *alts);
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, ty) {
+        if (!cJSON_IsString(t)) {
+            free(alts);
+            return fail(c, path, "'type' must be a type name or a non-empty list of them");
+        }
+        alts[i] = new_rule(c);
+        if (gen_type(c, s, t->valuestring, path, depth, alts[i]) < 0) {
+            free(alts);
+            return -1;
+        }
+        i++;
+    }
+    rule_head(c, r);
+    for (i = 0; i < nt; i++) sb_printf(&c->out, "%ss%d", i ? " | " : "", alts[i]);
+    sb_printf(&c->out, "\n");
+    free(alts);
+    return r;
+}
+
+int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len) {
+    *out = NULL;
+    sctx c = {.root = schema, .err = err, .err_len = err_len};
+    sb_add(&c.out, "", 0);
+    int r = gen(&c, schema, "", 0);
+    if (r >= 0 && c.out.over) r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
+    if (r >= 0) {
+        sb_printf(&c.out, "root ::= s%d\n", r);
+        sb_add(&c.out, json_base, strlen(json_base));
+        gram *g = NULL;
+        mla_err e = {{0}};
+        if (c.out.over) {
+            r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
+        } else if (gram_parse(&g, c.out.p, c.out.n, &e)) {
+            /* e.g. a $ref cycle through nothing but references */
+            r = fail(&c, "", "the schema cannot be compiled to a grammar: %s", e.msg);
+        }
+        gram_free(g);
+    }
+    for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
+    free(c.refs);
+    if (r < 0) {
+        free(c.out.p);
+        return MLA_ERR;
+    }
+    *out = c.out.p;
+    return MLA_OK;
+}
+
+/* ---- the request's parameters -------------------------------------------------------------- */
+
+static int bad(struct api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
+    char m[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    return api_error_set(e, 400, param, NULL, "%s", m);
+}
+
+static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
+    if (!lb || cJSON_IsNull(lb)) return MLA_OK;
+    if (!cJSON_IsObject(lb)) return bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    int n = cJSON_GetArraySize(lb);
+    if (n > API_MAX_LOGIT_BIAS)
+        return bad(e, "logit_bias", "'logit_bias' has %d entries; at most %d are supported", n, API_MAX_LOGIT_BIAS);
+    c->bias_ids = mla_xmalloc((size_t)(n ? n : 1) * sizeof *c->bias_ids);
+    c->bias_vals = mla_xmalloc((size_t)(n ? n : 1) * sizeof *c->bias_vals);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        const char *k = it->string;
+        char *end;
+        long long id = strtoll(k, &end, 10);
+        if (!k[0] || *end || k[0] == '-' || k[0] == '+' || k[0] == ' ' || id < 0 || id > INT32_MAX)
+            return bad(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id", k);
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100)
+            return bad(e, "logit_bias", "'logit_bias' value for token %lld must be a number in [-100, 100]", id);
+        for (int32_t j = 0; j < c->n_bias; j++)
+            if (c->bias_ids[j] == (int32_t)id) return bad(e, "logit_bias", "'logit_bias' names token %lld twice", id);
+        c->bias_ids[c->n_bias] = (int32_t)id;
+        c->bias_vals[c->n_bias++] = (float)it->valuedouble;
+    }
+    return MLA_OK;
+}
+
+static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) {
+    if (!rf || cJSON_IsNull(rf)) return MLA_OK;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
+        return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
+    if (!strcmp(ty->valuestring, "text")) return MLA_OK;
+    if (!strcmp(ty->valuestring, "json_object")) {
+        c->grammar = mla_xstrdup(api_json_object_gbnf());
+        return MLA_OK;
+    }
+    if (strcmp(ty->valuestring, "json_schema"))
+        return bad(e, "response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
+                   ty->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js)) return bad(e, "response_format", "'response_format.json_schema' must be an object");
+    const cJSON *k;
+    cJSON_ArrayForEach(k, js) {
+        if (strcmp(k->string, "name") && strcmp(k->string, "schema") && strcmp(k->string, "strict") &&
+            strcmp(k->string, "description"))
+            return bad(e, "response_format", "'response_format.json_schema.%.40s' is not supported", k->string);
+    }
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 64)
+        return bad(e, "response_format", "'response_format.json_schema.name' must be a string of 1 to 64 characters");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
+        return bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!sc || cJSON_IsNull(sc)) { /* OpenAI: no schema, any JSON */
+        c->grammar = mla_xstrdup(api_json_object_gbnf());
+        return MLA_OK;
+    }
+    char msg[512];
+    if (api_schema_to_gbnf(sc, &c->grammar, msg, sizeof msg))
+        return bad(e, "response_format", "'response_format.json_schema.schema': %s", msg);
+    return MLA_OK;
+}
+
+int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e) {
+    memset(c, 0, sizeof *c);
+    int rc = parse_bias(c, cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), e);
+    if (rc == MLA_OK) rc = parse_format(c, cJSON_GetObjectItemCaseSensitive(root, "response_format"), e);
+    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(root, "grammar");
+    if (rc == MLA_OK && gr && !cJSON_IsNull(gr)) {
+        if (!cJSON_IsString(gr)) {
+            rc = bad(e, "grammar", "'grammar' must be a string (GBNF)");
+        } else if (c->grammar) {
+            rc = bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
+        } else {
+            gram *g = NULL;
+            mla_err ge = {{0}};
+            if (gram_parse(&g, gr->valuestring, strlen(gr->valuestring), &ge)) rc = bad(e, "grammar", "%s", ge.msg);
+            else c->grammar = mla_xstrdup(gr->valuestring);
+            gram_free(g);
+        }
+    }
+    if (rc) api_constrain_free(c);
+    return rc;
+}
+
+int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e) {
+    for (int32_t i = 0; i < c->n_bias; i++)
+        if (c->bias_ids[i] < 0 || c->bias_ids[i] >= n_vocab)
+            return bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",
+                       c->bias_ids[i], n_vocab);
+    return MLA_OK;
+}
+
+void api_constrain_free(api_constrain *c) {
+    free(c->grammar);
+    free(c->bias_ids);
+    free(c->bias_vals);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,45 @@
+/* api_constrain: a request's output constraints, parsed from the OpenAI body: `response_format`
+ * ({"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict", "description"}}), `grammar` (GBNF text, llama.cpp's syntax) and
+ * `logit_bias` ({"token id": bias in [-100, 100]}, at most API_MAX_LOGIT_BIAS entries). Every
+ * constraint becomes one GBNF grammar (common/gram.h), checked here so that a bad one is a 400.
+ *
+ * JSON schemas (docs/structured-output.md lists the subset): type (one or a list), properties,
+ * required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const,
+ * anyOf, oneOf, $ref to #/$defs/... or #/definitions/..., and annotations (title, description,
+ * default, examples, $schema, $id, $comment). Any other keyword is an error naming it and where.
+ *
+ * Ownership: api_constrain_parse fills a struct the caller frees with api_constrain_free; it
+ * holds its own copies. api_schema_to_gbnf returns a string the caller frees. */
+#ifndef API_CONSTRAIN_H
+#define API_CONSTRAIN_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define API_MAX_LOGIT_BIAS 300
+#define API_SCHEMA_MAX_DEPTH 64
+
+struct api_error;
+
+typedef struct api_constrain {
+    char *grammar; /* GBNF text, NULL when the output is free */
+    int32_t *bias_ids;
+    float *bias_vals;
+    int32_t n_bias;
+} api_constrain;
+
+/* Reads response_format, grammar and logit_bias of a request body (either kind). Token ids of
+ * logit_bias are checked against the vocabulary by the caller (api_constrain_check_ids). */
+int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e);
+/* 400 for a logit_bias id outside [0, n_vocab). */
+int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e);
+void api_constrain_free(api_constrain *c);
+
+/* A JSON schema compiled to GBNF (root rule `root`). MLA_ERR with a message in err. */
+int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len);
+/* The grammar of any JSON object (response_format json_object). */
+const char *api_json_object_gbnf(void);
+
+#endif

@@ -1,0 +1,51 @@
+/* chat_reasoning: splits a chat completion's text into reasoning_content and content.
+ *
+ * Every supported family writes its reasoning between "<think>" and "</think>" (DeepSeek-R1,
+ * DeepSeek-V3.1 in thinking mode, GLM-4.5/4.6/4.7/5, Kimi-K2-Thinking); the kinds differ only in
+ * their names (docs/chat-dialects.md). The reasoning is open from the first output byte when the
+ * prompt itself ends with "<think>" (R1's and GLM-5's templates write it in the generation
+ * prompt; V3.1 with thinking on); otherwise only an output that starts (after whitespace) with
+ * "<think>" has reasoning. A prompt ending in "</think>" or "<think></think>" (the thinking switch
+ * off) therefore leaves all of the output in content: nothing is eaten.
+ *
+ * The split is a pure function of the whole text so far, so streaming recomputes it on every
+ * flush and sends what grew. A partial split (final = false) holds back text that may still
+ * change: a suffix that could be the start of "<think>" / "</think>", and whitespace that the
+ * final split trims (reasoning is trimmed at both ends, content at its start after "</think>").
+ * Each partial span is a prefix of the final one.
+ *
+ * Ownership: no allocation; spans are byte offsets into the caller's text. Any thread. */
+#ifndef CHAT_REASONING_H
+#define CHAT_REASONING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum reasoning_kind {
+    REASONING_NONE = 0,
+    REASONING_DEEPSEEK_R1,
+    REASONING_DEEPSEEK_V31,
+    REASONING_GLM,
+    REASONING_KIMI_K2,
+};
+#define REASONING_AUTO (-1)
+
+/* "none", "deepseek-r1", "deepseek-v3.1", "glm", "kimi-k2" */
+const char *reasoning_kind_name(enum reasoning_kind k);
+/* The names above and "auto" (REASONING_AUTO); -2 when unknown. */
+int reasoning_kind_parse(const char *name);
+/* The kind a chat template calls for (NULL or no "</think>" in it: REASONING_NONE). */
+enum reasoning_kind reasoning_auto(const char *template_src);
+/* True when the prompt ends (trailing whitespace aside) with "<think>": the output starts inside
+ * the reasoning. */
+bool reasoning_prompt_opens(const char *prompt, size_t len);
+
+typedef struct reasoning_split {
+    size_t r_start, r_end; /* reasoning: text[r_start, r_end) (empty when r_end <= r_start) */
+    size_t c_start, c_end; /* content: text[c_start, c_end) */
+    bool has_reasoning;    /* a reasoning block was opened */
+} reasoning_split;
+
+void reasoning_split_text(const char *text, size_t len, bool starts_inside, bool final, reasoning_split *out);
+
+#endif

@@ -1,0 +1,460 @@
+/* chat_toolcall: see chat_toolcall.h. */
+#include "coordinator/chat_toolcall.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_err.h"
+
+/* DeepSeek */
+#define DS_CALLS_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>"
+#define DS_CALLS_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>"
+#define DS_CALL_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"
+#define DS_CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
+#define DS_SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>"
+/* Kimi-K2 */
+#define KM_SEC_BEGIN "<|tool_calls_section_begin|>"
+#define KM_SEC_BEGIN1 "<|tool_call_section_begin|>"
+#define KM_SEC_END "<|tool_calls_section_end|>"
+#define KM_SEC_END1 "<|tool_call_section_end|>"
+#define KM_CALL_BEGIN "<|tool_call_begin|>"
+#define KM_ARG_BEGIN "<|tool_call_argument_begin|>"
+#define KM_CALL_END "<|tool_call_end|>"
+/* GLM */
+#define GL_CALL_BEGIN "<tool_call>"
+#define GL_CALL_END "</tool_call>"
+#define GL_KEY_BEGIN "<arg_key>"
+#define GL_KEY_END "</arg_key>"
+#define GL_VAL_BEGIN "<arg_value>"
+#define GL_VAL_END "</arg_value>"
+
+static const char *const k_names[] = {"none", "deepseek", "kimi-k2", "glm"};
+
+const char *toolcall_kind_name(enum toolcall_kind k) {
+    return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "?";
+}
+
+int toolcall_kind_parse(const char *name) {
+    if (!name) return -2;
+    if (!strcmp(name, "auto")) return TOOLCALL_AUTO;
+    for (size_t i = 0; i < sizeof k_names / sizeof *k_names; i++)
+        if (!strcmp(name, k_names[i])) return (int)i;
+    return -2;
+}
+
+enum toolcall_kind toolcall_auto(const char *src) {
+    if (!src) return TOOLCALL_NONE;
+    if (strstr(src, DS_CALL_BEGIN)) return TOOLCALL_DEEPSEEK;
+    if (strstr(src, KM_CALL_BEGIN)) return TOOLCALL_KIMI_K2;
+    if (strstr(src, GL_CALL_BEGIN) && strstr(src, GL_KEY_BEGIN)) return TOOLCALL_GLM;
+    /* the family's turn markers, for templates that render no calls of their own */
+    if (strstr(src, "<|im_assistant|>")) return TOOLCALL_KIMI_K2;
+    if (strstr(src, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>")) return TOOLCALL_DEEPSEEK;
+    if (strstr(src, "[gMASK]")) return TOOLCALL_GLM;
+    return TOOLCALL_NONE;
+}
+
+/* ---- helpers ---- */
+
+typedef struct sb {
+    char *p;
+    size_t n, cap;
+} sb;
+
+static void sb_add(sb *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = mla_xrealloc(b->p, b->cap);
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *o = mla_xmalloc(n + 1);
+    if (n) memcpy(o, s, n);
+    o[n] = 0;
+    return o;
+}
+
+static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+static bool all_ws(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!is_ws(s[i])) return false;
+    return true;
+}
+
+static void trim(const char **s, size_t *n) {
+    while (*n && is_ws(**s)) {
+        (*s)++;
+        (*n)--;
+    }
+    while (*n && is_ws((*s)[*n - 1])) (*n)--;
+}
+
+/* position of tag in t[from, len) or SIZE_MAX */
+static size_t find(const char *t, size_t len, size_t from, const char *tag) {
+    if (from >= len) return SIZE_MAX;
+    const char *h = memmem(t + from, len - from, tag, strlen(tag));
+    return h ? (size_t)(h - t) : SIZE_MAX;
+}
+
+static bool at(const char *t, size_t len, size_t pos, const char *tag) {
+    size_t l = strlen(tag);
+    return len - pos >= l && !memcmp(t + pos, tag, l);
+}
+
+/* t[pos, len) is non-empty and a proper beginning of tag */
+static bool cut_of(const char *t, size_t len, size_t pos, const char *tag) {
+    size_t l = strlen(tag), r = len - pos;
+    return r > 0 && r < l && !memcmp(t + pos, tag, r);
+}
+
+/* Length of the longest suffix of t[from, len) that is a proper prefix of tag. */
+static size_t partial_suffix(const char *t, size_t len, size_t from, const char *tag) {
+    size_t n = len - from, tl = strlen(tag);
+    for (size_t k = tl - 1 < n ? tl - 1 : n; k > 0; k--)
+        if (!memcmp(t + len - k, tag, k)) return k;
+    return 0;
+}
+
+static size_t skip_ws(const char *t, size_t len, size_t pos) {
+    while (pos < len && is_ws(t[pos])) pos++;
+    return pos;
+}
+
+static toolcall *new_call(toolcall_result *r) {
+    toolcall *c = &r->calls[r->n_calls++];
+    memset(c, 0, sizeof *c);
+    c->args = dup_n("", 0);
+    return c;
+}
+
+static void set_args(toolcall *c, const char *s, size_t n) {
+    free(c->args);
+    c->args = dup_n(s, n);
+    c->args_len = n;
+}
+
+enum { SEC_OK, SEC_PARTIAL, SEC_END, SEC_BAD };
+
+/* ---- DeepSeek ---- */
+
+/* ```json ... ``` around the arguments of the V3 / R1 form */
+static void strip_fence(const char **s, size_t *n) {
+    trim(s, n);
+    if (*n >= 7 && !memcmp(*s, "```json", 7)) {
+        *s += 7;
+        *n -= 7;
+    } else if (*n >= 3 && !memcmp(*s, "```", 3)) {
+        *s += 3;
+        *n -= 3;
+    }
+    if (*n >= 3 && !memcmp(*s + *n - 3, "```", 3)) *n -= 3;
+    trim(s, n);
+}
+
+static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r) {
+    size_t pos = *pos_io;
+    for (;;) {
+        pos = skip_ws(t, len, pos);
+        *pos_io = pos;
+        if (pos == len) return final ? SEC_END : SEC_PARTIAL;
+        if (!final && (cut_of(t, len, pos, DS_CALLS_END) || cut_of(t, len, pos, DS_CALL_BEGIN))) return SEC_PARTIAL;
+        if (at(t, len, pos, DS_CALLS_END)) {
+            *pos_io = pos + strlen(DS_CALLS_END);
+            return SEC_OK;
+        }
+        if (!at(t, len, pos, DS_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
+        size_t q = pos + strlen(DS_CALL_BEGIN);
+        size_t sep = find(t, len, q, DS_SEP);
+        if (sep == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+        const char *h = t + q;
+        size_t hn = sep - q;
+        trim(&h, &hn);
+        size_t a = sep + strlen(DS_SEP);
+        bool fenced = hn == 8 && !memcmp(h, "function", 8);
+        if (fenced) {
+            size_t nl = find(t, len, a, "\n");
+            if (nl == SIZE_MAX) {
+                if (!final) return SEC_PARTIAL;
+                const char *nm = t + a;
+                size_t nn = len - a;
+                trim(&nm, &nn);
+                if (!nn) return SEC_BAD;
+                new_call(r)->name = dup_n(nm, nn);
+                *pos_io = len;
+                return SEC_END;
+            }
+            h = t + a;
+            hn = nl - a;
+            trim(&h, &hn);
+            a = nl;
+        }
+        if (!hn) return SEC_BAD;
+        toolcall *c = new_call(r);
+        c->name = dup_n(h, hn);
+        size_t end = find(t, len, a, DS_CALL_END);
+        if (end == SIZE_MAX) {
+            if (fenced && !final) return SEC_PARTIAL; /* arguments at the call's end */
+            size_t e = final ? len : len - partial_suffix(t, len, a, DS_CALL_END);
+            const char *s = t + a;
+            size_t n = e - a;
+            if (fenced) strip_fence(&s, &n);
+            set_args(c, s, n);
+            *pos_io = len;
+            return final ? SEC_END : SEC_PARTIAL;
+        }
+        const char *s = t + a;
+        size_t n = end - a;
+        if (fenced) strip_fence(&s, &n);
+        set_args(c, s, n);
+        c->done = true;
+        pos = end + strlen(DS_CALL_END);
+    }
+}
+
+/* ---- Kimi-K2 ---- */
+
+static int km_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r) {
+    size_t pos = *pos_io;
+    for (;;) {
+        pos = skip_ws(t, len, pos);
+        *pos_io = pos;
+        if (pos == len) return final ? SEC_END : SEC_PARTIAL;
+        if (!final && (cut_of(t, len, pos, KM_SEC_END) || cut_of(t, len, pos, KM_SEC_END1) ||
+                       cut_of(t, len, pos, KM_CALL_BEGIN)))
+            return SEC_PARTIAL;
+        if (at(t, len, pos, KM_SEC_END) || at(t, len, pos, KM_SEC_END1)) {
+            *pos_io = pos + (at(t, len, pos, KM_SEC_END) ? strlen(KM_SEC_END) : strlen(KM_SEC_END1));
+            return SEC_OK;
+        }
+        if (!at(t, len, pos, KM_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
+        size_t q = pos + strlen(KM_CALL_BEGIN);
+        size_t ab = find(t, len, q, KM_ARG_BEGIN);
+        if (ab == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+        const char *id = t + q;
+        size_t idn = ab - q;
+        trim(&id, &idn);
+        /* functions.NAME:IDX */
+        const char *nm = id;
+        size_t nn = idn;
+        if (nn > 10 && !memcmp(nm, "functions.", 10)) {
+            nm += 10;
+            nn -= 10;
+        }
+        for (size_t k = nn; k > 0; k--)
+            if (nm[k - 1] == ':') {
+                nn = k - 1;
+                break;
+            }
+        if (!nn) return SEC_BAD;
+        toolcall *c = new_call(r);
+        c->id = dup_n(id, idn);
+        c->name = dup_n(nm, nn);
+        size_t a = ab + strlen(KM_ARG_BEGIN);
+        size_t end = find(t, len, a, KM_CALL_END);
+        if (end == SIZE_MAX) {
+            size_t e = final ? len : len - partial_suffix(t, len, a, KM_CALL_END);
+            set_args(c, t + a, e - a);
+            *pos_io = len;
+            return final ? SEC_END : SEC_PARTIAL;
+        }
+        set_args(c, t + a, end - a);
+        c->done = true;
+        pos = end + strlen(KM_CALL_END);
+    }
+}
+
+/* ---- GLM ---- */
+
+/* The declared type of parameter key of tool name says the value is a string (or says nothing). */
+static bool glm_is_string(const cJSON *tools, const char *name, const char *key) {
+    const cJSON *tl;
+    cJSON_ArrayForEach(tl, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tl, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(nm) || strcmp(nm->valuestring, name)) continue;
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pr, key), "type");
+        if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
+        if (cJSON_IsArray(ty)) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it) && !strcmp(it->valuestring, "string")) return true;
+            return false;
+        }
+        return true;
+    }
+    return true;
+}
+
+static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const char *k, size_t kn, const char *v,
+                         size_t vn) {
+    char *key = dup_n(k, kn);
+    char *val = dup_n(v, vn);
+    cJSON *item = NULL;
+    if (!glm_is_string(tools, name, key)) {
+        const char *s = v;
+        size_t n = vn;
+        trim(&s, &n);
+        const char *end = NULL;
+        item = n ? cJSON_ParseWithLengthOpts(s, n, &end, 0) : NULL;
+        if (item && end != s + n) {
+            cJSON_Delete(item);
+            item = NULL;
+        }
+    }
+    if (!item) item = cJSON_CreateString(val);
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+    cJSON_AddItemToObject(obj, key, item);
+    free(key);
+    free(val);
+}
+
+static void glm_finish(toolcall *c, cJSON *obj) {
+    char *s = cJSON_PrintUnformatted(obj);
+    set_args(c, s ? s : "{}", s ? strlen(s) : 2);
+    free(s);
+    cJSON_Delete(obj);
+}
+
+/* one call after "<tool_call>" */
+static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const cJSON *tools, toolcall_result *r) {
+    size_t q = *pos_io;
+    if (r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
+    size_t e1 = find(t, len, q, "\n"), e2 = find(t, len, q, GL_KEY_BEGIN), e3 = find(t, len, q, GL_CALL_END);
+    size_t ne = e1 < e2 ? e1 : e2;
+    if (e3 < ne) ne = e3;
+    if (ne == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+    const char *nm = t + q;
+    size_t nn = ne - q;
+    trim(&nm, &nn);
+    if (!nn) return SEC_BAD;
+    toolcall *c = new_call(r);
+    c->name = dup_n(nm, nn);
+    cJSON *obj = cJSON_CreateObject();
+    size_t pos = ne;
+    for (;;) {
+        pos = skip_ws(t, len, pos);
+        if (pos == len || (!final && (cut_of(t, len, pos, GL_CALL_END) || cut_of(t, len, pos, GL_KEY_BEGIN)))) {
+            if (!final) {
+                cJSON_Delete(obj);
+                return SEC_PARTIAL;
+            }
+            glm_finish(c, obj);
+            *pos_io = len;
+            return SEC_END;
+        }
+        if (at(t, len, pos, GL_CALL_END)) {
+            glm_finish(c, obj);
+            c->done = true;
+            *pos_io = pos + strlen(GL_CALL_END);
+            return SEC_OK;
+        }
+        bool ok = at(t, len, pos, GL_KEY_BEGIN);
+        size_t k0 = pos + strlen(GL_KEY_BEGIN), k1 = ok ? find(t, len, k0, GL_KEY_END) : SIZE_MAX;
+        size_t v = k1 == SIZE_MAX ? SIZE_MAX : skip_ws(t, len, k1 + strlen(GL_KEY_END));
+        size_t v0 = 0, v1 = SIZE_MAX;
+        if (v != SIZE_MAX && at(t, len, v, GL_VAL_BEGIN)) {
+            v0 = v + strlen(GL_VAL_BEGIN);
+            v1 = find(t, len, v0, GL_VAL_END);
+        }
+        if (v1 == SIZE_MAX) {
+            /* an unfinished pair, or not the format */
+            bool unfinished = ok && (k1 == SIZE_MAX || v == len || cut_of(t, len, v, GL_VAL_BEGIN) || v0);
+            if (!final && unfinished) {
+                cJSON_Delete(obj);
+                return SEC_PARTIAL;
+            }
+            glm_finish(c, obj);
+            if (final && unfinished) {
+                *pos_io = len;
+                return SEC_END;
+            }
+            c->done = true;
+            *pos_io = pos;
+            return SEC_BAD;
+        }
+        const char *ks = t + k0;
+        size_t kn = k1 - k0;
+        trim(&ks, &kn);
+        glm_add_pair(obj, tools, c->name, ks, kn, t + v0, v1 - v0);
+        pos = v1 + strlen(GL_VAL_END);
+    }
+}
+
+/* ---- driver ---- */
+
+void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final, const cJSON *tools,
+                    toolcall_result *r) {
+    memset(r, 0, sizeof *r);
+    sb content = {0};
+    sb_add(&content, "", 0);
+    const char *starts[2] = {NULL, NULL};
+    int n_starts = 0;
+    if (k == TOOLCALL_DEEPSEEK) starts[n_starts++] = DS_CALLS_BEGIN;
+    else if (k == TOOLCALL_KIMI_K2) {
+        starts[n_starts++] = KM_SEC_BEGIN;
+        starts[n_starts++] = KM_SEC_BEGIN1;
+    } else if (k == TOOLCALL_GLM) starts[n_starts++] = GL_CALL_BEGIN;
+    size_t pos = 0;
+    while (pos <= len) {
+        size_t m = SIZE_MAX, ml = 0;
+        for (int i = 0; i < n_starts; i++) {
+            size_t f = find(t, len, pos, starts[i]);
+            if (f < m) {
+                m = f;
+                ml = strlen(starts[i]);
+            }
+        }
+        if (m == SIZE_MAX || r->n_calls == TOOLCALL_MAX_CALLS) {
+            size_t end = len;
+            if (!final && r->n_calls < TOOLCALL_MAX_CALLS)
+                for (int i = 0; i < n_starts; i++) {
+                    size_t ps = partial_suffix(t, len, pos, starts[i]);
+                    if (len - ps < end) end = len - ps;
+                }
+            /* trailing whitespace may still come before a call (held back) */
+            if (!final)
+                while (end > pos && is_ws(t[end - 1])) end--;
+            if (end > pos && !(r->n_calls && final && all_ws(t + pos, end - pos))) sb_add(&content, t + pos, end - pos);
+            break;
+        }
+        /* the text before a call, without the whitespace that separates it from the call */
+        size_t seg = m;
+        while (seg > pos && is_ws(t[seg - 1])) seg--;
+        sb_add(&content, t + pos, seg - pos);
+        size_t sp = m + ml;
+        int before = r->n_calls;
+        int st = k == TOOLCALL_DEEPSEEK ? ds_section(t, len, &sp, final, r)
+                 : k == TOOLCALL_KIMI_K2 ? km_section(t, len, &sp, final, r)
+                                         : gl_call(t, len, &sp, final, tools, r);
+        if (st == SEC_OK) {
+            pos = sp;
+            continue;
+        }
+        if (st == SEC_BAD) {
+            /* not the format: the text from there on stays content (from the start marker
+             * when no call of this section was read) */
+            size_t from = r->n_calls == before ? m : sp;
+            sb_add(&content, t + from, len - from);
+        }
+        break;
+    }
+    r->content = content.p;
+    r->content_len = content.n;
+}
+
+void toolcall_result_free(toolcall_result *r) {
+    if (!r) return;
+    free(r->content);
+    for (int i = 0; i < r->n_calls; i++) {
+        free(r->calls[i].id);
+        free(r->calls[i].name);
+        free(r->calls[i].args);
+    }
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,67 @@
+/* chat_toolcall: finds the tool calls in a chat completion's content, per model family.
+ *
+ * Formats (as the models write them; docs/chat-dialects.md):
+ *   deepseek  DeepSeek-V3 / R1:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+ *             ```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+ *             DeepSeek-V3.1:     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+ *             <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>   (both read by the one parser)
+ *   kimi-k2   <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+ *             <|tool_call_argument_begin|>ARGS<|tool_call_end|>...<|tool_calls_section_end|>
+ *             (the model's "functions.NAME:IDX" is the call's id)
+ *   glm       <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or
+ *             without newlines between the parts; V is a JSON value unless the tool's parameter
+ *             schema says "string" (or names no type), else a string.
+ * Text outside the calls is content (less the whitespace before a call and whitespace-only text
+ * between or after calls). ARGS is the model's text as is (it may be invalid JSON, as
+ * OpenAI documents for its own models); GLM's pairs become a JSON object.
+ *
+ * Like reasoning_split_text, a pure function of the whole content so far: a partial parse
+ * (final = false) holds back a suffix that may start a marker, a call's name until it is
+ * complete, and the arguments of the fenced DeepSeek-V3 form and of GLM until the call ends.
+ * Each partial result is a prefix of the final one (content, calls, each call's arguments). A
+ * final parse keeps a call cut off by the end of the text (its arguments as far as they got);
+ * text that does not follow the format stays content. At most TOOLCALL_MAX_CALLS calls; what
+ * follows them stays content.
+ *
+ * Ownership: toolcall_parse fills a result the caller frees with toolcall_result_free (all
+ * strings malloc'd). tools (may be NULL) is only read. Any thread. */
+#ifndef CHAT_TOOLCALL_H
+#define CHAT_TOOLCALL_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define TOOLCALL_MAX_CALLS 64
+
+enum toolcall_kind { TOOLCALL_NONE = 0, TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOOLCALL_GLM };
+#define TOOLCALL_AUTO (-1)
+
+/* "none", "deepseek", "kimi-k2", "glm" */
+const char *toolcall_kind_name(enum toolcall_kind k);
+/* The names above and "auto" (TOOLCALL_AUTO); -2 when unknown. */
+int toolcall_kind_parse(const char *name);
+/* The format a chat template's own tool-call rendering uses, else the one of the family whose
+ * turn markers it writes (TOOLCALL_NONE: neither found). */
+enum toolcall_kind toolcall_auto(const char *template_src);
+
+typedef struct toolcall {
+    char *id;   /* the model's own id (kimi-k2), else NULL */
+    char *name; /* NULL until the name is complete */
+    char *args; /* arguments so far ("" until known) */
+    size_t args_len;
+    bool done;  /* its end marker was seen */
+} toolcall;
+
+typedef struct toolcall_result {
+    char *content; /* text outside the calls */
+    size_t content_len;
+    toolcall calls[TOOLCALL_MAX_CALLS];
+    int n_calls;
+} toolcall_result;
+
+void toolcall_parse(enum toolcall_kind k, const char *text, size_t len, bool final, const cJSON *tools,
+                    toolcall_result *out);
+void toolcall_result_free(toolcall_result *r);
+
+#endif

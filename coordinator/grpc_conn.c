@@ -1,0 +1,431 @@
+/* grpc_conn: see grpc_conn.h. */
+#include "coordinator/grpc_conn.h"
+
+#include <nghttp2/nghttp2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/grpc_msg.h"
+
+typedef struct gstream {
+    struct gstream *prev, *next; /* the connection's streams (nghttp2_session_del calls no callback) */
+    int32_t id;
+    int method;
+    bool bad_method, bad_post, bad_ctype, bad_timeout, too_many_headers;
+    size_t header_bytes;
+    char *auth;
+    int64_t timeout_ms;
+    uint8_t *in;
+    size_t in_len, in_cap;
+    bool replied;  /* answered by this layer (a bad request): later data is dropped */
+    bool in_call;  /* handed to on_call, not finished */
+    bool started;  /* response headers submitted with the data provider */
+    bool finishing;
+    int status;
+    char *message;
+    uint8_t *out;
+    size_t out_off, out_len, out_cap;
+} gstream;
+
+struct grpc_conn {
+    nghttp2_session *s;
+    grpc_conn_limits lim;
+    grpc_conn_cbs cb;
+    size_t buffered; /* request bytes over the streams */
+    size_t out;      /* response bytes queued over the streams */
+    int n_calls;
+    gstream *streams;
+};
+
+const char *grpc_status_name(int code) {
+    static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                        "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                        "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+    return code >= 0 && code < (int)(sizeof names / sizeof *names) ? names[code] : "?";
+}
+
+void grpc_conn_limits_default(grpc_conn_limits *l) {
+    l->max_msg = 4u << 20;
+    l->max_streams = 100;
+    l->max_header_bytes = 16u << 10;
+    l->max_buffered = 16u << 20;
+    l->max_out = 8u << 20;
+}
+
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7E and '%'. */
+static char *pct_encode(const char *m) {
+    size_t n = strlen(m);
+    if (n > 1024) n = 1024;
+    char *o = mla_xmalloc(n * 3 + 1), *p = o;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)m[i];
+        if (ch < 0x20 || ch > 0x7E || ch == '%')
+            p += sprintf(p, "%%%02X", ch);
+        else
+            *p++ = (char)ch;
+    }
+    *p = 0;
+    return o;
+}
+
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
+
+static void stream_free(grpc_conn *c, gstream *st) {
+    if (st->prev)
+        st->prev->next = st->next;
+    else
+        c->streams = st->next;
+    if (st->next) st->next->prev = st->prev;
+    c->buffered -= st->in_len;
+    c->out -= st->out_len - st->out_off;
+    free(st->in);
+    free(st->out);
+    free(st->auth);
+    free(st->message);
+    free(st);
+}
+
+/* A trailers-only response (no message): the call fails with status. */
+static void reply_status(grpc_conn *c, gstream *st, int status, const char *msg) {
+    if (st->replied) return;
+    st->replied = true;
+    c->buffered -= st->in_len;
+    st->in_len = 0;
+    char code[8];
+    snprintf(code, sizeof code, "%d", status);
+    char *m = pct_encode(msg ? msg : "");
+    nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc"), NV("grpc-status", code),
+                        NV("grpc-message", m)};
+    nghttp2_submit_response(c->s, st->id, nva, msg && msg[0] ? 4 : 3, NULL);
+    free(m);
+}
+
+/* ---- request side ---- */
+
+static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud) {
+    grpc_conn *c = ud;
+    if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    gstream *st = mla_xcalloc(1, sizeof(*st));
+    st->id = f->hd.stream_id;
+    st->timeout_ms = -1;
+    st->bad_post = true;
+    st->bad_ctype = true;
+    st->next = c->streams;
+    if (c->streams) c->streams->prev = st;
+    c->streams = st;
+    nghttp2_session_set_stream_user_data(s, f->hd.stream_id, st);
+    return 0;
+}
+
+/* grpc-timeout: 1 to 8 digits and a unit (H M S m u n). */
+static int parse_timeout(const uint8_t *v, size_t n, int64_t *ms) {
+    if (n < 2 || n > 9) return -1;
+    int64_t x = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    switch (v[n - 1]) {
+    case 'H': x *= 3600000; break;
+    case 'M': x *= 60000; break;
+    case 'S': x *= 1000; break;
+    case 'm': break;
+    case 'u': x = (x + 999) / 1000; break;
+    case 'n': x = (x + 999999) / 1000000; break;
+    default: return -1;
+    }
+    *ms = x;
+    return 0;
+}
+
+static bool eq(const uint8_t *a, size_t n, const char *b) { return n == strlen(b) && !memcmp(a, b, n); }
+
+static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name, size_t nlen,
+                     const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
+    (void)flags;
+    grpc_conn *c = ud;
+    if (f->hd.type != NGHTTP2_HEADERS) return 0;
+    gstream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+    if (!st || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0; /* client trailers: nothing to take */
+    st->header_bytes += nlen + vlen + 32;
+    if (st->header_bytes > c->lim.max_header_bytes) {
+        st->too_many_headers = true;
+        return 0;
+    }
+    if (eq(name, nlen, ":path")) {
+        st->method = grpc_method_of_path((const char *)value, vlen);
+        st->bad_method = st->method == 0;
+    } else if (eq(name, nlen, ":method")) {
+        st->bad_post = !eq(value, vlen, "POST");
+    } else if (eq(name, nlen, "content-type")) {
+        st->bad_ctype = !(vlen >= 16 && !memcmp(value, "application/grpc", 16) &&
+                          (vlen == 16 || value[16] == '+' || value[16] == ';'));
+    } else if (eq(name, nlen, "grpc-timeout")) {
+        st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
+    } else if (eq(name, nlen, "authorization")) {
+        free(st->auth);
+        st->auth = mla_xmalloc(vlen + 1);
+        memcpy(st->auth, value, vlen);
+        st->auth[vlen] = 0;
+    }
+    return 0;
+}
+
+static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t sid, const uint8_t *data, size_t len, void *ud) {
+    (void)flags;
+    grpc_conn *c = ud;
+    gstream *st = nghttp2_session_get_stream_user_data(s, sid);
+    if (!st || st->replied || st->in_call) return 0;
+    if (st->in_len + len > (size_t)c->lim.max_msg + 5) {
+        char m[96];
+        snprintf(m, sizeof m, "the request message is larger than %u bytes", c->lim.max_msg);
+        reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, m);
+        return 0;
+    }
+    if (c->buffered + len > c->lim.max_buffered) {
+        reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, "too much request data in flight on this connection");
+        return 0;
+    }
+    if (st->in_len + len > st->in_cap) {
+        st->in_cap = (st->in_len + len) * 2;
+        st->in = mla_xrealloc(st->in, st->in_cap);
+    }
+    memcpy(st->in + st->in_len, data, len);
+    st->in_len += len;
+    c->buffered += len;
+    return 0;
+}
+
+/* The request is complete (END_STREAM): check it, hand it on. */
+static void request_done(grpc_conn *c, gstream *st) {
+    if (st->replied || st->in_call) return;
+    if (st->bad_post) return reply_status(c, st, GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
+    if (st->bad_ctype) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
+    if (st->too_many_headers) {
+        char m[96];
+        snprintf(m, sizeof m, "request headers are larger than %u bytes", c->lim.max_header_bytes);
+        return reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, m);
+    }
+    if (st->bad_method || !st->method) return reply_status(c, st, GRPC_UNIMPLEMENTED, "unknown method");
+    if (st->bad_timeout) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "malformed grpc-timeout header");
+    if (st->in_len < 5) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request has no message");
+    if (st->in[0] != 0)
+        return reply_status(c, st, st->in[0] == 1 ? GRPC_UNIMPLEMENTED : GRPC_INVALID_ARGUMENT,
+                            st->in[0] == 1 ? "compressed messages are not supported (send grpc-encoding identity)"
+                                           : "bad message flags");
+    uint32_t n = (uint32_t)st->in[1] << 24 | (uint32_t)st->in[2] << 16 | (uint32_t)st->in[3] << 8 | st->in[4];
+    if ((size_t)n + 5 != st->in_len)
+        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request must carry exactly one message");
+    st->in_call = true;
+    c->n_calls++;
+    grpc_call_in call = {.stream_id = st->id,
+                         .method = st->method,
+                         .msg = st->in + 5,
+                         .len = n,
+                         .authorization = st->auth,
+                         .timeout_ms = st->timeout_ms};
+    c->cb.on_call(c->cb.ud, &call);
+    /* the message is not needed any more */
+    if (nghttp2_session_get_stream_user_data(c->s, call.stream_id) == st) {
+        c->buffered -= st->in_len;
+        st->in_len = 0;
+        free(st->in);
+        st->in = NULL;
+        st->in_cap = 0;
+    }
+}
+
+static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud) {
+    grpc_conn *c = ud;
+    if ((f->hd.type != NGHTTP2_DATA && f->hd.type != NGHTTP2_HEADERS) || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    gstream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+    if (st) request_done(c, st);
+    return 0;
+}
+
+static int on_stream_close(nghttp2_session *s, int32_t sid, uint32_t error_code, void *ud) {
+    (void)error_code;
+    grpc_conn *c = ud;
+    gstream *st = nghttp2_session_get_stream_user_data(s, sid);
+    if (!st) return 0;
+    nghttp2_session_set_stream_user_data(s, sid, NULL);
+    bool was_call = st->in_call;
+    if (was_call) {
+        st->in_call = false;
+        c->n_calls--;
+    }
+    stream_free(c, st);
+    if (was_call && c->cb.on_cancel) c->cb.on_cancel(c->cb.ud, sid);
+    return 0;
+}
+
+/* ---- response side ---- */
+
+static ssize_t read_data(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t len, uint32_t *flags,
+                         nghttp2_data_source *src, void *ud) {
+    (void)src;
+    grpc_conn *c = ud;
+    gstream *st = nghttp2_session_get_stream_user_data(s, sid);
+    if (!st) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    size_t avail = st->out_len - st->out_off;
+    if (avail) {
+        size_t n = avail < len ? avail : len;
+        memcpy(buf, st->out + st->out_off, n);
+        st->out_off += n;
+        c->out -= n;
+        if (st->out_off == st->out_len) st->out_off = st->out_len = 0;
+        return (ssize_t)n;
+    }
+    if (!st->finishing) return NGHTTP2_ERR_DEFERRED;
+    *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    char code[8];
+    snprintf(code, sizeof code, "%d", st->status);
+    char *m = pct_encode(st->message ? st->message : "");
+    nghttp2_nv nva[] = {NV("grpc-status", code), NV("grpc-message", m)};
+    nghttp2_submit_trailer(s, sid, nva, m[0] ? 2 : 1);
+    free(m);
+    return 0;
+}
+
+static gstream *call_stream(grpc_conn *c, int32_t sid) {
+    gstream *st = nghttp2_session_get_stream_user_data(c->s, sid);
+    return st && st->in_call ? st : NULL;
+}
+
+int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
+    gstream *st = call_stream(c, sid);
+    if (!st || st->finishing) return MLA_ERR;
+    size_t n = protobuf_c_message_get_packed_size(m);
+    if (c->out + n + 5 > c->lim.max_out) {
+        st->in_call = false;
+        c->n_calls--;
+        nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_CANCEL);
+        return MLA_ERR;
+    }
+    if (st->out_len + n + 5 > st->out_cap) {
+        st->out_cap = (st->out_len + n + 5) * 2;
+        st->out = mla_xrealloc(st->out, st->out_cap);
+    }
+    uint8_t *p = st->out + st->out_len;
+    p[0] = 0;
+    p[1] = (uint8_t)(n >> 24);
+    p[2] = (uint8_t)(n >> 16);
+    p[3] = (uint8_t)(n >> 8);
+    p[4] = (uint8_t)n;
+    protobuf_c_message_pack(m, p + 5);
+    st->out_len += n + 5;
+    c->out += n + 5;
+    if (!st->started) {
+        st->started = true;
+        nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc")};
+        nghttp2_data_provider dp = {.source = {.ptr = NULL}, .read_callback = read_data};
+        nghttp2_submit_response(c->s, sid, nva, 2, &dp);
+    } else {
+        nghttp2_session_resume_data(c->s, sid);
+    }
+    return MLA_OK;
+}
+
+void grpc_conn_finish(grpc_conn *c, int32_t sid, int status, const char *message) {
+    gstream *st = call_stream(c, sid);
+    if (!st || st->finishing) return;
+    st->in_call = false;
+    c->n_calls--;
+    if (!st->started) {
+        st->replied = false;
+        reply_status(c, st, status, message);
+        return;
+    }
+    st->finishing = true;
+    st->status = status;
+    st->message = message ? mla_xstrdup(message) : NULL;
+    nghttp2_session_resume_data(c->s, sid);
+}
+
+/* ---- the connection ---- */
+
+int grpc_conn_init(grpc_conn **out, const grpc_conn_limits *lim, const grpc_conn_cbs *cb, mla_err *err) {
+    *out = NULL;
+    grpc_conn *c = mla_xcalloc(1, sizeof(*c));
+    if (lim)
+        c->lim = *lim;
+    else
+        grpc_conn_limits_default(&c->lim);
+    c->cb = *cb;
+    nghttp2_session_callbacks *cbs;
+    if (nghttp2_session_callbacks_new(&cbs)) {
+        free(c);
+        return mla_errf(err, "grpc: nghttp2_session_callbacks_new failed");
+    }
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+    nghttp2_option *opt;
+    nghttp2_option_new(&opt);
+    /* headers past the limit are counted by on_header; nghttp2 itself caps the block */
+    nghttp2_option_set_max_send_header_block_length(opt, 64u << 10);
+    int rc = nghttp2_session_server_new2(&c->s, cbs, c, opt);
+    nghttp2_option_del(opt);
+    nghttp2_session_callbacks_del(cbs);
+    if (rc) {
+        free(c);
+        return mla_errf(err, "grpc: nghttp2_session_server_new: %s", nghttp2_strerror(rc));
+    }
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, c->lim.max_streams},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, c->lim.max_header_bytes},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1u << 20},
+    };
+    nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, 3);
+    *out = c;
+    return MLA_OK;
+}
+
+void grpc_conn_free(grpc_conn *c) {
+    if (!c) return;
+    /* streams still open: freed without callbacks */
+    nghttp2_session_del(c->s);
+    while (c->streams) stream_free(c, c->streams);
+    free(c);
+}
+
+int grpc_conn_recv(grpc_conn *c, const uint8_t *data, size_t n, mla_err *err) {
+    ssize_t rc = nghttp2_session_mem_recv(c->s, data, n);
+    if (rc < 0) {
+        if (rc == NGHTTP2_ERR_BAD_CLIENT_MAGIC)
+            return mla_errf(err, "not an HTTP/2 client (a gRPC client speaks HTTP/2: the connection preface is wrong)");
+        return mla_errf(err, "HTTP/2 protocol error: %s", nghttp2_strerror((int)rc));
+    }
+    return MLA_OK;
+}
+
+size_t grpc_conn_take_output(grpc_conn *c, uint8_t **out) {
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        const uint8_t *d;
+        ssize_t n = nghttp2_session_mem_send(c->s, &d);
+        if (n <= 0) break;
+        if (len + (size_t)n > cap) {
+            cap = (len + (size_t)n) * 2;
+            buf = mla_xrealloc(buf, cap);
+        }
+        memcpy(buf + len, d, (size_t)n);
+        len += (size_t)n;
+    }
+    *out = buf;
+    return len;
+}
+
+bool grpc_conn_done(const grpc_conn *c) {
+    return !nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s);
+}
+
+int grpc_conn_n_calls(const grpc_conn *c) { return c->n_calls; }
+
+void grpc_conn_shutdown(grpc_conn *c) { nghttp2_submit_shutdown_notice(c->s); }

@@ -1,0 +1,199 @@
+/* grpc_msg: see grpc_msg.h. */
+#include "coordinator/grpc_msg.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- requests ---- */
+
+static int fail(char param[48], const char *p, mla_err *err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(char param[48], const char *p, mla_err *err, const char *fmt, ...) {
+    snprintf(param, 48, "%s", p ? p : "");
+    va_list ap;
+    va_start(ap, fmt);
+    mla_verrf(err, fmt, ap);
+    va_end(ap);
+    return MLA_ERR;
+}
+
+/* messages -> the cJSON array api_messages_check / the chat template take. */
+static int messages_json(Mlaapi__ChatMessage **m, size_t n, cJSON **out, char param[48], mla_err *err) {
+    cJSON *arr = cJSON_CreateArray();
+    *out = arr;
+    for (size_t i = 0; i < n; i++) {
+        if (!m[i]->role) return fail(param, "messages", err, "messages[%zu].role is required", i);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "role", m[i]->role);
+        if (m[i]->content)
+            cJSON_AddStringToObject(o, "content", m[i]->content);
+        else
+            cJSON_AddNullToObject(o, "content");
+        cJSON_AddItemToArray(arr, o);
+    }
+    api_error e;
+    if (api_messages_check(arr, &e) != MLA_OK)
+        return fail(param, e.param, err, "%s", e.message);
+    return MLA_OK;
+}
+
+static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, char param[48],
+                           mla_err *err) {
+    api_gen_params *p = &r->gen;
+    memset(p, 0, sizeof(*p));
+    sched_sampling_default(&p->sampling);
+    p->max_tokens = -1;
+    int n_prompts = (q->prompt != NULL) + (q->n_prompt_ids > 0) + (q->n_messages > 0);
+    if (n_prompts != 1)
+        return fail(param, "prompt", err,
+                    "exactly one of prompt, prompt_ids and messages is required (got %d)", n_prompts);
+    if (q->model) p->model = mla_xstrdup(q->model);
+    if (q->n_messages) {
+        p->kind = API_CHAT;
+        if (messages_json(q->messages, q->n_messages, &r->messages, param, err)) return MLA_ERR;
+        p->messages = r->messages;
+    } else {
+        p->kind = API_COMPLETIONS;
+        if (q->prompt) {
+            p->prompt_text = mla_xstrdup(q->prompt);
+        } else {
+            if (q->n_prompt_ids > INT32_MAX) return fail(param, "prompt_ids", err, "too many prompt ids");
+            p->prompt_ids = mla_xmalloc(q->n_prompt_ids * sizeof(int32_t));
+            memcpy(p->prompt_ids, q->prompt_ids, q->n_prompt_ids * sizeof(int32_t));
+            p->n_prompt_ids = (int32_t)q->n_prompt_ids;
+        }
+    }
+    p->add_generation_prompt = q->has_add_generation_prompt ? q->add_generation_prompt : true;
+    if (q->has_max_tokens) {
+        if (q->max_tokens < 1)
+            return fail(param, "max_tokens", err, "max_tokens must be >= 1 (got %d)", q->max_tokens);
+        p->max_tokens = q->max_tokens;
+    }
+    sched_sampling *s = &p->sampling;
+    if (q->has_temperature) s->temperature = q->temperature;
+    if (q->has_top_p) s->top_p = q->top_p;
+    if (q->has_top_k) {
+        if (q->top_k < -1) return fail(param, "top_k", err, "top_k must be >= -1 (got %d)", q->top_k);
+        s->top_k = q->top_k < 0 ? 0 : q->top_k;
+    }
+    if (q->has_min_p) s->min_p = q->min_p;
+    if (q->has_presence_penalty) s->presence_penalty = q->presence_penalty;
+    if (q->has_frequency_penalty) s->frequency_penalty = q->frequency_penalty;
+    if (q->has_repetition_penalty) s->repetition_penalty = q->repetition_penalty;
+    if (q->has_seed) {
+        s->seed = q->seed;
+        s->has_seed = true;
+    }
+    if (q->n_stop > API_MAX_STOP)
+        return fail(param, "stop", err, "at most %d stop strings are supported (got %zu)", API_MAX_STOP,
+                    q->n_stop);
+    for (size_t i = 0; i < q->n_stop; i++) {
+        if (!q->stop[i] || !q->stop[i][0]) return fail(param, "stop", err, "stop strings must not be empty");
+        p->stop[p->n_stop++] = mla_xstrdup(q->stop[i]);
+    }
+    if (q->n_stop_token_ids) {
+        if (q->n_stop_token_ids > 4096) return fail(param, "stop_token_ids", err, "too many stop token ids");
+        p->stop_ids = mla_xmalloc(q->n_stop_token_ids * sizeof(int32_t));
+        memcpy(p->stop_ids, q->stop_token_ids, q->n_stop_token_ids * sizeof(int32_t));
+        p->n_stop_ids = (int32_t)q->n_stop_token_ids;
+    }
+    p->ignore_eos = q->has_ignore_eos && q->ignore_eos;
+    p->skip_special_tokens = q->has_skip_special_tokens ? q->skip_special_tokens : true;
+    if (q->has_top_logprobs && q->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+        return fail(param, "top_logprobs", err, "top_logprobs must be between 0 and %d (got %u)",
+                    SCHED_MAX_TOP_LOGPROBS, q->top_logprobs);
+    p->top_logprobs = q->has_top_logprobs ? (int32_t)q->top_logprobs : 0;
+    p->logprobs = (q->has_logprobs && q->logprobs) || p->top_logprobs > 0;
+    s->logprobs = p->logprobs;
+    s->top_logprobs = p->top_logprobs;
+    p->stream = true;
+    api_error e;
+    if (api_gen_params_check(p, &e) != MLA_OK) return fail(param, e.param, err, "%s", e.message);
+    return MLA_OK;
+}
+
+const char *grpc_method_path(int method) {
+    switch (method) {
+    case GRPC_M_GENERATE: return "/mlaapi.MlaServe/Generate";
+    case GRPC_M_TOKENIZE: return "/mlaapi.MlaServe/Tokenize";
+    case GRPC_M_HEALTH: return "/mlaapi.MlaServe/Health";
+    case GRPC_M_MODELS: return "/mlaapi.MlaServe/Models";
+    case GRPC_M_CANCEL: return "/mlaapi.MlaServe/Cancel";
+    case GRPC_M_INFO: return "/mlaapi.MlaServe/Info";
+    case GRPC_M_HC_CHECK: return "/grpc.health.v1.Health/Check";
+    case GRPC_M_HC_WATCH: return "/grpc.health.v1.Health/Watch";
+    default: return NULL;
+    }
+}
+
+int grpc_method_of_path(const char *path, size_t len) {
+    for (int m = 1; m < GRPC_M_COUNT; m++) {
+        const char *p = grpc_method_path(m);
+        if (strlen(p) == len && !memcmp(p, path, len)) return m;
+    }
+    return 0;
+}
+
+static const ProtobufCMessageDescriptor *request_desc(int method) {
+    switch (method) {
+    case GRPC_M_GENERATE: return &mlaapi__generate_request__descriptor;
+    case GRPC_M_TOKENIZE: return &mlaapi__tokenize_request__descriptor;
+    case GRPC_M_HEALTH: return &mlaapi__health_request__descriptor;
+    case GRPC_M_MODELS: return &mlaapi__models_request__descriptor;
+    case GRPC_M_CANCEL: return &mlaapi__cancel_request__descriptor;
+    case GRPC_M_INFO: return &mlaapi__info_request__descriptor;
+    case GRPC_M_HC_CHECK:
+    case GRPC_M_HC_WATCH: return &grpc__health__v1__health_check_request__descriptor;
+    default: return NULL;
+    }
+}
+
+int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_request *r, char param[48],
+                        mla_err *err) {
+    memset(r, 0, sizeof(*r));
+    r->method = method;
+    param[0] = 0;
+    const ProtobufCMessageDescriptor *d = request_desc(method);
+    if (!d) return fail(param, NULL, err, "unknown method %d", method);
+    r->msg = protobuf_c_message_unpack(d, NULL, len, payload);
+    if (!r->msg)
+        return fail(param, NULL, err, "the request (%zu bytes) is not a valid %s message", len, d->name);
+    switch (method) {
+    case GRPC_M_GENERATE: {
+        Mlaapi__GenerateRequest *q = (Mlaapi__GenerateRequest *)r->msg;
+        r->request_id = q->has_request_id ? q->request_id : 0;
+        return decode_generate(r, q, param, err);
+    }
+    case GRPC_M_TOKENIZE: {
+        Mlaapi__TokenizeRequest *q = (Mlaapi__TokenizeRequest *)r->msg;
+        if ((q->text != NULL) + (q->n_messages > 0) != 1)
+            return fail(param, "text", err, "exactly one of text and messages is required");
+        if (q->n_messages && messages_json(q->messages, q->n_messages, &r->messages, param, err)) return MLA_ERR;
+        r->text = q->text;
+        r->add_special = q->has_add_special_tokens ? q->add_special_tokens : true;
+        return MLA_OK;
+    }
+    case GRPC_M_CANCEL: {
+        Mlaapi__CancelRequest *q = (Mlaapi__CancelRequest *)r->msg;
+        if (!q->has_request_id || q->request_id == 0)
+            return fail(param, "request_id", err, "Cancel needs the non-zero request_id of a Generate call");
+        r->request_id = q->request_id;
+        return MLA_OK;
+    }
+    case GRPC_M_HC_CHECK:
+    case GRPC_M_HC_WATCH: {
+        Grpc__Health__V1__HealthCheckRequest *q = (Grpc__Health__V1__HealthCheckRequest *)r->msg;
+        r->text = q->service ? q->service : "";
+        return MLA_OK;
+    }
+    default: return MLA_OK;
+    }
+}
+
+void grpc_request_free(grpc_request *r) {
+    api_gen_params_free(&r->gen);
+    if (r->messages) cJSON_Delete(r->messages);
+    if (r->msg) protobuf_c_message_free_unpacked(r->msg, NULL);
+    memset(r, 0, sizeof(*r));
+}

@@ -1,0 +1,808 @@
+/* grpc_server: see grpc_server.h. */
+#include "coordinator/grpc_server.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/buildinfo.h"
+#include "common/mla_log.h"
+#include "coordinator/grpc_msg.h"
+#include "coordinator/uvnet.h"
+
+typedef struct gs_conn gs_conn;
+
+typedef struct gs_call {
+    gs_conn *c;
+    struct gs_call *prev, *next;
+    int32_t sid;
+    int method;
+    uint64_t request_id;  /* Generate: its name for Cancel (0: none) */
+    api_gen *g;
+    api_tok_job *tj;      /* a Tokenize on the prep thread */
+    uint64_t deadline_ms; /* loop time; 0: none */
+    bool logprobs;
+    uint32_t index;       /* tokens sent */
+    int watch_status;     /* Health.Watch: the status last sent */
+} gs_call;
+
+struct gs_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    grpc_server *srv;
+    gs_conn *prev, *next;
+    grpc_conn *h2;
+    SSL *ssl;
+    BIO *rbio, *wbio; /* owned by ssl */
+    bool closing;
+    bool in_recv; /* inside grpc_conn_recv: nghttp2 must not be asked for output */
+    gs_call *calls;
+    int n_calls;
+    size_t queued;        /* bytes handed to uv_write, not yet written */
+    size_t received;      /* plaintext bytes taken (the HTTP/2 preface is 24) */
+    char peer[64];
+    uint64_t accepted_ms, last_active_ms;
+};
+
+struct grpc_server {
+    uv_loop_t *loop;
+    api_server *api;
+    grpc_config cfg;
+    SSL_CTX *tls;
+    uv_tcp_t listener;
+    bool listening, closed;
+    gs_conn *conns;
+    int n_conns, n_closing;
+    uv_timer_t sweep; /* deadlines, idle and handshake timeouts, Health.Watch */
+    bool sweep_open;
+    uint64_t last_watch_ms;
+};
+
+void grpc_config_default(grpc_config *c) {
+    memset(c, 0, sizeof(*c));
+    grpc_conn_limits_default(&c->conn);
+    c->max_conns = 1024;
+    c->max_write_queue = 16u << 20;
+    c->idle_timeout_ms = 60000;
+    c->handshake_timeout_ms = 10000;
+}
+
+/* ---- connection lifetime ---- */
+
+static void on_handle_closed(uv_handle_t *h) {
+    gs_conn *c = h->data;
+    c->srv->n_closing--;
+    free(c);
+}
+
+static void on_tcp_closed(uv_handle_t *h) {
+    gs_conn *c = h->data;
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+static void call_unlink(gs_call *r) {
+    gs_conn *c = r->c;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->calls = r->next;
+    if (r->next) r->next->prev = r->prev;
+    c->n_calls--;
+    free(r);
+}
+
+/* The call's work stops (no more output); the call is gone. */
+static void call_drop(gs_call *r) {
+    if (r->g) api_server_gen_cancel(r->g, true);
+    if (r->tj) api_server_tokenize_detach(r->tj);
+    call_unlink(r);
+}
+
+static void conn_close(gs_conn *c) {
+    if (c->closing) return;
+    c->closing = true;
+    grpc_server *s = c->srv;
+    while (c->calls) call_drop(c->calls); /* cancelled in the scheduler */
+    grpc_conn_free(c->h2);
+    c->h2 = NULL;
+    if (c->ssl) SSL_free(c->ssl);
+    c->ssl = NULL;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->n_conns--;
+    s->n_closing++;
+    uv_timer_stop(&c->timer);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_close((uv_handle_t *)&c->tcp, on_tcp_closed);
+}
+
+static void on_close_timer(uv_timer_t *t) { conn_close(t->data); }
+
+/* Closing from inside a callback of grpc_conn or of a sink would free what is in use: close
+ * from the timer. */
+static void close_soon(gs_conn *c) {
+    if (c->closing) return;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_timer_start(&c->timer, on_close_timer, 0, 0);
+}
+
+/* ---- writing ---- */
+
+typedef struct wreq {
+    uv_write_t w;
+    gs_conn *c;
+    size_t len;
+    uint8_t *data;
+} wreq;
+
+static void on_written(uv_write_t *w, int status) {
+    wreq *r = (wreq *)w;
+    gs_conn *c = r->c;
+    c->queued -= r->len;
+    free(r->data);
+    free(r);
+    if (c->closing) return;
+    c->last_active_ms = uv_now(c->srv->loop);
+    if (status < 0) {
+        MLA_DEBUG("grpc: write to %s failed: %s", c->peer, uv_strerror(status));
+        close_soon(c);
+    }
+}
+
+static void write_raw(gs_conn *c, uint8_t *data, size_t len) {
+    if (!len) {
+        free(data);
+        return;
+    }
+    wreq *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->data = data;
+    r->len = len;
+    uv_buf_t buf = uv_buf_init((char *)data, (unsigned)len);
+    c->queued += len;
+    if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
+        c->queued -= len;
+        free(data);
+        free(r);
+        close_soon(c);
+        return;
+    }
+    if (c->queued > c->srv->cfg.max_write_queue) {
+        MLA_WARN("grpc: client %s leaves %zu bytes unread; closing", c->peer, c->queued);
+        close_soon(c);
+    }
+}
+
+/* What TLS has to send. */
+static void flush_tls(gs_conn *c) {
+    size_t pending;
+    while ((pending = BIO_ctrl_pending(c->wbio)) > 0) {
+        uint8_t *b = mla_xmalloc(pending);
+        int n = BIO_read(c->wbio, b, (int)pending);
+        if (n <= 0) {
+            free(b);
+            break;
+        }
+        write_raw(c, b, (size_t)n);
+    }
+}
+
+/* Sends what the HTTP/2 session has ready; closes when it is done. */
+static void flush(gs_conn *c) {
+    if (c->closing || !c->h2 || c->in_recv) return;
+    if (c->ssl && !SSL_is_init_finished(c->ssl)) {
+        flush_tls(c);
+        return;
+    }
+    uint8_t *out;
+    size_t n = grpc_conn_take_output(c->h2, &out);
+    if (c->ssl) {
+        if (n && SSL_write(c->ssl, out, (int)n) <= 0) {
+            free(out);
+            close_soon(c);
+            return;
+        }
+        free(out);
+        flush_tls(c);
+    } else {
+        write_raw(c, out, n);
+    }
+    if (grpc_conn_done(c->h2)) close_soon(c);
+}
+
+/* ---- answers ---- */
+
+static void send_msg(gs_call *r, const ProtobufCMessage *m) {
+    gs_conn *c = r->c;
+    if (grpc_conn_send_msg(c->h2, r->sid, m) != MLA_OK) {
+        /* the client does not take its output: the call is reset */
+        MLA_WARN("grpc: client %s does not read call %d; cancelled", c->peer, r->sid);
+        call_drop(r);
+        flush(c);
+        return;
+    }
+    flush(c);
+}
+
+static void finish(gs_call *r, int status, const char *msg) {
+    gs_conn *c = r->c;
+    grpc_conn_finish(c->h2, r->sid, status, msg);
+    call_unlink(r);
+    flush(c);
+}
+
+/* Messages sent on a call that may have been dropped by send_msg: find it again. */
+static gs_call *find_sid(gs_conn *c, int32_t sid) {
+    for (gs_call *r = c->calls; r; r = r->next)
+        if (r->sid == sid) return r;
+    return NULL;
+}
+
+/* ---- generation output ---- */
+
+static void send_token(gs_call *r, const char *text, size_t from, size_t to, const api_token *t) {
+    Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
+    if (r->request_id) {
+        m.has_request_id = true;
+        m.request_id = r->request_id;
+    }
+    m.has_token_id = true;
+    m.token_id = t->id;
+    m.has_index = true;
+    m.index = r->index++;
+    size_t n;
+    char *s = api_utf8_sanitize(text + from, to - from, &n);
+    m.text = s;
+    Mlaapi__TopLogprob tops[SCHED_MAX_TOP_LOGPROBS], *topp[SCHED_MAX_TOP_LOGPROBS];
+    if (r->logprobs) {
+        m.has_logprob = true;
+        m.logprob = t->logprob;
+        int nt = t->n_top < SCHED_MAX_TOP_LOGPROBS ? t->n_top : SCHED_MAX_TOP_LOGPROBS;
+        for (int k = 0; k < nt; k++) {
+            mlaapi__top_logprob__init(&tops[k]);
+            tops[k].has_token_id = tops[k].has_logprob = true;
+            tops[k].token_id = t->top_ids[k];
+            tops[k].logprob = t->top_lps[k];
+            topp[k] = &tops[k];
+        }
+        m.n_top_logprobs = (size_t)(nt > 0 ? nt : 0);
+        m.top_logprobs = topp;
+    }
+    send_msg(r, &m.base);
+    free(s);
+}
+
+/* One message per token; the text [from, to) is shared out so that each piece ends on a UTF-8
+ * boundary (the last token takes the rest). Returns where the sent text ends, or (size_t)-1
+ * when the call was dropped. */
+static size_t send_tokens(gs_call *r, const char *text, size_t from, size_t to, const api_token *toks, int n) {
+    size_t cur = from;
+    gs_conn *c = r->c;
+    int32_t sid = r->sid;
+    for (int k = 0; k < n; k++) {
+        size_t e = to;
+        if (k < n - 1) {
+            e = toks[k].end < to ? toks[k].end : to;
+            e = api_utf8_complete_prefix(text, e);
+            if (e < cur) e = cur;
+        }
+        send_token(r, text, cur, e, &toks[k]);
+        if (!find_sid(c, sid)) return (size_t)-1;
+        cur = e;
+    }
+    return cur;
+}
+
+static void on_delta(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n) {
+    send_tokens(ud, text, from, to, toks, n);
+}
+
+static void on_final(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
+                     const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
+                     int32_t n_completion) {
+    gs_call *r = ud;
+    r->g = NULL;
+    if (error) {
+        finish(r, cancelled ? GRPC_CANCELLED : GRPC_INTERNAL, error);
+        return;
+    }
+    size_t cur = send_tokens(r, text, from, to, toks, n);
+    if (cur == (size_t)-1) return;
+    Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
+    Mlaapi__Usage u = MLAAPI__USAGE__INIT;
+    if (r->request_id) {
+        m.has_request_id = true;
+        m.request_id = r->request_id;
+    }
+    size_t len;
+    char *s = api_utf8_sanitize(text + cur, to > cur ? to - cur : 0, &len);
+    m.text = s;
+    m.finish_reason = (char *)finish_reason;
+    u.has_prompt_tokens = u.has_completion_tokens = u.has_total_tokens = true;
+    u.prompt_tokens = (uint32_t)n_prompt;
+    u.completion_tokens = (uint32_t)n_completion;
+    u.total_tokens = (uint32_t)(n_prompt + n_completion);
+    m.usage = &u;
+    gs_conn *c = r->c;
+    int32_t sid = r->sid;
+    send_msg(r, &m.base);
+    free(s);
+    if (find_sid(c, sid)) finish(r, GRPC_OK, NULL);
+}
+
+/* ---- calls ---- */
+
+static int status_code(int http_status) {
+    switch (http_status) {
+    case 400: return GRPC_INVALID_ARGUMENT;
+    case 401: return GRPC_UNAUTHENTICATED;
+    case 404: return GRPC_NOT_FOUND;
+    case 429: return GRPC_RESOURCE_EXHAUSTED;
+    case 503: return GRPC_UNAVAILABLE;
+    default: return GRPC_INTERNAL;
+    }
+}
+
+/* The prompt was refused after the prep thread made it (api_sink.on_refused). */
+static void on_refused(void *ud, const api_error *e) {
+    gs_call *r = ud;
+    r->g = NULL;
+    finish(r, status_code(e->status), e->message);
+}
+
+static void tokenize_done(void *ud, const int32_t *ids, int32_t n, const api_error *e) {
+    gs_call *r = ud;
+    r->tj = NULL;
+    if (e) {
+        finish(r, status_code(e->status), e->message);
+        return;
+    }
+    Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
+    m.n_ids = (size_t)n;
+    m.ids = (int32_t *)ids;
+    m.has_max_model_len = true;
+    m.max_model_len = (uint32_t)api_server_max_context(r->c->srv->api);
+    gs_conn *c = r->c;
+    int32_t sid = r->sid;
+    send_msg(r, &m.base);
+    if (find_sid(c, sid)) finish(r, GRPC_OK, NULL);
+}
+
+static int health_status(grpc_server *s) {
+    char why[64];
+    return api_server_healthy(s->api, why, sizeof why) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                                                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void send_health(gs_call *r, int st) {
+    Grpc__Health__V1__HealthCheckResponse m = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    m.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)st;
+    r->watch_status = st;
+    send_msg(r, &m.base);
+}
+
+static bool known_service(const char *name) { return !name[0] || !strcmp(name, "mlaapi.MlaServe"); }
+
+static void handle(gs_call *r, grpc_request *q) {
+    gs_conn *c = r->c;
+    grpc_server *s = c->srv;
+    int32_t sid = r->sid;
+    switch (r->method) {
+    case GRPC_M_GENERATE: {
+        if (q->request_id) {
+            for (gs_call *o = c->calls; o; o = o->next)
+                if (o != r && o->method == GRPC_M_GENERATE && o->request_id == q->request_id) {
+                    char m[96];
+                    snprintf(m, sizeof m, "request_id %llu is already in flight on this connection",
+                             (unsigned long long)q->request_id);
+                    finish(r, GRPC_INVALID_ARGUMENT, m);
+                    return;
+                }
+        }
+        r->request_id = q->request_id;
+        r->logprobs = q->gen.logprobs;
+        /* the prompt is made off the loop thread: other clients are not held up by a big one */
+        api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final, .on_refused = on_refused};
+        api_error e;
+        r->g = api_server_generate(s->api, &q->gen, &sink, &e);
+        if (!r->g) finish(r, status_code(e.status), e.message);
+        return;
+    }
+    case GRPC_M_TOKENIZE:
+        /* tokenized on the prep thread, in order with the other requests */
+        r->tj = api_server_tokenize_async(s->api, q->text, q->messages, q->add_special, tokenize_done, r);
+        return;
+    case GRPC_M_HEALTH: {
+        char why[512];
+        Mlaapi__HealthResponse m = MLAAPI__HEALTH_RESPONSE__INIT;
+        m.has_ok = true;
+        m.ok = api_server_healthy(s->api, why, sizeof(why));
+        m.status = m.ok ? "ok" : why;
+        send_msg(r, &m.base);
+        break;
+    }
+    case GRPC_M_MODELS: {
+        Mlaapi__ModelsResponse m = MLAAPI__MODELS_RESPONSE__INIT;
+        Mlaapi__ModelInfo mi = MLAAPI__MODEL_INFO__INIT, *mp = &mi;
+        mi.id = (char *)api_server_model_name(s->api);
+        mi.has_max_model_len = true;
+        mi.max_model_len = (uint32_t)api_server_max_context(s->api);
+        mi.owned_by = "mlaserve";
+        m.n_models = 1;
+        m.models = &mp;
+        send_msg(r, &m.base);
+        break;
+    }
+    case GRPC_M_INFO: {
+        Mlaapi__InfoResponse m = MLAAPI__INFO_RESPONSE__INIT;
+        m.has_max_message = true;
+        m.max_message = s->cfg.conn.max_msg;
+        m.server = "mlaserve";
+        m.model = (char *)api_server_model_name(s->api);
+        char build[256];
+        snprintf(build, sizeof build, "commit %s, %s, %s%s", buildinfo_commit(), buildinfo_type(),
+                 buildinfo_cuda_archs()[0] ? "CUDA sm_" : "CPU only", buildinfo_cuda_archs());
+        m.server_version = (char *)buildinfo_version();
+        m.build = build;
+        send_msg(r, &m.base);
+        break;
+    }
+    case GRPC_M_CANCEL: {
+        /* unknown or finished ids are not an error */
+        for (gs_call *o = c->calls; o; o = o->next)
+            if (o->method == GRPC_M_GENERATE && o->request_id == q->request_id && o->g)
+                api_server_gen_cancel(o->g, false);
+        Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
+        m.has_request_id = true;
+        m.request_id = q->request_id;
+        send_msg(r, &m.base);
+        break;
+    }
+    case GRPC_M_HC_CHECK:
+        if (!known_service(q->text)) {
+            finish(r, GRPC_NOT_FOUND, "unknown service");
+            return;
+        }
+        send_health(r, health_status(s));
+        break;
+    default: /* GRPC_M_HC_WATCH: the status now, then each change (checked every second) */
+        send_health(r, known_service(q->text) ? health_status(s)
+                                              : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);
+        if (!known_service(q->text)) r->watch_status = -1; /* never changes */
+        return;
+    }
+    if (find_sid(c, sid)) finish(r, GRPC_OK, NULL);
+}
+
+/* "Bearer <key>" -> key (NULL when absent or another scheme). */
+static const char *bearer(const char *auth) {
+    if (!auth || strncasecmp(auth, "Bearer ", 7)) return NULL;
+    auth += 7;
+    while (*auth == ' ') auth++;
+    return auth;
+}
+
+static void on_call(void *ud, const grpc_call_in *in) {
+    gs_conn *c = ud;
+    grpc_server *s = c->srv;
+    gs_call *r = mla_xcalloc(1, sizeof(*r));
+    r->c = c;
+    r->sid = in->stream_id;
+    r->method = in->method;
+    r->next = c->calls;
+    if (c->calls) c->calls->prev = r;
+    c->calls = r;
+    c->n_calls++;
+    if (in->timeout_ms >= 0) {
+        if (in->timeout_ms == 0) {
+            finish(r, GRPC_DEADLINE_EXCEEDED, "the deadline had passed when the call arrived");
+            return;
+        }
+        r->deadline_ms = uv_now(s->loop) + (uint64_t)in->timeout_ms;
+    }
+    bool open = in->method == GRPC_M_HEALTH || in->method == GRPC_M_HC_CHECK || in->method == GRPC_M_HC_WATCH;
+    if (!open && api_server_auth_required(s->api)) {
+        int retry = 0, st = api_server_auth(s->api, c->peer, bearer(in->authorization), &retry);
+        if (st) {
+            char m[160];
+            if (st == 429)
+                snprintf(m, sizeof m, "too many wrong API keys from this address; retry in %d s", retry);
+            else
+                snprintf(m, sizeof m, "missing or wrong API key (send the metadata authorization: Bearer <key>)");
+            finish(r, st == 429 ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAUTHENTICATED, m);
+            return;
+        }
+    }
+    grpc_request q;
+    char param[48];
+    mla_err err = {{0}};
+    if (grpc_request_decode(in->method, in->msg, in->len, &q, param, &err) != MLA_OK) {
+        char m[sizeof err.msg + 64];
+        if (param[0] && !strstr(err.msg, param))
+            snprintf(m, sizeof m, "%s: %s", param, err.msg);
+        else
+            snprintf(m, sizeof m, "%s", err.msg);
+        finish(r, GRPC_INVALID_ARGUMENT, m);
+    } else {
+        handle(r, &q);
+    }
+    grpc_request_free(&q);
+}
+
+static void on_cancel(void *ud, int32_t sid) {
+    gs_conn *c = ud;
+    gs_call *r = find_sid(c, sid);
+    if (r) call_drop(r); /* the client reset the call: its generation is cancelled */
+}
+
+/* ---- reading ---- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)h;
+    (void)suggested;
+    buf->base = mla_xmalloc(65536);
+    buf->len = 65536;
+}
+
+static bool feed(gs_conn *c, const uint8_t *p, size_t n) {
+    mla_err err = {{0}};
+    c->received += n;
+    c->in_recv = true;
+    int rc = grpc_conn_recv(c->h2, p, n, &err);
+    c->in_recv = false;
+    if (rc != MLA_OK) {
+        MLA_INFO("grpc: client %s: %s; closing", c->peer, err.msg);
+        flush(c); /* the GOAWAY */
+        close_soon(c);
+        return false;
+    }
+    return true;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    gs_conn *c = st->data;
+    if (nread < 0) {
+        if (nread != UV_EOF) MLA_DEBUG("grpc: read from %s: %s", c->peer, uv_strerror((int)nread));
+        free(buf->base);
+        close_soon(c); /* the client left: its calls are cancelled */
+        return;
+    }
+    if (c->closing || nread == 0) {
+        free(buf->base);
+        return;
+    }
+    c->last_active_ms = uv_now(c->srv->loop);
+    if (!c->ssl) {
+        feed(c, (const uint8_t *)buf->base, (size_t)nread);
+        free(buf->base);
+        flush(c);
+        return;
+    }
+    BIO_write(c->rbio, buf->base, (int)nread);
+    free(buf->base);
+    uint8_t plain[16384];
+    for (;;) {
+        int n = SSL_read(c->ssl, plain, sizeof plain);
+        if (n > 0) {
+            if (!feed(c, plain, (size_t)n)) return;
+            continue;
+        }
+        int e = SSL_get_error(c->ssl, n);
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) break;
+        if (e != SSL_ERROR_ZERO_RETURN) {
+            char m[256];
+            ERR_error_string_n(ERR_get_error(), m, sizeof m);
+            MLA_INFO("grpc: client %s: TLS: %s; closing", c->peer, m);
+        }
+        flush_tls(c); /* an alert */
+        close_soon(c);
+        return;
+    }
+    flush(c);
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+    grpc_server *s = ls->data;
+    if (status < 0) {
+        MLA_WARN("grpc: accept: %s", uv_strerror(status));
+        return;
+    }
+    gs_conn *c = mla_xcalloc(1, sizeof(*c));
+    c->srv = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    uv_timer_init(s->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->accepted_ms = c->last_active_ms = uv_now(s->loop);
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    grpc_conn_cbs cb = {.ud = c, .on_call = on_call, .on_cancel = on_cancel};
+    mla_err err = {{0}};
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || grpc_conn_init(&c->h2, &s->cfg.conn, &cb, &err) != MLA_OK) {
+        conn_close(c);
+        return;
+    }
+    uvnet_peer_name(&c->tcp, c->peer, sizeof c->peer);
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (s->tls) {
+        c->ssl = SSL_new(s->tls);
+        c->rbio = BIO_new(BIO_s_mem());
+        c->wbio = BIO_new(BIO_s_mem());
+        SSL_set_bio(c->ssl, c->rbio, c->wbio);
+        SSL_set_accept_state(c->ssl);
+    }
+    if (s->n_conns > s->cfg.max_conns) {
+        /* make room by closing the connection idle longest (no call, nothing queued), if any */
+        gs_conn *old = NULL;
+        for (gs_conn *o = s->conns; o; o = o->next)
+            if (o != c && !o->closing && o->n_calls == 0 && o->queued == 0 &&
+                (!old || o->last_active_ms < old->last_active_ms))
+                old = o;
+        if (old) {
+            MLA_DEBUG("grpc: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
+                      s->cfg.max_conns, old->peer, c->peer);
+            conn_close(old);
+        }
+    }
+    if (s->n_conns > s->cfg.max_conns) {
+        MLA_WARN("grpc: too many open connections (limit %d); refusing %s", s->cfg.max_conns, c->peer);
+        conn_close(c);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    flush(c); /* the server's SETTINGS (plain h2c) */
+}
+
+/* Deadlines, idle and handshake timeouts, Health.Watch changes. */
+static void on_sweep(uv_timer_t *t) {
+    grpc_server *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    int hs = -2;
+    if (now - s->last_watch_ms >= 1000) {
+        s->last_watch_ms = now;
+        hs = -1;
+    }
+    for (gs_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->closing) continue;
+        for (gs_call *r = c->calls, *rn; r; r = rn) {
+            rn = r->next;
+            if (r->deadline_ms && now >= r->deadline_ms) {
+                if (r->g) api_server_gen_cancel(r->g, true); /* the scheduler drops it */
+                if (r->tj) api_server_tokenize_detach(r->tj);
+                r->g = NULL;
+                r->tj = NULL;
+                finish(r, GRPC_DEADLINE_EXCEEDED, "deadline exceeded");
+            } else if (r->method == GRPC_M_HC_WATCH && hs != -2 && r->watch_status >= 0) {
+                if (hs < 0) hs = health_status(s);
+                if (hs != r->watch_status) send_health(r, hs);
+            }
+        }
+        if (c->closing) continue;
+        bool handshaking = c->received < 24 || (c->ssl && !SSL_is_init_finished(c->ssl));
+        if (handshaking && s->cfg.handshake_timeout_ms && now - c->accepted_ms >= s->cfg.handshake_timeout_ms) {
+            MLA_DEBUG("grpc: %s did not start HTTP/2 within %u ms; closing", c->peer, s->cfg.handshake_timeout_ms);
+            conn_close(c);
+        } else if (c->n_calls == 0 && c->queued == 0 && s->cfg.idle_timeout_ms &&
+                   now - c->last_active_ms >= s->cfg.idle_timeout_ms) {
+            MLA_DEBUG("grpc: %s idle for %u ms; closing", c->peer, s->cfg.idle_timeout_ms);
+            conn_close(c);
+        }
+    }
+}
+
+/* ---- server ---- */
+
+static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
+                       unsigned int inlen, void *arg) {
+    (void)ssl;
+    (void)arg;
+    for (unsigned i = 0; i < inlen;) {
+        unsigned n = in[i];
+        if (i + 1 + n > inlen) break;
+        if (n == 2 && !memcmp(in + i + 1, "h2", 2)) {
+            *out = in + i + 1;
+            *outlen = 2;
+            return SSL_TLSEXT_ERR_OK;
+        }
+        i += 1 + n;
+    }
+    return SSL_TLSEXT_ERR_ALERT_FATAL; /* gRPC is HTTP/2 only */
+}
+
+static int tls_init(grpc_server *s, mla_err *err) {
+    if (!s->cfg.tls_cert && !s->cfg.tls_key) return MLA_OK;
+    if (!s->cfg.tls_cert || !s->cfg.tls_key) return mla_errf(err, "grpc: TLS needs both a certificate and a key");
+    s->tls = SSL_CTX_new(TLS_server_method());
+    if (!s->tls) return mla_errf(err, "grpc: SSL_CTX_new failed");
+    SSL_CTX_set_min_proto_version(s->tls, TLS1_2_VERSION);
+    char m[256];
+    if (SSL_CTX_use_certificate_chain_file(s->tls, s->cfg.tls_cert) != 1) {
+        ERR_error_string_n(ERR_get_error(), m, sizeof m);
+        return mla_errf(err, "grpc: TLS certificate %s: %s", s->cfg.tls_cert, m);
+    }
+    if (SSL_CTX_use_PrivateKey_file(s->tls, s->cfg.tls_key, SSL_FILETYPE_PEM) != 1) {
+        ERR_error_string_n(ERR_get_error(), m, sizeof m);
+        return mla_errf(err, "grpc: TLS key %s: %s", s->cfg.tls_key, m);
+    }
+    if (SSL_CTX_check_private_key(s->tls) != 1)
+        return mla_errf(err, "grpc: TLS key %s does not match the certificate %s", s->cfg.tls_key, s->cfg.tls_cert);
+    SSL_CTX_set_alpn_select_cb(s->tls, alpn_select, NULL);
+    return MLA_OK;
+}
+
+int grpc_server_init(grpc_server **out, uv_loop_t *loop, api_server *api, const grpc_config *cfg, mla_err *err) {
+    *out = NULL;
+    grpc_config d;
+    grpc_config_default(&d);
+    if (!cfg) cfg = &d;
+    if (cfg->conn.max_msg < 64 || cfg->conn.max_streams < 1 || cfg->max_conns < 1 || cfg->max_write_queue < 4096 ||
+        cfg->conn.max_buffered < cfg->conn.max_msg)
+        return mla_errf(err, "grpc: a limit is out of range (max_msg >= 64, max_streams and max_conns >= 1, "
+                             "max_write_queue >= 4096, max_buffered >= max_msg)");
+    grpc_server *s = mla_xcalloc(1, sizeof(*s));
+    s->loop = loop;
+    s->api = api;
+    s->cfg = *cfg;
+    if (tls_init(s, err) != MLA_OK) {
+        SSL_CTX_free(s->tls);
+        free(s);
+        return MLA_ERR;
+    }
+    int rc = uv_tcp_init(loop, &s->listener);
+    if (rc < 0) {
+        SSL_CTX_free(s->tls);
+        free(s);
+        return mla_errf(err, "grpc: uv_tcp_init: %s", uv_strerror(rc));
+    }
+    s->listener.data = s;
+    uv_timer_init(loop, &s->sweep);
+    s->sweep.data = s;
+    s->sweep_open = true;
+    uv_timer_start(&s->sweep, on_sweep, 20, 20);
+    *out = s;
+    return MLA_OK;
+}
+
+int grpc_server_listen(grpc_server *s, const char *host, int port, int *bound_port, mla_err *err) {
+    if (uvnet_listen(&s->listener, host, port, on_connection, bound_port, err)) return mla_err_prefix(err, "grpc");
+    s->listening = true;
+    return MLA_OK;
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+    grpc_server *s = h->data;
+    s->n_closing--;
+}
+
+void grpc_server_close(grpc_server *s) {
+    if (!s || s->closed) return;
+    s->closed = true;
+    s->n_closing++;
+    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+    if (s->sweep_open) {
+        s->sweep_open = false;
+        s->n_closing++;
+        uv_close((uv_handle_t *)&s->sweep, on_listener_closed);
+    }
+    while (s->conns) conn_close(s->conns);
+}
+
+void grpc_server_free(grpc_server *s) {
+    if (!s) return;
+    grpc_server_close(s);
+    while (s->n_closing > 0) uv_run(s->loop, UV_RUN_ONCE);
+    SSL_CTX_free(s->tls);
+    free(s);
+}
+
+int grpc_server_n_conns(const grpc_server *s) { return s->n_conns; }

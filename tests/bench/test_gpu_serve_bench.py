@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""scripts/gpu_serve_bench.sh, dry run without a GPU, and its two readers. No timing is asserted.
+
+1. bench/ncu_step.py --families on a hand-written Nsight Compute CSV of two steps: the last
+   complete step's kernels summed by family as computed here by hand (6 kernels, 3 families).
+2. bench/plot_serve.py on a hand-written result: the better llama-server run of each point (FA on
+   at c1, FA off at c8), the ratios mlaserve / llama-server (2.00x tok/s, 0.50x ITL p99), a failed
+   point shown as failed.
+3. The script itself on the CPU backend: a 2-layer GLM-4.7-Flash-shaped model (hidden 256, 20 heads),
+   concurrency 1 and 2, two Poisson rates derived from the concurrency points, `mlaserve bench`
+   batch 1; llama-server from a package folder whose llama-server exits at once (no server: the
+   script notes it and goes on, FA on skipped for want of its kernels). Checked: exit status 0,
+   the JSON (every point without error, the asked tokens streamed, rates below/above each other,
+   a decode row with a roofline share), the notes, the table, the logs archive, the model deleted.
+usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.abspath(os.path.join(here, "..", ".."))
+sys.path.insert(0, os.path.join(here, "..", "lib"))
+import mlatest  # noqa: E402
+from mlatest import check, finish  # noqa: E402
+
+exe, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+
+# ---- 1. ncu_step.py --families ----
+kern = [  # (name, us): step 1 (left out: not the last complete one), step 2, then the start of step 3
+    ("mlacu::get_rows_kernel<4>", 9.0), ("mlacu::gemvs_kernel<12, 1, false>", 50.0),
+    ("mlacu::get_rows_kernel<4>", 2.0), ("rmsnorm_kernel", 3.0), ("mlacu::gemvs_kernel<12, 1, false>", 40.0),
+    ("mlacu::gemvs_kernel<12, 1, true>", 30.0), ("mla_attn_kernel", 10.0), ("rmsnorm_kernel", 5.0),
+    ("mlacu::get_rows_kernel<4>", 1.0), ("rmsnorm_kernel", 7.0)]
+buf = io.StringIO()
+w = csv.writer(buf, quoting=csv.QUOTE_ALL)
+w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
+for i, (k, us) in enumerate(kern):
+    w.writerow([i, "void " + k + "(args)", "(1, 1, 1)", "(128, 1, 1)", "gpu__time_duration.sum", "nsecond", f"{us * 1000:.0f}"])
+ncsv, njson = os.path.join(work, "ncu.csv"), os.path.join(work, "ncu.json")
+with open(ncsv, "w") as f:
+    f.write("==PROF== Connected to process\n" + buf.getvalue())
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), ncsv, "--families", "--json", njson],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode == 0, "ncu_step.py --families runs", r.stderr)
+if r.returncode == 0:
+    j = json.load(open(njson))
+    fam = {f["family"]: (f["launches"], round(f["us"], 3)) for f in j["families"]}
+    want = {"embedding and sampling": (1, 2.0), "norms": (2, 8.0), "matmul: dense weights": (1, 40.0),
+            "matmul: experts (grouped)": (1, 30.0), "attention": (1, 10.0)}
+    check(fam == want and abs(j["step_us"] - 90.0) < 1e-6 and j["launches"] == 6, "ncu families of the last step", fam)
+    check(r.stdout.index("| family |") < r.stdout.index("| kernel |") and "| norms | 2 | 8.0 | 8.9% |" in r.stdout,
+          "family table first, shares", r.stdout)
+
+# ---- 2. plot_serve.py ----
+def pt(name, tok, itl99, ttft50, err=None):
+    if err:
+        return {"point": name, "error": err, "label": name}
+    return {"point": name, "output_tok_per_s": tok, "requests_per_s": tok / 100, "errors": 0, "requests": 8,
+            "ttft_ms": {"p50": ttft50, "p90": ttft50, "p99": ttft50}, "itl_ms": {"p50": itl99 / 2, "p90": itl99, "p99": itl99}}
+
+
+res = {"model": "m", "family": "v2lite", "gpu": "g", "date": "d", "commit": "c", "rates": [1.5, 3.0],
+       "shape_concurrency": "1k-256", "shape_rate": "chat", "seed": 1, "notes": ["n1"], "llama_fa_chosen": None,
+       "servers": {"mlaserve": {"points": [pt("c1", 200.0, 10.0, 50.0), pt("c8", 900.0, 20.0, 80.0), pt("r1", 100.0, 8.0, 40.0)]},
+                   "llama-faon": {"points": [pt("c1", 100.0, 20.0, 100.0), pt("c8", 300.0, 40.0, 90.0), pt("r1", 0, 0, 0, "timed out")]},
+                   "llama-faoff": {"points": [pt("c1", 90.0, 25.0, 100.0), pt("c8", 450.0, 30.0, 60.0)]}}}
+rj, rmd = os.path.join(work, "r.json"), os.path.join(work, "r.md")
+json.dump(res, open(rj, "w"))
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "plot_serve.py"), rj, "--md", rmd, "--png",
+                    os.path.join(work, "r.png")], capture_output=True, text=True, timeout=120)
+check(r.returncode == 0 and os.path.exists(rmd), "plot_serve.py runs", r.stderr)
+if os.path.exists(rmd):
+    md = open(rmd).read()
+    check("| c1 | llama-server FA on | 100.0 |" in md and "| c8 | llama-server FA off | 450.0 |" in md,
+          "the better llama-server run at each point", md)
+    check("| c1 | 2.00x | 0.50x | 0.50x |" in md and "| c8 | 2.00x | 0.67x | 1.33x |" in md, "ratios per point", md)
+    check("| r1 (1.5/s) | llama-server FA on | failed: timed out |" in md and "| r1 | - | - | - |" in md,
+          "a failed point is shown failed, no ratio", md)
+    check("Notes: n1" in md, "notes", md)
+try:
+    import matplotlib  # noqa: F401
+    check(os.path.getsize(os.path.join(work, "r.png")) > 1000, "plot written")
+except ImportError:
+    print("(no matplotlib: the plot is not checked)")
+
+# ---- 3. the script, dry run ----
+fake = os.path.join(work, "llama")
+os.makedirs(fake)
+with open(os.path.join(fake, "run-llama-bench.sh"), "w") as f:
+    f.write('#!/bin/sh\nexec "$(dirname "$0")/$LLAMA_TOOL" "$@"\n')
+with open(os.path.join(fake, "llama-server"), "w") as f:
+    f.write("#!/bin/sh\necho 'llama-server: no GPU here' >&2\nexit 1\n")
+with open(os.path.join(fake, "README.txt"), "w") as f:
+    f.write("cmake: -DGGML_CUDA_FA=OFF\n")
+for fn in ("run-llama-bench.sh", "llama-server"):
+    os.chmod(os.path.join(fake, fn), 0o755)
+out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
+env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --hidden 256 --heads 20", MODELS="glm47flash:2",
+           CONC="1 2", SHAPE_C="8-3", SHAPE_R="6-4", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
+           LLAMA_DIR=fake, START_S="120", POINT_S="240", TOTAL_S="1200",
+           BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1")
+env.setdefault("MLA_HEARTBEAT_TIMEOUT_MS", "10000")
+r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,
+                   text=True, timeout=1200)
+print(r.stdout[-3000:])
+# exit status 1: llama-server did not start (recorded); anything else is a failure of the script
+check(r.returncode == 1, "script exit status 1 (llama-server could not start)", r.stderr[-2000:])
+jf = os.path.join(out, "serve-glm47flash-2l.json")
+check(os.path.exists(jf), "serve-glm47flash-2l.json written", os.listdir(out) if os.path.isdir(out) else None)
+if os.path.exists(jf):
+    j = json.load(open(jf))
+    pts = {p["point"]: p for p in j["servers"].get("mlaserve", {}).get("points", [])}
+    check(sorted(pts) == ["c1", "c2", "r1", "r2"], "mlaserve: 2 concurrency and 2 rate points", sorted(pts))
+    for name, p in pts.items():
+        # a token whose bytes complete only in the next chunk is counted with it (serve_load.py), so the
+        # streamed chunks may fall short of the asked tokens, never above
+        want = p.get("requests", 0) * (3 if name.startswith("c") else 4)
+        good = "error" not in p and p["errors"] == 0 and p["expected_output_tokens"] == want and \
+            0 < p["output_tokens"] <= want
+        check(good, f"{name}: no error, the asked tokens streamed", p)
+    if "c1" in pts and "error" not in pts["c1"]:
+        check(pts["c1"]["requests"] == 2 and pts["c1"]["mode"] == "concurrency 1" and pts["c1"]["prompt_tokens"] == 16,
+              "c1: REQ_MIN requests of 8 tokens", pts["c1"])
+    if "r1" in pts and "error" not in pts["r1"]:
+        check(pts["r1"]["requests"] == 3 and pts["r1"]["shape"] == "6-4", "r1: RATE_REQS requests of SHAPE_R", pts["r1"])
+    rates = j.get("rates") or []
+    check(len(rates) == 2 and 0 < rates[0] < rates[1], "two rates, the lower first", rates)
+    check(pts.get("r2", {}).get("mode") == "rate %g/s" % rates[1] if len(rates) == 2 else False, "r2 at the higher rate")
+    check(not any(k.startswith("llama") or k.startswith("probe") for k in j["servers"]), "no llama-server points", j["servers"].keys())
+    notes = " ".join(j["notes"])
+    check("FA on not run" in notes and "-fa off did not start" in notes and "ncu not run" in notes,
+          "notes: FA on skipped, llama-server did not start, ncu off", notes)
+    rows = (j.get("bench") or {}).get("rows") or []
+    check(len(rows) == 1 and rows[0]["phase"] == "decode" and rows[0]["batch"] == 1 and rows[0]["ctx"] == 16
+          and rows[0]["bw_frac"] is not None and rows[0]["bw_frac"] > 0, "bench: the batch-1 row with its roofline share", rows)
+    check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
+md = os.path.join(out, "serve-glm47flash-2l.md")
+check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read(), "table written", r.stdout[-500:])
+tgz = os.path.join(out, "0-serve-logs.tgz")
+if os.path.exists(tgz):
+    names = tarfile.open(tgz).getnames()
+    check(any(n.endswith("glm47flash-2l-mlaserve.log") for n in names) and any(n.endswith("glm47flash-2l-llama-faoff.log") for n in names),
+          "logs archived", names)
+else:
+    check(False, "0-serve-logs.tgz written")
+check(not [f for f in os.listdir(bdir) if f.endswith(".gguf")], "the model file deleted", os.listdir(bdir))
+if r.returncode != 1:
+    print(r.stderr[-3000:])
+if not mlatest.FAILS:
+    shutil.rmtree(work, ignore_errors=True)
+finish("gpu_serve_bench: ")

@@ -1,0 +1,96 @@
+/* libFuzzer target for the chat output parsers (coordinator/chat_reasoning.c,
+ * coordinator/chat_toolcall.c), combined as the server combines them: the reasoning split, then
+ * the tool-call parse of the content. Input: a header byte (bits 0-1: tool-call format,
+ * bit 2: reasoning on, bit 3: the prompt opened <think>), a byte naming where to cut, then the
+ * model's text (any bytes; the fuzzer's dictionary of markers comes from the seed corpus).
+ * Checked: the partial parse of every prefix up to the cut (as a stream sees them) is a prefix of
+ * the parse of the longer text and of the final parse (reasoning, content, the number of calls,
+ * each call's name once known, its arguments), so what was streamed is never taken back; spans
+ * lie inside the text; no more than TOOLCALL_MAX_CALLS calls. Deterministic in ctest
+ * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/chat-parse). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
+
+typedef struct parsed {
+    reasoning_split rs;
+    toolcall_result tc;
+} parsed;
+
+static const cJSON *g_tools;
+
+static void parse(const char *t, size_t len, int flags, bool final, parsed *o) {
+    memset(o, 0, sizeof *o);
+    if (flags & 4) {
+        reasoning_split_text(t, len, (flags & 8) != 0, final, &o->rs);
+    } else {
+        o->rs.c_start = 0;
+        o->rs.c_end = len;
+    }
+    if (o->rs.r_start > len || o->rs.r_end > len || o->rs.c_start > o->rs.c_end || o->rs.c_end > len) abort();
+    toolcall_parse((enum toolcall_kind)(flags & 3), t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, g_tools,
+                   &o->tc);
+    if (o->tc.n_calls > TOOLCALL_MAX_CALLS) abort();
+}
+
+static bool is_prefix(const char *a, size_t an, const char *b, size_t bn) { return an <= bn && !memcmp(a, b, an); }
+
+/* a (partial, over the shorter text ta) must be a prefix of b (over tb) */
+static void check_prefix(const char *ta, const parsed *a, const char *tb, const parsed *b) {
+    size_t ar = a->rs.r_end > a->rs.r_start ? a->rs.r_end - a->rs.r_start : 0;
+    size_t br = b->rs.r_end > b->rs.r_start ? b->rs.r_end - b->rs.r_start : 0;
+    if (!is_prefix(ta + a->rs.r_start, ar, tb + b->rs.r_start, br)) {
+        fprintf(stderr, "reasoning taken back\n");
+        abort();
+    }
+    if (!is_prefix(a->tc.content, a->tc.content_len, b->tc.content, b->tc.content_len)) {
+        fprintf(stderr, "content taken back: '%.*s' / '%.*s'\n", (int)a->tc.content_len, a->tc.content,
+                (int)b->tc.content_len, b->tc.content);
+        abort();
+    }
+    if (a->tc.n_calls > b->tc.n_calls) {
+        fprintf(stderr, "calls taken back\n");
+        abort();
+    }
+    for (int i = 0; i < a->tc.n_calls; i++) {
+        const toolcall *x = &a->tc.calls[i], *y = &b->tc.calls[i];
+        if (!x->name) continue; /* not streamed yet */
+        if (!y->name || strcmp(x->name, y->name) || (x->id && (!y->id || strcmp(x->id, y->id))) ||
+            !is_prefix(x->args, x->args_len, y->args, y->args_len)) {
+            fprintf(stderr, "call %d changed\n", i);
+            abort();
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 2) return 0;
+    if (!g_tools)
+        g_tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                              "\"properties\":{\"s\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}}}]");
+    int flags = data[0];
+    const char *t = (const char *)data + 2;
+    size_t len = size - 2;
+    if (len > 4096) len = 4096;
+    size_t cut = len ? data[1] % (len + 1) : 0;
+    parsed fin;
+    parse(t, len, flags, true, &fin);
+    /* the stream's view: every prefix up to the cut, each against the next and the final */
+    parsed prev;
+    parse(t, 0, flags, false, &prev);
+    for (size_t l = 1; l <= cut; l++) {
+        parsed cur;
+        parse(t, l, flags, false, &cur);
+        check_prefix(t, &prev, t, &cur);
+        toolcall_result_free(&prev.tc);
+        prev = cur;
+    }
+    check_prefix(t, &prev, t, &fin);
+    toolcall_result_free(&prev.tc);
+    toolcall_result_free(&fin.tc);
+    return 0;
+}

@@ -1,0 +1,315 @@
+"""The gRPC API (proto/api.proto, coordinator/grpc_*, common/apiclient.*, `mlaserve client`,
+docs/grpc.md) against a real `mlaserve serve --tp 2` on the tiny-deepseek3 fixture, through
+grpcio (the official Python gRPC client, its stubs generated now from proto/api.proto with
+grpcio-tools) and grpcio-health-checking (grpc.health.v1, the gRPC project's own stubs). Known
+answers come from the fixture's Hugging Face reference (ref.json).
+Usage: test_grpc.py MLASERVE_EXE WORKER_EXE FIXTURES_DIR [PROTO_DIR]. Exit 77 when the fixture
+or grpcio-tools is missing."""
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pbutil as pb  # noqa: E402
+from mlatest import check, summary, wait_for  # noqa: E402
+
+exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
+proto_dir = sys.argv[4] if len(sys.argv) > 4 else pb.PROTO_DIR
+model, ref = pb.fixture_paths(fixtures)
+api_pb2, api_grpc, grpc = pb.stubs(proto_dir)
+try:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+except ImportError:
+    print("grpcio-health-checking missing (scripts/install-deps.sh --test): skipped")
+    sys.exit(77)
+
+KEY = "s3cret"
+AUTH = (("authorization", "Bearer " + KEY),)
+SC = grpc.StatusCode
+
+
+def client(port, *args, key=KEY, extra=()):
+    cmd = [exe, "client", "--port", str(port), "--timeout", "60"] + list(extra)
+    if key:
+        cmd += ["--api-key", key]
+    r = subprocess.run(cmd + list(args), capture_output=True, timeout=180)
+    return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+
+
+def code_of(fn):
+    """The status code fn's call ends with (OK when it raises nothing)."""
+    try:
+        fn()
+        return SC.OK
+    except grpc.RpcError as e:
+        return e.code()
+
+
+def gen(stub, timeout=120, **kw):
+    """(token ids, text, last response) of a Generate call."""
+    resp = list(stub.Generate(api_pb2.GenerateRequest(**kw), metadata=AUTH, timeout=timeout))
+    ids = [r.token_id for r in resp if r.HasField("token_id")]
+    return ids, "".join(r.text for r in resp), resp[-1] if resp else None
+
+
+def metric(port, name, **labels):
+    return pb.metric(pb.metrics(port), name, **labels)
+
+
+plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
+srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "16", "--api-key", KEY])
+try:
+    P, H = srv.proto_port, srv.port
+    addr = "127.0.0.1:%d" % P
+    chan = grpc.insecure_channel(addr)
+    stub = api_grpc.MlaServeStub(chan)
+
+    # ---- every method ----
+    r = stub.Health(api_pb2.HealthRequest(), timeout=30)  # no key needed
+    check(r.ok and r.status == "ok", "Health %r" % r)
+    r = stub.Models(api_pb2.ModelsRequest(), metadata=AUTH, timeout=30)
+    check([(m.id, m.max_model_len) for m in r.models] == [(os.path.basename(model), 512)], "Models %r" % r)
+    r = stub.Info(api_pb2.InfoRequest(), metadata=AUTH, timeout=30)
+    check(r.server == "mlaserve" and r.model == os.path.basename(model) and r.max_message == 4 << 20 and
+          r.server_version and r.build.startswith("commit "), "Info %r" % r)
+    for p in plain:
+        r = stub.Tokenize(api_pb2.TokenizeRequest(text=p["text"]), metadata=AUTH, timeout=30)
+        check(list(r.ids) == p["tokens"] and r.max_model_len == 512, "Tokenize %r: %r" % (p["text"][:20], r.ids))
+        ids, text, last = gen(stub, prompt=p["text"], max_tokens=len(p["greedy"]), temperature=0)
+        check(ids == p["greedy"] and text == p["greedy_text"], "Generate greedy = HF: %r vs %r" % (text, p["greedy_text"]))
+        check(last.finish_reason == "length" and last.usage.prompt_tokens == len(p["tokens"]) and
+              last.usage.completion_tokens == len(p["greedy"]), "Generate last message %r" % last)
+        # streaming: one message per token, indexes in order, then the last one
+        resp = list(stub.Generate(api_pb2.GenerateRequest(prompt_ids=p["tokens"], max_tokens=len(p["greedy"]),
+                                                          temperature=0, top_logprobs=2), metadata=AUTH, timeout=120))
+        toks = [x for x in resp if x.HasField("token_id")]
+        check(len(resp) == len(p["greedy"]) + 1 and [x.index for x in toks] == list(range(len(toks))) and
+              all(len(x.top_logprobs) == 2 and x.top_logprobs[0].token_id == x.token_id for x in toks),
+              "streamed one message per token with logprobs (%d messages)" % len(resp))
+        check(abs(toks[0].logprob - p["last_top5"][0][1]) < 0.05, "first logprob %.4f vs HF %.4f" %
+              (toks[0].logprob, p["last_top5"][0][1]))
+    ids, text, last = gen(stub, messages=[api_pb2.ChatMessage(role="user", content="What is 7 plus 5?")],
+                          max_tokens=8, temperature=0)
+    check(last is not None and last.finish_reason in ("stop", "length") and len(ids) >= 1, "chat Generate %r" % text)
+    r = stub.Cancel(api_pb2.CancelRequest(request_id=12345), metadata=AUTH, timeout=30)
+    check(r.request_id == 12345, "Cancel of an unknown id is no error")
+
+    # ---- grpc.health.v1 ----
+    hs = health_pb2_grpc.HealthStub(chan)
+    S = health_pb2.HealthCheckResponse
+    check(hs.Check(health_pb2.HealthCheckRequest(), timeout=30).status == S.SERVING, "health Check ''")
+    check(hs.Check(health_pb2.HealthCheckRequest(service="mlaapi.MlaServe"), timeout=30).status == S.SERVING,
+          "health Check mlaapi.MlaServe")
+    check(code_of(lambda: hs.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=30)) == SC.NOT_FOUND,
+          "health Check of an unknown service: NOT_FOUND")
+    w = hs.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+    check(next(w).status == S.SERVING, "health Watch: SERVING first")
+    w.cancel()
+
+    # ---- authentication ----
+    for md, what in (((), "no key"), ((("authorization", "Bearer wrong"),), "wrong key"),
+                     ((("authorization", KEY),), "key without Bearer")):
+        check(code_of(lambda: stub.Models(api_pb2.ModelsRequest(), metadata=md, timeout=30)) == SC.UNAUTHENTICATED,
+              "Models with %s: UNAUTHENTICATED" % what)
+    check(code_of(lambda: list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2", max_tokens=2),
+                                             metadata=(("authorization", "Bearer nope"),), timeout=30)))
+          == SC.UNAUTHENTICATED, "Generate with a wrong key: UNAUTHENTICATED")
+    check(stub.Health(api_pb2.HealthRequest(), timeout=30).ok, "the channel still serves after wrong keys")
+
+    # ---- a bad field fails only its own call ----
+    p = plain[0]
+    long_call = stub.Generate(api_pb2.GenerateRequest(prompt=p["text"], max_tokens=len(p["greedy"]), temperature=0),
+                              metadata=AUTH, timeout=120)
+    first = next(long_call)
+    for req, what in ((api_pb2.GenerateRequest(prompt="1 2", max_tokens=0), "max_tokens 0"),
+                      (api_pb2.GenerateRequest(prompt="1 2", top_logprobs=99), "top_logprobs 99"),
+                      (api_pb2.GenerateRequest(max_tokens=3), "no prompt"),
+                      (api_pb2.GenerateRequest(prompt="1", prompt_ids=[1]), "two prompts"),
+                      (api_pb2.GenerateRequest(prompt_ids=[999999], max_tokens=2), "token id out of range"),
+                      (api_pb2.GenerateRequest(prompt="1", model="other"), "unknown model")):
+        want = SC.NOT_FOUND if what == "unknown model" else SC.INVALID_ARGUMENT
+        c = code_of(lambda: list(stub.Generate(req, metadata=AUTH, timeout=30)))
+        check(c == want, "%s: %s (got %s)" % (what, want, c))
+    check(code_of(lambda: stub.Tokenize(api_pb2.TokenizeRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
+          "Tokenize without text: INVALID_ARGUMENT")
+    check(code_of(lambda: stub.Cancel(api_pb2.CancelRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
+          "Cancel without request_id: INVALID_ARGUMENT")
+    # bytes that are no GenerateRequest, on the same channel
+    raw = chan.unary_unary("/mlaapi.MlaServe/Tokenize", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    check(code_of(lambda: raw(b"\xff\xff\xff", metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
+          "undecodable request: INVALID_ARGUMENT")
+    nope = chan.unary_unary("/mlaapi.MlaServe/Nope", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    check(code_of(lambda: nope(b"", metadata=AUTH, timeout=30)) == SC.UNIMPLEMENTED, "unknown method: UNIMPLEMENTED")
+    rest = list(long_call)
+    ids = [first.token_id] + [x.token_id for x in rest if x.HasField("token_id")]
+    check(ids == p["greedy"] and rest[-1].finish_reason == "length",
+          "the call in flight on the channel finished right beside the bad ones")
+
+    # ---- cancel mid-stream, Cancel by request_id, deadlines: the scheduler drops the request ----
+    def settled(cancelled0):
+        return wait_for(lambda: metric(H, "mlaserve_num_requests_running") == 0 and
+                        metric(H, "mlaserve_num_requests_waiting") == 0 and
+                        metric(H, "mlaserve_requests_total", finish_reason="cancelled") > cancelled0, 20)
+
+    c0 = metric(H, "mlaserve_requests_total", finish_reason="cancelled")
+    t0 = time.time()
+    call = stub.Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=450, ignore_eos=True), metadata=AUTH,
+                         timeout=300)
+    got = [next(call) for _ in range(3)]
+    call.cancel()
+    check(code_of(lambda: list(call)) == SC.CANCELLED and len(got) == 3, "cancelled mid-stream: CANCELLED")
+    check(settled(c0), "cancel mid-stream reached the scheduler (running 0, cancelled counted) in %.1fs" %
+          (time.time() - t0))
+
+    c0 = metric(H, "mlaserve_requests_total", finish_reason="cancelled")
+    call = stub.Generate(api_pb2.GenerateRequest(request_id=77, prompt="1 2 3", max_tokens=450, ignore_eos=True),
+                         metadata=AUTH, timeout=300)
+    next(call)
+    stub.Cancel(api_pb2.CancelRequest(request_id=77), metadata=AUTH, timeout=30)
+    check(code_of(lambda: list(call)) == SC.CANCELLED, "Cancel(request_id): the Generate ends CANCELLED")
+    check(settled(c0), "Cancel(request_id) reached the scheduler")
+
+    c0 = metric(H, "mlaserve_requests_total", finish_reason="cancelled")
+    t0 = time.time()
+    c = code_of(lambda: list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=450, ignore_eos=True),
+                                           metadata=AUTH, timeout=1.5)))
+    dt = time.time() - t0
+    check(c == SC.DEADLINE_EXCEEDED and dt < 5, "deadline 1.5 s: DEADLINE_EXCEEDED after %.1fs" % dt)
+    check(settled(c0), "the deadline reached the scheduler")
+
+    # ---- 64 concurrent streams on one channel = the same requests made singly ----
+    reqs = []
+    for i in range(64):
+        p = plain[i % len(plain)]
+        reqs.append(dict(prompt=p["text"], max_tokens=4 + i % 5, temperature=0) if i % 2 == 0 else
+                    dict(prompt=p["text"], max_tokens=6, temperature=0.8, seed=1000 + i))
+    single = {}
+    for i, kw in enumerate(reqs):
+        key = tuple(sorted(kw.items()))
+        if key not in single:
+            single[key] = gen(stub, **kw)[:2]
+    results = [None] * 64
+
+    def run(i):
+        try:
+            results[i] = gen(stub, timeout=280, **reqs[i])[:2]
+        except grpc.RpcError as e:
+            results[i] = ("error", e.code())
+
+    ths = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+    t0 = time.time()
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    bad = [i for i in range(64) if results[i] != single[tuple(sorted(reqs[i].items()))]]
+    check(not bad, "64 concurrent streams = single requests in %.1fs (differ: %r)" %
+          (time.time() - t0, [(i, results[i]) for i in bad[:3]]))
+
+    # ---- garbage on the port: the server stays up and serves ----
+    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096),
+                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x04\x09\x00\x00\x00\x00\x01garbage!" * 50,
+                 b"\x00\x00\x00\x01\x12" * 1000):
+        s = socket.create_connection(("127.0.0.1", P), timeout=10)
+        try:
+            s.sendall(junk)
+            s.settimeout(10)
+            closed = False
+            t_end = time.time() + 10
+            while time.time() < t_end:
+                d = s.recv(65536)
+                if not d:
+                    closed = True
+                    break
+            check(closed, "garbage %r...: the server closed the connection" % junk[:12])
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            s.close()
+    check(stub.Health(api_pb2.HealthRequest(), timeout=30).ok, "the old channel still serves after garbage")
+    with grpc.insecure_channel(addr) as ch2:
+        ids, _, _ = gen(api_grpc.MlaServeStub(ch2), prompt=plain[0]["text"], max_tokens=len(plain[0]["greedy"]),
+                        temperature=0)
+        check(ids == plain[0]["greedy"], "a new channel serves right after garbage")
+
+    # ---- the C client (`mlaserve client`) ----
+    rc, out, err = client(P, "health")
+    check(rc == 0 and out.strip() == "ok", "client health %r %r" % (out, err))
+    rc, out, err = client(P, "models")
+    check(rc == 0 and out.split() == [os.path.basename(model), "512"], "client models %r %r" % (out, err))
+    rc, out, err = client(P, "info")
+    check(rc == 0 and "max_message 4194304" in out and os.path.basename(model) in out, "client info %r %r" % (out, err))
+    for p in plain[:2]:
+        rc, out, err = client(P, "tokenize", p["text"])
+        check(rc == 0 and [int(x) for x in out.split()] == p["tokens"], "client tokenize %r %r" % (out, err))
+        n = str(len(p["greedy"]))
+        rc, out, err = client(P, "generate", "-p", p["text"], "-n", n, "--temp", "0", "--stream")
+        check(rc == 0 and out == p["greedy_text"] + "\n", "client streamed greedy %r vs %r (%s)" % (out, p["greedy_text"], err))
+        rc, out, err = client(P, "generate", "-p", p["text"], "-n", n, "--temp", "0", "--json", "--logprobs", "3")
+        lines = [json.loads(x) for x in out.splitlines()] if rc == 0 else []
+        check([x["id"] for x in lines if "id" in x] == p["greedy"] and lines and lines[-1].get("finish_reason") == "length"
+              and all(len(x["top_logprobs"]) == 3 for x in lines if "id" in x), "client --json %r" % out[-200:])
+    rc, out, err = client(P, "generate", "-p", "1 2", "-n", "0")
+    check(rc == 2, "client refuses -n 0 itself")
+    rc, out, err = client(P, "models", key="wrong")
+    check(rc == 1 and "UNAUTHENTICATED" in err, "client with a wrong key: %r" % err)
+    rc, out, err = client(P, "generate", "-p", "1 2 3", "-n", "450", "--ignore-eos", extra=["--timeout", "1"])
+    check(rc == 1 and "DEADLINE_EXCEEDED" in err, "client --timeout 1: DEADLINE_EXCEEDED (%r)" % err)
+    chan.close()
+finally:
+    code = srv.stop()
+    check(code == 0, "server exit status %r" % code)
+
+# ---- TLS (a self-signed certificate made now) ----
+d = tempfile.mkdtemp(prefix="mla_grpc_tls_")
+cert, keyf = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyf, "-out", cert],
+                   capture_output=True)
+check(r.returncode == 0, "openssl made a certificate: %r" % r.stderr[-300:])
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--tls-cert", cert, "--tls-key", keyf,
+                                                 "--idle-timeout-ms", "1500"])
+try:
+    P = srv.proto_port
+    creds = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
+    with grpc.secure_channel("localhost:%d" % P, creds) as ch:
+        st = api_grpc.MlaServeStub(ch)
+        p = plain[0]
+        resp = list(st.Generate(api_pb2.GenerateRequest(prompt=p["text"], max_tokens=len(p["greedy"]), temperature=0),
+                                timeout=120))
+        check([x.token_id for x in resp if x.HasField("token_id")] == p["greedy"], "TLS: Generate = HF")
+        check(health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=30).status ==
+              health_pb2.HealthCheckResponse.SERVING, "TLS: health Check")
+    with grpc.insecure_channel("127.0.0.1:%d" % P) as ch:
+        c = code_of(lambda: api_grpc.MlaServeStub(ch).Health(api_pb2.HealthRequest(), timeout=5))
+        check(c == SC.UNAVAILABLE, "TLS: a plain-text client fails (%s)" % c)
+    rc, out, err = client(P, "generate", "-p", p["text"], "-n", str(len(p["greedy"])), "--temp", "0", key=None,
+                          extra=["--host", "localhost", "--tls-ca", cert])
+    check(rc == 0 and out == p["greedy_text"] + "\n", "TLS: client generate %r %r" % (out, err))
+    # an idle HTTP/2 connection (TLS, ALPN h2, preface and SETTINGS, then nothing) is closed
+    ctx = ssl.create_default_context(cafile=cert)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", P), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        check(s.selected_alpn_protocol() == "h2", "TLS: ALPN h2")
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        t0 = time.time()
+        try:
+            while s.recv(65536):
+                pass
+        except (ssl.SSLError, OSError):
+            pass
+        dt = time.time() - t0
+        check(1.0 < dt < 6, "TLS: an idle connection closed after %.1fs (--idle-timeout-ms 1500)" % dt)
+    rc, out, err = client(P, "health", key=None, extra=["--host", "localhost", "--tls"])
+    check(rc == 1 and "TLS" in err, "TLS: client without the CA refuses the certificate: %r" % err)
+finally:
+    code = srv.stop()
+    check(code == 0, "TLS server exit status %r" % code)
+sys.exit(summary("grpc_api: "))

@@ -1,0 +1,313 @@
+"""Reasoning content, tool calls and template variables of the DeepSeek, GLM and Kimi chat
+dialects, through the official `openai` client against the fake server running a scripted model
+(tests/serve/fake_backend.h: the server generates exactly the tokens of a script file) and the
+released chat templates of tests/data/chat. Every script is sent twice: with the dialect's
+markers as single control tokens (as the real tokenizers have them) and byte by byte (every
+marker cut across many tokens). Expected values are written here from the formats the model
+families document, and streamed results must equal the non-streamed ones.
+Usage: test_chat_dialects.py FAKE_SERVER_EXE DATA_DIR. Exits 77 without the openai package."""
+import json
+import os
+import sys
+import tempfile
+
+try:
+    import openai
+except ImportError:
+    print("openai package not installed: skipped (pip install openai)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fakeref as R  # noqa: E402
+from mlatest import check, http_post, summary  # noqa: E402
+
+FAKE_VOCAB = 258
+# the control tokens of tests/serve/fake_server_main.c (MARKERS), in order
+MARKERS = ["<think>", "</think>",
+           "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+           "<｜tool▁sep｜>",
+           "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+           "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+           "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                    "units": {"type": ["string", "null"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+# a template that renders `tools` in DeepSeek's turn format (DeepSeek's released templates do not
+# render tools: users serve them with --chat-template of one that does)
+DS_TOOLS_TEMPLATE = ("{{ bos_token }}{% if reasoning_effort is defined %}Reasoning effort: {{ reasoning_effort }}\n"
+                     "{% endif %}{% if tools %}## Tools\n{{ tools | tojson }}\n{% endif %}"
+                     "{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+                     "{% elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"
+                     "{% elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
+                     "{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
+
+
+def tokens(parts, markers_as_tokens):
+    """Script ids of parts (strings; a string equal to a marker is that marker)."""
+    ids = []
+    for p in parts:
+        if markers_as_tokens and p in MARKERS:
+            ids.append(FAKE_VOCAB + MARKERS.index(p))
+        else:
+            ids.extend(p.encode("utf-8"))
+    return ids
+
+
+def split_markers(text):
+    """text cut into marker and non-marker parts."""
+    out, i = [], 0
+    while i < len(text):
+        hit = next((m for m in MARKERS if text.startswith(m, i)), None)
+        if hit:
+            out.append(hit)
+            i += len(hit)
+        else:
+            j = i + 1
+            while j < len(text) and not any(text.startswith(m, j) for m in MARKERS):
+                j += 1
+            out.append(text[i:j])
+            i = j
+    return out
+
+
+def result_of(msg):
+    calls = [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in (msg.tool_calls or [])]
+    return {"content": msg.content, "reasoning": getattr(msg, "reasoning_content", None), "calls": calls}
+
+
+def stream_result(cl, what, **kw):
+    content, reasoning, calls, finish = None, None, {}, None
+    ok_shape = True
+    for ch in cl.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        d = c.delta
+        if d.content:
+            content = (content or "") + d.content
+        rc = getattr(d, "reasoning_content", None)
+        if rc:
+            reasoning = (reasoning or "") + rc
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:
+                # the first delta of a call: index, id, type, name (OpenAI's stream shape)
+                ok_shape &= bool(tc.id) and tc.type == "function" and bool(tc.function.name)
+                calls[tc.index] = [tc.id, tc.type, tc.function.name, tc.function.arguments or ""]
+            else:
+                ok_shape &= tc.id is None and (tc.function.name is None)
+                calls[tc.index][3] += tc.function.arguments or ""
+        if c.finish_reason:
+            finish = c.finish_reason
+    check(ok_shape, what + ": stream tool_calls deltas shaped as OpenAI's")
+    check(sorted(calls) == list(range(len(calls))), what + ": stream tool_call indices")
+    out = [(v[0], v[1], v[2], json.loads(v[3])) for _, v in sorted(calls.items())]
+    return {"content": content, "reasoning": reasoning, "calls": out}, finish
+
+
+CASES = [
+    # name, template, extra server args, model output, request extras, expected
+    ("r1: the template opens <think>", "deepseek-r1.jinja", [],
+     "Two and two.\n</think>\n\nThe answer is 4.", {},
+     {"content": "The answer is 4.", "reasoning": "Two and two.", "calls": []}, "stop"),
+    ("r1: cut off inside the reasoning", "deepseek-r1.jinja", [],
+     "Still thinking about </thi", {},
+     {"content": None, "reasoning": "Still thinking about </thi", "calls": []}, "stop"),
+    ("v3.1 thinking on (kwargs)", "deepseek-v3.1.jinja", [],
+     "plan</think>Four.", {"chat_template_kwargs": {"thinking": True}},
+     {"content": "Four.", "reasoning": "plan", "calls": []}, "stop"),
+    ("v3.1 thinking off: nothing eaten", "deepseek-v3.1.jinja", [],
+     "Four. </think> stays", {},
+     {"content": "Four. </think> stays", "reasoning": None, "calls": []}, "stop"),
+    ("glm-4.6 thinking", "glm-4.6.jinja", [],
+     "\n<think>Weigh it.</think>\nFour.", {},
+     {"content": "Four.", "reasoning": "Weigh it.", "calls": []}, "stop"),
+    ("glm-4.6 thinking off", "glm-4.6.jinja", [],
+     "Four <think>x</think>", {"chat_template_kwargs": {"enable_thinking": False}},
+     {"content": "Four <think>x</think>", "reasoning": None, "calls": []}, "stop"),
+    ("glm-4.6 tool calls", "glm-4.6.jinja", [],
+     "<think>Need the weather.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+     "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>",
+     {"tools": [WEATHER, TIME]},
+     {"content": None, "reasoning": "Need the weather.",
+      "calls": [("*", "function", "get_weather", {"city": "Paris", "days": 3}), ("*", "function", "get_time", {})]},
+     "tool_calls"),
+    ("glm-4.5 compact tool call (string typed as declared)", "glm-4.5.jinja", [],
+     "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>42</arg_value>"
+     "<arg_key>units</arg_key><arg_value>metric</arg_value></tool_call>",
+     {"tools": [WEATHER], "tool_choice": "required"},
+     {"content": "Let me check.", "reasoning": None,
+      "calls": [("*", "function", "get_weather", {"city": "42", "units": "metric"})]}, "tool_calls"),
+    ("kimi-k2-thinking tool call", "kimi-k2-thinking.jinja", [],
+     "<think>Plan a call.</think>Calling.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+     "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1"
+     "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+     {"tools": [WEATHER, TIME]},
+     {"content": "Calling.", "reasoning": "Plan a call.",
+      "calls": [("functions.get_weather:0", "function", "get_weather", {"city": "Paris"}),
+                ("functions.get_time:1", "function", "get_time", {})]}, "tool_calls"),
+    ("kimi-k2 tool call", "kimi-k2.jinja", [],
+     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+     "{\"city\": \"Oslo\", \"days\": 2}<|tool_call_end|><|tool_calls_section_end|>",
+     {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     {"content": None, "reasoning": None,
+      "calls": [("functions.get_weather:0", "function", "get_weather", {"city": "Oslo", "days": 2})]}, "tool_calls"),
+    ("deepseek-v3 fenced tool call", "ds-tools", ["--reasoning-parser", "deepseek-r1"],
+     "<think>Look it up.</think>Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+     "```json\n{\"city\": \"Rome\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     {"tools": [WEATHER]},
+     {"content": "Sure.", "reasoning": "Look it up.",
+      "calls": [("*", "function", "get_weather", {"city": "Rome"})]}, "tool_calls"),
+    ("deepseek-v3.1 tool calls", "ds-tools", [],
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Lima\", \"days\": 1}"
+     "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     {"tools": [WEATHER, TIME]},
+     {"content": None, "reasoning": None,
+      "calls": [("*", "function", "get_weather", {"city": "Lima", "days": 1}), ("*", "function", "get_time", {})]},
+     "tool_calls"),
+    ("required, but no call: the text is returned", "glm-4.6.jinja", [],
+     "I cannot call anything.", {"tools": [WEATHER], "tool_choice": "required"},
+     {"content": "I cannot call anything.", "reasoning": None, "calls": []}, "stop"),
+    ("tool_choice none: no parsing", "glm-4.6.jinja", [],
+     "<tool_call>get_weather</tool_call>", {"tools": [WEATHER], "tool_choice": "none"},
+     {"content": "<tool_call>get_weather</tool_call>", "reasoning": None, "calls": []}, "stop"),
+]
+
+
+def expect_match(got, exp):
+    if got["content"] != exp["content"] or got["reasoning"] != exp["reasoning"] or len(got["calls"]) != len(exp["calls"]):
+        return False
+    for g, e in zip(got["calls"], exp["calls"]):
+        if (e[0] != "*" and g[0] != e[0]) or not g[0] or g[1:] != e[1:]:
+            return False
+    return True
+
+
+def run_server(exe, tmpl_path, extra, script):
+    return R.Server(exe, "--chat-template", tmpl_path, "--script-file", script, *extra)
+
+
+def main():
+    exe, data = sys.argv[1:3]
+    tmp = tempfile.mkdtemp(prefix="chat_dialects_")
+    script = os.path.join(tmp, "script")
+    ds_tmpl = os.path.join(tmp, "ds-tools.jinja")
+    with open(ds_tmpl, "w", encoding="utf-8") as f:
+        f.write(DS_TOOLS_TEMPLATE)
+    msgs = [{"role": "user", "content": "What is 2+2? And the weather?"}]
+    servers = {}
+    try:
+        for name, tmpl, extra, output, req, exp, exp_finish in CASES:
+            path = ds_tmpl if tmpl == "ds-tools" else os.path.join(data, tmpl)
+            key = (path, tuple(extra))
+            if key not in servers:
+                servers[key] = run_server(exe, path, extra, script)
+            srv = servers[key]
+            cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="x", timeout=30, max_retries=0)
+            for as_tokens in (True, False):
+                what = "%s (%s)" % (name, "marker tokens" if as_tokens else "byte tokens")
+                with open(script, "w") as f:
+                    f.write(" ".join(str(t) for t in tokens(split_markers(output), as_tokens)))
+                kw = dict(model="fake-model", messages=msgs, max_tokens=1000, temperature=0)
+                extra_body = {k: v for k, v in req.items() if k == "chat_template_kwargs"}
+                kw.update({k: v for k, v in req.items() if k != "chat_template_kwargs"})
+                r = cl.chat.completions.create(extra_body=extra_body or None, **kw)
+                got = result_of(r.choices[0].message)
+                check(expect_match(got, exp), what + ": message", (got, exp))
+                check(r.choices[0].finish_reason == exp_finish, what + ": finish_reason", r.choices[0].finish_reason)
+                sgot, sfin = stream_result(cl, what, extra_body=extra_body or None, **kw)
+                # ids are per request: compare the rest
+                strip = lambda x: dict(x, calls=[c[1:] for c in x["calls"]])  # noqa: E731
+                check(strip(sgot) == strip(got) and sfin == exp_finish, what + ": stream equals the message", (sgot, got))
+
+        # refusals, by name (one server: the GLM-4.6 template)
+        srv = servers[(os.path.join(data, "glm-4.6.jinja"), ())]
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="x", timeout=30, max_retries=0)
+        with open(script, "w") as f:
+            f.write("65 66")
+
+        def refused(what, param, **kw):
+            try:
+                cl.chat.completions.create(model="fake-model", messages=kw.pop("messages", msgs), max_tokens=4, **kw)
+                check(False, what + ": refused")
+            except openai.BadRequestError as e:
+                body = e.body if isinstance(e.body, dict) else {}
+                check(e.status_code == 400 and param in str(body.get("message", "")), what + ": 400 naming " + param, body)
+
+        for k, v in (("continue_final_message", True), ("guided_json", {"type": "object"}), ("json_schema", {}),
+                     ("user", "u1"), ("functions", []), ("documents", []), ("echo", False)):
+            refused("unhonoured parameter " + k, k, extra_body={k: v})
+        refused("kwargs the template does not read", "no_such_switch",
+                extra_body={"chat_template_kwargs": {"no_such_switch": True}})
+        refused("reasoning_effort where the template has none", "reasoning_effort", reasoning_effort="high")
+        refused("named tool not in tools", "not_there", tools=[WEATHER],
+                tool_choice={"type": "function", "function": {"name": "not_there"}})
+        refused("parallel_tool_calls false", "parallel_tool_calls", tools=[WEATHER], parallel_tool_calls=False)
+        refused("image parts", "image_url",
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}])
+        refused("arguments that are not JSON", "arguments",
+                messages=[{"role": "user", "content": "q"},
+                          {"role": "assistant", "content": "", "tool_calls": [
+                              {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{nope"}}]},
+                          {"role": "user", "content": "q2"}])
+        # the same history with arguments as the JSON string clients send renders (GLM iterates them)
+        ok = cl.chat.completions.create(model="fake-model", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "wea"}, {"type": "text", "text": "ther?"}]},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
+        check(ok.choices[0].message.content == "AB", "string arguments and text parts render")
+        # the rendered prompt: /tokenize of the fake byte tokenizer gives the prompt's bytes back
+        st, body = http_post(srv.port, "/tokenize", {"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"k\": [1, 2]}"}}]}]})
+        ids = json.loads(body)["tokens"] if st == 200 else []
+        prompt = bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+        check("<|user|>\nab" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
+              "normalized messages reach the template", prompt)
+
+        # a parsed stream still carries every token's logprobs and the usage
+        r1 = servers[(os.path.join(data, "deepseek-r1.jinja"), ())]
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % r1.port, api_key="x", timeout=30, max_retries=0)
+        with open(script, "w") as f:
+            f.write(" ".join(str(t) for t in tokens(split_markers("Hm.</think>Yes."), True)))
+        n_lp, usage, reasoning, content = 0, None, "", ""
+        for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50, stream=True, logprobs=True,
+                                             stream_options={"include_usage": True}):
+            if ch.usage:
+                usage = ch.usage
+            for c in ch.choices:
+                n_lp += len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+                content += c.delta.content or ""
+        # (the EOS that ends it counts as a completion token and has no text)
+        check(usage is not None and usage.completion_tokens - 1 == n_lp == len(tokens(split_markers("Hm.</think>Yes."), True)),
+              "stream logprobs and usage with the parser", (n_lp, usage))
+        check(reasoning == "Hm." and content == "Yes.", "stream with logprobs parsed", (reasoning, content))
+
+        # reasoning_effort reaches a template that reads it: the prompt grows by exactly that line
+        ds = servers[(ds_tmpl, ())]
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % ds.port, api_key="x", timeout=30, max_retries=0)
+        base = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=2).usage.prompt_tokens
+        eff = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=2,
+                                         reasoning_effort="high").usage.prompt_tokens
+        check(eff - base == len("Reasoning effort: high\n"), "reasoning_effort rendered", (base, eff))
+
+        # DeepSeek's released template does not render tools: refused, not ignored
+        srv2 = run_server(exe, os.path.join(data, "deepseek-v3.1.jinja"), [], script)
+        servers["v31"] = srv2
+        cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv2.port, api_key="x", timeout=30, max_retries=0)
+        refused("tools with a template that does not render them", "tools", tools=[WEATHER])
+    finally:
+        for s in servers.values():
+            check(s.stop() == 0, "clean exit")
+    return summary("chat dialects (openai %s): " % openai.__version__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

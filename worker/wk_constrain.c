@@ -1,0 +1,267 @@
+/* wk_constrain: see wk_constrain.h. */
+#include "wk_constrain.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gguf.h"
+#include "mla_log.h"
+
+typedef struct crec {
+    uint64_t id;
+    gram *g;         /* NULL: logit biases only */
+    gram_match *m;
+    bool dead;       /* a bound was hit: only end of sequence from now on */
+    int32_t *bias_ids;
+    float *bias_vals;
+    uint32_t n_bias;
+    uint32_t next_pos; /* position of the next token the matcher takes */
+} crec;
+
+struct wk_constrain {
+    char *model_path;
+    uint32_t n_vocab;
+    gram_vocab *v;
+    uint8_t *allow;
+    crec *r;
+    size_t n, cap;
+};
+
+wk_constrain *wk_constrain_new(const char *model_path, uint32_t n_vocab) {
+    wk_constrain *c = mla_xcalloc(1, sizeof *c);
+    c->model_path = model_path ? mla_xstrdup(model_path) : NULL;
+    c->n_vocab = n_vocab;
+    c->allow = mla_xmalloc(n_vocab ? n_vocab : 1);
+    return c;
+}
+
+static void rec_clear(crec *r) {
+    gram_match_free(r->m);
+    gram_free(r->g);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    memset(r, 0, sizeof *r);
+}
+
+void wk_constrain_free(wk_constrain *c) {
+    if (!c) return;
+    for (size_t i = 0; i < c->n; i++) rec_clear(&c->r[i]);
+    free(c->r);
+    gram_vocab_free(c->v);
+    free(c->allow);
+    free(c->model_path);
+    free(c);
+}
+
+void wk_constrain_set_vocab(wk_constrain *c, gram_vocab *v) {
+    gram_vocab_free(c->v);
+    c->v = v;
+}
+
+void wk_constrain_drop(wk_constrain *c, uint64_t seq_id) {
+    for (size_t i = 0; i < c->n; i++)
+        if (c->r[i].id == seq_id) {
+            rec_clear(&c->r[i]);
+            c->r[i] = c->r[--c->n];
+            return;
+        }
+}
+
+/* UTF-8 decoding of one code point; 0 when invalid */
+static int utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
+    uint8_t c = s[0];
+    int k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (!k || (size_t)k > n) return 0;
+    uint32_t v = k == 1 ? c : (uint32_t)(c & (0x7F >> k));
+    for (int i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return k;
+}
+
+static int hexd(uint8_t c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+int wk_constrain_vocab_from_gguf(gram_vocab **out, const char *model_path, uint32_t n_vocab, mla_err *err) {
+    *out = NULL;
+    gguf_ctx *g;
+    if (gguf_open(&g, model_path, err)) return mla_err_prefix(err, "structured output: ");
+    gguf_str model;
+    const gguf_value *toks, *types = NULL;
+    int rc = gguf_get_str(g, "tokenizer.ggml.model", &model, err);
+    if (rc == 0) rc = mla_errf(err, "structured output: tokenizer.ggml.model is missing");
+    if (rc < 0) goto out;
+    bool gpt2 = model.len == 4 && !memcmp(model.ptr, "gpt2", 4);
+    bool spm = model.len == 5 && !memcmp(model.ptr, "llama", 5);
+    if (!gpt2 && !spm) {
+        rc = mla_errf(err, "structured output: tokenizer model '%.*s' is not supported (gpt2, llama are)",
+                      (int)(model.len > 40 ? 40 : model.len), model.ptr);
+        goto out;
+    }
+    rc = gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_VT_STRING, &toks, err);
+    if (rc == 0) rc = mla_errf(err, "structured output: tokenizer.ggml.tokens is missing");
+    if (rc < 0) goto out;
+    rc = gguf_get_arr(g, "tokenizer.ggml.token_type", GGUF_VT_INT32, &types, err);
+    if (rc < 0) goto out;
+    if (rc == 0) types = NULL;
+    gram_vocab *v = gram_vocab_new(n_vocab);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    uint64_t nt = toks->v.arr.n < n_vocab ? toks->v.arr.n : n_vocab;
+    for (uint64_t i = 0; i < nt; i++) {
+        int64_t ty = types && i < types->v.arr.n ? types->v.arr.items[i].v.i : 1;
+        if (ty != 1 && ty != 6) continue; /* normal and byte tokens only */
+        const uint8_t *s = (const uint8_t *)toks->v.arr.items[i].v.s.ptr;
+        size_t n = toks->v.arr.items[i].v.s.len, k = 0;
+        if (n * 3 + 1 > cap) {
+            cap = n * 3 + 16;
+            buf = mla_xrealloc(buf, cap);
+        }
+        bool ok = n > 0;
+        if (spm && ty == 6) {
+            ok = n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' && hexd(s[3]) >= 0 && hexd(s[4]) >= 0;
+            if (ok) buf[k++] = (uint8_t)(hexd(s[3]) * 16 + hexd(s[4]));
+        } else {
+            for (size_t j = 0; j < n && ok;) {
+                uint32_t cp;
+                int l = utf8_next(s + j, n - j, &cp);
+                if (!l) {
+                    ok = false;
+                    break;
+                }
+                if (gpt2) {
+                    int b = gram_gpt2_byte(cp);
+                    if (b < 0) ok = false;
+                    else buf[k++] = (uint8_t)b;
+                } else if (cp == 0x2581) {
+                    buf[k++] = ' ';
+                } else {
+                    memcpy(buf + k, s + j, (size_t)l);
+                    k += (size_t)l;
+                }
+                j += (size_t)l;
+            }
+        }
+        if (ok && k) gram_vocab_set(v, (uint32_t)i, buf, k);
+    }
+    free(buf);
+    const char *eos_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    int n_eos = 0;
+    for (int k = 0; k < 3; k++) {
+        uint32_t id;
+        int r2 = gguf_get_u32(g, eos_keys[k], &id, err);
+        if (r2 < 0) {
+            gram_vocab_free(v);
+            rc = MLA_ERR;
+            goto out;
+        }
+        if (r2 == 1 && id < n_vocab) {
+            gram_vocab_set_eos(v, id);
+            n_eos++;
+        }
+    }
+    if (!n_eos) MLA_WARN("structured output: the model names no end-of-sequence token: grammars never end it");
+    *out = v;
+    rc = MLA_OK;
+out:
+    gguf_close(g);
+    return rc < 0 ? MLA_ERR : MLA_OK;
+}
+
+static crec *find(wk_constrain *c, uint64_t id) {
+    for (size_t i = 0; i < c->n; i++)
+        if (c->r[i].id == id) return &c->r[i];
+    return NULL;
+}
+
+/* The matcher takes token t; a failure marks the record dead. */
+static void take(crec *r, const gram_vocab *v, int32_t t) {
+    if (!r->m || r->dead) return;
+    size_t n = 0;
+    const uint8_t *b = t >= 0 ? gram_vocab_bytes(v, (uint32_t)t, &n) : NULL;
+    mla_err e = {{0}};
+    if (!n) {
+        mla_errf(&e, "token %d has no text a grammar can take", t);
+    } else if (gram_match_accept(r->m, b, n, &e) == MLA_OK) {
+        return;
+    }
+    MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
+    r->dead = true;
+}
+
+int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_err *err) {
+    memset(mod, 0, sizeof *mod);
+    if (!c->v && wk_constrain_vocab_from_gguf(&c->v, c->model_path, c->n_vocab, err)) return MLA_ERR;
+    const wire_sampling *sp = &s->sp;
+    crec *r = find(c, s->seq_id);
+    if (sp->constraint_setup) {
+        if (!r) {
+            if (c->n == c->cap) {
+                c->cap = c->cap ? 2 * c->cap : 16;
+                c->r = mla_xrealloc(c->r, c->cap * sizeof *c->r);
+            }
+            r = &c->r[c->n++];
+            memset(r, 0, sizeof *r);
+        } else {
+            rec_clear(r);
+        }
+        r->id = s->seq_id;
+        if (sp->grammar) {
+            if (gram_parse(&r->g, sp->grammar, strlen(sp->grammar), err) ||
+                gram_match_new(&r->m, r->g, err)) {
+                wk_constrain_drop(c, s->seq_id);
+                return mla_err_prefix(err, "sequence %" PRIu64 ": ", s->seq_id);
+            }
+        }
+        if (sp->n_bias) {
+            r->n_bias = sp->n_bias;
+            r->bias_ids = mla_xmalloc(sp->n_bias * sizeof *r->bias_ids);
+            r->bias_vals = mla_xmalloc(sp->n_bias * sizeof *r->bias_vals);
+            memcpy(r->bias_ids, sp->bias_ids, sp->n_bias * sizeof *r->bias_ids);
+            memcpy(r->bias_vals, sp->bias_vals, sp->n_bias * sizeof *r->bias_vals);
+        }
+        r->next_pos = sp->grammar_start;
+        for (uint32_t k = 0; k < sp->n_replay; k++) take(r, c->v, sp->replay[k]);
+        r->next_pos += sp->n_replay;
+    }
+    if (!r)
+        return mla_errf(err, "sequence %" PRIu64 ": constrained, but no constraint was set up for it", s->seq_id);
+    for (uint32_t k = 0; k < s->n_tokens; k++) {
+        uint32_t pos = (uint32_t)s->positions[k];
+        if (pos < r->next_pos) continue; /* the prompt */
+        if (pos > r->next_pos)
+            return mla_errf(err, "sequence %" PRIu64 ": position %u comes before %u reached its grammar", s->seq_id,
+                            pos, r->next_pos);
+        take(r, c->v, s->tokens[k]);
+        r->next_pos++;
+    }
+    if (!s->sample) return MLA_OK;
+    mod->bias_ids = r->bias_ids;
+    mod->bias_vals = r->bias_vals;
+    mod->n_bias = r->n_bias;
+    if (!r->m) return MLA_OK;
+    int64_t cnt = -1;
+    if (!r->dead) {
+        mla_err e = {{0}};
+        cnt = gram_match_mask(r->m, c->v, c->allow, &e);
+        if (cnt < 0) {
+            MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
+            r->dead = true;
+        } else if (cnt == 0) {
+            MLA_WARN("sequence %" PRIu64 ": no token of the vocabulary continues its grammar: ending it", r->id);
+        }
+    }
+    if (cnt <= 0) { /* end of sequence only */
+        uint32_t n_eos = 0;
+        for (uint32_t i = 0; i < c->n_vocab; i++) n_eos += c->allow[i] = gram_vocab_is_eos(c->v, i);
+        if (!n_eos)
+            return mla_errf(err, "sequence %" PRIu64 ": its grammar cannot go on and the model has no end-of-sequence "
+                            "token", s->seq_id);
+    }
+    mod->allow = c->allow;
+    return MLA_OK;
+}

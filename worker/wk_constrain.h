@@ -1,0 +1,42 @@
+/* wk_constrain: output constraints on rank 0 of the workers: per sequence a grammar matcher
+ * (common/gram.h) and logit biases, set up by the plan that starts the sequence's state
+ * (SamplingParams constraint_setup) and advanced by the sequence's tokens from grammar_start on,
+ * as plans bring them (so preemption, recompute and prefix-cache hits replay exactly the tokens
+ * generated). Before a constrained row is sampled, wk_constrain_row gives the sampler its token
+ * mask and biases (worker/sample.h).
+ *
+ * The vocabulary's token bytes come from the GGUF (tokenizer.ggml.tokens: byte-level BPE text
+ * mapped back through the GPT-2 byte table, or SentencePiece pieces with U+2581 for spaces and
+ * <0xHH> byte tokens); control, user-defined, unknown and unused tokens are never allowed inside a
+ * constrained output; the end-of-sequence tokens (eos, eot, eom) only when the grammar is complete.
+ * A grammar bound hit while generating (common/gram.h: stack depth, ambiguity) ends that sequence
+ * (only end-of-sequence tokens allowed) with a warning naming the bound; the batch goes on.
+ *
+ * Ownership: wk_constrain_new -> wk_constrain_free; the vocabulary is read from the GGUF at the
+ * first constrained row. The mask handed out lives until the next call. */
+#ifndef WK_CONSTRAIN_H
+#define WK_CONSTRAIN_H
+
+#include <stdint.h>
+
+#include "common/gram.h"
+#include "sample.h"
+#include "wire.h"
+
+typedef struct wk_constrain wk_constrain;
+
+wk_constrain *wk_constrain_new(const char *model_path, uint32_t n_vocab);
+void wk_constrain_free(wk_constrain *c);
+/* A vocabulary given directly (tests; takes v), instead of the GGUF's. */
+void wk_constrain_set_vocab(wk_constrain *c, gram_vocab *v);
+
+/* For a row with sp.constrained: takes its setup and tokens; when it samples, fills mod (its
+ * pointers valid until the next call). MLA_ERR with err set when the row cannot be served (the
+ * vocabulary cannot be read, no setup for the sequence, a grammar that does not parse). */
+int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_err *err);
+void wk_constrain_drop(wk_constrain *c, uint64_t seq_id);
+
+/* The token bytes of a GGUF's vocabulary (n_vocab entries: ids beyond its tokens stay absent). */
+int wk_constrain_vocab_from_gguf(gram_vocab **out, const char *model_path, uint32_t n_vocab, mla_err *err);
+
+#endif
