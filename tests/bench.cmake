@@ -16,7 +16,7 @@ if(TARGET mlaserve-worker)
   add_test(NAME bench_gpu_serve_dry
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_gpu_serve_bench.py $<TARGET_FILE:mlaserve>
                    ${CMAKE_CURRENT_BINARY_DIR}/gpu_serve_work)
-  set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900 LABELS bench
+  set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900 LABELS model
                        ENVIRONMENT "MLA_HEARTBEAT_TIMEOUT_MS=10000")
 endif()
 
