@@ -47,6 +47,28 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
      "test engine: 1: rank 0 publishes no id (the other ranks time out)", true},
     {MLA_SW_TEST_ENGINE_STATS, "MLA_TEST_ENGINE_STATS", MLA_SWT_STR, "", 0, 0, NULL,
      "test engine: at exit each rank writes its queue counts to PATH.<rank>", true},
+    /* the CUDA kernels' switches (worker/model_cuda.cu, kernels/) */
+    {MLA_SW_CUDA_GRAPHS, "MLA_CUDA_GRAPHS", MLA_SWT_ENUM, "1", 0, 0, "0|1|require",
+     "CUDA decode steps replayed as graphs (one rank, or NCCL); 0: launched one by one; require: "
+     "fail where a step cannot be captured", false},
+    {MLA_SW_CUDA_BATCHED, "MLA_CUDA_BATCHED", MLA_SWT_BOOL, "1", 0, 0, NULL,
+     "0: single-token CUDA steps take the prompt path, not the batched one (and no graphs)", false},
+    {MLA_SW_CUDA_Q8, "MLA_CUDA_Q8", MLA_SWT_ENUM, "", 0, 0, "0|1",
+     "CUDA q8 activations for quantized weights (integer GEMV, int8 tensor cores); unset: on, off "
+     "in exact mode", false},
+    {MLA_SW_CUDA_GEMV_TMAX, "MLA_CUDA_GEMV_TMAX", MLA_SWT_INT, "8", 1, 4096, NULL,
+     "CUDA steps of more tokens than this take the fp16 tensor cores, fewer the GEMVs (tuning)", true},
+    {MLA_SW_MOE_MMH_MIN, "MLA_MOE_MMH_MIN", MLA_SWT_INT, "8", 0, 1000000, NULL,
+     "CUDA routed experts on the fp16 tensor cores from this many pairs a expert (0: never; tuning)",
+     true},
+    {MLA_SW_CUDA_GS, "MLA_CUDA_GS", MLA_SWT_STR, "", 0, 0, NULL,
+     "streamed GEMV STAGES:BYTES (2-8 buffers, 4096-65536 bytes a stage; default 3:32768; tuning)",
+     true},
+    {MLA_SW_CUDA_GM, "MLA_CUDA_GM", MLA_SWT_INT, "112", 32, 220, NULL,
+     "streamed tensor-core GEMV: KB of shared memory a block aims at (tuning)", true},
+    {MLA_SW_CUDA_STEPTRACE, "MLA_CUDA_STEPTRACE", MLA_SWT_STR, "", 0, 0, NULL,
+     "prefix: a build with -DMLA_CUDA_STEPTRACE=ON writes every kernel's wait there (bench/steptrace.py)",
+     true},
 };
 
 /* MLA_* names read by the build and the test scripts, not by the programs: they may be set */

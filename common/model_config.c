@@ -1,5 +1,7 @@
 #include "model_config.h"
 
+#include "layer_tensors.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -329,66 +331,36 @@ int mla_config_check_tensors(const mla_config *c, const gguf_ctx *g, mla_err *er
     if (!gguf_find_tensor(g, "output.weight"))
         return mla_errf(err, "output.weight: tensor is missing (tied embeddings are not supported)");
     CHK("output.weight", 2, false, false, E, V);
+    /* the layers: the table of common/layer_tensors.c, which the loaders walk too */
+    int n_entries;
+    const lt_entry *tab = layer_tensors_table(&n_entries);
     char nm[128];
-#define L(s) (snprintf(nm, sizeof nm, "blk.%lld." s, (long long)il), nm)
     for (int64_t il = 0; il < c->n_layer; il++) {
-        CHK(L("attn_norm.weight"), 1, false, true, E);
-        CHK(L("ffn_norm.weight"), 1, false, true, E);
-        if (c->q_lora_rank > 0) {
-            CHK(L("attn_q_a.weight"), 2, false, false, E, c->q_lora_rank);
-            CHK(L("attn_q_a_norm.weight"), 1, false, true, c->q_lora_rank);
-            CHK(L("attn_q_b.weight"), 2, false, false, c->q_lora_rank, H * c->head_k);
-        } else {
-            CHK(L("attn_q.weight"), 2, false, false, E, H * c->head_k);
-        }
-        CHK(L("attn_kv_a_mqa.weight"), 2, false, false, E, c->kv_lora_rank + c->n_rope);
-        CHK(L("attn_kv_a_norm.weight"), 1, false, true, c->kv_lora_rank);
         snprintf(nm, sizeof nm, "blk.%lld.attn_k_b.weight", (long long)il);
-        if (gguf_find_tensor(g, nm)) {
-            CHK(L("attn_k_b.weight"), 3, false, false, c->head_nope, c->kv_lora_rank, H);
-            CHK(L("attn_v_b.weight"), 3, false, false, c->kv_lora_rank, c->head_v, H);
-        } else {
-            snprintf(nm, sizeof nm, "blk.%lld.attn_kv_b.weight", (long long)il);
-            const gguf_tensor *kvb = gguf_find_tensor(g, nm);
-            if (!kvb)
-                return mla_errf(err, "blk.%lld: neither attn_k_b/attn_v_b nor legacy attn_kv_b is present", (long long)il);
-            /* legacy fused up-projection: per head the rows [nope of W_k | v of W_v] */
-            const int64_t kv_rows = H * (c->head_nope + c->head_v);
-            if (kvb->ne[1] != kv_rows)
-                return mla_errf(err, "%s: %lld rows, expected %lld heads x (nope %lld + v %lld) = %lld rows",
-                                nm, (long long)kvb->ne[1], (long long)H,
-                                (long long)c->head_nope, (long long)c->head_v, (long long)kv_rows);
-            CHK(L("attn_kv_b.weight"), 2, false, false, c->kv_lora_rank, H * (c->head_nope + c->head_v));
-        }
-        CHK(L("attn_output.weight"), 2, false, false, H * c->head_v, E);
-        if (c->idx_n_head > 0) {
-            if (c->q_lora_rank == 0) return mla_errf(err, "the DSA indexer needs q_lora_rank > 0");
-            CHK(L("indexer.attn_q_b.weight"), 2, false, false, c->q_lora_rank, c->idx_n_head * c->idx_head_dim);
-            CHK(L("indexer.attn_k.weight"), 2, false, false, E, c->idx_head_dim);
-            CHK(L("indexer.k_norm.weight"), 1, false, true, c->idx_head_dim);
-            CHK(L("indexer.k_norm.bias"), 1, false, true, c->idx_head_dim);
-            CHK(L("indexer.proj.weight"), 2, false, false, E, c->idx_n_head);
-        }
-        if (mla_config_layer_dense(c, il)) {
-            CHK(L("ffn_gate.weight"), 2, false, false, E, c->n_ff);
-            CHK(L("ffn_up.weight"), 2, false, false, E, c->n_ff);
-            CHK(L("ffn_down.weight"), 2, false, false, c->n_ff, E);
-        } else {
-            const int64_t X = c->n_expert, F = c->n_ff_exp;
-            CHK(L("ffn_gate_inp.weight"), 2, false, false, E, X);
-            CHK(L("exp_probs_b.bias"), 1, true, true, X);
-            CHK(L("ffn_gate_exps.weight"), 3, false, false, E, F, X);
-            CHK(L("ffn_up_exps.weight"), 3, false, false, E, F, X);
-            CHK(L("ffn_down_exps.weight"), 3, false, false, F, E, X);
-            if (c->n_expert_shared > 0) {
-                const int64_t S = F * c->n_expert_shared;
-                CHK(L("ffn_gate_shexp.weight"), 2, false, false, E, S);
-                CHK(L("ffn_up_shexp.weight"), 2, false, false, E, S);
-                CHK(L("ffn_down_shexp.weight"), 2, false, false, S, E);
+        const bool split_kb = gguf_find_tensor(g, nm) != NULL;
+        for (int i = 0; i < n_entries; i++) {
+            const lt_entry *e = &tab[i];
+            if (!layer_tensors_applies(e, c, il, split_kb)) continue;
+            snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)il, e->suffix);
+            if (e->role == LT_KV_B) {
+                const gguf_tensor *kvb = gguf_find_tensor(g, nm);
+                if (!kvb)
+                    return mla_errf(err, "blk.%lld: neither attn_k_b/attn_v_b nor legacy attn_kv_b is present",
+                                    (long long)il);
+                /* legacy fused up-projection: per head the rows [nope of W_k | v of W_v] */
+                const int64_t kv_rows = H * (c->head_nope + c->head_v);
+                if (kvb->ne[1] != kv_rows)
+                    return mla_errf(err, "%s: %lld rows, expected %lld heads x (nope %lld + v %lld) = %lld rows", nm,
+                                    (long long)kvb->ne[1], (long long)H, (long long)c->head_nope,
+                                    (long long)c->head_v, (long long)kv_rows);
             }
+            if (e->role == LT_IQ_B && c->q_lora_rank == 0) return mla_errf(err, "the DSA indexer needs q_lora_rank > 0");
+            int64_t ne[3];
+            layer_tensors_shape(e, c, ne);
+            const int rc = check_one(g, nm, ne, e->nd, e->optional, e->f32_only, err);
+            if (rc < 0) return rc;
         }
     }
-#undef L
     return MLA_OK;
 }
 

@@ -84,8 +84,7 @@ static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned lo
  * before it has finished and its writes are visible (griddepcontrol.wait), then allows the next
  * one to be scheduled (launch_dependents). The order of effects is the plain stream order; what
  * is saved is the launch gap between kernels (over 100 kernels a decode step). A kernel launched
- * without the attribute passes both instructions as no-ops. MLA_CUDA_PDL=0 turns the attribute
- * off; devices before sm_90 never get it.
+ * without the attribute passes both instructions as no-ops; devices before sm_90 never get it.
  * Every kernel lets the next one be scheduled only after its own wait has returned (some later:
  * a decode step's norm once its row is in, a split attention at its last key tile, so that the
  * next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch
@@ -117,30 +116,14 @@ static __device__ __forceinline__ void mlacu_pdl_enter() {
     mlacu_pdl_trigger();
 }
 
-/* whether launches take the attribute: the current device is sm_90+ and MLA_CUDA_PDL is not 0
- * (decided once a process) */
+/* whether launches take the attribute: the current device is sm_90+ (decided once a process) */
 static inline bool mlacu_pdl_on(void) {
     static std::atomic<int> v{-1};
     int r = v.load(std::memory_order_relaxed);
     if (r < 0) {
-        const char *e = getenv("MLA_CUDA_PDL");
         int dev = 0, major = 0;
-        r = !(e && !strcmp(e, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
+        r = cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-        v.store(r, std::memory_order_relaxed);
-    }
-    return r != 0;
-}
-
-/* whether the GEMVs that can round their own output into a q8 buffer do (the streamed GEMV's
- * warp-specialized kernel, the fp16 head GEMV; else mla_cuda_quantize_q8 after them, the same
- * bytes): yes unless MLA_CUDA_Q8OUT=0 (decided once a process; for measurements) */
-static inline bool mlacu_q8out_on(void) {
-    static std::atomic<int> v{-1};
-    int r = v.load(std::memory_order_relaxed);
-    if (r < 0) {
-        const char *e = getenv("MLA_CUDA_Q8OUT");
-        r = !(e && !strcmp(e, "0"));
         v.store(r, std::memory_order_relaxed);
     }
     return r != 0;
@@ -181,7 +164,7 @@ static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, 
     return ((size_t)(T * in) + 15) / 16 * 16;
 }
 
-/* The q8 rounding of a 32-element unit (q8x_kernel in quant_cuda.cu, mlacu_q8_units_warp): its
+/* The q8 rounding of a 32-element unit (q8x_kernel in mm_gemvq_cuda.cu, mlacu_q8_units_warp): its
  * scale d = max|v| / 127, the inverse 127 / max|v| (0 for a unit of zeros), and an element's
  * int8, round-to-nearest-even(v * inverse). */
 static __device__ __forceinline__ float mlacu_q8_d(float amax) { return amax / 127.f; }
@@ -190,7 +173,7 @@ static __device__ __forceinline__ int mlacu_q8_round(float v, float inv) { retur
 
 /* N 32-element units held by a warp, unit k's element `lane` in v[k] of each lane (every lane
  * calls it): units k < n_store get their int8 at q + k * ld and their scales at s[k * ld / 32],
- * the values q8x_kernel (quant_cuda.cu) gives the same 32 floats: d = max|v| / 127,
+ * the values q8x_kernel (mm_gemvq_cuda.cu) gives the same 32 floats: d = max|v| / 127,
  * q = round-to-nearest-even(v * 127 / max|v|). The N reductions run side by side. */
 template <int N>
 static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], int8_t *q, float4 *s, int ld,
@@ -224,6 +207,49 @@ static __device__ __forceinline__ void mlacu_q8_units_warp(const float (&v)[N], 
     }
 }
 
+/* warp-wide sum and maximum (every lane gets the result) */
+static __device__ __forceinline__ float wsum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float wmax(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Inclusive prefix of v over the warp's lanes (the whole warp calls it). */
+static __device__ __forceinline__ int warp_scan_int(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += up;
+    }
+    return v;
+}
+
+/* Exclusive prefix of v over the block (blockDim.x multiple of 32, <= 1024); *total gets the
+ * block's sum. Uses sh[0..32]. */
+static __device__ int block_scan_int(int v, int *sh, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int inc = warp_scan_int(v, lane);
+    __syncthreads();
+    if (lane == 31) sh[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        const int w = lane < nw ? sh[lane] : 0, wi = warp_scan_int(w, lane);
+        if (lane < nw) sh[lane] = wi - w;
+        if (lane == 31) sh[32] = wi;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[warp] + inc - v;
+}
+
+/* a cache or weight element as a float */
+static __device__ __forceinline__ float to_f32(float v) { return v; }
+static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
 /* Row j of a paged cache (kernels/cuda_ops.h, MLA_CUDA_KV_BLOCK) of element type KT (float, or
  * __half: the fp16 latent cache, whose offset and row length count halves): block j / BS of the
  * token's table, then the layer's offset inside the block, then the slot. */
@@ -235,8 +261,8 @@ __device__ __forceinline__ const KT *paged_row_t(const float *const *tab, int64_
 __device__ __forceinline__ void kv_store(float *d, float v) { *d = v; }
 __device__ __forceinline__ void kv_store(__half *d, float v) { *d = __float2half_rn(v); }
 
-/* Token slots of one tile of a MoE plan (attn_cuda.cu builds the tiles; the grouped GEMVs of
- * quant_cuda.cu hold one tile's tokens in registers). */
+/* Token slots of one tile of a MoE plan (moe_cuda.cu builds the tiles; the grouped GEMVs of
+ * mm_gemv_cuda.cu and mm_gemvq_cuda.cu hold one tile's tokens in registers). */
 #define MLACU_MOE_TILE MLA_CUDA_MOE_TILE
 
 /* Where expert e's pairs start in a plan's sorted list: the sum of the counts before it, by the

@@ -39,23 +39,19 @@ int mla_cuda_init(int device, mla_err *e);
 /* Number of CUDA devices visible (0 when none or no driver). */
 int mla_cuda_device_count(void);
 
-/* True when the CUDA kernels handle type t (dequant and both matmul paths). */
+/* True when the CUDA kernels handle type t (the gather and the float-activation matmuls). */
 bool mla_cuda_quant_supported(uint32_t t);
 
 /* Bytes to allocate for `rows` rows of `n` elements of type t: ggml_row_bytes(t, n) * rows,
  * rounded up to 16 (the matmul kernels read weights with 16-byte loads). */
 size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows);
 
-/* d_dst[0..n) = dequantized d_src (n elements, a multiple of the block size: several rows
- * stored back to back dequantize as one). Mirrors quant_dequant_row. */
-int mla_cuda_dequant_row(uint32_t t, const void *d_src, float *d_dst, int64_t n,
-                         mla_cuda_stream stream, mla_err *e);
-
 /* y[T][out] = x[T][in] · W^T, W = `out` rows of `in` elements of type t (GGUF layout: ne0 = in,
  * ne1 = out, rows of ggml_row_bytes(t, in) bytes back to back; the buffer padded as
  * mla_cuda_weight_bytes says). in must be a multiple of 32 and of t's block size. x and y are
- * float, row-major. mla_cuda_matmul picks the path: GEMV (fp32 math) for T <= 8, otherwise the
- * tensor-core path (x and the dequantized W rounded to bf16, fp32 accumulation). */
+ * float, row-major. mla_cuda_matmul picks the path (mla_cuda_mm_choose with nothing allowed):
+ * GEMV (fp32 math) for T <= 8, otherwise the tensor-core path (x and the dequantized W rounded to
+ * bf16, fp32 accumulation). */
 int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                     int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The two paths, callable directly (tests, benchmarks). gemv: any T >= 1 (cost grows with T;
@@ -63,11 +59,6 @@ int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const 
 int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int64_t out,
                          const float *d_x, int64_t T, float *d_y, mla_cuda_stream stream,
                          mla_err *e);
-/* A second GEMV (one independent warp per row, x read from global memory; slower on the H200
- * today, kept for tuning), any T (runs tokens two at a time). */
-int mla_cuda_matmul_gemv_warp(uint32_t t, const void *d_w, int64_t in, int64_t out,
-                              const float *d_x, int64_t T, float *d_y, mla_cuda_stream stream,
-                              mla_err *e);
 int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                         int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The tensor-core path with fp32-class accuracy: x and the dequantized W split into bf16 hi + lo,
@@ -78,6 +69,31 @@ int mla_cuda_matmul_mma3(uint32_t t, const void *d_w, int64_t in, int64_t out, c
                          int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                           int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+
+/* The matmul chooser (kernels/mm_choose_cuda.cu; the rules in docs/kernels.md): the kernel family
+ * of a product, from the weights' types and row lengths, the rows of x a matrix and what the
+ * caller allows. The model's dense products and the MoE's expert products both ask it. */
+typedef enum mla_cuda_mm_family {
+    MLA_CUDA_MM_GEMV,   /* float x, GEMV (mla_cuda_matmul_gemv; grouped: the grouped GEMVs) */
+    MLA_CUDA_MM_MMA,    /* float x, bf16 tensor cores (mla_cuda_matmul_mma) */
+    MLA_CUDA_MM_SPLIT,  /* float x, GEMV then the hi/lo tensor cores (mla_cuda_matmul_split) */
+    MLA_CUDA_MM_Q8,     /* q8 x, integer GEMV (mla_cuda_matmul_q8 and its _swiglu, _pair forms) */
+    MLA_CUDA_MM_Q8_MMA, /* q8 x, int8 tensor cores (mla_cuda_matmul_q8_mma, _grouped_q8_mma) */
+    MLA_CUDA_MM_H,      /* fp16 x, fp16 tensor cores (mla_cuda_matmul_h, _grouped_h) */
+} mla_cuda_mm_family;
+typedef struct mla_cuda_mm_policy {
+    bool q8;            /* q8 activations for the types with an integer form */
+    bool split;         /* float x past the GEMV on the hi/lo split */
+    bool exact;         /* float x on the GEMV at any batch */
+    int64_t h_min;      /* the fp16 tensor cores from this many rows a matrix (0: never) */
+    int64_t q8_mma_min; /* the int8 tensor cores from this many rows a matrix (0: never) */
+} mla_cuda_mm_policy;
+/* The one family that n products (types[i], rows of ins[i] elements, `rows` rows of x each; an
+ * MoE: the pairs over the experts, rounded down) take together. A grouped product has no float
+ * tensor-core form: for it anything but MLA_CUDA_MM_H and MLA_CUDA_MM_Q8_MMA means the grouped
+ * GEMVs. */
+mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types, const int64_t *ins, int n,
+                                      int64_t rows);
 
 /* The integer GEMV for quantized weights (the decode path when the model enables it): the
  * activations are first quantized per 32 elements to int8 with a float scale (round to nearest
@@ -95,8 +111,8 @@ bool mla_cuda_q8_supported(uint32_t t);
  * GEMV of every type (8 tokens a pass over W) is faster: it takes the rest (0: everything).
  * grouped_tmax MLA_CUDA_GEMVS_SINGLES: plans of one token whole, and of more tokens the tiles
  * of the experts with one pair, the per-warp GEMV the others. Defaults MLA_CUDA_GEMVS_DENSE /
- * _GROUPED; one setting for the process (the worker sets 0, 0 from MLA_CUDA_GEMVS=0; the op
- * checks compare them). dense_tmax <= 8. */
+ * _GROUPED (the worker's); one setting for the process (the op checks compare others).
+ * dense_tmax <= 8. */
 #define MLA_CUDA_GEMVS_DENSE 1
 #define MLA_CUDA_GEMVS_SINGLES (-1)
 #define MLA_CUDA_GEMVS_GROUPED MLA_CUDA_GEMVS_SINGLES
@@ -104,14 +120,14 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 /* Dense steps of tmin .. tmax tokens (mla_cuda_matmul_q8, _swiglu, _pair) of Q4_K, Q6_K and Q8_0
  * weights stream W once through int8 tensor cores, the tokens as the n of the mma
  * (kernels/gemvm_cuda.cu); before the rules above. Defaults MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 8:
- * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01); tmax 0: never (the worker sets
- * it from MLA_CUDA_GEMVM=0; the op checks compare them). 2 <= tmin, tmax <= 8. */
+ * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01; the worker's); tmax 0: never
+ * (the op checks compare them). 2 <= tmin, tmax <= 8. */
 #define MLA_CUDA_GEMVM_TMIN 4
 #define MLA_CUDA_GEMVM_TMAX 8
 void mla_cuda_set_gemv_mma(int tmin, int tmax);
 /* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
- * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0 or
- * MLA_CUDA_GSWS=0: for measurements and the op checks. */
+ * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0: for the op
+ * checks, which compare the two. */
 void mla_cuda_set_gemv_ws(int on);
 /* The warp-specialized kernel's dense launches from now on write time stamps (the global nanosecond
  * clock) into d_stamps, MLA_CUDA_GEMV_TRACE_N words a block of the grid (at most 2 blocks an SM):
@@ -156,7 +172,7 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
  * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (up to 128 tokens x 128
  * rows a block), using the workspace: one product at a time per buffer (stream order). On compute
  * capability 9.0, Q4_K products of more than 64 tokens take the warpgroup kernel of
- * kernels/wgmma_cuda.h (same values; MLA_CUDA_WGMMA=0 keeps them here). */
+ * kernels/wgmma_cuda.h (same values; mlacu_wg_set(0) keeps them here). */
 bool mla_cuda_mmh_supported(uint32_t t, int64_t in);
 size_t mla_cuda_act_h_bytes(int64_t T, int64_t in);
 int mla_cuda_act_h(const float *d_x, int64_t T, int64_t in, void *d_xh, mla_cuda_stream stream, mla_err *e);
@@ -208,7 +224,8 @@ int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, in
 int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *d_ids, int64_t T,
                       float *d_out, mla_cuda_stream stream, mla_err *e);
 
-/* ---- attention, indexer, experts, sampling (kernels/attn_cuda.cu) ---- */
+/* ---- attention (kernels/attn_mla_cuda.cu), indexer (dsa_cuda.cu), per-head matmuls
+ * (head_cuda.cu), experts (moe_cuda.cu) ---- */
 /* The paged latent cache: a sequence's cache is a list of blocks of MLA_CUDA_KV_BLOCK token slots
  * (its block table: a device array of block base pointers). A block holds, for each of the
  * model's layers, MLA_CUDA_KV_BLOCK rows of the latent cache (kv_lora + rope floats), then for
@@ -385,7 +402,7 @@ void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_t T, int64_
                             int rank, int world);
 int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_ids, int64_t T, int64_t n_used,
                             int64_t n_expert, mla_cuda_stream stream, mla_err *e);
-/* Grouped GEMV over a plan's tiles (quant_cuda.cu): pair p of expert e reads x row p / x_div and
+/* Grouped GEMV over a plan's tiles (mm_gemv_cuda.cu): pair p of expert e reads x row p / x_div and
  * writes y row p: y[p][o] = W0_e[o] . x (d_w1 NULL), or silu(W0_e[o] . x) * (W1_e[o] . x)
  * (gate and up of one type). W_e starts at (e / world) * estride bytes (this rank's experts
  * packed in order). */
@@ -432,22 +449,6 @@ size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_
 int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, int64_t T,
                        const int32_t *d_ids, const float *d_w, int64_t n_used, float *d_out, void *d_work,
                        mla_cuda_stream stream, mla_err *e);
-
-/* Sampling (worker/sample.h without the history penalties and logprobs): row t of d_logits is
- * sampled with stream stream0 + t. Greedy when temperature == 0 or top_k == 1 (argmax, lowest
- * id); else the CPU order: sort (value desc, id asc) when top_k/top_p/min_p are on, top_k,
- * exp((w - max) / temperature) in double, top_p prefix, min_p, one draw with
- * sampler_uniform(seed, stream). The sorted candidates are held on chip: when top_k > 2048, or
- * top_p/min_p would keep more than 2048 tokens, d_ids[t] = -1 (sample that row on the host). */
-typedef struct mla_cuda_sampling {
-    float temperature;
-    int32_t top_k;
-    float top_p, min_p;
-    uint64_t seed;
-} mla_cuda_sampling;
-#define MLA_CUDA_SAMPLE_CAP 2048
-int mla_cuda_sample(const float *d_logits, int64_t T, int64_t n, const mla_cuda_sampling *sp, uint64_t stream0,
-                    int32_t *d_ids, mla_cuda_stream stream, mla_err *e);
 
 /* Known-answer tests of every CUDA op against its CPU reference on small random inputs
  * (kernels/cuda_selfcheck.cu). MLA_OK when all pass; else MLA_ERR naming the first failure.

@@ -33,8 +33,10 @@ namespace mlacu {
 #define MLACU_UNROLL
 #endif
 
-/* Device copies of the grids, uploaded by mla_cuda_init() (quant_cuda.cu). Defined here, so
- * include this header in ONE .cu file per program (no separable compilation). */
+/* Device copies of the grids. Defined here: with whole-program compilation (no separable
+ * compilation) each .cu file that includes this header has its own copies. A file whose kernels
+ * read them says MLACU_GRIDS_TU() once: mla_cuda_init() (quant_cuda.cu) then uploads its copies
+ * (through mlacu_grids_upload_tu below, registered at start-up). */
 __device__ uint8_t g_iq2xxs_grid[256][8];
 __device__ uint8_t g_iq2xs_grid[512][8];
 __device__ uint8_t g_iq2s_grid[1024][8];
@@ -43,6 +45,28 @@ __device__ uint8_t g_iq3s_grid[512][4];
 __device__ int8_t g_iq1s_grid[2048][8];
 __device__ uint8_t g_ksigns[128];
 __device__ int8_t g_kvalues_iq4nl[16];
+
+/* this file's copies of the grids from the host arrays (kernels/quant_grids.c) */
+static cudaError_t mlacu_grids_upload_tu(void) {
+    cudaError_t err = cudaSuccess;
+#define MLACU_UP(dst, src)                                                                      \
+    if (err == cudaSuccess) err = cudaMemcpyToSymbol(dst, src, sizeof(src));
+    MLACU_UP(g_iq2xxs_grid, quant_iq2xxs_grid)
+    MLACU_UP(g_iq2xs_grid, quant_iq2xs_grid)
+    MLACU_UP(g_iq2s_grid, quant_iq2s_grid)
+    MLACU_UP(g_iq3xxs_grid, quant_iq3xxs_grid)
+    MLACU_UP(g_iq3s_grid, quant_iq3s_grid)
+    MLACU_UP(g_iq1s_grid, quant_iq1s_grid)
+    MLACU_UP(g_ksigns, quant_ksigns)
+    MLACU_UP(g_kvalues_iq4nl, quant_kvalues_iq4nl)
+#undef MLACU_UP
+    return err;
+}
+typedef cudaError_t (*mlacu_grids_upload_fn)(void);
+#define MLACU_GRIDS_MAX 16
+/* adds f to what mla_cuda_init() calls (at most MLACU_GRIDS_MAX files); true */
+bool mlacu_grids_register(mlacu_grids_upload_fn f); /* quant_cuda.cu */
+#define MLACU_GRIDS_TU() [[maybe_unused]] static const bool mlacu_grids_registered_tu = mlacu_grids_register(mlacu_grids_upload_tu)
 
 #ifdef __CUDA_ARCH__
 #define MLACU_TAB(dev, host) (dev)

@@ -2,7 +2,7 @@
  * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
- * Why: the per-warp integer GEMV (quant_cuda.cu) pays every weight's arithmetic once per token
+ * Why: the per-warp integer GEMV (mm_gemvq_cuda.cu) pays every weight's arithmetic once per token
  * and reads 8 tokens' activations through L1 for every unit of two rows; at DeepSeek-V3's shapes
  * it moved the dense weights of a batch-8 step at 0.7-1.2 TB/s (bench/results, -30n). Here the 8
  * tokens are the n of an int8 mma.sync m16n8k32 (m16n8k16 for Q6_K's 16-element scales): a
@@ -48,6 +48,7 @@
 #include "kernels/gemvs_item.h"
 
 extern "C" {
+#include "common/mla_switch.h"
 #include "kernels/quant.h"
 }
 
@@ -432,16 +433,10 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
 }
 
 /* ---------------------------------------------------------------- host */
-/* shared memory a block aims at (two blocks an SM): MLA_CUDA_GM=KB (32-220; read once a process:
- * for measurements), default 112 */
+/* shared memory a block aims at (two blocks an SM): 112 KB, or MLA_CUDA_GM=KB (32-220; a
+ * developer switch of common/mla_switch.c: for measurements) */
 static int gm_budget() {
-    static const int v = [] {
-        const char *e = getenv("MLA_CUDA_GM");
-        int kb = 0;
-        if (e && sscanf(e, "%d", &kb) == 1 && kb >= 32 && kb <= 220) return kb << 10;
-        if (e) fprintf(stderr, "MLA_CUDA_GM=%s ignored: expected KB of shared memory a block, 32-220\n", e);
-        return 112 << 10;
-    }();
+    static const int v = (int)mla_sw_int(MLA_SW_CUDA_GM) << 10;
     return v;
 }
 

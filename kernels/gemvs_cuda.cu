@@ -2,7 +2,7 @@
  * types (Q4_K, Q6_K, Q8_0, Q5_0): dense steps of 1 .. GS_NP tokens and the experts of a MoE plan with
  * up to GS_NP pairs a tile. API: kernels/gemvs_cuda.h (internal to kernels/).
  *
- * Why a second GEMV: the per-warp GEMV of quant_cuda.cu (any type, 1-8 tokens) gives each lane
+ * Why a second GEMV: the per-warp GEMV of mm_gemvq_cuda.cu (any type, 1-8 tokens) gives each lane
  * its own 32-element units along a row: every unit pays a scale decode and its share of a warp
  * sum, and every row makes every lane load its part of x again. Profiled at 18432 x 7168 Q4_K it
  * issues ~200 warp instructions per 32 units and streams at 34-42% of the copy rate. Here:
@@ -46,6 +46,7 @@
 #include "kernels/gemvs_item.h"
 
 extern "C" {
+#include "common/mla_switch.h"
 #include "kernels/quant.h"
 }
 
@@ -55,14 +56,15 @@ namespace mlacu {
 constexpr int GS_THREADS = 256, GS_THREADS_MAX = 320, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
 constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
 /* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at: 3 and
- * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; read once a process: for measurements) */
+ * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; a developer switch of common/mla_switch.c,
+ * read once a process: for measurements) */
 struct gs_tune {
     int stages = 3, target = 32768;
 };
 static const gs_tune &gs_tuning() {
     static const gs_tune t = [] {
         gs_tune v;
-        const char *e = getenv("MLA_CUDA_GS");
+        const char *e = mla_sw_str(MLA_SW_CUDA_GS);
         int a = 0, b = 0;
         if (e && sscanf(e, "%d:%d", &a, &b) == 2 && a >= 2 && a <= GS_STAGES_MAX && b >= 4096 && b <= 65536)
             v.stages = a, v.target = b;
@@ -494,15 +496,9 @@ struct gs_geo {
 };
 
 /* whether launches of one step a stage take the warp-specialized kernel: yes, unless
- * MLA_CUDA_GSWS=0 (read once a process; for measurements) or mla_cuda_set_gemv_ws(0) */
-static int g_gs_ws = -1;
-static bool gs_ws_on() {
-    if (g_gs_ws < 0) {
-        const char *e = getenv("MLA_CUDA_GSWS");
-        g_gs_ws = !(e && !strcmp(e, "0"));
-    }
-    return g_gs_ws != 0;
-}
+ * mla_cuda_set_gemv_ws(0) (the op checks compare both kernels) */
+static int g_gs_ws = 1;
+static bool gs_ws_on() { return g_gs_ws != 0; }
 
 /* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256 threads,
  * or, but for the warp-specialized kernel, two of up to 160) of RG rows (<= 8), about
@@ -578,7 +574,7 @@ static unsigned g_gs_uslot; /* the next launch's row of gs_units, mod GS_USLOTS 
 /* A's q8 output: yq (rows rows of A.out) where the warp-specialized kernel takes the launch and
  * gs_units has room; whether it does */
 static bool gs_q8out(gs_args &A, const gs_geo &g, void *yq, int64_t rows) {
-    if (!yq || !g.ws || A.out % 32 || rows * (A.out / 32) > GS_UNITS_MAX || A.G0 > 0 || !mlacu_q8out_on())
+    if (!yq || !g.ws || A.out % 32 || rows * (A.out / 32) > GS_UNITS_MAX || A.G0 > 0)
         return false;
     A.yq = (int8_t *)yq, A.ys = (float4 *)((uint8_t *)yq + mlacu_q8_scale_off(rows, A.out));
     A.uslot = (int)(__atomic_fetch_add(&g_gs_uslot, 1u, __ATOMIC_RELAXED) % GS_USLOTS);

@@ -1,7 +1,8 @@
 /* gemvs_cuda: the streamed integer GEMV (kernels/gemvs_cuda.cu), the small-batch decode path of
- * Q4_K, Q6_K, Q8_0 and Q5_0 weights; internal to kernels/ (CUDA C++), called by quant_cuda.cu's q8 entry points
- * (kernels/cuda_ops.h). Activations come as quant_cuda's q8 buffer: qx the int8 rows, sx their
- * float4 scales per 32 elements. Nothing is allocated or owned here. */
+ * Q4_K, Q6_K, Q8_0 and Q5_0 weights; internal to kernels/ (CUDA C++), called by the q8 entry
+ * points of the chooser (mm_choose_cuda.cu). Activations come as the q8 buffer of
+ * mm_gemvq_cuda.cu: qx the int8 rows, sx their float4 scales per 32 elements. Nothing is
+ * allocated or owned here. */
 #ifndef GEMVS_CUDA_H
 #define GEMVS_CUDA_H
 
@@ -18,8 +19,8 @@ namespace mlacu {
 /* whether the streamed GEMV takes weights of type t with rows of `in` elements, nm matrices (1,
  * or 2: gate and up) a stage */
 bool gemvs_supported(uint32_t t, int64_t in, int nm);
-/* whether steps of one token (one pair a tile) take the warp-specialized kernel (default: yes,
- * unless MLA_CUDA_GSWS=0); for the op checks, which compare the two */
+/* whether steps of one token (one pair a tile) take the warp-specialized kernel (default: yes);
+ * for the op checks, which compare the two */
 void gemvs_set_ws(bool on);
 /* mla_cuda_set_gemv_trace (kernels/cuda_ops.h) */
 constexpr int GS_TRACE_N = MLA_CUDA_GEMV_TRACE_N;

@@ -1,6 +1,6 @@
 /* gemvs_item: the item arithmetic of the streamed one-token GEMV (kernels/gemvs_cuda.cu): an
  * item is 128 elements of a row (half a Q4_K or Q6_K block, four Q8_0 blocks) dotted with a
- * thread's activations in the q8 layout of quant_cuda.cu. Host and device: the host build
+ * thread's activations in the q8 layout of mm_gemvq_cuda.cu. Host and device: the host build
  * (tests/gpu/test_cuda_quant_host.cu, in CI) checks it against the CPU dequantization. CUDA C++,
  * internal to kernels/. */
 #ifndef GEMVS_ITEM_H

@@ -8,6 +8,7 @@
 #include "kernels/cuda_internal.h"
 
 extern "C" {
+#include "common/mla_switch.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 }
@@ -618,7 +619,7 @@ unsigned *g_trace_cnt;
 const unsigned g_trace_cap = 1u << 21;
 
 void trace_write(void) {
-    const char *pre = getenv("MLA_CUDA_STEPTRACE");
+    const char *pre = mla_sw_str(MLA_SW_CUDA_STEPTRACE);
     if (!pre || !g_trace_buf) return;
     cudaDeviceSynchronize();
     unsigned n = 0;
@@ -651,7 +652,7 @@ void trace_write(void) {
 
 void mlacu_trace_host(mlacu_trace_rec **buf, unsigned **cnt, unsigned *cap) {
     std::lock_guard<std::mutex> l(g_trace_mu);
-    if (!g_trace_buf && getenv("MLA_CUDA_STEPTRACE")) {
+    if (!g_trace_buf && mla_sw_str(MLA_SW_CUDA_STEPTRACE)) {
         if (cudaMalloc(&g_trace_buf, (size_t)g_trace_cap * sizeof(mlacu_trace_rec)) != cudaSuccess ||
             cudaMalloc(&g_trace_cnt, sizeof(unsigned)) != cudaSuccess || cudaMemset(g_trace_cnt, 0, sizeof(unsigned)) != cudaSuccess) {
             fprintf(stderr, "step trace: no device memory for the buffer\n");

@@ -387,15 +387,9 @@ __global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT>::MINB)
 #endif
 }
 
-int g_mode = -1; /* mlacu_wg_set; -1: not read yet (MLA_CUDA_WGMMA) */
+int g_mode = 1; /* mlacu_wg_set */
 
-int wg_mode(void) {
-    if (g_mode < 0) {
-        const char *e = getenv("MLA_CUDA_WGMMA");
-        g_mode = e && !strcmp(e, "0") ? 0 : 1;
-    }
-    return g_mode;
-}
+int wg_mode(void) { return g_mode; }
 
 bool wg_device_ok(void) {
     static int ok = -1;

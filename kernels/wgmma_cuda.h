@@ -1,5 +1,5 @@
 /* wgmma_cuda: quantized weights x fp16 activations on Hopper's warpgroup tensor cores (wgmma,
- * sm_90a), for quant_cuda.cu's fp16 paths (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h). CUDA
+ * sm_90a), for the fp16 paths of mm_mmh_cuda.cu (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h). CUDA
  * C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles wgmma_cuda.cu for sm_90a alone and defines MLA_CUDA_WGMMA); it runs on compute
  * capability 9.0 devices only, which mlacu_wg_usable checks.
@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 /* whether the wgmma kernel takes this product (out rows of W, x_rows rows of x): built, a
- * compute capability 9.0 device, MLA_CUDA_WGMMA not 0 (nor switched off by mlacu_wg_set), Q4_K,
+ * compute capability 9.0 device, not switched off by mlacu_wg_set, Q4_K,
  * in a multiple of 512 (rows of 16-byte multiples), x and an expert's W under 4 GB, W and the
  * expert stride 16-aligned */
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride);

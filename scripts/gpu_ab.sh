@@ -6,7 +6,7 @@
 # Env: BUNDLE (release tree, default .bundle), OUT (default ./out), FAMILY (default v2lite),
 # LAYERS (default 4), CTX (default 1024),
 # STEPS (default 64), SETTINGS: settings separated by ';',
-# each a space-separated list of NAME=VALUE (default "MLA_CUDA_PDL=0;MLA_CUDA_PDL=1").
+# each a space-separated list of NAME=VALUE (default "MLA_CUDA_GRAPHS=0;MLA_CUDA_GRAPHS=1").
 # The model is mkmodel's, as scripts/gpu_bench.sh writes it (reused when it is there). A dry run
 # without a GPU: BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small BENCH_DIR=/tmp/x
 # CTX=32 STEPS=8 scripts/gpu_ab.sh
@@ -23,7 +23,7 @@ M="$W/${F}-${L}l-q4k.gguf"
 [ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" --layers "$L" --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" \
   >"$OUT/mkmodel-$F.log" 2>&1 || { tail -5 "$OUT/mkmodel-$F.log"; exit 1; }
 echo "11 22 33 44 55 66 77 88" >"$W/tok8.txt"
-IFS=';' read -r -a sets <<<"${SETTINGS:-MLA_CUDA_PDL=0;MLA_CUDA_PDL=1}"
+IFS=';' read -r -a sets <<<"${SETTINGS:-MLA_CUDA_GRAPHS=0;MLA_CUDA_GRAPHS=1}"
 i=0
 for s in "${sets[@]}"; do
   i=$((i + 1))

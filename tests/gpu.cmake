@@ -12,9 +12,16 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   endforeach()
   target_link_libraries(mla-gpu-check mla_kernels_cuda mla_kernels mla_common)
   target_link_libraries(test_cuda_quant_host mla_kernels mla_common)
+  # the matmul chooser's rules (docs/kernels.md), host code of the CUDA library: no GPU needed
+  add_executable(test_cuda_choose ${mla_gpu_dir}/test_cuda_choose.cu)
+  target_include_directories(test_cuda_choose PRIVATE ${CMAKE_SOURCE_DIR})
+  target_compile_options(test_cuda_choose PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)
+  target_link_libraries(test_cuda_choose mla_kernels_cuda mla_kernels mla_common)
   if(BUILD_TESTING)
     add_test(NAME cuda_quant_host COMMAND test_cuda_quant_host)
     set_tests_properties(cuda_quant_host PROPERTIES TIMEOUT 120)
+    add_test(NAME cuda_mm_choose COMMAND test_cuda_choose)
+    set_tests_properties(cuda_mm_choose PROPERTIES TIMEOUT 60)
   endif()
 endif()
 
@@ -32,11 +39,6 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   target_include_directories(mla-e2e PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_options(mla-e2e PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)
   target_link_libraries(mla-e2e mla_model_cuda Threads::Threads)
-  # worker/sample.c (the CPU sampler, reference of mla_cuda_sample) without the rest of worker/
-  add_library(mla_sample_ref STATIC ${CMAKE_SOURCE_DIR}/worker/sample.c)
-  target_include_directories(mla_sample_ref PUBLIC ${CMAKE_SOURCE_DIR}/worker ${CMAKE_SOURCE_DIR})
-  target_link_libraries(mla_sample_ref PUBLIC mla_common m)
-  target_link_libraries(mla-gpu-check mla_sample_ref)
 endif()
 
 # `--backend cpu|cuda` of mlaserve logits/generate/serve (coordinator/coord_opts.c): a

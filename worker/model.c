@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/layer_tensors.h"
 #include "common/loadprog.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
@@ -79,12 +80,6 @@ struct mla_state {
 };
 
 /* ---------------- loading ---------------- */
-
-static const gguf_tensor *tens(const gguf_ctx *g, const char *fmt, int64_t il) {
-    char nm[128];
-    snprintf(nm, sizeof nm, fmt, (long long)il);
-    return gguf_find_tensor(g, nm);
-}
 
 static const float *f32_of(const gguf_tensor *t) { return t ? (const float *)(const void *)t->data : NULL; }
 
@@ -231,20 +226,22 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
     for (int64_t il = 0; il < cf->n_layer; il++) {
         loadprog_layers_done(g, il);
         layer_w *l = &m->L[il];
-        l->attn_norm = f32_of(tens(g, "blk.%lld.attn_norm.weight", il));
-        l->ffn_norm = f32_of(tens(g, "blk.%lld.ffn_norm.weight", il));
-        l->kv_a_norm = f32_of(tens(g, "blk.%lld.attn_kv_a_norm.weight", il));
-        l->kv_a = mat_of(tens(g, "blk.%lld.attn_kv_a_mqa.weight", il));
+        layer_tensors lt;
+        if (layer_tensors_find(cf, g, il, &lt, err) < 0) goto fail;
+        l->attn_norm = f32_of(lt.t[LT_ATTN_NORM]);
+        l->ffn_norm = f32_of(lt.t[LT_FFN_NORM]);
+        l->kv_a_norm = f32_of(lt.t[LT_KV_A_NORM]);
+        l->kv_a = mat_of(lt.t[LT_KV_A]);
         if (cf->q_lora_rank > 0) {
-            l->q_a = mat_of(tens(g, "blk.%lld.attn_q_a.weight", il));
-            l->q_a_norm = f32_of(tens(g, "blk.%lld.attn_q_a_norm.weight", il));
-            l->q_b = shard_mat(m, &plan, tens(g, "blk.%lld.attn_q_b.weight", il));
+            l->q_a = mat_of(lt.t[LT_Q_A]);
+            l->q_a_norm = f32_of(lt.t[LT_Q_A_NORM]);
+            l->q_b = shard_mat(m, &plan, lt.t[LT_Q_B]);
         } else {
-            l->q_b = shard_mat(m, &plan, tens(g, "blk.%lld.attn_q.weight", il));
+            l->q_b = shard_mat(m, &plan, lt.t[LT_Q]);
         }
-        l->k_b = tens(g, "blk.%lld.attn_k_b.weight", il);
-        l->v_b = tens(g, "blk.%lld.attn_v_b.weight", il);
-        l->kv_b = tens(g, "blk.%lld.attn_kv_b.weight", il);
+        l->k_b = lt.t[LT_K_B];
+        l->v_b = lt.t[LT_V_B];
+        l->kv_b = lt.t[LT_KV_B];
         l->legacy_kv_b = !l->k_b;
         if (l->legacy_kv_b) {
             l->kv_b_mat = shard_mat(m, &plan, l->kv_b);
@@ -256,7 +253,7 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
             drop_mapping(m, l->v_b);
         }
         {
-            const gguf_tensor *ot = tens(g, "blk.%lld.attn_output.weight", il);
+            const gguf_tensor *ot = lt.t[LT_ATTN_OUT];
             const shard_entry *e = shard_plan_find(&plan, ot->name);
             l->o = shard_mat(m, &plan, ot);
             l->o_gather = e->gather_input;
@@ -268,22 +265,22 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
             }
         }
         if (cf->idx_n_head > 0) {
-            l->iq_b = mat_of(tens(g, "blk.%lld.indexer.attn_q_b.weight", il));
-            l->ik = mat_of(tens(g, "blk.%lld.indexer.attn_k.weight", il));
-            l->iproj = mat_of(tens(g, "blk.%lld.indexer.proj.weight", il));
-            l->ik_norm_w = f32_of(tens(g, "blk.%lld.indexer.k_norm.weight", il));
-            l->ik_norm_b = f32_of(tens(g, "blk.%lld.indexer.k_norm.bias", il));
+            l->iq_b = mat_of(lt.t[LT_IQ_B]);
+            l->ik = mat_of(lt.t[LT_IK]);
+            l->iproj = mat_of(lt.t[LT_IPROJ]);
+            l->ik_norm_w = f32_of(lt.t[LT_IK_NORM_W]);
+            l->ik_norm_b = f32_of(lt.t[LT_IK_NORM_B]);
         }
-        l->dense = mla_config_layer_dense(cf, il);
+        l->dense = lt.dense;
         if (l->dense) {
-            load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il),
-                     tens(g, "blk.%lld.ffn_up.weight", il), tens(g, "blk.%lld.ffn_down.weight", il));
+            load_ffn(m, &l->ffn, &plan, lt.t[LT_FFN_GATE],
+                     lt.t[LT_FFN_UP], lt.t[LT_FFN_DOWN]);
         } else {
-            l->router = mat_of(tens(g, "blk.%lld.ffn_gate_inp.weight", il));
-            l->router_bias = f32_of(tens(g, "blk.%lld.exp_probs_b.bias", il));
-            const gguf_tensor *eg = tens(g, "blk.%lld.ffn_gate_exps.weight", il);
-            const gguf_tensor *eu = tens(g, "blk.%lld.ffn_up_exps.weight", il);
-            const gguf_tensor *ed = tens(g, "blk.%lld.ffn_down_exps.weight", il);
+            l->router = mat_of(lt.t[LT_ROUTER]);
+            l->router_bias = f32_of(lt.t[LT_ROUTER_BIAS]);
+            const gguf_tensor *eg = lt.t[LT_EXP_GATE];
+            const gguf_tensor *eu = lt.t[LT_EXP_UP];
+            const gguf_tensor *ed = lt.t[LT_EXP_DOWN];
             l->ex = (moe_experts){eg->type,
                                   eu->type,
                                   ed->type,
@@ -299,8 +296,8 @@ int mla_model_load(mla_model **out, const gguf_ctx *g, coll *c, const mla_model_
             drop_mapping(m, ed);
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp)
-                load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
-                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il));
+                load_ffn(m, &l->ffn, &plan, lt.t[LT_SHEXP_GATE],
+                         lt.t[LT_SHEXP_UP], lt.t[LT_SHEXP_DOWN]);
         }
     }
     if (plan.notes[0]) MLA_INFO("tensor-parallel plan notes:\n%s", plan.notes);

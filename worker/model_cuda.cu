@@ -11,7 +11,9 @@
 #include "kernels/cuda_ops.h"
 
 extern "C" {
+#include "common/layer_tensors.h"
 #include "common/loadprog.h"
+#include "common/mla_switch.h"
 #include "common/mla_log.h"
 #include "common/shard_plan.h"
 #include "kernels/matmul.h"
@@ -80,30 +82,25 @@ struct mla_cmodel {
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
-     * those bytes (mla_cuda_head_matmul_q8; MLA_CUDA_KVB_Q8=0 turns it off) */
+     * those bytes (mla_cuda_head_matmul_q8). Decode steps whose v_b reads them combine the
+     * attention's splits in v_b's prologue (mla_cuda_head_matmul_q8_comb, vb_comb_max); those of
+     * a q-LoRA model whose k_b reads them write the cache rows in the q-LoRA norm's launch and
+     * rotate the queries' k_pe in k_b (mla_cuda_qnorm_kv_rows, mla_cuda_head_matmul_q8_rope,
+     * kv_merged). */
     bool kvb_q8;
-    /* decode steps whose v_b reads those bytes: the attention's splits combined in v_b's prologue
-     * (mla_cuda_head_matmul_q8_comb) instead of a kernel of their own; MLA_CUDA_VB_COMB=0 off */
-    bool vb_comb;
-    /* decode steps of a q-LoRA model whose k_b reads those bytes: the cache rows written in the
-     * q-LoRA norm's launch and the queries' k_pe rotated by k_b (mla_cuda_qnorm_kv_rows,
-     * mla_cuda_head_matmul_q8_rope) instead of a cache-side kernel; MLA_CUDA_KV_MERGE=0 off */
-    bool kv_merge;
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
     void *q8buf;    /* [cap_T] rows of max_in, mla_cuda_q8_bytes */
-    /* decode-step fusions (MLA_CUDA_FUSE=0 turns them off): the residual add and the q8
-     * quantization into the norms, the cache side of the attention in one kernel, two products
-     * of one input (and gate / up with swiglu) in one GEMV */
-    bool fuse;
-    /* with fuse, a MoE layer's shared expert runs on st2 beside the router and its routing on st
-     * (forked and joined by the events: inside a captured graph, two branches) */
+    /* Decode-step fusions: the residual add and the q8 quantization into the norms, the cache
+     * side of the attention in one kernel, two products of one input (and gate / up with swiglu)
+     * in one GEMV. A MoE layer's shared expert runs on st2 beside the router and its routing on
+     * st (forked and joined by the events: inside a captured graph, two branches). */
     cudaStream_t st2;
     cudaEvent_t ev_fork, ev_join;
     void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
-    int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MMH_TMIN; MLA_CUDA_GEMV_TMAX) */
+    int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
     int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
@@ -246,12 +243,6 @@ static int up_mat(mla_cmodel *m, dmat *d, const mla_mat *v, mla_err *err) {
 
 static mla_mat mat_of(const gguf_tensor *t) { return mla_mat_make(t->type, t->data, t->ne[0], t->ne[1]); }
 
-static const gguf_tensor *tens(const gguf_ctx *g, const char *fmt, int64_t il) {
-    char nm[128];
-    snprintf(nm, sizeof nm, fmt, (long long)il);
-    return gguf_find_tensor(g, nm);
-}
-
 static mla_mat shard_mat(const shard_plan *p, const gguf_tensor *t) {
     mla_mat m = mat_of(t);
     const shard_entry *e = shard_plan_find(p, t->name);
@@ -355,43 +346,16 @@ extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; 
  * (bench/results/gpu-h200-2026-11-29d.md). */
 #define Q8_TMAX 96
 /* With m->mmh, the weights the fp16 tensor cores take (mla_cuda_mmh_supported) keep the integer
- * GEMV up to this many tokens a step, the tensor cores above: the default of m->gemv_tmax
- * (MLA_CUDA_GEMV_TMAX). There steps of up to 64 tokens split K over ~512 blocks, one pass over W
- * for any batch, where the GEMV makes one per 8 tokens. H200 at 8 tokens: 18432 x 7168 Q4_K 91 us
- * either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K output matrix 603 against 1100; at
- * 16 the tensor cores win everywhere (bench/results/gpu-h200-2026-11-30e.md). */
-#define MMH_TMIN 8
-
-/* *v = the environment's integer `name` (dflt when unset); false with a message naming it when it
- * is not an integer in [lo, hi] */
-static bool env_count(const char *name, long dflt, long lo, long hi, const char *what, long *v, mla_err *err) {
-    const char *s = getenv(name);
-    char *end = nullptr;
-    *v = s ? strtol(s, &end, 10) : dflt;
-    if (s && (end == s || *end || *v < lo || *v > hi)) {
-        mla_errf(err, "%s=%s: expected %s", name, s, what);
-        return false;
-    }
-    return true;
-}
-
-/* *on = the environment's switch `name`: 0 or 1, dflt when unset; false with a message naming it
- * otherwise */
-static bool env_switch(const char *name, bool dflt, bool *on, mla_err *err) {
-    const char *s = getenv(name);
-    if (s && strcmp(s, "0") && strcmp(s, "1")) {
-        mla_errf(err, "%s=%s: expected 0 or 1", name, s);
-        return false;
-    }
-    *on = s ? !strcmp(s, "1") : dflt;
-    return true;
-}
-
-/* The routed experts of a step take the fp16 tensor cores from this many (token, expert) pairs a
- * expert on average; the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K):
- * 4 a expert 7.5 ms against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against
- * 15.5 (bench/results/gpu-h200-2026-11-30.md). */
-#define MOE_MMH_MIN 8
+ * GEMV up to m->gemv_tmax tokens a step, the tensor cores above: 8, the default of
+ * MLA_CUDA_GEMV_TMAX (common/mla_switch.c). There steps of up to 64 tokens split K over ~512
+ * blocks, one pass over W for any batch, where the GEMV makes one per 8 tokens. H200 at 8
+ * tokens: 18432 x 7168 Q4_K 91 us either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K
+ * output matrix 603 against 1100; at 16 the tensor cores win everywhere
+ * (bench/results/gpu-h200-2026-11-30e.md). The routed experts of a step take them from
+ * m->moe_mmh_min (token, expert) pairs a expert on average, 8 (the default of MLA_MOE_MMH_MIN),
+ * the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K): 4 a expert 7.5 ms
+ * against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against 15.5
+ * (bench/results/gpu-h200-2026-11-30.md). */
 
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {
@@ -407,26 +371,19 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     m->coll_dev = opts && opts->coll_on_device;
     m->split = opts && opts->split;
     {
-        const char *b = getenv("MLA_CUDA_BATCHED"), *gr = getenv("MLA_CUDA_GRAPHS");
-        m->batched = !(b && !strcmp(b, "0"));
+        /* the switches of common/mla_switch.c (values checked at start-up) */
+        const char *gr = mla_sw_str(MLA_SW_CUDA_GRAPHS);
+        m->batched = mla_sw_bool(MLA_SW_CUDA_BATCHED);
         /* a graph cannot hold the host collective's synchronisations: one rank, or NCCL */
         m->graphs = m->batched && !(gr && !strcmp(gr, "0")) && (m->world == 1 || m->coll_dev);
         m->graphs_required = m->graphs && gr && !strcmp(gr, "require");
         /* the integer GEMV: on with the tensor-core modes, off with exact; MLA_CUDA_Q8=0|1 decides */
-        const char *q8 = getenv("MLA_CUDA_Q8");
+        const char *q8 = mla_sw_str(MLA_SW_CUDA_Q8);
         m->q8 = q8 ? !strcmp(q8, "1") : !m->exact;
-        /* prompts on the fp16 tensor cores: on unless exact; MLA_CUDA_MMH=0|1 decides */
-        const char *mh = getenv("MLA_CUDA_MMH");
-        m->mmh = (mh ? !strcmp(mh, "1") : true) && !m->exact;
-        long mmin, gtmax;
-        if (!env_count("MLA_MOE_MMH_MIN", MOE_MMH_MIN, 0, 1000000, "a count of pairs a expert (0: never)", &mmin,
-                       err) ||
-            !env_count("MLA_CUDA_GEMV_TMAX", MMH_TMIN, 1, 4096, "a token count from 1 to 4096", &gtmax, err)) {
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        m->moe_mmh_min = (int)mmin;
-        m->gemv_tmax = (int)gtmax;
+        /* prompts on the fp16 tensor cores: on unless exact */
+        m->mmh = !m->exact;
+        m->moe_mmh_min = (int)mla_sw_int(MLA_SW_MOE_MMH_MIN);
+        m->gemv_tmax = (int)mla_sw_int(MLA_SW_CUDA_GEMV_TMAX);
         /* attention on fp16 tensor cores: on unless exact; MLA_CUDA_ATTN=tc|fp32 decides */
         const int attn_fp32 = mla_cuda_attn_fp32(m->exact, err);
         if (attn_fp32 < 0) {
@@ -435,23 +392,11 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         }
         m->attn_tc = !attn_fp32;
         /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 and its tensor-core form for dense
-         * steps of 4-8 tokens (both process-wide): MLA_CUDA_GEMVS, MLA_CUDA_GEMVM; then the
-         * model's own switches, each 0 or 1, on by default: MLA_CUDA_KVB_Q8 (off in exact mode),
-         * MLA_CUDA_VB_COMB, MLA_CUDA_KV_MERGE, MLA_CUDA_FUSE */
-        bool gemvs, gemvm, kvb_q8;
-        if (!env_switch("MLA_CUDA_GEMVS", true, &gemvs, err) || !env_switch("MLA_CUDA_GEMVM", true, &gemvm, err) ||
-            !env_switch("MLA_CUDA_KVB_Q8", true, &kvb_q8, err) ||
-            !env_switch("MLA_CUDA_VB_COMB", true, &m->vb_comb, err) ||
-            !env_switch("MLA_CUDA_KV_MERGE", true, &m->kv_merge, err) ||
-            !env_switch("MLA_CUDA_FUSE", true, &m->fuse, err)) {
-            mla_cmodel_free(m);
-            return MLA_ERR;
-        }
-        if (!gemvs) mla_cuda_set_gemv_stream(0, 0);
-        else mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
-        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, gemvm ? MLA_CUDA_GEMVM_TMAX : 0);
+         * steps of 4-8 tokens (both process-wide) */
+        mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
+        mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, MLA_CUDA_GEMVM_TMAX);
         m->kvb_f16 = !m->exact;
-        m->kvb_q8 = !m->exact && kvb_q8;
+        m->kvb_q8 = !m->exact;
     }
     shard_plan plan;
     memset(&plan, 0, sizeof plan);
@@ -506,28 +451,30 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
     for (int64_t il = 0; il < cf->n_layer; il++) {
         loadprog_layers_done(g, il);
         dlayer *l = &m->L[il];
+        layer_tensors lt;
+        if (layer_tensors_find(cf, g, il, &lt, err) < 0) goto fail;
         mla_mat v;
-#define UPF(dst, name) \
-    if (up_f32(m, &(dst), tens(g, name, il), err) < 0) goto fail;
+#define UPF(dst, role) \
+    if (up_f32(m, &(dst), lt.t[role], err) < 0) goto fail;
 #define UPM(dst, view) \
     v = (view);        \
     if (up_mat(m, &(dst), &v, err) < 0) goto fail;
-        UPF(l->attn_norm, "blk.%lld.attn_norm.weight");
-        UPF(l->ffn_norm, "blk.%lld.ffn_norm.weight");
-        UPF(l->kv_a_norm, "blk.%lld.attn_kv_a_norm.weight");
-        UPM(l->kv_a, mat_of(tens(g, "blk.%lld.attn_kv_a_mqa.weight", il)));
+        UPF(l->attn_norm, LT_ATTN_NORM);
+        UPF(l->ffn_norm, LT_FFN_NORM);
+        UPF(l->kv_a_norm, LT_KV_A_NORM);
+        UPM(l->kv_a, mat_of(lt.t[LT_KV_A]));
         if (cf->q_lora_rank > 0) {
-            UPM(l->q_a, mat_of(tens(g, "blk.%lld.attn_q_a.weight", il)));
-            UPF(l->q_a_norm, "blk.%lld.attn_q_a_norm.weight");
-            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q_b.weight", il)));
+            UPM(l->q_a, mat_of(lt.t[LT_Q_A]));
+            UPF(l->q_a_norm, LT_Q_A_NORM);
+            UPM(l->q_b, shard_mat(&plan, lt.t[LT_Q_B]));
         } else {
-            UPM(l->q_b, shard_mat(&plan, tens(g, "blk.%lld.attn_q.weight", il)));
+            UPM(l->q_b, shard_mat(&plan, lt.t[LT_Q]));
         }
-        if (up_kv_b(m, l, tens(g, "blk.%lld.attn_k_b.weight", il), tens(g, "blk.%lld.attn_v_b.weight", il),
-                    tens(g, "blk.%lld.attn_kv_b.weight", il), err) < 0)
+        if (up_kv_b(m, l, lt.t[LT_K_B], lt.t[LT_V_B],
+                    lt.t[LT_KV_B], err) < 0)
             goto fail;
         {
-            const gguf_tensor *ot = tens(g, "blk.%lld.attn_output.weight", il);
+            const gguf_tensor *ot = lt.t[LT_ATTN_OUT];
             const shard_entry *e = shard_plan_find(&plan, ot->name);
             UPM(l->o, shard_mat(&plan, ot));
             l->o_gather = e->gather_input;
@@ -539,23 +486,23 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             }
         }
         if (cf->idx_n_head > 0) {
-            UPM(l->iq_b, mat_of(tens(g, "blk.%lld.indexer.attn_q_b.weight", il)));
-            UPM(l->ik, mat_of(tens(g, "blk.%lld.indexer.attn_k.weight", il)));
-            UPM(l->iproj, mat_of(tens(g, "blk.%lld.indexer.proj.weight", il)));
-            UPF(l->ik_norm_w, "blk.%lld.indexer.k_norm.weight");
-            UPF(l->ik_norm_b, "blk.%lld.indexer.k_norm.bias");
+            UPM(l->iq_b, mat_of(lt.t[LT_IQ_B]));
+            UPM(l->ik, mat_of(lt.t[LT_IK]));
+            UPM(l->iproj, mat_of(lt.t[LT_IPROJ]));
+            UPF(l->ik_norm_w, LT_IK_NORM_W);
+            UPF(l->ik_norm_b, LT_IK_NORM_B);
         }
-        l->dense = mla_config_layer_dense(cf, il);
+        l->dense = lt.dense;
         if (l->dense) {
-            if (load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate.weight", il), tens(g, "blk.%lld.ffn_up.weight", il),
-                         tens(g, "blk.%lld.ffn_down.weight", il), err) < 0)
+            if (load_ffn(m, &l->ffn, &plan, lt.t[LT_FFN_GATE], lt.t[LT_FFN_UP],
+                         lt.t[LT_FFN_DOWN], err) < 0)
                 goto fail;
         } else {
-            UPM(l->router, mat_of(tens(g, "blk.%lld.ffn_gate_inp.weight", il)));
-            UPF(l->router_bias, "blk.%lld.exp_probs_b.bias");
-            const gguf_tensor *eg = tens(g, "blk.%lld.ffn_gate_exps.weight", il);
-            const gguf_tensor *eu = tens(g, "blk.%lld.ffn_up_exps.weight", il);
-            const gguf_tensor *ed = tens(g, "blk.%lld.ffn_down_exps.weight", il);
+            UPM(l->router, mat_of(lt.t[LT_ROUTER]));
+            UPF(l->router_bias, LT_ROUTER_BIAS);
+            const gguf_tensor *eg = lt.t[LT_EXP_GATE];
+            const gguf_tensor *eu = lt.t[LT_EXP_UP];
+            const gguf_tensor *ed = lt.t[LT_EXP_DOWN];
             mla_cuda_experts *x = &l->ex;
             x->gate_type = eg->type;
             x->up_type = eu->type;
@@ -572,8 +519,8 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
             x->mmh_min = m->mmh ? m->moe_mmh_min : 0;
             l->has_shexp = cf->n_expert_shared > 0;
             if (l->has_shexp &&
-                load_ffn(m, &l->ffn, &plan, tens(g, "blk.%lld.ffn_gate_shexp.weight", il),
-                         tens(g, "blk.%lld.ffn_up_shexp.weight", il), tens(g, "blk.%lld.ffn_down_shexp.weight", il), err) < 0)
+                load_ffn(m, &l->ffn, &plan, lt.t[LT_SHEXP_GATE],
+                         lt.t[LT_SHEXP_UP], lt.t[LT_SHEXP_DOWN], err) < 0)
                 goto fail;
         }
 #undef UPF
@@ -881,19 +828,28 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     return MLA_OK;
 }
 
+/* whether w's type takes the q8 products (with m->q8) at some batch */
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
-/* steps of more than m->gemv_tmax tokens on the fp16 tensor cores (mla_cuda_matmul_h) */
-static bool mm_h(const mla_cmodel *m, const dmat *w, int64_t T) {
-    return m->mmh && T > m->gemv_tmax && mla_cuda_mmh_supported(w->type, w->n_in);
+/* The family of a product of w in a T-token step (kernels/mm_choose_cuda.cu, mla_cuda_mm_choose):
+ * with m->mmh, steps of more than m->gemv_tmax tokens on the fp16 tensor cores; with m->q8, the
+ * integer GEMV up to Q8_TMAX tokens (at any batch in exact mode: no tensor cores) and the int8
+ * tensor cores above; else the float-activation forms (exact: the GEMV; split: the hi/lo split). */
+static mla_cuda_mm_family mm_family(const mla_cmodel *m, const dmat *w, int64_t T) {
+    const mla_cuda_mm_policy p = {m->q8, m->split, m->exact, m->mmh ? (int64_t)m->gemv_tmax + 1 : 0,
+                                  m->exact ? 0 : (int64_t)Q8_TMAX + 1};
+    return mla_cuda_mm_choose(&p, &w->type, &w->n_in, 1, T);
 }
 
 /* whether mm() of w in a T-token step reads a q8 buffer of x (off the fp16 tensor cores) */
-static bool mm_reads_q8(const mla_cmodel *m, const dmat *w, int64_t T) { return mm_q8(m, w) && !mm_h(m, w, T); }
+static bool mm_reads_q8(const mla_cmodel *m, const dmat *w, int64_t T) {
+    const mla_cuda_mm_family f = mm_family(m, w, T);
+    return f == MLA_CUDA_MM_Q8 || f == MLA_CUDA_MM_Q8_MMA;
+}
 
-/* y = x W^T from the activations already quantized (q: a q8 buffer of x) */
+/* y = x W^T from the activations already quantized (q: a q8 buffer of x; w reads one) */
 static int mm_from_q8(mla_cmodel *m, const dmat *w, int64_t T, const void *q, float *y, mla_err *err) {
-    if (T <= Q8_TMAX || m->exact) /* exact mode: no tensor cores */
+    if (mm_family(m, w, T) == MLA_CUDA_MM_Q8)
         return mla_cuda_matmul_q8(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
     return mla_cuda_matmul_q8_mma(w->type, w->d, w->n_in, w->n_out, q, T, y, m->st, err);
 }
@@ -906,36 +862,42 @@ static const void *q8_of(mla_cmodel *m, const float *x, const void *xq, int64_t 
 
 /* whether the norms of a step of T tokens also quantize their rows (for the q8 products after
  * them: the integer GEMV, or the int8 tensor cores where the fp16 ones are off) */
-static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->fuse && m->q8 && !(m->mmh && T > m->gemv_tmax); }
+static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->q8 && !(m->mmh && T > m->gemv_tmax); }
 
 /* y = x W^T; xq: NULL, or x's q8 buffer */
 static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {
-    if (mm_h(m, w, T)) {
+    switch (mm_family(m, w, T)) {
+    case MLA_CUDA_MM_H:
         TRY(mla_cuda_act_h(x, T, w->n_in, m->xhbuf, m->st, err));
         return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, m->xhbuf, T, y, m->st, err);
-    }
-    if (mm_q8(m, w)) {
+    case MLA_CUDA_MM_Q8:
+    case MLA_CUDA_MM_Q8_MMA: {
         const void *q = q8_of(m, x, xq, T, w->n_in, err);
         if (!q) return MLA_ERR;
         return mm_from_q8(m, w, T, q, y, err);
     }
-    if (m->exact) return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
-    if (m->split) return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
-    return mla_cuda_matmul(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_GEMV:
+        return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_SPLIT:
+        return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_MMA:
+        break;
+    }
+    return mla_cuda_matmul_mma(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
 }
 
 /* whether two matrices on the same input of a T-token step take the integer GEMV together: both
  * q8 products off the fp16 tensor cores, of one type and row length, below the int8 tensor cores */
 static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_t T) {
-    return mm_reads_q8(m, w0, T) && mm_reads_q8(m, w1, T) && w0->type == w1->type && w0->n_in == w1->n_in &&
-           (T <= Q8_TMAX || m->exact);
+    return mm_family(m, w0, T) == MLA_CUDA_MM_Q8 && mm_family(m, w1, T) == MLA_CUDA_MM_Q8 && w0->type == w1->type &&
+           w0->n_in == w1->n_in;
 }
 
 /* mm() of two matrices on the same input: when both take the fp16 or the int8 path, x is
- * converted once; on the integer GEMV, matrices of one type in one kernel (fuse). */
+ * converted once; on the integer GEMV, matrices of one type in one kernel. */
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
                int64_t T, mla_err *err) {
-    if (mm_h(m, w0, T) && mm_h(m, w1, T) && w0->n_in == w1->n_in) {
+    if (mm_family(m, w0, T) == MLA_CUDA_MM_H && mm_family(m, w1, T) == MLA_CUDA_MM_H && w0->n_in == w1->n_in) {
         TRY(mla_cuda_act_h(x, T, w0->n_in, m->xhbuf, m->st, err));
         TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
         return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
@@ -946,7 +908,7 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
     }
     const void *q = q8_of(m, x, xq, T, w0->n_in, err);
     if (!q) return MLA_ERR;
-    if (m->fuse && q8_gemv2(m, w0, w1, T))
+    if (q8_gemv2(m, w0, w1, T))
         return mla_cuda_matmul_q8_pair(w0->type, w0->d, w0->n_out, y0, w1->d, w1->n_out, y1, w0->n_in, q, T, m->st,
                                        err);
     TRY(mm_from_q8(m, w0, T, q, y0, err));
@@ -954,18 +916,14 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
 }
 
 /* m->h = rmsnorm(x [+ res]) of T rows (weights w), *x the residual stream (m->x or m->x2): with
- * res, x + res becomes the stream (with fuse written to the other buffer, so that the norm's
- * blocks can share a row; else added in place). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
+ * res, x + res becomes the stream (written to the other buffer, so that the norm's blocks can
+ * share a row). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
  * products after it read one, else NULL. */
 static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const float *w, const void **hq,
                   mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd;
     *hq = nullptr;
-    if (!m->fuse) {
-        if (res) TRY(mla_cuda_add(*x, res, T * E, m->st, err));
-        return mla_cuda_rmsnorm(*x, E, T, E, w, c->rms_eps, m->h, E, m->st, err);
-    }
     void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
     float *xs = res ? (*x == m->x ? m->x2 : m->x) : nullptr;
     TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
@@ -996,7 +954,7 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
     const dmat *gt = &f->gate, *up = &f->up, *dn = &f->down;
     const int64_t F = gt->n_out;
     void *gq = nullptr; /* the hidden rows' q8 buffer, for the down projection */
-    if (m->fuse && q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
+    if (q8_gemv2(m, gt, up, T)) { /* gate, up and swiglu in one GEMV */
         const void *q = q8_of(m, h, hq, T, gt->n_in, err);
         if (!q) return MLA_ERR;
         /* and the hidden rows' rounding for a q8 down projection (in the GEMV where it can): into
@@ -1024,10 +982,10 @@ struct kv_dest {
 static bool head_reads_q8(const void *wq, int64_t T) { return wq && T <= 8; }
 
 /* whether a paged step of T tokens writes its cache rows in the q-LoRA norm's launch and rotates
- * the queries' k_pe in k_b (m->kv_merge) */
+ * the queries' k_pe in k_b */
 static bool kv_merged(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->kv_merge && m->fuse && c->q_lora_rank > 0 && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == c->n_rope &&
+    return c->q_lora_rank > 0 && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == c->n_rope &&
            norm_q8(m, T) && mla_cuda_qnorm_kv_rows_supported(c->q_lora_rank, c->kv_lora_rank, (int)c->n_rope);
 }
 
@@ -1071,7 +1029,7 @@ static int head_mm(mla_cmodel *m, const void *w, const void *wq, int64_t in, int
  * or 0: the attention combines them */
 static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
     const mla_config *c = &m->cfg;
-    return m->vb_comb && head_reads_q8(l->vb_q8, T) &&
+    return head_reads_q8(l->vb_q8, T) &&
                    mla_cuda_head_q8_comb_supported(c->kv_lora_rank, c->head_v, T, MLA_CUDA_HEAD_COMB_MAXS)
                ? MLA_CUDA_HEAD_COMB_MAXS
                : 0;
@@ -1130,10 +1088,10 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
         TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
     } else {
         const int64_t X = c->n_expert, K = c->n_expert_used;
-        /* the shared expert beside the router and the routing (fuse): on st2, into m->y, joined
+        /* the shared expert beside the router and the routing: on st2, into m->y, joined
          * before the routed experts add into m->y. The router then must not use m->q8buf (the
          * shared expert's): it reads hq, or is not a q8 product. */
-        const bool side = m->fuse && l->has_shexp && (hq || !mm_q8(m, &l->router));
+        const bool side = l->has_shexp && (hq || !mm_q8(m, &l->router));
         if (side) {
             CU(cudaEventRecord(m->ev_fork, m->st), "fork");
             CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
@@ -1185,7 +1143,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         TRY(mla_cuda_head_matmul_q8_rope(l->kb_q8, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, &m->rope,
                                          m->q + dn, Hl * dk, dk, pos, st, err));
     } else {
-        if (m->fuse && m->rope.n_dims == dr && KL <= 8192) {
+        if (m->rope.n_dims == dr && KL <= 8192) {
             TRY(mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs, kv_off, pos, m->kv_f16,
                                      m->q + dn, Hl * dk, Hl, dk, st, err));
         } else { /* built in kvn, then stored */

@@ -162,28 +162,10 @@ static void measure_copy(void) {
     CK(cudaFree(b));
 }
 
-/* ---------------------------------------------------------------- quant: dequant, matmul */
-static void check_dequant(uint32_t t, int64_t n) {
-    size_t rb = ggml_row_bytes(t, n);
-    std::vector<uint8_t> w(rb);
-    gr_quant_rows(&g_rng, t, w.data(), n, 1);
-    std::vector<float> ref(n), got(n);
-    quant_dequant_row(t, w.data(), ref.data(), n);
-    void *dw = dup(w.data(), rb);
-    float *dy = (float *)dmalloc(n * 4);
-    poison(dy, n * 4);
-    OK(mla_cuda_dequant_row(t, dw, dy, n, 0, E));
-    down(got.data(), dy, n * 4);
-    double err = gr_rel_l2(got.data(), ref.data(), n);
-    double us = time_us([&](int) { OK(mla_cuda_dequant_row(t, dw, dy, n, 0, E)); });
-    add_row(fmt("dequant %s", ggml_type_name(t)), fmt("n=%lld", (long long)n), err, 1e-6, us, rb + 4.0 * n, 0, true);
-    CK(cudaFree(dw));
-    CK(cudaFree(dy));
-}
-
+/* ---------------------------------------------------------------- quant: matmul */
 /* MM_Q8: mla_cuda_matmul_q8 as the model calls it (streamed for Q4_K / Q6_K / Q8_0); MM_Q8ROWS:
  * the same with the streamed GEMV switched off (the per-warp GEMV of every type) */
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_GEMV_WARP, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H, MM_Q8ROWS };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H, MM_Q8ROWS };
 
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
@@ -216,7 +198,6 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
             OK(mla_cuda_matmul_h(t, wi, in, out, dq, T, dy, 0, E));
         } else if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
-        else if (path == MM_GEMV_WARP) OK(mla_cuda_matmul_gemv_warp(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA3) OK(mla_cuda_matmul_mma3(t, wi, in, out, dx, T, dy, 0, E));
         else OK(mla_cuda_matmul(t, wi, in, out, dx, T, dy, 0, E));
     };
@@ -244,7 +225,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
     bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
     double us = timed ? time_us(run) : 0;
-    const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma" : path == MM_GEMV_WARP ? "gemv warp"
+    const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
                    : path == MM_Q8ROWS ? "gemv q8 rows"
                    : path == MM_Q8MMA ? "mma q8 (int8)" : path == MM_H ? "mma f16" : "matmul";
@@ -1185,16 +1166,12 @@ int main(int argc, char **argv) {
             check_matmul(t, 7168, 18432, 2048, MM_MMA, true);
         }
     } else { /* every op */
-    for (uint32_t t : types) check_dequant(t, 7168 * 64);
     /* decode GEMV: expert/dense shapes of DeepSeek-V3 (7168) and GLM-5 (6144) */
     for (uint32_t t : types) {
         check_matmul(t, 7168, 2048, 1, MM_GEMV, true);
         check_matmul(t, 7168, 2048, 8, MM_GEMV, true);
         check_matmul(t, 512, 100, 5, MM_GEMV, false);   /* partial block of rows, short row */
         check_matmul(t, 1536, 300, 3, MM_GEMV, false);  /* partial K chunk */
-        check_matmul(t, 2560, 77, 2, MM_GEMV_WARP, false); /* warp-per-row variant, partial chunk */
-        check_matmul(t, 512, 5, 3, MM_GEMV_WARP, false);
-        check_matmul(t, 7168, 2048, 1, MM_GEMV_WARP, true); /* the other variant at T = 1 */
     }
     /* the integer GEMV (int8 activations): every quantized type, partial row blocks, short rows,
      * token counts over one pass (8) */

@@ -72,7 +72,7 @@ template <int TY> static void check_type(gr_rng *r) {
     free(got);
 }
 
-/* x in quant_cuda.cu's q8 layout (what q8x_kernel writes): per 32 elements d = max|x| / 127,
+/* x in the q8 layout of mm_gemvq_cuda.cu (what q8x_kernel writes): per 32 elements d = max|x| / 127,
  * q = x / d rounded to nearest even, and (d, d * sum of the first 16 q, d * sum of the last 16, 0) */
 static void q8_host(const float *x, int64_t n, int8_t *q, float4 *s) {
     for (int64_t b = 0; b < n / 32; b++) {

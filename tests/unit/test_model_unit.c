@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/gguf.h"
+#include "common/layer_tensors.h"
 #include "common/mla_switch.h"
 #include "common/model_config.h"
 #include "kernels/moe.h"
@@ -136,6 +137,38 @@ static void test_config_and_shapes(const char *fx) {
     mla_model *m = NULL;
     CHECK(mla_model_load(&m, g, NULL, NULL, &err) == MLA_ERR && m == NULL);
     CHECK(strstr(err.msg, "blk.1.attn_q_b.weight") != NULL);
+    gguf_close(g);
+    free(buf);
+
+    /* the per-layer tensor table (common/layer_tensors.c): each role finds the GGUF tensor of
+     * its name, only in the layers it belongs to; a missing one is named */
+    snprintf(path, sizeof path, "%s/tiny-deepseek3/tiny-deepseek3-q8_0.gguf", fx);
+    REQUIRE(gguf_open(&g, path, &err) == MLA_OK);
+    REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+    layer_tensors lt;
+    REQUIRE(layer_tensors_find(&c, g, 0, &lt, &err) == MLA_OK);
+    CHECK(lt.dense && lt.t[LT_FFN_GATE] && !strcmp(lt.t[LT_FFN_GATE]->name, "blk.0.ffn_gate.weight"));
+    CHECK(!lt.t[LT_ROUTER] && !lt.t[LT_EXP_GATE] && !lt.t[LT_Q] && !lt.t[LT_IQ_B]);
+    CHECK(lt.t[LT_Q_B] && !strcmp(lt.t[LT_Q_B]->name, "blk.0.attn_q_b.weight"));
+    CHECK(lt.t[LT_KV_A_NORM] && !strcmp(lt.t[LT_KV_A_NORM]->name, "blk.0.attn_kv_a_norm.weight"));
+    REQUIRE(layer_tensors_find(&c, g, 1, &lt, &err) == MLA_OK);
+    CHECK(!lt.dense && !lt.t[LT_FFN_GATE]);
+    CHECK(lt.t[LT_EXP_DOWN] && !strcmp(lt.t[LT_EXP_DOWN]->name, "blk.1.ffn_down_exps.weight"));
+    CHECK(lt.t[LT_SHEXP_UP] && !strcmp(lt.t[LT_SHEXP_UP]->name, "blk.1.ffn_up_shexp.weight"));
+    CHECK(lt.t[LT_ROUTER] && !strcmp(lt.t[LT_ROUTER]->name, "blk.1.ffn_gate_inp.weight"));
+    CHECK(lt.split_kb ? lt.t[LT_K_B] && lt.t[LT_V_B] && !lt.t[LT_KV_B] : lt.t[LT_KV_B] && !lt.t[LT_K_B]);
+    gguf_close(g);
+    buf = read_all(path, &n);
+    REQUIRE(buf);
+    off = find_ne(buf, n, "blk.2.ffn_up_exps.weight");
+    REQUIRE(off > 0);
+    buf[off - 5] = 'X'; /* blk.2.ffn_up_exps.weighX: the layer lacks its experts' up matrices */
+    REQUIRE(gguf_open_memory(&g, buf, n, "patched.gguf", &err) == MLA_OK);
+    REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+    CHECK(layer_tensors_find(&c, g, 1, &lt, &err) == MLA_OK);
+    CHECK(layer_tensors_find(&c, g, 2, &lt, &err) == MLA_ERR);
+    CHECKF(strstr(err.msg, "blk.2.ffn_up_exps.weight") && strstr(err.msg, "missing"), "message: %s", err.msg);
+    CHECK(mla_config_check_tensors(&c, g, &err) == MLA_ERR && strstr(err.msg, "blk.2.ffn_up_exps.weight"));
     gguf_close(g);
     free(buf);
 

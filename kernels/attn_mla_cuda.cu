@@ -1,0 +1,734 @@
+/* attn_mla_cuda: absorbed MLA attention (split over key chunks, online softmax) in fp32 and on
+ * the fp16 tensor cores, the combine of its splits, and the paged-cache row scatter of a batched
+ * step. API and meaning: kernels/cuda_ops.h. */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda_internal.h"
+
+namespace {
+
+/* ---------------------------------------------------------------- MLA attention */
+/* Block = (split, group of AT_HG heads, token); 8 warps. Keys are walked in chunks of AT_C = 32
+ * rows staged in shared memory (row stride row+1: conflict-free when lane j reads key j). Warp h
+ * scores head h against the 32 keys (lane = key), keeps the running max / sum; every thread
+ * accumulates AT_LP latent columns of each head's output. */
+constexpr int AT_HG = 8, AT_C = 32, AT_T = 256, AT_LP = 4;
+
+struct attn_k {
+    const float *qa, *qp;
+    int64_t qp_ld_t, qp_ld_h;
+    int H, L, R;
+    const void *kv;                  /* contiguous cache of KT rows (the kernels' element type) */
+    const float *const *const *tabs; /* per-token block table (paged cache), NULL: kv */
+    int64_t tab_off;
+    int64_t pos0;
+    const int32_t *post;     /* per-token position, NULL: pos0 + t */
+    float scale;
+    const int32_t *sel, *nsel;
+    int64_t sel_stride;
+    float *out, *work;
+    int splits;
+};
+
+/* The keys [k0, k1) of token t that split `split` walks: the token's keys (its selected ones, or
+ * positions 0..pos) in equal parts over the splits, whole chunks of `chunk` keys each (a graph
+ * sized for the longest context still spreads a short one over every split). */
+__device__ __forceinline__ void split_keys(const attn_k &a, int t, int split, int chunk, int64_t &k0, int64_t &k1) {
+    const int64_t pos = a.post ? (int64_t)a.post[t] : a.pos0 + t;
+    const int64_t nk = a.sel ? a.nsel[t] : pos + 1;
+    const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + chunk - 1) / chunk * chunk;
+    k0 = (int64_t)split * per;
+    k1 = nk < k0 + per ? nk : k0 + per;
+}
+
+template <typename KT>
+__global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
+    mlacu_pdl_enter();
+    extern __shared__ float sm[];
+    __shared__ float alpha[AT_HG], mrun[AT_HG], lrun[AT_HG];
+    const int row = a.L + a.R, rs = row + 1;
+    float *kvs = sm;
+    float *qs = kvs + AT_C * rs;
+    float *ps = qs + AT_HG * row;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
+    const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
+    int64_t k0, k1;
+    split_keys(a, t, split, AT_C, k0, k1);
+    for (int i = tid; i < AT_HG * row; i += AT_T) {
+        int h = i / row, c = i % row, hh = hg0 + h;
+        float v = 0.f;
+        if (hh < a.H) v = c < a.L ? a.qa[((int64_t)t * a.H + hh) * a.L + c] : a.qp[t * a.qp_ld_t + hh * a.qp_ld_h + (c - a.L)];
+        qs[i] = v;
+    }
+    if (tid < AT_HG) {
+        mrun[tid] = -INFINITY;
+        lrun[tid] = 0.f;
+    }
+    float o[AT_HG][AT_LP];
+#pragma unroll
+    for (int h = 0; h < AT_HG; h++)
+#pragma unroll
+        for (int q = 0; q < AT_LP; q++) o[h][q] = 0.f;
+    for (int64_t kb = k0; kb < k1; kb += AT_C) {
+        __syncthreads();
+        for (int j = warp; j < AT_C; j += AT_T / 32) {
+            int64_t k = kb + j;
+            if (k < k1) {
+                int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+                const KT *src = tab ? paged_row_t<KT>(tab, a.tab_off, row, key) : (const KT *)a.kv + key * row;
+                for (int c = lane; c < row; c += 32) kvs[j * rs + c] = to_f32(src[c]);
+            }
+        }
+        __syncthreads();
+        {
+            const int h = warp, j = lane;
+            float s = -INFINITY;
+            if (kb + j < k1 && hg0 + h < a.H) {
+                const float *qh = qs + h * row, *kj = kvs + j * rs;
+                float d = 0.f;
+                for (int c = 0; c < row; c++) d = fmaf(qh[c], kj[c], d);
+                s = d * a.scale;
+            }
+            const float mo = mrun[h];
+            const float mc = wmax(s);
+            const float mn = fmaxf(mo, mc);
+            const float p = s == -INFINITY ? 0.f : __expf(s - mn);
+            const float al = mn == -INFINITY ? 1.f : __expf(mo - mn);
+            const float ls = wsum(p);
+            ps[h * AT_C + j] = p;
+            __syncwarp();
+            if (lane == 0) {
+                alpha[h] = al;
+                mrun[h] = mn;
+                lrun[h] = lrun[h] * al + ls;
+            }
+        }
+        __syncthreads();
+        const int nj = (int)(k1 - kb < AT_C ? k1 - kb : AT_C);
+#pragma unroll
+        for (int h = 0; h < AT_HG; h++) {
+            const float al = alpha[h];
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) o[h][q] *= al;
+        }
+        for (int j = 0; j < nj; j++) {
+            const float *kj = kvs + j * rs;
+            float kvv[AT_LP];
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                kvv[q] = c < a.L ? kj[c] : 0.f;
+            }
+#pragma unroll
+            for (int h = 0; h < AT_HG; h++) {
+                const float p = ps[h * AT_C + j];
+#pragma unroll
+                for (int q = 0; q < AT_LP; q++) o[h][q] = fmaf(p, kvv[q], o[h][q]);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < AT_HG; h++) {
+        const int hh = hg0 + h;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = lrun[h] > 0.f ? 1.f / lrun[h] : 0.f;
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                if (c < a.L) a.out[((int64_t)t * a.H + hh) * a.L + c] = o[h][q] * inv;
+            }
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (a.L + 2);
+            if (tid == 0) {
+                w[0] = mrun[h];
+                w[1] = lrun[h];
+            }
+#pragma unroll
+            for (int q = 0; q < AT_LP; q++) {
+                int c = tid + AT_T * q;
+                if (c < a.L) w[2 + c] = o[h][q];
+            }
+        }
+    }
+}
+
+/* Combines the splits of one (head, token), AR_C latent columns a block: block (chunk + head *
+ * chunks, token), 256 threads. The splits' maxima and sums are read in parallel into shared
+ * memory (weights exp(m_s - M) / den there); then each of AR_G groups of AR_C threads sums its
+ * column over every AR_G-th split, four loads in flight, and the groups' sums are added. */
+constexpr int AR_MAXS = 1024, AR_C = 64, AR_G = 256 / AR_C;
+__global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__restrict__ work, int H, int L, int splits,
+                                                               float *__restrict__ out) {
+    mlacu_pdl_enter();
+    __shared__ float wgt[AR_MAXS], red[2][8], part[AR_G][AR_C];
+    const int chunks = (L + AR_C - 1) / AR_C;
+    const int h = blockIdx.x / chunks, c0 = blockIdx.x % chunks * AR_C, t = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t ld = L + 2;
+    const float *w = work + ((int64_t)t * H + h) * splits * ld;
+    float mloc = -INFINITY;
+    for (int s = tid; s < splits; s += 256) {
+        wgt[s] = w[s * ld];
+        mloc = fmaxf(mloc, wgt[s]);
+    }
+    mloc = wmax(mloc);
+    if (lane == 0) red[0][warp] = mloc;
+    __syncthreads();
+    float M = red[0][0];
+#pragma unroll
+    for (int i = 1; i < 8; i++) M = fmaxf(M, red[0][i]);
+    float dloc = 0.f;
+    for (int s = tid; s < splits; s += 256) {
+        const float m = wgt[s], e = m == -INFINITY ? 0.f : __expf(m - M);
+        dloc += w[s * ld + 1] * e;
+        wgt[s] = e;
+    }
+    dloc = wsum(dloc);
+    if (lane == 0) red[1][warp] = dloc;
+    __syncthreads();
+    float den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) den += red[1][i];
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    /* splits with no keys (a graph sized for the longest context over a short one) weigh 0: their
+     * outputs are not read */
+    const int g = tid / AR_C, cc = tid % AR_C, c = c0 + cc;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < L) {
+        const float *wc = w + 2 + c;
+        int s = g;
+        for (; s + 3 * AR_G < splits; s += 4 * AR_G) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = wgt[s + u * AR_G] != 0.f ? wc[(s + u * AR_G) * ld] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc[u] = fmaf(v[u], wgt[s + u * AR_G], acc[u]);
+        }
+        for (; s < splits; s += AR_G)
+            if (wgt[s] != 0.f) acc[0] = fmaf(wc[s * ld], wgt[s], acc[0]);
+    }
+    part[g][cc] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    __syncthreads();
+    if (g == 0 && c < L) {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < AR_G; i++) sum += part[i][cc];
+        out[((int64_t)t * H + h) * L + c] = sum * inv;
+    }
+}
+
+/* ---------------------------------------------------------------- MLA attention on tensor cores */
+/* The same attention with fp16 mma.sync m16n8k16 (fp32 accumulation): queries (times the
+ * softmax scale), keys and the softmax weights P are rounded to fp16, as llama.cpp's
+ * FlashAttention kernels do over their fp16 cache (fp16 rather than bf16: 3 more mantissa bits;
+ * the latent and rope rows are normalized, far from fp16's range). Block = (split, group of TC_HR
+ * = 32 heads, token), 4 warps, two blocks per SM. The 32 query rows (latent + rope) are staged
+ * once in shared memory; keys are walked in tiles of TC_KT = 32 rows, converted from the fp32
+ * cache into shared memory (each key's row address looked up once per tile, the loads of a
+ * thread issued in batches so that their latencies overlap). Warp w computes S for rows 16 (w / 2) .. +16 against keys
+ * 16 (w % 2) .. +16; the two warps of a row block exchange row maxima and sums through shared
+ * memory (both keep the same running max / sum in registers), write P to shared memory, and
+ * each accumulates its half of the latent columns of O = P V (V is the latent part of the same
+ * key rows). Row strides are an odd number of 16-byte units (ldmatrix without bank conflicts). */
+constexpr int TC_HR = 32, TC_KT = 32, TC_T = 128;
+
+template <int L, int R> struct tc_cfg {
+    static constexpr int ROW = L + R;
+    static constexpr int LDS = (ROW / 8) % 2 ? ROW + 16 : ROW + 8; /* 16-bit elements */
+    static constexpr int LDP = TC_KT + 8;                          /* 80 bytes: 5 units */
+    static constexpr int NT = L / 16;                              /* n-tiles of 8 per warp (L / 2 columns) */
+    static constexpr int KS = ROW / 16;                            /* k-steps of S */
+    static constexpr int PER = TC_KT * (ROW / 4) / TC_T;           /* float4 loads per thread and tile */
+    static constexpr int NB = PER / 6;                             /* load batches of 6 float4 per tile */
+    static constexpr int QP = TC_HR * (ROW / 2) / TC_T;            /* query float2 per thread */
+    /* queries, two key tiles (the one in use, the next one loading), P, the row exchanges: 112.5 KB
+     * at 512 + 64, two blocks in the 228 KB of an H100/H200 SM */
+    static constexpr size_t SMEM = ((size_t)(TC_HR + 2 * TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
+    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0 &&
+                      KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 36 == 0,
+                  "tensor-core attention shape");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+/* Four consecutive cache elements as one load: a float4 of the fp32 cache, a uint2 of the fp16 one;
+ * h4 gives them as four halves (the fp32 ones rounded). */
+template <typename KT> struct kv4;
+template <> struct kv4<float> {
+    using T = float4;
+    static __device__ __forceinline__ T zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+    static __device__ __forceinline__ uint2 h4(T v) { return make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w)); }
+};
+template <> struct kv4<__half> {
+    using T = uint2;
+    static __device__ __forceinline__ T zero() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ uint2 h4(T v) { return v; }
+};
+
+/* KT: the cache's element type. An fp32 cache is loaded through registers during the scores of
+ * the tile before (rounded to fp16 on the way to shared memory); an fp16 cache (ASYNC) is copied
+ * as it is by cp.async, two tiles in flight: each tile's copy is issued as soon as its buffer is
+ * free, and the first two are issued before the queries are staged. */
+template <int L, int R, typename KT>
+__global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
+    using C = tc_cfg<L, R>;
+    constexpr bool ASYNC = std::is_same<KT, __half>::value;
+    static_assert((TC_KT * (C::ROW / 8)) % TC_T == 0, "16-byte copies of a key tile");
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __shared__ const KT *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
+    using V4 = typename kv4<KT>::T;
+    __half *qs = (__half *)tc_sm;
+    __half *ks = qs + TC_HR * C::LDS; /* two tiles of TC_KT rows */
+    __half *ps = ks + 2 * TC_KT * C::LDS;
+    float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int mt = warp >> 1, half = warp & 1;
+    const int t = blockIdx.z, hg0 = blockIdx.y * TC_HR, split = blockIdx.x;
+    /* A paged fp16 cache without selected keys: the first two tiles' rows are looked up and their
+     * copies issued before the wait on the kernel before, which wrote only the queries. The
+     * positions and block tables come from the host; the cache rows were stored at least two
+     * launches back, and every kernel lets the next one be scheduled only after its own wait has
+     * returned, so those launches have completed when this one starts (cuda_internal.h). The
+     * selected keys (DSA) come from the kernel just before. */
+    const bool early = ASYNC && a.tabs && !a.sel;
+    if (!early) mlacu_pdl_wait();
+    const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
+    int64_t k0, k1;
+    split_keys(a, t, split, TC_KT, k0, k1);
+    /* the cache row of key k of this split (NULL past k1): a lane of warp 0 looks it up, a key a
+     * lane of a tile; the lookups (the block table, the selected keys) are loads, issued well
+     * before the rows are stored for the tile's copy */
+    auto row_at = [&](int64_t k) -> const KT * {
+        if (k >= k1) return nullptr;
+        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+        return tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
+    };
+    /* batch b of a tile: 6 loads of 4 elements per thread from the rows in rp, then into key
+     * buffer kd */
+    constexpr int IPK = C::ROW / 4;
+    auto load_batch = [&](const KT *const *rp, int b, V4 *v) {
+#pragma unroll
+        for (int u = 0; u < 6; u++) {
+            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+            const KT *src = rp[j];
+            v[u] = src ? __ldg((const V4 *)(src + c)) : kv4<KT>::zero();
+        }
+    };
+    auto store_batch = [&](__half *kd, int b, const V4 *v) {
+#pragma unroll
+        for (int u = 0; u < 6; u++) {
+            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+            *(uint2 *)(kd + j * C::LDS + c) = kv4<KT>::h4(v[u]);
+        }
+    };
+    /* an fp16 tile: 16-byte copies straight into key buffer kd (zeros past k1); one commit group */
+    constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
+    auto issue_tile = [&](const KT *const *rp, __half *kd) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const int i = tid + u * TC_T, j = i / CPK, c = i % CPK * 8;
+            const KT *src = rp[j];
+            cp_async16_zfill(kd + j * C::LDS + c, src ? (const void *)(src + c) : (const void *)a.qa, src != nullptr);
+        }
+        cp_async_commit();
+    };
+    if (warp == 0 && k0 < k1) { /* both tiles' lookups in flight together */
+        const KT *r0 = row_at(k0 + lane), *r1 = ASYNC ? row_at(k0 + TC_KT + lane) : nullptr;
+        rowp[0][lane] = r0;
+        if (ASYNC) rowp[1][lane] = r1;
+    }
+    if constexpr (ASYNC) { /* tiles 0 and 1 in flight while the queries are staged (a group each) */
+        __syncthreads();
+        if (k0 < k1) issue_tile(rowp[0], ks);
+        else cp_async_commit();
+        if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
+        else cp_async_commit();
+    }
+    if (early) mlacu_pdl_wait();
+    /* Split (the combine, or v_b combining, follows: blocks that would take issue slots from these
+     * while they wait), the next kernel is scheduled at each block's last tile; with one split
+     * (prompts, large decode batches), as soon as the wait has returned. */
+    const bool late = a.splits > 1;
+    if (!late) mlacu_pdl_trigger();
+    /* the queries: float2 loads, QB in flight per thread (the host checked their alignment) */
+    const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
+    constexpr int QB = 36;
+#pragma unroll 1
+    for (int b = 0; b < C::QP; b += QB) {
+        float2 v[QB];
+#pragma unroll
+        for (int u = 0; u < QB; u++) {
+            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
+            v[u] = make_float2(0.f, 0.f);
+            if (hh < a.H)
+                v[u] = c < L ? *(const float2 *)(a.qa + ((int64_t)t * a.H + hh) * L + c)
+                             : *(const float2 *)(a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L));
+        }
+#pragma unroll
+        for (int u = 0; u < QB; u++) {
+            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2;
+            *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v[u].x * sl2, v[u].y * sl2);
+        }
+    }
+    /* the first tile, loaded before the loop (two batches in flight); the loop loads tile i + 1
+     * during tile i's scores */
+    __syncthreads();
+    if (tid == 0) MLACU_TRACE_MARK(3);
+    if (!ASYNC && k0 < k1) {
+#pragma unroll 1
+        for (int b = 0; b < C::NB; b += 2) {
+            V4 v[6], v2[6];
+            load_batch(rowp[0], b, v);
+            if (b + 1 < C::NB) load_batch(rowp[0], b + 1, v2);
+            store_batch(ks, b, v);
+            if (b + 1 < C::NB) store_batch(ks, b + 1, v2);
+        }
+        if (warp == 0 && k0 + TC_KT < k1) rowp[1][lane] = row_at(k0 + TC_KT + lane);
+    }
+    float o[C::NT][4];
+#pragma unroll
+    for (int n = 0; n < C::NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const uint32_t qaddr = smem_u32(qs + (mt * 16 + (lane & 15)) * C::LDS + (lane >> 4) * 8);
+    const uint32_t kaddr0 = smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8);
+    const uint32_t paddr = smem_u32(ps + (mt * 16 + (lane & 15)) * C::LDP + (lane >> 4) * 8);
+    const uint32_t vaddr0 =
+        smem_u32(ks + ((lane & 7) + (((lane >> 3) & 1) << 3)) * C::LDS + half * (L / 2) + (lane >> 4) * 8);
+    constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
+    int buf = 0;
+    for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
+        if (late && kb + TC_KT >= k1) mlacu_pdl_trigger();
+        if constexpr (ASYNC) cp_async_wait<1>(); /* this thread's copies of tile buf are done */
+        __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
+                          * readers of buffer buf ^ 1 (the previous tile) are done */
+        const bool next = !ASYNC && kb + TC_KT < k1;
+        /* the rows of the tile after next: looked up now, stored after the scores */
+        const KT *row2 = warp == 0 ? row_at(kb + 2 * TC_KT + lane) : nullptr;
+        const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
+        __half *knext = ks + (buf ^ 1) * TC_KT * C::LDS;
+        /* S = Q K^T, two accumulator sets per n-tile (independent mma chains), and in between
+         * the next tile's loads, batch by batch */
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float s2[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+        for (int b = 0; b < C::NB; b++) {
+            V4 v[6];
+            if (next) load_batch(rowp[buf ^ 1], b, v);
+#pragma unroll
+            for (int k6 = 0; k6 < 6; k6 += 2) {
+                const int kk = 6 * b + k6;
+                uint32_t A[4], B[4], A2[4], B2[4];
+                mlacu_ldsm_x4(A, qaddr + kk * 32);
+                mlacu_ldsm_x4(B, kaddr + kk * 32);
+                mlacu_ldsm_x4(A2, qaddr + kk * 32 + 32);
+                mlacu_ldsm_x4(B2, kaddr + kk * 32 + 32);
+                mlacu_mma_f16(s[0], A, B[0], B[1]);
+                mlacu_mma_f16(s[1], A, B[2], B[3]);
+                mlacu_mma_f16(s2[0], A2, B2[0], B2[1]);
+                mlacu_mma_f16(s2[1], A2, B2[2], B2[3]);
+            }
+            if (next) store_batch(knext, b, v);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] += s2[j][e];
+        if (warp == 0 && kb + 2 * TC_KT < k1) rowp[buf][lane] = row2;
+        /* s[j][e]: row g (e < 2) or g + 8, key 16 half + 8 j + 2 c4 + (e & 1) */
+        const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = half * 16 + 8 * j + 2 * c4 + (e & 1);
+                const float v = key < nvalid ? s[j][e] : -INFINITY;
+                s[j][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (c4 == 0) {
+            pmax[warp * 16 + g] = mx[0];
+            pmax[warp * 16 + g + 8] = mx[1];
+        }
+        __syncthreads();
+        float mn[2], al[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mn[r] = fmaxf(m_r[r], fmaxf(mx[r], pmax[(warp ^ 1) * 16 + g + 8 * r]));
+            al[r] = exp2f(m_r[r] - mn[r]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = exp2f(s[j][e] - mn[e >> 1]);
+                sum[e >> 1] += s[j][e];
+            }
+            const int col = half * 16 + 8 * j + 2 * c4;
+            *(uint32_t *)(ps + (mt * 16 + g) * C::LDP + col) = pack_h2(s[j][0], s[j][1]);
+            *(uint32_t *)(ps + (mt * 16 + g + 8) * C::LDP + col) = pack_h2(s[j][2], s[j][3]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        }
+        if (c4 == 0) {
+            psum[warp * 16 + g] = sum[0];
+            psum[warp * 16 + g + 8] = sum[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l_r[r] = l_r[r] * al[r] + sum[r] + psum[(warp ^ 1) * 16 + g + 8 * r];
+            m_r[r] = mn[r];
+        }
+#pragma unroll
+        for (int n = 0; n < C::NT; n++) {
+            o[n][0] *= al[0];
+            o[n][1] *= al[0];
+            o[n][2] *= al[1];
+            o[n][3] *= al[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < TC_KT / 16; kk++) {
+            uint32_t A[4];
+            mlacu_ldsm_x4(A, paddr + kk * 32);
+#pragma unroll
+            for (int n = 0; n < C::NT; n += 2) {
+                uint32_t B[4];
+                mlacu_ldsm_x4_t(B, vaddr + kk * 16 * C::LDS * 2 + n * 16);
+                mlacu_mma_f16(o[n], A, B[0], B[1]);
+                mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
+            }
+        }
+        if constexpr (ASYNC) { /* buffer buf is free once every warp is past its P V: tile + 2 into it */
+            __syncthreads();
+            if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
+            else cp_async_commit();
+        }
+        if (tid == 0) MLACU_TRACE_MARK(4);
+    }
+    if constexpr (ASYNC) cp_async_wait<0>(); /* no copy outlives the block (only empty groups remain) */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int hh = hg0 + mt * 16 + g + 8 * r;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+            float *dst = a.out + ((int64_t)t * a.H + hh) * L + half * (L / 2) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
+            if (half == 0 && c4 == 0) {
+                w[0] = m_r[r] * 0.69314718055994531f; /* natural units, as mla_attn_reduce_kernel reads */
+                w[1] = l_r[r];
+            }
+            float *dst = w + 2 + half * (L / 2) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
+    }
+    if (late && k0 >= k1) mlacu_pdl_trigger();
+    if (tid == 0) MLACU_TRACE_MARK(1);
+}
+
+/* ---------------------------------------------------------------- cache rows of a batched step */
+/* Block t: row t of src goes to slot pos[t] of token t's paged cache, of element type KT (fp16:
+ * rounded to nearest). */
+template <typename KT>
+__global__ void scatter_rows_kernel(const float *__restrict__ src, int64_t src_ld, int n,
+                                    const float *const *const *__restrict__ tabs, int64_t tab_off,
+                                    const int32_t *__restrict__ pos, int64_t dst_ld) {
+    mlacu_pdl_enter();
+    const int t = blockIdx.x;
+    KT *d = (KT *)paged_row_t<KT>(tabs[t], tab_off, dst_ld, pos[t]);
+    const float *s = src + (int64_t)t * src_ld;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) kv_store(d + c, s[c]);
+}
+
+} // namespace
+
+/* ================================================================ host API */
+
+extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int n_splits) {
+    return (size_t)T * (size_t)H * (size_t)n_splits * (size_t)(L + 2);
+}
+
+/* The tensor-core kernel's least keys a split: 128 (four tiles). Measured on the H200 (one
+ * sequence of 16k keys, 16 heads, fp16 cache: 256 splits of 64 keys 38.9 us, 128 of 128 27.7 us,
+ * 64 of 256 35.6 us): the fewer splits, the less each block's fixed cost (its queries, the first
+ * tiles' latency) and the combine count; too few leave SMs idle. One token (a batch-1 decode
+ * step) whose keys leave fewer blocks than SMs at 128 a split takes splits of down to 64 keys, up
+ * to a block an SM: at 1k keys V3's 128 heads 23.6-23.9 us against 28.4-28.6, V2-Lite's 16 heads
+ * 17.6-18.4 against 22.0-22.3, GLM-5's 64 over 2048 selected keys 21.3-21.8 against 22.5-23.1
+ * (mla-gpu-check --attn1, eighteenth session; at 4k and 16k keys those grids time as the
+ * committed ones or better). mla_cuda_attn_tune changes the first bound. */
+constexpr int TC_MIN_KEYS = 128, TC_MIN_KEYS1 = 64;
+static int g_tc_min_keys = 0;
+extern "C" void mla_cuda_attn_tune(int min_keys) {
+    MLA_ASSERT(min_keys >= 0 && min_keys % TC_KT == 0);
+    g_tc_min_keys = min_keys;
+}
+
+/* Splits of a launch: enough blocks for two waves of two per SM over 132 SMs, each split at
+ * least min_keys keys, within the work buffer. min_keys2 (< min_keys, or 0): where min_keys
+ * leaves fewer blocks than SMs, splits of down to min_keys2 keys up to a block an SM. */
+static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys,
+                       int64_t min_keys2 = 0) {
+    if (!a->work) return 1;
+    const int64_t want = (264 + blocks_per_split - 1) / blocks_per_split, maxs = (nk_max + min_keys - 1) / min_keys;
+    int splits = (int)(want < maxs ? want : maxs);
+    if (min_keys2 > 0 && splits * blocks_per_split < mlacu_sm_count()) {
+        const int64_t want2 = (mlacu_sm_count() + blocks_per_split - 1) / blocks_per_split,
+                      maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
+        splits = std::max(splits, (int)std::min(want2, maxs2));
+    }
+    if (splits < 1) splits = 1;
+    if (splits > AR_MAXS) splits = AR_MAXS;
+    while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats) splits--;
+    return splits;
+}
+
+/* Combines the splits of a launch (none to combine with one), unless the caller combines them
+ * (n_splits_out, up to comb_max splits). */
+static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st, mla_err *e) {
+    if (a->n_splits_out) *a->n_splits_out = splits > 1 && splits <= a->comb_max ? splits : 1;
+    if (splits == 1 || (a->n_splits_out && *a->n_splits_out > 1)) return MLA_OK;
+    const int64_t chunks = (a->kv_lora + AR_C - 1) / AR_C;
+    mlacu_launch(mla_attn_reduce_kernel, dim3((unsigned)(a->n_head * chunks), (unsigned)a->n_tokens), 256, 0, st, a->work,
+                 (int)a->n_head, (int)a->kv_lora, splits, a->out);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn reduce");
+    return MLA_OK;
+}
+
+/* MLA_OK, MLA_ERR, or 1: this device cannot give a block the kernel's shared memory (the
+ * 512 + 64 kernel takes 113 KB: Hopper / Blackwell data-center parts and the A100 can, GPUs with
+ * 99-101 KB a block such as sm_86/89/120 cannot; they keep the fp32 kernel). Once per process
+ * (one device per process, or ranks of one process on one device). */
+template <int L, int R, typename KT> static int tc_launch_setup(mla_err *e) {
+    using C = tc_cfg<L, R>;
+    static int state = 0; /* 0: not yet, 1: set up, 2: not on this device */
+    if (state == 2) return 1;
+    if (state == 0) {
+        /* a failed query reads as 48 KB: the kernel is then not used on this device */
+        if ((size_t)mlacu_smem_optin() < C::SMEM + sizeof(float *) * 2 * TC_KT) {
+            state = 2;
+            return 1;
+        }
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
+                    e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
+        /* all of the SM's unified memory as shared memory: two blocks per SM */
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
+                    "mla_attn (tensor cores): carveout");
+        state = 1;
+    }
+    return MLA_OK;
+}
+
+template <int L, int R, typename KT>
+static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+    using C = tc_cfg<L, R>;
+    const int s = tc_launch_setup<L, R, KT>(e);
+    if (s != MLA_OK) return s;
+    dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
+    mlacu_launch(mla_attn_tc_kernel<L, R, KT>, grid, TC_T, C::SMEM, stream, k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
+    using C = tc_cfg<512, 64>;
+    mla_err e;
+    const int s = tc_launch_setup<512, 64, __half>(&e);
+    if (s != MLA_OK) return s == 1 ? 0 : -1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64, __half>, TC_T, C::SMEM) != cudaSuccess)
+        return -1;
+    return n;
+}
+
+/* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
+ * or 1 (none: the caller takes the fp32 kernel). */
+static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream stream, mla_err *e) {
+    const int64_t L = a->kv_lora, R = a->n_rope;
+    const bool w512 = L == 512 && R == 64, w256 = L == 256 && R == 32;
+    if (!w512 && !w256) return 1;
+    if (!a->blk_tok && ((uintptr_t)a->kv & 15)) return 1;
+    if (((uintptr_t)a->q_abs & 7) || ((uintptr_t)a->q_pe & 7) || (a->q_pe_ld_t & 1) || (a->q_pe_ld_h & 1)) return 1;
+    if (a->blk_tok && (a->blk_off & 3)) return 1;
+    const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS,
+                                   a->n_tokens == 1 && !g_tc_min_keys ? TC_MIN_KEYS1 : 0);
+    attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
+                a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
+    cudaStream_t st = (cudaStream_t)stream;
+    int r;
+    if (a->kv_f16) r = w512 ? tc_launch<512, 64, __half>(k, a->n_tokens, a->n_head, st, e)
+                            : tc_launch<256, 32, __half>(k, a->n_tokens, a->n_head, st, e);
+    else r = w512 ? tc_launch<512, 64, float>(k, a->n_tokens, a->n_head, st, e)
+                  : tc_launch<256, 32, float>(k, a->n_tokens, a->n_head, st, e);
+    if (r) return r;
+    return attn_reduce(a, splits, st, e);
+}
+
+extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(a->kv_lora > 0 && a->kv_lora <= AT_T * AT_LP && a->n_rope >= 0 && a->n_rope <= 128);
+    MLA_ASSERT(a->n_tokens >= 0 && a->n_tokens <= 65535 && a->n_head > 0);
+    MLA_ASSERT(!a->pos_tok || a->max_keys > 0);
+    if (a->n_tokens == 0) return MLA_OK;
+    const int64_t nk_max = a->sel ? a->sel_stride : a->pos_tok ? a->max_keys : a->pos0 + a->n_tokens;
+    if (a->tensor_cores) {
+        const int r = tc_attn(a, nk_max, stream, e);
+        if (r != 1) return r;
+    }
+    const int row = (int)(a->kv_lora + a->n_rope);
+    const size_t smem = ((size_t)AT_C * (row + 1) + (size_t)AT_HG * row + AT_HG * AT_C) * sizeof(float);
+    static size_t smem_set[2] = {0, 0}; /* per element type */
+    if (smem > smem_set[a->kv_f16 != 0]) {
+        MLACU_CHECK(cudaFuncSetAttribute(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    e, "mla_attn: shared memory %zu", smem);
+        smem_set[a->kv_f16 != 0] = smem;
+    }
+    const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 256);
+    attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
+                a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
+                splits};
+    dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
+    mlacu_launch(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>, grid, AT_T, smem, (cudaStream_t)stream, k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
+    return attn_reduce(a, splits, (cudaStream_t)stream, e);
+}
+
+extern "C" int mla_cuda_scatter_paged(const float *d_src, int64_t src_ld, int64_t n, int64_t T,
+                                      const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
+                                      int64_t dst_ld, int dst_f16, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n > 0 && n <= INT32_MAX && T >= 0 && T <= INT32_MAX && src_ld >= n && dst_ld >= n && blk_off >= 0);
+    if (T == 0) return MLA_OK;
+    mlacu_launch(dst_f16 ? scatter_rows_kernel<__half> : scatter_rows_kernel<float>, (unsigned)T, 256, 0,
+                 (cudaStream_t)stream, d_src, src_ld, (int)n, d_blk_tok, blk_off, d_pos, dst_ld);
+    MLACU_CHECK(cudaGetLastError(), e, "scatter_rows%s T=%lld n=%lld", dst_f16 ? " (fp16)" : "", (long long)T, (long long)n);
+    return MLA_OK;
+}

@@ -1,0 +1,65 @@
+/* The matmul chooser (mla_cuda_mm_choose, kernels/mm_choose_cuda.cu) against the rules of
+ * docs/kernels.md, for the policies the model and the MoE give it. Host code only: needs no GPU
+ * (runs in CI). */
+#include <stdio.h>
+
+#include "kernels/cuda_ops.h"
+
+extern "C" {
+#include "common/ggml_types.h"
+#include "tests/unit/mla_test.h"
+}
+
+static mla_cuda_mm_family one(const mla_cuda_mm_policy &p, uint32_t t, int64_t in, int64_t rows) {
+    return mla_cuda_mm_choose(&p, &t, &in, 1, rows);
+}
+
+int main(void) {
+    const uint32_t Q4K = GGML_TYPE_Q4_K, F32 = GGML_TYPE_F32, BF16 = GGML_TYPE_BF16;
+    /* the model's dense products by default: fp16 tensor cores above 8 tokens, integer GEMV up
+     * to 96, int8 tensor cores above */
+    const mla_cuda_mm_policy dense = {true, false, false, 9, 97};
+    CHECK(one(dense, Q4K, 7168, 1) == MLA_CUDA_MM_Q8);
+    CHECK(one(dense, Q4K, 7168, 8) == MLA_CUDA_MM_Q8);
+    CHECK(one(dense, Q4K, 7168, 9) == MLA_CUDA_MM_H);
+    CHECK(one(dense, Q4K, 7168, 4096) == MLA_CUDA_MM_H);
+    /* a row length the fp16 kernels do not take (Q8_0 rows of 7200: not whole 128-element
+     * chunks): the integer paths at any batch, the int8 tensor cores from 97 rows */
+    const uint32_t Q80 = GGML_TYPE_Q8_0;
+    CHECK(mla_cuda_mmh_supported(Q80, 7168) && !mla_cuda_mmh_supported(Q80, 7200));
+    CHECK(one(dense, Q80, 7200, 9) == MLA_CUDA_MM_Q8);
+    CHECK(one(dense, Q80, 7200, 96) == MLA_CUDA_MM_Q8);
+    CHECK(one(dense, Q80, 7200, 97) == MLA_CUDA_MM_Q8_MMA);
+    CHECK(one(dense, Q80, 7168, 97) == MLA_CUDA_MM_H);
+    /* float weights: no integer form; the GEMV up to 8 rows, the bf16 tensor cores above */
+    CHECK(one(dense, BF16, 2048, 8) == MLA_CUDA_MM_GEMV);
+    CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, F32, 2048, 500) == MLA_CUDA_MM_MMA);
+    /* exact: no tensor cores (the model passes no h_min and no q8_mma_min) */
+    const mla_cuda_mm_policy exact = {true, false, true, 0, 0};
+    CHECK(one(exact, Q4K, 7168, 4096) == MLA_CUDA_MM_Q8);
+    CHECK(one(exact, F32, 2048, 4096) == MLA_CUDA_MM_GEMV);
+    /* split: float products past the GEMV on the hi/lo split */
+    const mla_cuda_mm_policy split = {false, true, false, 0, 0};
+    CHECK(one(split, Q4K, 7168, 1) == MLA_CUDA_MM_SPLIT);
+    CHECK(one(split, F32, 2048, 300) == MLA_CUDA_MM_SPLIT);
+    /* nothing allowed (mla_cuda_matmul): GEMV to 8, bf16 tensor cores above */
+    const mla_cuda_mm_policy none = {false, false, false, 0, 0};
+    CHECK(one(none, Q4K, 7168, 8) == MLA_CUDA_MM_GEMV);
+    CHECK(one(none, Q4K, 7168, 9) == MLA_CUDA_MM_MMA);
+    /* the MoE: three matrices together, rows = pairs a expert */
+    const mla_cuda_mm_policy moe = {true, false, false, 8, 64};
+    const uint32_t q[3] = {Q4K, Q4K, GGML_TYPE_Q6_K};
+    const int64_t in[3] = {7168, 7168, 2048};
+    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 7) == MLA_CUDA_MM_Q8);
+    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 8) == MLA_CUDA_MM_H);
+    const mla_cuda_mm_policy moe_no_h = {true, false, false, 0, 64};
+    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 63) == MLA_CUDA_MM_Q8);
+    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 64) == MLA_CUDA_MM_Q8_MMA);
+    /* one matrix without an integer form keeps all three off the tensor cores */
+    const uint32_t mixed[3] = {Q4K, Q4K, BF16};
+    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) == MLA_CUDA_MM_MMA);
+    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_H &&
+          mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_Q8_MMA);
+    return mla_test_finish();
+}
