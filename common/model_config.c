@@ -355,7 +355,7 @@ int mla_config_check_tensors(const mla_config *c, const gguf_ctx *g, mla_err *er
                                     (long long)c->head_v, (long long)kv_rows);
             }
             if (e->role == LT_IQ_B && c->q_lora_rank == 0) return mla_errf(err, "the DSA indexer needs q_lora_rank > 0");
-            int64_t ne[3];
+            int64_t ne[GGUF_MAX_DIMS] = {1, 1, 1, 1}; /* layer_tensors_shape fills the first 3 */
             layer_tensors_shape(e, c, ne);
             const int rc = check_one(g, nm, ne, e->nd, e->optional, e->f32_only, err);
             if (rc < 0) return rc;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bundle`: a relocatable release tree of mlaserve with the CUDA backend, for a machine that
 # has only the NVIDIA driver (libcuda) and NCCL, as a GPU host often is.
-#   scripts/bundle.sh [DEST]        (default .bundle; env ARCH="90;100;120", BUILD=build-bundle)
+#   scripts/bundle.sh [DEST]        (default .bundle; env ARCH="90;100;120", BUILD=build-bundle,
+#                                   BUNDLE_CMAKE_ARGS: more cmake options, e.g. -DMLA_DEV_SWITCHES=ON)
 # DEST/bin: mlaserve, mlaserve-worker (and mlaserve-coordinator when built); DEST/share: what
 # `cmake --install` puts there (share/mlaserve: deploy files, the tiny model, the Dockerfile;
 # share/doc/mlaserve), so that the bundle has the install layout (the Dockerfile copies it);
@@ -21,7 +22,7 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON -DBUILD_TESTING=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_RUNTIME_LIBRARY=Static -DCMAKE_C_FLAGS="-Wno-maybe-uninitialized" \
-  -DCMAKE_EXE_LINKER_FLAGS='-Wl,--disable-new-dtags -Wl,-rpath,\$ORIGIN/../lib' >/dev/null
+  -DCMAKE_EXE_LINKER_FLAGS='-Wl,--disable-new-dtags -Wl,-rpath,\$ORIGIN/../lib' ${BUNDLE_CMAKE_ARGS:-} >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target mlaserve mlaserve-worker
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/lib"

@@ -22,7 +22,7 @@ C=.gpucarry
 rm -rf "$C" && mkdir -p "$C"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
+BUNDLE_CMAKE_ARGS=-DMLA_DEV_SWITCHES=ON ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
 tail -3 "$tmp/bundle.log"
 cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
