@@ -81,7 +81,9 @@ since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
 [ -x "$MLA" ] || { echo "no mlaserve at $MLA (BUNDLE or MLASERVE)" >&2; exit 2; }
 [ -f bench/serve_load.py ] || { echo "run from the repository (bench/serve_load.py)" >&2; exit 2; }
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# the commit the binaries were built from (their --version), not the checkout's
+COMMIT=$("$MLA" --version 2>/dev/null | sed -n 's/.*commit \([0-9a-f]*[-a-z]*\).*/\1/p')
+COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 GPU="${GPU:-none ($BACKEND backend)}"
 rc=0
