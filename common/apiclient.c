@@ -110,7 +110,7 @@ static int send_all(apiclient *c, const uint8_t *p, size_t n, uint64_t deadline,
     return MLA_OK;
 }
 
-/* Sends everything the session has ready. */
+/* Sends everything the HTTP/2 session has ready. */
 static int pump_out(apiclient *c, uint64_t deadline, mla_err *err) {
     for (;;) {
         const uint8_t *d;
@@ -121,7 +121,7 @@ static int pump_out(apiclient *c, uint64_t deadline, mla_err *err) {
     }
 }
 
-/* Reads what arrives (waiting up to the deadline) into the session. */
+/* Reads what arrives (waiting up to the deadline) into the HTTP/2 session. */
 static int pump_in(apiclient *c, uint64_t deadline, mla_err *err) {
     uint8_t buf[16384];
     ssize_t n;

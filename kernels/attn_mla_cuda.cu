@@ -582,7 +582,7 @@ extern "C" size_t mla_cuda_attn_work_floats(int64_t T, int64_t H, int64_t L, int
  * step) whose keys leave fewer blocks than SMs at 128 a split takes splits of down to 64 keys, up
  * to a block an SM: at 1k keys V3's 128 heads 23.6-23.9 us against 28.4-28.6, V2-Lite's 16 heads
  * 17.6-18.4 against 22.0-22.3, GLM-5's 64 over 2048 selected keys 21.3-21.8 against 22.5-23.1
- * (mla-gpu-check --attn1, eighteenth session; at 4k and 16k keys those grids time as the
+ * (mla-gpu-check --attn1, measured on an H200 on 2026-11-30; at 4k and 16k keys those grids time as the
  * committed ones or better). mla_cuda_attn_tune changes the first bound. */
 constexpr int TC_MIN_KEYS = 128, TC_MIN_KEYS1 = 64;
 static int g_tc_min_keys = 0;

@@ -29,7 +29,7 @@
  *   asks for 8): on an H200, Q8_0. Q4_K and Q6_K gate + up take one launch a matrix (the caller's
  *   fallback): 108 us for V3's dense FFN at 8 tokens, against 178 on the per-warp GEMV.
  *
- * Measured (H200, 2026-12-01, bench/results/gpu-h200-2026-12-01.md): 30-59% of the copy rate at
+ * Measured (H200, 2026-12-01): 30-59% of the copy rate at
  * V3's shapes, against 17-34% for the per-warp GEMV at 8 tokens. Below 4 tokens the per-warp GEMV
  * was as fast, hence the default range. The chunk sizes and the 112 KB budget a block were
  * measured against smaller chunks and one block an SM.

@@ -28,7 +28,7 @@
  *   dot it; stages pass between them on mbarriers, with no block barrier. Its consumers dot two
  *   rows at a time and sum their lanes together (Q4_K, Q8_0, Q5_0). At V3's shapes (H200,
  *   2026-11-30, a launch in a chain, against the other kernel in the same call): dense down
- *   25.6 -> 23.6 us, the output matrix 216 -> 186 (bench/results/gpu-h200-2026-11-30l.md).
+ *   25.6 -> 23.6 us, the output matrix 216 -> 186 (measured on an H200, 2026-11-30).
  *   Both forms give the same bits: gs_dot rounds every float step as written (gemvs_item.h).
  *   Asked for it (gate + up of a token's FFN, the next product's input), that kernel also rounds y
  *   into a q8 buffer itself: the kernel after it (mla_cuda_quantize_q8) is gone, the same bytes.

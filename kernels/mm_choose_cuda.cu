@@ -26,7 +26,7 @@ extern "C" int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int
 extern "C" int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                                      int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e) {
     /* H200, 7168 -> 2048: the GEMV wins up to T = 64 (258 us vs 633), mma3 from T = 256 (608 us
-     * vs 1051); crossover near 150 by interpolation (bench/results/gpu-e2e-2026-11-29.md) */
+     * vs 1051); crossover near 150 by interpolation (measured on an H200, 2026-11-29) */
     if (T <= 128) return mla_cuda_matmul_gemv(t, d_w, in, out, d_x, T, d_y, stream, e);
     return mla_cuda_matmul_mma3(t, d_w, in, out, d_x, T, d_y, stream, e);
 }

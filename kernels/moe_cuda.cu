@@ -201,7 +201,7 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
      * average, a full tile, and more: long prompts), the int8 tensor cores. At 16 a expert those
      * were no faster than the grouped GEMV on the H200 (a 512-token prompt of the V3-shaped model:
      * 129 ms either way; 16 experts x 64 tokens: 525 us against 381),
-     * bench/results/gpu-h200-2026-11-29d.md. Else the grouped GEMVs. */
+     * measured on an H200, 2026-11-29. Else the grouped GEMVs. */
     const uint32_t types[3] = {ex->gate_type, ex->up_type, ex->down_type};
     const int64_t ins[3] = {E, E, F};
     const mla_cuda_mm_policy pol = {ex->q8, false, false, ex->mmh_min, 64};

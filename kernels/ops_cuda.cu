@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     float *xorow = ADD ? xo + blockIdx.x * n : nullptr;
     /* rms_row's PDL form (weights before the wait, the next kernel scheduled after the reduction)
      * only for a decode step's few rows: over many rows (prompts, decode batches of 128 and 256)
-     * it cost 2-11% a step on the H200 (bench/results/gpu-h200-2026-12-01c.md), so those wait and
+     * it cost 2-11% a step on an H200 (measured 2026-12-01), so those wait and
      * let the next kernel be scheduled at once */
     if (bulk) {
         rms_row<ADD, Q8, true>(rn_sm, ADD ? rn_sm + n : nullptr, xorow, (int)n, w, eps, red, qrow, qsrow, k0, k1, st,

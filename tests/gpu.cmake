@@ -43,7 +43,7 @@ endif()
 
 # `--backend cpu|cuda` of mlaserve logits/generate/serve (coordinator/coord_opts.c): a
 # backend means worker processes, also at TP 1; checked against the HF logits through them (CPU
-# backend here; scripts/gpu_check.sh --stack runs the cuda backend on the GPU machine), and a
+# backend here; scripts/gpu_check.sh --stack runs the cuda backend on a GPU host), and a
 # bad value is refused with a message naming it.
 if(TARGET mlaserve AND BUILD_TESTING)
   add_test(NAME backend_cpu_processes_tp1

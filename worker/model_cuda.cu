@@ -343,7 +343,7 @@ extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; 
 /* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
  * passes over W once per 8 tokens), the int8 tensor cores above. H200, Q4_K 7168 -> 2048: GEMV
  * 128 us at T = 64 and 250 at 128, int8 tensor cores ~210 at both
- * (bench/results/gpu-h200-2026-11-29d.md). */
+ * (measured on an H200, 2026-11-29). */
 #define Q8_TMAX 96
 /* With m->mmh, the weights the fp16 tensor cores take (mla_cuda_mmh_supported) keep the integer
  * GEMV up to m->gemv_tmax tokens a step, the tensor cores above: 8, the default of
@@ -351,11 +351,11 @@ extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; 
  * blocks, one pass over W for any batch, where the GEMV makes one per 8 tokens. H200 at 8
  * tokens: 18432 x 7168 Q4_K 91 us either way, 7168 x 16384 Q8_0 88 against 126, GLM-5's Q6_K
  * output matrix 603 against 1100; at 16 the tensor cores win everywhere
- * (bench/results/gpu-h200-2026-11-30e.md). The routed experts of a step take them from
+ * (measured on an H200, 2026-11-30). The routed experts of a step take them from
  * m->moe_mmh_min (token, expert) pairs a expert on average, 8 (the default of MLA_MOE_MMH_MIN),
  * the grouped integer GEMV below. H200, V3 experts (256 x 2048 x 7168, Q4_K): 4 a expert 7.5 ms
  * against the GEMV's 5.1; 8 a expert 7.6 against 8.1; 16 a expert 7.8 against 15.5
- * (bench/results/gpu-h200-2026-11-30.md). */
+ * (measured on an H200, 2026-11-30). */
 
 extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts,
                                mla_err *err) {

@@ -1,4 +1,4 @@
-/* mla-e2e: `mlaserve logits` on the CUDA forward pass (worker/model_cuda.h), for the GPU machine
+/* mla-e2e: `mlaserve logits` on the CUDA forward pass (worker/model_cuda.h), for a GPU host
  * where the full tree (libzmq, libuv, protobuf-c) cannot be built. Same command line and output
  * as coordinator/cmd_logits.c, so tests/model/check_logits.py drives it unchanged:
  *   mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]

@@ -3,7 +3,7 @@
  * supported type, and so must the integer form of each quantized type (unit_i8: s * q - m); and
  * the streamed GEMV's item arithmetic (kernels/gemvs_item.h) must give the dot product of the
  * dequantized row with the q8 activations. Needs no GPU (runs in CI); the device build of the same
- * code is checked against the CPU by mla-gpu-check on the GPU machine. */
+ * code is checked against the CPU by mla-gpu-check on a GPU host. */
 #include <stdio.h>
 #include <stdlib.h>
 
