@@ -108,12 +108,14 @@ int api_messages_check(const cJSON *messages, api_error *e) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsString(role)) return bad(e, "messages", "messages[%d].role must be a string", i);
         /* Only these reach every chat template: the DeepSeek and GLM templates skip any other role
-         * without a trace (a "developer" message would vanish from the prompt). */
-        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-            strcmp(role->valuestring, "assistant") && strcmp(role->valuestring, "tool"))
+         * without a trace. "developer" (OpenAI's newer name for "system") becomes "system" in
+         * chat_normalize. */
+        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "developer") &&
+            strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant") &&
+            strcmp(role->valuestring, "tool"))
             return bad(e, "messages",
-                       "messages[%d].role '%.64s' is not supported (system, user, assistant or tool)", i,
-                       role->valuestring);
+                       "messages[%d].role '%.64s' is not supported (system, developer, user, assistant or tool)",
+                       i, role->valuestring);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (c && !cJSON_IsNull(c) && !cJSON_IsString(c)) {
             if (!cJSON_IsArray(c))

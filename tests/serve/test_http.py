@@ -209,7 +209,12 @@ def test_errors(port):
         param="stream_options")
     err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
         "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
-    for role in ("developer", "function", "ipython"):
+    # "developer" is OpenAI's newer name for "system" (rendered as such: tests/unit/test_chat.c)
+    st, j, data, _ = post(port, "/v1/chat/completions",
+                          {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
+                           "max_tokens": 4})
+    check(st == 200, "role developer accepted (%d %r)" % (st, data[:200]))
+    for role in ("function", "ipython"):
         st, j, data, _ = post(port, "/v1/chat/completions",
                               {"messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "x"}]})
         check(st == 400 and j["error"]["param"] == "messages" and ("'%s'" % role) in j["error"]["message"],
