@@ -145,6 +145,7 @@ static uint32_t fit(uint32_t want, int64_t ne0) {
 typedef struct shape {
     fam f;
     uint32_t t_exp, t_dense, t_attn, t_embd;
+    int64_t ff_shexp; /* the shared experts' width (n_ff_exp * n_shared, or a rank's share of it) */
 } shape;
 
 static void build_plan(const shape *s, plan *p) {
@@ -181,7 +182,7 @@ static void build_plan(const shape *s, plan *p) {
             QW(s->t_dense, E, 2, E, f->n_ff, 1, "blk.%" PRId64 ".ffn_up.weight", il);
             QW(s->t_dense, f->n_ff, 2, f->n_ff, E, 1, "blk.%" PRId64 ".ffn_down.weight", il);
         } else {
-            const int64_t X = f->n_expert, F = f->n_ff_exp, S = F * f->n_shared;
+            const int64_t X = f->n_expert, F = f->n_ff_exp, S = s->ff_shexp;
             add(p, GGML_TYPE_F32, INIT_UNIFORM, se, 2, E, X, 1, "blk.%" PRId64 ".ffn_gate_inp.weight", il);
             if (f->gating == 2)
                 add(p, GGML_TYPE_F32, INIT_UNIFORM, 0.01f, 1, X, 1, 1, "blk.%" PRId64 ".exp_probs_b.bias", il);
@@ -533,12 +534,71 @@ static void write_meta(gguf_writer *w, const shape *s, const vocab *v, const cha
                                    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}");
 }
 
+/* ---- one rank of a tensor-parallel deployment (--rank-of N) ---- */
+
+/* Whether our tensor parallelism splits an FFN of width F over N ranks (common/shard_plan.c:
+ * F % N == 0 and the share does not cut the down projection's quant blocks); else rank 0 holds
+ * and computes it whole. */
+static bool ffn_splits(uint32_t t_dense, int64_t F, int64_t N) {
+    const ggml_type_info *ti = ggml_type_get(fit(t_dense, F));
+    return F % N == 0 && (F / N) % (int64_t)ti->block_elems == 0;
+}
+
+/* Turns the shape into what rank 0 of a TP-N deployment holds (common/shard_plan.h has the
+ * rules), as a model that runs at TP 1. used_o > 0 sets the top-k. Returns 0, or -1 with a
+ * message on stderr. Prints what was divided and what was kept to stderr. */
+static int rank_share(shape *s, int64_t N, int64_t used_o) {
+    static char name[128];
+    fam *f = &s->f;
+    if (f->n_head % N) {
+        fprintf(stderr, "mkmodel: --rank-of %lld does not divide the %lld heads (our TP needs whole heads)\n",
+                (long long)N, (long long)f->n_head);
+        return -1;
+    }
+    const int64_t H = f->n_head, X = f->n_expert, K = f->n_used, V = f->n_vocab, FF = f->n_ff, S = s->ff_shexp;
+    f->n_head = H / N;
+    f->n_expert = (X + N - 1) / N; /* rank 0 owns experts e with e % N == 0 */
+    f->n_used = used_o > 0 ? used_o : (K + N - 1) / N;
+    if (f->n_used > f->n_expert) f->n_used = f->n_expert;
+    const bool ff_split = ffn_splits(s->t_dense, FF, N), sh_split = S > 0 && ffn_splits(s->t_dense, S, N);
+    if (ff_split) f->n_ff = FF / N;
+    if (sh_split) s->ff_shexp = S / N;
+    const bool v_split = V % N == 0;
+    if (v_split) f->n_vocab = V / N;
+    if (f->n_expert % f->n_group || f->n_group_used * (f->n_expert / f->n_group) < f->n_used) {
+        f->n_group = 1;
+        f->n_group_used = 1;
+    }
+    snprintf(name, sizeof name, "%s, rank of %lld", f->name, (long long)N);
+    f->name = name;
+    fprintf(stderr,
+            "mkmodel: rank 0 of TP %lld: heads %lld -> %lld; routed experts %lld -> %lld, top-%lld -> top-%lld%s; "
+            "dense FFN %lld -> %lld%s; shared expert %lld -> %lld%s; output head vocab %lld -> %lld%s; "
+            "routing groups %lld (top %lld); q_a, kv_a, norms and the DSA indexer whole (replicated)\n",
+            (long long)N, (long long)H, (long long)f->n_head, (long long)X, (long long)f->n_expert, (long long)K,
+            (long long)f->n_used, used_o > 0 ? " (--experts-used)" : " (a rank's mean share of a token's experts)",
+            (long long)FF, (long long)f->n_ff, ff_split ? "" : " (whole: a share would cut quant blocks, rank 0 computes it)",
+            (long long)S, (long long)s->ff_shexp, sh_split || S == 0 ? "" : " (whole: a share would cut quant blocks)",
+            (long long)V, (long long)f->n_vocab, v_split ? " (the embedding shrinks with it: decode reads rows)" : " (whole: replicated)",
+            (long long)f->n_group, (long long)f->n_group_used);
+    return 0;
+}
+
 /* ---- command ---- */
 
 static const char mkmodel_usage[] =
     "usage: mlaserve mkmodel --family v3|glm5|v2lite|glm47flash -o OUT.gguf [options]\n"
     "A synthetic model at real shapes with random weights: experts Q4_K / IQ2_XXS / IQ3_XXS (--mix),\n"
-    "attention Q8_0, embeddings and output Q6_K, dense FFN and shared experts Q4_K, norms and router F32.\n";
+    "attention Q8_0, embeddings and output Q6_K, dense FFN and shared experts Q4_K, norms and router F32.\n"
+    "--rank-of N writes what rank 0 of a TP-N deployment holds (common/shard_plan.h), as a model that\n"
+    "runs at TP 1: divided by N are the attention heads (q_b, k_b, v_b, attn_output's inputs), the\n"
+    "routed experts (rank 0's ceil(X/N)), the dense FFN and shared-expert widths (kept whole where a\n"
+    "share would cut quant blocks: our TP then computes them on rank 0 alone) and the output head's\n"
+    "vocabulary rows (when N divides it; the embedding and tokenizer shrink with it, decode reads only\n"
+    "rows of the embedding). Whole, as every rank holds them: q_a, kv_a, the norms, the DSA indexer.\n"
+    "Top-k becomes ceil(k/N), the experts a rank computes for a token on average (--experts-used\n"
+    "sets it); the router has the rank's experts' rows only (a real rank holds all X rows, F32 in the\n"
+    "file: (X - X/N)*hidden*4 bytes a MoE layer more). The all-reduces and the logits' all-gather are not in the file's step.\n";
 
 static int parse_size(const char *s, uint64_t *out) {
     char *end;
@@ -562,6 +622,7 @@ static int opt_size(void *ctx, const char *v, mla_err *err) {
 
 int cmd_mkmodel(int argc, char **argv) {
     const char *family = NULL, *outp = NULL, *mix = "q4k";
+    long rank_of = 1, used_o = -1;
     long n_thr64 = 0, layers = -1, vocab_o = -1, hidden_o = -1, heads_o = -1, experts_o = -1, ff_o = -1, ffe_o = -1;
     uint64_t split = 48ull << 30, seed = 1;
     int small_f = 0, dry_f = 0;
@@ -591,6 +652,11 @@ int cmd_mkmodel(int argc, char **argv) {
         {.name = "--ff", .kind = OPT_LONG, .arg = "N", .help = "dense FFN width override", .dest = &ff_o, .lo = 1, .hi = big},
         {.name = "--ff-exp", .kind = OPT_LONG, .arg = "N", .help = "expert FFN width override", .dest = &ffe_o, .lo = 1,
          .hi = big},
+        {.name = "--rank-of", .kind = OPT_LONG, .arg = "N", .def = "1",
+         .help = "what one rank of TP N holds, as a TP-1 model (heads, experts, FFN widths, output vocab / N; above)",
+         .dest = &rank_of, .lo = 1, .hi = 64},
+        {.name = "--experts-used", .kind = OPT_LONG, .arg = "K", .def = "the family's top-k (ceil(k/N) with --rank-of)",
+         .help = "experts a token uses", .dest = &used_o, .lo = 1, .hi = 1024},
         {.name = "--dry-run", .kind = OPT_FLAG, .help = "print the plan and sizes, write nothing", .dest = &dry_f},
         MLA_LOG_LEVEL_OPT,
     };
@@ -639,16 +705,22 @@ int cmd_mkmodel(int argc, char **argv) {
     if (ffe_o > 0) f->n_ff_exp = ffe_o;
     if (layers > 0) f->n_layer = layers;
     if (f->n_dense > f->n_layer) f->n_dense = f->n_layer;
+    s.ff_shexp = f->n_ff_exp * f->n_shared;
+    if (rank_of > 1) {
+        if (rank_share(&s, rank_of, used_o) < 0) return 2;
+    } else if (used_o > 0) {
+        f->n_used = used_o;
+    }
     if (f->n_embd % 256) {
         fprintf(stderr, "mkmodel: hidden size %lld must be a multiple of 256 (K-quant rows)\n", (long long)f->n_embd);
         return 2;
     }
-    if (f->n_ff % 32 || f->n_ff_exp % 32) {
+    if (f->n_ff % 32 || f->n_ff_exp % 32 || s.ff_shexp % 32) {
         fprintf(stderr, "mkmodel: FFN sizes must be multiples of 32\n");
         return 2;
     }
-    if (f->n_vocab < 1024) {
-        fprintf(stderr, "mkmodel: vocab %lld is too small for the generated tokenizer (>= 1024)\n",
+    if (f->n_vocab < 512) {
+        fprintf(stderr, "mkmodel: vocab %lld is too small for the generated tokenizer (>= 512)\n",
                 (long long)f->n_vocab);
         return 2;
     }

@@ -6,7 +6,9 @@
  *
  * mlaserve mkmodel --family v3|glm5|v2lite|glm47flash -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3]
  *                  [--split-size SIZE] [--seed S] [--threads N] [--small] [--vocab N] [--hidden N] [--heads N]
- *                  [--experts N] [--ff N] [--ff-exp N] [--dry-run]
+ *                  [--experts N] [--ff N] [--ff-exp N] [--rank-of N] [--experts-used K] [--dry-run]
+ * --rank-of N writes what rank 0 of TP N holds (common/shard_plan.h's rules) as a TP-1 model: the
+ * per-rank shapes of a tensor-parallel deployment, benchmarked on one GPU.
  * Returns the process exit status (0 ok, 1 error, 2 usage). */
 #ifndef CMD_MKMODEL_H
 #define CMD_MKMODEL_H

@@ -5,3 +5,10 @@ add_test(NAME mkmodel
          COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/mkmodel/check_mkmodel.py
                  $<TARGET_FILE:mlaserve> ${CMAKE_CURRENT_BINARY_DIR}/mkmodel_work)
 set_tests_properties(mkmodel PROPERTIES TIMEOUT 300)
+# `mlaserve mkmodel --rank-of 8`: one rank of TP 8 as a TP-1 file, byte for byte what
+# `mlaserve inspect --tp 8` says rank 0 holds (router and embedding aside), served by
+# `mlaserve bench` on the CPU backend.
+add_test(NAME mkmodel_rank_of
+         COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/mkmodel/check_rank_of.py
+                 $<TARGET_FILE:mlaserve> ${CMAKE_CURRENT_BINARY_DIR}/mkmodel_rank_work)
+set_tests_properties(mkmodel_rank_of PROPERTIES TIMEOUT 300)
