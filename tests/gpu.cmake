@@ -17,7 +17,16 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   target_include_directories(test_cuda_choose PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_options(test_cuda_choose PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)
   target_link_libraries(test_cuda_choose mla_kernels_cuda mla_kernels mla_common)
+  # the one-shot all-reduce through peer memory (kernels/allreduce_cuda.h): 2 and 4 ranks sharing
+  # one GPU, the sum bit for bit against the host's, the fused add + RMSNorm against the CPU's;
+  # exits 77 (skipped) without a GPU, run on a GPU host from build-gpu-carried/
+  add_executable(test_allreduce_oneshot ${mla_gpu_dir}/test_allreduce_oneshot.cu)
+  target_include_directories(test_allreduce_oneshot PRIVATE ${CMAKE_SOURCE_DIR})
+  target_compile_options(test_allreduce_oneshot PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)
+  target_link_libraries(test_allreduce_oneshot mla_kernels_cuda mla_kernels mla_common)
   if(BUILD_TESTING)
+    add_test(NAME cuda_allreduce_oneshot COMMAND test_allreduce_oneshot)
+    set_tests_properties(cuda_allreduce_oneshot PROPERTIES TIMEOUT 60 SKIP_RETURN_CODE 77)
     add_test(NAME cuda_quant_host COMMAND test_cuda_quant_host)
     set_tests_properties(cuda_quant_host PROPERTIES TIMEOUT 120)
     add_test(NAME cuda_mm_choose COMMAND test_cuda_choose)
