@@ -293,12 +293,13 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
                         WIRE_MAX_CTX, kv->max_seqs, WIRE_MAX_SEQS);
     if (cfg_in->step_ahead < 0 || cfg_in->step_ahead > WIRE_AHEAD_SYNC || cfg_in->nccl < 0 ||
         cfg_in->nccl > WIRE_NCCL_REQUIRED || cfg_in->cuda_precision < 0 || cfg_in->cuda_precision > WIRE_PREC_EXACT ||
+        cfg_in->allreduce < 0 || cfg_in->allreduce > WIRE_AR_ONESHOT ||
         cfg_in->nccl_id_timeout_ms < 0 || cfg_in->nccl_id_timeout_ms > 3600000 ||
         (cfg_in->spin_us_given && (cfg_in->spin_us < 0 || cfg_in->spin_us > 1000000)))
         return mla_errf(err, "worker settings out of range: --step-ahead %d, --nccl %d, --cuda-precision %d, "
-                             "--nccl-id-timeout-ms %d, --spin-us %d",
-                        cfg_in->step_ahead, cfg_in->nccl, cfg_in->cuda_precision, cfg_in->nccl_id_timeout_ms,
-                        cfg_in->spin_us);
+                             "--allreduce %d, --nccl-id-timeout-ms %d, --spin-us %d",
+                        cfg_in->step_ahead, cfg_in->nccl, cfg_in->cuda_precision, cfg_in->allreduce,
+                        cfg_in->nccl_id_timeout_ms, cfg_in->spin_us);
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
     c->spin_us = zspin_default(c->cfg.backend, c->cfg.spin_us_given ? c->cfg.spin_us : -1);

@@ -54,6 +54,7 @@ typedef struct coord_config {
     int step_ahead;            /* WIRE_AHEAD_*: queue, off, sync */
     int nccl;                  /* WIRE_NCCL_*: auto, off, on (required) */
     int cuda_precision;        /* WIRE_PREC_*: split, bf16, exact */
+    int allreduce;             /* WIRE_AR_*: nccl, oneshot */
     size_t coll_chunk_bytes;   /* 0: default */
     int start_timeout_ms;      /* registration + load; 0: 120000 */
     /* Per-step timeout: a step in flight longer than this fails the group ("a worker hangs").
@@ -97,7 +98,7 @@ enum { COORD_ON_FAILURE_STOP = 0, COORD_ON_FAILURE_RESTART = 1, COORD_ON_FAILURE
  *   registration: --coll-timeout-ms N, --nccl-id-timeout-ms N, --spin-us N,
  *   --step-ahead queue|off|sync, --nccl auto|off|on, --cuda-precision split|bf16|exact
  * Fills specs[0..COORD_N_OPTS); string values will point into argv. */
-#define COORD_N_OPTS 18
+#define COORD_N_OPTS 19
 void coord_opt_specs(coord_config *cfg, opt_spec *specs);
 
 /* What every command that starts a worker group takes (`mlaserve generate`, `logits

@@ -55,6 +55,7 @@ static const char *const failure_names[] = {"stop", "restart", "exit", NULL}; /*
 static const char *const ahead_names[] = {"queue", "off", "sync", NULL};         /* WIRE_AHEAD_* order */
 static const char *const nccl_names[] = {"auto", "off", "on", NULL};             /* WIRE_NCCL_* order */
 static const char *const precision_names[] = {"split", "bf16", "exact", NULL};   /* WIRE_PREC_* order */
+static const char *const allreduce_names[] = {"nccl", "oneshot", NULL};          /* WIRE_AR_* order */
 
 void coord_opt_specs(coord_config *cfg, opt_spec *s) {
     const double day_ms = 24.0 * 3600 * 1000;
@@ -107,6 +108,10 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
         {.name = "--cuda-precision", .kind = OPT_CHOICE, .arg = "split|bf16|exact", .def = "split",
          .help = "CUDA float weights: split bf16 pairs, plain bf16 tensor cores, or exact fp32 (reference)",
          .dest = &cfg->cuda_precision, .choices = precision_names},
+        {.name = "--allreduce", .kind = OPT_CHOICE, .arg = "nccl|oneshot", .def = "nccl",
+         .help = "CUDA all-reduces under 512 KB with NCCL, or one-shot through peer memory (every rank on one host, "
+                 "2 to 8 ranks; not yet measured: docs/cuda.md)",
+         .dest = &cfg->allreduce, .choices = allreduce_names},
     };
     memcpy(s, t, sizeof t);
 }

@@ -104,6 +104,7 @@ void coord_handle_register(coord *c, const void *ident, size_t ilen, const wire_
                                       .step_ahead = (uint32_t)c->cfg.step_ahead,
                                       .nccl = (uint32_t)c->cfg.nccl,
                                       .cuda_precision = (uint32_t)c->cfg.cuda_precision,
+                                      .allreduce = (uint32_t)c->cfg.allreduce,
                                       .log_level = mla_log_level_given() ? 1u + (uint32_t)mla_log_level() : 0};
     coord_send_frame_to_ident(c, ident, ilen, &m);
     rs->link_on = rs->link != NULL; /* from here on everything goes over the link */

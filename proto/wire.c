@@ -80,6 +80,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         rep.step_ahead = m->u.reply.wo.step_ahead;
         rep.nccl = m->u.reply.wo.nccl;
         rep.cuda_precision = m->u.reply.wo.cuda_precision;
+        rep.allreduce = m->u.reply.wo.allreduce;
         rep.log_level = m->u.reply.wo.log_level;
         env.body_case = MLA__ENVELOPE__BODY_REPLY;
         env.reply = &rep;
@@ -795,10 +796,12 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
         o->kv.max_seqs = r->max_seqs;
         o->kv.local_group = r->local_group;
         if (r->nccl_id_timeout_ms > 3600000 || r->spin_us > 1000000 || r->step_ahead > WIRE_AHEAD_SYNC ||
-            r->nccl > WIRE_NCCL_REQUIRED || r->cuda_precision > WIRE_PREC_EXACT || r->log_level > 4) {
+            r->nccl > WIRE_NCCL_REQUIRED || r->cuda_precision > WIRE_PREC_EXACT || r->allreduce > WIRE_AR_ONESHOT ||
+            r->log_level > 4) {
             rc = mla_errf(err, "wire: worker settings invalid (nccl_id_timeout_ms %u, spin_us %d, step_ahead %u, "
-                               "nccl %u, cuda_precision %u, log_level %u)",
-                          r->nccl_id_timeout_ms, r->spin_us, r->step_ahead, r->nccl, r->cuda_precision, r->log_level);
+                               "nccl %u, cuda_precision %u, allreduce %u, log_level %u)",
+                          r->nccl_id_timeout_ms, r->spin_us, r->step_ahead, r->nccl, r->cuda_precision, r->allreduce,
+                          r->log_level);
             break;
         }
         o->wo.nccl_id_timeout_ms = r->nccl_id_timeout_ms;
@@ -806,6 +809,7 @@ int wire_decode(const void *buf, size_t len, const wire_limits *lim_in, wire_msg
         o->wo.step_ahead = r->step_ahead;
         o->wo.nccl = r->nccl;
         o->wo.cuda_precision = r->cuda_precision;
+        o->wo.allreduce = r->allreduce;
         o->wo.log_level = r->log_level;
         break;
     }

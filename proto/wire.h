@@ -83,12 +83,14 @@ typedef struct wire_kv_opts {
 enum { WIRE_AHEAD_QUEUE = 0, WIRE_AHEAD_OFF = 1, WIRE_AHEAD_SYNC = 2 };
 enum { WIRE_NCCL_AUTO = 0, WIRE_NCCL_OFF = 1, WIRE_NCCL_REQUIRED = 2 };
 enum { WIRE_PREC_SPLIT = 0, WIRE_PREC_BF16 = 1, WIRE_PREC_EXACT = 2 };
+enum { WIRE_AR_NCCL = 0, WIRE_AR_ONESHOT = 1 };
 typedef struct wire_worker_opts {
     uint32_t nccl_id_timeout_ms; /* 0: 120000 */
     int32_t spin_us;             /* < 0: the backend's default */
     uint32_t step_ahead;         /* WIRE_AHEAD_* */
     uint32_t nccl;               /* WIRE_NCCL_* */
     uint32_t cuda_precision;     /* WIRE_PREC_* */
+    uint32_t allreduce;          /* WIRE_AR_* */
     uint32_t log_level;          /* 0: the worker's own; else 1 + enum mla_log_level */
 } wire_worker_opts;
 

@@ -66,4 +66,10 @@ if(TARGET mlaserve AND BUILD_TESTING)
            COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
                    --out /dev/null --backend gpu)
   set_tests_properties(backend_bad_refused PROPERTIES TIMEOUT 30 PASS_REGULAR_EXPRESSION "--backend: 'gpu' is not cpu or cuda")
+  # --allreduce oneshot (kernels/allreduce_cuda.h) is a CUDA all-reduce: the CPU backend refuses it
+  add_test(NAME allreduce_oneshot_cpu_refused
+           COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
+                   --out /dev/null --backend cpu --tp 2 --allreduce oneshot)
+  set_tests_properties(allreduce_oneshot_cpu_refused PROPERTIES TIMEOUT 60
+                       PASS_REGULAR_EXPRESSION "--allreduce oneshot is an all-reduce between GPUs")
 endif()

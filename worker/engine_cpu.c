@@ -56,7 +56,9 @@ static void cpu_destroy(engine *e);
 
 static int cpu_load(engine **out, const char *path, int rank, int world, coll *c, const engine_boot *boot,
                     const engine_opts *eo, mla_err *err) {
-    (void)rank, (void)world, (void)boot; /* the host collective needs no id */
+    (void)rank, (void)boot; /* the host collective needs no id */
+    if (eo->wo.allreduce == WIRE_AR_ONESHOT && world > 1)
+        return mla_errf(err, "--allreduce oneshot is an all-reduce between GPUs; the CPU backend uses the host collective");
     engine *e = mla_xcalloc(1, sizeof *e);
     e->c = c;
     if (gguf_open(&e->g, path, err)) {

@@ -131,6 +131,13 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
 #ifdef MLA_HAVE_NCCL
     if (e->nccl) coll_nccl_set_stream(e->nccl, mla_cmodel_stream(e->m));
 #endif
+    if (eo->wo.allreduce == WIRE_AR_ONESHOT && mla_cmodel_ar_oneshot(e->m, eo->kv.local_group, err)) {
+        mla_cmodel_free(e->m);
+        if (e->nccl) coll_free(e->nccl);
+        gguf_close(e->g);
+        free(e);
+        return MLA_ERR;
+    }
     /* weights are on the device: the file is no longer needed */
     gguf_close(e->g);
     e->g = NULL;

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "kernels/cuda_ops.h"
+#include "kernels/allreduce_cuda.h"
 
 extern "C" {
 #include "common/layer_tensors.h"
@@ -79,6 +80,13 @@ struct mla_cmodel {
     int rank, world, device;
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
+    /* --allreduce oneshot (mla_cmodel_ar_oneshot): all-reduces of at most AR_ONESHOT_BYTES copy
+     * into ar_in and sum every rank's ar_in through peer memory; ar.buf / ar.sig of the other
+     * ranks are their IPC mappings */
+    bool ar_on;
+    mla_ar_peers ar;
+    float *ar_in;
+    void *ar_sig;
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
@@ -600,6 +608,13 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
     if (m->ev_fork) cudaEventDestroy(m->ev_fork);
     if (m->ev_join) cudaEventDestroy(m->ev_join);
     if (m->own_coll) coll_free(m->own_coll);
+    for (int r = 0; r < MLA_AR_MAX_RANKS; r++) {
+        if (r == m->rank) continue;
+        if (m->ar.buf[r]) cudaIpcCloseMemHandle((void *)m->ar.buf[r]);
+        if (m->ar.sig[r]) cudaIpcCloseMemHandle(m->ar.sig[r]);
+    }
+    if (m->ar_in) cudaFree(m->ar_in);
+    if (m->ar_sig) cudaFree(m->ar_sig);
     free(m);
 }
 
@@ -933,8 +948,15 @@ static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const f
 }
 
 /* buf[0..n) device: summed over ranks through the host collective (pinned copies). */
+/* the one-shot all-reduce takes messages up to this size (docs/cuda.md: where it pays at 8 GPUs) */
+#define AR_ONESHOT_BYTES (512u << 10)
+
 static int allreduce(mla_cmodel *m, float *d, size_t n, mla_err *err) {
     if (m->world == 1) return MLA_OK;
+    if (m->ar_on && n * 4 <= AR_ONESHOT_BYTES) {
+        CU(cudaMemcpyAsync(m->ar_in, d, n * 4, cudaMemcpyDeviceToDevice, m->st), "one-shot all-reduce copy");
+        return mla_cuda_ar_sum(&m->ar, d, n, m->st, err);
+    }
     if (m->coll_dev) return coll_allreduce_sum_f32(m->c, d, n, err); /* NCCL, ordered with m->st */
     CU(cudaMemcpyAsync(m->hbuf, d, n * 4, cudaMemcpyDeviceToHost, m->st), "allreduce copy");
     CU(cudaStreamSynchronize(m->st), "allreduce sync");
@@ -1522,5 +1544,67 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     for (int64_t i = 0; i < nout; i++) rows[i] = logits + i * V;
     int rc = logits_down(m, nout, rows, err);
     free(rows);
+    return rc;
+}
+
+/* --allreduce oneshot: each rank's input buffer and signal area, their IPC handles gathered over
+ * NCCL (the stream attached), the peers' opened; every area zeroed before any rank's first call. */
+extern "C" int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err) {
+    if (m->world == 1) return MLA_OK;
+    if (!m->coll_dev)
+        return mla_errf(err, "--allreduce oneshot needs NCCL between the ranks (a GPU of its own for each rank)");
+    if (!one_host)
+        return mla_errf(err, "--allreduce oneshot needs every rank on one host (workers the coordinator starts)");
+    if (m->world > MLA_AR_MAX_RANKS)
+        return mla_errf(err, "--allreduce oneshot takes at most %d ranks, not %d", MLA_AR_MAX_RANKS, m->world);
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    CU(cudaMalloc((void **)&m->ar_in, AR_ONESHOT_BYTES), "one-shot all-reduce buffer");
+    CU(cudaMalloc(&m->ar_sig, mla_cuda_ar_sig_bytes()), "one-shot all-reduce signal area");
+    cudaIpcMemHandle_t hs[2];
+    CU(cudaIpcGetMemHandle(&hs[0], m->ar_in), "IPC handle of the all-reduce buffer");
+    CU(cudaIpcGetMemHandle(&hs[1], m->ar_sig), "IPC handle of the all-reduce signal area");
+    const size_t hf = (sizeof hs + 3) / 4; /* the handles as floats: NCCL copies the bits */
+    float *dh = nullptr;
+    CU(cudaMalloc((void **)&dh, hf * 4 * (size_t)(m->world + 1)), "IPC handle exchange buffer");
+    float *hh = (float *)mla_xcalloc(hf * (size_t)m->world, 4);
+    int rc = MLA_OK;
+    if (cudaMemcpyAsync(dh, hs, sizeof hs, cudaMemcpyHostToDevice, m->st) != cudaSuccess)
+        rc = mla_errf(err, "IPC handle copy");
+    if (rc == MLA_OK) rc = coll_allgather_f32(m->c, dh, dh + hf, hf, err);
+    if (rc == MLA_OK && cudaMemcpyAsync(hh, dh + hf, hf * 4 * (size_t)m->world, cudaMemcpyDeviceToHost, m->st) != cudaSuccess)
+        rc = mla_errf(err, "IPC handle copy back");
+    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "IPC handle exchange");
+    m->ar.rank = m->rank;
+    m->ar.world = m->world;
+    for (int r = 0; r < m->world && rc == MLA_OK; r++) {
+        if (r == m->rank) {
+            m->ar.buf[r] = m->ar_in;
+            m->ar.sig[r] = m->ar_sig;
+            continue;
+        }
+        cudaIpcMemHandle_t ph[2];
+        memcpy(ph, hh + (size_t)r * hf, sizeof ph);
+        void *pb = nullptr, *psg = nullptr;
+        cudaError_t e = cudaIpcOpenMemHandle(&pb, ph[0], cudaIpcMemLazyEnablePeerAccess);
+        if (e == cudaSuccess) {
+            m->ar.buf[r] = (const float *)pb;
+            e = cudaIpcOpenMemHandle(&psg, ph[1], cudaIpcMemLazyEnablePeerAccess);
+            if (e == cudaSuccess) m->ar.sig[r] = psg;
+        }
+        if (e != cudaSuccess)
+            rc = mla_errf(err, "--allreduce oneshot: opening rank %d's buffers (peer access between the GPUs?): %s", r,
+                          cudaGetErrorString(e));
+    }
+    /* every signal area zeroed before any rank's first call: zero, then meet once over NCCL */
+    if (rc == MLA_OK) rc = mla_cuda_ar_sig_init(m->ar_sig, m->st, err);
+    if (rc == MLA_OK) rc = coll_allreduce_sum_f32(m->c, dh, 1, err);
+    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "one-shot all-reduce setup");
+    cudaFree(dh);
+    free(hh);
+    if (rc == MLA_OK) {
+        m->ar_on = true;
+        MLA_INFO("rank %d: all-reduces of at most %u KB one-shot through peer memory (%d ranks)", m->rank,
+                 AR_ONESHOT_BYTES >> 10, m->world);
+    }
     return rc;
 }

@@ -205,11 +205,16 @@ static void test_roundtrips(void) {
     in.u.reply.kv.max_step_tokens = 512;
     /* the worker settings (the coordinator's flags) travel whole and are checked */
     in.u.reply.wo = (wire_worker_opts){.nccl_id_timeout_ms = 1500, .spin_us = 250, .step_ahead = WIRE_AHEAD_SYNC,
-                                       .nccl = WIRE_NCCL_REQUIRED, .cuda_precision = WIRE_PREC_EXACT, .log_level = 3};
+                                       .nccl = WIRE_NCCL_REQUIRED, .cuda_precision = WIRE_PREC_EXACT,
+                                       .allreduce = WIRE_AR_ONESHOT, .log_level = 3};
     REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
     CHECK(out.u.reply.wo.nccl_id_timeout_ms == 1500 && out.u.reply.wo.spin_us == 250 &&
           out.u.reply.wo.step_ahead == WIRE_AHEAD_SYNC && out.u.reply.wo.nccl == WIRE_NCCL_REQUIRED &&
-          out.u.reply.wo.cuda_precision == WIRE_PREC_EXACT && out.u.reply.wo.log_level == 3);
+          out.u.reply.wo.cuda_precision == WIRE_PREC_EXACT && out.u.reply.wo.allreduce == WIRE_AR_ONESHOT &&
+          out.u.reply.wo.log_level == 3);
+    in.u.reply.wo.allreduce = 2;
+    CHECK(roundtrip(&in, &out, NULL, &e) == MLA_ERR && strstr(e.msg, "allreduce 2"));
+    in.u.reply.wo.allreduce = WIRE_AR_ONESHOT;
     in.u.reply.wo.spin_us = -1; /* the backend's default */
     REQUIRE(roundtrip(&in, &out, NULL, &e) == MLA_OK);
     CHECK(out.u.reply.wo.spin_us == -1);
