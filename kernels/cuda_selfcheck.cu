@@ -351,3 +351,32 @@ extern "C" int cuda_selfcheck(mla_err *e) {
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;
 }
+
+extern "C" void mla_cuda_config_get(mla_cuda_config *c) {
+    const mlacu_devcfg &d = mlacu_devcfg_get();
+    c->arch = d.arch;
+    c->arch_as = d.arch_as;
+    c->smem_dev = d.smem_dev;
+    c->smem_cap = d.smem_optin;
+#ifdef MLA_CUDA_WGMMA
+    c->wgmma = mlacu_hopper_isa();
+#else
+    c->wgmma = false;
+#endif
+    c->attn_tile = mla_cuda_attn_tc_tile(512, 64);
+    c->attn_smem = mla_cuda_attn_tc_smem(512, 64);
+}
+
+extern "C" const char *mla_cuda_config_attn(const mla_cuda_config *c) {
+    return c->attn_tile == 32 ? "tc32" : c->attn_tile == 16 ? "tc16" : "fp32";
+}
+
+extern "C" int mla_cuda_config_str(const mla_cuda_config *c, char *buf, size_t n) {
+    char as[32] = "";
+    if (c->arch_as != c->arch) snprintf(as, sizeof as, " as sm_%d", c->arch_as);
+    return snprintf(buf, n,
+                    "sm_%d%s, attention %s (%.1f KB a block), shared memory cap %.1f KB a block (device %.1f KB), "
+                    "wgmma %s",
+                    c->arch, as, mla_cuda_config_attn(c), c->attn_smem / 1024.0, c->smem_cap / 1024.0,
+                    c->smem_dev / 1024.0, c->wgmma ? "on" : "off");
+}

@@ -280,8 +280,7 @@ static cudaError_t launch_grp(const void *w0, const void *w1, size_t estride, in
                               int x_div, const mla_cuda_moe_plan *pl, float *y, cudaStream_t s) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaError_t err = cudaFuncSetAttribute(gemv_grp_kernel<TY, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)gemv_smem<TY>(GV_TMAX));
+        cudaError_t err = mlacu_smem_allow(gemv_grp_kernel<TY, FUSE>, (int)gemv_smem<TY>(GV_TMAX));
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
@@ -300,8 +299,7 @@ static cudaError_t launch_gemv(const void *w, int64_t in, int64_t out, const flo
     static bool attr_set = false; /* per type; the max dynamic size is set once */
     size_t rb = ggml_row_bytes(TY, in);
     if (!attr_set) {
-        cudaError_t err = cudaFuncSetAttribute(gemv_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)gemv_smem<TY>(GV_TMAX));
+        cudaError_t err = mlacu_smem_allow(gemv_kernel<TY>, (int)gemv_smem<TY>(GV_TMAX));
         if (err != cudaSuccess) return err;
         attr_set = true;
     }

@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x,
 /* The dynamic shared memory a kernel needs, allowed once per kernel (done: its flag). */
 template <class K> static cudaError_t mh_allow(K kern, size_t bytes, bool &done) {
     if (done) return cudaSuccess;
-    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    cudaError_t err = mlacu_smem_allow(kern, (int)bytes);
     done = err == cudaSuccess;
     return err;
 }

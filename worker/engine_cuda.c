@@ -104,6 +104,11 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     if (mla_cuda_init(dev, err)) return mla_err_prefix(err, "CUDA device %d", dev);
     mla_err se;
     if (cuda_selfcheck(&se)) return mla_errf(err, "CUDA self-check failed on device %d, refusing to start: %s", dev, se.msg);
+    mla_cuda_config cc;
+    mla_cuda_config_get(&cc);
+    char ccs[256];
+    mla_cuda_config_str(&cc, ccs, sizeof ccs);
+    MLA_INFO("CUDA device %d: self-check passed; %s", dev, ccs);
     engine *e = mla_xcalloc(1, sizeof *e);
     if (gguf_open(&e->g, path, err)) {
         free(e);
