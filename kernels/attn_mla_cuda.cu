@@ -656,11 +656,16 @@ static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st,
  * (or MLA_CUDA_SMEM_CAP) gives a block its shared memory (512 + 64: 113 KB, Hopper and Blackwell
  * data-center parts, the A100), else 16 where that fits (512 + 64: 75 KB, GPUs of 99-101 KB a block
  * such as sm_86/89/120), else 0: the fp32 kernel. A failed query reads as 48 KB. */
+static bool g_tc_tile16 = false; /* mla_cuda_attn_tile16 */
+extern "C" void mla_cuda_attn_tile16(bool on) { g_tc_tile16 = on; }
+
 template <int L, int R> static int tc_tile(void) {
-    if ((size_t)mlacu_smem_optin() >= tc_cfg<L, R, TC_KT>::SMEM_ALL) return TC_KT;
-    if constexpr (L == 512 && R == 64)
+    if constexpr (L == 512 && R == 64) {
+        if ((size_t)mlacu_smem_optin() >= tc_cfg<L, R, TC_KT>::SMEM_ALL && !g_tc_tile16) return TC_KT;
         if ((size_t)mlacu_smem_optin() >= tc_cfg<L, R, 16>::SMEM_ALL) return 16;
-    return 0;
+        return 0;
+    }
+    return (size_t)mlacu_smem_optin() >= tc_cfg<L, R, TC_KT>::SMEM_ALL ? TC_KT : 0;
 }
 
 /* MLA_OK or MLA_ERR: the kernel's shared memory allowed, once per process (one device per

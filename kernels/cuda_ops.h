@@ -288,6 +288,9 @@ int mla_cuda_attn_tc_blocks_per_sm(void);
  * kernel's shared memory a block in bytes (0: none). MLA_CUDA_SMEM_CAP applies. */
 int mla_cuda_attn_tc_tile(int64_t kv_lora, int64_t n_rope);
 size_t mla_cuda_attn_tc_smem(int64_t kv_lora, int64_t n_rope);
+/* For tests: on, the 512 + 64 tensor-core attention takes its 16-key tiles also where the 32-key
+ * kernel fits (the sm_120 kernel checked on any device). Not thread-safe: set it before launches. */
+void mla_cuda_attn_tile16(bool on);
 /* For the op harness's timings: the tensor-core kernel's least keys a split (a multiple of 32;
  * 0 restores the default, 128). Process-wide. */
 void mla_cuda_attn_tune(int min_keys);

@@ -1104,6 +1104,13 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, sm_%d%d, %d SMs, %.0f GiB, L2 %d MiB\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20);
+    {
+        mla_cuda_config cc;
+        mla_cuda_config_get(&cc);
+        char ccs[256];
+        mla_cuda_config_str(&cc, ccs, sizeof ccs);
+        printf("configuration: %s\n", ccs);
+    }
     measure_copy();
     {
         mla_err e1;
