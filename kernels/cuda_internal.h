@@ -479,10 +479,14 @@ static inline int mlacu_smem_optin(void) { return mlacu_devcfg_get().smem_optin;
  * with no MLA_CUDA_SMEM_CAP */
 static inline bool mlacu_hopper_isa(void) { return mlacu_devcfg_get().hopper; }
 
-/* Allows kernel kern `bytes` of dynamic shared memory (past 48 KB a kernel must opt in); more than
- * mlacu_smem_optin() is refused (cudaErrorInvalidValue) as the smaller device would refuse it. */
+/* Allows kernel kern `bytes` of dynamic shared memory (past 48 KB a kernel must opt in); with its
+ * static shared memory more than mlacu_smem_optin() is refused (cudaErrorInvalidValue), as the
+ * device whose limit that is refuses it. */
 template <class K> static inline cudaError_t mlacu_smem_allow(K kern, size_t bytes) {
-    if (bytes > (size_t)mlacu_smem_optin()) return cudaErrorInvalidValue;
+    cudaFuncAttributes fa;
+    cudaError_t err = cudaFuncGetAttributes(&fa, kern);
+    if (err != cudaSuccess) return err;
+    if (bytes + fa.sharedSizeBytes > (size_t)mlacu_smem_optin()) return cudaErrorInvalidValue;
     return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 

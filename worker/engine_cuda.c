@@ -44,6 +44,7 @@ struct engine {
     cu_seq *seqs;
     size_t n, cap;
     coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
+    mla_cuda_config cfg; /* what the kernels chose on this device (logged at load) */
 };
 
 #ifdef MLA_HAVE_NCCL
@@ -110,6 +111,7 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     mla_cuda_config_str(&cc, ccs, sizeof ccs);
     MLA_INFO("CUDA device %d: self-check passed; %s", dev, ccs);
     engine *e = mla_xcalloc(1, sizeof *e);
+    e->cfg = cc;
     if (gguf_open(&e->g, path, err)) {
         free(e);
         return MLA_ERR;
@@ -339,6 +341,17 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
+static void cu_backend_config(const engine *e, wire_backend_cfg *out) {
+    const mla_cuda_config *c = &e->cfg;
+    *out = (wire_backend_cfg){.arch = (uint32_t)c->arch,
+                              .arch_as = (uint32_t)c->arch_as,
+                              .attn_smem = (uint32_t)c->attn_smem,
+                              .smem_cap = (uint32_t)c->smem_cap,
+                              .smem_dev = (uint32_t)c->smem_dev,
+                              .wgmma = c->wgmma};
+    snprintf(out->attention, sizeof out->attention, "%s", mla_cuda_config_attn(c));
+}
+
 static int cu_mem_info(engine *e, uint64_t *free_bytes, uint64_t *total_bytes) {
     (void)e; /* the device is the thread's current one (mla_cuda_init in cu_load) */
     size_t f = 0, t = 0;
@@ -367,7 +380,8 @@ const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .step_greedy = cu_step_greedy,
                                     .queue = cu_queue,
                                     .wait_queued = cu_wait_queued,
-                                    .mem_info = cu_mem_info};
+                                    .mem_info = cu_mem_info,
+                                    .backend_config = cu_backend_config};
 
 #else /* no CUDA in this build */
 
