@@ -1027,7 +1027,7 @@ static void probe_wg(int mode) {
 static void check_wg(void) {
     const int modes[] = {1601, 1602, 3201, 3202, 6401, 6402, 12801, 12802};
     if (!mlacu_wg_usable(GGML_TYPE_Q4_K, 7168, 2048, 2048, (const void *)256, 0)) {
-        printf("wgmma: not usable on this device (needs compute capability 9.0)\n");
+        printf("wgmma: not usable here (needs compute capability 9.0 and no MLA_CUDA_SMEM_CAP)\n");
         return;
     }
     for (int m : modes) probe_wg(m);
