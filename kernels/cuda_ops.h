@@ -471,11 +471,12 @@ typedef struct mla_cuda_config {
     int smem_dev;     /* the device's opt-in shared memory a block, bytes */
     int smem_cap;     /* what the kernels may use (smem_dev, or less under MLA_CUDA_SMEM_CAP) */
     bool wgmma;       /* the sm_90a warpgroup kernels run (built for sm_90a, a 9.0 device, no cap) */
-    int attn_tile;    /* the 512 + 64 tensor-core attention's key tile: 32, 16, or 0 (fp32 kernel) */
-    size_t attn_smem; /* its shared memory a block, bytes (0: none) */
+    int attn_tile;    /* the model's tensor-core attention's key tile: 32, 16, or 0 (the fp32 kernel) */
+    size_t attn_smem; /* its shared memory a block, bytes (0: the fp32 kernel) */
 } mla_cuda_config;
-void mla_cuda_config_get(mla_cuda_config *c);
-/* c as one line, e.g. "sm_90 as sm_120, attention tc16 (75.0 KB a block), shared memory cap 99.0 KB
+/* for a model of latent kv_lora + rope n_rope whose attention takes the tensor cores (attn_tc) */
+void mla_cuda_config_get(mla_cuda_config *c, int64_t kv_lora, int64_t n_rope, bool attn_tc);
+/* c as one line, e.g. "sm_90 as sm_120, attention tc16 (75.3 KB a block), shared memory cap 99.0 KB
  * a block (device 227.0 KB), wgmma off"; snprintf's return */
 int mla_cuda_config_str(const mla_cuda_config *c, char *buf, size_t n);
 /* the attention variant's name: "tc32", "tc16" or "fp32" */

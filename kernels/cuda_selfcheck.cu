@@ -352,7 +352,7 @@ extern "C" int cuda_selfcheck(mla_err *e) {
     return MLA_OK;
 }
 
-extern "C" void mla_cuda_config_get(mla_cuda_config *c) {
+extern "C" void mla_cuda_config_get(mla_cuda_config *c, int64_t kv_lora, int64_t n_rope, bool attn_tc) {
     const mlacu_devcfg &d = mlacu_devcfg_get();
     c->arch = d.arch;
     c->arch_as = d.arch_as;
@@ -363,8 +363,8 @@ extern "C" void mla_cuda_config_get(mla_cuda_config *c) {
 #else
     c->wgmma = false;
 #endif
-    c->attn_tile = mla_cuda_attn_tc_tile(512, 64);
-    c->attn_smem = mla_cuda_attn_tc_smem(512, 64);
+    c->attn_tile = attn_tc ? mla_cuda_attn_tc_tile(kv_lora, n_rope) : 0;
+    c->attn_smem = attn_tc ? mla_cuda_attn_tc_smem(kv_lora, n_rope) : 0;
 }
 
 extern "C" const char *mla_cuda_config_attn(const mla_cuda_config *c) {

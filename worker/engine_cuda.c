@@ -105,13 +105,7 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     if (mla_cuda_init(dev, err)) return mla_err_prefix(err, "CUDA device %d", dev);
     mla_err se;
     if (cuda_selfcheck(&se)) return mla_errf(err, "CUDA self-check failed on device %d, refusing to start: %s", dev, se.msg);
-    mla_cuda_config cc;
-    mla_cuda_config_get(&cc);
-    char ccs[256];
-    mla_cuda_config_str(&cc, ccs, sizeof ccs);
-    MLA_INFO("CUDA device %d: self-check passed; %s", dev, ccs);
     engine *e = mla_xcalloc(1, sizeof *e);
-    e->cfg = cc;
     if (gguf_open(&e->g, path, err)) {
         free(e);
         return MLA_ERR;
@@ -142,6 +136,11 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     gguf_close(e->g);
     e->g = NULL;
     const mla_config *cf = mla_cmodel_config(e->m);
+    /* what the kernels chose for this model on this device (also in the coordinator's /metrics) */
+    mla_cuda_config_get(&e->cfg, cf->kv_lora_rank, cf->n_rope, mla_cmodel_attn_tc(e->m));
+    char ccs[256];
+    mla_cuda_config_str(&e->cfg, ccs, sizeof ccs);
+    MLA_INFO("CUDA device %d: self-check passed; %s", dev, ccs);
     e->n_ctx = eo->kv.max_context > 0 ? eo->kv.max_context : cf->ctx_train > 0 ? cf->ctx_train : 4096;
     /* ranks the coordinator started here with the same devices visible map to them rank % count:
      * those on this device split it (each worker on a GPU of its own, as a launcher starts them,

@@ -1106,10 +1106,10 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20);
     {
         mla_cuda_config cc;
-        mla_cuda_config_get(&cc);
+        mla_cuda_config_get(&cc, 512, 64, true);
         char ccs[256];
         mla_cuda_config_str(&cc, ccs, sizeof ccs);
-        printf("configuration: %s\n", ccs);
+        printf("configuration: %s (attention of a 512 + 64 latent)\n", ccs);
     }
     measure_copy();
     {
