@@ -74,19 +74,25 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const RS rs, size_t
     __shared__ int xmap[RS::GROUPED ? GV_TMAX : 1], ymap[RS::GROUPED ? GV_TMAX : 1];
     float *xs = (float *)smem;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int xrows, nt; /* staged rows of x (the dynamic shared memory's layout), tiles */
+    /* staged rows of x (the dynamic shared memory's layout); this block's tiles: tile0, tile0 +
+     * step, .. below nt (dense: tile 0 alone, known at compile time) */
+    int xrows, nt, tile0, step;
     if constexpr (RS::GROUPED) {
         xrows = GV_TMAX;
         nt = *rs.n_tiles;
+        tile0 = blockIdx.y;
+        step = gridDim.y;
     } else {
         xrows = rs.T;
         nt = 1;
+        tile0 = 0;
+        step = 1;
     }
     uint8_t *ws = smem + (size_t)xrows * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
     const int nchunks = (in + GV_CHUNK - 1) / GV_CHUNK;
     const int f = blockIdx.x * GV_WARPS + warp;
     const int row0 = FUSE ? f : f * GV_RPW;
-    for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+    for (int tile = tile0; tile < nt; tile += step) {
         const uint8_t *w0, *w1 = nullptr;
         int T;
         if constexpr (RS::GROUPED) {
