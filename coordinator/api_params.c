@@ -107,6 +107,15 @@ int api_messages_check(const cJSON *messages, api_error *e) {
         if (!cJSON_IsObject(m)) return bad(e, "messages", "messages[%d] must be an object", i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsString(role)) return bad(e, "messages", "messages[%d].role must be a string", i);
+        /* Only these reach every chat template: the DeepSeek and GLM templates skip any other role
+         * without a trace. "developer" (OpenAI's newer name for "system") becomes "system" in
+         * chat_normalize. */
+        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "developer") &&
+            strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant") &&
+            strcmp(role->valuestring, "tool"))
+            return bad(e, "messages",
+                       "messages[%d].role '%.64s' is not supported (system, developer, user, assistant or tool)",
+                       i, role->valuestring);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (c && !cJSON_IsNull(c) && !cJSON_IsString(c)) {
             if (!cJSON_IsArray(c))
@@ -399,6 +408,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             if (it->string && strcmp(it->string, "include_usage"))
                 return bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
         }
+        /* as OpenAI: without a stream it would do nothing (a reply always carries its usage) */
+        if (!p->stream) return bad(e, "stream_options", "'stream_options' is only allowed with 'stream': true");
     }
     return api_gen_params_check(p, e);
 }

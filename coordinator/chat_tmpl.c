@@ -168,6 +168,10 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
     int i = 0;
     cJSON *m;
     cJSON_ArrayForEach(m, copy) {
+        /* OpenAI's "developer" role is its newer name for "system"; the templates know only the latter */
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "developer"))
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (cJSON_IsArray(c)) {
             buf b = {0};

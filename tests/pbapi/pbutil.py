@@ -20,12 +20,12 @@ def fixture_paths(fixtures):
 class Server(mlatest.ServeProcess):
     """`mlaserve serve` at --tp N with the HTTP and gRPC ports on 127.0.0.1."""
 
-    def __init__(self, exe, worker, model, tp=2, extra=(), port=0, proto_port=0, timeout=120):
+    def __init__(self, exe, worker, model, tp=2, extra=(), port=0, proto_port=0, timeout=120, env=None):
         # sanitizer builds on a loaded 2-core machine: a worker busy in a long step must not be
         # taken for dead (the default heartbeat timeout is 1 s)
         super().__init__([exe, "serve", "-m", model, "--tp", str(tp), "--port", str(port),
                           "--proto-port", str(proto_port), "--heartbeat-timeout-ms", "20000"], extra,
-                         worker=worker, proto=True, timeout=timeout, prefix="pbapi_")
+                         worker=worker, env=env, proto=True, timeout=timeout, prefix="pbapi_")
 
     def stop(self):
         return super().stop(timeout=60, killed_rc=-999)

@@ -63,7 +63,10 @@ def metric(port, name, **labels):
 
 
 plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
-srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "16", "--api-key", KEY])
+# every step at least 5 ms (a developer switch of the workers): a 450-token request then takes over
+# 2.25 s however fast the host, so the 1.5 s and 1 s deadlines below always fall mid-stream
+srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "16", "--api-key", KEY],
+                env={"MLA_WORKER_STEP_DELAY_MS": "5"})
 try:
     P, H = srv.proto_port, srv.port
     addr = "127.0.0.1:%d" % P

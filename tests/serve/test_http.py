@@ -205,6 +205,20 @@ def test_errors(port):
     err({"messages": "hi"}, 400, "messages type", path="/v1/chat/completions", param="messages")
     err({"messages": [{"role": "user", "content": 3}]}, 400, "content type", path="/v1/chat/completions")
     err({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs without logprobs", path="/v1/chat/completions")
+    err({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options without stream",
+        param="stream_options")
+    err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
+        "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
+    # "developer" is OpenAI's newer name for "system" (rendered as such: tests/unit/test_chat.c)
+    st, j, data, _ = post(port, "/v1/chat/completions",
+                          {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
+                           "max_tokens": 4})
+    check(st == 200, "role developer accepted (%d %r)" % (st, data[:200]))
+    for role in ("function", "ipython"):
+        st, j, data, _ = post(port, "/v1/chat/completions",
+                              {"messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "x"}]})
+        check(st == 400 and j["error"]["param"] == "messages" and ("'%s'" % role) in j["error"]["message"],
+              "role %s refused by name (%d %r)" % (role, st, data[:200]))
     st, hd, data = request(port, "GET", "/nope")
     check(st == 404, "unknown route 404")
     is_error_shape(json.loads(data))

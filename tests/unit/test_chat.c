@@ -254,6 +254,17 @@ static void run_builtin_and_errors(void) {
     CHECK(chat_render("{% for i in range(10000000) %}x{% endfor %}", conv, 1, false, "", "", &out, &err) == JINJA_E_LIMIT);
     CHECK(chat_render("{{ 'x' * 1000000000 }}", conv, 1, false, "", "", &out, &err) == JINJA_E_LIMIT);
     CHECK(chat_render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", conv, 1, false, "", "", &out, &err) == JINJA_E_LIMIT);
+    /* "developer" (OpenAI's newer name for "system") renders as "system" */
+    {
+        src = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
+        REQUIRE(chat_tmpl_new(&t, src, strlen(src), CHAT_FAMILY_GLM, NULL, NULL, &err) == MLA_OK);
+        cJSON *msgs = cJSON_Parse("[{\"role\":\"developer\",\"content\":\"D\"},{\"role\":\"user\",\"content\":\"u\"}]");
+        REQUIRE(chat_tmpl_apply_json(t, msgs, false, NULL, &out, NULL, NULL, &err) == MLA_OK);
+        CHECK(!strcmp(out, "[system:D][user:u]"));
+        free(out);
+        cJSON_Delete(msgs);
+        chat_tmpl_free(t);
+    }
     /* no template and unknown family: an error */
     CHECK(chat_tmpl_new(&t, NULL, 0, CHAT_FAMILY_NONE, NULL, NULL, &err) == MLA_ERR);
     CHECK(chat_family_guess("deepseek2", NULL) == CHAT_FAMILY_DEEPSEEK3);
