@@ -16,7 +16,7 @@
 # and V3's rows fit; TOTAL_S=570 leaves time for all 24 rows (3 families).
 # Usage: scripts/gpu_sm120.sh   env: CAP (default sm120), TOTAL_S, OPS_S, E2E_S, FAMILIES
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
