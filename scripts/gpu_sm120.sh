@@ -2,10 +2,10 @@
 # The sm_120 configuration checked on an H100/H200 (MLA_CUDA_SMEM_CAP=sm120: every kernel's shared
 # memory capped at 99 KB a block, no wgmma; docs/sm120.md), each phase bounded, the whole run
 # within TOTAL_S (default 300 s; a phase that would not fit in what is left is skipped and says so):
-#   1. the op checks under the cap (mla-gpu-check --quick; OPS_S, default 130 s): the 16-key tile
+#   1. the op checks under the cap (mla-gpu-check --quick; OPS_S, default 120 s): the 16-key tile
 #      attention is what runs for 512 + 64, and every other kernel within 99 KB
 #   2. the fixtures through the CUDA forward pass under the cap (scripts/gpu_check.sh --e2e;
-#      E2E_S, default 110 s)
+#      E2E_S, default 100 s)
 #   3. the benchmark rows twice, normal and capped (scripts/gpu_bench.sh with CAP=sm120, shortened:
 #      one run a row, 8 timed steps), and their row-by-row comparison (bench/ab_rows.py), for each
 #      of FAMILIES (default "v3 glm5 v2lite": the 24 rows) while time is left
@@ -13,7 +13,8 @@
 # build-gpu-carried/ is already there). Output: $OUT (default ./out): sm120-summary.md first.
 # The synthetic models of phase 3 are written first (mkmodel, ~9 GB each for V3 and GLM-5) unless
 # an earlier scripts/gpu_bench.sh left them in BENCH_DIR: within 300 s the op checks, the fixtures
-# and V3's rows fit; TOTAL_S=570 leaves time for all 24 rows (3 families).
+# and V3's rows as far as time allows; TOTAL_S=570 leaves time for all 24 rows (3 families).
+# Everything under $OUT is also in $OUT/0-sm120-out.tgz.
 # Usage: scripts/gpu_sm120.sh   env: CAP (default sm120), TOTAL_S, OPS_S, E2E_S, FAMILIES
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -32,7 +33,7 @@ if [ ! -x build-gpu-carried/mla-gpu-check ]; then
 fi
 rc=0
 # 1. op checks
-ops_s=$(( $(left) < ${OPS_S:-130} ? $(left) : ${OPS_S:-130} ))
+ops_s=$(( $(left) < ${OPS_S:-120} ? $(left) : ${OPS_S:-120} ))
 MLA_CUDA_SMEM_CAP="$CAP" timeout "$ops_s" build-gpu-carried/mla-gpu-check --quick --out "$OUT/sm120-ops-table.md" \
   >"$OUT/sm120-gpu-check.log" 2>&1
 orc=$?
@@ -43,7 +44,7 @@ orc=$?
   grep -E "^\| mla_attn .*tc16" "$OUT/sm120-ops-table.md" 2>/dev/null | cut -c1-160
   tail -2 "$OUT/sm120-ops-table.md" 2>/dev/null; } | tee -a "$S"
 # 2. fixtures
-e2e_s=$(( $(left) < ${E2E_S:-110} ? $(left) : ${E2E_S:-110} ))
+e2e_s=$(( $(left) < ${E2E_S:-100} ? $(left) : ${E2E_S:-100} ))
 if [ "$e2e_s" -ge 20 ]; then
   MLA_CUDA_SMEM_CAP="$CAP" PREBUILT=1 BUILD=build-gpu-carried FIX=.gpu-fixtures OUT="$OUT/e2e" \
     timeout "$e2e_s" scripts/gpu_check.sh --no-ops --e2e >"$OUT/sm120-e2e.log" 2>&1
