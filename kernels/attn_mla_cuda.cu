@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     using V4 = typename kv4<KT>::T;
     __half *qs = (__half *)tc_sm;
     __half *ks = qs + TC_HR * C::LDS; /* two tiles of KTL rows */
-    __half *ps = ks + 2 * TC_KT * C::LDS;
+    __half *ps = ks + 2 * KTL * C::LDS;
     float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
