@@ -36,7 +36,7 @@ test: build-test
 
 build-check:
 	@scripts/install-deps.sh --test
-	@cmake -S . -B $(CHECK_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=OFF >/dev/null
+	@cmake -S . -B $(CHECK_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=ON -DMLA_CUDA=OFF >/dev/null
 	@cmake --build $(CHECK_BUILD) -j $(JOBS)
 
 check: build-check

@@ -56,6 +56,9 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
     {MLA_SW_CUDA_Q8, "MLA_CUDA_Q8", MLA_SWT_ENUM, "", 0, 0, "0|1",
      "CUDA q8 activations for quantized weights (integer GEMV, int8 tensor cores); unset: on, off "
      "in exact mode", false},
+    {MLA_SW_CUDA_SMEM_CAP, "MLA_CUDA_SMEM_CAP", MLA_SWT_ENUM, "", 0, 0, "sm120|sm100",
+     "CUDA kernels choose as on a smaller part: shared memory a block capped at sm120's 99 KB or "
+     "sm100's 227 KB, no sm_90a-only kernels (wgmma); checks the Blackwell paths on an H100/H200", false},
     {MLA_SW_CUDA_GEMV_TMAX, "MLA_CUDA_GEMV_TMAX", MLA_SWT_INT, "8", 1, 4096, NULL,
      "CUDA steps of more tokens than this take the fp16 tensor cores, fewer the GEMVs (tuning)", true},
     {MLA_SW_MOE_MMH_MIN, "MLA_MOE_MMH_MIN", MLA_SWT_INT, "8", 0, 1000000, NULL,

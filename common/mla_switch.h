@@ -46,6 +46,7 @@ typedef enum mla_sw_id {
     MLA_SW_CUDA_GRAPHS,             /* CUDA decode steps as graphs: 0, 1 or require (a check) */
     MLA_SW_CUDA_BATCHED,            /* CUDA single-token steps on the batched path (0: the prompt path) */
     MLA_SW_CUDA_Q8,                 /* CUDA integer GEMV / int8 tensor cores for quantized weights */
+    MLA_SW_CUDA_SMEM_CAP,           /* CUDA kernels as on a smaller part: sm120 or sm100 limits, no wgmma */
     MLA_SW_CUDA_GEMV_TMAX,          /* dev: CUDA fp16 tensor cores above this many tokens a step */
     MLA_SW_MOE_MMH_MIN,             /* dev: CUDA experts on the fp16 tensor cores from these pairs a expert */
     MLA_SW_CUDA_GS,                 /* dev: streamed GEMV stages and bytes a stage (measurements) */

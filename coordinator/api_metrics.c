@@ -119,6 +119,41 @@ static void worker_series(sbuf *b, const api_gauges *g, const char *name, const 
     }
 }
 
+/* The kernel configuration each GPU worker chose at load (its self-check's report): an info
+ * series with the architecture, the one the kernels chose for (MLA_CUDA_SMEM_CAP), the attention
+ * kernel and wgmma as labels, and the shared memory a block as gauges. Workers without one (the
+ * CPU backend, not loaded yet) have no sample. */
+static void worker_backend(sbuf *b, const api_gauges *g) {
+    int any = 0;
+    for (int r = 0; r < g->n_workers; r++) any |= g->workers[r].has_backend;
+    if (!any) return;
+    sb_printf(b, "# HELP mlaserve_worker_backend_info The kernel configuration a GPU worker chose at load.\n"
+                 "# TYPE mlaserve_worker_backend_info gauge\n");
+    for (int r = 0; r < g->n_workers; r++) {
+        const wire_backend_cfg *c = &g->workers[r].backend;
+        if (!g->workers[r].has_backend) continue;
+        sb_printf(b,
+                  "mlaserve_worker_backend_info{rank=\"%d\",arch=\"sm_%u\",arch_as=\"sm_%u\",attention=\"%s\","
+                  "wgmma=\"%s\"} 1\n",
+                  r, c->arch, c->arch_as, c->attention, c->wgmma ? "on" : "off");
+    }
+    static const char *const names[3] = {"mlaserve_worker_attention_smem_bytes", "mlaserve_worker_smem_cap_bytes",
+                                         "mlaserve_worker_smem_device_bytes"};
+    static const char *const helps[3] = {
+        "Shared memory a block of the worker's MLA attention kernel takes (0: the fp32 kernel).",
+        "Shared memory a block the worker's kernels may use (MLA_CUDA_SMEM_CAP lowers it).",
+        "The device's opt-in shared memory a block."};
+    for (int i = 0; i < 3; i++) {
+        sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", names[i], helps[i], names[i]);
+        for (int r = 0; r < g->n_workers; r++) {
+            const wire_backend_cfg *c = &g->workers[r].backend;
+            if (!g->workers[r].has_backend) continue;
+            const uint32_t v = i == 0 ? c->attn_smem : i == 1 ? c->smem_cap : c->smem_dev;
+            sb_printf(b, "%s{rank=\"%d\"} %u\n", names[i], r, v);
+        }
+    }
+}
+
 char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *model, size_t *len) {
     sbuf b = {mla_xmalloc(4096), 0, 4096};
     b.p[0] = 0;
@@ -216,6 +251,7 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
                       "Bytes of the model file a worker has loaded.", W_LOAD_DONE);
         worker_series(&b, g, "mlaserve_worker_load_total_bytes", "gauge",
                       "Bytes of the model file a worker loads in all.", W_LOAD_TOTAL);
+        worker_backend(&b, g);
     }
     if (len) *len = b.n;
     return b.p;

@@ -234,6 +234,8 @@ int coord_workers(coord *c, coord_worker_info *info, int cap) {
         w->heartbeat_age = rs->registered && rx ? (double)(t - rx) / 1000.0 : -1;
         w->has_stats = rs->has_stats;
         w->stats = rs->stats;
+        w->has_backend = rs->has_backend;
+        w->backend = rs->backend;
     }
     pthread_mutex_unlock(&c->mu);
     return n;

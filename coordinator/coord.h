@@ -202,6 +202,8 @@ typedef struct coord_worker_info {
     double heartbeat_age;
     int has_stats;
     wire_worker_stats stats;
+    int has_backend; /* a CUDA worker's kernel configuration (from its loaded frame) */
+    wire_backend_cfg backend;
 } coord_worker_info;
 /* Fills info[0..min(world, cap)) and returns that count. Thread-safe. */
 int coord_workers(coord *c, coord_worker_info *info, int cap);

@@ -42,6 +42,9 @@ typedef struct rank_st {
     int has_stats;
     wire_worker_stats stats;
     char device[WIRE_MAX_STR];
+    /* the kernel configuration its engine chose (LOADED; CUDA workers; under mu) */
+    int has_backend;
+    wire_backend_cfg backend;
 } rank_st;
 
 struct coord {

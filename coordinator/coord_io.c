@@ -171,6 +171,8 @@ static void handle_frame(coord *c, int r, const void *ident, size_t ilen, const 
                 c->ranks[r].kv_blocks = m.u.ctl.kv_blocks;
                 c->ranks[r].kv_block_size = m.u.ctl.kv_block_size;
                 c->ranks[r].kv_block_bytes = m.u.ctl.kv_block_bytes;
+                c->ranks[r].has_backend = m.u.ctl.has_backend;
+                c->ranks[r].backend = m.u.ctl.backend;
                 c->ranks[r].loaded = 1;
                 if (c->ranks[r].load_total) c->ranks[r].load_done = c->ranks[r].load_total;
                 pthread_mutex_unlock(&c->mu);

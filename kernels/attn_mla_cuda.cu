@@ -242,19 +242,29 @@ __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__res
  * key rows). Row strides are an odd number of 16-byte units (ldmatrix without bank conflicts). */
 constexpr int TC_HR = 32, TC_KT = 32, TC_T = 128;
 
-template <int L, int R> struct tc_cfg {
+/* KTL: keys a tile, TC_KT (32) or 16. The 16-key tile is the same kernel within 99 KB a block (a
+ * compute capability 12.x part; the 512 + 64 latent's 32-key kernel takes 113 KB): warp w then
+ * scores its 16 rows against keys 8 (w % 2) .. +8 (one n-tile of 8, two k-steps a 4-matrix
+ * ldmatrix), P V takes one k-step of 16 keys, and the next tile's loads go in batches of 3. */
+template <int L, int R, int KTL = TC_KT> struct tc_cfg {
     static constexpr int ROW = L + R;
     static constexpr int LDS = (ROW / 8) % 2 ? ROW + 16 : ROW + 8; /* 16-bit elements */
-    static constexpr int LDP = TC_KT + 8;                          /* 80 bytes: 5 units */
+    static constexpr int LDP = KTL + 8;                            /* 80 bytes (5 units) or 48 (3) */
     static constexpr int NT = L / 16;                              /* n-tiles of 8 per warp (L / 2 columns) */
     static constexpr int KS = ROW / 16;                            /* k-steps of S */
-    static constexpr int PER = TC_KT * (ROW / 4) / TC_T;           /* float4 loads per thread and tile */
-    static constexpr int NB = PER / 6;                             /* load batches of 6 float4 per tile */
+    static constexpr int NJ = KTL / 16;                            /* n-tiles of 8 keys a warp of S */
+    static constexpr int LB = 6 * KTL / TC_KT;                     /* loads of a batch: 6 (32 keys) or 3 (16) */
+    static constexpr int PER = KTL * (ROW / 4) / TC_T;             /* float4 loads per thread and tile */
+    static constexpr int NB = PER / LB;                            /* load batches per tile (6 k-steps of S each) */
     static constexpr int QP = TC_HR * (ROW / 2) / TC_T;            /* query float2 per thread */
     /* queries, two key tiles (the one in use, the next one loading), P, the row exchanges: 112.5 KB
-     * at 512 + 64, two blocks in the 228 KB of an H100/H200 SM */
-    static constexpr size_t SMEM = ((size_t)(TC_HR + 2 * TC_KT) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
-    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (TC_KT * (ROW / 4)) % TC_T == 0 && PER % 6 == 0 &&
+     * at 512 + 64 with 32-key tiles (two blocks in the 228 KB of an H100/H200 SM), 75 KB with 16-key
+     * tiles; 58.5 KB at 256 + 32 with 32-key tiles */
+    static constexpr size_t SMEM = ((size_t)(TC_HR + 2 * KTL) * LDS + (size_t)TC_HR * LDP) * 2 + 2 * 4 * 16 * 4;
+    /* with the static part (the key row pointers of two tiles) */
+    static constexpr size_t SMEM_ALL = SMEM + sizeof(void *) * 2 * KTL;
+    static_assert((KTL == TC_KT || KTL == 16) && (LDP / 8) % 2 == 1, "tensor-core attention key tile");
+    static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (KTL * (ROW / 4)) % TC_T == 0 && PER % LB == 0 &&
                       KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 36 == 0,
                   "tensor-core attention shape");
 };
@@ -283,17 +293,17 @@ template <> struct kv4<__half> {
  * the tile before (rounded to fp16 on the way to shared memory); an fp16 cache (ASYNC) is copied
  * as it is by cp.async, two tiles in flight: each tile's copy is issued as soon as its buffer is
  * free, and the first two are issued before the queries are staged. */
-template <int L, int R, typename KT>
+template <int L, int R, typename KT, int KTL>
 __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
-    using C = tc_cfg<L, R>;
+    using C = tc_cfg<L, R, KTL>;
     constexpr bool ASYNC = std::is_same<KT, __half>::value;
-    static_assert((TC_KT * (C::ROW / 8)) % TC_T == 0, "16-byte copies of a key tile");
+    static_assert((KTL * (C::ROW / 8)) % TC_T == 0, "16-byte copies of a key tile");
     extern __shared__ __align__(16) unsigned char tc_sm[];
-    __shared__ const KT *rowp[2][TC_KT]; /* the key rows of the current / next tile (NULL: none) */
+    __shared__ const KT *rowp[2][KTL]; /* the key rows of the current / next tile (NULL: none) */
     using V4 = typename kv4<KT>::T;
     __half *qs = (__half *)tc_sm;
-    __half *ks = qs + TC_HR * C::LDS; /* two tiles of TC_KT rows */
-    __half *ps = ks + 2 * TC_KT * C::LDS;
+    __half *ks = qs + TC_HR * C::LDS; /* two tiles of KTL rows */
+    __half *ps = ks + 2 * KTL * C::LDS;
     float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
@@ -308,7 +318,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     if (!early) mlacu_pdl_wait();
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     int64_t k0, k1;
-    split_keys(a, t, split, TC_KT, k0, k1);
+    split_keys(a, t, split, KTL, k0, k1);
     /* the cache row of key k of this split (NULL past k1): a lane of warp 0 looks it up, a key a
      * lane of a tile; the lookups (the block table, the selected keys) are loads, issued well
      * before the rows are stored for the tile's copy */
@@ -317,26 +327,26 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
         return tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
     };
-    /* batch b of a tile: 6 loads of 4 elements per thread from the rows in rp, then into key
+    /* batch b of a tile: LB loads of 4 elements per thread from the rows in rp, then into key
      * buffer kd */
-    constexpr int IPK = C::ROW / 4;
+    constexpr int IPK = C::ROW / 4, LB = C::LB;
     auto load_batch = [&](const KT *const *rp, int b, V4 *v) {
 #pragma unroll
-        for (int u = 0; u < 6; u++) {
-            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+        for (int u = 0; u < LB; u++) {
+            const int i = tid + (LB * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
             const KT *src = rp[j];
             v[u] = src ? __ldg((const V4 *)(src + c)) : kv4<KT>::zero();
         }
     };
     auto store_batch = [&](__half *kd, int b, const V4 *v) {
 #pragma unroll
-        for (int u = 0; u < 6; u++) {
-            const int i = tid + (6 * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
+        for (int u = 0; u < LB; u++) {
+            const int i = tid + (LB * b + u) * TC_T, j = i / IPK, c = i % IPK * 4;
             *(uint2 *)(kd + j * C::LDS + c) = kv4<KT>::h4(v[u]);
         }
     };
     /* an fp16 tile: 16-byte copies straight into key buffer kd (zeros past k1); one commit group */
-    constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
+    constexpr int CPK = C::ROW / 8, CPT = KTL * CPK / TC_T;
     auto issue_tile = [&](const KT *const *rp, __half *kd) {
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
@@ -346,8 +356,8 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         }
         cp_async_commit();
     };
-    if (warp == 0 && k0 < k1) { /* both tiles' lookups in flight together */
-        const KT *r0 = row_at(k0 + lane), *r1 = ASYNC ? row_at(k0 + TC_KT + lane) : nullptr;
+    if (warp == 0 && lane < KTL && k0 < k1) { /* both tiles' lookups in flight together */
+        const KT *r0 = row_at(k0 + lane), *r1 = ASYNC ? row_at(k0 + KTL + lane) : nullptr;
         rowp[0][lane] = r0;
         if (ASYNC) rowp[1][lane] = r1;
     }
@@ -355,7 +365,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         __syncthreads();
         if (k0 < k1) issue_tile(rowp[0], ks);
         else cp_async_commit();
-        if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
+        if (k0 + KTL < k1) issue_tile(rowp[1], ks + KTL * C::LDS);
         else cp_async_commit();
     }
     if (early) mlacu_pdl_wait();
@@ -391,55 +401,70 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     if (!ASYNC && k0 < k1) {
 #pragma unroll 1
         for (int b = 0; b < C::NB; b += 2) {
-            V4 v[6], v2[6];
+            V4 v[LB], v2[LB];
             load_batch(rowp[0], b, v);
             if (b + 1 < C::NB) load_batch(rowp[0], b + 1, v2);
             store_batch(ks, b, v);
             if (b + 1 < C::NB) store_batch(ks, b + 1, v2);
         }
-        if (warp == 0 && k0 + TC_KT < k1) rowp[1][lane] = row_at(k0 + TC_KT + lane);
+        if (warp == 0 && lane < KTL && k0 + KTL < k1) rowp[1][lane] = row_at(k0 + KTL + lane);
     }
     float o[C::NT][4];
 #pragma unroll
     for (int n = 0; n < C::NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const uint32_t qaddr = smem_u32(qs + (mt * 16 + (lane & 15)) * C::LDS + (lane >> 4) * 8);
-    const uint32_t kaddr0 = smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8);
+    /* S's B fragments: 32-key tiles, keys 16 half .. +16 of one k-step (matrices: keys +0 and +8,
+     * columns +0 and +8); 16-key tiles, keys 8 half .. +8 of two k-steps (columns +0, +8, +16, +24) */
+    const uint32_t kaddr0 =
+        KTL == TC_KT ? smem_u32(ks + (half * 16 + (lane & 7) + ((lane >> 4) << 3)) * C::LDS + ((lane >> 3) & 1) * 8)
+                     : smem_u32(ks + (half * 8 + (lane & 7)) * C::LDS + (lane >> 3) * 8);
     const uint32_t paddr = smem_u32(ps + (mt * 16 + (lane & 15)) * C::LDP + (lane >> 4) * 8);
     const uint32_t vaddr0 =
         smem_u32(ks + ((lane & 7) + (((lane >> 3) & 1) << 3)) * C::LDS + half * (L / 2) + (lane >> 4) * 8);
-    constexpr uint32_t KBUF = TC_KT * C::LDS * 2; /* bytes of one key tile */
+    constexpr uint32_t KBUF = KTL * C::LDS * 2; /* bytes of one key tile */
     int buf = 0;
-    for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
-        if (late && kb + TC_KT >= k1) mlacu_pdl_trigger();
+    for (int64_t kb = k0; kb < k1; kb += KTL, buf ^= 1) {
+        if (late && kb + KTL >= k1) mlacu_pdl_trigger();
         if constexpr (ASYNC) cp_async_wait<1>(); /* this thread's copies of tile buf are done */
         __syncthreads(); /* tile buf is stored, rowp[buf ^ 1] holds the next tile's rows, and the
                           * readers of buffer buf ^ 1 (the previous tile) are done */
-        const bool next = !ASYNC && kb + TC_KT < k1;
+        const bool next = !ASYNC && kb + KTL < k1;
         /* the rows of the tile after next: looked up now, stored after the scores */
-        const KT *row2 = warp == 0 ? row_at(kb + 2 * TC_KT + lane) : nullptr;
+        const KT *row2 = warp == 0 && lane < KTL ? row_at(kb + 2 * KTL + lane) : nullptr;
         const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
-        __half *knext = ks + (buf ^ 1) * TC_KT * C::LDS;
+        __half *knext = ks + (buf ^ 1) * KTL * C::LDS;
         /* S = Q K^T, two accumulator sets per n-tile (independent mma chains), and in between
          * the next tile's loads, batch by batch */
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float s2[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
         for (int b = 0; b < C::NB; b++) {
-            V4 v[6];
+            V4 v[LB];
             if (next) load_batch(rowp[buf ^ 1], b, v);
 #pragma unroll
             for (int k6 = 0; k6 < 6; k6 += 2) {
                 const int kk = 6 * b + k6;
-                uint32_t A[4], B[4], A2[4], B2[4];
+                uint32_t A[4], B[4], A2[4];
                 mlacu_ldsm_x4(A, qaddr + kk * 32);
                 mlacu_ldsm_x4(B, kaddr + kk * 32);
                 mlacu_ldsm_x4(A2, qaddr + kk * 32 + 32);
-                mlacu_ldsm_x4(B2, kaddr + kk * 32 + 32);
-                mlacu_mma_f16(s[0], A, B[0], B[1]);
-                mlacu_mma_f16(s[1], A, B[2], B[3]);
-                mlacu_mma_f16(s2[0], A2, B2[0], B2[1]);
-                mlacu_mma_f16(s2[1], A2, B2[2], B2[3]);
+                if constexpr (KTL == TC_KT) {
+                    uint32_t B2[4];
+                    mlacu_ldsm_x4(B2, kaddr + kk * 32 + 32);
+                    mlacu_mma_f16(s[0], A, B[0], B[1]);
+                    mlacu_mma_f16(s[1], A, B[2], B[3]);
+                    mlacu_mma_f16(s2[0], A2, B2[0], B2[1]);
+                    mlacu_mma_f16(s2[1], A2, B2[2], B2[3]);
+                } else { /* B: k-steps kk and kk + 1 of the warp's 8 keys; four chains over the pairs */
+                    if (k6 & 2) {
+                        mlacu_mma_f16(s[1], A, B[0], B[1]);
+                        mlacu_mma_f16(s2[1], A2, B[2], B[3]);
+                    } else {
+                        mlacu_mma_f16(s[0], A, B[0], B[1]);
+                        mlacu_mma_f16(s2[0], A2, B[2], B[3]);
+                    }
+                }
             }
             if (next) store_batch(knext, b, v);
         }
@@ -447,15 +472,20 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[j][e] += s2[j][e];
-        if (warp == 0 && kb + 2 * TC_KT < k1) rowp[buf][lane] = row2;
-        /* s[j][e]: row g (e < 2) or g + 8, key 16 half + 8 j + 2 c4 + (e & 1) */
-        const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
+        if constexpr (KTL != TC_KT) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[0][e] += s[1][e];
+        }
+        if (warp == 0 && lane < KTL && kb + 2 * KTL < k1) rowp[buf][lane] = row2;
+        /* s[j][e], j < NJ: row g (e < 2) or g + 8, key KTL / 2 half + 8 j + 2 c4 + (e & 1) */
+        constexpr int NJ = C::NJ;
+        const int nvalid = (int)(k1 - kb < KTL ? k1 - kb : KTL);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int key = half * 16 + 8 * j + 2 * c4 + (e & 1);
+                const int key = half * (KTL / 2) + 8 * j + 2 * c4 + (e & 1);
                 const float v = key < nvalid ? s[j][e] : -INFINITY;
                 s[j][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -477,13 +507,13 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             al[r] = exp2f(m_r[r] - mn[r]);
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < NJ; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 s[j][e] = exp2f(s[j][e] - mn[e >> 1]);
                 sum[e >> 1] += s[j][e];
             }
-            const int col = half * 16 + 8 * j + 2 * c4;
+            const int col = half * (KTL / 2) + 8 * j + 2 * c4;
             *(uint32_t *)(ps + (mt * 16 + g) * C::LDP + col) = pack_h2(s[j][0], s[j][1]);
             *(uint32_t *)(ps + (mt * 16 + g + 8) * C::LDP + col) = pack_h2(s[j][2], s[j][3]);
         }
@@ -510,7 +540,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             o[n][3] *= al[1];
         }
 #pragma unroll
-        for (int kk = 0; kk < TC_KT / 16; kk++) {
+        for (int kk = 0; kk < KTL / 16; kk++) {
             uint32_t A[4];
             mlacu_ldsm_x4(A, paddr + kk * 32);
 #pragma unroll
@@ -523,7 +553,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         }
         if constexpr (ASYNC) { /* buffer buf is free once every warp is past its P V: tile + 2 into it */
             __syncthreads();
-            if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
+            if (kb + 2 * KTL < k1) issue_tile(rowp[buf], ks + buf * KTL * C::LDS);
             else cp_async_commit();
         }
         if (tid == 0) MLACU_TRACE_MARK(4);
@@ -622,50 +652,86 @@ static int attn_reduce(const mla_cuda_attn_args *a, int splits, cudaStream_t st,
     return MLA_OK;
 }
 
-/* MLA_OK, MLA_ERR, or 1: this device cannot give a block the kernel's shared memory (the
- * 512 + 64 kernel takes 113 KB: Hopper / Blackwell data-center parts and the A100 can, GPUs with
- * 99-101 KB a block such as sm_86/89/120 cannot; they keep the fp32 kernel). Once per process
- * (one device per process, or ranks of one process on one device). */
-template <int L, int R, typename KT> static int tc_launch_setup(mla_err *e) {
-    using C = tc_cfg<L, R>;
-    static int state = 0; /* 0: not yet, 1: set up, 2: not on this device */
-    if (state == 2) return 1;
-    if (state == 0) {
-        /* a failed query reads as 48 KB: the kernel is then not used on this device */
-        if ((size_t)mlacu_smem_optin() < C::SMEM + sizeof(float *) * 2 * TC_KT) {
-            state = 2;
-            return 1;
-        }
-        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
-                    e, "mla_attn (tensor cores): shared memory %zu", C::SMEM);
-        /* all of the SM's unified memory as shared memory: two blocks per SM */
-        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100), e,
-                    "mla_attn (tensor cores): carveout");
-        state = 1;
+/* The key tile of the tensor-core kernel for latent L + rope R on this device: 32 where the device
+ * (or MLA_CUDA_SMEM_CAP) gives a block its shared memory (512 + 64: 113 KB, Hopper and Blackwell
+ * data-center parts, the A100), else 16 where that fits (512 + 64: 75 KB, GPUs of 99-101 KB a block
+ * such as sm_86/89/120), else 0: the fp32 kernel. A failed query reads as 48 KB. */
+static bool g_tc_tile16 = false; /* mla_cuda_attn_tile16 */
+extern "C" void mla_cuda_attn_tile16(bool on) { g_tc_tile16 = on; }
+
+template <int L, int R> static int tc_tile(void) {
+    if constexpr (L == 512 && R == 64) {
+        if ((size_t)mlacu_smem_optin() >= tc_cfg<L, R, TC_KT>::SMEM_ALL && !g_tc_tile16) return TC_KT;
+        if ((size_t)mlacu_smem_optin() >= tc_cfg<L, R, 16>::SMEM_ALL) return 16;
+        return 0;
+    }
+    return (size_t)mlacu_smem_optin() >= tc_cfg<L, R, TC_KT>::SMEM_ALL ? TC_KT : 0;
+}
+
+/* MLA_OK or MLA_ERR: the kernel's shared memory allowed, once per process (one device per
+ * process, or ranks of one process on one device) */
+template <int L, int R, typename KT, int KTL> static int tc_launch_setup(mla_err *e) {
+    using C = tc_cfg<L, R, KTL>;
+    static bool done = false;
+    if (!done) {
+        MLACU_CHECK(mlacu_smem_allow(mla_attn_tc_kernel<L, R, KT, KTL>, C::SMEM), e,
+                    "mla_attn (tensor cores, %d-key tiles): shared memory %zu", KTL, C::SMEM);
+        /* all of the SM's unified memory as shared memory: two blocks per SM where they fit */
+        MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT, KTL>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         100),
+                    e, "mla_attn (tensor cores): carveout");
+        done = true;
     }
     return MLA_OK;
 }
 
-template <int L, int R, typename KT>
+template <int L, int R, typename KT, int KTL>
 static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
-    using C = tc_cfg<L, R>;
-    const int s = tc_launch_setup<L, R, KT>(e);
-    if (s != MLA_OK) return s;
+    using C = tc_cfg<L, R, KTL>;
+    if (tc_launch_setup<L, R, KT, KTL>(e)) return MLA_ERR;
     dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
-    mlacu_launch(mla_attn_tc_kernel<L, R, KT>, grid, TC_T, C::SMEM, stream, k);
-    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores) T=%lld H=%lld", (long long)T, (long long)H);
+    mlacu_launch(mla_attn_tc_kernel<L, R, KT, KTL>, grid, TC_T, C::SMEM, stream, k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores, %d-key tiles) T=%lld H=%lld", KTL, (long long)T,
+                (long long)H);
     return MLA_OK;
 }
 
-extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
-    using C = tc_cfg<512, 64>;
+/* the shape's kernel of this device (tc_tile) for element type KT: MLA_OK, MLA_ERR, or 1 (none) */
+template <int L, int R, typename KT>
+static int tc_launch_any(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+    const int kt = tc_tile<L, R>();
+    if (kt == TC_KT) return tc_launch<L, R, KT, TC_KT>(k, T, H, stream, e);
+    if constexpr (L == 512 && R == 64)
+        if (kt == 16) return tc_launch<L, R, KT, 16>(k, T, H, stream, e);
+    return 1;
+}
+
+extern "C" int mla_cuda_attn_tc_tile(int64_t kv_lora, int64_t n_rope) {
+    if (kv_lora == 512 && n_rope == 64) return tc_tile<512, 64>();
+    if (kv_lora == 256 && n_rope == 32) return tc_tile<256, 32>();
+    return 0;
+}
+
+extern "C" size_t mla_cuda_attn_tc_smem(int64_t kv_lora, int64_t n_rope) {
+    const int kt = mla_cuda_attn_tc_tile(kv_lora, n_rope);
+    if (kv_lora == 512) return kt == TC_KT ? tc_cfg<512, 64>::SMEM_ALL : kt == 16 ? tc_cfg<512, 64, 16>::SMEM_ALL : 0;
+    return kt == TC_KT ? tc_cfg<256, 32>::SMEM_ALL : 0;
+}
+
+template <int KTL> static int tc_blocks_per_sm(void) {
+    using C = tc_cfg<512, 64, KTL>;
     mla_err e;
-    const int s = tc_launch_setup<512, 64, __half>(&e);
-    if (s != MLA_OK) return s == 1 ? 0 : -1;
+    if (tc_launch_setup<512, 64, __half, KTL>(&e)) return -1;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64, __half>, TC_T, C::SMEM) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64, __half, KTL>, TC_T, C::SMEM) !=
+        cudaSuccess)
         return -1;
     return n;
+}
+
+extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
+    const int kt = tc_tile<512, 64>();
+    return kt == TC_KT ? tc_blocks_per_sm<TC_KT>() : kt == 16 ? tc_blocks_per_sm<16>() : 0;
 }
 
 /* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
@@ -684,10 +750,10 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
                 a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
     cudaStream_t st = (cudaStream_t)stream;
     int r;
-    if (a->kv_f16) r = w512 ? tc_launch<512, 64, __half>(k, a->n_tokens, a->n_head, st, e)
-                            : tc_launch<256, 32, __half>(k, a->n_tokens, a->n_head, st, e);
-    else r = w512 ? tc_launch<512, 64, float>(k, a->n_tokens, a->n_head, st, e)
-                  : tc_launch<256, 32, float>(k, a->n_tokens, a->n_head, st, e);
+    if (a->kv_f16) r = w512 ? tc_launch_any<512, 64, __half>(k, a->n_tokens, a->n_head, st, e)
+                            : tc_launch_any<256, 32, __half>(k, a->n_tokens, a->n_head, st, e);
+    else r = w512 ? tc_launch_any<512, 64, float>(k, a->n_tokens, a->n_head, st, e)
+                  : tc_launch_any<256, 32, float>(k, a->n_tokens, a->n_head, st, e);
     if (r) return r;
     return attn_reduce(a, splits, st, e);
 }
@@ -706,8 +772,7 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
     const size_t smem = ((size_t)AT_C * (row + 1) + (size_t)AT_HG * row + AT_HG * AT_C) * sizeof(float);
     static size_t smem_set[2] = {0, 0}; /* per element type */
     if (smem > smem_set[a->kv_f16 != 0]) {
-        MLACU_CHECK(cudaFuncSetAttribute(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        MLACU_CHECK(mlacu_smem_allow(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>, (int)smem),
                     e, "mla_attn: shared memory %zu", smem);
         smem_set[a->kv_f16 != 0] = smem;
     }

@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
+#include "common/mla_switch.h"
 #include "kernels/cuda_ops.h"
 
 /* On a CUDA error: fill *e with "<what>: <cuda error string>" and return MLA_ERR. */
@@ -423,17 +425,69 @@ static inline int mlacu_sm_count(void) {
     return nsm;
 }
 
-/* the current device's largest opt-in dynamic shared memory a block (read once a process; 48 KB,
- * what every device gives, if the query fails) */
-static inline int mlacu_smem_optin(void) {
-    static int v = 0;
-    if (!v) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-            v = 48 << 10;
-    }
-    return v;
+/* The device configuration the kernels choose by: the architecture, the largest opt-in dynamic
+ * shared memory a block, and whether sm_90a-only instructions (wgmma, setmaxnreg) may run. The
+ * switch MLA_CUDA_SMEM_CAP (common/mla_switch.c) lets an H100/H200 run the configuration of a
+ * smaller part: sm120 caps every kernel's shared memory at 99 KB a block (101376 bytes, what a
+ * compute capability 12.x device gives) and turns the sm_90a-only kernels off; sm100 does the
+ * same at 227 KB (232448 bytes, compute capability 10.0). Bulk copies (TMA), mbarriers and
+ * programmatic dependent launch are sm_90+ and stay on: sm_100 and sm_120 have them. Every kernel
+ * sizes its shared memory by mlacu_smem_optin() and allows it through mlacu_smem_allow; every
+ * wgmma chooser asks mlacu_hopper_isa(). Read once a process. */
+constexpr int MLACU_SMEM_SM120 = 99 << 10, MLACU_SMEM_SM100 = 227 << 10;
+struct mlacu_devcfg {
+    int arch;       /* the device's compute capability, major * 10 + minor (0: the query failed) */
+    int arch_as;    /* the architecture the kernels choose for: arch, or the cap's (120, 100) */
+    int smem_dev;   /* the device's opt-in shared memory a block (48 KB if the query failed) */
+    int smem_optin; /* what the kernels may use: smem_dev, or less under the cap */
+    bool hopper;    /* sm_90a-only instructions allowed: a 9.0 device and no cap */
+};
+static inline const mlacu_devcfg &mlacu_devcfg_get(void) {
+    static const mlacu_devcfg c = [] {
+        mlacu_devcfg v = {0, 0, 48 << 10, 48 << 10, false};
+        int dev = 0, major = 0, minor = 0, sm = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+            v.arch = major * 10 + minor;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+            v.smem_dev = sm;
+        v.arch_as = v.arch;
+        v.smem_optin = v.smem_dev;
+        v.hopper = v.arch == 90;
+        const char *cap = mla_sw_str(MLA_SW_CUDA_SMEM_CAP);
+        if (cap && !strcmp(cap, "sm120")) {
+            v.arch_as = 120;
+            v.smem_optin = std::min(v.smem_dev, MLACU_SMEM_SM120);
+            v.hopper = false;
+        } else if (cap && !strcmp(cap, "sm100")) {
+            v.arch_as = 100;
+            v.smem_optin = std::min(v.smem_dev, MLACU_SMEM_SM100);
+            v.hopper = false;
+        }
+        return v;
+    }();
+    return c;
+}
+
+/* the largest opt-in dynamic shared memory a block the kernels may use (the device's, or the
+ * cap's; 48 KB, what every device gives, if the query fails) */
+static inline int mlacu_smem_optin(void) { return mlacu_devcfg_get().smem_optin; }
+
+/* whether sm_90a-only instructions (wgmma, setmaxnreg) may run: a compute capability 9.0 device
+ * with no MLA_CUDA_SMEM_CAP */
+static inline bool mlacu_hopper_isa(void) { return mlacu_devcfg_get().hopper; }
+
+/* Allows kernel kern `bytes` of dynamic shared memory (past 48 KB a kernel must opt in); with its
+ * static shared memory more than mlacu_smem_optin() is refused (cudaErrorInvalidValue), as the
+ * device whose limit that is refuses it. */
+template <class K> static inline cudaError_t mlacu_smem_allow(K kern, size_t bytes) {
+    cudaFuncAttributes fa;
+    cudaError_t err = cudaFuncGetAttributes(&fa, kern);
+    if (err != cudaSuccess) return err;
+    if (bytes + fa.sharedSizeBytes > (size_t)mlacu_smem_optin()) return cudaErrorInvalidValue;
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 static inline int mlacu_fail_(mla_err *e, cudaError_t err) {

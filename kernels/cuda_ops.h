@@ -283,6 +283,14 @@ size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lo
  * Hopper; 0 where a block cannot have its 113 KB of shared memory and the fp32 kernel is used;
  * -1 on an error): what the op harness reports. */
 int mla_cuda_attn_tc_blocks_per_sm(void);
+/* The tensor-core attention's key tile for latent kv_lora + rope n_rope on this device: 32, 16 (the
+ * 512 + 64 kernel within 99 KB a block), or 0 (no tensor-core kernel: the fp32 one); and that
+ * kernel's shared memory a block in bytes (0: none). MLA_CUDA_SMEM_CAP applies. */
+int mla_cuda_attn_tc_tile(int64_t kv_lora, int64_t n_rope);
+size_t mla_cuda_attn_tc_smem(int64_t kv_lora, int64_t n_rope);
+/* For tests: on, the 512 + 64 tensor-core attention takes its 16-key tiles also where the 32-key
+ * kernel fits (the sm_120 kernel checked on any device). Not thread-safe: set it before launches. */
+void mla_cuda_attn_tile16(bool on);
 /* For the op harness's timings: the tensor-core kernel's least keys a split (a multiple of 32;
  * 0 restores the default, 128). Process-wide. */
 void mla_cuda_attn_tune(int min_keys);
@@ -454,6 +462,25 @@ int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void 
  * (kernels/cuda_selfcheck.cu). MLA_OK when all pass; else MLA_ERR naming the first failure.
  * Needs mla_cuda_init first. Workers call it before serving. */
 int cuda_selfcheck(mla_err *e);
+
+/* The configuration the kernels choose on the current device (kernels/cuda_selfcheck.cu), what a
+ * worker logs at start. Needs mla_cuda_init first. */
+typedef struct mla_cuda_config {
+    int arch;         /* compute capability, major * 10 + minor (90: an H100/H200) */
+    int arch_as;      /* the architecture the kernels choose for: arch, or MLA_CUDA_SMEM_CAP's (120, 100) */
+    int smem_dev;     /* the device's opt-in shared memory a block, bytes */
+    int smem_cap;     /* what the kernels may use (smem_dev, or less under MLA_CUDA_SMEM_CAP) */
+    bool wgmma;       /* the sm_90a warpgroup kernels run (built for sm_90a, a 9.0 device, no cap) */
+    int attn_tile;    /* the model's tensor-core attention's key tile: 32, 16, or 0 (the fp32 kernel) */
+    size_t attn_smem; /* its shared memory a block, bytes (0: the fp32 kernel) */
+} mla_cuda_config;
+/* for a model of latent kv_lora + rope n_rope whose attention takes the tensor cores (attn_tc) */
+void mla_cuda_config_get(mla_cuda_config *c, int64_t kv_lora, int64_t n_rope, bool attn_tc);
+/* c as one line, e.g. "sm_90 as sm_120, attention tc16 (75.3 KB a block), shared memory cap 99.0 KB
+ * a block (device 227.0 KB), wgmma off"; snprintf's return */
+int mla_cuda_config_str(const mla_cuda_config *c, char *buf, size_t n);
+/* the attention variant's name: "tc32", "tc16" or "fp32" */
+const char *mla_cuda_config_attn(const mla_cuda_config *c);
 
 #ifdef __cplusplus
 }

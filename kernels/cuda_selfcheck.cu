@@ -236,7 +236,8 @@ int check_head(gr_rng *r, int64_t T, bool f16, mla_err *e) {
  * order, the second layer's rows of each block, grid sized for 600 keys: split over 3 key chunks,
  * some of them empty for the shorter sequences). 12 heads (two head groups of the fp32 kernel, the
  * second partial; one partial group of the tensor-core kernel). The fp32 kernel at kv_lora 64,
- * rope 16 (bound 1e-4), the fp16 tensor-core kernel at 256 + 32 (bound 1e-2, fp16 rounding).
+ * rope 16 (bound 1e-4), the fp16 tensor-core kernel at 256 + 32 and 512 + 64 (bound 1e-2, fp16
+ * rounding).
  * f16: the paged cache holds fp16 rows (the reference reads the same rounded rows). */
 int check_attn(gr_rng *r, int L, int R, bool tc, bool f16, mla_err *e) {
     enum { H = 12, T = 5, P0 = 20, B = 3, MAXK = 600, BS = MLA_CUDA_KV_BLOCK, NBS = (MAXK + BS - 1) / BS, POOL = 16 };
@@ -347,7 +348,39 @@ extern "C" int cuda_selfcheck(mla_err *e) {
         if (check_attn(&r, 64, 16, false, f16, e) != MLA_OK) return MLA_ERR;
         if (check_attn(&r, 256, 32, true, f16, e) != MLA_OK) return MLA_ERR;
     }
+    /* the 512 + 64 tensor-core kernel this device runs (32-key tiles, or 16 within 99 KB a block:
+     * sm_120, MLA_CUDA_SMEM_CAP=sm120) over the fp16 cache, the serving default */
+    if (check_attn(&r, 512, 64, true, true, e) != MLA_OK) return MLA_ERR;
     cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;
+}
+
+extern "C" void mla_cuda_config_get(mla_cuda_config *c, int64_t kv_lora, int64_t n_rope, bool attn_tc) {
+    const mlacu_devcfg &d = mlacu_devcfg_get();
+    c->arch = d.arch;
+    c->arch_as = d.arch_as;
+    c->smem_dev = d.smem_dev;
+    c->smem_cap = d.smem_optin;
+#ifdef MLA_CUDA_WGMMA
+    c->wgmma = mlacu_hopper_isa();
+#else
+    c->wgmma = false;
+#endif
+    c->attn_tile = attn_tc ? mla_cuda_attn_tc_tile(kv_lora, n_rope) : 0;
+    c->attn_smem = attn_tc ? mla_cuda_attn_tc_smem(kv_lora, n_rope) : 0;
+}
+
+extern "C" const char *mla_cuda_config_attn(const mla_cuda_config *c) {
+    return c->attn_tile == 32 ? "tc32" : c->attn_tile == 16 ? "tc16" : "fp32";
+}
+
+extern "C" int mla_cuda_config_str(const mla_cuda_config *c, char *buf, size_t n) {
+    char as[32] = "";
+    if (c->arch_as != c->arch) snprintf(as, sizeof as, " as sm_%d", c->arch_as);
+    return snprintf(buf, n,
+                    "sm_%d%s, attention %s (%.1f KB a block), shared memory cap %.1f KB a block (device %.1f KB), "
+                    "wgmma %s",
+                    c->arch, as, mla_cuda_config_attn(c), c->attn_smem / 1024.0, c->smem_cap / 1024.0,
+                    c->smem_dev / 1024.0, c->wgmma ? "on" : "off");
 }

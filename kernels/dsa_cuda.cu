@@ -289,7 +289,7 @@ static int dsa_scores_launch(const float *d_q, const float *d_w, const float *d_
     }
     size_t smem = (size_t)(H * D + H) * sizeof(float);
     if (smem > 48 * 1024)
-        MLACU_CHECK(cudaFuncSetAttribute(dsa_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+        MLACU_CHECK(mlacu_smem_allow(dsa_scores_kernel, (int)smem), e,
                     "dsa_scores smem");
     mlacu_launch(dsa_scores_kernel, grid, 256, smem, stream, d_q, d_w, d_k, d_tabs, tab_off, d_pos, (int)H, (int)D,
                  pos0, skip, d_scores, ld);
@@ -320,7 +320,7 @@ static int topk_smem(int64_t max_n, size_t *smem, int64_t *cap, mla_err *e) {
     static int64_t limit = -1; /* keys a block may hold */
     if (limit < 0) {
         const int64_t bytes = (int64_t)mlacu_smem_optin() - 4096;
-        MLACU_CHECK(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), e,
+        MLACU_CHECK(mlacu_smem_allow(dsa_topk_kernel, (int)bytes), e,
                     "dsa_topk: shared memory %lld", (long long)bytes);
         limit = bytes / 4 / TK_T * TK_T;
     }

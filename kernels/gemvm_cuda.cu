@@ -491,7 +491,7 @@ template <int TY, int NM> static cudaError_t gm_launch(const gm_args &A, const g
     auto kern = gemvm_kernel<TY, NM>;
     static bool attr = false;
     if (!attr) {
-        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gm_smem_limit());
+        cudaError_t err = mlacu_smem_allow(kern, (int)gm_smem_limit());
         if (err != cudaSuccess) return err;
         attr = true;
     }

@@ -525,7 +525,7 @@ static cudaError_t gs_launch(const gs_args &A, const gs_geo &g, int64_t max_grou
     auto kern = g.ws ? gemvw_kernel<TY, NM, GRP> : gemvs_kernel<TY, NM, GRP>;
     static bool attr[2] = {false, false};
     if (!attr[g.ws]) {
-        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gs_smem_limit());
+        cudaError_t err = mlacu_smem_allow(kern, gs_smem_limit());
         if (err != cudaSuccess) return err;
         attr[g.ws] = true;
     }

@@ -536,8 +536,7 @@ extern "C" int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t H, int64_t 
     const size_t smem = (size_t)rpb * (size_t)(in / 32 * 34);
     auto go = [&](auto kern, bool &attr) -> int {
         if (!attr) { /* all a block may have beside the static part: the check above bounds smem by it */
-            MLACU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             mlacu_smem_optin() - (int)hq_comb_static(in)),
+            MLACU_CHECK(mlacu_smem_allow(kern, mlacu_smem_optin() - (int)hq_comb_static(in)),
                         e, "head_matmul (Q8_0, splits combined): shared memory");
             attr = true;
         }

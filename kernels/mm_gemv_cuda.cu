@@ -32,150 +32,100 @@ template <int TY> static size_t gemv_smem(int T) {
     return (size_t)T * GV_XS * 4 + (size_t)GV_WARPS * GV_RPW * gv<TY>::SB;
 }
 
-template <int TY>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_kernel(const uint8_t *__restrict__ W, size_t rb, int in, int out, const float *__restrict__ x,
-                int T, float *__restrict__ y) {
+/* Row sources of gemv_kernel: which weight rows a block meets and which rows of x and y its
+ * token slots are. A tile is up to GV_TMAX token rows against one matrix; blockIdx.y walks the
+ * tiles, blockIdx.x the output rows. */
+
+/* Dense: one matrix w; one tile, the launch's T rows of x and of y. */
+struct gv_dense {
+    static constexpr bool GROUPED = false;
+    const uint8_t *w;
+    const float *x;
+    float *y;
+    int T;
+};
+
+/* Grouped over a MoE plan's tiles (mla_cuda_moe_plan): tile i holds the tile_n[i] pairs of
+ * expert tile_e[i] from sorted[tile_s[i]]; pair p reads x row p / x_div and writes y row p;
+ * expert e's matrix starts (e / world) * estride bytes into w0 (and w1: FUSE's up matrix). */
+struct gv_grouped {
+    static constexpr bool GROUPED = true;
+    const uint8_t *w0, *w1;
+    size_t estride;
+    const float *x;
+    int x_div;
+    const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
+    int world;
+    float *y;
+};
+
+/* y = x W^T over the tiles of a row source RS. Without FUSE, warp w of a block owns GV_RPW
+ * consecutive output rows of W; with FUSE (grouped only) it owns output row f of both w0 (gate,
+ * r = 0) and w1 (up, r = 1) and writes silu(g) * u. Every output element is the same sum in
+ * the same order whatever the row source: per chunk, lane u's 32-element dot product (fmaf in
+ * element order) added to the lane's total, then the lanes' totals summed by the xor butterfly. */
+template <int TY, class RS, bool FUSE>
+__global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const RS rs, size_t rb, int in, int out) {
+    static_assert(!FUSE || (RS::GROUPED && GV_RPW == 2), "FUSE: gate and up rows of a plan's experts");
     mlacu_pdl_enter();
     using Q = qtraits<TY>;
     using G = gv<TY>;
     extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int xmap[RS::GROUPED ? GV_TMAX : 1], ymap[RS::GROUPED ? GV_TMAX : 1];
     float *xs = (float *)smem;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint8_t *ws = smem + (size_t)T * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
-    const int row0 = (blockIdx.x * GV_WARPS + warp) * GV_RPW;
-    const int nchunks = (in + GV_CHUNK - 1) / GV_CHUNK;
-
-    float acc[GV_RPW][GV_TMAX];
-#pragma unroll
-    for (int r = 0; r < GV_RPW; r++)
-#pragma unroll
-        for (int t = 0; t < GV_TMAX; t++) acc[r][t] = 0.f;
-
-    uint4 pre[GV_RPW][G::NV];
-    int nvec[GV_RPW];
-    auto chunk_src = [&](int r, int c, int &off, int &nv) -> const uint4 * {
-        const uint8_t *g = W + (size_t)(row0 + r) * rb + (size_t)c * G::CB;
-        size_t nbytes = rb - (size_t)c * G::CB;
-        if (nbytes > (size_t)G::CB) nbytes = G::CB;
-        off = (int)((uintptr_t)g & 15);
-        nv = (int)((off + nbytes + 15) / 16);
-        return (const uint4 *)(g - off);
-    };
-    auto load = [&](int c) {
-#pragma unroll
-        for (int r = 0; r < GV_RPW; r++) {
-            nvec[r] = 0;
-            if (row0 + r >= out) continue;
-            int off, nv;
-            const uint4 *s = chunk_src(r, c, off, nv);
-            nvec[r] = nv;
-#pragma unroll
-            for (int k = 0; k < G::NV; k++) {
-                int i = lane + 32 * k;
-                if (i < nv) pre[r][k] = __ldg(s + i);
-            }
-        }
-    };
-    load(0);
-    for (int c = 0; c < nchunks; c++) {
-        const int k0 = c * GV_CHUNK;
-        const int nk = min(GV_CHUNK, in - k0);
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < T * (GV_CHUNK / 4); idx += GV_WARPS * 32) {
-            int t = idx / (GV_CHUNK / 4), k4 = (idx % (GV_CHUNK / 4)) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (k4 < nk) v = __ldg((const float4 *)(x + (size_t)t * in + k0 + k4));
-            float *d = xs + t * GV_XS + (k4 >> 5) * 33 + (k4 & 31);
-            d[0] = v.x;
-            d[1] = v.y;
-            d[2] = v.z;
-            d[3] = v.w;
-        }
-#pragma unroll
-        for (int r = 0; r < GV_RPW; r++) {
-            uint4 *d = (uint4 *)(ws + r * G::SB);
-#pragma unroll
-            for (int k = 0; k < G::NV; k++) {
-                int i = lane + 32 * k;
-                if (i < nvec[r]) d[i] = pre[r][k];
-            }
-        }
-        __syncthreads();
-        if (c + 1 < nchunks) load(c + 1);
-        const int u = lane;
-        if (u < nk / 32) {
-#pragma unroll
-            for (int r = 0; r < GV_RPW; r++) {
-                if (row0 + r >= out) continue;
-                int off, nv;
-                chunk_src(r, c, off, nv);
-                const uint8_t *blk = ws + r * G::SB + off + (u / Q::BU) * Q::BB;
-                float v[32];
-                deq_unit<TY>(blk, u % Q::BU, v);
-#pragma unroll
-                for (int t = 0; t < GV_TMAX; t++) {
-                    if (t < T) {
-                        const float *xr = xs + t * GV_XS + u * 33;
-                        float s = 0.f;
-#pragma unroll
-                        for (int i = 0; i < 32; i++) s = fmaf(v[i], xr[i], s);
-                        acc[r][t] += s;
-                    }
-                }
-            }
-        }
+    /* staged rows of x (the dynamic shared memory's layout); this block's tiles: tile0, tile0 +
+     * step, .. below nt (dense: tile 0 alone, known at compile time) */
+    int xrows, nt, tile0, step;
+    if constexpr (RS::GROUPED) {
+        xrows = GV_TMAX;
+        nt = *rs.n_tiles;
+        tile0 = blockIdx.y;
+        step = gridDim.y;
+    } else {
+        xrows = rs.T;
+        nt = 1;
+        tile0 = 0;
+        step = 1;
     }
-#pragma unroll
-    for (int r = 0; r < GV_RPW; r++) {
-#pragma unroll
-        for (int t = 0; t < GV_TMAX; t++) {
-            float s = acc[r][t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0 && t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = s;
-        }
-    }
-}
-static_assert(GV_TMAX == MLACU_GV_TMAX, "mm_cuda.h names the GEMV's tokens a launch");
-
-/* ---------------------------------------------------------------- grouped expert GEMV (MoE) */
-/* The gemv_kernel scheme over tiles of a MoE plan (mla_cuda_moe_plan): blockIdx.y walks the
- * tiles (up to GV_TMAX token slots of one expert each), blockIdx.x the output rows. FUSE: warp
- * w owns output row f of both W0 (gate, r = 0) and W1 (up, r = 1) and writes silu(g) * u. */
-template <int TY, bool FUSE>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_grp_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t rb, size_t estride, int in,
-                    int out, const float *__restrict__ x, int x_div, const int32_t *__restrict__ sorted,
-                    const int32_t *__restrict__ tile_e, const int32_t *__restrict__ tile_s,
-                    const int32_t *__restrict__ tile_n, const int32_t *__restrict__ n_tiles, int world,
-                    float *__restrict__ y) {
-    mlacu_pdl_enter();
-    using Q = qtraits<TY>;
-    using G = gv<TY>;
-    extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ int xr[GV_TMAX], yr[GV_TMAX];
-    float *xs = (float *)smem;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint8_t *ws = smem + (size_t)GV_TMAX * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
-    const int nt = *n_tiles;
+    uint8_t *ws = smem + (size_t)xrows * GV_XS * 4 + (size_t)warp * GV_RPW * G::SB;
     const int nchunks = (in + GV_CHUNK - 1) / GV_CHUNK;
-    for (int tile = blockIdx.y; tile < nt; tile += gridDim.y) {
-        const int e = tile_e[tile], s0 = tile_s[tile], T = tile_n[tile];
-        const size_t eo = (size_t)(e / world) * estride;
-        const int f = blockIdx.x * GV_WARPS + warp;
-        const int row0 = f * GV_RPW;
+    const int f = blockIdx.x * GV_WARPS + warp;
+    const int row0 = FUSE ? f : f * GV_RPW;
+    for (int tile = tile0; tile < nt; tile += step) {
+        const uint8_t *w0, *w1 = nullptr;
+        int T;
+        if constexpr (RS::GROUPED) {
+            const int e = rs.tile_e[tile], s0 = rs.tile_s[tile];
+            T = rs.tile_n[tile];
+            const size_t eo = (size_t)(e / rs.world) * rs.estride;
+            w0 = rs.w0 + eo;
+            if (FUSE) w1 = rs.w1 + eo;
+            __syncthreads(); /* the previous tile's slots are read no more */
+            if (threadIdx.x < GV_TMAX && threadIdx.x < T) {
+                int p = rs.sorted[s0 + threadIdx.x];
+                xmap[threadIdx.x] = p / rs.x_div;
+                ymap[threadIdx.x] = p;
+            }
+        } else {
+            w0 = rs.w;
+            T = rs.T;
+        }
+        /* x's and y's row of token slot t */
+        auto xrow = [&](int t) -> const float * {
+            if constexpr (RS::GROUPED) return rs.x + (size_t)xmap[t] * in;
+            else return rs.x + (size_t)t * in;
+        };
+        auto yrow = [&](int t) -> float * {
+            if constexpr (RS::GROUPED) return rs.y + (size_t)ymap[t] * out;
+            else return rs.y + (size_t)t * out;
+        };
         auto rowptr = [&](int r) -> const uint8_t * {
-            if (FUSE) return (r == 0 ? W0 : W1) + eo + (size_t)f * rb;
-            return W0 + eo + (size_t)(row0 + r) * rb;
+            if (FUSE) return (r == 0 ? w0 : w1) + (size_t)f * rb;
+            return w0 + (size_t)(row0 + r) * rb;
         };
         auto valid = [&](int r) -> bool { return FUSE ? f < out : row0 + r < out; };
-        __syncthreads();
-        if (threadIdx.x < GV_TMAX && threadIdx.x < T) {
-            int p = sorted[s0 + threadIdx.x];
-            xr[threadIdx.x] = p / x_div;
-            yr[threadIdx.x] = p;
-        }
+
         float acc[GV_RPW][GV_TMAX];
 #pragma unroll
         for (int r = 0; r < GV_RPW; r++)
@@ -214,7 +164,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
             for (int idx = threadIdx.x; idx < T * (GV_CHUNK / 4); idx += GV_WARPS * 32) {
                 int t = idx / (GV_CHUNK / 4), k4 = (idx % (GV_CHUNK / 4)) * 4;
                 float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (k4 < nk) v = __ldg((const float4 *)(x + (size_t)xr[t] * in + k0 + k4));
+                if (k4 < nk) v = __ldg((const float4 *)(xrow(t) + k0 + k4));
                 float *d = xs + t * GV_XS + (k4 >> 5) * 33 + (k4 & 31);
                 d[0] = v.x;
                 d[1] = v.y;
@@ -256,41 +206,47 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
             }
         }
 #pragma unroll
-        for (int t = 0; t < GV_TMAX; t++) {
-            float s0v = acc[0][t], s1v = acc[1][t];
+        for (int r = 0; r < GV_RPW; r++)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                s0v += __shfl_xor_sync(0xffffffffu, s0v, o);
-                s1v += __shfl_xor_sync(0xffffffffu, s1v, o);
+            for (int t = 0; t < GV_TMAX; t++) {
+                float s = acc[r][t];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                acc[r][t] = s;
             }
-            if (lane == 0 && t < T) {
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < GV_TMAX; t++) {
+                if (t >= T) break;
                 if (FUSE) {
-                    if (f < out) y[(size_t)yr[t] * out + f] = s0v / (1.0f + expf(-s0v)) * s1v;
+                    if (f < out) yrow(t)[f] = mlacu_swiglu(acc[0][t], acc[1][t]);
                 } else {
-                    if (row0 < out) y[(size_t)yr[t] * out + row0] = s0v;
-                    if (row0 + 1 < out) y[(size_t)yr[t] * out + row0 + 1] = s1v;
+#pragma unroll
+                    for (int r = 0; r < GV_RPW; r++)
+                        if (row0 + r < out) yrow(t)[row0 + r] = acc[r][t];
                 }
             }
         }
     }
 }
+static_assert(GV_TMAX == MLACU_GV_TMAX, "mm_cuda.h names the GEMV's tokens a launch");
 
 template <int TY, bool FUSE>
 static cudaError_t launch_grp(const void *w0, const void *w1, size_t estride, int64_t in, int64_t out, const float *x,
                               int x_div, const mla_cuda_moe_plan *pl, float *y, cudaStream_t s) {
     static bool attr_set = false;
     if (!attr_set) {
-        cudaError_t err = cudaFuncSetAttribute(gemv_grp_kernel<TY, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)gemv_smem<TY>(GV_TMAX));
+        cudaError_t err = mlacu_smem_allow(gemv_kernel<TY, gv_grouped, FUSE>, (int)gemv_smem<TY>(GV_TMAX));
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
     const int rows_per_block = FUSE ? GV_WARPS : GV_WARPS * GV_RPW;
     int64_t ty = pl->max_tiles < 65535 ? pl->max_tiles : 65535;
     dim3 grid((unsigned)((out + rows_per_block - 1) / rows_per_block), (unsigned)(ty > 0 ? ty : 1));
-    mlacu_launch(gemv_grp_kernel<TY, FUSE>, grid, GV_WARPS * 32, gemv_smem<TY>(GV_TMAX), s, (const uint8_t *)w0,
-                 (const uint8_t *)w1, ggml_row_bytes(TY, in), estride, (int)in, (int)out, x, x_div, pl->sorted,
-                 pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y);
+    const gv_grouped rs = {(const uint8_t *)w0, (const uint8_t *)w1, estride, x, x_div, pl->sorted,
+                           pl->tile_e, pl->tile_s, pl->tile_n, pl->n_tiles, pl->world, y};
+    mlacu_launch(gemv_kernel<TY, gv_grouped, FUSE>, grid, GV_WARPS * 32, gemv_smem<TY>(GV_TMAX), s, rs,
+                 ggml_row_bytes(TY, in), (int)in, (int)out);
     return cudaGetLastError();
 }
 
@@ -300,16 +256,16 @@ static cudaError_t launch_gemv(const void *w, int64_t in, int64_t out, const flo
     static bool attr_set = false; /* per type; the max dynamic size is set once */
     size_t rb = ggml_row_bytes(TY, in);
     if (!attr_set) {
-        cudaError_t err = cudaFuncSetAttribute(gemv_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)gemv_smem<TY>(GV_TMAX));
+        cudaError_t err = mlacu_smem_allow(gemv_kernel<TY, gv_dense, false>, (int)gemv_smem<TY>(GV_TMAX));
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
     unsigned grid = (unsigned)((out + GV_WARPS * GV_RPW - 1) / (GV_WARPS * GV_RPW));
     for (int64_t t0 = 0; t0 < T; t0 += GV_TMAX) {
         int tn = (int)(T - t0 < GV_TMAX ? T - t0 : GV_TMAX);
-        mlacu_launch(gemv_kernel<TY>, grid, GV_WARPS * 32, gemv_smem<TY>(tn), s, (const uint8_t *)w, rb, (int)in,
-                     (int)out, x + t0 * in, tn, y + t0 * out);
+        const gv_dense rs = {(const uint8_t *)w, x + t0 * in, y + t0 * out, tn};
+        mlacu_launch(gemv_kernel<TY, gv_dense, false>, grid, GV_WARPS * 32, gemv_smem<TY>(tn), s, rs, rb, (int)in,
+                     (int)out);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }

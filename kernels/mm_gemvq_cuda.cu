@@ -242,9 +242,9 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemv_group_store(acc, red, warp, lane, part, wpr, row0, out, T, y);
 }
 
-/* The grouped expert version over a MoE plan's tiles (as gemv_grp_kernel): blockIdx.y walks the
- * tiles (multi: those after the plan's single-pair ones), a warp owns rows (FUSE: row f of gate
- * and of up, writing silu(g) * u). */
+/* The grouped expert version over a MoE plan's tiles (as gemv_kernel's gv_grouped row source):
+ * blockIdx.y walks the tiles (multi: those after the plan's single-pair ones), a warp owns rows
+ * (FUSE: row f of gate and of up, writing silu(g) * u). */
 template <int TY, bool FUSE>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvq_grp_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t rb, size_t estride, int nu,

@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x,
 /* The dynamic shared memory a kernel needs, allowed once per kernel (done: its flag). */
 template <class K> static cudaError_t mh_allow(K kern, size_t bytes, bool &done) {
     if (done) return cudaSuccess;
-    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    cudaError_t err = mlacu_smem_allow(kern, (int)bytes);
     done = err == cudaSuccess;
     return err;
 }
@@ -449,7 +449,9 @@ static cudaError_t launch_mmh(const void *w, int64_t in, int64_t out, const void
         mlacu_launch(mh_sum_kernel, (unsigned)std::min<int64_t>((n + 255) / 256, 4 * nsm), 256, 0, s, ws, sp, n, y);
         return cudaGetLastError();
     }
-    if (rowb * ((T + 127) / 128) < nsm)
+    /* 128-token tiles where they fit in what a block may have: types of long raw rows (Q5_K, Q6_K:
+     * 103-109 KB a block) take 64-token tiles within sm_120's 99 KB (docs/sm120.md) */
+    if (rowb * ((T + 127) / 128) < nsm || mh_smem<TY, 128>() > (size_t)mlacu_smem_optin())
         return launch_mmh_cfg<TY, 4, 1>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 63) / 64), 1, y,
                                         s);
     return launch_mmh_cfg<TY, 4, 2>(w, 0, in, out, xh, T, T, 1, NULL, NULL, 1, (unsigned)((T + 127) / 128), 1, y, s);

@@ -143,7 +143,7 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     const size_t smem = (size_t)X * 4 * sizeof(int32_t);
     static size_t smem_set = 48 << 10; /* past 48 KB (3072 experts and more) only by opting in */
     if (smem > smem_set) {
-        MLACU_CHECK(cudaFuncSetAttribute(moe_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+        MLACU_CHECK(mlacu_smem_allow(moe_plan_kernel, (int)smem), e,
                     "moe plan: shared memory %zu", smem);
         smem_set = smem;
     }

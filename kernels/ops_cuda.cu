@@ -482,7 +482,7 @@ extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *
         static bool attr[4] = {false, false, false, false};
         bool &done = attr[(d_res ? 2 : 0) + (q8 ? 1 : 0)];
         if (!done) {
-            MLACU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(2 * RN_T * RN_V * 4)), e,
+            MLACU_CHECK(mlacu_smem_allow(k, (int)(2 * RN_T * RN_V * 4)), e,
                         "rmsnorm: shared memory");
             done = true;
         }

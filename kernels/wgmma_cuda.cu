@@ -391,17 +391,9 @@ int g_mode = 1; /* mlacu_wg_set */
 
 int wg_mode(void) { return g_mode; }
 
-bool wg_device_ok(void) {
-    static int ok = -1;
-    if (ok < 0) {
-        int dev = 0, major = 0, minor = 0;
-        ok = cudaGetDevice(&dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-             minor == 0 && mlacu_smem_optin() >= (int)wg_geo<128, 2>::SMEM;
-    }
-    return ok == 1;
-}
+/* a compute capability 9.0 device with sm_90a instructions allowed (no MLA_CUDA_SMEM_CAP) and the
+ * largest tile's shared memory */
+bool wg_device_ok(void) { return mlacu_hopper_isa() && mlacu_smem_optin() >= (int)wg_geo<128, 2>::SMEM; }
 
 template <int NT, int MT>
 cudaError_t wg_launch(const void *w, size_t rb, size_t estride, int64_t in, int64_t out, const __half *xh,
@@ -410,8 +402,7 @@ cudaError_t wg_launch(const void *w, size_t rb, size_t estride, int64_t in, int6
     using G = wg_geo<NT, MT>;
     static bool allowed = false;
     if (!allowed) {
-        cudaError_t err = cudaFuncSetAttribute(wg_q4k_kernel<NT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)wg_geo<NT, MT>::SMEM);
+        cudaError_t err = mlacu_smem_allow(wg_q4k_kernel<NT, MT>, (int)wg_geo<NT, MT>::SMEM);
         if (err != cudaSuccess) return err;
         allowed = true;
     }

@@ -37,6 +37,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     Mla__StepResult res = MLA__STEP_RESULT__INIT;
     Mla__Control ctl = MLA__CONTROL__INIT;
     Mla__WorkerStats wstats = MLA__WORKER_STATS__INIT;
+    Mla__BackendConfig wback = MLA__BACKEND_CONFIG__INIT;
     Mla__Bench bench = MLA__BENCH__INIT;
     Mla__BenchResult bres = MLA__BENCH_RESULT__INIT;
     /* per-sequence storage for plans and results */
@@ -200,6 +201,17 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             wstats.device_mem_free = ws->device_mem_free;
             wstats.device_mem_total = ws->device_mem_total;
             ctl.stats = &wstats;
+        }
+        if (m->u.ctl.has_backend) {
+            const wire_backend_cfg *b = &m->u.ctl.backend;
+            wback.arch = b->arch;
+            wback.arch_as = b->arch_as;
+            wback.attention = (char *)b->attention;
+            wback.attn_smem = b->attn_smem;
+            wback.smem_cap = b->smem_cap;
+            wback.smem_dev = b->smem_dev;
+            wback.wgmma = b->wgmma;
+            ctl.backend = &wback;
         }
         env.body_case = MLA__ENVELOPE__BODY_CONTROL;
         env.control = &ctl;
@@ -581,6 +593,23 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
         o->has_stats = true;
         o->stats = (wire_worker_stats){ws->steps, ws->step_seconds, ws->allreduces, ws->allreduce_seconds,
                                        ws->device_mem_free, ws->device_mem_total};
+    }
+    if (c->backend) {
+        const Mla__BackendConfig *b = c->backend;
+        if ((int)c->kind != WIRE_CTL_LOADED)
+            return mla_errf(err, "wire: control kind %d carries a backend configuration", (int)c->kind);
+        bool name_ok = b->attention && b->attention[0];
+        for (const char *q = b->attention; name_ok && *q; q++) /* a metric label: letters and digits */
+            name_ok = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9');
+        if (!name_ok || b->smem_cap > b->smem_dev || b->attn_smem > b->smem_cap)
+            return mla_errf(err, "wire: backend configuration with attention '%s', %u bytes of shared memory a block "
+                                 "of %u allowed (device %u)",
+                            b->attention ? b->attention : "", b->attn_smem, b->smem_cap, b->smem_dev);
+        o->has_backend = true;
+        o->backend = (wire_backend_cfg){.arch = b->arch, .arch_as = b->arch_as, .attn_smem = b->attn_smem,
+                                        .smem_cap = b->smem_cap, .smem_dev = b->smem_dev, .wgmma = b->wgmma};
+        if (copy_str(o->backend.attention, sizeof o->backend.attention, b->attention, "BackendConfig.attention", err))
+            return MLA_ERR;
     }
     o->load_done = c->load_done;
     o->load_total = c->load_total;

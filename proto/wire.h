@@ -180,6 +180,16 @@ typedef struct wire_worker_stats {
     uint64_t device_mem_free, device_mem_total;
 } wire_worker_stats;
 
+/* proto BackendConfig: a CUDA worker's kernel configuration (wire_decode: attention non-empty,
+ * smem_cap <= smem_dev, attn_smem <= smem_cap) */
+#define WIRE_MAX_ATTN_NAME 16
+typedef struct wire_backend_cfg {
+    uint32_t arch, arch_as;
+    char attention[WIRE_MAX_ATTN_NAME];
+    uint32_t attn_smem, smem_cap, smem_dev;
+    bool wgmma;
+} wire_backend_cfg;
+
 typedef struct wire_control {
     wire_control_kind kind;
     uint32_t n_seq_ids;
@@ -202,6 +212,9 @@ typedef struct wire_control {
     /* a worker's heartbeat (optional; wire_decode: finite seconds >= 0, free <= total) */
     bool has_stats;
     wire_worker_stats stats;
+    /* WIRE_CTL_LOADED only (optional) */
+    bool has_backend;
+    wire_backend_cfg backend;
 } wire_control;
 
 /* `mlaserve bench` (worker/engine.h bench_fill / bench_coll). wire_decode checks: a known op;

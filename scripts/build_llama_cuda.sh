@@ -65,7 +65,9 @@
 #   Env: LCPP_ROOT (default /tmp/lcpp), BUILD_DIR (default /tmp/lcpp-cuda-build),
 #        JOBS (default 2), NICE (default 19), CUDA_HOME (default /usr/local/cuda),
 #        FA (default 0; 1 = compile the FlashAttention kernels, f16 K/V only),
-#        REPO (default: this script's repository)
+#        REPO (default: this script's repository), LLAMA_SRC (a source tree to build instead),
+#        PACK (default 1; 0 = leave out .llama-cuda.tar.xz, for a build on the GPU host itself:
+#        there LLAMA_SRC=... JOBS=16 NICE=0 PACK=0 CUDA_HOME=<nvcc's prefix> takes minutes)
 #   The build is long (sm_90 CUDA kernels; tens of minutes to > 1 h on 2 cores).
 set -euo pipefail
 
@@ -251,8 +253,10 @@ EOF
   echo "NEEDED (not bundled): $needed"
   echo "highest GLIBC version: $glibc_max"
   rm -f "$REPO/.llama-cuda.tar.xz"
-  (cd "$REPO" && tar cf - .llama-cuda | xz -9e -T1 > .llama-cuda.tar.xz)
-  ls -l "$REPO/.llama-cuda.tar.xz"
+  if [ "${PACK:-1}" = 1 ]; then
+    (cd "$REPO" && tar cf - .llama-cuda | xz -9e -T1 > .llama-cuda.tar.xz)
+    ls -l "$REPO/.llama-cuda.tar.xz"
+  fi
   du -sb "$PKG"
 }
 

@@ -10,8 +10,11 @@
 #      (bench/plot_decode.py) of both
 #   3. Nsight Compute on the first kernels of a few decode steps
 # Env: BUNDLE (release tree, default .bundle), OUT (default ./out), LAYERS (default 4),
-# BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds),
-# FAMILY (v3, glm5 or v2lite: the shapes mkmodel writes; outputs are named by it).
+# BENCH_DIR (model folder, default /tmp/mla-bench), OURS_S / LLAMA_S (time bounds in seconds), REPEAT / WARMUP
+# (runs of each row, default 2 and 2),
+# FAMILY (v3, glm5 or v2lite: the shapes mkmodel writes; outputs are named by it), CAP (sm120 or
+# sm100: the rows again under MLA_CUDA_SMEM_CAP and a row-by-row comparison), E2E_ALONE=0 skips
+# the mla-e2e decode timing.
 # A dry run of the script without a GPU (small model, CPU backend, short lists):
 #   BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small NCU=0 \
 #   BENCH_ARGS="--prefill 16 --batch 1,4 --ctx 64 --steps 2" scripts/gpu_bench.sh
@@ -40,16 +43,31 @@ rc=0
 # decode contexts up to 16k + the warm-up and timed steps; 32 timed steps a point, as llama-bench's
 # tg32 (with 8, one slow step moved a row by 10%)
 # shellcheck disable=SC2086
-timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat 2 --warmup 2 \
+timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" --repeat "${REPEAT:-2}" --warmup "${WARMUP:-2}" \
   ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
   --bw-gbs "$bw" --tflops 790 --cuda-precision split --json "$OUT/bench-$F.json" --md "$OUT/bench-$F.md" \
   >"$OUT/bench-$F.log" 2>&1 || { rc=1; echo "mlaserve bench: exit status $?"; tail -15 "$OUT/bench-$F.log"; }
 cat "$OUT/bench-$F.md" 2>/dev/null
 echo "ours done ($(since))"
+# CAP=sm120 (or sm100): the same rows again with MLA_CUDA_SMEM_CAP=$CAP (the kernels as that part
+# chooses them: shared memory capped, no wgmma), then both row by row (bench/ab_rows.py: the
+# capped run's step time over the normal one's) in $OUT/cap-$CAP-$F.md
+if [ -n "${CAP:-}" ]; then
+  # shellcheck disable=SC2086
+  MLA_CUDA_SMEM_CAP="$CAP" timeout "${OURS_S:-150}" "$B/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp "$TPS" \
+    --repeat "${REPEAT:-2}" --warmup "${WARMUP:-2}" ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
+    --bw-gbs "$bw" --tflops 790 --cuda-precision split --env "MLA_CUDA_SMEM_CAP=$CAP" --json "$OUT/bench-$F-$CAP.json" \
+    --md "$OUT/bench-$F-$CAP.md" >"$OUT/bench-$F-$CAP.log" 2>&1 ||
+    { rc=1; echo "mlaserve bench (MLA_CUDA_SMEM_CAP=$CAP): exit status $?"; tail -15 "$OUT/bench-$F-$CAP.log"; }
+  grep -h "configuration\|self-check passed" "$OUT/bench-$F.log" "$OUT/bench-$F-$CAP.log" 2>/dev/null | head -4
+  { echo "# $F: MLA_CUDA_SMEM_CAP=$CAP (B) against the device's own configuration (A)"; echo
+    python3 bench/ab_rows.py "$OUT/bench-$F.json" "$OUT/bench-$F-$CAP.json"; } | tee "$OUT/cap-$CAP-$F.md"
+  echo "cap $CAP done ($(since))"
+fi
 # the same model's decode step without the coordinator, the wire and the worker loop: mla-e2e
 # (one process, greedy on the host, graphs on), 8-token prompt, 32 tokens; the difference to the
 # batch-1 row above is what the serving stack adds per step
-if [ -x build-gpu-carried/mla-e2e ]; then
+if [ -x build-gpu-carried/mla-e2e ] && [ "${E2E_ALONE:-1}" = 1 ]; then
   echo "11 22 33 44 55 66 77 88" >"$W/tok8.txt"
   echo "mla-e2e alone (--split, the engine's default mode): $(MLA_E2E_TIME=1 timeout 120 build-gpu-carried/mla-e2e logits -m "$M" --split \
     --tokens "$W/tok8.txt" --out "$W/l8.f32" --greedy 32 --ids-out "$W/ids8.txt" 2>&1 | grep -E 'timing|graphs' | tr '\n' ' ')"

@@ -65,6 +65,12 @@ target_link_libraries(mla_test_engine PUBLIC mla_worker)
 add_executable(mla-test-worker ${MLA_TEST_DIR}/ctrl/test_worker_main.c)
 target_link_libraries(mla-test-worker mla_test_engine)
 
+# /metrics' worker series (coordinator/api_metrics.c)
+add_executable(test_api_metrics ${MLA_TEST_DIR}/unit/test_api_metrics.c)
+target_include_directories(test_api_metrics PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_api_metrics mla_coord m)
+add_test(NAME api_metrics COMMAND test_api_metrics)
+
 add_executable(test_coord ${MLA_TEST_DIR}/unit/test_coord.c)
 target_include_directories(test_coord PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_coord mla_coord mla_test_engine m)

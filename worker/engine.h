@@ -103,6 +103,10 @@ typedef struct engine_ops {
     /* Optional (NULL: no device): the device's free and total memory in bytes, for the worker's
      * heartbeat stats. Called on the thread that runs the steps. */
     int (*mem_info)(engine *e, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* Optional (NULL: none, the CPU engine): the kernel configuration the engine chose at load
+     * (architecture, attention kernel, shared memory, wgmma), sent with the loaded frame for the
+     * coordinator's /metrics. */
+    void (*backend_config)(const engine *e, wire_backend_cfg *out);
 } engine_ops;
 
 /* rows of logits step() writes for sequence s */

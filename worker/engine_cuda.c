@@ -44,6 +44,7 @@ struct engine {
     cu_seq *seqs;
     size_t n, cap;
     coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
+    mla_cuda_config cfg; /* what the kernels chose on this device (logged at load) */
 };
 
 #ifdef MLA_HAVE_NCCL
@@ -142,6 +143,11 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     gguf_close(e->g);
     e->g = NULL;
     const mla_config *cf = mla_cmodel_config(e->m);
+    /* what the kernels chose for this model on this device (also in the coordinator's /metrics) */
+    mla_cuda_config_get(&e->cfg, cf->kv_lora_rank, cf->n_rope, mla_cmodel_attn_tc(e->m));
+    char ccs[256];
+    mla_cuda_config_str(&e->cfg, ccs, sizeof ccs);
+    MLA_INFO("CUDA device %d: self-check passed; %s", dev, ccs);
     e->n_ctx = eo->kv.max_context > 0 ? eo->kv.max_context : cf->ctx_train > 0 ? cf->ctx_train : 4096;
     /* ranks the coordinator started here with the same devices visible map to them rank % count:
      * those on this device split it (each worker on a GPU of its own, as a launcher starts them,
@@ -341,6 +347,17 @@ static void cu_destroy(engine *e) {
     free(e);
 }
 
+static void cu_backend_config(const engine *e, wire_backend_cfg *out) {
+    const mla_cuda_config *c = &e->cfg;
+    *out = (wire_backend_cfg){.arch = (uint32_t)c->arch,
+                              .arch_as = (uint32_t)c->arch_as,
+                              .attn_smem = (uint32_t)c->attn_smem,
+                              .smem_cap = (uint32_t)c->smem_cap,
+                              .smem_dev = (uint32_t)c->smem_dev,
+                              .wgmma = c->wgmma};
+    snprintf(out->attention, sizeof out->attention, "%s", mla_cuda_config_attn(c));
+}
+
 static int cu_mem_info(engine *e, uint64_t *free_bytes, uint64_t *total_bytes) {
     (void)e; /* the device is the thread's current one (mla_cuda_init in cu_load) */
     size_t f = 0, t = 0;
@@ -369,7 +386,8 @@ const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .step_greedy = cu_step_greedy,
                                     .queue = cu_queue,
                                     .wait_queued = cu_wait_queued,
-                                    .mem_info = cu_mem_info};
+                                    .mem_info = cu_mem_info,
+                                    .backend_config = cu_backend_config};
 
 #else /* no CUDA in this build */
 

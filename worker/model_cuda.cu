@@ -347,6 +347,7 @@ static int up_kv_b(mla_cmodel *m, dlayer *l, const gguf_tensor *kbt, const gguf_
 }
 
 extern "C" void *mla_cmodel_stream(const mla_cmodel *m) { return (void *)m->st; }
+extern "C" bool mla_cmodel_attn_tc(const mla_cmodel *m) { return m->attn_tc; }
 
 /* With m->q8, quantized weights take the integer GEMV for steps of up to this many tokens (it
  * passes over W once per 8 tokens), the int8 tensor cores above. H200, Q4_K 7168 -> 2048: GEMV

@@ -53,6 +53,8 @@ int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err);
 const mla_config *mla_cmodel_config(const mla_cmodel *m);
 /* the model's compute stream (a cudaStream_t) */
 void *mla_cmodel_stream(const mla_cmodel *m);
+/* whether the model's attention runs on the fp16 tensor cores (not exact mode, MLA_CUDA_ATTN) */
+bool mla_cmodel_attn_tc(const mla_cmodel *m);
 /* Device bytes the weights of this rank take. */
 uint64_t mla_cmodel_weight_bytes(const mla_cmodel *m);
 

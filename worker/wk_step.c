@@ -397,6 +397,10 @@ void *wk_compute_main(void *arg) {
         lm.u.ctl.kv_blocks = kp.n_blocks;
         lm.u.ctl.kv_block_size = kp.block_size;
         lm.u.ctl.kv_block_bytes = kp.block_bytes;
+        if (cfg->engine->backend_config) {
+            cfg->engine->backend_config(eng, &lm.u.ctl.backend);
+            lm.u.ctl.has_backend = true;
+        }
         if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
     }
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;

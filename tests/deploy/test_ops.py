@@ -87,6 +87,7 @@ def case_startup():
             check(name in metrics, "/metrics has " + name)
         check("mlaserve_kv_cache_blocks_total" not in metrics, "/metrics: the block gauge has no counter's name")
         check("mlaserve_worker_device_memory_free_bytes{" not in metrics, "/metrics: no device memory on CPU workers")
+        check("mlaserve_worker_backend_info{" not in metrics, "/metrics: no kernel configuration on CPU workers")
 
         def value(pat):
             m = re.search(pat + r" ([0-9.e+-]+)$", metrics, re.M)

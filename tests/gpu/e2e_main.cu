@@ -181,6 +181,13 @@ static void *run_rank(void *arg) {
             mla_errf(err, "CUDA self-check failed: %s", e2.msg);
             goto out;
         }
+        if (j->rank == 0) { /* what the kernels chose (MLA_CUDA_SMEM_CAP shows here) */
+            mla_cuda_config cc;
+            mla_cuda_config_get(&cc, c->kv_lora_rank, c->n_rope, mla_cmodel_attn_tc(m));
+            char ccs[256];
+            mla_cuda_config_str(&cc, ccs, sizeof ccs);
+            fprintf(stderr, "configuration: %s\n", ccs);
+        }
     }
     int64_t per;
     if (kv_setup(j, m, &per, err)) goto out;

@@ -6,12 +6,13 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--out FILE]   exit status
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--out FILE]   exit status
  * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
- * and timings (check_wg); --wgprof: one run of its timed products, for a profiler. */
+ * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
+ * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -28,6 +29,7 @@
 
 #include "kernels/cuda_ops.h"
 #include "kernels/cuda_rand.h"
+#include "kernels/mm_cuda.h" /* mlacu_gemv: the dense GEMV of every type, whatever the chooser's pick */
 #ifdef MLA_CUDA_WGMMA
 #include "kernels/wgmma_cuda.h"
 #endif
@@ -237,6 +239,80 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     CK(cudaFree(dx));
     CK(cudaFree(dy));
     if (dq) CK(cudaFree(dq));
+}
+
+/* gemv_kernel's two row sources on the same weights and x: the grouped form
+ * (mla_cuda_matmul_grouped) over a plan of one expert and one tile (T <= 8 tokens, one expert a
+ * token: pair p is token p) against the dense form (mlacu_gemv: gemv_kernel over one matrix, for
+ * the float types too, which mla_cuda_matmul_gemv gives to gemvf_kernel). The same bits: y, or
+ * with fuse (gate w0, up w1) the dense GEMV of each then mla_cuda_swiglu. Both against the CPU
+ * reference (dequantized rows dotted in double; silu(g) u) to the GEMV's bound. */
+static void check_gemv_grouped(uint32_t t, int64_t in, int64_t out, int64_t T, bool fuse) {
+    const size_t rb = ggml_row_bytes(t, in), wbytes = rb * out, walloc = mla_cuda_weight_bytes(t, in, out);
+    std::vector<uint8_t> w0(wbytes), w1(wbytes);
+    gr_quant_rows(&g_rng, t, w0.data(), in, out);
+    gr_quant_rows(&g_rng, t, w1.data(), in, out);
+    std::vector<float> x(T * in);
+    gr_fill(&g_rng, x.data(), T * in, 1.0f);
+    void *dw0 = dup(w0.data(), wbytes, walloc), *dw1 = dup(w1.data(), wbytes, walloc);
+    float *dx = (float *)dup(x.data(), T * in * 4);
+    const size_t yb = (size_t)T * out * 4;
+    float *dg = (float *)dmalloc(yb), *du = (float *)dmalloc(yb), *dd = (float *)dmalloc(yb), *dy = (float *)dmalloc(yb);
+    std::vector<int32_t> ids(T, 0);
+    int32_t *dids = (int32_t *)dup(ids.data(), T * 4);
+    void *mem = dmalloc(mla_cuda_moe_plan_bytes(T, 1, 1));
+    mla_cuda_moe_plan pl;
+    mla_cuda_moe_plan_init(&pl, mem, T, 1, 1, 0, 1);
+    OK(mla_cuda_moe_plan_build(&pl, dids, T, 1, 1, 0, E));
+    poison(dd, yb);
+    poison(dy, yb);
+    if (fuse) {
+        CK(mlacu::mlacu_gemv(t, dw0, in, out, dx, T, dg, 0));
+        CK(mlacu::mlacu_gemv(t, dw1, in, out, dx, T, du, 0));
+        OK(mla_cuda_swiglu(dg, du, dd, T * out, 0, E));
+    } else
+        CK(mlacu::mlacu_gemv(t, dw0, in, out, dx, T, dd, 0));
+    OK(mla_cuda_matmul_grouped(t, dw0, fuse ? dw1 : NULL, walloc, in, out, dx, 1, &pl, dy, 0, E));
+    CK(cudaDeviceSynchronize());
+    int32_t nt[2];
+    down(nt, pl.n_tiles, sizeof nt);
+    std::vector<float> yd(T * out), yg(T * out), ref(T * out);
+    down(yd.data(), dd, yb);
+    down(yg.data(), dy, yb);
+    std::vector<float> d0(in), d1(in);
+    for (int64_t o = 0; o < out; o++) {
+        quant_dequant_row(t, w0.data() + (size_t)o * rb, d0.data(), in);
+        quant_dequant_row(t, w1.data() + (size_t)o * rb, d1.data(), in);
+        for (int64_t tk = 0; tk < T; tk++) {
+            double g = 0, u = 0;
+            const float *xr = x.data() + tk * in;
+            for (int64_t i = 0; i < in; i++) g += (double)d0[i] * xr[i], u += (double)d1[i] * xr[i];
+            ref[tk * out + o] = (float)(fuse ? g / (1.0 + exp(-g)) * u : g);
+        }
+    }
+    const bool same = !memcmp(yd.data(), yg.data(), yb), finite = all_finite(yg.data(), yg.size());
+    double err = nt[0] == 1 && same && finite ? std::max(gr_rel_l2(yd.data(), ref.data(), T * out),
+                                                         gr_rel_l2(yg.data(), ref.data(), T * out))
+                                              : INFINITY;
+    if (nt[0] != 1 || !same)
+        printf("  gemv grouped %s: %d tiles (1 wanted), %s\n", ggml_type_name(t), nt[0],
+               same ? "the same bits" : "bits differ from the dense form");
+    add_row(fmt("gemv grouped%s = dense %s", fuse ? " fused" : "", ggml_type_name(t)),
+            fmt("%lldx%lld T=%lld 1 expert", (long long)out, (long long)in, (long long)T), err, 1e-4, 0, 0, 0, true);
+    for (void *p : {dw0, dw1, (void *)dx, (void *)dg, (void *)du, (void *)dd, (void *)dy, (void *)dids, mem})
+        CK(cudaFree(p));
+}
+
+/* check_gemv_grouped at shapes with a partial K chunk and a partial row block (1536 x 300, 3
+ * tokens), a full tile of short rows (512 x 101, 8 tokens) and one pair (7168 x 64), for every
+ * type the GEMV takes, plain and fused */
+static void check_gemv_grouped_all(const uint32_t *types, size_t nt) {
+    for (size_t i = 0; i < nt; i++)
+        for (bool fuse : {false, true}) {
+            check_gemv_grouped(types[i], 1536, 300, 3, fuse);
+            check_gemv_grouped(types[i], 512, 101, 8, fuse);
+            check_gemv_grouped(types[i], 7168, 64, 1, fuse);
+        }
 }
 
 static void check_get_rows(uint32_t t, int64_t n, int64_t vocab, int64_t T) {
@@ -1027,7 +1103,7 @@ static void probe_wg(int mode) {
 static void check_wg(void) {
     const int modes[] = {1601, 1602, 3201, 3202, 6401, 6402, 12801, 12802};
     if (!mlacu_wg_usable(GGML_TYPE_Q4_K, 7168, 2048, 2048, (const void *)256, 0)) {
-        printf("wgmma: not usable on this device (needs compute capability 9.0)\n");
+        printf("wgmma: not usable here (needs compute capability 9.0 and no MLA_CUDA_SMEM_CAP)\n");
         return;
     }
     for (int m : modes) probe_wg(m);
@@ -1068,7 +1144,8 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 /* ---------------------------------------------------------------- main */
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
-         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false;
+         attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
+         gemvgrp = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1076,6 +1153,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
+        else if (!strcmp(argv[i], "--gemvgrp")) gemvgrp = true; /* the grouped float GEMV against the dense one */
         else if (!strcmp(argv[i], "--gemvq")) gemvq = true; /* the integer GEMV of 2-8 tokens, timed */
         else if (!strcmp(argv[i], "--gemvm")) gemvm = true; /* its tensor-core form, checked and timed */
         else if (!strcmp(argv[i], "--gemvm1")) gemvm1 = true; /* V3's dense products at 8 tokens, once: for a profiler */
@@ -1089,7 +1167,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1104,6 +1182,13 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, sm_%d%d, %d SMs, %.0f GiB, L2 %d MiB\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20);
+    {
+        mla_cuda_config cc;
+        mla_cuda_config_get(&cc, 512, 64, true);
+        char ccs[256];
+        mla_cuda_config_str(&cc, ccs, sizeof ccs);
+        printf("configuration: %s (attention of a 512 + 64 latent)\n", ccs);
+    }
     measure_copy();
     {
         mla_err e1;
@@ -1142,6 +1227,8 @@ int main(int argc, char **argv) {
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 8, MM_Q8, false);
         check_matmul(GGML_TYPE_Q8_0, 16384, 7168, 8, MM_Q8, false);
         check_matmul(GGML_TYPE_Q6_K, 7168, 129280, 8, MM_Q8, false);
+    } else if (gemvgrp) {
+        check_gemv_grouped_all(types, sizeof types / sizeof types[0]);
     } else if (gemv_only) {
         check_gemv_stream(quick);
     } else if (wg_only) {
@@ -1173,6 +1260,7 @@ int main(int argc, char **argv) {
         check_matmul(t, 512, 100, 5, MM_GEMV, false);   /* partial block of rows, short row */
         check_matmul(t, 1536, 300, 3, MM_GEMV, false);  /* partial K chunk */
     }
+    check_gemv_grouped_all(types, sizeof types / sizeof types[0]);
     /* the integer GEMV (int8 activations): every quantized type, partial row blocks, short rows,
      * token counts over one pass (8) */
     for (uint32_t t : types) {

@@ -2,7 +2,7 @@
  * accepted, others refused, checked by running them through common/gram's automaton), the
  * refusals of unsupported schemas, and the request parameters (response_format, grammar,
  * logit_bias). */
-#include "mla_test.h"
+#include "gram_test.h"
 
 #include <cjson/cJSON.h>
 
@@ -25,21 +25,8 @@ static gram *compile(const char *schema_json) {
     return gr;
 }
 
-static int accepts(const gram *g, const char *s) {
-    gram_match *m;
-    mla_err e;
-    if (gram_match_new(&m, g, &e)) return -1;
-    int ok = gram_match_accept(m, (const uint8_t *)s, strlen(s), &e) == MLA_OK && gram_match_complete(m);
-    gram_match_free(m);
-    return ok;
-}
-
 static void lang(const char *schema, const char *const *yes, const char *const *no) {
-    gram *g = compile(schema);
-    if (!g) return;
-    for (; *yes; yes++) CHECKF(accepts(g, *yes) == 1, "%s should accept %s", schema, *yes);
-    for (; *no; no++) CHECKF(accepts(g, *no) == 0, "%s should refuse %s", schema, *no);
-    gram_free(g);
+    gram_test_lang(compile(schema), schema, yes, no);
 }
 
 static void refused(const char *schema, const char *needle) {

@@ -1,7 +1,7 @@
 /* common/gram: the GBNF parser (accepted and refused grammars, their messages), the automaton on
  * known strings, and token masks against a brute-force reference (each token's bytes run through
  * the automaton on its own) on random grammars and vocabularies. */
-#include "mla_test.h"
+#include "gram_test.h"
 
 #include <stdint.h>
 
@@ -24,22 +24,8 @@ static void parse_bad(const char *t, const char *needle) {
     gram_free(g);
 }
 
-/* whether g accepts s as a complete sentence */
-static int accepts(const gram *g, const char *s) {
-    gram_match *m;
-    mla_err e;
-    if (gram_match_new(&m, g, &e)) return -1;
-    int ok = gram_match_accept(m, (const uint8_t *)s, strlen(s), &e) == MLA_OK && gram_match_complete(m);
-    gram_match_free(m);
-    return ok;
-}
-
 static void lang(const char *gt, const char *const *yes, const char *const *no) {
-    gram *g = parse_ok(gt);
-    if (!g) return;
-    for (; *yes; yes++) CHECKF(accepts(g, *yes) == 1, "%s should accept '%s'", gt, *yes);
-    for (; *no; no++) CHECKF(accepts(g, *no) == 0, "%s should refuse '%s'", gt, *no);
-    gram_free(g);
+    gram_test_lang(parse_ok(gt), gt, yes, no);
 }
 
 static void test_parse(void) {
@@ -97,7 +83,8 @@ static void test_bounds(void) {
     /* ambiguity: many ways to split a string */
     g = parse_ok("root ::= a a a a a a a a a a a a\na ::= \"x\"*");
     if (g) {
-        CHECK(accepts(g, "") == 1 && accepts(g, "xxxxxxxxxxxxxxxxxxxx") == 1 && accepts(g, "xy") == 0);
+        CHECK(gram_test_accepts(g, "") == 1 && gram_test_accepts(g, "xxxxxxxxxxxxxxxxxxxx") == 1 &&
+              gram_test_accepts(g, "xy") == 0);
         gram_free(g);
     }
     g = parse_ok("root ::= s\ns ::= \"q\" s \"z\" | \"q\" s \"y\" | \"\"");

@@ -629,11 +629,53 @@ static void test_progress_stats(void) {
     CHECK(decode_ctl2((Mla__ControlKind)9, 0, 0, NULL, &out, &e) == MLA_ERR && strstr(e.msg, "unknown control kind"));
 }
 
+/* a CUDA worker's kernel configuration on its loaded frame: kept whole; only on LOADED; an
+ * attention name of letters and digits (a metric label); shared memory within the cap within the
+ * device's */
+static void test_backend_cfg(void) {
+    mla_err e;
+    wire_msg in, out;
+    wire_limits lim = {.world = 2};
+    memset(&in, 0, sizeof in);
+    in.kind = WIRE_CONTROL;
+    in.u.ctl.kind = WIRE_CTL_LOADED;
+    in.u.ctl.rank = 1;
+    in.u.ctl.n_vocab = 100;
+    in.u.ctl.kv_blocks = 10;
+    in.u.ctl.kv_block_size = 64;
+    in.u.ctl.kv_block_bytes = 4096;
+    in.u.ctl.has_backend = true;
+    in.u.ctl.backend = (wire_backend_cfg){.arch = 90, .arch_as = 120, .attention = "tc16", .attn_smem = 77056,
+                                          .smem_cap = 101376, .smem_dev = 232448, .wgmma = false};
+    REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
+    CHECK(out.u.ctl.has_backend && out.u.ctl.backend.arch == 90 && out.u.ctl.backend.arch_as == 120 &&
+          !strcmp(out.u.ctl.backend.attention, "tc16") && out.u.ctl.backend.attn_smem == 77056 &&
+          out.u.ctl.backend.smem_cap == 101376 && out.u.ctl.backend.smem_dev == 232448 && !out.u.ctl.backend.wgmma);
+    wire_msg_free(&out);
+    in.u.ctl.has_backend = false; /* the CPU engine's loaded frame: none */
+    REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
+    CHECK(!out.u.ctl.has_backend);
+    wire_msg_free(&out);
+    in.u.ctl.has_backend = true;
+    in.u.ctl.backend.smem_cap = 300000; /* more than the device's */
+    CHECK(roundtrip(&in, &out, &lim, &e) == MLA_ERR && strstr(e.msg, "backend configuration"));
+    in.u.ctl.backend.smem_cap = 101376;
+    snprintf(in.u.ctl.backend.attention, sizeof in.u.ctl.backend.attention, "tc\"x");
+    CHECK(roundtrip(&in, &out, &lim, &e) == MLA_ERR && strstr(e.msg, "backend configuration"));
+    snprintf(in.u.ctl.backend.attention, sizeof in.u.ctl.backend.attention, "tc32");
+    in.u.ctl.kind = WIRE_CTL_HEARTBEAT;
+    in.u.ctl.kv_blocks = in.u.ctl.kv_block_size = 0;
+    in.u.ctl.kv_block_bytes = 0;
+    in.u.ctl.n_vocab = 0;
+    CHECK(roundtrip(&in, &out, &lim, &e) == MLA_ERR && strstr(e.msg, "carries a backend configuration"));
+}
+
 int main(void) {
     test_plan_rejections();
     test_roundtrips();
     test_nccl_id();
     test_bench();
     test_progress_stats();
+    test_backend_cfg();
     return mla_test_finish();
 }

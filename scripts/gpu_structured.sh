@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Structured output at batch > 1 on a GPU (docs/structured-output.md): does a row under a JSON
+# schema slow the unconstrained rows that share its steps?
+#   1. `mlaserve mkmodel` writes a model with a real vocabulary on this host's disk (FAMILY,
+#      default v2lite at its real size and depth: 102400 tokens, a 2.5 ms step on an H200);
+#   2. `mlaserve serve --backend cuda`, then bench/structured_step.py: N unconstrained rows beside
+#      K json_schema rows (ROWS, CONSTRAINED), the unconstrained rows' token gap, the wall time and
+#      the workers' own step time per (N, K), written to $OUT/structured-<family>.json and .md.
+# Input: .bundle90/ (scripts/gpu_carry.sh). Env: BUNDLE (.bundle90), FAMILY (v2lite), LAYERS (the
+# real count), ROWS (1,8,32), CONSTRAINED (0,1,4,8), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
+# MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS. A dry run without a GPU:
+#   MLASERVE=build/coordinator/mlaserve BACKEND=cpu LAYERS=2 MKMODEL_ARGS=--small ROWS=1,2 \
+#   CONSTRAINED=0,1 TOKENS=8 scripts/gpu_structured.sh
+# No timing is asserted; the table is read by a person.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+MLA="${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}"
+[ -x "$MLA" ] || { echo "no mlaserve at $MLA" >&2; exit 2; }
+FAM="${FAMILY:-v2lite}"
+D="${MODEL_DIR:-/tmp/mla-structured}"
+mkdir -p "$D"
+M="$D/$FAM.gguf"
+largs=()
+[ -n "${LAYERS:-}" ] && largs=(--layers "$LAYERS")
+"$MLA" mkmodel --family "$FAM" "${largs[@]}" ${MKMODEL_ARGS:-} --mix q4k --split-size 0 -o "$M" >"$OUT/structured-mkmodel.log" 2>&1 ||
+  { tail -3 "$OUT/structured-mkmodel.log"; exit 1; }
+rm -f "$D/port"
+"$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" --max-seqs 64 >"$OUT/structured-serve.log" 2>&1 &
+srv=$!
+for _ in $(seq 1 300); do
+  [ -s "$D/port" ] && break
+  kill -0 "$srv" 2>/dev/null || break
+  sleep 1
+done
+rc=0
+if [ -s "$D/port" ]; then
+  python3 bench/structured_step.py --port "$(cat "$D/port")" --rows "${ROWS:-1,8,32}" \
+    --constrained "${CONSTRAINED:-0,1,4,8}" --tokens "${TOKENS:-128}" --json "$OUT/structured-$FAM.json" \
+    >"$OUT/structured-$FAM.md" 2>&1 || rc=1
+  cat "$OUT/structured-$FAM.md"
+else
+  echo "mlaserve serve did not start"; tail -5 "$OUT/structured-serve.log"; rc=1
+fi
+kill "$srv" 2>/dev/null
+wait "$srv" 2>/dev/null
+rm -f "$M"
+exit $rc

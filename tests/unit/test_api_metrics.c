@@ -1,0 +1,46 @@
+/* coordinator/api_metrics.c: the per-worker kernel configuration series of /metrics (a CUDA
+ * worker's backend info, sent with its loaded frame; none for a worker without one, as the CPU
+ * backend's). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_metrics.h"
+#include "mla_test.h"
+
+static void test_backend_info(void) {
+    api_metrics m;
+    api_metrics_init(&m);
+    coord_worker_info w[2];
+    memset(w, 0, sizeof w);
+    w[0].registered = w[0].loaded = 1;
+    w[0].has_backend = 1;
+    w[0].backend = (wire_backend_cfg){.arch = 90, .arch_as = 120, .attention = "tc16", .attn_smem = 77056,
+                                      .smem_cap = 101376, .smem_dev = 232448, .wgmma = false};
+    w[1].registered = w[1].loaded = 1; /* no configuration: no samples */
+    api_gauges g = {0};
+    g.workers = w;
+    g.n_workers = 2;
+    size_t n = 0;
+    char *t = api_metrics_render(&m, &g, "m", &n);
+    REQUIRE(t != NULL && n == strlen(t));
+    CHECK(strstr(t, "# TYPE mlaserve_worker_backend_info gauge\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_backend_info{rank=\"0\",arch=\"sm_90\",arch_as=\"sm_120\",attention=\"tc16\","
+                    "wgmma=\"off\"} 1\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_attention_smem_bytes{rank=\"0\"} 77056\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_smem_cap_bytes{rank=\"0\"} 101376\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_smem_device_bytes{rank=\"0\"} 232448\n") != NULL);
+    CHECK(strstr(t, "{rank=\"1\",arch=") == NULL && strstr(t, "mlaserve_worker_smem_cap_bytes{rank=\"1\"}") == NULL);
+    free(t);
+    /* no worker with a configuration (the CPU backend): no series at all */
+    w[0].has_backend = 0;
+    t = api_metrics_render(&m, &g, "m", &n);
+    REQUIRE(t != NULL);
+    CHECK(strstr(t, "mlaserve_worker_backend_info") == NULL && strstr(t, "mlaserve_worker_smem_cap_bytes") == NULL);
+    free(t);
+    api_metrics_free(&m);
+}
+
+int main(void) {
+    test_backend_info();
+    return mla_test_finish();
+}
