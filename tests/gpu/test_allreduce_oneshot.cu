@@ -101,12 +101,16 @@ static void ranks_free(ranks *R) {
     }
 }
 
+/* a timed-out barrier wait ends the test at once (the ranks' kernels did not run together) */
 static void check_failed(const ranks *R, const char *what) {
     mla_err err = {0};
     for (int r = 0; r < R->n; r++) {
         int f = 0;
         OK(mla_cuda_ar_failed(R->sig[r], &f, &err));
-        CHECK(!f, "%s: N=%d rank %d: a barrier wait timed out", what, R->n, r);
+        if (f) {
+            fprintf(stderr, "FAIL: %s: N=%d rank %d: a barrier wait timed out\n", what, R->n, r);
+            exit(1);
+        }
     }
 }
 
@@ -150,6 +154,7 @@ static void test_sum(ranks *R, float *hin, float *want, float *got, int graph) {
                 }
             }
             CU(cudaDeviceSynchronize());
+            check_failed(R, "sum");
             for (int r = 0; r < R->n; r++) {
                 CU(cudaMemcpy(got, R->out[r], count * 4, cudaMemcpyDeviceToHost));
                 size_t bad = count;
@@ -189,6 +194,7 @@ static void test_add_rmsnorm(ranks *R, float *hin, float *want, float *got) {
                 OK(mla_cuda_ar_add_rmsnorm(&R->p[r], T, E, R->x[r], dw, 1e-6f, R->h[r], R->st[r], &err));
             }
             CU(cudaDeviceSynchronize());
+            check_failed(R, "add+norm");
             for (int r = 0; r < R->n; r++) {
                 CU(cudaMemcpy(got, R->x[r], count * 4, cudaMemcpyDeviceToHost));
                 CHECK(!memcmp(got, want, count * 4), "add+norm N=%d E=%lld T=%lld rank %d: x differs from x + sum",
