@@ -74,7 +74,7 @@ static int64_t dim_of(lt_dim d, const mla_config *c) {
     case LT_D_FF: return c->n_ff;
     case LT_D_X: return c->n_expert;
     case LT_D_F: return c->n_ff_exp;
-    case LT_D_S: return c->n_ff_exp * c->n_expert_shared;
+    case LT_D_S: return c->n_ff_shexp;
     }
     return 0;
 }

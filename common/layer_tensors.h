@@ -78,7 +78,7 @@ typedef enum lt_dim {
     LT_D_FF,     /* n_ff */
     LT_D_X,      /* n_expert */
     LT_D_F,      /* n_ff_exp */
-    LT_D_S,      /* n_ff_exp * n_expert_shared */
+    LT_D_S,      /* n_ff_shexp */
 } lt_dim;
 
 typedef struct lt_entry {

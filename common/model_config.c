@@ -194,6 +194,8 @@ int mla_config_from_gguf(mla_config *c, const gguf_ctx *g, mla_err *err) {
         if (req_i(&r, "expert_feed_forward_length", &c->n_ff_exp) < 0) return MLA_ERR;
         if ((rc = opt_i(&r, "expert_shared_count", &c->n_expert_shared)) < 0) return rc;
         if (rc == 0) assume(c, r.key, "no shared experts", "0");
+        c->n_ff_shexp = c->n_ff_exp * c->n_expert_shared;
+        if ((rc = opt_i(&r, "expert_shared_feed_forward_length", &c->n_ff_shexp)) < 0) return rc;
         c->n_group = 1;
         c->n_group_used = 1;
         if ((rc = opt_i(&r, "expert_group_count", &c->n_group)) < 0) return rc;

@@ -38,7 +38,9 @@ typedef struct mla_config {
     int64_t n_vocab;
     int64_t n_head;
     int64_t n_ff;         /* dense FFN width */
-    int64_t n_ff_exp;     /* routed expert FFN width (shared experts: n_ff_exp * n_expert_shared) */
+    int64_t n_ff_exp;     /* routed expert FFN width */
+    int64_t n_ff_shexp;   /* the shared experts' FFN width: expert_shared_feed_forward_length where the file
+                           * has it (a rank's share, mkmodel --rank-of), else n_ff_exp * n_expert_shared */
     float rms_eps;
 
     /* MLA */

@@ -490,6 +490,9 @@ static void write_meta(gguf_writer *w, const shape *s, const vocab *v, const cha
     gguf_write_kv_u32(w, K("attention.value_length_mla"), (uint32_t)f->v_dim);
     gguf_write_kv_u32(w, K("expert_feed_forward_length"), (uint32_t)f->n_ff_exp);
     gguf_write_kv_u32(w, K("expert_shared_count"), (uint32_t)f->n_shared);
+    /* a rank's share of the shared experts (--rank-of) is not n_ff_exp * n_shared: say it */
+    if (s->ff_shexp != f->n_ff_exp * f->n_shared)
+        gguf_write_kv_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)s->ff_shexp);
     gguf_write_kv_f32(w, K("expert_weights_scale"), f->w_scale);
     gguf_write_kv_bool(w, K("expert_weights_norm"), f->w_norm);
     gguf_write_kv_u32(w, K("expert_gating_func"), f->gating);

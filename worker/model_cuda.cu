@@ -782,8 +782,8 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     keys = keys < 256 ? 256 : keys;
     nout = nout < 16 ? 16 : nout;
     const int64_t E = c->n_embd, Hl = m->Hl, KL = c->kv_lora_rank, row = KL + c->n_rope;
-    int64_t Fmax = c->n_ff > c->n_ff_exp * (c->n_expert_shared > 0 ? c->n_expert_shared : 1) ? c->n_ff
-                                                                                                : c->n_ff_exp * c->n_expert_shared;
+    int64_t Fmax = c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp;
+    if (c->n_ff_shexp > Fmax) Fmax = c->n_ff_shexp;
     if (Fmax < 1) Fmax = 1;
     const int64_t V = c->n_vocab, X = c->n_expert > 0 ? c->n_expert : 1, K = c->n_expert_used > 0 ? c->n_expert_used : 1;
 #define A(p, n)                                                                                                        \

@@ -44,10 +44,12 @@ def inspect(path, tp):
     return json.loads(q.stdout)
 
 
-for fam, layers in (('v3', 2), ('v3', 4), ('glm5', 4)):
-    name = f'{fam}-{layers}l'
+# the last case's shared expert (2048 wide) is divided (256 a rank, whole quant blocks): the file then
+# says its width (expert_shared_feed_forward_length), which the loader must honour
+for fam, layers, extra in (('v3', 2, []), ('v3', 4, []), ('glm5', 4, []), ('v3', 4, ['--ff-exp', '2048'])):
+    name = f'{fam}-{layers}l' + ('-ffe' if extra else '')
     full, rank = f'{work}/{name}-full.gguf', f'{work}/{name}-rank.gguf'
-    base = ['mkmodel', '--family', fam, '--small', '--layers', str(layers), '--split-size', '0', '--threads', '2']
+    base = ['mkmodel', '--family', fam, '--small', '--layers', str(layers), '--split-size', '0', '--threads', '2'] + extra
     q = run(base + ['-o', full])
     check(q.returncode == 0, f'{name}: mkmodel whole: {q.stderr[-300:]}')
     q = run(base + ['--rank-of', str(N), '-o', rank])
@@ -74,6 +76,11 @@ for fam, layers in (('v3', 2), ('v3', 4), ('glm5', 4)):
     check(f('expert_used_count') == 1, f'{name}: top-k {f("expert_used_count")}')
     check(f('vocab_size') == Vr, f'{name}: vocab {f("vocab_size")}')
     check(len(r.fields['tokenizer.ggml.tokens'].contents()) == Vr, f'{name}: tokens')
+    shk = f'{a}.expert_shared_feed_forward_length'
+    if extra:
+        check(shk in r.fields and r.fields[shk].contents() == 2048 // N, f'{name}: shared expert width in the file')
+    else:
+        check(shk not in r.fields, f'{name}: shared expert whole, no width key')
     out = f'{work}/{name}-bench.json'
     q = run(['bench', '-m', rank, '--backend', 'cpu', '--threads', '2', '--prefill', 'none', '--batch', '1',
              '--ctx', '32', '--steps', '2', '--warmup', '1', '--repeat', '1', '--json', out])
