@@ -1248,6 +1248,8 @@ static bool same_state(const sstate *a, const sstate *b) {
            (!a->n || !memcmp(a->st, b->st, a->n * sizeof *a->st));
 }
 
+void gram_vocab_freeze(gram_vocab *v) { freeze(v); }
+
 int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *err) {
     freeze(v);
     m->err = err;

@@ -82,5 +82,8 @@ bool gram_match_complete(const gram_match *m);
  * sequence tokens when complete, else 0 (allow has gram_vocab_n(v) entries). Returns the count
  * allowed, or -1 with err set on a bound. */
 int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *err);
+/* Builds v's token trie now (the first gram_match_mask does it otherwise): after this, masks of
+ * different matchers over v may run on several threads at once. */
+void gram_vocab_freeze(gram_vocab *v);
 
 #endif

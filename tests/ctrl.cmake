@@ -53,6 +53,12 @@ target_include_directories(test_sample PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_sample mla_worker m)
 add_test(NAME sample COMMAND test_sample)
 
+# the constrained rows' masks computed on threads equal those computed in line
+add_executable(test_wk_constrain ${MLA_TEST_DIR}/unit/test_wk_constrain.c)
+target_include_directories(test_wk_constrain PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_wk_constrain mla_worker)
+add_test(NAME wk_constrain COMMAND test_wk_constrain)
+
 add_executable(test_wk_ahead ${MLA_TEST_DIR}/unit/test_wk_ahead.c)
 target_include_directories(test_wk_ahead PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_wk_ahead mla_worker)

@@ -2,6 +2,7 @@
 #include "wk_constrain.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,12 @@ typedef struct crec {
     float *bias_vals;
     uint32_t n_bias;
     uint32_t next_pos; /* position of the next token the matcher takes */
+    /* wk_constrain_prepare's work for this step's row: its tokens taken and, when it samples, its
+     * mask in allow (cnt as gram_match_mask returns it); wk_constrain_row hands them out */
+    bool prepared;
+    const wire_seq *seq;
+    uint8_t *allow;
+    int64_t cnt;
 } crec;
 
 struct wk_constrain {
@@ -26,6 +33,13 @@ struct wk_constrain {
     uint8_t *allow;
     crec *r;
     size_t n, cap;
+    /* wk_constrain_prepare's threads: they work through prep[0..n_prep) by next_prep */
+    pthread_t th[WK_CONSTRAIN_THREADS];
+    int n_th;
+    crec **prep;
+    size_t n_prep, cap_prep;
+    size_t next_prep;
+    pthread_mutex_t mu;
 };
 
 wk_constrain *wk_constrain_new(const char *model_path, uint32_t n_vocab) {
@@ -33,6 +47,7 @@ wk_constrain *wk_constrain_new(const char *model_path, uint32_t n_vocab) {
     c->model_path = model_path ? mla_xstrdup(model_path) : NULL;
     c->n_vocab = n_vocab;
     c->allow = mla_xmalloc(n_vocab ? n_vocab : 1);
+    pthread_mutex_init(&c->mu, NULL);
     return c;
 }
 
@@ -41,13 +56,17 @@ static void rec_clear(crec *r) {
     gram_free(r->g);
     free(r->bias_ids);
     free(r->bias_vals);
+    free(r->allow);
     memset(r, 0, sizeof *r);
 }
 
 void wk_constrain_free(wk_constrain *c) {
     if (!c) return;
+    wk_constrain_join(c);
     for (size_t i = 0; i < c->n; i++) rec_clear(&c->r[i]);
     free(c->r);
+    free(c->prep);
+    pthread_mutex_destroy(&c->mu);
     gram_vocab_free(c->v);
     free(c->allow);
     free(c->model_path);
@@ -60,6 +79,7 @@ void wk_constrain_set_vocab(wk_constrain *c, gram_vocab *v) {
 }
 
 void wk_constrain_drop(wk_constrain *c, uint64_t seq_id) {
+    wk_constrain_join(c);
     for (size_t i = 0; i < c->n; i++)
         if (c->r[i].id == seq_id) {
             rec_clear(&c->r[i]);
@@ -193,9 +213,10 @@ static void take(crec *r, const gram_vocab *v, int32_t t) {
     r->dead = true;
 }
 
-int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_err *err) {
-    memset(mod, 0, sizeof *mod);
-    if (!c->v && wk_constrain_vocab_from_gguf(&c->v, c->model_path, c->n_vocab, err)) return MLA_ERR;
+/* The record of constrained row s, set up by the plan when it says so (created, its grammar
+ * parsed, the tokens before the plan replayed); NULL with err set when it cannot be served. */
+static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
+    if (!c->v && wk_constrain_vocab_from_gguf(&c->v, c->model_path, c->n_vocab, err)) return NULL;
     const wire_sampling *sp = &s->sp;
     crec *r = find(c, s->seq_id);
     if (sp->constraint_setup) {
@@ -214,7 +235,8 @@ int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_er
             if (gram_parse(&r->g, sp->grammar, strlen(sp->grammar), err) ||
                 gram_match_new(&r->m, r->g, err)) {
                 wk_constrain_drop(c, s->seq_id);
-                return mla_err_prefix(err, "sequence %" PRIu64 ": ", s->seq_id);
+                mla_err_prefix(err, "sequence %" PRIu64 ": ", s->seq_id);
+                return NULL;
             }
         }
         if (sp->n_bias) {
@@ -228,40 +250,125 @@ int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_er
         for (uint32_t k = 0; k < sp->n_replay; k++) take(r, c->v, sp->replay[k]);
         r->next_pos += sp->n_replay;
     }
-    if (!r)
-        return mla_errf(err, "sequence %" PRIu64 ": constrained, but no constraint was set up for it", s->seq_id);
+    if (!r) mla_errf(err, "sequence %" PRIu64 ": constrained, but no constraint was set up for it", s->seq_id);
+    return r;
+}
+
+/* The plan's tokens of row s into r's matcher. */
+static int row_take(crec *r, const gram_vocab *v, const wire_seq *s, mla_err *err) {
     for (uint32_t k = 0; k < s->n_tokens; k++) {
         uint32_t pos = (uint32_t)s->positions[k];
         if (pos < r->next_pos) continue; /* the prompt */
         if (pos > r->next_pos)
             return mla_errf(err, "sequence %" PRIu64 ": position %u comes before %u reached its grammar", s->seq_id,
                             pos, r->next_pos);
-        take(r, c->v, s->tokens[k]);
+        take(r, v, s->tokens[k]);
         r->next_pos++;
     }
-    if (!s->sample) return MLA_OK;
+    return MLA_OK;
+}
+
+/* r's token mask into allow: gram_match_mask's count, or -1 (and r dead) where the grammar stops. */
+static int64_t row_mask(crec *r, gram_vocab *v, uint8_t *allow) {
+    if (r->dead) return -1;
+    mla_err e = {{0}};
+    int64_t cnt = gram_match_mask(r->m, v, allow, &e);
+    if (cnt < 0) {
+        MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
+        r->dead = true;
+    } else if (cnt == 0) {
+        MLA_WARN("sequence %" PRIu64 ": no token of the vocabulary continues its grammar: ending it", r->id);
+    }
+    return cnt;
+}
+
+/* mod for a sampled row of r whose mask (count cnt) is in allow: end of sequence only where the
+ * grammar cannot go on. */
+static int row_mod(wk_constrain *c, crec *r, uint8_t *allow, int64_t cnt, sample_mod *mod, mla_err *err) {
     mod->bias_ids = r->bias_ids;
     mod->bias_vals = r->bias_vals;
     mod->n_bias = r->n_bias;
     if (!r->m) return MLA_OK;
-    int64_t cnt = -1;
-    if (!r->dead) {
-        mla_err e = {{0}};
-        cnt = gram_match_mask(r->m, c->v, c->allow, &e);
-        if (cnt < 0) {
-            MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
-            r->dead = true;
-        } else if (cnt == 0) {
-            MLA_WARN("sequence %" PRIu64 ": no token of the vocabulary continues its grammar: ending it", r->id);
-        }
-    }
     if (cnt <= 0) { /* end of sequence only */
         uint32_t n_eos = 0;
-        for (uint32_t i = 0; i < c->n_vocab; i++) n_eos += c->allow[i] = gram_vocab_is_eos(c->v, i);
+        for (uint32_t i = 0; i < c->n_vocab; i++) n_eos += allow[i] = gram_vocab_is_eos(c->v, i);
         if (!n_eos)
             return mla_errf(err, "sequence %" PRIu64 ": its grammar cannot go on and the model has no end-of-sequence "
-                            "token", s->seq_id);
+                            "token", r->id);
     }
-    mod->allow = c->allow;
+    mod->allow = allow;
     return MLA_OK;
+}
+
+static void *prep_main(void *arg) {
+    wk_constrain *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        crec *r = c->next_prep < c->n_prep ? c->prep[c->next_prep++] : NULL;
+        pthread_mutex_unlock(&c->mu);
+        if (!r) return NULL;
+        mla_err e = {{0}};
+        if (row_take(r, c->v, r->seq, &e)) { /* reported again by wk_constrain_row */
+            r->prepared = false;
+            continue;
+        }
+        if (r->seq->sample && r->m) {
+            if (!r->allow) r->allow = mla_xmalloc(c->n_vocab ? c->n_vocab : 1);
+            r->cnt = row_mask(r, c->v, r->allow);
+        }
+    }
+}
+
+void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p) {
+    wk_constrain_join(c);
+    c->n_prep = c->next_prep = 0;
+    for (size_t k = 0; k < c->n; k++) { /* nothing of an earlier plan is handed out */
+        c->r[k].prepared = false;
+        c->r[k].seq = NULL;
+    }
+    bool any = false;
+    for (uint32_t i = 0; i < p->n_seqs; i++) { /* set up (records may move) */
+        mla_err e = {{0}};
+        if (p->seqs[i].sp.constrained && row_setup(c, &p->seqs[i], &e)) any = true; /* else wk_constrain_row reports it */
+    }
+    if (!any) return;
+    gram_vocab_freeze(c->v);
+    for (uint32_t i = 0; i < p->n_seqs; i++) { /* c->r no longer moves */
+        const wire_seq *s = &p->seqs[i];
+        crec *r = s->sp.constrained ? find(c, s->seq_id) : NULL;
+        if (!r) continue;
+        if (c->n_prep == c->cap_prep) {
+            c->cap_prep = c->cap_prep ? 2 * c->cap_prep : 16;
+            c->prep = mla_xrealloc(c->prep, c->cap_prep * sizeof *c->prep);
+        }
+        r->prepared = true;
+        r->seq = s;
+        c->prep[c->n_prep++] = r;
+    }
+    int n = c->n_prep < WK_CONSTRAIN_THREADS ? (int)c->n_prep : WK_CONSTRAIN_THREADS;
+    for (c->n_th = 0; c->n_th < n; c->n_th++)
+        if (pthread_create(&c->th[c->n_th], NULL, prep_main, c)) break;
+    if (!c->n_th) prep_main(c); /* no thread could start: here, now */
+}
+
+void wk_constrain_join(wk_constrain *c) {
+    for (int k = 0; k < c->n_th; k++) pthread_join(c->th[k], NULL);
+    c->n_th = 0;
+}
+
+int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_err *err) {
+    memset(mod, 0, sizeof *mod);
+    wk_constrain_join(c);
+    crec *r = find(c, s->seq_id);
+    if (r && r->prepared && r->seq == s) {
+        r->prepared = false;
+        r->seq = NULL;
+        if (!s->sample) return MLA_OK;
+        return row_mod(c, r, r->allow, r->cnt, mod, err);
+    }
+    r = row_setup(c, s, err);
+    if (!r) return MLA_ERR;
+    if (row_take(r, c->v, s, err)) return MLA_ERR;
+    if (!s->sample) return MLA_OK;
+    return row_mod(c, r, c->allow, r->m ? row_mask(r, c->v, c->allow) : 0, mod, err);
 }

@@ -12,8 +12,14 @@
  * A grammar bound hit while generating (common/gram.h: stack depth, ambiguity) ends that sequence
  * (only end-of-sequence tokens allowed) with a warning naming the bound; the batch goes on.
  *
+ * Overlap: wk_constrain_prepare, called with a plan before its forward pass, takes the plan's
+ * tokens and computes the masks of its constrained rows on up to WK_CONSTRAIN_THREADS threads
+ * while the forward pass runs; wk_constrain_row then hands each row its mask. Without it (or for
+ * a row it could not set up) wk_constrain_row does the same work itself.
+ *
  * Ownership: wk_constrain_new -> wk_constrain_free; the vocabulary is read from the GGUF at the
- * first constrained row. The mask handed out lives until the next call. */
+ * first constrained row. The mask handed out lives until the next call (of the row's next step,
+ * for a prepared row). */
 #ifndef WK_CONSTRAIN_H
 #define WK_CONSTRAIN_H
 
@@ -34,6 +40,14 @@ void wk_constrain_set_vocab(wk_constrain *c, gram_vocab *v);
  * pointers valid until the next call). MLA_ERR with err set when the row cannot be served (the
  * vocabulary cannot be read, no setup for the sequence, a grammar that does not parse). */
 int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_err *err);
+
+/* The grammar side of plan p's constrained rows on threads (see Overlap above); p's rows must stay
+ * valid until wk_constrain_join or the rows' wk_constrain_row. A row that cannot be set up is
+ * left to wk_constrain_row, which reports it. */
+#define WK_CONSTRAIN_THREADS 4
+void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p);
+/* Waits for wk_constrain_prepare's threads (wk_constrain_row and wk_constrain_free do too). */
+void wk_constrain_join(wk_constrain *c);
 void wk_constrain_drop(wk_constrain *c, uint64_t seq_id);
 
 /* The token bytes of a GGUF's vocabulary (n_vocab entries: ids beyond its tokens stay absent). */
