@@ -839,6 +839,21 @@ static void on_client_abort(void *ud) {
 
 /* ---- request handlers ---- */
 
+/* The offset of the first NUL character of a JSON text, raw or escaped as \u0000, or -1. cJSON
+ * ends its strings at a NUL, so a prompt holding one would lose everything after it unseen. An
+ * escape counts when an odd number of backslashes comes before its 'u' (outside strings a
+ * backslash is invalid JSON anyway). */
+static long json_nul_at(const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] == '\0') return (long)i;
+        if (b[i] != 'u' || i + 5 > n || memcmp(b + i + 1, "0000", 4)) continue;
+        size_t k = 0;
+        while (k < i && b[i - 1 - k] == '\\') k++;
+        if (k % 2 == 1) return (long)(i - 1);
+    }
+    return -1;
+}
+
 static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
@@ -854,6 +869,16 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
         char m[96];
         snprintf(m, sizeof m, "the request body has data after its JSON value (at byte %zu)",
                  end ? (size_t)(end - req->body) : (size_t)0);
+        reply_errorf(a, c, 400, NULL, "invalid_json", m);
+        return NULL;
+    }
+    long nul = json_nul_at(req->body, req->body_len);
+    if (nul >= 0) {
+        cJSON_Delete(j);
+        char m[128];
+        snprintf(m, sizeof m,
+                 "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not supported",
+                 nul);
         reply_errorf(a, c, 400, NULL, "invalid_json", m);
         return NULL;
     }

@@ -209,6 +209,17 @@ def test_errors(port):
         param="stream_options")
     err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
         "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
+    # a NUL character would end the string where the server reads it: refused, not cut short
+    for body, where, what in ((b'{"prompt": "a\\u0000b"}', "/v1/completions", "escaped NUL in prompt"),
+                              (b'{"prompt": "a\x00b"}', "/v1/completions", "raw NUL in prompt"),
+                              (json.dumps({"messages": [{"role": "user", "content": "a\x00b"}]}).encode(),
+                               "/v1/chat/completions", "NUL in a message"),
+                              (b'{"prompt": "a\\u0000b"}', "/tokenize", "NUL in a tokenize prompt")):
+        st, j, data, _ = post(port, where, body)
+        check(st == 400 and j is not None and "NUL" in j["error"]["message"],
+              "%s: 400 naming the NUL (%d %r)" % (what, st, data[:200]))
+    st, j, data, _ = post(port, "/v1/completions", {"prompt": "a\\u0000b", "max_tokens": 1})
+    check(st == 200, "an escaped backslash before u0000 is plain text (%d %r)" % (st, data[:200]))
     # "developer" is OpenAI's newer name for "system" (rendered as such: tests/unit/test_chat.c)
     st, j, data, _ = post(port, "/v1/chat/completions",
                           {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
