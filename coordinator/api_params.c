@@ -124,10 +124,11 @@ int api_messages_check(const cJSON *messages, api_error *e) {
             cJSON_ArrayForEach(part, c) {
                 const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") ||
-                    !cJSON_IsString(tx))
+                if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
                     return bad(e, "messages", "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": \"text\", \"text\": ...})", i,
                                cJSON_IsString(ty) ? ty->valuestring : "(none)");
+                if (!cJSON_IsString(tx))
+                    return bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
             }
         }
         i++;

@@ -220,6 +220,9 @@ def test_errors(port):
               "%s: 400 naming the NUL (%d %r)" % (what, st, data[:200]))
     st, j, data, _ = post(port, "/v1/completions", {"prompt": "a\\u0000b", "max_tokens": 1})
     check(st == 200, "an escaped backslash before u0000 is plain text (%d %r)" % (st, data[:200]))
+    st, j, data, _ = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]})
+    check(st == 400 and "needs a string 'text'" in j["error"]["message"],
+          "a text part without text is named as such (%d %r)" % (st, data[:200]))
     # "developer" is OpenAI's newer name for "system" (rendered as such: tests/unit/test_chat.c)
     st, j, data, _ = post(port, "/v1/chat/completions",
                           {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
