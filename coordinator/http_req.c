@@ -54,6 +54,9 @@ static int on_url(http_parser *hp, const char *at, size_t n) {
 
 static void finish_header(http_req *p) {
     if (!p->hname_len) return;
+    /* whitespace around a field value is not part of it (RFC 9110 5.5); the parser drops the leading */
+    while (p->hval_len && (p->hval[p->hval_len - 1] == ' ' || p->hval[p->hval_len - 1] == '\t'))
+        p->hval[--p->hval_len] = 0;
     if (!strcasecmp(p->hname, "authorization")) {
         free(p->auth);
         p->auth = mla_xstrdup(p->hval ? p->hval : "");

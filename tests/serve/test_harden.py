@@ -228,6 +228,12 @@ def test_wrong_keys(exe):
         time.sleep(10.5)
         st, _, _ = request(port, "GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})
         check(st == 200, "the right key works again after the window (%d)" % st)
+        # whitespace after a field value is not part of it (RFC 9110 5.5): the key still matches
+        s = connect(port)
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit \t\r\nConnection: close\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 200"), "a key followed by whitespace is the key: %r" % out[:120])
     finally:
         check(srv.stop() == 0, "wrong-keys server clean exit")
 
