@@ -174,9 +174,12 @@ static cJSON *error_json(const api_error *e) {
     cJSON_AddStringToObject(er, "message", msg);
     free(msg);
     cJSON_AddStringToObject(er, "type", e->type);
-    if (e->param[0])
-        cJSON_AddStringToObject(er, "param", e->param);
-    else
+    if (e->param[0]) {
+        /* a refused member's name comes from the client and may be cut inside a character */
+        char *param = api_utf8_sanitize(e->param, strlen(e->param), &n);
+        cJSON_AddStringToObject(er, "param", param);
+        free(param);
+    } else
         cJSON_AddNullToObject(er, "param");
     if (e->code[0])
         cJSON_AddStringToObject(er, "code", e->code);

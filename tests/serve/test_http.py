@@ -209,6 +209,14 @@ def test_errors(port):
         param="stream_options")
     err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
         "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
+    # the refused member's name comes back as valid UTF-8, also when it was not, or is cut in a character
+    for key in (b"\xff\xfe", ("ab" + "\u00e9" * 40).encode()):
+        st, _, data, _ = post(port, "/v1/completions", b'{"prompt": "x", "' + key + b'": 1}')
+        try:
+            j = json.loads(data.decode("utf-8"))
+        except ValueError:
+            j = None
+        check(st == 400 and j is not None and j["error"]["param"], "refused member %r: JSON in UTF-8 (%d %r)" % (key[:8], st, data[:200]))
     # a NUL character would end the string where the server reads it: refused, not cut short
     for body, where, what in ((b'{"prompt": "a\\u0000b"}', "/v1/completions", "escaped NUL in prompt"),
                               (b'{"prompt": "a\x00b"}', "/v1/completions", "raw NUL in prompt"),
