@@ -300,7 +300,9 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         m.u.result.step_id = p->step_id;
         m.u.result.ok = !cerr[0];
         if (cerr[0]) snprintf(m.u.result.error, sizeof m.u.result.error, "rank 0: %s", cerr);
-        m.u.result.n_seqs = p->n_seqs;
+        /* a failed result carries no sequences (wire_decode refuses it otherwise, and the step
+         * would never be answered) */
+        m.u.result.n_seqs = cerr[0] ? 0 : p->n_seqs;
         m.u.result.seqs = sr;
         steptrace_mark(p->step_id, 'E');
         if (wk_send_msg(pair, &m, &err)) {

@@ -218,6 +218,26 @@ try:
     refused({"response_format": {"type": "yaml"}}, "json_schema")
     st, d = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     check(st == 200, "still serving")
+
+    # a grammar the coordinator accepts but the worker's matcher cannot expand (more than
+    # GRAM_MAX_EMPTY_RUN references in a row before a character): the request is answered, and a
+    # failed group shows in /health, instead of a step never answered while /health says ok
+    chain = ("root ::= r0\n" + "".join('r%d ::= "x%d" | r%d\n' % (i, i, i + 1) for i in range(2100)) +
+             'r2100 ::= "end"\n')
+    fragile = ServeProcess([exe, "-m", model, "--port", "0"], common, worker=worker, timeout=120,
+                           prefix="structured_c_")
+    try:
+        try:
+            st, d = post(fragile.port, "/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": chain},
+                         timeout=60)
+        except OSError as e:  # a timeout included
+            st, d = 0, repr(e).encode()
+        check(st in (400, 500), "a reference chain too long for the matcher is answered: %s %r" % (st, d[:300]))
+        if st == 500:
+            hs, hd = http_get(fragile.port, "/health", timeout=10)
+            check(hs == 503, "the failed group shows in /health: %s %r" % (hs, hd[:200]))
+    finally:
+        fragile.stop()
 finally:
     if tight:
         tight.stop()
