@@ -933,7 +933,7 @@ static void expand(gram_match *m, uint32_t s, int lvl) {
         uint32_t base = g->el[cont].kind == E_END ? m->nd[s].parent : mk(m, cont, m->nd[s].parent);
         if (m->failed) return;
         if (lvl > GRAM_MAX_EMPTY_RUN) { /* finite without left recursion, but bounded */
-            mla_errf(m->err, "grammar: more than %d references in a row that match the empty string",
+            mla_errf(m->err, "grammar: more than %d rule references in a row before a character",
                      GRAM_MAX_EMPTY_RUN);
             m->failed = 1;
             return;
@@ -1073,6 +1073,16 @@ int gram_match_new(gram_match **out, const gram *g, mla_err *err) {
     }
     *out = m;
     return MLA_OK;
+}
+
+int gram_check(const char *text, size_t len, mla_err *err) {
+    gram *g = NULL;
+    gram_match *m = NULL;
+    int rc = gram_parse(&g, text, len, err);
+    if (rc == MLA_OK) rc = gram_match_new(&m, g, err);
+    gram_match_free(m);
+    gram_free(g);
+    return rc;
 }
 
 void gram_match_free(gram_match *m) {

@@ -50,6 +50,10 @@ typedef struct gram_match gram_match;
 
 /* Parses GBNF text (len bytes, need not be NUL-terminated). Errors name the line and column. */
 int gram_parse(gram **out, const char *text, size_t len, mla_err *err);
+/* What a server checks when a request brings a grammar: it parses, and its start state can be
+ * built within the matcher's bounds (gram_match_new: a long run of rules that each begin with the
+ * next is refused there), so that a worker can set it up. */
+int gram_check(const char *text, size_t len, mla_err *err);
 void gram_free(gram *g);
 uint32_t gram_n_rules(const gram *g);
 

@@ -467,15 +467,13 @@ int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_le
     if (r >= 0) {
         sb_printf(&c.out, "root ::= s%d\n", r);
         sb_add(&c.out, json_base, strlen(json_base));
-        gram *g = NULL;
         mla_err e = {{0}};
         if (c.out.over) {
             r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
-        } else if (gram_parse(&g, c.out.p, c.out.n, &e)) {
+        } else if (gram_check(c.out.p, c.out.n, &e)) {
             /* e.g. a $ref cycle through nothing but references */
             r = fail(&c, "", "the schema cannot be compiled to a grammar: %s", e.msg);
         }
-        gram_free(g);
     }
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
     free(c.refs);
@@ -573,11 +571,9 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
         } else if (c->grammar) {
             rc = bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
         } else {
-            gram *g = NULL;
             mla_err ge = {{0}};
-            if (gram_parse(&g, gr->valuestring, strlen(gr->valuestring), &ge)) rc = bad(e, "grammar", "%s", ge.msg);
+            if (gram_check(gr->valuestring, strlen(gr->valuestring), &ge)) rc = bad(e, "grammar", "%s", ge.msg);
             else c->grammar = mla_xstrdup(gr->valuestring);
-            gram_free(g);
         }
     }
     if (rc) api_constrain_free(c);
