@@ -1550,6 +1550,9 @@ int api_server_auth(api_server *a, const char *peer, const char *key, int *retry
         return 429;
     }
     if (api_server_key_ok(a, key)) return 0;
+    /* no key at all is a client that was not told the key (a probe, a health checker, a proxy's
+     * clients), not a guess: a 401, not counted towards the address's lockout */
+    if (!key) return 401;
     if (!slot) {
         slot = oldest;
         snprintf(slot->addr, sizeof slot->addr, "%s", addr);

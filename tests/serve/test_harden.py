@@ -215,6 +215,9 @@ def test_wrong_keys(exe):
         out = read_all(s, 5)
         s.close()
         check(out.count(b"HTTP/1.1 401") == 1, "one 401 per connection, then it closes (%d)" % out.count(b"HTTP/1.1 401"))
+        # requests with no key at all get 401 and do not count towards the lockout
+        codes = [request(port, "GET", "/v1/models")[0] for _ in range(12)]
+        check(codes == [401] * 12, "no key: 401 every time, no lockout: %r" % codes)
         # after 10 failures from this address within 10 s: 429 even with the right key
         codes = []
         for i in range(11):
