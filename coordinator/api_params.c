@@ -530,6 +530,16 @@ static int utf8_seq(const unsigned char *s, size_t avail) {
     return n;
 }
 
+long api_utf8_invalid_at(const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        int n = utf8_seq(u + i, len - i);
+        if (n <= 0) return (long)i;
+        i += (size_t)n;
+    }
+    return -1;
+}
+
 char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     char *o = mla_xmalloc(len * 3 + 1);
     size_t j = 0;

@@ -98,6 +98,9 @@ int api_messages_check(const cJSON *messages, api_error *e);
 
 /* Valid UTF-8 copy of bytes (invalid sequences become U+FFFD); NUL-terminated, caller frees. */
 char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+/* The offset of the first byte of s that is not part of valid UTF-8 (a cut-off sequence at the
+ * end included), or -1 when all of s is valid. */
+long api_utf8_invalid_at(const char *s, size_t len);
 /* Length of the longest prefix of s[0..len) that does not end inside an incomplete (but so far
  * valid) UTF-8 sequence. */
 size_t api_utf8_complete_prefix(const char *s, size_t len);

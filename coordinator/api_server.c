@@ -875,6 +875,15 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
         reply_errorf(a, c, 400, NULL, "invalid_json", m);
         return NULL;
     }
+    /* JSON is UTF-8 (RFC 8259 8.1): other bytes would reach the tokenizer as they came */
+    long bad = api_utf8_invalid_at(req->body, req->body_len);
+    if (bad >= 0) {
+        cJSON_Delete(j);
+        char m[128];
+        snprintf(m, sizeof m, "the request body is not valid UTF-8 (byte %ld)", bad);
+        reply_errorf(a, c, 400, NULL, "invalid_json", m);
+        return NULL;
+    }
     long nul = json_nul_at(req->body, req->body_len);
     if (nul >= 0) {
         cJSON_Delete(j);

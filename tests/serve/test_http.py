@@ -209,8 +209,13 @@ def test_errors(port):
         param="stream_options")
     err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
         "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
-    # the refused member's name comes back as valid UTF-8, also when it was not, or is cut in a character
-    for key in (b"\xff\xfe", ("ab" + "\u00e9" * 40).encode()):
+    # a body that is not UTF-8 (JSON is UTF-8, RFC 8259): refused, naming the byte
+    for body in (b'{"prompt": "x", "\xff\xfe": 1}', b'{"prompt": "a\xffb"}', b'{"prompt": "a\xed\xa0\x80"}'):
+        st, j, data, _ = post(port, "/v1/completions", body)
+        check(st == 400 and j is not None and "not valid UTF-8" in j["error"]["message"],
+              "body not UTF-8 %r: 400 naming it (%d %r)" % (body[:24], st, data[:200]))
+    # the refused member's name comes back as valid UTF-8, also when cut in a character
+    for key in (("ab" + "\u00e9" * 40).encode(),):
         st, _, data, _ = post(port, "/v1/completions", b'{"prompt": "x", "' + key + b'": 1}')
         try:
             j = json.loads(data.decode("utf-8"))
