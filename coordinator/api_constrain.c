@@ -458,9 +458,25 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
     return r;
 }
 
+/* The objects of JSON value j (j included), counting stopped past cap. */
+static int count_objects(const cJSON *j, int cap) {
+    int n = cJSON_IsObject(j) ? 1 : 0;
+    const cJSON *k;
+    if (cJSON_IsObject(j) || cJSON_IsArray(j))
+        cJSON_ArrayForEach(k, j) {
+            if (n > cap) break;
+            n += count_objects(k, cap - n);
+        }
+    return n;
+}
+
 int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len) {
     *out = NULL;
     sctx c = {.root = schema, .err = err, .err_len = err_len};
+    if (count_objects(schema, API_SCHEMA_MAX_NODES) > API_SCHEMA_MAX_NODES) {
+        fail(&c, "", "the schema has more than %d objects (subschemas); it is not compiled", API_SCHEMA_MAX_NODES);
+        return MLA_ERR;
+    }
     sb_add(&c.out, "", 0);
     int r = gen(&c, schema, "", 0);
     if (r >= 0 && c.out.over) r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);

@@ -20,6 +20,9 @@
 
 #define API_MAX_LOGIT_BIAS 300
 #define API_SCHEMA_MAX_DEPTH 64
+/* objects in a schema (subschemas, $defs and property maps included), counted before it is
+ * compiled: a larger one is refused at once rather than compiled on the HTTP loop */
+#define API_SCHEMA_MAX_NODES 4096
 
 struct api_error;
 

@@ -85,6 +85,22 @@ static void test_schemas(void) {
     strcat(deep, "true");
     for (int i = 0; i < 80; i++) strcat(deep, "}");
     refused(deep, "nested deeper than 64");
+    /* a schema of more than API_SCHEMA_MAX_NODES objects is refused before compiling; one at the
+     * bound compiles */
+    for (int n = API_SCHEMA_MAX_NODES - 1; n <= API_SCHEMA_MAX_NODES; n++) {
+        cJSON *s = cJSON_CreateObject(), *alts = cJSON_AddArrayToObject(s, "anyOf");
+        for (int i = 0; i < n; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "type", i % 2 ? "integer" : "string");
+            cJSON_AddItemToArray(alts, o);
+        }
+        char *g = NULL, err[400] = "";
+        int rc = api_schema_to_gbnf(s, &g, err, sizeof err);
+        if (n < API_SCHEMA_MAX_NODES) CHECKF(rc == MLA_OK && g, "%d objects: %s", n + 1, err);
+        else CHECKF(rc != MLA_OK && strstr(err, "more than 4096 objects"), "%d objects: %s", n + 1, err);
+        free(g);
+        cJSON_Delete(s);
+    }
 }
 
 static int parse(const char *body, api_constrain *c, api_error *e) {
