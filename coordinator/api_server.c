@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -857,43 +858,39 @@ static long json_nul_at(const char *b, size_t n) {
     return -1;
 }
 
+/* Answers 400 invalid_json with the formatted message and frees j: NULL, for parse_body. */
+static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...) {
+    cJSON_Delete(j);
+    char m[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    reply_errorf(a, c, 400, NULL, "invalid_json", m);
+    return NULL;
+}
+
 static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
-    if (!j) {
-        reply_errorf(a, c, 400, NULL, "invalid_json", "the request body is not valid JSON");
-        return NULL;
-    }
+    if (!j) return refuse_body(a, c, NULL, "the request body is not valid JSON");
     /* one JSON value and nothing after it but whitespace */
     const char *stop = req->body + req->body_len;
     while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
-    if (!end || end != stop) {
-        cJSON_Delete(j);
-        char m[96];
-        snprintf(m, sizeof m, "the request body has data after its JSON value (at byte %zu)",
-                 end ? (size_t)(end - req->body) : (size_t)0);
-        reply_errorf(a, c, 400, NULL, "invalid_json", m);
-        return NULL;
-    }
+    if (!end || end != stop)
+        return refuse_body(a, c, j, "the request body has data after its JSON value (at byte %zu)",
+                           end ? (size_t)(end - req->body) : (size_t)0);
     /* JSON is UTF-8 (RFC 8259 8.1): other bytes would reach the tokenizer as they came */
     long bad = api_utf8_invalid_at(req->body, req->body_len);
-    if (bad >= 0) {
-        cJSON_Delete(j);
-        char m[128];
-        snprintf(m, sizeof m, "the request body is not valid UTF-8 (byte %ld)", bad);
-        reply_errorf(a, c, 400, NULL, "invalid_json", m);
-        return NULL;
-    }
+    if (bad >= 0) return refuse_body(a, c, j, "the request body is not valid UTF-8 (byte %ld)", bad);
     long nul = json_nul_at(req->body, req->body_len);
-    if (nul >= 0) {
-        cJSON_Delete(j);
-        char m[128];
-        snprintf(m, sizeof m,
-                 "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not supported",
-                 nul);
-        reply_errorf(a, c, 400, NULL, "invalid_json", m);
-        return NULL;
-    }
+    if (nul >= 0)
+        return refuse_body(a, c, j,
+                           "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not "
+                           "supported",
+                           nul);
     return j;
 }
 
