@@ -858,16 +858,65 @@ static long json_nul_at(const char *b, size_t n) {
     return -1;
 }
 
+/* The offset of the first raw control character (below U+0020) inside a JSON string of b, or -1:
+ * JSON wants them escaped (RFC 8259 7), and a parser that takes them would read a text that
+ * Python's json, behind other servers, refuses. */
+static long json_ctl_at(const char *b, size_t n) {
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        if (!in) {
+            if (ch == '"') in = true;
+        } else if (ch == '\\') {
+            i++; /* the escaped character */
+        } else if (ch == '"') {
+            in = false;
+        } else if (ch < 0x20) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+static int cmp_key(const void *x, const void *y) {
+    return strcmp((*(const cJSON *const *)x)->string, (*(const cJSON *const *)y)->string);
+}
+
+/* The first member name that an object of j (at any depth) holds twice, or NULL. Sorted, not
+ * compared pair by pair: an object may have a hundred thousand members within the body limit. */
+static const char *json_dup_key(const cJSON *j) {
+    if (!cJSON_IsObject(j) && !cJSON_IsArray(j)) return NULL;
+    size_t n = 0;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, j) n++;
+    if (cJSON_IsObject(j) && n > 1) {
+        const cJSON **v = mla_xmalloc(n * sizeof *v);
+        size_t i = 0;
+        cJSON_ArrayForEach(k, j) v[i++] = k;
+        qsort(v, n, sizeof *v, cmp_key);
+        const char *dup = NULL;
+        for (i = 1; i < n && !dup; i++)
+            if (!strcmp(v[i - 1]->string, v[i]->string)) dup = v[i]->string;
+        free(v);
+        if (dup) return dup;
+    }
+    cJSON_ArrayForEach(k, j) {
+        const char *d = json_dup_key(k);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 /* Answers 400 invalid_json with the formatted message and frees j: NULL, for parse_body. */
 static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...) {
-    cJSON_Delete(j);
     char m[160];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
+    vsnprintf(m, sizeof m, fmt, ap); /* before j goes: the arguments may point into it */
     va_end(ap);
+    cJSON_Delete(j);
     reply_errorf(a, c, 400, NULL, "invalid_json", m);
     return NULL;
 }
@@ -891,6 +940,14 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
                            "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not "
                            "supported",
                            nul);
+    long ctl = json_ctl_at(req->body, req->body_len);
+    if (ctl >= 0)
+        return refuse_body(a, c, j, "the request body has a raw control character in a string (byte %ld); escape it",
+                           ctl);
+    const char *dup = json_dup_key(j);
+    if (dup)
+        return refuse_body(a, c, j, "the request body has the member '%.*s' twice in one object",
+                           (int)api_utf8_complete_prefix(dup, strnlen(dup, 60)), dup);
     return j;
 }
 

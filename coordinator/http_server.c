@@ -317,14 +317,27 @@ const char *http_conn_peer(const http_conn *c) { return c->peer; }
 
 void http_conn_close_after(http_conn *c) { c->keep_alive = false; }
 
+/* The error code (a string, as the API's other errors carry) of an answer from the HTTP layer. */
+static const char *layer_code(int status) {
+    switch (status) {
+    case 408: return "request_timeout";
+    case 413: return "body_too_large";
+    case 414: return "uri_too_long";
+    case 431: return "headers_too_large";
+    case 503: return "server_busy";
+    case 505: return "http_version_not_supported";
+    default: return "bad_request";
+    }
+}
+
 /* An error answer from the server itself (parse errors, limits), then close. */
 static void respond_error_close(http_conn *c, int status, const char *msg) {
     char body[512];
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     /* msg is our own text (no quotes or backslashes), safe to embed */
     int n = snprintf(body, sizeof(body),
-                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":%d}}",
-                     msg, type, status);
+                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}",
+                     msg, type, layer_code(status));
     if (n < 0 || (size_t)n >= sizeof(body)) n = (int)strlen(body);
     c->keep_alive = false;
     c->state = CS_HANDLING;

@@ -214,6 +214,16 @@ def test_errors(port):
         st, j, data, _ = post(port, "/v1/completions", body)
         check(st == 400 and j is not None and "not valid UTF-8" in j["error"]["message"],
               "body not UTF-8 %r: 400 naming it (%d %r)" % (body[:24], st, data[:200]))
+    # strict JSON, as Python's json behind other servers: raw control characters in strings and a
+    # member given twice are refused by name (not read one way here and another way elsewhere)
+    for body, needle in ((b'{"prompt": "a\nb", "max_tokens": 1}', "raw control character"),
+                         (b'{"prompt": "x", "max_tokens": 1, "max_tokens": 5}', "'max_tokens' twice"),
+                         (b'{"messages": [{"role": "user", "content": "x", "role": "user"}]}', "'role' twice")):
+        st, j, data, _ = post(port, "/v1/completions", body)
+        check(st == 400 and j is not None and needle in j["error"]["message"],
+              "strict JSON %r: 400 naming it (%d %r)" % (body[:30], st, data[:200]))
+    st, j, data, _ = post(port, "/v1/completions", b'{"prompt": "a\\nb\\t", "max_tokens": 1}')
+    check(st == 200, "escaped control characters are fine (%d %r)" % (st, data[:200]))
     # the refused member's name comes back as valid UTF-8, also when cut in a character
     for key in (("ab" + "\u00e9" * 40).encode(),):
         st, _, data, _ = post(port, "/v1/completions", b'{"prompt": "x", "' + key + b'": 1}')
