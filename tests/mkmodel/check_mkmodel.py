@@ -22,21 +22,12 @@ import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lib'))
+from mlatest import check, finish  # noqa: E402
+
 exe, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-failures = 0
-passed = 0
-
-
-def check(cond, what):
-    global failures, passed
-    if cond:
-        passed += 1
-    else:
-        failures += 1
-        print('FAIL:', what, flush=True)
-
 
 # published dimensions (HF config.json of each model), independent of cmd_mkmodel.c
 FAM = {
@@ -289,5 +280,4 @@ p = run(['mkmodel', '--family', 'v3', '--experts', '8', '--dry-run'])
 check(p.returncode == 2 and 'cannot serve top-8' in p.stderr, 'V3 with 8 experts refused (8 groups, 4 used, top-8)')
 
 shutil.rmtree(work, ignore_errors=True)
-print(f'{passed} passed, {failures} failed')
-sys.exit(1 if failures else 0)
+finish()

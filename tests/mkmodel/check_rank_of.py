@@ -20,18 +20,13 @@ import sys
 
 from gguf import GGUFReader
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lib'))
+from mlatest import FAILS, check, finish  # noqa: E402
+
 exe, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 N = 8
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print('FAIL:', what, flush=True)
 
 
 def run(args):
@@ -54,7 +49,7 @@ for fam, layers, extra in (('v3', 2, []), ('v3', 4, []), ('glm5', 4, []), ('v3',
     check(q.returncode == 0, f'{name}: mkmodel whole: {q.stderr[-300:]}')
     q = run(base + ['--rank-of', str(N), '-o', rank])
     check(q.returncode == 0, f'{name}: mkmodel --rank-of: {q.stderr[-300:]}')
-    if failures:
+    if FAILS:
         break
     jf, jr = inspect(full, N), inspect(rank, 1)
     role = {r['role']: r['bytes'] for r in jf['tensors_by_role']}
@@ -117,5 +112,4 @@ for fam, hid, heads, qlora, hk, v, ff, vocab in (('v3', 7168, 128, 1536, 192, 12
     for k, s in want.items():
         check(shp.get(k) == s, f'{fam} --rank-of {N}: {k} {shp.get(k)}, want {s}')
 
-print('check_rank_of:', 'FAILED' if failures else 'ok')
-sys.exit(1 if failures else 0)
+finish('check_rank_of: ')
