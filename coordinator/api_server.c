@@ -843,40 +843,33 @@ static void on_client_abort(void *ud) {
 
 /* ---- request handlers ---- */
 
-/* The offset of the first NUL character of a JSON text, raw or escaped as \u0000, or -1. cJSON
- * ends its strings at a NUL, so a prompt holding one would lose everything after it unseen. An
- * escape counts when an odd number of backslashes comes before its 'u' (outside strings a
- * backslash is invalid JSON anyway). */
-static long json_nul_at(const char *b, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (b[i] == '\0') return (long)i;
-        if (b[i] != 'u' || i + 5 > n || memcmp(b + i + 1, "0000", 4)) continue;
-        size_t k = 0;
-        while (k < i && b[i - 1 - k] == '\\') k++;
-        if (k % 2 == 1) return (long)(i - 1);
-    }
-    return -1;
-}
-
-/* The offset of the first raw control character (below U+0020) inside a JSON string of b, or -1:
- * JSON wants them escaped (RFC 8259 7), and a parser that takes them would read a text that
- * Python's json, behind other servers, refuses. */
-static long json_ctl_at(const char *b, size_t n) {
+/* The offset of the first character inside a JSON string of b that a request may not hold, or
+ * -1: a NUL (*nul set), raw or escaped as \u0000, since cJSON ends its strings there and what
+ * follows would be lost unseen; or another raw control character, which JSON wants escaped
+ * (RFC 8259 7) and Python's json, behind other servers, refuses. Outside strings the parser has
+ * already refused such bytes. */
+static long json_str_bad_at(const char *b, size_t n, bool *nul) {
     bool in = false;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)b[i];
         if (!in) {
-            if (ch == '"') in = true;
-        } else if (ch == '\\') {
-            i++; /* the escaped character */
+            in = ch == '"';
         } else if (ch == '"') {
             in = false;
+        } else if (ch == '\\') {
+            if (i + 6 <= n && !memcmp(b + i + 1, "u0000", 5)) {
+                *nul = true;
+                return (long)i;
+            }
+            i++; /* the escaped character */
         } else if (ch < 0x20) {
+            *nul = ch == 0;
             return (long)i;
         }
     }
     return -1;
 }
+
 
 static int cmp_key(const void *x, const void *y) {
     return strcmp((*(const cJSON *const *)x)->string, (*(const cJSON *const *)y)->string);
@@ -934,16 +927,16 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
     /* JSON is UTF-8 (RFC 8259 8.1): other bytes would reach the tokenizer as they came */
     long bad = api_utf8_invalid_at(req->body, req->body_len);
     if (bad >= 0) return refuse_body(a, c, j, "the request body is not valid UTF-8 (byte %ld)", bad);
-    long nul = json_nul_at(req->body, req->body_len);
-    if (nul >= 0)
+    bool nul = false;
+    long at = json_str_bad_at(req->body, req->body_len, &nul);
+    if (at >= 0 && nul)
         return refuse_body(a, c, j,
                            "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not "
                            "supported",
-                           nul);
-    long ctl = json_ctl_at(req->body, req->body_len);
-    if (ctl >= 0)
+                           at);
+    if (at >= 0)
         return refuse_body(a, c, j, "the request body has a raw control character in a string (byte %ld); escape it",
-                           ctl);
+                           at);
     const char *dup = json_dup_key(j);
     if (dup)
         return refuse_body(a, c, j, "the request body has the member '%.*s' twice in one object",
