@@ -48,7 +48,7 @@ int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmod
 void mla_cmodel_free(mla_cmodel *m);
 /* --allreduce oneshot: all-reduces of at most 512 KB through peer memory (kernels/allreduce_cuda.h)
  * instead of NCCL. Call after the NCCL coll has the model's stream; every rank calls it. Needs
- * NCCL (coll_on_device), 2 to 8 ranks and one_host (the ranks' GPUs are peers of one machine). */
+ * NCCL (coll_on_device), 2 to 8 ranks and one_host (the ranks' GPUs are peers in one host). */
 int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err);
 const mla_config *mla_cmodel_config(const mla_cmodel *m);
 /* the model's compute stream (a cudaStream_t) */

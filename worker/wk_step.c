@@ -233,9 +233,9 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     }
     mla_err err;
     const int64_t t0 = now_ns();
-    /* the plan's table updates first: also those of rows a step ahead answered */
     /* the constrained rows' grammar work (their masks) on threads while the forward pass runs */
     if (cons) wk_constrain_prepare(cons, p);
+    /* the plan's table updates first: also those of rows a step ahead answered */
     int rc = w->cfg->engine->set_tables(eng, p, &err);
     if (rc == MLA_OK) rc = run_rows(w, eng, p, rows, &err);
     if (cons) wk_constrain_join(cons);
