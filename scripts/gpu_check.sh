@@ -127,6 +127,15 @@ if [ "$e2e" = 1 ]; then
   e2e_run "glm5 bf16 TP1 long (DSA) tensor-core attention, bf16 RoPE freqs + greedy + incr (graphs)" "MLA_CUDA_ATTN=tc MLA_CUDA_GRAPHS=require" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 40 --inc-rtol 1e-2
   e2e_run "glm5 bf16 TP1 all prompts tensor-core attention --batch greedy, bf16 RoPE freqs" "MLA_CUDA_ATTN=tc" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--batch
   e2e_run "glm5 bf16 TP2 tensor-core attention == TP1 vs HF" "MLA_CUDA_ATTN=tc" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,3,7 --tp 2 --tp-rtol 1e-2 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02
+  # prompt steps in the non-absorbed form (kernels/attn_prefill_cuda.h), the threshold lowered
+  # (MLA_CUDA_PREFILL_MIN, a developer switch) so that the fixtures' prompts take it: against HF
+  # at the tensor-core attention's bounds; one pass == incremental (the later tokens on the
+  # absorbed decode path) and == chunks (prefixes from the cache; with --fast chunks of up to 8
+  # tokens keep the absorbed path: prompts mix both); glm5 within its top-k (no selection); TP 2
+  e2e_run "ds3 bf16 TP1 non-absorbed prompt attention (MLA_CUDA_PREFILL_MIN=2) vs HF + greedy, incr, chunks of 5" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 4 --inc-rtol 1e-2 --chunk 5 --chunk-rtol 1e-2
+  e2e_run "ds3 q8_0 TP1 --fast non-absorbed prompt attention (fp16 k_b / v_b) vs HF + llama.cpp, chunks of 12" "MLA_E2E_FAST=1 MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2 --chunk 12 --chunk-rtol 1e-2
+  e2e_run "ds3 bf16 TP2 non-absorbed prompt attention == TP1 vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy
+  e2e_run "glm5 bf16 TP1 non-absorbed prompt attention (prompts within top-k) vs HF + greedy, chunks of 3" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 3 --chunk-rtol 1e-2
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
   for v in "MLA_CUDA_BATCHED=0" "MLA_CUDA_GRAPHS=0" "X=1"; do

@@ -2,7 +2,7 @@
  * where the full tree (libzmq, libuv, protobuf-c) cannot be built. Same command line and output
  * as coordinator/cmd_logits.c, so tests/model/check_logits.py drives it unchanged:
  *   mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]
- *                  [--decode-from K] [--greedy N --ids-out IDS_OUT.txt] [--exact] [--device D]
+ *                  [--decode-from K] [--chunk N] [--greedy N --ids-out IDS_OUT.txt] [--exact] [--device D]
  * --tp N: N ranks as threads of this process on one device, joined by the host collective
  * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
  * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
@@ -14,7 +14,10 @@
  * MLA_CUDA_GRAPHS=require fails when decode steps ran without a graph.
  * --batch (with --greedy): every prompt is prefilled first, then the greedy continuations of all
  * prompts run together as batched decode steps (mla_cmodel_decode, B = the prompts still going),
- * written in prompt order as without --batch. */
+ * written in prompt order as without --batch.
+ * --chunk N: every prompt (its first K tokens with --decode-from K) is prefilled in steps of N tokens,
+ * each at the positions after the one before (the cache holds the earlier steps' rows), as the
+ * scheduler's chunked prefill runs them; the logits of every row as in one pass. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -34,7 +37,8 @@ extern "C" {
 
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
-                    "                      [--greedy N --ids-out FILE [--batch]] [--exact|--fast|--split] [--device D]\n");
+                    "                      [--chunk N] [--greedy N --ids-out FILE [--batch]] [--exact|--fast|--split]\n"
+                    "                      [--device D]\n");
     return 2;
 }
 
@@ -51,7 +55,7 @@ struct rank_job {
     coll *c;
     bool exact, split, batch;
     int device;
-    long decode_from, greedy;
+    long decode_from, greedy, chunk;
     const prompts *P;
     FILE *fout, *fids;
     int rank, rc;
@@ -65,6 +69,17 @@ static int32_t argmax(const float *x, int64_t n) {
     for (int64_t i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return (int32_t)b;
+}
+
+/* Tokens [0, n) of a prompt into state st from position 0, in steps of `chunk` tokens (0: one
+ * step); the logits of every row into logits ([n][V]). */
+static int prefill(mla_cmodel *m, mla_cstate *st, const int32_t *ids, int64_t n, long chunk, float *logits, mla_err *err) {
+    const int64_t V = mla_cmodel_config(m)->n_vocab, step = chunk > 0 ? chunk : n;
+    for (int64_t p0 = 0; p0 < n; p0 += step) {
+        const int64_t k = n - p0 < step ? n - p0 : step;
+        if (mla_cmodel_forward(m, st, ids + p0, k, p0, 2, logits + p0 * V, err)) return MLA_ERR;
+    }
+    return MLA_OK;
 }
 
 /* A state whose table holds blocks [slot * per, (slot + 1) * per) of the pool (kv_setup). */
@@ -120,7 +135,7 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, int64_t per, ml
         }
         logits = (float *)mla_xrealloc(logits, (size_t)(n * V) * sizeof *logits);
         double t0 = now_s();
-        rc = mla_cmodel_forward(m, st[p], j->P->ids[p], n, 0, 2, logits, err);
+        rc = prefill(m, st[p], j->P->ids[p], n, j->chunk, logits, err);
         j->t_prefill += now_s() - t0;
         j->n_prefill_tok += n;
         if (rc == MLA_OK && j->fout && fwrite(logits, sizeof *logits, (size_t)(n * V), j->fout) != (size_t)(n * V))
@@ -204,7 +219,7 @@ static void *run_rank(void *arg) {
         long df = j->decode_from;
         int64_t k = df < 0 || df >= n ? n : (df < 1 ? 1 : df);
         double t0 = now_s();
-        int rc = mla_cmodel_forward(m, st, ids, k, 0, 2, logits, err);
+        int rc = prefill(m, st, ids, k, j->chunk, logits, err);
         j->t_prefill += now_s() - t0;
         j->n_prefill_tok += k;
         for (int64_t t = k; t < n && rc == MLA_OK; t++)
@@ -238,8 +253,17 @@ out:
         uint64_t cap, launch;
         mla_cmodel_graph_stats(m, &cap, &launch);
         const char *gr = getenv("MLA_CUDA_GRAPHS");
-        fprintf(stderr, "mla-e2e rank %d: CUDA graphs captured %llu, launched %llu, decode steps %ld\n", j->rank,
-                (unsigned long long)cap, (unsigned long long)launch, j->n_decode);
+        const uint64_t mha = mla_cmodel_prefill_mha_count(m);
+        fprintf(stderr, "mla-e2e rank %d: CUDA graphs captured %llu, launched %llu, decode steps %ld, "
+                        "non-absorbed prompt attentions %llu\n",
+                j->rank, (unsigned long long)cap, (unsigned long long)launch, j->n_decode, (unsigned long long)mha);
+        /* the fixtures' prompts are far below the default threshold: a check that lowers it must
+         * see the path run */
+        const char *pm = getenv("MLA_CUDA_PREFILL_MIN");
+        if (pm && atol(pm) <= 16 && mha == 0) {
+            mla_errf(err, "MLA_CUDA_PREFILL_MIN=%s: no prompt step took the non-absorbed attention", pm);
+            j->rc = MLA_ERR;
+        }
         if (gr && !strcmp(gr, "require") && j->n_decode > 2 && launch == 0) {
             mla_errf(err, "MLA_CUDA_GRAPHS=require: %ld decode steps ran and no CUDA graph was launched", j->n_decode);
             j->rc = MLA_ERR;
@@ -255,7 +279,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
     int tp = 1, device = 0;
     bool exact = true, split = false, batch = false;
-    long decode_from = -1, greedy = 0;
+    long decode_from = -1, greedy = 0, chunk = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--exact") || !strcmp(a, "--fast") || !strcmp(a, "--split")) {
@@ -275,6 +299,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tp")) tp = atoi(argv[++i]);
         else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
         else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
+        else if (!strcmp(a, "--chunk")) chunk = atol(argv[++i]);
         else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
         else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
         else if (!strcmp(a, "--backend")) ++i; /* always cuda here */
@@ -284,7 +309,7 @@ int main(int argc, char **argv) {
         exact = false;
         split = !strcmp(getenv("MLA_E2E_FAST"), "split");
     }
-    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || (batch && greedy <= 0) || tp < 1 ||
+    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || (batch && greedy <= 0) || tp < 1 || chunk < 0 ||
         tp > COLL_HOST_MAX_WORLD)
         return usage();
     mla_err err = {{0}};
@@ -314,7 +339,7 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < tp; r++) {
         rank_job *j = &jobs[r];
-        j->rank = r, j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->rank = r, j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->chunk = chunk, j->P = &P;
         j->fout = r == 0 ? fout : NULL;
         j->fids = r == 0 ? fids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
