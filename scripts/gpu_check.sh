@@ -103,10 +103,14 @@ if [ "$e2e" = 1 ] || [ "$prefill" = 1 ]; then
     # (MLA_CUDA_PREFILL_MIN, a developer switch) so that the fixtures' prompts take it: against HF
     # at the tensor-core attention's bounds; one pass == incremental (the later tokens on the
     # absorbed decode path) and == chunks (prefixes from the cache; with --fast chunks of up to 8
-    # tokens keep the absorbed path: prompts mix both); glm5 within its top-k (no selection); TP 2
+    # tokens keep the absorbed path: prompts mix both); glm5 within its top-k (no selection); TP 2;
+    # --stagger: a served plan's order (worker/engine_cuda.c), each step a prompt chunk through
+    # the non-absorbed form, then the batched decode (graphs) of the prompts before it
     e2e_run "ds3 bf16 TP1 non-absorbed prompt attention (MLA_CUDA_PREFILL_MIN=2) vs HF + greedy, incr, chunks of 5" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 4 --inc-rtol 1e-2 --chunk 5 --chunk-rtol 1e-2
     e2e_run "ds3 q8_0 TP1 --fast non-absorbed prompt attention (fp16 k_b / v_b) vs HF + llama.cpp, chunks of 12" "MLA_E2E_FAST=1 MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2 --chunk 12 --chunk-rtol 1e-2
     e2e_run "ds3 bf16 TP2 non-absorbed prompt attention == TP1 vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy
+    e2e_run "ds3 bf16 TP1 --stagger: prompt chunks of 5, non-absorbed (MLA_CUDA_PREFILL_MIN=2), beside graphed decodes vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--stagger --extra=--chunk --extra=5
+    e2e_run "glm5 bf16 TP1 --stagger: prompt chunks of 3, non-absorbed, beside batched decodes (DSA) vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--stagger --extra=--chunk --extra=3
     e2e_run "glm5 bf16 TP1 non-absorbed prompt attention (prompts within top-k) vs HF + greedy, chunks of 3" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 3 --chunk-rtol 1e-2
   }
 fi
