@@ -233,7 +233,8 @@ int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *
  * inside a block. Row j of a sequence: table[j / BS] + offset + (j % BS) * row elements. The
  * latent rows may be fp16 (mla_cuda_attn_args.kv_f16, mla_cuda_scatter_paged's dst_f16), their
  * offset and row length then counting halves from the block's base; the model's indexer keys are
- * fp16 (mla_cuda_dsa_scores_paged_h: offset in halves), mla_cuda_dsa_scores_paged reads floats. */
+ * fp16 beside an fp16 latent cache (mla_cuda_dsa_scores_paged_h: offset in halves), else floats
+ * (mla_cuda_dsa_scores_paged). */
 #define MLA_CUDA_KV_BLOCK_LOG2 6
 #define MLA_CUDA_KV_BLOCK (1 << MLA_CUDA_KV_BLOCK_LOG2)
 /* Absorbed MLA attention, the meaning of mla_attn (kernels/mla_attn.h) with two extensions: q_pe

@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
  * (a sum does not care): k-step s takes pairs 2 (s & 1) and 2 (s & 1) + 1 of chunk u = s / 2
  * for both operands. A block is 4 warps: wt tokens (1, 2 or 4) times 4 / wt key slices. */
 constexpr int DT_WARPS = 4;
-__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+__device__ __forceinline__ uint32_t dsa_pack_h2(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
     return *(const uint32_t *)&h;
 }
@@ -313,10 +313,10 @@ __global__ void __launch_bounds__(DT_WARPS * 32)
             for (int u = 0; u < NU; u++) {
                 const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
                 const float4 x0 = ok ? qr[8 * u + 2 * c] : z, x1 = ok ? qr[8 * u + 2 * c + 1] : z;
-                a[m][2 * u][r] = pack_h2(x0.x, x0.y);
-                a[m][2 * u][2 + r] = pack_h2(x0.z, x0.w);
-                a[m][2 * u + 1][r] = pack_h2(x1.x, x1.y);
-                a[m][2 * u + 1][2 + r] = pack_h2(x1.z, x1.w);
+                a[m][2 * u][r] = dsa_pack_h2(x0.x, x0.y);
+                a[m][2 * u][2 + r] = dsa_pack_h2(x0.z, x0.w);
+                a[m][2 * u + 1][r] = dsa_pack_h2(x1.x, x1.y);
+                a[m][2 * u + 1][2 + r] = dsa_pack_h2(x1.z, x1.w);
             }
         }
     const float *const *tab = tabs[t];
