@@ -275,7 +275,8 @@ __global__ void __launch_bounds__(TK_T) dsa_topk_kernel(const float *__restrict_
  * the sum over heads in the epilogue (a shuffle over the 8 lanes that share a column). A warp
  * holds its token's queries as fp16 A fragments in registers (read once) and walks n-tiles of 8
  * keys of its block's chunk; lane (g, c) reads key g's halves 32u + 8c .. +7 (u < D/32: a warp
- * load is 8 rows of 64 contiguous bytes) straight into B fragments. The depth is permuted
+ * load is 8 rows of 64 contiguous bytes) straight into B fragments, two n-tiles' loads at a
+ * time. The depth is permuted
  * (a sum does not care): k-step s takes pairs 2 (s & 1) and 2 (s & 1) + 1 of chunk u = s / 2
  * for both operands. A block is 4 warps: wt tokens (1, 2 or 4) times 4 / wt key slices. */
 constexpr int DT_WARPS = 4;
@@ -322,42 +323,52 @@ __global__ void __launch_bounds__(DT_WARPS * 32)
     const float *const *tab = tabs[t];
     const float sc = 1.0f / sqrtf((float)D);
     float *srow = scores + (int64_t)t * ld;
-    for (int64_t n0 = k0 + (int64_t)(warp % wk) * 8; n0 < k1; n0 += 8 * wk) {
-        const int64_t j = n0 + g;
-        uint4 kb[NU];
-        if (j < k1) {
-            const uint4 *kp = (const uint4 *)paged_row_t<__half>(tab, tab_off, D, j);
+    /* two n-tiles an iteration (n0 and n0 + 8 wk): both tiles' loads in flight together */
+    for (int64_t n0 = k0 + (int64_t)(warp % wk) * 8; n0 < k1; n0 += 16 * wk) {
+        uint4 kb[2][NU];
 #pragma unroll
-            for (int u = 0; u < NU; u++) kb[u] = __ldg(kp + 4 * u + c);
-        } else {
+        for (int p = 0; p < 2; p++) {
+            const int64_t j = n0 + 8 * wk * p + g;
+            if (j < k1) {
+                const uint4 *kp = (const uint4 *)paged_row_t<__half>(tab, tab_off, D, j);
 #pragma unroll
-            for (int u = 0; u < NU; u++) kb[u] = make_uint4(0u, 0u, 0u, 0u);
-        }
-        float acc[MT][4];
+                for (int u = 0; u < NU; u++) kb[p][u] = __ldg(kp + 4 * u + c);
+            } else {
 #pragma unroll
-        for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-            const uint32_t b0 = (s & 1) ? kb[s >> 1].z : kb[s >> 1].x, b1 = (s & 1) ? kb[s >> 1].w : kb[s >> 1].y;
-#pragma unroll
-            for (int m = 0; m < MT; m++) mlacu_mma_f16(acc[m], a[m][s], b0, b1);
-        }
-        /* acc[m][0..1]: head 16 m + g, keys n0 + 2c, +1; acc[m][2..3]: head 16 m + g + 8 */
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            s0 += wr[m][0] * fmaxf(acc[m][0] * sc, 0.f) + wr[m][1] * fmaxf(acc[m][2] * sc, 0.f);
-            s1 += wr[m][0] * fmaxf(acc[m][1] * sc, 0.f) + wr[m][1] * fmaxf(acc[m][3] * sc, 0.f);
+                for (int u = 0; u < NU; u++) kb[p][u] = make_uint4(0u, 0u, 0u, 0u);
+            }
         }
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-        }
-        if (g == 0) {
-            const int64_t jj = n0 + 2 * c;
-            if (jj < k1) srow[jj] = s0;
-            if (jj + 1 < k1) srow[jj + 1] = s1;
+        for (int p = 0; p < 2; p++) {
+            const int64_t nt = n0 + 8 * wk * p; /* this tile's first key (warp-uniform) */
+            if (nt >= k1) break;
+            float acc[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                const uint4 &kv = kb[p][s >> 1];
+                const uint32_t b0 = (s & 1) ? kv.z : kv.x, b1 = (s & 1) ? kv.w : kv.y;
+#pragma unroll
+                for (int m = 0; m < MT; m++) mlacu_mma_f16(acc[m], a[m][s], b0, b1);
+            }
+            /* acc[m][0..1]: head 16 m + g, keys nt + 2c, +1; acc[m][2..3]: head 16 m + g + 8 */
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                s0 += wr[m][0] * fmaxf(acc[m][0] * sc, 0.f) + wr[m][1] * fmaxf(acc[m][2] * sc, 0.f);
+                s1 += wr[m][0] * fmaxf(acc[m][1] * sc, 0.f) + wr[m][1] * fmaxf(acc[m][3] * sc, 0.f);
+            }
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            }
+            if (g == 0) {
+                const int64_t jj = nt + 2 * c;
+                if (jj < k1) srow[jj] = s0;
+                if (jj + 1 < k1) srow[jj + 1] = s1;
+            }
         }
     }
 }
@@ -671,7 +682,8 @@ extern "C" int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, c
     if ((D == 64 || D == 128) && H <= 64 && !((uintptr_t)d_q & 15) && !(blk_off & 7)) {
         const int wt = T >= 64 ? 4 : T >= 8 ? 2 : 1; /* tokens a block */
         const int64_t gy = (T + wt - 1) / wt;
-        int64_t bx = (4 * (int64_t)mlacu_sm_count() + gy - 1) / gy; /* about 4 blocks an SM */
+        /* about one wave: 3 blocks an SM (GLM-5's 32 x 128 kernel, 140 registers a thread, fits 3) */
+        int64_t bx = (3 * (int64_t)mlacu_sm_count() + gy - 1) / gy;
         int64_t chunk = (max_keys + bx - 1) / bx;
         chunk = (chunk + 63) / 64 * 64;
         if (chunk < 256) chunk = 256;
