@@ -6,15 +6,18 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--out FILE]   exit status
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--attn] [--attnlong] [--out FILE]   exit status
  * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
  * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
- * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped). */
+ * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --attn: the
+ * attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode attention (128
+ * heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1145,7 +1148,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false;
+         gemvgrp = false, attnlong = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1161,13 +1164,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
+        else if (!strcmp(argv[i], "--attnlong")) attnlong = true; /* V3's decode at 1k-128k keys, checked and timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
         else if (!strcmp(argv[i], "--gemvt1")) gemvt = true, g_chain = 1, g_reps = 1; /* the same, once: for a profiler */
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1206,9 +1210,11 @@ int main(int argc, char **argv) {
         g_reps = 1;
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
     } else if (attn_only) {
-        check_attn_all(true);
+        check_attn_all(true, true);
     } else if (attn1) {
         time_attn_decode1();
+    } else if (attnlong) {
+        check_attn_long(true);
     } else if (fused_only) {
         check_fused_decode();
     } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
@@ -1352,7 +1358,7 @@ int main(int argc, char **argv) {
     }
     check_argmax(8, 129280);
     check_argmax(1, 2048);
-    check_attn_all(quick);
+    check_attn_all(quick, !quick);
     } /* every op */
 
     /* table */
