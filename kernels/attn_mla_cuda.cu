@@ -627,7 +627,7 @@ extern "C" void mla_cuda_attn_tune(int min_keys) {
 /* Splits of a launch of `base` blocks a split (tokens x head groups) over up to nk_max keys a
  * token, each split at least min_keys keys, within the work buffer; `slots`: the blocks resident
  * on the GPU at once (blocks an SM x SMs).
- * - Where the keys allow at most one wave (short contexts), as many splits as fill it. min_keys2
+ * - Where the keys allow at most one wave (short contexts), as many splits as they allow. min_keys2
  *   (< min_keys, or 0): where min_keys leaves fewer blocks than SMs, splits of down to min_keys2
  *   keys up to a block an SM.
  * - Else (long contexts) the count of the least modelled time, waves x (keys a split + a block's
@@ -638,20 +638,18 @@ extern "C" void mla_cuda_attn_tune(int min_keys) {
  * Every split of a token takes an equal part of that token's keys (split_keys), so the blocks of
  * a launch over sequences of one length take the same time. */
 constexpr int64_t AT_FIXED_KEYS = 256;
-static int attn_splits(const mla_cuda_attn_args *a, int64_t base, int64_t nk_max, int64_t min_keys, int64_t slots,
-                       int64_t min_keys2 = 0) {
-    if (!a->work) return 1;
-    /* the most splits the combine and the work buffer take */
-    const size_t per_split = mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, 1);
-    const int64_t cap = std::min<int64_t>(AR_MAXS, (int64_t)(a->work_floats / per_split));
-    if (cap <= 1) return 1;
+/* The rule from its inputs: cap, the most splits the work buffer and the combine take; sms, the
+ * device's SMs. */
+static int64_t split_count(int64_t base, int64_t nk_max, int64_t min_keys, int64_t slots, int64_t sms, int64_t cap,
+                           int64_t min_keys2) {
+    if (cap <= 1 || base < 1 || slots < 1) return 1;
     const int64_t maxs = std::min(cap, (nk_max + min_keys - 1) / min_keys);
     const int64_t want = (slots + base - 1) / base; /* one wave or more */
     int64_t splits = 1;
     if (maxs <= want) {
-        splits = std::min(want, maxs);
-        if (min_keys2 > 0 && splits * base < mlacu_sm_count()) {
-            const int64_t want2 = (mlacu_sm_count() + base - 1) / base, maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
+        splits = maxs;
+        if (min_keys2 > 0 && splits * base < sms) {
+            const int64_t want2 = (sms + base - 1) / base, maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
             splits = std::max(splits, std::min(std::min(want2, maxs2), cap));
         }
     } else {
@@ -662,7 +660,21 @@ static int attn_splits(const mla_cuda_attn_args *a, int64_t base, int64_t nk_max
             if (cost < best) best = cost, splits = s;
         }
     }
-    return (int)std::max<int64_t>(splits, 1);
+    return std::max<int64_t>(splits, 1);
+}
+
+/* the most splits of a launch of T tokens, H heads, latent L within work_floats floats of work
+ * buffer and the combine */
+static int64_t split_cap(int64_t T, int64_t H, int64_t L, size_t work_floats) {
+    const size_t per_split = mla_cuda_attn_work_floats(T, H, L, 1);
+    return per_split ? std::min<int64_t>(AR_MAXS, (int64_t)(work_floats / per_split)) : 1;
+}
+
+static int attn_splits(const mla_cuda_attn_args *a, int64_t base, int64_t nk_max, int64_t min_keys, int64_t slots,
+                       int64_t min_keys2 = 0) {
+    if (!a->work) return 1;
+    return (int)split_count(base, nk_max, min_keys, slots, mlacu_sm_count(),
+                            split_cap(a->n_tokens, a->n_head, a->kv_lora, a->work_floats), min_keys2);
 }
 
 /* Combines the splits of a launch (none to combine with one), unless the caller combines them
@@ -765,6 +777,13 @@ template <int KTL> static int tc_blocks_per_sm(void) {
 extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
     const int kt = tc_tile<512, 64>();
     return kt == TC_KT ? tc_blocks_per_sm<TC_KT>() : kt == 16 ? tc_blocks_per_sm<16>() : 0;
+}
+
+extern "C" int mla_cuda_attn_tc_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys,
+                                       size_t work_floats, int blocks_per_sm, int sms) {
+    const int64_t hgroups = (n_head + TC_HR - 1) / TC_HR;
+    return (int)split_count(n_tokens * hgroups, max_keys, TC_MIN_KEYS, (int64_t)blocks_per_sm * sms, sms,
+                            split_cap(n_tokens, n_head, kv_lora, work_floats), n_tokens == 1 ? TC_MIN_KEYS1 : 0);
 }
 
 /* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
