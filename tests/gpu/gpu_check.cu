@@ -12,9 +12,11 @@
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
  * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
- * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --attn: the
- * attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode attention (128
- * heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed. */
+ * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --dsa: only
+ * the DSA indexer the model runs (gpu_check_dsa.inc), with --quick its small set, each path
+ * timed beside the one it replaced; --attn: the attention-side set (with decode at 1k, 32k and
+ * 128k keys); --attnlong: V3's decode attention (128 heads) at 1k, 32k and 128k keys, batch 1
+ * and 8, checked and timed. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -829,6 +831,7 @@ static void check_argmax(int64_t T, int64_t n) {
 }
 
 #include "tests/gpu/gpu_check_attn.inc"
+#include "tests/gpu/gpu_check_dsa.inc"
 
 /* The small-batch paths of one weight matrix at several token counts, weights made once: the
  * streamed GEMV (T <= 8), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
@@ -1148,7 +1151,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false, attnlong = false;
+         gemvgrp = false, dsa_only = false, attnlong = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1164,6 +1167,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
+        else if (!strcmp(argv[i], "--dsa")) dsa_only = true; /* the DSA indexer, old vs new timed */
         else if (!strcmp(argv[i], "--attnlong")) attnlong = true; /* V3's decode at 1k-128k keys, checked and timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
@@ -1171,7 +1175,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1215,6 +1219,8 @@ int main(int argc, char **argv) {
         time_attn_decode1();
     } else if (attnlong) {
         check_attn_long(true);
+    } else if (dsa_only) {
+        check_dsa_all(quick);
     } else if (fused_only) {
         check_fused_decode();
     } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
@@ -1359,6 +1365,7 @@ int main(int argc, char **argv) {
     check_argmax(8, 129280);
     check_argmax(1, 2048);
     check_attn_all(quick, false); /* the long-context rows: --attn, --attnlong (their CPU references take ~30 s) */
+    check_dsa_all(quick);
     } /* every op */
 
     /* table */
