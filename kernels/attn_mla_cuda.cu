@@ -15,7 +15,7 @@
 namespace {
 
 /* ---------------------------------------------------------------- MLA attention */
-/* Block = (split, group of AT_HG heads, token); 8 warps. Keys are walked in chunks of AT_C = 32
+/* Block = (group of AT_HG heads, split, token); 8 warps. Keys are walked in chunks of AT_C = 32
  * rows staged in shared memory (row stride row+1: conflict-free when lane j reads key j). Warp h
  * scores head h against the 32 keys (lane = key), keeps the running max / sum; every thread
  * accumulates AT_LP latent columns of each head's output. */
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(AT_T) mla_attn_kernel(attn_k a) {
     float *qs = kvs + AT_C * rs;
     float *ps = qs + AT_HG * row;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int t = blockIdx.z, hg0 = blockIdx.y * AT_HG, split = blockIdx.x;
+    const int t = blockIdx.z, hg0 = blockIdx.x * AT_HG, split = blockIdx.y;
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     int64_t k0, k1;
     split_keys(a, t, split, AT_C, k0, k1);
@@ -231,8 +231,11 @@ __global__ void __launch_bounds__(256) mla_attn_reduce_kernel(const float *__res
 /* The same attention with fp16 mma.sync m16n8k16 (fp32 accumulation): queries (times the
  * softmax scale), keys and the softmax weights P are rounded to fp16, as llama.cpp's
  * FlashAttention kernels do over their fp16 cache (fp16 rather than bf16: 3 more mantissa bits;
- * the latent and rope rows are normalized, far from fp16's range). Block = (split, group of TC_HR
- * = 32 heads, token), 4 warps, two blocks per SM. The 32 query rows (latent + rope) are staged
+ * the latent and rope rows are normalized, far from fp16's range). Block = (group of TC_HR = 32
+ * heads, split, token), 4 warps, two blocks per SM: the head groups of one split are neighbours in
+ * the grid, so they run together and L2 serves each key tile to all of them from one read of
+ * HBM (at 128 heads and 128k keys a sequence's latent rows are 151 MB a layer, three times the
+ * L2). The 32 query rows (latent + rope) are staged
  * once in shared memory; keys are walked in tiles of TC_KT = 32 rows, converted from the fp32
  * cache into shared memory (each key's row address looked up once per tile, the loads of a
  * thread issued in batches so that their latencies overlap). Warp w computes S for rows 16 (w / 2) .. +16 against keys
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     float *pmax = (float *)(ps + TC_HR * C::LDP), *psum = pmax + 4 * 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int mt = warp >> 1, half = warp & 1;
-    const int t = blockIdx.z, hg0 = blockIdx.y * TC_HR, split = blockIdx.x;
+    const int t = blockIdx.z, hg0 = blockIdx.x * TC_HR, split = blockIdx.y;
     /* A paged fp16 cache without selected keys: the first two tiles' rows are looked up and their
      * copies issued before the wait on the kernel before, which wrote only the queries. The
      * positions and block tables come from the host; the cache rows were stored at least two
@@ -621,23 +624,57 @@ extern "C" void mla_cuda_attn_tune(int min_keys) {
     g_tc_min_keys = min_keys;
 }
 
-/* Splits of a launch: enough blocks for two waves of two per SM over 132 SMs, each split at
- * least min_keys keys, within the work buffer. min_keys2 (< min_keys, or 0): where min_keys
- * leaves fewer blocks than SMs, splits of down to min_keys2 keys up to a block an SM. */
-static int attn_splits(const mla_cuda_attn_args *a, int64_t blocks_per_split, int64_t nk_max, int64_t min_keys,
+/* Splits of a launch of `base` blocks a split (tokens x head groups) over up to nk_max keys a
+ * token, each split at least min_keys keys, within the work buffer; `slots`: the blocks resident
+ * on the GPU at once (blocks an SM x SMs).
+ * - Where the keys allow at most one wave (short contexts), as many splits as they allow. min_keys2
+ *   (< min_keys, or 0): where min_keys leaves fewer blocks than SMs, splits of down to min_keys2
+ *   keys up to a block an SM.
+ * - Else (long contexts) the count of the least modelled time, waves x (keys a split + a block's
+ *   fixed cost of AT_FIXED_KEYS keys: its queries, the first tiles' latency, its partial rows
+ *   written and combined), the fewest splits on a tie: whole waves. The former rule, the first
+ *   count past one wave, left V3's batch 8 (32 blocks a split, 9 splits, 288 blocks on 264
+ *   slots) two waves of which the second held 24 blocks; 8 splits are one wave of 256.
+ * Every split of a token takes an equal part of that token's keys (split_keys), so the blocks of
+ * a launch over sequences of one length take the same time. */
+constexpr int64_t AT_FIXED_KEYS = 256;
+/* The rule from its inputs: cap, the most splits the work buffer and the combine take; sms, the
+ * device's SMs. */
+static int64_t split_count(int64_t base, int64_t nk_max, int64_t min_keys, int64_t slots, int64_t sms, int64_t cap,
+                           int64_t min_keys2) {
+    if (cap <= 1 || base < 1 || slots < 1) return 1;
+    const int64_t maxs = std::min(cap, (nk_max + min_keys - 1) / min_keys);
+    const int64_t want = (slots + base - 1) / base; /* one wave or more */
+    int64_t splits = 1;
+    if (maxs <= want) {
+        splits = maxs;
+        if (min_keys2 > 0 && splits * base < sms) {
+            const int64_t want2 = (sms + base - 1) / base, maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
+            splits = std::max(splits, std::min(std::min(want2, maxs2), cap));
+        }
+    } else {
+        double best = INFINITY;
+        for (int64_t s = 1; s <= maxs; s++) {
+            const double waves = (double)((s * base + slots - 1) / slots),
+                         cost = waves * (double)((nk_max + s - 1) / s + AT_FIXED_KEYS);
+            if (cost < best) best = cost, splits = s;
+        }
+    }
+    return std::max<int64_t>(splits, 1);
+}
+
+/* the most splits of a launch of T tokens, H heads, latent L within work_floats floats of work
+ * buffer and the combine */
+static int64_t split_cap(int64_t T, int64_t H, int64_t L, size_t work_floats) {
+    const size_t per_split = mla_cuda_attn_work_floats(T, H, L, 1);
+    return per_split ? std::min<int64_t>(AR_MAXS, (int64_t)(work_floats / per_split)) : 1;
+}
+
+static int attn_splits(const mla_cuda_attn_args *a, int64_t base, int64_t nk_max, int64_t min_keys, int64_t slots,
                        int64_t min_keys2 = 0) {
     if (!a->work) return 1;
-    const int64_t want = (264 + blocks_per_split - 1) / blocks_per_split, maxs = (nk_max + min_keys - 1) / min_keys;
-    int splits = (int)(want < maxs ? want : maxs);
-    if (min_keys2 > 0 && splits * blocks_per_split < mlacu_sm_count()) {
-        const int64_t want2 = (mlacu_sm_count() + blocks_per_split - 1) / blocks_per_split,
-                      maxs2 = (nk_max + min_keys2 - 1) / min_keys2;
-        splits = std::max(splits, (int)std::min(want2, maxs2));
-    }
-    if (splits < 1) splits = 1;
-    if (splits > AR_MAXS) splits = AR_MAXS;
-    while (splits > 1 && mla_cuda_attn_work_floats(a->n_tokens, a->n_head, a->kv_lora, splits) > a->work_floats) splits--;
-    return splits;
+    return (int)split_count(base, nk_max, min_keys, slots, mlacu_sm_count(),
+                            split_cap(a->n_tokens, a->n_head, a->kv_lora, a->work_floats), min_keys2);
 }
 
 /* Combines the splits of a launch (none to combine with one), unless the caller combines them
@@ -669,10 +706,11 @@ template <int L, int R> static int tc_tile(void) {
 }
 
 /* MLA_OK or MLA_ERR: the kernel's shared memory allowed, once per process (one device per
- * process, or ranks of one process on one device) */
-template <int L, int R, typename KT, int KTL> static int tc_launch_setup(mla_err *e) {
+ * process, or ranks of one process on one device); *bps (if given): its blocks resident per SM */
+template <int L, int R, typename KT, int KTL> static int tc_launch_setup(mla_err *e, int *bps = nullptr) {
     using C = tc_cfg<L, R, KTL>;
     static bool done = false;
+    static int occ = 0;
     if (!done) {
         MLACU_CHECK(mlacu_smem_allow(mla_attn_tc_kernel<L, R, KT, KTL>, C::SMEM), e,
                     "mla_attn (tensor cores, %d-key tiles): shared memory %zu", KTL, C::SMEM);
@@ -680,29 +718,40 @@ template <int L, int R, typename KT, int KTL> static int tc_launch_setup(mla_err
         MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tc_kernel<L, R, KT, KTL>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                          100),
                     e, "mla_attn (tensor cores): carveout");
+        MLACU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mla_attn_tc_kernel<L, R, KT, KTL>, TC_T, C::SMEM),
+                    e, "mla_attn (tensor cores, %d-key tiles): occupancy", KTL);
         done = true;
     }
+    if (bps) *bps = occ;
     return MLA_OK;
 }
 
+/* One launch of the KTL-key kernel for the args' shape, its splits sized for this device
+ * (attn_splits: the blocks resident per SM times the SMs); *splits gets them. */
 template <int L, int R, typename KT, int KTL>
-static int tc_launch(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+static int tc_launch(const mla_cuda_attn_args *a, attn_k k, int64_t nk_max, cudaStream_t stream, int *splits, mla_err *e) {
     using C = tc_cfg<L, R, KTL>;
-    if (tc_launch_setup<L, R, KT, KTL>(e)) return MLA_ERR;
-    dim3 grid((unsigned)k.splits, (unsigned)((H + TC_HR - 1) / TC_HR), (unsigned)T);
+    int bps = 0;
+    if (tc_launch_setup<L, R, KT, KTL>(e, &bps)) return MLA_ERR;
+    const int64_t T = a->n_tokens, H = a->n_head, hgroups = (H + TC_HR - 1) / TC_HR;
+    k.splits = attn_splits(a, T * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS,
+                           (int64_t)std::max(bps, 1) * mlacu_sm_count(), T == 1 && !g_tc_min_keys ? TC_MIN_KEYS1 : 0);
+    const dim3 grid((unsigned)hgroups, (unsigned)k.splits, (unsigned)T);
     mlacu_launch(mla_attn_tc_kernel<L, R, KT, KTL>, grid, TC_T, C::SMEM, stream, k);
-    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores, %d-key tiles) T=%lld H=%lld", KTL, (long long)T,
-                (long long)H);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores, %d-key tiles) T=%lld H=%lld splits=%d", KTL, (long long)T,
+                (long long)H, k.splits);
+    *splits = k.splits;
     return MLA_OK;
 }
 
 /* the shape's kernel of this device (tc_tile) for element type KT: MLA_OK, MLA_ERR, or 1 (none) */
 template <int L, int R, typename KT>
-static int tc_launch_any(const attn_k &k, int64_t T, int64_t H, cudaStream_t stream, mla_err *e) {
+static int tc_launch_any(const mla_cuda_attn_args *a, const attn_k &k, int64_t nk_max, cudaStream_t stream, int *splits,
+                         mla_err *e) {
     const int kt = tc_tile<L, R>();
-    if (kt == TC_KT) return tc_launch<L, R, KT, TC_KT>(k, T, H, stream, e);
+    if (kt == TC_KT) return tc_launch<L, R, KT, TC_KT>(a, k, nk_max, stream, splits, e);
     if constexpr (L == 512 && R == 64)
-        if (kt == 16) return tc_launch<L, R, KT, 16>(k, T, H, stream, e);
+        if (kt == 16) return tc_launch<L, R, KT, 16>(a, k, nk_max, stream, splits, e);
     return 1;
 }
 
@@ -719,19 +768,22 @@ extern "C" size_t mla_cuda_attn_tc_smem(int64_t kv_lora, int64_t n_rope) {
 }
 
 template <int KTL> static int tc_blocks_per_sm(void) {
-    using C = tc_cfg<512, 64, KTL>;
     mla_err e;
-    if (tc_launch_setup<512, 64, __half, KTL>(&e)) return -1;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tc_kernel<512, 64, __half, KTL>, TC_T, C::SMEM) !=
-        cudaSuccess)
-        return -1;
+    if (tc_launch_setup<512, 64, __half, KTL>(&e, &n)) return -1;
     return n;
 }
 
 extern "C" int mla_cuda_attn_tc_blocks_per_sm(void) {
     const int kt = tc_tile<512, 64>();
     return kt == TC_KT ? tc_blocks_per_sm<TC_KT>() : kt == 16 ? tc_blocks_per_sm<16>() : 0;
+}
+
+extern "C" int mla_cuda_attn_tc_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys,
+                                       size_t work_floats, int blocks_per_sm, int sms) {
+    const int64_t hgroups = (n_head + TC_HR - 1) / TC_HR;
+    return (int)split_count(n_tokens * hgroups, max_keys, TC_MIN_KEYS, (int64_t)blocks_per_sm * sms, sms,
+                            split_cap(n_tokens, n_head, kv_lora, work_floats), n_tokens == 1 ? TC_MIN_KEYS1 : 0);
 }
 
 /* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
@@ -743,17 +795,14 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
     if (!a->blk_tok && ((uintptr_t)a->kv & 15)) return 1;
     if (((uintptr_t)a->q_abs & 7) || ((uintptr_t)a->q_pe & 7) || (a->q_pe_ld_t & 1) || (a->q_pe_ld_h & 1)) return 1;
     if (a->blk_tok && (a->blk_off & 3)) return 1;
-    const int64_t hgroups = (a->n_head + TC_HR - 1) / TC_HR;
-    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS,
-                                   a->n_tokens == 1 && !g_tc_min_keys ? TC_MIN_KEYS1 : 0);
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
-                a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, splits};
+                a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, 1};
     cudaStream_t st = (cudaStream_t)stream;
-    int r;
-    if (a->kv_f16) r = w512 ? tc_launch_any<512, 64, __half>(k, a->n_tokens, a->n_head, st, e)
-                            : tc_launch_any<256, 32, __half>(k, a->n_tokens, a->n_head, st, e);
-    else r = w512 ? tc_launch_any<512, 64, float>(k, a->n_tokens, a->n_head, st, e)
-                  : tc_launch_any<256, 32, float>(k, a->n_tokens, a->n_head, st, e);
+    int r, splits = 1;
+    if (a->kv_f16) r = w512 ? tc_launch_any<512, 64, __half>(a, k, nk_max, st, &splits, e)
+                            : tc_launch_any<256, 32, __half>(a, k, nk_max, st, &splits, e);
+    else r = w512 ? tc_launch_any<512, 64, float>(a, k, nk_max, st, &splits, e)
+                  : tc_launch_any<256, 32, float>(a, k, nk_max, st, &splits, e);
     if (r) return r;
     return attn_reduce(a, splits, st, e);
 }
@@ -777,11 +826,12 @@ extern "C" int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream st
         smem_set[a->kv_f16 != 0] = smem;
     }
     const int64_t hgroups = (a->n_head + AT_HG - 1) / AT_HG;
-    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 256);
+    /* taken as two blocks an SM (93 KB a block at 512 + 64) */
+    const int splits = attn_splits(a, a->n_tokens * hgroups, nk_max, 256, 2 * (int64_t)mlacu_sm_count());
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)a->kv_lora, (int)a->n_rope,
                 a->kv, a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work,
                 splits};
-    dim3 grid((unsigned)splits, (unsigned)hgroups, (unsigned)a->n_tokens);
+    const dim3 grid((unsigned)hgroups, (unsigned)splits, (unsigned)a->n_tokens);
     mlacu_launch(a->kv_f16 ? mla_attn_kernel<__half> : mla_attn_kernel<float>, grid, AT_T, smem, (cudaStream_t)stream, k);
     MLACU_CHECK(cudaGetLastError(), e, "mla_attn T=%lld H=%lld", (long long)a->n_tokens, (long long)a->n_head);
     return attn_reduce(a, splits, (cudaStream_t)stream, e);

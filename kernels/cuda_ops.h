@@ -285,6 +285,13 @@ size_t mla_cuda_attn_work_floats(int64_t n_tokens, int64_t n_head, int64_t kv_lo
  * Hopper; 0 where a block cannot have its 113 KB of shared memory and the fp32 kernel is used;
  * -1 on an error): what the op harness reports. */
 int mla_cuda_attn_tc_blocks_per_sm(void);
+/* The splits over keys the tensor-core attention takes (its default least keys a split) for
+ * n_tokens tokens of n_head heads, latent kv_lora, up to max_keys keys a token, a work buffer of
+ * work_floats floats (0: none, one split), on a device of `sms` SMs holding blocks_per_sm blocks
+ * each: a pure function of its arguments (needs no device), what a launch on such a device
+ * computes. */
+int mla_cuda_attn_tc_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys, size_t work_floats,
+                            int blocks_per_sm, int sms);
 /* The tensor-core attention's key tile for latent kv_lora + rope n_rope on this device: 32, 16 (the
  * 512 + 64 kernel within 99 KB a block), or 0 (no tensor-core kernel: the fp32 one); and that
  * kernel's shared memory a block in bytes (0: none). MLA_CUDA_SMEM_CAP applies. */

@@ -12,7 +12,8 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
   endforeach()
   target_link_libraries(mla-gpu-check mla_kernels_cuda mla_kernels mla_common)
   target_link_libraries(test_cuda_quant_host mla_kernels mla_common)
-  # the matmul chooser's rules (docs/kernels.md), host code of the CUDA library: no GPU needed
+  # the matmul chooser's rules (docs/kernels.md) and the attention's split count, host code of the
+  # CUDA library: no GPU needed
   add_executable(test_cuda_choose ${mla_gpu_dir}/test_cuda_choose.cu)
   target_include_directories(test_cuda_choose PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_options(test_cuda_choose PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)

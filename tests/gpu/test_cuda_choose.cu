@@ -1,6 +1,7 @@
 /* The matmul chooser (mla_cuda_mm_choose, kernels/mm_choose_cuda.cu) against the rules of
- * docs/kernels.md, for the policies the model and the MoE give it. Host code only: needs no GPU
- * (runs in CI). */
+ * docs/kernels.md, for the policies the model and the MoE give it; the attention's split count
+ * over keys (mla_cuda_attn_tc_splits, kernels/attn_mla_cuda.cu) against its rule. Host code
+ * only: needs no GPU (runs in CI). */
 #include <stdio.h>
 
 #include "kernels/cuda_ops.h"
@@ -61,5 +62,37 @@ int main(void) {
     CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) == MLA_CUDA_MM_MMA);
     CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_H &&
           mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_Q8_MMA);
+    /* the attention's splits, the work buffer as the model sizes it (64 tokens of 32 splits), on
+     * an H200 (132 SMs, two blocks each): V3's 128 heads (four groups of 32) at batch 8 take one
+     * wave of 256 blocks at any long context (9 splits, 288 blocks, were two waves), batch 1 the
+     * 264 slots at 128k keys and splits of 64 keys at 1k (16: 64 blocks), batch 64 one split */
+    const size_t w128 = mla_cuda_attn_work_floats(64, 128, 512, 32);
+    CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 131072, w128, 2, 132) == 8);
+    CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 32768, w128, 2, 132) == 8);
+    CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 4096, w128, 2, 132) == 8);
+    CHECK(mla_cuda_attn_tc_splits(1, 128, 512, 131072, w128, 2, 132) == 66);
+    CHECK(mla_cuda_attn_tc_splits(1, 128, 512, 1024, w128, 2, 132) == 16);
+    CHECK(mla_cuda_attn_tc_splits(64, 128, 512, 131072, w128, 2, 132) == 1);
+    /* no work buffer: one split; a small one bounds them */
+    CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 131072, 0, 2, 132) == 1);
+    CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 131072, mla_cuda_attn_work_floats(8, 128, 512, 4), 2, 132) == 4);
+    /* every long-context launch: within the work buffer, and whole waves (at least 85% of the
+     * slots of its last wave busy) unless the keys bound the splits (128 keys each), on an H200,
+     * a B200 (148 SMs) and a part of one block an SM (170) */
+    const int devs[3][2] = {{2, 132}, {2, 148}, {1, 170}};
+    for (const auto &d : devs)
+        for (int64_t H : {16, 64, 128})
+            for (int64_t T = 1; T <= 64; T++)
+                for (int64_t nk : {32768, 131072}) {
+                    const size_t w = mla_cuda_attn_work_floats(64, H, 512, 32);
+                    const int s = mla_cuda_attn_tc_splits(T, H, 512, nk, w, d[0], d[1]);
+                    const int64_t blocks = T * ((H + 31) / 32) * s, slots = (int64_t)d[0] * d[1],
+                                  waves = (blocks + slots - 1) / slots;
+                    CHECKF(s >= 1 && mla_cuda_attn_work_floats(T, H, 512, s) <= w, "T=%lld H=%lld nk=%lld: %d splits",
+                           (long long)T, (long long)H, (long long)nk, s);
+                    CHECKF(s == (nk + 127) / 128 || blocks >= 0.85 * (double)(waves * slots),
+                           "T=%lld H=%lld nk=%lld slots=%lld: %d splits, %lld blocks in %lld waves", (long long)T,
+                           (long long)H, (long long)nk, (long long)slots, s, (long long)blocks, (long long)waves);
+                }
     return mla_test_finish();
 }
