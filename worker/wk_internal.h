@@ -41,14 +41,16 @@ typedef struct wk {
     int32_t *gtok;
     /* the step ahead (worker/wk_ahead.h): ahead[cur] is the one held, run or (queued) in the
      * engine; the other is the one queued behind it (chained) while a plan is matched. Its
-     * scratch: a plan's rows it answered (hit), the indices of the others (ridx), their greedy
-     * flags and tokens (rgreedy, rtok) */
+     * scratch: a plan's rows it answered (hit; lhit: a host row's logits there), the indices of
+     * the others (ridx), their greedy flags and tokens (rgreedy, rtok), and the tokens of the
+     * plan just answered (stok: rank 0's result; the other ranks get it by broadcast) */
     wk_ahead ahead[2];
     wk_ahead_mode_t ahead_mode;
     int cur;
     bool queued, chained;
     bool *rgreedy;
-    int32_t *rtok, *hit;
+    int32_t *rtok, *hit, *stok;
+    float **lhit;
     uint32_t *ridx;
     uint32_t flags_cap;
     wire_worker_opts wo; /* the coordinator's settings (RegisterReply) */

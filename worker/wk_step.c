@@ -130,14 +130,15 @@ static void ahead_collect(wk *w, engine *eng) {
 
 /* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
  * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
- * engine wrote logits into rows[i] instead. When p asks for exactly the queued step ahead, the
+ * engine wrote logits into rows[i] instead (a host row the step ahead ran: rows[i] := its logits
+ * row there). When p asks for exactly the queued step ahead, the
  * step after it is queued first, from the tokens on the device (w->chained). */
 static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
     const engine_ops *ops = w->cfg->engine;
     w->chained = false;
     if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
     wk_ahead *a = &w->ahead[w->cur], *next = &w->ahead[w->cur ^ 1];
-    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL)) {
+    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL, false)) {
         mla_err qerr;
         w->chained = ops->queue(eng, &next->plan, true, &qerr) == MLA_OK;
         if (!w->chained) {
@@ -149,7 +150,7 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     ahead_collect(w, eng);
     wire_step_plan rest = *p;
     uint32_t nhit = 0;
-    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, &rest, w->ridx);
+    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, w->lhit, &rest, w->ridx);
     if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
         w->queued = true;
         w->cur ^= 1;
@@ -161,7 +162,10 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
         w->queued = true;
     }
     if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
-    for (uint32_t i = 0; i < p->n_seqs; i++) w->gtok[i] = w->hit[i];
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        w->gtok[i] = w->hit[i] >= 0 ? w->hit[i] : -1;
+        if (w->hit[i] == WK_AHEAD_LOGITS) rows[i] = w->lhit[i]; /* sampled below, as if run now */
+    }
     if (w->chained) wk_ahead_set_tokens(&w->ahead[w->cur], w->gtok); /* its inputs: this step's tokens */
     if (rest.n_seqs == 0) return MLA_OK;
     /* the residual rows, compacted: their logits rows, greedy flags and tokens */
@@ -176,15 +180,36 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     return rc;
 }
 
-/* After plan p (its result sent): the step that follows from its device tokens, queued in the
- * engine or run now (worker/wk_ahead.h), unless run_rows already queued it. The logits rows of p
- * are big enough for it (one row a sequence, as p had). */
-static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
+/* After plan p (its result sent): the step that follows from its tokens, queued in the engine or
+ * run now (worker/wk_ahead.h), unless run_rows already queued it. Without host rows, from the
+ * device's tokens (w->gtok, the same on every rank); a greedy step ahead writes its logits, where
+ * it writes any, into rows (p's, one row a sequence). With host rows (every rank takes that
+ * decision from p alone), from tok (rank 0: the tokens of its result; broadcast to the other
+ * ranks first, whose tok it overwrites), run, its logits kept in the step ahead. */
+static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows, int32_t *tok) {
     if (w->ahead_mode == WK_AHEAD_OFF || w->chained) return;
     wk_ahead *a = &w->ahead[w->cur];
-    if (!wk_ahead_build(a, p, w->gtok)) return;
     mla_err err;
-    if (w->ahead_mode == WK_AHEAD_QUEUE) {
+    bool host = wk_ahead_wants_host(p);
+    if (host && w->cfg->world > 1) {
+        if (coll_broadcast(w->coll, tok, p->n_seqs * sizeof *tok, 0, &err)) {
+            MLA_WARN("step %llu: rank 0's tokens for the step ahead did not arrive (no step ahead): %s",
+                     (unsigned long long)p->step_id, err.msg);
+            wk_ahead_clear(a);
+            return;
+        }
+    }
+    if (!wk_ahead_build(a, p, host ? tok : w->gtok, host)) return;
+    if (a->n_host) {
+        float **arows = mla_xmalloc(a->plan.n_seqs * sizeof *arows);
+        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows, w->rgreedy);
+        int rc = w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)arows, w->rgreedy, w->rtok, &err);
+        free(arows);
+        if (rc == MLA_OK) {
+            wk_ahead_done(a, w->rtok);
+            return;
+        }
+    } else if (w->ahead_mode == WK_AHEAD_QUEUE) {
         if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
             w->queued = true;
             return;
@@ -223,6 +248,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
         w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
         w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
+        w->lhit = mla_xrealloc(w->lhit, w->flags_cap * sizeof *w->lhit);
+        w->stok = mla_xrealloc(w->stok, w->flags_cap * sizeof *w->stok);
         w->ridx = mla_xrealloc(w->ridx, w->flags_cap * sizeof *w->ridx);
     }
     for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
@@ -230,6 +257,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         off += engine_logit_rows(&p->seqs[i]);
         w->greedy[i] = wk_ahead_greedy_row(&p->seqs[i]);
         w->gtok[i] = -1;
+        w->stok[i] = -1;
     }
     mla_err err;
     const int64_t t0 = now_ns();
@@ -303,6 +331,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         /* a failed result carries no sequences (wire_decode refuses it otherwise, and the step
          * would never be answered) */
         m.u.result.n_seqs = cerr[0] ? 0 : p->n_seqs;
+        for (uint32_t i = 0; !cerr[0] && i < p->n_seqs; i++) w->stok[i] = sr[i].token;
         m.u.result.seqs = sr;
         steptrace_mark(p->step_id, 'E');
         if (wk_send_msg(pair, &m, &err)) {
@@ -316,7 +345,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         }
         free(sr);
     }
-    if (rc == MLA_OK) run_ahead(w, eng, p, rows);
+    if (rc == MLA_OK) run_ahead(w, eng, p, rows, w->stok);
     free(rows);
 }
 
@@ -441,9 +470,10 @@ void *wk_compute_main(void *arg) {
     }
     ahead_collect(w, eng);
     if (w->ahead_mode != WK_AHEAD_OFF)
-        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan",
+        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan (%llu sampled on the host)",
                  (unsigned long long)(w->ahead[0].rows_run + w->ahead[1].rows_run),
-                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used));
+                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used),
+                 (unsigned long long)(w->ahead[0].host_used + w->ahead[1].host_used));
     for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
     free(hist.v);
     sampler_free(smp);
