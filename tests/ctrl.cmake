@@ -64,6 +64,11 @@ target_include_directories(test_wk_ahead PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_wk_ahead mla_worker)
 add_test(NAME wk_ahead COMMAND test_wk_ahead)
 
+add_executable(test_wk_sample ${MLA_TEST_DIR}/unit/test_wk_sample.c)
+target_include_directories(test_wk_sample PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_wk_sample mla_worker)
+add_test(NAME wk_sample COMMAND test_wk_sample)
+
 # the worker runtime with the tiny deterministic test engine (tests only)
 add_library(mla_test_engine STATIC ${MLA_TEST_DIR}/ctrl/test_engine.c)
 target_include_directories(mla_test_engine PUBLIC ${MLA_TEST_DIR}/ctrl)

@@ -13,6 +13,7 @@
 #include "wire.h"
 #include "wk_ahead.h"
 #include "wk_run.h"
+#include "wk_sample.h"
 
 #define WK_REFUSED (-3)
 #define WK_HELP 1 /* wk_parse_args: --help was asked for */
@@ -53,6 +54,14 @@ typedef struct wk {
     float **lhit;
     uint32_t *ridx;
     uint32_t flags_cap;
+    /* rank 0's host sampling (worker/wk_sample.h): its samplers, a step's jobs, the plan row of
+     * each, and copies of their masks */
+    wk_sample *samp;
+    wk_sample_job *jobs;
+    uint32_t *jrow;
+    size_t jobs_cap;
+    uint8_t *jmask;
+    size_t jmask_cap;
     wire_worker_opts wo; /* the coordinator's settings (RegisterReply) */
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
     wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */

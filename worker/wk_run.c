@@ -413,6 +413,9 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.rgreedy);
     free(w.rtok);
     free(w.stok);
+    free(w.jobs);
+    free(w.jrow);
+    free(w.jmask);
     free(w.lhit);
     free(w.hit);
     free(w.ridx);

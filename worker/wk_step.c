@@ -226,6 +226,14 @@ static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows,
     wk_ahead_done(a, NULL);
 }
 
+/* whether plan p holds a sequence in two rows */
+static bool has_twice(const wire_step_plan *p) {
+    for (uint32_t i = 1; i < p->n_seqs; i++)
+        for (uint32_t k = 0; k < i; k++)
+            if (p->seqs[k].seq_id == p->seqs[i].seq_id) return true;
+    return false;
+}
+
 static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_tab *hist, void *pair,
                      const wire_step_plan *p) {
     const int rank = w->cfg->rank;
@@ -287,6 +295,21 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     } else if (rank == 0) {
         char cerr[420] = "";
         wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
+        /* the host-sampled rows are sampled together after this loop, on threads (worker/wk_sample.h);
+         * a plan that holds a sequence twice samples in line (its history grows between the two) */
+        const bool in_line = has_twice(p);
+        size_t nj = 0, ncons = 0, nc = 0;
+        for (uint32_t i = 0; i < p->n_seqs; i++) nc += p->seqs[i].sp.constrained;
+        if (p->n_seqs > w->jobs_cap) {
+            w->jobs_cap = p->n_seqs;
+            w->jobs = mla_xrealloc(w->jobs, w->jobs_cap * sizeof *w->jobs);
+            w->jrow = mla_xrealloc(w->jrow, w->jobs_cap * sizeof *w->jrow);
+        }
+        if (nc * V > w->jmask_cap) {
+            free(w->jmask);
+            w->jmask_cap = nc * V;
+            w->jmask = mla_xmalloc(w->jmask_cap);
+        }
         for (uint32_t i = 0; i < p->n_seqs; i++) {
             const wire_seq *s = &p->seqs[i];
             seq_hist *h = hist_get(hist, s->seq_id);
@@ -309,6 +332,20 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
             }
             if (s->sample && w->gtok[i] >= 0) {
                 /* taken on the device above */
+            } else if (s->sample && !in_line) { /* sampled below, with the other host rows */
+                wk_sample_job *j = &w->jobs[nj];
+                w->jrow[nj++] = i;
+                j->logits = last;
+                j->sp = &s->sp;
+                j->mod = mod;
+                if (mod.allow) { /* its own copy: a mask handed out may live only until the next row's */
+                    uint8_t *mk = w->jmask + (size_t)ncons++ * V;
+                    memcpy(mk, mod.allow, V);
+                    j->mod.allow = mk;
+                }
+                j->history = NULL; /* below: this row's history buffer may still move */
+                j->n_history = h->n;
+                j->stream = (uint64_t)s->positions[s->n_tokens - 1] + 1;
             } else if (s->sample) {
                 sample_out so;
                 sampler_sample_mod(smp, last, &s->sp, &mod, h->tok, h->n,
@@ -323,6 +360,16 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 sr[i].n_vocab = V;
                 sr[i].logits = rows[i];
             }
+        }
+        for (size_t k = 0; k < nj; k++) w->jobs[k].history = hist_get(hist, p->seqs[w->jrow[k]].seq_id)->tok;
+        wk_sample_run(w->samp, w->jobs, nj);
+        for (size_t k = 0; k < nj; k++) {
+            wire_seq_result *r = &sr[w->jrow[k]];
+            const sample_out *so = &w->jobs[k].out;
+            r->token = so->token;
+            r->logprob = so->logprob;
+            r->n_top = so->n_top;
+            memcpy(r->top, so->top, sizeof so->top);
         }
         m.kind = WIRE_STEP_RESULT;
         m.u.result.step_id = p->step_id;
@@ -438,6 +485,7 @@ void *wk_compute_main(void *arg) {
         if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
     }
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
+    w->samp = cfg->rank == 0 ? wk_sample_new(V) : NULL;
     wk_constrain *cons = cfg->rank == 0 ? wk_constrain_new(cfg->model_path, V) : NULL;
     hist_tab hist = {0};
     for (;;) {
@@ -477,6 +525,8 @@ void *wk_compute_main(void *arg) {
     for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
     free(hist.v);
     sampler_free(smp);
+    wk_sample_free(w->samp);
+    w->samp = NULL;
     wk_constrain_free(cons);
     cfg->engine->destroy(eng);
     zmq_close(pair);
