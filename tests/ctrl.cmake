@@ -84,7 +84,7 @@ add_test(NAME api_metrics COMMAND test_api_metrics)
 
 add_executable(test_coord ${MLA_TEST_DIR}/unit/test_coord.c)
 target_include_directories(test_coord PRIVATE ${MLA_TEST_DIR}/unit)
-target_link_libraries(test_coord mla_coord mla_test_engine m)
+target_link_libraries(test_coord mla_coord mla_test_engine mla_worker m)
 foreach(part group refuse kill orphan load ncclid ahead)
   add_test(NAME coord_${part} COMMAND test_coord $<TARGET_FILE:mla-test-worker> ${part})
   set_tests_properties(coord_${part} PROPERTIES TIMEOUT 180)
