@@ -8,7 +8,10 @@ seeded rows, json_schema rows (greedy and seeded), logit_bias, repetition and pr
 logprobs. Every streamed answer (its text, its finish reason, and where asked its tokens' logprobs)
 must be the same on both servers; the worker with the step ahead must report rows that a plan took
 from it while every batch held host-sampled rows, the one without none.
-Usage: test_ahead_host.py SERVE_EXE WORKER_EXE FIXTURES_DIR [TP]. Exit 77 when the fixture is missing."""
+Usage: test_ahead_host.py SERVE_EXE WORKER_EXE FIXTURES_DIR|MODEL.gguf [TP [BACKEND]]: SERVE_EXE is
+`mlaserve` (its `serve` command) or a program that serves (mlaserve_serve_test); BACKEND (cpu) goes
+to `--backend` (cuda on a GPU host: the same answers from the CUDA engine's step ahead, queued or
+run). Exit 77 when the fixture is missing."""
 import json
 import os
 import re
@@ -20,7 +23,9 @@ from mlatest import ServeProcess, check, http_post as post, summary  # noqa: E40
 
 exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
 tp = sys.argv[4] if len(sys.argv) > 4 else "1"
-model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
+backend = sys.argv[5] if len(sys.argv) > 5 else None
+cmd = [exe, "serve"] if os.path.basename(exe) == "mlaserve" else [exe]
+model = fixtures if fixtures.endswith(".gguf") else os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
 if not os.path.exists(model):
     print("fixture missing: skipped")
     sys.exit(77)
@@ -91,10 +96,10 @@ def ahead_stats(log):
 
 
 rs = reqs()
-common = ["--max-context", "1024", "--max-seqs", "64", "--tp", tp]
+common = ["--max-context", "1024", "--max-seqs", "64", "--tp", tp] + (["--backend", backend] if backend else [])
 res, stats = {}, {}
 for mode in ("off", "queue"):
-    srv = ServeProcess([exe, "-m", model, "--port", "0"], common + ["--step-ahead", mode], worker=worker,
+    srv = ServeProcess(cmd + ["-m", model, "--port", "0"], common + ["--step-ahead", mode], worker=worker,
                        timeout=120, prefix="ahead_host_%s_" % mode)
     try:
         res[mode] = run_all(srv.port, rs)
@@ -115,4 +120,4 @@ for i, (path, body) in enumerate(rs):
 check(stats["off"] is None or stats["off"][0] == 0, "no step ahead with --step-ahead off: %r" % (stats["off"],))
 check(stats["queue"] is not None and stats["queue"][2] > 0,
       "host-sampled rows of the step ahead were taken: %r" % (stats["queue"],))
-sys.exit(summary("ahead_host"))
+sys.exit(summary("ahead_host: "))
