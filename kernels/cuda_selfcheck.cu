@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "kernels/attn_prefill_cuda.h"
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_rand.h"
 
@@ -323,6 +324,81 @@ out:
     return rc;
 }
 
+/* The prompt attention in the non-absorbed form (attn_prefill_cuda.h) against mla_attn of q_abs =
+ * W_kb q_nope, then W_vb: 70 tokens of one sequence after 60 cached keys (130 keys over 3 blocks
+ * of a pool in a shuffled order, the second layer's rows, fp16), 3 heads in groups of 2 (the work
+ * area holds two), fp16 or float weights. Bound 1e-2 (fp16 queries, keys, values, weights P). */
+int check_prefill(gr_rng *r, int L, int R, int DN, int DV, bool w16, mla_err *e) {
+    enum { H = 3, T = 70, P0 = 60, NK = P0 + T, BS = MLA_CUDA_KV_BLOCK, NB = (NK + BS - 1) / BS, POOL = 4 };
+    static const int order[NB] = {2, 0, 3};
+    const int ROW = L + R, BLK = 2 * BS * ROW, OFF = BS * ROW, DK = DN + R; /* in elements */
+    std::vector<float> kv((size_t)NK * ROW), kb((size_t)H * L * DN), vb((size_t)H * DV * L), q((size_t)T * H * DK),
+        ref((size_t)T * H * DV), got((size_t)T * H * DV), qabs((size_t)H * L), qpe((size_t)H * R), oabs((size_t)H * L);
+    std::vector<__half> pool((size_t)POOL * BLK, __float2half_rn(0.f)), kbh(kb.size()), vbh(vb.size());
+    gr_fill(r, kv.data(), (int64_t)kv.size(), 1.0f);
+    gr_fill(r, kb.data(), (int64_t)kb.size(), 1.0f / sqrtf((float)L));
+    gr_fill(r, vb.data(), (int64_t)vb.size(), 1.0f / sqrtf((float)L));
+    gr_fill(r, q.data(), (int64_t)q.size(), 1.5f);
+    for (float &v : kv) v = __half2float(__float2half_rn(v)); /* as the fp16 cache and weights hold them */
+    for (size_t i = 0; i < kb.size(); i++) kb[i] = __half2float(kbh[i] = __float2half_rn(kb[i]));
+    for (size_t i = 0; i < vb.size(); i++) vb[i] = __half2float(vbh[i] = __float2half_rn(vb[i]));
+    const float scale = 1.0f / sqrtf((float)DK);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            const float *qh = q.data() + ((size_t)t * H + h) * DK;
+            for (int c = 0; c < L; c++) {
+                double acc = 0;
+                for (int i = 0; i < DN; i++) acc += (double)qh[i] * kb[((size_t)h * L + c) * DN + i];
+                qabs[(size_t)h * L + c] = (float)acc;
+            }
+            for (int i = 0; i < R; i++) qpe[(size_t)h * R + i] = qh[DN + i];
+        }
+        mla_attn_args ca = {qabs.data(), qpe.data(), 1, H, L, R, kv.data(), P0 + t, scale, NULL, NULL, 0, oabs.data()};
+        mla_attn(NULL, &ca);
+        for (int h = 0; h < H; h++)
+            for (int o = 0; o < DV; o++) {
+                double acc = 0;
+                for (int c = 0; c < L; c++) acc += (double)vb[((size_t)h * DV + o) * L + c] * oabs[(size_t)h * L + c];
+                ref[((size_t)t * H + h) * DV + o] = (float)acc;
+            }
+    }
+    for (int j = 0; j < NK; j++)
+        for (int c = 0; c < ROW; c++)
+            pool[(size_t)order[j / BS] * BLK + OFF + (size_t)(j % BS) * ROW + c] = __float2half_rn(kv[(size_t)j * ROW + c]);
+    scratch s = {{0}, 0};
+    int rc = MLA_ERR;
+    const size_t wb = mla_cuda_prefill_work_bytes(NK, 2, DN, DV);
+    void *dq = salloc(&s, q.size() * 4, q.data()), *dpool = salloc(&s, pool.size() * 2, pool.data());
+    void *dkb = w16 ? salloc(&s, kbh.size() * 2, kbh.data()) : salloc(&s, kb.size() * 4, kb.data());
+    void *dvb = w16 ? salloc(&s, vbh.size() * 2, vbh.data()) : salloc(&s, vb.size() * 4, vb.data());
+    void *dout = salloc(&s, got.size() * 4, NULL), *dwork = salloc(&s, wb, NULL);
+    void *tab[NB];
+    for (int b = 0; b < NB; b++) tab[b] = dpool ? (char *)dpool + (size_t)order[b] * BLK * 2 : NULL;
+    void *dtab = salloc(&s, sizeof tab, tab);
+    if (!dq || !dpool || !dkb || !dvb || !dout || !dwork || !dtab) {
+        mla_errf(e, "cuda_selfcheck: prompt attention buffers: %s", cudaGetErrorString(cudaGetLastError()));
+        goto out;
+    }
+    {
+        const mla_cuda_prefill_args a = {(const float *)dq, H * DK, DK, T, P0, H, L, R, DN, DV,
+                                         (const float *const *)dtab, OFF, dkb, dvb, w16, scale, (float *)dout, H * DV,
+                                         DV, dwork, wb};
+        if (mla_cuda_prefill_attn(&a, 0, e) != MLA_OK) goto out;
+        if (cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(cudaGetLastError()));
+            goto out;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "prompt attention, non-absorbed (%d + %d / %d, %s weights)", DN, R, DV,
+                 w16 ? "fp16" : "float");
+        if (compare(what, got.data(), ref.data(), (int64_t)got.size(), 1e-2, e) != MLA_OK) goto out;
+    }
+    rc = MLA_OK;
+out:
+    sfree(&s);
+    return rc;
+}
+
 } // namespace
 
 extern "C" int cuda_selfcheck(mla_err *e) {
@@ -351,6 +427,12 @@ extern "C" int cuda_selfcheck(mla_err *e) {
     /* the 512 + 64 tensor-core kernel this device runs (32-key tiles, or 16 within 99 KB a block:
      * sm_120, MLA_CUDA_SMEM_CAP=sm120) over the fp16 cache, the serving default */
     if (check_attn(&r, 512, 64, true, true, e) != MLA_OK) return MLA_ERR;
+    /* the prompt attention in the non-absorbed form, the widths with a kernel on this device */
+    if (mla_cuda_prefill_supported(256, 32, 64, 64))
+        for (bool w16 : {true, false})
+            if (check_prefill(&r, 256, 32, 64, 64, w16, e) != MLA_OK) return MLA_ERR;
+    if (mla_cuda_prefill_supported(512, 64, 128, 128) && check_prefill(&r, 512, 64, 128, 128, true, e) != MLA_OK)
+        return MLA_ERR;
     cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) return mla_errf(e, "cuda_selfcheck: %s", cudaGetErrorString(err));
     return MLA_OK;

@@ -2,7 +2,7 @@
 # The one script to run on a GPU host: configures a CUDA-only build (MLA_GPU_ONLY: common +
 # kernels + the op harness; that machine has no libzmq/libuv/protobuf-c/pcre2), builds it, runs
 # (C warnings that a different gcc raises in others' files do not stop it), the host check of the dequantizers and mla-gpu-check, and writes the table to $OUT (or ./out).
-#   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]
+#   scripts/gpu_check.sh [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3] [--prefill]
 #       env: ARCH (default 90), BUILD (default build-gpu), FIX (fixtures, default .gpu-fixtures),
 #            BUNDLE (--stack: the release tree of `make bundle`, default .bundle),
 #            PREBUILT=1: BUILD already holds mla-gpu-check and mla-e2e (built elsewhere and carried):
@@ -21,6 +21,9 @@
 # chat. Needs no build there (with --no-ops and without --e2e nothing is compiled).
 # --mma3: only the prefill matmul paths side by side (mla-gpu-check --mma3: fp32 GEMV, bf16 mma,
 # split-bf16 mma3; errors against the CPU in double, times), table in $OUT/gpu-mma3-table.md.
+# --prefill: the prompt attention in the non-absorbed form: its op checks and timings beside the
+# absorbed path (mla-gpu-check --prefill, table in $OUT/gpu-prefill-table.md), then (without
+# --e2e, which runs them anyway) the fixture rows that take it (e2e table in $OUT/e2e-table.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -33,6 +36,7 @@ e2e=0
 ops=1
 stack=0
 mma3=0
+prefill=0
 for a in "$@"; do
   case "$a" in
     --quick) quick="--quick" ;;
@@ -41,7 +45,8 @@ for a in "$@"; do
     --no-ops) ops=0 ;;
     --stack) stack=1 ;;
     --mma3) mma3=1 ;;
-    *) echo "usage: $0 [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3]" >&2; exit 2 ;;
+    --prefill) prefill=1 ;;
+    *) echo "usage: $0 [--quick] [--sanitize] [--e2e] [--no-ops] [--stack] [--mma3] [--prefill]" >&2; exit 2 ;;
   esac
 done
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -52,7 +57,7 @@ start=$(date +%s)
 if [ "${PREBUILT:-0}" = 1 ]; then
   [ -x "$BUILD/mla-gpu-check" ] && [ -x "$BUILD/mla-e2e" ] || { echo "PREBUILT=1 but $BUILD lacks mla-gpu-check/mla-e2e" >&2; exit 1; }
   echo "prebuilt: $BUILD"
-elif [ "$ops" = 1 ] || [ "$e2e" = 1 ] || [ "$sanitize" = 1 ] || [ "$mma3" = 1 ]; then
+elif [ "$ops" = 1 ] || [ "$e2e" = 1 ] || [ "$sanitize" = 1 ] || [ "$mma3" = 1 ] || [ "$prefill" = 1 ]; then
 cmake -S . -B "$BUILD" "${gen[@]}" -DMLA_GPU_ONLY=ON -DMLA_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS="-Wno-maybe-uninitialized" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
@@ -72,7 +77,7 @@ if [ "$mma3" = 1 ]; then
   grep -E "^(gemv|mma|ceiling|device)" "$OUT/gpu-mma3.log" | cut -c1-140
   echo "mla-gpu-check --mma3 exit status $rc"
 fi
-if [ "$e2e" = 1 ]; then
+if [ "$e2e" = 1 ] || [ "$prefill" = 1 ]; then
   FIX="${FIX:-.gpu-fixtures}"
   ds="$FIX/tiny-deepseek3" glm="$FIX/tiny-glm5"
   chk=(python3 tests/model/check_logits.py --mlaserve "$BUILD/mla-e2e")
@@ -93,6 +98,34 @@ if [ "$e2e" = 1 ]; then
     local res=pass; [ $r = 0 ] || { res="FAIL($r)"; case "$name" in *--fast*) res="$res, informational";; *) rc=1;; esac; }
     printf "| %s | %s | %s (%ss) |\n" "$name" "$res" "$tot" "$(( $(date +%s) - t0 ))" >>"$table"
   }
+  prefill_rows() {
+    # prompt steps in the non-absorbed form (kernels/attn_prefill_cuda.h), the threshold lowered
+    # (MLA_CUDA_PREFILL_MIN, a developer switch) so that the fixtures' prompts take it: against HF
+    # at the tensor-core attention's bounds; one pass == incremental (the later tokens on the
+    # absorbed decode path) and == chunks (prefixes from the cache; with --fast chunks of up to 8
+    # tokens keep the absorbed path: prompts mix both); glm5 within its top-k (no selection); TP 2;
+    # --stagger: a served plan's order (worker/engine_cuda.c), each step a prompt chunk through
+    # the non-absorbed form, then the batched decode (graphs) of the prompts before it
+    e2e_run "ds3 bf16 TP1 non-absorbed prompt attention (MLA_CUDA_PREFILL_MIN=2) vs HF + greedy, incr, chunks of 5" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 4 --inc-rtol 1e-2 --chunk 5 --chunk-rtol 1e-2
+    e2e_run "ds3 q8_0 TP1 --fast non-absorbed prompt attention (fp16 k_b / v_b) vs HF + llama.cpp, chunks of 12" "MLA_E2E_FAST=1 MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-q8_0.gguf" --hf-argmax 0.98 --hf-dlogp 0.15 --llamacpp "$ds/llamacpp_logits-q8_0.f32" --lc-dlogp 0.2 --chunk 12 --chunk-rtol 1e-2
+    e2e_run "ds3 bf16 TP2 non-absorbed prompt attention == TP1 vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy
+    e2e_run "ds3 bf16 TP1 --stagger: prompt chunks of 5, non-absorbed (MLA_CUDA_PREFILL_MIN=2), beside graphed decodes vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2 MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--stagger --extra=--chunk --extra=5
+    e2e_run "glm5 bf16 TP1 --stagger: prompt chunks of 3, non-absorbed, beside batched decodes (DSA) vs HF + greedy" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--stagger --extra=--chunk --extra=3
+    e2e_run "glm5 bf16 TP1 non-absorbed prompt attention (prompts within top-k) vs HF + greedy, chunks of 3" "MLA_CUDA_ATTN=tc MLA_CUDA_PREFILL_MIN=2" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 3 --chunk-rtol 1e-2
+  }
+fi
+if [ "$prefill" = 1 ]; then
+  timeout "${PREFILL_S:-240}" "$BUILD/mla-gpu-check" --prefill --out "$OUT/gpu-prefill-table.md" >"$OUT/gpu-prefill.log" 2>&1 || rc=$?
+  grep -E "^(device|configuration|cuda_selfcheck|prefill_attn|prefill attention)" "$OUT/gpu-prefill.log" | cut -c1-260 || true
+  grep -E "FAIL|error" "$OUT/gpu-prefill.log" | head -20 || true
+  tail -1 "$OUT/gpu-prefill-table.md" 2>/dev/null || tail -20 "$OUT/gpu-prefill.log"
+  echo "mla-gpu-check --prefill exit status $rc ($(( $(date +%s) - start )) s since start)"
+  if [ "$e2e" != 1 ]; then
+    prefill_rows
+    cat "$table"
+  fi
+fi
+if [ "$e2e" = 1 ]; then
   e2e_run "ds3 bf16 TP1 vs HF + greedy (decode: graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   e2e_run "ds3 bf16 TP1 --batch greedy (all prompts decoded together, graphs)" "MLA_CUDA_GRAPHS=require" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
   e2e_run "ds3 bf16 TP1 --batch greedy, eager" "MLA_CUDA_GRAPHS=0" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --extra=--batch
@@ -127,6 +160,7 @@ if [ "$e2e" = 1 ]; then
   e2e_run "glm5 bf16 TP1 long (DSA) tensor-core attention, bf16 RoPE freqs + greedy + incr (graphs)" "MLA_CUDA_ATTN=tc MLA_CUDA_GRAPHS=require" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 40 --inc-rtol 1e-2
   e2e_run "glm5 bf16 TP1 all prompts tensor-core attention --batch greedy, bf16 RoPE freqs" "MLA_CUDA_ATTN=tc" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --extra=--batch
   e2e_run "glm5 bf16 TP2 tensor-core attention == TP1 vs HF" "MLA_CUDA_ATTN=tc" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,3,7 --tp 2 --tp-rtol 1e-2 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02
+  prefill_rows
   # step timings of the tiny model (launch-bound: 4 layers of 256 wide)
   python3 -c "import json;[print(' '.join(map(str,p['tokens']))) for p in json.load(open('$ds/ref.json'))['prompts'][:3]]" >"$OUT/tok.txt"
   for v in "MLA_CUDA_BATCHED=0" "MLA_CUDA_GRAPHS=0" "X=1"; do

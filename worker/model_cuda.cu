@@ -8,8 +8,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <algorithm>
+
 #include "kernels/cuda_ops.h"
 #include "kernels/allreduce_cuda.h"
+#include "kernels/attn_prefill_cuda.h"
 
 extern "C" {
 #include "common/layer_tensors.h"
@@ -96,6 +99,19 @@ struct mla_cmodel {
      * rotate the queries' k_pe in k_b (mla_cuda_qnorm_kv_rows, mla_cuda_head_matmul_q8_rope,
      * kv_merged). */
     bool kvb_q8;
+    /* Prompt steps of one sequence (mla_cmodel_forward) of at least pf_min tokens (MLA_CUDA_PREFILL_MIN)
+     * take the attention in the non-absorbed form (kernels/attn_prefill_cuda.h) where pf_ok: the
+     * tensor-core attention over the fp16 cache, a shape with a kernel, no DSA selection in the
+     * step. pf_tab: the step's sequence's device block table while mla_cmodel_forward runs it
+     * (NULL otherwise: batched steps keep the absorbed kernels), pf_pos0 its first position;
+     * pf_work: the decompressed keys and values of a group of heads (ensure_scratch). */
+    bool pf_ok;
+    int pf_min;
+    const float *const *pf_tab;
+    int64_t pf_pos0;
+    void *pf_work;
+    size_t pf_work_bytes;
+    uint64_t n_pf; /* layer attentions that took it */
     bool split;    /* !exact: split-bf16 (3 MMAs) rather than plain bf16 tensor cores */
     bool q8;       /* int8 activations for quantized weights: GEMV (dp4a) up to Q8_TMAX tokens, int8 mma above */
     int64_t max_in; /* the widest matmul input: sizes q8buf */
@@ -126,7 +142,7 @@ struct mla_cmodel {
     int64_t cap_T, cap_keys, cap_out; /* cap_out: rows of logits */
     /* x2: the residual stream's second buffer (norm_h); cqr: q_a's output before its norm (cq) */
     float *x, *x2, *h, *y, *cq, *cqr, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores,
-        *attn_work, *logit_dev;
+        *attn_work, *logit_dev, *topk_work;
     size_t attn_work_floats;
     int32_t *tok, *rid, *sel, *nsel;
     void *moe_work;
@@ -354,6 +370,11 @@ extern "C" bool mla_cmodel_attn_tc(const mla_cmodel *m) { return m->attn_tc; }
  * 128 us at T = 64 and 250 at 128, int8 tensor cores ~210 at both
  * (measured on an H200, 2026-11-29). */
 #define Q8_TMAX 96
+/* The non-absorbed prompt attention's work area holds at least this much (ensure_scratch): a
+ * chunk after a long prefix takes groups of heads of this size, and a group must keep the GPU
+ * busy (its grid is the step's 128-row tiles times the group's heads): 1 GiB is 12 of V3's heads
+ * at 160k keys, 16 MiB a head at 32k. */
+#define PF_WORK_MIN ((size_t)1 << 30)
 /* With m->mmh, the weights the fp16 tensor cores take (mla_cuda_mmh_supported) keep the integer
  * GEMV up to m->gemv_tmax tokens a step, the tensor cores above: 8, the default of
  * MLA_CUDA_GEMV_TMAX (common/mla_switch.c). There steps of up to 64 tokens split K over ~512
@@ -433,8 +454,13 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (kf < 0) goto fail;
         m->kv_f16 = kf == 1;
     }
+    m->pf_min = (int)mla_sw_int(MLA_SW_CUDA_PREFILL_MIN);
+    m->pf_ok = m->attn_tc && m->kv_f16 &&
+               mla_cuda_prefill_supported(cf->kv_lora_rank, cf->n_rope, cf->head_nope, cf->head_v);
+    /* indexer keys: fp16 where the latent cache is ((idx_head_dim + 1) / 2 floats a row), else fp32 */
     m->blk_floats = (size_t)(cf->n_layer * MLA_CUDA_KV_BLOCK) *
-                    (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
+                    (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) +
+                             (cf->idx_n_head > 0 ? m->kv_f16 ? (cf->idx_head_dim + 1) / 2 : cf->idx_head_dim : 0));
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->Hl = m->h1 - m->h0;
@@ -559,8 +585,8 @@ static void free_scratch(mla_cmodel *m) {
     m->scratch_bytes = 0;
     void *ps[] = {m->x, m->x2, m->h, m->y, m->cq, m->cqr, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
-                  m->q8h, m->q8c};
+                  m->topk_work, m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
+                  m->q8h, m->q8c, m->pf_work};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -572,9 +598,11 @@ static void free_scratch(mla_cmodel *m) {
     m->dstep = m->hstep = nullptr;
     m->kvn = m->ikn = nullptr;
     m->x = m->x2 = m->h = m->y = m->cq = m->cqr = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
-        m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
+        m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = m->topk_work = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
+    m->pf_work = nullptr;
+    m->pf_work_bytes = 0;
     m->q8buf = m->xhbuf = m->q8h = m->q8c = nullptr;
     m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
@@ -813,10 +841,27 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     A(m->rid, T * K);
     A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
     A(m->nsel, T);
+    A(m->topk_work, c->idx_n_head > 0 ? mla_cuda_dsa_topk_work_bytes(T, keys) / 4 : 1);
     m->attn_work_floats = mla_cuda_attn_work_floats(T < 64 ? T : 64, Hl, KL, 32);
     CU(dmalloc(m, (void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
     CU(dmalloc(m, &m->moe_work, m->moe_work_bytes), "MoE work");
+    if (m->pf_ok) {
+        /* the non-absorbed prompt attention's keys and values: every head of the largest step's
+         * keys at once (a prompt of the step size, no prefix: one group), a group of heads at a time
+         * for longer prefixes (at least one head of the longest context's keys): at most the larger
+         * of that step's need and PF_WORK_MIN, at most every head of the longest context */
+        const size_t full = mla_cuda_prefill_work_bytes(keys, Hl, c->head_nope, c->head_v),
+                     step = mla_cuda_prefill_work_bytes(T, Hl, c->head_nope, c->head_v),
+                     one = mla_cuda_prefill_work_bytes(keys, 1, c->head_nope, c->head_v);
+        size_t want = step > PF_WORK_MIN ? step : PF_WORK_MIN;
+        if (want < one) want = one;
+        m->pf_work_bytes = want < full ? want : full;
+        CU(dmalloc(m, &m->pf_work, m->pf_work_bytes), "prompt attention work (%zu bytes)", m->pf_work_bytes);
+        MLA_INFO("prompt attention (non-absorbed, steps of %d tokens or more): %.0f MiB of keys and values, "
+                 "%lld of %lld heads a group at %lld keys", m->pf_min, m->pf_work_bytes / 1048576.0,
+                 (long long)std::min<int64_t>(Hl, (int64_t)(m->pf_work_bytes / one)), (long long)Hl, (long long)keys);
+    }
     CU(dmalloc(m, &m->q8buf, mla_cuda_q8_bytes(T, (m->max_in + 31) / 32 * 32)), "q8 activations");
     CU(dmalloc(m, &m->q8h, mla_cuda_q8_bytes(T, (E + 31) / 32 * 32)), "q8 activations");
     /* + 32: not an empty allocation for models without a q-LoRA */
@@ -1059,15 +1104,18 @@ static int vb_comb_max(const mla_cmodel *m, const dlayer *l, int64_t T) {
 }
 
 /* The attention's output side, from m->ol (latent outputs of this rank's heads), or with n_splits
- * > 1 from the attention's splits in m->attn_work, which v_b combines (vb_comb_max): v_b,
+ * > 1 from the attention's splits in m->attn_work, which v_b combines (vb_comb_max), or with
+ * n_splits 0 from m->o itself (the non-absorbed attention's head_v outputs: no v_b): v_b,
  * attn_output (row- or column-split), the all-reduce; result in m->y. */
 static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, int n_splits, mla_err *err) {
     const mla_config *c = &m->cfg;
     const int64_t E = c->n_embd, Hl = m->Hl, dv = c->head_v, KL = c->kv_lora_rank;
     cudaStream_t st = m->st;
     /* the output rows' q8 buffer for a q8 attn_output, made by the v_b GEMV where it can */
-    void *oq = !l->o_gather && mm_reads_q8(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
-    if (n_splits > 1)
+    void *oq = n_splits > 0 && !l->o_gather && mm_reads_q8(m, &l->o, T) && dv % 32 == 0 ? m->q8buf : nullptr;
+    if (n_splits == 0) {
+        /* m->o holds the heads' outputs already */
+    } else if (n_splits > 1)
         TRY(mla_cuda_head_matmul_q8_comb(l->vb_q8, Hl, KL, dv, m->attn_work, n_splits, T, m->o, Hl * dv, dv, oq, st,
                                          err));
     else TRY(head_mm(m, l->vb, l->vb_q8, KL, dv, m->ol, Hl * KL, KL, T, m->o, Hl * dv, dv, oq, err));
@@ -1149,15 +1197,21 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     const int64_t ihd = c->idx_n_head > 0 ? c->idx_head_dim : 0;
     /* this layer's rows inside a block: kv rows of every layer first (kv_off in elements: halves
-     * with kv_f16), then indexer keys (ik_off in floats) */
+     * with kv_f16), then indexer keys (ik_off in elements: with kv_f16 the keys are fp16 too,
+     * the offset in halves) */
     const int64_t kv_off = il * MLA_CUDA_KV_BLOCK * row,
-                  ik_off = c->n_layer * MLA_CUDA_KV_BLOCK * row / (m->kv_f16 ? 2 : 1) + il * MLA_CUDA_KV_BLOCK * ihd;
+                  ik_off = (m->kv_f16 ? 2 * (c->n_layer * MLA_CUDA_KV_BLOCK * row / 2) : c->n_layer * MLA_CUDA_KV_BLOCK * row) +
+                           il * MLA_CUDA_KV_BLOCK * ihd;
     cudaStream_t st = m->st;
     const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
     const float *const *const *tabs = (const float *const *const *)(m->dstep + so.tabs);
     const void *cq_q;
     const bool merged = kv_merged(m, l, T);
+    /* a prompt step of one sequence: the non-absorbed form (no k_b, no v_b) where it has a kernel
+     * and the step selects no keys (DSA: the step's keys within top_k) */
+    const bool mha = m->pf_ok && m->pf_tab && T >= m->pf_min && !merged &&
+                     (c->idx_n_head == 0 || max_keys <= c->idx_top_k);
     const kv_dest kd = {tabs, kv_off, pos};
     TRY(project_q_kv(m, l, hq, T, &cq_q, merged ? &kd : nullptr, err));
     /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
@@ -1178,7 +1232,7 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
             TRY(mla_cuda_scatter_paged(m->kvn, row, row, T, tabs, kv_off, pos, row, m->kv_f16, st, err));
             TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->q + dn, T, Hl, dk, Hl * dk, 0, pos, st, err));
         }
-        TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
+        if (!mha) TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     }
     const int32_t *sel = NULL;
     if (c->idx_n_head > 0) {
@@ -1196,16 +1250,31 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
             TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
-        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, 0, st, err));
+        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, m->kv_f16, st, err));
         if (select) {
             scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
             CU(cudaGetLastError(), "scale");
             TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
-            TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
-                                          m->scores, max_keys, st, err));
-            TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, T, pos, c->idx_top_k, m->sel, m->nsel, st, err));
+            if (m->kv_f16) /* fp16 keys on the tensor cores */
+                TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                                m->scores, max_keys, st, err));
+            else
+                TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                              m->scores, max_keys, st, err));
+            TRY(mla_cuda_dsa_topk_paged(m->scores, max_keys, T, pos, c->idx_top_k, m->topk_work, m->sel, m->nsel, st,
+                                        err));
             sel = m->sel;
         }
+    }
+    if (mha) {
+        MLA_ASSERT(!sel);
+        const int64_t dv = c->head_v;
+        const mla_cuda_prefill_args pa = {m->q, Hl * dk, dk, T, m->pf_pos0, Hl, KL, dr, dn, dv, m->pf_tab, kv_off,
+                                          l->kb, l->vb, m->kvb_f16, c->kq_scale, m->o, Hl * dv, dv, m->pf_work,
+                                          m->pf_work_bytes};
+        TRY(mla_cuda_prefill_attn(&pa, st, err));
+        m->n_pf++;
+        return attn_out(m, l, T, 0, err);
     }
     mla_cuda_attn_args aa = {m->qabs, m->q + dn, Hl * dk, dk, T, Hl, KL, dr, NULL, 0, c->kq_scale, sel, m->nsel,
                              c->idx_top_k, m->ol, T <= 64 ? m->attn_work : NULL, m->attn_work_floats,
@@ -1486,6 +1555,8 @@ extern "C" void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, 
     *launches = m->n_graph_launch;
 }
 
+extern "C" uint64_t mla_cmodel_prefill_mha_count(const mla_cmodel *m) { return m->n_pf; }
+
 extern "C" int mla_cstate_bench_fill(mla_cstate *s, int64_t n_past, mla_err *err) {
     mla_cmodel *m = s->m;
     if (n_past < 0 || n_past >= s->n_ctx)
@@ -1539,7 +1610,11 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     TRY(state_covers(s, pos0 + T, err));
     for (int64_t t = 0; t < T; t++) step_set(m->hstep, T, t, tokens[t], pos0 + t, s);
     CU(cudaMemcpyAsync(m->dstep, m->hstep, step_layout(T).total, cudaMemcpyHostToDevice, m->st), "step block upload");
-    TRY(step_body(m, T, max_keys, out0, nout, err));
+    m->pf_tab = s->tab_d; /* one sequence, positions pos0 .. pos0 + T - 1: the prompt attention may take it */
+    m->pf_pos0 = pos0;
+    const int brc = step_body(m, T, max_keys, out0, nout, err);
+    m->pf_tab = nullptr;
+    TRY(brc);
     s->n_past = pos0 + T;
     float **rows = (float **)mla_xmalloc((size_t)(nout > 0 ? nout : 1) * sizeof *rows);
     for (int64_t i = 0; i < nout; i++) rows[i] = logits + i * V;

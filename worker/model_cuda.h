@@ -135,6 +135,9 @@ int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err);
 bool mla_cmodel_batched(const mla_cmodel *m);
 /* graphs captured and launched so far */
 void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches);
+/* layer attentions of prompt steps that took the non-absorbed form (kernels/attn_prefill_cuda.h)
+ * so far: the evidence for the checks that lower MLA_CUDA_PREFILL_MIN */
+uint64_t mla_cmodel_prefill_mha_count(const mla_cmodel *m);
 
 /* For `mlaserve bench` (worker/engine.h bench_fill, bench_coll): the state holds n_past
  * positions of zero cache (its table must cover them); the model's all-reduce path timed over iters all-reduces of n floats

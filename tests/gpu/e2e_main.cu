@@ -2,7 +2,8 @@
  * where the full tree (libzmq, libuv, protobuf-c) cannot be built. Same command line and output
  * as coordinator/cmd_logits.c, so tests/model/check_logits.py drives it unchanged:
  *   mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N]
- *                  [--decode-from K] [--greedy N --ids-out IDS_OUT.txt] [--exact] [--device D]
+ *                  [--decode-from K] [--chunk N] [--greedy N --ids-out IDS_OUT.txt [--batch|--stagger]]
+ *                  [--exact] [--device D]
  * --tp N: N ranks as threads of this process on one device, joined by the host collective
  * (common/coll_host.h), each with its own shard, stream and caches. --threads is accepted and
  * ignored. Default (--exact): fp32 GEMV for every matmul; --fast or MLA_E2E_FAST=1: bf16 tensor
@@ -14,7 +15,15 @@
  * MLA_CUDA_GRAPHS=require fails when decode steps ran without a graph.
  * --batch (with --greedy): every prompt is prefilled first, then the greedy continuations of all
  * prompts run together as batched decode steps (mla_cmodel_decode, B = the prompts still going),
- * written in prompt order as without --batch. */
+ * written in prompt order as without --batch.
+ * --stagger (with --greedy): the prompts enter one after the other while the earlier ones decode,
+ * as the worker runs a served plan of a prompt chunk and the running decodes (worker/engine_cuda.c
+ * cu_step_greedy: the chunk through mla_cmodel_forward, then one batched decode step): each step
+ * is one chunk of the next prompt (--chunk N tokens, or the whole prompt), then one batched decode
+ * step of every prompt prefilled already and still going; output as with --batch.
+ * --chunk N: every prompt (its first K tokens with --decode-from K) is prefilled in steps of N tokens,
+ * each at the positions after the one before (the cache holds the earlier steps' rows), as the
+ * scheduler's chunked prefill runs them; the logits of every row as in one pass. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -34,7 +43,8 @@ extern "C" {
 
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
-                    "                      [--greedy N --ids-out FILE [--batch]] [--exact|--fast|--split] [--device D]\n");
+                    "                      [--chunk N] [--greedy N --ids-out FILE [--batch|--stagger]]\n"
+                    "                      [--exact|--fast|--split] [--device D]\n");
     return 2;
 }
 
@@ -49,15 +59,16 @@ typedef ids_prompts prompts;
 struct rank_job {
     const gguf_ctx *g;
     coll *c;
-    bool exact, split, batch;
+    bool exact, split, batch, stagger; /* stagger: batch too */
     int device;
-    long decode_from, greedy;
+    long decode_from, greedy, chunk;
     const prompts *P;
     FILE *fout, *fids;
     int rank, rc;
     mla_err err;
     double t_prefill, t_decode;
     long n_prefill_tok, n_decode;
+    long n_prompt_steps; /* mla_cmodel_forward steps of more than one token */
 };
 
 static int32_t argmax(const float *x, int64_t n) {
@@ -65,6 +76,19 @@ static int32_t argmax(const float *x, int64_t n) {
     for (int64_t i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return (int32_t)b;
+}
+
+/* Tokens [0, n) of a prompt into state st from position 0, in steps of `chunk` tokens (0: one
+ * step); the logits of every row into logits ([n][V]). */
+static int prefill(rank_job *j, mla_cmodel *m, mla_cstate *st, const int32_t *ids, int64_t n, float *logits,
+                   mla_err *err) {
+    const int64_t V = mla_cmodel_config(m)->n_vocab, step = j->chunk > 0 ? j->chunk : n;
+    for (int64_t p0 = 0; p0 < n; p0 += step) {
+        const int64_t k = n - p0 < step ? n - p0 : step;
+        if (mla_cmodel_forward(m, st, ids + p0, k, p0, 2, logits + p0 * V, err)) return MLA_ERR;
+        j->n_prompt_steps += k > 1;
+    }
+    return MLA_OK;
 }
 
 /* A state whose table holds blocks [slot * per, (slot + 1) * per) of the pool (kv_setup). */
@@ -98,7 +122,8 @@ static int kv_setup(rank_job *j, mla_cmodel *m, int64_t *per, mla_err *err) {
     return MLA_OK;
 }
 
-/* --batch: prefill every prompt, then decode all greedy continuations together. */
+/* --batch: prefill every prompt, then decode all greedy continuations together. --stagger: each
+ * step one chunk of the next prompt, then one decode step of the prompts prefilled already. */
 static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, int64_t per, mla_err *err) {
     const mla_config *c = mla_cmodel_config(m);
     const int64_t P = j->P->count, V = c->n_vocab;
@@ -112,28 +137,44 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, int64_t per, ml
     float **brow = (float **)mla_xcalloc((size_t)P, sizeof *brow);
     float *logits = NULL;
     int rc = MLA_OK;
-    for (int64_t p = 0; p < P && rc == MLA_OK; p++) {
-        const int64_t n = j->P->n[p];
-        if (!(st[p] = state_at(m, p, per, err))) {
-            rc = MLA_ERR;
-            break;
+    int64_t np = 0, off = 0; /* the next prompt to prefill, its rows in the cache */
+    for (;;) {
+        /* the prompt side of the step: --batch every prompt (in --chunk steps), --stagger one chunk */
+        while (rc == MLA_OK && np < P) {
+            const int32_t *ids = j->P->ids[np];
+            const int64_t n = j->P->n[np];
+            if (off == 0) {
+                if (!(st[np] = state_at(m, np, per, err))) {
+                    rc = MLA_ERR;
+                    break;
+                }
+                logits = (float *)mla_xrealloc(logits, (size_t)(n * V) * sizeof *logits);
+            }
+            const int64_t k = j->stagger && j->chunk > 0 && j->chunk < n - off ? j->chunk : n - off;
+            double t0 = now_s();
+            if (j->stagger) {
+                rc = mla_cmodel_forward(m, st[np], ids + off, k, off, 2, logits + off * V, err);
+                j->n_prompt_steps += k > 1;
+            } else
+                rc = prefill(j, m, st[np], ids, n, logits, err);
+            j->t_prefill += now_s() - t0;
+            off += k;
+            if (rc != MLA_OK || off < n) break; /* --stagger: the prompt's next chunk in the next step */
+            j->n_prefill_tok += n;
+            if (j->fout && fwrite(logits, sizeof *logits, (size_t)(n * V), j->fout) != (size_t)(n * V))
+                rc = mla_errf(err, "write failed");
+            memcpy(last + np * V, logits + (n - 1) * V, (size_t)V * sizeof *last);
+            np++, off = 0;
+            if (j->stagger) break;
         }
-        logits = (float *)mla_xrealloc(logits, (size_t)(n * V) * sizeof *logits);
-        double t0 = now_s();
-        rc = mla_cmodel_forward(m, st[p], j->P->ids[p], n, 0, 2, logits, err);
-        j->t_prefill += now_s() - t0;
-        j->n_prefill_tok += n;
-        if (rc == MLA_OK && j->fout && fwrite(logits, sizeof *logits, (size_t)(n * V), j->fout) != (size_t)(n * V))
-            rc = mla_errf(err, "write failed");
-        memcpy(last + p * V, logits + (n - 1) * V, (size_t)V * sizeof *last);
-    }
-    for (long i = 0; rc == MLA_OK && i < j->greedy; i++) {
+        if (rc != MLA_OK) break;
+        /* the decode side: every prompt prefilled already and still going, one token each */
         int64_t B = 0;
-        for (int64_t p = 0; p < P; p++) {
+        for (int64_t p = 0; p < np; p++) {
             if (done[p]) continue;
             int32_t tok = argmax(last + p * V, V);
             out[p * (j->greedy + 1) + nout[p]++] = tok;
-            if ((uint32_t)tok == eos || i + 1 == j->greedy) {
+            if ((uint32_t)tok == eos || nout[p] == j->greedy) {
                 done[p] = true;
                 continue;
             }
@@ -141,11 +182,13 @@ static int run_batched(rank_job *j, mla_cmodel *m, uint32_t eos, int64_t per, ml
             btok[B] = tok;
             brow[B++] = last + p * V;
         }
-        if (B == 0) break;
+        if (B == 0 && np == P) break;
+        if (B == 0) continue;
         double t1 = now_s();
         rc = mla_cmodel_decode(m, bst, btok, B, brow, err);
         j->t_decode += now_s() - t1;
         j->n_decode++;
+        if (rc != MLA_OK) break;
     }
     for (int64_t p = 0; rc == MLA_OK && j->fids && p < P; p++) {
         for (int64_t k = 0; k < nout[p]; k++) fprintf(j->fids, "%s%d", k ? " " : "", out[p * (j->greedy + 1) + k]);
@@ -204,7 +247,7 @@ static void *run_rank(void *arg) {
         long df = j->decode_from;
         int64_t k = df < 0 || df >= n ? n : (df < 1 ? 1 : df);
         double t0 = now_s();
-        int rc = mla_cmodel_forward(m, st, ids, k, 0, 2, logits, err);
+        int rc = prefill(j, m, st, ids, k, logits, err);
         j->t_prefill += now_s() - t0;
         j->n_prefill_tok += k;
         for (int64_t t = k; t < n && rc == MLA_OK; t++)
@@ -238,8 +281,18 @@ out:
         uint64_t cap, launch;
         mla_cmodel_graph_stats(m, &cap, &launch);
         const char *gr = getenv("MLA_CUDA_GRAPHS");
-        fprintf(stderr, "mla-e2e rank %d: CUDA graphs captured %llu, launched %llu, decode steps %ld\n", j->rank,
-                (unsigned long long)cap, (unsigned long long)launch, j->n_decode);
+        const uint64_t mha = mla_cmodel_prefill_mha_count(m);
+        fprintf(stderr, "mla-e2e rank %d: CUDA graphs captured %llu, launched %llu, decode steps %ld, "
+                        "non-absorbed prompt attentions %llu (prompt steps %ld x %lld layers)\n",
+                j->rank, (unsigned long long)cap, (unsigned long long)launch, j->n_decode, (unsigned long long)mha,
+                j->n_prompt_steps, (long long)c->n_layer);
+        /* the fixtures' prompts are far below the default threshold: a check that lowers it must
+         * see the path run */
+        const char *pm = getenv("MLA_CUDA_PREFILL_MIN");
+        if (pm && atol(pm) <= 16 && mha == 0) {
+            mla_errf(err, "MLA_CUDA_PREFILL_MIN=%s: no prompt step took the non-absorbed attention", pm);
+            j->rc = MLA_ERR;
+        }
         if (gr && !strcmp(gr, "require") && j->n_decode > 2 && launch == 0) {
             mla_errf(err, "MLA_CUDA_GRAPHS=require: %ld decode steps ran and no CUDA graph was launched", j->n_decode);
             j->rc = MLA_ERR;
@@ -254,8 +307,8 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "logits")) return usage();
     const char *model = NULL, *tokens = NULL, *outp = NULL, *ids_out = NULL;
     int tp = 1, device = 0;
-    bool exact = true, split = false, batch = false;
-    long decode_from = -1, greedy = 0;
+    bool exact = true, split = false, batch = false, stagger = false;
+    long decode_from = -1, greedy = 0, chunk = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--exact") || !strcmp(a, "--fast") || !strcmp(a, "--split")) {
@@ -263,8 +316,9 @@ int main(int argc, char **argv) {
             split = !strcmp(a, "--split");
             continue;
         }
-        if (!strcmp(a, "--batch")) {
+        if (!strcmp(a, "--batch") || !strcmp(a, "--stagger")) {
             batch = true;
+            stagger |= !strcmp(a, "--stagger");
             continue;
         }
         if (i + 1 >= argc) return usage();
@@ -275,6 +329,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tp")) tp = atoi(argv[++i]);
         else if (!strcmp(a, "--device")) device = atoi(argv[++i]);
         else if (!strcmp(a, "--decode-from")) decode_from = atol(argv[++i]);
+        else if (!strcmp(a, "--chunk")) chunk = atol(argv[++i]);
         else if (!strcmp(a, "--greedy")) greedy = atol(argv[++i]);
         else if (!strcmp(a, "--ids-out")) ids_out = argv[++i];
         else if (!strcmp(a, "--backend")) ++i; /* always cuda here */
@@ -284,7 +339,7 @@ int main(int argc, char **argv) {
         exact = false;
         split = !strcmp(getenv("MLA_E2E_FAST"), "split");
     }
-    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || (batch && greedy <= 0) || tp < 1 ||
+    if (!model || !tokens || !outp || (greedy > 0 && !ids_out) || (batch && greedy <= 0) || tp < 1 || chunk < 0 ||
         tp > COLL_HOST_MAX_WORLD)
         return usage();
     mla_err err = {{0}};
@@ -314,7 +369,7 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < tp; r++) {
         rank_job *j = &jobs[r];
-        j->rank = r, j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
+        j->rank = r, j->g = g, j->exact = exact, j->split = split, j->batch = batch, j->stagger = stagger, j->device = device, j->decode_from = decode_from, j->greedy = greedy, j->chunk = chunk, j->P = &P;
         j->fout = r == 0 ? fout : NULL;
         j->fids = r == 0 ? fids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
