@@ -9,7 +9,9 @@
 # Input: .bundle90/ (scripts/gpu_carry.sh). Env: BUNDLE (.bundle90), FAMILY (v2lite), LAYERS (the
 # real count), ROWS (1,8,32), CONSTRAINED (0,1,4,8), KINDS (json; json,sampled adds unconstrained
 # temperature-1 rows beside the free ones), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
-# MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS. A dry run without a GPU:
+# MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS, AHEAD (unset: the server's
+# default; e.g. off,queue: one server per value, `--step-ahead V`, on the same model, written to
+# structured-<family>-ahead-V.*). A dry run without a GPU:
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu LAYERS=2 MKMODEL_ARGS=--small ROWS=1,2 \
 #   CONSTRAINED=0,1 TOKENS=8 scripts/gpu_structured.sh
 # No timing is asserted; the table is read by a person.
@@ -27,24 +29,37 @@ largs=()
 [ -n "${LAYERS:-}" ] && largs=(--layers "$LAYERS")
 "$MLA" mkmodel --family "$FAM" "${largs[@]}" ${MKMODEL_ARGS:-} --mix q4k --split-size 0 -o "$M" >"$OUT/structured-mkmodel.log" 2>&1 ||
   { tail -3 "$OUT/structured-mkmodel.log"; exit 1; }
-rm -f "$D/port"
-"$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" --max-seqs 64 >"$OUT/structured-serve.log" 2>&1 &
-srv=$!
-for _ in $(seq 1 300); do
-  [ -s "$D/port" ] && break
-  kill -0 "$srv" 2>/dev/null || break
-  sleep 1
-done
 rc=0
-if [ -s "$D/port" ]; then
-  python3 bench/structured_step.py --port "$(cat "$D/port")" --rows "${ROWS:-1,8,32}" \
-    --constrained "${CONSTRAINED:-0,1,4,8}" --kinds "${KINDS:-json}" --tokens "${TOKENS:-128}" --json "$OUT/structured-$FAM.json" \
-    >"$OUT/structured-$FAM.md" 2>&1 || rc=1
-  cat "$OUT/structured-$FAM.md"
-else
-  echo "mlaserve serve did not start"; tail -5 "$OUT/structured-serve.log"; rc=1
-fi
-kill "$srv" 2>/dev/null
-wait "$srv" 2>/dev/null
+IFS=, read -r -a modes <<<"${AHEAD:-}"
+[ ${#modes[@]} -eq 0 ] && modes=("")
+for mode in "${modes[@]}"; do
+  sargs=()
+  tag="$FAM"
+  if [ -n "$mode" ]; then
+    sargs=(--step-ahead "$mode")
+    tag="$FAM-ahead-$mode"
+    echo "== --step-ahead $mode"
+  fi
+  rm -f "$D/port"
+  "$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" --max-seqs 64 "${sargs[@]}" \
+    >"$OUT/structured-serve.log" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 300); do
+    [ -s "$D/port" ] && break
+    kill -0 "$srv" 2>/dev/null || break
+    sleep 1
+  done
+  if [ -s "$D/port" ]; then
+    python3 bench/structured_step.py --port "$(cat "$D/port")" --rows "${ROWS:-1,8,32}" \
+      --constrained "${CONSTRAINED:-0,1,4,8}" --kinds "${KINDS:-json}" --tokens "${TOKENS:-128}" \
+      --json "$OUT/structured-$tag.json" >"$OUT/structured-$tag.md" 2>&1 || rc=1
+    cat "$OUT/structured-$tag.md"
+  else
+    echo "mlaserve serve did not start"; tail -5 "$OUT/structured-serve.log"; rc=1
+  fi
+  kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null
+  grep -h "step ahead:" "$OUT/structured-serve.log" | tail -1
+done
 rm -f "$M"
 exit $rc

@@ -35,6 +35,18 @@ if(TARGET mlaserve-worker AND TARGET mlaserve_serve_test)
   set_tests_properties(serve_structured PROPERTIES TIMEOUT 1200 SKIP_RETURN_CODE 77)
 endif()
 
+# Host-sampled rows (temperature, json_schema, logit_bias, penalties, logprobs) in the workers' step
+# ahead (worker/wk_ahead.h): the same streamed answers with --step-ahead off and on, at TP 1 and 2
+# (rank 0's tokens broadcast to the other rank before the step ahead).
+if(TARGET mlaserve-worker AND TARGET mlaserve_serve_test)
+  foreach(tp 1 2)
+    add_test(NAME serve_ahead_host_tp${tp}
+             COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_ahead_host.py
+                     $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES} ${tp})
+    set_tests_properties(serve_ahead_host_tp${tp} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+  endforeach()
+endif()
+
 add_executable(test_constrain ${MLA_TEST_DIR}/unit/test_constrain.c)
 target_include_directories(test_constrain PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_constrain mla_coord m)

@@ -85,7 +85,7 @@ typedef struct engine_ops {
     /* Optional (NULL: every row is sampled on the host): step() where the engine may also take
      * the greedy token of sequence i itself when greedy[i] is set (the worker sets it for greedy
      * sampling with no penalties, no logprobs and no logits returned): tokens[i] = the argmax of
-     * the row, lowest id on ties, and logits[i] is then left unwritten; tokens[i] = -1 for the
+     * the row, lowest id on ties, and logits[i] may then be left unwritten; tokens[i] = -1 for the
      * rows it did not take, whose logits it wrote as step() does. */
     int (*step_greedy)(engine *e, const wire_step_plan *plan, float *const *logits, const bool *greedy,
                        int32_t *tokens, mla_err *err);

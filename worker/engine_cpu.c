@@ -195,6 +195,26 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
     return MLA_OK;
 }
 
+/* engine.h step_greedy: step, then the greedy rows' argmax (lowest id on ties, as the host
+ * sampler's greedy pick), so that the worker's step ahead (worker/wk_ahead.h) runs on this
+ * backend too; their logits rows are written as well. */
+static int cpu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
+                           mla_err *err) {
+    for (uint32_t i = 0; i < p->n_seqs; i++) tokens[i] = -1;
+    if (cpu_step(e, p, logits, err)) return MLA_ERR;
+    const uint32_t V = cpu_vocab(e);
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        const wire_seq *s = &p->seqs[i];
+        if (!greedy[i] || !s->sample || s->sp.logits != WIRE_LOGITS_NONE) continue;
+        const float *r = logits[i];
+        uint32_t best = 0;
+        for (uint32_t t = 1; t < V; t++)
+            if (r[t] > r[best]) best = t;
+        tokens[i] = (int32_t)best;
+    }
+    return MLA_OK;
+}
+
 static void cpu_free_seq(engine *e, uint64_t id) {
     for (size_t i = 0; i < e->n; i++)
         if (e->seqs[i].id == id) {
@@ -258,6 +278,7 @@ const engine_ops engine_cpu_ops = {.name = "cpu",
                                    .set_tables = cpu_set_tables,
                                    .n_vocab = cpu_vocab,
                                    .step = cpu_step,
+                                   .step_greedy = cpu_step_greedy,
                                    .free_seq = cpu_free_seq,
                                    .destroy = cpu_destroy,
                                    .bench_fill = cpu_bench_fill,

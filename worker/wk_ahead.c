@@ -12,6 +12,9 @@ void wk_ahead_free(wk_ahead *a) {
     free(a->tok);
     free(a->pos);
     free(a->out);
+    free(a->host);
+    free(a->lrow);
+    free(a->logits);
     free(a->rest);
     memset(a, 0, sizeof *a);
 }
@@ -28,15 +31,30 @@ bool wk_ahead_greedy_row(const wire_seq *s) {
            sp->logits == WIRE_LOGITS_NONE && !sp->constrained; /* constrained: the host samples */
 }
 
-void wk_ahead_clear(wk_ahead *a) { a->plan.n_seqs = 0; }
+bool wk_ahead_row(const wire_seq *s) {
+    return s->sample && s->n_tokens == 1 && s->positions[0] != INT32_MAX && s->sp.logits == WIRE_LOGITS_NONE;
+}
 
-bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
+bool wk_ahead_wants_host(const wire_step_plan *p) {
+    bool any = false;
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        if (!wk_ahead_row(&p->seqs[i])) return false;
+        any |= !wk_ahead_greedy_row(&p->seqs[i]);
+    }
+    return any;
+}
+
+void wk_ahead_clear(wk_ahead *a) {
+    a->plan.n_seqs = 0;
+    a->n_host = 0;
+}
+
+bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host) {
     wk_ahead_clear(a);
     if (p->n_seqs == 0) return false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
-        if (s->n_tokens != 1 || !wk_ahead_greedy_row(s) || (tok && tok[i] < 0) || s->positions[0] == INT32_MAX)
-            return false;
+        if (!wk_ahead_row(s) || (tok && tok[i] < 0) || (!(tok && host) && !wk_ahead_greedy_row(s))) return false;
     }
     if (p->n_seqs > a->cap) {
         a->cap = p->n_seqs;
@@ -44,11 +62,16 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
         a->tok = mla_xrealloc(a->tok, a->cap * sizeof *a->tok);
         a->pos = mla_xrealloc(a->pos, a->cap * sizeof *a->pos);
         a->out = mla_xrealloc(a->out, a->cap * sizeof *a->out);
+        a->host = mla_xrealloc(a->host, a->cap * sizeof *a->host);
+        a->lrow = mla_xrealloc(a->lrow, a->cap * sizeof *a->lrow);
     }
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         a->tok[i] = tok ? tok[i] : -1;
         a->pos[i] = p->seqs[i].positions[0] + 1;
         a->out[i] = -1;
+        a->host[i] = !wk_ahead_greedy_row(&p->seqs[i]);
+        a->n_host += a->host[i];
+        a->lrow[i] = NULL;
         a->plan.seqs[i] = p->seqs[i];
         a->plan.seqs[i].tokens = &a->tok[i];
         a->plan.seqs[i].positions = &a->pos[i];
@@ -58,14 +81,27 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok) {
     return true;
 }
 
+void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *greedy) {
+    const size_t need = (size_t)a->plan.n_seqs * n_vocab;
+    if (need > a->logits_cap) {
+        free(a->logits);
+        a->logits_cap = need;
+        a->logits = mla_xmalloc(need * sizeof *a->logits);
+    }
+    for (uint32_t i = 0; i < a->plan.n_seqs; i++) {
+        rows[i] = a->lrow[i] = a->logits + (size_t)i * n_vocab;
+        greedy[i] = !a->host[i];
+    }
+}
+
 void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok) {
     memcpy(a->tok, tok, a->plan.n_seqs * sizeof *a->tok);
 }
 
 /* whether row s asks for exactly row j of the step held: its sequence, one token, that token at
- * that position, a greedy row */
+ * that position, sampled where row j was (a greedy row on the device, else on the host) */
 static bool asks_for(const wk_ahead *a, uint32_t j, const wire_seq *s) {
-    return s->seq_id == a->plan.seqs[j].seq_id && s->n_tokens == 1 && wk_ahead_greedy_row(s) &&
+    return s->seq_id == a->plan.seqs[j].seq_id && wk_ahead_row(s) && wk_ahead_greedy_row(s) == !a->host[j] &&
            s->positions[0] == a->pos[j] && s->tokens[0] == a->tok[j];
 }
 
@@ -81,7 +117,7 @@ void wk_ahead_done(wk_ahead *a, const int32_t *out) {
         wk_ahead_clear(a);
         return;
     }
-    memcpy(a->out, out, a->plan.n_seqs * sizeof *a->out);
+    for (uint32_t i = 0; i < a->plan.n_seqs; i++) a->out[i] = a->host[i] ? WK_AHEAD_LOGITS : out[i];
     a->rows_run += a->plan.n_seqs;
 }
 
@@ -97,12 +133,13 @@ static int64_t find(const wk_ahead *a, const wire_seq *s, uint32_t hint) {
     for (uint32_t k = 0; k < n; k++) {
         const uint32_t j = (hint + k) % n;
         if (a->plan.seqs[j].seq_id != s->seq_id) continue;
-        return a->out[j] >= 0 && asks_for(a, j, s) ? (int64_t)j : -1;
+        return (a->out[j] >= 0 || a->out[j] == WK_AHEAD_LOGITS) && asks_for(a, j, s) ? (int64_t)j : -1;
     }
     return -1;
 }
 
-uint32_t wk_ahead_match(wk_ahead *a, const wire_step_plan *p, int32_t *hit, wire_step_plan *rest, uint32_t *rest_idx) {
+uint32_t wk_ahead_match(wk_ahead *a, const wire_step_plan *p, int32_t *hit, float **lhit, wire_step_plan *rest,
+                        uint32_t *rest_idx) {
     if (p->n_seqs > a->rest_cap) {
         a->rest_cap = p->n_seqs;
         a->rest = mla_xrealloc(a->rest, a->rest_cap * sizeof *a->rest);
@@ -111,8 +148,10 @@ uint32_t wk_ahead_match(wk_ahead *a, const wire_step_plan *p, int32_t *hit, wire
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const int64_t j = a->plan.n_seqs ? find(a, &p->seqs[i], i) : -1;
         hit[i] = j >= 0 ? a->out[j] : -1;
+        lhit[i] = j >= 0 && a->host[j] ? a->lrow[j] : NULL;
         if (j >= 0) {
             a->out[j] = -1; /* once */
+            a->host_used += a->host[j];
             nhit++;
         } else {
             rest_idx[nrest] = i;

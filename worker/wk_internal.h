@@ -13,6 +13,7 @@
 #include "wire.h"
 #include "wk_ahead.h"
 #include "wk_run.h"
+#include "wk_sample.h"
 
 #define WK_REFUSED (-3)
 #define WK_HELP 1 /* wk_parse_args: --help was asked for */
@@ -41,16 +42,26 @@ typedef struct wk {
     int32_t *gtok;
     /* the step ahead (worker/wk_ahead.h): ahead[cur] is the one held, run or (queued) in the
      * engine; the other is the one queued behind it (chained) while a plan is matched. Its
-     * scratch: a plan's rows it answered (hit), the indices of the others (ridx), their greedy
-     * flags and tokens (rgreedy, rtok) */
+     * scratch: a plan's rows it answered (hit; lhit: a host row's logits there), the indices of
+     * the others (ridx), their greedy flags and tokens (rgreedy, rtok), and the tokens of the
+     * plan just answered (stok: rank 0's result; the other ranks get it by broadcast) */
     wk_ahead ahead[2];
     wk_ahead_mode_t ahead_mode;
     int cur;
     bool queued, chained;
     bool *rgreedy;
-    int32_t *rtok, *hit;
+    int32_t *rtok, *hit, *stok;
+    float **lhit;
     uint32_t *ridx;
     uint32_t flags_cap;
+    /* rank 0's host sampling (worker/wk_sample.h): its samplers, a step's jobs, the plan row of
+     * each, and copies of their masks */
+    wk_sample *samp;
+    wk_sample_job *jobs;
+    uint32_t *jrow;
+    size_t jobs_cap;
+    uint8_t *jmask;
+    size_t jmask_cap;
     wire_worker_opts wo; /* the coordinator's settings (RegisterReply) */
     long spin_us; /* zspin_default(the engine): how long both threads poll before they sleep */
     wire_kv_opts kv;  /* the cache pool settings from the coordinator's reply */

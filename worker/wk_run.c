@@ -412,6 +412,11 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.gtok);
     free(w.rgreedy);
     free(w.rtok);
+    free(w.stok);
+    free(w.jobs);
+    free(w.jrow);
+    free(w.jmask);
+    free(w.lhit);
     free(w.hit);
     free(w.ridx);
     wk_ahead_free(&w.ahead[0]);

@@ -130,14 +130,15 @@ static void ahead_collect(wk *w, engine *eng) {
 
 /* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
  * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
- * engine wrote logits into rows[i] instead. When p asks for exactly the queued step ahead, the
+ * engine wrote logits into rows[i] instead (a host row the step ahead ran: rows[i] := its logits
+ * row there). When p asks for exactly the queued step ahead, the
  * step after it is queued first, from the tokens on the device (w->chained). */
 static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
     const engine_ops *ops = w->cfg->engine;
     w->chained = false;
     if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
     wk_ahead *a = &w->ahead[w->cur], *next = &w->ahead[w->cur ^ 1];
-    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL)) {
+    if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL, false)) {
         mla_err qerr;
         w->chained = ops->queue(eng, &next->plan, true, &qerr) == MLA_OK;
         if (!w->chained) {
@@ -149,7 +150,7 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     ahead_collect(w, eng);
     wire_step_plan rest = *p;
     uint32_t nhit = 0;
-    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, &rest, w->ridx);
+    if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, w->lhit, &rest, w->ridx);
     if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
         w->queued = true;
         w->cur ^= 1;
@@ -161,7 +162,10 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
         w->queued = true;
     }
     if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
-    for (uint32_t i = 0; i < p->n_seqs; i++) w->gtok[i] = w->hit[i];
+    for (uint32_t i = 0; i < p->n_seqs; i++) {
+        w->gtok[i] = w->hit[i] >= 0 ? w->hit[i] : -1;
+        if (w->hit[i] == WK_AHEAD_LOGITS) rows[i] = w->lhit[i]; /* sampled below, as if run now */
+    }
     if (w->chained) wk_ahead_set_tokens(&w->ahead[w->cur], w->gtok); /* its inputs: this step's tokens */
     if (rest.n_seqs == 0) return MLA_OK;
     /* the residual rows, compacted: their logits rows, greedy flags and tokens */
@@ -176,15 +180,36 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     return rc;
 }
 
-/* After plan p (its result sent): the step that follows from its device tokens, queued in the
- * engine or run now (worker/wk_ahead.h), unless run_rows already queued it. The logits rows of p
- * are big enough for it (one row a sequence, as p had). */
-static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows) {
+/* After plan p (its result sent): the step that follows from its tokens, queued in the engine or
+ * run now (worker/wk_ahead.h), unless run_rows already queued it. Without host rows, from the
+ * device's tokens (w->gtok, the same on every rank); a greedy step ahead writes its logits, where
+ * it writes any, into rows (p's, one row a sequence). With host rows (every rank takes that
+ * decision from p alone), from tok (rank 0: the tokens of its result; broadcast to the other
+ * ranks first, whose tok it overwrites), run, its logits kept in the step ahead. */
+static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows, int32_t *tok) {
     if (w->ahead_mode == WK_AHEAD_OFF || w->chained) return;
     wk_ahead *a = &w->ahead[w->cur];
-    if (!wk_ahead_build(a, p, w->gtok)) return;
     mla_err err;
-    if (w->ahead_mode == WK_AHEAD_QUEUE) {
+    bool host = wk_ahead_wants_host(p);
+    if (host && w->cfg->world > 1) {
+        if (coll_broadcast(w->coll, tok, p->n_seqs * sizeof *tok, 0, &err)) {
+            MLA_WARN("step %llu: rank 0's tokens for the step ahead did not arrive (no step ahead): %s",
+                     (unsigned long long)p->step_id, err.msg);
+            wk_ahead_clear(a);
+            return;
+        }
+    }
+    if (!wk_ahead_build(a, p, host ? tok : w->gtok, host)) return;
+    if (a->n_host) {
+        float **arows = mla_xmalloc(a->plan.n_seqs * sizeof *arows);
+        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows, w->rgreedy);
+        int rc = w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)arows, w->rgreedy, w->rtok, &err);
+        free(arows);
+        if (rc == MLA_OK) {
+            wk_ahead_done(a, w->rtok);
+            return;
+        }
+    } else if (w->ahead_mode == WK_AHEAD_QUEUE) {
         if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
             w->queued = true;
             return;
@@ -199,6 +224,14 @@ static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows)
     MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s", (unsigned long long)p->step_id,
              err.msg);
     wk_ahead_done(a, NULL);
+}
+
+/* whether plan p holds a sequence in two rows */
+static bool has_twice(const wire_step_plan *p) {
+    for (uint32_t i = 1; i < p->n_seqs; i++)
+        for (uint32_t k = 0; k < i; k++)
+            if (p->seqs[k].seq_id == p->seqs[i].seq_id) return true;
+    return false;
 }
 
 static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_tab *hist, void *pair,
@@ -223,6 +256,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
         w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
         w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
+        w->lhit = mla_xrealloc(w->lhit, w->flags_cap * sizeof *w->lhit);
+        w->stok = mla_xrealloc(w->stok, w->flags_cap * sizeof *w->stok);
         w->ridx = mla_xrealloc(w->ridx, w->flags_cap * sizeof *w->ridx);
     }
     for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
@@ -230,6 +265,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         off += engine_logit_rows(&p->seqs[i]);
         w->greedy[i] = wk_ahead_greedy_row(&p->seqs[i]);
         w->gtok[i] = -1;
+        w->stok[i] = -1;
     }
     mla_err err;
     const int64_t t0 = now_ns();
@@ -259,6 +295,21 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     } else if (rank == 0) {
         char cerr[420] = "";
         wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
+        /* the host-sampled rows are sampled together after this loop, on threads (worker/wk_sample.h);
+         * a plan that holds a sequence twice samples in line (its history grows between the two) */
+        const bool in_line = has_twice(p);
+        size_t nj = 0, ncons = 0, nc = 0;
+        for (uint32_t i = 0; i < p->n_seqs; i++) nc += p->seqs[i].sp.constrained;
+        if (p->n_seqs > w->jobs_cap) {
+            w->jobs_cap = p->n_seqs;
+            w->jobs = mla_xrealloc(w->jobs, w->jobs_cap * sizeof *w->jobs);
+            w->jrow = mla_xrealloc(w->jrow, w->jobs_cap * sizeof *w->jrow);
+        }
+        if (nc * V > w->jmask_cap) {
+            free(w->jmask);
+            w->jmask_cap = nc * V;
+            w->jmask = mla_xmalloc(w->jmask_cap);
+        }
         for (uint32_t i = 0; i < p->n_seqs; i++) {
             const wire_seq *s = &p->seqs[i];
             seq_hist *h = hist_get(hist, s->seq_id);
@@ -281,6 +332,20 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
             }
             if (s->sample && w->gtok[i] >= 0) {
                 /* taken on the device above */
+            } else if (s->sample && !in_line) { /* sampled below, with the other host rows */
+                wk_sample_job *j = &w->jobs[nj];
+                w->jrow[nj++] = i;
+                j->logits = last;
+                j->sp = &s->sp;
+                j->mod = mod;
+                if (mod.allow) { /* its own copy: a mask handed out may live only until the next row's */
+                    uint8_t *mk = w->jmask + (size_t)ncons++ * V;
+                    memcpy(mk, mod.allow, V);
+                    j->mod.allow = mk;
+                }
+                j->history = NULL; /* below: this row's history buffer may still move */
+                j->n_history = h->n;
+                j->stream = (uint64_t)s->positions[s->n_tokens - 1] + 1;
             } else if (s->sample) {
                 sample_out so;
                 sampler_sample_mod(smp, last, &s->sp, &mod, h->tok, h->n,
@@ -296,6 +361,16 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 sr[i].logits = rows[i];
             }
         }
+        for (size_t k = 0; k < nj; k++) w->jobs[k].history = hist_get(hist, p->seqs[w->jrow[k]].seq_id)->tok;
+        wk_sample_run(w->samp, w->jobs, nj);
+        for (size_t k = 0; k < nj; k++) {
+            wire_seq_result *r = &sr[w->jrow[k]];
+            const sample_out *so = &w->jobs[k].out;
+            r->token = so->token;
+            r->logprob = so->logprob;
+            r->n_top = so->n_top;
+            memcpy(r->top, so->top, sizeof so->top);
+        }
         m.kind = WIRE_STEP_RESULT;
         m.u.result.step_id = p->step_id;
         m.u.result.ok = !cerr[0];
@@ -303,6 +378,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         /* a failed result carries no sequences (wire_decode refuses it otherwise, and the step
          * would never be answered) */
         m.u.result.n_seqs = cerr[0] ? 0 : p->n_seqs;
+        for (uint32_t i = 0; !cerr[0] && i < p->n_seqs; i++) w->stok[i] = sr[i].token;
         m.u.result.seqs = sr;
         steptrace_mark(p->step_id, 'E');
         if (wk_send_msg(pair, &m, &err)) {
@@ -316,7 +392,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         }
         free(sr);
     }
-    if (rc == MLA_OK) run_ahead(w, eng, p, rows);
+    if (rc == MLA_OK) run_ahead(w, eng, p, rows, w->stok);
     free(rows);
 }
 
@@ -409,6 +485,7 @@ void *wk_compute_main(void *arg) {
         if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
     }
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
+    w->samp = cfg->rank == 0 ? wk_sample_new(V) : NULL;
     wk_constrain *cons = cfg->rank == 0 ? wk_constrain_new(cfg->model_path, V) : NULL;
     hist_tab hist = {0};
     for (;;) {
@@ -441,12 +518,15 @@ void *wk_compute_main(void *arg) {
     }
     ahead_collect(w, eng);
     if (w->ahead_mode != WK_AHEAD_OFF)
-        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan",
+        MLA_INFO("step ahead: %llu rows run ahead, %llu of them taken by a plan (%llu sampled on the host)",
                  (unsigned long long)(w->ahead[0].rows_run + w->ahead[1].rows_run),
-                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used));
+                 (unsigned long long)(w->ahead[0].rows_used + w->ahead[1].rows_used),
+                 (unsigned long long)(w->ahead[0].host_used + w->ahead[1].host_used));
     for (size_t i = 0; i < hist.n; i++) free(hist.v[i].tok);
     free(hist.v);
     sampler_free(smp);
+    wk_sample_free(w->samp);
+    w->samp = NULL;
     wk_constrain_free(cons);
     cfg->engine->destroy(eng);
     zmq_close(pair);

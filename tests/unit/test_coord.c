@@ -12,7 +12,8 @@
  *  load  : a worker whose load fails makes coord_start fail with its message.
  *  ahead : scripted greedy steps with the workers' step ahead off, run after a step (sync) and
  *          queued in the engine (on), T = 1, 2: every token equals the reference, and the engines
- *          advanced exactly the tokens the rule implies, queued as it implies. */
+ *          advanced exactly the tokens the rule implies, queued as it implies; the same with a
+ *          host-sampled (temperature 1) row beside a greedy one. */
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -27,6 +28,7 @@
 #include "test_tables.h"
 #include "coord.h"
 #include "mla_test.h"
+#include "sample.h"
 #include "test_engine.h"
 
 extern char **environ;
@@ -327,6 +329,103 @@ static void test_ahead(int T, const char *mode) {
          * for exactly the step ahead, the next one from the tokens on the device */
         CHECKF(qh == (queued ? 4u : 0u) && qd == (queued ? 2u : 0u),
                "T=%d ahead=%s rank %d: %llu queued from the plan, %llu from the device", T, mode, r, qh, qd);
+    }
+}
+
+/* Host-sampled rows in the step ahead: seq 1 samples at temperature 1 (seeded) beside the greedy
+ * seq 0, through T workers (T = 2: rank 0's tokens broadcast before each step ahead), with the
+ * step ahead off, run after the step, or queued (a step ahead with a host row is run, not
+ * queued). Nine steps: two prompts, five decodes of both, seq 0 alone (a greedy step ahead,
+ * queued where it can be), both again (seq 1 no longer at the step ahead's position: it runs),
+ * both. Every token equals the reference (the argmax of the expected row, or the sampler's draw
+ * from it with the seed at that position); the engine advanced 21 tokens without the step ahead,
+ * 24 with it (every decode step's rows run ahead, and taken by the next plan but seq 1 at step 7;
+ * one step ahead queued, in queue mode). */
+static void test_ahead_host(int T, const char *mode) {
+    const int on = strcmp(mode, "0") != 0, queued = !strcmp(mode, "1");
+    static const int script[9][2] = {{4, 2}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, -1}, {0, 0}, {0, 0}};
+    char stats[128];
+    snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-host-%d", (int)getpid());
+    setenv("MLA_TEST_ENGINE_STATS", stats, 1);
+    coord *c;
+    mla_err err;
+    coord_config cfg = base_cfg(T);
+    cfg.step_ahead = !on ? WIRE_AHEAD_OFF : queued ? WIRE_AHEAD_QUEUE : WIRE_AHEAD_SYNC;
+    int rc = coord_start(&c, &cfg, &err);
+    unsetenv("MLA_TEST_ENGINE_STATS");
+    REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
+    sampler *ref = sampler_new(TEST_VOCAB);
+    uint64_t hist[2][64];
+    int32_t pos[2] = {0, 0}, last[2] = {0, 0};
+    int bad = 0, drawn = 0;
+    float row[TEST_VOCAB];
+    for (int st = 0; st < 9 && rc == MLA_OK; st++) {
+        wire_seq seqs[2];
+        int32_t toks[2][8], ps[2][8];
+        uint32_t n = 0;
+        for (int q = 0; q < 2; q++) {
+            if (script[st][q] < 0) continue;
+            const uint32_t nt = script[st][q] ? (uint32_t)script[st][q] : 1;
+            for (uint32_t k = 0; k < nt; k++) {
+                toks[n][k] = script[st][q] ? (int32_t)((11 * q + 5 * k + 2) % TEST_VOCAB) : last[q];
+                ps[n][k] = pos[q] + (int32_t)k;
+            }
+            seqs[n] = (wire_seq){.seq_id = 200 + (uint64_t)q, .n_tokens = nt, .tokens = toks[n], .positions = ps[n],
+                                 .sample = true};
+            tt_table(&seqs[n], (uint32_t)q);
+            seqs[n].sp.top_p = 1;
+            seqs[n].sp.repetition_penalty = 1;
+            if (q == 1) {
+                seqs[n].sp.temperature = 1.0f;
+                seqs[n].sp.seed = 77;
+            }
+            n++;
+        }
+        wire_step_plan plan = {.step_id = 4000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, &err);
+        CHECKF(rc == MLA_OK, "T=%d ahead=%s host step %d: %s", T, mode, st, err.msg);
+        if (rc) break;
+        CHECK(res.ok && res.n_seqs == n);
+        for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
+            const int q = (int)(seqs[i].seq_id - 200);
+            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
+                const int32_t p = ps[i][k];
+                REQUIRE(p < 64);
+                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
+            }
+            const int32_t p = ps[i][seqs[i].n_tokens - 1];
+            test_engine_expected(hist[q][p], p, T, row);
+            int32_t want = argmax(row, TEST_VOCAB);
+            if (q == 1) {
+                sample_out so;
+                sampler_sample(ref, row, &seqs[i].sp, NULL, 0, (uint64_t)p + 1, &so);
+                drawn += so.token != want; /* the draw is not just the argmax */
+                want = so.token;
+            }
+            if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token != want) bad++;
+            last[q] = res.seqs[i].token;
+            pos[q] = p + 1;
+        }
+        coord_result_free(&res);
+    }
+    sampler_free(ref);
+    CHECKF(bad == 0, "T=%d ahead=%s: %d tokens differ from the reference with a host-sampled row", T, mode, bad);
+    CHECKF(drawn > 0, "T=%d ahead=%s: the temperature-1 row only ever drew the argmax", T, mode);
+    coord_stop(c);
+    for (int r = 0; r < T; r++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s.%d", stats, r);
+        FILE *f = fopen(path, "r");
+        unsigned long long got = 0, qh = 9, qd = 9;
+        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
+               r, path);
+        if (f) fclose(f);
+        unlink(path);
+        CHECKF(got == (on ? 24u : 21u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens with a host row "
+               "(expected %d)", T, mode, r, got, on ? 24 : 21);
+        CHECKF(qh == (queued ? 1u : 0u) && qd == 0,
+               "T=%d ahead=%s rank %d: %llu queued from the plan, %llu from the device (host rows)", T, mode, r, qh, qd);
     }
 }
 
@@ -681,6 +780,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) {
             test_ahead(1, modes[k]);
             test_ahead(2, modes[k]);
+            test_ahead_host(1, modes[k]);
+            test_ahead_host(2, modes[k]);
         }
     }
     if (all || !strcmp(which, "refuse")) test_refusals();

@@ -23,25 +23,26 @@ int main(void) {
     wire_step_plan p = {.step_id = 1, .n_seqs = 3, .seqs = s};
     int32_t took[3] = {40, 41, 42}, out[3] = {50, 51, 52}, hit[4];
     uint32_t idx[4];
+    float *lhit[4];
     wire_step_plan rest;
 
     /* refused: a row with no device token, a prompt row, a sampled row, an empty plan */
     int32_t none[3] = {40, -1, 42};
-    CHECK(!wk_ahead_build(&a, &p, none) && a.plan.n_seqs == 0);
+    CHECK(!wk_ahead_build(&a, &p, none, false) && a.plan.n_seqs == 0);
     s[1].n_tokens = 2;
-    CHECK(!wk_ahead_build(&a, &p, took));
+    CHECK(!wk_ahead_build(&a, &p, took, false));
     s[1].n_tokens = 1;
     s[2].sp.temperature = 0.7f;
-    CHECK(!wk_ahead_build(&a, &p, took));
+    CHECK(!wk_ahead_build(&a, &p, took, false));
     s[2].sp.temperature = 0;
     s[2].sp.logits = WIRE_LOGITS_LAST;
-    CHECK(!wk_ahead_build(&a, &p, took));
+    CHECK(!wk_ahead_build(&a, &p, took, false));
     s[2].sp.logits = WIRE_LOGITS_NONE;
     wire_step_plan empty = {.step_id = 1, .n_seqs = 0, .seqs = s};
-    CHECK(!wk_ahead_build(&a, &empty, took));
+    CHECK(!wk_ahead_build(&a, &empty, took, false));
 
     /* built: the same sequences, the tokens taken, one position further */
-    REQUIRE(wk_ahead_build(&a, &p, took));
+    REQUIRE(wk_ahead_build(&a, &p, took, false));
     CHECK(a.plan.n_seqs == 3);
     for (int i = 0; i < 3; i++)
         CHECK(a.plan.seqs[i].seq_id == s[i].seq_id && a.plan.seqs[i].n_tokens == 1 &&
@@ -52,44 +53,44 @@ int main(void) {
     /* the next plan, reordered, one sequence gone (8), one with another token (9), one new (6) */
     wire_seq n[4] = {row(4, 9, 99, 31), row(5, 7, 40, 11), row(6, 6, 1, 0)};
     wire_step_plan q = {.step_id = 2, .n_seqs = 3, .seqs = n};
-    CHECK(wk_ahead_match(&a, &q, hit, &rest, idx) == 1);
+    CHECK(wk_ahead_match(&a, &q, hit, lhit, &rest, idx) == 1);
     CHECK(hit[0] == -1 && hit[1] == 50 && hit[2] == -1);
     CHECK(rest.n_seqs == 2 && rest.step_id == 2 && idx[0] == 0 && idx[1] == 2 && rest.seqs[0].seq_id == 9 &&
           rest.seqs[1].seq_id == 6);
     CHECK(a.plan.n_seqs == 0 && a.rows_used == 1);
     /* matched once: the step ahead is gone after a match */
-    CHECK(wk_ahead_match(&a, &q, hit, &rest, idx) == 0 && rest.n_seqs == 3);
+    CHECK(wk_ahead_match(&a, &q, hit, lhit, &rest, idx) == 0 && rest.n_seqs == 3);
 
     /* a row asking for logits, or at another position, does not take the token */
-    REQUIRE(wk_ahead_build(&a, &p, took));
+    REQUIRE(wk_ahead_build(&a, &p, took, false));
     wk_ahead_done(&a, out);
     wire_seq m[4] = {row(8, 7, 40, 11), row(9, 8, 41, 22), row(10, 9, 42, 31)};
     m[0].sp.logits = WIRE_LOGITS_LAST;
     wire_step_plan r = {.step_id = 3, .n_seqs = 3, .seqs = m};
-    CHECK(wk_ahead_match(&a, &r, hit, &rest, idx) == 1 && hit[2] == 52 && rest.n_seqs == 2);
+    CHECK(wk_ahead_match(&a, &r, hit, lhit, &rest, idx) == 1 && hit[2] == 52 && rest.n_seqs == 2);
 
     /* a sequence appearing twice takes the token once; a dropped sequence takes nothing */
-    REQUIRE(wk_ahead_build(&a, &p, took));
+    REQUIRE(wk_ahead_build(&a, &p, took, false));
     wk_ahead_done(&a, out);
     wk_ahead_drop(&a, 8);
     wire_seq d[4] = {row(11, 7, 40, 11), row(12, 7, 40, 11), row(13, 8, 41, 21), row(14, 9, 42, 31)};
     wire_step_plan t = {.step_id = 4, .n_seqs = 4, .seqs = d};
-    CHECK(wk_ahead_match(&a, &t, hit, &rest, idx) == 2);
+    CHECK(wk_ahead_match(&a, &t, hit, lhit, &rest, idx) == 2);
     CHECK(hit[0] == 50 && hit[1] == -1 && hit[2] == -1 && hit[3] == 52 && rest.n_seqs == 2);
 
     /* a step ahead that failed answers nothing */
-    REQUIRE(wk_ahead_build(&a, &p, took));
+    REQUIRE(wk_ahead_build(&a, &p, took, false));
     wk_ahead_done(&a, NULL);
     wire_seq f[3] = {row(0, 7, 40, 11), row(1, 8, 41, 21), row(2, 9, 42, 31)};
     wire_step_plan u = {.step_id = 5, .n_seqs = 3, .seqs = f};
-    CHECK(wk_ahead_match(&a, &u, hit, &rest, idx) == 0 && rest.n_seqs == 3);
+    CHECK(wk_ahead_match(&a, &u, hit, lhit, &rest, idx) == 0 && rest.n_seqs == 3);
     CHECK(a.rows_run == 9 && a.rows_used == 4);
 
     /* built before its tokens are known (queued behind the step that takes them): a plan covers
      * it only row for row, in order, with those tokens */
     wire_seq s2[3] = {row(16, 7, 3, 10), row(17, 8, 4, 20), row(18, 9, 5, 30)};
     wire_step_plan p2 = {.step_id = 5, .n_seqs = 3, .seqs = s2};
-    REQUIRE(wk_ahead_build(&a, &p2, NULL));
+    REQUIRE(wk_ahead_build(&a, &p2, NULL, false));
     CHECK(a.plan.seqs[0].tokens[0] == -1 && a.plan.seqs[0].positions[0] == 11);
     wk_ahead_set_tokens(&a, took);
     wire_seq c[3] = {row(19, 7, 40, 11), row(20, 8, 41, 21), row(21, 9, 42, 31)};
@@ -108,6 +109,63 @@ int main(void) {
     CHECK(!wk_ahead_covers(&a, &cp)); /* not a greedy row */
     wk_ahead_clear(&a);
     CHECK(!wk_ahead_covers(&a, &cp));
+
+    /* host rows (temperature, penalties, a grammar, logprobs): run ahead only with their tokens
+     * given (host true, as rank 0 samples them), never from the device (NULL: queued behind) */
+    wire_seq h[3] = {row(22, 7, 3, 10), row(23, 8, 4, 20), row(24, 9, 5, 30)};
+    h[1].sp.temperature = 1.0f;
+    h[1].sp.seed = 5;
+    h[2].sp.constrained = true;
+    wire_step_plan hp = {.step_id = 7, .n_seqs = 3, .seqs = h};
+    CHECK(wk_ahead_wants_host(&hp) && !wk_ahead_wants_host(&p));
+    CHECK(!wk_ahead_build(&a, &hp, took, false)); /* host rows not asked for */
+    CHECK(!wk_ahead_build(&a, &hp, NULL, true));  /* tokens not known */
+    CHECK(!wk_ahead_build(&a, &hp, none, true));  /* a row without its token */
+    h[2].sp.logits = WIRE_LOGITS_LAST;
+    CHECK(!wk_ahead_wants_host(&hp) && !wk_ahead_build(&a, &hp, took, true)); /* logits returned */
+    h[2].sp.logits = WIRE_LOGITS_NONE;
+    REQUIRE(wk_ahead_build(&a, &hp, took, true));
+    CHECK(a.n_host == 2 && !a.host[0] && a.host[1] && a.host[2]);
+    /* every row gets a logits row of its own; the engine takes row 0's token itself */
+    float *lr[3];
+    bool gr[3];
+    enum { NV = 5 };
+    wk_ahead_logits(&a, NV, lr, gr);
+    CHECK(gr[0] && !gr[1] && !gr[2] && lr[0] && lr[1] == lr[0] + NV && lr[2] == lr[0] + 2 * NV);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < NV; k++) lr[i][k] = (float)(10 * i + k);
+    int32_t eng_out[3] = {60, -1, -1}; /* the engine's answer: host rows took nothing */
+    wk_ahead_done(&a, eng_out);
+    /* the next plan: row 7 greedy at the token run (hit: 60), row 8 sampled as it was (hit: its
+     * logits), row 9 now greedy while it ran sampled (no hit: it runs again) */
+    wire_seq hn[3] = {row(25, 9, 42, 31), row(26, 8, 41, 21), row(27, 7, 40, 11)};
+    hn[1].sp.temperature = 1.0f;
+    hn[1].sp.seed = 5;
+    wire_step_plan hq = {.step_id = 8, .n_seqs = 3, .seqs = hn};
+    CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 2);
+    CHECK(hit[0] == -1 && hit[1] == WK_AHEAD_LOGITS && hit[2] == 60);
+    CHECK(lhit[1] == lr[1] && lhit[1][3] == 13.0f && lhit[0] == NULL && lhit[2] == NULL);
+    CHECK(rest.n_seqs == 1 && idx[0] == 0 && rest.seqs[0].seq_id == 9);
+    /* a sampled row asking for another token at that position, or asking as a greedy row, takes
+     * nothing; a failed step ahead keeps no logits */
+    REQUIRE(wk_ahead_build(&a, &hp, took, true));
+    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_done(&a, eng_out);
+    g_tok[26] = 7;
+    CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 1 && hit[1] == -1 && hit[2] == 60);
+    g_tok[26] = 41;
+    REQUIRE(wk_ahead_build(&a, &hp, took, true));
+    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_done(&a, eng_out);
+    hn[1].sp.temperature = 0;
+    CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 1 && hit[1] == -1);
+    hn[1].sp.temperature = 1.0f;
+    REQUIRE(wk_ahead_build(&a, &hp, took, true));
+    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_done(&a, NULL);
+    CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 0 && rest.n_seqs == 3);
+    /* a plan of host rows never covers a step ahead queued before its tokens */
+    CHECK(!wk_ahead_covers(&a, &hp));
 
     /* --step-ahead queue (the default) | off | sync, as the coordinator sends it */
     CHECK(wk_ahead_mode(true, true, WIRE_AHEAD_QUEUE) == WK_AHEAD_QUEUE);
