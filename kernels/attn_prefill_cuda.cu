@@ -129,9 +129,8 @@ __global__ void __launch_bounds__(UP_T) pf_up_kernel(pf_up a) {
 }
 
 /* ---------------------------------------------------------------- the attention */
-/* Block = (tile of BM = 16 NW query rows, head), NW warps of 16 rows (NW = 8: 128 rows, one
- * block an SM; NW = 4: 64 rows, two blocks an SM, twice the blocks for a small grid, twice the key
- * and value reads); the heaviest tiles (the last rows: the most keys) are scheduled first. Each warp holds its rows' queries (times
+/* Block = (tile of PF_BM = 128 query rows, head), 8 warps of 16 rows; the heaviest tiles (the
+ * last rows: the most keys) are scheduled first. Each warp holds its rows' queries (times
  * scale log2 e, fp16) in registers as the A fragments of S = Q K^T. Keys are walked in tiles of
  * PF_BN = 64, two in flight by cp.async (tile j + 2 is copied while tile j + 1 is computed): the
  * head's k_nope and v rows from the work area, k_pe from the cache row (a 64-key tile is one
@@ -140,22 +139,20 @@ __global__ void __launch_bounds__(UP_T) pf_up_kernel(pf_up a) {
  * softmax, base 2), turns S into P (fp16) in the registers that are the A fragments of P V, and
  * accumulates O (16 x head_v, fp32). Tiles wholly past a warp's last row are skipped by that warp.
  * Row strides are odd multiples of 16 bytes (ldmatrix without bank conflicts). */
-constexpr int PF_BN = 64;
+constexpr int PF_BM = 128, PF_BN = 64, PF_T = 256;
 
-template <int DN, int DR, int DV, int NW = 8> struct pf_cfg {
-    static constexpr int BM = 16 * NW, NT = 32 * NW; /* query rows, threads */
+template <int DN, int DR, int DV> struct pf_cfg {
     static constexpr int DK = DN + DR;
     static constexpr int LDK = DK + 8, LDV = DV + 8; /* halves */
     static constexpr int KS = DK / 16;               /* k-steps of S */
     static constexpr int NO = DV / 8;                /* n-tiles of O */
     static constexpr int CKN = DN / 8, CK = (DN + DR) / 8, CV = DV / 8; /* 16-byte chunks a key */
-    static constexpr int KCP = PF_BN * CK / NT, VCP = PF_BN * CV / NT;
+    static constexpr int KCP = PF_BN * CK / PF_T, VCP = PF_BN * CV / PF_T;
     /* two key tiles and two value tiles: 84 KB at 128 + 64 / 128, 42 KB at 64 + 32 / 64 */
     static constexpr size_t SMEM = (size_t)2 * PF_BN * (LDK + LDV) * 2;
     static_assert(DN % 8 == 0 && DR % 8 == 0 && DK % 16 == 0 && DV % 16 == 0, "prefill attention widths");
     static_assert((LDK / 8) % 2 == 1 && (LDV / 8) % 2 == 1, "prefill attention strides");
-    static_assert((PF_BN * CK) % NT == 0 && (PF_BN * CV) % NT == 0, "prefill attention copies");
-    static_assert(NW == 8 || NW == 4, "prefill attention warps");
+    static_assert((PF_BN * CK) % PF_T == 0 && (PF_BN * CV) % PF_T == 0, "prefill attention copies");
     static_assert(PF_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
 };
 
@@ -175,16 +172,16 @@ struct pf_k {
     int64_t o_ld_t, o_ld_h;
 };
 
-template <int DN, int DR, int DV, int NW>
-__global__ void __launch_bounds__(32 * NW, 8 / NW) pf_attn_kernel(pf_k a) {
-    using C = pf_cfg<DN, DR, DV, NW>;
+template <int DN, int DR, int DV>
+__global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(pf_k a) {
+    using C = pf_cfg<DN, DR, DV>;
     mlacu_pdl_enter();
     extern __shared__ __align__(16) unsigned char pf_sm[];
     __half *ks = (__half *)pf_sm;         /* two tiles of PF_BN keys x LDK */
     __half *vs = ks + 2 * PF_BN * C::LDK; /* two tiles of PF_BN keys x LDV */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
-    const int r0 = (int)(gridDim.x - 1 - blockIdx.x) * C::BM, hl = blockIdx.y, h = a.h0 + hl;
-    const int rend = min(r0 + C::BM, a.T);
+    const int r0 = (int)(gridDim.x - 1 - blockIdx.x) * PF_BM, hl = blockIdx.y, h = a.h0 + hl;
+    const int rend = min(r0 + PF_BM, a.T);
     const int64_t kend = a.pos0 + rend; /* the block's keys: 0 .. kend - 1 */
     const int ntile = (int)((kend + PF_BN - 1) / PF_BN);
     const __half *knh = a.kn + (int64_t)hl * a.nk * DN, *vh = a.v + (int64_t)hl * a.nk * DV;
@@ -196,7 +193,7 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) pf_attn_kernel(pf_k a) {
         const __half *pe = blk ? paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + a.kv_lora : knh;
 #pragma unroll
         for (int u = 0; u < C::KCP; u++) {
-            const int i = tid + u * C::NT, r = i / C::CK, c = i % C::CK;
+            const int i = tid + u * PF_T, r = i / C::CK, c = i % C::CK;
             const int64_t key = k0 + r;
             const bool ok = key < kend;
             const __half *src = !ok ? knh : c < C::CKN ? knh + key * DN + c * 8 : pe + (int64_t)r * a.row + (c - C::CKN) * 8;
@@ -204,7 +201,7 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) pf_attn_kernel(pf_k a) {
         }
 #pragma unroll
         for (int u = 0; u < C::VCP; u++) {
-            const int i = tid + u * C::NT, r = i / C::CV, c = i % C::CV;
+            const int i = tid + u * PF_T, r = i / C::CV, c = i % C::CV;
             const int64_t key = k0 + r;
             const bool ok = key < kend;
             cp_async16_zfill(vd + r * C::LDV + c * 8, ok ? vh + key * DV + c * 8 : vh, ok);
@@ -344,36 +341,20 @@ pf_shape shape_of(int64_t dn, int64_t dr, int64_t dv) {
 
 /* the attention kernel's shared memory allowed, once a process (one device a process, or ranks of
  * one process on one device) */
-template <int DN, int DR, int DV, int NW> int attn_setup(mla_err *e) {
+template <int DN, int DR, int DV> int attn_setup(mla_err *e) {
     static bool done = false;
     if (!done) {
-        MLACU_CHECK(mlacu_smem_allow(pf_attn_kernel<DN, DR, DV, NW>, pf_cfg<DN, DR, DV, NW>::SMEM), e,
-                    "prefill attention: shared memory %zu", pf_cfg<DN, DR, DV, NW>::SMEM);
-        /* two 4-warp blocks an SM: all of its unified memory as shared memory */
-        if (NW == 4)
-            MLACU_CHECK(cudaFuncSetAttribute(pf_attn_kernel<DN, DR, DV, NW>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             100),
-                        e, "prefill attention: carveout");
+        MLACU_CHECK(mlacu_smem_allow(pf_attn_kernel<DN, DR, DV>, pf_cfg<DN, DR, DV>::SMEM), e,
+                    "prefill attention: shared memory %zu", pf_cfg<DN, DR, DV>::SMEM);
         done = true;
     }
-    return MLA_OK;
-}
-
-/* mla_cuda_prefill_tune: 0 (the choice below), 128 or 64 query rows a block */
-int g_pf_rows = 0;
-
-template <int DN, int DR, int DV, int NW>
-int attn_launch(const pf_k &k, int64_t T, int64_t hg, cudaStream_t st, mla_err *e) {
-    using C = pf_cfg<DN, DR, DV, NW>;
-    if (attn_setup<DN, DR, DV, NW>(e)) return MLA_ERR;
-    const dim3 grid((unsigned)((T + C::BM - 1) / C::BM), (unsigned)hg);
-    mlacu_launch(pf_attn_kernel<DN, DR, DV, NW>, grid, C::NT, C::SMEM, st, k);
     return MLA_OK;
 }
 
 /* one group of hg heads from head h0: the decompression of its keys and values, then its attention */
 template <int DN, int DR, int DV>
 int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream_t st, mla_err *e) {
+    using C = pf_cfg<DN, DR, DV>;
     const int64_t nk = a->pos0 + a->n_tokens, KL = a->kv_lora;
     __half *kn = (__half *)a->work, *v = kn + hg * nk * DN;
     const pf_up uk = {a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL, nk,
@@ -394,26 +375,18 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
     }
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention: decompression of %lld keys, %lld heads", (long long)nk,
                 (long long)hg);
+    if (attn_setup<DN, DR, DV>(e)) return MLA_ERR;
     const pf_k k = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL,
                     (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out, a->out_ld_t,
                     a->out_ld_h};
-    /* 128 rows a block (one an SM: half the key and value reads of 64) unless that leaves fewer
-     * blocks than two an SM; then 64 (two an SM), e.g. a 256-token step of a rank of TP 8's 16 heads */
-    const int64_t b128 = (a->n_tokens + 127) / 128 * hg;
-    const bool r64 = g_pf_rows ? g_pf_rows == 64 : b128 < 2 * (int64_t)mlacu_sm_count();
-    if ((r64 ? attn_launch<DN, DR, DV, 4>(k, a->n_tokens, hg, st, e) : attn_launch<DN, DR, DV, 8>(k, a->n_tokens, hg, st, e)))
-        return MLA_ERR;
+    const dim3 grid((unsigned)((a->n_tokens + PF_BM - 1) / PF_BM), (unsigned)hg);
+    mlacu_launch(pf_attn_kernel<DN, DR, DV>, grid, PF_T, C::SMEM, st, k);
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention T=%lld pos0=%lld heads %lld", (long long)a->n_tokens,
                 (long long)a->pos0, (long long)hg);
     return MLA_OK;
 }
 
 } // namespace
-
-extern "C" void mla_cuda_prefill_tune(int rows) {
-    MLA_ASSERT(rows == 0 || rows == 64 || rows == 128);
-    g_pf_rows = rows;
-}
 
 extern "C" size_t mla_cuda_prefill_work_bytes(int64_t keys, int64_t n_head, int64_t head_nope, int64_t head_v) {
     return (size_t)keys * (size_t)n_head * (size_t)(head_nope + head_v) * 2;

@@ -72,10 +72,6 @@ size_t mla_cuda_prefill_work_bytes(int64_t keys, int64_t n_head, int64_t head_no
  * decompression (two launches) then the attention (one), per group. MLA_OK, or MLA_ERR with the
  * CUDA error. Unsupported shapes and a work area short of one head are caller bugs (MLA_ASSERT). */
 int mla_cuda_prefill_attn(const mla_cuda_prefill_args *a, mla_cuda_stream stream, mla_err *e);
-/* For the op harness's timings: query rows a block of the attention, 128 (8 warps, one block an
- * SM) or 64 (4 warps, two an SM); 0 restores the choice by the grid (64 where 128-row blocks
- * would be fewer than two an SM). Process-wide; set it before launches. */
-void mla_cuda_prefill_tune(int rows);
 
 #ifdef __cplusplus
 }
