@@ -7,7 +7,8 @@
 #      K json_schema rows (ROWS, CONSTRAINED), the unconstrained rows' token gap, the wall time and
 #      the workers' own step time per (N, K), written to $OUT/structured-<family>.json and .md.
 # Input: .bundle90/ (scripts/gpu_carry.sh). Env: BUNDLE (.bundle90), FAMILY (v2lite), LAYERS (the
-# real count), ROWS (1,8,32), CONSTRAINED (0,1,4,8), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
+# real count), ROWS (1,8,32), CONSTRAINED (0,1,4,8), KINDS (json; json,sampled adds unconstrained
+# temperature-1 rows beside the free ones), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
 # MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS. A dry run without a GPU:
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu LAYERS=2 MKMODEL_ARGS=--small ROWS=1,2 \
 #   CONSTRAINED=0,1 TOKENS=8 scripts/gpu_structured.sh
@@ -37,7 +38,7 @@ done
 rc=0
 if [ -s "$D/port" ]; then
   python3 bench/structured_step.py --port "$(cat "$D/port")" --rows "${ROWS:-1,8,32}" \
-    --constrained "${CONSTRAINED:-0,1,4,8}" --tokens "${TOKENS:-128}" --json "$OUT/structured-$FAM.json" \
+    --constrained "${CONSTRAINED:-0,1,4,8}" --kinds "${KINDS:-json}" --tokens "${TOKENS:-128}" --json "$OUT/structured-$FAM.json" \
     >"$OUT/structured-$FAM.md" 2>&1 || rc=1
   cat "$OUT/structured-$FAM.md"
 else
