@@ -232,7 +232,9 @@ int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *
  * each layer as many indexer key rows (glm-dsa); the ops take the offset of one layer's rows
  * inside a block. Row j of a sequence: table[j / BS] + offset + (j % BS) * row elements. The
  * latent rows may be fp16 (mla_cuda_attn_args.kv_f16, mla_cuda_scatter_paged's dst_f16), their
- * offset and row length then counting halves from the block's base; indexer keys are floats. */
+ * offset and row length then counting halves from the block's base; the model's indexer keys are
+ * fp16 beside an fp16 latent cache (mla_cuda_dsa_scores_paged_h: offset in halves), else floats
+ * (mla_cuda_dsa_scores_paged). */
 #define MLA_CUDA_KV_BLOCK_LOG2 6
 #define MLA_CUDA_KV_BLOCK (1 << MLA_CUDA_KV_BLOCK_LOG2)
 /* Absorbed MLA attention, the meaning of mla_attn (kernels/mla_attn.h) with two extensions: q_pe
@@ -317,6 +319,23 @@ int mla_cuda_dsa_scores_paged(const float *d_q, const float *d_w, const float *c
 /* dsa_topk of row t over its d_pos[t] + 1 scores. */
 int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
                           int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
+/* The model's indexer cache holds fp16 keys: the same scores as mla_cuda_dsa_scores_paged over
+ * rows of head_dim halves at blk_off halves into each block (queries, weights and scores floats).
+ * head_dim 64 or 128 and up to 64 heads (key rows 16-byte aligned) run on the tensor cores
+ * (queries rounded to fp16, fp32 accumulation); other shapes on the CUDA cores. */
+int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
+                                const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
+                                int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
+/* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row, over many
+ * blocks a row (a radix select of three passes, then each chunk's ids at its offset), else
+ * mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
+ * more), device memory the op owns while it runs. */
+size_t mla_cuda_dsa_topk_work_bytes(int64_t T, int64_t ld);
+int mla_cuda_dsa_topk_paged(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
+                            void *d_work, int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
+/* For the op harness: 0 (default) chooses as above; 1 forces the block a row, 2 the many blocks.
+ * Process-wide, not thread-safe: set it before launches. */
+void mla_cuda_dsa_topk_path(int path);
 /* Cache writes of a step: row t of d_src (n floats at d_src + t * src_ld) goes to slot d_pos[t]
  * of token t's paged cache (block table d_blk_tok[t], rows of dst_ld elements at blk_off elements
  * into each block); elements are floats, or with dst_f16 halves (rounded to nearest). */

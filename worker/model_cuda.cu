@@ -126,7 +126,7 @@ struct mla_cmodel {
     int64_t cap_T, cap_keys, cap_out; /* cap_out: rows of logits */
     /* x2: the residual stream's second buffer (norm_h); cqr: q_a's output before its norm (cq) */
     float *x, *x2, *h, *y, *cq, *cqr, *q, *kva, *qabs, *ol, *o, *full, *part, *g, *u, *iq, *iw, *rl, *rw, *scores,
-        *attn_work, *logit_dev;
+        *attn_work, *logit_dev, *topk_work;
     size_t attn_work_floats;
     int32_t *tok, *rid, *sel, *nsel;
     void *moe_work;
@@ -433,8 +433,10 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         if (kf < 0) goto fail;
         m->kv_f16 = kf == 1;
     }
+    /* indexer keys: fp16 where the latent cache is ((idx_head_dim + 1) / 2 floats a row), else fp32 */
     m->blk_floats = (size_t)(cf->n_layer * MLA_CUDA_KV_BLOCK) *
-                    (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) + (cf->idx_n_head > 0 ? cf->idx_head_dim : 0));
+                    (size_t)((cf->kv_lora_rank + cf->n_rope) / (m->kv_f16 ? 2 : 1) +
+                             (cf->idx_n_head > 0 ? m->kv_f16 ? (cf->idx_head_dim + 1) / 2 : cf->idx_head_dim : 0));
     m->h0 = cf->n_head * m->rank / m->world;
     m->h1 = cf->n_head * (m->rank + 1) / m->world;
     m->Hl = m->h1 - m->h0;
@@ -559,7 +561,7 @@ static void free_scratch(mla_cmodel *m) {
     m->scratch_bytes = 0;
     void *ps[] = {m->x, m->x2, m->h, m->y, m->cq, m->cqr, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
-                  m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
+                  m->topk_work, m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
                   m->q8h, m->q8c};
     for (void *p : ps)
         if (p) cudaFree(p);
@@ -572,7 +574,7 @@ static void free_scratch(mla_cmodel *m) {
     m->dstep = m->hstep = nullptr;
     m->kvn = m->ikn = nullptr;
     m->x = m->x2 = m->h = m->y = m->cq = m->cqr = m->q = m->kva = m->qabs = m->ol = m->o = m->full = m->part = m->g = m->u = m->iq =
-        m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = nullptr;
+        m->iw = m->rl = m->rw = m->scores = m->attn_work = m->logit_dev = m->topk_work = nullptr;
     m->tok = m->rid = m->sel = m->nsel = nullptr;
     m->moe_work = nullptr;
     m->q8buf = m->xhbuf = m->q8h = m->q8c = nullptr;
@@ -813,6 +815,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     A(m->rid, T * K);
     A(m->sel, T * (c->idx_top_k > 0 ? c->idx_top_k : 1));
     A(m->nsel, T);
+    A(m->topk_work, c->idx_n_head > 0 ? mla_cuda_dsa_topk_work_bytes(T, keys) / 4 : 1);
     m->attn_work_floats = mla_cuda_attn_work_floats(T < 64 ? T : 64, Hl, KL, 32);
     CU(dmalloc(m, (void **)&m->attn_work, m->attn_work_floats * 4), "attention work");
     m->moe_work_bytes = c->n_expert > 0 ? mla_cuda_moe_work_bytes(T, K, E, c->n_ff_exp, X) : 16;
@@ -1149,9 +1152,11 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
     const int64_t Hl = m->Hl, dk = c->head_k, dn = c->head_nope, dr = c->n_rope, KL = c->kv_lora_rank, row = KL + dr;
     const int64_t ihd = c->idx_n_head > 0 ? c->idx_head_dim : 0;
     /* this layer's rows inside a block: kv rows of every layer first (kv_off in elements: halves
-     * with kv_f16), then indexer keys (ik_off in floats) */
+     * with kv_f16), then indexer keys (ik_off in elements: with kv_f16 the keys are fp16 too,
+     * the offset in halves) */
     const int64_t kv_off = il * MLA_CUDA_KV_BLOCK * row,
-                  ik_off = c->n_layer * MLA_CUDA_KV_BLOCK * row / (m->kv_f16 ? 2 : 1) + il * MLA_CUDA_KV_BLOCK * ihd;
+                  ik_off = (m->kv_f16 ? 2 * (c->n_layer * MLA_CUDA_KV_BLOCK * row / 2) : c->n_layer * MLA_CUDA_KV_BLOCK * row) +
+                           il * MLA_CUDA_KV_BLOCK * ihd;
     cudaStream_t st = m->st;
     const step_off so = step_layout(T);
     const int32_t *pos = (const int32_t *)(m->dstep + so.pos);
@@ -1196,14 +1201,19 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
             TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
         TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
         TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
-        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, 0, st, err));
+        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, m->kv_f16, st, err));
         if (select) {
             scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
             CU(cudaGetLastError(), "scale");
             TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
-            TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
-                                          m->scores, max_keys, st, err));
-            TRY(mla_cuda_dsa_topk_tok(m->scores, max_keys, T, pos, c->idx_top_k, m->sel, m->nsel, st, err));
+            if (m->kv_f16) /* fp16 keys on the tensor cores */
+                TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                                m->scores, max_keys, st, err));
+            else
+                TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                              m->scores, max_keys, st, err));
+            TRY(mla_cuda_dsa_topk_paged(m->scores, max_keys, T, pos, c->idx_top_k, m->topk_work, m->sel, m->nsel, st,
+                                        err));
             sel = m->sel;
         }
     }

@@ -12,7 +12,9 @@
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
  * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
- * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped). */
+ * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --dsa: only
+ * the DSA indexer the model runs (gpu_check_dsa.inc), with --quick its small set, each path
+ * timed beside the one it replaced. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -826,6 +828,7 @@ static void check_argmax(int64_t T, int64_t n) {
 }
 
 #include "tests/gpu/gpu_check_attn.inc"
+#include "tests/gpu/gpu_check_dsa.inc"
 
 /* The small-batch paths of one weight matrix at several token counts, weights made once: the
  * streamed GEMV (T <= 8), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
@@ -1145,7 +1148,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false;
+         gemvgrp = false, dsa_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1161,13 +1164,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--wgprof")) wg_prof = true; /* one timed run each: for a profiler */
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
+        else if (!strcmp(argv[i], "--dsa")) dsa_only = true; /* the DSA indexer, old vs new timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
         else if (!strcmp(argv[i], "--gemvt1")) gemvt = true, g_chain = 1, g_reps = 1; /* the same, once: for a profiler */
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--dsa] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1209,6 +1213,8 @@ int main(int argc, char **argv) {
         check_attn_all(true);
     } else if (attn1) {
         time_attn_decode1();
+    } else if (dsa_only) {
+        check_dsa_all(quick);
     } else if (fused_only) {
         check_fused_decode();
     } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
@@ -1353,6 +1359,7 @@ int main(int argc, char **argv) {
     check_argmax(8, 129280);
     check_argmax(1, 2048);
     check_attn_all(quick);
+    check_dsa_all(quick);
     } /* every op */
 
     /* table */
