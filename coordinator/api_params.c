@@ -71,6 +71,18 @@ static int get_num(const cJSON *root, const char *name, double lo, double hi, fl
     return MLA_OK;
 }
 
+/* A number in (lo, hi]: lo itself is refused (top_p 0 would keep no token). */
+static int get_num_open_lo(const cJSON *root, const char *name, double lo, double hi, float *out, api_error *e) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (is_null(j)) return MLA_OK;
+    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be a number", name);
+    double d = j->valuedouble;
+    if (!isfinite(d) || d <= lo || d > hi || (float)d <= (float)lo)
+        return bad(e, name, "'%s' must be in (%g, %g] (got %.17g)", name, lo, hi, d);
+    *out = (float)d;
+    return MLA_OK;
+}
+
 static int get_bool(const cJSON *root, const char *name, bool *out, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     if (is_null(j)) return MLA_OK;
@@ -352,20 +364,24 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
 
     sched_sampling *s = &p->sampling;
     if (get_num(root, "temperature", 0.0, 100.0, &s->temperature, e)) return MLA_ERR;
-    if (get_num(root, "top_p", 0.0, 1.0, &s->top_p, e)) return MLA_ERR;
-    if (s->top_p <= 0.0f) return bad(e, "top_p", "'top_p' must be in (0, 1]");
+    if (get_num_open_lo(root, "top_p", 0.0, 1.0, &s->top_p, e)) return MLA_ERR;
     if (get_int(root, "top_k", -1, INT32_MAX, &v, &has, e)) return MLA_ERR;
     if (has) s->top_k = v < 0 ? 0 : (int32_t)v;
     if (get_num(root, "min_p", 0.0, 1.0, &s->min_p, e)) return MLA_ERR;
     if (get_num(root, "presence_penalty", -2.0, 2.0, &s->presence_penalty, e)) return MLA_ERR;
     if (get_num(root, "frequency_penalty", -2.0, 2.0, &s->frequency_penalty, e)) return MLA_ERR;
-    if (get_num(root, "repetition_penalty", 0.0, 100.0, &s->repetition_penalty, e)) return MLA_ERR;
-    if (s->repetition_penalty <= 0.0f) return bad(e, "repetition_penalty", "'repetition_penalty' must be > 0");
+    if (get_num_open_lo(root, "repetition_penalty", 0.0, 100.0, &s->repetition_penalty, e)) return MLA_ERR;
+    /* A JSON number is read as a double, exact only up to 2^53: 9007199254740993 would be read as
+     * ...992, another seed than the one sent. Such seeds are refused, not rounded. */
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (!is_null(seed)) {
-        if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) ||
-            seed->valuedouble != floor(seed->valuedouble) || fabs(seed->valuedouble) > 9.2e18)
+        if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) || seed->valuedouble != floor(seed->valuedouble))
             return bad(e, "seed", "'seed' must be an integer");
+        if (fabs(seed->valuedouble) >= 9007199254740992.0)
+            return bad(e, "seed",
+                       "'seed' must be an integer of magnitude below 2^53 = 9007199254740992 (larger JSON numbers "
+                       "are not read exactly; got %.17g)",
+                       seed->valuedouble);
         s->seed = (uint64_t)(int64_t)seed->valuedouble;
         s->has_seed = true;
     }
@@ -403,7 +419,12 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (!is_null(so)) {
         if (!cJSON_IsObject(so)) return bad(e, "stream_options", "'stream_options' must be an object");
-        if (get_bool(so, "include_usage", &p->include_usage, e)) return MLA_ERR;
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
+        if (!is_null(iu)) {
+            if (!cJSON_IsBool(iu))
+                return bad(e, "stream_options", "'stream_options.include_usage' must be a boolean");
+            p->include_usage = cJSON_IsTrue(iu);
+        }
         const cJSON *it;
         cJSON_ArrayForEach(it, so) {
             if (it->string && strcmp(it->string, "include_usage"))
@@ -435,7 +456,8 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
         return bad(e, "max_tokens", "'max_tokens' must be between 1 and %d (got %d)", INT32_MAX, p->max_tokens);
     if (!in_range(s->temperature, 0.0, 100.0))
         return bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
-    if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f) return bad(e, "top_p", "'top_p' must be in (0, 1]");
+    if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f)
+        return bad(e, "top_p", "'top_p' must be in (0, 1] (got %g)", s->top_p);
     if (s->top_k < 0) return bad(e, "top_k", "'top_k' must be >= -1");
     if (!in_range(s->min_p, 0.0, 1.0)) return bad(e, "min_p", "'min_p' must be between 0 and 1 (got %g)", s->min_p);
     if (!in_range(s->presence_penalty, -2.0, 2.0))

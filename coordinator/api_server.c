@@ -870,6 +870,27 @@ static long json_str_bad_at(const char *b, size_t n, bool *nul) {
     return -1;
 }
 
+/* The byte at which the arrays and objects of a body (valid JSON or not) open a level deeper
+ * than cJSON parses (CJSON_NESTING_LIMIT), or -1: tells a body refused for its nesting from
+ * one that is not JSON. Brackets inside strings do not count. */
+static long json_too_deep_at(const char *b, size_t n) {
+    bool in = false;
+    long depth = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = b[i];
+        if (in) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in = false;
+        } else if (ch == '"') {
+            in = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > CJSON_NESTING_LIMIT) return (long)i;
+        } else if (ch == ']' || ch == '}') {
+            depth--;
+        }
+    }
+    return -1;
+}
 
 static int cmp_key(const void *x, const void *y) {
     return strcmp((*(const cJSON *const *)x)->string, (*(const cJSON *const *)y)->string);
@@ -917,7 +938,15 @@ static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt
 static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
-    if (!j) return refuse_body(a, c, NULL, "the request body is not valid JSON");
+    if (!j) {
+        long deep = json_too_deep_at(req->body, req->body_len);
+        if (deep >= 0)
+            return refuse_body(a, c, NULL,
+                               "the request body nests arrays and objects deeper than the limit of %d levels "
+                               "(at byte %ld)",
+                               CJSON_NESTING_LIMIT, deep);
+        return refuse_body(a, c, NULL, "the request body is not valid JSON");
+    }
     /* one JSON value and nothing after it but whitespace */
     const char *stop = req->body + req->body_len;
     while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;

@@ -173,6 +173,9 @@ static void on_watch(uv_timer_t *t) {
     } else if (!g_drain_cancelled && uv_now(t->loop) >= g_drain_deadline) {
         MLA_WARN("serve: drain timeout: failing the %d request(s) still in flight", api_server_inflight(g_api));
         api_server_cancel_all(g_api, "the server shut down before the request finished (drain timeout)");
+        /* a cancel takes effect between steps: a step that hangs would hold the exit back until
+         * --step-timeout-ms, so the step in flight is given up too */
+        if (g_coord) coord_abandon_step(g_coord, "the server shut down before the step finished (drain timeout)");
         g_drain_cancelled = 1;
     }
 }
@@ -194,7 +197,8 @@ static void on_signal(uv_signal_t *h, int signum) {
 static const char serve_usage[] =
     "usage: mlaserve serve -m MODEL.gguf [--tp N] [options]\n"
     "OpenAI-compatible HTTP server (and optionally the gRPC API) over N worker processes.\n"
-    "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds.\n";
+    "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds\n"
+    "(then they fail, and a step still running is given up).\n";
 
 /* The first line of a key file (without the line end); NULL with err set. */
 static char *read_key_file(const char *path, mla_err *err) {

@@ -137,7 +137,7 @@ static int group_launch(coord *c, mla_err *err) {
     memset(c->ranks, 0, sizeof c->ranks);
     pthread_mutex_unlock(&c->mu);
     c->state = ST_STARTING;
-    c->no_restart = 0;
+    c->no_restart = atomic_load(&c->abandon); /* a group started during a shutdown stays down */
     c->fail_msg[0] = '\0';
     c->n_vocab = 0;
     c->inflight = 0;
@@ -253,6 +253,16 @@ int coord_gave_up(coord *c) {
     int r = c->gave_up;
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+void coord_abandon_step(coord *c, const char *why) {
+    pthread_mutex_lock(&c->mu);
+    if (!atomic_load(&c->abandon)) {
+        snprintf(c->abandon_msg, sizeof c->abandon_msg, "%s", why);
+        c->no_restart = 1; /* a shutdown: the supervisor leaves the failure as it is */
+        atomic_store(&c->abandon, 1);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 int coord_failed_for_good(coord *c) {

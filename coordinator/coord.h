@@ -185,6 +185,11 @@ int coord_restarts(coord *c);
 int coord_failed_for_good(coord *c);
 /* 1 when restarting the group was given up (max_restarts in a row without a good step). */
 int coord_gave_up(coord *c);
+/* For a shutdown that will not wait for a step that may hang (the end of a drain): the step in
+ * flight, or the next one, fails at once with the message why (copied), which fails the group
+ * without a restart. The caller waiting in coord_step gets the error within a poll tick (10 ms)
+ * instead of after step_timeout_ms. Any thread. */
+void coord_abandon_step(coord *c, const char *why);
 
 /* Where the group is: loading (the first start), ready, failed during the first start, failed
  * later, or restarting. */

@@ -36,6 +36,10 @@ void coord_supervise(coord *c, int64_t t) {
     int st = c->state;
     pthread_mutex_unlock(&c->mu);
     if (st != ST_STARTING && st != ST_READY) return;
+    if (c->inflight && atomic_load(&c->abandon)) { /* coord_abandon_step: written before the flag */
+        coord_group_fail(c, "%s", c->abandon_msg);
+        return;
+    }
     if (c->inflight && c->cfg.step_timeout_ms > 0 && t - c->inflight_since > c->cfg.step_timeout_ms) {
         coord_group_fail(c, "%s %" PRIu64 " did not finish within %d ms (a worker hangs or is too slow; see --step-timeout-ms)",
                    c->inflight_bench ? "bench request" : "step", c->inflight_step, c->cfg.step_timeout_ms);

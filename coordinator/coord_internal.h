@@ -81,6 +81,9 @@ struct coord {
     int64_t fail_at;  /* when the group last failed (ms, now_ms) */
     _Atomic int64_t stall_at; /* when the I/O thread last found the process had stalled */
     _Atomic int consecutive_restarts; /* since the last successful step */
+    /* coord_abandon_step: set once (the message first, under mu), read by the I/O thread */
+    _Atomic int abandon;
+    char abandon_msg[256];
     /* I/O thread only: the step or bench request in flight (one at a time) */
     int inflight;
     int inflight_bench;   /* 1: a Bench request (answered by every rank), 0: a step */

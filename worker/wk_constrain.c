@@ -109,7 +109,7 @@ static int hexd(uint8_t c) {
 int wk_constrain_vocab_from_gguf(gram_vocab **out, const char *model_path, uint32_t n_vocab, mla_err *err) {
     *out = NULL;
     gguf_ctx *g;
-    if (gguf_open(&g, model_path, err)) return mla_err_prefix(err, "structured output: ");
+    if (gguf_open(&g, model_path, err)) return mla_err_prefix(err, "structured output");
     gguf_str model;
     const gguf_value *toks, *types = NULL;
     int rc = gguf_get_str(g, "tokenizer.ggml.model", &model, err);
@@ -235,7 +235,7 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
             if (gram_parse(&r->g, sp->grammar, strlen(sp->grammar), err) ||
                 gram_match_new(&r->m, r->g, err)) {
                 wk_constrain_drop(c, s->seq_id);
-                mla_err_prefix(err, "sequence %" PRIu64 ": ", s->seq_id);
+                mla_err_prefix(err, "sequence %" PRIu64, s->seq_id);
                 return NULL;
             }
         }

@@ -3,7 +3,10 @@
 #include "wk_internal.h"
 #include "curve.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -74,31 +77,27 @@ out:
     return rc;
 }
 
-int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_reply *reply, mla_err *err) {
-    uint64_t hash = 0;
-    if (cfg->engine->model_hash(cfg->model_path, &hash, err))
-        return mla_err_prefix(err, "model %s", cfg->model_path);
-    wire_msg m;
-    memset(&m, 0, sizeof m);
-    m.kind = WIRE_REGISTER;
-    m.u.reg.rank = (uint32_t)cfg->rank;
-    m.u.reg.world = (uint32_t)cfg->world;
-    m.u.reg.protocol_version = cfg->protocol_version ? cfg->protocol_version : WIRE_VERSION;
-    m.u.reg.model_hash = hash;
-    m.u.reg.pid = (int32_t)getpid();
-    if (gethostname(m.u.reg.host, sizeof m.u.reg.host - 1) != 0) strcpy(m.u.reg.host, "?");
-    for (char *p = m.u.reg.host; *p; p++)
-        if ((unsigned char)*p < 0x20) *p = '?';
-    snprintf(m.u.reg.device, sizeof m.u.reg.device, "%s", cfg->device ? cfg->device : "cpu");
-    if (wk_send_msg(dealer, &m, err)) return MLA_ERR;
-    int64_t deadline = wk_now_ms() + (cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000);
+/* Sends the encoded Register (buf, n) and waits for the reply, watching the monitor, until
+ * deadline. The send does not block: when a handshake fails (a refused key, a mechanism
+ * mismatch) before the message left, libzmq drops the connection's pipe, and a blocking send on
+ * a DEALER without a pipe would wait for ever, past the deadline and the monitor's report. */
+static int register_exchange(const wk_config *cfg, void *dealer, void *mon, const uint8_t *buf, size_t n,
+                             int64_t deadline, wire_register_reply *reply, mla_err *err) {
     int n_proto = 0;
+    bool sent = false;
     for (;;) {
+        if (!sent) {
+            if (zmq_send(dealer, buf, n, ZMQ_DONTWAIT) >= 0) sent = true;
+            else if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
+                return mla_errf(err, "zmq send: %s", zmq_strerror(zmq_errno()));
+        }
         int64_t left = deadline - wk_now_ms();
         if (left <= 0)
-            return mla_errf(err, "no answer from the coordinator at %s to the registration",
+            return mla_errf(err, sent ? "no answer from the coordinator at %s to the registration"
+                                      : "no connection to the coordinator at %s to send the registration over",
                             cfg->coord_endpoint);
-        zmq_pollitem_t it[2] = {{dealer, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        /* unsent: wait for room to send (a pipe), else for the reply */
+        zmq_pollitem_t it[2] = {{dealer, 0, (short)(sent ? ZMQ_POLLIN : ZMQ_POLLOUT), 0}, {mon, 0, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(it, mon ? 2 : 1, (long)left);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
@@ -109,7 +108,7 @@ int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_
             int mrc = check_monitor(mon, &n_proto, err);
             if (mrc) return mrc;
         }
-        if (!(it[0].revents & ZMQ_POLLIN)) continue;
+        if (!sent || !(it[0].revents & ZMQ_POLLIN)) continue;
         zmq_msg_t zm;
         zmq_msg_init(&zm);
         if (zmq_msg_recv(&zm, dealer, 0) < 0) {
@@ -135,4 +134,29 @@ int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_
         }
         return MLA_OK;
     }
+}
+
+int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_reply *reply, mla_err *err) {
+    uint64_t hash = 0;
+    if (cfg->engine->model_hash(cfg->model_path, &hash, err))
+        return mla_err_prefix(err, "model %s", cfg->model_path);
+    wire_msg m;
+    memset(&m, 0, sizeof m);
+    m.kind = WIRE_REGISTER;
+    m.u.reg.rank = (uint32_t)cfg->rank;
+    m.u.reg.world = (uint32_t)cfg->world;
+    m.u.reg.protocol_version = cfg->protocol_version ? cfg->protocol_version : WIRE_VERSION;
+    m.u.reg.model_hash = hash;
+    m.u.reg.pid = (int32_t)getpid();
+    if (gethostname(m.u.reg.host, sizeof m.u.reg.host - 1) != 0) strcpy(m.u.reg.host, "?");
+    for (char *p = m.u.reg.host; *p; p++)
+        if ((unsigned char)*p < 0x20) *p = '?';
+    snprintf(m.u.reg.device, sizeof m.u.reg.device, "%s", cfg->device ? cfg->device : "cpu");
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
+    int64_t deadline = wk_now_ms() + (cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000);
+    int rc = register_exchange(cfg, dealer, mon, buf, n, deadline, reply, err);
+    free(buf);
+    return rc;
 }

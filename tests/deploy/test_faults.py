@@ -6,7 +6,8 @@
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
   drain    SIGTERM: new requests 503, the in-flight one completes, exit 0; with a short
-           --drain-timeout the in-flight one fails with the drain message, exit 0
+           --drain-timeout the in-flight one fails with the drain message, exit 0, also when
+           its step hangs (given up at the drain timeout, not the step timeout)
   bounds   --max-body, prompt length, max_tokens, --max-conns, --max-queue
 Usage: test_faults.py MLASERVE WORKER FIXTURES CASE"""
 import json
@@ -146,6 +147,37 @@ def case_drain():
         check(b"drain timeout" in rest, "drain timeout: the in-flight request failed with the reason", rest[-300:])
         srv.proc.wait(30)
         check(srv.proc.returncode == 0, "drain timeout: exit 0")
+    finally:
+        srv.stop(signal.SIGKILL)
+    # a step that hangs (every step sleeps 600 s; --step-timeout-ms at its default, 600 s): the
+    # drain still ends after --drain-timeout, the step given up, rather than after the step timeout
+    srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "1"], {"MLA_WORKER_STEP_DELAY_MS": "600000"}, worker)
+    try:
+        res = {}
+
+        def call():
+            try:
+                res["r"] = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=90)
+            except Exception as e:  # noqa: BLE001
+                res["r"] = (None, repr(e).encode())
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+
+        def running():
+            st, d = srv.get("/metrics")
+            return st == 200 and any(line.startswith(b"mlaserve_num_requests_running") and line.endswith(b" 1")
+                                     for line in d.splitlines())
+        check(wait_for(running, 30, 0.1), "hung step: the request is in the running batch")
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.proc.wait(60)  # the hung step alone would hold it for 600 s
+        except Exception:  # noqa: BLE001
+            rc = None
+        check(rc == 0, "hung step: SIGTERM exits 0 after the drain timeout (exit status %r)" % rc, srv.tail(1500))
+        th.join(30)
+        st, body = res.get("r", (None, b""))
+        check(st == 500 and b"drain timeout" in body, "hung step: the request failed naming the drain timeout",
+              (st, body[:300]))
     finally:
         srv.stop(signal.SIGKILL)
 

@@ -136,6 +136,20 @@ CASES = [
      {"content": None, "reasoning": "Need the weather.",
       "calls": [("*", "function", "get_weather", {"city": "Paris", "days": 3}), ("*", "function", "get_time", {})]},
      "tool_calls"),
+    # GLM-5: the generation prompt opens <think> itself, calls in the compact form (no newlines)
+    ("glm-5 thinking: the prompt opens <think>", "glm-5.jinja", [],
+     "Weigh it.</think>Four.", {},
+     {"content": "Four.", "reasoning": "Weigh it.", "calls": []}, "stop"),
+    ("glm-5 thinking off", "glm-5.jinja", [],
+     "Four <think>x</think>", {"chat_template_kwargs": {"enable_thinking": False}},
+     {"content": "Four <think>x</think>", "reasoning": None, "calls": []}, "stop"),
+    ("glm-5 tool calls", "glm-5.jinja", [],
+     "Need the weather.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+     "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call><tool_call>get_time</tool_call>",
+     {"tools": [WEATHER, TIME]},
+     {"content": None, "reasoning": "Need the weather.",
+      "calls": [("*", "function", "get_weather", {"city": "Paris", "days": 3}), ("*", "function", "get_time", {})]},
+     "tool_calls"),
     ("glm-4.5 compact tool call (string typed as declared)", "glm-4.5.jinja", [],
      "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>42</arg_value>"
      "<arg_key>units</arg_key><arg_value>metric</arg_value></tool_call>",

@@ -179,12 +179,17 @@ def test_stops(port):
 
 
 def test_errors(port):
-    def err(body, status, what, raw=False, path="/v1/completions", param=None):
+    def err(body, status, what, raw=False, path="/v1/completions", param=None, says=()):
         st, j, data, _ = post(port, path, body)
         check(st == status, "%s: status %d (got %d: %r)" % (what, status, st, data[:200]))
         is_error_shape(j, what)
         if param:
             check(j["error"]["param"] == param, "%s: param %r" % (what, j["error"]["param"]))
+        for needle in (says,) if isinstance(says, str) else says:
+            check(isinstance(j, dict) and needle in j.get("error", {}).get("message", ""),
+                  "%s: the message says %r (%r)" % (what, needle, data[:300]))
+        check(not isinstance(j, dict) or ": :" not in j.get("error", {}).get("message", ""),
+              "%s: one separator between the parts of the message (%r)" % (what, data[:300]))
     err(b"{not json", 400, "bad JSON")
     err(b"", 400, "empty body")
     err([1, 2], 400, "non-object body")
@@ -195,7 +200,26 @@ def test_errors(port):
     err({"prompt": 5}, 400, "prompt type", param="prompt")
     err({"prompt": ["a", "b"]}, 400, "two prompts", param="prompt")
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
-    err({"prompt": "x", "top_p": 0}, 400, "top_p 0", param="top_p")
+    err({"prompt": "x", "top_p": 0}, 400, "top_p 0", param="top_p", says="(0, 1]")
+    err({"prompt": "x", "top_p": 1.5}, 400, "top_p 1.5", param="top_p", says=("(0, 1]", "got 1.5"))
+    err({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty 0", param="repetition_penalty",
+        says="(0, 100]")
+    # seeds: a JSON number past 2^53 is not read exactly (9007199254740993 reads as ...992), so
+    # it is refused by name rather than silently becoming another seed
+    for raw in (b"9007199254740992", b"9007199254740993", b"-9007199254740993", b"1e300"):
+        err(b'{"prompt": "x", "max_tokens": 1, "seed": ' + raw + b"}", 400, "seed %s" % raw.decode(), param="seed",
+            says="2^53")
+    err({"prompt": "x", "seed": 1.5}, 400, "fractional seed", param="seed", says="'seed' must be an integer")
+    for seed in (2**53 - 1, -(2**53 - 1), 0):
+        st, j, data, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": seed})
+        check(st == 200, "seed %d accepted (%d %r)" % (seed, st, data[:200]))
+    err({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}, 400,
+        "stream_options.include_usage type", param="stream_options", says="'stream_options.include_usage'")
+    # nesting past the parser's limit (1000 levels) is named as such, not "not valid JSON"
+    deep = b'{"prompt": "x", "stop": ' + b"[" * 1200 + b"]" * 1200 + b"}"
+    err(deep, 400, "nesting past the limit", says=("deeper than the limit of 1000 levels", "at byte 1023"))
+    err(b'{"prompt": "x", "stop": "[[[[", "max_tokens": }', 400, "brackets in strings are no nesting",
+        says="not valid JSON")
     err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
     err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
     err({"prompt": "x", "model": "other"}, 404, "unknown model", param="model")

@@ -44,6 +44,11 @@ def healthy(srv):
         return False
 
 
+def restarted(srv, k):
+    """The k-th restart of the worker group is done (coordinator/coord_health.c logs it)."""
+    return "worker group restarted (restart %d)" % k in srv.text()
+
+
 def complete(srv):
     st, data = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": 3, "temperature": 0}, timeout=60)
     return st
@@ -69,15 +74,18 @@ def test_stall():
             sock = os.path.join(d, "ctrl.sock")
             check(os.path.exists(sock) and stat.S_IMODE(os.stat(sock).st_mode) == 0o600, "the socket is mode 0600")
         # the coordinator stands still past the heartbeat timeout: the workers exit; it must
-        # recover (restart them) rather than answer 503 forever
+        # recover (restart them) rather than answer 503 forever. Right after SIGCONT /health may
+        # still say 200 (the HTTP thread can answer before the I/O thread has seen the workers'
+        # exits), so recovery is the restart's log line, then health.
         stall(srv, 3.5)
-        ok = wait_for(lambda: healthy(srv), 60, step=0.3)
-        check(ok, "healthy again after the coordinator stood still\n" + srv.tail(3000))
-        check(ok and complete(srv) == 200, "a completion after the recovery")
+        ok = wait_for(lambda: restarted(srv, 1) and healthy(srv), 60, step=0.3)
+        check(ok, "healthy again after the coordinator stood still (restart 1)\n" + srv.tail(3000))
+        check(ok and complete(srv) == 200, "a completion after the recovery\n" + srv.tail(3000))
         check("stood still" in srv.text(), "the stall is logged")
         # with restarts given up (--max-restarts 1, two stalls without a step between) it exits 1
         stall(srv, 3.5)
-        wait_for(lambda: healthy(srv), 60, step=0.3)
+        ok = wait_for(lambda: restarted(srv, 2) and healthy(srv), 60, step=0.3)
+        check(ok, "healthy again after the second stall (restart 2)\n" + srv.tail(3000))
         stall(srv, 3.5)
         try:
             rc = srv.proc.wait(timeout=60)

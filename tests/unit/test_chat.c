@@ -6,11 +6,15 @@
  *   tokenized, gives exactly the HF ids of ref.json; plain prompts are the template's prefix +
  *   the text;
  * - the released templates in DATA_DIR/cases.json render to the hand-derived expected text;
- * - the built-in templates, the fallback on unsupported features, and error reporting. */
+ * - the built-in templates, the fallback on unsupported features, and error reporting;
+ * - GLM-5's released template (DATA_DIR/glm-5.jinja): the built-in glm template renders as it
+ *   does, and the reasoning and tool-call parsers it selects are GLM's. */
 #include "unit/mla_test.h"
 
 #include "coordinator/chat.h"
 #include "coordinator/chat_jinja.h"
+#include "coordinator/chat_reasoning.h"
+#include "coordinator/chat_toolcall.h"
 #include "tok/tok_fixture.h"
 
 static int render_mode(const char *tfile, const char *vfile) {
@@ -272,6 +276,32 @@ static void run_builtin_and_errors(void) {
     CHECK(chat_family_guess(NULL, "glm4") == CHAT_FAMILY_GLM);
 }
 
+static void run_glm5(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/glm-5.jinja", dir);
+    size_t tl;
+    char *src = tf_read_file(path, &tl);
+    REQUIRE(src);
+    CHECK(reasoning_auto(src) == REASONING_GLM);
+    CHECK(toolcall_auto(src) == TOOLCALL_GLM);
+    /* what the built-in glm template stands in for (chat_tmpl_new's fallback) */
+    const chat_msg convs[][4] = {{{"system", "S"}, {"user", "hi"}, {"assistant", "yo"}, {"user", "q"}},
+                                 {{"user", "q"}, {0}, {0}, {0}}};
+    const size_t lens[] = {4, 1};
+    mla_err err = {{0}};
+    for (size_t k = 0; k < 2; k++)
+        for (int gen = 0; gen < 2; gen++) {
+            char *a = NULL, *b = NULL;
+            REQUIRE(chat_render(src, convs[k], lens[k], gen, "", "", &a, &err) == MLA_OK);
+            REQUIRE(chat_render_builtin(CHAT_FAMILY_GLM, convs[k], lens[k], gen, NULL, NULL, &b, &err) == MLA_OK);
+            CHECKF(!strcmp(a, b), "glm-5.jinja against the built-in glm (conversation %zu, generation prompt %d):\n"
+                                  " jinja    \"%s\"\n built-in \"%s\"", k, gen, a, b);
+            free(a);
+            free(b);
+        }
+    free(src);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "--render")) return render_mode(argv[2], argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "--render-batch")) return render_batch_mode(argv[2]);
@@ -295,6 +325,7 @@ int main(int argc, char **argv) {
     free(bos);
     free(eos);
     run_cases(argv[3]);
+    run_glm5(argv[3]);
     run_builtin_and_errors();
 #ifdef MLA_TOK_HAVE_GGUF
     if (argc >= 5) {

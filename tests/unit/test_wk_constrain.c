@@ -2,7 +2,7 @@
  * would run) equal, step by step, those that wk_constrain_row computes alone, for several
  * constrained rows of different grammars advancing together, a row that is not sampled in a step,
  * a row whose grammar does not parse (reported by wk_constrain_row, the others unaffected), and
- * logit biases. The tokens each row takes are chosen from its own mask, so every step walks a
+ * logit biases, and the errors' wording. The tokens each row takes are chosen from its own mask, so every step walks a
  * new grammar state. */
 #include <stdint.h>
 #include <string.h>
@@ -85,7 +85,8 @@ int main(void) {
             int ra = wk_constrain_row(a, &seqs[i], &ma, &ea), rb = wk_constrain_row(b, &seqs[i], &mb, &eb);
             CHECKF(ra == rb, "step %d row %d: %d against %d", step, i, ra, rb);
             if (i == 4) { /* the grammar that does not parse: reported by both, each step */
-                CHECK(ra == MLA_ERR && strstr(ea.msg, "sequence 104") != NULL);
+                CHECK(ra == MLA_ERR && !strncmp(ea.msg, "sequence 104: ", 14));
+                CHECKF(!strstr(ea.msg, ": :"), "one separator after the prefix: %s", ea.msg);
                 CHECK(!strcmp(ea.msg, eb.msg));
                 continue;
             }
@@ -105,6 +106,12 @@ int main(void) {
         for (int i = 0; i < ROWS; i++) pos[i] = 5 + step; /* the token chosen above, taken next step */
     }
     CHECK(steps_checked >= 40);
+    {   /* the vocabulary of a model that cannot be read: the reason after one separator */
+        gram_vocab *gv = NULL;
+        mla_err e = {{0}};
+        CHECK(wk_constrain_vocab_from_gguf(&gv, "/nonexistent/model.gguf", V, &e) == MLA_ERR && !gv);
+        CHECKF(!strncmp(e.msg, "structured output: ", 19) && !strstr(e.msg, ": :"), "%s", e.msg);
+    }
     wk_constrain_free(a);
     wk_constrain_free(b);
     return mla_test_finish();
