@@ -5,8 +5,9 @@ runs a step ahead after each step).
 The same requests, sent all at once and streamed, to a server with `--step-ahead off` and to one
 with the step ahead on (the default; sync on this backend): greedy rows beside temperature-1
 seeded rows, json_schema rows (greedy and seeded), logit_bias, repetition and presence penalties,
-logprobs. Every streamed answer (its text, its finish reason, and where asked its tokens' logprobs)
-must be the same on both servers; the worker with the step ahead must report rows that a plan took
+logprobs. Every streamed answer (its text, its finish reason, and where asked its tokens' logprobs:
+on CUDA within 1e-3, since a row's logits there follow the batch it shares a step with) must be the
+same on both servers; the worker with the step ahead must report rows that a plan took
 from it while every batch held host-sampled rows, the one without none.
 Usage: test_ahead_host.py SERVE_EXE WORKER_EXE FIXTURES_DIR|MODEL.gguf [TP [BACKEND]]: SERVE_EXE is
 `mlaserve` (its `serve` command) or a program that serves (mlaserve_serve_test); BACKEND (cpu) goes
@@ -113,8 +114,14 @@ for i, (path, body) in enumerate(rs):
     check(a is not None and a[0] == 200, "request %d without the step ahead: %r" % (i, a))
     check(b is not None and b[0] == 200, "request %d with the step ahead: %r" % (i, b))
     if a and b and a[0] == 200 and b[0] == 200:
-        check(a[1:] == b[1:], "request %d (%s) is the same with the step ahead: %r vs %r" % (i, json.dumps(body)[:120],
-                                                                                           a[1:], b[1:]))
+        # CUDA: a row's logits depend on the rows that share its step (the GEMV's tiles and splits
+        # follow the batch size), and which rows share a step depends on timing in either mode, so
+        # logprobs agree to 1e-3 there; the text, chosen from them, must be the same
+        same = a[1:3] == b[1:3] and (a[3] == b[3] if backend in (None, "cpu") else
+                                     (a[3] is None) == (b[3] is None) and len(a[3] or []) == len(b[3] or []) and
+                                     all(abs(x - y) <= 1e-3 for x, y in zip(a[3] or [], b[3] or [])))
+        check(same, "request %d (%s) is the same with the step ahead: %r vs %r" % (i, json.dumps(body)[:120],
+                                                                                 a[1:], b[1:]))
         if "logprobs" in body:
             check(a[3] is not None and len(a[3]) > 0, "request %d streamed its logprobs" % i)
 check(stats["off"] is None or stats["off"][0] == 0, "no step ahead with --step-ahead off: %r" % (stats["off"],))
