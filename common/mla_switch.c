@@ -76,6 +76,10 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
      "CUDA prompt steps of one sequence from this many tokens take the non-absorbed attention (the GPU "
      "checks lower it to run the fixtures through it)",
      true},
+    {MLA_SW_SCHED_HOLD, "MLA_SCHED_HOLD", MLA_SWT_INT, "0", 0, 1 << 20, NULL,
+     "tests: mlaserve serve runs no step until this many requests have arrived, so that a burst "
+     "meets the scheduler as one (0: none)",
+     true},
 };
 
 /* MLA_* names read by the build and the test scripts, not by the programs: they may be set */

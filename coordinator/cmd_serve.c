@@ -15,6 +15,7 @@
 #include "common/gguf.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/mla_switch.h"
 #include "common/opts.h"
 #include "coordinator/api_server.h"
 #include "coordinator/chat.h"
@@ -473,6 +474,7 @@ int cmd_serve(int argc, char **argv) {
     g_sc = (sched_config){.prefix_cache = !no_prefix_cache, .decode_lookahead = true,
                           .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
                           .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
+                          .hold_until = (int32_t)mla_sw_int(MLA_SW_SCHED_HOLD),
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
     g_be = serve_adapt_backend(&S);
     hc.early = api_server_early;

@@ -87,6 +87,7 @@ struct sched {
     int32_t lru_head, lru_tail, n_lru;
     int n_cancel_pending;
     sched_stats st;
+    int32_t hold; /* cfg.hold_until until that many requests have been submitted, then 0 */
     /* step scratch, reused */
     sched_plan_seq *plan;
     sreq **plan_req;
@@ -126,6 +127,9 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
                              "and max_context must be positive (got %d %d %d %d %d %d)",
                         cfg->block_size, cfg->n_blocks, cfg->max_seqs, cfg->max_step_tokens,
                         cfg->max_queue, cfg->max_context);
+    if (cfg->hold_until < 0 || cfg->hold_until > cfg->max_queue)
+        return mla_errf(err, "sched: hold_until %d outside 0..max_queue (%d)", cfg->hold_until,
+                        cfg->max_queue);
     if (!be || !be->run_step) return mla_errf(err, "sched: backend without run_step");
     sched *s = mla_xcalloc(1, sizeof(*s));
     s->cfg = *cfg;
@@ -133,6 +137,7 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
+    s->hold = cfg->hold_until;
     s->free_blocks = mla_xmalloc((size_t)cfg->n_blocks * sizeof(int32_t));
     /* pop from the end: hand out low ids first */
     for (int32_t i = 0; i < cfg->n_blocks; i++) s->free_blocks[i] = cfg->n_blocks - 1 - i;
@@ -582,9 +587,15 @@ static bool is_stop_token(const sched *s, const sreq *q, int32_t tok) {
     return false;
 }
 
+/* cfg.hold_until: fewer requests than that submitted so far (ids count them). */
+static bool held(const sched *s) { return s->hold > 0 && s->next_id - 1 < (uint64_t)s->hold; }
+
 /* Builds the plan; returns the number of entries. */
 static int build_plan(sched *s, int32_t *n_tokens_out) {
     int n = 0;
+    *n_tokens_out = 0;
+    if (held(s)) return 0;
+    s->hold = 0;
     int32_t budget = s->cfg.max_step_tokens;
     /* running sequences, oldest first */
     for (int i = 0; i < s->running.n && budget > 0 && n < s->cfg.max_seqs; i++) {
@@ -756,7 +767,8 @@ static void *sched_thread(void *arg) {
     sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->waiting.n == 0 && s->running.n == 0 && !s->n_cancel_pending)
+        while (!s->stopping && (s->waiting.n == 0 || held(s)) && s->running.n == 0 &&
+               !s->n_cancel_pending)
             pthread_cond_wait(&s->cv, &s->mu);
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);

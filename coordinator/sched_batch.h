@@ -183,6 +183,10 @@ typedef struct sched_config {
      * after it when one can be had without preempting, so that a worker can run the next decode
      * step before the plan for it arrives (worker/wk_ahead.h) */
     bool decode_lookahead;
+    /* > 0: no step runs until this many requests have been submitted, so that a burst meets the
+     * first plan as one whatever the submitters' timing (tests: MLA_SCHED_HOLD); from then on it
+     * no longer applies. 0: none. At most max_queue. */
+    int32_t hold_until;
     /* Tokens that end generation for every request (EOS etc.) besides its own stop ids. */
     bool (*is_eog)(void *eog_ctx, int32_t token);
     void *eog_ctx;

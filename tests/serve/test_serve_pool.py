@@ -4,11 +4,13 @@ Server B has the default pool, one-shot prefill and no prefix cache; server A a 
 blocks (--kv-memory: BLOCKS x the block bytes B reports), 8 sequences a step, prompts prefilled in
 chunks of 32 tokens and the prefix cache on. 64 greedy completions whose prompts share prefixes (4
 bases) are sent to each all at once: A must preempt and evict, and every answer (text and token
-logprobs) must equal B's. Then, on A: a request longer than the whole pool is a 400 naming its
+logprobs) must equal B's. A runs no step until all 64 have arrived (MLA_SCHED_HOLD, a developer
+switch): on a loaded host the clients' requests can come spread out enough that the pool never
+fills, so without the hold whether A is pressured would depend on the host's speed. Then, on A: a request longer than the whole pool is a 400 naming its
 length and the capacity, and /metrics shows preemptions, prefix-cache hits and the pool.
 Usage: test_serve_pool.py SERVE_EXE WORKER_EXE FIXTURES_DIR [BLOCKS (12)] [LOGPROB_TOL (1e-5)]
-[REPEATS (2): a prompt holds its base 1..REPEATS times] [MIN_TOKENS (4): max_tokens from MIN_TOKENS to
-MIN_TOKENS + 6]; MLASERVE_TEST_SERVE_ARGS adds arguments to both
+[REPEATS (2): a prompt holds its base 1..REPEATS times] [MIN_TOKENS (8): max_tokens from MIN_TOKENS to
+MIN_TOKENS + 6: outputs long enough that 8 sequences at once outgrow the pool]; MLASERVE_TEST_SERVE_ARGS adds arguments to both
 servers (e.g. --backend cuda: blocks of 64 positions, so BLOCKS 6, REPEATS 8 and MIN_TOKENS 70 for
 sequences that cross blocks, and LOGPROB_TOL 2e-2: other batch shapes take other kernels there). Exit 77 when the fixture is
 missing."""
@@ -24,7 +26,7 @@ exe, worker, fixtures = sys.argv[1], sys.argv[2], sys.argv[3]
 blocks = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 tol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-5
 repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
-min_tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 4
+min_tokens = int(sys.argv[7]) if len(sys.argv) > 7 else 8
 extra = os.environ.get("MLASERVE_TEST_SERVE_ARGS", "").split()
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
 if not os.path.exists(model):
@@ -72,7 +74,8 @@ try:
     print("blocks of %d positions, %d bytes: pool A %d blocks = %d positions" % (bsize, bbytes, blocks, cap))
     small = ServeProcess([exe, "-m", model, "--port", "0"],
                          common + ["--kv-memory", str(blocks * bbytes), "--max-seqs", "8", "--max-prefill-tokens", "32"],
-                         worker=worker, timeout=120, prefix="serve_pool_a_")
+                         worker=worker, timeout=120, prefix="serve_pool_a_",
+                         env={"MLA_SCHED_HOLD": str(len(reqs))})
     ra, rb = run_all(small.port), run_all(big.port)
     same = 0
     for i in range(len(reqs)):

@@ -1411,6 +1411,71 @@ static void test_threaded(void) {
     fake_backend_free(fb);
 }
 
+/* hold_until: no step runs, on a caller's steps or the scheduler's thread, until that many
+ * requests have been submitted; then the burst is planned as one (the serve_pool_pressure test
+ * relies on it for a pool under pressure whatever the clients' timing); a value past max_queue
+ * is refused. */
+static void test_hold(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = base_cfg(&w);
+    fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .eos_period = 40,
+                      .fail_at_step = -1};
+    fake_backend *fb = fake_backend_new(&fc);
+    sched_backend be;
+    fake_backend_bind(fb, &be);
+    sched *s;
+    mla_err err;
+    sched_config bad = cfg;
+    bad.hold_until = cfg.max_queue + 1;
+    CHECK(sched_init(&s, &bad, &be, &err) != MLA_OK && strstr(err.msg, "hold_until"));
+    cfg.hold_until = 4;
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    static job jobs[4];
+    for (int i = 0; i < 4; i++) random_job(&jobs[i], 8, 8);
+    for (int i = 0; i < 3; i++) {
+        REQUIRE(submit_job(s, &jobs[i], i, 0, NULL) == SCHED_E_OK);
+        CHECKF(sched_step(s) == 0, "held with %d of 4 requests", i + 1);
+    }
+    sched_stats st;
+    sched_get_stats(s, &st);
+    CHECK(st.steps == 0 && st.waiting == 3 && st.running == 0);
+    REQUIRE(submit_job(s, &jobs[3], 3, 0, NULL) == SCHED_E_OK);
+    REQUIRE(sched_step(s) == 1);
+    sched_get_stats(s, &st);
+    fake_stats fs;
+    fake_backend_stats(fb, &fs);
+    CHECKF(st.waiting == 0 && fs.max_batch_seqs == 4, "the first step plans the burst (%d sequences)",
+           (int)fs.max_batch_seqs);
+    for (int i = 0; i < 1000 && sched_step(s); i++) {}
+    check_against_reference(&w, jobs, 4, cfg.max_context, fc.eos_period);
+    sched_free(s);
+    fake_backend_free(fb);
+
+    /* on the scheduler's thread: nothing runs until the last of the burst arrives */
+    static world w2;
+    make_world(&w2);
+    cfg = base_cfg(&w2);
+    cfg.hold_until = 3;
+    fb = fake_backend_new(&fc);
+    fake_backend_bind(fb, &be);
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    REQUIRE(sched_start(s, &err) == MLA_OK);
+    for (int i = 0; i < 2; i++) REQUIRE(submit_job(s, &jobs[i], i, 0, NULL) == SCHED_E_OK);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* time for a step that must not come; its absence is the check */
+    sched_get_stats(s, &st);
+    CHECK(st.steps == 0 && st.waiting == 2);
+    REQUIRE(submit_job(s, &jobs[2], 2, 0, NULL) == SCHED_E_OK);
+    pthread_mutex_lock(&w2.mu);
+    while (w2.finals < 3) pthread_cond_wait(&w2.cv, &w2.mu);
+    pthread_mutex_unlock(&w2.mu);
+    sched_stop(s);
+    check_against_reference(&w2, jobs, 3, cfg.max_context, fc.eos_period);
+    sched_free(s);
+    fake_backend_free(fb);
+}
+
 int main(void) {
     test_random_workload();
     test_chunked_prefill_and_logprobs();
@@ -1431,5 +1496,6 @@ int main(void) {
     test_prefix_random_cancel();
     test_prefix_off_unchanged();
     test_prefix_threaded();
+    test_hold();
     return mla_test_finish();
 }
