@@ -87,7 +87,6 @@ struct sched {
     int32_t lru_head, lru_tail, n_lru;
     int n_cancel_pending;
     sched_stats st;
-    int32_t hold; /* cfg.hold_until until that many requests have been submitted, then 0 */
     /* step scratch, reused */
     sched_plan_seq *plan;
     sreq **plan_req;
@@ -137,7 +136,6 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
-    s->hold = cfg->hold_until;
     s->free_blocks = mla_xmalloc((size_t)cfg->n_blocks * sizeof(int32_t));
     /* pop from the end: hand out low ids first */
     for (int32_t i = 0; i < cfg->n_blocks; i++) s->free_blocks[i] = cfg->n_blocks - 1 - i;
@@ -587,15 +585,17 @@ static bool is_stop_token(const sched *s, const sreq *q, int32_t tok) {
     return false;
 }
 
-/* cfg.hold_until: fewer requests than that submitted so far (ids count them). */
-static bool held(const sched *s) { return s->hold > 0 && s->next_id - 1 < (uint64_t)s->hold; }
+/* cfg.hold_until: fewer requests than that submitted so far (ids count them; once reached, for
+ * good). */
+static bool held(const sched *s) {
+    return s->cfg.hold_until > 0 && s->next_id - 1 < (uint64_t)s->cfg.hold_until;
+}
 
 /* Builds the plan; returns the number of entries. */
 static int build_plan(sched *s, int32_t *n_tokens_out) {
     int n = 0;
     *n_tokens_out = 0;
     if (held(s)) return 0;
-    s->hold = 0;
     int32_t budget = s->cfg.max_step_tokens;
     /* running sequences, oldest first */
     for (int i = 0; i < s->running.n && budget > 0 && n < s->cfg.max_seqs; i++) {
