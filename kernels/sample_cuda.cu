@@ -1,0 +1,483 @@
+/* sample_cuda: token sampling on the device (mla_cuda_sample_pieces, kernels/cuda_ops.h), the
+ * meaning of sampler_sample_mod (worker/sample.c) without penalties.
+ *
+ * One block of 1024 threads a row; the row is read again from memory (L2) by each pass, nothing
+ * is written but the id. Values: logit + the row's biases (added in the order given, as the host
+ * adds them), then -inf where the mask forbids; a value that is not finite is treated as masked.
+ * Probabilities p = exp((w - max) / temperature) are in [0, 1] and are summed as 44-bit fixed point
+ * integers (p x 2^44 rounded): sums are exact and the same in any order, so shared-memory integer
+ * atomics give the same result on every run (no float atomics, no order-dependent reduction).
+ *
+ * The sorted order (value descending, id ascending on ties) is never built. Each cut of it (the
+ * top_k-th token, the smallest prefix whose mass reaches top_p x the top_k mass, the token where
+ * the draw falls) is "the first token in sorted order whose cumulative count (or mass) reaches X",
+ * found by a radix descent over the monotone 32-bit key of the value: a histogram of count and
+ * mass over its top 11 bits (made once a row and shared by every descent), then the next 11 and
+ * the last 10 bits of the tokens in the chosen bucket. Tokens of one key have one value, so one
+ * mass: the position inside a group of equal values is arithmetic, and the id there (the r-th
+ * smallest id of that key) comes from the bucket's smallest id when r is 1, else from one pass in
+ * id order. min_p keeps the tokens with p >= min_p (p of the largest is exactly 1), a prefix whose
+ * mass one pass sums. Without top_k, top_p and min_p the draw walks the ids in order, as the host
+ * does: per-thread contiguous ranges of ids, their masses scanned across the block. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda_internal.h"
+#include "kernels/cuda_ops.h"
+
+namespace {
+
+constexpr int SP_T = 1024;                    /* threads a block (the scans assume 32 warps) */
+constexpr int SP_NB = 2048;                   /* buckets of the first two levels (11 bits); the last: 1024 */
+constexpr double SP_ONE = 17592186044416.0;   /* 2^44: probability 1 in fixed point */
+constexpr uint32_t SP_MAXV = 1u << 19;        /* V x 2^44 < 2^63: sums fit */
+
+/* Must equal mix64 of worker/sample.c (sampler_uniform) bit for bit. */
+__device__ __forceinline__ uint64_t sp_mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* Must equal sampler_uniform of worker/sample.c. */
+__device__ __forceinline__ double sp_uniform(uint64_t seed, uint64_t stream) {
+    const uint64_t r = sp_mix64(sp_mix64(seed) ^ sp_mix64(stream ^ 0x5851f42d4c957f2dull));
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* the dynamic shared memory of a block (u64 arrays first for alignment); bits: V bits */
+struct sp_smem {
+    unsigned long long m1[SP_NB], wm[SP_NB]; /* masses: first level (kept), working level */
+    uint32_t c1[SP_NB], wc[SP_NB];           /* counts */
+    uint32_t wid[SP_NB / 2];                 /* the last level's smallest id a bucket */
+    int32_t bid[MLA_CUDA_SAMPLE_MAX_BIAS];   /* biased ids, ascending, each once */
+    float bval[MLA_CUDA_SAMPLE_MAX_BIAS];    /* their values with every bias added */
+    uint8_t bfirst[MLA_CUDA_SAMPLE_MAX_BIAS];
+    uint32_t bits[1]; /* [(V + 31) / 32]: 1 where a token is biased */
+};
+constexpr size_t sp_smem_bytes(uint32_t V) { return offsetof(sp_smem, bits) + ((V + 31) / 32) * 4; }
+
+struct sp_ctx {
+    const float *l;  /* the row's piece 0; piece r at l + r * pstride */
+    int64_t pstride; /* T x n_piece */
+    uint32_t np, V;
+    int pieces;
+    const uint8_t *allow; /* NULL: every token */
+    const uint32_t *bits;
+    const int32_t *bid;
+    const float *bval;
+    int nb; /* distinct biased ids */
+    double mx, invt;
+};
+
+/* the value sampler_sample_mod works with (bias, then mask: ok 0), -inf when not finite; -0 is +0 */
+__device__ __forceinline__ float sp_fix(const sp_ctx &c, uint32_t i, float v, bool ok) {
+    if (!ok) return -INFINITY; /* masked, or past the end */
+    if (c.nb && (c.bits[i >> 5] >> (i & 31) & 1u)) {
+        int lo = 0, hi = c.nb - 1;
+        while (lo < hi) {
+            const int m = (lo + hi) >> 1;
+            if (c.bid[m] < (int32_t)i) lo = m + 1;
+            else hi = m;
+        }
+        v = c.bval[lo];
+    }
+    return isfinite(v) ? v + 0.0f : -INFINITY;
+}
+__device__ __forceinline__ float sp_raw(const sp_ctx &c, uint32_t i) {
+    const uint32_t r = i / c.np;
+    return c.l[r * c.pstride + (i - r * c.np)];
+}
+__device__ __forceinline__ float sp_at(const sp_ctx &c, uint32_t i) {
+    return sp_fix(c, i, sp_raw(c, i), !c.allow || c.allow[i]);
+}
+
+/* monotone: a larger value has a larger key (finite values, -0 already +0) */
+__device__ __forceinline__ uint32_t sp_key(float v) {
+    const uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+/* exp((v - mx) / temperature) as the host computes it in double, to about 2e-7 relative: expf of
+ * the argument rounded to float, corrected by its remainder (exp(lo) = 1 + lo at |lo| < 1e-6) */
+__device__ __forceinline__ double sp_p(const sp_ctx &c, float v) {
+    const double d = ((double)v - c.mx) * c.invt;
+    if (!(d > -40.0)) return 0.0; /* below 2^-57: 0 in fixed point */
+    const float hi = (float)d;
+    return (double)expf(hi) * (1.0 + (d - (double)hi));
+}
+__device__ __forceinline__ uint64_t sp_fixp(double p) { return (uint64_t)(p * SP_ONE + 0.5); }
+
+/* f(i, v) for every token in id order per piece, coalesced, SP_U loads in flight a thread; called
+ * by every thread the same number of times (v = -inf past the end), so f may use warp-wide
+ * intrinsics */
+constexpr int SP_U = 8;
+template <class F> __device__ __forceinline__ void sp_each(const sp_ctx &c, F f) {
+    for (int r = 0; r < c.pieces; r++) {
+        const float *l = c.l + r * c.pstride;
+        const uint8_t *a = c.allow ? c.allow + (size_t)r * c.np : nullptr;
+        for (uint32_t j0 = 0; j0 < c.np; j0 += SP_T * SP_U) {
+            float v[SP_U];
+            uint32_t ok = 0;
+#pragma unroll
+            for (int k = 0; k < SP_U; k++) {
+                const uint32_t j = j0 + k * SP_T + threadIdx.x;
+                v[k] = j < c.np ? l[j] : 0.0f;
+                ok |= (uint32_t)(j < c.np && (!a || a[j])) << k;
+            }
+#pragma unroll
+            for (int k = 0; k < SP_U; k++) {
+                const uint32_t i = (uint32_t)r * c.np + j0 + k * SP_T + threadIdx.x;
+                f(i, sp_fix(c, i, v[k], ok >> k & 1u));
+            }
+        }
+    }
+}
+
+/* inclusive sum over the threads in order (every thread calls it); *tot: the block's sum */
+__device__ uint64_t sp_scan(uint64_t x, uint64_t *tot = nullptr) {
+    __shared__ uint64_t ws[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t y = __shfl_up_sync(~0u, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads(); /* ws free from the call before */
+    if (lane == 31) ws[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        uint64_t y = ws[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint64_t z = __shfl_up_sync(~0u, y, o);
+            if (lane >= o) y += z;
+        }
+        ws[lane] = y;
+    }
+    __syncthreads();
+    if (warp) x += ws[warp - 1];
+    if (tot) *tot = ws[31];
+    return x;
+}
+
+/* adds (1, m) to bucket b for each lane with in (every lane calls it), the lanes of one bucket
+ * summed first (match, then integer reductions: m <= 2^44 split in two 22-bit halves) so that a
+ * flat row does not serialize on one address; hid: the bucket's smallest id, or NULL */
+__device__ __forceinline__ void sp_hadd(bool in, uint32_t b, uint64_t m, uint32_t id, uint32_t *hc,
+                                        unsigned long long *hm, uint32_t *hid) {
+    const unsigned peers = __match_any_sync(~0u, in ? b : 0xffffffffu);
+    if (!in) return;
+    const unsigned lo = __reduce_add_sync(peers, (unsigned)(m & 0x3fffffu));
+    const unsigned hi = __reduce_add_sync(peers, (unsigned)(m >> 22));
+    const unsigned mid = hid ? __reduce_min_sync(peers, id) : 0u;
+    if ((int)(threadIdx.x & 31) == __ffs(peers) - 1) {
+        atomicAdd(&hc[b], (unsigned)__popc(peers));
+        const unsigned long long s = ((unsigned long long)hi << 22) + lo;
+        if (s) atomicAdd(&hm[b], s);
+        if (hid) atomicMin(&hid[b], mid);
+    }
+}
+
+struct sp_pick {
+    int b;
+    uint64_t ac, am; /* count and mass of the buckets before b (descending) */
+};
+
+/* the first bucket in descending order at which the cumulative count (by_mass: mass) reaches X,
+ * 1 <= X <= the total; nb = 2048 or 1024 */
+__device__ sp_pick sp_cross(const uint32_t *hc, const unsigned long long *hm, int nb, bool by_mass, uint64_t X) {
+    __shared__ sp_pick res;
+    const int q = nb / SP_T, t = threadIdx.x;
+    if (t == 0) res.b = -1;
+    uint64_t sc = 0, sm = 0;
+    for (int k = 0; k < q; k++) {
+        const int b = nb - 1 - (t * q + k);
+        sc += hc[b];
+        sm += hm[b];
+    }
+    uint64_t ac = sp_scan(sc) - sc;
+    uint64_t am = sp_scan(sm) - sm;
+    for (int k = 0; k < q; k++) {
+        const int b = nb - 1 - (t * q + k);
+        const uint64_t c = hc[b], m = hm[b];
+        const uint64_t before = by_mass ? am : ac, meas = by_mass ? m : c;
+        if (before < X && X <= before + meas) res = {b, ac, am};
+        ac += c;
+        am += m;
+    }
+    __syncthreads();
+    const sp_pick r = res;
+    __syncthreads(); /* res free for the next call */
+    return r;
+}
+
+/* the r-th smallest id (r >= 1) of the tokens with key K: per-thread ranges of ids, counted,
+ * scanned, walked by the thread where the r-th falls */
+__device__ uint32_t sp_nth_id(const sp_ctx &c, uint32_t K, uint64_t r) {
+    __shared__ uint32_t res;
+    const uint32_t chunk = (c.V + SP_T - 1) / SP_T, i0 = min(c.V, threadIdx.x * chunk), i1 = min(c.V, i0 + chunk);
+    if (threadIdx.x == 0) res = 0xffffffffu;
+    uint64_t n = 0;
+    for (uint32_t i = i0; i < i1; i++) {
+        const float v = sp_at(c, i);
+        n += v != -INFINITY && sp_key(v) == K;
+    }
+    const uint64_t incl = sp_scan(n);
+    uint64_t before = incl - n;
+    if (before < r && r <= incl)
+        for (uint32_t i = i0; i < i1; i++) {
+            const float v = sp_at(c, i);
+            if (v != -INFINITY && sp_key(v) == K && ++before == r) {
+                res = i;
+                break;
+            }
+        }
+    __syncthreads();
+    const uint32_t id = res;
+    __syncthreads();
+    return id;
+}
+
+struct sp_hit {
+    uint32_t id;
+    uint64_t cnt, mass; /* cumulative count and mass through it, inclusive */
+    bool ok;
+};
+
+/* the first token in sorted order whose cumulative count (by_mass: mass) reaches X, 1 <= X <= the
+ * total; s->c1/m1 hold the first level's histogram */
+__device__ sp_hit sp_descend(const sp_ctx &c, sp_smem *s, bool by_mass, uint64_t X) {
+    sp_hit h = {0xffffffffu, 0, 0, false};
+    const sp_pick p1 = sp_cross(s->c1, s->m1, SP_NB, by_mass, X);
+    if (p1.b < 0) return h;
+    uint64_t ac = p1.ac, am = p1.am;
+    const uint32_t b1 = (uint32_t)p1.b;
+    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->wc[k] = 0, s->wm[k] = 0;
+    __syncthreads();
+    sp_each(c, [&](uint32_t i, float v) {
+        const uint32_t key = sp_key(v);
+        const bool in = v != -INFINITY && (key >> 21) == b1;
+        sp_hadd(in, (key >> 10) & (SP_NB - 1), in ? sp_fixp(sp_p(c, v)) : 0, i, s->wc, s->wm, nullptr);
+    });
+    __syncthreads();
+    const sp_pick p2 = sp_cross(s->wc, s->wm, SP_NB, by_mass, X - (by_mass ? am : ac));
+    if (p2.b < 0) return h;
+    ac += p2.ac, am += p2.am;
+    const uint32_t pre = (b1 << 11) | (uint32_t)p2.b;
+    for (int k = threadIdx.x; k < SP_NB / 2; k += SP_T) s->wc[k] = 0, s->wm[k] = 0, s->wid[k] = 0xffffffffu;
+    __syncthreads();
+    sp_each(c, [&](uint32_t i, float v) {
+        const uint32_t key = sp_key(v);
+        const bool in = v != -INFINITY && (key >> 10) == pre;
+        sp_hadd(in, key & (SP_NB / 2 - 1), in ? sp_fixp(sp_p(c, v)) : 0, i, s->wc, s->wm, s->wid);
+    });
+    __syncthreads();
+    const sp_pick p3 = sp_cross(s->wc, s->wm, SP_NB / 2, by_mass, X - (by_mass ? am : ac));
+    if (p3.b < 0) return h;
+    ac += p3.ac, am += p3.am;
+    const uint32_t K = (pre << 10) | (uint32_t)p3.b, cK = s->wc[p3.b], id0 = s->wid[p3.b];
+    const uint64_t mK = s->wm[p3.b] / cK; /* one value, one mass */
+    uint64_t r = by_mass ? (X - am + mK - 1) / mK : X - ac;
+    r = r < 1 ? 1 : r > cK ? cK : r;
+    h.id = r == 1 ? id0 : sp_nth_id(c, K, r);
+    h.cnt = ac + r;
+    h.mass = am + r * mK;
+    h.ok = h.id < c.V;
+    __syncthreads(); /* the working histogram free */
+    return h;
+}
+
+__global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces,
+                                                      const mla_cuda_samp *__restrict__ rows,
+                                                      const uint8_t *__restrict__ masks, const int32_t *__restrict__ bias_ids,
+                                                      const float *__restrict__ bias_vals, int32_t *__restrict__ out) {
+    mlacu_pdl_enter();
+    extern __shared__ __align__(16) unsigned char sp_dyn[];
+    sp_smem *s = (sp_smem *)sp_dyn;
+    __shared__ float red_v[32];
+    __shared__ uint32_t red_i[32];
+    const int64_t T = gridDim.x, t = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const mla_cuda_samp rs = rows[t];
+    sp_ctx c;
+    c.np = (uint32_t)n_piece;
+    c.V = (uint32_t)(n_piece * pieces);
+    c.pieces = pieces;
+    c.pstride = T * n_piece;
+    c.l = logits + t * n_piece;
+    c.allow = rs.mask >= 0 ? masks + (int64_t)rs.mask * c.V : nullptr;
+    c.bits = s->bits;
+    c.bid = s->bid;
+    c.bval = s->bval;
+    c.nb = 0;
+    c.mx = 0;
+    c.invt = 1;
+    if (rs.n_bias > MLA_CUDA_SAMPLE_MAX_BIAS) { /* documented: more than the table holds */
+        if (threadIdx.x == 0) out[t] = -1;
+        return;
+    }
+
+    /* the biases: each distinct id's value with its entries added in order, a sorted table */
+    if (rs.n_bias > 0) {
+        const int32_t *ids = bias_ids + rs.bias_off;
+        const float *vals = bias_vals + rs.bias_off;
+        const int nb = rs.n_bias;
+        for (uint32_t w = threadIdx.x; w < (c.V + 31) / 32; w += SP_T) s->bits[w] = 0;
+        for (int k = threadIdx.x; k < nb; k += SP_T) {
+            const int32_t id = ids[k];
+            bool first = id >= 0 && (uint32_t)id < c.V;
+            for (int j = 0; j < k && first; j++) first = ids[j] != id;
+            s->bfirst[k] = first;
+        }
+        __syncthreads();
+        int nu = 0;
+        for (int k = threadIdx.x; k < nb; k += SP_T) {
+            if (!s->bfirst[k]) continue;
+            const int32_t id = ids[k];
+            float v = sp_raw(c, (uint32_t)id);
+            for (int j = k; j < nb; j++)
+                if (ids[j] == id) v += vals[j];
+            int rank = 0;
+            for (int j = 0; j < nb; j++) rank += s->bfirst[j] && ids[j] < id;
+            s->bid[rank] = id;
+            s->bval[rank] = v;
+            atomicOr(&s->bits[id >> 5], 1u << (id & 31));
+            nu++;
+        }
+        uint64_t tot = 0;
+        sp_scan((uint64_t)nu, &tot);
+        c.nb = (int)tot;
+        __syncthreads();
+    }
+
+    /* pass 1: the largest value (lowest id on ties) and how many are finite */
+    float bv = -INFINITY;
+    uint32_t bi = 0xffffffffu, nfin = 0;
+    sp_each(c, [&](uint32_t i, float v) {
+        if (v == -INFINITY) return;
+        nfin++;
+        if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+    });
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(~0u, bv, o);
+        const uint32_t oi = __shfl_xor_sync(~0u, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) red_v[warp] = bv, red_i[warp] = bi;
+    uint64_t n_finite = 0;
+    sp_scan(nfin, &n_finite); /* its barriers publish red_v / red_i */
+    bv = red_v[lane];
+    bi = red_i[lane];
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(~0u, bv, o);
+        const uint32_t oi = __shfl_xor_sync(~0u, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (n_finite == 0) {
+        if (threadIdx.x == 0) out[t] = -1;
+        return;
+    }
+    if (!(rs.temperature > 0) || rs.top_k == 1) {
+        if (threadIdx.x == 0) out[t] = (int32_t)bi;
+        return;
+    }
+    c.mx = (double)bv;
+    c.invt = 1.0 / (double)rs.temperature;
+    const double u = sp_uniform(rs.seed, rs.stream);
+    const bool has_k = rs.top_k > 0 && (uint32_t)rs.top_k < c.V;
+    const bool sorted = has_k || rs.top_p < 1.0f || rs.min_p > 0;
+
+    if (!sorted) { /* the draw in id order: contiguous ranges of ids a thread */
+        __shared__ uint32_t res;
+        const uint32_t chunk = (c.V + SP_T - 1) / SP_T, i0 = min(c.V, threadIdx.x * chunk),
+                       i1 = min(c.V, i0 + chunk);
+        if (threadIdx.x == 0) res = 0xffffffffu;
+        uint64_t m = 0, tot = 0;
+        for (uint32_t i = i0; i < i1; i++) {
+            const float v = sp_at(c, i);
+            if (v != -INFINITY) m += sp_fixp(sp_p(c, v));
+        }
+        const uint64_t incl = sp_scan(m, &tot);
+        uint64_t tg = (uint64_t)(u * (double)tot);
+        if (tg >= tot) tg = tot - 1;
+        const uint64_t X = tg + 1;
+        uint64_t cum = incl - m;
+        if (cum < X && X <= incl)
+            for (uint32_t i = i0; i < i1; i++) {
+                const float v = sp_at(c, i);
+                if (v == -INFINITY) continue;
+                cum += sp_fixp(sp_p(c, v));
+                if (cum >= X) {
+                    res = i;
+                    break;
+                }
+            }
+        __syncthreads();
+        if (threadIdx.x == 0) out[t] = res < c.V ? (int32_t)res : -1;
+        return;
+    }
+
+    /* the first level's histogram (top 11 bits of the key), the total mass, the mass of p >= min_p */
+    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->c1[k] = 0, s->m1[k] = 0;
+    __syncthreads();
+    uint64_t mt = 0, mm = 0;
+    const double minp = (double)rs.min_p;
+    sp_each(c, [&](uint32_t i, float v) {
+        const bool in = v != -INFINITY;
+        const double p = in ? sp_p(c, v) : 0.0;
+        const uint64_t m = sp_fixp(p);
+        mt += m;
+        if (in && p >= minp) mm += m;
+        sp_hadd(in, sp_key(v) >> 21, m, i, s->c1, s->m1, nullptr);
+    });
+    uint64_t total = 0, mass_minp = 0;
+    sp_scan(mt, &total);
+    sp_scan(mm, &mass_minp);
+    __syncthreads();
+
+    uint64_t mass_k = total;
+    if (has_k && (uint64_t)rs.top_k < n_finite) {
+        const sp_hit h = sp_descend(c, s, false, (uint64_t)rs.top_k);
+        if (!h.ok) {
+            if (threadIdx.x == 0) out[t] = -1;
+            return;
+        }
+        mass_k = h.mass;
+    }
+    uint64_t kept = mass_k;
+    if (rs.top_p < 1.0f) {
+        double lim = ceil((double)rs.top_p * (double)mass_k);
+        uint64_t X = lim < 1 ? 1 : (uint64_t)lim;
+        if (X > mass_k) X = mass_k;
+        const sp_hit h = sp_descend(c, s, true, X);
+        if (!h.ok) {
+            if (threadIdx.x == 0) out[t] = -1;
+            return;
+        }
+        kept = h.mass;
+    }
+    if (rs.min_p > 0) {
+        if (mass_minp == 0) mass_minp = sp_fixp(1.0); /* min_p > 1: the first token alone */
+        if (mass_minp < kept) kept = mass_minp;
+    }
+    uint64_t tg = (uint64_t)(u * (double)kept);
+    if (tg >= kept) tg = kept - 1;
+    const sp_hit h = sp_descend(c, s, true, tg + 1);
+    if (threadIdx.x == 0) out[t] = h.ok ? (int32_t)h.id : -1;
+}
+
+} // namespace
+
+extern "C" int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces,
+                                      const mla_cuda_samp *d_rows, const uint8_t *d_masks, const int32_t *d_bias_ids,
+                                      const float *d_bias_vals, int32_t *d_ids, mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < (int64_t)SP_MAXV && T < INT32_MAX);
+    if (T <= 0) return MLA_OK;
+    const size_t smem = sp_smem_bytes((uint32_t)(n_piece * pieces));
+    MLACU_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
+                "sample: %zu bytes of shared memory", smem);
+    mlacu_launch(sample_kernel, (unsigned)T, SP_T, smem, stream, d_logits, n_piece, pieces, d_rows, d_masks,
+                 d_bias_ids, d_bias_vals, d_ids);
+    MLACU_CHECK(cudaGetLastError(), e, "sample T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
+    return MLA_OK;
+}
