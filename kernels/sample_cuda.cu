@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "kernels/cuda_internal.h"
 #include "kernels/cuda_ops.h"
 
@@ -90,8 +92,16 @@ __device__ __forceinline__ float sp_raw(const sp_ctx &c, uint32_t i) {
     const uint32_t r = i / c.np;
     return c.l[r * c.pstride + (i - r * c.np)];
 }
-__device__ __forceinline__ float sp_at(const sp_ctx &c, uint32_t i) {
-    return sp_fix(c, i, sp_raw(c, i), !c.allow || c.allow[i]);
+
+/* f(i, v) for the ids [i0, i1) in order on one thread, until f returns true */
+template <class F> __device__ __forceinline__ void sp_range(const sp_ctx &c, uint32_t i0, uint32_t i1, F f) {
+    if (i0 >= i1) return;
+    uint32_t j = i0 % c.np;
+    const float *l = c.l + (i0 / c.np) * c.pstride;
+    for (uint32_t i = i0; i < i1; i++) {
+        if (f(i, sp_fix(c, i, l[j], !c.allow || c.allow[i]))) return;
+        if (++j == c.np) j = 0, l += c.pstride;
+    }
 }
 
 /* monotone: a larger value has a larger key (finite values, -0 already +0) */
@@ -165,6 +175,7 @@ __device__ uint64_t sp_scan(uint64_t x, uint64_t *tot = nullptr) {
  * flat row does not serialize on one address; hid: the bucket's smallest id, or NULL */
 __device__ __forceinline__ void sp_hadd(bool in, uint32_t b, uint64_t m, uint32_t id, uint32_t *hc,
                                         unsigned long long *hm, uint32_t *hid) {
+    if (!__any_sync(~0u, in)) return; /* the usual case past the first level */
     const unsigned peers = __match_any_sync(~0u, in ? b : 0xffffffffu);
     if (!in) return;
     const unsigned lo = __reduce_add_sync(peers, (unsigned)(m & 0x3fffffu));
@@ -218,20 +229,18 @@ __device__ uint32_t sp_nth_id(const sp_ctx &c, uint32_t K, uint64_t r) {
     const uint32_t chunk = (c.V + SP_T - 1) / SP_T, i0 = min(c.V, threadIdx.x * chunk), i1 = min(c.V, i0 + chunk);
     if (threadIdx.x == 0) res = 0xffffffffu;
     uint64_t n = 0;
-    for (uint32_t i = i0; i < i1; i++) {
-        const float v = sp_at(c, i);
+    sp_range(c, i0, i1, [&](uint32_t, float v) {
         n += v != -INFINITY && sp_key(v) == K;
-    }
+        return false;
+    });
     const uint64_t incl = sp_scan(n);
     uint64_t before = incl - n;
     if (before < r && r <= incl)
-        for (uint32_t i = i0; i < i1; i++) {
-            const float v = sp_at(c, i);
-            if (v != -INFINITY && sp_key(v) == K && ++before == r) {
-                res = i;
-                break;
-            }
-        }
+        sp_range(c, i0, i1, [&](uint32_t i, float v) {
+            if (v == -INFINITY || sp_key(v) != K || ++before != r) return false;
+            res = i;
+            return true;
+        });
     __syncthreads();
     const uint32_t id = res;
     __syncthreads();
@@ -393,25 +402,23 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
                        i1 = min(c.V, i0 + chunk);
         if (threadIdx.x == 0) res = 0xffffffffu;
         uint64_t m = 0, tot = 0;
-        for (uint32_t i = i0; i < i1; i++) {
-            const float v = sp_at(c, i);
+        sp_range(c, i0, i1, [&](uint32_t, float v) {
             if (v != -INFINITY) m += sp_fixp(sp_p(c, v));
-        }
+            return false;
+        });
         const uint64_t incl = sp_scan(m, &tot);
         uint64_t tg = (uint64_t)(u * (double)tot);
         if (tg >= tot) tg = tot - 1;
         const uint64_t X = tg + 1;
         uint64_t cum = incl - m;
         if (cum < X && X <= incl)
-            for (uint32_t i = i0; i < i1; i++) {
-                const float v = sp_at(c, i);
-                if (v == -INFINITY) continue;
+            sp_range(c, i0, i1, [&](uint32_t i, float v) {
+                if (v == -INFINITY) return false;
                 cum += sp_fixp(sp_p(c, v));
-                if (cum >= X) {
-                    res = i;
-                    break;
-                }
-            }
+                if (cum < X) return false;
+                res = i;
+                return true;
+            });
         __syncthreads();
         if (threadIdx.x == 0) out[t] = res < c.V ? (int32_t)res : -1;
         return;
@@ -473,9 +480,14 @@ extern "C" int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t 
                                       const float *d_bias_vals, int32_t *d_ids, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < (int64_t)SP_MAXV && T < INT32_MAX);
     if (T <= 0) return MLA_OK;
+    /* the shared memory allowed once a process (one vocabulary), again only if a call needs more */
+    static std::atomic<size_t> allowed{0};
     const size_t smem = sp_smem_bytes((uint32_t)(n_piece * pieces));
-    MLACU_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), e,
-                "sample: %zu bytes of shared memory", smem);
+    if (smem > allowed.load(std::memory_order_relaxed)) {
+        MLACU_CHECK(mlacu_smem_allow(sample_kernel, smem), e, "sample: %zu bytes of shared memory a block (V=%lld)",
+                    smem, (long long)(n_piece * pieces));
+        allowed.store(smem, std::memory_order_relaxed);
+    }
     mlacu_launch(sample_kernel, (unsigned)T, SP_T, smem, stream, d_logits, n_piece, pieces, d_rows, d_masks,
                  d_bias_ids, d_bias_vals, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "sample T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
