@@ -4,9 +4,10 @@
  * One block of 1024 threads a row; the row is read again from memory (L2) by each pass, nothing
  * is written but the id. Values: logit + the row's biases (added in the order given, as the host
  * adds them), then -inf where the mask forbids; a value that is not finite is treated as masked.
- * Probabilities p = exp((w - max) / temperature) are in [0, 1] and are summed as 44-bit fixed point
- * integers (p x 2^44 rounded): sums are exact and the same in any order, so shared-memory integer
- * atomics give the same result on every run (no float atomics, no order-dependent reduction).
+ * Probabilities p = exp((w - max) / temperature) (float arithmetic, within a few 1e-7 of the
+ * host's double) are in [0, 1] and are summed as 44-bit fixed-point integers (p x 2^44 rounded):
+ * sums are exact and the same in any order, so shared-memory integer atomics give the same result
+ * on every run (no float atomics, no order-dependent reduction).
  *
  * The sorted order (value descending, id ascending on ties) is never built. Each cut of it (the
  * top_k-th token, the smallest prefix whose mass reaches top_p x the top_k mass, the token where
@@ -33,7 +34,6 @@ namespace {
 
 constexpr int SP_T = 1024;                    /* threads a block (the scans assume 32 warps) */
 constexpr int SP_NB = 2048;                   /* buckets of the first two levels (11 bits); the last: 1024 */
-constexpr double SP_ONE = 17592186044416.0;   /* 2^44: probability 1 in fixed point */
 constexpr uint32_t SP_MAXV = 1u << 19;        /* V x 2^44 < 2^63: sums fit */
 
 /* Must equal mix64 of worker/sample.c (sampler_uniform) bit for bit. */
@@ -71,7 +71,7 @@ struct sp_ctx {
     const int32_t *bid;
     const float *bval;
     int nb; /* distinct biased ids */
-    double mx, invt;
+    float mx, ih, il; /* the largest value; 1 / temperature as ih + il */
 };
 
 /* the value sampler_sample_mod works with (bias, then mask: ok 0), -inf when not finite; -0 is +0 */
@@ -109,15 +109,24 @@ __device__ __forceinline__ uint32_t sp_key(float v) {
     const uint32_t b = __float_as_uint(v);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
-/* exp((v - mx) / temperature) as the host computes it in double, to about 2e-7 relative: expf of
- * the argument rounded to float, corrected by its remainder (exp(lo) = 1 + lo at |lo| < 1e-6) */
-__device__ __forceinline__ double sp_p(const sp_ctx &c, float v) {
-    const double d = ((double)v - c.mx) * c.invt;
-    if (!(d > -40.0)) return 0.0; /* below 2^-57: 0 in fixed point */
-    const float hi = (float)d;
-    return (double)expf(hi) * (1.0 + (d - (double)hi));
+/* exp((v - mx) x invt), the host's double expression, to a few 1e-7 relative in float arithmetic
+ * alone (conversions run at a quarter of the float rate): v - mx exact as a float pair (two-sum),
+ * times invt as a float pair (c.ih + c.il), the low part applied as exp(dl) = 1 + dl (|dl| < 4e-6) */
+__device__ __forceinline__ float sp_p(const sp_ctx &c, float v) {
+    const float sh = v - c.mx, bb = sh - v, sl = (v - (sh - bb)) + (-c.mx - bb);
+    const float dh = sh * c.ih, dl = fmaf(sh, c.ih, -dh) + fmaf(sh, c.il, sl * c.ih);
+    if (!(dh > -40.0f)) return 0.0f; /* below 2^-57: 0 in fixed point */
+    return expf(dh) * (1.0f + dl);
 }
-__device__ __forceinline__ uint64_t sp_fixp(double p) { return (uint64_t)(p * SP_ONE + 0.5); }
+/* p (in [0, 1]) x 2^44 rounded, from the float's bits */
+__device__ __forceinline__ uint64_t sp_fixp(float p) {
+    const uint32_t b = __float_as_uint(p), e = b >> 23;
+    if (e == 0) return 0; /* zero or below 2^-126 */
+    const uint32_t mant = (b & 0x7fffffu) | 0x800000u;
+    if (e >= 106) return (uint64_t)mant << (e - 106); /* p = mant 2^(e - 150): x 2^44 = mant 2^(e - 106) */
+    const uint32_t sh = 106 - e;
+    return sh > 24 ? 0 : (uint64_t)((mant + (1u << (sh - 1))) >> sh);
+}
 
 /* f(i, v) for every token in id order per piece, coalesced, SP_U loads in flight a thread; called
  * by every thread the same number of times (v = -inf past the end), so f may use warp-wide
@@ -320,7 +329,8 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
     c.bval = s->bval;
     c.nb = 0;
     c.mx = 0;
-    c.invt = 1;
+    c.ih = 1;
+    c.il = 0;
     if (rs.n_bias > MLA_CUDA_SAMPLE_MAX_BIAS) { /* documented: more than the table holds */
         if (threadIdx.x == 0) out[t] = -1;
         return;
@@ -390,8 +400,12 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
         if (threadIdx.x == 0) out[t] = (int32_t)bi;
         return;
     }
-    c.mx = (double)bv;
-    c.invt = 1.0 / (double)rs.temperature;
+    c.mx = bv;
+    {
+        const double invt = 1.0 / (double)rs.temperature; /* as the host computes it */
+        c.ih = (float)fmin(invt, 1e30); /* past it every value below the largest is 0 alike */
+        c.il = invt > 1e30 ? 0.0f : (float)(invt - (double)c.ih);
+    }
     const double u = sp_uniform(rs.seed, rs.stream);
     const bool has_k = rs.top_k > 0 && (uint32_t)rs.top_k < c.V;
     const bool sorted = has_k || rs.top_p < 1.0f || rs.min_p > 0;
@@ -428,10 +442,10 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
     for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->c1[k] = 0, s->m1[k] = 0;
     __syncthreads();
     uint64_t mt = 0, mm = 0;
-    const double minp = (double)rs.min_p;
+    const float minp = rs.min_p;
     sp_each(c, [&](uint32_t i, float v) {
         const bool in = v != -INFINITY;
-        const double p = in ? sp_p(c, v) : 0.0;
+        const float p = in ? sp_p(c, v) : 0.0f;
         const uint64_t m = sp_fixp(p);
         mt += m;
         if (in && p >= minp) mm += m;
@@ -464,7 +478,7 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
         kept = h.mass;
     }
     if (rs.min_p > 0) {
-        if (mass_minp == 0) mass_minp = sp_fixp(1.0); /* min_p > 1: the first token alone */
+        if (mass_minp == 0) mass_minp = sp_fixp(1.0f); /* min_p > 1: the first token alone */
         if (mass_minp < kept) kept = mass_minp;
     }
     uint64_t tg = (uint64_t)(u * (double)kept);
