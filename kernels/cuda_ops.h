@@ -219,6 +219,26 @@ int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids,
  * each, piece r at d_logits + (r * T + t) * n_piece (an all-gather of vocabulary slices). */
 int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
                            mla_cuda_stream stream, mla_err *e);
+/* One row's settings for mla_cuda_sample_pieces (a device array of them). */
+typedef struct mla_cuda_samp {
+    float temperature; /* 0: greedy */
+    int32_t top_k;     /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    uint64_t seed, stream; /* the draw: sampler_uniform(seed, stream) of worker/sample.c */
+    int32_t mask;      /* -1: every token; else this row's mask is d_masks + mask * (n_piece * pieces) bytes (0: not allowed) */
+    int32_t bias_off, n_bias; /* logit_bias entries d_bias_ids/d_bias_vals[bias_off, bias_off + n_bias) */
+} mla_cuda_samp;
+
+/* Sampling of T rows laid out as mla_cuda_argmax_pieces lays them out (pieces 1: plain rows of n_piece),
+ * each with d_rows[t]: d_ids[t] = the token sampler_sample_mod (worker/sample.c) takes from that row with
+ * no penalties (repetition 1, presence 0, frequency 0) and the row's mask and biases, up to floating-point
+ * rounding at the boundaries of the kept set and of the draw; -1 when no token of the row has a finite
+ * value. Deterministic: the same inputs give the same ids on every run (every rank of a tensor-parallel
+ * group runs it on the same gathered logits and must take the same token). */
+int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, const mla_cuda_samp *d_rows,
+                           const uint8_t *d_masks, const int32_t *d_bias_ids, const float *d_bias_vals, int32_t *d_ids,
+                           mla_cuda_stream stream, mla_err *e);
 /* Embedding gather: d_out[t][0..n) = dequantized row d_ids[t] of d_w (rows of n elements of
  * type t, as in mla_cuda_matmul). */
 int mla_cuda_get_rows(uint32_t type, const void *d_w, int64_t n, const int32_t *d_ids, int64_t T,
