@@ -353,9 +353,9 @@ int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const in
 int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
                                 const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
                                 int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
-/* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row, over many
- * blocks a row (a radix select of three passes, then each chunk's ids at its offset), else
- * mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
+/* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row and with
+ * fewer rows than the device has multiprocessors, over many blocks a row (a radix select of three
+ * passes, then each chunk's ids at its offset), else mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
  * more), device memory the op owns while it runs. */
 size_t mla_cuda_dsa_topk_work_bytes(int64_t T, int64_t ld);
 int mla_cuda_dsa_topk_paged(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
