@@ -138,9 +138,10 @@ static engine_drow drow_of(const wk *w, const wire_seq *s) {
 /* The masks and biases of the constrained device rows among rows[0, n) (d[k] for rows[k]): the
  * grammar takes each row's tokens and gives the mask of the next (worker/wk_constrain.h; every
  * rank keeps the grammars where the engine samples), copied to w->dmask, which the engine reads
- * during the call. A row whose constraint cannot be served is not taken (rank 0's host path
- * reports it); returns false then. */
-static bool device_mods(wk *w, wk_constrain *cons, const wire_seq *rows, uint32_t n, engine_drow *d) {
+ * during the call. threads: the masks are made on wk_constrain_prepare's threads (only where no
+ * plan's prepared rows wait to be handed out: it starts over). A row whose constraint cannot be
+ * served is not taken (rank 0's host path reports it); returns false then. */
+static bool device_mods(wk *w, wk_constrain *cons, wire_seq *rows, uint32_t n, engine_drow *d, bool threads) {
     const uint32_t V = atomic_load(&w->n_vocab);
     size_t nc = 0, j = 0;
     for (uint32_t k = 0; k < n; k++) nc += d[k].take && rows[k].sp.constrained;
@@ -149,6 +150,10 @@ static bool device_mods(wk *w, wk_constrain *cons, const wire_seq *rows, uint32_
         free(w->dmask);
         w->dmask_cap = nc * V;
         w->dmask = mla_xmalloc(w->dmask_cap);
+    }
+    if (threads && cons && nc > 1) {
+        for (uint32_t k = 0; k < n; k++) w->skip[k] = !(d[k].take && rows[k].sp.constrained);
+        wk_constrain_prepare(cons, &(wire_step_plan){.n_seqs = n, .seqs = rows}, w->skip, true);
     }
     bool ok = true;
     for (uint32_t k = 0; k < n; k++) {
@@ -194,7 +199,7 @@ static void finish_chained(wk *w, engine *eng, wk_constrain *cons) {
     if (!w->later) return;
     wk_ahead *next = &w->ahead[w->cur];
     const uint32_t n = next->plan.n_seqs;
-    bool ok = device_mods(w, cons, next->plan.seqs, n, w->ndrow);
+    bool ok = device_mods(w, cons, next->plan.seqs, n, w->ndrow, true);
     for (uint32_t k = 0; k < n; k++) w->nmods[k] = w->ndrow[k].mod;
     if (ok) {
         mla_err qerr;
@@ -253,7 +258,7 @@ static int run_rows(wk *w, engine *eng, wk_constrain *cons, const wire_step_plan
         w->queued = true;
     }
     if (nhit == 0) {
-        device_mods(w, cons, p->seqs, p->n_seqs, w->drow);
+        device_mods(w, cons, p->seqs, p->n_seqs, w->drow, false);
         return ops->step_greedy(eng, p, (float *const *)rows, w->drow, w->gtok, err);
     }
     if (rest.n_seqs == 0) return MLA_OK;
@@ -263,7 +268,7 @@ static int run_rows(wk *w, engine *eng, wk_constrain *cons, const wire_step_plan
         rrows[k] = rows[w->ridx[k]];
         w->rdrow[k] = w->drow[w->ridx[k]];
     }
-    device_mods(w, cons, rest.seqs, rest.n_seqs, w->rdrow);
+    device_mods(w, cons, rest.seqs, rest.n_seqs, w->rdrow, false);
     int rc = ops->step_greedy(eng, &rest, (float *const *)rrows, w->rdrow, w->rtok, err);
     for (uint32_t k = 0; rc == MLA_OK && k < rest.n_seqs; k++) w->gtok[w->ridx[k]] = w->rtok[k];
     free(rrows);
@@ -292,7 +297,7 @@ static void run_ahead(wk *w, engine *eng, wk_constrain *cons, const wire_step_pl
     }
     if (!wk_ahead_build(a, p, host ? tok : w->gtok, host)) return;
     for (uint32_t k = 0; k < a->plan.n_seqs; k++) w->rdrow[k] = drow_of(w, &a->plan.seqs[k]);
-    if (!device_mods(w, cons, a->plan.seqs, a->plan.n_seqs, w->rdrow)) {
+    if (!device_mods(w, cons, a->plan.seqs, a->plan.n_seqs, w->rdrow, true)) {
         wk_ahead_done(a, NULL);
         return;
     }
