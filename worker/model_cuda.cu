@@ -1569,7 +1569,7 @@ static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t
     }
     CU(cudaMemcpyAsync(m->dstep, hs, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     if (!tokens) /* the tokens: the ids the step before took, still on the device */
-        CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
+        TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, (int32_t *)m->dstep, m->st, err));
     TRY(decode_run(m, B, max_keys, err));
     for (int64_t b = 0; b < B; b++) states[b]->n_past++;
     if (!ids) return MLA_OK;
