@@ -414,7 +414,7 @@ __global__ void route_kernel(route_k p, const float *__restrict__ logits, const 
 }
 
 /* the next step's input tokens from a step's ids: one taken on the device, or 0 where none was (-1) */
-__global__ void ids_to_tokens_kernel(const int32_t *__restrict__ ids, int64_t T, int64_t n_vocab, int32_t *__restrict__ tok) {
+__global__ void ids_to_tokens_kernel(const int32_t *ids, int64_t T, int64_t n_vocab, int32_t *tok) {
     mlacu_pdl_enter();
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;

@@ -21,6 +21,7 @@
 #include "engine_cuda.h"
 #include "gguf.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 
 #ifdef MLA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -324,7 +325,11 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
-static bool cu_dev_sample(const engine *e) { return mla_cmodel_device_argmax(e->m); }
+/* opt-in (MLA_CUDA_SAMPLE=device) until the sampling kernel has been checked on a GPU */
+static bool cu_dev_sample(const engine *e) {
+    const char *v = mla_sw_str(MLA_SW_CUDA_SAMPLE);
+    return mla_cmodel_device_argmax(e->m) && v && !strcmp(v, "device");
+}
 
 /* engine.h queue: one-token rows at each sequence's next position, as one queued decode step;
  * rows whose mask comes later keep their settings here until queue_mods */

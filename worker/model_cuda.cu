@@ -1547,6 +1547,8 @@ static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *s
     else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
     CU(cudaMemcpyAsync(slot < 0 ? m->hids : m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st),
        "token ids copy");
+    /* a sampled row may take none (-1): the host sees it; a step queued from these ids reads 0 */
+    if (samp) TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, m->dids, m->st, err));
     return MLA_OK;
 }
 
@@ -1569,7 +1571,7 @@ static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t
     }
     CU(cudaMemcpyAsync(m->dstep, hs, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     if (!tokens) /* the tokens: the ids the step before took, still on the device */
-        TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, (int32_t *)m->dstep, m->st, err));
+        CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
     TRY(decode_run(m, B, max_keys, err));
     for (int64_t b = 0; b < B; b++) states[b]->n_past++;
     if (!ids) return MLA_OK;
