@@ -219,6 +219,11 @@ int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids,
  * each, piece r at d_logits + (r * T + t) * n_piece (an all-gather of vocabulary slices). */
 int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
                            mla_cuda_stream stream, mla_err *e);
+/* The input tokens of a decode step from the ids the step before sampled on the device: d_tok[t]
+ * = d_ids[t] where it is a token of the vocabulary, else 0 (a row that took none, -1, feeds a
+ * valid row to the embedding gather; its step's result is not used). d_tok may be d_ids. */
+int mla_cuda_ids_to_tokens(const int32_t *d_ids, int64_t T, int64_t n_vocab, int32_t *d_tok, mla_cuda_stream stream,
+                           mla_err *e);
 /* One row's settings for mla_cuda_sample_pieces (a device array of them). */
 typedef struct mla_cuda_samp {
     float temperature; /* 0: greedy */
@@ -358,9 +363,9 @@ int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const in
 int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
                                 const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
                                 int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
-/* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row, over many
- * blocks a row (a radix select of three passes, then each chunk's ids at its offset), else
- * mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
+/* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row and with
+ * fewer rows than the device has multiprocessors, over many blocks a row (a radix select of three
+ * passes, then each chunk's ids at its offset), else mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
  * more), device memory the op owns while it runs. */
 size_t mla_cuda_dsa_topk_work_bytes(int64_t T, int64_t ld);
 int mla_cuda_dsa_topk_paged(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,

@@ -11,7 +11,9 @@
 # temperature-1 rows beside the free ones), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
 # MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS, AHEAD (unset: the server's
 # default; e.g. off,queue: one server per value, `--step-ahead V`, on the same model, written to
-# structured-<family>-ahead-V.*). A dry run without a GPU:
+# structured-<family>-ahead-V.*), SAMPLE (host: rows that are not greedy sampled on rank 0's host,
+# the CUDA engine's default; device: on the device, MLA_CUDA_SAMPLE=device; e.g. host,device runs
+# each mode both ways, written to ...-host.* / ...-device.*). A dry run without a GPU:
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu LAYERS=2 MKMODEL_ARGS=--small ROWS=1,2 \
 #   CONSTRAINED=0,1 TOKENS=8 scripts/gpu_structured.sh
 # No timing is asserted; the table is read by a person.
@@ -32,17 +34,20 @@ largs=()
 rc=0
 IFS=, read -r -a modes <<<"${AHEAD:-}"
 [ ${#modes[@]} -eq 0 ] && modes=("")
+IFS=, read -r -a samples <<<"${SAMPLE:-host}"
 for mode in "${modes[@]}"; do
+ for smp in "${samples[@]}"; do
   sargs=()
   tag="$FAM"
   if [ -n "$mode" ]; then
     sargs=(--step-ahead "$mode")
     tag="$FAM-ahead-$mode"
-    echo "== --step-ahead $mode"
+    echo "== --step-ahead $mode, sampling: $smp"
   fi
+  [ -n "${SAMPLE:-}" ] && tag="$tag-$smp"
   rm -f "$D/port"
-  "$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" --max-seqs 64 "${sargs[@]}" \
-    >"$OUT/structured-serve.log" 2>&1 &
+  MLA_CUDA_SAMPLE=$smp "$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" \
+    --max-seqs 64 "${sargs[@]}" >"$OUT/structured-serve.log" 2>&1 &
   srv=$!
   for _ in $(seq 1 300); do
     [ -s "$D/port" ] && break
@@ -60,6 +65,7 @@ for mode in "${modes[@]}"; do
   kill "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
   grep -h "step ahead:" "$OUT/structured-serve.log" | tail -1
+ done
 done
 rm -f "$M"
 exit $rc

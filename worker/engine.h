@@ -20,9 +20,25 @@
 
 #include "coll.h"
 #include "mla_err.h"
+#include "sample.h"
 #include "wire.h"
 
 typedef struct engine engine;
+
+/* How a row of step_greedy or queue takes its token (one a row): take false: the engine writes
+ * its logits (step_greedy; queue takes none such). take true: the engine takes the token itself,
+ * greedily (sp's temperature 0 or top_k 1) or, where the engine says dev_sample, by the sampling
+ * sp asks for (temperature, top_k, top_p, min_p, seed; never penalties or logprobs: such rows are
+ * sampled on the host), drawn with stream, under mod's mask and biases (worker/sample.h; the
+ * same token sampler_sample_mod takes, up to rounding at a boundary). mod_later (queue only):
+ * the mask and biases are not known yet; the engine starts the step's forward pass and samples
+ * when queue_mods gives them. */
+typedef struct engine_drow {
+    bool take, mod_later;
+    const wire_sampling *sp;
+    uint64_t stream; /* the position of the token sampled (sample.h) */
+    sample_mod mod;  /* read during the call (queue_mods: during that call) */
+} engine_drow;
 
 /* Bootstrap exchange through the coordinator (provided by the worker runtime, worker/wk_boot.c):
  * rank 0 publishes a secret every rank needs before its collective exists (the NCCL unique id,
@@ -83,22 +99,29 @@ typedef struct engine_ops {
                       mla_err *err);
     int (*bench_coll)(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err);
     /* Optional (NULL: every row is sampled on the host): step() where the engine may also take
-     * the greedy token of sequence i itself when greedy[i] is set (the worker sets it for greedy
-     * sampling with no penalties, no logprobs and no logits returned): tokens[i] = the argmax of
-     * the row, lowest id on ties, and logits[i] may then be left unwritten; tokens[i] = -1 for the
-     * rows it did not take, whose logits it wrote as step() does. */
-    int (*step_greedy)(engine *e, const wire_step_plan *plan, float *const *logits, const bool *greedy,
+     * the token of sequence i itself when drow[i].take is set (the worker sets it for a greedy
+     * row, or with dev_sample for a sampled one, with no penalties, no logprobs and no logits
+     * returned: engine_drow): tokens[i] = the token taken (greedy: the argmax of the row, lowest
+     * id on ties), and logits[i] may then be left unwritten; tokens[i] = -1 for the rows it did
+     * not take, whose logits it wrote as step() does. drow NULL: none taken. */
+    int (*step_greedy)(engine *e, const wire_step_plan *plan, float *const *logits, const engine_drow *drow,
                        int32_t *tokens, mla_err *err);
-    /* Optional, both or neither (NULL: the worker runs its step ahead, worker/wk_ahead.h, with
+    /* Optional (NULL: greedy rows only): whether step_greedy and queue take sampled rows too. */
+    bool (*dev_sample)(const engine *e);
+    /* Optional, all three or none (NULL: the worker runs its step ahead, worker/wk_ahead.h, with
      * step_greedy once the step before has returned). queue: starts plan a behind whatever the
-     * engine has run or queued and returns without waiting for it; a's rows are one-token greedy
-     * rows, each at its sequence's next position. With from_device, row i's token is the one
-     * that row i of the engine's last step (the last step_greedy or queue, whose rows were a's
-     * sequences in a's order, every row taken on the device) took, and a's token values are not
-     * read; an engine that cannot then fails and queues nothing. wait_queued: waits for the
-     * oldest queued plan and writes its rows' tokens. At most two plans are queued; the worker
-     * waits for every queued plan before any other call. */
-    int (*queue)(engine *e, const wire_step_plan *a, bool from_device, mla_err *err);
+     * engine has run or queued and returns without waiting for it; a's rows are one-token rows,
+     * each at its sequence's next position, taken on the device as drow says (NULL: greedily).
+     * With from_device, row i's token is the one that row i of the engine's last step (the last
+     * step_greedy or queue, whose rows were a's sequences in a's order, every row taken on the
+     * device) took, and a's token values are not read; an engine that cannot then fails and
+     * queues nothing. Where rows have mod_later, queue_mods gives their masks and biases (mods[i]
+     * for row i; NULL: none, the tokens will not be used) and only then is the step's sampling
+     * queued; it must come before any other call. wait_queued: waits for the oldest queued plan
+     * and writes its rows' tokens. At most two plans are queued; the worker waits for every
+     * queued plan before any other call. */
+    int (*queue)(engine *e, const wire_step_plan *a, bool from_device, const engine_drow *drow, mla_err *err);
+    int (*queue_mods)(engine *e, const sample_mod *mods, mla_err *err);
     int (*wait_queued)(engine *e, int32_t *tokens, mla_err *err);
     /* Optional (NULL: no device): the device's free and total memory in bytes, for the worker's
      * heartbeat stats. Called on the thread that runs the steps. */

@@ -198,14 +198,18 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
 /* engine.h step_greedy: step, then the greedy rows' argmax (lowest id on ties, as the host
  * sampler's greedy pick), so that the worker's step ahead (worker/wk_ahead.h) runs on this
  * backend too; their logits rows are written as well. */
-static int cpu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
-                           mla_err *err) {
-    for (uint32_t i = 0; i < p->n_seqs; i++) tokens[i] = -1;
+static int cpu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const engine_drow *drow,
+                           int32_t *tokens, mla_err *err) {
+    for (uint32_t i = 0; tokens && i < p->n_seqs; i++) tokens[i] = -1;
     if (cpu_step(e, p, logits, err)) return MLA_ERR;
     const uint32_t V = cpu_vocab(e);
-    for (uint32_t i = 0; i < p->n_seqs; i++) {
+    for (uint32_t i = 0; drow && i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
-        if (!greedy[i] || !s->sample || s->sp.logits != WIRE_LOGITS_NONE) continue;
+        const engine_drow *d = &drow[i];
+        /* greedy rows only (no dev_sample): the others are sampled on the host */
+        if (!d->take || d->mod_later || d->mod.allow || d->mod.n_bias || (s->sp.temperature != 0 && s->sp.top_k != 1) ||
+            !s->sample || s->sp.logits != WIRE_LOGITS_NONE)
+            continue;
         const float *r = logits[i];
         uint32_t best = 0;
         for (uint32_t t = 1; t < V; t++)

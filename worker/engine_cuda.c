@@ -21,6 +21,7 @@
 #include "engine_cuda.h"
 #include "gguf.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 
 #ifdef MLA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -45,6 +46,8 @@ struct engine {
     size_t n, cap;
     coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
     mla_cuda_config cfg; /* what the kernels chose on this device (logged at load) */
+    mla_cmodel_samp *qsamp; /* a queued step's sampling settings until queue_mods (qn rows) */
+    uint32_t qn, qcap;
 };
 
 #ifdef MLA_HAVE_NCCL
@@ -203,25 +206,52 @@ static int cu_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
     return MLA_OK;
 }
 
+/* drow's sampling as the model takes it (rows taken greedily need none) */
+static void to_samp(const engine_drow *d, mla_cmodel_samp *out) {
+    memset(out, 0, sizeof *out);
+    out->top_p = 1.0f;
+    const wire_sampling *sp = d->sp;
+    if (sp && sp->temperature != 0 && sp->top_k != 1) {
+        out->temperature = sp->temperature;
+        out->top_k = sp->top_k;
+        out->top_p = sp->top_p;
+        out->min_p = sp->min_p;
+        out->seed = sp->seed;
+    }
+    out->stream = d->stream;
+    out->allow = d->mod.allow;
+    out->bias_ids = d->mod.bias_ids;
+    out->bias_vals = d->mod.bias_vals;
+    out->n_bias = d->mod.n_bias;
+}
+
+/* whether drow asks for more than the greedy token of the raw logits */
+static bool samp_needed(const engine_drow *d) {
+    const wire_sampling *sp = d->sp;
+    return d->mod_later || d->mod.allow || d->mod.n_bias || (sp && sp->temperature != 0 && sp->top_k != 1);
+}
+
 /* Sequences with several new tokens (prompts) run one by one; the single-token ones (decode)
  * run together as one batched step (mla_cmodel_decode), unless MLA_CUDA_BATCHED=0. */
-static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
-                          mla_err *err) {
+static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const engine_drow *drow,
+                          int32_t *tokens, mla_err *err) {
     mla_cstate **bst = NULL;
     int32_t *btok = NULL, *bids = NULL;
     uint32_t *bseq = NULL;
     float **blog = NULL;
+    mla_cmodel_samp *bsamp = NULL;
     uint32_t nb = 0;
     int rc = MLA_OK;
-    /* greedy rows of the batched decode take their token from the device (engine.h step_greedy) */
-    const bool dev_greedy = greedy && mla_cmodel_device_argmax(e->m);
-    bool any_greedy = false;
+    /* rows of the batched decode take their token on the device (engine.h step_greedy) */
+    const bool dev = drow && mla_cmodel_device_argmax(e->m);
+    bool any_take = false, any_samp = false;
     if (mla_cmodel_batched(e->m) && p->n_seqs > 0) {
         bst = mla_xmalloc(p->n_seqs * sizeof *bst);
         btok = mla_xmalloc(p->n_seqs * sizeof *btok);
         blog = mla_xmalloc(p->n_seqs * sizeof *blog);
         bids = mla_xmalloc(p->n_seqs * sizeof *bids);
         bseq = mla_xmalloc(p->n_seqs * sizeof *bseq);
+        bsamp = mla_xmalloc(p->n_seqs * sizeof *bsamp);
     }
     for (uint32_t i = 0; tokens && i < p->n_seqs; i++) tokens[i] = -1;
     for (uint32_t i = 0; i < p->n_seqs && rc == MLA_OK; i++) {
@@ -253,8 +283,14 @@ static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         }
         int mode = s->sp.logits == WIRE_LOGITS_ALL ? 2 : (s->sample || s->sp.logits == WIRE_LOGITS_LAST) ? 1 : 0;
         if (bst && s->n_tokens == 1) {
-            const bool g = dev_greedy && greedy[i];
-            any_greedy |= g;
+            const bool g = dev && drow[i].take && !drow[i].mod_later;
+            any_take |= g;
+            if (g) {
+                to_samp(&drow[i], &bsamp[nb]);
+                any_samp |= samp_needed(&drow[i]);
+            } else {
+                to_samp(&(engine_drow){0}, &bsamp[nb]); /* its logits go to the host; its id is not used */
+            }
             bst[nb] = st;
             btok[nb] = s->tokens[0];
             bseq[nb] = i;
@@ -265,15 +301,23 @@ static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
             rc = mla_err_prefix(err, "seq %llu", (unsigned long long)s->seq_id);
     }
     if (rc == MLA_OK && nb > 0 &&
-        mla_cmodel_decode_greedy(e->m, bst, btok, nb, blog, any_greedy ? bids : NULL, err))
+        mla_cmodel_decode_sample(e->m, bst, btok, nb, blog, any_samp ? bsamp : NULL, any_take ? bids : NULL, err))
         rc = mla_err_prefix(err, "decode step of %u sequences", nb);
-    for (uint32_t b = 0; rc == MLA_OK && any_greedy && b < nb; b++)
-        if (greedy[bseq[b]]) tokens[bseq[b]] = bids[b];
+    for (uint32_t b = 0; rc == MLA_OK && any_take && b < nb; b++) {
+        const engine_drow *d = &drow[bseq[b]];
+        if (!d->take || d->mod_later) continue;
+        if (bids[b] < 0) /* its logits were not written: nothing to fall back on */
+            rc = mla_errf(err, "seq %llu: no token of its row can be sampled (no finite logit%s)",
+                          (unsigned long long)p->seqs[bseq[b]].seq_id, d->mod.allow ? " the mask allows" : "");
+        else
+            tokens[bseq[b]] = bids[b];
+    }
     free(bst);
     free(btok);
     free(blog);
     free(bids);
     free(bseq);
+    free(bsamp);
     return rc;
 }
 
@@ -281,11 +325,21 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
-/* engine.h queue: one-token rows at each sequence's next position, as one queued decode step */
-static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, mla_err *err) {
+/* opt-in (MLA_CUDA_SAMPLE=device) until the sampling kernel has been checked on a GPU */
+static bool cu_dev_sample(const engine *e) {
+    const char *v = mla_sw_str(MLA_SW_CUDA_SAMPLE);
+    return mla_cmodel_device_argmax(e->m) && v && !strcmp(v, "device");
+}
+
+/* engine.h queue: one-token rows at each sequence's next position, as one queued decode step;
+ * rows whose mask comes later keep their settings here until queue_mods */
+static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, const engine_drow *drow, mla_err *err) {
     if (!mla_cmodel_batched(e->m)) return mla_errf(err, "the batched decode path is off (MLA_CUDA_BATCHED=0)");
-    mla_cstate **st = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *st);
-    int32_t *tok = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *tok);
+    const uint32_t n = a->n_seqs ? a->n_seqs : 1;
+    mla_cstate **st = mla_xmalloc(n * sizeof *st);
+    int32_t *tok = mla_xmalloc(n * sizeof *tok);
+    mla_cmodel_samp *samp = drow ? mla_xmalloc(n * sizeof *samp) : NULL;
+    bool any_samp = false, later = false;
     int rc = MLA_OK;
     for (uint32_t i = 0; i < a->n_seqs && rc == MLA_OK; i++) {
         const wire_seq *s = &a->seqs[i];
@@ -298,15 +352,45 @@ static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, mla_er
         } else if ((int64_t)s->positions[0] + 1 > mla_cstate_covered(st[i])) {
             rc = mla_errf(err, "seq %llu: no block for position %d yet (the table covers %lld)",
                           (unsigned long long)s->seq_id, s->positions[0], (long long)mla_cstate_covered(st[i]));
+        } else if (drow && !drow[i].take) {
+            rc = mla_errf(err, "seq %llu: a queued row must take its token on the device", (unsigned long long)s->seq_id);
         } else {
             tok[i] = s->tokens[0];
+            if (drow) {
+                to_samp(&drow[i], &samp[i]);
+                any_samp |= samp_needed(&drow[i]);
+                later |= drow[i].mod_later;
+            }
         }
     }
-    if (rc == MLA_OK && mla_cmodel_decode_queue(e->m, st, from_device ? NULL : tok, a->n_seqs, err))
-        rc = mla_err_prefix(err, "queued decode step of %u sequences", a->n_seqs);
+    if (rc == MLA_OK) {
+        if (later) { /* the settings without the masks and biases, kept for queue_mods */
+            if (a->n_seqs > e->qcap) {
+                e->qcap = a->n_seqs;
+                e->qsamp = mla_xrealloc(e->qsamp, e->qcap * sizeof *e->qsamp);
+            }
+            memcpy(e->qsamp, samp, a->n_seqs * sizeof *samp);
+            e->qn = a->n_seqs;
+        }
+        if (mla_cmodel_decode_queue_sample(e->m, st, from_device ? NULL : tok, a->n_seqs, any_samp ? samp : NULL,
+                                           later, err))
+            rc = mla_err_prefix(err, "queued decode step of %u sequences", a->n_seqs);
+    }
     free(st);
     free(tok);
+    free(samp);
     return rc;
+}
+
+static int cu_queue_mods(engine *e, const sample_mod *mods, mla_err *err) {
+    for (uint32_t i = 0; i < e->qn; i++) {
+        mla_cmodel_samp *q = &e->qsamp[i];
+        q->allow = mods ? mods[i].allow : NULL;
+        q->bias_ids = mods ? mods[i].bias_ids : NULL;
+        q->bias_vals = mods ? mods[i].bias_vals : NULL;
+        q->n_bias = mods ? mods[i].n_bias : 0;
+    }
+    return mla_cmodel_decode_queue_samp(e->m, e->qsamp, err);
 }
 
 static int cu_wait_queued(engine *e, int32_t *tokens, mla_err *err) {
@@ -341,6 +425,7 @@ static void cu_destroy(engine *e) {
     if (!e) return;
     for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
     free(e->seqs);
+    free(e->qsamp);
     mla_cmodel_free(e->m);
     if (e->nccl) coll_free(e->nccl);
     if (e->g) gguf_close(e->g);
@@ -384,7 +469,9 @@ const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .bench_fill = cu_bench_fill,
                                     .bench_coll = cu_bench_coll,
                                     .step_greedy = cu_step_greedy,
+                                    .dev_sample = cu_dev_sample,
                                     .queue = cu_queue,
+                                    .queue_mods = cu_queue_mods,
                                     .wait_queued = cu_wait_queued,
                                     .mem_info = cu_mem_info,
                                     .backend_config = cu_backend_config};

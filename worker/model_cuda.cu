@@ -193,6 +193,19 @@ struct mla_cmodel {
     int32_t *hq[2];
     cudaEvent_t qev[2];
     int64_t cap_q;
+    /* device sampling (mla_cmodel_decode_sample): a step's row settings, biases and masks staged
+     * in pinned memory (one stage a queue slot, the last for the step run now) and uploaded with
+     * one copy to dsamp, which the steps share in stream order; pend: the newest queued step
+     * waits for its sampling (mla_cmodel_decode_queue_samp) */
+    struct sstage {
+        uint8_t *h;
+        size_t cap;
+    } ss[3];
+    uint8_t *dsamp;
+    size_t dsamp_cap;
+    bool pend;
+    int pend_slot;
+    int64_t pend_B;
 };
 
 struct mla_cstate {
@@ -620,6 +633,13 @@ static void queue_free(mla_cmodel *m) {
         m->qev[k] = nullptr;
     }
     m->cap_q = 0;
+    for (auto &g : m->ss) {
+        if (g.h) cudaFreeHost(g.h);
+        g = mla_cmodel::sstage{};
+    }
+    if (m->dsamp) cudaFree(m->dsamp);
+    m->dsamp = nullptr;
+    m->dsamp_cap = 0;
 }
 
 extern "C" void mla_cmodel_free(mla_cmodel *m) {
@@ -1459,14 +1479,89 @@ static void set_last(mla_cmodel *m, mla_cstate *const *states, int64_t B) {
     m->last_B = B;
 }
 
+/* The sampling of the B rows of the decode step just launched by samp (the settings staged in
+ * stage g and uploaded to dsamp) into dids. */
+static int sample_launch(mla_cmodel *m, int64_t B, mla_cmodel::sstage *g, const mla_cmodel_samp *samp,
+                         mla_err *err) {
+    const int64_t V = m->cfg.n_vocab;
+    int64_t nm = 0, nb = 0;
+    for (int64_t b = 0; b < B; b++) {
+        nm += samp[b].allow != nullptr;
+        nb += samp[b].n_bias;
+    }
+    auto al = [](size_t x) { return (x + 15) / 16 * 16; };
+    const size_t o_ids = al((size_t)B * sizeof(mla_cuda_samp)), o_vals = al(o_ids + (size_t)nb * 4),
+                 o_mask = al(o_vals + (size_t)nb * 4), total = o_mask + (size_t)(nm * V);
+    if (total > g->cap) { /* the stage's last step has been waited for (or synchronised) */
+        if (g->h) cudaFreeHost(g->h);
+        g->h = nullptr;
+        g->cap = 0;
+        CU(cudaMallocHost((void **)&g->h, total + total / 4), "pinned sampling stage");
+        g->cap = total + total / 4;
+    }
+    if (total > m->dsamp_cap) { /* cudaFree waits for the work that may still read it */
+        if (m->dsamp) cudaFree(m->dsamp);
+        m->dsamp = nullptr;
+        m->dsamp_cap = 0;
+        CU(cudaMalloc((void **)&m->dsamp, total + total / 4), "sampling settings (%zu bytes)", total);
+        m->dsamp_cap = total + total / 4;
+    }
+    mla_cuda_samp *r = (mla_cuda_samp *)g->h;
+    int32_t *ids = (int32_t *)(g->h + o_ids);
+    float *vals = (float *)(g->h + o_vals);
+    int32_t km = 0, kb = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const mla_cmodel_samp *q = &samp[b];
+        r[b] = mla_cuda_samp{};
+        r[b].temperature = q->temperature;
+        r[b].top_k = q->top_k;
+        r[b].top_p = q->top_p;
+        r[b].min_p = q->min_p;
+        r[b].seed = q->seed;
+        r[b].stream = q->stream;
+        r[b].mask = q->allow ? km : -1;
+        r[b].bias_off = kb;
+        r[b].n_bias = (int32_t)q->n_bias;
+        if (q->allow) memcpy(g->h + o_mask + (size_t)(km++) * (size_t)V, q->allow, (size_t)V);
+        if (q->n_bias) {
+            memcpy(ids + kb, q->bias_ids, q->n_bias * 4);
+            memcpy(vals + kb, q->bias_vals, q->n_bias * 4);
+            kb += (int32_t)q->n_bias;
+        }
+    }
+    CU(cudaMemcpyAsync(m->dsamp, g->h, total, cudaMemcpyHostToDevice, m->st), "sampling settings upload");
+    const float *lg = m->out_split ? m->dgbuf : m->logit_dev;
+    const int64_t np = m->out_split ? m->out_r1 - m->out_r0 : V;
+    TRY(mla_cuda_sample_pieces(lg, B, np, m->out_split ? m->world : 1, (const mla_cuda_samp *)m->dsamp,
+                               m->dsamp + o_mask, (const int32_t *)(m->dsamp + o_ids),
+                               (const float *)(m->dsamp + o_vals), m->dids, m->st, err));
+    return MLA_OK;
+}
+
+/* The ids of the B rows of the decode step just launched (greedy, or sampled by samp) into dids
+ * and on to the slot's pinned ids (hids or hq). */
+static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *samp, mla_err *err) {
+    const int64_t V = m->cfg.n_vocab;
+    if (samp) TRY(sample_launch(m, B, &m->ss[slot < 0 ? 2 : slot], samp, err));
+    else if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
+    else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
+    CU(cudaMemcpyAsync(slot < 0 ? m->hids : m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st),
+       "token ids copy");
+    /* a sampled row may take none (-1): the host sees it; a step queued from these ids reads 0 */
+    if (samp) TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, m->dids, m->st, err));
+    return MLA_OK;
+}
+
 /* A decode step of the B states (decode_check's max_keys and cap) on the model's stream, not
  * waited for; the states' n_past advanced. Its step block is staged in the model's pinned block
  * (slot < 0) or in queue slot `slot` (hsq), looked up after ensure_scratch, which may move the
- * model's. tokens NULL: each state's token is the greedy id the step before took, still in dids.
- * ids: the greedy ids also go to dids and are copied to the slot's pinned ids (hids or hq), and
- * these states become the ones dids belongs to (set_last); else to none. */
+ * model's. tokens NULL: each state's token is the id the step before took, still in dids.
+ * ids: the step's ids (greedy, or sampled by samp) also go to dids and are copied to the slot's
+ * pinned ids (hids or hq), and these states become the ones dids belongs to (set_last); else to
+ * none. later (a queue slot): the ids are left to mla_cmodel_decode_queue_samp (m->pend). */
 static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
-                         int64_t max_keys, int64_t cap, int slot, bool ids, mla_err *err) {
+                         int64_t max_keys, int64_t cap, int slot, bool ids, const mla_cmodel_samp *samp, bool later,
+                         mla_err *err) {
     m->last_B = 0;
     TRY(ensure_scratch(m, B, cap, B, err)); /* sized for the caches: a bound that grows reallocates nothing */
     uint8_t *hs = slot < 0 ? m->hstep : m->hsq[slot];
@@ -1480,23 +1575,31 @@ static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t
     TRY(decode_run(m, B, max_keys, err));
     for (int64_t b = 0; b < B; b++) states[b]->n_past++;
     if (!ids) return MLA_OK;
-    /* the greedy tokens from the device: B ints instead of B rows of logits */
-    const int64_t V = m->cfg.n_vocab;
-    if (!m->out_split) TRY(mla_cuda_argmax(m->logit_dev, B, V, m->dids, m->st, err));
-    else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
-    CU(cudaMemcpyAsync(slot < 0 ? m->hids : m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st),
-       "greedy ids copy");
     set_last(m, states, B);
-    return MLA_OK;
+    if (later) {
+        m->pend = true;
+        m->pend_slot = slot;
+        m->pend_B = B;
+        return MLA_OK;
+    }
+    /* the tokens from the device: B ints instead of B rows of logits */
+    return pick_ids(m, B, slot, samp, err);
 }
 
 extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                         float *const *logits, int32_t *ids, mla_err *err) {
+    return mla_cmodel_decode_sample(m, states, tokens, B, logits, NULL, ids, err);
+}
+
+extern "C" int mla_cmodel_decode_sample(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                        float *const *logits, const mla_cmodel_samp *samp, int32_t *ids,
+                                        mla_err *err) {
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     MLA_ASSERT(!ids || mla_cmodel_device_argmax(m));
+    if (m->pend) return mla_errf(err, "a queued step waits for its sampling settings");
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, err));
+    TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, ids ? samp : NULL, false, err));
     bool any = false;
     for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
     TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
@@ -1506,15 +1609,21 @@ extern "C" int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states
 
 extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                                        mla_err *err) {
+    return mla_cmodel_decode_queue_sample(m, states, tokens, B, NULL, false, err);
+}
+
+extern "C" int mla_cmodel_decode_queue_sample(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens,
+                                              int64_t B, const mla_cmodel_samp *samp, bool later, mla_err *err) {
     int64_t max_keys = 0, cap = 0;
     TRY(decode_check(m, states, tokens, B, &max_keys, &cap, err));
     if (!mla_cmodel_device_argmax(m))
-        return mla_errf(err, "this model takes no greedy tokens on the device: nothing can be queued");
+        return mla_errf(err, "this model takes no tokens on the device: nothing can be queued");
     if (m->nq == 2) return mla_errf(err, "two decode steps are queued already");
+    if (m->pend) return mla_errf(err, "the queued step waits for its sampling settings");
     if (!tokens) { /* the ids in dids must be these states' */
         bool same = m->last_B == B;
         for (int64_t b = 0; same && b < B; b++) same = m->last_st[b] == states[b];
-        if (!same) return mla_errf(err, "the last decode step's greedy ids are not these %lld sequences'", (long long)B);
+        if (!same) return mla_errf(err, "the last decode step's ids are not these %lld sequences'", (long long)B);
         if (B > m->cap_T || cap > m->cap_keys || B > m->cap_out)
             return mla_errf(err, "a queued step from the device's ids cannot grow the scratch");
     }
@@ -1531,15 +1640,25 @@ extern "C" int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states,
         m->cap_q = n;
     }
     const int slot = m->qnext;
-    TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, err));
-    CU(cudaEventRecord(m->qev[slot], m->st), "event");
+    TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, samp, later, err));
+    if (!later) CU(cudaEventRecord(m->qev[slot], m->st), "event");
     m->qs[m->nq++] = mla_cmodel::qstep{B, slot};
     m->qnext ^= 1;
     return MLA_OK;
 }
 
+extern "C" int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp *samp, mla_err *err) {
+    if (!m->pend) return mla_errf(err, "no queued step waits for its sampling settings");
+    m->pend = false;
+    CU(cudaSetDevice(m->device), "cudaSetDevice");
+    TRY(pick_ids(m, m->pend_B, m->pend_slot, samp, err));
+    CU(cudaEventRecord(m->qev[m->pend_slot], m->st), "event");
+    return MLA_OK;
+}
+
 extern "C" int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err) {
     if (m->nq == 0) return mla_errf(err, "no decode step is queued");
+    if (m->pend && m->nq == 1) return mla_errf(err, "the queued step waits for its sampling settings");
     const mla_cmodel::qstep q = m->qs[0];
     m->qs[0] = m->qs[1];
     m->nq--;

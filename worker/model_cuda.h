@@ -120,6 +120,22 @@ int mla_cmodel_decode(mla_cmodel *m, mla_cstate *const *states, const int32_t *t
 int mla_cmodel_decode_greedy(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                              float *const *logits, int32_t *ids, mla_err *err);
 bool mla_cmodel_device_argmax(const mla_cmodel *m);
+/* A row's sampling on the device (kernels/cuda_ops.h mla_cuda_sample_pieces): the settings
+ * (temperature 0 or top_k 1: greedy), the draw's seed and stream, and its token mask (n_vocab
+ * bytes, 0: not allowed; NULL: every token) and logit biases, read during the call that takes it. */
+typedef struct mla_cmodel_samp {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint64_t seed, stream;
+    const uint8_t *allow;
+    const int32_t *bias_ids;
+    const float *bias_vals;
+    uint32_t n_bias;
+} mla_cmodel_samp;
+/* mla_cmodel_decode_greedy where ids[b] is the token row b samples by samp[b] (samp NULL: the
+ * greedy ids); -1 where no token of the row is allowed. Needs mla_cmodel_device_argmax(m). */
+int mla_cmodel_decode_sample(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                             float *const *logits, const mla_cmodel_samp *samp, int32_t *ids, mla_err *err);
 /* A decode step queued on the device (worker/engine.h queue): mla_cmodel_decode_queue starts a
  * greedy decode step of the B states, each at its next position, behind everything before it on
  * the model's stream, and returns without waiting (at most two queued). tokens NULL: each
@@ -130,6 +146,13 @@ bool mla_cmodel_device_argmax(const mla_cmodel *m);
  * state waits for everything queued. */
 int mla_cmodel_decode_queue(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
                             mla_err *err);
+/* The same where the step's ids are sampled by samp (NULL: greedy), or, with later, by what
+ * mla_cmodel_decode_queue_samp gives next: the forward pass is queued now, the sampling then
+ * (nothing else may come between; until then nothing can be queued from this step's ids, and
+ * waiting for it fails). */
+int mla_cmodel_decode_queue_sample(mla_cmodel *m, mla_cstate *const *states, const int32_t *tokens, int64_t B,
+                                   const mla_cmodel_samp *samp, bool later, mla_err *err);
+int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp *samp, mla_err *err);
 int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */
 bool mla_cmodel_batched(const mla_cmodel *m);

@@ -5,7 +5,10 @@
 
 #include "mla_err.h"
 
-void wk_ahead_init(wk_ahead *a) { memset(a, 0, sizeof *a); }
+void wk_ahead_init(wk_ahead *a, bool dev) {
+    memset(a, 0, sizeof *a);
+    a->dev = dev;
+}
 
 void wk_ahead_free(wk_ahead *a) {
     free(a->plan.seqs);
@@ -24,22 +27,23 @@ wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue, uint32_t setting) {
     return queue && setting != WIRE_AHEAD_SYNC ? WK_AHEAD_QUEUE : WK_AHEAD_SYNC;
 }
 
-bool wk_ahead_greedy_row(const wire_seq *s) {
+bool wk_ahead_device_row(const wire_seq *s, bool dev) {
     const wire_sampling *sp = &s->sp;
-    return s->sample && (sp->temperature == 0 || sp->top_k == 1) && sp->repetition_penalty == 1.0f &&
-           sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !sp->logprobs && sp->top_logprobs == 0 &&
-           sp->logits == WIRE_LOGITS_NONE && !sp->constrained; /* constrained: the host samples */
+    if (!s->sample || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0 ||
+        sp->logprobs || sp->top_logprobs != 0 || sp->logits != WIRE_LOGITS_NONE)
+        return false;
+    return dev || ((sp->temperature == 0 || sp->top_k == 1) && !sp->constrained);
 }
 
 bool wk_ahead_row(const wire_seq *s) {
     return s->sample && s->n_tokens == 1 && s->positions[0] != INT32_MAX && s->sp.logits == WIRE_LOGITS_NONE;
 }
 
-bool wk_ahead_wants_host(const wire_step_plan *p) {
+bool wk_ahead_wants_host(const wire_step_plan *p, bool dev) {
     bool any = false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         if (!wk_ahead_row(&p->seqs[i])) return false;
-        any |= !wk_ahead_greedy_row(&p->seqs[i]);
+        any |= !wk_ahead_device_row(&p->seqs[i], dev);
     }
     return any;
 }
@@ -54,7 +58,7 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bo
     if (p->n_seqs == 0) return false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
-        if (!wk_ahead_row(s) || (tok && tok[i] < 0) || (!(tok && host) && !wk_ahead_greedy_row(s))) return false;
+        if (!wk_ahead_row(s) || (tok && tok[i] < 0) || (!(tok && host) && !wk_ahead_device_row(s, a->dev))) return false;
     }
     if (p->n_seqs > a->cap) {
         a->cap = p->n_seqs;
@@ -69,10 +73,11 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bo
         a->tok[i] = tok ? tok[i] : -1;
         a->pos[i] = p->seqs[i].positions[0] + 1;
         a->out[i] = -1;
-        a->host[i] = !wk_ahead_greedy_row(&p->seqs[i]);
+        a->host[i] = !wk_ahead_device_row(&p->seqs[i], a->dev);
         a->n_host += a->host[i];
         a->lrow[i] = NULL;
         a->plan.seqs[i] = p->seqs[i];
+        a->plan.seqs[i].sp.constraint_setup = false; /* set up by p, if at all */
         a->plan.seqs[i].tokens = &a->tok[i];
         a->plan.seqs[i].positions = &a->pos[i];
     }
@@ -81,7 +86,7 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bo
     return true;
 }
 
-void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *greedy) {
+void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *device) {
     const size_t need = (size_t)a->plan.n_seqs * n_vocab;
     if (need > a->logits_cap) {
         free(a->logits);
@@ -90,7 +95,7 @@ void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *greedy) 
     }
     for (uint32_t i = 0; i < a->plan.n_seqs; i++) {
         rows[i] = a->lrow[i] = a->logits + (size_t)i * n_vocab;
-        greedy[i] = !a->host[i];
+        if (device) device[i] = !a->host[i];
     }
 }
 
@@ -101,7 +106,7 @@ void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok) {
 /* whether row s asks for exactly row j of the step held: its sequence, one token, that token at
  * that position, sampled where row j was (a greedy row on the device, else on the host) */
 static bool asks_for(const wk_ahead *a, uint32_t j, const wire_seq *s) {
-    return s->seq_id == a->plan.seqs[j].seq_id && wk_ahead_row(s) && wk_ahead_greedy_row(s) == !a->host[j] &&
+    return s->seq_id == a->plan.seqs[j].seq_id && wk_ahead_row(s) && wk_ahead_device_row(s, a->dev) == !a->host[j] &&
            s->positions[0] == a->pos[j] && s->tokens[0] == a->tok[j];
 }
 

@@ -1,7 +1,9 @@
 /* wk_ahead: the worker's step ahead (used by worker/wk_step.c's compute thread).
  *
- * After a step whose every row was a one-token decode that sampled a token (taken greedily on the
- * device, or sampled on rank 0 of the host: temperature, penalties, a grammar, logit_bias), the
+ * After a step whose every row was a one-token decode that sampled a token (taken on the device:
+ * greedily, or sampled there where the engine can (engine_ops.dev_sample: temperature, top_k,
+ * top_p, min_p, a grammar's mask, logit_bias); or sampled on rank 0 of the host: penalties,
+ * logprobs, and everything but greedy where the engine cannot), the
  * next step is known before the coordinator sends it: the same sequences, the tokens just taken,
  * the positions one further. The compute thread runs that step (or queues
  * it in the engine: engine.h queue) while the result travels to the coordinator and the next
@@ -15,7 +17,7 @@
  * not depend on whether a step ran ahead. Rows that return logits stay out.
  *
  * When the next plan arrives, each of its rows that asks for exactly what was run ahead (the
- * same sequence, one token, that token at that position, greedy on the device or on the host as
+ * same sequence, one token, that token at that position, taken on the device or on the host as
  * it was run, no logits) takes its token or its logits row from the step ahead; the other rows
  * form a residual plan that the engine runs as usual. A sequence run ahead but then not continued (finished, freed, sent with a different
  * token or more tokens) needs nothing: the engines rewind a sequence whose plan starts below
@@ -50,9 +52,10 @@ typedef struct wk_ahead {
     wire_seq *rest; /* the residual plan's rows (wk_ahead_match) */
     uint32_t rest_cap;
     uint64_t rows_run, rows_used, host_used; /* rows run ahead; of those, rows a plan took; host rows of those */
+    bool dev; /* the engine samples on the device (engine_ops.dev_sample): wk_ahead_device_row */
 } wk_ahead;
 
-void wk_ahead_init(wk_ahead *a);
+void wk_ahead_init(wk_ahead *a, bool dev);
 void wk_ahead_free(wk_ahead *a);
 
 /* How the worker takes the step ahead, from the coordinator's --step-ahead (setting: WIRE_AHEAD_*):
@@ -62,17 +65,19 @@ void wk_ahead_free(wk_ahead *a);
 typedef enum { WK_AHEAD_OFF, WK_AHEAD_SYNC, WK_AHEAD_QUEUE } wk_ahead_mode_t;
 wk_ahead_mode_t wk_ahead_mode(bool step_greedy, bool queue, uint32_t setting);
 
-/* The row of a plan whose token the engine may take itself (engine_ops.step_greedy): greedy,
- * nothing the host sampler adds (penalties, logprobs), no logits returned. */
-bool wk_ahead_greedy_row(const wire_seq *s);
+/* The row of a plan whose token the engine may take itself (engine_ops.step_greedy): sampled, no
+ * penalties, no logprobs, no logits returned; greedy and unconstrained unless dev (the engine
+ * samples: engine_ops.dev_sample). */
+bool wk_ahead_device_row(const wire_seq *s, bool dev);
 
 /* The row of a plan that may run ahead: one token at a known position, a token sampled (on the
  * device or on the host), no logits returned. */
 bool wk_ahead_row(const wire_seq *s);
 
 /* Whether the step after plan p could run ahead with host rows: every row a wk_ahead_row, one or
- * more of them sampled on the host. Then rank 0 tells the other ranks its tokens first. */
-bool wk_ahead_wants_host(const wire_step_plan *p);
+ * more of them sampled on the host (not a wk_ahead_device_row). Then rank 0 tells the other ranks
+ * its tokens first. */
+bool wk_ahead_wants_host(const wire_step_plan *p, bool dev);
 
 /* out[i] of a host row that ran: its logits are in lrow[i] (wk_ahead_match: hit[i]) */
 #define WK_AHEAD_LOGITS (-2)
@@ -80,12 +85,14 @@ bool wk_ahead_wants_host(const wire_step_plan *p);
 /* Builds the step that follows plan p, whose row i took token tok[i] (on the device or sampled
  * on the host; -1: it did not; tok NULL: not known yet, wk_ahead_set_tokens gives them): returns
  * false (and holds no step) unless every row of p is a wk_ahead_row with a token, and (with tok
- * NULL, or host false) a greedy one. Replaces any step held before. */
+ * NULL, or host false) a wk_ahead_device_row. The rows keep p's sampling settings, but not its
+ * constraint setup (p did it). Replaces any step held before. */
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host);
 
 /* The logits rows the step held writes (n_vocab floats each, owned by a, valid until the next
- * call): rows[i] := lrow[i], and greedy[i] := whether the engine takes row i's token itself. */
-void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *greedy);
+ * call): rows[i] := lrow[i], and device[i] (device may be NULL) := whether the engine takes row
+ * i's token itself. */
+void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *device);
 void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok);
 
 /* Whether plan p asks for exactly the step held, row for row in its order (the rows' tokens

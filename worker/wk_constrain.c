@@ -18,9 +18,11 @@ typedef struct crec {
     float *bias_vals;
     uint32_t n_bias;
     uint32_t next_pos; /* position of the next token the matcher takes */
+    int32_t last_tok;  /* the token it took last (at next_pos - 1), when has_last */
+    bool has_last;
     /* wk_constrain_prepare's work for this step's row: its tokens taken and, when it samples, its
      * mask in allow (cnt as gram_match_mask returns it); wk_constrain_row hands them out */
-    bool prepared;
+    bool prepared, want_mask;
     const wire_seq *seq;
     uint8_t *allow;
     int64_t cnt;
@@ -258,11 +260,16 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
 static int row_take(crec *r, const gram_vocab *v, const wire_seq *s, mla_err *err) {
     for (uint32_t k = 0; k < s->n_tokens; k++) {
         uint32_t pos = (uint32_t)s->positions[k];
-        if (pos < r->next_pos) continue; /* the prompt */
+        if (pos + 1 == r->next_pos && r->has_last && s->tokens[k] != r->last_tok)
+            return mla_errf(err, "sequence %" PRIu64 ": token %d at position %u, but its grammar took %d there",
+                            s->seq_id, s->tokens[k], pos, r->last_tok);
+        if (pos < r->next_pos) continue; /* the prompt, or taken already (a step ahead) */
         if (pos > r->next_pos)
             return mla_errf(err, "sequence %" PRIu64 ": position %u comes before %u reached its grammar", s->seq_id,
                             pos, r->next_pos);
         take(r, v, s->tokens[k]);
+        r->last_tok = s->tokens[k];
+        r->has_last = true;
         r->next_pos++;
     }
     return MLA_OK;
@@ -312,14 +319,14 @@ static void *prep_main(void *arg) {
             r->prepared = false;
             continue;
         }
-        if (r->seq->sample && r->m) {
+        if (r->seq->sample && r->m && r->want_mask) {
             if (!r->allow) r->allow = mla_xmalloc(c->n_vocab ? c->n_vocab : 1);
             r->cnt = row_mask(r, c->v, r->allow);
         }
     }
 }
 
-void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p) {
+void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p, const bool *skip, bool masks) {
     wk_constrain_join(c);
     c->n_prep = c->next_prep = 0;
     for (size_t k = 0; k < c->n; k++) { /* nothing of an earlier plan is handed out */
@@ -329,14 +336,16 @@ void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p) {
     bool any = false;
     for (uint32_t i = 0; i < p->n_seqs; i++) { /* set up (records may move) */
         mla_err e = {{0}};
-        if (p->seqs[i].sp.constrained && row_setup(c, &p->seqs[i], &e)) any = true; /* else wk_constrain_row reports it */
+        if (p->seqs[i].sp.constrained && !(skip && skip[i]) && row_setup(c, &p->seqs[i], &e))
+            any = true; /* else wk_constrain_row reports it */
     }
     if (!any) return;
     gram_vocab_freeze(c->v);
     for (uint32_t i = 0; i < p->n_seqs; i++) { /* c->r no longer moves */
         const wire_seq *s = &p->seqs[i];
-        crec *r = s->sp.constrained ? find(c, s->seq_id) : NULL;
+        crec *r = s->sp.constrained && !(skip && skip[i]) ? find(c, s->seq_id) : NULL;
         if (!r) continue;
+        r->want_mask = masks;
         if (c->n_prep == c->cap_prep) {
             c->cap_prep = c->cap_prep ? 2 * c->cap_prep : 16;
             c->prep = mla_xrealloc(c->prep, c->cap_prep * sizeof *c->prep);
@@ -364,7 +373,8 @@ int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_er
         r->prepared = false;
         r->seq = NULL;
         if (!s->sample) return MLA_OK;
-        return row_mod(c, r, r->allow, r->cnt, mod, err);
+        if (r->want_mask || !r->m) return row_mod(c, r, r->allow, r->cnt, mod, err);
+        return row_mod(c, r, c->allow, row_mask(r, c->v, c->allow), mod, err);
     }
     r = row_setup(c, s, err);
     if (!r) return MLA_ERR;

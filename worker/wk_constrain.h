@@ -17,6 +17,12 @@
  * while the forward pass runs; wk_constrain_row then hands each row its mask. Without it (or for
  * a row it could not set up) wk_constrain_row does the same work itself.
  *
+ * Ahead of the plans: where the engine samples on the device (engine_ops.dev_sample), every rank
+ * keeps the records, and a row's next token (the one the device took, that the next plan will
+ * bring) is taken when the mask of the step after it is made (wk_constrain_row with a one-token
+ * row at that position); the plan then brings it again and it is skipped, or a different token
+ * there is an error naming both.
+ *
  * Ownership: wk_constrain_new -> wk_constrain_free; the vocabulary is read from the GGUF at the
  * first constrained row. The mask handed out lives until the next call (of the row's next step,
  * for a prepared row). */
@@ -45,7 +51,10 @@ int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_er
  * valid until wk_constrain_join or the rows' wk_constrain_row. A row that cannot be set up is
  * left to wk_constrain_row, which reports it. */
 #define WK_CONSTRAIN_THREADS 4
-void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p);
+/* skip (NULL: none): rows left to wk_constrain_row; masks false: the prepared rows' tokens only
+ * are taken (a rank that samples nothing on the host), their masks then made by wk_constrain_row
+ * if it is asked. */
+void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p, const bool *skip, bool masks);
 /* Waits for wk_constrain_prepare's threads (wk_constrain_row and wk_constrain_free do too). */
 void wk_constrain_join(wk_constrain *c);
 void wk_constrain_drop(wk_constrain *c, uint64_t seq_id);

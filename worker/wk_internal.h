@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "coll_host.h"
+#include "engine.h"
 #include "wire.h"
 #include "wk_ahead.h"
 #include "wk_run.h"
@@ -35,21 +36,26 @@ typedef struct wk {
     uint8_t nccl_id[WIRE_MAX_NCCL_ID];
     int id_known, id_quit;
     /* the compute thread's logits rows, kept from step to step (a fresh half-megabyte row per
-     * sequence and step cost page faults), and its per-sequence greedy flags and tokens */
+     * sequence and step cost page faults), and its per-sequence device rows and tokens */
     float *rows_buf;
     size_t rows_cap;
-    bool *greedy;
+    engine_drow *drow; /* how each row of the plan takes its token (engine.h) */
     int32_t *gtok;
+    bool dev;          /* the engine samples on the device (engine_ops.dev_sample) */
+    bool *skip;        /* rows wk_constrain_prepare leaves alone (the device rows) */
+    uint8_t *dmask;    /* copies of the device rows' masks for an engine call (n_vocab each) */
+    size_t dmask_cap;
     /* the step ahead (worker/wk_ahead.h): ahead[cur] is the one held, run or (queued) in the
      * engine; the other is the one queued behind it (chained) while a plan is matched. Its
      * scratch: a plan's rows it answered (hit; lhit: a host row's logits there), the indices of
-     * the others (ridx), their greedy flags and tokens (rgreedy, rtok), and the tokens of the
+     * the others (ridx), their device rows and tokens (rdrow, rtok), and the tokens of the
      * plan just answered (stok: rank 0's result; the other ranks get it by broadcast) */
     wk_ahead ahead[2];
     wk_ahead_mode_t ahead_mode;
     int cur;
-    bool queued, chained;
-    bool *rgreedy;
+    bool queued, chained, later; /* later: the chained step waits for queue_mods */
+    engine_drow *rdrow, *ndrow; /* the residual's rows, the step ahead's (run_ahead) or the chained step's */
+    sample_mod *nmods;
     int32_t *rtok, *hit, *stok;
     float **lhit;
     uint32_t *ridx;

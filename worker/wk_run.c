@@ -208,8 +208,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     memset(&w, 0, sizeof w);
     w.cfg = cfg;
     w.spin_us = zspin_default(cfg->engine ? cfg->engine->name : NULL, -1);
-    wk_ahead_init(&w.ahead[0]);
-    wk_ahead_init(&w.ahead[1]);
+    wk_ahead_init(&w.ahead[0], false); /* dev: set once the engine is loaded */
+    wk_ahead_init(&w.ahead[1], false);
     pthread_mutex_init(&w.id_mu, NULL);
     {
         pthread_condattr_t ca;
@@ -408,9 +408,13 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     zmq_ctx_term(w.zctx);
     coll_free(w.coll);
     free(w.rows_buf);
-    free(w.greedy);
+    free(w.drow);
     free(w.gtok);
-    free(w.rgreedy);
+    free(w.skip);
+    free(w.dmask);
+    free(w.rdrow);
+    free(w.ndrow);
+    free(w.nmods);
     free(w.rtok);
     free(w.stok);
     free(w.jobs);

@@ -128,19 +128,114 @@ static void ahead_collect(wk *w, engine *eng) {
     wk_ahead_done(a, w->rtok);
 }
 
+/* How row s takes its token (engine.h engine_drow): on the device where wk_ahead_device_row says
+ * so, drawn with the stream of the position it samples. */
+static engine_drow drow_of(const wk *w, const wire_seq *s) {
+    return (engine_drow){.take = wk_ahead_device_row(s, w->dev), .sp = &s->sp,
+                         .stream = (uint64_t)s->positions[s->n_tokens - 1] + 1};
+}
+
+/* The masks and biases of the constrained device rows among rows[0, n) (d[k] for rows[k]): the
+ * grammar takes each row's tokens and gives the mask of the next (worker/wk_constrain.h; every
+ * rank keeps the grammars where the engine samples), copied to w->dmask, which the engine reads
+ * during the call. threads: the masks are made on wk_constrain_prepare's threads (only where no
+ * plan's prepared rows wait to be handed out: it starts over). A row whose constraint cannot be
+ * served is not taken (rank 0's host path reports it); returns false then. */
+static bool device_mods(wk *w, wk_constrain *cons, wire_seq *rows, uint32_t n, engine_drow *d, bool threads) {
+    const uint32_t V = atomic_load(&w->n_vocab);
+    size_t nc = 0, j = 0;
+    for (uint32_t k = 0; k < n; k++) nc += d[k].take && rows[k].sp.constrained;
+    if (!nc) return true;
+    if (nc * V > w->dmask_cap) {
+        free(w->dmask);
+        w->dmask_cap = nc * V;
+        w->dmask = mla_xmalloc(w->dmask_cap);
+    }
+    if (threads && cons && nc > 1) {
+        for (uint32_t k = 0; k < n; k++) w->skip[k] = !(d[k].take && rows[k].sp.constrained);
+        wk_constrain_prepare(cons, &(wire_step_plan){.n_seqs = n, .seqs = rows}, w->skip, true);
+    }
+    bool ok = true;
+    for (uint32_t k = 0; k < n; k++) {
+        if (!d[k].take || !rows[k].sp.constrained) continue;
+        mla_err e = {{0}};
+        if (!cons || wk_constrain_row(cons, &rows[k], &d[k].mod, &e)) {
+            MLA_INFO("seq %llu: not sampled on the device: %s", (unsigned long long)rows[k].seq_id,
+                     cons ? e.msg : "no grammars on this rank");
+            d[k].take = false;
+            d[k].mod = (sample_mod){0};
+            ok = false;
+            continue;
+        }
+        if (d[k].mod.allow) {
+            uint8_t *mk = w->dmask + j++ * V;
+            memcpy(mk, d[k].mod.allow, V);
+            d[k].mod.allow = mk;
+        }
+    }
+    return ok;
+}
+
+/* Drops the chained step (queued in run_rows, now the other ahead[]): its sampling first where
+ * it waits for its masks (its tokens are not used), so that it can be waited for. */
+static void drop_chained(wk *w, engine *eng) {
+    if (w->later) {
+        mla_err qerr;
+        if (w->cfg->engine->queue_mods(eng, NULL, &qerr)) MLA_WARN("the dropped step's sampling: %s", qerr.msg);
+        w->later = false;
+    }
+    w->queued = true;
+    w->cur ^= 1;
+    ahead_collect(w, eng);
+    wk_ahead_clear(&w->ahead[w->cur]);
+    w->chained = false;
+}
+
+/* The sampling of the chained step (ahead[cur], queued) whose constrained rows wait for their
+ * masks: these follow from its input tokens (the tokens of the plan just answered), so they are
+ * made once the result has gone out, while the device runs the step's forward pass. A mask that
+ * cannot be made drops the step. */
+static void finish_chained(wk *w, engine *eng, wk_constrain *cons) {
+    if (!w->later) return;
+    wk_ahead *next = &w->ahead[w->cur];
+    const uint32_t n = next->plan.n_seqs;
+    bool ok = device_mods(w, cons, next->plan.seqs, n, w->ndrow, true);
+    for (uint32_t k = 0; k < n; k++) w->nmods[k] = w->ndrow[k].mod;
+    if (ok) {
+        mla_err qerr;
+        w->later = false;
+        if (w->cfg->engine->queue_mods(eng, w->nmods, &qerr)) {
+            MLA_INFO("the sampling of a queued step failed (the next plan runs in full): %s", qerr.msg);
+            ok = false;
+        }
+    }
+    if (ok) return;
+    w->cur ^= 1; /* drop_chained takes it as the other one */
+    drop_chained(w, eng);
+    w->queued = false;
+}
+
 /* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
  * w->gtok[i] = the token row i took on the device (from the step ahead, or now), -1 where the
  * engine wrote logits into rows[i] instead (a host row the step ahead ran: rows[i] := its logits
- * row there). When p asks for exactly the queued step ahead, the
- * step after it is queued first, from the tokens on the device (w->chained). */
-static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, mla_err *err) {
+ * row there). When p asks for exactly the queued step ahead, the step after it is queued first,
+ * from the tokens on the device (w->chained); its constrained rows are sampled once their masks
+ * follow from this step's tokens (w->later: finish_chained). */
+static int run_rows(wk *w, engine *eng, wk_constrain *cons, const wire_step_plan *p, float **rows, mla_err *err) {
     const engine_ops *ops = w->cfg->engine;
-    w->chained = false;
+    w->chained = w->later = false;
     if (!ops->step_greedy) return ops->step(eng, p, (float *const *)rows, err);
     wk_ahead *a = &w->ahead[w->cur], *next = &w->ahead[w->cur ^ 1];
     if (w->queued && wk_ahead_covers(a, p) && wk_ahead_build(next, p, NULL, false)) {
+        bool later = false;
+        for (uint32_t k = 0; k < next->plan.n_seqs; k++) {
+            w->ndrow[k] = drow_of(w, &next->plan.seqs[k]);
+            w->ndrow[k].mod_later = next->plan.seqs[k].sp.constrained;
+            later |= w->ndrow[k].mod_later;
+        }
         mla_err qerr;
-        w->chained = ops->queue(eng, &next->plan, true, &qerr) == MLA_OK;
+        w->chained = ops->queue(eng, &next->plan, true, w->ndrow, &qerr) == MLA_OK;
+        w->later = w->chained && later;
         if (!w->chained) {
             MLA_INFO("step %llu: the step after the step ahead was not queued: %s", (unsigned long long)p->step_id,
                      qerr.msg);
@@ -151,30 +246,30 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
     wire_step_plan rest = *p;
     uint32_t nhit = 0;
     if (a->plan.n_seqs) nhit = wk_ahead_match(a, p, w->hit, w->lhit, &rest, w->ridx);
-    if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
-        w->queued = true;
-        w->cur ^= 1;
-        ahead_collect(w, eng);
-        wk_ahead_clear(&w->ahead[w->cur]);
-        w->chained = false;
-    } else if (w->chained) {
-        w->cur ^= 1;
-        w->queued = true;
-    }
-    if (nhit == 0) return ops->step_greedy(eng, p, (float *const *)rows, w->greedy, w->gtok, err);
-    for (uint32_t i = 0; i < p->n_seqs; i++) {
+    for (uint32_t i = 0; nhit && i < p->n_seqs; i++) {
         w->gtok[i] = w->hit[i] >= 0 ? w->hit[i] : -1;
         if (w->hit[i] == WK_AHEAD_LOGITS) rows[i] = w->lhit[i]; /* sampled below, as if run now */
     }
-    if (w->chained) wk_ahead_set_tokens(&w->ahead[w->cur], w->gtok); /* its inputs: this step's tokens */
+    if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
+        drop_chained(w, eng);
+    } else if (w->chained) {
+        wk_ahead_set_tokens(next, w->gtok); /* its inputs: this step's tokens (its masks: finish_chained) */
+        w->cur ^= 1;
+        w->queued = true;
+    }
+    if (nhit == 0) {
+        device_mods(w, cons, p->seqs, p->n_seqs, w->drow, false);
+        return ops->step_greedy(eng, p, (float *const *)rows, w->drow, w->gtok, err);
+    }
     if (rest.n_seqs == 0) return MLA_OK;
-    /* the residual rows, compacted: their logits rows, greedy flags and tokens */
+    /* the residual rows, compacted: their logits rows, device rows and tokens */
     float **rrows = mla_xmalloc(rest.n_seqs * sizeof *rrows);
     for (uint32_t k = 0; k < rest.n_seqs; k++) {
         rrows[k] = rows[w->ridx[k]];
-        w->rgreedy[k] = w->greedy[w->ridx[k]];
+        w->rdrow[k] = w->drow[w->ridx[k]];
     }
-    int rc = ops->step_greedy(eng, &rest, (float *const *)rrows, w->rgreedy, w->rtok, err);
+    device_mods(w, cons, rest.seqs, rest.n_seqs, w->rdrow, false);
+    int rc = ops->step_greedy(eng, &rest, (float *const *)rrows, w->rdrow, w->rtok, err);
     for (uint32_t k = 0; rc == MLA_OK && k < rest.n_seqs; k++) w->gtok[w->ridx[k]] = w->rtok[k];
     free(rrows);
     return rc;
@@ -182,15 +277,16 @@ static int run_rows(wk *w, engine *eng, const wire_step_plan *p, float **rows, m
 
 /* After plan p (its result sent): the step that follows from its tokens, queued in the engine or
  * run now (worker/wk_ahead.h), unless run_rows already queued it. Without host rows, from the
- * device's tokens (w->gtok, the same on every rank); a greedy step ahead writes its logits, where
- * it writes any, into rows (p's, one row a sequence). With host rows (every rank takes that
- * decision from p alone), from tok (rank 0: the tokens of its result; broadcast to the other
- * ranks first, whose tok it overwrites), run, its logits kept in the step ahead. */
-static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows, int32_t *tok) {
+ * device's tokens (w->gtok, the same on every rank); a step ahead of device rows only writes its
+ * logits, where it writes any, into rows (p's, one row a sequence). With host rows (every rank
+ * takes that decision from p alone), from tok (rank 0: the tokens of its result; broadcast to the
+ * other ranks first, whose tok it overwrites), run, its logits kept in the step ahead. Its
+ * constrained device rows get their masks now: the tokens are known. */
+static void run_ahead(wk *w, engine *eng, wk_constrain *cons, const wire_step_plan *p, float **rows, int32_t *tok) {
     if (w->ahead_mode == WK_AHEAD_OFF || w->chained) return;
     wk_ahead *a = &w->ahead[w->cur];
     mla_err err;
-    bool host = wk_ahead_wants_host(p);
+    bool host = wk_ahead_wants_host(p, w->dev);
     if (host && w->cfg->world > 1) {
         if (coll_broadcast(w->coll, tok, p->n_seqs * sizeof *tok, 0, &err)) {
             MLA_WARN("step %llu: rank 0's tokens for the step ahead did not arrive (no step ahead): %s",
@@ -200,23 +296,27 @@ static void run_ahead(wk *w, engine *eng, const wire_step_plan *p, float **rows,
         }
     }
     if (!wk_ahead_build(a, p, host ? tok : w->gtok, host)) return;
+    for (uint32_t k = 0; k < a->plan.n_seqs; k++) w->rdrow[k] = drow_of(w, &a->plan.seqs[k]);
+    if (!device_mods(w, cons, a->plan.seqs, a->plan.n_seqs, w->rdrow, true)) {
+        wk_ahead_done(a, NULL);
+        return;
+    }
     if (a->n_host) {
         float **arows = mla_xmalloc(a->plan.n_seqs * sizeof *arows);
-        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows, w->rgreedy);
-        int rc = w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)arows, w->rgreedy, w->rtok, &err);
+        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows, NULL);
+        int rc = w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)arows, w->rdrow, w->rtok, &err);
         free(arows);
         if (rc == MLA_OK) {
             wk_ahead_done(a, w->rtok);
             return;
         }
     } else if (w->ahead_mode == WK_AHEAD_QUEUE) {
-        if (w->cfg->engine->queue(eng, &a->plan, false, &err) == MLA_OK) {
+        if (w->cfg->engine->queue(eng, &a->plan, false, w->rdrow, &err) == MLA_OK) {
             w->queued = true;
             return;
         }
     } else {
-        for (uint32_t i = 0; i < a->plan.n_seqs; i++) w->rgreedy[i] = true;
-        if (w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)rows, w->rgreedy, w->rtok, &err) == MLA_OK) {
+        if (w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)rows, w->rdrow, w->rtok, &err) == MLA_OK) {
             wk_ahead_done(a, w->rtok);
             return;
         }
@@ -251,8 +351,11 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     }
     if (p->n_seqs > w->flags_cap) {
         w->flags_cap = p->n_seqs * 2;
-        w->greedy = mla_xrealloc(w->greedy, w->flags_cap * sizeof *w->greedy);
-        w->rgreedy = mla_xrealloc(w->rgreedy, w->flags_cap * sizeof *w->rgreedy);
+        w->drow = mla_xrealloc(w->drow, w->flags_cap * sizeof *w->drow);
+        w->rdrow = mla_xrealloc(w->rdrow, w->flags_cap * sizeof *w->rdrow);
+        w->ndrow = mla_xrealloc(w->ndrow, w->flags_cap * sizeof *w->ndrow);
+        w->nmods = mla_xrealloc(w->nmods, w->flags_cap * sizeof *w->nmods);
+        w->skip = mla_xrealloc(w->skip, w->flags_cap * sizeof *w->skip);
         w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
         w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
         w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
@@ -263,17 +366,19 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     for (uint32_t i = 0, off = 0; i < p->n_seqs; i++) {
         rows[i] = w->rows_buf + (size_t)off * V;
         off += engine_logit_rows(&p->seqs[i]);
-        w->greedy[i] = wk_ahead_greedy_row(&p->seqs[i]);
+        w->drow[i] = drow_of(w, &p->seqs[i]);
+        w->skip[i] = w->drow[i].take; /* their grammar work: device_mods, when they are sampled */
         w->gtok[i] = -1;
         w->stok[i] = -1;
     }
     mla_err err;
     const int64_t t0 = now_ns();
-    /* the constrained rows' grammar work (their masks) on threads while the forward pass runs */
-    if (cons) wk_constrain_prepare(cons, p);
+    /* the host-sampled constrained rows' grammar work (rank 0: their masks) on threads while the
+     * forward pass runs */
+    if (cons) wk_constrain_prepare(cons, p, w->skip, rank == 0);
     /* the plan's table updates first: also those of rows a step ahead answered */
     int rc = w->cfg->engine->set_tables(eng, p, &err);
-    if (rc == MLA_OK) rc = run_rows(w, eng, p, rows, &err);
+    if (rc == MLA_OK) rc = run_rows(w, eng, cons, p, rows, &err);
     if (cons) wk_constrain_join(cons);
     atomic_fetch_add(&w->st_step_ns, (uint64_t)(now_ns() - t0));
     atomic_fetch_add(&w->st_steps, 1);
@@ -324,7 +429,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 sr[i].n_top = 0;
             }
             sample_mod mod = {0};
-            if (s->sp.constrained && wk_constrain_row(cons, s, &mod, &err)) {
+            /* a row the device sampled: its grammar took its tokens when its mask was made */
+            if (s->sp.constrained && !(s->sample && w->gtok[i] >= 0) && wk_constrain_row(cons, s, &mod, &err)) {
                 /* cannot be served (the coordinator checked the grammar): the step reports it */
                 MLA_ERROR("step %llu: %s", (unsigned long long)p->step_id, err.msg);
                 if (!cerr[0]) snprintf(cerr, sizeof cerr, "%.400s", err.msg);
@@ -392,7 +498,8 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         }
         free(sr);
     }
-    if (rc == MLA_OK) run_ahead(w, eng, p, rows, w->stok);
+    finish_chained(w, eng, cons);
+    if (rc == MLA_OK) run_ahead(w, eng, cons, p, rows, w->stok);
     free(rows);
 }
 
@@ -484,9 +591,12 @@ void *wk_compute_main(void *arg) {
         }
         if (wk_send_msg(pair, &lm, &err)) MLA_WARN("%s", err.msg);
     }
+    /* sampling on the device where the engine can (then every rank keeps the grammars) */
+    w->dev = cfg->engine->dev_sample && cfg->engine->dev_sample(eng) && !mla_sw_bool(MLA_SW_WORKER_HOST_SAMPLE);
+    w->ahead[0].dev = w->ahead[1].dev = w->dev;
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
     w->samp = cfg->rank == 0 ? wk_sample_new(V) : NULL;
-    wk_constrain *cons = cfg->rank == 0 ? wk_constrain_new(cfg->model_path, V) : NULL;
+    wk_constrain *cons = cfg->rank == 0 || w->dev ? wk_constrain_new(cfg->model_path, V) : NULL;
     hist_tab hist = {0};
     for (;;) {
         wire_msg *m = NULL;

@@ -32,6 +32,13 @@ struct engine {
     int32_t *queued[2];
     uint32_t queued_n[2], n_queued;
     uint64_t n_queue_host, n_queue_device; /* queue calls with each source of tokens */
+    sampler *smp;        /* the rows it samples itself (dev_sample: worker/sample.c, as the host would) */
+    /* a queued step whose rows wait for queue_mods: their logits rows and settings */
+    float *pend_rows;
+    engine_drow *pend_drow;
+    wire_sampling *pend_sp;
+    uint32_t pend_n;
+    bool pend;
     engine_kv_pool pool; /* kv_memory_bytes / 1 KiB blocks (4096 when 0) of TE_BLOCK positions */
     uint64_t *cache;     /* the "KV cache": the running state after each position, by block and slot */
 };
@@ -157,9 +164,20 @@ static int te_set_tables(engine *e, const wire_step_plan *p, mla_err *err) {
     return MLA_OK;
 }
 
-/* step and step_greedy (engine.h); greedy/tokens NULL: step */
-static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const bool *greedy, int32_t *tokens,
-                          mla_err *err) {
+/* step and step_greedy (engine.h); drow/tokens NULL: step */
+/* the token row r gives under d: the host sampler's, without logprobs (the engine takes none such) */
+static int32_t te_pick(engine *e, const float *r, const engine_drow *d) {
+    if (!e->smp) e->smp = sampler_new(TEST_VOCAB);
+    wire_sampling sp = *d->sp;
+    sp.logprobs = false;
+    sp.top_logprobs = 0;
+    sample_out o;
+    sampler_sample_mod(e->smp, r, &sp, &d->mod, NULL, 0, d->stream, &o);
+    return o.token;
+}
+
+static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logits, const engine_drow *drow,
+                          int32_t *tokens, mla_err *err) {
     if (e->delay_ms > 0) usleep((useconds_t)e->delay_ms * 1000);
     size_t total = 0;
     for (uint32_t i = 0; i < p->n_seqs; i++) total += engine_logit_rows(&p->seqs[i]);
@@ -211,11 +229,8 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
         row += nr;
         e->last_id[i] = p->seqs[i].seq_id;
         e->last_tok[i] = -1;
-        if (greedy && greedy[i]) { /* like the CUDA engine: the token, and the row left unwritten */
-            int best = 0;
-            for (int v = 1; v < TEST_VOCAB; v++)
-                if (r[v] > r[best]) best = v;
-            tokens[i] = e->last_tok[i] = best;
+        if (drow && drow[i].take && !drow[i].mod_later) { /* like the CUDA engine: the token, the row unwritten */
+            tokens[i] = e->last_tok[i] = te_pick(e, r, &drow[i]);
             continue;
         }
         if (tokens) tokens[i] = -1;
@@ -227,47 +242,94 @@ static int te_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
 }
 
 /* queue (engine.h): runs the plan now (every rank queues the same, so its all-reduce pairs up)
- * and keeps its tokens until wait_queued asks for them */
-static int te_queue(engine *e, const wire_step_plan *a, bool from_device, mla_err *err) {
+ * and keeps its tokens until wait_queued asks for them; rows whose masks come later keep their
+ * logits until queue_mods */
+static int te_queue(engine *e, const wire_step_plan *a, bool from_device, const engine_drow *drow, mla_err *err) {
     if (e->n_queued == 2) return mla_errf(err, "test engine: two plans are queued already");
+    if (e->pend) return mla_errf(err, "test engine: the queued plan waits for its masks");
+    const uint32_t n = a->n_seqs ? a->n_seqs : 1;
     wire_step_plan q = *a;
-    q.seqs = mla_xmalloc(a->n_seqs * sizeof *q.seqs);
-    int32_t *tok = mla_xmalloc(a->n_seqs * sizeof *tok);
-    bool *greedy = mla_xmalloc(a->n_seqs * sizeof *greedy);
-    float **rows = mla_xcalloc(a->n_seqs ? a->n_seqs : 1, sizeof *rows);
+    q.seqs = mla_xmalloc(n * sizeof *q.seqs);
+    int32_t *tok = mla_xmalloc(n * sizeof *tok);
+    engine_drow *d = mla_xcalloc(n, sizeof *d);
+    float **rows = mla_xcalloc(n, sizeof *rows);
+    float *buf = mla_xmalloc((size_t)n * TEST_VOCAB * sizeof *buf);
+    bool later = false;
     int rc = MLA_OK;
     if (from_device && e->last_n != a->n_seqs) rc = mla_errf(err, "test engine: the last step had other rows");
     for (uint32_t i = 0; rc == MLA_OK && i < a->n_seqs; i++) {
         q.seqs[i] = a->seqs[i];
         if (from_device) {
             if (e->last_id[i] != a->seqs[i].seq_id || e->last_tok[i] < 0) {
-                rc = mla_errf(err, "test engine: row %u of the last step is not this sequence's greedy token", i);
+                rc = mla_errf(err, "test engine: row %u of the last step is not this sequence's device token", i);
                 break;
             }
             tok[i] = e->last_tok[i];
             q.seqs[i].tokens = &tok[i];
         }
-        greedy[i] = true;
+        if (drow && !drow[i].take) {
+            rc = mla_errf(err, "test engine: a queued row must take its token on the device");
+            break;
+        }
+        d[i] = drow ? drow[i] : (engine_drow){.take = true, .sp = &a->seqs[i].sp};
+        rows[i] = buf + (size_t)i * TEST_VOCAB; /* written for the rows whose masks come later */
+        later |= d[i].mod_later;
     }
-    int32_t *out = mla_xmalloc((a->n_seqs ? a->n_seqs : 1) * sizeof *out);
-    if (rc == MLA_OK) rc = te_step_greedy(e, &q, rows, greedy, out, err);
+    int32_t *out = mla_xmalloc(n * sizeof *out);
+    if (rc == MLA_OK) rc = te_step_greedy(e, &q, rows, d, out, err);
     if (rc == MLA_OK) {
         if (from_device) e->n_queue_device++;
         else e->n_queue_host++;
         e->queued[e->n_queued] = out;
         e->queued_n[e->n_queued++] = a->n_seqs;
+        if (later) { /* its rows' settings and logits until queue_mods */
+            free(e->pend_rows);
+            free(e->pend_drow);
+            free(e->pend_sp);
+            e->pend_rows = buf;
+            buf = NULL;
+            e->pend_drow = d;
+            e->pend_sp = mla_xmalloc(n * sizeof *e->pend_sp);
+            for (uint32_t i = 0; i < a->n_seqs; i++) {
+                e->pend_sp[i] = *d[i].sp;
+                e->pend_drow[i].sp = &e->pend_sp[i];
+            }
+            d = NULL;
+            e->pend_n = a->n_seqs;
+            e->pend = true;
+        }
     } else {
         free(out);
     }
     free(q.seqs);
     free(tok);
-    free(greedy);
+    free(d);
     free(rows);
+    free(buf);
     return rc;
+}
+
+static int te_queue_mods(engine *e, const sample_mod *mods, mla_err *err) {
+    if (!e->pend) return mla_errf(err, "test engine: no queued plan waits for its masks");
+    e->pend = false;
+    int32_t *out = e->queued[e->n_queued - 1];
+    for (uint32_t i = 0; i < e->pend_n; i++) {
+        engine_drow *d = &e->pend_drow[i];
+        if (!d->mod_later) continue;
+        d->mod = mods ? mods[i] : (sample_mod){0};
+        out[i] = e->last_tok[i] = te_pick(e, e->pend_rows + (size_t)i * TEST_VOCAB, d);
+    }
+    return MLA_OK;
+}
+
+static bool te_dev_sample(const engine *e) {
+    (void)e;
+    return true;
 }
 
 static int te_wait_queued(engine *e, int32_t *tokens, mla_err *err) {
     if (e->n_queued == 0) return mla_errf(err, "test engine: nothing is queued");
+    if (e->pend && e->n_queued == 1) return mla_errf(err, "test engine: the queued plan waits for its masks");
     memcpy(tokens, e->queued[0], e->queued_n[0] * sizeof *tokens);
     free(e->queued[0]);
     e->queued[0] = e->queued[1];
@@ -308,6 +370,10 @@ static void te_destroy(engine *e) {
     free(e->last_id);
     free(e->last_tok);
     free(e->seqs);
+    sampler_free(e->smp);
+    free(e->pend_rows);
+    free(e->pend_drow);
+    free(e->pend_sp);
     free(e);
 }
 
@@ -321,5 +387,7 @@ const engine_ops test_engine_ops = {.name = "test",
                                     .free_seq = te_free_seq,
                                     .destroy = te_destroy,
                                     .step_greedy = te_step_greedy,
+                                    .dev_sample = te_dev_sample,
                                     .queue = te_queue,
+                                    .queue_mods = te_queue_mods,
                                     .wait_queued = te_wait_queued};

@@ -12,7 +12,9 @@
  * Positions are taken as the real engines take them: a plan starting below what a sequence holds
  * rewinds it there (a running state is kept per position), one starting past it is refused
  * unless the sequence holds nothing yet (its table shares blocks), one past its table is refused.
- * queue / wait_queued (engine.h) run the plan at once and hand its tokens out later.
+ * queue / wait_queued (engine.h) run the plan at once and hand its tokens out later. It samples
+ * on the "device" (dev_sample): rows it takes get the host sampler's token (worker/sample.c) from
+ * their logits, queued rows whose masks come later when queue_mods gives them.
  * Developer switches (common/mla_switch.h): MLA_TEST_ENGINE_DELAY_MS (sleep inside every step, before the all-reduce),
  * MLA_TEST_ENGINE_STATS=PATH (at destroy, PATH.<rank> gets "tokens host_queues device_queues":
  * the tokens the engine advanced, and its queue calls with tokens from the plan / the device),

@@ -12,7 +12,8 @@ from it while every batch held host-sampled rows, the one without none.
 Usage: test_ahead_host.py SERVE_EXE WORKER_EXE FIXTURES_DIR|MODEL.gguf [TP [BACKEND]]: SERVE_EXE is
 `mlaserve` (its `serve` command) or a program that serves (mlaserve_serve_test); BACKEND (cpu) goes
 to `--backend` (cuda on a GPU host: the same answers from the CUDA engine's step ahead, queued or
-run). Exit 77 when the fixture is missing."""
+run; and a third server that samples every row that is not greedy on the host, whose texts must
+be those of the device's sampler). Exit 77 when the fixture is missing."""
 import json
 import os
 import re
@@ -99,8 +100,13 @@ def ahead_stats(log):
 rs = reqs()
 common = ["--max-context", "1024", "--max-seqs", "64", "--tp", tp] + (["--backend", backend] if backend else [])
 res, stats = {}, {}
-for mode in ("off", "queue"):
-    srv = ServeProcess(cmd + ["-m", model, "--port", "0"], common + ["--step-ahead", mode], worker=worker,
+# on CUDA the first two servers sample the rows that are not greedy on the device
+# (MLA_CUDA_SAMPLE=device: worker/engine.h dev_sample), a third on the host, and every text must
+# be the same (the device's sampler takes the host sampler's token, up to rounding at a boundary)
+modes = ("off", "queue", "queue-host") if backend == "cuda" else ("off", "queue")
+for mode in modes:
+    srv = ServeProcess(cmd + ["-m", model, "--port", "0"], common + ["--step-ahead", mode.split("-")[0]],
+                       worker=worker, env={"MLA_CUDA_SAMPLE": "host" if mode.endswith("host") else "device"},
                        timeout=120, prefix="ahead_host_%s_" % mode)
     try:
         res[mode] = run_all(srv.port, rs)
@@ -124,6 +130,11 @@ for i, (path, body) in enumerate(rs):
                                                                                  a[1:], b[1:]))
         if "logprobs" in body:
             check(a[3] is not None and len(a[3]) > 0, "request %d streamed its logprobs" % i)
+for i, (path, body) in enumerate(rs):
+    a, b = res["queue"].get(i), res.get("queue-host", {}).get(i)
+    if b is not None and a and a[0] == 200 and b[0] == 200:
+        check(a[1:3] == b[1:3], "request %d (%s): the device's sampling gives the host's text: %r vs %r" %
+              (i, json.dumps(body)[:120], a[1:3], b[1:3]))
 check(stats["off"] is None or stats["off"][0] == 0, "no step ahead with --step-ahead off: %r" % (stats["off"],))
 check(stats["queue"] is not None and stats["queue"][2] > 0,
       "host-sampled rows of the step ahead were taken: %r" % (stats["queue"],))

@@ -29,6 +29,8 @@
 #include "coord.h"
 #include "mla_test.h"
 #include "sample.h"
+#include "common/gguf_write.h"
+#include "wk_constrain.h"
 #include "test_engine.h"
 
 extern char **environ;
@@ -231,6 +233,34 @@ typedef struct arow {
     int seq, prompt, forced, logits;
 } arow;
 
+/* The reference of a plan's row (test_engine.h): hist[p] := the state after the row's token at
+ * position p, for each of its tokens; row := the expected logits after its last; returns that
+ * last position. */
+static int32_t ref_row(uint64_t hist[64], const wire_seq *s, int T, float *row) {
+    for (uint32_t k = 0; k < s->n_tokens; k++) {
+        const int32_t p = s->positions[k];
+        REQUIRE(p < 64);
+        hist[p] = test_engine_advance(p ? hist[p - 1] : 0, s->tokens[k], p);
+    }
+    const int32_t p = s->positions[s->n_tokens - 1];
+    test_engine_expected(hist[p], p, T, row);
+    return p;
+}
+
+/* The test engine's counts of rank r (MLA_TEST_ENGINE_STATS=stats): tokens advanced, steps
+ * queued from the plan's tokens and from the device's; the file is removed. */
+static void engine_stats(const char *stats, int r, unsigned long long *got, unsigned long long *qh,
+                         unsigned long long *qd) {
+    char path[200];
+    snprintf(path, sizeof path, "%s.%d", stats, r);
+    FILE *f = fopen(path, "r");
+    *got = 0;
+    *qh = *qd = 9;
+    CHECKF(f && fscanf(f, "%llu %llu %llu", got, qh, qd) == 3, "no engine count from rank %d (%s)", r, path);
+    if (f) fclose(f);
+    unlink(path);
+}
+
 /* Nine steps of three greedy sequences through T workers, with the step ahead on or off: plans
  * that continue it, drop a sequence, take one back at the position run ahead, add a prompt,
  * force another token and ask for logits right after a step ahead, follow a free. Every token
@@ -296,13 +326,7 @@ static void test_ahead(int T, const char *mode) {
         CHECK(res.ok && res.n_seqs == n);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
             const int q = (int)(seqs[i].seq_id - 100);
-            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
-                const int32_t p = ps[i][k];
-                REQUIRE(p < 64);
-                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
-            }
-            const int32_t p = ps[i][seqs[i].n_tokens - 1];
-            test_engine_expected(hist[q][p], p, T, row);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
             if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token != argmax(row, TEST_VOCAB)) bad++;
             if (seqs[i].sp.logits == WIRE_LOGITS_LAST &&
                 (!res.seqs[i].logits || memcmp(res.seqs[i].logits, row, sizeof row)))
@@ -315,14 +339,8 @@ static void test_ahead(int T, const char *mode) {
     CHECKF(bad == 0, "T=%d ahead=%s: %d tokens or logits rows differ from the reference", T, mode, bad);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
-        char path[160];
-        snprintf(path, sizeof path, "%s.%d", stats, r);
-        FILE *f = fopen(path, "r");
-        unsigned long long got = 0, qh = 9, qd = 9;
-        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
-               r, path);
-        if (f) fclose(f);
-        unlink(path);
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
         CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens (expected %d)", T,
                mode, r, got, on ? 31 : 26);
         /* queued: after steps 2, 4, 6 and 8 from the plan's tokens; in steps 3 and 9, which asked
@@ -340,19 +358,24 @@ static void test_ahead(int T, const char *mode) {
  * both. Every token equals the reference (the argmax of the expected row, or the sampler's draw
  * from it with the seed at that position); the engine advanced 21 tokens without the step ahead,
  * 24 with it (every decode step's rows run ahead, and taken by the next plan but seq 1 at step 7;
- * one step ahead queued, in queue mode). */
-static void test_ahead_host(int T, const char *mode) {
+ * one step ahead queued, in queue mode). With host false the test engine samples seq 1 on its
+ * "device" (engine_ops.dev_sample) and it is a row like the greedy one: queued from the device
+ * where the plan follows the step ahead (five times, and three times from the plan); with host
+ * (MLA_WORKER_HOST_SAMPLE) rank 0 samples it. The tokens are the same either way. */
+static void test_ahead_host(int T, const char *mode, bool host) {
     const int on = strcmp(mode, "0") != 0, queued = !strcmp(mode, "1");
     static const int script[9][2] = {{4, 2}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, -1}, {0, 0}, {0, 0}};
     char stats[128];
     snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-host-%d", (int)getpid());
     setenv("MLA_TEST_ENGINE_STATS", stats, 1);
+    if (host) setenv("MLA_WORKER_HOST_SAMPLE", "1", 1);
     coord *c;
     mla_err err;
     coord_config cfg = base_cfg(T);
     cfg.step_ahead = !on ? WIRE_AHEAD_OFF : queued ? WIRE_AHEAD_QUEUE : WIRE_AHEAD_SYNC;
     int rc = coord_start(&c, &cfg, &err);
     unsetenv("MLA_TEST_ENGINE_STATS");
+    unsetenv("MLA_WORKER_HOST_SAMPLE");
     REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
     sampler *ref = sampler_new(TEST_VOCAB);
     uint64_t hist[2][64];
@@ -389,13 +412,7 @@ static void test_ahead_host(int T, const char *mode) {
         CHECK(res.ok && res.n_seqs == n);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
             const int q = (int)(seqs[i].seq_id - 200);
-            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
-                const int32_t p = ps[i][k];
-                REQUIRE(p < 64);
-                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
-            }
-            const int32_t p = ps[i][seqs[i].n_tokens - 1];
-            test_engine_expected(hist[q][p], p, T, row);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
             int32_t want = argmax(row, TEST_VOCAB);
             if (q == 1) {
                 sample_out so;
@@ -410,23 +427,174 @@ static void test_ahead_host(int T, const char *mode) {
         coord_result_free(&res);
     }
     sampler_free(ref);
-    CHECKF(bad == 0, "T=%d ahead=%s: %d tokens differ from the reference with a host-sampled row", T, mode, bad);
+    CHECKF(bad == 0, "T=%d ahead=%s host=%d: %d tokens differ from the reference with a sampled row", T, mode, host,
+           bad);
     CHECKF(drawn > 0, "T=%d ahead=%s: the temperature-1 row only ever drew the argmax", T, mode);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
-        char path[160];
-        snprintf(path, sizeof path, "%s.%d", stats, r);
-        FILE *f = fopen(path, "r");
-        unsigned long long got = 0, qh = 9, qd = 9;
-        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
-               r, path);
-        if (f) fclose(f);
-        unlink(path);
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
         CHECKF(got == (on ? 24u : 21u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens with a host row "
                "(expected %d)", T, mode, r, got, on ? 24 : 21);
-        CHECKF(qh == (queued ? 1u : 0u) && qd == 0,
-               "T=%d ahead=%s rank %d: %llu queued from the plan, %llu from the device (host rows)", T, mode, r, qh, qd);
+        const unsigned want_qh = !queued ? 0 : host ? 1 : 3, want_qd = !queued || host ? 0 : 5;
+        CHECKF(qh == want_qh && qd == want_qd,
+               "T=%d ahead=%s host=%d rank %d: %llu queued from the plan, %llu from the device (expected %u, %u)", T,
+               mode, host, r, qh, qd, want_qh, want_qd);
     }
+}
+
+/* A GGUF holding only a vocabulary of TEST_VOCAB tokens for the grammars (gpt2 byte-level text,
+ * printable ASCII standing for itself; the last token <eos>, a control token and the model's
+ * end of sequence): the test engine's model file where rows are constrained. */
+static void write_vocab_gguf(const char *path) {
+    static const char *alpha[] = {"[", "]", ",", "1", "2", "true", "null", "a", "b", "{", "}", "\"", ":", "12"};
+    const int na = (int)(sizeof alpha / sizeof alpha[0]);
+    char text[TEST_VOCAB][24];
+    const char *toks[TEST_VOCAB];
+    int32_t types[TEST_VOCAB];
+    for (int t = 0; t < TEST_VOCAB; t++) {
+        if (t == TEST_VOCAB - 1) snprintf(text[t], sizeof text[t], "<eos>");
+        else if ((t / na) % 2) snprintf(text[t], sizeof text[t], "%s%s", alpha[t % na], alpha[(t * 7 + 3) % na]);
+        else snprintf(text[t], sizeof text[t], "%s", alpha[t % na]);
+        toks[t] = text[t];
+        types[t] = t == TEST_VOCAB - 1 ? 3 : 1;
+    }
+    gguf_writer *w;
+    mla_err err;
+    REQUIRE(gguf_write_open(&w, path, &err) == MLA_OK);
+    gguf_write_kv_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_write_kv_arr_str(w, "tokenizer.ggml.tokens", toks, TEST_VOCAB);
+    gguf_write_kv_arr_i32(w, "tokenizer.ggml.token_type", types, TEST_VOCAB);
+    gguf_write_kv_u32(w, "tokenizer.ggml.eos_token_id", TEST_VOCAB - 1);
+    REQUIRE(gguf_write_begin_data(w, &err) == MLA_OK);
+    REQUIRE(gguf_write_close(w, &err) == MLA_OK);
+}
+
+/* Constrained rows through the step ahead: beside a greedy row, a temperature-1 row under a JSON-like
+ * grammar, a greedy row under another grammar, a temperature 0.7 / top_p 0.9 row, and a greedy row
+ * with logit biases only, through T workers, with the step ahead off, run after the step, or
+ * queued. Twelve steps: the prompts, decodes of all, one without the grammar's greedy row (it then
+ * runs on its own beside the step ahead), and decodes again. Every token is the reference's: the
+ * grammar's mask (a wk_constrain of our own over the same vocabulary and the plans' tokens) and
+ * the biases on the expected row, then the host sampler with the seed at that position. With
+ * host false the test engine takes every row on its "device": queued, the constrained rows'
+ * masks follow the tokens of the step before (queue_mods); with host (MLA_WORKER_HOST_SAMPLE)
+ * rank 0 samples them. */
+static void test_ahead_grammar(int T, const char *mode, bool host) {
+    const int queued = !strcmp(mode, "1"), on = strcmp(mode, "0") != 0;
+    enum { NQ = 5, NSTEP = 12, PL = 3 };
+    char model[160], stats[160];
+    snprintf(model, sizeof model, "/tmp/mla-test-vocab-%d.gguf", (int)getpid());
+    snprintf(stats, sizeof stats, "/tmp/mla-test-ahead-grammar-%d", (int)getpid());
+    write_vocab_gguf(model);
+    uint64_t hash;
+    mla_err err;
+    REQUIRE(test_engine_file_hash(model, &hash, &err) == MLA_OK);
+    setenv("MLA_TEST_ENGINE_STATS", stats, 1);
+    if (host) setenv("MLA_WORKER_HOST_SAMPLE", "1", 1);
+    coord *c;
+    coord_config cfg = base_cfg(T);
+    cfg.model_path = model;
+    cfg.model_hash = hash;
+    cfg.step_ahead = !on ? WIRE_AHEAD_OFF : queued ? WIRE_AHEAD_QUEUE : WIRE_AHEAD_SYNC;
+    int rc = coord_start(&c, &cfg, &err);
+    unsetenv("MLA_TEST_ENGINE_STATS");
+    unsetenv("MLA_WORKER_HOST_SAMPLE");
+    REQUIRE(rc == MLA_OK || (fprintf(stderr, "coord_start: %s\n", err.msg), 0));
+    static const char *const gram[NQ] = {
+        NULL, "root ::= \"[\" ( item ( \",\" item )* )? \"]\"\nitem ::= \"1\" | \"2\" | \"true\" | \"null\"",
+        "root ::= ( \"a\" | \"b\" | \"1\" )+", NULL, NULL};
+    int32_t bias_ids[2] = {7, 8};
+    float bias_vals[2] = {4.0f, -100.0f};
+    wk_constrain *ref = wk_constrain_new(model, TEST_VOCAB);
+    sampler *smp = sampler_new(TEST_VOCAB);
+    uint64_t hist[NQ][64];
+    int32_t pos[NQ] = {0}, last[NQ] = {0};
+    int bad = 0, masked = 0;
+    float row[TEST_VOCAB];
+    for (int st = 0; st < NSTEP && rc == MLA_OK; st++) {
+        wire_seq seqs[NQ];
+        int32_t toks[NQ][PL], ps[NQ][PL];
+        uint32_t n = 0;
+        for (int q = 0; q < NQ; q++) {
+            if (st == 6 && q == 2) continue;
+            const uint32_t nt = st == 0 ? PL : 1;
+            for (uint32_t k = 0; k < nt; k++) {
+                toks[n][k] = st == 0 ? (int32_t)((5 * q + 3 * k + 1) % (TEST_VOCAB - 1)) : last[q];
+                ps[n][k] = pos[q] + (int32_t)k;
+            }
+            wire_seq *s = &seqs[n];
+            *s = (wire_seq){.seq_id = 300 + (uint64_t)q, .n_tokens = nt, .tokens = toks[n], .positions = ps[n],
+                            .sample = true};
+            tt_table(s, (uint32_t)q);
+            s->sp.top_p = 1;
+            s->sp.repetition_penalty = 1;
+            if (q == 1) {
+                s->sp.temperature = 1.0f;
+                s->sp.seed = 77;
+            } else if (q == 3) {
+                s->sp.temperature = 0.7f;
+                s->sp.top_p = 0.9f;
+                s->sp.seed = 5;
+            }
+            s->sp.constrained = q == 1 || q == 2 || q == 4;
+            if (st == 0 && s->sp.constrained) {
+                s->sp.constraint_setup = true;
+                s->sp.grammar = (char *)gram[q];
+                s->sp.grammar_start = PL;
+                if (q == 4) {
+                    s->sp.n_bias = 2;
+                    s->sp.bias_ids = bias_ids;
+                    s->sp.bias_vals = bias_vals;
+                }
+            }
+            n++;
+        }
+        wire_step_plan plan = {.step_id = 5000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
+        wire_step_result res;
+        rc = coord_step(c, &plan, &res, &err);
+        CHECKF(rc == MLA_OK, "T=%d ahead=%s host=%d grammar step %d: %s", T, mode, host, st, err.msg);
+        if (rc) break;
+        CHECKF(res.ok && res.n_seqs == n, "T=%d ahead=%s host=%d step %d: %s", T, mode, host, st, res.error);
+        for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
+            const int q = (int)(seqs[i].seq_id - 300);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
+            sample_mod mod = {0};
+            if (seqs[i].sp.constrained) {
+                mla_err e2;
+                CHECKF(wk_constrain_row(ref, &seqs[i], &mod, &e2) == MLA_OK, "reference grammar: %s", e2.msg);
+            }
+            sample_out so;
+            sampler_sample_mod(smp, row, &seqs[i].sp, &mod, NULL, 0, (uint64_t)p + 1, &so);
+            if (mod.allow) {
+                int ok = 0;
+                for (int v = 0; v < TEST_VOCAB; v++) ok += mod.allow[v];
+                masked += ok < TEST_VOCAB / 2;
+            }
+            if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token != so.token) {
+                if (bad++ < 5)
+                    fprintf(stderr, "T=%d ahead=%s host=%d step %d seq %d: token %d, reference %d\n", T, mode, host,
+                            st, q, res.seqs[i].token, so.token);
+            }
+            last[q] = res.seqs[i].token;
+            pos[q] = p + 1;
+        }
+        coord_result_free(&res);
+    }
+    CHECKF(bad == 0, "T=%d ahead=%s host=%d: %d tokens differ from the reference with constrained rows", T, mode,
+           host, bad);
+    CHECKF(masked >= 10, "T=%d ahead=%s: the grammars masked most of the vocabulary only %d times", T, mode, masked);
+    coord_stop(c);
+    for (int r = 0; r < T; r++) {
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
+        /* queued with device rows: from the device at every decode that follows the step ahead */
+        CHECKF(queued && !host ? qd >= 6 : qd == 0, "T=%d ahead=%s host=%d rank %d: %llu queued from the device", T,
+               mode, host, r, qd);
+    }
+    wk_constrain_free(ref);
+    sampler_free(smp);
+    unlink(model);
 }
 
 /* ---- refusals ---------------------------------------------------------------------------- */
@@ -780,9 +948,19 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) {
             test_ahead(1, modes[k]);
             test_ahead(2, modes[k]);
-            test_ahead_host(1, modes[k]);
-            test_ahead_host(2, modes[k]);
+            for (int host = 0; host < 2; host++) {
+                test_ahead_host(1, modes[k], host);
+                test_ahead_host(2, modes[k], host);
+            }
         }
+    }
+    if (all || !strcmp(which, "grammar")) {
+        static const char *const modes[] = {"0", "sync", "1"};
+        for (int k = 0; k < 3; k++)
+            for (int host = 0; host < 2; host++) {
+                test_ahead_grammar(1, modes[k], host);
+                test_ahead_grammar(2, modes[k], host);
+            }
     }
     if (all || !strcmp(which, "refuse")) test_refusals();
     if (all || !strcmp(which, "kill")) {

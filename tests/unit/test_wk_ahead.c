@@ -18,7 +18,7 @@ static wire_seq row(int i, uint64_t id, int32_t tok, int32_t pos) {
 
 int main(void) {
     wk_ahead a;
-    wk_ahead_init(&a);
+    wk_ahead_init(&a, false);
     wire_seq s[4] = {row(0, 7, 3, 10), row(1, 8, 4, 20), row(2, 9, 5, 30)};
     wire_step_plan p = {.step_id = 1, .n_seqs = 3, .seqs = s};
     int32_t took[3] = {40, 41, 42}, out[3] = {50, 51, 52}, hit[4];
@@ -117,12 +117,12 @@ int main(void) {
     h[1].sp.seed = 5;
     h[2].sp.constrained = true;
     wire_step_plan hp = {.step_id = 7, .n_seqs = 3, .seqs = h};
-    CHECK(wk_ahead_wants_host(&hp) && !wk_ahead_wants_host(&p));
+    CHECK(wk_ahead_wants_host(&hp, false) && !wk_ahead_wants_host(&p, false));
     CHECK(!wk_ahead_build(&a, &hp, took, false)); /* host rows not asked for */
     CHECK(!wk_ahead_build(&a, &hp, NULL, true));  /* tokens not known */
     CHECK(!wk_ahead_build(&a, &hp, none, true));  /* a row without its token */
     h[2].sp.logits = WIRE_LOGITS_LAST;
-    CHECK(!wk_ahead_wants_host(&hp) && !wk_ahead_build(&a, &hp, took, true)); /* logits returned */
+    CHECK(!wk_ahead_wants_host(&hp, false) && !wk_ahead_build(&a, &hp, took, true)); /* logits returned */
     h[2].sp.logits = WIRE_LOGITS_NONE;
     REQUIRE(wk_ahead_build(&a, &hp, took, true));
     CHECK(a.n_host == 2 && !a.host[0] && a.host[1] && a.host[2]);
@@ -166,6 +166,27 @@ int main(void) {
     CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 0 && rest.n_seqs == 3);
     /* a plan of host rows never covers a step ahead queued before its tokens */
     CHECK(!wk_ahead_covers(&a, &hp));
+
+    /* an engine that samples on the device: sampled, masked and biased rows are device rows (run
+     * ahead from the device's tokens); penalties and logprobs still go to the host */
+    wk_ahead dv;
+    wk_ahead_init(&dv, true);
+    CHECK(!wk_ahead_wants_host(&hp, true) && wk_ahead_device_row(&h[1], true) && wk_ahead_device_row(&h[2], true));
+    CHECK(!wk_ahead_device_row(&h[1], false) && !wk_ahead_device_row(&h[2], false));
+    REQUIRE(wk_ahead_build(&dv, &hp, NULL, false));
+    CHECK(dv.n_host == 0);
+    h[1].sp.constraint_setup = true;
+    REQUIRE(wk_ahead_build(&dv, &hp, took, false));
+    CHECK(dv.plan.seqs[1].sp.temperature == 1.0f && !dv.plan.seqs[1].sp.constraint_setup); /* set up by hp */
+    h[1].sp.constraint_setup = false;
+    h[1].sp.logprobs = true;
+    CHECK(wk_ahead_wants_host(&hp, true) && !wk_ahead_device_row(&h[1], true));
+    CHECK(!wk_ahead_build(&dv, &hp, NULL, false));
+    h[1].sp.logprobs = false;
+    h[1].sp.presence_penalty = 0.5f;
+    CHECK(wk_ahead_wants_host(&hp, true));
+    h[1].sp.presence_penalty = 0;
+    wk_ahead_free(&dv);
 
     /* --step-ahead queue (the default) | off | sync, as the coordinator sends it */
     CHECK(wk_ahead_mode(true, true, WIRE_AHEAD_QUEUE) == WK_AHEAD_QUEUE);

@@ -77,7 +77,7 @@ int main(void) {
             seqs[i].sp.constraint_setup = step == 0;
             seqs[i].sample = !(i == 2 && step == 3); /* one row not sampled in one step */
         }
-        wk_constrain_prepare(a, &plan);
+        wk_constrain_prepare(a, &plan, NULL, true);
         /* (a forward pass would run here) */
         for (int i = 0; i < ROWS; i++) {
             sample_mod ma, mb;
