@@ -14,7 +14,8 @@
  * the draw falls) is "the first token in sorted order whose cumulative count (or mass) reaches X",
  * found by a radix descent over the monotone 32-bit key of the value: a histogram of count and
  * mass over its top 11 bits (made once a row and shared by every descent), then the next 11 and
- * the last 10 bits of the tokens in the chosen bucket. Tokens of one key have one value, so one
+ * the last 10 bits of the tokens in the chosen bucket (the passes after a level skipped when its
+ * chosen bucket holds one token, known by the bucket's smallest id). Tokens of one key have one value, so one
  * mass: the position inside a group of equal values is arithmetic, and the id there (the r-th
  * smallest id of that key) comes from the bucket's smallest id when r is 1, else from one pass in
  * id order. min_p keeps the tokens with p >= min_p (p of the largest is exactly 1), a prefix whose
@@ -53,7 +54,7 @@ __device__ __forceinline__ double sp_uniform(uint64_t seed, uint64_t stream) {
 struct sp_smem {
     unsigned long long m1[SP_NB], wm[SP_NB]; /* masses: first level (kept), working level */
     uint32_t c1[SP_NB], wc[SP_NB];           /* counts */
-    uint32_t wid[SP_NB / 2];                 /* the last level's smallest id a bucket */
+    uint32_t id1[SP_NB], wid[SP_NB];         /* the smallest id a bucket: first level, working level */
     int32_t bid[MLA_CUDA_SAMPLE_MAX_BIAS];   /* biased ids, ascending, each once */
     float bval[MLA_CUDA_SAMPLE_MAX_BIAS];    /* their values with every bias added */
     uint8_t bfirst[MLA_CUDA_SAMPLE_MAX_BIAS];
@@ -269,18 +270,33 @@ __device__ sp_hit sp_descend(const sp_ctx &c, sp_smem *s, bool by_mass, uint64_t
     const sp_pick p1 = sp_cross(s->c1, s->m1, SP_NB, by_mass, X);
     if (p1.b < 0) return h;
     uint64_t ac = p1.ac, am = p1.am;
+    if (s->c1[p1.b] == 1) { /* one token in the bucket: the largest values, often */
+        h.id = s->id1[p1.b];
+        h.cnt = ac + 1;
+        h.mass = am + s->m1[p1.b];
+        h.ok = h.id < c.V;
+        return h;
+    }
     const uint32_t b1 = (uint32_t)p1.b;
-    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->wc[k] = 0, s->wm[k] = 0;
+    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->wc[k] = 0, s->wm[k] = 0, s->wid[k] = 0xffffffffu;
     __syncthreads();
     sp_each(c, [&](uint32_t i, float v) {
         const uint32_t key = sp_key(v);
         const bool in = v != -INFINITY && (key >> 21) == b1;
-        sp_hadd(in, (key >> 10) & (SP_NB - 1), in ? sp_fixp(sp_p(c, v)) : 0, i, s->wc, s->wm, nullptr);
+        sp_hadd(in, (key >> 10) & (SP_NB - 1), in ? sp_fixp(sp_p(c, v)) : 0, i, s->wc, s->wm, s->wid);
     });
     __syncthreads();
     const sp_pick p2 = sp_cross(s->wc, s->wm, SP_NB, by_mass, X - (by_mass ? am : ac));
     if (p2.b < 0) return h;
     ac += p2.ac, am += p2.am;
+    if (s->wc[p2.b] == 1) { /* one token in the bucket (the usual case in the tail of real logits) */
+        h.id = s->wid[p2.b];
+        h.cnt = ac + 1;
+        h.mass = am + s->wm[p2.b];
+        h.ok = h.id < c.V;
+        __syncthreads(); /* the working histogram free */
+        return h;
+    }
     const uint32_t pre = (b1 << 11) | (uint32_t)p2.b;
     for (int k = threadIdx.x; k < SP_NB / 2; k += SP_T) s->wc[k] = 0, s->wm[k] = 0, s->wid[k] = 0xffffffffu;
     __syncthreads();
@@ -439,7 +455,7 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
     }
 
     /* the first level's histogram (top 11 bits of the key), the total mass, the mass of p >= min_p */
-    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->c1[k] = 0, s->m1[k] = 0;
+    for (int k = threadIdx.x; k < SP_NB; k += SP_T) s->c1[k] = 0, s->m1[k] = 0, s->id1[k] = 0xffffffffu;
     __syncthreads();
     uint64_t mt = 0, mm = 0;
     const float minp = rs.min_p;
@@ -449,7 +465,7 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
         const uint64_t m = sp_fixp(p);
         mt += m;
         if (in && p >= minp) mm += m;
-        sp_hadd(in, sp_key(v) >> 21, m, i, s->c1, s->m1, nullptr);
+        sp_hadd(in, sp_key(v) >> 21, m, i, s->c1, s->m1, s->id1);
     });
     uint64_t total = 0, mass_minp = 0;
     sp_scan(mt, &total);
