@@ -245,7 +245,7 @@ typedef struct mla_cuda_samp {
  * group runs it on the same gathered logits and must take the same token).
  * Details (kernels/sample_cuda.cu): one block a row; a value that is not finite after the bias (NaN,
  * +-inf) counts as masked; temperature <= 0 is greedy; probabilities are 44-bit fixed point (a token
- * below 2^-45 of the largest is never drawn); n_piece * pieces < 2^19. */
+ * below 2^-45 of the largest is never drawn); n_piece * pieces < 2^19, pieces <= 64. */
 int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, const mla_cuda_samp *d_rows,
                            const uint8_t *d_masks, const int32_t *d_bias_ids, const float *d_bias_vals, int32_t *d_ids,
                            mla_cuda_stream stream, mla_err *e);

@@ -20,7 +20,8 @@
  * smallest id of that key) comes from the bucket's smallest id when r is 1, else from one pass in
  * id order. min_p keeps the tokens with p >= min_p (p of the largest is exactly 1), a prefix whose
  * mass one pass sums. Without top_k, top_p and min_p the draw walks the ids in order, as the host
- * does: per-thread contiguous ranges of ids, their masses scanned across the block. */
+ * does: the mass of each tile of 8192 ids, then the ids of the tile where the draw falls, eight a
+ * thread, scanned across the block. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stddef.h>
@@ -36,6 +37,8 @@ namespace {
 constexpr int SP_T = 1024;                    /* threads a block (the scans assume 32 warps) */
 constexpr int SP_NB = 2048;                   /* buckets of the first two levels (11 bits); the last: 1024 */
 constexpr uint32_t SP_MAXV = 1u << 19;        /* V x 2^44 < 2^63: sums fit */
+constexpr int SP_MAXPIECES = 64;              /* so the id-order draw's tiles fit SP_MAXSEG */
+constexpr int SP_MAXSEG = SP_MAXV / (SP_T * 8) + SP_MAXPIECES;
 
 /* Must equal mix64 of worker/sample.c (sampler_uniform) bit for bit. */
 __device__ __forceinline__ uint64_t sp_mix64(uint64_t z) {
@@ -129,15 +132,18 @@ __device__ __forceinline__ uint64_t sp_fixp(float p) {
     return sh > 24 ? 0 : (uint64_t)((mant + (1u << (sh - 1))) >> sh);
 }
 
-/* f(i, v) for every token in id order per piece, coalesced, SP_U loads in flight a thread; called
- * by every thread the same number of times (v = -inf past the end), so f may use warp-wide
+/* f(i, v) for every token in id order per piece, coalesced, SP_U loads in flight a thread, and
+ * g(tile) after each tile of SP_TILE ids (tile r x tiles a piece + j0 / SP_TILE); both called by
+ * every thread the same number of times (v = -inf past the end), so they may use warp-wide
  * intrinsics */
 constexpr int SP_U = 8;
-template <class F> __device__ __forceinline__ void sp_each(const sp_ctx &c, F f) {
+constexpr uint32_t SP_TILE = SP_T * SP_U;
+template <class F, class G> __device__ __forceinline__ void sp_each_tiles(const sp_ctx &c, F f, G g) {
+    uint32_t tile = 0;
     for (int r = 0; r < c.pieces; r++) {
         const float *l = c.l + r * c.pstride;
         const uint8_t *a = c.allow ? c.allow + (size_t)r * c.np : nullptr;
-        for (uint32_t j0 = 0; j0 < c.np; j0 += SP_T * SP_U) {
+        for (uint32_t j0 = 0; j0 < c.np; j0 += SP_TILE) {
             float v[SP_U];
             uint32_t ok = 0;
 #pragma unroll
@@ -151,8 +157,12 @@ template <class F> __device__ __forceinline__ void sp_each(const sp_ctx &c, F f)
                 const uint32_t i = (uint32_t)r * c.np + j0 + k * SP_T + threadIdx.x;
                 f(i, sp_fix(c, i, v[k], ok >> k & 1u));
             }
+            g(tile++);
         }
     }
+}
+template <class F> __device__ __forceinline__ void sp_each(const sp_ctx &c, F f) {
+    sp_each_tiles(c, f, [](uint32_t) {});
 }
 
 /* inclusive sum over the threads in order (every thread calls it); *tot: the block's sum */
@@ -426,29 +436,72 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
     const bool has_k = rs.top_k > 0 && (uint32_t)rs.top_k < c.V;
     const bool sorted = has_k || rs.top_p < 1.0f || rs.min_p > 0;
 
-    if (!sorted) { /* the draw in id order: contiguous ranges of ids a thread */
+    if (!sorted) { /* the draw in id order: the mass of each tile of ids, then the tile's ids */
+        __shared__ unsigned long long seg[SP_MAXSEG];
+        __shared__ uint64_t s_before, s_X;
+        __shared__ int s_seg;
         __shared__ uint32_t res;
-        const uint32_t chunk = (c.V + SP_T - 1) / SP_T, i0 = min(c.V, threadIdx.x * chunk),
-                       i1 = min(c.V, i0 + chunk);
+        const uint32_t nsp = (c.np + SP_TILE - 1) / SP_TILE, nseg = nsp * (uint32_t)c.pieces;
+        for (uint32_t k = threadIdx.x; k < nseg; k += SP_T) seg[k] = 0;
         if (threadIdx.x == 0) res = 0xffffffffu;
-        uint64_t m = 0, tot = 0;
-        sp_range(c, i0, i1, [&](uint32_t, float v) {
-            if (v != -INFINITY) m += sp_fixp(sp_p(c, v));
-            return false;
-        });
-        const uint64_t incl = sp_scan(m, &tot);
-        uint64_t tg = (uint64_t)(u * (double)tot);
-        if (tg >= tot) tg = tot - 1;
-        const uint64_t X = tg + 1;
-        uint64_t cum = incl - m;
-        if (cum < X && X <= incl)
-            sp_range(c, i0, i1, [&](uint32_t i, float v) {
-                if (v == -INFINITY) return false;
-                cum += sp_fixp(sp_p(c, v));
-                if (cum < X) return false;
-                res = i;
-                return true;
+        __syncthreads();
+        uint64_t m = 0;
+        sp_each_tiles(
+            c,
+            [&](uint32_t, float v) {
+                if (v != -INFINITY) m += sp_fixp(sp_p(c, v));
+            },
+            [&](uint32_t g) {
+                for (int o = 16; o; o >>= 1) m += __shfl_xor_sync(~0u, m, o);
+                if (lane == 0 && m) atomicAdd(&seg[g], (unsigned long long)m);
+                m = 0;
             });
+        __syncthreads();
+        if (threadIdx.x == 0) { /* the total, the draw, the tile where it falls (a few dozen tiles) */
+            uint64_t tot = 0, before = 0;
+            for (uint32_t g = 0; g < nseg; g++) tot += seg[g];
+            uint64_t tg = (uint64_t)(u * (double)tot);
+            if (tg >= tot) tg = tot - 1;
+            s_X = tg + 1;
+            s_seg = -1;
+            for (uint32_t g = 0; g < nseg; g++) {
+                if (before + seg[g] >= tg + 1) {
+                    s_seg = (int)g;
+                    break;
+                }
+                before += seg[g];
+            }
+            s_before = before;
+        }
+        __syncthreads();
+        const int gs = s_seg;
+        const uint64_t X = s_X;
+        if (gs < 0) {
+            if (threadIdx.x == 0) out[t] = -1;
+            return;
+        }
+        /* the tile's ids, SP_U consecutive a thread, in order */
+        const uint32_t r = (uint32_t)gs / nsp, ja = ((uint32_t)gs % nsp) * SP_TILE, jb = min(c.np, ja + SP_TILE);
+        const uint32_t a0 = min(jb, ja + SP_U * threadIdx.x), a1 = min(jb, a0 + SP_U);
+        const float *l = c.l + r * c.pstride;
+        const uint8_t *al = c.allow ? c.allow + (size_t)r * c.np : nullptr;
+        uint64_t mine = 0;
+        for (uint32_t j = a0; j < a1; j++) {
+            const float v = sp_fix(c, r * c.np + j, l[j], !al || al[j]);
+            if (v != -INFINITY) mine += sp_fixp(sp_p(c, v));
+        }
+        const uint64_t incl = s_before + sp_scan(mine);
+        uint64_t cum = incl - mine;
+        if (cum < X && X <= incl)
+            for (uint32_t j = a0; j < a1; j++) {
+                const float v = sp_fix(c, r * c.np + j, l[j], !al || al[j]);
+                if (v == -INFINITY) continue;
+                cum += sp_fixp(sp_p(c, v));
+                if (cum >= X) {
+                    res = r * c.np + j;
+                    break;
+                }
+            }
         __syncthreads();
         if (threadIdx.x == 0) out[t] = res < c.V ? (int32_t)res : -1;
         return;
@@ -508,7 +561,8 @@ __global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ 
 extern "C" int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces,
                                       const mla_cuda_samp *d_rows, const uint8_t *d_masks, const int32_t *d_bias_ids,
                                       const float *d_bias_vals, int32_t *d_ids, mla_cuda_stream stream, mla_err *e) {
-    MLA_ASSERT(n_piece > 0 && pieces >= 1 && n_piece * pieces < (int64_t)SP_MAXV && T < INT32_MAX);
+    MLA_ASSERT(n_piece > 0 && pieces >= 1 && pieces <= SP_MAXPIECES && n_piece * pieces < (int64_t)SP_MAXV &&
+               T < INT32_MAX);
     if (T <= 0) return MLA_OK;
     /* the shared memory allowed once a process (one vocabulary), again only if a call needs more */
     static std::atomic<size_t> allowed{0};
