@@ -15,13 +15,13 @@
  * found by a radix descent over the monotone 32-bit key of the value: a histogram of count and
  * mass over its top 11 bits (made once a row and shared by every descent), then the next 11 and
  * the last 10 bits of the tokens in the chosen bucket (the passes after a level skipped when its
- * chosen bucket holds one token, known by the bucket's smallest id). Tokens of one key have one value, so one
- * mass: the position inside a group of equal values is arithmetic, and the id there (the r-th
- * smallest id of that key) comes from the bucket's smallest id when r is 1, else from one pass in
- * id order. min_p keeps the tokens with p >= min_p (p of the largest is exactly 1), a prefix whose
- * mass one pass sums. Without top_k, top_p and min_p the draw walks the ids in order, as the host
- * does: the mass of each tile of 8192 ids, then the ids of the tile where the draw falls, eight a
- * thread, scanned across the block. */
+ * chosen bucket holds one token, known by the bucket's smallest id). Tokens of one key have one
+ * value, so one mass: the position inside a group of equal values is arithmetic, and the id
+ * there (the r-th smallest id of that key) comes from the bucket's smallest id when r is 1, else
+ * from one pass in id order. min_p keeps the tokens with p >= min_p (p of the largest is exactly
+ * 1), a prefix whose mass one pass sums. Without top_k, top_p and min_p the draw walks the ids in
+ * order, as the host does: the mass of each tile of 8192 ids, then the ids of the tile where the
+ * draw falls, eight a thread, scanned across the block. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stddef.h>
@@ -331,10 +331,10 @@ __device__ sp_hit sp_descend(const sp_ctx &c, sp_smem *s, bool by_mass, uint64_t
     return h;
 }
 
-__global__ void __launch_bounds__(SP_T) sample_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces,
-                                                      const mla_cuda_samp *__restrict__ rows,
-                                                      const uint8_t *__restrict__ masks, const int32_t *__restrict__ bias_ids,
-                                                      const float *__restrict__ bias_vals, int32_t *__restrict__ out) {
+__global__ void __launch_bounds__(SP_T)
+    sample_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces, const mla_cuda_samp *__restrict__ rows,
+                  const uint8_t *__restrict__ masks, const int32_t *__restrict__ bias_ids,
+                  const float *__restrict__ bias_vals, int32_t *__restrict__ out) {
     mlacu_pdl_enter();
     extern __shared__ __align__(16) unsigned char sp_dyn[];
     sp_smem *s = (sp_smem *)sp_dyn;
