@@ -234,13 +234,18 @@ typedef struct mla_cuda_samp {
     int32_t mask;      /* -1: every token; else this row's mask is d_masks + mask * (n_piece * pieces) bytes (0: not allowed) */
     int32_t bias_off, n_bias; /* logit_bias entries d_bias_ids/d_bias_vals[bias_off, bias_off + n_bias) */
 } mla_cuda_samp;
+/* the most logit_bias entries of one row (WIRE_MAX_BIAS is 300); a row with more takes -1 */
+#define MLA_CUDA_SAMPLE_MAX_BIAS 1024
 
 /* Sampling of T rows laid out as mla_cuda_argmax_pieces lays them out (pieces 1: plain rows of n_piece),
  * each with d_rows[t]: d_ids[t] = the token sampler_sample_mod (worker/sample.c) takes from that row with
  * no penalties (repetition 1, presence 0, frequency 0) and the row's mask and biases, up to floating-point
  * rounding at the boundaries of the kept set and of the draw; -1 when no token of the row has a finite
  * value. Deterministic: the same inputs give the same ids on every run (every rank of a tensor-parallel
- * group runs it on the same gathered logits and must take the same token). */
+ * group runs it on the same gathered logits and must take the same token).
+ * Details (kernels/sample_cuda.cu): one block a row; a value that is not finite after the bias (NaN,
+ * +-inf) counts as masked; temperature <= 0 is greedy; probabilities are 44-bit fixed point (a token
+ * below 2^-45 of the largest is never drawn); n_piece * pieces < 2^19, pieces <= 64. */
 int mla_cuda_sample_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, const mla_cuda_samp *d_rows,
                            const uint8_t *d_masks, const int32_t *d_bias_ids, const float *d_bias_vals, int32_t *d_ids,
                            mla_cuda_stream stream, mla_err *e);

@@ -10,6 +10,11 @@ if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
     target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR})
     target_compile_options(${t} PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-function -Werror=all-warnings)
   endforeach()
+  # the host's sampler (worker/sample.c), the reference of the device sampling checks
+  add_library(mla_gpu_check_sampler STATIC ${CMAKE_SOURCE_DIR}/worker/sample.c)
+  target_include_directories(mla_gpu_check_sampler PUBLIC ${CMAKE_SOURCE_DIR}/proto)
+  target_link_libraries(mla_gpu_check_sampler PUBLIC mla_common)
+  target_link_libraries(mla-gpu-check mla_gpu_check_sampler)
   target_link_libraries(mla-gpu-check mla_kernels_cuda mla_kernels mla_common)
   target_link_libraries(test_cuda_quant_host mla_kernels mla_common)
   # the matmul chooser's rules (docs/kernels.md) and the attention's split count, host code of the

@@ -6,7 +6,7 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--attn] [--attnlong] [--out FILE]   exit status
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--sample] [--attn] [--attnlong] [--out FILE]   exit status
  * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
@@ -17,7 +17,9 @@
  * prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
  * (gpu_check_dsa.inc), with --quick its small set, each path timed beside the one it replaced;
  * --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
- * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed. */
+ * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed; --sample: only
+ * the device sampling (gpu_check_sample.inc) against the host's sampler, then timed beside argmax
+ * (with --quick fewer rows). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -834,6 +836,7 @@ static void check_argmax(int64_t T, int64_t n) {
 #include "tests/gpu/gpu_check_attn.inc"
 #include "tests/gpu/gpu_check_prefill.inc"
 #include "tests/gpu/gpu_check_dsa.inc"
+#include "tests/gpu/gpu_check_sample.inc"
 
 /* The small-batch paths of one weight matrix at several token counts, weights made once: the
  * streamed GEMV (T <= 8), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
@@ -1153,7 +1156,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false, prefill = false, dsa_only = false, attnlong = false;
+         gemvgrp = false, prefill = false, dsa_only = false, attnlong = false, sample_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1170,6 +1173,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
         else if (!strcmp(argv[i], "--dsa")) dsa_only = true; /* the DSA indexer, old vs new timed */
+        else if (!strcmp(argv[i], "--sample")) sample_only = true; /* device sampling vs the host's, timed */
         else if (!strcmp(argv[i], "--attnlong")) attnlong = true; /* V3's decode at 1k-128k keys, checked and timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
         else if (!strcmp(argv[i], "--gemvt")) gemvt = true;       /* V3's decode GEMVs in chains, timed */
@@ -1178,7 +1182,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill")) prefill = true; /* the non-absorbed prompt attention, timed */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1226,6 +1230,8 @@ int main(int argc, char **argv) {
         check_attn_long(true);
     } else if (dsa_only) {
         check_dsa_all(quick);
+    } else if (sample_only) {
+        check_sample_all(quick);
     } else if (fused_only) {
         check_fused_decode();
     } else if (gemvtrace) { /* V3's dense gate, gate + up and down; a long launch */
@@ -1372,6 +1378,7 @@ int main(int argc, char **argv) {
     check_attn_all(quick, false); /* the long-context rows: --attn, --attnlong (their CPU references take ~30 s) */
     check_prefill_all(quick, false);
     check_dsa_all(quick);
+    check_sample_all(true);
     } /* every op */
 
     /* table */
