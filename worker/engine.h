@@ -116,9 +116,10 @@ typedef struct engine_ops {
      * step_greedy or queue, whose rows were a's sequences in a's order, every row taken on the
      * device) took, and a's token values are not read; an engine that cannot then fails and
      * queues nothing. Where rows have mod_later, queue_mods gives their masks and biases (mods[i]
-     * for row i; NULL: none, the tokens will not be used) and only then is the step's sampling
-     * queued; it must come before any other call. wait_queued: waits for the oldest queued plan
-     * and writes its rows' tokens. At most two plans are queued; the worker waits for every
+     * for row i, read for the mod_later rows only; NULL: none, the tokens will not be used) and
+     * only then is the step's sampling queued; until it comes, nothing may be queued and only
+     * an older queued plan may be waited for. wait_queued: waits for the oldest queued plan
+     * and writes its rows' tokens (fails for a plan whose sampling queue_mods could not queue). At most two plans are queued; the worker waits for every
      * queued plan before any other call. */
     int (*queue)(engine *e, const wire_step_plan *a, bool from_device, const engine_drow *drow, mla_err *err);
     int (*queue_mods)(engine *e, const sample_mod *mods, mla_err *err);

@@ -47,6 +47,7 @@ struct engine {
     coll *nccl; /* owned: the NCCL collective the model uses, NULL: the worker's host collective */
     mla_cuda_config cfg; /* what the kernels chose on this device (logged at load) */
     mla_cmodel_samp *qsamp; /* a queued step's sampling settings until queue_mods (qn rows) */
+    bool *qlater;           /* its rows whose masks queue_mods gives */
     uint32_t qn, qcap;
 };
 
@@ -368,8 +369,10 @@ static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, const 
             if (a->n_seqs > e->qcap) {
                 e->qcap = a->n_seqs;
                 e->qsamp = mla_xrealloc(e->qsamp, e->qcap * sizeof *e->qsamp);
+                e->qlater = mla_xrealloc(e->qlater, e->qcap * sizeof *e->qlater);
             }
             memcpy(e->qsamp, samp, a->n_seqs * sizeof *samp);
+            for (uint32_t i = 0; i < a->n_seqs; i++) e->qlater[i] = drow[i].mod_later;
             e->qn = a->n_seqs;
         }
         if (mla_cmodel_decode_queue_sample(e->m, st, from_device ? NULL : tok, a->n_seqs, any_samp ? samp : NULL,
@@ -383,7 +386,8 @@ static int cu_queue(engine *e, const wire_step_plan *a, bool from_device, const 
 }
 
 static int cu_queue_mods(engine *e, const sample_mod *mods, mla_err *err) {
-    for (uint32_t i = 0; i < e->qn; i++) {
+    for (uint32_t i = 0; i < e->qn; i++) { /* the rows whose mask came later (engine.h) */
+        if (!e->qlater[i]) continue;
         mla_cmodel_samp *q = &e->qsamp[i];
         q->allow = mods ? mods[i].allow : NULL;
         q->bias_ids = mods ? mods[i].bias_ids : NULL;
@@ -426,6 +430,7 @@ static void cu_destroy(engine *e) {
     for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
     free(e->seqs);
     free(e->qsamp);
+    free(e->qlater);
     mla_cmodel_free(e->m);
     if (e->nccl) coll_free(e->nccl);
     if (e->g) gguf_close(e->g);

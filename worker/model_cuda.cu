@@ -187,6 +187,7 @@ struct mla_cmodel {
     struct qstep {
         int64_t B;
         int slot;
+        bool failed; /* its sampling could not be queued: waiting for it syncs and fails */
     } qs[2];
     int nq, qnext;
     uint8_t *hsq[2];
@@ -1642,7 +1643,7 @@ extern "C" int mla_cmodel_decode_queue_sample(mla_cmodel *m, mla_cstate *const *
     const int slot = m->qnext;
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, samp, later, err));
     if (!later) CU(cudaEventRecord(m->qev[slot], m->st), "event");
-    m->qs[m->nq++] = mla_cmodel::qstep{B, slot};
+    m->qs[m->nq++] = mla_cmodel::qstep{B, slot, false};
     m->qnext ^= 1;
     return MLA_OK;
 }
@@ -1651,8 +1652,15 @@ extern "C" int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp
     if (!m->pend) return mla_errf(err, "no queued step waits for its sampling settings");
     m->pend = false;
     CU(cudaSetDevice(m->device), "cudaSetDevice");
-    TRY(pick_ids(m, m->pend_B, m->pend_slot, samp, err));
-    CU(cudaEventRecord(m->qev[m->pend_slot], m->st), "event");
+    const int rc = pick_ids(m, m->pend_B, m->pend_slot, samp, err);
+    if (rc) { /* the step's ids are not taken: nothing may be queued from them, its wait fails */
+        m->last_B = 0;
+        m->qs[m->nq - 1].failed = true;
+    }
+    /* recorded either way, so that waiting for the step waits for what of it was queued */
+    const cudaError_t ce = cudaEventRecord(m->qev[m->pend_slot], m->st);
+    if (rc) return rc;
+    if (ce != cudaSuccess) return mla_errf(err, "event: %s", cudaGetErrorString(ce));
     return MLA_OK;
 }
 
@@ -1663,6 +1671,7 @@ extern "C" int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err)
     m->qs[0] = m->qs[1];
     m->nq--;
     CU(cudaEventSynchronize(m->qev[q.slot]), "queued decode step of %lld sequences", (long long)q.B);
+    if (q.failed) return mla_errf(err, "the queued decode step of %lld sequences was not sampled", (long long)q.B);
     memcpy(ids, m->hq[q.slot], (size_t)q.B * 4);
     return MLA_OK;
 }

@@ -203,6 +203,10 @@ static crec *find(wk_constrain *c, uint64_t id) {
 /* The matcher takes token t; a failure marks the record dead. */
 static void take(crec *r, const gram_vocab *v, int32_t t) {
     if (!r->m || r->dead) return;
+    if (t >= 0 && gram_vocab_is_eos(v, (uint32_t)t)) { /* the sequence ends (a step ahead may still run it) */
+        r->dead = true;
+        return;
+    }
     size_t n = 0;
     const uint8_t *b = t >= 0 ? gram_vocab_bytes(v, (uint32_t)t, &n) : NULL;
     mla_err e = {{0}};
