@@ -41,7 +41,8 @@ typedef struct wk {
     size_t rows_cap;
     engine_drow *drow; /* how each row of the plan takes its token (engine.h) */
     int32_t *gtok;
-    bool dev;          /* the engine samples on the device (engine_ops.dev_sample) */
+    bool dev;          /* the engine samples on the device (engine_ops.dev_sample), on every rank */
+    bool dev_agreed;   /* the ranks have agreed on dev (at the first plan) */
     bool *skip;        /* rows wk_constrain_prepare leaves alone (the device rows) */
     uint64_t *sids;    /* scratch: a plan's sequence ids, sorted (has_twice) */
     uint8_t *dmask;    /* copies of the device rows' masks for an engine call (n_vocab each) */

@@ -340,9 +340,26 @@ static bool has_twice(const wire_step_plan *p, uint64_t *ids) {
     return false;
 }
 
+/* Every rank must take the same rows on the device: all of them sample there, or none. Agreed on
+ * the collective at the first plan (every rank has loaded then; loads may differ by minutes). */
+static void agree_dev(wk *w) {
+    w->dev_agreed = true;
+    mla_err err;
+    float all = w->dev ? 1.0f : 0.0f;
+    if (coll_allreduce_sum_f32(w->coll, &all, 1, &err)) {
+        MLA_WARN("the ranks' device sampling could not be agreed (sampled on the host): %s", err.msg);
+        all = 0;
+    }
+    if (w->dev && all != (float)w->cfg->world)
+        MLA_WARN("device sampling off: not every rank can sample on its device (%g of %d)", all, w->cfg->world);
+    w->dev = all == (float)w->cfg->world;
+    w->ahead[0].dev = w->ahead[1].dev = w->dev;
+}
+
 static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_tab *hist, void *pair,
                      const wire_step_plan *p) {
     const int rank = w->cfg->rank;
+    if (!w->dev_agreed) agree_dev(w);
     steptrace_mark(p->step_id, 'D');
     const uint32_t V = atomic_load(&w->n_vocab);
     const long delay = mla_sw_int(MLA_SW_WORKER_STEP_DELAY_MS); /* fault injection (tests) */
@@ -601,6 +618,7 @@ void *wk_compute_main(void *arg) {
     /* sampling on the device where the engine can (then every rank keeps the grammars) */
     w->dev = cfg->engine->dev_sample && cfg->engine->dev_sample(eng) && !mla_sw_bool(MLA_SW_WORKER_HOST_SAMPLE);
     w->ahead[0].dev = w->ahead[1].dev = w->dev;
+    w->dev_agreed = cfg->world == 1;
     sampler *smp = cfg->rank == 0 ? sampler_new(V) : NULL;
     w->samp = cfg->rank == 0 ? wk_sample_new(V) : NULL;
     wk_constrain *cons = cfg->rank == 0 || w->dev ? wk_constrain_new(cfg->model_path, V) : NULL;
