@@ -86,17 +86,14 @@ bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bo
     return true;
 }
 
-void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *device) {
+void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows) {
     const size_t need = (size_t)a->plan.n_seqs * n_vocab;
     if (need > a->logits_cap) {
         free(a->logits);
         a->logits_cap = need;
         a->logits = mla_xmalloc(need * sizeof *a->logits);
     }
-    for (uint32_t i = 0; i < a->plan.n_seqs; i++) {
-        rows[i] = a->lrow[i] = a->logits + (size_t)i * n_vocab;
-        if (device) device[i] = !a->host[i];
-    }
+    for (uint32_t i = 0; i < a->plan.n_seqs; i++) rows[i] = a->lrow[i] = a->logits + (size_t)i * n_vocab;
 }
 
 void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok) {

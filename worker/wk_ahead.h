@@ -90,9 +90,8 @@ bool wk_ahead_wants_host(const wire_step_plan *p, bool dev);
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host);
 
 /* The logits rows the step held writes (n_vocab floats each, owned by a, valid until the next
- * call): rows[i] := lrow[i], and device[i] (device may be NULL) := whether the engine takes row
- * i's token itself. */
-void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows, bool *device);
+ * call): rows[i] := lrow[i] (the engine takes the token of a row that is not host[i] itself). */
+void wk_ahead_logits(wk_ahead *a, uint32_t n_vocab, float **rows);
 void wk_ahead_set_tokens(wk_ahead *a, const int32_t *tok);
 
 /* Whether plan p asks for exactly the step held, row for row in its order (the rows' tokens

@@ -176,8 +176,8 @@ static bool device_mods(wk *w, wk_constrain *cons, wire_seq *rows, uint32_t n, e
     return ok;
 }
 
-/* Drops the chained step (queued in run_rows, now the other ahead[]): its sampling first where
- * it waits for its masks (its tokens are not used), so that it can be waited for. */
+/* Drops the chained step (queued in run_rows, ahead[cur]): its sampling first where it waits for
+ * its masks (its tokens are not used), so that it can be waited for. */
 static void drop_chained(wk *w, engine *eng) {
     if (w->later) {
         mla_err qerr;
@@ -185,7 +185,6 @@ static void drop_chained(wk *w, engine *eng) {
         w->later = false;
     }
     w->queued = true;
-    w->cur ^= 1;
     ahead_collect(w, eng);
     wk_ahead_clear(&w->ahead[w->cur]);
     w->chained = false;
@@ -209,10 +208,7 @@ static void finish_chained(wk *w, engine *eng, wk_constrain *cons) {
             ok = false;
         }
     }
-    if (ok) return;
-    w->cur ^= 1; /* drop_chained takes it as the other one */
-    drop_chained(w, eng);
-    w->queued = false;
+    if (!ok) drop_chained(w, eng);
 }
 
 /* Runs the engine on plan p's rows that the step ahead did not answer (all of them without one):
@@ -251,6 +247,7 @@ static int run_rows(wk *w, engine *eng, wk_constrain *cons, const wire_step_plan
         if (w->hit[i] == WK_AHEAD_LOGITS) rows[i] = w->lhit[i]; /* sampled below, as if run now */
     }
     if (w->chained && rest.n_seqs > 0) { /* the step ahead failed: drop the one queued behind it */
+        w->cur ^= 1;
         drop_chained(w, eng);
     } else if (w->chained) {
         wk_ahead_set_tokens(next, w->gtok); /* its inputs: this step's tokens (its masks: finish_chained) */
@@ -303,7 +300,7 @@ static void run_ahead(wk *w, engine *eng, wk_constrain *cons, const wire_step_pl
     }
     if (a->n_host) {
         float **arows = mla_xmalloc(a->plan.n_seqs * sizeof *arows);
-        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows, NULL);
+        wk_ahead_logits(a, atomic_load(&w->n_vocab), arows);
         int rc = w->cfg->engine->step_greedy(eng, &a->plan, (float *const *)arows, w->rdrow, w->rtok, &err);
         free(arows);
         if (rc == MLA_OK) {

@@ -290,6 +290,16 @@ def test_errors(port):
     check(st == 405, "POST /health 405")
 
 
+def recv_until(s, marker=None, got=b""):
+    """Reads socket s onto got until marker is in it (None: until the peer closes), or the peer closes."""
+    while marker is None or marker not in got:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    return got
+
+
 def raw(port, payload, timeout=10, read_until_close=True):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     s.sendall(payload)
@@ -339,12 +349,7 @@ def test_http_level(port):
     first = s.recv(100)
     check(first.startswith(b"HTTP/1.1 100 Continue"), "100 Continue: %r" % first)
     s.sendall(b'{"prompt":"ab"}')
-    rest = b""
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        rest += d
+    rest = recv_until(s)
     s.close()
     check(b"[257,97,98]" in rest, "body after 100-continue")
     # keep-alive on one http.client connection
@@ -502,12 +507,7 @@ def test_limits(exe):
         first = socket.create_connection(("127.0.0.1", port), timeout=30)
         first.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        head = b""
-        while b"data: " not in head:
-            d = first.recv(4096)
-            if not d:
-                break
-            head += d
+        head = recv_until(first, b"data: ")
         check(head.startswith(b"HTTP/1.1 200") and b"data: " in head, "first queued request streams: %r" % head[:40])
         results = [None] * 7
 
@@ -520,12 +520,7 @@ def test_limits(exe):
             t.join(60)
         check(set(results) <= {200, 429} and results.count(429) >= 1 and results.count(200) >= 2,
               "too many queued -> 429: %r" % results)
-        rest = head
-        while b"data: [DONE]" not in rest:
-            d = first.recv(4096)
-            if not d:
-                break
-            rest += d
+        rest = recv_until(first, b"data: [DONE]", head)
         first.close()
         check(b"data: [DONE]" in rest, "the running request finished beside the refusals")
         # max connections: 8 connections inside a request, the 9th is refused with 503 (idle

@@ -128,10 +128,9 @@ int main(void) {
     CHECK(a.n_host == 2 && !a.host[0] && a.host[1] && a.host[2]);
     /* every row gets a logits row of its own; the engine takes row 0's token itself */
     float *lr[3];
-    bool gr[3];
     enum { NV = 5 };
-    wk_ahead_logits(&a, NV, lr, gr);
-    CHECK(gr[0] && !gr[1] && !gr[2] && lr[0] && lr[1] == lr[0] + NV && lr[2] == lr[0] + 2 * NV);
+    wk_ahead_logits(&a, NV, lr);
+    CHECK(!a.host[0] && a.host[1] && a.host[2] && lr[0] && lr[1] == lr[0] + NV && lr[2] == lr[0] + 2 * NV);
     for (int i = 0; i < 3; i++)
         for (int k = 0; k < NV; k++) lr[i][k] = (float)(10 * i + k);
     int32_t eng_out[3] = {60, -1, -1}; /* the engine's answer: host rows took nothing */
@@ -149,19 +148,19 @@ int main(void) {
     /* a sampled row asking for another token at that position, or asking as a greedy row, takes
      * nothing; a failed step ahead keeps no logits */
     REQUIRE(wk_ahead_build(&a, &hp, took, true));
-    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_logits(&a, NV, lr);
     wk_ahead_done(&a, eng_out);
     g_tok[26] = 7;
     CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 1 && hit[1] == -1 && hit[2] == 60);
     g_tok[26] = 41;
     REQUIRE(wk_ahead_build(&a, &hp, took, true));
-    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_logits(&a, NV, lr);
     wk_ahead_done(&a, eng_out);
     hn[1].sp.temperature = 0;
     CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 1 && hit[1] == -1);
     hn[1].sp.temperature = 1.0f;
     REQUIRE(wk_ahead_build(&a, &hp, took, true));
-    wk_ahead_logits(&a, NV, lr, gr);
+    wk_ahead_logits(&a, NV, lr);
     wk_ahead_done(&a, NULL);
     CHECK(wk_ahead_match(&a, &hq, hit, lhit, &rest, idx) == 0 && rest.n_seqs == 3);
     /* a plan of host rows never covers a step ahead queued before its tokens */
