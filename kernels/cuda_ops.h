@@ -219,6 +219,11 @@ int mla_cuda_argmax(const float *d_logits, int64_t T, int64_t n, int32_t *d_ids,
  * each, piece r at d_logits + (r * T + t) * n_piece (an all-gather of vocabulary slices). */
 int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t n_piece, int pieces, int32_t *d_ids,
                            mla_cuda_stream stream, mla_err *e);
+/* The input tokens of a decode step from the ids the step before sampled on the device: d_tok[t]
+ * = d_ids[t] where it is a token of the vocabulary, else 0 (a row that took none, -1, feeds a
+ * valid row to the embedding gather; its step's result is not used). d_tok may be d_ids. */
+int mla_cuda_ids_to_tokens(const int32_t *d_ids, int64_t T, int64_t n_vocab, int32_t *d_tok, mla_cuda_stream stream,
+                           mla_err *e);
 /* One row's settings for mla_cuda_sample_pieces (a device array of them). */
 typedef struct mla_cuda_samp {
     float temperature; /* 0: greedy */

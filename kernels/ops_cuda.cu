@@ -413,6 +413,15 @@ __global__ void route_kernel(route_k p, const float *__restrict__ logits, const 
     }
 }
 
+/* the next step's input tokens from a step's ids: one taken on the device, or 0 where none was (-1) */
+__global__ void ids_to_tokens_kernel(const int32_t *ids, int64_t T, int64_t n_vocab, int32_t *tok) {
+    mlacu_pdl_enter();
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int32_t v = ids[t];
+    tok[t] = v >= 0 && v < n_vocab ? v : 0;
+}
+
 /* Greedy: one block per row, highest logit, ties to the lower index. */
 /* Row t (blockIdx.x) of T is n_piece * pieces values: piece r at logits + (r * T + t) * n_piece
  * (pieces = 1: rows back to back). */
@@ -597,6 +606,15 @@ extern "C" int mla_cuda_argmax_pieces(const float *d_logits, int64_t T, int64_t 
     if (T <= 0) return MLA_OK;
     mlacu_launch(argmax_kernel, (unsigned)T, 1024, 0, stream, d_logits, n_piece, pieces, d_ids);
     MLACU_CHECK(cudaGetLastError(), e, "argmax T=%lld n=%lld x %d", (long long)T, (long long)n_piece, pieces);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_ids_to_tokens(const int32_t *d_ids, int64_t T, int64_t n_vocab, int32_t *d_tok,
+                                      mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(n_vocab > 0 && T < INT32_MAX);
+    if (T <= 0) return MLA_OK;
+    mlacu_launch(ids_to_tokens_kernel, (unsigned)((T + 255) / 256), 256, 0, stream, d_ids, T, n_vocab, d_tok);
+    MLACU_CHECK(cudaGetLastError(), e, "ids_to_tokens T=%lld", (long long)T);
     return MLA_OK;
 }
 

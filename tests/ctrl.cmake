@@ -68,6 +68,12 @@ add_executable(test_wk_sample ${MLA_TEST_DIR}/unit/test_wk_sample.c)
 target_include_directories(test_wk_sample PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_wk_sample mla_worker)
 add_test(NAME wk_sample COMMAND test_wk_sample)
+# bench/sample_host.c: the time of one host-sampled row for the settings clients send (docs/PERF.md);
+# the test only checks that it runs
+add_executable(sample_host ${CMAKE_SOURCE_DIR}/bench/sample_host.c)
+target_include_directories(sample_host PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(sample_host mla_worker m)
+add_test(NAME sample_host_runs COMMAND sample_host 4096 2)
 
 # the worker runtime with the tiny deterministic test engine (tests only)
 add_library(mla_test_engine STATIC ${MLA_TEST_DIR}/ctrl/test_engine.c)

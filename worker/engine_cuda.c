@@ -21,6 +21,7 @@
 #include "engine_cuda.h"
 #include "gguf.h"
 #include "mla_log.h"
+#include "mla_switch.h"
 
 #ifdef MLA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -302,8 +303,15 @@ static int cu_step_greedy(engine *e, const wire_step_plan *p, float *const *logi
     if (rc == MLA_OK && nb > 0 &&
         mla_cmodel_decode_sample(e->m, bst, btok, nb, blog, any_samp ? bsamp : NULL, any_take ? bids : NULL, err))
         rc = mla_err_prefix(err, "decode step of %u sequences", nb);
-    for (uint32_t b = 0; rc == MLA_OK && any_take && b < nb; b++)
-        if (drow[bseq[b]].take && !drow[bseq[b]].mod_later) tokens[bseq[b]] = bids[b];
+    for (uint32_t b = 0; rc == MLA_OK && any_take && b < nb; b++) {
+        const engine_drow *d = &drow[bseq[b]];
+        if (!d->take || d->mod_later) continue;
+        if (bids[b] < 0) /* its logits were not written: nothing to fall back on */
+            rc = mla_errf(err, "seq %llu: no token of its row can be sampled (no finite logit%s)",
+                          (unsigned long long)p->seqs[bseq[b]].seq_id, d->mod.allow ? " the mask allows" : "");
+        else
+            tokens[bseq[b]] = bids[b];
+    }
     free(bst);
     free(btok);
     free(blog);
@@ -317,7 +325,11 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
-static bool cu_dev_sample(const engine *e) { return mla_cmodel_device_argmax(e->m); }
+/* opt-in (MLA_CUDA_SAMPLE=device) until the sampling kernel has been checked on a GPU */
+static bool cu_dev_sample(const engine *e) {
+    const char *v = mla_sw_str(MLA_SW_CUDA_SAMPLE);
+    return mla_cmodel_device_argmax(e->m) && v && !strcmp(v, "device");
+}
 
 /* engine.h queue: one-token rows at each sequence's next position, as one queued decode step;
  * rows whose mask comes later keep their settings here until queue_mods */

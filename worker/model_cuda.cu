@@ -1547,6 +1547,8 @@ static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *s
     else TRY(mla_cuda_argmax_pieces(m->dgbuf, B, m->out_r1 - m->out_r0, m->world, m->dids, m->st, err));
     CU(cudaMemcpyAsync(slot < 0 ? m->hids : m->hq[slot], m->dids, (size_t)B * 4, cudaMemcpyDeviceToHost, m->st),
        "token ids copy");
+    /* a sampled row may take none (-1): the host sees it; a step queued from these ids reads 0 */
+    if (samp) TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, m->dids, m->st, err));
     return MLA_OK;
 }
 

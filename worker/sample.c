@@ -58,6 +58,54 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* whether token x comes before token y in the sort order (cmp_desc) */
+static inline int before(const float *w, uint32_t x, uint32_t y) {
+    return w[x] > w[y] || (!(w[x] < w[y]) && x < y);
+}
+
+static inline void swap_u32(uint32_t *a, uint32_t *b) {
+    uint32_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Moves the k tokens of idx[0, n) that come first in the sort order to idx[0, k), in no order (a
+ * quickselect; the order is total: ids break ties). */
+static void select_first(uint32_t *idx, uint32_t n, uint32_t k, const float *w) {
+    uint32_t lo = 0, hi = n;
+    while (k > lo && k < hi && hi - lo > 1) {
+        uint32_t a = lo, b = lo + (hi - lo) / 2, c = hi - 1; /* the median of three as the pivot */
+        if (before(w, idx[b], idx[a])) swap_u32(&idx[a], &idx[b]);
+        if (before(w, idx[c], idx[b])) swap_u32(&idx[b], &idx[c]);
+        if (before(w, idx[b], idx[a])) swap_u32(&idx[a], &idx[b]);
+        swap_u32(&idx[b], &idx[c]);
+        const uint32_t piv = idx[c];
+        uint32_t st = lo;
+        for (uint32_t i = lo; i < c; i++)
+            if (before(w, idx[i], piv)) swap_u32(&idx[i], &idx[st++]);
+        swap_u32(&idx[st], &idx[c]);
+        if (k <= st) hi = st;
+        else if (k == st + 1) return;
+        else lo = st + 1;
+    }
+}
+
+/* Candidates sorted first for top_p / min_p: the walk seldom goes past them; when it does, the
+ * sorted prefix grows fourfold at a time (sort_more). */
+#define SAMPLE_CAND 1024u
+
+/* Grows the sorted prefix idx[0, *m) of idx[0, n) (its tokens come before the others) to the
+ * first 4 x *m tokens of the sort order (at most n), and computes their p (the row's weights
+ * after mx, at 1 / temperature invt). */
+static void sort_more(sampler *s, const float *w, uint32_t *m, uint32_t n, double mx, double invt) {
+    const uint32_t add = n - *m < 3 * *m ? n - *m : 3 * *m;
+    select_first(s->idx + *m, n - *m, add, w);
+    t_sort_w = w;
+    qsort(s->idx + *m, add, sizeof *s->idx, cmp_desc);
+    for (uint32_t j = *m; j < *m + add; j++) s->p[j] = exp(((double)w[s->idx[j]] - mx) * invt);
+    *m += add;
+}
+
 static void top_logprobs(const float *logits, uint32_t V, double lse, uint32_t n, sample_out *out) {
     /* insertion into a small sorted list: O(V n), n <= 20 */
     uint32_t best[WIRE_MAX_TOP_LOGPROBS];
@@ -129,17 +177,27 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
         chosen = (int32_t)best;
     } else {
         const double invt = 1.0 / (double)sp->temperature;
-        uint32_t n = V;
+        uint32_t n = V, m = V; /* idx[0, m) is in the sort order (where sorted) */
         int sorted = 0;
         for (uint32_t i = 0; i < V; i++) s->idx[i] = i;
         if ((sp->top_k > 0 && (uint32_t)sp->top_k < V) || sp->top_p < 1.0f || sp->min_p > 0) {
-            t_sort_w = w;
-            qsort(s->idx, V, sizeof *s->idx, cmp_desc);
+            /* the sorted prefix the cuts walk: the top_k set, or the first SAMPLE_CAND candidates
+             * when top_p / min_p cut it further (the rest only if the walk gets there) */
             sorted = 1;
             if (sp->top_k > 0 && (uint32_t)sp->top_k < V) n = (uint32_t)sp->top_k;
+            if (n < V) select_first(s->idx, V, n, w);
+            m = n;
+            if ((sp->top_p < 1.0f || sp->min_p > 0) && m > SAMPLE_CAND) {
+                m = SAMPLE_CAND;
+                select_first(s->idx, n, m, w);
+            }
+            t_sort_w = w;
+            qsort(s->idx, m, sizeof *s->idx, cmp_desc);
         }
         double mx = -INFINITY;
-        for (uint32_t j = 0; j < n; j++) mx = fmax(mx, (double)w[s->idx[j]]);
+        if (sorted) mx = w[s->idx[0]];
+        else
+            for (uint32_t j = 0; j < n; j++) mx = fmax(mx, (double)w[s->idx[j]]);
         double tot = 0;
         for (uint32_t j = 0; j < n; j++) {
             double e = exp(((double)w[s->idx[j]] - mx) * invt);
@@ -150,6 +208,7 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
             double cum = 0, lim = (double)sp->top_p * tot;
             uint32_t keep = 0;
             while (keep < n) {
+                if (keep == m) sort_more(s, w, &m, n, mx, invt);
                 cum += s->p[keep++];
                 if (cum >= lim) break;
             }
@@ -158,7 +217,11 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
         if (sorted && sp->min_p > 0) {
             double cut = (double)sp->min_p * s->p[0]; /* p[0] is the largest after sorting */
             uint32_t keep = 1;
-            while (keep < n && s->p[keep] >= cut) keep++;
+            while (keep < n) {
+                if (keep == m) sort_more(s, w, &m, n, mx, invt);
+                if (!(s->p[keep] >= cut)) break;
+                keep++;
+            }
             n = keep;
         }
         tot = 0;

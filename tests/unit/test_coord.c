@@ -233,6 +233,34 @@ typedef struct arow {
     int seq, prompt, forced, logits;
 } arow;
 
+/* The reference of a plan's row (test_engine.h): hist[p] := the state after the row's token at
+ * position p, for each of its tokens; row := the expected logits after its last; returns that
+ * last position. */
+static int32_t ref_row(uint64_t hist[64], const wire_seq *s, int T, float *row) {
+    for (uint32_t k = 0; k < s->n_tokens; k++) {
+        const int32_t p = s->positions[k];
+        REQUIRE(p < 64);
+        hist[p] = test_engine_advance(p ? hist[p - 1] : 0, s->tokens[k], p);
+    }
+    const int32_t p = s->positions[s->n_tokens - 1];
+    test_engine_expected(hist[p], p, T, row);
+    return p;
+}
+
+/* The test engine's counts of rank r (MLA_TEST_ENGINE_STATS=stats): tokens advanced, steps
+ * queued from the plan's tokens and from the device's; the file is removed. */
+static void engine_stats(const char *stats, int r, unsigned long long *got, unsigned long long *qh,
+                         unsigned long long *qd) {
+    char path[200];
+    snprintf(path, sizeof path, "%s.%d", stats, r);
+    FILE *f = fopen(path, "r");
+    *got = 0;
+    *qh = *qd = 9;
+    CHECKF(f && fscanf(f, "%llu %llu %llu", got, qh, qd) == 3, "no engine count from rank %d (%s)", r, path);
+    if (f) fclose(f);
+    unlink(path);
+}
+
 /* Nine steps of three greedy sequences through T workers, with the step ahead on or off: plans
  * that continue it, drop a sequence, take one back at the position run ahead, add a prompt,
  * force another token and ask for logits right after a step ahead, follow a free. Every token
@@ -298,13 +326,7 @@ static void test_ahead(int T, const char *mode) {
         CHECK(res.ok && res.n_seqs == n);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
             const int q = (int)(seqs[i].seq_id - 100);
-            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
-                const int32_t p = ps[i][k];
-                REQUIRE(p < 64);
-                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
-            }
-            const int32_t p = ps[i][seqs[i].n_tokens - 1];
-            test_engine_expected(hist[q][p], p, T, row);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
             if (res.seqs[i].seq_id != seqs[i].seq_id || res.seqs[i].token != argmax(row, TEST_VOCAB)) bad++;
             if (seqs[i].sp.logits == WIRE_LOGITS_LAST &&
                 (!res.seqs[i].logits || memcmp(res.seqs[i].logits, row, sizeof row)))
@@ -317,14 +339,8 @@ static void test_ahead(int T, const char *mode) {
     CHECKF(bad == 0, "T=%d ahead=%s: %d tokens or logits rows differ from the reference", T, mode, bad);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
-        char path[160];
-        snprintf(path, sizeof path, "%s.%d", stats, r);
-        FILE *f = fopen(path, "r");
-        unsigned long long got = 0, qh = 9, qd = 9;
-        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
-               r, path);
-        if (f) fclose(f);
-        unlink(path);
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
         CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens (expected %d)", T,
                mode, r, got, on ? 31 : 26);
         /* queued: after steps 2, 4, 6 and 8 from the plan's tokens; in steps 3 and 9, which asked
@@ -396,13 +412,7 @@ static void test_ahead_host(int T, const char *mode, bool host) {
         CHECK(res.ok && res.n_seqs == n);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
             const int q = (int)(seqs[i].seq_id - 200);
-            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
-                const int32_t p = ps[i][k];
-                REQUIRE(p < 64);
-                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
-            }
-            const int32_t p = ps[i][seqs[i].n_tokens - 1];
-            test_engine_expected(hist[q][p], p, T, row);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
             int32_t want = argmax(row, TEST_VOCAB);
             if (q == 1) {
                 sample_out so;
@@ -422,14 +432,8 @@ static void test_ahead_host(int T, const char *mode, bool host) {
     CHECKF(drawn > 0, "T=%d ahead=%s: the temperature-1 row only ever drew the argmax", T, mode);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
-        char path[160];
-        snprintf(path, sizeof path, "%s.%d", stats, r);
-        FILE *f = fopen(path, "r");
-        unsigned long long got = 0, qh = 9, qd = 9;
-        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d (%s)", T,
-               r, path);
-        if (f) fclose(f);
-        unlink(path);
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
         CHECKF(got == (on ? 24u : 21u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens with a host row "
                "(expected %d)", T, mode, r, got, on ? 24 : 21);
         const unsigned want_qh = !queued ? 0 : host ? 1 : 3, want_qd = !queued || host ? 0 : 5;
@@ -554,13 +558,7 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
         CHECKF(res.ok && res.n_seqs == n, "T=%d ahead=%s host=%d step %d: %s", T, mode, host, st, res.error);
         for (uint32_t i = 0; i < n && i < res.n_seqs; i++) {
             const int q = (int)(seqs[i].seq_id - 300);
-            for (uint32_t k = 0; k < seqs[i].n_tokens; k++) {
-                const int32_t p = ps[i][k];
-                REQUIRE(p < 64);
-                hist[q][p] = test_engine_advance(p ? hist[q][p - 1] : 0, toks[i][k], p);
-            }
-            const int32_t p = ps[i][seqs[i].n_tokens - 1];
-            test_engine_expected(hist[q][p], p, T, row);
+            const int32_t p = ref_row(hist[q], &seqs[i], T, row);
             sample_mod mod = {0};
             if (seqs[i].sp.constrained) {
                 mla_err e2;
@@ -588,13 +586,8 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
     CHECKF(masked >= 10, "T=%d ahead=%s: the grammars masked most of the vocabulary only %d times", T, mode, masked);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
-        char path[200];
-        snprintf(path, sizeof path, "%s.%d", stats, r);
-        FILE *f = fopen(path, "r");
-        unsigned long long got = 0, qh = 9, qd = 9;
-        CHECKF(f && fscanf(f, "%llu %llu %llu", &got, &qh, &qd) == 3, "T=%d: no engine count from rank %d", T, r);
-        if (f) fclose(f);
-        unlink(path);
+        unsigned long long got, qh, qd;
+        engine_stats(stats, r, &got, &qh, &qd);
         /* queued with device rows: from the device at every decode that follows the step ahead */
         CHECKF(queued && !host ? qd >= 6 : qd == 0, "T=%d ahead=%s host=%d rank %d: %llu queued from the device", T,
                mode, host, r, qd);
