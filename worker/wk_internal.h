@@ -43,6 +43,7 @@ typedef struct wk {
     int32_t *gtok;
     bool dev;          /* the engine samples on the device (engine_ops.dev_sample) */
     bool *skip;        /* rows wk_constrain_prepare leaves alone (the device rows) */
+    uint64_t *sids;    /* scratch: a plan's sequence ids, sorted (has_twice) */
     uint8_t *dmask;    /* copies of the device rows' masks for an engine call (n_vocab each) */
     size_t dmask_cap;
     /* the step ahead (worker/wk_ahead.h): ahead[cur] is the one held, run or (queued) in the

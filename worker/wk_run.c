@@ -411,6 +411,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.drow);
     free(w.gtok);
     free(w.skip);
+    free(w.sids);
     free(w.dmask);
     free(w.rdrow);
     free(w.ndrow);

@@ -326,11 +326,17 @@ static void run_ahead(wk *w, engine *eng, wk_constrain *cons, const wire_step_pl
     wk_ahead_done(a, NULL);
 }
 
-/* whether plan p holds a sequence in two rows */
-static bool has_twice(const wire_step_plan *p) {
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* whether plan p holds a sequence in two rows (ids: scratch of p->n_seqs) */
+static bool has_twice(const wire_step_plan *p, uint64_t *ids) {
+    for (uint32_t i = 0; i < p->n_seqs; i++) ids[i] = p->seqs[i].seq_id;
+    qsort(ids, p->n_seqs, sizeof *ids, cmp_u64);
     for (uint32_t i = 1; i < p->n_seqs; i++)
-        for (uint32_t k = 0; k < i; k++)
-            if (p->seqs[k].seq_id == p->seqs[i].seq_id) return true;
+        if (ids[i] == ids[i - 1]) return true;
     return false;
 }
 
@@ -356,6 +362,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         w->ndrow = mla_xrealloc(w->ndrow, w->flags_cap * sizeof *w->ndrow);
         w->nmods = mla_xrealloc(w->nmods, w->flags_cap * sizeof *w->nmods);
         w->skip = mla_xrealloc(w->skip, w->flags_cap * sizeof *w->skip);
+        w->sids = mla_xrealloc(w->sids, w->flags_cap * sizeof *w->sids);
         w->gtok = mla_xrealloc(w->gtok, w->flags_cap * sizeof *w->gtok);
         w->rtok = mla_xrealloc(w->rtok, w->flags_cap * sizeof *w->rtok);
         w->hit = mla_xrealloc(w->hit, w->flags_cap * sizeof *w->hit);
@@ -402,7 +409,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         wire_seq_result *sr = mla_xcalloc(p->n_seqs, sizeof *sr);
         /* the host-sampled rows are sampled together after this loop, on threads (worker/wk_sample.h);
          * a plan that holds a sequence twice samples in line (its history grows between the two) */
-        const bool in_line = has_twice(p);
+        const bool in_line = has_twice(p, w->sids);
         size_t nj = 0, ncons = 0, nc = 0;
         for (uint32_t i = 0; i < p->n_seqs; i++) nc += p->seqs[i].sp.constrained;
         if (p->n_seqs > w->jobs_cap) {
