@@ -21,7 +21,7 @@
  *   S1: warpgroup 0 takes the whole softmax and leaves the rows' rescale factors in shared memory.
  * Key tiles are copied by cp.async (16 bytes, zeros past the split's keys), two tiles in flight,
  * the tile after next issued once both products of a tile are done. Checked against the CPU
- * reference in mla-gpu-check (--attnlong, the "wg" rows). */
+ * reference in mla-gpu-check (--attnlong, the "wg" and "wg1" rows). */
 #include "kernels/attn_wg_cuda.h"
 
 #include <math.h>
