@@ -11,6 +11,9 @@
 #include <type_traits>
 
 #include "kernels/cuda_internal.h"
+#ifdef MLA_CUDA_WGMMA
+#include "kernels/attn_wg_cuda.h"
+#endif
 
 namespace {
 
@@ -786,6 +789,57 @@ extern "C" int mla_cuda_attn_tc_splits(int64_t n_tokens, int64_t n_head, int64_t
                             split_cap(n_tokens, n_head, kv_lora, work_floats), n_tokens == 1 ? TC_MIN_KEYS1 : 0);
 }
 
+/* The warpgroup kernel (attn_wg_cuda.cu) splits over keys as the tensor-core one, at least
+ * WG_MIN_KEYS keys a split (a block's fixed cost, its 72 KB of queries and first two tiles, is
+ * about twice the mma.sync kernel's), down to WG_MIN_KEYS1 for one token, one block an SM. */
+constexpr int WG_MIN_KEYS = 256, WG_MIN_KEYS1 = 128, WG_HEADS = 64;
+/* the default rule's form of S: both warpgroups (false) or one (attn_wg_cuda.cu's S1) */
+constexpr bool WG_S1 = false;
+static int g_wg_mode = 1; /* mla_cuda_attn_wg */
+extern "C" void mla_cuda_attn_wg(int mode) {
+    MLA_ASSERT(mode >= 0 && mode <= 3);
+    g_wg_mode = mode;
+}
+
+extern "C" int mla_cuda_attn_wg_ok(void) {
+#ifdef MLA_CUDA_WGMMA
+    return mlacu_awg_device_ok() && mlacu_awg_blocks_per_sm() > 0;
+#else
+    return 0;
+#endif
+}
+
+extern "C" int mla_cuda_attn_wg_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys,
+                                       size_t work_floats, int sms) {
+    return (int)split_count(n_tokens * (n_head / WG_HEADS), max_keys, WG_MIN_KEYS, sms, sms,
+                            split_cap(n_tokens, n_head, kv_lora, work_floats), n_tokens == 1 ? WG_MIN_KEYS1 : 0);
+}
+
+/* The warpgroup kernel where the rule above (cuda_ops.h) takes it: MLA_OK, MLA_ERR, or 1 (not
+ * taken). The caller has checked the alignment of the queries and the contiguous cache. */
+static int wg_attn(const mla_cuda_attn_args *a, int64_t nk_max, cudaStream_t st, mla_err *e) {
+    if (!g_wg_mode || !a->kv_f16 || a->sel || a->kv_lora != 512 || a->n_rope != 64 || a->n_head % WG_HEADS) return 1;
+    if (g_wg_mode == 1 && nk_max < MLA_CUDA_ATTN_WG_MIN_KEYS) return 1;
+    if (a->blk_tok && (a->blk_off & 7)) return 1; /* 16-byte copies */
+#ifdef MLA_CUDA_WGMMA
+    if (!mlacu_awg_device_ok()) return 1;
+    const int bps = mlacu_awg_blocks_per_sm();
+    if (bps < 0) return mla_errf(e, "mla_attn (wgmma): shared memory or occupancy query failed");
+    if (bps == 0) return 1;
+    const int64_t T = a->n_tokens, hgroups = a->n_head / WG_HEADS;
+    const int splits = attn_splits(a, T * hgroups, nk_max, WG_MIN_KEYS, (int64_t)bps * mlacu_sm_count(),
+                                   T == 1 ? WG_MIN_KEYS1 : 0);
+    mlacu_awg_args k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (const __half *)a->kv,
+                        a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->out, a->work, splits};
+    MLACU_CHECK(mlacu_awg_launch(&k, T, g_wg_mode == 3 || (g_wg_mode == 1 && WG_S1), st), e, "mla_attn (wgmma) T=%lld H=%lld splits=%d", (long long)T,
+                (long long)a->n_head, splits);
+    return attn_reduce(a, splits, st, e);
+#else
+    (void)a, (void)nk_max, (void)st, (void)e;
+    return 1;
+#endif
+}
+
 /* The tensor-core attention where a kernel exists for the shape and the device: MLA_OK, MLA_ERR,
  * or 1 (none: the caller takes the fp32 kernel). */
 static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream stream, mla_err *e) {
@@ -798,7 +852,9 @@ static int tc_attn(const mla_cuda_attn_args *a, int64_t nk_max, mla_cuda_stream 
     attn_k k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (int)L, (int)R, a->kv, a->blk_tok,
                 a->blk_off, a->pos0, a->pos_tok, a->scale, a->sel, a->n_sel, a->sel_stride, a->out, a->work, 1};
     cudaStream_t st = (cudaStream_t)stream;
-    int r, splits = 1;
+    int r = wg_attn(a, nk_max, st, e);
+    if (r != 1) return r;
+    int splits = 1;
     if (a->kv_f16) r = w512 ? tc_launch_any<512, 64, __half>(a, k, nk_max, st, &splits, e)
                             : tc_launch_any<256, 32, __half>(a, k, nk_max, st, &splits, e);
     else r = w512 ? tc_launch_any<512, 64, float>(a, k, nk_max, st, &splits, e)

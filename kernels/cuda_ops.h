@@ -333,6 +333,19 @@ void mla_cuda_attn_tile16(bool on);
 /* For the op harness's timings: the tensor-core kernel's least keys a split (a multiple of 32;
  * 0 restores the default, 128). Process-wide. */
 void mla_cuda_attn_tune(int min_keys);
+/* The warpgroup (wgmma, sm_90a) decode attention (kernels/attn_wg_cuda.h): mla_cuda_mla_attn takes
+ * it with tensor_cores on a compute capability 9.0 device for an fp16 cache of 512 + 64, heads a
+ * multiple of 64, keys of the token's own (no sel), 16-byte aligned rows, and a grid of at least
+ * MLA_CUDA_ATTN_WG_MIN_KEYS keys a token (max_keys, or pos0 + n_tokens). mla_cuda_attn_wg_ok:
+ * whether this build and device run it. mla_cuda_attn_wg, for the op harness's A/B: 0 never, 1
+ * the default rule, 2 wherever the shape allows it (any context), 3 the same with S = Q K^T on one
+ * of the kernel's two warpgroups (attn_wg_cuda.cu's S1). Process-wide, not thread-safe. */
+#define MLA_CUDA_ATTN_WG_MIN_KEYS 16384
+int mla_cuda_attn_wg_ok(void);
+void mla_cuda_attn_wg(int mode);
+/* its splits over keys (as mla_cuda_attn_tc_splits; one block an SM): a pure function */
+int mla_cuda_attn_wg_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys, size_t work_floats,
+                            int sms);
 int mla_cuda_mla_attn(const mla_cuda_attn_args *a, mla_cuda_stream stream, mla_err *e);
 
 /* DSA indexer (kernels/dsa_indexer.h): d_scores[t*ld + j] = dsa_scores of query t for keys

@@ -73,6 +73,12 @@ int main(void) {
     CHECK(mla_cuda_attn_tc_splits(1, 128, 512, 131072, w128, 2, 132) == 66);
     CHECK(mla_cuda_attn_tc_splits(1, 128, 512, 1024, w128, 2, 132) == 16);
     CHECK(mla_cuda_attn_tc_splits(64, 128, 512, 131072, w128, 2, 132) == 1);
+    /* the warpgroup kernel (64 heads and one block an SM): V3's batch 8 one wave of 128 blocks,
+     * batch 1 the 132 SMs at 128k keys and splits of 128 keys at 1k, batch 64 one split */
+    CHECK(mla_cuda_attn_wg_splits(8, 128, 512, 131072, w128, 132) == 8);
+    CHECK(mla_cuda_attn_wg_splits(1, 128, 512, 131072, w128, 132) == 66);
+    CHECK(mla_cuda_attn_wg_splits(1, 128, 512, 1024, w128, 132) == 8);
+    CHECK(mla_cuda_attn_wg_splits(64, 128, 512, 131072, w128, 132) == 1);
     /* no work buffer: one split; a small one bounds them */
     CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 131072, 0, 2, 132) == 1);
     CHECK(mla_cuda_attn_tc_splits(8, 128, 512, 131072, mla_cuda_attn_work_floats(8, 128, 512, 4), 2, 132) == 4);
