@@ -30,10 +30,6 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
     {MLA_SW_WORKER_HOST_SAMPLE, "MLA_WORKER_HOST_SAMPLE", MLA_SWT_BOOL, "0", 0, 0, NULL,
      "1: rows that are not greedy are sampled on rank 0's host even where the engine samples on the device "
      "(A/B of device sampling against the host sampler)", true},
-    {MLA_SW_CUDA_SAMPLE, "MLA_CUDA_SAMPLE", MLA_SWT_ENUM, "host", 0, 0, "host|device",
-     "device: the CUDA engine samples rows that are not greedy itself (kernels/sample_cuda.cu); host (the "
-     "default until the kernel's op checks and the served comparison have passed on a GPU): rank 0's host does",
-     true},
     {MLA_SW_LOCAL_LINK, "MLA_LOCAL_LINK", MLA_SWT_BOOL, "1", 0, 0, NULL,
      "0: local workers get no socket-pair link, every frame goes over ZeroMQ (tests that path)", true},
     {MLA_SW_ROPE_FREQ_BF16, "MLA_ROPE_FREQ_BF16", MLA_SWT_BOOL, "0", 0, 0, NULL,

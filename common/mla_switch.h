@@ -34,7 +34,6 @@ typedef enum mla_sw_id {
     MLA_SW_LOAD_LAYER_DELAY_MS,     /* dev: fault injection, a slow load */
     MLA_SW_WORKER_STEP_DELAY_MS,    /* dev: fault injection, a slow step */
     MLA_SW_WORKER_HOST_SAMPLE,      /* dev: 1 samples every non-greedy row on the host (A/B) */
-    MLA_SW_CUDA_SAMPLE,             /* dev: device: the CUDA engine samples non-greedy rows (opt-in) */
     MLA_SW_LOCAL_LINK,              /* dev: 0 keeps every frame of a local worker on ZeroMQ */
     MLA_SW_ROPE_FREQ_BF16,          /* dev: RoPE inverse frequencies rounded to bf16 (HF fixtures) */
     MLA_SW_CUDA_ATTN,               /* dev: CUDA attention in tc or fp32 (A/B against the default) */

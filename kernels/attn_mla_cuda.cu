@@ -793,11 +793,9 @@ extern "C" int mla_cuda_attn_tc_splits(int64_t n_tokens, int64_t n_head, int64_t
  * WG_MIN_KEYS keys a split (a block's fixed cost, its 72 KB of queries and first two tiles, is
  * about twice the mma.sync kernel's), down to WG_MIN_KEYS1 for one token, one block an SM. */
 constexpr int WG_MIN_KEYS = 256, WG_MIN_KEYS1 = 128, WG_HEADS = 64;
-/* the default rule's form of S: both warpgroups (false) or one (attn_wg_cuda.cu's S1) */
-constexpr bool WG_S1 = false;
 static int g_wg_mode = 1; /* mla_cuda_attn_wg */
 extern "C" void mla_cuda_attn_wg(int mode) {
-    MLA_ASSERT(mode >= 0 && mode <= 3);
+    MLA_ASSERT(mode >= 0 && mode <= 2);
     g_wg_mode = mode;
 }
 
@@ -831,7 +829,7 @@ static int wg_attn(const mla_cuda_attn_args *a, int64_t nk_max, cudaStream_t st,
                                    T == 1 ? WG_MIN_KEYS1 : 0);
     mlacu_awg_args k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (const __half *)a->kv,
                         a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->out, a->work, splits};
-    MLACU_CHECK(mlacu_awg_launch(&k, T, g_wg_mode == 3 || (g_wg_mode == 1 && WG_S1), st), e, "mla_attn (wgmma) T=%lld H=%lld splits=%d", (long long)T,
+    MLACU_CHECK(mlacu_awg_launch(&k, T, st), e, "mla_attn (wgmma) T=%lld H=%lld splits=%d", (long long)T,
                 (long long)a->n_head, splits);
     return attn_reduce(a, splits, st, e);
 #else

@@ -9,19 +9,18 @@
  * operand sits in the K-major layout with the 128-byte swizzle, 64 columns (128 bytes) a k-block,
  * 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row groups 1024 bytes apart:
  * - queries: 9 k-blocks of 64 rows; keys: 9 k-blocks of 64 rows a tile; P: one k-block.
- * - S: warpgroup w scores the 64 heads against keys 32 w .. +32 of the tile (36 m64n32k16 steps,
- *   both operands by descriptor); or (S1) warpgroup 0 alone against all 64 (m64n64k16).
+ * - S: warpgroup 0 scores the 64 heads against the tile's 64 keys (36 m64n64k16 steps, both
+ *   operands by descriptor).
  * - P V: V is the same key tile, read as the B operand in its MN-major form (the latent columns
  *   are V's N, contiguous in a row): k-block j of the tile holds columns 64 j .. +64 of every key,
  *   the MN-major 128-byte-swizzle atom of 64 columns x 8 keys; the descriptor steps 64 columns by
  *   LBO (8192, a k-block) and 8 keys by SBO (1024). Warpgroup w accumulates columns 256 w .. +256
  *   (m64n256k16, A = P by descriptor, 4 steps of 16 keys), 128 fp32 accumulators a thread.
- * - softmax: each warpgroup takes its 32 keys' row maxima; the two exchange them in shared memory,
- *   both keep the same running maximum; each keeps the sums of its own keys (added at the end).
- *   S1: warpgroup 0 takes the whole softmax and leaves the rows' rescale factors in shared memory.
+ * - softmax: warpgroup 0 takes it whole (running maxima and sums) and leaves the rows' rescale
+ *   factors in shared memory for warpgroup 1.
  * Key tiles are copied by cp.async (16 bytes, zeros past the split's keys), two tiles in flight,
  * the tile after next issued once both products of a tile are done. Checked against the CPU
- * reference in mla-gpu-check (--attnlong, the "wg" and "wg1" rows). */
+ * reference in mla-gpu-check (--attnlong, the "wg" rows). */
 #include "kernels/attn_wg_cuda.h"
 
 #include <math.h>
@@ -40,16 +39,6 @@ constexpr size_t AW_SMEM = (size_t)AW_Q + 2 * AW_TILE + AW_P + 2 * AW_M * 4 + 2 
 static_assert(AW_NK == 64 && AW_M == 64, "one k-block of P, one warpgroup's M");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* S += Q K^T: m64n32k16, A and B (both K-major) by descriptor */
-static __device__ __forceinline__ void aw_mma_s(float (&d)[16], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-        "%16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db));
-}
 /* S += Q K^T: m64n64k16 (a whole tile's keys) */
 static __device__ __forceinline__ void aw_mma_s64(float (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
@@ -99,11 +88,10 @@ static __device__ __forceinline__ uint64_t aw_desc_mn(uint32_t saddr) {
 static __device__ __forceinline__ uint32_t aw_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 #endif
 
-/* S1: S by warpgroup 0 alone (m64n64k16, the whole tile's keys; its softmax needs no exchange,
- * warpgroup 1 takes the rows' rescale factors from shared memory), else by both (m64n32k16, 32
- * keys each, the row maxima exchanged). One warpgroup reads each 64 x 16 query step once for 64
- * keys rather than twice for 32: 144 KB of shared-memory reads a tile for S rather than 216. */
-template <bool S1>
+/* S by warpgroup 0 alone (m64n64k16, the whole tile's keys; its softmax needs no exchange,
+ * warpgroup 1 takes the rows' rescale factors from shared memory). One warpgroup reads each 64 x
+ * 16 query step once for 64 keys: 144 KB of shared-memory reads a tile for S, where both
+ * warpgroups on 32 keys each read 216 (and measured 4-8% slower on an H200 at 32k-128k keys). */
 __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) uint8_t aw_raw[];
@@ -112,7 +100,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
     float *red = (float *)(ps + AW_P);                        /* [2][64]: row maxima, then sums */
     const __half **rowp = (const __half **)(red + 2 * AW_M); /* [2][64]: the rows of a tile (NULL: none) */
     /* wg broadcast from lane 0: warp-uniform to the compiler, so that the wgmmas of one warpgroup
-     * alone (S1) are not serialized */
+     * alone are not serialized */
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
               lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * AW_M;
@@ -192,90 +180,28 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         const uint32_t kt = kbase + (uint32_t)buf * AW_TILE;
         const int nvalid = (int)(k1 - kb < AW_NK ? k1 - kb : AW_NK);
         float al[2];
-        if constexpr (S1) {
-            if (wg == 0) {
-                /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + j in s[4 i + 2 hf + j] */
-                float s[32];
+        if (wg == 0) {
+            /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + j in s[4 i + 2 hf + j] */
+            float s[32];
 #pragma unroll
-                for (int i = 0; i < 32; i++) s[i] = 0.f;
-                aw_pin(s);
-                aw_fence();
-#pragma unroll
-                for (int kk = 0; kk < AW_KB * 4; kk++) {
-                    const uint32_t off = (uint32_t)((kk >> 2) * AW_BLK + (kk & 3) * 32);
-                    aw_mma_s64(s, aw_desc_k(q0 + off), aw_desc_k(kt + off));
-                }
-                aw_commit();
-                aw_wait0();
-                aw_pin(s);
-                if (tid < AW_NK) rowp[buf * AW_NK + tid] = row2; /* issued into buffer buf after this tile */
-                float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = 8 * i + 2 * t4 + (e & 1);
-                        const float v = key < nvalid ? s[4 * i + e] : -INFINITY;
-                        s[4 * i + e] = v;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                    }
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                    const float mn = fmaxf(m_r[r], mx[r]);
-                    al[r] = exp2f(m_r[r] - mn);
-                    m_r[r] = mn;
-                }
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s[4 * i + e] = exp2f(s[4 * i + e] - m_r[e >> 1]);
-                        sum[e >> 1] += s[4 * i + e];
-                    }
-                    /* keys 8 i + 2 t4, +1: chunk i of P's row, bytes 4 t4 */
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const int row = r0 + 8 * hf;
-                        *(uint32_t *)(ps + aw_sw(row, i) + 4 * t4) = aw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < 2; r++) l_r[r] = l_r[r] * al[r] + sum[r];
-                if (t4 == 0) { /* the rows' rescale factors, for warpgroup 1 */
-                    red[r0] = al[0];
-                    red[r0 + 8] = al[1];
-                }
-                aw_fence_proxy(); /* P, to wgmma's proxy */
-            }
-            __syncthreads();
-            if (wg == 1) {
-                al[0] = red[r0];
-                al[1] = red[r0 + 8];
-            }
-        } else {
-            /* S: rows r0, r0 + 8 x keys 32 wg + 8 i + 2 t4 + j in s[4 i + 2 hf + j] */
-            float s[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) s[i] = 0.f;
+            for (int i = 0; i < 32; i++) s[i] = 0.f;
             aw_pin(s);
             aw_fence();
 #pragma unroll
             for (int kk = 0; kk < AW_KB * 4; kk++) {
                 const uint32_t off = (uint32_t)((kk >> 2) * AW_BLK + (kk & 3) * 32);
-                aw_mma_s(s, aw_desc_k(q0 + off), aw_desc_k(kt + off + wg * 32 * 128));
+                aw_mma_s64(s, aw_desc_k(q0 + off), aw_desc_k(kt + off));
             }
             aw_commit();
             aw_wait0();
             aw_pin(s);
             if (tid < AW_NK) rowp[buf * AW_NK + tid] = row2; /* issued into buffer buf after this tile */
-            float mx[2] = {-INFINITY, -INFINITY};
+            float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int key = wg * 32 + 8 * i + 2 * t4 + (e & 1);
+                    const int key = 8 * i + 2 * t4 + (e & 1);
                     const float v = key < nvalid ? s[4 * i + e] : -INFINITY;
                     s[4 * i + e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -284,37 +210,36 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
             for (int r = 0; r < 2; r++) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            }
-            if (t4 == 0) {
-                red[wg * AW_M + r0] = mx[0];
-                red[wg * AW_M + r0 + 8] = mx[1];
-            }
-            __syncthreads();
-            float sum[2] = {0.f, 0.f};
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float mn = fmaxf(m_r[r], fmaxf(red[r0 + 8 * r], red[AW_M + r0 + 8 * r]));
+                const float mn = fmaxf(m_r[r], mx[r]);
                 al[r] = exp2f(m_r[r] - mn);
                 m_r[r] = mn;
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < 8; i++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     s[4 * i + e] = exp2f(s[4 * i + e] - m_r[e >> 1]);
                     sum[e >> 1] += s[4 * i + e];
                 }
-                /* keys 32 wg + 8 i + 2 t4, +1: chunk 4 wg + i of P's row, bytes 4 t4 */
+                /* keys 8 i + 2 t4, +1: chunk i of P's row, bytes 4 t4 */
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int row = r0 + 8 * hf;
-                    *(uint32_t *)(ps + aw_sw(row, 4 * wg + i) + 4 * t4) = aw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
+                    *(uint32_t *)(ps + aw_sw(row, i) + 4 * t4) = aw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
                 }
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) l_r[r] = l_r[r] * al[r] + sum[r];
+            if (t4 == 0) { /* the rows' rescale factors, for warpgroup 1 */
+                red[r0] = al[0];
+                red[r0 + 8] = al[1];
+            }
             aw_fence_proxy(); /* P, to wgmma's proxy */
-            __syncthreads();
+        }
+        __syncthreads();
+        if (wg == 1) {
+            al[0] = red[r0];
+            al[1] = red[r0 + 8];
         }
 #pragma unroll
         for (int i = 0; i < 32; i++) {
@@ -382,15 +307,15 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 
 bool mlacu_awg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= AW_SMEM; }
 
-template <bool S1> static cudaError_t awg_setup(int *bps) {
+static cudaError_t awg_setup(int *bps) {
     static bool done = false;
     static int occ = 0;
     if (!done) {
-        cudaError_t err = mlacu_smem_allow(awg_kernel<S1>, AW_SMEM);
+        cudaError_t err = mlacu_smem_allow(awg_kernel, AW_SMEM);
         if (err != cudaSuccess) return err;
-        err = cudaFuncSetAttribute(awg_kernel<S1>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+        err = cudaFuncSetAttribute(awg_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
         if (err != cudaSuccess) return err;
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, awg_kernel<S1>, AW_T, AW_SMEM);
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, awg_kernel, AW_T, AW_SMEM);
         if (err != cudaSuccess) return err;
         done = true;
     }
@@ -400,17 +325,15 @@ template <bool S1> static cudaError_t awg_setup(int *bps) {
 
 int mlacu_awg_blocks_per_sm(void) {
     if (!mlacu_awg_device_ok()) return 0;
-    int n = 0, n1 = 0;
-    if (awg_setup<false>(&n) != cudaSuccess || awg_setup<true>(&n1) != cudaSuccess) return -1;
-    return n < n1 ? n : n1;
+    int n = 0;
+    return awg_setup(&n) == cudaSuccess ? n : -1;
 }
 
-cudaError_t mlacu_awg_launch(const mlacu_awg_args *a, int64_t T, bool s1, cudaStream_t s) {
+cudaError_t mlacu_awg_launch(const mlacu_awg_args *a, int64_t T, cudaStream_t s) {
     if (a->H <= 0 || a->H % AW_M || T <= 0 || T > 65535 || a->splits < 1) return cudaErrorInvalidValue;
-    cudaError_t err = s1 ? awg_setup<true>(nullptr) : awg_setup<false>(nullptr);
+    cudaError_t err = awg_setup(nullptr);
     if (err != cudaSuccess) return err;
     const dim3 grid((unsigned)(a->H / AW_M), (unsigned)a->splits, (unsigned)T);
-    if (s1) mlacu_launch(awg_kernel<true>, grid, AW_T, AW_SMEM, s, *a);
-    else mlacu_launch(awg_kernel<false>, grid, AW_T, AW_SMEM, s, *a);
+    mlacu_launch(awg_kernel, grid, AW_T, AW_SMEM, s, *a);
     return cudaGetLastError();
 }

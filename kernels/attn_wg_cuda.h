@@ -42,8 +42,7 @@ bool mlacu_awg_device_ok(void);
 /* blocks resident per SM (1 by design), 0 where the kernel cannot run, -1 on an error */
 int mlacu_awg_blocks_per_sm(void);
 
-/* One launch over T tokens, a->splits splits (grid: H / 64 head groups x splits x T). s1: S = Q K^T
- * by one warpgroup over the tile's 64 keys (else by both, 32 keys each; attn_wg_cuda.cu). */
-cudaError_t mlacu_awg_launch(const mlacu_awg_args *a, int64_t T, bool s1, cudaStream_t s);
+/* One launch over T tokens, a->splits splits (grid: H / 64 head groups x splits x T). */
+cudaError_t mlacu_awg_launch(const mlacu_awg_args *a, int64_t T, cudaStream_t s);
 
 #endif

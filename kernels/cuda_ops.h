@@ -338,8 +338,7 @@ void mla_cuda_attn_tune(int min_keys);
  * multiple of 64, keys of the token's own (no sel), 16-byte aligned rows, and a grid of at least
  * MLA_CUDA_ATTN_WG_MIN_KEYS keys a token (max_keys, or pos0 + n_tokens). mla_cuda_attn_wg_ok:
  * whether this build and device run it. mla_cuda_attn_wg, for the op harness's A/B: 0 never, 1
- * the default rule, 2 wherever the shape allows it (any context), 3 the same with S = Q K^T on one
- * of the kernel's two warpgroups (attn_wg_cuda.cu's S1). Process-wide, not thread-safe. */
+ * the default rule, 2 wherever the shape allows it (any context). Process-wide, not thread-safe. */
 #define MLA_CUDA_ATTN_WG_MIN_KEYS 16384
 int mla_cuda_attn_wg_ok(void);
 void mla_cuda_attn_wg(int mode);

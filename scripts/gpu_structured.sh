@@ -11,8 +11,8 @@
 # temperature-1 rows beside the free ones), TOKENS (128), MODEL_DIR (/tmp/mla-structured),
 # MLASERVE (default BUNDLE/bin/mlaserve), BACKEND (cuda), MKMODEL_ARGS, AHEAD (unset: the server's
 # default; e.g. off,queue: one server per value, `--step-ahead V`, on the same model, written to
-# structured-<family>-ahead-V.*), SAMPLE (host: rows that are not greedy sampled on rank 0's host,
-# the CUDA engine's default; device: on the device, MLA_CUDA_SAMPLE=device; e.g. host,device runs
+# structured-<family>-ahead-V.*), SAMPLE (device: rows that are not greedy sampled on the device,
+# the CUDA engine's default; host: on rank 0's host, MLA_WORKER_HOST_SAMPLE=1; e.g. host,device runs
 # each mode both ways, written to ...-host.* / ...-device.*). A dry run without a GPU:
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu LAYERS=2 MKMODEL_ARGS=--small ROWS=1,2 \
 #   CONSTRAINED=0,1 TOKENS=8 scripts/gpu_structured.sh
@@ -34,7 +34,7 @@ largs=()
 rc=0
 IFS=, read -r -a modes <<<"${AHEAD:-}"
 [ ${#modes[@]} -eq 0 ] && modes=("")
-IFS=, read -r -a samples <<<"${SAMPLE:-host}"
+IFS=, read -r -a samples <<<"${SAMPLE:-device}"
 for mode in "${modes[@]}"; do
  for smp in "${samples[@]}"; do
   sargs=()
@@ -46,7 +46,8 @@ for mode in "${modes[@]}"; do
   fi
   [ -n "${SAMPLE:-}" ] && tag="$tag-$smp"
   rm -f "$D/port"
-  MLA_CUDA_SAMPLE=$smp "$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" \
+  hs=0; [ "$smp" = host ] && hs=1
+  MLA_WORKER_HOST_SAMPLE=$hs "$MLA" serve -m "$M" --backend "${BACKEND:-cuda}" --port 0 --port-file "$D/port" \
     --max-seqs 64 "${sargs[@]}" >"$OUT/structured-serve.log" 2>&1 &
   srv=$!
   for _ in $(seq 1 300); do

@@ -326,11 +326,9 @@ static int cu_step(engine *e, const wire_step_plan *p, float *const *logits, mla
     return cu_step_greedy(e, p, logits, NULL, NULL, err);
 }
 
-/* opt-in (MLA_CUDA_SAMPLE=device) until the sampling kernel has been checked on a GPU */
-static bool cu_dev_sample(const engine *e) {
-    const char *v = mla_sw_str(MLA_SW_CUDA_SAMPLE);
-    return mla_cmodel_device_argmax(e->m) && v && !strcmp(v, "device");
-}
+/* the rows that are not greedy are sampled where the greedy ones take their argmax
+ * (kernels/sample_cuda.cu): wherever the model takes its tokens on the device */
+static bool cu_dev_sample(const engine *e) { return mla_cmodel_device_argmax(e->m); }
 
 /* engine.h queue: one-token rows at each sequence's next position, as one queued decode step;
  * rows whose mask comes later keep their settings here until queue_mods */

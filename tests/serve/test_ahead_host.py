@@ -101,12 +101,12 @@ rs = reqs()
 common = ["--max-context", "1024", "--max-seqs", "64", "--tp", tp] + (["--backend", backend] if backend else [])
 res, stats = {}, {}
 # on CUDA the first two servers sample the rows that are not greedy on the device
-# (MLA_CUDA_SAMPLE=device: worker/engine.h dev_sample), a third on the host, and every text must
+# (worker/engine.h dev_sample), a third on the host (MLA_WORKER_HOST_SAMPLE=1), and every text must
 # be the same (the device's sampler takes the host sampler's token, up to rounding at a boundary)
 modes = ("off", "queue", "queue-host") if backend == "cuda" else ("off", "queue")
 for mode in modes:
     srv = ServeProcess(cmd + ["-m", model, "--port", "0"], common + ["--step-ahead", mode.split("-")[0]],
-                       worker=worker, env={"MLA_CUDA_SAMPLE": "host" if mode.endswith("host") else "device"},
+                       worker=worker, env={"MLA_WORKER_HOST_SAMPLE": "1" if mode.endswith("host") else "0"},
                        timeout=120, prefix="ahead_host_%s_" % mode)
     try:
         res[mode] = run_all(srv.port, rs)
