@@ -7,8 +7,9 @@
 For each N in --rows and K in --constrained: N unconstrained completions (greedy, ignore_eos,
 --tokens tokens each) and K json_schema completions (an array of strings that cannot end within
 --tokens tokens, so the row stays constrained throughout, seeded temperature 1) are sent at once,
-streamed. --kinds sampled sends the K rows without response_format (the same seeded temperature 1): a
-row the host samples, constrained or not, against the constrained one. Reported per (N, K, kind): the median gap between tokens of the unconstrained rows (the step
+streamed. --kinds sampled sends the K rows without response_format (the same seeded temperature 1),
+top_p the same at temperature 0.6 and top_p 0.95: a sampled row, constrained or not, against the
+constrained one. Reported per (N, K, kind): the median gap between tokens of the unconstrained rows (the step
 time they see), the wall time of the batch over --tokens, and the workers' own step time
 (mlaserve_worker_step_seconds_total / mlaserve_worker_steps_total over the run, /metrics). No
 timing is asserted; docs/structured-output.md has the numbers and the exact commands."""
@@ -67,8 +68,12 @@ def run(a, n, k, kind="json"):
         body = {"prompt": "List names as JSON, set %d:" % i, "max_tokens": a.tokens, "temperature": 1.0, "seed": i}
         if kind == "json":
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "names", "schema": SCHEMA}}
-        else:
+        elif kind in ("sampled", "top_p"):
             body["ignore_eos"] = True
+            if kind == "top_p":  # the settings DeepSeek's model cards recommend
+                body.update(temperature=0.6, top_p=0.95)
+        else:
+            raise SystemExit("unknown kind %r (json, sampled, top_p)" % kind)
         ths.append(threading.Thread(target=stream, args=(a.host, a.port, body, cons_out)))
     s0, t0 = metric(a.host, a.port, "mlaserve_worker_step_seconds_total"), metric(a.host, a.port, "mlaserve_worker_steps_total")
     w0 = time.monotonic()
@@ -93,7 +98,7 @@ def main():
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--constrained", default="0,1,4")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--kinds", default="json", help="json, sampled or both (comma-separated)")
+    ap.add_argument("--kinds", default="json", help="json, sampled, top_p (comma-separated)")
     ap.add_argument("--json")
     a = ap.parse_args()
     res = []
