@@ -9,7 +9,10 @@
  * sums are exact and the same in any order, so shared-memory integer atomics give the same result
  * on every run (no float atomics, no order-dependent reduction).
  *
- * The sorted order (value descending, id ascending on ties) is never built. Each cut of it (the
+ * The sorted order (value descending, id ascending on ties) is built only for its head: the
+ * tokens within a distance of the largest value, when at most 4096 (sp_fast), sorted in shared
+ * memory; where every cut and the draw fall among them (a model's logits, usually) they are
+ * walked there. Else (a flat row) the full order is never built. Each cut of it (the
  * top_k-th token, the smallest prefix whose mass reaches top_p x the top_k mass, the token where
  * the draw falls) is "the first token in sorted order whose cumulative count (or mass) reaches X",
  * found by a radix descent over the monotone 32-bit key of the value: a histogram of count and
@@ -331,6 +334,166 @@ __device__ sp_hit sp_descend(const sp_ctx &c, sp_smem *s, bool by_mass, uint64_t
     return h;
 }
 
+/* The cuts and the draw over the tokens near the largest value, sorted in shared memory: the
+ * common case of a model's logits, where top_k, top_p, min_p and the draw all fall among the
+ * first few hundred tokens of the sorted order. Candidates: the tokens with v >= tau_j =
+ * mx - D_j x temperature, for the largest of SP_ND distances whose set holds at most SP_CAND
+ * tokens (one pass counts every set). A set of values at or above a threshold is a prefix of the
+ * sorted order, ties whole, so walking it sorted takes the token the radix descents take. The
+ * pass also gives the total mass and the mass of p >= min_p; a cut or draw that falls past the
+ * candidates (a flat row) is left to the descents: returns -2. Else the token's id. */
+constexpr int SP_CAND = 4096, SP_ND = 8;
+__constant__ float sp_dist[SP_ND] = {0.125f, 0.25f, 0.5f, 1.f, 2.f, 4.f, 9.f, 28.f};
+static_assert(offsetof(sp_smem, wm) == offsetof(sp_smem, m1) + SP_NB * 8 && 2 * SP_NB >= SP_CAND &&
+                  offsetof(sp_smem, c1) % 8 == 0 && 2 * SP_NB * 4 >= 32 * (SP_ND + 2) * 8 && SP_CAND % SP_T == 0,
+              "the fast path's candidates fill m1 and wm, its partial sums c1 and wc");
+
+__device__ int64_t sp_fast(const sp_ctx &c, sp_smem *s, const mla_cuda_samp &rs, uint64_t n_finite, double u,
+                           bool has_k) {
+    constexpr int NP = SP_ND + 2; /* the sums: the sets' counts, the total mass, the min_p mass */
+    unsigned long long(*part)[NP] = (unsigned long long(*)[NP])s->c1; /* [32][NP]: 2.5 of c1 and wc's 16 KB */
+    __shared__ unsigned long long tot[NP];
+    __shared__ uint32_t nc;
+    __shared__ int64_t found;
+    __shared__ uint64_t fthrough;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float tau[SP_ND]; /* in shared memory: 64 registers a thread leave no room */
+    if (threadIdx.x < SP_ND) tau[threadIdx.x] = c.mx - sp_dist[threadIdx.x] * rs.temperature;
+    __syncthreads();
+    /* the sets' counts (16 bits each, two a word: a thread sees at most SP_MAXV / SP_T tokens), the
+     * total mass, the mass of p >= min_p */
+    static_assert(SP_MAXV / SP_T < 65536 && SP_ND % 2 == 0, "packed counts");
+    uint32_t pk[SP_ND / 2] = {};
+    uint64_t mt = 0, mm = 0;
+    const float minp = rs.min_p;
+    sp_each(c, [&](uint32_t, float v) {
+        if (v == -INFINITY) return;
+        const float p = sp_p(c, v);
+        const uint64_t m = sp_fixp(p);
+        mt += m;
+        if (p >= minp) mm += m;
+#pragma unroll
+        for (int j = 0; j < SP_ND; j++) pk[j >> 1] += (uint32_t)(v >= tau[j]) << (16 * (j & 1));
+    });
+    auto wsum = [&](uint64_t x) {
+        for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(~0u, x, o);
+        return x;
+    };
+#pragma unroll
+    for (int j = 0; j < SP_ND; j++) {
+        const uint64_t a = wsum(pk[j >> 1] >> (16 * (j & 1)) & 0xffffu);
+        if (lane == 0) part[warp][j] = a;
+    }
+    {
+        const uint64_t a = wsum(mt), b = wsum(mm);
+        if (lane == 0) part[warp][SP_ND] = a, part[warp][SP_ND + 1] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x < NP) {
+        uint64_t x = 0;
+        for (int w = 0; w < SP_T / 32; w++) x += part[w][threadIdx.x];
+        tot[threadIdx.x] = x;
+    }
+    if (threadIdx.x == 0) nc = 0, found = -1;
+    __syncthreads();
+    const uint64_t total = tot[SP_ND];
+    uint64_t mass_minp = tot[SP_ND + 1];
+    int js = -1;
+    for (int j = 0; j < SP_ND; j++)
+        if (tot[j] <= SP_CAND) js = j;
+    if (js < 0) return -2;
+    const uint64_t ncand = tot[js];
+    const bool cut_k = has_k && (uint64_t)rs.top_k < n_finite;
+    if (cut_k && ncand < (uint64_t)rs.top_k) return -2;
+    /* the candidates as (key, ~id): sorted descending, value descending and id ascending on ties */
+    unsigned long long *cand = s->m1; /* m1 and wm: 2 x SP_NB u64 */
+    const float tj = tau[js];
+    sp_each(c, [&](uint32_t i, float v) {
+        const bool in = v != -INFINITY && v >= tj;
+        const unsigned b = __ballot_sync(~0u, in);
+        if (!b) return;
+        uint32_t base = 0;
+        if (lane == __ffs(b) - 1) base = atomicAdd(&nc, (unsigned)__popc(b));
+        base = __shfl_sync(~0u, base, __ffs(b) - 1);
+        if (in) cand[base + __popc(b & ((1u << lane) - 1))] = (unsigned long long)sp_key(v) << 32 | (uint32_t)~i;
+    });
+    __syncthreads();
+    int N = 1;
+    while (N < (int)ncand) N <<= 1;
+    for (int i = (int)ncand + threadIdx.x; i < N; i += SP_T) cand[i] = 0; /* below every candidate */
+    __syncthreads();
+    for (int k = 2; k <= N; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < N; i += SP_T) {
+                const int x = i ^ j;
+                if (x <= i) continue;
+                const unsigned long long a = cand[i], b = cand[x];
+                if (((i & k) == 0) == (a < b)) cand[i] = b, cand[x] = a; /* descending where i & k is 0 */
+            }
+            __syncthreads();
+        }
+    /* four consecutive candidates a thread, their masses and the cumulative mass before them */
+    constexpr int Q = SP_CAND / SP_T;
+    uint64_t m[Q], mine = 0;
+    const int i0 = Q * threadIdx.x;
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        m[q] = 0;
+        if (i0 + q < (int)ncand) {
+            const uint32_t key = (uint32_t)(cand[i0 + q] >> 32);
+            const float v = __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+            m[q] = sp_fixp(sp_p(c, v));
+        }
+        mine += m[q];
+    }
+    uint64_t cmass = 0; /* the candidates' mass */
+    const uint64_t before = sp_scan(mine, &cmass) - mine;
+    /* the first candidate whose cumulative mass (by_mass) or count reaches X (-1: none), and the
+     * cumulative mass through it in *thr; every thread calls it */
+    auto first = [&](bool by_mass, uint64_t X, uint64_t *thr) -> int64_t {
+        uint64_t cm = before;
+#pragma unroll
+        for (int q = 0; q < Q; q++) {
+            const int idx = i0 + q;
+            const uint64_t was = by_mass ? cm : (uint64_t)idx;
+            cm += m[q];
+            const uint64_t now = by_mass ? cm : (uint64_t)idx + 1;
+            if (idx < (int)ncand && was < X && X <= now) found = idx, fthrough = cm;
+        }
+        __syncthreads();
+        const int64_t f = found;
+        *thr = fthrough;
+        __syncthreads();
+        if (threadIdx.x == 0) found = -1;
+        __syncthreads(); /* reset before the next call's writes */
+        return f;
+    };
+    uint64_t mass_k = total, thr = 0;
+    if (cut_k) {
+        if (first(false, (uint64_t)rs.top_k, &thr) < 0) return -2;
+        mass_k = thr;
+    }
+    uint64_t kept = mass_k;
+    if (rs.top_p < 1.0f) {
+        const double lim = ceil((double)rs.top_p * (double)mass_k);
+        uint64_t X = lim < 1 ? 1 : (uint64_t)lim;
+        if (X > mass_k) X = mass_k;
+        if (X > cmass) return -2;
+        if (first(true, X, &thr) < 0) return -2;
+        kept = thr;
+    }
+    if (rs.min_p > 0) {
+        if (mass_minp == 0) mass_minp = sp_fixp(1.0f); /* min_p > 1: the first token alone */
+        if (mass_minp < kept) kept = mass_minp;
+    }
+    uint64_t tg = (uint64_t)(u * (double)kept);
+    if (tg >= kept) tg = kept - 1;
+    if (tg + 1 > cmass) return -2;
+    const int64_t f = first(true, tg + 1, &thr);
+    if (f < 0) return -2;
+    return (int64_t)(uint32_t)~(uint32_t)cand[f];
+}
+
 __global__ void __launch_bounds__(SP_T)
     sample_kernel(const float *__restrict__ logits, int64_t n_piece, int pieces, const mla_cuda_samp *__restrict__ rows,
                   const uint8_t *__restrict__ masks, const int32_t *__restrict__ bias_ids,
@@ -505,6 +668,15 @@ __global__ void __launch_bounds__(SP_T)
         __syncthreads();
         if (threadIdx.x == 0) out[t] = res < c.V ? (int32_t)res : -1;
         return;
+    }
+
+    {
+        const int64_t f = sp_fast(c, s, rs, n_finite, u, has_k);
+        if (f != -2) {
+            if (threadIdx.x == 0) out[t] = (int32_t)f;
+            return;
+        }
+        __syncthreads(); /* the candidates' memory is the histograms' */
     }
 
     /* the first level's histogram (top 11 bits of the key), the total mass, the mass of p >= min_p */
