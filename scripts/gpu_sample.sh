@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Sampling on the device (kernels/sample_cuda.cu, MLA_CUDA_SAMPLE=device) checked and measured on a
-# GPU, the three steps that decide whether it becomes the CUDA engine's default (docs/cuda.md):
+# Sampling on the device (kernels/sample_cuda.cu, the CUDA engine's default) checked and measured on
+# a GPU, in three steps (docs/cuda.md):
 #   1. the op check against the host sampler (mla-gpu-check --sample: 129280 and 154880 tokens, 1
 #      and 8 pieces, T 1/8/64, masks, biases, ties; deterministic on a second run; then timed
 #      beside the argmax), and the clamp of sampled ids (ids_to_tokens);
 #   2. the served comparison on the tiny-deepseek3 fixture (tests/serve/test_ahead_host.py with
 #      BACKEND cuda: the step ahead off and queued with the device sampling, and a server that
 #      samples on the host, every streamed text the same);
-#   3. the batch that motivates it (scripts/gpu_structured.sh: the whole V2-Lite shape, 8 greedy
-#      rows beside 0, 1 or 8 JSON-schema or temperature-1 rows, sampled on the host and on the
-#      device), the greedy rows' token gap read from the tables.
+#   3. the batch that motivates it (scripts/gpu_structured.sh: the whole V2-Lite shape, 8 or 9
+#      greedy rows beside 0, 1 or 8 JSON-schema, temperature-1 or top_p rows, sampled on the host
+#      and on the device), the greedy rows' token gap read from the tables against the all-greedy
+#      batch of the same size.
 # Input: .gpucarry/ made by scripts/gpu_carry.sh (unpacked here unless build-gpu-carried/ is
-# there). Output: $OUT (default ./out), everything also in $OUT/0-sample-out.tgz. About 6 minutes
+# there). Output: $OUT (default ./out), everything also in $OUT/0-sample-out.tgz. About 7 minutes
 # on an H200. Env: STEPS (default "1 2 3").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -37,7 +38,7 @@ for s in ${STEPS:-1 2 3}; do
     grep -E "FAIL|step ahead rows|passed" "$OUT/sample-served.log" | cut -c1-200 | head -20 ;;
   3)
     echo "== 3. greedy rows beside sampled ones, host and device sampling"
-    ROWS=8 CONSTRAINED=0,1,8 KINDS=json,sampled TOKENS=128 AHEAD=queue SAMPLE=host,device OUT="$OUT/structured" \
+    ROWS=8,9 CONSTRAINED=0,1,8 KINDS=json,sampled,top_p TOKENS=128 AHEAD=queue SAMPLE=host,device OUT="$OUT/structured" \
       timeout 400 scripts/gpu_structured.sh >"$OUT/sample-structured.log" 2>&1 || rc=1
     grep -v "^$" "$OUT/sample-structured.log" | tail -30 ;;
   esac
