@@ -33,21 +33,22 @@ extern "C" int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, in
 
 /* The rules, in order (docs/kernels.md): the fp16 tensor cores, the int8 tensor cores, the
  * integer GEMV (each where allowed, at enough rows, and every matrix's type takes it), then the
- * float-activation forms: the GEMV (exact, or up to MLACU_GV_TMAX rows), the split, the bf16
- * tensor cores. */
+ * float-activation forms: the GEMV (exact, or up to MLACU_GV_TMAX rows, MLACU_GV_FLOAT_TMAX where
+ * every matrix is float), the split, the bf16 tensor cores. */
 extern "C" mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types,
                                                  const int64_t *ins, int n, int64_t rows) {
     MLA_ASSERT(n >= 1);
-    bool h = p->h_min > 0 && rows >= p->h_min, q8 = p->q8;
+    bool h = p->h_min > 0 && rows >= p->h_min, q8 = p->q8, flt = true;
     for (int i = 0; i < n; i++) {
         h = h && mla_cuda_mmh_supported(types[i], ins[i]);
         q8 = q8 && mla_cuda_q8_supported(types[i]);
+        flt = flt && (types[i] == GGML_TYPE_F32 || types[i] == GGML_TYPE_F16 || types[i] == GGML_TYPE_BF16);
     }
     if (h) return MLA_CUDA_MM_H;
     if (q8) return p->q8_mma_min > 0 && rows >= p->q8_mma_min ? MLA_CUDA_MM_Q8_MMA : MLA_CUDA_MM_Q8;
     if (p->exact) return MLA_CUDA_MM_GEMV;
     if (p->split) return MLA_CUDA_MM_SPLIT;
-    return rows <= MLACU_GV_TMAX ? MLA_CUDA_MM_GEMV : MLA_CUDA_MM_MMA;
+    return rows <= (flt ? MLACU_GV_FLOAT_TMAX : MLACU_GV_TMAX) ? MLA_CUDA_MM_GEMV : MLA_CUDA_MM_MMA;
 }
 
 extern "C" int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,

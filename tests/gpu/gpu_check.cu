@@ -233,7 +233,8 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         }
     }
     double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
-    bool bf16 = path == MM_MMA || (path == MM_AUTO && T > 8);
+    const mla_cuda_mm_policy none = {false, false, false, 0, 0}; /* mla_cuda_matmul's */
+    const bool bf16 = path == MM_MMA || (path == MM_AUTO && mla_cuda_mm_choose(&none, &t, &in, 1, T) == MLA_CUDA_MM_MMA);
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
@@ -309,6 +310,17 @@ static void check_gemv_grouped(uint32_t t, int64_t in, int64_t out, int64_t T, b
             fmt("%lldx%lld T=%lld 1 expert", (long long)out, (long long)in, (long long)T), err, 1e-4, 0, 0, 0, true);
     for (void *p : {dw0, dw1, (void *)dx, (void *)dg, (void *)du, (void *)dd, (void *)dy, (void *)dids, mem})
         CK(cudaFree(p));
+}
+
+/* a MoE router's float weights (V2-Lite's 64 x 2048, V3's 256 x 7168) in steps of 9-128 tokens:
+ * the chooser's GEMV (mla_cuda_matmul) beside the bf16 tensor cores it replaced there */
+static void check_router(void) {
+    for (uint32_t t : {GGML_TYPE_F32, GGML_TYPE_BF16})
+        for (int64_t T : {9, 32, 128})
+            for (auto io : std::vector<std::array<int64_t, 2>>{{2048, 64}, {7168, 256}}) {
+                check_matmul(t, io[0], io[1], T, MM_AUTO, true);
+                check_matmul(t, io[0], io[1], T, MM_MMA, true);
+            }
 }
 
 /* check_gemv_grouped at shapes with a partial K chunk and a partial row block (1536 x 300, 3
@@ -1265,6 +1277,7 @@ int main(int argc, char **argv) {
         check_mmh_all(types, sizeof types / sizeof types[0]);
         check_moe_mmh();
     } else if (mma3_only) { /* the prefill paths side by side: fp32 GEMV, bf16 mma, split-bf16 mma3 */
+        check_router();
         for (uint32_t t : {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS}) {
             for (int64_t T : {16, 64, 256, 1024}) {
                 check_matmul(t, 7168, 2048, T, MM_GEMV, true);
@@ -1284,6 +1297,7 @@ int main(int argc, char **argv) {
         check_matmul(t, 1536, 300, 3, MM_GEMV, false);  /* partial K chunk */
     }
     check_gemv_grouped_all(types, sizeof types / sizeof types[0]);
+    check_router();
     /* the integer GEMV (int8 activations): every quantized type, partial row blocks, short rows,
      * token counts over one pass (8) */
     for (uint32_t t : types) {

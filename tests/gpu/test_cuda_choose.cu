@@ -16,7 +16,7 @@ static mla_cuda_mm_family one(const mla_cuda_mm_policy &p, uint32_t t, int64_t i
 }
 
 int main(void) {
-    const uint32_t Q4K = GGML_TYPE_Q4_K, F32 = GGML_TYPE_F32, BF16 = GGML_TYPE_BF16;
+    const uint32_t Q4K = GGML_TYPE_Q4_K, F32 = GGML_TYPE_F32, F16 = GGML_TYPE_F16, BF16 = GGML_TYPE_BF16;
     /* the model's dense products by default: fp16 tensor cores above 8 tokens, integer GEMV up
      * to 96, int8 tensor cores above */
     const mla_cuda_mm_policy dense = {true, false, false, 9, 97};
@@ -32,9 +32,12 @@ int main(void) {
     CHECK(one(dense, Q80, 7200, 96) == MLA_CUDA_MM_Q8);
     CHECK(one(dense, Q80, 7200, 97) == MLA_CUDA_MM_Q8_MMA);
     CHECK(one(dense, Q80, 7168, 97) == MLA_CUDA_MM_H);
-    /* float weights: no integer form; the GEMV up to 8 rows, the bf16 tensor cores above */
+    /* float weights: no integer form; the GEMV up to 128 rows (a router's few outputs would leave
+     * the tensor cores' grid one block), the bf16 tensor cores above */
     CHECK(one(dense, BF16, 2048, 8) == MLA_CUDA_MM_GEMV);
-    CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_GEMV);
+    CHECK(one(dense, F32, 2048, 128) == MLA_CUDA_MM_GEMV);
+    CHECK(one(dense, F16, 2048, 129) == MLA_CUDA_MM_MMA);
     CHECK(one(dense, F32, 2048, 500) == MLA_CUDA_MM_MMA);
     /* exact: no tensor cores (the model passes no h_min and no q8_mma_min) */
     const mla_cuda_mm_policy exact = {true, false, true, 0, 0};
