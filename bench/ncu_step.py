@@ -23,9 +23,9 @@ import sys
 FAMILIES = [
     ("matmul: experts (grouped)", r"(_grp_kernel$|^gemv[sw]_kernel<.*(true|\(bool\)1)>$)"),
     ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
-    ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|wg_q4k)_kernel|gemm|cublas|cutlass|sm90_xmma"),
+    ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_q4k)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),
-    ("attention", r"^(mla_attn|mla_kv_rows|attn|dsa_|mh_sum|flash)"),
+    ("attention", r"^(mla_attn|mla_kv_rows|attn|awg|pf_|dsa_|flash)"),
     ("norms", r"(rmsnorm|layernorm|qnorm)"),
     ("MoE routing", r"^(route|moe_plan|moe_combine|top_k|topk)"),
     ("all-reduce", r"(nccl|allreduce|all_reduce|reduce_scatter|allgather)"),
