@@ -32,8 +32,12 @@ def main():
         with open(p) as f:
             for line in f:
                 s, m, ns = line.split()
-                # a mark seen twice for a step (several ranks): keep the first
-                marks.setdefault(int(s), {}).setdefault(m, int(ns))
+                # a mark seen on several ranks: the earliest. Each process marks its own legs in
+                # order, so every leg between earliest marks is >= 0 whatever the file order;
+                # with the step ahead a rank can take a plan up after another rank has answered
+                # it, and another choice (the first file read) gave negative legs
+                st = marks.setdefault(int(s), {})
+                st[m] = min(st.get(m, int(ns)), int(ns))
     steps = sorted(s for s, m in marks.items() if all(k in m for k in "ABCDEFGH"))
     steps = steps[skip:]
     if not steps:
