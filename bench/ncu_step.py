@@ -21,7 +21,7 @@ import sys
 # products of the absorbed k_b / v_b. The names are matched with their template arguments
 # ("gemvs_kernel<12, 1, true>"); wg_q4k (the wgmma path, dense and experts alike) counts as dense.
 FAMILIES = [
-    ("matmul: experts (grouped)", r"(_grp_kernel$|^gemv[sw]_kernel<.*(true|\(bool\)1)>$)"),
+    ("matmul: experts (grouped)", r"(_grp_kernel(<.*>)?$|^gemv[sw]_kernel<.*(true|\(bool\)1)>$)"),
     ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
     ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_q4k)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),
