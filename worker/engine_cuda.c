@@ -21,7 +21,6 @@
 #include "engine_cuda.h"
 #include "gguf.h"
 #include "mla_log.h"
-#include "mla_switch.h"
 
 #ifdef MLA_HAVE_CUDA
 #include <cuda_runtime_api.h>
