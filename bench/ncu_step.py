@@ -25,6 +25,7 @@ FAMILIES = [
     ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
     ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_q4k)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),
+    # pf_: the prompt attention, its K/V decompression (pf_up_kernel, a per-head matmul) included
     ("attention", r"^(mla_attn|mla_kv_rows|attn|awg|pf_|dsa_|flash)"),
     ("norms", r"(rmsnorm|layernorm|qnorm)"),
     ("MoE routing", r"^(route|moe_plan|moe_combine|top_k|topk)"),

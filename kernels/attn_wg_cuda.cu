@@ -91,13 +91,13 @@ static __device__ __forceinline__ uint32_t aw_sw(int r, int c) { return (uint32_
 /* S by warpgroup 0 alone (m64n64k16, the whole tile's keys; its softmax needs no exchange,
  * warpgroup 1 takes the rows' rescale factors from shared memory). One warpgroup reads each 64 x
  * 16 query step once for 64 keys: 144 KB of shared-memory reads a tile for S, where both
- * warpgroups on 32 keys each read 216 (and measured 4-8% slower on an H200 at 32k-128k keys). */
+ * warpgroups on 32 keys each read 216 (and measured 4-7% slower on an H200 at 32k-128k keys). */
 __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) uint8_t aw_raw[];
     uint8_t *sm = aw_raw + ((1024u - (aw_u32(aw_raw) & 1023u)) & 1023u);
     uint8_t *qs = sm, *ks = sm + AW_Q, *ps = ks + 2 * AW_TILE;
-    float *red = (float *)(ps + AW_P);                        /* [2][64]: row maxima, then sums */
+    float *red = (float *)(ps + AW_P); /* [2][64]: the rows' rescale factors (warpgroup 0 to 1), then sums */
     const __half **rowp = (const __half **)(red + 2 * AW_M); /* [2][64]: the rows of a tile (NULL: none) */
     /* wg broadcast from lane 0: warp-uniform to the compiler, so that the wgmmas of one warpgroup
      * alone are not serialized */
@@ -263,7 +263,8 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         else cp_async_commit();
     }
     cp_async_wait<0>(); /* no copy outlives the block (only empty groups remain) */
-    /* the rows' sums: the four lanes of a row, then the two warpgroups */
+    /* the rows' sums: the four lanes of a row, then the two warpgroups (warpgroup 1's are 0:
+     * warpgroup 0 keeps them all) */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);

@@ -50,12 +50,12 @@ size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows);
  * ne1 = out, rows of ggml_row_bytes(t, in) bytes back to back; the buffer padded as
  * mla_cuda_weight_bytes says). in must be a multiple of 32 and of t's block size. x and y are
  * float, row-major. mla_cuda_matmul picks the path (mla_cuda_mm_choose with nothing allowed):
- * GEMV (fp32 math) for T <= 8, otherwise the tensor-core path (x and the dequantized W rounded to
- * bf16, fp32 accumulation). */
+ * GEMV (fp32 math) for T <= 8 (T <= 64 for a float W of at most 512 outputs), otherwise the
+ * tensor-core path (x and the dequantized W rounded to bf16, fp32 accumulation). */
 int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                     int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
-/* The two paths, callable directly (tests, benchmarks). gemv: any T >= 1 (cost grows with T;
- * meant for 1..8; 16 rows per block sharing x in shared memory); mma: any T >= 1. */
+/* The two paths, callable directly (tests, benchmarks). gemv: any T >= 1 (launches of 8 tokens,
+ * each reading W; 16 rows per block sharing x in shared memory); mma: any T >= 1. */
 int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int64_t out,
                          const float *d_x, int64_t T, float *d_y, mla_cuda_stream stream,
                          mla_err *e);
@@ -92,11 +92,11 @@ typedef struct mla_cuda_mm_policy {
                          * the fp16 tensor cores (0: never; dense products only) */
 } mla_cuda_mm_policy;
 /* The one family that n products (types[i], rows of ins[i] elements, `rows` rows of x each; an
- * MoE: the pairs over the experts, rounded down) take together. A grouped product has no float
+ * MoE: the pairs over the experts, rounded down; `out`: the most outputs of the n) take together. A grouped product has no float
  * tensor-core form: for it anything but MLA_CUDA_MM_H and MLA_CUDA_MM_Q8_MMA means the grouped
  * GEMVs. */
 mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types, const int64_t *ins, int n,
-                                      int64_t rows);
+                                      int64_t rows, int64_t out);
 
 /* The integer GEMV for quantized weights (the decode path when the model enables it): the
  * activations are first quantized per 32 elements to int8 with a float scale (round to nearest

@@ -25,13 +25,14 @@ namespace mlacu {
 
 /* tokens a launch of the float-activation GEMV (mm_gemv_cuda.cu) takes */
 constexpr int MLACU_GV_TMAX = 8;
-/* the float weights' GEMV (mla_cuda_mm_choose, outside exact and split) up to this many rows of
- * x, in launches of MLACU_GV_TMAX: the bf16 tensor cores' grid is a block a 128 outputs x 64
- * rows, and a MoE router's 64-384 outputs leave it one or two blocks. On an H200
- * (mla-gpu-check --mma3), V2-Lite's router (64 x 2048) at 9 / 32 / 128 rows: 18 / 39 / 140 us on
- * the GEMV, 118 / 120 / 127 on the tensor cores; V3's (256 x 7168): 33 / 78 / 294 against
- * 704 / 703 / 720. */
-constexpr int MLACU_GV_FLOAT_TMAX = 128;
+/* float weights with at most MLACU_GV_FLOAT_OUT outputs take the GEMV (mla_cuda_mm_choose,
+ * outside exact and split) up to MLACU_GV_FLOAT_TMAX rows of x, in launches of MLACU_GV_TMAX: the
+ * bf16 tensor cores' grid is a block a 128 outputs x 64 rows, which leaves a MoE router's 64-384
+ * outputs one to three blocks. On an H200 (mla-gpu-check --mma3), V2-Lite's router (64 x 2048)
+ * at 9 / 32 / 128 rows: 18 / 39 / 140 us on the GEMV, 118 / 120 / 127 on the tensor cores; V3's
+ * (256 x 7168): 33 / 78 / 294 against 704 / 703 / 720. A wide matrix would be read once a launch:
+ * it keeps the tensor cores above 8 rows. */
+constexpr int MLACU_GV_FLOAT_TMAX = 64, MLACU_GV_FLOAT_OUT = 512;
 
 /* The launchers over a runtime type t (cudaErrorInvalidValue for a type they do not take). */
 /* mm_gemv_cuda.cu: y [T][out] = x [T][in] W^T, any type (gemv_kernel) */

@@ -351,7 +351,7 @@ static_assert(offsetof(sp_smem, wm) == offsetof(sp_smem, m1) + SP_NB * 8 && 2 * 
 __device__ int64_t sp_fast(const sp_ctx &c, sp_smem *s, const mla_cuda_samp &rs, uint64_t n_finite, double u,
                            bool has_k) {
     constexpr int NP = SP_ND + 2; /* the sums: the sets' counts, the total mass, the min_p mass */
-    unsigned long long(*part)[NP] = (unsigned long long(*)[NP])s->c1; /* [32][NP]: 2.5 of c1 and wc's 16 KB */
+    unsigned long long(*part)[NP] = (unsigned long long(*)[NP])s->c1; /* [32][NP]: 2.5 KB of c1 and wc's 16 */
     __shared__ unsigned long long tot[NP];
     __shared__ uint32_t nc;
     __shared__ int64_t found;

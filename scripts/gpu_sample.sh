@@ -7,8 +7,8 @@
 #   2. the served comparison on the tiny-deepseek3 fixture (tests/serve/test_ahead_host.py with
 #      BACKEND cuda: the step ahead off and queued with the device sampling, and a server that
 #      samples on the host, every streamed text the same);
-#   3. the batch that motivates it (scripts/gpu_structured.sh: the whole V2-Lite shape, 8 or 9
-#      greedy rows beside 0, 1 or 8 JSON-schema, temperature-1 or top_p rows, sampled on the host
+#   3. the batch that motivates it (scripts/gpu_structured.sh: the whole V2-Lite shape, 8, 9 or
+#      16 greedy rows beside 0, 1 or 8 JSON-schema, temperature-1 or top_p rows, sampled on the host
 #      and on the device), the greedy rows' token gap read from the tables against the all-greedy
 #      batch of the same size.
 # Input: .gpucarry/ made by scripts/gpu_carry.sh (unpacked here unless build-gpu-carried/ is
@@ -38,7 +38,7 @@ for s in ${STEPS:-1 2 3}; do
     grep -E "FAIL|step ahead rows|passed" "$OUT/sample-served.log" | cut -c1-200 | head -20 ;;
   3)
     echo "== 3. greedy rows beside sampled ones, host and device sampling"
-    ROWS=8,9 CONSTRAINED=0,1,8 KINDS=json,sampled,top_p TOKENS=128 AHEAD=queue SAMPLE=host,device OUT="$OUT/structured" \
+    ROWS=8,9,16 CONSTRAINED=0,1,8 KINDS=json,sampled,top_p TOKENS=128 AHEAD=queue SAMPLE=host,device OUT="$OUT/structured" \
       timeout 400 scripts/gpu_structured.sh >"$OUT/sample-structured.log" 2>&1 || rc=1
     grep -v "^$" "$OUT/sample-structured.log" | tail -30 ;;
   esac

@@ -35,7 +35,8 @@ def main():
                 # a mark seen on several ranks: the earliest. Each process marks its own legs in
                 # order, so every leg between earliest marks is >= 0 whatever the file order;
                 # with the step ahead a rank can take a plan up after another rank has answered
-                # it, and another choice (the first file read) gave negative legs
+                # it, and another choice (the first file read) gave negative legs. A leg may so
+                # join two ranks' marks: it shows the first rank through, not the slowest
                 st = marks.setdefault(int(s), {})
                 st[m] = min(st.get(m, int(ns)), int(ns))
     steps = sorted(s for s, m in marks.items() if all(k in m for k in "ABCDEFGH"))

@@ -927,7 +927,7 @@ static mla_cuda_mm_family mm_family(const mla_cmodel *m, const dmat *w, int64_t 
                                   m->mmh ? (int64_t)m->gemv_tmax + 1 : 0,
                                   m->exact ? 0 : (int64_t)Q8_TMAX + 1,
                                   m->mmh ? (int64_t)MLA_CUDA_GEMVM_TMAX : 0};
-    return mla_cuda_mm_choose(&p, &w->type, &w->n_in, 1, T);
+    return mla_cuda_mm_choose(&p, &w->type, &w->n_in, 1, T, w->n_out);
 }
 
 /* whether mm() of w in a T-token step reads a q8 buffer of x (off the fp16 tensor cores) */

@@ -234,7 +234,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     }
     double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
     const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0}; /* mla_cuda_matmul's */
-    const bool bf16 = path == MM_MMA || (path == MM_AUTO && mla_cuda_mm_choose(&none, &t, &in, 1, T) == MLA_CUDA_MM_MMA);
+    const bool bf16 = path == MM_MMA || (path == MM_AUTO && mla_cuda_mm_choose(&none, &t, &in, 1, T, out) == MLA_CUDA_MM_MMA);
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
@@ -313,10 +313,10 @@ static void check_gemv_grouped(uint32_t t, int64_t in, int64_t out, int64_t T, b
 }
 
 /* a MoE router's float weights (V2-Lite's 64 x 2048, V3's 256 x 7168) in steps of 9-128 tokens:
- * the chooser's GEMV (mla_cuda_matmul) beside the bf16 tensor cores it replaced there */
+ * the chooser's choice (mla_cuda_matmul: the GEMV up to 64 rows) beside the bf16 tensor cores */
 static void check_router(void) {
     for (uint32_t t : {GGML_TYPE_F32, GGML_TYPE_BF16})
-        for (int64_t T : {9, 32, 128})
+        for (int64_t T : {9, 32, 64, 128})
             for (auto io : std::vector<std::array<int64_t, 2>>{{2048, 64}, {7168, 256}}) {
                 check_matmul(t, io[0], io[1], T, MM_AUTO, true);
                 check_matmul(t, io[0], io[1], T, MM_MMA, true);

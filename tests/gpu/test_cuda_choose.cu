@@ -11,8 +11,9 @@ extern "C" {
 #include "tests/unit/mla_test.h"
 }
 
-static mla_cuda_mm_family one(const mla_cuda_mm_policy &p, uint32_t t, int64_t in, int64_t rows) {
-    return mla_cuda_mm_choose(&p, &t, &in, 1, rows);
+/* out: the matrix's outputs (7168 unless given: a dense product, wide) */
+static mla_cuda_mm_family one(const mla_cuda_mm_policy &p, uint32_t t, int64_t in, int64_t rows, int64_t out = 7168) {
+    return mla_cuda_mm_choose(&p, &t, &in, 1, rows, out);
 }
 
 int main(void) {
@@ -37,7 +38,8 @@ int main(void) {
     CHECK(one(model, GGML_TYPE_Q5_0, 2048, 9) == MLA_CUDA_MM_H); /* no tensor-core GEMV of Q5_0 */
     CHECK(one(model, Q4K, 2048, 17) == MLA_CUDA_MM_H);
     CHECK(one(model, Q4K, 2048, 8) == MLA_CUDA_MM_Q8);
-    CHECK(one(model, BF16, 2048, 12) == MLA_CUDA_MM_GEMV); /* no integer form: as before */
+    /* no integer form: as without gm_max */
+    CHECK(one(model, BF16, 2048, 12) == MLA_CUDA_MM_MMA && one(model, BF16, 2048, 12, 64) == MLA_CUDA_MM_GEMV);
     mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, 8);            /* the GEMV off past 8 tokens */
     CHECK(!mla_cuda_gemvm_takes(Q4K, 2048, 9) && one(model, Q4K, 2048, 9) == MLA_CUDA_MM_H);
     mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, MLA_CUDA_GEMVM_TMAX);
@@ -49,12 +51,14 @@ int main(void) {
     CHECK(one(dense, Q80, 7200, 96) == MLA_CUDA_MM_Q8);
     CHECK(one(dense, Q80, 7200, 97) == MLA_CUDA_MM_Q8_MMA);
     CHECK(one(dense, Q80, 7168, 97) == MLA_CUDA_MM_H);
-    /* float weights: no integer form; the GEMV up to 128 rows (a router's few outputs would leave
-     * the tensor cores' grid one block), the bf16 tensor cores above */
+    /* float weights: no integer form; the GEMV up to 8 rows, the bf16 tensor cores above; a
+     * router's few outputs (at most 512) keep the GEMV up to 64 rows */
     CHECK(one(dense, BF16, 2048, 8) == MLA_CUDA_MM_GEMV);
-    CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_GEMV);
-    CHECK(one(dense, F32, 2048, 128) == MLA_CUDA_MM_GEMV);
-    CHECK(one(dense, F16, 2048, 129) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, BF16, 2048, 9, 64) == MLA_CUDA_MM_GEMV);
+    CHECK(one(dense, F32, 7168, 64, 512) == MLA_CUDA_MM_GEMV);
+    CHECK(one(dense, F16, 7168, 65, 256) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, F32, 7168, 32, 513) == MLA_CUDA_MM_MMA);
     CHECK(one(dense, F32, 2048, 500) == MLA_CUDA_MM_MMA);
     /* exact: no tensor cores (the model passes no h_min and no q8_mma_min) */
     const mla_cuda_mm_policy exact = {true, false, true, 0, 0, 0};
@@ -64,6 +68,8 @@ int main(void) {
     const mla_cuda_mm_policy split = {false, true, false, 0, 0, 0};
     CHECK(one(split, Q4K, 7168, 1) == MLA_CUDA_MM_SPLIT);
     CHECK(one(split, F32, 2048, 300) == MLA_CUDA_MM_SPLIT);
+    CHECK(one(exact, F32, 7168, 500, 64) == MLA_CUDA_MM_GEMV);
+    CHECK(one(split, F32, 7168, 32, 64) == MLA_CUDA_MM_SPLIT);
     /* nothing allowed (mla_cuda_matmul): GEMV to 8, bf16 tensor cores above */
     const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0};
     CHECK(one(none, Q4K, 7168, 8) == MLA_CUDA_MM_GEMV);
@@ -72,16 +78,16 @@ int main(void) {
     const mla_cuda_mm_policy moe = {true, false, false, 8, 64, 0};
     const uint32_t q[3] = {Q4K, Q4K, GGML_TYPE_Q6_K};
     const int64_t in[3] = {7168, 7168, 2048};
-    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 7) == MLA_CUDA_MM_Q8);
-    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 8) == MLA_CUDA_MM_H);
+    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 7, 7168) == MLA_CUDA_MM_Q8);
+    CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 8, 7168) == MLA_CUDA_MM_H);
     const mla_cuda_mm_policy moe_no_h = {true, false, false, 0, 64, 0};
-    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 63) == MLA_CUDA_MM_Q8);
-    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 64) == MLA_CUDA_MM_Q8_MMA);
+    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 63, 7168) == MLA_CUDA_MM_Q8);
+    CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 64, 7168) == MLA_CUDA_MM_Q8_MMA);
     /* one matrix without an integer form keeps all three off the tensor cores */
     const uint32_t mixed[3] = {Q4K, Q4K, BF16};
-    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) == MLA_CUDA_MM_MMA);
-    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_H &&
-          mla_cuda_mm_choose(&moe, mixed, in, 3, 1000) != MLA_CUDA_MM_Q8_MMA);
+    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000, 7168) == MLA_CUDA_MM_MMA);
+    CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000, 7168) != MLA_CUDA_MM_H &&
+          mla_cuda_mm_choose(&moe, mixed, in, 3, 1000, 7168) != MLA_CUDA_MM_Q8_MMA);
     /* the attention's splits, the work buffer as the model sizes it (64 tokens of 32 splits), on
      * an H200 (132 SMs, two blocks each): V3's 128 heads (four groups of 32) at batch 8 take one
      * wave of 256 blocks at any long context (9 splits, 288 blocks, were two waves), batch 1 the
