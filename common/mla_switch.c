@@ -63,7 +63,8 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
      "CUDA kernels choose as on a smaller part: shared memory a block capped at sm120's 99 KB or "
      "sm100's 227 KB, no sm_90a-only kernels (wgmma); checks the Blackwell paths on an H100/H200", false},
     {MLA_SW_CUDA_GEMV_TMAX, "MLA_CUDA_GEMV_TMAX", MLA_SWT_INT, "8", 1, 4096, NULL,
-     "CUDA steps of more tokens than this take the fp16 tensor cores, fewer the GEMVs (tuning)", true},
+     "CUDA steps of more tokens than this take the fp16 tensor cores, fewer the GEMVs (the int8 tensor-core GEMV "
+     "keeps its products up to 16) (tuning)", true},
     {MLA_SW_MOE_MMH_MIN, "MLA_MOE_MMH_MIN", MLA_SWT_INT, "8", 0, 1000000, NULL,
      "CUDA routed experts on the fp16 tensor cores from this many pairs a expert (0: never; tuning)",
      true},

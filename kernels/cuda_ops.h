@@ -87,6 +87,9 @@ typedef struct mla_cuda_mm_policy {
     bool exact;         /* float x on the GEMV at any batch */
     int64_t h_min;      /* the fp16 tensor cores from this many rows a matrix (0: never) */
     int64_t q8_mma_min; /* the int8 tensor cores from this many rows a matrix (0: never) */
+    int64_t gm_max;     /* with q8, steps of up to this many rows whose every matrix the streamed int8
+                         * tensor-core GEMV takes (mla_cuda_gemvm_takes) stay on MLA_CUDA_MM_Q8, before
+                         * the fp16 tensor cores (0: never; dense products only) */
 } mla_cuda_mm_policy;
 /* The one family that n products (types[i], rows of ins[i] elements, `rows` rows of x each; an
  * MoE: the pairs over the experts, rounded down; `out`: the most outputs of the n) take together. A grouped product has no float
@@ -119,12 +122,16 @@ bool mla_cuda_q8_supported(uint32_t t);
 void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 /* Dense steps of tmin .. tmax tokens (mla_cuda_matmul_q8, _swiglu, _pair) of Q4_K, Q6_K and Q8_0
  * weights stream W once through int8 tensor cores, the tokens as the n of the mma
- * (kernels/gemvm_cuda.cu); before the rules above. Defaults MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 8:
- * below 4 tokens the per-warp GEMV was as fast, H200 2026-12-01; the worker's); tmax 0: never
- * (the op checks compare them). 2 <= tmin, tmax <= 8. */
+ * (kernels/gemvm_cuda.cu; 9 .. 16 tokens as two n-tiles of 8); before the rules above. Defaults
+ * MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 16: below 4 tokens the per-warp GEMV was as fast, H200
+ * 2026-12-01; the worker's); tmax 0: never (the op checks compare them). 2 <= tmin,
+ * tmax <= MLA_CUDA_GEMVM_TMAX. mla_cuda_gemvm_takes: whether a dense product of T tokens of type
+ * t, rows of `in` elements (one matrix) takes it under the present setting and device (false
+ * without a device); the chooser's gm_max rule. */
 #define MLA_CUDA_GEMVM_TMIN 4
-#define MLA_CUDA_GEMVM_TMAX 8
+#define MLA_CUDA_GEMVM_TMAX 16
 void mla_cuda_set_gemv_mma(int tmin, int tmax);
+bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T);
 /* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
  * kernel (a producer warp, no block barrier a stage; the same bits) unless on is 0: for the op
  * checks, which compare the two. */

@@ -1,4 +1,4 @@
-/* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 8 tokens (2 .. 8 where
+/* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 16 tokens (2 .. 16 where
  * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
@@ -6,8 +6,14 @@
  * and reads 8 tokens' activations through L1 for every unit of two rows; at DeepSeek-V3's shapes
  * it moved the dense weights of a batch-8 step at 0.7-1.2 TB/s (bench/results, -30n). Here the 8
  * tokens are the n of an int8 mma.sync m16n8k32 (m16n8k16 for Q6_K's 16-element scales): a
- * weight's bytes go through the tensor cores once for all tokens.
+ * weight's bytes go through the tensor cores once for all tokens. Steps of 9 .. 16 tokens take
+ * two n-tiles (NT = 2: tokens 0-7 and 8-15), two mmas on the same A fragment, each with its own
+ * B fragment, accumulators and token scales: the weights are still read and decoded once. The
+ * fp16 tensor cores, which took 9 .. 16 tokens before, spent ~2x this kernel's time at 8 tokens
+ * on V2-Lite's dense products (bench/results/step8to9-h200-2026-12-02.md).
  *
+ * - Two n-tiles double a stage's x side: one block an SM, all but 4 KB of the shared memory a
+ *   block may have (Q6_K: two stages of 102 KB), where one tile keeps within 200 KB.
  * - A block owns a run of bands of 32 rows (two m16 tiles); a band is walked in chunks of K. A
  *   stage is the band's 32 row segments of the chunk (CE elements: 1024 for Q8_0, 2048 for the K
  *   types), one bulk copy (TMA) each, and the T tokens' int8 chunk and unit scales, a copy a
@@ -26,8 +32,9 @@
  * - At a band's last chunk the warps' partial sums meet in shared memory (a named barrier over the
  *   consumers) and are added in a fixed order: the same bits whatever the grid.
  * - Two matrices a stage (gate + up) only where two stages of both fit at 8 tokens (gemvm_supported
- *   asks for 8): on an H200, Q8_0. Q4_K and Q6_K gate + up take one launch a matrix (the caller's
- *   fallback): 108 us for V3's dense FFN at 8 tokens, against 178 on the per-warp GEMV.
+ *   asks for 8, or 16 past 8): on an H200, Q8_0 up to 8 tokens. The others take one launch a
+ *   matrix (the caller's fallback): 108 us for V3's dense Q4_K FFN at 8 tokens, against 178 on
+ *   the per-warp GEMV.
  *
  * Measured (H200, 2026-12-01): 30-59% of the copy rate at
  * V3's shapes, against 17-34% for the per-warp GEMV at 8 tokens. Below 4 tokens the per-warp GEMV
@@ -54,7 +61,9 @@ extern "C" {
 
 namespace mlacu {
 
-constexpr int GM_ROWS = 32, GM_WARPS = 8, GM_THREADS = GM_WARPS * 32 + 32, GM_TOK = 8, GM_STAGES_MAX = 6;
+/* GM_TOK tokens an n-tile (the n of the mma); steps of up to GM_TMAX tokens take NT = 2 tiles */
+constexpr int GM_ROWS = 32, GM_WARPS = 8, GM_THREADS = GM_WARPS * 32 + 32, GM_TOK = 8, GM_TMAX = 16, GM_STAGES_MAX = 6;
+__host__ __device__ constexpr int gm_nt(int T) { return T > GM_TOK ? 2 : 1; }
 
 /* UPW units (32 elements) a warp a chunk: a chunk is CE = 8 UPW 32 elements, CB bytes of a row */
 template <int TY> struct gm_traits;
@@ -115,9 +124,10 @@ template <int TY> __host__ __device__ constexpr int gm_xst() { return gm_ce<TY>(
 template <int TY> __host__ __device__ constexpr int gm_sst() { return gm_ce<TY>() / 32 + 1; }
 template <int TY> __host__ __device__ constexpr int gm_xbytes(int T) { return T * (gm_xst<TY>() + 16 * gm_sst<TY>()); }
 
-/* unit uc of the chunk: x_s the stage's x side */
+/* unit uc of the chunk, for the n-tile of tokens tb .. tb + 7: x_s the stage's x side */
 template <int TY>
-__device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int g, int t, gm_xu<TY> &x) {
+__device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int tb, int g, int t, gm_xu<TY> &x) {
+    g += tb; /* tb: the n-tile's first token */
     x.b[0] = x.b[1] = 0;
 #pragma unroll
     for (int i = 0; i < gm_traits<TY>::NS; i++) x.s[i] = 0.f;
@@ -134,7 +144,7 @@ __device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int
     const float4 *sx = (const float4 *)(x_s + T * gm_xst<TY>());
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        const int tok = 2 * t + k;
+        const int tok = tb + 2 * t + k;
         if (tok >= T) continue;
         const float4 f = sx[tok * gm_sst<TY>() + uc];
         x.s[k] = f.x;
@@ -184,14 +194,14 @@ template <int TY> __device__ __forceinline__ void gm_row_scales(const uint8_t *p
     }
 }
 
-/* acc[0..3] (row ra: tokens 2t, 2t + 1; row ra + 8 likewise) += the warp's units of the row
- * segments at pa (row ra = g of a tile) and pb (ra + 8) dotted with x; n: how many of the UPW
- * units the chunk holds */
-template <int TY>
+/* acc[nt][0..3] (row ra: tokens 8 nt + 2t, 8 nt + 2t + 1; row ra + 8 likewise) += the warp's
+ * units of the row segments at pa (row ra = g of a tile) and pb (ra + 8) dotted with x; n: how
+ * many of the UPW units the chunk holds. The NT n-tiles (8 tokens each) share the A fragments. */
+template <int TY, int NT>
 __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, int ra, int warp, int t, int n,
-                                        const uint8_t *x_s, int T, const gm_rs<TY> &rs, float (&acc)[4]) {
+                                        const uint8_t *x_s, int T, const gm_rs<TY> &rs, float (&acc)[NT][4]) {
     const int g = ra & 7;
-    gm_xu<TY> x[gm_traits<TY>::UPW]; /* each unit's activations, loaded where it is first used */
+    gm_xu<TY> x[gm_traits<TY>::UPW][NT]; /* each unit's activations, loaded where it is first used */
     auto epi = [&](const int (&c)[4], float fa, float fb, float xs0, float xs1, float &a0, float &a1, float &a2,
                    float &a3) {
         a0 = fmaf((float)c[0], fa * xs0, a0);
@@ -204,15 +214,19 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
         for (int i = 0; i < gm_traits<TY>::UPW; i++) {
             if (i >= n) break;
             const int uc = warp * gm_traits<TY>::UPW + i;
-            gm_load_x<TY>(x_s, T, uc, g, t, x[i]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, uc, GM_TOK * nt, g, t, x[i][nt]);
             uint32_t wa[2], wb[2];
             gs_words<2>(pa + 34 * uc + 2 + 8 * t, wa);
             gs_words<2>(pb + 34 * uc + 2 + 8 * t, wb);
             const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
-            int c[4] = {0, 0, 0, 0};
-            gm_mma32<false>(c, a, x[i].b[0], x[i].b[1]);
             const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
-            epi(c, fa, fb, x[i].s[0], x[i].s[1], acc[0], acc[1], acc[2], acc[3]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c[4] = {0, 0, 0, 0};
+                gm_mma32<false>(c, a, x[i][nt].b[0], x[i][nt].b[1]);
+                epi(c, fa, fb, x[i][nt].s[0], x[i][nt].s[1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+            }
         }
     } else if constexpr (TY == GGML_TYPE_Q4_K) {
         constexpr int UPW = gm_traits<TY>::UPW;
@@ -225,19 +239,25 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
 #pragma unroll
             for (int hi = 0; hi < 2; hi++) {
                 const int i = 2 * ip + hi, sh = 4 * hi;
-                gm_load_x<TY>(x_s, T, warp * UPW + i, g, t, x[i]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, warp * UPW + i, GM_TOK * nt, g, t, x[i][nt]);
                 const uint32_t a[4] = {(qa.x >> sh) & 0x0F0F0F0Fu, (qb.x >> sh) & 0x0F0F0F0Fu,
                                        (qa.y >> sh) & 0x0F0F0F0Fu, (qb.y >> sh) & 0x0F0F0F0Fu};
-                int c[4] = {0, 0, 0, 0};
-                gm_mma32<true>(c, a, x[i].b[0], x[i].b[1]);
                 const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
                 const float ma = __shfl_sync(0xffffffffu, rs.f[UPW + i], ra),
                             mb = __shfl_sync(0xffffffffu, rs.f[UPW + i], ra + 8);
-                epi(c, fa, fb, x[i].s[0], x[i].s[1], acc[0], acc[1], acc[2], acc[3]);
-                acc[0] = fmaf(-ma, x[i].s[2], acc[0]);
-                acc[1] = fmaf(-ma, x[i].s[3], acc[1]);
-                acc[2] = fmaf(-mb, x[i].s[2], acc[2]);
-                acc[3] = fmaf(-mb, x[i].s[3], acc[3]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const gm_xu<TY> &xu = x[i][nt];
+                    float(&ac)[4] = acc[nt];
+                    int c[4] = {0, 0, 0, 0};
+                    gm_mma32<true>(c, a, xu.b[0], xu.b[1]);
+                    epi(c, fa, fb, xu.s[0], xu.s[1], ac[0], ac[1], ac[2], ac[3]);
+                    ac[0] = fmaf(-ma, xu.s[2], ac[0]);
+                    ac[1] = fmaf(-ma, xu.s[3], ac[1]);
+                    ac[2] = fmaf(-mb, xu.s[2], ac[2]);
+                    ac[3] = fmaf(-mb, xu.s[3], ac[3]);
+                }
             }
         }
     } else { /* Q6_K: the warp's units are UPW / 4 halves of a block, four units each; each unit
@@ -261,7 +281,8 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
 #pragma unroll
             for (int i4 = 0; i4 < 4; i4++) {
                 const int i = 4 * nh + i4;
-                gm_load_x<TY>(x_s, T, u0 + i, g, t, x[i]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, u0 + i, GM_TOK * nt, g, t, x[i][nt]);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     uint32_t q[2];
@@ -269,28 +290,35 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
                     for (int r = 0; r < 2; r++)
                         q[r] = ((ql[r][h][i4 & 1] >> (4 * (i4 >> 1))) & 0x0F0F0F0Fu) |
                                (((qh[r][h] >> (2 * i4)) & 0x03030303u) << 4);
-                    int c[4] = {0, 0, 0, 0};
-                    gm_mma16u(c, q[0], q[1], x[i].b[h]);
                     const float fa = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra),
                                 fb = __shfl_sync(0xffffffffu, rs.f[2 * i + h], ra + 8);
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[e] = fmaf(e < 2 ? fa : fb, fmaf((float)c[e], x[i].s[e & 1], -x[i].s[2 + 2 * h + (e & 1)]),
-                                      acc[e]);
+                    for (int nt = 0; nt < NT; nt++) {
+                        const gm_xu<TY> &xu = x[i][nt];
+                        int c[4] = {0, 0, 0, 0};
+                        gm_mma16u(c, q[0], q[1], xu.b[h]);
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[nt][e] = fmaf(e < 2 ? fa : fb,
+                                              fmaf((float)c[e], xu.s[e & 1], -xu.s[2 + 2 * h + (e & 1)]), acc[nt][e]);
+                    }
                 }
             }
         }
     }
 }
 
-template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm_kernel(const gm_args A) {
+/* NT n-tiles of 8 tokens: 1 for steps of up to 8 tokens, 2 for 9 .. 16 (one block an SM: the
+ * stages' x side is twice as large) */
+template <int TY, int NM, int NT>
+__global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(const gm_args A) {
     using Q = gm_traits<TY>;
     constexpr int CE = gm_ce<TY>(), CB = gm_cb<TY>();
     extern __shared__ __align__(16) uint8_t gm_sm[];
     __shared__ uint64_t full[GM_STAGES_MAX], empty[GM_STAGES_MAX];
     const int NS = A.stages, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const size_t msb = (size_t)GM_ROWS * A.seg, sb = NM * msb + gm_xbytes<TY>(A.T);
-    float *red = (float *)(gm_sm + (size_t)NS * sb); /* [GM_WARPS][NM][2][4][32] */
+    float *red = (float *)(gm_sm + (size_t)NS * sb); /* [GM_WARPS][NM][2][NT][4][32] */
     if (tid == 0) {
         for (int s = 0; s < NS; s++) mlacu_mbar_init(&full[s], 1), mlacu_mbar_init(&empty[s], GM_WARPS);
         mlacu_mbar_init_fence();
@@ -314,7 +342,7 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
     };
     if (warp == GM_WARPS) { /* ---- the producer: lane i copies row i (of each matrix) of a stage */
         /* stage k: the expected bytes and the weights' copies (x: after the wait on the kernel
-         * before, from lanes 0 .. T - 1 (int8 rows) and 8 .. 8 + T - 1 (their scales)) */
+         * before, from lanes 0 .. T - 1 (int8 rows) and TL .. TL + T - 1 (their scales), TL = 8 NT) */
         auto post_w = [&](int k) {
             const int b = b0 + k / A.nch, c = k % A.nch;
             const uint8_t *src[NM];
@@ -342,11 +370,12 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
                 if (bytes[m]) mlacu_bulk_g2s(dst + m * msb, src[m], bytes[m], bar);
         };
         auto post_x = [&](int k) {
-            const int c = k % A.nch, nx = min(CE, A.in - c * CE), tok = lane & 7;
-            if (tok >= A.T || lane >= 16) return;
+            constexpr int TL = GM_TOK * NT;
+            const int c = k % A.nch, nx = min(CE, A.in - c * CE), tok = lane & (TL - 1);
+            if (tok >= A.T || lane >= 2 * TL) return;
             uint8_t *xs = gm_sm + (size_t)(k % NS) * sb + NM * msb;
             uint64_t *bar = &full[k % NS];
-            if (lane < 8)
+            if (lane < TL)
                 mlacu_bulk_g2s(xs + tok * gm_xst<TY>(), A.qx + (size_t)tok * A.in + (size_t)c * CE, (uint32_t)nx, bar);
             else
                 mlacu_bulk_g2s(xs + A.T * gm_xst<TY>() + tok * 16 * gm_sst<TY>(),
@@ -367,14 +396,16 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
     /* ---- the consumers */
     mlacu_pdl_enter();
     const int g = lane >> 2, t = lane & 3;
-    float acc[NM][2][4];
+    float acc[NM][2][NT][4];
     auto zero = [&] {
 #pragma unroll
         for (int m = 0; m < NM; m++)
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[m][mt][i] = 0.f;
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[m][mt][nt][i] = 0.f;
     };
     zero();
     for (int k = 0, b = b0, c = 0, buf = 0, ph = 0; k < nk; k++) { /* stage k: band b, chunk c, buffer buf */
@@ -398,7 +429,7 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const int ra = mt * 16 + g;
-                gm_tile<TY>(row_at(ra), row_at(ra + 8), ra, warp, t, n, st + NM * msb, A.T, rs, acc[m][mt]);
+                gm_tile<TY, NT>(row_at(ra), row_at(ra + 8), ra, warp, t, n, st + NM * msb, A.T, rs, acc[m][mt]);
             }
         }
         __syncwarp();
@@ -407,23 +438,28 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
         if (++c < A.nch) continue;
         c = 0;
         /* the band is done: the warps' sums meet in red, a thread a (tile, register, lane) adds
-         * them in warp order and stores the row and token they hold */
+         * them in warp order for each n-tile and stores the row and token they hold */
 #pragma unroll
         for (int m = 0; m < NM; m++)
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[(((warp * NM + m) * 2 + mt) * 4 + i) * 32 + lane] = acc[m][mt][i];
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        red[((((warp * NM + m) * 2 + mt) * NT + nt) * 4 + i) * 32 + lane] = acc[m][mt][nt][i];
         zero();
         asm volatile("bar.sync 1, %0;\n" ::"r"(GM_WARPS * 32) : "memory");
-        {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
             const int mt = tid >> 7, i = (tid >> 5) & 3, ln = tid & 31;
             float s[2] = {0.f, 0.f};
 #pragma unroll
             for (int m = 0; m < NM; m++)
-                for (int wp = 0; wp < GM_WARPS; wp++) s[m] += red[(((wp * NM + m) * 2 + mt) * 4 + i) * 32 + ln];
+                for (int wp = 0; wp < GM_WARPS; wp++)
+                    s[m] += red[((((wp * NM + m) * 2 + mt) * NT + nt) * 4 + i) * 32 + ln];
             const gm_band d = band(b, 0);
-            const int r = mt * 16 + (ln >> 2) + 8 * (i >> 1), tok = 2 * (ln & 3) + (i & 1);
+            const int r = mt * 16 + (ln >> 2) + 8 * (i >> 1), tok = GM_TOK * nt + 2 * (ln & 3) + (i & 1);
             if (r < d.rows && tok < A.T)
                 d.y[(size_t)tok * d.out + d.row0 + r] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
         }
@@ -433,15 +469,18 @@ template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 2) gemvm
 }
 
 /* ---------------------------------------------------------------- host */
-/* shared memory a block aims at (two blocks an SM): 112 KB, or MLA_CUDA_GM=KB (32-220; a
- * developer switch of common/mla_switch.c: for measurements) */
+/* shared memory a block of one n-tile aims at (two blocks an SM): 112 KB, or MLA_CUDA_GM=KB
+ * (32-220; a developer switch of common/mla_switch.c: for measurements) */
 static int gm_budget() {
     static const int v = (int)mla_sw_int(MLA_SW_CUDA_GM) << 10;
     return v;
 }
 
-/* the dynamic shared memory a block may have here */
-static int64_t gm_smem_limit() { return std::min(200 << 10, mlacu_smem_optin() - (4 << 10)); }
+/* the dynamic shared memory a block of nt n-tiles may have here: two tiles may take all but 4 KB
+ * of what the device allows a block (Q6_K's two stages of 16 tokens need 221 KB) */
+static int64_t gm_smem_limit(int nt) {
+    return nt == 1 ? std::min(200 << 10, mlacu_smem_optin() - (4 << 10)) : mlacu_smem_optin() - (4 << 10);
+}
 
 struct gm_geo {
     int ce, seg, stages; /* ce: elements a chunk */
@@ -457,8 +496,9 @@ template <typename F> static cudaError_t gm_with_type(uint32_t t, F f) {
     }
 }
 
-/* the geometry for T tokens (the x side of a stage holds T rows) */
+/* the geometry for T tokens (the x side of a stage holds T rows; gm_nt(T) n-tiles) */
 static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
+    const int nt = gm_nt(T);
     int cb = 0, be = 0, xb = 0;
     if (gm_with_type(t, [&](auto ty) {
             constexpr int TY = decltype(ty)::value;
@@ -473,25 +513,29 @@ static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
     if (g.seg % 2 == 0) g.seg++;
     g.seg *= 16;
     /* as many stages as the budget holds, at least 2, and never past what a block may have (so
-     * that fewer tokens, whose stages are smaller, always fit where 8 do) */
-    const size_t stage = (size_t)nm * GM_ROWS * g.seg + xb, red = (size_t)GM_WARPS * nm * 2 * 4 * 32 * sizeof(float);
-    const int64_t limit = gm_smem_limit(), fit = ((int64_t)gm_budget() - (int64_t)red) / (int64_t)stage,
-                  most = (limit - (int64_t)red) / (int64_t)stage;
+     * that fewer tokens of as many n-tiles, whose stages are smaller, always fit where 8 or 16 do).
+     * Two n-tiles: one block an SM (two stages of 16 tokens pass 112 KB for every type), whose
+     * budget is all it may have */
+    const size_t stage = (size_t)nm * GM_ROWS * g.seg + xb,
+                 red = (size_t)GM_WARPS * nm * 2 * nt * 4 * 32 * sizeof(float);
+    const int64_t limit = gm_smem_limit(nt), budget = nt == 1 ? gm_budget() : limit,
+                  fit = (budget - (int64_t)red) / (int64_t)stage, most = (limit - (int64_t)red) / (int64_t)stage;
     g.stages = (int)std::min<int64_t>({GM_STAGES_MAX, most, std::max<int64_t>(2, fit)});
     g.smem = g.stages * stage + red;
     return g.stages >= 2;
 }
 
-bool gemvm_supported(uint32_t t, int64_t in, int nm) {
+bool gemvm_supported(uint32_t t, int64_t in, int nm, int64_t T) {
     gm_geo g;
-    return gm_plan(t, in, nm, GM_TOK, g); /* fewer tokens take less shared memory */
+    /* fewer tokens of as many n-tiles take less shared memory: asked at 8 or 16 */
+    return T >= 1 && T <= GM_TMAX && gm_plan(t, in, nm, GM_TOK * gm_nt((int)T), g);
 }
 
-template <int TY, int NM> static cudaError_t gm_launch(const gm_args &A, const gm_geo &g, cudaStream_t s) {
-    auto kern = gemvm_kernel<TY, NM>;
+template <int TY, int NM, int NT> static cudaError_t gm_launch(const gm_args &A, const gm_geo &g, cudaStream_t s) {
+    auto kern = gemvm_kernel<TY, NM, NT>;
     static bool attr = false;
     if (!attr) {
-        cudaError_t err = mlacu_smem_allow(kern, (int)gm_smem_limit());
+        cudaError_t err = mlacu_smem_allow(kern, (int)gm_smem_limit(NT));
         if (err != cudaSuccess) return err;
         attr = true;
     }
@@ -518,27 +562,31 @@ cudaError_t gemvm_dense(uint32_t t, const void *w, const void *w1, int64_t in, i
                         const void *sx, int64_t T, float *y, cudaStream_t s) {
     const int nm = w1 ? 2 : 1;
     gm_geo g;
-    if (T < 2 || T > GM_TOK || out < 1 || out > INT32_MAX - GM_ROWS || !gm_plan(t, in, nm, (int)T, g))
+    if (T < 2 || T > GM_TMAX || out < 1 || out > INT32_MAX - GM_ROWS || !gm_plan(t, in, nm, (int)T, g))
         return cudaErrorNotSupported;
     gm_args A = gm_base(t, in, out, qx, sx, T, y, g);
     A.W[0] = (const uint8_t *)w, A.W[1] = (const uint8_t *)(w1 ? w1 : w);
     return gm_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
-        return w1 ? gm_launch<TY, 2>(A, g, s) : gm_launch<TY, 1>(A, g, s);
+        if (T > GM_TOK) return w1 ? gm_launch<TY, 2, 2>(A, g, s) : gm_launch<TY, 1, 2>(A, g, s);
+        return w1 ? gm_launch<TY, 2, 1>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
     });
 }
 
 cudaError_t gemvm_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
                              float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s) {
     gm_geo g;
-    if (T < 2 || T > GM_TOK || out_a < 1 || out_b < 1 || out_a + out_b > INT32_MAX - 2 * GM_ROWS ||
+    if (T < 2 || T > GM_TMAX || out_a < 1 || out_b < 1 || out_a + out_b > INT32_MAX - 2 * GM_ROWS ||
         !gm_plan(t, in, 1, (int)T, g))
         return cudaErrorNotSupported;
     gm_args A = gm_base(t, in, out_a, qx, sx, T, ya, g);
     A.W[0] = A.W[1] = (const uint8_t *)wa;
     A.W2 = (const uint8_t *)wb, A.out2 = (int)out_b, A.y2 = yb;
     A.nb = A.nb0 + (int)((out_b + GM_ROWS - 1) / GM_ROWS);
-    return gm_with_type(t, [&](auto ty) { return gm_launch<decltype(ty)::value, 1>(A, g, s); });
+    return gm_with_type(t, [&](auto ty) {
+        constexpr int TY = decltype(ty)::value;
+        return T > GM_TOK ? gm_launch<TY, 1, 2>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
+    });
 }
 
 } // namespace mlacu

@@ -41,11 +41,12 @@ cudaError_t gemvs_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *y
 cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
                           const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool singles,
                           float *y, void *yq, int64_t y_rows, bool *yq_done, cudaStream_t s);
-/* The streamed tensor-core GEMV (kernels/gemvm_cuda.cu): dense steps of 2 .. 8 tokens of Q4_K,
+/* The streamed tensor-core GEMV (kernels/gemvm_cuda.cu): dense steps of 2 .. 16 tokens of Q4_K,
  * Q6_K and Q8_0 weights; the same arguments as gemvs_dense / gemvs_dense_pair (no q8 output: the
  * caller rounds y where it needs it). gemvm_supported: whether it takes type t, rows of `in`
- * elements and nm matrices; the launches return cudaErrorNotSupported where it does not. */
-bool gemvm_supported(uint32_t t, int64_t in, int nm);
+ * elements and nm matrices at T tokens (one answer for 1 .. 8 and one for 9 .. 16: the shared
+ * memory of 8, or 16, tokens); the launches return cudaErrorNotSupported where it does not. */
+bool gemvm_supported(uint32_t t, int64_t in, int nm, int64_t T);
 cudaError_t gemvm_dense(uint32_t t, const void *w, const void *w1, int64_t in, int64_t out, const void *qx,
                         const void *sx, int64_t T, float *y, cudaStream_t s);
 cudaError_t gemvm_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,

@@ -31,7 +31,8 @@ extern "C" int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, in
     return mla_cuda_matmul_mma3(t, d_w, in, out, d_x, T, d_y, stream, e);
 }
 
-/* The rules, in order (docs/kernels.md): the fp16 tensor cores, the int8 tensor cores, the
+/* The rules, in order (docs/kernels.md): the streamed int8 tensor-core GEMV (dense steps of up
+ * to gm_max rows it takes, on the q8 family), the fp16 tensor cores, the int8 tensor cores, the
  * integer GEMV (each where allowed, at enough rows, and every matrix's type takes it), then the
  * float-activation forms: the GEMV (exact, or up to MLACU_GV_TMAX rows; up to MLACU_GV_FLOAT_TMAX
  * where every matrix is float with at most MLACU_GV_FLOAT_OUT outputs), the split, the bf16
@@ -39,12 +40,14 @@ extern "C" int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, in
 extern "C" mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types,
                                                  const int64_t *ins, int n, int64_t rows, int64_t out) {
     MLA_ASSERT(n >= 1);
-    bool h = p->h_min > 0 && rows >= p->h_min, q8 = p->q8, flt = true;
+    bool h = p->h_min > 0 && rows >= p->h_min, q8 = p->q8, flt = true, gm = p->gm_max >= rows;
     for (int i = 0; i < n; i++) {
         h = h && mla_cuda_mmh_supported(types[i], ins[i]);
         q8 = q8 && mla_cuda_q8_supported(types[i]);
+        gm = gm && mla_cuda_gemvm_takes(types[i], ins[i], rows);
         flt = flt && (types[i] == GGML_TYPE_F32 || types[i] == GGML_TYPE_F16 || types[i] == GGML_TYPE_BF16);
     }
+    if (q8 && gm) return MLA_CUDA_MM_Q8;
     if (h) return MLA_CUDA_MM_H;
     if (q8) return p->q8_mma_min > 0 && rows >= p->q8_mma_min ? MLA_CUDA_MM_Q8_MMA : MLA_CUDA_MM_Q8;
     if (p->exact) return MLA_CUDA_MM_GEMV;
@@ -55,7 +58,7 @@ extern "C" mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, co
 
 extern "C" int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,
                                float *d_y, mla_cuda_stream stream, mla_err *e) {
-    const mla_cuda_mm_policy none = {false, false, false, 0, 0};
+    const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0};
     if (mla_cuda_mm_choose(&none, &t, &in, 1, T, out) == MLA_CUDA_MM_GEMV)
         return mla_cuda_matmul_gemv(t, d_w, in, out, d_x, T, d_y, stream, e);
     return mla_cuda_matmul_mma(t, d_w, in, out, d_x, T, d_y, stream, e);
@@ -73,13 +76,14 @@ extern "C" void mla_cuda_set_gemv_ws(int on) { gemvs_set_ws(on != 0); }
 /* mla_cuda_set_gemv_mma: the streamed tensor-core GEMV for dense steps of g_gm_min .. g_gm_max tokens */
 static int g_gm_min = MLA_CUDA_GEMVM_TMIN, g_gm_max = MLA_CUDA_GEMVM_TMAX;
 extern "C" void mla_cuda_set_gemv_mma(int tmin, int tmax) {
-    MLA_ASSERT(tmin >= 2 && tmax >= 0 && tmax <= MLACU_MOE_TILE);
+    MLA_ASSERT(tmin >= 2 && tmax >= 0 && tmax <= MLA_CUDA_GEMVM_TMAX);
     g_gm_min = tmin, g_gm_max = tmax;
 }
 /* whether a dense step of T tokens over nm matrices of type t takes it */
 static bool gm_takes(uint32_t t, int64_t in, int nm, int64_t T) {
-    return T >= g_gm_min && T <= g_gm_max && gemvm_supported(t, in, nm);
+    return T >= g_gm_min && T <= g_gm_max && gemvm_supported(t, in, nm, T);
 }
+extern "C" bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T) { return gm_takes(t, in, 1, T); }
 extern "C" void mla_cuda_set_gemv_trace(unsigned long long *d_stamps) { gemvs_set_trace(d_stamps); }
 static bool gs_grouped_on(const mla_cuda_moe_plan *pl) {
     return pl->tokens <= (g_gs_grouped == MLA_CUDA_GEMVS_SINGLES ? 1 : g_gs_grouped);

@@ -204,7 +204,7 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
      * measured on an H200, 2026-11-29. Else the grouped GEMVs. */
     const uint32_t types[3] = {ex->gate_type, ex->up_type, ex->down_type};
     const int64_t ins[3] = {E, E, F};
-    const mla_cuda_mm_policy pol = {ex->q8, false, false, ex->mmh_min, 64};
+    const mla_cuda_mm_policy pol = {ex->q8, false, false, ex->mmh_min, 64, 0};
     const mla_cuda_mm_family fam = mla_cuda_mm_choose(&pol, types, ins, 3, T * K / ex->n_expert, E > F ? E : F);
     /* the fp16 tensor cores, 32 pairs a tile, 64 from 48 a expert */
     if (fam == MLA_CUDA_MM_H) {

@@ -436,7 +436,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         }
         m->attn_tc = !attn_fp32;
         /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 and its tensor-core form for dense
-         * steps of 4-8 tokens (both process-wide) */
+         * steps of 4-16 tokens (both process-wide) */
         mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, MLA_CUDA_GEMVM_TMAX);
         m->kvb_f16 = !m->exact;
@@ -914,12 +914,19 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
 static bool mm_q8(const mla_cmodel *m, const dmat *w) { return m->q8 && mla_cuda_q8_supported(w->type); }
 
 /* The family of a product of w in a T-token step (kernels/mm_choose_cuda.cu, mla_cuda_mm_choose):
- * with m->mmh, steps of more than m->gemv_tmax tokens on the fp16 tensor cores; with m->q8, the
+ * with m->mmh, steps of more than m->gemv_tmax tokens on the fp16 tensor cores, except (with
+ * m->q8) those of up to MLA_CUDA_GEMVM_TMAX tokens that the streamed int8 tensor-core GEMV takes
+ * (Q4_K / Q6_K / Q8_0: one read of W for 9-16 tokens where the fp16 path took ~2x as long,
+ * bench/results/step8to9-h200-2026-12-02.md), which stay on the q8 family; with m->q8, the
  * integer GEMV up to Q8_TMAX tokens (at any batch in exact mode: no tensor cores) and the int8
  * tensor cores above; else the float-activation forms (exact: the GEMV; split: the hi/lo split). */
 static mla_cuda_mm_family mm_family(const mla_cmodel *m, const dmat *w, int64_t T) {
-    const mla_cuda_mm_policy p = {m->q8, m->split, m->exact, m->mmh ? (int64_t)m->gemv_tmax + 1 : 0,
-                                  m->exact ? 0 : (int64_t)Q8_TMAX + 1};
+    const mla_cuda_mm_policy p = {m->q8,
+                                  m->split,
+                                  m->exact,
+                                  m->mmh ? (int64_t)m->gemv_tmax + 1 : 0,
+                                  m->exact ? 0 : (int64_t)Q8_TMAX + 1,
+                                  m->mmh ? (int64_t)MLA_CUDA_GEMVM_TMAX : 0};
     return mla_cuda_mm_choose(&p, &w->type, &w->n_in, 1, T, w->n_out);
 }
 
@@ -943,8 +950,11 @@ static const void *q8_of(mla_cmodel *m, const float *x, const void *xq, int64_t 
 }
 
 /* whether the norms of a step of T tokens also quantize their rows (for the q8 products after
- * them: the integer GEMV, or the int8 tensor cores where the fp16 ones are off) */
-static bool norm_q8(const mla_cmodel *m, int64_t T) { return m->q8 && !(m->mmh && T > m->gemv_tmax); }
+ * them: the integer GEMV, the streamed int8 tensor-core GEMV up to MLA_CUDA_GEMVM_TMAX tokens
+ * (mm_family), or the int8 tensor cores where the fp16 ones are off) */
+static bool norm_q8(const mla_cmodel *m, int64_t T) {
+    return m->q8 && !(m->mmh && T > std::max<int64_t>(m->gemv_tmax, MLA_CUDA_GEMVM_TMAX));
+}
 
 /* y = x W^T; xq: NULL, or x's q8 buffer */
 static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {

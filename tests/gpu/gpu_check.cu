@@ -233,7 +233,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         }
     }
     double err = finite ? gr_rel_l2(got.data(), ref.data(), (int64_t)ref.size()) : INFINITY;
-    const mla_cuda_mm_policy none = {false, false, false, 0, 0}; /* mla_cuda_matmul's */
+    const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0}; /* mla_cuda_matmul's */
     const bool bf16 = path == MM_MMA || (path == MM_AUTO && mla_cuda_mm_choose(&none, &t, &in, 1, T, out) == MLA_CUDA_MM_MMA);
     double us = timed ? time_us(run) : 0;
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma"
@@ -243,7 +243,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
             err, bf16 ? 1e-2 : path == MM_H ? 2e-3 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
-            !bf16 && path != MM_MMA3 && T <= 8);
+            !bf16 && path != MM_MMA3 && T <= 16);
     for (void *p : dw) CK(cudaFree(p));
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -851,7 +851,8 @@ static void check_argmax(int64_t T, int64_t n) {
 #include "tests/gpu/gpu_check_sample.inc"
 
 /* The small-batch paths of one weight matrix at several token counts, weights made once: the
- * streamed GEMV (T <= 8), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
+ * streamed GEMV (T <= 8; its tensor-core form from MLA_CUDA_GEMVM_TMIN to 16 tokens where it
+ * takes the type), the per-warp GEMV and the fp16 tensor cores (split K up to 64 tokens),
  * each checked on sampled rows against the exact product (of x as each path rounds it) and
  * timed, weights rotated past the L2 cache. The rows of each T are where the model's thresholds
  * come from (MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMV_TMAX). */
@@ -877,7 +878,9 @@ static void sweep_matmul(uint32_t t, int64_t in, int64_t out, const std::vector<
     enum { STREAM, WARP, F16 };
     for (int64_t T : Ts)
         for (int path : {STREAM, WARP, F16}) {
-            if (path == STREAM && (T > 8 || !mla_cuda_q8_supported(t))) continue;
+            if (path == STREAM && (T > MLA_CUDA_GEMVM_TMAX || !mla_cuda_q8_supported(t) ||
+                                   (T > 8 && !mla_cuda_gemvm_takes(t, in, T))))
+                continue;
             if (path == F16 && !mla_cuda_mmh_supported(t, in)) continue;
             auto run = [&](int i) {
                 void *wi = dw[i % ncopy];
@@ -888,7 +891,7 @@ static void sweep_matmul(uint32_t t, int64_t in, int64_t out, const std::vector<
                 }
                 OK(mla_cuda_quantize_q8(dx, T, in, dq, 0, E));
                 mla_cuda_set_gemv_stream(path == STREAM ? 8 : 0, g_gs_grouped);
-                mla_cuda_set_gemv_mma(g_gm_min, path == STREAM ? 8 : 0);
+                mla_cuda_set_gemv_mma(g_gm_min, path == STREAM ? MLA_CUDA_GEMVM_TMAX : 0);
                 OK(mla_cuda_matmul_q8(t, wi, in, out, dq, T, dy, 0, E));
                 mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
                 mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
@@ -932,27 +935,37 @@ static void time_gemvq_v3(void) {
     }
 }
 
-/* The streamed tensor-core GEMV of 2-8 tokens (kernels/gemvm_cuda.cu) against the exact product
- * of the quantized x: every token count, rows not a multiple of a band (32), row lengths with a
- * short last chunk, odd row offsets (Q8_0 / Q6_K rows not 16-aligned); gate + up with swiglu (one
- * launch for Q8_0, one a matrix for the K types: gemvm_cuda.cu) and the pair launch bit for bit
- * against single launches; then DeepSeek-V3's dense products of a
- * decode step of 2, 4 and 8 tokens timed beside the per-warp GEMV (--gemvm). */
+/* The streamed tensor-core GEMV of 2-16 tokens (kernels/gemvm_cuda.cu; 9-16 as two n-tiles of 8)
+ * against the exact product of the quantized x: token counts 2-9, 12, 16 (and 11, 13, 15 outside
+ * the quick set), rows not a multiple of a band (32), row lengths with a short last chunk,
+ * odd row offsets (Q8_0 / Q6_K rows not 16-aligned), at 8 or fewer tokens and at 9-16; gate + up
+ * with swiglu (one launch for Q8_0 where it fits, one a matrix for the K types: gemvm_cuda.cu)
+ * and the pair launch bit for bit against single launches; then DeepSeek-V3's dense products of a
+ * decode step of 2, 4 and 8 tokens timed beside the per-warp GEMV, and of 9, 12 and 16 tokens
+ * (V3's, V2-Lite's and its 102400 x 2048 Q6_K output) beside the fp16 tensor cores that took them
+ * before ("mma f16": mla_cuda_matmul_h with x's fp16 conversion; sweep_matmul) (--gemvm). */
 static void check_gemvm(bool quick) {
     g_gm_min = 2; /* every token count it can take (restored below) */
     mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
     for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0}) {
         const int64_t k = t == GGML_TYPE_Q8_0 ? 32 : 256;
-        for (int64_t T = 2; T <= 8; T++) check_matmul(t, 7168, T % 2 ? 77 : 333, T, MM_Q8, false);
+        for (int64_t T = 2; T <= 16; T++)
+            if (T <= 9 || T == 12 || T == 16 || (!quick && T % 2))
+                check_matmul(t, 7168, T % 2 ? 77 : 333, T, MM_Q8, false);
         for (auto io : std::vector<std::array<int64_t, 2>>{{k * 5, 1000}, {k * 3, 33}, {18432, 64}, {16384, 31},
-                                                           {1536, 301}, {512, 1}, {k, 40}, {2048 + k, 97}})
+                                                           {1536, 301}, {512, 1}, {k, 40}, {2048 + k, 97}}) {
             check_matmul(t, io[0], io[1], quick ? 8 : 3, MM_Q8, false);
-        check_q8_two(t, 7168, 1536, 576, 4, false);
-        check_q8_two(t, 2048 + k, 77, 333, 8, false);
-        check_q8_two(t, 7168, 2048, 2048, 8, true);
-        check_q8_two(t, 512 + k, 1088, 1088, 3, true);
+            check_matmul(t, io[0], io[1], quick ? 16 : 11, MM_Q8, false);
+        }
+        for (int64_t T : {4, 12}) check_q8_two(t, 7168, 1536, 576, T, false);
+        for (int64_t T : {8, 16}) {
+            check_q8_two(t, 2048 + k, 77, 333, T, false);
+            check_q8_two(t, 7168, 2048, 2048, T, true);
+        }
+        for (int64_t T : {3, 9}) check_q8_two(t, 512 + k, 1088, 1088, T, true);
     }
-    check_matmul(GGML_TYPE_Q8_0, 1408, 300, 5, MM_Q8, false); /* 44 units: 1.375 chunks */
+    check_matmul(GGML_TYPE_Q8_0, 1408, 300, 5, MM_Q8, false);  /* 44 units: 1.375 chunks */
+    check_matmul(GGML_TYPE_Q8_0, 1408, 300, 13, MM_Q8, false); /* the same, two n-tiles */
     for (int64_t T : quick ? std::vector<int64_t>{} : std::vector<int64_t>{2, 4, 8}) {
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, T, MM_Q8, true);  /* dense gate / up */
         check_matmul(GGML_TYPE_Q4_K, 18432, 7168, T, MM_Q8, true);  /* dense down */
@@ -963,6 +976,37 @@ static void check_gemvm(bool quick) {
         check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);    /* q_a + kv_a */
     }
     if (!quick) time_gemvq_v3(); /* the per-warp GEMV at 4 and 8 tokens, beside */
+    /* 9-16 tokens, weights made once a shape: the int8 tensor-core GEMV ("gemv q8") beside the
+     * fp16 tensor cores ("mma f16"), the path the model took there before, and the per-warp
+     * GEMV ("gemv q8 rows"), each against the CPU reference */
+    if (!quick) {
+        const size_t r0 = g_rows.size();
+        const std::vector<int64_t> Ts = {9, 12, 16};
+        sweep_matmul(GGML_TYPE_Q4_K, 7168, 18432, Ts);  /* V3 dense gate / up */
+        sweep_matmul(GGML_TYPE_Q4_K, 18432, 7168, Ts);  /* V3 dense down */
+        sweep_matmul(GGML_TYPE_Q8_0, 16384, 7168, Ts);  /* V3 attention output */
+        sweep_matmul(GGML_TYPE_Q8_0, 1536, 24576, Ts);  /* V3 q_b */
+        sweep_matmul(GGML_TYPE_Q6_K, 7168, 129280, Ts); /* V3 output */
+        sweep_matmul(GGML_TYPE_Q4_K, 2048, 10944, Ts);  /* V2-Lite dense gate / up */
+        sweep_matmul(GGML_TYPE_Q8_0, 2048, 3072, Ts);   /* V2-Lite q */
+        sweep_matmul(GGML_TYPE_Q8_0, 2048, 2048, Ts);   /* V2-Lite attention output */
+        sweep_matmul(GGML_TYPE_Q6_K, 2048, 102400, Ts); /* V2-Lite output */
+        /* the two beside each other: each "gemv q8" row and the "mma f16" row of its shape */
+        printf("\n9-16 tokens, the int8 tensor-core GEMV (new) against the fp16 tensor cores (before), us:\n"
+               "%-32s %9s %9s %8s %s\n",
+               "type shape", "new", "fp16", "fp16/new", "checks");
+        for (size_t i = r0; i < g_rows.size(); i++) {
+            const row &a = g_rows[i];
+            if (a.op.rfind("gemv q8 ", 0) != 0 || a.op.find("rows") != std::string::npos) continue;
+            const std::string ty = a.op.substr(8);
+            for (size_t j = r0; j < g_rows.size(); j++) {
+                const row &b = g_rows[j];
+                if (b.op != "mma f16 " + ty || b.shape != a.shape) continue;
+                printf("%-32s %9.1f %9.1f %8.2f %s\n", (ty + " " + a.shape).c_str(), a.us, b.us,
+                       a.us > 0 ? b.us / a.us : 0.0, a.pass && b.pass ? "ok" : "FAIL");
+            }
+        }
+    }
     g_gm_min = MLA_CUDA_GEMVM_TMIN;
     mla_cuda_set_gemv_mma(g_gm_min, g_gm_max);
 }

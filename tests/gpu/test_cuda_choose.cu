@@ -20,11 +20,29 @@ int main(void) {
     const uint32_t Q4K = GGML_TYPE_Q4_K, F32 = GGML_TYPE_F32, F16 = GGML_TYPE_F16, BF16 = GGML_TYPE_BF16;
     /* the model's dense products by default: fp16 tensor cores above 8 tokens, integer GEMV up
      * to 96, int8 tensor cores above */
-    const mla_cuda_mm_policy dense = {true, false, false, 9, 97};
+    const mla_cuda_mm_policy dense = {true, false, false, 9, 97, 0};
     CHECK(one(dense, Q4K, 7168, 1) == MLA_CUDA_MM_Q8);
     CHECK(one(dense, Q4K, 7168, 8) == MLA_CUDA_MM_Q8);
     CHECK(one(dense, Q4K, 7168, 9) == MLA_CUDA_MM_H);
     CHECK(one(dense, Q4K, 7168, 4096) == MLA_CUDA_MM_H);
+    /* the model's policy: steps of 9-16 rows that the streamed int8 tensor-core GEMV takes (on
+     * the device there is: none without one) stay on the q8 family, the others and steps of more
+     * rows take the fp16 tensor cores as before */
+    const mla_cuda_mm_policy model = {true, false, false, 9, 97, MLA_CUDA_GEMVM_TMAX};
+    CHECK(MLA_CUDA_GEMVM_TMAX == 16);
+    for (int64_t r : {9, 12, 16})
+        for (uint32_t t : {Q4K, (uint32_t)GGML_TYPE_Q6_K, (uint32_t)GGML_TYPE_Q8_0})
+            CHECKF(one(model, t, 2048, r) == (mla_cuda_gemvm_takes(t, 2048, r) ? MLA_CUDA_MM_Q8 : MLA_CUDA_MM_H),
+                   "%s rows %lld", ggml_type_name(t), (long long)r);
+    CHECK(!mla_cuda_gemvm_takes(GGML_TYPE_Q5_0, 2048, 9) && !mla_cuda_gemvm_takes(Q4K, 2048, 17));
+    CHECK(one(model, GGML_TYPE_Q5_0, 2048, 9) == MLA_CUDA_MM_H); /* no tensor-core GEMV of Q5_0 */
+    CHECK(one(model, Q4K, 2048, 17) == MLA_CUDA_MM_H);
+    CHECK(one(model, Q4K, 2048, 8) == MLA_CUDA_MM_Q8);
+    /* no integer form: as without gm_max */
+    CHECK(one(model, BF16, 2048, 12) == MLA_CUDA_MM_MMA && one(model, BF16, 2048, 12, 64) == MLA_CUDA_MM_GEMV);
+    mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, 8);            /* the GEMV off past 8 tokens */
+    CHECK(!mla_cuda_gemvm_takes(Q4K, 2048, 9) && one(model, Q4K, 2048, 9) == MLA_CUDA_MM_H);
+    mla_cuda_set_gemv_mma(MLA_CUDA_GEMVM_TMIN, MLA_CUDA_GEMVM_TMAX);
     /* a row length the fp16 kernels do not take (Q8_0 rows of 7200: not whole 128-element
      * chunks): the integer paths at any batch, the int8 tensor cores from 97 rows */
     const uint32_t Q80 = GGML_TYPE_Q8_0;
@@ -43,26 +61,26 @@ int main(void) {
     CHECK(one(dense, F32, 7168, 32, 513) == MLA_CUDA_MM_MMA);
     CHECK(one(dense, F32, 2048, 500) == MLA_CUDA_MM_MMA);
     /* exact: no tensor cores (the model passes no h_min and no q8_mma_min) */
-    const mla_cuda_mm_policy exact = {true, false, true, 0, 0};
+    const mla_cuda_mm_policy exact = {true, false, true, 0, 0, 0};
     CHECK(one(exact, Q4K, 7168, 4096) == MLA_CUDA_MM_Q8);
     CHECK(one(exact, F32, 2048, 4096) == MLA_CUDA_MM_GEMV);
     /* split: float products past the GEMV on the hi/lo split */
-    const mla_cuda_mm_policy split = {false, true, false, 0, 0};
+    const mla_cuda_mm_policy split = {false, true, false, 0, 0, 0};
     CHECK(one(split, Q4K, 7168, 1) == MLA_CUDA_MM_SPLIT);
     CHECK(one(split, F32, 2048, 300) == MLA_CUDA_MM_SPLIT);
     CHECK(one(exact, F32, 7168, 500, 64) == MLA_CUDA_MM_GEMV);
     CHECK(one(split, F32, 7168, 32, 64) == MLA_CUDA_MM_SPLIT);
     /* nothing allowed (mla_cuda_matmul): GEMV to 8, bf16 tensor cores above */
-    const mla_cuda_mm_policy none = {false, false, false, 0, 0};
+    const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0};
     CHECK(one(none, Q4K, 7168, 8) == MLA_CUDA_MM_GEMV);
     CHECK(one(none, Q4K, 7168, 9) == MLA_CUDA_MM_MMA);
     /* the MoE: three matrices together, rows = pairs a expert */
-    const mla_cuda_mm_policy moe = {true, false, false, 8, 64};
+    const mla_cuda_mm_policy moe = {true, false, false, 8, 64, 0};
     const uint32_t q[3] = {Q4K, Q4K, GGML_TYPE_Q6_K};
     const int64_t in[3] = {7168, 7168, 2048};
     CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 7, 7168) == MLA_CUDA_MM_Q8);
     CHECK(mla_cuda_mm_choose(&moe, q, in, 3, 8, 7168) == MLA_CUDA_MM_H);
-    const mla_cuda_mm_policy moe_no_h = {true, false, false, 0, 64};
+    const mla_cuda_mm_policy moe_no_h = {true, false, false, 0, 64, 0};
     CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 63, 7168) == MLA_CUDA_MM_Q8);
     CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 64, 7168) == MLA_CUDA_MM_Q8_MMA);
     /* one matrix without an integer form keeps all three off the tensor cores */
