@@ -10,6 +10,9 @@
 
 #include "kernels/attn_prefill_cuda.h"
 #include "kernels/cuda_internal.h"
+#ifdef MLA_CUDA_WGMMA
+#include "kernels/attn_pfwg_cuda.h"
+#endif
 
 namespace {
 
@@ -351,6 +354,15 @@ template <int DN, int DR, int DV> int attn_setup(mla_err *e) {
     return MLA_OK;
 }
 
+static int g_pwg_mode = 1; /* mla_cuda_prefill_wg */
+
+#ifdef MLA_CUDA_WGMMA
+/* whether the warpgroup kernel (attn_pfwg_cuda.cu) runs this shape here */
+bool pwg_takes(int DN, int DR, int DV) {
+    return g_pwg_mode && DN == 128 && DR == 64 && DV == 128 && mlacu_pwg_device_ok();
+}
+#endif
+
 /* one group of hg heads from head h0: the decompression of its keys and values, then its attention */
 template <int DN, int DR, int DV>
 int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream_t st, mla_err *e) {
@@ -375,6 +387,16 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
     }
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention: decompression of %lld keys, %lld heads", (long long)nk,
                 (long long)hg);
+#ifdef MLA_CUDA_WGMMA
+    if (pwg_takes(DN, DR, DV)) {
+        const mlacu_pwg_args w = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope),
+                                  (int)KL, (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out,
+                                  a->out_ld_t, a->out_ld_h};
+        MLACU_CHECK(mlacu_pwg_launch(&w, (int)hg, st), e, "prefill attention (wgmma) T=%lld pos0=%lld heads %lld",
+                    (long long)a->n_tokens, (long long)a->pos0, (long long)hg);
+        return MLA_OK;
+    }
+#endif
     if (attn_setup<DN, DR, DV>(e)) return MLA_ERR;
     const pf_k k = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL,
                     (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out, a->out_ld_t,
@@ -387,6 +409,19 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
 }
 
 } // namespace
+
+extern "C" void mla_cuda_prefill_wg(int mode) {
+    MLA_ASSERT(mode == 0 || mode == 1);
+    g_pwg_mode = mode;
+}
+
+extern "C" int mla_cuda_prefill_wg_ok(void) {
+#ifdef MLA_CUDA_WGMMA
+    return mlacu_pwg_device_ok();
+#else
+    return 0;
+#endif
+}
 
 extern "C" size_t mla_cuda_prefill_work_bytes(int64_t keys, int64_t n_head, int64_t head_nope, int64_t head_v) {
     return (size_t)keys * (size_t)n_head * (size_t)(head_nope + head_v) * 2;

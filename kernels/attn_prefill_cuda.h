@@ -7,7 +7,8 @@
  * values are first decompressed per head from the sequence's cache rows (k_nope = c W_kb, v = c
  * W_vb^T, rounded to fp16; the rotated k_pe is the cache row's own, shared by the heads), and the
  * attention runs as FlashAttention does it: 2 (head_k + head_v) flops a (query, key, head), 640 at
- * DeepSeek's 128 + 64 / 128 (against 2176), 128 query rows a block sharing every key tile. The
+ * DeepSeek's 128 + 64 / 128 (against 2176), 128 query rows a block sharing every key tile (mma.sync;
+ * at 128 + 64 / 128 on a compute capability 9.0 device the warpgroup kernel, attn_pfwg_cuda.h). The
  * output is head_v floats a (token, head), what attn_output reads after v_b: no v_b product follows.
  *
  * Meaning: for query t of the step (position pos0 + t) and head h, with q = [q_nope | q_pe] and key

@@ -349,6 +349,14 @@ void mla_cuda_attn_tune(int min_keys);
 #define MLA_CUDA_ATTN_WG_MIN_KEYS 16384
 int mla_cuda_attn_wg_ok(void);
 void mla_cuda_attn_wg(int mode);
+/* The warpgroup (wgmma, sm_90a) attention of the non-absorbed prompt path (kernels/attn_pfwg_cuda.h):
+ * mla_cuda_prefill_attn (kernels/attn_prefill_cuda.h) takes it in place of the mma.sync kernel for
+ * head_nope / n_rope / head_v 128 / 64 / 128 on a compute capability 9.0 device; the decompression
+ * is the same. mla_cuda_prefill_wg_ok: whether this build and device run it. mla_cuda_prefill_wg,
+ * for the op harness's A/B only: 0 never (the mma.sync kernel), 1 the default rule. Process-wide,
+ * not thread-safe: set it before launches. */
+int mla_cuda_prefill_wg_ok(void);
+void mla_cuda_prefill_wg(int mode);
 /* its splits over keys (as mla_cuda_attn_tc_splits; one block an SM): a pure function */
 int mla_cuda_attn_wg_splits(int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t max_keys, size_t work_floats,
                             int sms);

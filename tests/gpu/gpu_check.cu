@@ -13,8 +13,8 @@
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
  * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
  * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --prefill:
- * only the non-absorbed prompt attention's checks (gpu_check_prefill.inc), then V3's 4k and 32k
- * prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
+ * only the non-absorbed prompt attention's checks (gpu_check_prefill.inc; on sm_90 its mma.sync
+ * and wgmma kernels side by side), then V3's 4k and 32k prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
  * (gpu_check_dsa.inc), with --quick its small set, each path timed beside the one it replaced;
  * --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
  * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed; --sample: only

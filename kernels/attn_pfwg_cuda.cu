@@ -1,0 +1,270 @@
+/* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path on the warpgroup tensor
+ * cores (sm_90a); see attn_pfwg_cuda.h.
+ *
+ * Block = (tile of 128 query rows, head), two warpgroups (256 threads) of 64 rows each (wgmma's
+ * M); the heaviest tiles (the last rows) are scheduled first. Both warpgroups share the key tiles;
+ * each keeps its own rows' softmax in registers (no exchange). Shared memory (145 KB): the queries
+ * (times scale log2 e, fp16), two key tiles and two value tiles of 64 keys, and a P (64 rows x 64
+ * keys, fp16) a warpgroup. Every operand sits in the K-major layout with the 128-byte swizzle of
+ * attn_wg_cuda.cu: 64 columns (128 bytes) a k-block, 16-byte chunk c of row r at chunk c ^ (r % 8),
+ * 8-row groups 1024 bytes apart:
+ * - queries: 3 k-blocks (192 columns) of 64 rows a warpgroup; key tile: 3 k-blocks of 64 keys
+ *   (128 nope from the work area, 64 rope from the cache rows); value tile: 2 k-blocks of 64 keys.
+ * - S = Q K^T: 12 m64n64k16 steps, both operands by descriptor (K-major).
+ * - O += P V: 4 m64n128k16 steps of 16 keys; A = P (K-major), B = the value tile read MN-major
+ *   (V's columns, its N, contiguous in a key's row): the descriptor steps 64 columns by LBO (8192,
+ *   a k-block) and 8 keys by SBO (1024), as attn_wg_cuda.cu reads its latent.
+ * - causal: a warpgroup skips the key tiles wholly past its last row and masks those that reach
+ *   past its first; both still take part in the block's barriers and copies.
+ * Tiles are copied by cp.async (16 bytes, zeros past the block's keys), two in flight: tile j + 2
+ * is issued once both warpgroups are done with tile j. Checked against the CPU reference and the
+ * mma.sync kernel in mla-gpu-check (--prefill, the "wg" rows). */
+#include "kernels/attn_pfwg_cuda.h"
+
+#include <math.h>
+
+#include "kernels/cuda_internal.h"
+
+namespace {
+
+constexpr int PW_DN = 128, PW_DR = 64, PW_DK = PW_DN + PW_DR, PW_DV = 128;
+constexpr int PW_BM = 128, PW_BN = 64, PW_T = 256, PW_WM = 64; /* rows a block, keys a tile, threads, rows a warpgroup */
+constexpr int PW_KBQ = PW_DK / 64, PW_KBV = PW_DV / 64;       /* k-blocks: 3 of queries and keys, 2 of values */
+constexpr int PW_BLK = 64 * 128;                              /* a k-block of 64 rows: 8192 bytes */
+constexpr int PW_Q = 2 * PW_KBQ * PW_BLK;                     /* queries: 49152 */
+constexpr int PW_KT = PW_KBQ * PW_BLK, PW_VT = PW_KBV * PW_BLK; /* a key tile 24576, a value tile 16384 */
+constexpr int PW_P = PW_BLK;                                  /* P of a warpgroup: 8192 */
+constexpr size_t PW_SMEM = (size_t)PW_Q + 2 * PW_KT + 2 * PW_VT + 2 * PW_P + 1024;
+static_assert(PW_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
+static_assert(PW_BM == 2 * PW_WM && PW_BN == 64, "two warpgroups of 64 rows, one k-block of P");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* S += Q K^T: m64n64k16, both K-major */
+static __device__ __forceinline__ void pw_mma_s(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+/* O += P V: m64n128k16, A (K-major) and B (MN-major) by descriptor */
+static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "%64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+static __device__ __forceinline__ void pw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+/* pins accumulator registers in place (as attn_wg_cuda.cu's aw_pin): their other writes stay
+ * before the wgmma.fence that follows, their reads after the wait before */
+template <int N> static __device__ __forceinline__ void pw_pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+static __device__ __forceinline__ void pw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void pw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void pw_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* the 128 threads of warpgroup w (named barrier 1 + w) */
+static __device__ __forceinline__ void pw_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+static __device__ __forceinline__ uint32_t pw_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ uint32_t pw_h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *(uint32_t *)&h;
+}
+/* K-major, 128-byte swizzle: SBO 1024 (8 rows), LBO unused */
+static __device__ __forceinline__ uint64_t pw_desc_k(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+/* MN-major, 128-byte swizzle: LBO the next 64 columns (a k-block of the tile), SBO the next 8 keys */
+static __device__ __forceinline__ uint64_t pw_desc_mn(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(PW_BLK >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+/* byte offset of 16-byte chunk c (0..7) of row r in a k-block */
+static __device__ __forceinline__ uint32_t pw_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+#endif
+
+__global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mlacu_pdl_enter();
+    extern __shared__ __align__(16) uint8_t pw_raw[];
+    uint8_t *sm = pw_raw + ((1024u - (pw_u32(pw_raw) & 1023u)) & 1023u);
+    uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT, *ps = vs + 2 * PW_VT;
+    /* wg broadcast from lane 0: warp-uniform to the compiler (attn_wg_cuda.cu) */
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
+              lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int rb0 = (int)(gridDim.x - 1 - blockIdx.x) * PW_BM, hl = blockIdx.y, h = a.h0 + hl;
+    const int rend = min(rb0 + PW_BM, a.T);
+    const int64_t kend = a.pos0 + rend; /* the block's keys: 0 .. kend - 1 */
+    const int ntile = (int)((kend + PW_BN - 1) / PW_BN);
+    const __half *knh = a.kn + (int64_t)hl * a.nk * PW_DN, *vh = a.v + (int64_t)hl * a.nk * PW_DV;
+    /* key and value tile j into buffer j & 1 (zeros past kend); one commit group */
+    constexpr int CK = PW_DK / 8, CKN = PW_DN / 8, CV = PW_DV / 8; /* 16-byte chunks a key */
+    static_assert(PW_BN * CK % PW_T == 0 && PW_BN * CV % PW_T == 0, "whole copies a thread");
+    auto issue = [&](int j) {
+        const int64_t k0 = (int64_t)j * PW_BN;
+        uint8_t *kd = ks + (j & 1) * PW_KT, *vd = vs + (j & 1) * PW_VT;
+        const __half *pe = paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + a.kv_lora;
+#pragma unroll
+        for (int u = 0; u < PW_BN * CK / PW_T; u++) {
+            const int i = tid + u * PW_T, r = i / CK, c = i % CK;
+            const int64_t key = k0 + r;
+            const bool ok = key < kend;
+            const __half *src = !ok ? knh : c < CKN ? knh + key * PW_DN + c * 8 : pe + (int64_t)r * a.row + (c - CKN) * 8;
+            cp_async16_zfill(kd + (c >> 3) * PW_BLK + pw_sw(r, c & 7), src, ok);
+        }
+#pragma unroll
+        for (int u = 0; u < PW_BN * CV / PW_T; u++) {
+            const int i = tid + u * PW_T, r = i / CV, c = i % CV;
+            const int64_t key = k0 + r;
+            const bool ok = key < kend;
+            cp_async16_zfill(vd + (c >> 3) * PW_BLK + pw_sw(r, c & 7), ok ? vh + key * PW_DV + c * 8 : vh, ok);
+        }
+        cp_async_commit();
+    };
+    issue(0);
+    if (ntile > 1) issue(1);
+    else cp_async_commit();
+    { /* the queries: 128 rows x 96 float2, 48 a thread; rows past T zero */
+#pragma unroll 4
+        for (int u = 0; u < PW_BM * (PW_DK / 2) / PW_T; u++) {
+            const int i = tid + u * PW_T, rr = i / (PW_DK / 2), c = i % (PW_DK / 2) * 2, row = rb0 + rr;
+            const float sc = row < a.T ? a.sl2 : 0.f;
+            const float2 x = *(const float2 *)(a.q + (int64_t)min(row, a.T - 1) * a.q_ld_t + (int64_t)h * a.q_ld_h + c);
+            const int w = rr >> 6, r = rr & 63;
+            *(uint32_t *)(qs + (w * PW_KBQ + (c >> 6)) * PW_BLK + pw_sw(r, (c & 63) >> 3) + (c & 7) * 2) =
+                pw_h2(x.x * sc, x.y * sc);
+        }
+    }
+    pw_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    /* the thread's rows r0 and r0 + 8 of its warpgroup's 64 (its warp's 16) */
+    const int r0 = wq * 16 + g;
+    const int64_t wfirst = a.pos0 + rb0 + wg * PW_WM, wlast = wfirst + PW_WM - 1; /* the warpgroup's positions */
+    const int64_t pa = wfirst + r0, pb = pa + 8;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    const uint32_t q0 = pw_u32(qs + wg * PW_KBQ * PW_BLK), kbase = pw_u32(ks), vbase = pw_u32(vs), p0 = pw_u32(ps + wg * PW_P);
+    uint8_t *pw = ps + wg * PW_P;
+    for (int j = 0; j < ntile; j++) {
+        cp_async_wait<1>(); /* this thread's copies of tile j have landed */
+        pw_fence_proxy();
+        __syncthreads(); /* every thread's copies of tile j; the previous tile's readers are done */
+        const int64_t k0 = (int64_t)j * PW_BN;
+        if (k0 <= wlast) { /* warpgroup-uniform */
+            const uint32_t kt = kbase + (uint32_t)(j & 1) * PW_KT, vt = vbase + (uint32_t)(j & 1) * PW_VT;
+            /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + e in s[4 i + 2 hf + e] */
+            float s[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i] = 0.f;
+            pw_pin(s);
+            pw_fence();
+#pragma unroll
+            for (int kk = 0; kk < PW_KBQ * 4; kk++) {
+                const uint32_t off = (uint32_t)((kk >> 2) * PW_BLK + (kk & 3) * 32);
+                pw_mma_s(s, pw_desc_k(q0 + off), pw_desc_k(kt + off));
+            }
+            pw_commit();
+            pw_wait0();
+            pw_pin(s);
+            if (k0 + PW_BN - 1 > wfirst) { /* keys past a row's position */
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int64_t key = k0 + 8 * i + 2 * t4 + (e & 1);
+                        if (key > (e < 2 ? pa : pb)) s[4 * i + e] = -INFINITY;
+                    }
+            }
+            float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+            }
+            float al[2], mb[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mb[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row with no key yet: nothing to scale */
+                al[r] = exp2f(m_r[r] - mb[r]);
+                m_r[r] = mx[r];
+                l_r[r] *= al[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[4 * i + e] = exp2f(s[4 * i + e] - mb[e >> 1]);
+                    l_r[e >> 1] += s[4 * i + e];
+                }
+                /* keys 8 i + 2 t4, +1: chunk i of P's row, bytes 4 t4 */
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+                    *(uint32_t *)(pw + pw_sw(r0 + 8 * hf, i) + 4 * t4) = pw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
+            }
+            pw_fence_proxy(); /* P, to wgmma's proxy */
+            pw_wg_sync(wg);   /* the warpgroup's P written */
+            /* O: rows r0, r0 + 8 x columns 8 i + 2 t4 + e in o[4 i + 2 hf + e] */
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                o[4 * i] *= al[0];
+                o[4 * i + 1] *= al[0];
+                o[4 * i + 2] *= al[1];
+                o[4 * i + 3] *= al[1];
+            }
+            /* O += P V: keys 16 kk .. +16 = P's columns 16 kk, the value tile's rows 16 kk */
+            pw_pin(o);
+            pw_fence();
+#pragma unroll
+            for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_pv(o, pw_desc_k(p0 + kk * 32), pw_desc_mn(vt + (uint32_t)(kk * 16 * 128)));
+            pw_commit();
+            pw_wait0();
+            pw_pin(o);
+        }
+        __syncthreads(); /* both warpgroups done with buffer j & 1 (and their P): tile j + 2 into it */
+        if (j + 2 < ntile) issue(j + 2);
+        else cp_async_commit();
+    }
+    cp_async_wait<0>(); /* only empty groups remain */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+        const int row = rb0 + wg * PW_WM + r0 + 8 * r;
+        if (row >= a.T) continue;
+        const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+        float *dst = a.out + (int64_t)row * a.o_ld_t + (int64_t)h * a.o_ld_h + 2 * t4;
+#pragma unroll
+        for (int i = 0; i < 16; i++) *(float2 *)(dst + 8 * i) = make_float2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    }
+#else
+    (void)a;
+    __trap();
+#endif
+}
+
+} // namespace
+
+bool mlacu_pwg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= PW_SMEM; }
+
+cudaError_t mlacu_pwg_launch(const mlacu_pwg_args *a, int heads, cudaStream_t s) {
+    if (heads <= 0 || heads > 65535 || a->T <= 0 || (a->row & 7) || (a->kv_lora & 7) || (a->tab_off & 7))
+        return cudaErrorInvalidValue;
+    static bool done = false;
+    if (!done) {
+        const cudaError_t err = mlacu_smem_allow(pwg_kernel, PW_SMEM);
+        if (err != cudaSuccess) return err;
+        done = true;
+    }
+    const dim3 grid((unsigned)((a->T + PW_BM - 1) / PW_BM), (unsigned)heads);
+    mlacu_launch(pwg_kernel, grid, PW_T, PW_SMEM, s, *a);
+    return cudaGetLastError();
+}

@@ -1,0 +1,41 @@
+/* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path (attn_prefill_cuda.h) on
+ * Hopper's warpgroup tensor cores (wgmma, sm_90a), for DeepSeek's widths only (per head 128 nope +
+ * 64 rope keys, 128 values), beside the mma.sync kernel of attn_prefill_cuda.cu, which chooses it.
+ * CUDA C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
+ * compiles it for sm_90a alone, with attn_wg_cuda.cu, and defines MLA_CUDA_WGMMA); it runs on
+ * compute capability 9.0 devices only, which mlacu_pwg_device_ok checks.
+ *
+ * Inputs as the mma.sync kernel's: queries fp32 (nope, then rope), the group's decompressed k_nope
+ * [heads][nk][128] and v [heads][nk][128] in fp16 from the work area, k_pe from the paged fp16
+ * cache rows; out fp32 [row * o_ld_t + head * o_ld_h + col], divided by the row's sum. Nothing is
+ * owned. */
+#ifndef ATTN_PFWG_CUDA_H
+#define ATTN_PFWG_CUDA_H
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+typedef struct mlacu_pwg_args {
+    const float *q;
+    int64_t q_ld_t, q_ld_h;
+    const __half *kn, *v; /* [heads of the launch][nk][128] each */
+    int64_t nk;           /* keys: pos0 + T */
+    const float *const *tab;
+    int64_t tab_off; /* halves, a multiple of 8 */
+    int row, kv_lora; /* cache row length, latent width (halves, multiples of 8) */
+    int T;
+    int64_t pos0;
+    int h0;    /* the launch's first head (of q and out) */
+    float sl2; /* scale * log2 e */
+    float *out;
+    int64_t o_ld_t, o_ld_h;
+} mlacu_pwg_args;
+
+/* whether this device runs the kernel: sm_90a instructions allowed and the block's shared memory */
+bool mlacu_pwg_device_ok(void);
+
+/* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads). */
+cudaError_t mlacu_pwg_launch(const mlacu_pwg_args *a, int heads, cudaStream_t s);
+
+#endif
