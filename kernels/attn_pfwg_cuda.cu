@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "kernels/cuda_internal.h"
+#include "kernels/wgmma_ops_cuda.h"
 
 namespace {
 
@@ -59,41 +60,15 @@ static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint64_t da, ui
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db));
 }
-static __device__ __forceinline__ void pw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-/* pins accumulator registers in place (as attn_wg_cuda.cu's aw_pin): their other writes stay
- * before the wgmma.fence that follows, their reads after the wait before */
-template <int N> static __device__ __forceinline__ void pw_pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-static __device__ __forceinline__ void pw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void pw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-static __device__ __forceinline__ void pw_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* the 128 threads of warpgroup w (named barrier 1 + w) */
 static __device__ __forceinline__ void pw_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
-static __device__ __forceinline__ uint32_t pw_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ uint32_t pw_h2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *(uint32_t *)&h;
-}
-/* K-major, 128-byte swizzle: SBO 1024 (8 rows), LBO unused */
-static __device__ __forceinline__ uint64_t pw_desc_k(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-/* MN-major, 128-byte swizzle: LBO the next 64 columns (a k-block of the tile), SBO the next 8 keys */
-static __device__ __forceinline__ uint64_t pw_desc_mn(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(PW_BLK >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-/* byte offset of 16-byte chunk c (0..7) of row r in a k-block */
-static __device__ __forceinline__ uint32_t pw_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 #endif
 
 __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t pw_raw[];
-    uint8_t *sm = pw_raw + ((1024u - (pw_u32(pw_raw) & 1023u)) & 1023u);
+    uint8_t *sm = pw_raw + ((1024u - (wga_u32(pw_raw) & 1023u)) & 1023u);
     uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT, *ps = vs + 2 * PW_VT;
     /* wg broadcast from lane 0: warp-uniform to the compiler (attn_wg_cuda.cu) */
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
@@ -116,14 +91,14 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
             const int64_t key = k0 + r;
             const bool ok = key < kend;
             const __half *src = !ok ? knh : c < CKN ? knh + key * PW_DN + c * 8 : pe + (int64_t)r * a.row + (c - CKN) * 8;
-            cp_async16_zfill(kd + (c >> 3) * PW_BLK + pw_sw(r, c & 7), src, ok);
+            cp_async16_zfill(kd + (c >> 3) * PW_BLK + wga_sw(r, c & 7), src, ok);
         }
 #pragma unroll
         for (int u = 0; u < PW_BN * CV / PW_T; u++) {
             const int i = tid + u * PW_T, r = i / CV, c = i % CV;
             const int64_t key = k0 + r;
             const bool ok = key < kend;
-            cp_async16_zfill(vd + (c >> 3) * PW_BLK + pw_sw(r, c & 7), ok ? vh + key * PW_DV + c * 8 : vh, ok);
+            cp_async16_zfill(vd + (c >> 3) * PW_BLK + wga_sw(r, c & 7), ok ? vh + key * PW_DV + c * 8 : vh, ok);
         }
         cp_async_commit();
     };
@@ -137,11 +112,11 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
             const float sc = row < a.T ? a.sl2 : 0.f;
             const float2 x = *(const float2 *)(a.q + (int64_t)min(row, a.T - 1) * a.q_ld_t + (int64_t)h * a.q_ld_h + c);
             const int w = rr >> 6, r = rr & 63;
-            *(uint32_t *)(qs + (w * PW_KBQ + (c >> 6)) * PW_BLK + pw_sw(r, (c & 63) >> 3) + (c & 7) * 2) =
-                pw_h2(x.x * sc, x.y * sc);
+            *(uint32_t *)(qs + (w * PW_KBQ + (c >> 6)) * PW_BLK + wga_sw(r, (c & 63) >> 3) + (c & 7) * 2) =
+                wga_h2(x.x * sc, x.y * sc);
         }
     }
-    pw_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
+    wga_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.f;
@@ -150,11 +125,11 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
     const int64_t wfirst = a.pos0 + rb0 + wg * PW_WM, wlast = wfirst + PW_WM - 1; /* the warpgroup's positions */
     const int64_t pa = wfirst + r0, pb = pa + 8;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const uint32_t q0 = pw_u32(qs + wg * PW_KBQ * PW_BLK), kbase = pw_u32(ks), vbase = pw_u32(vs), p0 = pw_u32(ps + wg * PW_P);
+    const uint32_t q0 = wga_u32(qs + wg * PW_KBQ * PW_BLK), kbase = wga_u32(ks), vbase = wga_u32(vs), p0 = wga_u32(ps + wg * PW_P);
     uint8_t *pw = ps + wg * PW_P;
     for (int j = 0; j < ntile; j++) {
         cp_async_wait<1>(); /* this thread's copies of tile j have landed */
-        pw_fence_proxy();
+        wga_fence_proxy();
         __syncthreads(); /* every thread's copies of tile j; the previous tile's readers are done */
         const int64_t k0 = (int64_t)j * PW_BN;
         if (k0 <= wlast) { /* warpgroup-uniform */
@@ -163,16 +138,16 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
             float s[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) s[i] = 0.f;
-            pw_pin(s);
-            pw_fence();
+            wga_pin(s);
+            wga_fence();
 #pragma unroll
             for (int kk = 0; kk < PW_KBQ * 4; kk++) {
                 const uint32_t off = (uint32_t)((kk >> 2) * PW_BLK + (kk & 3) * 32);
-                pw_mma_s(s, pw_desc_k(q0 + off), pw_desc_k(kt + off));
+                pw_mma_s(s, wga_desc_k(q0 + off), wga_desc_k(kt + off));
             }
-            pw_commit();
-            pw_wait0();
-            pw_pin(s);
+            wga_commit();
+            wga_wait0();
+            wga_pin(s);
             if (k0 + PW_BN - 1 > wfirst) { /* keys past a row's position */
 #pragma unroll
                 for (int i = 0; i < 8; i++)
@@ -208,9 +183,9 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
                 /* keys 8 i + 2 t4, +1: chunk i of P's row, bytes 4 t4 */
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++)
-                    *(uint32_t *)(pw + pw_sw(r0 + 8 * hf, i) + 4 * t4) = pw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
+                    *(uint32_t *)(pw + wga_sw(r0 + 8 * hf, i) + 4 * t4) = wga_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
             }
-            pw_fence_proxy(); /* P, to wgmma's proxy */
+            wga_fence_proxy(); /* P, to wgmma's proxy */
             pw_wg_sync(wg);   /* the warpgroup's P written */
             /* O: rows r0, r0 + 8 x columns 8 i + 2 t4 + e in o[4 i + 2 hf + e] */
 #pragma unroll
@@ -221,13 +196,13 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
                 o[4 * i + 3] *= al[1];
             }
             /* O += P V: keys 16 kk .. +16 = P's columns 16 kk, the value tile's rows 16 kk */
-            pw_pin(o);
-            pw_fence();
+            wga_pin(o);
+            wga_fence();
 #pragma unroll
-            for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_pv(o, pw_desc_k(p0 + kk * 32), pw_desc_mn(vt + (uint32_t)(kk * 16 * 128)));
-            pw_commit();
-            pw_wait0();
-            pw_pin(o);
+            for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_pv(o, wga_desc_k(p0 + kk * 32), wga_desc_mn<PW_BLK>(vt + (uint32_t)(kk * 16 * 128)));
+            wga_commit();
+            wga_wait0();
+            wga_pin(o);
         }
         __syncthreads(); /* both warpgroups done with buffer j & 1 (and their P): tile j + 2 into it */
         if (j + 2 < ntile) issue(j + 2);

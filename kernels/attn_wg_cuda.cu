@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "kernels/cuda_internal.h"
+#include "kernels/wgmma_ops_cuda.h"
 
 namespace {
 
@@ -59,33 +60,6 @@ static __device__ __forceinline__ void aw_mma_pv(float (&d)[128], uint64_t da, u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db));
 }
-static __device__ __forceinline__ void aw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-/* pins accumulator registers in place: their other writes stay before the wgmma.fence that follows,
- * their reads after the wait before (the compiler would otherwise move register-only arithmetic
- * across the fence) */
-template <int N> static __device__ __forceinline__ void aw_pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-static __device__ __forceinline__ void aw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void aw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-static __device__ __forceinline__ void aw_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-static __device__ __forceinline__ uint32_t aw_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ uint32_t aw_h2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *(uint32_t *)&h;
-}
-/* K-major, 128-byte swizzle: SBO 1024 (8 rows), LBO unused */
-static __device__ __forceinline__ uint64_t aw_desc_k(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-/* MN-major, 128-byte swizzle: LBO the next 64 columns (a k-block of the tile), SBO the next 8 keys */
-static __device__ __forceinline__ uint64_t aw_desc_mn(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(AW_BLK >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-/* byte offset of 16-byte chunk c (0..7) of row r in a k-block */
-static __device__ __forceinline__ uint32_t aw_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 #endif
 
 /* S by warpgroup 0 alone (m64n64k16, the whole tile's keys; its softmax needs no exchange,
@@ -95,7 +69,7 @@ static __device__ __forceinline__ uint32_t aw_sw(int r, int c) { return (uint32_
 __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) uint8_t aw_raw[];
-    uint8_t *sm = aw_raw + ((1024u - (aw_u32(aw_raw) & 1023u)) & 1023u);
+    uint8_t *sm = aw_raw + ((1024u - (wga_u32(aw_raw) & 1023u)) & 1023u);
     uint8_t *qs = sm, *ks = sm + AW_Q, *ps = ks + 2 * AW_TILE;
     float *red = (float *)(ps + AW_P); /* [2][64]: the rows' rescale factors (warpgroup 0 to 1), then sums */
     const __half **rowp = (const __half **)(red + 2 * AW_M); /* [2][64]: the rows of a tile (NULL: none) */
@@ -125,7 +99,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         for (int u = 0; u < CPT; u++) {
             const int i = tid + u * AW_T, j = i / CPR, c = i % CPR;
             const __half *src = rp[j];
-            cp_async16_zfill(kd + (c >> 3) * AW_BLK + aw_sw(j, c & 7), src ? (const void *)(src + c * 8) : (const void *)a.qa,
+            cp_async16_zfill(kd + (c >> 3) * AW_BLK + wga_sw(j, c & 7), src ? (const void *)(src + c * 8) : (const void *)a.qa,
                              src != nullptr);
         }
         cp_async_commit();
@@ -158,23 +132,23 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 #pragma unroll
             for (int u = 0; u < QB; u++) {
                 const int i = tid + (b + u) * AW_T, h = i / (AW_ROW / 2), c = i % (AW_ROW / 2) * 2;
-                *(uint32_t *)(qs + (c >> 6) * AW_BLK + aw_sw(h, (c & 63) >> 3) + (c & 7) * 2) = aw_h2(v[u].x * sl2, v[u].y * sl2);
+                *(uint32_t *)(qs + (c >> 6) * AW_BLK + wga_sw(h, (c & 63) >> 3) + (c & 7) * 2) = wga_h2(v[u].x * sl2, v[u].y * sl2);
             }
         }
     }
-    aw_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
+    wga_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) o[i] = 0.f;
     /* the thread's rows: r0 and r0 + 8 of the 64 (its warp's 16) */
     const int r0 = wq * 16 + g;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const uint32_t q0 = aw_u32(qs), kbase = aw_u32(ks), p0 = aw_u32(ps);
+    const uint32_t q0 = wga_u32(qs), kbase = wga_u32(ks), p0 = wga_u32(ps);
     int buf = 0;
     for (int64_t kb = k0; kb < k1; kb += AW_NK, buf ^= 1) {
         if (late && kb + AW_NK >= k1) mlacu_pdl_trigger();
         cp_async_wait<1>(); /* this thread's copies of tile buf have landed */
-        aw_fence_proxy();
+        wga_fence_proxy();
         __syncthreads(); /* every thread's copies of tile buf; the previous tile's readers are done */
         const __half *row2 = tid < AW_NK ? row_at(kb + 2 * AW_NK + tid) : nullptr;
         const uint32_t kt = kbase + (uint32_t)buf * AW_TILE;
@@ -185,16 +159,16 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
             float s[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) s[i] = 0.f;
-            aw_pin(s);
-            aw_fence();
+            wga_pin(s);
+            wga_fence();
 #pragma unroll
             for (int kk = 0; kk < AW_KB * 4; kk++) {
                 const uint32_t off = (uint32_t)((kk >> 2) * AW_BLK + (kk & 3) * 32);
-                aw_mma_s64(s, aw_desc_k(q0 + off), aw_desc_k(kt + off));
+                aw_mma_s64(s, wga_desc_k(q0 + off), wga_desc_k(kt + off));
             }
-            aw_commit();
-            aw_wait0();
-            aw_pin(s);
+            wga_commit();
+            wga_wait0();
+            wga_pin(s);
             if (tid < AW_NK) rowp[buf * AW_NK + tid] = row2; /* issued into buffer buf after this tile */
             float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -225,7 +199,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int row = r0 + 8 * hf;
-                    *(uint32_t *)(ps + aw_sw(row, i) + 4 * t4) = aw_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
+                    *(uint32_t *)(ps + wga_sw(row, i) + 4 * t4) = wga_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
                 }
             }
 #pragma unroll
@@ -234,7 +208,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
                 red[r0] = al[0];
                 red[r0 + 8] = al[1];
             }
-            aw_fence_proxy(); /* P, to wgmma's proxy */
+            wga_fence_proxy(); /* P, to wgmma's proxy */
         }
         __syncthreads();
         if (wg == 1) {
@@ -250,14 +224,14 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         }
         /* O[:, 256 wg ..] += P V: columns 256 wg .. = k-blocks 4 wg .. 4 wg + 3 of the tile; keys
          * 16 ks .. +16 = rows 16 ks of each */
-        aw_pin(o);
-        aw_fence();
+        wga_pin(o);
+        wga_fence();
 #pragma unroll
         for (int kk = 0; kk < AW_NK / 16; kk++)
-            aw_mma_pv(o, aw_desc_k(p0 + kk * 32), aw_desc_mn(kt + (uint32_t)(4 * wg * AW_BLK + kk * 16 * 128)));
-        aw_commit();
-        aw_wait0();
-        aw_pin(o);
+            aw_mma_pv(o, wga_desc_k(p0 + kk * 32), wga_desc_mn<AW_BLK>(kt + (uint32_t)(4 * wg * AW_BLK + kk * 16 * 128)));
+        wga_commit();
+        wga_wait0();
+        wga_pin(o);
         __syncthreads(); /* both products done with tile buf and P */
         if (kb + 2 * AW_NK < k1) issue_tile(rowp + buf * AW_NK, ks + buf * AW_TILE);
         else cp_async_commit();
