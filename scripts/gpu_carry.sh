@@ -9,6 +9,9 @@
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
+#   wheels.tar       with NO_FIXTURES=1 (room for it): the openai client's wheels for the GPU host's
+#                    Python (PY_VERSION, default 3.12), which scripts/gpu_serve_bench.sh installs
+#                    where the module is missing; WHEELS=0 leaves them out
 # On the GPU host scripts/gpu_verify.sh unpacks them. Usage: scripts/gpu_carry.sh
 #   env: FIXTURES (default tests/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
 #   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
@@ -43,6 +46,11 @@ LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
 if [ "${NO_LLAMA:-0}" = 1 ]; then :
 elif [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
 elif [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
+if [ "${NO_FIXTURES:-0}" = 1 ] && [ "${WHEELS:-1}" = 1 ]; then
+  python3 -m pip download -q openai --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$tmp/w/wheels" &&
+    tar cf "$C/wheels.tar" -C "$tmp/w" wheels
+fi
 ls -la "$C"
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 carried=$(du -cb "$C"/* | tail -1 | cut -f1)

@@ -41,7 +41,8 @@
 # BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
 # NCU_S (180), MODEL_S, TOTAL_S.
 # Where .bundle90/bin/mlaserve is missing and .gpucarry/*.tar.xz (scripts/gpu_carry.sh) are there, they
-# are unpacked first (the bundle, build-gpu-carried/mla-e2e, .llama-cuda/).
+# are unpacked first (the bundle, build-gpu-carried/mla-e2e, .llama-cuda/); where Python lacks the openai
+# module, it is installed from .gpucarry/wheels.tar.
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS="--small --hidden 256" MODELS=glm47flash:2 \
 #   CONC="1 2" SHAPE_C=8-3 SHAPE_R=6-4 REQ_MIN=2 RATE_REQS=3 NCU=0 \
@@ -81,6 +82,14 @@ since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
 [ -x "$MLA" ] || { echo "no mlaserve at $MLA (BUNDLE or MLASERVE)" >&2; exit 2; }
 [ -f bench/serve_load.py ] || { echo "run from the repository (bench/serve_load.py)" >&2; exit 2; }
+# the openai client (bench/serve_load.py) from the wheels scripts/gpu_carry.sh packed, where this
+# host's Python lacks it and has no network
+if ! python3 -c "import openai" 2>/dev/null && [ -f .gpucarry/wheels.tar ]; then
+  tar xf .gpucarry/wheels.tar -C "$W" &&
+    { python3 -m pip install -q --no-index --find-links "$W/wheels" openai ||
+      python3 -m pip install -q --break-system-packages --no-index --find-links "$W/wheels" openai; } >"$W/pip.log" 2>&1 ||
+    { echo "installing openai from .gpucarry/wheels.tar failed:" >&2; tail -3 "$W/pip.log" >&2; }
+fi
 # the commit the binaries were built from (their --version), not the checkout's
 COMMIT=$("$MLA" --version 2>/dev/null | sed -n 's/.*commit \([0-9a-f]*[-a-z]*\).*/\1/p')
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
