@@ -81,7 +81,7 @@ static void *vec_push(vec *v) {
 typedef struct prule {
     char *name;   /* NULL: a generated rule */
     bool defined;
-    size_t line;  /* first reference, for "undefined" errors */
+    size_t at;    /* byte of the first reference, for "undefined" errors */
     vec alts;     /* of vec (of elem) */
 } prule;
 
@@ -94,6 +94,8 @@ typedef struct parser {
     size_t n_elems;
     int depth;
     mla_err *err;
+    uint32_t *names; /* open addressing over the named rules: rule index + 1, 0 empty */
+    uint32_t names_cap, n_names;
 } parser;
 
 static void pos_of(const parser *p, size_t at, size_t *line, size_t *col) {
@@ -143,21 +145,49 @@ static int new_rule(parser *p, uint32_t *out) {
     return MLA_OK;
 }
 
+static uint32_t name_hash(const char *nm, size_t len) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t k = 0; k < len; k++) h = (h ^ (uint8_t)nm[k]) * 16777619u;
+    return h;
+}
+
+/* the slot of name nm in p->names: its rule's, or the empty one where it would go */
+static uint32_t name_slot(const parser *p, const char *nm, size_t len) {
+    uint32_t i = name_hash(nm, len) & (p->names_cap - 1);
+    for (;; i = (i + 1) & (p->names_cap - 1)) {
+        const uint32_t v = p->names[i];
+        if (!v) return i;
+        const prule *x = &((const prule *)p->rules.p)[v - 1];
+        if (strlen(x->name) == len && !memcmp(x->name, nm, len)) return i;
+    }
+}
+
 static int rule_by_name(parser *p, const char *nm, size_t len, uint32_t *out) {
-    for (uint32_t r = 0; r < p->rules.n; r++) {
-        prule *x = rule_at(p, r);
-        if (x->name && strlen(x->name) == len && !memcmp(x->name, nm, len)) {
-            *out = r;
-            return MLA_OK;
+    if (2 * (p->n_names + 1) > p->names_cap) { /* at most half full */
+        const uint32_t oc = p->names_cap, nc = oc ? 2 * oc : 64;
+        uint32_t *old = p->names;
+        p->names = mla_xcalloc(nc, sizeof *p->names);
+        p->names_cap = nc;
+        for (uint32_t k = 0; k < oc; k++) {
+            if (!old[k]) continue;
+            const prule *x = rule_at(p, old[k] - 1);
+            p->names[name_slot(p, x->name, strlen(x->name))] = old[k];
         }
+        free(old);
+    }
+    const uint32_t slot = name_slot(p, nm, len);
+    if (p->names[slot]) {
+        *out = p->names[slot] - 1;
+        return MLA_OK;
     }
     if (new_rule(p, out)) return MLA_ERR;
     prule *x = rule_at(p, *out);
     x->name = mla_xmalloc(len + 1);
     memcpy(x->name, nm, len);
     x->name[len] = 0;
-    size_t c;
-    pos_of(p, p->i, &x->line, &c);
+    x->at = p->i;
+    p->names[slot] = *out + 1;
+    p->n_names++;
     return MLA_OK;
 }
 
@@ -443,6 +473,7 @@ static void parser_free(parser *p) {
     free(p->rules.p);
     free(p->cs.p);
     free(p->rng.p);
+    free(p->names);
 }
 
 /* Left recursion: a rule reaching itself through references at positions where everything
@@ -564,7 +595,11 @@ int gram_parse(gram **out, const char *text, size_t len, mla_err *err) {
     uint32_t root = UINT32_MAX;
     for (uint32_t r = 0; rc == MLA_OK && r < p.rules.n; r++) {
         prule *x = rule_at(&p, r);
-        if (x->name && !x->defined) rc = mla_errf(err, "grammar: rule '%s' (line %zu) is used but not defined", x->name, x->line);
+        if (x->name && !x->defined) {
+            size_t line, col;
+            pos_of(&p, x->at, &line, &col);
+            rc = mla_errf(err, "grammar: rule '%s' (line %zu) is used but not defined", x->name, line);
+        }
         if (x->name && !strcmp(x->name, "root")) root = r;
     }
     if (rc == MLA_OK && root == UINT32_MAX) rc = mla_errf(err, "grammar: no 'root' rule");
@@ -1080,6 +1115,14 @@ int gram_check(const char *text, size_t len, mla_err *err) {
     gram_match *m = NULL;
     int rc = gram_parse(&g, text, len, err);
     if (rc == MLA_OK) rc = gram_match_new(&m, g, err);
+    if (rc == MLA_OK && !gram_match_complete(m)) { /* a start that takes no byte: no text matches */
+        bool any = false;
+        for (int b = 0; b < 256 && !any && rc == MLA_OK; b++) {
+            const uint8_t byte = (uint8_t)b;
+            rc = gram_match_try(m, &byte, 1, &any, err);
+        }
+        if (rc == MLA_OK && !any) rc = mla_errf(err, "grammar: it matches no text (no first character fits the root rule)");
+    }
     gram_match_free(m);
     gram_free(g);
     return rc;

@@ -50,9 +50,11 @@ typedef struct gram_match gram_match;
 
 /* Parses GBNF text (len bytes, need not be NUL-terminated). Errors name the line and column. */
 int gram_parse(gram **out, const char *text, size_t len, mla_err *err);
-/* What a server checks when a request brings a grammar: it parses, and its start state can be
+/* What a server checks when a request brings a grammar: it parses, its start state can be
  * built within the matcher's bounds (gram_match_new: a long run of rules that each begin with the
- * next is refused there), so that a worker can set it up. */
+ * next is refused there), so that a worker can set it up, and it matches some text: the empty
+ * text, or a first byte that the matcher takes within its bounds (the masks of the first step
+ * try every byte). */
 int gram_check(const char *text, size_t len, mla_err *err);
 void gram_free(gram *g);
 uint32_t gram_n_rules(const gram *g);

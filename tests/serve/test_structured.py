@@ -211,6 +211,8 @@ try:
     refused({"grammar": "root ::= \"a"}, "unterminated string")
     refused({"grammar": "root ::= root \"a\" | \"b\""}, "left recursion")
     refused({"grammar": "root ::= foo"}, "'foo'")
+    refused({"grammar": "root ::= [^\\x00-\\U0010FFFF]"}, "matches no text")
+    refused({"grammar": "root ::= (\"a\"{0,100}){0,100} \"b\""}, "ambiguous")
     refused({"logit_bias": {"99999999": 1}}, "out of range")
     refused({"logit_bias": {"1": 101}}, "[-100, 100]")
     refused({"logit_bias": {"x": 1}}, "not a token id")
@@ -220,9 +222,10 @@ try:
     check(st == 200, "still serving")
 
     # grammars the matcher cannot expand (more than GRAM_MAX_EMPTY_RUN rule references in a row
-    # before a character): at the start, the request is refused by name (400) and the server keeps
-    # serving; after a first character, the worker ends that sequence alone (only end of sequence
-    # from then on) and the others go on. Neither fails the worker group.
+    # before a character): at the start or after a first character, the request is refused by name
+    # (400: the check tries every first byte) and the server keeps serving; met later, the worker
+    # ends that sequence alone (only end of sequence from then on) and the others go on. Neither
+    # fails the worker group.
     refs = "".join('r%d ::= "x%d" | r%d\n' % (i, i, i + 1) for i in range(2100)) + 'r2100 ::= "end"\n'
     fragile = ServeProcess([exe, "-m", model, "--port", "0"], common, worker=worker, timeout=120,
                            prefix="structured_c_")
@@ -239,7 +242,14 @@ try:
                          {"prompt": "x", "max_tokens": 4, "grammar": 'root ::= "a" ( "b" | r0 )\n' + refs}, timeout=60)
         except OSError as e:
             st, d = 0, repr(e).encode()
-        check(st == 200, "a chain met after the first character ends that sequence alone: %s %r" % (st, d[:300]))
+        check(st == 400 and b"references in a row" in d,
+              "a chain met after the first character is refused by name: %s %r" % (st, d[:300]))
+        try:
+            st, d = post(fragile.port, "/v1/completions",
+                         {"prompt": "x", "max_tokens": 4, "grammar": 'root ::= "a" "b" ( "c" | r0 )\n' + refs}, timeout=60)
+        except OSError as e:
+            st, d = 0, repr(e).encode()
+        check(st == 200, "a chain met after two characters ends that sequence alone: %s %r" % (st, d[:300]))
         st, d = post(fragile.port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=60)
         check(st == 200, "still serving after both: %s %r" % (st, d[:200]))
         hs, hd = http_get(fragile.port, "/health", timeout=10)

@@ -98,6 +98,44 @@ static void test_bounds(void) {
     }
 }
 
+/* gram_check: a grammar that matches no text, or whose first byte already passes the matcher's
+ * bounds, is refused; the empty text and multi-byte first characters pass. Many named rules: the
+ * references resolve to the right rules (a chain of 16000, each naming the next). */
+static void test_check(void) {
+    static const struct { const char *g; const char *needle; } cases[] = {
+        {"root ::= [^\\x00-\\U0010FFFF]", "matches no text"},
+        {"root ::= (\"a\"{0,100}){0,100} \"b\"", "ambiguous"},
+        {"root ::= \"\"", NULL},
+        {"root ::= [\\u4e00-\\u9fa5]+", NULL},
+        {"root ::= x\nx ::= [^\\x00-\\U0010FFFF] | \"q\"", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mla_err e = {{0}};
+        int rc = gram_check(cases[i].g, strlen(cases[i].g), &e);
+        if (cases[i].needle) CHECKF(rc == MLA_ERR && strstr(e.msg, cases[i].needle), "%s: rc %d %s", cases[i].g, rc, e.msg);
+        else CHECKF(rc == MLA_OK, "%s: %s", cases[i].g, e.msg);
+    }
+    const int n = 16000;
+    char *t = malloc((size_t)n * 40 + 64);
+    size_t k = (size_t)sprintf(t, "root ::= r0\n");
+    for (int i = 0; i < n; i++) k += (size_t)sprintf(t + k, "r%d ::= \"%c\" r%d\n", i, 'a' + i % 3, i + 1);
+    k += (size_t)sprintf(t + k, "r%d ::= \"z\"\n", n);
+    gram *g = parse_ok(t);
+    if (g) {
+        char *want = malloc((size_t)n + 2);
+        for (int i = 0; i < n; i++) want[i] = (char)('a' + i % 3);
+        want[n] = 'z';
+        want[n + 1] = 0;
+        CHECK(gram_test_accepts(g, want) == 1);
+        want[n - 1] = 'z'; /* one character early */
+        want[n] = 0;
+        CHECK(gram_test_accepts(g, want) == 0);
+        free(want);
+        gram_free(g);
+    }
+    free(t);
+}
+
 /* ---- masks against the brute-force reference ------------------------------------------------ */
 
 static uint64_t rs = 88172645463325252ull;
@@ -222,6 +260,7 @@ static void test_gpt2(void) {
 int main(void) {
     test_parse();
     test_bounds();
+    test_check();
     test_gpt2();
     test_masks();
     return mla_test_finish();
