@@ -110,6 +110,41 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
     return MLA_OK;
 }
 
+/* messages[i].tool_calls: absent or null, or (on an assistant message) a list of
+ * {"id"?, "type"?: "function", "function": {"name": string, "arguments"?: a JSON object or the
+ * string of one}}: a template would otherwise drop a malformed call without a trace */
+static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *e) {
+    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (is_null(tcs)) return MLA_OK;
+    if (strcmp(role, "assistant")) return bad(e, "messages", "messages[%d].tool_calls: only an assistant message has them", i);
+    if (!cJSON_IsArray(tcs)) return bad(e, "messages", "messages[%d].tool_calls must be a list", i);
+    const cJSON *tc;
+    int j = 0;
+    cJSON_ArrayForEach(tc, tcs) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        if (!cJSON_IsObject(tc) || !cJSON_IsObject(fn))
+            return bad(e, "messages", "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
+        if (!is_null(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function")))
+            return bad(e, "messages", "messages[%d].tool_calls[%d].type must be \"function\"", i, j);
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(nm) || !nm->valuestring[0])
+            return bad(e, "messages", "messages[%d].tool_calls[%d].function.name must be a non-empty string", i, j);
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (cJSON_IsString(args)) {
+            cJSON *parsed = cJSON_Parse(args->valuestring);
+            const bool ok = cJSON_IsObject(parsed);
+            cJSON_Delete(parsed);
+            if (!ok)
+                return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments must be the JSON text of an object", i, j);
+        } else if (!is_null(args) && !cJSON_IsObject(args)) {
+            return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments must be a JSON object or its text", i, j);
+        }
+        j++;
+    }
+    return MLA_OK;
+}
+
 int api_messages_check(const cJSON *messages, api_error *e) {
     if (!cJSON_IsArray(messages)) return bad(e, "messages", "'messages' must be a list of message objects");
     if (cJSON_GetArraySize(messages) == 0) return bad(e, "messages", "'messages' must not be empty");
@@ -143,6 +178,7 @@ int api_messages_check(const cJSON *messages, api_error *e) {
                     return bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
             }
         }
+        if (tool_calls_check(m, role->valuestring, i, e)) return MLA_ERR;
         i++;
     }
     return MLA_OK;
@@ -234,8 +270,7 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             p->tool_choice = API_TOOLS_NAMED;
             p->tool_choice_name = mla_xstrdup(nm->valuestring);
         }
-        if (!p->tools && p->tool_choice != API_TOOLS_NONE && p->tool_choice != API_TOOLS_AUTO)
-            return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
+        if (!p->tools && p->tool_choice != API_TOOLS_NONE) return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
         if (p->tool_choice == API_TOOLS_NAMED) {
             bool found = false;
             const cJSON *t;
@@ -492,10 +527,21 @@ void api_gen_params_free(api_gen_params *p) {
     memset(p, 0, sizeof(*p));
 }
 
+static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "add_special_tokens",
+                                              "add_generation_prompt", NULL};
+
 int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
     p->add_special = true;
+    p->add_gen = true;
     if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *k = it->string ? it->string : "";
+        if (!in_list(k_tokenize_keys, k))
+            return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
+                             "add_generation_prompt)", k);
+    }
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!is_null(pr)) {
@@ -508,6 +554,9 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
         return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
     }
     if (get_bool(root, "add_special_tokens", &p->add_special, e)) return MLA_ERR;
+    if (get_bool(root, "add_generation_prompt", &p->add_gen, e)) return MLA_ERR;
+    if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
+        return bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");
     return MLA_OK;
 }
 

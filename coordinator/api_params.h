@@ -85,6 +85,7 @@ typedef struct api_tok_params {
     char *prompt;
     const cJSON *messages;
     bool add_special;
+    bool add_gen; /* messages: end with the template's generation prompt (add_generation_prompt) */
     int32_t *tokens;
     int32_t n_tokens;
 } api_tok_params;

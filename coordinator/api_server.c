@@ -190,6 +190,8 @@ static cJSON *error_json(const api_error *e) {
 }
 
 static void reply_error(api_server *a, http_conn *c, const api_error *e, const char *extra) {
+    /* a 429 says when to come back (RFC 9110 10.2.3): the queue frees a slot within about a step */
+    if (e->status == 429 && !extra) extra = "Retry-After: 1\r\n";
     cJSON *j = error_json(e);
     char *s = cJSON_PrintUnformatted(j);
     reply(a, c, e->status, "application/json", s, strlen(s), extra);
@@ -1284,7 +1286,8 @@ static void *prep_main(void *arg) {
         j->next = NULL;
         pthread_mutex_unlock(&a->prep_mu);
         if (j->is_tokenize)
-            j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, &j->ids, &j->n_ids, &j->e);
+            j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, j->tp.add_gen, &j->ids,
+                                        &j->n_ids, &j->e);
         else
             j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e);
         pthread_mutex_lock(&a->prep_mu);
@@ -1425,11 +1428,11 @@ static void generate_ready(api_server *a, prep_job *j) {
     }
 }
 
-int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special,
+int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special, bool add_gen,
                         int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages) return chat_ids(a, messages, true, NULL, NULL, ids, n, e);
+    if (messages) return chat_ids(a, messages, add_gen, NULL, NULL, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);
@@ -1903,6 +1906,7 @@ api_tok_job *api_server_tokenize_async(api_server *a, const char *text, const cJ
         j->tp.messages = j->root;
     }
     j->tp.add_special = add_special;
+    j->tp.add_gen = true;
     j->tok_done = done;
     j->tok_ud = ud;
     prep_enqueue(a, j);

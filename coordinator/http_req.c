@@ -65,6 +65,9 @@ static void finish_header(http_req *p) {
         p->ctype = mla_xstrdup(p->hval ? p->hval : "");
     } else if (!strcasecmp(p->hname, "expect")) {
         if (p->hval && !strcasecmp(p->hval, "100-continue")) p->req.expect_continue = true;
+    } else if (!strcasecmp(p->hname, "transfer-encoding")) {
+        /* the parser decodes chunked and would take the body of "gzip, chunked" as it is */
+        if (!p->hval || strcasecmp(p->hval, "chunked")) p->te_other = true;
     }
     p->hname_len = p->hval_len = 0;
     if (p->hname) p->hname[0] = 0;
@@ -101,6 +104,11 @@ static int on_headers_complete(http_parser *hp) {
         p->in_value = false;
     }
     if (hp->http_major != 1) return fail(p, 505, "only HTTP/1.x is supported");
+    if (p->te_other) return fail(p, 501, "Transfer-Encoding: only chunked is supported (no gzip, deflate or compress)");
+    /* a POST without either carries no body (RFC 9112 6.3): its bytes would be read as the next
+     * request */
+    if (hp->method == HTTP_POST && !(hp->flags & (F_CONTENTLENGTH | F_CHUNKED)))
+        return fail(p, 411, "a POST needs a Content-Length header or chunked Transfer-Encoding");
     /* content_length is ULLONG_MAX when absent */
     if ((hp->flags & F_CONTENTLENGTH) && hp->content_length > p->lim.max_body) {
         char m[160];
@@ -203,6 +211,7 @@ void http_req_next(http_req *p) {
     p->url_len = p->hname_len = p->hval_len = p->body_len = 0;
     if (p->url) p->url[0] = 0;
     p->in_value = false;
+    p->te_other = false;
     p->header_bytes = 0;
     p->n_headers = 0;
     free(p->auth);

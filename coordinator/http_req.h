@@ -69,6 +69,7 @@ typedef struct http_req {
     char *hname, *hval;  /* current header */
     size_t hname_len, hval_len, hname_cap, hval_cap;
     bool in_value;
+    bool te_other;       /* a Transfer-Encoding other than chunked alone was given */
     size_t header_bytes;
     int n_headers;
     char *auth, *ctype;

@@ -78,6 +78,7 @@ const char *http_status_text(int status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 411: return "Length Required";
     case 413: return "Payload Too Large";
     case 414: return "URI Too Long";
     case 415: return "Unsupported Media Type";
@@ -321,9 +322,11 @@ void http_conn_close_after(http_conn *c) { c->keep_alive = false; }
 static const char *layer_code(int status) {
     switch (status) {
     case 408: return "request_timeout";
+    case 411: return "length_required";
     case 413: return "body_too_large";
     case 414: return "uri_too_long";
     case 431: return "headers_too_large";
+    case 501: return "transfer_encoding_not_supported";
     case 503: return "server_busy";
     case 505: return "http_version_not_supported";
     default: return "bad_request";
@@ -333,7 +336,8 @@ static const char *layer_code(int status) {
 /* An error answer from the server itself (parse errors, limits), then close. */
 static void respond_error_close(http_conn *c, int status, const char *msg) {
     char body[512];
-    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    /* 501 answers a request's Transfer-Encoding: the client's to change */
+    const char *type = status >= 500 && status != 501 ? "server_error" : "invalid_request_error";
     /* msg is our own text (no quotes or backslashes), safe to embed */
     int n = snprintf(body, sizeof(body),
                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}",
@@ -565,6 +569,19 @@ static void on_connection(uv_stream_t *ls, int status) {
             MLA_DEBUG("http: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
                       s->cfg.max_conns, old->peer, c->peer);
             conn_close(old);
+        } else {
+            /* else the one longest inside its request head (a client that trickles headers holds
+             * a place until the header timeout: many of them would refuse everyone else) */
+            for (http_conn *o = s->conns; o; o = o->next)
+                if (o != c && o->state == CS_READING && o->parser.started && !o->parser.headers_done &&
+                    !o->close_after_write && !o->lingering && o->queued == 0 &&
+                    (!old || o->idle_since < old->idle_since))
+                    old = o;
+            if (old) {
+                MLA_WARN("http: %d connections open (limit %d); closing %s, still sending its request head, for %s",
+                         s->n_conns - 1, s->cfg.max_conns, old->peer, c->peer);
+                conn_close(old);
+            }
         }
     }
     if (s->n_conns > s->cfg.max_conns) {

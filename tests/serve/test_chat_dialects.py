@@ -268,6 +268,14 @@ def main():
                           {"role": "assistant", "content": "", "tool_calls": [
                               {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{nope"}}]},
                           {"role": "user", "content": "q2"}])
+        refused("tool_choice auto without tools", "tool_choice", tool_choice="auto")
+        for what, calls, named in (("tool_calls not a list", {"id": "c1"}, "tool_calls must be a list"),
+                                   ("a call without its function", [{"id": "c1", "type": "function"}], "tool_calls[0]"),
+                                   ("arguments as a number", [{"id": "c1", "type": "function",
+                                                               "function": {"name": "f", "arguments": 3}}], "arguments")):
+            refused(what, named, messages=[{"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": "", "tool_calls": calls},
+                                           {"role": "user", "content": "q2"}])
         # the same history with arguments as the JSON string clients send renders (GLM iterates them)
         ok = cl.chat.completions.create(model="fake-model", max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "text", "text": "wea"}, {"type": "text", "text": "ther?"}]},
