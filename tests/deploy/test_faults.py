@@ -206,11 +206,12 @@ def case_bounds():
         for t in ts:
             t.join(60)
         check(429 in res and 200 in res, "bounds: --max-queue -> 429 for the overflow", res)
-        # --max-conns 3: with 3 connections inside a request, the 4th gets 503 and is closed
-        # (idle connections would be closed to make room instead)
+        # --max-conns 3: with 3 connections inside a request body, the 4th gets 503 and is closed
+        # (idle connections, and then those still inside their request head, would be closed to
+        # make room instead)
         socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
         for s in socks:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         time.sleep(0.3)
         s4 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         data = b""
