@@ -938,6 +938,11 @@ static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt
 }
 
 static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
+    size_t k = 0;
+    while (k < req->body_len &&
+           (req->body[k] == ' ' || req->body[k] == '\t' || req->body[k] == '\r' || req->body[k] == '\n'))
+        k++;
+    if (k == req->body_len) return refuse_body(a, c, NULL, "the request body is empty (a JSON object is expected)");
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
     if (!j) {

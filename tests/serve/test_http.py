@@ -197,7 +197,7 @@ def test_errors(port):
         check(not isinstance(j, dict) or ": :" not in j.get("error", {}).get("message", ""),
               "%s: one separator between the parts of the message (%r)" % (what, data[:300]))
     err(b"{not json", 400, "bad JSON")
-    err(b"", 400, "empty body")
+    err(b"", 400, "empty body", says="the request body is empty")
     err([1, 2], 400, "non-object body")
     err({"prompt": "x", "temperature": "hot"}, 400, "wrong type temperature", param="temperature")
     err({"prompt": "x", "max_tokens": 1.5}, 400, "fractional max_tokens", param="max_tokens")
@@ -226,6 +226,7 @@ def test_errors(port):
     err(deep, 400, "nesting past the limit", says=("deeper than the limit of 1000 levels", "at byte 1023"))
     err(b'{"prompt": "x", "stop": "[[[[", "max_tokens": }', 400, "brackets in strings are no nesting",
         says="not valid JSON")
+    err(b" \r\n", 400, "an empty body is named as such", says="the request body is empty")
     err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
     err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
     err({"prompt": "x", "model": "other"}, 404, "unknown model", param="model")
