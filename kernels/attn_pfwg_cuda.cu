@@ -40,16 +40,6 @@ static_assert(PW_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
 static_assert(PW_BM == 2 * PW_WM && PW_BN == 64, "two warpgroups of 64 rows, one k-block of P");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* S += Q K^T: m64n64k16, both K-major */
-static __device__ __forceinline__ void pw_mma_s(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db));
-}
 /* O += P V: m64n128k16, A (K-major) and B (MN-major) by descriptor */
 static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile(
@@ -64,7 +54,7 @@ static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint64_t da, ui
 static __device__ __forceinline__ void pw_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
 #endif
 
-__global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
+__global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t pw_raw[];
@@ -136,43 +126,9 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
             const uint32_t kt = kbase + (uint32_t)(j & 1) * PW_KT, vt = vbase + (uint32_t)(j & 1) * PW_VT;
             /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + e in s[4 i + 2 hf + e] */
             float s[32];
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i] = 0.f;
-            wga_pin(s);
-            wga_fence();
-#pragma unroll
-            for (int kk = 0; kk < PW_KBQ * 4; kk++) {
-                const uint32_t off = (uint32_t)((kk >> 2) * PW_BLK + (kk & 3) * 32);
-                pw_mma_s(s, wga_desc_k(q0 + off), wga_desc_k(kt + off));
-            }
-            wga_commit();
-            wga_wait0();
-            wga_pin(s);
-            if (k0 + PW_BN - 1 > wfirst) { /* keys past a row's position */
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int64_t key = k0 + 8 * i + 2 * t4 + (e & 1);
-                        if (key > (e < 2 ? pa : pb)) s[4 * i + e] = -INFINITY;
-                    }
-            }
-            float mx[2] = {m_r[0], m_r[1]};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-            }
+            wga_scores64<PW_KBQ, PW_BLK>(s, q0, kt);
             float al[2], mb[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mb[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row with no key yet: nothing to scale */
-                al[r] = exp2f(m_r[r] - mb[r]);
-                m_r[r] = mx[r];
-                l_r[r] *= al[r];
-            }
+            mlacu_softmax_tile(s, k0, t4, wfirst, pa, pb, m_r, l_r, al, mb);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
 #pragma unroll
@@ -230,7 +186,7 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pwg_args a) {
 
 bool mlacu_pwg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= PW_SMEM; }
 
-cudaError_t mlacu_pwg_launch(const mlacu_pwg_args *a, int heads, cudaStream_t s) {
+cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s) {
     if (heads <= 0 || heads > 65535 || a->T <= 0 || (a->row & 7) || (a->kv_lora & 7) || (a->tab_off & 7))
         return cudaErrorInvalidValue;
     static bool done = false;

@@ -16,10 +16,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-typedef struct mlacu_pwg_args {
+/* The causal attention's arguments, for both of its kernels (this one and attn_prefill_cuda.cu's
+ * mma.sync one, which includes this header whether or not this kernel is built). */
+typedef struct mlacu_pf_args {
     const float *q;
     int64_t q_ld_t, q_ld_h;
-    const __half *kn, *v; /* [heads of the launch][nk][128] each */
+    const __half *kn, *v; /* [heads of the launch][nk][head_nope], [..][nk][head_v] */
     int64_t nk;           /* keys: pos0 + T */
     const float *const *tab;
     int64_t tab_off; /* halves, a multiple of 8 */
@@ -30,12 +32,12 @@ typedef struct mlacu_pwg_args {
     float sl2; /* scale * log2 e */
     float *out;
     int64_t o_ld_t, o_ld_h;
-} mlacu_pwg_args;
+} mlacu_pf_args;
 
 /* whether this device runs the kernel: sm_90a instructions allowed and the block's shared memory */
 bool mlacu_pwg_device_ok(void);
 
 /* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads). */
-cudaError_t mlacu_pwg_launch(const mlacu_pwg_args *a, int heads, cudaStream_t s);
+cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s);
 
 #endif

@@ -9,10 +9,8 @@
 #include <type_traits>
 
 #include "kernels/attn_prefill_cuda.h"
+#include "kernels/attn_pfwg_cuda.h" /* the kernels' arguments; the wgmma kernel where MLA_CUDA_WGMMA */
 #include "kernels/cuda_internal.h"
-#ifdef MLA_CUDA_WGMMA
-#include "kernels/attn_pfwg_cuda.h"
-#endif
 
 namespace {
 
@@ -143,6 +141,7 @@ __global__ void __launch_bounds__(UP_T) pf_up_kernel(pf_up a) {
  * accumulates O (16 x head_v, fp32). Tiles wholly past a warp's last row are skipped by that warp.
  * Row strides are odd multiples of 16 bytes (ldmatrix without bank conflicts). */
 constexpr int PF_BM = 128, PF_BN = 64, PF_T = 256;
+static_assert(PF_BN == 64, "a key tile of mlacu_softmax_tile");
 
 template <int DN, int DR, int DV> struct pf_cfg {
     static constexpr int DK = DN + DR;
@@ -159,24 +158,8 @@ template <int DN, int DR, int DV> struct pf_cfg {
     static_assert(PF_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
 };
 
-struct pf_k {
-    const float *q;
-    int64_t q_ld_t, q_ld_h;
-    const __half *kn, *v; /* [heads of the launch][nk][DN], [..][nk][DV] */
-    int64_t nk;           /* keys: pos0 + T */
-    const float *const *tab;
-    int64_t tab_off;
-    int row, kv_lora;
-    int T;
-    int64_t pos0;
-    int h0;    /* the launch's first head (of q and out) */
-    float sl2; /* scale * log2 e */
-    float *out;
-    int64_t o_ld_t, o_ld_h;
-};
-
 template <int DN, int DR, int DV>
-__global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(pf_k a) {
+__global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
     using C = pf_cfg<DN, DR, DV>;
     mlacu_pdl_enter();
     extern __shared__ __align__(16) unsigned char pf_sm[];
@@ -261,31 +244,8 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(pf_k a) {
                 }
             }
             /* s[n][e]: row ra (e < 2) or rb, key k0 + 8 n + 2 c4 + (e & 1) */
-            if (k0 + PF_BN - 1 > bfirst) {
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int64_t key = k0 + 8 * n + 2 * c4 + (e & 1);
-                        if (key > (e < 2 ? pa : pb)) s[n][e] = -INFINITY;
-                    }
-            }
-            float mx[2] = {m_r[0], m_r[1]};
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-            }
             float al[2], mb[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mb[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row with no key yet: nothing to scale */
-                al[r] = exp2f(m_r[r] - mb[r]);
-                m_r[r] = mx[r];
-                l_r[r] *= al[r];
-            }
+            mlacu_softmax_tile(reinterpret_cast<float(&)[32]>(s), k0, c4, bfirst, pa, pb, m_r, l_r, al, mb);
             /* P: k-step kk of P V (keys 16 kk .. +16) is n-tiles 2 kk, 2 kk + 1 of S */
             uint32_t pf[4][4];
 #pragma unroll
@@ -387,20 +347,17 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
     }
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention: decompression of %lld keys, %lld heads", (long long)nk,
                 (long long)hg);
+    const mlacu_pf_args k = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope),
+                             (int)KL, (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out,
+                             a->out_ld_t, a->out_ld_h};
 #ifdef MLA_CUDA_WGMMA
     if (pwg_takes(DN, DR, DV)) {
-        const mlacu_pwg_args w = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope),
-                                  (int)KL, (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out,
-                                  a->out_ld_t, a->out_ld_h};
-        MLACU_CHECK(mlacu_pwg_launch(&w, (int)hg, st), e, "prefill attention (wgmma) T=%lld pos0=%lld heads %lld",
+        MLACU_CHECK(mlacu_pwg_launch(&k, (int)hg, st), e, "prefill attention (wgmma) T=%lld pos0=%lld heads %lld",
                     (long long)a->n_tokens, (long long)a->pos0, (long long)hg);
         return MLA_OK;
     }
 #endif
     if (attn_setup<DN, DR, DV>(e)) return MLA_ERR;
-    const pf_k k = {a->q, a->q_ld_t, a->q_ld_h, kn, v, nk, a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL,
-                    (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out, a->out_ld_t,
-                    a->out_ld_h};
     const dim3 grid((unsigned)((a->n_tokens + PF_BM - 1) / PF_BM), (unsigned)hg);
     mlacu_launch(pf_attn_kernel<DN, DR, DV>, grid, PF_T, C::SMEM, st, k);
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention T=%lld pos0=%lld heads %lld", (long long)a->n_tokens,

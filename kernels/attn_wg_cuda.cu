@@ -40,16 +40,6 @@ constexpr size_t AW_SMEM = (size_t)AW_Q + 2 * AW_TILE + AW_P + 2 * AW_M * 4 + 2 
 static_assert(AW_NK == 64 && AW_M == 64, "one k-block of P, one warpgroup's M");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* S += Q K^T: m64n64k16 (a whole tile's keys) */
-static __device__ __forceinline__ void aw_mma_s64(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db));
-}
 /* O += P V: m64n256k16, A (K-major) and B (MN-major) by descriptor */
 static __device__ __forceinline__ void aw_mma_pv(float (&d)[128], uint64_t da, uint64_t db) {
     asm volatile(
@@ -157,18 +147,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         if (wg == 0) {
             /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + j in s[4 i + 2 hf + j] */
             float s[32];
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i] = 0.f;
-            wga_pin(s);
-            wga_fence();
-#pragma unroll
-            for (int kk = 0; kk < AW_KB * 4; kk++) {
-                const uint32_t off = (uint32_t)((kk >> 2) * AW_BLK + (kk & 3) * 32);
-                aw_mma_s64(s, wga_desc_k(q0 + off), wga_desc_k(kt + off));
-            }
-            wga_commit();
-            wga_wait0();
-            wga_pin(s);
+            wga_scores64<AW_KB, AW_BLK>(s, q0, kt);
             if (tid < AW_NK) rowp[buf * AW_NK + tid] = row2; /* issued into buffer buf after this tile */
             float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
 #pragma unroll

@@ -156,6 +156,42 @@ static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t s
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
+/* The online softmax over one 64-key tile of a thread's scores in the mma accumulator layout that
+ * mma.sync m16n8 tiles and wgmma m64nN share: s[4 n + e] is row a (e < 2) or row b (e >= 2), key
+ * k0 + 8 n + 2 q + (e & 1), q the lane's index in its quad (the quad holds the rows' other keys).
+ * Keys past a row's position (pa, pb) become -inf where the tile reaches past first (the first
+ * position of the thread's block of rows); the rows' running maxima m take the tile's (over the
+ * quad); mb is the maximum to subtract from the tile's scores (0 for a row with no key yet), al
+ * the factor for the old sums l (applied here) and outputs (by the caller). */
+static __device__ __forceinline__ void mlacu_softmax_tile(float (&s)[32], int64_t k0, int q, int64_t first,
+                                                          int64_t pa, int64_t pb, float (&m)[2], float (&l)[2],
+                                                          float (&al)[2], float (&mb)[2]) {
+    if (k0 + 63 > first) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = k0 + 8 * n + 2 * q + (e & 1);
+                if (key > (e < 2 ? pa : pb)) s[4 * n + e] = -INFINITY;
+            }
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mb[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* a row with no key yet: nothing to scale */
+        al[r] = exp2f(m[r] - mb[r]);
+        m[r] = mx[r];
+        l[r] *= al[r];
+    }
+}
+
 /* silu(g) u: swiglu_kernel's and the fused fp16 conversion's (mla_cuda_swiglu_h) one expression */
 static __device__ __forceinline__ float mlacu_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 

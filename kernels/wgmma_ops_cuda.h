@@ -1,6 +1,6 @@
 /* wgmma_ops_cuda: the warpgroup tensor cores' (wgmma, sm_90a) small device helpers that the
  * attention kernels on them share (attn_wg_cuda.cu, attn_pfwg_cuda.cu): the fences, commit and
- * wait of wgmma groups, the shared-memory operand descriptors of the 128-byte swizzle and the byte
+ * wait of wgmma groups, the 64 x 64 score product and a tile of scores, the shared-memory operand descriptors of the 128-byte swizzle and the byte
  * offset of a 16-byte chunk in that layout. Internal to kernels/; defined only when compiling for
  * sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). Nothing here owns memory.
  *
@@ -40,8 +40,36 @@ template <int BLK> static __device__ __forceinline__ uint64_t wga_desc_mn(uint32
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(BLK >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
+/* d += A B^T: m64n64k16, A and B K-major by descriptor (S = Q K^T over a tile of 64 keys) */
+static __device__ __forceinline__ void wga_mma_s64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
 /* byte offset of 16-byte chunk c (0..7) of row r in a k-block */
 static __device__ __forceinline__ uint32_t wga_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+/* s = A B^T for 64 rows of A (shared address a) and 64 of B (b): KB k-blocks of 64 columns, BLK
+ * bytes apart, both K-major with the 128-byte swizzle; complete (waited for) on return. The
+ * thread's part: rows r0, r0 + 8 (r0 = 16 warp-in-group + lane / 4) x columns 8 i + 2 (lane % 4)
+ * + e in s[4 i + 2 hf + e]. */
+template <int KB, int BLK> static __device__ __forceinline__ void wga_scores64(float (&s)[32], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+    wga_pin(s);
+    wga_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB * 4; kk++) {
+        const uint32_t off = (uint32_t)((kk >> 2) * BLK + (kk & 3) * 32);
+        wga_mma_s64(s, wga_desc_k(a + off), wga_desc_k(b + off));
+    }
+    wga_commit();
+    wga_wait0();
+    wga_pin(s);
+}
 #endif
 
 #endif
