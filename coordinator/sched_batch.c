@@ -732,6 +732,16 @@ int sched_step(sched *s) {
         if (!p->sample) continue;
         const sched_result *r = &s->results[i];
         if (q->cancelled) continue; /* finished by handle_cancellations next step */
+        if (r->error) {
+            int k = rv_find(&s->running, q);
+            MLA_ASSERT(k >= 0);
+            rv_remove_at(&s->running, k);
+            pending_event *e = push_event(s, q);
+            e->ev.finish = SCHED_FINISH_ERROR;
+            snprintf(e->error, sizeof(e->error), "%s", r->error);
+            retire(s, q);
+            continue;
+        }
         MLA_ASSERT(q->n_tokens < q->cap_tokens);
         q->tokens[q->n_tokens++] = r->token;
         q->n_gen++;

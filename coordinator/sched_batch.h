@@ -135,6 +135,9 @@ typedef struct sched_result {
     int32_t n_top;
     int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
     float top_logprobs[SCHED_MAX_TOP_LOGPROBS];
+    /* NULL, or why this sequence cannot go on (the backend's, valid until its next run_step): the
+     * request then ends with SCHED_FINISH_ERROR and this message, its token dropped */
+    const char *error;
 } sched_result;
 
 typedef struct sched_backend {

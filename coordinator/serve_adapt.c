@@ -65,6 +65,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
     if (plan->n_seqs > s->cap_wseqs) {
         s->cap_wseqs = plan->n_seqs * 2;
         s->wseqs = mla_xrealloc(s->wseqs, (size_t)s->cap_wseqs * sizeof(*s->wseqs));
+        s->errs = mla_xrealloc(s->errs, (size_t)s->cap_wseqs * sizeof(*s->errs));
     }
     if ((size_t)plan->n_tokens > s->cap_pos) {
         s->cap_pos = (size_t)plan->n_tokens * 2;
@@ -134,6 +135,10 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
                 break;
             }
             results[i].token = r->token;
+            if (r->error) { /* the worker ended the sequence: its request ends with this */
+                snprintf(s->errs[i], sizeof s->errs[i], "%s", r->error);
+                results[i].error = s->errs[i];
+            }
             results[i].logprob = r->logprob;
             results[i].n_top = (int32_t)(r->n_top < SCHED_MAX_TOP_LOGPROBS ? r->n_top : SCHED_MAX_TOP_LOGPROBS);
             for (int32_t k = 0; k < results[i].n_top; k++) {
@@ -219,6 +224,8 @@ sched_backend serve_adapt_backend(serve_adapt *s) {
 
 void serve_adapt_free(serve_adapt *s) {
     free(s->wseqs);
+    free(s->errs);
+    s->errs = NULL;
     free(s->pos);
     free(s->prefix);
     if (s->tmpl) chat_tmpl_free(s->tmpl);

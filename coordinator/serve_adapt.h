@@ -33,6 +33,7 @@ typedef struct serve_adapt {
     uint64_t step_id;
     uint64_t seed_base;
     wire_seq *wseqs;
+    char (*errs)[WIRE_MAX_STR]; /* a step's per-sequence errors (sched_result.error), cap_wseqs */
     int cap_wseqs;
     int32_t *pos;
     size_t cap_pos;

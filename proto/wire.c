@@ -166,6 +166,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             srs[i].n_vocab = s->n_vocab;
             srs[i].n_logits = s->logits ? (size_t)s->n_logit_rows * s->n_vocab : 0;
             srs[i].logits = s->logits;
+            if (s->error) srs[i].error = s->error;
             srp[i] = &srs[i];
         }
         res.seqs = srp;
@@ -519,6 +520,9 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
         } else if (s->n_logit_rows) {
             return mla_errf(err, "wire: seq %llu: %u logit rows announced, none sent", id, s->n_logit_rows);
         }
+        if (s->error && strlen(s->error) >= WIRE_MAX_STR)
+            return mla_errf(err, "wire: seq %llu: an error of %zu bytes (limit %d)", id, strlen(s->error),
+                            WIRE_MAX_STR - 1);
     }
     (void)total_logits; /* bounded by the frame size */
     o->n_seqs = (uint32_t)r->n_seqs;
@@ -540,6 +544,7 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
             d->logits = mla_xmalloc(s->n_logits * sizeof(float));
             memcpy(d->logits, s->logits, s->n_logits * sizeof(float));
         }
+        if (s->error && s->error[0]) d->error = mla_xstrdup(s->error);
     }
     return MLA_OK;
 }
@@ -872,7 +877,10 @@ void wire_msg_free(wire_msg *m) {
         break;
     case WIRE_STEP_RESULT:
         if (m->u.result.seqs)
-            for (uint32_t i = 0; i < m->u.result.n_seqs; i++) free(m->u.result.seqs[i].logits);
+            for (uint32_t i = 0; i < m->u.result.n_seqs; i++) {
+                free(m->u.result.seqs[i].logits);
+                free(m->u.result.seqs[i].error);
+            }
         free(m->u.result.seqs);
         break;
     case WIRE_CONTROL: free(m->u.ctl.seq_ids); break;

@@ -161,6 +161,8 @@ typedef struct wire_seq_result {
     wire_top top[WIRE_MAX_TOP_LOGPROBS];
     uint32_t n_logit_rows, n_vocab;
     float *logits; /* n_logit_rows * n_vocab, or NULL */
+    char *error;   /* NULL, or why the sequence cannot go on (proto SeqResult.error; at most
+                      WIRE_MAX_STR - 1 bytes): its token then ends it */
 } wire_seq_result;
 
 typedef struct wire_step_result {

@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,11 +14,13 @@ typedef struct crec {
     uint64_t id;
     gram *g;         /* NULL: logit biases only */
     gram_match *m;
-    bool dead;       /* a bound was hit: only end of sequence from now on */
+    bool dead;       /* ended (an end of sequence taken) or failed: only end of sequence from now on */
+    char *fail;      /* NULL, or why its grammar cannot go on (wk_constrain_failure) */
     int32_t *bias_ids;
     float *bias_vals;
     uint32_t n_bias;
     uint32_t next_pos; /* position of the next token the matcher takes */
+    uint32_t start;    /* position of the first generated token (grammar_start) */
     int32_t last_tok;  /* the token it took last (at next_pos - 1), when has_last */
     bool has_last;
     /* wk_constrain_prepare's work for this step's row: its tokens taken and, when it samples, its
@@ -54,6 +57,7 @@ wk_constrain *wk_constrain_new(const char *model_path, uint32_t n_vocab) {
 }
 
 static void rec_clear(crec *r) {
+    free(r->fail);
     gram_match_free(r->m);
     gram_free(r->g);
     free(r->bias_ids);
@@ -200,6 +204,13 @@ static crec *find(wk_constrain *c, uint64_t id) {
     return NULL;
 }
 
+/* r cannot go on: dead, with the reason (the first one) for wk_constrain_failure */
+static void rec_fail(crec *r, const char *why) {
+    MLA_WARN("sequence %" PRIu64 ": %s (only end of sequence from now on)", r->id, why);
+    r->dead = true;
+    if (!r->fail) r->fail = mla_xstrdup(why);
+}
+
 /* The matcher takes token t; a failure marks the record dead. */
 static void take(crec *r, const gram_vocab *v, int32_t t) {
     if (!r->m || r->dead) return;
@@ -215,8 +226,11 @@ static void take(crec *r, const gram_vocab *v, int32_t t) {
     } else if (gram_match_accept(r->m, b, n, &e) == MLA_OK) {
         return;
     }
-    MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
-    r->dead = true;
+    char why[WIRE_MAX_STR];
+    const unsigned ng = r->next_pos - r->start + 1;
+    snprintf(why, sizeof why, "the output grammar reached a limit of the matcher after %u generated token%s: %.400s",
+             ng, ng == 1 ? "" : "s", e.msg);
+    rec_fail(r, why);
 }
 
 /* The record of constrained row s, set up by the plan when it says so (created, its grammar
@@ -252,7 +266,7 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
             memcpy(r->bias_ids, sp->bias_ids, sp->n_bias * sizeof *r->bias_ids);
             memcpy(r->bias_vals, sp->bias_vals, sp->n_bias * sizeof *r->bias_vals);
         }
-        r->next_pos = sp->grammar_start;
+        r->next_pos = r->start = sp->grammar_start;
         for (uint32_t k = 0; k < sp->n_replay; k++) take(r, c->v, sp->replay[k]);
         r->next_pos += sp->n_replay;
     }
@@ -284,11 +298,17 @@ static int64_t row_mask(crec *r, gram_vocab *v, uint8_t *allow) {
     if (r->dead) return -1;
     mla_err e = {{0}};
     int64_t cnt = gram_match_mask(r->m, v, allow, &e);
+    char why[WIRE_MAX_STR];
+    const unsigned n = r->next_pos - r->start;
     if (cnt < 0) {
-        MLA_WARN("sequence %" PRIu64 ": its grammar stops here (only end of sequence from now on): %s", r->id, e.msg);
-        r->dead = true;
+        snprintf(why, sizeof why, "the output grammar reached a limit of the matcher after %u generated token%s: %.400s",
+                 n, n == 1 ? "" : "s", e.msg);
+        rec_fail(r, why);
     } else if (cnt == 0) {
-        MLA_WARN("sequence %" PRIu64 ": no token of the vocabulary continues its grammar: ending it", r->id);
+        snprintf(why, sizeof why, "no token of the vocabulary continues the output grammar after %u generated token%s", n,
+                 n == 1 ? "" : "s");
+        rec_fail(r, why);
+        cnt = -1;
     }
     return cnt;
 }
@@ -362,6 +382,12 @@ void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p, const bool *
     for (c->n_th = 0; c->n_th < n; c->n_th++)
         if (pthread_create(&c->th[c->n_th], NULL, prep_main, c)) break;
     if (!c->n_th) prep_main(c); /* no thread could start: here, now */
+}
+
+const char *wk_constrain_failure(wk_constrain *c, uint64_t seq_id) {
+    wk_constrain_join(c);
+    const crec *r = find(c, seq_id);
+    return r ? r->fail : NULL;
 }
 
 void wk_constrain_join(wk_constrain *c) {

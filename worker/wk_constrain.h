@@ -9,8 +9,10 @@
  * mapped back through the GPT-2 byte table, or SentencePiece pieces with U+2581 for spaces and
  * <0xHH> byte tokens); control, user-defined, unknown and unused tokens are never allowed inside a
  * constrained output; the end-of-sequence tokens (eos, eot, eom) only when the grammar is complete.
- * A grammar bound hit while generating (common/gram.h: stack depth, ambiguity) ends that sequence
- * (only end-of-sequence tokens allowed) with a warning naming the bound; the batch goes on.
+ * A grammar bound hit while generating (common/gram.h: stack depth, ambiguity), or a state that no
+ * token continues, fails that sequence: only end-of-sequence tokens are allowed from there, and
+ * wk_constrain_failure names the reason, which rank 0 sends with the row's result (SeqResult.error)
+ * so that the coordinator ends the request with that error; the batch goes on.
  *
  * Overlap: wk_constrain_prepare, called with a plan before its forward pass, takes the plan's
  * tokens and computes the masks of its constrained rows on up to WK_CONSTRAIN_THREADS threads
@@ -58,6 +60,9 @@ void wk_constrain_prepare(wk_constrain *c, const wire_step_plan *p, const bool *
 /* Waits for wk_constrain_prepare's threads (wk_constrain_row and wk_constrain_free do too). */
 void wk_constrain_join(wk_constrain *c);
 void wk_constrain_drop(wk_constrain *c, uint64_t seq_id);
+/* Why sequence seq_id's constraint cannot go on (see above), or NULL; valid until the next call
+ * about that sequence. */
+const char *wk_constrain_failure(wk_constrain *c, uint64_t seq_id);
 
 /* The token bytes of a GGUF's vocabulary (n_vocab entries: ids beyond its tokens stay absent). */
 int wk_constrain_vocab_from_gguf(gram_vocab **out, const char *model_path, uint32_t n_vocab, mla_err *err);

@@ -498,6 +498,10 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
             r->n_top = so->n_top;
             memcpy(r->top, so->top, sizeof so->top);
         }
+        /* a constrained row whose grammar cannot go on took an end of sequence: the error ends it */
+        for (uint32_t i = 0; cons && nc && i < p->n_seqs; i++)
+            if (p->seqs[i].sample && p->seqs[i].sp.constrained)
+                sr[i].error = (char *)wk_constrain_failure(cons, p->seqs[i].seq_id);
         m.kind = WIRE_STEP_RESULT;
         m.u.result.step_id = p->step_id;
         m.u.result.ok = !cerr[0];

@@ -74,6 +74,9 @@ int main(int argc, char **argv) {
     m.kind = WIRE_STEP_RESULT;
     m.u.result = (wire_step_result){.step_id = 5, .ok = true, .n_seqs = 1, .seqs = &r};
     emit("result", &m);
+    r.error = "the output grammar reached a limit of the matcher after 2 generated tokens";
+    emit("result_seq_error", &m);
+    r.error = NULL;
     uint64_t ids[2] = {1, 2};
     memset(&m, 0, sizeof m);
     m.kind = WIRE_CONTROL;

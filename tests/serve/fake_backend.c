@@ -177,6 +177,8 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
             }
             fake_next(f->scratch, end, f->cfg.eos_period, p->sampling->top_logprobs, &results[i]);
             if (f->cfg.script_file) results[i].token = script_token(f->cfg.script_file, p->n_generated);
+            if (f->cfg.seq_fail_prompt > 0 && p->n_prompt == f->cfg.seq_fail_prompt && p->n_generated == f->cfg.seq_fail_gen)
+                results[i].error = "fake backend: this sequence's grammar cannot go on";
         }
     }
     if (sum != plan->n_tokens) violation(f, "plan token count is wrong", 0);

@@ -31,6 +31,9 @@ typedef struct fake_config {
     uint32_t eos_period;          /* 0: never EOS */
     int step_delay_ms;            /* sleep per step (to make streams last) */
     int64_t fail_at_step;         /* step index (0-based) whose run_step fails; -1 never */
+    /* A sequence of seq_fail_prompt prompt tokens (0: none) fails alone (sched_result.error) when
+     * it samples its seq_fail_gen-th generated token (0-based), as a worker's grammar would. */
+    int32_t seq_fail_prompt, seq_fail_gen;
     /* A scripted model: when set, a sequence's n-th generated token is the n-th id of this file
      * (ids as decimal numbers separated by whitespace, read at every sampling step; at most
      * 65536), then FAKE_EOS; logprobs as fake_next gives them. NULL: fake_next's tokens. */

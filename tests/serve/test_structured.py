@@ -224,8 +224,8 @@ try:
     # grammars the matcher cannot expand (more than GRAM_MAX_EMPTY_RUN rule references in a row
     # before a character): at the start or after a first character, the request is refused by name
     # (400: the check tries every first byte) and the server keeps serving; met later, the worker
-    # ends that sequence alone (only end of sequence from then on) and the others go on. Neither
-    # fails the worker group.
+    # ends that sequence alone and its request fails naming the bound (500, or an error event in a
+    # stream) while the others go on. Neither fails the worker group.
     refs = "".join('r%d ::= "x%d" | r%d\n' % (i, i, i + 1) for i in range(2100)) + 'r2100 ::= "end"\n'
     fragile = ServeProcess([exe, "-m", model, "--port", "0"], common, worker=worker, timeout=120,
                            prefix="structured_c_")
@@ -240,8 +240,18 @@ try:
             st, d = with_grammar(g + refs, 2)
             check(st == 400 and b"references in a row" in d,
                   "a reference chain too long for the matcher %s is refused by name: %s %r" % (where, st, d[:300]))
-        st, d = with_grammar('root ::= "a" "b" ( "c" | r0 )\n' + refs, 4)
-        check(st == 200, "a chain met after two characters ends that sequence alone: %s %r" % (st, d[:300]))
+        late = 'root ::= "a" "b" ( "c" | r0 )\n' + refs
+        st, d = with_grammar(late, 4)
+        msg = json.loads(d)["error"]["message"] if st == 500 else ""
+        check(st == 500 and "references in a row" in msg and "generated token" in msg,
+              "a chain met after two characters fails that request naming the bound: %s %r" % (st, d[:300]))
+        # streamed: the text so far, then an error event naming it, then [DONE]
+        st, d = post(fragile.port, "/v1/completions", {"prompt": "x", "max_tokens": 4, "grammar": late,
+                                                       "stream": True}, timeout=60)
+        events = [l[6:] for l in d.decode().split("\n") if l.startswith("data: ")]
+        errs = [json.loads(e)["error"]["message"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
+        check(st == 200 and events[-1:] == ["[DONE]"] and len(errs) == 1 and "references in a row" in errs[0],
+              "streamed, the failure is an error event: %s %r" % (st, d[-400:]))
         st, d = post(fragile.port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=60)
         check(st == 200, "still serving after them: %s %r" % (st, d[:200]))
         hs, hd = http_get(fragile.port, "/health", timeout=10)

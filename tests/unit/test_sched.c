@@ -370,6 +370,39 @@ static void test_refusals(void) {
     fake_backend_free(fb);
 }
 
+/* A backend's per-sequence error (a worker's grammar that cannot go on) ends that request alone
+ * with the message, its token dropped; the other request of the same steps runs to its end. */
+static void test_seq_error(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = base_cfg(&w);
+    fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1,
+                      .seq_fail_prompt = 7, .seq_fail_gen = 3};
+    fake_backend *fb = fake_backend_new(&fc);
+    sched_backend be;
+    fake_backend_bind(fb, &be);
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    static job jobs[2];
+    for (int i = 0; i < 2; i++) {
+        random_job(&jobs[i], 9, 1);
+        jobs[i].n_prompt = 7 + 2 * i; /* the fake fails prompts of 7 */
+        jobs[i].max_tokens = 12;
+        REQUIRE(submit_job(s, &jobs[i], i, 0, NULL) == SCHED_E_OK);
+    }
+    while (sched_step(s)) {}
+    CHECK(w.r[0].finish == SCHED_FINISH_ERROR && strstr(w.r[0].error, "grammar cannot go on"));
+    CHECKF(w.r[0].n_tok == 3 && w.r[0].n_final == 1, "%d tokens, %d final events", w.r[0].n_tok, w.r[0].n_final);
+    check_job(&w, 1, &jobs[1], cfg.max_context, 0);
+    CHECK(w.r[1].finish == SCHED_FINISH_LENGTH && w.r[1].n_tok == 12);
+    sched_stats st;
+    sched_get_stats(s, &st);
+    CHECK(st.blocks_used == 0);
+    sched_free(s);
+    fake_backend_free(fb);
+}
+
 static void test_backend_failure(void) {
     static world w;
     make_world(&w);
@@ -1483,6 +1516,7 @@ int main(void) {
     test_cancel();
     test_refusals();
     test_backend_failure();
+    test_seq_error();
     test_threaded();
     test_prefix_shared();
     test_prefix_cap();

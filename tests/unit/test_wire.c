@@ -274,8 +274,23 @@ static void test_roundtrips(void) {
           out.u.result.seqs[0].n_top == 2 && out.u.result.seqs[0].top[1].token == 3 &&
           out.u.result.seqs[0].n_logit_rows == 2 &&
           !memcmp(out.u.result.seqs[0].logits, logits, sizeof logits) &&
-          out.u.result.seqs[1].token == -1 && out.u.result.seqs[1].logits == NULL);
+          out.u.result.seqs[1].token == -1 && out.u.result.seqs[1].logits == NULL &&
+          out.u.result.seqs[0].error == NULL && out.u.result.seqs[1].error == NULL);
     wire_msg_free(&out);
+    /* a sequence's own error travels with its row; one past WIRE_MAX_STR is refused by size */
+    char why[] = "the output grammar cannot go on after 3 generated tokens";
+    sr[1].error = why;
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.result.seqs[0].error == NULL && out.u.result.seqs[1].error &&
+          !strcmp(out.u.result.seqs[1].error, why));
+    wire_msg_free(&out);
+    char *big = malloc(WIRE_MAX_STR + 1);
+    memset(big, 'x', WIRE_MAX_STR);
+    big[WIRE_MAX_STR] = 0;
+    sr[1].error = big;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "an error of"));
+    sr[1].error = NULL;
+    free(big);
     sr[0].token = 64;
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "vocabulary"));
     sr[0].token = 17;

@@ -5,6 +5,8 @@
  * logit biases, and the errors' wording. The tokens each row takes are chosen from its own mask, so every step walks a
  * new grammar state. */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mla_test.h"
@@ -106,6 +108,50 @@ int main(void) {
         for (int i = 0; i < ROWS; i++) pos[i] = 5 + step; /* the token chosen above, taken next step */
     }
     CHECK(steps_checked >= 40);
+    {   /* a grammar that passes the matcher's bounds only after two characters: the row's mask is
+         * end of sequence only from there, and wk_constrain_failure names the bound (rank 0 sends
+         * it with the row's result); before, no failure */
+        enum { FV = 4 };
+        gram_vocab *fv = gram_vocab_new(FV);
+        gram_vocab_set(fv, 0, (const uint8_t *)"a", 1);
+        gram_vocab_set(fv, 1, (const uint8_t *)"b", 1);
+        gram_vocab_set(fv, 2, (const uint8_t *)"c", 1);
+        gram_vocab_set_eos(fv, FV - 1);
+        wk_constrain *f = wk_constrain_new(NULL, FV);
+        wk_constrain_set_vocab(f, fv);
+        size_t cap = 64 * 2200, n = 0;
+        char *g = malloc(cap);
+        n += (size_t)snprintf(g + n, cap - n, "root ::= \"a\" \"b\" ( \"c\" | r0 )\n");
+        for (int i = 0; i < 2100; i++) n += (size_t)snprintf(g + n, cap - n, "r%d ::= \"x%d\" | r%d\n", i, i, i + 1);
+        snprintf(g + n, cap - n, "r2100 ::= \"end\"\n");
+        int32_t ft = 9, fp = 4;
+        wire_seq fs = {.seq_id = 7, .n_tokens = 1, .tokens = &ft, .positions = &fp, .sample = true};
+        fs.sp.constrained = true;
+        fs.sp.constraint_setup = true;
+        fs.sp.grammar = g;
+        fs.sp.grammar_start = 5;
+        for (int k = 0; k <= 1; k++) {
+            sample_mod mod;
+            mla_err e = {{0}};
+            REQUIRE(wk_constrain_row(f, &fs, &mod, &e) == MLA_OK);
+            REQUIRE(mod.allow != NULL);
+            const char *why = wk_constrain_failure(f, 7);
+            if (k == 0) {
+                CHECKF(!why && mod.allow[0] && !mod.allow[1] && !mod.allow[FV - 1], "%s", why ? why : "-");
+                fs.sp.constraint_setup = false;
+                ft = 0; /* "a" */
+                fp = 5;
+            } else {
+                CHECKF(why && strstr(why, "references in a row") && strstr(why, "after 1 generated token:"),
+                       "the failure named: %s", why ? why : "(none)");
+                CHECK(mod.allow[FV - 1] && !mod.allow[0] && !mod.allow[1] && !mod.allow[2]);
+            }
+        }
+        wk_constrain_drop(f, 7);
+        CHECK(wk_constrain_failure(f, 7) == NULL);
+        free(g);
+        wk_constrain_free(f);
+    }
     {   /* the vocabulary of a model that cannot be read: the reason after one separator */
         gram_vocab *gv = NULL;
         mla_err e = {{0}};
