@@ -14,7 +14,7 @@
 #                    where the module is missing; WHEELS=0 leaves them out
 # On the GPU host scripts/gpu_verify.sh unpacks them. Usage: scripts/gpu_carry.sh
 #   env: FIXTURES (default tests/fixtures), HARNESS_BUILD (default build-b90: a CUDA build
-#   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90), GLM_Q8=1 adds the glm5 q8_0 file,
+#   configured with -DMLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90; build-bundle90: the bundle's own), GLM_Q8=1 adds the glm5 q8_0 file,
 #   DS_QUANT=0 leaves out the deepseek3 q8_0 / q4_k_m files, NO_FIXTURES=1 every fixture, NO_LLAMA=1
 #   llama.cpp, LLAMA_TAR=FILE carries that llama.cpp package.
 set -euo pipefail
@@ -25,7 +25,10 @@ C=.gpucarry
 rm -rf "$C" && mkdir -p "$C"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-BUNDLE_CMAKE_ARGS=-DMLA_DEV_SWITCHES=ON ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
+# HARNESS_BUILD=build-bundle90: the harness is built beside the bundle (tests on), one CUDA build for both
+bargs="-DMLA_DEV_SWITCHES=ON"
+[ "$HB" = build-bundle90 ] && bargs="$bargs -DBUILD_TESTING=ON"
+BUNDLE_CMAKE_ARGS="$bargs" ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
 tail -3 "$tmp/bundle.log"
 cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e test_allreduce_oneshot >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
