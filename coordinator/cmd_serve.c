@@ -316,6 +316,10 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024",
          .help = "open connections at most, on each port (idle ones make room for new ones)",
          .dest = &hc.max_conns, .lo = 1, .hi = 1 << 24},
+        {.name = "--cors-origins", .kind = OPT_STR, .arg = "LIST", .def = "none",
+         .help = "browsers from these origins may call the HTTP API (comma-separated, e.g. "
+                 "https://ui.example:8443; * any): CORS headers and preflights (docs/api.md)",
+         .dest = &hc.cors_origins},
         {.name = "--port-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
          .help = "write the HTTP port here once the server is ready (the model loaded)", .dest = &port_file},
         {.name = "--proto-port", .kind = OPT_INT, .arg = "PORT", .def = "off",

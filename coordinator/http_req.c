@@ -63,6 +63,12 @@ static void finish_header(http_req *p) {
     } else if (!strcasecmp(p->hname, "content-type")) {
         free(p->ctype);
         p->ctype = mla_xstrdup(p->hval ? p->hval : "");
+    } else if (!strcasecmp(p->hname, "origin")) {
+        free(p->origin);
+        p->origin = mla_xstrdup(p->hval ? p->hval : "");
+    } else if (!strcasecmp(p->hname, "access-control-request-headers")) {
+        free(p->acrh);
+        p->acrh = mla_xstrdup(p->hval ? p->hval : "");
     } else if (!strcasecmp(p->hname, "expect")) {
         if (p->hval && !strcasecmp(p->hval, "100-continue")) p->req.expect_continue = true;
     } else if (!strcasecmp(p->hname, "transfer-encoding")) {
@@ -166,6 +172,8 @@ static int on_message_complete(http_parser *hp) {
     p->req.query = p->path_buf + path_len + 1;
     p->req.authorization = p->auth;
     p->req.content_type = p->ctype;
+    p->req.origin = p->origin;
+    p->req.ac_request_headers = p->acrh;
     if (!p->body) append(&p->body, &p->body_len, &p->body_cap, "", 0);
     p->req.body = p->body;
     p->req.body_len = p->body_len;
@@ -200,6 +208,7 @@ void http_req_head(const http_req *p, http_head *h) {
     h->method_id = p->parser.method;
     h->url = p->url ? p->url : "";
     h->authorization = p->auth;
+    h->origin = p->origin;
 }
 
 void http_req_next(http_req *p) {
@@ -216,7 +225,9 @@ void http_req_next(http_req *p) {
     p->n_headers = 0;
     free(p->auth);
     free(p->ctype);
-    p->auth = p->ctype = NULL;
+    free(p->origin);
+    free(p->acrh);
+    p->auth = p->ctype = p->origin = p->acrh = NULL;
     if (p->body) p->body[0] = 0;
     http_parser_init(&p->parser, HTTP_REQUEST);
     p->parser.data = p;
@@ -229,6 +240,8 @@ void http_req_free(http_req *p) {
     free(p->hval);
     free(p->auth);
     free(p->ctype);
+    free(p->origin);
+    free(p->acrh);
     free(p->body);
     memset(p, 0, sizeof(*p));
 }

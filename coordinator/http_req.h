@@ -37,6 +37,8 @@ typedef struct http_request {
     const char *query;         /* after '?', "" when none */
     const char *authorization; /* NULL when absent */
     const char *content_type;  /* NULL when absent */
+    const char *origin;        /* Origin (CORS), NULL when absent */
+    const char *ac_request_headers; /* Access-Control-Request-Headers (a preflight), NULL when absent */
     const char *body;          /* NUL-terminated (the NUL is not counted) */
     size_t body_len;
     bool keep_alive;
@@ -50,6 +52,7 @@ typedef struct http_head {
     int method_id;             /* enum http_method */
     const char *url;           /* path and query as sent */
     const char *authorization; /* NULL when absent */
+    const char *origin;        /* NULL when absent */
 } http_head;
 
 typedef struct http_req {
@@ -72,7 +75,7 @@ typedef struct http_req {
     bool te_other;       /* a Transfer-Encoding other than chunked alone was given */
     size_t header_bytes;
     int n_headers;
-    char *auth, *ctype;
+    char *auth, *ctype, *origin, *acrh;
     char *body;
     size_t body_len, body_cap;
 } http_req;

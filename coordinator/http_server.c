@@ -30,6 +30,7 @@ struct http_conn {
     bool http10;            /* the current request is HTTP/1.0: no chunked encoding */
     bool raw_stream;        /* streaming without chunked encoding (HTTP/1.0): ends with the close */
     bool early_checked;     /* the early (headers) hook ran for the current request */
+    char cors[HTTP_CORS_ORIGIN_MAX + 1]; /* Access-Control-Allow-Origin of the current request, "" none */
     size_t body_counted;    /* this request's body bytes counted in the server's body_bytes */
     uint64_t idle_since;    /* when the connection last went idle (between requests) */
     void (*abort_fn)(void *);
@@ -65,6 +66,33 @@ void http_server_config_default(http_server_config *c) {
     c->header_timeout_ms = 10000;
     c->max_body_total = 256u << 20;
     c->early = NULL;
+    c->cors_origins = NULL;
+}
+
+/* The CORS answer to the current request's Origin into c->cors: the origin itself where
+ * cors_origins lists it (or "*" where it is "*"), else "" (no CORS headers: the browser refuses). */
+static void cors_note(http_conn *c) {
+    const char *allow = c->srv->cfg.cors_origins, *o = c->parser.origin; /* req.origin: only once complete */
+    c->cors[0] = 0;
+    if (!allow || !*allow || !o || !*o) return;
+    if (!strcmp(allow, "*")) {
+        strcpy(c->cors, "*");
+        return;
+    }
+    const size_t n = strlen(o);
+    if (n > HTTP_CORS_ORIGIN_MAX) return;
+    for (const char *p = allow; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && !strncasecmp(p, o, n)) {
+            /* an origin is scheme://host[:port]: no CR, LF or other control bytes reach the header */
+            for (size_t i = 0; i < n; i++)
+                if ((unsigned char)o[i] < 0x21 || o[i] == 0x7f) return;
+            memcpy(c->cors, o, n + 1);
+            return;
+        }
+        p += k + (e ? 1 : 0);
+    }
 }
 
 const char *http_status_text(int status) {
@@ -221,6 +249,7 @@ static void response_done(http_conn *c) {
     c->request_outstanding = false;
     c->abort_fn = NULL;
     c->head_only = c->http10 = c->raw_stream = c->early_checked = false;
+    c->cors[0] = 0;
     uncount_body(c);
     c->idle_since = uv_now(c->srv->loop);
     if (!c->keep_alive || c->srv->closed) {
@@ -239,9 +268,12 @@ static void response_done(http_conn *c) {
 
 enum body_framing { BF_LENGTH, BF_CHUNKED, BF_CLOSE };
 
-static int header_block(char *out, size_t cap, int status, const char *ctype, const char *extra,
+static int header_block(char *out, size_t cap, int status, const char *ctype, const char *extra, const char *cors,
                         bool keep_alive, enum body_framing bf, size_t len) {
-    char lenline[64] = "";
+    char lenline[64] = "", corsline[HTTP_CORS_ORIGIN_MAX + 64] = "";
+    if (cors && *cors)
+        snprintf(corsline, sizeof corsline, "Access-Control-Allow-Origin: %s\r\n%s", cors,
+                 strcmp(cors, "*") ? "Vary: Origin\r\n" : "");
     if (bf == BF_CHUNKED)
         snprintf(lenline, sizeof(lenline), "Transfer-Encoding: chunked\r\n");
     else if (bf == BF_LENGTH)
@@ -252,10 +284,10 @@ static int header_block(char *out, size_t cap, int status, const char *ctype, co
                     "Content-Type: %s\r\n"
                     "%s"
                     "Connection: %s\r\n"
-                    "%s"
+                    "%s%s"
                     "\r\n",
                     status, http_status_text(status), ctype ? ctype : "text/plain", lenline,
-                    keep_alive ? "keep-alive" : "close", extra ? extra : "");
+                    keep_alive ? "keep-alive" : "close", corsline, extra ? extra : "");
 }
 
 void http_respond(http_conn *c, int status, const char *content_type, const char *body,
@@ -264,7 +296,7 @@ void http_respond(http_conn *c, int status, const char *content_type, const char
     MLA_ASSERT(c->state == CS_HANDLING);
     if (c->srv->closed) c->keep_alive = false;
     char head[1024];
-    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
+    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->cors, c->keep_alive,
                          BF_LENGTH, len);
     MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
     /* HEAD: the same headers (Content-Length of the body a GET would get), no body */
@@ -282,7 +314,7 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
         c->raw_stream = true;
         c->keep_alive = false;
     }
-    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->keep_alive,
+    int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->cors, c->keep_alive,
                          c->raw_stream ? BF_CLOSE : BF_CHUNKED, 0);
     MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
     c->state = CS_STREAMING;
@@ -346,6 +378,21 @@ static void respond_error_close(http_conn *c, int status, const char *msg) {
     c->keep_alive = false;
     c->state = CS_HANDLING;
     http_respond(c, status, "application/json", body, (size_t)n, NULL);
+}
+
+/* A CORS preflight (OPTIONS from an allowed origin) answered here, before any key is asked for
+ * (a browser sends none with it): the methods of the API, the headers the browser asked for
+ * (printable, at most HTTP_CORS_ORIGIN_MAX bytes; else the two the API reads), cached 10 minutes. */
+static void cors_preflight(http_conn *c) {
+    const char *want = c->parser.req.ac_request_headers;
+    bool ok = want && *want && strlen(want) <= HTTP_CORS_ORIGIN_MAX;
+    for (const char *p = want; ok && *p; p++) ok = (unsigned char)*p >= 0x20 && *p != 0x7f;
+    char extra[HTTP_CORS_ORIGIN_MAX + 160];
+    snprintf(extra, sizeof extra,
+             "Access-Control-Allow-Methods: GET, HEAD, POST\r\nAccess-Control-Allow-Headers: %s\r\n"
+             "Access-Control-Max-Age: 600\r\n",
+             ok ? want : "Authorization, Content-Type");
+    http_respond(c, 204, "text/plain", "", 0, extra);
 }
 
 /* ---- timers ---- */
@@ -449,6 +496,7 @@ static void conn_process(http_conn *c) {
             }
         }
         if (c->parser.headers_done && !c->early_checked) {
+            cors_note(c);
             if (!run_early(c)) break;
             if (!had_headers) arm_timer(c); /* the request timeout now applies */
         }
@@ -468,6 +516,10 @@ static void conn_process(http_conn *c) {
         c->abort_fn = NULL;
         c->last_progress_ms = uv_now(c->srv->loop);
         uv_timer_start(&c->timer, on_timer, 1000, 0);
+        if (c->parser.req.method_id == HTTP_OPTIONS && c->cors[0]) {
+            cors_preflight(c);
+            continue;
+        }
         c->srv->handler(c->srv->ud, c, &c->parser.req);
     }
     if (c->state != CS_CLOSING) {

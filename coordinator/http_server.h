@@ -55,7 +55,15 @@ typedef struct http_server_config {
     unsigned header_timeout_ms;   /* first byte to the end of the headers (0: request_timeout_ms) */
     size_t max_body_total;        /* request body bytes buffered over all connections */
     http_early_fn early;          /* NULL: none (ud is the handler's) */
+    /* CORS: NULL or "": off (no CORS headers; OPTIONS goes to the handler); "*": any origin;
+     * else origins separated by commas ("https://ui.example:8443"), matched without case. A
+     * request whose Origin is allowed gets Access-Control-Allow-Origin (that origin, or "*") on its
+     * response; an OPTIONS from one is answered 204 here (a preflight: methods GET, HEAD, POST, the
+     * headers asked for) without reaching the early hook's key check or the handler. */
+    const char *cors_origins;
 } http_server_config;
+
+#define HTTP_CORS_ORIGIN_MAX 256 /* longer Origin / Access-Control-Request-Headers values are not echoed */
 
 /* Defaults: http_limits_default, 1024 connections, idle 60 s, headers 10 s, request 30 s,
  * write queue 1 MiB, write timeout 30 s, pending 1 MiB, bodies over all connections 256 MiB. */

@@ -124,6 +124,7 @@ static void setup(void) {
     cfg.idle_timeout_ms = 200;
     cfg.header_timeout_ms = 150;
     cfg.request_timeout_ms = 300;
+    cfg.cors_origins = "http://a.example,http://b.example"; /* Origin echoed, preflights answered here */
     cfg.max_write_queue = 16384;
     cfg.write_timeout_ms = 300;
     cfg.max_pending = 16384;

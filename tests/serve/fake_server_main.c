@@ -227,6 +227,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--header-timeout-ms")) hc.header_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--tok-delay-ms")) g_tok_delay_ms = (int)x;
         else if (!strcmp(a, "--max-body-total")) hc.max_body_total = (size_t)x;
+        else if (!strcmp(a, "--cors-origins")) hc.cors_origins = v;
         else if (!strcmp(a, "--health-file")) health_file = v;
         else if (!strcmp(a, "--script-file")) fc.script_file = v;
         else if (!strcmp(a, "--chat-template")) tmpl_file = v;

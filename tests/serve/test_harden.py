@@ -241,6 +241,64 @@ def test_wrong_keys(exe):
         check(srv.stop() == 0, "wrong-keys server clean exit")
 
 
+def test_cors(exe):
+    """--cors-origins: an allowed Origin gets Access-Control-Allow-Origin (and Vary) on every answer,
+    a 401 included; its preflight is a 204 without a key; another origin, or a server without the
+    flag, gets no CORS header and its OPTIONS is refused as before; an over-long list of header
+    names is not echoed (control bytes never reach it: the parser refuses them)."""
+    ui, other = "https://ui.example:8443", "https://evil.example"
+    srv = R.Server(exe, "--api-key", "sekrit", "--cors-origins", "http://a.example," + ui)
+    port = srv.port
+    key = {"Authorization": "Bearer sekrit"}
+    try:
+        st, hd, _ = request(port, "GET", "/v1/models", headers=dict(key, Origin=ui))
+        check(st == 200 and hd.get("Access-Control-Allow-Origin") == ui and hd.get("Vary") == "Origin",
+              "allowed origin: ACAO %s (%d)" % (hd.get("Access-Control-Allow-Origin"), st))
+        st, hd, _ = request(port, "GET", "/v1/models", headers={"Origin": ui.upper().replace("HTTPS", "https")})
+        check(st == 401 and hd.get("Access-Control-Allow-Origin"), "a 401 carries it too, origin without case (%d)" % st)
+        st, hd, _ = request(port, "GET", "/v1/models", headers=dict(key, Origin=other))
+        check(st == 200 and "Access-Control-Allow-Origin" not in hd, "another origin: no ACAO")
+        pre = {"Origin": ui, "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
+        st, hd, data = request(port, "OPTIONS", "/v1/chat/completions", headers=pre, json_type=False)
+        check(st == 204 and hd.get("Access-Control-Allow-Origin") == ui and
+              "POST" in hd.get("Access-Control-Allow-Methods", "") and
+              hd.get("Access-Control-Allow-Headers") == pre["Access-Control-Request-Headers"] and
+              hd.get("Access-Control-Max-Age") == "600" and data == b"",
+              "preflight: 204 without a key (%d %r)" % (st, hd))
+        st, hd, _ = request(port, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin=other), json_type=False)
+        check(st in (404, 405) and "Access-Control-Allow-Origin" not in hd, "preflight from another origin: %d" % st)
+        # a preflight and a request on one connection, then a streamed answer with the header
+        s = connect(port)
+        s.sendall(b"OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + ui.encode() +
+                  b"\r\nAccess-Control-Request-Headers: " + b"x-a," * 100 + b"\r\n\r\n"
+                  b"GET /health HTTP/1.1\r\nHost: x\r\nOrigin: " + ui.encode() + b"\r\nConnection: close\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 204") and b"Access-Control-Allow-Headers: Authorization, Content-Type\r\n" in out
+              and out.count(b"Access-Control-Allow-Origin: " + ui.encode()) == 2 and b"HTTP/1.1 200" in out,
+              "pipelined preflight + request; an over-long header list is not echoed: %r" % out[:400])
+        st, hd, body = request(port, "POST", "/v1/completions", {"prompt": "ab", "max_tokens": 2, "stream": True},
+                               headers=dict(key, Origin=ui))
+        check(st == 200 and hd.get("Access-Control-Allow-Origin") == ui and b"[DONE]" in body, "streamed: ACAO %d %r %r" % (st, hd, body[-200:]))
+    finally:
+        check(srv.stop() == 0, "cors server clean exit")
+    srv = R.Server(exe)
+    try:
+        st, hd, _ = request(srv.port, "GET", "/v1/models", headers={"Origin": ui})
+        check(st == 200 and "Access-Control-Allow-Origin" not in hd, "no --cors-origins: no CORS headers")
+        st, hd, _ = request(srv.port, "OPTIONS", "/v1/models", headers={"Origin": ui}, json_type=False)
+        check(st == 405, "no --cors-origins: OPTIONS is refused (%d)" % st)
+    finally:
+        check(srv.stop() == 0, "plain server clean exit")
+    srv = R.Server(exe, "--cors-origins", "*")
+    try:
+        st, hd, _ = request(srv.port, "GET", "/v1/models", headers={"Origin": other})
+        check(st == 200 and hd.get("Access-Control-Allow-Origin") == "*" and "Vary" not in hd, "'*': any origin")
+    finally:
+        check(srv.stop() == 0, "any-origin server clean exit")
+
+
 # ---------------------------------------------------------------- item 7: tokenizing off the loop
 def test_tokenize_off_loop(exe):
     # the fake tokenizer sleeps --tok-delay-ms per call: the loop must keep serving meanwhile
@@ -336,7 +394,7 @@ def test_pb_off_loop(exe):
 
 def main():
     for name, t in (("big", test_big_response), ("auth", test_early_auth_and_budget), ("details", test_http_details),
-                    ("keys", test_wrong_keys), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
+                    ("keys", test_wrong_keys), ("cors", test_cors), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
         if not part(name):
             continue
         t0 = time.time()
