@@ -295,7 +295,7 @@ void http_respond(http_conn *c, int status, const char *content_type, const char
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
     if (c->srv->closed) c->keep_alive = false;
-    char head[1024];
+    char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->cors, c->keep_alive,
                          BF_LENGTH, len);
     MLA_ASSERT(n > 0 && (size_t)n < sizeof(head));
@@ -308,7 +308,7 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
                        const char *extra_headers) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
-    char head[1024];
+    char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     if (c->http10) {
         /* HTTP/1.0 has no chunked encoding: the body runs until the connection closes */
         c->raw_stream = true;
