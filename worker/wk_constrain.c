@@ -267,8 +267,7 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
             memcpy(r->bias_vals, sp->bias_vals, sp->n_bias * sizeof *r->bias_vals);
         }
         r->next_pos = r->start = sp->grammar_start;
-        for (uint32_t k = 0; k < sp->n_replay; k++) take(r, c->v, sp->replay[k]);
-        r->next_pos += sp->n_replay;
+        for (uint32_t k = 0; k < sp->n_replay; k++, r->next_pos++) take(r, c->v, sp->replay[k]);
     }
     if (!r) mla_errf(err, "sequence %" PRIu64 ": constrained, but no constraint was set up for it", s->seq_id);
     return r;
