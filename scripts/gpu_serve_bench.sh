@@ -40,8 +40,8 @@
 # the slots; without FA llama.cpp also sizes an fp32 score buffer of LLAMA_CTX x 512 x heads), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
 # NCU_S (180), MODEL_S, TOTAL_S.
-# Where .bundle90/bin/mlaserve is missing and .gpucarry/*.tar.xz (scripts/gpu_carry.sh) are there, they
-# are unpacked first (the bundle, build-gpu-carried/mla-e2e, .llama-cuda/); where Python lacks the openai
+# Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
+# (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first; where Python lacks the openai
 # module, it is installed from .gpucarry/wheels.tar.
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS="--small --hidden 256" MODELS=glm47flash:2 \
@@ -55,9 +55,13 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export NCCL_NVLS_ENABLE=0
-# what scripts/gpu_carry.sh packed, when it is not unpacked yet (bundle, mla-e2e, llama.cpp)
-if [ ! -x "${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}" ] && compgen -G ".gpucarry/*.tar.xz" >/dev/null; then
-  for f in .gpucarry/*.tar.xz; do tar xJf "$f" || echo "unpack $f failed"; done
+# what scripts/gpu_carry.sh packed, each archive where its part is not unpacked yet (a host that kept
+# the bundle from an earlier command may lack the llama.cpp package): bins (bundle, mla-e2e), llama.cpp
+if [ ! -x "${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}" ] && [ -f .gpucarry/bins.tar.xz ]; then
+  tar xJf .gpucarry/bins.tar.xz || echo "unpack .gpucarry/bins.tar.xz failed"
+fi
+if [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-cuda.tar.xz ]; then
+  tar xJf .gpucarry/llama-cuda.tar.xz || echo "unpack .gpucarry/llama-cuda.tar.xz failed"
 fi
 B="$(cd "${BUNDLE:-.bundle90}" 2>/dev/null && pwd || echo "${BUNDLE:-.bundle90}")"
 MLA="${MLASERVE:-$B/bin/mlaserve}"
