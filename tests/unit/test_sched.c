@@ -157,18 +157,26 @@ static void check_against_reference(world *w, job *jobs, int n, int max_context,
 }
 
 /* Many random requests through a small cache: batching, chunked prefill and preemption. */
+/* A scheduler over a fresh fake backend (fc: its behaviour and cfg's cache geometry); *fb for the
+ * test to inspect and free after sched_free. */
+static sched *fake_sched(const fake_config *fc, const sched_config *cfg, fake_backend **fb) {
+    *fb = fake_backend_new(fc);
+    sched_backend be;
+    fake_backend_bind(*fb, &be);
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, cfg, &be, &err) == MLA_OK);
+    return s;
+}
+
 static void test_random_workload(void) {
     static world w;
     make_world(&w);
     sched_config cfg = base_cfg(&w);
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .eos_period = 40,
                       .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job jobs[60];
     int n_jobs = 60, submitted = 0;
     for (int i = 0; i < n_jobs; i++) random_job(&jobs[i], 70, 60);
@@ -212,12 +220,8 @@ static void test_chunked_prefill_and_logprobs(void) {
     sched_config cfg = base_cfg(&w);
     cfg.max_step_tokens = 16;
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job j;
     j.n_prompt = 100;
     for (int i = 0; i < 100; i++) j.prompt[i] = 'a' + i % 26;
@@ -246,12 +250,8 @@ static void test_stop_ids_and_context(void) {
     sched_config cfg = base_cfg(&w);
     cfg.max_context = 40;
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job jobs[2];
     random_job(&jobs[0], 10, 1);
     jobs[0].max_tokens = 30;
@@ -280,12 +280,8 @@ static void test_cancel(void) {
     make_world(&w);
     sched_config cfg = base_cfg(&w);
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job jobs[3];
     for (int i = 0; i < 3; i++) {
         random_job(&jobs[i], 10, 1);
@@ -330,12 +326,9 @@ static void test_refusals(void) {
     cfg.max_queue = 3;
     cfg.n_blocks = 10; /* 40 token slots */
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
     static job j;
     random_job(&j, 5, 1);
     j.n_prompt = 5;
@@ -378,12 +371,8 @@ static void test_seq_error(void) {
     sched_config cfg = base_cfg(&w);
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1,
                       .seq_fail_prompt = 7, .seq_fail_gen = 3};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job jobs[2];
     for (int i = 0; i < 2; i++) {
         random_job(&jobs[i], 9, 1);
@@ -408,12 +397,8 @@ static void test_backend_failure(void) {
     make_world(&w);
     sched_config cfg = base_cfg(&w);
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = 3};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     static job jobs[3];
     for (int i = 0; i < 3; i++) {
         random_job(&jobs[i], 10, 1);
@@ -1413,12 +1398,9 @@ static void test_threaded(void) {
     cfg.n_blocks = 64;
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .eos_period = 30,
                       .fail_at_step = -1};
-    fake_backend *fb = fake_backend_new(&fc);
-    sched_backend be;
-    fake_backend_bind(fb, &be);
-    sched *s;
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
     mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
     REQUIRE(sched_start(s, &err) == MLA_OK);
     static job jobs[40];
     uint64_t ids[40];
