@@ -545,6 +545,22 @@ static void register_full_blocks(sched *s, sreq *q, int32_t from) {
     }
 }
 
+/* q leaves the running batch, finished: its blocks and state go (retire) */
+static void leave_running(sched *s, sreq *q) {
+    int k = rv_find(&s->running, q);
+    MLA_ASSERT(k >= 0);
+    rv_remove_at(&s->running, k);
+    retire(s, q);
+}
+
+/* q fails with msg: its final event (SCHED_FINISH_ERROR), then it leaves the running batch */
+static void fail_running(sched *s, sreq *q, const char *msg) {
+    pending_event *e = push_event(s, q);
+    e->ev.finish = SCHED_FINISH_ERROR;
+    snprintf(e->error, sizeof(e->error), "%s", msg);
+    leave_running(s, q);
+}
+
 static void preempt(sched *s, sreq *q) {
     int i = rv_find(&s->running, q);
     MLA_ASSERT(i >= 0);
@@ -713,13 +729,7 @@ int sched_step(sched *s) {
         sreq *q = s->plan_req[i];
         const sched_plan_seq *p = &s->plan[i];
         if (rc != MLA_OK) {
-            int k = rv_find(&s->running, q);
-            MLA_ASSERT(k >= 0);
-            rv_remove_at(&s->running, k);
-            pending_event *e = push_event(s, q);
-            e->ev.finish = SCHED_FINISH_ERROR;
-            snprintf(e->error, sizeof(e->error), "%s", err.msg[0] ? err.msg : "backend failure");
-            retire(s, q);
+            fail_running(s, q, err.msg[0] ? err.msg : "backend failure");
             continue;
         }
         q->n_computed += p->n_tokens;
@@ -732,14 +742,8 @@ int sched_step(sched *s) {
         if (!p->sample) continue;
         const sched_result *r = &s->results[i];
         if (q->cancelled) continue; /* finished by handle_cancellations next step */
-        if (r->error) {
-            int k = rv_find(&s->running, q);
-            MLA_ASSERT(k >= 0);
-            rv_remove_at(&s->running, k);
-            pending_event *e = push_event(s, q);
-            e->ev.finish = SCHED_FINISH_ERROR;
-            snprintf(e->error, sizeof(e->error), "%s", r->error);
-            retire(s, q);
+        if (r->error) { /* this sequence alone cannot go on */
+            fail_running(s, q, r->error);
             continue;
         }
         MLA_ASSERT(q->n_tokens < q->cap_tokens);
@@ -757,12 +761,7 @@ int sched_step(sched *s) {
         } else if (q->n_gen >= q->max_tokens || q->n_tokens >= s->cfg.max_context) {
             e->ev.finish = SCHED_FINISH_LENGTH;
         }
-        if (e->ev.finish != SCHED_FINISH_NONE) {
-            int k = rv_find(&s->running, q);
-            MLA_ASSERT(k >= 0);
-            rv_remove_at(&s->running, k);
-            retire(s, q);
-        }
+        if (e->ev.finish != SCHED_FINISH_NONE) leave_running(s, q);
     }
     if (rc != MLA_OK) MLA_WARN("sched: step failed: %s", err.msg);
     pthread_mutex_unlock(&s->mu);
