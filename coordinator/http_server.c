@@ -82,16 +82,18 @@ static void cors_note(http_conn *c) {
     const size_t n = strlen(o);
     if (n > HTTP_CORS_ORIGIN_MAX) return;
     for (const char *p = allow; *p;) {
-        const char *e = strchr(p, ',');
-        const size_t k = e ? (size_t)(e - p) : strlen(p);
-        if (k == n && !strncasecmp(p, o, n)) {
+        const char *e = strchr(p, ','), *end = e ? e : p + strlen(p);
+        const char *b = p;
+        p = e ? e + 1 : end;
+        while (b < end && (*b == ' ' || *b == '\t')) b++; /* "a, b": the spaces are not part of b */
+        while (end > b && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        if ((size_t)(end - b) == n && !strncasecmp(b, o, n)) {
             /* an origin is scheme://host[:port]: no CR, LF or other control bytes reach the header */
             for (size_t i = 0; i < n; i++)
                 if ((unsigned char)o[i] < 0x21 || o[i] == 0x7f) return;
             memcpy(c->cors, o, n + 1);
             return;
         }
-        p += k + (e ? 1 : 0);
     }
 }
 

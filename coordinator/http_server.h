@@ -56,7 +56,8 @@ typedef struct http_server_config {
     size_t max_body_total;        /* request body bytes buffered over all connections */
     http_early_fn early;          /* NULL: none (ud is the handler's) */
     /* CORS: NULL or "": off (no CORS headers; OPTIONS goes to the handler); "*": any origin;
-     * else origins separated by commas ("https://ui.example:8443"), matched without case. A
+     * else origins separated by commas, spaces around them ignored ("https://ui.example:8443"),
+     * matched without case. A
      * request whose Origin is allowed gets Access-Control-Allow-Origin (that origin, or "*") on its
      * response; an OPTIONS from one is answered 204 here (a preflight: methods GET, HEAD, POST, the
      * headers asked for) without reaching the early hook's key check or the handler. */

@@ -247,7 +247,7 @@ def test_cors(exe):
     flag, gets no CORS header and its OPTIONS is refused as before; an over-long list of header
     names is not echoed (control bytes never reach it: the parser refuses them)."""
     ui, other = "https://ui.example:8443", "https://evil.example"
-    srv = R.Server(exe, "--api-key", "sekrit", "--cors-origins", "http://a.example," + ui)
+    srv = R.Server(exe, "--api-key", "sekrit", "--cors-origins", "http://a.example, " + ui)  # a space after the comma
     port = srv.port
     key = {"Authorization": "Bearer sekrit"}
     try:
