@@ -1176,6 +1176,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
             goto done;
         }
     if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, e)) goto done;
+    /* a top_k of the vocabulary or more keeps every token: off (as vLLM and llama.cpp take it) */
+    if (p->sampling.top_k >= a->tok.n_vocab) p->sampling.top_k = 0;
     if (n_ids == 0) {
         api_error_set(e, 400, "prompt", NULL, "the prompt is empty (no tokens)");
         goto done;

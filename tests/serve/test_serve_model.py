@@ -49,6 +49,21 @@ try:
     for i, p in enumerate(plain * 2):
         st, data = res.get(i, (0, b""))
         check(st == 200 and json.loads(data)["choices"][0]["text"] == p["greedy_text"], "batched greedy %d" % i)
+    # a top_k past the vocabulary keeps every token: the same draw as no top_k, beside a greedy row
+    # (once it failed the whole step, every request in it)
+    res = {}
+    bodies = {"greedy": {"prompt": plain[0]["text"], "max_tokens": len(plain[0]["greedy"]), "temperature": 0},
+              "huge": {"prompt": plain[1]["text"], "max_tokens": 8, "temperature": 1, "seed": 3, "top_k": 2000000000}}
+    ths = [threading.Thread(target=lambda k=k: res.__setitem__(k, post(port, "/v1/completions", bodies[k])))
+           for k in bodies]
+    [t.start() for t in ths]
+    [t.join(180) for t in ths]
+    st, data = res.get("greedy", (0, b""))
+    check(st == 200 and json.loads(data)["choices"][0]["text"] == plain[0]["greedy_text"], "greedy beside top_k 2e9")
+    st, data = res.get("huge", (0, b""))
+    st2, data2 = post(port, "/v1/completions", dict(bodies["huge"], top_k=-1))
+    check(st == 200 and st2 == 200 and json.loads(data)["choices"][0]["text"] == json.loads(data2)["choices"][0]["text"],
+          "top_k 2e9 samples as top_k off: %d %r / %d %r" % (st, data[:200], st2, data2[:200]))
     # chat through the template: "What is 7 plus 5?" -> "7 plus 5 is 12." then EOS
     st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"}],
                                                     "max_tokens": 30, "temperature": 0})
