@@ -67,6 +67,7 @@ struct sched {
     pthread_t thread;
     bool thread_running, stopping;
     bool step_active; /* a step is in progress (only one at a time) */
+    uint64_t epoch;   /* be.cache_epoch as the last step saw it */
     uint64_t next_id;
     reqvec waiting, running;
     int32_t *free_blocks; /* stack of free unregistered block ids (ref 0) */
@@ -133,6 +134,7 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     sched *s = mla_xcalloc(1, sizeof(*s));
     s->cfg = *cfg;
     s->be = *be;
+    s->epoch = be->cache_epoch ? be->cache_epoch(be->ctx) : 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->next_id = 1;
@@ -574,6 +576,27 @@ static void preempt(sched *s, sreq *q) {
               (unsigned long long)q->id, q->n_tokens);
 }
 
+/* The backend lost its rows (be.cache_epoch moved): the running requests start over from their
+ * first token, as after a preemption (not counted as one), and the prefix cache forgets every
+ * block, none of which holds its rows any more. */
+static void cache_lost(sched *s) {
+    const int n_run = s->running.n, n_cached = s->n_lru;
+    while (s->running.n > 0) { /* the youngest first: the oldest ends up first in line */
+        sreq *q = s->running.v[s->running.n - 1];
+        rv_remove_at(&s->running, s->running.n - 1);
+        release_blocks(s, q); /* no free_seq: the backend forgot it too */
+        rv_insert_front(&s->waiting, q);
+    }
+    while (s->n_lru > 0) { /* every block is unreferenced now; the LRU head never has a child */
+        const int32_t b = s->lru_head;
+        lru_unlink(s, b);
+        cache_remove(s, b);
+        s->free_blocks[s->n_free++] = b;
+    }
+    MLA_WARN("sched: the workers lost their cache: %d running requests start over, %d cached blocks dropped",
+             n_run, n_cached);
+}
+
 static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     sched_plan_seq *p = &s->plan[*n];
     p->seq_id = q->id;
@@ -700,9 +723,14 @@ static void flush_outside_lock(sched *s) {
 }
 
 int sched_step(sched *s) {
+    const uint64_t epoch = s->be.cache_epoch ? s->be.cache_epoch(s->be.ctx) : 0;
     pthread_mutex_lock(&s->mu);
     MLA_ASSERT(!s->step_active);
     s->step_active = true;
+    if (epoch != s->epoch) {
+        s->epoch = epoch;
+        cache_lost(s);
+    }
     handle_cancellations(s);
     int32_t n_tok = 0;
     int n = build_plan(s, &n_tok);

@@ -149,6 +149,10 @@ typedef struct sched_backend {
     /* Forget a sequence's state (finished, cancelled or preempted): its table and position.
      * The rows in its blocks must stay (see "What a backend must keep"). May be NULL. */
     void (*free_seq)(void *ctx, uint64_t seq_id);
+    /* How many times the backend lost the rows of its blocks (a worker group that restarted).
+     * When it moves, the next step starts every running request over from its first token (as
+     * after a preemption) and the prefix cache forgets every block. May be NULL (never). */
+    uint64_t (*cache_epoch)(void *ctx);
 } sched_backend;
 
 enum sched_finish {

@@ -218,8 +218,14 @@ void serve_adapt_api_hooks(serve_adapt *s, api_config *ac) {
     ac->workers = cb_workers;
 }
 
+/* the worker group's restarts: each one starts with empty caches */
+static uint64_t cb_epoch(void *ctx) {
+    serve_adapt *s = ctx;
+    return (uint64_t)coord_restarts(s->c);
+}
+
 sched_backend serve_adapt_backend(serve_adapt *s) {
-    return (sched_backend){.ctx = s, .run_step = cb_run, .free_seq = cb_free};
+    return (sched_backend){.ctx = s, .run_step = cb_run, .free_seq = cb_free, .cache_epoch = cb_epoch};
 }
 
 void serve_adapt_free(serve_adapt *s) {

@@ -1,7 +1,8 @@
 """Fault injection against `mlaserve serve --tp 2` on the tiny fixture (CPU workers):
   death    SIGKILL a worker mid-generation: the request fails with a message naming the worker,
            /health 503 with the reason, new generations 503, /metrics still answers; then
-           --on-worker-failure restart brings the group back (a new completion succeeds)
+           --on-worker-failure restart brings the group back (a new completion succeeds, and a
+           prompt cached before the restart gets the same answer after it)
   hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
@@ -26,6 +27,7 @@ exe, worker, fixtures, case = sys.argv[1:5]
 model = model_path(fixtures)
 SLOW = {"MLA_WORKER_STEP_DELAY_MS": "60"}
 LONG = {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True}
+CACHED = {"prompt": "count " + " ".join(str(i) for i in range(60)), "max_tokens": 8, "temperature": 0}
 
 
 def health(srv):
@@ -38,6 +40,10 @@ def case_death():
         srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", policy], SLOW, worker)
         try:
             pids = worker_pids(srv, 2)
+            if policy == "restart":  # an answer whose prompt blocks stay in the prefix cache
+                st, d = srv.post("/v1/completions", CACHED)
+                check(st == 200, "restart: the cached request before", d[:200])
+                before = json.loads(d)["choices"][0]["text"] if st == 200 else None
             c, r = srv.stream_start(LONG)
             first = read_sse_events(r, 2, 30)
             check(r.status == 200 and len(first) == 2, "%s: streaming started" % policy)
@@ -65,6 +71,10 @@ def case_death():
                 check(st == 200 and json.loads(d)["usage"]["completion_tokens"] == 3,
                       "restart: a new completion succeeds", d[:200])
                 check("restarting the worker group" in srv.text(), "restart: logged")
+                # the new workers' caches are empty: the scheduler must not reuse the old blocks
+                st, d = srv.post("/v1/completions", CACHED)
+                after = json.loads(d)["choices"][0]["text"] if st == 200 else None
+                check(after is not None and after == before, "restart: the same answer after it (%r, %r)" % (before, after))
             rc = srv.stop()
             check(rc == 0, "%s: clean exit after SIGTERM (rc %s)" % (policy, rc))
             check(not any(alive(p) for p in pids.values()), "%s: no worker left" % policy)

@@ -42,7 +42,7 @@ typedef struct fake_config {
 
 fake_backend *fake_backend_new(const fake_config *cfg);
 void fake_backend_free(fake_backend *f);
-/* Fills be with the fake's functions. */
+/* Sets be to the fake's functions (the other members zero: it never loses its rows). */
 void fake_backend_bind(fake_backend *f, sched_backend *be);
 
 /* The reference: the next token and its logprobs after seq[0..n). */

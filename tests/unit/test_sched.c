@@ -770,6 +770,74 @@ static void test_prefix_shared(void) {
     sim_done(&m);
 }
 
+/* The backend loses every row between two steps (a worker group that restarted: cache_epoch
+ * moves, the sim forgets its rows and sequences): the running requests start over from position
+ * 0, the prefix cache reuses nothing computed before, and every answer is the reference's. */
+static uint64_t g_sim_epoch;
+static uint64_t sim_epoch(void *ctx) {
+    (void)ctx;
+    return g_sim_epoch;
+}
+static void sim_lose_rows(sim *m) {
+    for (int64_t i = 0; i < (int64_t)m->n_blocks * m->bs; i++) m->slot[i] = -1, m->row[i] = 0;
+    memset(m->reused, 0, (size_t)m->n_blocks);
+    for (int i = 0; i < m->n_seqs; i++) free(m->seqs[i].table);
+    m->n_seqs = 0;
+}
+
+static void test_cache_lost(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sim_init(&m, cfg.n_blocks, cfg.block_size, 0);
+    sched_backend be = {.ctx = &m, .run_step = sim_run, .free_seq = sim_free_seq, .cache_epoch = sim_epoch};
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    m.s = s;
+    int32_t stem[12];
+    for (int i = 0; i < 12; i++) stem[i] = 300 + i;
+    static job jobs[4];
+    fill(&jobs[0], stem, 12, 'x', 3, 5);
+    fill(&jobs[1], stem, 12, 'a', 5, 20);
+    fill(&jobs[2], NULL, 0, 'q', 9, 25);
+    fill(&jobs[3], stem, 12, 'm', 2, 6);
+    uint64_t ids[4];
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    REQUIRE(stats_of(s).blocks_cached > 0);
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, &ids[1]) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &jobs[2], 2, 0, &ids[2]) == SCHED_E_OK);
+    for (int k = 0; k < 4; k++) sched_step(s);
+    sched_stats st = stats_of(s);
+    REQUIRE(st.running == 2 && st.prefix_hits == 12);
+    sim_lose_rows(&m);
+    g_sim_epoch++;
+    const int64_t frees = m.frees;
+    sched_step(s);
+    st = stats_of(s);
+    CHECKF(st.prefix_hits == 12 && st.preemptions == 0 && st.running == 2,
+           "after the loss: %llu hits, %llu preemptions, %d running", (unsigned long long)st.prefix_hits,
+           (unsigned long long)st.preemptions, st.running);
+    const sim_entry *e[64];
+    for (int j = 1; j <= 2; j++) {
+        int n = entries_of(&m, ids[j], e, 64);
+        CHECKF(n > 0 && e[n - 1]->start_pos == 0 && e[n - 1]->n_sent == 0, "request %d starts over (start %d)", j,
+               n > 0 ? e[n - 1]->start_pos : -1);
+    }
+    CHECK(m.frees == frees); /* nothing to free at a backend that forgot everything */
+    sim_drain(s, &m, 1000);
+    /* the stem is cached again (computed after the loss): a later request reuses it */
+    REQUIRE(submit_job(s, &jobs[3], 3, 0, &ids[3]) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    CHECK(stats_of(s).prefix_hits == 24);
+    check_against_reference(&w, jobs, 4, cfg.max_context, 0);
+    CHECK(m.violations == 0 && m.n_seqs == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
 /* A prompt of exactly k blocks reuses at most k - 1 of them: one token is always computed. */
 static void test_prefix_cap(void) {
     static world w;
@@ -1502,6 +1570,7 @@ int main(void) {
     test_threaded();
     test_prefix_shared();
     test_prefix_cap();
+    test_cache_lost();
     test_prefix_lru();
     test_prefix_duplicates();
     test_prefix_refcount();
