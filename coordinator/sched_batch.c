@@ -514,6 +514,12 @@ static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
 static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
     *in_lru = 0;
     if (!s->cfg.prefix_cache) return 0;
+    /* penalties look at every token of the sequence, which a backend learns only from the tokens
+     * its plans send: such a request computes its own rows from position 0 */
+    const sched_sampling *sp = &q->sampling;
+    if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
+        (sp->repetition_penalty != 1.0f && sp->repetition_penalty != 0.0f))
+        return 0;
     int32_t bs = s->cfg.block_size, max_hits = (q->n_tokens - 1) / bs, hits = 0;
     reserve_blocks(q, max_hits);
     int32_t parent = -1;

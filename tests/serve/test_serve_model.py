@@ -49,6 +49,14 @@ try:
     for i, p in enumerate(plain * 2):
         st, data = res.get(i, (0, b""))
         check(st == 200 and json.loads(data)["choices"][0]["text"] == p["greedy_text"], "batched greedy %d" % i)
+    # penalties see the whole sequence: the same answer when the prompt's blocks come from the prefix cache
+    # (the second run of each) as when computed
+    prompt = "freq " + " ".join(str(i) for i in range(70))
+    for pen in ({"repetition_penalty": 2.0}, {"frequency_penalty": 0.5}, {"presence_penalty": 1.5}):
+        body = dict({"prompt": prompt, "max_tokens": 24, "temperature": 0}, **pen)
+        runs = [post(port, "/v1/completions", body) for _ in range(2)]
+        texts = [json.loads(d)["choices"][0]["text"] if st == 200 else None for st, d in runs]
+        check(texts[0] is not None and texts[0] == texts[1], "%r twice: %r" % (pen, texts))
     # a top_k past the vocabulary keeps every token: the same draw as no top_k, beside a greedy row
     # (once it failed the whole step, every request in it)
     res = {}

@@ -833,6 +833,21 @@ static void test_cache_lost(void) {
     sim_drain(s, &m, 1000);
     CHECK(stats_of(s).prefix_hits == 24);
     check_against_reference(&w, jobs, 4, cfg.max_context, 0);
+    /* but not one with a penalty: a backend learns a sequence's tokens from the plans alone
+     * (checked after the others: its events go to slot 3 too) */
+    sched_request rq = {0};
+    rq.prompt = jobs[3].prompt;
+    rq.n_prompt = jobs[3].n_prompt;
+    rq.max_tokens = 2;
+    sched_sampling_default(&rq.sampling);
+    rq.sampling.temperature = 0;
+    rq.sampling.repetition_penalty = 1.3f;
+    rq.user = (void *)(intptr_t)3;
+    uint64_t pid;
+    REQUIRE(sched_submit(s, &rq, &pid, &err) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    const int np = entries_of(&m, pid, e, 64);
+    CHECK(stats_of(s).prefix_hits == 24 && np > 0 && e[0]->start_pos == 0);
     CHECK(m.violations == 0 && m.n_seqs == 0);
     sched_free(s);
     sim_done(&m);
