@@ -1005,9 +1005,12 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
 }
 
 /* Chat messages -> prompt ids: the template rendered, message text guarded (chat_guard.h)
- * unless special_in_messages. MLA_ERR with e set. */
-static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool *opens_reasoning,
-                    int32_t **ids, int32_t *n, api_error *e) {
+ * unless special_in_messages. *opens_reasoning: whether the output starts inside the reasoning.
+ * close_reasoning (an output grammar, which holds from the first output token): a prompt that
+ * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
+ * MLA_ERR with e set. */
+static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool close_reasoning,
+                    bool *opens_reasoning, int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
@@ -1032,7 +1035,15 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
         free(text);
     }
     chat_guard_free(&g);
-    if (opens_reasoning) *opens_reasoning = reasoning_prompt_opens(full, len);
+    bool opens = reasoning_prompt_opens(full, len);
+    if (opens && close_reasoning) {
+        static const char close[] = "\n" REASONING_CLOSE_TAG "\n\n";
+        full = mla_xrealloc(full, len + sizeof close);
+        memcpy(full + len, close, sizeof close);
+        len += sizeof close - 1;
+        opens = false;
+    }
+    if (opens_reasoning) *opens_reasoning = opens;
     int rc = a->tok.encode(a->tok.ctx, full, len, false, true, spans, n_spans, ids, n, &err);
     free(full);
     free(spans);
@@ -1119,7 +1130,8 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
     if (p->kind == API_CHAT) {
         cJSON *vars = NULL;
         if (chat_vars(a, p, &vars, e) != MLA_OK) return MLA_ERR;
-        int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, &p->prompt_opens_reasoning, &ids, &n_ids, e);
+        int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, p->constrain.grammar != NULL,
+                          &p->prompt_opens_reasoning, &ids, &n_ids, e);
         cJSON_Delete(vars);
         if (rc != MLA_OK) return MLA_ERR;
     } else if (p->prompt_text) {
@@ -1439,7 +1451,7 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
                         int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages) return chat_ids(a, messages, add_gen, NULL, NULL, ids, n, e);
+    if (messages) return chat_ids(a, messages, add_gen, NULL, false, NULL, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);

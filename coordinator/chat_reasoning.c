@@ -4,7 +4,7 @@
 #include <string.h>
 
 #define OPEN_TAG "<think>"
-#define CLOSE_TAG "</think>"
+#define CLOSE_TAG REASONING_CLOSE_TAG
 
 static const char *const k_names[] = {"none", "deepseek-r1", "deepseek-v3.1", "glm", "kimi-k2"};
 

@@ -29,6 +29,7 @@ enum reasoning_kind {
     REASONING_KIMI_K2,
 };
 #define REASONING_AUTO (-1)
+#define REASONING_CLOSE_TAG "</think>" /* where every supported family's reasoning ends */
 
 /* "none", "deepseek-r1", "deepseek-v3.1", "glm", "kimi-k2" */
 const char *reasoning_kind_name(enum reasoning_kind k);
