@@ -158,9 +158,13 @@ static void on_watch(uv_timer_t *t) {
          * is exit, or restarts were given up (restart, or stop after the coordinator stood still) */
         if (coord_failed_for_good(g_coord) &&
             (coord_policy(g_coord) == COORD_ON_FAILURE_EXIT || coord_gave_up(g_coord))) {
-            MLA_ERROR("serve: the worker group failed%s: exiting with status 1",
-                      coord_policy(g_coord) == COORD_ON_FAILURE_EXIT ? " and --on-worker-failure is exit"
-                                                                     : " and restarting it was given up");
+            mla_err why = {{0}};
+            (void)coord_healthy(g_coord, &why);
+            snprintf(g_exit_msg, sizeof g_exit_msg, "the worker group failed%s: %s",
+                     coord_policy(g_coord) == COORD_ON_FAILURE_EXIT ? " (--on-worker-failure exit)"
+                                                                    : " and restarting it was given up",
+                     why.msg[0] ? why.msg : "no reason recorded");
+            MLA_ERROR("serve: %s: exiting with status 1", g_exit_msg);
             g_exit_rc = 1;
             g_draining = 1;
             api_server_set_draining(g_api);

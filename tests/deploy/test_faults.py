@@ -2,7 +2,8 @@
   death    SIGKILL a worker mid-generation: the request fails with a message naming the worker,
            /health 503 with the reason, new generations 503, /metrics still answers; then
            --on-worker-failure restart brings the group back (a new completion succeeds, and a
-           prompt cached before the restart gets the same answer after it)
+           prompt cached before the restart gets the same answer after it); --on-worker-failure
+           exit ends the server with status 1, its last line naming the worker
   hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
@@ -80,6 +81,21 @@ def case_death():
             check(not any(alive(p) for p in pids.values()), "%s: no worker left" % policy)
         finally:
             srv.stop(signal.SIGKILL)
+
+
+def case_death_exit():
+    """--on-worker-failure exit: status 1, and the last line says which worker failed and why"""
+    srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", "exit"], SLOW, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        os.kill(pids[1], signal.SIGKILL)
+        ok = wait_for(lambda: srv.proc.poll() is not None, 30, 0.2)
+        check(ok and srv.proc.returncode == 1, "exit: status 1 (%r)" % srv.proc.returncode)
+        lines = [ln for ln in srv.text().splitlines() if ln.strip()]
+        check(lines and "worker 1" in lines[-1] and "signal 9" in lines[-1], "exit: the last line names the worker",
+              lines[-1:])
+    finally:
+        srv.stop(signal.SIGKILL)
 
 
 def case_hang():
@@ -242,5 +258,5 @@ def case_bounds():
         srv.stop(signal.SIGKILL)
 
 
-{"death": case_death, "hang": case_hang, "coord": case_coord, "drain": case_drain, "bounds": case_bounds}[case]()
+{"death": lambda: (case_death(), case_death_exit()), "hang": case_hang, "coord": case_coord, "drain": case_drain, "bounds": case_bounds}[case]()
 finish()
