@@ -80,8 +80,18 @@ static void finish_header(http_req *p) {
     if (p->hval) p->hval[0] = 0;
 }
 
+/* a token character (RFC 9110 5.6.2), what a field name is made of */
+static bool is_tchar(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
 static int on_header_field(http_parser *hp, const char *at, size_t n) {
     http_req *p = of(hp);
+    /* the parser lets a space through before the colon ("Content-Length : 5") and would honour
+     * it: a request a proxy may frame otherwise (RFC 9112 5.1: refuse it) */
+    for (size_t i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)at[i])) return fail(p, 400, "a header field name holds a character outside RFC 9110's tokens");
     if (p->in_value) {
         finish_header(p);
         p->in_value = false;

@@ -356,6 +356,12 @@ def test_http_level(port):
               b"5\r\n{\"pro\r\n0\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 501") and b"only chunked" in out and out.count(b"HTTP/1.1") == 1,
           "gzip, chunked -> 501: %r" % out[:200])
+    # a space before the colon is refused, not honoured (RFC 9112 5.1): no framing a proxy reads otherwise
+    for head in (b"Transfer-Encoding : gzip, chunked", b"Content-Length : 16", b"Host : x", b"X\tY: 1"):
+        out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n{\"prompt\": \"ab\"}")
+        check(out.startswith(b"HTTP/1.1 400") and (b"header field name" in out or b"\t" in head) and
+              out.count(b"HTTP/1.1") == 1,
+              "%r -> 400: %r" % (head, out[:200]))
     out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n\r\n{\"prompt\": \"ab\"}")
     check(out.startswith(b"HTTP/1.1 411") and b"Content-Length" in out and out.count(b"HTTP/1.1") == 1,
           "POST without a length -> 411 alone: %r" % out[:300])
