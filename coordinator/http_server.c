@@ -358,6 +358,7 @@ static const char *layer_code(int status) {
     case 408: return "request_timeout";
     case 411: return "length_required";
     case 413: return "body_too_large";
+    case 403: return "origin_not_allowed";
     case 414: return "uri_too_long";
     case 431: return "headers_too_large";
     case 501: return "transfer_encoding_not_supported";
@@ -499,6 +500,12 @@ static void conn_process(http_conn *c) {
         }
         if (c->parser.headers_done && !c->early_checked) {
             cors_note(c);
+            /* a browser sends Origin from a page, also where CORS lets it read nothing (a simple
+             * POST, no-cors): a page --cors-origins does not list must not drive the model either */
+            if (c->parser.origin && c->parser.origin[0] && !c->cors[0]) {
+                respond_error_close(c, 403, "a request from a web page whose origin --cors-origins does not list");
+                break;
+            }
             if (!run_early(c)) break;
             if (!had_headers) arm_timer(c); /* the request timeout now applies */
         }

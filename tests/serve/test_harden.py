@@ -256,8 +256,13 @@ def test_cors(exe):
               "allowed origin: ACAO %s (%d)" % (hd.get("Access-Control-Allow-Origin"), st))
         st, hd, _ = request(port, "GET", "/v1/models", headers={"Origin": ui.upper().replace("HTTPS", "https")})
         check(st == 401 and hd.get("Access-Control-Allow-Origin"), "a 401 carries it too, origin without case (%d)" % st)
-        st, hd, _ = request(port, "GET", "/v1/models", headers=dict(key, Origin=other))
-        check(st == 200 and "Access-Control-Allow-Origin" not in hd, "another origin: no ACAO")
+        st, hd, body = request(port, "GET", "/v1/models", headers=dict(key, Origin=other))
+        check(st == 403 and "Access-Control-Allow-Origin" not in hd and b"origin_not_allowed" in body,
+              "another origin: 403, no ACAO (%d)" % st)
+        # a page's simple POST (text/plain, no preflight) from another origin runs nothing
+        st, hd, body = request(port, "POST", "/v1/completions", body='{"prompt": "hi", "max_tokens": 2}',
+                               headers=dict(key, Origin=other, **{"Content-Type": "text/plain;charset=UTF-8"}))
+        check(st == 403 and b"--cors-origins" in body, "a simple POST from another origin: 403 (%d)" % st)
         pre = {"Origin": ui, "Access-Control-Request-Method": "POST",
                "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
         st, hd, data = request(port, "OPTIONS", "/v1/chat/completions", headers=pre, json_type=False)
@@ -267,7 +272,7 @@ def test_cors(exe):
               hd.get("Access-Control-Max-Age") == "600" and data == b"",
               "preflight: 204 without a key (%d %r)" % (st, hd))
         st, hd, _ = request(port, "OPTIONS", "/v1/chat/completions", headers=dict(pre, Origin=other), json_type=False)
-        check(st in (404, 405) and "Access-Control-Allow-Origin" not in hd, "preflight from another origin: %d" % st)
+        check(st == 403 and "Access-Control-Allow-Origin" not in hd, "preflight from another origin: %d" % st)
         # a preflight and a request on one connection, then a streamed answer with the header
         s = connect(port)
         s.sendall(b"OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + ui.encode() +
@@ -285,10 +290,12 @@ def test_cors(exe):
         check(srv.stop() == 0, "cors server clean exit")
     srv = R.Server(exe)
     try:
-        st, hd, _ = request(srv.port, "GET", "/v1/models", headers={"Origin": ui})
+        st, hd, _ = request(srv.port, "GET", "/v1/models")
         check(st == 200 and "Access-Control-Allow-Origin" not in hd, "no --cors-origins: no CORS headers")
+        st, hd, _ = request(srv.port, "GET", "/v1/models", headers={"Origin": ui})
+        check(st == 403 and "Access-Control-Allow-Origin" not in hd, "no --cors-origins: a page's request is refused")
         st, hd, _ = request(srv.port, "OPTIONS", "/v1/models", headers={"Origin": ui}, json_type=False)
-        check(st == 405, "no --cors-origins: OPTIONS is refused (%d)" % st)
+        check(st == 403, "no --cors-origins: OPTIONS is refused (%d)" % st)
     finally:
         check(srv.stop() == 0, "plain server clean exit")
     srv = R.Server(exe, "--cors-origins", "*")
