@@ -764,7 +764,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         api_hist_observe(&a->m.e2e, t - r->t_start);
         api_hist_observe(&a->m.decode, r->t_last - r->t_first);
     }
-    if (ev->finish != SCHED_FINISH_ERROR && ev->finish != SCHED_FINISH_CANCELLED) {
+    if (ev->finish != SCHED_FINISH_ERROR && !r->cancelled) { /* a stop string ends it by cancelling too */
         api_hist_observe(&a->m.prompt_len, r->n_prompt);
         api_hist_observe(&a->m.generation_len, r->n_completion);
     }
