@@ -1539,19 +1539,62 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
     cJSON_Delete(root);
 }
 
-static void handle_models(api_server *a, http_conn *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(j, "data");
+/* the served model as OpenAI's model object */
+static cJSON *model_object(const api_server *a) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", a->model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)time(NULL));
     cJSON_AddStringToObject(m, "owned_by", "mlaserve");
     cJSON_AddNumberToObject(m, "max_model_len", a->cfg.max_context);
-    cJSON_AddItemToArray(data, m);
+    return m;
+}
+
+static void handle_models(api_server *a, http_conn *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(j, "data");
+    cJSON_AddItemToArray(data, model_object(a));
     reply_json(a, c, 200, j);
     cJSON_Delete(j);
+}
+
+static int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* GET /v1/models/{id} (the SDKs' models.retrieve): the model object when id (percent-decoded)
+ * names the served model, else 404 model_not_found */
+static void handle_model(api_server *a, http_conn *c, const char *id) {
+    size_t n = strlen(id), k = 0;
+    while (n > 0 && id[n - 1] == '/') n--; /* a trailing slash, as on the other routes */
+    char *d = mla_xmalloc(n + 1);
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (id[i] == '%' && i + 2 < n && (hi = hexval(id[i + 1])) >= 0 && (lo = hexval(id[i + 2])) >= 0) {
+            d[k++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            d[k++] = id[i];
+        }
+    }
+    d[k] = 0;
+    if (k == strlen(a->model_name) && !memcmp(d, a->model_name, k)) {
+        cJSON *m = model_object(a);
+        reply_json(a, c, 200, m);
+        cJSON_Delete(m);
+    } else {
+        api_error e;
+        size_t sn;
+        char *s = api_utf8_sanitize(d, k > 200 ? 200 : k, &sn);
+        api_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s')", s,
+                      a->model_name);
+        free(s);
+        reply_error(a, c, &e, NULL);
+    }
+    free(d);
 }
 
 bool api_server_healthy(api_server *a, char *why, size_t cap) {
@@ -1720,6 +1763,7 @@ static const route routes[] = {
     {"/v1/completions", HTTP_POST, true},
     {"/v1/chat/completions", HTTP_POST, true},
     {"/v1/models", HTTP_GET, true},
+    {"/v1/models/", HTTP_GET, true}, /* a prefix: /v1/models/{id} */
     {"/health", HTTP_GET, false},
     {"/metrics", HTTP_GET, false},
     {"/tokenize", HTTP_POST, true},
@@ -1729,8 +1773,14 @@ static const route routes[] = {
 static const route *find_route(const char *path, size_t plen) {
     const route *rt = NULL;
     while (plen > 1 && path[plen - 1] == '/') plen--; /* tolerate a trailing slash */
-    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
-        if (strlen(routes[i].path) == plen && !strncmp(routes[i].path, path, plen)) rt = &routes[i];
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        const size_t rl = strlen(routes[i].path);
+        if (routes[i].path[rl - 1] == '/') { /* a prefix route: something after it */
+            if (plen > rl && !strncmp(routes[i].path, path, rl)) rt = &routes[i];
+        } else if (rl == plen && !strncmp(routes[i].path, path, plen)) {
+            rt = &routes[i];
+        }
+    }
     return rt;
 }
 
@@ -1775,6 +1825,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     if (!strcmp(rt->path, "/v1/completions")) handle_generate(a, c, req, API_COMPLETIONS);
     else if (!strcmp(rt->path, "/v1/chat/completions")) handle_generate(a, c, req, API_CHAT);
     else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
+    else if (!strcmp(rt->path, "/v1/models/")) handle_model(a, c, req->path + strlen(rt->path));
     else if (!strcmp(rt->path, "/health")) handle_health(a, c);
     else if (!strcmp(rt->path, "/metrics")) handle_metrics(a, c);
     else if (!strcmp(rt->path, "/tokenize")) handle_tokenize(a, c, req);

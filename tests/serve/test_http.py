@@ -61,6 +61,9 @@ def test_basic(port):
     st, hd, data = request(port, "GET", "/v1/models")
     j = json.loads(data)
     check(st == 200 and j["object"] == "list" and j["data"][0]["id"] == "fake-model", "/v1/models")
+    for path, want in (("/v1/models/fake-model", 200), ("/v1/models/fake%2Dmodel/", 200), ("/v1/models/x", 404)):
+        st, hd, data = request(port, "GET", path)
+        check(st == want and (st != 200 or json.loads(data)["id"] == "fake-model"), "GET %s: %d" % (path, st))
     st, hd, data = request(port, "GET", "/health")
     check(st == 200, "/health 200")
     # tokenize / detokenize

@@ -21,6 +21,13 @@ def main():
         cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="k-123", timeout=30, max_retries=0)
         models = cl.models.list()
         check([m.id for m in models.data] == ["fake-model"], "models.list")
+        m = cl.models.retrieve("fake-model")
+        check(m.id == "fake-model" and m.object == "model", "models.retrieve")
+        try:
+            cl.models.retrieve("other-model")
+            check(False, "models.retrieve of another model: 404")
+        except openai.NotFoundError as e:
+            check("other-model" in str(e), "models.retrieve of another model: 404 naming it")
 
         prompt = "The openai client"
         toks, lps, tops, fin = R.generate(R.encode(prompt), 12, n_top=2)
