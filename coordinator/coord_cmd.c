@@ -12,6 +12,7 @@
 #include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/model_config.h"
 #include "common/opts.h"
 #include "coord.h"
 #include "tok.h"
@@ -251,8 +252,9 @@ int cmd_generate(int argc, char **argv) {
     int32_t *pos = NULL;
     uint32_t *tab = NULL, ntab = 0;
     int status = 1;
+    mla_config mcfg;
     if (gguf_open(&g, o.model, &err) || tok_vocab_from_gguf(&voc, g, &err) ||
-        chat_tmpl_from_gguf(&tmpl, g, voc, &err))
+        chat_tmpl_from_gguf(&tmpl, g, voc, &err) || mla_config_from_gguf(&mcfg, g, &err))
         goto fail;
     gguf_close(g);
     g = NULL;
@@ -274,6 +276,11 @@ int cmd_generate(int argc, char **argv) {
     if (tok_encode(voc, text, strlen(text), false, true, &ids, &err)) goto fail;
     if (ids.n == 0) {
         mla_errf(&err, "the prompt has no tokens");
+        goto fail;
+    }
+    if (mcfg.ctx_train > 0 && (int64_t)ids.n + n_predict > mcfg.ctx_train) {
+        mla_errf(&err, "the prompt's %zu tokens and -n %ld pass the model's context length %lld", ids.n, n_predict,
+                 (long long)mcfg.ctx_train);
         goto fail;
     }
     o.cc.kv.max_context = (uint32_t)(ids.n + (size_t)n_predict + 1);

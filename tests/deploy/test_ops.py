@@ -186,6 +186,9 @@ def case_cli():
           r.stderr[-400:])
     r = run(gen + ["--log-level", "loud"])
     check(r.returncode == 2 and "'loud'" in r.stderr, "--log-level: a bad level named", r.stderr)
+    # a prompt and -n past the model's context (4096): refused before any worker starts
+    r = run([exe, "generate", "-m", model, "-p", "Hi", "-n", "5000", "--worker-exe", worker])
+    check(r.returncode == 1 and "context length 4096" in r.stderr, "generate: past the context refused", r.stderr[-300:])
 
 
 {"startup": case_startup, "timeout": case_timeout, "cli": case_cli}[case]()
