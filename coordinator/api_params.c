@@ -544,6 +544,7 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
     }
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!is_null(pr) && !is_null(msgs)) return bad(e, "messages", "'prompt' and 'messages' exclude each other");
     if (!is_null(pr)) {
         if (!cJSON_IsString(pr)) return bad(e, "prompt", "'prompt' must be a string");
         p->prompt = mla_xstrdup(pr->valuestring);

@@ -71,6 +71,8 @@ def test_basic(port):
     check(st == 200 and j["tokens"] == R.encode("héllo<|eos|>") and j["count"] == len(j["tokens"]), "/tokenize %r" % j)
     st, j, _, _ = post(port, "/tokenize", {"prompt": "ab", "add_special_tokens": False})
     check(st == 200 and j["tokens"] == [97, 98], "/tokenize without specials")
+    st, j, _, _ = post(port, "/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "hi"}]})
+    check(st == 400 and j["error"]["param"] == "messages", "/tokenize: prompt and messages refused together")
     msgs = [{"role": "user", "content": "hi"}]
     st, j, _, _ = post(port, "/tokenize", {"messages": msgs})
     check(st == 200 and j["tokens"] == R.chat_prompt(msgs), "/tokenize messages")
