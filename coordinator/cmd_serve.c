@@ -390,9 +390,13 @@ int cmd_serve(int argc, char **argv) {
         hc.request_timeout_ms = (unsigned)request_timeout_ms;
         if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
     }
+    if (api_key_file && key_owned) { /* the file would win silently over a key given beside it */
+        free(key_owned);
+        fprintf(stderr, "mlaserve serve: --api-key and --api-key-file exclude each other (give one)\n");
+        return 2;
+    }
     if (api_key_file) {
         mla_err kerr;
-        free(key_owned);
         api_key = key_owned = read_key_file(api_key_file, &kerr);
         if (!api_key) {
             fprintf(stderr, "mlaserve serve: %s\n", kerr.msg);

@@ -102,6 +102,10 @@ def test_keys_and_warnings():
     kf = os.path.join(tmp, "key")
     with open(kf, "w") as f:
         f.write("s3cret-file-key\n")
+    # a key beside the key file: refused, not silently overridden
+    r = subprocess.run([exe, "-m", model, "--api-key", "k1", "--api-key-file", kf], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 2 and "exclude each other" in r.stderr, "--api-key with --api-key-file refused", r.stderr[-300:])
     srv = serve(["--api-key-file", kf])
     try:
         cmd = open("/proc/%d/cmdline" % srv.proc.pid, "rb").read()
