@@ -67,6 +67,8 @@ static int add_stop(void *ctx, const char *v, mla_err *err) {
     return MLA_OK;
 }
 
+/* generate's options, then the call on c; with c NULL the options alone (before connecting:
+ * --help and mistakes answered without a server): -1 when they are good */
 static int do_generate(apiclient *c, int argc, char **argv) {
     apiclient_gen_params p = {0};
     gen_out o = {0};
@@ -118,6 +120,7 @@ static int do_generate(apiclient *c, int argc, char **argv) {
         fprintf(stderr, "mlaserve client generate: -p TEXT is required\n");
         return 2;
     }
+    if (!c) return -1;
     p.stop = stop_v;
     p.n_stop = n_stop;
     apiclient_gen_result res;
@@ -203,6 +206,9 @@ int cmd_client(int argc, char **argv) {
         int st = opts_command(strcmp(cmd, "tokenize") ? "mlaserve client" : "mlaserve client tokenize",
                               "usage: mlaserve client [...] tokenize TEXT [--no-special]\n", &ttab, 1, sargc, sargv,
                               text, strcmp(cmd, "tokenize") ? 0 : 1, &n_pos);
+        if (st >= 0) return st;
+    } else {
+        const int st = do_generate(NULL, sargc, sargv);
         if (st >= 0) return st;
     }
     if (port < 0) {

@@ -40,7 +40,7 @@ static int usage(FILE *f) {
             "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models\n"
             "         gRPC API client (of serve --proto-port P)\n"
             "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n"
-            "  mkmodel --family v3|glm5|v2lite -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"
+            "  mkmodel --family v3|glm5|v2lite|glm47flash -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"
             "         synthetic model at real shapes with random weights (mkmodel --help)\n"
             "  env       the MLA_* switches of this build: type, default, value, meaning (docs/switches.md)\n"
             "  version   this build: version, commit, build type, CUDA architectures (also --version)\n"
@@ -57,6 +57,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "env")) {
+        if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            printf("usage: mlaserve env\n\nThe MLA_* environment switches of this build: name, type, default, value "
+                   "and meaning (docs/switches.md); exit 1 when one is set to a bad or unknown value.\n");
+            return 0;
+        }
         if (argc > 2) {
             fprintf(stderr, "mlaserve env: takes no arguments\n");
             return 2;

@@ -186,6 +186,10 @@ def case_cli():
           r.stderr[-400:])
     r = run(gen + ["--log-level", "loud"])
     check(r.returncode == 2 and "'loud'" in r.stderr, "--log-level: a bad level named", r.stderr)
+    # every command's --help answers without a server or a model
+    for cmd in (["client", "generate", "--help"], ["env", "--help"]):
+        r = run([exe] + cmd)
+        check(r.returncode == 0 and "usage: mlaserve" in r.stdout, "%s: usage, status 0" % " ".join(cmd), r.stderr[-200:])
     # a prompt and -n past the model's context (4096): refused before any worker starts
     r = run([exe, "generate", "-m", model, "-p", "Hi", "-n", "5000", "--worker-exe", worker])
     check(r.returncode == 1 and "context length 4096" in r.stderr, "generate: past the context refused", r.stderr[-300:])
