@@ -654,15 +654,19 @@ static void sim_free_seq(void *ctx, uint64_t id) {
     sim_violation(m, "free_seq of unknown seq %llu", (unsigned long long)id);
 }
 
-/* A scheduler over a fresh sim with cfg's cache geometry. */
-static sched *sim_sched(sim *m, const sched_config *cfg, uint32_t eos_period) {
+/* A scheduler over a fresh sim with cfg's cache geometry; epoch: the backend's cache_epoch, or NULL. */
+static sched *sim_sched_epoch(sim *m, const sched_config *cfg, uint32_t eos_period, uint64_t (*epoch)(void *)) {
     sim_init(m, cfg->n_blocks, cfg->block_size, eos_period);
-    sched_backend be = {.ctx = m, .run_step = sim_run, .free_seq = sim_free_seq};
+    sched_backend be = {.ctx = m, .run_step = sim_run, .free_seq = sim_free_seq, .cache_epoch = epoch};
     sched *s;
     mla_err err;
     REQUIRE(sched_init(&s, cfg, &be, &err) == MLA_OK);
     m->s = s;
     return s;
+}
+
+static sched *sim_sched(sim *m, const sched_config *cfg, uint32_t eos_period) {
+    return sim_sched_epoch(m, cfg, eos_period, NULL);
 }
 
 static sched_stats stats_of(sched *s) {
@@ -790,12 +794,7 @@ static void test_cache_lost(void) {
     make_world(&w);
     sched_config cfg = prefix_cfg(&w);
     static sim m;
-    sim_init(&m, cfg.n_blocks, cfg.block_size, 0);
-    sched_backend be = {.ctx = &m, .run_step = sim_run, .free_seq = sim_free_seq, .cache_epoch = sim_epoch};
-    sched *s;
-    mla_err err;
-    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
-    m.s = s;
+    sched *s = sim_sched_epoch(&m, &cfg, 0, sim_epoch);
     int32_t stem[12];
     for (int i = 0; i < 12; i++) stem[i] = 300 + i;
     static job jobs[4];
@@ -844,6 +843,7 @@ static void test_cache_lost(void) {
     rq.sampling.repetition_penalty = 1.3f;
     rq.user = (void *)(intptr_t)3;
     uint64_t pid;
+    mla_err err;
     REQUIRE(sched_submit(s, &rq, &pid, &err) == SCHED_E_OK);
     sim_drain(s, &m, 1000);
     const int np = entries_of(&m, pid, e, 64);
