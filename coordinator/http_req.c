@@ -91,7 +91,8 @@ static int on_header_field(http_parser *hp, const char *at, size_t n) {
     /* the parser lets a space through before the colon ("Content-Length : 5") and would honour
      * it: a request a proxy may frame otherwise (RFC 9112 5.1: refuse it) */
     for (size_t i = 0; i < n; i++)
-        if (!is_tchar((unsigned char)at[i])) return fail(p, 400, "a header field name holds a character outside RFC 9110's tokens");
+        if (!is_tchar((unsigned char)at[i]))
+            return fail(p, 400, "a header field name holds a character outside RFC 9110's tokens");
     if (p->in_value) {
         finish_header(p);
         p->in_value = false;

@@ -355,10 +355,10 @@ void http_conn_close_after(http_conn *c) { c->keep_alive = false; }
 /* The error code (a string, as the API's other errors carry) of an answer from the HTTP layer. */
 static const char *layer_code(int status) {
     switch (status) {
+    case 403: return "origin_not_allowed";
     case 408: return "request_timeout";
     case 411: return "length_required";
     case 413: return "body_too_large";
-    case 403: return "origin_not_allowed";
     case 414: return "uri_too_long";
     case 431: return "headers_too_large";
     case 501: return "transfer_encoding_not_supported";
