@@ -160,6 +160,10 @@ int cmd_logits(int argc, char **argv) {
     pthread_t *th = NULL;
     if (gguf_open(&g, model, &err) < 0) goto fail;
     if (ids_file_read_all(tokens, &P, &err) < 0) goto fail;
+    if (P.count == 0) { /* an empty output would pass for a result */
+        mla_errf(&err, "%s: no prompt (every line is empty)", tokens);
+        goto fail;
+    }
     fout = fopen(outp, "wb");
     if (!fout) {
         mla_errf(&err, "%s: %s", outp, strerror(errno));

@@ -305,7 +305,8 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
          .help = "the model's name in the API", .dest = &model_name},
         {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
-         .help = "longest sequence (prompt + generated tokens)", .dest = &max_context, .lo = 0, .hi = WIRE_MAX_CTX},
+         .help = "longest sequence (prompt + generated tokens; 0: the default)", .dest = &max_context, .lo = 0,
+         .hi = WIRE_MAX_CTX},
         {.name = "--max-seqs", .kind = OPT_LONG, .arg = "N", .def = "32", .help = "sequences in the running batch",
          .dest = &max_seqs, .lo = 1, .hi = WIRE_MAX_SEQS},
         {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
@@ -456,6 +457,10 @@ int cmd_serve(int argc, char **argv) {
     const long ctx_len = (long)mcfg.ctx_train;
     if (ctx_len > 0 && max_context > ctx_len) {
         mla_errf(&err, "--max-context %ld is beyond the model's context length %ld", max_context, ctx_len);
+        goto out;
+    }
+    if (max_context == 1) { /* a prompt of one token and nothing to generate */
+        mla_errf(&err, "--max-context 1 leaves no room to generate (0: the model's context; else at least 2)");
         goto out;
     }
     if (max_context == 0) max_context = ctx_len > 0 ? ctx_len : 4096;

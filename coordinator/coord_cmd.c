@@ -169,6 +169,10 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
             fputc('\n', fids);
         }
     }
+    if (step == 0) { /* every line empty: an empty output would pass for a result */
+        mla_errf(&err, "%s: no prompt (every line is empty)", tokens);
+        goto fail;
+    }
     status = 0;
     goto done;
 fail:

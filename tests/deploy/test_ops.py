@@ -190,6 +190,15 @@ def case_cli():
     for cmd in (["client", "generate", "--help"], ["env", "--help"]):
         r = run([exe] + cmd)
         check(r.returncode == 0 and "usage: mlaserve" in r.stdout, "%s: usage, status 0" % " ".join(cmd), r.stderr[-200:])
+    # an empty tokens file: an error, not an empty output; --max-context 1: refused before the workers start
+    empty = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mla_empty_tokens_%d" % os.getpid())
+    open(empty, "w").close()
+    r = run([exe, "logits", "-m", model, "--tokens", empty, "--out", empty + ".f32", "--worker-exe", worker])
+    check(r.returncode == 1 and "no prompt" in r.stderr, "logits: an empty tokens file refused", r.stderr[-300:])
+    os.unlink(empty)
+    r = run([exe, "serve", "-m", model, "--max-context", "1", "--worker-exe", worker])
+    check(r.returncode != 0 and "--max-context 1" in r.stderr and "started worker" not in r.stderr,
+          "serve: --max-context 1 refused before the workers", r.stderr[-300:])
     # a prompt and -n past the model's context (4096): refused before any worker starts
     r = run([exe, "generate", "-m", model, "-p", "Hi", "-n", "5000", "--worker-exe", worker])
     check(r.returncode == 1 and "context length 4096" in r.stderr, "generate: past the context refused", r.stderr[-300:])
