@@ -276,7 +276,7 @@ int cmd_serve(int argc, char **argv) {
     coord_group_opt_specs(&go, gspecs);
     coord_opt_specs(&go.cc, cspecs);
     const opt_spec mine[] = {
-        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and gRPC) bind address",
+        {.name = "--host", .kind = OPT_STR, .arg = "HOST", .def = "127.0.0.1", .help = "HTTP (and gRPC) bind address (an IPv4 or IPv6 address; localhost: 127.0.0.1)",
          .dest = &host},
         {.name = "--port", .kind = OPT_INT, .arg = "PORT", .def = "8000", .help = "HTTP port (0: any free port)",
          .dest = &port, .lo = 0, .hi = 65535},

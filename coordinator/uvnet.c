@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <stdio.h>
+#include <string.h>
 
 static int sockaddr_port(const struct sockaddr_storage *sa) {
     return sa->ss_family == AF_INET6 ? ntohs(((const struct sockaddr_in6 *)sa)->sin6_port)
@@ -11,7 +12,7 @@ static int sockaddr_port(const struct sockaddr_storage *sa) {
 int uvnet_listen(uv_tcp_t *listener, const char *host, int port, uv_connection_cb on_connection,
                  int *bound_port, mla_err *err) {
     struct sockaddr_storage sa;
-    if (!host) host = "127.0.0.1";
+    if (!host || !strcmp(host, "localhost")) host = "127.0.0.1"; /* the name every user types: IPv4 loopback */
     if (port < 0 || port > 65535) return mla_errf(err, "port %d is out of range", port);
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
         uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0)

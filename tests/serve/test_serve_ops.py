@@ -102,6 +102,13 @@ def test_keys_and_warnings():
     kf = os.path.join(tmp, "key")
     with open(kf, "w") as f:
         f.write("s3cret-file-key\n")
+    # --host localhost is the IPv4 loopback
+    srv = serve(["--host", "localhost"])
+    try:
+        st, _, _ = http_request(srv.port, "GET", "/health")
+        check(st == 200, "--host localhost: listening on 127.0.0.1 (%d)" % st)
+    finally:
+        srv.stop(timeout=30)
     # a key beside the key file: refused, not silently overridden
     r = subprocess.run([exe, "-m", model, "--api-key", "k1", "--api-key-file", kf], capture_output=True,
                        text=True, timeout=60)
