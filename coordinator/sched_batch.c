@@ -569,14 +569,21 @@ static void fail_running(sched *s, sreq *q, const char *msg) {
     leave_running(s, q);
 }
 
+/* running request i goes back to the front of the queue, its blocks and state released: it
+ * starts over from its first token when admitted again */
+static void requeue(sched *s, int i) {
+    sreq *q = s->running.v[i];
+    rv_remove_at(&s->running, i);
+    release_blocks(s, q);
+    rv_insert_front(&s->waiting, q);
+}
+
 static void preempt(sched *s, sreq *q) {
     int i = rv_find(&s->running, q);
     MLA_ASSERT(i >= 0);
-    rv_remove_at(&s->running, i);
-    release_blocks(s, q);
+    requeue(s, i);
     queue_free_seq(s, q);
     q->preempt_step = s->st.steps + 1;
-    rv_insert_front(&s->waiting, q);
     s->st.preemptions++;
     MLA_DEBUG("sched: preempted request %llu (%d tokens to recompute)",
               (unsigned long long)q->id, q->n_tokens);
@@ -587,12 +594,8 @@ static void preempt(sched *s, sreq *q) {
  * block, none of which holds its rows any more. */
 static void cache_lost(sched *s) {
     const int n_run = s->running.n, n_cached = s->n_lru;
-    while (s->running.n > 0) { /* the youngest first: the oldest ends up first in line */
-        sreq *q = s->running.v[s->running.n - 1];
-        rv_remove_at(&s->running, s->running.n - 1);
-        release_blocks(s, q); /* no free_seq: the backend forgot it too */
-        rv_insert_front(&s->waiting, q);
-    }
+    /* the youngest first: the oldest ends up first in line; no free_seq: the backend forgot them */
+    while (s->running.n > 0) requeue(s, s->running.n - 1);
     while (s->n_lru > 0) { /* every block is unreferenced now; the LRU head never has a child */
         const int32_t b = s->lru_head;
         lru_unlink(s, b);
