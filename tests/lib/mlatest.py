@@ -81,6 +81,16 @@ def http_get(port, path, timeout=30, host="127.0.0.1"):
     return st, data
 
 
+def http_metric(port, name, host="127.0.0.1"):
+    """The value of the /metrics line whose name (labels included, or followed by them) is name;
+    None when there is none."""
+    st, _, data = http_request(port, "GET", "/metrics", host=host, json_type=False)
+    for line in data.decode().splitlines() if st == 200 else []:
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def http_post(port, path, body, timeout=120, host="127.0.0.1"):
     """(status, body bytes) of POST path with a JSON body (bytes/str sent as is)."""
     st, _, data = http_request(port, "POST", path, body, timeout=timeout, host=host)

@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fakeref as R  # noqa: E402
-from mlatest import FAILS, check, http_request as request, summary  # noqa: E402,F401
+from mlatest import FAILS, check, http_metric as metric, http_request as request, summary  # noqa: E402,F401
 
 EXE = sys.argv[1]
 
@@ -413,14 +413,6 @@ def test_concurrent(port, n=64):
         else:
             print("client", i, r, flush=True)
     check(ok == n, "%d concurrent streaming clients correct (%d ok)" % (n, ok))
-
-
-def metric(port, name):
-    st, hd, data = request(port, "GET", "/metrics")
-    for line in data.decode().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def test_disconnect(port):

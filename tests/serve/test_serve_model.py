@@ -9,7 +9,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from mlatest import FAILS, ServeProcess, check, http_get, http_post as post, summary  # noqa: E402
+from mlatest import FAILS, ServeProcess, check, http_get, http_metric, http_post as post, summary  # noqa: E402
 
 exe, worker, fixtures, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
@@ -59,18 +59,12 @@ try:
         texts = [json.loads(d)["choices"][0]["text"] if st == 200 else None for st, d in runs]
         check(texts[0] is not None and texts[0] == texts[1], "%r twice: %r" % (pen, texts))
     # a request whose prompt comes from the prefix cache still has its queue and prefill times observed
-    def hist_count(name):
-        st, data = http_get(port, "/metrics")
-        for line in data.decode().splitlines() if st == 200 else []:
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
     names = ("mlaserve_request_queue_time_seconds_count", "mlaserve_request_prefill_time_seconds_count")
-    before = [hist_count(n) for n in names]
+    before = [http_metric(port, n) or 0 for n in names]
     for _ in range(2):
         post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
     time.sleep(0.5)
-    after = [hist_count(n) for n in names]
+    after = [http_metric(port, n) or 0 for n in names]
     check(all(a - b == 2 for a, b in zip(after, before)), "queue and prefill times, cached prompt too: %r -> %r" % (before, after))
     # a top_k past the vocabulary keeps every token: the same draw as no top_k, beside a greedy row
     # (once it failed the whole step, every request in it)

@@ -115,7 +115,8 @@ static sched_config base_cfg(world *w) {
     return c;
 }
 
-static int submit_job(sched *s, const job *j, int idx, int top, uint64_t *id) {
+/* job j as a greedy request (top alternatives a token), its events to slot idx */
+static sched_request job_request(const job *j, int idx, int top) {
     sched_request rq = {0};
     rq.prompt = j->prompt;
     rq.n_prompt = j->n_prompt;
@@ -126,6 +127,11 @@ static int submit_job(sched *s, const job *j, int idx, int top, uint64_t *id) {
     rq.sampling.temperature = 0;
     rq.sampling.top_logprobs = top;
     rq.user = (void *)(intptr_t)idx;
+    return rq;
+}
+
+static int submit_job(sched *s, const job *j, int idx, int top, uint64_t *id) {
+    const sched_request rq = job_request(j, idx, top);
     mla_err err;
     return sched_submit(s, &rq, id, &err);
 }
@@ -834,14 +840,9 @@ static void test_cache_lost(void) {
     check_against_reference(&w, jobs, 4, cfg.max_context, 0);
     /* but not one with a penalty: a backend learns a sequence's tokens from the plans alone
      * (checked after the others: its events go to slot 3 too) */
-    sched_request rq = {0};
-    rq.prompt = jobs[3].prompt;
-    rq.n_prompt = jobs[3].n_prompt;
+    sched_request rq = job_request(&jobs[3], 3, 0);
     rq.max_tokens = 2;
-    sched_sampling_default(&rq.sampling);
-    rq.sampling.temperature = 0;
     rq.sampling.repetition_penalty = 1.3f;
-    rq.user = (void *)(intptr_t)3;
     uint64_t pid;
     mla_err err;
     REQUIRE(sched_submit(s, &rq, &pid, &err) == SCHED_E_OK);
