@@ -1037,10 +1037,10 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
     chat_guard_free(&g);
     bool opens = reasoning_prompt_opens(full, len);
     if (opens && close_reasoning) {
-        static const char close[] = "\n" REASONING_CLOSE_TAG "\n\n";
-        full = mla_xrealloc(full, len + sizeof close);
-        memcpy(full + len, close, sizeof close);
-        len += sizeof close - 1;
+        static const char shut[] = "\n" REASONING_CLOSE_TAG "\n\n"; /* an empty reasoning, as R1 writes one */
+        full = mla_xrealloc(full, len + sizeof shut);
+        memcpy(full + len, shut, sizeof shut);
+        len += sizeof shut - 1;
         opens = false;
     }
     if (opens_reasoning) *opens_reasoning = opens;
