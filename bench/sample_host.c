@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         sample_out o = {0};
         for (int r = 0; r < reps; r++) {
             const double t0 = now_ms();
-            sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, (uint64_t)r, &o);
+            sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 0, (uint64_t)r, &o);
             ms[r] = now_ms() - t0;
         }
         qsort(ms, (size_t)reps, sizeof *ms, cmp_d);

@@ -301,6 +301,7 @@ int cmd_generate(int argc, char **argv) {
     size_t off = 0, cnt = ids.n;
     int32_t next = -1;
     long n_gen = 0;
+    sp.penalty_start = (uint32_t)ids.n; /* presence / frequency count the generated tokens */
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     t1 = t0;

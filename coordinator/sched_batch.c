@@ -514,13 +514,15 @@ static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
 static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
     *in_lru = 0;
     if (!s->cfg.prefix_cache) return 0;
-    /* penalties look at every token of the sequence, which a backend learns only from the tokens
-     * its plans send: such a request computes its own rows from position 0 */
+    /* A backend learns a sequence's tokens only from the plans that send them. The repetition
+     * penalty looks at every token: such a request computes its own rows from position 0. The
+     * presence and frequency penalties look at the generated ones: its hits stay within the
+     * prompt (a preempted request's generated tokens are sent again). */
     const sched_sampling *sp = &q->sampling;
-    if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f ||
-        (sp->repetition_penalty != 1.0f && sp->repetition_penalty != 0.0f))
-        return 0;
+    if (sp->repetition_penalty != 1.0f && sp->repetition_penalty != 0.0f) return 0;
     int32_t bs = s->cfg.block_size, max_hits = (q->n_tokens - 1) / bs, hits = 0;
+    if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) && max_hits > q->n_prompt / bs)
+        max_hits = q->n_prompt / bs;
     reserve_blocks(q, max_hits);
     int32_t parent = -1;
     while (hits < max_hits) {

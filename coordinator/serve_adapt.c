@@ -96,6 +96,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->sp.repetition_penalty = sp->repetition_penalty;
         w->sp.presence_penalty = sp->presence_penalty;
         w->sp.frequency_penalty = sp->frequency_penalty;
+        w->sp.penalty_start = (uint32_t)p->n_prompt;
         /* no seed given: a per-request one (the stream index is the position, so preemption
          * and recomputation give the same tokens either way) */
         w->sp.seed = sp->has_seed ? sp->seed : s->seed_base ^ (p->seq_id * 0x9E3779B97F4A7C15ULL);

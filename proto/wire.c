@@ -113,6 +113,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sms[i].repetition_penalty = s->sp.repetition_penalty;
             sms[i].presence_penalty = s->sp.presence_penalty;
             sms[i].frequency_penalty = s->sp.frequency_penalty;
+            sms[i].penalty_start = s->sp.penalty_start;
             sms[i].seed = s->sp.seed;
             sms[i].logprobs = s->sp.logprobs;
             sms[i].top_logprobs = s->sp.top_logprobs;
@@ -336,6 +337,8 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
     if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 100)
         BAD("wire: seq %llu: frequency_penalty %g outside [-100, 100]", (unsigned long long)seq,
             p->frequency_penalty);
+    if (p->penalty_start > (lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX))
+        BAD("wire: seq %llu: penalty_start %u past the context", (unsigned long long)seq, p->penalty_start);
     if (p->top_logprobs > WIRE_MAX_TOP_LOGPROBS)
         BAD("wire: seq %llu: top_logprobs %u exceeds %d", (unsigned long long)seq, p->top_logprobs,
             WIRE_MAX_TOP_LOGPROBS);
@@ -372,6 +375,7 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
     o->repetition_penalty = p->repetition_penalty == 0 ? 1.0f : p->repetition_penalty;
     o->presence_penalty = p->presence_penalty;
     o->frequency_penalty = p->frequency_penalty;
+    o->penalty_start = p->penalty_start;
     o->seed = p->seed;
     o->logprobs = p->logprobs;
     o->top_logprobs = p->top_logprobs;

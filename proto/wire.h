@@ -113,6 +113,7 @@ typedef struct wire_sampling {
     float min_p;       /* 0 = off */
     float repetition_penalty; /* 1 = off */
     float presence_penalty, frequency_penalty;
+    uint32_t penalty_start; /* position of the first generated token: presence / frequency count from there */
     uint64_t seed;
     bool logprobs;
     uint32_t top_logprobs;

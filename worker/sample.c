@@ -129,11 +129,12 @@ static void top_logprobs(const float *logits, uint32_t V, double lse, uint32_t n
 
 void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, const int32_t *history,
                     size_t n_history, uint64_t stream, sample_out *out) {
-    sampler_sample_mod(s, logits, sp, NULL, history, n_history, stream, out);
+    sampler_sample_mod(s, logits, sp, NULL, history, n_history, 0, stream, out);
 }
 
 void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp, const sample_mod *mod,
-                        const int32_t *history, size_t n_history, uint64_t stream, sample_out *out) {
+                        const int32_t *history, size_t n_history, size_t n_prompt_hist, uint64_t stream,
+                        sample_out *out) {
     const uint32_t V = s->n_vocab;
     if (mod && (mod->allow || mod->n_bias)) {
         float *m = s->m;
@@ -152,19 +153,20 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
     /* penalties */
     int pen = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0;
     if (pen && n_history) {
+        /* count[t]: 1 for a token of the history, plus its generated occurrences */
         for (size_t i = 0; i < n_history; i++) {
             int32_t t = history[i];
-            if (t >= 0 && (uint32_t)t < V) s->count[t]++;
+            if (t >= 0 && (uint32_t)t < V) s->count[t] += (uint32_t)(s->count[t] == 0) + (uint32_t)(i >= n_prompt_hist);
         }
         for (size_t i = 0; i < n_history; i++) {
             int32_t t = history[i];
             if (t < 0 || (uint32_t)t >= V || s->count[t] == 0) continue;
-            uint32_t c = s->count[t];
+            uint32_t c = s->count[t] - 1; /* generated occurrences */
             s->count[t] = 0; /* handle each distinct token once, and reset */
             float v = w[t];
             if (sp->repetition_penalty != 1.0f)
                 v = v > 0 ? v / sp->repetition_penalty : v * sp->repetition_penalty;
-            v -= sp->frequency_penalty * (float)c + sp->presence_penalty;
+            if (c) v -= sp->frequency_penalty * (float)c + sp->presence_penalty;
             w[t] = v;
         }
     }

@@ -1,7 +1,8 @@
 /* sample: token sampling on the worker (rank 0, after the logits of a sequence's last token).
  *
  * Order of operations: penalties on the logits (repetition: divide positive / multiply negative
- * logits of tokens seen in the history; frequency: minus f x count; presence: minus p once), then
+ * logits of tokens seen in the history, prompt included; frequency: minus f x the token's count
+ * among the generated tokens; presence: minus p once if it is among them), then
  * greedy (temperature 0 or top_k 1: argmax, lowest id on ties), else temperature, top_k, softmax,
  * top_p (smallest prefix of the sorted distribution whose mass reaches top_p), min_p (drop tokens
  * below min_p x the largest probability), and one draw.
@@ -46,13 +47,16 @@ typedef struct sample_mod {
 sampler *sampler_new(uint32_t n_vocab);
 void sampler_free(sampler *s);
 
-/* history: tokens the penalties look at (prompt and generated so far), each in [0, n_vocab);
- * out-of-range history entries are ignored. */
+/* history: the sequence's tokens the penalties look at, each in [0, n_vocab) (out-of-range entries
+ * are ignored); here all of them generated ones. */
 void sampler_sample(sampler *s, const float *logits, const wire_sampling *sp, const int32_t *history,
                     size_t n_history, uint64_t stream, sample_out *out);
-/* The same with the row's constraints (mod may be NULL). */
+/* The same with the row's constraints (mod may be NULL) and a history whose first n_prompt_hist
+ * tokens are the prompt's: the repetition penalty looks at every token of the history, the
+ * presence and frequency penalties only at the generated ones (as OpenAI and vLLM count them). */
 void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp, const sample_mod *mod,
-                        const int32_t *history, size_t n_history, uint64_t stream, sample_out *out);
+                        const int32_t *history, size_t n_history, size_t n_prompt_hist, uint64_t stream,
+                        sample_out *out);
 
 /* The uniform number in [0, 1) used for (seed, stream); exposed for tests. */
 double sampler_uniform(uint64_t seed, uint64_t stream);

@@ -37,7 +37,8 @@ static void *work(void *arg) {
         size_t k = atomic_fetch_add(a->next, 1);
         if (k >= a->n) return NULL;
         wk_sample_job *j = &a->jobs[k];
-        sampler_sample_mod(a->smp, j->logits, j->sp, &j->mod, j->history, j->n_history, j->stream, &j->out);
+        sampler_sample_mod(a->smp, j->logits, j->sp, &j->mod, j->history, j->n_history, j->n_prompt_hist, j->stream,
+                           &j->out);
     }
 }
 

@@ -26,7 +26,7 @@ typedef struct wk_sample_job {
     const wire_sampling *sp;
     sample_mod mod;
     const int32_t *history;
-    size_t n_history;
+    size_t n_history, n_prompt_hist; /* sampler_sample_mod's */
     uint64_t stream;
     sample_out out; /* written by wk_sample_run */
 } wk_sample_job;

@@ -71,10 +71,13 @@ static void send_control(void *sock, wire_control_kind kind, int rank, int32_t s
 
 /* ---- compute thread ---------------------------------------------------------------------- */
 
+/* A sequence's tokens as its plans sent them: tok[i] is at position pos0 + i (pos0 > 0 when its
+ * first plan started after cached rows) */
 typedef struct seq_hist {
     uint64_t id;
     int32_t *tok;
     size_t n, cap;
+    int64_t pos0;
 } seq_hist;
 
 typedef struct hist_tab {
@@ -105,13 +108,22 @@ static void hist_drop(hist_tab *t, uint64_t id) {
 }
 
 static void hist_append(seq_hist *h, const wire_seq *s) {
-    if (s->positions[0] == 0) h->n = 0; /* a sequence starting over */
+    if (!h->n || s->positions[0] != h->pos0 + (int64_t)h->n) { /* a sequence starting (over) */
+        h->n = 0;
+        h->pos0 = s->positions[0];
+    }
     if (h->n + s->n_tokens > h->cap) {
         h->cap = (h->n + s->n_tokens) * 2;
         h->tok = mla_xrealloc(h->tok, h->cap * sizeof *h->tok);
     }
     memcpy(h->tok + h->n, s->tokens, s->n_tokens * sizeof *h->tok);
     h->n += s->n_tokens;
+}
+
+/* how many of h's tokens come before the sequence's first generated one (sp->penalty_start) */
+static size_t hist_prompt(const seq_hist *h, const wire_sampling *sp) {
+    const int64_t k = (int64_t)sp->penalty_start - h->pos0;
+    return k <= 0 ? 0 : (size_t)k < h->n ? (size_t)k : h->n;
 }
 
 /* Waits for the queued step ahead (when there is one) and keeps its tokens for the next plan. */
@@ -472,10 +484,11 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 }
                 j->history = NULL; /* below: this row's history buffer may still move */
                 j->n_history = h->n;
+                j->n_prompt_hist = hist_prompt(h, &s->sp);
                 j->stream = (uint64_t)s->positions[s->n_tokens - 1] + 1;
             } else if (s->sample) {
                 sample_out so;
-                sampler_sample_mod(smp, last, &s->sp, &mod, h->tok, h->n,
+                sampler_sample_mod(smp, last, &s->sp, &mod, h->tok, h->n, hist_prompt(h, &s->sp),
                                    (uint64_t)s->positions[s->n_tokens - 1] + 1, &so);
                 sr[i].token = so.token;
                 sr[i].logprob = so.logprob;

@@ -172,7 +172,7 @@ static int32_t te_pick(engine *e, const float *r, const engine_drow *d) {
     sp.logprobs = false;
     sp.top_logprobs = 0;
     sample_out o;
-    sampler_sample_mod(e->smp, r, &sp, &d->mod, NULL, 0, d->stream, &o);
+    sampler_sample_mod(e->smp, r, &sp, &d->mod, NULL, 0, 0, d->stream, &o);
     return o.token;
 }
 

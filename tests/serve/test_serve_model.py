@@ -21,6 +21,18 @@ srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"], ["--max-c
                    worker=worker, timeout=120, prefix="serve_model_", fail_tail=None)
 try:
     port = srv.port
+    # the first generated token is not penalized for the prompt's copies of it: prompt 0 holds its
+    # greedy first token 9 times, 2.27 nats ahead of the next, which a frequency penalty of 0.5 a
+    # prompt copy would overturn (OpenAI and vLLM count the generated tokens only). First of all
+    # requests: the penalized one computes the whole prompt (none of it is cached yet).
+    p0 = ref["prompts"][0]
+    first, (top1, top2) = p0["greedy"][0], [lp for _, lp in p0["last_top5"][:2]]
+    check(0.5 * p0["tokens"].count(first) > top1 - top2, "prompt 0 can tell the two readings apart")
+    outs = [post(port, "/v1/completions", dict({"prompt": p0["text"], "max_tokens": 1, "temperature": 0}, **pen))
+            for pen in ({"frequency_penalty": 0.5}, {"presence_penalty": 2.0}, {})]
+    texts = [json.loads(d)["choices"][0]["text"] if st == 200 else None for st, d in outs]
+    check(texts[2] is not None and texts[0] == texts[2] and texts[1] == texts[2],
+          "first token beside presence / frequency penalties: %r" % texts)
     plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
     for p in plain:
         st, data = post(port, "/tokenize", {"prompt": p["text"]})
@@ -50,14 +62,19 @@ try:
     for i, p in enumerate(plain * 2):
         st, data = res.get(i, (0, b""))
         check(st == 200 and json.loads(data)["choices"][0]["text"] == p["greedy_text"], "batched greedy %d" % i)
-    # penalties see the whole sequence: the same answer when the prompt's blocks come from the prefix cache
-    # (the second run of each) as when computed
+    # penalties: the same answer when the prompt's blocks come from the prefix cache (the second run
+    # of each) as when computed. The repetition penalty counts the prompt's tokens: such a request
+    # does not look the cache up; presence and frequency count the generated ones: those do.
     prompt = "freq " + " ".join(str(i) for i in range(70))
-    for pen in ({"repetition_penalty": 2.0}, {"frequency_penalty": 0.5}, {"presence_penalty": 1.5}):
+    for pen, cached in (({"repetition_penalty": 2.0}, False), ({"frequency_penalty": 0.5}, True),
+                        ({"presence_penalty": 1.5}, True)):
         body = dict({"prompt": prompt, "max_tokens": 24, "temperature": 0}, **pen)
+        hits = http_metric(port, "mlaserve_prefix_cache_hits_total") or 0
         runs = [post(port, "/v1/completions", body) for _ in range(2)]
+        hits = (http_metric(port, "mlaserve_prefix_cache_hits_total") or 0) - hits
         texts = [json.loads(d)["choices"][0]["text"] if st == 200 else None for st, d in runs]
         check(texts[0] is not None and texts[0] == texts[1], "%r twice: %r" % (pen, texts))
+        check((hits > 0) == cached, "%r twice: %d prompt tokens from the prefix cache" % (pen, hits))
     # a request whose prompt comes from the prefix cache still has its queue and prefill times observed
     names = ("mlaserve_request_queue_time_seconds_count", "mlaserve_request_prefill_time_seconds_count")
     before = [http_metric(port, n) or 0 for n in names]

@@ -565,7 +565,7 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
                 CHECKF(wk_constrain_row(ref, &seqs[i], &mod, &e2) == MLA_OK, "reference grammar: %s", e2.msg);
             }
             sample_out so;
-            sampler_sample_mod(smp, row, &seqs[i].sp, &mod, NULL, 0, (uint64_t)p + 1, &so);
+            sampler_sample_mod(smp, row, &seqs[i].sp, &mod, NULL, 0, 0, (uint64_t)p + 1, &so);
             if (mod.allow) {
                 int ok = 0;
                 for (int v = 0; v < TEST_VOCAB; v++) ok += mod.allow[v];

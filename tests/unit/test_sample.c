@@ -184,6 +184,36 @@ static void test_penalties(void) {
     sp.presence_penalty = 0.6f; /* 2.4 < 2.5, once regardless of count */
     sampler_sample(s, l, &sp, hist, 3, 0, &o);
     CHECK(o.token == 1);
+    /* with the history's first tokens the prompt's: the repetition penalty counts them, presence
+     * and frequency only the generated ones. hist = {0, 0 | 3}: token 0 in the prompt only. */
+    sp = base();
+    sp.temperature = 0;
+    sp.frequency_penalty = 0.3f; /* token 0 unpenalized: 3.0 */
+    sampler_sample_mod(s, l, &sp, NULL, hist, 3, 2, 0, &o);
+    CHECK(o.token == 0);
+    sp.frequency_penalty = 0;
+    sp.presence_penalty = 0.6f;
+    sampler_sample_mod(s, l, &sp, NULL, hist, 3, 2, 0, &o);
+    CHECK(o.token == 0);
+    sampler_sample_mod(s, l, &sp, NULL, hist, 3, 1, 0, &o); /* {0 | 0, 3}: 3.0 - 0.6 */
+    CHECK(o.token == 1);
+    sp.presence_penalty = 0;
+    sp.frequency_penalty = 0.3f; /* one generated 0: 3.0 - 0.3 = 2.7 > 2.5 */
+    sampler_sample_mod(s, l, &sp, NULL, hist, 3, 1, 0, &o);
+    CHECK(o.token == 0);
+    sp.frequency_penalty = 0;
+    sp.repetition_penalty = 1.5f; /* the prompt's 0 counts: 3.0 / 1.5 = 2.0 < 2.5 */
+    sampler_sample_mod(s, l, &sp, NULL, hist, 3, 3, 0, &o);
+    CHECK(o.token == 1);
+    /* the generated 3 (logit -0.9) above 2 (-1.0), pushed below it by presence from 1 on */
+    const float l3[4] = {-5.0f, -5.0f, -1.0f, -0.9f};
+    sp = base();
+    sp.temperature = 0;
+    sp.presence_penalty = 0.5f;
+    sampler_sample_mod(s, l3, &sp, NULL, hist, 3, 3, 0, &o); /* all prompt: 3 unpenalized */
+    CHECK(o.token == 3);
+    sampler_sample_mod(s, l3, &sp, NULL, hist, 3, 2, 0, &o);
+    CHECK(o.token == 2);
     /* repetition penalty multiplies negative logits: token 3 (-0.9 * 2 = -1.8) drops below 2 */
     const float l2[4] = {-5.0f, -5.0f, -1.0f, -0.9f};
     sp = base();
@@ -236,7 +266,7 @@ static void test_mod(void) {
     int32_t bid[2] = {4, 0};
     float bval[2] = {100.0f, -100.0f};
     sample_mod mod = {NULL, bid, bval, 2};
-    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 1, &o);
+    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 0, 1, &o);
     CHECK(o.token == 4);
     double z = 0;
     double biased[6];
@@ -249,12 +279,12 @@ static void test_mod(void) {
     mod.n_bias = 1;
     bid[0] = 0;
     bval[0] = -100.0f;
-    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 1, &o);
+    sampler_sample_mod(s, logits, &sp, &mod, NULL, 0, 0, 1, &o);
     CHECK(o.token == 3);
     /* a mask: only tokens 1 and 2; the top logprobs list only them, normalised over them */
     uint8_t allow[6] = {0, 1, 1, 0, 0, 0};
     sample_mod m2 = {allow, NULL, NULL, 0};
-    sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, 1, &o);
+    sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, 0, 1, &o);
     CHECK(o.token == 1 && o.n_top == 2 && o.top[0].token == 1 && o.top[1].token == 2);
     double lz = log(exp(1.0) + exp(0.5));
     CHECK(fabs(o.top[0].logprob - (1.0 - lz)) < 1e-5 && fabs(o.top[1].logprob - (0.5 - lz)) < 1e-5);
@@ -263,7 +293,7 @@ static void test_mod(void) {
     sp.top_k = 0;
     int bad = 0;
     for (uint64_t st = 0; st < 2000; st++) {
-        sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, st, &o);
+        sampler_sample_mod(s, logits, &sp, &m2, NULL, 0, 0, st, &o);
         bad += !allow[o.token];
     }
     CHECK(bad == 0);

@@ -849,6 +849,15 @@ static void test_cache_lost(void) {
     sim_drain(s, &m, 1000);
     const int np = entries_of(&m, pid, e, 64);
     CHECK(stats_of(s).prefix_hits == 24 && np > 0 && e[0]->start_pos == 0);
+    /* one with presence or frequency penalties (they count the generated tokens) reuses the
+     * prompt's blocks */
+    rq.sampling.repetition_penalty = 1.0f;
+    rq.sampling.frequency_penalty = 0.5f;
+    REQUIRE(sched_submit(s, &rq, &pid, &err) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    const int nf = entries_of(&m, pid, e, 64);
+    CHECKF(stats_of(s).prefix_hits == 36 && nf > 0 && e[0]->start_pos == 12, "frequency penalty: %llu hits, start %d",
+           (unsigned long long)stats_of(s).prefix_hits, nf > 0 ? e[0]->start_pos : -1);
     CHECK(m.violations == 0 && m.n_seqs == 0);
     sched_free(s);
     sim_done(&m);
@@ -1181,6 +1190,42 @@ static void test_prefix_admission(void) {
     CHECK(m.violations == 0);
     sched_free(s);
     sim_done(&m);
+}
+
+/* A preempted request resumes from the prefix cache: a plain one also from its cached generated
+ * tokens; one with a frequency penalty from its prompt's blocks only (a backend counts the
+ * generated tokens its plans send). The younger request (a 6-token prompt) is preempted when the
+ * older needs a block; its second block (2 prompt tokens, 2 generated) is then still cached. */
+static void test_penalty_resume(void) {
+    int32_t start[2] = {-1, -1};
+    for (int pen = 0; pen < 2; pen++) {
+        static world w;
+        make_world(&w);
+        sched_config cfg = prefix_cfg(&w);
+        cfg.n_blocks = 7;
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        static job two[2];
+        fill(&two[0], NULL, 0, 1, 8, 10);
+        fill(&two[1], NULL, 0, 100, 6, 8);
+        uint64_t ids[2];
+        REQUIRE(submit_job(s, &two[0], 0, 0, &ids[0]) == SCHED_E_OK);
+        sched_request rq = job_request(&two[1], 1, 0);
+        rq.sampling.frequency_penalty = pen ? 0.5f : 0.0f;
+        mla_err err;
+        REQUIRE(sched_submit(s, &rq, &ids[1], &err) == SCHED_E_OK);
+        sim_drain(s, &m, 100);
+        CHECKF(stats_of(s).preemptions == 1, "%llu preemptions", (unsigned long long)stats_of(s).preemptions);
+        const sim_entry *b[32];
+        const int n = entries_of(&m, ids[1], b, 32);
+        for (int k = 1; k < n; k++)
+            if (b[k]->n_sent == 0) start[pen] = b[k]->start_pos;
+        check_against_reference(&w, two, 2, cfg.max_context, 0);
+        CHECK(m.violations == 0);
+        sched_free(s);
+        sim_done(&m);
+    }
+    CHECKF(start[0] == 8 && start[1] == 4, "resumed at %d (plain) and %d (frequency penalty)", start[0], start[1]);
 }
 
 /* n_blocks_sent: what the backend holds, step by step, and back to 0 after a preemption. */
@@ -1592,6 +1637,7 @@ int main(void) {
     test_prefix_refcount();
     test_prefix_admission();
     test_blocks_sent();
+    test_penalty_resume();
     test_decode_lookahead();
     test_prefix_pressure();
     test_prefix_random_cancel();

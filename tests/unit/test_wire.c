@@ -115,6 +115,7 @@ static void test_plan_rejections(void) {
     EXPECT_REJECT(f.sp[1].frequency_penalty = INFINITY, "frequency_penalty");
     EXPECT_REJECT(f.sp[1].presence_penalty = 1000, "presence_penalty");
     EXPECT_REJECT(f.sp[1].repetition_penalty = -2, "repetition_penalty");
+    EXPECT_REJECT(f.sp[1].penalty_start = 1025, "penalty_start");
     EXPECT_REJECT(f.sp[1].top_logprobs = WIRE_MAX_TOP_LOGPROBS + 1, "top_logprobs");
     EXPECT_REJECT(f.sp[1].logits = (Mla__LogitsMode)3, "logits mode");
 
@@ -241,7 +242,7 @@ static void test_roundtrips(void) {
     wire_seq seqs[1] = {{.seq_id = 9, .n_tokens = 3, .tokens = toks, .positions = pos,
                          .block_start = 2, .n_blocks = 2, .blocks = blocks, .sample = true,
                          .sp = {.temperature = 0.5f, .top_k = 7, .top_p = 0, .min_p = 0.05f,
-                                .repetition_penalty = 0, .seed = 42, .logprobs = true,
+                                .repetition_penalty = 0, .penalty_start = 2, .seed = 42, .logprobs = true,
                                 .top_logprobs = 3, .logits = WIRE_LOGITS_ALL}}};
     memset(&in, 0, sizeof in);
     in.kind = WIRE_STEP_PLAN;
@@ -251,7 +252,7 @@ static void test_roundtrips(void) {
     CHECK(out.u.plan.step_id == 77 && out.u.plan.n_seqs == 1 && s->seq_id == 9 && s->n_tokens == 3 &&
           s->tokens[2] == 3 && s->positions[2] == 2 && s->block_start == 2 && s->n_blocks == 2 &&
           s->blocks[0] == 3 && s->blocks[1] == 1 && s->sample);
-    CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f &&
+    CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f && s->sp.penalty_start == 2 &&
           s->sp.seed == 42 && s->sp.logprobs && s->sp.top_logprobs == 3 &&
           s->sp.logits == WIRE_LOGITS_ALL && fabsf(s->sp.min_p - 0.05f) < 1e-7f);
     wire_msg_free(&out);

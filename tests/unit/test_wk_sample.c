@@ -54,8 +54,10 @@ int main(void) {
             }
             j->history = hist[k];
             j->n_history = 40;
+            j->n_prompt_hist = (size_t)(k * 5 % 41);
             j->stream = 1000 + (uint64_t)(k * 7 + n);
-            sampler_sample_mod(ref, j->logits, j->sp, &j->mod, j->history, j->n_history, j->stream, &want[k]);
+            sampler_sample_mod(ref, j->logits, j->sp, &j->mod, j->history, j->n_history, j->n_prompt_hist, j->stream,
+                               &want[k]);
         }
         wk_sample_run(ws, jobs, (size_t)n);
         for (int k = 0; k < n; k++) {
