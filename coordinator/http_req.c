@@ -69,6 +69,8 @@ static void finish_header(http_req *p) {
     } else if (!strcasecmp(p->hname, "access-control-request-headers")) {
         free(p->acrh);
         p->acrh = mla_xstrdup(p->hval ? p->hval : "");
+    } else if (!strcasecmp(p->hname, "host")) {
+        p->n_host++;
     } else if (!strcasecmp(p->hname, "expect")) {
         if (p->hval && !strcasecmp(p->hval, "100-continue")) p->req.expect_continue = true;
     } else if (!strcasecmp(p->hname, "transfer-encoding")) {
@@ -122,6 +124,9 @@ static int on_headers_complete(http_parser *hp) {
     }
     if (hp->http_major != 1) return fail(p, 505, "only HTTP/1.x is supported");
     if (p->te_other) return fail(p, 501, "Transfer-Encoding: only chunked is supported (no gzip, deflate or compress)");
+    /* RFC 9112 3.2: an HTTP/1.1 request without a Host field, or any with several, is a 400 */
+    if (p->n_host > 1) return fail(p, 400, "more than one Host header field");
+    if (hp->http_minor >= 1 && p->n_host == 0) return fail(p, 400, "an HTTP/1.1 request needs a Host header field");
     /* a POST without either carries no body (RFC 9112 6.3): its bytes would be read as the next
      * request */
     if (hp->method == HTTP_POST && !(hp->flags & (F_CONTENTLENGTH | F_CHUNKED)))
@@ -232,6 +237,7 @@ void http_req_next(http_req *p) {
     if (p->url) p->url[0] = 0;
     p->in_value = false;
     p->te_other = false;
+    p->n_host = 0;
     p->header_bytes = 0;
     p->n_headers = 0;
     free(p->auth);

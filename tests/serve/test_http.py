@@ -342,6 +342,13 @@ def test_http_level(port):
     check(out.startswith(b"HTTP/1.1 400"), "bad content-length -> 400")
     out = raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 414"), "long URL -> 414")
+    # RFC 9112 3.2: HTTP/1.1 needs one Host field; HTTP/1.0 may leave it out
+    out = raw(port, b"GET /health HTTP/1.1\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400") and b"Host" in out, "HTTP/1.1 without Host -> 400: %r" % out[:160])
+    out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400") and b"Host" in out, "two Host fields -> 400: %r" % out[:160])
+    out = raw(port, b"GET /health HTTP/1.0\r\n\r\n")
+    check(b" 200 " in out[:20], "HTTP/1.0 without Host -> 200: %r" % out[:60])
     out = raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n")
     check(b" 505 " in out[:20] or out.startswith(b"HTTP/1.1 400"), "HTTP/2.0 request line refused: %r" % out[:40])
     # pipelining + keep-alive + close
