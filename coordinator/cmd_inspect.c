@@ -15,6 +15,7 @@
 #include "common/mla_log.h"
 #include "common/opts.h"
 #include "common/model_config.h"
+#include "wire.h"
 #include "common/shard_plan.h"
 #include "tok.h"
 
@@ -102,7 +103,7 @@ int cmd_inspect(int argc, char **argv) {
          .help = "the GGUF file (also as the first argument; a split model: its first part)", .dest = &path},
         {.name = "--tp", .kind = OPT_INT, .arg = "N", .def = "1",
          .help = "tensor-parallel degree whose plan to check and show (the GPUs you mean to use)", .dest = &tp, .lo = 1,
-         .hi = 4096},
+         .hi = WIRE_MAX_WORLD},
         {.name = "--json", .kind = OPT_FLAG, .help = "one JSON object on stdout instead of text", .dest = &json_flag},
         MLA_LOG_LEVEL_OPT,
     };

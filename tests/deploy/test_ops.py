@@ -171,6 +171,8 @@ def case_cli():
     check(a.returncode == 0 and a.stdout == b.stdout and json.loads(a.stdout), "inspect: --tp=2 as --tp 2")
     r = run([exe, "inspect", model, "--tp=0"])
     check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp=0 refused naming it", r.stderr)
+    r = run([exe, "inspect", model, "--tp", "65"])  # serve's bound too (WIRE_MAX_WORLD)
+    check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp 65 refused naming it", r.stderr)
     # log level and ISO dates
     gen = [exe, "generate", "-m", model, "-p", "Hi", "-n", "2", "--worker-exe", worker]
     r = run(gen + ["--log-level=info"])
