@@ -473,10 +473,6 @@ int cmd_serve(int argc, char **argv) {
     cc.model_hash = gguf_index_hash(g);
     cc.worker_exe = go.worker_exe;
     cc.n_threads = go.threads;
-    if (coord_start(&S.c, &cc, &err)) {
-        mla_err_prefix(&err, "starting %d workers", tp);
-        goto out;
-    }
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = serve_adapt_tokenizer(&S, (int32_t)mcfg.n_vocab);
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
@@ -505,6 +501,12 @@ int cmd_serve(int argc, char **argv) {
         if (grpc_server_init(&pb, loop, api, &pc, &err)) goto out;
         g_pb = pb;
         if (grpc_server_listen(pb, host, proto_port, &pb_bound, &err)) goto out;
+    }
+    /* the workers start once the ports are ours: a port in use, a bad --host fail before any is
+     * spawned (nothing is served before the loop runs) */
+    if (coord_start(&S.c, &cc, &err)) {
+        mla_err_prefix(&err, "starting %d workers", tp);
+        goto out;
     }
     g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}};
     if (pb) MLA_INFO("serve: gRPC API on %s:%d%s", host, pb_bound, tls_cert ? " (TLS)" : "");

@@ -109,6 +109,18 @@ def test_keys_and_warnings():
         check(st == 200, "--host localhost: listening on 127.0.0.1 (%d)" % st)
     finally:
         srv.stop(timeout=30)
+    # a port in use: refused before any worker is started
+    import socket
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        r = subprocess.run([exe, "-m", model, "--port", str(busy.getsockname()[1]), "--worker-exe", worker],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        busy.close()
+    check(r.returncode == 1 and "address already in use" in r.stderr and "started worker" not in r.stderr,
+          "a port in use: refused before the workers start", r.stderr[-300:])
     # a key beside the key file: refused, not silently overridden
     r = subprocess.run([exe, "-m", model, "--api-key", "k1", "--api-key-file", kf], capture_output=True,
                        text=True, timeout=60)
