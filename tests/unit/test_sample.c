@@ -206,18 +206,16 @@ static void test_penalties(void) {
     sampler_sample_mod(s, l, &sp, NULL, hist, 3, 3, 0, &o);
     CHECK(o.token == 1);
     /* the generated 3 (logit -0.9) above 2 (-1.0), pushed below it by presence from 1 on */
-    const float l3[4] = {-5.0f, -5.0f, -1.0f, -0.9f};
-    sp = base();
-    sp.temperature = 0;
-    sp.presence_penalty = 0.5f;
-    sampler_sample_mod(s, l3, &sp, NULL, hist, 3, 3, 0, &o); /* all prompt: 3 unpenalized */
-    CHECK(o.token == 3);
-    sampler_sample_mod(s, l3, &sp, NULL, hist, 3, 2, 0, &o);
-    CHECK(o.token == 2);
-    /* repetition penalty multiplies negative logits: token 3 (-0.9 * 2 = -1.8) drops below 2 */
     const float l2[4] = {-5.0f, -5.0f, -1.0f, -0.9f};
     sp = base();
     sp.temperature = 0;
+    sp.presence_penalty = 0.5f;
+    sampler_sample_mod(s, l2, &sp, NULL, hist, 3, 3, 0, &o); /* all prompt: 3 unpenalized */
+    CHECK(o.token == 3);
+    sampler_sample_mod(s, l2, &sp, NULL, hist, 3, 2, 0, &o);
+    CHECK(o.token == 2);
+    /* repetition penalty multiplies negative logits: token 3 (-0.9 * 2 = -1.8) drops below 2 */
+    sp.presence_penalty = 0;
     sp.repetition_penalty = 2.0f;
     sampler_sample(s, l2, &sp, hist, 3, 0, &o);
     CHECK(o.token == 2);

@@ -1195,7 +1195,8 @@ static void test_prefix_admission(void) {
 /* A preempted request resumes from the prefix cache: a plain one also from its cached generated
  * tokens; one with a frequency penalty from its prompt's blocks only (a backend counts the
  * generated tokens its plans send). The younger request (a 6-token prompt) is preempted when the
- * older needs a block; its second block (2 prompt tokens, 2 generated) is then still cached. */
+ * older needs its 5th block of 7; its second block (2 prompt tokens, 2 generated) is then still
+ * cached. */
 static void test_penalty_resume(void) {
     int32_t start[2] = {-1, -1};
     for (int pen = 0; pen < 2; pen++) {
