@@ -340,6 +340,35 @@ static int gen_ref(sctx *c, const char *ref, const char *path, int depth) {
     return r;
 }
 
+/* whether JSON value v is of JSON-schema type t ("integer": a number without a fraction) */
+static bool of_type(const cJSON *v, const char *t) {
+    if (!strcmp(t, "string")) return cJSON_IsString(v);
+    if (!strcmp(t, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(t, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(t, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(t, "null")) return cJSON_IsNull(v);
+    if (!strcmp(t, "object")) return cJSON_IsObject(v);
+    if (!strcmp(t, "array")) return cJSON_IsArray(v);
+    return false;
+}
+
+/* whether value v is of a schema's 'type' (a name or a list of names) */
+static bool of_types(const cJSON *v, const cJSON *type) {
+    if (cJSON_IsString(type)) return of_type(v, type->valuestring);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, type) if (cJSON_IsString(t) && of_type(v, t->valuestring)) return true;
+    return false;
+}
+
+/* A 'type' beside 'enum' (a list) or 'const' (what Pydantic writes for an Enum or a Literal) only
+ * repeats what the values say: true when every value is of it */
+static bool type_redundant(const cJSON *type, const cJSON *en, const cJSON *cn) {
+    if (cn) return of_types(cn, type);
+    const cJSON *v;
+    cJSON_ArrayForEach(v, en) if (!of_types(v, type)) return false;
+    return true;
+}
+
 /* Compiles schema s into a new rule; returns its number, -1 on failure. */
 static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
     if (c->failed) return -1;
@@ -367,6 +396,12 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
     if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const char *single = ref ? "$ref" : en ? "enum" : cn ? "const" : any ? (any->string[0] == 'a' ? "anyOf" : "oneOf")
                                                                        : NULL;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if ((en || cn) && !ref && ty && n_cons == 2 && (!en || cJSON_IsArray(en))) {
+        if (!type_redundant(ty, en, cn))
+            return fail(c, path, "a value of '%s' is not of the schema's 'type'", single);
+        n_cons--;
+    }
     if (single && n_cons > 1)
         return fail(c, path, "'%s' together with other keywords is not supported (move them into its branches)",
                     single);
@@ -418,7 +453,6 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
         free(alts);
         return r;
     }
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
     if (!ty) {
         if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "additionalProperties") ||
             cJSON_GetObjectItemCaseSensitive(s, "required"))

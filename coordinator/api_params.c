@@ -130,14 +130,10 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(nm) || !nm->valuestring[0])
             return bad(e, "messages", "messages[%d].tool_calls[%d].function.name must be a non-empty string", i, j);
+        /* a string as it is (OpenAI takes any, a call cut short by max_tokens gives part of one);
+         * a template that iterates over the arguments needs the text of an object (chat_normalize) */
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-        if (cJSON_IsString(args)) {
-            cJSON *parsed = cJSON_Parse(args->valuestring);
-            const bool ok = cJSON_IsObject(parsed);
-            cJSON_Delete(parsed);
-            if (!ok)
-                return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments must be the JSON text of an object", i, j);
-        } else if (!is_null(args) && !cJSON_IsObject(args)) {
+        if (!is_null(args) && !cJSON_IsString(args) && !cJSON_IsObject(args)) {
             return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments must be a JSON object or its text", i, j);
         }
         j++;
@@ -244,10 +240,18 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             const cJSON *de = cJSON_GetObjectItemCaseSensitive(fn, "description");
             if (!is_null(de) && !cJSON_IsString(de))
                 return bad(e, "tools", "tools[%d].function.description must be a string", i);
+            /* strict: false is what every call here is; strict: true (arguments held to the schema)
+             * would need constrained decoding of the call, which tools do not have */
+            const cJSON *sx = cJSON_GetObjectItemCaseSensitive(fn, "strict");
+            if (!is_null(sx) && !cJSON_IsBool(sx)) return bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
+            if (cJSON_IsTrue(sx))
+                return bad(e, "tools",
+                           "tools[%d].function.strict: true is not supported: tool-call arguments are the model's text, "
+                           "not held to the schema (strict: false is accepted)", i);
             const cJSON *it;
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
-                if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters"))
+                if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict"))
                     return bad(e, "tools", "tools[%d].function.%.64s is not supported", i, k);
             }
             i++;

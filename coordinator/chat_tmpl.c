@@ -173,7 +173,12 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "developer"))
             cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (cJSON_IsArray(c)) {
+        /* null or absent (an assistant turn of tool calls, as the SDKs send it back): empty text,
+         * as vLLM and llama.cpp render it; a template would print null as "None" */
+        if (!c || cJSON_IsNull(c)) {
+            if (c) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(""));
+            else cJSON_AddStringToObject(m, "content", "");
+        } else if (cJSON_IsArray(c)) {
             buf b = {0};
             bput(&b, "");
             int j = 0;

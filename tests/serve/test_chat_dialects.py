@@ -272,6 +272,11 @@ def main():
                               {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{nope"}}]},
                           {"role": "user", "content": "q2"}])
         refused("tool_choice auto without tools", "tool_choice", tool_choice="auto")
+        strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
+        refused("strict tools (arguments held to the schema)", "strict", tools=[strict])
+        loose = {"type": "function", "function": dict(WEATHER["function"], strict=False)}
+        ok = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=4, tools=[loose])
+        check(ok.choices[0].message.content == "AB", "strict: false accepted")
         for what, calls, named in (("tool_calls not a list", {"id": "c1"}, "tool_calls must be a list"),
                                    ("a call without its function", [{"id": "c1", "type": "function"}], "tool_calls[0]"),
                                    ("arguments as a number", [{"id": "c1", "type": "function",
@@ -296,6 +301,26 @@ def main():
         check("<|user|>\nab" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
               "normalized messages reach the template", prompt)
 
+        # an assistant turn of tool calls with content null (as the SDKs send a reply back) renders
+        # empty content, not the text "None"
+        st, body = http_post(srv.port, "/tokenize", {"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]})
+        ids = json.loads(body)["tokens"] if st == 200 else []
+        prompt = bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+        check(st == 200 and "None" not in prompt and "<arg_value>Paris</arg_value>" in prompt,
+              "content null renders as empty text", prompt)
+        # a template that takes the arguments as text takes any text (a call cut short gives part of one)
+        ds = servers[(ds_tmpl, ())]
+        st, body = http_post(ds.port, "/tokenize", {"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Par"}}]},
+            {"role": "user", "content": "q2"}]})
+        prompt = bytes(t for t in (json.loads(body)["tokens"] if st == 200 else []) if t < 256).decode("utf-8", "replace")
+        check(st == 200 and "None" not in prompt, "partial arguments as text: rendered (%d)" % st, body[:300])
         # a parsed stream still carries every token's logprobs and the usage
         r1 = servers[(os.path.join(data, "deepseek-r1.jinja"), ())]
         cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % r1.port, api_key="x", timeout=30, max_retries=0)

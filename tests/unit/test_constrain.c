@@ -78,6 +78,13 @@ static void test_schemas(void) {
     refused("{\"$ref\":\"#/$defs/q\"}", "points to nothing");
     refused("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "left recursion");
     refused("{\"anyOf\":[{\"type\":\"integer\"}],\"type\":\"integer\"}", "together with other keywords");
+    /* a 'type' beside enum or const that every value has (Pydantic's Enum and Literal) */
+    lang("{\"enum\":[\"red\",\"green\"],\"type\":\"string\",\"title\":\"Color\"}",
+         (const char *[]){"\"red\"", "\"green\"", NULL}, (const char *[]){"\"blue\"", "1", NULL});
+    lang("{\"const\":3,\"type\":[\"integer\",\"null\"]}", (const char *[]){"3", NULL}, (const char *[]){"4", NULL});
+    refused("{\"enum\":[\"a\",1],\"type\":\"string\"}", "not of the schema's 'type'");
+    refused("{\"const\":1.5,\"type\":\"integer\"}", "not of the schema's 'type'");
+    refused("{\"enum\":[\"a\"],\"type\":\"string\",\"minLength\":1}", "together with other keywords");
     refused("false", "admits no value");
     refused("{\"items\":[{\"type\":\"integer\"}]}", "prefixItems");
     char deep[2000] = "";
