@@ -200,7 +200,8 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
         size_t end = find(t, len, a, DS_CALL_END);
         if (end == SIZE_MAX) {
             if (fenced && !final) return SEC_PARTIAL; /* arguments at the call's end */
-            size_t e = final ? len : len - partial_suffix(t, len, a, DS_CALL_END);
+            /* cut off (final) or still coming: never the start of the end marker */
+            size_t e = len - partial_suffix(t, len, a, DS_CALL_END);
             const char *s = t + a;
             size_t n = e - a;
             if (fenced) strip_fence(&s, &n);
@@ -258,7 +259,7 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
         size_t a = ab + strlen(KM_ARG_BEGIN);
         size_t end = find(t, len, a, KM_CALL_END);
         if (end == SIZE_MAX) {
-            size_t e = final ? len : len - partial_suffix(t, len, a, KM_CALL_END);
+            size_t e = len - partial_suffix(t, len, a, KM_CALL_END);
             set_args(c, t + a, e - a);
             *pos_io = len;
             return final ? SEC_END : SEC_PARTIAL;
@@ -321,6 +322,46 @@ static void glm_finish(toolcall *c, cJSON *obj) {
     cJSON_Delete(obj);
 }
 
+/* A call cut off (the output ended inside it): the JSON text of its pairs so far, left open as
+ * the model left it (no closing brace), then the pair it was writing: the key as far as written
+ * (k, kn; NULL: none), and its value as far as written (v, vn; NULL: not begun), string-typed
+ * ones as an open JSON string, others as written. */
+static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const char *k, size_t kn, bool key_done,
+                           const char *v, size_t vn) {
+    char *s = cJSON_PrintUnformatted(obj);
+    const bool any = cJSON_GetArraySize(obj) > 0;
+    cJSON_Delete(obj);
+    sb b = {0};
+    sb_add(&b, s ? s : "{", s ? strlen(s) - 1 : 1); /* without its '}' */
+    free(s);
+    if (k) {
+        if (any) sb_add(&b, ",", 1);
+        char *key = dup_n(k, kn);
+        cJSON *ks = cJSON_CreateString(key);
+        char *kj = cJSON_PrintUnformatted(ks);
+        sb_add(&b, kj, strlen(kj) - (key_done ? 0 : 1)); /* an unfinished key stays an open string */
+        if (key_done) sb_add(&b, ":", 1);
+        if (key_done && v) {
+            if (glm_is_string(tools, c->name, key)) {
+                char *val = dup_n(v, vn);
+                cJSON *vs = cJSON_CreateString(val);
+                char *vj = cJSON_PrintUnformatted(vs);
+                sb_add(&b, vj, strlen(vj) - 1); /* open */
+                free(vj);
+                cJSON_Delete(vs);
+                free(val);
+            } else {
+                sb_add(&b, v, vn);
+            }
+        }
+        free(kj);
+        cJSON_Delete(ks);
+        free(key);
+    }
+    set_args(c, b.p ? b.p : "", b.n);
+    free(b.p);
+}
+
 /* one call after "<tool_call>" */
 static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const cJSON *tools, toolcall_result *r) {
     size_t q = *pos_io;
@@ -339,12 +380,13 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
     size_t pos = ne;
     for (;;) {
         pos = skip_ws(t, len, pos);
-        if (pos == len || (!final && (cut_of(t, len, pos, GL_CALL_END) || cut_of(t, len, pos, GL_KEY_BEGIN)))) {
+        if (pos == len || cut_of(t, len, pos, GL_CALL_END) || cut_of(t, len, pos, GL_KEY_BEGIN)) {
             if (!final) {
                 cJSON_Delete(obj);
                 return SEC_PARTIAL;
             }
-            glm_finish(c, obj);
+            /* cut off between pairs (or in a marker's first bytes): the pairs so far, left open */
+            glm_finish_cut(c, obj, tools, NULL, 0, false, NULL, 0);
             *pos_io = len;
             return SEC_END;
         }
@@ -369,11 +411,14 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
                 cJSON_Delete(obj);
                 return SEC_PARTIAL;
             }
-            glm_finish(c, obj);
-            if (final && unfinished) {
+            if (final && unfinished) { /* cut off inside a pair: it too, as far as written */
+                const size_t ke = k1 == SIZE_MAX ? len - partial_suffix(t, len, k0, GL_KEY_END) : k1;
+                const size_t ve = v0 ? len - partial_suffix(t, len, v0, GL_VAL_END) : 0;
+                glm_finish_cut(c, obj, tools, t + k0, ke - k0, k1 != SIZE_MAX, v0 ? t + v0 : NULL, v0 ? ve - v0 : 0);
                 *pos_io = len;
                 return SEC_END;
             }
+            glm_finish(c, obj);
             c->done = true;
             *pos_io = pos;
             return SEC_BAD;

@@ -75,8 +75,16 @@ def split_markers(text):
     return out
 
 
+def args_of(text):
+    """a call's arguments as JSON, or ("raw", text) where they are not (a call cut off)"""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return ("raw", text)
+
+
 def result_of(msg):
-    calls = [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in (msg.tool_calls or [])]
+    calls = [(c.id, c.type, c.function.name, args_of(c.function.arguments)) for c in (msg.tool_calls or [])]
     return {"content": msg.content, "reasoning": getattr(msg, "reasoning_content", None), "calls": calls}
 
 
@@ -105,7 +113,7 @@ def stream_result(cl, what, **kw):
             finish = c.finish_reason
     check(ok_shape, what + ": stream tool_calls deltas shaped as OpenAI's")
     check(sorted(calls) == list(range(len(calls))), what + ": stream tool_call indices")
-    out = [(v[0], v[1], v[2], json.loads(v[3])) for _, v in sorted(calls.items())]
+    out = [(v[0], v[1], v[2], args_of(v[3])) for _, v in sorted(calls.items())]
     return {"content": content, "reasoning": reasoning, "calls": out}, finish
 
 
@@ -185,6 +193,31 @@ CASES = [
      {"tools": [WEATHER, TIME]},
      {"content": None, "reasoning": None,
       "calls": [("*", "function", "get_weather", {"city": "Lima", "days": 1}), ("*", "function", "get_time", {})]},
+     "tool_calls"),
+    # calls the output ends inside (as max_tokens cuts them): the arguments as far as written, left
+    # open, never a marker's first bytes
+    ("glm-5 call cut inside a value", "glm-5.jinja", [],
+     "Need it.</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value>"
+     "<arg_key>city</arg_key><arg_value>Paris is", {"tools": [WEATHER]},
+     {"content": None, "reasoning": "Need it.",
+      "calls": [("*", "function", "get_weather", ("raw", '{"days":2,"city":"Paris is'))]}, "tool_calls"),
+    ("glm-5 call cut between pairs", "glm-5.jinja", [],
+     "x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_ke",
+     {"tools": [WEATHER]},
+     {"content": None, "reasoning": "x",
+      "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo"'))]}, "tool_calls"),
+    ("glm-5 call cut in a key, then in a number", "glm-5.jinja", [],
+     "x</think><tool_call>get_weather<arg_key>da", {"tools": [WEATHER]},
+     {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"da'))]},
+     "tool_calls"),
+    ("glm-5 call cut in a number", "glm-5.jinja", [],
+     "x</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>1</arg_v", {"tools": [WEATHER]},
+     {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"days":1'))]},
+     "tool_calls"),
+    ("deepseek-v3.1 call cut in its end marker", "ds-tools", [],
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Lima\"}<｜tool▁call▁e",
+     {"tools": [WEATHER]},
+     {"content": None, "reasoning": None, "calls": [("*", "function", "get_weather", {"city": "Lima"})]},
      "tool_calls"),
     ("required, but no call: the text is returned", "glm-4.6.jinja", [],
      "I cannot call anything.", {"tools": [WEATHER], "tool_choice": "required"},
