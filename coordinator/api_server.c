@@ -952,6 +952,10 @@ static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
                                "the request body nests arrays and objects deeper than the limit of %d levels "
                                "(at byte %ld)",
                                CJSON_NESTING_LIMIT, deep);
+        /* where the parser stopped (the loop thread is the only one parsing requests) */
+        const char *ep = cJSON_GetErrorPtr();
+        if (ep && ep >= req->body && ep <= req->body + req->body_len)
+            return refuse_body(a, c, NULL, "the request body is not valid JSON (at byte %ld)", (long)(ep - req->body));
         return refuse_body(a, c, NULL, "the request body is not valid JSON");
     }
     /* one JSON value and nothing after it but whitespace */

@@ -230,7 +230,7 @@ def test_errors(port):
     deep = b'{"prompt": "x", "stop": ' + b"[" * 1200 + b"]" * 1200 + b"}"
     err(deep, 400, "nesting past the limit", says=("deeper than the limit of 1000 levels", "at byte 1023"))
     err(b'{"prompt": "x", "stop": "[[[[", "max_tokens": }', 400, "brackets in strings are no nesting",
-        says="not valid JSON")
+        says=("not valid JSON", "at byte 46"))
     err(b" \r\n", 400, "an empty body is named as such", says="the request body is empty")
     err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
     err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
