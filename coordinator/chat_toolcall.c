@@ -322,6 +322,17 @@ static void glm_finish(toolcall *c, cJSON *obj) {
     cJSON_Delete(obj);
 }
 
+/* s[0, n) as JSON string text, left open (no closing quote) unless close */
+static void sb_json_string(sb *b, const char *s, size_t n, bool close) {
+    char *raw = dup_n(s, n);
+    cJSON *js = cJSON_CreateString(raw);
+    char *j = cJSON_PrintUnformatted(js);
+    sb_add(b, j, strlen(j) - (close ? 0 : 1));
+    free(j);
+    cJSON_Delete(js);
+    free(raw);
+}
+
 /* A call cut off (the output ended inside it): the JSON text of its pairs so far, left open as
  * the model left it (no closing brace), then the pair it was writing: the key as far as written
  * (k, kn; NULL: none), and its value as far as written (v, vn; NULL: not begun), string-typed
@@ -336,27 +347,14 @@ static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const ch
     free(s);
     if (k) {
         if (any) sb_add(&b, ",", 1);
-        char *key = dup_n(k, kn);
-        cJSON *ks = cJSON_CreateString(key);
-        char *kj = cJSON_PrintUnformatted(ks);
-        sb_add(&b, kj, strlen(kj) - (key_done ? 0 : 1)); /* an unfinished key stays an open string */
+        sb_json_string(&b, k, kn, key_done); /* an unfinished key stays an open string */
         if (key_done) sb_add(&b, ":", 1);
         if (key_done && v) {
-            if (glm_is_string(tools, c->name, key)) {
-                char *val = dup_n(v, vn);
-                cJSON *vs = cJSON_CreateString(val);
-                char *vj = cJSON_PrintUnformatted(vs);
-                sb_add(&b, vj, strlen(vj) - 1); /* open */
-                free(vj);
-                cJSON_Delete(vs);
-                free(val);
-            } else {
-                sb_add(&b, v, vn);
-            }
+            char *key = dup_n(k, kn);
+            if (glm_is_string(tools, c->name, key)) sb_json_string(&b, v, vn, false);
+            else sb_add(&b, v, vn);
+            free(key);
         }
-        free(kj);
-        cJSON_Delete(ks);
-        free(key);
     }
     set_args(c, b.p ? b.p : "", b.n);
     free(b.p);

@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -110,7 +111,6 @@ def test_keys_and_warnings():
     finally:
         srv.stop(timeout=30)
     # a port in use: refused before any worker is started
-    import socket
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
