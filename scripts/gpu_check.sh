@@ -214,11 +214,17 @@ if [ "$stack" = 1 ]; then
   st_run "ds3 bf16 TP1 host coll (--nccl off) vs HF" "" --extra=--nccl=off --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01
   st_run "glm5 bf16 TP1 (NCCL) vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   # the engine's default attention rounds queries, keys and softmax weights to fp16 over an fp16
-  # latent cache (as llama.cpp's CUDA kernels over theirs): on the long glm5 prompt the worst
-  # |dlogp| moves from ~1e-5 to 0.011 (measured), and incremental / TP differ from one pass / TP 1
-  # by ~4e-4 (other key splits, other rounding of P): 0.02 and 1e-2 there; fp32 attention (over an
-  # fp32 cache, its default) keeps 0.01 and 1e-4
-  st_run "glm5 bf16 TP1 long, bf16 RoPE freqs, 0.02 + greedy + incr" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 40 --inc-rtol 1e-2
+  # latent cache and fp16 indexer keys (as llama.cpp's CUDA kernels over theirs; the reference
+  # indexer keeps fp8 keys): on the long glm5 prompt the worst |dlogp| moves from ~1e-5 to 0.011
+  # (measured), 0.02 there. Its DSA selections are near ties (from the CPU reference: of the 220
+  # (position, layer) selections past position 100, 20 separate the 32nd and 33rd key by less than
+  # 0.2% of the score, 5 are exact ties at 0) and one router choice is (position 138, layer 2:
+  # 1.2%): each way of running the prompt (one pass, token by token, chunks) rounds differently and
+  # may pick the other key or expert; positions 138-139 then differ by up to 4 logits (measured
+  # 2026-12-03) though every way stays within the HF bounds. So those ways are each checked against
+  # HF (--paths-vs-hf) with the fp16 cache; fp32 attention (over an fp32 cache, its default) keeps
+  # 0.01 and one pass == the others at 1e-4
+  st_run "glm5 bf16 TP1 long, bf16 RoPE freqs, 0.02 + greedy; incr vs HF" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --incremental 40 --paths-vs-hf
   st_run "glm5 bf16 TP1 long, fp32 attention (MLA_CUDA_ATTN=fp32), 0.01 + greedy + incr" "MLA_CUDA_ATTN=fp32" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --incremental 40 --inc-rtol 1e-4
   st_run "ds3 bf16 TP2 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
@@ -229,7 +235,7 @@ if [ "$stack" = 1 ]; then
   # the cache pool: prompts in chunks (multi-token steps at a later position) and prompts whose
   # first whole blocks another sequence computed (shared, read only: the prefix cache) == one pass
   st_run "ds3 bf16 TP1 chunks of 5, prefix of 20 shared == one pass, vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --prompts 0,5,8 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 5 --prefix-reuse 20 --chunk-rtol 1e-2 --reuse-rtol 1e-2
-  st_run "glm5 bf16 TP2 long (DSA) chunks of 16, prefix of 100 shared, bf16 RoPE freqs" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 16 --prefix-reuse 100 --chunk-rtol 1e-2 --reuse-rtol 1e-2
+  st_run "glm5 bf16 TP2 long (DSA) chunks of 16, prefix of 100 shared, bf16 RoPE freqs; each vs HF" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --tp 2 --hf-argmax 0.99 --hf-dlogp 0.02 --greedy --chunk 16 --prefix-reuse 100 --paths-vs-hf
   st_run "glm5 bf16 TP1 long (DSA) fp32 attention, chunks of 16, prefix of 100 shared" "MLA_CUDA_ATTN=fp32" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --prompts 7 --rope-freq-bf16 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy --chunk 16 --prefix-reuse 100 --chunk-rtol 1e-4 --reuse-rtol 1e-4
   # serving: the OpenAI chat API on CUDA worker processes (TP 2: host collective, batched decode
   # eager; TP 1: NCCL, batched decode in CUDA graphs), then 12 different completions sent at once

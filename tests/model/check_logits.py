@@ -10,6 +10,11 @@
       [--prefix-reuse R --reuse-rtol 1e-4]           the first R tokens' whole cache blocks computed by
                                                      another sequence and shared == one pass
       (--chunk and --prefix-reuse need worker processes: --extra=--processes, --tp > 1 or a backend)
+      [--paths-vs-hf]                                each of those other paths held to the HF bounds
+                                                     (--hf-argmax, --hf-dlogp) instead of its bound
+                                                     against one pass (printed): for fp16 caches,
+                                                     where paths round differently and near-tied
+                                                     choices (DSA keys, experts) may go either way
       [--prompts 0,3,7]                              subset of prompts
       [--rope-freq-bf16] [--hf-dlogit X]             run with MLA_ROPE_FREQ_BF16=1 (RoPE inverse
                                                      frequencies rounded to bf16, as the HF reference
@@ -66,6 +71,8 @@ def main():
     ap.add_argument('--chunk-rtol', type=float, default=1e-4)
     ap.add_argument('--prefix-reuse', type=int)
     ap.add_argument('--reuse-rtol', type=float, default=1e-4)
+    ap.add_argument('--paths-vs-hf', action='store_true',
+                    help='incremental / chunks / prefix reuse each held to the HF bounds, not to one pass')
     ap.add_argument('--prompts')
     ap.add_argument('--tp', type=int, default=1, help='tensor-parallel ranks for the runs')
     ap.add_argument('--tp-rtol', type=float, help='also run with 1 rank; max |diff| / max|logit| bound')
@@ -106,6 +113,46 @@ def main():
         one = None
         if a.tp_rtol is not None:
             one = run(a.mlaserve, a.model, prompts, a.threads, tmp).reshape(n_tot, V)
+
+    def vs_hf(logits):
+        """argmax agreement, positions and worst |dlogp| of the next token against HF"""
+        ag = n = 0
+        dw = 0.0
+        o0 = 0
+        for p in prompts:
+            T = len(p['tokens'])
+            o = logits[o0:o0 + T]
+            h = hf_all.reshape(-1, V)[p['logits_offset'] // V:][:T]
+            ag += int((o.argmax(-1) == h.argmax(-1)).sum())
+            n += T
+            if T > 1:
+                nxt = np.array(p['tokens'][1:], dtype=np.int64)
+                dw = max(dw, float(np.abs(logsoftmax(o)[np.arange(T - 1), nxt] - logsoftmax(h)[np.arange(T - 1), nxt]).max()))
+            o0 += T
+        return ag, n, dw
+
+    def other_path(name, other, bound):
+        """a path that must equal one pass within bound, or with --paths-vs-hf meet the HF bounds"""
+        d = np.abs(other - ours).max(-1)
+        rel = float(d.max() / max(1e-6, np.abs(ours).max()))
+        far = np.nonzero(d / max(1e-6, np.abs(ours).max()) > bound)[0]
+        line = f'{name} vs one pass: max|dlogit|/max|logit| {rel:.2e}'
+        if len(far):
+            line += f' ({len(far)} of {len(d)} positions beyond {bound}: rows {far[:8].tolist()})'
+        if not a.paths_vs_hf:
+            print(line)
+            if rel > bound:
+                print(f'FAIL: {name} differs from one pass: {rel:.2e} > {bound}')
+                return False
+            return True
+        ag, n, dw = vs_hf(other)
+        print(f'{line}; vs HF: argmax {ag}/{n}, worst |dlogp| {dw:.2e}')
+        good = True
+        if a.hf_argmax is not None and ag / n < a.hf_argmax:
+            print(f'FAIL: {name}: argmax agreement with HF {ag / n:.4f} < {a.hf_argmax}'); good = False
+        if a.hf_dlogp is not None and dw > a.hf_dlogp:
+            print(f'FAIL: {name}: worst |dlogp| vs HF {dw:.2e} > {a.hf_dlogp}'); good = False
+        return good
 
     off = 0
     worst = dict(hf_dlogp=0.0, hf_dlogit=0.0, lc_dlogp=0.0, inc_rel=0.0)
@@ -148,11 +195,10 @@ def main():
         off += T
     print(f'TOTAL argmax {agree}/{total} = {agree / total:.4f}; worst |dlogp| vs HF {worst["hf_dlogp"]:.2e};'
           f' max|dlogit| {worst["hf_dlogit"]:.2e}; vs llama.cpp {worst["lc_dlogp"]:.4f}; incremental rel {worst["inc_rel"]:.2e}')
+    if inc is not None:
+        others.insert(0, (f'decode from {a.incremental}', inc, a.inc_rtol))
     for name, other, bound in others:
-        rel = float(np.abs(other - ours).max() / max(1e-6, np.abs(ours).max()))
-        print(f'{name} vs one pass: max|dlogit|/max|logit| {rel:.2e}')
-        if rel > bound:
-            print(f'FAIL: {name} differs from one pass: {rel:.2e} > {bound}'); ok = False
+        ok = other_path(name, other, bound) and ok
     if one is not None:
         rel = float(np.abs(one - ours).max() / max(1e-6, np.abs(one).max()))
         print(f'{a.tp} ranks vs 1 rank: max|dlogit|/max|logit| {rel:.2e}')
@@ -166,8 +212,6 @@ def main():
         print(f'FAIL: max |dlogit| vs HF {worst["hf_dlogit"]:.2e} > {a.hf_dlogit}'); ok = False
     if a.lc_dlogp is not None and worst['lc_dlogp'] > a.lc_dlogp:
         print(f'FAIL: worst |dlogp| vs llama.cpp {worst["lc_dlogp"]:.4f} > {a.lc_dlogp}'); ok = False
-    if inc is not None and worst['inc_rel'] > a.inc_rtol:
-        print(f'FAIL: incremental decode differs: {worst["inc_rel"]:.2e} > {a.inc_rtol}'); ok = False
     sys.exit(0 if ok else 1)
 
 
