@@ -816,8 +816,9 @@ extern "C" int mla_cuda_attn_wg_splits(int64_t n_tokens, int64_t n_head, int64_t
 /* The warpgroup kernel where the rule above (cuda_ops.h) takes it: MLA_OK, MLA_ERR, or 1 (not
  * taken). The caller has checked the alignment of the queries and the contiguous cache. */
 static int wg_attn(const mla_cuda_attn_args *a, int64_t nk_max, cudaStream_t st, mla_err *e) {
-    if (!g_wg_mode || !a->kv_f16 || a->sel || a->kv_lora != 512 || a->n_rope != 64 || a->n_head % WG_HEADS) return 1;
-    if (g_wg_mode == 1 && nk_max < MLA_CUDA_ATTN_WG_MIN_KEYS) return 1;
+    if (!g_wg_mode || !a->kv_f16 || a->kv_lora != 512 || a->n_rope != 64 || a->n_head % WG_HEADS) return 1;
+    if (g_wg_mode == 1 && (a->sel ? a->n_tokens < MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS : nk_max < MLA_CUDA_ATTN_WG_MIN_KEYS))
+        return 1;
     if (a->blk_tok && (a->blk_off & 7)) return 1; /* 16-byte copies */
 #ifdef MLA_CUDA_WGMMA
     if (!mlacu_awg_device_ok()) return 1;
@@ -828,7 +829,8 @@ static int wg_attn(const mla_cuda_attn_args *a, int64_t nk_max, cudaStream_t st,
     const int splits = attn_splits(a, T * hgroups, nk_max, WG_MIN_KEYS, (int64_t)bps * mlacu_sm_count(),
                                    T == 1 ? WG_MIN_KEYS1 : 0);
     mlacu_awg_args k = {a->q_abs, a->q_pe, a->q_pe_ld_t, a->q_pe_ld_h, (int)a->n_head, (const __half *)a->kv,
-                        a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->scale, a->out, a->work, splits};
+                        a->blk_tok, a->blk_off, a->pos0, a->pos_tok, a->sel, a->n_sel, a->sel_stride,
+                        a->scale, a->out, a->work, splits};
     MLACU_CHECK(mlacu_awg_launch(&k, T, st), e, "mla_attn (wgmma) T=%lld H=%lld splits=%d", (long long)T,
                 (long long)a->n_head, splits);
     return attn_reduce(a, splits, st, e);

@@ -1,5 +1,5 @@
-/* attn_wg_cuda: absorbed MLA decode attention on the warpgroup tensor cores (sm_90a); see
- * attn_wg_cuda.h.
+/* attn_wg_cuda: absorbed MLA attention on the warpgroup tensor cores (sm_90a): decode over long
+ * caches and prompt steps over DSA-selected keys; see attn_wg_cuda.h.
  *
  * Block = (group of 64 heads, split, token), two warpgroups (256 threads), one block an SM. The
  * heads are wgmma's M (64 rows, one warpgroup's), keys the N of S = Q K^T and the K of O = P V,
@@ -69,17 +69,19 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
               lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * AW_M;
     /* A paged cache: the first two tiles' copies go before the wait on the kernel before (which
-     * wrote the queries; the rows were stored two or more launches back: cuda_internal.h) */
-    const bool early = a.tabs != nullptr;
+     * wrote the queries; the rows were stored two or more launches back: cuda_internal.h). Not
+     * with selected keys: the kernel before wrote them. */
+    const bool early = a.tabs != nullptr && !a.sel;
     if (!early) mlacu_pdl_wait();
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     /* the split's keys [k0, k1): equal shares of whole tiles, as attn_mla_cuda.cu's split_keys */
-    const int64_t nk = (a.post ? (int64_t)a.post[t] : a.pos0 + t) + 1;
+    const int64_t nk = a.sel ? (int64_t)a.nsel[t] : (a.post ? (int64_t)a.post[t] : a.pos0 + t) + 1;
     const int64_t per = a.splits == 1 ? nk : ((nk + a.splits - 1) / a.splits + AW_NK - 1) / AW_NK * AW_NK;
     const int64_t k0 = (int64_t)split * per, k1 = nk < k0 + per ? nk : k0 + per;
     auto row_at = [&](int64_t k) -> const __half * {
         if (k >= k1) return nullptr;
-        return tab ? paged_row_t<__half>(tab, a.tab_off, AW_ROW, k) : a.kv + k * AW_ROW;
+        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+        return tab ? paged_row_t<__half>(tab, a.tab_off, AW_ROW, key) : a.kv + key * AW_ROW;
     };
     /* a tile: 64 rows x 72 chunks of 16 bytes, 18 a thread, into the swizzled k-blocks; one group */
     constexpr int CPR = AW_ROW / 8, CPT = AW_NK * CPR / AW_T;

@@ -1,12 +1,13 @@
-/* attn_wg_cuda: absorbed MLA decode attention over an fp16 latent cache on Hopper's warpgroup
+/* attn_wg_cuda: absorbed MLA attention over an fp16 latent cache on Hopper's warpgroup
  * tensor cores (wgmma, sm_90a), for mla_cuda_mla_attn (attn_mla_cuda.cu), which chooses it. CUDA
  * C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles it for sm_90a alone, with wgmma_cuda.cu, and defines MLA_CUDA_WGMMA); it runs on compute
  * capability 9.0 devices only (mlacu_hopper_isa), which mlacu_awg_device_ok checks.
  *
- * Shape: latent 512 + rope 64, heads a multiple of 64, keys of the token's own (no selected
- * keys). Inputs and outputs as mla_cuda_attn_args' (kernels/cuda_ops.h): q_abs [T][H][512] and
- * q_pe (strides in floats) fp32; the cache rows fp16, contiguous (kv) or paged (tabs); out
+ * Shape: latent 512 + rope 64, heads a multiple of 64; each token's keys are its own positions
+ * 0 .. pos, or with sel the n_sel[t] keys sel[t * sel_stride ..] (DSA's selection). Inputs and
+ * outputs as mla_cuda_attn_args' (kernels/cuda_ops.h): q_abs [T][H][512] and q_pe (strides in
+ * floats) fp32; the cache rows fp16, contiguous (kv) or paged (tabs); out
  * [T][H][512], or with splits > 1 the work rows (m, l, o[512]) of (token, head, split), m in
  * natural units, as the combine of attn_mla_cuda.cu reads them. Nothing is owned. */
 #ifndef ATTN_WG_CUDA_H
@@ -26,6 +27,8 @@ typedef struct mlacu_awg_args {
     int64_t tab_off;                 /* halves into each block */
     int64_t pos0;
     const int32_t *post; /* per-token position, NULL: pos0 + t */
+    const int32_t *sel, *nsel; /* selected keys (NULL: every key up to the position) */
+    int64_t sel_stride;
     float scale;
     float *out, *work;
     int splits;

@@ -17,7 +17,8 @@
  * and wgmma kernels side by side), then V3's 4k and 32k prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
  * (gpu_check_dsa.inc), with --quick its small set, each path timed beside the one it replaced;
  * --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
- * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed; --sample: only
+ * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed, then (on sm_90)
+ * the attention over DSA-selected keys at 1 to 256 tokens, mma.sync against wgmma; --sample: only
  * the device sampling (gpu_check_sample.inc) against the host's sampler, then timed beside argmax
  * (with --quick fewer rows). */
 #include <cuda_fp16.h>
