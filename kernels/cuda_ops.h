@@ -419,6 +419,18 @@ int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int64_t T, int
                          float eps, const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
                          int kv_f16, float *d_q, int64_t q_ld, int64_t n_head, int64_t head_ld,
                          mla_cuda_stream stream, mla_err *e);
+/* The indexer's cache side of a DSA step in one kernel: row t of d_ik (D floats, D <=
+ * MLA_CUDA_IK_MAX) layer-normalized (weights d_norm_w, bias d_norm_b, eps), its first t->n_dims
+ * rotated (adjacent pairs, position d_pos[t]) and stored as mla_cuda_scatter_paged stores it (rows
+ * of D elements at blk_off); with d_q (else NULL): token t's n_head query vectors of D (d_q + t
+ * n_head D) rotated in place and its n_head head weights (d_w + t n_head) times wscale. The same
+ * bits as mla_cuda_layernorm, mla_cuda_rope, mla_cuda_scatter_paged (and mla_cuda_rope of the
+ * queries, the weights times wscale) in turn. d_ik itself is left as it was. */
+#define MLA_CUDA_IK_MAX 256
+int mla_cuda_dsa_ik_rows(const rope_table *t, const float *d_ik, int64_t T, int64_t D, const float *d_norm_w,
+                         const float *d_norm_b, float eps, const float *const *const *d_blk_tok, int64_t blk_off,
+                         const int32_t *d_pos, int kv_f16, float *d_q, int64_t n_head, float *d_w, float wscale,
+                         mla_cuda_stream stream, mla_err *e);
 /* A decode step's q-LoRA norm and its cache side in one launch (q_a and kv_a come from one
  * product): mla_cuda_rmsnorm_ex of the T rows of d_x (n floats each, no residual; d_q8: NULL, or
  * y's q8 buffer) and mla_cuda_mla_kv_rows's cache rows, but not its rotation of the queries' k_pe

@@ -189,12 +189,11 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     if (threadIdx.x == 0) MLACU_TRACE_MARK(1);
 }
 
-__global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n, const float *__restrict__ w,
-                                 const float *__restrict__ b, float eps, float *y, int64_t ldy) {
-    mlacu_pdl_enter();
-    __shared__ float red[32];
-    const float *xr = x + blockIdx.x * ldx;
-    float *yr = y + blockIdx.x * ldy;
+/* One row's layer norm by the whole block (LN_T threads: the sums' order, so the same bits
+ * wherever it runs): xr's n values, weights w and bias b (either NULL: none), into yr. */
+constexpr int LN_T = 256;
+__device__ __forceinline__ void ln_row(const float *__restrict__ xr, int64_t n, const float *__restrict__ w,
+                                       const float *__restrict__ b, float eps, float *red, float *yr) {
     float s = 0.f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
     float mean = block_sum(s, red) / (float)n;
@@ -208,6 +207,14 @@ __global__ void layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64
         if (b) o += b[i];
         yr[i] = o;
     }
+}
+
+__global__ void __launch_bounds__(LN_T) layernorm_kernel(const float *__restrict__ x, int64_t ldx, int64_t n,
+                                                         const float *__restrict__ w, const float *__restrict__ b,
+                                                         float eps, float *y, int64_t ldy) {
+    mlacu_pdl_enter();
+    __shared__ float red[32];
+    ln_row(x + blockIdx.x * ldx, n, w, b, eps, red, y + blockIdx.x * ldy);
 }
 
 __global__ void swiglu_kernel(const float *g, const float *u, float *y, int64_t n) {
@@ -271,6 +278,32 @@ __global__ void __launch_bounds__(RN_T) mla_kv_rows_kernel(rope_k rk, const floa
         return;
     }
     kv_row_store<KT>(rk, kva, KL, dr, nw, eps, tabs, kv_off, pos, t, red, tcs, tsn, pe);
+}
+
+/* The indexer's cache side of a DSA step (mla_cuda_dsa_ik_rows), block (t, 0): token t's key row
+ * layer-normalized into shared memory (ln_row), its first n_dims rotated, stored in its cache
+ * slot; block (t, 1) (with queries): token t's indexer queries rotated in place and its head
+ * weights scaled. LN_T threads. */
+template <typename KT>
+__global__ void __launch_bounds__(LN_T) dsa_ik_rows_kernel(rope_k rk, const float *__restrict__ ik, int D,
+                                                           const float *__restrict__ nw, const float *__restrict__ nb,
+                                                           float eps, const float *const *const *__restrict__ tabs,
+                                                           int64_t ik_off, const int32_t *__restrict__ pos, float *q,
+                                                           int n_head, float *hw, float wscale) {
+    mlacu_pdl_enter();
+    __shared__ float red[32], tcs[ROPE_MAX_DIMS / 2], tsn[ROPE_MAX_DIMS / 2], row[MLA_CUDA_IK_MAX];
+    const int t = blockIdx.x;
+    if (blockIdx.y == 1) {
+        mlacu_rope_token(rk, ROPE_ADJACENT, q + (int64_t)t * n_head * D, n_head, D, pos[t], tcs, tsn);
+        for (int h = threadIdx.x; h < n_head; h += blockDim.x) hw[(int64_t)t * n_head + h] *= wscale;
+        return;
+    }
+    ln_row(ik + (int64_t)t * D, D, nw, nb, eps, red, row);
+    __syncthreads();
+    mlacu_rope_token(rk, ROPE_ADJACENT, row, 1, D, pos[t], tcs, tsn);
+    __syncthreads();
+    KT *d = (KT *)paged_row_t<KT>(tabs[t], ik_off, D, pos[t]);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) kv_store(d + i, row[i]);
 }
 
 /* mla_cuda_qnorm_kv_rows: blocks (t, j < slices) the q-LoRA norm of row t (slice j of RN_KB RN_T
@@ -509,7 +542,7 @@ extern "C" int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int6
                                   mla_err *e) {
     MLA_ASSERT(T >= 0 && n > 0);
     if (T == 0) return MLA_OK;
-    mlacu_launch(layernorm_kernel, (unsigned)T, 256, 0, stream, d_x, ldx, n, d_w, d_b, eps, d_y, ldy);
+    mlacu_launch(layernorm_kernel, (unsigned)T, LN_T, 0, stream, d_x, ldx, n, d_w, d_b, eps, d_y, ldy);
     MLACU_CHECK(cudaGetLastError(), e, "layernorm T=%lld n=%lld", (long long)T, (long long)n);
     return MLA_OK;
 }
@@ -554,6 +587,23 @@ extern "C" int mla_cuda_mla_kv_rows(const rope_table *t, const float *d_kva, int
                  stream, rk, d_kva, (int)kv_lora, t->n_dims, d_norm_w, eps, d_blk_tok, blk_off, d_pos, d_q, q_ld,
                  n_head, head_ld);
     MLACU_CHECK(cudaGetLastError(), e, "mla_kv_rows%s T=%lld", kv_f16 ? " (fp16)" : "", (long long)T);
+    return MLA_OK;
+}
+
+extern "C" int mla_cuda_dsa_ik_rows(const rope_table *t, const float *d_ik, int64_t T, int64_t D,
+                                    const float *d_norm_w, const float *d_norm_b, float eps,
+                                    const float *const *const *d_blk_tok, int64_t blk_off, const int32_t *d_pos,
+                                    int kv_f16, float *d_q, int64_t n_head, float *d_w, float wscale,
+                                    mla_cuda_stream stream, mla_err *e) {
+    MLA_ASSERT(t->n_dims > 0 && t->n_dims <= ROPE_MAX_DIMS && D >= t->n_dims && D <= MLA_CUDA_IK_MAX && T >= 0 &&
+               T <= INT32_MAX && blk_off >= 0 && (!d_q || (n_head > 0 && n_head <= INT32_MAX && d_w)));
+    if (T == 0) return MLA_OK;
+    const rope_k rk = mlacu_rope_args<ROPE_MAX_DIMS>(t);
+    mlacu_launch(kv_f16 ? dsa_ik_rows_kernel<__half> : dsa_ik_rows_kernel<float>, dim3((unsigned)T, d_q ? 2 : 1),
+                 LN_T, 0, stream, rk, d_ik, (int)D, d_norm_w, d_norm_b, eps, d_blk_tok, blk_off, d_pos, d_q,
+                 (int)n_head, d_w, wscale);
+    MLACU_CHECK(cudaGetLastError(), e, "dsa_ik_rows%s T=%lld D=%lld", kv_f16 ? " (fp16)" : "", (long long)T,
+                (long long)D);
     return MLA_OK;
 }
 

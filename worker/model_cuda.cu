@@ -69,11 +69,6 @@ struct dlayer {
     mla_cuda_experts ex;
 };
 
-__global__ void scale_kernel(float *x, int64_t n, float s) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-
 } // namespace
 
 struct mla_cmodel {
@@ -1279,13 +1274,11 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
             TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, hq, T, err));
         } else
             TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
-        TRY(mla_cuda_layernorm(m->ikn, ihd, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, m->ikn, ihd, st, err));
-        TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->ikn, T, 1, ihd, ihd, 0, pos, st, err));
-        TRY(mla_cuda_scatter_paged(m->ikn, ihd, ihd, T, tabs, ik_off, pos, ihd, m->kv_f16, st, err));
+        /* the key rows normalized, rotated and stored; selecting, the queries rotated and the head
+         * weights scaled: one launch */
+        TRY(mla_cuda_dsa_ik_rows(&m->rope, m->ikn, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, tabs, ik_off, pos,
+                                 m->kv_f16, select ? m->iq : nullptr, nih, m->iw, 1.0f / sqrtf((float)nih), st, err));
         if (select) {
-            scale_kernel<<<(unsigned)((T * nih + 255) / 256), 256, 0, st>>>(m->iw, T * nih, 1.0f / sqrtf((float)nih));
-            CU(cudaGetLastError(), "scale");
-            TRY(mla_cuda_rope(&m->rope, ROPE_ADJACENT, m->iq, T, nih, ihd, nih * ihd, 0, pos, st, err));
             if (m->kv_f16) /* fp16 keys on the tensor cores */
                 TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
                                                 m->scores, max_keys, st, err));
