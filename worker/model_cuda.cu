@@ -114,7 +114,8 @@ struct mla_cmodel {
     /* Decode-step fusions: the residual add and the q8 quantization into the norms, the cache
      * side of the attention in one kernel, two products of one input (and gate / up with swiglu)
      * in one GEMV. A MoE layer's shared expert runs on st2 beside the router and its routing on
-     * st (forked and joined by the events: inside a captured graph, two branches). */
+     * st, and a DSA layer's indexer on st2 beside q_b and k_b (forked and joined by the events:
+     * inside a captured graph, two branches). */
     cudaStream_t st2;
     cudaEvent_t ev_fork, ev_join;
     void *q8h, *q8c; /* q8 buffers of m->h ([cap_T][n_embd]) and of m->cq ([cap_T][q_lora]), made by the norms */
@@ -1086,9 +1087,10 @@ static bool kv_merged(const mla_cmodel *m, const dlayer *l, int64_t T) {
 /* The attention's input projections of T tokens from m->h (hq: NULL or its q8 buffer): queries in
  * m->q (through the q-LoRA and its norm, m->cq, when the model has one; *cq_q: cq's q8 buffer
  * where the norm made one, else NULL) and the compressed kv + k_pe in m->kva. kd (kv_merged):
- * the cache rows are also written, in the norm's launch. */
+ * the cache rows are also written, in the norm's launch. fork: m->ev_fork recorded once cq is
+ * in (a q-LoRA model: the DSA indexer's start, attention_b). */
 static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t T, const void **cq_q,
-                        const kv_dest *kd, mla_err *err) {
+                        const kv_dest *kd, bool fork, mla_err *err) {
     const mla_config *c = &m->cfg;
     *cq_q = nullptr;
     if (c->q_lora_rank > 0) { /* q_a and kv_a read the same input */
@@ -1103,6 +1105,7 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
             TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
                                     err));
         *cq_q = q;
+        if (fork) CU(cudaEventRecord(m->ev_fork, m->st), "fork"); /* cq is in: the indexer may start */
         return mm(m, &l->q_b, m->cq, q, T, m->q, err);
     }
     return mm2(m, &l->q_b, m->q, &l->kv_a, m->kva, m->h, hq, T, err);
@@ -1214,6 +1217,58 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
 }
 
 /* ---------------------------------------------------------------- steps over the paged cache */
+/* The DSA indexer of a step of T tokens (attention_b), on m->st. A token with no more than top_k
+ * keys selects all of them, in order: the plain attention. A step whose key bound max_keys (what
+ * a decode graph is keyed on) is no more than top_k (a prompt of up to top_k tokens) skips the
+ * indexer's queries, scores and selection (*sel NULL); otherwise such tokens are left unscored
+ * (skip_keys) and selected whole, and *sel is m->sel. The indexer's key rows are computed and
+ * stored (at ik_off) for later steps either way. */
+static int indexer_b(mla_cmodel *m, const dlayer *l, int64_t T, int64_t max_keys, const void *cq_q, const void *hq,
+                     const float *const *const *tabs, int64_t ik_off, const int32_t *pos, const int32_t **sel,
+                     mla_err *err) {
+    const mla_config *c = &m->cfg;
+    const int64_t nih = c->idx_n_head, ihd = c->idx_head_dim;
+    cudaStream_t st = m->st;
+    const bool select = max_keys > c->idx_top_k;
+    if (select) {
+        TRY(mm(m, &l->iq_b, m->cq, cq_q, T, m->iq, err));
+        TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, hq, T, err));
+    } else
+        TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
+    /* the key rows normalized, rotated and stored; selecting, the queries rotated and the head
+     * weights scaled: one launch */
+    TRY(mla_cuda_dsa_ik_rows(&m->rope, m->ikn, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, tabs, ik_off, pos,
+                             m->kv_f16, select ? m->iq : nullptr, nih, m->iw, 1.0f / sqrtf((float)nih), st, err));
+    *sel = NULL;
+    if (!select) return MLA_OK;
+    if (m->kv_f16) /* fp16 keys on the tensor cores */
+        TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
+                                        m->scores, max_keys, st, err));
+    else
+        TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k, m->scores,
+                                      max_keys, st, err));
+    TRY(mla_cuda_dsa_topk_paged(m->scores, max_keys, T, pos, c->idx_top_k, m->topk_work, m->sel, m->nsel, st, err));
+    *sel = m->sel;
+    return MLA_OK;
+}
+
+/* whether mm() of w in a T-token step reads only its inputs (xq: x's q8 buffer or NULL): it neither
+ * converts x into m->xhbuf (the fp16 tensor cores) nor quantizes it into m->q8buf; two such
+ * products may run at once on two streams */
+static bool mm_private(const mla_cmodel *m, const dmat *w, const void *xq, int64_t T) {
+    return mm_family(m, w, T) != MLA_CUDA_MM_H && (xq || !mm_reads_q8(m, w, T));
+}
+
+/* whether the indexer of a T-token step runs beside the queries' products (attention_b): a q-LoRA
+ * model (the fork is at its norm) whose q_b and indexer products each read only their inputs
+ * (cq_q, hq: the norms' q8 buffers or NULL) */
+static bool indexer_side(const mla_cmodel *m, const dlayer *l, int64_t T, int64_t max_keys, const void *cq_q,
+                         const void *hq) {
+    const bool select = max_keys > m->cfg.idx_top_k;
+    return m->cfg.q_lora_rank > 0 && mm_private(m, &l->q_b, cq_q, T) && mm_private(m, &l->ik, hq, T) &&
+           (!select || (mm_private(m, &l->iq_b, cq_q, T) && mm_private(m, &l->iproj, hq, T)));
+}
+
 /* Attention of a step of T tokens (of one sequence or of many): token ids, positions and each
  * token's block table are read from the step block on the device; the new cache rows go to
  * their slots through the tables (nothing here depends on positions on the host). */
@@ -1239,7 +1294,21 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
     const bool mha = m->pf_ok && m->pf_tab && T >= m->pf_min && !merged &&
                      (c->idx_n_head == 0 || max_keys <= c->idx_top_k);
     const kv_dest kd = {tabs, kv_off, pos};
-    TRY(project_q_kv(m, l, hq, T, &cq_q, merged ? &kd : nullptr, err));
+    const bool dsa = c->idx_n_head > 0;
+    TRY(project_q_kv(m, l, hq, T, &cq_q, merged ? &kd : nullptr, dsa && c->q_lora_rank > 0, err));
+    /* The DSA indexer beside the queries' products (q_b, k_b, the cache rows): on st2 from the
+     * q-LoRA norm, joined before the attention, where no product of either side converts its
+     * input into a shared buffer (indexer_side) */
+    const int32_t *sel = NULL;
+    const bool side = dsa && indexer_side(m, l, T, max_keys, cq_q, hq);
+    if (side) {
+        CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
+        m->st = m->st2; /* indexer_b's kernels go to m->st */
+        const int rc = indexer_b(m, l, T, max_keys, cq_q, hq, tabs, ik_off, pos, &sel, err);
+        m->st = st;
+        TRY(rc);
+        CU(cudaEventRecord(m->ev_join, m->st2), "join");
+    }
     /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
      * roped. Merged: the rows are stored already, and k_b rotates the queries'. */
     if (merged) {
@@ -1260,36 +1329,8 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         }
         if (!mha) TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
     }
-    const int32_t *sel = NULL;
-    if (c->idx_n_head > 0) {
-        /* A token with no more than top_k keys selects all of them, in order: the plain
-         * attention. A step whose key bound max_keys (what a decode graph is keyed on) is no more
-         * than top_k (a prompt of up to top_k tokens) skips the indexer's queries, scores and
-         * selection; otherwise such tokens are left unscored (skip_keys) and selected whole. The
-         * indexer's key rows are computed and stored for later steps either way. */
-        const int64_t nih = c->idx_n_head;
-        const bool select = max_keys > c->idx_top_k;
-        if (select) {
-            TRY(mm(m, &l->iq_b, m->cq, cq_q, T, m->iq, err));
-            TRY(mm2(m, &l->ik, m->ikn, &l->iproj, m->iw, m->h, hq, T, err));
-        } else
-            TRY(mm(m, &l->ik, m->h, hq, T, m->ikn, err));
-        /* the key rows normalized, rotated and stored; selecting, the queries rotated and the head
-         * weights scaled: one launch */
-        TRY(mla_cuda_dsa_ik_rows(&m->rope, m->ikn, T, ihd, l->ik_norm_w, l->ik_norm_b, 1e-6f, tabs, ik_off, pos,
-                                 m->kv_f16, select ? m->iq : nullptr, nih, m->iw, 1.0f / sqrtf((float)nih), st, err));
-        if (select) {
-            if (m->kv_f16) /* fp16 keys on the tensor cores */
-                TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
-                                                m->scores, max_keys, st, err));
-            else
-                TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
-                                              m->scores, max_keys, st, err));
-            TRY(mla_cuda_dsa_topk_paged(m->scores, max_keys, T, pos, c->idx_top_k, m->topk_work, m->sel, m->nsel, st,
-                                        err));
-            sel = m->sel;
-        }
-    }
+    if (dsa && !side) TRY(indexer_b(m, l, T, max_keys, cq_q, hq, tabs, ik_off, pos, &sel, err));
+    if (side) CU(cudaStreamWaitEvent(st, m->ev_join, 0), "join");
     if (mha) {
         MLA_ASSERT(!sel);
         const int64_t dv = c->head_v;
