@@ -1603,6 +1603,10 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
 
 bool api_server_healthy(api_server *a, char *why, size_t cap) {
     why[0] = 0;
+    if (a->draining) {
+        snprintf(why, cap, "draining: the server is shutting down");
+        return false;
+    }
     if (!a->s) { /* no scheduler yet: the workers have not reported their cache pools */
         snprintf(why, cap, "the workers are loading");
         return false;

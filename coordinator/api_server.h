@@ -208,6 +208,9 @@ bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);
 const char *api_server_model_name(const api_server *a);
 int32_t api_server_max_context(const api_server *a);
+/* Whether the server takes new generations: false (why says so) while it drains, while the
+ * workers load, and while the worker group is down. Every health answer (HTTP /health, the
+ * gRPC Health and grpc.health.v1 services, /metrics' mlaserve_healthy) reads this. */
 bool api_server_healthy(api_server *a, char *why, size_t cap);
 
 #endif
