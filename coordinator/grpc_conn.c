@@ -96,9 +96,9 @@ static void reply_status(grpc_conn *c, gstream *st, int status, const char *msg)
     char code[8];
     snprintf(code, sizeof code, "%d", status);
     char *m = pct_encode(msg ? msg : "");
-    nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc"), NV("grpc-status", code),
-                        NV("grpc-message", m)};
-    nghttp2_submit_response(c->s, st->id, nva, msg && msg[0] ? 4 : 3, NULL);
+    nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                        NV("grpc-accept-encoding", "identity"), NV("grpc-status", code), NV("grpc-message", m)};
+    nghttp2_submit_response(c->s, st->id, nva, msg && msg[0] ? 5 : 4, NULL);
     free(m);
 }
 
@@ -160,8 +160,11 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     } else if (eq(name, nlen, ":method")) {
         st->bad_post = !eq(value, vlen, "POST");
     } else if (eq(name, nlen, "content-type")) {
+        /* application/grpc, or +proto (the messages are protobuf: no +json), parameters allowed */
+        const size_t sub = vlen > 16 && value[16] == '+' ? 6 : 0;
         st->bad_ctype = !(vlen >= 16 && !memcmp(value, "application/grpc", 16) &&
-                          (vlen == 16 || value[16] == '+' || value[16] == ';'));
+                          (!sub || (vlen >= 22 && !memcmp(value + 16, "+proto", 6))) &&
+                          (vlen == 16 + sub || value[16 + sub] == ';'));
     } else if (eq(name, nlen, "grpc-timeout")) {
         st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
     } else if (eq(name, nlen, "authorization")) {
@@ -202,7 +205,8 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t sid, const u
 static void request_done(grpc_conn *c, gstream *st) {
     if (st->replied || st->in_call) return;
     if (st->bad_post) return reply_status(c, st, GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
-    if (st->bad_ctype) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
+    if (st->bad_ctype)
+        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc or application/grpc+proto");
     if (st->too_many_headers) {
         char m[96];
         snprintf(m, sizeof m, "request headers are larger than %u bytes", c->lim.max_header_bytes);
@@ -299,7 +303,9 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
     gstream *st = call_stream(c, sid);
     if (!st || st->finishing) return MLA_ERR;
     size_t n = protobuf_c_message_get_packed_size(m);
-    if (c->out + n + 5 > c->lim.max_out) {
+    /* a message larger than max_out alone may go out when nothing else is queued (a Tokenize
+     * reply can be a few times its request): the queue stays under max_out plus one message */
+    if (c->out > 0 && c->out + n + 5 > c->lim.max_out) {
         st->in_call = false;
         c->n_calls--;
         nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_CANCEL);
@@ -320,9 +326,10 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
     c->out += n + 5;
     if (!st->started) {
         st->started = true;
-        nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc")};
+        nghttp2_nv nva[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                            NV("grpc-accept-encoding", "identity")};
         nghttp2_data_provider dp = {.source = {.ptr = NULL}, .read_callback = read_data};
-        nghttp2_submit_response(c->s, sid, nva, 2, &dp);
+        nghttp2_submit_response(c->s, sid, nva, 3, &dp);
     } else {
         nghttp2_session_resume_data(c->s, sid);
     }
@@ -427,5 +434,7 @@ bool grpc_conn_done(const grpc_conn *c) {
 }
 
 int grpc_conn_n_calls(const grpc_conn *c) { return c->n_calls; }
+
+size_t grpc_conn_out_pending(const grpc_conn *c) { return c->out; }
 
 void grpc_conn_shutdown(grpc_conn *c) { nghttp2_submit_shutdown_notice(c->s); }

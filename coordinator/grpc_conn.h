@@ -48,7 +48,8 @@ typedef struct grpc_conn_limits {
     uint32_t max_streams;      /* concurrent streams per connection (default 100) */
     uint32_t max_header_bytes; /* request header names + values per stream (default 16 KiB) */
     size_t max_buffered;       /* request bytes buffered over the connection's streams (default 16 MiB) */
-    size_t max_out;            /* response bytes queued over its streams (default 8 MiB) */
+    size_t max_out;            /* response bytes queued over its streams (default 8 MiB; one message
+                                  * over it alone is taken while nothing else is queued) */
 } grpc_conn_limits;
 
 void grpc_conn_limits_default(grpc_conn_limits *l);
@@ -86,6 +87,9 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t stream_id, const ProtobufCMessage *
 void grpc_conn_finish(grpc_conn *c, int32_t stream_id, int status, const char *message);
 /* Calls started and not finished or cancelled. */
 int grpc_conn_n_calls(const grpc_conn *c);
+/* Response bytes queued over the streams and not yet taken (flow control holds them back while
+ * the client does not read), finished calls' included. */
+size_t grpc_conn_out_pending(const grpc_conn *c);
 /* Tells the client no new calls are taken (GOAWAY); calls in flight go on. */
 void grpc_conn_shutdown(grpc_conn *c);
 

@@ -149,6 +149,57 @@ static const ProtobufCMessageDescriptor *request_desc(int method) {
     }
 }
 
+/* a varint at *p (< end): its value, *p past it; false when it runs past end or 10 bytes */
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    *v = 0;
+    for (int i = 0; i < 10 && *p < end; i++) {
+        const uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+/* protobuf-c hands string fields over as C strings, which end at a NUL, and does not check
+ * UTF-8: the message's bytes are walked against its descriptor and every string field (in nested
+ * messages too) must be valid UTF-8 without NUL, as the HTTP API's strings must. Run on a message
+ * protobuf-c has unpacked (so the framing is sound); 0, or -1 with the field's name in param. */
+static int wire_strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth,
+                           char param[48], mla_err *err) {
+    const uint8_t *end = p + len;
+    while (p < end) {
+        uint64_t tag, v;
+        if (!wire_varint(&p, end, &tag)) return MLA_OK; /* the unpacker judged the framing */
+        switch (tag & 7) {
+        case 0:
+            if (!wire_varint(&p, end, &v)) return MLA_OK;
+            continue;
+        case 1:
+        case 5: {
+            const size_t w = (tag & 7) == 1 ? 8 : 4;
+            if ((size_t)(end - p) < w) return MLA_OK;
+            p += w;
+            continue;
+        }
+        case 2: break;
+        default: return MLA_OK; /* groups: not in this API, left to the unpacker */
+        }
+        if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p)) return MLA_OK;
+        const ProtobufCFieldDescriptor *f =
+            tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3)) : NULL;
+        if (f && f->type == PROTOBUF_C_TYPE_STRING) {
+            if (memchr(p, 0, v))
+                return fail(param, f->name, err, "%s holds a NUL character (not supported in strings)", f->name);
+            const long at = api_utf8_invalid_at((const char *)p, v);
+            if (at >= 0) return fail(param, f->name, err, "%s is not valid UTF-8 (byte %ld)", f->name, at);
+        } else if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
+                   wire_strings_ok(f->descriptor, p, v, depth + 1, param, err))
+            return MLA_ERR;
+        p += v;
+    }
+    return MLA_OK;
+}
+
 int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_request *r, char param[48],
                         mla_err *err) {
     memset(r, 0, sizeof(*r));
@@ -159,6 +210,7 @@ int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_req
     r->msg = protobuf_c_message_unpack(d, NULL, len, payload);
     if (!r->msg)
         return fail(param, NULL, err, "the request (%zu bytes) is not a valid %s message", len, d->name);
+    if (wire_strings_ok(d, payload, len, 0, param, err)) return MLA_ERR;
     switch (method) {
     case GRPC_M_GENERATE: {
         Mlaapi__GenerateRequest *q = (Mlaapi__GenerateRequest *)r->msg;

@@ -101,6 +101,12 @@ static void call_drop(gs_call *r) {
     call_unlink(r);
 }
 
+/* no call in flight and nothing of a reply left to send (queued for the socket, or held back by
+ * the client's flow control): what the idle timeout and the connection limit may close */
+static bool conn_idle(const gs_conn *c) {
+    return c->n_calls == 0 && c->queued == 0 && (!c->h2 || grpc_conn_out_pending(c->h2) == 0);
+}
+
 static void conn_close(gs_conn *c) {
     if (c->closing) return;
     c->closing = true;
@@ -644,8 +650,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         /* make room by closing the connection idle longest (no call, nothing queued), if any */
         gs_conn *old = NULL;
         for (gs_conn *o = s->conns; o; o = o->next)
-            if (o != c && !o->closing && o->n_calls == 0 && o->queued == 0 &&
-                (!old || o->last_active_ms < old->last_active_ms))
+            if (o != c && !o->closing && conn_idle(o) && (!old || o->last_active_ms < old->last_active_ms))
                 old = o;
         if (old) {
             MLA_DEBUG("grpc: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
@@ -692,7 +697,7 @@ static void on_sweep(uv_timer_t *t) {
         if (handshaking && s->cfg.handshake_timeout_ms && now - c->accepted_ms >= s->cfg.handshake_timeout_ms) {
             MLA_DEBUG("grpc: %s did not start HTTP/2 within %u ms; closing", c->peer, s->cfg.handshake_timeout_ms);
             conn_close(c);
-        } else if (c->n_calls == 0 && c->queued == 0 && s->cfg.idle_timeout_ms &&
+        } else if (conn_idle(c) && s->cfg.idle_timeout_ms &&
                    now - c->last_active_ms >= s->cfg.idle_timeout_ms) {
             MLA_DEBUG("grpc: %s idle for %u ms; closing", c->peer, s->cfg.idle_timeout_ms);
             conn_close(c);

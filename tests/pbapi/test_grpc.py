@@ -7,6 +7,7 @@ Usage: test_grpc.py MLASERVE_EXE WORKER_EXE FIXTURES_DIR [PROTO_DIR]. Exit 77 wh
 or grpcio-tools is missing."""
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -264,7 +265,36 @@ try:
     check(rc == 1 and "UNAUTHENTICATED" in err, "client with a wrong key: %r" % err)
     rc, out, err = client(P, "generate", "-p", "1 2 3", "-n", "450", "--ignore-eos", extra=["--timeout", "1"])
     check(rc == 1 and "DEADLINE_EXCEEDED" in err, "client --timeout 1: DEADLINE_EXCEEDED (%r)" % err)
+    # ---- strings the HTTP API refuses: a NUL, bytes that are not UTF-8 ----
+    c = code_of(lambda: list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2\x003 4", max_tokens=2), metadata=AUTH,
+                                           timeout=30)))
+    check(c == SC.INVALID_ARGUMENT, "a prompt with a NUL: INVALID_ARGUMENT (%s)" % c)
+    raw = api_pb2.GenerateRequest(prompt="1 2 X 3", max_tokens=2).SerializeToString().replace(b"X", b"\xff")
+    gen_raw = chan.unary_stream("/mlaapi.MlaServe/Generate", request_serializer=lambda b: b,
+                                response_deserializer=api_pb2.GenerateResponse.FromString)
+    c = code_of(lambda: list(gen_raw(raw, metadata=AUTH, timeout=30)))
+    check(c == SC.INVALID_ARGUMENT, "a prompt that is not UTF-8: INVALID_ARGUMENT (%s)" % c)
+    # ---- a reply larger than the connection's output bound (8 MiB with its 5-byte frame head):
+    # Tokenize of 4 MiB less a byte of " \n" pairs, a token a byte, ids of two varint bytes ----
+    with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20),
+                                              ("grpc.max_send_message_length", 8 << 20)]) as ch:
+        r = api_grpc.MlaServeStub(ch).Tokenize(api_pb2.TokenizeRequest(text=" \n" * 2097149), metadata=AUTH, timeout=120)
+        check(len(r.ids) > 4000000 and r.ByteSize() + 5 > 8 << 20, "a Tokenize reply of %d bytes (framed: over "
+              "the 8 MiB bound)" % r.ByteSize())
+    # ---- draining (SIGTERM with a call in flight): every health answer says so ----
+    hs = health_pb2_grpc.HealthStub(chan)
+    slow = stub.Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=450, ignore_eos=True), metadata=AUTH,
+                         timeout=120)
+    next(slow)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    r = stub.Health(api_pb2.HealthRequest(), timeout=30)
+    check(not r.ok and "draining" in r.status, "draining: Health %r" % r)
+    check(hs.Check(health_pb2.HealthCheckRequest(), timeout=30).status == health_pb2.HealthCheckResponse.NOT_SERVING,
+          "draining: grpc.health.v1 Check NOT_SERVING")
+    check(sum(1 for x in slow if x.HasField("token_id")) == 449, "draining: the call in flight ends whole")
     chan.close()
+    srv.proc.wait(timeout=60)  # the drain ends by itself (stop() then sees the exit status)
 finally:
     code = srv.stop()
     check(code == 0, "server exit status %r" % code)
