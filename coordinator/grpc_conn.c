@@ -160,11 +160,11 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     } else if (eq(name, nlen, ":method")) {
         st->bad_post = !eq(value, vlen, "POST");
     } else if (eq(name, nlen, "content-type")) {
-        /* application/grpc, or +proto (the messages are protobuf: no +json), parameters allowed */
-        const size_t sub = vlen > 16 && value[16] == '+' ? 6 : 0;
-        st->bad_ctype = !(vlen >= 16 && !memcmp(value, "application/grpc", 16) &&
-                          (!sub || (vlen >= 22 && !memcmp(value + 16, "+proto", 6))) &&
-                          (vlen == 16 + sub || value[16 + sub] == ';'));
+        /* application/grpc or application/grpc+proto (the messages are protobuf: no +json), any
+         * parameters after a ';' */
+        const uint8_t *semi = memchr(value, ';', vlen);
+        const size_t base = semi ? (size_t)(semi - value) : vlen;
+        st->bad_ctype = !eq(value, base, "application/grpc") && !eq(value, base, "application/grpc+proto");
     } else if (eq(name, nlen, "grpc-timeout")) {
         st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
     } else if (eq(name, nlen, "authorization")) {

@@ -41,7 +41,7 @@ if(MLA_FUZZ)
                        ENVIRONMENT "FUZZ_ARTIFACTS=${CMAKE_CURRENT_BINARY_DIR}/fuzz-artifacts")
 endif()
 
-# the HTTP/2 layer and request decoding in memory, against an nghttp2 client session
+# the HTTP/2 layer and request decoding in memory, against an nghttp2 client
 add_executable(test_grpc_conn ${MLA_TEST_DIR}/unit/test_grpc_conn.c)
 target_include_directories(test_grpc_conn PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_grpc_conn mla_coord)

@@ -1180,6 +1180,19 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, int n_splits, mla
 
 /* The layer's FFN (dense, or shared + routed experts) of m->h (hq: NULL or its q8 buffer) into m->y,
  * all-reduced */
+/* f() with its kernels on st2 (m->st while it runs), after what st recorded in m->ev_fork; then
+ * m->ev_join recorded on st2, for st to wait on before it reads what f() wrote */
+template <typename F> static int on_side_stream(mla_cmodel *m, F f, mla_err *err) {
+    CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
+    cudaStream_t st0 = m->st;
+    m->st = m->st2;
+    const int rc = f();
+    m->st = st0;
+    TRY(rc);
+    CU(cudaEventRecord(m->ev_join, m->st2), "join");
+    return MLA_OK;
+}
+
 static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
@@ -1194,13 +1207,7 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
         const bool side = l->has_shexp && (hq || !mm_q8(m, &l->router));
         if (side) {
             CU(cudaEventRecord(m->ev_fork, m->st), "fork");
-            CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
-            cudaStream_t st0 = m->st;
-            m->st = m->st2; /* ffn_apply's kernels go to m->st */
-            const int rc = ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err);
-            m->st = st0;
-            TRY(rc);
-            CU(cudaEventRecord(m->ev_join, m->st2), "join");
+            TRY(on_side_stream(m, [&] { return ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err); }, err));
         } else if (l->has_shexp) {
             TRY(ffn_apply(m, &l->ffn, m->h, hq, T, m->y, err));
         } else {
@@ -1301,14 +1308,9 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
      * input into a shared buffer (indexer_side) */
     const int32_t *sel = NULL;
     const bool side = dsa && indexer_side(m, l, T, max_keys, cq_q, hq);
-    if (side) {
-        CU(cudaStreamWaitEvent(m->st2, m->ev_fork, 0), "fork");
-        m->st = m->st2; /* indexer_b's kernels go to m->st */
-        const int rc = indexer_b(m, l, T, max_keys, cq_q, hq, tabs, ik_off, pos, &sel, err);
-        m->st = st;
-        TRY(rc);
-        CU(cudaEventRecord(m->ev_join, m->st2), "join");
-    }
+    if (side)
+        TRY(on_side_stream(m, [&] { return indexer_b(m, l, T, max_keys, cq_q, hq, tabs, ik_off, pos, &sel, err); },
+                           err));
     /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
      * roped. Merged: the rows are stored already, and k_b rotates the queries'. */
     if (merged) {

@@ -114,6 +114,15 @@ def main():
         if a.tp_rtol is not None:
             one = run(a.mlaserve, a.model, prompts, a.threads, tmp).reshape(n_tot, V)
 
+    def next_dlogp(o, ref, p):
+        """|log p - reference log p| of each next token of prompt p (T - 1 values)"""
+        T = len(p['tokens'])
+        nxt = np.array(p['tokens'][1:], dtype=np.int64)
+        return np.abs(logsoftmax(o)[np.arange(T - 1), nxt] - logsoftmax(ref)[np.arange(T - 1), nxt])
+
+    def hf_of(p):
+        return hf_all.reshape(-1, V)[p['logits_offset'] // V:][:len(p['tokens'])]
+
     def vs_hf(logits):
         """argmax agreement, positions and worst |dlogp| of the next token against HF"""
         ag = n = 0
@@ -121,21 +130,19 @@ def main():
         o0 = 0
         for p in prompts:
             T = len(p['tokens'])
-            o = logits[o0:o0 + T]
-            h = hf_all.reshape(-1, V)[p['logits_offset'] // V:][:T]
+            o, h = logits[o0:o0 + T], hf_of(p)
             ag += int((o.argmax(-1) == h.argmax(-1)).sum())
             n += T
             if T > 1:
-                nxt = np.array(p['tokens'][1:], dtype=np.int64)
-                dw = max(dw, float(np.abs(logsoftmax(o)[np.arange(T - 1), nxt] - logsoftmax(h)[np.arange(T - 1), nxt]).max()))
+                dw = max(dw, float(next_dlogp(o, h, p).max()))
             o0 += T
         return ag, n, dw
 
     def other_path(name, other, bound):
         """a path that must equal one pass within bound, or with --paths-vs-hf meet the HF bounds"""
-        d = np.abs(other - ours).max(-1)
-        rel = float(d.max() / max(1e-6, np.abs(ours).max()))
-        far = np.nonzero(d / max(1e-6, np.abs(ours).max()) > bound)[0]
+        d = np.abs(other - ours).max(-1) / max(1e-6, np.abs(ours).max())
+        rel = float(d.max())
+        far = np.nonzero(d > bound)[0]
         line = f'{name} vs one pass: max|dlogit|/max|logit| {rel:.2e}'
         if len(far):
             line += f' ({len(far)} of {len(d)} positions beyond {bound}: rows {far[:8].tolist()})'
@@ -161,10 +168,8 @@ def main():
         T = len(p['tokens'])
         o = ours[off:off + T]
         base = p['logits_offset'] // V
-        h = hf_all.reshape(-1, V)[base:base + T]
-        lo, lh = logsoftmax(o), logsoftmax(h)
-        nxt = np.array(p['tokens'][1:], dtype=np.int64)
-        d = np.abs(lo[np.arange(T - 1), nxt] - lh[np.arange(T - 1), nxt]) if T > 1 else np.zeros(0)
+        h = hf_of(p)
+        d = next_dlogp(o, h, p) if T > 1 else np.zeros(0)
         ag = int((o.argmax(-1) == h.argmax(-1)).sum())
         agree += ag
         total += T
@@ -174,9 +179,7 @@ def main():
             worst['hf_dlogp'] = max(worst['hf_dlogp'], float(d.max()))
         worst['hf_dlogit'] = max(worst['hf_dlogit'], float(np.abs(o - h).max()))
         if lc_all is not None:
-            l = lc_all.reshape(-1, V)[base:base + T]
-            ll = logsoftmax(l)
-            dl = np.abs(lo[np.arange(T - 1), nxt] - ll[np.arange(T - 1), nxt]) if T > 1 else np.zeros(0)
+            dl = next_dlogp(o, lc_all.reshape(-1, V)[base:base + T], p) if T > 1 else np.zeros(0)
             line += f'  vs llama.cpp worst|dlogp| {dl.max() if dl.size else 0:.4f}'
             if dl.size:
                 worst['lc_dlogp'] = max(worst['lc_dlogp'], float(dl.max()))

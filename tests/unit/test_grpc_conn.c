@@ -1,5 +1,5 @@
 /* grpc_conn (the gRPC server's HTTP/2 layer) and grpc_request_decode, driven in memory by an
- * nghttp2 client session: what content types a call may carry, the answer to a compressed
+ * nghttp2 client: what content types a call may carry, the answer to a compressed
  * message, a reply larger than the output bound, the reply bytes flow control holds back, and
  * string fields with a NUL or bytes that are not UTF-8. */
 #include <nghttp2/nghttp2.h>
@@ -159,12 +159,12 @@ static void call(cli *c, srv *v, const char *path, const char *ctype, uint8_t fl
     free(body);
 }
 
-static void session(srv *v, cli *c, const grpc_conn_limits *lim, bool ack) {
+static void conn_pair(srv *v, cli *c, const grpc_conn_limits *lim, bool ack) {
     memset(v, 0, sizeof *v);
     grpc_conn_cbs cb = {.ud = v, .on_call = on_call, .on_cancel = on_cancel};
     mla_err err = {{0}};
     REQUIRE(grpc_conn_init(&v->c, lim, &cb, &err) == MLA_OK);
-    cli_init(c, ack); /* the client session sends the preface itself */
+    cli_init(c, ack); /* the client sends the preface itself */
 }
 
 static void end(srv *v, cli *c) {
@@ -178,7 +178,7 @@ static void test_content_types(void) {
     grpc_conn_limits_default(&lim);
     srv v;
     cli c;
-    session(&v, &c, &lim, true);
+    conn_pair(&v, &c, &lim, true);
     const char *health = "/mlaapi.MlaServe/Health";
     struct {
         const char *ctype;
@@ -205,7 +205,7 @@ static void test_output_bound(void) {
     lim.max_out = 4096;
     srv v;
     cli c;
-    session(&v, &c, &lim, true);
+    conn_pair(&v, &c, &lim, true);
     /* one reply message over the bound, nothing else queued: delivered whole */
     v.reply = 10000;
     call(&c, &v, "/mlaapi.MlaServe/Health", "application/grpc", 0, NULL, 0);
@@ -223,7 +223,7 @@ static void test_out_pending(void) {
     grpc_conn_limits_default(&lim);
     srv v;
     cli c;
-    session(&v, &c, &lim, false);
+    conn_pair(&v, &c, &lim, false);
     /* a finished call whose reply is larger than the client's window: held back, still pending */
     v.reply = 200000;
     call(&c, &v, "/mlaapi.MlaServe/Health", "application/grpc", 0, NULL, 0);
