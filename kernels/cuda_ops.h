@@ -388,10 +388,18 @@ int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t T, const in
 /* The model's indexer cache holds fp16 keys: the same scores as mla_cuda_dsa_scores_paged over
  * rows of head_dim halves at blk_off halves into each block (queries, weights and scores floats).
  * head_dim 64 or 128 and up to 64 heads (key rows 16-byte aligned) run on the tensor cores
- * (queries rounded to fp16, fp32 accumulation); other shapes on the CUDA cores. */
+ * (queries rounded to fp16, fp32 accumulation); other shapes on the CUDA cores. d_seq_tab: where
+ * the T tokens are of one sequence at positions pos0 .. pos0 + T - 1 (a prompt step), its block
+ * table (device), else NULL; with it, 64 tokens or more of head_dim 128 and 17-64 heads run on
+ * the warpgroup tensor cores where the device has them (kernels/dsa_wg_cuda.h). */
 int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, const float *const *const *d_blk_tok, int64_t blk_off,
-                                const int32_t *d_pos, int64_t T, int64_t n_head, int64_t head_dim, int64_t max_keys,
-                                int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream, mla_err *e);
+                                const int32_t *d_pos, const float *const *d_seq_tab, int64_t pos0, int64_t T,
+                                int64_t n_head, int64_t head_dim, int64_t max_keys, int64_t skip_keys, float *d_scores,
+                                int64_t ld, mla_cuda_stream stream, mla_err *e);
+/* Whether mla_cuda_dsa_scores_paged_h's warpgroup kernel runs here; mode 0 keeps prompt steps on
+ * the mma.sync kernel (the op checks compare the two), 1 (the default) lets it run. */
+int mla_cuda_dsa_wg_ok(void);
+void mla_cuda_dsa_wg(int mode);
 /* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row and with
  * fewer rows than the device has multiprocessors, over many blocks a row (a radix select of three
  * passes, then each chunk's ids at its offset), else mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
@@ -450,14 +458,19 @@ int mla_cuda_head_matmul(const float *d_w, int64_t n_head, int64_t in, int64_t o
                          mla_cuda_stream stream, mla_err *e);
 /* The same with fp16 weights (d_w: n_head * out * in halves, e.g. converted at load): steps of
  * more than 8 tokens on fp16 tensor cores (x rounded to fp16, fp32 accumulation) when in % 32 == 0
- * and x's strides are multiples of 4 floats; up to 8 tokens a GEMV with 16-byte weight loads
- * (in = 64, 128, 256 or 512); else the row-per-warp kernel reading fp16 weights. d_yq: NULL, or
- * the q8 buffer of y's T rows of y_ld_t (y_ld_t = n_head y_ld_h, y_ld_h = out, a multiple of 32),
- * which also gets y as mla_cuda_quantize_q8 after it would give it (the decode GEMV rounds its own
- * rows: no kernel more). */
+ * and x's strides are multiples of 4 floats (64 tokens and more with in % 64 == 0 on the
+ * warpgroup tensor cores where the device has them: kernels/head_wg_cuda.h); up to 8 tokens a
+ * GEMV with 16-byte weight loads (in = 64, 128, 256 or 512); else the row-per-warp kernel
+ * reading fp16 weights. d_yq: NULL, or the q8 buffer of y's T rows of y_ld_t (y_ld_t = n_head
+ * y_ld_h, y_ld_h = out, a multiple of 32), which also gets y as mla_cuda_quantize_q8 after it
+ * would give it (the decode GEMV rounds its own rows: no kernel more). */
 int mla_cuda_head_matmul_f16(const void *d_w, int64_t n_head, int64_t in, int64_t out, const float *d_x,
                              int64_t x_ld_t, int64_t x_ld_h, int64_t T, float *d_y, int64_t y_ld_t, int64_t y_ld_h,
                              void *d_yq, mla_cuda_stream stream, mla_err *e);
+/* Whether its warpgroup kernel runs here; mode 0 keeps prompt steps on the mma.sync kernel (the
+ * op checks compare the two), 1 (the default) lets it run. */
+int mla_cuda_head_wg_ok(void);
+void mla_cuda_head_wg(int mode);
 /* The same for decode steps with Q8_0 weights as a GGUF holds them (d_w: n_head * out rows of `in`
  * elements, ggml_row_bytes(Q8_0, in) each, 16-aligned): steps of up to 8 tokens, y = per row the
  * sum over its 32-element blocks of d * (q . x) in fp32; d_yq as mla_cuda_head_matmul_f16. The

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/cuda_internal.h"
+#include "kernels/dsa_wg_cuda.h" /* the prompt kernel, where MLA_CUDA_WGMMA */
 
 namespace {
 
@@ -670,14 +671,45 @@ extern "C" int mla_cuda_dsa_topk_tok(const float *d_scores, int64_t ld, int64_t 
 }
 
 /* ---------------------------------------------------------------- fp16 key cache */
+static int g_dsw_mode = 1; /* mla_cuda_dsa_wg */
+
+extern "C" void mla_cuda_dsa_wg(int mode) {
+    MLA_ASSERT(mode == 0 || mode == 1);
+    g_dsw_mode = mode;
+}
+
+extern "C" int mla_cuda_dsa_wg_ok(void) {
+#ifdef MLA_CUDA_WGMMA
+    return mlacu_dsw_device_ok();
+#else
+    return 0;
+#endif
+}
+
+/* prompt steps of 64 tokens or more on the warpgroup kernel; fewer stay on mma.sync */
+constexpr int64_t DSW_MIN_TOKENS = 64;
+
 extern "C" int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, const float *const *const *d_blk_tok,
-                                           int64_t blk_off, const int32_t *d_pos, int64_t T, int64_t H, int64_t D,
-                                           int64_t max_keys, int64_t skip_keys, float *d_scores, int64_t ld,
-                                           mla_cuda_stream stream, mla_err *e) {
+                                           int64_t blk_off, const int32_t *d_pos, const float *const *d_seq_tab,
+                                           int64_t pos0, int64_t T, int64_t H, int64_t D, int64_t max_keys,
+                                           int64_t skip_keys, float *d_scores, int64_t ld, mla_cuda_stream stream,
+                                           mla_err *e) {
     MLA_ASSERT(d_blk_tok && d_pos && max_keys > 0 && blk_off >= 0 && D > 0 && D <= 256 && H > 0 && ld >= max_keys &&
-               T <= 65535);
+               T <= 65535 && (!d_seq_tab || (pos0 >= 0 && pos0 + T <= max_keys)));
     if (T == 0) return MLA_OK;
     cudaStream_t st = (cudaStream_t)stream;
+#ifdef MLA_CUDA_WGMMA
+    if (d_seq_tab && g_dsw_mode && T >= DSW_MIN_TOKENS && mlacu_dsw_shape_ok(H, D) && !((uintptr_t)d_q & 15) &&
+        !(blk_off & 7) && mlacu_dsw_device_ok()) {
+        const mlacu_dsw_args a = {d_q, d_w, d_seq_tab, blk_off, pos0, skip_keys, (int)T, (int)H, d_scores, ld};
+        MLACU_CHECK(mlacu_dsw_launch(&a, st), e, "dsa_scores (fp16 keys, wgmma) T=%lld pos0=%lld", (long long)T,
+                    (long long)pos0);
+        return MLA_OK;
+    }
+#else
+    (void)d_seq_tab;
+    (void)pos0;
+#endif
     /* the tensor cores: D of 64 or 128, up to 64 heads, queries and key rows 16-byte aligned */
     if ((D == 64 || D == 128) && H <= 64 && !((uintptr_t)d_q & 15) && !(blk_off & 7)) {
         const int wt = T >= 64 ? 4 : T >= 8 ? 2 : 1; /* tokens a block */

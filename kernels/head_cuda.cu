@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cuda_internal.h"
+#include "kernels/head_wg_cuda.h" /* the prompt kernel, where MLA_CUDA_WGMMA */
 
 namespace {
 
@@ -410,6 +411,23 @@ static void head_yq(void *d_yq, int64_t T, int64_t yt, int8_t **q, float4 **qs) 
     *qs = kq ? (float4 *)((uint8_t *)kq + mlacu_q8_scale_off(T, yt)) : nullptr;
 }
 
+static int g_hwg_mode = 1; /* mla_cuda_head_wg */
+/* prompt-sized steps on the warpgroup kernel; fewer tokens stay on mma.sync */
+constexpr int64_t HWG_MIN_TOKENS = 64;
+
+extern "C" void mla_cuda_head_wg(int mode) {
+    MLA_ASSERT(mode == 0 || mode == 1);
+    g_hwg_mode = mode;
+}
+
+extern "C" int mla_cuda_head_wg_ok(void) {
+#ifdef MLA_CUDA_WGMMA
+    return mlacu_hwg_device_ok();
+#else
+    return 0;
+#endif
+}
+
 extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, int64_t out, const float *d_x,
                                         int64_t xt, int64_t xh, int64_t T, float *d_y, int64_t yt, int64_t yh,
                                         void *d_yq, mla_cuda_stream stream, mla_err *e) {
@@ -418,6 +436,14 @@ extern "C" int mla_cuda_head_matmul_f16(const void *d_w, int64_t H, int64_t in, 
     if (T == 0) return MLA_OK;
     cudaStream_t st = (cudaStream_t)stream;
     bool yq_done = false; /* the kernel rounded y into d_yq */
+#ifdef MLA_CUDA_WGMMA
+    const mlacu_hwg_args hw = {(const __half *)d_w, d_x, xt, xh, d_y, yt, yh, (int)T, (int)H, (int)in, (int)out};
+    if (g_hwg_mode && T >= HWG_MIN_TOKENS && T <= INT32_MAX && mlacu_hwg_takes(&hw)) {
+        MLACU_CHECK(mlacu_hwg_launch(&hw, st), e, "head_matmul (fp16, wgmma) H=%lld %lldx%lld T=%lld", (long long)H,
+                    (long long)out, (long long)in, (long long)T);
+        return d_yq ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
+    }
+#endif
     if (T > 8 && in % HM_K == 0 && xt % 4 == 0 && xh % 4 == 0 && ((uintptr_t)d_x & 15) == 0 && T <= 65535 * HM_B) {
         dim3 grid((unsigned)((out + HM_B - 1) / HM_B), (unsigned)((T + HM_B - 1) / HM_B), (unsigned)H);
         mlacu_launch(head_mma_kernel, grid, 128, 0, st, (const __half *)d_w, (int)in, (int)out, d_x, xt, xh, (int)T,

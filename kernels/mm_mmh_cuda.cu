@@ -1,6 +1,6 @@
 /* mm_mmh_cuda: fp16 activations x integer-form weights on the fp16 tensor cores (mma.sync, and
- * on sm_90 the warpgroup kernel of wgmma_cuda.cu for Q4_K prompts), dense and grouped over a MoE
- * plan, and the fp16 rounding of the activations (act_h_kernel). API: kernels/cuda_ops.h
+ * on sm_90 the warpgroup kernel of wgmma_cuda.cu for Q4_K and Q8_0 prompts), dense and grouped
+ * over a MoE plan, and the fp16 rounding of the activations (act_h_kernel). API: kernels/cuda_ops.h
  * (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h, mla_cuda_act_h); chosen by mm_choose_cuda.cu. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -503,9 +503,9 @@ extern "C" int mla_cuda_matmul_h(uint32_t t, const void *d_w, int64_t in, int64_
     if (T == 0) return MLA_OK;
 #ifdef MLA_CUDA_WGMMA
     if (T > MH_SPLIT_TMAX && mlacu_wg_usable(t, in, out, T, d_w, 0)) { /* prompts: the warpgroup kernel */
-        cudaError_t err = mlacu_wg_q4k(d_w, 0, in, out, (const __half *)d_xh,
-                                       (const float *)((const uint8_t *)d_xh + mh_scale_off(T, in)), T, 1, NULL, NULL,
-                                       1, 0, T, d_y, (cudaStream_t)stream);
+        cudaError_t err = mlacu_wg_matmul(t, d_w, 0, in, out, (const __half *)d_xh,
+                                          (const float *)((const uint8_t *)d_xh + mh_scale_off(T, in)), T, 1, NULL,
+                                          NULL, 1, 0, T, d_y, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "wgmma f16 %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in,
                     (long long)T);
         return MLA_OK;
@@ -526,10 +526,10 @@ extern "C" int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t est
                n_expert <= 65535 && ((uintptr_t)d_xh & 15) == 0 && (bm == 32 || bm == 64));
 #ifdef MLA_CUDA_WGMMA
     if (mlacu_wg_usable(t, in, out, x_rows, d_w, estride)) {
-        cudaError_t err = mlacu_wg_q4k(d_w, estride, in, out, (const __half *)d_xh,
-                                       (const float *)((const uint8_t *)d_xh + mh_scale_off(x_rows, in)), 0, x_div,
-                                       plan->sorted, plan->counts, plan->world, (unsigned)n_expert,
-                                       x_rows * x_div, d_y, (cudaStream_t)stream);
+        cudaError_t err = mlacu_wg_matmul(t, d_w, estride, in, out, (const __half *)d_xh,
+                                          (const float *)((const uint8_t *)d_xh + mh_scale_off(x_rows, in)), 0,
+                                          x_div, plan->sorted, plan->counts, plan->world, (unsigned)n_expert,
+                                          x_rows * x_div, d_y, (cudaStream_t)stream);
         MLACU_CHECK(err, e, "grouped wgmma f16 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
         return MLA_OK;
     }

@@ -1,5 +1,5 @@
-/* wgmma_cuda: Q4_K weights x fp16 activations on the warpgroup tensor cores (sm_90a); see
- * wgmma_cuda.h.
+/* wgmma_cuda: Q4_K and Q8_0 weights x fp16 activations on the warpgroup tensor cores (sm_90a);
+ * see wgmma_cuda.h.
  *
  * A block owns R = 128 MT weight rows and a tile of NT tokens (16, 32, 64 or 128), with three warpgroups:
  * two consumers (each MT tiles of 64 rows) and one producer. wgmma m64nNTk16 takes A (64 weight
@@ -12,13 +12,19 @@
  *   low nibbles are one sub-block's step, the high ones the next sub-block's. Nibbles to fp16
  *   exactly (0x64XX is 1024 + XX), then (q - 1024) d1 - m1 with d1 = d sc and m1 = dmin m rounded
  *   to fp16: the same values as the mma.sync kernel's deq_h.
+ * - Q8_0: a stage's 128 elements are four 34-byte blocks (136 bytes) at 136 s in the row: the
+ *   producer copies the 16-aligned window of 144 bytes around them (rows 16-aligned: in a
+ *   multiple of 256; the window starts 8 bytes early on odd stages). A thread's four bytes of a
+ *   k16 step are two 2-byte reads (2t, 2t + 1 and 2t + 8, 2t + 9 of the step's 16), its rows'
+ *   block scales one 2-byte read each; (q + 128) to fp16 exactly, minus 1152, times d: the
+ *   mma.sync kernel's values again. No scale pass (the block's d is already an fp16).
  * - x rows (gathered by the plan) land in the K-major layout with the 128-byte swizzle: per stage
  *   two k-blocks of 64 elements, NT rows of 128 bytes each, 16-byte chunk c of row n at chunk
  *   c ^ (n % 8); descriptor SBO 1024 (8 rows), a k16 step 32 bytes further.
- * - The scales: each consumer warp decodes its 16 rows' four sub-blocks of a stage once into
- *   shared memory as (d1, d1) and (-m1, -m1) pairs (lane -> one row, two sub-blocks).
+ * - The scales (Q4_K): each consumer warp decodes its 16 rows' four sub-blocks of a stage once
+ *   into shared memory as (d1, d1) and (-m1, -m1) pairs (lane -> one row, two sub-blocks).
  * - Warp specialization: the producer warpgroup only issues the cp.async copies of each stage
- *   (WG_STAGES buffers of 128 elements). Buffers pass by mbarriers: full[b] completes when the
+ *   (ST buffers of 128 elements: four; three for Q8_0's 256 x 128 and 128 x 64 tiles). Buffers pass by mbarriers: full[b] completes when the
  *   producer's copies into b have landed (each producer thread's cp.async.mbarrier.arrive.noinc,
  *   128 arrivals), empty[b] when the 256 consumer threads are done with it (an arrival each once
  *   the stage's wgmmas have completed, which the next stage's first wait_group shows). No block
@@ -41,27 +47,43 @@ extern "C" {
 
 namespace {
 
-constexpr int WG_KS = 128;  /* K elements a stage: half a Q4_K block */
-constexpr int WG_RSB = 80;  /* a row's bytes a stage: the block's header (16) and half its nibbles (64) */
-constexpr int WG_STAGES = 4;
-/* a row's decoded scales a stage: four sub-blocks of (d1, d1 | -m1, -m1), 8 bytes each, and 16 of
- * padding (eight rows read at once fall in distinct banks) */
+constexpr int WG_KS = 128; /* K elements a stage: half a Q4_K block, four Q8_0 blocks */
+/* a row's decoded scales a stage (Q4_K): four sub-blocks of (d1, d1 | -m1, -m1), 8 bytes each,
+ * and 16 of padding (eight rows read at once fall in distinct banks) */
 constexpr int WG_SCR = 48;
 constexpr int WG_THREADS = 384; /* two consumer warpgroups, one producer */
+constexpr int WG_Q4K = GGML_TYPE_Q4_K, WG_Q80 = GGML_TYPE_Q8_0;
+
+/* a row's raw bytes a stage in shared memory, in 16-byte copies: Q4_K the block's header (16)
+ * and half its nibbles (64); Q8_0 the 144-byte window around its four blocks */
+template <int TY> struct wg_raw;
+template <> struct wg_raw<WG_Q4K> {
+    static constexpr int RSB = 80;
+};
+template <> struct wg_raw<WG_Q80> {
+    static constexpr int RSB = 144;
+};
 
 /* A block's shapes and resources. Registers: setmaxnreg moves them within the block's own
  * allocation, R0 a thread at launch (what __launch_bounds__ leaves: 168 for one block an SM, 80 for
  * two, as tiles of 128 rows and up to 64 tokens take): the producer's release must cover the
  * consumers' request, or setmaxnreg.inc waits for ever. */
-template <int NT, int MT> struct wg_geo {
+template <int NT, int MT, int TY> struct wg_geo {
     static constexpr int R = 2 * MT * 64;                   /* weight rows a block */
     static constexpr int XB = NT * WG_KS * 2;               /* x bytes a stage (two k-blocks of NT x 128 B) */
-    static constexpr int WB = R * WG_RSB;                   /* W bytes a stage */
+    static constexpr int RSB = wg_raw<TY>::RSB;
+    static constexpr int WB = R * RSB;                      /* W bytes a stage */
     static constexpr int SB = (XB + WB + 1023) / 1024 * 1024; /* a stage, 1024-aligned (the swizzle's unit) */
-    static constexpr int SCW = MT * 16 * WG_SCR;            /* a consumer warp's decoded scales */
-    /* stages, scales, xrow and yrow, the full and empty mbarriers, 1024 of alignment */
-    static constexpr size_t SMEM = (size_t)WG_STAGES * SB + (size_t)8 * SCW + 2 * NT * 4 + 2 * WG_STAGES * 8 + 1024;
+    static constexpr int SCW = TY == WG_Q4K ? MT * 16 * WG_SCR : 0; /* a consumer warp's decoded scales */
     static constexpr int MINB = MT == 1 && NT <= 64 ? 2 : 1; /* blocks an SM */
+    /* what a block may have at MINB blocks an SM (228 KB, 1 KB of each block reserved) */
+    static constexpr size_t CAP = MINB == 2 ? 115712 : 232448;
+    static constexpr size_t FIX = (size_t)8 * SCW + 2 * NT * 4 + 1024;
+    /* buffers: four, or three where four do not fit (Q8_0's wider rows at 256 x 128 and 128 x 64) */
+    static constexpr int ST = (size_t)4 * SB + FIX + 4 * 16 <= CAP ? 4 : 3;
+    /* stages, scales, xrow and yrow, the full and empty mbarriers, 1024 of alignment */
+    static constexpr size_t SMEM = (size_t)ST * SB + FIX + 2 * ST * 8;
+    static_assert(SMEM <= CAP && (TY != WG_Q4K || ST == 4), "the block's shared memory");
     static constexpr int R0 = 65536 / (MINB * WG_THREADS) / 8 * 8;
     static constexpr int PREGS = MINB == 2 ? 40 : 56, CREGS = MINB == 2 ? 96 : 224; /* producer, consumer */
     static_assert(128 * PREGS + 256 * CREGS <= WG_THREADS * R0 && PREGS <= R0 && CREGS >= R0, "registers within the block's");
@@ -141,21 +163,67 @@ static __device__ __forceinline__ void wg_scale(uint32_t scw, uint32_t mw, int j
  * Two wgmma groups in flight (wait_group 1 after each commit: 2 measured best of 1-3). after_first()
  * runs once the first step's wgmma is issued and the one before it has completed: the previous
  * stage's wgmmas are all done from there on. Returns with one group in flight. */
-template <int NT, int MT, typename F>
+template <int NT, int MT, int TY, typename F>
 static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs, bool odd, float (&acc)[MT][NT / 2],
                                                 F after_first) {
-    using G = wg_geo<NT, MT>;
+    using G = wg_geo<NT, MT, TY>;
     const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
-    const __half2 k1024 = __float2half2_rn(1024.f);
     const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(st);
     const uint8_t *ws = st + G::XB;
+    if constexpr (TY == WG_Q80) {
+        const __half2 k1152 = __float2half2_rn(1152.f);
+        uint32_t A[3][MT][4]; /* as below */
+#pragma unroll
+        for (int ch = 0; ch < 2; ch++) {
+            __half2 dq[MT][2][2]; /* [tile][row g / g + 8][block 2 ch / 2 ch + 1] */
+            uint32_t X[MT][2][4]; /* [tile][row][k16 step]: bytes 2t, 2t + 1, 2t + 8, 2t + 9 */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * G::RSB + (odd ? 8 : 0) + 68 * ch;
+#pragma unroll
+                    for (int bb = 0; bb < 2; bb++) {
+                        const uint8_t *bp = rp + 34 * bb;
+                        dq[mt][hf][bb] = bits_h2((uint32_t)*(const uint16_t *)bp * 0x10001u);
+#pragma unroll
+                        for (int hq = 0; hq < 2; hq++) {
+                            const uint16_t *e = (const uint16_t *)(bp + 2 + 16 * hq + 2 * t);
+                            X[mt][hf][2 * bb + hq] = (uint32_t)e[0] | ((uint32_t)e[4] << 16);
+                        }
+                    }
+                }
+#pragma unroll
+            for (int q = 0; q < 4; q++) { /* k16 steps: block 2 ch 0-15, 16-31; block 2 ch + 1 0-15, 16-31 */
+                const int b = (4 * ch + q) % 3;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        __half2 lo, hi;
+                        bytes_h2(X[mt][hf][q] ^ 0x80808080u, lo, hi);
+                        A[b][mt][hf] = h2_bits(__hmul2(__hsub2(lo, k1152), dq[mt][hf][q >> 1]));
+                        A[b][mt][2 + hf] = h2_bits(__hmul2(__hsub2(hi, k1152), dq[mt][hf][q >> 1]));
+                    }
+                const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
+                wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
+                wg_commit();
+                wg_wait<1>();
+                if (ch == 0 && q == 0) after_first();
+            }
+        }
+        return;
+    }
+    const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+    const __half2 k1024 = __float2half2_rn(1024.f);
     { /* the warp's 16 rows x 4 sub-blocks of scales, decoded once: lane -> row lane / 2, sub-blocks
        * 2 (lane % 2), +1 (the four lanes of a row would otherwise each decode all four) */
         const int rl = lane >> 1, jp = lane & 1;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            const uint4 hd = *(const uint4 *)(ws + (wg * MT * 64 + mt * 64 + wq * 16 + rl) * WG_RSB);
+            const uint4 hd = *(const uint4 *)(ws + (wg * MT * 64 + mt * 64 + wq * 16 + rl) * G::RSB);
             /* x: d | dmin; y, z, w: scale bytes 0-3, 4-7, 8-11 (kscale_min: sub-blocks 0-3 from
              * bytes j and j + 4, 4-7 from bytes j + 8 and the top bits of j and j + 4) */
             const uint32_t scw = odd ? (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u) : hd.y & 0x3F3F3F3Fu;
@@ -176,7 +244,7 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * WG_RSB;
+                const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * G::RSB;
                 const uint4 sc = *(const uint4 *)(scs + mt * 16 * WG_SCR + (g + 8 * hf) * WG_SCR + ch * 16);
                 dd[mt][hf][0] = bits_h2(sc.x), nm[mt][hf][0] = bits_h2(sc.y);
                 dd[mt][hf][1] = bits_h2(sc.z), nm[mt][hf][1] = bits_h2(sc.w);
@@ -243,63 +311,74 @@ static __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *b) {
 }
 
 /* The producer warpgroup's copies of one tile: nst stages from stage counter it on (buffer it %
- * WG_STAGES; its use it / WG_STAGES waits for the consumers' release of the use before). */
-template <int NT, int MT>
+ * ST; its use it / ST waits for the consumers' release of the use before). */
+template <int NT, int MT, int TY>
 static __device__ __forceinline__ void wg_produce(const uint8_t *__restrict__ W, size_t rb, int in, int out, int r0,
                                                   const __half *__restrict__ xh, uint8_t *sm, const int *xrow,
                                                   uint64_t *full, uint64_t *empty, uint32_t it, int nst) {
-    using G = wg_geo<NT, MT>;
+    using G = wg_geo<NT, MT, TY>;
+    constexpr int CPR = G::RSB / 16; /* copies a row */
     const int pt = threadIdx.x - 256;
     /* x: chunk c of rows n0 + 8 j (the swizzle's n % 8 is n0's); W: chunk i = pt + 128 j of the
-     * stage's R rows x 5 chunks (0: the block's header; 1-4: nibbles, + 64 bytes on odd stages) */
-    constexpr int NXJ = NT / 8, NWJ = G::R * 5 / 128;
-    static_assert(G::R * 5 % 128 == 0, "whole W chunks a producer thread");
+     * stage's R rows x CPR chunks (Q4_K: 0 the block's header, 1-4 nibbles, + 64 bytes on odd
+     * stages; Q8_0: the window's nine) */
+    constexpr int NXJ = NT / 8, NWJ = G::R * CPR / 128;
+    static_assert(G::R * CPR % 128 == 0, "whole W chunks a producer thread");
     const int c = pt & 15, n0 = pt >> 4;
     const uint32_t xd0 = (uint32_t)((c >> 3) * (NT * 128) + n0 * 128 + (((c & 7) ^ (n0 & 7)) << 4));
     const uint32_t xrb = (uint32_t)in * 2;
+    /* W chunk i's source offset; its place (XB + 16 i: rows of CPR chunks) and, for Q4_K, whether it
+     * takes the odd stages' 64 bytes further (bit 31) */
     uint32_t wo[NWJ], wd[NWJ];
 #pragma unroll
     for (int j = 0; j < NWJ; j++) {
-        const int i = pt + j * 128, r = i / 5, k = i % 5;
-        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + (k ? 16 * k : 0));
-        wd[j] = (uint32_t)(G::XB + r * WG_RSB + 16 * k) | (k ? 0x80000000u : 0u);
+        const int i = pt + j * 128, r = i / CPR, k = i % CPR;
+        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + 16 * k);
+        wd[j] = (uint32_t)(G::XB + 16 * i) | (k ? 0x80000000u : 0u);
     }
 #pragma unroll 1
     for (int s = 0; s < nst; s++, it++) {
-        const int b = (int)(it % WG_STAGES);
-        if (it >= (uint32_t)WG_STAGES) mbar_wait(&empty[b], (it / WG_STAGES - 1) & 1);
+        const int b = (int)(it % G::ST);
+        if (it >= (uint32_t)G::ST) mbar_wait(&empty[b], (it / G::ST - 1) & 1);
         uint8_t *st = sm + b * G::SB;
         const uint8_t *xs = (const uint8_t *)xh + (size_t)s * WG_KS * 2 + c * 16;
 #pragma unroll
         for (int j = 0; j < NXJ; j++) cp_async16(st + xd0 + j * 1024, xs + (uint32_t)xrow[n0 + 8 * j] * xrb);
-        const uint8_t *wb = W + (size_t)(s >> 1) * 144;
+        /* Q4_K: the block (144 bytes) of stages 2m, 2m + 1; Q8_0: the window at 136 s rounded down
+         * to 16 (272 bytes every two stages) */
+        const uint8_t *wb = TY == WG_Q4K ? W + (size_t)(s >> 1) * 144 : W + (size_t)(s >> 1) * 272 + 128 * (s & 1);
         const uint32_t qo = 64 * (s & 1);
 #pragma unroll
-        for (int j = 0; j < NWJ; j++) cp_async16(st + (wd[j] & 0x7FFFFFFFu), wb + wo[j] + (wd[j] >> 31 ? qo : 0u));
+        for (int j = 0; j < NWJ; j++) {
+            if constexpr (TY == WG_Q4K)
+                cp_async16(st + (wd[j] & 0x7FFFFFFFu), wb + wo[j] + (wd[j] >> 31 ? qo : 0u));
+            else
+                cp_async16(st + G::XB + 16 * (pt + 128 * j), wb + wo[j]);
+        }
         mbar_arrive_cp_async(&full[b]);
     }
 }
 
 /* A consumer warpgroup's share of one tile: its rows' product over all of K into acc. */
-template <int NT, int MT>
+template <int NT, int MT, int TY>
 static __device__ __forceinline__ void wg_consume(uint8_t *sm, uint64_t *full, uint64_t *empty, uint32_t it, int nst,
                                                   float (&acc)[MT][NT / 2]) {
-    using G = wg_geo<NT, MT>;
-    uint8_t *scs = sm + WG_STAGES * G::SB + (threadIdx.x >> 5) * G::SCW;
+    using G = wg_geo<NT, MT, TY>;
+    uint8_t *scs = sm + G::ST * G::SB + (threadIdx.x >> 5) * G::SCW;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int i = 0; i < NT / 2; i++) acc[mt][i] = 0.f;
 #pragma unroll 1
     for (int s = 0; s < nst; s++, it++) {
-        const int b = (int)(it % WG_STAGES);
-        mbar_wait(&full[b], (it / WG_STAGES) & 1);
+        const int b = (int)(it % G::ST);
+        mbar_wait(&full[b], (it / G::ST) & 1);
         fence_proxy_async(); /* the landed copies, to wgmma's proxy */
         /* this thread is done with the previous stage's buffer */
-        wg_stage<NT, MT>(sm + b * G::SB, scs, s & 1, acc, [&] { mbar_arrive_if(&empty[(it - 1) % WG_STAGES], s > 0); });
+        wg_stage<NT, MT, TY>(sm + b * G::SB, scs, s & 1, acc, [&] { mbar_arrive_if(&empty[(it - 1) % G::ST], s > 0); });
     }
     wg_wait<0>();
-    mbar_arrive_if(&empty[(it - 1) % WG_STAGES], nst > 0);
+    mbar_arrive_if(&empty[(it - 1) % G::ST], nst > 0);
 }
 
 /* A consumer thread's share of the tile's outputs: y[yrow[n]][o] = acc * xs[xrow[n]] (rows past
@@ -329,25 +408,25 @@ static __device__ __forceinline__ void wg_store(const float (&acc)[MT][NT / 2], 
 
 /* Dense (counts NULL): block (row block, token tile) over T tokens. Grouped: block (row block,
  * expert e) walks e's pairs NT at a time; its tiles are separated by block barriers. */
-template <int NT, int MT>
-__global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT>::MINB)
-    wg_q4k_kernel(const uint8_t *__restrict__ W, size_t rb, size_t estride, int in, int out,
+template <int TY, int NT, int MT>
+__global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT, TY>::MINB)
+    wg_mm_kernel(const uint8_t *__restrict__ W, size_t rb, size_t estride, int in, int out,
                   const __half *__restrict__ xh, const float *__restrict__ xs, int T, int x_div,
                   const int32_t *__restrict__ sorted, const int32_t *__restrict__ counts, int world,
                   float *__restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mlacu_pdl_enter();
-    using G = wg_geo<NT, MT>;
+    using G = wg_geo<NT, MT, TY>;
     extern __shared__ __align__(16) uint8_t wg_sm_raw[];
     uint8_t *sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
-    int *xrow = (int *)(sm + WG_STAGES * G::SB + 8 * G::SCW), *yrow = xrow + NT;
-    uint64_t *full = (uint64_t *)(yrow + NT), *empty = full + WG_STAGES;
+    int *xrow = (int *)(sm + G::ST * G::SB + 8 * G::SCW), *yrow = xrow + NT;
+    uint64_t *full = (uint64_t *)(yrow + NT), *empty = full + G::ST;
     const int r0 = blockIdx.x * G::R, tid = threadIdx.x;
     int cnt, off;
     const uint8_t *We;
     if (!plan_block_pairs(W, estride, T, NT, counts, world, cnt, off, We)) return;
     if (tid == 0) {
-        for (int b = 0; b < WG_STAGES; b++) {
+        for (int b = 0; b < G::ST; b++) {
             mbar_init(&full[b], 128);
             mbar_init(&empty[b], 256);
         }
@@ -364,19 +443,19 @@ __global__ void __launch_bounds__(WG_THREADS, wg_geo<NT, MT>::MINB)
     };
     uint32_t it = 0; /* stages issued (producer) or taken (consumers) before this tile */
     if (tid >= 256) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wg_geo<NT, MT>::PREGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(G::PREGS));
         for (int c0 = 0; c0 < cnt; c0 += NT, it += (uint32_t)nst) {
             tile_rows(c0);
-            wg_produce<NT, MT>(We, rb, in, out, r0, xh, sm, xrow, full, empty, it, nst);
+            wg_produce<NT, MT, TY>(We, rb, in, out, r0, xh, sm, xrow, full, empty, it, nst);
         }
         cp_async_commit(); /* nothing in flight when the block ends */
         cp_async_wait_all();
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg_geo<NT, MT>::CREGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(G::CREGS));
         for (int c0 = 0; c0 < cnt; c0 += NT, it += (uint32_t)nst) {
             tile_rows(c0);
             float acc[MT][NT / 2];
-            wg_consume<NT, MT>(sm, full, empty, it, nst, acc);
+            wg_consume<NT, MT, TY>(sm, full, empty, it, nst, acc);
             wg_store<NT, MT>(acc, r0, out, xrow, yrow, xs, y);
         }
     }
@@ -392,41 +471,67 @@ int g_mode = 1; /* mlacu_wg_set */
 int wg_mode(void) { return g_mode; }
 
 /* a compute capability 9.0 device with sm_90a instructions allowed (no MLA_CUDA_SMEM_CAP) and the
- * largest tile's shared memory */
-bool wg_device_ok(void) { return mlacu_hopper_isa() && mlacu_smem_optin() >= (int)wg_geo<128, 2>::SMEM; }
+ * largest tile's shared memory (Q4_K's 256 x 128) */
+bool wg_device_ok(void) {
+    static_assert(wg_geo<128, 2, WG_Q4K>::SMEM >= wg_geo<128, 2, WG_Q80>::SMEM, "the largest tile");
+    return mlacu_hopper_isa() && mlacu_smem_optin() >= (int)wg_geo<128, 2, WG_Q4K>::SMEM;
+}
 
-template <int NT, int MT>
+template <int TY, int NT, int MT>
 cudaError_t wg_launch(const void *w, size_t rb, size_t estride, int64_t in, int64_t out, const __half *xh,
                       const float *xs, int64_t T, int x_div, const int32_t *sorted, const int32_t *counts, int world,
                       unsigned gy, float *y, cudaStream_t s) {
-    using G = wg_geo<NT, MT>;
+    using G = wg_geo<NT, MT, TY>;
     static bool allowed = false;
     if (!allowed) {
-        cudaError_t err = mlacu_smem_allow(wg_q4k_kernel<NT, MT>, (int)wg_geo<NT, MT>::SMEM);
+        cudaError_t err = mlacu_smem_allow(wg_mm_kernel<TY, NT, MT>, (int)G::SMEM);
         if (err != cudaSuccess) return err;
         allowed = true;
     }
     dim3 grid((unsigned)((out + G::R - 1) / G::R), counts ? gy : (unsigned)((T + NT - 1) / NT));
-    mlacu_launch(wg_q4k_kernel<NT, MT>, grid, WG_THREADS, wg_geo<NT, MT>::SMEM, s, (const uint8_t *)w, rb, estride,
-                 (int)in, (int)out, xh, xs, (int)T, x_div, sorted, counts, world, y);
+    mlacu_launch(wg_mm_kernel<TY, NT, MT>, grid, WG_THREADS, G::SMEM, s, (const uint8_t *)w, rb, estride, (int)in,
+                 (int)out, xh, xs, (int)T, x_div, sorted, counts, world, y);
     return cudaGetLastError();
+}
+
+template <int TY>
+cudaError_t wg_run(int mode, const void *w, size_t rb, size_t estride, int64_t in, int64_t out, const __half *xh,
+                   const float *xs, int64_t T, int x_div, const int32_t *sorted, const int32_t *counts, int world,
+                   unsigned gy, float *y, cudaStream_t s) {
+#define WG_CASE(NT, MT)                                                                                                \
+    case NT * 100 + MT:                                                                                                \
+        return wg_launch<TY, NT, MT>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    switch (mode) {
+        WG_CASE(16, 1)
+        WG_CASE(16, 2)
+        WG_CASE(32, 1)
+        WG_CASE(32, 2)
+        WG_CASE(64, 1)
+        WG_CASE(64, 2)
+        WG_CASE(128, 1)
+        WG_CASE(128, 2)
+    default: return cudaErrorInvalidValue;
+    }
+#undef WG_CASE
 }
 
 } // namespace
 
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride) {
     const uint64_t lim = (uint64_t)1 << 32; /* wg_produce's 32-bit offsets */
-    return wg_mode() != 0 && type == GGML_TYPE_Q4_K && in > 0 && in % 512 == 0 && out > 0 && x_rows >= 0 &&
+    /* rows of 16-byte multiples: Q4_K's 144-byte blocks two by two, Q8_0's 34-byte ones eight by eight */
+    const bool shape = (type == GGML_TYPE_Q4_K && in % 512 == 0) || (type == GGML_TYPE_Q8_0 && in % 256 == 0);
+    return wg_mode() != 0 && shape && in > 0 && out > 0 && x_rows >= 0 &&
            (uint64_t)x_rows * (uint64_t)in * 2 < lim && (uint64_t)out * ggml_row_bytes(type, in) < lim &&
            ((uintptr_t)w & 15) == 0 && estride % 16 == 0 && wg_device_ok();
 }
 
 void mlacu_wg_set(int mode) { g_mode = mode; }
 
-cudaError_t mlacu_wg_q4k(const void *w, size_t estride, int64_t in, int64_t out, const __half *xh, const float *xs,
-                         int64_t T, int x_div, const int32_t *sorted, const int32_t *counts, int world, unsigned gy,
-                         int64_t pairs, float *y, cudaStream_t s) {
-    const size_t rb = ggml_row_bytes(GGML_TYPE_Q4_K, in);
+cudaError_t mlacu_wg_matmul(uint32_t type, const void *w, size_t estride, int64_t in, int64_t out, const __half *xh,
+                            const float *xs, int64_t T, int x_div, const int32_t *sorted, const int32_t *counts,
+                            int world, unsigned gy, int64_t pairs, float *y, cudaStream_t s) {
+    const size_t rb = ggml_row_bytes(type, in);
     int mode = wg_mode();
     /* 128-token tiles x 256 rows from 96 pairs a tile on average, else 64 x 128 (two blocks an SM):
      * the fastest at 64 and 128 pairs an expert and on dense prompts (H200, 2026-11-30). Fewer
@@ -439,15 +544,9 @@ cudaError_t mlacu_wg_q4k(const void *w, size_t estride, int64_t in, int64_t out,
         const int64_t tiles = counts ? (int64_t)gy : 1, per = pairs / (tiles > 0 ? tiles : 1);
         mode = per >= 96 ? 12802 : per > 22 ? 6401 : per > 10 ? 3202 : 1601;
     }
-    switch (mode) {
-    case 1601: return wg_launch<16, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 1602: return wg_launch<16, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 3201: return wg_launch<32, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 3202: return wg_launch<32, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 6401: return wg_launch<64, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 6402: return wg_launch<64, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 12801: return wg_launch<128, 1>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    case 12802: return wg_launch<128, 2>(w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
-    default: return cudaErrorInvalidValue;
-    }
+    if (type == GGML_TYPE_Q8_0)
+        return wg_run<WG_Q80>(mode, w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    if (type == GGML_TYPE_Q4_K)
+        return wg_run<WG_Q4K>(mode, w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    return cudaErrorInvalidValue;
 }

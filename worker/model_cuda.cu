@@ -98,7 +98,8 @@ struct mla_cmodel {
      * take the attention in the non-absorbed form (kernels/attn_prefill_cuda.h) where pf_ok: the
      * tensor-core attention over the fp16 cache, a shape with a kernel, no DSA selection in the
      * step. pf_tab: the step's sequence's device block table while mla_cmodel_forward runs it
-     * (NULL otherwise: batched steps keep the absorbed kernels), pf_pos0 its first position;
+     * (NULL otherwise: batched steps keep the absorbed kernels), pf_pos0 its first position (the
+     * DSA indexer's prompt scores take them too: mla_cuda_dsa_scores_paged_h);
      * pf_work: the decompressed keys and values of a group of heads (ensure_scratch). */
     bool pf_ok;
     int pf_min;
@@ -1249,8 +1250,8 @@ static int indexer_b(mla_cmodel *m, const dlayer *l, int64_t T, int64_t max_keys
     *sel = NULL;
     if (!select) return MLA_OK;
     if (m->kv_f16) /* fp16 keys on the tensor cores */
-        TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k,
-                                        m->scores, max_keys, st, err));
+        TRY(mla_cuda_dsa_scores_paged_h(m->iq, m->iw, tabs, ik_off, pos, m->pf_tab, m->pf_pos0, T, nih, ihd, max_keys,
+                                        c->idx_top_k, m->scores, max_keys, st, err));
     else
         TRY(mla_cuda_dsa_scores_paged(m->iq, m->iw, tabs, ik_off, pos, T, nih, ihd, max_keys, c->idx_top_k, m->scores,
                                       max_keys, st, err));

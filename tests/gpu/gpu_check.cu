@@ -6,7 +6,7 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--sample] [--attn] [--attnlong] [--out FILE]   exit status
+ * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--head] [--sample] [--attn] [--attnlong] [--out FILE]   exit status
  * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
@@ -16,7 +16,7 @@
  * only the non-absorbed prompt attention's checks (gpu_check_prefill.inc; on sm_90 its mma.sync
  * and wgmma kernels side by side), then V3's 4k and 32k prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
  * (gpu_check_dsa.inc), with --quick its small set, each path timed beside the one it replaced;
- * --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
+ * --head: the per-head products of prompt steps, wgmma against mma.sync (check_head_wg); --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
  * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed, then (on sm_90)
  * the attention over DSA-selected keys at 1 to 256 tokens, mma.sync against wgmma; --sample: only
  * the device sampling (gpu_check_sample.inc) against the host's sampler, then timed beside argmax
@@ -1114,22 +1114,25 @@ static void check_mmh_all(const uint32_t *types, size_t ntypes) {
 
 
 #ifdef MLA_CUDA_WGMMA
-/* The warpgroup kernel (kernels/wgmma_cuda.cu, Q4_K on sm_90a) behind mla_cuda_matmul_h (prompts)
- * and mla_cuda_matmul_grouped_h (experts): each tile shape forced in turn on partial tiles of
- * tokens and rows, ragged expert counts, TP ranks; then timed against the mma.sync kernel (mode
- * 0) at DeepSeek-V3's expert and dense shapes. --wg runs these alone. */
+/* The warpgroup kernel (kernels/wgmma_cuda.cu, Q4_K and Q8_0 on sm_90a) behind mla_cuda_matmul_h
+ * (prompts) and mla_cuda_matmul_grouped_h (experts): each tile shape forced in turn on partial
+ * tiles of tokens and rows, ragged expert counts, TP ranks, for both types; then timed against the
+ * mma.sync kernel (mode 0) at DeepSeek-V3's expert and dense shapes and GLM-5's Q8_0 attention
+ * products. --wg runs these alone. */
 /* Layout probe: x one-hot at column k0 (token n weighted 1 + n % 7), so that y[n][o] is W[o][k0]
  * times the weight: every (k0, row, token) of one 512 x 128 product, T = 128, checked against the
- * dequantized element to 1% of the row's largest (the fp16 dequantization is ~2^-11 of d sc q and
- * dmin m; any other element of the row differs by d sc or more, ~7% of the largest). Prints the
- * first misplaced elements. */
-static void probe_wg(int mode) {
+ * dequantized element to a bound of the row's largest: Q4_K 1% (the fp16 dequantization is
+ * ~2^-11 of d sc q and dmin m; any other element of the row differs by d sc or more, ~7% of the
+ * largest), Q8_0 0.1% (q d rounded once; another element differs by d or more, about 1/127 of its
+ * block's largest). Prints the first misplaced elements. */
+static void probe_wg(int mode, uint32_t ty) {
     const int64_t in = 512, out = 128, T = 128;
-    const size_t rb = ggml_row_bytes(GGML_TYPE_Q4_K, in);
+    const double tol = ty == GGML_TYPE_Q4_K ? 1e-2 : 1e-3;
+    const size_t rb = ggml_row_bytes(ty, in);
     std::vector<uint8_t> w(rb * out);
-    gr_quant_rows(&g_rng, GGML_TYPE_Q4_K, w.data(), in, out);
+    gr_quant_rows(&g_rng, ty, w.data(), in, out);
     std::vector<float> deq(in * out), x(T * in, 0.f), y(T * out);
-    for (int64_t o = 0; o < out; o++) quant_dequant_row(GGML_TYPE_Q4_K, w.data() + o * rb, deq.data() + o * in, in);
+    for (int64_t o = 0; o < out; o++) quant_dequant_row(ty, w.data() + o * rb, deq.data() + o * in, in);
     void *dw = dup(w.data(), w.size());
     float *dx = (float *)dmalloc(T * in * 4), *dy = (float *)dmalloc(T * out * 4);
     void *dh = dmalloc(mla_cuda_act_h_bytes(T, in));
@@ -1143,24 +1146,25 @@ static void probe_wg(int mode) {
         CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
         for (int64_t n = 0; n < T; n++) x[n * in + k0] = 0.f;
         OK(mla_cuda_act_h(dx, T, in, dh, 0, E));
-        OK(mla_cuda_matmul_h(GGML_TYPE_Q4_K, dw, in, out, dh, T, dy, 0, E));
+        OK(mla_cuda_matmul_h(ty, dw, in, out, dh, T, dy, 0, E));
         down(y.data(), dy, y.size() * 4);
         int64_t nb = 0;
         for (int64_t n = 0; n < T; n++)
             for (int64_t o = 0; o < out; o++) {
                 const double want = deq[o * in + k0] * (1 + n % 7), got = y[n * out + o];
-                if (!(fabs(got - want) <= 1e-2 * rmax[o] * (1 + n % 7))) {
+                if (!(fabs(got - want) <= tol * rmax[o] * (1 + n % 7))) {
                     if (bad < 12)
-                        printf("  probe wg%d: k0 %lld row %lld token %lld: got %.6g want %.6g\n", mode, (long long)k0,
-                               (long long)o, (long long)n, got, want);
+                        printf("  probe wg%d %s: k0 %lld row %lld token %lld: got %.6g want %.6g\n", mode,
+                               ggml_type_name(ty), (long long)k0, (long long)o, (long long)n, got, want);
                     bad++, nb++;
                 }
             }
         badk += nb > 0;
     }
-    printf("  probe wg%d: %lld of %lld elements misplaced, in %lld of %lld columns\n", mode, (long long)bad,
-           (long long)(in * out * T), (long long)badk, (long long)in);
-    add_row(fmt("wg layout probe wg%d", mode), "512x128 T=128 one-hot", bad ? INFINITY : 0.0, 0, 0, 0, 0, true);
+    printf("  probe wg%d %s: %lld of %lld elements misplaced, in %lld of %lld columns\n", mode, ggml_type_name(ty),
+           (long long)bad, (long long)(in * out * T), (long long)badk, (long long)in);
+    add_row(fmt("wg layout probe wg%d", mode), fmt("%s 512x128 T=128 one-hot", ggml_type_name(ty)), bad ? INFINITY : 0.0,
+            0, 0, 0, 0, true);
     mlacu_wg_set(1);
     CK(cudaFree(dw));
     CK(cudaFree(dx));
@@ -1174,16 +1178,20 @@ static void check_wg(void) {
         printf("wgmma: not usable here (needs compute capability 9.0 and no MLA_CUDA_SMEM_CAP)\n");
         return;
     }
-    for (int m : modes) probe_wg(m);
+    for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0})
+        for (int m : modes) probe_wg(m, ty);
     for (int m : modes) {
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
-        check_matmul(GGML_TYPE_Q4_K, 512, 101, 77, MM_H, false);   /* partial rows and tokens */
-        check_matmul(GGML_TYPE_Q4_K, 1536, 300, 131, MM_H, false); /* 12 stages: each buffer used thrice */
-        check_matmul(GGML_TYPE_Q4_K, 7168, 2048, 200, MM_H, false);
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 7168, 512, 64, 0, 1, false, true, 1);
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 1024, 1024, 300, 1, 2, false, true, 1); /* 2-3 tiles an expert */
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
+        for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0}) {
+            check_matmul(ty, 512, 101, 77, MM_H, false);   /* partial rows and tokens */
+            check_matmul(ty, 1536, 300, 131, MM_H, false); /* 12 stages: each buffer used thrice or four times */
+            check_matmul(ty, 7168, 2048, 200, MM_H, false);
+            check_moe(ty, ty, 16, 4, 7168, 512, 64, 0, 1, false, true, 1);
+            check_moe(ty, ty, 8, 2, 1024, 1024, 300, 1, 2, false, true, 1); /* 2-3 tiles an expert */
+            check_moe(ty, ty, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
+        }
+        check_matmul(GGML_TYPE_Q8_0, 768, 130, 70, MM_H, false); /* Q8_0: in a multiple of 256, not of 512 */
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 4, 4, 512, 512, 150, 0, 1, false, true, 1); /* down: mma.sync */
         for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += fmt(" wg%d", m);
     }
@@ -1193,7 +1201,15 @@ static void check_wg(void) {
         for (int64_t T : {256, 512, 2048, 4096}) time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
         check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
+        check_matmul(GGML_TYPE_Q8_0, 2048, 16384, 2048, MM_H, true); /* GLM-5's q_b */
+        check_matmul(GGML_TYPE_Q8_0, 16384, 6144, 2048, MM_H, true); /* GLM-5's output projection */
+        check_matmul(GGML_TYPE_Q8_0, 7168, 1536, 2048, MM_H, true);  /* V3's q_a */
         for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += m ? " wgmma" : " mma.sync";
+    }
+    for (int m : {12801, 12802, 6401, 6402}) { /* Q8_0's dense tiles (three buffers at 256 x 128) */
+        mlacu_wg_set(m);
+        check_matmul(GGML_TYPE_Q8_0, 16384, 6144, 2048, MM_H, true);
+        g_rows.back().op += fmt(" wg%d", m);
     }
     for (int m : {1601, 1602, 3201, 3202, 6401}) /* the small tiles at 8 and 16 pairs an expert */
         for (int64_t T : {256, 512}) {
@@ -1213,7 +1229,7 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false, prefill = false, dsa_only = false, attnlong = false, sample_only = false;
+         gemvgrp = false, prefill = false, dsa_only = false, attnlong = false, sample_only = false, head_wg = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1230,6 +1246,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attn")) attn_only = true;  /* the attention-side ops (quick set) */
         else if (!strcmp(argv[i], "--attn1")) attn1 = true; /* one token's attention, grid shapes timed */
         else if (!strcmp(argv[i], "--dsa")) dsa_only = true; /* the DSA indexer, old vs new timed */
+        else if (!strcmp(argv[i], "--head")) head_wg = true; /* the per-head products of prompts, wgmma vs mma.sync */
         else if (!strcmp(argv[i], "--sample")) sample_only = true; /* device sampling vs the host's, timed */
         else if (!strcmp(argv[i], "--attnlong")) attnlong = true; /* V3's decode at 1k-128k keys, checked and timed */
         else if (!strcmp(argv[i], "--fused")) fused_only = true; /* the fused decode ops */
@@ -1239,7 +1256,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill")) prefill = true; /* the non-absorbed prompt attention, timed */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--head] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1287,6 +1304,8 @@ int main(int argc, char **argv) {
         check_attn_long(true);
     } else if (dsa_only) {
         check_dsa_all(quick);
+    } else if (head_wg) {
+        check_head_wg();
     } else if (sample_only) {
         check_sample_all(quick);
     } else if (fused_only) {
@@ -1437,6 +1456,7 @@ int main(int argc, char **argv) {
     check_attn_all(quick, false); /* the long-context rows: --attn, --attnlong (their CPU references take ~30 s) */
     check_prefill_all(quick, false);
     check_dsa_all(quick);
+    check_head_wg();
     check_sample_all(true);
     } /* every op */
 
