@@ -24,10 +24,11 @@
  * - The scales (Q4_K): each consumer warp decodes its 16 rows' four sub-blocks of a stage once
  *   into shared memory as (d1, d1) and (-m1, -m1) pairs (lane -> one row, two sub-blocks).
  * - Warp specialization: the producer warpgroup only issues the cp.async copies of each stage
- *   (ST buffers of 128 elements: four; three for Q8_0's 256 x 128 and 128 x 64 tiles). Buffers pass by mbarriers: full[b] completes when the
- *   producer's copies into b have landed (each producer thread's cp.async.mbarrier.arrive.noinc,
- *   128 arrivals), empty[b] when the 256 consumer threads are done with it (an arrival each once
- *   the stage's wgmmas have completed, which the next stage's first wait_group shows). No block
+ *   (ST buffers of 128 elements: four; three for Q8_0's tiles of 256 rows x 128 tokens and 128 x
+ *   64). Buffers pass by mbarriers: full[b] completes when the producer's copies into b have
+ *   landed (each producer thread's cp.async.mbarrier.arrive.noinc, 128 arrivals), empty[b] when
+ *   the 256 consumer threads are done with it (an arrival each once the stage's wgmmas have
+ *   completed, which the next stage's first wait_group shows). No block
  *   barrier and no wait_group 0 a stage: the tensor cores are fed across stage boundaries (the
  *   form without a producer, a block barrier a stage, took 18-25% longer; H200, 2026-11-30). A
  *   consumer makes the landed copies visible to wgmma's proxy (fence.proxy.async) after its wait
