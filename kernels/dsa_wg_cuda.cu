@@ -34,7 +34,9 @@ constexpr size_t DW_SMEM = (size_t)DW_Q + 2 * DW_NW * DW_KT + DW_NC * 4 + 1024;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* the 128 threads of warpgroup w (named barrier 1 + w) */
-static __device__ __forceinline__ void dw_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+static __device__ __forceinline__ void dw_wg_sync(int w) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+}
 #endif
 
 template <int HP>
@@ -68,7 +70,8 @@ __global__ void __launch_bounds__(DW_T, 1) dsw_kernel(mlacu_dsw_args a, int64_t 
             const int x = wtid + u * 128, r = x / CK, cc = x % CK;
             const int64_t key = k0 + r;
             const bool ok = key < kb1;
-            const void *src = ok ? (const void *)(paged_row_t<__half>(a.tab, a.tab_off, DW_D, key) + cc * 8) : (const void *)a.q;
+            const void *src =
+                ok ? (const void *)(paged_row_t<__half>(a.tab, a.tab_off, DW_D, key) + cc * 8) : (const void *)a.q;
             cp_async16_zfill(kd + (cc >> 3) * DW_BLK + wga_sw(r, cc & 7), src, ok);
         }
         cp_async_commit();

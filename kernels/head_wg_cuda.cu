@@ -51,7 +51,8 @@ template <int BN> __global__ void __launch_bounds__(HW_T) hwg_kernel(mlacu_hwg_a
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int i = tid + u * HW_T, r = i >> 4, k = (i & 15) * 4;
-            *(uint2 *)(xs + wga_sw(r, k >> 3) + (k & 7) * 2) = make_uint2(wga_h2(xr[u].x, xr[u].y), wga_h2(xr[u].z, xr[u].w));
+            *(uint2 *)(xs + wga_sw(r, k >> 3) + (k & 7) * 2) =
+                make_uint2(wga_h2(xr[u].x, xr[u].y), wga_h2(xr[u].z, xr[u].w));
         }
     };
     /* W: BN rows x 8 chunks of 16 bytes, BN / 32 a thread; one commit group */
@@ -61,7 +62,8 @@ template <int BN> __global__ void __launch_bounds__(HW_T) hwg_kernel(mlacu_hwg_a
         for (int u = 0; u < BN * 8 / HW_T; u++) {
             const int i = tid + u * HW_T, r = i >> 3, ch = i & 7, o = o0 + r;
             const bool ok = o < a.out;
-            cp_async16_zfill(ws + wga_sw(r, ch), ok ? (const void *)(wh + (int64_t)o * a.in + kc * HW_KC + ch * 8) : (const void *)wh, ok);
+            const void *src = ok ? (const void *)(wh + (int64_t)o * a.in + kc * HW_KC + ch * 8) : (const void *)wh;
+            cp_async16_zfill(ws + wga_sw(r, ch), src, ok);
         }
         cp_async_commit();
     };
@@ -85,7 +87,8 @@ template <int BN> __global__ void __launch_bounds__(HW_T) hwg_kernel(mlacu_hwg_a
         cp_async_wait<1>(); /* this thread's copies of chunk kc */
         wga_fence_proxy();  /* they and x's stores, to wgmma's proxy */
         __syncthreads();
-        const uint32_t xa = base + (uint32_t)(buf * G::SB) + (uint32_t)(wg * 64 * 128), wb = base + (uint32_t)(buf * G::SB + HW_XB);
+        const uint32_t xa = base + (uint32_t)(buf * G::SB) + (uint32_t)(wg * 64 * 128),
+                       wb = base + (uint32_t)(buf * G::SB + HW_XB);
 #pragma unroll
         for (int n = 0; n < NH; n++) wga_pin(acc[n]);
         wga_fence();
@@ -113,8 +116,9 @@ template <int BN> __global__ void __launch_bounds__(HW_T) hwg_kernel(mlacu_hwg_a
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int o = o0 + n * 128 + 8 * j + 2 * c;
-                if (o + 1 < a.out) *(float2 *)(yr + o) = make_float2(acc[n][4 * j + 2 * hf], acc[n][4 * j + 2 * hf + 1]);
-                else if (o < a.out) yr[o] = acc[n][4 * j + 2 * hf];
+                const float v0 = acc[n][4 * j + 2 * hf], v1 = acc[n][4 * j + 2 * hf + 1];
+                if (o + 1 < a.out) *(float2 *)(yr + o) = make_float2(v0, v1);
+                else if (o < a.out) yr[o] = v0;
             }
     }
 #else

@@ -182,7 +182,8 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    const uint8_t *rp = ws + (wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf) * G::RSB + (odd ? 8 : 0) + 68 * ch;
+                    const int row = wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf;
+                    const uint8_t *rp = ws + row * G::RSB + (odd ? 8 : 0) + 68 * ch;
 #pragma unroll
                     for (int bb = 0; bb < 2; bb++) {
                         const uint8_t *bp = rp + 34 * bb;
