@@ -699,9 +699,8 @@ extern "C" int mla_cuda_dsa_scores_paged_h(const float *d_q, const float *d_w, c
     if (T == 0) return MLA_OK;
     cudaStream_t st = (cudaStream_t)stream;
 #ifdef MLA_CUDA_WGMMA
-    if (d_seq_tab && g_dsw_mode && T >= DSW_MIN_TOKENS && mlacu_dsw_shape_ok(H, D) && !((uintptr_t)d_q & 15) &&
-        !(blk_off & 7) && mlacu_dsw_device_ok()) {
-        const mlacu_dsw_args a = {d_q, d_w, d_seq_tab, blk_off, pos0, skip_keys, (int)T, (int)H, d_scores, ld};
+    const mlacu_dsw_args a = {d_q, d_w, d_seq_tab, blk_off, pos0, skip_keys, (int)T, (int)H, (int)D, d_scores, ld};
+    if (d_seq_tab && g_dsw_mode && T >= DSW_MIN_TOKENS && mlacu_dsw_takes(&a)) {
         MLACU_CHECK(mlacu_dsw_launch(&a, st), e, "dsa_scores (fp16 keys, wgmma) T=%lld pos0=%lld", (long long)T,
                     (long long)pos0);
         return MLA_OK;

@@ -192,10 +192,12 @@ template <int HP> cudaError_t dsw_run(const mlacu_dsw_args *a, cudaStream_t s) {
 
 bool mlacu_dsw_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= DW_SMEM; }
 
-bool mlacu_dsw_shape_ok(int64_t H, int64_t D) { return D == DW_D && H > 16 && H <= 64; }
+bool mlacu_dsw_takes(const mlacu_dsw_args *a) {
+    return a->D == DW_D && a->H > 16 && a->H <= 64 && a->T > 0 && a->T <= 65535 * 4 && !(a->tab_off & 7) &&
+           !((uintptr_t)a->q & 15) && mlacu_dsw_device_ok();
+}
 
 cudaError_t mlacu_dsw_launch(const mlacu_dsw_args *a, cudaStream_t s) {
-    if (a->T <= 0 || a->T > 65535 * 4 || !mlacu_dsw_shape_ok(a->H, DW_D) || (a->tab_off & 7) || ((uintptr_t)a->q & 15))
-        return cudaErrorInvalidValue;
+    if (!mlacu_dsw_takes(a)) return cudaErrorInvalidValue;
     return a->H <= 32 ? dsw_run<32>(a, s) : dsw_run<64>(a, s);
 }

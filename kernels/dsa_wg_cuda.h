@@ -13,21 +13,22 @@
 #include <stdint.h>
 
 typedef struct mlacu_dsw_args {
-    const float *q;          /* [T][H][128] fp32, rotated */
+    const float *q;          /* [T][H][D] fp32, rotated */
     const float *w;          /* [T][H] head weights */
     const float *const *tab; /* the sequence's block table */
     int64_t tab_off;         /* the layer's key rows in a block, in halves (a multiple of 8) */
     int64_t pos0, skip;      /* tokens with no more than skip keys need no scores */
-    int T, H;
+    int T, H, D; /* tokens, heads, head dim */
     float *scores; /* [T][ld] */
     int64_t ld;
 } mlacu_dsw_args;
 
 /* whether this device runs the kernel: sm_90a instructions allowed and the block's shared memory */
 bool mlacu_dsw_device_ok(void);
-/* whether the kernel has this shape: head dim 128, 17 to 64 heads */
-bool mlacu_dsw_shape_ok(int64_t H, int64_t D);
-/* One launch: blocks of 256 / 32 or 256 / 64 tokens times chunks of their keys. */
+/* whether it takes these scores: the device, head dim 128, 17 to 64 heads, 1 to 4 x 65535
+ * tokens, key rows and queries 16-byte aligned */
+bool mlacu_dsw_takes(const mlacu_dsw_args *a);
+/* One launch (scores it takes): blocks of 256 / 32 or 256 / 64 tokens times chunks of their keys. */
 cudaError_t mlacu_dsw_launch(const mlacu_dsw_args *a, cudaStream_t s);
 
 #endif

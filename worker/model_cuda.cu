@@ -1179,8 +1179,6 @@ static int attn_out(mla_cmodel *m, const dlayer *l, int64_t T, int n_splits, mla
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
 
-/* The layer's FFN (dense, or shared + routed experts) of m->h (hq: NULL or its q8 buffer) into m->y,
- * all-reduced */
 /* f() with its kernels on st2 (m->st while it runs), after what st recorded in m->ev_fork; then
  * m->ev_join recorded on st2, for st to wait on before it reads what f() wrote */
 template <typename F> static int on_side_stream(mla_cmodel *m, F f, mla_err *err) {
@@ -1194,6 +1192,8 @@ template <typename F> static int on_side_stream(mla_cmodel *m, F f, mla_err *err
     return MLA_OK;
 }
 
+/* The layer's FFN (dense, or shared + routed experts) of m->h (hq: NULL or its q8 buffer) into m->y,
+ * all-reduced */
 static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err *err) {
     const mla_config *c = &m->cfg;
     const dlayer *l = &m->L[il];
