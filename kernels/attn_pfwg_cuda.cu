@@ -3,22 +3,27 @@
  *
  * Block = (tile of 128 query rows, head), two warpgroups (256 threads) of 64 rows each (wgmma's
  * M); the heaviest tiles (the last rows) are scheduled first. Both warpgroups share the key tiles;
- * each keeps its own rows' softmax in registers (no exchange). Shared memory (145 KB): the queries
- * (times scale log2 e, fp16), two key tiles and two value tiles of 64 keys, and a P (64 rows x 64
- * keys, fp16) a warpgroup. Every operand sits in the K-major layout with the 128-byte swizzle of
- * attn_wg_cuda.cu: 64 columns (128 bytes) a k-block, 16-byte chunk c of row r at chunk c ^ (r % 8),
- * 8-row groups 1024 bytes apart:
- * - queries: 3 k-blocks (192 columns) of 64 rows a warpgroup; key tile: 3 k-blocks of 64 keys
- *   (128 nope from the work area, 64 rope from the cache rows); value tile: 2 k-blocks of 64 keys.
- * - S = Q K^T: 12 m64n64k16 steps, both operands by descriptor (K-major).
- * - O += P V: 4 m64n128k16 steps of 16 keys; A = P (K-major), B = the value tile read MN-major
- *   (V's columns, its N, contiguous in a key's row): the descriptor steps 64 columns by LBO (8192,
- *   a k-block) and 8 keys by SBO (1024), as attn_wg_cuda.cu reads its latent.
+ * each keeps its own rows' softmax in registers (no exchange). Shared memory (209 KB): the queries
+ * (times scale log2 e, fp16) and two key tiles and two value tiles of 128 keys. Every operand sits
+ * in the K-major layout with the 128-byte swizzle of attn_wg_cuda.cu: 64 columns (128 bytes) a
+ * k-block, 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row groups 1024 bytes apart:
+ * - queries: 3 k-blocks (192 columns) of 64 rows a warpgroup; key tile: 3 k-blocks of 128 keys
+ *   (128 nope from the work area, 64 rope from the cache rows of the tile's two cache blocks);
+ *   value tile: 2 k-blocks of 128 keys.
+ * - S = Q K^T: 12 m64n128k16 steps, both operands by descriptor (K-major).
+ * - O += P V: 8 m64n128k16 steps of 16 keys; A = P from registers (S's accumulator layout is
+ *   wgmma's A fragment: the fp16 pair of keys 2 t4, +1 of rows g, g + 8, then keys 8 + 2 t4),
+ *   B = the value tile read MN-major (V's columns, its N, contiguous in a key's row): the
+ *   descriptor steps 64 columns by LBO (a k-block, 16384) and 8 keys by SBO (1024), as
+ *   attn_wg_cuda.cu reads its latent.
  * - causal: a warpgroup skips the key tiles wholly past its last row and masks those that reach
  *   past its first; both still take part in the block's barriers and copies.
  * Tiles are copied by cp.async (16 bytes, zeros past the block's keys), two in flight: tile j + 2
- * is issued once both warpgroups are done with tile j. Checked against the CPU reference and the
- * mma.sync kernel in mla-gpu-check (--prefill, the "wg" rows). */
+ * is issued once both warpgroups are done with tile j. A thread's copies of a tile are its first
+ * one's addresses plus whole rows (computed once a block): the copies' address arithmetic was
+ * the kernel's largest cost before (the same kernel at 64-key tiles with P through shared memory
+ * ran at 328 TFLOP/s at 32k where this one runs at 421; H200, 2026-12-03). Checked against the
+ * CPU reference and the mma.sync kernel in mla-gpu-check (--prefill, the "wg" rows). */
 #include "kernels/attn_pfwg_cuda.h"
 
 #include <math.h>
@@ -29,29 +34,30 @@
 namespace {
 
 constexpr int PW_DN = 128, PW_DR = 64, PW_DK = PW_DN + PW_DR, PW_DV = 128;
-constexpr int PW_BM = 128, PW_BN = 64, PW_T = 256, PW_WM = 64; /* rows a block, keys a tile, threads, rows a warpgroup */
-constexpr int PW_KBQ = PW_DK / 64, PW_KBV = PW_DV / 64;       /* k-blocks: 3 of queries and keys, 2 of values */
-constexpr int PW_BLK = 64 * 128;                              /* a k-block of 64 rows: 8192 bytes */
-constexpr int PW_Q = 2 * PW_KBQ * PW_BLK;                     /* queries: 49152 */
-constexpr int PW_KT = PW_KBQ * PW_BLK, PW_VT = PW_KBV * PW_BLK; /* a key tile 24576, a value tile 16384 */
-constexpr int PW_P = PW_BLK;                                  /* P of a warpgroup: 8192 */
-constexpr size_t PW_SMEM = (size_t)PW_Q + 2 * PW_KT + 2 * PW_VT + 2 * PW_P + 1024;
-static_assert(PW_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
-static_assert(PW_BM == 2 * PW_WM && PW_BN == 64, "two warpgroups of 64 rows, one k-block of P");
+constexpr int PW_BM = 128, PW_BN = 128, PW_T = 256, PW_WM = 64; /* rows a block, keys a tile, threads, rows a warpgroup */
+constexpr int PW_KBQ = PW_DK / 64, PW_KBV = PW_DV / 64;        /* k-blocks: 3 of queries and keys, 2 of values */
+constexpr int PW_BLK = 64 * 128;                               /* a k-block of the queries' 64 rows: 8192 bytes */
+constexpr int PW_KBLK = PW_BN * 128;                           /* a k-block of a tile's 128 keys: 16384 bytes */
+constexpr int PW_Q = 2 * PW_KBQ * PW_BLK;                      /* queries: 49152 */
+constexpr int PW_KT = PW_KBQ * PW_KBLK, PW_VT = PW_KBV * PW_KBLK; /* a key tile 49152, a value tile 32768 */
+constexpr size_t PW_SMEM = (size_t)PW_Q + 2 * PW_KT + 2 * PW_VT + 1024;
+static_assert(PW_BN == 2 * MLA_CUDA_KV_BLOCK, "a key tile is two cache blocks");
+static_assert(PW_BM == 2 * PW_WM, "two warpgroups of 64 rows");
+static_assert(PW_DN == 128 && PW_DV == 128 && PW_DR == 64, "the copies' shapes");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* O += P V: m64n128k16, A (K-major) and B (MN-major) by descriptor */
-static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint64_t da, uint64_t db) {
+/* O += P V: m64n128k16, A = P from registers (the S accumulator's layout, packed to fp16 pairs), B
+ * (MN-major) by descriptor */
+static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                   uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "%64, %65, p, 1, 1, 0, 1;\n}\n"
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
 }
-/* the 128 threads of warpgroup w (named barrier 1 + w) */
-static __device__ __forceinline__ void pw_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
 #endif
 
 __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
@@ -59,42 +65,50 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
     mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t pw_raw[];
     uint8_t *sm = pw_raw + ((1024u - (wga_u32(pw_raw) & 1023u)) & 1023u);
-    uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT, *ps = vs + 2 * PW_VT;
-    /* wg broadcast from lane 0: warp-uniform to the compiler (attn_wg_cuda.cu) */
+    uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT;
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
               lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int rb0 = (int)(gridDim.x - 1 - blockIdx.x) * PW_BM, hl = blockIdx.y, h = a.h0 + hl;
     const int rend = min(rb0 + PW_BM, a.T);
-    const int64_t kend = a.pos0 + rend; /* the block's keys: 0 .. kend - 1 */
+    const int64_t kend = a.pos0 + rend;
     const int ntile = (int)((kend + PW_BN - 1) / PW_BN);
     const __half *knh = a.kn + (int64_t)hl * a.nk * PW_DN, *vh = a.v + (int64_t)hl * a.nk * PW_DV;
-    /* key and value tile j into buffer j & 1 (zeros past kend); one commit group */
-    constexpr int CK = PW_DK / 8, CKN = PW_DN / 8, CV = PW_DV / 8; /* 16-byte chunks a key */
-    static_assert(PW_BN * CK % PW_T == 0 && PW_BN * CV % PW_T == 0, "whole copies a thread");
+    /* The thread's copies of a tile: nope and value chunk tid % 16 of keys tid / 16 + 16 u, rope chunk
+     * tid % 8 of keys tid / 8 + 32 u; with 16 or 32 keys between a thread's copies, each lands at its
+     * first one's swizzled offset plus whole rows (the swizzle's row % 8 is the same). */
+    const int cn = tid & 15, rn = tid >> 4, cr = tid & 7, rk = tid >> 3;
+    const uint32_t kso = (uint32_t)((cn >> 3) * PW_KBLK) + wga_sw(rn, cn & 7), rso = (uint32_t)(2 * PW_KBLK) + wga_sw(rk, cr);
+    const __half *kg = knh + rn * PW_DN + cn * 8, *vg = vh + rn * PW_DV + cn * 8;
+    const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
     auto issue = [&](int j) {
+        if (j >= ntile) {
+            cp_async_commit();
+            return;
+        }
         const int64_t k0 = (int64_t)j * PW_BN;
+        const int rem = (int)min((int64_t)PW_BN, kend - k0); /* the tile's keys */
         uint8_t *kd = ks + (j & 1) * PW_KT, *vd = vs + (j & 1) * PW_VT;
-        const __half *pe = paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + a.kv_lora;
+        const __half *kj = kg + k0 * PW_DN, *vj = vg + k0 * PW_DV;
 #pragma unroll
-        for (int u = 0; u < PW_BN * CK / PW_T; u++) {
-            const int i = tid + u * PW_T, r = i / CK, c = i % CK;
-            const int64_t key = k0 + r;
-            const bool ok = key < kend;
-            const __half *src = !ok ? knh : c < CKN ? knh + key * PW_DN + c * 8 : pe + (int64_t)r * a.row + (c - CKN) * 8;
-            cp_async16_zfill(kd + (c >> 3) * PW_BLK + wga_sw(r, c & 7), src, ok);
+        for (int u = 0; u < PW_BN / 16; u++) {
+            const bool ok = rn + 16 * u < rem;
+            cp_async16_zfill(kd + kso + u * 16 * 128, ok ? kj + u * 16 * PW_DN : knh, ok);
+            cp_async16_zfill(vd + kso + u * 16 * 128, ok ? vj + u * 16 * PW_DV : vh, ok);
         }
 #pragma unroll
-        for (int u = 0; u < PW_BN * CV / PW_T; u++) {
-            const int i = tid + u * PW_T, r = i / CV, c = i % CV;
-            const int64_t key = k0 + r;
-            const bool ok = key < kend;
-            cp_async16_zfill(vd + (c >> 3) * PW_BLK + wga_sw(r, c & 7), ok ? vh + key * PW_DV + c * 8 : vh, ok);
+        for (int pg = 0; pg < PW_BN / 64; pg++) { /* the tile's two cache blocks */
+            const __half *pe =
+                64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const bool ok = 64 * pg + 32 * u + rk < rem;
+                cp_async16_zfill(kd + rso + (64 * pg + 32 * u) * 128, ok ? pe + (int64_t)(32 * u) * a.row : knh, ok);
+            }
         }
         cp_async_commit();
     };
     issue(0);
-    if (ntile > 1) issue(1);
-    else cp_async_commit();
+    issue(1);
     { /* the queries: 128 rows x 96 float2, 48 a thread; rows past T zero */
 #pragma unroll 4
         for (int u = 0; u < PW_BM * (PW_DK / 2) / PW_T; u++) {
@@ -110,39 +124,44 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.f;
-    /* the thread's rows r0 and r0 + 8 of its warpgroup's 64 (its warp's 16) */
     const int r0 = wq * 16 + g;
-    const int64_t wfirst = a.pos0 + rb0 + wg * PW_WM, wlast = wfirst + PW_WM - 1; /* the warpgroup's positions */
+    const int64_t wfirst = a.pos0 + rb0 + wg * PW_WM, wlast = wfirst + PW_WM - 1;
     const int64_t pa = wfirst + r0, pb = pa + 8;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const uint32_t q0 = wga_u32(qs + wg * PW_KBQ * PW_BLK), kbase = wga_u32(ks), vbase = wga_u32(vs), p0 = wga_u32(ps + wg * PW_P);
-    uint8_t *pw = ps + wg * PW_P;
+    const uint32_t q0 = wga_u32(qs + wg * PW_KBQ * PW_BLK), kbase = wga_u32(ks), vbase = wga_u32(vs);
+    /* the warpgroup's tiles: those with keys at or before its last row (warpgroup-uniform) */
+    const int ntw = (int)min((int64_t)ntile, wlast / PW_BN + 1);
+    constexpr int NS = PW_BN / 2; /* a thread's scores of a tile */
+    float s[NS];
+    uint32_t p[NS / 2]; /* P of a tile: p[m] = the fp16 pair s[2 m], s[2 m + 1] */
     for (int j = 0; j < ntile; j++) {
         cp_async_wait<1>(); /* this thread's copies of tile j have landed */
         wga_fence_proxy();
         __syncthreads(); /* every thread's copies of tile j; the previous tile's readers are done */
-        const int64_t k0 = (int64_t)j * PW_BN;
-        if (k0 <= wlast) { /* warpgroup-uniform */
+        if (j < ntw) {
             const uint32_t kt = kbase + (uint32_t)(j & 1) * PW_KT, vt = vbase + (uint32_t)(j & 1) * PW_VT;
             /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + e in s[4 i + 2 hf + e] */
-            float s[32];
-            wga_scores64<PW_KBQ, PW_BLK>(s, q0, kt);
-            float al[2], mb[2];
-            mlacu_softmax_tile(s, k0, t4, wfirst, pa, pb, m_r, l_r, al, mb);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
+            for (int i = 0; i < NS; i++) s[i] = 0.f;
+            wga_pin(s);
+            wga_fence();
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[4 * i + e] = exp2f(s[4 * i + e] - mb[e >> 1]);
-                    l_r[e >> 1] += s[4 * i + e];
-                }
-                /* keys 8 i + 2 t4, +1: chunk i of P's row, bytes 4 t4 */
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-                    *(uint32_t *)(pw + wga_sw(r0 + 8 * hf, i) + 4 * t4) = wga_h2(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]);
+            for (int kk = 0; kk < PW_KBQ * 4; kk++) {
+                const uint32_t ko = (uint32_t)((kk & 3) * 32);
+                wga_mma_n128(s, wga_desc_k(q0 + (kk >> 2) * PW_BLK + ko), wga_desc_k(kt + (kk >> 2) * PW_KBLK + ko));
             }
-            wga_fence_proxy(); /* P, to wgmma's proxy */
-            pw_wg_sync(wg);   /* the warpgroup's P written */
+            wga_commit();
+            wga_wait0();
+            wga_pin(s);
+            float al[2], mb[2];
+            mlacu_softmax_tile(s, (int64_t)j * PW_BN, t4, wfirst, pa, pb, m_r, l_r, al, mb);
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                s[i] = wga_ex2(s[i] - mb[(i >> 1) & 1]);
+                l_r[(i >> 1) & 1] += s[i];
+            }
+#pragma unroll
+            for (int m = 0; m < NS / 2; m++) p[m] = wga_h2(s[2 * m], s[2 * m + 1]);
             /* O: rows r0, r0 + 8 x columns 8 i + 2 t4 + e in o[4 i + 2 hf + e] */
 #pragma unroll
             for (int i = 0; i < 16; i++) {
@@ -151,18 +170,20 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
                 o[4 * i + 2] *= al[1];
                 o[4 * i + 3] *= al[1];
             }
-            /* O += P V: keys 16 kk .. +16 = P's columns 16 kk, the value tile's rows 16 kk */
+            /* O += P V: keys 16 kk .. +16 = P's registers 4 kk .. +4, the value tile's rows 16 kk */
             wga_pin(o);
             wga_fence();
 #pragma unroll
-            for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_pv(o, wga_desc_k(p0 + kk * 32), wga_desc_mn<PW_BLK>(vt + (uint32_t)(kk * 16 * 128)));
+            for (int kk = 0; kk < PW_BN / 16; kk++)
+                pw_mma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                          wga_desc_mn<PW_KBLK>(vt + (uint32_t)(kk * 16 * 128)));
             wga_commit();
             wga_wait0();
             wga_pin(o);
+            wga_pin_r(p); /* P stays in its registers until the products have read it */
         }
-        __syncthreads(); /* both warpgroups done with buffer j & 1 (and their P): tile j + 2 into it */
-        if (j + 2 < ntile) issue(j + 2);
-        else cp_async_commit();
+        __syncthreads(); /* both warpgroups done with buffer j & 1: tile j + 2 into it */
+        issue(j + 2);
     }
     cp_async_wait<0>(); /* only empty groups remain */
 #pragma unroll

@@ -156,19 +156,22 @@ static inline void mlacu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t s
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
-/* The online softmax over one 64-key tile of a thread's scores in the mma accumulator layout that
- * mma.sync m16n8 tiles and wgmma m64nN share: s[4 n + e] is row a (e < 2) or row b (e >= 2), key
- * k0 + 8 n + 2 q + (e & 1), q the lane's index in its quad (the quad holds the rows' other keys).
+/* The online softmax over one tile of 2 N keys (64 or 128) of a thread's scores in the mma
+ * accumulator layout that mma.sync m16n8 tiles and wgmma m64nN share: s[4 n + e] is row a (e < 2) or
+ * row b (e >= 2), key k0 + 8 n + 2 q + (e & 1), q the lane's index in its quad (the quad holds the
+ * rows' other keys).
  * Keys past a row's position (pa, pb) become -inf where the tile reaches past first (the first
  * position of the thread's block of rows); the rows' running maxima m take the tile's (over the
  * quad); mb is the maximum to subtract from the tile's scores (0 for a row with no key yet), al
  * the factor for the old sums l (applied here) and outputs (by the caller). */
-static __device__ __forceinline__ void mlacu_softmax_tile(float (&s)[32], int64_t k0, int q, int64_t first,
-                                                          int64_t pa, int64_t pb, float (&m)[2], float (&l)[2],
-                                                          float (&al)[2], float (&mb)[2]) {
-    if (k0 + 63 > first) {
+template <int N>
+static __device__ __forceinline__ void mlacu_softmax_tile(float (&s)[N], int64_t k0, int q, int64_t first, int64_t pa,
+                                                          int64_t pb, float (&m)[2], float (&l)[2], float (&al)[2],
+                                                          float (&mb)[2]) {
+    static_assert(N == 32 || N == 64, "a tile of 64 or 128 keys");
+    if (k0 + 2 * N - 1 > first) {
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < N / 4; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int64_t key = k0 + 8 * n + 2 * q + (e & 1);
@@ -177,7 +180,7 @@ static __device__ __forceinline__ void mlacu_softmax_tile(float (&s)[32], int64_
     }
     float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < N / 4; n++) {
         mx[0] = fmaxf(mx[0], fmaxf(s[4 * n], s[4 * n + 1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
     }

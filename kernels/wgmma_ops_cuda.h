@@ -24,6 +24,18 @@ template <int N> static __device__ __forceinline__ void wga_pin(float (&d)[N]) {
 }
 static __device__ __forceinline__ void wga_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wga_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* pins registers that an in-flight wgmma reads (its A operand) until the wait before: the compiler
+ * must not reuse them earlier */
+template <int N> static __device__ __forceinline__ void wga_pin_r(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+/* 2^x (flushing results below 2^-126 to 0) */
+static __device__ __forceinline__ float wga_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 /* what the threads stored in shared memory, visible to wgmma's (async) proxy */
 static __device__ __forceinline__ void wga_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 static __device__ __forceinline__ uint32_t wga_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
