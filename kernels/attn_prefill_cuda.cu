@@ -148,13 +148,15 @@ template <int DN, int DR, int DV> struct pf_cfg {
     static constexpr int LDK = DK + 8, LDV = DV + 8; /* halves */
     static constexpr int KS = DK / 16;               /* k-steps of S */
     static constexpr int NO = DV / 8;                /* n-tiles of O */
-    static constexpr int CKN = DN / 8, CK = (DN + DR) / 8, CV = DV / 8; /* 16-byte chunks a key */
-    static constexpr int KCP = PF_BN * CK / PF_T, VCP = PF_BN * CV / PF_T;
+    static constexpr int CKN = DN / 8, CKR = DR / 8; /* 16-byte chunks a key: nope (and values), rope */
+    static constexpr int RSN = PF_T / CKN, RSR = PF_T / CKR; /* keys between a thread's nope, rope copies */
+    static constexpr int NCP = PF_BN / RSN, RCP = PF_BN / RSR; /* a thread's nope (and value), rope copies */
     /* two key tiles and two value tiles: 84 KB at 128 + 64 / 128, 42 KB at 64 + 32 / 64 */
     static constexpr size_t SMEM = (size_t)2 * PF_BN * (LDK + LDV) * 2;
     static_assert(DN % 8 == 0 && DR % 8 == 0 && DK % 16 == 0 && DV % 16 == 0, "prefill attention widths");
     static_assert((LDK / 8) % 2 == 1 && (LDV / 8) % 2 == 1, "prefill attention strides");
-    static_assert((PF_BN * CK) % PF_T == 0 && (PF_BN * CV) % PF_T == 0, "prefill attention copies");
+    static_assert(DN == DV && PF_T % CKN == 0 && PF_T % CKR == 0 && PF_BN % RSN == 0 && PF_BN % RSR == 0,
+                  "prefill attention copies");
     static_assert(PF_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
 };
 
@@ -171,26 +173,32 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
     const int64_t kend = a.pos0 + rend; /* the block's keys: 0 .. kend - 1 */
     const int ntile = (int)((kend + PF_BN - 1) / PF_BN);
     const __half *knh = a.kn + (int64_t)hl * a.nk * DN, *vh = a.v + (int64_t)hl * a.nk * DV;
+    /* The thread's copies of a tile: nope and value chunk tid % (DN / 8) of keys tid / (DN / 8) +
+     * (256 / (DN / 8)) u, rope chunk tid % (DR / 8) of keys tid / (DR / 8) + (256 / (DR / 8)) u: each
+     * at its first one's addresses plus whole rows (address arithmetic a copy was the kernels'
+     * largest cost: attn_pfwg_cuda.cu). */
+    const int cn = tid % C::CKN, rn = tid / C::CKN, cr = tid % C::CKR, rk = tid / C::CKR;
+    const __half *kg = knh + (int64_t)rn * DN + cn * 8, *vg = vh + (int64_t)rn * DV + cn * 8;
+    const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
     /* key tile j into buffer j & 1 (zeros past kend); one commit group */
     auto issue = [&](int j) {
         const int64_t k0 = (int64_t)j * PF_BN;
+        const int rem = (int)min((int64_t)PF_BN, kend - k0); /* the tile's keys (none past the last tile) */
         __half *kd = ks + (j & 1) * PF_BN * C::LDK, *vd = vs + (j & 1) * PF_BN * C::LDV;
-        const bool blk = k0 < kend;
-        const __half *pe = blk ? paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + a.kv_lora : knh;
+        const __half *kj = kg + k0 * DN, *vj = vg + k0 * DV;
+        const __half *pe = rem > 0 ? paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + ro : knh;
 #pragma unroll
-        for (int u = 0; u < C::KCP; u++) {
-            const int i = tid + u * PF_T, r = i / C::CK, c = i % C::CK;
-            const int64_t key = k0 + r;
-            const bool ok = key < kend;
-            const __half *src = !ok ? knh : c < C::CKN ? knh + key * DN + c * 8 : pe + (int64_t)r * a.row + (c - C::CKN) * 8;
-            cp_async16_zfill(kd + r * C::LDK + c * 8, src, ok);
+        for (int u = 0; u < C::NCP; u++) {
+            const int r = rn + u * C::RSN;
+            const bool ok = r < rem;
+            cp_async16_zfill(kd + r * C::LDK + cn * 8, ok ? kj + (int64_t)u * C::RSN * DN : knh, ok);
+            cp_async16_zfill(vd + r * C::LDV + cn * 8, ok ? vj + (int64_t)u * C::RSN * DV : vh, ok);
         }
 #pragma unroll
-        for (int u = 0; u < C::VCP; u++) {
-            const int i = tid + u * PF_T, r = i / C::CV, c = i % C::CV;
-            const int64_t key = k0 + r;
-            const bool ok = key < kend;
-            cp_async16_zfill(vd + r * C::LDV + c * 8, ok ? vh + key * DV + c * 8 : vh, ok);
+        for (int u = 0; u < C::RCP; u++) {
+            const int r = rk + u * C::RSR;
+            const bool ok = r < rem;
+            cp_async16_zfill(kd + r * C::LDK + DN + cr * 8, ok ? pe + (int64_t)u * C::RSR * a.row : knh, ok);
         }
         cp_async_commit();
     };
