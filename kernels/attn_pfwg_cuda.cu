@@ -22,7 +22,7 @@
  * is issued once both warpgroups are done with tile j. A thread's copies of a tile are its first
  * one's addresses plus whole rows (computed once a block): the copies' address arithmetic was
  * the kernel's largest cost before (the same kernel at 64-key tiles with P through shared memory
- * ran at 328 TFLOP/s at 32k where this one runs at 421; H200, 2026-12-03). Checked against the
+ * ran at 328 TFLOP/s at 32k where this one runs at 414; H200, 2026-12-03). Checked against the
  * CPU reference and the mma.sync kernel in mla-gpu-check (--prefill, the "wg" rows). */
 #include "kernels/attn_pfwg_cuda.h"
 
@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
         }
 #pragma unroll
         for (int pg = 0; pg < PW_BN / 64; pg++) { /* the tile's two cache blocks */
+            /* the second block only where the tile reaches into it (the table ends with the keys) */
             const __half *pe =
                 64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
 #pragma unroll

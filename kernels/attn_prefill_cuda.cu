@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
     /* key tile j into buffer j & 1 (zeros past kend); one commit group */
     auto issue = [&](int j) {
         const int64_t k0 = (int64_t)j * PF_BN;
-        const int rem = (int)min((int64_t)PF_BN, kend - k0); /* the tile's keys (none past the last tile) */
+        const int rem = (int)min((int64_t)PF_BN, kend - k0); /* the tile's keys (at least one: j < ntile) */
         __half *kd = ks + (j & 1) * PF_BN * C::LDK, *vd = vs + (j & 1) * PF_BN * C::LDV;
         const __half *kj = kg + k0 * DN, *vj = vg + k0 * DV;
         const __half *pe = rem > 0 ? paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + ro : knh;
