@@ -211,12 +211,8 @@ bool mlacu_pwg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem
 cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s) {
     if (heads <= 0 || heads > 65535 || a->T <= 0 || (a->row & 7) || (a->kv_lora & 7) || (a->tab_off & 7))
         return cudaErrorInvalidValue;
-    static bool done = false;
-    if (!done) {
-        const cudaError_t err = mlacu_smem_allow(pwg_kernel, PW_SMEM);
-        if (err != cudaSuccess) return err;
-        done = true;
-    }
+    const cudaError_t err = mlacu_smem_allow_once<pwg_kernel>(PW_SMEM);
+    if (err != cudaSuccess) return err;
     const dim3 grid((unsigned)((a->T + PW_BM - 1) / PW_BM), (unsigned)heads);
     mlacu_launch(pwg_kernel, grid, PW_T, PW_SMEM, s, *a);
     return cudaGetLastError();

@@ -313,12 +313,8 @@ pf_shape shape_of(int64_t dn, int64_t dr, int64_t dv) {
 /* the attention kernel's shared memory allowed, once a process (one device a process, or ranks of
  * one process on one device) */
 template <int DN, int DR, int DV> int attn_setup(mla_err *e) {
-    static bool done = false;
-    if (!done) {
-        MLACU_CHECK(mlacu_smem_allow(pf_attn_kernel<DN, DR, DV>, pf_cfg<DN, DR, DV>::SMEM), e,
-                    "prefill attention: shared memory %zu", pf_cfg<DN, DR, DV>::SMEM);
-        done = true;
-    }
+    MLACU_CHECK((mlacu_smem_allow_once<pf_attn_kernel<DN, DR, DV>>(pf_cfg<DN, DR, DV>::SMEM)), e,
+                "prefill attention: shared memory %zu", pf_cfg<DN, DR, DV>::SMEM);
     return MLA_OK;
 }
 

@@ -528,6 +528,15 @@ template <class K> static inline cudaError_t mlacu_smem_allow(K kern, size_t byt
     if (bytes + fa.sharedSizeBytes > (size_t)mlacu_smem_optin()) return cudaErrorInvalidValue;
     return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
+/* mlacu_smem_allow for kernel K once a process (one device a process, or ranks of one process on
+ * one device): later calls return cudaSuccess once a call has succeeded */
+template <auto K> static inline cudaError_t mlacu_smem_allow_once(size_t bytes) {
+    static bool done = false;
+    if (done) return cudaSuccess;
+    const cudaError_t err = mlacu_smem_allow(K, bytes);
+    done = err == cudaSuccess;
+    return err;
+}
 
 static inline int mlacu_fail_(mla_err *e, cudaError_t err) {
     if (e) {

@@ -168,12 +168,8 @@ __global__ void __launch_bounds__(DW_T, 1) dsw_kernel(mlacu_dsw_args a, int64_t 
 }
 
 template <int HP> cudaError_t dsw_run(const mlacu_dsw_args *a, cudaStream_t s) {
-    static bool done = false;
-    if (!done) {
-        const cudaError_t err = mlacu_smem_allow(dsw_kernel<HP>, DW_SMEM);
-        if (err != cudaSuccess) return err;
-        done = true;
-    }
+    const cudaError_t err = mlacu_smem_allow_once<dsw_kernel<HP>>(DW_SMEM);
+    if (err != cudaSuccess) return err;
     constexpr int TB = DW_NC / HP;
     const int64_t groups = (a->T + TB - 1) / TB, kmax = a->pos0 + a->T;
     /* chunks of keys so that the blocks fill the device about four times over (one block an SM),

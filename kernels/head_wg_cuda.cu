@@ -128,12 +128,8 @@ template <int BN> __global__ void __launch_bounds__(HW_T) hwg_kernel(mlacu_hwg_a
 }
 
 template <int BN> cudaError_t hwg_run(const mlacu_hwg_args *a, cudaStream_t s) {
-    static bool done = false;
-    if (!done) {
-        const cudaError_t err = mlacu_smem_allow(hwg_kernel<BN>, hw_geo<BN>::SMEM);
-        if (err != cudaSuccess) return err;
-        done = true;
-    }
+    const cudaError_t err = mlacu_smem_allow_once<hwg_kernel<BN>>(hw_geo<BN>::SMEM);
+    if (err != cudaSuccess) return err;
     const dim3 grid((unsigned)((a->out + BN - 1) / BN), (unsigned)((a->T + HW_BM - 1) / HW_BM), (unsigned)a->H);
     mlacu_launch(hwg_kernel<BN>, grid, HW_T, hw_geo<BN>::SMEM, s, *a);
     return cudaGetLastError();
