@@ -1,12 +1,13 @@
 /* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path on the warpgroup tensor
  * cores (sm_90a); see attn_pfwg_cuda.h.
  *
- * Block = (tile of 128 query rows, head), two warpgroups (256 threads) of 64 rows each (wgmma's
- * M); the heaviest tiles (the last rows) are scheduled first. Both warpgroups share the key tiles;
- * each keeps its own rows' softmax in registers (no exchange). Shared memory (209 KB): the queries
- * (times scale log2 e, fp16) and two key tiles and two value tiles of 128 keys. Every operand sits
- * in the K-major layout with the 128-byte swizzle of attn_wg_cuda.cu: 64 columns (128 bytes) a
- * k-block, 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row groups 1024 bytes apart:
+ * Block = (tile of 128 query rows, head), three warpgroups (384 threads): two consumers of 64 rows
+ * each (wgmma's M) and a producer; the heaviest tiles (the last rows) are scheduled first. Both
+ * consumers share the key tiles; each keeps its own rows' softmax in registers (no exchange).
+ * Shared memory (209 KB): the queries (times scale log2 e, fp16), two key tiles and two value
+ * tiles of 128 keys, four mbarriers. Every operand sits in the K-major layout with the 128-byte
+ * swizzle of attn_wg_cuda.cu: 64 columns (128 bytes) a k-block, 16-byte chunk c of row r at chunk
+ * c ^ (r % 8), 8-row groups 1024 bytes apart:
  * - queries: 3 k-blocks (192 columns) of 64 rows a warpgroup; key tile: 3 k-blocks of 128 keys
  *   (128 nope from the work area, 64 rope from the cache rows of the tile's two cache blocks);
  *   value tile: 2 k-blocks of 128 keys.
@@ -16,17 +17,24 @@
  *   B = the value tile read MN-major (V's columns, its N, contiguous in a key's row): the
  *   descriptor steps 64 columns by LBO (a k-block, 16384) and 8 keys by SBO (1024), as
  *   attn_wg_cuda.cu reads its latent.
- * - causal: a warpgroup skips the key tiles wholly past its last row and masks those that reach
- *   past its first; both still take part in the block's barriers and copies.
- * Tiles are copied by cp.async (16 bytes, zeros past the block's keys), two in flight: tile j + 2
- * is issued once both warpgroups are done with tile j. A thread's copies of a tile are its first
- * one's addresses plus whole rows (computed once a block): the copies' address arithmetic was
- * the kernel's largest cost before (the same kernel at 64-key tiles with P through shared memory
- * ran at 328 TFLOP/s at 32k where this one runs at 414; H200, 2026-12-03). Checked against the
- * CPU reference and the mma.sync kernel in mla-gpu-check (--prefill, the "wg" rows). */
+ * - causal: a consumer skips the key tiles wholly past its last row and masks those that reach
+ *   past its first.
+ * The schedule (FlashAttention-3's, our code): the producer warpgroup (its registers given to the
+ * consumers by setmaxnreg) copies tile t by cp.async (16 bytes, zeros past the block's keys; each
+ * thread's copies at its first one's address plus whole 8-row groups) into buffer t % 2 once both
+ * consumers have released tile t - 2, and counts its landing on the buffer's "full" mbarrier. A
+ * consumer's step j puts S of tile j and O += P V of tile j - 1 on the tensor cores together,
+ * then runs the softmax of tile j while the products of tile j - 1 finish; the two consumers take
+ * turns to issue their products (named barriers), so that one's softmax runs beside the other's
+ * products. On an H200 (2026-12-03, a V3 32k prompt's layer) this form ran at 448 TFLOP/s, the
+ * same kernel with the consumers copying and both in step (one block barrier a tile) at 439, the
+ * kernel before either overlap at 424. Checked against the CPU reference and the mma.sync kernel
+ * in mla-gpu-check (--prefill, the "wg" rows). */
 #include "kernels/attn_pfwg_cuda.h"
 
 #include <math.h>
+
+#include <type_traits>
 
 #include "kernels/cuda_internal.h"
 #include "kernels/wgmma_ops_cuda.h"
@@ -60,56 +68,75 @@ static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint32_t a0, ui
 }
 #endif
 
-__global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
+constexpr int PW_TALL = PW_T + 128;          /* the consumers and the producer warpgroup */
+constexpr size_t PW_SMEM_ALL = PW_SMEM + 64; /* and the four mbarriers */
+
+__global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t pw_raw[];
     uint8_t *sm = pw_raw + ((1024u - (wga_u32(pw_raw) & 1023u)) & 1023u);
     uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT;
+    uint64_t *full = (uint64_t *)(vs + 2 * PW_VT), *empty = full + 2;
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
               lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int rb0 = (int)(gridDim.x - 1 - blockIdx.x) * PW_BM, hl = blockIdx.y, h = a.h0 + hl;
     const int rend = min(rb0 + PW_BM, a.T);
     const int64_t kend = a.pos0 + rend;
     const int ntile = (int)((kend + PW_BN - 1) / PW_BN);
+    /* warpgroup 0's tiles (warpgroup 1 takes every tile of the block) */
+    const int ntw0 = (int)min((int64_t)ntile, (a.pos0 + rb0 + PW_WM - 1) / PW_BN + 1);
     const __half *knh = a.kn + (int64_t)hl * a.nk * PW_DN, *vh = a.v + (int64_t)hl * a.nk * PW_DV;
-    /* The thread's copies of a tile: nope and value chunk tid % 16 of keys tid / 16 + 16 u, rope chunk
-     * tid % 8 of keys tid / 8 + 32 u; with 16 or 32 keys between a thread's copies, each lands at its
-     * first one's swizzled offset plus whole rows (the swizzle's row % 8 is the same). */
-    const int cn = tid & 15, rn = tid >> 4, cr = tid & 7, rk = tid >> 3;
-    const uint32_t kso = (uint32_t)((cn >> 3) * PW_KBLK) + wga_sw(rn, cn & 7), rso = (uint32_t)(2 * PW_KBLK) + wga_sw(rk, cr);
-    const __half *kg = knh + rn * PW_DN + cn * 8, *vg = vh + rn * PW_DV + cn * 8;
-    const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
-    auto issue = [&](int j) {
-        if (j >= ntile) {
-            cp_async_commit();
-            return;
+    if (tid == 0) {
+        for (int b = 0; b < 2; b++) {
+            mlacu_mbar_init(&full[b], 128); /* the producer's threads */
+            mlacu_mbar_init(&empty[b], 8); /* the consumers' warps */
         }
-        const int64_t k0 = (int64_t)j * PW_BN;
-        const int rem = (int)min((int64_t)PW_BN, kend - k0); /* the tile's keys */
-        uint8_t *kd = ks + (j & 1) * PW_KT, *vd = vs + (j & 1) * PW_VT;
-        const __half *kj = kg + k0 * PW_DN, *vj = vg + k0 * PW_DV;
-#pragma unroll
-        for (int u = 0; u < PW_BN / 16; u++) {
-            const bool ok = rn + 16 * u < rem;
-            cp_async16_zfill(kd + kso + u * 16 * 128, ok ? kj + u * 16 * PW_DN : knh, ok);
-            cp_async16_zfill(vd + kso + u * 16 * 128, ok ? vj + u * 16 * PW_DV : vh, ok);
-        }
-#pragma unroll
-        for (int pg = 0; pg < PW_BN / 64; pg++) { /* the tile's two cache blocks */
-            /* the second block only where the tile reaches into it (the table ends with the keys) */
-            const __half *pe =
-                64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const bool ok = 64 * pg + 32 * u + rk < rem;
-                cp_async16_zfill(kd + rso + (64 * pg + 32 * u) * 128, ok ? pe + (int64_t)(32 * u) * a.row : knh, ok);
+        mlacu_mbar_init_fence();
+    }
+    __syncthreads();
+    if (wg == 2) { /* the producer: tile t into buffer t & 1 once both consumers are done with tile t - 2 */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int pt = tid - PW_T;
+        /* nope and value chunk cn of keys rn + 8 u, rope chunk cr of keys rk + 16 u of a cache block:
+         * each at its first one's swizzled offset plus whole 8-row groups */
+        const int cn = pt & 15, rn = pt >> 4, cr = pt & 7, rk = pt >> 3;
+        const uint32_t kso = (uint32_t)((cn >> 3) * PW_KBLK) + wga_sw(rn, cn & 7), rso = (uint32_t)(2 * PW_KBLK) + wga_sw(rk, cr);
+        const __half *kg = knh + rn * PW_DN + cn * 8, *vg = vh + rn * PW_DV + cn * 8;
+        const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
+        for (int t = 0; t < ntile; t++) {
+            const int b = t & 1;
+            if (t >= 2) {
+                if (t - 2 >= ntw0 && pt == 0) /* warpgroup 0's share of a tile it does not read */
+                    for (int i = 0; i < 4; i++) mlacu_mbar_arrive(&empty[b]);
+                mlacu_mbar_wait(&empty[b], ((t - 2) >> 1) & 1);
             }
+            const int64_t k0 = (int64_t)t * PW_BN;
+            const int rem = (int)min((int64_t)PW_BN, kend - k0);
+            uint8_t *kd = ks + b * PW_KT, *vd = vs + b * PW_VT;
+            const __half *kj = kg + k0 * PW_DN, *vj = vg + k0 * PW_DV;
+#pragma unroll
+            for (int u = 0; u < PW_BN / 8; u++) {
+                const bool ok = rn + 8 * u < rem;
+                cp_async16_zfill(kd + kso + u * 8 * 128, ok ? kj + u * 8 * PW_DN : knh, ok);
+                cp_async16_zfill(vd + kso + u * 8 * 128, ok ? vj + u * 8 * PW_DV : vh, ok);
+            }
+#pragma unroll
+            for (int pg = 0; pg < PW_BN / 64; pg++) {
+                const __half *pe =
+                    64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const bool ok = 64 * pg + 16 * u + rk < rem;
+                    cp_async16_zfill(kd + rso + (64 * pg + 16 * u) * 128, ok ? pe + (int64_t)(16 * u) * a.row : knh, ok);
+                }
+            }
+            mlacu_cp_async_arrive(&full[b]);
         }
-        cp_async_commit();
-    };
-    issue(0);
-    issue(1);
+        cp_async_wait_all();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     { /* the queries: 128 rows x 96 float2, 48 a thread; rows past T zero */
 #pragma unroll 4
         for (int u = 0; u < PW_BM * (PW_DK / 2) / PW_T; u++) {
@@ -121,7 +148,8 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
                 wga_h2(x.x * sc, x.y * sc);
         }
     }
-    wga_fence_proxy(); /* the queries, to wgmma's proxy (made visible by the loop's first barrier) */
+    wga_fence_proxy(); /* the queries, to wgmma's proxy */
+    mlacu_bar_sync(1, PW_T);
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.f;
@@ -130,29 +158,58 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
     const int64_t pa = wfirst + r0, pb = pa + 8;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     const uint32_t q0 = wga_u32(qs + wg * PW_KBQ * PW_BLK), kbase = wga_u32(ks), vbase = wga_u32(vs);
-    /* the warpgroup's tiles: those with keys at or before its last row (warpgroup-uniform) */
     const int ntw = (int)min((int64_t)ntile, wlast / PW_BN + 1);
-    constexpr int NS = PW_BN / 2; /* a thread's scores of a tile */
+    constexpr int NS = PW_BN / 2;
     float s[NS];
-    uint32_t p[NS / 2]; /* P of a tile: p[m] = the fp16 pair s[2 m], s[2 m + 1] */
-    for (int j = 0; j < ntile; j++) {
-        cp_async_wait<1>(); /* this thread's copies of tile j have landed */
-        wga_fence_proxy();
-        __syncthreads(); /* every thread's copies of tile j; the previous tile's readers are done */
-        if (j < ntw) {
-            const uint32_t kt = kbase + (uint32_t)(j & 1) * PW_KT, vt = vbase + (uint32_t)(j & 1) * PW_VT;
-            /* S: rows r0, r0 + 8 x keys 8 i + 2 t4 + e in s[4 i + 2 hf + e] */
+    uint32_t p[NS / 2] = {};
+    /* step j: S of tile j (SJ) and O += P V of tile j - 1 (PV). Turns: warpgroup 0's step j after
+     * warpgroup 1's step j - 1 has issued its products, warpgroup 1's step j after warpgroup 0's
+     * step j (while warpgroup 0 has one). */
+    auto step = [&](int j, auto SJ, auto PV) {
+        constexpr bool sj = decltype(SJ)::value, pv = decltype(PV)::value;
+        if constexpr (sj) {
+            mlacu_mbar_wait(&full[j & 1], (j >> 1) & 1);
+            wga_fence_proxy();
+        }
+        if (wg == 0) {
+            if (j >= 1) mlacu_bar_sync(2, PW_T);
+        } else if (j <= ntw0) {
+            mlacu_bar_sync(3, PW_T);
+        }
+        wga_pin(o);
+        wga_pin_r(p);
+        if constexpr (sj) {
 #pragma unroll
             for (int i = 0; i < NS; i++) s[i] = 0.f;
             wga_pin(s);
-            wga_fence();
+        }
+        wga_fence();
+        if constexpr (sj) {
+            const uint32_t kt = kbase + (uint32_t)(j & 1) * PW_KT;
 #pragma unroll
             for (int kk = 0; kk < PW_KBQ * 4; kk++) {
                 const uint32_t ko = (uint32_t)((kk & 3) * 32);
                 wga_mma_n128(s, wga_desc_k(q0 + (kk >> 2) * PW_BLK + ko), wga_desc_k(kt + (kk >> 2) * PW_KBLK + ko));
             }
             wga_commit();
-            wga_wait0();
+        }
+        if constexpr (pv) {
+            const uint32_t vt = vbase + (uint32_t)((j - 1) & 1) * PW_VT;
+#pragma unroll
+            for (int kk = 0; kk < PW_BN / 16; kk++)
+                pw_mma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                          wga_desc_mn<PW_KBLK>(vt + (uint32_t)(kk * 16 * 128)));
+            wga_commit();
+        }
+        if (wg == 0)
+            mlacu_bar_arrive(3, PW_T);
+        else if (j + 1 <= ntw0)
+            mlacu_bar_arrive(2, PW_T);
+        if constexpr (sj) {
+            if constexpr (pv)
+                wga_wait1();
+            else
+                wga_wait0();
             wga_pin(s);
             float al[2], mb[2];
             mlacu_softmax_tile(s, (int64_t)j * PW_BN, t4, wfirst, pa, pb, m_r, l_r, al, mb);
@@ -161,9 +218,12 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
                 s[i] = wga_ex2(s[i] - mb[(i >> 1) & 1]);
                 l_r[(i >> 1) & 1] += s[i];
             }
-#pragma unroll
-            for (int m = 0; m < NS / 2; m++) p[m] = wga_h2(s[2 * m], s[2 * m + 1]);
-            /* O: rows r0, r0 + 8 x columns 8 i + 2 t4 + e in o[4 i + 2 hf + e] */
+            if constexpr (pv) {
+                wga_wait0();
+                wga_pin(o);
+                wga_pin_r(p);
+                if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
+            }
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 o[4 * i] *= al[0];
@@ -171,22 +231,20 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
                 o[4 * i + 2] *= al[1];
                 o[4 * i + 3] *= al[1];
             }
-            /* O += P V: keys 16 kk .. +16 = P's registers 4 kk .. +4, the value tile's rows 16 kk */
-            wga_pin(o);
-            wga_fence();
 #pragma unroll
-            for (int kk = 0; kk < PW_BN / 16; kk++)
-                pw_mma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                          wga_desc_mn<PW_KBLK>(vt + (uint32_t)(kk * 16 * 128)));
-            wga_commit();
+            for (int m = 0; m < NS / 2; m++) p[m] = wga_h2(s[2 * m], s[2 * m + 1]);
+        } else {
             wga_wait0();
             wga_pin(o);
-            wga_pin_r(p); /* P stays in its registers until the products have read it */
+            wga_pin_r(p);
+            if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
         }
-        __syncthreads(); /* both warpgroups done with buffer j & 1: tile j + 2 into it */
-        issue(j + 2);
-    }
-    cp_async_wait<0>(); /* only empty groups remain */
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    step(0, yes{}, no{});
+    for (int j = 1; j < ntw; j++) step(j, yes{}, yes{});
+    step(ntw, no{}, yes{});
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
@@ -206,14 +264,14 @@ __global__ void __launch_bounds__(PW_T, 1) pwg_kernel(mlacu_pf_args a) {
 
 } // namespace
 
-bool mlacu_pwg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= PW_SMEM; }
+bool mlacu_pwg_device_ok(void) { return mlacu_hopper_isa() && (size_t)mlacu_smem_optin() >= PW_SMEM_ALL; }
 
 cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s) {
     if (heads <= 0 || heads > 65535 || a->T <= 0 || (a->row & 7) || (a->kv_lora & 7) || (a->tab_off & 7))
         return cudaErrorInvalidValue;
-    const cudaError_t err = mlacu_smem_allow_once<pwg_kernel>(PW_SMEM);
+    const cudaError_t err = mlacu_smem_allow_once<pwg_kernel>(PW_SMEM_ALL);
     if (err != cudaSuccess) return err;
     const dim3 grid((unsigned)((a->T + PW_BM - 1) / PW_BM), (unsigned)heads);
-    mlacu_launch(pwg_kernel, grid, PW_T, PW_SMEM, s, *a);
+    mlacu_launch(pwg_kernel, grid, PW_TALL, PW_SMEM_ALL, s, *a);
     return cudaGetLastError();
 }

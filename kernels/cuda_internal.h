@@ -433,6 +433,19 @@ static __device__ __forceinline__ void mlacu_mbar_wait(uint64_t *bar, uint32_t p
                  "r"(parity)
                  : "memory");
 }
+/* one arrival on bar once the calling thread's cp.async copies so far have landed (counted in the
+ * barrier's init count: noinc) */
+static __device__ __forceinline__ void mlacu_cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(mlacu_smem_u32(bar)) : "memory");
+}
+/* named barriers: sync waits until n threads (a multiple of 32) have reached barrier id (sync or
+ * arrive); arrive counts the caller without waiting */
+static __device__ __forceinline__ void mlacu_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void mlacu_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 /* bytes (a multiple of 16) from 16-aligned global src to 16-aligned shared dst */
 static __device__ __forceinline__ void mlacu_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(

@@ -24,6 +24,8 @@ template <int N> static __device__ __forceinline__ void wga_pin(float (&d)[N]) {
 }
 static __device__ __forceinline__ void wga_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wga_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* all but the latest committed group complete */
+static __device__ __forceinline__ void wga_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 /* pins registers that an in-flight wgmma reads (its A operand) until the wait before: the compiler
  * must not reuse them earlier */
 template <int N> static __device__ __forceinline__ void wga_pin_r(uint32_t (&r)[N]) {
