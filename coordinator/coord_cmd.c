@@ -118,8 +118,23 @@ static int run_seq(coord *c, uint64_t seq_id, uint64_t *step, const int32_t *tok
     return rc;
 }
 
+/* The longest prompt of an ids file (0 where every line is empty): the logits command sizes the
+ * workers' steps by it before they start. */
+static int longest_prompt(const char *path, int64_t *nmax, mla_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return mla_errf(err, "%s: %s", path, strerror(errno));
+    ids_line L = {0};
+    int r;
+    *nmax = 0;
+    for (uint64_t ln = 1; (r = ids_file_next(f, path, ln, &L, err)) == 1; ln++)
+        if ((int64_t)L.n > *nmax) *nmax = (int64_t)L.n;
+    fclose(f);
+    ids_line_free(&L);
+    return r < 0 ? MLA_ERR : MLA_OK;
+}
+
 int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
-    const group_opts o = *opts;
+    group_opts o = *opts;
     const char *tokens = lo->tokens, *outp = lo->out, *ids_out = lo->ids_out;
     const long decode_from = lo->decode_from, greedy = lo->greedy, chunk = lo->chunk, reuse = lo->prefix_reuse;
 
@@ -132,10 +147,32 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
     float *logits = NULL;
     int status = 1;
     uint64_t step = 0;
+    int64_t nmax = 0;
+    if (longest_prompt(tokens, &nmax, &err)) goto fail;
+    /* the largest step: a whole prompt, a --chunk, the --decode-from first part or a --prefix-reuse
+     * donor's prefix (one step); sized before the cache pool takes the memory, since a step past it
+     * would grow the workers' scratch where the pool left no room */
+    int64_t big = chunk > 0 && chunk < nmax ? chunk : nmax;
+    if (decode_from >= 0) big = decode_from < 1 ? 1 : decode_from < nmax ? decode_from : nmax;
+    if ((reuse < nmax ? reuse : nmax) > big) big = reuse < nmax ? reuse : nmax;
+    if (big > (int64_t)WIRE_MAX_STEP_TOKENS) {
+        mla_errf(&err, "%s: a step of %lld tokens passes the %u-token step limit: give --chunk N", tokens,
+                 (long long)big, WIRE_MAX_STEP_TOKENS);
+        goto fail;
+    }
+    if (big > (int64_t)o.cc.kv.max_step_tokens) o.cc.kv.max_step_tokens = (uint32_t)big;
     if (start_group(&o, &g, &c, &err)) goto fail;
     uint32_t eos = UINT32_MAX;
     if (gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos, &err) < 0) goto fail;
     const uint32_t V = coord_n_vocab(c);
+    /* a step's logits (every position's) come back in one frame; 64 KiB for the rest of it */
+    const int64_t rows = (int64_t)((WIRE_MAX_FRAME - 65536) / ((size_t)V * sizeof(float)));
+    if (big > rows) {
+        mla_errf(&err, "%s: a step of %lld tokens returns its logits (%u a token) in one frame of at most %zu MiB: "
+                       "give --chunk %lld or less",
+                 tokens, (long long)big, V, WIRE_MAX_FRAME >> 20, (long long)rows);
+        goto fail;
+    }
     if (!(fin = fopen(tokens, "r")) || !(fout = fopen(outp, "wb")) || (ids_out && !(fids = fopen(ids_out, "w")))) {
         mla_errf(&err, "%s: %s", !fin ? tokens : !fout ? outp : ids_out, strerror(errno));
         goto fail;

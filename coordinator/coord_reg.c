@@ -125,7 +125,8 @@ void coord_check_ready(coord *c) {
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    MLA_INFO("worker group ready: %d ranks, vocabulary %u", c->cfg.world, c->n_vocab);
+    MLA_INFO("worker group ready: %d ranks, vocabulary %u, steps of up to %u tokens", c->cfg.world, c->n_vocab,
+             c->cfg.kv.max_step_tokens);
     for (int r = 0; r < c->cfg.world; r++)
         MLA_INFO("cache pool of rank %d: %u blocks of %u positions (%.0f positions, %.2f GiB)", r, c->ranks[r].kv_blocks,
                  c->ranks[r].kv_block_size, (double)c->ranks[r].kv_blocks * c->ranks[r].kv_block_size,

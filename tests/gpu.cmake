@@ -72,6 +72,25 @@ if(TARGET mlaserve AND BUILD_TESTING)
            COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
                    --out /dev/null --backend gpu)
   set_tests_properties(backend_bad_refused PROPERTIES TIMEOUT 30 PASS_REGULAR_EXPRESSION "--backend: 'gpu' is not cpu or cuda")
+  # `mlaserve logits` through worker processes sizes the workers' steps by its longest prompt (600
+  # tokens, past the default 512: a larger step after the cache pool took the memory ran a GPU out
+  # of it), and refuses up front a step whose logits would pass the wire's frame limit (2048 a
+  # token: 32760 tokens at most), naming --chunk
+  string(REPEAT "5 " 600 _ids600)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/ids-600.txt "${_ids600}\n")
+  string(REPEAT "5 " 32761 _ids32761)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/ids-32761.txt "${_ids32761}\n")
+  add_test(NAME logits_processes_step_sized
+           COMMAND bash -c "set -o pipefail; \"$0\" logits -m \"$1\" --tokens \"$2\" --out /dev/null --backend cpu 2>&1 |
+                            grep 'worker group ready: 1 ranks, vocabulary 2048, steps of up to 600 tokens'"
+                   $<TARGET_FILE:mlaserve> ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf
+                   ${CMAKE_CURRENT_BINARY_DIR}/ids-600.txt)
+  set_tests_properties(logits_processes_step_sized PROPERTIES TIMEOUT 120)
+  add_test(NAME logits_frame_limit_refused
+           COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf
+                   --tokens ${CMAKE_CURRENT_BINARY_DIR}/ids-32761.txt --out /dev/null --backend cpu)
+  set_tests_properties(logits_frame_limit_refused PROPERTIES TIMEOUT 60
+                       PASS_REGULAR_EXPRESSION "a step of 32761 tokens returns its logits .* give --chunk 32760 or less")
   # --allreduce oneshot (kernels/allreduce_cuda.h) is a CUDA all-reduce: the CPU backend refuses it
   add_test(NAME allreduce_oneshot_cpu_refused
            COMMAND mlaserve logits -m ${MLA_FIXTURES}/tiny-deepseek3/tiny-deepseek3-bf16.gguf --tokens /dev/null
