@@ -51,6 +51,7 @@ constexpr int PW_KT = PW_KBQ * PW_KBLK, PW_VT = PW_KBV * PW_KBLK; /* a key tile 
 constexpr size_t PW_SMEM = (size_t)PW_Q + 2 * PW_KT + 2 * PW_VT + 1024;
 static_assert(PW_BN == 2 * MLA_CUDA_KV_BLOCK, "a key tile is two cache blocks");
 static_assert(PW_BM == 2 * PW_WM, "two warpgroups of 64 rows");
+static_assert(PW_WM <= PW_BN, "warpgroup 0 skips at most a block's last key tile");
 static_assert(PW_DN == 128 && PW_DV == 128 && PW_DR == 64, "the copies' shapes");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,6 +69,8 @@ static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint32_t a0, ui
 }
 #endif
 
+/* 384 threads: launch bounds give 168 registers a thread, which setmaxnreg deals out as 56 to the
+ * producer and 224 to the consumers (128 x 56 + 256 x 224 = 384 x 168) */
 constexpr int PW_TALL = PW_T + 128;          /* the consumers and the producer warpgroup */
 constexpr size_t PW_SMEM_ALL = PW_SMEM + 64; /* and the four mbarriers */
 
@@ -106,11 +109,9 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
         const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
         for (int t = 0; t < ntile; t++) {
             const int b = t & 1;
-            if (t >= 2) {
-                if (t - 2 >= ntw0 && pt == 0) /* warpgroup 0's share of a tile it does not read */
-                    for (int i = 0; i < 4; i++) mlacu_mbar_arrive(&empty[b]);
-                mlacu_mbar_wait(&empty[b], ((t - 2) >> 1) & 1);
-            }
+            /* warpgroup 0 skips at most the block's last tile, which no later tile reuses: every
+             * release waited for here has both consumers' arrivals */
+            if (t >= 2) mlacu_mbar_wait(&empty[b], ((t - 2) >> 1) & 1);
             const int64_t k0 = (int64_t)t * PW_BN;
             const int rem = (int)min((int64_t)PW_BN, kend - k0);
             uint8_t *kd = ks + b * PW_KT, *vd = vs + b * PW_VT;
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
             }
             mlacu_cp_async_arrive(&full[b]);
         }
+        cp_async_commit(); /* the copies' own groups: none in flight when the thread exits */
         cp_async_wait_all();
         return;
     }
