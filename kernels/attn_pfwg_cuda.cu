@@ -207,25 +207,28 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
             mlacu_bar_arrive(3, PW_T);
         else if (j + 1 <= ntw0)
             mlacu_bar_arrive(2, PW_T);
+        float al[2];
         if constexpr (sj) {
             if constexpr (pv)
-                wga_wait1();
+                wga_wait1(); /* S; the products of tile j - 1 still run */
             else
                 wga_wait0();
             wga_pin(s);
-            float al[2], mb[2];
+            float mb[2];
             mlacu_softmax_tile(s, (int64_t)j * PW_BN, t4, wfirst, pa, pb, m_r, l_r, al, mb);
 #pragma unroll
             for (int i = 0; i < NS; i++) {
                 s[i] = wga_ex2(s[i] - mb[(i >> 1) & 1]);
                 l_r[(i >> 1) & 1] += s[i];
             }
-            if constexpr (pv) {
-                wga_wait0();
-                wga_pin(o);
-                wga_pin_r(p);
-                if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
-            }
+        }
+        if constexpr (pv) { /* tile j - 1 done: its buffer back to the producer */
+            wga_wait0();
+            wga_pin(o);
+            wga_pin_r(p);
+            if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
+        }
+        if constexpr (sj) {
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 o[4 * i] *= al[0];
@@ -235,11 +238,6 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
             }
 #pragma unroll
             for (int m = 0; m < NS / 2; m++) p[m] = wga_h2(s[2 * m], s[2 * m + 1]);
-        } else {
-            wga_wait0();
-            wga_pin(o);
-            wga_pin_r(p);
-            if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
         }
     };
     using yes = std::true_type;
