@@ -154,7 +154,8 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
      * would grow the workers' scratch where the pool left no room */
     int64_t big = chunk > 0 && chunk < nmax ? chunk : nmax;
     if (decode_from >= 0) big = decode_from < 1 ? 1 : decode_from < nmax ? decode_from : nmax;
-    if ((reuse < nmax ? reuse : nmax) > big) big = reuse < nmax ? reuse : nmax;
+    const int64_t donor = reuse < nmax ? reuse : nmax;
+    if (donor > big) big = donor;
     if (big > (int64_t)WIRE_MAX_STEP_TOKENS) {
         mla_errf(&err, "%s: a step of %lld tokens passes the %u-token step limit: give --chunk N", tokens,
                  (long long)big, WIRE_MAX_STEP_TOKENS);
