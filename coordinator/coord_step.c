@@ -70,6 +70,15 @@ static int encode_checked(const wire_msg *m, const wire_limits *lim, const char 
 
 int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_err *err) {
     memset(out, 0, sizeof *out);
+    /* the workers sized their scratch for the group's steps at load: a larger step would make them
+     * grow it after the cache pool took the memory */
+    uint64_t tokens = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) tokens += plan->seqs[i].n_tokens;
+    const uint32_t max_t = c->cfg.kv.max_step_tokens > c->cfg.kv.max_seqs ? c->cfg.kv.max_step_tokens : c->cfg.kv.max_seqs;
+    if (plan->n_seqs > c->cfg.kv.max_seqs || tokens > max_t)
+        return mla_errf(err, "coordinator: a step of %u sequences and %llu tokens; the workers were sized for %u sequences "
+                             "and %u tokens a step",
+                        plan->n_seqs, (unsigned long long)tokens, c->cfg.kv.max_seqs, max_t);
     wire_msg m;
     memset(&m, 0, sizeof m);
     m.kind = WIRE_STEP_PLAN;

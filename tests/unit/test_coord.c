@@ -198,6 +198,21 @@ static void test_group(int T) {
     t1 = TEST_VOCAB;
     CHECK(coord_step(c, &plan, &res, &err) == MLA_ERR && strstr(err.msg, "vocabulary"));
     CHECK(coord_healthy(c, NULL));
+    { /* and so is a step past what the workers were sized for (the defaults: 512 tokens, 32 sequences) */
+        int32_t big_t[513], big_p[513];
+        for (int k = 0; k < 513; k++) big_t[k] = 1, big_p[k] = k;
+        wire_seq big = {.seq_id = 44, .n_tokens = 513, .tokens = big_t, .positions = big_p};
+        wire_step_plan bp = {.step_id = 2100, .n_seqs = 1, .seqs = &big};
+        CHECKF(coord_step(c, &bp, &res, &err) == MLA_ERR &&
+                   strstr(err.msg, "a step of 1 sequences and 513 tokens; the workers were sized for 32 sequences and 512 tokens"),
+               "T=%d: oversized step: %s", T, err.msg);
+        wire_seq many[33];
+        for (int i = 0; i < 33; i++) many[i] = (wire_seq){.seq_id = 100 + (uint64_t)i, .n_tokens = 1, .tokens = big_t, .positions = big_p};
+        bp = (wire_step_plan){.step_id = 2101, .n_seqs = 33, .seqs = many};
+        CHECKF(coord_step(c, &bp, &res, &err) == MLA_ERR && strstr(err.msg, "a step of 33 sequences and 33 tokens"),
+               "T=%d: too many sequences: %s", T, err.msg);
+        CHECK(coord_healthy(c, NULL));
+    }
 
     /* free seq 11 on every rank: the engines forget its table, not the rows in its blocks. A plan
      * that gives the same table again and starts at the next position reads those rows (what the
