@@ -229,13 +229,7 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
             if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
         }
         if constexpr (sj) {
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                o[4 * i] *= al[0];
-                o[4 * i + 1] *= al[0];
-                o[4 * i + 2] *= al[1];
-                o[4 * i + 3] *= al[1];
-            }
+            wga_scale_rows(o, al);
 #pragma unroll
             for (int m = 0; m < NS / 2; m++) p[m] = wga_h2(s[2 * m], s[2 * m + 1]);
         }

@@ -253,13 +253,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) l_r[r] = l_r[r] * al[r] + sum[r];
-#pragma unroll
-        for (int k = 0; k < 32; k++) {
-            o[4 * k] *= al[0];
-            o[4 * k + 1] *= al[0];
-            o[4 * k + 2] *= al[1];
-            o[4 * k + 3] *= al[1];
-        }
+        wga_scale_rows(o, al);
         /* O[:, 256 wg ..] += P V of its own tile (columns 256 wg .. = k-blocks 4 wg .. 4 wg + 3;
          * keys 16 kk .. +16 = rows 16 kk of each) */
         wga_pin(o);

@@ -1,8 +1,8 @@
 /* wgmma_ops_cuda: the warpgroup tensor cores' (wgmma, sm_90a) small device helpers that the
  * kernels on them share (attn_wg_cuda.cu, attn_pfwg_cuda.cu, dsa_wg_cuda.cu): the fences, commit
- * and wait of wgmma groups, the 64 x 64 and 64 x 128 products and a tile of scores, the
- * shared-memory operand descriptors of the 128-byte swizzle and the byte offset of a 16-byte chunk
- * in that layout. Internal to kernels/; defined only when compiling for sm_90a
+ * and wait of wgmma groups, the 64 x 64 and 64 x 128 products, a tile of scores, the rescale of an
+ * accumulator's rows, the shared-memory operand descriptors of the 128-byte swizzle and the byte
+ * offset of a 16-byte chunk in that layout. Internal to kernels/; defined only when compiling for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL). Nothing here owns memory.
  *
  * The layout: 64 fp16 columns (128 bytes) a row of a k-block, 16-byte chunk c of row r at chunk
@@ -74,6 +74,17 @@ static __device__ __forceinline__ void wga_mma_n128(float (&d)[64], uint64_t da,
         "%64, %65, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db));
+}
+/* an accumulator's rows times their softmax rescale: o[4 i], o[4 i + 1] (the thread's row g) by
+ * al[0], o[4 i + 2], o[4 i + 3] (row g + 8) by al[1] */
+template <int N> static __device__ __forceinline__ void wga_scale_rows(float (&o)[N], const float (&al)[2]) {
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        o[4 * i] *= al[0];
+        o[4 * i + 1] *= al[0];
+        o[4 * i + 2] *= al[1];
+        o[4 * i + 3] *= al[1];
+    }
 }
 /* byte offset of 16-byte chunk c (0..7) of row r in a k-block */
 static __device__ __forceinline__ uint32_t wga_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
