@@ -344,11 +344,12 @@ void mla_cuda_attn_tune(int min_keys);
  * it with tensor_cores on a compute capability 9.0 device for an fp16 cache of 512 + 64, heads a
  * multiple of 64, 16-byte aligned rows, and a grid of at least MLA_CUDA_ATTN_WG_MIN_KEYS keys a
  * token (max_keys, or pos0 + n_tokens), or with selected keys (DSA) a step of at least
- * MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS tokens (a prompt's). mla_cuda_attn_wg_ok:
+ * MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS tokens (a decode batch of 8, a prompt's; on an H200 one token
+ * is faster on the mma.sync kernel, 8 on this one). mla_cuda_attn_wg_ok:
  * whether this build and device run it. mla_cuda_attn_wg, for the op harness's A/B: 0 never, 1
  * the default rule, 2 wherever the shape allows it (any context). Process-wide, not thread-safe. */
 #define MLA_CUDA_ATTN_WG_MIN_KEYS 16384
-#define MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS 64
+#define MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS 8
 int mla_cuda_attn_wg_ok(void);
 void mla_cuda_attn_wg(int mode);
 /* The warpgroup (wgmma, sm_90a) attention of the non-absorbed prompt path (kernels/attn_pfwg_cuda.h):
