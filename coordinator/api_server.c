@@ -1008,8 +1008,8 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
     return a->tok.control_at(a->tok.ctx, s, len, pos);
 }
 
-/* Chat messages -> prompt ids: the template rendered, message text guarded (chat_guard.h)
- * unless special_in_messages. *opens_reasoning: whether the output starts inside the reasoning.
+/* Chat messages -> prompt ids: the template rendered, the client's text in messages and vars
+ * guarded (chat_guard.h) unless special_in_messages. *opens_reasoning: whether the output starts inside the reasoning.
  * close_reasoning (an output grammar, which holds from the first output token): a prompt that
  * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
  * MLA_ERR with e set. */
@@ -1020,14 +1020,15 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
     chat_guard g;
     chat_guard_init(&g);
-    cJSON *prot = NULL;
+    cJSON *prot = NULL, *vprot = NULL;
     mla_err err = {{0}};
-    if (guard && chat_guard_protect(&g, messages, guard_match, a, &prot, &err) != MLA_OK) {
+    if (guard && chat_guard_protect(&g, messages, vars, guard_match, a, &prot, &vprot, &err) != MLA_OK) {
         chat_guard_free(&g);
         return api_error_set(e, 400, "messages", NULL, "%s", err.msg);
     }
-    char *text = render_chat(a, guard ? prot : messages, add_gen, vars, e);
+    char *text = render_chat(a, guard ? prot : messages, add_gen, guard ? vprot : vars, e);
     cJSON_Delete(prot);
+    cJSON_Delete(vprot);
     if (!text) {
         chat_guard_free(&g);
         return MLA_ERR;

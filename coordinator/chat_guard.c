@@ -126,17 +126,24 @@ static bool parts_combine(const cJSON *content, chat_guard_match_fn match, void 
     return bad;
 }
 
+/* s replaced by its protected copy (cJSON's allocator) when it holds a control-token text */
+static void protect_in_place(chat_guard *g, char **s, chat_guard_match_fn match, void *ctx) {
+    char *p = protect_str(g, *s, match, ctx);
+    if (!p) return;
+    const size_t n = strlen(p) + 1;
+    cJSON_free(*s);
+    *s = cJSON_malloc(n);
+    if (!*s) MLA_PANIC("out of memory");
+    memcpy(*s, p, n);
+    free(p);
+}
+
 static int walk(chat_guard *g, cJSON *j, chat_guard_match_fn match, void *ctx, mla_err *err) {
     for (cJSON *c = j->child; c; c = c->next) {
+        /* an object's keys too: a template may render them (tool-call arguments given as an object) */
+        if (c->string && !(c->type & cJSON_StringIsConst)) protect_in_place(g, &c->string, match, ctx);
         if (cJSON_IsString(c) && c->valuestring) {
-            char *p = protect_str(g, c->valuestring, match, ctx);
-            if (p) {
-                cJSON_free(c->valuestring);
-                c->valuestring = cJSON_malloc(strlen(p) + 1);
-                if (!c->valuestring) MLA_PANIC("out of memory");
-                memcpy(c->valuestring, p, strlen(p) + 1);
-                free(p);
-            }
+            protect_in_place(g, &c->valuestring, match, ctx);
         } else if (cJSON_IsArray(c) || cJSON_IsObject(c)) {
             if (c->string && !strcmp(c->string, "content") && cJSON_IsArray(c) && parts_combine(c, match, ctx))
                 return mla_errf(err, "the text parts of a message's content together spell a control token");
@@ -146,24 +153,29 @@ static int walk(chat_guard *g, cJSON *j, chat_guard_match_fn match, void *ctx, m
     return MLA_OK;
 }
 
-int chat_guard_protect(chat_guard *g, const cJSON *messages, chat_guard_match_fn match, void *ctx, cJSON **out,
-                       mla_err *err) {
+int chat_guard_protect(chat_guard *g, const cJSON *messages, const cJSON *vars, chat_guard_match_fn match, void *ctx,
+                       cJSON **out, cJSON **vars_out, mla_err *err) {
     *out = NULL;
+    if (vars_out) *vars_out = NULL;
     uint8_t used[CG_PUA_COUNT] = {0};
     scan_strings(messages, used);
+    if (vars) scan_strings(vars, used);
     unsigned k = 0;
     while (k + 1 < CG_PUA_COUNT && (used[k] || used[k + 1])) k += 2;
     if (k + 1 >= CG_PUA_COUNT)
         return mla_errf(err, "the messages use every private-use character U+E000..U+E0FF; cannot mark their text");
     utf8_3(CG_PUA_FIRST + k, g->open);
     utf8_3(CG_PUA_FIRST + k + 1, g->close);
-    cJSON *copy = cJSON_Duplicate(messages, 1);
-    if (!copy) MLA_PANIC("out of memory");
-    if (walk(g, copy, match, ctx, err)) {
+    cJSON *copy = cJSON_Duplicate(messages, 1), *vcopy = vars ? cJSON_Duplicate(vars, 1) : NULL;
+    if (!copy || (vars && !vcopy)) MLA_PANIC("out of memory");
+    if (walk(g, copy, match, ctx, err) || (vcopy && walk(g, vcopy, match, ctx, err))) {
         cJSON_Delete(copy);
+        cJSON_Delete(vcopy);
         return MLA_ERR;
     }
     *out = copy;
+    if (vars_out) *vars_out = vcopy;
+    else cJSON_Delete(vcopy);
     return MLA_OK;
 }
 

@@ -5,8 +5,9 @@
  * put into a message must not become a control token: a message holding
  * "<｜end▁of▁sentence｜><｜Assistant｜>" would otherwise forge turn boundaries.
  *
- * How: chat_guard_protect copies the messages and replaces every control-token text found in
- * their strings (by the tokenizer's own matcher) with a placeholder: a private-use character, a
+ * How: chat_guard_protect copies the messages (and the tools and other values the template
+ * renders) and replaces every control-token text found in their strings and keys (by the
+ * tokenizer's own matcher) with a placeholder: a private-use character, a
  * decimal index, another private-use character (two code points that occur in no string of the
  * messages). The template renders the copy; chat_guard_restore puts the original texts back and
  * returns their byte spans, which the tokenizer then encodes as plain text (tok_encode_spans).
@@ -36,11 +37,12 @@ typedef struct chat_guard {
 
 void chat_guard_init(chat_guard *g);
 void chat_guard_free(chat_guard *g);
-/* A copy of messages with every control-token text in its strings replaced by a placeholder.
- * MLA_ERR (err says why) when no placeholder characters are free or text parts combine into a
- * control token. */
-int chat_guard_protect(chat_guard *g, const cJSON *messages, chat_guard_match_fn match, void *ctx, cJSON **out,
-                       mla_err *err);
+/* A copy of messages with every control-token text in its strings and object keys replaced by a
+ * placeholder; with vars (the template's other client-given values: tools, kwargs; may be NULL)
+ * a copy of those too in *vars_out, by the same placeholders. MLA_ERR (err says why) when no
+ * placeholder characters are free or text parts combine into a control token. */
+int chat_guard_protect(chat_guard *g, const cJSON *messages, const cJSON *vars, chat_guard_match_fn match, void *ctx,
+                       cJSON **out, cJSON **vars_out, mla_err *err);
 /* The rendered text with the placeholders replaced by the original texts; spans gets
  * 2 * *n_spans offsets, [start, end) pairs in ascending order, of the restored texts. */
 void chat_guard_restore(const chat_guard *g, const char *text, size_t len, char **out, size_t *out_len,

@@ -146,7 +146,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         chat_guard g;
         chat_guard_init(&g);
         cJSON *prot = NULL;
-        if (chat_guard_protect(&g, msgs, match, NULL, &prot, &err) == MLA_OK) {
+        if (chat_guard_protect(&g, msgs, NULL, match, NULL, &prot, NULL, &err) == MLA_OK) {
             char *out = NULL;
             size_t ol = 0;
             if (chat_tmpl_apply_json(ct, prot, add_gen, NULL, &out, &ol, NULL, &err) == MLA_OK) {

@@ -34,7 +34,7 @@ static void encode_chat(const tok_vocab *v, const chat_tmpl *ct, const cJSON *ms
     chat_guard g;
     chat_guard_init(&g);
     cJSON *prot = NULL;
-    if (guard) REQUIRE(chat_guard_protect(&g, msgs, match, (void *)v, &prot, &err) == MLA_OK);
+    if (guard) REQUIRE(chat_guard_protect(&g, msgs, NULL, match, (void *)v, &prot, NULL, &err) == MLA_OK);
     char *r = NULL;
     size_t rl = 0;
     REQUIRE(chat_tmpl_apply_json(ct, guard ? prot : msgs, true, NULL, &r, &rl, NULL, &err) == MLA_OK);
@@ -162,7 +162,7 @@ static void run_model(const char *path) {
         chat_guard gg;
         chat_guard_init(&gg);
         cJSON *prot = NULL;
-        CHECKF(chat_guard_protect(&gg, m, match, v, &prot, &err) == MLA_ERR && strstr(err.msg, "parts"),
+        CHECKF(chat_guard_protect(&gg, m, NULL, match, v, &prot, NULL, &err) == MLA_ERR && strstr(err.msg, "parts"),
                "%s: split control token in text parts refused", path);
         cJSON_Delete(prot);
         chat_guard_free(&gg);
@@ -190,7 +190,7 @@ static void run_placeholders(void) {
     chat_guard_init(&g);
     cJSON *prot = NULL;
     mla_err err = {{0}};
-    REQUIRE(chat_guard_protect(&g, m, match_fixed, (void *)ctl, &prot, &err) == MLA_OK);
+    REQUIRE(chat_guard_protect(&g, m, NULL, match_fixed, (void *)ctl, &prot, NULL, &err) == MLA_OK);
     CHECK(!strcmp(g.open, "\xEE\x80\x84") && !strcmp(g.close, "\xEE\x80\x85"));
     const char *pc = cJSON_GetObjectItem(cJSON_GetArrayItem(prot, 0), "content")->valuestring;
     CHECK(!strstr(pc, "<ctl>"));
@@ -213,8 +213,45 @@ static void run_placeholders(void) {
     chat_guard_free(&g);
 }
 
+/* Keys and the template's other values (tools) are guarded too, by the same placeholders; the
+ * placeholder characters avoid those in the values as well. */
+static void run_keys_and_vars(void) {
+    const char *ctl = "<ctl>";
+    cJSON *m = cJSON_Parse("[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\","
+                           "\"arguments\":{\"k<ctl>\":\"v<ctl>\"}}}]}]");
+    cJSON *v = cJSON_Parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                           "\"description\":\"d<ctl>\\ue004\"}}]}");
+    REQUIRE(m && v);
+    chat_guard g;
+    chat_guard_init(&g);
+    cJSON *prot = NULL, *vprot = NULL;
+    mla_err err = {{0}};
+    REQUIRE(chat_guard_protect(&g, m, v, match_fixed, (void *)ctl, &prot, &vprot, &err) == MLA_OK && vprot);
+    CHECK(!strcmp(g.open, "\xEE\x80\x80") && g.n == 3); /* U+E004 in the tools: not the pair U+E000, U+E001 either way */
+    char *pm = cJSON_PrintUnformatted(prot), *pv = cJSON_PrintUnformatted(vprot);
+    CHECKF(!strstr(pm, "<ctl>") && !strstr(pv, "<ctl>"), "left: %s %s", pm, pv);
+    size_t *sp = NULL, nsp = 0, ol = 0;
+    char *o = NULL;
+    chat_guard_restore(&g, pv, strlen(pv), &o, &ol, &sp, &nsp);
+    CHECK(nsp == 1 && strstr(o, "d<ctl>") && !memcmp(o + sp[0], "<ctl>", 5));
+    free(o);
+    free(sp);
+    chat_guard_restore(&g, pm, strlen(pm), &o, &ol, &sp, &nsp);
+    CHECK(nsp == 2 && strstr(o, "\"k<ctl>\":\"v<ctl>\""));
+    free(o);
+    free(sp);
+    cJSON_free(pm);
+    cJSON_free(pv);
+    cJSON_Delete(prot);
+    cJSON_Delete(vprot);
+    cJSON_Delete(m);
+    cJSON_Delete(v);
+    chat_guard_free(&g);
+}
+
 int main(int argc, char **argv) {
     run_placeholders();
+    run_keys_and_vars();
     REQUIRE(argc >= 2);
     for (int i = 1; i < argc; i++) run_model(argv[i]);
     return mla_test_finish();
