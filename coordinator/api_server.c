@@ -1009,8 +1009,8 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
 }
 
 /* Chat messages -> prompt ids: the template rendered, the client's text in messages and vars
- * guarded (chat_guard.h) unless special_in_messages. *opens_reasoning: whether the output starts inside the reasoning.
- * close_reasoning (an output grammar, which holds from the first output token): a prompt that
+ * guarded (chat_guard.h) unless special_in_messages. *opens_reasoning: whether the output starts
+ * inside the reasoning. close_reasoning (an output grammar, which holds from the first output token): a prompt that
  * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
  * MLA_ERR with e set. */
 static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool close_reasoning,

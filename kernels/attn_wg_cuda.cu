@@ -108,9 +108,10 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
         const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
         return tab ? paged_row_t<__half>(tab, a.tab_off, AW_ROW, key) : a.kv + key * AW_ROW;
     };
-    /* the rows of tile j (pair j / 2), by 64 of warpgroup w's threads */
+    /* tile j's list of rows (pair j / 2), filled by 64 of warpgroup w's threads */
+    auto rows_list = [&](int j) { return rows + ((j >> 1) & 1) * 2 * AW_NK + (j & 1) * AW_NK; };
     auto rows_of = [&](int j) {
-        if ((tid & 127) < AW_NK) rows[((j >> 1) & 1) * 2 * AW_NK + (j & 1) * AW_NK + (tid & 127)] = row_at(k0 + (int64_t)j * AW_NK + (tid & 127));
+        if ((tid & 127) < AW_NK) rows_list(j)[tid & 127] = row_at(k0 + (int64_t)j * AW_NK + (tid & 127));
     };
     if (tid == 0) {
         for (int i = 0; i < 4; i++) mlacu_mbar_init(&full[i], 128); /* a warpgroup's threads */
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(AW_T, 1) awg_kernel(mlacu_awg_args a) {
     auto issue = [&](int j) {
         uint8_t *kd = ks + (j & 1) * AW_TILE;
         const bool rope = (j & 1) != wg;
-        const __half *const *rj = rows + ((j >> 1) & 1) * 2 * AW_NK + (j & 1) * AW_NK;
+        const __half *const *rj = rows_list(j);
         const __half *src[4];
 #pragma unroll
         for (int v = 0; v < 4; v++) src[v] = rj[cr + 16 * v];

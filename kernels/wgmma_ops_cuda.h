@@ -2,8 +2,8 @@
  * kernels on them share (attn_wg_cuda.cu, attn_pfwg_cuda.cu, dsa_wg_cuda.cu): the fences, commit
  * and wait of wgmma groups, the 64 x 64 and 64 x 128 products, a tile of scores, the rescale of an
  * accumulator's rows, the shared-memory operand descriptors of the 128-byte swizzle and the byte
- * offset of a 16-byte chunk in that layout. Internal to kernels/; defined only when compiling for sm_90a
- * (__CUDA_ARCH_FEAT_SM90_ALL). Nothing here owns memory.
+ * offset of a 16-byte chunk in that layout. Internal to kernels/; defined only when compiling for
+ * sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). Nothing here owns memory.
  *
  * The layout: 64 fp16 columns (128 bytes) a row of a k-block, 16-byte chunk c of row r at chunk
  * c ^ (r % 8), 8-row groups 1024 bytes apart. */
