@@ -185,7 +185,7 @@ int api_messages_check(const cJSON *messages, api_error *e) {
 static const char *const k_common_keys[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "stream",
-    "stream_options", "logprobs", "max_completion_tokens",
+    "stream_options", "logprobs", "max_completion_tokens", "user",
     /* structured output and logit_bias: coordinator/api_constrain.c */
     "logit_bias", "response_format", "grammar", NULL};
 static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs",
@@ -312,6 +312,16 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     if (!is_null(model)) {
         if (!cJSON_IsString(model)) return bad(e, "model", "'model' must be a string");
         p->model = mla_xstrdup(model->valuestring);
+    }
+    /* the end user's id (OpenAI's "user"): written in the request's log line */
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (!is_null(user)) {
+        if (!cJSON_IsString(user)) return bad(e, "user", "'user' must be a string");
+        if (strlen(user->valuestring) > API_MAX_USER_LEN)
+            return bad(e, "user", "'user' is limited to %d bytes", API_MAX_USER_LEN);
+        for (const unsigned char *u = (const unsigned char *)user->valuestring; *u; u++)
+            if (*u < 0x20 || *u == 0x7f) return bad(e, "user", "'user' must not hold control characters");
+        p->user = mla_xstrdup(user->valuestring);
     }
     if (kind == API_COMPLETIONS) {
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
@@ -521,6 +531,7 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
 
 void api_gen_params_free(api_gen_params *p) {
     free(p->model);
+    free(p->user);
     free(p->tool_choice_name);
     free(p->reasoning_effort);
     free(p->prompt_text);
@@ -616,6 +627,15 @@ long api_utf8_invalid_at(const char *s, size_t len) {
     return -1;
 }
 
+/* Bytes at s that one U+FFFD replaces where no valid sequence starts there: the longest prefix
+ * of a sequence that is valid so far (the Unicode standard's "maximal subpart", what Python's
+ * errors="replace" and Hugging Face's decoders give), at least one byte. */
+static size_t utf8_bad_len(const unsigned char *s, size_t avail) {
+    size_t k = 1;
+    while (k < 3 && k < avail && utf8_seq(s, k + 1) == -1) k++;
+    return k;
+}
+
 char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     char *o = mla_xmalloc(len * 3 + 1);
     size_t j = 0;
@@ -630,12 +650,34 @@ char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
             o[j++] = (char)0xEF;
             o[j++] = (char)0xBF;
             o[j++] = (char)0xBD;
-            i++;
+            i += utf8_bad_len(u + i, len - i);
         }
     }
     o[j] = 0;
     if (out_len) *out_len = j;
     return o;
+}
+
+size_t api_utf8_chars(const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t c = 0;
+    for (size_t i = 0; i < len; c++) {
+        int n = utf8_seq(u + i, len - i);
+        i += n > 0 ? (size_t)n : utf8_bad_len(u + i, len - i);
+    }
+    return c;
+}
+
+size_t api_utf8_char_start(const char *s, size_t len, size_t pos) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t q = pos; q > 0 && pos - q < 3 && q < len && (u[q] & 0xC0) == 0x80;) {
+        q--;
+        if ((u[q] & 0xC0) == 0x80) continue;
+        int n = utf8_seq(u + q, len - q);
+        size_t span = n > 0 ? (size_t)n : utf8_bad_len(u + q, len - q);
+        return q + span > pos ? q : pos;
+    }
+    return pos;
 }
 
 size_t api_utf8_complete_prefix(const char *s, size_t len) {

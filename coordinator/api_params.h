@@ -17,6 +17,7 @@
 
 #define API_MAX_STOP 16
 #define API_MAX_STOP_LEN 256
+#define API_MAX_USER_LEN 256
 
 /* An OpenAI-shaped error: status, message, type, param (may be empty), code (may be empty). */
 typedef struct api_error {
@@ -41,6 +42,8 @@ enum api_tool_choice { API_TOOLS_AUTO = 0, API_TOOLS_NONE, API_TOOLS_REQUIRED, A
 typedef struct api_gen_params {
     enum api_kind kind;
     char *model;          /* NULL when absent */
+    char *user;           /* the end user's id, up to API_MAX_USER_LEN bytes without control
+                             characters, for the request's log line; NULL when absent */
     /* completions: exactly one of prompt_text / prompt_ids */
     char *prompt_text;
     int32_t *prompt_ids;
@@ -97,8 +100,15 @@ void api_tok_params_free(api_tok_params *p);
  * an array of {"type":"text","text":str} parts. */
 int api_messages_check(const cJSON *messages, api_error *e);
 
-/* Valid UTF-8 copy of bytes (invalid sequences become U+FFFD); NUL-terminated, caller frees. */
+/* Valid UTF-8 copy of bytes, NUL-terminated, caller frees: each maximal subpart of an invalid
+ * or cut-off sequence (its longest prefix that is valid so far, else one byte) becomes one
+ * U+FFFD, as Python's errors="replace" decodes. */
 char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+/* The number of characters api_utf8_sanitize(s, len) gives. */
+size_t api_utf8_chars(const char *s, size_t len);
+/* pos, or where the character (or maximal subpart) that covers byte pos of s[0..len) starts when
+ * pos is inside one: the character boundary at or before pos. */
+size_t api_utf8_char_start(const char *s, size_t len, size_t pos);
 /* The offset of the first byte of s that is not part of valid UTF-8 (a cut-off sequence at the
  * end included), or -1 when all of s is valid. */
 long api_utf8_invalid_at(const char *s, size_t len);

@@ -31,6 +31,7 @@ typedef struct api_req {
     bool stream, include_usage, logprobs, skip_special;
     int32_t top_logprobs;
     char id[48];
+    char *user;          /* the request's "user" (its log line), or NULL */
     long long created;
     char *stop[API_MAX_STOP];
     int n_stop;
@@ -232,20 +233,17 @@ static double lp_value(float lp) {
     return lp;
 }
 
-static size_t utf8_chars(const char *s, size_t n) {
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        if (((unsigned char)s[i] & 0xC0) != 0x80) c++;
-    return c;
-}
-
-/* character offset of byte position pos (monotonic cursor) */
+/* Character offset of byte position pos of the generated text (monotonic cursor): the
+ * characters of the returned (sanitized) text before it; a token that starts inside a character
+ * (a byte token of a multi-byte one) gets that character's offset. */
 static size_t char_offset(api_req *r, size_t pos) {
+    if (pos > r->text_len) pos = r->text_len;
+    pos = api_utf8_char_start(r->text, r->text_len, pos);
     if (pos < r->off_bytes) {
         r->off_bytes = 0;
         r->off_chars = 0;
     }
-    r->off_chars += utf8_chars(r->text + r->off_bytes, pos - r->off_bytes);
+    r->off_chars += api_utf8_chars(r->text + r->off_bytes, pos - r->off_bytes);
     r->off_bytes = pos;
     return r->off_chars;
 }
@@ -266,11 +264,13 @@ static cJSON *logprobs_json(api_req *r, int from, int to) {
             cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
             free(s);
             cJSON_AddItemToArray(tlps, cJSON_CreateNumber(lp_value(t->logprob)));
+            /* the top N and, as OpenAI's and vLLM's completions do, the sampled token (up to
+             * N + 1 entries; tokens whose text another entry has already are left out) */
             cJSON *d = cJSON_CreateObject();
-            for (int k = 0; k < t->n_top; k++) {
-                char *ts = token_string(a, t->top_ids[k], &n);
+            for (int k = 0; k <= t->n_top; k++) {
+                char *ts = token_string(a, k < t->n_top ? t->top_ids[k] : t->id, &n);
                 if (!cJSON_GetObjectItemCaseSensitive(d, ts))
-                    cJSON_AddNumberToObject(d, ts, lp_value(t->top_lps[k]));
+                    cJSON_AddNumberToObject(d, ts, lp_value(k < t->n_top ? t->top_lps[k] : t->logprob));
                 free(ts);
             }
             cJSON_AddItemToArray(tops, d);
@@ -678,6 +678,10 @@ static void req_free(api_req *r) {
         a->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
     a->n_inflight--;
+    MLA_DEBUG("%s%s%s%s: %d prompt + %d completion tokens, %s", r->id[0] ? r->id : "a request",
+              r->user ? " (user \"" : "", r->user ? r->user : "", r->user ? "\")" : "", r->n_prompt,
+              r->n_completion, r->cancelled ? "cancelled" : r->finish_reason ? r->finish_reason : "no answer");
+    free(r->user);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->text);
     free(r->toks);
@@ -1236,6 +1240,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     r->logprobs = p->logprobs;
     r->top_logprobs = p->top_logprobs;
     r->skip_special = p->skip_special_tokens;
+    r->user = p->user;
+    p->user = NULL;
     bool with_tools = p->tools && p->tool_choice != API_TOOLS_NONE && a->cfg.tool_parser != TOOLCALL_NONE;
     if (kind == API_CHAT && !r->has_sink && (a->cfg.reasoning_parser != REASONING_NONE || with_tools)) {
         r->chat = mla_xcalloc(1, sizeof(*r->chat));

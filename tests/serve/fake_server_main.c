@@ -233,6 +233,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) tmpl_file = v;
         else if (!strcmp(a, "--reasoning-parser")) rparser = v;
         else if (!strcmp(a, "--tool-parser")) tparser = v;
+        else if (!strcmp(a, "--log-level")) {
+            enum mla_log_level lvl;
+            mla_err le;
+            if (mla_log_level_parse(v, &lvl, &le)) {
+                fprintf(stderr, "fake_server: %s\n", le.msg);
+                return 2;
+            }
+            mla_log_set_level(lvl);
+        }
         else {
             fprintf(stderr, "fake_server: unknown option %s\n", a);
             return 2;

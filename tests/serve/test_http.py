@@ -4,6 +4,7 @@ Python model of the fake backend and tokenizer. 127.0.0.1 only, free ports, boun
 import http.client
 import json
 import os
+import re
 import socket
 import struct
 import sys
@@ -108,6 +109,11 @@ def test_completions(port):
     got_tops = [{k: R.f32(v) for k, v in d.items()} for d in lp["top_logprobs"]]
     check(got_tops == exp_tops, "top_logprobs")
     check(j["object"] == "text_completion" and j["id"].startswith("cmpl-"), "completion object/id")
+    # logprobs 0: no alternatives, the sampled token alone (OpenAI's completions list it beside the N)
+    st, j, _, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 20, "logprobs": 0})
+    lp = j["choices"][0]["logprobs"]
+    got = [{k: R.f32(v) for k, v in d.items()} for d in lp["top_logprobs"]]
+    check(st == 200 and got == [{chr(t): l} for t, l in zip(toks, lps)], "logprobs 0: the sampled token %r" % got[:2])
     # token id prompt, and a list holding one prompt
     st, j2, _, _ = post(port, "/v1/completions", {"prompt": pids, "max_tokens": 20})
     check(st == 200 and j2["choices"][0]["text"] == R.text_of(toks) and j2["choices"][0]["logprobs"] is None, "token-id prompt")
@@ -368,6 +374,14 @@ def test_http_level(port):
               b"5\r\n{\"pro\r\n0\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 501") and b"only chunked" in out and out.count(b"HTTP/1.1") == 1,
           "gzip, chunked -> 501: %r" % out[:200])
+    # a compressed body would be read as JSON: 415; an expectation other than 100-continue: 417,
+    # answered before the body (not a wait for it)
+    for head, want in ((b"Content-Encoding: gzip", b"415"), (b"Expect: something-else", b"417")):
+        out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n" + head + b"\r\n\r\n")
+        check(out.startswith(b"HTTP/1.1 " + want) and out.count(b"HTTP/1.1") == 1, "%r -> %r: %r" % (head, want, out[:200]))
+    out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nContent-Length: 16\r\n"
+              b"Connection: close\r\n\r\n{\"prompt\": \"ab\"}")
+    check(out.startswith(b"HTTP/1.1 200"), "Content-Encoding: identity is taken: %r" % out[:200])
     # a space before the colon is refused, not honoured (RFC 9112 5.1): no framing a proxy reads otherwise
     for head in (b"Transfer-Encoding : gzip, chunked", b"Content-Length : 16", b"Host : x", b"X\tY: 1"):
         out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n{\"prompt\": \"ab\"}")
@@ -605,6 +619,23 @@ def test_backend_failure(exe):
         check(srv.stop() == 0, "failure server clean exit")
 
 
+def test_user(exe):
+    """OpenAI's "user" (the end user's id): taken, and written in the request's debug log line;
+    bounded and free of control characters (a log line stays one line)"""
+    srv = R.Server(exe, "--log-level", "debug")
+    try:
+        st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 3, "user": "alice-7"})
+        check(st == 200, "user taken: %r" % j)
+        for bad in (1, "x" * 257, "a\nb"):
+            st, j, _, _ = post(srv.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                                  "max_tokens": 3, "user": bad})
+            check(st == 400 and j["error"]["param"] == "user", "user %r -> 400: %r" % (bad, j))
+    finally:
+        check(srv.stop() == 0, "user server clean exit")
+    check(re.search(r'cmpl-[0-9a-f]+ \(user "alice-7"\): 2 prompt \+ 3 completion tokens, length', srv.logtext()),
+          "the request's log line names its user")
+
+
 def main():
     srv = R.Server(EXE, "--step-delay-ms", 2)
     try:
@@ -618,7 +649,7 @@ def main():
         check(rc == 0, "main server clean exit (%r)" % rc)
         if FAILS:
             print(srv.logtext()[-3000:])
-    for t in (test_limits, test_backend_failure):
+    for t in (test_limits, test_backend_failure, test_user):
         t0 = time.time()
         t(EXE)
         print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)
