@@ -73,6 +73,10 @@ static void finish_header(http_req *p) {
         p->n_host++;
     } else if (!strcasecmp(p->hname, "expect")) {
         if (p->hval && !strcasecmp(p->hval, "100-continue")) p->req.expect_continue = true;
+        else p->expect_other = true;
+    } else if (!strcasecmp(p->hname, "content-encoding")) {
+        /* a compressed body would be read as JSON */
+        if (p->hval && *p->hval && strcasecmp(p->hval, "identity")) p->ce_other = true;
     } else if (!strcasecmp(p->hname, "transfer-encoding")) {
         /* the parser decodes chunked and would take the body of "gzip, chunked" as it is */
         if (!p->hval || strcasecmp(p->hval, "chunked")) p->te_other = true;
@@ -124,6 +128,10 @@ static int on_headers_complete(http_parser *hp) {
     }
     if (hp->http_major != 1) return fail(p, 505, "only HTTP/1.x is supported");
     if (p->te_other) return fail(p, 501, "Transfer-Encoding: only chunked is supported (no gzip, deflate or compress)");
+    /* RFC 9110 10.1.1: an expectation other than 100-continue may be refused with 417 */
+    if (p->expect_other) return fail(p, 417, "Expect: only 100-continue is supported");
+    if (p->ce_other)
+        return fail(p, 415, "Content-Encoding: request bodies are read as they are (no gzip, deflate or br)");
     /* RFC 9112 3.2: an HTTP/1.1 request without a Host field, or any with several, is a 400 */
     if (p->n_host > 1) return fail(p, 400, "more than one Host header field");
     if (hp->http_minor >= 1 && p->n_host == 0) return fail(p, 400, "an HTTP/1.1 request needs a Host header field");
@@ -236,7 +244,7 @@ void http_req_next(http_req *p) {
     p->url_len = p->hname_len = p->hval_len = p->body_len = 0;
     if (p->url) p->url[0] = 0;
     p->in_value = false;
-    p->te_other = false;
+    p->te_other = p->expect_other = p->ce_other = false;
     p->n_host = 0;
     p->header_bytes = 0;
     p->n_headers = 0;

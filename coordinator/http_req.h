@@ -73,6 +73,8 @@ typedef struct http_req {
     size_t hname_len, hval_len, hname_cap, hval_cap;
     bool in_value;
     bool te_other;       /* a Transfer-Encoding other than chunked alone was given */
+    bool expect_other;   /* an Expect other than 100-continue */
+    bool ce_other;       /* a Content-Encoding other than identity */
     int n_host;          /* Host header fields seen */
     size_t header_bytes;
     int n_headers;
