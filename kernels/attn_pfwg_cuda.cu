@@ -5,7 +5,7 @@
  * each (wgmma's M) and a producer; the heaviest tiles (the last rows) are scheduled first. Both
  * consumers share the key tiles; each keeps its own rows' softmax in registers (no exchange).
  * Shared memory (209 KB): the queries (times scale log2 e, fp16), two key tiles and two value
- * tiles of 128 keys, four mbarriers. Every operand sits in the K-major layout with the 128-byte
+ * tiles of 128 keys, eight mbarriers. Every operand sits in the K-major layout with the 128-byte
  * swizzle of attn_wg_cuda.cu: 64 columns (128 bytes) a k-block, 16-byte chunk c of row r at chunk
  * c ^ (r % 8), 8-row groups 1024 bytes apart:
  * - queries: 3 k-blocks (192 columns) of 64 rows a warpgroup; key tile: 3 k-blocks of 128 keys
@@ -20,16 +20,20 @@
  * - causal: a consumer skips the key tiles wholly past its last row and masks those that reach
  *   past its first.
  * The schedule (FlashAttention-3's, our code): the producer warpgroup (its registers given to the
- * consumers by setmaxnreg) copies tile t by cp.async (16 bytes, zeros past the block's keys; each
- * thread's copies at its first one's address plus whole 8-row groups) into buffer t % 2 once both
- * consumers have released tile t - 2, and counts its landing on the buffer's "full" mbarrier. A
- * consumer's step j puts S of tile j and O += P V of tile j - 1 on the tensor cores together,
- * then runs the softmax of tile j while the products of tile j - 1 finish; the two consumers take
- * turns to issue their products (named barriers), so that one's softmax runs beside the other's
- * products. On an H200 (2026-12-03, a V3 32k prompt's layer) this form ran at 448 TFLOP/s, the
- * same kernel with the consumers copying and both in step (one block barrier a tile) at 439, the
- * kernel before either overlap at 424. Checked against the CPU reference and the mma.sync kernel
- * in mla-gpu-check (--prefill, the "wg" rows). */
+ * consumers by setmaxnreg) copies by cp.async (16 bytes, zeros past the block's keys; each
+ * thread's copies at its first one's address plus whole 8-row groups) and counts their landing on
+ * "full" mbarriers. A consumer's step j puts S of tile j and O += P V of tile j - 1 on the tensor
+ * cores together, then runs the softmax of tile j while the products of tile j - 1 finish; the
+ * two consumers take turns to issue their products (named barriers), so that one's softmax runs
+ * beside the other's products. Keys and values have buffers and barriers of their own: a tile's
+ * keys are dead once both consumers' S of it is done, a step before its values, so the keys of
+ * tile t and the values of tile t - 1 are both copied once step t - 2 has released them, two
+ * steps before step t needs them (with one barrier a tile, the copy of tile t waited for the
+ * products of step t - 1, and the consumers waited for it a third of their time). On an H200
+ * (2026-12-03, a V3 32k prompt's layer of 128 heads) this ran at 558 TFLOP/s against 464 with one
+ * barrier a tile (same binary); earlier, the consumers copying in step (one block barrier a tile)
+ * 439, the kernel before either overlap 424. Checked against the CPU reference and the mma.sync kernel in mla-gpu-check
+ * (--prefill, the "wg" rows). */
 #include "kernels/attn_pfwg_cuda.h"
 
 #include <math.h>
@@ -72,7 +76,7 @@ static __device__ __forceinline__ void pw_mma_pv(float (&d)[64], uint32_t a0, ui
 /* 384 threads: launch bounds give 168 registers a thread, which setmaxnreg deals out as 56 to the
  * producer and 224 to the consumers (128 x 56 + 256 x 224 = 384 x 168) */
 constexpr int PW_TALL = PW_T + 128;          /* the consumers and the producer warpgroup */
-constexpr size_t PW_SMEM_ALL = PW_SMEM + 64; /* and the four mbarriers */
+constexpr size_t PW_SMEM_ALL = PW_SMEM + 64; /* and the eight mbarriers */
 
 __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -80,7 +84,9 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
     extern __shared__ __align__(16) uint8_t pw_raw[];
     uint8_t *sm = pw_raw + ((1024u - (wga_u32(pw_raw) & 1023u)) & 1023u);
     uint8_t *qs = sm, *ks = qs + PW_Q, *vs = ks + 2 * PW_KT;
-    uint64_t *full = (uint64_t *)(vs + 2 * PW_VT), *empty = full + 2;
+    /* a key tile's and a value tile's buffers pass between producer and consumers on barriers
+     * of their own: keys are dead once S is done, a step before the values */
+    uint64_t *fullk = (uint64_t *)(vs + 2 * PW_VT), *fullv = fullk + 2, *emptyk = fullk + 4, *emptyv = fullk + 6;
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), wq = (tid >> 5) & 3,
               lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int rb0 = (int)(gridDim.x - 1 - blockIdx.x) * PW_BM, hl = blockIdx.y, h = a.h0 + hl;
@@ -92,8 +98,10 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
     const __half *knh = a.kn + (int64_t)hl * a.nk * PW_DN, *vh = a.v + (int64_t)hl * a.nk * PW_DV;
     if (tid == 0) {
         for (int b = 0; b < 2; b++) {
-            mlacu_mbar_init(&full[b], 128); /* the producer's threads */
-            mlacu_mbar_init(&empty[b], 8); /* the consumers' warps */
+            mlacu_mbar_init(&fullk[b], 128); /* the producer's threads */
+            mlacu_mbar_init(&fullv[b], 128);
+            mlacu_mbar_init(&emptyk[b], 8); /* the consumers' warps */
+            mlacu_mbar_init(&emptyv[b], 8);
         }
         mlacu_mbar_init_fence();
     }
@@ -107,32 +115,49 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
         const uint32_t kso = (uint32_t)((cn >> 3) * PW_KBLK) + wga_sw(rn, cn & 7), rso = (uint32_t)(2 * PW_KBLK) + wga_sw(rk, cr);
         const __half *kg = knh + rn * PW_DN + cn * 8, *vg = vh + rn * PW_DV + cn * 8;
         const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
-        for (int t = 0; t < ntile; t++) {
-            const int b = t & 1;
-            /* warpgroup 0 skips at most the block's last tile, which no later tile reuses: every
-             * release waited for here has both consumers' arrivals */
-            if (t >= 2) mlacu_mbar_wait(&empty[b], ((t - 2) >> 1) & 1);
-            const int64_t k0 = (int64_t)t * PW_BN;
-            const int rem = (int)min((int64_t)PW_BN, kend - k0);
-            uint8_t *kd = ks + b * PW_KT, *vd = vs + b * PW_VT;
-            const __half *kj = kg + k0 * PW_DN, *vj = vg + k0 * PW_DV;
+        /* keys of tile t once both consumers' S of tile t - 2 is done, values of tile t - 1 once
+         * their P V of tile t - 3 is: both in the consumers' step t - 2, both needed in step t */
+        for (int t = 0; t <= ntile; t++) {
+            if (t < ntile) {
+                const int b = t & 1;
+                /* warpgroup 0 skips at most the block's last tile, which no later tile reuses: every
+                 * release waited for here has both consumers' arrivals */
+                if (t >= 2) mlacu_mbar_wait(&emptyk[b], ((t - 2) >> 1) & 1);
+                const int64_t k0 = (int64_t)t * PW_BN;
+                const int rem = (int)min((int64_t)PW_BN, kend - k0);
+                uint8_t *kd = ks + b * PW_KT;
+                const __half *kj = kg + k0 * PW_DN;
 #pragma unroll
-            for (int u = 0; u < PW_BN / 8; u++) {
-                const bool ok = rn + 8 * u < rem;
-                cp_async16_zfill(kd + kso + u * 8 * 128, ok ? kj + u * 8 * PW_DN : knh, ok);
-                cp_async16_zfill(vd + kso + u * 8 * 128, ok ? vj + u * 8 * PW_DV : vh, ok);
-            }
-#pragma unroll
-            for (int pg = 0; pg < PW_BN / 64; pg++) {
-                const __half *pe =
-                    64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const bool ok = 64 * pg + 16 * u + rk < rem;
-                    cp_async16_zfill(kd + rso + (64 * pg + 16 * u) * 128, ok ? pe + (int64_t)(16 * u) * a.row : knh, ok);
+                for (int u = 0; u < PW_BN / 8; u++) {
+                    const bool ok = rn + 8 * u < rem;
+                    cp_async16_zfill(kd + kso + u * 8 * 128, ok ? kj + u * 8 * PW_DN : knh, ok);
                 }
+#pragma unroll
+                for (int pg = 0; pg < PW_BN / 64; pg++) {
+                    const __half *pe =
+                        64 * pg < rem ? (const __half *)a.tab[(k0 >> MLA_CUDA_KV_BLOCK_LOG2) + pg] + a.tab_off + ro : knh;
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const bool ok = 64 * pg + 16 * u + rk < rem;
+                        cp_async16_zfill(kd + rso + (64 * pg + 16 * u) * 128, ok ? pe + (int64_t)(16 * u) * a.row : knh, ok);
+                    }
+                }
+                mlacu_cp_async_arrive(&fullk[b]);
             }
-            mlacu_cp_async_arrive(&full[b]);
+            if (t >= 1) {
+                const int v = t - 1, b = v & 1;
+                if (v >= 2) mlacu_mbar_wait(&emptyv[b], ((v - 2) >> 1) & 1);
+                const int64_t k0 = (int64_t)v * PW_BN;
+                const int rem = (int)min((int64_t)PW_BN, kend - k0);
+                uint8_t *vd = vs + b * PW_VT;
+                const __half *vj = vg + k0 * PW_DV;
+#pragma unroll
+                for (int u = 0; u < PW_BN / 8; u++) {
+                    const bool ok = rn + 8 * u < rem;
+                    cp_async16_zfill(vd + kso + u * 8 * 128, ok ? vj + u * 8 * PW_DV : vh, ok);
+                }
+                mlacu_cp_async_arrive(&fullv[b]);
+            }
         }
         cp_async_commit(); /* the copies' own groups: none in flight when the thread exits */
         cp_async_wait_all();
@@ -169,10 +194,9 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
      * step j (while warpgroup 0 has one). */
     auto step = [&](int j, auto SJ, auto PV) {
         constexpr bool sj = decltype(SJ)::value, pv = decltype(PV)::value;
-        if constexpr (sj) {
-            mlacu_mbar_wait(&full[j & 1], (j >> 1) & 1);
-            wga_fence_proxy();
-        }
+        if constexpr (sj) mlacu_mbar_wait(&fullk[j & 1], (j >> 1) & 1);
+        if constexpr (pv) mlacu_mbar_wait(&fullv[(j - 1) & 1], ((j - 1) >> 1) & 1);
+        wga_fence_proxy();
         if (wg == 0) {
             if (j >= 1) mlacu_bar_sync(2, PW_T);
         } else if (j <= ntw0) {
@@ -214,6 +238,7 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
             else
                 wga_wait0();
             wga_pin(s);
+            if (lane == 0) mlacu_mbar_arrive(&emptyk[j & 1]); /* tile j's keys back to the producer */
             float mb[2];
             mlacu_softmax_tile(s, (int64_t)j * PW_BN, t4, wfirst, pa, pb, m_r, l_r, al, mb);
 #pragma unroll
@@ -222,11 +247,11 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
                 l_r[(i >> 1) & 1] += s[i];
             }
         }
-        if constexpr (pv) { /* tile j - 1 done: its buffer back to the producer */
+        if constexpr (pv) { /* tile j - 1 done: its values back to the producer */
             wga_wait0();
             wga_pin(o);
             wga_pin_r(p);
-            if (lane == 0) mlacu_mbar_arrive(&empty[(j - 1) & 1]);
+            if (lane == 0) mlacu_mbar_arrive(&emptyv[(j - 1) & 1]);
         }
         if constexpr (sj) {
             wga_scale_rows(o, al);
