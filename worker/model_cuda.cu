@@ -1059,6 +1059,11 @@ static int ffn_apply(mla_cmodel *m, const dffn *f, const float *h, const void *h
         TRY(mla_cuda_matmul_q8_swiglu(gt->type, gt->d, up->d, gt->n_in, F, q, T, m->g, m->u, gq, m->st, err));
     } else {
         TRY(mm2(m, gt, m->g, up, m->u, h, hq, T, err));
+        if (mm_family(m, dn, T) == MLA_CUDA_MM_H) { /* swiglu into the down product's fp16 rows: the
+                                                     * bits of swiglu, then of their conversion */
+            TRY(mla_cuda_swiglu_h(m->g, m->u, T, F, m->xhbuf, m->st, err));
+            return mla_cuda_matmul_h(dn->type, dn->d, F, dn->n_out, m->xhbuf, T, y, m->st, err);
+        }
         TRY(mla_cuda_swiglu(m->g, m->u, m->g, T * F, m->st, err));
     }
     return mm(m, dn, m->g, gq, T, y, err);
