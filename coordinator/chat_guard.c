@@ -163,7 +163,8 @@ int chat_guard_protect(chat_guard *g, const cJSON *messages, const cJSON *vars, 
     unsigned k = 0;
     while (k + 1 < CG_PUA_COUNT && (used[k] || used[k + 1])) k += 2;
     if (k + 1 >= CG_PUA_COUNT)
-        return mla_errf(err, "the messages use every private-use character U+E000..U+E0FF; cannot mark their text");
+        return mla_errf(err, "the messages%s leave no two adjacent private-use characters of U+E000..U+E0FF free; "
+                             "cannot mark their text", vars ? ", tools and chat_template_kwargs" : "");
     utf8_3(CG_PUA_FIRST + k, g->open);
     utf8_3(CG_PUA_FIRST + k + 1, g->close);
     cJSON *copy = cJSON_Duplicate(messages, 1), *vcopy = vars ? cJSON_Duplicate(vars, 1) : NULL;

@@ -249,9 +249,43 @@ static void run_keys_and_vars(void) {
     chat_guard_free(&g);
 }
 
+/* No pair of private-use characters left free (one of each pair in the messages, or in the
+ * tools): a clear error, naming the tools where they count. */
+static void run_exhausted(void) {
+    char mtext[256 * 3 + 1], vtext[256 * 3 + 1];
+    size_t mn = 0, vn = 0;
+    for (unsigned k = 0; k < 256; k += 2) { /* even code points in the messages, or every fourth pair's in the tools */
+        char *d = (k % 8 == 6) ? vtext + vn : mtext + mn;
+        const unsigned cp = 0xE000 + k;
+        d[0] = (char)(0xE0 | (cp >> 12)), d[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), d[2] = (char)(0x80 | (cp & 0x3F));
+        if (k % 8 == 6) vn += 3;
+        else mn += 3;
+    }
+    mtext[mn] = vtext[vn] = 0;
+    cJSON *m = cJSON_CreateArray(), *msg = cJSON_CreateObject(), *v = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", "user");
+    cJSON_AddStringToObject(msg, "content", mtext);
+    cJSON_AddItemToArray(m, msg);
+    cJSON_AddStringToObject(v, "tools", vtext);
+    chat_guard g;
+    chat_guard_init(&g);
+    cJSON *prot = NULL, *vprot = NULL;
+    mla_err err = {{0}};
+    CHECK(chat_guard_protect(&g, m, NULL, match_fixed, (void *)"<ctl>", &prot, NULL, &err) == MLA_OK);
+    cJSON_Delete(prot);
+    prot = NULL;
+    CHECKF(chat_guard_protect(&g, m, v, match_fixed, (void *)"<ctl>", &prot, &vprot, &err) == MLA_ERR &&
+               strstr(err.msg, "tools") && strstr(err.msg, "U+E000..U+E0FF") && !prot && !vprot,
+           "%s", err.msg);
+    cJSON_Delete(m);
+    cJSON_Delete(v);
+    chat_guard_free(&g);
+}
+
 int main(int argc, char **argv) {
     run_placeholders();
     run_keys_and_vars();
+    run_exhausted();
     REQUIRE(argc >= 2);
     for (int i = 1; i < argc; i++) run_model(argv[i]);
     return mla_test_finish();
