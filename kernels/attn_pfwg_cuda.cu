@@ -32,8 +32,8 @@
  * products of step t - 1, and the consumers waited for it a third of their time). On an H200
  * (2026-12-03, a V3 32k prompt's layer of 128 heads) this ran at 558 TFLOP/s against 464 with one
  * barrier a tile (same binary); earlier, the consumers copying in step (one block barrier a tile)
- * 439, the kernel before either overlap 424. Checked against the CPU reference and the mma.sync kernel in mla-gpu-check
- * (--prefill, the "wg" rows). */
+ * 439, the kernel before either overlap 424. Checked against the CPU reference and the mma.sync
+ * kernel in mla-gpu-check (--prefill, the "wg" rows). */
 #include "kernels/attn_pfwg_cuda.h"
 
 #include <math.h>
@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         const bool ok = 64 * pg + 16 * u + rk < rem;
-                        cp_async16_zfill(kd + rso + (64 * pg + 16 * u) * 128, ok ? pe + (int64_t)(16 * u) * a.row : knh, ok);
+                        cp_async16_zfill(kd + rso + (64 * pg + 16 * u) * 128, ok ? pe + (int64_t)(16 * u) * a.row : knh,
+                                         ok);
                     }
                 }
                 mlacu_cp_async_arrive(&fullk[b]);
