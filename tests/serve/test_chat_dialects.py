@@ -289,7 +289,7 @@ def main():
                 check(e.status_code == 400 and param in str(body.get("message", "")), what + ": 400 naming " + param, body)
 
         for k, v in (("continue_final_message", True), ("guided_json", {"type": "object"}), ("json_schema", {}),
-                     ("user", "u1"), ("functions", []), ("documents", []), ("echo", False)):
+                     ("functions", []), ("documents", []), ("echo", False)):
             refused("unhonoured parameter " + k, k, extra_body={k: v})
         refused("kwargs the template does not read", "no_such_switch",
                 extra_body={"chat_template_kwargs": {"no_such_switch": True}})
