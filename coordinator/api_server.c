@@ -26,6 +26,7 @@ typedef struct api_req {
     api_sink sink;       /* a non-HTTP front (api_server_generate) */
     bool has_sink;       /* until its final call or it detaches */
     bool cancelled;      /* finished by cancellation */
+    bool shut;           /* ended by the drain timeout of a shutting-down server */
     uint64_t sched_id;
     enum api_kind kind;
     bool stream, include_usage, logprobs, skip_special;
@@ -544,6 +545,13 @@ static void req_unlink_conn(api_req *r) {
 static bool has_client(const api_req *r) { return r->conn || r->has_sink; }
 
 /* Completes the response (text final: stop string, stop token, length, or error). */
+/* the error a generation that ended with `error` answers: 503 shutting_down where the server's
+ * drain timeout cut it off (a client may retry it elsewhere), else 500 */
+static void gen_error(const api_req *r, const char *error, api_error *e) {
+    if (r->shut) api_error_set(e, 503, NULL, "shutting_down", "%s", error);
+    else api_error_set(e, 500, NULL, "generation_failed", "generation failed: %s", error);
+}
+
 static void complete_response(api_req *r, const char *error) {
     api_server *a = r->srv;
     if (r->responded || !has_client(r)) return;
@@ -555,15 +563,19 @@ static void complete_response(api_req *r, const char *error) {
         if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
         api_sink sk = r->sink;
         req_unlink_conn(r);
+        const enum api_end end = !error ? API_END_OK
+                                 : r->shut ? API_END_SHUTDOWN
+                                 : r->cancelled ? API_END_CANCELLED
+                                                : API_END_FAILED;
         sk.on_final(sk.ud, r->text ? r->text : "", from, error ? from : r->text_len,
                     r->toks ? r->toks + t0 : NULL, error ? 0 : n_final - t0, error ? NULL : (r->finish_reason ? r->finish_reason : "stop"),
-                    error, r->cancelled, r->n_prompt, r->n_completion);
+                    error, end, r->n_prompt, r->n_completion);
         return;
     }
     if (r->stream) {
         if (error) {
             api_error e;
-            api_error_set(&e, 500, NULL, "generation_failed", "generation failed: %s", error);
+            gen_error(r, error, &e);
             cJSON *j = error_json(&e);
             sse_send(r, j);
             cJSON_Delete(j);
@@ -587,7 +599,7 @@ static void complete_response(api_req *r, const char *error) {
         http_stream_end(c);
     } else if (error) {
         api_error e;
-        api_error_set(&e, 500, NULL, "generation_failed", "generation failed: %s", error);
+        gen_error(r, error, &e);
         reply_error(a, c, &e, NULL);
     } else {
         cJSON *j = cJSON_CreateObject();
@@ -754,10 +766,12 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         break;
     }
     if (ev->finish == SCHED_FINISH_ERROR) {
+        r->shut = a->cancel_reason != NULL; /* the step given up at the drain timeout */
         complete_response(r, error ? error : "unknown error");
     } else if (ev->finish == SCHED_FINISH_CANCELLED && !r->text_done) {
         a->m.requests_cancelled++;
         r->cancelled = true;
+        r->shut = a->cancel_reason != NULL;
         complete_response(r, a->cancel_reason ? a->cancel_reason : "the request was cancelled");
     } else {
         if (r->finish_reason && !strcmp(r->finish_reason, "length")) a->m.finish_length++;
@@ -1373,7 +1387,7 @@ static void sink_ready(api_server *a, prep_job *j) {
     if (r->prep_detached) return; /* prep_free frees r */
     if (r->prep_cancelled) {
         sk.on_final(sk.ud, "", 0, 0, NULL, 0, NULL, a->cancel_reason ? a->cancel_reason : "the request was cancelled",
-                    true, 0, 0);
+                    a->cancel_reason ? API_END_SHUTDOWN : API_END_CANCELLED, 0, 0);
         return;
     }
     api_error e = j->e;

@@ -151,14 +151,18 @@ typedef struct api_token {
  * the tokens it comes from (their ranges may reach past to: a token's text can be cut by a stop
  * string or end inside a UTF-8 sequence). Text up to `to` ends on a UTF-8 boundary (the bytes
  * themselves are the model's: they may be invalid UTF-8). */
+/* How a generation ended (api_sink.on_final): API_END_SHUTDOWN when the drain timeout of a
+ * shutting-down server cut it off (api_server_cancel_all), whichever way it then ended */
+enum api_end { API_END_OK = 0, API_END_FAILED, API_END_CANCELLED, API_END_SHUTDOWN };
+
 typedef struct api_sink {
     void *ud;
     void (*on_delta)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n);
     /* The last call: the rest of the text and tokens, then finish_reason ("stop", "length") on
-     * success or error (a message; finish_reason NULL; cancelled: true when the request was
-     * cancelled) and the usage. The api_gen handle is gone after it returns. */
+     * success or error (a message; finish_reason NULL; end says why: failed, cancelled, or cut
+     * off by the server's shutdown) and the usage. The api_gen handle is gone after it returns. */
     void (*on_final)(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
-                     const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
+                     const char *finish_reason, const char *error, enum api_end end, int32_t n_prompt,
                      int32_t n_completion);
     /* Optional. When set, api_server_generate returns at once and the prompt (chat template,
      * tokenizer) is made on the prep thread; a request refused then (prompt too long, template

@@ -53,7 +53,7 @@ typedef struct serve_ports {
 static serve_ports g_ports;
 /* the stats line: when the last was written, and the token counts then */
 static uint64_t g_stats_at, g_stats_prompt, g_stats_gen;
-static int g_draining, g_drain_cancelled, g_exit_rc;
+static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
 static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
 static uint64_t g_drain_deadline;
 
@@ -173,6 +173,16 @@ static void on_watch(uv_timer_t *t) {
         return;
     }
     if (api_server_inflight(g_api) == 0) {
+        /* the replies of finished requests still on their way (a slow reader, a client's flow
+         * control) get the rest of the drain timeout too */
+        const size_t pend = http_server_out_pending(g_http) + (g_pb ? grpc_server_out_pending(g_pb) : 0);
+        if (pend && uv_now(t->loop) < g_drain_deadline) {
+            if (!g_drain_flush_said)
+                MLA_INFO("serve: no request in flight; %zu reply bytes still to reach their clients", pend);
+            g_drain_flush_said = 1;
+            return;
+        }
+        if (pend) MLA_WARN("serve: drain timeout: %zu reply bytes not taken by their clients", pend);
         MLA_INFO("serve: no request in flight; stopping");
         serve_close(t->loop);
     } else if (!g_drain_cancelled && uv_now(t->loop) >= g_drain_deadline) {
@@ -194,6 +204,7 @@ static void on_signal(uv_signal_t *h, int signum) {
                  api_server_inflight(g_api), g_drain_timeout);
         g_draining = 1;
         api_server_set_draining(g_api);
+        if (g_pb) grpc_server_drain(g_pb);
         g_drain_deadline = uv_now(h->loop) + (uint64_t)(g_drain_timeout > 0 ? g_drain_timeout * 1000 : 0);
     }
     on_watch(&g_watch);

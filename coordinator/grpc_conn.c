@@ -13,6 +13,7 @@ typedef struct gstream {
     int32_t id;
     int method;
     bool bad_method, bad_post, bad_ctype, bad_timeout, too_many_headers;
+    bool two_auth; /* more than one authorization field */
     size_t header_bytes;
     char *auth;
     int64_t timeout_ms;
@@ -168,6 +169,7 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     } else if (eq(name, nlen, "grpc-timeout")) {
         st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
     } else if (eq(name, nlen, "authorization")) {
+        if (st->auth) st->two_auth = true; /* which one to take would be a guess: refused */
         free(st->auth);
         st->auth = mla_xmalloc(vlen + 1);
         memcpy(st->auth, value, vlen);
@@ -220,8 +222,11 @@ static void request_done(grpc_conn *c, gstream *st) {
                             st->in[0] == 1 ? "compressed messages are not supported (send grpc-encoding identity)"
                                            : "bad message flags");
     uint32_t n = (uint32_t)st->in[1] << 24 | (uint32_t)st->in[2] << 16 | (uint32_t)st->in[3] << 8 | st->in[4];
+    if ((size_t)n + 5 > st->in_len)
+        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request message is cut short (its prefix says more bytes)");
     if ((size_t)n + 5 != st->in_len)
         return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request must carry exactly one message");
+    if (st->two_auth) return reply_status(c, st, GRPC_UNAUTHENTICATED, "more than one authorization header");
     st->in_call = true;
     c->n_calls++;
     grpc_call_in call = {.stream_id = st->id,

@@ -59,6 +59,10 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
             p->prompt_text = mla_xstrdup(q->prompt);
         } else {
             if (q->n_prompt_ids > INT32_MAX) return fail(param, "prompt_ids", err, "too many prompt ids");
+            for (size_t i = 0; i < q->n_prompt_ids; i++)
+                if (q->prompt_ids[i] < 0)
+                    return fail(param, "prompt_ids", err, "prompt_ids must be non-negative token ids (got %d at %zu)",
+                                q->prompt_ids[i], i);
             p->prompt_ids = mla_xmalloc(q->n_prompt_ids * sizeof(int32_t));
             memcpy(p->prompt_ids, q->prompt_ids, q->n_prompt_ids * sizeof(int32_t));
             p->n_prompt_ids = (int32_t)q->n_prompt_ids;

@@ -310,12 +310,13 @@ static void on_delta(void *ud, const char *text, size_t from, size_t to, const a
 }
 
 static void on_final(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
-                     const char *finish_reason, const char *error, bool cancelled, int32_t n_prompt,
+                     const char *finish_reason, const char *error, enum api_end end, int32_t n_prompt,
                      int32_t n_completion) {
     gs_call *r = ud;
     r->g = NULL;
-    if (error) {
-        finish(r, cancelled ? GRPC_CANCELLED : GRPC_INTERNAL, error);
+    if (error) { /* cut off by the server's shutdown: UNAVAILABLE, which clients may retry elsewhere */
+        finish(r, end == API_END_CANCELLED ? GRPC_CANCELLED : end == API_END_SHUTDOWN ? GRPC_UNAVAILABLE : GRPC_INTERNAL,
+               error);
         return;
     }
     size_t cur = send_tokens(r, text, from, to, toks, n);
@@ -811,3 +812,18 @@ void grpc_server_free(grpc_server *s) {
 }
 
 int grpc_server_n_conns(const grpc_server *s) { return s->n_conns; }
+
+size_t grpc_server_out_pending(const grpc_server *s) {
+    size_t n = 0;
+    for (const gs_conn *c = s->conns; c; c = c->next)
+        if (!c->closing) n += c->queued + (c->h2 ? grpc_conn_out_pending(c->h2) : 0);
+    return n;
+}
+
+void grpc_server_drain(grpc_server *s) {
+    for (gs_conn *c = s->conns; c; c = c->next) {
+        if (c->closing || !c->h2 || c->received < 24) continue;
+        grpc_conn_shutdown(c->h2);
+        flush(c);
+    }
+}

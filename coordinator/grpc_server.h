@@ -50,5 +50,11 @@ int grpc_server_listen(grpc_server *s, const char *host, int port, int *bound_po
 void grpc_server_close(grpc_server *s);
 void grpc_server_free(grpc_server *s);
 int grpc_server_n_conns(const grpc_server *s);
+/* Reply bytes not yet taken by the clients (queued for the sockets, or held back by their flow
+ * control): a draining server waits for them (up to its drain timeout) before it closes. */
+size_t grpc_server_out_pending(const grpc_server *s);
+/* The server is draining: every connection is told (GOAWAY) that it takes no new calls, so
+ * that clients start them elsewhere; calls in flight go on. */
+void grpc_server_drain(grpc_server *s);
 
 #endif

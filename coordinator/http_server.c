@@ -707,3 +707,9 @@ void http_server_free(http_server *s) {
 }
 
 int http_server_n_conns(const http_server *s) { return s->n_conns; }
+
+size_t http_server_out_pending(const http_server *s) {
+    size_t n = 0;
+    for (const http_conn *c = s->conns; c; c = c->next) n += c->queued;
+    return n;
+}

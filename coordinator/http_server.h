@@ -80,6 +80,8 @@ int http_server_listen(http_server *s, const char *host, int port, int *bound_po
 void http_server_close(http_server *s);
 void http_server_free(http_server *s);
 int http_server_n_conns(const http_server *s);
+/* Response bytes handed to the sockets and not yet taken by the clients */
+size_t http_server_out_pending(const http_server *s);
 
 /* A whole response. extra_headers: "Name: value\r\n" lines or NULL. */
 void http_respond(http_conn *c, int status, const char *content_type, const char *body,

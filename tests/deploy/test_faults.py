@@ -8,7 +8,7 @@
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
   drain    SIGTERM: new requests 503, the in-flight one completes, exit 0; with a short
-           --drain-timeout the in-flight one fails with the drain message, exit 0, also when
+           --drain-timeout the in-flight one fails with the drain message (503 shutting_down), exit 0, also when
            its step hangs (given up at the drain timeout, not the step timeout)
   bounds   --max-body, prompt length, max_tokens, --max-conns, --max-queue
 Usage: test_faults.py MLASERVE WORKER FIXTURES CASE"""
@@ -170,7 +170,8 @@ def case_drain():
         srv.proc.send_signal(signal.SIGTERM)
         rest = b" ".join(read_rest(r, 30))
         c.close()
-        check(b"drain timeout" in rest, "drain timeout: the in-flight request failed with the reason", rest[-300:])
+        check(b"drain timeout" in rest and b"shutting_down" in rest,
+              "drain timeout: the in-flight request failed with the reason, as a shutdown (retryable)", rest[-300:])
         srv.proc.wait(30)
         check(srv.proc.returncode == 0, "drain timeout: exit 0")
     finally:
@@ -202,7 +203,7 @@ def case_drain():
         check(rc == 0, "hung step: SIGTERM exits 0 after the drain timeout (exit status %r)" % rc, srv.tail(1500))
         th.join(30)
         st, body = res.get("r", (None, b""))
-        check(st == 500 and b"drain timeout" in body, "hung step: the request failed naming the drain timeout",
+        check(st == 503 and b"shutting_down" in body and b"drain timeout" in body, "hung step: the request failed naming the drain timeout",
               (st, body[:300]))
     finally:
         srv.stop(signal.SIGKILL)

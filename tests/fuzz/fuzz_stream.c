@@ -140,14 +140,14 @@ static size_t valid_seq(const unsigned char *s, size_t n) {
 }
 
 static void on_final(void *ud, const char *text, size_t from, size_t to, const api_token *toks, int n,
-                     const char *finish, const char *error, bool cancelled, int32_t n_prompt, int32_t n_completion) {
+                     const char *finish, const char *error, enum api_end end, int32_t n_prompt, int32_t n_completion) {
     req *r = ud;
     (void)toks, (void)n, (void)n_prompt, (void)n_completion;
     if (r->n_final++) die("two final calls", r->idx);
     add_text(r, text, from, to);
     r->finish = finish;
     r->error = error != NULL;
-    r->cancelled = cancelled;
+    r->cancelled = end == API_END_CANCELLED || end == API_END_SHUTDOWN;
     r->g = NULL;
 }
 

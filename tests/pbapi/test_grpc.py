@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,17 @@ try:
         want = SC.NOT_FOUND if what == "unknown model" else SC.INVALID_ARGUMENT
         c = code_of(lambda: list(stub.Generate(req, metadata=AUTH, timeout=30)))
         check(c == want, "%s: %s (got %s)" % (what, want, c))
+    try:
+        list(stub.Generate(api_pb2.GenerateRequest(prompt_ids=[1, -1], max_tokens=2), metadata=AUTH, timeout=30))
+        got = (SC.OK, "")
+    except grpc.RpcError as e:
+        got = (e.code(), e.details())
+    check(got[0] == SC.INVALID_ARGUMENT and "prompt_ids" in got[1], "a negative prompt id: the error names prompt_ids %r" %
+          (got,))
+    # two authorization fields: which one counts would be a guess
+    for two in ((AUTH[0], ("authorization", "Bearer nope")), (("authorization", "Bearer nope"), AUTH[0])):
+        c = code_of(lambda: stub.Info(api_pb2.InfoRequest(), metadata=two, timeout=30))
+        check(c == SC.UNAUTHENTICATED, "two authorization fields: UNAUTHENTICATED (got %s)" % c)
     check(code_of(lambda: stub.Tokenize(api_pb2.TokenizeRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
           "Tokenize without text: INVALID_ARGUMENT")
     check(code_of(lambda: stub.Cancel(api_pb2.CancelRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
@@ -345,4 +357,81 @@ try:
 finally:
     code = srv.stop()
     check(code == 0, "TLS server exit status %r" % code)
+# ---- a call cut off by the drain timeout of a shutting-down server: UNAVAILABLE (retryable) ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "1"],
+                env={"MLA_WORKER_STEP_DELAY_MS": "20"})
+try:
+    with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as ch:
+        it = api_grpc.MlaServeStub(ch).Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=400,
+                                                                        ignore_eos=True), timeout=120)
+        first = next(it)
+        check(first.HasField("token_id"), "drain: the call streams")
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            for _ in it:
+                pass
+            got = (SC.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.UNAVAILABLE and "drain timeout" in got[1], "drain timeout: the call ends UNAVAILABLE %r" % (got,))
+finally:
+    code = srv.stop()
+    check(code == 0, "drain server exit status %r" % code)
+
+# ---- a drain waits for replies a slow client has not taken yet; GOAWAY tells clients first ----
+def h2_frame(typ, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([typ, flags]) + struct.pack(">I", sid) + payload
+
+
+def h2_headers(pairs):  # HPACK literals without indexing, new names (RFC 7541 6.2.2), short strings
+    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in pairs)
+
+
+def h2_read(sock, frames, until):
+    """reads frames (type, flags, stream, payload) into frames until until(frames) or EOF; True at EOF"""
+    buf = b""
+    while not until(frames):
+        try:
+            d = sock.recv(65536)
+        except socket.timeout:
+            return False
+        if not d:
+            return True
+        buf += d
+        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+            n = int.from_bytes(buf[:3], "big")
+            frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
+            buf = buf[9 + n:]
+    return False
+
+
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "30"])
+try:
+    s = socket.create_connection(("127.0.0.1", srv.proto_port), timeout=20)
+    # stream windows of 0: the server can send the reply's headers, not its messages
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)))
+    frames = []
+    h2_read(s, frames, lambda f: any(t == 4 and not fl & 1 for t, fl, _, _ in f))
+    msg = api_pb2.GenerateRequest(prompt="1 2", max_tokens=30, ignore_eos=True).SerializeToString()
+    s.sendall(h2_frame(4, 1, 0) + h2_frame(1, 4, 1, h2_headers(
+        [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Generate"), (b":authority", b"x"),
+         (b"content-type", b"application/grpc"), (b"te", b"trailers")])) +
+        h2_frame(0, 1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+    done = wait_for(lambda: metric(srv.port, "mlaserve_requests_total", finish_reason="length") >= 1, 60)
+    check(done, "slow reader: the generation finished, its reply held back by the client's window")
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    check(srv.proc.poll() is None, "slow reader: the draining server waits for the held-back reply")
+    s.sendall(h2_frame(8, 0, 1, struct.pack(">I", 1 << 20)))  # WINDOW_UPDATE: the client reads now
+    eof = h2_read(s, frames, lambda f: False)
+    s.close()
+    data = sum(len(p) for t, _, sid, p in frames if t == 0 and sid == 1)
+    trailers = any(t == 1 and sid == 1 and fl & 1 for t, fl, sid, _ in frames)
+    check(eof and data >= 30 * 5 and trailers, "slow reader: its 30 token messages and the trailers arrived after "
+          "the SIGTERM (%d bytes of messages, trailers %s)" % (data, trailers))
+    check(any(t == 7 for t, _, _, _ in frames), "drain: the connection was told GOAWAY")
+    srv.proc.wait(60)
+    check(srv.proc.returncode == 0, "slow-reader drain: exit status %r" % srv.proc.returncode)
+finally:
+    srv.stop()
 sys.exit(summary("grpc_api: "))
