@@ -443,3 +443,5 @@ int grpc_conn_n_calls(const grpc_conn *c) { return c->n_calls; }
 size_t grpc_conn_out_pending(const grpc_conn *c) { return c->out; }
 
 void grpc_conn_shutdown(grpc_conn *c) { nghttp2_submit_shutdown_notice(c->s); }
+
+void grpc_conn_goaway(grpc_conn *c) { nghttp2_session_terminate_session(c->s, NGHTTP2_NO_ERROR); }

@@ -92,5 +92,8 @@ int grpc_conn_n_calls(const grpc_conn *c);
 size_t grpc_conn_out_pending(const grpc_conn *c);
 /* Tells the client no new calls are taken (GOAWAY); calls in flight go on. */
 void grpc_conn_shutdown(grpc_conn *c);
+/* The connection is about to close (idle, or evicted): the final GOAWAY (no error), so that the
+ * client starts its next call on a new connection rather than failing it. */
+void grpc_conn_goaway(grpc_conn *c);
 
 #endif

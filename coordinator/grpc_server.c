@@ -222,6 +222,16 @@ static void flush(gs_conn *c) {
     if (grpc_conn_done(c->h2)) close_soon(c);
 }
 
+/* conn_close of an idle connection, after a GOAWAY (no error) where HTTP/2 is up: the client
+ * then opens a new connection for its next call instead of failing it on this one */
+static void conn_goaway_close(gs_conn *c) {
+    if (!c->closing && c->h2 && !c->in_recv && c->received >= 24 && (!c->ssl || SSL_is_init_finished(c->ssl))) {
+        grpc_conn_goaway(c->h2);
+        flush(c);
+    }
+    conn_close(c);
+}
+
 /* ---- answers ---- */
 
 static void send_msg(gs_call *r, const ProtobufCMessage *m) {
@@ -656,7 +666,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         if (old) {
             MLA_DEBUG("grpc: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
                       s->cfg.max_conns, old->peer, c->peer);
-            conn_close(old);
+            conn_goaway_close(old);
         }
     }
     if (s->n_conns > s->cfg.max_conns) {
@@ -701,7 +711,7 @@ static void on_sweep(uv_timer_t *t) {
         } else if (conn_idle(c) && s->cfg.idle_timeout_ms &&
                    now - c->last_active_ms >= s->cfg.idle_timeout_ms) {
             MLA_DEBUG("grpc: %s idle for %u ms; closing", c->peer, s->cfg.idle_timeout_ms);
-            conn_close(c);
+            conn_goaway_close(c);
         }
     }
 }

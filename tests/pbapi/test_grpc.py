@@ -345,13 +345,22 @@ try:
         check(s.selected_alpn_protocol() == "h2", "TLS: ALPN h2")
         s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
         t0 = time.time()
+        got = b""
         try:
-            while s.recv(65536):
-                pass
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                got += d
         except (ssl.SSLError, OSError):
             pass
         dt = time.time() - t0
         check(1.0 < dt < 6, "TLS: an idle connection closed after %.1fs (--idle-timeout-ms 1500)" % dt)
+        types = []
+        while len(got) >= 9 and len(got) >= 9 + int.from_bytes(got[:3], "big"):
+            types.append(got[3])
+            got = got[9 + int.from_bytes(got[:3], "big"):]
+        check(types and types[-1] == 7, "TLS: the idle connection was told GOAWAY before it closed (frames %r)" % types)
     rc, out, err = client(P, "health", key=None, extra=["--host", "localhost", "--tls"])
     check(rc == 1 and "TLS" in err, "TLS: client without the CA refuses the certificate: %r" % err)
 finally:
