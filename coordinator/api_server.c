@@ -544,7 +544,6 @@ static void req_unlink_conn(api_req *r) {
 
 static bool has_client(const api_req *r) { return r->conn || r->has_sink; }
 
-/* Completes the response (text final: stop string, stop token, length, or error). */
 /* the error a generation that ended with `error` answers: 503 shutting_down where the server's
  * drain timeout cut it off (a client may retry it elsewhere), else 500 */
 static void gen_error(const api_req *r, const char *error, api_error *e) {
@@ -552,6 +551,7 @@ static void gen_error(const api_req *r, const char *error, api_error *e) {
     else api_error_set(e, 500, NULL, "generation_failed", "generation failed: %s", error);
 }
 
+/* Completes the response (text final: stop string, stop token, length, or error). */
 static void complete_response(api_req *r, const char *error) {
     api_server *a = r->srv;
     if (r->responded || !has_client(r)) return;

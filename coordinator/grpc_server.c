@@ -222,10 +222,13 @@ static void flush(gs_conn *c) {
     if (grpc_conn_done(c->h2)) close_soon(c);
 }
 
+/* the TLS handshake (where there is one) and the client's HTTP/2 preface are done */
+static bool h2_up(const gs_conn *c) { return c->received >= 24 && (!c->ssl || SSL_is_init_finished(c->ssl)); }
+
 /* conn_close of an idle connection, after a GOAWAY (no error) where HTTP/2 is up: the client
  * then opens a new connection for its next call instead of failing it on this one */
 static void conn_goaway_close(gs_conn *c) {
-    if (!c->closing && c->h2 && !c->in_recv && c->received >= 24 && (!c->ssl || SSL_is_init_finished(c->ssl))) {
+    if (!c->closing && c->h2 && !c->in_recv && h2_up(c)) {
         grpc_conn_goaway(c->h2);
         flush(c);
     }
@@ -704,8 +707,7 @@ static void on_sweep(uv_timer_t *t) {
             }
         }
         if (c->closing) continue;
-        bool handshaking = c->received < 24 || (c->ssl && !SSL_is_init_finished(c->ssl));
-        if (handshaking && s->cfg.handshake_timeout_ms && now - c->accepted_ms >= s->cfg.handshake_timeout_ms) {
+        if (!h2_up(c) && s->cfg.handshake_timeout_ms && now - c->accepted_ms >= s->cfg.handshake_timeout_ms) {
             MLA_DEBUG("grpc: %s did not start HTTP/2 within %u ms; closing", c->peer, s->cfg.handshake_timeout_ms);
             conn_close(c);
         } else if (conn_idle(c) && s->cfg.idle_timeout_ms &&
@@ -832,7 +834,7 @@ size_t grpc_server_out_pending(const grpc_server *s) {
 
 void grpc_server_drain(grpc_server *s) {
     for (gs_conn *c = s->conns; c; c = c->next) {
-        if (c->closing || !c->h2 || c->received < 24) continue;
+        if (c->closing || !c->h2 || !h2_up(c)) continue;
         grpc_conn_shutdown(c->h2);
         flush(c);
     }

@@ -311,6 +311,38 @@ finally:
     code = srv.stop()
     check(code == 0, "server exit status %r" % code)
 
+# ---- raw HTTP/2 frames, for what grpcio does not show ----
+def h2_frame(typ, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([typ, flags]) + struct.pack(">I", sid) + payload
+
+
+def h2_headers(pairs):  # HPACK literals without indexing, new names (RFC 7541 6.2.2), short strings
+    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in pairs)
+
+
+def h2_split(buf, frames):
+    """the whole frames (type, flags, stream, payload) at the start of buf appended to frames; the rest"""
+    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+        n = int.from_bytes(buf[:3], "big")
+        frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return buf
+
+
+def h2_read(sock, frames, until):
+    """reads frames (type, flags, stream, payload) into frames until until(frames) or EOF; True at EOF"""
+    buf = b""
+    while not until(frames):
+        try:
+            d = sock.recv(65536)
+        except socket.timeout:
+            return False
+        if not d:
+            return True
+        buf = h2_split(buf + d, frames)
+    return False
+
+
 # ---- TLS (a self-signed certificate made now) ----
 d = tempfile.mkdtemp(prefix="mla_grpc_tls_")
 cert, keyf = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
@@ -356,10 +388,9 @@ try:
             pass
         dt = time.time() - t0
         check(1.0 < dt < 6, "TLS: an idle connection closed after %.1fs (--idle-timeout-ms 1500)" % dt)
-        types = []
-        while len(got) >= 9 and len(got) >= 9 + int.from_bytes(got[:3], "big"):
-            types.append(got[3])
-            got = got[9 + int.from_bytes(got[:3], "big"):]
+        frames = []
+        h2_split(got, frames)
+        types = [t for t, _, _, _ in frames]
         check(types and types[-1] == 7, "TLS: the idle connection was told GOAWAY before it closed (frames %r)" % types)
     rc, out, err = client(P, "health", key=None, extra=["--host", "localhost", "--tls"])
     check(rc == 1 and "TLS" in err, "TLS: client without the CA refuses the certificate: %r" % err)
@@ -388,32 +419,6 @@ finally:
     check(code == 0, "drain server exit status %r" % code)
 
 # ---- a drain waits for replies a slow client has not taken yet; GOAWAY tells clients first ----
-def h2_frame(typ, flags, sid, payload=b""):
-    return struct.pack(">I", len(payload))[1:] + bytes([typ, flags]) + struct.pack(">I", sid) + payload
-
-
-def h2_headers(pairs):  # HPACK literals without indexing, new names (RFC 7541 6.2.2), short strings
-    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in pairs)
-
-
-def h2_read(sock, frames, until):
-    """reads frames (type, flags, stream, payload) into frames until until(frames) or EOF; True at EOF"""
-    buf = b""
-    while not until(frames):
-        try:
-            d = sock.recv(65536)
-        except socket.timeout:
-            return False
-        if not d:
-            return True
-        buf += d
-        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-            n = int.from_bytes(buf[:3], "big")
-            frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
-            buf = buf[9 + n:]
-    return False
-
-
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "30"])
 try:
     s = socket.create_connection(("127.0.0.1", srv.proto_port), timeout=20)
