@@ -1,6 +1,7 @@
-/* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path (attn_prefill_cuda.h) on
- * Hopper's warpgroup tensor cores (wgmma, sm_90a), for DeepSeek's widths only (per head 128 nope +
- * 64 rope keys, 128 values), beside the mma.sync kernel of attn_prefill_cuda.cu, which chooses it.
+/* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path (attn_prefill_cuda.h) and
+ * the decompression of its keys and values on Hopper's warpgroup tensor cores (wgmma, sm_90a), for
+ * DeepSeek's widths only (per head 128 nope + 64 rope keys, 128 values), beside the mma.sync
+ * kernels of attn_prefill_cuda.cu, which chooses them.
  * CUDA C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles it for sm_90a alone, with attn_wg_cuda.cu, and defines MLA_CUDA_WGMMA); it runs on
  * compute capability 9.0 devices only, which mlacu_pwg_device_ok checks.
@@ -34,10 +35,26 @@ typedef struct mlacu_pf_args {
     int64_t o_ld_t, o_ld_h;
 } mlacu_pf_args;
 
-/* whether this device runs the kernel: sm_90a instructions allowed and the block's shared memory */
+/* The decompression of the keys and values for the attention above, on the same tensor cores:
+ * kn [heads][nk][128] = the latent rows W_kb[h] (stored [kv_lora][128]) and v [heads][nk][128] =
+ * the latent rows W_vb[h]^T (stored [128][kv_lora]), fp16 weights, fp32 sums rounded to fp16, as
+ * attn_prefill_cuda.cu's mma.sync kernel computes them. wk, wv: the launch's first head's. */
+typedef struct mlacu_pf_up_args {
+    const float *const *tab;
+    int64_t tab_off; /* halves, a multiple of 8 */
+    int row, kv_lora; /* cache row length (a multiple of 8), latent width (a multiple of 64) */
+    int64_t nk;
+    const __half *wk, *wv;
+    __half *kn, *v;
+} mlacu_pf_up_args;
+
+/* whether this device runs the kernels: sm_90a instructions allowed and the blocks' shared memory */
 bool mlacu_pwg_device_ok(void);
 
 /* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads). */
 cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s);
+
+/* One launch of the decompression over `heads` heads (a persistent grid of one block an SM). */
+cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, cudaStream_t s);
 
 #endif

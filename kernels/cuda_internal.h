@@ -8,6 +8,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,6 +204,23 @@ static __device__ __forceinline__ float mlacu_swiglu(float g, float u) { return 
  * last 16 q, 0). */
 static __host__ __device__ __forceinline__ size_t mlacu_q8_scale_off(int64_t T, int64_t in) {
     return ((size_t)(T * in) + 15) / 16 * 16;
+}
+
+/* The fp16 buffer of T rows of `in` elements (mla_cuda_act_h): each row times 2^e, rounded to fp16
+ * [T][in], then from this offset (16-aligned) the T floats 2^-e. mlacu_h16_exp gives e for a row
+ * whose largest magnitude is m: its largest element lands below 2^14 (0 for a zero or non-finite
+ * m). */
+static __host__ __device__ __forceinline__ size_t mlacu_h16_scale_off(int64_t T, int64_t in) {
+    return ((size_t)(T * in) * 2 + 15) / 16 * 16;
+}
+static __device__ __forceinline__ int mlacu_h16_exp(float m) {
+    int e = 0;
+    if (m > 0.f && m < INFINITY) { /* m < 2^k: 2^(14 - k) puts it below 2^14 */
+        int k;
+        frexpf(m, &k);
+        e = max(-120, min(120, 14 - k));
+    }
+    return e;
 }
 
 /* The q8 rounding of a 32-element unit (q8x_kernel in mm_gemvq_cuda.cu, mlacu_q8_units_warp): its

@@ -198,10 +198,12 @@ int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const 
  * d_res, the sum x [T][n] + res [T][n] first (ldx == n), as mla_cuda_add makes it, written to d_xsum
  * (d_x itself: in place; another buffer lets a row be shared by several blocks), and normalized;
  * else x is; y = rmsnorm as mla_cuda_rmsnorm; with d_q8 (n % 32 == 0, ldy == n), also y's q8
- * buffer as mla_cuda_quantize_q8(y, T, n, d_q8) fills it. The same bits as those ops in turn. */
+ * buffer as mla_cuda_quantize_q8(y, T, n, d_q8) fills it; with d_h16 (n % 4 == 0, ldy == n), also
+ * y's fp16 rows as mla_cuda_act_h(y, T, n, d_h16) fills them (the products on the fp16 tensor
+ * cores read them). The same bits as those ops in turn. */
 int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *d_xsum, int64_t ldx, int64_t T, int64_t n,
-                        const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8, mla_cuda_stream stream,
-                        mla_err *e);
+                        const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8, void *d_h16,
+                        mla_cuda_stream stream, mla_err *e);
 int mla_cuda_layernorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w,
                        const float *d_b, float eps, float *d_y, int64_t ldy, mla_cuda_stream stream,
                        mla_err *e);
@@ -552,7 +554,8 @@ int mla_cuda_moe_combine(const float *d_y, const int32_t *d_ids, const float *d_
                          int64_t n, int rank, int world, float *d_out, mla_cuda_stream stream, mla_err *e);
 /* Device MoE: routed experts of this rank (experts packed as above) applied to x [T][n_embd],
  * added into out; d_work of mla_cuda_moe_work_bytes(). d_xq: NULL, or x's q8 buffer
- * (mla_cuda_quantize_q8(d_x, T, n_embd)) where the caller has it (else made here when needed). */
+ * (mla_cuda_quantize_q8(d_x, T, n_embd)) where the caller has it; d_xh: NULL, or x's fp16 buffer
+ * (mla_cuda_act_h(d_x, T, n_embd)) where the caller has it (either made here when needed). */
 typedef struct mla_cuda_experts {
     uint32_t gate_type, up_type, down_type;
     const void *gate, *up, *down;
@@ -565,7 +568,7 @@ typedef struct mla_cuda_experts {
     int mmh_min;
 } mla_cuda_experts;
 size_t mla_cuda_moe_work_bytes(int64_t T, int64_t n_used, int64_t n_embd, int64_t n_ff, int64_t n_expert);
-int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, int64_t T,
+int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, const void *d_xh, int64_t T,
                        const int32_t *d_ids, const float *d_w, int64_t n_used, float *d_out, void *d_work,
                        mla_cuda_stream stream, mla_err *e);
 

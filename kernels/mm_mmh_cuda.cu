@@ -321,11 +321,11 @@ __global__ void __launch_bounds__(WGM * 128, WGM == 2 ? 2 : 3)
     }
 }
 
-/* x [T][in] fp32 -> fp16 rows scaled by 2^e (largest element below 2^14), then the T floats
- * 2^-e at mh_scale_off(T, in). One block per row. With u (the fused swiglu): the row is
+/* x [T][in] fp32 -> fp16 rows scaled by 2^e (mlacu_h16_exp), then the T floats 2^-e at
+ * mh_scale_off(T, in). One block per row. With u (the fused swiglu): the row is
  * mlacu_swiglu(x, u), as swiglu_kernel computes it, so the result is the same bits as swiglu then
  * act_h, without the fp32 row in between. */
-__host__ __device__ inline size_t mh_scale_off(int64_t T, int64_t in) { return ((size_t)(T * in) * 2 + 15) / 16 * 16; }
+__host__ __device__ inline size_t mh_scale_off(int64_t T, int64_t in) { return mlacu_h16_scale_off(T, in); }
 
 __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x, const float *__restrict__ u,
                                                     int64_t in, __half *__restrict__ xh, float *__restrict__ xs) {
@@ -352,12 +352,7 @@ __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x,
     __syncthreads();
     m = red[0];
     for (int k = 1; k < 8; k++) m = fmaxf(m, red[k]);
-    int e = 0;
-    if (m > 0.f && m < INFINITY) { /* m < 2^k: 2^(14 - k) puts it below 2^14 */
-        int k;
-        frexpf(m, &k);
-        e = max(-120, min(120, 14 - k));
-    }
+    const int e = mlacu_h16_exp(m);
     const float s = ldexpf(1.f, e);
     __half2 *o = (__half2 *)(xh + t * in);
     for (int64_t i = threadIdx.x; i < in / 4; i += 256) {

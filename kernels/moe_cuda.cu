@@ -170,9 +170,9 @@ extern "C" size_t mla_cuda_moe_work_bytes(int64_t T, int64_t K, int64_t E, int64
            mla_cuda_act_h_bytes(T * K, F);
 }
 
-extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, int64_t T,
-                                  const int32_t *d_ids, const float *d_w, int64_t K, float *d_out, void *d_work,
-                                  mla_cuda_stream stream, mla_err *e) {
+extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, const void *d_xq, const void *d_xh,
+                                  int64_t T, const int32_t *d_ids, const float *d_w, int64_t K, float *d_out,
+                                  void *d_work, mla_cuda_stream stream, mla_err *e) {
     if (T == 0) return MLA_OK;
     const int64_t E = ex->n_embd, F = ex->n_ff;
     uint8_t *m = (uint8_t *)d_work;
@@ -209,8 +209,9 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
     /* the fp16 tensor cores, 32 pairs a tile, 64 from 48 a expert */
     if (fam == MLA_CUDA_MM_H) {
         const int bm = T * K >= 48 * ex->n_expert ? 64 : 32;
-        if (mla_cuda_act_h(d_x, T, E, hx, stream, e) ||
-            mla_cuda_matmul_grouped_h(ex->gate_type, ex->gate, ex->gate_estride, E, F, hx, T, (int)K, &pl,
+        if (d_xh) hx = (void *)d_xh; /* x's fp16 rows from the caller (its norm made them) */
+        else if (mla_cuda_act_h(d_x, T, E, hx, stream, e)) return MLA_ERR;
+        if (mla_cuda_matmul_grouped_h(ex->gate_type, ex->gate, ex->gate_estride, E, F, hx, T, (int)K, &pl,
                                       ex->n_expert, bm, g, stream, e) ||
             mla_cuda_matmul_grouped_h(ex->up_type, ex->up, ex->up_estride, E, F, hx, T, (int)K, &pl, ex->n_expert,
                                       bm, u, stream, e) ||

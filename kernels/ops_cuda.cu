@@ -32,15 +32,28 @@ __device__ float block_sum(float v, float *red) {
     return warp_sum(s);
 }
 
+/* the largest v of the block's threads (v >= 0), as block_sum shares `red` */
+__device__ float block_max(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = lane < nw ? red[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
 constexpr int RN_T = 512, RN_V = 16; /* threads of a row; values per thread kept in registers */
 constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (mla_cuda_rmsnorm_ex) */
 /* Row xr of n (one block of RN_T threads; every thread calls it): with ADD, x = xr + rr first
  * (mla_cuda_add's sum), written to xo (xo == xr: in place, one block a row); then st(i, y_i) for
  * y = rmsnorm(x) w, and with Q8 (rows of up to RN_T RN_V elements, n % 32 == 0) also y's q8
  * units: element i of the row's int8 at q[i], unit u's scales at qs[u] (mla_cuda_quantize_q8's
- * values). Rows of up to RN_T RN_V: only the elements i = threadIdx.x + k RN_T with
- * k0 <= k < k1 are written (x, y and q8; the sum is the whole row's), so that several blocks can
- * share a row (k1 - k0 = RN_KB, or the whole row).
+ * values), and with H16 (rows of up to RN_T RN_V, the whole row: k0 0, k1 RN_V) y's fp16 row at
+ * h and its scale at *hs (mla_cuda_act_h's values). Rows of up to RN_T RN_V: only the elements
+ * i = threadIdx.x + k RN_T with k0 <= k < k1 are written (x, y and q8; the sum is the whole
+ * row's), so that several blocks can share a row (k1 - k0 = RN_KB, or the whole row).
  * PDL: the caller has not waited on the kernel before; rms_row reads w (a weight) first, then
  * waits, and lets the next kernel be scheduled once the row's loads are in (its reduction).
  * rmsnorm_kernel takes this form for a decode step's few rows only. A decode step's norm is
@@ -51,10 +64,10 @@ constexpr int RN_KB = 2;             /* a slice of a row: RN_KB RN_T elements (m
 struct rms_no_fetch {
     __device__ void operator()() const {}
 };
-template <bool ADD, bool Q8, bool PDL = false, typename ST, typename FETCH = rms_no_fetch>
+template <bool ADD, bool Q8, bool H16, bool PDL = false, typename ST, typename FETCH = rms_no_fetch>
 __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float *xo, int n, const float *__restrict__ w,
-                                        float eps, float *red, int8_t *q, float4 *qs, int k0, int k1, ST st,
-                                        FETCH fetch = {}) {
+                                        float eps, float *red, int8_t *q, float4 *qs, __half *h, float *hs, int k0,
+                                        int k1, ST st, FETCH fetch = {}) {
     float ss = 0.f;
     if (n <= RN_T * RN_V) {
         /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
@@ -112,6 +125,20 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
                                            min(RN_KB, nk - k0));
             }
         }
+        if (H16) { /* act_h_kernel's scale and rounding of the same y */
+            float m = 0.f;
+#pragma unroll
+            for (int k = 0; k < RN_V; k++)
+                if (threadIdx.x + k * RN_T < n) m = fmaxf(m, fabsf(xv[k]));
+            const int e = mlacu_h16_exp(block_max(m, red));
+            const float s = ldexpf(1.f, e);
+#pragma unroll
+            for (int k = 0; k < RN_V; k++) {
+                const int i = threadIdx.x + k * RN_T;
+                if (i < n) h[i] = __float2half_rn(xv[k] * s);
+            }
+            if (threadIdx.x == 0) *hs = ldexpf(1.f, -e);
+        }
         return;
     }
     /* unrolled: the loads of a thread are independent (one block per token: latency, not bandwidth) */
@@ -140,11 +167,13 @@ static unsigned rn_slices(int64_t n) { return (unsigned)((n + RN_T * RN_KB - 1) 
 
 /* block (t, j): row t, slice j of RN_KB RN_T elements (gridDim.y > 1: rows of up to RN_T RN_V;
  * with ADD, xo is not x), or the whole row (gridDim.y 1). With ADD xo = x + res (rows of n,
- * ldx == n); with Q8 the q8 buffer of y (q: int8 [T][n], qs: its scales) */
-template <bool ADD, bool Q8>
+ * ldx == n); with Q8 the q8 buffer of y (q: int8 [T][n], qs: its scales); with H16 (gridDim.y 1)
+ * the fp16 buffer of y (h: fp16 [T][n], hs: its scales) */
+template <bool ADD, bool Q8, bool H16>
 __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const float *__restrict__ res, float *xo,
                                                        int64_t ldx, int64_t n, const float *__restrict__ w, float eps,
-                                                       float *y, int64_t ldy, int8_t *q, float4 *qs, int bulk) {
+                                                       float *y, int64_t ldy, int8_t *q, float4 *qs, __half *h,
+                                                       float *hs, int bulk) {
     /* bulk: the row (and with ADD the residual's) copied into shared memory by the copy engine
      * (one bulk copy each) instead of every thread loading its elements: a few blocks read a
      * row each, and the loads of one SM drain far slower than its bulk copies */
@@ -175,16 +204,18 @@ __global__ void __launch_bounds__(RN_T) rmsnorm_kernel(const float *x, const flo
     int8_t *qrow = Q8 ? q + blockIdx.x * n : nullptr;
     float4 *qsrow = Q8 ? qs + blockIdx.x * (n / 32) : nullptr;
     float *xorow = ADD ? xo + blockIdx.x * n : nullptr;
+    __half *hrow = H16 ? h + blockIdx.x * n : nullptr;
+    float *hsrow = H16 ? hs + blockIdx.x : nullptr;
     /* rms_row's PDL form (weights before the wait, the next kernel scheduled after the reduction)
      * only for a decode step's few rows: over many rows (prompts, decode batches of 128 and 256)
      * it cost 2-11% a step on an H200 (measured 2026-12-01), so those wait and
      * let the next kernel be scheduled at once */
     if (bulk) {
-        rms_row<ADD, Q8, true>(rn_sm, ADD ? rn_sm + n : nullptr, xorow, (int)n, w, eps, red, qrow, qsrow, k0, k1, st,
-                               fetch);
+        rms_row<ADD, Q8, H16, true>(rn_sm, ADD ? rn_sm + n : nullptr, xorow, (int)n, w, eps, red, qrow, qsrow, hrow,
+                                    hsrow, k0, k1, st, fetch);
     } else {
         mlacu_pdl_enter();
-        rms_row<ADD, Q8>(xr, rr, xorow, (int)n, w, eps, red, qrow, qsrow, k0, k1, st);
+        rms_row<ADD, Q8, H16>(xr, rr, xorow, (int)n, w, eps, red, qrow, qsrow, hrow, hsrow, k0, k1, st);
     }
     if (threadIdx.x == 0) MLACU_TRACE_MARK(1);
 }
@@ -253,7 +284,7 @@ __device__ __forceinline__ void kv_row_store(const RK &rk, const float *__restri
     const int row = KL + dr;
     KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
     const float *s = kva + (int64_t)t * row;
-    rms_row<false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, 0, RN_V,
+    rms_row<false, false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, nullptr, nullptr, 0, RN_V,
                           [&](int i, float v) { kv_store(d + i, v); });
     for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
     __syncthreads();
@@ -328,8 +359,9 @@ __global__ void __launch_bounds__(RN_T) qnorm_kv_kernel(const float *__restrict_
     int k0, k1;
     rn_slice((int)blockIdx.y, slices, k0, k1);
     float *yr = y + (int64_t)t * n;
-    rms_row<false, Q8, true>(x + (int64_t)t * n, nullptr, nullptr, n, w, eps, red, Q8 ? q + (int64_t)t * n : nullptr,
-                             Q8 ? qs + (int64_t)t * (n / 32) : nullptr, k0, k1, [&](int i, float v) { yr[i] = v; });
+    rms_row<false, Q8, false, true>(x + (int64_t)t * n, nullptr, nullptr, n, w, eps, red,
+                                    Q8 ? q + (int64_t)t * n : nullptr, Q8 ? qs + (int64_t)t * (n / 32) : nullptr,
+                                    nullptr, nullptr, k0, k1, [&](int i, float v) { yr[i] = v; });
 }
 
 /* One warp per token. Experts <= 1024, groups <= 32 (asserted on the host). */
@@ -498,31 +530,43 @@ unsigned ew_grid(int64_t n) {
 
 extern "C" int mla_cuda_rmsnorm(const float *d_x, int64_t ldx, int64_t T, int64_t n, const float *d_w, float eps,
                                 float *d_y, int64_t ldy, mla_cuda_stream stream, mla_err *e) {
-    return mla_cuda_rmsnorm_ex(d_x, NULL, NULL, ldx, T, n, d_w, eps, d_y, ldy, NULL, stream, e);
+    return mla_cuda_rmsnorm_ex(d_x, NULL, NULL, ldx, T, n, d_w, eps, d_y, ldy, NULL, NULL, stream, e);
+}
+
+/* rmsnorm_kernel's forms, [with the residual][q8][fp16] */
+static decltype(&rmsnorm_kernel<false, false, false>) rn_kernel(bool add, bool q8, bool h16) {
+    static decltype(&rmsnorm_kernel<false, false, false>) const k[8] = {
+        rmsnorm_kernel<false, false, false>, rmsnorm_kernel<false, false, true>, rmsnorm_kernel<false, true, false>,
+        rmsnorm_kernel<false, true, true>,   rmsnorm_kernel<true, false, false>, rmsnorm_kernel<true, false, true>,
+        rmsnorm_kernel<true, true, false>,   rmsnorm_kernel<true, true, true>};
+    return k[(add ? 4 : 0) + (q8 ? 2 : 0) + (h16 ? 1 : 0)];
 }
 
 extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *d_xsum, int64_t ldx, int64_t T,
                                    int64_t n, const float *d_w, float eps, float *d_y, int64_t ldy, void *d_q8,
-                                   mla_cuda_stream stream, mla_err *e) {
+                                   void *d_h16, mla_cuda_stream stream, mla_err *e) {
     MLA_ASSERT(T >= 0 && n > 0 && n < INT32_MAX && (!d_res || (ldx == n && d_xsum)) &&
-               (!d_q8 || (n % 32 == 0 && ldy == n)));
+               (!d_q8 || (n % 32 == 0 && ldy == n)) && (!d_h16 || (n % 4 == 0 && ldy == n && T <= INT32_MAX)));
     if (T == 0) return MLA_OK;
-    const bool q8 = d_q8 && n <= RN_T * RN_V; /* longer rows: quantized after */
+    const bool q8 = d_q8 && n <= RN_T * RN_V;   /* longer rows: quantized after */
+    const bool h16 = d_h16 && n <= RN_T * RN_V; /* longer rows: converted after */
     int8_t *q = (int8_t *)d_q8;
     float4 *qs = d_q8 ? (float4 *)((uint8_t *)d_q8 + mlacu_q8_scale_off(T, n)) : nullptr;
-    auto k = d_res ? (q8 ? rmsnorm_kernel<true, true> : rmsnorm_kernel<true, false>)
-                   : (q8 ? rmsnorm_kernel<false, true> : rmsnorm_kernel<false, false>);
-    /* a few rows with q8: each row over several blocks (rn_slices) */
+    __half *hh = (__half *)d_h16;
+    float *hs = d_h16 ? (float *)((uint8_t *)d_h16 + mlacu_h16_scale_off(T, n)) : nullptr;
+    auto k = rn_kernel(d_res != NULL, q8, h16);
+    /* a few rows with q8: each row over several blocks (rn_slices; the fp16 rows need the whole
+     * row's largest element in one block) */
     const bool apart = (!d_res || d_xsum != d_x) && d_y != d_x && (!d_res || d_y != d_xsum); /* nothing in place */
-    const unsigned slices = q8 && T <= 16 && apart ? rn_slices(n) : 1;
+    const unsigned slices = q8 && !h16 && T <= 16 && apart ? rn_slices(n) : 1;
     /* rows of up to RN_T RN_V elements, 16-byte aligned, few of them (a decode step's): bulk
      * copies into shared memory (rmsnorm_kernel) */
     const size_t rowb = (size_t)n * 4, smem = d_res ? 2 * rowb : rowb;
     const int bulk = n <= RN_T * RN_V && T <= 16 && rowb % 16 == 0 && (ldx * 4) % 16 == 0 && (uintptr_t)d_x % 16 == 0 &&
                      (!d_res || (uintptr_t)d_res % 16 == 0);
     if (bulk) {
-        static bool attr[4] = {false, false, false, false};
-        bool &done = attr[(d_res ? 2 : 0) + (q8 ? 1 : 0)];
+        static bool attr[8] = {false, false, false, false, false, false, false, false};
+        bool &done = attr[(d_res ? 4 : 0) + (q8 ? 2 : 0) + (h16 ? 1 : 0)];
         if (!done) {
             MLACU_CHECK(mlacu_smem_allow(k, (int)(2 * RN_T * RN_V * 4)), e,
                         "rmsnorm: shared memory");
@@ -530,10 +574,11 @@ extern "C" int mla_cuda_rmsnorm_ex(const float *d_x, const float *d_res, float *
         }
     }
     mlacu_launch(k, dim3((unsigned)T, slices), RN_T, bulk ? smem : 0, stream, d_x, d_res, d_xsum, ldx, n, d_w, eps, d_y,
-                 ldy, q, qs, bulk);
-    MLACU_CHECK(cudaGetLastError(), e, "rmsnorm%s%s T=%lld n=%lld", d_res ? " (+ residual)" : "", q8 ? " (+ q8)" : "",
-                (long long)T, (long long)n);
-    if (d_q8 && !q8) return mla_cuda_quantize_q8(d_y, T, n, d_q8, stream, e);
+                 ldy, q, qs, hh, hs, bulk);
+    MLACU_CHECK(cudaGetLastError(), e, "rmsnorm%s%s%s T=%lld n=%lld", d_res ? " (+ residual)" : "", q8 ? " (+ q8)" : "",
+                h16 ? " (+ fp16)" : "", (long long)T, (long long)n);
+    if (d_q8 && !q8 && mla_cuda_quantize_q8(d_y, T, n, d_q8, stream, e)) return MLA_ERR;
+    if (d_h16 && !h16) return mla_cuda_act_h(d_y, T, n, d_h16, stream, e);
     return MLA_OK;
 }
 

@@ -123,6 +123,8 @@ struct mla_cmodel {
     bool mmh;       /* quantized weights on the fp16 tensor cores above gemv_tmax tokens (mla_cuda_matmul_h) */
     int gemv_tmax;  /* with mmh: the integer GEMV up to this many tokens a step (MLA_CUDA_GEMV_TMAX) */
     void *xhbuf;    /* [cap_T] rows of max_in, mla_cuda_act_h_bytes */
+    void *hh;       /* m->h's fp16 buffer ([cap_T] rows of n_embd, mla_cuda_act_h_bytes), made by the norms */
+    bool hh_ok;     /* hh holds the fp16 rows of what m->h holds (norm_h16) */
     int moe_mmh_min; /* with mmh: the routed experts too, from this many pairs a expert (MLA_MOE_MMH_MIN) */
     int64_t h0, h1, Hl;
     rope_table rope;
@@ -597,7 +599,7 @@ static void free_scratch(mla_cmodel *m) {
     void *ps[] = {m->x, m->x2, m->h, m->y, m->cq, m->cqr, m->q, m->kva, m->qabs, m->ol, m->o, m->full, m->part, m->g, m->u, m->iq,
                   m->iw, m->rl, m->rw, m->scores, m->attn_work, m->logit_dev, m->tok, m->rid, m->sel, m->nsel,
                   m->topk_work, m->moe_work, m->dgbuf, m->dstep, m->kvn, m->ikn, m->q8buf, m->xhbuf, m->dids,
-                  m->q8h, m->q8c, m->pf_work};
+                  m->q8h, m->q8c, m->pf_work, m->hh};
     for (void *p : ps)
         if (p) cudaFree(p);
     if (m->hbuf) cudaFreeHost(m->hbuf);
@@ -614,7 +616,8 @@ static void free_scratch(mla_cmodel *m) {
     m->moe_work = nullptr;
     m->pf_work = nullptr;
     m->pf_work_bytes = 0;
-    m->q8buf = m->xhbuf = m->q8h = m->q8c = nullptr;
+    m->q8buf = m->xhbuf = m->q8h = m->q8c = m->hh = nullptr;
+    m->hh_ok = false;
     m->dgbuf = nullptr;
     m->hbuf = m->hbuf2 = nullptr;
     m->htok = nullptr;
@@ -885,6 +888,7 @@ static int ensure_scratch(mla_cmodel *m, int64_t T, int64_t keys, int64_t nout, 
     /* + 32: not an empty allocation for models without a q-LoRA */
     CU(dmalloc(m, &m->q8c, mla_cuda_q8_bytes(T, (c->q_lora_rank + 31) / 32 * 32 + 32)), "q8 activations");
     CU(dmalloc(m, &m->xhbuf, mla_cuda_act_h_bytes(T, m->max_in)), "fp16 activations");
+    if (m->mmh) CU(dmalloc(m, &m->hh, mla_cuda_act_h_bytes(T, E)), "fp16 activations");
     /* staging for the all-reduce (T x E), the attention output's gather (T x heads x v) and the
      * logits (nout x V, from every rank) */
     m->hbuf_floats = (size_t)(T * E + T * c->n_head * c->head_v + nout * V) * (size_t)m->world + 64;
@@ -953,12 +957,26 @@ static bool norm_q8(const mla_cmodel *m, int64_t T) {
     return m->q8 && !(m->mmh && T > std::max<int64_t>(m->gemv_tmax, MLA_CUDA_GEMVM_TMAX));
 }
 
+/* whether the norms of a T-token step also write m->h's fp16 rows (m->hh) for the products on the
+ * fp16 tensor cores after them: steps past the fp16 products' split-K steps (up to 64 tokens,
+ * whose partial sums go to the end of the buffer they read; those convert x into xhbuf each time) */
+static bool norm_h16(const mla_cmodel *m, int64_t T) { return m->mmh && T > 64; }
+
+/* x's fp16 rows for a product of `in` inputs on the fp16 tensor cores: m->hh where x is m->h and
+ * its norm made them, else x converted into m->xhbuf (NULL on an error) */
+static const void *h16_of(mla_cmodel *m, const float *x, int64_t T, int64_t in, mla_err *err) {
+    if (x == m->h && m->hh_ok && in == m->cfg.n_embd) return m->hh;
+    return mla_cuda_act_h(x, T, in, m->xhbuf, m->st, err) ? nullptr : m->xhbuf;
+}
+
 /* y = x W^T; xq: NULL, or x's q8 buffer */
 static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int64_t T, float *y, mla_err *err) {
     switch (mm_family(m, w, T)) {
-    case MLA_CUDA_MM_H:
-        TRY(mla_cuda_act_h(x, T, w->n_in, m->xhbuf, m->st, err));
-        return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, m->xhbuf, T, y, m->st, err);
+    case MLA_CUDA_MM_H: {
+        const void *xh = h16_of(m, x, T, w->n_in, err);
+        if (!xh) return MLA_ERR;
+        return mla_cuda_matmul_h(w->type, w->d, w->n_in, w->n_out, xh, T, y, m->st, err);
+    }
     case MLA_CUDA_MM_Q8:
     case MLA_CUDA_MM_Q8_MMA: {
         const void *q = q8_of(m, x, xq, T, w->n_in, err);
@@ -987,9 +1005,10 @@ static bool q8_gemv2(const mla_cmodel *m, const dmat *w0, const dmat *w1, int64_
 static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *y1, const float *x, const void *xq,
                int64_t T, mla_err *err) {
     if (mm_family(m, w0, T) == MLA_CUDA_MM_H && mm_family(m, w1, T) == MLA_CUDA_MM_H && w0->n_in == w1->n_in) {
-        TRY(mla_cuda_act_h(x, T, w0->n_in, m->xhbuf, m->st, err));
-        TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, m->xhbuf, T, y0, m->st, err));
-        return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, m->xhbuf, T, y1, m->st, err);
+        const void *xh = h16_of(m, x, T, w0->n_in, err);
+        if (!xh) return MLA_ERR;
+        TRY(mla_cuda_matmul_h(w0->type, w0->d, w0->n_in, w0->n_out, xh, T, y0, m->st, err));
+        return mla_cuda_matmul_h(w1->type, w1->d, w1->n_in, w1->n_out, xh, T, y1, m->st, err);
     }
     if (!mm_reads_q8(m, w0, T) || !mm_reads_q8(m, w1, T) || w0->n_in != w1->n_in) {
         TRY(mm(m, w0, x, xq, T, y0, err));
@@ -1007,7 +1026,7 @@ static int mm2(mla_cmodel *m, const dmat *w0, float *y0, const dmat *w1, float *
 /* m->h = rmsnorm(x [+ res]) of T rows (weights w), *x the residual stream (m->x or m->x2): with
  * res, x + res becomes the stream (written to the other buffer, so that the norm's blocks can
  * share a row). *hq: h's q8 buffer (m->q8h) where norm_q8 says the
- * products after it read one, else NULL. */
+ * products after it read one, else NULL; h's fp16 rows in m->hh where norm_h16 says so. */
 static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const float *w, const void **hq,
                   mla_err *err) {
     const mla_config *c = &m->cfg;
@@ -1015,7 +1034,9 @@ static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const f
     *hq = nullptr;
     void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
     float *xs = res ? (*x == m->x ? m->x2 : m->x) : nullptr;
-    TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->st, err));
+    m->hh_ok = m->hh && norm_h16(m, T) && E % 4 == 0;
+    TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->hh_ok ? m->hh : nullptr, m->st,
+                            err));
     if (res) *x = xs;
     *hq = q;
     return MLA_OK;
@@ -1108,8 +1129,8 @@ static int project_q_kv(mla_cmodel *m, const dlayer *l, const void *hq, int64_t 
                                        c->kv_lora_rank, l->kv_a_norm, kd->tabs, kd->kv_off, kd->pos, m->kv_f16, m->st,
                                        err));
         else
-            TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q, m->st,
-                                    err));
+            TRY(mla_cuda_rmsnorm_ex(m->cqr, nullptr, nullptr, QL, T, QL, l->q_a_norm, c->rms_eps, m->cq, QL, q,
+                                    nullptr, m->st, err));
         *cq_q = q;
         if (fork) CU(cudaEventRecord(m->ev_fork, m->st), "fork"); /* cq is in: the indexer may start */
         return mm(m, &l->q_b, m->cq, q, T, m->q, err);
@@ -1224,7 +1245,8 @@ static int ffn_moe(mla_cmodel *m, int64_t il, int64_t T, const void *hq, mla_err
                                c->weights_scale};
         TRY(mla_cuda_moe_route(&rp, m->rl, l->router_bias, T, m->rid, m->rw, m->st, err));
         if (side) CU(cudaStreamWaitEvent(m->st, m->ev_join, 0), "join");
-        TRY(mla_cuda_moe_apply(&l->ex, m->h, hq, T, m->rid, m->rw, K, m->y, m->moe_work, m->st, err));
+        TRY(mla_cuda_moe_apply(&l->ex, m->h, hq, m->hh_ok ? m->hh : nullptr, T, m->rid, m->rw, K, m->y, m->moe_work,
+                               m->st, err));
     }
     return allreduce(m, m->y, (size_t)(T * E), err);
 }
@@ -1381,7 +1403,10 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
     if (!all_rows) TRY(mla_cuda_add(x, m->y, T * E, st, err));
     if (nout <= 0) return MLA_OK;
     if (all_rows) TRY(norm_h(m, &x, m->y, T, m->out_norm, &hq, err));
-    else TRY(mla_cuda_rmsnorm(x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    else {
+        m->hh_ok = false; /* m->h holds nout rows now */
+        TRY(mla_cuda_rmsnorm(x + out0 * E, E, nout, E, m->out_norm, c->rms_eps, m->h, E, st, err));
+    }
     TRY(mm(m, &m->output, m->h, all_rows ? hq : nullptr, nout, m->logit_dev, err));
     if (m->out_split && m->coll_dev)
         TRY(coll_allgather_f32(m->c, m->logit_dev, m->dgbuf, (size_t)(nout * (m->out_r1 - m->out_r0)), err));

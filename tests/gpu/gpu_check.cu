@@ -389,12 +389,12 @@ static int64_t dev_diff(const void *a, const void *b, size_t n) {
     return d;
 }
 
-/* The fused norm of a decode step (mla_cuda_rmsnorm_ex): s = x + res, y = rmsnorm(s), y's q8
- * buffer; s into another buffer (the model's way: several blocks a row), or in place (x; with
- * res false, y = x: the q-LoRA norm). Against the CPU (x + res, rmsnorm: the float rows; the q8
- * rounding of y: its values), and bit for bit against mla_cuda_add, mla_cuda_rmsnorm and
- * mla_cuda_quantize_q8 in turn. */
-static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_place = false) {
+/* The fused norm of a step (mla_cuda_rmsnorm_ex): s = x + res, y = rmsnorm(s), y's q8 buffer (a
+ * decode step's), y's fp16 buffer (h16: a prompt's); s into another buffer (the model's way:
+ * several blocks a row), or in place (x; with res false, y = x: the q-LoRA norm). Against the CPU
+ * (x + res, rmsnorm: the float rows; the q8 rounding of y: its values), and bit for bit against
+ * mla_cuda_add, mla_cuda_rmsnorm, mla_cuda_quantize_q8 and mla_cuda_act_h in turn. */
+static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_place = false, bool h16 = false) {
     std::vector<float> x(T * n), r(T * n), w(n), xr(T * n), ref(T * n), got(T * n), gx(T * n);
     gr_fill(&g_rng, x.data(), T * n, 3.0f);
     gr_fill(&g_rng, r.data(), T * n, 1.0f);
@@ -404,8 +404,10 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
     float *dx = (float *)dup(x.data(), T * n * 4), *dx2 = (float *)dup(x.data(), T * n * 4);
     float *dr = (float *)dup(r.data(), T * n * 4), *dw = (float *)dup(w.data(), n * 4);
     float *dy = (float *)dmalloc(T * n * 4), *dy2 = (float *)dmalloc(T * n * 4), *ds = (float *)dmalloc(T * n * 4);
-    const size_t qb = mla_cuda_q8_bytes(T, n);
-    void *dq = dmalloc(qb), *dq2 = dmalloc(qb);
+    const size_t qb = mla_cuda_q8_bytes(T, n), hb = mla_cuda_act_h_bytes(T, n);
+    void *dq = dmalloc(qb), *dq2 = dmalloc(qb), *dh = dmalloc(hb), *dh2 = dmalloc(hb);
+    poison(dh, hb);
+    poison(dh2, hb);
     poison(dy, T * n * 4);
     poison(ds, T * n * 4);
     poison(dq, qb);
@@ -413,12 +415,14 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
     /* s: ds, or x itself; y: dy, or x itself (in place without res) */
     float *dsum = res ? (in_place ? dx : ds) : NULL, *dyo = in_place && !res ? dx : dy;
     auto run = [&](int) {
-        OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, dsum, n, T, n, dw, 1e-6f, dyo, n, q8 ? dq : NULL, 0, E));
+        OK(mla_cuda_rmsnorm_ex(dx, res ? dr : NULL, dsum, n, T, n, dw, 1e-6f, dyo, n, q8 ? dq : NULL, h16 ? dh : NULL, 0,
+                               E));
     };
     run(0);
     if (res) OK(mla_cuda_add(dx2, dr, T * n, 0, E));
     OK(mla_cuda_rmsnorm(dx2, n, T, n, dw, 1e-6f, dy2, n, 0, E));
     if (q8) OK(mla_cuda_quantize_q8(dy2, T, n, dq2, 0, E));
+    if (h16) OK(mla_cuda_act_h(dy2, T, n, dh2, 0, E));
     CK(cudaDeviceSynchronize());
     down(got.data(), dyo, T * n * 4);
     down(gx.data(), res ? dsum : dx, T * n * 4);
@@ -437,6 +441,10 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
     }
     const int64_t bits = (res ? dev_diff(dsum, dx2, T * n * 4) : 0) + dev_diff(dyo, dy2, T * n * 4) +
                          (q8 ? dev_diff(dq, dq2, qb) : 0);
+    const size_t hso = ((size_t)T * n * 2 + 15) / 16 * 16; /* the fp16 rows, then their scales (act_h's layout) */
+    const int64_t hbits = h16 ? dev_diff(dh, dh2, (size_t)T * n * 2) +
+                                    dev_diff((uint8_t *)dh + hso, (uint8_t *)dh2 + hso, (size_t)T * 4)
+                              : 0;
     /* timed out of place (in place: rerun on its own output) */
     if (in_place) dsum = res ? ds : NULL, dyo = dy;
     double us = time_us(run);
@@ -444,7 +452,9 @@ static void check_rmsnorm_ex(int64_t T, int64_t n, bool res, bool q8, bool in_pl
     const std::string sh = fmt("T=%lld n=%lld%s", (long long)T, (long long)n, in_place ? " in place" : "");
     add_row(nm, sh, err, 1e-5, us, (res ? 16.0 : 8.0) * T * n, 0, true);
     add_row(fmt("%s = unfused", nm), sh + ", bytes differing", bits ? INFINITY : 0, 0, 0, 0, 0, true);
-    for (void *p : {(void *)dx, (void *)dx2, (void *)dr, (void *)dw, (void *)dy, (void *)dy2, (void *)ds, dq, dq2})
+    if (h16) add_row(fmt("%s + fp16 = act_h", nm), sh + ", bytes differing", hbits ? INFINITY : 0, 0, 0, 0, 0, true);
+    for (void *p :
+         {(void *)dx, (void *)dx2, (void *)dr, (void *)dw, (void *)dy, (void *)dy2, (void *)ds, dq, dq2, dh, dh2})
         CK(cudaFree(p));
 }
 
@@ -701,6 +711,13 @@ static void check_fused_decode(void) {
         check_rmsnorm_ex(2, 9216, true, true, true);
     }
     check_rmsnorm_ex(20, 7168, true, true);
+    /* a prompt's norms with their fp16 rows (the residual's, in place, past 8192: converted apart;
+     * and a decode row's bulk copy) */
+    check_rmsnorm_ex(300, 7168, true, false, false, true);
+    check_rmsnorm_ex(130, 6144, true, false, true, true);
+    check_rmsnorm_ex(70, 2048, false, false, false, true);
+    check_rmsnorm_ex(3, 9216, true, false, false, true);
+    check_rmsnorm_ex(2, 7168, true, true, false, true);
     /* V3's q_a + kv_a (Q8_0), GLM-5's indexer pair, shapes with partial stages */
     for (int64_t T : {1, 2}) {
         check_q8_two(GGML_TYPE_Q8_0, 7168, 1536, 576, T, false);
