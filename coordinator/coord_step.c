@@ -74,7 +74,7 @@ int coord_step(coord *c, const wire_step_plan *plan, wire_step_result *out, mla_
      * grow it after the cache pool took the memory */
     uint64_t tokens = 0;
     for (uint32_t i = 0; i < plan->n_seqs; i++) tokens += plan->seqs[i].n_tokens;
-    const uint32_t max_t = c->cfg.kv.max_step_tokens > c->cfg.kv.max_seqs ? c->cfg.kv.max_step_tokens : c->cfg.kv.max_seqs;
+    const uint32_t max_t = wire_kv_step_cap(&c->cfg.kv);
     if (plan->n_seqs > c->cfg.kv.max_seqs || tokens > max_t)
         return mla_errf(err, "coordinator: a step of %u sequences and %llu tokens; the workers were sized for %u sequences "
                              "and %u tokens a step",

@@ -78,6 +78,11 @@ typedef struct wire_kv_opts {
     bool local_group;             /* every rank was started on one host with the same devices visible:
                                    * ranks on one device split gpu_memory_utilization */
 } wire_kv_opts;
+/* The most tokens of a step that the workers size their scratch for, and so the most a step plan
+ * may carry: a prefill chunk's max_step_tokens, or a decode step's max_seqs rows if larger. */
+static inline uint32_t wire_kv_step_cap(const wire_kv_opts *o) {
+    return o->max_step_tokens > o->max_seqs ? o->max_step_tokens : o->max_seqs;
+}
 
 /* Worker settings the coordinator's flags decide (RegisterReply; zeros: the defaults). */
 enum { WIRE_AHEAD_QUEUE = 0, WIRE_AHEAD_OFF = 1, WIRE_AHEAD_SYNC = 2 };

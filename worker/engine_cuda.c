@@ -160,7 +160,7 @@ static int cu_load(engine **out, const char *path, int rank, int world, coll *c,
     if (eo->kv.local_group && ndev > 0 && world > ndev)
         share = world / ndev + (dev < world % ndev ? 1 : 0);
     mla_cmodel_kv_opts ko = {eo->kv.gpu_memory_utilization, share, eo->kv.kv_memory_bytes, WIRE_MAX_BLOCKS,
-                             eo->kv.max_step_tokens, e->n_ctx, eo->kv.max_seqs};
+                             wire_kv_step_cap(&eo->kv), e->n_ctx, eo->kv.max_seqs};
     if (mla_cmodel_kv_init(e->m, &ko, err)) {
         mla_err_prefix(err, "device %d", dev);
         cu_destroy(e);
