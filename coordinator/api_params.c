@@ -289,9 +289,7 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
     }
     if (!is_null(ptc)) {
         if (!cJSON_IsBool(ptc)) return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-        if (!cJSON_IsTrue(ptc))
-            return bad(e, "parallel_tool_calls",
-                       "'parallel_tool_calls': false is not supported (every call the model writes is returned)");
+        p->one_call = !cJSON_IsTrue(ptc); /* the calls after the first are dropped from the answer */
     }
     return MLA_OK;
 }

@@ -54,6 +54,7 @@ typedef struct api_gen_params {
     const cJSON *tools;                /* points into the request document; NULL: none */
     enum api_tool_choice tool_choice;
     char *tool_choice_name;            /* API_TOOLS_NAMED: the function */
+    bool one_call;                     /* parallel_tool_calls: false: the first call alone is returned */
     const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
     char *reasoning_effort;            /* NULL: absent */
     bool prompt_opens_reasoning;       /* set by the server: the rendered prompt ends in "<think>" */

@@ -64,6 +64,7 @@ typedef struct chat_out {
     enum reasoning_kind rk;
     bool think_open;          /* the prompt ends in "<think>" */
     enum toolcall_kind tk;    /* TOOLCALL_NONE: no tools in this request */
+    bool one_call;            /* parallel_tool_calls: false: the first call alone */
     cJSON *tools;             /* a copy of the request's tools (GLM's argument types) */
     size_t sent_r, sent_c;    /* bytes of reasoning / content streamed */
     int sent_calls;           /* calls whose first delta (id, name) was streamed */
@@ -370,7 +371,7 @@ static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o)
     memset(o, 0, sizeof *o);
     const char *t = r->text ? r->text : "";
     if (co->rk != REASONING_NONE) {
-        reasoning_split_text(t, len, co->think_open, final, &o->rs);
+        reasoning_split_text(co->rk, t, len, co->think_open, final, &o->rs);
     } else {
         o->rs.c_start = 0;
         o->rs.c_end = len;
@@ -379,7 +380,9 @@ static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o)
         toolcall_parse(co->tk, t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, co->tools, &o->tc);
         o->content = o->tc.content;
         o->content_len = o->tc.content_len;
-        o->n_calls = o->tc.n_calls;
+        /* parallel_tool_calls: false: the first call; the model's later calls are not returned
+         * (nor their text, as content), as vLLM filters them */
+        o->n_calls = co->one_call && o->tc.n_calls > 1 ? 1 : o->tc.n_calls;
     } else {
         o->content = t + o->rs.c_start;
         o->content_len = o->rs.c_end - o->rs.c_start;
@@ -420,9 +423,15 @@ static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool wi
     return o;
 }
 
-static const char *chat_finish(const api_req *r, int n_calls) {
+/* The finish reason of a chat answer: "tool_calls" where it stopped after complete calls; a
+ * call cut off (a stop string, the end of generation inside it) keeps "stop", as max_tokens
+ * keeps "length": its arguments are not whole */
+static const char *chat_finish(const api_req *r, const chat_parsed *ps) {
     const char *f = r->finish_reason ? r->finish_reason : "stop";
-    return n_calls > 0 && !strcmp(f, "stop") ? "tool_calls" : f;
+    if (!ps->n_calls || strcmp(f, "stop")) return f;
+    for (int i = 0; i < ps->n_calls; i++)
+        if (!ps->tc.calls[i].done) return f;
+    return "tool_calls";
 }
 
 /* Streams what the parse of text[0, len) adds to what was sent: reasoning, content, then each
@@ -482,7 +491,7 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
         cJSON_AddItemToObject(c, "delta", deltas[k]);
         if (k == 0 && r->logprobs && t1 > t0) cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, t0, t1));
         else cJSON_AddNullToObject(c, "logprobs");
-        if (finish && k == nd - 1) cJSON_AddStringToObject(c, "finish_reason", chat_finish(r, ps.n_calls));
+        if (finish && k == nd - 1) cJSON_AddStringToObject(c, "finish_reason", chat_finish(r, &ps));
         else cJSON_AddNullToObject(c, "finish_reason");
         cJSON_AddItemToArray(choices, c);
         if (r->include_usage) cJSON_AddNullToObject(j, "usage");
@@ -639,7 +648,7 @@ static void complete_response(api_req *r, const char *error) {
                         cJSON_AddItemToArray(arr, tool_call_json(r, i, &ps.tc.calls[i], false, ps.tc.calls[i].args,
                                                                  ps.tc.calls[i].args_len, true));
             }
-            finish = chat_finish(r, ps.n_calls);
+            finish = chat_finish(r, &ps);
             chat_parsed_free(&ps);
         } else if (r->kind == API_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
@@ -1263,6 +1272,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         r->chat->think_open = p->prompt_opens_reasoning;
         r->chat->tk = with_tools ? (enum toolcall_kind)a->cfg.tool_parser : TOOLCALL_NONE;
         if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
+        r->chat->one_call = p->one_call;
     }
     r->created = (long long)time(NULL);
     a->counter++;

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "coordinator/chat_toolcall.h"
+
 #define OPEN_TAG "<think>"
 #define CLOSE_TAG REASONING_CLOSE_TAG
 
@@ -44,13 +46,45 @@ static size_t partial_suffix(const char *s, size_t n, const char *tag) {
     return 0;
 }
 
-void reasoning_split_text(const char *t, size_t len, bool inside, bool final, reasoning_split *o) {
+/* where the reasoning starting at t[pos] ends (*end, NULL: not yet) and the content starts (*next):
+ * "</think>", or for Kimi-K2 its tool-call section's first marker (kept for the content);
+ * *hold: the longest suffix of the text that may start one of them */
+static void reasoning_end(enum reasoning_kind kind, const char *t, size_t len, size_t pos, const char **end,
+                          size_t *next, size_t *hold) {
+    static const char *const kimi[2] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1};
+    *end = pos < len ? memmem(t + pos, len - pos, CLOSE_TAG, sizeof CLOSE_TAG - 1) : NULL;
+    *next = *end ? (size_t)(*end - t) + sizeof CLOSE_TAG - 1 : len;
+    *hold = partial_suffix(t + pos, len - pos, CLOSE_TAG);
+    if (kind != REASONING_KIMI_K2) return;
+    for (int i = 0; i < 2; i++) {
+        const char *m = pos < len ? memmem(t + pos, len - pos, kimi[i], strlen(kimi[i])) : NULL;
+        if (m && (!*end || m < *end)) {
+            *end = m;
+            *next = (size_t)(m - t);
+        }
+        const size_t h = partial_suffix(t + pos, len - pos, kimi[i]);
+        if (h > *hold) *hold = h;
+    }
+}
+
+void reasoning_split_text(enum reasoning_kind kind, const char *t, size_t len, bool inside, bool final,
+                          reasoning_split *o) {
     memset(o, 0, sizeof *o);
     size_t pos = 0;
-    if (!inside) {
+    const size_t ol = sizeof OPEN_TAG - 1;
+    if (inside) { /* the prompt opened the reasoning: a "<think>" the model writes again is no part of it */
+        while (pos < len && is_ws(t[pos])) pos++;
+        if (len - pos >= ol && !memcmp(t + pos, OPEN_TAG, ol)) {
+            pos += ol;
+        } else if (!final && len - pos < ol && !memcmp(t + pos, OPEN_TAG, len - pos)) {
+            /* only whitespace or a beginning of "<think>" so far: nothing is certain yet */
+            o->has_reasoning = true;
+            o->r_start = o->r_end = o->c_start = o->c_end = len;
+            return;
+        }
+    } else {
         size_t w = 0;
         while (w < len && is_ws(t[w])) w++;
-        size_t ol = sizeof OPEN_TAG - 1;
         if (len - w >= ol && !memcmp(t + w, OPEN_TAG, ol)) {
             inside = true;
             pos = w + ol;
@@ -66,17 +100,17 @@ void reasoning_split_text(const char *t, size_t len, bool inside, bool final, re
     o->has_reasoning = true;
     while (pos < len && is_ws(t[pos])) pos++;
     o->r_start = pos;
-    const char *close = NULL;
-    if (pos < len) close = memmem(t + pos, len - pos, CLOSE_TAG, sizeof CLOSE_TAG - 1);
+    const char *close;
+    size_t c, hold;
+    reasoning_end(kind, t, len, pos, &close, &c, &hold);
     size_t r_end = close ? (size_t)(close - t) : len;
-    if (!close && !final) r_end -= partial_suffix(t + pos, len - pos, CLOSE_TAG);
+    if (!close && !final) r_end -= hold;
     while (r_end > pos && is_ws(t[r_end - 1])) r_end--;
     o->r_end = r_end > pos ? r_end : pos;
     if (!close) {
         o->c_start = o->c_end = len;
         return;
     }
-    size_t c = (size_t)(close - t) + sizeof CLOSE_TAG - 1;
     while (c < len && is_ws(t[c])) c++;
     o->c_start = c;
     o->c_end = len;

@@ -1,12 +1,15 @@
 /* chat_reasoning: splits a chat completion's text into reasoning_content and content.
  *
  * Every supported family writes its reasoning between "<think>" and "</think>" (DeepSeek-R1,
- * DeepSeek-V3.1 in thinking mode, GLM-4.5/4.6/4.7/5, Kimi-K2-Thinking); the kinds differ only in
- * their names (docs/chat-dialects.md). The reasoning is open from the first output byte when the
- * prompt itself ends with "<think>" (R1's and GLM-5's templates write it in the generation
- * prompt; V3.1 with thinking on); otherwise only an output that starts (after whitespace) with
- * "<think>" has reasoning. A prompt ending in "</think>" or "<think></think>" (the thinking switch
- * off) therefore leaves all of the output in content: nothing is eaten.
+ * DeepSeek-V3.1 in thinking mode, GLM-4.5/4.6/4.7/5, Kimi-K2-Thinking; docs/chat-dialects.md).
+ * Kimi-K2 may also end it by opening its tool-call section without "</think>": for that kind the
+ * section's first marker ends the reasoning too and starts the content (where the tool-call
+ * parser finds it). The reasoning is open from the first output byte when the prompt itself ends
+ * with "<think>" (R1's and GLM-5's templates write it in the generation prompt; V3.1 with
+ * thinking on), and a "<think>" that the model writes again there (after whitespace) is dropped;
+ * otherwise only an output that starts (after whitespace) with "<think>" has reasoning. A prompt
+ * ending in "</think>" or "<think></think>" (the thinking switch off) therefore leaves all of the
+ * output in content: nothing is eaten.
  *
  * The split is a pure function of the whole text so far, so streaming recomputes it on every
  * flush and sends what grew. A partial split (final = false) holds back text that may still
@@ -47,6 +50,7 @@ typedef struct reasoning_split {
     bool has_reasoning;    /* a reasoning block was opened */
 } reasoning_split;
 
-void reasoning_split_text(const char *text, size_t len, bool starts_inside, bool final, reasoning_split *out);
+void reasoning_split_text(enum reasoning_kind kind, const char *text, size_t len, bool starts_inside, bool final,
+                          reasoning_split *out);
 
 #endif

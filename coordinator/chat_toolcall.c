@@ -14,8 +14,8 @@
 #define DS_CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
 #define DS_SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>"
 /* Kimi-K2 */
-#define KM_SEC_BEGIN "<|tool_calls_section_begin|>"
-#define KM_SEC_BEGIN1 "<|tool_call_section_begin|>"
+#define KM_SEC_BEGIN TOOLCALL_KIMI_SECTION_BEGIN
+#define KM_SEC_BEGIN1 TOOLCALL_KIMI_SECTION_BEGIN1
 #define KM_SEC_END "<|tool_calls_section_end|>"
 #define KM_SEC_END1 "<|tool_call_section_end|>"
 #define KM_CALL_BEGIN "<|tool_call_begin|>"
@@ -273,6 +273,27 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
 /* ---- GLM ---- */
 
 /* The declared type of parameter key of tool name says the value is a string (or says nothing). */
+/* whether a parameter's schema allows a string: its "type" is or lists "string", or a branch of
+ * its anyOf / oneOf allows one (pydantic writes Optional[str] so); a schema without either
+ * ($ref, enum, none at all) does not say so */
+static bool schema_allows_string(const cJSON *sc) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sc, "type"), *it;
+    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
+    if (cJSON_IsArray(ty)) {
+        cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it) && !strcmp(it->valuestring, "string")) return true;
+        return false;
+    }
+    static const char *const alts[2] = {"anyOf", "oneOf"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]);
+        if (!cJSON_IsArray(br)) continue;
+        cJSON_ArrayForEach(it, br) if (schema_allows_string(it)) return true;
+    }
+    return false;
+}
+
+/* whether key's value is taken as a string: the tool's schema for it allows a string, or the
+ * tool or the key is not declared; otherwise the value is read as JSON where it is JSON */
 static bool glm_is_string(const cJSON *tools, const char *name, const char *key) {
     const cJSON *tl;
     cJSON_ArrayForEach(tl, tools) {
@@ -280,14 +301,8 @@ static bool glm_is_string(const cJSON *tools, const char *name, const char *key)
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(nm) || strcmp(nm->valuestring, name)) continue;
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties");
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pr, key), "type");
-        if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
-        if (cJSON_IsArray(ty)) {
-            const cJSON *it;
-            cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it) && !strcmp(it->valuestring, "string")) return true;
-            return false;
-        }
-        return true;
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(pr, key);
+        return !cJSON_IsObject(sc) || schema_allows_string(sc);
     }
     return true;
 }

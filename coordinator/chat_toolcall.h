@@ -9,8 +9,10 @@
  *             <|tool_call_argument_begin|>ARGS<|tool_call_end|>...<|tool_calls_section_end|>
  *             (the model's "functions.NAME:IDX" is the call's id)
  *   glm       <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or
- *             without newlines between the parts; V is a JSON value unless the tool's parameter
- *             schema says "string" (or names no type), else a string.
+ *             without newlines between the parts; V is a string where the parameter's schema
+ *             allows one ("type" "string" or listing it, or an anyOf / oneOf branch that does)
+ *             or the tool or the parameter is not declared; otherwise the JSON value V is,
+ *             else (not JSON) a string.
  * Text outside the calls is content (less the whitespace before a call and whitespace-only text
  * between or after calls). ARGS is the model's text as is (it may be invalid JSON, as
  * OpenAI documents for its own models); GLM's pairs become a JSON object.
@@ -33,6 +35,9 @@
 #include <stddef.h>
 
 #define TOOLCALL_MAX_CALLS 64
+/* Kimi-K2's tool-call section opens with either spelling (its reasoning kind also ends there) */
+#define TOOLCALL_KIMI_SECTION_BEGIN "<|tool_calls_section_begin|>"
+#define TOOLCALL_KIMI_SECTION_BEGIN1 "<|tool_call_section_begin|>"
 
 enum toolcall_kind { TOOLCALL_NONE = 0, TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOOLCALL_GLM };
 #define TOOLCALL_AUTO (-1)

@@ -1,7 +1,8 @@
 /* libFuzzer target for the chat output parsers (coordinator/chat_reasoning.c,
  * coordinator/chat_toolcall.c), combined as the server combines them: the reasoning split, then
  * the tool-call parse of the content. Input: a header byte (bits 0-1: tool-call format,
- * bit 2: reasoning on, bit 3: the prompt opened <think>), a byte naming where to cut, then the
+ * bit 2: reasoning on, bit 3: the prompt opened <think>, bit 4: Kimi-K2's reasoning, which its
+ * tool-call section also ends), a byte naming where to cut, then the
  * model's text (any bytes; the fuzzer's dictionary of markers comes from the seed corpus).
  * Checked: the partial parse of every prefix up to the cut (as a stream sees them) is a prefix of
  * the parse of the longer text and of the final parse (reasoning, content, the number of calls,
@@ -26,7 +27,8 @@ static const cJSON *g_tools;
 static void parse(const char *t, size_t len, int flags, bool final, parsed *o) {
     memset(o, 0, sizeof *o);
     if (flags & 4) {
-        reasoning_split_text(t, len, (flags & 8) != 0, final, &o->rs);
+        reasoning_split_text((flags & 16) ? REASONING_KIMI_K2 : REASONING_DEEPSEEK_R1, t, len, (flags & 8) != 0, final,
+                             &o->rs);
     } else {
         o->rs.c_start = 0;
         o->rs.c_end = len;
@@ -71,7 +73,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     if (!g_tools)
         g_tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
-                              "\"properties\":{\"s\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}}}]");
+                              "\"properties\":{\"s\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
+                              "\"o\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+                              "\"r\":{\"$ref\":\"#/$defs/R\"}}}}}]");
     int flags = data[0];
     const char *t = (const char *)data + 2;
     size_t len = size - 2;

@@ -36,6 +36,13 @@ WEATHER = {"type": "function", "function": {
                                                     "units": {"type": ["string", "null"]}},
                    "required": ["city"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+# parameters as pydantic writes them: Optional[...] as anyOf, a nested model as $ref, a Literal as enum
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "$defs": {"Filt": {"type": "object", "properties": {"lang": {"type": "string"}}}},
+    "properties": {"q": {"type": "string"}, "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                   "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+                   "filt": {"$ref": "#/$defs/Filt"}, "mode": {"enum": ["fast", "slow"]},
+                   "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}
 
 # a template that renders `tools` in DeepSeek's turn format (DeepSeek's released templates do not
 # render tools: users serve them with --chat-template of one that does)
@@ -195,30 +202,62 @@ CASES = [
       "calls": [("*", "function", "get_weather", {"city": "Lima", "days": 1}), ("*", "function", "get_time", {})]},
      "tool_calls"),
     # calls the output ends inside (as max_tokens cuts them): the arguments as far as written, left
-    # open, never a marker's first bytes
+    # open, never a marker's first bytes; the finish reason is not "tool_calls" (the calls are not
+    # whole: an agent would run them)
     ("glm-5 call cut inside a value", "glm-5.jinja", [],
      "Need it.</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value>"
      "<arg_key>city</arg_key><arg_value>Paris is", {"tools": [WEATHER]},
      {"content": None, "reasoning": "Need it.",
-      "calls": [("*", "function", "get_weather", ("raw", '{"days":2,"city":"Paris is'))]}, "tool_calls"),
+      "calls": [("*", "function", "get_weather", ("raw", '{"days":2,"city":"Paris is'))]}, "stop"),
     ("glm-5 call cut between pairs", "glm-5.jinja", [],
      "x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_ke",
      {"tools": [WEATHER]},
      {"content": None, "reasoning": "x",
-      "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo"'))]}, "tool_calls"),
+      "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo"'))]}, "stop"),
     ("glm-5 call cut in a key, then in a number", "glm-5.jinja", [],
      "x</think><tool_call>get_weather<arg_key>da", {"tools": [WEATHER]},
      {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"da'))]},
-     "tool_calls"),
+     "stop"),
     ("glm-5 call cut in a number", "glm-5.jinja", [],
      "x</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>1</arg_v", {"tools": [WEATHER]},
      {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"days":1'))]},
-     "tool_calls"),
+     "stop"),
     ("deepseek-v3.1 call cut in its end marker", "ds-tools", [],
      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Lima\"}<｜tool▁call▁e",
      {"tools": [WEATHER]},
      {"content": None, "reasoning": None, "calls": [("*", "function", "get_weather", {"city": "Lima"})]},
+     "stop"),
+    # Kimi-K2 may open its tool-call section without closing its reasoning: the section ends it
+    ("kimi-k2-thinking: a call opens before </think>", "kimi-k2-thinking.jinja", [],
+     "<think>Plan a call.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+     "<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>",
+     {"tools": [WEATHER]},
+     {"content": None, "reasoning": "Plan a call.",
+      "calls": [("functions.get_weather:0", "function", "get_weather", {"city": "Oslo"})]}, "tool_calls"),
+    # GLM values typed by the parameter's schema: a string only where it allows one (pydantic's
+    # Optional[str] is an anyOf); $ref, enum and untyped values read as JSON where they are
+    ("glm-4.6 values typed by anyOf / $ref / enum", "glm-4.6.jinja", [],
+     "<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>x</arg_value>\n<arg_key>limit</arg_key>\n"
+     "<arg_value>5</arg_value>\n<arg_key>tags</arg_key>\n<arg_value>[\"a\", \"b\"]</arg_value>\n"
+     "<arg_key>filt</arg_key>\n<arg_value>{\"lang\": \"en\"}</arg_value>\n<arg_key>mode</arg_key>\n"
+     "<arg_value>fast</arg_value>\n<arg_key>note</arg_key>\n<arg_value>7</arg_value>\n</tool_call>",
+     {"tools": [SEARCH]},
+     {"content": None, "reasoning": None,
+      "calls": [("*", "function", "search", {"q": "x", "limit": 5, "tags": ["a", "b"], "filt": {"lang": "en"},
+                                              "mode": "fast", "note": "7"})]}, "tool_calls"),
+    ("parallel_tool_calls false: the first call alone", "glm-4.6.jinja", [],
+     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n"
+     "<tool_call>get_time\n</tool_call>", {"tools": [WEATHER, TIME], "parallel_tool_calls": False},
+     {"content": None, "reasoning": None, "calls": [("*", "function", "get_weather", {"city": "Paris"})]},
      "tool_calls"),
+    ("a stop string inside a call: finish stop", "glm-4.6.jinja", [],
+     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+     {"tools": [WEATHER], "stop": ["Par"]},
+     {"content": None, "reasoning": None, "calls": [("*", "function", "get_weather", ("raw", '{"city":"'))]},
+     "stop"),
+    ("r1: a <think> written again after the prompt's", "deepseek-r1.jinja", [],
+     "<think>\nfoo</think>bar", {},
+     {"content": "bar", "reasoning": "foo", "calls": []}, "stop"),
     ("required, but no call: the text is returned", "glm-4.6.jinja", [],
      "I cannot call anything.", {"tools": [WEATHER], "tool_choice": "required"},
      {"content": "I cannot call anything.", "reasoning": None, "calls": []}, "stop"),
@@ -296,7 +335,6 @@ def main():
         refused("reasoning_effort where the template has none", "reasoning_effort", reasoning_effort="high")
         refused("named tool not in tools", "not_there", tools=[WEATHER],
                 tool_choice={"type": "function", "function": {"name": "not_there"}})
-        refused("parallel_tool_calls false", "parallel_tool_calls", tools=[WEATHER], parallel_tool_calls=False)
         refused("image parts", "image_url",
                 messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}])
         refused("arguments that are not JSON", "arguments",
