@@ -205,7 +205,10 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
             cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
             cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
             if (args_object && cJSON_IsString(args)) {
-                cJSON *parsed = cJSON_Parse(args->valuestring);
+                const char *s = args->valuestring;
+                while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') s++;
+                /* "": a call without arguments, as some clients send one */
+                cJSON *parsed = *s ? cJSON_Parse(s) : cJSON_CreateObject();
                 if (!cJSON_IsObject(parsed)) {
                     cJSON_Delete(parsed);
                     cJSON_Delete(copy);

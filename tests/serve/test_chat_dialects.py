@@ -362,6 +362,13 @@ def main():
                 {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
         check(ok.choices[0].message.content == "AB", "string arguments and text parts render")
+        # "" for a call without arguments (some clients send it): an empty object
+        ok = cl.chat.completions.create(model="fake-model", max_tokens=4, messages=[
+            {"role": "user", "content": "time?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "noon"}])
+        check(ok.choices[0].message.content == "AB", "empty arguments render as an empty object")
         # the rendered prompt: /tokenize of the fake byte tokenizer gives the prompt's bytes back
         st, body = http_post(srv.port, "/tokenize", {"messages": [
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
