@@ -141,6 +141,18 @@ static void set_args(toolcall *c, const char *s, size_t n) {
 
 enum { SEC_OK, SEC_PARTIAL, SEC_END, SEC_BAD };
 
+/* Whether s[0, n), the text after a call's opening marker where the output ended before its name
+ * did, reads as a name cut off (no whitespace inside it once trimmed; a marker's first bytes
+ * included): a final parse then drops the call, neither a call with a part of a name nor its
+ * markers as content (a partial parse held it back; finish_reason says "length"). Other text
+ * there is not the format and stays content. */
+static bool cut_name(const char *s, size_t n) {
+    trim(&s, &n);
+    for (size_t i = 0; i < n; i++)
+        if (is_ws(s[i])) return false;
+    return true;
+}
+
 /* ---- DeepSeek ---- */
 
 /* ```json ... ``` around the arguments of the V3 / R1 form */
@@ -171,7 +183,12 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
         if (!at(t, len, pos, DS_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
         size_t q = pos + strlen(DS_CALL_BEGIN);
         size_t sep = find(t, len, q, DS_SEP);
-        if (sep == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+        if (sep == SIZE_MAX) {
+            if (!final) return SEC_PARTIAL;
+            if (!cut_name(t + q, len - q)) return SEC_BAD;
+            *pos_io = len;
+            return SEC_END;
+        }
         const char *h = t + q;
         size_t hn = sep - q;
         trim(&h, &hn);
@@ -181,11 +198,7 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
             size_t nl = find(t, len, a, "\n");
             if (nl == SIZE_MAX) {
                 if (!final) return SEC_PARTIAL;
-                const char *nm = t + a;
-                size_t nn = len - a;
-                trim(&nm, &nn);
-                if (!nn) return SEC_BAD;
-                new_call(r)->name = dup_n(nm, nn);
+                if (!cut_name(t + a, len - a)) return SEC_BAD;
                 *pos_io = len;
                 return SEC_END;
             }
@@ -236,7 +249,12 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
         if (!at(t, len, pos, KM_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
         size_t q = pos + strlen(KM_CALL_BEGIN);
         size_t ab = find(t, len, q, KM_ARG_BEGIN);
-        if (ab == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+        if (ab == SIZE_MAX) {
+            if (!final) return SEC_PARTIAL;
+            if (!cut_name(t + q, len - q)) return SEC_BAD;
+            *pos_io = len;
+            return SEC_END;
+        }
         const char *id = t + q;
         size_t idn = ab - q;
         trim(&id, &idn);
@@ -382,7 +400,12 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
     size_t e1 = find(t, len, q, "\n"), e2 = find(t, len, q, GL_KEY_BEGIN), e3 = find(t, len, q, GL_CALL_END);
     size_t ne = e1 < e2 ? e1 : e2;
     if (e3 < ne) ne = e3;
-    if (ne == SIZE_MAX) return final ? SEC_BAD : SEC_PARTIAL;
+    if (ne == SIZE_MAX) {
+        if (!final) return SEC_PARTIAL;
+        if (!cut_name(t + q, len - q)) return SEC_BAD;
+        *pos_io = len;
+        return SEC_END;
+    }
     const char *nm = t + q;
     size_t nn = ne - q;
     trim(&nm, &nn);
