@@ -290,7 +290,6 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
 
 /* ---- GLM ---- */
 
-/* The declared type of parameter key of tool name says the value is a string (or says nothing). */
 /* whether a parameter's schema allows a string: its "type" is or lists "string", or a branch of
  * its anyOf / oneOf allows one (pydantic writes Optional[str] so); a schema without either
  * ($ref, enum, none at all) does not say so */

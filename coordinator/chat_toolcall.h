@@ -21,8 +21,9 @@
  * (final = false) holds back a suffix that may start a marker, a call's name until it is
  * complete, and the arguments of the fenced DeepSeek-V3 form and of GLM until the call ends.
  * Each partial result is a prefix of the final one (content, calls, each call's arguments). A
- * final parse keeps a call cut off by the end of the text (its arguments as far as they got);
- * text that does not follow the format stays content. At most TOOLCALL_MAX_CALLS calls; what
+ * final parse keeps a call cut off by the end of the text (its arguments as far as they got),
+ * and drops one cut inside its name (no call, no markers in the content); text that does not
+ * follow the format stays content. At most TOOLCALL_MAX_CALLS calls; what
  * follows them stays content.
  *
  * Ownership: toolcall_parse fills a result the caller frees with toolcall_result_free (all
