@@ -27,6 +27,7 @@ typedef struct api_req {
     bool has_sink;       /* until its final call or it detaches */
     bool cancelled;      /* finished by cancellation */
     bool shut;           /* ended by the drain timeout of a shutting-down server */
+    bool down;           /* failed while the worker group was down (503 worker_down: retryable) */
     uint64_t sched_id;
     enum api_kind kind;
     bool stream, include_usage, logprobs, skip_special;
@@ -557,6 +558,7 @@ static bool has_client(const api_req *r) { return r->conn || r->has_sink; }
  * drain timeout cut it off (a client may retry it elsewhere), else 500 */
 static void gen_error(const api_req *r, const char *error, api_error *e) {
     if (r->shut) api_error_set(e, 503, NULL, "shutting_down", "%s", error);
+    else if (r->down) api_error_set(e, 503, NULL, "worker_down", "%s", error);
     else api_error_set(e, 500, NULL, "generation_failed", "generation failed: %s", error);
 }
 
@@ -574,6 +576,7 @@ static void complete_response(api_req *r, const char *error) {
         req_unlink_conn(r);
         const enum api_end end = !error ? API_END_OK
                                  : r->shut ? API_END_SHUTDOWN
+                                 : r->down ? API_END_UNAVAILABLE
                                  : r->cancelled ? API_END_CANCELLED
                                                 : API_END_FAILED;
         sk.on_final(sk.ud, r->text ? r->text : "", from, error ? from : r->text_len,
@@ -776,6 +779,8 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
     }
     if (ev->finish == SCHED_FINISH_ERROR) {
         r->shut = a->cancel_reason != NULL; /* the step given up at the drain timeout */
+        char why[512];
+        r->down = !r->shut && !api_server_healthy(a, why, sizeof why); /* the group failed under it */
         complete_response(r, error ? error : "unknown error");
     } else if (ev->finish == SCHED_FINISH_CANCELLED && !r->text_done) {
         a->m.requests_cancelled++;

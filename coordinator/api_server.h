@@ -152,8 +152,10 @@ typedef struct api_token {
  * string or end inside a UTF-8 sequence). Text up to `to` ends on a UTF-8 boundary (the bytes
  * themselves are the model's: they may be invalid UTF-8). */
 /* How a generation ended (api_sink.on_final): API_END_SHUTDOWN when the drain timeout of a
- * shutting-down server cut it off (api_server_cancel_all), whichever way it then ended */
-enum api_end { API_END_OK = 0, API_END_FAILED, API_END_CANCELLED, API_END_SHUTDOWN };
+ * shutting-down server cut it off (api_server_cancel_all), whichever way it then ended;
+ * API_END_UNAVAILABLE when it failed while the worker group was down (another server, or this
+ * one once the group is back, may take it again) */
+enum api_end { API_END_OK = 0, API_END_FAILED, API_END_CANCELLED, API_END_SHUTDOWN, API_END_UNAVAILABLE };
 
 typedef struct api_sink {
     void *ud;

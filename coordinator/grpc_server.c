@@ -327,9 +327,9 @@ static void on_final(void *ud, const char *text, size_t from, size_t to, const a
                      int32_t n_completion) {
     gs_call *r = ud;
     r->g = NULL;
-    if (error) { /* cut off by the server's shutdown: UNAVAILABLE, which clients may retry elsewhere */
-        finish(r, end == API_END_CANCELLED ? GRPC_CANCELLED : end == API_END_SHUTDOWN ? GRPC_UNAVAILABLE : GRPC_INTERNAL,
-               error);
+    if (error) { /* cut off by the server's shutdown or a worker group down: UNAVAILABLE, which clients may retry */
+        const bool retry = end == API_END_SHUTDOWN || end == API_END_UNAVAILABLE;
+        finish(r, end == API_END_CANCELLED ? GRPC_CANCELLED : retry ? GRPC_UNAVAILABLE : GRPC_INTERNAL, error);
         return;
     }
     size_t cur = send_tokens(r, text, from, to, toks, n);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/mla_log.h"
 
@@ -733,7 +734,11 @@ static void flush_outside_lock(sched *s) {
     s->n_dead = 0;
 }
 
+/* How long a step waits while the backend is paused before it looks again */
+#define SCHED_PAUSE_POLL_MS 20
+
 int sched_step(sched *s) {
+    const bool paused = s->be.paused && s->be.paused(s->be.ctx);
     const uint64_t epoch = s->be.cache_epoch ? s->be.cache_epoch(s->be.ctx) : 0;
     pthread_mutex_lock(&s->mu);
     MLA_ASSERT(!s->step_active);
@@ -744,7 +749,7 @@ int sched_step(sched *s) {
     }
     handle_cancellations(s);
     int32_t n_tok = 0;
-    int n = build_plan(s, &n_tok);
+    int n = paused ? 0 : build_plan(s, &n_tok);
     pthread_mutex_unlock(&s->mu);
 
     /* events of cancellations and frees of preempted sequences go out before the step */
@@ -752,6 +757,16 @@ int sched_step(sched *s) {
     if (n == 0) {
         pthread_mutex_lock(&s->mu);
         s->step_active = false;
+        if (paused && !s->stopping) { /* requests wait for the backend: look again in a while */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += SCHED_PAUSE_POLL_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
         pthread_mutex_unlock(&s->mu);
         return 0;
     }

@@ -153,6 +153,11 @@ typedef struct sched_backend {
      * When it moves, the next step starts every running request over from its first token (as
      * after a preemption) and the prefix cache forgets every block. May be NULL (never). */
     uint64_t (*cache_epoch)(void *ctx);
+    /* True while the backend cannot run steps but will again (a worker group that failed and is
+     * being restarted): no step runs and no request is failed meanwhile (the waiting ones are
+     * admitted once it is back, as after a cache loss); cancellations still finish. A backend
+     * down for good answers false, and its steps fail. May be NULL (never). */
+    bool (*paused)(void *ctx);
 } sched_backend;
 
 enum sched_finish {

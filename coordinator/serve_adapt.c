@@ -226,8 +226,16 @@ static uint64_t cb_epoch(void *ctx) {
     return (uint64_t)coord_restarts(s->c);
 }
 
+/* the group failed and will be restarted (--on-worker-failure restart, not given up): the
+ * requests wait for it instead of failing one step at a time */
+static bool cb_paused(void *ctx) {
+    serve_adapt *s = ctx;
+    return !coord_healthy(s->c, NULL) && !coord_failed_for_good(s->c);
+}
+
 sched_backend serve_adapt_backend(serve_adapt *s) {
-    return (sched_backend){.ctx = s, .run_step = cb_run, .free_seq = cb_free, .cache_epoch = cb_epoch};
+    return (sched_backend){
+        .ctx = s, .run_step = cb_run, .free_seq = cb_free, .cache_epoch = cb_epoch, .paused = cb_paused};
 }
 
 void serve_adapt_free(serve_adapt *s) {

@@ -1,9 +1,11 @@
 """Fault injection against `mlaserve serve --tp 2` on the tiny fixture (CPU workers):
   death    SIGKILL a worker mid-generation: the request fails with a message naming the worker,
-           /health 503 with the reason, new generations 503, /metrics still answers; then
-           --on-worker-failure restart brings the group back (a new completion succeeds, and a
-           prompt cached before the restart gets the same answer after it); --on-worker-failure
-           exit ends the server with status 1, its last line naming the worker
+           /health 503 with the reason, new generations 503, /metrics still answers, a request
+           waiting in the queue then fails with 503 worker_down (retryable); then
+           --on-worker-failure restart brings the group back (the queued request waits for it and
+           is served, a new completion succeeds, and a prompt cached before the restart gets the
+           same answer after it); --on-worker-failure exit ends the server with status 1, its last
+           line naming the worker
   hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
@@ -38,7 +40,8 @@ def health(srv):
 
 def case_death():
     for policy in ("stop", "restart"):
-        srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", policy], SLOW, worker)
+        # one sequence at a time: a second request waits in the queue while the first streams
+        srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", policy, "--max-seqs", "1"], SLOW, worker)
         try:
             pids = worker_pids(srv, 2)
             if policy == "restart":  # an answer whose prompt blocks stay in the prefix cache
@@ -48,9 +51,21 @@ def case_death():
             c, r = srv.stream_start(LONG)
             first = read_sse_events(r, 2, 30)
             check(r.status == 200 and len(first) == 2, "%s: streaming started" % policy)
+            queued = {}
+            qt = threading.Thread(target=lambda: queued.update(
+                zip(("st", "body"), srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3}, timeout=60))))
+            qt.start()
+            time.sleep(0.5)  # the second request is in the queue behind the stream
             os.kill(pids[1], signal.SIGKILL)
             rest = read_rest(r, 30)
             c.close()
+            qt.join(70)
+            if policy == "stop":
+                check(queued.get("st") == 503 and b"worker_down" in queued.get("body", b""),
+                      "stop: the queued request fails with 503 worker_down", queued)
+            else:
+                check(queued.get("st") == 200 and json.loads(queued["body"])["usage"]["completion_tokens"] == 3,
+                      "restart: the queued request waits for the new group and is served", queued)
             joined = b" ".join(rest)
             check(b"error" in joined and b"worker 1" in joined and b"killed by signal 9" in joined,
                   "%s: the in-flight request failed naming the worker" % policy, joined[-300:])
@@ -121,7 +136,8 @@ def case_hang():
     srv = Server(exe, model, ["--tp", "2", "--step-timeout-ms", "500"], {"MLA_WORKER_STEP_DELAY_MS": "1500"}, worker)
     try:
         st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=60)
-        check(st == 500 and b"did not finish within 500 ms" in d, "step timeout: request fails", d[:300])
+        check(st == 503 and b"worker_down" in d and b"did not finish within 500 ms" in d,
+              "step timeout: request fails (503 worker_down: the group failed)", d[:300])
         st, body = health(srv)
         check(st == 503 and "did not finish" in body, "step timeout: /health 503", body)
         check(srv.stop() == 0, "step timeout: clean exit")

@@ -660,10 +660,13 @@ static void sim_free_seq(void *ctx, uint64_t id) {
     sim_violation(m, "free_seq of unknown seq %llu", (unsigned long long)id);
 }
 
-/* A scheduler over a fresh sim with cfg's cache geometry; epoch: the backend's cache_epoch, or NULL. */
-static sched *sim_sched_epoch(sim *m, const sched_config *cfg, uint32_t eos_period, uint64_t (*epoch)(void *)) {
+/* A scheduler over a fresh sim with cfg's cache geometry; epoch, paused: the backend's
+ * cache_epoch and paused, or NULL. */
+static sched *sim_sched_hooks(sim *m, const sched_config *cfg, uint32_t eos_period, uint64_t (*epoch)(void *),
+                              bool (*paused)(void *)) {
     sim_init(m, cfg->n_blocks, cfg->block_size, eos_period);
-    sched_backend be = {.ctx = m, .run_step = sim_run, .free_seq = sim_free_seq, .cache_epoch = epoch};
+    sched_backend be = {
+        .ctx = m, .run_step = sim_run, .free_seq = sim_free_seq, .cache_epoch = epoch, .paused = paused};
     sched *s;
     mla_err err;
     REQUIRE(sched_init(&s, cfg, &be, &err) == MLA_OK);
@@ -672,7 +675,7 @@ static sched *sim_sched_epoch(sim *m, const sched_config *cfg, uint32_t eos_peri
 }
 
 static sched *sim_sched(sim *m, const sched_config *cfg, uint32_t eos_period) {
-    return sim_sched_epoch(m, cfg, eos_period, NULL);
+    return sim_sched_hooks(m, cfg, eos_period, NULL, NULL);
 }
 
 static sched_stats stats_of(sched *s) {
@@ -800,7 +803,7 @@ static void test_cache_lost(void) {
     make_world(&w);
     sched_config cfg = prefix_cfg(&w);
     static sim m;
-    sched *s = sim_sched_epoch(&m, &cfg, 0, sim_epoch);
+    sched *s = sim_sched_hooks(&m, &cfg, 0, sim_epoch, NULL);
     int32_t stem[12];
     for (int i = 0; i < 12; i++) stem[i] = 300 + i;
     static job jobs[4];
@@ -897,6 +900,53 @@ static void test_prefix_cap(void) {
         CHECK(m.computed - computed == jobs[i].n_prompt - want_hits[i] + jobs[i].max_tokens - 1);
     }
     check_against_reference(&w, jobs, 6, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* The backend is paused (a worker group restarting after a failure, be.paused): no step runs
+ * and no request fails while it is; a cancellation still finishes; once it is back with its rows
+ * lost (cache_epoch moved), the running requests start over, the waiting ones are admitted, and
+ * every answer is the reference's. */
+static bool g_sim_paused;
+static bool sim_paused(void *ctx) {
+    (void)ctx;
+    return g_sim_paused;
+}
+
+static void test_paused(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = base_cfg(&w);
+    cfg.max_seqs = 2;
+    static sim m;
+    g_sim_epoch = 0;
+    sched *s = sim_sched_hooks(&m, &cfg, 0, sim_epoch, sim_paused);
+    static job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        random_job(&jobs[i], 10, 1);
+        jobs[i].max_tokens = 12;
+    }
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++) REQUIRE(submit_job(s, &jobs[i], i, 0, &ids[i]) == SCHED_E_OK);
+    for (int k = 0; k < 3; k++) sched_step(s);
+    REQUIRE(stats_of(s).running == 2);
+    g_sim_paused = true;
+    const int64_t steps = m.steps;
+    for (int k = 0; k < 5; k++) CHECK(sched_step(s) == 0);
+    sched_cancel(s, ids[3]); /* waiting: it finishes while paused */
+    sched_step(s);
+    sched_stats st = stats_of(s);
+    CHECKF(m.steps == steps && st.running == 2 && st.waiting == 1, "paused: %lld steps ran, %d running, %d waiting",
+           (long long)(m.steps - steps), st.running, st.waiting);
+    for (int i = 0; i < 3; i++) CHECKF(w.r[i].n_final == 0, "paused: request %d not finished", i);
+    CHECK(w.r[3].finish == SCHED_FINISH_CANCELLED && w.r[3].n_final == 1);
+    sim_lose_rows(&m);
+    g_sim_epoch++;
+    g_sim_paused = false;
+    sim_drain(s, &m, 1000);
+    check_against_reference(&w, jobs, 3, cfg.max_context, 0);
     CHECK(m.violations == 0);
     sched_free(s);
     sim_done(&m);
@@ -1633,6 +1683,7 @@ int main(void) {
     test_prefix_shared();
     test_prefix_cap();
     test_cache_lost();
+    test_paused();
     test_prefix_lru();
     test_prefix_duplicates();
     test_prefix_refcount();
