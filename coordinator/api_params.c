@@ -406,6 +406,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     bool has_mt, has_mct;
     if (get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e)) return MLA_ERR;
     if (get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e)) return MLA_ERR;
+    p->max_tokens_param = has_mct ? "max_completion_tokens" : "max_tokens";
     if (has_mct) p->max_tokens = (int32_t)mct;
     else if (has_mt) p->max_tokens = (int32_t)mt;
 

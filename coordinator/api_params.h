@@ -55,6 +55,7 @@ typedef struct api_gen_params {
     enum api_tool_choice tool_choice;
     char *tool_choice_name;            /* API_TOOLS_NAMED: the function */
     bool one_call;                     /* parallel_tool_calls: false: the first call alone is returned */
+    const char *max_tokens_param;      /* the field max_tokens came from, for errors (a literal) */
     const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
     char *reasoning_effort;            /* NULL: absent */
     bool prompt_opens_reasoning;       /* set by the server: the rendered prompt ends in "<think>" */

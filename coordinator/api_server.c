@@ -1239,7 +1239,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     }
     int32_t max_tokens = p->max_tokens;
     if (max_tokens > 0 && (int64_t)n_ids + max_tokens > a->cfg.max_context) {
-        api_error_set(e, 400, "max_tokens", "context_length_exceeded",
+        api_error_set(e, 400, p->max_tokens_param ? p->max_tokens_param : "max_tokens", "context_length_exceeded",
                       "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                       "(%d in the prompt, %d for the completion).", a->cfg.max_context,
                       (long long)n_ids + max_tokens, n_ids, max_tokens);
@@ -1371,6 +1371,7 @@ static void prep_free(prep_job *j) {
 static void on_prep_abort(void *ud) {
     prep_job *j = ud;
     j->conn = NULL; /* dropped when it comes back */
+    if (!j->is_tokenize) j->srv->m.requests_cancelled++; /* a generation its client gave up */
 }
 
 static void prep_enqueue(api_server *a, prep_job *j) {
@@ -1401,6 +1402,7 @@ static void sink_ready(api_server *a, prep_job *j) {
     api_sink sk = r->sink;
     if (r->prep_detached) return; /* prep_free frees r */
     if (r->prep_cancelled) {
+        a->m.requests_cancelled++;
         sk.on_final(sk.ud, "", 0, 0, NULL, 0, NULL, a->cancel_reason ? a->cancel_reason : "the request was cancelled",
                     a->cancel_reason ? API_END_SHUTDOWN : API_END_CANCELLED, 0, 0);
         return;

@@ -17,8 +17,8 @@
  * preempted: it drops its references, the backend is told (free_seq) and it goes back to the
  * head of the waiting queue to be recomputed (prompt + tokens generated so far) later. A request
  * that could never fit the whole cache even alone (min(prompt + max_tokens, max_context) >
- * n_blocks * block_size) is refused at submission (SCHED_E_CAPACITY, a 503-type error, the
- * message naming both in tokens); a full waiting queue refuses with SCHED_E_QUEUE_FULL (a
+ * n_blocks * block_size) is refused at submission (SCHED_E_CAPACITY, the message naming both
+ * in tokens: the API answers 400, as for a prompt past the context, since no retry can help); a full waiting queue refuses with SCHED_E_QUEUE_FULL (a
  * 429-type error).
  *
  * Prefix cache (cfg.prefix_cache): a FULL block (block_size positions whose rows a step computed

@@ -344,6 +344,9 @@ def test_tokenize_off_loop(exe):
         time.sleep(2.5)
         st, _, _ = request(port, "GET", "/health", timeout=10)
         check(st == 200, "served after a client left during tokenizing")
+        st, _, data = request(port, "GET", "/metrics", timeout=10)
+        check(st == 200 and b'finish_reason="cancelled"} 1\n' in data, "the request left in tokenizing counts as cancelled",
+              [ln for ln in data.decode(errors="replace").splitlines() if "cancelled" in ln])
     finally:
         check(srv.stop() == 0, "tokenize server clean exit")
 

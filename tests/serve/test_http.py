@@ -531,6 +531,11 @@ def test_limits(exe):
         # prompt over the context
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "z" * 70}, headers=auth)
         check(st == 400 and j["error"]["code"] == "context_length_exceeded", "prompt over context 400")
+        # prompt + completion over the context: the error names the field the client sent
+        for field in ("max_tokens", "max_completion_tokens"):
+            st, j, _, _ = post(port, "/v1/completions", {"prompt": "z" * 10, field: 60}, headers=auth)
+            check(st == 400 and j["error"]["code"] == "context_length_exceeded" and j["error"]["param"] == field,
+                  "completion over the context names %s" % field, j)
         # health callback
         open(hf, "w").close()
         st, hd, data = request(port, "GET", "/health")
