@@ -555,7 +555,8 @@ static void req_unlink_conn(api_req *r) {
 static bool has_client(const api_req *r) { return r->conn || r->has_sink; }
 
 /* the error a generation that ended with `error` answers: 503 shutting_down where the server's
- * drain timeout cut it off (a client may retry it elsewhere), else 500 */
+ * drain timeout cut it off, 503 worker_down where the worker group went down under it (a client
+ * may retry either), else 500 */
 static void gen_error(const api_req *r, const char *error, api_error *e) {
     if (r->shut) api_error_set(e, 503, NULL, "shutting_down", "%s", error);
     else if (r->down) api_error_set(e, 503, NULL, "worker_down", "%s", error);
