@@ -153,6 +153,15 @@ static bool cut_name(const char *s, size_t n) {
     return true;
 }
 
+/* The text from t[from] on ended before a call's name did: still partial (SEC_PARTIAL), a name
+ * cut off (SEC_END, the rest consumed: cut_name) or not the format (SEC_BAD). */
+static int name_unended(const char *t, size_t len, size_t from, bool final, size_t *pos_io) {
+    if (!final) return SEC_PARTIAL;
+    if (!cut_name(t + from, len - from)) return SEC_BAD;
+    *pos_io = len;
+    return SEC_END;
+}
+
 /* ---- DeepSeek ---- */
 
 /* ```json ... ``` around the arguments of the V3 / R1 form */
@@ -183,12 +192,7 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
         if (!at(t, len, pos, DS_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
         size_t q = pos + strlen(DS_CALL_BEGIN);
         size_t sep = find(t, len, q, DS_SEP);
-        if (sep == SIZE_MAX) {
-            if (!final) return SEC_PARTIAL;
-            if (!cut_name(t + q, len - q)) return SEC_BAD;
-            *pos_io = len;
-            return SEC_END;
-        }
+        if (sep == SIZE_MAX) return name_unended(t, len, q, final, pos_io);
         const char *h = t + q;
         size_t hn = sep - q;
         trim(&h, &hn);
@@ -196,12 +200,7 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
         bool fenced = hn == 8 && !memcmp(h, "function", 8);
         if (fenced) {
             size_t nl = find(t, len, a, "\n");
-            if (nl == SIZE_MAX) {
-                if (!final) return SEC_PARTIAL;
-                if (!cut_name(t + a, len - a)) return SEC_BAD;
-                *pos_io = len;
-                return SEC_END;
-            }
+            if (nl == SIZE_MAX) return name_unended(t, len, a, final, pos_io);
             h = t + a;
             hn = nl - a;
             trim(&h, &hn);
@@ -249,12 +248,7 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
         if (!at(t, len, pos, KM_CALL_BEGIN) || r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
         size_t q = pos + strlen(KM_CALL_BEGIN);
         size_t ab = find(t, len, q, KM_ARG_BEGIN);
-        if (ab == SIZE_MAX) {
-            if (!final) return SEC_PARTIAL;
-            if (!cut_name(t + q, len - q)) return SEC_BAD;
-            *pos_io = len;
-            return SEC_END;
-        }
+        if (ab == SIZE_MAX) return name_unended(t, len, q, final, pos_io);
         const char *id = t + q;
         size_t idn = ab - q;
         trim(&id, &idn);
@@ -399,12 +393,7 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
     size_t e1 = find(t, len, q, "\n"), e2 = find(t, len, q, GL_KEY_BEGIN), e3 = find(t, len, q, GL_CALL_END);
     size_t ne = e1 < e2 ? e1 : e2;
     if (e3 < ne) ne = e3;
-    if (ne == SIZE_MAX) {
-        if (!final) return SEC_PARTIAL;
-        if (!cut_name(t + q, len - q)) return SEC_BAD;
-        *pos_io = len;
-        return SEC_END;
-    }
+    if (ne == SIZE_MAX) return name_unended(t, len, q, final, pos_io);
     const char *nm = t + q;
     size_t nn = ne - q;
     trim(&nm, &nn);

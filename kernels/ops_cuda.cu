@@ -285,7 +285,7 @@ __device__ __forceinline__ void kv_row_store(const RK &rk, const float *__restri
     KT *d = (KT *)paged_row_t<KT>(tabs[t], kv_off, row, pos[t]);
     const float *s = kva + (int64_t)t * row;
     rms_row<false, false, false>(s, nullptr, nullptr, KL, nw, eps, red, nullptr, nullptr, nullptr, nullptr, 0, RN_V,
-                          [&](int i, float v) { kv_store(d + i, v); });
+                                 [&](int i, float v) { kv_store(d + i, v); });
     for (int i = threadIdx.x; i < dr; i += blockDim.x) pe[i] = s[KL + i]; /* k_pe rotated in shared memory */
     __syncthreads();
     mlacu_rope_token(rk, ROPE_ADJACENT, pe, 1, dr, pos[t], tcs, tsn);
