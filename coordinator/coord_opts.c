@@ -109,8 +109,8 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
          .help = "CUDA float weights: split bf16 pairs, plain bf16 tensor cores, or exact fp32 (reference)",
          .dest = &cfg->cuda_precision, .choices = precision_names},
         {.name = "--allreduce", .kind = OPT_CHOICE, .arg = "nccl|oneshot", .def = "nccl",
-         .help = "CUDA all-reduces under 512 KB with NCCL, or one-shot through peer memory (every rank on one host, "
-                 "2 to 8 ranks; not yet measured: docs/cuda.md)",
+         .help = "CUDA all-reduces under 512 KB with NCCL, or one-shot through peer memory, fused with the norm "
+                 "after it (every rank on one host, 2 to 8 ranks; not yet measured: docs/cuda.md)",
          .dest = &cfg->allreduce, .choices = allreduce_names},
     };
     memcpy(s, t, sizeof t);

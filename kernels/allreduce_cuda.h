@@ -11,7 +11,12 @@
  * mla_cuda_ar_failed reads it) instead of hanging the GPU.
  *
  * mla_cuda_ar_add_rmsnorm fuses the sum with what follows it in a layer: the residual add
- * (x += sum) and the RMSNorm of the new x (h = x / sqrt(mean(x^2) + eps) * w), one block a row.
+ * (xo = x + sum), the RMSNorm of the new stream (h = xo / sqrt(mean(xo^2) + eps) * w) and, asked
+ * for, h's q8 rounding for the products after it: the bits of mla_cuda_ar_sum followed by
+ * mla_cuda_rmsnorm_ex (kernels/cuda_ops.h) with the sum as its residual, in one launch instead of
+ * three (the copy into the input buffer goes too where the sublayer writes its output there).
+ * A row takes a cluster of up to 8 blocks (1024 elements each) on devices with thread-block
+ * clusters (sm_90 and later), one block on others (rows of up to 1024).
  *
  * Ownership: the caller allocates every buffer: each rank's input and signal area
  * (mla_cuda_ar_sig_bytes(), zeroed by mla_cuda_ar_sig_init before the first call), maps the peers' (cudaIpcOpenMemHandle across processes, plain pointers across
@@ -57,10 +62,15 @@ size_t mla_cuda_ar_sig_bytes(void);
 int mla_cuda_ar_sig_init(void *sig, cudaStream_t st, mla_err *err);
 /* out[0..n) := sum over ranks of buf[r][0..n), on stream st. */
 int mla_cuda_ar_sum(const mla_ar_peers *p, float *out, size_t n, cudaStream_t st, mla_err *err);
-/* T rows of E: s = sum over ranks of buf[r][t*E + i]; x[t*E + i] += s;
- * h[t*E + i] = x / sqrt(mean over the row of x^2 + eps) * w[i]. T <= MLA_AR_MAX_BLOCKS. */
-int mla_cuda_ar_add_rmsnorm(const mla_ar_peers *p, int64_t T, int64_t E, float *x, const float *w, float eps,
-                            float *h, cudaStream_t st, mla_err *err);
+/* Whether mla_cuda_ar_add_rmsnorm takes T rows of E on the current device: rows of up to 8192,
+ * (blocks a row) x T <= MLA_AR_MAX_BLOCKS, clusters where a row takes more than one block. */
+int mla_cuda_ar_add_rmsnorm_fits(int64_t T, int64_t E);
+/* T rows of E: s = sum over ranks of buf[r][t*E + i]; xo[t*E + i] = x[t*E + i] + s (xo == x: in
+ * place); h[t*E + i] = xo / sqrt(mean over the row of xo^2 + eps) * w[i]; with q8 (E % 32 == 0)
+ * also h's q8 buffer (mla_cuda_quantize_q8's layout). Neither x, xo nor h may be the rank's input;
+ * h must not overlap x or xo. A shape that does not fit is an error. */
+int mla_cuda_ar_add_rmsnorm(const mla_ar_peers *p, int64_t T, int64_t E, const float *x, float *xo, const float *w,
+                            float eps, float *h, void *q8, cudaStream_t st, mla_err *err);
 /* Whether a barrier wait of this rank timed out (reads its signal area; synchronous). */
 int mla_cuda_ar_failed(const void *sig, int *failed, mla_err *err);
 

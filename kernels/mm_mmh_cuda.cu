@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/mm_cuda.h"
+#include "kernels/rmsnorm_row_cuda.h"
 #ifdef MLA_CUDA_WGMMA
 #include "kernels/wgmma_cuda.h"
 #endif
@@ -346,13 +347,8 @@ __global__ void __launch_bounds__(256) act_h_kernel(const float *__restrict__ x,
         const float4 v = load(i);
         m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-    __shared__ float red[8];
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = red[0];
-    for (int k = 1; k < 8; k++) m = fmaxf(m, red[k]);
-    const int e = mlacu_h16_exp(m);
+    __shared__ float red[32];
+    const int e = mlacu_h16_exp(mlacu_rn::block_max(m, red));
     const float s = ldexpf(1.f, e);
     __half2 *o = (__half2 *)(xh + t * in);
     for (int64_t i = threadIdx.x; i < in / 4; i += 256) {

@@ -78,13 +78,17 @@ struct mla_cmodel {
     int rank, world, device;
     bool exact;
     bool coll_dev; /* m->c takes device buffers on m->st (NCCL) */
-    /* --allreduce oneshot (mla_cmodel_ar_oneshot): all-reduces of at most AR_ONESHOT_BYTES copy
-     * into ar_in and sum every rank's ar_in through peer memory; ar.buf / ar.sig of the other
-     * ranks are their IPC mappings */
+    /* --allreduce oneshot (mla_cmodel_ar_oneshot): all-reduces of at most AR_ONESHOT_BYTES sum
+     * every rank's ar_in through peer memory (a buffer copied there, or a sublayer's output written
+     * there: ar_defer); ar.buf / ar.sig of the other ranks are their IPC mappings */
     bool ar_on;
     mla_ar_peers ar;
     float *ar_in;
     void *ar_sig;
+    /* a step whose sublayer outputs fit ar_in and mla_cuda_ar_add_rmsnorm writes them there
+     * (m->y is ar_in while step_body runs it: ar_defer): the all-reduce after a sublayer is left
+     * pending (ar_pending) and the next norm sums, adds and norms in one launch (norm_h) */
+    bool ar_defer, ar_pending;
     bool attn_tc;  /* attention on fp16 tensor cores (mla_cuda_attn_args.tensor_cores) */
     bool kvb_f16;  /* !exact: the absorbed k_b / v_b in fp16 (mla_cuda_head_matmul_f16) */
     /* !exact: where the file's attn_k_b / attn_v_b are Q8_0, decode steps of up to 8 tokens read
@@ -1034,6 +1038,15 @@ static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const f
     *hq = nullptr;
     void *q = norm_q8(m, T) && E % 32 == 0 ? m->q8h : nullptr;
     float *xs = res ? (*x == m->x ? m->x2 : m->x) : nullptr;
+    if (res && m->ar_pending) { /* res: this rank's part in m->ar_in, summed over the ranks here */
+        MLA_ASSERT(res == m->ar_in && !norm_h16(m, T));
+        m->ar_pending = false;
+        m->hh_ok = false;
+        TRY(mla_cuda_ar_add_rmsnorm(&m->ar, T, E, *x, xs, w, c->rms_eps, m->h, q, m->st, err));
+        *x = xs;
+        *hq = q;
+        return MLA_OK;
+    }
     m->hh_ok = m->hh && norm_h16(m, T) && E % 4 == 0;
     TRY(mla_cuda_rmsnorm_ex(*x, res, xs, E, T, E, w, c->rms_eps, m->h, E, q, m->hh_ok ? m->hh : nullptr, m->st,
                             err));
@@ -1048,6 +1061,10 @@ static int norm_h(mla_cmodel *m, float **x, const float *res, int64_t T, const f
 
 static int allreduce(mla_cmodel *m, float *d, size_t n, mla_err *err) {
     if (m->world == 1) return MLA_OK;
+    if (m->ar_defer && d == m->ar_in) { /* summed by the norm after it (norm_h) */
+        m->ar_pending = true;
+        return MLA_OK;
+    }
     if (m->ar_on && n * 4 <= AR_ONESHOT_BYTES) {
         CU(cudaMemcpyAsync(m->ar_in, d, n * 4, cudaMemcpyDeviceToDevice, m->st), "one-shot all-reduce copy");
         return mla_cuda_ar_sum(&m->ar, d, n, m->st, err);
@@ -1388,6 +1405,19 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
     const int64_t E = c->n_embd;
     cudaStream_t st = m->st;
     TRY(mla_cuda_get_rows(m->tok_embd.type, m->tok_embd.d, E, (const int32_t *)m->dstep, T, m->x, st, err));
+    /* one-shot all-reduces fused with the norms after them: the sublayers write into ar_in */
+    struct y_back {
+        mla_cmodel *m;
+        float *y;
+        ~y_back() {
+            m->y = y;
+            m->ar_defer = m->ar_pending = false;
+        }
+    } yb{m, m->y};
+    if (m->ar_on && (size_t)(T * E) * 4 <= AR_ONESHOT_BYTES && mla_cuda_ar_add_rmsnorm_fits(T, E)) {
+        m->y = m->ar_in;
+        m->ar_defer = true;
+    }
     /* each sublayer's output m->y is added into the residual stream x by the next norm */
     const void *hq = nullptr;
     float *x = m->x;
@@ -1400,7 +1430,13 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
     }
     /* logits of every row: the last add in the output norm; else added here, rows normalized apart */
     const bool all_rows = out0 == 0 && nout == T;
-    if (!all_rows) TRY(mla_cuda_add(x, m->y, T * E, st, err));
+    if (!all_rows && m->ar_pending) { /* summed apart: the norm below takes some rows only */
+        m->ar_pending = false;
+        TRY(mla_cuda_ar_sum(&m->ar, yb.y, (size_t)(T * E), st, err));
+        TRY(mla_cuda_add(x, yb.y, T * E, st, err));
+    } else if (!all_rows) {
+        TRY(mla_cuda_add(x, m->y, T * E, st, err));
+    }
     if (nout <= 0) return MLA_OK;
     if (all_rows) TRY(norm_h(m, &x, m->y, T, m->out_norm, &hq, err));
     else {
@@ -1829,11 +1865,12 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
 }
 
 /* --allreduce oneshot: each rank's input buffer and signal area, their IPC handles gathered over
- * NCCL (the stream attached), the peers' opened; every area zeroed before any rank's first call. */
+ * the collective (NCCL: through a device buffer on the stream; the host collective: host memory),
+ * the peers' opened; every area zeroed before any rank's first call. Over the host collective
+ * the ranks may share a GPU (each process maps the others' memory on it): their kernels then
+ * take turns on it, so each barrier waits for the others' turn: for checking, not for speed. */
 extern "C" int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err) {
     if (m->world == 1) return MLA_OK;
-    if (!m->coll_dev)
-        return mla_errf(err, "--allreduce oneshot needs NCCL between the ranks (a GPU of its own for each rank)");
     if (!one_host)
         return mla_errf(err, "--allreduce oneshot needs every rank on one host (workers the coordinator starts)");
     if (m->world > MLA_AR_MAX_RANKS)
@@ -1844,17 +1881,24 @@ extern "C" int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err)
     cudaIpcMemHandle_t hs[2];
     CU(cudaIpcGetMemHandle(&hs[0], m->ar_in), "IPC handle of the all-reduce buffer");
     CU(cudaIpcGetMemHandle(&hs[1], m->ar_sig), "IPC handle of the all-reduce signal area");
-    const size_t hf = (sizeof hs + 3) / 4; /* the handles as floats: NCCL copies the bits */
-    float *dh = nullptr;
-    CU(cudaMalloc((void **)&dh, hf * 4 * (size_t)(m->world + 1)), "IPC handle exchange buffer");
+    const size_t hf = (sizeof hs + 3) / 4; /* the handles as floats: the collective copies the bits */
+    float *dh = nullptr, *hin = (float *)mla_xcalloc(hf * 2, 4);
     float *hh = (float *)mla_xcalloc(hf * (size_t)m->world, 4);
+    memcpy(hin, hs, sizeof hs);
     int rc = MLA_OK;
-    if (cudaMemcpyAsync(dh, hs, sizeof hs, cudaMemcpyHostToDevice, m->st) != cudaSuccess)
-        rc = mla_errf(err, "IPC handle copy");
-    if (rc == MLA_OK) rc = coll_allgather_f32(m->c, dh, dh + hf, hf, err);
-    if (rc == MLA_OK && cudaMemcpyAsync(hh, dh + hf, hf * 4 * (size_t)m->world, cudaMemcpyDeviceToHost, m->st) != cudaSuccess)
-        rc = mla_errf(err, "IPC handle copy back");
-    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "IPC handle exchange");
+    if (m->coll_dev) {
+        if (cudaMalloc((void **)&dh, hf * 4 * (size_t)(m->world + 1)) != cudaSuccess)
+            rc = mla_errf(err, "IPC handle exchange buffer");
+        if (rc == MLA_OK && cudaMemcpyAsync(dh, hs, sizeof hs, cudaMemcpyHostToDevice, m->st) != cudaSuccess)
+            rc = mla_errf(err, "IPC handle copy");
+        if (rc == MLA_OK) rc = coll_allgather_f32(m->c, dh, dh + hf, hf, err);
+        if (rc == MLA_OK &&
+            cudaMemcpyAsync(hh, dh + hf, hf * 4 * (size_t)m->world, cudaMemcpyDeviceToHost, m->st) != cudaSuccess)
+            rc = mla_errf(err, "IPC handle copy back");
+        if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "IPC handle exchange");
+    } else {
+        rc = coll_allgather_f32(m->c, hin, hh, hf, err);
+    }
     m->ar.rank = m->rank;
     m->ar.world = m->world;
     for (int r = 0; r < m->world && rc == MLA_OK; r++) {
@@ -1876,11 +1920,13 @@ extern "C" int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err)
             rc = mla_errf(err, "--allreduce oneshot: opening rank %d's buffers (peer access between the GPUs?): %s", r,
                           cudaGetErrorString(e));
     }
-    /* every signal area zeroed before any rank's first call: zero, then meet once over NCCL */
+    /* every signal area zeroed before any rank's first call: zero, then meet once */
     if (rc == MLA_OK) rc = mla_cuda_ar_sig_init(m->ar_sig, m->st, err);
-    if (rc == MLA_OK) rc = coll_allreduce_sum_f32(m->c, dh, 1, err);
     if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "one-shot all-reduce setup");
-    cudaFree(dh);
+    if (rc == MLA_OK) rc = coll_allreduce_sum_f32(m->c, m->coll_dev ? dh : hin, 1, err);
+    if (rc == MLA_OK && cudaStreamSynchronize(m->st) != cudaSuccess) rc = mla_errf(err, "one-shot all-reduce setup");
+    if (dh) cudaFree(dh);
+    free(hin);
     free(hh);
     if (rc == MLA_OK) {
         m->ar_on = true;

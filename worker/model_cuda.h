@@ -47,8 +47,10 @@ typedef struct mla_cmodel_opts {
 int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, const mla_cmodel_opts *opts, mla_err *err);
 void mla_cmodel_free(mla_cmodel *m);
 /* --allreduce oneshot: all-reduces of at most 512 KB through peer memory (kernels/allreduce_cuda.h)
- * instead of NCCL. Call after the NCCL coll has the model's stream; every rank calls it. Needs
- * NCCL (coll_on_device), 2 to 8 ranks and one_host (the ranks' GPUs are peers in one host). */
+ * instead of the collective's, each fused with the residual add and RMSNorm after it where the
+ * step's rows fit (mla_cuda_ar_add_rmsnorm_fits). Call after a NCCL coll has the model's stream;
+ * every rank calls it. Needs 2 to 8 ranks and one_host (the ranks' GPUs are peers in one host, or
+ * one GPU that the ranks share, over the host collective). */
 int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err);
 const mla_config *mla_cmodel_config(const mla_cmodel *m);
 /* the model's compute stream (a cudaStream_t) */
