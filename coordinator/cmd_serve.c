@@ -276,7 +276,7 @@ int cmd_serve(int argc, char **argv) {
     char *chat_template_src = NULL;
     char *key_owned = NULL;
     long idle_timeout_ms = -1, request_timeout_ms = -1;
-    long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256;
+    long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256, long_prefill = -1;
     int no_prefix_cache = 0;
     long max_body;
     http_server_config hc;
@@ -323,6 +323,10 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
          .help = "tokens a step may carry: longer prompts are prefilled in chunks beside the running decodes",
          .dest = &step_tokens, .lo = 1, .hi = WIRE_MAX_STEP_TOKENS},
+        {.name = "--long-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "half of --max-prefill-tokens",
+         .help = "while requests wait, a prompt's chunk takes at most N of a step's tokens, so that a long prompt "
+                 "does not hold back the requests behind it (0: no limit)",
+         .dest = &long_prefill, .lo = 0, .hi = WIRE_MAX_STEP_TOKENS},
         {.name = "--no-prefix-cache", .kind = OPT_FLAG,
          .help = "every request prefills its whole prompt (no sharing of cached blocks)", .dest = &no_prefix_cache},
         {.name = "--max-queue", .kind = OPT_LONG, .arg = "N", .def = "256",
@@ -497,6 +501,7 @@ int cmd_serve(int argc, char **argv) {
     /* the scheduler starts once the workers report their pools (check_start) */
     g_sc = (sched_config){.prefix_cache = !no_prefix_cache, .decode_lookahead = true,
                           .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
+                          .long_prefill_tokens = (int32_t)(long_prefill >= 0 ? long_prefill : step_tokens / 2),
                           .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                           .hold_until = (int32_t)mla_sw_int(MLA_SW_SCHED_HOLD),
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};

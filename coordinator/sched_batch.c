@@ -92,6 +92,7 @@ struct sched {
     /* step scratch, reused */
     sched_plan_seq *plan;
     sreq **plan_req;
+    int *plan_cut; /* build_plan: the entries whose chunk chunk_of cut */
     sched_result *results;
     pending_event *events;
     int n_events, cap_events;
@@ -131,6 +132,8 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     if (cfg->hold_until < 0 || cfg->hold_until > cfg->max_queue)
         return mla_errf(err, "sched: hold_until %d outside 0..max_queue (%d)", cfg->hold_until,
                         cfg->max_queue);
+    if (cfg->long_prefill_tokens < 0)
+        return mla_errf(err, "sched: long_prefill_tokens %d is negative", cfg->long_prefill_tokens);
     if (!be || !be->run_step) return mla_errf(err, "sched: backend without run_step");
     sched *s = mla_xcalloc(1, sizeof(*s));
     s->cfg = *cfg;
@@ -163,6 +166,7 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     }
     s->plan = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->plan));
     s->plan_req = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->plan_req));
+    s->plan_cut = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->plan_cut));
     s->results = mla_xcalloc((size_t)cfg->max_seqs, sizeof(*s->results));
     s->st.blocks_total = cfg->n_blocks;
     s->st.block_size = cfg->block_size;
@@ -204,6 +208,7 @@ void sched_free(sched *s) {
     free(s->lru_next);
     free(s->plan);
     free(s->plan_req);
+    free(s->plan_cut);
     free(s->results);
     free(s->events);
     free(s->to_free);
@@ -642,18 +647,47 @@ static bool held(const sched *s) {
     return s->cfg.hold_until > 0 && s->next_id - 1 < (uint64_t)s->cfg.hold_until;
 }
 
+/* A prompt chunk of up to `want` tokens within budget: cut to cfg.long_prefill_tokens while
+ * other requests are in line behind it (`others`: running after it, or waiting); *cut says
+ * whether it was. */
+static int32_t chunk_of(const sched *s, int32_t want, int32_t budget, bool others, bool *cut) {
+    int32_t c = want < budget ? want : budget;
+    *cut = others && s->cfg.long_prefill_tokens > 0 && c > s->cfg.long_prefill_tokens;
+    return *cut ? s->cfg.long_prefill_tokens : c;
+}
+
+/* The plan's cut chunks (chunk_of) grow into the budget the step left, oldest first, as far as
+ * blocks can be had without preempting. */
+static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget) {
+    for (int k = 0; k < n_cut && *budget > 0; k++) {
+        sched_plan_seq *p = &s->plan[cut[k]];
+        sreq *q = s->plan_req[cut[k]];
+        int32_t more = q->n_tokens - (q->n_computed + p->n_tokens);
+        if (more > *budget) more = *budget;
+        if (more <= 0 || !alloc_blocks(s, q, q->n_computed + p->n_tokens + more)) continue;
+        p->n_tokens += more;
+        p->block_table = q->blocks; /* alloc_blocks may have moved it */
+        p->n_blocks = q->n_blocks;
+        p->sample = q->n_computed + p->n_tokens == q->n_tokens;
+        q->n_sent = q->n_blocks;
+        *budget -= more;
+    }
+}
+
 /* Builds the plan; returns the number of entries. */
 static int build_plan(sched *s, int32_t *n_tokens_out) {
-    int n = 0;
+    int n = 0, n_cut = 0;
     *n_tokens_out = 0;
     if (held(s)) return 0;
     int32_t budget = s->cfg.max_step_tokens;
+    int *cut = s->plan_cut;
     /* running sequences, oldest first */
     for (int i = 0; i < s->running.n && budget > 0 && n < s->cfg.max_seqs; i++) {
         sreq *q = s->running.v[i];
         int32_t pending = q->n_tokens - q->n_computed;
         MLA_ASSERT(pending >= 1);
-        int32_t chunk = pending < budget ? pending : budget;
+        bool was_cut;
+        int32_t chunk = chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &was_cut);
         bool self_preempted = false;
         while (!alloc_blocks(s, q, q->n_computed + chunk)) {
             sreq *victim = s->running.v[s->running.n - 1];
@@ -669,9 +703,19 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
          * (a worker may run that step ahead of the plan: worker/wk_ahead.h) */
         if (s->cfg.decode_lookahead && chunk == pending && q->n_computed + chunk + 1 <= q->cap_tokens)
             (void)alloc_blocks(s, q, q->n_computed + chunk + 1);
+        if (was_cut) cut[n_cut++] = n;
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
+    /* with chunks cut (long_prefill_tokens), the running prompts still to be prefilled keep the
+     * blocks they will need: a request admitted beside one is not then preempted by it */
+    int32_t reserve = 0;
+    if (s->cfg.long_prefill_tokens > 0)
+        for (int i = 0; i < s->running.n; i++) {
+            const sreq *q = s->running.v[i];
+            const int32_t need = blocks_for(s, q->n_tokens) - q->n_blocks;
+            reserve += need > 0 ? need : 0;
+        }
     /* admission, first come first served */
     while (budget > 0 && n < s->cfg.max_seqs && s->waiting.n > 0) {
         sreq *q = s->waiting.v[0];
@@ -680,9 +724,10 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t in_lru;
         int32_t hits = prefix_lookup(s, q, &in_lru);
         int32_t start = hits * s->cfg.block_size;
-        int32_t chunk = q->n_tokens - start < budget ? q->n_tokens - start : budget;
+        bool was_cut;
+        int32_t chunk = chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &was_cut);
         /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
-        if (blocks_for(s, start + chunk) - hits > s->n_free + s->n_lru - in_lru) break;
+        if (blocks_for(s, start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
         for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
         q->n_blocks = hits;
         q->n_computed = start;
@@ -694,9 +739,11 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         }
         rv_remove_at(&s->waiting, 0);
         rv_push(&s->running, q);
+        if (was_cut) cut[n_cut++] = n;
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
+    grow_cut(s, cut, n_cut, &budget);
     *n_tokens_out = s->cfg.max_step_tokens - budget;
     return n;
 }

@@ -79,6 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.n_blocks = 8 + data[1] % 64;
     c.max_seqs = 1 + data[0] / 32;
     c.max_step_tokens = 4 + data[1] / 4;
+    c.long_prefill_tokens = data[1] % 3 ? 1 + (data[0] >> 3) % 11 : 0; /* cut chunks, or none */
     c.max_queue = 8;
     c.max_context = 64;
     c.is_eog = is_eog;

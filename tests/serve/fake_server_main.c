@@ -214,6 +214,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--n-blocks")) sc.n_blocks = (int32_t)x;
         else if (!strcmp(a, "--max-seqs")) sc.max_seqs = (int32_t)x;
         else if (!strcmp(a, "--step-tokens")) sc.max_step_tokens = (int32_t)x;
+        else if (!strcmp(a, "--long-prefill-tokens")) sc.long_prefill_tokens = (int32_t)x;
         else if (!strcmp(a, "--max-queue")) sc.max_queue = (int32_t)x;
         else if (!strcmp(a, "--eos-period")) fc.eos_period = (uint32_t)x;
         else if (!strcmp(a, "--step-delay-ms")) fc.step_delay_ms = (int)x;

@@ -641,6 +641,43 @@ def test_user(exe):
           "the request's log line names its user")
 
 
+def test_long_prefill(exe):
+    """--long-prefill-tokens: a short request sent while a long prompt is being prefilled finishes
+    before the long one's first token; with the limit off it waits for that prefill (the order of
+    events, not their times)"""
+    def run(limit):
+        srv = R.Server(exe, "--max-context", 8192, "--n-blocks", 1024, "--step-tokens", 32, "--step-delay-ms", 5,
+                       "--max-seqs", 16, "--long-prefill-tokens", limit)
+        at = {}
+        try:
+            def long_one():
+                c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+                c.request("POST", "/v1/completions", json.dumps({"prompt": "H" * 6000, "max_tokens": 2, "stream": True}),
+                          {"Content-Type": "application/json"})
+                r = c.getresponse()
+                at["long_status"] = r.status
+                while True:
+                    line = r.readline()
+                    if not line:
+                        break
+                    if line.startswith(b"data: {") and "long_first" not in at:
+                        at["long_first"] = time.monotonic()
+                c.close()
+            t = threading.Thread(target=long_one)
+            t.start()
+            time.sleep(0.1)  # the long prompt is in its prefill (6000 tokens, <= 32 a step, 5 ms a step)
+            st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "short", "max_tokens": 2})
+            at["short_done"] = time.monotonic()
+            t.join(60)
+            check(st == 200 and at.get("long_status") == 200 and "long_first" in at,
+                  "limit %d: both answered (%r, %r)" % (limit, st, at))
+        finally:
+            check(srv.stop() == 0, "long-prefill server (limit %d) clean exit" % limit)
+        return at.get("short_done", 0) < at.get("long_first", 0)
+    check(run(16), "limit 16: the short request finished before the long prompt's first token")
+    check(not run(0), "no limit: the short request waited for the long prompt's prefill")
+
+
 def main():
     srv = R.Server(EXE, "--step-delay-ms", 2)
     try:
@@ -654,7 +691,7 @@ def main():
         check(rc == 0, "main server clean exit (%r)" % rc)
         if FAILS:
             print(srv.logtext()[-3000:])
-    for t in (test_limits, test_backend_failure, test_user):
+    for t in (test_limits, test_backend_failure, test_user, test_long_prefill):
         t0 = time.time()
         t(EXE)
         print("%-28s %.2fs" % (t.__name__, time.time() - t0), flush=True)

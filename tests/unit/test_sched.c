@@ -175,10 +175,12 @@ static sched *fake_sched(const fake_config *fc, const sched_config *cfg, fake_ba
     return s;
 }
 
-static void test_random_workload(void) {
+/* limit: cfg.long_prefill_tokens (0: none) */
+static void test_random_workload(int32_t limit) {
     static world w;
     make_world(&w);
     sched_config cfg = base_cfg(&w);
+    cfg.long_prefill_tokens = limit;
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .eos_period = 40,
                       .fail_at_step = -1};
     fake_backend *fb;
@@ -214,7 +216,7 @@ static void test_random_workload(void) {
     CHECK(fs.max_batch_tokens <= cfg.max_step_tokens);
     CHECK(fs.max_batch_seqs <= cfg.max_seqs);
     CHECK(fs.max_batch_seqs > 1);
-    printf("random workload: %d steps, %llu preemptions, %llu generated\n", steps,
+    printf("random workload (long prefill limit %d): %d steps, %llu preemptions, %llu generated\n", limit, steps,
            (unsigned long long)st.preemptions, (unsigned long long)st.tokens_generated);
     sched_free(s);
     fake_backend_free(fb);
@@ -448,6 +450,7 @@ typedef struct sim_seq {
 
 typedef struct sim_entry {
     uint64_t id;
+    int64_t step; /* the sim's step that ran it, from 1 */
     int32_t start_pos, n_tokens, n_blocks, n_sent;
     int32_t table[SIM_LOG_TABLE];
 } sim_entry;
@@ -548,6 +551,7 @@ static int sim_run(void *ctx, const sched_plan *plan, sched_result *results, mla
         sim_entry *le = &m->log[m->n_log++];
         memset(le, -1, sizeof(*le));
         le->id = p->seq_id;
+        le->step = m->steps;
         le->start_pos = p->start_pos;
         le->n_tokens = p->n_tokens;
         le->n_blocks = p->n_blocks;
@@ -1671,8 +1675,78 @@ static void test_hold(void) {
     fake_backend_free(fb);
 }
 
+/* cfg.long_prefill_tokens: while requests wait, a running prompt's chunk is cut (here to 8 of a
+ * 32-token step) and the waiting ones are admitted beside it; what they leave goes back to the
+ * cut chunk (24 = 32 - 5 - 3); with max_seqs reached, admission stops and the chunk takes the
+ * rest. Once admitted, their decodes run beside the next chunks (30 = 32 - 1 - 1). With the
+ * limit off, the long prompt takes every step until its prefill is done. Outputs equal the
+ * reference either way. */
+static int64_t tokens_in_step(const sim *m, uint64_t id, int64_t step) {
+    for (int i = 0; i < m->n_log; i++)
+        if (m->log[i].id == id && m->log[i].step == step) return m->log[i].n_tokens;
+    return 0;
+}
+
+static void test_long_prefill(void) {
+    for (int form = 0; form < 3; form++) { /* limit 8; limit 8 and max_seqs 2; no limit */
+        static world w;
+        make_world(&w);
+        sched_config cfg = base_cfg(&w);
+        cfg.long_prefill_tokens = form < 2 ? 8 : 0;
+        if (form == 1) cfg.max_seqs = 2;
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        static job jobs[3];
+        fill(&jobs[0], NULL, 0, 10, 100, 2);
+        fill(&jobs[1], NULL, 0, 60, 5, 3);
+        fill(&jobs[2], NULL, 0, 90, 3, 2);
+        uint64_t id[3];
+        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
+        sched_step(s); /* alone: the whole budget */
+        CHECKF(tokens_in_step(&m, id[0], 1) == 32, "form %d: the long prompt's first chunk %lld", form,
+               (long long)tokens_in_step(&m, id[0], 1));
+        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
+        REQUIRE(submit_job(s, &jobs[2], 2, 0, &id[2]) == SCHED_E_OK);
+        sched_step(s);
+        const int64_t a = tokens_in_step(&m, id[0], 2), b = tokens_in_step(&m, id[1], 2),
+                      c = tokens_in_step(&m, id[2], 2);
+        if (form == 0) CHECKF(a == 24 && b == 5 && c == 3, "limit 8: step 2 took %lld, %lld, %lld", (long long)a,
+                              (long long)b, (long long)c);
+        if (form == 1) CHECKF(a == 27 && b == 5 && c == 0, "limit 8, 2 sequences: step 2 took %lld, %lld, %lld",
+                              (long long)a, (long long)b, (long long)c);
+        if (form == 2) CHECKF(a == 32 && b == 0 && c == 0, "no limit: step 2 took %lld, %lld, %lld", (long long)a,
+                              (long long)b, (long long)c);
+        /* step 3: the decodes behind the long prompt's next chunk (none waits now) */
+        sched_step(s);
+        const int64_t a3 = tokens_in_step(&m, id[0], 3), b3 = tokens_in_step(&m, id[1], 3),
+                      c3 = tokens_in_step(&m, id[2], 3);
+        if (form == 0) CHECKF(a3 == 30 && b3 == 1 && c3 == 1, "limit 8: step 3 took %lld, %lld, %lld", (long long)a3,
+                              (long long)b3, (long long)c3);
+        if (form == 2) CHECKF(a3 == 32 && b3 == 0 && c3 == 0, "no limit: step 3 took %lld, %lld, %lld",
+                              (long long)a3, (long long)b3, (long long)c3);
+        sim_drain(s, &m, 1000);
+        check_against_reference(&w, jobs, 3, cfg.max_context, 0);
+        CHECKF(m.violations == 0, "form %d: %lld violations", form, (long long)m.violations);
+        sched_free(s);
+        sim_done(&m);
+    }
+    /* a negative limit is refused by name */
+    static world w;
+    make_world(&w);
+    sched_config bad = base_cfg(&w);
+    bad.long_prefill_tokens = -1;
+    sim m;
+    sim_init(&m, bad.n_blocks, bad.block_size, 0);
+    sched_backend be = {.ctx = &m, .run_step = sim_run, .free_seq = sim_free_seq};
+    sched *s;
+    mla_err err;
+    CHECK(sched_init(&s, &bad, &be, &err) != MLA_OK && strstr(err.msg, "long_prefill_tokens"));
+    sim_done(&m);
+}
+
 int main(void) {
-    test_random_workload();
+    test_random_workload(0);
+    test_random_workload(5);
     test_chunked_prefill_and_logprobs();
     test_stop_ids_and_context();
     test_cancel();
@@ -1696,5 +1770,6 @@ int main(void) {
     test_prefix_off_unchanged();
     test_prefix_threaded();
     test_hold();
+    test_long_prefill();
     return mla_test_finish();
 }
