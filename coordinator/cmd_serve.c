@@ -323,10 +323,10 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
          .help = "tokens a step may carry: longer prompts are prefilled in chunks beside the running decodes",
          .dest = &step_tokens, .lo = 1, .hi = WIRE_MAX_STEP_TOKENS},
-        {.name = "--long-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "half of --max-prefill-tokens",
-         .help = "while requests wait, a prompt's chunk takes at most N of a step's tokens, so that a long prompt "
-                 "does not hold back the requests behind it (0: no limit)",
-         .dest = &long_prefill, .lo = 0, .hi = WIRE_MAX_STEP_TOKENS},
+        {.name = "--long-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "4 x --max-prefill-tokens",
+         .help = "a prompt with more than N tokens left to prefill takes at most half of each step while other "
+                 "requests are in line, so that it does not hold them back for its whole prefill (0: never)",
+         .dest = &long_prefill, .lo = 0, .hi = WIRE_MAX_CTX},
         {.name = "--no-prefix-cache", .kind = OPT_FLAG,
          .help = "every request prefills its whole prompt (no sharing of cached blocks)", .dest = &no_prefix_cache},
         {.name = "--max-queue", .kind = OPT_LONG, .arg = "N", .def = "256",
@@ -501,7 +501,7 @@ int cmd_serve(int argc, char **argv) {
     /* the scheduler starts once the workers report their pools (check_start) */
     g_sc = (sched_config){.prefix_cache = !no_prefix_cache, .decode_lookahead = true,
                           .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
-                          .long_prefill_tokens = (int32_t)(long_prefill >= 0 ? long_prefill : step_tokens / 2),
+                          .long_prefill_tokens = (int32_t)(long_prefill >= 0 ? long_prefill : 4 * step_tokens),
                           .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                           .hold_until = (int32_t)mla_sw_int(MLA_SW_SCHED_HOLD),
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};

@@ -647,13 +647,13 @@ static bool held(const sched *s) {
     return s->cfg.hold_until > 0 && s->next_id - 1 < (uint64_t)s->cfg.hold_until;
 }
 
-/* A prompt chunk of up to `want` tokens within budget: cut to cfg.long_prefill_tokens while
- * other requests are in line behind it (`others`: running after it, or waiting); *cut says
- * whether it was. */
+/* A prompt chunk of up to `want` tokens (what it has left to prefill) within budget: a long one
+ * (more than cfg.long_prefill_tokens left) takes at most half the step while other requests are in
+ * line behind it (`others`: running after it, or waiting); *cut says whether it was cut. */
 static int32_t chunk_of(const sched *s, int32_t want, int32_t budget, bool others, bool *cut) {
-    int32_t c = want < budget ? want : budget;
-    *cut = others && s->cfg.long_prefill_tokens > 0 && c > s->cfg.long_prefill_tokens;
-    return *cut ? s->cfg.long_prefill_tokens : c;
+    const int32_t c = want < budget ? want : budget, half = s->cfg.max_step_tokens > 1 ? s->cfg.max_step_tokens / 2 : 1;
+    *cut = others && s->cfg.long_prefill_tokens > 0 && want > s->cfg.long_prefill_tokens && c > half;
+    return *cut ? half : c;
 }
 
 /* The plan's cut chunks (chunk_of) grow into the budget the step left, oldest first, as far as
@@ -707,7 +707,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
-    /* with chunks cut (long_prefill_tokens), the running prompts still to be prefilled keep the
+    /* with long prompts' chunks cut (long_prefill_tokens), the running prompts still to be prefilled keep the
      * blocks they will need: a request admitted beside one is not then preempted by it */
     int32_t reserve = 0;
     if (s->cfg.long_prefill_tokens > 0)

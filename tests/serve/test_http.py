@@ -642,9 +642,9 @@ def test_user(exe):
 
 
 def test_long_prefill(exe):
-    """--long-prefill-tokens: a short request sent while a long prompt is being prefilled finishes
-    before the long one's first token; with the limit off it waits for that prefill (the order of
-    events, not their times)"""
+    """--long-prefill-tokens: a short request sent while a long prompt (6001 tokens, more than the
+    limit) is being prefilled finishes before the long one's first token; with the limit off it
+    waits for that prefill (the order of events, not their times)"""
     def run(limit):
         srv = R.Server(exe, "--max-context", 8192, "--n-blocks", 1024, "--step-tokens", 32, "--step-delay-ms", 5,
                        "--max-seqs", 16, "--long-prefill-tokens", limit)
@@ -674,7 +674,7 @@ def test_long_prefill(exe):
         finally:
             check(srv.stop() == 0, "long-prefill server (limit %d) clean exit" % limit)
         return at.get("short_done", 0) < at.get("long_first", 0)
-    check(run(16), "limit 16: the short request finished before the long prompt's first token")
+    check(run(128), "limit 128: the short request finished before the long prompt's first token")
     check(not run(0), "no limit: the short request waited for the long prompt's prefill")
 
 

@@ -1675,12 +1675,12 @@ static void test_hold(void) {
     fake_backend_free(fb);
 }
 
-/* cfg.long_prefill_tokens: while requests wait, a running prompt's chunk is cut (here to 8 of a
- * 32-token step) and the waiting ones are admitted beside it; what they leave goes back to the
- * cut chunk (24 = 32 - 5 - 3); with max_seqs reached, admission stops and the chunk takes the
- * rest. Once admitted, their decodes run beside the next chunks (30 = 32 - 1 - 1). With the
- * limit off, the long prompt takes every step until its prefill is done. Outputs equal the
- * reference either way. */
+/* cfg.long_prefill_tokens: while requests wait, a running prompt with more than that left (68 of
+ * 100 > 40) is cut to half of a 32-token step and the waiting ones are admitted beside it; what
+ * they leave goes back to the cut chunk (24 = 32 - 5 - 3); with max_seqs reached, admission stops
+ * and the chunk takes the rest. Once admitted, their decodes run beside the next chunks (30 = 32 -
+ * 1 - 1). With the limit off, or above the prompt (200), the prompt takes every step until its
+ * prefill is done. Outputs equal the reference either way. */
 static int64_t tokens_in_step(const sim *m, uint64_t id, int64_t step) {
     for (int i = 0; i < m->n_log; i++)
         if (m->log[i].id == id && m->log[i].step == step) return m->log[i].n_tokens;
@@ -1688,11 +1688,11 @@ static int64_t tokens_in_step(const sim *m, uint64_t id, int64_t step) {
 }
 
 static void test_long_prefill(void) {
-    for (int form = 0; form < 3; form++) { /* limit 8; limit 8 and max_seqs 2; no limit */
+    for (int form = 0; form < 4; form++) { /* limit 40; limit 40 and max_seqs 2; none; 200 */
         static world w;
         make_world(&w);
         sched_config cfg = base_cfg(&w);
-        cfg.long_prefill_tokens = form < 2 ? 8 : 0;
+        cfg.long_prefill_tokens = form < 2 ? 40 : form == 2 ? 0 : 200;
         if (form == 1) cfg.max_seqs = 2;
         static sim m;
         sched *s = sim_sched(&m, &cfg, 0);
@@ -1710,20 +1710,20 @@ static void test_long_prefill(void) {
         sched_step(s);
         const int64_t a = tokens_in_step(&m, id[0], 2), b = tokens_in_step(&m, id[1], 2),
                       c = tokens_in_step(&m, id[2], 2);
-        if (form == 0) CHECKF(a == 24 && b == 5 && c == 3, "limit 8: step 2 took %lld, %lld, %lld", (long long)a,
+        if (form == 0) CHECKF(a == 24 && b == 5 && c == 3, "limit 40: step 2 took %lld, %lld, %lld", (long long)a,
                               (long long)b, (long long)c);
-        if (form == 1) CHECKF(a == 27 && b == 5 && c == 0, "limit 8, 2 sequences: step 2 took %lld, %lld, %lld",
+        if (form == 1) CHECKF(a == 27 && b == 5 && c == 0, "limit 40, 2 sequences: step 2 took %lld, %lld, %lld",
                               (long long)a, (long long)b, (long long)c);
-        if (form == 2) CHECKF(a == 32 && b == 0 && c == 0, "no limit: step 2 took %lld, %lld, %lld", (long long)a,
-                              (long long)b, (long long)c);
+        if (form >= 2) CHECKF(a == 32 && b == 0 && c == 0, "limit %d: step 2 took %lld, %lld, %lld",
+                              cfg.long_prefill_tokens, (long long)a, (long long)b, (long long)c);
         /* step 3: the decodes behind the long prompt's next chunk (none waits now) */
         sched_step(s);
         const int64_t a3 = tokens_in_step(&m, id[0], 3), b3 = tokens_in_step(&m, id[1], 3),
                       c3 = tokens_in_step(&m, id[2], 3);
-        if (form == 0) CHECKF(a3 == 30 && b3 == 1 && c3 == 1, "limit 8: step 3 took %lld, %lld, %lld", (long long)a3,
+        if (form == 0) CHECKF(a3 == 30 && b3 == 1 && c3 == 1, "limit 40: step 3 took %lld, %lld, %lld", (long long)a3,
                               (long long)b3, (long long)c3);
-        if (form == 2) CHECKF(a3 == 32 && b3 == 0 && c3 == 0, "no limit: step 3 took %lld, %lld, %lld",
-                              (long long)a3, (long long)b3, (long long)c3);
+        if (form >= 2) CHECKF(a3 == 32 && b3 == 0 && c3 == 0, "limit %d: step 3 took %lld, %lld, %lld",
+                              cfg.long_prefill_tokens, (long long)a3, (long long)b3, (long long)c3);
         sim_drain(s, &m, 1000);
         check_against_reference(&w, jobs, 3, cfg.max_context, 0);
         CHECKF(m.violations == 0, "form %d: %lld violations", form, (long long)m.violations);
