@@ -23,7 +23,9 @@ int reasoning_kind_parse(const char *name) {
 }
 
 enum reasoning_kind reasoning_auto(const char *src) {
-    if (!src || !strstr(src, CLOSE_TAG)) return REASONING_NONE;
+    /* "<think>" alone counts too: a template whose generation prompt opens the reasoning without
+     * ever writing "</think>" (reasoning is only taken where the prompt or the output opens it) */
+    if (!src || (!strstr(src, CLOSE_TAG) && !strstr(src, OPEN_TAG))) return REASONING_NONE;
     if (strstr(src, "<|im_assistant|>")) return REASONING_KIMI_K2;
     if (strstr(src, "[gMASK]") || strstr(src, "<|assistant|>")) return REASONING_GLM;
     if (strstr(src, "thinking")) return REASONING_DEEPSEEK_V31;

@@ -271,6 +271,10 @@ static void run_builtin_and_errors(void) {
     }
     /* no template and unknown family: an error */
     CHECK(chat_tmpl_new(&t, NULL, 0, CHAT_FAMILY_NONE, NULL, NULL, &err) == MLA_ERR);
+    /* reasoning by the template: "</think>", or "<think>" alone (a generation prompt that opens it) */
+    CHECK(reasoning_auto("{{ bos_token }}{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}") ==
+          REASONING_DEEPSEEK_R1);
+    CHECK(reasoning_auto("{% for m in messages %}{{ m.content }}{% endfor %}") == REASONING_NONE);
     CHECK(chat_family_guess("deepseek2", NULL) == CHAT_FAMILY_DEEPSEEK3);
     CHECK(chat_family_guess("glm-dsa", NULL) == CHAT_FAMILY_GLM);
     CHECK(chat_family_guess(NULL, "glm4") == CHAT_FAMILY_GLM);
