@@ -647,30 +647,41 @@ static bool held(const sched *s) {
     return s->cfg.hold_until > 0 && s->next_id - 1 < (uint64_t)s->cfg.hold_until;
 }
 
-/* A prompt chunk of up to `want` tokens (what it has left to prefill) within budget: a long one
- * (more than cfg.long_prefill_tokens left) takes at most half the step while other requests are in
- * line behind it (`others`: running after it, or waiting); *cut says whether it was cut. */
-static int32_t chunk_of(const sched *s, int32_t want, int32_t budget, bool others, bool *cut) {
-    const int32_t c = want < budget ? want : budget, half = s->cfg.max_step_tokens > 1 ? s->cfg.max_step_tokens / 2 : 1;
-    *cut = others && s->cfg.long_prefill_tokens > 0 && want > s->cfg.long_prefill_tokens && c > half;
-    return *cut ? half : c;
+/* A prompt chunk of up to `want` tokens (what it has left to prefill) within budget: the long
+ * ones (more than cfg.long_prefill_tokens left) share half of the step while other requests are
+ * in line behind them (`others`: running after it, or waiting): *long_used counts what they took,
+ * a later one gets what is left of the half (at least a token); *cut says whether it was cut. */
+static int32_t chunk_of(const sched *s, int32_t want, int32_t budget, bool others, int32_t *long_used, bool *cut) {
+    const int32_t c = want < budget ? want : budget;
+    *cut = false;
+    if (!others || s->cfg.long_prefill_tokens <= 0 || want <= s->cfg.long_prefill_tokens) return c;
+    const int32_t half = s->cfg.max_step_tokens > 1 ? s->cfg.max_step_tokens / 2 : 1;
+    const int32_t cap = half - *long_used > 1 ? half - *long_used : 1, r = c < cap ? c : cap;
+    *cut = r < c;
+    *long_used += r;
+    return r;
 }
 
 /* The plan's cut chunks (chunk_of) grow into the budget the step left, oldest first, as far as
- * blocks can be had without preempting. */
+ * blocks can be had without preempting; one that then ends its prompt also gets the block of the
+ * position after it where one is free (decode_lookahead, as build_plan gives a decode row). */
 static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget) {
     for (int k = 0; k < n_cut && *budget > 0; k++) {
         sched_plan_seq *p = &s->plan[cut[k]];
         sreq *q = s->plan_req[cut[k]];
-        int32_t more = q->n_tokens - (q->n_computed + p->n_tokens);
-        if (more > *budget) more = *budget;
-        if (more <= 0 || !alloc_blocks(s, q, q->n_computed + p->n_tokens + more)) continue;
-        p->n_tokens += more;
+        const int32_t from = q->n_computed + p->n_tokens, room = (q->n_blocks + s->n_free + s->n_lru) * s->cfg.block_size;
+        int32_t to = q->n_tokens < from + *budget ? q->n_tokens : from + *budget;
+        if (to > room) to = room;
+        if (to <= from) continue;
+        const bool ok = alloc_blocks(s, q, to);
+        MLA_ASSERT(ok);
+        p->n_tokens += to - from;
+        p->sample = to == q->n_tokens;
+        if (p->sample && s->cfg.decode_lookahead && to + 1 <= q->cap_tokens) (void)alloc_blocks(s, q, to + 1);
         p->block_table = q->blocks; /* alloc_blocks may have moved it */
         p->n_blocks = q->n_blocks;
-        p->sample = q->n_computed + p->n_tokens == q->n_tokens;
         q->n_sent = q->n_blocks;
-        *budget -= more;
+        *budget -= to - from;
     }
 }
 
@@ -679,7 +690,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     int n = 0, n_cut = 0;
     *n_tokens_out = 0;
     if (held(s)) return 0;
-    int32_t budget = s->cfg.max_step_tokens;
+    int32_t budget = s->cfg.max_step_tokens, long_used = 0;
     int *cut = s->plan_cut;
     /* running sequences, oldest first */
     for (int i = 0; i < s->running.n && budget > 0 && n < s->cfg.max_seqs; i++) {
@@ -687,7 +698,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t pending = q->n_tokens - q->n_computed;
         MLA_ASSERT(pending >= 1);
         bool was_cut;
-        int32_t chunk = chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &was_cut);
+        int32_t chunk = chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &long_used, &was_cut);
         bool self_preempted = false;
         while (!alloc_blocks(s, q, q->n_computed + chunk)) {
             sreq *victim = s->running.v[s->running.n - 1];
@@ -707,10 +718,12 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
-    /* with long prompts' chunks cut (long_prefill_tokens), the running prompts still to be prefilled keep the
-     * blocks they will need: a request admitted beside one is not then preempted by it */
+    /* with long prompts sharing their steps (long_prefill_tokens), a request is admitted only
+     * where its whole prompt fits beside the blocks the running ones still need for theirs
+     * (reserve): one admitted beside a long prefill is then not preempted by it */
+    const bool whole = s->cfg.long_prefill_tokens > 0;
     int32_t reserve = 0;
-    if (s->cfg.long_prefill_tokens > 0)
+    if (whole)
         for (int i = 0; i < s->running.n; i++) {
             const sreq *q = s->running.v[i];
             const int32_t need = blocks_for(s, q->n_tokens) - q->n_blocks;
@@ -725,9 +738,9 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t hits = prefix_lookup(s, q, &in_lru);
         int32_t start = hits * s->cfg.block_size;
         bool was_cut;
-        int32_t chunk = chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &was_cut);
+        int32_t chunk = chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &long_used, &was_cut);
         /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
-        if (blocks_for(s, start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
+        if (blocks_for(s, whole ? q->n_tokens : start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
         for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
         q->n_blocks = hits;
         q->n_computed = start;
@@ -737,6 +750,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
             s->st.prefix_queries += (uint64_t)q->n_tokens;
             s->st.prefix_hits += (uint64_t)start;
         }
+        if (whole) reserve += blocks_for(s, q->n_tokens) - q->n_blocks;
         rv_remove_at(&s->waiting, 0);
         rv_push(&s->running, q);
         if (was_cut) cut[n_cut++] = n;

@@ -5,10 +5,11 @@
  * between steps. Every step the scheduler builds a plan within a per-step token budget: the
  * running sequences oldest first (a decode row, or the next chunk of a prompt), then admission of
  * waiting requests first come first served while the cache and the budget allow. While other
- * requests are in line behind it (running after it, or waiting), a long prompt's chunk (more than
- * cfg.long_prefill_tokens left to prefill) takes at most half the budget, so that one long prompt
- * does not hold back the decodes and admissions behind it for its whole prefill; what the step
- * leaves unused goes back to those chunks. A plan entry names the sequence, its new token
+ * requests are in line behind them (running after, or waiting), the long prompts (more than
+ * cfg.long_prefill_tokens left to prefill) share half of the budget, so that a long prompt does
+ * not hold back the decodes and admissions behind it for its whole prefill; what the step leaves
+ * unused goes back to their chunks. With that limit on, a request is admitted only where its whole
+ * prompt fits beside what the running prompts still need. A plan entry names the sequence, its new token
  * ids, their start position, its cache block table and its sampling parameters; a backend
  * (sched_backend: function pointers) executes the plan and returns one sampled token per entry
  * that asked for one.
@@ -196,10 +197,13 @@ typedef struct sched_config {
      * cache" above). false: every block is private, as before the cache existed. */
     bool prefix_cache;
     /* > 0: a prompt with more than this many tokens left to prefill is long: while other
-     * requests are in line behind it (running after it, or waiting), its chunk takes at most half
-     * of max_step_tokens, the rest going to them (vLLM's long_prefill_token_threshold); a step's
-     * tokens they leave go back to the chunks so cut. Shorter prompts keep first come, first
-     * served. 0: a chunk takes all the budget it can (oldest first). */
+     * requests are in line behind them (running after, or waiting), the long prompts of a step
+     * share half of max_step_tokens, the rest going to the others (vLLM's
+     * long_prefill_token_threshold); a step's tokens they leave go back to the chunks so cut.
+     * Shorter prompts keep first come, first served. Admission then also needs the whole prompt
+     * to fit beside what the running prompts still need (no admission that a running prefill
+     * would preempt). 0: a chunk takes all the budget it can (oldest first), admission needs
+     * its first chunk's blocks. */
     int32_t long_prefill_tokens;
     /* a running sequence whose row is its last pending token also gets the block of the position
      * after it when one can be had without preempting, so that a worker can run the next decode

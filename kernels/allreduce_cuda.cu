@@ -118,6 +118,8 @@ __global__ void __launch_bounds__(RN_T) k_ar_add_rmsnorm(const mla_ar_peers p, i
     ar_barrier(p, 1, gen, blk); /* its __syncthreads orders this block's xo writes before the reads below */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (S > 1) cooperative_groups::this_cluster().sync(); /* and the other blocks' (release, acquire) */
+#elif defined(__CUDA_ARCH__)
+    if (S > 1) __trap(); /* code for a device without clusters run as a cluster (a JIT of older PTX) */
 #endif
     __shared__ float red[32];
     float *hr = h + row;

@@ -41,7 +41,7 @@ PREBUILT=1 BUILD=build-gpu-carried FIX=.gpu-fixtures OPS_S="${OPS_S:-120}" \
 echo "phase 1 done ($(since))"
 if [ "$stack" = 1 ]; then
   echo "== phase 2: the distributed stack (bundle)"
-  BUNDLE=.bundle90 FIX=.gpu-fixtures timeout "${PHASE2_S:-120}" scripts/gpu_check.sh --no-ops --stack || rc=1
+  BUNDLE=.bundle90 FIX=.gpu-fixtures timeout "${PHASE2_S:-180}" scripts/gpu_check.sh --no-ops --stack || rc=1
   echo "phase 2 done ($(since))"
 fi
 if [ "$bench" = 1 ]; then

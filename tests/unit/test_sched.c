@@ -1730,6 +1730,61 @@ static void test_long_prefill(void) {
         sched_free(s);
         sim_done(&m);
     }
+    /* two long prompts share the half: the younger gets what the older left of it (a token), the
+     * request behind them is admitted, and the rest goes back to the older (16 + 10) */
+    {
+        static world w;
+        make_world(&w);
+        sched_config cfg = base_cfg(&w);
+        cfg.long_prefill_tokens = 40;
+        cfg.n_blocks = 80; /* both prompts whole (25 blocks each) beside each other */
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        static job jobs[3];
+        fill(&jobs[0], NULL, 0, 10, 100, 2);
+        fill(&jobs[1], NULL, 0, 40, 100, 2);
+        fill(&jobs[2], NULL, 0, 90, 5, 2);
+        uint64_t id[3];
+        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
+        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
+        sched_step(s); /* the first cut to half while the second waits; the second takes the rest */
+        CHECKF(tokens_in_step(&m, id[0], 1) == 16 && tokens_in_step(&m, id[1], 1) == 16, "step 1 took %lld, %lld",
+               (long long)tokens_in_step(&m, id[0], 1), (long long)tokens_in_step(&m, id[1], 1));
+        REQUIRE(submit_job(s, &jobs[2], 2, 0, &id[2]) == SCHED_E_OK);
+        sched_step(s);
+        const int64_t a = tokens_in_step(&m, id[0], 2), b = tokens_in_step(&m, id[1], 2), c = tokens_in_step(&m, id[2], 2);
+        CHECKF(a == 26 && b == 1 && c == 5, "two long prompts: step 2 took %lld, %lld, %lld", (long long)a,
+               (long long)b, (long long)c);
+        sim_drain(s, &m, 1000);
+        check_against_reference(&w, jobs, 3, cfg.max_context, 0);
+        CHECKF(m.violations == 0, "two long prompts: %lld violations", (long long)m.violations);
+        sched_free(s);
+        sim_done(&m);
+    }
+    /* admission with the limit on: only where the whole prompt fits beside what the running
+     * prompts still need (40 blocks: the second 100-token prompt waits for the first) */
+    {
+        static world w;
+        make_world(&w);
+        sched_config cfg = base_cfg(&w);
+        cfg.long_prefill_tokens = 40;
+        static sim m;
+        sched *s = sim_sched(&m, &cfg, 0);
+        static job jobs[2];
+        fill(&jobs[0], NULL, 0, 10, 100, 2);
+        fill(&jobs[1], NULL, 0, 40, 100, 2);
+        uint64_t id[2];
+        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
+        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
+        sched_step(s);
+        CHECKF(tokens_in_step(&m, id[0], 1) == 32 && tokens_in_step(&m, id[1], 1) == 0, "step 1 took %lld, %lld",
+               (long long)tokens_in_step(&m, id[0], 1), (long long)tokens_in_step(&m, id[1], 1));
+        sim_drain(s, &m, 1000);
+        check_against_reference(&w, jobs, 2, cfg.max_context, 0);
+        CHECK(stats_of(s).preemptions == 0 && m.violations == 0);
+        sched_free(s);
+        sim_done(&m);
+    }
     /* a negative limit is refused by name */
     static world w;
     make_world(&w);
