@@ -132,6 +132,25 @@ static void check_failed(const ranks *R, const char *what) {
     }
 }
 
+/* call(r) for every rank, each captured in a graph of its own on the rank's stream, then the
+ * graphs replayed together (the device's generation counters across replays) */
+template <class F> static void in_graphs(ranks *R, F call) {
+    cudaGraph_t g[MLA_AR_MAX_RANKS];
+    cudaGraphExec_t ge[MLA_AR_MAX_RANKS];
+    for (int r = 0; r < R->n; r++) {
+        CU(cudaStreamBeginCapture(R->st[r], cudaStreamCaptureModeRelaxed));
+        call(r);
+        CU(cudaStreamEndCapture(R->st[r], &g[r]));
+        CU(cudaGraphInstantiate(&ge[r], g[r], 0));
+    }
+    for (int r = 0; r < R->n; r++) CU(cudaGraphLaunch(ge[r], R->st[r]));
+    CU(cudaDeviceSynchronize());
+    for (int r = 0; r < R->n; r++) {
+        CU(cudaGraphExecDestroy(ge[r]));
+        CU(cudaGraphDestroy(g[r]));
+    }
+}
+
 /* host inputs of every rank: inputs[r * count + i] */
 static void fill(const ranks *R, float *hin, size_t count) {
     for (int r = 0; r < R->n; r++) {
@@ -158,21 +177,8 @@ static void test_sum(ranks *R, float *hin, float *want, float *got, int graph) {
             for (int r = 0; r < R->n; r++) CU(cudaMemsetAsync(R->out[r], 0xff, count * 4, R->st[r]));
             if (!graph) {
                 for (int r = 0; r < R->n; r++) OK(mla_cuda_ar_sum(&R->p[r], R->out[r], count, R->st[r], &err));
-            } else { /* each rank's call captured in a graph of its own, then replayed: the device's generation */
-                cudaGraph_t g[MLA_AR_MAX_RANKS];
-                cudaGraphExec_t ge[MLA_AR_MAX_RANKS];
-                for (int r = 0; r < R->n; r++) {
-                    CU(cudaStreamBeginCapture(R->st[r], cudaStreamCaptureModeRelaxed));
-                    OK(mla_cuda_ar_sum(&R->p[r], R->out[r], count, R->st[r], &err));
-                    CU(cudaStreamEndCapture(R->st[r], &g[r]));
-                    CU(cudaGraphInstantiate(&ge[r], g[r], 0));
-                }
-                for (int r = 0; r < R->n; r++) CU(cudaGraphLaunch(ge[r], R->st[r]));
-                CU(cudaDeviceSynchronize());
-                for (int r = 0; r < R->n; r++) {
-                    CU(cudaGraphExecDestroy(ge[r]));
-                    CU(cudaGraphDestroy(g[r]));
-                }
+            } else {
+                in_graphs(R, [&](int r) { OK(mla_cuda_ar_sum(&R->p[r], R->out[r], count, R->st[r], &err)); });
             }
             CU(cudaDeviceSynchronize());
             check_failed(R, "sum");
@@ -226,26 +232,14 @@ static void add_rmsnorm_case(ranks *R, int64_t E, int64_t T, int q8, int inplace
     CU(cudaDeviceSynchronize());
     float *xo[MLA_AR_MAX_RANKS];
     for (int r = 0; r < R->n; r++) xo[r] = inplace ? R->x[r] : R->xo[r];
+    auto fused = [&](int r) {
+        OK(mla_cuda_ar_add_rmsnorm(&R->p[r], T, E, R->x[r], xo[r], dw, 1e-6f, R->h[r], q8 ? R->q[r] : NULL, R->st[r],
+                                   &err));
+    };
     if (!graph) {
-        for (int r = 0; r < R->n; r++)
-            OK(mla_cuda_ar_add_rmsnorm(&R->p[r], T, E, R->x[r], xo[r], dw, 1e-6f, R->h[r], q8 ? R->q[r] : NULL,
-                                       R->st[r], &err));
+        for (int r = 0; r < R->n; r++) fused(r);
     } else {
-        cudaGraph_t g[MLA_AR_MAX_RANKS];
-        cudaGraphExec_t ge[MLA_AR_MAX_RANKS];
-        for (int r = 0; r < R->n; r++) {
-            CU(cudaStreamBeginCapture(R->st[r], cudaStreamCaptureModeRelaxed));
-            OK(mla_cuda_ar_add_rmsnorm(&R->p[r], T, E, R->x[r], xo[r], dw, 1e-6f, R->h[r], q8 ? R->q[r] : NULL,
-                                       R->st[r], &err));
-            CU(cudaStreamEndCapture(R->st[r], &g[r]));
-            CU(cudaGraphInstantiate(&ge[r], g[r], 0));
-        }
-        for (int r = 0; r < R->n; r++) CU(cudaGraphLaunch(ge[r], R->st[r]));
-        CU(cudaDeviceSynchronize());
-        for (int r = 0; r < R->n; r++) {
-            CU(cudaGraphExecDestroy(ge[r]));
-            CU(cudaGraphDestroy(g[r]));
-        }
+        in_graphs(R, fused);
     }
     CU(cudaDeviceSynchronize());
     check_failed(R, "add+norm");

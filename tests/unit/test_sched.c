@@ -1675,113 +1675,66 @@ static void test_hold(void) {
     fake_backend_free(fb);
 }
 
-/* cfg.long_prefill_tokens: while requests wait, a running prompt with more than that left (68 of
- * 100 > 40) is cut to half of a 32-token step and the waiting ones are admitted beside it; what
- * they leave goes back to the cut chunk (24 = 32 - 5 - 3); with max_seqs reached, admission stops
- * and the chunk takes the rest. Once admitted, their decodes run beside the next chunks (30 = 32 -
- * 1 - 1). With the limit off, or above the prompt (200), the prompt takes every step until its
- * prefill is done. Outputs equal the reference either way. */
+/* cfg.long_prefill_tokens, on a 32-token step (half: 16), each case's tokens a step by request:
+ * 0. a 100-token prompt with more than the limit left (68 > 40) is cut to 16 while two short
+ *    requests wait; they are admitted beside it and what they leave goes back to it (24 = 32 - 5
+ *    - 3); then their decodes run beside its next chunk (30 = 32 - 1 - 1);
+ * 1. with max_seqs 2 admission stops after the first, and the chunk takes the rest (27);
+ * 2, 3. with the limit off, or above the prompt (200), it takes every step until its prefill ends;
+ * 4. two long prompts share the half: the younger gets what the older left of it (a token), the
+ *    request behind them is admitted, the rest goes back to the older (16 + 10);
+ * 5. admission needs the whole prompt to fit beside what the running prompts still need: in 40
+ *    blocks the second 100-token prompt waits for the first.
+ * Outputs equal the reference, nothing is preempted. */
 static int64_t tokens_in_step(const sim *m, uint64_t id, int64_t step) {
     for (int i = 0; i < m->n_log; i++)
         if (m->log[i].id == id && m->log[i].step == step) return m->log[i].n_tokens;
     return 0;
 }
 
+typedef struct lp_case {
+    int32_t limit, max_seqs, n_blocks;
+    int n_jobs, first_wave;      /* requests; how many are submitted before step 1 (the rest before 2) */
+    int prompt[3];               /* prompt lengths */
+    int64_t want[3][3];          /* [step][request] tokens, -1: not checked */
+} lp_case;
+
 static void test_long_prefill(void) {
-    for (int form = 0; form < 4; form++) { /* limit 40; limit 40 and max_seqs 2; none; 200 */
+    static const lp_case cases[] = {
+        {40, 8, 40, 3, 1, {100, 5, 3}, {{32, 0, 0}, {24, 5, 3}, {30, 1, 1}}},
+        {40, 2, 40, 3, 1, {100, 5, 3}, {{32, 0, 0}, {27, 5, 0}, {-1, -1, -1}}},
+        {0, 8, 40, 3, 1, {100, 5, 3}, {{32, 0, 0}, {32, 0, 0}, {32, 0, 0}}},
+        {200, 8, 40, 3, 1, {100, 5, 3}, {{32, 0, 0}, {32, 0, 0}, {32, 0, 0}}},
+        {40, 8, 80, 3, 2, {100, 100, 5}, {{16, 16, 0}, {26, 1, 5}, {-1, -1, -1}}},
+        {40, 8, 40, 2, 2, {100, 100, 0}, {{32, 0, -1}, {-1, -1, -1}, {-1, -1, -1}}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const lp_case *c = &cases[k];
         static world w;
         make_world(&w);
         sched_config cfg = base_cfg(&w);
-        cfg.long_prefill_tokens = form < 2 ? 40 : form == 2 ? 0 : 200;
-        if (form == 1) cfg.max_seqs = 2;
+        cfg.long_prefill_tokens = c->limit;
+        cfg.max_seqs = c->max_seqs;
+        cfg.n_blocks = c->n_blocks;
         static sim m;
         sched *s = sim_sched(&m, &cfg, 0);
         static job jobs[3];
-        fill(&jobs[0], NULL, 0, 10, 100, 2);
-        fill(&jobs[1], NULL, 0, 60, 5, 3);
-        fill(&jobs[2], NULL, 0, 90, 3, 2);
         uint64_t id[3];
-        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
-        sched_step(s); /* alone: the whole budget */
-        CHECKF(tokens_in_step(&m, id[0], 1) == 32, "form %d: the long prompt's first chunk %lld", form,
-               (long long)tokens_in_step(&m, id[0], 1));
-        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
-        REQUIRE(submit_job(s, &jobs[2], 2, 0, &id[2]) == SCHED_E_OK);
-        sched_step(s);
-        const int64_t a = tokens_in_step(&m, id[0], 2), b = tokens_in_step(&m, id[1], 2),
-                      c = tokens_in_step(&m, id[2], 2);
-        if (form == 0) CHECKF(a == 24 && b == 5 && c == 3, "limit 40: step 2 took %lld, %lld, %lld", (long long)a,
-                              (long long)b, (long long)c);
-        if (form == 1) CHECKF(a == 27 && b == 5 && c == 0, "limit 40, 2 sequences: step 2 took %lld, %lld, %lld",
-                              (long long)a, (long long)b, (long long)c);
-        if (form >= 2) CHECKF(a == 32 && b == 0 && c == 0, "limit %d: step 2 took %lld, %lld, %lld",
-                              cfg.long_prefill_tokens, (long long)a, (long long)b, (long long)c);
-        /* step 3: the decodes behind the long prompt's next chunk (none waits now) */
-        sched_step(s);
-        const int64_t a3 = tokens_in_step(&m, id[0], 3), b3 = tokens_in_step(&m, id[1], 3),
-                      c3 = tokens_in_step(&m, id[2], 3);
-        if (form == 0) CHECKF(a3 == 30 && b3 == 1 && c3 == 1, "limit 40: step 3 took %lld, %lld, %lld", (long long)a3,
-                              (long long)b3, (long long)c3);
-        if (form >= 2) CHECKF(a3 == 32 && b3 == 0 && c3 == 0, "limit %d: step 3 took %lld, %lld, %lld",
-                              cfg.long_prefill_tokens, (long long)a3, (long long)b3, (long long)c3);
+        for (int j = 0; j < c->n_jobs; j++) fill(&jobs[j], NULL, 0, 10 + 40 * j, c->prompt[j], 2 + j % 2);
+        for (int step = 1; step <= 3; step++) {
+            if (step <= 2)
+                for (int j = step == 1 ? 0 : c->first_wave; j < (step == 1 ? c->first_wave : c->n_jobs); j++)
+                    REQUIRE(submit_job(s, &jobs[j], j, 0, &id[j]) == SCHED_E_OK);
+            sched_step(s);
+            for (int j = 0; j < c->n_jobs; j++)
+                CHECKF(c->want[step - 1][j] < 0 || tokens_in_step(&m, id[j], step) == c->want[step - 1][j],
+                       "case %zu, step %d: request %d took %lld tokens, not %lld", k, step, j,
+                       (long long)tokens_in_step(&m, id[j], step), (long long)c->want[step - 1][j]);
+        }
         sim_drain(s, &m, 1000);
-        check_against_reference(&w, jobs, 3, cfg.max_context, 0);
-        CHECKF(m.violations == 0, "form %d: %lld violations", form, (long long)m.violations);
-        sched_free(s);
-        sim_done(&m);
-    }
-    /* two long prompts share the half: the younger gets what the older left of it (a token), the
-     * request behind them is admitted, and the rest goes back to the older (16 + 10) */
-    {
-        static world w;
-        make_world(&w);
-        sched_config cfg = base_cfg(&w);
-        cfg.long_prefill_tokens = 40;
-        cfg.n_blocks = 80; /* both prompts whole (25 blocks each) beside each other */
-        static sim m;
-        sched *s = sim_sched(&m, &cfg, 0);
-        static job jobs[3];
-        fill(&jobs[0], NULL, 0, 10, 100, 2);
-        fill(&jobs[1], NULL, 0, 40, 100, 2);
-        fill(&jobs[2], NULL, 0, 90, 5, 2);
-        uint64_t id[3];
-        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
-        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
-        sched_step(s); /* the first cut to half while the second waits; the second takes the rest */
-        CHECKF(tokens_in_step(&m, id[0], 1) == 16 && tokens_in_step(&m, id[1], 1) == 16, "step 1 took %lld, %lld",
-               (long long)tokens_in_step(&m, id[0], 1), (long long)tokens_in_step(&m, id[1], 1));
-        REQUIRE(submit_job(s, &jobs[2], 2, 0, &id[2]) == SCHED_E_OK);
-        sched_step(s);
-        const int64_t a = tokens_in_step(&m, id[0], 2), b = tokens_in_step(&m, id[1], 2), c = tokens_in_step(&m, id[2], 2);
-        CHECKF(a == 26 && b == 1 && c == 5, "two long prompts: step 2 took %lld, %lld, %lld", (long long)a,
-               (long long)b, (long long)c);
-        sim_drain(s, &m, 1000);
-        check_against_reference(&w, jobs, 3, cfg.max_context, 0);
-        CHECKF(m.violations == 0, "two long prompts: %lld violations", (long long)m.violations);
-        sched_free(s);
-        sim_done(&m);
-    }
-    /* admission with the limit on: only where the whole prompt fits beside what the running
-     * prompts still need (40 blocks: the second 100-token prompt waits for the first) */
-    {
-        static world w;
-        make_world(&w);
-        sched_config cfg = base_cfg(&w);
-        cfg.long_prefill_tokens = 40;
-        static sim m;
-        sched *s = sim_sched(&m, &cfg, 0);
-        static job jobs[2];
-        fill(&jobs[0], NULL, 0, 10, 100, 2);
-        fill(&jobs[1], NULL, 0, 40, 100, 2);
-        uint64_t id[2];
-        REQUIRE(submit_job(s, &jobs[0], 0, 0, &id[0]) == SCHED_E_OK);
-        REQUIRE(submit_job(s, &jobs[1], 1, 0, &id[1]) == SCHED_E_OK);
-        sched_step(s);
-        CHECKF(tokens_in_step(&m, id[0], 1) == 32 && tokens_in_step(&m, id[1], 1) == 0, "step 1 took %lld, %lld",
-               (long long)tokens_in_step(&m, id[0], 1), (long long)tokens_in_step(&m, id[1], 1));
-        sim_drain(s, &m, 1000);
-        check_against_reference(&w, jobs, 2, cfg.max_context, 0);
-        CHECK(stats_of(s).preemptions == 0 && m.violations == 0);
+        check_against_reference(&w, jobs, c->n_jobs, cfg.max_context, 0);
+        CHECKF(m.violations == 0 && stats_of(s).preemptions == 0, "case %zu: %lld violations, %llu preemptions", k,
+               (long long)m.violations, (unsigned long long)stats_of(s).preemptions);
         sched_free(s);
         sim_done(&m);
     }
