@@ -23,7 +23,9 @@
  * threads of one process) and fills mla_ar_peers. The output must not alias the rank's own input
  * (peers read it while the sum is written). Every rank must make the same calls in the same order
  * with the same sizes, and the kernels of all ranks must be resident at once (grids of at most
- * MLA_AR_MAX_BLOCKS blocks of 256 or 1024 threads). */
+ * MLA_AR_MAX_BLOCKS blocks of 256 or 512 threads: on its own GPU a rank's fit; ranks sharing one
+ * GPU as streams of a process must together fit it, as tests/gpu/test_allreduce_oneshot.cu
+ * keeps them). */
 #ifndef ALLREDUCE_CUDA_H
 #define ALLREDUCE_CUDA_H
 
@@ -44,7 +46,7 @@ extern "C" {
 #endif
 
 #define MLA_AR_MAX_RANKS 8
-#define MLA_AR_MAX_BLOCKS 64
+#define MLA_AR_MAX_BLOCKS 128
 
 typedef struct mla_ar_peers {
     int rank, world;                    /* this rank; ranks, 2..MLA_AR_MAX_RANKS */

@@ -9,8 +9,9 @@
  *   (mla_cuda_ar_sum, then mla_cuda_rmsnorm_ex with the sum as the residual): the new stream, h
  *   and the q8 buffer; the stream also against the host's x + sum, h against the CPU reference
  *   (kernels/rmsnorm.c) within 2e-6 relative to the row's largest |h|; hidden sizes of one block a
- *   row to eight (1024, 2048, 6144, 7168, 8192), 1 row to the most that fit, in place and apart,
- *   eager and replayed from captured graphs; a shape that does not fit refused by name;
+ *   row to eight (1024, 2048, 6144, 7168, 8192), 1 row to the most that fit a call and this GPU
+ *   with every rank's blocks at once, in place and apart, eager and replayed from captured
+ *   graphs; one row more than a call takes refused by name;
  * - no barrier wait timed out.
  * Needs a GPU; prints "test_allreduce_oneshot: ok" and exits 0 on success. With --time instead:
  * the fused call's time beside the unfused kernels' (time_table). */
@@ -296,12 +297,15 @@ static void add_rmsnorm_case(ranks *R, int64_t E, int64_t T, int q8, int inplace
 static void test_add_rmsnorm(ranks *R, float *hin, float *want, float *got) {
     static const int64_t Es[] = {1024, 2048, 6144, 7168, 8192};
     float *w = (float *)malloc(8192 * 4), *x0 = (float *)malloc(MAXN * 4), *href = (float *)malloc(MAXN * 4);
-    uint8_t *ha = (uint8_t *)malloc(Q8B(MAXN)), *hb = (uint8_t *)malloc(Q8B(MAXN));
+    uint8_t *ha = (uint8_t *)malloc(MAXN * 4), *hb = (uint8_t *)malloc(MAXN * 4); /* a stream, or a q8 buffer */
     float *dw;
     CU(cudaMalloc((void **)&dw, 8192 * 4));
     int cases = 0;
     for (size_t ei = 0; ei < sizeof Es / sizeof *Es; ei++) {
-        const int64_t E = Es[ei], S = (E + 1023) / 1024, Tmax = MLA_AR_MAX_BLOCKS / S;
+        /* the most rows that fit a call, and that every rank's blocks fit this GPU at once (2 of
+         * 512 threads an SM, 256 here at most) */
+        const int64_t E = Es[ei], S = (E + 1023) / 1024, Tfit = MLA_AR_MAX_BLOCKS / S,
+                      Tres = 256 / (R->n * S), Tmax = Tfit < Tres ? Tfit : Tres;
         const int64_t Ts[] = {1, 3, Tmax};
         for (size_t ti = 0; ti < 3; ti++) {
             const int64_t T = Ts[ti] * E <= MAXN ? Ts[ti] : MAXN / E;
@@ -314,13 +318,13 @@ static void test_add_rmsnorm(ranks *R, float *hin, float *want, float *got) {
                 cases++;
             }
         }
-        /* one row more than fit: refused by name, nothing launched */
+        /* one row more than a call takes: refused by name, nothing launched */
         mla_err err = {0};
-        CHECK(!mla_cuda_ar_add_rmsnorm_fits(Tmax + 1, E) &&
-                  mla_cuda_ar_add_rmsnorm(&R->p[0], Tmax + 1, E, R->x[0], R->xo[0], dw, 1e-6f, R->h[0], NULL,
+        CHECK(mla_cuda_ar_add_rmsnorm_fits(Tfit, E) && !mla_cuda_ar_add_rmsnorm_fits(Tfit + 1, E) &&
+                  mla_cuda_ar_add_rmsnorm(&R->p[0], Tfit + 1, E, R->x[0], R->xo[0], dw, 1e-6f, R->h[0], NULL,
                                           R->st[0], &err) == MLA_ERR &&
                   strstr(err.msg, "do not fit"),
-              "add+norm: %lld rows of %lld accepted", (long long)(Tmax + 1), (long long)E);
+              "add+norm: %lld rows of %lld accepted", (long long)(Tfit + 1), (long long)E);
     }
     printf("N=%d: fused sum + norm: %d cases\n", R->n, cases);
     check_failed(R, "add+norm");
