@@ -649,13 +649,15 @@ def test_long_prefill(exe):
         srv = R.Server(exe, "--max-context", 8192, "--n-blocks", 1024, "--step-tokens", 32, "--step-delay-ms", 5,
                        "--max-seqs", 16, "--long-prefill-tokens", limit)
         at = {}
+        started = threading.Event()
         try:
             def long_one():
                 c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
                 c.request("POST", "/v1/completions", json.dumps({"prompt": "H" * 6000, "max_tokens": 2, "stream": True}),
                           {"Content-Type": "application/json"})
-                r = c.getresponse()
+                r = c.getresponse()  # the stream's headers: the request is with the scheduler
                 at["long_status"] = r.status
+                started.set()
                 while True:
                     line = r.readline()
                     if not line:
@@ -665,7 +667,8 @@ def test_long_prefill(exe):
                 c.close()
             t = threading.Thread(target=long_one)
             t.start()
-            time.sleep(0.1)  # the long prompt is in its prefill (6000 tokens, <= 32 a step, 5 ms a step)
+            started.wait(30)
+            time.sleep(0.05)  # the long prompt is in its prefill (6001 tokens, <= 32 a step, 5 ms a step)
             st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "short", "max_tokens": 2})
             at["short_done"] = time.monotonic()
             t.join(60)
