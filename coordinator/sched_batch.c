@@ -685,6 +685,12 @@ static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget) {
     }
 }
 
+/* Blocks q still needs for its tokens (its prompt, or the position being decoded), 0 when none. */
+static int32_t blocks_left(const sched *s, const sreq *q) {
+    const int32_t need = blocks_for(s, q->n_tokens) - q->n_blocks;
+    return need > 0 ? need : 0;
+}
+
 /* Builds the plan; returns the number of entries. */
 static int build_plan(sched *s, int32_t *n_tokens_out) {
     int n = 0, n_cut = 0;
@@ -724,11 +730,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     const bool whole = s->cfg.long_prefill_tokens > 0;
     int32_t reserve = 0;
     if (whole)
-        for (int i = 0; i < s->running.n; i++) {
-            const sreq *q = s->running.v[i];
-            const int32_t need = blocks_for(s, q->n_tokens) - q->n_blocks;
-            reserve += need > 0 ? need : 0;
-        }
+        for (int i = 0; i < s->running.n; i++) reserve += blocks_left(s, s->running.v[i]);
     /* admission, first come first served */
     while (budget > 0 && n < s->cfg.max_seqs && s->waiting.n > 0) {
         sreq *q = s->waiting.v[0];
@@ -750,7 +752,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
             s->st.prefix_queries += (uint64_t)q->n_tokens;
             s->st.prefix_hits += (uint64_t)start;
         }
-        if (whole) reserve += blocks_for(s, q->n_tokens) - q->n_blocks;
+        if (whole) reserve += blocks_left(s, q);
         rv_remove_at(&s->waiting, 0);
         rv_push(&s->running, q);
         if (was_cut) cut[n_cut++] = n;

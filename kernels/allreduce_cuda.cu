@@ -165,8 +165,7 @@ extern "C" int mla_cuda_ar_sum(const mla_ar_peers *p, float *out, size_t n, cuda
     return ar_launched("sum", err);
 }
 
-/* blocks a row, and whether the device runs clusters of them */
-static int ar_norm_blocks(int64_t E) { return (int)rn_slices(E); }
+/* whether the device runs clusters (a row of more than one block: rn_slices) */
 static bool ar_clusters(void) {
     static int v = -1;
     if (v < 0) {
@@ -179,7 +178,7 @@ static bool ar_clusters(void) {
 
 extern "C" int mla_cuda_ar_add_rmsnorm_fits(int64_t T, int64_t E) {
     if (T < 1 || E < 1 || E > RN_T * RN_V) return 0;
-    const int S = ar_norm_blocks(E);
+    const int S = (int)rn_slices(E);
     return T * S <= MLA_AR_MAX_BLOCKS && (S == 1 || ar_clusters());
 }
 
@@ -195,7 +194,7 @@ extern "C" int mla_cuda_ar_add_rmsnorm(const mla_ar_peers *p, int64_t T, int64_t
     const float *own = p->buf[p->rank];
     if (xo == own || h == own || (const float *)x == own)
         return mla_errf(err, "one-shot all-reduce + RMSNorm: x, xo or h aliases the rank's input");
-    const int S = ar_norm_blocks(E);
+    const int S = (int)rn_slices(E);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)S, (unsigned)T);
     cfg.blockDim = dim3(RN_T);

@@ -230,8 +230,8 @@ if [ "$stack" = 1 ]; then
   st_run "glm5 bf16 TP2 vs HF + greedy" "" --fixture "$glm" --model "$glm/tiny-glm5-bf16.gguf" --tp 2 --prompts 0,1,2,3,4,5,6,8,9,10,11 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "ds3 bf16 TP4 vs HF + greedy" "" --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   # --allreduce oneshot with the ranks sharing this GPU (over the host collective; their kernels
-  # take turns, so slow): steps of up to 9 rows sum, add and norm in one launch
-  # (mla_cuda_ar_add_rmsnorm), longer prompts copy, sum, then norm
+  # take turns, so slow): steps whose rows fit mla_cuda_ar_add_rmsnorm (128 blocks) sum, add and
+  # norm in one launch, longer prompts copy, sum, then norm
   st_run "ds3 bf16 TP2 --allreduce oneshot (fused norms) vs HF + greedy; == TP1" "" --extra=--allreduce=oneshot --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy
   st_run "ds3 bf16 TP2 --allreduce oneshot, token by token == one pass" "" --extra=--allreduce=oneshot --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 2 --hf-argmax 0.99 --hf-dlogp 0.01 --incremental 30 --inc-rtol 1e-2
   st_run "ds3 bf16 TP4 --allreduce oneshot vs HF + greedy; == TP1" "" --extra=--allreduce=oneshot --fixture "$ds" --model "$ds/tiny-deepseek3-bf16.gguf" --tp 4 --tp-rtol 1e-2 --hf-argmax 0.99 --hf-dlogp 0.01 --greedy

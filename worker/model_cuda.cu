@@ -1882,7 +1882,7 @@ extern "C" int mla_cmodel_ar_oneshot(mla_cmodel *m, bool one_host, mla_err *err)
     CU(cudaIpcGetMemHandle(&hs[0], m->ar_in), "IPC handle of the all-reduce buffer");
     CU(cudaIpcGetMemHandle(&hs[1], m->ar_sig), "IPC handle of the all-reduce signal area");
     const size_t hf = (sizeof hs + 3) / 4; /* the handles as floats: the collective copies the bits */
-    float *dh = nullptr, *hin = (float *)mla_xcalloc(hf * 2, 4);
+    float *dh = nullptr, *hin = (float *)mla_xcalloc(hf, 4); /* the handles, then the meet's float */
     float *hh = (float *)mla_xcalloc(hf * (size_t)m->world, 4);
     memcpy(hin, hs, sizeof hs);
     int rc = MLA_OK;
