@@ -392,18 +392,16 @@ static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o)
 
 static void chat_parsed_free(chat_parsed *o) { toolcall_result_free(&o->tc); }
 
-static void call_id(const api_req *r, int i, const toolcall *c, char *out, size_t cap) {
-    if (c->id) snprintf(out, cap, "%s", c->id);
-    else snprintf(out, cap, "call_%s_%d", r->id + 9, i); /* r->id is "chatcmpl-..." */
-}
 
 static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool with_index, const char *args,
                              size_t args_len, bool header) {
     cJSON *o = cJSON_CreateObject();
     if (with_index) cJSON_AddNumberToObject(o, "index", i);
     if (header) {
-        char id[300];
-        call_id(r, i, c, id, sizeof id);
+        /* the model's own id (kimi-k2, whole whatever its length), else one of ours */
+        char ours[sizeof r->id + 32];
+        snprintf(ours, sizeof ours, "call_%s_%d", r->id + 9, i); /* r->id is "chatcmpl-..." */
+        const char *id = c->id ? c->id : ours;
         size_t n;
         char *s = api_utf8_sanitize(id, strlen(id), &n);
         cJSON_AddStringToObject(o, "id", s);
@@ -632,8 +630,10 @@ static void complete_response(api_req *r, const char *error) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             char *cs = api_utf8_sanitize(ps.content, ps.content_len, &n);
-            /* no content beside calls or reasoning: null, as OpenAI answers */
-            if (ps.content_len || !(ps.n_calls || ps.rs.has_reasoning)) cJSON_AddStringToObject(m, "content", cs);
+            /* no content beside calls or reasoning (or a call the model opened and did not
+             * write): null, as OpenAI answers */
+            if (ps.content_len || !(ps.n_calls || ps.tc.opened || ps.rs.has_reasoning))
+                cJSON_AddStringToObject(m, "content", cs);
             else cJSON_AddNullToObject(m, "content");
             free(cs);
             if (r->chat->rk != REASONING_NONE) {

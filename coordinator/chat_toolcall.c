@@ -442,10 +442,22 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
                 *pos_io = len;
                 return SEC_END;
             }
+            /* text inside the call that is not a pair: the call ends at its "</tool_call>" with
+             * the pairs before it (that text is dropped, as vLLM drops it), or is cut off there */
+            const size_t ce = find(t, len, pos, GL_CALL_END);
+            if (ce == SIZE_MAX) {
+                if (!final) {
+                    cJSON_Delete(obj);
+                    return SEC_PARTIAL;
+                }
+                glm_finish_cut(c, obj, tools, NULL, 0, false, NULL, 0);
+                *pos_io = len;
+                return SEC_END;
+            }
             glm_finish(c, obj);
             c->done = true;
-            *pos_io = pos;
-            return SEC_BAD;
+            *pos_io = ce + strlen(GL_CALL_END);
+            return SEC_OK;
         }
         const char *ks = t + k0;
         size_t kn = k1 - k0;
@@ -501,6 +513,7 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
         int st = k == TOOLCALL_DEEPSEEK ? ds_section(t, len, &sp, final, r)
                  : k == TOOLCALL_KIMI_K2 ? km_section(t, len, &sp, final, r)
                                          : gl_call(t, len, &sp, final, tools, r);
+        if (st != SEC_BAD || r->n_calls > before) r->opened = true;
         if (st == SEC_OK) {
             pos = sp;
             continue;

@@ -23,8 +23,9 @@
  * Each partial result is a prefix of the final one (content, calls, each call's arguments). A
  * final parse keeps a call cut off by the end of the text (its arguments as far as they got),
  * and drops one cut inside its name (no call, no markers in the content); text that does not
- * follow the format stays content. At most TOOLCALL_MAX_CALLS calls; what
- * follows them stays content.
+ * follow the format stays content, except inside a GLM call: text there that is not a key/value
+ * pair is dropped (the call ends at its </tool_call> with the pairs before it). At most
+ * TOOLCALL_MAX_CALLS calls; what follows them stays content.
  *
  * Ownership: toolcall_parse fills a result the caller frees with toolcall_result_free (all
  * strings malloc'd). tools (may be NULL) is only read. Any thread. */
@@ -64,6 +65,7 @@ typedef struct toolcall_result {
     size_t content_len;
     toolcall calls[TOOLCALL_MAX_CALLS];
     int n_calls;
+    bool opened; /* a call's (or call section's) opening marker was read as one, calls or not */
 } toolcall_result;
 
 void toolcall_parse(enum toolcall_kind k, const char *text, size_t len, bool final, const cJSON *tools,
