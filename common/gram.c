@@ -6,12 +6,15 @@
 
 /* ---- compiled grammar ---------------------------------------------------------------------- */
 
-enum { E_END = 0, E_CHARS = 1, E_REF = 2 };
+/* E_TOKEN / E_NTOKEN: one whole token, <[id]> / any token but id (!<[id]>); they take no byte */
+enum { E_END = 0, E_CHARS = 1, E_REF = 2, E_TOKEN = 3, E_NTOKEN = 4 };
 
 typedef struct elem {
     uint8_t kind;
-    uint32_t val; /* E_CHARS: charset index; E_REF: rule index */
+    uint32_t val; /* E_CHARS: charset index; E_REF: rule index; E_TOKEN, E_NTOKEN: token id */
 } elem;
+
+static bool is_tok_elem(uint8_t kind) { return kind == E_TOKEN || kind == E_NTOKEN; }
 
 typedef struct charset {
     uint32_t first, n; /* ranges[first .. first + n) */
@@ -312,6 +315,24 @@ static int parse_primary(parser *p, uint32_t rule, vec *alt, bool *got) {
         if (p->i >= p->n) return perr(p, "unterminated character class");
         p->i++;
         if (add_elem(p, alt, E_CHARS, cs)) return MLA_ERR;
+        *got = true;
+        return MLA_OK;
+    }
+    if (c == '<' || (c == '!' && p->i + 1 < p->n && p->s[p->i + 1] == '<')) { /* <[id]>, !<[id]> */
+        const bool neg = c == '!';
+        p->i += neg ? 2 : 1;
+        if (p->i >= p->n || p->s[p->i] != '[')
+            return perr(p, "expected a token id as <[id]> (token text is not supported: name the id)");
+        p->i++;
+        uint64_t id = 0;
+        size_t d0 = p->i;
+        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9' && id <= GRAM_MAX_TOKEN)
+            id = id * 10 + (uint64_t)(p->s[p->i++] - '0');
+        if (p->i == d0) return perr(p, "expected a token id (digits) after '<['");
+        if (id > GRAM_MAX_TOKEN) return perr(p, "token id above 2147483647");
+        if (p->i + 1 >= p->n || p->s[p->i] != ']' || p->s[p->i + 1] != '>') return perr(p, "expected ']>' after a token id");
+        p->i += 2;
+        if (add_elem(p, alt, neg ? E_NTOKEN : E_TOKEN, (uint32_t)id)) return MLA_ERR;
         *got = true;
         return MLA_OK;
     }
@@ -663,6 +684,13 @@ void gram_free(gram *g) {
 
 uint32_t gram_n_rules(const gram *g) { return g->n_rules; }
 
+int64_t gram_max_token(const gram *g) {
+    int64_t mx = -1;
+    for (uint32_t i = 0; i < g->n_el; i++)
+        if (is_tok_elem(g->el[i].kind) && (int64_t)g->el[i].val > mx) mx = g->el[i].val;
+    return mx;
+}
+
 /* ---- vocabulary trie ---------------------------------------------------------------------- */
 
 typedef struct tnode {
@@ -676,6 +704,7 @@ struct gram_vocab {
     uint8_t **bytes;
     uint32_t *len;
     uint8_t *eos;
+    uint8_t *special; /* a token without text, taken only by token elements */
     tnode *t;
     uint32_t n_t, cap_t;
     uint32_t *tok_next; /* tokens with equal bytes, chained */
@@ -692,6 +721,7 @@ gram_vocab *gram_vocab_new(uint32_t n_vocab) {
     v->bytes = mla_xcalloc(n_vocab ? n_vocab : 1, sizeof *v->bytes);
     v->len = mla_xcalloc(n_vocab ? n_vocab : 1, sizeof *v->len);
     v->eos = mla_xcalloc(n_vocab ? n_vocab : 1, 1);
+    v->special = mla_xcalloc(n_vocab ? n_vocab : 1, 1);
     v->tok_next = mla_xmalloc((n_vocab ? n_vocab : 1) * sizeof *v->tok_next);
     v->cap_t = 1024;
     v->t = mla_xmalloc(v->cap_t * sizeof *v->t);
@@ -783,6 +813,13 @@ void gram_vocab_set_eos(gram_vocab *v, uint32_t id) {
     if (id < v->n) v->eos[id] = 1;
 }
 
+void gram_vocab_set_special(gram_vocab *v, uint32_t id) {
+    if (id < v->n && !v->len[id]) v->special[id] = 1;
+}
+
+/* a token a token element may take: one with text, or a special one */
+static bool vocab_has(const gram_vocab *v, uint32_t id) { return id < v->n && (v->len[id] || v->special[id]); }
+
 uint32_t gram_vocab_n(const gram_vocab *v) { return v->n; }
 
 bool gram_vocab_is_eos(const gram_vocab *v, uint32_t id) { return id < v->n && v->eos[id]; }
@@ -798,6 +835,7 @@ void gram_vocab_free(gram_vocab *v) {
     free(v->bytes);
     free(v->len);
     free(v->eos);
+    free(v->special);
     free(v->tok_next);
     free(v->t);
     unfreeze(v);
@@ -959,7 +997,7 @@ static void expand(gram_match *m, uint32_t s, int lvl) {
             s = m->nd[s].parent;
             continue;
         }
-        if (e->kind == E_CHARS) {
+        if (e->kind == E_CHARS || is_tok_elem(e->kind)) {
             tmp_push(m, s);
             break;
         }
@@ -1037,7 +1075,8 @@ static int step_byte(gram_match *m, const sstate *src, uint8_t b, sstate *dst) {
         if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return MLA_OK;
         for (uint32_t i = 0; i < src->n; i++) {
             uint32_t s = src->st[i];
-            if (s != NONE && cs_meets(g, g->el[m->nd[s].pos].val, lo, hi)) tmp_push(m, s);
+            if (s != NONE && g->el[m->nd[s].pos].kind == E_CHARS && cs_meets(g, g->el[m->nd[s].pos].val, lo, hi))
+                tmp_push(m, s);
         }
         if (m->n_tmp > dst->cap) {
             dst->cap = m->n_tmp * 2;
@@ -1053,7 +1092,7 @@ static int step_byte(gram_match *m, const sstate *src, uint8_t b, sstate *dst) {
     if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) || cp < min_cp[tot]) return MLA_OK;
     for (uint32_t i = 0; i < src->n; i++) {
         uint32_t s = src->st[i];
-        if (s == NONE || !cs_has(g, g->el[m->nd[s].pos].val, cp)) continue;
+        if (s == NONE || g->el[m->nd[s].pos].kind != E_CHARS || !cs_has(g, g->el[m->nd[s].pos].val, cp)) continue;
         uint32_t t = mk(m, m->nd[s].pos + 1, m->nd[s].parent);
         if (m->failed) return MLA_ERR;
         expand(m, t, 0);
@@ -1111,17 +1150,27 @@ int gram_match_new(gram_match **out, const gram *g, mla_err *err) {
 }
 
 int gram_check(const char *text, size_t len, mla_err *err) {
+    int64_t mx;
+    return gram_check_tokens(text, len, &mx, err);
+}
+
+int gram_check_tokens(const char *text, size_t len, int64_t *max_token, mla_err *err) {
     gram *g = NULL;
     gram_match *m = NULL;
+    *max_token = -1;
     int rc = gram_parse(&g, text, len, err);
+    if (rc == MLA_OK) *max_token = gram_max_token(g);
     if (rc == MLA_OK) rc = gram_match_new(&m, g, err);
-    if (rc == MLA_OK && !gram_match_complete(m)) { /* a start that takes no byte: no text matches */
+    if (rc == MLA_OK && !gram_match_complete(m)) { /* a start that takes no byte nor token: nothing matches */
         bool any = false;
+        for (uint32_t i = 0; i < m->cur.n && !any; i++)
+            any = m->cur.st[i] != NONE && is_tok_elem(g->el[m->nd[m->cur.st[i]].pos].kind);
         for (int b = 0; b < 256 && !any && rc == MLA_OK; b++) {
             const uint8_t byte = (uint8_t)b;
             rc = gram_match_try(m, &byte, 1, &any, err);
         }
-        if (rc == MLA_OK && !any) rc = mla_errf(err, "grammar: it matches no text (no first character fits the root rule)");
+        if (rc == MLA_OK && !any)
+            rc = mla_errf(err, "grammar: it matches no text (no first character or token fits the root rule)");
     }
     gram_match_free(m);
     gram_free(g);
@@ -1164,6 +1213,77 @@ static int run_bytes(gram_match *m, const uint8_t *bytes, size_t len, bool *ok, 
     }
     *ok = true;
     *res = a;
+    return MLA_OK;
+}
+
+/* The stacks of the current state whose token element takes token id, advanced and expanded,
+ * appended to tmp. None while the state is inside a character. */
+static void step_token_elems(gram_match *m, uint32_t id) {
+    const gram *g = m->g;
+    if (m->cur.need) return;
+    for (uint32_t i = 0; i < m->cur.n && !m->failed; i++) {
+        const uint32_t s = m->cur.st[i];
+        if (s == NONE) continue;
+        const elem *e = &g->el[m->nd[s].pos];
+        if (!((e->kind == E_TOKEN && e->val == id) || (e->kind == E_NTOKEN && e->val != id))) continue;
+        const uint32_t t = mk(m, m->nd[s].pos + 1, m->nd[s].parent);
+        if (!m->failed) expand(m, t, 0);
+    }
+}
+
+/* Runs token id of v from the current state: its text through the character elements and the
+ * token itself through the token elements, the union into *res; *ok when either takes it. */
+static int run_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, sstate **res) {
+    sstate *d = level(m, 2); /* first: run_bytes's levels must not move after it returns */
+    sstate *r = NULL;
+    bool by_text = false;
+    *ok = false;
+    if (id < v->n && v->len[id] && run_bytes(m, v->bytes[id], v->len[id], &by_text, &r)) return MLA_ERR;
+    m->n_tmp = 0;
+    if (vocab_has(v, id)) step_token_elems(m, id);
+    if (m->failed) return MLA_ERR;
+    if (!m->n_tmp) {
+        *ok = by_text;
+        *res = r;
+        return MLA_OK;
+    }
+    /* a token whose text ends inside a character, which a token element also takes, goes on by the
+     * token element alone (one state cannot hold both) */
+    if (by_text && !r->need)
+        for (uint32_t i = 0; i < r->n; i++) tmp_push(m, r->st[i]);
+    if (settle(m, d)) return MLA_ERR;
+    d->cp = 0;
+    d->need = d->tot = 0;
+    *ok = true;
+    *res = d;
+    return MLA_OK;
+}
+
+int gram_match_try_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, mla_err *err) {
+    m->err = err;
+    m->failed = 0;
+    uint32_t mark = m->n_nd;
+    sstate *res;
+    int rc = run_token(m, v, id, ok, &res);
+    rollback(m, mark);
+    return rc;
+}
+
+int gram_match_accept_token(gram_match *m, const gram_vocab *v, uint32_t id, mla_err *err) {
+    m->err = err;
+    m->failed = 0;
+    uint32_t mark = m->n_nd;
+    bool ok;
+    sstate *res = NULL;
+    if (run_token(m, v, id, &ok, &res)) {
+        rollback(m, mark);
+        return MLA_ERR;
+    }
+    if (!ok) {
+        rollback(m, mark);
+        return mla_errf(err, "grammar: token %u is not accepted here", id);
+    }
+    state_copy(&m->cur, res);
     return MLA_OK;
 }
 
@@ -1296,6 +1416,33 @@ static int64_t walk(gram_match *m, const gram_vocab *v, uint32_t tn, int32_t sta
     return cnt;
 }
 
+/* The tokens the current state's token elements take (end of sequence never by !<[id]>), added to
+ * allow; the count added. Two !<[id]> of different ids take every token between them. */
+static int64_t token_elems_mask(const gram_match *m, const gram_vocab *v, uint8_t *allow) {
+    const gram *g = m->g;
+    if (m->cur.need) return 0;
+    int64_t cnt = 0;
+    uint32_t neg = UINT32_MAX; /* the one id every !<[id]> names so far; UINT32_MAX - 1: several */
+    for (uint32_t i = 0; i < m->cur.n; i++) {
+        const uint32_t s = m->cur.st[i];
+        if (s == NONE) continue;
+        const elem *e = &g->el[m->nd[s].pos];
+        if (e->kind == E_TOKEN && vocab_has(v, e->val) && !allow[e->val]) {
+            allow[e->val] = 1;
+            cnt++;
+        } else if (e->kind == E_NTOKEN) {
+            neg = neg == UINT32_MAX || neg == e->val ? e->val : UINT32_MAX - 1;
+        }
+    }
+    if (neg != UINT32_MAX)
+        for (uint32_t t = 0; t < v->n; t++)
+            if (t != neg && !allow[t] && !v->eos[t] && vocab_has(v, t)) {
+                allow[t] = 1;
+                cnt++;
+            }
+    return cnt;
+}
+
 static bool same_state(const sstate *a, const sstate *b) {
     return a->n == b->n && a->cp == b->cp && a->need == b->need && a->tot == b->tot &&
            (!a->n || !memcmp(a->st, b->st, a->n * sizeof *a->st));
@@ -1322,6 +1469,7 @@ int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *e
     int64_t cnt = s0 < 0 ? -1 : walk(m, v, 0, s0, allow);
     rollback(m, mark);
     if (cnt < 0) return -1;
+    cnt += token_elems_mask(m, v, allow);
     if (gram_match_complete(m))
         for (uint32_t i = 0; i < v->n; i++)
             if (v->eos[i] && !allow[i]) {

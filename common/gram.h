@@ -5,7 +5,9 @@
  * \UHHHHHHHH), character classes [a-z0-9_] and [^...], `.` (any character), groups ( ... ),
  * postfix * + ? {m} {m,} {m,n}; `#` comments. Line breaks carry no meaning (a rule ends where the
  * next `name ::=` starts). Characters are Unicode code points; the matcher advances byte by byte
- * over UTF-8.
+ * over UTF-8. Tokens, as llama.cpp's GBNF has them: <[id]> is the one token id, !<[id]> any one
+ * token but id (text or special; end of sequence never: that stays where the grammar is
+ * complete); they take a whole token, never a byte (token text as <text> is not supported).
  *
  * The automaton: a state is a set of stacks of positions in the rules (hash-consed nodes: two
  * equal stacks are one node id) plus an incomplete UTF-8 sequence. Bounds, each an error that
@@ -16,8 +18,8 @@
  * GRAM_MAX_NODES stack nodes per matcher, GRAM_MAX_EMPTY_RUN references in a row that match the
  * empty string.
  *
- * Token masks: gram_vocab holds a trie of the vocabulary's token bytes (special tokens left
- * out); gram_match_mask walks it with the automaton so that shared prefixes are checked once, each
+ * Token masks: gram_vocab holds a trie of the vocabulary's token bytes (special tokens, which
+ * only token elements take, left out); gram_match_mask walks it with the automaton so that shared prefixes are checked once, each
  * (state, byte) transition computed once per mask, and keeps the masks of its last GRAM_MASK_CACHE
  * states: a state met again (inside a string, between array items) costs a copy.
  *
@@ -43,6 +45,7 @@
 #define GRAM_MAX_NODES (1u << 22)
 #define GRAM_MAX_EMPTY_RUN 2000
 #define GRAM_MASK_CACHE 8 /* masks a matcher keeps for states met again */
+#define GRAM_MAX_TOKEN 2147483647u /* the largest id <[id]> may name */
 
 typedef struct gram gram;
 typedef struct gram_vocab gram_vocab;
@@ -56,8 +59,13 @@ int gram_parse(gram **out, const char *text, size_t len, mla_err *err);
  * text, or a first byte that the matcher takes within its bounds (the masks of the first step
  * try every byte). */
 int gram_check(const char *text, size_t len, mla_err *err);
+/* The same, and *max_token the largest token id it names (gram_max_token). */
+int gram_check_tokens(const char *text, size_t len, int64_t *max_token, mla_err *err);
 void gram_free(gram *g);
 uint32_t gram_n_rules(const gram *g);
+/* The largest token id the grammar's token elements name; -1 when it has none (a server checks it
+ * against its vocabulary). */
+int64_t gram_max_token(const gram *g);
 
 /* A vocabulary of n_vocab tokens, all absent until set. */
 gram_vocab *gram_vocab_new(uint32_t n_vocab);
@@ -65,6 +73,8 @@ gram_vocab *gram_vocab_new(uint32_t n_vocab);
 void gram_vocab_set(gram_vocab *v, uint32_t id, const uint8_t *bytes, size_t len);
 /* Marks id an end-of-sequence token: allowed exactly when the grammar is complete. */
 void gram_vocab_set_eos(gram_vocab *v, uint32_t id);
+/* Marks id (one without bytes) a special token: taken only by token elements (<[id]>, !<[id]>). */
+void gram_vocab_set_special(gram_vocab *v, uint32_t id);
 uint32_t gram_vocab_n(const gram_vocab *v);
 bool gram_vocab_is_eos(const gram_vocab *v, uint32_t id);
 /* The bytes of token id (NULL, 0 when absent). */
@@ -81,11 +91,16 @@ void gram_match_free(gram_match *m);
 int gram_match_accept(gram_match *m, const uint8_t *bytes, size_t len, mla_err *err);
 /* Whether bytes would be accepted (the state is unchanged). MLA_ERR only on a bound. */
 int gram_match_try(gram_match *m, const uint8_t *bytes, size_t len, bool *ok, mla_err *err);
+/* Advances by token id of v: its bytes through the character elements and the token through the
+ * token elements, either way (both: the union). On failure the state is unchanged. */
+int gram_match_accept_token(gram_match *m, const gram_vocab *v, uint32_t id, mla_err *err);
+/* Whether token id would be accepted (the state is unchanged). MLA_ERR only on a bound. */
+int gram_match_try_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, mla_err *err);
 /* The input so far is a complete sentence of the grammar (end of sequence allowed). */
 bool gram_match_complete(const gram_match *m);
 /* (v's flat trie is built at its first mask; a later gram_vocab_set drops it.)
- * allow[i] = 1 for each token of v that the automaton accepts from the current state, end of
- * sequence tokens when complete, else 0 (allow has gram_vocab_n(v) entries). Returns the count
+ * allow[i] = 1 for each token of v that the automaton accepts from the current state
+ * (gram_match_try_token), end of sequence tokens when complete, else 0 (allow has gram_vocab_n(v) entries). Returns the count
  * allowed, or -1 with err set on a bound. */
 int64_t gram_match_mask(gram_match *m, gram_vocab *v, uint8_t *allow, mla_err *err);
 /* Builds v's token trie now (the first gram_match_mask does it otherwise): after this, masks of

@@ -612,6 +612,7 @@ static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) 
 
 int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e) {
     memset(c, 0, sizeof *c);
+    c->grammar_max_token = -1;
     int rc = parse_bias(c, cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), e);
     if (rc == MLA_OK) rc = parse_format(c, cJSON_GetObjectItemCaseSensitive(root, "response_format"), e);
     const cJSON *gr = cJSON_GetObjectItemCaseSensitive(root, "grammar");
@@ -622,7 +623,8 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
             rc = bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
         } else {
             mla_err ge = {{0}};
-            if (gram_check(gr->valuestring, strlen(gr->valuestring), &ge)) rc = bad(e, "grammar", "%s", ge.msg);
+            if (gram_check_tokens(gr->valuestring, strlen(gr->valuestring), &c->grammar_max_token, &ge))
+                rc = bad(e, "grammar", "%s", ge.msg);
             else c->grammar = mla_xstrdup(gr->valuestring);
         }
     }
@@ -631,6 +633,9 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
 }
 
 int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e) {
+    if (c->grammar && c->grammar_max_token >= n_vocab)
+        return bad(e, "grammar", "'grammar' names token <[%lld]>, outside the vocabulary of %d tokens",
+                   (long long)c->grammar_max_token, n_vocab);
     for (int32_t i = 0; i < c->n_bias; i++)
         if (c->bias_ids[i] < 0 || c->bias_ids[i] >= n_vocab)
             return bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",

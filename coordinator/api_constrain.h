@@ -28,6 +28,7 @@ struct api_error;
 
 typedef struct api_constrain {
     char *grammar; /* GBNF text, NULL when the output is free */
+    int64_t grammar_max_token; /* the largest id its <[id]> / !<[id]> name (-1: none) */
     int32_t *bias_ids;
     float *bias_vals;
     int32_t n_bias;
@@ -36,7 +37,7 @@ typedef struct api_constrain {
 /* Reads response_format, grammar and logit_bias of a request body (either kind). Token ids of
  * logit_bias are checked against the vocabulary by the caller (api_constrain_check_ids). */
 int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e);
-/* 400 for a logit_bias id outside [0, n_vocab). */
+/* 400 for a logit_bias id, or a token id the grammar names, outside [0, n_vocab). */
 int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e);
 void api_constrain_free(api_constrain *c);
 

@@ -140,7 +140,11 @@ int wk_constrain_vocab_from_gguf(gram_vocab **out, const char *model_path, uint3
     uint64_t nt = toks->v.arr.n < n_vocab ? toks->v.arr.n : n_vocab;
     for (uint64_t i = 0; i < nt; i++) {
         int64_t ty = types && i < types->v.arr.n ? types->v.arr.items[i].v.i : 1;
-        if (ty != 1 && ty != 6) continue; /* normal and byte tokens only */
+        if (ty == 3 || ty == 4) { /* control and user-defined: taken only by a grammar's <[id]>, !<[id]> */
+            gram_vocab_set_special(v, (uint32_t)i);
+            continue;
+        }
+        if (ty != 1 && ty != 6) continue; /* normal and byte tokens as text; unknown and unused never */
         const uint8_t *s = (const uint8_t *)toks->v.arr.items[i].v.s.ptr;
         size_t n = toks->v.arr.items[i].v.s.len, k = 0;
         if (n * 3 + 1 > cap) {
@@ -218,12 +222,10 @@ static void take(crec *r, const gram_vocab *v, int32_t t) {
         r->dead = true;
         return;
     }
-    size_t n = 0;
-    const uint8_t *b = t >= 0 ? gram_vocab_bytes(v, (uint32_t)t, &n) : NULL;
     mla_err e = {{0}};
-    if (!n) {
-        mla_errf(&e, "token %d has no text a grammar can take", t);
-    } else if (gram_match_accept(r->m, b, n, &e) == MLA_OK) {
+    if (t < 0 || (uint32_t)t >= gram_vocab_n(v)) {
+        mla_errf(&e, "token %d is outside the vocabulary", t);
+    } else if (gram_match_accept_token(r->m, v, (uint32_t)t, &e) == MLA_OK) {
         return;
     }
     char why[WIRE_MAX_STR];

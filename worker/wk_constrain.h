@@ -7,8 +7,9 @@
  *
  * The vocabulary's token bytes come from the GGUF (tokenizer.ggml.tokens: byte-level BPE text
  * mapped back through the GPT-2 byte table, or SentencePiece pieces with U+2581 for spaces and
- * <0xHH> byte tokens); control, user-defined, unknown and unused tokens are never allowed inside a
- * constrained output; the end-of-sequence tokens (eos, eot, eom) only when the grammar is complete.
+ * <0xHH> byte tokens); control and user-defined tokens are special (allowed only where a token
+ * element of the grammar takes them: <[id]>, !<[id]>), unknown and unused tokens never; the
+ * end-of-sequence tokens (eos, eot, eom) only when the grammar is complete.
  * A grammar bound hit while generating (common/gram.h: stack depth, ambiguity), or a state that no
  * token continues, fails that sequence: only end-of-sequence tokens are allowed from there, and
  * wk_constrain_failure names the reason, which rank 0 sends with the row's result (SeqResult.error)

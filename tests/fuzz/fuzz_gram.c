@@ -1,7 +1,8 @@
 /* libFuzzer target for common/gram: the input up to the first NUL byte is GBNF text, the rest
  * bytes to run through its automaton. Any text must parse or be refused with a message; a parsed
  * grammar's matcher must accept or refuse every byte string within its bounds, and its token mask
- * over a small vocabulary must agree with running each token on its own. Built only with
+ * over a small vocabulary (text and special tokens) must agree with running each token on its own
+ * (gram_match_try_token: its text, and the token elements <[id]> / !<[id]>). Built only with
  * -DMLA_FUZZ=ON (clang). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,22 +24,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (gram_match_new(&m, g, &err) == MLA_OK) {
         const uint8_t *in = nul ? nul + 1 : data + size;
         size_t n = (size_t)(data + size - in);
-        /* a vocabulary of the input's 1..3-byte slices */
+        /* a vocabulary of the input's 1..3-byte slices, every seventh token special (no text:
+         * only token elements take it) */
         uint32_t V = n * 3 < 64 ? (uint32_t)n * 3 + 1 : 64;
         gram_vocab *v = gram_vocab_new(V);
         for (uint32_t t = 0; t + 1 < V && n; t++) {
             size_t o = t / 3 % n, l = 1 + t % 3;
-            gram_vocab_set(v, t, in + o, l < n - o ? l : n - o);
+            if (t % 7 == 6) gram_vocab_set_special(v, t);
+            else gram_vocab_set(v, t, in + o, l < n - o ? l : n - o);
         }
         gram_vocab_set_eos(v, V - 1);
         uint8_t *allow = malloc(V);
         for (size_t k = 0; k <= n; k++) {
             if (gram_match_mask(m, v, allow, &err) >= 0) {
                 for (uint32_t t = 0; t + 1 < V; t++) {
-                    size_t tl;
-                    const uint8_t *tb = gram_vocab_bytes(v, t, &tl);
                     bool ok = false;
-                    if (tl && gram_match_try(m, tb, tl, &ok, &err) == MLA_OK && ok != (allow[t] != 0)) abort();
+                    if (gram_match_try_token(m, v, t, &ok, &err) == MLA_OK && ok != (allow[t] != 0)) abort();
                 }
                 if ((allow[V - 1] != 0) != gram_match_complete(m)) abort();
             }

@@ -11,8 +11,10 @@
    grammar state follows the tokens actually generated).
 3. logit_bias: +100 on a token makes greedy output that token only; -100 on the token greedy picks
    bans it.
-4. Refusals: an unsupported schema keyword, a bad grammar, left recursion, logit_bias ids out of
-   range, too many entries, values beyond 100: each a 400 naming the problem.
+4. Token elements: a grammar through a control token (<[id]>), and one free (!<[id]>) until it.
+5. Refusals: an unsupported schema keyword, a bad grammar, left recursion, logit_bias ids out of
+   range, too many entries, values beyond 100, a grammar's token id outside the vocabulary: each a
+   400 naming the problem.
 Usage: test_structured.py SERVE_EXE WORKER_EXE FIXTURES_DIR. Exit 77 when the fixture or
 jsonschema is missing."""
 import json
@@ -198,6 +200,20 @@ try:
                                            "logit_bias": {str(toks[0]): -100}})
     check(st == 200 and json.loads(d)["choices"][0]["text"] != first, "-100 bans %r: %r" % (first, d[:200]))
 
+    # token elements: a control token of the vocabulary (<｜Assistant｜>) inside a grammar's output,
+    # and a free run until it (!<[id]>), the text after it held to the grammar
+    st, d = post(port, "/tokenize", {"prompt": "<｜Assistant｜>", "add_special_tokens": False})
+    atok = json.loads(d)["tokens"]
+    check(st == 200 and len(atok) == 1, "<｜Assistant｜> is one token: %r" % (atok,))
+    ctl = "<｜Assistant｜>"
+    for g, rx in (('root ::= "yes" <[%d]> [a-z ]{1,8}' % atok[0], re.escape("yes" + ctl) + "[a-z ]{1,8}"),
+                  ('root ::= (!<[%d]>){2,6} <[%d]> "ok"' % (atok[0], atok[0]), "(?s).*" + re.escape(ctl) + "ok")):
+        st, d = post(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "grammar": g,
+                                               "skip_special_tokens": False})
+        txt = json.loads(d)["choices"][0]["text"] if st == 200 else ""
+        check(st == 200 and re.fullmatch(rx, txt) is not None and txt.count(ctl) == 1,
+              "grammar %s: %s %r" % (g, st, d[:300]))
+
     # refusals
     def refused(body, needle, path="/v1/completions"):
         st, d = post(port, path, dict({"prompt": "x", "max_tokens": 2}, **body))
@@ -213,6 +229,8 @@ try:
     refused({"grammar": "root ::= foo"}, "'foo'")
     refused({"grammar": "root ::= [^\\x00-\\U0010FFFF]"}, "matches no text")
     refused({"grammar": "root ::= (\"a\"{0,100}){0,100} \"b\""}, "ambiguous")
+    refused({"grammar": "root ::= \"a\" <[99999999]>"}, "outside the vocabulary")
+    refused({"grammar": "root ::= <think>"}, "token text is not supported")
     refused({"logit_bias": {"99999999": 1}}, "out of range")
     refused({"logit_bias": {"1": 101}}, "[-100, 100]")
     refused({"logit_bias": {"x": 1}}, "not a token id")

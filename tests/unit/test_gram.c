@@ -148,19 +148,24 @@ static uint32_t rnd(uint32_t n) {
 
 static const char *alpha[] = {"a", "b", "{", "}", "\"", "\xc3\xa9", "\xe2\x82\xac", " "};
 
-static void rnd_atom(char *o, size_t *k, int depth, int n_rules) {
+/* tok: token elements too (<[id]>, !<[id]> for ids 0-7) */
+static void rnd_atom(char *o, size_t *k, int depth, int n_rules, bool tok) {
+    if (tok && rnd(4) == 0) {
+        *k += (size_t)sprintf(o + *k, "%s<[%u]>", rnd(3) ? "" : "!", rnd(8));
+        return;
+    }
     switch (rnd(depth > 2 ? 3 : 6)) {
     case 0: *k += (size_t)sprintf(o + *k, "\"%s\"", alpha[rnd(8)][0] == '"' ? "\\\"" : alpha[rnd(8)]); break;
     case 1: *k += (size_t)sprintf(o + *k, "[%sa-b\\u00e9]", rnd(2) ? "^" : ""); break;
     case 2: *k += (size_t)sprintf(o + *k, "r%u", rnd((uint32_t)n_rules)); break;
     default:
         o[(*k)++] = '(';
-        rnd_atom(o, k, depth + 1, n_rules);
+        rnd_atom(o, k, depth + 1, n_rules, tok);
         o[(*k)++] = ' ';
-        rnd_atom(o, k, depth + 1, n_rules);
+        rnd_atom(o, k, depth + 1, n_rules, tok);
         if (rnd(2)) {
             o[(*k)++] = '|';
-            rnd_atom(o, k, depth + 1, n_rules);
+            rnd_atom(o, k, depth + 1, n_rules, tok);
         }
         o[(*k)++] = ')';
     }
@@ -168,7 +173,9 @@ static void rnd_atom(char *o, size_t *k, int depth, int n_rules) {
     *k += (size_t)sprintf(o + *k, "%s", post[rnd(6)]);
 }
 
-static void test_masks(void) {
+/* tok: grammars with token elements, over a vocabulary whose tokens 0-3 are special (no text);
+ * the reference runs each token through gram_match_try_token */
+static void test_masks(bool tok) {
     int tried = 0, compared = 0;
     for (int it = 0; it < 1000; it++) {
         char gt[4096];
@@ -179,7 +186,7 @@ static void test_masks(void) {
             k += (size_t)sprintf(gt + k, "r%d ::= \"a\" ", r);
             int n = 1 + (int)rnd(3);
             for (int j = 0; j < n; j++) {
-                rnd_atom(gt, &k, 0, nr);
+                rnd_atom(gt, &k, 0, nr, tok);
                 gt[k++] = ' ';
             }
             k += (size_t)sprintf(gt + k, "| \"b\"\n");
@@ -203,7 +210,8 @@ static void test_masks(void) {
                 n += al;
             }
             if (rnd(5) == 0 && n > 1) n--; /* maybe a cut UTF-8 sequence */
-            gram_vocab_set(v, t, b, n);
+            if (tok && t < 4) gram_vocab_set_special(v, t);
+            else gram_vocab_set(v, t, b, n);
         }
         gram_vocab_set_eos(v, V - 1);
         gram_match *m;
@@ -223,7 +231,7 @@ static void test_masks(void) {
                 const uint8_t *b = gram_vocab_bytes(v, t, &n);
                 bool ok = false;
                 if (t == V - 1) ok = gram_match_complete(m);
-                else if (gram_match_try(m, b, n, &ok, &e)) ok = false;
+                else if (tok ? gram_match_try_token(m, v, t, &ok, &e) : gram_match_try(m, b, n, &ok, &e)) ok = false;
                 ref += ok;
                 if (ok != (allow[t] != 0)) bad++;
             }
@@ -237,7 +245,7 @@ static void test_masks(void) {
             if (pick == UINT32_MAX) break;
             size_t n;
             const uint8_t *b = gram_vocab_bytes(v, pick, &n);
-            CHECK(gram_match_accept(m, b, n, &e) == MLA_OK);
+            CHECK(tok ? gram_match_accept_token(m, v, pick, &e) == MLA_OK : gram_match_accept(m, b, n, &e) == MLA_OK);
         }
         free(allow);
         gram_match_free(m);
@@ -245,6 +253,83 @@ static void test_masks(void) {
         gram_free(g);
     }
     CHECKF(tried > 100 && compared > 500, "only %d grammars, %d masks compared", tried, compared);
+}
+
+/* token elements: parsing, the tokens a state allows, and taking them */
+static int64_t mask_of(gram_match *m, gram_vocab *v, uint8_t *allow, char *out) {
+    mla_err e = {{0}};
+    int64_t n = gram_match_mask(m, v, allow, &e);
+    size_t k = 0;
+    for (uint32_t i = 0; i < gram_vocab_n(v); i++)
+        if (allow[i]) k += (size_t)sprintf(out + k, "%s%u", k ? "," : "", i);
+    out[k] = 0;
+    return n;
+}
+
+static void test_tokens(void) {
+    gram *g = parse_ok("root ::= <[6]> \"ab\" !<[7]> x\nx ::= <[7]>? [c]");
+    CHECK(gram_max_token(g) == 7);
+    gram_free(g);
+    g = parse_ok("root ::= \"a\"");
+    CHECK(gram_max_token(g) == -1);
+    gram_free(g);
+    parse_bad("root ::= <think>", "token text is not supported");
+    parse_bad("root ::= <[x]>", "expected a token id");
+    parse_bad("root ::= <[5]", "expected ']>'");
+    parse_bad("root ::= <[99999999999]>", "token id above");
+    parse_bad("root ::= !x", "");
+    /* text tokens 0 "a", 1 "b", 2 "ab", 3 "c"; specials 6, 7; 9 the end of sequence; 4, 5, 8 absent */
+    gram_vocab *v = gram_vocab_new(10);
+    gram_vocab_set(v, 0, (const uint8_t *)"a", 1);
+    gram_vocab_set(v, 1, (const uint8_t *)"b", 1);
+    gram_vocab_set(v, 2, (const uint8_t *)"ab", 2);
+    gram_vocab_set(v, 3, (const uint8_t *)"c", 1);
+    gram_vocab_set_special(v, 6);
+    gram_vocab_set_special(v, 7);
+    gram_vocab_set_special(v, 9);
+    gram_vocab_set_eos(v, 9);
+    uint8_t allow[10];
+    char got[64];
+    mla_err e = {{0}};
+    /* a section between two special tokens */
+    g = parse_ok("root ::= <[6]> \"ab\" <[7]>");
+    gram_match *m;
+    CHECK(gram_match_new(&m, g, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 1 && !strcmp(got, "6"), "start: %s", got);
+    CHECK(gram_match_accept_token(m, v, 7, &e) == MLA_ERR); /* refused, state kept */
+    CHECK(gram_match_accept_token(m, v, 6, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 2 && !strcmp(got, "0,2"), "after 6: %s", got);
+    CHECK(gram_match_accept_token(m, v, 2, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 1 && !strcmp(got, "7"), "after ab: %s", got);
+    CHECK(gram_match_accept_token(m, v, 7, &e) == MLA_OK && gram_match_complete(m));
+    CHECKF(mask_of(m, v, allow, got) == 1 && !strcmp(got, "9"), "complete: %s", got);
+    gram_match_free(m);
+    gram_free(g);
+    /* any token but 7 until 7, then "c": a lazy start; the end of sequence only when complete */
+    g = parse_ok("root ::= (!<[7]>)* <[7]> \"c\"");
+    CHECK(gram_match_new(&m, g, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 6 && !strcmp(got, "0,1,2,3,6,7"), "lazy start: %s", got);
+    const uint32_t run[] = {2, 6, 3, 0};
+    for (size_t i = 0; i < 4; i++) CHECK(gram_match_accept_token(m, v, run[i], &e) == MLA_OK);
+    CHECK(!gram_match_complete(m));
+    CHECK(gram_match_accept_token(m, v, 7, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 1 && !strcmp(got, "3"), "after 7: %s", got);
+    CHECK(gram_match_accept_token(m, v, 3, &e) == MLA_OK && gram_match_complete(m));
+    gram_match_free(m);
+    gram_free(g);
+    /* two different negations take every token; text and a token element at one point */
+    g = parse_ok("root ::= !<[6]> | !<[7]> | \"a\" \"b\"");
+    CHECK(gram_match_new(&m, g, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 6 && !strcmp(got, "0,1,2,3,6,7"), "two negations: %s", got);
+    CHECK(gram_match_accept_token(m, v, 0, &e) == MLA_OK); /* "a": complete by !<[..]>, or "b" to come */
+    CHECK(gram_match_complete(m));
+    CHECKF(mask_of(m, v, allow, got) == 2 && !strcmp(got, "1,9"), "after a: %s", got);
+    gram_match_free(m);
+    gram_free(g);
+    /* gram_check: a grammar that starts with a token matches something */
+    int64_t mx = 0;
+    CHECK(gram_check_tokens("root ::= <[12]>", 15, &mx, &e) == MLA_OK && mx == 12);
+    gram_vocab_free(v);
 }
 
 static void test_gpt2(void) {
@@ -262,6 +347,8 @@ int main(void) {
     test_bounds();
     test_check();
     test_gpt2();
-    test_masks();
+    test_masks(false);
+    test_masks(true);
+    test_tokens();
     return mla_test_finish();
 }

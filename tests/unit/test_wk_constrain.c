@@ -2,7 +2,7 @@
  * would run) equal, step by step, those that wk_constrain_row computes alone, for several
  * constrained rows of different grammars advancing together, a row that is not sampled in a step,
  * a row whose grammar does not parse (reported by wk_constrain_row, the others unaffected), and
- * logit biases, and the errors' wording. The tokens each row takes are chosen from its own mask, so every step walks a
+ * logit biases, a grammar that goes through a special token (<[id]>), and the errors' wording. The tokens each row takes are chosen from its own mask, so every step walks a
  * new grammar state. */
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@
 
 #define V 300u
 #define ROWS 6
+#define SPECIAL 250u
 
 static gram_vocab *vocab(void) {
     static const char *alpha[] = {"{", "}", "[", "]", "\"", ",", ":", " ", "a", "b", "1", "2", "true", "null"};
@@ -31,7 +32,8 @@ static gram_vocab *vocab(void) {
             memcpy(b + n, a, al);
             n += al;
         }
-        gram_vocab_set(v, t, b, n);
+        if (t == SPECIAL) gram_vocab_set_special(v, t); /* a control token: no text */
+        else gram_vocab_set(v, t, b, n);
     }
     gram_vocab_set_eos(v, V - 1);
     return v;
@@ -41,7 +43,7 @@ static const char *grammars[ROWS] = {
     "root ::= \"[\" ( item ( \",\" item )* )? \"]\"\nitem ::= \"1\" | \"2\" | \"true\" | \"null\"",
     "root ::= \"{\" ( \"\\\"a\\\":\" val )? \"}\"\nval ::= \"1\" | \"[\" \"2\"* \"]\"",
     "root ::= ( \"a\" | \"b\" | \" \" )+",
-    "root ::= \"[\" ( item ( \",\" item )* )? \"]\"\nitem ::= \"1\" | \"2\" | \"true\" | \"null\"",
+    "root ::= \"a\" <[250]> ( \"b\" | \" \" )+", /* through a special token */
     "root ::= missing", /* does not parse: an undefined rule */
     NULL,              /* logit biases only */
 };
@@ -97,6 +99,11 @@ int main(void) {
             CHECK((ma.allow == NULL) == (mb.allow == NULL));
             if (!seqs[i].sample || !ma.allow || !mb.allow) continue;
             CHECKF(!memcmp(ma.allow, mb.allow, V), "step %d row %d: masks differ", step, i);
+            if (i == 3 && step == 1) { /* after "a": the special token alone */
+                uint32_t n_ok = 0;
+                for (uint32_t t = 0; t < V; t++) n_ok += ma.allow[t];
+                CHECKF(n_ok == 1 && ma.allow[SPECIAL], "step 1 row 3: %u tokens allowed", n_ok);
+            }
             steps_checked++;
             /* the next token: the (step + i)-th allowed one, so rows walk different states */
             uint32_t n_ok = 0, pick = V - 1;
