@@ -11,6 +11,7 @@
 #include "common/gram.h"
 #include "common/mla_err.h"
 #include "coordinator/api_params.h"
+#include "coordinator/chat_toolcall.h"
 
 /* ---- a growing string --------------------------------------------------------------------- */
 
@@ -99,6 +100,7 @@ typedef struct sref {
 
 typedef struct sctx {
     const cJSON *root;
+    const char *pfx; /* the rules' names: pfx + number */
     sbuf out;
     int n_rules;
     sref *refs;
@@ -138,7 +140,7 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth);
 static int new_rule(sctx *c) { return c->n_rules++; }
 
 /* a rule "sN ::= " header; the caller writes the body and the newline */
-static void rule_head(sctx *c, int r) { sb_printf(&c->out, "s%d ::= ", r); }
+static void rule_head(sctx *c, int r) { sb_printf(&c->out, "%s%d ::= ", c->pfx, r); }
 
 static int get_count(sctx *c, const cJSON *s, const char *k, const char *path, int64_t *v) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(s, k);
@@ -192,7 +194,8 @@ static int gen_object(sctx *c, const cJSON *s, const char *path, int depth, int 
             int v = gen(c, addl, p2, depth + 1);
             if (v < 0) return -1;
             rule_head(c, r);
-            sb_printf(&c->out, "\"{\" ws (jstr ws \":\" ws s%d (ws \",\" ws jstr ws \":\" ws s%d)*)? ws \"}\"\n", v, v);
+            sb_printf(&c->out, "\"{\" ws (jstr ws \":\" ws %s%d (ws \",\" ws jstr ws \":\" ws %s%d)*)? ws \"}\"\n", c->pfx,
+                      v, c->pfx, v);
             return 0;
         }
         rule_head(c, r);
@@ -224,7 +227,7 @@ static int gen_object(sctx *c, const cJSON *s, const char *path, int depth, int 
             free(kt);
             cJSON_Delete(ks);
         }
-        sb_printf(&c->out, " ws \":\" ws s%d\n", v);
+        sb_printf(&c->out, " ws \":\" ws %s%d\n", c->pfx, v);
         i++;
     }
     /* after_i: the properties from i on, each preceded by a comma; first_i: the same with
@@ -235,21 +238,21 @@ static int gen_object(sctx *c, const cJSON *s, const char *path, int depth, int 
     for (int k = n - 1; k >= 0; k--) {
         after[k] = new_rule(c);
         rule_head(c, after[k]);
-        sb_printf(&c->out, need[k] ? "ws \",\" ws s%d" : "(ws \",\" ws s%d)?", kv[k]);
-        if (after[k + 1] >= 0) sb_printf(&c->out, " s%d", after[k + 1]);
+        sb_printf(&c->out, need[k] ? "ws \",\" ws %s%d" : "(ws \",\" ws %s%d)?", c->pfx, kv[k]);
+        if (after[k + 1] >= 0) sb_printf(&c->out, " %s%d", c->pfx, after[k + 1]);
         sb_printf(&c->out, "\n");
         first[k] = new_rule(c);
         rule_head(c, first[k]);
-        sb_printf(&c->out, "s%d", kv[k]);
-        if (after[k + 1] >= 0) sb_printf(&c->out, " s%d", after[k + 1]);
+        sb_printf(&c->out, "%s%d", c->pfx, kv[k]);
+        if (after[k + 1] >= 0) sb_printf(&c->out, " %s%d", c->pfx, after[k + 1]);
         if (!need[k]) {
-            if (first[k + 1] >= 0) sb_printf(&c->out, " | s%d", first[k + 1]);
+            if (first[k + 1] >= 0) sb_printf(&c->out, " | %s%d", c->pfx, first[k + 1]);
             else sb_printf(&c->out, " | \"\"");
         }
         sb_printf(&c->out, "\n");
     }
     rule_head(c, r);
-    sb_printf(&c->out, "\"{\" ws s%d ws \"}\"\n", first[0]);
+    sb_printf(&c->out, "\"{\" ws %s%d ws \"}\"\n", c->pfx, first[0]);
     free(kv);
     free(need);
     free(after);
@@ -270,7 +273,7 @@ static int gen_array(sctx *c, const cJSON *s, const char *path, int depth, int r
         snprintf(p2, sizeof p2, "%s/items", path);
         int v = gen(c, items, p2, depth + 1);
         if (v < 0) return -1;
-        snprintf(it, sizeof it, "s%d", v);
+        snprintf(it, sizeof it, "%s%d", c->pfx, v);
     }
     rule_head(c, r);
     if (mx == 0) {
@@ -336,7 +339,7 @@ static int gen_ref(sctx *c, const char *ref, const char *path, int depth) {
     int v = gen(c, target, ref + 1, depth + 1);
     if (v < 0) return -1;
     rule_head(c, r);
-    sb_printf(&c->out, "s%d\n", v);
+    sb_printf(&c->out, "%s%d\n", c->pfx, v);
     return r;
 }
 
@@ -410,7 +413,7 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
         int v = gen_ref(c, ref->valuestring, path, depth);
         if (v < 0) return -1;
         rule_head(c, r);
-        sb_printf(&c->out, "s%d\n", v);
+        sb_printf(&c->out, "%s%d\n", c->pfx, v);
         return r;
     }
     if (en || cn) {
@@ -448,7 +451,7 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
             i++;
         }
         rule_head(c, r);
-        for (i = 0; i < na; i++) sb_printf(&c->out, "%ss%d", i ? " | " : "", alts[i]);
+        for (i = 0; i < na; i++) sb_printf(&c->out, "%s%s%d", i ? " | " : "", c->pfx, alts[i]);
         sb_printf(&c->out, "\n");
         free(alts);
         return r;
@@ -486,7 +489,7 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
         i++;
     }
     rule_head(c, r);
-    for (i = 0; i < nt; i++) sb_printf(&c->out, "%ss%d", i ? " | " : "", alts[i]);
+    for (i = 0; i < nt; i++) sb_printf(&c->out, "%s%s%d", i ? " | " : "", c->pfx, alts[i]);
     sb_printf(&c->out, "\n");
     free(alts);
     return r;
@@ -504,9 +507,12 @@ static int count_objects(const cJSON *j, int cap) {
     return n;
 }
 
-int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len) {
+/* The rules of schema named pfx + number (no root, no JSON base rules) into *out, its top rule
+ * in *top (pfx + that number). */
+static int schema_rules(const cJSON *schema, const char *pfx, char **out, char *top, size_t top_len, char *err,
+                        size_t err_len) {
     *out = NULL;
-    sctx c = {.root = schema, .err = err, .err_len = err_len};
+    sctx c = {.root = schema, .pfx = pfx, .err = err, .err_len = err_len};
     if (count_objects(schema, API_SCHEMA_MAX_NODES) > API_SCHEMA_MAX_NODES) {
         fail(&c, "", "the schema has more than %d objects (subschemas); it is not compiled", API_SCHEMA_MAX_NODES);
         return MLA_ERR;
@@ -514,24 +520,245 @@ int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_le
     sb_add(&c.out, "", 0);
     int r = gen(&c, schema, "", 0);
     if (r >= 0 && c.out.over) r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
-    if (r >= 0) {
-        sb_printf(&c.out, "root ::= s%d\n", r);
-        sb_add(&c.out, json_base, strlen(json_base));
-        mla_err e = {{0}};
-        if (c.out.over) {
-            r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
-        } else if (gram_check(c.out.p, c.out.n, &e)) {
-            /* e.g. a $ref cycle through nothing but references */
-            r = fail(&c, "", "the schema cannot be compiled to a grammar: %s", e.msg);
-        }
-    }
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
     free(c.refs);
     if (r < 0) {
         free(c.out.p);
         return MLA_ERR;
     }
+    snprintf(top, top_len, "%s%d", pfx, r);
     *out = c.out.p;
+    return MLA_OK;
+}
+
+int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len) {
+    *out = NULL;
+    char *rules, top[32];
+    if (schema_rules(schema, "s", &rules, top, sizeof top, err, err_len)) return MLA_ERR;
+    sbuf b = {0};
+    sb_printf(&b, "root ::= %s\n", top);
+    sb_add(&b, rules, strlen(rules));
+    sb_add(&b, json_base, strlen(json_base));
+    free(rules);
+    mla_err e = {{0}};
+    if (b.over) {
+        snprintf(err, err_len, "the schema's grammar is larger than %u bytes (at #)", GRAM_MAX_TEXT);
+    } else if (gram_check(b.p, b.n, &e)) {
+        /* e.g. a $ref cycle through nothing but references */
+        snprintf(err, err_len, "the schema cannot be compiled to a grammar: %s (at #)", e.msg);
+    } else {
+        *out = b.p;
+        return MLA_OK;
+    }
+    free(b.p);
+    return MLA_ERR;
+}
+
+/* ---- tool calls ---------------------------------------------------------------------------- */
+
+typedef struct tg {
+    sbuf out;
+    api_constrain_token_fn tok;
+    void *ud;
+    char *err;
+    size_t err_len;
+} tg;
+
+/* "<[id]>" of a marker, into m (32 bytes); MLA_ERR when it is not one token of the vocabulary */
+static int tg_mark(tg *t, const char *text, char *m) {
+    const int32_t id = t->tok(t->ud, text);
+    if (id < 0) {
+        snprintf(t->err, t->err_len, "this model's vocabulary does not hold the tool-call marker '%s' as one token",
+                 text);
+        return MLA_ERR;
+    }
+    snprintf(m, 32, "<[%d]>", id);
+    return MLA_OK;
+}
+
+static const cJSON *tool_fn(const cJSON *tl) { return cJSON_GetObjectItemCaseSensitive(tl, "function"); }
+static const char *tool_name(const cJSON *tl) {
+    return cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "name")->valuestring;
+}
+static bool tool_strict(const cJSON *tl) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "strict")); }
+
+/* the tool's arguments as JSON: rule name into arg (its rules added), per its schema when strict */
+static int tg_json_args(tg *t, const cJSON *tl, int i, char *arg, size_t arg_len) {
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
+    if (!tool_strict(tl) || !cJSON_IsObject(ps)) {
+        snprintf(arg, arg_len, "jobj");
+        return MLA_OK;
+    }
+    char pfx[24], *rules = NULL, msg[400];
+    snprintf(pfx, sizeof pfx, "t%ds", i);
+    if (schema_rules(ps, pfx, &rules, arg, arg_len, msg, sizeof msg)) {
+        snprintf(t->err, t->err_len, "tool '%.100s' (strict): its parameters: %s", tool_name(tl), msg);
+        return MLA_ERR;
+    }
+    sb_add(&t->out, rules, strlen(rules));
+    free(rules);
+    return MLA_OK;
+}
+
+/* GLM: the pairs of tool i's call into rule "t<i>p": per its schema when strict (its properties in
+ * their order, the required ones present; a value that may be a string is the model's text (one of
+ * its enum or its const where it lists them), any other JSON per the property's schema), else any
+ * pairs. The values' text never holds a control token. */
+static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const char *ake, const char *av,
+                        const char *ave) {
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
+    if (!tool_strict(tl) || !cJSON_IsObject(ps)) {
+        sb_printf(&t->out, "t%dp ::= gpair*\n", i);
+        return MLA_OK;
+    }
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(ps, "properties"),
+                *req = cJSON_GetObjectItemCaseSensitive(ps, "required"), *pr;
+    char whole[48], *rules = NULL, msg[400], pfx[32];
+    snprintf(pfx, sizeof pfx, "t%dw", i);
+    if (schema_rules(ps, pfx, &rules, whole, sizeof whole, msg, sizeof msg)) { /* its keywords checked */
+        snprintf(t->err, t->err_len, "tool '%.100s' (strict): its parameters: %s", tool_name(tl), msg);
+        return MLA_ERR;
+    }
+    free(rules);
+    if (props && !cJSON_IsObject(props)) {
+        snprintf(t->err, t->err_len, "tool '%.100s' (strict): 'parameters.properties' is not an object", tool_name(tl));
+        return MLA_ERR;
+    }
+    sbuf body = {0};
+    sb_printf(&body, "t%dp ::=", i);
+    int k = 0;
+    cJSON_ArrayForEach(pr, props) {
+        bool need = false;
+        const cJSON *r;
+        cJSON_ArrayForEach(r, req) if (cJSON_IsString(r) && !strcmp(r->valuestring, pr->string)) need = true;
+        /* the property's schema compiled whichever form the value takes */
+        char val[48];
+        snprintf(pfx, sizeof pfx, "t%dk%ds", i, k);
+        if (schema_rules(pr, pfx, &rules, val, sizeof val, msg, sizeof msg)) {
+            snprintf(t->err, t->err_len, "tool '%.100s' (strict): parameter '%.100s': %s", tool_name(tl), pr->string,
+                     msg);
+            free(body.p);
+            return MLA_ERR;
+        }
+        if (toolcall_schema_allows_string(pr)) { /* the model's text: one of the listed strings, or any */
+            const cJSON *en = cJSON_GetObjectItemCaseSensitive(pr, "enum");
+            const cJSON *co = cJSON_GetObjectItemCaseSensitive(pr, "const"), *x;
+            snprintf(val, sizeof val, "t%dk%dv", i, k);
+            sbuf alt = {0};
+            if (cJSON_IsString(co)) sb_lit(&alt, co->valuestring);
+            else if (cJSON_IsArray(en))
+                cJSON_ArrayForEach(x, en) if (cJSON_IsString(x)) {
+                    if (alt.n) sb_add(&alt, " | ", 3);
+                    sb_lit(&alt, x->valuestring);
+                }
+            sb_printf(&t->out, "%s ::= %s\n", val, alt.n ? alt.p : "gtext");
+            free(alt.p);
+        } else {
+            sb_add(&t->out, rules, strlen(rules));
+        }
+        free(rules);
+        sb_printf(&body, " (%s ", ak);
+        sb_lit(&body, pr->string);
+        sb_printf(&body, " %s ws %s %s %s ws)%s", ake, av, val, ave, need ? "" : "?");
+        k++;
+    }
+    sb_add(&body, "\n", 1);
+    sb_add(&t->out, body.p, body.n);
+    free(body.p);
+    return MLA_OK;
+}
+
+int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
+                        size_t err_len) {
+    *out = NULL;
+    tg t = {.tok = tok, .ud = ud, .err = err, .err_len = err_len};
+    char m[8][32];
+    int rc = MLA_OK;
+    const char *more = q->one_call ? "" : " (ws call)*"; /* calls after the first */
+    sb_add(&t.out, "", 0);
+    if (q->kind == TOOLCALL_DEEPSEEK) {
+        static const char *const mk[5] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
+                                          TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP};
+        for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
+        if (rc == MLA_OK)
+            sb_printf(&t.out, "root ::= (!%s)* %s%s calls%s\ncalls ::= call%s ws %s\ncall ::= %s (", m[0],
+                      q->required ? "" : "(", m[0], q->required ? "" : ")?", more, m[1], m[2]);
+    } else if (q->kind == TOOLCALL_KIMI_K2) {
+        static const char *const mk[5] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_END,
+                                          TOOLCALL_KIMI_CALL_BEGIN, TOOLCALL_KIMI_ARG_BEGIN, TOOLCALL_KIMI_CALL_END};
+        for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
+        if (rc == MLA_OK)
+            sb_printf(&t.out, "root ::= (!%s)* %s%s calls%s\ncalls ::= call%s ws %s\ncall ::= %s \"functions.\" (",
+                      m[0], q->required ? "" : "(", m[0], q->required ? "" : ")?", more, m[1], m[2]);
+    } else if (q->kind == TOOLCALL_GLM) {
+        static const char *const mk[6] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
+                                          TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END};
+        for (int k = 0; k < 6 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
+        if (rc == MLA_OK)
+            sb_printf(&t.out, "root ::= (!%s)* %scall%s%s\ncall ::= %s (", m[0], q->required ? "" : "(", more,
+                      q->required ? "" : ")?", m[0]);
+    } else {
+        snprintf(err, err_len, "no tool-call format to hold the calls to");
+        rc = MLA_ERR;
+    }
+    /* the call's alternatives, one a tool: NAME and its arguments */
+    const cJSON *tl;
+    int i = 0, n = 0;
+    cJSON_ArrayForEach(tl, q->tools) {
+        if (rc != MLA_OK) break;
+        if (q->only && strcmp(tool_name(tl), q->only)) {
+            i++;
+            continue;
+        }
+        sb_printf(&t.out, "%s c%d", n++ ? " |" : "", i);
+        i++;
+    }
+    if (rc == MLA_OK) {
+        if (q->kind == TOOLCALL_DEEPSEEK) sb_printf(&t.out, " ) %s\n", m[3]);
+        else if (q->kind == TOOLCALL_KIMI_K2) sb_printf(&t.out, " ) %s\n", m[4]);
+        else sb_printf(&t.out, " ) %s\n", m[1]);
+    }
+    i = 0;
+    cJSON_ArrayForEach(tl, q->tools) {
+        if (rc != MLA_OK) break;
+        if (q->only && strcmp(tool_name(tl), q->only)) {
+            i++;
+            continue;
+        }
+        char arg[48];
+        sbuf nm = {0};
+        sb_lit(&nm, tool_name(tl));
+        if (q->kind == TOOLCALL_GLM) {
+            rc = tg_glm_pairs(&t, tl, i, m[2], m[3], m[4], m[5]);
+            if (rc == MLA_OK) sb_printf(&t.out, "c%d ::= %s ws t%dp\n", i, nm.p, i);
+        } else {
+            rc = tg_json_args(&t, tl, i, arg, sizeof arg);
+            /* DeepSeek: V3 / R1's fenced form, or V3.1's */
+            if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK)
+                sb_printf(&t.out, "c%d ::= \"function\" %s %s \"\\n```json\\n\" %s \"\\n```\" | %s %s %s\n", i, m[4],
+                          nm.p, arg, nm.p, m[4], arg);
+            else if (rc == MLA_OK)
+                sb_printf(&t.out, "c%d ::= %s \":\" [0-9]{1,4} %s %s\n", i, nm.p, m[3], arg);
+        }
+        free(nm.p);
+        i++;
+    }
+    if (rc == MLA_OK && q->kind == TOOLCALL_GLM)
+        sb_printf(&t.out, "gtext ::= .*\ngpair ::= %s .+ %s ws %s gtext %s ws\n", m[2], m[3], m[4], m[5]);
+    if (rc == MLA_OK) sb_add(&t.out, json_base, strlen(json_base));
+    mla_err e = {{0}};
+    if (rc == MLA_OK && t.out.over) {
+        snprintf(err, err_len, "the tools' grammar is larger than %u bytes", GRAM_MAX_TEXT);
+        rc = MLA_ERR;
+    } else if (rc == MLA_OK && gram_check(t.out.p, t.out.n, &e)) {
+        snprintf(err, err_len, "the tools cannot be compiled to a grammar: %s", e.msg);
+        rc = MLA_ERR;
+    }
+    if (rc) {
+        free(t.out.p);
+        return MLA_ERR;
+    }
+    *out = t.out.p;
     return MLA_OK;
 }
 

@@ -16,7 +16,10 @@
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "coordinator/chat_toolcall.h"
 
 #define API_MAX_LOGIT_BIAS 300
 #define API_SCHEMA_MAX_DEPTH 64
@@ -40,6 +43,27 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
 /* 400 for a logit_bias id, or a token id the grammar names, outside [0, n_vocab). */
 int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e);
 void api_constrain_free(api_constrain *c);
+
+/* The id of text as one token of the vocabulary, else -1. */
+typedef int32_t (*api_constrain_token_fn)(void *ud, const char *text);
+
+/* A chat request's tool calls held to its model's format (coordinator/chat_toolcall.h): free
+ * output (any token but the format's opening marker) until the model opens its calls, then
+ * calls of the offered tools, each one's name and arguments (per its parameters schema where the
+ * tool is strict; any JSON object, or GLM's any key/value pairs, where not); required: the output
+ * must reach a call (end of sequence only after one). */
+typedef struct api_tool_grammar {
+    enum toolcall_kind kind; /* deepseek, kimi-k2 or glm */
+    const cJSON *tools;      /* the request's tools (checked by api_params) */
+    const char *only;        /* tool_choice names this tool; NULL: every tool */
+    bool required;           /* tool_choice required or named */
+    bool one_call;           /* parallel_tool_calls false: one call */
+} api_tool_grammar;
+
+/* The GBNF of q into *out (caller frees); MLA_ERR with err naming the problem: a marker of the
+ * format that is not one token of the vocabulary (tok), a strict tool's schema outside the subset. */
+int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
+                        size_t err_len);
 
 /* A JSON schema compiled to GBNF (root rule `root`). MLA_ERR with a message in err. */
 int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len);

@@ -240,14 +240,9 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             const cJSON *de = cJSON_GetObjectItemCaseSensitive(fn, "description");
             if (!is_null(de) && !cJSON_IsString(de))
                 return bad(e, "tools", "tools[%d].function.description must be a string", i);
-            /* strict: false is what every call here is; strict: true (arguments held to the schema)
-             * would need constrained decoding of the call, which tools do not have */
+            /* strict: true: the call's arguments are held to the schema (api_constrain_tools) */
             const cJSON *sx = cJSON_GetObjectItemCaseSensitive(fn, "strict");
             if (!is_null(sx) && !cJSON_IsBool(sx)) return bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
-            if (cJSON_IsTrue(sx))
-                return bad(e, "tools",
-                           "tools[%d].function.strict: true is not supported: tool-call arguments are the model's text, "
-                           "not held to the schema (strict: false is accepted)", i);
             const cJSON *it;
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";

@@ -1158,6 +1158,45 @@ static int chat_vars(api_server *a, const api_gen_params *p, cJSON **out, api_er
     return MLA_OK;
 }
 
+/* api_constrain_token_fn over the server's tokenizer: text as one (special) token */
+static int32_t one_token(void *ud, const char *text) {
+    api_server *a = ud;
+    int32_t *ids = NULL, n = 0;
+    mla_err err = {{0}};
+    int32_t id = -1;
+    if (a->tok.encode(a->tok.ctx, text, strlen(text), false, true, NULL, 0, &ids, &n, &err) == MLA_OK && n == 1)
+        id = ids[0];
+    free(ids);
+    return id;
+}
+
+/* A chat request's tool calls held to the model's format where it asks for it (a strict tool, or
+ * tool_choice required or named): the grammar of api_constrain_tools as the request's. */
+static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
+    if (!p->tools || p->tool_choice == API_TOOLS_NONE || a->cfg.tool_parser == TOOLCALL_NONE) return MLA_OK;
+    bool strict = false;
+    const cJSON *tl;
+    cJSON_ArrayForEach(tl, p->tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tl, "function");
+        if (p->tool_choice == API_TOOLS_NAMED &&
+            strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, p->tool_choice_name))
+            continue;
+        strict |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
+    }
+    const bool required = p->tool_choice == API_TOOLS_REQUIRED || p->tool_choice == API_TOOLS_NAMED;
+    if (!strict && !required) return MLA_OK;
+    if (p->constrain.grammar)
+        return api_error_set(e, 400, "tools", NULL, "%s cannot be combined with 'grammar' or a JSON 'response_format'",
+                             strict ? "a strict tool" : "tool_choice required or a named function");
+    api_tool_grammar q = {.kind = (enum toolcall_kind)a->cfg.tool_parser, .tools = p->tools,
+                          .only = p->tool_choice == API_TOOLS_NAMED ? p->tool_choice_name : NULL,
+                          .required = required, .one_call = p->one_call};
+    char msg[600];
+    if (api_constrain_tools(&q, one_token, a, &p->constrain.grammar, msg, sizeof msg))
+        return api_error_set(e, 400, "tools", NULL, "%s", msg);
+    return MLA_OK;
+}
+
 /* The prompt's token ids: the chat template and tokenizer, or the ids given (moved out of p).
  * Touches only the tokenizer and p: runs on the prep thread. */
 static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, int32_t *n_out, api_error *e) {
@@ -1171,7 +1210,12 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
         int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, p->constrain.grammar != NULL,
                           &p->prompt_opens_reasoning, &ids, &n_ids, e);
         cJSON_Delete(vars);
-        if (rc != MLA_OK) return MLA_ERR;
+        /* after the prompt: the calls' grammar leaves the reasoning open (free until the calls) */
+        if (rc == MLA_OK) rc = tool_grammar(a, p, e);
+        if (rc != MLA_OK) {
+            free(ids);
+            return MLA_ERR;
+        }
     } else if (p->prompt_text) {
         if (a->tok.encode(a->tok.ctx, p->prompt_text, strlen(p->prompt_text), true, true, NULL, 0, &ids, &n_ids,
                           &err) != MLA_OK) {

@@ -7,27 +7,24 @@
 
 #include "common/mla_err.h"
 
-/* DeepSeek */
-#define DS_CALLS_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>"
-#define DS_CALLS_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>"
-#define DS_CALL_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"
-#define DS_CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
-#define DS_SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>"
-/* Kimi-K2 */
+#define DS_CALLS_BEGIN TOOLCALL_DS_CALLS_BEGIN
+#define DS_CALLS_END TOOLCALL_DS_CALLS_END
+#define DS_CALL_BEGIN TOOLCALL_DS_CALL_BEGIN
+#define DS_CALL_END TOOLCALL_DS_CALL_END
+#define DS_SEP TOOLCALL_DS_SEP
 #define KM_SEC_BEGIN TOOLCALL_KIMI_SECTION_BEGIN
 #define KM_SEC_BEGIN1 TOOLCALL_KIMI_SECTION_BEGIN1
-#define KM_SEC_END "<|tool_calls_section_end|>"
-#define KM_SEC_END1 "<|tool_call_section_end|>"
-#define KM_CALL_BEGIN "<|tool_call_begin|>"
-#define KM_ARG_BEGIN "<|tool_call_argument_begin|>"
-#define KM_CALL_END "<|tool_call_end|>"
-/* GLM */
-#define GL_CALL_BEGIN "<tool_call>"
-#define GL_CALL_END "</tool_call>"
-#define GL_KEY_BEGIN "<arg_key>"
-#define GL_KEY_END "</arg_key>"
-#define GL_VAL_BEGIN "<arg_value>"
-#define GL_VAL_END "</arg_value>"
+#define KM_SEC_END TOOLCALL_KIMI_SECTION_END
+#define KM_SEC_END1 TOOLCALL_KIMI_SECTION_END1
+#define KM_CALL_BEGIN TOOLCALL_KIMI_CALL_BEGIN
+#define KM_ARG_BEGIN TOOLCALL_KIMI_ARG_BEGIN
+#define KM_CALL_END TOOLCALL_KIMI_CALL_END
+#define GL_CALL_BEGIN TOOLCALL_GLM_CALL_BEGIN
+#define GL_CALL_END TOOLCALL_GLM_CALL_END
+#define GL_KEY_BEGIN TOOLCALL_GLM_KEY_BEGIN
+#define GL_KEY_END TOOLCALL_GLM_KEY_END
+#define GL_VAL_BEGIN TOOLCALL_GLM_VAL_BEGIN
+#define GL_VAL_END TOOLCALL_GLM_VAL_END
 
 static const char *const k_names[] = {"none", "deepseek", "kimi-k2", "glm"};
 
@@ -287,7 +284,7 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
 /* whether a parameter's schema allows a string: its "type" is or lists "string", or a branch of
  * its anyOf / oneOf allows one (pydantic writes Optional[str] so); a schema without either
  * ($ref, enum, none at all) does not say so */
-static bool schema_allows_string(const cJSON *sc) {
+bool toolcall_schema_allows_string(const cJSON *sc) {
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sc, "type"), *it;
     if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
     if (cJSON_IsArray(ty)) {
@@ -298,7 +295,7 @@ static bool schema_allows_string(const cJSON *sc) {
     for (int i = 0; i < 2; i++) {
         const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]);
         if (!cJSON_IsArray(br)) continue;
-        cJSON_ArrayForEach(it, br) if (schema_allows_string(it)) return true;
+        cJSON_ArrayForEach(it, br) if (toolcall_schema_allows_string(it)) return true;
     }
     return false;
 }
@@ -313,7 +310,7 @@ static bool glm_is_string(const cJSON *tools, const char *name, const char *key)
         if (!cJSON_IsString(nm) || strcmp(nm->valuestring, name)) continue;
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties");
         const cJSON *sc = cJSON_GetObjectItemCaseSensitive(pr, key);
-        return !cJSON_IsObject(sc) || schema_allows_string(sc);
+        return !cJSON_IsObject(sc) || toolcall_schema_allows_string(sc);
     }
     return true;
 }

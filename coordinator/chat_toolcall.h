@@ -37,9 +37,26 @@
 #include <stddef.h>
 
 #define TOOLCALL_MAX_CALLS 64
-/* Kimi-K2's tool-call section opens with either spelling (its reasoning kind also ends there) */
+/* The markers (control tokens in the models' vocabularies). Kimi-K2's tool-call section opens
+ * with either spelling (its reasoning kind also ends there). */
+#define TOOLCALL_DS_CALLS_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>"
+#define TOOLCALL_DS_CALLS_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>"
+#define TOOLCALL_DS_CALL_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"
+#define TOOLCALL_DS_CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
+#define TOOLCALL_DS_SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>"
 #define TOOLCALL_KIMI_SECTION_BEGIN "<|tool_calls_section_begin|>"
 #define TOOLCALL_KIMI_SECTION_BEGIN1 "<|tool_call_section_begin|>"
+#define TOOLCALL_KIMI_SECTION_END "<|tool_calls_section_end|>"
+#define TOOLCALL_KIMI_SECTION_END1 "<|tool_call_section_end|>"
+#define TOOLCALL_KIMI_CALL_BEGIN "<|tool_call_begin|>"
+#define TOOLCALL_KIMI_ARG_BEGIN "<|tool_call_argument_begin|>"
+#define TOOLCALL_KIMI_CALL_END "<|tool_call_end|>"
+#define TOOLCALL_GLM_CALL_BEGIN "<tool_call>"
+#define TOOLCALL_GLM_CALL_END "</tool_call>"
+#define TOOLCALL_GLM_KEY_BEGIN "<arg_key>"
+#define TOOLCALL_GLM_KEY_END "</arg_key>"
+#define TOOLCALL_GLM_VAL_BEGIN "<arg_value>"
+#define TOOLCALL_GLM_VAL_END "</arg_value>"
 
 enum toolcall_kind { TOOLCALL_NONE = 0, TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOOLCALL_GLM };
 #define TOOLCALL_AUTO (-1)
@@ -70,6 +87,9 @@ typedef struct toolcall_result {
 
 void toolcall_parse(enum toolcall_kind k, const char *text, size_t len, bool final, const cJSON *tools,
                     toolcall_result *out);
+/* GLM: whether a parameter's value is the model's text (its schema allows a string: "type" is or
+ * lists "string", or an anyOf / oneOf branch does), else JSON where it parses. */
+bool toolcall_schema_allows_string(const cJSON *param_schema);
 void toolcall_result_free(toolcall_result *r);
 
 #endif

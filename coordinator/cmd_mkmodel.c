@@ -20,6 +20,7 @@
 #include "common/gguf.h"
 #include "common/gguf_write.h"
 #include "common/mla_err.h"
+#include "coordinator/chat_toolcall.h"
 #include "kernels/quant.h"
 
 /* ---- model families (published configs) ---- */
@@ -382,13 +383,22 @@ static void vocab_push(vocab *v, const char *s, int32_t type) {
 
 static void build_vocab(vocab *v, int64_t n_vocab, bool glm) {
     static const char *const ds_head[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"};
-    static const char *const ds_tail[] = {"<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"};
-    static const char *const glm_tail[] = {"<|endoftext|>", "[MASK]",     "[gMASK]",   "[sMASK]",  "<sop>",
-                                           "<eop>",         "<|system|>", "<|user|>", "<|assistant|>",
-                                           "<|observation|>"};
+    /* the chat and tool-call markers of the real vocabularies, control tokens as there */
+    static const char *const ds_tail[] = {"<｜User｜>",           "<｜Assistant｜>",   "<think>",
+                                          "</think>",            TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END,
+                                          TOOLCALL_DS_CALL_BEGIN, TOOLCALL_DS_CALL_END,   TOOLCALL_DS_SEP};
+    static const char *const glm_tail[] = {"<|endoftext|>",       "[MASK]",
+                                           "[gMASK]",             "[sMASK]",
+                                           "<sop>",               "<eop>",
+                                           "<|system|>",          "<|user|>",
+                                           "<|assistant|>",       "<|observation|>",
+                                           "<think>",             "</think>",
+                                           TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END,
+                                           TOOLCALL_GLM_KEY_BEGIN,  TOOLCALL_GLM_KEY_END,
+                                           TOOLCALL_GLM_VAL_BEGIN,  TOOLCALL_GLM_VAL_END};
     const char *const *head = glm ? NULL : ds_head;
     const char *const *tail = glm ? glm_tail : ds_tail;
-    size_t n_head = glm ? 0 : 3, n_tail = glm ? 10 : 4;
+    size_t n_head = glm ? 0 : 3, n_tail = glm ? sizeof glm_tail / sizeof *glm_tail : sizeof ds_tail / sizeof *ds_tail;
     MLA_ASSERT(n_vocab >= (int64_t)(n_head + n_tail + 256 + 26));
     memset(v, 0, sizeof *v);
     v->tok = mla_xcalloc((size_t)n_vocab, sizeof *v->tok);

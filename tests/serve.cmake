@@ -28,6 +28,12 @@ set_tests_properties(serve_openai PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME serve_chat_dialects COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_chat_dialects.py
                                           $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
 set_tests_properties(serve_chat_dialects PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+# tool calls held to the format (strict tools, tool_choice required / named) on a real engine:
+# small synthetic DeepSeek-V3 and GLM-5 files served on the CPU backend
+add_test(NAME serve_tool_strict
+         COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_tool_strict.py $<TARGET_FILE:mlaserve>
+                 $<TARGET_FILE:mlaserve-worker> ${CMAKE_CURRENT_BINARY_DIR}/tool_strict_work)
+set_tests_properties(serve_tool_strict PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 
 # HTTP request parsing + API body parsing: corpus replay always, libFuzzer with -DMLA_FUZZ=ON.
 add_executable(replay_http ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_http.c)

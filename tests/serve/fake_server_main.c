@@ -17,7 +17,8 @@
  * requests rendered by coordinator/chat_tmpl with this Jinja template instead of the fake
  * format), --reasoning-parser NAME, --tool-parser NAME (as mlaserve serve's). The vocabulary has
  * bytes 0..255, EOS, BOS and, from FAKE_VOCAB on, the marker texts of MARKERS as control tokens
- * (so the chat parsers see them through the control-token path). SIGTERM / SIGINT shut it down cleanly. */
+ * (so the chat parsers see them through the control-token path; as the real tokenizers do, encode
+ * turns their texts into those tokens where it parses special tokens). SIGTERM / SIGINT shut it down cleanly. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,11 +53,24 @@ static const char *const MARKERS[] = {
 };
 #define N_MARKERS ((int32_t)(sizeof MARKERS / sizeof *MARKERS))
 
+/* the marker at text[pos] (its index, its length in *ml), else -1 */
+static int fk_marker_at(const char *text, size_t len, size_t pos, size_t *ml) {
+    for (int q = 0; q < N_MARKERS; q++) {
+        const size_t l = strlen(MARKERS[q]);
+        if (len - pos >= l && !memcmp(text + pos, MARKERS[q], l)) {
+            *ml = l;
+            return q;
+        }
+    }
+    return -1;
+}
+
 static size_t fk_control_at(void *ctx, const char *text, size_t len, size_t pos) {
     (void)ctx;
     for (int k = 0; k < 2; k++)
         if (len - pos >= 7 && !memcmp(text + pos, SPECIAL[k], 7)) return 7;
-    return 0;
+    size_t ml = 0;
+    return fk_marker_at(text, len, pos, &ml) >= 0 ? ml : 0;
 }
 
 static int fk_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
@@ -74,7 +88,12 @@ static int fk_encode(void *ctx, const char *text, size_t len, bool add_special, 
         bool near_plain = k < n_plain && plain[2 * k] < i + 7;
         for (int q = 0; parse_special && !near_plain && q < 2; q++)
             if (len - i >= 7 && !memcmp(text + i, SPECIAL[q], 7)) sp = q;
-        if (sp >= 0) {
+        size_t ml = 0;
+        const int mk = parse_special && sp < 0 ? fk_marker_at(text, len, i, &ml) : -1;
+        if (mk >= 0 && !(k < n_plain && plain[2 * k] < i + ml)) { /* a marker: its control token */
+            (*ids)[(*n)++] = FAKE_VOCAB + mk;
+            i += ml;
+        } else if (sp >= 0) {
             (*ids)[(*n)++] = 256 + sp;
             i += 7;
         } else {

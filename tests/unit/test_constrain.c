@@ -1,7 +1,9 @@
 /* coordinator/api_constrain: JSON schemas compiled to grammars (documents that validate are
  * accepted, others refused, checked by running them through common/gram's automaton), the
- * refusals of unsupported schemas, and the request parameters (response_format, grammar,
- * logit_bias). */
+ * refusals of unsupported schemas, the request parameters (response_format, grammar,
+ * logit_bias), and the tool-call grammars of each format (outputs run token by token, markers as
+ * special tokens: calls of the offered tools with valid arguments accepted and parsed back by
+ * coordinator/chat_toolcall into those calls, others refused). */
 #include "gram_test.h"
 
 #include <cjson/cJSON.h>
@@ -9,6 +11,7 @@
 #include "common/gram.h"
 #include "coordinator/api_constrain.h"
 #include "coordinator/api_params.h"
+#include "coordinator/chat_toolcall.h"
 
 static gram *compile(const char *schema_json) {
     cJSON *s = cJSON_Parse(schema_json);
@@ -163,8 +166,177 @@ static void test_params(void) {
     CHECK(parse(big, &c, &e) == MLA_ERR && strstr(e.message, "at most 300"));
 }
 
+/* ---- tool-call grammars ------------------------------------------------------------------- */
+
+static const char *const MK[] = {TOOLCALL_DS_CALLS_BEGIN,    TOOLCALL_DS_CALLS_END,     TOOLCALL_DS_CALL_BEGIN,
+                                 TOOLCALL_DS_CALL_END,       TOOLCALL_DS_SEP,           TOOLCALL_KIMI_SECTION_BEGIN,
+                                 TOOLCALL_KIMI_SECTION_END,  TOOLCALL_KIMI_CALL_BEGIN,  TOOLCALL_KIMI_ARG_BEGIN,
+                                 TOOLCALL_KIMI_CALL_END,     TOOLCALL_GLM_CALL_BEGIN,   TOOLCALL_GLM_CALL_END,
+                                 TOOLCALL_GLM_KEY_BEGIN,     TOOLCALL_GLM_KEY_END,      TOOLCALL_GLM_VAL_BEGIN,
+                                 TOOLCALL_GLM_VAL_END};
+#define N_MK ((int)(sizeof MK / sizeof *MK))
+#define MK0 1000 /* the markers' ids; 0-255 the bytes; TG_EOS the end of sequence */
+#define TG_EOS 1100
+static const char *g_missing; /* a marker the vocabulary lacks (NULL: none) */
+
+static int32_t tg_tok(void *ud, const char *text) {
+    (void)ud;
+    for (int k = 0; k < N_MK; k++)
+        if (!strcmp(text, MK[k])) return g_missing && !strcmp(text, g_missing) ? -1 : MK0 + k;
+    return -1;
+}
+
+/* text as token ids: markers their special tokens, other bytes one token each */
+static size_t tg_ids(const char *t, uint32_t *ids) {
+    size_t n = 0;
+    for (size_t i = 0; t[i];) {
+        int hit = -1;
+        for (int k = 0; k < N_MK && hit < 0; k++)
+            if (!strncmp(t + i, MK[k], strlen(MK[k]))) hit = k;
+        if (hit >= 0) {
+            ids[n++] = (uint32_t)(MK0 + hit);
+            i += strlen(MK[hit]);
+        } else {
+            ids[n++] = (unsigned char)t[i++];
+        }
+    }
+    return n;
+}
+
+static const char *TOOLS =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"strict\": true, \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Oslo\"]}, "
+    "\"days\": {\"type\": \"integer\"}}, \"required\": [\"city\", \"days\"], \"additionalProperties\": false}}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}]";
+
+/* out through the grammar of q: accepted token by token and complete (want 2), accepted but not
+ * complete (1), refused at some token (0); where complete and calls expected, parsed back into
+ * calls of those names with those arguments (JSON text compared after parsing) */
+static void tg_run(const api_tool_grammar *q, gram_vocab *v, const char *out, int want, const char *call0,
+                   const char *args0) {
+    char *gt = NULL, msg[600] = "";
+    REQUIRE(api_constrain_tools(q, tg_tok, NULL, &gt, msg, sizeof msg) == MLA_OK);
+    gram *g = NULL;
+    gram_match *m = NULL;
+    mla_err e = {{0}};
+    REQUIRE(gram_parse(&g, gt, strlen(gt), &e) == MLA_OK && gram_match_new(&m, g, &e) == MLA_OK);
+    uint32_t ids[4096];
+    size_t n = tg_ids(out, ids);
+    int got = 2;
+    uint8_t *allow = malloc(gram_vocab_n(v));
+    for (size_t i = 0; i < n && got; i++) {
+        /* the mask agrees with taking the token */
+        REQUIRE(gram_match_mask(m, v, allow, &e) >= 0);
+        const bool ok = gram_match_accept_token(m, v, ids[i], &e) == MLA_OK;
+        CHECKF(ok == (allow[ids[i]] != 0), "kind %d: token %zu of '%s': mask %d, taken %d", q->kind, i, out,
+               allow[ids[i]], ok);
+        if (!ok) got = 0;
+    }
+    if (got && !gram_match_complete(m)) got = 1;
+    CHECKF(got == want, "kind %d%s%s: '%s': %d, expected %d", q->kind, q->required ? " required" : "",
+           q->one_call ? " one call" : "", out, got, want);
+    if (got == 2 && call0) {
+        toolcall_result r;
+        cJSON *tools = cJSON_Parse(TOOLS);
+        toolcall_parse(q->kind, out, strlen(out), true, tools, &r);
+        cJSON *a = r.n_calls ? cJSON_Parse(r.calls[0].args) : NULL, *b = cJSON_Parse(args0);
+        CHECKF(r.n_calls >= 1 && r.calls[0].name && !strcmp(r.calls[0].name, call0) && a && cJSON_Compare(a, b, 1),
+               "kind %d: '%s' parsed into %d calls, the first %s %s", q->kind, out, r.n_calls,
+               r.n_calls ? r.calls[0].name : "-", r.n_calls ? r.calls[0].args : "-");
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        cJSON_Delete(tools);
+        toolcall_result_free(&r);
+    }
+    free(allow);
+    gram_match_free(m);
+    gram_free(g);
+    free(gt);
+}
+
+static void test_tools(void) {
+    gram_vocab *v = gram_vocab_new(TG_EOS + 1);
+    for (uint32_t b = 0; b < 256; b++) {
+        const uint8_t c = (uint8_t)b;
+        gram_vocab_set(v, b, &c, 1);
+    }
+    for (int k = 0; k < N_MK; k++) gram_vocab_set_special(v, (uint32_t)(MK0 + k));
+    gram_vocab_set_special(v, TG_EOS);
+    gram_vocab_set_eos(v, TG_EOS);
+    cJSON *tools = cJSON_Parse(TOOLS);
+    REQUIRE(tools);
+    const char *W = "{\"city\": \"Oslo\", \"days\": 2}";
+    api_tool_grammar q = {.kind = TOOLCALL_DEEPSEEK, .tools = tools};
+    /* DeepSeek: V3.1's form and V3's fenced one; free text before; a strict tool's arguments held
+     * to its schema, a loose one's any object; the markers elsewhere refused */
+    tg_run(&q, v, "Let me see.", 2, NULL, NULL);
+    tg_run(&q, v, "<think>x</think>Sure." TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_weather" TOOLCALL_DS_SEP
+           "{\"city\": \"Oslo\", \"days\": 2}" TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END, 2, "get_weather", W);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "function" TOOLCALL_DS_SEP "get_weather\n```json\n"
+           "{\"city\": \"Oslo\", \"days\": 2}\n```" TOOLCALL_DS_CALL_END "\n" TOOLCALL_DS_CALL_BEGIN "get_time"
+           TOOLCALL_DS_SEP "{\"any\": [1]}" TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END, 2, "get_weather", W);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_weather" TOOLCALL_DS_SEP
+           "{\"city\": \"Rome\", \"days\": 2}", 0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_weather" TOOLCALL_DS_SEP "{\"city\": \"Oslo\"}",
+           0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_news" TOOLCALL_DS_SEP, 0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN "text", 0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_time" TOOLCALL_DS_SEP "{}", 1, NULL, NULL);
+    /* required: no end of sequence before a call; named: that tool alone; one call */
+    q.required = true;
+    tg_run(&q, v, "Let me see.", 1, NULL, NULL);
+    q.only = "get_time";
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_weather", 0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_time" TOOLCALL_DS_SEP "{}" TOOLCALL_DS_CALL_END
+           TOOLCALL_DS_CALLS_END, 2, "get_time", "{}");
+    q.only = NULL;
+    q.required = false;
+    q.one_call = true;
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_time" TOOLCALL_DS_SEP "{}" TOOLCALL_DS_CALL_END
+           TOOLCALL_DS_CALL_BEGIN, 0, NULL, NULL);
+    q.one_call = false;
+    /* Kimi-K2 */
+    q.kind = TOOLCALL_KIMI_K2;
+    tg_run(&q, v, "<think>plan</think>" TOOLCALL_KIMI_SECTION_BEGIN TOOLCALL_KIMI_CALL_BEGIN "functions.get_weather:0"
+           TOOLCALL_KIMI_ARG_BEGIN "{\"city\": \"Oslo\", \"days\": 2}" TOOLCALL_KIMI_CALL_END TOOLCALL_KIMI_SECTION_END,
+           2, "get_weather", W);
+    tg_run(&q, v, TOOLCALL_KIMI_SECTION_BEGIN TOOLCALL_KIMI_CALL_BEGIN "functions.get_weather:0" TOOLCALL_KIMI_ARG_BEGIN
+           "{\"city\": \"Oslo\", \"days\": \"2\"}", 0, NULL, NULL);
+    /* GLM: pairs in the schema's order, a string parameter the model's text, the others JSON */
+    q.kind = TOOLCALL_GLM;
+    tg_run(&q, v, "Checking." TOOLCALL_GLM_CALL_BEGIN "get_weather\n" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END
+           "\n" TOOLCALL_GLM_VAL_BEGIN "Oslo" TOOLCALL_GLM_VAL_END "\n" TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "2" TOOLCALL_GLM_VAL_END "\n" TOOLCALL_GLM_CALL_END "\n" TOOLCALL_GLM_CALL_BEGIN
+           "get_time" TOOLCALL_GLM_KEY_BEGIN "x" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "y" TOOLCALL_GLM_VAL_END
+           TOOLCALL_GLM_CALL_END, 2, "get_weather", W);
+    tg_run(&q, v, TOOLCALL_GLM_CALL_BEGIN "get_weather" TOOLCALL_GLM_KEY_BEGIN "days", 0, NULL, NULL);
+    tg_run(&q, v, TOOLCALL_GLM_CALL_BEGIN "get_weather" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "Rome", 0, NULL, NULL); /* not in its enum */
+    tg_run(&q, v, TOOLCALL_GLM_CALL_BEGIN "get_time" TOOLCALL_GLM_KEY_BEGIN "x" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "a" TOOLCALL_GLM_CALL_BEGIN, 0, NULL, NULL); /* a marker inside a value */
+    tg_run(&q, v, TOOLCALL_GLM_CALL_BEGIN "get_weather" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "Oslo" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "two", 0, NULL, NULL);
+    /* a marker the vocabulary does not hold as one token: named in the error */
+    g_missing = TOOLCALL_GLM_KEY_END;
+    char *gt = NULL, msg[600] = "";
+    CHECK(api_constrain_tools(&q, tg_tok, NULL, &gt, msg, sizeof msg) == MLA_ERR && gt == NULL &&
+          strstr(msg, "'</arg_key>' as one token"));
+    g_missing = NULL;
+    /* a strict tool's schema outside the subset */
+    cJSON *bad = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                             "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}}]");
+    api_tool_grammar qb = {.kind = TOOLCALL_DEEPSEEK, .tools = bad};
+    CHECK(api_constrain_tools(&qb, tg_tok, NULL, &gt, msg, sizeof msg) == MLA_ERR && strstr(msg, "tool 'f' (strict)") &&
+          strstr(msg, "'pattern'"));
+    cJSON_Delete(bad);
+    cJSON_Delete(tools);
+    gram_vocab_free(v);
+}
+
 int main(void) {
     test_schemas();
     test_params();
+    test_tools();
     return mla_test_finish();
 }

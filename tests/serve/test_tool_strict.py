@@ -1,0 +1,107 @@
+"""Tool calls held to the model's format on a real engine: `mlaserve serve` (CPU workers) of small
+synthetic DeepSeek-V3 and GLM-5 files (`mlaserve mkmodel --small`: random weights, the real
+vocabularies' chat and tool-call markers as control tokens) with short templates that name the
+tools. A request names a strict tool (tool_choice: that function, one call) and biases
+the format's opening marker up so that the random model opens its call at once; from there the
+grammar holds every token: the answer must be exactly one call of that tool whose arguments are
+valid under its schema (an enum, an integer, a boolean), with finish_reason "tool_calls". Also:
+a loose tool's call is any JSON object, and the refusals (a strict tool's schema outside the
+subset; a strict tool beside `grammar`).
+Usage: test_tool_strict.py MLASERVE_EXE WORKER_EXE WORK_DIR. Exits 77 without jsonschema."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from mlatest import ServeProcess, check, http_post as post, summary  # noqa: E402
+
+try:
+    import jsonschema
+except ImportError:
+    print("python jsonschema missing (scripts/install-deps.sh --test): skipped")
+    sys.exit(77)
+
+exe, worker, work = sys.argv[1:4]
+os.makedirs(work, exist_ok=True)
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+                                           "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+          "required": ["city", "days", "metric"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": PARAMS}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+# Short templates that name the tools (the released ones render their whole schemas: a long
+# prompt, slow on the CPU backend of a sanitizer build; they are test_chat_dialects.py's matter)
+TEMPLATES = {
+    "v3": ("{{ bos_token }}{% if tools %}Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+           "{% for m in messages %}<｜User｜>{{ m.content }}{% endfor %}<｜Assistant｜>"),
+    "glm5": ("[gMASK]<sop>{% if tools %}<|system|>Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}"
+             "{% endif %}{% for m in messages %}<|user|>{{ m.content }}{% endfor %}<|assistant|>"),
+}
+CASES = [  # family, the format's opening marker
+    ("v3", "<｜tool▁calls▁begin｜>"),
+    ("glm5", "<tool_call>"),
+]
+
+for fam, opener in CASES:
+    tmpl = os.path.join(work, "%s-tools.jinja" % fam)
+    with open(tmpl, "w", encoding="utf-8") as f:
+        f.write(TEMPLATES[fam])
+    model = os.path.join(work, "%s-small.gguf" % fam)
+    subprocess.run([exe, "mkmodel", "--family", fam, "--small", "--layers", "2", "-o", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    srv = ServeProcess([exe, "serve", "-m", model, "--port", "0", "--backend", "cpu"],
+                       ["--max-context", "1024", "--chat-template", tmpl, "--tool-parser", "deepseek" if fam == "v3" else "glm"],
+                       worker=worker, timeout=120, prefix="tool_strict_%s_" % fam)
+    try:
+        st, d = post(srv.port, "/tokenize", {"prompt": opener, "add_special_tokens": False})
+        ids = json.loads(d)["tokens"] if st == 200 else []
+        check(len(ids) == 1, "%s: the opener is one token: %r" % (fam, ids))
+        msgs = [{"role": "user", "content": "Weather in Oslo for two days?"}]
+        for tools, choice, name in (([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}},
+                                     "get_weather"),
+                                    ([TIME, WEATHER], "required", None)):
+            body = {"model": os.path.basename(model), "messages": msgs, "tools": tools, "tool_choice": choice, "temperature": 0,
+                    "max_tokens": 300, "parallel_tool_calls": False, "logit_bias": {str(ids[0]): 100}}
+            t0 = time.time()
+            st, d = post(srv.port, "/v1/chat/completions", body, timeout=300)
+            print("%s %s: %.1f s" % (fam, json.dumps(choice), time.time() - t0), flush=True)
+            what = "%s, tool_choice %s" % (fam, json.dumps(choice))
+            ch = json.loads(d)["choices"][0] if st == 200 else {}
+            calls = ch.get("message", {}).get("tool_calls") or []
+            check(st == 200 and ch.get("finish_reason") == "tool_calls" and len(calls) == 1,
+                  "%s: one call, finish tool_calls: %s %r" % (what, st, d[:400]))
+            if not calls:
+                continue
+            fn = calls[0]["function"]
+            if name:
+                check(fn["name"] == name, "%s: the named tool: %s" % (what, fn["name"]))
+            try:
+                args = json.loads(fn["arguments"])
+            except ValueError:
+                args = None
+            if fn["name"] == "get_weather":
+                ok = args is not None
+                try:
+                    jsonschema.validate(args, PARAMS)
+                except jsonschema.ValidationError:
+                    ok = False
+                check(ok, "%s: arguments valid under the schema: %r" % (what, fn["arguments"]))
+            else:
+                check(isinstance(args, dict), "%s: a loose tool's arguments are an object: %r" % (what, fn["arguments"]))
+        # refusals
+        bad = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}
+        st, d = post(srv.port, "/v1/chat/completions", {"model": os.path.basename(model), "messages": msgs, "tools": [bad], "max_tokens": 2})
+        check(st == 400 and "'pattern'" in d.decode() and "tool 'f' (strict)" in d.decode(), "%s: schema refused: %s %r"
+              % (fam, st, d[:300]))
+        st, d = post(srv.port, "/v1/chat/completions", {"model": os.path.basename(model), "messages": msgs, "tools": [WEATHER],
+                                                        "grammar": "root ::= \"x\"", "max_tokens": 2})
+        check(st == 400 and "cannot be combined" in d.decode(), "%s: beside grammar refused: %s %r" % (fam, st, d[:300]))
+    finally:
+        srv.stop()
+        os.remove(model)
+
+sys.exit(summary("tool strict"))
