@@ -68,6 +68,7 @@ typedef struct chat_out {
     bool one_call;            /* parallel_tool_calls: false: the first call alone */
     cJSON *tools;             /* a copy of the request's tools (GLM's argument types) */
     size_t sent_r, sent_c;    /* bytes of reasoning / content streamed */
+    size_t r_scan;            /* where the search for the reasoning's end resumes (reasoning_split_text) */
     int sent_calls;           /* calls whose first delta (id, name) was streamed */
     size_t sent_args[TOOLCALL_MAX_CALLS];
 } chat_out;
@@ -368,11 +369,11 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
 /* ---- chat output: reasoning_content and tool_calls ---- */
 
 static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o) {
-    const chat_out *co = r->chat;
+    chat_out *co = r->chat; /* its r_scan moves */
     memset(o, 0, sizeof *o);
     const char *t = r->text ? r->text : "";
     if (co->rk != REASONING_NONE) {
-        reasoning_split_text(co->rk, t, len, co->think_open, final, &o->rs);
+        reasoning_split_text(co->rk, t, len, co->think_open, final, &co->r_scan, &o->rs);
     } else {
         o->rs.c_start = 0;
         o->rs.c_end = len;

@@ -50,16 +50,18 @@ static size_t partial_suffix(const char *s, size_t n, const char *tag) {
 
 /* where the reasoning starting at t[pos] ends (*end, NULL: not yet) and the content starts (*next):
  * "</think>", or for Kimi-K2 its tool-call section's first marker (kept for the content);
- * *hold: the longest suffix of the text that may start one of them */
-static void reasoning_end(enum reasoning_kind kind, const char *t, size_t len, size_t pos, const char **end,
-                          size_t *next, size_t *hold) {
+ * *hold: the longest suffix of the text that may start one of them. The search starts at
+ * *scan where that is past pos (no end starts before it) and, finding none, moves *scan to
+ * where a marker could still start. */
+static void reasoning_end(enum reasoning_kind kind, const char *t, size_t len, size_t pos, size_t *scan,
+                          const char **end, size_t *next, size_t *hold) {
     static const char *const kimi[2] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1};
-    *end = pos < len ? memmem(t + pos, len - pos, CLOSE_TAG, sizeof CLOSE_TAG - 1) : NULL;
+    const size_t from = *scan > pos ? *scan : pos;
+    *end = from < len ? memmem(t + from, len - from, CLOSE_TAG, sizeof CLOSE_TAG - 1) : NULL;
     *next = *end ? (size_t)(*end - t) + sizeof CLOSE_TAG - 1 : len;
     *hold = partial_suffix(t + pos, len - pos, CLOSE_TAG);
-    if (kind != REASONING_KIMI_K2) return;
-    for (int i = 0; i < 2; i++) {
-        const char *m = pos < len ? memmem(t + pos, len - pos, kimi[i], strlen(kimi[i])) : NULL;
+    for (int i = 0; i < 2 && kind == REASONING_KIMI_K2; i++) {
+        const char *m = from < len ? memmem(t + from, len - from, kimi[i], strlen(kimi[i])) : NULL;
         if (m && (!*end || m < *end)) {
             *end = m;
             *next = (size_t)(m - t);
@@ -67,11 +69,17 @@ static void reasoning_end(enum reasoning_kind kind, const char *t, size_t len, s
         const size_t h = partial_suffix(t + pos, len - pos, kimi[i]);
         if (h > *hold) *hold = h;
     }
+    if (!*end) { /* a marker begun before len - (its length - 1) would have been found */
+        const size_t longest = sizeof TOOLCALL_KIMI_SECTION_BEGIN - 1, s = len >= longest ? len - (longest - 1) : 0;
+        if (s > *scan) *scan = s;
+    }
 }
 
 void reasoning_split_text(enum reasoning_kind kind, const char *t, size_t len, bool inside, bool final,
-                          reasoning_split *o) {
+                          size_t *scan, reasoning_split *o) {
     memset(o, 0, sizeof *o);
+    size_t own = 0;
+    if (!scan) scan = &own;
     size_t pos = 0;
     const size_t ol = sizeof OPEN_TAG - 1;
     if (inside) { /* the prompt opened the reasoning: a "<think>" the model writes again is no part of it */
@@ -104,7 +112,7 @@ void reasoning_split_text(enum reasoning_kind kind, const char *t, size_t len, b
     o->r_start = pos;
     const char *close;
     size_t c, hold;
-    reasoning_end(kind, t, len, pos, &close, &c, &hold);
+    reasoning_end(kind, t, len, pos, scan, &close, &c, &hold);
     size_t r_end = close ? (size_t)(close - t) : len;
     if (!close && !final) r_end -= hold;
     while (r_end > pos && is_ws(t[r_end - 1])) r_end--;

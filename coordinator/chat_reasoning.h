@@ -50,7 +50,10 @@ typedef struct reasoning_split {
     bool has_reasoning;    /* a reasoning block was opened */
 } reasoning_split;
 
+/* scan (NULL: none): where the search for the reasoning's end may start, kept by a caller that
+ * parses one growing text again and again (a stream), 0 at first: the search then reads each byte
+ * about once over the stream, not once a parse. The split is the same with or without it. */
 void reasoning_split_text(enum reasoning_kind kind, const char *text, size_t len, bool starts_inside, bool final,
-                          reasoning_split *out);
+                          size_t *scan, reasoning_split *out);
 
 #endif

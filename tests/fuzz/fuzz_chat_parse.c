@@ -7,7 +7,8 @@
  * Checked: the partial parse of every prefix up to the cut (as a stream sees them) is a prefix of
  * the parse of the longer text and of the final parse (reasoning, content, the number of calls,
  * each call's name once known, its arguments), so what was streamed is never taken back; spans
- * lie inside the text; no more than TOOLCALL_MAX_CALLS calls. Deterministic in ctest
+ * lie inside the text; no more than TOOLCALL_MAX_CALLS calls; the reasoning split with the stream's
+ * scan hint equals the split without it. Deterministic in ctest
  * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/chat-parse). */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,11 +25,20 @@ typedef struct parsed {
 
 static const cJSON *g_tools;
 
-static void parse(const char *t, size_t len, int flags, bool final, parsed *o) {
+/* scan: the stream's hint for the reasoning's end (NULL: none); the split must not depend on it */
+static void parse(const char *t, size_t len, int flags, bool final, size_t *scan, parsed *o) {
     memset(o, 0, sizeof *o);
     if (flags & 4) {
-        reasoning_split_text((flags & 16) ? REASONING_KIMI_K2 : REASONING_DEEPSEEK_R1, t, len, (flags & 8) != 0, final,
-                             &o->rs);
+        const enum reasoning_kind k = (flags & 16) ? REASONING_KIMI_K2 : REASONING_DEEPSEEK_R1;
+        reasoning_split_text(k, t, len, (flags & 8) != 0, final, scan, &o->rs);
+        if (scan) {
+            reasoning_split plain;
+            reasoning_split_text(k, t, len, (flags & 8) != 0, final, NULL, &plain);
+            if (memcmp(&plain, &o->rs, sizeof plain)) {
+                fprintf(stderr, "the scan hint changed the split at %zu bytes\n", len);
+                abort();
+            }
+        }
     } else {
         o->rs.c_start = 0;
         o->rs.c_end = len;
@@ -82,13 +92,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (len > 4096) len = 4096;
     size_t cut = len ? data[1] % (len + 1) : 0;
     parsed fin;
-    parse(t, len, flags, true, &fin);
-    /* the stream's view: every prefix up to the cut, each against the next and the final */
+    parse(t, len, flags, true, NULL, &fin);
+    /* the stream's view: every prefix up to the cut, each against the next and the final, with
+     * the stream's scan hint */
     parsed prev;
-    parse(t, 0, flags, false, &prev);
+    size_t scan = 0;
+    parse(t, 0, flags, false, &scan, &prev);
     for (size_t l = 1; l <= cut; l++) {
         parsed cur;
-        parse(t, l, flags, false, &cur);
+        parse(t, l, flags, false, &scan, &cur);
         check_prefix(t, &prev, t, &cur);
         toolcall_result_free(&prev.tc);
         prev = cur;
