@@ -69,6 +69,8 @@ typedef struct chat_out {
     cJSON *tools;             /* a copy of the request's tools (GLM's argument types) */
     size_t sent_r, sent_c;    /* bytes of reasoning / content streamed */
     size_t r_scan;            /* where the search for the reasoning's end resumes (reasoning_split_text) */
+    toolcall_scan tc_scan;    /* the tool-call parse's hints (toolcall_parse), for content from tc_base */
+    size_t tc_base;
     int sent_calls;           /* calls whose first delta (id, name) was streamed */
     size_t sent_args[TOOLCALL_MAX_CALLS];
 } chat_out;
@@ -379,7 +381,11 @@ static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o)
         o->rs.c_end = len;
     }
     if (co->tk != TOOLCALL_NONE) {
-        toolcall_parse(co->tk, t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, co->tools, &o->tc);
+        if (o->rs.c_start != co->tc_base) { /* the content moved (whitespace after the reasoning): new hints */
+            memset(&co->tc_scan, 0, sizeof co->tc_scan);
+            co->tc_base = o->rs.c_start;
+        }
+        toolcall_parse(co->tk, t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, co->tools, &co->tc_scan, &o->tc);
         o->content = o->tc.content;
         o->content_len = o->tc.content_len;
         /* parallel_tool_calls: false: the first call; the model's later calls are not returned

@@ -99,6 +99,14 @@ static size_t find(const char *t, size_t len, size_t from, const char *tag) {
     return h ? (size_t)(h - t) : SIZE_MAX;
 }
 
+/* position of tag in t[from, len) if it starts before `before`, else `before` (the first of
+ * several tags without reading past the one found) */
+static size_t find_before(const char *t, size_t len, size_t from, const char *tag, size_t before) {
+    const size_t tl = strlen(tag), end = before == SIZE_MAX || before + tl - 1 > len ? len : before + tl - 1;
+    const size_t f = find(t, end, from, tag);
+    return f < before ? f : before;
+}
+
 static bool at(const char *t, size_t len, size_t pos, const char *tag) {
     size_t l = strlen(tag);
     return len - pos >= l && !memcmp(t + pos, tag, l);
@@ -126,14 +134,31 @@ static size_t skip_ws(const char *t, size_t len, size_t pos) {
 static toolcall *new_call(toolcall_result *r) {
     toolcall *c = &r->calls[r->n_calls++];
     memset(c, 0, sizeof *c);
-    c->args = dup_n("", 0);
+    c->args = (char *)"";
+    c->args_view = true;
     return c;
 }
 
-static void set_args(toolcall *c, const char *s, size_t n) {
-    free(c->args);
-    c->args = dup_n(s, n);
+/* the call's arguments: a copy of s[0, n), or (view) s itself, a span of the parsed text */
+static void set_args(toolcall *c, const char *s, size_t n, bool view) {
+    if (!c->args_view) free(c->args);
+    c->args = view ? (char *)s : dup_n(s, n);
+    c->args_view = view;
     c->args_len = n;
+}
+
+/* Where a search for tag in t[from, len) may start: past the hint's position when it was left by
+ * the same search (at the same from) over a shorter prefix of the text, which found nothing
+ * before it. */
+static size_t hinted(const size_t hint[2], size_t from) { return hint && hint[0] == from && hint[1] > from ? hint[1] : from; }
+
+/* After a search from `from` found no tag (longest tag_len bytes) in t[.., len): a later search
+ * from there may skip to where a tag could still start. */
+static void hint_miss(size_t hint[2], size_t from, size_t len, size_t tag_len) {
+    if (!hint) return;
+    const size_t s = len >= tag_len ? len - (tag_len - 1) : 0;
+    hint[0] = from;
+    hint[1] = s > from ? s : from;
 }
 
 enum { SEC_OK, SEC_PARTIAL, SEC_END, SEC_BAD };
@@ -175,7 +200,7 @@ static void strip_fence(const char **s, size_t *n) {
     trim(s, n);
 }
 
-static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r) {
+static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r, size_t *hint) {
     size_t pos = *pos_io;
     for (;;) {
         pos = skip_ws(t, len, pos);
@@ -206,7 +231,8 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
         if (!hn) return SEC_BAD;
         toolcall *c = new_call(r);
         c->name = dup_n(h, hn);
-        size_t end = find(t, len, a, DS_CALL_END);
+        size_t end = find(t, len, hinted(hint, a), DS_CALL_END);
+        if (end == SIZE_MAX) hint_miss(hint, a, len, strlen(DS_CALL_END));
         if (end == SIZE_MAX) {
             if (fenced && !final) return SEC_PARTIAL; /* arguments at the call's end */
             /* cut off (final) or still coming: never the start of the end marker */
@@ -214,14 +240,14 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
             const char *s = t + a;
             size_t n = e - a;
             if (fenced) strip_fence(&s, &n);
-            set_args(c, s, n);
+            set_args(c, s, n, true);
             *pos_io = len;
             return final ? SEC_END : SEC_PARTIAL;
         }
         const char *s = t + a;
         size_t n = end - a;
         if (fenced) strip_fence(&s, &n);
-        set_args(c, s, n);
+        set_args(c, s, n, true);
         c->done = true;
         pos = end + strlen(DS_CALL_END);
     }
@@ -229,7 +255,7 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
 
 /* ---- Kimi-K2 ---- */
 
-static int km_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r) {
+static int km_section(const char *t, size_t len, size_t *pos_io, bool final, toolcall_result *r, size_t *hint) {
     size_t pos = *pos_io;
     for (;;) {
         pos = skip_ws(t, len, pos);
@@ -266,14 +292,15 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
         c->id = dup_n(id, idn);
         c->name = dup_n(nm, nn);
         size_t a = ab + strlen(KM_ARG_BEGIN);
-        size_t end = find(t, len, a, KM_CALL_END);
+        size_t end = find(t, len, hinted(hint, a), KM_CALL_END);
         if (end == SIZE_MAX) {
+            hint_miss(hint, a, len, strlen(KM_CALL_END));
             size_t e = len - partial_suffix(t, len, a, KM_CALL_END);
-            set_args(c, t + a, e - a);
+            set_args(c, t + a, e - a, true);
             *pos_io = len;
             return final ? SEC_END : SEC_PARTIAL;
         }
-        set_args(c, t + a, end - a);
+        set_args(c, t + a, end - a, true);
         c->done = true;
         pos = end + strlen(KM_CALL_END);
     }
@@ -340,7 +367,7 @@ static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const
 
 static void glm_finish(toolcall *c, cJSON *obj) {
     char *s = cJSON_PrintUnformatted(obj);
-    set_args(c, s ? s : "{}", s ? strlen(s) : 2);
+    set_args(c, s ? s : "{}", s ? strlen(s) : 2, false);
     free(s);
     cJSON_Delete(obj);
 }
@@ -379,17 +406,19 @@ static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const ch
             free(key);
         }
     }
-    set_args(c, b.p ? b.p : "", b.n);
+    set_args(c, b.p ? b.p : "", b.n, false);
     free(b.p);
 }
 
 /* one call after "<tool_call>" */
-static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const cJSON *tools, toolcall_result *r) {
+static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const cJSON *tools, toolcall_result *r,
+                   size_t *hint) {
     size_t q = *pos_io;
     if (r->n_calls == TOOLCALL_MAX_CALLS) return SEC_BAD;
-    size_t e1 = find(t, len, q, "\n"), e2 = find(t, len, q, GL_KEY_BEGIN), e3 = find(t, len, q, GL_CALL_END);
-    size_t ne = e1 < e2 ? e1 : e2;
-    if (e3 < ne) ne = e3;
+    /* the name ends at a newline, its first pair or its end, whichever comes first */
+    size_t ne = find(t, len, q, "\n");
+    ne = find_before(t, len, q, GL_KEY_BEGIN, ne);
+    ne = find_before(t, len, q, GL_CALL_END, ne);
     if (ne == SIZE_MAX) return name_unended(t, len, q, final, pos_io);
     const char *nm = t + q;
     size_t nn = ne - q;
@@ -423,7 +452,8 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
         size_t v0 = 0, v1 = SIZE_MAX;
         if (v != SIZE_MAX && at(t, len, v, GL_VAL_BEGIN)) {
             v0 = v + strlen(GL_VAL_BEGIN);
-            v1 = find(t, len, v0, GL_VAL_END);
+            v1 = find(t, len, hinted(hint, v0), GL_VAL_END);
+            if (v1 == SIZE_MAX) hint_miss(hint, v0, len, strlen(GL_VAL_END));
         }
         if (v1 == SIZE_MAX) {
             /* an unfinished pair, or not the format */
@@ -466,11 +496,32 @@ static int gl_call(const char *t, size_t len, size_t *pos_io, bool final, const 
 
 /* ---- driver ---- */
 
+/* The content: a span of the text while it is one (no copy), else a copy of its pieces */
+typedef struct cat {
+    const char *v; /* the span */
+    size_t vn;
+    sb b;          /* the copy, once it is not one span */
+    bool owned;
+} cat;
+
+static void cat_add(cat *c, const char *s, size_t n) {
+    if (!n) return;
+    if (!c->owned && (!c->vn || s == c->v + c->vn)) {
+        if (!c->vn) c->v = s;
+        c->vn += n;
+        return;
+    }
+    if (!c->owned) {
+        sb_add(&c->b, c->v, c->vn);
+        c->owned = true;
+    }
+    sb_add(&c->b, s, n);
+}
+
 void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final, const cJSON *tools,
-                    toolcall_result *r) {
+                    toolcall_scan *scan, toolcall_result *r) {
     memset(r, 0, sizeof *r);
-    sb content = {0};
-    sb_add(&content, "", 0);
+    cat content = {.v = ""};
     const char *starts[2] = {NULL, NULL};
     int n_starts = 0;
     if (k == TOOLCALL_DEEPSEEK) starts[n_starts++] = DS_CALLS_BEGIN;
@@ -478,16 +529,20 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
         starts[n_starts++] = KM_SEC_BEGIN;
         starts[n_starts++] = KM_SEC_BEGIN1;
     } else if (k == TOOLCALL_GLM) starts[n_starts++] = GL_CALL_BEGIN;
-    size_t pos = 0;
+    size_t pos = 0, longest = 0;
+    for (int i = 0; i < n_starts; i++)
+        if (strlen(starts[i]) > longest) longest = strlen(starts[i]);
     while (pos <= len) {
         size_t m = SIZE_MAX, ml = 0;
+        const size_t from = hinted(scan ? scan->top : NULL, pos);
         for (int i = 0; i < n_starts; i++) {
-            size_t f = find(t, len, pos, starts[i]);
+            size_t f = find_before(t, len, from, starts[i], m);
             if (f < m) {
                 m = f;
                 ml = strlen(starts[i]);
             }
         }
+        if (m == SIZE_MAX) hint_miss(scan ? scan->top : NULL, pos, len, longest);
         if (m == SIZE_MAX || r->n_calls == TOOLCALL_MAX_CALLS) {
             size_t end = len;
             if (!final && r->n_calls < TOOLCALL_MAX_CALLS)
@@ -498,18 +553,18 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
             /* trailing whitespace may still come before a call (held back) */
             if (!final)
                 while (end > pos && is_ws(t[end - 1])) end--;
-            if (end > pos && !(r->n_calls && final && all_ws(t + pos, end - pos))) sb_add(&content, t + pos, end - pos);
+            if (end > pos && !(r->n_calls && final && all_ws(t + pos, end - pos))) cat_add(&content, t + pos, end - pos);
             break;
         }
         /* the text before a call, without the whitespace that separates it from the call */
         size_t seg = m;
         while (seg > pos && is_ws(t[seg - 1])) seg--;
-        sb_add(&content, t + pos, seg - pos);
-        size_t sp = m + ml;
+        cat_add(&content, t + pos, seg - pos);
+        size_t sp = m + ml, *ah = scan ? scan->arg : NULL;
         int before = r->n_calls;
-        int st = k == TOOLCALL_DEEPSEEK ? ds_section(t, len, &sp, final, r)
-                 : k == TOOLCALL_KIMI_K2 ? km_section(t, len, &sp, final, r)
-                                         : gl_call(t, len, &sp, final, tools, r);
+        int st = k == TOOLCALL_DEEPSEEK ? ds_section(t, len, &sp, final, r, ah)
+                 : k == TOOLCALL_KIMI_K2 ? km_section(t, len, &sp, final, r, ah)
+                                         : gl_call(t, len, &sp, final, tools, r, ah);
         if (st != SEC_BAD || r->n_calls > before) r->opened = true;
         if (st == SEC_OK) {
             pos = sp;
@@ -519,21 +574,22 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
             /* not the format: the text from there on stays content (from the start marker
              * when no call of this section was read) */
             size_t from = r->n_calls == before ? m : sp;
-            sb_add(&content, t + from, len - from);
+            cat_add(&content, t + from, len - from);
         }
         break;
     }
-    r->content = content.p;
-    r->content_len = content.n;
+    r->content_view = !content.owned;
+    r->content = content.owned ? content.b.p : (char *)content.v;
+    r->content_len = content.owned ? content.b.n : content.vn;
 }
 
 void toolcall_result_free(toolcall_result *r) {
     if (!r) return;
-    free(r->content);
+    if (!r->content_view) free(r->content);
     for (int i = 0; i < r->n_calls; i++) {
         free(r->calls[i].id);
         free(r->calls[i].name);
-        free(r->calls[i].args);
+        if (!r->calls[i].args_view) free(r->calls[i].args);
     }
     memset(r, 0, sizeof *r);
 }

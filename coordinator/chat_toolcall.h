@@ -27,8 +27,9 @@
  * pair is dropped (the call ends at its </tool_call> with the pairs before it). At most
  * TOOLCALL_MAX_CALLS calls; what follows them stays content.
  *
- * Ownership: toolcall_parse fills a result the caller frees with toolcall_result_free (all
- * strings malloc'd). tools (may be NULL) is only read. Any thread. */
+ * Ownership: toolcall_parse fills a result the caller frees with toolcall_result_free (its
+ * strings malloc'd, or spans of the text: see toolcall_parse). tools (may be NULL) is only read.
+ * Any thread. */
 #ifndef CHAT_TOOLCALL_H
 #define CHAT_TOOLCALL_H
 
@@ -72,21 +73,33 @@ enum toolcall_kind toolcall_auto(const char *template_src);
 typedef struct toolcall {
     char *id;   /* the model's own id (kimi-k2), else NULL */
     char *name; /* NULL until the name is complete */
-    char *args; /* arguments so far ("" until known) */
+    char *args; /* arguments so far ("" until known); not NUL-terminated where args_view */
     size_t args_len;
+    bool args_view; /* args is a span of the parsed text (valid while it is), not a copy */
     bool done;  /* its end marker was seen */
 } toolcall;
 
 typedef struct toolcall_result {
-    char *content; /* text outside the calls */
+    char *content; /* text outside the calls; not NUL-terminated where content_view */
     size_t content_len;
+    bool content_view; /* content is a span of the parsed text (one piece of it), not a copy */
     toolcall calls[TOOLCALL_MAX_CALLS];
     int n_calls;
     bool opened; /* a call's (or call section's) opening marker was read as one, calls or not */
 } toolcall_result;
 
+/* A stream's hints (toolcall_parse's scan), zeroed at first: where the searches that found no
+ * marker over a shorter prefix of the same text may resume (the driver's, an open call's end). */
+typedef struct toolcall_scan {
+    size_t top[2], arg[2]; /* the search's start, where it may resume */
+} toolcall_scan;
+
+/* scan (NULL: none): kept by a caller that parses one growing text again and again, so that each
+ * byte is searched about once over the stream; the result is the same with or without it.
+ * Arguments and content that are one span of the text are not copied (args_view, content_view):
+ * the result then points into text. */
 void toolcall_parse(enum toolcall_kind k, const char *text, size_t len, bool final, const cJSON *tools,
-                    toolcall_result *out);
+                    toolcall_scan *scan, toolcall_result *out);
 /* GLM: whether a parameter's value is the model's text (its schema allows a string: "type" is or
  * lists "string", or an anyOf / oneOf branch does), else JSON where it parses. */
 bool toolcall_schema_allows_string(const cJSON *param_schema);

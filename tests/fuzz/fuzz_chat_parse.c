@@ -7,8 +7,8 @@
  * Checked: the partial parse of every prefix up to the cut (as a stream sees them) is a prefix of
  * the parse of the longer text and of the final parse (reasoning, content, the number of calls,
  * each call's name once known, its arguments), so what was streamed is never taken back; spans
- * lie inside the text; no more than TOOLCALL_MAX_CALLS calls; the reasoning split with the stream's
- * scan hint equals the split without it. Deterministic in ctest
+ * lie inside the text; no more than TOOLCALL_MAX_CALLS calls; the reasoning split and the
+ * tool-call parse with the stream's hints equal them without. Deterministic in ctest
  * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/chat-parse). */
 #include <stdint.h>
 #include <stdio.h>
@@ -25,8 +25,30 @@ typedef struct parsed {
 
 static const cJSON *g_tools;
 
-/* scan: the stream's hint for the reasoning's end (NULL: none); the split must not depend on it */
-static void parse(const char *t, size_t len, int flags, bool final, size_t *scan, parsed *o) {
+/* a stream's hints (as api_server keeps them per answer) */
+typedef struct hints {
+    size_t r_scan;
+    toolcall_scan tc;
+    size_t tc_base;
+} hints;
+
+static bool same_result(const toolcall_result *a, const toolcall_result *b) {
+    if (a->content_len != b->content_len || memcmp(a->content, b->content, a->content_len) || a->n_calls != b->n_calls ||
+        a->opened != b->opened)
+        return false;
+    for (int i = 0; i < a->n_calls; i++) {
+        const toolcall *x = &a->calls[i], *y = &b->calls[i];
+        if (x->done != y->done || x->args_len != y->args_len || memcmp(x->args, y->args, x->args_len) ||
+            !x->name != !y->name || (x->name && strcmp(x->name, y->name)) || !x->id != !y->id ||
+            (x->id && strcmp(x->id, y->id)))
+            return false;
+    }
+    return true;
+}
+
+/* h: the stream's hints (NULL: none); the parse must not depend on them */
+static void parse(const char *t, size_t len, int flags, bool final, hints *h, parsed *o) {
+    size_t *scan = h ? &h->r_scan : NULL;
     memset(o, 0, sizeof *o);
     if (flags & 4) {
         const enum reasoning_kind k = (flags & 16) ? REASONING_KIMI_K2 : REASONING_DEEPSEEK_R1;
@@ -44,9 +66,24 @@ static void parse(const char *t, size_t len, int flags, bool final, size_t *scan
         o->rs.c_end = len;
     }
     if (o->rs.r_start > len || o->rs.r_end > len || o->rs.c_start > o->rs.c_end || o->rs.c_end > len) abort();
-    toolcall_parse((enum toolcall_kind)(flags & 3), t + o->rs.c_start, o->rs.c_end - o->rs.c_start, final, g_tools,
-                   &o->tc);
+    const enum toolcall_kind tk = (enum toolcall_kind)(flags & 3);
+    const char *ct = t + o->rs.c_start;
+    const size_t cn = o->rs.c_end - o->rs.c_start;
+    if (h && o->rs.c_start != h->tc_base) {
+        memset(&h->tc, 0, sizeof h->tc);
+        h->tc_base = o->rs.c_start;
+    }
+    toolcall_parse(tk, ct, cn, final, g_tools, h ? &h->tc : NULL, &o->tc);
     if (o->tc.n_calls > TOOLCALL_MAX_CALLS) abort();
+    if (h) {
+        toolcall_result plain;
+        toolcall_parse(tk, ct, cn, final, g_tools, NULL, &plain);
+        if (!same_result(&plain, &o->tc)) {
+            fprintf(stderr, "the scan hints changed the tool-call parse at %zu bytes\n", len);
+            abort();
+        }
+        toolcall_result_free(&plain);
+    }
 }
 
 static bool is_prefix(const char *a, size_t an, const char *b, size_t bn) { return an <= bn && !memcmp(a, b, an); }
@@ -96,11 +133,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the stream's view: every prefix up to the cut, each against the next and the final, with
      * the stream's scan hint */
     parsed prev;
-    size_t scan = 0;
-    parse(t, 0, flags, false, &scan, &prev);
+    hints h = {0};
+    parse(t, 0, flags, false, &h, &prev);
     for (size_t l = 1; l <= cut; l++) {
         parsed cur;
-        parse(t, l, flags, false, &scan, &cur);
+        parse(t, l, flags, false, &h, &cur);
         check_prefix(t, &prev, t, &cur);
         toolcall_result_free(&prev.tc);
         prev = cur;

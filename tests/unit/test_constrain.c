@@ -238,11 +238,13 @@ static void tg_run(const api_tool_grammar *q, gram_vocab *v, const char *out, in
     if (got == 2 && call0) {
         toolcall_result r;
         cJSON *tools = cJSON_Parse(TOOLS);
-        toolcall_parse(q->kind, out, strlen(out), true, tools, &r);
-        cJSON *a = r.n_calls ? cJSON_Parse(r.calls[0].args) : NULL, *b = cJSON_Parse(args0);
+        toolcall_parse(q->kind, out, strlen(out), true, tools, NULL, &r);
+        cJSON *a = r.n_calls ? cJSON_ParseWithLength(r.calls[0].args, r.calls[0].args_len) : NULL,
+              *b = cJSON_Parse(args0);
         CHECKF(r.n_calls >= 1 && r.calls[0].name && !strcmp(r.calls[0].name, call0) && a && cJSON_Compare(a, b, 1),
-               "kind %d: '%s' parsed into %d calls, the first %s %s", q->kind, out, r.n_calls,
-               r.n_calls ? r.calls[0].name : "-", r.n_calls ? r.calls[0].args : "-");
+               "kind %d: '%s' parsed into %d calls, the first %s %.*s", q->kind, out, r.n_calls,
+               r.n_calls ? r.calls[0].name : "-", r.n_calls ? (int)r.calls[0].args_len : 1,
+               r.n_calls ? r.calls[0].args : "-");
         cJSON_Delete(a);
         cJSON_Delete(b);
         cJSON_Delete(tools);
