@@ -1240,7 +1240,7 @@ static int run_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, 
     *ok = false;
     if (id < v->n && v->len[id] && run_bytes(m, v->bytes[id], v->len[id], &by_text, &r)) return MLA_ERR;
     m->n_tmp = 0;
-    if (vocab_has(v, id)) step_token_elems(m, id);
+    if (vocab_has(v, id) && !v->eos[id]) step_token_elems(m, id); /* the end only where complete */
     if (m->failed) return MLA_ERR;
     if (!m->n_tmp) {
         *ok = by_text;
@@ -1416,7 +1416,7 @@ static int64_t walk(gram_match *m, const gram_vocab *v, uint32_t tn, int32_t sta
     return cnt;
 }
 
-/* The tokens the current state's token elements take (end of sequence never by !<[id]>), added to
+/* The tokens the current state's token elements take (end of sequence never), added to
  * allow; the count added. Two !<[id]> of different ids take every token between them. */
 static int64_t token_elems_mask(const gram_match *m, const gram_vocab *v, uint8_t *allow) {
     const gram *g = m->g;
@@ -1427,7 +1427,7 @@ static int64_t token_elems_mask(const gram_match *m, const gram_vocab *v, uint8_
         const uint32_t s = m->cur.st[i];
         if (s == NONE) continue;
         const elem *e = &g->el[m->nd[s].pos];
-        if (e->kind == E_TOKEN && vocab_has(v, e->val) && !allow[e->val]) {
+        if (e->kind == E_TOKEN && vocab_has(v, e->val) && !v->eos[e->val] && !allow[e->val]) {
             allow[e->val] = 1;
             cnt++;
         } else if (e->kind == E_NTOKEN) {

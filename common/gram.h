@@ -6,8 +6,9 @@
  * postfix * + ? {m} {m,} {m,n}; `#` comments. Line breaks carry no meaning (a rule ends where the
  * next `name ::=` starts). Characters are Unicode code points; the matcher advances byte by byte
  * over UTF-8. Tokens, as llama.cpp's GBNF has them: <[id]> is the one token id, !<[id]> any one
- * token but id (text or special; end of sequence never: that stays where the grammar is
- * complete); they take a whole token, never a byte (token text as <text> is not supported).
+ * token but id (text or special); they take a whole token, never a byte (token text as <text> is
+ * not supported). An end-of-sequence token is taken only where the grammar is complete, never by
+ * a token element.
  *
  * The automaton: a state is a set of stacks of positions in the rules (hash-consed nodes: two
  * equal stacks are one node id) plus an incomplete UTF-8 sequence. Bounds, each an error that

@@ -11,6 +11,7 @@
 #include "common/gram.h"
 #include "common/mla_err.h"
 #include "coordinator/api_params.h"
+#include "coordinator/chat_reasoning.h"
 #include "coordinator/chat_toolcall.h"
 
 /* ---- a growing string --------------------------------------------------------------------- */
@@ -507,18 +508,19 @@ static int count_objects(const cJSON *j, int cap) {
     return n;
 }
 
-/* The rules of schema named pfx + number (no root, no JSON base rules) into *out, its top rule
- * in *top (pfx + that number). */
-static int schema_rules(const cJSON *schema, const char *pfx, char **out, char *top, size_t top_len, char *err,
-                        size_t err_len) {
+/* The rules of node, a part of schema root at path ("" for root itself; its $refs resolve against
+ * root), named pfx + number (no root rule, no JSON base rules) into *out, its top rule in *top
+ * (pfx + that number). */
+static int schema_rules_at(const cJSON *root, const cJSON *node, const char *path, const char *pfx, char **out,
+                           char *top, size_t top_len, char *err, size_t err_len) {
     *out = NULL;
-    sctx c = {.root = schema, .pfx = pfx, .err = err, .err_len = err_len};
-    if (count_objects(schema, API_SCHEMA_MAX_NODES) > API_SCHEMA_MAX_NODES) {
+    sctx c = {.root = root, .pfx = pfx, .err = err, .err_len = err_len};
+    if (count_objects(root, API_SCHEMA_MAX_NODES) > API_SCHEMA_MAX_NODES) {
         fail(&c, "", "the schema has more than %d objects (subschemas); it is not compiled", API_SCHEMA_MAX_NODES);
         return MLA_ERR;
     }
     sb_add(&c.out, "", 0);
-    int r = gen(&c, schema, "", 0);
+    int r = gen(&c, node, path, 0);
     if (r >= 0 && c.out.over) r = fail(&c, "", "the schema's grammar is larger than %u bytes", GRAM_MAX_TEXT);
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
     free(c.refs);
@@ -529,6 +531,11 @@ static int schema_rules(const cJSON *schema, const char *pfx, char **out, char *
     snprintf(top, top_len, "%s%d", pfx, r);
     *out = c.out.p;
     return MLA_OK;
+}
+
+static int schema_rules(const cJSON *schema, const char *pfx, char **out, char *top, size_t top_len, char *err,
+                        size_t err_len) {
+    return schema_rules_at(schema, schema, "", pfx, out, top, top_len, err, err_len);
 }
 
 int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_len) {
@@ -631,10 +638,12 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
         bool need = false;
         const cJSON *r;
         cJSON_ArrayForEach(r, req) if (cJSON_IsString(r) && !strcmp(r->valuestring, pr->string)) need = true;
-        /* the property's schema compiled whichever form the value takes */
-        char val[48];
+        /* the property's schema compiled whichever form the value takes ($refs against the
+         * parameters) */
+        char val[48], path[160];
         snprintf(pfx, sizeof pfx, "t%dk%ds", i, k);
-        if (schema_rules(pr, pfx, &rules, val, sizeof val, msg, sizeof msg)) {
+        snprintf(path, sizeof path, "/properties/%.120s", pr->string);
+        if (schema_rules_at(ps, pr, path, pfx, &rules, val, sizeof val, msg, sizeof msg)) {
             snprintf(t->err, t->err_len, "tool '%.100s' (strict): parameter '%.100s': %s", tool_name(tl), pr->string,
                      msg);
             free(body.p);
@@ -672,32 +681,41 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
                         size_t err_len) {
     *out = NULL;
     tg t = {.tok = tok, .ud = ud, .err = err, .err_len = err_len};
-    char m[8][32];
+    char m[8][32], close[32];
     int rc = MLA_OK;
-    const char *more = q->one_call ? "" : " (ws call)*"; /* calls after the first */
+    /* calls after the first: as many as the parser returns (TOOLCALL_MAX_CALLS) */
+    char more[32] = "";
+    if (!q->one_call) snprintf(more, sizeof more, " (ws call){0,%d}", TOOLCALL_MAX_CALLS - 1);
+    const char *opt = q->required ? "" : "?";
     sb_add(&t.out, "", 0);
-    if (q->kind == TOOLCALL_DEEPSEEK) {
+    /* the prompt opened the reasoning: the output closes it before anything else (a call written
+     * inside it would be reasoning); free until the format's opener, then the calls ("tc") */
+    if (q->close_reasoning && tg_mark(&t, REASONING_CLOSE_TAG, close) == MLA_OK)
+        sb_printf(&t.out, "root ::= (!%s)* %s%s rest%s\n", close, q->required ? "" : "(", close,
+                  q->required ? "" : ")?");
+    else /* (a vocabulary without "</think>" as one token: the reasoning is not held) */
+        sb_printf(&t.out, "root ::= rest\n");
+    if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK) {
         static const char *const mk[5] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
                                           TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "root ::= (!%s)* %s%s calls%s\ncalls ::= call%s ws %s\ncall ::= %s (", m[0],
-                      q->required ? "" : "(", m[0], q->required ? "" : ")?", more, m[1], m[2]);
-    } else if (q->kind == TOOLCALL_KIMI_K2) {
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\ncall ::= %s (", m[0], opt, m[0], more, m[1],
+                      m[2]);
+    } else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2) {
         static const char *const mk[5] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_END,
                                           TOOLCALL_KIMI_CALL_BEGIN, TOOLCALL_KIMI_ARG_BEGIN, TOOLCALL_KIMI_CALL_END};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "root ::= (!%s)* %s%s calls%s\ncalls ::= call%s ws %s\ncall ::= %s \"functions.\" (",
-                      m[0], q->required ? "" : "(", m[0], q->required ? "" : ")?", more, m[1], m[2]);
-    } else if (q->kind == TOOLCALL_GLM) {
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\ncall ::= %s \"functions.\" (", m[0], opt,
+                      m[0], more, m[1], m[2]);
+    } else if (rc == MLA_OK && q->kind == TOOLCALL_GLM) {
         static const char *const mk[6] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
                                           TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END};
         for (int k = 0; k < 6 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "root ::= (!%s)* %scall%s%s\ncall ::= %s (", m[0], q->required ? "" : "(", more,
-                      q->required ? "" : ")?", m[0]);
-    } else {
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= call%s\ncall ::= %s (", m[0], opt, more, m[0]);
+    } else if (rc == MLA_OK) {
         snprintf(err, err_len, "no tool-call format to hold the calls to");
         rc = MLA_ERR;
     }
@@ -710,6 +728,13 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
             i++;
             continue;
         }
+        for (const unsigned char *c = (const unsigned char *)tool_name(tl); *c && rc == MLA_OK; c++)
+            if (*c <= ' ' || *c == '<' || *c == 0x7F) { /* the parsers trim names and end them there */
+                snprintf(err, err_len, "tool '%.100s': a name with whitespace, a control character or '<' cannot be "
+                         "held to the call format", tool_name(tl));
+                rc = MLA_ERR;
+            }
+        if (rc != MLA_OK) break;
         sb_printf(&t.out, "%s c%d", n++ ? " |" : "", i);
         i++;
     }
@@ -733,11 +758,14 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
             if (rc == MLA_OK) sb_printf(&t.out, "c%d ::= %s ws t%dp\n", i, nm.p, i);
         } else {
             rc = tg_json_args(&t, tl, i, arg, sizeof arg);
-            /* DeepSeek: V3 / R1's fenced form, or V3.1's */
-            if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK)
-                sb_printf(&t.out, "c%d ::= \"function\" %s %s \"\\n```json\\n\" %s \"\\n```\" | %s %s %s\n", i, m[4],
-                          nm.p, arg, nm.p, m[4], arg);
-            else if (rc == MLA_OK)
+            /* DeepSeek: V3 / R1's fenced form, or V3.1's (not for a tool named "function", which
+             * the parser reads as the fenced form's opening) */
+            if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK) {
+                sb_printf(&t.out, "c%d ::= \"function\" %s %s \"\\n```json\\n\" %s \"\\n```\"", i, m[4], nm.p, arg);
+                if (strcmp(tool_name(tl), "function")) sb_printf(&t.out, " | %s %s %s", nm.p, m[4], arg);
+                sb_add(&t.out, "\n", 1);
+            }
+            else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2)
                 sb_printf(&t.out, "c%d ::= %s \":\" [0-9]{1,4} %s %s\n", i, nm.p, m[3], arg);
         }
         free(nm.p);

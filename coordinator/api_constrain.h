@@ -58,6 +58,8 @@ typedef struct api_tool_grammar {
     const char *only;        /* tool_choice names this tool; NULL: every tool */
     bool required;           /* tool_choice required or named */
     bool one_call;           /* parallel_tool_calls false: one call */
+    bool close_reasoning;    /* the prompt opened the reasoning: "</think>" first (a call inside the
+                              * reasoning would be reasoning) */
 } api_tool_grammar;
 
 /* The GBNF of q into *out (caller frees); MLA_ERR with err naming the problem: a marker of the

@@ -1197,7 +1197,10 @@ static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
                              strict ? "a strict tool" : "tool_choice required or a named function");
     api_tool_grammar q = {.kind = (enum toolcall_kind)a->cfg.tool_parser, .tools = p->tools,
                           .only = p->tool_choice == API_TOOLS_NAMED ? p->tool_choice_name : NULL,
-                          .required = required, .one_call = p->one_call};
+                          .required = required, .one_call = p->one_call,
+                          /* Kimi-K2's call section ends its reasoning itself */
+                          .close_reasoning = p->prompt_opens_reasoning && a->cfg.reasoning_parser != REASONING_NONE &&
+                                             a->cfg.tool_parser != TOOLCALL_KIMI_K2};
     char msg[600];
     if (api_constrain_tools(&q, one_token, a, &p->constrain.grammar, msg, sizeof msg))
         return api_error_set(e, 400, "tools", NULL, "%s", msg);

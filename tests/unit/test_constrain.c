@@ -11,6 +11,7 @@
 #include "common/gram.h"
 #include "coordinator/api_constrain.h"
 #include "coordinator/api_params.h"
+#include "coordinator/chat_reasoning.h"
 #include "coordinator/chat_toolcall.h"
 
 static gram *compile(const char *schema_json) {
@@ -173,7 +174,7 @@ static const char *const MK[] = {TOOLCALL_DS_CALLS_BEGIN,    TOOLCALL_DS_CALLS_E
                                  TOOLCALL_KIMI_SECTION_END,  TOOLCALL_KIMI_CALL_BEGIN,  TOOLCALL_KIMI_ARG_BEGIN,
                                  TOOLCALL_KIMI_CALL_END,     TOOLCALL_GLM_CALL_BEGIN,   TOOLCALL_GLM_CALL_END,
                                  TOOLCALL_GLM_KEY_BEGIN,     TOOLCALL_GLM_KEY_END,      TOOLCALL_GLM_VAL_BEGIN,
-                                 TOOLCALL_GLM_VAL_END};
+                                 TOOLCALL_GLM_VAL_END,       REASONING_CLOSE_TAG};
 #define N_MK ((int)(sizeof MK / sizeof *MK))
 #define MK0 1000 /* the markers' ids; 0-255 the bytes; TG_EOS the end of sequence */
 #define TG_EOS 1100
@@ -319,6 +320,40 @@ static void test_tools(void) {
     tg_run(&q, v, TOOLCALL_GLM_CALL_BEGIN "get_weather" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END
            TOOLCALL_GLM_VAL_BEGIN "Oslo" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END
            TOOLCALL_GLM_VAL_BEGIN "two", 0, NULL, NULL);
+    /* the prompt opened the reasoning: it closes before a call (one inside it would be reasoning) */
+    q.kind = TOOLCALL_DEEPSEEK;
+    q.required = q.close_reasoning = true;
+    tg_run(&q, v, TOOLCALL_DS_CALLS_BEGIN "x", 1, NULL, NULL); /* reasoning text, no call yet */
+    tg_run(&q, v, "plan" REASONING_CLOSE_TAG "x", 1, NULL, NULL);
+    tg_run(&q, v, "plan " TOOLCALL_DS_CALLS_BEGIN " more" REASONING_CLOSE_TAG TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN
+           "get_time" TOOLCALL_DS_SEP "{}" TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END, 2, NULL, NULL);
+    q.required = false;
+    tg_run(&q, v, "still thinking", 2, NULL, NULL); /* auto: it may end inside the reasoning */
+    q.close_reasoning = false;
+    q.kind = TOOLCALL_GLM;
+    /* GLM: a property's $ref resolves against the parameters */
+    cJSON *reft = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                              "{\"type\": \"object\", \"$defs\": {\"P\": {\"type\": \"integer\"}}, \"properties\": "
+                              "{\"p\": {\"$ref\": \"#/$defs/P\"}}, \"required\": [\"p\"]}}}]");
+    api_tool_grammar qr = {.kind = TOOLCALL_GLM, .tools = reft};
+    tg_run(&qr, v, TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "p" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "12"
+           TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+    tg_run(&qr, v, TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "p" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "x", 0,
+           NULL, NULL);
+    cJSON_Delete(reft);
+    /* DeepSeek: a tool named "function" only in the fenced form (the parser reads it so) */
+    cJSON *fnt = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"function\"}}]");
+    api_tool_grammar qf = {.kind = TOOLCALL_DEEPSEEK, .tools = fnt};
+    tg_run(&qf, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "function" TOOLCALL_DS_SEP "{", 0, NULL, NULL);
+    tg_run(&qf, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "function" TOOLCALL_DS_SEP "function\n```json\n{}\n```"
+           TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END, 2, NULL, NULL);
+    cJSON_Delete(fnt);
+    /* a name the parsers would not give back (whitespace, '<'): refused */
+    cJSON *wst = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"get weather\", \"strict\": true}}]");
+    api_tool_grammar qw = {.kind = TOOLCALL_GLM, .tools = wst};
+    char *gw = NULL, mw[600] = "";
+    CHECKF(api_constrain_tools(&qw, tg_tok, NULL, &gw, mw, sizeof mw) == MLA_ERR && strstr(mw, "'get weather'"), "%s", mw);
+    cJSON_Delete(wst);
     /* a marker the vocabulary does not hold as one token: named in the error */
     g_missing = TOOLCALL_GLM_KEY_END;
     char *gt = NULL, msg[600] = "";

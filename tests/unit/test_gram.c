@@ -326,6 +326,18 @@ static void test_tokens(void) {
     CHECKF(mask_of(m, v, allow, got) == 2 && !strcmp(got, "1,9"), "after a: %s", got);
     gram_match_free(m);
     gram_free(g);
+    /* an end-of-sequence token is never taken by a token element: only where complete */
+    g = parse_ok("root ::= \"a\" <[9]>");
+    CHECK(gram_match_new(&m, g, &e) == MLA_OK && gram_match_accept_token(m, v, 0, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 0, "<[eos]>: %s", got);
+    CHECK(gram_match_accept_token(m, v, 9, &e) == MLA_ERR);
+    gram_match_free(m);
+    gram_free(g);
+    g = parse_ok("root ::= \"a\" <[9]>?");
+    CHECK(gram_match_new(&m, g, &e) == MLA_OK && gram_match_accept_token(m, v, 0, &e) == MLA_OK);
+    CHECKF(mask_of(m, v, allow, got) == 1 && !strcmp(got, "9"), "complete: %s", got);
+    gram_match_free(m);
+    gram_free(g);
     /* gram_check: a grammar that starts with a token matches something */
     int64_t mx = 0;
     CHECK(gram_check_tokens("root ::= <[12]>", 15, &mx, &e) == MLA_OK && mx == 12);
