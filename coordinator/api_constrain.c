@@ -764,9 +764,9 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
                 sb_printf(&t.out, "c%d ::= \"function\" %s %s \"\\n```json\\n\" %s \"\\n```\"", i, m[4], nm.p, arg);
                 if (strcmp(tool_name(tl), "function")) sb_printf(&t.out, " | %s %s %s", nm.p, m[4], arg);
                 sb_add(&t.out, "\n", 1);
-            }
-            else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2)
+            } else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2) {
                 sb_printf(&t.out, "c%d ::= %s \":\" [0-9]{1,4} %s %s\n", i, nm.p, m[3], arg);
+            }
         }
         free(nm.p);
         i++;
