@@ -1259,60 +1259,41 @@ static int run_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, 
     return MLA_OK;
 }
 
-int gram_match_try_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, mla_err *err) {
+/* Runs bytes (v NULL) or token id of v from the current state, *ok when taken; keeps the result as
+ * the state when commit and it is taken (else the state and its nodes stay as they were). */
+static int advance(gram_match *m, const gram_vocab *v, uint32_t id, const uint8_t *bytes, size_t len, bool commit,
+                   bool *ok, mla_err *err) {
     m->err = err;
     m->failed = 0;
     uint32_t mark = m->n_nd;
-    sstate *res;
-    int rc = run_token(m, v, id, ok, &res);
+    sstate *res = NULL;
+    const int rc = v ? run_token(m, v, id, ok, &res) : run_bytes(m, bytes, len, ok, &res);
+    if (rc == MLA_OK && *ok && commit) {
+        state_copy(&m->cur, res);
+        return MLA_OK;
+    }
     rollback(m, mark);
     return rc;
+}
+
+int gram_match_try_token(gram_match *m, const gram_vocab *v, uint32_t id, bool *ok, mla_err *err) {
+    return advance(m, v, id, NULL, 0, false, ok, err);
 }
 
 int gram_match_accept_token(gram_match *m, const gram_vocab *v, uint32_t id, mla_err *err) {
-    m->err = err;
-    m->failed = 0;
-    uint32_t mark = m->n_nd;
-    bool ok;
-    sstate *res = NULL;
-    if (run_token(m, v, id, &ok, &res)) {
-        rollback(m, mark);
-        return MLA_ERR;
-    }
-    if (!ok) {
-        rollback(m, mark);
-        return mla_errf(err, "grammar: token %u is not accepted here", id);
-    }
-    state_copy(&m->cur, res);
-    return MLA_OK;
+    bool ok = false;
+    if (advance(m, v, id, NULL, 0, true, &ok, err)) return MLA_ERR;
+    return ok ? MLA_OK : mla_errf(err, "grammar: token %u is not accepted here", id);
 }
 
 int gram_match_try(gram_match *m, const uint8_t *bytes, size_t len, bool *ok, mla_err *err) {
-    m->err = err;
-    m->failed = 0;
-    uint32_t mark = m->n_nd;
-    sstate *res;
-    int rc = run_bytes(m, bytes, len, ok, &res);
-    rollback(m, mark);
-    return rc;
+    return advance(m, NULL, 0, bytes, len, false, ok, err);
 }
 
 int gram_match_accept(gram_match *m, const uint8_t *bytes, size_t len, mla_err *err) {
-    m->err = err;
-    m->failed = 0;
-    uint32_t mark = m->n_nd;
-    bool ok;
-    sstate *res = NULL;
-    if (run_bytes(m, bytes, len, &ok, &res)) {
-        rollback(m, mark);
-        return MLA_ERR;
-    }
-    if (!ok) {
-        rollback(m, mark);
-        return mla_errf(err, "grammar: the input is not accepted here");
-    }
-    state_copy(&m->cur, res);
-    return MLA_OK;
+    bool ok = false;
+    if (advance(m, NULL, 0, bytes, len, true, &ok, err)) return MLA_ERR;
+    return ok ? MLA_OK : mla_errf(err, "grammar: the input is not accepted here");
 }
 
 bool gram_match_complete(const gram_match *m) {

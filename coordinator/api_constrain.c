@@ -700,34 +700,36 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
                                           TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\ncall ::= %s (", m[0], opt, m[0], more, m[1],
-                      m[2]);
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\n", m[0], opt, m[0], more, m[1]);
     } else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2) {
         static const char *const mk[5] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_END,
                                           TOOLCALL_KIMI_CALL_BEGIN, TOOLCALL_KIMI_ARG_BEGIN, TOOLCALL_KIMI_CALL_END};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\ncall ::= %s \"functions.\" (", m[0], opt,
-                      m[0], more, m[1], m[2]);
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\n", m[0], opt, m[0], more, m[1]);
     } else if (rc == MLA_OK && q->kind == TOOLCALL_GLM) {
         static const char *const mk[6] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
                                           TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END};
         for (int k = 0; k < 6 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
         if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= call%s\ncall ::= %s (", m[0], opt, more, m[0]);
+            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= call%s\n", m[0], opt, more);
     } else if (rc == MLA_OK) {
         snprintf(err, err_len, "no tool-call format to hold the calls to");
         rc = MLA_ERR;
     }
-    /* the call's alternatives, one a tool: NAME and its arguments */
+    /* the call: its opening marker(s), one alternative a tool, its end marker ("call ::= ... ( c0 |
+     * c2 ) END", built in alts); and each tool's rule: its name and arguments */
+    sbuf alts = {0};
+    int n_alt = 0;
+    if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK) sb_printf(&alts, "call ::= %s (", m[2]);
+    else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2) sb_printf(&alts, "call ::= %s \"functions.\" (", m[2]);
+    else if (rc == MLA_OK) sb_printf(&alts, "call ::= %s (", m[0]);
     const cJSON *tl;
-    int i = 0, n = 0;
+    int i = -1;
     cJSON_ArrayForEach(tl, q->tools) {
+        i++;
         if (rc != MLA_OK) break;
-        if (q->only && strcmp(tool_name(tl), q->only)) {
-            i++;
-            continue;
-        }
+        if (q->only && strcmp(tool_name(tl), q->only)) continue;
         for (const unsigned char *c = (const unsigned char *)tool_name(tl); *c && rc == MLA_OK; c++)
             if (*c <= ' ' || *c == '<' || *c == 0x7F) { /* the parsers trim names and end them there */
                 snprintf(err, err_len, "tool '%.100s': a name with whitespace, a control character or '<' cannot be "
@@ -735,21 +737,7 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
                 rc = MLA_ERR;
             }
         if (rc != MLA_OK) break;
-        sb_printf(&t.out, "%s c%d", n++ ? " |" : "", i);
-        i++;
-    }
-    if (rc == MLA_OK) {
-        if (q->kind == TOOLCALL_DEEPSEEK) sb_printf(&t.out, " ) %s\n", m[3]);
-        else if (q->kind == TOOLCALL_KIMI_K2) sb_printf(&t.out, " ) %s\n", m[4]);
-        else sb_printf(&t.out, " ) %s\n", m[1]);
-    }
-    i = 0;
-    cJSON_ArrayForEach(tl, q->tools) {
-        if (rc != MLA_OK) break;
-        if (q->only && strcmp(tool_name(tl), q->only)) {
-            i++;
-            continue;
-        }
+        sb_printf(&alts, "%s c%d", n_alt++ ? " |" : "", i);
         char arg[48];
         sbuf nm = {0};
         sb_lit(&nm, tool_name(tl));
@@ -769,8 +757,12 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
             }
         }
         free(nm.p);
-        i++;
     }
+    if (rc == MLA_OK) {
+        const char *end = q->kind == TOOLCALL_DEEPSEEK ? m[3] : q->kind == TOOLCALL_KIMI_K2 ? m[4] : m[1];
+        sb_printf(&t.out, "%s ) %s\n", alts.p, end);
+    }
+    free(alts.p);
     if (rc == MLA_OK && q->kind == TOOLCALL_GLM)
         sb_printf(&t.out, "gtext ::= .*\ngpair ::= %s .+ %s ws %s gtext %s ws\n", m[2], m[3], m[4], m[5]);
     if (rc == MLA_OK) sb_add(&t.out, json_base, strlen(json_base));

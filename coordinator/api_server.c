@@ -399,7 +399,6 @@ static void chat_parse(const api_req *r, size_t len, bool final, chat_parsed *o)
 
 static void chat_parsed_free(chat_parsed *o) { toolcall_result_free(&o->tc); }
 
-
 static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool with_index, const char *args,
                              size_t args_len, bool header) {
     cJSON *o = cJSON_CreateObject();
