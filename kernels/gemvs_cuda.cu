@@ -16,9 +16,9 @@
  *   (int8) and their scales in registers, loaded once (over a MoE plan: again when the x row
  *   changes).
  * - Rows stream: a block owns a contiguous run of stages; a stage is R = G x RG whole rows of each
- *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (~32 KB in all), which
- *   one thread brings into shared memory with a bulk copy (TMA) on an mbarrier, stages - 1
- *   stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
+ *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (about gs_tune's bytes
+ *   in all), which one thread brings into shared memory with a bulk copy (TMA) on an mbarrier,
+ *   stages - 1 stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
  *   and are stored one stage later.
  * - Over a MoE plan a stage is a tile's row range. Each token of a dense step, each pair of a tile,
  *   is one step over the stage in shared memory: W is read from memory once whatever their number;
@@ -55,21 +55,35 @@ namespace mlacu {
 /* blocks of 256 threads, or of two groups up to 320 (rows of 129-160 items: 18432 elements) */
 constexpr int GS_THREADS = 256, GS_THREADS_MAX = 320, GS_STAGES_MAX = 8, GS_RG_MAX = 8;
 constexpr int GS_NP = MLACU_MOE_TILE; /* pairs a tile (tokens of a dense step) at most */
-/* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at: 3 and
- * 32 KB, or MLA_CUDA_GS=STAGES:BYTES (2-8, 4096-65536; a developer switch of common/mla_switch.c,
- * read once a process: for measurements) */
+/* Stage buffers a block (copies in flight: one fewer) and the bytes of W a stage aims at, for the
+ * warp-specialized kernel (one token) and for the other one. The one-token kernel takes two
+ * stages of 80 KB (one block an SM): a product's first 160 KB a block are asked for before the
+ * wait on the kernel before, and a launch ends in fewer, longer stages. Against three of 32 KB
+ * (two blocks an SM) a whole model's batch-1 step on an H200 was 4-5% shorter (DeepSeek-V3 and
+ * GLM-5 shapes) and 2% (V2-Lite), 2026-12-04; batch 8 (the other kernel, kept at three of 32 KB)
+ * the same. MLA_CUDA_GS=STAGES:BYTES (both) or STAGES:BYTES/STAGES:BYTES (warp-specialized /
+ * other; 2-8, 4096-131072) overrides them (a developer switch of common/mla_switch.c, read once a
+ * process: for measurements). */
+struct gs_cfg {
+    int stages, target;
+};
 struct gs_tune {
-    int stages = 3, target = 32768;
+    gs_cfg ws = {2, 81920}, other = {3, 32768};
 };
 static const gs_tune &gs_tuning() {
     static const gs_tune t = [] {
         gs_tune v;
         const char *e = mla_sw_str(MLA_SW_CUDA_GS);
-        int a = 0, b = 0;
-        if (e && sscanf(e, "%d:%d", &a, &b) == 2 && a >= 2 && a <= GS_STAGES_MAX && b >= 4096 && b <= 65536)
-            v.stages = a, v.target = b;
-        else if (e)
-            fprintf(stderr, "MLA_CUDA_GS=%s ignored: expected STAGES:BYTES, 2-%d and 4096-65536\n", e, GS_STAGES_MAX);
+        if (!e || !*e) return v;
+        int a = 0, b = 0, c = 0, d = 0;
+        const int n = sscanf(e, "%d:%d/%d:%d", &a, &b, &c, &d);
+        auto ok = [](int st, int by) { return st >= 2 && st <= GS_STAGES_MAX && by >= 4096 && by <= 131072; };
+        if ((n == 2 && ok(a, b)) || (n == 4 && ok(a, b) && ok(c, d))) {
+            v.ws = {a, b};
+            v.other = n == 4 ? gs_cfg{c, d} : gs_cfg{a, b};
+        } else
+            fprintf(stderr, "MLA_CUDA_GS=%s ignored: expected STAGES:BYTES[/STAGES:BYTES], 2-%d and 4096-131072\n", e,
+                    GS_STAGES_MAX);
         return v;
     }();
     return t;
@@ -490,7 +504,7 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
 
 /* ---------------------------------------------------------------- host */
 struct gs_geo {
-    int TPG, G, RG, R, msb;
+    int TPG, G, RG, R, msb, stages;
     bool ws; /* the warp-specialized kernel (one step a stage) */
     size_t smem;
 };
@@ -501,19 +515,19 @@ static int g_gs_ws = 1;
 static bool gs_ws_on() { return g_gs_ws != 0; }
 
 /* TPG threads a group (the row's items rounded up to 16 or to a warp), G groups (<= 256 threads,
- * or, but for the warp-specialized kernel, two of up to 160) of RG rows (<= 8), about
- * gs_tuning().target bytes a stage; rows of whole items */
-static bool gs_geometry(int64_t in, int64_t rb, int nm, bool ws, gs_geo &g) {
+ * or, but for the warp-specialized kernel, two of up to 160) of RG rows (<= 8), about cf.target
+ * bytes a stage, cf.stages of them; rows of whole items */
+static bool gs_geometry(int64_t in, int64_t rb, int nm, bool ws, const gs_cfg &cf, gs_geo &g) {
     const int64_t ni = in / 128;
     if (in % 128 || ni < 1 || ni > GS_THREADS) return false;
     g.ws = ws;
     g.TPG = ni <= 16 ? 16 : (int)((ni + 31) / 32 * 32);
     g.G = GS_THREADS / g.TPG;
     if (!ws && g.G == 1 && 2 * g.TPG <= GS_THREADS_MAX) g.G = 2; /* one group of 129-160 threads: five warps a block */
-    g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (gs_tuning().target / nm - 32) / (g.G * rb)));
+    g.RG = (int)std::max<int64_t>(1, std::min<int64_t>(GS_RG_MAX, (cf.target / nm - 32) / (g.G * rb)));
     g.R = g.G * g.RG;
     g.msb = (int)(((int64_t)g.R * rb + 32 + 15) / 16 * 16);
-    const int stages = gs_tuning().stages;
+    const int stages = g.stages = cf.stages;
     g.smem = (size_t)stages * nm * g.msb;
     if (ws) /* the partial sums: 2 NS slots of (threads / run) x NM x RG */
         g.smem += (size_t)2 * stages * (g.G * g.TPG / std::min(g.TPG, 32)) * nm * g.RG * sizeof(float);
@@ -550,13 +564,18 @@ template <typename F> static cudaError_t gs_with_type(uint32_t t, F f) {
 }
 
 /* the geometry for type t, rows of `in` elements, nm matrices, steps of one token (one1: the
- * warp-specialized kernel takes them where it fits); false where this kernel does not apply */
+ * warp-specialized kernel takes them where it fits: in its own stages, else (a device with less
+ * shared memory a block) in the other kernel's); false where this kernel does not apply */
 static bool gs_plan(uint32_t t, int64_t in, int nm, bool one1, gs_geo &g) {
     const bool k = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K; /* items are half blocks */
     if (!k && t != GGML_TYPE_Q8_0 && t != GGML_TYPE_Q5_0) return false;
     if (in <= 0 || (k && in % 256) || (nm != 1 && nm != 2)) return false;
     const int64_t rb = (int64_t)ggml_row_bytes(t, in);
-    return (one1 && gs_ws_on() && gs_geometry(in, rb, nm, true, g)) || gs_geometry(in, rb, nm, false, g);
+    const gs_tune &tu = gs_tuning();
+    if (one1 && gs_ws_on() &&
+        (gs_geometry(in, rb, nm, true, tu.ws, g) || gs_geometry(in, rb, nm, true, tu.other, g)))
+        return true;
+    return gs_geometry(in, rb, nm, false, tu.other, g);
 }
 
 bool gemvs_supported(uint32_t t, int64_t in, int nm) {
@@ -587,7 +606,7 @@ static gs_args gs_base(uint32_t t, const void *w0, const void *w1, int64_t in, i
     A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
     A.rb = (int)ggml_row_bytes(t, in), A.out = (int)out, A.ni = (int)(in / 128);
     A.R = g.R, A.RG = g.RG, A.TPG = g.TPG, A.msb = g.msb, A.x_div = 1, A.world = 1, A.T = 1;
-    A.stages = gs_tuning().stages;
+    A.stages = g.stages;
     A.qx = (const uint4 *)qx, A.sx = (const float4 *)sx, A.y = y;
     A.trace = g.ws ? g_gs_trace : nullptr;
     return A;
