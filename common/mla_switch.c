@@ -69,7 +69,8 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
      "CUDA routed experts on the fp16 tensor cores from this many pairs a expert (0: never; tuning)",
      true},
     {MLA_SW_CUDA_GS, "MLA_CUDA_GS", MLA_SWT_STR, "", 0, 0, NULL,
-     "streamed GEMV STAGES:BYTES[/STAGES:BYTES], one-token kernel / other (2-8 buffers, 4096-131072 bytes a stage; default 2:81920/3:32768; tuning)",
+     "streamed GEMV STAGES:BYTES[/STAGES:BYTES], one-token kernel / other (2-8 buffers, 4096-131072 bytes a "
+     "stage; default 2:81920/3:32768; tuning)",
      true},
     {MLA_SW_CUDA_GM, "MLA_CUDA_GM", MLA_SWT_INT, "112", 32, 220, NULL,
      "streamed tensor-core GEMV: KB of shared memory a block aims at (tuning)", true},

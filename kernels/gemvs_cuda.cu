@@ -18,8 +18,8 @@
  * - Rows stream: a block owns a contiguous run of stages; a stage is R = G x RG whole rows of each
  *   of NM matrices (NM = 2: gate and up), one contiguous byte range each (about gs_tune's bytes
  *   in all), which one thread brings into shared memory with a bulk copy (TMA) on an mbarrier,
- *   stages - 1 stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in shared memory
- *   and are stored one stage later.
+ *   stages - 1 stages ahead. Group j takes rows j RG .. j RG + RG - 1; the warps' sums meet in
+ *   shared memory and are stored one stage later.
  * - Over a MoE plan a stage is a tile's row range. Each token of a dense step, each pair of a tile,
  *   is one step over the stage in shared memory: W is read from memory once whatever their number;
  *   the item arithmetic is paid per token (what bounds this kernel from ~4-8 tokens).
