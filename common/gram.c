@@ -691,6 +691,12 @@ int64_t gram_max_token(const gram *g) {
     return mx;
 }
 
+int64_t gram_find_token(const gram *g, bool (*pred)(void *ud, int64_t id), void *ud) {
+    for (uint32_t i = 0; i < g->n_el; i++)
+        if (g->el[i].kind == E_TOKEN && pred(ud, g->el[i].val)) return g->el[i].val;
+    return -1;
+}
+
 /* ---- vocabulary trie ---------------------------------------------------------------------- */
 
 typedef struct tnode {

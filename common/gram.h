@@ -67,6 +67,10 @@ uint32_t gram_n_rules(const gram *g);
 /* The largest token id the grammar's token elements name; -1 when it has none (a server checks it
  * against its vocabulary). */
 int64_t gram_max_token(const gram *g);
+/* The first token id that a <[id]> element of the grammar names and pred(ud, id) holds for; -1
+ * when none (a server refuses a grammar that names an end-of-sequence token this way: token
+ * elements never take one). */
+int64_t gram_find_token(const gram *g, bool (*pred)(void *ud, int64_t id), void *ud);
 
 /* A vocabulary of n_vocab tokens, all absent until set. */
 gram_vocab *gram_vocab_new(uint32_t n_vocab);

@@ -819,22 +819,40 @@ static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
     return MLA_OK;
 }
 
+/* c's grammar from the schema sc at member `where` of response_format: none (absent or null) is
+ * any JSON object, as OpenAI and llama.cpp take it */
+static int format_schema(api_constrain *c, const cJSON *sc, const char *where, struct api_error *e) {
+    if (!sc || cJSON_IsNull(sc)) {
+        c->grammar = mla_xstrdup(api_json_object_gbnf());
+        return MLA_OK;
+    }
+    char msg[512];
+    if (api_schema_to_gbnf(sc, &c->grammar, msg, sizeof msg))
+        return bad(e, "response_format", "'response_format.%s': %s", where, msg);
+    return MLA_OK;
+}
+
 static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) {
     if (!rf || cJSON_IsNull(rf)) return MLA_OK;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
     if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
         return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
-    if (!strcmp(ty->valuestring, "text")) return MLA_OK;
-    if (!strcmp(ty->valuestring, "json_object")) {
-        c->grammar = mla_xstrdup(api_json_object_gbnf());
-        return MLA_OK;
-    }
-    if (strcmp(ty->valuestring, "json_schema"))
+    const char *t = ty->valuestring;
+    const bool text = !strcmp(t, "text"), obj = !strcmp(t, "json_object"), sch = !strcmp(t, "json_schema");
+    if (!text && !obj && !sch)
         return bad(e, "response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
-                   ty->valuestring);
+                   t);
+    /* the members each type takes; json_object's "schema" is llama.cpp's way to give one */
+    const cJSON *k;
+    cJSON_ArrayForEach(k, rf) {
+        if (strcmp(k->string, "type") && !(obj && !strcmp(k->string, "schema")) &&
+            !(sch && !strcmp(k->string, "json_schema")))
+            return bad(e, "response_format", "'response_format.%.40s' does not apply to type '%s'", k->string, t);
+    }
+    if (text) return MLA_OK;
+    if (obj) return format_schema(c, cJSON_GetObjectItemCaseSensitive(rf, "schema"), "schema", e);
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
     if (!cJSON_IsObject(js)) return bad(e, "response_format", "'response_format.json_schema' must be an object");
-    const cJSON *k;
     cJSON_ArrayForEach(k, js) {
         if (strcmp(k->string, "name") && strcmp(k->string, "schema") && strcmp(k->string, "strict") &&
             strcmp(k->string, "description"))
@@ -846,15 +864,7 @@ static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) 
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
     if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
         return bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
-    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
-    if (!sc || cJSON_IsNull(sc)) { /* OpenAI: no schema, any JSON */
-        c->grammar = mla_xstrdup(api_json_object_gbnf());
-        return MLA_OK;
-    }
-    char msg[512];
-    if (api_schema_to_gbnf(sc, &c->grammar, msg, sizeof msg))
-        return bad(e, "response_format", "'response_format.json_schema.schema': %s", msg);
-    return MLA_OK;
+    return format_schema(c, cJSON_GetObjectItemCaseSensitive(js, "schema"), "json_schema.schema", e);
 }
 
 int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e) {
@@ -879,10 +889,32 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
     return rc;
 }
 
-int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e) {
+struct eog_q {
+    bool (*is_eog)(void *ctx, int32_t id);
+    void *ctx;
+};
+static bool eog_pred(void *ud, int64_t id) {
+    const struct eog_q *q = ud;
+    return q->is_eog(q->ctx, (int32_t)id);
+}
+
+int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, bool (*is_eog)(void *ctx, int32_t id),
+                            void *ctx, struct api_error *e) {
     if (c->grammar && c->grammar_max_token >= n_vocab)
         return bad(e, "grammar", "'grammar' names token <[%lld]>, outside the vocabulary of %d tokens",
                    (long long)c->grammar_max_token, n_vocab);
+    if (c->grammar && c->grammar_max_token >= 0 && is_eog) { /* parsed before: it parses */
+        gram *g = NULL;
+        mla_err ge = {{0}};
+        struct eog_q q = {is_eog, ctx};
+        const int64_t id = gram_parse(&g, c->grammar, strlen(c->grammar), &ge) ? -1 : gram_find_token(g, eog_pred, &q);
+        gram_free(g);
+        if (id >= 0)
+            return bad(e, "grammar",
+                       "'grammar' names <[%lld]>, an end-of-generation token, which a token element never takes: the "
+                       "output ends where the grammar is complete",
+                       (long long)id);
+    }
     for (int32_t i = 0; i < c->n_bias; i++)
         if (c->bias_ids[i] < 0 || c->bias_ids[i] >= n_vocab)
             return bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",

@@ -40,8 +40,11 @@ typedef struct api_constrain {
 /* Reads response_format, grammar and logit_bias of a request body (either kind). Token ids of
  * logit_bias are checked against the vocabulary by the caller (api_constrain_check_ids). */
 int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e);
-/* 400 for a logit_bias id, or a token id the grammar names, outside [0, n_vocab). */
-int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, struct api_error *e);
+/* 400 for a logit_bias id, or a token id the grammar names, outside [0, n_vocab); and for a
+ * grammar's <[id]> naming an end-of-generation token (is_eog(ctx, id); NULL: none checked), which
+ * a token element never takes: the output ends where the grammar is complete. */
+int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, bool (*is_eog)(void *ctx, int32_t id),
+                            void *ctx, struct api_error *e);
 void api_constrain_free(api_constrain *c);
 
 /* The id of text as one token of the vocabulary, else -1. */

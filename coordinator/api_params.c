@@ -77,8 +77,10 @@ static int get_num_open_lo(const cJSON *root, const char *name, double lo, doubl
     if (is_null(j)) return MLA_OK;
     if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be a number", name);
     double d = j->valuedouble;
-    if (!isfinite(d) || d <= lo || d > hi || (float)d <= (float)lo)
+    if (!isfinite(d) || d <= lo || d > hi)
         return bad(e, name, "'%s' must be in (%g, %g] (got %.17g)", name, lo, hi, d);
+    if ((float)d <= (float)lo) /* in range, but the sampler's float makes it the bound */
+        return bad(e, name, "'%s' must be in (%g, %g]: %.17g is %g as a 32-bit float", name, lo, hi, d, (double)(float)d);
     *out = (float)d;
     return MLA_OK;
 }
@@ -111,8 +113,9 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
 }
 
 /* messages[i].tool_calls: absent or null, or (on an assistant message) a list of
- * {"id"?, "type"?: "function", "function": {"name": string, "arguments"?: a JSON object or the
- * string of one}}: a template would otherwise drop a malformed call without a trace */
+ * {"id"?, "type"?: "function", "function": {"name": string, "arguments": a JSON object or the
+ * string of one}}: a template would otherwise drop a malformed call without a trace, or fail on
+ * it with a message that names none of it */
 static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *e) {
     const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (is_null(tcs)) return MLA_OK;
@@ -133,9 +136,9 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
         /* a string as it is (OpenAI takes any, a call cut short by max_tokens gives part of one);
          * a template that iterates over the arguments needs the text of an object (chat_normalize) */
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-        if (!is_null(args) && !cJSON_IsString(args) && !cJSON_IsObject(args)) {
-            return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments must be a JSON object or its text", i, j);
-        }
+        if (!cJSON_IsString(args) && !cJSON_IsObject(args))
+            return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments %s a JSON object or its text", i,
+                       j, is_null(args) ? "is required:" : "must be");
         j++;
     }
     return MLA_OK;
@@ -538,6 +541,16 @@ void api_gen_params_free(api_gen_params *p) {
 
 static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "add_special_tokens",
                                               "add_generation_prompt", NULL};
+static const char *const k_detokenize_keys[] = {"model", "tokens", NULL};
+
+/* root's "model": absent, null or a string (p->model) */
+static int tok_model(api_tok_params *p, const cJSON *root, api_error *e) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (is_null(m)) return MLA_OK;
+    if (!cJSON_IsString(m)) return bad(e, "model", "'model' must be a string");
+    p->model = mla_xstrdup(m->valuestring);
+    return MLA_OK;
+}
 
 int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
@@ -551,6 +564,7 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
             return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
                              "add_generation_prompt)", k);
     }
+    if (tok_model(p, root, e)) return MLA_ERR;
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!is_null(pr) && !is_null(msgs)) return bad(e, "messages", "'prompt' and 'messages' exclude each other");
@@ -573,12 +587,20 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
 int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
     if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *k = it->string ? it->string : "";
+        if (!in_list(k_detokenize_keys, k))
+            return bad(e, k, "'%.64s' is not a /detokenize field (model, tokens)", k);
+    }
+    if (tok_model(p, root, e)) return MLA_ERR;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(t)) return bad(e, "tokens", "'tokens' (a list of token ids) is required");
     return get_token_array(t, "tokens", &p->tokens, &p->n_tokens, e);
 }
 
 void api_tok_params_free(api_tok_params *p) {
+    free(p->model);
     free(p->prompt);
     free(p->tokens);
     memset(p, 0, sizeof(*p));

@@ -87,6 +87,7 @@ void api_gen_params_free(api_gen_params *p);
 /* /tokenize: {"prompt": str} or {"messages": [...]} (+ "add_special_tokens": bool).
  * /detokenize: {"tokens": [int]}. */
 typedef struct api_tok_params {
+    char *model;  /* NULL: any; else the served model's id, or the server answers 404 */
     char *prompt;
     const cJSON *messages;
     bool add_special;

@@ -1103,6 +1103,14 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
 /* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
  * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
  * set. Moves p's stop strings into the request. */
+/* 404 model_not_found when a request names a model (NULL: none) other than the served one */
+static int model_check(const api_server *a, const char *model, api_error *e) {
+    if (model && strcmp(model, a->model_name))
+        return api_error_set(e, 404, "model", "model_not_found",
+                             "the model '%s' does not exist (this server serves '%s')", model, a->model_name);
+    return MLA_OK;
+}
+
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (a->draining)
@@ -1111,10 +1119,7 @@ static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (!api_server_healthy(a, why, sizeof(why)))
         return api_error_set(e, 503, NULL, "worker_down", "the worker group is not available: %s",
                              why[0] ? why : "a worker is down");
-    if (p->model && strcmp(p->model, a->model_name))
-        return api_error_set(e, 404, "model", "model_not_found",
-                             "the model '%s' does not exist (this server serves '%s')", p->model, a->model_name);
-    return MLA_OK;
+    return model_check(a, p->model, e);
 }
 
 static bool uses_var(api_server *a, const char *name) {
@@ -1278,7 +1283,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
                           p->stop_ids[i], a->tok.n_vocab);
             goto done;
         }
-    if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, e)) goto done;
+    if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, a->tok.is_eog, a->tok.ctx, e)) goto done;
     /* a top_k of the vocabulary or more keeps every token: off (as vLLM and llama.cpp take it) */
     if (p->sampling.top_k >= a->tok.n_vocab) p->sampling.top_k = 0;
     if (n_ids == 0) {
@@ -1568,7 +1573,7 @@ static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr)
     j->conn = c;
     j->root = root;
     j->is_tokenize = true;
-    if (api_tokenize_params_parse(&j->tp, root, &j->e) != MLA_OK) {
+    if (api_tokenize_params_parse(&j->tp, root, &j->e) != MLA_OK || model_check(a, j->tp.model, &j->e)) {
         reply_error(a, c, &j->e, NULL);
         prep_free(j);
         return;
@@ -1596,7 +1601,7 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
     if (!root) return;
     api_tok_params p;
     api_error e;
-    if (api_detokenize_params_parse(&p, root, &e) != MLA_OK) {
+    if (api_detokenize_params_parse(&p, root, &e) != MLA_OK || model_check(a, p.model, &e)) {
         reply_error(a, c, &e, NULL);
     } else {
         char *buf = NULL;

@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     api_error e;
     memset(&e, 0, sizeof e);
     if (api_constrain_parse(&c, j, &e) == MLA_OK) {
-        api_constrain_check_ids(&c, 1000, &e);
+        api_constrain_check_ids(&c, 1000, NULL, NULL, &e);
         api_constrain_free(&c);
     } else if (e.status != 400 || !e.message[0] || c.grammar || c.bias_ids) {
         abort();

@@ -393,6 +393,11 @@ def main():
                           {"role": "assistant", "content": "", "tool_calls": [
                               {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{nope"}}]},
                           {"role": "user", "content": "q2"}])
+        refused("a call without arguments", "function.arguments is required",
+                messages=[{"role": "user", "content": "q"},
+                          {"role": "assistant", "content": None, "tool_calls": [
+                              {"id": "c1", "type": "function", "function": {"name": "get_weather"}}]},
+                          {"role": "user", "content": "q2"}])
         refused("tool_choice auto without tools", "tool_choice", tool_choice="auto")
         strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
         # strict: true is accepted (the calls' grammar holds the arguments; the scripted model here

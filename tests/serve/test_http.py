@@ -88,6 +88,14 @@ def test_basic(port):
     st, j, _, _ = post(port, "/detokenize", {"tokens": [99999]})
     check(st == 400, "/detokenize out of range 400")
     is_error_shape(j)
+    for bad, field in (({"tokens": [97], "skip_special_tokens": True}, "skip_special_tokens"), ({"tokens": [97], "x": 1}, "x")):
+        st, j, _, _ = post(port, "/detokenize", bad)
+        check(st == 400 and j["error"]["param"] == field, "/detokenize %r -> 400 naming %s: %r" % (bad, field, j))
+    for path, body in (("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [97]})):
+        st, j, _, _ = post(port, path, dict(body, model="fake-model"))
+        check(st == 200, "%s with the served model's name: %d" % (path, st))
+        st, j, _, _ = post(port, path, dict(body, model="nope"))
+        check(st == 404 and j["error"]["code"] == "model_not_found", "%s with another model: 404 %r" % (path, j))
 
 
 def test_completions(port):

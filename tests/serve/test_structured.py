@@ -13,7 +13,8 @@
    bans it.
 4. Token elements: a grammar through a control token (<[id]>), and one free (!<[id]>) until it.
 5. Refusals: an unsupported schema keyword, a bad grammar, left recursion, logit_bias ids out of
-   range, too many entries, values beyond 100, a grammar's token id outside the vocabulary: each a
+   range, too many entries, values beyond 100, a grammar's token id outside the vocabulary or an
+   end-of-sequence one, a response_format member its type does not take: each a
    400 naming the problem.
 Usage: test_structured.py SERVE_EXE WORKER_EXE FIXTURES_DIR. Exit 77 when the fixture or
 jsonschema is missing."""
@@ -236,6 +237,11 @@ try:
     refused({"logit_bias": {"x": 1}}, "not a token id")
     refused({"logit_bias": {str(i): 1 for i in range(301)}}, "at most 300")
     refused({"response_format": {"type": "yaml"}}, "json_schema")
+    refused({"response_format": {"type": "json_object", "extra": 1}}, "'response_format.extra' does not apply")
+    st, d = post(port, "/tokenize", {"prompt": "<\uff5cend\u2581of\u2581sentence\uff5c>", "add_special_tokens": False})
+    eos = json.loads(d)["tokens"]
+    check(len(eos) == 1, "the end-of-sequence text is one token: %r" % eos)
+    refused({"grammar": "root ::= \"a\" <[%d]>" % eos[0]}, "an end-of-generation token")
     st, d = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     check(st == 200, "still serving")
 

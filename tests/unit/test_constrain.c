@@ -122,16 +122,36 @@ static int parse(const char *body, api_constrain *c, api_error *e) {
     return rc;
 }
 
+/* end of generation: tokens 1 and 3 */
+static bool eog13(void *ctx, int32_t id) {
+    (void)ctx;
+    return id == 1 || id == 3;
+}
+
 static void test_params(void) {
     api_constrain c;
     api_error e;
     CHECK(parse("{\"logit_bias\":{\"5\":-100,\"7\":2.5}}", &c, &e) == MLA_OK && c.n_bias == 2 && c.bias_ids[0] == 5 &&
           c.bias_vals[0] == -100.0f && c.bias_ids[1] == 7 && c.bias_vals[1] == 2.5f && !c.grammar);
-    CHECK(api_constrain_check_ids(&c, 8, &e) == MLA_OK);
-    CHECK(api_constrain_check_ids(&c, 7, &e) == MLA_ERR && e.status == 400 && strstr(e.message, "token id 7"));
+    CHECK(api_constrain_check_ids(&c, 8, eog13, NULL, &e) == MLA_OK);
+    CHECK(api_constrain_check_ids(&c, 7, eog13, NULL, &e) == MLA_ERR && e.status == 400 && strstr(e.message, "token id 7"));
+    api_constrain_free(&c);
+    /* a grammar's <[id]> naming an end-of-generation token: 400 (!<[id]> may name one) */
+    CHECK(parse("{\"grammar\":\"root ::= \\\"a\\\" (<[2]> | <[3]>)\"}", &c, &e) == MLA_OK);
+    CHECK(api_constrain_check_ids(&c, 8, NULL, NULL, &e) == MLA_OK);
+    CHECK(api_constrain_check_ids(&c, 8, eog13, NULL, &e) == MLA_ERR && e.status == 400 &&
+          strstr(e.message, "<[3]>, an end-of-generation token"));
+    api_constrain_free(&c);
+    CHECK(parse("{\"grammar\":\"root ::= (!<[1]>)* <[2]>\"}", &c, &e) == MLA_OK);
+    CHECK(api_constrain_check_ids(&c, 8, eog13, NULL, &e) == MLA_OK);
     api_constrain_free(&c);
     CHECK(parse("{\"response_format\":{\"type\":\"json_object\"}}", &c, &e) == MLA_OK && c.grammar &&
           strstr(c.grammar, "root ::= jobj"));
+    api_constrain_free(&c);
+    /* json_object with llama.cpp's "schema": that schema's grammar */
+    CHECK(parse("{\"response_format\":{\"type\":\"json_object\",\"schema\":{\"type\":\"integer\"}}}", &c, &e) ==
+              MLA_OK &&
+          c.grammar && !strstr(c.grammar, "root ::= jobj"));
     api_constrain_free(&c);
     CHECK(parse("{\"response_format\":{\"type\":\"text\"}}", &c, &e) == MLA_OK && !c.grammar);
     api_constrain_free(&c);
@@ -150,6 +170,13 @@ static void test_params(void) {
         {"{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":{\"not\":{}}}}}",
          "'not'"},
         {"{\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"}", "cannot be combined"},
+        {"{\"response_format\":{\"type\":\"json_object\",\"schema\":{\"not\":{}}}}", "'response_format.schema'"},
+        {"{\"response_format\":{\"type\":\"json_object\",\"schema\":5}}", "must be an object or a boolean"},
+        {"{\"response_format\":{\"type\":\"text\",\"extra\":1}}", "'response_format.extra' does not apply"},
+        {"{\"response_format\":{\"type\":\"text\",\"schema\":{}}}", "'response_format.schema' does not apply"},
+        {"{\"response_format\":{\"type\":\"json_object\",\"json_schema\":{}}}", "json_schema' does not apply"},
+        {"{\"response_format\":{\"type\":\"json_schema\",\"schema\":{},\"json_schema\":{\"name\":\"a\"}}}",
+         "'response_format.schema' does not apply to type 'json_schema'"},
         {"{\"grammar\":\"rot ::= [a]\"}", "no 'root'"},
         {"{\"grammar\":5}", "must be a string"},
     };
