@@ -58,7 +58,7 @@ typedef struct api_gen_params {
     const char *max_tokens_param;      /* the field max_tokens came from, for errors (a literal) */
     const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
     char *reasoning_effort;            /* NULL: absent */
-    bool prompt_opens_reasoning;       /* set by the server: the rendered prompt ends in "<think>" */
+    int prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning (enum reasoning_prompt) */
     sched_sampling sampling;
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
     char *stop[API_MAX_STOP];

@@ -1053,7 +1053,7 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
  * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
  * MLA_ERR with e set. */
 static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool close_reasoning,
-                    bool *opens_reasoning, int32_t **ids, int32_t *n, api_error *e) {
+                    int *prompt_reasoning, int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
@@ -1079,15 +1079,15 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
         free(text);
     }
     chat_guard_free(&g);
-    bool opens = reasoning_prompt_opens(full, len);
-    if (opens && close_reasoning) {
+    enum reasoning_prompt rp = reasoning_prompt_state(full, len);
+    if (rp == REASONING_PROMPT_OPEN && close_reasoning) {
         static const char shut[] = "\n" REASONING_CLOSE_TAG "\n\n"; /* an empty reasoning, as R1 writes one */
         full = mla_xrealloc(full, len + sizeof shut);
         memcpy(full + len, shut, sizeof shut);
         len += sizeof shut - 1;
-        opens = false;
+        rp = REASONING_PROMPT_CLOSED;
     }
-    if (opens_reasoning) *opens_reasoning = opens;
+    if (prompt_reasoning) *prompt_reasoning = (int)rp;
     int rc = a->tok.encode(a->tok.ctx, full, len, false, true, spans, n_spans, ids, n, &err);
     free(full);
     free(spans);
@@ -1203,7 +1203,8 @@ static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
                           .only = p->tool_choice == API_TOOLS_NAMED ? p->tool_choice_name : NULL,
                           .required = required, .one_call = p->one_call,
                           /* Kimi-K2's call section ends its reasoning itself */
-                          .close_reasoning = p->prompt_opens_reasoning && a->cfg.reasoning_parser != REASONING_NONE &&
+                          .close_reasoning = p->prompt_reasoning == REASONING_PROMPT_OPEN &&
+                                             a->cfg.reasoning_parser != REASONING_NONE &&
                                              a->cfg.tool_parser != TOOLCALL_KIMI_K2};
     char msg[600];
     if (api_constrain_tools(&q, one_token, a, &p->constrain.grammar, msg, sizeof msg))
@@ -1222,7 +1223,7 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
         cJSON *vars = NULL;
         if (chat_vars(a, p, &vars, e) != MLA_OK) return MLA_ERR;
         int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, p->constrain.grammar != NULL,
-                          &p->prompt_opens_reasoning, &ids, &n_ids, e);
+                          &p->prompt_reasoning, &ids, &n_ids, e);
         cJSON_Delete(vars);
         /* after the prompt: the calls' grammar leaves the reasoning open (free until the calls) */
         if (rc == MLA_OK) rc = tool_grammar(a, p, e);
@@ -1332,8 +1333,10 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     bool with_tools = p->tools && p->tool_choice != API_TOOLS_NONE && a->cfg.tool_parser != TOOLCALL_NONE;
     if (kind == API_CHAT && !r->has_sink && (a->cfg.reasoning_parser != REASONING_NONE || with_tools)) {
         r->chat = mla_xcalloc(1, sizeof(*r->chat));
-        r->chat->rk = (enum reasoning_kind)a->cfg.reasoning_parser;
-        r->chat->think_open = p->prompt_opens_reasoning;
+        /* the prompt closed the reasoning (thinking off): all of the output is content */
+        r->chat->rk = p->prompt_reasoning == REASONING_PROMPT_CLOSED ? REASONING_NONE
+                                                                      : (enum reasoning_kind)a->cfg.reasoning_parser;
+        r->chat->think_open = p->prompt_reasoning == REASONING_PROMPT_OPEN;
         r->chat->tk = with_tools ? (enum toolcall_kind)a->cfg.tool_parser : TOOLCALL_NONE;
         if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
         r->chat->one_call = p->one_call;

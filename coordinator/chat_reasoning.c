@@ -34,10 +34,15 @@ enum reasoning_kind reasoning_auto(const char *src) {
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
-bool reasoning_prompt_opens(const char *p, size_t len) {
+static bool ends_with(const char *p, size_t len, const char *tag) {
+    const size_t l = strlen(tag);
+    return len >= l && !memcmp(p + len - l, tag, l);
+}
+
+enum reasoning_prompt reasoning_prompt_state(const char *p, size_t len) {
     while (len && is_ws(p[len - 1])) len--;
-    size_t l = sizeof OPEN_TAG - 1;
-    return len >= l && !memcmp(p + len - l, OPEN_TAG, l);
+    if (ends_with(p, len, OPEN_TAG)) return REASONING_PROMPT_OPEN;
+    return ends_with(p, len, CLOSE_TAG) ? REASONING_PROMPT_CLOSED : REASONING_PROMPT_FREE;
 }
 
 /* Length of the longest suffix of s[0, n) that is a proper prefix of tag. */

@@ -7,9 +7,10 @@
  * parser finds it). The reasoning is open from the first output byte when the prompt itself ends
  * with "<think>" (R1's and GLM-5's templates write it in the generation prompt; V3.1 with
  * thinking on), and a "<think>" that the model writes again there (after whitespace) is dropped;
- * otherwise only an output that starts (after whitespace) with "<think>" has reasoning. A prompt
- * ending in "</think>" or "<think></think>" (the thinking switch off) therefore leaves all of the
- * output in content: nothing is eaten.
+ * otherwise only an output that starts (after whitespace) with "<think>" has reasoning. After a
+ * prompt ending in "</think>" or "<think></think>" (the thinking switch off) all of the output is
+ * content, a "<think>" at its start included (reasoning_prompt_state: the caller does not split):
+ * nothing is eaten, as vLLM's parsers take it with thinking off.
  *
  * The split is a pure function of the whole text so far, so streaming recomputes it on every
  * flush and sends what grew. A partial split (final = false) holds back text that may still
@@ -40,9 +41,12 @@ const char *reasoning_kind_name(enum reasoning_kind k);
 int reasoning_kind_parse(const char *name);
 /* The kind a chat template calls for (NULL or no "</think>" in it: REASONING_NONE). */
 enum reasoning_kind reasoning_auto(const char *template_src);
-/* True when the prompt ends (trailing whitespace aside) with "<think>": the output starts inside
- * the reasoning. */
-bool reasoning_prompt_opens(const char *prompt, size_t len);
+/* Where the rendered prompt leaves the reasoning (trailing whitespace aside): ending with
+ * "<think>", open (the output starts inside it); ending with "</think>" (the thinking switch off,
+ * "<think></think>" included), closed: all of the output is content, whatever it starts with, and
+ * the caller splits nothing; else free: an output that starts with "<think>" opens it. */
+enum reasoning_prompt { REASONING_PROMPT_FREE = 0, REASONING_PROMPT_OPEN, REASONING_PROMPT_CLOSED };
+enum reasoning_prompt reasoning_prompt_state(const char *prompt, size_t len);
 
 typedef struct reasoning_split {
     size_t r_start, r_end; /* reasoning: text[r_start, r_end) (empty when r_end <= r_start) */

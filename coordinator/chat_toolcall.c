@@ -186,9 +186,12 @@ static int name_unended(const char *t, size_t len, size_t from, bool final, size
 
 /* ---- DeepSeek ---- */
 
-/* ```json ... ``` around the arguments of the V3 / R1 form */
-static void strip_fence(const char **s, size_t *n) {
+/* ```json ... ``` around the arguments of the V3 / R1 form; cut (a call that max_tokens ended):
+ * also a beginning of the opening fence ("`", "```js") and an end of text that may begin the
+ * closing one ("`", "``"), which are markup, not arguments */
+static void strip_fence(const char **s, size_t *n, bool cut) {
     trim(s, n);
+    if (cut && *n < 7 && !memcmp(*s, "```json", *n)) *n = 0;
     if (*n >= 7 && !memcmp(*s, "```json", 7)) {
         *s += 7;
         *n -= 7;
@@ -197,6 +200,8 @@ static void strip_fence(const char **s, size_t *n) {
         *n -= 3;
     }
     if (*n >= 3 && !memcmp(*s + *n - 3, "```", 3)) *n -= 3;
+    else if (cut)
+        for (int k = 0; k < 2 && *n && (*s)[*n - 1] == '`'; k++) --*n;
     trim(s, n);
 }
 
@@ -239,14 +244,14 @@ static int ds_section(const char *t, size_t len, size_t *pos_io, bool final, too
             size_t e = len - partial_suffix(t, len, a, DS_CALL_END);
             const char *s = t + a;
             size_t n = e - a;
-            if (fenced) strip_fence(&s, &n);
+            if (fenced) strip_fence(&s, &n, true);
             set_args(c, s, n, true);
             *pos_io = len;
             return final ? SEC_END : SEC_PARTIAL;
         }
         const char *s = t + a;
         size_t n = end - a;
-        if (fenced) strip_fence(&s, &n);
+        if (fenced) strip_fence(&s, &n, false);
         set_args(c, s, n, true);
         c->done = true;
         pos = end + strlen(DS_CALL_END);

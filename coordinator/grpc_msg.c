@@ -167,10 +167,12 @@ static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
 /* protobuf-c hands string fields over as C strings, which end at a NUL, and does not check
  * UTF-8: the message's bytes are walked against its descriptor and every string field (in nested
  * messages too) must be valid UTF-8 without NUL, as the HTTP API's strings must. Run on a message
- * protobuf-c has unpacked (so the framing is sound); 0, or -1 with the field's name in param. */
+ * protobuf-c has unpacked (so the framing is sound); 0, or -1 with the top field's name in param
+ * and the field's path in the message ("messages[1].content": at is the path so far). */
 static int wire_strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth,
-                           char param[48], mla_err *err) {
+                           const char *at, const char *top, char param[48], mla_err *err) {
     const uint8_t *end = p + len;
+    unsigned seen[64] = {0}; /* occurrences so far of each field (its index in d): a repeated field's index */
     while (p < end) {
         uint64_t tag, v;
         if (!wire_varint(&p, end, &tag)) return MLA_OK; /* the unpacker judged the framing */
@@ -191,14 +193,24 @@ static int wire_strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p
         if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p)) return MLA_OK;
         const ProtobufCFieldDescriptor *f =
             tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3)) : NULL;
-        if (f && f->type == PROTOBUF_C_TYPE_STRING) {
-            if (memchr(p, 0, v))
-                return fail(param, f->name, err, "%s holds a NUL character (not supported in strings)", f->name);
-            const long at = api_utf8_invalid_at((const char *)p, v);
-            if (at >= 0) return fail(param, f->name, err, "%s is not valid UTF-8 (byte %ld)", f->name, at);
-        } else if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
-                   wire_strings_ok(f->descriptor, p, v, depth + 1, param, err))
-            return MLA_ERR;
+        if (f && (f->type == PROTOBUF_C_TYPE_STRING || (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8))) {
+            const size_t fi = (size_t)(f - d->fields);
+            const unsigned k = fi < 64 ? seen[fi]++ : 0;
+            char path[160];
+            if (f->label == PROTOBUF_C_LABEL_REPEATED)
+                snprintf(path, sizeof path, "%s%s%s[%u]", at, *at ? "." : "", f->name, k);
+            else
+                snprintf(path, sizeof path, "%s%s%s", at, *at ? "." : "", f->name);
+            const char *t = depth ? top : f->name;
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                if (memchr(p, 0, v))
+                    return fail(param, t, err, "%s holds a NUL character (not supported in strings)", path);
+                const long bad = api_utf8_invalid_at((const char *)p, v);
+                if (bad >= 0) return fail(param, t, err, "%s is not valid UTF-8 (byte %ld)", path, bad);
+            } else if (wire_strings_ok(f->descriptor, p, v, depth + 1, path, t, param, err)) {
+                return MLA_ERR;
+            }
+        }
         p += v;
     }
     return MLA_OK;
@@ -214,7 +226,7 @@ int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_req
     r->msg = protobuf_c_message_unpack(d, NULL, len, payload);
     if (!r->msg)
         return fail(param, NULL, err, "the request (%zu bytes) is not a valid %s message", len, d->name);
-    if (wire_strings_ok(d, payload, len, 0, param, err)) return MLA_ERR;
+    if (wire_strings_ok(d, payload, len, 0, "", "", param, err)) return MLA_ERR;
     switch (method) {
     case GRPC_M_GENERATE: {
         Mlaapi__GenerateRequest *q = (Mlaapi__GenerateRequest *)r->msg;

@@ -286,6 +286,17 @@ try:
                                 response_deserializer=api_pb2.GenerateResponse.FromString)
     c = code_of(lambda: list(gen_raw(raw, metadata=AUTH, timeout=30)))
     check(c == SC.INVALID_ARGUMENT, "a prompt that is not UTF-8: INVALID_ARGUMENT (%s)" % c)
+    # inside a repeated message: the error names the element, as the HTTP API does
+    raw = api_pb2.GenerateRequest(messages=[api_pb2.ChatMessage(role="user", content="hi"),
+                                            api_pb2.ChatMessage(role="user", content="a X")],
+                                  max_tokens=2).SerializeToString().replace(b"X", b"\xff")
+    try:
+        list(gen_raw(raw, metadata=AUTH, timeout=30))
+        got = (SC.OK, "")
+    except grpc.RpcError as e:
+        got = (e.code(), e.details())
+    check(got[0] == SC.INVALID_ARGUMENT and "messages[1].content is not valid UTF-8" in got[1],
+          "a message's content that is not UTF-8 is named by its index: %r" % (got,))
     # ---- a reply larger than the connection's output bound (8 MiB with its 5-byte frame head):
     # Tokenize of 4 MiB less a byte of " \n" pairs, a token a byte, ids of two varint bytes ----
     with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20),

@@ -283,7 +283,8 @@ static void test_strings(void) {
     x = memchr(buf, 'X', n);
     REQUIRE(x);
     *x = 0xc3; /* a cut-off sequence at the end of the string */
-    CHECK(grpc_request_decode(GRPC_M_GENERATE, buf, n, &q, param, &err) == MLA_ERR && !strcmp(param, "content"));
+    CHECK(grpc_request_decode(GRPC_M_GENERATE, buf, n, &q, param, &err) == MLA_ERR && !strcmp(param, "messages") &&
+          strstr(err.msg, "messages[0].content is not valid UTF-8"));
     grpc_request_free(&q);
     /* Tokenize text with a NUL */
     Mlaapi__TokenizeRequest t = MLAAPI__TOKENIZE_REQUEST__INIT;
