@@ -68,7 +68,7 @@ uint32_t gram_n_rules(const gram *g);
  * against its vocabulary). */
 int64_t gram_max_token(const gram *g);
 /* The first token id that a <[id]> element of the grammar names and pred(ud, id) holds for; -1
- * when none (a server refuses a grammar that names an end-of-sequence token this way: token
+ * when none (a server refuses a grammar that names an end-of-generation token this way: token
  * elements never take one). */
 int64_t gram_find_token(const gram *g, bool (*pred)(void *ud, int64_t id), void *ud);
 

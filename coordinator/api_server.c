@@ -1100,9 +1100,6 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
     return MLA_OK;
 }
 
-/* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
- * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
- * set. Moves p's stop strings into the request. */
 /* 404 model_not_found when a request names a model (NULL: none) other than the served one */
 static int model_check(const api_server *a, const char *model, api_error *e) {
     if (model && strcmp(model, a->model_name))
@@ -1110,6 +1107,10 @@ static int model_check(const api_server *a, const char *model, api_error *e) {
                              "the model '%s' does not exist (this server serves '%s')", model, a->model_name);
     return MLA_OK;
 }
+
+/* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
+ * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
+ * set. Moves p's stop strings into the request. */
 
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
