@@ -227,6 +227,7 @@ def test_errors(port):
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
     err({"prompt": "x", "top_p": 0}, 400, "top_p 0", param="top_p", says="(0, 1]")
     err({"prompt": "x", "top_p": 1.5}, 400, "top_p 1.5", param="top_p", says=("(0, 1]", "got 1.5"))
+    err({"prompt": "x", "top_p": 1e-300}, 400, "top_p 0 as a float", param="top_p", says="is 0 as a 32-bit float")
     err({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty 0", param="repetition_penalty",
         says="(0, 100]")
     # seeds: a JSON number past 2^53 is not read exactly (9007199254740993 reads as ...992), so
