@@ -691,12 +691,6 @@ int64_t gram_max_token(const gram *g) {
     return mx;
 }
 
-int64_t gram_find_token(const gram *g, bool (*pred)(void *ud, int64_t id), void *ud) {
-    for (uint32_t i = 0; i < g->n_el; i++)
-        if (g->el[i].kind == E_TOKEN && pred(ud, g->el[i].val)) return g->el[i].val;
-    return -1;
-}
-
 /* ---- vocabulary trie ---------------------------------------------------------------------- */
 
 typedef struct tnode {
@@ -1157,13 +1151,15 @@ int gram_match_new(gram_match **out, const gram *g, mla_err *err) {
 
 int gram_check(const char *text, size_t len, mla_err *err) {
     int64_t mx;
-    return gram_check_tokens(text, len, &mx, err);
+    return gram_check_tokens(text, len, &mx, NULL, NULL, err);
 }
 
-int gram_check_tokens(const char *text, size_t len, int64_t *max_token, mla_err *err) {
+int gram_check_tokens(const char *text, size_t len, int64_t *max_token, uint32_t **taken, size_t *n_taken,
+                      mla_err *err) {
     gram *g = NULL;
     gram_match *m = NULL;
     *max_token = -1;
+    if (taken) *taken = NULL, *n_taken = 0;
     int rc = gram_parse(&g, text, len, err);
     if (rc == MLA_OK) *max_token = gram_max_token(g);
     if (rc == MLA_OK) rc = gram_match_new(&m, g, err);
@@ -1177,6 +1173,12 @@ int gram_check_tokens(const char *text, size_t len, int64_t *max_token, mla_err 
         }
         if (rc == MLA_OK && !any)
             rc = mla_errf(err, "grammar: it matches no text (no first character or token fits the root rule)");
+    }
+    if (rc == MLA_OK && taken) {
+        for (uint32_t i = 0; i < g->n_el; i++) *n_taken += g->el[i].kind == E_TOKEN;
+        if (*n_taken) *taken = mla_xmalloc(*n_taken * sizeof **taken);
+        for (uint32_t i = 0, k = 0; i < g->n_el; i++)
+            if (g->el[i].kind == E_TOKEN) (*taken)[k++] = g->el[i].val;
     }
     gram_match_free(m);
     gram_free(g);

@@ -60,17 +60,17 @@ int gram_parse(gram **out, const char *text, size_t len, mla_err *err);
  * text, or a first byte that the matcher takes within its bounds (the masks of the first step
  * try every byte). */
 int gram_check(const char *text, size_t len, mla_err *err);
-/* The same, and *max_token the largest token id it names (gram_max_token). */
-int gram_check_tokens(const char *text, size_t len, int64_t *max_token, mla_err *err);
+/* The same, and *max_token the largest token id it names (gram_max_token); with taken (NULL: not
+ * wanted), the ids its <[id]> elements name into *taken (malloc'd, the caller frees it; NULL when
+ * none), *n_taken of them: a server refuses a grammar whose <[id]> names an end-of-generation
+ * token, which token elements never take. */
+int gram_check_tokens(const char *text, size_t len, int64_t *max_token, uint32_t **taken, size_t *n_taken,
+                      mla_err *err);
 void gram_free(gram *g);
 uint32_t gram_n_rules(const gram *g);
 /* The largest token id the grammar's token elements name; -1 when it has none (a server checks it
  * against its vocabulary). */
 int64_t gram_max_token(const gram *g);
-/* The first token id that a <[id]> element of the grammar names and pred(ud, id) holds for; -1
- * when none (a server refuses a grammar that names an end-of-generation token this way: token
- * elements never take one). */
-int64_t gram_find_token(const gram *g, bool (*pred)(void *ud, int64_t id), void *ud);
 
 /* A vocabulary of n_vocab tokens, all absent until set. */
 gram_vocab *gram_vocab_new(uint32_t n_vocab);

@@ -880,7 +880,8 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
             rc = bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
         } else {
             mla_err ge = {{0}};
-            if (gram_check_tokens(gr->valuestring, strlen(gr->valuestring), &c->grammar_max_token, &ge))
+            if (gram_check_tokens(gr->valuestring, strlen(gr->valuestring), &c->grammar_max_token, &c->grammar_taken,
+                                  &c->n_grammar_taken, &ge))
                 rc = bad(e, "grammar", "%s", ge.msg);
             else c->grammar = mla_xstrdup(gr->valuestring);
         }
@@ -889,32 +890,17 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
     return rc;
 }
 
-struct eog_q {
-    bool (*is_eog)(void *ctx, int32_t id);
-    void *ctx;
-};
-static bool eog_pred(void *ud, int64_t id) {
-    const struct eog_q *q = ud;
-    return q->is_eog(q->ctx, (int32_t)id);
-}
-
 int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, bool (*is_eog)(void *ctx, int32_t id),
                             void *ctx, struct api_error *e) {
     if (c->grammar && c->grammar_max_token >= n_vocab)
         return bad(e, "grammar", "'grammar' names token <[%lld]>, outside the vocabulary of %d tokens",
                    (long long)c->grammar_max_token, n_vocab);
-    if (c->grammar && c->grammar_max_token >= 0 && is_eog) { /* parsed before: it parses */
-        gram *g = NULL;
-        mla_err ge = {{0}};
-        struct eog_q q = {is_eog, ctx};
-        const int64_t id = gram_parse(&g, c->grammar, strlen(c->grammar), &ge) ? -1 : gram_find_token(g, eog_pred, &q);
-        gram_free(g);
-        if (id >= 0)
+    for (size_t i = 0; is_eog && i < c->n_grammar_taken; i++) /* ids below n_vocab (above) */
+        if (is_eog(ctx, (int32_t)c->grammar_taken[i]))
             return bad(e, "grammar",
-                       "'grammar' names <[%lld]>, an end-of-generation token, which a token element never takes: the "
+                       "'grammar' names <[%u]>, an end-of-generation token, which a token element never takes: the "
                        "output ends where the grammar is complete",
-                       (long long)id);
-    }
+                       c->grammar_taken[i]);
     for (int32_t i = 0; i < c->n_bias; i++)
         if (c->bias_ids[i] < 0 || c->bias_ids[i] >= n_vocab)
             return bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",
@@ -924,6 +910,7 @@ int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, bool (*is_e
 
 void api_constrain_free(api_constrain *c) {
     free(c->grammar);
+    free(c->grammar_taken);
     free(c->bias_ids);
     free(c->bias_vals);
     memset(c, 0, sizeof *c);

@@ -32,6 +32,8 @@ struct api_error;
 typedef struct api_constrain {
     char *grammar; /* GBNF text, NULL when the output is free */
     int64_t grammar_max_token; /* the largest id its <[id]> / !<[id]> name (-1: none) */
+    uint32_t *grammar_taken;   /* the ids its <[id]> name (n_grammar_taken; NULL: none) */
+    size_t n_grammar_taken;
     int32_t *bias_ids;
     float *bias_vals;
     int32_t n_bias;

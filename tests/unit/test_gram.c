@@ -340,7 +340,14 @@ static void test_tokens(void) {
     gram_free(g);
     /* gram_check: a grammar that starts with a token matches something */
     int64_t mx = 0;
-    CHECK(gram_check_tokens("root ::= <[12]>", 15, &mx, &e) == MLA_OK && mx == 12);
+    uint32_t *taken = NULL;
+    size_t n_taken = 0;
+    CHECK(gram_check_tokens("root ::= <[12]>", 15, &mx, NULL, NULL, &e) == MLA_OK && mx == 12);
+    /* the ids of its <[id]> elements, not those of !<[id]> */
+    const char *tk = "root ::= (!<[30]>)* <[7]> <[12]>";
+    CHECK(gram_check_tokens(tk, strlen(tk), &mx, &taken, &n_taken, &e) == MLA_OK && mx == 30 && n_taken == 2 &&
+          taken[0] == 7 && taken[1] == 12);
+    free(taken);
     gram_vocab_free(v);
 }
 
