@@ -85,6 +85,15 @@ static int get_num_open_lo(const cJSON *root, const char *name, double lo, doubl
     return MLA_OK;
 }
 
+/* root's "model": absent or null (*out stays NULL), or a string (*out: its copy) */
+static int get_model(const cJSON *root, char **out, api_error *e) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (is_null(m)) return MLA_OK;
+    if (!cJSON_IsString(m)) return bad(e, "model", "'model' must be a string");
+    *out = mla_xstrdup(m->valuestring);
+    return MLA_OK;
+}
+
 static int get_bool(const cJSON *root, const char *name, bool *out, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     if (is_null(j)) return MLA_OK;
@@ -304,11 +313,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     int64_t v;
     bool has;
 
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!is_null(model)) {
-        if (!cJSON_IsString(model)) return bad(e, "model", "'model' must be a string");
-        p->model = mla_xstrdup(model->valuestring);
-    }
+    if (get_model(root, &p->model, e)) return MLA_ERR;
     /* the end user's id (OpenAI's "user"): written in the request's log line */
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (!is_null(user)) {
@@ -543,15 +548,6 @@ static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "ad
                                               "add_generation_prompt", NULL};
 static const char *const k_detokenize_keys[] = {"model", "tokens", NULL};
 
-/* root's "model": absent, null or a string (p->model) */
-static int tok_model(api_tok_params *p, const cJSON *root, api_error *e) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (is_null(m)) return MLA_OK;
-    if (!cJSON_IsString(m)) return bad(e, "model", "'model' must be a string");
-    p->model = mla_xstrdup(m->valuestring);
-    return MLA_OK;
-}
-
 int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
     p->add_special = true;
@@ -564,7 +560,7 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
             return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
                              "add_generation_prompt)", k);
     }
-    if (tok_model(p, root, e)) return MLA_ERR;
+    if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!is_null(pr) && !is_null(msgs)) return bad(e, "messages", "'prompt' and 'messages' exclude each other");
@@ -593,7 +589,7 @@ int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error 
         if (!in_list(k_detokenize_keys, k))
             return bad(e, k, "'%.64s' is not a /detokenize field (model, tokens)", k);
     }
-    if (tok_model(p, root, e)) return MLA_ERR;
+    if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     if (!cJSON_IsArray(t)) return bad(e, "tokens", "'tokens' (a list of token ids) is required");
     return get_token_array(t, "tokens", &p->tokens, &p->n_tokens, e);
