@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "coordinator/api_constrain.h"
+#include "coordinator/chat_reasoning.h"
 #include "coordinator/sched_batch.h"
 
 #define API_MAX_STOP 16
@@ -58,7 +59,7 @@ typedef struct api_gen_params {
     const char *max_tokens_param;      /* the field max_tokens came from, for errors (a literal) */
     const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
     char *reasoning_effort;            /* NULL: absent */
-    int prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning (enum reasoning_prompt) */
+    enum reasoning_prompt prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning */
     sched_sampling sampling;
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
     char *stop[API_MAX_STOP];

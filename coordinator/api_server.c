@@ -1053,7 +1053,7 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
  * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
  * MLA_ERR with e set. */
 static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool close_reasoning,
-                    int *prompt_reasoning, int32_t **ids, int32_t *n, api_error *e) {
+                    enum reasoning_prompt *prompt_reasoning, int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
@@ -1087,7 +1087,7 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
         len += sizeof shut - 1;
         rp = REASONING_PROMPT_CLOSED;
     }
-    if (prompt_reasoning) *prompt_reasoning = (int)rp;
+    if (prompt_reasoning) *prompt_reasoning = rp;
     int rc = a->tok.encode(a->tok.ctx, full, len, false, true, spans, n_spans, ids, n, &err);
     free(full);
     free(spans);
