@@ -3,7 +3,8 @@
 # compressed so that the repository plus this stays under 64 MiB:
 #   bins.tar.xz      the relocatable release tree (scripts/bundle.sh, sm_90 only) -> .bundle90/, and
 #                    mla-gpu-check + mla-e2e (the op harness and the CUDA logits tool, built here for
-#                    sm_90, stripped; they need only the driver) -> build-gpu-carried/ (share/, which
+#                    sm_90, stripped; they need only the driver), test_allreduce_oneshot and
+#                    mla-boundary (bench/boundary_cuda.cu) -> build-gpu-carried/ (share/, which
 #                    holds the repo's own model and deploy files, stays here); one archive,
 #                    since the three programs share their kernels' code (10.5 -> 6.3 MB)
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
@@ -30,9 +31,9 @@ bargs="-DMLA_DEV_SWITCHES=ON"
 [ "$HB" = build-bundle90 ] && bargs="$bargs -DBUILD_TESTING=ON"
 BUNDLE_CMAKE_ARGS="$bargs" ARCH=90 BUILD=build-bundle90 scripts/bundle.sh .bundle90 >"$tmp/bundle.log" 2>&1 || { tail -20 "$tmp/bundle.log"; exit 1; }
 tail -3 "$tmp/bundle.log"
-cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e test_allreduce_oneshot >/dev/null
+cmake --build "$HB" -j2 --target mla-gpu-check mla-e2e test_allreduce_oneshot mla-boundary >/dev/null
 mkdir -p "$tmp/h/build-gpu-carried"
-cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$HB/tests/test_allreduce_oneshot" "$tmp/h/build-gpu-carried/"
+cp "$HB/tests/mla-gpu-check" "$HB/tests/mla-e2e" "$HB/tests/test_allreduce_oneshot" "$HB/tests/mla-boundary" "$tmp/h/build-gpu-carried/"
 strip "$tmp/h/build-gpu-carried/"*
 tar cf - --exclude=.bundle90/share .bundle90 -C "$tmp/h" build-gpu-carried | xz -T2 -9e >"$C/bins.tar.xz" # -9e: a window over all three
 if [ "${NO_FIXTURES:-0}" != 1 ]; then # NO_FIXTURES=1: a benchmark-only call (room for llama.cpp)
