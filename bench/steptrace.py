@@ -6,7 +6,9 @@ MLA_CUDA_GRAPHS=0, so that every launch goes through mlacu_launch and is logged)
 PREFIX.host.csv lists the launches in order; PREFIX.dev.csv has a record a block: its launch
 (%gridid), the global clock as it entered the wait on the kernel before and as that wait returned.
 Launches are matched to grids in the order of their ids, and every launch's record count must
-equal its block count. A kernel's share of the step is the time from its wait's release to the
+equal its block count; where the device buffer filled (MLA_CUDA_STEPTRACE_RECORDS, 2M records by
+default: a long prompt's step takes many), the launches before the first one stamped in part are
+read. A kernel's share of the step is the time from its wait's release to the
 release of the next kernel's on the same stream (its own work and the boundary after it). Marks
 (MLACU_TRACE_MARK, tag > 0, with the SM clock): 1 a block's thread 0 is done (the streamed GEMV,
 the norm, the attention), 3 the attention's queries staged, 4 one of its key tiles done.
@@ -65,9 +67,14 @@ def main():
             else:
                 recs[int(r['grid'])].append((int(r['t_in']), int(r['t_out']), int(r['block'])))
     grids = sorted(recs)
-    if len(grids) != len(host):
+    if len(grids) > len(host):
         sys.exit(f'steptrace: {len(host)} launches logged, {len(grids)} grids stamped')
     bad = [i for i, (h, g) in enumerate(zip(host, grids)) if int(h['grid']) != len(recs[g])]
+    if len(grids) < len(host):  # the buffer filled (MLA_CUDA_STEPTRACE_RECORDS): the launches stamped whole
+        keep = bad[0] if bad else len(grids)
+        print(f'steptrace: {len(host)} launches logged, {len(grids)} grids stamped (the buffer filled): '
+              f'reading the first {keep}', file=sys.stderr)
+        host, grids, bad = host[:keep], grids[:keep], []
     if bad:
         sys.exit(f'steptrace: {len(bad)} launches whose block count differs from their records, first {bad[0]}')
     rows = []

@@ -77,6 +77,9 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
     {MLA_SW_CUDA_STEPTRACE, "MLA_CUDA_STEPTRACE", MLA_SWT_STR, "", 0, 0, NULL,
      "prefix: a build with -DMLA_CUDA_STEPTRACE=ON writes every kernel's wait there (bench/steptrace.py)",
      true},
+    {MLA_SW_CUDA_STEPTRACE_RECORDS, "MLA_CUDA_STEPTRACE_RECORDS", MLA_SWT_INT, "2097152", 1024, 1 << 28, NULL,
+     "block records the step trace's device buffer holds (40 bytes each); launches past them are not stamped",
+     true},
     {MLA_SW_CUDA_PREFILL_MIN, "MLA_CUDA_PREFILL_MIN", MLA_SWT_INT, "256", 1, 1 << 20, NULL,
      "CUDA prompt steps of one sequence from this many tokens take the non-absorbed attention (the GPU "
      "checks lower it to run the fixtures through it)",

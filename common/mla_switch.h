@@ -53,6 +53,7 @@ typedef enum mla_sw_id {
     MLA_SW_CUDA_GS,                 /* dev: streamed GEMV stages and bytes a stage (measurements) */
     MLA_SW_CUDA_GM,                 /* dev: streamed tensor-core GEMV shared memory a block, KB */
     MLA_SW_CUDA_STEPTRACE,          /* dev: CUDA kernel-wait trace prefix (MLA_CUDA_STEPTRACE builds) */
+    MLA_SW_CUDA_STEPTRACE_RECORDS,  /* dev: that trace's buffer, in block records */
     MLA_SW_CUDA_PREFILL_MIN,        /* dev: CUDA prompt steps from this many tokens in the non-absorbed form */
     MLA_SW_SCHED_HOLD,              /* dev: the scheduler's first step waits for this many requests */
     MLA_SW_COUNT

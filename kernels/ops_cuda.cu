@@ -581,7 +581,7 @@ std::mutex g_trace_mu;
 std::vector<trace_launch> g_trace_log;
 mlacu_trace_rec *g_trace_buf;
 unsigned *g_trace_cnt;
-const unsigned g_trace_cap = 1u << 21;
+unsigned g_trace_cap; /* MLA_CUDA_STEPTRACE_RECORDS */
 
 void trace_write(void) {
     const char *pre = mla_sw_str(MLA_SW_CUDA_STEPTRACE);
@@ -589,7 +589,11 @@ void trace_write(void) {
     cudaDeviceSynchronize();
     unsigned n = 0;
     cudaMemcpy(&n, g_trace_cnt, sizeof n, cudaMemcpyDeviceToHost);
-    if (n > g_trace_cap) n = g_trace_cap;
+    if (n > g_trace_cap) {
+        fprintf(stderr, "step trace: %u block records asked for, the buffer holds %u: the launches after it are "
+                        "not stamped (MLA_CUDA_STEPTRACE_RECORDS)\n", n, g_trace_cap);
+        n = g_trace_cap;
+    }
     std::vector<mlacu_trace_rec> r(n);
     cudaMemcpy(r.data(), g_trace_buf, n * sizeof(mlacu_trace_rec), cudaMemcpyDeviceToHost);
     char path[4096];
@@ -618,9 +622,11 @@ void trace_write(void) {
 void mlacu_trace_host(mlacu_trace_rec **buf, unsigned **cnt, unsigned *cap) {
     std::lock_guard<std::mutex> l(g_trace_mu);
     if (!g_trace_buf && mla_sw_str(MLA_SW_CUDA_STEPTRACE)) {
+        g_trace_cap = (unsigned)mla_sw_int(MLA_SW_CUDA_STEPTRACE_RECORDS);
         if (cudaMalloc(&g_trace_buf, (size_t)g_trace_cap * sizeof(mlacu_trace_rec)) != cudaSuccess ||
             cudaMalloc(&g_trace_cnt, sizeof(unsigned)) != cudaSuccess || cudaMemset(g_trace_cnt, 0, sizeof(unsigned)) != cudaSuccess) {
-            fprintf(stderr, "step trace: no device memory for the buffer\n");
+            fprintf(stderr, "step trace: no device memory for a buffer of %u records (MLA_CUDA_STEPTRACE_RECORDS)\n",
+                    g_trace_cap);
             abort();
         }
         atexit(trace_write);
