@@ -42,6 +42,7 @@ static double g_drain_timeout = 30;
 static double g_stats_interval = 10;
 static sched *g_sched;        /* made once the workers are ready (make_sched) */
 static sched_config g_sc;       /* its settings, less the pool's */
+static long g_long_prefill = -1; /* --long-prefill-tokens (-1: the default, set with the context) */
 static sched_backend g_be;
 static coord_kv_info g_kvi;     /* the pools the workers took */
 static int g_ready;         /* the group became ready and the scheduler runs */
@@ -95,13 +96,21 @@ static int make_sched(mla_err *err) {
         g_sc.max_context = (int32_t)pool_tokens;
     }
     if (g_sc.max_context < 2) return mla_errf(err, "the cache pool holds %ld positions: too few to serve a request", pool_tokens);
+    /* a long prompt: 4 steps' budget, but within the context served (a short one would otherwise
+     * have none) */
+    const long lp4 = 4L * g_sc.max_step_tokens, half = g_sc.max_context / 2;
+    g_sc.long_prefill_tokens = (int32_t)(g_long_prefill >= 0 ? g_long_prefill : lp4 < half ? lp4 : half);
+    if (g_long_prefill > 0 && g_long_prefill >= g_sc.max_context)
+        MLA_WARN("serve: --long-prefill-tokens %ld is not below the context (%d tokens): no prompt is long",
+                 g_long_prefill, g_sc.max_context);
     g_sc.block_size = (int32_t)g_kvi.block_size;
     g_sc.n_blocks = (int32_t)g_kvi.n_blocks;
     if (sched_init(&g_sched, &g_sc, &g_be, err)) return MLA_ERR;
     api_server_set_capacity(g_api, g_sc.max_context, g_kvi.rank_blocks, coord_world(g_coord), g_kvi.block_bytes);
     api_server_set_sched(g_api, g_sched);
-    MLA_INFO("serve: context %d, %u cache blocks of %u, prefix cache %s", g_sc.max_context, g_kvi.n_blocks,
-             g_kvi.block_size, g_sc.prefix_cache ? "on" : "off");
+    MLA_INFO("serve: context %d, %u cache blocks of %u, prefix cache %s, a prompt long past %d tokens left%s",
+             g_sc.max_context, g_kvi.n_blocks, g_kvi.block_size, g_sc.prefix_cache ? "on" : "off",
+             g_sc.long_prefill_tokens, g_sc.long_prefill_tokens ? "" : " (never)");
     return MLA_OK;
 }
 
@@ -323,14 +332,16 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
          .help = "tokens a step may carry: longer prompts are prefilled in chunks beside the running decodes",
          .dest = &step_tokens, .lo = 1, .hi = WIRE_MAX_STEP_TOKENS},
-        {.name = "--long-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "4 x --max-prefill-tokens",
+        {.name = "--long-prefill-tokens", .kind = OPT_LONG, .arg = "N",
+         .def = "4 x --max-prefill-tokens, at most half the context",
          .help = "a prompt with more than N tokens left to prefill takes at most half of each step while other "
                  "requests are in line, so that it does not hold them back for its whole prefill (0: never)",
          .dest = &long_prefill, .lo = 0, .hi = WIRE_MAX_CTX},
         {.name = "--no-prefix-cache", .kind = OPT_FLAG,
          .help = "every request prefills its whole prompt (no sharing of cached blocks)", .dest = &no_prefix_cache},
         {.name = "--max-queue", .kind = OPT_LONG, .arg = "N", .def = "256",
-         .help = "requests waiting for admission before new ones get 429", .dest = &max_queue, .lo = 1, .hi = 1L << 24},
+         .help = "requests waiting for admission past the batch's free places (--max-seqs) before new ones get 429",
+         .dest = &max_queue, .lo = 1, .hi = 1L << 24},
         {.name = "--max-body", .kind = OPT_LONG, .arg = "BYTES", .def = "4194304", .help = "largest HTTP request body",
          .dest = &max_body, .lo = 1, .hi = 1L << 34},
         {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024",
@@ -499,9 +510,9 @@ int cmd_serve(int argc, char **argv) {
     if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
     S.api = api;
     /* the scheduler starts once the workers report their pools (check_start) */
+    g_long_prefill = long_prefill;
     g_sc = (sched_config){.prefix_cache = !no_prefix_cache, .decode_lookahead = true,
                           .max_seqs = (int32_t)max_seqs, .max_step_tokens = (int32_t)step_tokens,
-                          .long_prefill_tokens = (int32_t)(long_prefill >= 0 ? long_prefill : 4 * step_tokens),
                           .max_queue = (int32_t)max_queue, .max_context = (int32_t)max_context,
                           .hold_until = (int32_t)mla_sw_int(MLA_SW_SCHED_HOLD),
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};

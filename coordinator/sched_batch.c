@@ -285,7 +285,10 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         mla_errf(err, "the server is shutting down");
         return SCHED_E_STOPPED;
     }
-    if (s->waiting.n >= s->cfg.max_queue) {
+    /* the queue's cap counts the requests past the batch's free places: a burst that the next
+     * step admits whole is not refused */
+    const int32_t free_places = s->cfg.max_seqs > s->running.n ? s->cfg.max_seqs - s->running.n : 0;
+    if (s->waiting.n - free_places >= s->cfg.max_queue) {
         int n = s->waiting.n;
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);

@@ -191,7 +191,8 @@ typedef struct sched_config {
     int32_t n_blocks;        /* cache blocks in all (> 0) */
     int32_t max_seqs;        /* sequences per step (> 0) */
     int32_t max_step_tokens; /* token budget per step, prefill chunks included (> 0) */
-    int32_t max_queue;       /* waiting requests before SCHED_E_QUEUE_FULL (> 0) */
+    int32_t max_queue;       /* waiting requests past the batch's free places (max_seqs less the
+                              * running) before SCHED_E_QUEUE_FULL (> 0) */
     int32_t max_context;     /* prompt + generated limit per sequence (> 0) */
     /* Reuse cached full blocks of earlier sequences with the same leading tokens (see "Prefix
      * cache" above). false: every block is private, as before the cache existed. */

@@ -330,8 +330,9 @@ static void run_ahead(wk *w, engine *eng, wk_constrain *cons, const wire_step_pl
             return;
         }
     }
-    MLA_INFO("the step ahead of step %llu failed (the next plan runs in full): %s", (unsigned long long)p->step_id,
-             err.msg);
+    /* the engine refused it, most often because a sequence needs a cache block the coordinator
+     * gives only with the next plan (a pool near full): expected, and that plan runs in full */
+    MLA_DEBUG("no step ahead of step %llu (the next plan runs in full): %s", (unsigned long long)p->step_id, err.msg);
     wk_ahead_done(a, NULL);
 }
 

@@ -63,10 +63,12 @@ def metric(text, name):
 
 common = ["--max-context", "1024"] + extra
 big = ServeProcess([exe, "-m", model, "--port", "0"],
-                   common + ["--max-seqs", "64", "--max-prefill-tokens", "2048", "--no-prefix-cache"],
+                   common + ["--max-seqs", "64", "--max-prefill-tokens", "2048", "--no-prefix-cache",
+                             "--long-prefill-tokens", "2000"],
                    worker=worker, timeout=120, prefix="serve_pool_b_")
 small = None
 try:
+
     st, m0 = http_get(big.port, "/metrics")
     m0 = m0.decode() if isinstance(m0, bytes) else m0
     bsize, bbytes = int(metric(m0, "mlaserve_kv_cache_block_size")), int(metric(m0, "mlaserve_kv_cache_block_bytes"))
@@ -77,6 +79,13 @@ try:
                          worker=worker, timeout=120, prefix="serve_pool_a_",
                          env={"MLA_SCHED_HOLD": str(len(reqs))})
     ra, rb = run_all(small.port), run_all(big.port)
+    # said once the workers were ready: the default long-prompt threshold, 4 x the step's 32
+    # tokens at most half the context the pool serves (A); one past the context (B: none is long)
+    ctx_a = min(1024, cap)
+    check("a prompt long past %d tokens left" % min(4 * 32, ctx_a // 2) in small.text(),
+          "A: the default long-prompt threshold within the context (%d)" % ctx_a)
+    check("--long-prefill-tokens 2000 is not below the context (1024 tokens)" in big.text() and
+          "a prompt long past 2000 tokens left" in big.text(), "B: the long-prompt threshold past the context")
     same = 0
     for i in range(len(reqs)):
         sa, da = ra.get(i, (0, b""))
