@@ -234,9 +234,11 @@ static char *read_key_file(const char *path, mla_err *err) {
     }
     char buf[1024];
     char *line = fgets(buf, sizeof buf, f);
+    const int rerr = ferror(f) ? errno : 0; /* a directory opens, then fails to read */
     fclose(f);
     if (!line) {
-        mla_errf(err, "--api-key-file %s: the file is empty", path);
+        if (rerr) mla_errf(err, "--api-key-file %s: %s", path, strerror(rerr));
+        else mla_errf(err, "--api-key-file %s: the file is empty", path);
         return NULL;
     }
     buf[strcspn(buf, "\r\n")] = 0;
@@ -398,6 +400,11 @@ int cmd_serve(int argc, char **argv) {
     const char *model = go.model;
     const int tp = go.tp;
     coord_config cc = go.cc;
+    if (api_key && !api_key[0]) { /* an unset variable expanded: never an open server by accident */
+        fprintf(stderr, "mlaserve serve: %s is empty: give a key, or leave it out to serve without one\n",
+                api_key == getenv("MLASERVE_API_KEY") ? "MLASERVE_API_KEY" : "--api-key");
+        return 2;
+    }
     if (api_key && api_key[0] && api_key != getenv("MLASERVE_API_KEY")) {
         /* out of /proc/PID/cmdline from now on (--api-key-file avoids even the start) */
         api_key = key_owned = mla_xstrdup(api_key);

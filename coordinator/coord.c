@@ -349,6 +349,13 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     zmq_setsockopt(c->router, ZMQ_LINGER, &linger, sizeof linger);
     int64_t maxmsg = (int64_t)WIRE_MAX_FRAME; /* larger messages are dropped by ZeroMQ itself */
     zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    char bind_ep[sizeof c->endpoint];
+    int ipv6 = 0;
+    if (cfg_in->endpoint && coord_endpoint_bindable(cfg_in->endpoint, bind_ep, sizeof bind_ep, &ipv6, err)) {
+        coord_stop(c);
+        return MLA_ERR;
+    }
+    if (ipv6) zmq_setsockopt(c->router, ZMQ_IPV6, &one, sizeof one);
     if (c->curve_dir) {
         if (coord_setup_curve(c, err)) {
             coord_stop(c);
@@ -368,7 +375,7 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
                  cfg_in->endpoint);
     }
     if (cfg_in->endpoint) {
-        snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg_in->endpoint);
+        snprintf(c->endpoint, sizeof c->endpoint, "%s", bind_ep);
     } else {
         /* a fresh folder only this user can enter (mkdtemp: mode 0700, unpredictable name), the
          * socket inside it; $TMPDIR when its path leaves room for the socket name */

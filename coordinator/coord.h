@@ -123,6 +123,10 @@ int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, m
 
 /* 1 when the endpoint may be bound without CURVE (ipc://, inproc://, tcp on loopback). */
 int coord_endpoint_is_local(const char *endpoint);
+/* The endpoint as ZeroMQ binds it into out (n bytes): ipc:// and inproc:// as given; tcp://HOST:PORT
+ * with PORT 1..65535 or *, localhost as 127.0.0.1, *ipv6 set for a bracketed host. MLA_ERR with the
+ * reason for another transport or a bad port. */
+int coord_endpoint_bindable(const char *endpoint, char *out, size_t n, int *ipv6, mla_err *err);
 
 /* Checks, before any worker starts, that the model can be served with `world` ranks: its
  * config and tensor shapes, and a valid tensor-parallel plan (the one the workers will load,

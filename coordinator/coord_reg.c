@@ -187,6 +187,34 @@ void coord_handle_zap(coord *c) {
 
 /* ---- security ----------------------------------------------------------------------------- */
 
+int coord_endpoint_bindable(const char *ep, char *out, size_t n, int *ipv6, mla_err *err) {
+    *ipv6 = 0;
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) {
+        if ((size_t)snprintf(out, n, "%s", ep) >= n) return mla_errf(err, "the endpoint %s is too long", ep);
+        return MLA_OK;
+    }
+    if (strncmp(ep, "tcp://", 6))
+        return mla_errf(err, "the control endpoint %s: not tcp://HOST:PORT, ipc://PATH or inproc://NAME", ep);
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon || colon == h) return mla_errf(err, "the control endpoint %s: no HOST:PORT after tcp://", ep);
+    const char *port = colon + 1;
+    char *end = NULL;
+    const long pv = strtol(port, &end, 10);
+    if (strcmp(port, "*") && (!isdigit((unsigned char)port[0]) || *end || pv < 1 || pv > 65535))
+        return mla_errf(err, "the control endpoint %s: port '%s' is not 1..65535 (or * for any)", ep, port);
+    /* ZeroMQ binds an address or an interface name: localhost is 127.0.0.1; a bracketed host
+     * is IPv6, which the socket must be told */
+    const size_t hl = (size_t)(colon - h);
+    int k;
+    if (hl == 9 && !strncmp(h, "localhost", 9)) k = snprintf(out, n, "tcp://127.0.0.1:%s", port);
+    else {
+        *ipv6 = h[0] == '[';
+        k = snprintf(out, n, "%s", ep);
+    }
+    if (k < 0 || (size_t)k >= n) return mla_errf(err, "the endpoint %s is too long", ep);
+    return MLA_OK;
+}
+
 int coord_endpoint_is_local(const char *ep) {
     if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return 1;
     if (strncmp(ep, "tcp://", 6)) return 0;

@@ -30,7 +30,7 @@ static int usage(FILE *f) {
             "commands:\n"
             "  inspect MODEL.gguf [--tp N] [--json]   describe a model and a tensor-parallel plan\n"
             "  logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N]   exact CPU logits\n"
-            "         (--tp N: N ranks as threads; add --processes for a coordinator + N worker processes)\n"
+            "         (--tp N: a coordinator + N worker processes, as serving runs; --in-process: threads)\n"
             "  generate -m MODEL -p PROMPT [-n N] [--tp N] [--temp T ...]   generate text\n"
             "  bench -m MODEL [--tp 1,2,4] [--prefill 512,4096] [--batch 1,8,32] [--ctx 1024] [--steps N] ...\n"
             "         throughput of the serving stack: prefill, decode at a batch and context, all-reduce cost\n"

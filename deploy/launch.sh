@@ -7,12 +7,14 @@
 # Ctrl-C / SIGTERM: the server is asked to drain (SIGTERM), the workers follow it; whatever is
 # still running after the grace period is killed, so no process outlives the launcher.
 #
-# usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P]
-#                         [--curve-dir DIR] [--grace S] [--dry-run] [-- extra serve options]
+# usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P] [--host H]
+#                         [--curve-dir DIR] [--grace S] [--cpu] [--dry-run] [-- extra serve options]
 #   -n N          tensor-parallel degree = workers = GPUs (default: the devices in
 #                 CUDA_VISIBLE_DEVICES, else nvidia-smi's count, else 1)
 #   --logs DIR    coordinator.log and worker-<i>.log go there (default ./mlaserve-logs-<date>)
 #   --bin DIR     where mlaserve and mlaserve-worker are (default: beside this script's build, PATH)
+#   --host H      the HTTP address (default 127.0.0.1)
+#   --grace S     seconds the server and the workers get to stop before they are killed (default 40)
 #   --cpu         no GPUs: the workers share the host (CPU backend); for testing
 #   --dry-run     print the commands instead of running them
 # Environment: MLASERVE_API_KEY (API key), NCCL_* / CUDA_* (passed to the workers unchanged).
@@ -21,6 +23,11 @@ set -euo pipefail
 model="" n="" logs="" bin="" port=8000 host=127.0.0.1 curve="" grace=40 dry=0 cpu=0
 extra=()
 while [[ $# -gt 0 ]]; do
+  # an option that takes a value must have one
+  case "$1" in
+    -m|--model|-n|--tp|--logs|--bin|--port|--host|--curve-dir|--grace)
+      [[ $# -ge 2 ]] || { echo "launch.sh: $1 needs a value" >&2; exit 2; } ;;
+  esac
   case "$1" in
     -m|--model) model=$2; shift 2 ;;
     -n|--tp) n=$2; shift 2 ;;
@@ -33,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --cpu) cpu=1; shift ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "launch.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -51,7 +58,10 @@ if [[ -z "$n" ]]; then
   fi
   [[ -n "$n" && "$n" -ge 1 ]] || n=1
 fi
-[[ "$n" =~ ^[0-9]+$ && "$n" -ge 1 ]] || { echo "launch.sh: bad -n '$n'" >&2; exit 2; }
+# decimal whole numbers (bash would read 010 as octal where mlaserve reads 10)
+[[ "$n" =~ ^[1-9][0-9]{0,3}$ ]] || { echo "launch.sh: bad -n '$n' (a whole number from 1)" >&2; exit 2; }
+[[ "$grace" =~ ^[0-9]{1,6}$ ]] || { echo "launch.sh: bad --grace '$grace' (whole seconds)" >&2; exit 2; }
+grace=$((10#$grace))
 if [[ $cpu -eq 0 && ${#mask[@]} -gt 0 && $n -gt ${#mask[@]} ]]; then
   echo "launch.sh: -n $n workers but CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists ${#mask[@]} device(s)" >&2
   exit 2

@@ -246,6 +246,10 @@ int wk_run(const wk_config *cfg, mla_err *err) {
             }
         }
     }
+    if (!strncmp(cfg->coord_endpoint, "tcp://[", 7)) { /* an IPv6 address: the socket must be told */
+        int on = 1;
+        zmq_setsockopt(dealer, ZMQ_IPV6, &on, sizeof on);
+    }
     if (zmq_connect(dealer, cfg->coord_endpoint) != 0) {
         rc = mla_errf(err, "cannot connect to %s: %s", cfg->coord_endpoint, zmq_strerror(zmq_errno()));
         if (mon) zmq_close(mon);

@@ -34,6 +34,19 @@ for cmd in ([exe, "serve", "-m", model, "--coord", "tcp://0.0.0.0:%d" % free_por
     check(r.returncode != 0 and "refusing to bind the control plane" in r.stderr and "--insecure-control-plane" in r.stderr,
           "%s: non-loopback bind without keys refused with the reason" % cmd[1], r.stderr[-300:])
 
+# control endpoints ZeroMQ could not bind as written, or would bind elsewhere: refused naming them
+for bad, why in (("tcp://127.0.0.1:99999", "port '99999'"), ("tcp://127.0.0.1:123x", "port '123x'"),
+                 ("bogus://x", "not tcp://HOST:PORT")):
+    r = subprocess.run([exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--coord", bad], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode != 0 and why in r.stderr, "--coord %s refused naming %s" % (bad, why), r.stderr[-300:])
+# the loopback names the docs allow: localhost binds 127.0.0.1, [::1] binds IPv6 (where the host has it)
+for ep_ok in ("tcp://localhost:%d" % free_port(), "tcp://[::1]:%d" % free_port()):
+    r = subprocess.run([exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--coord", ep_ok], capture_output=True,
+                       text=True, timeout=120)
+    no_v6 = "[::1]" in ep_ok and "Address not available" in r.stderr
+    check(r.returncode == 0 or no_v6, "--coord %s binds and serves" % ep_ok, r.stderr[-300:])
+
 port = free_port()
 ep = "tcp://127.0.0.1:%d" % port
 srv = Server(exe, model, ["--tp", "2", "--workers-external", "--coord", ep, "--curve-dir", A], wait=False)

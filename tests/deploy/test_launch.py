@@ -79,6 +79,14 @@ def case_launch():
     r = subprocess.run([script, "-m", model, "-n", "3", "--dry-run", "--bin", bindir, "--logs", logs],
                        capture_output=True, text=True, timeout=30, env=env)
     check(r.returncode == 2 and "lists 2 device" in r.stderr, "launch.sh: -n beyond the mask refused", r.stderr)
+    # values the launcher would misread or trip over later (the grace period at SIGTERM; 010 as
+    # octal): refused up front, as is an option without its value
+    for args, want in ((["-n", "010"], "bad -n '010'"), (["-n", "08"], "bad -n '08'"),
+                       (["--grace", "abc"], "bad --grace 'abc'"), (["--grace", "-1"], "bad --grace '-1'"),
+                       (["--port"], "--port needs a value")):
+        r = subprocess.run([script, "-m", model, "--cpu", "--dry-run", "--bin", bindir, "--logs", logs] + args,
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and want in r.stderr and not r.stdout, "launch.sh %s refused" % " ".join(args), r.stderr)
     port = free_port()
     p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
                           "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M"],

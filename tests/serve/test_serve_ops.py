@@ -125,6 +125,14 @@ def test_keys_and_warnings():
     r = subprocess.run([exe, "-m", model, "--api-key", "k1", "--api-key-file", kf], capture_output=True,
                        text=True, timeout=60)
     check(r.returncode == 2 and "exclude each other" in r.stderr, "--api-key with --api-key-file refused", r.stderr[-300:])
+    # an empty key (an unset variable expanded) is refused, not an open server; a key file that
+    # is a directory says why
+    for args, env, name in ((["--api-key", ""], {}, "--api-key"), ([], {"MLASERVE_API_KEY": ""}, "MLASERVE_API_KEY"),
+                            (["--api-key-file", os.path.dirname(kf)], {}, "Is a directory")):
+        r = subprocess.run([exe, "-m", model] + args, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **env))
+        check(r.returncode == 2 and name in r.stderr and "started worker" not in r.stderr,
+              "empty key / unreadable key file %r refused naming %s" % (args or env, name), r.stderr[-300:])
     srv = serve(["--api-key-file", kf])
     try:
         cmd = open("/proc/%d/cmdline" % srv.proc.pid, "rb").read()
