@@ -1719,7 +1719,8 @@ bool api_server_healthy(api_server *a, char *why, size_t cap) {
 static void handle_health(api_server *a, http_conn *c) {
     char why[512];
     cJSON *loading = NULL;
-    if (!a->draining && a->cfg.loading && a->cfg.loading(a->cfg.health_ctx, &loading)) {
+    /* loading: until the scheduler is made (the pools are in a little after the last rank loaded) */
+    if (!a->draining && !a->s && a->cfg.loading && a->cfg.loading(a->cfg.health_ctx, &loading)) {
         reply_json(a, c, 503, loading); /* the workers are loading: their progress */
         cJSON_Delete(loading);
     } else if (a->draining) {

@@ -173,10 +173,12 @@ static int cb_workers(void *ctx, coord_worker_info *info, int cap) {
     return coord_workers(s->c, info, cap);
 }
 
-/* /health while the first start is under way: 503 with each rank's progress */
+/* /health while the first start is under way (the api calls it until the scheduler is made:
+ * loading, then ready with the pools not yet taken): 503 with each rank's progress */
 static bool cb_loading(void *ctx, cJSON **body) {
     serve_adapt *s = ctx;
-    if (coord_phase(s->c) != COORD_PHASE_LOADING) return false;
+    const int ph = coord_phase(s->c);
+    if (ph != COORD_PHASE_LOADING && ph != COORD_PHASE_READY) return false;
     coord_worker_info w[WIRE_MAX_WORLD];
     int n = coord_workers(s->c, w, WIRE_MAX_WORLD);
     cJSON *j = cJSON_CreateObject(), *ranks = cJSON_AddArrayToObject(j, "ranks");

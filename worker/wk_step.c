@@ -619,6 +619,12 @@ void *wk_compute_main(void *arg) {
     engine_kv_pool kp;
     cfg->engine->kv_pool(eng, &kp);
     atomic_store(&w->kv_blocks, kp.n_blocks);
+    if (lst.total) { /* the last progress: a load shorter than a report interval sent none */
+        wire_msg pm = wk_control_msg(WIRE_CTL_LOAD_PROGRESS, cfg->rank, 0, 0, 0, NULL);
+        pm.u.ctl.load_done = lst.total;
+        pm.u.ctl.load_total = lst.total;
+        if (wk_send_msg(pair, &pm, &err)) MLA_WARN("%s", err.msg);
+    }
     {
         wire_msg lm = wk_control_msg(WIRE_CTL_LOADED, cfg->rank, 0, V, 0, NULL);
         lm.u.ctl.kv_blocks = kp.n_blocks;

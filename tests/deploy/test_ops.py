@@ -56,6 +56,18 @@ def case_startup():
         r = [x for x in j["ranks"] if x.get("bytes_done", 0) > 0][0]
         check(r["bytes_total"] > r["bytes_done"] and "bytes_per_second" in r and r["eta_seconds"] > 0,
               "/health: bytes, rate and ETA of a loading rank", r)
+        # from then until ready, every 503 is the loading body (also between the last rank's load
+        # and the scheduler taking the pools), never an error
+        bodies = []
+
+        def ready_seen():
+            st, body = health(port)
+            if st != 200:
+                bodies.append(json.loads(body) if body else {})
+            return st == 200
+        check(wait_for(ready_seen, 90, 0.005), "/health: 200 after the load")
+        check(all(b.get("status") == "loading" for b in bodies), "/health: loading until ready",
+              [b for b in bodies if b.get("status") != "loading"][:2])
         t0 = time.time()
         srv.wait_ready(timeout=90)
         took = time.time() - t0

@@ -114,6 +114,9 @@ try:
     st, m2 = http_get(big.port, "/metrics")
     m2 = m2.decode() if isinstance(m2, bytes) else m2
     check(metric(m2, "mlaserve_prefix_cache_queries_total") == 0, "--no-prefix-cache looks nothing up")
+    # a load shorter than a progress report still reports its bytes (the last one, at the end)
+    lb, lt = metric(m2, "mlaserve_worker_load_bytes"), metric(m2, "mlaserve_worker_load_total_bytes")
+    check(lb > 0 and lb == lt, "the load's bytes in /metrics (%s of %s)" % (lb, lt))
     # a request the whole pool cannot hold: a 400 naming its length and the capacity
     st, data = post(small.port, "/v1/completions", {"prompt": bases[0] * (cap // 4), "max_tokens": 4})
     msg = json.loads(data)["error"]["message"] if st == 400 else data[:200]
