@@ -87,6 +87,13 @@ int cmd_keygen(int argc, char **argv) {
         fprintf(stderr, "mlaserve keygen: cannot create %s: %s\n", dir, strerror(errno));
         return 1;
     }
+    struct stat dst;
+    if (stat(dir, &dst) != 0 || !S_ISDIR(dst.st_mode)) {
+        fprintf(stderr, "mlaserve keygen: %s is not a folder\n", dir);
+        return 1;
+    }
+    if ((dst.st_mode & 077) && chmod(dir, 0700) == 0) /* it holds secret keys: as if made here */
+        fprintf(stderr, "mlaserve keygen: %s was mode %04o, now 0700\n", dir, (unsigned)dst.st_mode & 07777);
     char path[PATH_MAX], pub[41], line[128];
     if (client) {
         snprintf(path, sizeof path, "%s/server.key", dir);

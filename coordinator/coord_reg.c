@@ -233,9 +233,12 @@ int coord_setup_curve(coord *c, mla_err *err) {
     if (!zmq_has("curve"))
         return mla_errf(err, "--curve-dir: this libzmq was built without CURVE support (needs libsodium)");
     char path[PATH_MAX + 32], secret[41];
+    /* as ssh: a folder or list of keys others may change, a secret others may read, is refused */
+    if (curve_check_mode(c->curve_dir, 022, err)) return mla_err_prefix(err, "--curve-dir");
     snprintf(path, sizeof path, "%s/server.key", c->curve_dir);
-    if (curve_read_z85_key(path, secret, err)) return MLA_ERR;
+    if (curve_check_mode(path, 077, err) || curve_read_z85_key(path, secret, err)) return MLA_ERR;
     snprintf(path, sizeof path, "%s/authorized_keys", c->curve_dir);
+    if (curve_check_mode(path, 022, err)) return MLA_ERR;
     FILE *f = fopen(path, "r");
     if (!f) return mla_errf(err, "cannot read %s: %s (write it with `mlaserve keygen`)", path, strerror(errno));
     char line[512];

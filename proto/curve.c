@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 int curve_read_z85_key(const char *path, char out[41], mla_err *err) {
@@ -24,4 +25,14 @@ int curve_read_z85_key(const char *path, char out[41], mla_err *err) {
     out[40] = '\0';
     if (!zmq_z85_decode(bin, out)) return mla_errf(err, "%s: not a valid Z85 key", path);
     return MLA_OK;
+}
+
+int curve_check_mode(const char *path, unsigned bad, mla_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) return mla_errf(err, "cannot read %s: %s", path, strerror(errno));
+    const unsigned mode = (unsigned)st.st_mode & 07777;
+    if (!(mode & bad)) return MLA_OK;
+    const unsigned want = mode & ~bad & 0777;
+    return mla_errf(err, "%s is %s by others (mode %04o): `chmod %o %s` (keys of the control plane stay private)",
+                    path, bad & 044 ? "readable" : "writable", mode, want, path);
 }

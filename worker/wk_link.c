@@ -23,7 +23,7 @@ int wk_setup_curve(const wk_config *cfg, void *dealer, mla_err *err) {
     if (curve_read_z85_key(path, server_pub, err)) return MLA_ERR;
     if (cfg->curve_client_key) snprintf(path, sizeof path, "%s", cfg->curve_client_key);
     else snprintf(path, sizeof path, "%s/client.key", cfg->curve_dir);
-    if (curve_read_z85_key(path, secret, err)) return MLA_ERR;
+    if (curve_check_mode(path, 077, err) || curve_read_z85_key(path, secret, err)) return MLA_ERR;
     if (zmq_curve_public(pub, secret) != 0) return mla_errf(err, "%s: cannot derive the public key", path);
     if (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, server_pub, 40) ||
         zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, pub, 40) || zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, secret, 40))
@@ -85,7 +85,14 @@ static int register_exchange(const wk_config *cfg, void *dealer, void *mon, cons
                              int64_t deadline, wire_register_reply *reply, mla_err *err) {
     int n_proto = 0;
     bool sent = false;
+    const int64_t t0 = wk_now_ms();
+    int64_t note = t0 + 10000; /* a line every 10 s while nothing answers */
     for (;;) {
+        if (wk_now_ms() >= note) {
+            MLA_WARN("no answer from the coordinator at %s after %lld s (giving up after %lld s)", cfg->coord_endpoint,
+                     (long long)((wk_now_ms() - t0) / 1000), (long long)((deadline - t0) / 1000));
+            note += 10000;
+        }
         if (!sent) {
             if (zmq_send(dealer, buf, n, ZMQ_DONTWAIT) >= 0) sent = true;
             else if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
@@ -96,9 +103,10 @@ static int register_exchange(const wk_config *cfg, void *dealer, void *mon, cons
             return mla_errf(err, sent ? "no answer from the coordinator at %s to the registration"
                                       : "no connection to the coordinator at %s to send the registration over",
                             cfg->coord_endpoint);
+        const int64_t to_note = note - wk_now_ms();
         /* unsent: wait for room to send (a pipe), else for the reply */
         zmq_pollitem_t it[2] = {{dealer, 0, (short)(sent ? ZMQ_POLLIN : ZMQ_POLLOUT), 0}, {mon, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(it, mon ? 2 : 1, (long)left);
+        int rc = zmq_poll(it, mon ? 2 : 1, (long)(to_note > 0 && to_note < left ? to_note : left > 0 ? left : 1));
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             return mla_errf(err, "zmq poll: %s", zmq_strerror(zmq_errno()));
@@ -155,7 +163,10 @@ int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_
     uint8_t *buf;
     size_t n;
     if (wire_encode(&m, &buf, &n, err)) return MLA_ERR;
-    int64_t deadline = wk_now_ms() + (cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000);
+    const int timeout_ms = cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000;
+    int64_t deadline = wk_now_ms() + timeout_ms;
+    MLA_DEBUG("registering with the coordinator at %s as rank %d of %d (up to %d s)", cfg->coord_endpoint, cfg->rank,
+             cfg->world, timeout_ms / 1000);
     int rc = register_exchange(cfg, dealer, mon, buf, n, deadline, reply, err);
     free(buf);
     return rc;

@@ -27,6 +27,26 @@ r = subprocess.run([exe, "keygen", A, "--client", "node2"], capture_output=True,
 check(r.returncode == 0 and open(os.path.join(A, "node2.pub")).read().strip() in open(os.path.join(A, "authorized_keys")).read(),
       "keygen --client adds an authorized key", r.stderr)
 
+# keys others could read or change are refused, as ssh does (and keygen makes its folder private)
+for f, mode, why in (("server.key", 0o644, "server.key is readable by others"),
+                     ("authorized_keys", 0o666, "authorized_keys is writable by others"), ("", 0o777, "writable")):
+    p = os.path.join(A, f) if f else A
+    old = os.stat(p).st_mode & 0o777
+    os.chmod(p, mode)
+    try:
+        r = subprocess.run([exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--curve-dir", A], capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode != 0 and why in r.stderr and "chmod" in r.stderr, "--curve-dir: %s %o refused" % (f or "the folder", mode),
+              r.stderr[-300:])
+    finally:
+        os.chmod(p, old)
+C = os.path.join(d, "c")
+os.mkdir(C)
+os.chmod(C, 0o777)
+r = subprocess.run([exe, "keygen", C], capture_output=True, text=True, timeout=30)
+check(r.returncode == 0 and oct(os.stat(C).st_mode & 0o777) == "0o700" and "now 0700" in r.stderr,
+      "keygen makes an existing open folder 0700", r.stderr)
+
 # non-loopback bind without keys: refused before anything starts
 for cmd in ([exe, "serve", "-m", model, "--coord", "tcp://0.0.0.0:%d" % free_port(), "--port", "0"],
             [exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--coord", "tcp://0.0.0.0:%d" % free_port()]):
