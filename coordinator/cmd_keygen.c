@@ -77,7 +77,14 @@ int cmd_keygen(int argc, char **argv) {
                           &tab, 1, argc, argv, pos, 1, &n_pos);
     if (st >= 0) return st;
     dir = n_pos ? pos[0] : NULL;
-    if (!dir || (client && !valid_name(client))) goto usage;
+    if (!dir) {
+        fprintf(stderr, "mlaserve keygen: the folder for the keys (DIR) is missing\n");
+        goto usage;
+    }
+    if (client && !valid_name(client)) {
+        fprintf(stderr, "mlaserve keygen: --client '%s': 1-64 letters, digits, - and _, not 'server'\n", client);
+        goto usage;
+    }
     mla_err err = {{0}};
     if (!zmq_has("curve")) {
         fprintf(stderr, "mlaserve keygen: this libzmq was built without CURVE support (needs libsodium)\n");

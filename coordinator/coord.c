@@ -111,7 +111,11 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
     if (sv[1] >= 0) close(sv[1]);
     if (rc != 0) {
         if (sv[0] >= 0) close(sv[0]);
-        return mla_errf(err, "cannot start worker %d (%s): %s", r, c->worker_exe, strerror(rc));
+        return mla_errf(err, "cannot start worker %d (%s%s): %s", r, c->worker_exe,
+                        strchr(c->worker_exe, '/') ? ""
+                                                  : ": not beside mlaserve nor in ../worker/, looked up in PATH; "
+                                                    "--worker-exe gives its path",
+                        strerror(rc));
     }
     c->ranks[r].pid = pid;
     if (sv[0] >= 0) {

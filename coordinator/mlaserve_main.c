@@ -44,8 +44,8 @@ static int usage(FILE *f) {
             "         synthetic model at real shapes with random weights (mkmodel --help)\n"
             "  env       the MLA_* switches of this build: type, default, value, meaning (docs/switches.md)\n"
             "  version   this build: version, commit, build type, CUDA architectures (also --version)\n"
-            "every command takes --help (each option's meaning and default), --log-level LEVEL, and\n"
-            "options as `--opt value` or `--opt=value`\n");
+            "every command takes --help (each option's meaning and default) and options as `--opt value`\n"
+            "or `--opt=value`; those that log (all but env and version) take --log-level LEVEL\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -53,6 +53,14 @@ int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return usage(stdout);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            printf("usage: mlaserve version\n\nThis build: version, commit, build type, CUDA architectures.\n");
+            return 0;
+        }
+        if (argc > 2) {
+            fprintf(stderr, "mlaserve version: takes no arguments (%s)\n", argv[2]);
+            return 2;
+        }
         buildinfo_print(stdout, "mlaserve");
         return 0;
     }
@@ -63,7 +71,7 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (argc > 2) {
-            fprintf(stderr, "mlaserve env: takes no arguments\n");
+            fprintf(stderr, "mlaserve env: takes no arguments (%s)\n", argv[2]);
             return 2;
         }
         return cmd_env(stdout, stderr);

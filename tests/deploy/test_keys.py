@@ -40,6 +40,9 @@ for f, mode, why in (("server.key", 0o644, "server.key is readable by others"),
               r.stderr[-300:])
     finally:
         os.chmod(p, old)
+for args, why in ((["keygen", A, "--client", "bad/name"], "--client 'bad/name'"), (["keygen"], "DIR) is missing")):
+    r = subprocess.run([exe] + args, capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2 and why in r.stderr, "%s refused naming why" % " ".join(args[:1] + args[2:]), r.stderr)
 C = os.path.join(d, "c")
 os.mkdir(C)
 os.chmod(C, 0o777)

@@ -201,9 +201,13 @@ def case_cli():
     r = run(gen + ["--log-level", "loud"])
     check(r.returncode == 2 and "'loud'" in r.stderr, "--log-level: a bad level named", r.stderr)
     # every command's --help answers without a server or a model
-    for cmd in (["client", "generate", "--help"], ["env", "--help"]):
+    for cmd in (["client", "generate", "--help"], ["env", "--help"], ["version", "--help"]):
         r = run([exe] + cmd)
         check(r.returncode == 0 and "usage: mlaserve" in r.stdout, "%s: usage, status 0" % " ".join(cmd), r.stderr[-200:])
+    # env and version take nothing else: an argument is refused, not ignored
+    for cmd in (["env", "--bogus"], ["version", "--bogus"]):
+        r = run([exe] + cmd)
+        check(r.returncode == 2 and "takes no arguments (--bogus)" in r.stderr, "%s refused" % " ".join(cmd), r.stderr)
     # an empty tokens file: an error, not an empty output; --max-context 1: refused before the workers start
     empty = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mla_empty_tokens_%d" % os.getpid())
     open(empty, "w").close()

@@ -89,7 +89,7 @@ int main(void) {
     CHECK(P("--tp", "") == MLA_ERR);
     CHECK(P("--big", "99999999999999999999999") == MLA_ERR);
     CHECK(P("--temp", "nan") == MLA_ERR && P("--temp", "2.5") == MLA_ERR);
-    CHECK(P("--seed", "-1") == MLA_ERR);
+    CHECK(P("--seed", "-1") == MLA_ERR && strstr(err.msg, "--seed: '-1' is not a whole number from 0 to"));
     CHECK(P("--json=1") == MLA_ERR && strstr(err.msg, "--json takes no value"));
     CHECK(P("--on-failure", "maybe") == MLA_ERR && strstr(err.msg, "stop, restart, exit"));
     CHECK(P("--stop", "1", "--stop", "2", "--stop", "3", "--stop", "4", "--stop", "5") == MLA_ERR &&
