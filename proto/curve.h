@@ -12,7 +12,8 @@ int curve_read_z85_key(const char *path, char out[41], mla_err *err);
 
 /* MLA_OK when path (a key file or the keys' folder) has none of the permission bits in bad
  * (077: a secret key others may read; 022: a folder or authorized_keys others may write), as ssh
- * refuses such files; MLA_ERR naming the file, its mode and the chmod that fixes it. */
+ * refuses such files, or does not exist (its reader reports that); MLA_ERR naming the file, its
+ * mode and the chmod that fixes it. */
 int curve_check_mode(const char *path, unsigned bad, mla_err *err);
 
 #endif

@@ -166,7 +166,7 @@ int wk_do_register(const wk_config *cfg, void *dealer, void *mon, wire_register_
     const int timeout_ms = cfg->register_timeout_ms > 0 ? cfg->register_timeout_ms : 60000;
     int64_t deadline = wk_now_ms() + timeout_ms;
     MLA_DEBUG("registering with the coordinator at %s as rank %d of %d (up to %d s)", cfg->coord_endpoint, cfg->rank,
-             cfg->world, timeout_ms / 1000);
+              cfg->world, timeout_ms / 1000);
     int rc = register_exchange(cfg, dealer, mon, buf, n, deadline, reply, err);
     free(buf);
     return rc;
