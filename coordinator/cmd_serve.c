@@ -437,9 +437,6 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
-    if (!host_is_loopback(host) && !(api_key && api_key[0]))
-        MLA_WARN("serve: listening on %s without an API key: anyone who can reach this address can use the "
-                 "model (give --api-key-file F or MLASERVE_API_KEY)", host);
     {
         struct rlimit rl;
         /* each connection is a descriptor; the workers' links and files need some too */
@@ -530,6 +527,10 @@ int cmd_serve(int argc, char **argv) {
     g_http = http;
     int bound = 0;
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
+    /* once the address is known good (a bad one is refused above, without this warning first) */
+    if (!host_is_loopback(host) && !(api_key && api_key[0]))
+        MLA_WARN("serve: listening on %s without an API key: anyone who can reach this address can use the "
+                 "model (give --api-key-file F or MLASERVE_API_KEY)", host);
     int pb_bound = -1;
     if (proto_port >= 0) {
         if (grpc_server_init(&pb, loop, api, &pc, &err)) goto out;

@@ -6,6 +6,7 @@ Usage: test_launch.py MLASERVE WORKER FIXTURES SOURCE_DIR CASE (launch | slurm)"
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,21 @@ def case_slurm():
                                        "SLURM_CPUS_PER_TASK": "8", "MLASERVE_CURVE_DIR": keys}))
     check(r.returncode == 0 and "--cpus-per-task=8" in r.stdout,
           "sbatch dry run: srun passes the job's --cpus-per-task (srun does not inherit it)", r.stdout)
+    r = subprocess.run([script], capture_output=True, text=True, timeout=30,
+                       env=sbatch_env({"FAKE_SLURM_HOSTS": "gpu-a gpu-b", "MLASERVE_DRY_RUN": "1",
+                                       "MLASERVE_BACKEND": "cpu", "MLASERVE_CURVE_DIR": keys}))
+    check(r.returncode == 0 and "srun" in r.stdout and "--gpus-per-task" not in r.stdout,
+          "sbatch dry run: CPU workers ask for no GPU", r.stdout)
+    r = subprocess.run([script], capture_output=True, text=True, timeout=30,
+                       env=sbatch_env({"MLASERVE_DRY_RUN": "1", "MLASERVE_GRACE": "soon", "MLASERVE_CURVE_DIR": keys}))
+    check(r.returncode == 2 and "MLASERVE_GRACE 'soon'" in r.stderr, "sbatch: a bad MLASERVE_GRACE refused", r.stderr)
+    # a dry run off a Slurm host (no scontrol on the PATH) names this host
+    env = sbatch_env({"MLASERVE_DRY_RUN": "1", "MLASERVE_CURVE_DIR": keys})
+    env["PATH"] = os.pathsep.join(x for x in os.environ["PATH"].split(os.pathsep)
+                                  if not os.path.exists(os.path.join(x, "scontrol")))
+    r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30, env=env)
+    check(r.returncode == 0 and "coordinator on %s:" % socket.gethostname() in r.stdout,
+          "sbatch dry run without scontrol", r.stdout + r.stderr)
     r = subprocess.run([script], capture_output=True, text=True, timeout=30,
                        env=sbatch_env({"MLASERVE_DRY_RUN": "1"}))
     check(r.returncode == 2 and "MLASERVE_CURVE_DIR" in r.stderr, "sbatch: refuses to run without keys", r.stderr)

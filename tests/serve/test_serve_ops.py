@@ -192,6 +192,12 @@ def test_keys_and_warnings():
     text = open(log, errors="replace").read()
     check("without an API key" in text, "warns: non-loopback host without a key\n" + text[-1500:])
     check("open-file limit is 512" in text, "warns: --max-conns past the open-file limit")
+    # an address that does not resolve: refused, without first warning that it listens there
+    r = subprocess.run([exe, "-m", model, "--port", "0", "--host", "no-such-host.invalid", "--worker-exe", worker],
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "MLASERVE_API_KEY"})
+    check(r.returncode != 0 and "no-such-host.invalid" in r.stderr and "without an API key" not in r.stderr,
+          "a bad --host refused without the listening warning", r.stderr[-400:])
 
 
 def main():
