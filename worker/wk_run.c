@@ -5,8 +5,12 @@
 #include "wk_internal.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/buildinfo.h"
 #include "common/fdlink.h"
@@ -16,6 +20,8 @@
 #include "mla_log.h"
 #include "mla_switch.h"
 #include "zspin.h"
+
+static atomic_int g_registered; /* the registration succeeded: wk_signals waits for the coordinator */
 
 int64_t wk_now_ms(void) {
     struct timespec ts;
@@ -268,6 +274,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         zmq_ctx_term(w.zctx);
         return rc;
     }
+    atomic_store(&g_registered, 1); /* a SIGTERM / SIGINT now waits for the coordinator (wk_signals) */
     /* the coordinator's flags (docs/switches.md); a --log-level of this worker's own wins */
     if (reply.wo.log_level && !mla_log_level_given()) mla_log_set_level((enum mla_log_level)(reply.wo.log_level - 1));
     MLA_INFO("registered with %s (rank %d of %d%s%s)", cfg->coord_endpoint, cfg->rank, cfg->world,
@@ -435,6 +442,30 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     return rc;
 }
 
+/* SIGTERM and SIGINT (a job-wide `scancel`, Ctrl-C to the process group): a registered worker
+ * stays until its coordinator stops it, so that the server's drain completes the requests in
+ * flight (a worker also ends when it loses its coordinator); a second signal, or one before the
+ * registration, ends it at once. The signals are blocked in every thread and taken by this one
+ * (sigwait), so that no other thread's call is interrupted. */
+static void *wk_signals(void *arg) {
+    sigset_t *set = arg;
+    int n = 0;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(set, &sig) != 0) continue;
+        if (n++ == 0 && atomic_load(&g_registered)) {
+            MLA_WARN("signal %d: staying until the coordinator stops this worker (it drains the server); a second "
+                     "signal ends it now", sig);
+            continue;
+        }
+        signal(sig, SIG_DFL);
+        pthread_sigmask(SIG_UNBLOCK, set, NULL);
+        raise(sig);
+        _exit(128 + sig);
+    }
+    return NULL;
+}
+
 int wk_main(int argc, char **argv, wk_pick_engine pick) {
     if (argc == 2 && !strcmp(argv[1], "--version")) {
         buildinfo_print(stdout, "mlaserve-worker");
@@ -465,6 +496,15 @@ int wk_main(int argc, char **argv, wk_pick_engine pick) {
         return 2;
     }
     if (!cfg.device) cfg.device = cfg.engine->name;
+    static sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_t sth;
+    if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) == 0 && pthread_create(&sth, NULL, wk_signals, &sigs) == 0)
+        pthread_detach(sth);
+    else
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL); /* no signal thread: the default action */
     int rc = wk_run(&cfg, &err);
     if (rc == MLA_OK) return 0;
     mla_log_set_tag("worker");

@@ -179,6 +179,41 @@ def case_drain():
         check(srv.proc.returncode == 0, "drain: exit 0")
     finally:
         srv.stop(signal.SIGKILL)
+    # SIGTERM to the coordinator and its workers at once (a job-wide scancel, Ctrl-C to the process
+    # group): the workers stay until the drain ends, so the request in flight still completes; a
+    # second signal ends a worker at once
+    srv = Server(exe, model, ["--tp", "2", "--drain-timeout", "60"], SLOW, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        c, r = srv.stream_start({"prompt": "Hello", "max_tokens": 30, "ignore_eos": True})
+        check(len(read_sse_events(r, 1, 30)) == 1, "drain, all signalled: streaming started")
+        for p in list(pids.values()) + [srv.proc.pid]:
+            os.kill(p, signal.SIGTERM)
+        rest = read_rest(r, 60)
+        c.close()
+        chunks = [json.loads(x) for x in rest if x not in (b"[DONE]",)]
+        check(rest and rest[-1] == b"[DONE]" and not any("error" in ch for ch in chunks),
+              "drain, all signalled: the in-flight request completed", rest[-2:])
+        srv.proc.wait(60)
+        check(srv.proc.returncode == 0, "drain, all signalled: exit 0")
+        check(wait_for(lambda: not any(alive(p) for p in pids.values()), 20, 0.1), "drain, all signalled: workers gone")
+        check("staying until the coordinator stops this worker" in srv.text(), "a worker says why it stays",
+              srv.tail(1500))
+    finally:
+        srv.stop(signal.SIGKILL)
+    srv = Server(exe, model, ["--tp", "2"], {}, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        os.kill(pids[1], signal.SIGTERM)
+        time.sleep(0.3)
+        check(alive(pids[1]), "one SIGTERM: the worker stays")
+        os.kill(pids[1], signal.SIGTERM)
+        check(wait_for(lambda: not alive(pids[1]), 10, 0.05), "a second SIGTERM ends the worker")
+    finally:
+        srv.stop(signal.SIGKILL)
+        for p in pids.values():
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
     srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "1"], SLOW, worker)
     try:
         c, r = srv.stream_start(LONG)
