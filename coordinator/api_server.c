@@ -1108,10 +1108,6 @@ static int model_check(const api_server *a, const char *model, api_error *e) {
     return MLA_OK;
 }
 
-/* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
- * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
- * set. Moves p's stop strings into the request. */
-
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (a->draining)
@@ -1252,6 +1248,9 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
 static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
                                   const api_sink *sink, api_req *pre, api_error *e);
 
+/* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
+ * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
+ * set. Moves p's stop strings into the request. */
 static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c, const api_sink *sink,
                                  api_error *e) {
     int32_t *ids = NULL, n_ids = 0;
