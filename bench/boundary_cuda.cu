@@ -21,7 +21,15 @@
  * Every mode computes the same last vector (checked: exit 1 if not). Prints microseconds a phase
  * and what is left after its bytes at the copy rate.
  *
- *   mla-boundary [-k PHASES (64)] [-r GB/s (4208)] [-s SHARED_KB (160)]
+ * With -c, what a phase's code size costs instead: K launches (pdl) of 128 threads a block, one
+ * block an SM, each thread 8 chains of F multiply-adds on the vector the launch before wrote, as
+ *   loop       one loop of 8 a step (a few hundred bytes of code)
+ *   flat       the same instructions unrolled (F x 128 bytes of code), one kernel every phase
+ *   flat xR    R such kernels, each its own code, taking turns (R x F x 128 bytes a round)
+ *   loop xR    R loop kernels taking turns
+ * The same multiply-adds in the same order: every form computes the same last vector (checked).
+ *
+ *   mla-boundary [-k PHASES (64)] [-r GB/s (4208)] [-s SHARED_KB (160)] [-c]
  *
  * SHARED_KB sets a block's shared memory (at least what its share of a phase needs): 160 leaves
  * one block an SM, as the streamed GEMV's stages do; 48 lets blocks of the next launch in beside.
@@ -32,6 +40,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <utility>
 
 #define CK(x)                                                                                   \
     do {                                                                                        \
@@ -152,15 +162,122 @@ __global__ void __launch_bounds__(THREADS) persist_kernel(args a) {
     }
 }
 
+/* ---- code size (-c) */
+enum { CODE_THREADS = 128, CODE_ROT = 8 };
+/* multiplier j of kernel s: each kernel its own constants, so its own code */
+__host__ __device__ constexpr float code_mul(int s, int j) { return 1.0f - (float)(s * 8 + j + 1) * 0x1p-20f; }
+/* phase a.k: 8 chains of F steps from vector k, their sum into vector k + 1 (FLAT: unrolled) */
+template <int S, int F, bool FLAT> __global__ void __launch_bounds__(CODE_THREADS) code_kernel(args a) {
+    pdl_wait();
+    pdl_trigger();
+    const float *x = a.v + (size_t)a.k * N;
+    float c[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) c[j] = x[(blockIdx.x * CODE_THREADS + threadIdx.x + j * 97) % N];
+    if (FLAT) {
+#pragma unroll
+        for (int f = 0; f < F; f++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] = fmaf(c[j], code_mul(S, j), 0.5f);
+    } else {
+#pragma unroll 1
+        for (int f = 0; f < F; f++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] = fmaf(c[j], code_mul(S, j), 0.5f);
+    }
+    const float t = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+    const int r = blockIdx.x * CODE_THREADS + threadIdx.x;
+    if (r < N) a.v[(size_t)(a.k + 1) * N + r] = t;
+}
+
+using code_fn = void (*)(args);
+template <int F, bool FLAT, int... S> static void code_table(code_fn *t, std::integer_sequence<int, S...>) {
+    const code_fn f[] = {code_kernel<S, F, FLAT>...};
+    for (size_t i = 0; i < sizeof...(S); i++) t[i] = f[i];
+}
+
+/* the -c table: F steps (code of F x 128 bytes unrolled) */
+template <int F> static int code_run(int K, float *v, cudaStream_t st, int sms) {
+    code_fn flat[CODE_ROT], loop[CODE_ROT];
+    code_table<F, true>(flat, std::make_integer_sequence<int, CODE_ROT>{});
+    code_table<F, false>(loop, std::make_integer_sequence<int, CODE_ROT>{});
+    struct form {
+        const char *name;
+        code_fn *fn;
+        int rot;
+    } forms[] = {{"loop", loop, 1}, {"flat", flat, 1}, {"flat x2", flat, 2}, {"flat x8", flat, 8}, {"loop x8", loop, 8}};
+    const int nf = (int)(sizeof forms / sizeof forms[0]);
+    float last[8];
+    for (int fi = 0; fi < nf; fi++) {
+        CK(cudaMemsetAsync(v + N, 0, sizeof(float) * N * K, st));
+        for (int i = 0; i < N; i += 256) { /* vector 0: the same start for every form */
+            float h[256];
+            for (int j = 0; j < 256; j++) h[j] = (float)((i + j) % 17) * 0.125f;
+            CK(cudaMemcpyAsync(v + i, h, sizeof h, cudaMemcpyHostToDevice, st));
+        }
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < K; k++) {
+            /* phase k runs kernel k % rot of the form (the check below compares forms of one
+             * rotation: their kernels take the same constants) */
+            args a = {nullptr, v, nullptr, 0, k};
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)sms);
+            cfg.blockDim = dim3(CODE_THREADS);
+            cfg.stream = st;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&cfg, forms[fi].fn[k % forms[fi].rot], a));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const int reps = 20;
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaStreamSynchronize(st));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaMemcpy(&last[fi], v + (size_t)K * N + 5, 4, cudaMemcpyDeviceToHost));
+        printf("%-10s %9d %10d %10.2f\n", forms[fi].name, F, F * 8 * 16 * forms[fi].rot, ms * 1e3 / reps / K);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    int bad = 0; /* flat == loop (one kernel); flat x8 == loop x8; flat x2 is flat x8's first two */
+    if (last[1] != last[0] || last[3] != last[4]) {
+        fprintf(stderr, "mla-boundary: flat and loop forms differ at %d steps (%g %g, %g %g)\n", F, last[1], last[0],
+                last[3], last[4]);
+        bad = 1;
+    }
+    return bad;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: mla-boundary [-k PHASES (2-1024, 64)] [-r GB/s (4208)] [-s SHARED_KB (16-227, 160)]\n");
+    fprintf(stderr,
+            "usage: mla-boundary [-k PHASES (2-1024, 64)] [-r GB/s (4208)] [-s SHARED_KB (16-227, 160)] [-c]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     int K = 64, smem_kb = 160;
     double gbs = 4208;
+    bool code = false;
     for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "-c")) {
+            code = true;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc) return usage();
         if (!strcmp(argv[i], "-k")) K = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-r")) gbs = atof(argv[i + 1]);
@@ -182,6 +299,16 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&cnt, sizeof(unsigned) * (K + 1)));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    if (code) {
+        printf("# %d SMs, %d phases, one block of %d threads an SM\n", sms, K, CODE_THREADS);
+        printf("%-10s %9s %10s %10s\n", "form", "steps", "code B", "us/phase");
+        const int bad = code_run<32>(K, v, st, sms) | code_run<128>(K, v, st, sms) | code_run<512>(K, v, st, sms);
+        CK(cudaFree(w));
+        CK(cudaFree(v));
+        CK(cudaFree(cnt));
+        CK(cudaStreamDestroy(st));
+        return bad;
+    }
     const char *names[MODES] = {"graph", "pdl", "pdl-early", "flag", "persist"};
     printf("# %d SMs, %d phases, %d KB of shared memory a block, copy rate %.0f GB/s\n", sms, K, smem_kb, gbs);
     printf("%-10s %9s %10s %14s\n", "mode", "MB/phase", "us/phase", "us past bytes");
