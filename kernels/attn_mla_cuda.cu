@@ -262,7 +262,6 @@ template <int L, int R, int KTL = TC_KT> struct tc_cfg {
     static constexpr int LB = 6 * KTL / TC_KT;                     /* loads of a batch: 6 (32 keys) or 3 (16) */
     static constexpr int PER = KTL * (ROW / 4) / TC_T;             /* float4 loads per thread and tile */
     static constexpr int NB = PER / LB;                            /* load batches per tile (6 k-steps of S each) */
-    static constexpr int QP = TC_HR * (ROW / 2) / TC_T;            /* query float2 per thread */
     /* queries, two key tiles (the one in use, the next one loading), P, the row exchanges: 112.5 KB
      * at 512 + 64 with 32-key tiles (two blocks in the 228 KB of an H100/H200 SM), 75 KB with 16-key
      * tiles; 58.5 KB at 256 + 32 with 32-key tiles */
@@ -271,7 +270,7 @@ template <int L, int R, int KTL = TC_KT> struct tc_cfg {
     static constexpr size_t SMEM_ALL = SMEM + sizeof(void *) * 2 * KTL;
     static_assert((KTL == TC_KT || KTL == 16) && (LDP / 8) % 2 == 1, "tensor-core attention key tile");
     static_assert(L % 32 == 0 && ROW % 16 == 0 && (LDS / 8) % 2 == 1 && (KTL * (ROW / 4)) % TC_T == 0 && PER % LB == 0 &&
-                      KS == 6 * NB && (TC_HR * (ROW / 2)) % TC_T == 0 && QP % 36 == 0,
+                      KS == 6 * NB,
                   "tensor-core attention shape");
 };
 
@@ -294,6 +293,32 @@ template <> struct kv4<__half> {
     static __device__ __forceinline__ T zero() { return make_uint2(0u, 0u); }
     static __device__ __forceinline__ uint2 h4(T v) { return v; }
 };
+
+/* Sixteen query rows of the tensor-core kernels into shared memory, heads h0 .. h0 + 15 of token t
+ * (zeros past a.H), times the scale in log2 units, as fp16 rows of ld elements: the latent part a
+ * row at a time (128 float2 a pass), then the rope part (128 / (R / 2) rows a pass); every
+ * address a constant offset from a thread's base (a row's elements found by division instead
+ * took a decode step ~45 instructions a float2, run once a launch, cold). 128 threads. */
+template <int L, int R, int ld>
+__device__ __forceinline__ void stage_q16(const attn_k &a, __half *qs, int t, int h0, float sl2) {
+    constexpr int T = 128, LU = L / 256, LN = 16 * LU, RH = R / 2, RR = T / RH, RN = 16 / RR;
+    static_assert(L % 256 == 0 && T % RH == 0 && 16 % RR == 0 && ld % 2 == 0, "query staging shape");
+    const int tid = threadIdx.x, nh = a.H - h0; /* rows with a head */
+    const float2 *qa2 = (const float2 *)(a.qa + ((int64_t)t * a.H + h0) * L) + tid;
+    float2 v[LN + RN];
+#pragma unroll
+    for (int u = 0; u < LN; u++) v[u] = u / LU < nh ? qa2[u / LU * (L / 2) + u % LU * T] : make_float2(0.f, 0.f);
+    const int rh = tid / RH, rc = tid % RH;
+    const float *qp = a.qp + t * a.qp_ld_t + (int64_t)(h0 + rh) * a.qp_ld_h + 2 * rc;
+#pragma unroll
+    for (int u = 0; u < RN; u++)
+        v[LN + u] = rh + u * RR < nh ? *(const float2 *)(qp + (int64_t)u * RR * a.qp_ld_h) : make_float2(0.f, 0.f);
+    uint32_t *q32 = (uint32_t *)(qs + 2 * tid), *r32 = (uint32_t *)(qs + rh * ld + L + 2 * rc);
+#pragma unroll
+    for (int u = 0; u < LN; u++) q32[(u / LU * ld + u % LU * 2 * T) / 2] = pack_h2(v[u].x * sl2, v[u].y * sl2);
+#pragma unroll
+    for (int u = 0; u < RN; u++) r32[u * RR * ld / 2] = pack_h2(v[LN + u].x * sl2, v[LN + u].y * sl2);
+}
 
 /* KT: the cache's element type. An fp32 cache is loaded through registers during the scores of
  * the tile before (rounded to fp16 on the way to shared memory); an fp16 cache (ASYNC) is copied
@@ -380,26 +405,10 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
      * (prompts, large decode batches), as soon as the wait has returned. */
     const bool late = a.splits > 1;
     if (!late) mlacu_pdl_trigger();
-    /* the queries: float2 loads, QB in flight per thread (the host checked their alignment) */
+    /* the queries, 16 rows at a time (the host checked their alignment) */
     const float sl2 = a.scale * 1.44269504088896341f; /* scores in log2 units, folded into q */
-    constexpr int QB = 36;
 #pragma unroll 1
-    for (int b = 0; b < C::QP; b += QB) {
-        float2 v[QB];
-#pragma unroll
-        for (int u = 0; u < QB; u++) {
-            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2, hh = hg0 + h;
-            v[u] = make_float2(0.f, 0.f);
-            if (hh < a.H)
-                v[u] = c < L ? *(const float2 *)(a.qa + ((int64_t)t * a.H + hh) * L + c)
-                             : *(const float2 *)(a.qp + t * a.qp_ld_t + hh * a.qp_ld_h + (c - L));
-        }
-#pragma unroll
-        for (int u = 0; u < QB; u++) {
-            const int i = tid + (b + u) * TC_T, h = i / (C::ROW / 2), c = i % (C::ROW / 2) * 2;
-            *(uint32_t *)(qs + h * C::LDS + c) = pack_h2(v[u].x * sl2, v[u].y * sl2);
-        }
-    }
+    for (int h = 0; h < TC_HR; h += 16) stage_q16<L, R, C::LDS>(a, qs + h * C::LDS, t, hg0 + h, sl2);
     /* the first tile, loaded before the loop (two batches in flight); the loop loads tile i + 1
      * during tile i's scores */
     __syncthreads();
@@ -589,6 +598,205 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     if (tid == 0) MLACU_TRACE_MARK(1);
 }
 
+/* ---------------------------------------------------------------- the same for up to 16 heads */
+/* The tensor-core attention of TC_NR = 16 heads a block (V2-Lite's 16, a rank of TP 8: V3's 16,
+ * GLM-5's and Kimi-K2's 8) over the fp16 cache: the kernel above stages 32 query rows, so at 16
+ * heads or fewer half of its rows and of its products are zeros, and each of its 4 warps carries
+ * a quarter of the block's 32 x L output (o[L / 16][4]: the code a decode step runs once a
+ * launch, cold, as the step's other 13 launches of a layer take the SM's instruction cache
+ * between two of its layers; bench/boundary_cuda.cu -c). Here warp w scores the 16 rows against
+ * keys 8 w .. +8 of each 32-key tile (four mma chains over the k-steps), the four warps' row
+ * maxima and sums meet in shared memory (added in warp order: every warp keeps the same running
+ * sum), and warp w accumulates columns L / 4 w .. +L / 4 of O = P V: a quarter of the registers
+ * and of the unrolled code. Tiles, lookups, copies, the programmatic launch and the partial rows
+ * written are the kernel above's; the row sums are added in another order, so the results agree
+ * to rounding, not bit for bit. */
+constexpr int TC_NR = 16;
+template <int L, int R> struct tcn_cfg {
+    static constexpr int ROW = L + R;
+    static constexpr int LDS = (ROW / 8) % 2 ? ROW + 16 : ROW + 8; /* 16-bit elements */
+    static constexpr int LDP = TC_KT + 8;                          /* 80 bytes: 5 units */
+    static constexpr int NT = L / 32;                              /* n-tiles of 8 a warp (L / 4 columns) */
+    static constexpr int KS = ROW / 16;                            /* k-steps of S */
+    static constexpr size_t SMEM = ((size_t)(TC_NR + 2 * TC_KT) * LDS + (size_t)TC_NR * LDP) * 2 + 2 * 4 * 16 * 4;
+    static constexpr size_t SMEM_ALL = SMEM + sizeof(void *) * 2 * TC_KT;
+    static_assert(KS % 2 == 0 && NT % 2 == 0 && (LDS / 8) % 2 == 1,
+                  "16-head tensor-core attention shape");
+};
+
+template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_kernel(attn_k a) {
+    using C = tcn_cfg<L, R>;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    __shared__ const __half *rowp[2][TC_KT];
+    __half *qs = (__half *)tc_sm;
+    __half *ks = qs + TC_NR * C::LDS; /* two tiles of TC_KT rows */
+    __half *ps = ks + 2 * TC_KT * C::LDS;
+    float *pmax = (float *)(ps + TC_NR * C::LDP), *psum = pmax + 4 * 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int t = blockIdx.z, hg0 = blockIdx.x * TC_NR, split = blockIdx.y;
+    const bool early = a.tabs && !a.sel; /* as the kernel above */
+    if (!early) mlacu_pdl_wait();
+    const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
+    int64_t k0, k1;
+    split_keys(a, t, split, TC_KT, k0, k1);
+    auto row_at = [&](int64_t k) -> const __half * {
+        if (k >= k1) return nullptr;
+        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+        return tab ? paged_row_t<__half>(tab, a.tab_off, C::ROW, key) : (const __half *)a.kv + key * C::ROW;
+    };
+    constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
+    auto issue_tile = [&](const __half *const *rp, __half *kd) {
+#pragma unroll 2
+        for (int u = 0; u < CPT; u++) {
+            const int i = tid + u * TC_T, j = i / CPK, c = i % CPK * 8;
+            const __half *src = rp[j];
+            cp_async16_zfill(kd + j * C::LDS + c, src ? (const void *)(src + c) : (const void *)a.qa, src != nullptr);
+        }
+        cp_async_commit();
+    };
+    if (warp == 0 && k0 < k1) {
+        const __half *r0 = row_at(k0 + lane), *r1 = row_at(k0 + TC_KT + lane);
+        rowp[0][lane] = r0;
+        rowp[1][lane] = r1;
+    }
+    __syncthreads();
+    if (k0 < k1) issue_tile(rowp[0], ks);
+    else cp_async_commit();
+    if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
+    else cp_async_commit();
+    if (early) mlacu_pdl_wait();
+    const bool late = a.splits > 1;
+    if (!late) mlacu_pdl_trigger();
+    stage_q16<L, R, C::LDS>(a, qs, t, hg0, a.scale * 1.44269504088896341f);
+    if (tid == 0) MLACU_TRACE_MARK(3);
+    float o[C::NT][4];
+#pragma unroll
+    for (int n = 0; n < C::NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    /* A: the 16 query rows (as the kernel above); B: keys 8 warp .. +8, two k-steps a 4-matrix
+     * load (columns +0, +8, +16, +24); P's rows; V: keys x columns L / 4 warp .. */
+    const uint32_t qaddr = smem_u32(qs + (lane & 15) * C::LDS + (lane >> 4) * 8);
+    const uint32_t kaddr0 = smem_u32(ks + (warp * 8 + (lane & 7)) * C::LDS + (lane >> 3) * 8);
+    const uint32_t paddr = smem_u32(ps + (lane & 15) * C::LDP + (lane >> 4) * 8);
+    const uint32_t vaddr0 =
+        smem_u32(ks + ((lane & 7) + (((lane >> 3) & 1) << 3)) * C::LDS + warp * (L / 4) + (lane >> 4) * 8);
+    constexpr uint32_t KBUF = TC_KT * C::LDS * 2;
+    int buf = 0;
+    for (int64_t kb = k0; kb < k1; kb += TC_KT, buf ^= 1) {
+        if (late && kb + TC_KT >= k1) mlacu_pdl_trigger();
+        cp_async_wait<1>();
+        __syncthreads(); /* tile buf stored (and, the first time, the queries) */
+        const __half *row2 = warp == 0 ? row_at(kb + 2 * TC_KT + lane) : nullptr;
+        const uint32_t kaddr = kaddr0 + buf * KBUF, vaddr = vaddr0 + buf * KBUF;
+        float s[4][4] = {};
+#pragma unroll 3
+        for (int kk = 0; kk < C::KS; kk += 4) {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                if (C::KS % 4 && kk + 2 * h2 >= C::KS) break; /* 256 + 32: 18 k-steps */
+                uint32_t A[4], A2[4], B[4];
+                mlacu_ldsm_x4(A, qaddr + (kk + 2 * h2) * 32);
+                mlacu_ldsm_x4(A2, qaddr + (kk + 2 * h2) * 32 + 32);
+                mlacu_ldsm_x4(B, kaddr + (kk + 2 * h2) * 32);
+                mlacu_mma_f16(s[2 * h2], A, B[0], B[1]);
+                mlacu_mma_f16(s[2 * h2 + 1], A2, B[2], B[3]);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[0][e] = (s[0][e] + s[1][e]) + (s[2][e] + s[3][e]);
+        if (warp == 0 && kb + 2 * TC_KT < k1) rowp[buf][lane] = row2;
+        /* s[0][e]: row g (e < 2) or g + 8, key 8 warp + 2 c4 + (e & 1) */
+        const int nvalid = (int)(k1 - kb < TC_KT ? k1 - kb : TC_KT);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float v = warp * 8 + 2 * c4 + (e & 1) < nvalid ? s[0][e] : -INFINITY;
+            s[0][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (c4 == 0) pmax[warp * 16 + g] = mx[0], pmax[warp * 16 + g + 8] = mx[1];
+        __syncthreads();
+        float mn[2], al[2], sum[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = g + 8 * r;
+            const float tm = fmaxf(fmaxf(pmax[row], pmax[16 + row]), fmaxf(pmax[32 + row], pmax[48 + row]));
+            mn[r] = fmaxf(m_r[r], tm);
+            al[r] = exp2f(m_r[r] - mn[r]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[0][e] = exp2f(s[0][e] - mn[e >> 1]);
+        sum[0] = s[0][0] + s[0][1], sum[1] = s[0][2] + s[0][3];
+        const int col = warp * 8 + 2 * c4;
+        *(uint32_t *)(ps + g * C::LDP + col) = pack_h2(s[0][0], s[0][1]);
+        *(uint32_t *)(ps + (g + 8) * C::LDP + col) = pack_h2(s[0][2], s[0][3]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        }
+        if (c4 == 0) psum[warp * 16 + g] = sum[0], psum[warp * 16 + g + 8] = sum[1];
+        __syncthreads(); /* P and the sums are in */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = g + 8 * r;
+            l_r[r] = l_r[r] * al[r] + ((psum[row] + psum[16 + row]) + (psum[32 + row] + psum[48 + row]));
+            m_r[r] = mn[r];
+        }
+#pragma unroll
+        for (int n = 0; n < C::NT; n++) {
+            o[n][0] *= al[0];
+            o[n][1] *= al[0];
+            o[n][2] *= al[1];
+            o[n][3] *= al[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < TC_KT / 16; kk++) {
+            uint32_t A[4];
+            mlacu_ldsm_x4(A, paddr + kk * 32);
+#pragma unroll
+            for (int n = 0; n < C::NT; n += 2) {
+                uint32_t B[4];
+                mlacu_ldsm_x4_t(B, vaddr + kk * 16 * C::LDS * 2 + n * 16);
+                mlacu_mma_f16(o[n], A, B[0], B[1]);
+                mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
+            }
+        }
+        __syncthreads(); /* buffer buf, P and the row exchanges are free: tile + 2 into the buffer */
+        if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
+        else cp_async_commit();
+        if (tid == 0) MLACU_TRACE_MARK(4);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int hh = hg0 + g + 8 * r;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+            float *dst = a.out + ((int64_t)t * a.H + hh) * L + warp * (L / 4) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
+            if (warp == 0 && c4 == 0) {
+                w[0] = m_r[r] * 0.69314718055994531f; /* natural units, as mla_attn_reduce_kernel reads */
+                w[1] = l_r[r];
+            }
+            float *dst = w + 2 + warp * (L / 4) + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
+    }
+    if (late && k0 >= k1) mlacu_pdl_trigger();
+    if (tid == 0) MLACU_TRACE_MARK(1);
+}
+
 /* ---------------------------------------------------------------- cache rows of a batched step */
 /* Block t: row t of src goes to slot pos[t] of token t's paged cache, of element type KT (fp16:
  * rounded to nearest). */
@@ -747,10 +955,48 @@ static int tc_launch(const mla_cuda_attn_args *a, attn_k k, int64_t nk_max, cuda
     return MLA_OK;
 }
 
-/* the shape's kernel of this device (tc_tile) for element type KT: MLA_OK, MLA_ERR, or 1 (none) */
+/* The 16-head kernel for the args' shape where the device gives a block its shared memory:
+ * MLA_OK, MLA_ERR, or 1 (not taken: the kernel above takes the launch) */
+template <int L, int R>
+static int tcn_launch(const mla_cuda_attn_args *a, attn_k k, int64_t nk_max, cudaStream_t stream, int *splits, mla_err *e) {
+    using C = tcn_cfg<L, R>;
+    static int occ = -1; /* blocks an SM; 0: the kernel does not fit this device */
+    if (occ < 0) {
+        if ((size_t)mlacu_smem_optin() < C::SMEM_ALL) {
+            occ = 0;
+        } else {
+            MLACU_CHECK(mlacu_smem_allow(mla_attn_tcn_kernel<L, R>, C::SMEM), e,
+                        "mla_attn (tensor cores, 16 heads): shared memory %zu", C::SMEM);
+            MLACU_CHECK(cudaFuncSetAttribute(mla_attn_tcn_kernel<L, R>, cudaFuncAttributePreferredSharedMemoryCarveout, 100),
+                        e, "mla_attn (tensor cores, 16 heads): carveout");
+            int n = 0;
+            MLACU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_attn_tcn_kernel<L, R>, TC_T, C::SMEM), e,
+                        "mla_attn (tensor cores, 16 heads): occupancy");
+            occ = n;
+        }
+    }
+    if (occ == 0) return 1;
+    const int64_t T = a->n_tokens, hgroups = (a->n_head + TC_NR - 1) / TC_NR;
+    k.splits = attn_splits(a, T * hgroups, nk_max, g_tc_min_keys ? g_tc_min_keys : TC_MIN_KEYS,
+                           (int64_t)occ * mlacu_sm_count(), T == 1 && !g_tc_min_keys ? TC_MIN_KEYS1 : 0);
+    const dim3 grid((unsigned)hgroups, (unsigned)k.splits, (unsigned)T);
+    mlacu_launch(mla_attn_tcn_kernel<L, R>, grid, TC_T, C::SMEM, stream, k);
+    MLACU_CHECK(cudaGetLastError(), e, "mla_attn (tensor cores, 16 heads) T=%lld H=%lld splits=%d", (long long)T,
+                (long long)a->n_head, k.splits);
+    *splits = k.splits;
+    return MLA_OK;
+}
+
+/* the shape's kernel of this device (tc_tile) for element type KT: MLA_OK, MLA_ERR, or 1 (none);
+ * up to 16 heads over an fp16 cache, the 16-head kernel where it fits */
 template <int L, int R, typename KT>
 static int tc_launch_any(const mla_cuda_attn_args *a, const attn_k &k, int64_t nk_max, cudaStream_t stream, int *splits,
                          mla_err *e) {
+    if constexpr (std::is_same<KT, __half>::value)
+        if (a->n_head <= TC_NR) {
+            const int r = tcn_launch<L, R>(a, k, nk_max, stream, splits, e);
+            if (r != 1) return r;
+        }
     const int kt = tc_tile<L, R>();
     if (kt == TC_KT) return tc_launch<L, R, KT, TC_KT>(a, k, nk_max, stream, splits, e);
     if constexpr (L == 512 && R == 64)
