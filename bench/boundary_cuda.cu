@@ -28,6 +28,8 @@
  *   flat xR    R such kernels, each its own code, taking turns (R x F x 128 bytes a round)
  *   loop xR    R loop kernels taking turns
  * The same multiply-adds in the same order: every form computes the same last vector (checked).
+ * Then the loop form again, with and without a one-block branch on a second stream beside each
+ * phase, joined before the next one (loop+join: what a join costs the chain in a graph).
  *
  *   mla-boundary [-k PHASES (64)] [-r GB/s (4208)] [-s SHARED_KB (160)] [-c]
  *
@@ -262,6 +264,71 @@ template <int F> static int code_run(int K, float *v, cudaStream_t st, int sms) 
     return bad;
 }
 
+/* the -c table's last rows: a chain of loop phases of F steps, plain or with a branch forked beside
+ * each phase (a one-block phase on a second stream, into a vector of its own) and joined before
+ * the next one, as a decode step's shared expert runs beside the router (us a phase) */
+template <int F> static void join_run(int K, float *v, cudaStream_t st, int sms) {
+    cudaStream_t st2;
+    cudaEvent_t evf, evj;
+    float *v2;
+    CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&evf, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&evj, cudaEventDisableTiming));
+    CK(cudaMalloc(&v2, sizeof(float) * N * 2));
+    CK(cudaMemset(v2, 0, sizeof(float) * N * 2));
+    for (int join = 0; join < 2; join++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int k = 0; k < K; k++) {
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.blockDim = dim3(CODE_THREADS);
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            const bool fork = join && k + 1 < K;
+            if (fork) {
+                CK(cudaEventRecord(evf, st));
+                CK(cudaStreamWaitEvent(st2, evf, 0));
+                args a2 = {nullptr, v2, nullptr, 0, 0};
+                cfg.gridDim = dim3(1);
+                cfg.stream = st2;
+                CK(cudaLaunchKernelEx(&cfg, code_kernel<1, 32, false>, a2));
+                CK(cudaEventRecord(evj, st2));
+            }
+            args a = {nullptr, v, nullptr, 0, k};
+            cfg.gridDim = dim3((unsigned)sms);
+            cfg.stream = st;
+            CK(cudaLaunchKernelEx(&cfg, code_kernel<0, F, false>, a));
+            if (fork) CK(cudaStreamWaitEvent(st, evj, 0));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const int reps = 20;
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaStreamSynchronize(st));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        printf("%-10s %9d %10s %10.2f\n", join ? "loop+join" : "loop", F, "-", ms * 1e3 / reps / K);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    CK(cudaFree(v2));
+    CK(cudaEventDestroy(evf));
+    CK(cudaEventDestroy(evj));
+    CK(cudaStreamDestroy(st2));
+}
+
 static int usage(void) {
     fprintf(stderr,
             "usage: mla-boundary [-k PHASES (2-1024, 64)] [-r GB/s (4208)] [-s SHARED_KB (16-227, 160)] [-c]\n");
@@ -303,6 +370,7 @@ int main(int argc, char **argv) {
         printf("# %d SMs, %d phases, one block of %d threads an SM\n", sms, K, CODE_THREADS);
         printf("%-10s %9s %10s %10s\n", "form", "steps", "code B", "us/phase");
         const int bad = code_run<32>(K, v, st, sms) | code_run<128>(K, v, st, sms) | code_run<512>(K, v, st, sms);
+        join_run<128>(K, v, st, sms);
         CK(cudaFree(w));
         CK(cudaFree(v));
         CK(cudaFree(cnt));
