@@ -143,8 +143,10 @@ template <int IN> struct hq_shape {
     static_assert(IN % 32 == 0 && NB <= 32 && ROWS % 32 == 0 && PASSES >= 1 && (ROWS * RB) % 16 == 0, "head q8 shape");
 };
 /* The block's rows r = p 8 RPW + warp RPW + sub of ws (passes p < np; row o0 + r of head h's
- * out) dotted with the T rows of xs, y stored (lane gl == 0 of each row's LPR lanes). */
-template <int IN>
+ * out) dotted with the T rows of xs, y stored (lane gl == 0 of each row's LPR lanes). NT: the
+ * tokens the kernel is built for, 8 or 1 (a decode step of one token runs this code once a launch,
+ * cold: built without the other tokens' sums, the same arithmetic). */
+template <int IN, int NT>
 __device__ __forceinline__ void hq_rows(const uint8_t *ws, const float *xs, int np, int o0, int out, int h, int T,
                                         float *__restrict__ y, int64_t yt, int64_t yh) {
     using S = hq_shape<IN>;
@@ -152,14 +154,14 @@ __device__ __forceinline__ void hq_rows(const uint8_t *ws, const float *xs, int 
 #pragma unroll
     for (int p = 0; p < np; p++) {
         const int r = p * 8 * S::RPW + warp * S::RPW + sub; /* the block's row */
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        float acc[NT] = {};
 #pragma unroll
         for (int j = 0; j < S::BPL; j++) {
             const int b = gl + S::LPR * j;
             if (b >= S::NB) break;
             const uint8_t *blk = ws + r * S::RB + b * 34;
             const float d = __half2float(*(const __half *)blk);
-            float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            float part[NT] = {};
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const int g = (k + gl) & 7; /* elements 4g .. 4g + 3 of the block */
@@ -167,18 +169,18 @@ __device__ __forceinline__ void hq_rows(const uint8_t *ws, const float *xs, int 
                 const float q0 = (float)(int8_t)(lo & 0xff), q1 = (float)(int8_t)(lo >> 8);
                 const float q2 = (float)(int8_t)(hi & 0xff), q3 = (float)(int8_t)(hi >> 8);
 #pragma unroll
-                for (int t = 0; t < 8; t++) {
+                for (int t = 0; t < NT; t++) {
                     if (t >= T) break;
                     const float4 a = *(const float4 *)(xs + t * IN + b * 32 + 4 * g);
                     part[t] += q0 * a.x + q1 * a.y + q2 * a.z + q3 * a.w;
                 }
             }
 #pragma unroll
-            for (int t = 0; t < 8; t++) acc[t] += d * part[t];
+            for (int t = 0; t < NT; t++) acc[t] += d * part[t];
         }
         const int o = o0 + r;
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= T) break;
             float v = acc[t];
 #pragma unroll
@@ -195,7 +197,7 @@ struct hq_rope {
     int64_t qpe_t, qpe_h;
     const int32_t *pos;
 };
-template <int IN>
+template <int IN, int NT>
 __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__restrict__ W, int out,
                                                            const float *__restrict__ x, int64_t xt, int64_t xh, int T,
                                                            float *__restrict__ y, int64_t yt, int64_t yh,
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
     /* the next kernel is scheduled once x is in (v_b is followed by the attention output's
      * streamed GEMV, whose first copies would otherwise queue ahead of these loads) */
     mlacu_pdl_trigger();
-    hq_rows<IN>(ws, xs, S::PASSES, o0, out, h, T, y, yt, yh);
+    hq_rows<IN, NT>(ws, xs, S::PASSES, o0, out, h, T, y, yt, yh);
     if (rp.qpe && (int)blockIdx.x < T) { /* head h's k_pe of token t, by the head's blocks t mod gridDim.x */
         __shared__ float tcs[MLA_CUDA_ROPE_ARG_DIMS / 2], tsn[MLA_CUDA_ROPE_ARG_DIMS / 2];
         for (int t = blockIdx.x; t < T; t += gridDim.x) {
@@ -248,7 +250,7 @@ constexpr int HQ_COMB_MAXS = MLA_CUDA_HEAD_COMB_MAXS, HQ_COMB_SB = 16;
 static_assert(HQ_COMB_MAXS <= 32, "a warp a token's splits");
 /* the combine kernel's static shared memory (xs, ew, inv, the barrier), rounded up */
 constexpr size_t hq_comb_static(int64_t in) { return (size_t)(8 * in + 8 * HQ_COMB_MAXS + 8) * 4 + 64; }
-template <int IN>
+template <int IN, int NT>
 __global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *__restrict__ W, int out, int rpb,
                                                                 const float *__restrict__ work, int H, int ns, int T,
                                                                 float *__restrict__ y, int64_t yt, int64_t yh,
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *_
     __syncthreads();
     mlacu_mbar_wait(&bar, 0);
     mlacu_pdl_trigger();
-    hq_rows<IN>(hq_sm, xs, rpb / (8 * S::RPW), o0, out, h, T, y, yt, yh);
+    hq_rows<IN, NT>(hq_sm, xs, rpb / (8 * S::RPW), o0, out, h, T, y, yt, yh);
     if (!yq) return;
     __syncthreads();
     head_round_units(rpb / 32, y, yt, yh, h, o0, out, T, yq, ys);
@@ -526,11 +528,12 @@ static int head_q8_launch(const void *d_w, int64_t H, int64_t in, int64_t out, c
     auto go = [&](auto kern) {
         mlacu_launch(kern, grid, 256, 0, st, w, (int)out, d_x, xt, xh, (int)T, d_y, yt, yh, q, qs, rp);
     };
-    if (in == 64) go(head_gemv_q8_kernel<64>);
-    else if (in == 128) go(head_gemv_q8_kernel<128>);
-    else if (in == 192) go(head_gemv_q8_kernel<192>);
-    else if (in == 256) go(head_gemv_q8_kernel<256>);
-    else go(head_gemv_q8_kernel<512>);
+    const bool one = T == 1; /* the kernel built for one token */
+    if (in == 64) one ? go(head_gemv_q8_kernel<64, 1>) : go(head_gemv_q8_kernel<64, 8>);
+    else if (in == 128) one ? go(head_gemv_q8_kernel<128, 1>) : go(head_gemv_q8_kernel<128, 8>);
+    else if (in == 192) one ? go(head_gemv_q8_kernel<192, 1>) : go(head_gemv_q8_kernel<192, 8>);
+    else if (in == 256) one ? go(head_gemv_q8_kernel<256, 1>) : go(head_gemv_q8_kernel<256, 8>);
+    else one ? go(head_gemv_q8_kernel<512, 1>) : go(head_gemv_q8_kernel<512, 8>);
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0) H=%lld %lldx%lld T=%lld", (long long)H, (long long)out,
                 (long long)in, (long long)T);
     return d_yq && !q ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;
@@ -570,9 +573,11 @@ extern "C" int mla_cuda_head_matmul_q8_comb(const void *d_w, int64_t H, int64_t 
                      (int)H, n_splits, (int)T, d_y, yt, yh, q, qs);
         return MLA_OK;
     };
-    static bool attr[2] = {false, false};
-    if ((in == 512 ? go(head_gemv_q8_comb_kernel<512>, attr[1]) : go(head_gemv_q8_comb_kernel<256>, attr[0])) != MLA_OK)
-        return MLA_ERR;
+    static bool attr[4] = {false, false, false, false}; /* [in 512][one token] */
+    int r;
+    if (in == 512) r = T == 1 ? go(head_gemv_q8_comb_kernel<512, 1>, attr[3]) : go(head_gemv_q8_comb_kernel<512, 8>, attr[2]);
+    else r = T == 1 ? go(head_gemv_q8_comb_kernel<256, 1>, attr[1]) : go(head_gemv_q8_comb_kernel<256, 8>, attr[0]);
+    if (r != MLA_OK) return MLA_ERR;
     MLACU_CHECK(cudaGetLastError(), e, "head_matmul (Q8_0, %d splits combined) H=%lld %lldx%lld T=%lld", n_splits,
                 (long long)H, (long long)out, (long long)in, (long long)T);
     return d_yq && !q ? mla_cuda_quantize_q8(d_y, T, yt, d_yq, stream, e) : MLA_OK;

@@ -111,12 +111,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* Sums acc over the wpr warps of a row group: afterwards every lane of the group's first warp
  * (part 0) holds the totals. Every warp of the block must call it (it has block barriers when
  * wpr > 1). */
-__device__ __forceinline__ void gemv_group_sum(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
+template <int NT = GQ_T>
+__device__ __forceinline__ void gemv_group_sum(float (&acc)[GQ_R][NT], float (*red)[GQ_R][NT], int warp, int lane,
                                                int part, int wpr) {
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
-        for (int t = 0; t < GQ_T; t++) {
+        for (int t = 0; t < NT; t++) {
             acc[r][t] = warp_sum(acc[r][t]);
             if (wpr > 1 && lane == 0) red[warp][r][t] = acc[r][t];
         }
@@ -126,7 +127,7 @@ __device__ __forceinline__ void gemv_group_sum(float acc[GQ_R][GQ_T], float (*re
 #pragma unroll
         for (int r = 0; r < GQ_R; r++)
 #pragma unroll
-            for (int t = 0; t < GQ_T; t++) {
+            for (int t = 0; t < NT; t++) {
                 float v = 0.f;
                 for (int k = 0; k < wpr; k++) v += red[warp + k][r][t];
                 acc[r][t] = v;
@@ -135,14 +136,15 @@ __device__ __forceinline__ void gemv_group_sum(float acc[GQ_R][GQ_T], float (*re
 }
 
 /* Sums a row group's partial results over its wpr warps and stores y[t][row0 + r]. */
-__device__ __forceinline__ void gemv_group_store(float acc[GQ_R][GQ_T], float (*red)[GQ_R][GQ_T], int warp, int lane,
+template <int NT = GQ_T>
+__device__ __forceinline__ void gemv_group_store(float (&acc)[GQ_R][NT], float (*red)[GQ_R][NT], int warp, int lane,
                                                  int part, int wpr, int row0, int out, int T, float *__restrict__ y) {
-    gemv_group_sum(acc, red, warp, lane, part, wpr);
+    gemv_group_sum<NT>(acc, red, warp, lane, part, wpr);
     if (part != 0 || lane != 0) return;
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
-        for (int t = 0; t < GQ_T; t++)
+        for (int t = 0; t < NT; t++)
             if (t < T && row0 + r < out) y[(size_t)t * out + row0 + r] = acc[r][t];
 }
 
@@ -169,7 +171,9 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
 
 /* The float-weight GEMV (F32 / F16 / BF16: routers, bf16 files) in the same layout as
  * gemvq_kernel: lanes over 32-element units read W with 16-byte loads straight to registers and
- * dot them with fp32 x (L1-cached), wpr warps per group of GQ_R rows. */
+ * dot them with fp32 x (L1-cached), wpr warps per group of GQ_R rows. NT: the tokens it is built
+ * for, GQ_T, or 1 for a decode step's router (the same sums; a decode step runs this code once a
+ * launch, cold, so it is built without the other tokens' unrolled sums). */
 template <int TY> __device__ __forceinline__ void unit_f32(const uint8_t *b, float *v) {
     if (TY == GGML_TYPE_F32) {
 #pragma unroll
@@ -196,11 +200,11 @@ template <int TY> __device__ __forceinline__ void unit_f32(const uint8_t *b, flo
     }
 }
 
-template <int TY>
+template <int TY, int NT>
 __global__ void __launch_bounds__(GQ_WARPS * 32)
     gemvf_kernel(const uint8_t *__restrict__ W, size_t rb, int nu, int out, const float *__restrict__ x, int T,
                  float *__restrict__ y, int wpr) {
-    __shared__ float red[GQ_WARPS][GQ_R][GQ_T];
+    __shared__ float red[GQ_WARPS][GQ_R][NT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = warp / wpr, part = warp % wpr;
     const int row0 = (blockIdx.x * (GQ_WARPS / wpr) + grp) * GQ_R;
@@ -215,18 +219,18 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
             asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p[r] + (size_t)u * qtraits<TY>::BB));
     mlacu_pdl_enter();
     if (wpr == 1 && row0 >= out) return;
-    float acc[GQ_R][GQ_T];
+    float acc[GQ_R][NT];
 #pragma unroll
     for (int r = 0; r < GQ_R; r++)
 #pragma unroll
-        for (int t = 0; t < GQ_T; t++) acc[r][t] = 0.f;
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
     const int in = nu * 32;
     for (int u = part * 32 + lane; u < nu; u += 32 * wpr) {
         float v[GQ_R][32];
 #pragma unroll
         for (int r = 0; r < GQ_R; r++) unit_f32<TY>(p[r] + (size_t)u * qtraits<TY>::BB, v[r]);
 #pragma unroll
-        for (int t = 0; t < GQ_T; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= T) break;
             const float4 *xp = (const float4 *)(x + (size_t)t * in + (size_t)u * 32);
 #pragma unroll
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(GQ_WARPS * 32)
             }
         }
     }
-    gemv_group_store(acc, red, warp, lane, part, wpr, row0, out, T, y);
+    gemv_group_store<NT>(acc, red, warp, lane, part, wpr, row0, out, T, y);
 }
 
 /* The grouped expert version over a MoE plan's tiles (as gemv_kernel's gv_grouped row source):
@@ -314,8 +318,8 @@ static cudaError_t launch_gemvf(const void *w, int64_t in, int64_t out, const fl
     unsigned grid = (unsigned)((out + rows_per_block - 1) / rows_per_block);
     for (int64_t t0 = 0; t0 < T; t0 += GQ_T) {
         int tn = (int)(T - t0 < GQ_T ? T - t0 : GQ_T);
-        mlacu_launch(gemvf_kernel<TY>, grid, GQ_WARPS * 32, 0, s, (const uint8_t *)w, ggml_row_bytes(TY, in), nu,
-                     (int)out, x + t0 * in, tn, y + t0 * out, wpr);
+        mlacu_launch(tn == 1 ? gemvf_kernel<TY, 1> : gemvf_kernel<TY, GQ_T>, grid, GQ_WARPS * 32, 0, s,
+                     (const uint8_t *)w, ggml_row_bytes(TY, in), nu, (int)out, x + t0 * in, tn, y + t0 * out, wpr);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }

@@ -64,10 +64,13 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
     if (n <= RN_T * RN_V) {
         /* rows of up to 8192 (every hidden size here): x and w read once, all loads issued before
          * the reduction (one block per token is latency, not bandwidth); the same sums and
-         * products, in the same order, as the loops below */
-        float xv[RN_V], wv[RN_V], rv[RN_V];
+         * products, in the same order, as the loops below. The loops end at the row's last
+         * chunk: a decode step runs this code once a launch, cold, and a 2048-wide row takes 4 of
+         * the 16 chunks */
+        float xv[RN_V] = {}, wv[RN_V], rv[RN_V]; /* xv: zeros past the row (the q8 units of a whole row) */
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
+            if (k * RN_T >= n) break; /* past the row: every thread alike */
             const int i = threadIdx.x + k * RN_T;
             wv[k] = i < n ? w[i] : 0.f;
         }
@@ -75,6 +78,7 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
         fetch();
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
+            if (k * RN_T >= n) break; /* past the row: every thread alike */
             const int i = threadIdx.x + k * RN_T;
             xv[k] = i < n ? xr[i] : 0.f;
             if (ADD) rv[k] = i < n ? rr[i] : 0.f;
@@ -82,18 +86,20 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
         if (ADD) /* after every load: a store to x before them would hold each one back */
 #pragma unroll
             for (int k = 0; k < RN_V; k++) {
+                if (k * RN_T >= n) break; /* past the row: every thread alike */
                 const int i = threadIdx.x + k * RN_T;
                 xv[k] += rv[k];
                 if (i < n && k >= k0 && k < k1) xo[i] = xv[k];
             }
 #pragma unroll
-        for (int k = 0; k < RN_V; k++)
+        for (int k = 0; k < RN_V && k * RN_T < n; k++)
             if (threadIdx.x + k * RN_T < n) ss += xv[k] * xv[k];
         ss = block_sum(ss, red);
         if (PDL) mlacu_pdl_trigger();
         const float r = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
 #pragma unroll
         for (int k = 0; k < RN_V; k++) {
+            if (k * RN_T >= n) break; /* past the row: every thread alike */
             const int i = threadIdx.x + k * RN_T;
             xv[k] = xv[k] * r * wv[k]; /* y */
             if (i < n && k >= k0 && k < k1) st(i, xv[k]);
@@ -110,7 +116,7 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
                 for (int j = 0; j < RN_KB; j++) {
                     v[j] = 0.f;
 #pragma unroll
-                    for (int k = 0; k < RN_V; k++)
+                    for (int k = 0; k < RN_V && k * RN_T < n; k++)
                         if (k == k0 + j) v[j] = xv[k];
                 }
                 mlacu_q8_units_warp<RN_KB>(v, q + base + k0 * RN_T, qs + (base + k0 * RN_T) / 32, RN_T,
@@ -120,12 +126,13 @@ __device__ __forceinline__ void rms_row(const float *xr, const float *rr, float 
         if (H16) { /* act_h_kernel's scale and rounding of the same y */
             float m = 0.f;
 #pragma unroll
-            for (int k = 0; k < RN_V; k++)
+            for (int k = 0; k < RN_V && k * RN_T < n; k++)
                 if (threadIdx.x + k * RN_T < n) m = fmaxf(m, fabsf(xv[k]));
             const int e = mlacu_h16_exp(block_max(m, red));
             const float s = ldexpf(1.f, e);
 #pragma unroll
             for (int k = 0; k < RN_V; k++) {
+                if (k * RN_T >= n) break; /* past the row: every thread alike */
                 const int i = threadIdx.x + k * RN_T;
                 if (i < n) h[i] = __float2half_rn(xv[k] * s);
             }
