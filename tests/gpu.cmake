@@ -101,7 +101,7 @@ endif()
 
 # bench/boundary_cuda.cu: what a dependency between two phases of a decode step costs by the
 # mechanism that orders them (chained launches, programmatic launch, a flag, one persistent
-# launch); needs a GPU, built here and in CI as a compile check, carried by scripts/gpu_carry.sh
+# launch), and with -c what a launch's cold code and a joined branch cost; needs a GPU, built here and in CI as a compile check, carried by scripts/gpu_carry.sh
 if(MLA_HAVE_CUDA)
   add_executable(mla-boundary ${CMAKE_SOURCE_DIR}/bench/boundary_cuda.cu)
   target_compile_options(mla-boundary PRIVATE -Xcompiler=-Wall,-Wextra -Werror=all-warnings)
