@@ -164,6 +164,29 @@ __global__ void __launch_bounds__(THREADS) persist_kernel(args a) {
     }
 }
 
+/* a captured graph of K phases: instantiated, run 3 times, then timed over 20 runs (both freed);
+ * microseconds a phase */
+static double graph_us(cudaGraph_t g, cudaStream_t st, int K) {
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int reps = 20;
+    CK(cudaEventRecord(e0, st));
+    for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaStreamSynchronize(st));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return ms * 1e3 / reps / K;
+}
+
 /* ---- code size (-c) */
 enum { CODE_THREADS = 128, CODE_ROT = 8 };
 /* multiplier j of kernel s: each kernel its own constants, so its own code */
@@ -218,7 +241,6 @@ template <int F> static int code_run(int K, float *v, cudaStream_t st, int sms) 
             CK(cudaMemcpyAsync(v + i, h, sizeof h, cudaMemcpyHostToDevice, st));
         }
         cudaGraph_t g;
-        cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int k = 0; k < K; k++) {
             /* phase k runs kernel k % rot of the form (the check below compares forms of one
@@ -236,24 +258,9 @@ template <int F> static int code_run(int K, float *v, cudaStream_t st, int sms) 
             CK(cudaLaunchKernelEx(&cfg, forms[fi].fn[k % forms[fi].rot], a));
         }
         CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        const int reps = 20;
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaStreamSynchronize(st));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = graph_us(g, st, K);
         CK(cudaMemcpy(&last[fi], v + (size_t)K * N + 5, 4, cudaMemcpyDeviceToHost));
-        printf("%-10s %9d %10d %10.2f\n", forms[fi].name, F, F * 8 * 16 * forms[fi].rot, ms * 1e3 / reps / K);
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        printf("%-10s %9d %10d %10.2f\n", forms[fi].name, F, F * 8 * 16 * forms[fi].rot, us);
     }
     int bad = 0; /* flat == loop (one kernel); flat x8 == loop x8; flat x2 is flat x8's first two */
     if (last[1] != last[0] || last[3] != last[4]) {
@@ -278,7 +285,6 @@ template <int F> static void join_run(int K, float *v, cudaStream_t st, int sms)
     CK(cudaMemset(v2, 0, sizeof(float) * N * 2));
     for (int join = 0; join < 2; join++) {
         cudaGraph_t g;
-        cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int k = 0; k < K; k++) {
             cudaLaunchAttribute at[1];
@@ -305,23 +311,8 @@ template <int F> static void join_run(int K, float *v, cudaStream_t st, int sms)
             if (fork) CK(cudaStreamWaitEvent(st, evj, 0));
         }
         CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        const int reps = 20;
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaStreamSynchronize(st));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        printf("%-10s %9d %10s %10.2f\n", join ? "loop+join" : "loop", F, "-", ms * 1e3 / reps / K);
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        const double us = graph_us(g, st, K);
+        printf("%-10s %9d %10s %10.2f\n", join ? "loop+join" : "loop", F, "-", us);
     }
     CK(cudaFree(v2));
     CK(cudaEventDestroy(evf));
@@ -402,7 +393,6 @@ int main(int argc, char **argv) {
                 continue;
             }
             cudaGraph_t g;
-            cudaGraphExec_t ge;
             CK(cudaMemsetAsync(v + N, 0, sizeof(float) * N * K, st)); /* no mode sees another's vectors */
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             CK(cudaMemsetAsync(cnt, 0, sizeof(unsigned) * (K + 1), st));
@@ -423,25 +413,9 @@ int main(int argc, char **argv) {
                 else CK(cudaLaunchKernelEx(&cfg, chain_kernel<true>, a));
             }
             CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0));
-            CK(cudaEventCreate(&e1));
-            const int reps = 20;
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaStreamSynchronize(st));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / reps / K, bytes_us = (double)pb / (gbs * 1e3);
+            const double us = graph_us(g, st, K), bytes_us = (double)pb / (gbs * 1e3);
             CK(cudaMemcpy(&last[mode], v + (size_t)K * N + 5, 4, cudaMemcpyDeviceToHost));
             printf("%-10s %9.1f %10.2f %14.2f\n", names[mode], pb / 1048576.0, us, us - bytes_us);
-            CK(cudaEventDestroy(e0));
-            CK(cudaEventDestroy(e1));
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
         }
         for (int mode = 1; mode < MODES; mode++)
             if (!isnan(last[mode]) && last[mode] != last[0]) {

@@ -320,6 +320,71 @@ __device__ __forceinline__ void stage_q16(const attn_k &a, __half *qs, int t, in
     for (int u = 0; u < RN; u++) r32[u * RR * ld / 2] = pack_h2(v[LN + u].x * sl2, v[LN + u].y * sl2);
 }
 
+/* The cache row of token t's key k (its DSA selection's k-th where a.sel), NULL from k1 on: in
+ * the block table tab (paged) or the contiguous cache; rows of ROW elements of type KT. */
+template <typename KT, int ROW>
+__device__ __forceinline__ const KT *tc_row(const attn_k &a, const float *const *tab, int t, int64_t k, int64_t k1) {
+    if (k >= k1) return nullptr;
+    const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
+    return tab ? paged_row_t<KT>(tab, a.tab_off, ROW, key) : (const KT *)a.kv + key * ROW;
+}
+
+/* One key tile's P V for a warp's NT n-tiles of output (both tensor-core kernels): o's rows g and
+ * g + 8 rescaled by al, then O += P V over the tile's KTL keys (P's fragments at paddr, V's, rows of
+ * ld halves, at vaddr). */
+template <int NT, int KTL, int ld>
+__device__ __forceinline__ void tc_pv(float (&o)[NT][4], const float (&al)[2], uint32_t paddr, uint32_t vaddr) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        o[n][0] *= al[0];
+        o[n][1] *= al[0];
+        o[n][2] *= al[1];
+        o[n][3] *= al[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < KTL / 16; kk++) {
+        uint32_t A[4];
+        mlacu_ldsm_x4(A, paddr + kk * 32);
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            uint32_t B[4];
+            mlacu_ldsm_x4_t(B, vaddr + kk * 16 * ld * 2 + n * 16);
+            mlacu_mma_f16(o[n], A, B[0], B[1]);
+            mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
+        }
+    }
+}
+
+/* A warp's rows after the last tile (both tensor-core kernels): rows g and g + 8 are heads h0 + g
+ * and h0 + g + 8 (none past a.H), their NT n-tiles from latent column col. One split: the output;
+ * else the split's partial row of the work buffer, its maximum (natural units, as
+ * mla_attn_reduce_kernel reads) and sum written by the warp with ml. */
+template <int L, int NT>
+__device__ __forceinline__ void tc_store(const attn_k &a, const float (&o)[NT][4], const float (&m_r)[2],
+                                         const float (&l_r)[2], int t, int h0, int split, int col, bool ml) {
+    const int g = (threadIdx.x & 31) >> 2, c4 = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int hh = h0 + g + 8 * r;
+        if (hh >= a.H) continue;
+        if (a.splits == 1) {
+            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
+            float *dst = a.out + ((int64_t)t * a.H + hh) * L + col + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        } else {
+            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
+            if (ml && c4 == 0) {
+                w[0] = m_r[r] * 0.69314718055994531f;
+                w[1] = l_r[r];
+            }
+            float *dst = w + 2 + col + 2 * c4;
+#pragma unroll
+            for (int n = 0; n < NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
+    }
+}
+
 /* KT: the cache's element type. An fp32 cache is loaded through registers during the scores of
  * the tile before (rounded to fp16 on the way to shared memory); an fp16 cache (ASYNC) is copied
  * as it is by cp.async, two tiles in flight: each tile's copy is issued as soon as its buffer is
@@ -353,11 +418,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     /* the cache row of key k of this split (NULL past k1): a lane of warp 0 looks it up, a key a
      * lane of a tile; the lookups (the block table, the selected keys) are loads, issued well
      * before the rows are stored for the tile's copy */
-    auto row_at = [&](int64_t k) -> const KT * {
-        if (k >= k1) return nullptr;
-        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-        return tab ? paged_row_t<KT>(tab, a.tab_off, C::ROW, key) : (const KT *)a.kv + key * C::ROW;
-    };
+    auto row_at = [&](int64_t k) { return tc_row<KT, C::ROW>(a, tab, t, k, k1); };
     /* batch b of a tile: LB loads of 4 elements per thread from the rows in rp, then into key
      * buffer kd */
     constexpr int IPK = C::ROW / 4, LB = C::LB;
@@ -547,25 +608,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             l_r[r] = l_r[r] * al[r] + sum[r] + psum[(warp ^ 1) * 16 + g + 8 * r];
             m_r[r] = mn[r];
         }
-#pragma unroll
-        for (int n = 0; n < C::NT; n++) {
-            o[n][0] *= al[0];
-            o[n][1] *= al[0];
-            o[n][2] *= al[1];
-            o[n][3] *= al[1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < KTL / 16; kk++) {
-            uint32_t A[4];
-            mlacu_ldsm_x4(A, paddr + kk * 32);
-#pragma unroll
-            for (int n = 0; n < C::NT; n += 2) {
-                uint32_t B[4];
-                mlacu_ldsm_x4_t(B, vaddr + kk * 16 * C::LDS * 2 + n * 16);
-                mlacu_mma_f16(o[n], A, B[0], B[1]);
-                mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
-            }
-        }
+        tc_pv<C::NT, KTL, C::LDS>(o, al, paddr, vaddr);
         if constexpr (ASYNC) { /* buffer buf is free once every warp is past its P V: tile + 2 into it */
             __syncthreads();
             if (kb + 2 * KTL < k1) issue_tile(rowp[buf], ks + buf * KTL * C::LDS);
@@ -574,26 +617,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         if (tid == 0) MLACU_TRACE_MARK(4);
     }
     if constexpr (ASYNC) cp_async_wait<0>(); /* no copy outlives the block (only empty groups remain) */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int hh = hg0 + mt * 16 + g + 8 * r;
-        if (hh >= a.H) continue;
-        if (a.splits == 1) {
-            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
-            float *dst = a.out + ((int64_t)t * a.H + hh) * L + half * (L / 2) + 2 * c4;
-#pragma unroll
-            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        } else {
-            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
-            if (half == 0 && c4 == 0) {
-                w[0] = m_r[r] * 0.69314718055994531f; /* natural units, as mla_attn_reduce_kernel reads */
-                w[1] = l_r[r];
-            }
-            float *dst = w + 2 + half * (L / 2) + 2 * c4;
-#pragma unroll
-            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-        }
-    }
+    tc_store<L, C::NT>(a, o, m_r, l_r, t, hg0 + mt * 16, split, half * (L / 2), half == 0);
     if (late && k0 >= k1) mlacu_pdl_trigger();
     if (tid == 0) MLACU_TRACE_MARK(1);
 }
@@ -639,11 +663,7 @@ template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_
     const float *const *tab = a.tabs ? a.tabs[t] : nullptr;
     int64_t k0, k1;
     split_keys(a, t, split, TC_KT, k0, k1);
-    auto row_at = [&](int64_t k) -> const __half * {
-        if (k >= k1) return nullptr;
-        const int64_t key = a.sel ? a.sel[t * a.sel_stride + k] : k;
-        return tab ? paged_row_t<__half>(tab, a.tab_off, C::ROW, key) : (const __half *)a.kv + key * C::ROW;
-    };
+    auto row_at = [&](int64_t k) { return tc_row<__half, C::ROW>(a, tab, t, k, k1); };
     constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
     auto issue_tile = [&](const __half *const *rp, __half *kd) {
 #pragma unroll 2
@@ -748,51 +768,14 @@ template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_
             l_r[r] = l_r[r] * al[r] + ((psum[row] + psum[16 + row]) + (psum[32 + row] + psum[48 + row]));
             m_r[r] = mn[r];
         }
-#pragma unroll
-        for (int n = 0; n < C::NT; n++) {
-            o[n][0] *= al[0];
-            o[n][1] *= al[0];
-            o[n][2] *= al[1];
-            o[n][3] *= al[1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < TC_KT / 16; kk++) {
-            uint32_t A[4];
-            mlacu_ldsm_x4(A, paddr + kk * 32);
-#pragma unroll
-            for (int n = 0; n < C::NT; n += 2) {
-                uint32_t B[4];
-                mlacu_ldsm_x4_t(B, vaddr + kk * 16 * C::LDS * 2 + n * 16);
-                mlacu_mma_f16(o[n], A, B[0], B[1]);
-                mlacu_mma_f16(o[n + 1], A, B[2], B[3]);
-            }
-        }
+        tc_pv<C::NT, TC_KT, C::LDS>(o, al, paddr, vaddr);
         __syncthreads(); /* buffer buf, P and the row exchanges are free: tile + 2 into the buffer */
         if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
         else cp_async_commit();
         if (tid == 0) MLACU_TRACE_MARK(4);
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int hh = hg0 + g + 8 * r;
-        if (hh >= a.H) continue;
-        if (a.splits == 1) {
-            const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
-            float *dst = a.out + ((int64_t)t * a.H + hh) * L + warp * (L / 4) + 2 * c4;
-#pragma unroll
-            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        } else {
-            float *w = a.work + (((int64_t)t * a.H + hh) * a.splits + split) * (L + 2);
-            if (warp == 0 && c4 == 0) {
-                w[0] = m_r[r] * 0.69314718055994531f; /* natural units, as mla_attn_reduce_kernel reads */
-                w[1] = l_r[r];
-            }
-            float *dst = w + 2 + warp * (L / 4) + 2 * c4;
-#pragma unroll
-            for (int n = 0; n < C::NT; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-        }
-    }
+    tc_store<L, C::NT>(a, o, m_r, l_r, t, hg0, split, warp * (L / 4), warp == 0);
     if (late && k0 >= k1) mlacu_pdl_trigger();
     if (tid == 0) MLACU_TRACE_MARK(1);
 }
