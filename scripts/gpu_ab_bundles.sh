@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Two builds side by side on the same files and GPU: `mlaserve bench` of bundle A, then of bundle
-# B, family by family (4-layer real-width mkmodel files, written here), on the rows of the 24-row
-# table of scripts/gpu_bench.sh (prefill 512 and 4096; decode at batch 1 at 1k and 16k; batch 8,
-# 32, 128, 256 at 1k), then a table of B / A per row (bench/ab_rows.py). For a change that must
-# not move speed (a refactor): A the tree before it, B after.
+# B, model by model (mkmodel files, written here), on the rows of the 24-row table of
+# scripts/gpu_bench.sh (prefill 512 and 4096; decode at batch 1 at 1k and 16k; batch 8, 32, 128,
+# 256 at 1k), then a table of B / A per row (bench/ab_rows.py). For a change that must not move
+# speed (a refactor): A the tree before it, B after. A tree that differs only in its worker: a copy
+# of the release tree with that worker as bin/mlaserve-worker.
 # Env: A, B (release trees with bin/mlaserve; default .bundle-before and .bundle90), OUT (default
-# ./out), FAMILIES (default "v3 glm5 v2lite"), BENCH_DIR (default /tmp/mla-bench), RUN_S (time
-# bound of one bench run, default 150), BW_GBS (the copy rate for the roofline, default 4250).
+# ./out), FAMILIES (default "v3 glm5 v2lite"): each FAMILY[:LAYERS[:RANK_OF]], LAYERS a count
+# (default 4) or "all" (the real depth), RANK_OF what one rank of TP N holds (mkmodel --rank-of),
+# e.g. "v2lite:all v3:all:8"; ROUNDS (default 1): A then B this many times over each file, a table
+# a round; KEEP_FILES (default 1; 0 deletes each file after its rounds: whole models on a small
+# disk); BENCH_DIR (default /tmp/mla-bench), RUN_S (time bound of one bench run, default 150),
+# BW_GBS (the copy rate for the roofline, default 4250).
 # A dry run without a GPU: A=<tree> B=<tree> BACKEND=cpu MKMODEL_ARGS=--small
 # BENCH_ARGS="--prefill 16 --batch 1,2 --ctx 64 --steps 2" scripts/gpu_ab_bundles.sh
 set -uo pipefail
@@ -21,19 +26,29 @@ mkdir -p "$W"
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }
 rc=0
-for F in ${FAMILIES:-v3 glm5 v2lite}; do
-  M="$W/${F}-4l-q4k.gguf"
-  [ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" --layers 4 --mix q4k --split-size 0 ${MKMODEL_ARGS:-} -o "$M" \
-    >"$OUT/mkmodel-$F.log" 2>&1 || { tail -5 "$OUT/mkmodel-$F.log"; rc=1; continue; }
-  for side in A B; do
-    bin="$A"; [ "$side" = B ] && bin="$B"
-    # shellcheck disable=SC2086
-    timeout "${RUN_S:-150}" "$bin/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 --repeat 2 --warmup 2 \
-      ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
-      --bw-gbs "${BW_GBS:-4250}" --tflops 790 --json "$OUT/ab-$F-$side.json" >"$OUT/ab-$F-$side.log" 2>&1 ||
-      { rc=1; echo "$F $side: mlaserve bench exit status $?"; tail -5 "$OUT/ab-$F-$side.log"; }
-    echo "$F $side done ($(since))"
+for spec in ${FAMILIES:-v3 glm5 v2lite}; do
+  IFS=: read -r F L N <<<"$spec"
+  L="${L:-4}" N="${N:-1}"
+  largs=() tag="$F-${L}l"
+  [ "$L" = all ] || largs=(--layers "$L")
+  [ "$N" = 1 ] || tag="$tag-r$N"
+  M="$W/$tag-q4k.gguf"
+  [ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" "${largs[@]}" --rank-of "$N" --mix q4k --split-size 0 \
+    ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel-$tag.log" 2>&1 || { tail -5 "$OUT/mkmodel-$tag.log"; rc=1; continue; }
+  : >"$OUT/ab-$tag.md"
+  for round in $(seq 1 "${ROUNDS:-1}"); do
+    for side in A B; do
+      bin="$A"; [ "$side" = B ] && bin="$B"
+      # shellcheck disable=SC2086
+      timeout "${RUN_S:-150}" "$bin/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 --repeat 2 --warmup 2 \
+        ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
+        --bw-gbs "${BW_GBS:-4250}" --tflops 790 --json "$OUT/ab-$tag-$side$round.json" >"$OUT/ab-$tag-$side$round.log" 2>&1 ||
+        { rc=1; echo "$tag $side: mlaserve bench exit status $?"; tail -5 "$OUT/ab-$tag-$side$round.log"; }
+      echo "$tag $side round $round done ($(since))"
+    done
+    { echo "$tag, round $round:"; python3 bench/ab_rows.py "$OUT/ab-$tag-A$round.json" "$OUT/ab-$tag-B$round.json"; } |
+      tee -a "$OUT/ab-$tag.md"
   done
-  python3 bench/ab_rows.py "$OUT/ab-$F-A.json" "$OUT/ab-$F-B.json" | tee "$OUT/ab-$F.md"
+  [ "${KEEP_FILES:-1}" = 1 ] || rm -f "$M"
 done
 exit $rc
