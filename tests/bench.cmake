@@ -27,3 +27,10 @@ set_tests_properties(bench_nohook PROPERTIES TIMEOUT 180)
 add_test(NAME bench_fill_deepseek3 COMMAND test_bench_hooks fill ${CMAKE_SOURCE_DIR}/models/tiny-deepseek3-bf16.gguf 8)
 # glm-dsa: the indexer key cache is filled too; a decode after 32 positions sees 33 keys > top_k (32)
 add_test(NAME bench_fill_glm5 COMMAND test_bench_hooks fill ${MLA_FIXTURES}/tiny-glm5/tiny-glm5-q8_0.gguf 32)
+
+# bench/kernel_code.py (each CUDA kernel's code size, read from this build's objects)
+if(MLA_HAVE_CUDA AND TARGET mla_kernels_cuda)
+  add_test(NAME bench_kernel_code
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_kernel_code.py ${CMAKE_SOURCE_DIR}/bench/kernel_code.py
+                   ${CMAKE_BINARY_DIR})
+endif()
