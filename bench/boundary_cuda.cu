@@ -45,14 +45,9 @@
 
 #include <utility>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "tests/gpu/cuda_check.h"
+
+#define CK(x) MLA_CUDA_EXIT_ON_ERROR(x, 1)
 
 enum { THREADS = 256, N = 2048, MODES = 5 };
 

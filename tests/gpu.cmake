@@ -104,5 +104,6 @@ endif()
 # launch), and with -c what a launch's cold code and a joined branch cost; needs a GPU, built here and in CI as a compile check, carried by scripts/gpu_carry.sh
 if(MLA_HAVE_CUDA)
   add_executable(mla-boundary ${CMAKE_SOURCE_DIR}/bench/boundary_cuda.cu)
+  target_include_directories(mla-boundary PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_options(mla-boundary PRIVATE -Xcompiler=-Wall,-Wextra -Werror=all-warnings)
 endif()

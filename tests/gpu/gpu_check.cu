@@ -42,6 +42,7 @@
 #ifdef MLA_CUDA_WGMMA
 #include "kernels/wgmma_cuda.h"
 #endif
+#include "tests/gpu/cuda_check.h"
 
 extern "C" {
 #include "kernels/act.h"
@@ -54,14 +55,7 @@ extern "C" {
 #include "kernels/rope.h"
 }
 
-#define CK(call)                                                                                        \
-    do {                                                                                                \
-        cudaError_t err_ = (call);                                                                      \
-        if (err_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));    \
-            exit(2);                                                                                    \
-        }                                                                                               \
-    } while (0)
+#define CK(call) MLA_CUDA_EXIT_ON_ERROR(call, 2)
 #define OK(call)                                                                                        \
     do {                                                                                                \
         mla_err e_;                                                                                     \

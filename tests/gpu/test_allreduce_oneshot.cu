@@ -27,6 +27,7 @@
 extern "C" {
 #include "kernels/rmsnorm.h"
 }
+#include "tests/gpu/cuda_check.h"
 
 static int fails = 0;
 #define CHECK(c, ...)                                                                                                 \
@@ -37,14 +38,7 @@ static int fails = 0;
             fprintf(stderr, "\n");                                                                                    \
         }                                                                                                             \
     } while (0)
-#define CU(x)                                                                                                         \
-    do {                                                                                                              \
-        cudaError_t e_ = (x);                                                                                         \
-        if (e_ != cudaSuccess) {                                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                       \
-            exit(1);                                                                                                  \
-        }                                                                                                             \
-    } while (0)
+#define CU(x) MLA_CUDA_EXIT_ON_ERROR(x, 1)
 #define OK(x)                                                                                                         \
     do {                                                                                                              \
         if ((x) != MLA_OK) {                                                                                          \
