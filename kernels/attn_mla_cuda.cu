@@ -329,6 +329,25 @@ __device__ __forceinline__ const KT *tc_row(const attn_k &a, const float *const 
     return tab ? paged_row_t<KT>(tab, a.tab_off, ROW, key) : (const KT *)a.kv + key * ROW;
 }
 
+/* A key tile of an fp16 cache copied as it is into key buffer kd (rows of ld halves) by 16-byte
+ * cp.async copies from the rows in rp (both tensor-core kernels; zeros where a row is NULL, the copy
+ * then reading nothing from zero), when any; one commit group either way. U: the copies of a thread
+ * unrolled. 128 threads. */
+template <typename KT, int ROW, int ld, int KTL, int U>
+__device__ __forceinline__ void tc_tile_copy(bool any, const KT *const *rp, __half *kd, const void *zero) {
+    constexpr int CPK = ROW / 8, CPT = KTL * CPK / 128;
+    static_assert((KTL * CPK) % 128 == 0, "16-byte copies of a key tile");
+    if (any) {
+#pragma unroll U
+        for (int u = 0; u < CPT; u++) {
+            const int i = threadIdx.x + u * 128, j = i / CPK, c = i % CPK * 8;
+            const KT *src = rp[j];
+            cp_async16_zfill(kd + j * ld + c, src ? (const void *)(src + c) : zero, src != nullptr);
+        }
+    }
+    cp_async_commit();
+}
+
 /* One key tile's P V for a warp's NT n-tiles of output (both tensor-core kernels): o's rows g and
  * g + 8 rescaled by al, then O += P V over the tile's KTL keys (P's fragments at paddr, V's, rows of
  * ld halves, at vaddr). */
@@ -437,16 +456,10 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
             *(uint2 *)(kd + j * C::LDS + c) = kv4<KT>::h4(v[u]);
         }
     };
-    /* an fp16 tile: 16-byte copies straight into key buffer kd (zeros past k1); one commit group */
-    constexpr int CPK = C::ROW / 8, CPT = KTL * CPK / TC_T;
-    auto issue_tile = [&](const KT *const *rp, __half *kd) {
-#pragma unroll
-        for (int u = 0; u < CPT; u++) {
-            const int i = tid + u * TC_T, j = i / CPK, c = i % CPK * 8;
-            const KT *src = rp[j];
-            cp_async16_zfill(kd + j * C::LDS + c, src ? (const void *)(src + c) : (const void *)a.qa, src != nullptr);
-        }
-        cp_async_commit();
+    /* an fp16 tile (rows past k1: zeros) when any, one commit group either way; unrolled */
+    constexpr int CPT = KTL * (C::ROW / 8) / TC_T;
+    auto issue_tile = [&](bool any, const KT *const *rp, __half *kd) {
+        tc_tile_copy<KT, C::ROW, C::LDS, KTL, CPT>(any, rp, kd, a.qa);
     };
     if (warp == 0 && lane < KTL && k0 < k1) { /* both tiles' lookups in flight together */
         const KT *r0 = row_at(k0 + lane), *r1 = ASYNC ? row_at(k0 + KTL + lane) : nullptr;
@@ -455,10 +468,8 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
     }
     if constexpr (ASYNC) { /* tiles 0 and 1 in flight while the queries are staged (a group each) */
         __syncthreads();
-        if (k0 < k1) issue_tile(rowp[0], ks);
-        else cp_async_commit();
-        if (k0 + KTL < k1) issue_tile(rowp[1], ks + KTL * C::LDS);
-        else cp_async_commit();
+        issue_tile(k0 < k1, rowp[0], ks);
+        issue_tile(k0 + KTL < k1, rowp[1], ks + KTL * C::LDS);
     }
     if (early) mlacu_pdl_wait();
     /* Split (the combine, or v_b combining, follows: blocks that would take issue slots from these
@@ -611,8 +622,7 @@ __global__ void __launch_bounds__(TC_T, 2) mla_attn_tc_kernel(attn_k a) {
         tc_pv<C::NT, KTL, C::LDS>(o, al, paddr, vaddr);
         if constexpr (ASYNC) { /* buffer buf is free once every warp is past its P V: tile + 2 into it */
             __syncthreads();
-            if (kb + 2 * KTL < k1) issue_tile(rowp[buf], ks + buf * KTL * C::LDS);
-            else cp_async_commit();
+            issue_tile(kb + 2 * KTL < k1, rowp[buf], ks + buf * KTL * C::LDS);
         }
         if (tid == 0) MLACU_TRACE_MARK(4);
     }
@@ -664,15 +674,8 @@ template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_
     int64_t k0, k1;
     split_keys(a, t, split, TC_KT, k0, k1);
     auto row_at = [&](int64_t k) { return tc_row<__half, C::ROW>(a, tab, t, k, k1); };
-    constexpr int CPK = C::ROW / 8, CPT = TC_KT * CPK / TC_T;
-    auto issue_tile = [&](const __half *const *rp, __half *kd) {
-#pragma unroll 2
-        for (int u = 0; u < CPT; u++) {
-            const int i = tid + u * TC_T, j = i / CPK, c = i % CPK * 8;
-            const __half *src = rp[j];
-            cp_async16_zfill(kd + j * C::LDS + c, src ? (const void *)(src + c) : (const void *)a.qa, src != nullptr);
-        }
-        cp_async_commit();
+    auto issue_tile = [&](bool any, const __half *const *rp, __half *kd) { /* copies unrolled by 2 */
+        tc_tile_copy<__half, C::ROW, C::LDS, TC_KT, 2>(any, rp, kd, a.qa);
     };
     if (warp == 0 && k0 < k1) {
         const __half *r0 = row_at(k0 + lane), *r1 = row_at(k0 + TC_KT + lane);
@@ -680,10 +683,8 @@ template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_
         rowp[1][lane] = r1;
     }
     __syncthreads();
-    if (k0 < k1) issue_tile(rowp[0], ks);
-    else cp_async_commit();
-    if (k0 + TC_KT < k1) issue_tile(rowp[1], ks + TC_KT * C::LDS);
-    else cp_async_commit();
+    issue_tile(k0 < k1, rowp[0], ks);
+    issue_tile(k0 + TC_KT < k1, rowp[1], ks + TC_KT * C::LDS);
     if (early) mlacu_pdl_wait();
     const bool late = a.splits > 1;
     if (!late) mlacu_pdl_trigger();
@@ -770,8 +771,7 @@ template <int L, int R> __global__ void __launch_bounds__(TC_T, 2) mla_attn_tcn_
         }
         tc_pv<C::NT, TC_KT, C::LDS>(o, al, paddr, vaddr);
         __syncthreads(); /* buffer buf, P and the row exchanges are free: tile + 2 into the buffer */
-        if (kb + 2 * TC_KT < k1) issue_tile(rowp[buf], ks + buf * TC_KT * C::LDS);
-        else cp_async_commit();
+        issue_tile(kb + 2 * TC_KT < k1, rowp[buf], ks + buf * TC_KT * C::LDS);
         if (tid == 0) MLACU_TRACE_MARK(4);
     }
     cp_async_wait<0>();
