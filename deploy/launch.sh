@@ -22,21 +22,18 @@ set -euo pipefail
 
 model="" n="" logs="" bin="" port=8000 host=127.0.0.1 curve="" grace=40 dry=0 cpu=0
 extra=()
+# an option that takes a value must have one: val "$@" before reading $2
+val() { [[ $# -ge 2 ]] || { echo "launch.sh: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
-  # an option that takes a value must have one
   case "$1" in
-    -m|--model|-n|--tp|--logs|--bin|--port|--host|--curve-dir|--grace)
-      [[ $# -ge 2 ]] || { echo "launch.sh: $1 needs a value" >&2; exit 2; } ;;
-  esac
-  case "$1" in
-    -m|--model) model=$2; shift 2 ;;
-    -n|--tp) n=$2; shift 2 ;;
-    --logs) logs=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;
-    --port) port=$2; shift 2 ;;
-    --host) host=$2; shift 2 ;;
-    --curve-dir) curve=$2; shift 2 ;;
-    --grace) grace=$2; shift 2 ;;
+    -m|--model) val "$@"; model=$2; shift 2 ;;
+    -n|--tp) val "$@"; n=$2; shift 2 ;;
+    --logs) val "$@"; logs=$2; shift 2 ;;
+    --bin) val "$@"; bin=$2; shift 2 ;;
+    --port) val "$@"; port=$2; shift 2 ;;
+    --host) val "$@"; host=$2; shift 2 ;;
+    --curve-dir) val "$@"; curve=$2; shift 2 ;;
+    --grace) val "$@"; grace=$2; shift 2 ;;
     --cpu) cpu=1; shift ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
