@@ -3,10 +3,17 @@
 (ncu --csv --metrics gpu__time_duration.sum ... mla-e2e logits ... --greedy N, graphs off).
 A step starts at the embedding gather (get_rows_kernel); the last complete step is summed by
 kernel name (and launch shape).
-Usage: ncu_step.py NCU.csv [--step K] [--families] [--json OUT.json]
+Usage: ncu_step.py NCU.csv [--step K] [--families] [--stalls] [--json OUT.json]
+       ncu_step.py --stall-metrics   (prints the metrics --stalls reads, for ncu's --metrics)
   --step K     the K-th step from the end (default 1)
   --families   a table by kernel family first (see FAMILIES), then the one by kernel
-  --json F     also write {"step_us", "kernels": [...], "families": [...]} to F
+  --stalls     also what the warps waited on, from the CSV's warp-state metrics
+               (smsp__warp_issue_stalled_REASON_per_warp_active.pct; STALL_METRICS lists the ones
+               asked for): by family and by kernel, each reason's share of the active warp cycles
+               (weighted by duration), and "fetch us", the duration times the no_instruction share
+               (waiting on an instruction fetch: code run cold)
+  --json F     also write {"step_us", "kernels": [...], "families": [...]} to F (with --stalls
+               each entry has "stalls": {reason: percent})
 Kernel names are matched against FAMILIES in order, the first match wins; a kernel no pattern
 matches is counted under "other" and listed in the JSON's "unmatched"."""
 import collections
@@ -35,6 +42,15 @@ FAMILIES = [
 ]
 
 
+# the warp-state metrics that --stalls reads (pass them to ncu's --metrics; the reasons of the
+# WarpStateStats section that a latency-bound kernel of this code spends its cycles in)
+STALL_REASONS = ["no_instruction", "long_scoreboard", "barrier", "membar", "wait", "sleeping", "short_scoreboard",
+                 "math_pipe_throttle", "lg_throttle", "mio_throttle", "branch_resolving", "dispatch_stall",
+                 "drain", "not_selected", "selected"]
+STALL_METRICS = ",".join(f"smsp__warp_issue_stalled_{r}_per_warp_active.pct" for r in STALL_REASONS)
+STALL_RX = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
+
+
 def family_of(name):
     for fam, rx in FAMILIES:
         if re.search(rx, name):
@@ -43,10 +59,15 @@ def family_of(name):
 
 
 def load(path):
-    rows = []
+    """[(ID, kernel with launch shape, short name, us)] in launch order, and {ID: {reason: percent}}"""
+    rows, stalls = [], collections.defaultdict(dict)
     with open(path, newline='') as f:
         lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own log lines before the CSV
     for r in csv.DictReader(lines):
+        m = STALL_RX.match(r.get('Metric Name') or '')
+        if m:
+            stalls[int(r['ID'])][m.group(1)] = float(r['Metric Value'].replace(',', ''))
+            continue
         if r.get('Metric Name') != 'gpu__time_duration.sum':
             continue
         unit = r.get('Metric Unit', 'nsecond')
@@ -58,17 +79,49 @@ def load(path):
         short = re.sub(r'^[A-Za-z_0-9]+::', '', short)
         rows.append((int(r['ID']), base + f" {r.get('Grid Size', '')}x{r.get('Block Size', '')}", short, v))
     rows.sort()
-    return rows
+    return rows, stalls
+
+
+def stall_mean(launches, stalls):
+    """the duration-weighted mean percent of each reason over launches [(ID, us)]"""
+    tot, acc = 0.0, collections.Counter()
+    for i, us in launches:
+        if i in stalls:
+            tot += us
+            for k, v in stalls[i].items():
+                acc[k] += v * us
+    return {k: v / tot for k, v in acc.items()} if tot > 0 else {}
+
+
+def stall_table(title, groups, stalls):
+    """groups: [(name, [(ID, us)])], largest first"""
+    print(f'| {title} | us | no_instruction | fetch us | other reasons over 5% |\n|---|---|---|---|---|')
+    for name, ls in groups:
+        m = stall_mean(ls, stalls)
+        if not m:
+            continue
+        us = sum(u for _, u in ls)
+        ni = m.get('no_instruction', 0.0)
+        rest = ', '.join(f'{k} {v:.0f}%' for k, v in sorted(m.items(), key=lambda kv: -kv[1])
+                         if k != 'no_instruction' and v >= 5)
+        print(f'| {name} | {us:.1f} | {ni:.1f}% | {us * ni / 100:.1f} | {rest} |')
+    print()
 
 
 def main():
     args = sys.argv[1:]
+    if args == ['--stall-metrics']:
+        print(STALL_METRICS)
+        return
     if not args or args[0].startswith('-'):
         sys.exit(__doc__)
     path = args[0]
     back = int(args[args.index('--step') + 1]) if '--step' in args else 1
     out_json = args[args.index('--json') + 1] if '--json' in args else None
-    rows = load(path)
+    rows, stalls = load(path)
+    want_stalls = '--stalls' in args
+    if want_stalls and not stalls:
+        sys.exit(f'ncu_step: --stalls: no smsp__warp_issue_stalled_*_per_warp_active.pct rows in {path}')
     starts = [i for i, (_, k, _s, _) in enumerate(rows) if _s.startswith('get_rows')]
     if len(starts) < back + 1:
         sys.exit(f'ncu_step: {len(starts)} steps found in {path}, need {back + 1}')
@@ -76,13 +129,16 @@ def main():
     step = rows[a:b]
     tot, cnt = collections.Counter(), collections.Counter()
     ftot, fcnt = collections.Counter(), collections.Counter()
+    kl, fl = collections.defaultdict(list), collections.defaultdict(list)  # (ID, us) of each launch
     unmatched = set()
-    for _, k, short, us in step:
+    for i, k, short, us in step:
         tot[k] += us
         cnt[k] += 1
         fam = family_of(short)
         ftot[fam] += us
         fcnt[fam] += 1
+        kl[k].append((i, us))
+        fl[fam].append((i, us))
         if fam == "other":
             unmatched.add(short)
     s = sum(tot.values())
@@ -91,16 +147,24 @@ def main():
         for fam, us in ftot.most_common():
             print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |')
         print(f'| total | {b - a} | {s:.1f} | 100% |\n')
+    if want_stalls:
+        if '--families' in args:
+            stall_table('family', [(f, fl[f]) for f, _ in ftot.most_common()], stalls)
+        stall_table('kernel', [(k, kl[k]) for k, _ in tot.most_common()], stalls)
     print('| kernel | launches | us | share |\n|---|---|---|---|')
     for k, us in tot.most_common():
         print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |')
     print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |')
     if out_json:
         with open(out_json, 'w') as f:
+            def entry(d, ls):
+                if want_stalls:
+                    d["stalls"] = stall_mean(ls, stalls)
+                return d
             json.dump({"csv": path, "step_from_end": back, "first_kernel": a, "launches": b - a, "step_us": s,
-                       "families": [{"family": k, "launches": fcnt[k], "us": v, "share": v / s}
+                       "families": [entry({"family": k, "launches": fcnt[k], "us": v, "share": v / s}, fl[k])
                                     for k, v in ftot.most_common()],
-                       "kernels": [{"kernel": k, "launches": cnt[k], "us": v, "share": v / s}
+                       "kernels": [entry({"kernel": k, "launches": cnt[k], "us": v, "share": v / s}, kl[k])
                                    for k, v in tot.most_common()],
                        "unmatched": sorted(unmatched)}, f, indent=1)
 

@@ -18,7 +18,10 @@
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
 #      roofline at BW_GBS, default 4208 GB/s, the H200's measured copy rate);
 #   5. Nsight Compute on the CUDA logits tool (build-gpu-carried/mla-e2e, graphs off, 3 greedy tokens),
-#      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family.
+#      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family;
+#      NCU_STALLS=1 also asks for the warp-state metrics and adds ncu_step.py --stalls (what the
+#      warps waited on: instruction fetch, memory, barriers), replaying the whole run once a pass
+#      (--replay-mode application) so that every kernel runs after the one before it in the step.
 # Every point runs under `timeout` (POINT_S, default 150 s, and its --requests); a point that fails
 # or times out is recorded with its error, and the script goes on. A model gets MODEL_S seconds
 # (default: an equal share of what is left of TOTAL_S, default 570, among the models still to run)
@@ -39,7 +42,7 @@
 # LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608: 128 x 1536 positions shared by
 # the slots; without FA llama.cpp also sizes an fp32 score buffer of LLAMA_CTX x 512 x heads), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
-# NCU_S (180), MODEL_S, TOTAL_S.
+# NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
 # Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
 # (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first; where Python lacks the openai
 # module, it is installed from .gpucarry/wheels.tar.
@@ -384,11 +387,16 @@ for spec in $MODELS; do
     else
       echo "11 22 33 44 55 66 77 88" >"$W/tok8.txt"
       ns=$((${NCU_S:-180} < $(left) ? ${NCU_S:-180} : $(left)))
-      MLA_CUDA_GRAPHS=0 timeout -k 10 "$ns" ncu --clock-control none --cache-control none --csv \
-        --metrics gpu__time_duration.sum build-gpu-carried/mla-e2e logits -m "$M" --split --tokens "$W/tok8.txt" \
+      metrics=gpu__time_duration.sum replay=() stalls=()
+      if [ "${NCU_STALLS:-0}" = 1 ]; then
+        metrics+=",$(python3 bench/ncu_step.py --stall-metrics)" replay=(--replay-mode application) stalls=(--stalls)
+      fi
+      MLA_CUDA_GRAPHS=0 timeout -k 10 "$ns" ncu --clock-control none --cache-control none "${replay[@]}" --csv \
+        --metrics "$metrics" build-gpu-carried/mla-e2e logits -m "$M" --split --tokens "$W/tok8.txt" \
         --out "$W/l8.f32" --greedy 3 --ids-out "$W/ids8.txt" >"$W/ncu-$MK.csv" 2>"$LOGS/$MK-ncu.err" ||
         note "ncu: exit status $? (log: $MK-ncu.err)"
-      python3 bench/ncu_step.py "$W/ncu-$MK.csv" --families --json "$PTS/ncu.json" >"$PTS/ncu.md" 2>>"$LOGS/$MK-ncu.err" &&
+      python3 bench/ncu_step.py "$W/ncu-$MK.csv" --families "${stalls[@]}" --json "$PTS/ncu.json" >"$PTS/ncu.md" \
+        2>>"$LOGS/$MK-ncu.err" &&
         sed -n '1,/^$/p' "$PTS/ncu.md" | sed 's/^/    /'
       gzip -c "$W/ncu-$MK.csv" >"$LOGS/ncu-$MK.csv.gz" 2>/dev/null
     fi

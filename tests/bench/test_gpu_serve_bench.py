@@ -2,7 +2,8 @@
 """scripts/gpu_serve_bench.sh, dry run without a GPU, and its two readers. No timing is asserted.
 
 1. bench/ncu_step.py --families on a hand-written Nsight Compute CSV of two steps: the last
-   complete step's kernels summed by family as computed here by hand (6 kernels, 3 families).
+   complete step's kernels summed by family as computed here by hand (6 kernels, 3 families);
+   with --stalls, the warp-state shares of a family weighted by duration, as computed by hand.
 2. bench/plot_serve.py on a hand-written result: the better llama-server run of each point (FA on
    at c1, FA off at c8), the ratios mlaserve / llama-server (2.00x tok/s, 0.50x ITL p99), a failed
    point shown as failed.
@@ -57,6 +58,44 @@ if r.returncode == 0:
     check(fam == want and abs(j["step_us"] - 90.0) < 1e-6 and j["launches"] == 6, "ncu families of the last step", fam)
     check(r.stdout.index("| family |") < r.stdout.index("| kernel |") and "| norms | 2 | 8.0 | 8.9% |" in r.stdout,
           "family table first, shares", r.stdout)
+
+# ---- 1b. ncu_step.py --stalls: the same step with warp-state rows (percent of active warp cycles) ----
+stall = {3: (40.0, 30.0), 4: (10.0, 70.0), 5: (5.0, 80.0), 6: (20.0, 3.0), 7: (20.0, 60.0)}  # ID: no_instr, long_sb
+buf2 = io.StringIO()
+w2 = csv.writer(buf2, quoting=csv.QUOTE_ALL)
+w2.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
+for i, (k, us) in enumerate(kern):
+    name = "void " + k + "(args)"
+    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "gpu__time_duration.sum", "nsecond", f"{us * 1000:.0f}"])
+    ni, lsb = stall.get(i, (1.0, 1.0))
+    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct",
+                 "%", f"{ni:.2f}"])
+    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
+                 "%", f"{lsb:.2f}"])
+scsv, sjson = os.path.join(work, "ncu-stalls.csv"), os.path.join(work, "ncu-stalls.json")
+with open(scsv, "w") as f:
+    f.write(buf2.getvalue())
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), scsv, "--families", "--stalls",
+                    "--json", sjson], capture_output=True, text=True, timeout=60)
+check(r.returncode == 0, "ncu_step.py --stalls runs", r.stderr)
+if r.returncode == 0:
+    # norms: IDs 3 (3 us, 40%) and 7 (5 us, 20%): (3 x 40 + 5 x 20) / 8 = 27.5%, 2.2 us of fetch
+    check("| norms | 8.0 | 27.5% | 2.2 | long_scoreboard 49% |" in r.stdout, "stalls of a family, duration-weighted",
+          r.stdout)
+    check("| mla_attn_kernel (1, 1, 1)x(128, 1, 1) | 10.0 | 20.0% | 2.0 |  |" in r.stdout,
+          "a reason under 5% is left out", r.stdout)
+    j = json.load(open(sjson))
+    fam = {f["family"]: f["stalls"] for f in j["families"]}
+    check(abs(fam["norms"]["no_instruction"] - 27.5) < 1e-9 and abs(fam["matmul: dense weights"]["long_scoreboard"]
+                                                                        - 70.0) < 1e-9, "stalls in the JSON", fam)
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), ncsv, "--stalls"], capture_output=True,
+                   text=True, timeout=60)
+check(r.returncode != 0 and "no smsp__warp_issue_stalled" in r.stderr, "--stalls without the metrics says so",
+      r.stderr)
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), "--stall-metrics"],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode == 0 and "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct" in r.stdout.split(","),
+      "--stall-metrics lists the metrics", r.stdout)
 
 # ---- 2. plot_serve.py ----
 def pt(name, tok, itl99, ttft50, err=None):
