@@ -8,10 +8,13 @@
 # Env: A, B (release trees with bin/mlaserve; default .bundle-before and .bundle90), OUT (default
 # ./out), FAMILIES (default "v3 glm5 v2lite"): each FAMILY[:LAYERS[:RANK_OF]], LAYERS a count
 # (default 4) or "all" (the real depth), RANK_OF what one rank of TP N holds (mkmodel --rank-of),
-# e.g. "v2lite:all v3:all:8"; ROUNDS (default 1): A then B this many times over each file, a table
+# e.g. "v2lite:all v3:all:8"; ROUNDS (default 1): every build once a round over each file, a table
 # a round; KEEP_FILES (default 1; 0 deletes each file after its rounds: whole models on a small
 # disk); BENCH_DIR (default /tmp/mla-bench), RUN_S (time bound of one bench run, default 150),
 # BW_GBS (the copy rate for the roofline, default 4250).
+# TREES="DIR DIR DIR ..." instead of A and B: more than two builds, labelled A, B, C, ... in that
+# order, each compared with the first; a round runs them in order, the next one in reverse (drift
+# over a round then falls on every build alike).
 # A dry run without a GPU: A=<tree> B=<tree> BACKEND=cpu MKMODEL_ARGS=--small
 # BENCH_ARGS="--prefill 16 --batch 1,2 --ctx 64 --steps 2" scripts/gpu_ab_bundles.sh
 set -uo pipefail
@@ -19,8 +22,14 @@ cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-A="$(cd "${A:-.bundle-before}" && pwd)" || exit 1
-B="$(cd "${B:-.bundle90}" && pwd)" || exit 1
+if [ -n "${TREES:-}" ]; then read -ra trees <<<"$TREES"; else trees=("${A:-.bundle-before}" "${B:-.bundle90}"); fi
+labels=(A B C D E F G H)
+[ "${#trees[@]}" -ge 2 ] && [ "${#trees[@]}" -le 8 ] || { echo "gpu_ab_bundles: 2 to 8 trees, not ${#trees[@]}"; exit 1; }
+for i in "${!trees[@]}"; do
+  trees[i]="$(cd "${trees[i]}" && pwd)" || exit 1
+  echo "${labels[i]}: ${trees[i]}"
+done
+last="${trees[${#trees[@]} - 1]}"
 W="${BENCH_DIR:-/tmp/mla-bench}"
 mkdir -p "$W"
 t0=$(date +%s)
@@ -33,12 +42,14 @@ for spec in ${FAMILIES:-v3 glm5 v2lite}; do
   [ "$L" = all ] || largs=(--layers "$L")
   [ "$N" = 1 ] || tag="$tag-r$N"
   M="$W/$tag-q4k.gguf"
-  [ -s "$M" ] || "$B/bin/mlaserve" mkmodel --family "$F" "${largs[@]}" --rank-of "$N" --mix q4k --split-size 0 \
+  [ -s "$M" ] || "$last/bin/mlaserve" mkmodel --family "$F" "${largs[@]}" --rank-of "$N" --mix q4k --split-size 0 \
     ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel-$tag.log" 2>&1 || { tail -5 "$OUT/mkmodel-$tag.log"; rc=1; continue; }
   : >"$OUT/ab-$tag.md"
   for round in $(seq 1 "${ROUNDS:-1}"); do
-    for side in A B; do
-      bin="$A"; [ "$side" = B ] && bin="$B"
+    order=("${!trees[@]}")
+    [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${order[@]}" | sort -rn)
+    for i in "${order[@]}"; do
+      side="${labels[i]}" bin="${trees[i]}"
       # shellcheck disable=SC2086
       timeout "${RUN_S:-150}" "$bin/bin/mlaserve" bench -m "$M" --backend "${BACKEND:-cuda}" --tp 1 --repeat 2 --warmup 2 \
         ${BENCH_ARGS:---prefill 512,4096 --batch 1,8,32,128,256 --ctx 1024,16384 --steps 32} \
@@ -46,8 +57,12 @@ for spec in ${FAMILIES:-v3 glm5 v2lite}; do
         { rc=1; echo "$tag $side: mlaserve bench exit status $?"; tail -5 "$OUT/ab-$tag-$side$round.log"; }
       echo "$tag $side round $round done ($(since))"
     done
-    { echo "$tag, round $round:"; python3 bench/ab_rows.py "$OUT/ab-$tag-A$round.json" "$OUT/ab-$tag-B$round.json"; } |
-      tee -a "$OUT/ab-$tag.md"
+    for i in "${!trees[@]}"; do
+      [ "$i" = 0 ] && continue
+      s="${labels[i]}"
+      { echo "$tag, round $round, $s against A:"
+        python3 bench/ab_rows.py "$OUT/ab-$tag-A$round.json" "$OUT/ab-$tag-$s$round.json"; } | tee -a "$OUT/ab-$tag.md"
+    done
   done
   [ "${KEEP_FILES:-1}" = 1 ] || rm -f "$M"
 done
