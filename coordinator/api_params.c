@@ -153,6 +153,48 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
     return MLA_OK;
 }
 
+/* The members of a message that reach the template (docs/openai-params.md). OpenAI's own answer
+ * carries a few more, which clients send back with the assistant turn as they got it: those are
+ * taken empty (null, "" or []) and refused otherwise, as is anything else (a misspelt "content"
+ * would otherwise leave an empty turn in the prompt without a word). */
+static const char *const k_msg_keys[] = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
+                                         NULL};
+static const char *const k_msg_echo_keys[] = {"refusal", "annotations", "audio", "function_call", NULL};
+
+static bool is_empty(const cJSON *j) {
+    return is_null(j) || (cJSON_IsString(j) && !j->valuestring[0]) || (cJSON_IsArray(j) && !cJSON_GetArraySize(j));
+}
+
+static int message_members_check(const cJSON *m, const char *role, int i, api_error *e) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, m) {
+        const char *k = it->string ? it->string : "";
+        bool known = false;
+        for (const char *const *l = k_msg_keys; *l && !known; l++) known = !strcmp(*l, k);
+        if (known) {
+            if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content")) &&
+                !is_null(it) && !cJSON_IsString(it))
+                return bad(e, "messages", "messages[%d].%s must be a string", i, k);
+            continue;
+        }
+        for (const char *const *l = k_msg_echo_keys; *l && !known; l++) known = !strcmp(*l, k);
+        if (known && is_empty(it)) continue;
+        if (known)
+            return bad(e, "messages", "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
+        return bad(e, "messages",
+                   "messages[%d].%.64s is not a member of a message (role, content, name, tool_calls, tool_call_id, "
+                   "reasoning_content)",
+                   i, k);
+    }
+    /* OpenAI's rule: every message has content, but an assistant turn that makes tool calls */
+    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (is_null(cJSON_GetObjectItemCaseSensitive(m, "content")) &&
+        (strcmp(role, "assistant") || !cJSON_IsArray(tcs) || !cJSON_GetArraySize(tcs)))
+        return bad(e, "messages", "messages[%d].content is required%s", i,
+                   strcmp(role, "assistant") ? "" : " (or tool_calls)");
+    return MLA_OK;
+}
+
 int api_messages_check(const cJSON *messages, api_error *e) {
     if (!cJSON_IsArray(messages)) return bad(e, "messages", "'messages' must be a list of message objects");
     if (cJSON_GetArraySize(messages) == 0) return bad(e, "messages", "'messages' must not be empty");
@@ -187,6 +229,7 @@ int api_messages_check(const cJSON *messages, api_error *e) {
             }
         }
         if (tool_calls_check(m, role->valuestring, i, e)) return MLA_ERR;
+        if (message_members_check(m, role->valuestring, i, e)) return MLA_ERR;
         i++;
     }
     return MLA_OK;

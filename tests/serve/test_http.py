@@ -297,6 +297,25 @@ def test_errors(port):
     st, j, data, _ = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]})
     check(st == 400 and "needs a string 'text'" in j["error"]["message"],
           "a text part without text is named as such (%d %r)" % (st, data[:200]))
+    # a message's members: a misspelt one, a missing content, OpenAI's answer members sent back
+    # empty (taken) or not (refused), a name that is not a string
+    chat = "/v1/chat/completions"
+    err({"messages": [{"role": "user", "contnet": "x"}]}, 400, "misspelt message member", path=chat,
+        param="messages", says="messages[0].contnet is not a member")
+    err({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}, 400, "message without content", path=chat,
+        says="messages[1].content is required")
+    err({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None}]}, 400,
+        "assistant turn without content or tool calls", path=chat, says="content is required (or tool_calls)")
+    err({"messages": [{"role": "user", "content": "x", "name": 3}]}, 400, "name not a string", path=chat,
+        says="messages[0].name must be a string")
+    err({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "refusal": "no"},
+                      {"role": "user", "content": "z"}]}, 400, "a refusal sent back", path=chat,
+        says="messages[1].refusal is not supported")
+    st, j, data, _ = post(port, chat, {"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y", "refusal": None, "annotations": [], "audio": None, "function_call": None},
+        {"role": "user", "content": "z", "name": "ann"}], "max_tokens": 2})
+    check(st == 200, "OpenAI's answer members sent back empty are taken (%d %r)" % (st, data[:200]))
     # "developer" is OpenAI's newer name for "system" (rendered as such: tests/unit/test_chat.c)
     st, j, data, _ = post(port, "/v1/chat/completions",
                           {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
