@@ -48,6 +48,7 @@ typedef struct api_req {
     int n_tok_sent;
     size_t off_bytes, off_chars; /* cursor for character offsets */
     bool text_done;      /* a stop string ended the text */
+    bool counted;        /* its finish is in the metrics (count_finish) */
     const char *finish_reason;
     int32_t n_prompt, n_completion;
     bool responded;      /* response complete (or the client left) */
@@ -721,6 +722,23 @@ static void req_free(api_req *r) {
     free(r);
 }
 
+/* A request that ended with an answer, into the metrics: its finish reason, its times and its
+ * lengths. At the scheduler's last event, or, when a stop string ends the text, as its answer is
+ * sent: the scheduler's cancel of it comes a step later, and a scrape after the answer must find
+ * it counted. */
+static void count_finish(api_server *a, api_req *r, double t) {
+    if (r->counted) return;
+    r->counted = true;
+    if (r->finish_reason && !strcmp(r->finish_reason, "length")) a->m.finish_length++;
+    else a->m.finish_stop++;
+    if (r->t_first > 0) {
+        api_hist_observe(&a->m.e2e, t - r->t_start);
+        api_hist_observe(&a->m.decode, r->t_last - r->t_first);
+    }
+    api_hist_observe(&a->m.prompt_len, r->n_prompt);
+    api_hist_observe(&a->m.generation_len, r->n_completion);
+}
+
 static void process_event(api_server *a, const sched_event *ev, const char *error) {
     api_req *r = ev->user;
     double t = now_s();
@@ -766,7 +784,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
             check_stops(r);
         }
         if (!r->text_done && r->stream && has_client(r) && !r->responded) stream_flush(r);
-        if (r->text_done && has_client(r)) complete_response(r, NULL);
+        if (r->text_done) {
+            count_finish(a, r, t);
+            if (has_client(r)) complete_response(r, NULL);
+        }
     }
     if (ev->finish == SCHED_FINISH_NONE) return;
     /* the final event: the scheduler is done with this request */
@@ -778,7 +799,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         if (!r->finish_reason) r->finish_reason = "length";
         break;
     case SCHED_FINISH_ERROR:
-        a->m.requests_error++;
+        if (!r->counted) a->m.requests_error++; /* not an answer a stop string already completed */
         MLA_WARN("api: request %s failed: %s", r->id, error ? error : "?");
         break;
     default:
@@ -794,18 +815,13 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         r->cancelled = true;
         r->shut = a->cancel_reason != NULL;
         complete_response(r, a->cancel_reason ? a->cancel_reason : "the request was cancelled");
-    } else {
-        if (r->finish_reason && !strcmp(r->finish_reason, "length")) a->m.finish_length++;
-        else a->m.finish_stop++;
+    } else { /* an answer (a stop string ends it by cancelling too) */
+        count_finish(a, r, t);
         complete_response(r, NULL);
     }
-    if (r->t_first > 0) {
+    if (!r->counted && r->t_first > 0) { /* an error or a cancel: its times, not its lengths */
         api_hist_observe(&a->m.e2e, t - r->t_start);
         api_hist_observe(&a->m.decode, r->t_last - r->t_first);
-    }
-    if (ev->finish != SCHED_FINISH_ERROR && !r->cancelled) { /* a stop string ends it by cancelling too */
-        api_hist_observe(&a->m.prompt_len, r->n_prompt);
-        api_hist_observe(&a->m.generation_len, r->n_completion);
     }
     req_free(r);
 }
