@@ -14,7 +14,12 @@
 # (runs of each row, default 2 and 2),
 # FAMILY (v3, glm5 or v2lite: the shapes mkmodel writes; outputs are named by it), CAP (sm120 or
 # sm100: the rows again under MLA_CUDA_SMEM_CAP and a row-by-row comparison), E2E_ALONE=0 skips
-# the mla-e2e decode timing.
+# the mla-e2e decode timing, TPS (tensor-parallel widths, default 1,2 with two GPUs or more, else
+# 1), BW_GBS (the copy rate of the roofline where the op harness did not measure one), BACKEND and
+# BENCH_ARGS / MKMODEL_ARGS (the dry run below), LLAMA=0 skips llama.cpp (LLAMA_B_S / LLAMA_2_S:
+# time bounds of its batched and layer-split runs), NCU=0 skips Nsight Compute (NCU_Q8: the
+# MLA_CUDA_Q8 values timed, default 1; NCU_PREFILL=0 skips the 512-token prompt; NCU_SOL=1 the
+# speed-of-light section of NCU_COUNT (14) kernels after NCU_SKIP (60); NCU_S its time bound).
 # A dry run of the script without a GPU (small model, CPU backend, short lists):
 #   BUNDLE=<dir with bin/mlaserve> BACKEND=cpu MKMODEL_ARGS=--small NCU=0 \
 #   BENCH_ARGS="--prefill 16 --batch 1,4 --ctx 64 --steps 2" scripts/gpu_bench.sh

@@ -13,7 +13,8 @@
 # --e2e: after the op checks, the fixtures through the CUDA forward pass (mla-e2e, driven by
 # tests/model/check_logits.py with the CPU tests' bounds) at TP = 1, 2, 4 (ranks as threads
 # sharing the GPU through the host collective), and a short table. Fixtures travel in .gpu-fixtures/
-# (ignored; copy with scripts/gpu_fixtures.sh, carried with the repository).
+# (ignored; scripts/gpu_carry.sh packs them into .gpucarry/fixtures.tar.xz, carried with the
+# repository).
 # --stack: the whole distributed stack from the bundle (scripts/bundle.sh, built on a build host
 # and carried): `mlaserve logits --tp 1/2/4 --backend cuda` (coordinator + mlaserve-worker
 # processes; TP 1 on NCCL, TP > 1 sharing the one GPU through the host collective) checked by

@@ -20,7 +20,8 @@ for f in bin/mlaserve bin/mlaserve-worker share/mlaserve/deploy/launch.sh share/
 done
 for f in share/mlaserve/deploy/systemd/mlaserve.service share/mlaserve/deploy/systemd/mlaserve.env \
          share/mlaserve/models/tiny-deepseek3-bf16.gguf share/mlaserve/Dockerfile share/doc/mlaserve/README.md \
-         share/doc/mlaserve/deploy.md share/doc/mlaserve/metrics.md share/doc/mlaserve/models.md; do
+         share/doc/mlaserve/docs/deploy.md share/doc/mlaserve/docs/metrics.md share/doc/mlaserve/docs/api.md \
+         share/doc/mlaserve/docs/openai-params.md share/doc/mlaserve/docs/ARCHITECTURE.md; do
   [[ -f "$root/$f" ]] || fail "$f not installed"
 done
 [[ ! -e "$root/lib" ]] || fail "lib/ installed, but every library of ours is static: $(ls "$root/lib")"
