@@ -17,6 +17,11 @@ if(TARGET mlaserve-worker)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_gpu_serve_bench.py $<TARGET_FILE:mlaserve>
                    ${CMAKE_CURRENT_BINARY_DIR}/gpu_serve_work)
   set_tests_properties(bench_gpu_serve_dry PROPERTIES TIMEOUT 900 LABELS serve)
+  # scripts/gpu_ab_bundles.sh dry run: three trees of this build (TREES), CPU backend, two rounds
+  add_test(NAME bench_ab_bundles_dry
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/bench/test_ab_bundles.py $<TARGET_FILE:mlaserve>
+                   ${CMAKE_CURRENT_BINARY_DIR}/ab_bundles_work)
+  set_tests_properties(bench_ab_bundles_dry PROPERTIES TIMEOUT 900)
 endif()
 
 add_executable(test_bench_hooks ${MLA_TEST_DIR}/bench/test_bench_hooks.c)
