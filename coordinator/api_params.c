@@ -9,6 +9,31 @@
 
 #include "common/mla_err.h"
 
+/* The length of the well-formed UTF-8 character at p (RFC 3629: no overlong forms, no
+ * surrogates, up to U+10FFFF), 0 where there is none */
+static size_t utf8_char(const unsigned char *p) {
+    const unsigned char c = p[0];
+    if (c < 0x80) return 1;
+    const size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    for (size_t k = 1; k < n; k++)
+        if ((p[k] & 0xC0) != 0x80) return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return n;
+}
+
+/* A message that quotes the request, made valid text in place: a byte that starts no whole
+ * character (a quote cut by a %.64s or by the buffer's end, a request's own bad bytes) becomes
+ * '?', so that a JSON body or a grpc-message carrying it is well-formed UTF-8 */
+static void utf8_whole(char *s) {
+    for (unsigned char *p = (unsigned char *)s; *p;) {
+        const size_t n = utf8_char(p);
+        if (n) p += n;
+        else *p++ = '?';
+    }
+}
+
 int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
                   ...) {
     if (!e) return MLA_ERR;
@@ -18,6 +43,7 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
+    utf8_whole(e->message);
     const char *type = "invalid_request_error";
     if (status == 401) type = "authentication_error";
     else if (status == 404) type = "not_found_error";

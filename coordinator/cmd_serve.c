@@ -286,7 +286,7 @@ int cmd_serve(int argc, char **argv) {
     const char *reasoning_parser = "auto", *tool_parser = "auto", *chat_template_file = NULL;
     char *chat_template_src = NULL;
     char *key_owned = NULL;
-    long idle_timeout_ms = -1, request_timeout_ms = -1;
+    long idle_timeout_ms = -1, request_timeout_ms = -1, write_timeout_ms = -1;
     long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256, long_prefill = -1;
     int no_prefix_cache = 0;
     long max_body;
@@ -324,6 +324,10 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--request-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "30000 (HTTP headers: 10000)",
          .help = "an HTTP request not complete N ms after its first byte is refused",
          .dest = &request_timeout_ms, .lo = 1, .hi = 86400000},
+        {.name = "--write-timeout-ms", .kind = OPT_LONG, .arg = "N", .def = "30000",
+         .help = "a client that takes none of a reply held for it for N ms is dropped (HTTP: past the write queue; "
+                 "gRPC: any reply, its flow-control window shut included)",
+         .dest = &write_timeout_ms, .lo = 1, .hi = 86400000},
         {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
          .help = "the model's name in the API", .dest = &model_name},
         {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
@@ -420,6 +424,7 @@ int cmd_serve(int argc, char **argv) {
     pc.tls_cert = tls_cert;
     pc.tls_key = tls_key;
     if (idle_timeout_ms > 0) hc.idle_timeout_ms = pc.idle_timeout_ms = (unsigned)idle_timeout_ms;
+    if (write_timeout_ms > 0) hc.write_timeout_ms = pc.stall_timeout_ms = (unsigned)write_timeout_ms;
     if (request_timeout_ms > 0) {
         hc.request_timeout_ms = (unsigned)request_timeout_ms;
         if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;

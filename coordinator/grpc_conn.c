@@ -35,6 +35,7 @@ struct grpc_conn {
     grpc_conn_cbs cb;
     size_t buffered; /* request bytes over the streams */
     size_t out;      /* response bytes queued over the streams */
+    uint64_t sent;   /* response bytes taken into DATA frames */
     int n_calls;
     gstream *streams;
 };
@@ -52,13 +53,19 @@ void grpc_conn_limits_default(grpc_conn_limits *l) {
     l->max_streams = 100;
     l->max_header_bytes = 16u << 10;
     l->max_buffered = 16u << 20;
+    l->total_buffered = NULL;
+    l->max_total_buffered = 256u << 20;
     l->max_out = 8u << 20;
 }
 
-/* grpc-message is percent-encoded: bytes outside 0x20..0x7E and '%'. */
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7E and '%'. At most 1024 bytes of m,
+ * cut before a UTF-8 character that would not fit whole. */
 static char *pct_encode(const char *m) {
     size_t n = strlen(m);
-    if (n > 1024) n = 1024;
+    if (n > 1024) {
+        n = 1024;
+        while (n > 0 && ((unsigned char)m[n] & 0xC0) == 0x80) n--; /* m[n] continues a character */
+    }
     char *o = mla_xmalloc(n * 3 + 1), *p = o;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)m[i];
@@ -73,13 +80,23 @@ static char *pct_encode(const char *m) {
 
 #define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
 
+/* request bytes buffered: the connection's and the shared counter */
+static void buf_add(grpc_conn *c, size_t n) {
+    c->buffered += n;
+    if (c->lim.total_buffered) *c->lim.total_buffered += n;
+}
+static void buf_sub(grpc_conn *c, size_t n) {
+    c->buffered -= n;
+    if (c->lim.total_buffered) *c->lim.total_buffered -= n;
+}
+
 static void stream_free(grpc_conn *c, gstream *st) {
     if (st->prev)
         st->prev->next = st->next;
     else
         c->streams = st->next;
     if (st->next) st->next->prev = st->prev;
-    c->buffered -= st->in_len;
+    buf_sub(c, st->in_len);
     c->out -= st->out_len - st->out_off;
     free(st->in);
     free(st->out);
@@ -92,7 +109,7 @@ static void stream_free(grpc_conn *c, gstream *st) {
 static void reply_status(grpc_conn *c, gstream *st, int status, const char *msg) {
     if (st->replied) return;
     st->replied = true;
-    c->buffered -= st->in_len;
+    buf_sub(c, st->in_len);
     st->in_len = 0;
     char code[8];
     snprintf(code, sizeof code, "%d", status);
@@ -193,29 +210,47 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t sid, const u
         reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, "too much request data in flight on this connection");
         return 0;
     }
+    if (c->lim.total_buffered && *c->lim.total_buffered + len > c->lim.max_total_buffered) {
+        reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, "too much request data in flight on this server");
+        return 0;
+    }
     if (st->in_len + len > st->in_cap) {
         st->in_cap = (st->in_len + len) * 2;
         st->in = mla_xrealloc(st->in, st->in_cap);
     }
     memcpy(st->in + st->in_len, data, len);
     st->in_len += len;
-    c->buffered += len;
+    buf_add(c, len);
     return 0;
 }
 
-/* The request is complete (END_STREAM): check it, hand it on. */
-static void request_done(grpc_conn *c, gstream *st) {
+/* The request's headers are in: check them (the header bytes first: past them the other fields
+ * were not read), then the owner's on_headers. A refusal is answered now; the stream's data is
+ * then dropped, not buffered. */
+static void headers_done(grpc_conn *c, gstream *st) {
     if (st->replied || st->in_call) return;
-    if (st->bad_post) return reply_status(c, st, GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
-    if (st->bad_ctype)
-        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc or application/grpc+proto");
     if (st->too_many_headers) {
         char m[96];
         snprintf(m, sizeof m, "request headers are larger than %u bytes", c->lim.max_header_bytes);
         return reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, m);
     }
+    if (st->bad_post) return reply_status(c, st, GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
+    if (st->bad_ctype)
+        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc or application/grpc+proto");
     if (st->bad_method || !st->method) return reply_status(c, st, GRPC_UNIMPLEMENTED, "unknown method");
     if (st->bad_timeout) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "malformed grpc-timeout header");
+    if (!c->cb.on_headers) {
+        if (st->two_auth) return reply_status(c, st, GRPC_UNAUTHENTICATED, "more than one authorization header");
+        return;
+    }
+    char m[256] = "";
+    const int status = c->cb.on_headers(c->cb.ud, st->method, st->auth, st->two_auth, m, sizeof m);
+    if (status != GRPC_OK) reply_status(c, st, status, m);
+}
+
+/* The request is complete (END_STREAM): check its message, hand it on. */
+static void request_done(grpc_conn *c, gstream *st) {
+    if (st->replied || st->in_call) return;
     if (st->in_len < 5) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request has no message");
     if (st->in[0] != 0)
         return reply_status(c, st, st->in[0] == 1 ? GRPC_UNIMPLEMENTED : GRPC_INVALID_ARGUMENT,
@@ -226,7 +261,6 @@ static void request_done(grpc_conn *c, gstream *st) {
         return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request message is cut short (its prefix says more bytes)");
     if ((size_t)n + 5 != st->in_len)
         return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request must carry exactly one message");
-    if (st->two_auth) return reply_status(c, st, GRPC_UNAUTHENTICATED, "more than one authorization header");
     st->in_call = true;
     c->n_calls++;
     grpc_call_in call = {.stream_id = st->id,
@@ -238,7 +272,7 @@ static void request_done(grpc_conn *c, gstream *st) {
     c->cb.on_call(c->cb.ud, &call);
     /* the message is not needed any more */
     if (nghttp2_session_get_stream_user_data(c->s, call.stream_id) == st) {
-        c->buffered -= st->in_len;
+        buf_sub(c, st->in_len);
         st->in_len = 0;
         free(st->in);
         st->in = NULL;
@@ -248,10 +282,11 @@ static void request_done(grpc_conn *c, gstream *st) {
 
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud) {
     grpc_conn *c = ud;
-    if ((f->hd.type != NGHTTP2_DATA && f->hd.type != NGHTTP2_HEADERS) || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
-        return 0;
+    if (f->hd.type != NGHTTP2_DATA && f->hd.type != NGHTTP2_HEADERS) return 0;
     gstream *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
-    if (st) request_done(c, st);
+    if (!st) return 0;
+    if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST) headers_done(c, st);
+    if (f->hd.flags & NGHTTP2_FLAG_END_STREAM) request_done(c, st);
     return 0;
 }
 
@@ -285,6 +320,7 @@ static ssize_t read_data(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t l
         memcpy(buf, st->out + st->out_off, n);
         st->out_off += n;
         c->out -= n;
+        c->sent += n;
         if (st->out_off == st->out_len) st->out_off = st->out_len = 0;
         return (ssize_t)n;
     }
@@ -441,6 +477,8 @@ bool grpc_conn_done(const grpc_conn *c) {
 int grpc_conn_n_calls(const grpc_conn *c) { return c->n_calls; }
 
 size_t grpc_conn_out_pending(const grpc_conn *c) { return c->out; }
+
+uint64_t grpc_conn_out_sent(const grpc_conn *c) { return c->sent; }
 
 void grpc_conn_shutdown(grpc_conn *c) { nghttp2_submit_shutdown_notice(c->s); }
 

@@ -9,9 +9,14 @@
  * still open when the connection ends, gets on_cancel. What is not HTTP/2 (a wrong preface,
  * garbage, a protocol error) makes grpc_conn_recv fail: send the output (a GOAWAY) and close.
  *
+ * A request's headers are checked as soon as they are in (POST, header bytes, content-type, a
+ * known :path, grpc-timeout, then the owner's on_headers: its key): a bad one is answered at
+ * once, and its data is dropped rather than buffered.
+ *
  * Limits (grpc_conn_limits): request message size, concurrent streams (announced in SETTINGS;
  * more are refused with RST_STREAM REFUSED_STREAM), request header bytes per stream, request
- * bytes buffered over the connection's streams, response bytes queued over its streams.
+ * bytes buffered over the connection's streams and over every connection sharing a counter (the
+ * server's), response bytes queued over its streams.
  *
  * Threads: one thread per connection. Ownership: grpc_conn_init / grpc_conn_free (no callback
  * runs from free). Callbacks run inside grpc_conn_recv (on_call, on_cancel) and may call
@@ -48,6 +53,9 @@ typedef struct grpc_conn_limits {
     uint32_t max_streams;      /* concurrent streams per connection (default 100) */
     uint32_t max_header_bytes; /* request header names + values per stream (default 16 KiB) */
     size_t max_buffered;       /* request bytes buffered over the connection's streams (default 16 MiB) */
+    size_t *total_buffered;    /* a counter of request bytes buffered that connections share (the
+                                * server's; NULL: none), and its bound (default 256 MiB) */
+    size_t max_total_buffered;
     size_t max_out;            /* response bytes queued over its streams (default 8 MiB; one message
                                   * over it alone is taken while nothing else is queued) */
 } grpc_conn_limits;
@@ -65,6 +73,10 @@ typedef struct grpc_call_in {
 
 typedef struct grpc_conn_cbs {
     void *ud;
+    /* A request's headers are in and well-formed: a gRPC status (GRPC_OK: the call goes on) and,
+     * for a refusal, its message into msg. two_auth: more than one authorization field (which
+     * one to take would be a guess). NULL: every call goes on, but one with two_auth. */
+    int (*on_headers)(void *ud, int method, const char *authorization, bool two_auth, char *msg, size_t msg_size);
     void (*on_call)(void *ud, const grpc_call_in *call);
     void (*on_cancel)(void *ud, int32_t stream_id);
 } grpc_conn_cbs;
@@ -90,6 +102,9 @@ int grpc_conn_n_calls(const grpc_conn *c);
 /* Response bytes queued over the streams and not yet taken (flow control holds them back while
  * the client does not read), finished calls' included. */
 size_t grpc_conn_out_pending(const grpc_conn *c);
+/* Response message bytes taken into DATA frames so far (what the client's flow control let
+ * through): the progress of a reply held back. */
+uint64_t grpc_conn_out_sent(const grpc_conn *c);
 /* Tells the client no new calls are taken (GOAWAY); calls in flight go on. */
 void grpc_conn_shutdown(grpc_conn *c);
 /* The connection is about to close (idle, or evicted): the final GOAWAY (no error), so that the

@@ -45,6 +45,7 @@ struct gs_conn {
     size_t received;      /* plaintext bytes taken (the HTTP/2 preface is 24) */
     char peer[64];
     uint64_t accepted_ms, last_active_ms;
+    uint64_t stall_sent, stall_since_ms; /* the reply bytes taken at the last sweep; since when none */
 };
 
 struct grpc_server {
@@ -56,6 +57,7 @@ struct grpc_server {
     bool listening, closed;
     gs_conn *conns;
     int n_conns, n_closing;
+    size_t buffered;  /* request bytes buffered over the connections (grpc_conn_limits.total_buffered) */
     uv_timer_t sweep; /* deadlines, idle and handshake timeouts, Health.Watch */
     bool sweep_open;
     uint64_t last_watch_ms;
@@ -67,6 +69,7 @@ void grpc_config_default(grpc_config *c) {
     c->max_conns = 1024;
     c->max_write_queue = 16u << 20;
     c->idle_timeout_ms = 60000;
+    c->stall_timeout_ms = 30000;
     c->handshake_timeout_ms = 10000;
 }
 
@@ -508,6 +511,31 @@ static const char *bearer(const char *auth) {
     return auth;
 }
 
+/* A request's headers are in (grpc_conn's on_headers): every call but the health checks needs the
+ * key when the api_server has one, checked here, before its message is read, so that a client
+ * without the key cannot make the server hold its data. Two authorization fields refuse a call
+ * that needs the key (which one to take would be a guess); on one that does not, they are
+ * nothing. */
+static int on_headers(void *ud, int method, const char *authorization, bool two_auth, char *msg, size_t msg_size) {
+    gs_conn *c = ud;
+    grpc_server *s = c->srv;
+    const bool open = method == GRPC_M_HEALTH || method == GRPC_M_HC_CHECK || method == GRPC_M_HC_WATCH;
+    if (open || !api_server_auth_required(s->api)) return GRPC_OK;
+    if (two_auth) {
+        snprintf(msg, msg_size, "more than one authorization header");
+        return GRPC_UNAUTHENTICATED;
+    }
+    int retry = 0;
+    const int st = api_server_auth(s->api, c->peer, bearer(authorization), &retry);
+    if (!st) return GRPC_OK;
+    if (st == 429) {
+        snprintf(msg, msg_size, "too many wrong API keys from this address; retry in %d s", retry);
+        return GRPC_RESOURCE_EXHAUSTED;
+    }
+    snprintf(msg, msg_size, "missing or wrong API key (send the metadata authorization: Bearer <key>)");
+    return GRPC_UNAUTHENTICATED;
+}
+
 static void on_call(void *ud, const grpc_call_in *in) {
     gs_conn *c = ud;
     grpc_server *s = c->srv;
@@ -526,19 +554,7 @@ static void on_call(void *ud, const grpc_call_in *in) {
         }
         r->deadline_ms = uv_now(s->loop) + (uint64_t)in->timeout_ms;
     }
-    bool open = in->method == GRPC_M_HEALTH || in->method == GRPC_M_HC_CHECK || in->method == GRPC_M_HC_WATCH;
-    if (!open && api_server_auth_required(s->api)) {
-        int retry = 0, st = api_server_auth(s->api, c->peer, bearer(in->authorization), &retry);
-        if (st) {
-            char m[160];
-            if (st == 429)
-                snprintf(m, sizeof m, "too many wrong API keys from this address; retry in %d s", retry);
-            else
-                snprintf(m, sizeof m, "missing or wrong API key (send the metadata authorization: Bearer <key>)");
-            finish(r, st == 429 ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAUTHENTICATED, m);
-            return;
-        }
-    }
+    /* the key: checked with the headers (on_headers) */
     grpc_request q;
     char param[48];
     mla_err err = {{0}};
@@ -645,7 +661,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     s->conns = c;
     s->n_conns++;
     snprintf(c->peer, sizeof(c->peer), "?");
-    grpc_conn_cbs cb = {.ud = c, .on_call = on_call, .on_cancel = on_cancel};
+    grpc_conn_cbs cb = {.ud = c, .on_headers = on_headers, .on_call = on_call, .on_cancel = on_cancel};
     mla_err err = {{0}};
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || grpc_conn_init(&c->h2, &s->cfg.conn, &cb, &err) != MLA_OK) {
         conn_close(c);
@@ -714,6 +730,17 @@ static void on_sweep(uv_timer_t *t) {
                    now - c->last_active_ms >= s->cfg.idle_timeout_ms) {
             MLA_DEBUG("grpc: %s idle for %u ms; closing", c->peer, s->cfg.idle_timeout_ms);
             conn_goaway_close(c);
+        } else if (c->h2) { /* a reply held back: its bytes must be taken now and then (traffic
+                             * the client sends, a PING, is not progress) */
+            const size_t held = c->queued + grpc_conn_out_pending(c->h2);
+            const uint64_t sent = grpc_conn_out_sent(c->h2);
+            if (!held || sent != c->stall_sent || !c->stall_since_ms) c->stall_since_ms = now;
+            c->stall_sent = sent;
+            if (held && s->cfg.stall_timeout_ms && now - c->stall_since_ms >= s->cfg.stall_timeout_ms) {
+                MLA_WARN("grpc: %s took none of a reply (%zu bytes held) for %u ms; closing", c->peer, held,
+                         s->cfg.stall_timeout_ms);
+                conn_close(c);
+            }
         }
     }
 }
@@ -771,6 +798,7 @@ int grpc_server_init(grpc_server **out, uv_loop_t *loop, api_server *api, const 
     s->loop = loop;
     s->api = api;
     s->cfg = *cfg;
+    s->cfg.conn.total_buffered = &s->buffered; /* request bytes over every connection */
     if (tls_init(s, err) != MLA_OK) {
         SSL_CTX_free(s->tls);
         free(s);

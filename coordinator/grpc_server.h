@@ -10,9 +10,12 @@
  * every call but the health checks needs `authorization: Bearer <key>` (UNAUTHENTICATED; an
  * address with too many wrong keys gets RESOURCE_EXHAUSTED, api_server_auth).
  * Limits (grpc_config): connections (a new one beyond max_conns closes the connection idle
- * longest, or is refused when none is idle), per-connection limits of grpc_conn, bytes queued
- * to a client that does not read (its connection is closed), idle connections (no call, no
- * traffic for idle_timeout_ms: closed), the TLS handshake (handshake_timeout_ms).
+ * longest, or is refused when none is idle), per-connection limits of grpc_conn and the request
+ * bytes buffered over all connections (conn.max_total_buffered), bytes queued to a client that
+ * does not read (its connection is closed), a reply held back without progress for
+ * stall_timeout_ms (the client reads nothing, or keeps its flow-control window shut: closed),
+ * idle connections (no call, no traffic for idle_timeout_ms: closed), the TLS handshake
+ * (handshake_timeout_ms).
  *
  * Threads: loop thread only. Ownership: grpc_server_init / grpc_server_free (after
  * grpc_server_close; free runs the loop until the close callbacks are done). The api_server
@@ -33,6 +36,7 @@ typedef struct grpc_config {
     int max_conns;               /* open connections (default 1024) */
     size_t max_write_queue;      /* bytes written and not yet taken by the client (default 16 MiB) */
     unsigned idle_timeout_ms;    /* no call in flight, nothing received or sent (60 s) */
+    unsigned stall_timeout_ms;   /* a reply held back, none of it taken this long (30 s; 0: never) */
     unsigned handshake_timeout_ms; /* TLS handshake and the HTTP/2 preface (10 s) */
     const char *tls_cert;        /* PEM certificate chain file; NULL: plain h2c */
     const char *tls_key;         /* PEM private key file (with tls_cert) */

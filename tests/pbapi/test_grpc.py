@@ -354,6 +354,62 @@ def h2_read(sock, frames, until):
     return False
 
 
+# ---- a client without the key, two keys, a reply never taken, a message cut at a character ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--api-key", KEY, "--write-timeout-ms", "1500"])
+try:
+    P = srv.proto_port
+    gen_hdrs = h2_headers([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Generate"),
+                           (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    # no key: the call is answered on its headers, while its message is still coming (not held)
+    with socket.create_connection(("127.0.0.1", P), timeout=20) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, gen_hdrs) +
+                  h2_frame(0, 0, 1, b"\x00" + struct.pack(">I", 1 << 20) + b"x" * 16000))
+        frames = []
+        h2_read(s, frames, lambda f: any(t == 1 and sid == 1 and fl & 1 for t, fl, sid, _ in f))
+        check(any(t == 1 and sid == 1 and fl & 1 for t, fl, sid, _ in frames),
+              "no key: the call is refused before its message ends (frames %r)" % [t for t, _, _, _ in frames])
+    with grpc.insecure_channel("127.0.0.1:%d" % P) as ch:
+        st = api_grpc.MlaServeStub(ch)
+        two = (("authorization", "Bearer " + KEY), ("authorization", "Bearer other"))
+        check(code_of(lambda: st.Health(api_pb2.HealthRequest(), metadata=two, timeout=30)) == SC.OK,
+              "two authorization fields on a call that needs no key: answered")
+        try:
+            list(st.Generate(api_pb2.GenerateRequest(prompt="1 2", max_tokens=1), metadata=two, timeout=30))
+            got = (SC.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.UNAUTHENTICATED and "more than one authorization" in got[1],
+              "two authorization fields on a call that needs the key: refused %r" % (got,))
+        name = "a" * 1005 + "\u00e9" * 20  # the message quoting it is cut at its 1024 bytes, inside the name
+        try:
+            list(st.Generate(api_pb2.GenerateRequest(prompt="1", max_tokens=1, model=name), metadata=AUTH, timeout=30))
+            got = (SC.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.NOT_FOUND and "\u00e9" in got[1] and "\u00c3" not in got[1],
+              "a message cut inside a quoted name stays valid UTF-8 (%r)" % (got[1][-40:],))
+    # a reply the client never takes (its window 0; PINGs meanwhile): closed after --write-timeout-ms
+    with socket.create_connection(("127.0.0.1", P), timeout=20) as s:
+        msg = api_pb2.HealthRequest().SerializeToString()
+        hh = h2_headers([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Health"),
+                         (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)) +
+                  h2_frame(1, 4, 1, hh) + h2_frame(0, 1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        s.settimeout(0.3)
+        t0, eof = time.time(), False
+        while time.time() - t0 < 10 and not eof:
+            try:
+                s.sendall(h2_frame(6, 0, 0, b"12345678"))  # PING: traffic, not progress
+                eof = h2_read(s, [], lambda f: False)
+            except OSError:  # closed under the write
+                eof = True
+        dt = time.time() - t0
+        check(eof and 1.0 < dt < 6, "a reply never taken: the connection closed after %.1fs (--write-timeout-ms "
+              "1500)" % dt)
+finally:
+    code = srv.stop()
+    check(code == 0, "key/stall server exit status %r" % code)
+
 # ---- TLS (a self-signed certificate made now) ----
 d = tempfile.mkdtemp(prefix="mla_grpc_tls_")
 cert, keyf = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
