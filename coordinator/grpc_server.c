@@ -104,6 +104,10 @@ static void call_drop(gs_call *r) {
     call_unlink(r);
 }
 
+/* a connection whose held reply has had none of its bytes taken this long may be closed for a new
+ * one beyond max_conns when none is idle (the sweep sets stall_since_ms) */
+#define GS_STALL_EVICT_MS 1000
+
 /* no call in flight and nothing of a reply left to send (queued for the socket, or held back by
  * the client's flow control): what the idle timeout and the connection limit may close */
 static bool conn_idle(const gs_conn *c) {
@@ -677,15 +681,28 @@ static void on_connection(uv_stream_t *ls, int status) {
         SSL_set_accept_state(c->ssl);
     }
     if (s->n_conns > s->cfg.max_conns) {
-        /* make room by closing the connection idle longest (no call, nothing queued), if any */
-        gs_conn *old = NULL;
-        for (gs_conn *o = s->conns; o; o = o->next)
-            if (o != c && !o->closing && conn_idle(o) && (!old || o->last_active_ms < old->last_active_ms))
-                old = o;
+        /* make room by closing the connection idle longest (no call, nothing queued), if any; else
+         * the one whose held reply has had none of its bytes taken longest, for a second or more
+         * (a client that stopped reading: the write timeout would close it later) */
+        gs_conn *old = NULL, *held = NULL;
+        const uint64_t now = uv_now(s->loop);
+        for (gs_conn *o = s->conns; o; o = o->next) {
+            if (o == c || o->closing) continue;
+            if (conn_idle(o)) {
+                if (!old || o->last_active_ms < old->last_active_ms) old = o;
+            } else if (o->stall_since_ms && now - o->stall_since_ms >= GS_STALL_EVICT_MS &&
+                       (!held || o->stall_since_ms < held->stall_since_ms)) {
+                held = o;
+            }
+        }
         if (old) {
             MLA_DEBUG("grpc: %d connections open (limit %d); closing idle %s for %s", s->n_conns - 1,
                       s->cfg.max_conns, old->peer, c->peer);
             conn_goaway_close(old);
+        } else if (held) {
+            MLA_WARN("grpc: %d connections open (limit %d); closing %s, which takes none of its reply, for %s",
+                     s->n_conns - 1, s->cfg.max_conns, held->peer, c->peer);
+            conn_close(held);
         }
     }
     if (s->n_conns > s->cfg.max_conns) {

@@ -410,6 +410,37 @@ finally:
     code = srv.stop()
     check(code == 0, "key/stall server exit status %r" % code)
 
+# ---- every connection slot held by a client that takes none of its reply: a new one gets in ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--max-conns", "2", "--write-timeout-ms",
+                                                 "60000"])
+try:
+    P = srv.proto_port
+    msg = api_pb2.HealthRequest().SerializeToString()
+    hh = h2_headers([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Health"),
+                     (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    held = []
+    for _ in range(2):  # window 0: the reply is held for good
+        s = socket.create_connection(("127.0.0.1", P), timeout=20)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)) +
+                  h2_frame(1, 4, 1, hh) + h2_frame(0, 1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        held.append(s)
+    time.sleep(1.6)  # held past the second after which a held connection gives way
+    with grpc.insecure_channel("127.0.0.1:%d" % P) as ch:
+        c = code_of(lambda: api_grpc.MlaServeStub(ch).Health(api_pb2.HealthRequest(), timeout=20))
+    check(c == SC.OK, "both slots held by clients that take nothing: a new client is served (%s)" % c)
+    closed = 0
+    for s in held:
+        s.settimeout(2)
+        try:
+            closed += h2_read(s, [], lambda f: False)
+        except OSError:
+            closed += 1
+        s.close()
+    check(closed == 1, "one held connection gave way (%d closed)" % closed)
+finally:
+    code = srv.stop()
+    check(code == 0, "held-slots server exit status %r" % code)
+
 # ---- TLS (a self-signed certificate made now) ----
 d = tempfile.mkdtemp(prefix="mla_grpc_tls_")
 cert, keyf = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
