@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "common/gguf.h"
@@ -67,18 +69,54 @@ static void serve_close(uv_loop_t *loop) {
     uv_stop(loop);
 }
 
+/* The port files: checked before anything starts (prepare_port_files: their folder takes a file;
+ * one an earlier server left is removed, so that no reader takes its port for this one's),
+ * written once the server is ready (by a rename: a reader sees the whole line or nothing),
+ * removed when it exits. */
+static bool g_ports_written;
+
+static int port_file_tmp(const char *path, char *tmp, size_t n, mla_err *err) {
+    if ((size_t)snprintf(tmp, n, "%s.tmp", path) >= n) return mla_errf(err, "the port file path %s is too long", path);
+    return MLA_OK;
+}
+
+static int prepare_port_files(const char *const files[2], mla_err *err) {
+    for (int k = 0; k < 2; k++) {
+        if (!files[k]) continue;
+        char tmp[4096];
+        if (port_file_tmp(files[k], tmp, sizeof tmp, err)) return MLA_ERR;
+        FILE *f = fopen(tmp, "w");
+        if (!f) return mla_errf(err, "cannot write the port file %s (%s: %s)", files[k], tmp, strerror(errno));
+        fclose(f);
+        unlink(tmp);
+        if (unlink(files[k]) != 0 && errno != ENOENT)
+            return mla_errf(err, "cannot replace the port file %s: %s", files[k], strerror(errno));
+    }
+    return MLA_OK;
+}
+
 static int write_port_files(mla_err *err) {
     for (int k = 0; k < 2; k++) {
         if (!g_ports.files[k]) continue;
         char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", g_ports.files[k]);
+        if (port_file_tmp(g_ports.files[k], tmp, sizeof tmp, err)) return MLA_ERR;
         FILE *f = fopen(tmp, "w");
         int ok = f && fprintf(f, "%d\n", g_ports.ports[k]) >= 0;
         if (f && fclose(f) != 0) ok = 0;
-        if (!ok || rename(tmp, g_ports.files[k]) != 0)
-            return mla_errf(err, "cannot write the port file %s", g_ports.files[k]);
+        if (!ok || rename(tmp, g_ports.files[k]) != 0) {
+            const int e = errno;
+            unlink(tmp);
+            return mla_errf(err, "cannot write the port file %s: %s", g_ports.files[k], strerror(e));
+        }
+        g_ports_written = true;
     }
     return MLA_OK;
+}
+
+static void remove_port_files(void) {
+    if (!g_ports_written) return;
+    for (int k = 0; k < 2; k++)
+        if (g_ports.files[k]) unlink(g_ports.files[k]);
 }
 
 /* the first start: ready (start the scheduler, write the port files) or failed (exit 1) */
@@ -226,13 +264,38 @@ static const char serve_usage[] =
     "(then they fail, and a step still running is given up).\n";
 
 /* The first line of a key file (without the line end); NULL with err set. */
+/* A key as a header carries it: not empty, no blank at either end (HTTP drops those from a field
+ * value, so such a key could never match), no control character, at most API_KEY_MAX bytes.
+ * what: where the key came from, for the message. */
+#define API_KEY_MAX 1024
+static int key_check(const char *key, const char *what, mla_err *err) {
+    const size_t n = strlen(key);
+    if (!n) return mla_errf(err, "%s is empty: give a key, or leave it out to serve without one", what);
+    if (n > API_KEY_MAX) return mla_errf(err, "%s: the key is longer than %d bytes", what, API_KEY_MAX);
+    if (key[0] == ' ' || key[0] == '\t' || key[n - 1] == ' ' || key[n - 1] == '\t')
+        return mla_errf(err, "%s: the key starts or ends with a blank, which no request header can carry", what);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)key[i] < 0x20 && key[i] != '\t')
+            return mla_errf(err, "%s: the key holds a control character (byte %zu)", what, i);
+    return MLA_OK;
+}
+
+/* The key on the first line of path (its line end dropped); a file others may read is refused,
+ * as ssh refuses such a private key */
 static char *read_key_file(const char *path, mla_err *err) {
     FILE *f = fopen(path, "r");
     if (!f) {
         mla_errf(err, "--api-key-file %s: %s", path, strerror(errno));
         return NULL;
     }
-    char buf[1024];
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & S_IROTH)) {
+        mla_errf(err, "--api-key-file %s is readable by others (mode %04o): `chmod o-r %s`", path,
+                 (unsigned)st.st_mode & 07777, path);
+        fclose(f);
+        return NULL;
+    }
+    char buf[API_KEY_MAX + 3];
     char *line = fgets(buf, sizeof buf, f);
     const int rerr = ferror(f) ? errno : 0; /* a directory opens, then fails to read */
     fclose(f);
@@ -241,11 +304,19 @@ static char *read_key_file(const char *path, mla_err *err) {
         else mla_errf(err, "--api-key-file %s: the file is empty", path);
         return NULL;
     }
-    buf[strcspn(buf, "\r\n")] = 0;
+    const size_t len = strcspn(buf, "\r\n");
+    if (!buf[len] && strlen(buf) == sizeof buf - 1) { /* no line end within the buffer: longer */
+        mla_errf(err, "--api-key-file %s: the key is longer than %d bytes", path, API_KEY_MAX);
+        return NULL;
+    }
+    buf[len] = 0;
     if (!buf[0]) {
         mla_errf(err, "--api-key-file %s: the first line is empty", path);
         return NULL;
     }
+    char what[600];
+    snprintf(what, sizeof what, "--api-key-file %s", path);
+    if (key_check(buf, what, err)) return NULL;
     return mla_xstrdup(buf);
 }
 
@@ -404,10 +475,12 @@ int cmd_serve(int argc, char **argv) {
     const char *model = go.model;
     const int tp = go.tp;
     coord_config cc = go.cc;
-    if (api_key && !api_key[0]) { /* an unset variable expanded: never an open server by accident */
-        fprintf(stderr, "mlaserve serve: %s is empty: give a key, or leave it out to serve without one\n",
-                api_key == getenv("MLASERVE_API_KEY") ? "MLASERVE_API_KEY" : "--api-key");
-        return 2;
+    if (api_key) { /* an unset variable expanded (empty): never an open server by accident */
+        mla_err kerr;
+        if (key_check(api_key, api_key == getenv("MLASERVE_API_KEY") ? "MLASERVE_API_KEY" : "--api-key", &kerr)) {
+            fprintf(stderr, "mlaserve serve: %s\n", kerr.msg);
+            return 2;
+        }
     }
     if (api_key && api_key[0] && api_key != getenv("MLASERVE_API_KEY")) {
         /* out of /proc/PID/cmdline from now on (--api-key-file avoids even the start) */
@@ -463,6 +536,10 @@ int cmd_serve(int argc, char **argv) {
     int rc = 1;
     bool loop_ran = false;
 
+    {
+        const char *const pf[2] = {proto_port_file, port_file};
+        if (prepare_port_files(pf, &err)) goto out;
+    }
     if (gguf_open(&g, model, &err)) goto out;
     if (tok_vocab_from_gguf(&S.vocab, g, &err)) goto out;
     if (chat_template_file) {
@@ -567,6 +644,7 @@ int cmd_serve(int argc, char **argv) {
     if (rc) mla_errf(&err, "%s", g_exit_msg);
 out:
     if (rc != 0) fprintf(stderr, "mlaserve serve: %s\n", err.msg);
+    remove_port_files();
     if (http && !loop_ran) http_server_close(http);
     if (pb && !loop_ran) grpc_server_close(pb);
     if (api) api_server_drain(api);

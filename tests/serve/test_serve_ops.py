@@ -103,6 +103,33 @@ def test_keys_and_warnings():
     kf = os.path.join(tmp, "key")
     with open(kf, "w") as f:
         f.write("s3cret-file-key\n")
+    os.chmod(kf, 0o600)
+    # key files a request could never match, or that others may read: refused at start, by name
+    bad = os.path.join(tmp, "bad")
+    for text, mode, says in (("s3cret  \n", 0o600, "ends with a blank"), ("k" * 2000 + "\n", 0o600, "longer than 1024"),
+                             ("s3cret\n", 0o644, "readable by others")):
+        with open(bad, "w") as f:
+            f.write(text)
+        os.chmod(bad, mode)
+        r = subprocess.run([exe, "-m", model, "--api-key-file", bad], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and says in r.stderr and "started worker" not in r.stderr,
+              "key file refused: %s" % says, r.stderr[-300:])
+    r = subprocess.run([exe, "-m", model, "--api-key", " k"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "starts or ends with a blank" in r.stderr, "--api-key with a leading blank refused",
+          r.stderr[-300:])
+    # a port file the server cannot write: refused before the workers start, saying why; one left
+    # by an earlier server is removed at start, and the server's own at its exit
+    r = subprocess.run([exe, "-m", model, "--port", "0", "--port-file", os.path.join(tmp, "no", "such", "port")],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "cannot write the port file" in r.stderr and "No such file" in r.stderr and
+          "started worker" not in r.stderr, "an unwritable port file refused first", r.stderr[-300:])
+    stale = os.path.join(tmp, "stale-port")
+    with open(stale, "w") as f:
+        f.write("12345\n")
+    r = subprocess.run([exe, "-m", os.path.join(tmp, "no-model.gguf"), "--port", "0", "--port-file", stale],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and not os.path.exists(stale), "an earlier server's port file is removed at start",
+          r.stderr[-300:])
     # --host localhost is the IPv4 loopback
     srv = serve(["--host", "localhost"])
     try:
@@ -134,6 +161,7 @@ def test_keys_and_warnings():
         check(r.returncode == 2 and name in r.stderr and "started worker" not in r.stderr,
               "empty key / unreadable key file %r refused naming %s" % (args or env, name), r.stderr[-300:])
     srv = serve(["--api-key-file", kf])
+    port_file = srv.pf
     try:
         cmd = open("/proc/%d/cmdline" % srv.proc.pid, "rb").read()
         check(b"s3cret" not in cmd, "the key file's key is not in the process list")
@@ -157,6 +185,7 @@ def test_keys_and_warnings():
                   (t2.count(eos_id), t1.count(eos_id)))
     finally:
         check(srv.stop() == 0, "key-file server clean exit")
+    check(not os.path.exists(port_file), "the port file is removed at exit")
     srv = serve(["--api-key", "visible-key", "--allow-special-in-messages"])
     try:
         cmd = open("/proc/%d/cmdline" % srv.proc.pid, "rb").read()
