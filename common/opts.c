@@ -1,8 +1,10 @@
 /* opts: see opts.h. */
 #include "opts.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,9 +27,23 @@ static int bad_value(const opt_spec *s, const char *v, mla_err *err) {
     return mla_errf(err, "%s: '%s' is not a number in [%.15g, %.15g]", s->name, v, s->lo, s->hi);
 }
 
+/* a number as written: no blank before it (strto* would skip them, and then " -1" reads as a
+ * huge unsigned), none after it (the *end checks), decimal digits (no hex: integers read base 10,
+ * and a float "0x1p1" would be 2) */
+static bool plain_number(const char *v) {
+    if (isspace((unsigned char)v[0])) return false;
+    for (const char *p = v; *p; p++)
+        if (*p == 'x' || *p == 'X') return false;
+    return true;
+}
+
 static int set_value(const opt_spec *s, const char *v, mla_err *err) {
     char *end = NULL;
     errno = 0;
+    if ((s->kind == OPT_INT || s->kind == OPT_LONG || s->kind == OPT_U64 || s->kind == OPT_DOUBLE ||
+         s->kind == OPT_FLOAT) &&
+        !plain_number(v))
+        return bad_value(s, v, err);
     switch (s->kind) {
     case OPT_FLAG:
         MLA_PANIC("a flag has no value");

@@ -58,7 +58,8 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
  * come from the vocabulary. */
 int chat_tmpl_from_gguf(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, mla_err *err);
 /* Same with the template text given (override, override_len) instead of the GGUF's
- * (--chat-template FILE); NULL: the GGUF's. */
+ * (--chat-template FILE); NULL: the GGUF's. A given text that does not parse (or is empty) is an
+ * error, where the GGUF's own falls back to the built-in template of the model's family. */
 int chat_tmpl_from_gguf_src(chat_tmpl **out, const gguf_ctx *g, const tok_vocab *v, const char *override,
                             size_t override_len, mla_err *err);
 void chat_tmpl_free(chat_tmpl *t);

@@ -298,7 +298,6 @@ int chat_tmpl_new(chat_tmpl **out, const char *src, size_t len, enum chat_family
         *err = perr;
         return mla_err_prefix(err, "chat template");
     }
-    MLA_WARN("chat template not usable (%s); using the built-in %s template", perr.msg, chat_family_name(family));
     snprintf(t->used, sizeof t->used, "built-in %s (%.400s)", chat_family_name(family), perr.msg);
     *out = t;
     return MLA_OK;
@@ -313,6 +312,7 @@ int chat_tmpl_from_gguf_src(chat_tmpl **out, const gguf_ctx *g, const tok_vocab 
     gguf_str src = {0}, arch = {0}, pre = {0};
     int rc;
     if (override) {
+        if (!override_len) return mla_errf(err, "the template is empty");
         src.ptr = override;
         src.len = override_len;
     } else {
@@ -343,6 +343,15 @@ int chat_tmpl_from_gguf_src(chat_tmpl **out, const gguf_ctx *g, const tok_vocab 
     rc = chat_tmpl_new(out, src.len ? src.ptr : NULL, src.len, fam, bos, eos, err);
     free(bos);
     free(eos);
+    if (rc == MLA_OK && src.len && !(*out)->src) { /* the text given did not parse */
+        if (override) { /* a template named by the operator is the one used, or none */
+            rc = mla_errf(err, "not usable: the server would fall back to the %s", (*out)->used);
+            chat_tmpl_free(*out);
+            *out = NULL;
+        } else {
+            MLA_WARN("chat template not usable; using the %s", (*out)->used);
+        }
+    }
     return rc;
 }
 

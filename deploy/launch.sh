@@ -85,11 +85,11 @@ find_bin() { # name -> path
 serve_exe=$(find_bin mlaserve)
 worker_exe=$(find_bin mlaserve-worker)
 logs=${logs:-./mlaserve-logs-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$logs"
+[[ $dry -eq 1 ]] || mkdir -p "$logs" # a dry run only prints: it leaves nothing behind
 
 # The control plane: an ipc:// socket private to this node (no network, no keys needed); with
 # --curve-dir the workers and the coordinator also use CURVE.
-sock="$(cd "$logs" && pwd)/coord.sock"
+sock="$(realpath -m "$logs")/coord.sock"
 [[ ${#sock} -lt 100 ]] || sock="${TMPDIR:-/tmp}/mlaserve-$$.sock" # sun_path holds 107 bytes
 endpoint="ipc://$sock"
 curve_args=()
@@ -179,4 +179,8 @@ while [[ ${#live[@]} -gt 0 ]]; do
   live=("${rest[@]}")
 done
 echo "launch.sh: the coordinator exited (status $status); stopping the workers" >&2
+if [[ $status -ne 0 && $stopping -eq 0 && -s "$logs/coordinator.log" ]]; then # why, from its log
+  echo "launch.sh: the end of $logs/coordinator.log:" >&2
+  tail -n 5 "$logs/coordinator.log" | sed 's/^/  /' >&2
+fi
 exit "$status"

@@ -64,6 +64,7 @@ def case_launch():
     check(r.returncode == 0 and len(lines) == 3 and "--tp 2" in lines[0] and "--workers-external" in lines[0],
           "launch.sh --dry-run: the coordinator command", r.stdout)
     check(all("--rank %d --world 2" % k in lines[k + 1] for k in range(2)), "launch.sh --dry-run: one worker per rank")
+    check(not os.path.exists(logs), "launch.sh --dry-run: no logs folder made")
     r = subprocess.run([script, "-m", model, "-n", "2", "--dry-run", "--bin", bindir, "--logs", logs],
                        capture_output=True, text=True, timeout=30)
     check("CUDA_VISIBLE_DEVICES=1 " in r.stdout and "--backend cuda --device cuda:1" in r.stdout,
@@ -88,6 +89,11 @@ def case_launch():
         r = subprocess.run([script, "-m", model, "--cpu", "--dry-run", "--bin", bindir, "--logs", logs] + args,
                            capture_output=True, text=True, timeout=30)
         check(r.returncode == 2 and want in r.stderr and not r.stdout, "launch.sh %s refused" % " ".join(args), r.stderr)
+    # a coordinator that fails at start: the launcher says why, from its log
+    r = subprocess.run([script, "-m", os.path.join(d, "none.gguf"), "-n", "1", "--cpu", "--bin", bindir, "--logs",
+                        os.path.join(d, "logs-bad")], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "coordinator.log:" in r.stderr and "none.gguf" in r.stderr,
+          "launch.sh: a failed start quotes the coordinator's log", r.stderr[-400:])
     port = free_port()
     p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
                           "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M"],

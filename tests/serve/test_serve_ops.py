@@ -123,6 +123,16 @@ def test_keys_and_warnings():
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 1 and "cannot write the port file" in r.stderr and "No such file" in r.stderr and
           "started worker" not in r.stderr, "an unwritable port file refused first", r.stderr[-300:])
+    # a chat template named on the command line that does not parse, or is empty: refused (the
+    # GGUF's own would fall back to the family's built-in one, but the operator asked for this one)
+    for text, says in (("{{ unclosed", "not usable"), ("", "the template is empty")):
+        tf = os.path.join(tmp, "t.jinja")
+        with open(tf, "w") as f:
+            f.write(text)
+        r = subprocess.run([exe, "-m", model, "--port", "0", "--chat-template", tf], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode == 1 and "--chat-template" in r.stderr and says in r.stderr and
+              "started worker" not in r.stderr, "a bad --chat-template refused: %s" % says, r.stderr[-300:])
     stale = os.path.join(tmp, "stale-port")
     with open(stale, "w") as f:
         f.write("12345\n")

@@ -90,6 +90,12 @@ int main(void) {
     CHECK(P("--big", "99999999999999999999999") == MLA_ERR);
     CHECK(P("--temp", "nan") == MLA_ERR && P("--temp", "2.5") == MLA_ERR);
     CHECK(P("--seed", "-1") == MLA_ERR && strstr(err.msg, "--seed: '-1' is not a whole number from 0 to"));
+    /* numbers as written: a blank before one (strtoull would read " -1" as 2^64 - 1) or after it,
+     * and hex (a float's "0x1p1" would be 2), are refused */
+    CHECK(P("--seed", " -1") == MLA_ERR && strstr(err.msg, "' -1'"));
+    CHECK(P("--tp", " 2") == MLA_ERR && P("--tp", "2 ") == MLA_ERR && P("--big", "\t-5") == MLA_ERR);
+    CHECK(P("--temp", "0x1p0") == MLA_ERR && P("--tp", "0x2") == MLA_ERR);
+    CHECK(P("--temp", "1e-1") == MLA_OK && o.temp > 0.09 && o.temp < 0.11);
     CHECK(P("--json=1") == MLA_ERR && strstr(err.msg, "--json takes no value"));
     CHECK(P("--on-failure", "maybe") == MLA_ERR && strstr(err.msg, "stop, restart, exit"));
     CHECK(P("--stop", "1", "--stop", "2", "--stop", "3", "--stop", "4", "--stop", "5") == MLA_ERR &&
