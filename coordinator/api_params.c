@@ -9,29 +9,19 @@
 
 #include "common/mla_err.h"
 
-/* The length of the well-formed UTF-8 character at p (RFC 3629: no overlong forms, no
- * surrogates, up to U+10FFFF), 0 where there is none */
-static size_t utf8_char(const unsigned char *p) {
-    const unsigned char c = p[0];
-    if (c < 0x80) return 1;
-    const size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    for (size_t k = 1; k < n; k++)
-        if ((p[k] & 0xC0) != 0x80) return 0;
-    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
-        (c == 0xF4 && p[1] > 0x8F))
-        return 0;
-    return n;
-}
-
-/* A message that quotes the request, made valid text in place: a byte that starts no whole
- * character (a quote cut by a %.64s or by the buffer's end, a request's own bad bytes) becomes
- * '?', so that a JSON body or a grpc-message carrying it is well-formed UTF-8 */
-static void utf8_whole(char *s) {
-    for (unsigned char *p = (unsigned char *)s; *p;) {
-        const size_t n = utf8_char(p);
-        if (n) p += n;
-        else *p++ = '?';
-    }
+/* A message that quotes the request, made valid text in place (buffer of cap bytes): what starts
+ * no whole character (a quote cut by a %.64s or by the buffer's end, a request's own bad bytes)
+ * becomes U+FFFD (api_utf8_sanitize), and the result is cut at a character that fits, so that a
+ * JSON body or a grpc-message carrying it is well-formed UTF-8 */
+static void utf8_whole(char *s, size_t cap) {
+    const size_t len = strlen(s);
+    if (api_utf8_invalid_at(s, len) < 0) return;
+    size_t n;
+    char *v = api_utf8_sanitize(s, len, &n);
+    n = api_utf8_complete_prefix(v, n < cap - 1 ? n : cap - 1);
+    memcpy(s, v, n);
+    s[n] = 0;
+    free(v);
 }
 
 int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
@@ -43,7 +33,7 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
-    utf8_whole(e->message);
+    utf8_whole(e->message, sizeof e->message);
     const char *type = "invalid_request_error";
     if (status == 401) type = "authentication_error";
     else if (status == 404) type = "not_found_error";
@@ -187,6 +177,12 @@ static const char *const k_msg_keys[] = {"role", "content", "name", "tool_calls"
                                          NULL};
 static const char *const k_msg_echo_keys[] = {"refusal", "annotations", "audio", "function_call", NULL};
 
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
 static bool is_empty(const cJSON *j) {
     return is_null(j) || (cJSON_IsString(j) && !j->valuestring[0]) || (cJSON_IsArray(j) && !cJSON_GetArraySize(j));
 }
@@ -195,18 +191,16 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
     const cJSON *it;
     cJSON_ArrayForEach(it, m) {
         const char *k = it->string ? it->string : "";
-        bool known = false;
-        for (const char *const *l = k_msg_keys; *l && !known; l++) known = !strcmp(*l, k);
-        if (known) {
+        if (in_list(k_msg_keys, k)) {
             if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content")) &&
                 !is_null(it) && !cJSON_IsString(it))
                 return bad(e, "messages", "messages[%d].%s must be a string", i, k);
             continue;
         }
-        for (const char *const *l = k_msg_echo_keys; *l && !known; l++) known = !strcmp(*l, k);
-        if (known && is_empty(it)) continue;
-        if (known)
+        if (in_list(k_msg_echo_keys, k)) {
+            if (is_empty(it)) continue;
             return bad(e, "messages", "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
+        }
         return bad(e, "messages",
                    "messages[%d].%.64s is not a member of a message (role, content, name, tool_calls, tool_call_id, "
                    "reasoning_content)",
@@ -273,12 +267,6 @@ static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "
                                           "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                                           "reasoning_effort", NULL};
 static const char *const k_completion_keys[] = {"prompt", "echo", "suffix", "best_of", NULL};
-
-static bool in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
 
 static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
     const cJSON *it;
