@@ -263,7 +263,6 @@ static const char serve_usage[] =
     "SIGTERM or SIGINT drains: no new requests, those in flight get --drain-timeout seconds\n"
     "(then they fail, and a step still running is given up).\n";
 
-/* The first line of a key file (without the line end); NULL with err set. */
 /* A key as a header carries it: not empty, no blank at either end (HTTP drops those from a field
  * value, so such a key could never match), no control character, at most API_KEY_MAX bytes.
  * what: where the key came from, for the message. */
@@ -280,8 +279,9 @@ static int key_check(const char *key, const char *what, mla_err *err) {
     return MLA_OK;
 }
 
-/* The key on the first line of path (its line end dropped); a file others may read is refused,
- * as ssh refuses such a private key */
+/* The key on the first line of path (its line end dropped; NULL with err set); a file others may
+ * read is refused, as ssh refuses such a private key. A line longer than the buffer is cut past
+ * API_KEY_MAX, and key_check refuses it. */
 static char *read_key_file(const char *path, mla_err *err) {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -304,12 +304,7 @@ static char *read_key_file(const char *path, mla_err *err) {
         else mla_errf(err, "--api-key-file %s: the file is empty", path);
         return NULL;
     }
-    const size_t len = strcspn(buf, "\r\n");
-    if (!buf[len] && strlen(buf) == sizeof buf - 1) { /* no line end within the buffer: longer */
-        mla_errf(err, "--api-key-file %s: the key is longer than %d bytes", path, API_KEY_MAX);
-        return NULL;
-    }
-    buf[len] = 0;
+    buf[strcspn(buf, "\r\n")] = 0;
     if (!buf[0]) {
         mla_errf(err, "--api-key-file %s: the first line is empty", path);
         return NULL;
@@ -482,7 +477,7 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
-    if (api_key && api_key[0] && api_key != getenv("MLASERVE_API_KEY")) {
+    if (api_key && api_key != getenv("MLASERVE_API_KEY")) {
         /* out of /proc/PID/cmdline from now on (--api-key-file avoids even the start) */
         api_key = key_owned = mla_xstrdup(api_key);
         for (int i = 1; i < argc; i++)
@@ -610,7 +605,7 @@ int cmd_serve(int argc, char **argv) {
     int bound = 0;
     if (http_server_listen(http, host, port, &bound, &err)) goto out;
     /* once the address is known good (a bad one is refused above, without this warning first) */
-    if (!host_is_loopback(host) && !(api_key && api_key[0]))
+    if (!host_is_loopback(host) && !api_key)
         MLA_WARN("serve: listening on %s without an API key: anyone who can reach this address can use the "
                  "model (give --api-key-file F or MLASERVE_API_KEY)", host);
     int pb_bound = -1;
