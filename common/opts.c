@@ -18,13 +18,16 @@ static const opt_spec *find(const opt_table *tabs, size_t n_tabs, const char *na
     return NULL;
 }
 
-static int bounded(const opt_spec *s, double v) { return (s->lo == 0 && s->hi == 0) || (v >= s->lo && v <= s->hi); }
+static int bounded(const opt_spec *s, double v) {
+    return (s->lo == 0 && s->hi == 0 && !s->lo_open) || ((s->lo_open ? v > s->lo : v >= s->lo) && v <= s->hi);
+}
 
 static int bad_value(const opt_spec *s, const char *v, mla_err *err) {
     if (s->kind == OPT_U64 && !(s->hi > 0))
         return mla_errf(err, "%s: '%s' is not a whole number from 0 to 18446744073709551615", s->name, v);
     if (s->lo == 0 && s->hi == 0) return mla_errf(err, "%s: '%s' is not a valid %s", s->name, v, s->arg ? s->arg : "value");
-    return mla_errf(err, "%s: '%s' is not a number in [%.15g, %.15g]", s->name, v, s->lo, s->hi);
+    return mla_errf(err, "%s: '%s' is not a number in %c%.15g, %.15g]", s->name, v, s->lo_open ? '(' : '[', s->lo,
+                    s->hi);
 }
 
 /* a number as written: no blank before it (strto* would skip them, and then " -1" reads as a

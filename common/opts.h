@@ -14,6 +14,7 @@
 #ifndef OPTS_H
 #define OPTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,6 +42,7 @@ typedef struct opt_spec {
     const char *help;  /* what it means, one line */
     void *dest;
     double lo, hi;     /* numeric bounds (lo == hi == 0: any value of the type) */
+    bool lo_open;      /* lo itself is out: (lo, hi] (a value that would read as "off" at lo) */
     const char *const *choices;
     int (*fn)(void *ctx, const char *value, mla_err *err);
     void *ctx;

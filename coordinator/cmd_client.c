@@ -83,7 +83,7 @@ static int do_generate(apiclient *c, int argc, char **argv) {
         {.name = "--temp", .kind = OPT_FLOAT, .arg = "T", .def = "the server's", .help = "temperature (0: greedy)",
          .dest = &p.temperature, .lo = 0, .hi = 100, .seen = &has_temp},
         {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .def = "the server's", .help = "nucleus sampling",
-         .dest = &p.top_p, .lo = 0, .hi = 1, .seen = &has_top_p},
+         .dest = &p.top_p, .lo = 0, .hi = 1, .lo_open = true, .seen = &has_top_p},
         {.name = "--top-k", .kind = OPT_INT, .arg = "K", .def = "the server's", .help = "top-k sampling (0: off)",
          .dest = &top_k, .lo = 0, .hi = 1 << 24, .seen = &has_top_k},
         {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "random", .help = "sampling seed", .dest = &p.seed,

@@ -255,11 +255,11 @@ int cmd_generate(int argc, char **argv) {
         {.name = "--top-k", .kind = OPT_INT, .arg = "K", .def = "0", .help = "top-k sampling (0: off)", .dest = &sp.top_k,
          .lo = 0, .hi = 1 << 24},
         {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .def = "1", .help = "nucleus sampling (1: off)", .dest = &sp.top_p,
-         .lo = 0, .hi = 1},
+         .lo = 0, .hi = 1, .lo_open = true},
         {.name = "--min-p", .kind = OPT_FLOAT, .arg = "P", .def = "0", .help = "min-p sampling (0: off)", .dest = &sp.min_p,
          .lo = 0, .hi = 1},
         {.name = "--repeat-penalty", .kind = OPT_FLOAT, .arg = "R", .def = "1",
-         .help = "repetition penalty, in (0, 100] (1: off)", .dest = &sp.repetition_penalty, .lo = 0, .hi = 100},
+         .help = "repetition penalty (1: off)", .dest = &sp.repetition_penalty, .lo = 0, .hi = 100, .lo_open = true},
         {.name = "--presence-penalty", .kind = OPT_FLOAT, .arg = "P", .def = "0", .help = "presence penalty",
          .dest = &sp.presence_penalty, .lo = -100, .hi = 100},
         {.name = "--frequency-penalty", .kind = OPT_FLOAT, .arg = "F", .def = "0", .help = "frequency penalty",
@@ -276,12 +276,6 @@ int cmd_generate(int argc, char **argv) {
     if (st >= 0) return st;
     if (!o.model || !prompt) {
         fprintf(stderr, "mlaserve generate: -m MODEL.gguf and -p PROMPT are required (--help lists the options)\n");
-        return 2;
-    }
-    /* open at 0, as the HTTP API's repetition_penalty and top_p: 0 would read as off */
-    if (!(sp.repetition_penalty > 0) || !(sp.top_p > 0)) {
-        fprintf(stderr, "mlaserve generate: %s 0 is not allowed (in (0, %s]; 1: off)\n",
-                sp.repetition_penalty > 0 ? "--top-p" : "--repeat-penalty", sp.repetition_penalty > 0 ? "1" : "100");
         return 2;
     }
     /* the workers follow the level (handed over at registration) */

@@ -67,10 +67,10 @@ def main():
         if not want.startswith(text.rstrip("\n")) and not text.rstrip("\n").startswith(want):
             print(f"  FAIL: generate printed {text!r}, HF greedy {want!r}"); fails += 1
         # 0 is open in --repeat-penalty and --top-p (it would read as off): refused before any work
-        for opt in ("--repeat-penalty", "--top-p"):
+        for opt, hi in (("--repeat-penalty", 100), ("--top-p", 1)):
             r = subprocess.run([exe, "generate", "-m", model, "-p", "hi", opt, "0"], capture_output=True, text=True,
                                timeout=60)
-            if r.returncode != 2 or f"{opt} 0 is not allowed" not in r.stderr:
+            if r.returncode != 2 or f"{opt}: '0' is not a number in (0, {hi}]" not in r.stderr:
                 print(f"  FAIL: generate {opt} 0: exit {r.returncode}, {r.stderr[-200:]!r}"); fails += 1
     print("ok" if not fails else f"{fails} failures")
     return 1 if fails else 0

@@ -39,7 +39,8 @@ static int parse(vals *o, int argc, char **argv, int flags, const char **pos, in
     const opt_spec b[] = {
         {.name = "--big", .kind = OPT_LONG, .arg = "N", .help = "a long", .dest = &o->big},
         {.name = "--temp", .kind = OPT_DOUBLE, .arg = "T", .def = "0", .help = "temperature", .dest = &o->temp, .lo = 0, .hi = 2},
-        {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .help = "nucleus", .dest = &o->topp, .lo = 0, .hi = 1},
+        {.name = "--top-p", .kind = OPT_FLOAT, .arg = "P", .help = "nucleus", .dest = &o->topp, .lo = 0, .hi = 1,
+         .lo_open = true},
         {.name = "--seed", .kind = OPT_U64, .arg = "S", .help = "seed", .dest = &o->seed},
         {.name = "--on-failure", .kind = OPT_CHOICE, .arg = "MODE", .def = "stop", .help = "policy", .dest = &o->choice,
          .choices = modes},
@@ -96,6 +97,9 @@ int main(void) {
     CHECK(P("--tp", " 2") == MLA_ERR && P("--tp", "2 ") == MLA_ERR && P("--big", "\t-5") == MLA_ERR);
     CHECK(P("--temp", "0x1p0") == MLA_ERR && P("--tp", "0x2") == MLA_ERR);
     CHECK(P("--temp", "1e-1") == MLA_OK && o.temp > 0.09 && o.temp < 0.11);
+    /* an open lower bound: (0, 1] */
+    CHECK(P("--top-p", "0") == MLA_ERR && strstr(err.msg, "--top-p: '0' is not a number in (0, 1]"));
+    CHECK(P("--top-p", "1e-9") == MLA_OK && P("--top-p", "1") == MLA_OK && o.topp == 1.0f);
     CHECK(P("--json=1") == MLA_ERR && strstr(err.msg, "--json takes no value"));
     CHECK(P("--on-failure", "maybe") == MLA_ERR && strstr(err.msg, "stop, restart, exit"));
     CHECK(P("--stop", "1", "--stop", "2", "--stop", "3", "--stop", "4", "--stop", "5") == MLA_ERR &&
