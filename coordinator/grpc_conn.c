@@ -267,7 +267,6 @@ static void request_done(grpc_conn *c, gstream *st) {
                          .method = st->method,
                          .msg = st->in + 5,
                          .len = n,
-                         .authorization = st->auth,
                          .timeout_ms = st->timeout_ms};
     c->cb.on_call(c->cb.ud, &call);
     /* the message is not needed any more */

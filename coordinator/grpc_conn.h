@@ -67,8 +67,7 @@ typedef struct grpc_call_in {
     int method;                /* GRPC_M_* (coordinator/grpc_msg.h) */
     const uint8_t *msg;        /* the request message (valid during the call) */
     size_t len;
-    const char *authorization; /* the metadata, NULL when absent */
-    int64_t timeout_ms;        /* grpc-timeout, -1 when none */
+    int64_t timeout_ms;        /* grpc-timeout, -1 when none (the authorization metadata: on_headers) */
 } grpc_call_in;
 
 typedef struct grpc_conn_cbs {
