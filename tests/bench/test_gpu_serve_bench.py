@@ -39,14 +39,27 @@ kern = [  # (name, us): step 1 (left out: not the last complete one), step 2, th
     ("mlacu::get_rows_kernel<4>", 2.0), ("rmsnorm_kernel", 3.0), ("mlacu::gemvs_kernel<12, 1, false>", 40.0),
     ("mlacu::gemvs_kernel<12, 1, true>", 30.0), ("mla_attn_kernel", 10.0), ("rmsnorm_kernel", 5.0),
     ("mlacu::get_rows_kernel<4>", 1.0), ("rmsnorm_kernel", 7.0)]
-buf = io.StringIO()
-w = csv.writer(buf, quoting=csv.QUOTE_ALL)
-w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
-for i, (k, us) in enumerate(kern):
-    w.writerow([i, "void " + k + "(args)", "(1, 1, 1)", "(128, 1, 1)", "gpu__time_duration.sum", "nsecond", f"{us * 1000:.0f}"])
+
+
+def ncu_csv(path, stall=None):
+    """Nsight Compute's CSV of kern (each launch's duration) at path, after a log line of its own;
+    stall: {ID: (no_instruction %, long_scoreboard %)}, the two warp-state rows of each launch
+    (1% each where not given)"""
+    buf = io.StringIO()
+    w = csv.writer(buf, quoting=csv.QUOTE_ALL)
+    w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
+    for i, (k, us) in enumerate(kern):
+        row = [i, "void " + k + "(args)", "(1, 1, 1)", "(128, 1, 1)"]
+        w.writerow(row + ["gpu__time_duration.sum", "nsecond", f"{us * 1000:.0f}"])
+        if stall is not None:
+            for reason, pct in zip(("no_instruction", "long_scoreboard"), stall.get(i, (1.0, 1.0))):
+                w.writerow(row + [f"smsp__warp_issue_stalled_{reason}_per_warp_active.pct", "%", f"{pct:.2f}"])
+    with open(path, "w") as f:
+        f.write("==PROF== Connected to process\n" + buf.getvalue())
+
+
 ncsv, njson = os.path.join(work, "ncu.csv"), os.path.join(work, "ncu.json")
-with open(ncsv, "w") as f:
-    f.write("==PROF== Connected to process\n" + buf.getvalue())
+ncu_csv(ncsv)
 r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), ncsv, "--families", "--json", njson],
                    capture_output=True, text=True, timeout=60)
 check(r.returncode == 0, "ncu_step.py --families runs", r.stderr)
@@ -61,20 +74,8 @@ if r.returncode == 0:
 
 # ---- 1b. ncu_step.py --stalls: the same step with warp-state rows (percent of active warp cycles) ----
 stall = {3: (40.0, 30.0), 4: (10.0, 70.0), 5: (5.0, 80.0), 6: (20.0, 3.0), 7: (20.0, 60.0)}  # ID: no_instr, long_sb
-buf2 = io.StringIO()
-w2 = csv.writer(buf2, quoting=csv.QUOTE_ALL)
-w2.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
-for i, (k, us) in enumerate(kern):
-    name = "void " + k + "(args)"
-    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "gpu__time_duration.sum", "nsecond", f"{us * 1000:.0f}"])
-    ni, lsb = stall.get(i, (1.0, 1.0))
-    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct",
-                 "%", f"{ni:.2f}"])
-    w2.writerow([i, name, "(1, 1, 1)", "(128, 1, 1)", "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
-                 "%", f"{lsb:.2f}"])
 scsv, sjson = os.path.join(work, "ncu-stalls.csv"), os.path.join(work, "ncu-stalls.json")
-with open(scsv, "w") as f:
-    f.write(buf2.getvalue())
+ncu_csv(scsv, stall)
 r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), scsv, "--families", "--stalls",
                     "--json", sjson], capture_output=True, text=True, timeout=60)
 check(r.returncode == 0, "ncu_step.py --stalls runs", r.stderr)
