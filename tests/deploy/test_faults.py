@@ -30,6 +30,8 @@ exe, worker, fixtures, case = sys.argv[1:5]
 model = model_path(fixtures)
 SLOW = {"MLA_WORKER_STEP_DELAY_MS": "60"}
 LONG = {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True}
+# a count of tokens is checked: no EOS may end the sampled answer early
+HI3 = {"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}
 CACHED = {"prompt": "count " + " ".join(str(i) for i in range(60)), "max_tokens": 8, "temperature": 0}
 
 
@@ -53,7 +55,7 @@ def case_death():
             check(r.status == 200 and len(first) == 2, "%s: streaming started" % policy)
             queued = {}
             qt = threading.Thread(target=lambda: queued.update(
-                zip(("st", "body"), srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3}, timeout=60))))
+                zip(("st", "body"), srv.post("/v1/completions", HI3, timeout=60))))
             qt.start()
             time.sleep(0.5)  # the second request is in the queue behind the stream
             os.kill(pids[1], signal.SIGKILL)
@@ -83,7 +85,7 @@ def case_death():
             else:
                 ok = wait_for(lambda: health(srv)[0] == 200, 30, 0.2)
                 check(ok, "restart: /health back to 200")
-                st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+                st, d = srv.post("/v1/completions", HI3)
                 check(st == 200 and json.loads(d)["usage"]["completion_tokens"] == 3,
                       "restart: a new completion succeeds", d[:200])
                 check("restarting the worker group" in srv.text(), "restart: logged")

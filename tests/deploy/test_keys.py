@@ -95,7 +95,7 @@ try:
     srv.wait_ready(60)
     st, body = srv.get("/health")
     check(st == 200, "group ready with the right keys")
-    st, body = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    st, body = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True})
     check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, "generation over CURVE", body[:200])
     check("CURVE on" in srv.text(), "coordinator logged CURVE on")
     check(srv.stop() == 0, "clean exit")

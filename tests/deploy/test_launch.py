@@ -103,7 +103,7 @@ def case_launch():
         check(wait_for(lambda: os.path.exists(os.path.join(logs, "port")) or p.poll() is not None, 90, 0.1)
               and p.poll() is None, "launch.sh: server ready")
         procs = descendants(p.pid)
-        st, body = post(port, {"prompt": "Hello", "max_tokens": 3})
+        st, body = post(port, {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
         check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, "launch.sh: generation", body[:200])
         for f in ("coordinator.log", "worker-0.log", "worker-1.log"):
             check(os.path.getsize(os.path.join(logs, f)) > 0, "launch.sh: %s written" % f)
@@ -188,7 +188,7 @@ def case_slurm():
         check(ok and p.poll() is None, "sbatch under fake srun: server ready",
               open(os.path.join(logs, "coordinator.log")).read()[-500:] if os.path.exists(logs) else "")
         procs = descendants(p.pid)
-        st, body = post(port, {"prompt": "Hello", "max_tokens": 3})
+        st, body = post(port, {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
         check(st == 200, "sbatch under fake srun: generation over tcp + CURVE", body[:200])
         check("ntasks=2" in open(slog).read(), "sbatch: srun asked for one task per GPU")
         check("cpus-per-task=3" in open(slog).read(), "sbatch: srun got --cpus-per-task", open(slog).read())
