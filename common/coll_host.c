@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sig_clean.h"
+
 #define SEG_MAGIC 0x4d4c4143u /* "MLAC" */
 #define SEG_VERSION 1u
 #define HDR_BYTES 4096
@@ -41,6 +43,7 @@ struct coll_host_seg {
     seg_hdr *hdr;
     size_t size;
     int unlinked;
+    int clean; /* its sig_clean entry: /dev/shm/NAME goes if a signal ends the process first */
 };
 
 typedef struct host_impl {
@@ -302,6 +305,9 @@ int coll_host_seg_create(coll_host_seg **out, const char *name, int world, size_
     snprintf(s->name, sizeof s->name, "%s", name);
     s->hdr = h;
     s->size = size;
+    char path[COLL_HOST_NAME_MAX + 16];
+    snprintf(path, sizeof path, "/dev/shm%s", name); /* where Linux keeps POSIX shared memory */
+    s->clean = sig_clean_file(path);
     *out = s;
     return MLA_OK;
 }
@@ -314,6 +320,7 @@ void coll_host_seg_abort(coll_host_seg *s, const char *why) {
 
 void coll_host_seg_unlink(coll_host_seg *s) {
     if (!s || s->unlinked) return;
+    sig_clean_forget(s->clean);
     shm_unlink(s->name);
     s->unlinked = 1;
 }

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cmds.h"
 #include "common/coll_host.h"
@@ -11,6 +13,7 @@
 #include "common/mla_err.h"
 #include "common/mla_log.h"
 #include "common/opts.h"
+#include "common/sig_clean.h"
 #include "worker/model.h"
 
 static const char logits_usage[] =
@@ -88,6 +91,47 @@ out:
     return NULL;
 }
 
+/* a sig_clean entry for path when it is a regular file (not /dev/stdout, a pipe or a link) */
+static int clean_entry(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? sig_clean_file(path) : -1;
+}
+
+int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err) {
+    *f = (logits_files){.out_path = lo->out, .ids_path = lo->ids_out, .clean_out = -1, .clean_ids = -1};
+    const char *bad = NULL;
+    if (!(f->out = fopen(lo->out, "wb"))) {
+        bad = lo->out;
+    } else {
+        f->clean_out = clean_entry(lo->out);
+        if (lo->ids_out && !(f->ids = fopen(lo->ids_out, "w")))
+            bad = lo->ids_out;
+        else if (lo->ids_out)
+            f->clean_ids = clean_entry(lo->ids_out);
+    }
+    if (!bad) return MLA_OK;
+    mla_errf(err, "%s: %s", bad, strerror(errno));
+    logits_files_close(f, 1);
+    return MLA_ERR;
+}
+
+int logits_files_close(logits_files *f, int status) {
+    FILE *fs[2] = {f->out, f->ids};
+    const char *paths[2] = {f->out_path, f->ids_path};
+    for (int i = 0; i < 2; i++)
+        if (fs[i] && fclose(fs[i]) != 0 && status == 0) {
+            fprintf(stderr, "mlaserve logits: %s: close failed: %s\n", paths[i], strerror(errno));
+            status = 1;
+        }
+    const int clean[2] = {f->clean_out, f->clean_ids};
+    for (int i = 0; i < 2; i++) {
+        sig_clean_forget(clean[i]);
+        if (status != 0 && clean[i] >= 0) unlink(paths[i]); /* only the regular files it made */
+    }
+    *f = (logits_files){.clean_out = -1, .clean_ids = -1};
+    return status;
+}
+
 int cmd_logits(int argc, char **argv) {
     coord_group_opts go = {0};
     logits_opts lo = {.decode_from = -1};
@@ -98,7 +142,7 @@ int cmd_logits(int argc, char **argv) {
     const opt_spec mine[] = {
         {.name = "--tokens", .kind = OPT_STR, .arg = "IDS.txt", .help = "prompts: one a line, token ids (required)",
          .dest = &lo.tokens},
-        {.name = "--out", .kind = OPT_STR, .arg = "OUT.f32", .help = "where the logits go (required)", .dest = &lo.out},
+        {.name = "--out", .kind = OPT_STR, .arg = "OUT.f32", .help = "where the logits go (required; removed when the run fails or a signal ends it)", .dest = &lo.out},
         {.name = "--decode-from", .kind = OPT_LONG, .arg = "K", .def = "the whole prompt in one pass",
          .help = "the first K tokens in one pass, the rest one at a time", .dest = &lo.decode_from, .lo = 0,
          .hi = 1L << 30},
@@ -142,7 +186,7 @@ int cmd_logits(int argc, char **argv) {
     /* --tp N > 1 runs one process per rank through the coordinator (coord_cmd.c), as serving
      * does; --in-process keeps the ranks as threads of this process (quick checks, debugging). */
     if (!in_process && (processes || group_opts_given || go.tp > 1)) return cmd_logits_tp(&go, &lo);
-    const char *model = go.model, *tokens = lo.tokens, *outp = lo.out, *ids_out = lo.ids_out;
+    const char *model = go.model, *tokens = lo.tokens, *outp = lo.out;
     const int threads = go.threads, tp = go.tp;
     const long decode_from = lo.decode_from, greedy = lo.greedy;
     if (tp > COLL_HOST_MAX_WORLD) {
@@ -152,7 +196,7 @@ int cmd_logits(int argc, char **argv) {
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
-    FILE *fout = NULL, *fids = NULL;
+    logits_files files = {.clean_out = -1, .clean_ids = -1};
     prompts P = {0};
     int status = 1;
     coll_host_seg *seg = NULL;
@@ -164,15 +208,7 @@ int cmd_logits(int argc, char **argv) {
         mla_errf(&err, "%s: no prompt (every line is empty)", tokens);
         goto fail;
     }
-    fout = fopen(outp, "wb");
-    if (!fout) {
-        mla_errf(&err, "%s: %s", outp, strerror(errno));
-        goto fail;
-    }
-    if (ids_out && !(fids = fopen(ids_out, "w"))) {
-        mla_errf(&err, "%s: %s", ids_out, strerror(errno));
-        goto fail;
-    }
+    if (logits_files_open(&files, &lo, &err)) goto fail;
     /* tp > 1: every rank is a thread of this process with its own model shard, joined by the
      * shared-memory host collective (the same code path as one process per rank). */
     jobs = mla_xcalloc((size_t)tp, sizeof *jobs);
@@ -186,8 +222,8 @@ int cmd_logits(int argc, char **argv) {
         rank_job *j = &jobs[r];
         j->g = g, j->threads = threads, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
         j->outp = outp;
-        j->fout = r == 0 ? fout : NULL;
-        j->fids = r == 0 ? fids : NULL;
+        j->fout = r == 0 ? files.out : NULL;
+        j->fids = r == 0 ? files.ids : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
     }
     for (int r = 1; r < tp; r++)
@@ -206,11 +242,7 @@ fail:
     fprintf(stderr, "mlaserve logits: %s\n", err.msg);
     status = 1;
 done:
-    if (fout && fclose(fout) != 0 && status == 0) {
-        fprintf(stderr, "mlaserve logits: %s: close failed\n", outp);
-        status = 1;
-    }
-    if (fids) fclose(fids);
+    status = logits_files_close(&files, status);
     for (int r = 0; jobs && r < tp; r++)
         if (jobs[r].c) coll_free(jobs[r].c);
     coll_host_seg_free(seg);

@@ -3,6 +3,9 @@
 #ifndef CMDS_H
 #define CMDS_H
 
+#include <stdio.h>
+
+#include "common/mla_err.h"
 #include "coordinator/coord.h"
 
 /* mlaserve logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N] [--decode-from K]
@@ -21,6 +24,22 @@ typedef struct logits_opts {
     long decode_from, greedy;
     long chunk, prefix_reuse; /* worker processes only: coordinator/coord_cmd.c seq_mode */
 } logits_opts;
+
+/* The files `logits` writes, open: --out and --ids-out (NULL when not asked for). A run that fails,
+ * or that a signal ends (common/sig_clean.h), removes them: a partial output would pass for a
+ * result. */
+typedef struct logits_files {
+    FILE *out, *ids;
+    const char *out_path, *ids_path;
+    int clean_out, clean_ids; /* their sig_clean entries */
+} logits_files;
+
+/* Creates (truncates) lo->out and lo->ids_out. MLA_ERR with "PATH: reason" (what it opened is
+ * removed again). */
+int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err);
+/* Closes them; removes them when status != 0. Returns status, or 1 when status was 0 and a close
+ * failed (reported on stderr, the files removed). f is zeroed. */
+int logits_files_close(logits_files *f, int status);
 
 /* The same command through a coordinator and N worker processes (coordinator/coord_cmd.c):
  * cmd_logits hands over for --tp N > 1 (without --in-process), --processes, --workers-external

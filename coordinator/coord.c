@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 
 #include "common/shard_plan.h"
+#include "common/sig_clean.h"
 #include "mla_log.h"
 #include "mla_switch.h"
 
@@ -318,6 +319,7 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
                         cfg_in->nccl_id_timeout_ms, cfg_in->spin_us);
     coord *c = mla_xcalloc(1, sizeof *c);
     c->cfg = *cfg_in;
+    c->clean_sock = c->clean_dir = -1;
     c->spin_us = zspin_default(c->cfg.backend, c->cfg.spin_us_given ? c->cfg.spin_us : -1);
     if (c->cfg.heartbeat_ms <= 0) c->cfg.heartbeat_ms = 100;
     if (c->cfg.heartbeat_timeout_ms <= 0) c->cfg.heartbeat_timeout_ms = 5000;
@@ -408,6 +410,9 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &elen);
     if (!strncmp(c->endpoint, "ipc://", 6) && !c->ipc_path[0])
         snprintf(c->ipc_path, sizeof c->ipc_path, "%s", c->endpoint + 6);
+    /* a command ended by a signal removes them too (common/sig_clean.h) */
+    if (c->ipc_path[0]) c->clean_sock = sig_clean_file(c->ipc_path);
+    if (c->ipc_dir[0]) c->clean_dir = sig_clean_dir(c->ipc_dir);
 
     c->api_io = zmq_socket(c->zctx, ZMQ_PAIR);
     c->api_user = zmq_socket(c->zctx, ZMQ_PAIR);
@@ -480,6 +485,8 @@ void coord_stop(coord *c) {
     if (c->router) zmq_close(c->router);
     if (c->zap) zmq_close(c->zap);
     if (c->zctx) zmq_ctx_term(c->zctx);
+    sig_clean_forget(c->clean_sock);
+    sig_clean_forget(c->clean_dir);
     if (c->ipc_path[0]) unlink(c->ipc_path);
     if (c->ipc_dir[0]) rmdir(c->ipc_dir);
     pthread_mutex_destroy(&c->mu);

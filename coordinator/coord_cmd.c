@@ -135,13 +135,14 @@ static int longest_prompt(const char *path, int64_t *nmax, mla_err *err) {
 
 int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
     group_opts o = *opts;
-    const char *tokens = lo->tokens, *outp = lo->out, *ids_out = lo->ids_out;
+    const char *tokens = lo->tokens, *outp = lo->out;
     const long decode_from = lo->decode_from, greedy = lo->greedy, chunk = lo->chunk, reuse = lo->prefix_reuse;
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
     coord *c = NULL;
-    FILE *fin = NULL, *fout = NULL, *fids = NULL;
+    FILE *fin = NULL;
+    logits_files files = {.clean_out = -1, .clean_ids = -1};
     ids_line L = {0};
     int32_t *gen = NULL;
     float *logits = NULL;
@@ -174,10 +175,11 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
                  tokens, (long long)big, V, WIRE_MAX_FRAME >> 20, (long long)rows);
         goto fail;
     }
-    if (!(fin = fopen(tokens, "r")) || !(fout = fopen(outp, "wb")) || (ids_out && !(fids = fopen(ids_out, "w")))) {
-        mla_errf(&err, "%s: %s", !fin ? tokens : !fout ? outp : ids_out, strerror(errno));
+    if (!(fin = fopen(tokens, "r"))) {
+        mla_errf(&err, "%s: %s", tokens, strerror(errno));
         goto fail;
     }
+    if (logits_files_open(&files, lo, &err)) goto fail;
     gen = mla_xmalloc((size_t)(greedy > 0 ? greedy : 1) * sizeof *gen);
     for (uint64_t ln = 1;; ln++) {
         int r = ids_file_next(fin, tokens, ln, &L, &err);
@@ -198,13 +200,13 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
         if (decode_from >= 0) md = (seq_mode){decode_from < 1 ? 1 : decode_from, 1, reuse};
         long n_gen = 0;
         if (run_seq(c, ln, &step, ids, (int64_t)n, &md, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) goto fail;
-        if (fwrite(logits, sizeof *logits, n * V, fout) != n * V) {
+        if (fwrite(logits, sizeof *logits, n * V, files.out) != n * V) {
             mla_errf(&err, "%s: write failed", outp);
             goto fail;
         }
-        if (fids) {
-            for (long i = 0; i < n_gen; i++) fprintf(fids, "%s%d", i ? " " : "", gen[i]);
-            fputc('\n', fids);
+        if (files.ids) {
+            for (long i = 0; i < n_gen; i++) fprintf(files.ids, "%s%d", i ? " " : "", gen[i]);
+            fputc('\n', files.ids);
         }
     }
     if (step == 0) { /* every line empty: an empty output would pass for a result */
@@ -217,11 +219,7 @@ fail:
     fprintf(stderr, "mlaserve logits: %s\n", err.msg);
     status = 1;
 done:
-    if (fout && fclose(fout) != 0 && status == 0) {
-        fprintf(stderr, "mlaserve logits: %s: close failed\n", outp);
-        status = 1;
-    }
-    if (fids) fclose(fids);
+    status = logits_files_close(&files, status);
     if (fin) fclose(fin);
     coord_stop(c);
     if (g) gguf_close(g);

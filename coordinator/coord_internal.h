@@ -54,6 +54,7 @@ struct coord {
     char endpoint[512];
     char ipc_path[256];
     char ipc_dir[128]; /* the private folder (mode 0700) holding ipc_path when we made it */
+    int clean_sock, clean_dir; /* their sig_clean entries (-1: none) */
     void *zctx, *router, *api_io, *api_user;
     pthread_t th;
     int th_started;

@@ -5,6 +5,7 @@
 #include "cmd_bench.h"
 #include "common/buildinfo.h"
 #include "common/mla_switch.h"
+#include "common/sig_clean.h"
 #include "cmd_client.h"
 #include "cmd_mkmodel.h"
 #include "cmd_serve.h"
@@ -51,6 +52,9 @@ static int usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
+    /* what a command makes for the time it runs (the control socket's folder, an output being
+     * written) goes when SIGINT, SIGTERM or SIGHUP ends it; serve drains on the first two instead */
+    if (sig_clean_install() != 0) perror("mlaserve: sigaction");
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return usage(stdout);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {

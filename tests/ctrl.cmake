@@ -3,6 +3,10 @@ add_executable(test_coll_host ${MLA_TEST_DIR}/unit/test_coll_host.c)
 target_include_directories(test_coll_host PRIVATE ${MLA_TEST_DIR}/unit)
 target_link_libraries(test_coll_host mla_common rt)
 add_test(NAME coll_host COMMAND test_coll_host)
+add_executable(test_sig_clean ${MLA_TEST_DIR}/unit/test_sig_clean.c)
+target_include_directories(test_sig_clean PRIVATE ${MLA_TEST_DIR}/unit)
+target_link_libraries(test_sig_clean mla_common rt)
+add_test(NAME sig_clean COMMAND test_sig_clean)
 set_tests_properties(coll_host PROPERTIES TIMEOUT 120)
 
 add_executable(test_wire ${MLA_TEST_DIR}/unit/test_wire.c)
@@ -123,6 +127,9 @@ add_test(NAME ctrl_cli_tp COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/ctrl/cli
          $<TARGET_FILE:mlaserve> ${MLA_FIXTURES})
 # a generous heartbeat timeout: sanitizer builds on 2 busy cores
 set_tests_properties(ctrl_cli_tp PROPERTIES TIMEOUT 300)
+add_test(NAME ctrl_cli_signals COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/ctrl/cli_signals.py
+         $<TARGET_FILE:mlaserve> ${MLA_FIXTURES})
+set_tests_properties(ctrl_cli_signals PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 
 # not a test: per-step control-plane overhead (numbers in docs/ctrl.md)
 add_executable(bench_ctrl ${MLA_TEST_DIR}/ctrl/bench_ctrl.c)

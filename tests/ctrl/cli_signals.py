@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""What `mlaserve logits --processes` and `mlaserve generate` leave behind (common/sig_clean.h).
+
+- logits --tp 2, its steps slowed (MLA_WORKER_STEP_DELAY_MS), ended by SIGTERM while it writes:
+  it dies by SIGTERM, its control socket's folder ($TMPDIR/mla-coord-*) and its partial --out and
+  --ids-out are gone, and its workers exit by themselves;
+- generate --tp 2 ended by SIGINT: the same for its folder and workers;
+- logits failing on line 2 (a token id past the vocabulary): exit 1 naming it, no --out or
+  --ids-out left; with --out /dev/null the same failure leaves /dev/null alone (only the regular
+  files a run made are removed);
+- a run that succeeds keeps its files and leaves no folder.
+usage: cli_signals.py MLASERVE FIXTURES_DIR
+"""
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "deploy"))
+from dlib import alive, check, children_of, finish, wait_for  # noqa: E402
+
+exe, fixtures = sys.argv[1:3]
+model = os.path.join(fixtures, "tiny-deepseek3", "tiny-deepseek3-bf16.gguf")
+if not os.path.exists(model):
+    print("fixture missing: skipped")
+    sys.exit(77)
+
+
+def folders(tmp):
+    return [d for d in os.listdir(tmp) if d.startswith("mla-coord-")]
+
+
+def interrupt(cmd, env, tmp, sig, files):
+    """Starts cmd, waits until its workers run and every file of files exists, sends sig; returns
+    (how it ended, its workers' pids)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids = []
+    ok = wait_for(lambda: len(children_of(p.pid)) >= 2 and folders(tmp) and all(os.path.exists(f) for f in files)
+                  or p.poll() is not None, 60, 0.1)
+    kids = children_of(p.pid)
+    time.sleep(0.5)  # a few slow steps in
+    running = p.poll() is None
+    check(ok and running, "%s: running with its workers and its files (%s)" % (cmd[1], folders(tmp)))
+    p.send_signal(sig)
+    out = p.communicate(timeout=60)[0]
+    check(p.returncode == -sig, "%s: ended by signal %d (status %s)" % (cmd[1], sig, p.returncode), out[-500:])
+    return kids
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        tmp = os.path.join(d, "tmp")
+        os.mkdir(tmp)
+        env = dict(os.environ, TMPDIR=tmp, MLA_WORKER_STEP_DELAY_MS="100")
+        toks = os.path.join(d, "t.txt")
+        with open(toks, "w") as f:
+            f.write("1 2 3 4 5 6 7 8\n")
+        out, ids = os.path.join(d, "l.f32"), os.path.join(d, "ids.txt")
+        base = [exe, "logits", "-m", model, "--tokens", toks, "--tp", "2", "--processes", "--backend", "cpu",
+                "--heartbeat-timeout-ms", "3000"]
+
+        kids = interrupt(base + ["--out", out, "--decode-from", "2", "--greedy", "200", "--ids-out", ids],
+                         env, tmp, signal.SIGTERM, [out, ids])
+        check(not folders(tmp), "logits: no control-socket folder left", folders(tmp))
+        check(not os.path.exists(out) and not os.path.exists(ids), "logits: the partial --out and --ids-out removed")
+        check(len(kids) == 2 and wait_for(lambda: not any(alive(k) for k in kids), 30, 0.1),
+              "logits: its workers exited", kids)
+
+        kids = interrupt([exe, "generate", "-m", model, "-p", "Hello", "-n", "200", "--tp", "2", "--backend", "cpu",
+                          "--heartbeat-timeout-ms", "3000"], env, tmp, signal.SIGINT, [])
+        check(not folders(tmp), "generate: no control-socket folder left", folders(tmp))
+        check(len(kids) == 2 and wait_for(lambda: not any(alive(k) for k in kids), 30, 0.1),
+              "generate: its workers exited", kids)
+
+        env.pop("MLA_WORKER_STEP_DELAY_MS")
+        with open(toks, "w") as f:
+            f.write("1 2 3\n1 999999 3\n")
+        r = subprocess.run(base + ["--out", out, "--greedy", "2", "--ids-out", ids], env=env,
+                           capture_output=True, text=True, timeout=240)
+        check(r.returncode == 1 and "line 2: token id 999999" in r.stderr, "a failing run: exit 1 naming the line",
+              r.stderr[-300:])
+        check(not os.path.exists(out) and not os.path.exists(ids), "a failing run: no --out or --ids-out left")
+        null_ino = os.stat("/dev/null").st_ino
+        r = subprocess.run(base + ["--out", "/dev/null"], env=env, capture_output=True, text=True, timeout=240)
+        st = os.stat("/dev/null")
+        check(r.returncode == 1 and stat.S_ISCHR(st.st_mode) and st.st_ino == null_ino,
+              "a failing run into /dev/null leaves it alone", r.stderr[-300:])
+        check(not folders(tmp), "failing runs: no control-socket folder left", folders(tmp))
+
+        with open(toks, "w") as f:
+            f.write("1 2 3\n")
+        r = subprocess.run(base + ["--out", out, "--greedy", "2", "--ids-out", ids], env=env,
+                           capture_output=True, text=True, timeout=240)
+        check(r.returncode == 0 and os.path.getsize(out) > 0 and os.path.exists(ids), "a good run keeps its files",
+              r.stderr[-300:])
+        check(not folders(tmp), "a good run: no control-socket folder left", folders(tmp))
+    finish()
+
+
+main()
