@@ -51,6 +51,7 @@ static int set_value(const opt_spec *s, const char *v, mla_err *err) {
     case OPT_FLAG:
         MLA_PANIC("a flag has no value");
     case OPT_STR:
+        if (!v[0] && !s->empty_ok) return mla_errf(err, "%s: the value is empty", s->name);
         *(const char **)s->dest = v;
         return MLA_OK;
     case OPT_INT:

@@ -23,7 +23,7 @@
 
 typedef enum opt_kind {
     OPT_FLAG,   /* no value; dest int*, set to 1 */
-    OPT_STR,    /* dest const char ** */
+    OPT_STR,    /* dest const char **; an empty value is refused unless empty_ok */
     OPT_INT,    /* dest int *, within [lo, hi] */
     OPT_LONG,   /* dest long *, within [lo, hi] */
     OPT_U64,    /* dest uint64_t * (decimal), within [lo, hi] when hi > 0 */
@@ -43,6 +43,8 @@ typedef struct opt_spec {
     void *dest;
     double lo, hi;     /* numeric bounds (lo == hi == 0: any value of the type) */
     bool lo_open;      /* lo itself is out: (lo, hi] (a value that would read as "off" at lo) */
+    bool empty_ok;     /* OPT_STR: "" is a value (a prompt); else it is refused, as an unset
+                        * variable expanded in a script ("--model $M") would be */
     const char *const *choices;
     int (*fn)(void *ctx, const char *value, mla_err *err);
     void *ctx;

@@ -76,7 +76,7 @@ static int do_generate(apiclient *c, int argc, char **argv) {
     int chat = 0, stream = 0, json = 0, ignore_eos = 0, max_tokens = 0, top_k = 0, logprobs = -1;
     int has_temp = 0, has_top_p = 0, has_top_k = 0, has_seed = 0;
     const opt_spec specs[] = {
-        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &p.prompt},
+        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &p.prompt, .empty_ok = true},
         {.name = "--chat", .kind = OPT_FLAG, .help = "the prompt is one user message of a chat", .dest = &chat},
         {.name = "--max-tokens", .alias = "-n", .kind = OPT_INT, .arg = "N", .def = "the server's",
          .help = "tokens to generate at most", .dest = &max_tokens, .lo = 1, .hi = 2147483647.0},

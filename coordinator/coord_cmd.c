@@ -243,7 +243,7 @@ int cmd_generate(int argc, char **argv) {
     coord_group_opt_specs(&o, gspecs);
     coord_opt_specs(&o.cc, cspecs);
     const opt_spec mine[] = {
-        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &prompt},
+        {.name = "--prompt", .alias = "-p", .kind = OPT_STR, .arg = "TEXT", .help = "the prompt (required)", .dest = &prompt, .empty_ok = true},
         {.name = "--chat", .kind = OPT_FLAG, .help = "the prompt is one user message, through the model's chat template",
          .dest = &chat},
         {.name = "--n-predict", .alias = "-n", .kind = OPT_LONG, .arg = "N", .def = "64", .help = "tokens to generate at most",

@@ -8,7 +8,7 @@
 #include "mla_test.h"
 
 typedef struct vals {
-    const char *model;
+    const char *model, *prompt;
     int tp, flag, choice;
     long big;
     double temp;
@@ -35,6 +35,7 @@ static int parse(vals *o, int argc, char **argv, int flags, const char **pos, in
         {.name = "--model", .alias = "-m", .kind = OPT_STR, .arg = "PATH", .help = "the model", .dest = &o->model},
         {.name = "--tp", .kind = OPT_INT, .arg = "N", .def = "1", .help = "ranks", .dest = &o->tp, .lo = 1, .hi = 64},
         {.name = "--json", .kind = OPT_FLAG, .help = "JSON output", .dest = &o->flag},
+        {.name = "--prompt", .kind = OPT_STR, .arg = "TEXT", .help = "a text", .dest = &o->prompt, .empty_ok = true},
     };
     const opt_spec b[] = {
         {.name = "--big", .kind = OPT_LONG, .arg = "N", .help = "a long", .dest = &o->big},
@@ -46,7 +47,7 @@ static int parse(vals *o, int argc, char **argv, int flags, const char **pos, in
          .choices = modes},
         {.name = "--stop", .kind = OPT_FN, .arg = "TEXT", .help = "stop text (repeatable)", .fn = add_stop, .ctx = o},
     };
-    const opt_table t[] = {{"one", a, 3}, {"two", b, 6}};
+    const opt_table t[] = {{"one", a, 4}, {"two", b, 6}};
     return opts_parse(t, 2, argc, argv, 1, flags, pos, 2, n_pos, next, help, err);
 }
 
@@ -71,6 +72,10 @@ int main(void) {
     CHECK(np == 0 && next == 15 && help == 0);
     CHECK(P("--model=b=c.gguf") == MLA_OK && !strcmp(o.model, "b=c.gguf")); /* only the first '=' splits */
     CHECK(P("--stop=") == MLA_OK && o.n_stop == 1 && !strcmp(o.stops[0], ""));
+    /* an empty string (an unset variable expanded) is refused, but where it is a value */
+    CHECK(P("--model", "") == MLA_ERR && strstr(err.msg, "--model: the value is empty"));
+    CHECK(P("-m", "") == MLA_ERR && P("--model=") == MLA_ERR && strstr(err.msg, "--model: the value is empty"));
+    CHECK(P("--prompt", "") == MLA_OK && o.prompt && !o.prompt[0]);
 
     /* positionals, "--", help */
     CHECK(P("in.gguf", "--tp", "2", "--", "--json") == MLA_OK);
