@@ -8,7 +8,8 @@
  * - Special tokens are matched in the raw text before pre-tokenization, leftmost-longest
  *   (HF tokenizers' added-token matcher). USER_DEFINED tokens are always matched; CONTROL
  *   tokens only when parse_special is set (llama.cpp: tokenizer_st_partition).
- * - Pre-tokenizers by tokenizer.ggml.pre: "deepseek-v3", "glm4", "gpt-2"/"gpt2", "default"
+ * - Pre-tokenizers by tokenizer.ggml.pre: "deepseek-v3" (DeepSeek-V3/R1), "deepseek-llm"
+ *   (DeepSeek-V2/V2-Lite), "kimi-k2", "glm4" (GLM-4.5 .. GLM-5), "gpt-2"/"gpt2", "default"
  *   (regexes and their sources in tok_bpe.c). Any other value is refused with an error naming it.
  * - add_bos / add_eos: tokenizer.ggml.add_bos_token / add_eos_token when present; when absent,
  *   false for every pre-tokenizer supported here (llama.cpp llama-vocab.cpp: add_bos defaults
@@ -46,6 +47,8 @@ enum tok_pre {
     TOK_PRE_GPT2,
     TOK_PRE_DEEPSEEK3,
     TOK_PRE_GLM4,
+    TOK_PRE_DEEPSEEK_LLM,
+    TOK_PRE_KIMI_K2,
 };
 
 typedef struct tok_vocab tok_vocab;

@@ -38,6 +38,65 @@ static const char *const re_glm4[] = {
     NULL,
 };
 
+/* deepseek-llm: DeepSeek-V2 / V2-Lite (and DeepSeek LLM)'s pre_tokenizer "Sequence" of Split
+ * regexes, as llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM lists them, written in code points.
+ * The second class is Unicode's cased letters (Lu, Ll, Lt); some copies of it carry six code points
+ * NFC-normalized (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126 and U+212A turned into U+03CE, U+03B9,
+ * U+0390, U+038A, U+03A9 and 'K'), which makes three ranges run backwards and one ('K'-U+212D)
+ * cover most of the BMP; here they are as the cased-letter ranges have them. The last Split
+ * isolates each digit (the tokenizer's numbers are its digits: DeepSeek LLM splits numbers into
+ * digits). */
+static const char *const re_deepseek_llm[] = {
+    "[\\r\\n]",
+    "\\s?["
+    "\\x{41}-\\x{5a}\\x{61}-\\x{7a}\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}"
+    "\\x{1bc}-\\x{1bf}\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}"
+    "\\x{37b}-\\x{37d}\\x{37f}\\x{386}\\x{388}-\\x{38a}\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}"
+    "\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}"
+    "\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}\\x{1d00}-\\x{1d2b}"
+    "\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}"
+    "\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}"
+    "\\x{1f5f}-\\x{1f7d}\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}"
+    "\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}"
+    "\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}\\x{210a}-\\x{2113}\\x{2115}"
+    "\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}\\x{212f}-\\x{2134}"
+    "\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}"
+    "\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}"
+    "\\x{a640}-\\x{a66d}\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}"
+    "\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}"
+    "\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}\\x{104b0}-\\x{104d3}"
+    "\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}\\x{118a0}-\\x{118df}"
+    "\\x{1e900}-\\x{1e943}"
+    "]+",
+    "\\s?[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}]+",
+    "\\s+$",
+    "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
+    "\\p{N}",
+    NULL,
+};
+
+/* kimi-k2: Kimi-K2's tiktoken pattern (`pat_str` of its tokenization_kimi.py): o200k's split
+ * with Han runs taken whole first and kept out of the letter runs. tiktoken's `[X&&[^\p{Han}]]`
+ * (a class intersection, which PCRE2 lacks) is written `(?:(?!\p{Han})[X])`, the same set. Han is
+ * the Script property, as tiktoken's regex engine (and HF's) reads `\p{Han}`: PCRE2 from 10.40
+ * reads a bare script name as Script_Extensions, which would take the CJK punctuation (U+3001,
+ * U+3002, ...) as Han too, so there it is spelled `sc:Han`. */
+#if PCRE2_MAJOR > 10 || (PCRE2_MAJOR == 10 && PCRE2_MINOR >= 40)
+#define RE_HAN "\\p{sc:Han}"
+#else
+#define RE_HAN "\\p{Han}"
+#endif
+static const char *const re_kimi_k2[] = {
+    "[" RE_HAN "]+"
+    "|[^\\r\\n\\p{L}\\p{N}]?(?:(?!" RE_HAN ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])*"
+    "(?:(?!" RE_HAN ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?(?:(?!" RE_HAN ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])+"
+    "(?:(?!" RE_HAN ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL,
+};
+#undef RE_HAN
+
 /* gpt-2: GPT-2's pattern (HF ByteLevel pre-tokenizer with use_regex; llama.cpp
  * LLAMA_VOCAB_PRE_TYPE_GPT2). */
 static const char *const re_gpt2[] = {
@@ -286,13 +345,19 @@ static int compile_pre(tok_vocab *v, const char *pre, mla_err *err) {
     } else if (!strcmp(pre, "glm4")) {
         v->pre = TOK_PRE_GLM4;
         res = re_glm4;
+    } else if (!strcmp(pre, "deepseek-llm")) {
+        v->pre = TOK_PRE_DEEPSEEK_LLM;
+        res = re_deepseek_llm;
+    } else if (!strcmp(pre, "kimi-k2")) {
+        v->pre = TOK_PRE_KIMI_K2;
+        res = re_kimi_k2;
     } else if (!strcmp(pre, "gpt-2") || !strcmp(pre, "gpt2")) {
         v->pre = TOK_PRE_GPT2;
         res = re_gpt2;
     } else {
         return mla_errf(err,
                         "tokenizer.ggml.pre = \"%s\" is not a supported pre-tokenizer (supported: "
-                        "deepseek-v3, glm4, gpt-2, default)",
+                        "deepseek-v3, deepseek-llm, kimi-k2, glm4, gpt-2, default)",
                         pre);
     }
     snprintf(v->pre_name, sizeof v->pre_name, "%s", pre ? pre : "default");

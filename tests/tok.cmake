@@ -43,6 +43,14 @@ foreach(fx deepseek3 glm5)
   add_test(NAME chat_${fx} COMMAND test_chat ${tokt_dir}/vocab-${fx}.json ${fxdir}/ref.json ${MLA_TEST_DIR}/data/chat ${gguf})
   set_tests_properties(chat_${fx} PROPERTIES FIXTURES_REQUIRED tokvocab_${fx})
 endforeach()
+# the pre-tokenizers of DeepSeek-V2 / V2-Lite (deepseek-llm) and Kimi-K2 (kimi-k2), each model's own
+# form in HF tokenizers against ours, over the deepseek3 fixture's vocabulary and merges
+foreach(pre deepseek-llm kimi-k2)
+  add_test(NAME tok_hf_pre_${pre}
+    COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/tok/hf_compare.py $<TARGET_FILE:test_tok>
+            ${tokt_dir}/vocab-deepseek3.json ${MLA_FIXTURES}/tiny-deepseek3/tokenizer.json --pre ${pre})
+  set_tests_properties(tok_hf_pre_${pre} PROPERTIES FIXTURES_REQUIRED tokvocab_deepseek3 SKIP_RETURN_CODE 77)
+endforeach()
 
 # the released templates against jinja2 as an independent renderer (skipped without jinja2)
 add_test(NAME chat_jinja2_ref
