@@ -366,6 +366,54 @@ int mla_config_check_tensors(const mla_config *c, const gguf_ctx *g, mla_err *er
     return MLA_OK;
 }
 
+/* one weight type the backend lacks: how many tensors hold it, and the first of them */
+typedef struct type_miss {
+    uint32_t type;
+    int count;
+    const char *first;
+} type_miss;
+
+static void note_type(const gguf_tensor *t, bool (*ok)(uint32_t), type_miss *miss, int *n_miss, int *n_tensors) {
+    if (!t || ok(t->type)) return;
+    (*n_tensors)++;
+    for (int i = 0; i < *n_miss; i++)
+        if (miss[i].type == t->type) {
+            miss[i].count++;
+            return;
+        }
+    if (*n_miss < GGML_TYPE_COUNT) miss[(*n_miss)++] = (type_miss){t->type, 1, t->name};
+}
+
+int mla_config_check_types(const mla_config *c, const gguf_ctx *g, bool (*ok)(uint32_t), const char *backend,
+                           mla_err *err) {
+    type_miss miss[GGML_TYPE_COUNT];
+    int n_miss = 0, n_tensors = 0;
+    note_type(gguf_find_tensor(g, "token_embd.weight"), ok, miss, &n_miss, &n_tensors);
+    note_type(gguf_find_tensor(g, "output.weight"), ok, miss, &n_miss, &n_tensors);
+    int n_entries;
+    const lt_entry *tab = layer_tensors_table(&n_entries);
+    char nm[128];
+    for (int64_t il = 0; il < c->n_layer; il++) {
+        snprintf(nm, sizeof nm, "blk.%lld.attn_k_b.weight", (long long)il);
+        const bool split_kb = gguf_find_tensor(g, nm) != NULL;
+        for (int i = 0; i < n_entries; i++) {
+            if (!layer_tensors_applies(&tab[i], c, il, split_kb) || tab[i].f32_only) continue;
+            snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)il, tab[i].suffix);
+            note_type(gguf_find_tensor(g, nm), ok, miss, &n_miss, &n_tensors);
+        }
+    }
+    if (!n_miss) return MLA_OK;
+    char list[768];
+    int n = 0;
+    for (int i = 0; i < n_miss && n < (int)sizeof list - 96; i++)
+        n += snprintf(list + n, sizeof list - (size_t)n, "%s%s (%d tensor%s, e.g. %s)", i ? ", " : "",
+                      ggml_type_name(miss[i].type), miss[i].count, miss[i].count == 1 ? "" : "s", miss[i].first);
+    return mla_errf(err,
+                    "the %s backend has no kernels for %s: %d of the model's tensors; run it with --backend cpu, or "
+                    "use a file quantized without those types",
+                    backend, list, n_tensors);
+}
+
 int mla_config_check_step(const mla_config *c, const int32_t *tokens, int64_t T, int64_t pos0, int64_t n_past,
                           int64_t n_ctx, mla_err *err) {
     if (T <= 0) return mla_errf(err, "no tokens to run");

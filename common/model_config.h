@@ -87,6 +87,14 @@ int mla_config_from_gguf(mla_config *cfg, const gguf_ctx *g, mla_err *err);
  *   "blk.1.attn_q_b.weight: shape [256, 380] but the config expects [256, 384]". */
 int mla_config_check_tensors(const mla_config *cfg, const gguf_ctx *g, mla_err *err);
 
+/* Checks that a backend computes with the type of every weight the forward pass reads (the
+ * tensors of mla_config_check_tensors but the F32-only ones): ok(type) says whether it does.
+ * MLA_ERR naming each type it lacks with a count and a tensor, e.g. "the CUDA backend has no
+ * kernels for IQ4_NL (61 tensors, e.g. blk.3.ffn_down_exps.weight): ...". The CUDA worker asks
+ * before it uploads a byte; `mlaserve inspect` reports it. */
+int mla_config_check_types(const mla_config *cfg, const gguf_ctx *g, bool (*ok)(uint32_t), const char *backend,
+                           mla_err *err);
+
 /* Checks the arguments of a forward step against a sequence's state, as every model (CPU and
  * CUDA) does before it runs one: T > 0 tokens starting at pos0 == n_past, ending within n_ctx,
  * every id inside the vocabulary. MLA_ERR with a message naming the first problem. */

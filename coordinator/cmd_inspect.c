@@ -17,6 +17,7 @@
 #include "common/model_config.h"
 #include "wire.h"
 #include "common/shard_plan.h"
+#include "kernels/cuda_types.h"
 #include "tok.h"
 
 typedef struct role_sum {
@@ -169,6 +170,14 @@ int cmd_inspect(int argc, char **argv) {
     bool tensors_ok = mla_config_check_tensors(&cfg, g, &terr) == MLA_OK;
     cJSON_AddBoolToObject(root, "tensors_ok", tensors_ok);
     if (!tensors_ok) cJSON_AddStringToObject(root, "tensors_error", terr.msg);
+    /* whether the CUDA backend has kernels for every weight's type (a worker refuses the model
+     * before loading it otherwise); the CPU backend computes with every type it reads */
+    mla_err cuerr = {{0}};
+    const bool cuda_ok = tensors_ok && mla_config_check_types(&cfg, g, mla_cuda_weight_type, "CUDA", &cuerr) == MLA_OK;
+    if (tensors_ok) {
+        cJSON_AddBoolToObject(root, "cuda_types_ok", cuda_ok);
+        if (!cuda_ok) cJSON_AddStringToObject(root, "cuda_types_error", cuerr.msg);
+    }
 
     /* tokenizer + chat template */
     cJSON *tk = cJSON_AddObjectToObject(root, "tokenizer");
@@ -283,6 +292,7 @@ int cmd_inspect(int argc, char **argv) {
         for (int i = 0; i < cfg.n_assumed; i++)
             printf("  %s = %s  (%s)\n", cfg.assumed[i].key, cfg.assumed[i].value, cfg.assumed[i].why);
         printf("tensor shapes: %s\n", tensors_ok ? "all as the config expects" : terr.msg);
+        if (tensors_ok) printf("CUDA kernels:  %s\n", cuda_ok ? "for every weight type" : cuerr.msg);
         printf("tokenizer:\n");
         const cJSON *it;
         cJSON_ArrayForEach(it, tk) {

@@ -22,6 +22,7 @@
 
 extern "C" {
 #include "common/ggml_types.h"
+#include "kernels/cuda_types.h"
 #include "kernels/quant_grids.h"
 }
 
@@ -101,12 +102,8 @@ MLACU_TRAITS(GGML_TYPE_IQ1_S, 256, 50)
 MLACU_TRAITS(GGML_TYPE_IQ1_M, 256, 56)
 #undef MLACU_TRAITS
 
-/* Calls M(type) for every supported type. */
-#define MLACU_FOR_TYPES(M)                                                                      \
-    M(GGML_TYPE_F32) M(GGML_TYPE_F16) M(GGML_TYPE_BF16) M(GGML_TYPE_Q8_0) M(GGML_TYPE_Q5_0)     \
-    M(GGML_TYPE_Q2_K) M(GGML_TYPE_Q3_K) M(GGML_TYPE_Q4_K) M(GGML_TYPE_Q5_K) M(GGML_TYPE_Q6_K)   \
-    M(GGML_TYPE_IQ4_XS) M(GGML_TYPE_IQ2_XXS) M(GGML_TYPE_IQ2_XS) M(GGML_TYPE_IQ2_S)             \
-    M(GGML_TYPE_IQ3_XXS) M(GGML_TYPE_IQ3_S) M(GGML_TYPE_IQ1_S) M(GGML_TYPE_IQ1_M)
+/* Calls M(type) for every supported type: the list of kernels/cuda_types.h. */
+#define MLACU_FOR_TYPES(M) MLA_CUDA_WEIGHT_TYPES(M)
 
 /* Little-endian reads at 2-byte alignment (every field these formats read as 16 or 32 bits
  * sits at an even offset of a block, and blocks sit at even offsets). */

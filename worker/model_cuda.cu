@@ -456,7 +456,9 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         mla_errf(err, "cudaStreamCreate / cudaEventCreate failed");
         goto fail;
     }
-    if (mla_config_from_gguf(&m->cfg, g, err) < 0 || mla_config_check_tensors(&m->cfg, g, err) < 0) goto fail;
+    if (mla_config_from_gguf(&m->cfg, g, err) < 0 || mla_config_check_tensors(&m->cfg, g, err) < 0 ||
+        mla_config_check_types(&m->cfg, g, mla_cuda_quant_supported, "CUDA", err) < 0)
+        goto fail;
     if (cf->n_rope > ROPE_MAX_DIMS) {
         mla_errf(err, "rope dims %lld exceed %d", (long long)cf->n_rope, ROPE_MAX_DIMS);
         goto fail;

@@ -8,6 +8,8 @@
   memory adds up (no tensor lost, replicated ones counted on every rank); the quantized file's
   unaligned attn_output / FFN splits are reported as fallbacks.
 - A file without hyperparameters is refused, naming the missing key.
+- A weight of a type the CUDA backend has no kernels for (Q4_0 here) is reported with its count and
+  a tensor, and the fixtures report none.
 usage: check_inspect.py MLASERVE FIXTURES WORKDIR
 """
 import json
@@ -116,6 +118,57 @@ j, _ = inspect(q, 2, 0)
 if j:
     notes = '\n'.join(j['tensor_parallel']['notes'])
     check('attn_output' in notes and 'output rows' in notes, f'q4_k_m tp 2 notes: {notes}')
+
+# the CUDA backend's weight types: the fixtures have kernels for every one; a copy of the bf16
+# fixture whose layer-0 attn_output is Q4_0 (no CUDA kernels) names it
+for fx, fname in [('tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), ('tiny-deepseek3', 'tiny-deepseek3-q4_k_m.gguf'),
+                  ('tiny-glm5', 'tiny-glm5-bf16.gguf')]:
+    j, _ = inspect(os.path.join(fixtures, fx, fname), 1, 0)
+    if j:
+        check(j.get('cuda_types_ok') is True, f'{fname}: CUDA kernels for every type: {j.get("cuda_types_error")}')
+
+
+def with_q4_0(src, dst, name):
+    """src with tensor `name` quantized to Q4_0 (gguf-py writes the copy)."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    rd = GGUFReader(src)
+    w = gguf.GGUFWriter(dst, None)
+    for f in rd.fields.values():
+        if f.name.startswith('GGUF.'):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            et = f.types[1]
+            val = ([bytes(f.parts[i]).decode('utf-8', 'surrogateescape') for i in f.data] if et == gguf.GGUFValueType.STRING
+                   else [f.parts[i].tolist()[0] for i in f.data])
+            w.add_key_value(f.name, val, t, sub_type=et)
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode('utf-8'), t)
+        else:
+            w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], t)
+    for t in rd.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        if t.name == name:
+            x = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16  # bf16 -> f32
+            w.add_tensor(t.name, gguf.quants.quantize(x.view(np.float32).reshape(shape), QT.Q4_0), raw_dtype=QT.Q4_0)
+        elif t.tensor_type in (QT.F32, QT.F16):
+            w.add_tensor(t.name, np.asarray(t.data).reshape(shape))
+        else:  # the bytes as they are: gguf-py takes the shape from their rows
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+q40 = os.path.join(work, 'ds3-q4_0-attn-output.gguf')
+with_q4_0(os.path.join(fixtures, 'tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), q40, 'blk.0.attn_output.weight')
+j, _ = inspect(q40, 1, 0)
+if j:
+    e = j.get('cuda_types_error', '')
+    check(j.get('tensors_ok') is True and j.get('cuda_types_ok') is False and 'Q4_0 (1 tensor, e.g. blk.0.attn_output.weight)' in e
+          and '--backend cpu' in e, f'a Q4_0 weight: {j.get("tensors_error")} / {e}')
 
 # a file without the architecture's hyperparameters is refused with the missing key named
 # (the plan's own refusals on synthetic tensors are in tests/unit/test_shard_plan.c)
