@@ -196,15 +196,6 @@ int mla_config_from_gguf(mla_config *c, const gguf_ctx *g, mla_err *err) {
         if (rc == 0) assume(c, r.key, "no shared experts", "0");
         c->n_ff_shexp = c->n_ff_exp * c->n_expert_shared;
         if ((rc = opt_i(&r, "expert_shared_feed_forward_length", &c->n_ff_shexp)) < 0) return rc;
-        c->n_group = 1;
-        c->n_group_used = 1;
-        if ((rc = opt_i(&r, "expert_group_count", &c->n_group)) < 0) return rc;
-        if (rc == 0) assume(c, r.key, "no group-limited routing", "1");
-        if ((rc = opt_i(&r, "expert_group_used_count", &c->n_group_used)) < 0) return rc;
-        if (rc == 0) {
-            c->n_group_used = c->n_group;
-            assume(c, r.key, "every group usable", "%lld", (long long)c->n_group);
-        }
         int64_t gf = 0;
         if ((rc = opt_i(&r, "expert_gating_func", &gf)) < 0) return rc;
         if (rc == 0 || gf == 0) {
@@ -223,6 +214,30 @@ int mla_config_from_gguf(mla_config *c, const gguf_ctx *g, mla_err *err) {
         if (gf != MLA_GATING_SOFTMAX && gf != MLA_GATING_SIGMOID)
             return mla_errf(err, "%s = %lld is not supported (1 softmax, 2 sigmoid)", k(&r, "expert_gating_func"), (long long)gf);
         c->gating = (enum mla_gating)gf;
+        /* group-limited routing: files converted before llama.cpp wrote the group keys (early
+         * 2025 DeepSeek-V3 / R1 files) lack them; their config.json routes in 8 groups of which 4
+         * are used, and the model's shape says which files those are */
+        const bool v3_shape = c->arch == MLA_ARCH_DEEPSEEK2 && c->n_expert == 256 && c->n_vocab == 129280 &&
+                              c->gating == MLA_GATING_SIGMOID;
+        c->n_group = 1;
+        c->n_group_used = 1;
+        if ((rc = opt_i(&r, "expert_group_count", &c->n_group)) < 0) return rc;
+        const bool v3_groups = rc == 0 && v3_shape;
+        if (v3_groups) {
+            c->n_group = 8;
+            assume(c, r.key, "a DeepSeek-V3 / R1 file (256 experts, vocab 129280, sigmoid gating): n_group of its "
+                   "config.json (llama.cpp reads 1: no group-limited routing)", "8");
+        } else if (rc == 0) {
+            assume(c, r.key, "no group-limited routing", "1");
+        }
+        if ((rc = opt_i(&r, "expert_group_used_count", &c->n_group_used)) < 0) return rc;
+        if (rc == 0 && v3_groups) {
+            c->n_group_used = 4;
+            assume(c, r.key, "a DeepSeek-V3 / R1 file: topk_group of its config.json", "4");
+        } else if (rc == 0) {
+            c->n_group_used = c->n_group;
+            assume(c, r.key, "every group usable", "%lld", (long long)c->n_group);
+        }
         c->weights_scale = 1.0f;
         if ((rc = opt_f(&r, "expert_weights_scale", &c->weights_scale)) < 0) return rc;
         if (rc == 0) assume(c, r.key, "llama.cpp default", "1.0");

@@ -83,6 +83,55 @@ static size_t find_ne(const uint8_t *b, size_t n, const char *name) {
     return 0;
 }
 
+/* The offset of the first byte after key `key` (its name, in a GGUF buffer), or 0. */
+static size_t find_key(const uint8_t *b, size_t n, const char *key) {
+    size_t L = strlen(key);
+    for (size_t i = 8; i + L + 4 < n; i++) {
+        uint64_t len;
+        memcpy(&len, b + i - 8, 8);
+        if (len == L && !memcmp(b + i, key, L)) return i + L;
+    }
+    return 0;
+}
+
+/* An early DeepSeek-V3 / R1 file (no expert group keys) routes as its config.json does: 8 groups,
+ * 4 used; a file of another shape without them keeps one group. The q8_0 fixture's metadata is
+ * patched in memory: the group keys renamed away, expert_count and vocab_size set. */
+static void test_v3_groups(const char *fx) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tiny-deepseek3/tiny-deepseek3-q8_0.gguf", fx);
+    for (int v3 = 0; v3 < 2; v3++) {
+        size_t n;
+        uint8_t *buf = read_all(path, &n);
+        REQUIRE(buf);
+        size_t o1 = find_key(buf, n, "deepseek2.expert_group_count"),
+               o2 = find_key(buf, n, "deepseek2.expert_group_used_count"), o3 = find_key(buf, n, "deepseek2.expert_count"),
+               o4 = find_key(buf, n, "deepseek2.vocab_size");
+        REQUIRE(o1 && o2 && o3 && o4);
+        buf[o1 - 5] = 'X'; /* "..._group_Xount": not a key mlaserve reads */
+        buf[o2 - 5] = 'X';
+        uint32_t type, ne = 256, vocab = v3 ? 129280 : 2048;
+        memcpy(&type, buf + o3, 4);
+        REQUIRE(type == 4); /* u32 */
+        memcpy(buf + o3 + 4, &ne, 4);
+        memcpy(buf + o4 + 4, &vocab, 4);
+        gguf_ctx *g = NULL;
+        mla_err err = {{0}};
+        REQUIRE(gguf_open_memory(&g, buf, n, "patched.gguf", &err) == MLA_OK);
+        mla_config c;
+        REQUIRE(mla_config_from_gguf(&c, g, &err) == MLA_OK);
+        CHECK(c.n_expert == 256 && c.n_vocab == vocab && c.gating == MLA_GATING_SIGMOID);
+        CHECKF(v3 ? c.n_group == 8 && c.n_group_used == 4 : c.n_group == 1 && c.n_group_used == 1, "v3 %d: groups %lld / %lld",
+               v3, (long long)c.n_group, (long long)c.n_group_used);
+        int said = 0;
+        for (int i = 0; i < c.n_assumed; i++)
+            if (strstr(c.assumed[i].key, "expert_group_count") && strstr(c.assumed[i].why, "DeepSeek-V3")) said = 1;
+        CHECK(said == v3);
+        gguf_close(g);
+        free(buf);
+    }
+}
+
 static void test_config_and_shapes(const char *fx) {
     char path[1024];
     mla_err err = {{0}};
@@ -270,6 +319,7 @@ int main(int argc, char **argv) {
     test_attn_kind();
     if (argc > 1) {
         test_config_and_shapes(argv[1]);
+        test_v3_groups(argv[1]);
         test_forward_errors(argv[1]);
     }
     return mla_test_finish();
