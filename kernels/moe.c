@@ -49,7 +49,7 @@ void moe_route(const moe_route_params *p, const float *logits, const float *bias
                     b = v;
                 }
             }
-            gs[g] = a + b;
+            gs[g] = p->gating == 1 ? a : a + b; /* V2's greedy groups: their best; V3's: the best two */
         }
         bool *gfree = mla_xmalloc((size_t)G * sizeof *gfree);
         for (int g = 0; g < G; g++) gfree[g] = true;

@@ -3,8 +3,10 @@
  * Routing of one token from router logits (x . ffn_gate_inp):
  *   p = sigmoid(logits) (gating 2) or softmax(logits) (gating 1)
  *   choice = p + bias (bias: exp_probs_b, may be NULL; used for choosing only)
- *   groups (n_group > 1): group score = sum of its two highest choice values; keep the
- *     n_group_used best groups (ties: lower group id), others excluded
+ *   groups (n_group > 1): group score = sum of its two highest choice values (sigmoid gating:
+ *     DeepSeek-V3's noaux_tc), or its highest (softmax gating: DeepSeek-V2's
+ *     group_limited_greedy); keep the n_group_used best groups (ties: lower group id), others
+ *     excluded
  *   chosen = the n_used highest choice values among allowed experts (ties: lower id)
  *   weight = p[chosen] (normalised to sum 1 when norm, + 1e-20 as HF) * scale
  * Routing is a pure function of its inputs, so ranks that hold the same replicated inputs

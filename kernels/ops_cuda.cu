@@ -282,7 +282,7 @@ __global__ void route_kernel(route_k p, const float *__restrict__ logits, const 
                     b = v;
                 }
             }
-            s_gs[warp][lane] = a + b;
+            s_gs[warp][lane] = p.gating == 1 ? a : a + b; /* as moe_route: softmax groups by their best */
         }
         __syncwarp();
         float gv = lane < G ? s_gs[warp][lane] : -INFINITY;

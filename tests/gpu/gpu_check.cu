@@ -1460,10 +1460,12 @@ int main(int argc, char **argv) {
         moe_route_params g5 = {256, 8, 1, 1, 2, true, 2.5f};
         moe_route_params sm = {64, 6, 1, 1, 1, false, 1.0f};
         moe_route_params tiny = {8, 2, 4, 2, 2, true, 1.0f};
+        moe_route_params v2 = {160, 6, 8, 3, 1, false, 16.0f}; /* DeepSeek-V2: softmax, greedy groups */
         check_route("moe_route sigmoid grp", &v3, 64, true);
         check_route("moe_route sigmoid", &g5, 300, true);
         check_route("moe_route softmax", &sm, 17, false);
         check_route("moe_route tiny", &tiny, 9, true);
+        check_route("moe_route softmax grp", &v2, 33, false);
     }
     check_argmax(8, 129280);
     check_argmax(1, 2048);

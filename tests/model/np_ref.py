@@ -133,7 +133,8 @@ def forward(kv, W, toks, mla_rope='inter', idx_rope='inter'):
             ch = sg + W[p + 'exp_probs_b.bias'] if p + 'exp_probs_b.bias' in W else sg
             y = np.zeros_like(h)
             for t in range(T):
-                gs = np.sort(ch[t].reshape(ng, -1), -1)[:, -2:].sum(-1)
+                # a group scores by its best two (sigmoid: V3's noaux_tc) or its best (softmax: V2's greedy groups)
+                gs = np.sort(ch[t].reshape(ng, -1), -1)[:, -2 if g('expert_gating_func', 2) == 2 else -1:].sum(-1)
                 keep = np.argsort(-gs, kind='stable')[:gu]
                 cc = np.full(ne, -np.inf); 
                 for gi in keep: cc[gi * (ne // ng):(gi + 1) * (ne // ng)] = ch[t, gi * (ne // ng):(gi + 1) * (ne // ng)]

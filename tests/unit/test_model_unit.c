@@ -50,6 +50,13 @@ static void test_routing(void) {
     for (int i = 0; i < 8; i++) den += exp(z[i]);
     CHECK(ids[0] == 7 && ids[1] == 2);
     CHECK(fabs(w[0] - exp(5) / den) < 1e-5 && fabs(w[1] - exp(3) / den) < 1e-5);
+    /* softmax gating with groups (DeepSeek-V2's group_limited_greedy): a group scores by its best
+     * expert. Group 0 holds the best one (p .46) and a near-zero one, group 1 two good ones (p .28,
+     * .25): the best-two sum would pick group 1, the best picks group 0 */
+    moe_route_params v2 = {8, 2, 4, 1, 1, false, 1.0f};
+    float zg[8] = {3.0f, -5, 2.5f, 2.4f, -5, -5, -5, -5};
+    moe_route(&v2, zg, NULL, ids, w);
+    CHECKF(ids[0] == 0 && ids[1] == 1, "softmax groups ids %d %d", ids[0], ids[1]);
     /* ties resolve to the lower id, the same on every call (every rank) */
     float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     moe_route(&flat, t, NULL, ids, w);
