@@ -1286,14 +1286,20 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
         goto done;
     }
-    if (kind != API_CHAT && !p->prompt_text) {
-        for (int32_t i = 0; i < n_ids; i++)
-            if (ids[i] < 0 || ids[i] >= a->tok.n_vocab) {
+    /* ids given as such, or text whose tokenizer holds more tokens than the model has rows (some
+     * Kimi-K2 files): a step with one would fail every request in it */
+    for (int32_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= a->tok.n_vocab) {
+            if (kind != API_CHAT && !p->prompt_text)
                 api_error_set(e, 400, "prompt", NULL, "token id %d is out of range (the vocabulary has %d tokens)",
                               ids[i], a->tok.n_vocab);
-                goto done;
-            }
-    }
+            else
+                api_error_set(e, 400, kind == API_CHAT ? "messages" : "prompt", NULL,
+                              "the text tokenizes to token id %d, which the model has no row for (its vocabulary has "
+                              "%d tokens, its tokenizer more)",
+                              ids[i], a->tok.n_vocab);
+            goto done;
+        }
     for (int32_t i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0 || p->stop_ids[i] >= a->tok.n_vocab) {
             api_error_set(e, 400, "stop_token_ids", NULL, "token id %d is out of range (the vocabulary has %d tokens)",

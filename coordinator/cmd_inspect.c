@@ -191,6 +191,9 @@ int cmd_inspect(int argc, char **argv) {
     if (tok_vocab_from_gguf(&vocab, g, &tkerr) == MLA_OK) {
         cJSON_AddStringToObject(tk, "pre", tok_pre_name(vocab));
         cJSON_AddNumberToObject(tk, "n_tokens", (double)tok_n_tokens(vocab));
+        /* token ids the model has no rows for (a prompt holding one is refused) */
+        if ((int64_t)tok_n_tokens(vocab) > cfg.n_vocab)
+            cJSON_AddNumberToObject(tk, "past_model_vocab", (double)((int64_t)tok_n_tokens(vocab) - cfg.n_vocab));
         cJSON_AddNumberToObject(tk, "bos", tok_bos(vocab));
         cJSON_AddNumberToObject(tk, "eos", tok_eos(vocab));
         cJSON_AddNumberToObject(tk, "eot", tok_eot(vocab));

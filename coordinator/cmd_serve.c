@@ -560,6 +560,12 @@ int cmd_serve(int argc, char **argv) {
         mla_err_prefix(&err, "%s", model);
         goto out;
     }
+    /* a tokenizer longer than the model's vocabulary (some Kimi-K2 files: 163842 tokens, 163840 rows):
+     * text holding one of the tokens past it is refused request by request */
+    if ((int64_t)tok_n_tokens(S.vocab) > mcfg.n_vocab)
+        MLA_WARN("serve: the tokenizer holds %zu tokens, the model %lld: a prompt that tokenizes to one of ids %lld.. "
+                 "is refused",
+                 tok_n_tokens(S.vocab), (long long)mcfg.n_vocab, (long long)mcfg.n_vocab);
     /* the model's context length, unless a shorter one is asked for */
     const long ctx_len = (long)mcfg.ctx_train;
     if (ctx_len > 0 && max_context > ctx_len) {

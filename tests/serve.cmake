@@ -84,6 +84,12 @@ if(TARGET mlaserve-worker)
            COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_serve_ops.py
                    $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES})
   set_tests_properties(serve_ops PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77)
+  # a tokenizer longer than the model's vocabulary: warned, its extra ids refused per request
+  add_test(NAME serve_vocab_past
+           COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_vocab_past.py
+                   $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> $<TARGET_FILE:mlaserve>
+                   ${MLA_FIXTURES})
+  set_tests_properties(serve_vocab_past PROPERTIES TIMEOUT 200 SKIP_RETURN_CODE 77)
 endif()
 
 # The HTTP connection layer and the streaming framing over a real loopback connection

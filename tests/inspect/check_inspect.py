@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'gguf'))
 import gguf_write as gw  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lib'))
+import gguf_copy  # noqa: E402
 from mlatest import check, finish  # noqa: E402
 
 exe, fixtures, work = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -128,42 +129,9 @@ for fx, fname in [('tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), ('tiny-deepsee
         check(j.get('cuda_types_ok') is True, f'{fname}: CUDA kernels for every type: {j.get("cuda_types_error")}')
 
 
-def with_q4_0(src, dst, name):
-    """src with tensor `name` quantized to Q4_0 (gguf-py writes the copy)."""
-    import gguf
-    from gguf import GGMLQuantizationType as QT
-    rd = GGUFReader(src)
-    w = gguf.GGUFWriter(dst, None)
-    for f in rd.fields.values():
-        if f.name.startswith('GGUF.'):
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            et = f.types[1]
-            val = ([bytes(f.parts[i]).decode('utf-8', 'surrogateescape') for i in f.data] if et == gguf.GGUFValueType.STRING
-                   else [f.parts[i].tolist()[0] for i in f.data])
-            w.add_key_value(f.name, val, t, sub_type=et)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode('utf-8'), t)
-        else:
-            w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], t)
-    for t in rd.tensors:
-        shape = [int(x) for x in reversed(t.shape)]
-        if t.name == name:
-            x = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16  # bf16 -> f32
-            w.add_tensor(t.name, gguf.quants.quantize(x.view(np.float32).reshape(shape), QT.Q4_0), raw_dtype=QT.Q4_0)
-        elif t.tensor_type in (QT.F32, QT.F16):
-            w.add_tensor(t.name, np.asarray(t.data).reshape(shape))
-        else:  # the bytes as they are: gguf-py takes the shape from their rows
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 q40 = os.path.join(work, 'ds3-q4_0-attn-output.gguf')
-with_q4_0(os.path.join(fixtures, 'tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), q40, 'blk.0.attn_output.weight')
+gguf_copy.copy(os.path.join(fixtures, 'tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), q40,
+               tensor=lambda n, a: (a, gguf_copy.QT.Q4_0) if n == 'blk.0.attn_output.weight' else None)
 j, _ = inspect(q40, 1, 0)
 if j:
     e = j.get('cuda_types_error', '')
