@@ -405,17 +405,10 @@ int mla_config_check_types(const mla_config *c, const gguf_ctx *g, bool (*ok)(ui
     int n_miss = 0, n_tensors = 0;
     note_type(gguf_find_tensor(g, "token_embd.weight"), ok, miss, &n_miss, &n_tensors);
     note_type(gguf_find_tensor(g, "output.weight"), ok, miss, &n_miss, &n_tensors);
-    int n_entries;
-    const lt_entry *tab = layer_tensors_table(&n_entries);
-    char nm[128];
-    for (int64_t il = 0; il < c->n_layer; il++) {
-        snprintf(nm, sizeof nm, "blk.%lld.attn_k_b.weight", (long long)il);
-        const bool split_kb = gguf_find_tensor(g, nm) != NULL;
-        for (int i = 0; i < n_entries; i++) {
-            if (!layer_tensors_applies(&tab[i], c, il, split_kb) || tab[i].f32_only) continue;
-            snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)il, tab[i].suffix);
-            note_type(gguf_find_tensor(g, nm), ok, miss, &n_miss, &n_tensors);
-        }
+    for (int64_t il = 0; il < c->n_layer; il++) { /* the tensors the loaders take (norms: F32, always ok) */
+        layer_tensors lt;
+        if (layer_tensors_find(c, g, il, &lt, err) < 0) return MLA_ERR;
+        for (int r = 0; r < LT_COUNT; r++) note_type(lt.t[r], ok, miss, &n_miss, &n_tensors);
     }
     if (!n_miss) return MLA_OK;
     char list[768];
