@@ -3,8 +3,9 @@
  * control socket and its private folder, an output being written); sig_clean_install() sets
  * handlers for those signals that remove every registered entry (files first, then folders, in
  * the order registered) and then end the process by the same signal, as it would have ended
- * without them. `serve` replaces the SIGINT and SIGTERM handlers with its drain (its shutdown
- * removes the same entries); its SIGHUP still ends it here.
+ * without them. A signal the process was started ignoring (nohup, a background job of a shell
+ * script) stays ignored. `serve` replaces the SIGINT and SIGTERM handlers with its drain (its
+ * shutdown removes the same entries); its SIGHUP, unless ignored, still ends it here.
  *
  * The table is process-wide and fixed (SIG_CLEAN_MAX entries of SIG_CLEAN_PATH bytes): nothing
  * is allocated, and the handler calls only async-signal-safe functions (unlink, rmdir, sigaction,

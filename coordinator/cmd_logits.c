@@ -91,45 +91,71 @@ out:
     return NULL;
 }
 
-/* a sig_clean entry for path when it is a regular file (not /dev/stdout, a pipe or a link) */
-static int clean_entry(const char *path) {
-    struct stat st;
-    return lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? sig_clean_file(path) : -1;
+/* path opened for writing as cmds.h says: a temporary file beside its target, or in place */
+static int open_one(logits_one *o, const char *path, const char *mode, mla_err *err) {
+    *o = (logits_one){.path = path, .clean = -1};
+    if (!path) return MLA_OK;
+    struct stat st, lst;
+    char *real = realpath(path, NULL); /* through a link to the file it names; NULL: not there yet */
+    if ((stat(path, &st) == 0 && !S_ISREG(st.st_mode)) || (!real && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))) {
+        free(real); /* a device, a pipe, or a link to a file not made yet: written as it is */
+        if (!(o->f = fopen(path, mode))) return mla_errf(err, "%s: %s", path, strerror(errno));
+        return MLA_OK;
+    }
+    o->target = real ? real : mla_xstrdup(path);
+    const size_t n = strlen(o->target) + sizeof ".partial-XXXXXX";
+    o->tmp = mla_xmalloc(n);
+    snprintf(o->tmp, n, "%s.partial-XXXXXX", o->target);
+    int fd = mkstemp(o->tmp);
+    if (fd < 0) {
+        mla_errf(err, "%s: cannot create a file beside it: %s", path, strerror(errno));
+        free(o->tmp), o->tmp = NULL;
+        return MLA_ERR;
+    }
+    o->clean = sig_clean_file(o->tmp);
+    const mode_t um = umask(0); /* the mode fopen would have given it (mkstemp makes 0600) */
+    umask(um);
+    if (fchmod(fd, 0666 & ~um) != 0 || !(o->f = fdopen(fd, mode))) {
+        mla_errf(err, "%s: %s", o->tmp, strerror(errno));
+        close(fd);
+        return MLA_ERR;
+    }
+    return MLA_OK;
 }
 
 int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err) {
-    *f = (logits_files){.out_path = lo->out, .ids_path = lo->ids_out, .clean_out = -1, .clean_ids = -1};
-    const char *bad = NULL;
-    if (!(f->out = fopen(lo->out, "wb"))) {
-        bad = lo->out;
-    } else {
-        f->clean_out = clean_entry(lo->out);
-        if (lo->ids_out && !(f->ids = fopen(lo->ids_out, "w")))
-            bad = lo->ids_out;
-        else if (lo->ids_out)
-            f->clean_ids = clean_entry(lo->ids_out);
-    }
-    if (!bad) return MLA_OK;
-    mla_errf(err, "%s: %s", bad, strerror(errno));
+    memset(f, 0, sizeof *f);
+    f->ids.clean = -1;
+    if (open_one(&f->out, lo->out, "wb", err) == MLA_OK && open_one(&f->ids, lo->ids_out, "w", err) == MLA_OK)
+        return MLA_OK;
     logits_files_close(f, 1);
     return MLA_ERR;
 }
 
-int logits_files_close(logits_files *f, int status) {
-    FILE *fs[2] = {f->out, f->ids};
-    const char *paths[2] = {f->out_path, f->ids_path};
-    for (int i = 0; i < 2; i++)
-        if (fs[i] && fclose(fs[i]) != 0 && status == 0) {
-            fprintf(stderr, "mlaserve logits: %s: close failed: %s\n", paths[i], strerror(errno));
+/* closes o: into place when status is 0, else removed; the status after it */
+static int close_one(logits_one *o, int status) {
+    if (o->f && fclose(o->f) != 0 && status == 0) {
+        fprintf(stderr, "mlaserve logits: %s: close failed: %s\n", o->path, strerror(errno));
+        status = 1;
+    }
+    if (o->tmp) {
+        if (status == 0 && rename(o->tmp, o->target) != 0) {
+            fprintf(stderr, "mlaserve logits: %s: cannot move %s into place: %s\n", o->path, o->tmp, strerror(errno));
             status = 1;
         }
-    const int clean[2] = {f->clean_out, f->clean_ids};
-    for (int i = 0; i < 2; i++) {
-        sig_clean_forget(clean[i]);
-        if (status != 0 && clean[i] >= 0) unlink(paths[i]); /* only the regular files it made */
+        if (status != 0) unlink(o->tmp);
+        sig_clean_forget(o->clean); /* after: a signal before it finds the file renamed or gone */
     }
-    *f = (logits_files){.clean_out = -1, .clean_ids = -1};
+    free(o->tmp);
+    free(o->target);
+    *o = (logits_one){.clean = -1};
     return status;
+}
+
+int logits_files_close(logits_files *f, int status) {
+    status = close_one(&f->out, status);
+    /* the ids file only when the logits went into place: both or neither */
+    return close_one(&f->ids, status);
 }
 
 int cmd_logits(int argc, char **argv) {
@@ -142,7 +168,7 @@ int cmd_logits(int argc, char **argv) {
     const opt_spec mine[] = {
         {.name = "--tokens", .kind = OPT_STR, .arg = "IDS.txt", .help = "prompts: one a line, token ids (required)",
          .dest = &lo.tokens},
-        {.name = "--out", .kind = OPT_STR, .arg = "OUT.f32", .help = "where the logits go (required; removed when the run fails or a signal ends it)", .dest = &lo.out},
+        {.name = "--out", .kind = OPT_STR, .arg = "OUT.f32", .help = "where the logits go (required; written whole when the run succeeds, else not at all)", .dest = &lo.out},
         {.name = "--decode-from", .kind = OPT_LONG, .arg = "K", .def = "the whole prompt in one pass",
          .help = "the first K tokens in one pass, the rest one at a time", .dest = &lo.decode_from, .lo = 0,
          .hi = 1L << 30},
@@ -196,7 +222,7 @@ int cmd_logits(int argc, char **argv) {
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
-    logits_files files = {.clean_out = -1, .clean_ids = -1};
+    logits_files files = {.out = {.clean = -1}, .ids = {.clean = -1}};
     prompts P = {0};
     int status = 1;
     coll_host_seg *seg = NULL;
@@ -222,8 +248,8 @@ int cmd_logits(int argc, char **argv) {
         rank_job *j = &jobs[r];
         j->g = g, j->threads = threads, j->decode_from = decode_from, j->greedy = greedy, j->P = &P;
         j->outp = outp;
-        j->fout = r == 0 ? files.out : NULL;
-        j->fids = r == 0 ? files.ids : NULL;
+        j->fout = r == 0 ? files.out.f : NULL;
+        j->fids = r == 0 ? files.ids.f : NULL;
         if (tp > 1 && coll_host_attach(&j->c, name, r, tp, 0, &err) < 0) goto fail;
     }
     for (int r = 1; r < tp; r++)

@@ -25,20 +25,28 @@ typedef struct logits_opts {
     long chunk, prefix_reuse; /* worker processes only: coordinator/coord_cmd.c seq_mode */
 } logits_opts;
 
-/* The files `logits` writes, open: --out and --ids-out (NULL when not asked for). A run that fails,
- * or that a signal ends (common/sig_clean.h), removes them: a partial output would pass for a
- * result. */
+/* The files `logits` writes, open: --out and --ids-out (NULL when not asked for). A file is
+ * written whole or not at all: into a temporary file beside it (`NAME.partial-XXXXXX`, its target
+ * the file a symbolic link points to), renamed over it when the run succeeds, removed when it fails
+ * or a signal ends it (common/sig_clean.h); a file that was there before stays as it was. A path
+ * that is not a regular file (/dev/stdout, a pipe) or a link to a file not made yet is written in
+ * place. */
+typedef struct logits_one {
+    FILE *f;
+    const char *path; /* as given */
+    char *target, *tmp; /* where it goes and where it is written (NULL: in place) */
+    int clean;          /* tmp's sig_clean entry */
+} logits_one;
 typedef struct logits_files {
-    FILE *out, *ids;
-    const char *out_path, *ids_path;
-    int clean_out, clean_ids; /* their sig_clean entries */
+    logits_one out, ids;
 } logits_files;
 
-/* Creates (truncates) lo->out and lo->ids_out. MLA_ERR with "PATH: reason" (what it opened is
- * removed again). */
+/* Opens lo->out and lo->ids_out as above. MLA_ERR with "PATH: reason" (what it opened is removed
+ * again). */
 int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err);
-/* Closes them; removes them when status != 0. Returns status, or 1 when status was 0 and a close
- * failed (reported on stderr, the files removed). f is zeroed. */
+/* Closes them: renamed into place when status is 0, else removed. Returns status, or 1 when status
+ * was 0 and a close or rename failed (reported on stderr; nothing of the run is left). f is
+ * zeroed. */
 int logits_files_close(logits_files *f, int status);
 
 /* The same command through a coordinator and N worker processes (coordinator/coord_cmd.c):

@@ -142,7 +142,7 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
     gguf_ctx *g = NULL;
     coord *c = NULL;
     FILE *fin = NULL;
-    logits_files files = {.clean_out = -1, .clean_ids = -1};
+    logits_files files = {.out = {.clean = -1}, .ids = {.clean = -1}};
     ids_line L = {0};
     int32_t *gen = NULL;
     float *logits = NULL;
@@ -200,13 +200,13 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
         if (decode_from >= 0) md = (seq_mode){decode_from < 1 ? 1 : decode_from, 1, reuse};
         long n_gen = 0;
         if (run_seq(c, ln, &step, ids, (int64_t)n, &md, logits, greedy, (int32_t)eos, gen, &n_gen, &err)) goto fail;
-        if (fwrite(logits, sizeof *logits, n * V, files.out) != n * V) {
+        if (fwrite(logits, sizeof *logits, n * V, files.out.f) != n * V) {
             mla_errf(&err, "%s: write failed", outp);
             goto fail;
         }
-        if (files.ids) {
-            for (long i = 0; i < n_gen; i++) fprintf(files.ids, "%s%d", i ? " " : "", gen[i]);
-            fputc('\n', files.ids);
+        if (files.ids.f) {
+            for (long i = 0; i < n_gen; i++) fprintf(files.ids.f, "%s%d", i ? " " : "", gen[i]);
+            fputc('\n', files.ids.f);
         }
     }
     if (step == 0) { /* every line empty: an empty output would pass for a result */

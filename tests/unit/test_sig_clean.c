@@ -1,7 +1,8 @@
 /* common/sig_clean.h: a child process registers files, a folder and a host-collective segment,
  * forgets one file, then gets SIGTERM (or SIGINT, SIGHUP): it must die by that signal, with what
  * was registered removed (files before their folder) and the forgotten file kept. Also: a full
- * table and a path too long are refused (-1) and change nothing; a forgotten entry is reused. */
+ * table and a path too long are refused (-1) and change nothing; a forgotten entry is reused; a
+ * signal the process started ignoring stays ignored. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -82,6 +83,37 @@ static void one_signal(const char *base, int sig) {
     unlink(shm_path);
 }
 
+/* a signal the process starts ignoring (nohup: SIGHUP) stays ignored: the child outlives it, and a
+ * SIGTERM still cleans up and ends it */
+static void test_ignored(const char *base) {
+    char f[512];
+    snprintf(f, sizeof f, "%s/ign", base);
+    touch(f);
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        signal(SIGHUP, SIG_IGN);
+        if (sig_clean_install() != 0 || sig_clean_file(f) < 0) _exit(3);
+        if (write(p[1], "r", 1) != 1) _exit(5);
+        for (;;) pause();
+    }
+    close(p[1]);
+    char c = 0;
+    CHECK(read(p[0], &c, 1) == 1 && c == 'r');
+    close(p[0]);
+    kill(pid, SIGHUP);
+    usleep(200 * 1000);
+    int ws = 0;
+    CHECKF(waitpid(pid, &ws, WNOHANG) == 0 && access(f, F_OK) == 0, "an ignored SIGHUP ended the process");
+    kill(pid, SIGTERM);
+    REQUIRE(waitpid(pid, &ws, 0) == pid);
+    CHECK(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM && access(f, F_OK) != 0);
+    unlink(f);
+}
+
 static void test_table(void) {
     int ids[SIG_CLEAN_MAX];
     int n = 0;
@@ -109,6 +141,7 @@ int main(void) {
     one_signal(base, SIGTERM);
     one_signal(base, SIGINT);
     one_signal(base, SIGHUP);
+    test_ignored(base);
     CHECK(rmdir(base) == 0);
     return mla_test_finish();
 }
