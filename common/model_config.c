@@ -412,10 +412,12 @@ int mla_config_check_types(const mla_config *c, const gguf_ctx *g, bool (*ok)(ui
     }
     if (!n_miss) return MLA_OK;
     char list[768];
-    int n = 0;
-    for (int i = 0; i < n_miss && n < (int)sizeof list - 96; i++)
-        n += snprintf(list + n, sizeof list - (size_t)n, "%s%s (%d tensor%s, e.g. %s)", i ? ", " : "",
-                      ggml_type_name(miss[i].type), miss[i].count, miss[i].count == 1 ? "" : "s", miss[i].first);
+    int n = 0, shown = 0;
+    for (; shown < n_miss && n < (int)sizeof list - 160; shown++)
+        n += snprintf(list + n, sizeof list - (size_t)n, "%s%s (%d tensor%s, e.g. %s)", shown ? ", " : "",
+                      ggml_type_name(miss[shown].type), miss[shown].count, miss[shown].count == 1 ? "" : "s",
+                      miss[shown].first);
+    if (shown < n_miss) snprintf(list + n, sizeof list - (size_t)n, " and %d more types", n_miss - shown);
     return mla_errf(err,
                     "the %s backend has no kernels for %s: %d of the model's tensors; run it with --backend cpu, or "
                     "use a file quantized without those types",

@@ -43,9 +43,9 @@ static const char *const re_glm4[] = {
  * The second class is Unicode's cased letters (Lu, Ll, Lt); some copies of it carry six code points
  * NFC-normalized (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126 and U+212A turned into U+03CE, U+03B9,
  * U+0390, U+038A, U+03A9 and 'K'), which makes three ranges run backwards and one ('K'-U+212D)
- * cover most of the BMP; here they are as the cased-letter ranges have them. The last Split
- * isolates each digit (the tokenizer's numbers are its digits: DeepSeek LLM splits numbers into
- * digits). */
+ * cover most of the BMP; here they are as the cased-letter ranges have them. The last step
+ * isolates each digit, as HF's Digits(individual_digits) does (DeepSeek LLM splits numbers into
+ * digits); llama.cpp's list has \p{N}+ there: the same tokens where no merge joins two digits. */
 static const char *const re_deepseek_llm[] = {
     "[\\r\\n]",
     "\\s?["

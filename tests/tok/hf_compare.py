@@ -7,6 +7,7 @@ pre_tokenizer the model's own (PRE_TOKENIZERS below, as its tokenizer.json or ti
 writes it), so that our regexes for NAME are checked against HF's engine on the model's form.
 Exit 77 (skipped) when the `tokenizers` package is missing (pip install tokenizers).
 usage: hf_compare.py TEST_TOK VOCAB_DUMP.json TOKENIZER.json [--pre NAME]"""
+import argparse
 import json
 import os
 import random
@@ -84,8 +85,13 @@ def rand_text(rng, specials):
 
 
 def main():
-    exe, dump, tj = sys.argv[1:4]
-    pre = sys.argv[5] if len(sys.argv) == 6 and sys.argv[4] == "--pre" else None
+    ap = argparse.ArgumentParser(description="our tokenizer against HF tokenizers on random texts")
+    ap.add_argument("test_tok")
+    ap.add_argument("vocab_dump")
+    ap.add_argument("tokenizer_json")
+    ap.add_argument("--pre", choices=sorted(PRE_TOKENIZERS))
+    a = ap.parse_args()
+    exe, dump, tj, pre = a.test_tok, a.vocab_dump, a.tokenizer_json, a.pre
     tjson = json.load(open(tj, encoding="utf-8"))
     if pre:  # another model's pre-tokenizer on both sides
         tjson["pre_tokenizer"] = PRE_TOKENIZERS[pre]
