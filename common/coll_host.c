@@ -320,8 +320,8 @@ void coll_host_seg_abort(coll_host_seg *s, const char *why) {
 
 void coll_host_seg_unlink(coll_host_seg *s) {
     if (!s || s->unlinked) return;
-    sig_clean_forget(s->clean);
     shm_unlink(s->name);
+    sig_clean_forget(s->clean); /* after: a signal in between finds it gone */
     s->unlinked = 1;
 }
 

@@ -154,7 +154,7 @@ static int close_one(logits_one *o, int status) {
 
 int logits_files_close(logits_files *f, int status) {
     status = close_one(&f->out, status);
-    /* the ids file only when the logits went into place: both or neither */
+    /* the ids file goes into place only after the logits did */
     return close_one(&f->ids, status);
 }
 

@@ -485,10 +485,10 @@ void coord_stop(coord *c) {
     if (c->router) zmq_close(c->router);
     if (c->zap) zmq_close(c->zap);
     if (c->zctx) zmq_ctx_term(c->zctx);
-    sig_clean_forget(c->clean_sock);
-    sig_clean_forget(c->clean_dir);
     if (c->ipc_path[0]) unlink(c->ipc_path);
     if (c->ipc_dir[0]) rmdir(c->ipc_dir);
+    sig_clean_forget(c->clean_sock); /* after: a signal in between finds them gone */
+    sig_clean_forget(c->clean_dir);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->api_mu);
