@@ -29,22 +29,46 @@ static void touch(const char *p) {
     }
 }
 
-/* in the child: registers, then waits for the parent's signal (it never returns) */
-static void child(const char *dir, const char *shm_name, int ready_fd) {
+/* a child that runs setup(ctx) (exit 3 when it fails), says it is ready and waits for signals;
+ * its pid once it is ready */
+static pid_t spawn_ready(int (*setup)(void *), void *ctx) {
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        if (setup(ctx) != 0) _exit(3);
+        if (write(p[1], "r", 1) != 1) _exit(5);
+        for (;;) pause();
+    }
+    close(p[1]);
+    char c = 0;
+    CHECK(read(p[0], &c, 1) == 1 && c == 'r');
+    close(p[0]);
+    return pid;
+}
+
+typedef struct regs {
+    const char *dir, *shm;
+} regs;
+
+/* in the child: registers a folder, two files in it, a segment, and a file it forgets */
+static int register_all(void *ctx) {
+    const regs *r = ctx;
+    const char *dir = r->dir;
     char a[512], b[512], kept[512];
     snprintf(a, sizeof a, "%s/a", dir);
     snprintf(b, sizeof b, "%s/b.sock", dir);
     snprintf(kept, sizeof kept, "%s/../kept", dir);
     /* the folder first: removal runs files before folders whatever the order registered */
-    if (sig_clean_install() != 0 || sig_clean_dir(dir) < 0 || sig_clean_file(a) < 0 || sig_clean_file(b) < 0) _exit(3);
+    if (sig_clean_install() != 0 || sig_clean_dir(dir) < 0 || sig_clean_file(a) < 0 || sig_clean_file(b) < 0) return -1;
     int k = sig_clean_file(kept);
-    if (k < 0) _exit(3);
+    if (k < 0) return -1;
     sig_clean_forget(k);
     coll_host_seg *seg = NULL;
     mla_err err;
-    if (coll_host_seg_create(&seg, shm_name, 2, 0, &err) != MLA_OK) _exit(4);
-    if (write(ready_fd, "r", 1) != 1) _exit(5);
-    for (;;) pause();
+    return coll_host_seg_create(&seg, r->shm, 2, 0, &err) == MLA_OK ? 0 : -1;
 }
 
 static void one_signal(const char *base, int sig) {
@@ -59,18 +83,8 @@ static void one_signal(const char *base, int sig) {
     touch(kept);
     coll_host_make_name(shm, sizeof shm);
     snprintf(shm_path, sizeof shm_path, "/dev/shm%s", shm);
-    int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        close(p[0]);
-        child(dir, shm, p[1]);
-    }
-    close(p[1]);
-    char c = 0;
-    CHECK(read(p[0], &c, 1) == 1 && c == 'r');
-    close(p[0]);
+    regs r = {dir, shm};
+    pid_t pid = spawn_ready(register_all, &r);
     CHECK(exists(shm_path)); /* the segment is where the handler looks for it */
     kill(pid, sig);
     int ws = 0;
@@ -85,25 +99,16 @@ static void one_signal(const char *base, int sig) {
 
 /* a signal the process starts ignoring (nohup: SIGHUP) stays ignored: the child outlives it, and a
  * SIGTERM still cleans up and ends it */
+static int ignore_hup_then_register(void *ctx) {
+    signal(SIGHUP, SIG_IGN);
+    return sig_clean_install() != 0 || sig_clean_file(ctx) < 0 ? -1 : 0;
+}
+
 static void test_ignored(const char *base) {
     char f[512];
     snprintf(f, sizeof f, "%s/ign", base);
     touch(f);
-    int p[2];
-    REQUIRE(pipe(p) == 0);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        close(p[0]);
-        signal(SIGHUP, SIG_IGN);
-        if (sig_clean_install() != 0 || sig_clean_file(f) < 0) _exit(3);
-        if (write(p[1], "r", 1) != 1) _exit(5);
-        for (;;) pause();
-    }
-    close(p[1]);
-    char c = 0;
-    CHECK(read(p[0], &c, 1) == 1 && c == 'r');
-    close(p[0]);
+    pid_t pid = spawn_ready(ignore_hup_then_register, f);
     kill(pid, SIGHUP);
     usleep(200 * 1000);
     int ws = 0;
