@@ -50,14 +50,7 @@ static cudaError_t launch_get_rows(const void *w, int64_t n, const int32_t *ids,
 using namespace mlacu;
 
 extern "C" bool mla_cuda_quant_supported(uint32_t t) {
-    switch (t) {
-#define MLACU_CASE(T_) case T_:
-        MLACU_FOR_TYPES(MLACU_CASE)
-#undef MLACU_CASE
-        return true;
-    default:
-        return false;
-    }
+    return mla_cuda_weight_type(t); /* the list of kernels/cuda_types.h, which MLACU_FOR_TYPES expands */
 }
 
 extern "C" size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows) {
