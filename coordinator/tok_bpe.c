@@ -334,32 +334,33 @@ void tok_vocab_free(tok_vocab *v) {
     free(v);
 }
 
-static int compile_pre(tok_vocab *v, const char *pre, mla_err *err) {
+/* tokenizer.ggml.pre -> the regexes above ("gpt2": llama.cpp's spelling of gpt-2; no key: default) */
+static const struct {
+    const char *name;
+    enum tok_pre pre;
     const char *const *res;
-    if (!pre || !strcmp(pre, "default")) {
-        v->pre = TOK_PRE_DEFAULT;
-        res = re_default;
-    } else if (!strcmp(pre, "deepseek-v3")) {
-        v->pre = TOK_PRE_DEEPSEEK3;
-        res = re_deepseek3;
-    } else if (!strcmp(pre, "glm4")) {
-        v->pre = TOK_PRE_GLM4;
-        res = re_glm4;
-    } else if (!strcmp(pre, "deepseek-llm")) {
-        v->pre = TOK_PRE_DEEPSEEK_LLM;
-        res = re_deepseek_llm;
-    } else if (!strcmp(pre, "kimi-k2")) {
-        v->pre = TOK_PRE_KIMI_K2;
-        res = re_kimi_k2;
-    } else if (!strcmp(pre, "gpt-2") || !strcmp(pre, "gpt2")) {
-        v->pre = TOK_PRE_GPT2;
-        res = re_gpt2;
-    } else {
-        return mla_errf(err,
-                        "tokenizer.ggml.pre = \"%s\" is not a supported pre-tokenizer (supported: "
-                        "deepseek-v3, deepseek-llm, kimi-k2, glm4, gpt-2, default)",
-                        pre);
+} k_pres[] = {
+    {"deepseek-v3", TOK_PRE_DEEPSEEK3, re_deepseek3}, {"deepseek-llm", TOK_PRE_DEEPSEEK_LLM, re_deepseek_llm},
+    {"kimi-k2", TOK_PRE_KIMI_K2, re_kimi_k2},         {"glm4", TOK_PRE_GLM4, re_glm4},
+    {"gpt-2", TOK_PRE_GPT2, re_gpt2},                 {"gpt2", TOK_PRE_GPT2, re_gpt2},
+    {"default", TOK_PRE_DEFAULT, re_default},
+};
+
+static int compile_pre(tok_vocab *v, const char *pre, mla_err *err) {
+    const size_t n_pres = sizeof k_pres / sizeof k_pres[0];
+    size_t k = 0;
+    while (k < n_pres && strcmp(pre ? pre : "default", k_pres[k].name)) k++;
+    if (k == n_pres) {
+        char names[256];
+        int n = 0;
+        for (size_t i = 0; i < n_pres; i++)
+            if (strcmp(k_pres[i].name, "gpt2")) /* the alias: named once */
+                n += snprintf(names + n, sizeof names - (size_t)n, "%s%s", n ? ", " : "", k_pres[i].name);
+        return mla_errf(err, "tokenizer.ggml.pre = \"%s\" is not a supported pre-tokenizer (supported: %s)", pre,
+                        names);
     }
+    v->pre = k_pres[k].pre;
+    const char *const *res = k_pres[k].res;
     snprintf(v->pre_name, sizeof v->pre_name, "%s", pre ? pre : "default");
     for (int i = 0; res[i]; i++) {
         int ec;
