@@ -49,21 +49,17 @@ static pid_t spawn_ready(int (*setup)(void *), void *ctx) {
     return pid;
 }
 
+/* what the child registers: a folder, two files in it, a segment, and a file it forgets */
 typedef struct regs {
-    const char *dir, *shm;
+    const char *dir, *a, *b, *kept, *shm;
 } regs;
 
-/* in the child: registers a folder, two files in it, a segment, and a file it forgets */
 static int register_all(void *ctx) {
     const regs *r = ctx;
-    const char *dir = r->dir;
-    char a[512], b[512], kept[512];
-    snprintf(a, sizeof a, "%s/a", dir);
-    snprintf(b, sizeof b, "%s/b.sock", dir);
-    snprintf(kept, sizeof kept, "%s/../kept", dir);
     /* the folder first: removal runs files before folders whatever the order registered */
-    if (sig_clean_install() != 0 || sig_clean_dir(dir) < 0 || sig_clean_file(a) < 0 || sig_clean_file(b) < 0) return -1;
-    int k = sig_clean_file(kept);
+    if (sig_clean_install() != 0 || sig_clean_dir(r->dir) < 0 || sig_clean_file(r->a) < 0 || sig_clean_file(r->b) < 0)
+        return -1;
+    int k = sig_clean_file(r->kept);
     if (k < 0) return -1;
     sig_clean_forget(k);
     coll_host_seg *seg = NULL;
@@ -83,7 +79,7 @@ static void one_signal(const char *base, int sig) {
     touch(kept);
     coll_host_make_name(shm, sizeof shm);
     snprintf(shm_path, sizeof shm_path, "/dev/shm%s", shm);
-    regs r = {dir, shm};
+    regs r = {dir, a, b, kept, shm};
     pid_t pid = spawn_ready(register_all, &r);
     CHECK(exists(shm_path)); /* the segment is where the handler looks for it */
     kill(pid, sig);
