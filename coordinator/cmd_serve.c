@@ -19,6 +19,7 @@
 #include "common/mla_log.h"
 #include "common/mla_switch.h"
 #include "common/opts.h"
+#include "common/sig_clean.h"
 #include "coordinator/api_server.h"
 #include "coordinator/chat.h"
 #include "coordinator/coord.h"
@@ -52,8 +53,9 @@ static int g_ready;         /* the group became ready and the scheduler runs */
 typedef struct serve_ports {
     const char *files[2];
     int ports[2];
+    int clean[2]; /* their sig_clean entries once written (a SIGHUP removes them too) */
 } serve_ports;
-static serve_ports g_ports;
+static serve_ports g_ports = {.clean = {-1, -1}}; /* set once the workers start */
 /* the stats line: when the last was written, and the token counts then */
 static uint64_t g_stats_at, g_stats_prompt, g_stats_gen;
 static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
@@ -109,6 +111,7 @@ static int write_port_files(mla_err *err) {
             return mla_errf(err, "cannot write the port file %s: %s", g_ports.files[k], strerror(e));
         }
         g_ports_written = true;
+        g_ports.clean[k] = sig_clean_file(g_ports.files[k]);
     }
     return MLA_OK;
 }
@@ -116,7 +119,10 @@ static int write_port_files(mla_err *err) {
 static void remove_port_files(void) {
     if (!g_ports_written) return;
     for (int k = 0; k < 2; k++)
-        if (g_ports.files[k]) unlink(g_ports.files[k]);
+        if (g_ports.files[k]) {
+            unlink(g_ports.files[k]);
+            sig_clean_forget(g_ports.clean[k]); /* after: a signal in between finds it gone */
+        }
 }
 
 /* the first start: ready (start the scheduler, write the port files) or failed (exit 1) */
@@ -626,7 +632,7 @@ int cmd_serve(int argc, char **argv) {
         mla_err_prefix(&err, "starting %d workers", tp);
         goto out;
     }
-    g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}};
+    g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}, {-1, -1}};
     if (pb) MLA_INFO("serve: gRPC API on %s:%d%s", host, pb_bound, tls_cert ? " (TLS)" : "");
     MLA_INFO("serve: %s on http://%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: their "
              "progress; 503 until ready)",
