@@ -87,6 +87,10 @@ MLACU_TRAITS(GGML_TYPE_F16, 32, 64)
 MLACU_TRAITS(GGML_TYPE_BF16, 32, 64)
 MLACU_TRAITS(GGML_TYPE_Q8_0, 32, 34)
 MLACU_TRAITS(GGML_TYPE_Q5_0, 32, 22)
+MLACU_TRAITS(GGML_TYPE_Q4_0, 32, 18)
+MLACU_TRAITS(GGML_TYPE_Q4_1, 32, 20)
+MLACU_TRAITS(GGML_TYPE_Q5_1, 32, 24)
+MLACU_TRAITS(GGML_TYPE_IQ4_NL, 32, 18)
 MLACU_TRAITS(GGML_TYPE_Q2_K, 256, 84)
 MLACU_TRAITS(GGML_TYPE_Q3_K, 256, 110)
 MLACU_TRAITS(GGML_TYPE_Q4_K, 256, 144)
@@ -177,6 +181,53 @@ MLACU_UNROLL
         int hi = (int)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16;
         v[i] = d * (float)lo;
         v[i + 16] = d * (float)hi;
+    }
+}
+
+/* Q4_0: d, then 16 bytes of nibbles (element i the low nibble of byte i, i + 16 the high), less 8 */
+template <>
+__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_Q4_0>(const uint8_t *b, int, float *v) {
+    float d = h2f(rd16(b));
+    const uint8_t *qs = b + 2;
+MLACU_UNROLL
+    for (int i = 0; i < 16; i++) {
+        v[i] = d * (float)((int)(qs[i] & 0xF) - 8);
+        v[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
+    }
+}
+/* Q4_1: d and the min m, then the nibbles: d q + m */
+template <>
+__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_Q4_1>(const uint8_t *b, int, float *v) {
+    float d = h2f(rd16(b)), m = h2f(rd16(b + 2));
+    const uint8_t *qs = b + 4;
+MLACU_UNROLL
+    for (int i = 0; i < 16; i++) {
+        v[i] = d * (float)(qs[i] & 0xF) + m;
+        v[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+/* Q5_1: d, m, the fifth bits (bit i of element i), the nibbles: d q + m */
+template <>
+__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_Q5_1>(const uint8_t *b, int, float *v) {
+    float d = h2f(rd16(b)), m = h2f(rd16(b + 2));
+    uint32_t qh = rd32(b + 4);
+    const uint8_t *qs = b + 8;
+MLACU_UNROLL
+    for (int i = 0; i < 16; i++) {
+        v[i] = d * (float)((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) + m;
+        v[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
+    }
+}
+/* IQ4_NL: d, then nibbles indexing the 16 non-linear levels (IQ4_XS's, one scale a block) */
+template <>
+__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, float *v) {
+    const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
+    float d = h2f(rd16(b));
+    const uint8_t *qs = b + 2;
+MLACU_UNROLL
+    for (int i = 0; i < 16; i++) {
+        v[i] = d * (float)kv[qs[i] & 0xF];
+        v[i + 16] = d * (float)kv[qs[i] >> 4];
     }
 }
 
@@ -407,7 +458,9 @@ template <int T> __host__ __device__ constexpr bool i8_scales2() {
     return T == GGML_TYPE_Q6_K || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q3_K || T == GGML_TYPE_IQ2_XS ||
            T == GGML_TYPE_IQ2_S || T == GGML_TYPE_IQ1_M;
 }
-template <int T> __host__ __device__ constexpr bool i8_min() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q2_K; }
+template <int T> __host__ __device__ constexpr bool i8_min() {
+    return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q2_K || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1;
+}
 template <> struct i8traits<GGML_TYPE_F32> { static constexpr bool OK = false; };
 template <> struct i8traits<GGML_TYPE_F16> { static constexpr bool OK = false; };
 template <> struct i8traits<GGML_TYPE_BF16> { static constexpr bool OK = false; };
@@ -518,6 +571,63 @@ MLACU_UNROLL
     for (int j = 0; j < 4; j++) {
         u.q[j] = vsub4((l[j] & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (4 * j)) << 4), 0x10101010u);
         u.q[j + 4] = vsub4(((l[j] >> 4) & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (16 + 4 * j)) << 4), 0x10101010u);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = 0.f;
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q4_0>(const uint8_t *b, int, unit_i8_t &u) {
+    uint32_t l[4];
+    ldw<4, 2>(b + 2, l);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        u.q[j] = vsub4(l[j] & 0x0F0F0F0Fu, 0x08080808u);
+        u.q[j + 4] = vsub4((l[j] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = 0.f;
+}
+/* Q4_1 / Q5_1: element d q + m, so the offset is -m */
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q4_1>(const uint8_t *b, int, unit_i8_t &u) {
+    uint32_t l[4];
+    ldw<4, 2>(b + 4, l);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        u.q[j] = l[j] & 0x0F0F0F0Fu;
+        u.q[j + 4] = (l[j] >> 4) & 0x0F0F0F0Fu;
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = -h2f(rd16(b + 2));
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_Q5_1>(const uint8_t *b, int, unit_i8_t &u) {
+    uint32_t l[4];
+    ldw<4, 2>(b + 8, l);
+    uint32_t qh = rd32(b + 4);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        u.q[j] = (l[j] & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (4 * j)) << 4);
+        u.q[j + 4] = ((l[j] >> 4) & 0x0F0F0F0Fu) | (bits4_bytes(qh >> (16 + 4 * j)) << 4);
+    }
+    u.s[0] = u.s[1] = h2f(rd16(b));
+    u.m[0] = u.m[1] = -h2f(rd16(b + 2));
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, unit_i8_t &u) {
+    const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
+    uint32_t l[4];
+    ldw<4, 2>(b + 2, l);
+MLACU_UNROLL
+    for (int j = 0; j < 4; j++) {
+        uint32_t lo = 0, hi = 0;
+MLACU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            uint32_t byte = (l[j] >> (8 * i)) & 0xFFu;
+            lo |= (uint32_t)(uint8_t)kv[byte & 0xF] << (8 * i);
+            hi |= (uint32_t)(uint8_t)kv[byte >> 4] << (8 * i);
+        }
+        u.q[j] = lo, u.q[j + 4] = hi;
     }
     u.s[0] = u.s[1] = h2f(rd16(b));
     u.m[0] = u.m[1] = 0.f;

@@ -79,7 +79,7 @@ static inline void gr_quant_rows(gr_rng *r, uint32_t t, uint8_t *dst, int64_t n,
         case GGML_TYPE_IQ1_S: case GGML_TYPE_Q4_0: case GGML_TYPE_IQ4_NL:
             gr_put_half(p, d);
             break;
-        case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1:
             gr_put_half(p, d);
             gr_put_half(p + 2, dmin);
             break;

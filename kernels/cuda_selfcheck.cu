@@ -15,6 +15,7 @@
 
 extern "C" {
 #include "kernels/act.h"
+#include "kernels/cuda_types.h"
 #include "kernels/mla_attn.h"
 #include "kernels/moe.h"
 #include "kernels/quant.h"
@@ -403,11 +404,9 @@ out:
 
 extern "C" int cuda_selfcheck(mla_err *e) {
     gr_rng r = {0xc0ffeeull};
-    static const uint32_t types[] = {GGML_TYPE_F32,    GGML_TYPE_F16,     GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
-                                     GGML_TYPE_Q5_0,   GGML_TYPE_Q2_K,    GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
-                                     GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K,    GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
-                                     GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S,   GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
-                                     GGML_TYPE_IQ1_S,  GGML_TYPE_IQ1_M};
+#define TYPE_ITEM(T_) T_,
+    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPES(TYPE_ITEM)}; /* every type the kernels take */
+#undef TYPE_ITEM
     for (uint32_t t : types) {
         if (!quant_supported(t)) continue; /* the CPU reference decides what is checkable */
         if (check_matmul(t, 1280, 40, 3, MM_GEMV, &r, e) != MLA_OK) return MLA_ERR;

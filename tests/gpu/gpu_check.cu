@@ -46,6 +46,7 @@
 
 extern "C" {
 #include "kernels/act.h"
+#include "kernels/cuda_types.h"
 #include "kernels/dsa_indexer.h"
 #include "kernels/layernorm.h"
 #include "kernels/mla_attn.h"
@@ -1298,11 +1299,9 @@ int main(int argc, char **argv) {
         if (rc != MLA_OK) printf("  selfcheck: %s\n", e1.msg);
     }
 
-    static const uint32_t types[] = {GGML_TYPE_F32,   GGML_TYPE_F16,    GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
-                                     GGML_TYPE_Q5_0,  GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
-                                     GGML_TYPE_Q5_K,  GGML_TYPE_Q6_K,   GGML_TYPE_IQ4_XS, GGML_TYPE_IQ2_XXS,
-                                     GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S,
-                                     GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M};
+#define TYPE_ITEM(T_) T_,
+    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPES(TYPE_ITEM)}; /* every type the kernels take */
+#undef TYPE_ITEM
     if (moe512) { /* the experts of a 512-token V3 prompt on the fp16 tensor cores, once */
         g_reps = 1;
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
