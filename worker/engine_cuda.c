@@ -424,6 +424,13 @@ static void cu_free_seq(engine *e, uint64_t id) {
 
 static void cu_destroy(engine *e) {
     if (!e) return;
+    uint64_t n = 0;
+    double busy = 0, between = 0;
+    if (e->m) mla_cmodel_decode_time(e->m, &n, &busy, &between);
+    if (n > 0)
+        MLA_INFO("decode steps on the device: %llu, %.3f ms each on average; %.1f ms between them (%.1f%% of "
+                 "their span: waiting for the host, prompt steps, pauses between requests)",
+                 (unsigned long long)n, busy * 1e3 / (double)n, between * 1e3, 100.0 * between / (busy + between));
     for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
     free(e->seqs);
     free(e->qsamp);

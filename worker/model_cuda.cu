@@ -172,6 +172,14 @@ struct mla_cmodel {
     } gr[8];
     uint64_t gr_tick;
     uint64_t n_graph_launch, n_graph_capture;
+    /* the device's time in decode steps and between them (mla_cmodel_decode_time): a pair of
+     * timing events a step, from before its first copy to after its last operation; a ring of
+     * four, as at most three steps are open at once (two queued, one being launched) */
+    cudaEvent_t tev[4][2];
+    int tev_next, tev_last; /* the next pair; the pair of the last step closed (-1: none) */
+    int tev_cur, tev_prev;  /* the step decode_launch opened, and the one closed before it */
+    uint64_t dt_steps;
+    double dt_busy, dt_between;
     /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): n_pool blocks of blk_floats
      * floats (every layer's kv rows, fp16 with kv_f16, then every layer's indexer key rows) in one
      * allocation made by mla_cmodel_kv_init; which block holds what is the block tables' business
@@ -191,6 +199,7 @@ struct mla_cmodel {
         int64_t B;
         int slot;
         bool failed; /* its sampling could not be queued: waiting for it syncs and fails */
+        int tp, tprev; /* its pair of timing events and the step's before it (tstep_open) */
     } qs[2];
     int nq, qnext;
     uint8_t *hsq[2];
@@ -456,6 +465,13 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         mla_errf(err, "cudaStreamCreate / cudaEventCreate failed");
         goto fail;
     }
+    m->tev_last = -1;
+    for (auto &pr : m->tev)
+        for (auto &ev : pr)
+            if (cudaEventCreate(&ev) != cudaSuccess) {
+                mla_errf(err, "cudaEventCreate failed (step timing)");
+                goto fail;
+            }
     if (mla_config_from_gguf(&m->cfg, g, err) < 0 || mla_config_check_tensors(&m->cfg, g, err) < 0 ||
         mla_config_check_types(&m->cfg, g, mla_cuda_quant_supported, "CUDA", err) < 0)
         goto fail;
@@ -663,6 +679,9 @@ extern "C" void mla_cmodel_free(mla_cmodel *m) {
     if (m->st2) cudaStreamDestroy(m->st2);
     if (m->ev_fork) cudaEventDestroy(m->ev_fork);
     if (m->ev_join) cudaEventDestroy(m->ev_join);
+    for (auto &pr : m->tev)
+        for (auto &ev : pr)
+            if (ev) cudaEventDestroy(ev);
     if (m->own_coll) coll_free(m->own_coll);
     for (int r = 0; r < MLA_AR_MAX_RANKS; r++) {
         if (r == m->rank) continue;
@@ -1683,6 +1702,33 @@ static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *s
     return MLA_OK;
 }
 
+/* Step timing (mla_cmodel_decode_time). tstep_open: the next pair's first event, before a decode
+ * step's first copy (m->tev_cur; m->tev_prev the step closed before it, in stream order);
+ * tstep_close: its second, after the step's last operation; tstep_done, once that has
+ * completed: the step's span and the time from the end of the step before to its start. */
+static void tstep_open(mla_cmodel *m) {
+    m->tev_cur = m->tev_next;
+    m->tev_prev = m->tev_last;
+    m->tev_next = (m->tev_next + 1) & 3;
+    if (cudaEventRecord(m->tev[m->tev_cur][0], m->st) != cudaSuccess) m->tev_cur = -1;
+}
+static void tstep_close(mla_cmodel *m, int tp) {
+    if (tp >= 0 && cudaEventRecord(m->tev[tp][1], m->st) == cudaSuccess) m->tev_last = tp;
+}
+static void tstep_done(mla_cmodel *m, int tp, int tprev) {
+    float busy = 0.f, gap = 0.f;
+    if (tp < 0 || cudaEventElapsedTime(&busy, m->tev[tp][0], m->tev[tp][1]) != cudaSuccess) {
+        (void)cudaGetLastError(); /* a pair left open by a failed step: not counted */
+        return;
+    }
+    m->dt_steps++;
+    m->dt_busy += busy * 1e-3;
+    if (tprev >= 0 && cudaEventElapsedTime(&gap, m->tev[tprev][1], m->tev[tp][0]) == cudaSuccess)
+        m->dt_between += gap * 1e-3;
+    else
+        (void)cudaGetLastError();
+}
+
 /* A decode step of the B states (decode_check's max_keys and cap) on the model's stream, not
  * waited for; the states' n_past advanced. Its step block is staged in the model's pinned block
  * (slot < 0) or in queue slot `slot` (hsq), looked up after ensure_scratch, which may move the
@@ -1700,6 +1746,7 @@ static int decode_launch(mla_cmodel *m, mla_cstate *const *states, const int32_t
         TRY(state_covers(states[b], states[b]->n_past + 1, err));
         step_set(hs, B, b, tokens ? tokens[b] : 0, states[b]->n_past, states[b]);
     }
+    tstep_open(m);
     CU(cudaMemcpyAsync(m->dstep, hs, step_layout(B).total, cudaMemcpyHostToDevice, m->st), "step block upload");
     if (!tokens) /* the tokens: the ids the step before took, still on the device */
         CU(cudaMemcpyAsync(m->dstep, m->dids, (size_t)B * 4, cudaMemcpyDeviceToDevice, m->st), "ids to tokens");
@@ -1731,9 +1778,12 @@ extern "C" int mla_cmodel_decode_sample(mla_cmodel *m, mla_cstate *const *states
     if (m->pend) return mla_errf(err, "a queued step waits for its sampling settings");
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, ids ? samp : NULL, false, err));
+    const int tp = m->tev_cur, tprev = m->tev_prev;
+    tstep_close(m, tp);
     bool any = false;
     for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
     TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
+    tstep_done(m, tp, tprev);
     if (ids) memcpy(ids, m->hids, (size_t)B * 4);
     return MLA_OK;
 }
@@ -1772,8 +1822,11 @@ extern "C" int mla_cmodel_decode_queue_sample(mla_cmodel *m, mla_cstate *const *
     }
     const int slot = m->qnext;
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, samp, later, err));
-    if (!later) CU(cudaEventRecord(m->qev[slot], m->st), "event");
-    m->qs[m->nq++] = mla_cmodel::qstep{B, slot, false};
+    if (!later) {
+        tstep_close(m, m->tev_cur);
+        CU(cudaEventRecord(m->qev[slot], m->st), "event");
+    }
+    m->qs[m->nq++] = mla_cmodel::qstep{B, slot, false, m->tev_cur, m->tev_prev};
     m->qnext ^= 1;
     return MLA_OK;
 }
@@ -1786,6 +1839,8 @@ extern "C" int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp
     if (rc) { /* the step's ids are not taken: nothing may be queued from them, its wait fails */
         m->last_B = 0;
         m->qs[m->nq - 1].failed = true;
+    } else {
+        tstep_close(m, m->qs[m->nq - 1].tp);
     }
     /* recorded either way, so that waiting for the step waits for what of it was queued */
     const cudaError_t ce = cudaEventRecord(m->qev[m->pend_slot], m->st);
@@ -1802,11 +1857,18 @@ extern "C" int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err)
     m->nq--;
     CU(cudaEventSynchronize(m->qev[q.slot]), "queued decode step of %lld sequences", (long long)q.B);
     if (q.failed) return mla_errf(err, "the queued decode step of %lld sequences was not sampled", (long long)q.B);
+    tstep_done(m, q.tp, q.tprev);
     memcpy(ids, m->hq[q.slot], (size_t)q.B * 4);
     return MLA_OK;
 }
 
 extern "C" bool mla_cmodel_batched(const mla_cmodel *m) { return m->batched; }
+
+extern "C" void mla_cmodel_decode_time(const mla_cmodel *m, uint64_t *steps, double *busy_s, double *between_s) {
+    *steps = m->dt_steps;
+    *busy_s = m->dt_busy;
+    *between_s = m->dt_between;
+}
 
 extern "C" void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches) {
     *captures = m->n_graph_capture;
