@@ -613,11 +613,10 @@ MLACU_UNROLL
     u.s[0] = u.s[1] = h2f(rd16(b));
     u.m[0] = u.m[1] = -h2f(rd16(b + 2));
 }
-template <>
-__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, unit_i8_t &u) {
+/* the integer form of 16 bytes of IQ4 nibbles (l): each nibble's non-linear level, the low
+ * nibbles' into q[0..3], the high ones' into q[4..7] (an IQ4_NL block, an IQ4_XS sub-block) */
+__host__ __device__ __forceinline__ void iq4_levels(const uint32_t (&l)[4], unit_i8_t &u) {
     const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
-    uint32_t l[4];
-    ldw<4, 2>(b + 2, l);
 MLACU_UNROLL
     for (int j = 0; j < 4; j++) {
         uint32_t lo = 0, hi = 0;
@@ -629,6 +628,12 @@ MLACU_UNROLL
         }
         u.q[j] = lo, u.q[j + 4] = hi;
     }
+}
+template <>
+__host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, unit_i8_t &u) {
+    uint32_t l[4];
+    ldw<4, 2>(b + 2, l);
+    iq4_levels(l, u);
     u.s[0] = u.s[1] = h2f(rd16(b));
     u.m[0] = u.m[1] = 0.f;
 }
@@ -697,20 +702,9 @@ MLACU_UNROLL
 }
 template <>
 __host__ __device__ __forceinline__ void unit_i8<GGML_TYPE_IQ4_XS>(const uint8_t *b, int sub, unit_i8_t &u) {
-    const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
     uint32_t l[4];
     ldw<4, 4>(b + 8 + 16 * sub, l);
-MLACU_UNROLL
-    for (int j = 0; j < 4; j++) {
-        uint32_t lo = 0, hi = 0;
-MLACU_UNROLL
-        for (int i = 0; i < 4; i++) {
-            uint32_t byte = (l[j] >> (8 * i)) & 0xFFu;
-            lo |= (uint32_t)(uint8_t)kv[byte & 0xF] << (8 * i);
-            hi |= (uint32_t)(uint8_t)kv[byte >> 4] << (8 * i);
-        }
-        u.q[j] = lo, u.q[j + 4] = hi;
-    }
+    iq4_levels(l, u);
     uint32_t sh = rd16(b + 2);
     int ls = ((b[4 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF) | (((sh >> (2 * sub)) & 3) << 4);
     u.s[0] = u.s[1] = h2f(rd16(b)) * (float)(ls - 32);

@@ -8,8 +8,8 @@
   memory adds up (no tensor lost, replicated ones counted on every rank); the quantized file's
   unaligned attn_output / FFN splits are reported as fallbacks.
 - A file without hyperparameters is refused, naming the missing key.
-- A weight of a type the CUDA backend has no kernels for (Q4_0 here) is reported with its count and
-  a tensor, and the fixtures report none.
+- A weight of a type the CUDA backend has no kernels for (TQ2_0 here) is reported with its count and
+  a tensor; the fixtures and a Q4_0 weight (kernels since 2026-12-05) report none.
 usage: check_inspect.py MLASERVE FIXTURES WORKDIR
 """
 import json
@@ -121,7 +121,7 @@ if j:
     check('attn_output' in notes and 'output rows' in notes, f'q4_k_m tp 2 notes: {notes}')
 
 # the CUDA backend's weight types: the fixtures have kernels for every one; a copy of the bf16
-# fixture whose layer-0 attn_output is Q4_0 (no CUDA kernels) names it
+# fixture whose layer-0 attn_output is TQ2_0 (no CUDA kernels) names it, one with it Q4_0 is fine
 for fx, fname in [('tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), ('tiny-deepseek3', 'tiny-deepseek3-q4_k_m.gguf'),
                   ('tiny-glm5', 'tiny-glm5-bf16.gguf')]:
     j, _ = inspect(os.path.join(fixtures, fx, fname), 1, 0)
@@ -129,14 +129,17 @@ for fx, fname in [('tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), ('tiny-deepsee
         check(j.get('cuda_types_ok') is True, f'{fname}: CUDA kernels for every type: {j.get("cuda_types_error")}')
 
 
-q40 = os.path.join(work, 'ds3-q4_0-attn-output.gguf')
-gguf_copy.copy(os.path.join(fixtures, 'tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), q40,
-               tensor=lambda n, a: (a, gguf_copy.QT.Q4_0) if n == 'blk.0.attn_output.weight' else None)
-j, _ = inspect(q40, 1, 0)
-if j:
-    e = j.get('cuda_types_error', '')
-    check(j.get('tensors_ok') is True and j.get('cuda_types_ok') is False and 'Q4_0 (1 tensor, e.g. blk.0.attn_output.weight)' in e
-          and '--backend cpu' in e, f'a Q4_0 weight: {j.get("tensors_error")} / {e}')
+for qt, ok in [(gguf_copy.QT.TQ2_0, False), (gguf_copy.QT.Q4_0, True)]:
+    path = os.path.join(work, f'ds3-{qt.name.lower()}-attn-output.gguf')
+    gguf_copy.copy(os.path.join(fixtures, 'tiny-deepseek3', 'tiny-deepseek3-bf16.gguf'), path,
+                   tensor=lambda n, a, qt=qt: (a, qt) if n == 'blk.0.attn_output.weight' else None)
+    j, _ = inspect(path, 1, 0)
+    if j:
+        e = j.get('cuda_types_error', '')
+        want = (j.get('cuda_types_ok') is True and not e) if ok else (
+            j.get('cuda_types_ok') is False and f'{qt.name} (1 tensor, e.g. blk.0.attn_output.weight)' in e
+            and '--backend cpu' in e)
+        check(j.get('tensors_ok') is True and want, f'a {qt.name} weight: {j.get("tensors_error")} / {e}')
 
 # a file without the architecture's hyperparameters is refused with the missing key named
 # (the plan's own refusals on synthetic tensors are in tests/unit/test_shard_plan.c)
