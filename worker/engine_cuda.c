@@ -428,8 +428,8 @@ static void cu_destroy(engine *e) {
     double busy = 0, between = 0;
     if (e->m) mla_cmodel_decode_time(e->m, &n, &busy, &between);
     if (n > 0)
-        MLA_INFO("decode steps on the device: %llu, %.3f ms each on average; %.1f ms between them (%.1f%% of "
-                 "their span: waiting for the host, prompt steps, pauses between requests)",
+        MLA_INFO("decode steps on the device (graph replays): %llu, %.3f ms each on average; %.1f ms between "
+                 "them (%.1f%% of their span: waiting for the host, other steps, pauses between requests)",
                  (unsigned long long)n, busy * 1e3 / (double)n, between * 1e3, 100.0 * between / (busy + between));
     for (size_t i = 0; i < e->n; i++) mla_cstate_free(e->seqs[i].st);
     free(e->seqs);

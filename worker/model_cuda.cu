@@ -178,6 +178,7 @@ struct mla_cmodel {
     cudaEvent_t tev[4][2];
     int tev_next, tev_last; /* the next pair; the pair of the last step closed (-1: none) */
     int tev_cur, tev_prev;  /* the step decode_launch opened, and the one closed before it */
+    bool replayed;          /* decode_run's step was a replay of a captured graph */
     uint64_t dt_steps;
     double dt_busy, dt_between;
     /* the paged latent cache (kernels/cuda_ops.h MLA_CUDA_KV_BLOCK): n_pool blocks of blk_floats
@@ -1490,6 +1491,7 @@ static int step_body(mla_cmodel *m, int64_t T, int64_t max_keys, int64_t out0, i
  * graphs off for this model (with the reason in the log) and the step runs eagerly: slower,
  * never different. */
 static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) {
+    m->replayed = false;
     if (!m->graphs) return step_body(m, B, max_keys, 0, B, err);
     mla_cmodel::dgraph *g = nullptr, *lru = &m->gr[0];
     for (auto &e : m->gr) {
@@ -1504,6 +1506,7 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
         g->max_keys = max_keys;
     }
     g->used = ++m->gr_tick;
+    m->replayed = g->exec != nullptr;
     if (!g->exec && g->seen++ == 0) return step_body(m, B, max_keys, 0, B, err); /* warm-up: lazy attributes */
     if (!g->exec) {
         cudaGraph_t graph = nullptr;
@@ -1534,17 +1537,22 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
     return MLA_OK;
 }
 
+static void tstep_close(mla_cmodel *m, int tp);
+
 /* The nout logits rows of the step just run to the host (the step's one synchronisation):
- * rows[i] gets row i (NULL: skipped); every rank receives full rows. */
-static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, mla_err *err) {
+ * rows[i] gets row i (NULL: skipped); every rank receives full rows. tp: the step's timing
+ * pair (tstep_open), closed after the copy, or -1. */
+static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, int tp, mla_err *err) {
     const int64_t V = m->cfg.n_vocab;
     cudaStream_t st = m->st;
     if (nout <= 0) {
+        tstep_close(m, tp);
         CU(cudaStreamSynchronize(st), "step");
         return MLA_OK;
     }
     if (!m->out_split) {
         CU(cudaMemcpyAsync(m->hbuf, m->logit_dev, (size_t)(nout * V) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        tstep_close(m, tp);
         CU(cudaStreamSynchronize(st), "step");
         for (int64_t i = 0; i < nout; i++)
             if (rows[i]) memcpy(rows[i], m->hbuf + i * V, (size_t)V * 4);
@@ -1554,9 +1562,11 @@ static int logits_down(mla_cmodel *m, int64_t nout, float *const *rows, mla_err 
     if (m->coll_dev) { /* gathered on the device by the step */
         CU(cudaMemcpyAsync(m->hbuf, m->dgbuf, (size_t)(m->world * nout * Vr) * 4, cudaMemcpyDeviceToHost, st),
            "logits copy");
+        tstep_close(m, tp);
         CU(cudaStreamSynchronize(st), "step");
     } else {
         CU(cudaMemcpyAsync(m->hbuf2, m->logit_dev, (size_t)(nout * Vr) * 4, cudaMemcpyDeviceToHost, st), "logits copy");
+        tstep_close(m, tp);
         CU(cudaStreamSynchronize(st), "step");
         TRY(coll_allgather_f32(m->c, m->hbuf2, m->hbuf, (size_t)(nout * Vr), err));
     }
@@ -1703,17 +1713,31 @@ static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *s
 }
 
 /* Step timing (mla_cmodel_decode_time). tstep_open: the next pair's first event, before a decode
- * step's first copy (m->tev_cur; m->tev_prev the step closed before it, in stream order);
- * tstep_close: its second, after the step's last operation; tstep_done, once that has
- * completed: the step's span and the time from the end of the step before to its start. */
+ * step's first copy (m->tev_cur; m->tev_prev the step closed before it, in stream order), unless
+ * a queued step still holds that pair; tstep_close: its second, after the step's forward pass
+ * and what it copies to the host (a step whose sampling waits for its masks: after the forward
+ * pass, the sampling then counts as time between steps), for a step replayed from a captured
+ * graph only (an eager, warm-up or capturing step has the device wait for the host's launches
+ * inside it); tstep_done, once that has completed: the step's span and the time from the end
+ * of the step closed before it to its start. */
 static void tstep_open(mla_cmodel *m) {
-    m->tev_cur = m->tev_next;
+    const int k = m->tev_next;
+    m->tev_cur = -1;
+    for (int i = 0; i < m->nq; i++)
+        if (m->qs[i].tp == k || m->qs[i].tprev == k) return;
     m->tev_prev = m->tev_last;
-    m->tev_next = (m->tev_next + 1) & 3;
-    if (cudaEventRecord(m->tev[m->tev_cur][0], m->st) != cudaSuccess) m->tev_cur = -1;
+    m->tev_next = (k + 1) & 3;
+    if (cudaEventRecord(m->tev[k][0], m->st) == cudaSuccess) m->tev_cur = k;
+    else (void)cudaGetLastError();
 }
 static void tstep_close(mla_cmodel *m, int tp) {
-    if (tp >= 0 && cudaEventRecord(m->tev[tp][1], m->st) == cudaSuccess) m->tev_last = tp;
+    if (tp < 0) return;
+    if (!m->replayed) {
+        if (m->tev_cur == tp) m->tev_cur = -1; /* not timed: tstep_done skips it */
+        return;
+    }
+    if (cudaEventRecord(m->tev[tp][1], m->st) == cudaSuccess) m->tev_last = tp;
+    else (void)cudaGetLastError();
 }
 static void tstep_done(mla_cmodel *m, int tp, int tprev) {
     float busy = 0.f, gap = 0.f;
@@ -1779,11 +1803,10 @@ extern "C" int mla_cmodel_decode_sample(mla_cmodel *m, mla_cstate *const *states
     CU(cudaSetDevice(m->device), "cudaSetDevice");
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, -1, ids != NULL, ids ? samp : NULL, false, err));
     const int tp = m->tev_cur, tprev = m->tev_prev;
-    tstep_close(m, tp);
     bool any = false;
     for (int64_t b = 0; logits && b < B; b++) any |= logits[b] != nullptr;
-    TRY(any ? logits_down(m, B, logits, err) : logits_down(m, 0, NULL, err));
-    tstep_done(m, tp, tprev);
+    TRY(any ? logits_down(m, B, logits, tp, err) : logits_down(m, 0, NULL, tp, err));
+    tstep_done(m, m->tev_cur == tp ? tp : -1, tprev);
     if (ids) memcpy(ids, m->hids, (size_t)B * 4);
     return MLA_OK;
 }
@@ -1822,10 +1845,8 @@ extern "C" int mla_cmodel_decode_queue_sample(mla_cmodel *m, mla_cstate *const *
     }
     const int slot = m->qnext;
     TRY(decode_launch(m, states, tokens, B, max_keys, cap, slot, true, samp, later, err));
-    if (!later) {
-        tstep_close(m, m->tev_cur);
-        CU(cudaEventRecord(m->qev[slot], m->st), "event");
-    }
+    tstep_close(m, m->tev_cur);
+    if (!later) CU(cudaEventRecord(m->qev[slot], m->st), "event");
     m->qs[m->nq++] = mla_cmodel::qstep{B, slot, false, m->tev_cur, m->tev_prev};
     m->qnext ^= 1;
     return MLA_OK;
@@ -1839,8 +1860,6 @@ extern "C" int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp
     if (rc) { /* the step's ids are not taken: nothing may be queued from them, its wait fails */
         m->last_B = 0;
         m->qs[m->nq - 1].failed = true;
-    } else {
-        tstep_close(m, m->qs[m->nq - 1].tp);
     }
     /* recorded either way, so that waiting for the step waits for what of it was queued */
     const cudaError_t ce = cudaEventRecord(m->qev[m->pend_slot], m->st);
@@ -1938,7 +1957,7 @@ extern "C" int mla_cmodel_forward(mla_cmodel *m, mla_cstate *s, const int32_t *t
     s->n_past = pos0 + T;
     float **rows = (float **)mla_xmalloc((size_t)(nout > 0 ? nout : 1) * sizeof *rows);
     for (int64_t i = 0; i < nout; i++) rows[i] = logits + i * V;
-    int rc = logits_down(m, nout, rows, err);
+    int rc = logits_down(m, nout, rows, -1, err);
     free(rows);
     return rc;
 }

@@ -158,10 +158,12 @@ int mla_cmodel_decode_queue_samp(mla_cmodel *m, const mla_cmodel_samp *samp, mla
 int mla_cmodel_decode_wait(mla_cmodel *m, int32_t *ids, mla_err *err);
 /* whether the batched decode path is on (MLA_CUDA_BATCHED) */
 bool mla_cmodel_batched(const mla_cmodel *m);
-/* the batched decode steps run so far (those whose result was taken): their device time, from
- * before a step's first copy to after its last operation, and the device's time from the end of
- * one to the start of the next (the device waiting for the host, or running other work: prompt
- * steps, and every pause between requests) */
+/* the batched decode steps replayed from a captured graph so far (those whose result was
+ * taken): their device time, from before a step's first copy to after its forward pass, sampling
+ * and copy to the host (a step whose sampling waited for its masks: to the end of its forward
+ * pass), and the device's time from the end of one to the start of the next (the device waiting
+ * for the host, or running other work: prompt steps, steps not timed, deferred sampling, and
+ * every pause between requests) */
 void mla_cmodel_decode_time(const mla_cmodel *m, uint64_t *steps, double *busy_s, double *between_s);
 /* graphs captured and launched so far */
 void mla_cmodel_graph_stats(const mla_cmodel *m, uint64_t *captures, uint64_t *launches);
