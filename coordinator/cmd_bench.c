@@ -496,7 +496,8 @@ static void print_md(FILE *f, const bench_opts *o, const bench_info *in, const r
     }
     fprintf(f, "\n- prefill: ms = time to first token of one sequence (best, mean of the repeats); tok/s = prompt / "
                "best; TFLOP/s = 2 x prompt x active parameters / best; compute %% = that / (tp x --tflops)\n"
-               "- decode: ms = step time, from one step's result to the next (best, mean of the timed steps); "
+               "- decode: ms = step time, from one step's result to the next (best, mean of the timed steps; with "
+               "the step ahead results arrive unevenly around the device's pace, so the mean is the step); "
                "tok/s = batch x steps / their time; "
                "allreduce = 2 x layers x one all-reduce of batch x n_embd floats (slowest rank), and its share of the "
                "mean step; MB/step/rank = weights read (rank 0's shard; expected distinct experts / tp) + KV cache "
