@@ -218,17 +218,21 @@ MLACU_UNROLL
         v[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
     }
 }
-/* IQ4_NL: d, then nibbles indexing the 16 non-linear levels (IQ4_XS's, one scale a block) */
-template <>
-__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, float *v) {
+/* 32 elements from 16 bytes of IQ4 nibbles qs (element i the low nibble of byte i, i + 16 the
+ * high), each nibble indexing the 16 non-linear levels, times d (an IQ4_NL block, an IQ4_XS
+ * sub-block) */
+__host__ __device__ __forceinline__ void iq4_deq(const uint8_t *qs, float d, float *v) {
     const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
-    float d = h2f(rd16(b));
-    const uint8_t *qs = b + 2;
 MLACU_UNROLL
     for (int i = 0; i < 16; i++) {
         v[i] = d * (float)kv[qs[i] & 0xF];
         v[i + 16] = d * (float)kv[qs[i] >> 4];
     }
+}
+/* IQ4_NL: d, then the nibbles (IQ4_XS's levels, one scale a block) */
+template <>
+__host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_IQ4_NL>(const uint8_t *b, int, float *v) {
+    iq4_deq(b + 2, h2f(rd16(b)), v);
 }
 
 /* 6-bit scale and min j of the 12-byte packed K-quant scales (Q4_K, Q5_K). */
@@ -314,17 +318,10 @@ MLACU_UNROLL
 }
 template <>
 __host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_IQ4_XS>(const uint8_t *b, int sub, float *v) {
-    const int8_t *kv = MLACU_TAB(g_kvalues_iq4nl, quant_kvalues_iq4nl);
     float d = h2f(rd16(b));
     uint32_t sh = rd16(b + 2);
     int ls = ((b[4 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF) | (((sh >> (2 * sub)) & 3) << 4);
-    float dl = d * (float)(ls - 32);
-    const uint8_t *qs = b + 8 + 16 * sub;
-MLACU_UNROLL
-    for (int i = 0; i < 16; i++) {
-        v[i] = dl * (float)kv[qs[i] & 0xF];
-        v[i + 16] = dl * (float)kv[qs[i] >> 4];
-    }
+    iq4_deq(b + 8 + 16 * sub, d * (float)(ls - 32), v);
 }
 template <>
 __host__ __device__ __forceinline__ void deq_unit<GGML_TYPE_IQ2_XXS>(const uint8_t *b, int sub, float *v) {

@@ -404,9 +404,7 @@ out:
 
 extern "C" int cuda_selfcheck(mla_err *e) {
     gr_rng r = {0xc0ffeeull};
-#define TYPE_ITEM(T_) T_,
-    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPES(TYPE_ITEM)}; /* every type the kernels take */
-#undef TYPE_ITEM
+    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPE_LIST}; /* every type the kernels take */
     for (uint32_t t : types) {
         if (!quant_supported(t)) continue; /* the CPU reference decides what is checkable */
         if (check_matmul(t, 1280, 40, 3, MM_GEMV, &r, e) != MLA_OK) return MLA_ERR;

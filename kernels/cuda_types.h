@@ -18,6 +18,10 @@
     M(GGML_TYPE_IQ3_XXS) M(GGML_TYPE_IQ3_S) M(GGML_TYPE_IQ1_S) M(GGML_TYPE_IQ1_M) M(GGML_TYPE_Q4_0)    \
     M(GGML_TYPE_Q4_1) M(GGML_TYPE_Q5_1) M(GGML_TYPE_IQ4_NL)
 
+/* the same list as array elements: `uint32_t types[] = {MLA_CUDA_WEIGHT_TYPE_LIST};` */
+#define MLA_CUDA_TYPE_ITEM_(T_) T_,
+#define MLA_CUDA_WEIGHT_TYPE_LIST MLA_CUDA_WEIGHT_TYPES(MLA_CUDA_TYPE_ITEM_)
+
 /* whether the CUDA backend computes with weights of type t */
 static inline bool mla_cuda_weight_type(uint32_t t) {
     switch (t) {

@@ -1299,9 +1299,7 @@ int main(int argc, char **argv) {
         if (rc != MLA_OK) printf("  selfcheck: %s\n", e1.msg);
     }
 
-#define TYPE_ITEM(T_) T_,
-    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPES(TYPE_ITEM)}; /* every type the kernels take */
-#undef TYPE_ITEM
+    static const uint32_t types[] = {MLA_CUDA_WEIGHT_TYPE_LIST}; /* every type the kernels take */
     if (moe512) { /* the experts of a 512-token V3 prompt on the fp16 tensor cores, once */
         g_reps = 1;
         time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, 512, true, 1);
