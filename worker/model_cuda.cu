@@ -173,7 +173,7 @@ struct mla_cmodel {
     uint64_t gr_tick;
     uint64_t n_graph_launch, n_graph_capture;
     /* the device's time in decode steps and between them (mla_cmodel_decode_time): a pair of
-     * timing events a step, from before its first copy to after its last operation; a ring of
+     * timing events a step (tstep_open: what the pair spans, which steps are timed); a ring of
      * four, as at most three steps are open at once (two queued, one being launched) */
     cudaEvent_t tev[4][2];
     int tev_next, tev_last; /* the next pair; the pair of the last step closed (-1: none) */
@@ -1537,7 +1537,46 @@ static int decode_run(mla_cmodel *m, int64_t B, int64_t max_keys, mla_err *err) 
     return MLA_OK;
 }
 
-static void tstep_close(mla_cmodel *m, int tp);
+/* Step timing (mla_cmodel_decode_time). tstep_open: the next pair's first event, before a decode
+ * step's first copy (m->tev_cur; m->tev_prev the step closed before it, in stream order), unless
+ * a queued step still holds that pair; tstep_close: its second, after the step's forward pass
+ * and what it copies to the host (a step whose sampling waits for its masks: after the forward
+ * pass, the sampling then counts as time between steps), for a step replayed from a captured
+ * graph only (an eager, warm-up or capturing step has the device wait for the host's launches
+ * inside it); tstep_done, once that has completed: the step's span and the time from the end
+ * of the step closed before it to its start. */
+static void tstep_open(mla_cmodel *m) {
+    const int k = m->tev_next;
+    m->tev_cur = -1;
+    for (int i = 0; i < m->nq; i++)
+        if (m->qs[i].tp == k || m->qs[i].tprev == k) return;
+    m->tev_prev = m->tev_last;
+    m->tev_next = (k + 1) & 3;
+    if (cudaEventRecord(m->tev[k][0], m->st) == cudaSuccess) m->tev_cur = k;
+    else (void)cudaGetLastError();
+}
+static void tstep_close(mla_cmodel *m, int tp) {
+    if (tp < 0) return;
+    if (!m->replayed) {
+        if (m->tev_cur == tp) m->tev_cur = -1; /* not timed: tstep_done skips it */
+        return;
+    }
+    if (cudaEventRecord(m->tev[tp][1], m->st) == cudaSuccess) m->tev_last = tp;
+    else (void)cudaGetLastError();
+}
+static void tstep_done(mla_cmodel *m, int tp, int tprev) {
+    float busy = 0.f, gap = 0.f;
+    if (tp < 0 || cudaEventElapsedTime(&busy, m->tev[tp][0], m->tev[tp][1]) != cudaSuccess) {
+        (void)cudaGetLastError(); /* a pair left open by a failed step: not counted */
+        return;
+    }
+    m->dt_steps++;
+    m->dt_busy += busy * 1e-3;
+    if (tprev >= 0 && cudaEventElapsedTime(&gap, m->tev[tprev][1], m->tev[tp][0]) == cudaSuccess)
+        m->dt_between += gap * 1e-3;
+    else
+        (void)cudaGetLastError();
+}
 
 /* The nout logits rows of the step just run to the host (the step's one synchronisation):
  * rows[i] gets row i (NULL: skipped); every rank receives full rows. tp: the step's timing
@@ -1710,47 +1749,6 @@ static int pick_ids(mla_cmodel *m, int64_t B, int slot, const mla_cmodel_samp *s
     /* a sampled row may take none (-1): the host sees it; a step queued from these ids reads 0 */
     if (samp) TRY(mla_cuda_ids_to_tokens(m->dids, B, m->cfg.n_vocab, m->dids, m->st, err));
     return MLA_OK;
-}
-
-/* Step timing (mla_cmodel_decode_time). tstep_open: the next pair's first event, before a decode
- * step's first copy (m->tev_cur; m->tev_prev the step closed before it, in stream order), unless
- * a queued step still holds that pair; tstep_close: its second, after the step's forward pass
- * and what it copies to the host (a step whose sampling waits for its masks: after the forward
- * pass, the sampling then counts as time between steps), for a step replayed from a captured
- * graph only (an eager, warm-up or capturing step has the device wait for the host's launches
- * inside it); tstep_done, once that has completed: the step's span and the time from the end
- * of the step closed before it to its start. */
-static void tstep_open(mla_cmodel *m) {
-    const int k = m->tev_next;
-    m->tev_cur = -1;
-    for (int i = 0; i < m->nq; i++)
-        if (m->qs[i].tp == k || m->qs[i].tprev == k) return;
-    m->tev_prev = m->tev_last;
-    m->tev_next = (k + 1) & 3;
-    if (cudaEventRecord(m->tev[k][0], m->st) == cudaSuccess) m->tev_cur = k;
-    else (void)cudaGetLastError();
-}
-static void tstep_close(mla_cmodel *m, int tp) {
-    if (tp < 0) return;
-    if (!m->replayed) {
-        if (m->tev_cur == tp) m->tev_cur = -1; /* not timed: tstep_done skips it */
-        return;
-    }
-    if (cudaEventRecord(m->tev[tp][1], m->st) == cudaSuccess) m->tev_last = tp;
-    else (void)cudaGetLastError();
-}
-static void tstep_done(mla_cmodel *m, int tp, int tprev) {
-    float busy = 0.f, gap = 0.f;
-    if (tp < 0 || cudaEventElapsedTime(&busy, m->tev[tp][0], m->tev[tp][1]) != cudaSuccess) {
-        (void)cudaGetLastError(); /* a pair left open by a failed step: not counted */
-        return;
-    }
-    m->dt_steps++;
-    m->dt_busy += busy * 1e-3;
-    if (tprev >= 0 && cudaEventElapsedTime(&gap, m->tev[tprev][1], m->tev[tp][0]) == cudaSuccess)
-        m->dt_between += gap * 1e-3;
-    else
-        (void)cudaGetLastError();
 }
 
 /* A decode step of the B states (decode_check's max_keys and cap) on the model's stream, not
