@@ -94,7 +94,9 @@ static void label_safe(char *out, size_t cap, const char *s) {
 }
 
 /* A per-worker series: HELP/TYPE then one sample per worker (rank label) that has the value. */
-enum wfield { W_STEPS, W_STEP_S, W_AR, W_AR_S, W_HB_AGE, W_MEM_FREE, W_MEM_TOTAL, W_LOAD_DONE, W_LOAD_TOTAL };
+enum wfield {
+    W_STEPS, W_STEP_S, W_DSTEPS, W_DSTEP_S, W_AR, W_AR_S, W_HB_AGE, W_MEM_FREE, W_MEM_TOTAL, W_LOAD_DONE, W_LOAD_TOTAL
+};
 
 static void worker_series(sbuf *b, const api_gauges *g, const char *name, const char *type, const char *help,
                           enum wfield f) {
@@ -106,6 +108,8 @@ static void worker_series(sbuf *b, const api_gauges *g, const char *name, const 
         switch (f) {
         case W_STEPS: if (!w->has_stats) continue; v = (double)s->steps; break;
         case W_STEP_S: if (!w->has_stats) continue; v = s->step_seconds; break;
+        case W_DSTEPS: if (!w->has_stats) continue; v = (double)s->decode_steps; break;
+        case W_DSTEP_S: if (!w->has_stats) continue; v = s->decode_seconds; break;
         case W_AR: if (!w->has_stats) continue; v = (double)s->allreduces; break;
         case W_AR_S: if (!w->has_stats) continue; v = s->allreduce_seconds; break;
         case W_HB_AGE: if (w->heartbeat_age < 0) continue; v = w->heartbeat_age; break;
@@ -237,6 +241,10 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
         worker_series(&b, g, "mlaserve_worker_steps_total", "counter", "Steps a worker ran.", W_STEPS);
         worker_series(&b, g, "mlaserve_worker_step_seconds_total", "counter",
                       "Time a worker spent in its engine's steps.", W_STEP_S);
+        worker_series(&b, g, "mlaserve_worker_decode_steps_total", "counter",
+                      "Decode steps a worker's engine timed itself (CUDA: graph replays, on the device).", W_DSTEPS);
+        worker_series(&b, g, "mlaserve_worker_decode_seconds_total", "counter",
+                      "Their time (CUDA: on the device, between events before and after each step).", W_DSTEP_S);
         worker_series(&b, g, "mlaserve_worker_allreduces_total", "counter",
                       "All-reduces a worker timed on the host collective (none on NCCL).", W_AR);
         worker_series(&b, g, "mlaserve_worker_allreduce_seconds_total", "counter",

@@ -202,6 +202,8 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             wstats.allreduce_seconds = ws->allreduce_seconds;
             wstats.device_mem_free = ws->device_mem_free;
             wstats.device_mem_total = ws->device_mem_total;
+            wstats.decode_steps = ws->decode_steps;
+            wstats.decode_seconds = ws->decode_seconds;
             ctl.stats = &wstats;
         }
         if (m->u.ctl.has_backend) {
@@ -595,13 +597,16 @@ static int decode_control(const Mla__Control *c, const wire_limits *lim, wire_co
         const Mla__WorkerStats *ws = c->stats;
         if ((int)c->kind != WIRE_CTL_HEARTBEAT) return mla_errf(err, "wire: control kind %d carries worker stats", (int)c->kind);
         if (!(ws->step_seconds >= 0 && ws->step_seconds < 1e15 && ws->allreduce_seconds >= 0 &&
-              ws->allreduce_seconds < 1e15))
+              ws->allreduce_seconds < 1e15 && ws->decode_seconds >= 0 && ws->decode_seconds < 1e15))
             return mla_errf(err, "wire: worker stats with a time that is not a finite number of seconds >= 0");
         if (ws->device_mem_free > ws->device_mem_total)
             return mla_errf(err, "wire: worker stats with more free device memory than in all");
+        if (ws->decode_steps == 0 && ws->decode_seconds != 0)
+            return mla_errf(err, "wire: worker stats with decode time but no decode steps");
         o->has_stats = true;
         o->stats = (wire_worker_stats){ws->steps, ws->step_seconds, ws->allreduces, ws->allreduce_seconds,
-                                       ws->device_mem_free, ws->device_mem_total};
+                                       ws->device_mem_free, ws->device_mem_total, ws->decode_steps,
+                                       ws->decode_seconds};
     }
     if (c->backend) {
         const Mla__BackendConfig *b = c->backend;

@@ -186,6 +186,8 @@ typedef struct wire_worker_stats {
     uint64_t allreduces;
     double allreduce_seconds;
     uint64_t device_mem_free, device_mem_total;
+    uint64_t decode_steps; /* decode steps the engine timed itself (engine_ops.decode_time) */
+    double decode_seconds;
 } wire_worker_stats;
 
 /* proto BackendConfig: a CUDA worker's kernel configuration (wire_decode: attention non-empty,

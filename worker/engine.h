@@ -127,6 +127,11 @@ typedef struct engine_ops {
     /* Optional (NULL: no device): the device's free and total memory in bytes, for the worker's
      * heartbeat stats. Called on the thread that runs the steps. */
     int (*mem_info)(engine *e, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* Optional (NULL: not timed): the decode steps (every row one token) the engine has timed
+     * itself since load and their time in seconds, for the worker's heartbeat stats: a CUDA
+     * engine its CUDA graph replays on the device (mla_cmodel_decode_time), the CPU engine its
+     * steps on the clock. Called on the thread that runs the steps. */
+    void (*decode_time)(const engine *e, uint64_t *steps, double *seconds);
     /* Optional (NULL: none, the CPU engine): the kernel configuration the engine chose at load
      * (architecture, attention kernel, shared memory, wgmma), sent with the loaded frame for the
      * coordinator's /metrics. */

@@ -42,6 +42,8 @@ struct engine {
     mla_state *work; /* the contiguous working cache, grown on demand up to n_ctx */
     cpu_seq *seqs;
     size_t n, cap;
+    uint64_t dt_steps; /* decode steps (every row one token) and their seconds: cpu_decode_time */
+    double dt_seconds;
 };
 
 static int cpu_model_hash(const char *path, uint64_t *hash, mla_err *err) {
@@ -165,7 +167,13 @@ static void ensure_work(engine *e, int64_t n) {
     e->work = mla_state_new(e->m, cap);
 }
 
-static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cpu_rows(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         cpu_seq *q = get_seq(e, s->seq_id);
@@ -193,6 +201,24 @@ static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, ml
         q->n_past = end;
     }
     return MLA_OK;
+}
+
+/* engine.h step; a step whose rows are all one token long is timed as a decode step */
+static int cpu_step(engine *e, const wire_step_plan *p, float *const *logits, mla_err *err) {
+    bool decode = p->n_seqs > 0;
+    for (uint32_t i = 0; i < p->n_seqs; i++) decode &= p->seqs[i].n_tokens == 1;
+    const double t0 = decode ? mono_s() : 0;
+    if (cpu_rows(e, p, logits, err)) return MLA_ERR;
+    if (decode) {
+        e->dt_steps++;
+        e->dt_seconds += mono_s() - t0;
+    }
+    return MLA_OK;
+}
+
+static void cpu_decode_time(const engine *e, uint64_t *steps, double *seconds) {
+    *steps = e->dt_steps;
+    *seconds = e->dt_seconds;
 }
 
 /* engine.h step_greedy: step, then the greedy rows' argmax (lowest id on ties, as the host
@@ -243,12 +269,6 @@ static int cpu_bench_fill(engine *e, uint64_t id, uint32_t n_past, const uint32_
     return MLA_OK;
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cpu_bench_coll(engine *e, size_t n, int iters, double *sec_per_op, mla_err *err) {
     *sec_per_op = 0;
     if (n == 0 || iters < 1) return mla_errf(err, "an all-reduce of %zu floats %d times (need at least 1 of each)", n, iters);
@@ -286,4 +306,5 @@ const engine_ops engine_cpu_ops = {.name = "cpu",
                                    .free_seq = cpu_free_seq,
                                    .destroy = cpu_destroy,
                                    .bench_fill = cpu_bench_fill,
-                                   .bench_coll = cpu_bench_coll};
+                                   .bench_coll = cpu_bench_coll,
+                                   .decode_time = cpu_decode_time};

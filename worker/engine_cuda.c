@@ -464,6 +464,13 @@ static int cu_mem_info(engine *e, uint64_t *free_bytes, uint64_t *total_bytes) {
     return MLA_OK;
 }
 
+static void cu_decode_time(const engine *e, uint64_t *steps, double *seconds) {
+    double between = 0;
+    *steps = 0;
+    *seconds = 0;
+    if (e->m) mla_cmodel_decode_time(e->m, steps, seconds, &between);
+}
+
 int engine_cuda_devices(void) { return mla_cuda_device_count(); }
 
 const engine_ops engine_cuda_ops = {.name = "cuda",
@@ -483,6 +490,7 @@ const engine_ops engine_cuda_ops = {.name = "cuda",
                                     .queue_mods = cu_queue_mods,
                                     .wait_queued = cu_wait_queued,
                                     .mem_info = cu_mem_info,
+                                    .decode_time = cu_decode_time,
                                     .backend_config = cu_backend_config};
 
 #else /* no CUDA in this build */

@@ -76,6 +76,7 @@ typedef struct wk {
     _Atomic uint32_t kv_blocks; /* the pool's blocks once loaded: what block ids are checked against */
     /* for the heartbeat's stats (written by the compute thread, read by the I/O thread) */
     _Atomic uint64_t st_steps, st_step_ns, mem_free, mem_total;
+    _Atomic uint64_t st_dsteps, st_dns; /* engine_ops.decode_time's steps and nanoseconds */
     int64_t mem_at; /* compute thread: ms of the last mem_info */
 } wk;
 

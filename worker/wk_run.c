@@ -333,6 +333,8 @@ int wk_run(const wk_config *cfg, mla_err *err) {
             coll_host_stats(&ws->allreduces, &ws->allreduce_seconds);
             ws->device_mem_free = atomic_load(&w.mem_free);
             ws->device_mem_total = atomic_load(&w.mem_total);
+            ws->decode_steps = atomic_load(&w.st_dsteps);
+            ws->decode_seconds = ws->decode_steps ? (double)atomic_load(&w.st_dns) / 1e9 : 0;
             send_up(&io, &hb);
             last_tx = t;
         }

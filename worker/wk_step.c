@@ -21,6 +21,16 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* compute thread: the decode steps the engine timed itself, for the heartbeat */
+static void poll_decode_time(wk *w, engine *eng) {
+    if (!w->cfg->engine->decode_time) return;
+    uint64_t n = 0;
+    double s = 0;
+    w->cfg->engine->decode_time(eng, &n, &s);
+    atomic_store(&w->st_dsteps, n);
+    atomic_store(&w->st_dns, (uint64_t)(s * 1e9));
+}
+
 /* compute thread: the device's memory, at most once a second */
 static void poll_mem(wk *w, engine *eng) {
     if (!w->cfg->engine->mem_info) return;
@@ -417,6 +427,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
     atomic_fetch_add(&w->st_step_ns, (uint64_t)(now_ns() - t0));
     atomic_fetch_add(&w->st_steps, 1);
     poll_mem(w, eng);
+    poll_decode_time(w, eng);
     wire_msg m;
     memset(&m, 0, sizeof m);
     if (rc) {

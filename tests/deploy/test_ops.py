@@ -81,7 +81,9 @@ def case_startup():
               (load_s, took))
         st, body = health(port)
         check(st == 200, "/health: 200 once loaded", body)
+        t_gen = time.time()
         st, body = srv.post("/v1/completions", {"prompt": "What is 7 plus 5?", "max_tokens": 40, "ignore_eos": True})
+        t_gen = time.time() - t_gen
         check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 40, "generation", body[:300])
         check(wait_for(lambda: re.search(r"stats: \d+ running, \d+ waiting, KV cache \d+ of \d+ blocks "
                                          r"\([0-9.]+%\), prompt [0-9.]+ tok/s, generation [0-9.]+ tok/s",
@@ -116,6 +118,12 @@ def case_startup():
               and (value(r'mlaserve_worker_step_seconds_total\{rank="1"\}') or 0) > 0,
               "/metrics: rank 1's steps and their time",
               (value(r'mlaserve_worker_steps_total\{rank="1"\}'), value(r'mlaserve_worker_step_seconds_total\{rank="1"\}')))
+        # 39 of the 40 tokens come from one-token steps (the step ahead's among them), each timed
+        # by the CPU engine: within the request's time, the only one that decoded
+        dsteps, dsec = (value(r'mlaserve_worker_decode_steps_total\{rank="1"\}'),
+                        value(r'mlaserve_worker_decode_seconds_total\{rank="1"\}'))
+        check((dsteps or 0) >= 39 and 0 < (dsec or 0) < t_gen,
+              "/metrics: rank 1's decode steps and their time", (dsteps, dsec, t_gen))
         check((value(r'mlaserve_worker_allreduces_total\{rank="0"\}') or 0) > 0,
               "/metrics: rank 0's all-reduces on the host collective")
         age = value(r'mlaserve_worker_heartbeat_age_seconds\{rank="0"\}')

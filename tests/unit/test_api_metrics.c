@@ -1,6 +1,6 @@
 /* coordinator/api_metrics.c: the per-worker kernel configuration series of /metrics (a CUDA
  * worker's backend info, sent with its loaded frame; none for a worker without one, as the CPU
- * backend's). */
+ * backend's) and the heartbeat's stats series (a sample for each worker that sent stats). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +40,34 @@ static void test_backend_info(void) {
     api_metrics_free(&m);
 }
 
+static void test_worker_stats(void) {
+    api_metrics m;
+    api_metrics_init(&m);
+    coord_worker_info w[2];
+    memset(w, 0, sizeof w);
+    w[0].registered = w[0].loaded = 1;
+    w[0].has_stats = 1;
+    w[0].stats = (wire_worker_stats){.steps = 50, .step_seconds = 2.5, .decode_steps = 40, .decode_seconds = 0.0825};
+    w[1].registered = 1; /* no heartbeat stats yet: no samples */
+    api_gauges g = {0};
+    g.workers = w;
+    g.n_workers = 2;
+    size_t n = 0;
+    char *t = api_metrics_render(&m, &g, "m", &n);
+    REQUIRE(t != NULL);
+    CHECK(strstr(t, "# TYPE mlaserve_worker_decode_steps_total counter\n") != NULL);
+    CHECK(strstr(t, "# TYPE mlaserve_worker_decode_seconds_total counter\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_steps_total{rank=\"0\"} 50\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_decode_steps_total{rank=\"0\"} 40\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_decode_seconds_total{rank=\"0\"} 0.0825\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_decode_steps_total{rank=\"1\"}") == NULL &&
+          strstr(t, "mlaserve_worker_decode_seconds_total{rank=\"1\"}") == NULL);
+    free(t);
+    api_metrics_free(&m);
+}
+
 int main(void) {
     test_backend_info();
+    test_worker_stats();
     return mla_test_finish();
 }

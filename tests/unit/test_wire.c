@@ -609,11 +609,13 @@ static void test_progress_stats(void) {
     in.u.ctl.kind = WIRE_CTL_HEARTBEAT;
     in.u.ctl.has_stats = true;
     in.u.ctl.stats = (wire_worker_stats){.steps = 42, .step_seconds = 1.5, .allreduces = 7, .allreduce_seconds = 0.25,
-                                         .device_mem_free = 1000, .device_mem_total = 4000};
+                                         .device_mem_free = 1000, .device_mem_total = 4000, .decode_steps = 40,
+                                         .decode_seconds = 0.125};
     REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
     CHECK(out.u.ctl.has_stats && out.u.ctl.stats.steps == 42 && out.u.ctl.stats.step_seconds == 1.5 &&
           out.u.ctl.stats.allreduces == 7 && out.u.ctl.stats.allreduce_seconds == 0.25 &&
-          out.u.ctl.stats.device_mem_free == 1000 && out.u.ctl.stats.device_mem_total == 4000);
+          out.u.ctl.stats.device_mem_free == 1000 && out.u.ctl.stats.device_mem_total == 4000 &&
+          out.u.ctl.stats.decode_steps == 40 && out.u.ctl.stats.decode_seconds == 0.125);
     wire_msg_free(&out);
     in.u.ctl.has_stats = false; /* a heartbeat without stats (the coordinator's) stays without */
     REQUIRE(roundtrip(&in, &out, &lim, &e) == MLA_OK);
@@ -639,6 +641,16 @@ static void test_progress_stats(void) {
     CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR &&
           strstr(e.msg, "more free device memory"));
     st.device_mem_free = 4;
+    st.decode_seconds = 0.5; /* decode time without a decode step */
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR &&
+          strstr(e.msg, "decode time but no decode steps"));
+    st.decode_steps = 3;
+    st.decode_seconds = INFINITY;
+    CHECK(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_ERR && strstr(e.msg, "finite"));
+    st.decode_seconds = 0.5;
+    REQUIRE(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_OK);
+    CHECK(out.u.ctl.has_stats && out.u.ctl.stats.decode_steps == 3 && out.u.ctl.stats.decode_seconds == 0.5);
+    wire_msg_free(&out);
     REQUIRE(decode_ctl2(MLA__CONTROL_KIND__CONTROL_HEARTBEAT, 0, 0, &st, &out, &e) == MLA_OK);
     CHECK(out.u.ctl.has_stats && out.u.ctl.stats.device_mem_total == 4);
     wire_msg_free(&out);
