@@ -407,7 +407,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         }
         const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
         if (!is_null(echo) && !cJSON_IsBool(echo)) return bad(e, "echo", "'echo' must be a boolean");
-        if (cJSON_IsTrue(echo)) return bad(e, "echo", "'echo' is not supported");
+        p->echo = cJSON_IsTrue(echo);
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
         if (!is_null(suffix)) return bad(e, "suffix", "'suffix' is not supported");
         if (get_int(root, "best_of", 1, 1, &v, &has, e)) return bad(e, "best_of", "'best_of' must be 1 (only one choice per request is supported)");
@@ -495,6 +495,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     }
     s->logprobs = p->logprobs;
     s->top_logprobs = p->top_logprobs;
+    s->prompt_logprobs = p->echo && p->logprobs;
 
     /* stop: string or list of strings */
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
@@ -576,7 +577,7 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
         return bad(e, "repetition_penalty", "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
     if (p->top_logprobs < 0 || p->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
         return bad(e, "top_logprobs", "'top_logprobs' must be between 0 and %d", SCHED_MAX_TOP_LOGPROBS);
-    if (s->logprobs != p->logprobs || s->top_logprobs != p->top_logprobs)
+    if (s->logprobs != p->logprobs || s->top_logprobs != p->top_logprobs || s->prompt_logprobs != (p->echo && p->logprobs))
         return bad(e, "logprobs", "inconsistent logprobs settings");
     if (p->n_stop < 0 || p->n_stop > API_MAX_STOP)
         return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);

@@ -72,6 +72,7 @@ typedef struct api_gen_params {
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* return logprobs at all */
     int32_t top_logprobs; /* alternatives per token */
+    bool echo;            /* completions: the text (and logprobs) start with the prompt's tokens */
     api_constrain constrain; /* response_format, grammar, logit_bias */
 } api_gen_params;
 

@@ -44,6 +44,9 @@ typedef struct api_req {
     tok_entry *toks;
     int n_toks, cap_toks;
     size_t stop_scanned; /* text up to here holds no stop string start that fits */
+    size_t stop_floor;   /* stop strings are looked for from here on (after an echoed prompt) */
+    int32_t *echo_ids;   /* echo: the prompt's tokens, put ahead of the first generated one; then NULL */
+    int32_t n_echo;
     size_t sent_len;     /* streamed bytes */
     int n_tok_sent;
     size_t off_bytes, off_chars; /* cursor for character offsets */
@@ -110,6 +113,7 @@ struct api_tok_job {
 typedef struct qev {
     sched_event ev;
     char *error;
+    sched_plp *plp; /* the event's prompt logprobs, copied (ev.plp points here) */
 } qev;
 
 struct api_server {
@@ -270,6 +274,12 @@ static cJSON *logprobs_json(api_req *r, int from, int to) {
             char *s = token_string(a, t->id, &n);
             cJSON_AddItemToArray(tokens, cJSON_CreateString(s));
             free(s);
+            if (t->no_lp) { /* an echoed prompt's first token, as OpenAI: null */
+                cJSON_AddItemToArray(tlps, cJSON_CreateNull());
+                cJSON_AddItemToArray(tops, cJSON_CreateNull());
+                cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)char_offset(r, t->start)));
+                continue;
+            }
             cJSON_AddItemToArray(tlps, cJSON_CreateNumber(lp_value(t->logprob)));
             /* the top N and, as OpenAI's and vLLM's completions do, the sampled token (up to
              * N + 1 entries; tokens whose text another entry has already are left out) */
@@ -687,6 +697,7 @@ static void complete_response(api_req *r, const char *error) {
 static void check_stops(api_req *r) {
     if (!r->n_stop || r->text_done) return;
     size_t from = r->stop_scanned > r->max_stop_len - 1 ? r->stop_scanned - (r->max_stop_len - 1) : 0;
+    if (from < r->stop_floor) from = r->stop_floor;
     size_t best = SIZE_MAX;
     for (int i = 0; i < r->n_stop; i++) {
         const char *hit = memmem(r->text + from, r->text_len - from, r->stop[i], strlen(r->stop[i]));
@@ -717,6 +728,7 @@ static void req_free(api_req *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->text);
     free(r->toks);
+    free(r->echo_ids);
     if (r->chat) cJSON_Delete(r->chat->tools);
     free(r->chat);
     free(r);
@@ -739,6 +751,57 @@ static void count_finish(api_server *a, api_req *r, double t) {
     api_hist_observe(&a->m.generation_len, r->n_completion);
 }
 
+/* Token id and its text onto the request's tokens and text; its logprob and up to n_top
+ * alternatives (as many as the request asked for) */
+static tok_entry *push_token(api_server *a, api_req *r, int32_t id, float logprob, int32_t n_top, const int32_t *top_ids,
+                             const float *top_lps) {
+    size_t len = 0;
+    const char *p = "";
+    /* the chat parsers read the markers the model writes as control tokens */
+    if (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
+        p = a->tok.piece(a->tok.ctx, id, &len);
+        if (!p) len = 0;
+    }
+    if (r->n_toks == r->cap_toks) {
+        r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 64;
+        r->toks = mla_xrealloc(r->toks, (size_t)r->cap_toks * sizeof(*r->toks));
+    }
+    tok_entry *te = &r->toks[r->n_toks++];
+    memset(te, 0, sizeof *te);
+    te->id = id;
+    te->logprob = logprob;
+    te->n_top = r->top_logprobs < n_top ? r->top_logprobs : n_top;
+    if (te->n_top < 0) te->n_top = 0;
+    if (te->n_top) {
+        memcpy(te->top_ids, top_ids, (size_t)te->n_top * sizeof *top_ids);
+        memcpy(te->top_lps, top_lps, (size_t)te->n_top * sizeof *top_lps);
+    }
+    te->start = r->text_len;
+    if (r->text_len + len + 1 > r->text_cap) {
+        r->text_cap = (r->text_len + len + 1) * 2;
+        r->text = mla_xrealloc(r->text, r->text_cap);
+    }
+    if (len) memcpy(r->text + r->text_len, p, len);
+    r->text_len += len;
+    te->end = r->text_len;
+    return te;
+}
+
+/* echo: the prompt's tokens ahead of the first generated one, with the logprobs the first token
+ * event brings (sched_event.plp; the prompt's first token has none). Stop strings are looked for
+ * in the generated text only. */
+static void add_echo(api_server *a, api_req *r, const sched_event *ev) {
+    for (int32_t i = 0; i < r->n_echo; i++) {
+        const sched_plp *pl = i > 0 && i - 1 < ev->n_plp && ev->plp ? &ev->plp[i - 1] : NULL;
+        tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], pl->logprob, pl->n_top, pl->top_ids, pl->top_logprobs)
+                           : push_token(a, r, r->echo_ids[i], 0, 0, NULL, NULL);
+        te->no_lp = !pl;
+    }
+    r->stop_scanned = r->stop_floor = r->text_len;
+    free(r->echo_ids);
+    r->echo_ids = NULL;
+}
+
 static void process_event(api_server *a, const sched_event *ev, const char *error) {
     api_req *r = ev->user;
     double t = now_s();
@@ -753,34 +816,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
             api_hist_observe(&a->m.itl, t - r->t_last);
         }
         r->t_last = t;
+        if (r->echo_ids) add_echo(a, r, ev);
         if (!ev->is_stop) {
-            size_t len = 0;
-            const char *p = "";
-            int32_t id = ev->result.token;
-            /* the chat parsers read the markers the model writes as control tokens */
-            if (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
-                p = a->tok.piece(a->tok.ctx, id, &len);
-                if (!p) len = 0;
-            }
-            if (r->n_toks == r->cap_toks) {
-                r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 64;
-                r->toks = mla_xrealloc(r->toks, (size_t)r->cap_toks * sizeof(*r->toks));
-            }
-            tok_entry *te = &r->toks[r->n_toks++];
-            te->id = id;
-            te->logprob = ev->result.logprob;
-            te->n_top = r->top_logprobs < ev->result.n_top ? r->top_logprobs : ev->result.n_top;
-            if (te->n_top < 0) te->n_top = 0;
-            memcpy(te->top_ids, ev->result.top_ids, sizeof(te->top_ids));
-            memcpy(te->top_lps, ev->result.top_logprobs, sizeof(te->top_lps));
-            te->start = r->text_len;
-            if (r->text_len + len + 1 > r->text_cap) {
-                r->text_cap = (r->text_len + len + 1) * 2;
-                r->text = mla_xrealloc(r->text, r->text_cap);
-            }
-            if (len) memcpy(r->text + r->text_len, p, len);
-            r->text_len += len;
-            te->end = r->text_len;
+            push_token(a, r, ev->result.token, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
+                       ev->result.top_logprobs);
             check_stops(r);
         }
         if (!r->text_done && r->stream && has_client(r) && !r->responded) stream_flush(r);
@@ -869,6 +908,7 @@ static void on_async(uv_async_t *h) {
         for (int i = 0; i < n; i++) {
             process_event(a, &q[i].ev, q[i].error);
             free(q[i].error);
+            free(q[i].plp);
         }
         free(q);
     }
@@ -876,6 +916,12 @@ static void on_async(uv_async_t *h) {
 
 void api_server_on_event(void *cb_ctx, const sched_event *ev) {
     api_server *a = cb_ctx;
+    /* the scheduler's arrays live only during the callback */
+    sched_plp *plp = NULL;
+    if (ev->plp && ev->n_plp > 0) {
+        plp = mla_xmalloc((size_t)ev->n_plp * sizeof *plp);
+        memcpy(plp, ev->plp, (size_t)ev->n_plp * sizeof *plp);
+    }
     pthread_mutex_lock(&a->mu);
     if (a->nq == a->capq) {
         a->capq = a->capq ? a->capq * 2 : 64;
@@ -885,6 +931,9 @@ void api_server_on_event(void *cb_ctx, const sched_event *ev) {
     e->ev = *ev;
     e->error = ev->error ? mla_xstrdup(ev->error) : NULL;
     e->ev.error = NULL;
+    e->plp = plp;
+    e->ev.plp = plp;
+    e->ev.n_plp = plp ? ev->n_plp : 0;
     pthread_mutex_unlock(&a->mu);
     uv_async_send(&a->async);
 }
@@ -1377,6 +1426,11 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     p->n_stop = 0;
     r->n_prompt = n_ids;
     r->t_start = now_s();
+    if (p->echo && kind == API_COMPLETIONS) {
+        r->echo_ids = mla_xmalloc((size_t)n_ids * sizeof *r->echo_ids);
+        memcpy(r->echo_ids, ids, (size_t)n_ids * sizeof *ids);
+        r->n_echo = n_ids;
+    }
 
     sched_request sr = {0};
     sr.prompt = ids;
@@ -1395,6 +1449,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     if (rc != SCHED_E_OK) {
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
         r->n_stop = 0;
+        free(r->echo_ids);
+        r->echo_ids = NULL;
         if (r->chat) cJSON_Delete(r->chat->tools);
         free(r->chat);
         r->chat = NULL;
@@ -2050,7 +2106,10 @@ void api_server_free(api_server *a) {
     pthread_mutex_destroy(&a->prep_mu);
     pthread_cond_destroy(&a->prep_cv);
     /* the scheduler is stopped: queued events are dropped, requests freed */
-    for (int i = 0; i < a->nq; i++) free(a->q[i].error);
+    for (int i = 0; i < a->nq; i++) {
+        free(a->q[i].error);
+        free(a->q[i].plp);
+    }
     free(a->q);
     free(a->adm);
     while (a->reqs) req_free(a->reqs);

@@ -144,6 +144,7 @@ typedef struct api_token {
     int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
     float top_lps[SCHED_MAX_TOP_LOGPROBS];
     size_t start, end;
+    bool no_lp; /* an echoed prompt's first token: no logprob (null) */
 } api_token;
 
 /* Where a generation's output goes. text is the whole generated text so far (after

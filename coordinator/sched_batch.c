@@ -25,6 +25,8 @@ typedef struct sreq {
     int32_t n_sent;       /* leading block table entries the backend holds (0 without state) */
     bool cancelled;
     bool has_state;       /* the backend may hold state for it */
+    sched_plp *plp;       /* sampling.prompt_logprobs: prompt token i + 1's at [i], until sent */
+    bool plp_sent;        /* its first token event carried them */
     uint64_t preempt_step; /* step in which it was last preempted (+1), 0 never */
 } sreq;
 
@@ -179,6 +181,7 @@ static void sreq_free(sreq *q) {
     free(q->tokens);
     free(q->stop_ids);
     free(q->blocks);
+    free(q->plp);
     free((char *)q->sampling.grammar);
     free((int32_t *)q->sampling.bias_ids);
     free((float *)q->sampling.bias_vals);
@@ -276,6 +279,8 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         q->sampling.bias_ids = bi;
         q->sampling.bias_vals = bv;
     }
+    if (q->sampling.prompt_logprobs && q->n_prompt > 1)
+        q->plp = mla_xcalloc((size_t)q->n_prompt - 1, sizeof *q->plp);
     q->user = r->user;
 
     pthread_mutex_lock(&s->mu);
@@ -517,6 +522,16 @@ static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
     return true;
 }
 
+/* whether q's plan entries return prompt logprobs: asked for, not sent yet */
+static bool wants_plp(const sreq *q) { return q->sampling.prompt_logprobs && !q->plp_sent; }
+
+/* A chunk of q's within the rows a worker keeps logits for (cfg.max_seqs, a decode step's; at
+ * most SCHED_PLP_CHUNK) where its entry returns prompt logprobs */
+static int32_t plp_cap(const sched *s, const sreq *q, int32_t chunk) {
+    const int32_t cap = s->cfg.max_seqs < SCHED_PLP_CHUNK ? s->cfg.max_seqs : SCHED_PLP_CHUNK;
+    return wants_plp(q) && chunk > cap ? cap : chunk;
+}
+
 /* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
  * at least one token to compute; the ids go to q->blocks[0, hits) (q->n_blocks untouched, no
  * reference taken). *in_lru gets how many of them are evictable now. */
@@ -529,6 +544,7 @@ static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
      * prompt (a preempted request's generated tokens are sent again). */
     const sched_sampling *sp = &q->sampling;
     if (sp->repetition_penalty != 1.0f && sp->repetition_penalty != 0.0f) return 0;
+    if (wants_plp(q)) return 0; /* every prompt position's logits are needed */
     int32_t bs = s->cfg.block_size, max_hits = (q->n_tokens - 1) / bs, hits = 0;
     if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) && max_hits > q->n_prompt / bs)
         max_hits = q->n_prompt / bs;
@@ -631,6 +647,7 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->seq_tokens = q->tokens;
     p->n_prompt = q->n_prompt;
     p->n_generated = q->n_gen;
+    p->prompt_logprobs = wants_plp(q) && q->n_computed < q->n_prompt;
     s->plan_req[*n] = q;
     q->has_state = true;
     q->n_sent = q->n_blocks;
@@ -675,6 +692,7 @@ static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget) {
         const int32_t from = q->n_computed + p->n_tokens, room = (q->n_blocks + s->n_free + s->n_lru) * s->cfg.block_size;
         int32_t to = q->n_tokens < from + *budget ? q->n_tokens : from + *budget;
         if (to > room) to = room;
+        if (to > q->n_computed + plp_cap(s, q, to - q->n_computed)) to = q->n_computed + plp_cap(s, q, to - q->n_computed);
         if (to <= from) continue;
         const bool ok = alloc_blocks(s, q, to);
         MLA_ASSERT(ok);
@@ -707,7 +725,8 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t pending = q->n_tokens - q->n_computed;
         MLA_ASSERT(pending >= 1);
         bool was_cut;
-        int32_t chunk = chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &long_used, &was_cut);
+        int32_t chunk = plp_cap(s, q, chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &long_used,
+                                            &was_cut));
         bool self_preempted = false;
         while (!alloc_blocks(s, q, q->n_computed + chunk)) {
             sreq *victim = s->running.v[s->running.n - 1];
@@ -743,7 +762,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t hits = prefix_lookup(s, q, &in_lru);
         int32_t start = hits * s->cfg.block_size;
         bool was_cut;
-        int32_t chunk = chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &long_used, &was_cut);
+        int32_t chunk = plp_cap(s, q, chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &long_used, &was_cut));
         /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
         if (blocks_for(s, whole ? q->n_tokens : start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
         for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
@@ -765,6 +784,21 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     grow_cut(s, cut, n_cut, &budget);
     *n_tokens_out = s->cfg.max_step_tokens - budget;
     return n;
+}
+
+/* Entry p's prompt logprobs into q->plp (prompt token k's at [k - 1]); MLA_ERR when the backend
+ * returned another number than the entry's prompt positions */
+static int take_plp(sreq *q, const sched_plan_seq *p, const sched_result *r) {
+    const int32_t end = p->start_pos + p->n_tokens < q->n_prompt - 1 ? p->start_pos + p->n_tokens : q->n_prompt - 1;
+    const int32_t n = end > p->start_pos ? end - p->start_pos : 0;
+    if (r->n_plp != n || (n > 0 && !r->plp)) return MLA_ERR;
+    for (int32_t j = 0; j < n; j++) {
+        sched_plp *d = &q->plp[p->start_pos + j];
+        *d = r->plp[j];
+        if (d->n_top < 0) d->n_top = 0;
+        if (d->n_top > SCHED_MAX_TOP_LOGPROBS) d->n_top = SCHED_MAX_TOP_LOGPROBS;
+    }
+    return MLA_OK;
 }
 
 static void handle_cancellations(sched *s) {
@@ -852,6 +886,10 @@ int sched_step(sched *s) {
             fail_running(s, q, err.msg[0] ? err.msg : "backend failure");
             continue;
         }
+        if (p->prompt_logprobs && take_plp(q, p, &s->results[i])) {
+            fail_running(s, q, "the workers returned the wrong number of prompt logprobs");
+            continue;
+        }
         q->n_computed += p->n_tokens;
         register_full_blocks(s, q, p->start_pos);
         if (q->n_prompt > q->n_computed - p->n_tokens) {
@@ -873,6 +911,13 @@ int sched_step(sched *s) {
         pending_event *e = push_event(s, q);
         e->ev.has_token = true;
         e->ev.result = *r;
+        e->ev.result.plp = NULL;
+        e->ev.result.n_plp = 0;
+        if (wants_plp(q)) { /* its prompt is done: the first token brings its logprobs */
+            e->ev.plp = q->plp;
+            e->ev.n_plp = q->n_prompt - 1;
+            q->plp_sent = true;
+        }
         if (e->ev.result.n_top < 0) e->ev.result.n_top = 0;
         if (e->ev.result.n_top > SCHED_MAX_TOP_LOGPROBS) e->ev.result.n_top = SCHED_MAX_TOP_LOGPROBS;
         if (is_stop_token(s, q, r->token)) {

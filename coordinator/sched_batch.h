@@ -74,6 +74,10 @@
 #include "common/mla_err.h"
 
 #define SCHED_MAX_TOP_LOGPROBS 20
+/* The most tokens a plan entry of a request with prompt logprobs carries (and at most
+ * cfg.max_seqs): every row's logits are made, where the workers keep those of a decode step's
+ * max_seqs rows, and go to their host memory (tokens x vocabulary floats) */
+#define SCHED_PLP_CHUNK 256
 
 typedef struct sched_sampling {
     float temperature;        /* 0: greedy */
@@ -87,6 +91,11 @@ typedef struct sched_sampling {
     bool has_seed;
     bool logprobs;            /* return the sampled token's logprob */
     int32_t top_logprobs;     /* 0..SCHED_MAX_TOP_LOGPROBS alternatives */
+    /* the logprob of each prompt token after the first, with top_logprobs alternatives (an
+     * echoed prompt's): such a request computes every prompt position itself (no prefix cache),
+     * in plan entries of at most min(cfg.max_seqs, SCHED_PLP_CHUNK) tokens, and its first token
+     * event carries them */
+    bool prompt_logprobs;
     /* Output constraints (coordinator/api_constrain.h): a GBNF grammar (NULL: none) and logit
      * biases. In a sched_request they are the submitter's (read during sched_submit only); the
      * scheduler keeps its own copies for the request's life. */
@@ -125,6 +134,10 @@ typedef struct sched_plan_seq {
     const int32_t *seq_tokens;
     int32_t n_prompt;
     int32_t n_generated;
+    /* the backend returns the logprobs of the tokens after each of this entry's positions that
+     * lie in the prompt (sched_result.plp): positions [start_pos, min(start_pos + n_tokens,
+     * n_prompt - 1)) */
+    bool prompt_logprobs;
 } sched_plan_seq;
 
 typedef struct sched_plan {
@@ -133,6 +146,14 @@ typedef struct sched_plan {
     int32_t block_size;
     int32_t n_tokens; /* sum of seqs[i].n_tokens */
 } sched_plan;
+
+/* The logprob of a prompt token, and the most likely tokens at its position with theirs */
+typedef struct sched_plp {
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
+    float top_logprobs[SCHED_MAX_TOP_LOGPROBS];
+} sched_plp;
 
 typedef struct sched_result {
     int32_t token;
@@ -143,12 +164,16 @@ typedef struct sched_result {
     /* NULL, or why this sequence cannot go on (the backend's, valid until its next run_step): the
      * request then ends with SCHED_FINISH_ERROR and this message, its token dropped */
     const char *error;
+    /* entries with prompt_logprobs (sample or not): n_plp entries, one per prompt position of the
+     * entry as sched_plan_seq says (the backend's, valid until its next run_step) */
+    const sched_plp *plp;
+    int32_t n_plp;
 } sched_result;
 
 typedef struct sched_backend {
     void *ctx;
-    /* Runs the plan; results[i] is filled for every plan entry with sample == true (entries
-     * without are left alone). Returns MLA_OK, or MLA_ERR with err filled (every request in
+    /* Runs the plan; results[i] is filled for every plan entry with sample == true or
+     * prompt_logprobs (entries with neither are left alone). Returns MLA_OK, or MLA_ERR with err filled (every request in
      * the plan is then finished with SCHED_FINISH_ERROR and its sequence freed). */
     int (*run_step)(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err);
     /* Forget a sequence's state (finished, cancelled or preempted): its table and position.
@@ -184,6 +209,10 @@ typedef struct sched_event {
     int32_t n_prompt;        /* prompt tokens of the request */
     int32_t n_generated;     /* tokens generated so far, this one included */
     const char *error;       /* SCHED_FINISH_ERROR: message (valid during the callback) */
+    /* the first token event of a request with sampling.prompt_logprobs: plp[i] is prompt token
+     * i + 1's (n_plp = n_prompt - 1; valid during the callback) */
+    const sched_plp *plp;
+    int32_t n_plp;
 } sched_event;
 
 typedef struct sched_config {

@@ -103,6 +103,13 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->sp.logprobs = sp->logprobs;
         w->sp.top_logprobs = (uint32_t)sp->top_logprobs;
         w->sp.logits = WIRE_LOGITS_NONE;
+        w->next_token = -1;
+        if (p->prompt_logprobs) { /* every row's logits, returned as the logprobs of its next tokens */
+            w->sp.logits = WIRE_LOGITS_ALL;
+            w->sp.prompt_logprobs = true;
+            const int32_t after = p->start_pos + p->n_tokens;
+            if (after < p->n_prompt) w->next_token = p->seq_tokens[after];
+        }
         /* output constraints: the worker keeps them from the plan that starts the sequence's
          * state; the matcher follows the generated tokens from position n_prompt */
         w->sp.constrained = sp->grammar || sp->n_bias > 0;
@@ -126,11 +133,32 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
     if (!res.ok) {
         rc = mla_errf(err, "%s", res.error[0] ? res.error : "the workers failed the step");
     } else {
+        size_t nplp = 0, at = 0;
+        for (uint32_t k = 0; k < res.n_seqs; k++) nplp += res.seqs[k].n_plp;
+        if (nplp > s->cap_plp) {
+            s->cap_plp = nplp * 2;
+            free(s->plp);
+            s->plp = mla_xmalloc(s->cap_plp * sizeof *s->plp);
+        }
         for (int i = 0; i < plan->n_seqs && rc == MLA_OK; i++) {
-            if (!plan->seqs[i].sample) continue;
+            if (!plan->seqs[i].sample && !plan->seqs[i].prompt_logprobs) continue;
             const wire_seq_result *r = NULL;
             for (uint32_t k = 0; k < res.n_seqs; k++)
                 if (res.seqs[k].seq_id == plan->seqs[i].seq_id) r = &res.seqs[k];
+            if (r && plan->seqs[i].prompt_logprobs) {
+                results[i].plp = s->plp + at;
+                results[i].n_plp = (int32_t)r->n_plp;
+                for (uint32_t k = 0; k < r->n_plp; k++, at++) {
+                    sched_plp *d = &s->plp[at];
+                    d->logprob = r->plp[k].logprob;
+                    d->n_top = (int32_t)r->plp[k].n_top;
+                    for (uint32_t j = 0; j < r->plp[k].n_top; j++) {
+                        d->top_ids[j] = r->plp[k].top[j].token;
+                        d->top_logprobs[j] = r->plp[k].top[j].logprob;
+                    }
+                }
+            }
+            if (!plan->seqs[i].sample) continue;
             if (!r || r->token < 0) {
                 rc = mla_errf(err, "the workers returned no token for sequence %llu",
                               (unsigned long long)plan->seqs[i].seq_id);
@@ -245,6 +273,9 @@ void serve_adapt_free(serve_adapt *s) {
     free(s->errs);
     s->errs = NULL;
     free(s->pos);
+    free(s->plp);
+    s->plp = NULL;
+    s->cap_plp = 0;
     free(s->prefix);
     if (s->tmpl) chat_tmpl_free(s->tmpl);
     if (s->vocab) tok_vocab_free(s->vocab);

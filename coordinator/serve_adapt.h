@@ -37,6 +37,8 @@ typedef struct serve_adapt {
     int cap_wseqs;
     int32_t *pos;
     size_t cap_pos;
+    sched_plp *plp; /* a step's prompt logprobs (sched_result.plp), cap_plp entries */
+    size_t cap_plp;
 } serve_adapt;
 
 /* The tokenizer adapter for api_server_new (render_chat only with a chat template). */

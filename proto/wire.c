@@ -45,6 +45,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     Mla__SamplingParams *sms = NULL;
     Mla__SeqResult *srs = NULL, **srp = NULL;
     Mla__TopLogprob *tops = NULL, **topp = NULL;
+    Mla__PromptLogprob *plps = NULL, **plpp = NULL;
     int rc = MLA_OK;
 
     switch (m->kind) {
@@ -106,6 +107,9 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sps[i].n_blocks = s->n_blocks;
             sps[i].blocks = s->blocks;
             sps[i].sample = s->sample;
+            sps[i].has_next_token = s->sp.prompt_logprobs && s->next_token >= 0;
+            sps[i].next_token = sps[i].has_next_token ? s->next_token : 0;
+            sms[i].prompt_logprobs = s->sp.prompt_logprobs;
             sms[i].temperature = s->sp.temperature;
             sms[i].top_k = s->sp.top_k;
             sms[i].top_p = s->sp.top_p;
@@ -142,13 +146,19 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
         res.ok = r->ok;
         res.error = s_or_empty(r->error);
         res.n_seqs = r->n_seqs;
-        size_t ntop = 0;
-        for (uint32_t i = 0; i < r->n_seqs; i++) ntop += r->seqs[i].n_top;
+        size_t ntop = 0, nplp = 0;
+        for (uint32_t i = 0; i < r->n_seqs; i++) {
+            ntop += r->seqs[i].n_top;
+            nplp += r->seqs[i].n_plp;
+            for (uint32_t k = 0; k < r->seqs[i].n_plp; k++) ntop += r->seqs[i].plp[k].n_top;
+        }
         srs = mla_xcalloc(r->n_seqs ? r->n_seqs : 1, sizeof *srs);
         srp = mla_xcalloc(r->n_seqs ? r->n_seqs : 1, sizeof *srp);
         tops = mla_xcalloc(ntop ? ntop : 1, sizeof *tops);
         topp = mla_xcalloc(ntop ? ntop : 1, sizeof *topp);
-        size_t t = 0;
+        plps = mla_xcalloc(nplp ? nplp : 1, sizeof *plps);
+        plpp = mla_xcalloc(nplp ? nplp : 1, sizeof *plpp);
+        size_t t = 0, q = 0;
         for (uint32_t i = 0; i < r->n_seqs; i++) {
             const wire_seq_result *s = &r->seqs[i];
             mla__seq_result__init(&srs[i]);
@@ -168,6 +178,22 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             srs[i].n_logits = s->logits ? (size_t)s->n_logit_rows * s->n_vocab : 0;
             srs[i].logits = s->logits;
             if (s->error) srs[i].error = s->error;
+            srs[i].n_prompt_logprobs = s->n_plp;
+            srs[i].prompt_logprobs = plpp + q;
+            for (uint32_t k = 0; k < s->n_plp; k++, q++) {
+                const wire_plp *w = &s->plp[k];
+                mla__prompt_logprob__init(&plps[q]);
+                plps[q].logprob = w->logprob;
+                plps[q].n_top = w->n_top;
+                plps[q].top = topp + t;
+                for (uint32_t j = 0; j < w->n_top; j++, t++) {
+                    mla__top_logprob__init(&tops[t]);
+                    tops[t].token = w->top[j].token;
+                    tops[t].logprob = w->top[j].logprob;
+                    topp[t] = &tops[t];
+                }
+                plpp[q] = &plps[q];
+            }
             srp[i] = &srs[i];
         }
         res.seqs = srp;
@@ -264,6 +290,8 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     free(srp);
     free(tops);
     free(topp);
+    free(plps);
+    free(plpp);
     return rc;
 }
 
@@ -382,6 +410,7 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
     o->logprobs = p->logprobs;
     o->top_logprobs = p->top_logprobs;
     o->logits = (wire_logits_mode)p->logits;
+    o->prompt_logprobs = p->prompt_logprobs;
     o->constrained = p->constrained;
     o->constraint_setup = p->constraint_setup;
     o->grammar_start = p->grammar_start;
@@ -448,6 +477,18 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
                 return mla_errf(err, "wire: seq %llu: block %u at table entry %zu outside the pool of %u blocks",
                                 (unsigned long long)s->seq_id, s->blocks[k], s->block_start + k, max_blocks);
             }
+        if (s->has_next_token && (s->next_token < 0 || (lim->n_vocab && (uint32_t)s->next_token >= lim->n_vocab))) {
+            free(ids);
+            return mla_errf(err, "wire: seq %llu: next token %d outside the vocabulary (%u)",
+                            (unsigned long long)s->seq_id, s->next_token, lim->n_vocab);
+        }
+        const bool plp = s->sampling && s->sampling->prompt_logprobs;
+        if ((s->has_next_token && !plp) ||
+            (plp && s->sampling->logits != MLA__LOGITS_MODE__LOGITS_ALL)) {
+            free(ids);
+            return mla_errf(err, "wire: seq %llu: prompt logprobs need the logits of every row, and a next token "
+                            "needs prompt logprobs", (unsigned long long)s->seq_id);
+        }
     }
     int uniq = ids_unique(ids, p->n_seqs);
     free(ids);
@@ -462,6 +503,7 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
         d->seq_id = s->seq_id;
         d->n_tokens = (uint32_t)s->n_tokens;
         d->sample = s->sample;
+        d->next_token = s->has_next_token ? s->next_token : -1;
         d->block_start = s->block_start;
         d->n_blocks = (uint32_t)s->n_blocks;
         if (s->n_blocks) {
@@ -529,6 +571,26 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
         if (s->error && strlen(s->error) >= WIRE_MAX_STR)
             return mla_errf(err, "wire: seq %llu: an error of %zu bytes (limit %d)", id, strlen(s->error),
                             WIRE_MAX_STR - 1);
+        if (s->n_prompt_logprobs > WIRE_MAX_STEP_TOKENS)
+            return mla_errf(err, "wire: seq %llu: %zu prompt logprobs (limit %u)", id, s->n_prompt_logprobs,
+                            WIRE_MAX_STEP_TOKENS);
+        if (s->n_prompt_logprobs && s->n_logits)
+            return mla_errf(err, "wire: seq %llu: prompt logprobs beside logits", id);
+        for (size_t k = 0; k < s->n_prompt_logprobs; k++) {
+            const Mla__PromptLogprob *pl = s->prompt_logprobs[k];
+            if (isnan(pl->logprob) || pl->logprob > 0)
+                return mla_errf(err, "wire: seq %llu: prompt logprob %zu (%g) is not <= 0", id, k, pl->logprob);
+            if (pl->n_top > WIRE_MAX_TOP_LOGPROBS)
+                return mla_errf(err, "wire: seq %llu: prompt logprob %zu with %zu alternatives (limit %d)", id, k,
+                                pl->n_top, WIRE_MAX_TOP_LOGPROBS);
+            for (size_t j = 0; j < pl->n_top; j++) {
+                const Mla__TopLogprob *t = pl->top[j];
+                if (t->token < 0 || (lim->n_vocab && (uint32_t)t->token >= lim->n_vocab) || isnan(t->logprob) ||
+                    t->logprob > 0)
+                    return mla_errf(err, "wire: seq %llu: prompt logprob %zu, alternative %zu (token %d, %g) invalid",
+                                    id, k, j, t->token, t->logprob);
+            }
+        }
     }
     (void)total_logits; /* bounded by the frame size */
     o->n_seqs = (uint32_t)r->n_seqs;
@@ -551,6 +613,19 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
             memcpy(d->logits, s->logits, s->n_logits * sizeof(float));
         }
         if (s->error && s->error[0]) d->error = mla_xstrdup(s->error);
+        if (s->n_prompt_logprobs) {
+            d->n_plp = (uint32_t)s->n_prompt_logprobs;
+            d->plp = mla_xcalloc(s->n_prompt_logprobs, sizeof *d->plp);
+            for (size_t k = 0; k < s->n_prompt_logprobs; k++) {
+                const Mla__PromptLogprob *pl = s->prompt_logprobs[k];
+                d->plp[k].logprob = pl->logprob;
+                d->plp[k].n_top = (uint32_t)pl->n_top;
+                for (size_t j = 0; j < pl->n_top; j++) {
+                    d->plp[k].top[j].token = pl->top[j]->token;
+                    d->plp[k].top[j].logprob = pl->top[j]->logprob;
+                }
+            }
+        }
     }
     return MLA_OK;
 }
@@ -889,6 +964,7 @@ void wire_msg_free(wire_msg *m) {
             for (uint32_t i = 0; i < m->u.result.n_seqs; i++) {
                 free(m->u.result.seqs[i].logits);
                 free(m->u.result.seqs[i].error);
+                free(m->u.result.seqs[i].plp);
             }
         free(m->u.result.seqs);
         break;

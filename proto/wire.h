@@ -19,7 +19,7 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 3u /* 3: block tables in the plan, the cache pool, load progress, worker stats */
+#define WIRE_VERSION 4u /* 3: block tables in the plan, the cache pool, load progress, worker stats; 4: prompt logprobs */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -132,6 +132,9 @@ typedef struct wire_sampling {
     uint32_t n_bias; /* <= WIRE_MAX_BIAS */
     int32_t *bias_ids;
     float *bias_vals;
+    /* with logits WIRE_LOGITS_ALL: rank 0 returns the logprobs of the row's next tokens
+     * (wire_seq_result.plp) instead of its logits */
+    bool prompt_logprobs;
 } wire_sampling;
 
 typedef struct wire_seq {
@@ -146,6 +149,8 @@ typedef struct wire_seq {
     uint32_t block_start;
     uint32_t n_blocks;
     uint32_t *blocks;
+    /* sp.prompt_logprobs: the token after tokens[n_tokens - 1] (-1: none, the row ends the prompt) */
+    int32_t next_token;
 } wire_seq;
 
 typedef struct wire_step_plan {
@@ -159,6 +164,13 @@ typedef struct wire_top {
     float logprob;
 } wire_top;
 
+/* the logprob of a row's next token and the most likely alternatives (sp.prompt_logprobs) */
+typedef struct wire_plp {
+    float logprob;
+    uint32_t n_top;
+    wire_top top[WIRE_MAX_TOP_LOGPROBS];
+} wire_plp;
+
 typedef struct wire_seq_result {
     uint64_t seq_id;
     int32_t token; /* -1 when not sampled */
@@ -169,6 +181,8 @@ typedef struct wire_seq_result {
     float *logits; /* n_logit_rows * n_vocab, or NULL */
     char *error;   /* NULL, or why the sequence cannot go on (proto SeqResult.error; at most
                       WIRE_MAX_STR - 1 bytes): its token then ends it */
+    uint32_t n_plp; /* sp.prompt_logprobs: row positions whose next token is known, in order */
+    wire_plp *plp;
 } wire_seq_result;
 
 typedef struct wire_step_result {

@@ -62,6 +62,15 @@ if(TARGET mlaserve-worker)
                      $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES} ${tp})
     set_tests_properties(serve_model_tp${tp} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77)
   endforeach()
+  # completions with echo: the prompt's logprobs against HF on both fixtures, TP 1 and 2
+  foreach(case "tiny-deepseek3;2" "tiny-glm5;1")
+    list(GET case 0 fx)
+    list(GET case 1 tp)
+    add_test(NAME serve_echo_${fx}_tp${tp}
+             COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_echo.py
+                     $<TARGET_FILE:mlaserve_serve_test> $<TARGET_FILE:mlaserve-worker> ${MLA_FIXTURES} ${fx} ${tp})
+    set_tests_properties(serve_echo_${fx}_tp${tp} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77)
+  endforeach()
   # the cache pool under pressure (preemption, eviction, chunked prefill, the prefix cache):
   # 64 concurrent completions equal those of an unpressured server
   add_test(NAME serve_pool_pressure

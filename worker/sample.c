@@ -240,17 +240,21 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
 
     /* logprobs of the raw distribution */
     out->token = chosen;
-    if (sp->logprobs || sp->top_logprobs) {
-        double mx = -INFINITY;
-        for (uint32_t i = 0; i < V; i++) mx = fmax(mx, (double)logits[i]);
-        double se = 0;
-        for (uint32_t i = 0; i < V; i++) se += exp((double)logits[i] - mx);
-        double lse = mx + log(se);
-        double lp = (double)logits[chosen] - lse;
-        out->logprob = lp > 0 ? 0.0f : (float)lp;
-        if (sp->top_logprobs) top_logprobs(logits, V, lse, sp->top_logprobs, out);
-        for (uint32_t k = 0; k < out->n_top; k++)
-            if (out->top[k].logprob > 0) out->top[k].logprob = 0;
-        while (out->n_top && !isfinite(out->top[out->n_top - 1].logprob)) out->n_top--; /* masked out */
-    }
+    if (sp->logprobs || sp->top_logprobs) sample_logprob(logits, V, chosen, sp->top_logprobs, out);
+}
+
+void sample_logprob(const float *logits, uint32_t V, int32_t token, uint32_t n_top, sample_out *out) {
+    double mx = -INFINITY;
+    for (uint32_t i = 0; i < V; i++) mx = fmax(mx, (double)logits[i]);
+    double se = 0;
+    for (uint32_t i = 0; i < V; i++) se += exp((double)logits[i] - mx);
+    const double lse = mx + log(se), lp = (double)logits[token] - lse;
+    out->token = token;
+    out->logprob = lp > 0 ? 0.0f : (float)lp;
+    out->n_top = 0;
+    if (n_top > WIRE_MAX_TOP_LOGPROBS) n_top = WIRE_MAX_TOP_LOGPROBS;
+    if (n_top) top_logprobs(logits, V, lse, n_top, out);
+    for (uint32_t k = 0; k < out->n_top; k++)
+        if (out->top[k].logprob > 0) out->top[k].logprob = 0;
+    while (out->n_top && !isfinite(out->top[out->n_top - 1].logprob)) out->n_top--; /* masked out */
 }

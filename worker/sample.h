@@ -58,6 +58,11 @@ void sampler_sample_mod(sampler *s, const float *logits, const wire_sampling *sp
                         const int32_t *history, size_t n_history, size_t n_prompt_hist, uint64_t stream,
                         sample_out *out);
 
+/* out := token, its logprob in the distribution of logits (log-softmax) and the n_top most likely
+ * tokens with theirs (at most WIRE_MAX_TOP_LOGPROBS; tokens at -inf are not listed): what
+ * sampling reports for a chosen token, and the logprobs of a prompt's own tokens. */
+void sample_logprob(const float *logits, uint32_t V, int32_t token, uint32_t n_top, sample_out *out);
+
 /* The uniform number in [0, 1) used for (seed, stream); exposed for tests. */
 double sampler_uniform(uint64_t seed, uint64_t stream);
 

@@ -21,6 +21,23 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Row s's prompt logprobs (wire_sampling.prompt_logprobs) from its logits rows (one a token):
+ * for each position whose next token is known (the row's next one; after its last, next_token),
+ * that token's logprob and the row's top_logprobs alternatives. */
+static void prompt_logprobs(const wire_seq *s, const float *rows, uint32_t V, wire_seq_result *r) {
+    const uint32_t n = s->n_tokens - 1 + (s->next_token >= 0);
+    r->n_plp = n;
+    r->plp = n ? mla_xcalloc(n, sizeof *r->plp) : NULL;
+    for (uint32_t j = 0; j < n; j++) {
+        const int32_t next = j + 1 < s->n_tokens ? s->tokens[j + 1] : s->next_token;
+        sample_out so;
+        sample_logprob(rows + (size_t)j * V, V, next, s->sp.top_logprobs, &so);
+        r->plp[j].logprob = so.logprob;
+        r->plp[j].n_top = so.n_top;
+        memcpy(r->plp[j].top, so.top, sizeof so.top);
+    }
+}
+
 /* compute thread: the decode steps the engine timed itself, for the heartbeat */
 static void poll_decode_time(wk *w, engine *eng) {
     if (!w->cfg->engine->decode_time) return;
@@ -507,7 +524,9 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 sr[i].n_top = so.n_top;
                 memcpy(sr[i].top, so.top, sizeof so.top);
             }
-            if (s->sp.logits != WIRE_LOGITS_NONE) {
+            if (s->sp.prompt_logprobs && s->sp.logits == WIRE_LOGITS_ALL) {
+                prompt_logprobs(s, rows[i], V, &sr[i]);
+            } else if (s->sp.logits != WIRE_LOGITS_NONE) {
                 sr[i].n_logit_rows = nrow;
                 sr[i].n_vocab = V;
                 sr[i].logits = rows[i];
@@ -546,6 +565,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
             mla_err e2;
             if (wk_send_msg(pair, &m, &e2)) MLA_WARN("%s", e2.msg);
         }
+        for (uint32_t i = 0; i < p->n_seqs; i++) free(sr[i].plp);
         free(sr);
     }
     finish_chained(w, eng, cons);

@@ -1,9 +1,11 @@
 /* libFuzzer target for the scheduler's state machine (coordinator/sched_batch.c): a small cache
  * (so that preemption happens) over the fake backend (tests/serve/fake_backend.h, which checks
  * positions and block ownership), driven by events from the input: submit (prompt, max_tokens,
- * stop ids, ignore_eos), cancel (a live or finished request), step, a failing step. Checked:
- * the fake backend sees no contract violation; every accepted request gets token events with
- * n_generated counting up, then exactly one final event and nothing after it; generated tokens
+ * stop ids, ignore_eos, prompt logprobs), cancel (a live or finished request), step, a failing
+ * step. Checked: the fake backend sees no contract violation; every accepted request gets token
+ * events with n_generated counting up, then exactly one final event and nothing after it; a
+ * request with prompt logprobs gets them with its first token only, all of them, the fake's
+ * reference values (fake_plp over its prompt); generated tokens
  * never exceed max_tokens; the cache is within bounds; after cancelling everything and stepping
  * until idle, every request is final and every block is free. Deterministic in ctest
  * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/sched). */
@@ -22,6 +24,9 @@ typedef struct rec {
     int32_t max_tokens;
     int32_t n_generated;
     bool final;
+    bool plp;           /* sampling.prompt_logprobs */
+    int32_t prompt[40];
+    int32_t n_prompt;
 } rec;
 
 static rec recs[MAX_REQ];
@@ -39,6 +44,17 @@ static void on_event(void *ctx, const sched_event *ev) {
     rec *r = ev->user;
     if (!r || r->id != ev->req_id) die("event for an unknown request", ev->req_id);
     if (r->final) die("event after the final one", ev->req_id);
+    if (ev->plp || ev->n_plp) {
+        if (!r->plp || !ev->has_token || r->n_generated != 0) die("prompt logprobs other than with the first token", ev->req_id);
+        if (ev->n_plp != r->n_prompt - 1 || (ev->n_plp && !ev->plp)) die("not one prompt logprob a position", ev->req_id);
+        for (int32_t k = 0; k < ev->n_plp; k++) {
+            sched_result ref;
+            fake_plp(r->prompt, k + 1, 0, &ref);
+            if (ev->plp[k].logprob != ref.logprob) die("a prompt logprob is not the fake's", ev->req_id);
+        }
+    } else if (r->plp && ev->has_token && r->n_generated == 0 && r->n_prompt > 1) {
+        die("a first token without its prompt logprobs", ev->req_id);
+    }
     if (ev->has_token) {
         if (ev->n_generated != r->n_generated + 1) die("n_generated does not count up", ev->req_id);
         r->n_generated = ev->n_generated;
@@ -108,6 +124,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             rec *r = &recs[n_recs];
             memset(r, 0, sizeof *r);
             r->max_tokens = max_tokens;
+            r->plp = stop % 3 == 0;
+            r->n_prompt = n_prompt;
+            memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
             sched_request q = {0};
             q.prompt = prompt;
             q.n_prompt = n_prompt;
@@ -120,6 +139,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             q.ignore_eos = op & 0x80;
             sched_sampling_default(&q.sampling);
             q.sampling.temperature = 0;
+            q.sampling.prompt_logprobs = r->plp;
             q.user = r;
             uint64_t id = 0;
             int rc = sched_submit(s, &q, &id, &err);

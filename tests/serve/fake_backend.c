@@ -28,6 +28,8 @@ struct fake_backend {
     fake_stats st;
     int32_t *scratch;
     int32_t scratch_cap;
+    sched_plp *plp; /* a step's prompt logprobs (sched_result.plp) */
+    size_t cap_plp;
 };
 
 void fake_next(const int32_t *seq, int n, uint32_t eos_period, int n_top, sched_result *out) {
@@ -51,6 +53,17 @@ void fake_next(const int32_t *seq, int n, uint32_t eos_period, int n_top, sched_
     }
 }
 
+void fake_plp(const int32_t *seq, int n, int n_top, sched_result *out) {
+    fake_next(seq, n, 0, n_top, out);
+}
+
+/* the prompt positions of entry p whose next token's logprob it returns */
+static int32_t fake_plp_count(const sched_plan_seq *p) {
+    if (!p->prompt_logprobs) return 0;
+    const int32_t end = p->start_pos + p->n_tokens < p->n_prompt - 1 ? p->start_pos + p->n_tokens : p->n_prompt - 1;
+    return end > p->start_pos ? end - p->start_pos : 0;
+}
+
 fake_backend *fake_backend_new(const fake_config *cfg) {
     fake_backend *f = mla_xcalloc(1, sizeof(*f));
     f->cfg = *cfg;
@@ -67,6 +80,7 @@ void fake_backend_free(fake_backend *f) {
     free(f->cache);
     free(f->owner);
     free(f->scratch);
+    free(f->plp);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }
@@ -135,6 +149,14 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
         return mla_errf(err, "fake backend: worker 1 is down (injected failure at step %lld)",
                         (long long)step);
     }
+    /* prompt logprobs: entry i's positions in the prompt (sched_plan_seq.prompt_logprobs) */
+    size_t nplp = 0, at = 0;
+    for (int i = 0; i < plan->n_seqs; i++) nplp += (size_t)fake_plp_count(&plan->seqs[i]);
+    if (nplp > f->cap_plp) {
+        f->cap_plp = nplp * 2;
+        free(f->plp);
+        f->plp = mla_xmalloc(f->cap_plp * sizeof *f->plp);
+    }
     int32_t sum = 0;
     int32_t bs = plan->block_size;
     if (bs != f->cfg.block_size) violation(f, "block size differs", 0);
@@ -145,6 +167,7 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
             if (plan->seqs[j].seq_id == p->seq_id) violation(f, "sequence twice in a plan", p->seq_id);
         fseq *s = find_seq(f, p->seq_id, true);
         if (p->n_tokens < 1) violation(f, "empty entry", p->seq_id);
+        if (p->n_blocks_sent == 0 && s->len == 0) s->len = p->start_pos; /* a prefix cached for another sequence */
         if (p->start_pos != s->len) violation(f, "start position is not the cached length", p->seq_id);
         int32_t end = p->start_pos + p->n_tokens;
         if ((int64_t)p->n_blocks * bs < end) {
@@ -165,6 +188,28 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
             f->cache[(int64_t)b * bs + pos % bs] = p->tokens[pos - p->start_pos];
         }
         s->len = end;
+        const int32_t nl = fake_plp_count(p);
+        if (p->prompt_logprobs && p->n_tokens > SCHED_PLP_CHUNK) violation(f, "a prompt-logprobs entry past its chunk", p->seq_id);
+        if (p->prompt_logprobs && p->n_blocks_sent == 0 && p->start_pos > 0)
+            violation(f, "prompt logprobs over a cached prefix", p->seq_id);
+        if (nl > 0) { /* the fake's logprob at each position, over the sequence read back from the cache */
+            if (f->scratch_cap < end) {
+                f->scratch_cap = end * 2;
+                f->scratch = mla_xrealloc(f->scratch, (size_t)f->scratch_cap * sizeof(int32_t));
+            }
+            for (int32_t pos = 0; pos < end; pos++) {
+                int32_t b = p->block_table[pos / bs];
+                f->scratch[pos] = (b >= 0 && b < f->cfg.n_blocks) ? f->cache[(int64_t)b * bs + pos % bs] : -1;
+            }
+            for (int32_t j = 0; j < nl; j++, at++) {
+                sched_result r;
+                fake_plp(f->scratch, p->start_pos + j + 1, p->sampling->top_logprobs, &r);
+                f->plp[at].logprob = r.logprob;
+                f->plp[at].n_top = r.n_top;
+                memcpy(f->plp[at].top_ids, r.top_ids, sizeof r.top_ids);
+                memcpy(f->plp[at].top_logprobs, r.top_logprobs, sizeof r.top_logprobs);
+            }
+        }
         if (p->sample) {
             if (end != p->n_prompt + p->n_generated) violation(f, "sampling before the end of the sequence", p->seq_id);
             if (f->scratch_cap < end) {
@@ -179,6 +224,10 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
             if (f->cfg.script_file) results[i].token = script_token(f->cfg.script_file, p->n_generated);
             if (f->cfg.seq_fail_prompt > 0 && p->n_prompt == f->cfg.seq_fail_prompt && p->n_generated == f->cfg.seq_fail_gen)
                 results[i].error = "fake backend: this sequence's grammar cannot go on";
+        }
+        if (nl > 0) { /* after fake_next, which clears the result */
+            results[i].plp = f->plp + at - nl;
+            results[i].n_plp = nl;
         }
     }
     if (sum != plan->n_tokens) violation(f, "plan token count is wrong", 0);

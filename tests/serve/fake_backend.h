@@ -2,7 +2,8 @@
  *
  * It keeps a real paged cache (one int32 token per slot) addressed through the block tables of
  * the plans, checks the scheduler's bookkeeping (continuous positions, blocks owned by one live
- * sequence only, block tables long enough) and "samples" the next token as a pure function of
+ * sequence only, block tables long enough; a sequence's first plan may start after a prefix cached
+ * for another) and "samples" the next token as a pure function of
  * the whole sequence read back from its cache: fake_next(). A wrong block table or position
  * therefore changes the output, which tests compare with fake_next() over the true sequence.
  *
@@ -11,7 +12,9 @@
  *   next = FAKE_EOS when h % eos_period == 0 (eos_period > 0), else ALPHA[h % 27]
  *   logprob = -(((h >> 8) % 1000) / 1000) - 0.001
  *   top i (0-based): ALPHA[(h + i) % 27] (top 0 is the chosen token), logprob - 0.5 * i
- * with ALPHA = "abcdefghijklmnopqrstuvwxyz ". */
+ * with ALPHA = "abcdefghijklmnopqrstuvwxyz ".
+ * A prompt token k's logprob (sched_plan_seq.prompt_logprobs) is fake_plp(prompt, k): the
+ * fake's logprob and alternatives after the sequence's first k tokens. */
 #ifndef FAKE_BACKEND_H
 #define FAKE_BACKEND_H
 
@@ -47,6 +50,9 @@ void fake_backend_bind(fake_backend *f, sched_backend *be);
 
 /* The reference: the next token and its logprobs after seq[0..n). */
 void fake_next(const int32_t *seq, int n, uint32_t eos_period, int n_top, sched_result *out);
+/* The reference of a prompt token's logprob: out->logprob and its n_top alternatives for the
+ * token at position n of seq (seq[0..n) before it). */
+void fake_plp(const int32_t *seq, int n, int n_top, sched_result *out);
 
 /* Counters for tests. Violations of the scheduler's contract are counted (and logged). */
 typedef struct fake_stats {

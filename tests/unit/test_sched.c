@@ -24,6 +24,9 @@ typedef struct rec {
     char error[256];
     float lp[MAXT];
     int n_top[MAXT];
+    float plp[MAXT]; /* the prompt logprobs of the event that carried them (sched_event.plp) */
+    int32_t plp_top0[MAXT];
+    int n_plp, plp_events, plp_at_tok; /* plp_at_tok: tokens before that event's */
 } rec;
 
 typedef struct world {
@@ -38,6 +41,15 @@ static void on_event(void *ctx, const sched_event *ev) {
     pthread_mutex_lock(&w->mu);
     rec *r = &w->r[(intptr_t)ev->user];
     if (r->n_final) r->events_after_final++;
+    if (ev->plp || ev->n_plp) {
+        r->plp_events++;
+        r->plp_at_tok = r->n_tok;
+        r->n_plp = ev->n_plp;
+        for (int k = 0; k < ev->n_plp && k < MAXT; k++) {
+            r->plp[k] = ev->plp[k].logprob;
+            r->plp_top0[k] = ev->plp[k].n_top > 0 ? ev->plp[k].top_ids[0] : -1;
+        }
+    }
     if (ev->has_token && r->n_tok < MAXT) {
         r->lp[r->n_tok] = ev->result.logprob;
         r->n_top[r->n_tok] = ev->result.n_top;
@@ -248,6 +260,138 @@ static void test_chunked_prefill_and_logprobs(void) {
     fake_next(j.prompt, j.n_prompt, 0, 5, &ref);
     CHECK(w.r[0].n_top[0] == 5);
     CHECK(w.r[0].lp[0] == ref.logprob);
+    sched_free(s);
+    fake_backend_free(fb);
+}
+
+/* A backend that loses one prompt logprob of its first entry that has any (a worker answering
+ * for fewer positions than the plan gave): the scheduler fails that request alone. */
+typedef struct short_be {
+    sched_backend in;
+} short_be;
+static int short_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    short_be *b = ctx;
+    int rc = b->in.run_step(b->in.ctx, plan, results, err);
+    for (int i = 0; rc == MLA_OK && i < plan->n_seqs; i++)
+        if (results[i].n_plp > 0) {
+            results[i].n_plp--;
+            break;
+        }
+    return rc;
+}
+static void short_free(void *ctx, uint64_t id) {
+    short_be *b = ctx;
+    b->in.free_seq(b->in.ctx, id);
+}
+
+/* sampling.prompt_logprobs: every prompt token's logprob after the first, computed (never taken
+ * from the prefix cache) in entries of at most SCHED_PLP_CHUNK tokens and delivered once, with
+ * the first token; the requests around it keep the cache. */
+static void test_prompt_logprobs(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = base_cfg(&w);
+    cfg.n_blocks = 300;
+    cfg.max_context = 1000;
+    cfg.max_step_tokens = 512;
+    cfg.max_seqs = 300; /* prompt-logprobs entries: at most SCHED_PLP_CHUNK tokens (and max_seqs) */
+    cfg.prefix_cache = true;
+    fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .fail_at_step = -1};
+    fake_backend *fb;
+    sched *s = fake_sched(&fc, &cfg, &fb);
+    static job j;
+    j.n_prompt = 400;
+    for (int i = 0; i < j.n_prompt; i++) j.prompt[i] = 'a' + (i * 7) % 26;
+    j.max_tokens = 3;
+    j.stop_id = -1;
+    /* 0: fills the cache; 1: prompt logprobs over the same prompt; 2: the cache again */
+    REQUIRE(submit_job(s, &j, 0, 0, NULL) == SCHED_E_OK);
+    while (sched_step(s)) {}
+    sched_request rq = job_request(&j, 1, 3);
+    rq.sampling.prompt_logprobs = true;
+    mla_err err;
+    REQUIRE(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    int steps = 0;
+    while (w.r[1].n_tok == 0 && steps < 10) {
+        sched_step(s);
+        steps++;
+    }
+    CHECKF(steps == 2, "400 prompt tokens in entries of %d: 2 steps (took %d; %s %s)", SCHED_PLP_CHUNK, steps,
+           sched_finish_name(w.r[1].finish), w.r[1].error);
+    while (sched_step(s)) {}
+    sched_stats st;
+    sched_get_stats(s, &st);
+    const uint64_t hits_before = st.prefix_hits;
+    REQUIRE(submit_job(s, &j, 2, 0, NULL) == SCHED_E_OK);
+    while (sched_step(s)) {}
+    sched_get_stats(s, &st);
+    CHECKF(st.prefix_hits > hits_before, "the request after it reuses the cache (%llu -> %llu hits)",
+           (unsigned long long)hits_before, (unsigned long long)st.prefix_hits);
+    CHECKF(hits_before == 0, "the prompt-logprobs request took nothing from the cache (%llu hits in all)",
+           (unsigned long long)hits_before);
+    check_against_reference(&w, &j, 1, cfg.max_context, 0);
+    rec *r = &w.r[1];
+    CHECKF(r->plp_events == 1 && r->plp_at_tok == 0 && r->n_plp == j.n_prompt - 1,
+           "one event with %d prompt logprobs, the first token's (%d events, %d logprobs, at token %d)", j.n_prompt - 1,
+           r->plp_events, r->n_plp, r->plp_at_tok);
+    int bad = 0;
+    for (int k = 1; k < j.n_prompt && k - 1 < r->n_plp; k++) {
+        sched_result ref;
+        fake_plp(j.prompt, k, 3, &ref);
+        bad += r->plp[k - 1] != ref.logprob || r->plp_top0[k - 1] != ref.top_ids[0];
+    }
+    CHECKF(bad == 0, "%d prompt logprobs differ from the reference", bad);
+    CHECK(w.r[0].plp_events == 0 && w.r[2].plp_events == 0);
+    /* a one-token prompt: nothing to report, the event says so */
+    rq.prompt = j.prompt;
+    rq.n_prompt = 1;
+    rq.user = (void *)(intptr_t)3;
+    REQUIRE(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    while (sched_step(s)) {}
+    CHECK(w.r[3].n_tok == 3 && w.r[3].n_plp == 0 && w.r[3].finish == SCHED_FINISH_LENGTH);
+    fake_stats fs;
+    fake_backend_stats(fb, &fs);
+    CHECKF(fs.violations == 0, "%lld violations", (long long)fs.violations);
+    sched_free(s);
+    fake_backend_free(fb);
+
+    /* entries of at most max_seqs tokens (the rows the workers keep logits for) */
+    cfg.max_seqs = 7;
+    s = fake_sched(&fc, &cfg, &fb);
+    rq = job_request(&j, 4, 1);
+    rq.sampling.prompt_logprobs = true;
+    REQUIRE(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    steps = 0;
+    while (w.r[4].n_tok == 0 && steps < 100) {
+        sched_step(s);
+        steps++;
+    }
+    CHECKF(steps == (j.n_prompt + 6) / 7, "400 prompt tokens in entries of 7: %d steps (took %d)", (j.n_prompt + 6) / 7,
+           steps);
+    while (sched_step(s)) {}
+    sched_result last;
+    fake_plp(j.prompt, j.n_prompt - 1, 1, &last);
+    CHECK(w.r[4].n_plp == j.n_prompt - 1 && w.r[4].plp[j.n_prompt - 2] == last.logprob);
+    fake_backend_stats(fb, &fs);
+    CHECKF(fs.violations == 0, "%lld violations", (long long)fs.violations);
+    sched_free(s);
+    fake_backend_free(fb);
+
+    /* a backend that answers for fewer positions: that request fails, the one beside it goes on */
+    make_world(&w);
+    fb = fake_backend_new(&fc);
+    short_be sb;
+    fake_backend_bind(fb, &sb.in);
+    sched_backend be = {.ctx = &sb, .run_step = short_run, .free_seq = short_free};
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
+    rq = job_request(&j, 0, 0);
+    rq.sampling.prompt_logprobs = true;
+    REQUIRE(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &j, 1, 0, NULL) == SCHED_E_OK);
+    while (sched_step(s)) {}
+    CHECKF(w.r[0].finish == SCHED_FINISH_ERROR && strstr(w.r[0].error, "prompt logprobs") && w.r[0].n_tok == 0,
+           "fewer prompt logprobs than positions: an error (%s: %s)", sched_finish_name(w.r[0].finish), w.r[0].error);
+    CHECK(w.r[1].finish == SCHED_FINISH_LENGTH && w.r[1].n_tok == 3);
     sched_free(s);
     fake_backend_free(fb);
 }
@@ -1767,6 +1911,7 @@ int main(void) {
     test_random_workload(0);
     test_random_workload(5);
     test_chunked_prefill_and_logprobs();
+    test_prompt_logprobs();
     test_stop_ids_and_context();
     test_cancel();
     test_refusals();

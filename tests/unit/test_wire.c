@@ -118,6 +118,11 @@ static void test_plan_rejections(void) {
     EXPECT_REJECT(f.sp[1].penalty_start = 1025, "penalty_start");
     EXPECT_REJECT(f.sp[1].top_logprobs = WIRE_MAX_TOP_LOGPROBS + 1, "top_logprobs");
     EXPECT_REJECT(f.sp[1].logits = (Mla__LogitsMode)3, "logits mode");
+    EXPECT_REJECT((f.seq[0].has_next_token = 1, f.seq[0].next_token = 3), "a next token needs prompt logprobs");
+    EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_LAST), "logits of every row");
+    EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_ALL, f.seq[0].has_next_token = 1,
+                   f.seq[0].next_token = -2),
+                  "next token -2 outside");
 
     /* over the frame limit, garbage, truncation */
     plan_fix_init(&f);
@@ -255,7 +260,26 @@ static void test_roundtrips(void) {
     CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f && s->sp.penalty_start == 2 &&
           s->sp.seed == 42 && s->sp.logprobs && s->sp.top_logprobs == 3 &&
           s->sp.logits == WIRE_LOGITS_ALL && fabsf(s->sp.min_p - 0.05f) < 1e-7f);
+    CHECK(!s->sp.prompt_logprobs && s->next_token == -1);
     wire_msg_free(&out);
+    /* prompt logprobs: the token after the row travels with it; without one, -1 */
+    seqs[0].sp.prompt_logprobs = true;
+    seqs[0].next_token = 33;
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.plan.seqs[0].sp.prompt_logprobs && out.u.plan.seqs[0].next_token == 33);
+    wire_msg_free(&out);
+    seqs[0].next_token = -1;
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.plan.seqs[0].sp.prompt_logprobs && out.u.plan.seqs[0].next_token == -1);
+    wire_msg_free(&out);
+    seqs[0].next_token = 64;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "next token 64 outside"));
+    seqs[0].next_token = 3;
+    seqs[0].sp.logits = WIRE_LOGITS_LAST;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "prompt logprobs need the logits of every row"));
+    seqs[0].sp.logits = WIRE_LOGITS_ALL;
+    seqs[0].sp.prompt_logprobs = false;
+    seqs[0].next_token = -1;
 
     /* StepResult */
     float logits[2 * 64];
@@ -301,6 +325,31 @@ static void test_roundtrips(void) {
     sr[0].n_vocab = 32; /* 2 x 32 != 128 floats sent */
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "logits"));
     sr[0].n_vocab = 64;
+    /* prompt logprobs: each with its alternatives; not beside logits; each <= 0 */
+    wire_plp plp[3] = {{.logprob = -0.25f, .n_top = 2, .top = {{5, -0.25f}, {6, -2.0f}}},
+                       {.logprob = -4.0f, .n_top = 0},
+                       {.logprob = -1.0f, .n_top = 1, .top = {{63, -0.5f}}}};
+    sr[1].n_plp = 3;
+    sr[1].plp = plp;
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    const wire_seq_result *o1 = &out.u.result.seqs[1];
+    CHECK(out.u.result.seqs[0].n_plp == 0 && o1->n_plp == 3 && o1->plp[0].logprob == -0.25f && o1->plp[0].n_top == 2 &&
+          o1->plp[0].top[1].token == 6 && o1->plp[0].top[1].logprob == -2.0f && o1->plp[1].n_top == 0 &&
+          o1->plp[2].top[0].token == 63 && o1->plp[2].logprob == -1.0f);
+    wire_msg_free(&out);
+    plp[1].logprob = 0.5f;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "prompt logprob 1 (0.5) is not <= 0"));
+    plp[1].logprob = -4.0f;
+    plp[2].top[0].token = 64;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "prompt logprob 2, alternative 0"));
+    plp[2].top[0].token = 63;
+    sr[0].n_plp = 1;
+    sr[0].plp = plp;
+    CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "prompt logprobs beside logits"));
+    sr[0].n_plp = 0;
+    sr[0].plp = NULL;
+    sr[1].n_plp = 0;
+    sr[1].plp = NULL;
     sr[1].seq_id = 9;
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "twice"));
     memset(&in, 0, sizeof in);
