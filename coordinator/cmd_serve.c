@@ -62,11 +62,29 @@ static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
 static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
 static uint64_t g_drain_deadline;
 
+/* SIGINT / SIGTERM once the drain is over: the shutdown after it is bounded (coord_stop gives the
+ * workers 3 s, then kills them) and runs to its end, so that it removes the control socket's
+ * folder and the collective's segment and no worker outlives the server */
+static void on_late_signal(int sig) {
+    (void)sig;
+    static const char msg[] = "mlaserve serve: already shutting down (the workers get 3 s to exit, then are killed)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
 static void serve_close(uv_loop_t *loop) {
     http_server_close(g_http);
     if (g_pb) grpc_server_close(g_pb);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
+    /* libuv gave those signals their default action back (the process would end half way) */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_late_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     uv_close((uv_handle_t *)&g_watch, NULL);
     uv_stop(loop);
 }

@@ -11,7 +11,8 @@
   coord    SIGKILL the coordinator: its workers exit by themselves
   drain    SIGTERM: new requests 503, the in-flight one completes, exit 0; with a short
            --drain-timeout the in-flight one fails with the drain message (503 shutting_down), exit 0, also when
-           its step hangs (given up at the drain timeout, not the step timeout)
+           its step hangs (given up at the drain timeout, not the step timeout); a SIGTERM while
+           the shutdown waits for a stopped worker does not cut it short (exit 0, nothing left)
   bounds   --max-body, prompt length, max_tokens, --max-conns, --max-queue
 Usage: test_faults.py MLASERVE WORKER FIXTURES CASE"""
 import json
@@ -19,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -215,6 +217,28 @@ def case_drain():
         srv.stop(signal.SIGKILL)
         for p in pids.values():
             if alive(p):
+                os.kill(p, signal.SIGKILL)
+    # a second SIGTERM while the shutdown waits for a stopped worker (3 s, then SIGKILL): the
+    # shutdown runs to its end: exit 0, the worker killed, the control socket's folder removed
+    tmp = tempfile.mkdtemp(prefix="mla_faults_tmp_")
+    srv = Server(exe, model, ["--tp", "2"], {"TMPDIR": tmp}, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        check(len(os.listdir(tmp)) > 0, "late signal: the control socket's folder is in TMPDIR", os.listdir(tmp))
+        os.kill(pids[1], signal.SIGSTOP)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(30)
+        check(rc == 0, "late signal: the shutdown goes on, exit 0 (status %r)" % rc, srv.tail(1500))
+        check(wait_for(lambda: not alive(pids[1]), 10, 0.05), "late signal: the stopped worker is killed")
+        check(not os.listdir(tmp), "late signal: nothing left in TMPDIR", os.listdir(tmp))
+        check("already shutting down" in srv.text(), "late signal: the server says it is shutting down", srv.tail(800))
+    finally:
+        srv.stop(signal.SIGKILL)
+        for p in pids.values():
+            if alive(p):
+                os.kill(p, signal.SIGCONT)
                 os.kill(p, signal.SIGKILL)
     srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "1"], SLOW, worker)
     try:
