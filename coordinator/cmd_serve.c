@@ -61,6 +61,7 @@ static uint64_t g_stats_at, g_stats_prompt, g_stats_gen;
 static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
 static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
 static uint64_t g_drain_deadline;
+static const char *g_drain_why = "drain timeout"; /* what ended the drain early, for the requests it fails */
 
 /* SIGINT / SIGTERM once the drain is over: the shutdown after it is bounded (coord_stop gives the
  * workers 3 s, then kills them) and runs to its end, so that it removes the control socket's
@@ -238,6 +239,7 @@ static void on_watch(uv_timer_t *t) {
             MLA_ERROR("serve: %s: exiting with status 1", g_exit_msg);
             g_exit_rc = 1;
             g_draining = 1;
+            g_drain_why = "the worker group failed";
             api_server_set_draining(g_api);
             g_drain_deadline = uv_now(t->loop);
         }
@@ -253,15 +255,19 @@ static void on_watch(uv_timer_t *t) {
             g_drain_flush_said = 1;
             return;
         }
-        if (pend) MLA_WARN("serve: drain timeout: %zu reply bytes not taken by their clients", pend);
+        if (pend) MLA_WARN("serve: %s: %zu reply bytes not taken by their clients", g_drain_why, pend);
         MLA_INFO("serve: no request in flight; stopping");
         serve_close(t->loop);
     } else if (!g_drain_cancelled && uv_now(t->loop) >= g_drain_deadline) {
-        MLA_WARN("serve: drain timeout: failing the %d request(s) still in flight", api_server_inflight(g_api));
-        api_server_cancel_all(g_api, "the server shut down before the request finished (drain timeout)");
+        MLA_WARN("serve: %s: failing the %d request(s) still in flight", g_drain_why, api_server_inflight(g_api));
+        static char why_req[160]; /* kept: api_server_cancel_all holds on to its reason */
+        snprintf(why_req, sizeof why_req, "the server shut down before the request finished (%s)", g_drain_why);
+        api_server_cancel_all(g_api, why_req);
         /* a cancel takes effect between steps: a step that hangs would hold the exit back until
          * --step-timeout-ms, so the step in flight is given up too */
-        if (g_coord) coord_abandon_step(g_coord, "the server shut down before the step finished (drain timeout)");
+        char why_step[160];
+        snprintf(why_step, sizeof why_step, "the server shut down before the step finished (%s)", g_drain_why);
+        if (g_coord) coord_abandon_step(g_coord, why_step);
         g_drain_cancelled = 1;
     }
 }
@@ -269,6 +275,7 @@ static void on_watch(uv_timer_t *t) {
 static void on_signal(uv_signal_t *h, int signum) {
     if (g_draining) {
         MLA_WARN("serve: signal %d again: failing what is in flight and stopping", signum);
+        g_drain_why = "a second signal";
         g_drain_deadline = 0;
     } else {
         MLA_INFO("serve: signal %d: draining (no new requests; %d in flight get up to %.1f s)", signum,

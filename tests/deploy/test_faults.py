@@ -12,7 +12,8 @@
   drain    SIGTERM: new requests 503, the in-flight one completes, exit 0; with a short
            --drain-timeout the in-flight one fails with the drain message (503 shutting_down), exit 0, also when
            its step hangs (given up at the drain timeout, not the step timeout); a SIGTERM while
-           the shutdown waits for a stopped worker does not cut it short (exit 0, nothing left)
+           the shutdown waits for a stopped worker does not cut it short (exit 0, nothing left); a
+           second signal during the drain fails the request in flight naming it
   bounds   --max-body, prompt length, max_tokens, --max-conns, --max-queue
 Usage: test_faults.py MLASERVE WORKER FIXTURES CASE"""
 import json
@@ -240,6 +241,22 @@ def case_drain():
             if alive(p):
                 os.kill(p, signal.SIGCONT)
                 os.kill(p, signal.SIGKILL)
+    # a second signal ends the drain at once: the request in flight fails naming it
+    srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "60"], SLOW, worker)
+    try:
+        c, r = srv.stream_start(LONG)
+        check(len(read_sse_events(r, 1, 30)) == 1, "second signal: streaming started")
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        rest = b" ".join(read_rest(r, 30))
+        c.close()
+        check(b"(a second signal)" in rest and b"shutting_down" in rest, "second signal: the request failed naming it",
+              rest[-300:])
+        srv.proc.wait(30)
+        check(srv.proc.returncode == 0, "second signal: exit 0")
+    finally:
+        srv.stop(signal.SIGKILL)
     srv = Server(exe, model, ["--tp", "1", "--drain-timeout", "1"], SLOW, worker)
     try:
         c, r = srv.stream_start(LONG)
