@@ -131,6 +131,19 @@ static int32_t script_token(const char *path, int32_t n) {
     return tok;
 }
 
+/* f->scratch[0, end) := entry p's sequence read back from the cache through its block table */
+static void read_back(fake_backend *f, const sched_plan_seq *p, int32_t end) {
+    const int32_t bs = f->cfg.block_size;
+    if (f->scratch_cap < end) {
+        f->scratch_cap = end * 2;
+        f->scratch = mla_xrealloc(f->scratch, (size_t)f->scratch_cap * sizeof(int32_t));
+    }
+    for (int32_t pos = 0; pos < end; pos++) {
+        int32_t b = p->block_table[pos / bs];
+        f->scratch[pos] = (b >= 0 && b < f->cfg.n_blocks) ? f->cache[(int64_t)b * bs + pos % bs] : -1;
+    }
+}
+
 static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
     fake_backend *f = ctx;
     pthread_mutex_lock(&f->mu);
@@ -193,14 +206,7 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
         if (p->prompt_logprobs && p->n_blocks_sent == 0 && p->start_pos > 0)
             violation(f, "prompt logprobs over a cached prefix", p->seq_id);
         if (nl > 0) { /* the fake's logprob at each position, over the sequence read back from the cache */
-            if (f->scratch_cap < end) {
-                f->scratch_cap = end * 2;
-                f->scratch = mla_xrealloc(f->scratch, (size_t)f->scratch_cap * sizeof(int32_t));
-            }
-            for (int32_t pos = 0; pos < end; pos++) {
-                int32_t b = p->block_table[pos / bs];
-                f->scratch[pos] = (b >= 0 && b < f->cfg.n_blocks) ? f->cache[(int64_t)b * bs + pos % bs] : -1;
-            }
+            read_back(f, p, end);
             for (int32_t j = 0; j < nl; j++, at++) {
                 sched_result r;
                 fake_plp(f->scratch, p->start_pos + j + 1, p->sampling->top_logprobs, &r);
@@ -212,14 +218,7 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
         }
         if (p->sample) {
             if (end != p->n_prompt + p->n_generated) violation(f, "sampling before the end of the sequence", p->seq_id);
-            if (f->scratch_cap < end) {
-                f->scratch_cap = end * 2;
-                f->scratch = mla_xrealloc(f->scratch, (size_t)f->scratch_cap * sizeof(int32_t));
-            }
-            for (int32_t pos = 0; pos < end; pos++) {
-                int32_t b = p->block_table[pos / bs];
-                f->scratch[pos] = (b >= 0 && b < f->cfg.n_blocks) ? f->cache[(int64_t)b * bs + pos % bs] : -1;
-            }
+            read_back(f, p, end);
             fake_next(f->scratch, end, f->cfg.eos_period, p->sampling->top_logprobs, &results[i]);
             if (f->cfg.script_file) results[i].token = script_token(f->cfg.script_file, p->n_generated);
             if (f->cfg.seq_fail_prompt > 0 && p->n_prompt == f->cfg.seq_fail_prompt && p->n_generated == f->cfg.seq_fail_gen)
