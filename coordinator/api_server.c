@@ -1177,6 +1177,9 @@ static int model_check(const api_server *a, const char *model, api_error *e) {
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (a->draining)
         return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+    if (!a->s) /* not yet serving: a client retrying on the code tells this from a failure */
+        return api_error_set(e, 503, NULL, "model_loading",
+                             "the model is loading and not served yet (GET /health: the workers' progress)");
     char why[512];
     if (!api_server_healthy(a, why, sizeof(why)))
         return api_error_set(e, 503, NULL, "worker_down", "the worker group is not available: %s",

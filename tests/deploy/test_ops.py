@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from dlib import Server, check, finish, free_port, model_path, wait_for  # noqa: E402
-from mlatest import http_get  # noqa: E402
+from mlatest import http_get, http_post  # noqa: E402
 
 exe, worker, fixtures, case = sys.argv[1:5]
 model = model_path(fixtures)
@@ -56,6 +56,11 @@ def case_startup():
         r = [x for x in j["ranks"] if x.get("bytes_done", 0) > 0][0]
         check(r["bytes_total"] > r["bytes_done"] and "bytes_per_second" in r and r["eta_seconds"] > 0,
               "/health: bytes, rate and ETA of a loading rank", r)
+        # a generation meanwhile: 503 with its own code (a client retries it; not a failed group)
+        st, body = http_post(port, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        err = json.loads(body).get("error", {}) if body else {}
+        check(st == 503 and err.get("code") == "model_loading" and "loading" in err.get("message", ""),
+              "a generation while loading: 503 model_loading", (st, body[:300]))
         # from then until ready, every 503 is the loading body (also between the last rank's load
         # and the scheduler taking the pools), never an error
         bodies = []
