@@ -47,6 +47,7 @@ typedef struct api_req {
     size_t stop_floor;   /* stop strings are looked for from here on (after an echoed prompt) */
     int32_t *echo_ids;   /* echo: the prompt's tokens, put ahead of the first generated one; then NULL */
     int32_t n_echo;
+    bool echo_lp;        /* echo with logprobs: a stop token is listed too (without text) */
     size_t sent_len;     /* streamed bytes */
     int n_tok_sent;
     size_t off_bytes, off_chars; /* cursor for character offsets */
@@ -751,14 +752,14 @@ static void count_finish(api_server *a, api_req *r, double t) {
     api_hist_observe(&a->m.generation_len, r->n_completion);
 }
 
-/* Token id and its text onto the request's tokens and text; its logprob and up to n_top
- * alternatives (as many as the request asked for) */
-static tok_entry *push_token(api_server *a, api_req *r, int32_t id, float logprob, int32_t n_top, const int32_t *top_ids,
-                             const float *top_lps) {
+/* Token id onto the request's tokens, and its text (with_text) onto its text; its logprob and up
+ * to n_top alternatives (as many as the request asked for) */
+static tok_entry *push_token(api_server *a, api_req *r, int32_t id, bool with_text, float logprob, int32_t n_top,
+                             const int32_t *top_ids, const float *top_lps) {
     size_t len = 0;
     const char *p = "";
     /* the chat parsers read the markers the model writes as control tokens */
-    if (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id))) {
+    if (with_text && (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id)))) {
         p = a->tok.piece(a->tok.ctx, id, &len);
         if (!p) len = 0;
     }
@@ -793,8 +794,8 @@ static tok_entry *push_token(api_server *a, api_req *r, int32_t id, float logpro
 static void add_echo(api_server *a, api_req *r, const sched_event *ev) {
     for (int32_t i = 0; i < r->n_echo; i++) {
         const sched_plp *pl = i > 0 && i - 1 < ev->n_plp && ev->plp ? &ev->plp[i - 1] : NULL;
-        tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], pl->logprob, pl->n_top, pl->top_ids, pl->top_logprobs)
-                           : push_token(a, r, r->echo_ids[i], 0, 0, NULL, NULL);
+        tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], true, pl->logprob, pl->n_top, pl->top_ids, pl->top_logprobs)
+                           : push_token(a, r, r->echo_ids[i], true, 0, 0, NULL, NULL);
         te->no_lp = !pl;
     }
     r->stop_scanned = r->stop_floor = r->text_len;
@@ -818,9 +819,12 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         r->t_last = t;
         if (r->echo_ids) add_echo(a, r, ev);
         if (!ev->is_stop) {
-            push_token(a, r, ev->result.token, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
+            push_token(a, r, ev->result.token, true, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
             check_stops(r);
+        } else if (r->echo_lp) { /* as vLLM's echo lists it: a scorer takes the last entry as the generated token */
+            push_token(a, r, ev->result.token, false, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
+                       ev->result.top_logprobs);
         }
         if (!r->text_done && r->stream && has_client(r) && !r->responded) stream_flush(r);
         if (r->text_done) {
@@ -1433,6 +1437,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         r->echo_ids = mla_xmalloc((size_t)n_ids * sizeof *r->echo_ids);
         memcpy(r->echo_ids, ids, (size_t)n_ids * sizeof *ids);
         r->n_echo = n_ids;
+        r->echo_lp = p->logprobs;
     }
 
     sched_request sr = {0};

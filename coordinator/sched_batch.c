@@ -279,8 +279,6 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         q->sampling.bias_ids = bi;
         q->sampling.bias_vals = bv;
     }
-    if (q->sampling.prompt_logprobs && q->n_prompt > 1)
-        q->plp = mla_xcalloc((size_t)q->n_prompt - 1, sizeof *q->plp);
     q->user = r->user;
 
     pthread_mutex_lock(&s->mu);
@@ -525,11 +523,17 @@ static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
 /* whether q's plan entries return prompt logprobs: asked for, not sent yet */
 static bool wants_plp(const sreq *q) { return q->sampling.prompt_logprobs && !q->plp_sent; }
 
-/* A chunk of q's within the rows a worker keeps logits for (cfg.max_seqs, a decode step's; at
- * most SCHED_PLP_CHUNK) where its entry returns prompt logprobs */
-static int32_t plp_cap(const sched *s, const sreq *q, int32_t chunk) {
-    const int32_t cap = s->cfg.max_seqs < SCHED_PLP_CHUNK ? s->cfg.max_seqs : SCHED_PLP_CHUNK;
-    return wants_plp(q) && chunk > cap ? cap : chunk;
+/* The prompt-logprob rows a step may carry, over all its entries: the logits rows a worker keeps
+ * for a decode step (cfg.max_seqs), at most SCHED_PLP_CHUNK (each is a row of logits on the
+ * workers' host and a pass over the vocabulary on rank 0) */
+static int32_t plp_step_rows(const sched *s) {
+    return s->cfg.max_seqs < SCHED_PLP_CHUNK ? s->cfg.max_seqs : SCHED_PLP_CHUNK;
+}
+
+/* The tokens q may take this step out of `want`: where its entry returns prompt logprobs, within
+ * what the step has left of those rows (*left, which the caller takes the final chunk from) */
+static int32_t plp_want(const sreq *q, int32_t want, int32_t left) {
+    return wants_plp(q) && want > left ? left : want;
 }
 
 /* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
@@ -648,6 +652,8 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->n_prompt = q->n_prompt;
     p->n_generated = q->n_gen;
     p->prompt_logprobs = wants_plp(q) && q->n_computed < q->n_prompt;
+    if (p->prompt_logprobs && !q->plp && q->n_prompt > 1) /* at its first entry: not while it waits */
+        q->plp = mla_xcalloc((size_t)q->n_prompt - 1, sizeof *q->plp);
     s->plan_req[*n] = q;
     q->has_state = true;
     q->n_sent = q->n_blocks;
@@ -685,15 +691,16 @@ static int32_t chunk_of(const sched *s, int32_t want, int32_t budget, bool other
 /* The plan's cut chunks (chunk_of) grow into the budget the step left, oldest first, as far as
  * blocks can be had without preempting; one that then ends its prompt also gets the block of the
  * position after it where one is free (decode_lookahead, as build_plan gives a decode row). */
-static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget) {
+static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget, int32_t *plp_left) {
     for (int k = 0; k < n_cut && *budget > 0; k++) {
         sched_plan_seq *p = &s->plan[cut[k]];
         sreq *q = s->plan_req[cut[k]];
         const int32_t from = q->n_computed + p->n_tokens, room = (q->n_blocks + s->n_free + s->n_lru) * s->cfg.block_size;
         int32_t to = q->n_tokens < from + *budget ? q->n_tokens : from + *budget;
         if (to > room) to = room;
-        if (to > q->n_computed + plp_cap(s, q, to - q->n_computed)) to = q->n_computed + plp_cap(s, q, to - q->n_computed);
+        if (wants_plp(q) && to - from > *plp_left) to = from + *plp_left;
         if (to <= from) continue;
+        if (wants_plp(q)) *plp_left -= to - from;
         const bool ok = alloc_blocks(s, q, to);
         MLA_ASSERT(ok);
         p->n_tokens += to - from;
@@ -717,7 +724,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     int n = 0, n_cut = 0;
     *n_tokens_out = 0;
     if (held(s)) return 0;
-    int32_t budget = s->cfg.max_step_tokens, long_used = 0;
+    int32_t budget = s->cfg.max_step_tokens, long_used = 0, plp_left = plp_step_rows(s);
     int *cut = s->plan_cut;
     /* running sequences, oldest first */
     for (int i = 0; i < s->running.n && budget > 0 && n < s->cfg.max_seqs; i++) {
@@ -725,8 +732,10 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         int32_t pending = q->n_tokens - q->n_computed;
         MLA_ASSERT(pending >= 1);
         bool was_cut;
-        int32_t chunk = plp_cap(s, q, chunk_of(s, pending, budget, i + 1 < s->running.n || s->waiting.n > 0, &long_used,
-                                            &was_cut));
+        const int32_t want = plp_want(q, pending, plp_left);
+        if (want == 0) continue; /* its prompt's logprobs go on next step */
+        int32_t chunk = chunk_of(s, want, budget, i + 1 < s->running.n || s->waiting.n > 0, &long_used, &was_cut);
+        if (wants_plp(q)) plp_left -= chunk;
         bool self_preempted = false;
         while (!alloc_blocks(s, q, q->n_computed + chunk)) {
             sreq *victim = s->running.v[s->running.n - 1];
@@ -753,18 +762,25 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     int32_t reserve = 0;
     if (whole)
         for (int i = 0; i < s->running.n; i++) reserve += blocks_left(s, s->running.v[i]);
-    /* admission, first come first served */
-    while (budget > 0 && n < s->cfg.max_seqs && s->waiting.n > 0) {
-        sreq *q = s->waiting.v[0];
+    /* admission, first come first served; a request whose prompt logprobs the step has no rows
+     * left for waits for the next step without holding back the ones behind it */
+    for (int wi = 0; budget > 0 && n < s->cfg.max_seqs && wi < s->waiting.n;) {
+        sreq *q = s->waiting.v[wi];
         if (q->preempt_step == s->st.steps + 1) break; /* not in the step that preempted it */
         MLA_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
         int32_t in_lru;
         int32_t hits = prefix_lookup(s, q, &in_lru);
         int32_t start = hits * s->cfg.block_size;
         bool was_cut;
-        int32_t chunk = plp_cap(s, q, chunk_of(s, q->n_tokens - start, budget, s->waiting.n > 1, &long_used, &was_cut));
+        const int32_t want = plp_want(q, q->n_tokens - start, plp_left);
+        if (want == 0) {
+            wi++;
+            continue;
+        }
+        int32_t chunk = chunk_of(s, want, budget, s->waiting.n > 1, &long_used, &was_cut);
         /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
         if (blocks_for(s, whole ? q->n_tokens : start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
+        if (wants_plp(q)) plp_left -= chunk;
         for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
         q->n_blocks = hits;
         q->n_computed = start;
@@ -775,13 +791,13 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
             s->st.prefix_hits += (uint64_t)start;
         }
         if (whole) reserve += blocks_left(s, q);
-        rv_remove_at(&s->waiting, 0);
+        rv_remove_at(&s->waiting, wi);
         rv_push(&s->running, q);
         if (was_cut) cut[n_cut++] = n;
         plan_add(s, &n, q, chunk);
         budget -= chunk;
     }
-    grow_cut(s, cut, n_cut, &budget);
+    grow_cut(s, cut, n_cut, &budget, &plp_left);
     *n_tokens_out = s->cfg.max_step_tokens - budget;
     return n;
 }

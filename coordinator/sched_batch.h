@@ -4,7 +4,8 @@
  * Requests (prompt token ids, sampling parameters, max_tokens, stop token ids) join and leave
  * between steps. Every step the scheduler builds a plan within a per-step token budget: the
  * running sequences oldest first (a decode row, or the next chunk of a prompt), then admission of
- * waiting requests first come first served while the cache and the budget allow. While other
+ * waiting requests first come first served while the cache and the budget allow (one whose
+ * prompt logprobs the step has no rows left for is passed over: sampling.prompt_logprobs). While other
  * requests are in line behind them (running after, or waiting), the long prompts (more than
  * cfg.long_prefill_tokens left to prefill) share half of the budget, so that a long prompt does
  * not hold back the decodes and admissions behind it for its whole prefill; what the step leaves
@@ -74,9 +75,9 @@
 #include "common/mla_err.h"
 
 #define SCHED_MAX_TOP_LOGPROBS 20
-/* The most tokens a plan entry of a request with prompt logprobs carries (and at most
- * cfg.max_seqs): every row's logits are made, where the workers keep those of a decode step's
- * max_seqs rows, and go to their host memory (tokens x vocabulary floats) */
+/* The most prompt-logprob rows a step carries over all its entries (and at most cfg.max_seqs):
+ * every such row's logits are made, where the workers keep those of a decode step's max_seqs
+ * rows, and go to their host memory (rows x vocabulary floats) */
 #define SCHED_PLP_CHUNK 256
 
 typedef struct sched_sampling {
@@ -93,8 +94,8 @@ typedef struct sched_sampling {
     int32_t top_logprobs;     /* 0..SCHED_MAX_TOP_LOGPROBS alternatives */
     /* the logprob of each prompt token after the first, with top_logprobs alternatives (an
      * echoed prompt's): such a request computes every prompt position itself (no prefix cache),
-     * in plan entries of at most min(cfg.max_seqs, SCHED_PLP_CHUNK) tokens, and its first token
-     * event carries them */
+     * a step's entries of such requests carry at most min(cfg.max_seqs, SCHED_PLP_CHUNK) tokens
+     * together, and its first token event carries them */
     bool prompt_logprobs;
     /* Output constraints (coordinator/api_constrain.h): a GBNF grammar (NULL: none) and logit
      * biases. In a sched_request they are the submitter's (read during sched_submit only); the

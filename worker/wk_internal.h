@@ -67,6 +67,7 @@ typedef struct wk {
     wk_sample *samp;
     wk_sample_job *jobs;
     uint32_t *jrow;
+    uint32_t *jpos; /* a scored job's row position (wire_seq_result.plp index); UINT32_MAX: sampled */
     size_t jobs_cap;
     uint8_t *jmask;
     size_t jmask_cap;

@@ -433,6 +433,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     free(w.stok);
     free(w.jobs);
     free(w.jrow);
+    free(w.jpos);
     free(w.jmask);
     free(w.lhit);
     free(w.hit);

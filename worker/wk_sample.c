@@ -17,6 +17,7 @@ typedef struct worker_arg {
     size_t n;
     atomic_size_t *next;
     sampler *smp;
+    uint32_t n_vocab;
 } worker_arg;
 
 wk_sample *wk_sample_new(uint32_t n_vocab) {
@@ -37,8 +38,11 @@ static void *work(void *arg) {
         size_t k = atomic_fetch_add(a->next, 1);
         if (k >= a->n) return NULL;
         wk_sample_job *j = &a->jobs[k];
-        sampler_sample_mod(a->smp, j->logits, j->sp, &j->mod, j->history, j->n_history, j->n_prompt_hist, j->stream,
-                           &j->out);
+        if (j->score)
+            sample_logprob(j->logits, a->n_vocab, j->score_token, j->sp->top_logprobs, &j->out);
+        else
+            sampler_sample_mod(a->smp, j->logits, j->sp, &j->mod, j->history, j->n_history, j->n_prompt_hist,
+                               j->stream, &j->out);
     }
 }
 
@@ -51,7 +55,7 @@ void wk_sample_run(wk_sample *s, wk_sample_job *jobs, size_t n) {
     worker_arg args[WK_SAMPLE_THREADS];
     pthread_t th[WK_SAMPLE_THREADS];
     int started = 0;
-    for (int k = 0; k < nt; k++) args[k] = (worker_arg){jobs, n, &next, s->smp[k]};
+    for (int k = 0; k < nt; k++) args[k] = (worker_arg){jobs, n, &next, s->smp[k], s->n_vocab};
     for (int k = 1; k < nt; k++) { /* this thread is the first worker */
         if (pthread_create(&th[k], NULL, work, &args[k])) break;
         started = k;

@@ -13,6 +13,7 @@
 #ifndef WK_SAMPLE_H
 #define WK_SAMPLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,7 +23,11 @@
 #define WK_SAMPLE_THREADS 4
 
 typedef struct wk_sample_job {
-    const float *logits; /* the row's last logits (n_vocab) */
+    const float *logits; /* the row's last logits (n_vocab); a scored row's own */
+    /* score: not sampled; out := sample_logprob of score_token with sp->top_logprobs alternatives
+     * (a prompt token's logprob: wire_sampling.prompt_logprobs) */
+    bool score;
+    int32_t score_token;
     const wire_sampling *sp;
     sample_mod mod;
     const int32_t *history;
@@ -36,7 +41,8 @@ typedef struct wk_sample wk_sample;
 wk_sample *wk_sample_new(uint32_t n_vocab);
 void wk_sample_free(wk_sample *s);
 
-/* Samples jobs[0, n) (on threads when n > 1): jobs[k].out as sampler_sample_mod gives it. */
+/* Samples (or scores) jobs[0, n) (on threads when n > 1): jobs[k].out as sampler_sample_mod (or
+ * sample_logprob) gives it. */
 void wk_sample_run(wk_sample *s, wk_sample_job *jobs, size_t n);
 
 #endif

@@ -21,20 +21,28 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Row s's prompt logprobs (wire_sampling.prompt_logprobs) from its logits rows (one a token):
- * for each position whose next token is known (the row's next one; after its last, next_token),
- * that token's logprob and the row's top_logprobs alternatives. */
-static void prompt_logprobs(const wire_seq *s, const float *rows, uint32_t V, wire_seq_result *r) {
-    const uint32_t n = s->n_tokens - 1 + (s->next_token >= 0);
+/* The positions of row s whose next token's logprob it returns (wire_sampling.prompt_logprobs):
+ * every one but its last, and that one too where the plan gives the token after it */
+static uint32_t plp_rows(const wire_seq *s) {
+    return s->sp.prompt_logprobs && s->sp.logits == WIRE_LOGITS_ALL ? s->n_tokens - 1 + (s->next_token >= 0) : 0;
+}
+
+/* Row i's prompt logprobs as scoring jobs (w->jobs from *nj), one a position: the logprob of the
+ * next token in that position's logits row, with top_logprobs alternatives, into r->plp */
+static void plp_jobs(wk *w, const wire_seq *s, uint32_t i, const float *rows, uint32_t V, wire_seq_result *r,
+                     size_t *nj) {
+    const uint32_t n = plp_rows(s);
     r->n_plp = n;
     r->plp = n ? mla_xcalloc(n, sizeof *r->plp) : NULL;
     for (uint32_t j = 0; j < n; j++) {
-        const int32_t next = j + 1 < s->n_tokens ? s->tokens[j + 1] : s->next_token;
-        sample_out so;
-        sample_logprob(rows + (size_t)j * V, V, next, s->sp.top_logprobs, &so);
-        r->plp[j].logprob = so.logprob;
-        r->plp[j].n_top = so.n_top;
-        memcpy(r->plp[j].top, so.top, sizeof so.top);
+        wk_sample_job *job = &w->jobs[*nj];
+        memset(job, 0, sizeof *job);
+        job->score = true;
+        job->score_token = j + 1 < s->n_tokens ? s->tokens[j + 1] : s->next_token;
+        job->logits = rows + (size_t)j * V;
+        job->sp = &s->sp;
+        w->jrow[*nj] = i;
+        w->jpos[(*nj)++] = j;
     }
 }
 
@@ -465,12 +473,16 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         /* the host-sampled rows are sampled together after this loop, on threads (worker/wk_sample.h);
          * a plan that holds a sequence twice samples in line (its history grows between the two) */
         const bool in_line = has_twice(p, w->sids);
-        size_t nj = 0, ncons = 0, nc = 0;
-        for (uint32_t i = 0; i < p->n_seqs; i++) nc += p->seqs[i].sp.constrained;
-        if (p->n_seqs > w->jobs_cap) {
-            w->jobs_cap = p->n_seqs;
+        size_t nj = 0, ncons = 0, nc = 0, njobs = p->n_seqs;
+        for (uint32_t i = 0; i < p->n_seqs; i++) {
+            nc += p->seqs[i].sp.constrained;
+            njobs += plp_rows(&p->seqs[i]);
+        }
+        if (njobs > w->jobs_cap) {
+            w->jobs_cap = njobs;
             w->jobs = mla_xrealloc(w->jobs, w->jobs_cap * sizeof *w->jobs);
             w->jrow = mla_xrealloc(w->jrow, w->jobs_cap * sizeof *w->jrow);
+            w->jpos = mla_xrealloc(w->jpos, w->jobs_cap * sizeof *w->jpos);
         }
         if (nc * V > w->jmask_cap) {
             free(w->jmask);
@@ -502,7 +514,9 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 /* taken on the device above */
             } else if (s->sample && !in_line) { /* sampled below, with the other host rows */
                 wk_sample_job *j = &w->jobs[nj];
+                w->jpos[nj] = UINT32_MAX;
                 w->jrow[nj++] = i;
+                j->score = false;
                 j->logits = last;
                 j->sp = &s->sp;
                 j->mod = mod;
@@ -525,7 +539,7 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
                 memcpy(sr[i].top, so.top, sizeof so.top);
             }
             if (s->sp.prompt_logprobs && s->sp.logits == WIRE_LOGITS_ALL) {
-                prompt_logprobs(s, rows[i], V, &sr[i]);
+                plp_jobs(w, s, i, rows[i], V, &sr[i], &nj);
             } else if (s->sp.logits != WIRE_LOGITS_NONE) {
                 sr[i].n_logit_rows = nrow;
                 sr[i].n_vocab = V;
@@ -537,6 +551,13 @@ static void run_plan(wk *w, engine *eng, sampler *smp, wk_constrain *cons, hist_
         for (size_t k = 0; k < nj; k++) {
             wire_seq_result *r = &sr[w->jrow[k]];
             const sample_out *so = &w->jobs[k].out;
+            if (w->jpos[k] != UINT32_MAX) { /* a prompt token's logprob */
+                wire_plp *d = &r->plp[w->jpos[k]];
+                d->logprob = so->logprob;
+                d->n_top = so->n_top;
+                memcpy(d->top, so->top, sizeof so->top);
+                continue;
+            }
             r->token = so->token;
             r->logprob = so->logprob;
             r->n_top = so->n_top;

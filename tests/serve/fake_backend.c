@@ -164,7 +164,12 @@ static int fake_run(void *ctx, const sched_plan *plan, sched_result *results, ml
     }
     /* prompt logprobs: entry i's positions in the prompt (sched_plan_seq.prompt_logprobs) */
     size_t nplp = 0, at = 0;
-    for (int i = 0; i < plan->n_seqs; i++) nplp += (size_t)fake_plp_count(&plan->seqs[i]);
+    int64_t plp_tokens = 0;
+    for (int i = 0; i < plan->n_seqs; i++) {
+        nplp += (size_t)fake_plp_count(&plan->seqs[i]);
+        if (plan->seqs[i].prompt_logprobs) plp_tokens += plan->seqs[i].n_tokens;
+    }
+    if (plp_tokens > f->st.max_plp_tokens) f->st.max_plp_tokens = plp_tokens;
     if (nplp > f->cap_plp) {
         f->cap_plp = nplp * 2;
         free(f->plp);

@@ -57,6 +57,7 @@ void fake_plp(const int32_t *seq, int n, int n_top, sched_result *out);
 /* Counters for tests. Violations of the scheduler's contract are counted (and logged). */
 typedef struct fake_stats {
     int64_t steps, violations, live_seqs, max_batch_tokens, max_batch_seqs, frees;
+    int64_t max_plp_tokens; /* the most tokens of prompt-logprobs entries in one plan */
 } fake_stats;
 void fake_backend_stats(fake_backend *f, fake_stats *st);
 void fake_backend_set_delay(fake_backend *f, int step_delay_ms);

@@ -76,6 +76,17 @@ try:
         offs = lp["text_offset"]
         check(all(offs[i] <= offs[i + 1] for i in range(n)) and c["text"].startswith(c["text"][:offs[n]]),
               "text offsets grow through the prompt into the answer")
+    # the answer's first token a stop token (stop_token_ids): still listed, without text, so that
+    # the last entry is the generated one (lm-evaluation-harness reads token_logprobs[ctxlen:-1])
+    p = ref["prompts"][0]
+    n, g = len(p["tokens"]), p["greedy"][0]
+    st, data = post(port, "/v1/completions", {"prompt": p["tokens"], "max_tokens": 1, "temperature": 0, "echo": True,
+                                              "logprobs": 1, "stop_token_ids": [g]})
+    c = json.loads(data)["choices"][0] if st == 200 else {}
+    lp = c.get("logprobs") or {}
+    check(st == 200 and c.get("finish_reason") == "stop" and len(lp.get("tokens", [])) == n + 1
+          and lp["text_offset"][n] == len(c["text"]) and abs(lp["token_logprobs"][n] - p["last_top5"][0][1]) < 1e-3,
+          "a stop token ends it: listed last, without text", (st, c.get("finish_reason"), len(lp.get("tokens", []))))
     # echo without logprobs, a string prompt: the prompt's text, then the answer of the same request
     # without echo; streamed the same
     p = next(p for p in ref["prompts"] if "<" not in p["text"])

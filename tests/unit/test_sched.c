@@ -372,7 +372,27 @@ static void test_prompt_logprobs(void) {
     sched_result last;
     fake_plp(j.prompt, j.n_prompt - 1, 1, &last);
     CHECK(w.r[4].n_plp == j.n_prompt - 1 && w.r[4].plp[j.n_prompt - 2] == last.logprob);
+    /* two of them and a plain request at once: 7 prompt-logprob rows a step in all, the plain
+     * prompt beside them not held back */
+    make_world(&w);
+    for (int k = 0; k < 2; k++) {
+        rq = job_request(&j, k, 2);
+        rq.sampling.prompt_logprobs = true;
+        REQUIRE(sched_submit(s, &rq, NULL, &err) == SCHED_E_OK);
+    }
+    REQUIRE(submit_job(s, &j, 2, 0, NULL) == SCHED_E_OK);
+    steps = 0;
+    while (w.r[2].n_tok == 0 && steps < 1000) {
+        sched_step(s);
+        steps++;
+    }
+    CHECKF(steps < 10, "the plain prompt beside them: its first token after %d steps", steps);
+    while (sched_step(s)) {}
+    for (int k = 0; k < 3; k++) check_job(&w, k, &j, cfg.max_context, 0);
+    CHECK(w.r[0].n_plp == j.n_prompt - 1 && w.r[1].n_plp == j.n_prompt - 1 && w.r[2].plp_events == 0 &&
+          w.r[0].plp[j.n_prompt - 2] == last.logprob && w.r[1].plp[j.n_prompt - 2] == last.logprob);
     fake_backend_stats(fb, &fs);
+    CHECKF(fs.max_plp_tokens == 7, "at most 7 prompt-logprob rows a step (%lld)", (long long)fs.max_plp_tokens);
     CHECKF(fs.violations == 0, "%lld violations", (long long)fs.violations);
     sched_free(s);
     fake_backend_free(fb);
