@@ -39,6 +39,19 @@ def main():
         check(len(c.logprobs.top_logprobs) == 12 and all(len(d) == 2 for d in c.logprobs.top_logprobs), "completions top_logprobs")
         check(r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(R.encode(prompt)), "completions usage")
 
+        # echo: the prompt's tokens first (the BOS without text), their logprobs the fake model's
+        # over each prefix (fake_backend.h fake_plp), the first one null
+        ids = R.encode(prompt)
+        r = cl.completions.create(model="fake-model", prompt=prompt, max_tokens=12, temperature=0, logprobs=2, echo=True)
+        c = r.choices[0]
+        want_p = [None] + [R.fake_next(ids[:k], n_top=2)[1] for k in range(1, len(ids))]
+        check(c.text == prompt + R.text_of(toks), "echo: the prompt's text, then the answer")
+        check(c.logprobs.tokens[len(ids):] == [chr(t) for t in toks] and len(c.logprobs.tokens) == len(ids) + 12,
+              "echo: a token entry for each prompt token, then the answer's")
+        got_p = [None if x is None else R.f32(x) for x in c.logprobs.token_logprobs[:len(ids)]]
+        check(got_p == want_p and c.logprobs.top_logprobs[0] is None, "echo: the prompt's logprobs", (got_p[:4], want_p[:4]))
+        check(c.logprobs.text_offset[:3] == [0, 0, 1] and r.usage.prompt_tokens == len(ids), "echo: offsets and usage")
+
         text, last = "", None
         for ch in cl.completions.create(model="fake-model", prompt=prompt, max_tokens=12, stream=True,
                                         stream_options={"include_usage": True}):
