@@ -464,8 +464,10 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     /* max_tokens / max_completion_tokens */
     int64_t mt = -1, mct = -1;
     bool has_mt, has_mct;
-    if (get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e)) return MLA_ERR;
-    if (get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e)) return MLA_ERR;
+    /* 0 with echo: the prompt and its logprobs alone (a text scored, as OpenAI's completions took it) */
+    const int64_t mt_min = p->echo ? 0 : 1;
+    if (get_int(root, "max_tokens", mt_min, INT32_MAX, &mt, &has_mt, e)) return MLA_ERR;
+    if (get_int(root, "max_completion_tokens", mt_min, INT32_MAX, &mct, &has_mct, e)) return MLA_ERR;
     p->max_tokens_param = has_mct ? "max_completion_tokens" : "max_tokens";
     if (has_mct) p->max_tokens = (int32_t)mct;
     else if (has_mt) p->max_tokens = (int32_t)mt;
@@ -561,8 +563,9 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
     for (int32_t i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0)
             return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
-    if (p->max_tokens != -1 && p->max_tokens < 1)
-        return bad(e, "max_tokens", "'max_tokens' must be between 1 and %d (got %d)", INT32_MAX, p->max_tokens);
+    if (p->max_tokens != -1 && p->max_tokens < (p->echo ? 0 : 1))
+        return bad(e, "max_tokens", "'max_tokens' must be between %d and %d (got %d)", p->echo ? 0 : 1, INT32_MAX,
+                   p->max_tokens);
     if (!in_range(s->temperature, 0.0, 100.0))
         return bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
     if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f)

@@ -48,6 +48,7 @@ typedef struct api_req {
     int32_t *echo_ids;   /* echo: the prompt's tokens, put ahead of the first generated one; then NULL */
     int32_t n_echo;
     bool echo_lp;        /* echo with logprobs: a stop token is listed too (without text) */
+    bool echo_only;      /* echo with max_tokens 0: the prompt alone; the one token made is dropped */
     size_t sent_len;     /* streamed bytes */
     int n_tok_sent;
     size_t off_bytes, off_chars; /* cursor for character offsets */
@@ -807,8 +808,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
     api_req *r = ev->user;
     double t = now_s();
     if (ev->has_token && !r->text_done) {
-        r->n_completion++;
-        a->m.generation_tokens++;
+        if (!r->echo_only) { /* the one token of an echo with max_tokens 0 is not part of the answer */
+            r->n_completion++;
+            a->m.generation_tokens++;
+        }
         if (r->t_first == 0) {
             r->t_first = t;
             api_hist_observe(&a->m.ttft, t - r->t_start);
@@ -818,7 +821,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         }
         r->t_last = t;
         if (r->echo_ids) add_echo(a, r, ev);
-        if (!ev->is_stop) {
+        if (r->echo_only) { /* the prompt was what was asked for: its answer is complete */
+            r->text_done = true;
+            r->finish_reason = "length";
+        } else if (!ev->is_stop) {
             push_token(a, r, ev->result.token, true, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
             check_stops(r);
@@ -1376,6 +1382,9 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         goto done;
     }
     int32_t max_tokens = p->max_tokens;
+    /* echo with max_tokens 0: the scheduler makes one token (the prompt's last row), dropped */
+    const bool echo_only = p->echo && kind == API_COMPLETIONS && max_tokens == 0;
+    if (echo_only) max_tokens = 1;
     if (max_tokens > 0 && (int64_t)n_ids + max_tokens > a->cfg.max_context) {
         api_error_set(e, 400, p->max_tokens_param ? p->max_tokens_param : "max_tokens", "context_length_exceeded",
                       "This model's maximum context length is %d tokens. However, you requested %lld tokens "
@@ -1438,6 +1447,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         memcpy(r->echo_ids, ids, (size_t)n_ids * sizeof *ids);
         r->n_echo = n_ids;
         r->echo_lp = p->logprobs;
+        r->echo_only = echo_only;
     }
 
     sched_request sr = {0};

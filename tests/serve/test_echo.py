@@ -87,6 +87,27 @@ try:
     check(st == 200 and c.get("finish_reason") == "stop" and len(lp.get("tokens", [])) == n + 1
           and lp["text_offset"][n] == len(c["text"]) and abs(lp["token_logprobs"][n] - p["last_top5"][0][1]) < 1e-3,
           "a stop token ends it: listed last, without text", (st, c.get("finish_reason"), len(lp.get("tokens", []))))
+    # max_tokens 0: the prompt and its logprobs alone (OpenAI's way of scoring a text), streamed the same
+    p = ref["prompts"][1]
+    n = len(p["tokens"])
+    body = {"prompt": p["tokens"], "max_tokens": 0, "temperature": 0, "echo": True, "logprobs": 0}
+    st, data = post(port, "/v1/completions", body)
+    j = json.loads(data) if st == 200 else {}
+    c = j.get("choices", [{}])[0]
+    lp = c.get("logprobs") or {}
+    want = hf_logprobs(p)
+    check(st == 200 and len(lp.get("tokens", [])) == n and c.get("finish_reason") == "length"
+          and j["usage"]["completion_tokens"] == 0 and j["usage"]["prompt_tokens"] == n
+          and max(abs(lp["token_logprobs"][k] - want[k - 1, p["tokens"][k]]) for k in range(1, n)) < TOL,
+          "max_tokens 0 with echo: the prompt alone, its logprobs", (st, data[:300]))
+    st, data = post(port, "/v1/completions", dict(body, stream=True))
+    evs = [json.loads(x[6:]) for x in data.decode().split("\n\n") if x.startswith("data: {")]
+    text = "".join(e["choices"][0]["text"] for e in evs if e.get("choices"))
+    check(st == 200 and text == c.get("text") and sum(len((e["choices"][0].get("logprobs") or {}).get("tokens", []))
+                                                      for e in evs if e.get("choices")) == n,
+          "max_tokens 0 with echo, streamed: the same text and entries", (st, text))
+    st, data = post(port, "/v1/completions", {"prompt": p["tokens"], "max_tokens": 0})
+    check(st == 400 and b"max_tokens" in data, "max_tokens 0 without echo: 400", data[:200])
     # echo without logprobs, a string prompt: the prompt's text, then the answer of the same request
     # without echo; streamed the same
     p = next(p for p in ref["prompts"] if "<" not in p["text"])
