@@ -66,6 +66,11 @@ int main(int argc, char **argv) {
     m.kind = WIRE_STEP_PLAN;
     m.u.plan = (wire_step_plan){.step_id = 5, .n_seqs = 2, .seqs = s};
     emit("plan", &m);
+    s[0].sp.prompt_logprobs = true; /* an echoed prompt's chunk: the token after it travels along */
+    s[0].next_token = 2;
+    emit("plan_prompt_logprobs", &m);
+    s[0].sp.prompt_logprobs = false;
+    s[0].next_token = 0;
     float lg[6] = {1, 2, 3, 4, 5, 6};
     wire_seq_result r = {.seq_id = 1, .token = 2, .logprob = -0.1f, .n_top = 1, .n_logit_rows = 2,
                          .n_vocab = 3, .logits = lg};
@@ -77,6 +82,14 @@ int main(int argc, char **argv) {
     r.error = "the output grammar reached a limit of the matcher after 2 generated tokens";
     emit("result_seq_error", &m);
     r.error = NULL;
+    wire_plp plp[2] = {{.logprob = -0.5f, .n_top = 2, .top = {{1, -0.5f}, {2, -1.0f}}}, {.logprob = -2.0f}};
+    r.n_logit_rows = 0;
+    r.logits = NULL;
+    r.n_plp = 2;
+    r.plp = plp;
+    emit("result_prompt_logprobs", &m);
+    r.n_plp = 0;
+    r.plp = NULL;
     uint64_t ids[2] = {1, 2};
     memset(&m, 0, sizeof m);
     m.kind = WIRE_CONTROL;
