@@ -798,6 +798,7 @@ static void add_echo(api_server *a, api_req *r, const sched_event *ev) {
         tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], true, pl->logprob, pl->n_top, pl->top_ids, pl->top_logprobs)
                            : push_token(a, r, r->echo_ids[i], true, 0, 0, NULL, NULL);
         te->no_lp = !pl;
+        te->prompt = true;
     }
     r->stop_scanned = r->stop_floor = r->text_len;
     free(r->echo_ids);

@@ -144,7 +144,8 @@ typedef struct api_token {
     int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
     float top_lps[SCHED_MAX_TOP_LOGPROBS];
     size_t start, end;
-    bool no_lp; /* an echoed prompt's first token: no logprob (null) */
+    bool no_lp;  /* an echoed prompt's first token: no logprob (null) */
+    bool prompt; /* an echoed prompt's token */
 } api_token;
 
 /* Where a generation's output goes. text is the whole generated text so far (after

@@ -69,9 +69,12 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
         }
     }
     p->add_generation_prompt = q->has_add_generation_prompt ? q->add_generation_prompt : true;
+    p->echo = q->has_echo && q->echo;
+    if (p->echo && p->kind != API_COMPLETIONS)
+        return fail(param, "echo", err, "echo needs prompt or prompt_ids (not messages)");
     if (q->has_max_tokens) {
-        if (q->max_tokens < 1)
-            return fail(param, "max_tokens", err, "max_tokens must be >= 1 (got %d)", q->max_tokens);
+        if (q->max_tokens < (p->echo ? 0 : 1))
+            return fail(param, "max_tokens", err, "max_tokens must be >= %d (got %d)", p->echo ? 0 : 1, q->max_tokens);
         p->max_tokens = q->max_tokens;
     }
     sched_sampling *s = &p->sampling;
@@ -111,6 +114,7 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
     p->logprobs = (q->has_logprobs && q->logprobs) || p->top_logprobs > 0;
     s->logprobs = p->logprobs;
     s->top_logprobs = p->top_logprobs;
+    s->prompt_logprobs = p->echo && p->logprobs;
     p->stream = true;
     api_error e;
     if (api_gen_params_check(p, &e) != MLA_OK) return fail(param, e.param, err, "%s", e.message);

@@ -280,13 +280,17 @@ static void send_token(gs_call *r, const char *text, size_t from, size_t to, con
     }
     m.has_token_id = true;
     m.token_id = t->id;
-    m.has_index = true;
-    m.index = r->index++;
+    if (t->prompt) { /* echo: a prompt token, outside the completion's indexes */
+        m.has_prompt = m.prompt = true;
+    } else {
+        m.has_index = true;
+        m.index = r->index++;
+    }
     size_t n;
     char *s = api_utf8_sanitize(text + from, to - from, &n);
     m.text = s;
     Mlaapi__TopLogprob tops[SCHED_MAX_TOP_LOGPROBS], *topp[SCHED_MAX_TOP_LOGPROBS];
-    if (r->logprobs) {
+    if (r->logprobs && !t->no_lp) {
         m.has_logprob = true;
         m.logprob = t->logprob;
         int nt = t->n_top < SCHED_MAX_TOP_LOGPROBS ? t->n_top : SCHED_MAX_TOP_LOGPROBS;

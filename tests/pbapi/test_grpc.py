@@ -99,6 +99,24 @@ try:
               "streamed one message per token with logprobs (%d messages)" % len(resp))
         check(abs(toks[0].logprob - p["last_top5"][0][1]) < 0.05, "first logprob %.4f vs HF %.4f" %
               (toks[0].logprob, p["last_top5"][0][1]))
+    # echo: a message for each prompt token first (prompt set, no index; the first without a
+    # logprob, the others HF's within the fixture's bound), then the answer's tokens from index 0
+    p = plain[0]
+    n = len(p["tokens"])
+    resp = list(stub.Generate(api_pb2.GenerateRequest(prompt_ids=p["tokens"], max_tokens=2, temperature=0,
+                                                      logprobs=True, echo=True), metadata=AUTH, timeout=120))
+    pt = [x for x in resp if x.prompt]
+    gt = [x for x in resp if x.HasField("token_id") and not x.prompt]
+    check([x.token_id for x in pt] == p["tokens"] and not pt[0].HasField("logprob") and
+          not any(x.HasField("index") for x in pt) and [x.index for x in gt] == [0, 1] and
+          max(abs(x.logprob - want) for x, want in zip(pt[1:], p["next_token_logprobs"])) < 0.01 and
+          [x.token_id for x in gt] == p["greedy"][:2] and resp[-1].usage.completion_tokens == 2,
+          "echo: the prompt's tokens and logprobs, then the answer (%d prompt messages)" % len(pt))
+    resp = list(stub.Generate(api_pb2.GenerateRequest(prompt_ids=p["tokens"], max_tokens=0, logprobs=True, echo=True),
+                              metadata=AUTH, timeout=120))
+    check(len([x for x in resp if x.prompt]) == n and not [x for x in resp if x.HasField("index")] and
+          resp[-1].finish_reason == "length" and resp[-1].usage.completion_tokens == 0,
+          "echo with max_tokens 0: the prompt alone")
     ids, text, last = gen(stub, messages=[api_pb2.ChatMessage(role="user", content="What is 7 plus 5?")],
                           max_tokens=8, temperature=0)
     check(last is not None and last.finish_reason in ("stop", "length") and len(ids) >= 1, "chat Generate %r" % text)
@@ -134,6 +152,8 @@ try:
     first = next(long_call)
     for req, what in ((api_pb2.GenerateRequest(prompt="1 2", max_tokens=0), "max_tokens 0"),
                       (api_pb2.GenerateRequest(prompt="1 2", top_logprobs=99), "top_logprobs 99"),
+                      (api_pb2.GenerateRequest(messages=[api_pb2.ChatMessage(role="user", content="hi")], echo=True),
+                       "echo with messages"),
                       (api_pb2.GenerateRequest(max_tokens=3), "no prompt"),
                       (api_pb2.GenerateRequest(prompt="1", prompt_ids=[1]), "two prompts"),
                       (api_pb2.GenerateRequest(prompt_ids=[999999], max_tokens=2), "token id out of range"),
