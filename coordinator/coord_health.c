@@ -86,6 +86,15 @@ void *coord_sup_main(void *arg) {
         while (!c->quit && (c->state != ST_FAILED || c->gave_up || c->no_restart)) pthread_cond_wait(&c->cv, &c->mu);
         if (c->quit) break;
         int n = atomic_load(&c->consecutive_restarts);
+        /* no restart left: said at once (/health does not announce one that will not come) */
+        if ((c->cfg.on_failure == COORD_ON_FAILURE_RESTART || coord_failed_after_stall(c)) &&
+            n >= c->cfg.max_restarts) {
+            c->gave_up = 1;
+            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
+                      c->fail_msg);
+            pthread_cond_broadcast(&c->cv);
+            continue;
+        }
         /* back off 250 ms, 500 ms, ... up to 5 s; coord_stop interrupts */
         int64_t wait_ms = 250LL << (n < 5 ? n : 5);
         if (wait_ms > 5000) wait_ms = 5000;
@@ -102,13 +111,6 @@ void *coord_sup_main(void *arg) {
         if (c->quit) break;
         if (c->cfg.on_failure != COORD_ON_FAILURE_RESTART && !coord_failed_after_stall(c)) {
             c->no_restart = 1; /* STOP: a worker's own failure stays (coord_failed_for_good) */
-            pthread_cond_broadcast(&c->cv);
-            continue;
-        }
-        if (n >= c->cfg.max_restarts) {
-            c->gave_up = 1;
-            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
-                      c->fail_msg);
             pthread_cond_broadcast(&c->cv);
             continue;
         }

@@ -5,7 +5,8 @@
            --on-worker-failure restart brings the group back (the queued request waits for it and
            is served, a new completion succeeds, and a prompt cached before the restart gets the
            same answer after it); --on-worker-failure exit ends the server with status 1, its last
-           line naming the worker
+           line naming the worker; with its restarts used up (--max-restarts), the next failure
+           gives up at once (/health never says restarting) and the server exits 1
   hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
@@ -114,6 +115,29 @@ def case_death_exit():
         lines = [ln for ln in srv.text().splitlines() if ln.strip()]
         check(lines and "worker 1" in lines[-1] and "signal 9" in lines[-1], "exit: the last line names the worker",
               lines[-1:])
+    finally:
+        srv.stop(signal.SIGKILL)
+    # --on-worker-failure restart with its restarts used up (--max-restarts 1): the second failure
+    # gives up at once, /health never announcing a restart that will not come; exit status 1
+    srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", "restart", "--max-restarts", "1"], {}, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        os.kill(pids[1], signal.SIGKILL)
+        check(wait_for(lambda: srv.text().count("started worker 1:") >= 2, 30, 0.1) and
+              wait_for(lambda: health(srv)[0] == 200, 30, 0.1), "restarts used up: the first restart")
+        new = [int(ln.rsplit("pid ", 1)[1]) for ln in srv.text().splitlines() if "started worker 1:" in ln][-1]
+        os.kill(new, signal.SIGKILL)
+        said = []
+
+        def down():
+            st, body = health(srv)
+            if st == 503:
+                said.append(body)
+            return "giving up" in srv.text() or srv.proc.poll() is not None
+        check(wait_for(down, 30, 0.02), "restarts used up: given up")
+        check(not any("(restarting)" in b for b in said), "restarts used up: /health never says restarting", said[-2:])
+        ok = wait_for(lambda: srv.proc.poll() is not None, 30, 0.2)
+        check(ok and srv.proc.returncode == 1, "restarts used up: exit status 1 (%r)" % srv.proc.returncode)
     finally:
         srv.stop(signal.SIGKILL)
 
