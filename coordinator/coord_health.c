@@ -4,6 +4,8 @@
 #include "coord_internal.h"
 
 #include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include "mla_log.h"
@@ -12,6 +14,28 @@ static void describe_exit(char *buf, size_t n, int ws) {
     if (WIFEXITED(ws)) snprintf(buf, n, "exited with status %d", WEXITSTATUS(ws));
     else if (WIFSIGNALED(ws)) snprintf(buf, n, "was killed by signal %d", WTERMSIG(ws));
     else snprintf(buf, n, "stopped (wait status %d)", ws);
+}
+
+/* What a local worker that failed before registering left on its link (worker/wk_run.c
+ * last_words: a CONTROL_ERROR frame): its message into out, else "" */
+static void last_words(coord *c, int r, char *out, size_t cap) {
+    out[0] = '\0';
+    rank_st *rs = &c->ranks[r];
+    if (!rs->link || rs->registered) return;
+    for (int k = 0; k < 8; k++) {
+        uint8_t *f;
+        size_t n;
+        mla_err e;
+        if (fdlink_recv(rs->link, &f, &n, &e) != 1) break;
+        wire_limits lim = {.world = (uint32_t)c->cfg.world};
+        wire_msg m;
+        if (wire_decode(f, n, &lim, &m, &e) == MLA_OK) {
+            if (m.kind == WIRE_CONTROL && m.u.ctl.kind == WIRE_CTL_ERROR && m.u.ctl.rank == (uint32_t)r)
+                snprintf(out, cap, "%s", m.u.ctl.message);
+            wire_msg_free(&m);
+        }
+        free(f);
+    }
 }
 
 void coord_supervise(coord *c, int64_t t) {
@@ -24,10 +48,13 @@ void coord_supervise(coord *c, int64_t t) {
         if (p == rs->pid) {
             rs->exited = 1;
             rs->wstatus = ws;
-            char how[64];
+            char how[64], words[WIRE_MAX_STR];
             describe_exit(how, sizeof how, ws);
+            last_words(c, r, words, sizeof words);
             if (rs->refusal[0])
                 coord_group_fail(c, "worker %d (pid %d) %s: registration refused: %s", r, (int)rs->pid, how, rs->refusal);
+            else if (words[0])
+                coord_group_fail(c, "worker %d (pid %d) %s: %s", r, (int)rs->pid, how, words);
             else
                 coord_group_fail(c, "worker %d (pid %d) %s", r, (int)rs->pid, how);
         }

@@ -205,6 +205,31 @@ static int link_down(void *ctx, const uint8_t *f, size_t n) {
     return io->stop;
 }
 
+/* A worker the coordinator started on its host that fails before its registration (the model
+ * file cannot be read, the registration refused) leaves the reason on its link as a CONTROL_ERROR
+ * frame, which the coordinator reads when it sees the exit (coord_supervise): otherwise /health
+ * could only say "exited with status 1". The frame is small: the socket takes it at once. */
+static void last_words(const wk_config *cfg, const mla_err *why) {
+    if (cfg->link_fd <= 0) return;
+    mla_err e;
+    fdlink *l = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, &e);
+    if (!l) return;
+    wire_msg m = wk_control_msg(WIRE_CTL_ERROR, cfg->rank, 1, 0, 0, why->msg);
+    for (char *p = m.u.ctl.message; *p; p++) /* wire_decode refuses control characters */
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
+    uint8_t *buf;
+    size_t n;
+    if (wire_encode(&m, &buf, &n, &e) == MLA_OK) {
+        if (fdlink_send(l, buf, n, &e) == MLA_OK)
+            for (int k = 0; k < 100 && fdlink_pending(l); k++) {
+                if (fdlink_flush(l, &e)) break;
+                if (fdlink_pending(l)) usleep(1000);
+            }
+        free(buf);
+    }
+    fdlink_free(l);
+}
+
 int wk_run(const wk_config *cfg, mla_err *err) {
     char tag[32];
     snprintf(tag, sizeof tag, "worker %d", cfg->rank);
@@ -270,6 +295,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
         zmq_close(mon);
     }
     if (rc) {
+        last_words(cfg, err);
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
         return rc;

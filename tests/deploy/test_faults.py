@@ -6,7 +6,8 @@
            is served, a new completion succeeds, and a prompt cached before the restart gets the
            same answer after it); --on-worker-failure exit ends the server with status 1, its last
            line naming the worker; with its restarts used up (--max-restarts), the next failure
-           gives up at once (/health never says restarting) and the server exits 1
+           gives up at once (/health never says restarting) and the server exits 1; a restart
+           whose workers cannot read the model gives their reason, not only their exit status
   hang     SIGSTOP a worker: the heartbeat timeout fails the group; a slow step (no SIGSTOP)
            is caught by --step-timeout-ms
   coord    SIGKILL the coordinator: its workers exit by themselves
@@ -21,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import shutil
 import sys
 import tempfile
 import threading
@@ -140,6 +142,34 @@ def case_death_exit():
         check(ok and srv.proc.returncode == 1, "restarts used up: exit status 1 (%r)" % srv.proc.returncode)
     finally:
         srv.stop(signal.SIGKILL)
+    # a restart whose workers cannot read the model any more (the file moved away): the reason a
+    # worker gives before it registers reaches /health and the last line, not only its exit status
+    tmp = tempfile.mkdtemp(prefix="mla_faults_model_")
+    moved = os.path.join(tmp, "m.gguf")
+    shutil.copy(model, moved)
+    srv = Server(exe, moved, ["--tp", "2", "--on-worker-failure", "restart", "--max-restarts", "1"], {}, worker)
+    try:
+        pids = worker_pids(srv, 2)
+        os.rename(moved, moved + ".away")
+        os.kill(pids[1], signal.SIGKILL)
+        said = []
+
+        def why():
+            try:
+                st, body = health(srv)
+            except OSError:  # it has exited (given up)
+                return True
+            if st == 503 and body and "No such file" in body:
+                said.append(body)
+            return said or srv.proc.poll() is not None
+        check(wait_for(why, 30, 0.05) and said, "model gone: /health gives the workers' reason", srv.tail(1500))
+        ok = wait_for(lambda: srv.proc.poll() is not None, 30, 0.2)
+        lines = [ln for ln in srv.text().splitlines() if ln.strip()]
+        check(ok and srv.proc.returncode == 1 and lines and "No such file" in lines[-1],
+              "model gone: exit 1, the last line says why", lines[-1:])
+    finally:
+        srv.stop(signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def case_hang():
