@@ -822,8 +822,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         }
         r->t_last = t;
         if (r->echo_ids) add_echo(a, r, ev);
-        if (r->echo_only) { /* the prompt was what was asked for: its answer is complete */
-            r->text_done = true;
+        if (r->echo_only) { /* the prompt was what was asked for: the scheduler ends it with this event */
             r->finish_reason = "length";
         } else if (!ev->is_stop) {
             push_token(a, r, ev->result.token, true, ev->result.logprob, ev->result.n_top, ev->result.top_ids,

@@ -100,6 +100,11 @@ try:
           and j["usage"]["completion_tokens"] == 0 and j["usage"]["prompt_tokens"] == n
           and max(abs(lp["token_logprobs"][k] - want[k - 1, p["tokens"][k]]) for k in range(1, n)) < TOL,
           "max_tokens 0 with echo: the prompt alone, its logprobs", (st, data[:300]))
+    # every prompt whole, those whose last token has no text (a chat prompt's special tokens) too
+    short = [(len(q["tokens"]), len((json.loads(d)["choices"][0]["logprobs"] or {}).get("tokens", [])) if s_ == 200 else s_)
+             for q in ref["prompts"]
+             for s_, d in [post(port, "/v1/completions", dict(body, prompt=q["tokens"]))]]
+    check(all(a == b for a, b in short), "max_tokens 0 with echo: an entry for every prompt token", short)
     st, data = post(port, "/v1/completions", dict(body, stream=True))
     evs = [json.loads(x[6:]) for x in data.decode().split("\n\n") if x.startswith("data: {")]
     text = "".join(e["choices"][0]["text"] for e in evs if e.get("choices"))
