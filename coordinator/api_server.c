@@ -524,7 +524,8 @@ static int final_token_count(const api_req *r) {
     int n = 0;
     while (n < r->n_toks) {
         const tok_entry *t = &r->toks[n];
-        if (t->start < r->text_len || (t->start == t->end && t->start <= r->text_len && !r->text_done)) {
+        /* an echoed prompt's tokens all belong (stop strings cut the answer only) */
+        if (t->prompt || t->start < r->text_len || (t->start == t->end && t->start <= r->text_len && !r->text_done)) {
             n++;
             continue;
         }

@@ -105,6 +105,14 @@ try:
              for q in ref["prompts"]
              for s_, d in [post(port, "/v1/completions", dict(body, prompt=q["tokens"]))]]
     check(all(a == b for a, b in short), "max_tokens 0 with echo: an entry for every prompt token", short)
+    # a stop string at the answer's very start cuts the answer, not the prompt's last token
+    # (tiny-deepseek3's chat prompts end in a special token without text)
+    q = next(q for q in ref["prompts"] if "<" in q["text"])
+    st, data = post(port, "/v1/completions", {"prompt": q["tokens"], "max_tokens": 8, "temperature": 0, "echo": True,
+                                              "logprobs": 0, "stop": [q["greedy_text"][:1]]})
+    cs = json.loads(data)["choices"][0] if st == 200 else {}
+    check(st == 200 and cs.get("finish_reason") == "stop" and len(cs["logprobs"]["tokens"]) == len(q["tokens"]),
+          "a stop string at the answer's start: every prompt token kept", (st, data[:300]))
     st, data = post(port, "/v1/completions", dict(body, stream=True))
     evs = [json.loads(x[6:]) for x in data.decode().split("\n\n") if x.startswith("data: {")]
     text = "".join(e["choices"][0]["text"] for e in evs if e.get("choices"))
