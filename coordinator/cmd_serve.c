@@ -62,15 +62,18 @@ static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
 static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
 static uint64_t g_drain_deadline;
 static const char *g_drain_why = "drain timeout"; /* what ended the drain early, for the requests it fails */
+static int g_signalled; /* a SIGTERM / SIGINT came */
 
 /* SIGINT / SIGTERM once the drain is over: the shutdown after it is bounded (coord_stop gives the
  * workers 3 s, then kills them) and runs to its end, so that it removes the control socket's
  * folder and the collective's segment and no worker outlives the server */
 static void on_late_signal(int sig) {
     (void)sig;
+    const int saved = errno; /* of the thread it interrupted */
     static const char msg[] = "mlaserve serve: already shutting down (the workers get 3 s to exit, then are killed)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
+    errno = saved;
 }
 
 static void serve_close(uv_loop_t *loop) {
@@ -274,8 +277,9 @@ static void on_watch(uv_timer_t *t) {
 
 static void on_signal(uv_signal_t *h, int signum) {
     if (g_draining) {
-        MLA_WARN("serve: signal %d again: failing what is in flight and stopping", signum);
-        g_drain_why = "a second signal";
+        MLA_WARN("serve: signal %d %s: failing what is in flight and stopping", signum,
+                 g_signalled ? "again" : "during the drain");
+        g_drain_why = g_signalled ? "a second signal" : "a signal during the drain";
         g_drain_deadline = 0;
     } else {
         MLA_INFO("serve: signal %d: draining (no new requests; %d in flight get up to %.1f s)", signum,
@@ -285,6 +289,7 @@ static void on_signal(uv_signal_t *h, int signum) {
         if (g_pb) grpc_server_drain(g_pb);
         g_drain_deadline = uv_now(h->loop) + (uint64_t)(g_drain_timeout > 0 ? g_drain_timeout * 1000 : 0);
     }
+    g_signalled = 1;
     on_watch(&g_watch);
 }
 

@@ -460,6 +460,7 @@ int coord_healthy(coord *c, mla_err *err) {
                                                             : "the workers are loading the model (see /health)")
                                            : "the worker group is stopped",
                  c->state == ST_FAILED && !c->gave_up && !c->no_restart &&
+                         atomic_load(&c->consecutive_restarts) < c->cfg.max_restarts &&
                          (c->cfg.on_failure == COORD_ON_FAILURE_RESTART ||
                           (c->cfg.on_failure == COORD_ON_FAILURE_STOP && coord_failed_after_stall(c)))
                      ? " (restarting)" : "");

@@ -4,6 +4,7 @@
 #include "coord_internal.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -102,9 +103,19 @@ int coord_failed_after_stall(coord *c) {
     return st > 0 && c->fail_at - st < win && st - c->fail_at < win;
 }
 
+/* n restarts in a row used up --max-restarts: the group is given up (c->mu held). true then. */
+static bool spent(coord *c, int n) {
+    if (n < c->cfg.max_restarts) return false;
+    c->gave_up = 1;
+    MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n, c->fail_msg);
+    pthread_cond_broadcast(&c->cv);
+    return true;
+}
+
 /* The supervisor thread (policies RESTART and STOP): waits for a failure, backs off, restarts
  * the group; under STOP only a failure that followed a stall of the coordinator itself is
  * restarted. Gives up after max_restarts restarts without a successful step in between. */
+
 void *coord_sup_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
@@ -114,14 +125,7 @@ void *coord_sup_main(void *arg) {
         if (c->quit) break;
         int n = atomic_load(&c->consecutive_restarts);
         /* no restart left: said at once (/health does not announce one that will not come) */
-        if ((c->cfg.on_failure == COORD_ON_FAILURE_RESTART || coord_failed_after_stall(c)) &&
-            n >= c->cfg.max_restarts) {
-            c->gave_up = 1;
-            MLA_ERROR("worker group: %d restarts in a row without a successful step; giving up (%s)", n,
-                      c->fail_msg);
-            pthread_cond_broadcast(&c->cv);
-            continue;
-        }
+        if ((c->cfg.on_failure == COORD_ON_FAILURE_RESTART || coord_failed_after_stall(c)) && spent(c, n)) continue;
         /* back off 250 ms, 500 ms, ... up to 5 s; coord_stop interrupts */
         int64_t wait_ms = 250LL << (n < 5 ? n : 5);
         if (wait_ms > 5000) wait_ms = 5000;
@@ -141,6 +145,7 @@ void *coord_sup_main(void *arg) {
             pthread_cond_broadcast(&c->cv);
             continue;
         }
+        if (spent(c, n)) continue; /* a stall noted during the back-off made it one to restart */
         c->restarts++;
         atomic_fetch_add(&c->consecutive_restarts, 1);
         char why[1024];

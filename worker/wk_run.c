@@ -205,15 +205,10 @@ static int link_down(void *ctx, const uint8_t *f, size_t n) {
     return io->stop;
 }
 
-/* A worker the coordinator started on its host that fails before its registration (the model
- * file cannot be read, the registration refused) leaves the reason on its link as a CONTROL_ERROR
- * frame, which the coordinator reads when it sees the exit (coord_supervise): otherwise /health
- * could only say "exited with status 1". The frame is small: the socket takes it at once. */
-static void last_words(const wk_config *cfg, const mla_err *why) {
-    if (cfg->link_fd <= 0) return;
+/* The reason a worker fails with, as a CONTROL_ERROR frame on its link l to the coordinator that
+ * started it (the frame is small: the socket takes it at once) */
+static void link_error(fdlink *l, const wk_config *cfg, const mla_err *why) {
     mla_err e;
-    fdlink *l = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, &e);
-    if (!l) return;
     wire_msg m = wk_control_msg(WIRE_CTL_ERROR, cfg->rank, 1, 0, 0, why->msg);
     for (char *p = m.u.ctl.message; *p; p++) /* wire_decode refuses control characters */
         if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
@@ -227,6 +222,18 @@ static void last_words(const wk_config *cfg, const mla_err *why) {
             }
         free(buf);
     }
+}
+
+/* A worker the coordinator started on its host that fails before its registration (the model
+ * file cannot be read, the registration refused, no connection) leaves the reason on its link,
+ * which the coordinator reads when it sees the exit (coord_supervise): otherwise /health could
+ * only say "exited with status 1". After the registration the coordinator reads the link itself. */
+static void last_words(const wk_config *cfg, const mla_err *why) {
+    if (cfg->link_fd <= 0) return;
+    mla_err e;
+    fdlink *l = fdlink_new(cfg->link_fd, WIRE_MAX_FRAME, &e);
+    if (!l) return;
+    link_error(l, cfg, why);
     fdlink_free(l);
 }
 
@@ -259,6 +266,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
      * registration: fail fast with the reason instead of waiting for the timeout */
     void *mon = NULL;
     if (cfg->curve_dir && wk_setup_curve(cfg, dealer, err)) {
+        last_words(cfg, err);
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
         return MLA_ERR;
@@ -283,6 +291,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     }
     if (zmq_connect(dealer, cfg->coord_endpoint) != 0) {
         rc = mla_errf(err, "cannot connect to %s: %s", cfg->coord_endpoint, zmq_strerror(zmq_errno()));
+        last_words(cfg, err);
         if (mon) zmq_close(mon);
         zmq_close(dealer);
         zmq_ctx_term(w.zctx);
@@ -321,6 +330,7 @@ int wk_run(const wk_config *cfg, mla_err *err) {
     if (reply.coll_shm_name[0]) {
         if (coll_host_attach(&w.coll, reply.coll_shm_name, cfg->rank, cfg->world,
                              (int)reply.coll_timeout_ms, err)) {
+            if (link) link_error(link, cfg, err);
             fdlink_free(link);
             zmq_close(dealer);
             zmq_ctx_term(w.zctx);
