@@ -115,7 +115,6 @@ static bool spent(coord *c, int n) {
 /* The supervisor thread (policies RESTART and STOP): waits for a failure, backs off, restarts
  * the group; under STOP only a failure that followed a stall of the coordinator itself is
  * restarted. Gives up after max_restarts restarts without a successful step in between. */
-
 void *coord_sup_main(void *arg) {
     coord *c = arg;
     mla_log_set_tag("coord");
