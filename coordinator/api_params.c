@@ -265,7 +265,7 @@ static const char *const k_common_keys[] = {
     "logit_bias", "response_format", "grammar", NULL};
 static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                                          "reasoning_effort", NULL};
+                                          "reasoning_effort", "continue_final_message", NULL};
 static const char *const k_completion_keys[] = {"prompt", "echo", "suffix", "best_of", NULL};
 
 static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
@@ -428,6 +428,26 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         if (api_messages_check(msgs, e)) return MLA_ERR;
         p->messages = msgs;
         if (get_bool(root, "add_generation_prompt", &p->add_generation_prompt, e)) return MLA_ERR;
+        /* continue_final_message (vLLM): the prompt ends inside the last (assistant) message, and
+         * the answer goes on from its text; add_generation_prompt then defaults to false */
+        if (get_bool(root, "continue_final_message", &p->continue_final, e)) return MLA_ERR;
+        if (p->continue_final) {
+            const cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
+            if (cJSON_IsTrue(agp))
+                return bad(e, "continue_final_message",
+                           "'continue_final_message' continues the last message: 'add_generation_prompt' must be false");
+            p->add_generation_prompt = false;
+            const cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+            if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
+                return bad(e, "continue_final_message", "'continue_final_message' needs the last message to be the "
+                                                        "assistant's (the text to go on from)");
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content");
+            if (!cJSON_IsString(content) || !content->valuestring[0])
+                return bad(e, "continue_final_message",
+                           "'continue_final_message' needs the last message's content as a string that is not empty");
+            p->continue_text = content->valuestring;
+        }
         if (get_bool(root, "logprobs", &p->logprobs, e)) return MLA_ERR;
         if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;
         if (has) {

@@ -1118,6 +1118,31 @@ static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, con
     return out;
 }
 
+/* continue_final_message: the rendered prompt full[0, *len) cut right after the last place it
+ * holds the final message's text cont (what the template writes after it, the end of the turn,
+ * dropped); the guarded spans cut with it. MLA_ERR where the template did not write cont as is. */
+static int continue_cut(char *full, size_t *len, size_t *spans, size_t *n_spans, const char *cont) {
+    const size_t cl = strlen(cont);
+    size_t at = SIZE_MAX;
+    for (size_t i = *len >= cl ? *len - cl + 1 : 0; i-- > 0;)
+        if (!memcmp(full + i, cont, cl)) {
+            at = i;
+            break;
+        }
+    if (at == SIZE_MAX) return MLA_ERR;
+    *len = at + cl;
+    full[*len] = '\0';
+    size_t k = 0;
+    for (size_t s = 0; s < *n_spans; s++) {
+        if (spans[2 * s] >= *len) break;
+        spans[2 * k] = spans[2 * s];
+        spans[2 * k + 1] = spans[2 * s + 1] < *len ? spans[2 * s + 1] : *len;
+        k++;
+    }
+    *n_spans = k;
+    return MLA_OK;
+}
+
 static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
     api_server *a = ud;
     return a->tok.control_at(a->tok.ctx, s, len, pos);
@@ -1129,7 +1154,8 @@ static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
  * opens the reasoning gets it closed, empty, so that the constrained output is the answer.
  * MLA_ERR with e set. */
 static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJSON *vars, bool close_reasoning,
-                    enum reasoning_prompt *prompt_reasoning, int32_t **ids, int32_t *n, api_error *e) {
+                    const char *cont, enum reasoning_prompt *prompt_reasoning, int32_t **ids, int32_t *n,
+                    api_error *e) {
     *ids = NULL;
     *n = 0;
     bool guard = !a->cfg.special_in_messages && a->tok.control_at;
@@ -1155,6 +1181,13 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
         free(text);
     }
     chat_guard_free(&g);
+    if (cont && continue_cut(full, &len, spans, &n_spans, cont)) {
+        free(full);
+        free(spans);
+        return api_error_set(e, 400, "continue_final_message", NULL,
+                             "'continue_final_message': the chat template does not render the last message's content "
+                             "as given (it changes it), so the answer cannot go on from it");
+    }
     enum reasoning_prompt rp = reasoning_prompt_state(full, len);
     if (rp == REASONING_PROMPT_OPEN && close_reasoning) {
         static const char shut[] = "\n" REASONING_CLOSE_TAG "\n\n"; /* an empty reasoning, as R1 writes one */
@@ -1299,7 +1332,7 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
         cJSON *vars = NULL;
         if (chat_vars(a, p, &vars, e) != MLA_OK) return MLA_ERR;
         int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, p->constrain.grammar != NULL,
-                          &p->prompt_reasoning, &ids, &n_ids, e);
+                          p->continue_final ? p->continue_text : NULL, &p->prompt_reasoning, &ids, &n_ids, e);
         cJSON_Delete(vars);
         /* after the prompt: the calls' grammar leaves the reasoning open (free until the calls) */
         if (rc == MLA_OK) rc = tool_grammar(a, p, e);
@@ -1652,7 +1685,7 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
                         int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages) return chat_ids(a, messages, add_gen, NULL, false, NULL, ids, n, e);
+    if (messages) return chat_ids(a, messages, add_gen, NULL, false, NULL, NULL, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);

@@ -394,7 +394,13 @@ def main():
                 body = e.body if isinstance(e.body, dict) else {}
                 check(e.status_code == 400 and param in str(body.get("message", "")), what + ": 400 naming " + param, body)
 
-        for k, v in (("continue_final_message", True), ("guided_json", {"type": "object"}), ("json_schema", {}),
+        refused("continue_final_message with a user message last", "continue_final_message",
+                extra_body={"continue_final_message": True})
+        # GLM-4.6's template strips an assistant turn's text: the prompt cannot end inside it as given
+        refused("continue_final_message where the template changes the text", "continue_final_message",
+                messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "Sure, the answer is "}],
+                extra_body={"continue_final_message": True})
+        for k, v in (("guided_json", {"type": "object"}), ("json_schema", {}),
                      ("functions", []), ("documents", []), ("echo", False)):
             refused("unhonoured parameter " + k, k, extra_body={k: v})
         refused("kwargs the template does not read", "no_such_switch",

@@ -105,6 +105,20 @@ try:
     if st == 200:
         c = json.loads(data)["choices"][0]
         check(c["message"]["content"] == "7 plus 5 is 12." and c["finish_reason"] == "stop", "chat answer %r" % c)
+    # continue_final_message: the prompt ends inside the assistant's "7 plus" (HF's first two greedy
+    # tokens), and the answer goes on as HF's greedy answer does, prompt tokens counted with them
+    p7 = next(p for p in ref["prompts"] if p["text"].endswith("What is 7 plus 5?<｜Assistant｜>"))
+    st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                                 {"role": "assistant", "content": "7 plus"}],
+                                                    "continue_final_message": True, "max_tokens": 30, "temperature": 0})
+    j = json.loads(data) if st == 200 else {}
+    check(st == 200 and j["choices"][0]["message"]["content"] == " 5 is 12." and
+          j["usage"]["prompt_tokens"] == len(p7["tokens"]) + 2 and j["usage"]["completion_tokens"] == len(p7["greedy"]) - 2,
+          "continue_final_message: HF's greedy answer after its first two tokens", (st, data[:300]))
+    st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                                 {"role": "assistant", "content": "7 plus"}],
+                                                    "continue_final_message": True, "add_generation_prompt": True})
+    check(st == 400 and b"add_generation_prompt" in data, "continue_final_message with add_generation_prompt: 400", data[:200])
     st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2 plus 3?"}],
                                                     "max_tokens": 30, "temperature": 0, "stream": True})
     text = "".join(json.loads(b[6:])["choices"][0]["delta"].get("content", "")
