@@ -446,7 +446,6 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             if (!cJSON_IsString(content) || !content->valuestring[0])
                 return bad(e, "continue_final_message",
                            "'continue_final_message' needs the last message's content as a string that is not empty");
-            p->continue_text = content->valuestring;
         }
         if (get_bool(root, "logprobs", &p->logprobs, e)) return MLA_ERR;
         if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;

@@ -74,7 +74,6 @@ typedef struct api_gen_params {
     int32_t top_logprobs; /* alternatives per token */
     bool echo;            /* completions: the text (and logprobs) start with the prompt's tokens */
     bool continue_final;  /* chat: the prompt ends inside the last (assistant) message's text */
-    const char *continue_text; /* that text (points into the request document) */
     api_constrain constrain; /* response_format, grammar, logit_bias */
 } api_gen_params;
 

@@ -1118,29 +1118,51 @@ static char *render_chat(api_server *a, const cJSON *messages, bool add_gen, con
     return out;
 }
 
-/* continue_final_message: the rendered prompt full[0, *len) cut right after the last place it
- * holds the final message's text cont (what the template writes after it, the end of the turn,
- * dropped); the guarded spans cut with it. MLA_ERR where the template did not write cont as is. */
+/* continue_final_message: the end of the last message's text is marked (CONT_MARK appended to it)
+ * before the template renders, and the rendered prompt is cut at the mark: what the template
+ * writes after the text (the end of the turn) goes. U+10FFFD twice, a private-use code point of
+ * its own (the guard's placeholders are others). */
+#define CONT_MARK "\xF4\x8F\xBF\xBD\xF4\x8F\xBF\xBD"
+
+/* The last message's content with CONT_MARK after it, in msgs (a copy the caller owns) */
+static void continue_mark(cJSON *msgs) {
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(last, "content");
+    if (!cJSON_IsString(c)) return;
+    size_t n = strlen(c->valuestring);
+    char *m = mla_xmalloc(n + sizeof CONT_MARK);
+    memcpy(m, c->valuestring, n);
+    memcpy(m + n, CONT_MARK, sizeof CONT_MARK);
+    cJSON_ReplaceItemInObjectCaseSensitive(last, "content", cJSON_CreateString(m));
+    free(m);
+}
+
+/* full[0, *len) cut at the one CONT_MARK, which the last message's text cont must come right
+ * before (the template wrote it unchanged); the guarded spans cut with it. MLA_ERR otherwise. */
 static int continue_cut(char *full, size_t *len, size_t *spans, size_t *n_spans, const char *cont) {
-    const size_t cl = strlen(cont);
-    size_t at = SIZE_MAX;
-    for (size_t i = *len >= cl ? *len - cl + 1 : 0; i-- > 0;)
-        if (!memcmp(full + i, cont, cl)) {
-            at = i;
-            break;
-        }
-    if (at == SIZE_MAX) return MLA_ERR;
-    *len = at + cl;
-    full[*len] = '\0';
+    const size_t ml = sizeof CONT_MARK - 1, cl = strlen(cont);
+    const char *m = memmem(full, *len, CONT_MARK, ml);
+    if (!m || memmem(m + ml, *len - (size_t)(m - full) - ml, CONT_MARK, ml)) return MLA_ERR;
+    const size_t at = (size_t)(m - full);
+    if (at < cl || memcmp(full + at - cl, cont, cl)) return MLA_ERR;
+    *len = at;
+    full[at] = '\0';
     size_t k = 0;
     for (size_t s = 0; s < *n_spans; s++) {
-        if (spans[2 * s] >= *len) break;
+        if (spans[2 * s] >= at) break;
         spans[2 * k] = spans[2 * s];
-        spans[2 * k + 1] = spans[2 * s + 1] < *len ? spans[2 * s + 1] : *len;
+        spans[2 * k + 1] = spans[2 * s + 1] < at ? spans[2 * s + 1] : at;
         k++;
     }
     *n_spans = k;
     return MLA_OK;
+}
+
+/* the last message's content (continue_final_message: a string, api_params checked) */
+static const char *final_content(const cJSON *messages) {
+    const cJSON *c =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, cJSON_GetArraySize(messages) - 1), "content");
+    return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
 static size_t guard_match(void *ud, const char *s, size_t len, size_t pos) {
@@ -1167,7 +1189,11 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
         chat_guard_free(&g);
         return api_error_set(e, 400, "messages", NULL, "%s", err.msg);
     }
-    char *text = render_chat(a, guard ? prot : messages, add_gen, guard ? vprot : vars, e);
+    if (cont) { /* the end of the text to go on from, marked */
+        if (!prot) prot = cJSON_Duplicate(messages, 1);
+        continue_mark(prot);
+    }
+    char *text = render_chat(a, prot ? prot : messages, add_gen, guard ? vprot : vars, e);
     cJSON_Delete(prot);
     cJSON_Delete(vprot);
     if (!text) {
@@ -1188,7 +1214,9 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
                              "'continue_final_message': the chat template does not render the last message's content "
                              "as given (it changes it), so the answer cannot go on from it");
     }
-    enum reasoning_prompt rp = reasoning_prompt_state(full, len);
+    /* a message continued from inside its reasoning leaves it open (no "<think>" at the prompt's end) */
+    enum reasoning_prompt rp =
+        cont && reasoning_text_open(cont, strlen(cont)) ? REASONING_PROMPT_OPEN : reasoning_prompt_state(full, len);
     if (rp == REASONING_PROMPT_OPEN && close_reasoning) {
         static const char shut[] = "\n" REASONING_CLOSE_TAG "\n\n"; /* an empty reasoning, as R1 writes one */
         full = mla_xrealloc(full, len + sizeof shut);
@@ -1332,7 +1360,8 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
         cJSON *vars = NULL;
         if (chat_vars(a, p, &vars, e) != MLA_OK) return MLA_ERR;
         int rc = chat_ids(a, p->messages, p->add_generation_prompt, vars, p->constrain.grammar != NULL,
-                          p->continue_final ? p->continue_text : NULL, &p->prompt_reasoning, &ids, &n_ids, e);
+                          p->continue_final ? final_content(p->messages) : NULL, &p->prompt_reasoning, &ids, &n_ids,
+                          e);
         cJSON_Delete(vars);
         /* after the prompt: the calls' grammar leaves the reasoning open (free until the calls) */
         if (rc == MLA_OK) rc = tool_grammar(a, p, e);

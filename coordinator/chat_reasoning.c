@@ -45,6 +45,19 @@ enum reasoning_prompt reasoning_prompt_state(const char *p, size_t len) {
     return ends_with(p, len, CLOSE_TAG) ? REASONING_PROMPT_CLOSED : REASONING_PROMPT_FREE;
 }
 
+/* the last place tag occurs in s[0, len), or NULL */
+static const char *last_of(const char *s, size_t len, const char *tag) {
+    const size_t tl = strlen(tag);
+    for (size_t i = len >= tl ? len - tl + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, tag, tl)) return s + i;
+    return NULL;
+}
+
+bool reasoning_text_open(const char *s, size_t len) {
+    const char *o = last_of(s, len, OPEN_TAG), *c = last_of(s, len, CLOSE_TAG);
+    return o && (!c || o > c);
+}
+
 /* Length of the longest suffix of s[0, n) that is a proper prefix of tag. */
 static size_t partial_suffix(const char *s, size_t n, const char *tag) {
     size_t tl = strlen(tag);

@@ -47,6 +47,9 @@ enum reasoning_kind reasoning_auto(const char *template_src);
  * the caller splits nothing; else free: an output that starts with "<think>" opens it. */
 enum reasoning_prompt { REASONING_PROMPT_FREE = 0, REASONING_PROMPT_OPEN, REASONING_PROMPT_CLOSED };
 enum reasoning_prompt reasoning_prompt_state(const char *prompt, size_t len);
+/* Whether text s[0, len) leaves a reasoning open: its last "<think>" after its last "</think>"
+ * (an assistant message continued from inside its thinking: continue_final_message). */
+bool reasoning_text_open(const char *s, size_t len);
 
 typedef struct reasoning_split {
     size_t r_start, r_end; /* reasoning: text[r_start, r_end) (empty when r_end <= r_start) */

@@ -115,6 +115,17 @@ try:
     check(st == 200 and j["choices"][0]["message"]["content"] == " 5 is 12." and
           j["usage"]["prompt_tokens"] == len(p7["tokens"]) + 2 and j["usage"]["completion_tokens"] == len(p7["greedy"]) - 2,
           "continue_final_message: HF's greedy answer after its first two tokens", (st, data[:300]))
+    # cut where the text ends, not where the end-of-turn marker that follows it holds it again ("<",
+    # "end" are in "<｜end▁of▁sentence｜>"): the prompt is HF's prompt and the text's own tokens
+    for pre in ("<", "end"):
+        st, data = post(port, "/tokenize", {"prompt": pre, "add_special_tokens": False})
+        k = len(json.loads(data)["tokens"]) if st == 200 else -1
+        st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                                     {"role": "assistant", "content": pre}],
+                                                        "continue_final_message": True, "max_tokens": 1})
+        n = json.loads(data)["usage"]["prompt_tokens"] if st == 200 else None
+        check(n == len(p7["tokens"]) + k, "continue_final_message %r: cut right after the text (%r prompt tokens, %d + %d)"
+              % (pre, n, len(p7["tokens"]), k))
     st, data = post(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
                                                                  {"role": "assistant", "content": "7 plus"}],
                                                     "continue_final_message": True, "add_generation_prompt": True})
