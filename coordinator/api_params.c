@@ -255,6 +255,28 @@ int api_messages_check(const cJSON *messages, api_error *e) {
     return MLA_OK;
 }
 
+/* continue_final_message (vLLM): the prompt ends inside the last message, the assistant's, and
+ * the answer goes on from its text (a string that is not empty); add_generation_prompt then
+ * defaults to false (true: 400). Chat completions and /tokenize. */
+static int continue_check(const cJSON *root, const cJSON *msgs, bool *cont, bool *add_gen, api_error *e) {
+    if (get_bool(root, "continue_final_message", cont, e)) return MLA_ERR;
+    if (!*cont) return MLA_OK;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
+        return bad(e, "continue_final_message",
+                   "'continue_final_message' continues the last message: 'add_generation_prompt' must be false");
+    *add_gen = false;
+    const cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+    if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
+        return bad(e, "continue_final_message", "'continue_final_message' needs the last message to be the "
+                                                "assistant's (the text to go on from)");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content");
+    if (!cJSON_IsString(content) || !content->valuestring[0])
+        return bad(e, "continue_final_message",
+                   "'continue_final_message' needs the last message's content as a string that is not empty");
+    return MLA_OK;
+}
+
 /* The request members this server reads, by endpoint. Anything else is refused by name: an
  * OpenAI (or vLLM / llama.cpp) parameter it does not honour must not pass silently. */
 static const char *const k_common_keys[] = {
@@ -428,25 +450,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         if (api_messages_check(msgs, e)) return MLA_ERR;
         p->messages = msgs;
         if (get_bool(root, "add_generation_prompt", &p->add_generation_prompt, e)) return MLA_ERR;
-        /* continue_final_message (vLLM): the prompt ends inside the last (assistant) message, and
-         * the answer goes on from its text; add_generation_prompt then defaults to false */
-        if (get_bool(root, "continue_final_message", &p->continue_final, e)) return MLA_ERR;
-        if (p->continue_final) {
-            const cJSON *agp = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
-            if (cJSON_IsTrue(agp))
-                return bad(e, "continue_final_message",
-                           "'continue_final_message' continues the last message: 'add_generation_prompt' must be false");
-            p->add_generation_prompt = false;
-            const cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
-            if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
-                return bad(e, "continue_final_message", "'continue_final_message' needs the last message to be the "
-                                                        "assistant's (the text to go on from)");
-            const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content");
-            if (!cJSON_IsString(content) || !content->valuestring[0])
-                return bad(e, "continue_final_message",
-                           "'continue_final_message' needs the last message's content as a string that is not empty");
-        }
+        if (continue_check(root, msgs, &p->continue_final, &p->add_generation_prompt, e)) return MLA_ERR;
         if (get_bool(root, "logprobs", &p->logprobs, e)) return MLA_ERR;
         if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;
         if (has) {
@@ -625,7 +629,7 @@ void api_gen_params_free(api_gen_params *p) {
 }
 
 static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "add_special_tokens",
-                                              "add_generation_prompt", NULL};
+                                              "add_generation_prompt", "continue_final_message", NULL};
 static const char *const k_detokenize_keys[] = {"model", "tokens", NULL};
 
 int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
@@ -638,7 +642,7 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
         const char *k = it->string ? it->string : "";
         if (!in_list(k_tokenize_keys, k))
             return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
-                             "add_generation_prompt)", k);
+                             "add_generation_prompt, continue_final_message)", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
@@ -657,6 +661,9 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
     if (get_bool(root, "add_generation_prompt", &p->add_gen, e)) return MLA_ERR;
     if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
         return bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");
+    if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")))
+        return bad(e, "continue_final_message", "'continue_final_message' applies to 'messages'");
+    if (p->messages && continue_check(root, p->messages, &p->continue_final, &p->add_gen, e)) return MLA_ERR;
     return MLA_OK;
 }
 

@@ -95,6 +95,7 @@ typedef struct api_tok_params {
     const cJSON *messages;
     bool add_special;
     bool add_gen; /* messages: end with the template's generation prompt (add_generation_prompt) */
+    bool continue_final; /* messages: end inside the last (assistant) message (continue_final_message) */
     int32_t *tokens;
     int32_t n_tokens;
 } api_tok_params;

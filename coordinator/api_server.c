@@ -796,7 +796,8 @@ static tok_entry *push_token(api_server *a, api_req *r, int32_t id, bool with_te
 static void add_echo(api_server *a, api_req *r, const sched_event *ev) {
     for (int32_t i = 0; i < r->n_echo; i++) {
         const sched_plp *pl = i > 0 && i - 1 < ev->n_plp && ev->plp ? &ev->plp[i - 1] : NULL;
-        tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], true, pl->logprob, pl->n_top, pl->top_ids, pl->top_logprobs)
+        tok_entry *te = pl ? push_token(a, r, r->echo_ids[i], true, pl->logprob, pl->n_top, pl->top_ids,
+                                        pl->top_logprobs)
                            : push_token(a, r, r->echo_ids[i], true, 0, 0, NULL, NULL);
         te->no_lp = !pl;
         te->prompt = true;
@@ -1566,8 +1567,8 @@ static void *prep_main(void *arg) {
         j->next = NULL;
         pthread_mutex_unlock(&a->prep_mu);
         if (j->is_tokenize)
-            j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, j->tp.add_gen, &j->ids,
-                                        &j->n_ids, &j->e);
+            j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, j->tp.add_gen,
+                                        j->tp.continue_final, &j->ids, &j->n_ids, &j->e);
         else
             j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e);
         pthread_mutex_lock(&a->prep_mu);
@@ -1711,10 +1712,11 @@ static void generate_ready(api_server *a, prep_job *j) {
 }
 
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special, bool add_gen,
-                        int32_t **ids, int32_t *n, api_error *e) {
+                        bool cont, int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages) return chat_ids(a, messages, add_gen, NULL, false, NULL, NULL, ids, n, e);
+    if (messages)
+        return chat_ids(a, messages, add_gen, NULL, false, cont ? final_content(messages) : NULL, NULL, ids, n, e);
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);

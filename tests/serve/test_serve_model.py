@@ -117,6 +117,12 @@ try:
           "continue_final_message: HF's greedy answer after its first two tokens", (st, data[:300]))
     # cut where the text ends, not where the end-of-turn marker that follows it holds it again ("<",
     # "end" are in "<｜end▁of▁sentence｜>"): the prompt is HF's prompt and the text's own tokens
+    # /tokenize takes it too: the same prompt the answer used
+    st, data = post(port, "/tokenize", {"messages": [{"role": "user", "content": "What is 7 plus 5?"},
+                                                     {"role": "assistant", "content": "7 plus"}],
+                                        "continue_final_message": True})
+    check(st == 200 and json.loads(data)["tokens"] == p7["tokens"] + p7["greedy"][:2],
+          "/tokenize with continue_final_message: HF's prompt and its first two greedy tokens", data[:300])
     for pre in ("<", "end"):
         st, data = post(port, "/tokenize", {"prompt": pre, "add_special_tokens": False})
         k = len(json.loads(data)["tokens"]) if st == 200 else -1
