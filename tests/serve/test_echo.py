@@ -35,8 +35,10 @@ def hf_logprobs(p):
     return z - np.log(np.exp(z).sum(1, keepdims=True))
 
 
+# the CPU backend: the bound below is the CPU forward pass's (a CUDA build would pick its GPU)
 srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"],
-                   ["--max-context", "512", "--max-seqs", "8", "--max-prefill-tokens", "16"], worker=worker,
+                   ["--max-context", "512", "--max-seqs", "8", "--max-prefill-tokens", "16", "--backend", "cpu"],
+                   worker=worker,
                    env={"MLA_ROPE_FREQ_BF16": "1"}, timeout=120, prefix="serve_echo_", fail_tail=None)
 try:
     port = srv.port
