@@ -60,6 +60,17 @@ static bool st_uses_var(void *ctx, const char *name) {
 
 /* ---- scheduler backend over the coordinator ---- */
 
+/* A token's n alternatives (wire_decode bounds n by WIRE_MAX_TOP_LOGPROBS = SCHED_MAX_TOP_LOGPROBS)
+ * into the scheduler's arrays; returns how many */
+static int32_t take_tops(const wire_top *t, uint32_t n, int32_t *ids, float *lps) {
+    if (n > SCHED_MAX_TOP_LOGPROBS) n = SCHED_MAX_TOP_LOGPROBS;
+    for (uint32_t k = 0; k < n; k++) {
+        ids[k] = t[k].token;
+        lps[k] = t[k].logprob;
+    }
+    return (int32_t)n;
+}
+
 static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
     serve_adapt *s = ctx;
     if (plan->n_seqs > s->cap_wseqs) {
@@ -151,11 +162,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
                 for (uint32_t k = 0; k < r->n_plp; k++, at++) {
                     sched_plp *d = &s->plp[at];
                     d->logprob = r->plp[k].logprob;
-                    d->n_top = (int32_t)r->plp[k].n_top;
-                    for (uint32_t j = 0; j < r->plp[k].n_top; j++) {
-                        d->top_ids[j] = r->plp[k].top[j].token;
-                        d->top_logprobs[j] = r->plp[k].top[j].logprob;
-                    }
+                    d->n_top = take_tops(r->plp[k].top, r->plp[k].n_top, d->top_ids, d->top_logprobs);
                 }
             }
             if (!plan->seqs[i].sample) continue;
@@ -170,11 +177,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
                 results[i].error = s->errs[i];
             }
             results[i].logprob = r->logprob;
-            results[i].n_top = (int32_t)(r->n_top < SCHED_MAX_TOP_LOGPROBS ? r->n_top : SCHED_MAX_TOP_LOGPROBS);
-            for (int32_t k = 0; k < results[i].n_top; k++) {
-                results[i].top_ids[k] = r->top[k].token;
-                results[i].top_logprobs[k] = r->top[k].logprob;
-            }
+            results[i].n_top = take_tops(r->top, r->n_top, results[i].top_ids, results[i].top_logprobs);
         }
     }
     coord_result_free(&res);

@@ -24,6 +24,18 @@ const char *wire_kind_name(wire_kind k) {
 
 static char *s_or_empty(const char *s) { return (char *)(s ? s : ""); }
 
+/* A token's n alternatives into the envelope's storage from tops[t] on (topp: their pointers);
+ * returns the next free index */
+static size_t pack_tops(const wire_top *src, size_t n, Mla__TopLogprob *tops, Mla__TopLogprob **topp, size_t t) {
+    for (size_t k = 0; k < n; k++, t++) {
+        mla__top_logprob__init(&tops[t]);
+        tops[t].token = src[k].token;
+        tops[t].logprob = src[k].logprob;
+        topp[t] = &tops[t];
+    }
+    return t;
+}
+
 int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
     *out = NULL;
     *len = 0;
@@ -167,12 +179,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             srs[i].logprob = s->logprob;
             srs[i].n_top = s->n_top;
             srs[i].top = topp + t;
-            for (uint32_t k = 0; k < s->n_top; k++, t++) {
-                mla__top_logprob__init(&tops[t]);
-                tops[t].token = s->top[k].token;
-                tops[t].logprob = s->top[k].logprob;
-                topp[t] = &tops[t];
-            }
+            t = pack_tops(s->top, s->n_top, tops, topp, t);
             srs[i].n_logit_rows = s->n_logit_rows;
             srs[i].n_vocab = s->n_vocab;
             srs[i].n_logits = s->logits ? (size_t)s->n_logit_rows * s->n_vocab : 0;
@@ -186,12 +193,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
                 plps[q].logprob = w->logprob;
                 plps[q].n_top = w->n_top;
                 plps[q].top = topp + t;
-                for (uint32_t j = 0; j < w->n_top; j++, t++) {
-                    mla__top_logprob__init(&tops[t]);
-                    tops[t].token = w->top[j].token;
-                    tops[t].logprob = w->top[j].logprob;
-                    topp[t] = &tops[t];
-                }
+                t = pack_tops(w->top, w->n_top, tops, topp, t);
                 plpp[q] = &plps[q];
             }
             srp[i] = &srs[i];
@@ -522,6 +524,23 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
     return MLA_OK;
 }
 
+/* The first of n decoded alternatives that is invalid (a token outside the vocabulary, a logprob
+ * not <= 0), or n when all are valid */
+static size_t bad_top(Mla__TopLogprob *const *top, size_t n, const wire_limits *lim) {
+    for (size_t k = 0; k < n; k++) {
+        const Mla__TopLogprob *t = top[k];
+        if (t->token < 0 || (lim->n_vocab && (uint32_t)t->token >= lim->n_vocab) || isnan(t->logprob) ||
+            t->logprob > 0)
+            return k;
+    }
+    return n;
+}
+
+/* n decoded alternatives into dst */
+static void copy_tops(Mla__TopLogprob *const *src, size_t n, wire_top *dst) {
+    for (size_t k = 0; k < n; k++) dst[k] = (wire_top){src[k]->token, src[k]->logprob};
+}
+
 static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_step_result *o,
                          mla_err *err) {
     uint32_t max_seqs = lim->max_seqs ? lim->max_seqs : WIRE_MAX_SEQS;
@@ -551,13 +570,10 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
         if (s->n_top > WIRE_MAX_TOP_LOGPROBS)
             return mla_errf(err, "wire: seq %llu: %zu top logprobs (limit %d)", id, s->n_top,
                             WIRE_MAX_TOP_LOGPROBS);
-        for (size_t k = 0; k < s->n_top; k++) {
-            const Mla__TopLogprob *t = s->top[k];
-            if (t->token < 0 || (lim->n_vocab && (uint32_t)t->token >= lim->n_vocab) ||
-                isnan(t->logprob) || t->logprob > 0)
-                return mla_errf(err, "wire: seq %llu: top logprob %zu (token %d, %g) invalid", id, k,
-                                t->token, t->logprob);
-        }
+        const size_t bk = bad_top(s->top, s->n_top, lim);
+        if (bk < s->n_top)
+            return mla_errf(err, "wire: seq %llu: top logprob %zu (token %d, %g) invalid", id, bk,
+                            s->top[bk]->token, s->top[bk]->logprob);
         if (s->n_logits) {
             if (s->n_vocab == 0 || (lim->n_vocab && s->n_vocab != lim->n_vocab) ||
                 s->n_logit_rows == 0 || s->n_logit_rows > WIRE_MAX_STEP_TOKENS ||
@@ -583,13 +599,10 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
             if (pl->n_top > WIRE_MAX_TOP_LOGPROBS)
                 return mla_errf(err, "wire: seq %llu: prompt logprob %zu with %zu alternatives (limit %d)", id, k,
                                 pl->n_top, WIRE_MAX_TOP_LOGPROBS);
-            for (size_t j = 0; j < pl->n_top; j++) {
-                const Mla__TopLogprob *t = pl->top[j];
-                if (t->token < 0 || (lim->n_vocab && (uint32_t)t->token >= lim->n_vocab) || isnan(t->logprob) ||
-                    t->logprob > 0)
-                    return mla_errf(err, "wire: seq %llu: prompt logprob %zu, alternative %zu (token %d, %g) invalid",
-                                    id, k, j, t->token, t->logprob);
-            }
+            const size_t bj = bad_top(pl->top, pl->n_top, lim);
+            if (bj < pl->n_top)
+                return mla_errf(err, "wire: seq %llu: prompt logprob %zu, alternative %zu (token %d, %g) invalid",
+                                id, k, bj, pl->top[bj]->token, pl->top[bj]->logprob);
         }
     }
     (void)total_logits; /* bounded by the frame size */
@@ -602,10 +615,7 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
         d->token = s->token;
         d->logprob = s->logprob;
         d->n_top = (uint32_t)s->n_top;
-        for (size_t k = 0; k < s->n_top; k++) {
-            d->top[k].token = s->top[k]->token;
-            d->top[k].logprob = s->top[k]->logprob;
-        }
+        copy_tops(s->top, s->n_top, d->top);
         if (s->n_logits) {
             d->n_logit_rows = s->n_logit_rows;
             d->n_vocab = s->n_vocab;
@@ -620,10 +630,7 @@ static int decode_result(const Mla__StepResult *r, const wire_limits *lim, wire_
                 const Mla__PromptLogprob *pl = s->prompt_logprobs[k];
                 d->plp[k].logprob = pl->logprob;
                 d->plp[k].n_top = (uint32_t)pl->n_top;
-                for (size_t j = 0; j < pl->n_top; j++) {
-                    d->plp[k].top[j].token = pl->top[j]->token;
-                    d->plp[k].top[j].logprob = pl->top[j]->logprob;
-                }
+                copy_tops(pl->top, pl->n_top, d->plp[k].top);
             }
         }
     }

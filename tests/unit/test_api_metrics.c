@@ -7,6 +7,14 @@
 #include "api_metrics.h"
 #include "mla_test.h"
 
+/* /metrics over the two workers w (n: its length) */
+static char *render2(api_metrics *m, coord_worker_info *w, size_t *n) {
+    api_gauges g = {0};
+    g.workers = w;
+    g.n_workers = 2;
+    return api_metrics_render(m, &g, "m", n);
+}
+
 static void test_backend_info(void) {
     api_metrics m;
     api_metrics_init(&m);
@@ -17,11 +25,8 @@ static void test_backend_info(void) {
     w[0].backend = (wire_backend_cfg){.arch = 90, .arch_as = 120, .attention = "tc16", .attn_smem = 77056,
                                       .smem_cap = 101376, .smem_dev = 232448, .wgmma = false};
     w[1].registered = w[1].loaded = 1; /* no configuration: no samples */
-    api_gauges g = {0};
-    g.workers = w;
-    g.n_workers = 2;
     size_t n = 0;
-    char *t = api_metrics_render(&m, &g, "m", &n);
+    char *t = render2(&m, w, &n);
     REQUIRE(t != NULL && n == strlen(t));
     CHECK(strstr(t, "# TYPE mlaserve_worker_backend_info gauge\n") != NULL);
     CHECK(strstr(t, "mlaserve_worker_backend_info{rank=\"0\",arch=\"sm_90\",arch_as=\"sm_120\",attention=\"tc16\","
@@ -33,7 +38,7 @@ static void test_backend_info(void) {
     free(t);
     /* no worker with a configuration (the CPU backend): no series at all */
     w[0].has_backend = 0;
-    t = api_metrics_render(&m, &g, "m", &n);
+    t = render2(&m, w, &n);
     REQUIRE(t != NULL);
     CHECK(strstr(t, "mlaserve_worker_backend_info") == NULL && strstr(t, "mlaserve_worker_smem_cap_bytes") == NULL);
     free(t);
@@ -49,11 +54,8 @@ static void test_worker_stats(void) {
     w[0].has_stats = 1;
     w[0].stats = (wire_worker_stats){.steps = 50, .step_seconds = 2.5, .decode_steps = 40, .decode_seconds = 0.0825};
     w[1].registered = 1; /* no heartbeat stats yet: no samples */
-    api_gauges g = {0};
-    g.workers = w;
-    g.n_workers = 2;
     size_t n = 0;
-    char *t = api_metrics_render(&m, &g, "m", &n);
+    char *t = render2(&m, w, &n);
     REQUIRE(t != NULL);
     CHECK(strstr(t, "# TYPE mlaserve_worker_decode_steps_total counter\n") != NULL);
     CHECK(strstr(t, "# TYPE mlaserve_worker_decode_seconds_total counter\n") != NULL);
