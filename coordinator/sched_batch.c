@@ -539,16 +539,21 @@ static int32_t plp_want(const sreq *q, int32_t want, int32_t left) {
 /* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
  * at least one token to compute; the ids go to q->blocks[0, hits) (q->n_blocks untouched, no
  * reference taken). *in_lru gets how many of them are evictable now. */
+/* Whether q looks in the prefix cache at all. A backend learns a sequence's tokens only from the
+ * plans that send them. The repetition penalty looks at every token: such a request computes its
+ * own rows from position 0. A request for its prompt's logprobs needs every prompt position's
+ * logits. */
+static bool prefix_looks_up(const sched *s, const sreq *q) {
+    const float rp = q->sampling.repetition_penalty;
+    return s->cfg.prefix_cache && (rp == 1.0f || rp == 0.0f) && !wants_plp(q);
+}
+
 static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
     *in_lru = 0;
-    if (!s->cfg.prefix_cache) return 0;
-    /* A backend learns a sequence's tokens only from the plans that send them. The repetition
-     * penalty looks at every token: such a request computes its own rows from position 0. The
-     * presence and frequency penalties look at the generated ones: its hits stay within the
-     * prompt (a preempted request's generated tokens are sent again). */
+    if (!prefix_looks_up(s, q)) return 0;
+    /* The presence and frequency penalties look at the generated tokens: the hits of such a
+     * request stay within the prompt (a preempted request's generated tokens are sent again). */
     const sched_sampling *sp = &q->sampling;
-    if (sp->repetition_penalty != 1.0f && sp->repetition_penalty != 0.0f) return 0;
-    if (wants_plp(q)) return 0; /* every prompt position's logits are needed */
     int32_t bs = s->cfg.block_size, max_hits = (q->n_tokens - 1) / bs, hits = 0;
     if ((sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) && max_hits > q->n_prompt / bs)
         max_hits = q->n_prompt / bs;
@@ -786,7 +791,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         q->n_computed = start;
         bool ok = alloc_blocks(s, q, start + chunk);
         MLA_ASSERT(ok);
-        if (s->cfg.prefix_cache) {
+        if (prefix_looks_up(s, q)) { /* tokens looked up, as vLLM counts them (again after a preemption) */
             s->st.prefix_queries += (uint64_t)q->n_tokens;
             s->st.prefix_hits += (uint64_t)start;
         }

@@ -322,6 +322,8 @@ static void test_prompt_logprobs(void) {
     sched_stats st;
     sched_get_stats(s, &st);
     const uint64_t hits_before = st.prefix_hits;
+    CHECKF(st.prefix_queries == (uint64_t)j.n_prompt, "the prompt-logprobs request looked nothing up (%llu queries)",
+           (unsigned long long)st.prefix_queries);
     REQUIRE(submit_job(s, &j, 2, 0, NULL) == SCHED_E_OK);
     while (sched_step(s)) {}
     sched_get_stats(s, &st);
@@ -1020,10 +1022,13 @@ static void test_cache_lost(void) {
     rq.sampling.repetition_penalty = 1.3f;
     uint64_t pid;
     mla_err err;
+    const uint64_t queries = stats_of(s).prefix_queries;
     REQUIRE(sched_submit(s, &rq, &pid, &err) == SCHED_E_OK);
     sim_drain(s, &m, 1000);
     const int np = entries_of(&m, pid, e, 64);
     CHECK(stats_of(s).prefix_hits == 24 && np > 0 && e[0]->start_pos == 0);
+    CHECKF(stats_of(s).prefix_queries == queries, "it looked nothing up: %llu queries, %llu before",
+           (unsigned long long)stats_of(s).prefix_queries, (unsigned long long)queries);
     /* one with presence or frequency penalties (they count the generated tokens) reuses the
      * prompt's blocks */
     rq.sampling.repetition_penalty = 1.0f;
