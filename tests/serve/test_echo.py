@@ -6,7 +6,8 @@ computed them (MLA_ROPE_FREQ_BF16). Prompts are cut into steps of 16 tokens (the
 step's last travels with it), a cached prefix is not used for them, and the answer's text, its
 stream and its stop strings start after the prompt.
 Usage: test_echo.py SERVE_EXE WORKER_EXE FIXTURES_DIR FIXTURE TP. Exit 77 when the fixture is
-missing."""
+missing. Env: ECHO_BACKEND (default cpu; cuda on a GPU host) and ECHO_TOL (default 1e-4, the CPU
+forward pass's bound) for the same checks of another backend."""
 import json
 import os
 import sys
@@ -25,7 +26,8 @@ if not os.path.exists(model):
 ref = json.load(open(os.path.join(fx, "ref.json")))
 V = 2048
 allref = np.fromfile(os.path.join(fx, "ref_logits.f32"), dtype="<f4")
-TOL = 1e-4  # measured: at most 1.2e-5 on both fixtures, TP 1 and 2
+TOL = float(os.environ.get("ECHO_TOL", "1e-4"))  # CPU, measured: at most 1.2e-5 on both fixtures, TP 1 and 2
+BACKEND = os.environ.get("ECHO_BACKEND", "cpu")
 
 
 def hf_logprobs(p):
@@ -35,9 +37,9 @@ def hf_logprobs(p):
     return z - np.log(np.exp(z).sum(1, keepdims=True))
 
 
-# the CPU backend: the bound below is the CPU forward pass's (a CUDA build would pick its GPU)
+# the CPU backend unless ECHO_BACKEND names another (a CUDA build would pick its GPU)
 srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"],
-                   ["--max-context", "512", "--max-seqs", "8", "--max-prefill-tokens", "16", "--backend", "cpu"],
+                   ["--max-context", "512", "--max-seqs", "8", "--max-prefill-tokens", "16", "--backend", BACKEND],
                    worker=worker,
                    env={"MLA_ROPE_FREQ_BF16": "1"}, timeout=120, prefix="serve_echo_", fail_tail=None)
 try:
