@@ -607,6 +607,18 @@ static int tg_json_args(tg *t, const cJSON *tl, int i, char *arg, size_t arg_len
     return MLA_OK;
 }
 
+/* whether a schema or one of its anyOf / oneOf branches bounds a string's length */
+static bool has_length(const cJSON *sc) {
+    if (cJSON_GetObjectItemCaseSensitive(sc, "minLength") || cJSON_GetObjectItemCaseSensitive(sc, "maxLength"))
+        return true;
+    static const char *const alts[2] = {"anyOf", "oneOf"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]), *it;
+        if (cJSON_IsArray(br)) cJSON_ArrayForEach(it, br) if (has_length(it)) return true;
+    }
+    return false;
+}
+
 /* GLM: the pairs of tool i's call into rule "t<i>p": per its schema when strict (its properties in
  * their order, the required ones present; a value that may be a string is the model's text (one of
  * its enum or its const where it lists them), any other JSON per the property's schema), else any
@@ -653,6 +665,21 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
             const cJSON *en = cJSON_GetObjectItemCaseSensitive(pr, "enum");
             const cJSON *co = cJSON_GetObjectItemCaseSensitive(pr, "const"), *x;
             snprintf(val, sizeof val, "t%dk%dv", i, k);
+            /* the text's length, as JSON Schema counts it (characters) where the value is a string
+             * only; beside other types the text could not say which it is */
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pr, "type");
+            const bool only = cJSON_IsString(ty) && !strcmp(ty->valuestring, "string");
+            if (has_length(pr) && !only) {
+                snprintf(t->err, t->err_len,
+                         "tool '%.100s' (strict): parameter '%.100s': 'minLength'/'maxLength' on a value that may "
+                         "also be another type is not supported in this model's tool-call form",
+                         tool_name(tl), pr->string);
+                free(rules);
+                free(body.p);
+                return MLA_ERR;
+            }
+            const cJSON *mn = cJSON_GetObjectItemCaseSensitive(pr, "minLength"),
+                        *mx = cJSON_GetObjectItemCaseSensitive(pr, "maxLength");
             sbuf alt = {0};
             if (cJSON_IsString(co)) sb_lit(&alt, co->valuestring);
             else if (cJSON_IsArray(en))
@@ -660,6 +687,8 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
                     if (alt.n) sb_add(&alt, " | ", 3);
                     sb_lit(&alt, x->valuestring);
                 }
+            if (!alt.n && (mn || mx)) /* the counts were checked with the schema above */
+                sb_rep(&alt, ".", mn ? (int64_t)mn->valuedouble : 0, mx ? (int64_t)mx->valuedouble : -1);
             sb_printf(&t->out, "%s ::= %s\n", val, alt.n ? alt.p : "gtext");
             free(alt.p);
         } else {

@@ -174,7 +174,7 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
  * taken empty (null, "" or []) and refused otherwise, as is anything else (a misspelt "content"
  * would otherwise leave an empty turn in the prompt without a word). */
 static const char *const k_msg_keys[] = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
-                                         NULL};
+                                         "reasoning", NULL};
 static const char *const k_msg_echo_keys[] = {"refusal", "annotations", "audio", "function_call", NULL};
 
 static bool in_list(const char *const *l, const char *k) {
@@ -192,7 +192,8 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
     cJSON_ArrayForEach(it, m) {
         const char *k = it->string ? it->string : "";
         if (in_list(k_msg_keys, k)) {
-            if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content")) &&
+            if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content") ||
+                 !strcmp(k, "reasoning")) &&
                 !is_null(it) && !cJSON_IsString(it))
                 return bad(e, "messages", "messages[%d].%s must be a string", i, k);
             continue;
@@ -203,7 +204,7 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
         }
         return bad(e, "messages",
                    "messages[%d].%.64s is not a member of a message (role, content, name, tool_calls, tool_call_id, "
-                   "reasoning_content)",
+                   "reasoning_content or reasoning)",
                    i, k);
     }
     /* OpenAI's rule: every message has content, but an assistant turn that makes tool calls */
@@ -325,6 +326,12 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                 strlen(nm->valuestring) > API_MAX_TOOL_NAME)
                 return bad(e, "tools", "tools[%d].function.name must be a non-empty string of at most %d bytes", i,
                            API_MAX_TOOL_NAME);
+            const cJSON *it;
+            cJSON_ArrayForEach(it, t) { /* "strict" put beside "function" would be lost */
+                const char *k = it->string ? it->string : "";
+                if (strcmp(k, "type") && strcmp(k, "function"))
+                    return bad(e, "tools", "tools[%d].%.64s is not supported (a tool has \"type\" and \"function\")", i, k);
+            }
             const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
             if (!is_null(pa) && !cJSON_IsObject(pa))
                 return bad(e, "tools", "tools[%d].function.parameters must be a JSON schema object", i);
@@ -334,7 +341,10 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             /* strict: true: the call's arguments are held to the schema (api_constrain_tools) */
             const cJSON *sx = cJSON_GetObjectItemCaseSensitive(fn, "strict");
             if (!is_null(sx) && !cJSON_IsBool(sx)) return bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
-            const cJSON *it;
+            /* the arguments are a JSON object: a strict schema must describe one (as OpenAI requires) */
+            const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pa, "type");
+            if (cJSON_IsTrue(sx) && cJSON_IsObject(pa) && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "object")))
+                return bad(e, "tools", "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict"))

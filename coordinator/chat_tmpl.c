@@ -172,6 +172,11 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "developer"))
             cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
+        /* "reasoning", vLLM's newer name for "reasoning_content", as clients send a turn back */
+        cJSON *rn = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning");
+        if (cJSON_IsString(rn) && !cJSON_GetObjectItemCaseSensitive(m, "reasoning_content"))
+            cJSON_AddItemToObject(m, "reasoning_content", rn);
+        else cJSON_Delete(rn);
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         /* null or absent (an assistant turn of tool calls, as the SDKs send it back): empty text,
          * as vLLM and llama.cpp render it; a template would print null as "None" */

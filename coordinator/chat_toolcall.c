@@ -362,6 +362,10 @@ static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const
             cJSON_Delete(item);
             item = NULL;
         }
+        /* Python's literals, which GLM writes as its templates render them (vLLM's parser reads them too) */
+        if (!item && n == 4 && !memcmp(s, "True", 4)) item = cJSON_CreateTrue();
+        else if (!item && n == 5 && !memcmp(s, "False", 5)) item = cJSON_CreateFalse();
+        else if (!item && n == 4 && !memcmp(s, "None", 4)) item = cJSON_CreateNull();
     }
     if (!item) item = cJSON_CreateString(val);
     cJSON_DeleteItemFromObjectCaseSensitive(obj, key);

@@ -97,6 +97,13 @@ for fam, opener in CASES:
         st, d = post(srv.port, "/v1/chat/completions", {"model": os.path.basename(model), "messages": msgs, "tools": [bad], "max_tokens": 2})
         check(st == 400 and "'pattern'" in d.decode() and "tool 'f' (strict)" in d.decode(), "%s: schema refused: %s %r"
               % (fam, st, d[:300]))
+        # a strict schema that is not an object's; "strict" beside "function", where it would be lost
+        for bad, want in (({"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+                               "type": "array", "items": {"type": "integer"}}}}, "of a strict tool must have"),
+                          ({"type": "function", "strict": True, "function": {"name": "f"}}, "tools[0].strict")):
+            st, d = post(srv.port, "/v1/chat/completions", {"model": os.path.basename(model), "messages": msgs,
+                                                            "tools": [bad], "max_tokens": 2})
+            check(st == 400 and want in d.decode(), "%s: %s refused: %s %r" % (fam, want, st, d[:300]))
         st, d = post(srv.port, "/v1/chat/completions", {"model": os.path.basename(model), "messages": msgs, "tools": [WEATHER],
                                                         "grammar": "root ::= \"x\"", "max_tokens": 2})
         check(st == 400 and "cannot be combined" in d.decode(), "%s: beside grammar refused: %s %r" % (fam, st, d[:300]))

@@ -368,6 +368,42 @@ static void test_tools(void) {
     tg_run(&qr, v, TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "p" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "x", 0,
            NULL, NULL);
     cJSON_Delete(reft);
+    /* GLM: a string's text within its minLength / maxLength (characters); a strict boolean is JSON's */
+    cJSON *lent = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                              "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\", \"minLength\": 2, "
+                              "\"maxLength\": 3}, \"b\": {\"type\": \"boolean\"}}, \"required\": [\"c\"]}}}]");
+    api_tool_grammar ql = {.kind = TOOLCALL_GLM, .tools = lent};
+#define GLM_C(v) TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "c" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN v
+    tg_run(&ql, v, GLM_C("ab") TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+    tg_run(&ql, v, GLM_C("\xc3\xa9\xc3\xa9\xc3\xa9") TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+    tg_run(&ql, v, GLM_C("a") TOOLCALL_GLM_VAL_END, 0, NULL, NULL);
+    tg_run(&ql, v, GLM_C("abcd"), 0, NULL, NULL);
+    tg_run(&ql, v, GLM_C("abc") TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "b" TOOLCALL_GLM_KEY_END
+           TOOLCALL_GLM_VAL_BEGIN "True", 0, NULL, NULL); /* a strict boolean is JSON's */
+#undef GLM_C
+    cJSON_Delete(lent);
+    /* the parser reads Python's literals where it reads a value as JSON (a tool that is not strict) */
+    toolcall_result pr;
+    cJSON *pyt = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+                             "\"object\", \"properties\": {\"b\": {\"type\": \"boolean\"}, \"n\": {\"type\": \"integer\"}}}}}]");
+    const char *py = TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "b" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN
+        " True " TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "n" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "None"
+        TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END;
+    toolcall_parse(TOOLCALL_GLM, py, strlen(py), true, pyt, NULL, &pr);
+    CHECKF(pr.n_calls == 1 && pr.calls[0].args_len == 19 && !memcmp(pr.calls[0].args, "{\"b\":true,\"n\":null}", 19),
+           "Python's literals: %.*s", pr.n_calls ? (int)pr.calls[0].args_len : 1, pr.n_calls ? pr.calls[0].args : "-");
+    toolcall_result_free(&pr);
+    cJSON_Delete(pyt);
+    /* a length bound on a value that may be another type: refused, not dropped */
+    cJSON *mix = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                             "{\"type\": \"object\", \"properties\": {\"c\": {\"anyOf\": [{\"type\": \"string\", "
+                             "\"maxLength\": 3}, {\"type\": \"integer\"}]}}}}}]");
+    api_tool_grammar qm = {.kind = TOOLCALL_GLM, .tools = mix};
+    char *gm = NULL, mm[600] = "";
+    CHECKF(api_constrain_tools(&qm, tg_tok, NULL, &gm, mm, sizeof mm) == MLA_ERR && gm == NULL &&
+               strstr(mm, "parameter 'c'") && strstr(mm, "maxLength"),
+           "%s", mm);
+    cJSON_Delete(mix);
     /* DeepSeek: a tool named "function" only in the fenced form (the parser reads it so) */
     cJSON *fnt = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"function\"}}]");
     api_tool_grammar qf = {.kind = TOOLCALL_DEEPSEEK, .tools = fnt};
