@@ -268,6 +268,16 @@ static void run_builtin_and_errors(void) {
         free(out);
         cJSON_Delete(msgs);
         chat_tmpl_free(t);
+        /* "reasoning" (vLLM's newer name) reaches the template as reasoning_content; beside it, the latter wins */
+        src = "{% for m in messages %}[{{ m.role }}:{{ m.reasoning_content }}|{{ m.content }}]{% endfor %}";
+        REQUIRE(chat_tmpl_new(&t, src, strlen(src), CHAT_FAMILY_GLM, NULL, NULL, &err) == MLA_OK);
+        msgs = cJSON_Parse("[{\"role\":\"assistant\",\"reasoning\":\"R\",\"content\":\"a\"},"
+                           "{\"role\":\"assistant\",\"reasoning\":\"X\",\"reasoning_content\":\"C\",\"content\":\"b\"}]");
+        REQUIRE(chat_tmpl_apply_json(t, msgs, false, NULL, &out, NULL, NULL, &err) == MLA_OK);
+        CHECKF(!strcmp(out, "[assistant:R|a][assistant:C|b]"), "%s", out);
+        free(out);
+        cJSON_Delete(msgs);
+        chat_tmpl_free(t);
     }
     /* no template and unknown family: an error */
     CHECK(chat_tmpl_new(&t, NULL, 0, CHAT_FAMILY_NONE, NULL, NULL, &err) == MLA_ERR);
