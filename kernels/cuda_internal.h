@@ -403,7 +403,7 @@ static __device__ __forceinline__ void mlacu_ldsm_x4_t(uint32_t *r, uint32_t add
                  : "r"(addr));
 }
 
-/* cp.async (sm_80+): 16 or 4 bytes global -> shared without registers; commit closes a group;
+/* cp.async (sm_80+): 16, 8 or 4 bytes global -> shared without registers; commit closes a group;
  * wait_all returns when all of this thread's groups have landed. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
@@ -413,6 +413,10 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
 static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                  "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async8(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src));
 }
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),

@@ -1,5 +1,5 @@
 /* mm_mmh_cuda: fp16 activations x integer-form weights on the fp16 tensor cores (mma.sync, and
- * on sm_90 the warpgroup kernel of wgmma_cuda.cu for Q4_K and Q8_0 prompts), dense and grouped
+ * on sm_90 the warpgroup kernel of wgmma_cuda.cu for Q4_K, Q8_0 and Q5_0 prompts), dense and grouped
  * over a MoE plan, and the fp16 rounding of the activations (act_h_kernel). API: kernels/cuda_ops.h
  * (mla_cuda_matmul_h, mla_cuda_matmul_grouped_h, mla_cuda_act_h); chosen by mm_choose_cuda.cu. */
 #include <cuda_bf16.h>

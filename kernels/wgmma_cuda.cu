@@ -1,4 +1,4 @@
-/* wgmma_cuda: Q4_K and Q8_0 weights x fp16 activations on the warpgroup tensor cores (sm_90a);
+/* wgmma_cuda: Q4_K, Q8_0 and Q5_0 weights x fp16 activations on the warpgroup tensor cores (sm_90a);
  * see wgmma_cuda.h.
  *
  * A block owns R = 128 MT weight rows and a tile of NT tokens (16, 32, 64 or 128), with three warpgroups:
@@ -18,6 +18,12 @@
  *   k16 step are two 2-byte reads (2t, 2t + 1 and 2t + 8, 2t + 9 of the step's 16), its rows'
  *   block scales one 2-byte read each; (q + 128) to fp16 exactly, minus 1152, times d: the
  *   mma.sync kernel's values again. No scale pass (the block's d is already an fp16).
+ * - Q5_0 (a Q4_K_M file's rows whose length is not a multiple of 256, e.g. V2-Lite's expert down
+ *   products of 1408): a stage's four 22-byte blocks are 88 bytes at 88 s in the row, rows 8-byte
+ *   aligned (in a multiple of 128), copied in 8-byte pieces. A thread's k16 step: the nibbles as
+ *   Q4_K's (qs bytes 2t, 2t + 1, 2t + 8, 2t + 9, low nibbles then high), each byte's fifth bit from
+ *   qh (bits 2t, 2t + 1, 2t + 8, 2t + 9, + 16 for the high nibbles) spread into the bytes by one
+ *   multiply; (q + 1024) to fp16 exactly, minus 1040, times d: the mma.sync kernel's values.
  * - x rows (gathered by the plan) land in the K-major layout with the 128-byte swizzle: per stage
  *   two k-blocks of 64 elements, NT rows of 128 bytes each, 16-byte chunk c of row n at chunk
  *   c ^ (n % 8); descriptor SBO 1024 (8 rows), a k16 step 32 bytes further.
@@ -53,16 +59,20 @@ constexpr int WG_KS = 128; /* K elements a stage: half a Q4_K block, four Q8_0 b
  * and 16 of padding (eight rows read at once fall in distinct banks) */
 constexpr int WG_SCR = 48;
 constexpr int WG_THREADS = 384; /* two consumer warpgroups, one producer */
-constexpr int WG_Q4K = GGML_TYPE_Q4_K, WG_Q80 = GGML_TYPE_Q8_0;
+constexpr int WG_Q4K = GGML_TYPE_Q4_K, WG_Q80 = GGML_TYPE_Q8_0, WG_Q50 = GGML_TYPE_Q5_0;
 
-/* a row's raw bytes a stage in shared memory, in 16-byte copies: Q4_K the block's header (16)
- * and half its nibbles (64); Q8_0 the 144-byte window around its four blocks */
+/* a row's raw bytes a stage in shared memory, in copies of CB bytes: Q4_K the block's header (16)
+ * and half its nibbles (64); Q8_0 the 144-byte window around its four blocks; Q5_0 its four
+ * blocks (88, in 8-byte copies: its rows are 8-byte aligned only) */
 template <int TY> struct wg_raw;
 template <> struct wg_raw<WG_Q4K> {
-    static constexpr int RSB = 80;
+    static constexpr int RSB = 80, CB = 16;
 };
 template <> struct wg_raw<WG_Q80> {
-    static constexpr int RSB = 144;
+    static constexpr int RSB = 144, CB = 16;
+};
+template <> struct wg_raw<WG_Q50> {
+    static constexpr int RSB = 88, CB = 8;
 };
 
 /* A block's shapes and resources. Registers: setmaxnreg moves them within the block's own
@@ -171,6 +181,56 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
     const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(st);
     const uint8_t *ws = st + G::XB;
+    if constexpr (TY == WG_Q50) {
+        const __half2 k1040 = __float2half2_rn(1040.f);
+        uint32_t A[3][MT][4]; /* as below */
+#pragma unroll
+        for (int ch = 0; ch < 2; ch++) {
+            __half2 dq[MT][2][2]; /* [tile][row g / g + 8][block 2 ch / 2 ch + 1] */
+            uint32_t X[MT][2][2]; /* [tile][row][block]: qs bytes 2t, 2t + 1, 2t + 8, 2t + 9 */
+            uint32_t H[MT][2][2]; /* [tile][row][block]: qh >> 2t */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int row = wg * MT * 64 + mt * 64 + wq * 16 + g + 8 * hf;
+                    const uint8_t *rp = ws + row * G::RSB + 44 * ch;
+#pragma unroll
+                    for (int bb = 0; bb < 2; bb++) {
+                        const uint16_t *bp = (const uint16_t *)(rp + 22 * bb);
+                        dq[mt][hf][bb] = bits_h2((uint32_t)bp[0] * 0x10001u);
+                        H[mt][hf][bb] = ((uint32_t)bp[1] | ((uint32_t)bp[2] << 16)) >> (2 * t);
+                        X[mt][hf][bb] = (uint32_t)bp[3 + t] | ((uint32_t)bp[7 + t] << 16);
+                    }
+                }
+#pragma unroll
+            for (int q = 0; q < 4; q++) { /* k16 steps: block 2 ch low nibbles, high; block 2 ch + 1 the same */
+                const int b = (4 * ch + q) % 3;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const uint32_t x = X[mt][hf][q >> 1], h = H[mt][hf][q >> 1] >> (16 * (q & 1));
+                        /* qh bits 2t, 2t + 1, 2t + 8, 2t + 9 as bits 0-3, then one to each byte's bit 4
+                         * (bit i moves to 8 i: the multiplier's terms land on distinct bits) */
+                        const uint32_t hb = (h & 3u) | ((h >> 6) & 0xCu);
+                        const uint32_t v = ((q & 1 ? x >> 4 : x) & 0x0F0F0F0Fu) | (((hb * 0x00204081u) & 0x01010101u) << 4);
+                        __half2 lo, hi;
+                        bytes_h2(v, lo, hi);
+                        A[b][mt][hf] = h2_bits(__hmul2(__hsub2(lo, k1040), dq[mt][hf][q >> 1]));
+                        A[b][mt][2 + hf] = h2_bits(__hmul2(__hsub2(hi, k1040), dq[mt][hf][q >> 1]));
+                    }
+                const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
+                wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
+                wg_commit();
+                wg_wait<1>();
+                if (ch == 0 && q == 0) after_first();
+            }
+        }
+        return;
+    }
     if constexpr (TY == WG_Q80) {
         const __half2 k1152 = __float2half2_rn(1152.f);
         uint32_t A[3][MT][4]; /* as below */
@@ -319,11 +379,11 @@ static __device__ __forceinline__ void wg_produce(const uint8_t *__restrict__ W,
                                                   const __half *__restrict__ xh, uint8_t *sm, const int *xrow,
                                                   uint64_t *full, uint64_t *empty, uint32_t it, int nst) {
     using G = wg_geo<NT, MT, TY>;
-    constexpr int CPR = G::RSB / 16; /* copies a row */
+    constexpr int CB = wg_raw<TY>::CB, CPR = G::RSB / CB; /* bytes a copy, copies a row */
     const int pt = threadIdx.x - 256;
     /* x: chunk c of rows n0 + 8 j (the swizzle's n % 8 is n0's); W: chunk i = pt + 128 j of the
      * stage's R rows x CPR chunks (Q4_K: 0 the block's header, 1-4 nibbles, + 64 bytes on odd
-     * stages; Q8_0: the window's nine) */
+     * stages; Q8_0: the window's nine; Q5_0: eleven of 8 bytes) */
     constexpr int NXJ = NT / 8, NWJ = G::R * CPR / 128;
     static_assert(G::R * CPR % 128 == 0, "whole W chunks a producer thread");
     const int c = pt & 15, n0 = pt >> 4;
@@ -335,7 +395,7 @@ static __device__ __forceinline__ void wg_produce(const uint8_t *__restrict__ W,
 #pragma unroll
     for (int j = 0; j < NWJ; j++) {
         const int i = pt + j * 128, r = i / CPR, k = i % CPR;
-        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + 16 * k);
+        wo[j] = (uint32_t)((size_t)min(r0 + r, out - 1) * rb + CB * k);
         wd[j] = (uint32_t)(G::XB + 16 * i) | (k ? 0x80000000u : 0u);
     }
 #pragma unroll 1
@@ -348,12 +408,16 @@ static __device__ __forceinline__ void wg_produce(const uint8_t *__restrict__ W,
         for (int j = 0; j < NXJ; j++) cp_async16(st + xd0 + j * 1024, xs + (uint32_t)xrow[n0 + 8 * j] * xrb);
         /* Q4_K: the block (144 bytes) of stages 2m, 2m + 1; Q8_0: the window at 136 s rounded down
          * to 16 (272 bytes every two stages) */
-        const uint8_t *wb = TY == WG_Q4K ? W + (size_t)(s >> 1) * 144 : W + (size_t)(s >> 1) * 272 + 128 * (s & 1);
+        const uint8_t *wb = TY == WG_Q4K   ? W + (size_t)(s >> 1) * 144
+                            : TY == WG_Q50 ? W + (size_t)s * 88
+                                           : W + (size_t)(s >> 1) * 272 + 128 * (s & 1);
         const uint32_t qo = 64 * (s & 1);
 #pragma unroll
         for (int j = 0; j < NWJ; j++) {
             if constexpr (TY == WG_Q4K)
                 cp_async16(st + (wd[j] & 0x7FFFFFFFu), wb + wo[j] + (wd[j] >> 31 ? qo : 0u));
+            else if constexpr (TY == WG_Q50)
+                cp_async8(st + G::XB + 8 * (pt + 128 * j), wb + wo[j]);
             else
                 cp_async16(st + G::XB + 16 * (pt + 128 * j), wb + wo[j]);
         }
@@ -521,8 +585,10 @@ cudaError_t wg_run(int mode, const void *w, size_t rb, size_t estride, int64_t i
 
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride) {
     const uint64_t lim = (uint64_t)1 << 32; /* wg_produce's 32-bit offsets */
-    /* rows of 16-byte multiples: Q4_K's 144-byte blocks two by two, Q8_0's 34-byte ones eight by eight */
-    const bool shape = (type == GGML_TYPE_Q4_K && in % 512 == 0) || (type == GGML_TYPE_Q8_0 && in % 256 == 0);
+    /* rows of 16-byte multiples: Q4_K's 144-byte blocks (two stages each), Q8_0's 34-byte ones eight
+     * by eight; Q5_0's 8-byte multiples: four 22-byte blocks a stage */
+    const bool shape = ((type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q8_0) && in % 256 == 0) ||
+                       (type == GGML_TYPE_Q5_0 && in % 128 == 0);
     return wg_mode() != 0 && shape && in > 0 && out > 0 && x_rows >= 0 &&
            (uint64_t)x_rows * (uint64_t)in * 2 < lim && (uint64_t)out * ggml_row_bytes(type, in) < lim &&
            ((uintptr_t)w & 15) == 0 && estride % 16 == 0 && wg_device_ok();
@@ -550,5 +616,7 @@ cudaError_t mlacu_wg_matmul(uint32_t type, const void *w, size_t estride, int64_
         return wg_run<WG_Q80>(mode, w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
     if (type == GGML_TYPE_Q4_K)
         return wg_run<WG_Q4K>(mode, w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
+    if (type == GGML_TYPE_Q5_0)
+        return wg_run<WG_Q50>(mode, w, rb, estride, in, out, xh, xs, T, x_div, sorted, counts, world, gy, y, s);
     return cudaErrorInvalidValue;
 }

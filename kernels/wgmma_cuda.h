@@ -1,11 +1,11 @@
-/* wgmma_cuda: quantized weights (Q4_K, Q8_0) x fp16 activations on Hopper's warpgroup tensor
+/* wgmma_cuda: quantized weights (Q4_K, Q8_0, Q5_0) x fp16 activations on Hopper's warpgroup tensor
  * cores (wgmma, sm_90a), for the fp16 paths of mm_mmh_cuda.cu (mla_cuda_matmul_h,
  * mla_cuda_matmul_grouped_h). CUDA C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles wgmma_cuda.cu for sm_90a alone and defines MLA_CUDA_WGMMA); it runs on compute
  * capability 9.0 devices only, which mlacu_wg_usable checks.
  *
  * Inputs as the fp16 paths': xh [rows][in] fp16 (mla_cuda_act_h, each row scaled by xs[row]),
- * W rows of Q4_K or Q8_0 blocks, experts estride bytes apart. Output y[yrow][out] in fp32,
+ * W rows of Q4_K, Q8_0 or Q5_0 blocks, experts estride bytes apart. Output y[yrow][out] in fp32,
  * overwritten. */
 #ifndef WGMMA_CUDA_H
 #define WGMMA_CUDA_H
@@ -16,8 +16,8 @@
 #include <stdint.h>
 
 /* whether the wgmma kernel takes this product (out rows of W, x_rows rows of x): built, a
- * compute capability 9.0 device, not switched off by mlacu_wg_set, Q4_K with in a multiple of
- * 512 or Q8_0 with in a multiple of 256 (rows of 16-byte multiples), x and an expert's W under
+ * compute capability 9.0 device, not switched off by mlacu_wg_set, Q4_K or Q8_0 with in a
+ * multiple of 256 (rows of 16-byte multiples) or Q5_0 with in a multiple of 128, x and an expert's W under
  * 4 GB, W and the expert stride 16-aligned */
 bool mlacu_wg_usable(uint32_t type, int64_t in, int64_t out, int64_t x_rows, const void *w, size_t estride);
 

@@ -23,7 +23,9 @@
  * step of every prompt prefilled already and still going; output as with --batch.
  * --chunk N: every prompt (its first K tokens with --decode-from K) is prefilled in steps of N tokens,
  * each at the positions after the one before (the cache holds the earlier steps' rows), as the
- * scheduler's chunked prefill runs them; the logits of every row as in one pass. */
+ * scheduler's chunked prefill runs them; the logits of every row as in one pass.
+ * --no-wg: the prompt products on the mma.sync kernels instead of the sm_90a warpgroup kernel
+ * (mlacu_wg_set(0)), to check the latter against the path it replaced. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <pthread.h>
@@ -33,6 +35,9 @@
 #include <time.h>
 
 #include "kernels/cuda_ops.h"
+#ifdef MLA_CUDA_WGMMA
+#include "kernels/wgmma_cuda.h"
+#endif
 extern "C" {
 #include "common/coll_host.h"
 #include "common/gguf.h"
@@ -44,7 +49,7 @@ extern "C" {
 static int usage(void) {
     fprintf(stderr, "usage: mla-e2e logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [--decode-from K]\n"
                     "                      [--chunk N] [--greedy N --ids-out FILE [--batch|--stagger]]\n"
-                    "                      [--exact|--fast|--split] [--device D]\n");
+                    "                      [--exact|--fast|--split] [--device D] [--no-wg]\n");
     return 2;
 }
 
@@ -314,6 +319,12 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--exact") || !strcmp(a, "--fast") || !strcmp(a, "--split")) {
             exact = !strcmp(a, "--exact");
             split = !strcmp(a, "--split");
+            continue;
+        }
+        if (!strcmp(a, "--no-wg")) {
+#ifdef MLA_CUDA_WGMMA
+            mlacu_wg_set(0);
+#endif
             continue;
         }
         if (!strcmp(a, "--batch") || !strcmp(a, "--stagger")) {

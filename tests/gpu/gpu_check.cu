@@ -1190,12 +1190,12 @@ static void check_wg(void) {
         printf("wgmma: not usable here (needs compute capability 9.0 and no MLA_CUDA_SMEM_CAP)\n");
         return;
     }
-    for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0})
+    for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0})
         for (int m : modes) probe_wg(m, ty);
     for (int m : modes) {
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
-        for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0}) {
+        for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0}) {
             check_matmul(ty, 512, 101, 77, MM_H, false);   /* partial rows and tokens */
             check_matmul(ty, 1536, 300, 131, MM_H, false); /* 12 stages: each buffer used thrice or four times */
             check_matmul(ty, 7168, 2048, 200, MM_H, false);
@@ -1204,6 +1204,12 @@ static void check_wg(void) {
             check_moe(ty, ty, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
         }
         check_matmul(GGML_TYPE_Q8_0, 768, 130, 70, MM_H, false); /* Q8_0: in a multiple of 256, not of 512 */
+        /* Q4_K rows of an odd number of blocks (V2-Lite's shared-expert down: 2816 = 11 x 256) */
+        check_matmul(GGML_TYPE_Q4_K, 768, 130, 70, MM_H, false);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 768, 1280, 300, 1, 2, false, true, 1);
+        /* Q5_0 rows of 8-byte multiples (1408: V2-Lite's expert down) */
+        check_matmul(GGML_TYPE_Q5_0, 1408, 130, 70, MM_H, false);
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 8, 2, 512, 1408, 300, 0, 1, false, true, 1);
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 4, 4, 512, 512, 150, 0, 1, false, true, 1); /* down: mma.sync */
         for (size_t i = r0; i < g_rows.size(); i++) g_rows[i].op += fmt(" wg%d", m);
     }
@@ -1211,6 +1217,10 @@ static void check_wg(void) {
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
         for (int64_t T : {256, 512, 2048, 4096}) time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 1);
+        /* V2-Lite's experts at a 1k prompt (the down's 1408-wide rows are Q5_0 in a Q4_K_M file) and
+         * its shared experts' down (2816 = 11 Q4_K blocks) */
+        time_moe_real(GGML_TYPE_Q4_K, 64, 6, 2048, 1408, 1024, true, 1, false, GGML_TYPE_Q5_0);
+        check_matmul(GGML_TYPE_Q4_K, 2816, 2048, 1024, MM_H, true);
         check_matmul(GGML_TYPE_Q4_K, 7168, 18432, 2048, MM_H, true);
         check_matmul(GGML_TYPE_Q4_K, 18432, 7168, 2048, MM_H, true);
         check_matmul(GGML_TYPE_Q8_0, 2048, 16384, 2048, MM_H, true); /* GLM-5's q_b */
