@@ -169,6 +169,20 @@ static __device__ __forceinline__ void wg_scale(uint32_t scw, uint32_t mw, int j
     nm = __hneg2(__high2half2(v));
 }
 
+/* One k16 step of a consumer warpgroup: its tiles' wgmmas (A fragments a, B at db) as one group,
+ * then the wait that leaves one group in flight; after_first() where first (a stage's first step,
+ * once the one before it has completed) */
+template <int NT, int MT, typename F>
+static __device__ __forceinline__ void wg_step(float (&acc)[MT][NT / 2], const uint32_t (&a)[MT][4], uint64_t db,
+                                               bool first, F after_first) {
+    wg_fence();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], a[mt], db);
+    wg_commit();
+    wg_wait<1>();
+    if (first) after_first();
+}
+
 /* One stage of a consumer warpgroup's product (the stage's buffer st: x tile, then the rows' raw
  * bytes): the warp's scales decoded into scs, then the stage's eight k16 steps on the acc tiles.
  * Two wgmma groups in flight (wait_group 1 after each commit: 2 measured best of 1-3). after_first()
@@ -220,13 +234,7 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
                         A[b][mt][hf] = h2_bits(__hmul2(__hsub2(lo, k1040), dq[mt][hf][q >> 1]));
                         A[b][mt][2 + hf] = h2_bits(__hmul2(__hsub2(hi, k1040), dq[mt][hf][q >> 1]));
                     }
-                const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
-                wg_fence();
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
-                wg_commit();
-                wg_wait<1>();
-                if (ch == 0 && q == 0) after_first();
+                wg_step<NT, MT>(acc, A[b], wg_desc(xs0 + ch * (NT * 128) + q * 32), ch == 0 && q == 0, after_first);
             }
         }
         return;
@@ -267,13 +275,7 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
                         A[b][mt][hf] = h2_bits(__hmul2(__hsub2(lo, k1152), dq[mt][hf][q >> 1]));
                         A[b][mt][2 + hf] = h2_bits(__hmul2(__hsub2(hi, k1152), dq[mt][hf][q >> 1]));
                     }
-                const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
-                wg_fence();
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
-                wg_commit();
-                wg_wait<1>();
-                if (ch == 0 && q == 0) after_first();
+                wg_step<NT, MT>(acc, A[b], wg_desc(xs0 + ch * (NT * 128) + q * 32), ch == 0 && q == 0, after_first);
             }
         }
         return;
@@ -327,13 +329,8 @@ static __device__ __forceinline__ void wg_stage(const uint8_t *st, uint8_t *scs,
                     A[b][mt][hf] = h2_bits(__hfma2(__hsub2(lo, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
                     A[b][mt][2 + hf] = h2_bits(__hfma2(__hsub2(hi, k1024), dd[mt][hf][q >> 1], nm[mt][hf][q >> 1]));
                 }
-            const uint64_t db = wg_desc(xs0 + ch * (NT * 128) + q * 32);
-            wg_fence();
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) wg_mma<NT>::run(acc[mt], A[b][mt], db);
-            wg_commit();
-            wg_wait<1>(); /* wgmma j - 1 done: its buffer is step j + 2's */
-            if (ch == 0 && q == 0) after_first();
+            /* wgmma j - 1 done after it: its buffer is step j + 2's */
+            wg_step<NT, MT>(acc, A[b], wg_desc(xs0 + ch * (NT * 128) + q * 32), ch == 0 && q == 0, after_first);
         }
     }
 }
