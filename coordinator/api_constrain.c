@@ -667,8 +667,9 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
             snprintf(val, sizeof val, "t%dk%dv", i, k);
             /* the text's length, as JSON Schema counts it (characters) where the value is a string
              * only; beside other types the text could not say which it is */
-            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pr, "type");
-            const bool only = cJSON_IsString(ty) && !strcmp(ty->valuestring, "string");
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pr, "type"), *t1 = cJSON_GetArrayItem(ty, 0);
+            const bool only = (cJSON_IsString(ty) && !strcmp(ty->valuestring, "string")) ||
+                              (cJSON_GetArraySize(ty) == 1 && cJSON_IsString(t1) && !strcmp(t1->valuestring, "string"));
             if (has_length(pr) && !only) {
                 snprintf(t->err, t->err_len,
                          "tool '%.100s' (strict): parameter '%.100s': 'minLength'/'maxLength' on a value that may "

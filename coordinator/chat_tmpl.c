@@ -174,9 +174,13 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
             cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
         /* "reasoning", vLLM's newer name for "reasoning_content", as clients send a turn back */
         cJSON *rn = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning");
-        if (cJSON_IsString(rn) && !cJSON_GetObjectItemCaseSensitive(m, "reasoning_content"))
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+        if (cJSON_IsString(rn) && !cJSON_IsString(rc)) { /* absent, or null as our own answers give it */
+            cJSON_DeleteItemFromObjectCaseSensitive(m, "reasoning_content");
             cJSON_AddItemToObject(m, "reasoning_content", rn);
-        else cJSON_Delete(rn);
+        } else {
+            cJSON_Delete(rn);
+        }
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         /* null or absent (an assistant turn of tool calls, as the SDKs send it back): empty text,
          * as vLLM and llama.cpp render it; a template would print null as "None" */

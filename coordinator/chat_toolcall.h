@@ -11,8 +11,8 @@
  *   glm       <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or
  *             without newlines between the parts; V is a string where the parameter's schema
  *             allows one ("type" "string" or listing it, or an anyOf / oneOf branch that does)
- *             or the tool or the parameter is not declared; otherwise the JSON value V is,
- *             else (not JSON) a string.
+ *             or the tool or the parameter is not declared; otherwise the JSON value V is
+ *             (Python's True, False, None as true, false, null), else (not JSON) a string.
  * Text outside the calls is content (less the whitespace before a call and whitespace-only text
  * between or after calls). ARGS is the model's text as is (it may be invalid JSON, as
  * OpenAI documents for its own models); GLM's pairs become a JSON object.

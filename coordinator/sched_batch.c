@@ -536,9 +536,6 @@ static int32_t plp_want(const sreq *q, int32_t want, int32_t left) {
     return wants_plp(q) && want > left ? left : want;
 }
 
-/* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
- * at least one token to compute; the ids go to q->blocks[0, hits) (q->n_blocks untouched, no
- * reference taken). *in_lru gets how many of them are evictable now. */
 /* Whether q looks in the prefix cache at all. A backend learns a sequence's tokens only from the
  * plans that send them. The repetition penalty looks at every token: such a request computes its
  * own rows from position 0. A request for its prompt's logprobs needs every prompt position's
@@ -548,6 +545,9 @@ static bool prefix_looks_up(const sched *s, const sreq *q) {
     return s->cfg.prefix_cache && (rp == 1.0f || rp == 0.0f) && !wants_plp(q);
 }
 
+/* Longest chain of cached full blocks equal to the request's tokens from position 0, leaving
+ * at least one token to compute; the ids go to q->blocks[0, hits) (q->n_blocks untouched, no
+ * reference taken). *in_lru gets how many of them are evictable now. */
 static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
     *in_lru = 0;
     if (!prefix_looks_up(s, q)) return 0;

@@ -83,6 +83,7 @@ template <int NT, int MT, int TY> struct wg_geo {
     static constexpr int R = 2 * MT * 64;                   /* weight rows a block */
     static constexpr int XB = NT * WG_KS * 2;               /* x bytes a stage (two k-blocks of NT x 128 B) */
     static constexpr int RSB = wg_raw<TY>::RSB;
+    static_assert(RSB % wg_raw<TY>::CB == 0, "whole copies a row");
     static constexpr int WB = R * RSB;                      /* W bytes a stage */
     static constexpr int SB = (XB + WB + 1023) / 1024 * 1024; /* a stage, 1024-aligned (the swizzle's unit) */
     static constexpr int SCW = TY == WG_Q4K ? MT * 16 * WG_SCR : 0; /* a consumer warp's decoded scales */

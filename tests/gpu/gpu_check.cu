@@ -1126,7 +1126,7 @@ static void check_mmh_all(const uint32_t *types, size_t ntypes) {
 
 
 #ifdef MLA_CUDA_WGMMA
-/* The warpgroup kernel (kernels/wgmma_cuda.cu, Q4_K and Q8_0 on sm_90a) behind mla_cuda_matmul_h
+/* The warpgroup kernel (kernels/wgmma_cuda.cu, Q4_K, Q8_0 and Q5_0 on sm_90a) behind mla_cuda_matmul_h
  * (prompts) and mla_cuda_matmul_grouped_h (experts): each tile shape forced in turn on partial
  * tiles of tokens and rows, ragged expert counts, TP ranks, for both types; then timed against the
  * mma.sync kernel (mode 0) at DeepSeek-V3's expert and dense shapes and GLM-5's Q8_0 attention
@@ -1137,8 +1137,8 @@ static void check_mmh_all(const uint32_t *types, size_t ntypes) {
  * ~2^-11 of d sc q and dmin m; any other element of the row differs by d sc or more, ~7% of the
  * largest), Q8_0 0.1% (q d rounded once; another element differs by d or more, about 1/127 of its
  * block's largest). Prints the first misplaced elements. */
-static void probe_wg(int mode, uint32_t ty) {
-    const int64_t in = 512, out = 128, T = 128;
+static void probe_wg(int mode, uint32_t ty, int64_t in = 512) {
+    const int64_t out = 128, T = 128;
     const double tol = ty == GGML_TYPE_Q4_K ? 1e-2 : 1e-3;
     const size_t rb = ggml_row_bytes(ty, in);
     std::vector<uint8_t> w(rb * out);
@@ -1175,8 +1175,9 @@ static void probe_wg(int mode, uint32_t ty) {
     }
     printf("  probe wg%d %s: %lld of %lld elements misplaced, in %lld of %lld columns\n", mode, ggml_type_name(ty),
            (long long)bad, (long long)(in * out * T), (long long)badk, (long long)in);
-    add_row(fmt("wg layout probe wg%d", mode), fmt("%s 512x128 T=128 one-hot", ggml_type_name(ty)), bad ? INFINITY : 0.0,
-            0, 0, 0, 0, true);
+    const bool took = mlacu_wg_usable(ty, in, out, T, dw, 0); /* else the probe read the mma.sync kernel */
+    add_row(fmt("wg layout probe wg%d", mode), fmt("%s %lldx128 T=128 one-hot", ggml_type_name(ty), (long long)in),
+            bad || !took ? INFINITY : 0.0, 0, 0, 0, 0, true);
     mlacu_wg_set(1);
     CK(cudaFree(dw));
     CK(cudaFree(dx));
@@ -1192,6 +1193,7 @@ static void check_wg(void) {
     }
     for (uint32_t ty : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0})
         for (int m : modes) probe_wg(m, ty);
+    for (int m : modes) probe_wg(m, GGML_TYPE_Q5_0, 1408); /* rows 8 mod 16 bytes: the 8-byte copies */
     for (int m : modes) {
         mlacu_wg_set(m);
         const size_t r0 = g_rows.size();
@@ -1204,7 +1206,13 @@ static void check_wg(void) {
             check_moe(ty, ty, 32, 8, 2048, 512, 270, 2, 4, false, true, 1);
         }
         check_matmul(GGML_TYPE_Q8_0, 768, 130, 70, MM_H, false); /* Q8_0: in a multiple of 256, not of 512 */
-        /* Q4_K rows of an odd number of blocks (V2-Lite's shared-expert down: 2816 = 11 x 256) */
+        /* Q4_K rows of an odd number of blocks (V2-Lite's shared-expert down: 2816 = 11 x 256) and
+         * Q5_0 rows of 8-byte multiples: the warpgroup kernel takes them (not the mma.sync fallback) */
+        for (auto tin : {std::make_pair(GGML_TYPE_Q4_K, 768), std::make_pair(GGML_TYPE_Q5_0, 1408)})
+            if (!mlacu_wg_usable(tin.first, tin.second, 130, 300, (const void *)256, 0)) {
+                printf("  wgmma does not take %s rows of %d\n", ggml_type_name(tin.first), tin.second);
+                add_row("wg takes", fmt("%s in=%d", ggml_type_name(tin.first), tin.second), INFINITY, 0, 0, 0, 0, true);
+            }
         check_matmul(GGML_TYPE_Q4_K, 768, 130, 70, MM_H, false);
         check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 8, 2, 768, 1280, 300, 1, 2, false, true, 1);
         /* Q5_0 rows of 8-byte multiples (1408: V2-Lite's expert down) */

@@ -268,13 +268,15 @@ static void run_builtin_and_errors(void) {
         free(out);
         cJSON_Delete(msgs);
         chat_tmpl_free(t);
-        /* "reasoning" (vLLM's newer name) reaches the template as reasoning_content; beside it, the latter wins */
+        /* "reasoning" (vLLM's newer name) reaches the template as reasoning_content; beside a string
+         * reasoning_content the latter stays, beside a null one (as our answers give it) it is replaced */
         src = "{% for m in messages %}[{{ m.role }}:{{ m.reasoning_content }}|{{ m.content }}]{% endfor %}";
         REQUIRE(chat_tmpl_new(&t, src, strlen(src), CHAT_FAMILY_GLM, NULL, NULL, &err) == MLA_OK);
         msgs = cJSON_Parse("[{\"role\":\"assistant\",\"reasoning\":\"R\",\"content\":\"a\"},"
-                           "{\"role\":\"assistant\",\"reasoning\":\"X\",\"reasoning_content\":\"C\",\"content\":\"b\"}]");
+                           "{\"role\":\"assistant\",\"reasoning\":\"X\",\"reasoning_content\":\"C\",\"content\":\"b\"},"
+                           "{\"role\":\"assistant\",\"reasoning_content\":null,\"reasoning\":\"N\",\"content\":\"c\"}]");
         REQUIRE(chat_tmpl_apply_json(t, msgs, false, NULL, &out, NULL, NULL, &err) == MLA_OK);
-        CHECKF(!strcmp(out, "[assistant:R|a][assistant:C|b]"), "%s", out);
+        CHECKF(!strcmp(out, "[assistant:R|a][assistant:C|b][assistant:N|c]"), "%s", out);
         free(out);
         cJSON_Delete(msgs);
         chat_tmpl_free(t);

@@ -370,7 +370,7 @@ static void test_tools(void) {
     cJSON_Delete(reft);
     /* GLM: a string's text within its minLength / maxLength (characters); a strict boolean is JSON's */
     cJSON *lent = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
-                              "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\", \"minLength\": 2, "
+                              "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": [\"string\"], \"minLength\": 2, "
                               "\"maxLength\": 3}, \"b\": {\"type\": \"boolean\"}}, \"required\": [\"c\"]}}}]");
     api_tool_grammar ql = {.kind = TOOLCALL_GLM, .tools = lent};
 #define GLM_C(v) TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "c" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN v
