@@ -6,7 +6,7 @@ computed them (MLA_ROPE_FREQ_BF16). Prompts are cut into steps of 16 tokens (the
 step's last travels with it), a cached prefix is not used for them, and the answer's text, its
 stream and its stop strings start after the prompt.
 Usage: test_echo.py SERVE_EXE WORKER_EXE FIXTURES_DIR FIXTURE TP. Exit 77 when the fixture is
-missing. Env: ECHO_BACKEND (default cpu; cuda on a GPU host) and ECHO_TOL (default 1e-4, the CPU
+missing. Env: ECHO_BACKEND (default cpu; cuda to check that backend) and ECHO_TOL (default 1e-4, the CPU
 forward pass's bound) for the same checks of another backend."""
 import json
 import os
