@@ -607,16 +607,10 @@ static int tg_json_args(tg *t, const cJSON *tl, int i, char *arg, size_t arg_len
     return MLA_OK;
 }
 
-/* whether a schema or one of its anyOf / oneOf branches bounds a string's length */
-static bool has_length(const cJSON *sc) {
-    if (cJSON_GetObjectItemCaseSensitive(sc, "minLength") || cJSON_GetObjectItemCaseSensitive(sc, "maxLength"))
-        return true;
-    static const char *const alts[2] = {"anyOf", "oneOf"};
-    for (int i = 0; i < 2; i++) {
-        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]), *it;
-        if (cJSON_IsArray(br)) cJSON_ArrayForEach(it, br) if (has_length(it)) return true;
-    }
-    return false;
+/* a schema bounds a string's length (1), else its anyOf / oneOf branches are asked (-1) */
+static int length_bound(const cJSON *sc) {
+    return cJSON_GetObjectItemCaseSensitive(sc, "minLength") || cJSON_GetObjectItemCaseSensitive(sc, "maxLength") ? 1
+                                                                                                                 : -1;
 }
 
 /* GLM: the pairs of tool i's call into rule "t<i>p": per its schema when strict (its properties in
@@ -670,7 +664,7 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pr, "type"), *t1 = cJSON_GetArrayItem(ty, 0);
             const bool only = (cJSON_IsString(ty) && !strcmp(ty->valuestring, "string")) ||
                               (cJSON_GetArraySize(ty) == 1 && cJSON_IsString(t1) && !strcmp(t1->valuestring, "string"));
-            if (has_length(pr) && !only) {
+            if (!only && toolcall_schema_any(pr, length_bound)) {
                 snprintf(t->err, t->err_len,
                          "tool '%.100s' (strict): parameter '%.100s': 'minLength'/'maxLength' on a value that may "
                          "also be another type is not supported in this model's tool-call form",

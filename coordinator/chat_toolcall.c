@@ -313,24 +313,31 @@ static int km_section(const char *t, size_t len, size_t *pos_io, bool final, too
 
 /* ---- GLM ---- */
 
-/* whether a parameter's schema allows a string: its "type" is or lists "string", or a branch of
- * its anyOf / oneOf allows one (pydantic writes Optional[str] so); a schema without either
- * ($ref, enum, none at all) does not say so */
-bool toolcall_schema_allows_string(const cJSON *sc) {
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sc, "type"), *it;
-    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
-    if (cJSON_IsArray(ty)) {
-        cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it) && !strcmp(it->valuestring, "string")) return true;
-        return false;
-    }
+bool toolcall_schema_any(const cJSON *sc, int (*says)(const cJSON *sc)) {
+    const int r = says(sc);
+    if (r >= 0) return r != 0;
     static const char *const alts[2] = {"anyOf", "oneOf"};
     for (int i = 0; i < 2; i++) {
-        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]);
+        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]), *it;
         if (!cJSON_IsArray(br)) continue;
-        cJSON_ArrayForEach(it, br) if (toolcall_schema_allows_string(it)) return true;
+        cJSON_ArrayForEach(it, br) if (toolcall_schema_any(it, says)) return true;
     }
     return false;
 }
+
+/* a schema's own "type": is or lists "string" (1), does not (0), or is not there (-1) */
+static int type_string(const cJSON *sc) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sc, "type"), *it;
+    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
+    if (!cJSON_IsArray(ty)) return -1;
+    cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it) && !strcmp(it->valuestring, "string")) return 1;
+    return 0;
+}
+
+/* whether a parameter's schema allows a string: its "type" is or lists "string", or a branch of
+ * its anyOf / oneOf allows one (pydantic writes Optional[str] so); a schema without either
+ * ($ref, enum, none at all) does not say so */
+bool toolcall_schema_allows_string(const cJSON *sc) { return toolcall_schema_any(sc, type_string); }
 
 /* whether key's value is taken as a string: the tool's schema for it allows a string, or the
  * tool or the key is not declared; otherwise the value is read as JSON where it is JSON */

@@ -103,6 +103,9 @@ void toolcall_parse(enum toolcall_kind k, const char *text, size_t len, bool fin
 /* GLM: whether a parameter's value is the model's text (its schema allows a string: "type" is or
  * lists "string", or an anyOf / oneOf branch does), else JSON where it parses. */
 bool toolcall_schema_allows_string(const cJSON *param_schema);
+/* Whether says(schema) holds, or holds of a branch of its anyOf / oneOf (and so on down): says
+ * answers 1 or 0 for a schema it decides, -1 to look in its branches. */
+bool toolcall_schema_any(const cJSON *schema, int (*says)(const cJSON *schema));
 void toolcall_result_free(toolcall_result *r);
 
 #endif
