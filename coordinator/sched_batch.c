@@ -768,8 +768,10 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     if (whole)
         for (int i = 0; i < s->running.n; i++) reserve += blocks_left(s, s->running.v[i]);
     /* admission, first come first served; a request whose prompt logprobs the step has no rows
-     * left for waits for the next step without holding back the ones behind it */
-    for (int wi = 0; budget > 0 && n < s->cfg.max_seqs && wi < s->waiting.n;) {
+     * left for waits for the next step without holding back the ones behind it. The cap counts
+     * the running requests, not the plan's entries: a running one whose prompt logprobs wait
+     * for the next step is not in this plan but holds its place in the batch. */
+    for (int wi = 0; budget > 0 && s->running.n < s->cfg.max_seqs && wi < s->waiting.n;) {
         sreq *q = s->waiting.v[wi];
         if (q->preempt_step == s->st.steps + 1) break; /* not in the step that preempted it */
         MLA_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
