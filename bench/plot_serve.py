@@ -6,7 +6,8 @@
 For each model: a markdown table with a row a point (concurrency cN, Poisson rate rN) and, for each
 server, output tok/s, requests/s, TTFT p50 / p99 and ITL p50 / p99 (ms) and errors; then the ratio
 mlaserve / llama-server of each point: output tok/s (above 1: mlaserve faster), p99 ITL and p50 TTFT
-(below 1: mlaserve lower). Where llama-server ran with FlashAttention on and off at every point,
+(below 1: mlaserve lower); mlaserve's mean time to first token as the server counted it (queue and
+prefill, serve_load.py's `server`) beside the client's. Where llama-server ran with FlashAttention on and off at every point,
 the better of the two (output tok/s) is taken at each point and named. The FA probe points
 (`probe-llama-fa*`) are listed separately. --png draws output tok/s against p99 ITL, one line a
 server, points labelled by concurrency or rate (needs matplotlib; with several files, one panel a
@@ -93,6 +94,15 @@ def table(model):
                 out.append(f"| {point_label(a, rates)} | " + " | ".join("-" if x is None else f"{x:.2f}x" for x in r) + " |")
             else:
                 out.append(f"| {n} | - | - | - |")
+    split = [(n, ours[n]) for n in ours if ok(ours[n]) and ours[n].get("server")]
+    if split:
+        out += ["", "mlaserve's time to first token as the server counted it (/metrics, means in ms): arrival to "
+                "first scheduled step (queue) and on to the first token (prefill); the client's mean beside it", "",
+                "| point | client TTFT | server TTFT | queue | prefill | steps |", "|---|---|---|---|---|---|"]
+        for n, p in split:
+            sv = p["server"]
+            out.append(f"| {point_label(p, rates)} | {fmt(p['ttft_ms'].get('mean'))} | {fmt(sv['ttft'])} | "
+                       f"{fmt(sv['queue'])} | {fmt(sv['prefill'])} | {sv['steps']} |")
     probes = [(k, p) for k, s in model["servers"].items() if k.startswith("probe-") for p in s["points"]]
     if probes:
         out += ["", "FlashAttention probe (llama-server): " + "; ".join(

@@ -15,8 +15,14 @@ Every request is streamed: time to first token (TTFT) and the gaps between later
 measured here; output tokens are the streamed text chunks (a chunk carries one token's text in
 mlaserve and llama-server; a token whose bytes complete only in the next chunk is counted with it),
 and expected_output_tokens what the successful requests asked for. Prints one JSON object (also to
---json): requests, errors, requests/s, output tok/s, TTFT and ITL p50/p90/p99 in ms, and the first
-error messages. Exit status 1 when a request failed."""
+--json): requests, errors, requests/s, output tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in
+ms, and the first error messages. Against mlaserve, `server` also splits the point's time to first
+token as the server saw it, from its /metrics read before and after (means in ms over the point's
+requests): `ttft` (arrival to first token), `queue` (arrival to first scheduled step) and `prefill`
+(first scheduled step to first token), and `steps` (model steps run); the client's mean TTFT less
+the server's is what HTTP and the client add. `server` is null where /metrics has no mlaserve
+series (llama-server, vLLM) or another client shared the point. Exit status 1 when a request
+failed."""
 import argparse
 import asyncio
 import json
@@ -24,6 +30,7 @@ import math
 import random
 import sys
 import time
+import urllib.request
 
 from openai import AsyncOpenAI
 
@@ -39,6 +46,51 @@ def shape_of(name, rnd):
         return fixed[name]
     a, b = name.split("-")
     return int(a), int(b)
+
+
+# the /metrics series read around a point: (histogram or counter, key in `server`)
+SERVER_SERIES = (("mlaserve_time_to_first_token_seconds", "ttft"), ("mlaserve_request_queue_time_seconds", "queue"),
+                 ("mlaserve_request_prefill_time_seconds", "prefill"))
+
+
+def read_metrics(base_url, api_key):
+    """mlaserve's /metrics beside base_url (.../v1): {series name: value summed over its labels}, or None
+    where it cannot be read or holds no mlaserve series"""
+    root = base_url.rstrip("/")
+    root = root[:-3] if root.endswith("/v1") else root
+    req = urllib.request.Request(root + "/metrics", headers={"Authorization": "Bearer " + api_key} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as f:
+            text = f.read().decode()
+    except (OSError, ValueError):
+        return None
+    vals = {}
+    for line in text.splitlines():
+        if not line.startswith("mlaserve_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        try:
+            vals[name] = vals.get(name, 0.0) + float(value)
+        except ValueError:
+            return None
+    return vals or None
+
+
+def server_split(before, after, n_ok):
+    """the point's server-side means (ms) from two read_metrics: None unless every request of the point,
+    and nothing else, was counted in between"""
+    if before is None or after is None:
+        return None
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out = {}
+    for series, key in SERVER_SERIES:
+        n = d.get(series + "_count", 0.0)
+        if n != n_ok:  # another client's requests, or a series missing
+            return None
+        out[key] = d.get(series + "_sum", 0.0) / n * 1e3 if n else None
+    out["steps"] = int(d.get("mlaserve_steps_total", 0.0))
+    return out
 
 
 def pct(xs, q):
@@ -84,6 +136,7 @@ async def run(a):
         p, o = shape_of(a.shape, rnd)
         reqs.append(([rnd.randrange(256, a.vocab) for _ in range(p)], o))
     out = []
+    before = read_metrics(a.base_url, a.api_key)
     t0 = time.perf_counter()
     if a.rate > 0:  # Poisson arrivals
         tasks = []
@@ -102,6 +155,7 @@ async def run(a):
     wall = time.perf_counter() - t0
     await client.close()
     ok = [r for r in out if r["error"] is None]
+    server = server_split(before, read_metrics(a.base_url, a.api_key), len(ok))
     ttft = [r["ttft"] * 1e3 for r in ok if r["ttft"] is not None]
     itl = [x * 1e3 for r in ok for x in r["itl"]]
     tokens = sum(r["chunks"] for r in ok)
@@ -112,9 +166,10 @@ async def run(a):
            "output_tok_per_s": tokens / wall if wall > 0 else None, "output_tokens": tokens,
            "expected_output_tokens": sum(r["asked"] for r in ok),
            "prompt_tokens": sum(len(p) for p, _ in reqs),
-           "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+           "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99),
+                       "mean": sum(ttft) / len(ttft) if ttft else None},
            "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
-           "first_errors": [r["error"] for r in out if r["error"]][:3]}
+           "server": server, "first_errors": [r["error"] for r in out if r["error"]][:3]}
     return res
 
 

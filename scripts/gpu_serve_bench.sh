@@ -149,6 +149,10 @@ else:
     print(f"{j['label']}: {j['output_tok_per_s']:.1f} tok/s, {j['requests_per_s']:.2f} req/s, TTFT p50 "
           f"{j['ttft_ms']['p50'] or 0:.1f} ms, ITL p50/p99 {j['itl_ms']['p50'] or 0:.2f}/{j['itl_ms']['p99'] or 0:.2f} ms, "
           f"{j['errors']} errors ({sys.argv[2]} s)")
+    sv = j.get("server")
+    if sv:  # where the first token's time went, as the server saw it (serve_load.py)
+        print(f"  server: TTFT mean {sv['ttft']:.1f} ms = queue {sv['queue']:.1f} + prefill {sv['prefill']:.1f}; "
+              f"client TTFT mean {j['ttft_ms']['mean']:.1f} ms; {sv['steps']} steps")
 EOF
 }
 

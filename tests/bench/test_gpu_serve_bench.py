@@ -11,8 +11,9 @@
    concurrency 1 and 2, two Poisson rates derived from the concurrency points, `mlaserve bench`
    batch 1; llama-server from a package folder whose llama-server exits at once (no server: the
    script notes it and goes on, FA on skipped for want of its kernels). Checked: exit status 0,
-   the JSON (every point without error, the asked tokens streamed, rates below/above each other,
-   a decode row with a roofline share), the notes, the table, the logs archive, the model deleted.
+   the JSON (every point without error, the asked tokens streamed, the server's split of its
+   time to first token, rates below/above each other,
+   a decode row with a roofline share), the notes, the tables, the logs archive, the model deleted.
 usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
 import csv
 import io
@@ -165,6 +166,9 @@ if os.path.exists(jf):
         good = "error" not in p and p["errors"] == 0 and p["expected_output_tokens"] == want and \
             0 < p["output_tokens"] <= want
         check(good, f"{name}: no error, the asked tokens streamed", p)
+        sv = p.get("server") or {}
+        check(sv.get("ttft") and sv.get("queue") is not None and sv.get("prefill") and sv.get("steps", 0) > 0,
+              f"{name}: the server's split of the first token's time (/metrics)", p)
     if "c1" in pts and "error" not in pts["c1"]:
         check(pts["c1"]["requests"] == 2 and pts["c1"]["mode"] == "concurrency 1" and pts["c1"]["prompt_tokens"] == 16,
               "c1: REQ_MIN requests of 8 tokens", pts["c1"])
@@ -183,6 +187,8 @@ if os.path.exists(jf):
     check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
 md = os.path.join(out, "serve-glm47flash-2l.md")
 check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read(), "table written", r.stdout[-500:])
+check(os.path.exists(md) and "| point | client TTFT | server TTFT | queue | prefill | steps |" in open(md).read()
+      and "\n| c1 | " in open(md).read(), "the server's split tabled", r.stdout[-500:])
 tgz = os.path.join(out, "0-serve-logs.tgz")
 if os.path.exists(tgz):
     names = tarfile.open(tgz).getnames()

@@ -2,7 +2,9 @@
 """bench/serve_load.py against `mlaserve serve` on the bundled tiny model (CPU workers), through the
 official openai client. No timing is asserted: the counts and the fields have to be right.
 - 8 requests of 32 prompt tokens and 8 output tokens at concurrency 4: no error, 64 output tokens,
-  TTFT and ITL percentiles present and ordered, requests/s and tok/s positive;
+  TTFT and ITL percentiles present and ordered, requests/s and tok/s positive; the server's split of
+  the first token's time read from /metrics: its TTFT the sum of queue and prefill, inside the
+  client's (the server's interval lies within the client's), at least 8 steps;
 - 5 Poisson arrivals (rate 50/s) of 16 prompt tokens and 6 output tokens: no error, every asked token
   streamed;
 - the chat-like lengths (no server): 2000 draws within 50-4000 / 20-1000 tokens, long-tailed (the mean
@@ -44,6 +46,9 @@ try:
               t["p50"] <= t["p90"] <= t["p99"] and i["p50"] <= i["p90"] <= i["p99"], "TTFT / ITL percentiles", j)
         check(j["requests_per_s"] > 0 and j["output_tok_per_s"] > 0 and j["mode"] == "concurrency 4",
               "throughput fields", j)
+        sv = j["server"]
+        check(sv is not None and abs(sv["ttft"] - sv["queue"] - sv["prefill"]) <= 1e-3 * sv["ttft"] + 1e-3 and
+              0 < sv["ttft"] <= t["mean"] and sv["steps"] >= 8, "the server's TTFT split", j)
     rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7")
     check(rc == 0 and j is not None and j["errors"] == 0 and j["mode"] == "rate 50/s", "Poisson arrivals: no error",
           (j, err[-500:]))
