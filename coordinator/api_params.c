@@ -288,7 +288,7 @@ static const char *const k_common_keys[] = {
     "logit_bias", "response_format", "grammar", NULL};
 static const char *const k_chat_keys[] = {"messages", "add_generation_prompt", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                                          "reasoning_effort", "continue_final_message", NULL};
+                                          "reasoning_effort", "include_reasoning", "continue_final_message", NULL};
 static const char *const k_completion_keys[] = {"prompt", "echo", "suffix", "best_of", NULL};
 
 static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
@@ -397,6 +397,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->max_tokens = -1;
     p->add_generation_prompt = true;
     p->skip_special_tokens = true;
+    p->include_reasoning = true;
     if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
     if (check_keys(root, kind, e)) return MLA_ERR;
     int64_t v;
@@ -488,6 +489,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                 return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
             p->reasoning_effort = mla_xstrdup(re->valuestring);
         }
+        /* false: the reasoning is parsed out of the answer and not returned (vLLM's parameter) */
+        if (get_bool(root, "include_reasoning", &p->include_reasoning, e)) return MLA_ERR;
     }
     /* response_format, grammar, logit_bias: coordinator/api_constrain */
     if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;

@@ -59,6 +59,7 @@ typedef struct api_gen_params {
     const char *max_tokens_param;      /* the field max_tokens came from, for errors (a literal) */
     const cJSON *chat_template_kwargs; /* points into the request document; NULL: none */
     char *reasoning_effort;            /* NULL: absent */
+    bool include_reasoning;            /* the answer carries the reasoning (vLLM's include_reasoning) */
     enum reasoning_prompt prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning */
     sched_sampling sampling;
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */

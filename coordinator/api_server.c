@@ -70,6 +70,7 @@ typedef struct api_req {
 typedef struct chat_out {
     enum reasoning_kind rk;
     bool think_open;          /* the prompt ends in "<think>" */
+    bool hide_reasoning;      /* include_reasoning: false: parsed out, not returned */
     enum toolcall_kind tk;    /* TOOLCALL_NONE: no tools in this request */
     bool one_call;            /* parallel_tool_calls: false: the first call alone */
     cJSON *tools;             /* a copy of the request's tools (GLM's argument types) */
@@ -441,6 +442,17 @@ static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool wi
     return o;
 }
 
+/* The reasoning text s (NULL: none, null) into a message or a delta under both of its names:
+ * reasoning_content (DeepSeek's API, llama.cpp, older vLLM) and reasoning (vLLM's since it
+ * dropped the other), so that a client written for either finds it */
+static void add_reasoning(cJSON *obj, const char *s) {
+    const char *names[] = {"reasoning_content", "reasoning"};
+    for (int i = 0; i < 2; i++) {
+        if (s) cJSON_AddStringToObject(obj, names[i], s);
+        else cJSON_AddNullToObject(obj, names[i]);
+    }
+}
+
 /* The finish reason of a chat answer: "tool_calls" where it stopped after complete calls; a
  * call cut off (a stop string, the end of generation inside it) keeps "stop", as max_tokens
  * keeps "length": its arguments are not whole */
@@ -461,6 +473,7 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
     chat_parse(r, len, final, &ps);
     const char *t = r->text ? r->text : "";
     size_t rl = ps.rs.r_end > ps.rs.r_start ? ps.rs.r_end - ps.rs.r_start : 0;
+    if (co->hide_reasoning) co->sent_r = rl; /* parsed out, not sent */
     cJSON *deltas[2 + 2 * TOOLCALL_MAX_CALLS];
     int nd = 0;
     if (rl > co->sent_r || ps.content_len > co->sent_c) {
@@ -468,7 +481,7 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
         size_t n;
         if (rl > co->sent_r) {
             char *s = api_utf8_sanitize(t + ps.rs.r_start + co->sent_r, rl - co->sent_r, &n);
-            cJSON_AddStringToObject(d, "reasoning_content", s);
+            add_reasoning(d, s);
             free(s);
             co->sent_r = rl;
         }
@@ -657,12 +670,12 @@ static void complete_response(api_req *r, const char *error) {
             else cJSON_AddNullToObject(m, "content");
             free(cs);
             if (r->chat->rk != REASONING_NONE) {
-                if (ps.rs.r_end > ps.rs.r_start) {
+                if (ps.rs.r_end > ps.rs.r_start && !r->chat->hide_reasoning) {
                     char *rs = api_utf8_sanitize(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
-                    cJSON_AddStringToObject(m, "reasoning_content", rs);
+                    add_reasoning(m, rs);
                     free(rs);
                 } else {
-                    cJSON_AddNullToObject(m, "reasoning_content");
+                    add_reasoning(m, NULL);
                 }
             }
             if (ps.n_calls) {
@@ -1488,6 +1501,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         r->chat->rk = p->prompt_reasoning == REASONING_PROMPT_CLOSED ? REASONING_NONE
                                                                       : (enum reasoning_kind)a->cfg.reasoning_parser;
         r->chat->think_open = p->prompt_reasoning == REASONING_PROMPT_OPEN;
+        r->chat->hide_reasoning = !p->include_reasoning;
         r->chat->tk = with_tools ? (enum toolcall_kind)a->cfg.tool_parser : TOOLCALL_NONE;
         if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
         r->chat->one_call = p->one_call;

@@ -101,9 +101,16 @@ def args_of(text):
         return ("raw", text)
 
 
-def result_of(msg):
+def reasoning_of(obj, what):
+    """the reasoning of a message or a delta: reasoning_content, which reasoning (vLLM's name) repeats"""
+    rc, r = getattr(obj, "reasoning_content", None), getattr(obj, "reasoning", None)
+    check(rc == r, what + ": reasoning and reasoning_content agree", (rc, r))
+    return rc
+
+
+def result_of(msg, what=""):
     calls = [(c.id, c.type, c.function.name, args_of(c.function.arguments)) for c in (msg.tool_calls or [])]
-    return {"content": msg.content, "reasoning": getattr(msg, "reasoning_content", None), "calls": calls}
+    return {"content": msg.content, "reasoning": reasoning_of(msg, what), "calls": calls}
 
 
 def stream_result(cl, what, **kw):
@@ -116,7 +123,7 @@ def stream_result(cl, what, **kw):
         d = c.delta
         if d.content:
             content = (content or "") + d.content
-        rc = getattr(d, "reasoning_content", None)
+        rc = reasoning_of(d, what + ": a delta")
         if rc:
             reasoning = (reasoning or "") + rc
         for tc in d.tool_calls or []:
@@ -378,7 +385,7 @@ def main():
                 extra_body = {k: v for k, v in req.items() if k in body_keys}
                 kw.update({k: v for k, v in req.items() if k not in body_keys})
                 r = cl.chat.completions.create(extra_body=extra_body or None, **kw)
-                got = result_of(r.choices[0].message)
+                got = result_of(r.choices[0].message, what)
                 check(expect_match(got, exp), what + ": message", (got, exp))
                 check(r.choices[0].finish_reason == exp_finish, what + ": finish_reason", r.choices[0].finish_reason)
                 sgot, sfin = stream_result(cl, what, extra_body=extra_body or None, **kw)
@@ -413,6 +420,7 @@ def main():
         refused("kwargs the template does not read", "no_such_switch",
                 extra_body={"chat_template_kwargs": {"no_such_switch": True}})
         refused("reasoning_effort where the template has none", "reasoning_effort", reasoning_effort="high")
+        refused("include_reasoning not a boolean", "include_reasoning", extra_body={"include_reasoning": "no"})
         refused("named tool not in tools", "not_there", tools=[WEATHER],
                 tool_choice={"type": "function", "function": {"name": "not_there"}})
         refused("image parts", "image_url",
@@ -505,6 +513,21 @@ def main():
         check(usage is not None and usage.completion_tokens - 1 == n_lp == len(tokens(split_markers("Hm.</think>Yes."), True)),
               "stream logprobs and usage with the parser", (n_lp, usage))
         check(reasoning == "Hm." and content == "Yes.", "stream with logprobs parsed", (reasoning, content))
+
+        # include_reasoning: false: the reasoning parsed out of the answer and not returned
+        r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50,
+                                       extra_body={"include_reasoning": False})
+        m = r.choices[0].message
+        check(m.content == "Yes." and m.reasoning_content is None and getattr(m, "reasoning", None) is None,
+              "include_reasoning false: content only", m)
+        sgot, _ = stream_result(cl, "include_reasoning false, streamed", model="fake-model", messages=msgs,
+                                max_tokens=50, extra_body={"include_reasoning": False})
+        check(sgot["content"] == "Yes." and sgot["reasoning"] is None, "include_reasoning false: no reasoning streamed",
+              sgot)
+        r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50,
+                                       extra_body={"include_reasoning": True})
+        check(result_of(r.choices[0].message, "include_reasoning true")["reasoning"] == "Hm.",
+              "include_reasoning true: the reasoning returned", r.choices[0].message)
 
         # reasoning_effort reaches a template that reads it: the prompt grows by exactly that line
         ds = servers[(ds_tmpl, ())]
