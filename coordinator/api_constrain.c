@@ -565,6 +565,7 @@ int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_le
 
 typedef struct tg {
     sbuf out;
+    bool forced; /* tool_choice required or named: the arguments held to the schema where it can be */
     api_constrain_token_fn tok;
     void *ud;
     char *err;
@@ -589,16 +590,31 @@ static const char *tool_name(const cJSON *tl) {
 }
 static bool tool_strict(const cJSON *tl) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "strict")); }
 
-/* the tool's arguments as JSON: rule name into arg (its rules added), per its schema when strict */
+/* Whether tool tl's arguments are held to its parameters schema: a strict tool's (its schema
+ * outside the subset a 400), and, as vLLM does, any tool's where tool_choice forces a call and the
+ * schema is an object schema (one outside the subset then leaves the arguments any JSON object:
+ * the schema was not promised) */
+static bool tool_held(const tg *t, const cJSON *tl) {
+    if (tool_strict(tl)) return true;
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters"),
+                *ty = cJSON_GetObjectItemCaseSensitive(ps, "type");
+    return t->forced && cJSON_IsString(ty) && !strcmp(ty->valuestring, "object");
+}
+
+/* the tool's arguments as JSON: rule name into arg (its rules added), per its schema when held */
 static int tg_json_args(tg *t, const cJSON *tl, int i, char *arg, size_t arg_len) {
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
-    if (!tool_strict(tl) || !cJSON_IsObject(ps)) {
+    if (!tool_held(t, tl) || !cJSON_IsObject(ps)) {
         snprintf(arg, arg_len, "jobj");
         return MLA_OK;
     }
     char pfx[24], *rules = NULL, msg[400];
     snprintf(pfx, sizeof pfx, "t%ds", i);
     if (schema_rules(ps, pfx, &rules, arg, arg_len, msg, sizeof msg)) {
+        if (!tool_strict(tl)) { /* forced, beyond the subset: any object */
+            snprintf(arg, arg_len, "jobj");
+            return MLA_OK;
+        }
         snprintf(t->err, t->err_len, "tool '%.100s' (strict): its parameters: %s", tool_name(tl), msg);
         return MLA_ERR;
     }
@@ -613,17 +629,31 @@ static int length_bound(const cJSON *sc) {
                                                                                                                  : -1;
 }
 
-/* GLM: the pairs of tool i's call into rule "t<i>p": per its schema when strict (its properties in
- * their order, the required ones present; a value that may be a string is the model's text (one of
- * its enum or its const where it lists them), any other JSON per the property's schema), else any
- * pairs. The values' text never holds a control token. */
+/* GLM: the pairs of tool i's call into rule "t<i>p": per its schema when held (tool_held: its
+ * properties in their order, the required ones present; a value that may be a string is the model's
+ * text (one of its enum or its const where it lists them), any other JSON per the property's
+ * schema), else any pairs. The values' text never holds a control token. A forced tool that is not
+ * strict and whose schema cannot be held gets any pairs (tg_glm_held's refusal dropped). */
+static int tg_glm_held(tg *t, const cJSON *tl, int i, const char *ak, const char *ake, const char *av,
+                       const char *ave);
 static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const char *ake, const char *av,
                         const char *ave) {
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
-    if (!tool_strict(tl) || !cJSON_IsObject(ps)) {
-        sb_printf(&t->out, "t%dp ::= gpair*\n", i);
-        return MLA_OK;
+    const size_t mark = t->out.n;
+    if (tool_held(t, tl) && cJSON_IsObject(ps)) {
+        if (tg_glm_held(t, tl, i, ak, ake, av, ave) == MLA_OK) return MLA_OK;
+        if (tool_strict(tl)) return MLA_ERR;
+        t->out.n = mark; /* the rules it added before it gave up */
+        if (t->out.p) t->out.p[mark] = 0;
+        t->err[0] = 0;
     }
+    sb_printf(&t->out, "t%dp ::= gpair*\n", i);
+    return MLA_OK;
+}
+
+static int tg_glm_held(tg *t, const cJSON *tl, int i, const char *ak, const char *ake, const char *av,
+                       const char *ave) {
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(ps, "properties"),
                 *req = cJSON_GetObjectItemCaseSensitive(ps, "required"), *pr;
     char whole[48], *rules = NULL, msg[400], pfx[32];
@@ -704,7 +734,7 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
 int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
                         size_t err_len) {
     *out = NULL;
-    tg t = {.tok = tok, .ud = ud, .err = err, .err_len = err_len};
+    tg t = {.forced = q->required, .tok = tok, .ud = ud, .err = err, .err_len = err_len};
     char m[8][32], close[32];
     int rc = MLA_OK;
     /* calls after the first: as many as the parser returns (TOOLCALL_MAX_CALLS) */

@@ -55,8 +55,9 @@ typedef int32_t (*api_constrain_token_fn)(void *ud, const char *text);
 /* A chat request's tool calls held to its model's format (coordinator/chat_toolcall.h): free
  * output (any token but the format's opening marker) until the model opens its calls, then
  * calls of the offered tools, each one's name and arguments (per its parameters schema where the
- * tool is strict; any JSON object, or GLM's any key/value pairs, where not); required: the output
- * must reach a call (end of sequence only after one). */
+ * tool is strict, or where required is set and the schema is an object schema within the subset;
+ * any JSON object, or GLM's any key/value pairs, where not); required: the output must reach a call
+ * (end of sequence only after one). */
 typedef struct api_tool_grammar {
     enum toolcall_kind kind; /* deepseek, kimi-k2 or glm */
     const cJSON *tools;      /* the request's tools (checked by api_params) */

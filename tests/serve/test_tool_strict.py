@@ -4,8 +4,9 @@ vocabularies' chat and tool-call markers as control tokens) with short templates
 tools. A request names a strict tool (tool_choice: that function, one call) and biases
 the format's opening marker up so that the random model opens its call at once; from there the
 grammar holds every token: the answer must be exactly one call of that tool whose arguments are
-valid under its schema (an enum, an integer, a boolean), with finish_reason "tool_calls". Also:
-a loose tool's call is any JSON object, and the refusals (a strict tool's schema outside the
+valid under its schema (an enum, an integer, a boolean), with finish_reason "tool_calls"; the
+same for that tool not strict but named (tool_choice holds it to its schema). Also: a loose
+tool's call is any JSON object, and the refusals (a strict tool's schema outside the
 subset; a strict tool beside `grammar`).
 Usage: test_tool_strict.py MLASERVE_EXE WORKER_EXE WORK_DIR. Exits 77 without jsonschema."""
 import json
@@ -31,6 +32,7 @@ PARAMS = {"type": "object", "properties": {"city": {"type": "string", "enum": ["
           "required": ["city", "days", "metric"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": PARAMS}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+LOOSE = {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}}
 
 # Short templates that name the tools (the released ones render their whole schemas: a long
 # prompt, slow on the CPU backend of a sanitizer build; they are test_chat_dialects.py's matter)
@@ -62,7 +64,10 @@ for fam, opener in CASES:
         msgs = [{"role": "user", "content": "Weather in Oslo for two days?"}]
         for tools, choice, name in (([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}},
                                      "get_weather"),
-                                    ([TIME, WEATHER], "required", None)):
+                                    ([TIME, WEATHER], "required", None),
+                                    # not strict, but named: held to its schema all the same (as vLLM)
+                                    ([TIME, LOOSE], {"type": "function", "function": {"name": "get_weather"}},
+                                     "get_weather")):
             body = {"model": os.path.basename(model), "messages": msgs, "tools": tools, "tool_choice": choice, "temperature": 0,
                     "max_tokens": 300, "parallel_tool_calls": False, "logit_bias": {str(ids[0]): 100}}
             t0 = time.time()

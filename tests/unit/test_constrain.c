@@ -423,6 +423,35 @@ static void test_tools(void) {
     CHECK(api_constrain_tools(&q, tg_tok, NULL, &gt, msg, sizeof msg) == MLA_ERR && gt == NULL &&
           strstr(msg, "'</arg_key>' as one token"));
     g_missing = NULL;
+    /* tool_choice required / named: a tool that is not strict held to its object schema where the
+     * subset can (vLLM holds them); beyond the subset any object (GLM: any pairs); auto: free */
+    cJSON *loose = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"set\", \"parameters\": "
+                               "{\"type\": \"object\", \"properties\": {\"deg\": {\"type\": \"integer\"}}, "
+                               "\"required\": [\"deg\"]}}}, {\"type\": \"function\", \"function\": {\"name\": "
+                               "\"find\", \"parameters\": {\"type\": \"object\", \"properties\": {\"q\": "
+                               "{\"anyOf\": [{\"type\": \"string\", \"pattern\": \"^a\"}, {\"type\": \"integer\"}]}}}}}]");
+    api_tool_grammar ql2 = {.kind = TOOLCALL_DEEPSEEK, .tools = loose};
+#define DS_CALL(n, a) TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN n TOOLCALL_DS_SEP a TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END
+    tg_run(&ql2, v, DS_CALL("set", "{\"deg\": \"hot\"}"), 2, NULL, NULL); /* auto: any object */
+    ql2.required = true;
+    tg_run(&ql2, v, DS_CALL("set", "{\"deg\": \"hot\"}"), 0, NULL, NULL);
+    tg_run(&ql2, v, DS_CALL("set", "{}"), 0, NULL, NULL);
+    tg_run(&ql2, v, DS_CALL("set", "{\"deg\": 21}"), 2, NULL, NULL);
+    tg_run(&ql2, v, DS_CALL("find", "{\"z\": [true]}"), 2, NULL, NULL); /* 'pattern': beyond the subset */
+    ql2.only = "set";
+    tg_run(&ql2, v, DS_CALL("set", "{\"deg\": 1.5}"), 0, NULL, NULL);
+#undef DS_CALL
+    ql2.kind = TOOLCALL_GLM;
+    ql2.only = NULL;
+#define GLM_CALL(n, k, x) TOOLCALL_GLM_CALL_BEGIN n TOOLCALL_GLM_KEY_BEGIN k TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN x \
+    TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END
+    tg_run(&ql2, v, GLM_CALL("set", "deg", "hot"), 0, NULL, NULL);
+    tg_run(&ql2, v, GLM_CALL("set", "deg", "21"), 2, NULL, NULL);
+    tg_run(&ql2, v, GLM_CALL("find", "z", "anything"), 2, NULL, NULL);
+    ql2.required = false;
+    tg_run(&ql2, v, GLM_CALL("set", "other", "hot"), 2, NULL, NULL);
+#undef GLM_CALL
+    cJSON_Delete(loose);
     /* a strict tool's schema outside the subset */
     cJSON *bad = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
                              "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}}]");
