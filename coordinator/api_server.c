@@ -176,8 +176,7 @@ static void reply(api_server *a, http_conn *c, int status, const char *ctype, co
 }
 
 static void reply_json(api_server *a, http_conn *c, int status, cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
-    MLA_ASSERT(s);
+    char *s = api_json_print(j);
     reply(a, c, status, "application/json", s, strlen(s), NULL);
     free(s);
 }
@@ -186,13 +185,13 @@ static cJSON *error_json(const api_error *e) {
     cJSON *root = cJSON_CreateObject();
     cJSON *er = cJSON_AddObjectToObject(root, "error");
     size_t n;
-    char *msg = api_utf8_sanitize(e->message, strlen(e->message), &n);
+    char *msg = api_json_text(e->message, strlen(e->message), &n);
     cJSON_AddStringToObject(er, "message", msg);
     free(msg);
     cJSON_AddStringToObject(er, "type", e->type);
     if (e->param[0]) {
         /* a refused member's name comes from the client and may be cut inside a character */
-        char *param = api_utf8_sanitize(e->param, strlen(e->param), &n);
+        char *param = api_json_text(e->param, strlen(e->param), &n);
         cJSON_AddStringToObject(er, "param", param);
         free(param);
     } else
@@ -208,7 +207,7 @@ static void reply_error(api_server *a, http_conn *c, const api_error *e, const c
     /* a 429 says when to come back (RFC 9110 10.2.3): the queue frees a slot within about a step */
     if (e->status == 429 && !extra) extra = "Retry-After: 1\r\n";
     cJSON *j = error_json(e);
-    char *s = cJSON_PrintUnformatted(j);
+    char *s = api_json_print(j);
     reply(a, c, e->status, "application/json", s, strlen(s), extra);
     free(s);
     cJSON_Delete(j);
@@ -230,7 +229,7 @@ static char *token_string(api_server *a, int32_t id, size_t *n) {
         p = "";
         len = 0;
     }
-    return api_utf8_sanitize(p, len, n);
+    return api_json_text(p, len, n);
 }
 
 static cJSON *bytes_json(api_server *a, int32_t id) {
@@ -342,7 +341,7 @@ static cJSON *chunk_base(const api_req *r) {
 }
 
 static void sse_send(api_req *r, cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
+    char *s = api_json_print(j);
     size_t n = strlen(s);
     char *buf = mla_xmalloc(n + 9);
     memcpy(buf, "data: ", 6);
@@ -360,7 +359,7 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     size_t n;
-    char *txt = api_utf8_sanitize(r->text + from_b, to_b - from_b, &n);
+    char *txt = api_json_text(r->text + from_b, to_b - from_b, &n);
     if (r->kind == API_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (to_b > from_b || !finish) cJSON_AddStringToObject(d, "content", txt);
@@ -423,7 +422,7 @@ static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool wi
         snprintf(ours, sizeof ours, "call_%s_%d", r->id + 9, i); /* r->id is "chatcmpl-..." */
         const char *id = c->id ? c->id : ours;
         size_t n;
-        char *s = api_utf8_sanitize(id, strlen(id), &n);
+        char *s = api_json_text(id, strlen(id), &n);
         cJSON_AddStringToObject(o, "id", s);
         free(s);
         cJSON_AddStringToObject(o, "type", "function");
@@ -431,12 +430,12 @@ static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool wi
     cJSON *fn = cJSON_AddObjectToObject(o, "function");
     if (header) {
         size_t n;
-        char *s = api_utf8_sanitize(c->name, strlen(c->name), &n);
+        char *s = api_json_text(c->name, strlen(c->name), &n);
         cJSON_AddStringToObject(fn, "name", s);
         free(s);
     }
     size_t n;
-    char *s = api_utf8_sanitize(args, args_len, &n);
+    char *s = api_json_text(args, args_len, &n);
     cJSON_AddStringToObject(fn, "arguments", s);
     free(s);
     return o;
@@ -480,13 +479,13 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
         cJSON *d = cJSON_CreateObject();
         size_t n;
         if (rl > co->sent_r) {
-            char *s = api_utf8_sanitize(t + ps.rs.r_start + co->sent_r, rl - co->sent_r, &n);
+            char *s = api_json_text(t + ps.rs.r_start + co->sent_r, rl - co->sent_r, &n);
             add_reasoning(d, s);
             free(s);
             co->sent_r = rl;
         }
         if (ps.content_len > co->sent_c) {
-            char *s = api_utf8_sanitize(ps.content + co->sent_c, ps.content_len - co->sent_c, &n);
+            char *s = api_json_text(ps.content + co->sent_c, ps.content_len - co->sent_c, &n);
             cJSON_AddStringToObject(d, "content", s);
             free(s);
             co->sent_c = ps.content_len;
@@ -655,14 +654,14 @@ static void complete_response(api_req *r, const char *error) {
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddNumberToObject(ch, "index", 0);
         size_t n;
-        char *txt = api_utf8_sanitize(r->text, r->text_len, &n);
+        char *txt = api_json_text(r->text, r->text_len, &n);
         const char *finish = r->finish_reason ? r->finish_reason : "stop";
         if (r->chat) {
             chat_parsed ps;
             chat_parse(r, r->text_len, true, &ps);
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            char *cs = api_utf8_sanitize(ps.content, ps.content_len, &n);
+            char *cs = api_json_text(ps.content, ps.content_len, &n);
             /* no content beside calls or reasoning (or a call the model opened and did not
              * write): null, as OpenAI answers */
             if (ps.content_len || !(ps.n_calls || ps.tc.opened || ps.rs.has_reasoning))
@@ -671,7 +670,7 @@ static void complete_response(api_req *r, const char *error) {
             free(cs);
             if (r->chat->rk != REASONING_NONE) {
                 if (ps.rs.r_end > ps.rs.r_start && !r->chat->hide_reasoning) {
-                    char *rs = api_utf8_sanitize(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
+                    char *rs = api_json_text(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
                     add_reasoning(m, rs);
                     free(rs);
                 } else {
@@ -773,10 +772,17 @@ static tok_entry *push_token(api_server *a, api_req *r, int32_t id, bool with_te
                              const int32_t *top_ids, const float *top_lps) {
     size_t len = 0;
     const char *p = "";
-    /* the chat parsers read the markers the model writes as control tokens */
-    if (with_text && (r->chat || !(r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id)))) {
+    if (with_text) {
         p = a->tok.piece(a->tok.ctx, id, &len);
-        if (!p) len = 0;
+        if (!p) {
+            p = "";
+            len = 0;
+        }
+        /* skip_special_tokens leaves out control tokens, but for the markers the chat parsers
+         * read (control tokens in these vocabularies), which a parsed answer keeps */
+        if (r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id) &&
+            !(r->chat && reasoning_marker(p, len)))
+            len = 0;
     }
     if (r->n_toks == r->cap_toks) {
         r->cap_toks = r->cap_toks ? 2 * r->cap_toks : 64;
@@ -1805,7 +1811,7 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
             reply_error(a, c, &e, NULL);
         } else {
             size_t n;
-            char *txt = api_utf8_sanitize(buf ? buf : "", len, &n);
+            char *txt = api_json_text(buf ? buf : "", len, &n);
             cJSON *j = cJSON_CreateObject();
             cJSON_AddStringToObject(j, "prompt", txt);
             reply_json(a, c, 200, j);
@@ -1867,7 +1873,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
     } else {
         api_error e;
         size_t sn;
-        char *s = api_utf8_sanitize(d, k > 200 ? 200 : k, &sn);
+        char *s = api_json_text(d, k > 200 ? 200 : k, &sn);
         api_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s')", s,
                       a->model_name);
         free(s);
@@ -2090,7 +2096,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     if (!rt) {
         api_error e;
         size_t n;
-        char *p = api_utf8_sanitize(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
+        char *p = api_json_text(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
         api_error_set(&e, 404, NULL, "not_found", "no route %s %s", req->method, p);
         free(p);
         reply_error(a, c, &e, NULL);

@@ -529,6 +529,21 @@ def main():
         check(result_of(r.choices[0].message, "include_reasoning true")["reasoning"] == "Hm.",
               "include_reasoning true: the reasoning returned", r.choices[0].message)
 
+        # a control token that is not a parser's marker (257, the fake's BOS) follows
+        # skip_special_tokens with the parser on, as without it; a NUL byte comes back whole
+        with open(script, "w") as f:
+            f.write(" ".join(str(t) for t in tokens(split_markers("H\x00m.</think>Yes."), True) + [257, 77, 0, 78]))
+        for skip, want in ((None, "Yes.M\x00N"), (False, "Yes.<|bos|>M\x00N")):
+            kw = {"extra_body": {"skip_special_tokens": False}} if skip is False else {}
+            r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50, **kw)
+            got = result_of(r.choices[0].message, "skip_special_tokens %s" % skip)
+            check(got["content"] == want and got["reasoning"] == "H\x00m.", "skip_special_tokens %s with the parser: "
+                  "content and reasoning" % skip, got)
+            sgot, _ = stream_result(cl, "skip_special_tokens %s, streamed" % skip, model="fake-model", messages=msgs,
+                                    max_tokens=50, **kw)
+            check(sgot["content"] == want and sgot["reasoning"] == "H\x00m.", "skip_special_tokens %s with the "
+                  "parser: streamed" % skip, sgot)
+
         # reasoning_effort reaches a template that reads it: the prompt grows by exactly that line
         ds = servers[(ds_tmpl, ())]
         cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % ds.port, api_key="x", timeout=30, max_retries=0)

@@ -63,8 +63,28 @@ static void test_char_start(void) {
         CHECKF(api_utf8_chars(u, api_utf8_char_start(u, 9, p)) == offs[p], "offset of byte %zu", p);
 }
 
+/* a NUL byte of generated text survives into the printed JSON as \u0000, in values and keys (a
+ * completions top_logprobs key is a token's text), the text after it kept */
+static void test_json_nul(void) {
+    size_t n = 0;
+    char *s = api_json_text("a\0b\xff", 4, &n);
+    CHECKF(n == 6 && s[1] == API_JSON_NUL && !memcmp(s + 2, "b\xef\xbf\xbd", 4) && s[6] == 0, "%zu bytes", n);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "t", s);
+    cJSON_AddNumberToObject(j, s, 1);
+    char *p = api_json_print(j);
+    CHECKF(!strcmp(p, "{\"t\":\"a\\u0000b\xef\xbf\xbd\",\"a\\u0000b\xef\xbf\xbd\":1}"), "%s", p);
+    cJSON *back = cJSON_Parse(p);
+    CHECK(back && cJSON_GetObjectItemCaseSensitive(back, "t")); /* valid JSON (cJSON itself stops at the NUL) */
+    cJSON_Delete(back);
+    free(p);
+    cJSON_Delete(j);
+    free(s);
+}
+
 int main(void) {
     test_sanitize();
     test_char_start();
+    test_json_nul();
     return mla_test_finish();
 }
