@@ -539,21 +539,18 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (!is_null(stop)) {
         if (cJSON_IsString(stop)) {
-            if (stop->valuestring[0]) p->stop[p->n_stop++] = mla_xstrdup(stop->valuestring);
+            p->stop[p->n_stop++] = mla_xstrdup(stop->valuestring); /* "": refused below, as vLLM does */
         } else if (cJSON_IsArray(stop)) {
             if (cJSON_GetArraySize(stop) > API_MAX_STOP)
                 return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
             const cJSON *it;
             cJSON_ArrayForEach(it, stop) {
                 if (!cJSON_IsString(it)) return bad(e, "stop", "'stop' must be a string or a list of strings");
-                if (it->valuestring[0]) p->stop[p->n_stop++] = mla_xstrdup(it->valuestring);
+                p->stop[p->n_stop++] = mla_xstrdup(it->valuestring);
             }
         } else {
             return bad(e, "stop", "'stop' must be a string or a list of strings");
         }
-        for (int i = 0; i < p->n_stop; i++)
-            if (strlen(p->stop[i]) > API_MAX_STOP_LEN)
-                return bad(e, "stop", "stop strings are limited to %d bytes", API_MAX_STOP_LEN);
     }
     const cJSON *sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
     if (!is_null(sti)) {

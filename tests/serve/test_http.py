@@ -225,6 +225,8 @@ def test_errors(port):
     err({"prompt": 5}, 400, "prompt type", param="prompt")
     err({"prompt": ["a", "b"]}, 400, "two prompts", param="prompt")
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
+    err({"prompt": "x", "stop": ""}, 400, "an empty stop string", param="stop", says="must not be empty")
+    err({"prompt": "x", "stop": ["a", ""]}, 400, "an empty stop string listed", param="stop", says="must not be empty")
     err({"prompt": "x", "top_p": 0}, 400, "top_p 0", param="top_p", says="(0, 1]")
     err({"prompt": "x", "top_p": 1.5}, 400, "top_p 1.5", param="top_p", says=("(0, 1]", "got 1.5"))
     err({"prompt": "x", "top_p": 1e-300}, 400, "top_p 0 as a float", param="top_p", says="is 0 as a 32-bit float")
