@@ -282,7 +282,8 @@ static int continue_check(const cJSON *root, const cJSON *msgs, bool *cont, bool
  * OpenAI (or vLLM / llama.cpp) parameter it does not honour must not pass silently. */
 static const char *const k_common_keys[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "stream",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+    "skip_special_tokens", "stream",
     "stream_options", "logprobs", "max_completion_tokens", "user",
     /* structured output and logit_bias: coordinator/api_constrain.c */
     "logit_bias", "response_format", "grammar", NULL};
@@ -557,23 +558,25 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         if (!cJSON_IsArray(sti)) return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
         if (get_token_array(sti, "stop_token_ids", &p->stop_ids, &p->n_stop_ids, e)) return MLA_ERR;
     }
+    if (get_bool(root, "include_stop_str_in_output", &p->include_stop_str, e)) return MLA_ERR;
     if (get_bool(root, "ignore_eos", &p->ignore_eos, e)) return MLA_ERR;
     if (get_bool(root, "skip_special_tokens", &p->skip_special_tokens, e)) return MLA_ERR;
     if (get_bool(root, "stream", &p->stream, e)) return MLA_ERR;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (!is_null(so)) {
         if (!cJSON_IsObject(so)) return bad(e, "stream_options", "'stream_options' must be an object");
-        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
-        if (!is_null(iu)) {
-            if (!cJSON_IsBool(iu))
-                return bad(e, "stream_options", "'stream_options.include_usage' must be a boolean");
-            p->include_usage = cJSON_IsTrue(iu);
-        }
         const cJSON *it;
         cJSON_ArrayForEach(it, so) {
-            if (it->string && strcmp(it->string, "include_usage"))
-                return bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
+            const bool iu = it->string && !strcmp(it->string, "include_usage"),
+                       cu = it->string && !strcmp(it->string, "continuous_usage_stats");
+            if (!iu && !cu) return bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
+            if (is_null(it)) continue;
+            if (!cJSON_IsBool(it)) return bad(e, "stream_options", "'stream_options.%s' must be a boolean", it->string);
+            *(iu ? &p->include_usage : &p->continuous_usage) = cJSON_IsTrue(it);
         }
+        /* vLLM's: the usage so far in every chunk, beside include_usage's last one */
+        if (p->continuous_usage && !p->include_usage)
+            return bad(e, "stream_options", "'stream_options.continuous_usage_stats' needs 'include_usage': true");
         /* as OpenAI: without a stream it would do nothing (a reply always carries its usage) */
         if (!p->stream) return bad(e, "stream_options", "'stream_options' is only allowed with 'stream': true");
     }

@@ -71,6 +71,8 @@ typedef struct api_gen_params {
     bool skip_special_tokens;
     bool stream;
     bool include_usage;   /* stream_options.include_usage */
+    bool continuous_usage; /* stream_options.continuous_usage_stats: the usage so far in every chunk */
+    bool include_stop_str; /* include_stop_str_in_output: the answer ends after the stop string */
     bool logprobs;        /* return logprobs at all */
     int32_t top_logprobs; /* alternatives per token */
     bool echo;            /* completions: the text (and logprobs) start with the prompt's tokens */

@@ -31,6 +31,8 @@ typedef struct api_req {
     uint64_t sched_id;
     enum api_kind kind;
     bool stream, include_usage, logprobs, skip_special;
+    bool continuous_usage; /* stream_options.continuous_usage_stats */
+    bool include_stop;     /* include_stop_str_in_output */
     int32_t top_logprobs;
     char id[48];
     char *user;          /* the request's "user" (its log line), or NULL */
@@ -331,6 +333,13 @@ static cJSON *usage_json(const api_req *r) {
     return u;
 }
 
+/* A stream chunk's usage member: none without include_usage; the usage so far with
+ * continuous_usage_stats, else null (the last chunk carries it) */
+static void chunk_usage(const api_req *r, cJSON *j) {
+    if (r->continuous_usage) cJSON_AddItemToObject(j, "usage", usage_json(r));
+    else if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+}
+
 static cJSON *chunk_base(const api_req *r) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", r->id);
@@ -376,7 +385,7 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
     else
         cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
-    if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+    chunk_usage(r, j);
     sse_send(r, j);
     cJSON_Delete(j);
 }
@@ -524,7 +533,7 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
         if (finish && k == nd - 1) cJSON_AddStringToObject(c, "finish_reason", chat_finish(r, &ps));
         else cJSON_AddNullToObject(c, "finish_reason");
         cJSON_AddItemToArray(choices, c);
-        if (r->include_usage) cJSON_AddNullToObject(j, "usage");
+        chunk_usage(r, j);
         sse_send(r, j);
         cJSON_Delete(j);
     }
@@ -713,13 +722,16 @@ static void check_stops(api_req *r) {
     if (!r->n_stop || r->text_done) return;
     size_t from = r->stop_scanned > r->max_stop_len - 1 ? r->stop_scanned - (r->max_stop_len - 1) : 0;
     if (from < r->stop_floor) from = r->stop_floor;
-    size_t best = SIZE_MAX;
+    size_t best = SIZE_MAX, best_len = 0;
     for (int i = 0; i < r->n_stop; i++) {
         const char *hit = memmem(r->text + from, r->text_len - from, r->stop[i], strlen(r->stop[i]));
-        if (hit && (size_t)(hit - r->text) < best) best = (size_t)(hit - r->text);
+        if (hit && (size_t)(hit - r->text) < best) {
+            best = (size_t)(hit - r->text);
+            best_len = strlen(r->stop[i]);
+        }
     }
     if (best != SIZE_MAX) {
-        r->text_len = best;
+        r->text_len = best + (r->include_stop ? best_len : 0); /* the first match, listed first */
         r->text_done = true;
         r->finish_reason = "stop";
         sched_cancel(r->srv->s, r->sched_id);
@@ -1495,6 +1507,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     r->kind = kind;
     r->stream = p->stream || sink;
     r->include_usage = p->include_usage;
+    r->continuous_usage = p->continuous_usage;
+    r->include_stop = p->include_stop_str;
     r->logprobs = p->logprobs;
     r->top_logprobs = p->top_logprobs;
     r->skip_special = p->skip_special_tokens;
@@ -1724,7 +1738,7 @@ static void generate_ready(api_server *a, prep_job *j) {
             cJSON_AddNullToObject(ch, "logprobs");
             cJSON_AddNullToObject(ch, "finish_reason");
             cJSON_AddItemToArray(choices, ch);
-            if (r->include_usage) cJSON_AddNullToObject(ch0, "usage");
+            chunk_usage(r, ch0);
             sse_send(r, ch0);
             cJSON_Delete(ch0);
         }

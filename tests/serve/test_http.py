@@ -149,6 +149,17 @@ def test_stream_completions(port):
             ltoks += l["tokens"]; llps += l["token_logprobs"]; offs += l["text_offset"]
     check(ltoks == [chr(t) for t in toks] and [R.f32(x) for x in llps] == lps and offs == list(range(30)), "streamed logprobs")
     check(evs[-1]["choices"] == [] and evs[-1]["usage"]["completion_tokens"] == 30, "usage chunk")
+    check(all(e["usage"] is None for e in evs[:-1]), "usage null in the other chunks")
+    # continuous_usage_stats: every chunk carries the usage so far, counting up to the last
+    st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 30, "stream": True,
+                                                             "stream_options": {"include_usage": True,
+                                                                                "continuous_usage_stats": True}})
+    evs, done, _ = sse_events(data)
+    us = [e["usage"] for e in evs]
+    seen = [u["completion_tokens"] for u in us if u]
+    check(done and all(u and u["prompt_tokens"] == len(pids) and u["total_tokens"] == len(pids) + u["completion_tokens"]
+                       for u in us) and seen == sorted(seen) and seen[-1] == 30 and evs[-1]["choices"] == [] and
+          sum(len(e["choices"][0]["text"]) for e in evs if e["choices"]) == 30, "continuous usage in every chunk", us[:3])
 
 
 def test_chat(port):
@@ -196,6 +207,13 @@ def test_stops(port):
         check(text == full[:cut], "stop string cut (stream=%s): %r vs %r" % (stream, text, full[:cut]))
         check(fin == "stop", "stop string finish (stream=%s)" % stream)
         check(ntok == cut, "logprob tokens end at the cut (stream=%s)" % stream)
+    # include_stop_str_in_output: the answer ends after the stop string
+    for stream in (False, True):
+        st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 60, "stop": [stop],
+                                                                 "include_stop_str_in_output": True, "stream": stream})
+        text = "".join(e["choices"][0]["text"] for e in sse_events(data)[0]) if stream else \
+            json.loads(data)["choices"][0]["text"]
+        check(text == full[:cut + len(stop)], "stop string kept (stream=%s): %r" % (stream, text))
     # stop token ids: the 4th generated token
     st, j, _, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 60, "stop_token_ids": [toks[3]]})
     first = toks.index(toks[3])
@@ -260,6 +278,10 @@ def test_errors(port):
     err({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs without logprobs", path="/v1/chat/completions")
     err({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options without stream",
         param="stream_options")
+    err({"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+        "continuous_usage_stats without include_usage", param="stream_options", says="needs 'include_usage'")
+    err({"prompt": "x", "include_stop_str_in_output": 1}, 400, "include_stop_str_in_output type",
+        param="include_stop_str_in_output")
     err({"messages": [{"role": "user", "content": "x"}], "stream": False, "stream_options": {"include_usage": True}}, 400,
         "chat stream_options without stream", path="/v1/chat/completions", param="stream_options")
     # a body that is not UTF-8 (JSON is UTF-8, RFC 8259): refused, naming the byte
