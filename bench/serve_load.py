@@ -80,7 +80,7 @@ def read_metrics(base_url, api_key):
 def server_split(before, after, n_ok):
     """the point's server-side means (ms) from two read_metrics: None unless every request of the point,
     and nothing else, was counted in between"""
-    if before is None or after is None:
+    if before is None or after is None or not n_ok:
         return None
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     out = {}

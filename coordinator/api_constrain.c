@@ -566,6 +566,7 @@ int api_schema_to_gbnf(const cJSON *schema, char **out, char *err, size_t err_le
 typedef struct tg {
     sbuf out;
     bool forced; /* tool_choice required or named: the arguments held to the schema where it can be */
+    int loose;   /* tools held that are not strict (forced) */
     api_constrain_token_fn tok;
     void *ud;
     char *err;
@@ -620,6 +621,7 @@ static int tg_json_args(tg *t, const cJSON *tl, int i, char *arg, size_t arg_len
     }
     sb_add(&t->out, rules, strlen(rules));
     free(rules);
+    if (!tool_strict(tl)) t->loose++;
     return MLA_OK;
 }
 
@@ -640,10 +642,15 @@ static int tg_glm_pairs(tg *t, const cJSON *tl, int i, const char *ak, const cha
                         const char *ave) {
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tool_fn(tl), "parameters");
     const size_t mark = t->out.n;
+    const bool over = t->out.over;
     if (tool_held(t, tl) && cJSON_IsObject(ps)) {
-        if (tg_glm_held(t, tl, i, ak, ake, av, ave) == MLA_OK) return MLA_OK;
+        if (tg_glm_held(t, tl, i, ak, ake, av, ave) == MLA_OK) {
+            if (!tool_strict(tl)) t->loose++;
+            return MLA_OK;
+        }
         if (tool_strict(tl)) return MLA_ERR;
         t->out.n = mark; /* the rules it added before it gave up */
+        t->out.over = over;
         if (t->out.p) t->out.p[mark] = 0;
         t->err[0] = 0;
     }
@@ -731,10 +738,12 @@ static int tg_glm_held(tg *t, const cJSON *tl, int i, const char *ak, const char
     return MLA_OK;
 }
 
-int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
-                        size_t err_len) {
+/* The grammar of q (api_constrain_tools), the forced tools that are not strict held to their
+ * schemas where hold_loose; *loose gets how many were */
+static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain_token_fn tok, void *ud, char **out,
+                       char *err, size_t err_len, int *loose) {
     *out = NULL;
-    tg t = {.forced = q->required, .tok = tok, .ud = ud, .err = err, .err_len = err_len};
+    tg t = {.forced = hold_loose, .tok = tok, .ud = ud, .err = err, .err_len = err_len};
     char m[8][32], close[32];
     int rc = MLA_OK;
     /* calls after the first: as many as the parser returns (TOOLCALL_MAX_CALLS) */
@@ -828,12 +837,23 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
         snprintf(err, err_len, "the tools cannot be compiled to a grammar: %s", e.msg);
         rc = MLA_ERR;
     }
+    *loose = t.loose;
     if (rc) {
         free(t.out.p);
         return MLA_ERR;
     }
     *out = t.out.p;
     return MLA_OK;
+}
+
+int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
+                        size_t err_len) {
+    int loose = 0;
+    const int rc = tools_build(q, q->required, tok, ud, out, err, err_len, &loose);
+    if (rc == MLA_OK || !loose) return rc;
+    /* the schemas of forced tools that are not strict made the grammar too large, or one that
+     * cannot be matched: they were not promised, so the calls go without them */
+    return tools_build(q, false, tok, ud, out, err, err_len, &loose);
 }
 
 /* ---- the request's parameters -------------------------------------------------------------- */

@@ -69,7 +69,9 @@ typedef struct api_tool_grammar {
 } api_tool_grammar;
 
 /* The GBNF of q into *out (caller frees); MLA_ERR with err naming the problem: a marker of the
- * format that is not one token of the vocabulary (tok), a strict tool's schema outside the subset. */
+ * format that is not one token of the vocabulary (tok), a strict tool's schema outside the subset.
+ * Where the schemas of forced tools that are not strict make a grammar too large or one that cannot
+ * be matched, it is built again without them. */
 int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, void *ud, char **out, char *err,
                         size_t err_len);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/mla_err.h"
+#include "coordinator/chat_json.h"
 
 /* A message that quotes the request, made valid text in place (buffer of cap bytes): what starts
  * no whole character (a quote cut by a %.64s or by the buffer's end, a request's own bad bytes)
@@ -772,30 +773,10 @@ char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
 
 char *api_json_text(const char *s, size_t len, size_t *out_len) {
     size_t n;
-    char *o = api_utf8_sanitize(s, len, &n);
-    for (size_t i = 0; i < n; i++)
-        if (!o[i]) o[i] = API_JSON_NUL;
+    char *v = api_utf8_sanitize(s, len, &n); /* valid UTF-8: no 0xFF byte left */
+    char *o = chat_json_str(v, n);
+    free(v);
     if (out_len) *out_len = n;
-    return o;
-}
-
-char *api_json_print(const cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
-    MLA_ASSERT(s);
-    size_t n = 0, k = 0;
-    for (const char *p = s; *p; p++) n += *p == API_JSON_NUL;
-    if (!n) return s;
-    char *o = mla_xmalloc(strlen(s) + 5 * n + 1);
-    for (const char *p = s; *p; p++) {
-        if (*p == API_JSON_NUL) {
-            memcpy(o + k, "\\u0000", 6);
-            k += 6;
-        } else {
-            o[k++] = *p;
-        }
-    }
-    o[k] = 0;
-    free(s);
     return o;
 }
 

@@ -115,12 +115,9 @@ int api_messages_check(const cJSON *messages, api_error *e);
  * U+FFFD, as Python's errors="replace" decodes. */
 char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
 /* api_utf8_sanitize for text that goes into a cJSON document the server prints with
- * api_json_print: a NUL byte (U+0000, which a C string would end at) becomes API_JSON_NUL, a byte
- * valid UTF-8 never holds, and api_json_print writes it as \u0000. */
-#define API_JSON_NUL '\xFF'
+ * chat_json_print: a NUL byte (which a C string would end at) as CHAT_JSON_NUL
+ * (coordinator/chat_json.h), written back as \u0000. */
 char *api_json_text(const char *s, size_t len, size_t *out_len);
-/* cJSON_PrintUnformatted of j with each API_JSON_NUL written as \u0000; caller frees. */
-char *api_json_print(const cJSON *j);
 /* The number of characters api_utf8_sanitize(s, len) gives. */
 size_t api_utf8_chars(const char *s, size_t len);
 /* pos, or where the character (or maximal subpart) that covers byte pos of s[0..len) starts when

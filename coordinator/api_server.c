@@ -14,6 +14,7 @@
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
 #include "coordinator/chat_guard.h"
+#include "coordinator/chat_json.h"
 #include "coordinator/chat_reasoning.h"
 #include "coordinator/chat_toolcall.h"
 
@@ -178,7 +179,7 @@ static void reply(api_server *a, http_conn *c, int status, const char *ctype, co
 }
 
 static void reply_json(api_server *a, http_conn *c, int status, cJSON *j) {
-    char *s = api_json_print(j);
+    char *s = chat_json_print(j);
     reply(a, c, status, "application/json", s, strlen(s), NULL);
     free(s);
 }
@@ -187,13 +188,13 @@ static cJSON *error_json(const api_error *e) {
     cJSON *root = cJSON_CreateObject();
     cJSON *er = cJSON_AddObjectToObject(root, "error");
     size_t n;
-    char *msg = api_json_text(e->message, strlen(e->message), &n);
+    char *msg = api_utf8_sanitize(e->message, strlen(e->message), &n);
     cJSON_AddStringToObject(er, "message", msg);
     free(msg);
     cJSON_AddStringToObject(er, "type", e->type);
     if (e->param[0]) {
         /* a refused member's name comes from the client and may be cut inside a character */
-        char *param = api_json_text(e->param, strlen(e->param), &n);
+        char *param = api_utf8_sanitize(e->param, strlen(e->param), &n);
         cJSON_AddStringToObject(er, "param", param);
         free(param);
     } else
@@ -209,7 +210,7 @@ static void reply_error(api_server *a, http_conn *c, const api_error *e, const c
     /* a 429 says when to come back (RFC 9110 10.2.3): the queue frees a slot within about a step */
     if (e->status == 429 && !extra) extra = "Retry-After: 1\r\n";
     cJSON *j = error_json(e);
-    char *s = api_json_print(j);
+    char *s = chat_json_print(j);
     reply(a, c, e->status, "application/json", s, strlen(s), extra);
     free(s);
     cJSON_Delete(j);
@@ -350,7 +351,7 @@ static cJSON *chunk_base(const api_req *r) {
 }
 
 static void sse_send(api_req *r, cJSON *j) {
-    char *s = api_json_print(j);
+    char *s = chat_json_print(j);
     size_t n = strlen(s);
     char *buf = mla_xmalloc(n + 9);
     memcpy(buf, "data: ", 6);
@@ -778,6 +779,20 @@ static void count_finish(api_server *a, api_req *r, double t) {
     api_hist_observe(&a->m.generation_len, r->n_completion);
 }
 
+/* Whether p[0, len) is a marker one of r's parsers reads: the reasoning's tags where the server runs
+ * a reasoning parser (with the thinking switch off they stay in the content, docs/chat-dialects.md),
+ * the tool-call format's markers where the request has tools, and Kimi-K2's, whose call section
+ * also ends its reasoning */
+static bool parser_marker(const api_server *a, const api_req *r, const char *p, size_t len) {
+    if (!r->chat) return false;
+    if (a->cfg.reasoning_parser != REASONING_NONE &&
+        ((len == sizeof REASONING_OPEN_TAG - 1 && !memcmp(p, REASONING_OPEN_TAG, len)) ||
+         (len == sizeof REASONING_CLOSE_TAG - 1 && !memcmp(p, REASONING_CLOSE_TAG, len))))
+        return true;
+    return toolcall_marker(r->chat->tk, p, len) ||
+           (r->chat->rk == REASONING_KIMI_K2 && toolcall_marker(TOOLCALL_KIMI_K2, p, len));
+}
+
 /* Token id onto the request's tokens, and its text (with_text) onto its text; its logprob and up
  * to n_top alternatives (as many as the request asked for) */
 static tok_entry *push_token(api_server *a, api_req *r, int32_t id, bool with_text, float logprob, int32_t n_top,
@@ -790,10 +805,9 @@ static tok_entry *push_token(api_server *a, api_req *r, int32_t id, bool with_te
             p = "";
             len = 0;
         }
-        /* skip_special_tokens leaves out control tokens, but for the markers the chat parsers
-         * read (control tokens in these vocabularies), which a parsed answer keeps */
-        if (r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id) &&
-            !(r->chat && reasoning_marker(p, len)))
+        /* skip_special_tokens leaves out control tokens, but for the markers this request's
+         * parsers read (control tokens in these vocabularies), which a parsed answer keeps */
+        if (r->skip_special && a->tok.is_special && a->tok.is_special(a->tok.ctx, id) && !parser_marker(a, r, p, len))
             len = 0;
     }
     if (r->n_toks == r->cap_toks) {
@@ -1887,7 +1901,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
     } else {
         api_error e;
         size_t sn;
-        char *s = api_json_text(d, k > 200 ? 200 : k, &sn);
+        char *s = api_utf8_sanitize(d, k > 200 ? 200 : k, &sn);
         api_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s')", s,
                       a->model_name);
         free(s);
@@ -2110,7 +2124,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     if (!rt) {
         api_error e;
         size_t n;
-        char *p = api_json_text(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
+        char *p = api_utf8_sanitize(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
         api_error_set(&e, 404, NULL, "not_found", "no route %s %s", req->method, p);
         free(p);
         reply_error(a, c, &e, NULL);

@@ -143,15 +143,3 @@ void reasoning_split_text(enum reasoning_kind kind, const char *t, size_t len, b
     o->c_start = c;
     o->c_end = len;
 }
-
-bool reasoning_marker(const char *s, size_t len) {
-    static const char *const mk[] = {
-        OPEN_TAG, CLOSE_TAG, TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
-        TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP, TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1,
-        TOOLCALL_KIMI_SECTION_END, TOOLCALL_KIMI_SECTION_END1, TOOLCALL_KIMI_CALL_BEGIN, TOOLCALL_KIMI_ARG_BEGIN,
-        TOOLCALL_KIMI_CALL_END, TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
-        TOOLCALL_GLM_KEY_END, TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END};
-    for (size_t i = 0; i < sizeof mk / sizeof *mk; i++)
-        if (strlen(mk[i]) == len && !memcmp(s, mk[i], len)) return true;
-    return false;
-}

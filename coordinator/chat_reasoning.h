@@ -52,11 +52,6 @@ enum reasoning_prompt reasoning_prompt_state(const char *prompt, size_t len);
  * (an assistant message continued from inside its thinking: continue_final_message). */
 bool reasoning_text_open(const char *s, size_t len);
 
-/* Whether s[0, len) is a marker the chat parsers read: the reasoning's tags, or a marker of any
- * tool-call format (chat_toolcall.h). Such control tokens stay in a parsed answer's text whatever
- * skip_special_tokens says; the others follow it. */
-bool reasoning_marker(const char *s, size_t len);
-
 typedef struct reasoning_split {
     size_t r_start, r_end; /* reasoning: text[r_start, r_end) (empty when r_end <= r_start) */
     size_t c_start, c_end; /* content: text[c_start, c_end) */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/mla_err.h"
+#include "coordinator/chat_json.h"
 
 #define DS_CALLS_BEGIN TOOLCALL_DS_CALLS_BEGIN
 #define DS_CALLS_END TOOLCALL_DS_CALLS_END
@@ -354,10 +355,12 @@ static bool glm_is_string(const cJSON *tools, const char *name, const char *key)
     return true;
 }
 
+/* (a GLM call's keys and text values go into cJSON through chat_json_str and come out through
+ * chat_json_print, so that a NUL byte in them is kept as \u0000) */
 static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const char *k, size_t kn, const char *v,
                          size_t vn) {
-    char *key = dup_n(k, kn);
-    char *val = dup_n(v, vn);
+    char *key = chat_json_str(k, kn);
+    char *val = chat_json_str(v, vn);
     cJSON *item = NULL;
     if (!glm_is_string(tools, name, key)) {
         const char *s = v;
@@ -382,7 +385,7 @@ static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const
 }
 
 static void glm_finish(toolcall *c, cJSON *obj) {
-    char *s = cJSON_PrintUnformatted(obj);
+    char *s = chat_json_print(obj);
     set_args(c, s ? s : "{}", s ? strlen(s) : 2, false);
     free(s);
     cJSON_Delete(obj);
@@ -390,9 +393,9 @@ static void glm_finish(toolcall *c, cJSON *obj) {
 
 /* s[0, n) as JSON string text, left open (no closing quote) unless close */
 static void sb_json_string(sb *b, const char *s, size_t n, bool close) {
-    char *raw = dup_n(s, n);
+    char *raw = chat_json_str(s, n);
     cJSON *js = cJSON_CreateString(raw);
-    char *j = cJSON_PrintUnformatted(js);
+    char *j = chat_json_print(js);
     sb_add(b, j, strlen(j) - (close ? 0 : 1));
     free(j);
     cJSON_Delete(js);
@@ -405,7 +408,7 @@ static void sb_json_string(sb *b, const char *s, size_t n, bool close) {
  * ones as an open JSON string, others as written. */
 static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const char *k, size_t kn, bool key_done,
                            const char *v, size_t vn) {
-    char *s = cJSON_PrintUnformatted(obj);
+    char *s = chat_json_print(obj);
     const bool any = cJSON_GetArraySize(obj) > 0;
     cJSON_Delete(obj);
     sb b = {0};
@@ -608,4 +611,18 @@ void toolcall_result_free(toolcall_result *r) {
         if (!r->calls[i].args_view) free(r->calls[i].args);
     }
     memset(r, 0, sizeof *r);
+}
+
+bool toolcall_marker(enum toolcall_kind k, const char *s, size_t len) {
+    static const char *const ds[] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
+                                     TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP, NULL};
+    static const char *const kimi[] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1, TOOLCALL_KIMI_SECTION_END,
+                                       TOOLCALL_KIMI_SECTION_END1,  TOOLCALL_KIMI_CALL_BEGIN,     TOOLCALL_KIMI_ARG_BEGIN,
+                                       TOOLCALL_KIMI_CALL_END,      NULL};
+    static const char *const glm[] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
+                                      TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END, NULL};
+    const char *const *mk = k == TOOLCALL_DEEPSEEK ? ds : k == TOOLCALL_KIMI_K2 ? kimi : k == TOOLCALL_GLM ? glm : NULL;
+    for (; mk && *mk; mk++)
+        if (strlen(*mk) == len && !memcmp(s, *mk, len)) return true;
+    return false;
 }

@@ -107,5 +107,7 @@ bool toolcall_schema_allows_string(const cJSON *param_schema);
  * answers 1 or 0 for a schema it decides, -1 to look in its branches. */
 bool toolcall_schema_any(const cJSON *schema, int (*says)(const cJSON *schema));
 void toolcall_result_free(toolcall_result *r);
+/* Whether s[0, len) is one of format k's markers (TOOLCALL_NONE: none is). */
+bool toolcall_marker(enum toolcall_kind k, const char *s, size_t len);
 
 #endif

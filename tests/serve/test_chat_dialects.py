@@ -180,6 +180,12 @@ CASES = [
      {"content": None, "reasoning": "Need the weather.",
       "calls": [("*", "function", "get_weather", {"city": "Paris", "days": 3}), ("*", "function", "get_time", {})]},
      "tool_calls"),
+    # a NUL byte in a value (the value's text; the key's too) is kept: "\u0000" in the arguments' JSON
+    ("glm-4.6 a NUL byte in a call's value", "glm-4.6.jinja", [],
+     "<tool_call>get_weather\n<arg_key>ci\x00ty</arg_key>\n<arg_value>Os\x00lo</arg_value>\n</tool_call>",
+     {"tools": [WEATHER]},
+     {"content": None, "reasoning": None, "calls": [("*", "function", "get_weather", {"ci\x00ty": "Os\x00lo"})]},
+     "tool_calls"),
     # GLM-5: the generation prompt opens <think> itself, calls in the compact form (no newlines)
     ("glm-5 thinking: the prompt opens <think>", "glm-5.jinja", [],
      "Weigh it.</think>Four.", {},
@@ -340,8 +346,9 @@ CASES = [
     ("required, a scripted answer without a call: the text is returned", "glm-4.6.jinja", [],
      "I cannot call anything.", {"tools": [WEATHER], "tool_choice": "required"},
      {"content": "I cannot call anything.", "reasoning": None, "calls": []}, "stop"),
+    # (the markers kept as text: skip_special_tokens would leave their control tokens out, as below)
     ("tool_choice none: no parsing", "glm-4.6.jinja", [],
-     "<tool_call>get_weather</tool_call>", {"tools": [WEATHER], "tool_choice": "none"},
+     "<tool_call>get_weather</tool_call>", {"tools": [WEATHER], "tool_choice": "none", "skip_special_tokens": False},
      {"content": "<tool_call>get_weather</tool_call>", "reasoning": None, "calls": []}, "stop"),
 ]
 
@@ -381,7 +388,7 @@ def main():
                 with open(script, "w") as f:
                     f.write(" ".join(str(t) for t in tokens(split_markers(output), as_tokens)))
                 kw = dict(model="fake-model", messages=msgs, max_tokens=1000, temperature=0)
-                body_keys = ("chat_template_kwargs", "continue_final_message")  # not the openai client's own
+                body_keys = ("chat_template_kwargs", "continue_final_message", "skip_special_tokens")  # not the client's
                 extra_body = {k: v for k, v in req.items() if k in body_keys}
                 kw.update({k: v for k, v in req.items() if k not in body_keys})
                 r = cl.chat.completions.create(extra_body=extra_body or None, **kw)
@@ -529,11 +536,14 @@ def main():
         check(result_of(r.choices[0].message, "include_reasoning true")["reasoning"] == "Hm.",
               "include_reasoning true: the reasoning returned", r.choices[0].message)
 
-        # a control token that is not a parser's marker (257, the fake's BOS) follows
-        # skip_special_tokens with the parser on, as without it; a NUL byte comes back whole
+        # a control token that is not a marker of this request's parsers (257, the fake's BOS; a
+        # tool-call marker in a request without tools) follows skip_special_tokens with the
+        # reasoning parser on, as without it; a NUL byte comes back whole
+        calls_begin = FAKE_VOCAB + MARKERS.index("<｜tool▁calls▁begin｜>")
         with open(script, "w") as f:
-            f.write(" ".join(str(t) for t in tokens(split_markers("H\x00m.</think>Yes."), True) + [257, 77, 0, 78]))
-        for skip, want in ((None, "Yes.M\x00N"), (False, "Yes.<|bos|>M\x00N")):
+            f.write(" ".join(str(t) for t in tokens(split_markers("H\x00m.</think>Yes."), True) +
+                             [257, calls_begin, 77, 0, 78]))
+        for skip, want in ((None, "Yes.M\x00N"), (False, "Yes.<|bos|><｜tool▁calls▁begin｜>M\x00N")):
             kw = {"extra_body": {"skip_special_tokens": False}} if skip is False else {}
             r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=50, **kw)
             got = result_of(r.choices[0].message, "skip_special_tokens %s" % skip)

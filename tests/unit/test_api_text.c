@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api_params.h"
+#include "chat_json.h"
 #include "mla_test.h"
 
 static const struct {
@@ -68,11 +69,11 @@ static void test_char_start(void) {
 static void test_json_nul(void) {
     size_t n = 0;
     char *s = api_json_text("a\0b\xff", 4, &n);
-    CHECKF(n == 6 && s[1] == API_JSON_NUL && !memcmp(s + 2, "b\xef\xbf\xbd", 4) && s[6] == 0, "%zu bytes", n);
+    CHECKF(n == 6 && s[1] == CHAT_JSON_NUL && !memcmp(s + 2, "b\xef\xbf\xbd", 4) && s[6] == 0, "%zu bytes", n);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "t", s);
     cJSON_AddNumberToObject(j, s, 1);
-    char *p = api_json_print(j);
+    char *p = chat_json_print(j);
     CHECKF(!strcmp(p, "{\"t\":\"a\\u0000b\xef\xbf\xbd\",\"a\\u0000b\xef\xbf\xbd\":1}"), "%s", p);
     cJSON *back = cJSON_Parse(p);
     CHECK(back && cJSON_GetObjectItemCaseSensitive(back, "t")); /* valid JSON (cJSON itself stops at the NUL) */

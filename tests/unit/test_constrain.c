@@ -452,6 +452,31 @@ static void test_tools(void) {
     tg_run(&ql2, v, GLM_CALL("set", "other", "hot"), 2, NULL, NULL);
 #undef GLM_CALL
     cJSON_Delete(loose);
+    /* a forced schema that passes the subset but not the grammar's check (a $ref cycle through
+     * nothing but references): the calls go without the schemas of tools that are not strict;
+     * strict, the same schema is a 400 */
+    const char *cyc = "{\"type\": \"object\", \"$defs\": {\"X\": {\"$ref\": \"#/$defs/Y\"}, \"Y\": {\"$ref\": "
+                      "\"#/$defs/X\"}}, \"properties\": {\"a\": {\"$ref\": \"#/$defs/X\"}}}";
+    char cyc_tools[600];
+    for (int strict = 0; strict < 2; strict++) {
+        snprintf(cyc_tools, sizeof cyc_tools, "[{\"type\": \"function\", \"function\": {\"name\": \"f\", %s\"parameters\": %s}}]",
+                 strict ? "\"strict\": true, " : "", cyc);
+        cJSON *ct = cJSON_Parse(cyc_tools);
+        for (int kind = 0; kind < 2; kind++) {
+            api_tool_grammar qc = {.kind = kind ? TOOLCALL_GLM : TOOLCALL_DEEPSEEK, .tools = ct, .required = true};
+            if (strict) {
+                char *gc = NULL, mc[600] = "";
+                CHECKF(api_constrain_tools(&qc, tg_tok, NULL, &gc, mc, sizeof mc) == MLA_ERR && !gc, "%s", mc);
+            } else if (kind) {
+                tg_run(&qc, v, TOOLCALL_GLM_CALL_BEGIN "f" TOOLCALL_GLM_KEY_BEGIN "b" TOOLCALL_GLM_KEY_END
+                       TOOLCALL_GLM_VAL_BEGIN "1" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+            } else {
+                tg_run(&qc, v, TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "f" TOOLCALL_DS_SEP "{\"b\": 1}"
+                       TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END, 2, NULL, NULL);
+            }
+        }
+        cJSON_Delete(ct);
+    }
     /* a strict tool's schema outside the subset */
     cJSON *bad = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
                              "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}}]");
