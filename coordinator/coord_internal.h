@@ -32,6 +32,9 @@ typedef struct rank_st {
      * (link_dead: the worker is gone) takes nothing more, supervise() reports the exit */
     fdlink *link;
     int link_on, link_dead;
+    /* sends to it failing (a worker that left): warned about once until one goes through again
+     * (coord_send_to_rank; the heartbeat would otherwise warn every tick) */
+    int send_failing;
     /* the cache pool it took (LOADED) */
     uint32_t kv_blocks, kv_block_size;
     uint64_t kv_block_bytes;

@@ -18,17 +18,25 @@ int64_t coord_now_ms(void) {
 
 /* ---- I/O thread helpers -------------------------------------------------------------------- */
 
+/* a send to rank r failed (why) or went through (NULL): one warning a run of failures */
+static void send_outcome(rank_st *rs, int r, const char *why) {
+    if (why && !rs->send_failing)
+        MLA_WARN("send to worker %d: %s (further failures not logged until a send goes through)", r, why);
+    else if (!why && rs->send_failing) MLA_INFO("send to worker %d: delivered again", r);
+    rs->send_failing = why != NULL;
+}
+
 void coord_send_to_rank(coord *c, int r, const void *buf, size_t n) {
     rank_st *rs = &c->ranks[r];
     if (!rs->registered || rs->link_dead) return;
     if (rs->link_on) {
         mla_err err;
-        if (fdlink_send(rs->link, buf, n, &err)) MLA_WARN("send to worker %d: %s", r, err.msg);
+        send_outcome(rs, r, fdlink_send(rs->link, buf, n, &err) ? err.msg : NULL);
         return;
     }
-    if (zmq_send(c->router, rs->ident, rs->ident_len, ZMQ_SNDMORE) < 0 ||
-        zmq_send(c->router, buf, n, 0) < 0)
-        MLA_WARN("send to worker %d: %s", r, zmq_strerror(zmq_errno()));
+    const bool ok =
+        zmq_send(c->router, rs->ident, rs->ident_len, ZMQ_SNDMORE) >= 0 && zmq_send(c->router, buf, n, 0) >= 0;
+    send_outcome(rs, r, ok ? NULL : zmq_strerror(zmq_errno()));
 }
 
 void coord_send_frame_to_ident(coord *c, const void *ident, size_t ilen, const wire_msg *m) {

@@ -6,6 +6,8 @@
 # i-th device), else GPU i.
 # Ctrl-C / SIGTERM: the server is asked to drain (SIGTERM), the workers follow it; whatever is
 # still running after the grace period is killed, so no process outlives the launcher.
+# With `-- --on-worker-failure restart` a worker that exits is started again (after 1 s), so
+# that the coordinator's restart of the group finds workers to register.
 #
 # usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P] [--host H]
 #                         [--curve-dir DIR] [--grace S] [--cpu] [--dry-run] [-- extra serve options]
@@ -102,6 +104,15 @@ worker_args() { # rank -> the array wargs
   if [[ $cpu -eq 1 ]]; then wargs+=(--backend cpu --device cpu); else wargs+=(--backend cuda --device "cuda:$1"); fi
 }
 
+# serve's --on-worker-failure restart: the workers are started again when they exit
+respawn=0
+for ((i = 0; i < ${#extra[@]}; i++)); do
+  case "${extra[$i]}" in
+    --on-worker-failure=*) [[ "${extra[$i]#*=}" == restart ]] && respawn=1 || respawn=0 ;;
+    --on-worker-failure) [[ "${extra[$((i + 1))]:-}" == restart ]] && respawn=1 || respawn=0 ;;
+  esac
+done
+
 if [[ $dry -eq 1 ]]; then
   printf 'coordinator:'; printf ' %q' "${serve_cmd[@]}"; printf '\n'
   for ((r = 0; r < n; r++)); do
@@ -147,23 +158,29 @@ on_signal() {
 trap on_signal INT TERM
 trap cleanup EXIT
 
+start_worker() { # rank -> started, its pid in pids[rank + 1] (the log appended to)
+  worker_args "$1"
+  if [[ $cpu -eq 1 ]]; then
+    "${wargs[@]}" >>"$logs/worker-$1.log" 2>&1 &
+  else
+    CUDA_VISIBLE_DEVICES=$(device_of "$1") "${wargs[@]}" >>"$logs/worker-$1.log" 2>&1 &
+  fi
+  pids[$1 + 1]=$!
+}
+
 echo "launch.sh: coordinator + $n workers; logs in $logs" >&2
 "${serve_cmd[@]}" >"$logs/coordinator.log" 2>&1 &
 coord_pid=$!
 pids+=("$coord_pid")
 for ((r = 0; r < n; r++)); do
-  worker_args "$r"
-  if [[ $cpu -eq 1 ]]; then
-    "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
-  else
-    CUDA_VISIBLE_DEVICES=$(device_of "$r") "${wargs[@]}" >"$logs/worker-$r.log" 2>&1 &
-  fi
-  pids+=("$!")
+  : >"$logs/worker-$r.log"
+  start_worker "$r"
 done
 echo "${pids[*]}" >"$logs/pids"
 
 # Only the coordinator's exit ends the launcher: a worker that dies is reported by the
-# coordinator (/health 503, logs) and handled per --on-worker-failure.
+# coordinator (/health 503, logs) and handled per --on-worker-failure; with restart, it is
+# started again here (pids lists the live ones).
 status=0
 live=("${pids[@]}")
 while [[ ${#live[@]} -gt 0 ]]; do
@@ -173,10 +190,19 @@ while [[ ${#live[@]} -gt 0 ]]; do
   [[ $stopping -eq 1 ]] && break
   [[ -z "$done_pid" ]] && break
   if [[ "$done_pid" == "$coord_pid" ]]; then status=$st; break; fi
-  echo "launch.sh: worker pid $done_pid exited (status $st)" >&2
+  for ((r = 0; r < n; r++)); do [[ "${pids[$r + 1]}" == "$done_pid" ]] && break; done
+  echo "launch.sh: worker $r (pid $done_pid) exited (status $st)" >&2
   rest=()
   for p in "${live[@]}"; do [[ "$p" == "$done_pid" ]] || rest+=("$p"); done
   live=("${rest[@]}")
+  if [[ $respawn -eq 1 ]] && kill -0 "$coord_pid" 2>/dev/null; then
+    sleep 1
+    [[ $stopping -eq 1 ]] && break
+    start_worker "$r"
+    live+=("${pids[$r + 1]}")
+    echo "${pids[*]}" >"$logs/pids"
+    echo "launch.sh: worker $r started again (pid ${pids[$r + 1]})" >&2
+  fi
 done
 echo "launch.sh: the coordinator exited (status $status); stopping the workers" >&2
 if [[ $status -ne 0 && $stopping -eq 0 && -s "$logs/coordinator.log" ]]; then # why, from its log

@@ -1,7 +1,8 @@
 """Launchers: deploy/launch.sh (one node: coordinator + one worker per device, CPU backend here)
 and deploy/slurm/mlaserve.sbatch (dry run, then a run under a fake srun/scontrol that starts the
 tasks on this machine). Checks the generated commands, that generation works, the per-process
-logs, and that Ctrl-C / SIGTERM stops everything (no orphans).
+logs, that launch.sh starts a killed worker again under --on-worker-failure restart (the group
+serves again), and that Ctrl-C / SIGTERM stops everything (no orphans).
 Usage: test_launch.py MLASERVE WORKER FIXTURES SOURCE_DIR CASE (launch | slurm)"""
 import json
 import os
@@ -96,7 +97,8 @@ def case_launch():
           "launch.sh: a failed start quotes the coordinator's log", r.stderr[-400:])
     port = free_port()
     p = subprocess.Popen([script, "-m", model, "-n", "2", "--cpu", "--bin", bindir, "--logs", logs, "--port", str(port),
-                          "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M"],
+                          "--", "--max-context", "256", "--max-seqs", "2", "--kv-memory", "8M",
+                          "--on-worker-failure", "restart", "--heartbeat-timeout-ms", "1000"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs = []
     try:
@@ -108,6 +110,22 @@ def case_launch():
         for f in ("coordinator.log", "worker-0.log", "worker-1.log"):
             check(os.path.getsize(os.path.join(logs, f)) > 0, "launch.sh: %s written" % f)
         check("registered" in open(os.path.join(logs, "worker-1.log")).read(), "launch.sh: worker 1 log has its lines")
+        # --on-worker-failure restart: a worker killed is started again, and the group serves again
+        first = open(os.path.join(logs, "pids")).read().split()
+        os.kill(int(first[2]), signal.SIGKILL)
+        check(wait_for(lambda: get(port, "/health")[0] != 200, 15, 0.1), "launch.sh: the kill seen (/health 503)")
+        again = wait_for(lambda: get(port, "/health")[0] == 200, 90, 0.2)
+        now = open(os.path.join(logs, "pids")).read().split()
+        check(again and now[0] == first[0] and now[2] != first[2], "launch.sh restart: the worker started again, "
+              "the group healthy", (first, now))
+        st, body = post(port, {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+        check(st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, "launch.sh restart: generation",
+              body[:200])
+        clog = open(os.path.join(logs, "coordinator.log")).read()
+        check(all(clog.count("send to worker %d:" % k) <= 1 for k in range(2)),
+              "launch.sh restart: one warning a rank for the sends that failed (not one a heartbeat)",
+              [l for l in clog.splitlines() if "send to worker" in l][:6])
+        procs = sorted(set(procs) | set(descendants(p.pid)))
         p.send_signal(signal.SIGINT)  # Ctrl-C
         out = p.communicate(timeout=60)[0]
         check(p.returncode == 0, "launch.sh: exit 0 after Ctrl-C", out[-300:])
