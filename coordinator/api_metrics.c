@@ -39,10 +39,6 @@ void api_hist_observe(api_hist *h, double s) {
     h->n++;
 }
 
-void api_metrics_http(api_metrics *m, int status) {
-    int k = status / 100;
-    if (k >= 1 && k <= 5) m->http_by_status[k]++;
-}
 
 typedef struct sbuf {
     char *p;
@@ -75,7 +71,7 @@ static void hist(sbuf *b, const char *name, const char *help, const api_hist *h,
     }
     cum += h->counts[h->n_bounds];
     sb_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)cum);
-    sb_printf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
+    sb_printf(b, "%s_sum{%s} %.15g\n%s_count{%s} %llu\n", name, lbl, h->sum, name, lbl,
               (unsigned long long)h->n);
 }
 
@@ -119,7 +115,7 @@ static void worker_series(sbuf *b, const api_gauges *g, const char *name, const 
         case W_LOAD_TOTAL: if (!w->load_total) continue; v = (double)w->load_total; break;
         default: continue;
         }
-        sb_printf(b, "%s{rank=\"%d\"} %.9g\n", name, r, v);
+        sb_printf(b, "%s{rank=\"%d\"} %.15g\n", name, r, v);
     }
 }
 
@@ -174,15 +170,16 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
                   "# TYPE mlaserve_build_info gauge\n"
                   "mlaserve_build_info{version=\"%s\",commit=\"%s\",build_type=\"%s\",cuda_archs=\"%s\"} 1\n",
               ver, commit, type, archs);
-    sb_printf(&b, "# HELP mlaserve_model_info The model served: name, tensor-parallel degree, context limit.\n"
-                  "# TYPE mlaserve_model_info gauge\n"
-                  "mlaserve_model_info{%s,tp=\"%d\",max_context=\"%d\"} 1\n",
-              lbl, g->tp, (int)g->max_context);
+    if (g->max_context > 0) /* known once the workers have loaded */
+        sb_printf(&b, "# HELP mlaserve_model_info The model served: name, tensor-parallel degree, context limit.\n"
+                      "# TYPE mlaserve_model_info gauge\n"
+                      "mlaserve_model_info{%s,tp=\"%d\",max_context=\"%d\"} 1\n",
+                  lbl, g->tp, (int)g->max_context);
     sb_printf(&b, "# HELP mlaserve_http_responses_total HTTP responses by status class.\n"
                   "# TYPE mlaserve_http_responses_total counter\n");
     for (int k = 1; k <= 5; k++)
         sb_printf(&b, "mlaserve_http_responses_total{code=\"%dxx\"} %llu\n", k,
-                  (unsigned long long)m->http_by_status[k]);
+                  (unsigned long long)g->http_by_class[k]);
     sb_printf(&b, "# HELP mlaserve_requests_total Generation requests by outcome.\n"
                   "# TYPE mlaserve_requests_total counter\n");
     sb_printf(&b, "mlaserve_requests_total{%s,finish_reason=\"stop\"} %llu\n", lbl, (unsigned long long)m->finish_stop);

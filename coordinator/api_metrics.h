@@ -20,7 +20,6 @@ typedef struct api_hist {
 } api_hist;
 
 typedef struct api_metrics {
-    uint64_t http_by_status[6];   /* 1xx..5xx, index status/100 */
     uint64_t requests_ok, requests_error, requests_cancelled;
     uint64_t finish_stop, finish_length;
     uint64_t prompt_tokens, generation_tokens;
@@ -32,7 +31,6 @@ typedef struct api_metrics {
 void api_metrics_init(api_metrics *m);
 void api_metrics_free(api_metrics *m);
 void api_hist_observe(api_hist *h, double v);
-void api_metrics_http(api_metrics *m, int status);
 
 /* Scheduler-side gauges and the worker group, read at scrape time. */
 typedef struct api_gauges {
@@ -44,9 +42,10 @@ typedef struct api_gauges {
     int n_ranks;
     int64_t preemptions, steps;
     int64_t connections;
+    uint64_t http_by_class[6];       /* HTTP responses begun, 1xx..5xx at status/100 (http_server_responses) */
     int healthy;
     int tp;                               /* tensor-parallel degree (0: unknown) */
-    int32_t max_context;
+    int32_t max_context;                  /* 0: not known yet (no mlaserve_model_info) */
     const coord_worker_info *workers;     /* [n_workers], may be NULL */
     int n_workers;
 } api_gauges;

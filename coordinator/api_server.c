@@ -172,15 +172,9 @@ static double now_s(void) {
 
 /* ---- replies ---- */
 
-static void reply(api_server *a, http_conn *c, int status, const char *ctype, const char *body,
-                  size_t len, const char *extra) {
-    api_metrics_http(&a->m, status);
-    http_respond(c, status, ctype, body, len, extra);
-}
-
-static void reply_json(api_server *a, http_conn *c, int status, cJSON *j) {
+static void reply_json(http_conn *c, int status, cJSON *j) {
     char *s = chat_json_print(j);
-    reply(a, c, status, "application/json", s, strlen(s), NULL);
+    http_respond(c, status, "application/json", s, strlen(s), NULL);
     free(s);
 }
 
@@ -206,21 +200,20 @@ static cJSON *error_json(const api_error *e) {
     return root;
 }
 
-static void reply_error(api_server *a, http_conn *c, const api_error *e, const char *extra) {
+static void reply_error(http_conn *c, const api_error *e, const char *extra) {
     /* a 429 says when to come back (RFC 9110 10.2.3): the queue frees a slot within about a step */
     if (e->status == 429 && !extra) extra = "Retry-After: 1\r\n";
     cJSON *j = error_json(e);
     char *s = chat_json_print(j);
-    reply(a, c, e->status, "application/json", s, strlen(s), extra);
+    http_respond(c, e->status, "application/json", s, strlen(s), extra);
     free(s);
     cJSON_Delete(j);
 }
 
-static void reply_errorf(api_server *a, http_conn *c, int status, const char *param, const char *code,
-                         const char *msg) {
+static void reply_errorf(http_conn *c, int status, const char *param, const char *code, const char *msg) {
     api_error e;
     api_error_set(&e, status, param, code, "%s", msg);
-    reply_error(a, c, &e, NULL);
+    reply_error(c, &e, NULL);
 }
 
 /* ---- tokens and text ---- */
@@ -653,7 +646,7 @@ static void complete_response(api_req *r, const char *error) {
     } else if (error) {
         api_error e;
         gen_error(r, error, &e);
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
     } else {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "id", r->id);
@@ -712,10 +705,9 @@ static void complete_response(api_req *r, const char *error) {
         cJSON_AddStringToObject(ch, "finish_reason", finish);
         cJSON_AddItemToArray(choices, ch);
         cJSON_AddItemToObject(j, "usage", usage_json(r));
-        reply_json(a, c, 200, j);
+        reply_json(c, 200, j);
         cJSON_Delete(j);
     }
-    if (r->stream) api_metrics_http(&a->m, 200);
     req_unlink_conn(r);
 }
 
@@ -1085,62 +1077,61 @@ static const char *json_dup_key(const cJSON *j) {
 }
 
 /* Answers 400 invalid_json with the formatted message and frees j: NULL, for parse_body. */
-static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static cJSON *refuse_body(api_server *a, http_conn *c, cJSON *j, const char *fmt, ...) {
+static cJSON *refuse_body(http_conn *c, cJSON *j, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cJSON *refuse_body(http_conn *c, cJSON *j, const char *fmt, ...) {
     char m[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap); /* before j goes: the arguments may point into it */
     va_end(ap);
     cJSON_Delete(j);
-    reply_errorf(a, c, 400, NULL, "invalid_json", m);
+    reply_errorf(c, 400, NULL, "invalid_json", m);
     return NULL;
 }
 
-static cJSON *parse_body(api_server *a, http_conn *c, const http_request *req) {
+static cJSON *parse_body(http_conn *c, const http_request *req) {
     size_t k = 0;
     while (k < req->body_len &&
            (req->body[k] == ' ' || req->body[k] == '\t' || req->body[k] == '\r' || req->body[k] == '\n'))
         k++;
-    if (k == req->body_len) return refuse_body(a, c, NULL, "the request body is empty (a JSON object is expected)");
+    if (k == req->body_len) return refuse_body(c, NULL, "the request body is empty (a JSON object is expected)");
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
     if (!j) {
         long deep = json_too_deep_at(req->body, req->body_len);
         if (deep >= 0)
-            return refuse_body(a, c, NULL,
+            return refuse_body(c, NULL,
                                "the request body nests arrays and objects deeper than the limit of %d levels "
                                "(at byte %ld)",
                                CJSON_NESTING_LIMIT, deep);
         /* where the parser stopped (the loop thread is the only one parsing requests) */
         const char *ep = cJSON_GetErrorPtr();
         if (ep && ep >= req->body && ep <= req->body + req->body_len)
-            return refuse_body(a, c, NULL, "the request body is not valid JSON (at byte %ld)", (long)(ep - req->body));
-        return refuse_body(a, c, NULL, "the request body is not valid JSON");
+            return refuse_body(c, NULL, "the request body is not valid JSON (at byte %ld)", (long)(ep - req->body));
+        return refuse_body(c, NULL, "the request body is not valid JSON");
     }
     /* one JSON value and nothing after it but whitespace */
     const char *stop = req->body + req->body_len;
     while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
     if (!end || end != stop)
-        return refuse_body(a, c, j, "the request body has data after its JSON value (at byte %zu)",
+        return refuse_body(c, j, "the request body has data after its JSON value (at byte %zu)",
                            end ? (size_t)(end - req->body) : (size_t)0);
     /* JSON is UTF-8 (RFC 8259 8.1): other bytes would reach the tokenizer as they came */
     long bad = api_utf8_invalid_at(req->body, req->body_len);
-    if (bad >= 0) return refuse_body(a, c, j, "the request body is not valid UTF-8 (byte %ld)", bad);
+    if (bad >= 0) return refuse_body(c, j, "the request body is not valid UTF-8 (byte %ld)", bad);
     bool nul = false;
     long at = json_str_bad_at(req->body, req->body_len, &nul);
     if (at >= 0 && nul)
-        return refuse_body(a, c, j,
+        return refuse_body(c, j,
                            "the request body holds a NUL character (U+0000) at byte %ld; strings with NUL are not "
                            "supported",
                            at);
     if (at >= 0)
-        return refuse_body(a, c, j, "the request body has a raw control character in a string (byte %ld); escape it",
+        return refuse_body(c, j, "the request body has a raw control character in a string (byte %ld); escape it",
                            at);
     const char *dup = json_dup_key(j);
     if (dup)
-        return refuse_body(a, c, j, "the request body has the member '%.*s' twice in one object",
+        return refuse_body(c, j, "the request body has the member '%.*s' twice in one object",
                            (int)api_utf8_complete_prefix(dup, strnlen(dup, 60)), dup);
     return j;
 }
@@ -1713,14 +1704,14 @@ static void on_prep_done(uv_async_t *h) {
 }
 
 static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
-    cJSON *root = parse_body(a, c, hr);
+    cJSON *root = parse_body(c, hr);
     if (!root) return;
     prep_job *j = mla_xcalloc(1, sizeof(*j));
     j->srv = a;
     j->conn = c;
     j->root = root;
     if (api_gen_params_parse(&j->gp, kind, root, &j->e) != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
-        reply_error(a, c, &j->e, NULL);
+        reply_error(c, &j->e, NULL);
         prep_free(j);
         return;
     }
@@ -1734,7 +1725,7 @@ static void generate_ready(api_server *a, prep_job *j) {
     int32_t *ids = j->ids;
     j->ids = NULL;
     if (j->rc != MLA_OK || !(r = submit_generation(a, &j->gp, ids, j->n_ids, c, NULL, NULL, &e))) {
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
         return;
     }
     enum api_kind kind = j->gp.kind;
@@ -1778,7 +1769,7 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
 }
 
 static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr) {
-    cJSON *root = parse_body(a, c, hr);
+    cJSON *root = parse_body(c, hr);
     if (!root) return;
     prep_job *j = mla_xcalloc(1, sizeof(*j));
     j->srv = a;
@@ -1786,7 +1777,7 @@ static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr)
     j->root = root;
     j->is_tokenize = true;
     if (api_tokenize_params_parse(&j->tp, root, &j->e) != MLA_OK || model_check(a, j->tp.model, &j->e)) {
-        reply_error(a, c, &j->e, NULL);
+        reply_error(c, &j->e, NULL);
         prep_free(j);
         return;
     }
@@ -1796,7 +1787,7 @@ static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr)
 static void tokenize_ready(api_server *a, prep_job *j) {
     http_conn *c = j->conn;
     if (j->rc != MLA_OK) {
-        reply_error(a, c, &j->e, NULL);
+        reply_error(c, &j->e, NULL);
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -1804,17 +1795,17 @@ static void tokenize_ready(api_server *a, prep_job *j) {
     for (int32_t i = 0; i < j->n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddNumberToObject(o, "count", j->n_ids);
     cJSON_AddNumberToObject(o, "max_model_len", a->cfg.max_context);
-    reply_json(a, c, 200, o);
+    reply_json(c, 200, o);
     cJSON_Delete(o);
 }
 
 static void handle_detokenize(api_server *a, http_conn *c, const http_request *hr) {
-    cJSON *root = parse_body(a, c, hr);
+    cJSON *root = parse_body(c, hr);
     if (!root) return;
     api_tok_params p;
     api_error e;
     if (api_detokenize_params_parse(&p, root, &e) != MLA_OK || model_check(a, p.model, &e)) {
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
     } else {
         char *buf = NULL;
         size_t len = 0, cap = 0;
@@ -1836,13 +1827,13 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
             len += n;
         }
         if (bad_id) {
-            reply_error(a, c, &e, NULL);
+            reply_error(c, &e, NULL);
         } else {
             size_t n;
             char *txt = api_json_text(buf ? buf : "", len, &n);
             cJSON *j = cJSON_CreateObject();
             cJSON_AddStringToObject(j, "prompt", txt);
-            reply_json(a, c, 200, j);
+            reply_json(c, 200, j);
             cJSON_Delete(j);
             free(txt);
         }
@@ -1859,7 +1850,9 @@ static cJSON *model_object(const api_server *a) {
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)time(NULL));
     cJSON_AddStringToObject(m, "owned_by", "mlaserve");
-    cJSON_AddNumberToObject(m, "max_model_len", a->cfg.max_context);
+    /* the context served is known once the workers have taken their cache pools (the scheduler
+     * runs): a client that reads it during the load would get a limit the pool may not hold */
+    if (api_server_max_context(a)) cJSON_AddNumberToObject(m, "max_model_len", api_server_max_context(a));
     return m;
 }
 
@@ -1868,7 +1861,7 @@ static void handle_models(api_server *a, http_conn *c) {
     cJSON_AddStringToObject(j, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(j, "data");
     cJSON_AddItemToArray(data, model_object(a));
-    reply_json(a, c, 200, j);
+    reply_json(c, 200, j);
     cJSON_Delete(j);
 }
 
@@ -1896,7 +1889,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
     d[k] = 0;
     if (k == strlen(a->model_name) && !memcmp(d, a->model_name, k)) {
         cJSON *m = model_object(a);
-        reply_json(a, c, 200, m);
+        reply_json(c, 200, m);
         cJSON_Delete(m);
     } else {
         api_error e;
@@ -1905,7 +1898,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
         api_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s')", s,
                       a->model_name);
         free(s);
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
     }
     free(d);
 }
@@ -1929,18 +1922,18 @@ static void handle_health(api_server *a, http_conn *c) {
     cJSON *loading = NULL;
     /* loading: until the scheduler is made (the pools are in a little after the last rank loaded) */
     if (!a->draining && !a->s && a->cfg.loading && a->cfg.loading(a->cfg.health_ctx, &loading)) {
-        reply_json(a, c, 503, loading); /* the workers are loading: their progress */
+        reply_json(c, 503, loading); /* the workers are loading: their progress */
         cJSON_Delete(loading);
     } else if (a->draining) {
         api_error e;
         api_error_set(&e, 503, NULL, "shutting_down", "draining: the server is shutting down");
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
     } else if (api_server_healthy(a, why, sizeof(why))) {
-        reply(a, c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+        http_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
     } else {
         api_error e;
         api_error_set(&e, 503, NULL, "worker_down", "unhealthy: %s", why[0] ? why : "a worker is down");
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
     }
 }
 
@@ -1964,8 +1957,9 @@ static void handle_metrics(api_server *a, http_conn *c) {
     g.n_ranks = a->n_ranks;
     g.block_bytes = (int64_t)a->block_bytes;
     g.connections = a->http ? http_server_n_conns(a->http) : 0;
+    if (a->http) http_server_responses(a->http, g.http_by_class);
     g.tp = a->cfg.tp;
-    g.max_context = a->cfg.max_context;
+    g.max_context = api_server_max_context(a);
     coord_worker_info workers[WIRE_MAX_WORLD];
     if (a->cfg.workers) {
         g.n_workers = a->cfg.workers(a->cfg.health_ctx, workers, WIRE_MAX_WORLD);
@@ -1975,7 +1969,7 @@ static void handle_metrics(api_server *a, http_conn *c) {
     g.healthy = api_server_healthy(a, why, sizeof(why)) ? 1 : 0;
     size_t n;
     char *s = api_metrics_render(&a->m, &g, a->model_name, &n);
-    reply(a, c, 200, "text/plain; version=0.0.4; charset=utf-8", s, n, NULL);
+    http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", s, n, NULL);
     free(s);
 }
 
@@ -2052,11 +2046,11 @@ static bool authorize(api_server *a, http_conn *c, const char *authorization) {
                       "too many requests with a wrong API key from this address; retry in %d s", retry);
         char extra[48];
         snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry);
-        reply_error(a, c, &e, extra);
+        reply_error(c, &e, extra);
     } else {
         api_error_set(&e, 401, NULL, "invalid_api_key",
                       "missing or wrong API key (send 'Authorization: Bearer <key>')");
-        reply_error(a, c, &e, "WWW-Authenticate: Bearer\r\n");
+        reply_error(c, &e, "WWW-Authenticate: Bearer\r\n");
     }
     return false;
 }
@@ -2127,7 +2121,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
         char *p = api_utf8_sanitize(req->path, strlen(req->path) > 200 ? 200 : strlen(req->path), &n);
         api_error_set(&e, 404, NULL, "not_found", "no route %s %s", req->method, p);
         free(p);
-        reply_error(a, c, &e, NULL);
+        reply_error(c, &e, NULL);
         return;
     }
     if (!method_ok(rt, req->method_id)) {
@@ -2136,7 +2130,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
                       rt->path, rt->method == HTTP_GET ? "GET or HEAD" : "POST");
         char allow[32];
         snprintf(allow, sizeof(allow), "Allow: %s\r\n", rt->method == HTTP_GET ? "GET, HEAD" : "POST");
-        reply_error(a, c, &e, allow);
+        reply_error(c, &e, allow);
         return;
     }
     if (rt->auth && !authorize(a, c, req->authorization)) return;
@@ -2256,7 +2250,7 @@ void api_server_free(api_server *a) {
 }
 
 const char *api_server_model_name(const api_server *a) { return a->model_name; }
-int32_t api_server_max_context(const api_server *a) { return a->cfg.max_context; }
+int32_t api_server_max_context(const api_server *a) { return a->s ? a->cfg.max_context : 0; }
 
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {
     MLA_ASSERT(sink && sink->on_delta && sink->on_final);

@@ -216,6 +216,8 @@ void api_server_tokenize_detach(api_tok_job *j);
 bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);
 const char *api_server_model_name(const api_server *a);
+/* The context served (positions), 0 until it is known: until the workers have taken their cache
+ * pools and the scheduler runs (api_server_set_sched) */
 int32_t api_server_max_context(const api_server *a);
 /* Whether the server takes new generations: false (why says so) while it drains, while the
  * workers load, and while the worker group is down. Every health answer (HTTP /health, the

@@ -397,8 +397,8 @@ static void tokenize_done(void *ud, const int32_t *ids, int32_t n, const api_err
     Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
     m.n_ids = (size_t)n;
     m.ids = (int32_t *)ids;
-    m.has_max_model_len = true;
     m.max_model_len = (uint32_t)api_server_max_context(r->c->srv->api);
+    m.has_max_model_len = m.max_model_len > 0; /* not known while the workers load */
     gs_conn *c = r->c;
     int32_t sid = r->sid;
     send_msg(r, &m.base);
@@ -462,8 +462,8 @@ static void handle(gs_call *r, grpc_request *q) {
         Mlaapi__ModelsResponse m = MLAAPI__MODELS_RESPONSE__INIT;
         Mlaapi__ModelInfo mi = MLAAPI__MODEL_INFO__INIT, *mp = &mi;
         mi.id = (char *)api_server_model_name(s->api);
-        mi.has_max_model_len = true;
         mi.max_model_len = (uint32_t)api_server_max_context(s->api);
+        mi.has_max_model_len = mi.max_model_len > 0; /* not known while the workers load */
         mi.owned_by = "mlaserve";
         m.n_models = 1;
         m.models = &mp;

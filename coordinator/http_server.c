@@ -53,6 +53,7 @@ struct http_server {
     int n_conns;
     int n_closing;
     size_t body_bytes;      /* request body bytes buffered over every connection */
+    uint64_t by_class[6];   /* responses begun (status lines written), by class: [1] 1xx .. [5] 5xx */
 };
 
 void http_server_config_default(http_server_config *c) {
@@ -293,10 +294,15 @@ static int header_block(char *out, size_t cap, int status, const char *ctype, co
                     keep_alive ? "keep-alive" : "close", corsline, extra ? extra : "");
 }
 
+static void count_status(http_server *s, int status) {
+    if (status >= 100 && status < 600) s->by_class[status / 100]++;
+}
+
 void http_respond(http_conn *c, int status, const char *content_type, const char *body,
                   size_t len, const char *extra_headers) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
+    count_status(c->srv, status);
     if (c->srv->closed) c->keep_alive = false;
     char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->cors, c->keep_alive,
@@ -311,6 +317,7 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
                        const char *extra_headers) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
+    count_status(c->srv, status);
     char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     if (c->http10) {
         /* HTTP/1.0 has no chunked encoding: the body runs until the connection closes */
@@ -707,6 +714,10 @@ void http_server_free(http_server *s) {
 }
 
 int http_server_n_conns(const http_server *s) { return s->n_conns; }
+
+void http_server_responses(const http_server *s, uint64_t by_class[6]) {
+    memcpy(by_class, s->by_class, sizeof s->by_class);
+}
 
 size_t http_server_out_pending(const http_server *s) {
     size_t n = 0;

@@ -80,6 +80,9 @@ int http_server_listen(http_server *s, const char *host, int port, int *bound_po
 void http_server_close(http_server *s);
 void http_server_free(http_server *s);
 int http_server_n_conns(const http_server *s);
+/* The responses it began (their status lines written: the handler's and its own 4xx / 5xx), by
+ * class: by_class[1] 1xx .. [5] 5xx ([0] unused) */
+void http_server_responses(const http_server *s, uint64_t by_class[6]);
 /* Response bytes handed to the sockets and not yet taken by the clients */
 size_t http_server_out_pending(const http_server *s);
 

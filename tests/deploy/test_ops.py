@@ -61,6 +61,13 @@ def case_startup():
         err = json.loads(body).get("error", {}) if body else {}
         check(st == 503 and err.get("code") == "model_loading" and "loading" in err.get("message", ""),
               "a generation while loading: 503 model_loading", (st, body[:300]))
+        # the context served is not known before the workers take their cache pools: left out
+        st, body = http_get(port, "/v1/models")
+        m = json.loads(body)["data"][0] if st == 200 else {}
+        check(st == 200 and m.get("id") and "max_model_len" not in m, "/v1/models while loading: no max_model_len",
+              (st, body[:300]))
+        st, body = http_get(port, "/metrics")
+        check(st == 200 and b"mlaserve_model_info{" not in body, "/metrics while loading: no mlaserve_model_info")
         # from then until ready, every 503 is the loading body (also between the last rank's load
         # and the scheduler taking the pools), never an error
         bodies = []
@@ -86,6 +93,9 @@ def case_startup():
               (load_s, took))
         st, body = health(port)
         check(st == 200, "/health: 200 once loaded", body)
+        st, body = http_get(port, "/v1/models")
+        check(st == 200 and json.loads(body)["data"][0].get("max_model_len", 0) > 0, "/v1/models: max_model_len once "
+              "loaded", body[:300])
         t_gen = time.time()
         st, body = srv.post("/v1/completions", {"prompt": "What is 7 plus 5?", "max_tokens": 40, "ignore_eos": True})
         t_gen = time.time() - t_gen

@@ -2,7 +2,8 @@
 (tests/serve/fake_server_main.c): large responses arrive whole, the API key is checked before
 the body is read, request bodies are bounded over all connections, idle connections make room
 for new ones, the header timeout, trailing data after the JSON body, HEAD, streaming to HTTP/1.0
-clients, wrong-key attempts, and that tokenizing a large prompt does not stall other clients.
+clients, wrong-key attempts, that tokenizing a large prompt does not stall other clients, and
+that every response is counted by status class in /metrics.
 Usage: test_harden.py FAKE_SERVER_EXE [PART...]. 127.0.0.1 only, free ports, bounded in time."""
 import json
 import os
@@ -86,6 +87,54 @@ def test_big_response(exe):
         check("does not read" not in srv.logtext(), "no 'client does not read' in the log")
     finally:
         check(srv.stop() == 0, "big-response server clean exit")
+
+
+# ---------------------------------------------------------------- responses counted by class
+def test_response_counts(exe):
+    """mlaserve_http_responses_total counts every status line sent: the HTTP layer's own refusals
+    (413, 414, 431) beside the handler's (404, 400), and a stream when it begins (one the client
+    leaves mid-way included)."""
+    srv = R.Server(exe, "--max-body", 1000, "--step-delay-ms", 20)
+
+    def counts():
+        st, _, data = request(srv.port, "GET", "/metrics", json_type=False)
+        out = {}
+        for line in data.decode().splitlines():
+            if line.startswith("mlaserve_http_responses_total{"):
+                out[line.split('code="')[1][:3]] = int(float(line.rsplit(" ", 1)[1]))
+        return out
+
+    def raw(req):
+        c = connect(srv.port)
+        c.sendall(req)
+        out = read_all(c, 10)
+        c.close()
+        return out.split(b"\r\n", 1)[0]
+
+    try:
+        before = counts()
+        sent = [split_response(post_raw(srv.port, b"/v1/completions", b'{"prompt": "' + b"a" * 2000 + b'"}'))[0],
+                raw(b"GET /v1/models?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                raw(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 17000 + b"\r\nConnection: close\r\n\r\n"),
+                raw(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                split_response(post_raw(srv.port, b"/v1/completions", b"{bad json"))[0]]
+        want = ["413", "414", "431", "404", "400"]
+        check([x.split()[1].decode() if isinstance(x, bytes) else x.split()[1] for x in sent] == want,
+              "the refusals sent: %s" % want, sent)
+        # a stream the client leaves after its first bytes
+        c = connect(srv.port)
+        body = b'{"prompt": "hi", "max_tokens": 200, "stream": true, "ignore_eos": true}'
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        first = c.recv(64)
+        c.close()
+        check(first.startswith(b"HTTP/1.1 200"), "the stream began", first)
+        after = counts()
+        d = {k: after.get(k, 0) - before.get(k, 0) for k in ("2xx", "4xx", "5xx")}
+        # 2xx: the stream and the first /metrics scrape (counted as it was sent)
+        check(d == {"2xx": 2, "4xx": 5, "5xx": 0}, "every response counted by class", (before, after))
+    finally:
+        check(srv.stop() == 0, "response-count server clean exit")
 
 
 # ---------------------------------------------------------------- item 3: early key check, budget, idle
@@ -403,7 +452,8 @@ def test_pb_off_loop(exe):
 
 
 def main():
-    for name, t in (("big", test_big_response), ("auth", test_early_auth_and_budget), ("details", test_http_details),
+    for name, t in (("big", test_big_response), ("counts", test_response_counts),
+                    ("auth", test_early_auth_and_budget), ("details", test_http_details),
                     ("keys", test_wrong_keys), ("cors", test_cors), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
         if not part(name):
             continue

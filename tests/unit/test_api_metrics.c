@@ -52,7 +52,9 @@ static void test_worker_stats(void) {
     memset(w, 0, sizeof w);
     w[0].registered = w[0].loaded = 1;
     w[0].has_stats = 1;
-    w[0].stats = (wire_worker_stats){.steps = 50, .step_seconds = 2.5, .decode_steps = 40, .decode_seconds = 0.0825};
+    w[0].stats = (wire_worker_stats){.steps = 50, .step_seconds = 2.5, .decode_steps = 40, .decode_seconds = 0.0825,
+                                     .allreduces = 1234567891234};
+    w[0].load_done = w[0].load_total = 9358582784ull; /* a 9 GB file: every digit, not 9.35858278e+09 */
     w[1].registered = 1; /* no heartbeat stats yet: no samples */
     size_t n = 0;
     char *t = render2(&m, w, &n);
@@ -62,6 +64,8 @@ static void test_worker_stats(void) {
     CHECK(strstr(t, "mlaserve_worker_steps_total{rank=\"0\"} 50\n") != NULL);
     CHECK(strstr(t, "mlaserve_worker_decode_steps_total{rank=\"0\"} 40\n") != NULL);
     CHECK(strstr(t, "mlaserve_worker_decode_seconds_total{rank=\"0\"} 0.0825\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_allreduces_total{rank=\"0\"} 1234567891234\n") != NULL);
+    CHECK(strstr(t, "mlaserve_worker_load_total_bytes{rank=\"0\"} 9358582784\n") != NULL);
     CHECK(strstr(t, "mlaserve_worker_decode_steps_total{rank=\"1\"}") == NULL &&
           strstr(t, "mlaserve_worker_decode_seconds_total{rank=\"1\"}") == NULL);
     free(t);
