@@ -617,7 +617,7 @@ int apiclient_models(apiclient *c, apiclient_model **models, size_t *n, mla_err 
     for (size_t i = 0; i < r->n_models; i++) {
         (*models)[i].id = mla_xstrdup(r->models[i]->id ? r->models[i]->id : "");
         (*models)[i].owned_by = mla_xstrdup(r->models[i]->owned_by ? r->models[i]->owned_by : "");
-        (*models)[i].max_model_len = r->models[i]->max_model_len;
+        (*models)[i].max_model_len = r->models[i]->has_max_model_len ? r->models[i]->max_model_len : 0;
     }
     *n = r->n_models;
     mlaapi__models_response__free_unpacked(r, NULL);

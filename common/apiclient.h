@@ -101,7 +101,7 @@ int apiclient_health(apiclient *c, bool *ok, char *status, size_t cap, mla_err *
 
 typedef struct apiclient_model {
     char *id;
-    uint32_t max_model_len;
+    uint32_t max_model_len; /* 0: not known yet (the server's workers are loading) */
     char *owned_by;
 } apiclient_model;
 int apiclient_models(apiclient *c, apiclient_model **models, size_t *n, mla_err *err);

@@ -39,7 +39,6 @@ void api_hist_observe(api_hist *h, double s) {
     h->n++;
 }
 
-
 typedef struct sbuf {
     char *p;
     size_t n, cap;
@@ -177,7 +176,7 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
                   lbl, g->tp, (int)g->max_context);
     sb_printf(&b, "# HELP mlaserve_http_responses_total HTTP responses by status class.\n"
                   "# TYPE mlaserve_http_responses_total counter\n");
-    for (int k = 1; k <= 5; k++)
+    for (int k = 2; k <= 5; k++) /* final responses: a 100 Continue is not one */
         sb_printf(&b, "mlaserve_http_responses_total{code=\"%dxx\"} %llu\n", k,
                   (unsigned long long)g->http_by_class[k]);
     sb_printf(&b, "# HELP mlaserve_requests_total Generation requests by outcome.\n"

@@ -1794,7 +1794,7 @@ static void tokenize_ready(api_server *a, prep_job *j) {
     cJSON *arr = cJSON_AddArrayToObject(o, "tokens");
     for (int32_t i = 0; i < j->n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(j->ids[i]));
     cJSON_AddNumberToObject(o, "count", j->n_ids);
-    cJSON_AddNumberToObject(o, "max_model_len", a->cfg.max_context);
+    if (api_server_max_context(a)) cJSON_AddNumberToObject(o, "max_model_len", api_server_max_context(a));
     reply_json(c, 200, o);
     cJSON_Delete(o);
 }

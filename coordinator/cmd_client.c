@@ -261,7 +261,10 @@ int cmd_client(int argc, char **argv) {
             fprintf(stderr, "mlaserve client: %s\n", err.msg);
             rc = 1;
         } else {
-            for (size_t k = 0; k < n; k++) printf("%s %u\n", m[k].id, m[k].max_model_len);
+            for (size_t k = 0; k < n; k++) {
+                if (m[k].max_model_len) printf("%s %u\n", m[k].id, m[k].max_model_len);
+                else printf("%s loading\n", m[k].id); /* its context is known once the workers have loaded */
+            }
         }
         apiclient_models_free(m, n);
     }

@@ -6,8 +6,9 @@
 # i-th device), else GPU i.
 # Ctrl-C / SIGTERM: the server is asked to drain (SIGTERM), the workers follow it; whatever is
 # still running after the grace period is killed, so no process outlives the launcher.
-# With `-- --on-worker-failure restart` a worker that exits is started again (after 1 s), so
-# that the coordinator's restart of the group finds workers to register.
+# With `-- --on-worker-failure restart` a worker that exits is started again, so that the
+# coordinator's restart of the group finds workers to register: after 1 s, twice as long each time
+# it exits again within a minute of its start, at most 30 s.
 #
 # usage: deploy/launch.sh -m MODEL.gguf [-n N] [--logs DIR] [--bin DIR] [--port P] [--host H]
 #                         [--curve-dir DIR] [--grace S] [--cpu] [--dry-run] [-- extra serve options]
@@ -39,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --cpu) cpu=1; shift ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '3,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR >= 3 && /^#/ { sub(/^# ?/, ""); print; next } NR >= 3 { exit }' "$0"; exit 0 ;;
     *) echo "launch.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -145,6 +146,7 @@ cleanup() {
   # to shut down; then the workers, then anything left is killed
   [[ -n "$coord_pid" ]] && stop_pids "$grace" "$coord_pid"
   [[ ${#pids[@]} -gt 1 ]] && stop_pids 5 "${pids[@]:1}"
+  [[ ${#timers[@]} -gt 0 ]] && { kill "${timers[@]}" 2>/dev/null || true; }
   rm -f "$sock"
 }
 on_signal() {
@@ -158,7 +160,10 @@ on_signal() {
 trap on_signal INT TERM
 trap cleanup EXIT
 
+started=() due=() delay=() timers=()
+write_pids() { echo "${pids[*]}" >"$logs/pids.tmp" && mv -f "$logs/pids.tmp" "$logs/pids"; }
 start_worker() { # rank -> started, its pid in pids[rank + 1] (the log appended to)
+  started[$1]=$SECONDS
   worker_args "$1"
   if [[ $cpu -eq 1 ]]; then
     "${wargs[@]}" >>"$logs/worker-$1.log" 2>&1 &
@@ -176,11 +181,12 @@ for ((r = 0; r < n; r++)); do
   : >"$logs/worker-$r.log"
   start_worker "$r"
 done
-echo "${pids[*]}" >"$logs/pids"
+write_pids
 
 # Only the coordinator's exit ends the launcher: a worker that dies is reported by the
 # coordinator (/health 503, logs) and handled per --on-worker-failure; with restart, it is
-# started again here (pids lists the live ones).
+# started again here when its back-off has passed (a sleep in the background, whose end wakes the
+# loop, times it; pids lists the live workers).
 status=0
 live=("${pids[@]}")
 while [[ ${#live[@]} -gt 0 ]]; do
@@ -190,19 +196,38 @@ while [[ ${#live[@]} -gt 0 ]]; do
   [[ $stopping -eq 1 ]] && break
   [[ -z "$done_pid" ]] && break
   if [[ "$done_pid" == "$coord_pid" ]]; then status=$st; break; fi
-  for ((r = 0; r < n; r++)); do [[ "${pids[$r + 1]}" == "$done_pid" ]] && break; done
-  echo "launch.sh: worker $r (pid $done_pid) exited (status $st)" >&2
   rest=()
   for p in "${live[@]}"; do [[ "$p" == "$done_pid" ]] || rest+=("$p"); done
   live=("${rest[@]}")
-  if [[ $respawn -eq 1 ]] && kill -0 "$coord_pid" 2>/dev/null; then
-    sleep 1
-    [[ $stopping -eq 1 ]] && break
+  rest=()
+  for p in "${timers[@]}"; do [[ "$p" == "$done_pid" ]] || rest+=("$p"); done
+  was_timer=0
+  [[ ${#rest[@]} -ne ${#timers[@]} ]] && was_timer=1
+  timers=("${rest[@]}")
+  if [[ $was_timer -eq 0 ]]; then # a worker
+    for ((r = 0; r < n; r++)); do [[ "${pids[$r + 1]}" == "$done_pid" ]] && break; done
+    echo "launch.sh: worker $r (pid $done_pid) exited (status $st)" >&2
+    if [[ $respawn -eq 1 ]]; then
+      if [[ $((SECONDS - started[r])) -lt 60 ]]; then
+        delay[r]=$((${delay[r]:-0} * 2)); [[ ${delay[r]} -ge 1 ]] || delay[r]=1; [[ ${delay[r]} -le 30 ]] || delay[r]=30
+      else
+        delay[r]=1
+      fi
+      due[r]=$((SECONDS + delay[r]))
+      sleep "${delay[r]}" &
+      timers+=("$!"); live+=("$!")
+    fi
+  fi
+  # the workers whose back-off has passed, while the coordinator runs
+  for ((r = 0; r < n; r++)); do
+    [[ ${due[r]:-0} -gt 0 && ${due[r]} -le $SECONDS ]] || continue
+    due[r]=0
+    kill -0 "$coord_pid" 2>/dev/null || continue
     start_worker "$r"
     live+=("${pids[$r + 1]}")
-    echo "${pids[*]}" >"$logs/pids"
+    write_pids
     echo "launch.sh: worker $r started again (pid ${pids[$r + 1]})" >&2
-  fi
+  done
 done
 echo "launch.sh: the coordinator exited (status $status); stopping the workers" >&2
 if [[ $status -ne 0 && $stopping -eq 0 && -s "$logs/coordinator.log" ]]; then # why, from its log

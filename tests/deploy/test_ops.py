@@ -68,6 +68,12 @@ def case_startup():
               (st, body[:300]))
         st, body = http_get(port, "/metrics")
         check(st == 200 and b"mlaserve_model_info{" not in body, "/metrics while loading: no mlaserve_model_info")
+        st, body = http_post(port, "/tokenize", {"prompt": "hi"})
+        check(st == 200 and "max_model_len" not in json.loads(body) and json.loads(body)["count"] > 0,
+              "/tokenize while loading: the tokens, no max_model_len", (st, body[:300]))
+        r = subprocess.run([exe, "client", "--port", str(pport), "models"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0 and r.stdout.split()[1:] == ["loading"], "client models while loading: no context",
+              (r.stdout, r.stderr))
         # from then until ready, every 503 is the loading body (also between the last rank's load
         # and the scheduler taking the pools), never an error
         bodies = []
@@ -96,6 +102,9 @@ def case_startup():
         st, body = http_get(port, "/v1/models")
         check(st == 200 and json.loads(body)["data"][0].get("max_model_len", 0) > 0, "/v1/models: max_model_len once "
               "loaded", body[:300])
+        st, body = http_post(port, "/tokenize", {"prompt": "hi"})
+        check(st == 200 and json.loads(body).get("max_model_len", 0) > 0, "/tokenize: max_model_len once loaded",
+              body[:300])
         t_gen = time.time()
         st, body = srv.post("/v1/completions", {"prompt": "What is 7 plus 5?", "max_tokens": 40, "ignore_eos": True})
         t_gen = time.time() - t_gen
