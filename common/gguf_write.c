@@ -9,6 +9,7 @@
 
 #include "ggml_types.h"
 #include "gguf.h"
+#include "outfile.h"
 
 #define GW_ALIGN 32u
 #define GW_BUF (8u << 20)
@@ -43,7 +44,7 @@ typedef struct tinfo {
 
 struct gguf_writer {
     char *path;
-    int fd;
+    outfile of; /* written whole or not at all (outfile.h) */
     bytes kv, ti;
     uint64_t n_kv;
     tinfo *t;
@@ -60,11 +61,13 @@ struct gguf_writer {
 
 int gguf_write_open(gguf_writer **out, const char *path, mla_err *err) {
     *out = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return mla_errf(err, "%s: cannot create: %s", path, strerror(errno));
     gguf_writer *w = mla_xcalloc(1, sizeof *w);
     w->path = mla_xstrdup(path);
-    w->fd = fd;
+    if (outfile_open(&w->of, w->path, err)) {
+        free(w->path);
+        free(w);
+        return MLA_ERR;
+    }
     *out = w;
     return MLA_OK;
 }
@@ -160,7 +163,7 @@ uint64_t gguf_write_data_size(const gguf_writer *w) { return align_up(w->data_en
 static int flush(gguf_writer *w, mla_err *err) {
     size_t off = 0;
     while (off < w->buf_n) {
-        ssize_t k = write(w->fd, w->buf + off, w->buf_n - off);
+        ssize_t k = write(w->of.fd, w->buf + off, w->buf_n - off);
         if (k < 0) {
             if (errno == EINTR) continue;
             return mla_errf(err, "%s: write failed: %s", w->path, strerror(errno));
@@ -254,7 +257,7 @@ int gguf_write_data(gguf_writer *w, const void *p, size_t n, mla_err *err) {
 }
 
 static void release(gguf_writer *w) {
-    if (w->fd >= 0) close(w->fd);
+    outfile_close(&w->of, 0, NULL); /* (nothing left to do after a close that kept it) */
     free(w->kv.p);
     free(w->ti.p);
     free(w->t);
@@ -272,16 +275,12 @@ int gguf_write_close(gguf_writer *w, mla_err *err) {
     if (rc == MLA_OK && w->cur < w->n_t)
         rc = mla_errf(err, "%s: closed after %zu of %zu tensors were written", w->path, w->cur, w->n_t);
     if (rc == MLA_OK) rc = flush(w, err);
-    if (rc == MLA_OK && close(w->fd) != 0) rc = mla_errf(err, "%s: close failed: %s", w->path, strerror(errno));
-    w->fd = -1;
+    if (rc == MLA_OK) rc = outfile_close(&w->of, 1, err);
     release(w);
     return rc;
 }
 
 void gguf_write_abort(gguf_writer *w) {
     if (!w) return;
-    if (w->fd >= 0) close(w->fd);
-    w->fd = -1;
-    unlink(w->path);
     release(w);
 }

@@ -9,8 +9,12 @@
  * Metadata and tensor infos are buffered in memory (they are small); tensor data is streamed
  * through a fixed-size buffer, never held whole.
  *
+ * The file is written whole or not at all (outfile.h): into a temporary file beside it, renamed
+ * over it by a gguf_write_close that succeeds, removed by one that fails, by gguf_write_abort or by
+ * a signal; a path that is not a regular file (a device, a pipe) is written in place.
+ *
  * Ownership: gguf_write_open returns a writer owned by the caller and released by
- * gguf_write_close (always, even on error) or gguf_write_abort (closes and deletes the file).
+ * gguf_write_close (always, even on error) or gguf_write_abort (closes it, nothing kept).
  * Keys, names and strings are copied. Errors (I/O, misuse by input) return MLA_ERR with a
  * message naming the file; calling the steps out of order is a bug and aborts. */
 #ifndef GGUF_WRITE_H

@@ -9,9 +9,14 @@ int ids_file_next(FILE *f, const char *path, uint64_t line_no, ids_line *out, ml
     char *line = NULL;
     size_t lcap = 0;
     out->n = 0;
+    errno = 0;
     if (getline(&line, &lcap, f) < 0) {
+        const int e = errno;
         free(line);
-        return 0;
+        /* the end of the file, or a read that failed (a folder: EISDIR), which is not an end */
+        return ferror(f) ? mla_errf(err, "%s: line %llu: %s", path, (unsigned long long)line_no,
+                                    strerror(e ? e : EIO))
+                         : 0;
     }
     for (char *p = line, *end;; p = end) {
         while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;

@@ -24,9 +24,12 @@ enum mla_log_level mla_log_level(void);
 const char *mla_log_level_name(enum mla_log_level lvl);
 int mla_log_level_given(void);
 /* The --log-level entry of an opts table (the file using it includes common/opts.h). */
-#define MLA_LOG_LEVEL_OPT                                                                                   \
-    {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = "info",                       \
+#define MLA_LOG_LEVEL_OPT_DEF(d)                                                                            \
+    {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = d,                            \
      .help = "leave out log lines below this level (workers follow the coordinator's)", .fn = mla_log_level_opt}
+#define MLA_LOG_LEVEL_OPT MLA_LOG_LEVEL_OPT_DEF("info")
+/* the commands that print their results (generate, bench) log warnings only unless asked */
+#define MLA_LOG_LEVEL_OPT_WARN MLA_LOG_LEVEL_OPT_DEF("warn")
 
 #define MLA_DEBUG(...) mla_log(MLA_LOG_DEBUG, __VA_ARGS__)
 #define MLA_INFO(...) mla_log(MLA_LOG_INFO, __VA_ARGS__)

@@ -184,7 +184,7 @@ int mla_config_from_gguf(mla_config *c, const gguf_ctx *g, mla_err *err) {
         c->kq_scale = (float)(m_all * m_all / sqrt((double)c->head_k));
         c->rope_attn_factor = 1.0f;
         assume(c, "rope.scaling.mscale (HF)", "not stored in GGUF; DeepSeek configs use mscale == mscale_all_dim, so cos/sin are not rescaled",
-               "= mscale_all_dim");
+               "mscale_all_dim");
     }
 
     /* MoE */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -591,6 +592,19 @@ static char *make_json(const bench_opts *o, const bench_info *in, const mla_conf
     return s;
 }
 
+/* Whether path can be written (checked before the run, so that a long run's figures are not lost
+ * at the end): not a folder, its folder there and writable. MLA_ERR with "PATH: reason". */
+static int out_path_ok(const char *path, mla_err *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return mla_errf(err, "%s: is a directory", path);
+    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/');
+    const char *dir = slash ? (slash == dup ? "/" : dup) : ".";
+    if (slash && slash != dup) *slash = 0;
+    const int bad = access(dir, W_OK) != 0 ? errno : 0;
+    free(dup);
+    return bad ? mla_errf(err, "%s: %s", path, strerror(bad)) : MLA_OK;
+}
+
 static int write_text(const char *path, const char *text, mla_err *err) {
     FILE *f = fopen(path, "w");
     if (!f) return mla_errf(err, "%s: %s", path, strerror(errno));
@@ -704,7 +718,7 @@ int cmd_bench(int argc, char **argv) {
          .ctx = &envs},
         {.name = "--verbose", .alias = "-v", .kind = OPT_FLAG, .help = "log at info (default: warnings only)",
          .dest = &o.verbose},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_WARN,
     };
     const opt_table tabs[] = {{"model and workers", gspecs, (size_t)ng},
                               {"bench", mine, sizeof mine / sizeof *mine},
@@ -730,6 +744,11 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     /* the workers follow the level (handed over at registration) */
+    mla_err perr;
+    if ((o.json && out_path_ok(o.json, &perr)) || (o.md && out_path_ok(o.md, &perr))) {
+        fprintf(stderr, "mlaserve bench: %s\n", perr.msg);
+        return 1;
+    }
     if (o.verbose)
         mla_log_level_opt(NULL, "info", NULL);
     else if (!mla_log_level_given()) /* --log-level sets it otherwise */

@@ -201,7 +201,9 @@ int cmd_client(int argc, char **argv) {
     const char *text[1] = {NULL};
     if (strcmp(cmd, "generate")) {
         const opt_spec tspecs[] = {{.name = "--no-special", .kind = OPT_FLAG,
-                                    .help = "special tokens' text is plain text", .dest = &no_special}};
+                                    .help = "add no BOS or other prefix tokens (add_special_tokens false); "
+                                            "control tokens' text is still read as those tokens",
+                                    .dest = &no_special}};
         const opt_table ttab = {"options", tspecs, strcmp(cmd, "tokenize") ? 0 : 1};
         int st = opts_command(strcmp(cmd, "tokenize") ? "mlaserve client" : "mlaserve client tokenize",
                               "usage: mlaserve client [...] tokenize TEXT [--no-special]\n", &ttab, 1, sargc, sargv,

@@ -7,13 +7,15 @@
  *   DIR/client.key (secret, 0600)   DIR/client.pub
  *   DIR/authorized_keys             the client public keys the coordinator admits
  * and refuses to overwrite an existing server.key without --force. --client NAME adds a client
- * pair NAME.key / NAME.pub and appends NAME.pub's key to authorized_keys (a worker uses it with
+ * pair NAME.key / NAME.pub and sets NAME.pub's key in authorized_keys (replacing an earlier NAME
+ * line: with --force the old key stops being admitted; a worker uses it with
  * --curve-client-key DIR/NAME.key). The coordinator needs server.key and authorized_keys; a
  * worker needs server.pub and its client key. DIR is created with mode 0700. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,6 +36,34 @@ static int write_file(const char *dir, const char *name, const char *text, mode_
     int rc = fchmod(fd, mode);
     if (close(fd) != 0 || w != (ssize_t)n || rc != 0) return mla_errf(err, "cannot write %s", path);
     return MLA_OK;
+}
+
+/* DIR/authorized_keys with client NAME's line (KEY NAME) set to line: any earlier line of that
+ * name is dropped (a replaced key must stop being admitted), the others and the comments kept */
+static int set_client_line(const char *dir, const char *name, const char *line, mla_err *err) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/authorized_keys", dir);
+    FILE *f = fopen(path, "r");
+    char *text = NULL, *l = NULL;
+    size_t tn = 0, cap = 0;
+    FILE *mem = open_memstream(&text, &tn);
+    if (!mem) {
+        if (f) fclose(f);
+        return mla_errf(err, "open_memstream: %s", strerror(errno));
+    }
+    while (f && getline(&l, &cap, f) >= 0) {
+        const char *sp = l[0] == '#' ? NULL : strchr(l, ' ');
+        const size_t nl = strlen(name);
+        if (sp && !strncmp(sp + 1, name, nl) && (sp[1 + nl] == '\n' || sp[1 + nl] == 0)) continue;
+        fputs(l, mem);
+    }
+    free(l);
+    if (f) fclose(f);
+    fputs(line, mem);
+    fclose(mem);
+    int rc = write_file(dir, "authorized_keys", text, 0644, 0, err);
+    free(text);
+    return rc;
 }
 
 /* writes NAME.key and NAME.pub; pub_out gets the public key */
@@ -73,7 +103,9 @@ int cmd_keygen(int argc, char **argv) {
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
     int st = opts_command("mlaserve keygen",
                           "usage: mlaserve keygen DIR [--client NAME] [--force]\n"
-                          "CURVE key pairs for the coordinator <-> worker control plane (--curve-dir DIR).\n",
+                          "CURVE key pairs for the coordinator <-> worker control plane (--curve-dir DIR).\n"
+                          "DIR holds secret keys: it is made, or set, mode 0700 (a shared folder too: use one\n"
+                          "of its own). --client NAME --force replaces NAME's line in authorized_keys.\n",
                           &tab, 1, argc, argv, pos, 1, &n_pos);
     if (st >= 0) return st;
     dir = n_pos ? pos[0] : NULL;
@@ -115,8 +147,8 @@ int cmd_keygen(int argc, char **argv) {
         }
         if (write_pair(dir, client, pub, &err)) goto fail;
         snprintf(line, sizeof line, "%s %s\n", pub, client);
-        if (write_file(dir, "authorized_keys", line, 0644, 1, &err)) goto fail;
-        printf("wrote %s/%s.key and %s/%s.pub; added to %s/authorized_keys\n", dir, client, dir, client, dir);
+        if (set_client_line(dir, client, line, &err)) goto fail;
+        printf("wrote %s/%s.key and %s/%s.pub; set in %s/authorized_keys\n", dir, client, dir, client, dir);
         return 0;
     }
     snprintf(path, sizeof path, "%s/server.key", dir);

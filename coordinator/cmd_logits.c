@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "common/ids_file.h"
 #include "common/mla_err.h"
 #include "common/mla_log.h"
+#include "common/model_config.h"
 #include "common/opts.h"
 #include "common/sig_clean.h"
 #include "worker/model.h"
@@ -91,41 +93,60 @@ out:
     return NULL;
 }
 
-/* path opened for writing as cmds.h says: a temporary file beside its target, or in place */
+/* path opened for writing as cmds.h says (common/outfile.h), as a stream of mode */
 static int open_one(logits_one *o, const char *path, const char *mode, mla_err *err) {
-    *o = (logits_one){.path = path, .clean = -1};
+    *o = (logits_one){.o = {.fd = -1, .clean = -1}};
     if (!path) return MLA_OK;
-    struct stat st, lst;
-    char *real = realpath(path, NULL); /* through a link to the file it names; NULL: not there yet */
-    if ((stat(path, &st) == 0 && !S_ISREG(st.st_mode)) || (!real && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))) {
-        free(real); /* a device, a pipe, or a link to a file not made yet: written as it is */
-        if (!(o->f = fopen(path, mode))) return mla_errf(err, "%s: %s", path, strerror(errno));
-        return MLA_OK;
-    }
-    o->target = real ? real : mla_xstrdup(path);
-    const size_t n = strlen(o->target) + sizeof ".partial-XXXXXX";
-    o->tmp = mla_xmalloc(n);
-    snprintf(o->tmp, n, "%s.partial-XXXXXX", o->target);
-    int fd = mkstemp(o->tmp);
-    if (fd < 0) {
-        mla_errf(err, "%s: cannot create a file beside it: %s", path, strerror(errno));
-        free(o->tmp), o->tmp = NULL;
+    if (outfile_open(&o->o, path, err)) return MLA_ERR;
+    if (!(o->f = fdopen(o->o.fd, mode))) {
+        mla_errf(err, "%s: %s", path, strerror(errno));
+        outfile_close(&o->o, 0, NULL);
         return MLA_ERR;
     }
-    o->clean = sig_clean_file(o->tmp);
-    const mode_t um = umask(0); /* the mode fopen would have given it (mkstemp makes 0600) */
-    umask(um);
-    if (fchmod(fd, 0666 & ~um) != 0 || !(o->f = fdopen(fd, mode))) {
-        mla_errf(err, "%s: %s", o->tmp, strerror(errno));
-        close(fd);
-        return MLA_ERR;
-    }
+    o->o.fd = -1; /* the stream's now: fclose closes it */
     return MLA_OK;
+}
+
+/* path with its folder resolved (links, "..") and its own name: how two names of one file not
+ * made yet compare; NULL where the folder does not exist */
+static char *canonical(const char *path) {
+    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/');
+    const char *dir = slash ? (slash == dup ? "/" : dup) : ".", *base = slash ? slash + 1 : dup;
+    if (slash) *slash = 0;
+    char *rd = realpath(dir, NULL), *out = NULL;
+    if (rd) {
+        out = mla_xmalloc(strlen(rd) + strlen(base) + 2);
+        sprintf(out, "%s/%s", rd, base);
+        free(rd);
+    }
+    free(dup);
+    return out;
+}
+
+/* whether paths a and b name one file: the same inode where both exist, else the same name */
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    const bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && S_ISREG(sa.st_mode);
+    if (ea || eb) return false;
+    char *ca = canonical(a), *cb = canonical(b);
+    const bool same = ca && cb && !strcmp(ca, cb);
+    free(ca);
+    free(cb);
+    return same;
 }
 
 int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err) {
     memset(f, 0, sizeof *f);
-    f->ids.clean = -1;
+    f->out.o.fd = f->ids.o.fd = f->out.o.clean = f->ids.o.clean = -1;
+    /* one file for two of them would lose one (the logits overwritten by the ids, the prompts by
+     * the logits) */
+    if (lo->out && lo->ids_out && same_file(lo->out, lo->ids_out))
+        return mla_errf(err, "--out and --ids-out name the same file (%s)", lo->out);
+    if (lo->tokens && lo->out && same_file(lo->tokens, lo->out))
+        return mla_errf(err, "--out names the --tokens file (%s)", lo->out);
+    if (lo->tokens && lo->ids_out && same_file(lo->tokens, lo->ids_out))
+        return mla_errf(err, "--ids-out names the --tokens file (%s)", lo->ids_out);
     if (open_one(&f->out, lo->out, "wb", err) == MLA_OK && open_one(&f->ids, lo->ids_out, "w", err) == MLA_OK)
         return MLA_OK;
     logits_files_close(f, 1);
@@ -135,20 +156,15 @@ int logits_files_open(logits_files *f, const logits_opts *lo, mla_err *err) {
 /* closes o: into place when status is 0, else removed; the status after it */
 static int close_one(logits_one *o, int status) {
     if (o->f && fclose(o->f) != 0 && status == 0) {
-        fprintf(stderr, "mlaserve logits: %s: close failed: %s\n", o->path, strerror(errno));
+        fprintf(stderr, "mlaserve logits: %s: close failed: %s\n", o->o.path, strerror(errno));
         status = 1;
     }
-    if (o->tmp) {
-        if (status == 0 && rename(o->tmp, o->target) != 0) {
-            fprintf(stderr, "mlaserve logits: %s: cannot move %s into place: %s\n", o->path, o->tmp, strerror(errno));
-            status = 1;
-        }
-        if (status != 0) unlink(o->tmp);
-        sig_clean_forget(o->clean); /* after: a signal before it finds the file renamed or gone */
+    mla_err err;
+    if (outfile_close(&o->o, status == 0, &err) && status == 0) {
+        fprintf(stderr, "mlaserve logits: %s\n", err.msg);
+        status = 1;
     }
-    free(o->tmp);
-    free(o->target);
-    *o = (logits_one){.clean = -1};
+    *o = (logits_one){.o = {.fd = -1, .clean = -1}};
     return status;
 }
 
@@ -222,7 +238,7 @@ int cmd_logits(int argc, char **argv) {
 
     mla_err err = {{0}};
     gguf_ctx *g = NULL;
-    logits_files files = {.out = {.clean = -1}, .ids = {.clean = -1}};
+    logits_files files = {.out = {.o = {.fd = -1, .clean = -1}}, .ids = {.o = {.fd = -1, .clean = -1}}};
     prompts P = {0};
     int status = 1;
     coll_host_seg *seg = NULL;
@@ -234,6 +250,16 @@ int cmd_logits(int argc, char **argv) {
         mla_errf(&err, "%s: no prompt (every line is empty)", tokens);
         goto fail;
     }
+    /* each sequence's state is sized for its prompt and --greedy tokens: within the model's
+     * context, as the served path's cache checks it */
+    mla_config mcfg;
+    if (mla_config_from_gguf(&mcfg, g, &err)) goto fail;
+    for (int64_t i = 0; i < P.count && mcfg.ctx_train > 0; i++)
+        if (P.n[i] + greedy > mcfg.ctx_train) {
+            mla_errf(&err, "%s: prompt %lld's %lld tokens and --greedy %ld pass the model's context length %lld",
+                     tokens, (long long)i + 1, (long long)P.n[i], greedy, (long long)mcfg.ctx_train);
+            goto fail;
+        }
     if (logits_files_open(&files, &lo, &err)) goto fail;
     /* tp > 1: every rank is a thread of this process with its own model shard, joined by the
      * shared-memory host collective (the same code path as one process per rank). */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "common/mla_err.h"
+#include "common/outfile.h"
 #include "coordinator/coord.h"
 
 /* mlaserve logits -m MODEL --tokens IDS.txt --out OUT.f32 [--threads N] [--tp N] [--decode-from K]
@@ -25,17 +26,13 @@ typedef struct logits_opts {
     long chunk, prefix_reuse; /* worker processes only: coordinator/coord_cmd.c seq_mode */
 } logits_opts;
 
-/* The files `logits` writes, open: --out and --ids-out (NULL when not asked for). A file is
- * written whole or not at all: into a temporary file beside it (`NAME.partial-XXXXXX`, its target
- * the file a symbolic link points to), renamed over it when the run succeeds, removed when it fails
- * or a signal ends it (common/sig_clean.h); a file that was there before stays as it was. A path
- * that is not a regular file (/dev/stdout, a pipe) or a link to a file not made yet is written in
- * place. */
+/* The files `logits` writes, open: --out and --ids-out (f NULL when not asked for). A file is
+ * written whole or not at all (common/outfile.h): into a temporary file beside it, renamed over it
+ * when the run succeeds, removed when it fails or a signal ends it; a path that is not a regular
+ * file (/dev/stdout, a pipe) is written in place. */
 typedef struct logits_one {
     FILE *f;
-    const char *path; /* as given */
-    char *target, *tmp; /* where it goes and where it is written (NULL: in place) */
-    int clean;          /* tmp's sig_clean entry */
+    outfile o;
 } logits_one;
 typedef struct logits_files {
     logits_one out, ids;

@@ -142,7 +142,7 @@ int cmd_logits_tp(const coord_group_opts *opts, const logits_opts *lo) {
     gguf_ctx *g = NULL;
     coord *c = NULL;
     FILE *fin = NULL;
-    logits_files files = {.out = {.clean = -1}, .ids = {.clean = -1}};
+    logits_files files = {.out = {.o = {.fd = -1, .clean = -1}}, .ids = {.o = {.fd = -1, .clean = -1}}};
     ids_line L = {0};
     int32_t *gen = NULL;
     float *logits = NULL;
@@ -265,7 +265,7 @@ int cmd_generate(int argc, char **argv) {
         {.name = "--seed", .kind = OPT_U64, .arg = "S", .def = "0", .help = "sampling seed", .dest = &sp.seed},
         {.name = "--verbose", .alias = "-v", .kind = OPT_FLAG, .help = "log at info (default: warnings only)",
          .dest = &verbose},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_WARN,
     };
     const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
                               {"generation", mine, sizeof mine / sizeof *mine},

@@ -35,7 +35,7 @@ static const char wk_usage[] =
     "usage: mlaserve-worker --coord ENDPOINT --rank R --world T -m MODEL.gguf [options]\n"
     "One tensor-parallel rank: registers with the coordinator, loads its shard, runs the steps.\n"
     "`mlaserve serve|generate|bench` start their workers themselves; start one by hand for\n"
-    "--workers-external (workers on other hosts).\n";
+    "--workers-external (workers on other hosts). `mlaserve-worker --version` prints this build.\n";
 
 /* the option table over cfg (strings point into argv) */
 static size_t wk_specs(wk_config *cfg, int *proto, opt_spec *s) {

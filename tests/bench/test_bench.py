@@ -150,6 +150,10 @@ def main():
         (["--bw-gbs", "-1"], "--bw-gbs: '-1' is not a positive number"),
         (["--env", "NOEQUALS"], "--env: 'NOEQUALS' is not NAME=VALUE"),
         (["--prefill", "none", "--batch", "none"], "nothing to measure"),
+        # output paths that cannot be written: refused before the run, not after it
+        (["--prefill", "8", "--batch", "none", "--json", os.path.join(work, "no-dir", "x.json")],
+         "no-dir/x.json: No such file or directory"),
+        (["--prefill", "8", "--batch", "none", "--md", work], work + ": is a directory"),
     ]
     for args, needle in bad:
         r = run([exe, "bench", "-m", model] + args)

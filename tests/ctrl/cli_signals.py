@@ -123,6 +123,23 @@ def main():
               oct(os.stat(real).st_mode))
         check(not folders(tmp) and not partial(real) and not partial(ids), "a good run: no folder, no partial file",
               os.listdir(d))
+        # two of the files naming one (the same name, or a link to it): refused before anything is written
+        before = open(real, "rb").read()
+        for args, why in ((["--out", real, "--ids-out", link], "--out and --ids-out name the same file"),
+                          (["--out", toks, "--ids-out", ids], "--out names the --tokens file"),
+                          (["--out", real, "--ids-out", toks], "--ids-out names the --tokens file")):
+            r = subprocess.run(base + args + ["--greedy", "2"], env=env, capture_output=True, text=True, timeout=240)
+            check(r.returncode == 1 and why in r.stderr and open(toks).read() == "1 2 3\n" and
+                  open(real, "rb").read() == before, "refused: " + why, r.stderr[-300:])
+        # a --tokens that cannot be read (a folder) says so
+        r = subprocess.run(base[:base.index("--tokens") + 1] + [d] + base[base.index("--tokens") + 2:] + ["--out", out],
+                           env=env, capture_output=True, text=True, timeout=240)
+        check(r.returncode == 1 and "Is a directory" in r.stderr, "a folder as --tokens: named so", r.stderr[-300:])
+        # in one process too: --greedy beyond the model's context is refused up front, not an abort
+        r = subprocess.run([exe, "logits", "-m", model, "--tokens", toks, "--out", out, "--greedy", "16777216",
+                            "--ids-out", ids], env=env, capture_output=True, text=True, timeout=240)
+        check(r.returncode == 1 and "pass the model's context length" in r.stderr and not partial(out),
+              "in one process: --greedy past the context refused", r.stderr[-300:])
     finish()
 
 

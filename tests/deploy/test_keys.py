@@ -26,6 +26,14 @@ check(r.returncode != 0 and "exists" in r.stderr, "keygen refuses to overwrite",
 r = subprocess.run([exe, "keygen", A, "--client", "node2"], capture_output=True, text=True, timeout=30)
 check(r.returncode == 0 and open(os.path.join(A, "node2.pub")).read().strip() in open(os.path.join(A, "authorized_keys")).read(),
       "keygen --client adds an authorized key", r.stderr)
+# --force replaces a client's key: the old one is no longer admitted, the other lines stay
+auth = lambda: open(os.path.join(A, "authorized_keys")).read()  # noqa: E731
+first, before = open(os.path.join(A, "node2.pub")).read().strip(), auth()
+r = subprocess.run([exe, "keygen", A, "--client", "node2", "--force"], capture_output=True, text=True, timeout=30)
+second = open(os.path.join(A, "node2.pub")).read().strip()
+check(r.returncode == 0 and second != first and first not in auth() and second + " node2" in auth() and
+      auth().count(" node2\n") == 1 and auth().replace(second, first) == before,
+      "keygen --client --force replaces the client's key in authorized_keys", (r.stderr, auth()))
 
 # keys others could read or change are refused, as ssh does (and keygen makes its folder private)
 for f, mode, why in (("server.key", 0o644, "server.key is readable by others"),

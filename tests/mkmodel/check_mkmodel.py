@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType as QT
@@ -278,6 +279,28 @@ for famkey, n_exp, layers, moe_layers, hidden, ff_exp in (('v3', 16, 61, 58, 716
         check(abs((full - cut) - dropped) < 0.02 * dropped, f'{famkey}: {full:.2f} - {cut:.2f} GiB, want {dropped:.2f} less')
 p = run(['mkmodel', '--family', 'v3', '--experts', '8', '--dry-run'])
 check(p.returncode == 2 and 'cannot serve top-8' in p.stderr, 'V3 with 8 experts refused (8 groups, 4 used, top-8)')
+
+# the output is written whole or not at all: a run that fails keeps the file that was there; a
+# path that is not a regular file (a link to /dev/full) is written in place and never removed
+old = os.path.join(work, 'old.gguf')
+with open(old, 'wb') as f:
+    f.write(b'the previous file')
+full = os.path.join(work, 'full.gguf')
+os.symlink('/dev/full', full)
+p = run(['mkmodel', '--family', 'v3', '--small', '--layers', '2', '-o', full])
+check(p.returncode == 1 and 'write failed' in p.stderr and os.path.islink(full) and os.path.exists('/dev/full'),
+      'a write that fails on a device: refused, the device and the link kept', p.stderr[-300:])
+q = subprocess.Popen([exe, 'mkmodel', '--family', 'v3', '--small', '-o', old, '--threads', '1'],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+part = lambda: glob.glob(old + '.partial-*')  # noqa: E731
+for _ in range(200):  # until its temporary file holds data
+    if part() and os.path.getsize(part()[0]) > 0:
+        break
+    time.sleep(0.02)
+q.terminate()
+q.wait()
+check(open(old, 'rb').read() == b'the previous file' and not part(),
+      'a run ended by SIGTERM: the previous file kept, no partial file left', (q.returncode, part()))
 
 shutil.rmtree(work, ignore_errors=True)
 finish()
