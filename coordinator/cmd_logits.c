@@ -22,7 +22,8 @@ static const char logits_usage[] =
     "usage: mlaserve logits -m MODEL.gguf --tokens IDS.txt --out OUT.f32 [--tp N] [options]\n"
     "Exact CPU logits of every position of each prompt (one a line of IDS.txt: token ids), written\n"
     "as float32 [tokens, vocab]. --tp N > 1 runs one worker process a rank through a coordinator\n"
-    "(as serving does); --in-process runs the ranks as threads of this process.\n";
+    "(as serving does), and so does any control-plane option; --in-process runs the ranks as\n"
+    "threads of this process (no control-plane option then).\n";
 
 static int32_t argmax(const float *x, int64_t n) {
     int64_t b = 0;
@@ -205,6 +206,9 @@ int cmd_logits(int argc, char **argv) {
          .help = "a coordinator and worker processes even for --tp 1", .dest = &processes},
         MLA_LOG_LEVEL_OPT,
     };
+    /* any control-plane option given: worker processes (none of them means anything in one) */
+    int cp_given = 0;
+    for (int i = 0; i < COORD_N_OPTS; i++) cspecs[i].seen = &cp_given;
     const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
                               {"logits", mine, sizeof mine / sizeof *mine},
                               {"control plane (worker processes)", cspecs, COORD_N_OPTS}};
@@ -215,11 +219,11 @@ int cmd_logits(int argc, char **argv) {
                         "--ids-out too; --help lists the options)\n");
         return 2;
     }
-    const coord_config *cc = &go.cc;
-    const bool group_opts_given = cc->endpoint || cc->external || cc->curve_dir || cc->insecure || cc->backend ||
-                                  cc->start_timeout_ms || cc->heartbeat_timeout_ms || cc->step_timeout_ms ||
-                                  cc->on_failure || cc->max_restarts || go.worker_exe || cc->kv.kv_memory_bytes ||
-                                  cc->kv.gpu_memory_utilization > 0 || lo.chunk || lo.prefix_reuse;
+    if (lo.ids_out && lo.greedy == 0) {
+        fprintf(stderr, "mlaserve logits: --ids-out holds the --greedy continuations: it needs --greedy N\n");
+        return 2;
+    }
+    const bool group_opts_given = cp_given || go.worker_exe || lo.chunk || lo.prefix_reuse;
     if (in_process && (processes || group_opts_given)) {
         fprintf(stderr, "mlaserve logits: --in-process runs no worker processes: --processes, --worker-exe and the "
                         "control-plane options do not apply\n");

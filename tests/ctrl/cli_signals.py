@@ -140,6 +140,14 @@ def main():
                             "--ids-out", ids], env=env, capture_output=True, text=True, timeout=240)
         check(r.returncode == 1 and "pass the model's context length" in r.stderr and not partial(out),
               "in one process: --greedy past the context refused", r.stderr[-300:])
+        # an option that would mean nothing is refused: any control-plane option with --in-process
+        # (it runs no worker processes), --ids-out without --greedy
+        for args, why in ((["--in-process", "--coll-timeout-ms", "5"], "the control-plane options do not apply"),
+                          (["--in-process", "--step-ahead", "sync"], "the control-plane options do not apply"),
+                          (["--ids-out", ids], "it needs --greedy N")):
+            r = subprocess.run([exe, "logits", "-m", model, "--tokens", toks, "--out", out] + args, env=env,
+                               capture_output=True, text=True, timeout=60)
+            check(r.returncode == 2 and why in r.stderr, "refused: " + " ".join(args[:2]), r.stderr[-300:])
     finish()
 
 
