@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,13 @@
 int outfile_open(outfile *o, const char *path, mla_err *err) {
     *o = (outfile){.path = path, .fd = -1, .clean = -1};
     struct stat st, lst;
-    char *real = realpath(path, NULL); /* through a link to the file it names; NULL: not there yet */
-    if ((stat(path, &st) == 0 && !S_ISREG(st.st_mode)) || (!real && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))) {
+    /* /dev/stdout and the like name an open file (a shell's redirection, maybe a regular file
+     * opened to append): written as they are, as is a device, a pipe, a link to a file not made
+     * yet */
+    const bool special = !strncmp(path, "/dev/", 5) || !strncmp(path, "/proc/", 6);
+    char *real = special ? NULL : realpath(path, NULL); /* through a link to the file it names; NULL: not there yet */
+    if (special || (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) ||
+        (!real && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))) {
         free(real); /* a device, a pipe, or a link to a file not made yet: written as it is */
         o->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         return o->fd < 0 ? mla_errf(err, "%s: %s", path, strerror(errno)) : MLA_OK;

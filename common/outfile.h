@@ -4,8 +4,9 @@
  * being the file a symbolic link points to), registered with common/sig_clean.h so that a signal
  * that ends the command removes it; outfile_close renames it over the target when the run
  * succeeded and removes it when not. A file that was there before stays as it was until the
- * rename. A path that is not a regular file (/dev/stdout, /dev/null, a pipe, a device) or a link
- * to a file not made yet is written in place, and never removed.
+ * rename. A path under /dev/ or /proc/ (/dev/stdout: maybe a shell's redirection to a file), one
+ * that is not a regular file (a pipe, a device) or a link to a file not made yet is written in
+ * place, and never removed.
  *
  * Ownership: the caller owns the outfile struct; outfile_close releases what it holds (the fd, if
  * still open, and its strings) and zeroes it. `mlaserve logits` (its --out and --ids-out) and

@@ -596,11 +596,14 @@ static char *make_json(const bench_opts *o, const bench_info *in, const mla_conf
  * at the end): not a folder, its folder there and writable. MLA_ERR with "PATH: reason". */
 static int out_path_ok(const char *path, mla_err *err) {
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return mla_errf(err, "%s: is a directory", path);
-    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/');
+    if (stat(path, &st) == 0) { /* there: itself writable (/dev/stdout, a file) */
+        if (S_ISDIR(st.st_mode)) return mla_errf(err, "%s: is a directory", path);
+        return access(path, W_OK) != 0 ? mla_errf(err, "%s: %s", path, strerror(errno)) : MLA_OK;
+    }
+    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/'); /* not there: its folder takes it */
     const char *dir = slash ? (slash == dup ? "/" : dup) : ".";
     if (slash && slash != dup) *slash = 0;
-    const int bad = access(dir, W_OK) != 0 ? errno : 0;
+    const int bad = access(dir, W_OK | X_OK) != 0 ? errno : 0;
     free(dup);
     return bad ? mla_errf(err, "%s: %s", path, strerror(bad)) : MLA_OK;
 }

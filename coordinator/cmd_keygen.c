@@ -11,9 +11,11 @@
  * line: with --force the old key stops being admitted; a worker uses it with
  * --curve-client-key DIR/NAME.key). The coordinator needs server.key and authorized_keys; a
  * worker needs server.pub and its client key. DIR is created with mode 0700. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +41,14 @@ static int write_file(const char *dir, const char *name, const char *text, mode_
 }
 
 /* DIR/authorized_keys with client NAME's line (KEY NAME) set to line: any earlier line of that
- * name is dropped (a replaced key must stop being admitted), the others and the comments kept */
+ * name is dropped (a replaced key must stop being admitted), the others and the comments kept.
+ * Lines are read as the coordinator reads them (coordinator/coord_reg.c): blanks around the
+ * fields, "#" alone or before a blank starts a comment (a Z85 key may start with '#'). */
 static int set_client_line(const char *dir, const char *name, const char *line, mla_err *err) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/authorized_keys", dir);
     FILE *f = fopen(path, "r");
+    if (!f && errno != ENOENT) return mla_errf(err, "cannot read %s: %s", path, strerror(errno));
     char *text = NULL, *l = NULL;
     size_t tn = 0, cap = 0;
     FILE *mem = open_memstream(&text, &tn);
@@ -51,17 +56,28 @@ static int set_client_line(const char *dir, const char *name, const char *line, 
         if (f) fclose(f);
         return mla_errf(err, "open_memstream: %s", strerror(errno));
     }
-    while (f && getline(&l, &cap, f) >= 0) {
-        const char *sp = l[0] == '#' ? NULL : strchr(l, ' ');
-        const size_t nl = strlen(name);
-        if (sp && !strncmp(sp + 1, name, nl) && (sp[1 + nl] == '\n' || sp[1 + nl] == 0)) continue;
+    const size_t nl = strlen(name);
+    ssize_t got;
+    while (f && (got = getline(&l, &cap, f)) >= 0) {
+        const char *p = l;
+        while (*p && isspace((unsigned char)*p)) p++;
+        if (*p && !(p[0] == '#' && (!p[1] || isspace((unsigned char)p[1])))) {
+            const char *q = p;
+            while (*q && !isspace((unsigned char)*q)) q++; /* the key */
+            while (*q == ' ' || *q == '\t') q++;
+            const char *e = q;
+            while (*e && !isspace((unsigned char)*e)) e++; /* its name */
+            if ((size_t)(e - q) == nl && !memcmp(q, name, nl)) continue;
+        }
         fputs(l, mem);
+        if (got > 0 && l[got - 1] != '\n') fputc('\n', mem); /* a last line without its newline */
     }
+    const bool bad = f && ferror(f);
     free(l);
     if (f) fclose(f);
     fputs(line, mem);
     fclose(mem);
-    int rc = write_file(dir, "authorized_keys", text, 0644, 0, err);
+    int rc = bad ? mla_errf(err, "cannot read %s", path) : write_file(dir, "authorized_keys", text, 0644, 0, err);
     free(text);
     return rc;
 }

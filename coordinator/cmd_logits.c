@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -108,10 +109,25 @@ static int open_one(logits_one *o, const char *path, const char *mode, mla_err *
     return MLA_OK;
 }
 
-/* path with its folder resolved (links, "..") and its own name: how two names of one file not
- * made yet compare; NULL where the folder does not exist */
+/* path with a link in its last part followed (a link to a file not made yet is written where it
+ * points), its folder resolved (links, "..") and its own name: how two names of one file not made
+ * yet compare; NULL where the folder does not exist */
 static char *canonical(const char *path) {
-    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/');
+    char *cur = mla_xstrdup(path), buf[PATH_MAX];
+    struct stat lst;
+    for (int hop = 0; hop < 16 && lstat(cur, &lst) == 0 && S_ISLNK(lst.st_mode); hop++) {
+        const ssize_t n = readlink(cur, buf, sizeof buf - 1);
+        if (n < 0) break;
+        buf[n] = 0;
+        const char *slash = strrchr(cur, '/');
+        const size_t dl = buf[0] == '/' || !slash ? 0 : (size_t)(slash - cur + 1); /* relative: beside the link */
+        char *next = mla_xmalloc(dl + (size_t)n + 1);
+        memcpy(next, cur, dl);
+        memcpy(next + dl, buf, (size_t)n + 1);
+        free(cur);
+        cur = next;
+    }
+    char *dup = cur, *slash = strrchr(dup, '/');
     const char *dir = slash ? (slash == dup ? "/" : dup) : ".", *base = slash ? slash + 1 : dup;
     if (slash) *slash = 0;
     char *rd = realpath(dir, NULL), *out = NULL;
@@ -208,7 +224,8 @@ int cmd_logits(int argc, char **argv) {
     };
     /* any control-plane option given: worker processes (none of them means anything in one) */
     int cp_given = 0;
-    for (int i = 0; i < COORD_N_OPTS; i++) cspecs[i].seen = &cp_given;
+    for (int i = 0; i < COORD_N_OPTS; i++)
+        if (!cspecs[i].seen) cspecs[i].seen = &cp_given; /* (--spin-us keeps its own: spin_us_given) */
     const opt_table tabs[] = {{"model and workers", gspecs, COORD_GROUP_N_OPTS},
                               {"logits", mine, sizeof mine / sizeof *mine},
                               {"control plane (worker processes)", cspecs, COORD_N_OPTS}};
@@ -223,7 +240,7 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "mlaserve logits: --ids-out holds the --greedy continuations: it needs --greedy N\n");
         return 2;
     }
-    const bool group_opts_given = cp_given || go.worker_exe || lo.chunk || lo.prefix_reuse;
+    const bool group_opts_given = cp_given || go.cc.spin_us_given || go.worker_exe || lo.chunk || lo.prefix_reuse;
     if (in_process && (processes || group_opts_given)) {
         fprintf(stderr, "mlaserve logits: --in-process runs no worker processes: --processes, --worker-exe and the "
                         "control-plane options do not apply\n");

@@ -642,7 +642,8 @@ int cmd_mkmodel(int argc, char **argv) {
     const double big = 1e12;
     const opt_spec specs[] = {
         {.name = "--family", .kind = OPT_STR, .arg = "v3|glm5|v2lite|glm47flash", .help = "the model family (required)", .dest = &family},
-        {.name = "--out", .alias = "-o", .kind = OPT_STR, .arg = "OUT.gguf", .help = "where to write (required unless --dry-run; each file written whole or not at all: a run that fails leaves what was there)",
+        {.name = "--out", .alias = "-o", .kind = OPT_STR, .arg = "OUT.gguf", .help = "where to write (required unless --dry-run; each file, or each part of a split model, written "
+                 "whole or not at all: a run that fails leaves that file as it was)",
          .dest = &outp},
         {.name = "--layers", .kind = OPT_LONG, .arg = "N", .def = "the real count",
          .help = "blocks; the leading dense layers are kept", .dest = &layers, .lo = 1, .hi = big},

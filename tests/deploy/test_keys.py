@@ -34,6 +34,16 @@ second = open(os.path.join(A, "node2.pub")).read().strip()
 check(r.returncode == 0 and second != first and first not in auth() and second + " node2" in auth() and
       auth().count(" node2\n") == 1 and auth().replace(second, first) == before,
       "keygen --client --force replaces the client's key in authorized_keys", (r.stderr, auth()))
+# a hand-edited file (a tab, blanks ahead, no newline at its end) is read as the coordinator reads it
+edited = auth().replace(second + " node2\n", "  " + second + "\tnode2")
+with open(os.path.join(A, "authorized_keys"), "w") as f:
+    f.write(edited)
+r = subprocess.run([exe, "keygen", A, "--client", "node2", "--force"], capture_output=True, text=True, timeout=30)
+third = open(os.path.join(A, "node2.pub")).read().strip()
+check(r.returncode == 0 and second not in auth() and auth().endswith(third + " node2\n") and
+      auth().count("node2") == 1 and " client\n" in auth() and
+      all(len(l.split()) == 2 for l in auth().splitlines() if not l.startswith("#")),
+      "keygen --client --force: a tabbed last line without its newline replaced", auth())
 
 # keys others could read or change are refused, as ssh does (and keygen makes its folder private)
 for f, mode, why in (("server.key", 0o644, "server.key is readable by others"),
