@@ -34,6 +34,9 @@
 
 /* ---- the command ---- */
 
+/* connections taken past --max-conns for /health and /metrics alone (http_server_config) */
+#define SERVE_PROBE_CONNS 8
+
 static uv_signal_t sig_term, sig_int;
 static http_server *g_http;
 static grpc_server *g_pb;
@@ -453,7 +456,8 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-body", .kind = OPT_LONG, .arg = "BYTES", .def = "4194304", .help = "largest HTTP request body",
          .dest = &max_body, .lo = 1, .hi = 1L << 34},
         {.name = "--max-conns", .kind = OPT_INT, .arg = "N", .def = "1024",
-         .help = "open connections at most, on each port (idle ones make room for new ones)",
+         .help = "open connections at most, on each port (idle ones make room for new ones; 8 more take only "
+                 "/health and /metrics)",
          .dest = &hc.max_conns, .lo = 1, .hi = 1 << 24},
         {.name = "--cors-origins", .kind = OPT_STR, .arg = "LIST", .def = "none",
          .help = "browsers from these origins may call the HTTP API (comma-separated, e.g. "
@@ -641,6 +645,10 @@ int cmd_serve(int argc, char **argv) {
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
     g_be = serve_adapt_backend(&S);
     hc.early = api_server_early;
+    /* a full server still answers its probes (a liveness probe that got a 503 would restart it) */
+    static const char *const probes[] = {"/health", "/metrics", NULL};
+    hc.probe_paths = probes;
+    hc.probe_conns = SERVE_PROBE_CONNS;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto out;
     api_server_set_http(api, http);
     g_http = http;

@@ -30,6 +30,7 @@ struct http_conn {
     bool http10;            /* the current request is HTTP/1.0: no chunked encoding */
     bool raw_stream;        /* streaming without chunked encoding (HTTP/1.0): ends with the close */
     bool early_checked;     /* the early (headers) hook ran for the current request */
+    bool probe_only;        /* taken past max_conns: a probe path's GET / HEAD only (cfg.probe_paths) */
     char cors[HTTP_CORS_ORIGIN_MAX + 1]; /* Access-Control-Allow-Origin of the current request, "" none */
     size_t body_counted;    /* this request's body bytes counted in the server's body_bytes */
     uint64_t idle_since;    /* when the connection last went idle (between requests) */
@@ -481,6 +482,18 @@ static bool run_early(http_conn *c) {
     return false;
 }
 
+/* a probe connection's request (headers read): a GET or HEAD of one of cfg.probe_paths (its query
+ * left out) */
+static bool probe_request(http_conn *c) {
+    http_head h;
+    http_req_head(&c->parser, &h);
+    if (!h.url || (strcmp(h.method, "GET") && strcmp(h.method, "HEAD"))) return false;
+    const size_t n = strcspn(h.url, "?");
+    for (const char *const *p = c->srv->cfg.probe_paths; *p; p++)
+        if (strlen(*p) == n && !memcmp(*p, h.url, n)) return true;
+    return false;
+}
+
 static void conn_process(http_conn *c) {
     http_server *s = c->srv;
     c->in_process = true;
@@ -505,6 +518,11 @@ static void conn_process(http_conn *c) {
                 respond_error_close(c, 503, "the server is busy: too much request data in flight; retry later");
                 break;
             }
+        }
+        if (c->parser.headers_done && !c->early_checked && c->probe_only && !probe_request(c)) {
+            MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns, s->cfg.max_conns, c->peer);
+            respond_error_close(c, 503, "too many open connections");
+            break;
         }
         if (c->parser.headers_done && !c->early_checked) {
             cors_note(c);
@@ -653,7 +671,9 @@ static void on_connection(uv_stream_t *ls, int status) {
             }
         }
     }
-    if (s->n_conns > s->cfg.max_conns) {
+    if (s->n_conns > s->cfg.max_conns && s->cfg.probe_paths && s->n_conns <= s->cfg.max_conns + s->cfg.probe_conns) {
+        c->probe_only = true; /* a place for a probe (/health): refused below if it asks for more */
+    } else if (s->n_conns > s->cfg.max_conns) {
         MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns - 1, s->cfg.max_conns, c->peer);
         uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read); /* drained, then closed */
         respond_error_close(c, 503, "too many open connections");

@@ -62,6 +62,12 @@ typedef struct http_server_config {
      * response; an OPTIONS from one is answered 204 here (a preflight: methods GET, HEAD, POST, the
      * headers asked for) without reaching the early hook's key check or the handler. */
     const char *cors_origins;
+    /* Probes past max_conns: up to probe_conns more connections are taken when every place is
+     * held, each to answer a GET or HEAD of one of probe_paths (NULL-terminated; NULL: none), any
+     * other request on them a 503 "too many open connections" (so that a liveness probe of a
+     * server full of clients still gets its answer). */
+    const char *const *probe_paths;
+    int probe_conns;
 } http_server_config;
 
 #define HTTP_CORS_ORIGIN_MAX 256 /* longer Origin / Access-Control-Request-Headers values are not echoed */

@@ -9,7 +9,7 @@
  * Options: --port-file F (the bound port is written there), --port P (default 0: a free port),
  * --api-key K (or MLASERVE_API_KEY), --max-context N, --block-size N, --n-blocks N,
  * --max-seqs N, --step-tokens N, --max-queue N, --eos-period N, --step-delay-ms N,
- * --max-body N, --max-conns N, --request-timeout-ms N, --idle-timeout-ms N,
+ * --max-body N, --max-conns N, --probe-conns N, --request-timeout-ms N, --idle-timeout-ms N,
  * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
  * --tok-delay-ms N (each encode sleeps N ms), --health-file F (unhealthy while F exists),
  * --proto-port-file F (the gRPC API on a free port, written to F),
@@ -240,6 +240,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--fail-at-step")) fc.fail_at_step = x;
         else if (!strcmp(a, "--max-body")) hc.lim.max_body = (size_t)x;
         else if (!strcmp(a, "--max-conns")) hc.max_conns = (int)x;
+        else if (!strcmp(a, "--probe-conns")) { /* as serve: /health and /metrics past --max-conns */
+            static const char *const probes[] = {"/health", "/metrics", NULL};
+            hc.probe_paths = probes;
+            hc.probe_conns = (int)x;
+        }
         else if (!strcmp(a, "--request-timeout-ms")) hc.request_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--idle-timeout-ms")) hc.idle_timeout_ms = (unsigned)x;
         else if (!strcmp(a, "--write-timeout-ms")) hc.write_timeout_ms = (unsigned)x;

@@ -2,8 +2,8 @@
 (tests/serve/fake_server_main.c): large responses arrive whole, the API key is checked before
 the body is read, request bodies are bounded over all connections, idle connections make room
 for new ones, the header timeout, trailing data after the JSON body, HEAD, streaming to HTTP/1.0
-clients, wrong-key attempts, that tokenizing a large prompt does not stall other clients, and
-that every response is counted by status class in /metrics.
+clients, wrong-key attempts, that tokenizing a large prompt does not stall other clients, that
+every response is counted by status class in /metrics, and probes answered past --max-conns.
 Usage: test_harden.py FAKE_SERVER_EXE [PART...]. 127.0.0.1 only, free ports, bounded in time."""
 import json
 import os
@@ -135,6 +135,43 @@ def test_response_counts(exe):
         check(d == {"2xx": 2, "4xx": 5, "5xx": 0}, "every response counted by class", (before, after))
     finally:
         check(srv.stop() == 0, "response-count server clean exit")
+
+
+# ---------------------------------------------------------------- probes past --max-conns
+def test_probe_conns(exe):
+    """Every place held by a generation: a probe's connection is still taken (up to --probe-conns
+    more) and its /health and /metrics answered; anything else on it is a 503."""
+    srv = R.Server(exe, "--max-conns", 2, "--probe-conns", 2, "--step-delay-ms", 50, "--max-seqs", 2)
+    busy = []
+    try:
+        body = b'{"prompt": "hi", "max_tokens": 200, "stream": true, "ignore_eos": true}'
+        for _ in range(2):
+            c = connect(srv.port)
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            check(c.recv(64).startswith(b"HTTP/1.1 200"), "a generation holds a place")
+            busy.append(c)
+        got = []
+        for req in (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):
+            c = connect(srv.port)
+            c.sendall(req)
+            got.append(read_all(c, 10).split(b"\r\n", 1)[0])
+            c.close()
+        check(got[0].startswith(b"HTTP/1.1 200") and got[1].startswith(b"HTTP/1.1 200") and
+              got[2].startswith(b"HTTP/1.1 503"), "full: /health and /metrics answered, /v1/models 503", got)
+        # a keep-alive probe connection: its next request is held to the same paths
+        c = connect(srv.port)
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = read_all(c, 10)
+        c.close()
+        check(out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 503" in out and b"too many open connections" in out,
+              "a probe connection's next request: the same rule", out[:300])
+    finally:
+        for c in busy:
+            c.close()
+        check(srv.stop() == 0, "probe-conns server clean exit")
 
 
 # ---------------------------------------------------------------- item 3: early key check, budget, idle
@@ -452,7 +489,7 @@ def test_pb_off_loop(exe):
 
 
 def main():
-    for name, t in (("big", test_big_response), ("counts", test_response_counts),
+    for name, t in (("big", test_big_response), ("counts", test_response_counts), ("probes", test_probe_conns),
                     ("auth", test_early_auth_and_budget), ("details", test_http_details),
                     ("keys", test_wrong_keys), ("cors", test_cors), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
         if not part(name):
