@@ -553,7 +553,7 @@ int cmd_serve(int argc, char **argv) {
     {
         struct rlimit rl;
         /* each connection is a descriptor; the workers' links and files need some too */
-        long need = (long)hc.max_conns * (proto_port >= 0 ? 2 : 1) + 64;
+        long need = (long)hc.max_conns * (proto_port >= 0 ? 2 : 1) + SERVE_PROBE_CONNS + 64;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < need)
             MLA_WARN("serve: the open-file limit is %ld but --max-conns %d%s needs about %ld descriptors: past the "
                      "limit new connections fail to be accepted (raise it with ulimit -n or LimitNOFILE=)",

@@ -54,12 +54,15 @@ struct http_server {
     int n_conns;
     int n_closing;
     size_t body_bytes;      /* request body bytes buffered over every connection */
+    int n_probe;            /* of n_conns, the probe-only ones (taken past max_conns) */
     uint64_t by_class[6];   /* responses begun (status lines written), by class: [1] 1xx .. [5] 5xx */
 };
 
 void http_server_config_default(http_server_config *c) {
     http_limits_default(&c->lim);
     c->max_conns = 1024;
+    c->probe_paths = NULL;
+    c->probe_conns = 0;
     c->idle_timeout_ms = 60000;
     c->request_timeout_ms = 30000;
     c->max_write_queue = 1u << 20;
@@ -152,6 +155,7 @@ static void conn_close(http_conn *c) {
         s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
+    if (c->probe_only) s->n_probe--;
     s->n_closing++;
     s->body_bytes -= c->body_counted;
     c->body_counted = 0;
@@ -482,15 +486,23 @@ static bool run_early(http_conn *c) {
     return false;
 }
 
-/* a probe connection's request (headers read): a GET or HEAD of one of cfg.probe_paths (its query
+/* a probe connection's request (headers read): a GET or HEAD of one of cfg.probe_paths, its path
+ * read as the router reads it (an absolute URL's path, no query or fragment, trailing slashes
  * left out) */
 static bool probe_request(http_conn *c) {
     http_head h;
     http_req_head(&c->parser, &h);
     if (!h.url || (strcmp(h.method, "GET") && strcmp(h.method, "HEAD"))) return false;
-    const size_t n = strcspn(h.url, "?");
+    const char *u = h.url;
+    if (*u != '/') { /* absolute form: http://host[:port]/path */
+        const char *sl = strstr(u, "://");
+        u = sl ? strchr(sl + 3, '/') : NULL;
+        if (!u) return false;
+    }
+    size_t n = strcspn(u, "?#");
+    while (n > 1 && u[n - 1] == '/') n--;
     for (const char *const *p = c->srv->cfg.probe_paths; *p; p++)
-        if (strlen(*p) == n && !memcmp(*p, h.url, n)) return true;
+        if (strlen(*p) == n && !memcmp(*p, u, n)) return true;
     return false;
 }
 
@@ -519,8 +531,14 @@ static void conn_process(http_conn *c) {
                 break;
             }
         }
+        if (c->parser.headers_done && !c->early_checked && c->probe_only &&
+            s->n_conns - s->n_probe < s->cfg.max_conns) { /* a place is free again: an ordinary one */
+            c->probe_only = false;
+            s->n_probe--;
+        }
         if (c->parser.headers_done && !c->early_checked && c->probe_only && !probe_request(c)) {
-            MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns, s->cfg.max_conns, c->peer);
+            MLA_WARN("http: refusing %s: a connection taken past the %d-connection limit for probes asked for "
+                     "another path", c->peer, s->cfg.max_conns);
             respond_error_close(c, 503, "too many open connections");
             break;
         }
@@ -645,11 +663,12 @@ static void on_connection(uv_stream_t *ls, int status) {
     uvnet_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
     c->idle_since = uv_now(s->loop);
-    if (s->n_conns > s->cfg.max_conns) {
+    /* the places of max_conns hold the connections but for the probe-only ones (cfg.probe_paths) */
+    if (s->n_conns - s->n_probe > s->cfg.max_conns) {
         /* make room by closing the connection idle longest between requests, if any */
         http_conn *old = NULL;
         for (http_conn *o = s->conns; o; o = o->next)
-            if (o != c && o->state == CS_READING && !o->parser.started && !o->close_after_write &&
+            if (o != c && !o->probe_only && o->state == CS_READING && !o->parser.started && !o->close_after_write &&
                 !o->lingering && o->queued == 0 && (!old || o->idle_since < old->idle_since))
                 old = o;
         if (old) {
@@ -660,7 +679,7 @@ static void on_connection(uv_stream_t *ls, int status) {
             /* else the one longest inside its request head (a client that trickles headers holds
              * a place until the header timeout: many of them would refuse everyone else) */
             for (http_conn *o = s->conns; o; o = o->next)
-                if (o != c && o->state == CS_READING && o->parser.started && !o->parser.headers_done &&
+                if (o != c && !o->probe_only && o->state == CS_READING && o->parser.started && !o->parser.headers_done &&
                     !o->close_after_write && !o->lingering && o->queued == 0 &&
                     (!old || o->idle_since < old->idle_since))
                     old = o;
@@ -671,9 +690,10 @@ static void on_connection(uv_stream_t *ls, int status) {
             }
         }
     }
-    if (s->n_conns > s->cfg.max_conns && s->cfg.probe_paths && s->n_conns <= s->cfg.max_conns + s->cfg.probe_conns) {
+    if (s->n_conns - s->n_probe > s->cfg.max_conns && s->cfg.probe_paths && s->n_probe < s->cfg.probe_conns) {
         c->probe_only = true; /* a place for a probe (/health): refused below if it asks for more */
-    } else if (s->n_conns > s->cfg.max_conns) {
+        s->n_probe++;
+    } else if (s->n_conns - s->n_probe > s->cfg.max_conns) {
         MLA_WARN("http: %d connections open (limit %d); refusing %s", s->n_conns - 1, s->cfg.max_conns, c->peer);
         uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read); /* drained, then closed */
         respond_error_close(c, 503, "too many open connections");

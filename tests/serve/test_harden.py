@@ -161,13 +161,36 @@ def test_probe_conns(exe):
             c.close()
         check(got[0].startswith(b"HTTP/1.1 200") and got[1].startswith(b"HTTP/1.1 200") and
               got[2].startswith(b"HTTP/1.1 503"), "full: /health and /metrics answered, /v1/models 503", got)
-        # a keep-alive probe connection: its next request is held to the same paths
+        # the path as the router reads it; HEAD too; not a POST
+        got = []
+        for req in (b"HEAD /health/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    b"GET http://x/metrics#a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                    b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"):
+            c = connect(srv.port)
+            c.sendall(req)
+            got.append(read_all(c, 10).split(b"\r\n", 1)[0])
+            c.close()
+        check([g[9:12] for g in got] == [b"200", b"200", b"503"], "full: HEAD /health/, an absolute URL; POST 503", got)
+        # a keep-alive probe connection: its next request is held to the same paths while the server
+        # is full, and is an ordinary one once a place is free
         c = connect(srv.port)
         c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         out = read_all(c, 10)
         c.close()
         check(out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 503" in out and b"too many open connections" in out,
               "a probe connection's next request: the same rule", out[:300])
+        p = connect(srv.port)
+        p.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = p.recv(4096)
+        for b in busy:
+            b.close()
+        busy = []
+        time.sleep(0.5)
+        p.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = read_all(p, 10)
+        p.close()
+        check(first.startswith(b"HTTP/1.1 200") and out.startswith(b"HTTP/1.1 200"),
+              "a probe connection once places are free: served", out[:200])
     finally:
         for c in busy:
             c.close()
