@@ -381,26 +381,33 @@ def case_bounds():
         for t in ts:
             t.join(60)
         check(429 in res and 200 in res, "bounds: --max-queue -> 429 for the overflow", res)
-        # --max-conns 3: with 3 connections inside a request body, the 4th gets 503 and is closed
-        # (idle connections, and then those still inside their request head, would be closed to
-        # make room instead)
+        # --max-conns 3: with 3 connections inside a request body, a 4th one's request gets 503
+        # and it is closed, but for a probe's GET of /health, which is answered (idle connections,
+        # and then those still inside their request head, would be closed to make room instead)
         socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
         for s in socks:
             s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         time.sleep(0.3)
-        s4 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        data = b""
-        try:
-            while True:
-                b = s4.recv(4096)
-                if not b:
-                    break
-                data += b
-        except OSError:
-            pass
-        check(b" 503 " in data.split(b"\r\n")[0] if data else False, "bounds: connection over --max-conns -> 503",
-              data[:100])
-        for s in socks + [s4]:
+
+        def status_of(req):
+            s4 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s4.sendall(req)
+            data = b""
+            try:
+                while True:
+                    b = s4.recv(4096)
+                    if not b:
+                        break
+                    data += b
+            except OSError:
+                pass
+            s4.close()
+            return data.split(b"\r\n")[0]
+        line = status_of(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        check(b" 503 " in line, "bounds: a request over --max-conns -> 503", line)
+        line = status_of(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        check(b" 200 " in line, "bounds: /health over --max-conns answered (a probe place)", line)
+        for s in socks:
             s.close()
         check(srv.stop() == 0, "bounds: clean exit")
     finally:
