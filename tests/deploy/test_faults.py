@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from dlib import (Server, alive, check, children_of, finish, model_path, read_rest, read_sse_events,  # noqa: E402
                   wait_for, worker_pids)
+from mlatest import http_status_line  # noqa: E402
 
 exe, worker, fixtures, case = sys.argv[1:5]
 model = model_path(fixtures)
@@ -388,24 +389,9 @@ def case_bounds():
         for s in socks:
             s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         time.sleep(0.3)
-
-        def status_of(req):
-            s4 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            s4.sendall(req)
-            data = b""
-            try:
-                while True:
-                    b = s4.recv(4096)
-                    if not b:
-                        break
-                    data += b
-            except OSError:
-                pass
-            s4.close()
-            return data.split(b"\r\n")[0]
-        line = status_of(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        line = http_status_line(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
         check(b" 503 " in line, "bounds: a request over --max-conns -> 503", line)
-        line = status_of(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        line = http_status_line(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         check(b" 200 " in line, "bounds: /health over --max-conns answered (a probe place)", line)
         for s in socks:
             s.close()

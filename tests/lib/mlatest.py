@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,25 @@ def http_post(port, path, body, timeout=120, host="127.0.0.1"):
     """(status, body bytes) of POST path with a JSON body (bytes/str sent as is)."""
     st, _, data = http_request(port, "POST", path, body, timeout=timeout, host=host)
     return st, data
+
+
+def http_status_line(port, payload, timeout=10, host="127.0.0.1"):
+    """The status line (bytes, b"" when none came) of the answer to the raw request bytes payload,
+    read until the server closes the connection (the request should say Connection: close)."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    out = b""
+    try:
+        s.sendall(payload)
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+    except OSError:
+        pass
+    finally:
+        s.close()
+    return out.split(b"\r\n", 1)[0]
 
 
 class ServeStartError(RuntimeError):

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pbapi"))
 import fakeref as R  # noqa: E402
 import pbutil as pb  # noqa: E402
-from mlatest import FAILS, ServeProcess, check, http_request as request, summary  # noqa: E402,F401
+from mlatest import FAILS, ServeProcess, check, http_request as request, http_status_line, summary  # noqa: E402,F401
 
 EXE = sys.argv[1]
 PARTS = set(sys.argv[2:])
@@ -104,19 +104,12 @@ def test_response_counts(exe):
                 out[line.split('code="')[1][:3]] = int(float(line.rsplit(" ", 1)[1]))
         return out
 
-    def raw(req):
-        c = connect(srv.port)
-        c.sendall(req)
-        out = read_all(c, 10)
-        c.close()
-        return out.split(b"\r\n", 1)[0]
-
     try:
         before = counts()
         sent = [split_response(post_raw(srv.port, b"/v1/completions", b'{"prompt": "' + b"a" * 2000 + b'"}'))[0],
-                raw(b"GET /v1/models?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-                raw(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 17000 + b"\r\nConnection: close\r\n\r\n"),
-                raw(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                http_status_line(srv.port, b"GET /v1/models?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                http_status_line(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 17000 + b"\r\nConnection: close\r\n\r\n"),
+                http_status_line(srv.port, b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
                 split_response(post_raw(srv.port, b"/v1/completions", b"{bad json"))[0]]
         want = ["413", "414", "431", "404", "400"]
         check([x.split()[1].decode() if isinstance(x, bytes) else x.split()[1] for x in sent] == want,
@@ -155,12 +148,8 @@ def test_probe_conns(exe):
         # query, a trailing slash, an absolute URL, a fragment), anything else a 503
         cases = [(b"GET /health", b"200"), (b"GET /metrics?x=1", b"200"), (b"GET /v1/models", b"503"),
                  (b"HEAD /health/", b"200"), (b"GET http://x/metrics#a", b"200"), (b"POST /health", b"503")]
-        got = []
-        for line, _ in cases:
-            c = connect(srv.port)
-            c.sendall(line + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            got.append(read_all(c, 10).split(b"\r\n", 1)[0][9:12])
-            c.close()
+        got = [http_status_line(srv.port, line + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close"
+                                               b"\r\n\r\n")[9:12] for line, _ in cases]
         check(got == [w for _, w in cases], "full: the probe paths answered, the rest 503", list(zip(cases, got)))
         # a keep-alive probe connection: its next request is held to the same paths while the server
         # is full, and is an ordinary one once a place is free
