@@ -7,7 +7,8 @@ For each model: a markdown table with a row a point (concurrency cN, Poisson rat
 server, output tok/s, requests/s, TTFT p50 / p99 and ITL p50 / p99 (ms) and errors; then the ratio
 mlaserve / llama-server of each point: output tok/s (above 1: mlaserve faster), p99 ITL and p50 TTFT
 (below 1: mlaserve lower); mlaserve's mean time to first token as the server counted it (queue and
-prefill, serve_load.py's `server`) beside the client's. Where llama-server ran with FlashAttention on and off at every point,
+prefill, serve_load.py's `server`) beside the client's, and `mlaserve bench`'s prompt step of one sequence
+alone (its --prefill rows) below them. Where llama-server ran with FlashAttention on and off at every point,
 the better of the two (output tok/s) is taken at each point and named. The FA probe points
 (`probe-llama-fa*`) are listed separately. --png draws output tok/s against p99 ITL, one line a
 server, points labelled by concurrency or rate (needs matplotlib; with several files, one panel a
@@ -111,6 +112,11 @@ def table(model):
             for k, p in probes) + (f"; every point with FA {model['llama_fa_chosen']}" if model.get("llama_fa_chosen") else "")]
     b = model.get("bench")
     if isinstance(b, dict):
+        for r in b.get("rows") or []:
+            if r.get("phase") == "prefill":
+                out += ["", f"Prompt step of {r['prompt']} tokens, one sequence alone (`mlaserve bench`): "
+                        f"{fmt(r.get('ms_best'))} ms best, {fmt(r.get('ms_mean'))} ms mean"
+                        + (f", {r['tflops']:.0f} TFLOP/s" if r.get("tflops") else "")]
         for r in b.get("rows") or []:
             if r.get("phase") == "decode":
                 frac = r.get("bw_frac")

@@ -16,7 +16,8 @@
 #      FA on only where the package was built with its kernels (README.txt says GGML_CUDA_FA=ON);
 #      otherwise -fa on would put the attention on the CPU, and the output says it was skipped;
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
-#      roofline at BW_GBS, default 4208 GB/s, the H200's measured copy rate);
+#      roofline at BW_GBS, default 4208 GB/s, the H200's measured copy rate), and `--prefill` of
+#      SHAPE_C's prompt length (one prompt step alone, beside the served points' first token);
 #   5. Nsight Compute on the CUDA logits tool (build-gpu-carried/mla-e2e, graphs off, 3 greedy tokens),
 #      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family;
 #      NCU_STALLS=1 also asks for the warp-state metrics and adds ncu_step.py --stalls (what the
@@ -41,7 +42,8 @@
 # point, default 20; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
 # LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608: 128 x 1536 positions shared by
 # the slots; without FA llama.cpp also sizes an fp32 score buffer of LLAMA_CTX x 512 x heads), LLAMA_ARGS,
-# BENCH_ARGS (default "--prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2"), NCU (0: skip),
+# BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
+# tokens, none where SHAPE_C is chat), NCU (0: skip),
 # NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
 # Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
 # (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first; where Python lacks the openai
@@ -79,6 +81,13 @@ CONC="${CONC:-1 8 32 128}"
 SHAPE_C="${SHAPE_C:-1k-256}"
 SHAPE_R="${SHAPE_R:-chat}"
 SEED="${SEED:-1}"
+# the prompt tokens of SHAPE_C's requests (bench/serve_load.py shape_of), for the bench's prompt step
+case "$SHAPE_C" in
+  1k-256) PIN=1024 ;;
+  8k-1k) PIN=8192 ;;
+  [0-9]*-[0-9]*) PIN=${SHAPE_C%%-*} ;;
+  *) PIN=none ;;
+esac
 POINT_S="${POINT_S:-150}"
 START_S="${START_S:-420}"
 TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
@@ -374,7 +383,7 @@ for spec in $MODELS; do
       bs=$((${BENCH_S:-150} < $(left) ? ${BENCH_S:-150} : $(left)))
       # shellcheck disable=SC2086
       timeout -k 10 "$bs" "$MLA" bench -m "$M" --backend "$BACKEND" \
-        ${BENCH_ARGS:---prefill none --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2} --bw-gbs "$BW" \
+        ${BENCH_ARGS:---prefill $PIN --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2} --bw-gbs "$BW" \
         --json "$PTS/bench.json" --md "$PTS/bench.md" >"$LOGS/$MK-bench.log" 2>&1 ||
         { note "mlaserve bench: exit status $? (log: $MK-bench.log)"; rc=1; }
       [ -s "$PTS/bench.md" ] && sed 's/^/    /' "$PTS/bench.md"

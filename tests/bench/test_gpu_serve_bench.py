@@ -146,7 +146,7 @@ out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
 env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --hidden 256 --heads 20", MODELS="glm47flash:2",
            CONC="1 2", SHAPE_C="8-3", SHAPE_R="6-4", REQ_MIN="2", RATE_REQS="3", NCU="0", OUT=out, BENCH_DIR=bdir,
            LLAMA_DIR=fake, START_S="120", POINT_S="240", TOTAL_S="1200",
-           BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000",
+           BENCH_ARGS="--prefill 8 --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000",
            SERVE_ARGS="--heartbeat-timeout-ms 10000")  # sanitizer builds: long steps are not a dead worker
 r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,
                    text=True, timeout=1200)
@@ -182,14 +182,17 @@ if os.path.exists(jf):
     check("FA on not run" in notes and "-fa off did not start" in notes and "ncu not run" in notes,
           "notes: FA on skipped, llama-server did not start, ncu off", notes)
     rows = (j.get("bench") or {}).get("rows") or []
-    check(len(rows) == 1 and rows[0]["phase"] == "decode" and rows[0]["batch"] == 1 and rows[0]["ctx"] == 16
-          and rows[0]["bw_frac"] is not None and rows[0]["bw_frac"] > 0, "bench: the batch-1 row with its roofline share", rows)
+    dec = [x for x in rows if x["phase"] == "decode"]
+    check(len(dec) == 1 and dec[0]["batch"] == 1 and dec[0]["ctx"] == 16 and dec[0]["bw_frac"] is not None
+          and dec[0]["bw_frac"] > 0, "bench: the batch-1 row with its roofline share", rows)
+    check([x["prompt"] for x in rows if x["phase"] == "prefill"] == [8], "bench: the prompt step of SHAPE_C's 8 tokens", rows)
     check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
 md = os.path.join(out, "serve-glm47flash-2l.md")
 check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read(), "table written", r.stdout[-500:])
 split_hdr = "| point | client TTFT | server TTFT | queue | prefill | steps |"
 split_md = open(md).read().split(split_hdr, 1)[1] if os.path.exists(md) and split_hdr in open(md).read() else ""
 check("\n| c1 | " in split_md and "\n| r2 (" in split_md, "the server's split tabled", r.stdout[-500:])
+check("Prompt step of 8 tokens, one sequence alone" in split_md, "the bench's prompt step below it", split_md[-800:])
 tgz = os.path.join(out, "0-serve-logs.tgz")
 if os.path.exists(tgz):
     names = tarfile.open(tgz).getnames()
