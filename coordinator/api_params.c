@@ -445,7 +445,6 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         p->echo = cJSON_IsTrue(echo);
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
         if (!is_null(suffix)) return bad(e, "suffix", "'suffix' is not supported");
-        if (get_int(root, "best_of", 1, 1, &v, &has, e)) return bad(e, "best_of", "'best_of' must be 1 (only one choice per request is supported)");
         /* logprobs: integer count of alternatives (OpenAI: 0..5; here up to 20) */
         const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
         if (cJSON_IsBool(lp)) {
@@ -496,8 +495,15 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     }
     /* response_format, grammar, logit_bias: coordinator/api_constrain */
     if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;
-    if (get_int(root, "n", 1, INT32_MAX, &v, &has, e)) return MLA_ERR;
-    if (has && v != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported (got %lld)", (long long)v);
+    if (get_int(root, "n", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
+    p->n = has ? (int32_t)v : 1;
+    /* best_of: the server returns every choice it makes, so it must make no more than n */
+    if (kind == API_COMPLETIONS) {
+        if (get_int(root, "best_of", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
+        if (has && v != p->n)
+            return bad(e, "best_of", "'best_of' must equal 'n' (%d): every choice made is returned, none picked (got %lld)",
+                       p->n, (long long)v);
+    }
 
     /* max_tokens / max_completion_tokens */
     int64_t mt = -1, mct = -1;
@@ -588,6 +594,7 @@ static bool in_range(float v, double lo, double hi) { return isfinite(v) && v >=
 
 int api_gen_params_check(const api_gen_params *p, api_error *e) {
     const sched_sampling *s = &p->sampling;
+    if (p->n < 0 || p->n > API_MAX_N) return bad(e, "n", "'n' must be between 1 and %d (got %d)", API_MAX_N, p->n);
     if (p->kind == API_COMPLETIONS) {
         if (!!p->prompt_text + !!p->prompt_ids != 1 || p->messages)
             return bad(e, "prompt", "exactly one prompt (text or token ids) is required");

@@ -19,6 +19,8 @@
 #define API_MAX_STOP 16
 #define API_MAX_STOP_LEN 256
 #define API_MAX_USER_LEN 256
+/* choices a request may ask for (OpenAI's n; each is a sequence of its own in the scheduler) */
+#define API_MAX_N 128
 
 /* An OpenAI-shaped error: status, message, type, param (may be empty), code (may be empty). */
 typedef struct api_error {
@@ -62,6 +64,7 @@ typedef struct api_gen_params {
     bool include_reasoning;            /* the answer carries the reasoning (vLLM's include_reasoning) */
     enum reasoning_prompt prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning */
     sched_sampling sampling;
+    int32_t n;            /* choices (OpenAI's n), 1 to API_MAX_N; 0 (a struct filled elsewhere) is 1 */
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
     char *stop[API_MAX_STOP];
     int n_stop;

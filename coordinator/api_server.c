@@ -20,10 +20,14 @@
 
 typedef api_token tok_entry; /* byte range [start, end) in the text */
 
+struct api_resp;
+
 typedef struct api_req {
     api_server *srv;
     struct api_req *prev, *next;
-    http_conn *conn;     /* NULL once the response is complete or the client left */
+    http_conn *conn;     /* NULL once its answer is complete (or the response's) or the client left */
+    struct api_resp *resp; /* the HTTP response it is a choice of; NULL for a sink's generation */
+    int index;           /* its choice index in that response (0 for a sink's) */
     api_sink sink;       /* a non-HTTP front (api_server_generate) */
     bool has_sink;       /* until its final call or it detaches */
     bool cancelled;      /* finished by cancellation */
@@ -68,6 +72,21 @@ typedef struct api_req {
     /* chat output parsing (reasoning_content, tool_calls): NULL when off */
     struct chat_out *chat;
 } api_req;
+
+/* An HTTP response of n choices (OpenAI's n), each an api_req of its own scheduled apart (choice
+ * k > 0 after choice 0's prompt, whose blocks it then takes from the prefix cache). Streamed, each
+ * choice's chunks carry its index and the stream ends when the last choice is answered; else the
+ * answer goes out once every choice is. An error in any choice answers the whole response and
+ * cancels the others. The choices hold it: freed with the last of them (req_free). */
+typedef struct api_resp {
+    http_conn *conn;  /* NULL once answered or the client left */
+    int n;            /* choices */
+    int n_live;       /* choices not yet freed */
+    int n_done;       /* choices answered */
+    api_req **ch;     /* choice k's request, NULL once freed */
+    int32_t *ntok;    /* completion tokens of each choice so far (the usage) */
+    cJSON **answers;  /* not streamed: each answered choice's object until every choice is */
+} api_resp;
 
 /* A chat response's parsing state: what parsers run, and what of their output was streamed. */
 typedef struct chat_out {
@@ -319,11 +338,17 @@ static cJSON *logprobs_json(api_req *r, int from, int to) {
     return lp;
 }
 
+/* The usage of r's response: its prompt once, the completion tokens of all its choices so far */
 static cJSON *usage_json(const api_req *r) {
+    int64_t done = r->n_completion;
+    if (r->resp) {
+        done = 0;
+        for (int k = 0; k < r->resp->n; k++) done += r->resp->ntok[k];
+    }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->n_completion);
-    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + r->n_completion);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)done);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt + done));
     return u;
 }
 
@@ -360,7 +385,7 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
     cJSON *j = chunk_base(r);
     cJSON *choices = cJSON_AddArrayToObject(j, "choices");
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", r->index);
     size_t n;
     char *txt = api_json_text(r->text + from_b, to_b - from_b, &n);
     if (r->kind == API_CHAT) {
@@ -421,8 +446,9 @@ static cJSON *tool_call_json(const api_req *r, int i, const toolcall *c, bool wi
     if (with_index) cJSON_AddNumberToObject(o, "index", i);
     if (header) {
         /* the model's own id (kimi-k2, whole whatever its length), else one of ours */
-        char ours[sizeof r->id + 32];
-        snprintf(ours, sizeof ours, "call_%s_%d", r->id + 9, i); /* r->id is "chatcmpl-..." */
+        char ours[sizeof r->id + 48];
+        if (r->index) snprintf(ours, sizeof ours, "call_%s_%d_%d", r->id + 9, r->index, i); /* r->id is "chatcmpl-..." */
+        else snprintf(ours, sizeof ours, "call_%s_%d", r->id + 9, i);
         const char *id = c->id ? c->id : ours;
         size_t n;
         char *s = api_json_text(id, strlen(id), &n);
@@ -520,7 +546,7 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
         cJSON *j = chunk_base(r);
         cJSON *choices = cJSON_AddArrayToObject(j, "choices");
         cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddNumberToObject(c, "index", r->index);
         cJSON_AddItemToObject(c, "delta", deltas[k]);
         if (k == 0 && r->logprobs && t1 > t0) cJSON_AddItemToObject(c, "logprobs", logprobs_json(r, t0, t1));
         else cJSON_AddNullToObject(c, "logprobs");
@@ -596,6 +622,80 @@ static void gen_error(const api_req *r, const char *error, api_error *e) {
     else api_error_set(e, 500, NULL, "generation_failed", "generation failed: %s", error);
 }
 
+static void resp_free(api_resp *rs) {
+    for (int k = 0; k < rs->n; k++) cJSON_Delete(rs->answers[k]);
+    free(rs->answers);
+    free(rs->ntok);
+    free(rs->ch);
+    free(rs);
+}
+
+/* The answer of choice r (not streamed): its text or message, logprobs and finish reason */
+static cJSON *choice_json(api_req *r, int n_final) {
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", r->index);
+    size_t n;
+    char *txt = api_json_text(r->text, r->text_len, &n);
+    const char *finish = r->finish_reason ? r->finish_reason : "stop";
+    if (r->chat) {
+        chat_parsed ps;
+        chat_parse(r, r->text_len, true, &ps);
+        cJSON *m = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        char *cs = api_json_text(ps.content, ps.content_len, &n);
+        /* no content beside calls or reasoning (or a call the model opened and did not
+         * write): null, as OpenAI answers */
+        if (ps.content_len || !(ps.n_calls || ps.tc.opened || ps.rs.has_reasoning))
+            cJSON_AddStringToObject(m, "content", cs);
+        else cJSON_AddNullToObject(m, "content");
+        free(cs);
+        if (r->chat->rk != REASONING_NONE) {
+            if (ps.rs.r_end > ps.rs.r_start && !r->chat->hide_reasoning) {
+                char *rs = api_json_text(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
+                add_reasoning(m, rs);
+                free(rs);
+            } else {
+                add_reasoning(m, NULL);
+            }
+        }
+        if (ps.n_calls) {
+            cJSON *arr = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int i = 0; i < ps.n_calls; i++)
+                if (ps.tc.calls[i].name)
+                    cJSON_AddItemToArray(arr, tool_call_json(r, i, &ps.tc.calls[i], false, ps.tc.calls[i].args,
+                                                             ps.tc.calls[i].args_len, true));
+        }
+        finish = chat_finish(r, &ps);
+        chat_parsed_free(&ps);
+    } else if (r->kind == API_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", txt);
+    } else {
+        cJSON_AddStringToObject(ch, "text", txt);
+    }
+    free(txt);
+    if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+    if (r->logprobs)
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(r, 0, n_final));
+    else
+        cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", finish);
+    return ch;
+}
+
+/* The response ends early (an error answered it, or its client left): no choice of it writes any
+ * more, and the ones still generating (but `except`) are cancelled */
+static void resp_end(api_resp *rs, api_req *except) {
+    for (int k = 0; k < rs->n; k++) {
+        api_req *q = rs->ch[k];
+        if (!q || q->responded) continue;
+        req_unlink_conn(q);
+        if (q != except) sched_cancel(q->srv->s, q->sched_id);
+    }
+    rs->conn = NULL;
+}
+
 /* Completes the response (text final: stop string, stop token, length, or error). */
 static void complete_response(api_req *r, const char *error) {
     api_server *a = r->srv;
@@ -618,21 +718,32 @@ static void complete_response(api_req *r, const char *error) {
                     error, end, r->n_prompt, r->n_completion);
         return;
     }
-    if (r->stream) {
-        if (error) {
-            api_error e;
-            gen_error(r, error, &e);
+    api_resp *rs = r->resp;
+    MLA_ASSERT(rs && rs->conn == c);
+    if (error) { /* the whole response: the other choices are not answered */
+        api_error e;
+        gen_error(r, error, &e);
+        if (r->stream) {
             cJSON *j = error_json(&e);
             sse_send(r, j);
             cJSON_Delete(j);
+            http_stream_write(c, "data: [DONE]\n\n", 14);
+            http_stream_end(c);
         } else {
-            int t0 = r->n_tok_sent;
-            if (t0 > n_final) t0 = n_final;
-            size_t from = r->sent_len < r->text_len ? r->sent_len : r->text_len;
-            /* clip the last token's range to the final text */
-            if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
-            if (r->chat) chat_stream(r, r->text_len, true, t0, n_final, true);
-            else send_chunk(r, from, r->text_len, t0, n_final, r->finish_reason);
+            reply_error(c, &e, NULL);
+        }
+        resp_end(rs, r);
+        return;
+    }
+    if (r->stream) {
+        int t0 = r->n_tok_sent;
+        if (t0 > n_final) t0 = n_final;
+        size_t from = r->sent_len < r->text_len ? r->sent_len : r->text_len;
+        /* clip the last token's range to the final text */
+        if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+        if (r->chat) chat_stream(r, r->text_len, true, t0, n_final, true);
+        else send_chunk(r, from, r->text_len, t0, n_final, r->finish_reason);
+        if (++rs->n_done == rs->n) { /* the last choice: the usage of all, and the end */
             if (r->include_usage) {
                 cJSON *j = chunk_base(r);
                 cJSON_AddArrayToObject(j, "choices");
@@ -640,75 +751,30 @@ static void complete_response(api_req *r, const char *error) {
                 sse_send(r, j);
                 cJSON_Delete(j);
             }
+            http_stream_write(c, "data: [DONE]\n\n", 14);
+            http_stream_end(c);
+            rs->conn = NULL;
         }
-        http_stream_write(c, "data: [DONE]\n\n", 14);
-        http_stream_end(c);
-    } else if (error) {
-        api_error e;
-        gen_error(r, error, &e);
-        reply_error(c, &e, NULL);
-    } else {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "id", r->id);
-        cJSON_AddStringToObject(j, "object", r->kind == API_CHAT ? "chat.completion" : "text_completion");
-        cJSON_AddNumberToObject(j, "created", (double)r->created);
-        cJSON_AddStringToObject(j, "model", a->model_name);
-        cJSON *choices = cJSON_AddArrayToObject(j, "choices");
-        cJSON *ch = cJSON_CreateObject();
-        cJSON_AddNumberToObject(ch, "index", 0);
-        size_t n;
-        char *txt = api_json_text(r->text, r->text_len, &n);
-        const char *finish = r->finish_reason ? r->finish_reason : "stop";
-        if (r->chat) {
-            chat_parsed ps;
-            chat_parse(r, r->text_len, true, &ps);
-            cJSON *m = cJSON_AddObjectToObject(ch, "message");
-            cJSON_AddStringToObject(m, "role", "assistant");
-            char *cs = api_json_text(ps.content, ps.content_len, &n);
-            /* no content beside calls or reasoning (or a call the model opened and did not
-             * write): null, as OpenAI answers */
-            if (ps.content_len || !(ps.n_calls || ps.tc.opened || ps.rs.has_reasoning))
-                cJSON_AddStringToObject(m, "content", cs);
-            else cJSON_AddNullToObject(m, "content");
-            free(cs);
-            if (r->chat->rk != REASONING_NONE) {
-                if (ps.rs.r_end > ps.rs.r_start && !r->chat->hide_reasoning) {
-                    char *rs = api_json_text(r->text + ps.rs.r_start, ps.rs.r_end - ps.rs.r_start, &n);
-                    add_reasoning(m, rs);
-                    free(rs);
-                } else {
-                    add_reasoning(m, NULL);
-                }
-            }
-            if (ps.n_calls) {
-                cJSON *arr = cJSON_AddArrayToObject(m, "tool_calls");
-                for (int i = 0; i < ps.n_calls; i++)
-                    if (ps.tc.calls[i].name)
-                        cJSON_AddItemToArray(arr, tool_call_json(r, i, &ps.tc.calls[i], false, ps.tc.calls[i].args,
-                                                                 ps.tc.calls[i].args_len, true));
-            }
-            finish = chat_finish(r, &ps);
-            chat_parsed_free(&ps);
-        } else if (r->kind == API_CHAT) {
-            cJSON *m = cJSON_AddObjectToObject(ch, "message");
-            cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", txt);
-        } else {
-            cJSON_AddStringToObject(ch, "text", txt);
-        }
-        free(txt);
-        if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
-        if (r->logprobs)
-            cJSON_AddItemToObject(ch, "logprobs", logprobs_json(r, 0, n_final));
-        else
-            cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddStringToObject(ch, "finish_reason", finish);
-        cJSON_AddItemToArray(choices, ch);
-        cJSON_AddItemToObject(j, "usage", usage_json(r));
-        reply_json(c, 200, j);
-        cJSON_Delete(j);
+        req_unlink_conn(r);
+        return;
     }
+    rs->answers[r->index] = choice_json(r, n_final);
     req_unlink_conn(r);
+    if (++rs->n_done < rs->n) return;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", r->id);
+    cJSON_AddStringToObject(j, "object", r->kind == API_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(j, "created", (double)r->created);
+    cJSON_AddStringToObject(j, "model", a->model_name);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    for (int k = 0; k < rs->n; k++) {
+        cJSON_AddItemToArray(choices, rs->answers[k]);
+        rs->answers[k] = NULL;
+    }
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
+    reply_json(c, 200, j);
+    cJSON_Delete(j);
+    rs->conn = NULL;
 }
 
 static void check_stops(api_req *r) {
@@ -751,6 +817,11 @@ static void req_free(api_req *r) {
     free(r->echo_ids);
     if (r->chat) cJSON_Delete(r->chat->tools);
     free(r->chat);
+    api_resp *rs = r->resp;
+    if (rs) {
+        rs->ch[r->index] = NULL;
+        if (--rs->n_live == 0) resp_free(rs); /* answered by now: its last choice's final event */
+    }
     free(r);
 }
 
@@ -851,6 +922,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         if (!r->echo_only) { /* the one token of an echo with max_tokens 0 is not part of the answer */
             r->n_completion++;
             a->m.generation_tokens++;
+            if (r->resp) r->resp->ntok[r->index] = r->n_completion;
         }
         if (r->t_first == 0) {
             r->t_first = t;
@@ -988,12 +1060,17 @@ void api_server_on_event(void *cb_ctx, const sched_event *ev) {
 }
 
 static void on_client_abort(void *ud) {
-    api_req *r = ud;
-    r->conn = NULL;
-    r->client_gone = true;
-    r->responded = true;
-    MLA_DEBUG("api: client of %s went away; cancelling", r->id);
-    sched_cancel(r->srv->s, r->sched_id);
+    api_resp *rs = ud;
+    for (int k = 0; k < rs->n; k++) {
+        api_req *r = rs->ch[k];
+        if (!r) continue;
+        r->conn = NULL;
+        r->client_gone = true;
+        r->responded = true;
+        MLA_DEBUG("api: client of %s (choice %d) went away; cancelling", r->id, k);
+        sched_cancel(r->srv->s, r->sched_id);
+    }
+    rs->conn = NULL;
 }
 
 /* ---- request handlers ---- */
@@ -1423,8 +1500,8 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
     return MLA_OK;
 }
 
-static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
-                                  const api_sink *sink, api_req *pre, api_error *e);
+static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_t *ids, int32_t n_ids, http_conn *c,
+                                  const api_sink *sink, api_req *pre, api_resp *rs, int index, api_error *e);
 
 /* The generation path shared by the HTTP handler and api_server_generate: prompt -> ids,
  * checks, the request record, submission. Returns the request (linked, counted) or NULL with e
@@ -1433,14 +1510,18 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
                                  api_error *e) {
     int32_t *ids = NULL, n_ids = 0;
     if (gen_precheck(a, p, e) != MLA_OK || gen_prompt_ids(a, p, &ids, &n_ids, e) != MLA_OK) return NULL;
-    return submit_generation(a, p, ids, n_ids, c, sink, NULL, e);
+    api_req *r = submit_generation(a, p, ids, n_ids, c, sink, NULL, NULL, 0, e);
+    free(ids);
+    return r;
 }
 
-/* Checks the prompt ids against the vocabulary and the context, submits (loop thread). Takes
- * ids. pre: the request record to use (its srv and sink set; left to the caller on failure),
- * or NULL for a new one. */
-static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids, int32_t n_ids, http_conn *c,
-                                  const api_sink *sink, api_req *pre, api_error *e) {
+/* Checks the prompt ids against the vocabulary and the context, submits (loop thread). pre: the
+ * request record to use (its srv and sink set; left to the caller on failure), or NULL for a new
+ * one. rs: the HTTP response whose choice `index` this is (NULL for a sink's): choice k > 0 shares
+ * choice 0's id and waits for its prompt (sched_request.after), and with a seed draws from a seed
+ * of its own. */
+static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_t *ids, int32_t n_ids, http_conn *c,
+                                  const api_sink *sink, api_req *pre, api_resp *rs, int index, api_error *e) {
     enum api_kind kind = p->kind;
     mla_err err = {{0}};
     api_req *r = NULL;
@@ -1517,8 +1598,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     r->logprobs = p->logprobs;
     r->top_logprobs = p->top_logprobs;
     r->skip_special = p->skip_special_tokens;
-    r->user = p->user;
-    p->user = NULL;
+    r->user = p->user ? mla_xstrdup(p->user) : NULL;
     bool with_tools = p->tools && p->tool_choice != API_TOOLS_NONE && a->cfg.tool_parser != TOOLCALL_NONE;
     if (kind == API_CHAT && !r->has_sink && (a->cfg.reasoning_parser != REASONING_NONE || with_tools)) {
         r->chat = mla_xcalloc(1, sizeof(*r->chat));
@@ -1531,18 +1611,24 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
         if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
         r->chat->one_call = p->one_call;
     }
-    r->created = (long long)time(NULL);
-    a->counter++;
-    snprintf(r->id, sizeof(r->id), "%s-%llx%08llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)r->created, (unsigned long long)a->counter);
+    const api_req *first = rs && index > 0 ? rs->ch[0] : NULL;
+    if (first) { /* one response: one id */
+        r->created = first->created;
+        memcpy(r->id, first->id, sizeof r->id);
+    } else {
+        r->created = (long long)time(NULL);
+        a->counter++;
+        snprintf(r->id, sizeof(r->id), "%s-%llx%08llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)r->created, (unsigned long long)a->counter);
+    }
+    r->resp = rs;
+    r->index = index;
     r->max_stop_len = 1;
     for (int i = 0; i < p->n_stop; i++) {
-        r->stop[r->n_stop++] = p->stop[i];
-        p->stop[i] = NULL;
+        r->stop[r->n_stop++] = mla_xstrdup(p->stop[i]);
         size_t l = strlen(r->stop[i]);
         if (l > r->max_stop_len) r->max_stop_len = l;
     }
-    p->n_stop = 0;
     r->n_prompt = n_ids;
     r->t_start = now_s();
     if (p->echo && kind == API_COMPLETIONS) {
@@ -1566,10 +1652,17 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     sr.sampling.bias_vals = p->constrain.bias_vals;
     sr.sampling.n_bias = p->constrain.n_bias;
     sr.user = r;
+    if (first) {
+        sr.after = first->sched_id;
+        /* the same seed would give every choice the same tokens: each its own, from the one given */
+        if (sr.sampling.has_seed) sr.sampling.seed ^= (uint64_t)index * 0x9E3779B97F4A7C15ULL;
+    }
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
         r->n_stop = 0;
+        free(r->user);
+        r->user = NULL;
         free(r->echo_ids);
         r->echo_ids = NULL;
         if (r->chat) cJSON_Delete(r->chat->tools);
@@ -1586,9 +1679,12 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, int32_t *ids
     if (a->reqs) a->reqs->prev = r;
     a->reqs = r;
     a->n_inflight++;
-    a->m.prompt_tokens += (uint64_t)n_ids;
+    if (index == 0) a->m.prompt_tokens += (uint64_t)n_ids; /* the prompt of n choices counts once */
+    if (rs) {
+        rs->ch[index] = r;
+        rs->n_live++;
+    }
 done:
-    free(ids);
     return r;
 }
 
@@ -1669,9 +1765,7 @@ static void sink_ready(api_server *a, prep_job *j) {
         return;
     }
     api_error e = j->e;
-    int32_t *ids = j->ids;
-    j->ids = NULL;
-    if (j->rc == MLA_OK && submit_generation(a, &j->gp, ids, j->n_ids, NULL, NULL, r, &e)) {
+    if (j->rc == MLA_OK && submit_generation(a, &j->gp, j->ids, j->n_ids, NULL, NULL, r, NULL, 0, &e)) {
         j->req = NULL; /* submitted: the request lives on */
         return;
     }
@@ -1721,22 +1815,33 @@ static void handle_generate(api_server *a, http_conn *c, const http_request *hr,
 static void generate_ready(api_server *a, prep_job *j) {
     http_conn *c = j->conn;
     api_error e = j->e;
-    api_req *r = NULL;
-    int32_t *ids = j->ids;
-    j->ids = NULL;
-    if (j->rc != MLA_OK || !(r = submit_generation(a, &j->gp, ids, j->n_ids, c, NULL, NULL, &e))) {
+    if (j->rc != MLA_OK) {
         reply_error(c, &e, NULL);
         return;
     }
-    enum api_kind kind = j->gp.kind;
-    http_conn_on_abort(c, on_client_abort, r);
+    api_resp *rs = mla_xcalloc(1, sizeof *rs);
+    rs->conn = c;
+    rs->n = j->gp.n > 1 ? j->gp.n : 1;
+    rs->ch = mla_xcalloc((size_t)rs->n, sizeof *rs->ch);
+    rs->ntok = mla_xcalloc((size_t)rs->n, sizeof *rs->ntok);
+    rs->answers = mla_xcalloc((size_t)rs->n, sizeof *rs->answers);
+    for (int k = 0; k < rs->n; k++)
+        if (!submit_generation(a, &j->gp, j->ids, j->n_ids, c, NULL, NULL, rs, k, &e)) {
+            /* all or nothing: the choices submitted go (their final events find no client) */
+            reply_error(c, &e, NULL);
+            if (rs->n_live) resp_end(rs, NULL);
+            else resp_free(rs);
+            return;
+        }
+    api_req *r = rs->ch[0];
+    http_conn_on_abort(c, on_client_abort, rs);
     if (r->stream) {
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
-        if (kind == API_CHAT) {
+        for (int k = 0; j->gp.kind == API_CHAT && k < rs->n; k++) { /* each choice's role first */
             cJSON *ch0 = chunk_base(r);
             cJSON *choices = cJSON_AddArrayToObject(ch0, "choices");
             cJSON *ch = cJSON_CreateObject();
-            cJSON_AddNumberToObject(ch, "index", 0);
+            cJSON_AddNumberToObject(ch, "index", k);
             cJSON *d = cJSON_AddObjectToObject(ch, "delta");
             cJSON_AddStringToObject(d, "role", "assistant");
             cJSON_AddStringToObject(d, "content", "");

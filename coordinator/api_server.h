@@ -179,8 +179,9 @@ typedef struct api_req api_gen;
 
 /* Starts a generation as the HTTP API does (model name check, chat template, tokenization,
  * context checks, stop strings, submission to the scheduler, metrics). p must have passed
- * api_gen_params_check and carry no tools / chat_template_kwargs / reasoning_effort; its stop strings move into the request (the caller still frees p; with
- * sink->on_refused all of p's contents move, p->messages is copied).
+ * api_gen_params_check and carry no tools / chat_template_kwargs / reasoning_effort; the request copies
+ * what it keeps of p (the caller still frees p; with sink->on_refused all of p's contents move,
+ * p->messages is copied). A sink's generation is one choice: p->n is not read.
  * Returns the handle, or NULL with e set (e->status as the HTTP API would answer). */
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e);
 /* Cancels a generation. detach: the sink is never called again (its client left); else the

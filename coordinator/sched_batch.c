@@ -28,6 +28,8 @@ typedef struct sreq {
     sched_plp *plp;       /* sampling.prompt_logprobs: prompt token i + 1's at [i], until sent */
     bool plp_sent;        /* its first token event carried them */
     uint64_t preempt_step; /* step in which it was last preempted (+1), 0 never */
+    struct sreq *leader;   /* sched_request.after while that one's prompt is not computed: not admitted */
+    int32_t n_followers;   /* waiting requests whose leader this one is */
 } sreq;
 
 typedef struct reqvec {
@@ -221,6 +223,30 @@ void sched_free(sched *s) {
     free(s);
 }
 
+static bool prefix_looks_up(const sched *s, const sreq *q);
+
+/* The request with this id where it still waits or prefills its prompt (a gate for a request
+ * that shares the prompt: sched_request.after), else NULL. Under the lock. */
+static sreq *gate_of(const sched *s, uint64_t id) {
+    const reqvec *lists[2] = {&s->waiting, &s->running};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lists[l]->n; i++) {
+            sreq *q = lists[l]->v[i];
+            if (q->id == id) return q->cancelled || (l == 1 && q->n_computed >= q->n_prompt) ? NULL : q;
+        }
+    return NULL;
+}
+
+/* q's prompt is computed, or q leaves: the requests waiting on it may be admitted */
+static void open_gate(sched *s, sreq *q) {
+    for (int i = 0; q->n_followers > 0 && i < s->waiting.n; i++)
+        if (s->waiting.v[i]->leader == q) {
+            s->waiting.v[i]->leader = NULL;
+            q->n_followers--;
+        }
+    MLA_ASSERT(q->n_followers == 0);
+}
+
 int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *err) {
     if (req_id) *req_id = 0;
     if (!r->prompt || r->n_prompt < 1) {
@@ -299,6 +325,8 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         return SCHED_E_QUEUE_FULL;
     }
     q->id = s->next_id++;
+    if (r->after && prefix_looks_up(s, q)) q->leader = gate_of(s, r->after);
+    if (q->leader) q->leader->n_followers++;
     rv_push(&s->waiting, q);
     if (req_id) *req_id = q->id;
     pthread_cond_signal(&s->cv);
@@ -492,6 +520,9 @@ static void release_blocks(sched *s, sreq *q) {
 
 /* The request leaves the scheduler: blocks back, backend told, freed after events go out. */
 static void retire(sched *s, sreq *q) {
+    if (q->leader) q->leader->n_followers--; /* a follower cancelled while it waited */
+    q->leader = NULL;
+    open_gate(s, q);
     release_blocks(s, q);
     queue_free_seq(s, q);
     if (s->n_dead == s->cap_dead) {
@@ -774,6 +805,10 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
     for (int wi = 0; budget > 0 && s->running.n < s->cfg.max_seqs && wi < s->waiting.n;) {
         sreq *q = s->waiting.v[wi];
         if (q->preempt_step == s->st.steps + 1) break; /* not in the step that preempted it */
+        if (q->leader) { /* its prompt's blocks come with the leader's: the ones behind it go on */
+            wi++;
+            continue;
+        }
         MLA_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
         int32_t in_lru;
         int32_t hits = prefix_lookup(s, q, &in_lru);
@@ -915,6 +950,7 @@ int sched_step(sched *s) {
         }
         q->n_computed += p->n_tokens;
         register_full_blocks(s, q, p->start_pos);
+        if (q->n_computed >= q->n_prompt) open_gate(s, q);
         if (q->n_prompt > q->n_computed - p->n_tokens) {
             int32_t from = q->n_computed - p->n_tokens;
             int32_t to = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
@@ -1022,6 +1058,24 @@ static int check_locked(sched *s, mla_err *err) {
         if (s->waiting.v[i]->n_blocks != 0 || s->waiting.v[i]->n_computed != 0)
             FAIL("waiting request %llu holds %d blocks", (unsigned long long)s->waiting.v[i]->id,
                  s->waiting.v[i]->n_blocks);
+    /* a gate (sched_request.after): the leader waits or prefills, and counts its followers */
+    for (int l = 0; l < 2; l++) {
+        const reqvec *v = l ? &s->running : &s->waiting;
+        for (int i = 0; i < v->n; i++) {
+            const sreq *q = v->v[i];
+            int32_t n = 0;
+            for (int k = 0; k < s->waiting.n; k++) n += s->waiting.v[k]->leader == q;
+            if (n != q->n_followers || (n && l && q->n_computed >= q->n_prompt))
+                FAIL("request %llu: %d followers counted, %d waiting on it (%d of %d prompt tokens computed)",
+                     (unsigned long long)q->id, q->n_followers, n, q->n_computed, q->n_prompt);
+            if (l && q->leader) FAIL("running request %llu still has a leader", (unsigned long long)q->id);
+        }
+    }
+    for (int i = 0; i < s->waiting.n; i++) {
+        const sreq *L = s->waiting.v[i]->leader;
+        if (L && rv_find(&s->waiting, L) < 0 && rv_find(&s->running, L) < 0)
+            FAIL("waiting request %llu: its leader is gone", (unsigned long long)s->waiting.v[i]->id);
+    }
     for (int i = 0; i < s->running.n; i++) {
         const sreq *q = s->running.v[i];
         if (q->n_computed < 0 || q->n_computed > q->n_tokens ||

@@ -261,6 +261,13 @@ typedef struct sched_request {
     bool ignore_eos;         /* do not apply cfg.is_eog */
     sched_sampling sampling;
     void *user;
+    /* 0, or the id of a request submitted before this one whose prompt this one shares (the
+     * choices of an API request with n > 1): with cfg.prefix_cache, and where this one may take
+     * cached blocks (no repetition penalty, no prompt logprobs), it is not admitted while that one
+     * waits or prefills its prompt, and then takes that prompt's full blocks from the cache rather
+     * than computing them again. Requests behind it are admitted meanwhile. An id that is no
+     * longer waiting or prefilling (or unknown) is no gate. */
+    uint64_t after;
 } sched_request;
 
 enum sched_submit_err {

@@ -86,6 +86,8 @@ static void check_stats(sched *s, const sched_config *c) {
     /* the queue limit applies to new requests; preempted ones go back to waiting on top */
     if (st.running > c->max_seqs || st.waiting + st.running > c->max_queue + c->max_seqs)
         die("running / waiting over the limits", 0);
+    mla_err err;
+    if (sched_check(s, &err) != MLA_OK) die(err.msg, 0);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -97,6 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.max_step_tokens = 4 + data[1] / 4;
     c.long_prefill_tokens = data[1] % 3 ? 1 + (data[0] >> 3) % 11 : 0; /* cut chunks, or none */
     c.max_queue = 8;
+    c.prefix_cache = (data[0] ^ data[1]) & 1; /* siblings (below) wait for their leader's prompt only with it */
     c.max_context = 64;
     c.is_eog = is_eog;
     c.on_event = on_event;
@@ -121,6 +124,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             i += 2;
             int32_t prompt[40], stop = op / 4 % 30;
             for (int32_t k = 0; k < n_prompt; k++) prompt[k] = i < size ? data[i++] : 'a';
+            /* one in five: the previous request's sibling (its prompt, admitted after that is computed) */
+            const bool sibling = n_recs > 0 && stop % 5 == 1;
+            if (sibling) {
+                n_prompt = recs[n_recs - 1].n_prompt;
+                memcpy(prompt, recs[n_recs - 1].prompt, (size_t)n_prompt * sizeof *prompt);
+            }
             rec *r = &recs[n_recs];
             memset(r, 0, sizeof *r);
             r->max_tokens = max_tokens;
@@ -141,6 +150,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             q.sampling.temperature = 0;
             q.sampling.prompt_logprobs = r->plp;
             q.user = r;
+            if (sibling) q.after = recs[n_recs - 1].id;
             uint64_t id = 0;
             int rc = sched_submit(s, &q, &id, &err);
             if (rc == SCHED_E_OK) {

@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fakeref as R  # noqa: E402
-from mlatest import FAILS, check, http_metric as metric, http_request as request, summary  # noqa: E402,F401
+from mlatest import FAILS, check, http_metric as metric, http_request as request, summary, wait_for  # noqa: E402,F401
 
 EXE = sys.argv[1]
 
@@ -239,7 +239,10 @@ def test_errors(port):
     err({"prompt": "x", "temperature": "hot"}, 400, "wrong type temperature", param="temperature")
     err({"prompt": "x", "max_tokens": 1.5}, 400, "fractional max_tokens", param="max_tokens")
     err({"prompt": "x", "max_tokens": 0}, 400, "max_tokens 0", param="max_tokens")
-    err({"prompt": "x", "n": 2}, 400, "n=2", param="n")
+    err({"prompt": "x", "n": 0}, 400, "n=0", param="n", says="between 1 and 128")
+    err({"prompt": "x", "n": 129}, 400, "n=129", param="n", says="between 1 and 128")
+    err({"prompt": "x", "n": 2, "best_of": 3}, 400, "best_of above n", param="best_of", says="must equal 'n' (2)")
+    err({"prompt": "x", "best_of": 2}, 400, "best_of 2 with n 1", param="best_of")
     err({"prompt": 5}, 400, "prompt type", param="prompt")
     err({"prompt": ["a", "b"]}, 400, "two prompts", param="prompt")
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
@@ -520,6 +523,20 @@ def test_disconnect(port):
     while time.time() < deadline and metric(port, "mlaserve_num_requests_running") != 0:
         time.sleep(0.05)
     check(metric(port, "mlaserve_num_requests_running") == 0, "non-streamed request cancelled on disconnect")
+    # a client that leaves a response of three streamed choices: all three are cancelled
+    before = metric(port, 'mlaserve_requests_total{model="fake-model",finish_reason="cancelled"}')
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    body = json.dumps({"prompt": "long three", "max_tokens": 1500, "stream": True, "n": 3}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 8:
+        got += s.recv(4096)
+    check(b'"index":2' in got or b'"index":1' in got, "three choices streamed: %r" % got[-300:])
+    s.close()
+    ok = wait_for(lambda: metric(port, "mlaserve_num_requests_running") == 0 and
+                  metric(port, 'mlaserve_requests_total{model="fake-model",finish_reason="cancelled"}') == before + 3, 20)
+    check(ok, "the three choices of a stream its client left are cancelled")
+    check(metric(port, "mlaserve_kv_cache_blocks_used") == 0, "their cache blocks freed")
 
 
 def test_metrics(port):
@@ -640,6 +657,15 @@ def test_limits(exe):
         rest = recv_until(first, b"data: [DONE]", head)
         first.close()
         check(b"data: [DONE]" in rest, "the running request finished beside the refusals")
+        # n choices are taken all or none: 5 do not fit (one place running, two waiting), so the
+        # three taken go again and the next request is served
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "five", "max_tokens": 3, "n": 5}, headers=auth)
+        check(st == 429 and j["error"]["code"] == "too_many_requests", "n=5 past the queue: 429 (%d %r)" % (st, j))
+        ok = wait_for(lambda: metric(port, "mlaserve_num_requests_running") == 0 and
+                      metric(port, "mlaserve_num_requests_waiting") == 0, 20)
+        check(ok, "the choices taken before the refusal are gone")
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "two", "max_tokens": 3, "n": 2}, headers=auth)
+        check(st == 200 and len(j["choices"]) == 2, "n=2 served after it (%d)" % st)
         # max connections: 8 connections inside their request head (a slowloris): the 9th client
         # closes the one that has been at it longest and is served (connections with a request
         # body in flight are kept, then 503: tests/serve/test_harden.py)
@@ -669,8 +695,8 @@ def test_limits(exe):
 
 def test_backend_failure(exe):
     srv = R.Server(exe, "--fail-at-step", 0)
-    try:
-        st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+    try:  # three choices in the failed step: one answer, the error
+        st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 4, "n": 3})
         check(st == 500 and "worker 1 is down" in j["error"]["message"], "backend failure -> 500 with the reason: %r" % j)
         st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 4})
         check(st == 200, "served after a failed step")

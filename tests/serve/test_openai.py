@@ -87,11 +87,32 @@ def main():
         r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, stop=stop)
         check(r.choices[0].message.content == full[:full.index(stop)] and r.choices[0].finish_reason == "stop", "chat stop string")
 
-        try:
-            cl.completions.create(model="fake-model", prompt="x", max_tokens=2, n=2)
-            check(False, "n=2 should fail")
-        except openai.BadRequestError as e:
-            check(e.status_code == 400 and "'n'" in str(e), "n=2 BadRequestError")
+        # n choices: each the model's answer (the fake model is greedy), indexed 0..n-1, one id,
+        # the prompt counted once in the usage; streamed, each choice's chunks carry its index and
+        # finish, the usage of all comes once at the end
+        r = cl.completions.create(model="fake-model", prompt=prompt, max_tokens=12, temperature=0, n=3, best_of=3,
+                                  logprobs=1)
+        check([c.index for c in r.choices] == [0, 1, 2] and all(c.text == R.text_of(toks) for c in r.choices),
+              "n=3: three choices, each the answer", [(c.index, c.text) for c in r.choices])
+        check(all([R.f32(x) for x in c.logprobs.token_logprobs] == lps for c in r.choices), "n=3: each its logprobs")
+        check(r.usage.prompt_tokens == len(R.encode(prompt)) and r.usage.completion_tokens == 36, "n=3: usage", r.usage)
+        texts, fins, ids, usage = {}, {}, set(), []
+        for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, n=2, stream=True,
+                                             stream_options={"include_usage": True}):
+            ids.add(ch.id)
+            if not ch.choices:
+                usage.append(ch.usage)
+            for c in ch.choices:
+                texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+                if c.finish_reason:
+                    fins[c.index] = fins.get(c.index, []) + [c.finish_reason]
+        check(texts == {0: R.text_of(ctoks), 1: R.text_of(ctoks)} and fins == {0: ["length"], 1: ["length"]},
+              "n=2 chat stream: both choices whole, each finished once", (texts, fins))
+        check(len(ids) == 1 and len(usage) == 1 and usage[0].completion_tokens == 20, "n=2 chat stream: one id, one usage",
+              (ids, usage))
+        r = cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, n=2, stop=stop)
+        check([c.message.content for c in r.choices] == [full[:full.index(stop)]] * 2
+              and [c.finish_reason for c in r.choices] == ["stop"] * 2, "n=2 chat: the stop string ends each choice")
         try:
             openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="wrong", max_retries=0).models.list()
             check(False, "wrong key should fail")

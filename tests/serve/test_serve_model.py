@@ -83,6 +83,37 @@ try:
     time.sleep(0.5)
     after = [http_metric(port, n) or 0 for n in names]
     check(all(a - b == 2 for a, b in zip(after, before)), "queue and prefill times, cached prompt too: %r -> %r" % (before, after))
+    # n choices of one prompt: greedy, each HF's answer; choices 1.. wait for choice 0's prompt and take its
+    # full blocks from the prefix cache (a prompt of 70 numbers, so some blocks are full)
+    p = plain[0]
+    hits = http_metric(port, "mlaserve_prefix_cache_hits_total") or 0
+    long_prompt = "n choices " + " ".join(str(i) for i in range(70, 140))
+    st, data = post(port, "/v1/completions", {"prompt": long_prompt, "max_tokens": 4, "temperature": 0, "n": 3})
+    hits = (http_metric(port, "mlaserve_prefix_cache_hits_total") or 0) - hits
+    j = json.loads(data) if st == 200 else {"choices": []}
+    check(st == 200 and len({c["text"] for c in j["choices"]}) == 1 and len(j["choices"]) == 3,
+          "n=3 greedy: three equal answers", data[:300])
+    st, data = post(port, "/tokenize", {"prompt": long_prompt})
+    n_long = len(json.loads(data)["tokens"])
+    bs = int(http_metric(port, "mlaserve_kv_cache_block_size") or 0)
+    want = 2 * ((n_long - 1) // bs) * bs if bs else -1
+    check(want > 0 and hits == want, "n=3: choices 1 and 2 take choice 0's full blocks (%d tokens hit, %d wanted: "
+          "prompt %d, blocks of %d)" % (hits, want, n_long, bs))
+    st, data = post(port, "/v1/completions", {"prompt": p["text"], "max_tokens": len(p["greedy"]), "temperature": 0,
+                                              "n": 2, "logprobs": 1})
+    j = json.loads(data) if st == 200 else {"choices": []}
+    check(st == 200 and [c["text"] for c in j["choices"]] == [p["greedy_text"]] * 2 and
+          j["usage"]["completion_tokens"] == 2 * len(p["greedy"]), "n=2 greedy: HF's answer twice", data[:300])
+    # with a seed: choice 0 draws as the request with n 1 does, the others from seeds of their own; the
+    # same request again gives the same choices
+    body = {"prompt": p["text"], "max_tokens": 12, "temperature": 1.5, "seed": 11}
+    one = post(port, "/v1/completions", body)
+    runs = [post(port, "/v1/completions", dict(body, n=4)) for _ in range(2)]
+    texts = [[c["text"] for c in json.loads(d)["choices"]] if st == 200 else None for st, d in runs]
+    check(one[0] == 200 and texts[0] is not None and texts[0][0] == json.loads(one[1])["choices"][0]["text"],
+          "n=4 seeded: choice 0 is the draw of n=1", (one, texts))
+    check(texts[0] == texts[1] and texts[0] is not None and len(set(texts[0])) > 1,
+          "n=4 seeded: the same choices again, not all alike", texts)
     # a top_k past the vocabulary keeps every token: the same draw as no top_k, beside a greedy row
     # (once it failed the whole step, every request in it)
     res = {}

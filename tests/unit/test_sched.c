@@ -957,6 +957,78 @@ static void test_prefix_shared(void) {
     sim_done(&m);
 }
 
+/* sched_request.after: a request that shares its leader's prompt waits until that prompt is
+ * computed (the requests behind it go on meanwhile), then takes its full blocks from the cache;
+ * a leader that leaves, or an id that is not waiting or prefilling, holds nothing back. */
+static void test_prefix_after(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[40];
+    for (int i = 0; i < 40; i++) stem[i] = 100 + i;
+    static job jobs[7];
+    fill(&jobs[0], stem, 40, 'a', 0, 4); /* a prompt of two steps (32 tokens a step) */
+    jobs[1] = jobs[0];                    /* its sibling */
+    fill(&jobs[2], NULL, 0, 'q', 5, 3);   /* another request behind them */
+    mla_err err;
+    uint64_t ids[7];
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    sched_request rq = job_request(&jobs[1], 1, 0);
+    rq.after = ids[0];
+    REQUIRE(sched_submit(s, &rq, &ids[1], &err) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &jobs[2], 2, 0, &ids[2]) == SCHED_E_OK);
+    const sim_entry *a[64], *b[64], *c[64];
+    sched_step(s); /* the leader's first 32 tokens; the third request (budget permitting) but not the sibling */
+    CHECK(entries_of(&m, ids[0], a, 64) == 1 && entries_of(&m, ids[1], b, 64) == 0);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sched_step(s); /* the leader's prompt ends: the gate opens after this step */
+    CHECK(entries_of(&m, ids[1], b, 64) == 0 && entries_of(&m, ids[2], c, 64) >= 1);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sched_step(s);
+    REQUIRE(entries_of(&m, ids[1], b, 64) == 1);
+    CHECKF(b[0]->start_pos == 36 && b[0]->n_tokens == 4, "the sibling starts at %d with %d tokens (9 cached blocks)",
+           b[0]->start_pos, b[0]->n_tokens);
+    sim_drain(s, &m, 1000);
+    /* a leader cancelled before its first step, and an id that names nothing: no gate */
+    fill(&jobs[3], stem, 10, 'c', 2, 3);
+    jobs[4] = jobs[3];
+    fill(&jobs[5], NULL, 0, 'z', 6, 2);
+    REQUIRE(submit_job(s, &jobs[3], 3, 0, &ids[3]) == SCHED_E_OK);
+    rq = job_request(&jobs[4], 4, 0);
+    rq.after = ids[3];
+    REQUIRE(sched_submit(s, &rq, &ids[4], &err) == SCHED_E_OK);
+    rq = job_request(&jobs[5], 5, 0);
+    rq.after = 999999;
+    REQUIRE(sched_submit(s, &rq, &ids[5], &err) == SCHED_E_OK);
+    sched_cancel(s, ids[3]);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sched_step(s);
+    CHECK(entries_of(&m, ids[4], b, 64) == 1 && entries_of(&m, ids[5], c, 64) == 1);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sim_drain(s, &m, 1000);
+    /* a follower cancelled while it waits: its leader goes on (and no longer counts it) */
+    fill(&jobs[6], stem, 20, 'f', 1, 2);
+    REQUIRE(submit_job(s, &jobs[6], 6, 0, &ids[6]) == SCHED_E_OK);
+    rq = job_request(&jobs[6], 3, 0); /* its events to slot 3, cancelled twice over */
+    rq.after = ids[6];
+    uint64_t f_id;
+    REQUIRE(sched_submit(s, &rq, &f_id, &err) == SCHED_E_OK);
+    sched_cancel(s, f_id);
+    sched_step(s);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sim_drain(s, &m, 1000);
+    CHECK(w.r[3].n_final == 2 && w.r[3].finish == SCHED_FINISH_CANCELLED);
+    check_job(&w, 6, &jobs[6], cfg.max_context, 0);
+    check_against_reference(&w, jobs, 3, cfg.max_context, 0);
+    check_job(&w, 4, &jobs[4], cfg.max_context, 0);
+    check_job(&w, 5, &jobs[5], cfg.max_context, 0);
+    CHECK(m.violations == 0 && m.n_seqs == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
 /* The backend loses every row between two steps (a worker group that restarted: cache_epoch
  * moves, the sim forgets its rows and sequences): the running requests start over from position
  * 0, the prefix cache reuses nothing computed before, and every answer is the reference's. */
@@ -1944,6 +2016,7 @@ int main(void) {
     test_seq_error();
     test_threaded();
     test_prefix_shared();
+    test_prefix_after();
     test_prefix_cap();
     test_cache_lost();
     test_paused();
