@@ -427,14 +427,36 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             if (n == 0) return bad(e, "prompt", "'prompt' must not be empty");
             if (cJSON_IsNumber(first)) {
                 if (get_token_array(pr, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
-            } else if (n == 1 && cJSON_IsString(first)) {
-                p->prompt_text = mla_xstrdup(first->valuestring);
-            } else if (n == 1 && cJSON_IsArray(first)) {
-                if (get_token_array(first, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
-            } else if (cJSON_IsString(first) || cJSON_IsArray(first)) {
-                return bad(e, "prompt", "only one prompt per request is supported (got %d)", n);
+            } else if (cJSON_IsString(first) || cJSON_IsArray(first)) { /* a list of prompts */
+                if (n > API_MAX_N) return bad(e, "prompt", "at most %d prompts a request (got %d)", API_MAX_N, n);
+                const bool text = cJSON_IsString(first);
+                const cJSON *it;
+                int i = 0;
+                cJSON_ArrayForEach(it, pr) {
+                    if (text ? !cJSON_IsString(it) : !cJSON_IsArray(it))
+                        return bad(e, "prompt", "'prompt' [%d]: a list of prompts holds strings or lists of token ids, "
+                                                "not both", i);
+                    if (i == 0 && text) {
+                        p->prompt_text = mla_xstrdup(it->valuestring);
+                    } else if (i == 0) {
+                        if (get_token_array(it, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
+                    } else {
+                        if (!p->more_n_ids) {
+                            p->more_n_ids = mla_xcalloc((size_t)n - 1, sizeof *p->more_n_ids);
+                            if (text) p->more_text = mla_xcalloc((size_t)n - 1, sizeof *p->more_text);
+                            else p->more_ids = mla_xcalloc((size_t)n - 1, sizeof *p->more_ids);
+                        }
+                        if (text) p->more_text[i - 1] = mla_xstrdup(it->valuestring);
+                        else if (get_token_array(it, "prompt", &p->more_ids[i - 1], &p->more_n_ids[i - 1], e))
+                            return MLA_ERR;
+                        p->n_more = i;
+                        if (!text && p->more_n_ids[i - 1] == 0)
+                            return bad(e, "prompt", "'prompt' [%d] must not be empty", i);
+                    }
+                    i++;
+                }
             } else {
-                return bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list with one of those");
+                return bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
             }
             if (p->prompt_ids && p->n_prompt_ids == 0) return bad(e, "prompt", "'prompt' must not be empty");
         } else {
@@ -497,6 +519,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;
     if (get_int(root, "n", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
     p->n = has ? (int32_t)v : 1;
+    if ((int64_t)p->n * (1 + p->n_more) > API_MAX_N)
+        return bad(e, "n", "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
     /* best_of: the server returns every choice it makes, so it must make no more than n */
     if (kind == API_COMPLETIONS) {
         if (get_int(root, "best_of", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
@@ -595,6 +619,9 @@ static bool in_range(float v, double lo, double hi) { return isfinite(v) && v >=
 int api_gen_params_check(const api_gen_params *p, api_error *e) {
     const sched_sampling *s = &p->sampling;
     if (p->n < 0 || p->n > API_MAX_N) return bad(e, "n", "'n' must be between 1 and %d (got %d)", API_MAX_N, p->n);
+    if (p->n_more < 0 || (p->n_more > 0 && (p->kind != API_COMPLETIONS || !p->more_n_ids ||
+                                            (p->prompt_text ? !p->more_text : !p->more_ids))))
+        return bad(e, "prompt", "a list of prompts must hold prompts of one kind (strings or token-id lists)");
     if (p->kind == API_COMPLETIONS) {
         if (!!p->prompt_text + !!p->prompt_ids != 1 || p->messages)
             return bad(e, "prompt", "exactly one prompt (text or token ids) is required");
@@ -637,6 +664,13 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
 }
 
 void api_gen_params_free(api_gen_params *p) {
+    for (int32_t i = 0; i < p->n_more; i++) {
+        if (p->more_text) free(p->more_text[i]);
+        if (p->more_ids) free(p->more_ids[i]);
+    }
+    free(p->more_text);
+    free(p->more_ids);
+    free(p->more_n_ids);
     free(p->model);
     free(p->user);
     free(p->tool_choice_name);

@@ -20,7 +20,7 @@
 #define API_MAX_STOP_LEN 256
 #define API_MAX_USER_LEN 256
 /* choices a request may ask for (OpenAI's n; each is a sequence of its own in the scheduler) */
-#define API_MAX_N 128
+#define API_MAX_N 128 /* also the most choices of a request: prompts x n */
 
 /* An OpenAI-shaped error: status, message, type, param (may be empty), code (may be empty). */
 typedef struct api_error {
@@ -51,6 +51,12 @@ typedef struct api_gen_params {
     char *prompt_text;
     int32_t *prompt_ids;
     int32_t n_prompt_ids;
+    /* completions given a list of several prompts (strings, or token-id lists; one kind): those
+     * after the first (which is in prompt_text / prompt_ids), each with n choices of its own */
+    int32_t n_more;
+    char **more_text;    /* [n_more] where the prompts are strings, else NULL */
+    int32_t **more_ids;  /* [n_more] where they are token-id lists, else NULL */
+    int32_t *more_n_ids;
     /* chat */
     const cJSON *messages; /* points into the request document */
     bool add_generation_prompt;

@@ -80,7 +80,9 @@ typedef struct api_req {
  * cancels the others. The choices hold it: freed with the last of them (req_free). */
 typedef struct api_resp {
     http_conn *conn;  /* NULL once answered or the client left */
-    int n;            /* choices */
+    int n;            /* choices: n_per for each prompt of the request, prompt p's at p * n_per + k */
+    int n_per;        /* choices a prompt (OpenAI's n) */
+    int64_t prompt_tokens; /* of its prompts, each once (the usage) */
     int n_live;       /* choices not yet freed */
     int n_done;       /* choices answered */
     api_req **ch;     /* choice k's request, NULL once freed */
@@ -133,6 +135,8 @@ struct api_tok_job {
     api_error e;
     int32_t *ids;
     int32_t n_ids;
+    int32_t **more_ids; /* the ids of gp's prompts after the first (gp.n_more) */
+    int32_t *more_n;
 };
 
 typedef struct qev {
@@ -338,17 +342,18 @@ static cJSON *logprobs_json(api_req *r, int from, int to) {
     return lp;
 }
 
-/* The usage of r's response: its prompt once, the completion tokens of all its choices so far */
+/* The usage of r's response: each of its prompts once, the completion tokens of all its choices so far */
 static cJSON *usage_json(const api_req *r) {
-    int64_t done = r->n_completion;
+    int64_t prompt = r->n_prompt, done = r->n_completion;
     if (r->resp) {
+        prompt = r->resp->prompt_tokens;
         done = 0;
         for (int k = 0; k < r->resp->n; k++) done += r->resp->ntok[k];
     }
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)done);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt + done));
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + done));
     return u;
 }
 
@@ -1500,6 +1505,31 @@ static int gen_prompt_ids(api_server *a, api_gen_params *p, int32_t **ids_out, i
     return MLA_OK;
 }
 
+/* The ids of p's prompts after the first (completions given a list): each text tokenized as the
+ * first one is, or the ids taken from p. *ids and *n are the caller's (n_more entries; NULL when
+ * none) also on failure. */
+static int more_prompt_ids(api_server *a, api_gen_params *p, int32_t ***ids, int32_t **n, api_error *e) {
+    *ids = NULL;
+    *n = NULL;
+    if (p->n_more <= 0) return MLA_OK;
+    *ids = mla_xcalloc((size_t)p->n_more, sizeof **ids);
+    *n = mla_xcalloc((size_t)p->n_more, sizeof **n);
+    for (int32_t i = 0; i < p->n_more; i++) {
+        if (p->more_ids) {
+            (*ids)[i] = p->more_ids[i];
+            (*n)[i] = p->more_n_ids[i];
+            p->more_ids[i] = NULL;
+            continue;
+        }
+        mla_err err = {{0}};
+        if (a->tok.encode(a->tok.ctx, p->more_text[i], strlen(p->more_text[i]), true, true, NULL, 0, &(*ids)[i],
+                          &(*n)[i], &err) != MLA_OK) {
+            return api_error_set(e, 400, "prompt", NULL, "cannot tokenize the prompt at index %d: %s", i + 1, err.msg);
+        }
+    }
+    return MLA_OK;
+}
+
 static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_t *ids, int32_t n_ids, http_conn *c,
                                   const api_sink *sink, api_req *pre, api_resp *rs, int index, api_error *e);
 
@@ -1611,10 +1641,12 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         if (with_tools) r->chat->tools = cJSON_Duplicate(p->tools, 1);
         r->chat->one_call = p->one_call;
     }
-    const api_req *first = rs && index > 0 ? rs->ch[0] : NULL;
-    if (first) { /* one response: one id */
-        r->created = first->created;
-        memcpy(r->id, first->id, sizeof r->id);
+    /* choice k of its prompt; the prompt's choice 0, whose prompt it waits for */
+    const int k = rs ? index % rs->n_per : 0;
+    const api_req *first = k > 0 ? rs->ch[index - k] : NULL;
+    if (rs && index > 0) { /* one response: one id */
+        r->created = rs->ch[0]->created;
+        memcpy(r->id, rs->ch[0]->id, sizeof r->id);
     } else {
         r->created = (long long)time(NULL);
         a->counter++;
@@ -1655,7 +1687,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     if (first) {
         sr.after = first->sched_id;
         /* the same seed would give every choice the same tokens: each its own, from the one given */
-        if (sr.sampling.has_seed) sr.sampling.seed ^= (uint64_t)index * 0x9E3779B97F4A7C15ULL;
+        if (sr.sampling.has_seed) sr.sampling.seed ^= (uint64_t)k * 0x9E3779B97F4A7C15ULL;
     }
     int rc = sched_submit(a->s, &sr, &r->sched_id, &err);
     if (rc != SCHED_E_OK) {
@@ -1679,10 +1711,11 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     if (a->reqs) a->reqs->prev = r;
     a->reqs = r;
     a->n_inflight++;
-    if (index == 0) a->m.prompt_tokens += (uint64_t)n_ids; /* the prompt of n choices counts once */
+    if (k == 0) a->m.prompt_tokens += (uint64_t)n_ids; /* the prompt of n choices counts once */
     if (rs) {
         rs->ch[index] = r;
         rs->n_live++;
+        if (k == 0) rs->prompt_tokens += n_ids;
     }
 done:
     return r;
@@ -1705,7 +1738,8 @@ static void *prep_main(void *arg) {
             j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, j->tp.add_gen,
                                         j->tp.continue_final, &j->ids, &j->n_ids, &j->e);
         else
-            j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e);
+            j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e) ||
+                    more_prompt_ids(a, &j->gp, &j->more_ids, &j->more_n, &j->e);
         pthread_mutex_lock(&a->prep_mu);
         if (a->done_tail) a->done_tail->next = j;
         else a->done_head = j;
@@ -1717,6 +1751,9 @@ static void *prep_main(void *arg) {
 }
 
 static void prep_free(prep_job *j) {
+    for (int32_t i = 0; j->more_ids && i < j->gp.n_more; i++) free(j->more_ids[i]);
+    free(j->more_ids);
+    free(j->more_n);
     free(j->req); /* a sink request never submitted (nothing of it is linked anywhere) */
     if (j->is_tokenize) api_tok_params_free(&j->tp);
     else api_gen_params_free(&j->gp);
@@ -1821,18 +1858,25 @@ static void generate_ready(api_server *a, prep_job *j) {
     }
     api_resp *rs = mla_xcalloc(1, sizeof *rs);
     rs->conn = c;
-    rs->n = j->gp.n > 1 ? j->gp.n : 1;
+    rs->n_per = j->gp.n > 1 ? j->gp.n : 1;
+    rs->n = rs->n_per * (1 + j->gp.n_more);
     rs->ch = mla_xcalloc((size_t)rs->n, sizeof *rs->ch);
     rs->ntok = mla_xcalloc((size_t)rs->n, sizeof *rs->ntok);
     rs->answers = mla_xcalloc((size_t)rs->n, sizeof *rs->answers);
-    for (int k = 0; k < rs->n; k++)
-        if (!submit_generation(a, &j->gp, j->ids, j->n_ids, c, NULL, NULL, rs, k, &e)) {
+    for (int k = 0; k < rs->n; k++) {
+        const int p = k / rs->n_per; /* prompt p's choices in a row, as vLLM orders them */
+        const int32_t *ids = p ? j->more_ids[p - 1] : j->ids, n_ids = p ? j->more_n[p - 1] : j->n_ids;
+        if (!submit_generation(a, &j->gp, ids, n_ids, c, NULL, NULL, rs, k, &e)) {
             /* all or nothing: the choices submitted go (their final events find no client) */
+            if (p > 0 && e.param[0] && !strcmp(e.param, "prompt")) /* which of the prompts */
+                snprintf(e.message + strlen(e.message), sizeof e.message - strlen(e.message),
+                         " (the prompt at index %d)", p);
             reply_error(c, &e, NULL);
             if (rs->n_live) resp_end(rs, NULL);
             else resp_free(rs);
             return;
         }
+    }
     api_req *r = rs->ch[0];
     http_conn_on_abort(c, on_client_abort, rs);
     if (r->stream) {

@@ -244,7 +244,12 @@ def test_errors(port):
     err({"prompt": "x", "n": 2, "best_of": 3}, 400, "best_of above n", param="best_of", says="must equal 'n' (2)")
     err({"prompt": "x", "best_of": 2}, 400, "best_of 2 with n 1", param="best_of")
     err({"prompt": 5}, 400, "prompt type", param="prompt")
-    err({"prompt": ["a", "b"]}, 400, "two prompts", param="prompt")
+    err({"prompt": ["a", [1]]}, 400, "a list of prompts of two kinds", param="prompt", says="not both")
+    err({"prompt": [[1], []]}, 400, "an empty prompt in a list", param="prompt", says="[1] must not be empty")
+    err({"prompt": ["a"] * 129}, 400, "129 prompts", param="prompt", says="at most 128 prompts")
+    err({"prompt": ["a", "b"], "n": 65}, 400, "130 choices", param="n", says="at most 128 choices")
+    err({"prompt": [[66], [1 << 30]]}, 400, "a token past the vocabulary in the second prompt", param="prompt",
+        says="(the prompt at index 1)")
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
     err({"prompt": "x", "stop": ""}, 400, "an empty stop string", param="stop", says="must not be empty")
     err({"prompt": "x", "stop": ["a", ""]}, 400, "an empty stop string listed", param="stop", says="must not be empty")

@@ -96,6 +96,21 @@ def main():
               "n=3: three choices, each the answer", [(c.index, c.text) for c in r.choices])
         check(all([R.f32(x) for x in c.logprobs.token_logprobs] == lps for c in r.choices), "n=3: each its logprobs")
         check(r.usage.prompt_tokens == len(R.encode(prompt)) and r.usage.completion_tokens == 36, "n=3: usage", r.usage)
+        # a list of prompts: each its n choices in a row (prompt p's choice k at p * n + k), each prompt
+        # counted once in the usage; echo renders each choice's own prompt
+        prompts = ["first prompt", "second one"]
+        want = [R.text_of(R.generate(R.encode(x), 5)[0]) for x in prompts]
+        r = cl.completions.create(model="fake-model", prompt=prompts, max_tokens=5, n=2, echo=True)
+        check([(c.index, c.text) for c in r.choices] == [(k, prompts[k // 2] + want[k // 2]) for k in range(4)],
+              "two prompts, n=2: four choices in order", [(c.index, c.text) for c in r.choices])
+        check(r.usage.prompt_tokens == sum(len(R.encode(x)) for x in prompts) and r.usage.completion_tokens == 20,
+              "two prompts: usage", r.usage)
+        ids2 = [R.encode(x) for x in prompts]
+        got = {}
+        for ch in cl.completions.create(model="fake-model", prompt=ids2, max_tokens=5, stream=True):
+            for c in ch.choices:
+                got[c.index] = got.get(c.index, "") + c.text
+        check(got == {0: want[0], 1: want[1]}, "two token-id prompts streamed", got)
         texts, fins, ids, usage = {}, {}, set(), []
         for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, n=2, stream=True,
                                              stream_options={"include_usage": True}):
