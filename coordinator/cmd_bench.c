@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "common/mla_err.h"
 #include "common/mla_log.h"
 #include "common/opts.h"
+#include "common/outfile.h"
 #include "common/model_config.h"
 #include "common/shard_plan.h"
 #include "coord.h"
@@ -594,28 +594,16 @@ static char *make_json(const bench_opts *o, const bench_info *in, const mla_conf
 
 /* Whether path can be written (checked before the run, so that a long run's figures are not lost
  * at the end): not a folder, its folder there and writable. MLA_ERR with "PATH: reason". */
-static int out_path_ok(const char *path, mla_err *err) {
-    struct stat st;
-    if (stat(path, &st) == 0) { /* there: itself writable (/dev/stdout, a file) */
-        if (S_ISDIR(st.st_mode)) return mla_errf(err, "%s: is a directory", path);
-        return access(path, W_OK) != 0 ? mla_errf(err, "%s: %s", path, strerror(errno)) : MLA_OK;
+/* text into an outfile opened at the start (written whole or not at all) */
+static int write_out(outfile *of, const char *text, mla_err *err) {
+    size_t n = strlen(text), done = 0;
+    while (done < n) {
+        ssize_t w = write(of->fd, text + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return outfile_close(of, 0, NULL), mla_errf(err, "%s: %s", of->path, strerror(errno));
+        done += (size_t)w;
     }
-    char *dup = mla_xstrdup(path), *slash = strrchr(dup, '/'); /* not there: its folder takes it */
-    const char *dir = slash ? (slash == dup ? "/" : dup) : ".";
-    if (slash && slash != dup) *slash = 0;
-    const int bad = access(dir, W_OK | X_OK) != 0 ? errno : 0;
-    free(dup);
-    return bad ? mla_errf(err, "%s: %s", path, strerror(bad)) : MLA_OK;
-}
-
-static int write_text(const char *path, const char *text, mla_err *err) {
-    FILE *f = fopen(path, "w");
-    if (!f) return mla_errf(err, "%s: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n;
-    if (fclose(f) != 0) bad = 1;
-    if (bad) return mla_errf(err, "%s: write failed", path);
-    return MLA_OK;
+    return outfile_close(of, 1, err);
 }
 
 /* CUDA devices this process sees (what worker/worker_main.c counts to pick its backend); 0 in a
@@ -746,12 +734,16 @@ int cmd_bench(int argc, char **argv) {
                 max_ctx, o.warmup, o.steps, WIRE_MAX_CTX);
         return 2;
     }
-    /* the workers follow the level (handed over at registration) */
+    /* the outputs opened before the run (a path that cannot take them fails now, not after it);
+     * the tables go in at the end, each file whole or not at all */
+    outfile ojs = {.fd = -1, .clean = -1}, omd = {.fd = -1, .clean = -1};
     mla_err perr;
-    if ((o.json && out_path_ok(o.json, &perr)) || (o.md && out_path_ok(o.md, &perr))) {
+    if ((o.json && outfile_open(&ojs, o.json, &perr)) || (o.md && outfile_open(&omd, o.md, &perr))) {
         fprintf(stderr, "mlaserve bench: %s\n", perr.msg);
+        if (ojs.path) outfile_close(&ojs, 0, NULL);
         return 1;
     }
+    /* the workers follow the level (handed over at registration) */
     if (o.verbose)
         mla_log_level_opt(NULL, "info", NULL);
     else if (!mla_log_level_given()) /* --log-level sets it otherwise */
@@ -778,14 +770,13 @@ int cmd_bench(int argc, char **argv) {
     const char *error = NULL;
     if (gguf_open(&g, o.g.model, &err)) {
         fprintf(stderr, "mlaserve bench: %s\n", err.msg);
-        return 1;
+        goto done;
     }
     /* every TP size is checked before any worker starts */
     for (int i = 0; i < o.tp.n; i++)
         if (coord_check_model(g, (int)o.tp.v[i], &cf, &err)) {
             fprintf(stderr, "mlaserve bench: %s: --tp %ld: %s\n", o.g.model, o.tp.v[i], err.msg);
-            gguf_close(g);
-            return 1;
+            goto done;
         }
     bench_info info;
     make_info(&info, &o, g, &cf);
@@ -798,8 +789,7 @@ int cmd_bench(int argc, char **argv) {
                                      : mla_cuda_kv_f16(cf.kv_lora_rank + cf.n_rope, attn_fp32, &err);
         if (kf < 0) {
             fprintf(stderr, "mlaserve bench: %s\n", err.msg);
-            gguf_close(g);
-            return 1;
+            goto done;
         }
         if (kf == 1) info.kv_bytes = 2;
     }
@@ -817,27 +807,30 @@ int cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     if (o.md) {
-        FILE *f = fopen(o.md, "w");
-        if (!f) {
-            fprintf(stderr, "mlaserve bench: %s: %s\n", o.md, strerror(errno));
+        char *md = NULL;
+        size_t md_len = 0;
+        FILE *f = open_memstream(&md, &md_len);
+        if (!f) MLA_PANIC("out of memory");
+        print_md(f, &o, &info, &rv, error);
+        fclose(f);
+        if (write_out(&omd, md, &err)) {
+            fprintf(stderr, "mlaserve bench: %s\n", err.msg);
             status = 1;
-        } else {
-            print_md(f, &o, &info, &rv, error);
-            if (fclose(f) != 0) {
-                fprintf(stderr, "mlaserve bench: %s: write failed\n", o.md);
-                status = 1;
-            }
         }
+        free(md);
     }
     if (o.json) {
         char *js = make_json(&o, &info, &cf, &rv, error);
-        if (write_text(o.json, js, &err)) {
+        if (write_out(&ojs, js, &err)) {
             fprintf(stderr, "mlaserve bench: %s\n", err.msg);
             status = 1;
         }
         cJSON_free(js);
     }
+done:
+    if (ojs.path) outfile_close(&ojs, 0, NULL); /* not written: the run did not get that far */
+    if (omd.path) outfile_close(&omd, 0, NULL);
     free(rv.v);
-    gguf_close(g);
+    if (g) gguf_close(g);
     return status;
 }

@@ -152,8 +152,8 @@ def main():
         (["--prefill", "none", "--batch", "none"], "nothing to measure"),
         # output paths that cannot be written: refused before the run, not after it
         (["--prefill", "8", "--batch", "none", "--json", os.path.join(work, "no-dir", "x.json")],
-         "no-dir/x.json: No such file or directory"),
-        (["--prefill", "8", "--batch", "none", "--md", work], work + ": is a directory"),
+         "no-dir/x.json: cannot create a file beside it: No such file or directory"),
+        (["--prefill", "8", "--batch", "none", "--md", work], work + ": Is a directory"),
     ]
     for args, needle in bad:
         r = run([exe, "bench", "-m", model] + args)
@@ -163,6 +163,14 @@ def main():
     r = run([exe, "bench", "-m", missing])
     check(r.returncode != 0 and missing in r.stderr and "No such file" in r.stderr, "a missing model is named",
           r.stderr[-800:])
+    # a run that fails before its tables leaves an output that was there as it was, and nothing beside it
+    keep = os.path.join(work, "keep.json")
+    with open(keep, "w") as f:
+        f.write("earlier\n")
+    r = run([exe, "bench", "-m", missing, "--json", keep, "--md", keep + ".md"])
+    left = sorted(x for x in os.listdir(work) if x.startswith("keep"))
+    check(r.returncode != 0 and open(keep).read() == "earlier\n" and left == ["keep.json"],
+          "a failed run: its outputs untouched, no partial file", (r.returncode, left))
     r = run([exe, "bench", "--tp", "1"])
     check(r.returncode == 2 and "no model" in r.stderr, "no -m: usage", r.stderr[-800:])
     finish("bench: ")
