@@ -284,7 +284,7 @@ static int continue_check(const cJSON *root, const cJSON *msgs, bool *cont, bool
 static const char *const k_common_keys[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
-    "skip_special_tokens", "stream",
+    "skip_special_tokens", "stream", "truncate_prompt_tokens",
     "stream_options", "logprobs", "max_completion_tokens", "user",
     /* structured output and logit_bias: coordinator/api_constrain.c */
     "logit_bias", "response_format", "grammar", NULL};
@@ -412,8 +412,10 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         if (!cJSON_IsString(user)) return bad(e, "user", "'user' must be a string");
         if (strlen(user->valuestring) > API_MAX_USER_LEN)
             return bad(e, "user", "'user' is limited to %d bytes", API_MAX_USER_LEN);
-        for (const unsigned char *u = (const unsigned char *)user->valuestring; *u; u++)
-            if (*u < 0x20 || *u == 0x7f) return bad(e, "user", "'user' must not hold control characters");
+        const unsigned char *u0 = (const unsigned char *)user->valuestring;
+        for (const unsigned char *u = u0; *u; u++) /* C0, DEL and C1 (U+0080..U+009F: 0xC2 0x80..0x9F) */
+            if (*u < 0x20 || *u == 0x7f || (*u == 0xc2 && u[1] >= 0x80 && u[1] <= 0x9f))
+                return bad(e, "user", "'user' must not hold control characters");
         p->user = mla_xstrdup(user->valuestring);
     }
     if (kind == API_COMPLETIONS) {
@@ -519,6 +521,10 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     if (api_constrain_parse(&p->constrain, root, e)) return MLA_ERR;
     if (get_int(root, "n", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
     p->n = has ? (int32_t)v : 1;
+    /* vLLM's: the prompt's last N tokens (-1: as many as leave one for the answer) */
+    if (get_int(root, "truncate_prompt_tokens", -1, INT32_MAX, &v, &has, e)) return MLA_ERR;
+    if (has && v == 0) return bad(e, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1 (got 0)");
+    p->truncate_prompt = has ? (int32_t)v : 0;
     if ((int64_t)p->n * (1 + p->n_more) > API_MAX_N)
         return bad(e, "n", "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
     /* best_of: the server returns every choice it makes, so it must make no more than n */
@@ -713,6 +719,10 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
         return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
     }
     if (get_bool(root, "add_special_tokens", &p->add_special, e)) return MLA_ERR;
+    /* a chat's special tokens (its BOS included) are the template's text: nothing to add or leave out */
+    if (p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")))
+        return bad(e, "add_special_tokens", "'add_special_tokens' applies to 'prompt': the special tokens of 'messages' "
+                                            "come from the chat template");
     if (get_bool(root, "add_generation_prompt", &p->add_gen, e)) return MLA_ERR;
     if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
         return bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");

@@ -71,6 +71,8 @@ typedef struct api_gen_params {
     enum reasoning_prompt prompt_reasoning; /* set by the server: where the rendered prompt leaves the reasoning */
     sched_sampling sampling;
     int32_t n;            /* choices (OpenAI's n), 1 to API_MAX_N; 0 (a struct filled elsewhere) is 1 */
+    int32_t truncate_prompt; /* truncate_prompt_tokens: keep the prompt's last N tokens; -1: the context
+                                less one; 0: none */
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
     char *stop[API_MAX_STOP];
     int n_stop;

@@ -940,10 +940,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         if (r->echo_ids) add_echo(a, r, ev);
         if (r->echo_only) { /* the prompt was what was asked for: the scheduler ends it with this event */
             r->finish_reason = "length";
-        } else if (!ev->is_stop) {
+        } else if (!ev->is_stop || r->include_stop) { /* a stop token's text too where the stop is kept, as vLLM */
             push_token(a, r, ev->result.token, true, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
-            check_stops(r);
+            if (!ev->is_stop) check_stops(r);
         } else if (r->echo_lp) { /* as vLLM's echo lists it: a scorer takes the last entry as the generated token */
             push_token(a, r, ev->result.token, false, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
@@ -1555,6 +1555,12 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     enum api_kind kind = p->kind;
     mla_err err = {{0}};
     api_req *r = NULL;
+    /* truncate_prompt_tokens: the prompt's last tokens (the rest is dropped, as vLLM does) */
+    const int32_t keep = p->truncate_prompt < 0 ? a->cfg.max_context - 1 : p->truncate_prompt;
+    if (keep > 0 && n_ids > keep) {
+        ids += n_ids - keep;
+        n_ids = keep;
+    }
     if (a->draining) {
         api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
         goto done;

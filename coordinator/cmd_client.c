@@ -137,6 +137,7 @@ static int do_generate(apiclient *c, int argc, char **argv) {
         cJSON *u = cJSON_AddObjectToObject(j, "usage");
         cJSON_AddNumberToObject(u, "prompt_tokens", res.prompt_tokens);
         cJSON_AddNumberToObject(u, "completion_tokens", res.completion_tokens);
+        cJSON_AddNumberToObject(u, "total_tokens", (double)res.prompt_tokens + res.completion_tokens);
         char *s = cJSON_PrintUnformatted(j);
         printf("%s\n", s);
         free(s);

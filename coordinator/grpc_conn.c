@@ -13,6 +13,7 @@ typedef struct gstream {
     int32_t id;
     int method;
     bool bad_method, bad_post, bad_ctype, bad_timeout, too_many_headers;
+    bool not_grpc; /* bad_ctype: not application/grpc at all (HTTP 415), else another codec of it */
     bool two_auth; /* more than one authorization field */
     size_t header_bytes;
     char *auth;
@@ -120,6 +121,16 @@ static void reply_status(grpc_conn *c, gstream *st, int status, const char *msg)
     free(m);
 }
 
+/* A plain HTTP answer with no gRPC status (a request that is no gRPC call), the stream ended. */
+static void reply_http(grpc_conn *c, gstream *st, const char *status) {
+    if (st->replied) return;
+    st->replied = true;
+    buf_sub(c, st->in_len);
+    st->in_len = 0;
+    nghttp2_nv nva[] = {NV(":status", status)};
+    nghttp2_submit_response(c->s, st->id, nva, 1, NULL);
+}
+
 /* ---- request side ---- */
 
 static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud) {
@@ -129,7 +140,7 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
     st->id = f->hd.stream_id;
     st->timeout_ms = -1;
     st->bad_post = true;
-    st->bad_ctype = true;
+    st->bad_ctype = st->not_grpc = true;
     st->next = c->streams;
     if (c->streams) c->streams->prev = st;
     c->streams = st;
@@ -181,8 +192,9 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
         /* application/grpc or application/grpc+proto (the messages are protobuf: no +json), any
          * parameters after a ';' */
         const uint8_t *semi = memchr(value, ';', vlen);
-        const size_t base = semi ? (size_t)(semi - value) : vlen;
+        const size_t base = semi ? (size_t)(semi - value) : vlen, g = sizeof "application/grpc" - 1;
         st->bad_ctype = !eq(value, base, "application/grpc") && !eq(value, base, "application/grpc+proto");
+        st->not_grpc = base < g || memcmp(value, "application/grpc", g) || (base > g && value[g] != '+');
     } else if (eq(name, nlen, "grpc-timeout")) {
         st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
     } else if (eq(name, nlen, "authorization")) {
@@ -235,8 +247,12 @@ static void headers_done(grpc_conn *c, gstream *st) {
         return reply_status(c, st, GRPC_RESOURCE_EXHAUSTED, m);
     }
     if (st->bad_post) return reply_status(c, st, GRPC_UNIMPLEMENTED, "gRPC calls are POST requests");
+    /* not gRPC at all: 415, so that a plain HTTP/2 client does not read a 200 (the gRPC spec);
+     * gRPC with a codec other than protobuf: UNIMPLEMENTED */
+    if (st->bad_ctype && st->not_grpc) return reply_http(c, st, "415");
     if (st->bad_ctype)
-        return reply_status(c, st, GRPC_INVALID_ARGUMENT, "content-type must be application/grpc or application/grpc+proto");
+        return reply_status(c, st, GRPC_UNIMPLEMENTED, "the messages are protobuf: content-type application/grpc or "
+                                                       "application/grpc+proto");
     if (st->bad_method || !st->method) return reply_status(c, st, GRPC_UNIMPLEMENTED, "unknown method");
     if (st->bad_timeout) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "malformed grpc-timeout header");
     if (!c->cb.on_headers) {

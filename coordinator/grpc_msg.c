@@ -241,6 +241,9 @@ int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_req
         Mlaapi__TokenizeRequest *q = (Mlaapi__TokenizeRequest *)r->msg;
         if ((q->text != NULL) + (q->n_messages > 0) != 1)
             return fail(param, "text", err, "exactly one of text and messages is required");
+        if (q->n_messages && q->has_add_special_tokens)
+            return fail(param, "add_special_tokens", err,
+                        "add_special_tokens applies to text: the special tokens of messages come from the chat template");
         if (q->n_messages && messages_json(q->messages, q->n_messages, &r->messages, param, err)) return MLA_ERR;
         r->text = q->text;
         r->add_special = q->has_add_special_tokens ? q->add_special_tokens : true;

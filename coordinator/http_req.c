@@ -282,7 +282,11 @@ size_t http_req_feed(http_req *p, const char *data, size_t len) {
     if (p->state == HTTP_REQ_ERROR) return n;
     if (e != HPE_OK) {
         char m[160];
-        snprintf(m, sizeof(m), "malformed HTTP request: %s", http_errno_description(e));
+        /* the parser counts a chunk's size where it counts Content-Length, and names that header
+         * when a chunk size overflows */
+        const bool chunk = e == HPE_INVALID_CONTENT_LENGTH && (p->parser.flags & F_CHUNKED);
+        snprintf(m, sizeof(m), "malformed HTTP request: %s",
+                 chunk ? "a chunk size past what a body may be" : http_errno_description(e));
         fail(p, 400, m);
         return n;
     }

@@ -174,6 +174,10 @@ try:
         check(c == SC.UNAUTHENTICATED, "two authorization fields: UNAUTHENTICATED (got %s)" % c)
     check(code_of(lambda: stub.Tokenize(api_pb2.TokenizeRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
           "Tokenize without text: INVALID_ARGUMENT")
+    msg = api_pb2.ChatMessage(role="user", content="hi")
+    check(code_of(lambda: stub.Tokenize(api_pb2.TokenizeRequest(messages=[msg], add_special_tokens=False), metadata=AUTH,
+                                        timeout=30)) == SC.INVALID_ARGUMENT,
+          "Tokenize messages with add_special_tokens: INVALID_ARGUMENT")
     check(code_of(lambda: stub.Cancel(api_pb2.CancelRequest(), metadata=AUTH, timeout=30)) == SC.INVALID_ARGUMENT,
           "Cancel without request_id: INVALID_ARGUMENT")
     # bytes that are no GenerateRequest, on the same channel
@@ -291,6 +295,9 @@ try:
         lines = [json.loads(x) for x in out.splitlines()] if rc == 0 else []
         check([x["id"] for x in lines if "id" in x] == p["greedy"] and lines and lines[-1].get("finish_reason") == "length"
               and all(len(x["top_logprobs"]) == 3 for x in lines if "id" in x), "client --json %r" % out[-200:])
+        u = lines[-1].get("usage", {}) if lines else {}
+        check(u.get("completion_tokens") == len(p["greedy"]) and u.get("prompt_tokens") == len(p["tokens"]) and
+              u.get("total_tokens") == len(p["tokens"]) + len(p["greedy"]), "client --json usage with its total", u)
     rc, out, err = client(P, "generate", "-p", "1 2", "-n", "0")
     check(rc == 2, "client refuses -n 0 itself")
     rc, out, err = client(P, "models", key="wrong")

@@ -219,6 +219,16 @@ def test_stops(port):
     first = toks.index(toks[3])
     check(j["choices"][0]["text"] == full[:first] and j["choices"][0]["finish_reason"] == "stop", "stop_token_ids")
     check(j["usage"]["completion_tokens"] == first + 1, "stop token counted in usage")
+    # with include_stop_str_in_output the stop token's text is kept too (as vLLM's), its logprob listed
+    for stream in (False, True):
+        st, hd, data = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 60, "stream": stream,
+                                                                 "stop_token_ids": [toks[3]], "logprobs": 0,
+                                                                 "include_stop_str_in_output": True})
+        evs = sse_events(data)[0] if stream else [json.loads(data)]
+        text = "".join(e["choices"][0]["text"] for e in evs)
+        ntok = sum(len(e["choices"][0]["logprobs"]["tokens"]) for e in evs if e["choices"][0]["logprobs"])
+        check(text == full[:first + 1] and ntok == first + 1 and evs[-1]["choices"][0]["finish_reason"] == "stop",
+              "stop token kept with include_stop_str_in_output (stream=%s): %r, %d tokens" % (stream, text, ntok))
 
 
 def test_errors(port):
@@ -239,6 +249,8 @@ def test_errors(port):
     err({"prompt": "x", "temperature": "hot"}, 400, "wrong type temperature", param="temperature")
     err({"prompt": "x", "max_tokens": 1.5}, 400, "fractional max_tokens", param="max_tokens")
     err({"prompt": "x", "max_tokens": 0}, 400, "max_tokens 0", param="max_tokens")
+    err({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": False}, 400,
+        "/tokenize: add_special_tokens with messages", path="/tokenize", param="add_special_tokens", says="chat template")
     err({"prompt": "x", "n": 0}, 400, "n=0", param="n", says="between 1 and 128")
     err({"prompt": "x", "n": 129}, 400, "n=129", param="n", says="between 1 and 128")
     err({"prompt": "x", "n": 2, "best_of": 3}, 400, "best_of above n", param="best_of", says="must equal 'n' (2)")
@@ -428,6 +440,9 @@ def test_http_level(port):
     out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
               b"5\r\n{\"pro\r\n11\r\nmpt\": \"abc\"}     \r\n0\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 200") and b"[257,97,98,99]" in out, "chunked request body: %r" % out[-80:])
+    out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n")
+    check(out.startswith(b"HTTP/1.1 400") and b"chunk size" in out and b"content-length header" not in out,
+          "an overflowing chunk size: 400 naming the chunk: %r" % out[-160:])
     # a coding beside chunked would be read as raw bytes: 501; a POST without a length: 411, and its
     # bytes are not read as a next request
     out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
@@ -716,7 +731,7 @@ def test_user(exe):
     try:
         st, j, _, _ = post(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 3, "user": "alice-7"})
         check(st == 200, "user taken: %r" % j)
-        for bad in (1, "x" * 257, "a\nb"):
+        for bad in (1, "x" * 257, "a\nb", "\u00e9\u0085x", "\u009f"):  # C0 and C1 controls
             st, j, _, _ = post(srv.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                                   "max_tokens": 3, "user": bad})
             check(st == 400 and j["error"]["param"] == "user", "user %r -> 400: %r" % (bad, j))

@@ -111,6 +111,19 @@ def main():
             for c in ch.choices:
                 got[c.index] = got.get(c.index, "") + c.text
         check(got == {0: want[0], 1: want[1]}, "two token-id prompts streamed", got)
+        # truncate_prompt_tokens (vLLM's): the prompt's last tokens; -1: what leaves one position
+        ids_t = R.encode("a prompt to cut")
+        r = cl.completions.create(model="fake-model", prompt=ids_t, max_tokens=4, extra_body={"truncate_prompt_tokens": 3})
+        check(r.choices[0].text == R.text_of(R.generate(ids_t[-3:], 4)[0]) and r.usage.prompt_tokens == 3,
+              "truncate_prompt_tokens 3: the answer to the last 3 tokens", (r.choices[0].text, r.usage))
+        r = cl.completions.create(model="fake-model", prompt=[66] * 3000, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
+        check(r.usage.prompt_tokens == 2047, "truncate_prompt_tokens -1: the context less one", r.usage)
+        for bad in (0, -2):
+            try:
+                cl.completions.create(model="fake-model", prompt="x", max_tokens=1, extra_body={"truncate_prompt_tokens": bad})
+                check(False, "truncate_prompt_tokens %d: 400" % bad)
+            except openai.BadRequestError as e:
+                check("truncate_prompt_tokens" in str(e), "truncate_prompt_tokens %d: 400 naming it" % bad)
         texts, fins, ids, usage = {}, {}, set(), []
         for ch in cl.chat.completions.create(model="fake-model", messages=msgs, max_tokens=10, n=2, stream=True,
                                              stream_options={"include_usage": True}):

@@ -17,6 +17,7 @@ typedef struct cli {
     uint8_t *out; /* bytes the client wants sent */
     size_t out_len, out_cap;
     char status[8];   /* grpc-status of the last stream that ended */
+    char http[8];     /* its :status */
     char message[4096]; /* its grpc-message, as sent (percent-encoded) */
     char accept[32];  /* its grpc-accept-encoding */
     size_t data_len;  /* DATA bytes received */
@@ -42,7 +43,10 @@ static int cli_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t 
                       const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
     (void)s, (void)f, (void)flags;
     cli *c = ud;
-    if (nlen == 11 && !memcmp(name, "grpc-status", 11) && vlen < sizeof c->status) {
+    if (nlen == 7 && !memcmp(name, ":status", 7) && vlen < sizeof c->http) {
+        memcpy(c->http, value, vlen);
+        c->http[vlen] = 0;
+    } else if (nlen == 11 && !memcmp(name, "grpc-status", 11) && vlen < sizeof c->status) {
         memcpy(c->status, value, vlen);
         c->status[vlen] = 0;
     } else if (nlen == 12 && !memcmp(name, "grpc-message", 12) && vlen < sizeof c->message) {
@@ -172,7 +176,7 @@ static void call_x(cli *c, srv *v, const char *path, const char *ctype, uint8_t 
     body[1] = (uint8_t)(n >> 24), body[2] = (uint8_t)(n >> 16), body[3] = (uint8_t)(n >> 8), body[4] = (uint8_t)n;
     if (n) memcpy(body + 5, msg, n);
     c->body = body, c->body_len = n + 5, c->body_off = 0;
-    c->status[0] = c->accept[0] = c->message[0] = 0;
+    c->status[0] = c->accept[0] = c->message[0] = c->http[0] = 0;
     c->data_len = 0;
     c->reset = false;
     nghttp2_nv nva[16] = {NVS(":method", "POST"), NVS(":scheme", "http"), NVS(":path", path), NVS(":authority", "test")};
@@ -216,18 +220,20 @@ static void test_content_types(void) {
     cli c;
     conn_pair(&v, &c, &lim, true);
     const char *health = "/mlaapi.MlaServe/Health";
+    /* protobuf: served; gRPC with another codec: UNIMPLEMENTED; not gRPC: HTTP 415, no gRPC status */
     struct {
-        const char *ctype;
-        bool ok;
-    } cases[] = {{"application/grpc", true},       {"application/grpc+proto", true},
-                 {"application/grpc;x=1", true},   {"application/grpc+proto;x=1", true},
-                 {"application/grpc+json", false}, {"application/grpc+protobuf", false},
-                 {"application/grpcx", false},     {"application/json", false}};
+        const char *ctype, *http, *status;
+    } cases[] = {{"application/grpc", "200", "0"},        {"application/grpc+proto", "200", "0"},
+                 {"application/grpc;x=1", "200", "0"},    {"application/grpc+proto;x=1", "200", "0"},
+                 {"application/grpc+json", "200", "12"},  {"application/grpc+protobuf", "200", "12"},
+                 {"application/grpcx", "415", ""},        {"application/json", "415", ""},
+                 {"application/grp", "415", ""},          {"text/plain;application/grpc", "415", ""}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int calls = v.calls;
         call(&c, &v, health, cases[i].ctype, 0, NULL, 0);
-        CHECKF((v.calls > calls) == cases[i].ok, "%s", cases[i].ctype);
-        CHECKF(!strcmp(c.status, cases[i].ok ? "0" : "3"), "%s: grpc-status %s", cases[i].ctype, c.status);
+        CHECKF((v.calls > calls) == !strcmp(cases[i].status, "0"), "%s", cases[i].ctype);
+        CHECKF(!strcmp(c.http, cases[i].http) && !strcmp(c.status, cases[i].status), "%s: HTTP %s, grpc-status '%s'",
+               cases[i].ctype, c.http, c.status);
     }
     /* a compressed message: UNIMPLEMENTED, saying which encoding is taken */
     call(&c, &v, health, "application/grpc", 1, (const uint8_t *)"x", 1);
