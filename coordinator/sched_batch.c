@@ -21,6 +21,12 @@ typedef struct sreq {
     sched_sampling sampling;
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
+    /* Per table index: the cached block whose key this one's block duplicates (another request
+     * registered the same tokens first), held by this request so that the blocks it registers
+     * after it, whose parent that block is, are never held without their parent; -1: none.
+     * n_canon: the leading table entries that are cached themselves or have such a block. */
+    int32_t *pins;
+    int32_t n_canon;
     int32_t n_computed;   /* tokens whose cache rows are valid */
     int32_t n_sent;       /* leading block table entries the backend holds (0 without state) */
     bool cancelled;
@@ -77,7 +83,9 @@ struct sched {
     reqvec waiting, running;
     int32_t *free_blocks; /* stack of free unregistered block ids (ref 0) */
     int32_t n_free;
-    int32_t *ref;         /* per block: how many running block tables hold it */
+    int32_t *ref;         /* per block: how many running block tables (and pins) hold it */
+    int32_t *npin;        /* per block: how many of those are pins (sreq.pins) */
+    int64_t n_pins;       /* pins held, all requests */
     /* Prefix cache (cfg.prefix_cache), per block. A registered block is in the hash table under
      * the key (kparent, its block_size tokens at ktok + b * block_size); with ref 0 it is also
      * in the LRU list (evictable), oldest at lru_head. */
@@ -151,6 +159,7 @@ int sched_init(sched **out, const sched_config *cfg, const sched_backend *be, ml
     for (int32_t i = 0; i < cfg->n_blocks; i++) s->free_blocks[i] = cfg->n_blocks - 1 - i;
     s->n_free = cfg->n_blocks;
     s->ref = mla_xcalloc((size_t)cfg->n_blocks, sizeof(int32_t));
+    s->npin = mla_xcalloc((size_t)cfg->n_blocks, sizeof(int32_t));
     s->lru_head = s->lru_tail = -1;
     if (cfg->prefix_cache) {
         size_t nb = (size_t)cfg->n_blocks;
@@ -183,6 +192,7 @@ static void sreq_free(sreq *q) {
     free(q->tokens);
     free(q->stop_ids);
     free(q->blocks);
+    free(q->pins);
     free(q->plp);
     free((char *)q->sampling.grammar);
     free((int32_t *)q->sampling.bias_ids);
@@ -202,6 +212,7 @@ void sched_free(sched *s) {
     free(s->running.v);
     free(s->free_blocks);
     free(s->ref);
+    free(s->npin);
     free(s->reg);
     free(s->kparent);
     free(s->ktok);
@@ -354,6 +365,8 @@ void sched_get_stats(sched *s, sched_stats *st) {
     st->running = s->running.n;
     st->blocks_used = s->cfg.n_blocks - s->n_free - s->n_lru;
     st->blocks_cached = s->n_lru;
+    st->blocks_pinned = 0;
+    for (int32_t b = 0; s->n_pins > 0 && b < s->cfg.n_blocks; b++) st->blocks_pinned += s->ref[b] > 0 && s->ref[b] == s->npin[b];
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -509,10 +522,18 @@ static void block_unref(sched *s, int32_t b) {
     }
 }
 
-/* Drops the request's references, last block first (the deepest cached blocks become the
- * least recently used); its cache state is gone. */
+/* Drops the request's references, last block first, each position's pin with it (the deepest
+ * cached blocks become the least recently used, before their parents); its cache state is gone. */
 static void release_blocks(sched *s, sreq *q) {
-    for (int32_t i = q->n_blocks - 1; i >= 0; i--) block_unref(s, q->blocks[i]);
+    for (int32_t i = q->n_blocks - 1; i >= 0; i--) {
+        block_unref(s, q->blocks[i]);
+        if (i < q->n_canon && q->pins[i] >= 0) {
+            s->npin[q->pins[i]]--;
+            s->n_pins--;
+            block_unref(s, q->pins[i]);
+        }
+    }
+    q->n_canon = 0;
     q->n_blocks = 0;
     q->n_computed = 0;
     q->n_sent = 0;
@@ -540,6 +561,7 @@ static void reserve_blocks(sreq *q, int32_t n) {
     if (n <= q->cap_blocks) return;
     q->cap_blocks = n + 4;
     q->blocks = mla_xrealloc(q->blocks, (size_t)q->cap_blocks * sizeof(int32_t));
+    q->pins = mla_xrealloc(q->pins, (size_t)q->cap_blocks * sizeof(int32_t));
 }
 
 static bool alloc_blocks(sched *s, sreq *q, int32_t upto_tokens) {
@@ -601,22 +623,34 @@ static int32_t prefix_lookup(sched *s, sreq *q, int32_t *in_lru) {
     return hits;
 }
 
-/* Registers the blocks that the request's last step filled (computed tokens went from `from`
- * to q->n_computed). A block is registered only when its parent is (a chain hangs off the
- * cache from the first block on) and no other block holds its key (a duplicate stays private,
- * and so do the blocks after it). */
-static void register_full_blocks(sched *s, sreq *q, int32_t from) {
+/* The cached block that holds q's table entry j's key: the entry itself, or the one it duplicates */
+static int32_t canon_of(const sreq *q, int32_t j) { return q->pins[j] >= 0 ? q->pins[j] : q->blocks[j]; }
+
+/* Registers the full blocks the request's steps filled (up to q->n_computed), each under its
+ * parent, the cached block of the position before it (a chain hangs off the cache from the
+ * first block on). A block whose key another block holds already (a request with the same
+ * tokens computed them in the same step) stays private; the request holds that other block
+ * instead (its pin), and the chain goes on through it, so that the blocks after it, where the
+ * two requests part, are cached too. */
+static void register_full_blocks(sched *s, sreq *q) {
     if (!s->cfg.prefix_cache) return;
     int32_t bs = s->cfg.block_size;
-    for (int32_t j = from / bs; j < q->n_computed / bs; j++) {
+    for (int32_t j = q->n_canon; j < q->n_computed / bs; j++) {
         int32_t b = q->blocks[j];
         MLA_ASSERT(!s->reg[b]); /* reused blocks lie before start_pos */
-        int32_t parent = j > 0 ? q->blocks[j - 1] : -1;
-        if (parent >= 0 && !s->reg[parent]) return;
+        const int32_t parent = j > 0 ? canon_of(q, j - 1) : -1;
         const int32_t *toks = q->tokens + (size_t)j * (size_t)bs;
         uint64_t h = prefix_hash(s, parent, toks);
-        if (cache_find(s, parent, toks, h) >= 0) return;
-        cache_insert(s, b, parent, toks, h);
+        const int32_t d = cache_find(s, parent, toks, h);
+        q->pins[j] = d;
+        if (d >= 0) {
+            block_ref(s, d);
+            s->npin[d]++;
+            s->n_pins++;
+        } else {
+            cache_insert(s, b, parent, toks, h);
+        }
+        q->n_canon = j + 1;
     }
 }
 
@@ -823,8 +857,12 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         /* cached blocks it reuses stop being evictable: they cannot be allocated as well */
         if (blocks_for(s, whole ? q->n_tokens : start + chunk) - hits + reserve > s->n_free + s->n_lru - in_lru) break;
         if (wants_plp(q)) plp_left -= chunk;
-        for (int32_t i = 0; i < hits; i++) block_ref(s, q->blocks[i]);
+        for (int32_t i = 0; i < hits; i++) {
+            block_ref(s, q->blocks[i]);
+            q->pins[i] = -1;
+        }
         q->n_blocks = hits;
+        q->n_canon = hits;
         q->n_computed = start;
         bool ok = alloc_blocks(s, q, start + chunk);
         MLA_ASSERT(ok);
@@ -949,7 +987,7 @@ int sched_step(sched *s) {
             continue;
         }
         q->n_computed += p->n_tokens;
-        register_full_blocks(s, q, p->start_pos);
+        register_full_blocks(s, q);
         if (q->n_computed >= q->n_prompt) open_gate(s, q);
         if (q->n_prompt > q->n_computed - p->n_tokens) {
             int32_t from = q->n_computed - p->n_tokens;
@@ -1048,6 +1086,8 @@ static int check_locked(sched *s, mla_err *err) {
     int32_t *lru_pos = mla_xmalloc((size_t)nb * sizeof(int32_t));
     int32_t *children = mla_xcalloc((size_t)nb, sizeof(int32_t));
     uint8_t *in_free = mla_xcalloc((size_t)nb, 1);
+    int32_t *pins = mla_xcalloc((size_t)nb, sizeof(int32_t));
+    int64_t n_pins = 0;
     int rc = MLA_OK;
 #define FAIL(...)                        \
     do {                                 \
@@ -1084,18 +1124,33 @@ static int check_locked(sched *s, mla_err *err) {
             q->n_sent > q->n_blocks)
             FAIL("request %llu: %d computed of %d tokens, %d blocks, %d sent",
                  (unsigned long long)q->id, q->n_computed, q->n_tokens, q->n_blocks, q->n_sent);
+        if (q->n_canon < 0 || q->n_canon > q->n_blocks || q->n_canon * bs > q->n_computed ||
+            (s->cfg.prefix_cache && q->n_canon != q->n_computed / bs))
+            FAIL("request %llu: %d blocks accounted for the cache, %d computed", (unsigned long long)q->id, q->n_canon,
+                 q->n_computed);
         for (int32_t j = 0; j < q->n_blocks; j++) {
             int32_t b = q->blocks[j];
             if (b < 0 || b >= nb) FAIL("request %llu: block id %d", (unsigned long long)q->id, b);
             holders[b]++;
-            if (!is_registered(s, b)) continue;
-            /* a registered block in a table holds exactly this request's tokens after exactly
-             * this request's earlier blocks */
-            int32_t parent = j > 0 ? q->blocks[j - 1] : -1;
-            if ((j + 1) * bs > q->n_computed || s->kparent[b] != parent ||
-                memcmp(key_tokens(s, b), q->tokens + (size_t)j * (size_t)bs, (size_t)bs * sizeof(int32_t)))
+            const int32_t pin = j < q->n_canon ? q->pins[j] : -1;
+            if (pin >= 0) {
+                if (pin >= nb || pin == b || is_registered(s, b) || !is_registered(s, pin))
+                    FAIL("request %llu: table index %d holds block %d beside %d", (unsigned long long)q->id, j, pin, b);
+                holders[pin]++;
+                pins[pin]++;
+            }
+            const int32_t c = pin >= 0 ? pin : b;
+            if (!is_registered(s, c)) {
+                if (j < q->n_canon) FAIL("request %llu: table index %d is not cached", (unsigned long long)q->id, j);
+                continue;
+            }
+            /* a cached block in a table (or held for it) holds exactly this request's tokens after the
+             * cached blocks of its earlier positions */
+            int32_t parent = j > 0 ? canon_of(q, j - 1) : -1;
+            if (j >= q->n_canon || (j + 1) * bs > q->n_computed || s->kparent[c] != parent ||
+                memcmp(key_tokens(s, c), q->tokens + (size_t)j * (size_t)bs, (size_t)bs * sizeof(int32_t)))
                 FAIL("request %llu: cached block %d at table index %d does not hold its prefix",
-                     (unsigned long long)q->id, b, j);
+                     (unsigned long long)q->id, c, j);
         }
     }
     for (int32_t k = 0; k < s->n_free; k++) {
@@ -1115,8 +1170,10 @@ static int check_locked(sched *s, mla_err *err) {
     int32_t n_reg = 0, used = 0;
     for (int32_t b = 0; b < nb; b++) {
         bool reg = is_registered(s, b);
-        if (s->ref[b] != holders[b])
-            FAIL("block %d: reference count %d, held by %d running tables", b, s->ref[b], holders[b]);
+        if (s->ref[b] != holders[b] || s->npin[b] != pins[b])
+            FAIL("block %d: reference count %d (%d pins), held by %d running tables and pins (%d pins)", b, s->ref[b],
+                 s->npin[b], holders[b], pins[b]);
+        n_pins += pins[b];
         if (s->ref[b] > 0) used++;
         if (in_free[b] != (s->ref[b] == 0 && !reg))
             FAIL("block %d: ref %d, registered %d, on the free stack %d", b, s->ref[b], reg, in_free[b]);
@@ -1147,8 +1204,10 @@ static int check_locked(sched *s, mla_err *err) {
     }
     if (s->n_free + s->n_lru + used != nb)
         FAIL("free %d + cached %d + used %d != %d blocks", s->n_free, s->n_lru, used, nb);
+    if (n_pins != s->n_pins) FAIL("%lld pins counted, %lld held", (long long)s->n_pins, (long long)n_pins);
 #undef FAIL
 out:
+    free(pins);
     free(holders);
     free(lru_pos);
     free(children);

@@ -31,7 +31,10 @@
  * and returned MLA_OK for) is registered under the key (the id of the block before it in the
  * table, or -1 for the first block; its block_size token ids). A sequence's block is registered
  * only when the block before it is (each cached block hangs off a cached chain from position 0)
- * and no other block already holds the key (a duplicate stays private to its sequence). Lookups
+ * and no other block already holds the key. A duplicate (two sequences computed the same tokens
+ * in one step) stays private to its sequence, which then holds the cached block it duplicates
+ * (a pin) and registers its later blocks under that one, so that a cached block is never held
+ * without its parent and the chain goes on past the duplicate. Lookups
  * go through a hash of the key but compare the key itself, so a hash collision never yields a
  * wrong prefix. At admission (of a new request or of a preempted one being resumed, whose tokens
  * are prompt + generated so far) the request takes the longest chain of cached blocks equal to its
@@ -292,6 +295,9 @@ typedef struct sched_stats {
      * blocks_used - blocks_cached. */
     uint64_t prefix_queries, prefix_hits;
     int32_t blocks_cached;
+    /* of blocks_used, those no running table holds: held only for a request whose own block
+     * duplicates them (a pin, see the prefix cache above) */
+    int32_t blocks_pinned;
 } sched_stats;
 
 typedef struct sched sched;

@@ -870,7 +870,8 @@ static void sim_check_usage(sim *m, sched *s) {
                 held[m->seqs[i].table[k]] = 1;
                 used++;
             }
-    if (used != st.blocks_used || st.running != m->n_seqs || st.blocks_used + st.blocks_cached > st.blocks_total)
+    if (used + st.blocks_pinned != st.blocks_used || st.running != m->n_seqs ||
+        st.blocks_used + st.blocks_cached > st.blocks_total)
         sim_violation(m, "%d blocks in %d live tables; the scheduler: %d used, %d cached, %d running", used, m->n_seqs,
                       st.blocks_used, st.blocks_cached, st.running);
     free(held);
@@ -953,6 +954,53 @@ static void test_prefix_shared(void) {
     CHECK(m.violations == 0 && m.n_seqs == 0);
     st = stats_of(s);
     CHECK(st.blocks_used == 0 && st.running == 0 && st.preemptions == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
+/* Two requests with one uncached stem computed in the same step: the second one's stem blocks
+ * duplicate the first's, and its own tail is cached all the same (registered under the first's
+ * blocks, which it holds meanwhile); each one sent again takes all its full blocks. */
+static void test_prefix_race(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w);
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    int32_t stem[12];
+    for (int i = 0; i < 12; i++) stem[i] = 60 + i;
+    static job jobs[4];
+    fill(&jobs[0], stem, 12, 'a', 9, 3);
+    fill(&jobs[1], stem, 12, 'b', 9, 3);
+    uint64_t ids[4];
+    mla_err err;
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &jobs[1], 1, 0, &ids[1]) == SCHED_E_OK);
+    sched_step(s); /* both admitted: 21 and 11 tokens (32 a step), nothing cached before */
+    const sim_entry *e[64];
+    REQUIRE(entries_of(&m, ids[0], e, 64) == 1 && entries_of(&m, ids[1], e, 64) == 1);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    sched_stats st = stats_of(s);
+    CHECKF(st.blocks_pinned == 0, "the duplicates' cached blocks are the first one's, in its table (%d pinned)",
+           st.blocks_pinned);
+    sim_drain(s, &m, 1000);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    st = stats_of(s);
+    const uint64_t hits0 = st.prefix_hits;
+    CHECKF(st.blocks_used == 0 && st.blocks_pinned == 0 && st.blocks_cached == 3 + 2 + 2,
+           "cached: the stem once and each tail's two full blocks (%d)", st.blocks_cached);
+    jobs[2] = jobs[0];
+    jobs[3] = jobs[1];
+    REQUIRE(submit_job(s, &jobs[2], 2, 0, &ids[2]) == SCHED_E_OK);
+    REQUIRE(submit_job(s, &jobs[3], 3, 0, &ids[3]) == SCHED_E_OK);
+    sched_step(s);
+    st = stats_of(s);
+    CHECKF(st.prefix_hits - hits0 == 2 * 20, "each sent again takes its 5 full blocks (%llu tokens)",
+           (unsigned long long)(st.prefix_hits - hits0));
+    sim_drain(s, &m, 1000);
+    check_against_reference(&w, jobs, 4, cfg.max_context, 0);
+    CHECK(m.violations == 0 && m.n_seqs == 0);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
     sched_free(s);
     sim_done(&m);
 }
@@ -2017,6 +2065,7 @@ int main(void) {
     test_threaded();
     test_prefix_shared();
     test_prefix_after();
+    test_prefix_race();
     test_prefix_cap();
     test_cache_lost();
     test_paused();
