@@ -1862,10 +1862,18 @@ static void generate_ready(api_server *a, prep_job *j) {
         reply_error(c, &e, NULL);
         return;
     }
+    const int n_per = j->gp.n > 1 ? j->gp.n : 1, n_all = n_per * (1 + j->gp.n_more);
+    if (n_all > sched_max_batch_submit(a->s)) { /* a 429 would be retried forever */
+        api_error_set(&e, 400, j->gp.n_more ? "prompt" : "n", NULL,
+                      "%d choices: the server takes at most %d requests at once (--max-seqs and --max-queue)", n_all,
+                      sched_max_batch_submit(a->s));
+        reply_error(c, &e, NULL);
+        return;
+    }
     api_resp *rs = mla_xcalloc(1, sizeof *rs);
     rs->conn = c;
-    rs->n_per = j->gp.n > 1 ? j->gp.n : 1;
-    rs->n = rs->n_per * (1 + j->gp.n_more);
+    rs->n_per = n_per;
+    rs->n = n_all;
     rs->ch = mla_xcalloc((size_t)rs->n, sizeof *rs->ch);
     rs->ntok = mla_xcalloc((size_t)rs->n, sizeof *rs->ntok);
     rs->answers = mla_xcalloc((size_t)rs->n, sizeof *rs->answers);
@@ -1874,7 +1882,7 @@ static void generate_ready(api_server *a, prep_job *j) {
         const int32_t *ids = p ? j->more_ids[p - 1] : j->ids, n_ids = p ? j->more_n[p - 1] : j->n_ids;
         if (!submit_generation(a, &j->gp, ids, n_ids, c, NULL, NULL, rs, k, &e)) {
             /* all or nothing: the choices submitted go (their final events find no client) */
-            if (p > 0 && e.param[0] && !strcmp(e.param, "prompt")) /* which of the prompts */
+            if (j->gp.n_more > 0 && e.status == 400) /* which of the prompts */
                 snprintf(e.message + strlen(e.message), sizeof e.message - strlen(e.message),
                          " (the prompt at index %d)", p);
             reply_error(c, &e, NULL);

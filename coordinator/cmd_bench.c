@@ -600,7 +600,11 @@ static int write_out(outfile *of, const char *text, mla_err *err) {
     while (done < n) {
         ssize_t w = write(of->fd, text + done, n - done);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return outfile_close(of, 0, NULL), mla_errf(err, "%s: %s", of->path, strerror(errno));
+        if (w <= 0) {
+            mla_errf(err, "%s: %s", of->path, w < 0 ? strerror(errno) : "nothing written");
+            outfile_close(of, 0, NULL);
+            return MLA_ERR;
+        }
         done += (size_t)w;
     }
     return outfile_close(of, 1, err);

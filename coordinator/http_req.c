@@ -283,8 +283,8 @@ size_t http_req_feed(http_req *p, const char *data, size_t len) {
     if (e != HPE_OK) {
         char m[160];
         /* the parser counts a chunk's size where it counts Content-Length, and names that header
-         * when a chunk size overflows */
-        const bool chunk = e == HPE_INVALID_CONTENT_LENGTH && (p->parser.flags & F_CHUNKED);
+         * when a chunk size overflows (in the body: past the headers, no header is read) */
+        const bool chunk = e == HPE_INVALID_CONTENT_LENGTH && p->headers_done && (p->parser.flags & F_CHUNKED);
         snprintf(m, sizeof(m), "malformed HTTP request: %s",
                  chunk ? "a chunk size past what a body may be" : http_errno_description(e));
         fail(p, 400, m);

@@ -27,6 +27,7 @@ typedef struct sreq {
      * n_canon: the leading table entries that are cached themselves or have such a block. */
     int32_t *pins;
     int32_t n_canon;
+    bool chain_ends; /* a duplicate whose cached block no one else held: its later blocks stay private */
     int32_t n_computed;   /* tokens whose cache rows are valid */
     int32_t n_sent;       /* leading block table entries the backend holds (0 without state) */
     bool cancelled;
@@ -358,6 +359,11 @@ void sched_cancel(sched *s, uint64_t req_id) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int32_t sched_max_batch_submit(const sched *s) {
+    const int64_t n = (int64_t)s->cfg.max_seqs + s->cfg.max_queue;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
 void sched_get_stats(sched *s, sched_stats *st) {
     pthread_mutex_lock(&s->mu);
     *st = s->st;
@@ -534,6 +540,7 @@ static void release_blocks(sched *s, sreq *q) {
         }
     }
     q->n_canon = 0;
+    q->chain_ends = false;
     q->n_blocks = 0;
     q->n_computed = 0;
     q->n_sent = 0;
@@ -628,20 +635,26 @@ static int32_t canon_of(const sreq *q, int32_t j) { return q->pins[j] >= 0 ? q->
 
 /* Registers the full blocks the request's steps filled (up to q->n_computed), each under its
  * parent, the cached block of the position before it (a chain hangs off the cache from the
- * first block on). A block whose key another block holds already (a request with the same
- * tokens computed them in the same step) stays private; the request holds that other block
- * instead (its pin), and the chain goes on through it, so that the blocks after it, where the
- * two requests part, are cached too. */
+ * first block on). A block whose key another block holds already stays private. Where another
+ * running request holds that block (the two computed the same tokens in one step), this one
+ * holds it too (its pin: no block more is taken) and the chain goes on through it, so that the
+ * blocks after it, where the two part, are cached too. Where no one holds it (an evictable block:
+ * a request that computes its whole prompt, the repetition penalty's, found it cached), holding
+ * it would take a block the admission counted as free: the chain ends there, the rest private. */
 static void register_full_blocks(sched *s, sreq *q) {
     if (!s->cfg.prefix_cache) return;
     int32_t bs = s->cfg.block_size;
-    for (int32_t j = q->n_canon; j < q->n_computed / bs; j++) {
+    for (int32_t j = q->n_canon; !q->chain_ends && j < q->n_computed / bs; j++) {
         int32_t b = q->blocks[j];
         MLA_ASSERT(!s->reg[b]); /* reused blocks lie before start_pos */
         const int32_t parent = j > 0 ? canon_of(q, j - 1) : -1;
         const int32_t *toks = q->tokens + (size_t)j * (size_t)bs;
         uint64_t h = prefix_hash(s, parent, toks);
         const int32_t d = cache_find(s, parent, toks, h);
+        if (d >= 0 && s->ref[d] == 0) {
+            q->chain_ends = true;
+            return;
+        }
         q->pins[j] = d;
         if (d >= 0) {
             block_ref(s, d);
@@ -1125,7 +1138,7 @@ static int check_locked(sched *s, mla_err *err) {
             FAIL("request %llu: %d computed of %d tokens, %d blocks, %d sent",
                  (unsigned long long)q->id, q->n_computed, q->n_tokens, q->n_blocks, q->n_sent);
         if (q->n_canon < 0 || q->n_canon > q->n_blocks || q->n_canon * bs > q->n_computed ||
-            (s->cfg.prefix_cache && q->n_canon != q->n_computed / bs))
+            (s->cfg.prefix_cache && !q->chain_ends && q->n_canon != q->n_computed / bs))
             FAIL("request %llu: %d blocks accounted for the cache, %d computed", (unsigned long long)q->id, q->n_canon,
                  q->n_computed);
         for (int32_t j = 0; j < q->n_blocks; j++) {

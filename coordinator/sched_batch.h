@@ -319,6 +319,9 @@ int sched_start(sched *s, mla_err *err);
 void sched_stop(sched *s);
 
 void sched_get_stats(sched *s, sched_stats *st);
+/* The most requests an idle scheduler takes at once (cfg.max_seqs places and cfg.max_queue
+ * waiting past them): a group of more requests can never be taken whole. */
+int32_t sched_max_batch_submit(const sched *s);
 
 /* Checks the scheduler's bookkeeping (for tests and debugging): every block's reference count
  * equals the number of running tables holding it; free + cached + used == n_blocks; the free

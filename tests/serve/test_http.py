@@ -262,6 +262,8 @@ def test_errors(port):
     err({"prompt": ["a", "b"], "n": 65}, 400, "130 choices", param="n", says="at most 128 choices")
     err({"prompt": [[66], [1 << 30]]}, 400, "a token past the vocabulary in the second prompt", param="prompt",
         says="(the prompt at index 1)")
+    err({"prompt": [[1 << 30], [66]]}, 400, "a token past the vocabulary in the first prompt", param="prompt",
+        says="(the prompt at index 0)")
     err({"prompt": "x", "stop": 3}, 400, "stop type", param="stop")
     err({"prompt": "x", "stop": ""}, 400, "an empty stop string", param="stop", says="must not be empty")
     err({"prompt": "x", "stop": ["a", ""]}, 400, "an empty stop string listed", param="stop", says="must not be empty")
@@ -677,15 +679,26 @@ def test_limits(exe):
         rest = recv_until(first, b"data: [DONE]", head)
         first.close()
         check(b"data: [DONE]" in rest, "the running request finished beside the refusals")
-        # n choices are taken all or none: 5 do not fit (one place running, two waiting), so the
-        # three taken go again and the next request is served
-        st, j, _, _ = post(port, "/v1/completions", {"prompt": "five", "max_tokens": 3, "n": 5}, headers=auth)
-        check(st == 429 and j["error"]["code"] == "too_many_requests", "n=5 past the queue: 429 (%d %r)" % (st, j))
-        ok = wait_for(lambda: metric(port, "mlaserve_num_requests_running") == 0 and
-                      metric(port, "mlaserve_num_requests_waiting") == 0, 20)
+        # n choices are taken all or none. More than the server takes at once (one running place,
+        # two waiting) can never be: 400. Three beside a running stream find two places: 429, and
+        # the two taken go again
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "five", "max_tokens": 3, "n": 4}, headers=auth)
+        check(st == 400 and j["error"]["param"] == "n" and "at most 3 requests at once" in j["error"]["message"],
+              "n=4 past what the server takes: 400 (%d %r)" % (st, j))
+        body = json.dumps({"prompt": "q-long", "max_tokens": 50, "ignore_eos": True, "stream": True}).encode()
+        first = socket.create_connection(("127.0.0.1", port), timeout=30)
+        first.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        head = recv_until(first, b"data: ")
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "three", "max_tokens": 3, "n": 3}, headers=auth)
+        check(st == 429 and j["error"]["code"] == "too_many_requests", "n=3 beside a stream: 429 (%d %r)" % (st, j))
+        ok = wait_for(lambda: metric(port, "mlaserve_num_requests_waiting") == 0, 20)
         check(ok, "the choices taken before the refusal are gone")
-        st, j, _, _ = post(port, "/v1/completions", {"prompt": "two", "max_tokens": 3, "n": 2}, headers=auth)
-        check(st == 200 and len(j["choices"]) == 2, "n=2 served after it (%d)" % st)
+        rest = recv_until(first, b"data: [DONE]", head)
+        first.close()
+        check(b"data: [DONE]" in rest, "the stream finished beside the refusal")
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "two", "max_tokens": 3, "n": 3}, headers=auth)
+        check(st == 200 and len(j["choices"]) == 3, "n=3 served on an idle server (%d)" % st)
         # max connections: 8 connections inside their request head (a slowloris): the 9th client
         # closes the one that has been at it longest and is served (connections with a request
         # body in flight are kept, then 503: tests/serve/test_harden.py)

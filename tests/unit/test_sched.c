@@ -1005,6 +1005,41 @@ static void test_prefix_race(void) {
     sim_done(&m);
 }
 
+/* A request that computes its whole prompt (the repetition penalty looks nothing up) over a
+ * prompt the cache holds with no one using it: its blocks duplicate evictable cached ones, which
+ * it must not hold (the admission counted them as free): with a pool the prompt fills twice over
+ * exactly, holding them left it no block for its answer, preempting itself forever. */
+static void test_prefix_dup_evictable(void) {
+    static world w;
+    make_world(&w);
+    sched_config cfg = prefix_cfg(&w); /* 40 blocks of 4, 32 tokens a step */
+    static sim m;
+    sched *s = sim_sched(&m, &cfg, 0);
+    static job jobs[2];
+    fill(&jobs[0], NULL, 0, 'p', 80, 1); /* 20 blocks, cached when it ends */
+    jobs[1] = jobs[0];
+    jobs[1].max_tokens = 6;
+    uint64_t ids[2];
+    mla_err err;
+    REQUIRE(submit_job(s, &jobs[0], 0, 0, &ids[0]) == SCHED_E_OK);
+    sim_drain(s, &m, 1000);
+    sched_stats st = stats_of(s);
+    REQUIRE(st.blocks_cached == 20 && st.blocks_used == 0);
+    sched_request rq = job_request(&jobs[1], 1, 0);
+    rq.sampling.repetition_penalty = 1.1f;
+    REQUIRE(sched_submit(s, &rq, &ids[1], &err) == SCHED_E_OK);
+    const int steps = sim_drain(s, &m, 200);
+    st = stats_of(s);
+    CHECKF(w.r[1].n_final == 1 && steps < 20 && st.preemptions == 0,
+           "the second one finishes in %d steps (%llu preemptions, %d finals)", steps,
+           (unsigned long long)st.preemptions, w.r[1].n_final);
+    REQUIRE(sched_check(s, &err) == MLA_OK);
+    check_against_reference(&w, jobs, 2, cfg.max_context, 0);
+    CHECK(m.violations == 0);
+    sched_free(s);
+    sim_done(&m);
+}
+
 /* sched_request.after: a request that shares its leader's prompt waits until that prompt is
  * computed (the requests behind it go on meanwhile), then takes its full blocks from the cache;
  * a leader that leaves, or an id that is not waiting or prefilling, holds nothing back. */
@@ -2066,6 +2101,7 @@ int main(void) {
     test_prefix_shared();
     test_prefix_after();
     test_prefix_race();
+    test_prefix_dup_evictable();
     test_prefix_cap();
     test_cache_lost();
     test_paused();
