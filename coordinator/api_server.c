@@ -64,6 +64,7 @@ typedef struct api_req {
     const char *finish_reason;
     int32_t n_prompt, n_completion;
     bool responded;      /* response complete (or the client left) */
+    bool taken_back;     /* a choice submitted before its request was refused: in no metric, nothing to do */
     bool client_gone;
     bool preparing;      /* its prompt is on the prep thread (not submitted, not linked) */
     bool prep_cancelled, prep_detached; /* api_server_gen_cancel while preparing */
@@ -392,7 +393,7 @@ static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, c
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", r->index);
     size_t n;
-    char *txt = api_json_text(r->text + from_b, to_b - from_b, &n);
+    char *txt = api_json_text(r->text ? r->text + from_b : "", to_b - from_b, &n); /* no text yet: NULL */
     if (r->kind == API_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (to_b > from_b || !finish) cJSON_AddStringToObject(d, "content", txt);
@@ -922,6 +923,10 @@ static void add_echo(api_server *a, api_req *r, const sched_event *ev) {
 
 static void process_event(api_server *a, const sched_event *ev, const char *error) {
     api_req *r = ev->user;
+    if (r->taken_back) { /* its request was refused: gone at its final event */
+        if (ev->finish != SCHED_FINISH_NONE) req_free(r);
+        return;
+    }
     double t = now_s();
     if (ev->has_token && !r->text_done) {
         if (!r->echo_only) { /* the one token of an echo with max_tokens 0 is not part of the answer */
@@ -996,7 +1001,7 @@ static void take_admits(api_server *a, struct admit *adm, int n) {
     for (int i = 0; i < n; i++)
         for (api_req *r = a->reqs; r; r = r->next)
             if (r->sched_id == adm[i].id) {
-                if (r->t_admit == 0) {
+                if (r->t_admit == 0 && !r->taken_back) {
                     r->t_admit = adm[i].t;
                     api_hist_observe(&a->m.queue, r->t_admit - r->t_start);
                 }
@@ -1886,8 +1891,18 @@ static void generate_ready(api_server *a, prep_job *j) {
                 snprintf(e.message + strlen(e.message), sizeof e.message - strlen(e.message),
                          " (the prompt at index %d)", p);
             reply_error(c, &e, NULL);
-            if (rs->n_live) resp_end(rs, NULL);
-            else resp_free(rs);
+            if (!rs->n_live) {
+                resp_free(rs);
+                return;
+            }
+            /* the choices taken go again, counted nowhere: the request was refused */
+            for (int q = 0; q < k; q++) {
+                api_req *t = rs->ch[q];
+                if (!t) continue;
+                t->taken_back = true;
+                if (q % rs->n_per == 0) a->m.prompt_tokens -= (uint64_t)t->n_prompt;
+            }
+            resp_end(rs, NULL);
             return;
         }
     }

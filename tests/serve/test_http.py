@@ -679,6 +679,15 @@ def test_limits(exe):
         rest = recv_until(first, b"data: [DONE]", head)
         first.close()
         check(b"data: [DONE]" in rest, "the running request finished beside the refusals")
+        # a streamed answer whose first token ends it (no text at all): one empty final chunk
+        eos_prompt = next(x for x in ("e%d" % i for i in range(400)) if R.fake_next(R.encode(x), 7)[0] == R.EOS)
+        for n in (1, 2):
+            st, hd, data = request(port, "POST", "/v1/completions", {"prompt": eos_prompt, "max_tokens": 5, "stream": True,
+                                                                     "n": n}, headers=auth)
+            evs, done, _ = sse_events(data)
+            check(st == 200 and done and "".join(c["text"] for e in evs for c in e["choices"]) == "" and
+                  sorted(c["index"] for e in evs for c in e["choices"] if c["finish_reason"] == "stop") == list(range(n)),
+                  "a streamed answer of no text, n=%d" % n, data[-300:])
         # n choices are taken all or none. More than the server takes at once (one running place,
         # two waiting) can never be: 400. Three beside a running stream find two places: 429, and
         # the two taken go again
@@ -690,10 +699,15 @@ def test_limits(exe):
         first.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         head = recv_until(first, b"data: ")
+        names = ('mlaserve_requests_total{model="fake-model",finish_reason="cancelled"}',
+                 'mlaserve_prompt_tokens_total{model="fake-model"}')
+        before = [metric(port, x) for x in names]
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "three", "max_tokens": 3, "n": 3}, headers=auth)
         check(st == 429 and j["error"]["code"] == "too_many_requests", "n=3 beside a stream: 429 (%d %r)" % (st, j))
         ok = wait_for(lambda: metric(port, "mlaserve_num_requests_waiting") == 0, 20)
         check(ok, "the choices taken before the refusal are gone")
+        check([metric(port, x) for x in names] == before, "a refused request is in no count (cancelled, prompt tokens)",
+              (before, [metric(port, x) for x in names]))
         rest = recv_until(first, b"data: [DONE]", head)
         first.close()
         check(b"data: [DONE]" in rest, "the stream finished beside the refusal")
