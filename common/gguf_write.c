@@ -161,15 +161,7 @@ int gguf_write_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, con
 uint64_t gguf_write_data_size(const gguf_writer *w) { return align_up(w->data_end); }
 
 static int flush(gguf_writer *w, mla_err *err) {
-    size_t off = 0;
-    while (off < w->buf_n) {
-        ssize_t k = write(w->of.fd, w->buf + off, w->buf_n - off);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return mla_errf(err, "%s: write failed: %s", w->path, strerror(errno));
-        }
-        off += (size_t)k;
-    }
+    if (outfile_write(&w->of, w->buf, w->buf_n, err)) return MLA_ERR;
     w->buf_n = 0;
     return MLA_OK;
 }

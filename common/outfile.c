@@ -49,6 +49,18 @@ int outfile_open(outfile *o, const char *path, mla_err *err) {
     return MLA_OK;
 }
 
+int outfile_write(outfile *o, const void *buf, size_t n, mla_err *err) {
+    const char *p = buf;
+    while (n > 0) {
+        const ssize_t k = write(o->fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return mla_errf(err, "%s: write failed: %s", o->path, k < 0 ? strerror(errno) : "nothing written");
+        p += k;
+        n -= (size_t)k;
+    }
+    return MLA_OK;
+}
+
 int outfile_close(outfile *o, int ok, mla_err *err) {
     int rc = MLA_OK;
     if (o->fd >= 0 && close(o->fd) != 0 && ok) {

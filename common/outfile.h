@@ -31,4 +31,8 @@ int outfile_open(outfile *o, const char *path, mla_err *err);
  * removed then too). */
 int outfile_close(outfile *o, int ok, mla_err *err);
 
+/* Writes all n bytes of buf to o->fd (again after a signal). MLA_ERR with "PATH: write failed:
+ * reason" (the file stays open: outfile_close removes it). */
+int outfile_write(outfile *o, const void *buf, size_t n, mla_err *err);
+
 #endif

@@ -65,7 +65,6 @@ typedef struct api_req {
     int32_t n_prompt, n_completion;
     bool responded;      /* response complete (or the client left) */
     bool taken_back;     /* a choice submitted before its request was refused: in no metric, nothing to do */
-    bool client_gone;
     bool preparing;      /* its prompt is on the prep thread (not submitted, not linked) */
     bool prep_cancelled, prep_detached; /* api_server_gen_cancel while preparing */
     double t_start, t_first, t_last;
@@ -1071,16 +1070,9 @@ void api_server_on_event(void *cb_ctx, const sched_event *ev) {
 
 static void on_client_abort(void *ud) {
     api_resp *rs = ud;
-    for (int k = 0; k < rs->n; k++) {
-        api_req *r = rs->ch[k];
-        if (!r) continue;
-        r->conn = NULL;
-        r->client_gone = true;
-        r->responded = true;
-        MLA_DEBUG("api: client of %s (choice %d) went away; cancelling", r->id, k);
-        sched_cancel(r->srv->s, r->sched_id);
-    }
-    rs->conn = NULL;
+    MLA_DEBUG("api: client of %s went away; cancelling its %d choice(s)", rs->ch[0] ? rs->ch[0]->id : "a request",
+              rs->n);
+    resp_end(rs, NULL);
 }
 
 /* ---- request handlers ---- */
@@ -2487,7 +2479,6 @@ void api_server_gen_cancel(api_gen *g, bool detach) {
     }
     if (detach) {
         g->has_sink = false;
-        g->client_gone = true;
         g->responded = true;
     }
     sched_cancel(g->srv->s, g->sched_id);

@@ -596,16 +596,9 @@ static char *make_json(const bench_opts *o, const bench_info *in, const mla_conf
  * at the end): not a folder, its folder there and writable. MLA_ERR with "PATH: reason". */
 /* text into an outfile opened at the start (written whole or not at all) */
 static int write_out(outfile *of, const char *text, mla_err *err) {
-    size_t n = strlen(text), done = 0;
-    while (done < n) {
-        ssize_t w = write(of->fd, text + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            mla_errf(err, "%s: %s", of->path, w < 0 ? strerror(errno) : "nothing written");
-            outfile_close(of, 0, NULL);
-            return MLA_ERR;
-        }
-        done += (size_t)w;
+    if (outfile_write(of, text, strlen(text), err)) {
+        outfile_close(of, 0, NULL);
+        return MLA_ERR;
     }
     return outfile_close(of, 1, err);
 }
