@@ -3,7 +3,9 @@
 MLA_STEP_TRACE=DIR makes every process write (common/steptrace.h) and prints, per leg, the
 median and 90th percentile over the steps that have every mark.
 
-usage: scripts/steptrace.py DIR [--skip N]   (--skip: leave out the first N complete steps)"""
+usage: scripts/steptrace.py DIR [--skip N] [--top K]
+  --skip N: leave out the first N complete steps
+  --top K: also list the K longest steps (A->H) leg by leg: a prompt's step among decode steps"""
 import glob
 import os
 import statistics
@@ -27,6 +29,7 @@ def main():
         return 2
     d = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 0
+    top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 0
     marks = {}
     for p in glob.glob(os.path.join(d, "steptrace-*.txt")):
         with open(p) as f:
@@ -66,6 +69,17 @@ def main():
     print(f"| A->H the step as the caller sees it | {statistics.median(total):.1f} | "
           f"{sorted(total)[int(0.9 * (len(total) - 1))]:.1f} |")
     print(f"serving path (A->H minus D->E), median: {statistics.median(total) - statistics.median(eng):.1f} us")
+    if top > 0:
+        legs = [(a, b) for a, b, _ in LEGS if b != "A+"]
+        print(f"\nthe {top} longest steps, us a leg:")
+        print("| step | A->H | " + " | ".join(f"{a}->{b}" for a, b in legs) + " | H->next A |")
+        print("|---:|---:|" + "---:|" * (len(legs) + 1))
+        for s in sorted(steps, key=lambda s: marks[s]["H"] - marks[s]["A"], reverse=True)[:top]:
+            m = marks[s]
+            nxt = marks.get(s + 1, {})
+            after = f"{(nxt['A'] - m['H']) / 1e3:.1f}" if "A" in nxt else "-"
+            print(f"| {s} | {(m['H'] - m['A']) / 1e3:.1f} | " +
+                  " | ".join(f"{(m[b] - m[a]) / 1e3:.1f}" for a, b in legs) + f" | {after} |")
     return 0
 
 

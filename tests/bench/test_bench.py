@@ -137,6 +137,13 @@ def main():
           r.stdout + r.stderr)
     check(len(legs) == 9 and all(float(l.split("|")[2]) >= 0 for l in legs), "steptrace.py: 9 legs, none negative",
           legs)
+    # --top 2: the two longest steps, longest first, each leg of a row within its A->H
+    r = subprocess.run([sys.executable, st, tdir, "--top", "2"], capture_output=True, text=True, timeout=60)
+    rows = [l.split("|")[1:-1] for l in r.stdout.split("longest steps")[-1].splitlines() if l[2:3].isdigit()]
+    rows = [[float(x) if x.strip() != "-" else None for x in row] for row in rows]
+    check(r.returncode == 0 and len(rows) == 2 and rows[0][1] >= rows[1][1] and
+          all(sum(row[2:9]) <= row[1] + 0.2 for row in rows), "steptrace.py --top 2: two steps, longest first",
+          r.stdout + r.stderr)
 
     # ---- bad arguments
     bad = [
