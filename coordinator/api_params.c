@@ -283,7 +283,7 @@ static int continue_check(const cJSON *root, const cJSON *msgs, bool *cont, bool
  * OpenAI (or vLLM / llama.cpp) parameter it does not honour must not pass silently. */
 static const char *const k_common_keys[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
     "skip_special_tokens", "stream", "truncate_prompt_tokens",
     "stream_options", "logprobs", "max_completion_tokens", "user",
     /* structured output and logit_bias: coordinator/api_constrain.c */
@@ -545,6 +545,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->max_tokens_param = has_mct ? "max_completion_tokens" : "max_tokens";
     if (has_mct) p->max_tokens = (int32_t)mct;
     else if (has_mt) p->max_tokens = (int32_t)mt;
+    if (get_int(root, "min_tokens", 0, INT32_MAX, &v, &has, e)) return MLA_ERR;
+    if (has) p->min_tokens = (int32_t)v;
 
     sched_sampling *s = &p->sampling;
     if (get_num(root, "temperature", 0.0, 100.0, &s->temperature, e)) return MLA_ERR;
@@ -643,6 +645,10 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
     if (p->max_tokens != -1 && p->max_tokens < (p->echo ? 0 : 1))
         return bad(e, "max_tokens", "'max_tokens' must be between %d and %d (got %d)", p->echo ? 0 : 1, INT32_MAX,
                    p->max_tokens);
+    if (p->min_tokens < 0) return bad(e, "min_tokens", "'min_tokens' must be >= 0 (got %d)", p->min_tokens);
+    if (p->max_tokens != -1 && p->min_tokens > p->max_tokens)
+        return bad(e, "min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", p->min_tokens,
+                   p->max_tokens_param ? p->max_tokens_param : "max_tokens", p->max_tokens);
     if (!in_range(s->temperature, 0.0, 100.0))
         return bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
     if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f)

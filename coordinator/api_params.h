@@ -74,6 +74,7 @@ typedef struct api_gen_params {
     int32_t truncate_prompt; /* truncate_prompt_tokens: keep the prompt's last N tokens; -1: the context
                                 less one; 0: none */
     int32_t max_tokens;   /* -1: absent (use what the context leaves) */
+    int32_t min_tokens;   /* vLLM's: no stop token or stop string ends the answer before this many tokens; 0: none */
     char *stop[API_MAX_STOP];
     int n_stop;
     int32_t *stop_ids;

@@ -52,6 +52,8 @@ typedef struct api_req {
     int n_toks, cap_toks;
     size_t stop_scanned; /* text up to here holds no stop string start that fits */
     size_t stop_floor;   /* stop strings are looked for from here on (after an echoed prompt) */
+    int32_t min_tokens;  /* vLLM's min_tokens: no stop string ends within the first min_tokens tokens' text */
+    size_t stop_min_end; /* so a stop string must end past this (the text of the first min_tokens tokens) */
     int32_t *echo_ids;   /* echo: the prompt's tokens, put ahead of the first generated one; then NULL */
     int32_t n_echo;
     bool echo_lp;        /* echo with logprobs: a stop token is listed too (without text) */
@@ -154,6 +156,8 @@ struct api_server {
     uint64_t block_bytes;
     char *model_name, *api_key;
     api_tokenizer tok;
+    int32_t *eog_ids; /* the end-of-generation tokens (tok.is_eog), n_eog of them: what min_tokens bans */
+    int32_t n_eog;
     sched *s;
     http_server *http;
     uv_async_t async;
@@ -788,10 +792,14 @@ static void check_stops(api_req *r) {
     if (from < r->stop_floor) from = r->stop_floor;
     size_t best = SIZE_MAX, best_len = 0;
     for (int i = 0; i < r->n_stop; i++) {
-        const char *hit = memmem(r->text + from, r->text_len - from, r->stop[i], strlen(r->stop[i]));
+        const size_t len = strlen(r->stop[i]);
+        size_t at = from; /* where a match would end past stop_min_end (vLLM's min_tokens) */
+        if (r->stop_min_end >= len && r->stop_min_end - len + 1 > at) at = r->stop_min_end - len + 1;
+        if (at > r->text_len) continue;
+        const char *hit = memmem(r->text + at, r->text_len - at, r->stop[i], len);
         if (hit && (size_t)(hit - r->text) < best) {
             best = (size_t)(hit - r->text);
-            best_len = strlen(r->stop[i]);
+            best_len = len;
         }
     }
     if (best != SIZE_MAX) {
@@ -947,7 +955,10 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         } else if (!ev->is_stop || r->include_stop) { /* a stop token's text too where the stop is kept, as vLLM */
             push_token(a, r, ev->result.token, true, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
-            if (!ev->is_stop) check_stops(r);
+            if (!ev->is_stop && r->n_completion <= r->min_tokens) /* a stop string ends after this text */
+                r->stop_min_end = r->stop_scanned = r->text_len;
+            else if (!ev->is_stop)
+                check_stops(r);
         } else if (r->echo_lp) { /* as vLLM's echo lists it: a scorer takes the last entry as the generated token */
             push_token(a, r, ev->result.token, false, ev->result.logprob, ev->result.n_top, ev->result.top_ids,
                        ev->result.top_logprobs);
@@ -1542,6 +1553,26 @@ static api_req *start_generation(api_server *a, api_gen_params *p, http_conn *c,
     return r;
 }
 
+/* The tokens min_tokens bans (sched_sampling.ban_ids): p's stop ids and, unless it ignores them,
+ * the model's end-of-generation tokens, each once. More than SCHED_MAX_BAN: 400. */
+static int min_tokens_ban(const api_server *a, const api_gen_params *p, int32_t *ban, int32_t *n, api_error *e) {
+    *n = 0;
+    const int32_t n_eog = p->ignore_eos ? 0 : a->n_eog;
+    for (int32_t i = 0; i < p->n_stop_ids + n_eog; i++) {
+        const int32_t id = i < p->n_stop_ids ? p->stop_ids[i] : a->eog_ids[i - p->n_stop_ids];
+        bool seen = false;
+        for (int32_t k = 0; k < *n && !seen; k++) seen = ban[k] == id;
+        if (seen) continue;
+        if (*n == SCHED_MAX_BAN)
+            return api_error_set(e, 400, "min_tokens", NULL,
+                                 "'min_tokens' holds back the request's stop tokens (stop_token_ids and the model's "
+                                 "%d end-of-generation tokens): at most %d of them",
+                                 n_eog, SCHED_MAX_BAN);
+        ban[(*n)++] = id;
+    }
+    return MLA_OK;
+}
+
 /* Checks the prompt ids against the vocabulary and the context, submits (loop thread). pre: the
  * request record to use (its srv and sink set; left to the caller on failure), or NULL for a new
  * one. rs: the HTTP response whose choice `index` this is (NULL for a sink's): choice k > 0 shares
@@ -1583,6 +1614,10 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
             goto done;
         }
     if (api_constrain_check_ids(&p->constrain, a->tok.n_vocab, a->tok.is_eog, a->tok.ctx, e)) goto done;
+    /* min_tokens: the stop tokens (its stop ids; the end of generation unless ignore_eos) are banned
+     * until then */
+    int32_t ban[SCHED_MAX_BAN], n_ban = 0;
+    if (p->min_tokens > 0 && min_tokens_ban(a, p, ban, &n_ban, e)) goto done;
     /* a top_k of the vocabulary or more keeps every token: off (as vLLM and llama.cpp take it) */
     if (p->sampling.top_k >= a->tok.n_vocab) p->sampling.top_k = 0;
     if (n_ids == 0) {
@@ -1628,6 +1663,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     r->include_usage = p->include_usage;
     r->continuous_usage = p->continuous_usage;
     r->include_stop = p->include_stop_str;
+    r->min_tokens = p->min_tokens;
     r->logprobs = p->logprobs;
     r->top_logprobs = p->top_logprobs;
     r->skip_special = p->skip_special_tokens;
@@ -1686,6 +1722,9 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     sr.sampling.bias_ids = p->constrain.bias_ids;
     sr.sampling.bias_vals = p->constrain.bias_vals;
     sr.sampling.n_bias = p->constrain.n_bias;
+    sr.sampling.min_tokens = p->min_tokens;
+    sr.sampling.ban_ids = ban;
+    sr.sampling.n_ban = n_ban;
     sr.user = r;
     if (first) {
         sr.after = first->sched_id;
@@ -2331,10 +2370,16 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     a->cfg.model_name = a->model_name;
     a->cfg.api_key = a->api_key;
     a->tok = *tok;
+    for (int32_t id = 0, cap = 0; tok->is_eog && id < tok->n_vocab; id++)
+        if (tok->is_eog(tok->ctx, id)) {
+            if (a->n_eog == cap) a->eog_ids = mla_xrealloc(a->eog_ids, (size_t)(cap = 2 * cap + 4) * sizeof(int32_t));
+            a->eog_ids[a->n_eog++] = id;
+        }
     pthread_mutex_init(&a->mu, NULL);
     api_metrics_init(&a->m);
     int rc = uv_async_init(loop, &a->async, on_async);
     if (rc < 0) {
+        free(a->eog_ids);
         free(a->model_name);
         free(a->api_key);
         free(a);
@@ -2414,6 +2459,7 @@ void api_server_free(api_server *a) {
     }
     api_metrics_free(&a->m);
     pthread_mutex_destroy(&a->mu);
+    free(a->eog_ids);
     free(a->model_name);
     free(a->api_key);
     free(a);

@@ -106,6 +106,10 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
         p->n_stop_ids = (int32_t)q->n_stop_token_ids;
     }
     p->ignore_eos = q->has_ignore_eos && q->ignore_eos;
+    if (q->has_min_tokens) {
+        if (q->min_tokens > INT32_MAX) return fail(param, "min_tokens", err, "min_tokens %u is too large", q->min_tokens);
+        p->min_tokens = (int32_t)q->min_tokens;
+    }
     p->skip_special_tokens = q->has_skip_special_tokens ? q->skip_special_tokens : true;
     if (q->has_top_logprobs && q->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
         return fail(param, "top_logprobs", err, "top_logprobs must be between 0 and %d (got %u)",

@@ -198,6 +198,7 @@ static void sreq_free(sreq *q) {
     free((char *)q->sampling.grammar);
     free((int32_t *)q->sampling.bias_ids);
     free((float *)q->sampling.bias_vals);
+    free((int32_t *)q->sampling.ban_ids);
     free(q);
 }
 
@@ -278,6 +279,11 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
                  r->sampling.top_logprobs);
         return SCHED_E_INVALID;
     }
+    if (r->sampling.min_tokens < 0 || r->sampling.n_ban < 0 || r->sampling.n_ban > SCHED_MAX_BAN ||
+        (r->sampling.n_ban > 0 && !r->sampling.ban_ids)) {
+        mla_errf(err, "bad min_tokens (%d) or stop tokens it bans (%d)", r->sampling.min_tokens, r->sampling.n_ban);
+        return SCHED_E_INVALID;
+    }
     if (r->n_prompt >= s->cfg.max_context) {
         mla_errf(err, "the prompt has %d tokens; the context holds %d (prompt plus at least one "
                       "generated token)", r->n_prompt, s->cfg.max_context);
@@ -316,6 +322,13 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         memcpy(bv, r->sampling.bias_vals, (size_t)q->sampling.n_bias * sizeof *bv);
         q->sampling.bias_ids = bi;
         q->sampling.bias_vals = bv;
+    }
+    q->sampling.ban_ids = NULL;
+    if (!q->sampling.min_tokens) q->sampling.n_ban = 0; /* no ban to apply */
+    if (q->sampling.n_ban) {
+        int32_t *b = mla_xmalloc((size_t)q->sampling.n_ban * sizeof *b);
+        memcpy(b, r->sampling.ban_ids, (size_t)q->sampling.n_ban * sizeof *b);
+        q->sampling.ban_ids = b;
     }
     q->user = r->user;
 

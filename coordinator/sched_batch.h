@@ -107,7 +107,16 @@ typedef struct sched_sampling {
     const int32_t *bias_ids;
     const float *bias_vals;
     int32_t n_bias;
+    /* vLLM's min_tokens: the tokens ban_ids (distinct; the request's stop tokens, which the
+     * submitter lists: its stop ids and, unless it ignores them, the end-of-generation tokens) are
+     * not sampled until min_tokens tokens are generated (a grammar that can only end still ends).
+     * Copied as the biases are; at most SCHED_MAX_BAN. */
+    int32_t min_tokens;
+    const int32_t *ban_ids;
+    int32_t n_ban;
 } sched_sampling;
+
+#define SCHED_MAX_BAN 256
 
 /* Default (neutral) sampling parameters: temperature 1, no filters, no penalties. */
 void sched_sampling_default(sched_sampling *s);

@@ -123,7 +123,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         }
         /* output constraints: the worker keeps them from the plan that starts the sequence's
          * state; the matcher follows the generated tokens from position n_prompt */
-        w->sp.constrained = sp->grammar || sp->n_bias > 0;
+        w->sp.constrained = sp->grammar || sp->n_bias > 0 || sp->n_ban > 0;
         if (w->sp.constrained && p->n_blocks_sent == 0) {
             w->sp.constraint_setup = true;
             w->sp.grammar = (char *)sp->grammar;
@@ -135,6 +135,9 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
             w->sp.n_bias = (uint32_t)sp->n_bias;
             w->sp.bias_ids = (int32_t *)sp->bias_ids;
             w->sp.bias_vals = (float *)sp->bias_vals;
+            w->sp.min_tokens = (uint32_t)sp->min_tokens;
+            w->sp.n_ban = (uint32_t)sp->n_ban;
+            w->sp.ban_ids = (int32_t *)sp->ban_ids;
         }
     }
     wire_step_plan wp = {.step_id = ++s->step_id, .n_seqs = (uint32_t)plan->n_seqs, .seqs = s->wseqs};

@@ -144,6 +144,9 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sms[i].bias_ids = s->sp.bias_ids;
             sms[i].n_bias_values = s->sp.n_bias;
             sms[i].bias_values = s->sp.bias_vals;
+            sms[i].min_tokens = s->sp.min_tokens;
+            sms[i].n_ban_ids = s->sp.n_ban;
+            sms[i].ban_ids = s->sp.ban_ids;
             sps[i].sampling = &sms[i];
             spp[i] = &sps[i];
         }
@@ -343,6 +346,14 @@ static int ids_unique(const uint64_t *ids, size_t n) {
     return ok;
 }
 
+/* 1 when all n token ids are distinct (n <= WIRE_MAX_BAN: pairwise) */
+static int distinct_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (ids[i] == ids[j]) return 0;
+    return 1;
+}
+
 static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire_limits *lim,
                           wire_sampling *o, mla_err *err) {
     if (!p) {
@@ -390,13 +401,23 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
         if (!isfinite(p->bias_values[k]) || fabsf(p->bias_values[k]) > 100)
             BAD("wire: seq %llu: logit bias %g outside [-100, 100]", (unsigned long long)seq, p->bias_values[k]);
     }
+    if (p->n_ban_ids > WIRE_MAX_BAN)
+        BAD("wire: seq %llu: %zu banned tokens exceed %d", (unsigned long long)seq, p->n_ban_ids, WIRE_MAX_BAN);
+    for (size_t k = 0; k < p->n_ban_ids; k++)
+        if (p->ban_ids[k] < 0 || (lim->n_vocab && (uint32_t)p->ban_ids[k] >= lim->n_vocab))
+            BAD("wire: seq %llu: banned token %d outside the vocabulary", (unsigned long long)seq, p->ban_ids[k]);
+    if (p->n_ban_ids && !distinct_ids(p->ban_ids, p->n_ban_ids))
+        BAD("wire: seq %llu: a banned token listed twice", (unsigned long long)seq);
+    if (p->min_tokens > (lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX))
+        BAD("wire: seq %llu: min_tokens %u past the context", (unsigned long long)seq, p->min_tokens);
     if (p->n_replay > (lim->max_ctx ? lim->max_ctx : WIRE_MAX_CTX))
         BAD("wire: seq %llu: %zu replayed tokens exceed the context", (unsigned long long)seq, p->n_replay);
     for (size_t k = 0; k < p->n_replay; k++)
         if (p->replay[k] < 0 || (lim->n_vocab && (uint32_t)p->replay[k] >= lim->n_vocab))
             BAD("wire: seq %llu: replayed token %d outside the vocabulary", (unsigned long long)seq, p->replay[k]);
-    if ((glen || p->n_bias_ids || p->n_replay) && !p->constraint_setup)
-        BAD("wire: seq %llu: grammar, biases or replayed tokens without constraint_setup", (unsigned long long)seq);
+    if ((glen || p->n_bias_ids || p->n_replay || p->n_ban_ids || p->min_tokens) && !p->constraint_setup)
+        BAD("wire: seq %llu: grammar, biases, banned or replayed tokens without constraint_setup",
+            (unsigned long long)seq);
     if (p->constraint_setup && !p->constrained)
         BAD("wire: seq %llu: constraint_setup on a row that is not constrained", (unsigned long long)seq);
 #undef BAD
@@ -428,6 +449,12 @@ static int check_sampling(const Mla__SamplingParams *p, uint64_t seq, const wire
         o->bias_vals = mla_xmalloc(p->n_bias_ids * sizeof *o->bias_vals);
         memcpy(o->bias_ids, p->bias_ids, p->n_bias_ids * sizeof *o->bias_ids);
         memcpy(o->bias_vals, p->bias_values, p->n_bias_ids * sizeof *o->bias_vals);
+    }
+    o->min_tokens = p->min_tokens;
+    o->n_ban = (uint32_t)p->n_ban_ids;
+    if (p->n_ban_ids) {
+        o->ban_ids = mla_xmalloc(p->n_ban_ids * sizeof *o->ban_ids);
+        memcpy(o->ban_ids, p->ban_ids, p->n_ban_ids * sizeof *o->ban_ids);
     }
     return MLA_OK;
 }
@@ -963,6 +990,7 @@ void wire_msg_free(wire_msg *m) {
                 free(m->u.plan.seqs[i].sp.replay);
                 free(m->u.plan.seqs[i].sp.bias_ids);
                 free(m->u.plan.seqs[i].sp.bias_vals);
+                free(m->u.plan.seqs[i].sp.ban_ids);
             }
         free(m->u.plan.seqs);
         break;

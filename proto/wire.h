@@ -19,7 +19,8 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 4u /* 3: block tables in the plan, the cache pool, load progress, worker stats; 4: prompt logprobs */
+#define WIRE_VERSION 5u /* 3: block tables in the plan, the cache pool, load progress, worker stats; 4: prompt logprobs;
+                               * 5: min_tokens (an older worker would not hold the stop tokens back) */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -33,6 +34,7 @@
 #define WIRE_MAX_BLOCKS (1u << 24) /* cache blocks of one pool */
 #define WIRE_MAX_GRAMMAR (1u << 20) /* bytes of a grammar (common/gram.h GRAM_MAX_TEXT) */
 #define WIRE_MAX_BIAS 300         /* logit biases of a sequence */
+#define WIRE_MAX_BAN 256          /* stop tokens banned until min_tokens of a sequence */
 
 typedef enum wire_kind {
     WIRE_REGISTER = 1,
@@ -132,6 +134,11 @@ typedef struct wire_sampling {
     uint32_t n_bias; /* <= WIRE_MAX_BIAS */
     int32_t *bias_ids;
     float *bias_vals;
+    /* min_tokens: ban_ids (distinct, <= WIRE_MAX_BAN) are not sampled at positions before
+     * grammar_start + min_tokens; set up with the constraint (constraint_setup) */
+    uint32_t min_tokens;
+    uint32_t n_ban;
+    int32_t *ban_ids;
     /* with logits WIRE_LOGITS_ALL: rank 0 returns the logprobs of the row's next tokens
      * (wire_seq_result.plp) instead of its logits */
     bool prompt_logprobs;

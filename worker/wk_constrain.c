@@ -2,6 +2,7 @@
 #include "wk_constrain.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,12 @@ typedef struct crec {
     int32_t *bias_ids;
     float *bias_vals;
     uint32_t n_bias;
+    /* min_tokens: below position ban_end the biases are early_ids / early_vals (the biases, then
+     * the banned tokens at -inf), n_early of them; 0: none */
+    uint32_t ban_end;
+    int32_t *early_ids;
+    float *early_vals;
+    uint32_t n_early;
     uint32_t next_pos; /* position of the next token the matcher takes */
     uint32_t start;    /* position of the first generated token (grammar_start) */
     int32_t last_tok;  /* the token it took last (at next_pos - 1), when has_last */
@@ -62,6 +69,8 @@ static void rec_clear(crec *r) {
     gram_free(r->g);
     free(r->bias_ids);
     free(r->bias_vals);
+    free(r->early_ids);
+    free(r->early_vals);
     free(r->allow);
     memset(r, 0, sizeof *r);
 }
@@ -268,6 +277,17 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
             memcpy(r->bias_ids, sp->bias_ids, sp->n_bias * sizeof *r->bias_ids);
             memcpy(r->bias_vals, sp->bias_vals, sp->n_bias * sizeof *r->bias_vals);
         }
+        if (sp->min_tokens && sp->n_ban) {
+            r->ban_end = sp->grammar_start + sp->min_tokens;
+            r->n_early = sp->n_bias + sp->n_ban;
+            r->early_ids = mla_xmalloc(r->n_early * sizeof *r->early_ids);
+            r->early_vals = mla_xmalloc(r->n_early * sizeof *r->early_vals);
+            for (uint32_t k = 0; k < r->n_early; k++) {
+                const bool b = k < sp->n_bias;
+                r->early_ids[k] = b ? sp->bias_ids[k] : sp->ban_ids[k - sp->n_bias];
+                r->early_vals[k] = b ? sp->bias_vals[k] : -INFINITY;
+            }
+        }
         r->next_pos = r->start = sp->grammar_start;
         for (uint32_t k = 0; k < sp->n_replay; k++, r->next_pos++) take(r, c->v, sp->replay[k]);
     }
@@ -314,21 +334,32 @@ static int64_t row_mask(crec *r, gram_vocab *v, uint8_t *allow) {
     return cnt;
 }
 
-/* mod for a sampled row of r whose mask (count cnt) is in allow: end of sequence only where the
- * grammar cannot go on. */
-static int row_mod(wk_constrain *c, crec *r, uint8_t *allow, int64_t cnt, sample_mod *mod, mla_err *err) {
-    mod->bias_ids = r->bias_ids;
-    mod->bias_vals = r->bias_vals;
-    mod->n_bias = r->n_bias;
-    if (!r->m) return MLA_OK;
-    if (cnt <= 0) { /* end of sequence only */
-        uint32_t n_eos = 0;
-        for (uint32_t i = 0; i < c->n_vocab; i++) n_eos += allow[i] = gram_vocab_is_eos(c->v, i);
-        if (!n_eos)
-            return mla_errf(err, "sequence %" PRIu64 ": its grammar cannot go on and the model has no end-of-sequence "
-                            "token", r->id);
+/* mod for row s of r, sampled, whose mask (count cnt) is in allow: end of sequence only where the
+ * grammar cannot go on; before min_tokens, no stop token, unless the mask allows nothing else (a
+ * grammar that is complete and cannot go on ends there). */
+static int row_mod(wk_constrain *c, crec *r, const wire_seq *s, uint8_t *allow, int64_t cnt, sample_mod *mod,
+                   mla_err *err) {
+    bool early = r->n_early && s->n_tokens && (uint32_t)s->positions[s->n_tokens - 1] + 1 < r->ban_end;
+    if (r->m) {
+        if (cnt <= 0) { /* end of sequence only */
+            uint32_t n_eos = 0;
+            for (uint32_t i = 0; i < c->n_vocab; i++) n_eos += allow[i] = gram_vocab_is_eos(c->v, i);
+            if (!n_eos)
+                return mla_errf(err, "sequence %" PRIu64 ": its grammar cannot go on and the model has no "
+                                "end-of-sequence token", r->id);
+            cnt = n_eos;
+        }
+        if (early) { /* the banned tokens the mask allows: all it allows? */
+            int64_t n_banned = 0;
+            for (uint32_t k = r->n_bias; k < r->n_early; k++)
+                n_banned += (uint32_t)r->early_ids[k] < c->n_vocab && allow[r->early_ids[k]];
+            if (n_banned >= cnt) early = false;
+        }
+        mod->allow = allow;
     }
-    mod->allow = allow;
+    mod->bias_ids = early ? r->early_ids : r->bias_ids;
+    mod->bias_vals = early ? r->early_vals : r->bias_vals;
+    mod->n_bias = early ? r->n_early : r->n_bias;
     return MLA_OK;
 }
 
@@ -404,12 +435,12 @@ int wk_constrain_row(wk_constrain *c, const wire_seq *s, sample_mod *mod, mla_er
         r->prepared = false;
         r->seq = NULL;
         if (!s->sample) return MLA_OK;
-        if (r->want_mask || !r->m) return row_mod(c, r, r->allow, r->cnt, mod, err);
-        return row_mod(c, r, c->allow, row_mask(r, c->v, c->allow), mod, err);
+        if (r->want_mask || !r->m) return row_mod(c, r, s, r->allow, r->cnt, mod, err);
+        return row_mod(c, r, s, c->allow, row_mask(r, c->v, c->allow), mod, err);
     }
     r = row_setup(c, s, err);
     if (!r) return MLA_ERR;
     if (row_take(r, c->v, s, err)) return MLA_ERR;
     if (!s->sample) return MLA_OK;
-    return row_mod(c, r, c->allow, r->m ? row_mask(r, c->v, c->allow) : 0, mod, err);
+    return row_mod(c, r, s, c->allow, r->m ? row_mask(r, c->v, c->allow) : 0, mod, err);
 }

@@ -1,5 +1,6 @@
 /* wk_constrain: output constraints on rank 0 of the workers: per sequence a grammar matcher
- * (common/gram.h) and logit biases, set up by the plan that starts the sequence's state
+ * (common/gram.h), logit biases and min_tokens' stop tokens (biased to -inf at the positions before
+ * grammar_start + min_tokens, unless the grammar's mask allows nothing else), set up by the plan that starts the sequence's state
  * (SamplingParams constraint_setup) and advanced by the sequence's tokens from grammar_start on,
  * as plans bring them (so preemption, recompute and prefix-cache hits replay exactly the tokens
  * generated). Before a constrained row is sampled, wk_constrain_row gives the sampler its token

@@ -71,6 +71,13 @@ int main(int argc, char **argv) {
     emit("plan_prompt_logprobs", &m);
     s[0].sp.prompt_logprobs = false;
     s[0].next_token = 0;
+    int32_t bias_id = 3, ban[2] = {0, 7}; /* a constraint's setup: a bias, min_tokens and its stop tokens */
+    float bias_val = -2.0f;
+    s[1].sp = (wire_sampling){.constrained = true, .constraint_setup = true, .grammar_start = 5, .n_bias = 1,
+                              .bias_ids = &bias_id, .bias_vals = &bias_val, .min_tokens = 4, .n_ban = 2,
+                              .ban_ids = ban};
+    emit("plan_min_tokens", &m);
+    memset(&s[1].sp, 0, sizeof s[1].sp);
     float lg[6] = {1, 2, 3, 4, 5, 6};
     wire_seq_result r = {.seq_id = 1, .token = 2, .logprob = -0.1f, .n_top = 1, .n_logit_rows = 2,
                          .n_vocab = 3, .logits = lg};

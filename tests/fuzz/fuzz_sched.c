@@ -1,7 +1,7 @@
 /* libFuzzer target for the scheduler's state machine (coordinator/sched_batch.c): a small cache
  * (so that preemption happens) over the fake backend (tests/serve/fake_backend.h, which checks
  * positions and block ownership), driven by events from the input: submit (prompt, max_tokens,
- * stop ids, ignore_eos, prompt logprobs), cancel (a live or finished request), step, a failing
+ * stop ids, ignore_eos, prompt logprobs, min_tokens), cancel (a live or finished request), step, a failing
  * step. Checked: the fake backend sees no contract violation; every accepted request gets token
  * events with n_generated counting up, then exactly one final event and nothing after it; a
  * request with prompt logprobs gets them with its first token only, all of them, the fake's
@@ -149,6 +149,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             sched_sampling_default(&q.sampling);
             q.sampling.temperature = 0;
             q.sampling.prompt_logprobs = r->plp;
+            if (op & 0x40 && stop % 4 == 2) { /* min_tokens banning the stop id: copied with the request */
+                q.sampling.min_tokens = 1 + stop % 7;
+                q.sampling.ban_ids = &stop_id;
+                q.sampling.n_ban = 1;
+            }
             q.user = r;
             if (sibling) q.after = recs[n_recs - 1].id;
             uint64_t id = 0;

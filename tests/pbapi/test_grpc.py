@@ -120,6 +120,16 @@ try:
     ids, text, last = gen(stub, messages=[api_pb2.ChatMessage(role="user", content="What is 7 plus 5?")],
                           max_tokens=8, temperature=0)
     check(last is not None and last.finish_reason in ("stop", "length") and len(ids) >= 1, "chat Generate %r" % text)
+    # min_tokens: the answer ("7 plus 5 is 12.", 9 tokens with its end) goes on past its end of generation
+    ids0, text0, last0 = gen(stub, messages=[api_pb2.ChatMessage(role="user", content="What is 7 plus 5?")],
+                             max_tokens=40, temperature=0)
+    ids1, text1, last1 = gen(stub, messages=[api_pb2.ChatMessage(role="user", content="What is 7 plus 5?")],
+                             max_tokens=40, temperature=0, min_tokens=len(ids0) + 3)
+    check(last0.finish_reason == "stop" and len(ids0) < 20 and len(ids1) >= len(ids0) + 3 and
+          text1.startswith(text0) and len(text1) > len(text0),
+          "min_tokens: %r (%d tokens) goes on: %r (%d)" % (text0, len(ids0), text1, len(ids1)))
+    check(code_of(lambda: gen(stub, prompt="1 2", max_tokens=2, min_tokens=3)) == SC.INVALID_ARGUMENT,
+          "min_tokens past max_tokens: INVALID_ARGUMENT")
     r = stub.Cancel(api_pb2.CancelRequest(request_id=12345), metadata=AUTH, timeout=30)
     check(r.request_id == 12345, "Cancel of an unknown id is no error")
 

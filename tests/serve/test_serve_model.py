@@ -172,6 +172,45 @@ try:
     text = "".join(json.loads(b[6:])["choices"][0]["delta"].get("content", "")
                    for b in data.decode().split("\n\n") if b.startswith("data: {"))
     check(st == 200 and text == "2 plus 3 is 5." and data.decode().rstrip().endswith("data: [DONE]"), "chat stream %r" % text)
+    # min_tokens (vLLM's): "7 plus 5 is 12." ends at its 9th token, the end of generation; with min_tokens 14
+    # that end is held back: the first 14 tokens are the greedy ones with the end token banned (as
+    # logit_bias -100 on it gives them: another path), and then the answer goes on until it ends
+    chat7 = {"messages": [{"role": "user", "content": "What is 7 plus 5?"}], "temperature": 0}
+    st, data = post(port, "/tokenize", {"prompt": "<｜end▁of▁sentence｜>", "add_special_tokens": False})
+    eos = json.loads(data)["tokens"] if st == 200 else []
+    check(len(eos) == 1, "the end token's id", data[:200])
+
+    def chat_toks(**kw):
+        st, data = post(port, "/v1/chat/completions", dict(chat7, logprobs=True, **kw))
+        c = json.loads(data)["choices"][0] if st == 200 else {"message": {"content": None}, "finish_reason": None,
+                                                               "logprobs": {"content": []}}
+        return c["message"]["content"], [t["token"] for t in c["logprobs"]["content"]], c["finish_reason"]
+    t0, k0, f0 = chat_toks(max_tokens=40)
+    t1, k1, f1 = chat_toks(max_tokens=40, min_tokens=14)
+    t2, k2, f2 = chat_toks(max_tokens=14, logit_bias={str(t): -100 for t in eos})
+    check(t0 == "7 plus 5 is 12." and f0 == "stop" and len(k2) == 14 and k1[:14] == k2 and len(k1) > 14 and
+          t1.startswith(t0), "min_tokens 14: past the end, the end token banned (%r, %r)" % (t1, t2))
+    st, data = post(port, "/v1/chat/completions", dict(chat7, max_tokens=40, min_tokens=14, stream=True))
+    text = "".join(json.loads(b[6:])["choices"][0]["delta"].get("content", "")
+                   for b in data.decode().split("\n\n") if b.startswith("data: {"))
+    check(st == 200 and text == t1, "min_tokens streamed: the same answer %r" % text)
+    # a stop string that ends within the first min_tokens tokens' text is not looked for; one that
+    # ends past it is, also where it starts within it
+    for mt, stop, want in ((1, "plus", "7 "), (3, "plus", "7 plus 5 is 12."), (2, "plus 5", "7 ")):
+        t, _, f = chat_toks(max_tokens=40, min_tokens=mt, stop=[stop])
+        check(t == want and f == "stop", "min_tokens %d, stop %r: %r (want %r)" % (mt, stop, t, want))
+    # a stop token id is banned too while min_tokens holds, and ends the answer after it
+    st, data = post(port, "/tokenize", {"prompt": " plus", "add_special_tokens": False})
+    plus = json.loads(data)["tokens"] if st == 200 else []
+    t, k, f = chat_toks(max_tokens=40, min_tokens=3, stop_token_ids=plus)
+    check(len(plus) == 1 and " plus" not in k[:3] and f == "stop", "stop_token_ids banned for 3 tokens: %r" % k)
+    # ignore_eos: the end of generation is no stop token, so there is nothing to hold back
+    ta, ka, _ = chat_toks(max_tokens=12, ignore_eos=True)
+    tb, kb, _ = chat_toks(max_tokens=12, ignore_eos=True, min_tokens=12)
+    check(ka == kb and len(ka) >= 10, "min_tokens with ignore_eos: the same tokens %r / %r" % (ka, kb))
+    for bad in ({"min_tokens": 41}, {"min_tokens": -1}, {"min_tokens": "3"}, {"min_tokens": 2.5}):
+        st, data = post(port, "/v1/chat/completions", dict(chat7, max_tokens=40, **bad))
+        check(st == 400 and json.loads(data)["error"]["param"] == "min_tokens", "%r: 400 naming it" % bad, data[:200])
     st, _ = http_get(port, "/health")
     check(st == 200, "/health")
 finally:

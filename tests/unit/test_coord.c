@@ -519,8 +519,9 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
     static const char *const gram[NQ] = {
         NULL, "root ::= \"[\" ( item ( \",\" item )* )? \"]\"\nitem ::= \"1\" | \"2\" | \"true\" | \"null\"",
         "root ::= ( \"a\" | \"b\" | \"1\" )+", NULL, NULL};
-    int32_t bias_ids[2] = {7, 8};
+    int32_t bias_ids[2] = {7, 8}, ban_ids[1] = {7}; /* 7, favoured by its bias, banned for min_tokens */
     float bias_vals[2] = {4.0f, -100.0f};
+    int n7[2] = {0, 0}; /* row 4's 7s within its first 5 tokens, after them */
     wk_constrain *ref = wk_constrain_new(model, TEST_VOCAB);
     sampler *smp = sampler_new(TEST_VOCAB);
     uint64_t hist[NQ][64];
@@ -561,6 +562,9 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
                     s->sp.n_bias = 2;
                     s->sp.bias_ids = bias_ids;
                     s->sp.bias_vals = bias_vals;
+                    s->sp.min_tokens = 5;
+                    s->sp.n_ban = 1;
+                    s->sp.ban_ids = ban_ids;
                 }
             }
             n++;
@@ -593,12 +597,15 @@ static void test_ahead_grammar(int T, const char *mode, bool host) {
             }
             last[q] = res.seqs[i].token;
             pos[q] = p + 1;
+            if (q == 4 && last[q] == 7) n7[p + 1 >= PL + 5]++;
         }
         coord_result_free(&res);
     }
     CHECKF(bad == 0, "T=%d ahead=%s host=%d: %d tokens differ from the reference with constrained rows", T, mode,
            host, bad);
     CHECKF(masked >= 10, "T=%d ahead=%s: the grammars masked most of the vocabulary only %d times", T, mode, masked);
+    CHECKF(n7[0] == 0 && n7[1] > 0, "T=%d ahead=%s host=%d: row 4 took its banned 7 %d times within min_tokens, %d after",
+           T, mode, host, n7[0], n7[1]);
     coord_stop(c);
     for (int r = 0; r < T; r++) {
         unsigned long long got, qh, qd;

@@ -118,6 +118,18 @@ static void test_plan_rejections(void) {
     EXPECT_REJECT(f.sp[1].penalty_start = 1025, "penalty_start");
     EXPECT_REJECT(f.sp[1].top_logprobs = WIRE_MAX_TOP_LOGPROBS + 1, "top_logprobs");
     EXPECT_REJECT(f.sp[1].logits = (Mla__LogitsMode)3, "logits mode");
+    /* min_tokens' banned stop tokens: with the constraint's setup only, distinct, in the vocabulary */
+    static int32_t ban_dup[2] = {5, 5}, ban_far[1] = {64}, ban_many[WIRE_MAX_BAN + 1];
+    EXPECT_REJECT(f.sp[0].min_tokens = 3, "without constraint_setup");
+    EXPECT_REJECT((f.sp[0].constrained = f.sp[0].constraint_setup = 1, f.sp[0].min_tokens = 3, f.sp[0].n_ban_ids = 2,
+                   f.sp[0].ban_ids = ban_dup),
+                  "listed twice");
+    EXPECT_REJECT((f.sp[0].constrained = f.sp[0].constraint_setup = 1, f.sp[0].n_ban_ids = 1, f.sp[0].ban_ids = ban_far),
+                  "banned token 64 outside");
+    EXPECT_REJECT((f.sp[0].constrained = f.sp[0].constraint_setup = 1, f.sp[0].n_ban_ids = WIRE_MAX_BAN + 1,
+                   f.sp[0].ban_ids = ban_many),
+                  "banned tokens exceed");
+    EXPECT_REJECT((f.sp[0].constrained = f.sp[0].constraint_setup = 1, f.sp[0].min_tokens = 1025), "min_tokens");
     EXPECT_REJECT((f.seq[0].has_next_token = 1, f.seq[0].next_token = 3), "a next token needs prompt logprobs");
     EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_LAST), "logits of every row");
     EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_ALL, f.seq[0].has_next_token = 1,
@@ -272,6 +284,24 @@ static void test_roundtrips(void) {
     REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
     CHECK(out.u.plan.seqs[0].sp.prompt_logprobs && out.u.plan.seqs[0].next_token == -1);
     wire_msg_free(&out);
+    /* min_tokens and its banned tokens, with the constraint's setup */
+    {
+        int32_t ban[2] = {4, 63};
+        wire_seq c1 = seqs[0];
+        c1.sp.prompt_logprobs = false;
+        c1.sp.logits = WIRE_LOGITS_NONE;
+        c1.next_token = -1;
+        c1.sp.constrained = c1.sp.constraint_setup = true;
+        c1.sp.min_tokens = 9;
+        c1.sp.n_ban = 2;
+        c1.sp.ban_ids = ban;
+        wire_msg cm = in;
+        cm.u.plan.seqs = &c1;
+        REQUIRE(roundtrip(&cm, &out, &k_lim, &e) == MLA_OK);
+        const wire_sampling *o = &out.u.plan.seqs[0].sp;
+        CHECK(o->min_tokens == 9 && o->n_ban == 2 && o->ban_ids[0] == 4 && o->ban_ids[1] == 63);
+        wire_msg_free(&out);
+    }
     seqs[0].next_token = 64;
     CHECK(roundtrip(&in, &out, &k_lim, &e) == MLA_ERR && strstr(e.msg, "next token 64 outside"));
     seqs[0].next_token = 3;

@@ -2,8 +2,10 @@
  * would run) equal, step by step, those that wk_constrain_row computes alone, for several
  * constrained rows of different grammars advancing together, a row that is not sampled in a step,
  * a row whose grammar does not parse (reported by wk_constrain_row, the others unaffected), and
- * logit biases, a grammar that goes through a special token (<[id]>), and the errors' wording. The tokens each row takes are chosen from its own mask, so every step walks a
+ * logit biases, a grammar that goes through a special token (<[id]>), the errors' wording, and
+ * min_tokens' stop tokens held back (not where a grammar can only end). The tokens each row takes are chosen from its own mask, so every step walks a
  * new grammar state. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +160,59 @@ int main(void) {
         CHECK(wk_constrain_failure(f, 7) == NULL);
         free(g);
         wk_constrain_free(f);
+    }
+    {   /* min_tokens 3 from position 5: below position 8 the stop tokens (9 and the end, V - 1) are
+         * biased to -inf after the row's own bias (7: -3); from 8 on the bias alone. With a grammar
+         * that can only end (complete after "a"), the end stays allowed: a grammar that is done ends. */
+        enum { FV = 12 };
+        gram_vocab *mv = gram_vocab_new(FV);
+        for (uint32_t t = 0; t + 1 < FV; t++) gram_vocab_set(mv, t, (const uint8_t *)(t == 0 ? "a" : "b"), 1);
+        gram_vocab_set_eos(mv, FV - 1);
+        wk_constrain *m = wk_constrain_new(NULL, FV);
+        wk_constrain_set_vocab(m, mv);
+        int32_t ban[2] = {9, FV - 1}, bid = 7, mt = 2, mp = 4;
+        float bval = -3.0f;
+        wire_seq ms = {.seq_id = 3, .n_tokens = 1, .tokens = &mt, .positions = &mp, .sample = true};
+        ms.sp.constrained = ms.sp.constraint_setup = true;
+        ms.sp.grammar_start = 5;
+        ms.sp.n_bias = 1;
+        ms.sp.bias_ids = &bid;
+        ms.sp.bias_vals = &bval;
+        ms.sp.min_tokens = 3;
+        ms.sp.n_ban = 2;
+        ms.sp.ban_ids = ban;
+        for (mp = 4; mp <= 8; mp++) { /* the token sampled after position mp: at mp + 1 */
+            sample_mod mod;
+            mla_err e = {{0}};
+            REQUIRE(wk_constrain_row(m, &ms, &mod, &e) == MLA_OK);
+            ms.sp.constraint_setup = false;
+            const bool early = mp + 1 < 8;
+            CHECKF(mod.n_bias == (early ? 3u : 1u) && mod.bias_ids[0] == 7 && mod.bias_vals[0] == -3.0f,
+                   "position %d: %u biases", mp + 1, mod.n_bias);
+            if (early)
+                CHECKF(mod.bias_ids[1] == 9 && mod.bias_ids[2] == FV - 1 && isinf(mod.bias_vals[1]) &&
+                           mod.bias_vals[1] < 0 && isinf(mod.bias_vals[2]),
+                       "position %d: the stop tokens at -inf", mp + 1);
+        }
+        int32_t gt = 2, gp = 4;
+        wire_seq gs = {.seq_id = 4, .n_tokens = 1, .tokens = &gt, .positions = &gp, .sample = true};
+        gs.sp.constrained = gs.sp.constraint_setup = true;
+        gs.sp.grammar = "root ::= \"a\"";
+        gs.sp.grammar_start = 5;
+        gs.sp.min_tokens = 10;
+        gs.sp.n_ban = 1;
+        gs.sp.ban_ids = &ban[1];
+        sample_mod mod;
+        mla_err e = {{0}};
+        REQUIRE(wk_constrain_row(m, &gs, &mod, &e) == MLA_OK);
+        CHECK(mod.allow && mod.allow[0] && !mod.allow[FV - 1] && mod.n_bias == 1 && isinf(mod.bias_vals[0]));
+        gs.sp.constraint_setup = false;
+        gt = 0; /* "a": the grammar is complete, only the end continues it */
+        gp = 5;
+        REQUIRE(wk_constrain_row(m, &gs, &mod, &e) == MLA_OK);
+        CHECKF(mod.allow && mod.allow[FV - 1] && !mod.allow[0] && mod.n_bias == 0,
+               "a complete grammar ends within min_tokens: %u biases", mod.n_bias);
+        wk_constrain_free(m);
     }
     {   /* the vocabulary of a model that cannot be read: the reason after one separator */
         gram_vocab *gv = NULL;
