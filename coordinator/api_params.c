@@ -441,7 +441,9 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                     if (i == 0 && text) {
                         p->prompt_text = mla_xstrdup(it->valuestring);
                     } else if (i == 0) {
-                        if (get_token_array(it, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
+                        if (get_token_array(it, "prompt", &p->prompt_ids, &p->n_prompt_ids, e))
+                            return bad(e, "prompt", "'prompt' [0] must be a list of non-negative integer token ids");
+                        if (!p->n_prompt_ids) return bad(e, "prompt", "'prompt' [0] must not be empty");
                     } else {
                         if (!p->more_n_ids) {
                             p->more_n_ids = mla_xcalloc((size_t)n - 1, sizeof *p->more_n_ids);
@@ -450,7 +452,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                         }
                         if (text) p->more_text[i - 1] = mla_xstrdup(it->valuestring);
                         else if (get_token_array(it, "prompt", &p->more_ids[i - 1], &p->more_n_ids[i - 1], e))
-                            return MLA_ERR;
+                            return bad(e, "prompt", "'prompt' [%d] must be a list of non-negative integer token ids",
+                                       i);
                         p->n_more = i;
                         if (!text && p->more_n_ids[i - 1] == 0)
                             return bad(e, "prompt", "'prompt' [%d] must not be empty", i);

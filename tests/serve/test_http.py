@@ -258,6 +258,11 @@ def test_errors(port):
     err({"prompt": 5}, 400, "prompt type", param="prompt")
     err({"prompt": ["a", [1]]}, 400, "a list of prompts of two kinds", param="prompt", says="not both")
     err({"prompt": [[1], []]}, 400, "an empty prompt in a list", param="prompt", says="[1] must not be empty")
+    err({"prompt": [[], [1]]}, 400, "an empty first prompt in a list", param="prompt", says="[0] must not be empty")
+    err({"prompt": [[1], [2, "x"]]}, 400, "a malformed id in the second prompt", param="prompt",
+        says="'prompt' [1] must be a list of non-negative integer token ids")
+    err({"prompt": [[-1], [2]]}, 400, "a negative id in the first prompt", param="prompt",
+        says="'prompt' [0] must be a list")
     err({"prompt": ["a"] * 129}, 400, "129 prompts", param="prompt", says="at most 128 prompts")
     err({"prompt": ["a", "b"], "n": 65}, 400, "130 choices", param="n", says="at most 128 choices")
     err({"prompt": [[66], [1 << 30]]}, 400, "a token past the vocabulary in the second prompt", param="prompt",
