@@ -1645,6 +1645,11 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         max_tokens = a->cfg.max_context - n_ids;
         if (a->cfg.default_max_tokens > 0 && max_tokens > a->cfg.default_max_tokens) max_tokens = a->cfg.default_max_tokens;
     }
+    if (p->min_tokens > max_tokens) { /* max_tokens absent: what the context (or --default-max-tokens) leaves */
+        api_error_set(e, 400, "min_tokens", NULL, "'min_tokens' (%d) exceeds the %d tokens the answer may take",
+                      p->min_tokens, max_tokens);
+        goto done;
+    }
 
     if (pre) {
         r = pre;

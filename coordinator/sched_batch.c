@@ -279,7 +279,7 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
                  r->sampling.top_logprobs);
         return SCHED_E_INVALID;
     }
-    if (r->sampling.min_tokens < 0 || r->sampling.n_ban < 0 || r->sampling.n_ban > SCHED_MAX_BAN ||
+    if (r->sampling.min_tokens < 0 || r->sampling.min_tokens > r->max_tokens || r->sampling.n_ban < 0 || r->sampling.n_ban > SCHED_MAX_BAN ||
         (r->sampling.n_ban > 0 && !r->sampling.ban_ids)) {
         mla_errf(err, "bad min_tokens (%d) or stop tokens it bans (%d)", r->sampling.min_tokens, r->sampling.n_ban);
         return SCHED_E_INVALID;

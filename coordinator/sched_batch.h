@@ -110,7 +110,7 @@ typedef struct sched_sampling {
     /* vLLM's min_tokens: the tokens ban_ids (distinct; the request's stop tokens, which the
      * submitter lists: its stop ids and, unless it ignores them, the end-of-generation tokens) are
      * not sampled until min_tokens tokens are generated (a grammar that can only end still ends).
-     * Copied as the biases are; at most SCHED_MAX_BAN. */
+     * Copied as the biases are; at most SCHED_MAX_BAN; min_tokens at most max_tokens. */
     int32_t min_tokens;
     const int32_t *ban_ids;
     int32_t n_ban;

@@ -122,8 +122,11 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
             if (after < p->n_prompt) w->next_token = p->seq_tokens[after];
         }
         /* output constraints: the worker keeps them from the plan that starts the sequence's
-         * state; the matcher follows the generated tokens from position n_prompt */
-        w->sp.constrained = sp->grammar || sp->n_bias > 0 || sp->n_ban > 0;
+         * state; the matcher follows the generated tokens from position n_prompt. min_tokens
+         * alone: only while the row samples within the ban (a constrained row cannot be sampled
+         * ahead on the host, nor greedily on the device without its mask) */
+        const bool ban = sp->n_ban > 0 && p->start_pos + p->n_tokens < p->n_prompt + sp->min_tokens;
+        w->sp.constrained = sp->grammar || sp->n_bias > 0 || ban;
         if (w->sp.constrained && p->n_blocks_sent == 0) {
             w->sp.constraint_setup = true;
             w->sp.grammar = (char *)sp->grammar;

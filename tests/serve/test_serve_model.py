@@ -196,8 +196,10 @@ try:
     check(st == 200 and text == t1, "min_tokens streamed: the same answer %r" % text)
     # a stop string that ends within the first min_tokens tokens' text is not looked for; one that
     # ends past it is, also where it starts within it
-    for mt, stop, want in ((1, "plus", "7 "), (3, "plus", "7 plus 5 is 12."), (2, "plus 5", "7 ")):
-        t, _, f = chat_toks(max_tokens=40, min_tokens=mt, stop=[stop])
+    # ("7", " plus", " ", "5", " is", ...; of stop strings of two lengths, each looked for past the boundary)
+    for mt, stop, want in ((1, ["plus"], "7 "), (2, ["plus"], "7 plus 5 is 12."), (3, ["plus"], "7 plus 5 is 12."),
+                           (2, ["plus 5"], "7 "), (2, ["s", "xyz"], "7 plus 5 i")):
+        t, _, f = chat_toks(max_tokens=40, min_tokens=mt, stop=stop)
         check(t == want and f == "stop", "min_tokens %d, stop %r: %r (want %r)" % (mt, stop, t, want))
     # a stop token id is banned too while min_tokens holds, and ends the answer after it
     st, data = post(port, "/tokenize", {"prompt": " plus", "add_special_tokens": False})
@@ -208,8 +210,9 @@ try:
     ta, ka, _ = chat_toks(max_tokens=12, ignore_eos=True)
     tb, kb, _ = chat_toks(max_tokens=12, ignore_eos=True, min_tokens=12)
     check(ka == kb and len(ka) >= 10, "min_tokens with ignore_eos: the same tokens %r / %r" % (ka, kb))
-    for bad in ({"min_tokens": 41}, {"min_tokens": -1}, {"min_tokens": "3"}, {"min_tokens": 2.5}):
-        st, data = post(port, "/v1/chat/completions", dict(chat7, max_tokens=40, **bad))
+    for bad in ({"min_tokens": 41, "max_tokens": 40}, {"min_tokens": -1}, {"min_tokens": "3"}, {"min_tokens": 2.5},
+                {"min_tokens": 502}, {"min_tokens": 20000000}):  # the last two: past what the context leaves
+        st, data = post(port, "/v1/chat/completions", dict(chat7, **bad))
         check(st == 400 and json.loads(data)["error"]["param"] == "min_tokens", "%r: 400 naming it" % bad, data[:200])
     st, _ = http_get(port, "/health")
     check(st == 200, "/health")
