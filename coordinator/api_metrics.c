@@ -8,6 +8,7 @@
 
 #include "common/buildinfo.h"
 #include "common/mla_err.h"
+#include "coordinator/api_params.h"
 
 static const double sec_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                     0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0};
@@ -81,11 +82,24 @@ static void metric_int(sbuf *b, const char *name, const char *type, const char *
     sb_printf(b, " %lld\n", v);
 }
 
-/* label-safe copy: quotes, backslashes and newlines become '_' */
-static void label_safe(char *out, size_t cap, const char *s) {
-    size_t j = 0;
-    for (const char *c = s ? s : ""; *c && j + 1 < cap; c++) out[j++] = (*c == '"' || *c == '\\' || *c == '\n') ? '_' : *c;
-    out[j] = 0;
+/* A label value as the text exposition format takes it: valid UTF-8 (a byte that is not, as U+FFFD),
+ * backslash, double quote and newline escaped; whole, however long. The caller frees it. */
+static char *label_esc(const char *s) {
+    size_t n = 0;
+    char *u = api_utf8_sanitize(s ? s : "", s ? strlen(s) : 0, &n);
+    char *o = mla_xmalloc(2 * n + 1), *q = o;
+    for (size_t i = 0; i < n; i++) {
+        if (u[i] == '\\' || u[i] == '"') *q++ = '\\';
+        if (u[i] == '\n') {
+            *q++ = '\\';
+            *q++ = 'n';
+        } else {
+            *q++ = u[i];
+        }
+    }
+    *q = 0;
+    free(u);
+    return o;
 }
 
 /* A per-worker series: HELP/TYPE then one sample per worker (rank label) that has the value. */
@@ -156,19 +170,19 @@ static void worker_backend(sbuf *b, const api_gauges *g) {
 char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *model, size_t *len) {
     sbuf b = {mla_xmalloc(4096), 0, 4096};
     b.p[0] = 0;
-    char lbl[300];
-    char safe[200];
-    label_safe(safe, sizeof safe, model);
-    snprintf(lbl, sizeof(lbl), "model=\"%s\"", safe);
-    char ver[64], commit[64], type[64], archs[64];
-    label_safe(ver, sizeof ver, buildinfo_version());
-    label_safe(commit, sizeof commit, buildinfo_commit());
-    label_safe(type, sizeof type, buildinfo_type());
-    label_safe(archs, sizeof archs, buildinfo_cuda_archs());
+    char *safe = label_esc(model), *lbl = mla_xmalloc(strlen(safe) + 10);
+    sprintf(lbl, "model=\"%s\"", safe);
+    free(safe);
+    char *ver = label_esc(buildinfo_version()), *commit = label_esc(buildinfo_commit()),
+         *type = label_esc(buildinfo_type()), *archs = label_esc(buildinfo_cuda_archs());
     sb_printf(&b, "# HELP mlaserve_build_info This build: version, commit, build type, CUDA architectures.\n"
                   "# TYPE mlaserve_build_info gauge\n"
                   "mlaserve_build_info{version=\"%s\",commit=\"%s\",build_type=\"%s\",cuda_archs=\"%s\"} 1\n",
               ver, commit, type, archs);
+    free(ver);
+    free(commit);
+    free(type);
+    free(archs);
     if (g->max_context > 0) /* known once the workers have loaded */
         sb_printf(&b, "# HELP mlaserve_model_info The model served: name, tensor-parallel degree, context limit.\n"
                       "# TYPE mlaserve_model_info gauge\n"
@@ -232,7 +246,7 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
                g->preemptions);
     metric_int(&b, "mlaserve_steps_total", "counter", "Batched model steps run.", lbl, g->steps);
     metric_int(&b, "mlaserve_http_connections", "gauge", "Open HTTP connections.", NULL, g->connections);
-    metric_int(&b, "mlaserve_healthy", "gauge", "1 when every worker is up.", NULL, g->healthy);
+    metric_int(&b, "mlaserve_healthy", "gauge", "1 when every worker is up and the server is not draining.", NULL, g->healthy);
     if (g->n_workers > 0) {
         worker_series(&b, g, "mlaserve_worker_steps_total", "counter", "Steps a worker ran.", W_STEPS);
         worker_series(&b, g, "mlaserve_worker_step_seconds_total", "counter",
@@ -257,6 +271,7 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
                       "Bytes of the model file a worker loads in all.", W_LOAD_TOTAL);
         worker_backend(&b, g);
     }
+    free(lbl);
     if (len) *len = b.n;
     return b.p;
 }

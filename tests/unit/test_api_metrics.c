@@ -72,7 +72,30 @@ static void test_worker_stats(void) {
     api_metrics_free(&m);
 }
 
+/* The model's name as a label value, whole: a backslash, a double quote and a newline escaped as
+ * the text format says, a multi-byte character kept past 200 bytes, a byte that is not UTF-8 as
+ * U+FFFD (a name once cut to 199 bytes inside a character made the whole scrape unparseable). */
+static void test_model_label(void) {
+    api_metrics m;
+    api_metrics_init(&m);
+    api_gauges g = {0};
+    g.max_context = 512;
+    g.tp = 1;
+    char name[300];
+    memset(name, 'a', 198);
+    strcpy(name + 198, "\xe2\x82\xac\xe2\x82\xac\"q\\b\nc\xff");
+    size_t n = 0;
+    char *t = api_metrics_render(&m, &g, name, &n);
+    char want[400];
+    memset(want, 'a', 198);
+    strcpy(want + 198, "\xe2\x82\xac\xe2\x82\xac\\\"q\\\\b\\nc\xef\xbf\xbd\",tp=\"1\"");
+    CHECKF(t && strstr(t, want), "the model label, escaped and whole: %.300s", t ? strstr(t, "mlaserve_model_info{") : "");
+    free(t);
+    api_metrics_free(&m);
+}
+
 int main(void) {
+    test_model_label();
     test_backend_info();
     test_worker_stats();
     return mla_test_finish();
