@@ -57,12 +57,15 @@ void loadprog_get(loadprog_state *st) {
 }
 
 void loadprog_describe(const loadprog_state *st, char *buf, unsigned long cap) {
-    const double gib = 1024.0 * 1024 * 1024;
+    /* GiB, or MiB for a model under one GiB (a test's: "0.0 of 0.0 GiB" said nothing) */
+    const bool small = st->total < ((uint64_t)1 << 30);
+    const double unit = small ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+    const char *u = small ? "MiB" : "GiB";
     double pct = st->total ? 100.0 * (double)st->done / (double)st->total : 0;
-    int k = snprintf(buf, cap, "%.1f of %.1f GiB (%.0f%%)", (double)st->done / gib, (double)st->total / gib, pct);
+    int k = snprintf(buf, cap, "%.1f of %.1f %s (%.0f%%)", (double)st->done / unit, (double)st->total / unit, u, pct);
     if (k < 0 || (unsigned long)k >= cap || st->done == 0 || st->seconds <= 0) return;
     double rate = (double)st->done / st->seconds;
-    int k2 = snprintf(buf + k, cap - (unsigned long)k, ", %.2f GiB/s", rate / gib);
+    int k2 = snprintf(buf + k, cap - (unsigned long)k, ", %.2f %s/s", rate / unit, u);
     if (k2 < 0 || (unsigned long)(k + k2) >= cap || st->finished) return;
     long eta = (long)((double)(st->total - st->done) / rate + 0.5);
     snprintf(buf + k + k2, cap - (unsigned long)(k + k2), ", ETA %ldm%02lds", eta / 60, eta % 60);

@@ -3,6 +3,7 @@
  * coordinator/serve_adapt.h. */
 #include "coordinator/cmd_serve.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -387,7 +388,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model_name = NULL, *port_file = NULL;
     int port = 8000, proto_port = -1;
     const char *proto_port_file = NULL, *api_key_file = NULL, *tls_cert = NULL, *tls_key = NULL;
-    int special_in_messages = 0;
+    int special_in_messages = 0, no_access_log = 0;
     const char *reasoning_parser = "auto", *tool_parser = "auto", *chat_template_file = NULL;
     char *chat_template_src = NULL;
     char *key_owned = NULL;
@@ -448,6 +449,9 @@ int cmd_serve(int argc, char **argv) {
          .help = "a prompt with more than N tokens left to prefill takes at most half of each step while other "
                  "requests are in line, so that it does not hold them back for its whole prefill (0: never)",
          .dest = &long_prefill, .lo = 0, .hi = WIRE_MAX_CTX},
+        {.name = "--no-access-log", .kind = OPT_FLAG,
+         .help = "no log line for each HTTP response (client, method, path, status, time; at --log-level debug still)",
+         .dest = &no_access_log},
         {.name = "--no-prefix-cache", .kind = OPT_FLAG,
          .help = "every request prefills its whole prompt (no sharing of cached blocks)", .dest = &no_prefix_cache},
         {.name = "--max-queue", .kind = OPT_LONG, .arg = "N", .def = "256",
@@ -536,6 +540,22 @@ int cmd_serve(int argc, char **argv) {
     if (request_timeout_ms > 0) {
         hc.request_timeout_ms = (unsigned)request_timeout_ms;
         if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
+    }
+    {   /* what the listeners will take (uvnet_listen): refused here, before anything starts */
+        struct in_addr a4;
+        struct in6_addr a6;
+        const char *h = strcmp(host, "localhost") ? host : "127.0.0.1";
+        if (inet_pton(AF_INET, h, &a4) != 1 && inet_pton(AF_INET6, h, &a6) != 1) {
+            free(key_owned);
+            fprintf(stderr, "mlaserve serve: --host '%s' is not an IPv4 or IPv6 address (or localhost; an IPv6 "
+                            "address without brackets)\n", host);
+            return 2;
+        }
+    }
+    if (proto_port > 0 && proto_port == port) {
+        free(key_owned);
+        fprintf(stderr, "mlaserve serve: --port and --proto-port are both %d (HTTP and gRPC need a port each)\n", port);
+        return 2;
     }
     if (api_key_file && key_owned) { /* the file would win silently over a key given beside it */
         free(key_owned);
@@ -645,6 +665,7 @@ int cmd_serve(int argc, char **argv) {
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
     g_be = serve_adapt_backend(&S);
     hc.early = api_server_early;
+    hc.access_log = !no_access_log;
     /* a full server still answers its probes (a liveness probe that got a 503 would restart it) */
     static const char *const probes[] = {"/health", "/metrics", NULL};
     hc.probe_paths = probes;
@@ -671,10 +692,12 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}, {-1, -1}};
-    if (pb) MLA_INFO("serve: gRPC API on %s:%d%s", host, pb_bound, tls_cert ? " (TLS)" : "");
-    MLA_INFO("serve: %s on http://%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: their "
-             "progress; 503 until ready)",
-             ac.model_name, host, bound, tp, no_prefix_cache ? "off" : "on");
+    /* an IPv6 address in brackets, as a URL writes it */
+    const bool v6 = strchr(host, ':') != NULL;
+    if (pb) MLA_INFO("serve: gRPC API on %s%s%s:%d%s", v6 ? "[" : "", host, v6 ? "]" : "", pb_bound, tls_cert ? " (TLS)" : "");
+    MLA_INFO("serve: %s on http://%s%s%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: "
+             "their progress; 503 until ready)",
+             ac.model_name, v6 ? "[" : "", host, v6 ? "]" : "", bound, tp, no_prefix_cache ? "off" : "on");
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);

@@ -105,9 +105,17 @@ static int spawn_worker(coord *c, int r, mla_err *err) {
         argv[k++] = link_s;
     }
     argv[k] = NULL;
+    /* the workers' environment: this process's without the API key, which they never need */
+    size_t ne = 0, m = 0;
+    while (environ[ne]) ne++;
+    char **env = mla_xmalloc((ne + 1) * sizeof *env);
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "MLASERVE_API_KEY=", 17)) env[m++] = environ[i];
+    env[m] = NULL;
     pid_t pid;
-    int rc = posix_spawnp(&pid, c->worker_exe, &fa, NULL, argv, environ);
+    int rc = posix_spawnp(&pid, c->worker_exe, &fa, NULL, argv, env);
     posix_spawn_file_actions_destroy(&fa);
+    free(env);
     free(argv);
     if (sv[1] >= 0) close(sv[1]);
     if (rc != 0) {
@@ -301,6 +309,9 @@ int coord_start(coord **out, const coord_config *cfg_in, mla_err *err) {
     if (cfg_in->world < 1 || cfg_in->world > WIRE_MAX_WORLD)
         return mla_errf(err, "world size %d outside [1, %d]", cfg_in->world, WIRE_MAX_WORLD);
     if (!cfg_in->model_path) return mla_errf(err, "no model path");
+    if (cfg_in->external && cfg_in->worker_exe)
+        return mla_errf(err, "--worker-exe names the program of the workers the server starts; with "
+                             "--workers-external it starts none");
     const wire_kv_opts *kv = &cfg_in->kv;
     if (kv->gpu_memory_utilization < 0 || kv->gpu_memory_utilization > 1 || kv->max_step_tokens > WIRE_MAX_STEP_TOKENS ||
         kv->max_context > WIRE_MAX_CTX || kv->max_seqs > WIRE_MAX_SEQS)

@@ -72,6 +72,7 @@ void http_server_config_default(http_server_config *c) {
     c->max_body_total = 256u << 20;
     c->early = NULL;
     c->cors_origins = NULL;
+    c->access_log = true;
 }
 
 /* The CORS answer to the current request's Origin into c->cors: the origin itself where
@@ -299,15 +300,32 @@ static int header_block(char *out, size_t cap, int status, const char *ctype, co
                     keep_alive ? "keep-alive" : "close", corsline, extra ? extra : "");
 }
 
-static void count_status(http_server *s, int status) {
+/* at most n bytes of s for a log line, anything but printable ASCII as '?' */
+static void log_clean(char *out, size_t cap, const char *s) {
+    size_t j = 0;
+    for (; s && *s && j + 1 < cap; s++) out[j++] = *s >= 0x20 && *s < 0x7f && *s != '"' ? *s : '?';
+    out[j] = 0;
+}
+
+/* A response begins (its status line goes out): counted, and the access log's line. */
+static void response_begins(http_conn *c, int status, bool stream) {
+    http_server *s = c->srv;
     if (status >= 100 && status < 600) s->by_class[status / 100]++;
+    const enum mla_log_level lvl = s->cfg.access_log ? MLA_LOG_INFO : MLA_LOG_DEBUG;
+    if (status < 200 || mla_log_level() > lvl) return;
+    const http_request *q = &c->parser.req;
+    char m[16], p[256];
+    log_clean(m, sizeof m, q->method ? q->method : "-");
+    log_clean(p, sizeof p, q->path ? q->path : "-");
+    const double ms = c->req_start_ms ? (double)(uv_now(s->loop) - c->req_start_ms) : 0;
+    mla_log(lvl, "http: %s \"%s %s\" %d, %s%.0f ms", c->peer, m, p, status, stream ? "a stream after " : "", ms);
 }
 
 void http_respond(http_conn *c, int status, const char *content_type, const char *body,
                   size_t len, const char *extra_headers) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
-    count_status(c->srv, status);
+    response_begins(c, status, false);
     if (c->srv->closed) c->keep_alive = false;
     char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     int n = header_block(head, sizeof(head), status, content_type, extra_headers, c->cors, c->keep_alive,
@@ -322,7 +340,7 @@ void http_stream_begin(http_conn *c, int status, const char *content_type,
                        const char *extra_headers) {
     if (c->state == CS_CLOSING) return;
     MLA_ASSERT(c->state == CS_HANDLING);
-    count_status(c->srv, status);
+    response_begins(c, status, true);
     char head[2048]; /* the base lines, a CORS line (HTTP_CORS_ORIGIN_MAX) and the caller's extra lines */
     if (c->http10) {
         /* HTTP/1.0 has no chunked encoding: the body runs until the connection closes */
@@ -726,7 +744,8 @@ int http_server_listen(http_server *s, const char *host, int port, int *bound_po
     int p = 0;
     if (uvnet_listen(&s->listener, host, port, on_connection, &p, err)) return MLA_ERR;
     if (bound_port) *bound_port = p;
-    MLA_INFO("http: listening on %s:%d", host, p);
+    const bool v6 = strchr(host, ':') != NULL; /* in brackets, as a URL writes it */
+    MLA_INFO("http: listening on %s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", p);
     return MLA_OK;
 }
 

@@ -68,12 +68,17 @@ typedef struct http_server_config {
      * server full of clients still gets its answer). */
     const char *const *probe_paths;
     int probe_conns;
+    /* one info line a response as its status line goes out: the client's address, the method and
+     * path, the status, the time since the request's first byte (a stream's: to its first byte);
+     * false: none (such lines at --log-level debug still) */
+    bool access_log;
 } http_server_config;
 
 #define HTTP_CORS_ORIGIN_MAX 256 /* longer Origin / Access-Control-Request-Headers values are not echoed */
 
 /* Defaults: http_limits_default, 1024 connections, idle 60 s, headers 10 s, request 30 s,
- * write queue 1 MiB, write timeout 30 s, pending 1 MiB, bodies over all connections 256 MiB. */
+ * write queue 1 MiB, write timeout 30 s, pending 1 MiB, bodies over all connections 256 MiB,
+ * the access log on. */
 void http_server_config_default(http_server_config *c);
 
 typedef void (*http_handler_fn)(void *ud, http_conn *c, const http_request *req);

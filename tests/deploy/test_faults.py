@@ -118,9 +118,14 @@ def case_death():
 
 def case_death_exit():
     """--on-worker-failure exit: status 1, and the last line says which worker failed and why"""
-    srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", "exit"], SLOW, worker)
+    srv = Server(exe, model, ["--tp", "2", "--on-worker-failure", "exit"], dict(SLOW, MLASERVE_API_KEY="k-env-7351"),
+                 worker)
     try:
         pids = worker_pids(srv, 2)
+        # the API key from the environment stays with the server: the workers never need it
+        envs = [open("/proc/%d/environ" % p, "rb").read() for p in (srv.proc.pid, pids[0], pids[1])]
+        check(b"k-env-7351" in envs[0] and not any(b"MLASERVE_API_KEY" in e for e in envs[1:]),
+              "the workers' environment holds no API key")
         os.kill(pids[1], signal.SIGKILL)
         ok = wait_for(lambda: srv.proc.poll() is not None, 30, 0.2)
         check(ok and srv.proc.returncode == 1, "exit: status 1 (%r)" % srv.proc.returncode)

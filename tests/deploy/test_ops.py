@@ -91,7 +91,11 @@ def case_startup():
         took = time.time() - t0
         log = srv.text()
         check("the workers are ready; serving" in log, "serve: ready after the load", log[-1500:])
-        check(re.search(r"loaded: [0-9.]+ of [0-9.]+ GiB \(100%\), [0-9.]+ GiB/s in [0-9.]+ s", log),
+        # the access log: a line for each response, the refused ones too (503 while loading)
+        check(re.search(r'info: http: 127\.0\.0\.1:[0-9]+ "POST /v1/completions" 503, [0-9]+ ms', log) and
+              re.search(r'info: http: 127\.0\.0\.1:[0-9]+ "GET /health" 200, [0-9]+ ms', log),
+              "the access log: a line a response", log[-2000:])
+        check(re.search(r"loaded: [0-9.]+ of [0-9.]+ MiB \(100%\), [0-9.]+ MiB/s in [0-9.]+ s", log),
               "worker log: the load's size, rate and time", log[-2000:])
         # 3 layer gaps of 2 s: about 6 s of loading against a 4.5 s start timeout
         load_s = [float(x) for x in re.findall(r"loaded: .* in ([0-9.]+) s", log)]

@@ -17,7 +17,8 @@ if not os.path.exists(model):
     print("fixture missing: skipped")
     sys.exit(77)
 ref = json.load(open(os.path.join(fixtures, "tiny-deepseek3", "ref.json")))
-srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"], ["--max-context", "512", "--max-seqs", "8"],
+srv = ServeProcess([exe, "-m", model, "--tp", str(tp), "--port", "0"], ["--max-context", "512", "--max-seqs", "8",
+                                                                        "--no-access-log"],
                    worker=worker, timeout=120, prefix="serve_model_", fail_tail=None)
 try:
     port = srv.port
@@ -216,6 +217,7 @@ try:
         check(st == 400 and json.loads(data)["error"]["param"] == "min_tokens", "%r: 400 naming it" % bad, data[:200])
     st, _ = http_get(port, "/health")
     check(st == 200, "/health")
+    check('"POST /v1/completions" 200' not in srv.text(), "--no-access-log: no line a response")
 finally:
     rc = srv.stop(timeout=60, killed_rc=-999)
     check(rc == 0, "clean exit %r" % rc)

@@ -683,6 +683,7 @@ static void test_refusals(void) {
     memset(&a, 0, sizeof a);
     a.cfg = base_cfg(2);
     a.cfg.external = 1;
+    a.cfg.worker_exe = NULL; /* it starts none */
     a.cfg.endpoint = ep;
     pthread_t th;
     REQUIRE(pthread_create(&th, NULL, start_thread, &a) == 0);
@@ -813,6 +814,7 @@ static void test_orphan(void) {
         mla_err err;
         coord_config cfg = base_cfg(2);
         cfg.external = 1;
+        cfg.worker_exe = NULL;
         cfg.endpoint = ep;
         cfg.heartbeat_timeout_ms = 1000;
         char ok = coord_start(&c, &cfg, &err) == MLA_OK ? 'y' : 'n';
@@ -888,6 +890,7 @@ static void test_nccl_id(void) {
     memset(&a, 0, sizeof a);
     a.cfg = base_cfg(2);
     a.cfg.external = 1;
+    a.cfg.worker_exe = NULL; /* it starts none */
     a.cfg.endpoint = ep;
     pthread_t th;
     REQUIRE(pthread_create(&th, NULL, start_thread, &a) == 0);
