@@ -23,11 +23,15 @@ enum mla_log_level mla_log_level(void);
 /* "debug", "info", "warn" or "error" */
 const char *mla_log_level_name(enum mla_log_level lvl);
 int mla_log_level_given(void);
-/* The --log-level entry of an opts table (the file using it includes common/opts.h). */
-#define MLA_LOG_LEVEL_OPT_DEF(d)                                                                            \
+/* The --log-level entry of an opts table (the file using it includes common/opts.h); what the
+ * help adds (a command that starts workers: they follow its level). */
+#define MLA_LOG_LEVEL_OPT_HELP(d, more)                                                                     \
     {.name = "--log-level", .kind = OPT_FN, .arg = "debug|info|warn|error", .def = d,                            \
-     .help = "leave out log lines below this level (workers follow the coordinator's)", .fn = mla_log_level_opt}
+     .help = "leave out log lines below this level" more, .fn = mla_log_level_opt}
+#define MLA_LOG_LEVEL_OPT_DEF(d) MLA_LOG_LEVEL_OPT_HELP(d, " (workers follow the coordinator's)")
 #define MLA_LOG_LEVEL_OPT MLA_LOG_LEVEL_OPT_DEF("info")
+/* a command without workers (inspect, keygen, mkmodel, client) */
+#define MLA_LOG_LEVEL_OPT_SOLO MLA_LOG_LEVEL_OPT_HELP("info", "")
 /* the commands that print their results (generate, bench) log warnings only unless asked */
 #define MLA_LOG_LEVEL_OPT_WARN MLA_LOG_LEVEL_OPT_DEF("warn")
 

@@ -172,7 +172,7 @@ int cmd_client(int argc, char **argv) {
         {.name = "--tls", .kind = OPT_FLAG, .help = "TLS (serve --tls-cert/--tls-key)", .dest = &tls},
         {.name = "--tls-ca", .kind = OPT_STR, .arg = "FILE", .def = "the system's CAs",
          .help = "PEM file of the CA that signed the server's certificate (implies --tls)", .dest = &tls_ca},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_SOLO,
     };
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
     mla_err perr;

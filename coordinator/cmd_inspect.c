@@ -106,7 +106,7 @@ int cmd_inspect(int argc, char **argv) {
          .help = "tensor-parallel degree whose plan to check and show (the GPUs you mean to use)", .dest = &tp, .lo = 1,
          .hi = WIRE_MAX_WORLD},
         {.name = "--json", .kind = OPT_FLAG, .help = "one JSON object on stdout instead of text", .dest = &json_flag},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_SOLO,
     };
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
     int st = opts_command("mlaserve inspect",

@@ -114,7 +114,7 @@ int cmd_keygen(int argc, char **argv) {
         {.name = "--client", .kind = OPT_STR, .arg = "NAME", .def = "none",
          .help = "also a key pair for another client, NAME.key (letters, digits, - and _)", .dest = &client},
         {.name = "--force", .kind = OPT_FLAG, .help = "overwrite keys that exist", .dest = &force},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_SOLO,
     };
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
     int st = opts_command("mlaserve keygen",

@@ -672,7 +672,7 @@ int cmd_mkmodel(int argc, char **argv) {
         {.name = "--experts-used", .kind = OPT_LONG, .arg = "K", .def = "the family's top-k (ceil(k/N) with --rank-of)",
          .help = "experts a token uses", .dest = &used_o, .lo = 1, .hi = 1024},
         {.name = "--dry-run", .kind = OPT_FLAG, .help = "print the plan and sizes, write nothing", .dest = &dry_f},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_SOLO,
     };
     const opt_table tab = {"options", specs, sizeof specs / sizeof *specs};
     int st = opts_command("mlaserve mkmodel", mkmodel_usage, &tab, 1, argc, argv, NULL, 0, NULL);

@@ -63,7 +63,7 @@ static size_t wk_specs(wk_config *cfg, int *proto, opt_spec *s) {
          .hi = 1 << 20},
         {.name = "--protocol-version", .kind = OPT_INT, .arg = "V", .def = "this build's",
          .help = "protocol version to claim (tests of refusals)", .dest = proto, .lo = 1, .hi = 1 << 30},
-        MLA_LOG_LEVEL_OPT,
+        MLA_LOG_LEVEL_OPT_HELP("info", " (not given: the coordinator's, from registration on)"),
     };
     memcpy(s, t, sizeof t);
     return sizeof t / sizeof *t;
