@@ -247,6 +247,10 @@ char *api_metrics_render(const api_metrics *m, const api_gauges *g, const char *
     metric_int(&b, "mlaserve_steps_total", "counter", "Batched model steps run.", lbl, g->steps);
     metric_int(&b, "mlaserve_http_connections", "gauge", "Open HTTP connections.", NULL, g->connections);
     metric_int(&b, "mlaserve_healthy", "gauge", "1 when every worker is up and the server is not draining.", NULL, g->healthy);
+    if (g->restarts >= 0)
+        metric_int(&b, "mlaserve_worker_group_restarts_total", "counter",
+                   "Times the worker group was started again after a failure (--on-worker-failure restart).", NULL,
+                   g->restarts);
     if (g->n_workers > 0) {
         worker_series(&b, g, "mlaserve_worker_steps_total", "counter", "Steps a worker ran.", W_STEPS);
         worker_series(&b, g, "mlaserve_worker_step_seconds_total", "counter",

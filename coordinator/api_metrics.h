@@ -44,6 +44,7 @@ typedef struct api_gauges {
     int64_t connections;
     uint64_t http_by_class[6];       /* HTTP responses begun, 1xx..5xx at status/100 (http_server_responses) */
     int healthy;
+    int64_t restarts;                     /* the worker group's restarts so far; -1: not known */
     int tp;                               /* tensor-parallel degree (0: unknown) */
     int32_t max_context;                  /* 0: not known yet (no mlaserve_model_info) */
     const coord_worker_info *workers;     /* [n_workers], may be NULL */

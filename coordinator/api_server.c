@@ -2181,6 +2181,7 @@ static void handle_metrics(api_server *a, http_conn *c) {
     }
     char why[256];
     g.healthy = api_server_healthy(a, why, sizeof(why)) ? 1 : 0;
+    g.restarts = a->cfg.restarts ? a->cfg.restarts(a->cfg.health_ctx) : -1;
     size_t n;
     char *s = api_metrics_render(&a->m, &g, a->model_name, &n);
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", s, n, NULL);

@@ -88,6 +88,8 @@ typedef struct api_config {
     bool (*loading)(void *ctx, cJSON **body);
     /* /metrics: the workers' state (coordinator/coord.h coord_workers). NULL: none. ctx: health_ctx. */
     int (*workers)(void *ctx, coord_worker_info *info, int cap);
+    /* /metrics: the worker group's restarts so far (coordinator/coord.h coord_restarts). NULL: none. */
+    int (*restarts)(void *ctx);
     int tp; /* tensor-parallel degree, for mlaserve_model_info */
     /* Chat output parsing (docs/chat-dialects.md): enum reasoning_kind (coordinator/chat_reasoning.h)
      * and enum toolcall_kind (coordinator/chat_toolcall.h), resolved (no "auto"); 0: none. Only the

@@ -210,6 +210,11 @@ static int cb_workers(void *ctx, coord_worker_info *info, int cap) {
     return coord_workers(s->c, info, cap);
 }
 
+static int cb_restarts(void *ctx) {
+    serve_adapt *s = ctx;
+    return coord_restarts(s->c);
+}
+
 /* /health while the first start is under way (the api calls it until the scheduler is made:
  * loading, then ready with the pools not yet taken): 503 with each rank's progress */
 static bool cb_loading(void *ctx, cJSON **body) {
@@ -257,6 +262,7 @@ void serve_adapt_api_hooks(serve_adapt *s, api_config *ac) {
     ac->health_ctx = s;
     ac->loading = cb_loading;
     ac->workers = cb_workers;
+    ac->restarts = cb_restarts;
 }
 
 /* the worker group's restarts: each one starts with empty caches */

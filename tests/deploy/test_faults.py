@@ -105,6 +105,9 @@ def case_death():
                 check(st == 200 and json.loads(d)["usage"]["completion_tokens"] == 3,
                       "restart: a new completion succeeds", d[:200])
                 check("restarting the worker group" in srv.text(), "restart: logged")
+                st, m = srv.get("/metrics")
+                check(st == 200 and b"\nmlaserve_worker_group_restarts_total 1\n" in m, "restart: counted in /metrics",
+                      m[-400:])
                 # the new workers' caches are empty: the scheduler must not reuse the old blocks
                 st, d = srv.post("/v1/completions", CACHED)
                 after = json.loads(d)["choices"][0]["text"] if st == 200 else None
