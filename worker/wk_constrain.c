@@ -17,15 +17,12 @@ typedef struct crec {
     gram_match *m;
     bool dead;       /* ended (an end of sequence taken) or failed: only end of sequence from now on */
     char *fail;      /* NULL, or why its grammar cannot go on (wk_constrain_failure) */
+    /* the logit biases (n_bias), then min_tokens' banned tokens at -inf (n_ban): all of them apply
+     * below position ban_end, the biases alone from there */
     int32_t *bias_ids;
     float *bias_vals;
-    uint32_t n_bias;
-    /* min_tokens: below position ban_end the biases are early_ids / early_vals (the biases, then
-     * the banned tokens at -inf), n_early of them; 0: none */
+    uint32_t n_bias, n_ban;
     uint32_t ban_end;
-    int32_t *early_ids;
-    float *early_vals;
-    uint32_t n_early;
     uint32_t next_pos; /* position of the next token the matcher takes */
     uint32_t start;    /* position of the first generated token (grammar_start) */
     int32_t last_tok;  /* the token it took last (at next_pos - 1), when has_last */
@@ -69,8 +66,6 @@ static void rec_clear(crec *r) {
     gram_free(r->g);
     free(r->bias_ids);
     free(r->bias_vals);
-    free(r->early_ids);
-    free(r->early_vals);
     free(r->allow);
     memset(r, 0, sizeof *r);
 }
@@ -270,22 +265,16 @@ static crec *row_setup(wk_constrain *c, const wire_seq *s, mla_err *err) {
                 return NULL;
             }
         }
-        if (sp->n_bias) {
-            r->n_bias = sp->n_bias;
-            r->bias_ids = mla_xmalloc(sp->n_bias * sizeof *r->bias_ids);
-            r->bias_vals = mla_xmalloc(sp->n_bias * sizeof *r->bias_vals);
-            memcpy(r->bias_ids, sp->bias_ids, sp->n_bias * sizeof *r->bias_ids);
-            memcpy(r->bias_vals, sp->bias_vals, sp->n_bias * sizeof *r->bias_vals);
-        }
-        if (sp->min_tokens && sp->n_ban) {
-            r->ban_end = sp->grammar_start + sp->min_tokens;
-            r->n_early = sp->n_bias + sp->n_ban;
-            r->early_ids = mla_xmalloc(r->n_early * sizeof *r->early_ids);
-            r->early_vals = mla_xmalloc(r->n_early * sizeof *r->early_vals);
-            for (uint32_t k = 0; k < r->n_early; k++) {
-                const bool b = k < sp->n_bias;
-                r->early_ids[k] = b ? sp->bias_ids[k] : sp->ban_ids[k - sp->n_bias];
-                r->early_vals[k] = b ? sp->bias_vals[k] : -INFINITY;
+        r->n_bias = sp->n_bias;
+        r->n_ban = sp->min_tokens ? sp->n_ban : 0;
+        r->ban_end = sp->grammar_start + sp->min_tokens;
+        if (r->n_bias + r->n_ban) {
+            r->bias_ids = mla_xmalloc((r->n_bias + r->n_ban) * sizeof *r->bias_ids);
+            r->bias_vals = mla_xmalloc((r->n_bias + r->n_ban) * sizeof *r->bias_vals);
+            for (uint32_t k = 0; k < r->n_bias + r->n_ban; k++) {
+                const bool b = k < r->n_bias;
+                r->bias_ids[k] = b ? sp->bias_ids[k] : sp->ban_ids[k - r->n_bias];
+                r->bias_vals[k] = b ? sp->bias_vals[k] : -INFINITY;
             }
         }
         r->next_pos = r->start = sp->grammar_start;
@@ -339,7 +328,7 @@ static int64_t row_mask(crec *r, gram_vocab *v, uint8_t *allow) {
  * grammar that is complete and cannot go on ends there). */
 static int row_mod(wk_constrain *c, crec *r, const wire_seq *s, uint8_t *allow, int64_t cnt, sample_mod *mod,
                    mla_err *err) {
-    bool early = r->n_early && s->n_tokens && (uint32_t)s->positions[s->n_tokens - 1] + 1 < r->ban_end;
+    bool early = r->n_ban && s->n_tokens && (uint32_t)s->positions[s->n_tokens - 1] + 1 < r->ban_end;
     if (r->m) {
         if (cnt <= 0) { /* end of sequence only */
             uint32_t n_eos = 0;
@@ -351,15 +340,15 @@ static int row_mod(wk_constrain *c, crec *r, const wire_seq *s, uint8_t *allow, 
         }
         if (early) { /* the banned tokens the mask allows: all it allows? */
             int64_t n_banned = 0;
-            for (uint32_t k = r->n_bias; k < r->n_early; k++)
-                n_banned += (uint32_t)r->early_ids[k] < c->n_vocab && allow[r->early_ids[k]];
+            for (uint32_t k = r->n_bias; k < r->n_bias + r->n_ban; k++)
+                n_banned += (uint32_t)r->bias_ids[k] < c->n_vocab && allow[r->bias_ids[k]];
             if (n_banned >= cnt) early = false;
         }
         mod->allow = allow;
     }
-    mod->bias_ids = early ? r->early_ids : r->bias_ids;
-    mod->bias_vals = early ? r->early_vals : r->bias_vals;
-    mod->n_bias = early ? r->n_early : r->n_bias;
+    mod->bias_ids = r->bias_ids;
+    mod->bias_vals = r->bias_vals;
+    mod->n_bias = r->n_bias + (early ? r->n_ban : 0);
     return MLA_OK;
 }
 
