@@ -3,7 +3,6 @@
  * coordinator/serve_adapt.h. */
 #include "coordinator/cmd_serve.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -31,6 +30,7 @@
 #include "coordinator/sched_batch.h"
 #include "coordinator/serve_adapt.h"
 #include "coordinator/tok.h"
+#include "coordinator/uvnet.h"
 
 
 /* ---- the command ---- */
@@ -541,16 +541,11 @@ int cmd_serve(int argc, char **argv) {
         hc.request_timeout_ms = (unsigned)request_timeout_ms;
         if (hc.header_timeout_ms > hc.request_timeout_ms) hc.header_timeout_ms = hc.request_timeout_ms;
     }
-    {   /* what the listeners will take (uvnet_listen): refused here, before anything starts */
-        struct in_addr a4;
-        struct in6_addr a6;
-        const char *h = strcmp(host, "localhost") ? host : "127.0.0.1";
-        if (inet_pton(AF_INET, h, &a4) != 1 && inet_pton(AF_INET6, h, &a6) != 1) {
-            free(key_owned);
-            fprintf(stderr, "mlaserve serve: --host '%s' is not an IPv4 or IPv6 address (or localhost; an IPv6 "
-                            "address without brackets)\n", host);
-            return 2;
-        }
+    if (!uvnet_host_ok(host)) { /* what the listeners will take: refused here, before anything starts */
+        free(key_owned);
+        fprintf(stderr, "mlaserve serve: --host '%s' is not an IPv4 or IPv6 address (or localhost; an IPv6 "
+                        "address without brackets)\n", host);
+        return 2;
     }
     if (proto_port > 0 && proto_port == port) {
         free(key_owned);
@@ -692,12 +687,13 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}, {-1, -1}};
-    /* an IPv6 address in brackets, as a URL writes it */
-    const bool v6 = strchr(host, ':') != NULL;
-    if (pb) MLA_INFO("serve: gRPC API on %s%s%s:%d%s", v6 ? "[" : "", host, v6 ? "]" : "", pb_bound, tls_cert ? " (TLS)" : "");
-    MLA_INFO("serve: %s on http://%s%s%s:%d (tp %d, prefix cache %s); the workers load the model (GET /health: "
-             "their progress; 503 until ready)",
-             ac.model_name, v6 ? "[" : "", host, v6 ? "]" : "", bound, tp, no_prefix_cache ? "off" : "on");
+    char at[80];
+    uvnet_addr_text(at, sizeof at, host, pb_bound);
+    if (pb) MLA_INFO("serve: gRPC API on %s%s", at, tls_cert ? " (TLS)" : "");
+    uvnet_addr_text(at, sizeof at, host, bound);
+    MLA_INFO("serve: %s on http://%s (tp %d, prefix cache %s); the workers load the model (GET /health: their "
+             "progress; 503 until ready)",
+             ac.model_name, at, tp, no_prefix_cache ? "off" : "on");
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);

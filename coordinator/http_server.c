@@ -744,8 +744,9 @@ int http_server_listen(http_server *s, const char *host, int port, int *bound_po
     int p = 0;
     if (uvnet_listen(&s->listener, host, port, on_connection, &p, err)) return MLA_ERR;
     if (bound_port) *bound_port = p;
-    const bool v6 = strchr(host, ':') != NULL; /* in brackets, as a URL writes it */
-    MLA_INFO("http: listening on %s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", p);
+    char at[80];
+    uvnet_addr_text(at, sizeof at, host, p);
+    MLA_INFO("http: listening on %s", at);
     return MLA_OK;
 }
 

@@ -3,6 +3,7 @@
 #ifndef UVNET_H
 #define UVNET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <uv.h>
 
@@ -14,7 +15,14 @@
 int uvnet_listen(uv_tcp_t *listener, const char *host, int port, uv_connection_cb on_connection,
                  int *bound_port, mla_err *err);
 
-/* "ip:port" of a connected peer, or "?" when unknown. */
+/* Whether uvnet_listen takes host as an address: an IPv4 or IPv6 literal (no brackets), or
+ * localhost (127.0.0.1). */
+bool uvnet_host_ok(const char *host);
+
+/* "host:port" into out, an IPv6 address in brackets as URLs write it ("[::1]:8000"). */
+void uvnet_addr_text(char *out, size_t n, const char *host, int port);
+
+/* The address of a connected peer as uvnet_addr_text writes it, or "?" when unknown. */
 void uvnet_peer_name(uv_tcp_t *tcp, char *out, size_t n);
 
 #endif
