@@ -4,7 +4,8 @@ official openai client. No timing is asserted: the counts and the fields have to
 - 8 requests of 32 prompt tokens and 8 output tokens at concurrency 4: no error, 64 output tokens,
   TTFT and ITL percentiles present and ordered, requests/s and tok/s positive; the server's split of
   the first token's time read from /metrics: its TTFT the sum of queue and prefill, inside the
-  client's (the server's interval lies within the client's), at least 8 steps;
+  client's (the server's interval lies within the client's), at least 8 steps, the 256 prompt tokens
+  received;
 - 5 Poisson arrivals (rate 50/s) of 16 prompt tokens and 6 output tokens: no error, every asked token
   streamed;
 - the chat-like lengths (no server): 2000 draws within 50-4000 / 20-1000 tokens, long-tailed (the mean
@@ -49,6 +50,7 @@ try:
         sv = j["server"]
         check(sv is not None and abs(sv["ttft"] - sv["queue"] - sv["prefill"]) <= 1e-3 * sv["ttft"] + 1e-3 and
               0 < sv["ttft"] <= t["mean"] and sv["steps"] >= 8, "the server's TTFT split", j)
+        check(sv is not None and sv["prompt_tokens"] == 256, "the server received the 256 prompt tokens", j)
     rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7")
     check(rc == 0 and j is not None and j["errors"] == 0 and j["mode"] == "rate 50/s", "Poisson arrivals: no error",
           (j, err[-500:]))
