@@ -733,6 +733,12 @@ static void cache_lost(sched *s) {
              n_run, n_cached);
 }
 
+/* whether the token a row of q samples after its first `to` tokens ends q by its length (the
+ * finish rule of the step's results: max_tokens, or the context full) */
+static bool last_by_length(const sched *s, const sreq *q, int32_t to) {
+    return q->n_gen + 1 >= q->max_tokens || to + 1 >= s->cfg.max_context;
+}
+
 static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     sched_plan_seq *p = &s->plan[*n];
     p->seq_id = q->id;
@@ -743,6 +749,7 @@ static void plan_add(sched *s, int *n, sreq *q, int32_t chunk) {
     p->n_blocks = q->n_blocks;
     p->n_blocks_sent = q->n_sent;
     p->sample = q->n_computed + chunk == q->n_tokens;
+    p->last = p->sample && last_by_length(s, q, q->n_tokens);
     p->sampling = &q->sampling;
     p->seq_tokens = q->tokens;
     p->n_prompt = q->n_prompt;
@@ -801,6 +808,7 @@ static void grow_cut(sched *s, const int *cut, int n_cut, int32_t *budget, int32
         MLA_ASSERT(ok);
         p->n_tokens += to - from;
         p->sample = to == q->n_tokens;
+        p->last = p->sample && last_by_length(s, q, to);
         if (p->sample && s->cfg.decode_lookahead && to + 1 <= q->cap_tokens) (void)alloc_blocks(s, q, to + 1);
         p->block_table = q->blocks; /* alloc_blocks may have moved it */
         p->n_blocks = q->n_blocks;

@@ -140,6 +140,9 @@ typedef struct sched_plan_seq {
      * block_table[0, n_blocks). */
     int32_t n_blocks_sent;
     bool sample;                /* true: return the next token after tokens[n_tokens-1] */
+    /* with sample: that token is the request's last by its length (max_tokens, or the context
+     * full after it), so a backend need not prepare another step for the sequence */
+    bool last;
     const sched_sampling *sampling;
     /* Tokens generated so far for this request (for penalties and seeded sampling: the
      * n_generated-th sampled token of a request uses the same random stream whether or not it

@@ -97,6 +97,7 @@ static int cb_run(void *ctx, const sched_plan *plan, sched_result *results, mla_
         w->n_blocks = (uint32_t)(p->n_blocks - p->n_blocks_sent);
         w->blocks = (uint32_t *)(p->block_table + p->n_blocks_sent); /* ids >= 0: the same bits */
         w->sample = p->sample;
+        w->last = p->last;
         /* its prompt starts (at a cached prefix's end, or again after a preemption: the first counts) */
         if (p->n_blocks_sent == 0 && s->api) api_server_note_scheduled(s->api, p->seq_id);
         const sched_sampling *sp = p->sampling;

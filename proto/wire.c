@@ -119,6 +119,7 @@ int wire_encode(const wire_msg *m, uint8_t **out, size_t *len, mla_err *err) {
             sps[i].n_blocks = s->n_blocks;
             sps[i].blocks = s->blocks;
             sps[i].sample = s->sample;
+            sps[i].last = s->last;
             sps[i].has_next_token = s->sp.prompt_logprobs && s->next_token >= 0;
             sps[i].next_token = sps[i].has_next_token ? s->next_token : 0;
             sms[i].prompt_logprobs = s->sp.prompt_logprobs;
@@ -511,6 +512,11 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
             return mla_errf(err, "wire: seq %llu: next token %d outside the vocabulary (%u)",
                             (unsigned long long)s->seq_id, s->next_token, lim->n_vocab);
         }
+        if (s->last && !s->sample) {
+            free(ids);
+            return mla_errf(err, "wire: seq %llu: a last row must sample (its token is the last)",
+                            (unsigned long long)s->seq_id);
+        }
         const bool plp = s->sampling && s->sampling->prompt_logprobs;
         if ((s->has_next_token && !plp) ||
             (plp && s->sampling->logits != MLA__LOGITS_MODE__LOGITS_ALL)) {
@@ -532,6 +538,7 @@ static int decode_plan(const Mla__StepPlan *p, const wire_limits *lim, wire_step
         d->seq_id = s->seq_id;
         d->n_tokens = (uint32_t)s->n_tokens;
         d->sample = s->sample;
+        d->last = s->last;
         d->next_token = s->has_next_token ? s->next_token : -1;
         d->block_start = s->block_start;
         d->n_blocks = (uint32_t)s->n_blocks;

@@ -19,8 +19,9 @@
 #include "mla_err.h"
 
 #define WIRE_MAGIC 0x574c4d41u /* "AMLW" little-endian */
-#define WIRE_VERSION 5u /* 3: block tables in the plan, the cache pool, load progress, worker stats; 4: prompt logprobs;
-                               * 5: min_tokens (an older worker would not hold the stop tokens back) */
+#define WIRE_VERSION 6u /* 3: block tables in the plan, the cache pool, load progress, worker stats; 4: prompt logprobs;
+                               * 5: min_tokens (an older worker would not hold the stop tokens back);
+                               * 6: SeqPlan.last (an older worker would not read it) */
 #define WIRE_MAX_FRAME ((size_t)256 << 20)
 #define WIRE_MAX_SEQS 4096
 #define WIRE_MAX_STEP_TOKENS (1u << 20)
@@ -158,6 +159,8 @@ typedef struct wire_seq {
     uint32_t *blocks;
     /* sp.prompt_logprobs: the token after tokens[n_tokens - 1] (-1: none, the row ends the prompt) */
     int32_t next_token;
+    /* with sample: the token sampled is the request's last by its length (max_tokens, the context) */
+    bool last;
 } wire_seq;
 
 typedef struct wire_step_plan {

@@ -56,10 +56,13 @@ void wk_ahead_clear(wk_ahead *a) {
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host) {
     wk_ahead_clear(a);
     if (p->n_seqs == 0) return false;
+    bool all_last = true;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         if (!wk_ahead_row(s) || (tok && tok[i] < 0) || (!(tok && host) && !wk_ahead_device_row(s, a->dev))) return false;
+        all_last &= s->last;
     }
+    if (all_last) return false; /* no plan continues any of them */
     if (p->n_seqs > a->cap) {
         a->cap = p->n_seqs;
         a->plan.seqs = mla_xrealloc(a->plan.seqs, a->cap * sizeof *a->plan.seqs);

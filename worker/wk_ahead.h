@@ -19,9 +19,12 @@
  * When the next plan arrives, each of its rows that asks for exactly what was run ahead (the
  * same sequence, one token, that token at that position, taken on the device or on the host as
  * it was run, no logits) takes its token or its logits row from the step ahead; the other rows
- * form a residual plan that the engine runs as usual. A sequence run ahead but then not continued (finished, freed, sent with a different
- * token or more tokens) needs nothing: the engines rewind a sequence whose plan starts below
- * what its cache holds (worker/engine.h), and free_seq forgets it.
+ * form a residual plan that the engine runs as usual. A sequence run ahead but then not
+ * continued (finished, freed, sent with a different token or more tokens) needs nothing: the
+ * engines rewind a sequence whose plan starts below what its cache holds (worker/engine.h), and
+ * free_seq forgets it. The coordinator marks the rows whose token ends their request by its
+ * length (wire_seq.last): a plan of such rows only has no step ahead, which would hold the next
+ * request's prompt behind a step no plan takes.
  *
  * Every rank takes the same decision from the same plan and the same tokens (the device's: the
  * argmax of logits every rank holds in full; the host's: rank 0 broadcasts them on the worker's
@@ -85,8 +88,10 @@ bool wk_ahead_wants_host(const wire_step_plan *p, bool dev);
 /* Builds the step that follows plan p, whose row i took token tok[i] (on the device or sampled
  * on the host; -1: it did not; tok NULL: not known yet, wk_ahead_set_tokens gives them): returns
  * false (and holds no step) unless every row of p is a wk_ahead_row with a token, and (with tok
- * NULL, or host false) a wk_ahead_device_row. The rows keep p's sampling settings, but not its
- * constraint setup (p did it). Replaces any step held before. */
+ * NULL, or host false) a wk_ahead_device_row, and one or more of them not `last` (a plan of rows
+ * that all end their requests is followed by none of them: the device would only delay the next
+ * prompt). A row that is `last` beside others runs ahead with them, unused. The rows keep p's
+ * sampling settings, but not its constraint setup (p did it). Replaces any step held before. */
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host);
 
 /* The logits rows the step held writes (n_vocab floats each, owned by a, valid until the next

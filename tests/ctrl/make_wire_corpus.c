@@ -71,6 +71,9 @@ int main(int argc, char **argv) {
     emit("plan_prompt_logprobs", &m);
     s[0].sp.prompt_logprobs = false;
     s[0].next_token = 0;
+    s[0].last = true; /* its token ends its request */
+    emit("plan_last", &m);
+    s[0].last = false;
     int32_t bias_id = 3, ban[2] = {0, 7}; /* a constraint's setup: a bias, min_tokens and its stop tokens */
     float bias_val = -2.0f;
     s[1].sp = (wire_sampling){.constrained = true, .constraint_setup = true, .grammar_start = 5, .n_bias = 1,

@@ -280,8 +280,10 @@ static void engine_stats(const char *stats, int r, unsigned long long *got, unsi
  * that continue it, drop a sequence, take one back at the position run ahead, add a prompt,
  * force another token and ask for logits right after a step ahead, follow a free. Every token
  * (and logits row) equals the reference; the engine advanced exactly the tokens the rule of
- * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). */
-static void test_ahead(int T, const char *mode) {
+ * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). With
+ * last, the last plan's rows end their requests (wire_seq.last): no step ahead follows it (29;
+ * queued, the one step queued from the device's tokens at step 3 only), the tokens the same. */
+static void test_ahead(int T, const char *mode, bool last_end) {
     const int on = strcmp(mode, "0") != 0, queued = !strcmp(mode, "1");
     static const arow script[9][3] = {
         {{0, 4, -1, 0}, {1, 2, -1, 0}, {-1, 0, 0, 0}},
@@ -332,6 +334,7 @@ static void test_ahead(int T, const char *mode) {
             seqs[n].sp.top_p = 1;
             seqs[n].sp.repetition_penalty = 1;
             if (a->logits) seqs[n].sp.logits = WIRE_LOGITS_LAST;
+            seqs[n].last = last_end && st == 8;
         }
         wire_step_plan plan = {.step_id = 3000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
         wire_step_result res;
@@ -351,17 +354,20 @@ static void test_ahead(int T, const char *mode) {
         }
         coord_result_free(&res);
     }
-    CHECKF(bad == 0, "T=%d ahead=%s: %d tokens or logits rows differ from the reference", T, mode, bad);
+    CHECKF(bad == 0, "T=%d ahead=%s last=%d: %d tokens or logits rows differ from the reference", T, mode, last_end,
+           bad);
     coord_stop(c);
+    const unsigned want = !on ? 26u : last_end ? 29u : 31u, want_qd = !queued ? 0u : last_end ? 1u : 2u;
     for (int r = 0; r < T; r++) {
         unsigned long long got, qh, qd;
         engine_stats(stats, r, &got, &qh, &qd);
-        CHECKF(got == (on ? 31u : 26u), "T=%d ahead=%s rank %d: the engine advanced %llu tokens (expected %d)", T,
-               mode, r, got, on ? 31 : 26);
+        CHECKF(got == want, "T=%d ahead=%s last=%d rank %d: the engine advanced %llu tokens (expected %u)", T, mode,
+               last_end, r, got, want);
         /* queued: after steps 2, 4, 6 and 8 from the plan's tokens; in steps 3 and 9, which asked
          * for exactly the step ahead, the next one from the tokens on the device */
-        CHECKF(qh == (queued ? 4u : 0u) && qd == (queued ? 2u : 0u),
-               "T=%d ahead=%s rank %d: %llu queued from the plan, %llu from the device", T, mode, r, qh, qd);
+        CHECKF(qh == (queued ? 4u : 0u) && qd == want_qd,
+               "T=%d ahead=%s last=%d rank %d: %llu queued from the plan, %llu from the device", T, mode, last_end, r,
+               qh, qd);
     }
 }
 
@@ -971,8 +977,10 @@ int main(int argc, char **argv) {
     if (all || !strcmp(which, "ahead")) {
         static const char *const modes[] = {"0", "sync", "1"};
         for (int k = 0; k < 3; k++) {
-            test_ahead(1, modes[k]);
-            test_ahead(2, modes[k]);
+            for (int last = 0; last < 2; last++) {
+                test_ahead(1, modes[k], last);
+                test_ahead(2, modes[k], last);
+            }
             for (int host = 0; host < 2; host++) {
                 test_ahead_host(1, modes[k], host);
                 test_ahead_host(2, modes[k], host);

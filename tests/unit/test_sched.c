@@ -187,6 +187,33 @@ static sched *fake_sched(const fake_config *fc, const sched_config *cfg, fake_ba
     return s;
 }
 
+/* A backend over the fake one that checks each sampled row's `last` (sched_plan_seq): set exactly
+ * where the token ends the request by its length, its max_tokens (by request id) or the context. */
+#define LAST_MAX_ID 256
+typedef struct last_be {
+    sched_backend in;
+    int32_t max_tokens[LAST_MAX_ID], max_context;
+    int64_t bad, marked;
+} last_be;
+static int last_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    last_be *b = ctx;
+    for (int i = 0; i < plan->n_seqs; i++) {
+        const sched_plan_seq *p = &plan->seqs[i];
+        const int32_t end = p->start_pos + p->n_tokens;
+        const bool want = p->sample && p->seq_id < LAST_MAX_ID &&
+                          (p->n_generated + 1 >= b->max_tokens[p->seq_id] || end + 1 >= b->max_context);
+        if (p->last != want && b->bad++ < 5)
+            fprintf(stderr, "seq %llu at %d (%d generated): last %d, want %d\n", (unsigned long long)p->seq_id, end,
+                    p->n_generated, p->last, want);
+        b->marked += p->last;
+    }
+    return b->in.run_step(b->in.ctx, plan, results, err);
+}
+static void last_free(void *ctx, uint64_t id) {
+    last_be *b = ctx;
+    b->in.free_seq(b->in.ctx, id);
+}
+
 /* limit: cfg.long_prefill_tokens (0: none) */
 static void test_random_workload(int32_t limit) {
     static world w;
@@ -195,20 +222,36 @@ static void test_random_workload(int32_t limit) {
     cfg.long_prefill_tokens = limit;
     fake_config fc = {.n_blocks = cfg.n_blocks, .block_size = cfg.block_size, .eos_period = 40,
                       .fail_at_step = -1};
-    fake_backend *fb;
-    sched *s = fake_sched(&fc, &cfg, &fb);
+    fake_backend *fb = fake_backend_new(&fc);
+    static last_be lb;
+    memset(&lb, 0, sizeof lb);
+    lb.max_context = cfg.max_context;
+    fake_backend_bind(fb, &lb.in);
+    sched_backend be = {.ctx = &lb, .run_step = last_run, .free_seq = last_free};
+    sched *s;
+    mla_err err;
+    REQUIRE(sched_init(&s, &cfg, &be, &err) == MLA_OK);
     static job jobs[60];
     int n_jobs = 60, submitted = 0;
     for (int i = 0; i < n_jobs; i++) random_job(&jobs[i], 70, 60);
     jobs[0].n_prompt = 100; /* a long prompt: several chunks */
     for (int i = 0; i < 100; i++) jobs[0].prompt[i] = i;
-    for (; submitted < 30; submitted++) REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, NULL) == SCHED_E_OK);
+    jobs[1].n_prompt = 140; /* the context (150) ends it */
+    jobs[1].max_tokens = 60;
+    for (int i = 0; i < 140; i++) jobs[1].prompt[i] = 3 * i % 256;
+    for (int i = 2; i < n_jobs; i += 4) jobs[i].max_tokens = 1; /* the prompt's row is the last (also grown: cut) */
+    uint64_t id;
+    for (; submitted < 30; submitted++) {
+        REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, &id) == SCHED_E_OK && id < LAST_MAX_ID);
+        lb.max_tokens[id] = jobs[submitted].max_tokens;
+    }
     int steps = 0;
     while (steps < 100000) {
         int did = sched_step(s);
         steps++;
         if (submitted < n_jobs && steps % 3 == 0) {
-            REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, NULL) == SCHED_E_OK);
+            REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, &id) == SCHED_E_OK && id < LAST_MAX_ID);
+            lb.max_tokens[id] = jobs[submitted].max_tokens;
             submitted++;
         }
         sched_stats st;
@@ -217,6 +260,14 @@ static void test_random_workload(int32_t limit) {
         if (!did && submitted == n_jobs && st.waiting == 0 && st.running == 0) break;
     }
     check_against_reference(&w, jobs, n_jobs, cfg.max_context, fc.eos_period);
+    int n_length = 0;
+    for (int i = 0; i < n_jobs; i++) n_length += w.r[i].finish == SCHED_FINISH_LENGTH;
+    CHECKF(lb.bad == 0, "%lld sampled rows with the wrong `last`", (long long)lb.bad);
+    /* every request that ended by its length was marked at its last token (a preempted one may
+     * be marked again when recomputed) */
+    CHECKF(lb.marked >= n_length && n_length > 1, "%lld rows marked last, %d requests ended by length",
+           (long long)lb.marked, n_length);
+    CHECK(w.r[1].finish == SCHED_FINISH_LENGTH && w.r[1].n_tok == 10);
     sched_stats st;
     sched_get_stats(s, &st);
     fake_stats fs;

@@ -131,6 +131,7 @@ static void test_plan_rejections(void) {
                   "banned tokens exceed");
     EXPECT_REJECT((f.sp[0].constrained = f.sp[0].constraint_setup = 1, f.sp[0].min_tokens = 1025), "min_tokens");
     EXPECT_REJECT((f.seq[0].has_next_token = 1, f.seq[0].next_token = 3), "a next token needs prompt logprobs");
+    EXPECT_REJECT((f.seq[0].sample = 0, f.seq[0].last = 1), "a last row must sample");
     EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_LAST), "logits of every row");
     EXPECT_REJECT((f.sp[0].prompt_logprobs = 1, f.sp[0].logits = MLA__LOGITS_MODE__LOGITS_ALL, f.seq[0].has_next_token = 1,
                    f.seq[0].next_token = -2),
@@ -272,8 +273,14 @@ static void test_roundtrips(void) {
     CHECK(s->sp.top_k == 7 && s->sp.top_p == 1.0f && s->sp.repetition_penalty == 1.0f && s->sp.penalty_start == 2 &&
           s->sp.seed == 42 && s->sp.logprobs && s->sp.top_logprobs == 3 &&
           s->sp.logits == WIRE_LOGITS_ALL && fabsf(s->sp.min_p - 0.05f) < 1e-7f);
-    CHECK(!s->sp.prompt_logprobs && s->next_token == -1);
+    CHECK(!s->sp.prompt_logprobs && s->next_token == -1 && !s->last);
     wire_msg_free(&out);
+    /* a row whose token ends its request by its length */
+    seqs[0].last = true;
+    REQUIRE(roundtrip(&in, &out, &k_lim, &e) == MLA_OK);
+    CHECK(out.u.plan.seqs[0].last && out.u.plan.seqs[0].sample);
+    wire_msg_free(&out);
+    seqs[0].last = false;
     /* prompt logprobs: the token after the row travels with it; without one, -1 */
     seqs[0].sp.prompt_logprobs = true;
     seqs[0].next_token = 33;
