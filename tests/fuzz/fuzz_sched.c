@@ -18,6 +18,7 @@
 #include "serve/fake_backend.h"
 
 #define MAX_REQ 256
+#define CTX 64 /* max_context */
 
 typedef struct rec {
     uint64_t id;
@@ -72,6 +73,15 @@ static bool is_eog(void *ctx, int32_t tok) {
 }
 
 static int run_step(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
+    for (int i = 0; i < plan->n_seqs; i++) { /* `last`: exactly where the token ends it by its length */
+        const sched_plan_seq *p = &plan->seqs[i];
+        for (int k = 0; k < n_recs; k++) {
+            if (recs[k].id != p->seq_id) continue;
+            const bool want = p->sample && (p->n_generated + 1 >= recs[k].max_tokens ||
+                                            p->start_pos + p->n_tokens + 1 >= CTX);
+            if (p->last != want) die("a row's `last` is not where its length ends it", p->seq_id);
+        }
+    }
     if (fail_next) {
         fail_next = false;
         return mla_errf(err, "injected failure");
@@ -100,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.long_prefill_tokens = data[1] % 3 ? 1 + (data[0] >> 3) % 11 : 0; /* cut chunks, or none */
     c.max_queue = 8;
     c.prefix_cache = (data[0] ^ data[1]) & 1; /* siblings (below) wait for their leader's prompt only with it */
-    c.max_context = 64;
+    c.max_context = CTX;
     c.is_eog = is_eog;
     c.on_event = on_event;
     fake_config fc = {.n_blocks = c.n_blocks, .block_size = c.block_size, .eos_period = 5 + data[1] % 13,
