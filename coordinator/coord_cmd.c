@@ -344,7 +344,7 @@ int cmd_generate(int argc, char **argv) {
     for (long i = 0; i < n_predict; i++) {
         wire_seq s = {.seq_id = 1, .n_tokens = (uint32_t)cnt, .tokens = i ? &next : ids.ids,
                       .positions = pos + off, .sample = true, .sp = sp, .block_start = i ? ntab : 0,
-                      .n_blocks = i ? 0 : ntab, .blocks = tab};
+                      .n_blocks = i ? 0 : ntab, .blocks = tab, .last = i + 1 == n_predict};
         wire_step_plan plan = {.step_id = (uint64_t)i + 1, .n_seqs = 1, .seqs = &s};
         wire_step_result res;
         if (coord_step(c, &plan, &res, &err)) {

@@ -39,13 +39,20 @@ bool wk_ahead_row(const wire_seq *s) {
     return s->sample && s->n_tokens == 1 && s->positions[0] != INT32_MAX && s->sp.logits == WIRE_LOGITS_NONE;
 }
 
+/* whether every row of p ends its request (wire_seq.last): no plan continues any of them */
+static bool all_last(const wire_step_plan *p) {
+    for (uint32_t i = 0; i < p->n_seqs; i++)
+        if (!p->seqs[i].last) return false;
+    return true;
+}
+
 bool wk_ahead_wants_host(const wire_step_plan *p, bool dev) {
     bool any = false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         if (!wk_ahead_row(&p->seqs[i])) return false;
         any |= !wk_ahead_device_row(&p->seqs[i], dev);
     }
-    return any;
+    return any && !all_last(p);
 }
 
 void wk_ahead_clear(wk_ahead *a) {
@@ -55,14 +62,11 @@ void wk_ahead_clear(wk_ahead *a) {
 
 bool wk_ahead_build(wk_ahead *a, const wire_step_plan *p, const int32_t *tok, bool host) {
     wk_ahead_clear(a);
-    if (p->n_seqs == 0) return false;
-    bool all_last = true;
+    if (p->n_seqs == 0 || all_last(p)) return false;
     for (uint32_t i = 0; i < p->n_seqs; i++) {
         const wire_seq *s = &p->seqs[i];
         if (!wk_ahead_row(s) || (tok && tok[i] < 0) || (!(tok && host) && !wk_ahead_device_row(s, a->dev))) return false;
-        all_last &= s->last;
     }
-    if (all_last) return false; /* no plan continues any of them */
     if (p->n_seqs > a->cap) {
         a->cap = p->n_seqs;
         a->plan.seqs = mla_xrealloc(a->plan.seqs, a->cap * sizeof *a->plan.seqs);

@@ -78,8 +78,8 @@ bool wk_ahead_device_row(const wire_seq *s, bool dev);
 bool wk_ahead_row(const wire_seq *s);
 
 /* Whether the step after plan p could run ahead with host rows: every row a wk_ahead_row, one or
- * more of them sampled on the host (not a wk_ahead_device_row). Then rank 0 tells the other ranks
- * its tokens first. */
+ * more of them sampled on the host (not a wk_ahead_device_row), not every row `last`. Then rank 0
+ * tells the other ranks its tokens first. */
 bool wk_ahead_wants_host(const wire_step_plan *p, bool dev);
 
 /* out[i] of a host row that ran: its logits are in lrow[i] (wk_ahead_match: hit[i]) */

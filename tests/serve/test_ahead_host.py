@@ -8,7 +8,9 @@ seeded rows, json_schema rows (greedy and seeded), logit_bias, repetition and pr
 logprobs. Every streamed answer (its text, its finish reason, and where asked its tokens' logprobs:
 on CUDA within 1e-3, since a row's logits there follow the batch it shares a step with) must be the
 same on both servers; the worker with the step ahead must report rows that a plan took
-from it while every batch held host-sampled rows, the one without none.
+from it while every batch held host-sampled rows, the one without none. Then one client's
+requests one after another, each ending by its length: every row run ahead is taken (none follows a
+request's last token).
 Usage: test_ahead_host.py SERVE_EXE WORKER_EXE FIXTURES_DIR|MODEL.gguf [TP [BACKEND]]: SERVE_EXE is
 `mlaserve` (its `serve` command) or a program that serves (mlaserve_serve_test); BACKEND (cpu) goes
 to `--backend` (cuda on a GPU host: the same answers from the CUDA engine's step ahead, queued or
@@ -135,6 +137,20 @@ for i, (path, body) in enumerate(rs):
     if b is not None and a and a[0] == 200 and b[0] == 200:
         check(a[1:3] == b[1:3], "request %d (%s): the device's sampling gives the host's text: %r vs %r" %
               (i, json.dumps(body)[:120], a[1:3], b[1:3]))
+# one client's requests, one after another, each ending by its length: the scheduler marks each
+# one's last row (SeqPlan.last) and no step ahead follows it, so every row run ahead is taken
+srv = ServeProcess(cmd + ["-m", model, "--port", "0"], common + ["--step-ahead", "queue"], worker=worker,
+                   timeout=120, prefix="ahead_last_")
+try:
+    for pr in PROMPTS:
+        st, data = post(srv.port, "/v1/completions", {"prompt": pr, "max_tokens": 8, "temperature": 0,
+                                                      "ignore_eos": True})
+        check(st == 200 and json.loads(data)["choices"][0]["finish_reason"] == "length", "%r: 8 tokens" % pr, data[:200])
+finally:
+    srv.stop()
+one = ahead_stats(srv.text())
+check(one is not None and one[0] == one[1] == 6 * len(PROMPTS) * int(tp),
+      "one client: the step ahead of every decode step but each request's last, all taken: %r" % (one,))
 check(stats["off"] is None or stats["off"][0] == 0, "no step ahead with --step-ahead off: %r" % (stats["off"],))
 check(stats["queue"] is not None and stats["queue"][2] > 0,
       "host-sampled rows of the step ahead were taken: %r" % (stats["queue"],))

@@ -280,10 +280,11 @@ static void engine_stats(const char *stats, int r, unsigned long long *got, unsi
  * that continue it, drop a sequence, take one back at the position run ahead, add a prompt,
  * force another token and ask for logits right after a step ahead, follow a free. Every token
  * (and logits row) equals the reference; the engine advanced exactly the tokens the rule of
- * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). With
- * last, the last plan's rows end their requests (wire_seq.last): no step ahead follows it (29;
- * queued, the one step queued from the device's tokens at step 3 only), the tokens the same. */
-static void test_ahead(int T, const char *mode, bool last_end) {
+ * wk_ahead.h implies (26 without, 31 with: 12 rows run ahead, 7 of them taken by a plan). last 2:
+ * the last plan's rows end their requests (wire_seq.last): no step ahead follows it (29; queued,
+ * the one step queued from the device's tokens at step 3 only), the tokens the same; last 1: one
+ * of its two rows does, and the step ahead runs for both as without it. */
+static void test_ahead(int T, const char *mode, int last_end) {
     const int on = strcmp(mode, "0") != 0, queued = !strcmp(mode, "1");
     static const arow script[9][3] = {
         {{0, 4, -1, 0}, {1, 2, -1, 0}, {-1, 0, 0, 0}},
@@ -334,7 +335,7 @@ static void test_ahead(int T, const char *mode, bool last_end) {
             seqs[n].sp.top_p = 1;
             seqs[n].sp.repetition_penalty = 1;
             if (a->logits) seqs[n].sp.logits = WIRE_LOGITS_LAST;
-            seqs[n].last = last_end && st == 8;
+            seqs[n].last = st == 8 && (last_end == 2 || (last_end == 1 && q == 2));
         }
         wire_step_plan plan = {.step_id = 3000 + (uint64_t)st, .n_seqs = n, .seqs = seqs};
         wire_step_result res;
@@ -357,7 +358,7 @@ static void test_ahead(int T, const char *mode, bool last_end) {
     CHECKF(bad == 0, "T=%d ahead=%s last=%d: %d tokens or logits rows differ from the reference", T, mode, last_end,
            bad);
     coord_stop(c);
-    const unsigned want = !on ? 26u : last_end ? 29u : 31u, want_qd = !queued ? 0u : last_end ? 1u : 2u;
+    const unsigned want = !on ? 26u : last_end == 2 ? 29u : 31u, want_qd = !queued ? 0u : last_end == 2 ? 1u : 2u;
     for (int r = 0; r < T; r++) {
         unsigned long long got, qh, qd;
         engine_stats(stats, r, &got, &qh, &qd);
@@ -977,7 +978,7 @@ int main(int argc, char **argv) {
     if (all || !strcmp(which, "ahead")) {
         static const char *const modes[] = {"0", "sync", "1"};
         for (int k = 0; k < 3; k++) {
-            for (int last = 0; last < 2; last++) {
+            for (int last = 0; last < 3; last++) {
                 test_ahead(1, modes[k], last);
                 test_ahead(2, modes[k], last);
             }

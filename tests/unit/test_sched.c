@@ -193,6 +193,7 @@ static sched *fake_sched(const fake_config *fc, const sched_config *cfg, fake_ba
 typedef struct last_be {
     sched_backend in;
     int32_t max_tokens[LAST_MAX_ID], max_context;
+    bool marked_id[LAST_MAX_ID];
     int64_t bad, marked;
 } last_be;
 static int last_run(void *ctx, const sched_plan *plan, sched_result *results, mla_err *err) {
@@ -206,6 +207,7 @@ static int last_run(void *ctx, const sched_plan *plan, sched_result *results, ml
             fprintf(stderr, "seq %llu at %d (%d generated): last %d, want %d\n", (unsigned long long)p->seq_id, end,
                     p->n_generated, p->last, want);
         b->marked += p->last;
+        if (p->last && p->seq_id < LAST_MAX_ID) b->marked_id[p->seq_id] = true;
     }
     return b->in.run_step(b->in.ctx, plan, results, err);
 }
@@ -240,10 +242,11 @@ static void test_random_workload(int32_t limit) {
     jobs[1].max_tokens = 60;
     for (int i = 0; i < 140; i++) jobs[1].prompt[i] = 3 * i % 256;
     for (int i = 2; i < n_jobs; i += 4) jobs[i].max_tokens = 1; /* the prompt's row is the last (also grown: cut) */
-    uint64_t id;
+    uint64_t id, ids[60];
     for (; submitted < 30; submitted++) {
         REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, &id) == SCHED_E_OK && id < LAST_MAX_ID);
         lb.max_tokens[id] = jobs[submitted].max_tokens;
+        ids[submitted] = id;
     }
     int steps = 0;
     while (steps < 100000) {
@@ -252,7 +255,7 @@ static void test_random_workload(int32_t limit) {
         if (submitted < n_jobs && steps % 3 == 0) {
             REQUIRE(submit_job(s, &jobs[submitted], submitted, 0, &id) == SCHED_E_OK && id < LAST_MAX_ID);
             lb.max_tokens[id] = jobs[submitted].max_tokens;
-            submitted++;
+            ids[submitted++] = id;
         }
         sched_stats st;
         sched_get_stats(s, &st);
@@ -260,8 +263,19 @@ static void test_random_workload(int32_t limit) {
         if (!did && submitted == n_jobs && st.waiting == 0 && st.running == 0) break;
     }
     check_against_reference(&w, jobs, n_jobs, cfg.max_context, fc.eos_period);
-    int n_length = 0;
-    for (int i = 0; i < n_jobs; i++) n_length += w.r[i].finish == SCHED_FINISH_LENGTH;
+    int n_length = 0, mismatch = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        n_length += w.r[i].finish == SCHED_FINISH_LENGTH;
+        /* the outcome: a request ended by its length had a marked row; a marked one ended with the
+         * token of that row (by its length, or a stop token that came as its last) */
+        const bool len = w.r[i].finish == SCHED_FINISH_LENGTH,
+                   stop_last = w.r[i].finish == SCHED_FINISH_STOP &&
+                               (w.r[i].n_tok == jobs[i].max_tokens || jobs[i].n_prompt + w.r[i].n_tok >= cfg.max_context);
+        if (len != lb.marked_id[ids[i]] && !(stop_last && lb.marked_id[ids[i]]) && mismatch++ < 3)
+            fprintf(stderr, "job %d: %s after %d tokens (max %d), marked %d\n", i, sched_finish_name(w.r[i].finish),
+                    w.r[i].n_tok, jobs[i].max_tokens, lb.marked_id[ids[i]]);
+    }
+    CHECKF(mismatch == 0, "%d requests ended by length without a marked row, or marked and ended otherwise", mismatch);
     CHECKF(lb.bad == 0, "%lld sampled rows with the wrong `last`", (long long)lb.bad);
     /* every request that ended by its length was marked at its last token (a preempted one may
      * be marked again when recomputed) */

@@ -40,6 +40,16 @@ int main(void) {
     s[2].sp.logits = WIRE_LOGITS_NONE;
     wire_step_plan empty = {.step_id = 1, .n_seqs = 0, .seqs = s};
     CHECK(!wk_ahead_build(&a, &empty, took, false));
+    /* every row's token ends its request (last): none; one of them: the others' step is built */
+    for (int i = 0; i < 3; i++) s[i].last = true;
+    CHECK(!wk_ahead_build(&a, &p, took, false) && !wk_ahead_build(&a, &p, NULL, false) && a.plan.n_seqs == 0);
+    s[1].sp.temperature = 0.7f; /* a host row: no tokens broadcast for a step that will not run */
+    CHECK(!wk_ahead_wants_host(&p, false));
+    s[0].last = s[2].last = false;
+    CHECK(wk_ahead_wants_host(&p, false));
+    s[1].sp.temperature = 0;
+    CHECK(wk_ahead_build(&a, &p, took, false) && a.plan.n_seqs == 3);
+    s[1].last = false;
 
     /* built: the same sequences, the tokens taken, one position further */
     REQUIRE(wk_ahead_build(&a, &p, took, false));
