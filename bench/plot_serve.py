@@ -89,7 +89,10 @@ def table(model):
                 "", "| point | output tok/s | ITL p99 | TTFT p50 |", "|---|---|---|---|"]
         for n in names:
             a, b = ours.get(n), lb.get(n, (None, None))[1]
-            if ok(a) and ok(b):
+            if ok(a) and ok(b) and (a.get("errors") or b.get("errors")):  # the ratio of unequal work: none
+                out.append(f"| {point_label(a, rates)} | failed requests: {a.get('errors') or 0} / {b.get('errors') or 0}"
+                           " | - | - |")
+            elif ok(a) and ok(b):
                 r = [ratio(a["output_tok_per_s"], b["output_tok_per_s"]), ratio(a["itl_ms"]["p99"], b["itl_ms"]["p99"]),
                      ratio(a["ttft_ms"]["p50"], b["ttft_ms"]["p50"])]
                 out.append(f"| {point_label(a, rates)} | " + " | ".join("-" if x is None else f"{x:.2f}x" for x in r) + " |")

@@ -4,25 +4,28 @@ official `openai` async client.
 
   serve_load.py --base-url http://127.0.0.1:8080/v1 --vocab 129280 \\
       [--concurrency 8 | --rate 4.0] [--requests 64] [--shape chat|1k-256|8k-1k|IN-OUT] [--seed 1]
-      [--model NAME] [--api-key KEY] [--json OUT.json] [--label TEXT]
+      [--warmup 1] [--model NAME] [--api-key KEY] [--json OUT.json] [--label TEXT]
 
 Arrivals: a fixed number of requests in flight (--concurrency), or Poisson arrivals at --rate
-requests a second. Shapes: `chat` draws prompt and output lengths from a long-tailed (log-normal)
-distribution clipped to 50-4000 prompt tokens and 20-1000 output tokens; `1k-256` and `8k-1k` (or any
-`IN-OUT`) are fixed. Prompts are lists of token ids drawn from [256, --vocab) (the completions API
-takes them, so any tokenizer does), seeded; outputs run to their length (`ignore_eos`, temperature 0).
-Every request is streamed: time to first token (TTFT) and the gaps between later tokens (ITL) are
-measured here; output tokens are the streamed text chunks (a chunk carries one token's text in
-mlaserve and llama-server; a token whose bytes complete only in the next chunk is counted with it),
-and expected_output_tokens what the successful requests asked for. Prints one JSON object (also to
---json): requests, errors, requests/s, output tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in
-ms, and the first error messages. Against mlaserve, `server` also splits the point's time to first
-token as the server saw it, from its /metrics read before and after (means in ms over the point's
-requests): `ttft` (arrival to first token), `queue` (arrival to first scheduled step) and `prefill`
-(first scheduled step to first token), `steps` (model steps run) and `prompt_tokens` (received); the
-client's mean TTFT less the server's is what HTTP and the client add. `server` is null where /metrics has no mlaserve
-series (llama-server, vLLM) or another client shared the point. Exit status 1 when a request
-failed."""
+requests a second (each at its own time from the start). Shapes: `chat` draws prompt and output
+lengths from a long-tailed (log-normal) distribution clipped to 50-4000 prompt tokens and 20-1000
+output tokens; `1k-256` and `8k-1k` (or any `IN-OUT`) are fixed. Prompts are lists of token ids drawn
+from [256, --vocab) (the completions API takes them, so any tokenizer does), seeded; outputs run to
+their length (`ignore_eos`, temperature 0). --warmup requests of the same shape (their own seed) go
+first, one at a time, and are not counted. Every request is streamed: time to first token (TTFT) and
+the gaps between later text chunks (ITL) are measured here; output tokens are what each server's
+`usage` says (`stream_options.include_usage`; the text chunks where a server sends none:
+`tokens_from_usage` counts the requests that had it), expected_output_tokens what the successful
+requests asked for. Prints one JSON object (also to --json): requests, errors, requests/s, output
+tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in ms, `client_cpu` (this process's CPU time
+over the wall time: near 1, the client, not the server, sets the pace) and the first error
+messages. Against mlaserve, `server` also splits the point's time to first token as the server saw
+it, from its /metrics read before and after (means in ms over the point's requests): `ttft`
+(arrival to first token), `queue` (arrival to first scheduled step) and `prefill` (first
+scheduled step to first token), `steps` (model steps run) and `prompt_tokens` (received); the
+client's mean TTFT less the server's is what HTTP and the client add. `server` is null where
+/metrics has no mlaserve series (llama-server, vLLM) or another client shared the point. Exit
+status 1 when a request failed."""
 import argparse
 import asyncio
 import json
@@ -104,14 +107,17 @@ def pct(xs, q):
 
 async def one(client, model, prompt, max_tokens, out):
     t0 = time.perf_counter()
-    last, ttft, itl, n = None, None, [], 0
+    last, ttft, itl, n, used = None, None, [], 0, None
     try:
         # the token list goes in extra_body: as `prompt=` the client's parameter transform walks it
         # element by element, about 10 ms of a 1024-token request's TTFT on a 2-core x86 host (0.3 ms
         # is the server's), counted against every server alike; the body sent is the same JSON
         stream = await client.completions.create(model=model, prompt="", max_tokens=max_tokens, temperature=0,
-                                                 stream=True, extra_body={"prompt": prompt, "ignore_eos": True})
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"prompt": prompt, "ignore_eos": True})
         async for ev in stream:
+            if ev.usage is not None:
+                used = ev.usage.completion_tokens
             if not ev.choices or not ev.choices[0].text:
                 continue
             now = time.perf_counter()
@@ -121,11 +127,11 @@ async def one(client, model, prompt, max_tokens, out):
                 itl.append(now - last)
             last = now
             n += 1
-        out.append({"ttft": ttft, "itl": itl, "chunks": n, "asked": max_tokens, "e2e": time.perf_counter() - t0,
-                    "error": None})
+        out.append({"ttft": ttft, "itl": itl, "chunks": n, "tokens": n if used is None else used, "usage": used,
+                    "asked": max_tokens, "e2e": time.perf_counter() - t0, "error": None})
     except Exception as e:  # every failure is counted and its message kept
-        out.append({"ttft": None, "itl": [], "chunks": n, "asked": max_tokens, "e2e": time.perf_counter() - t0,
-                    "error": str(e)[:300]})
+        out.append({"ttft": None, "itl": [], "chunks": n, "tokens": 0, "usage": None, "asked": max_tokens,
+                    "e2e": time.perf_counter() - t0, "error": str(e)[:300]})
 
 
 async def run(a):
@@ -139,14 +145,22 @@ async def run(a):
     for _ in range(a.requests):
         p, o = shape_of(a.shape, rnd)
         reqs.append(([rnd.randrange(256, a.vocab) for _ in range(p)], o))
+    # warm-up: requests of the same shape from their own seed, one after another, not counted (a
+    # server's first request pays for lazily loaded kernels and captured graphs)
+    wrnd = random.Random(a.seed + 1000003)
+    for _ in range(a.warmup):
+        p, o = shape_of(a.shape, wrnd)
+        await one(client, model, [wrnd.randrange(256, a.vocab) for _ in range(p)], o, [])
     out = []
     before = read_metrics(a.base_url, a.api_key)
-    t0 = time.perf_counter()
-    if a.rate > 0:  # Poisson arrivals
-        tasks = []
-        for prompt, o in reqs:
+    t0, c0 = time.perf_counter(), time.process_time()
+    if a.rate > 0:  # Poisson arrivals, each at its time from the start (the client's own delays do not add up)
+        tasks, at = [], 0.0
+        for k, (prompt, o) in enumerate(reqs):
+            if k:
+                at += rnd.expovariate(a.rate)
+                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             tasks.append(asyncio.create_task(one(client, model, prompt, o, out)))
-            await asyncio.sleep(rnd.expovariate(a.rate))
         await asyncio.gather(*tasks)
     else:  # a fixed number in flight
         queue = list(reversed(reqs))
@@ -156,19 +170,21 @@ async def run(a):
                 prompt, o = queue.pop()
                 await one(client, model, prompt, o, out)
         await asyncio.gather(*(worker() for _ in range(max(1, a.concurrency))))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     await client.close()
     ok = [r for r in out if r["error"] is None]
     server = server_split(before, read_metrics(a.base_url, a.api_key), len(ok))
     ttft = [r["ttft"] * 1e3 for r in ok if r["ttft"] is not None]
     itl = [x * 1e3 for r in ok for x in r["itl"]]
-    tokens = sum(r["chunks"] for r in ok)
+    tokens = sum(r["tokens"] for r in ok)
     res = {"label": a.label, "model": model, "base_url": a.base_url, "shape": a.shape, "seed": a.seed,
            "mode": ("rate %g/s" % a.rate) if a.rate > 0 else "concurrency %d" % a.concurrency,
            "requests": len(out), "errors": len(out) - len(ok), "wall_s": wall,
            "requests_per_s": len(ok) / wall if wall > 0 else None,
            "output_tok_per_s": tokens / wall if wall > 0 else None, "output_tokens": tokens,
            "expected_output_tokens": sum(r["asked"] for r in ok),
+           "tokens_from_usage": sum(r["usage"] is not None for r in ok), "chunks": sum(r["chunks"] for r in ok),
+           "client_cpu": cpu / wall if wall > 0 else None, "warmup": a.warmup,
            "prompt_tokens": sum(len(p) for p, _ in reqs),
            "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99),
                        "mean": sum(ttft) / len(ttft) if ttft else None},
@@ -188,12 +204,13 @@ def main():
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--shape", default="chat", help="chat, 1k-256, 8k-1k or IN-OUT")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="requests sent first, one at a time, not counted")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a request may take")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args()
-    if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0:
-        ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate not negative")
+    if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0 or a.warmup < 0:
+        ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate and --warmup not negative")
     res = asyncio.run(run(a))
     text = json.dumps(res)
     print(text)

@@ -9,8 +9,10 @@
 #      mlaserve's concurrency points over the mean output length of SHAPE_R; the
 #      same rates, seeds and request sets for every server (RATES="r1 r2" fixes them instead);
 #   3. llama-server (.llama-cuda/run-llama-bench.sh with LLAMA_TOOL=llama-server; skipped when the
-#      package or its llama-server is absent) with -ngl 99 --parallel 128 --kv-unified -c LLAMA_CTX
-#      --cont-batching --no-cache-prompt --cache-ram 0: FlashAttention on and off at one probe point
+#      package or its llama-server is absent) with -ngl 99 --parallel 128 -c LLAMA_CTX -b 2048 -ub 2048
+#      --cont-batching --no-cache-prompt --cache-ram 0 (a cache of its own a slot, llama-server's default
+#      with --parallel: a unified one attends over every slot's positions; batches of up to 2048
+#      tokens as mlaserve's steps): FlashAttention on and off at one probe point
 #      (the first concurrency of 8 or more), every point with the better of the two (LLAMA_FA_ALL=1: every
 #      point with both; LLAMA_FA=on or off: that one alone, no probe, one server start instead of three).
 #      FA on only where the package was built with its kernels (README.txt says GGML_CUDA_FA=ON);
@@ -40,8 +42,8 @@
 # e.g. --small), SERVE_ARGS (added to serve), CONC, SHAPE_C, SHAPE_R, WAVES (requests per concurrency
 # point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 4), RATE_S (seconds of arrivals a rate
 # point, default 20; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
-# LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (196608: 128 x 1536 positions shared by
-# the slots; without FA llama.cpp also sizes an fp32 score buffer of LLAMA_CTX x 512 x heads), LLAMA_ARGS,
+# LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
+# run, rounded up to 256: 163840 for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
 # tokens, none where SHAPE_C is chat), NCU (0: skip),
 # NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
@@ -88,6 +90,22 @@ case "$SHAPE_C" in
   [0-9]*-[0-9]*) PIN=${SHAPE_C%%-*} ;;
   *) PIN=none ;;
 esac
+# llama-server's context a slot: the longest request of the shapes the run sends (chat: 4000 + 1000;
+# SHAPE_R only where rate points run), rounded up to 256; LLAMA_CTX is 128 slots of it
+shape_max() {
+  case "$1" in
+    chat) echo 5000 ;;
+    1k-256) echo 1280 ;;
+    8k-1k) echo 9216 ;;
+    *) echo $((${1%%-*} + ${1##*-})) ;;
+  esac
+}
+SLOT_NEED=$(shape_max "$SHAPE_C")
+if [ -z "${RATES:-}" ] || [[ "${RATES:-}" == *[0-9]* ]]; then
+  r=$(shape_max "$SHAPE_R")
+  [ "$r" -gt "$SLOT_NEED" ] && SLOT_NEED=$r
+fi
+LLAMA_CTX="${LLAMA_CTX:-$((128 * ((SLOT_NEED + 255) / 256 * 256)))}"
 POINT_S="${POINT_S:-150}"
 START_S="${START_S:-420}"
 TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
@@ -254,8 +272,8 @@ start_llama() { # FA(on|off): sets PORT (empty: failed) and START
   lim=$(start_lim)
   p=$(free_port)
   # shellcheck disable=SC2086
-  LLAMA_TOOL=llama-server "$LL/run-llama-bench.sh" -m "$M" -ngl 99 -fa "$fa" --parallel 128 --kv-unified \
-    -c "${LLAMA_CTX:-196608}" --cont-batching --no-cache-prompt --cache-ram 0 --host 127.0.0.1 --port "$p" \
+  LLAMA_TOOL=llama-server "$LL/run-llama-bench.sh" -m "$M" -ngl 99 -fa "$fa" --parallel 128 \
+    -c "$LLAMA_CTX" -b 2048 -ub 2048 --cont-batching --no-cache-prompt --cache-ram 0 --host 127.0.0.1 --port "$p" \
     --no-webui ${LLAMA_ARGS:-} >"$LOGS/$MK-llama-fa$fa.log" 2>&1 &
   SPID=$!
   PORT=""

@@ -137,7 +137,7 @@ os.makedirs(fake)
 with open(os.path.join(fake, "run-llama-bench.sh"), "w") as f:
     f.write('#!/bin/sh\nexec "$(dirname "$0")/$LLAMA_TOOL" "$@"\n')
 with open(os.path.join(fake, "llama-server"), "w") as f:
-    f.write("#!/bin/sh\necho 'llama-server: no GPU here' >&2\nexit 1\n")
+    f.write('#!/bin/sh\necho "$@" >>"$(dirname "$0")/args"\necho \'llama-server: no GPU here\' >&2\nexit 1\n')
 with open(os.path.join(fake, "README.txt"), "w") as f:
     f.write("cmake: -DGGML_CUDA_FA=OFF\n")
 for fn in ("run-llama-bench.sh", "llama-server"):
@@ -153,6 +153,12 @@ r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")]
 print(r.stdout[-3000:])
 # exit status 1: llama-server did not start (recorded); anything else is a failure of the script
 check(r.returncode == 1, "script exit status 1 (llama-server could not start)", r.stderr[-2000:])
+# llama-server with a cache a slot (not --kv-unified) of the longest request (8 + 3 tokens) rounded
+# up to 256, 128 slots, batches of 2048
+args = open(os.path.join(fake, "args")).read().split() if os.path.exists(os.path.join(fake, "args")) else []
+check("--kv-unified" not in args and "-c" in args and args[args.index("-c") + 1] == "32768" and
+      args[args.index("-ub") + 1] == "2048" and args[args.index("--parallel") + 1] == "128",
+      "llama-server's slots, context and batch", args)
 jf = os.path.join(out, "serve-glm47flash-2l.json")
 check(os.path.exists(jf), "serve-glm47flash-2l.json written", os.listdir(out) if os.path.isdir(out) else None)
 if os.path.exists(jf):
@@ -160,11 +166,11 @@ if os.path.exists(jf):
     pts = {p["point"]: p for p in j["servers"].get("mlaserve", {}).get("points", [])}
     check(sorted(pts) == ["c1", "c2", "r1", "r2"], "mlaserve: 2 concurrency and 2 rate points", sorted(pts))
     for name, p in pts.items():
-        # a token whose bytes complete only in the next chunk is counted with it (serve_load.py), so the
-        # streamed chunks may fall short of the asked tokens, never above
+        # the tokens each request's usage reports (the chunks may hold fewer: a token whose bytes
+        # complete only in the next chunk comes with it)
         want = p.get("requests", 0) * (3 if name.startswith("c") else 4)
         good = "error" not in p and p["errors"] == 0 and p["expected_output_tokens"] == want and \
-            0 < p["output_tokens"] <= want
+            p["output_tokens"] == want and p["tokens_from_usage"] == p["requests"] and 0 < p["chunks"] <= want
         check(good, f"{name}: no error, the asked tokens streamed", p)
         sv = p.get("server") or {}
         check(sv.get("ttft") and sv.get("queue") is not None and sv.get("prefill") and sv.get("steps", 0) > 0,

@@ -5,7 +5,7 @@ official openai client. No timing is asserted: the counts and the fields have to
   TTFT and ITL percentiles present and ordered, requests/s and tok/s positive; the server's split of
   the first token's time read from /metrics: its TTFT the sum of queue and prefill, inside the
   client's (the server's interval lies within the client's), at least 8 steps, the 256 prompt tokens
-  received;
+  received (the warm-up request before the point not counted); the tokens from each request's usage;
 - 5 Poisson arrivals (rate 50/s) of 16 prompt tokens and 6 output tokens: no error, every asked token
   streamed;
 - the chat-like lengths (no server): 2000 draws within 50-4000 / 20-1000 tokens, long-tailed (the mean
@@ -50,7 +50,10 @@ try:
         sv = j["server"]
         check(sv is not None and abs(sv["ttft"] - sv["queue"] - sv["prefill"]) <= 1e-3 * sv["ttft"] + 1e-3 and
               0 < sv["ttft"] <= t["mean"] and sv["steps"] >= 8, "the server's TTFT split", j)
-        check(sv is not None and sv["prompt_tokens"] == 256, "the server received the 256 prompt tokens", j)
+        check(sv is not None and sv["prompt_tokens"] == 256, "the server received the 256 prompt tokens (the "
+              "warm-up request's not among them)", j)
+        check(j["tokens_from_usage"] == 8 and j["warmup"] == 1 and 0 < j["client_cpu"] < 4,
+              "tokens from every request's usage; one warm-up; the client's CPU share", j)
     rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7")
     check(rc == 0 and j is not None and j["errors"] == 0 and j["mode"] == "rate 50/s", "Poisson arrivals: no error",
           (j, err[-500:]))
