@@ -62,6 +62,8 @@
 # Usage
 #   scripts/build_llama_cuda.sh            configure + build + package
 #   scripts/build_llama_cuda.sh --package  package an existing build only
+#   scripts/build_llama_cuda.sh --source-tar OUT.tar.xz  the source a GPU host builds from itself (about
+#                                          4 minutes with FlashAttention on 16 cores; gpu_carry.sh LLAMA_SRC=1)
 #   Env: LCPP_ROOT (default /tmp/lcpp), BUILD_DIR (default /tmp/lcpp-cuda-build),
 #        JOBS (default 2), NICE (default 19), CUDA_HOME (default /usr/local/cuda),
 #        FA (default 0; 1 = compile the FlashAttention kernels, f16 K/V only),
@@ -260,8 +262,22 @@ EOF
   du -sb "$PKG"
 }
 
+# The source a GPU host needs to build the three tools itself (7 MB xz: no models, docs, tests or
+# web UI; scripts/ui-assets.cmake embeds no UI assets then), unpacked and built there with
+# LLAMA_SRC=<its llama.cpp> JOBS=$(nproc) NICE=0 PACK=0 (scripts/gpu_serve_bench.sh does so)
+source_tar() {
+  fetch_source
+  local out; out=$(realpath -m "$1")
+  (cd "$SRC/.." && tar cf - --exclude=llama.cpp/tools/server/webui --exclude='*.png' --exclude='*.jpg' \
+     llama.cpp/CMakeLists.txt llama.cpp/cmake llama.cpp/common llama.cpp/ggml llama.cpp/include llama.cpp/src \
+     llama.cpp/tools llama.cpp/vendor llama.cpp/LICENSE llama.cpp/licenses llama.cpp/scripts/ui-assets.cmake) |
+    xz -T2 -6 >"$out"
+  ls -l "$out"
+}
+
 case "${1:-}" in
   --package) package ;;
+  --source-tar) [ -n "${2:-}" ] || { echo "usage: $0 --source-tar OUT.tar.xz" >&2; exit 2; }; source_tar "$2" ;;
   "") build; package ;;
-  *) echo "usage: $0 [--package]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--package | --source-tar OUT.tar.xz]" >&2; exit 2 ;;
 esac

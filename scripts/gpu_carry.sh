@@ -10,6 +10,8 @@
 #   fixtures.tar.xz  the fixture files the GPU checks read that the repo does not hold (the tiny
 #                    deepseek3 bf16 model is models/tiny-deepseek3-bf16.gguf) -> .gpu-fixtures/
 #   llama-cuda.tar.xz  when .llama-cuda/ exists (scripts/build_llama_cuda.sh)
+#   llama-src.tar.xz   with LLAMA_SRC=1 instead: llama.cpp's source (build_llama_cuda.sh --source-tar), which
+#                    scripts/gpu_serve_bench.sh builds on the GPU host (FlashAttention kernels in)
 #   wheels.tar       with NO_FIXTURES=1 (room for it): the openai client's wheels for the GPU host's
 #                    Python (PY_VERSION, default 3.12), which scripts/gpu_serve_bench.sh installs
 #                    where the module is missing; WHEELS=0 leaves them out
@@ -48,6 +50,7 @@ fi
 # llama.cpp (scripts/build_llama_cuda.sh): its packed .llama-cuda.tar.xz, else the folder packed here
 LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
 if [ "${NO_LLAMA:-0}" = 1 ]; then :
+elif [ "${LLAMA_SRC:-0}" = 1 ]; then scripts/build_llama_cuda.sh --source-tar "$C/llama-src.tar.xz" >/dev/null
 elif [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
 elif [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
 if [ "${NO_FIXTURES:-0}" = 1 ] && [ "${WHEELS:-1}" = 1 ]; then

@@ -48,7 +48,9 @@
 # tokens, none where SHAPE_C is chat), NCU (0: skip),
 # NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
 # Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
-# (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first; where Python lacks the openai
+# (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first (llama-src.tar.xz,
+# gpu_carry.sh LLAMA_SRC=1: llama.cpp is built here first, before TOTAL_S starts, at most LLAMA_BUILD_S
+# seconds, default 420; about 4 minutes on 16 cores); where Python lacks the openai
 # module, it is installed from .gpucarry/wheels.tar.
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS="--small --hidden 256" MODELS=glm47flash:2 \
@@ -69,6 +71,15 @@ if [ ! -x "${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}" ] && [ -f .gpucarry/b
 fi
 if [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-cuda.tar.xz ]; then
   tar xJf .gpucarry/llama-cuda.tar.xz || echo "unpack .gpucarry/llama-cuda.tar.xz failed"
+elif [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-src.tar.xz ]; then
+  # llama.cpp's source (gpu_carry.sh LLAMA_SRC=1): built here with FlashAttention, bounded by LLAMA_BUILD_S
+  # (default 420 s); its log in OUT/llama-build.log
+  t=$SECONDS
+  rm -rf /tmp/mla-llama-src && mkdir -p /tmp/mla-llama-src && tar xJf .gpucarry/llama-src.tar.xz -C /tmp/mla-llama-src &&
+    FA=1 LLAMA_SRC=/tmp/mla-llama-src/llama.cpp BUILD_DIR=/tmp/mla-llama-build JOBS="$(nproc)" NICE=0 PACK=0 \
+      CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")" \
+      timeout "${LLAMA_BUILD_S:-420}" scripts/build_llama_cuda.sh >"$OUT/llama-build.log" 2>&1
+  echo "llama.cpp built from source: status $? in $((SECONDS - t)) s (log: $OUT/llama-build.log)"
 fi
 B="$(cd "${BUNDLE:-.bundle90}" 2>/dev/null && pwd || echo "${BUNDLE:-.bundle90}")"
 MLA="${MLASERVE:-$B/bin/mlaserve}"
