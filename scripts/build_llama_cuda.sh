@@ -47,7 +47,7 @@
 #   To build with FA instead: FA=1 scripts/build_llama_cuda.sh (payload ~+6 MiB xz).
 #
 # Output
-#   $REPO/.llama-cuda/            (git-ignored via .git/info/exclude)
+#   $REPO/.llama-cuda/            (git-ignored: .gitignore)
 #       llama-bench, llama-batched-bench   stripped executables (RPATH $ORIGIN)
 #       libggml*.so.0 libllama*.so.0 ...   the llama.cpp shared libraries they need
 #                                          (stripped); other deps: libcudart.so.13,
@@ -62,8 +62,8 @@
 # Usage
 #   scripts/build_llama_cuda.sh            configure + build + package
 #   scripts/build_llama_cuda.sh --package  package an existing build only
-#   scripts/build_llama_cuda.sh --source-tar OUT.tar.xz  the source a GPU host builds from itself (about
-#                                          4 minutes with FlashAttention on 16 cores; gpu_carry.sh LLAMA_SRC=1)
+#   scripts/build_llama_cuda.sh --source-tar OUT.tar.xz  the source a GPU host builds from itself (175 s
+#                                          with FlashAttention on an H100 host's 16 cores; gpu_carry.sh LLAMA_SRC=1)
 #   Env: LCPP_ROOT (default /tmp/lcpp), BUILD_DIR (default /tmp/lcpp-cuda-build),
 #        JOBS (default 2), NICE (default 19), CUDA_HOME (default /usr/local/cuda),
 #        FA (default 0; 1 = compile the FlashAttention kernels, f16 K/V only),

@@ -50,7 +50,7 @@
 # Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
 # (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first (llama-src.tar.xz,
 # gpu_carry.sh LLAMA_SRC=1: llama.cpp is built here first, before TOTAL_S starts, at most LLAMA_BUILD_S
-# seconds, default 420; about 4 minutes on 16 cores); where Python lacks the openai
+# seconds, default 420; 175 s on an H100 host's 16 cores); where Python lacks the openai
 # module, it is installed from .gpucarry/wheels.tar.
 # A dry run on a machine without a GPU (tests/bench/test_gpu_serve_bench.py does this):
 #   MLASERVE=build/coordinator/mlaserve BACKEND=cpu MKMODEL_ARGS="--small --hidden 256" MODELS=glm47flash:2 \
