@@ -94,27 +94,24 @@ CONC="${CONC:-1 8 32 128}"
 SHAPE_C="${SHAPE_C:-1k-256}"
 SHAPE_R="${SHAPE_R:-chat}"
 SEED="${SEED:-1}"
-# the prompt tokens of SHAPE_C's requests (bench/serve_load.py shape_of), for the bench's prompt step
-case "$SHAPE_C" in
-  1k-256) PIN=1024 ;;
-  8k-1k) PIN=8192 ;;
-  [0-9]*-[0-9]*) PIN=${SHAPE_C%%-*} ;;
-  *) PIN=none ;;
-esac
-# llama-server's context a slot: the longest request of the shapes the run sends (chat: 4000 + 1000;
-# SHAPE_R only where rate points run), rounded up to 256; LLAMA_CTX is 128 slots of it
-shape_max() {
+# a shape's prompt and output tokens (bench/serve_load.py shape_of; chat: its largest, 4000 and 1000)
+shape_lens() {
   case "$1" in
-    chat) echo 5000 ;;
-    1k-256) echo 1280 ;;
-    8k-1k) echo 9216 ;;
-    *) echo $((${1%%-*} + ${1##*-})) ;;
+    chat) echo 4000 1000 ;;
+    1k-256) echo 1024 256 ;;
+    8k-1k) echo 8192 1024 ;;
+    *) echo "${1%%-*} ${1##*-}" ;;
   esac
 }
-SLOT_NEED=$(shape_max "$SHAPE_C")
+# PIN: the prompt tokens of SHAPE_C's requests, for the bench's prompt step (none for chat);
+# llama-server's context a slot: the longest request of the shapes the run sends (SHAPE_R only
+# where rate points run), rounded up to 256; LLAMA_CTX is 128 slots of it
+read -r PIN POUT <<<"$(shape_lens "$SHAPE_C")"
+SLOT_NEED=$((PIN + POUT))
+[ "$SHAPE_C" = chat ] && PIN=none
 if [ -z "${RATES:-}" ] || [[ "${RATES:-}" == *[0-9]* ]]; then
-  r=$(shape_max "$SHAPE_R")
-  [ "$r" -gt "$SLOT_NEED" ] && SLOT_NEED=$r
+  read -r RIN ROUT <<<"$(shape_lens "$SHAPE_R")"
+  [ $((RIN + ROUT)) -gt "$SLOT_NEED" ] && SLOT_NEED=$((RIN + ROUT))
 fi
 LLAMA_CTX="${LLAMA_CTX:-$((128 * ((SLOT_NEED + 255) / 256 * 256)))}"
 POINT_S="${POINT_S:-150}"
