@@ -69,7 +69,11 @@
 #        FA (default 0; 1 = compile the FlashAttention kernels, f16 K/V only),
 #        REPO (default: this script's repository), LLAMA_SRC (a source tree to build instead),
 #        PACK (default 1; 0 = leave out .llama-cuda.tar.xz, for a build on the GPU host itself:
-#        there LLAMA_SRC=... JOBS=16 NICE=0 PACK=0 CUDA_HOME=<nvcc's prefix> takes minutes)
+#        there LLAMA_SRC=... JOBS=16 NICE=0 PACK=0 STATIC=1 CUDA_HOME=<nvcc's prefix> takes minutes),
+#        STATIC (default 0; 1 = one executable a tool, no llama.cpp shared libraries: where the
+#        compiler links libstdc++ statically, as the Hopper hosts' /opt/gcc does, every shared
+#        library gets its own copy, and std::regex's locale lookup across copies throws
+#        std::bad_cast in llama-server's vocabulary load)
 #   The build is long (sm_90 CUDA kernels; tens of minutes to > 1 h on 2 cores).
 set -euo pipefail
 
@@ -90,7 +94,7 @@ if [ "$FA" = 1 ]; then FA_FLAGS=(-DGGML_CUDA_FA=ON -DGGML_CUDA_FA_QUANTS=f16-f16
 CMAKE_FLAGS=(
   -G Ninja
   -DCMAKE_BUILD_TYPE=Release
-  -DBUILD_SHARED_LIBS=ON
+  -DBUILD_SHARED_LIBS="$([ "${STATIC:-0}" = 1 ] && echo OFF || echo ON)"
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
   '-DCMAKE_INSTALL_RPATH=$ORIGIN'
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
@@ -166,7 +170,7 @@ package() {
   [ $bad = 0 ] || exit 1
   needed=$(tr ' ' '\n' <<< "$needed" | sed '/^$/d' | sort -u | tr '\n' ' ')
   local bundled
-  bundled=$(cd "$PKG" && ls | grep -v -x -e llama-bench -e llama-batched-bench -e llama-server | tr '\n' ' ')
+  bundled=$(cd "$PKG" && ls | { grep -v -x -e llama-bench -e llama-batched-bench -e llama-server || true; } | tr '\n' ' ')
   strip --strip-unneeded "$PKG"/*
   local glibc_max
   glibc_max=$(for f in "$PKG"/*; do objdump -T "$f"; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)

@@ -50,7 +50,7 @@ fi
 # llama.cpp (scripts/build_llama_cuda.sh): its packed .llama-cuda.tar.xz, else the folder packed here
 LT="${LLAMA_TAR:-.llama-cuda.tar.xz}"
 if [ "${NO_LLAMA:-0}" = 1 ]; then :
-elif [ "${LLAMA_SRC:-0}" = 1 ]; then scripts/build_llama_cuda.sh --source-tar "$C/llama-src.tar.xz" >/dev/null
+elif [ "${LLAMA_SRC:-0}" = 1 ]; then env -u LLAMA_SRC scripts/build_llama_cuda.sh --source-tar "$C/llama-src.tar.xz" >/dev/null
 elif [ -s "$LT" ]; then cp "$LT" "$C/llama-cuda.tar.xz"
 elif [ -d .llama-cuda ]; then tar cf - .llama-cuda | xz -T2 -9 >"$C/llama-cuda.tar.xz"; fi
 if [ "${NO_FIXTURES:-0}" = 1 ] && [ "${WHEELS:-1}" = 1 ]; then

@@ -18,7 +18,9 @@
 #      FA on only where the package was built with its kernels (README.txt says GGML_CUDA_FA=ON);
 #      otherwise -fa on would put the attention on the CPU, and the output says it was skipped;
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
-#      roofline at BW_GBS, default 4208 GB/s, the H200's measured copy rate), and `--prefill` of
+#      roofline at BW_GBS, default the copy rate `mla-gpu-check --ceilings` measures on this GPU
+#      first, where build-gpu-carried/ holds it (2995-3016 GB/s on an H100, 4208 on an H200), else
+#      4208 GB/s), and `--prefill` of
 #      SHAPE_C's prompt length (one prompt step alone, beside the served points' first token);
 #   5. Nsight Compute on the CUDA logits tool (build-gpu-carried/mla-e2e, graphs off, 3 greedy tokens),
 #      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family;
@@ -76,7 +78,7 @@ elif [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-s
   # (default 420 s); its log in OUT/llama-build.log
   t=$SECONDS
   rm -rf /tmp/mla-llama-src && mkdir -p /tmp/mla-llama-src && tar xJf .gpucarry/llama-src.tar.xz -C /tmp/mla-llama-src &&
-    FA=1 LLAMA_SRC=/tmp/mla-llama-src/llama.cpp BUILD_DIR=/tmp/mla-llama-build JOBS="$(nproc)" NICE=0 PACK=0 \
+    FA=1 LLAMA_SRC=/tmp/mla-llama-src/llama.cpp BUILD_DIR=/tmp/mla-llama-build JOBS="$(nproc)" NICE=0 PACK=0 STATIC=1 \
       CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")" \
       timeout "${LLAMA_BUILD_S:-420}" scripts/build_llama_cuda.sh >"$OUT/llama-build.log" 2>&1
   echo "llama.cpp built from source: status $? in $((SECONDS - t)) s (log: $OUT/llama-build.log)"
@@ -118,7 +120,12 @@ POINT_S="${POINT_S:-150}"
 START_S="${START_S:-420}"
 TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
 LL="${LLAMA_DIR:-$ROOT/.llama-cuda}"
-BW="${BW_GBS:-4208}"
+# the roofline's copy rate: BW_GBS, else measured here by the op harness (a 2 GiB device copy), else the H200's
+BW="${BW_GBS:-}"
+if [ -z "$BW" ] && [ "$BACKEND" = cuda ] && [ -x build-gpu-carried/mla-gpu-check ]; then
+  BW=$(build-gpu-carried/mla-gpu-check --ceilings 2>/dev/null | sed -n 's/^ceiling: D2D copy \([0-9]*\) GB.*/\1/p')
+fi
+BW="${BW:-4208}"
 T0=$(date +%s)
 since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
