@@ -9,16 +9,21 @@
    point shown as failed.
 3. The script itself on the CPU backend: a 2-layer GLM-4.7-Flash-shaped model (hidden 256, 20 heads),
    concurrency 1 and 2, two Poisson rates derived from the concurrency points, `mlaserve bench`
-   batch 1; llama-server from a package folder whose llama-server exits at once (no server: the
-   script notes it and goes on, FA on skipped for want of its kernels). Checked: exit status 0,
-   the JSON (every point without error, the asked tokens streamed, the server's split of its
-   time to first token, rates below/above each other,
-   a decode row with a roofline share), the notes, the tables, the logs archive, the model deleted.
+   batch 1; llama-server from a package folder (FlashAttention kernels in) whose llama-server is
+   mlaserve on the CPU under llama-server's arguments, 50 ms slower a step with `-fa off`: the probe
+   at concurrency 1 (none of 8 or more) tries on, then off, picks on and starts it again for the points. Checked: exit
+   status 0, llama-server's arguments, the JSON (every point of both servers without error, the
+   asked tokens streamed, mlaserve's split of its time to first token, rates below/above each
+   other, FA on chosen, a decode row with a roofline share), the notes, the tables with a ratio
+   at every point, the logs archive, the model deleted.
+4. The same with a llama-server that exits at once (LLAMA_FA=on, one point): exit status 1, the note,
+   mlaserve's point and the bench kept.
 usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
 import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,10 +141,19 @@ fake = os.path.join(work, "llama")
 os.makedirs(fake)
 with open(os.path.join(fake, "run-llama-bench.sh"), "w") as f:
     f.write('#!/bin/sh\nexec "$(dirname "$0")/$LLAMA_TOOL" "$@"\n')
+# llama-server's arguments recorded (one line a start), then mlaserve serving its -m at --host/--port on
+# the CPU (its /metrics too); `-fa off` 50 ms slower a step, so that the probe picks on and starts it again
 with open(os.path.join(fake, "llama-server"), "w") as f:
-    f.write('#!/bin/sh\necho "$@" >>"$(dirname "$0")/args"\necho \'llama-server: no GPU here\' >&2\nexit 1\n')
+    f.write('#!/bin/sh\necho "$@" >>"$(dirname "$0")/args"\n'
+            'm=; host=; port=; fa=\n'
+            'while [ $# -gt 0 ]; do case $1 in -m) m=$2; shift ;; --host) host=$2; shift ;; --port) port=$2; shift ;;'
+            ' -fa) fa=$2; shift ;; esac; shift; done\n'
+            '[ -n "$FAKE_LLAMA_FAIL" ] && { echo "llama-server: no GPU here" >&2; exit 1; }\n'
+            '[ "$fa" = off ] && export MLA_WORKER_STEP_DELAY_MS=50\n'
+            'exec "$MLASERVE" serve -m "$m" --backend cpu --host "$host" --port "$port" --no-prefix-cache '
+            '--stats-interval 0 --drain-timeout 5 --heartbeat-timeout-ms 10000\n')
 with open(os.path.join(fake, "README.txt"), "w") as f:
-    f.write("cmake: -DGGML_CUDA_FA=OFF\n")
+    f.write("cmake: -DGGML_CUDA_FA=ON\n")
 for fn in ("run-llama-bench.sh", "llama-server"):
     os.chmod(os.path.join(fake, fn), 0o755)
 out, bdir = os.path.join(work, "out"), os.path.join(work, "bench")
@@ -151,20 +165,31 @@ env = dict(os.environ, MLASERVE=exe, BACKEND="cpu", MKMODEL_ARGS="--small --hidd
 r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env, capture_output=True,
                    text=True, timeout=1200)
 print(r.stdout[-3000:])
-# exit status 1: llama-server did not start (recorded); anything else is a failure of the script
-check(r.returncode == 1, "script exit status 1 (llama-server could not start)", r.stderr[-2000:])
+check(r.returncode == 0, "script exit status 0", r.stderr[-2000:])
 # llama-server with a cache a slot (not --kv-unified) of the longest request (8 + 3 tokens) rounded
-# up to 256, 128 slots, batches of 2048
-args = open(os.path.join(fake, "args")).read().split() if os.path.exists(os.path.join(fake, "args")) else []
-check("--kv-unified" not in args and "-c" in args and args[args.index("-c") + 1] == "32768" and
-      args[args.index("-ub") + 1] == "2048" and args[args.index("--parallel") + 1] == "128",
-      "llama-server's slots, context and batch", args)
+# up to 256, 128 slots, batches of 2048; started with FA on (probe), off (probe), on again (points)
+starts = open(os.path.join(fake, "args")).read().splitlines() if os.path.exists(os.path.join(fake, "args")) else []
+check([a.split()[a.split().index("-fa") + 1] if "-fa" in a.split() else None for a in starts] == ["on", "off", "on"],
+      "llama-server started FA on, off, then on again", starts)
+for a in (x.split() for x in starts):
+    check("--kv-unified" not in a and "-c" in a and a[a.index("-c") + 1] == "32768" and
+          a[a.index("-ub") + 1] == "2048" and a[a.index("--parallel") + 1] == "128",
+          "llama-server's slots, context and batch", a)
 jf = os.path.join(out, "serve-glm47flash-2l.json")
 check(os.path.exists(jf), "serve-glm47flash-2l.json written", os.listdir(out) if os.path.isdir(out) else None)
 if os.path.exists(jf):
     j = json.load(open(jf))
     pts = {p["point"]: p for p in j["servers"].get("mlaserve", {}).get("points", [])}
     check(sorted(pts) == ["c1", "c2", "r1", "r2"], "mlaserve: 2 concurrency and 2 rate points", sorted(pts))
+    lpts = {p["point"]: p for p in j["servers"].get("llama-faon", {}).get("points", [])}
+    check(sorted(lpts) == ["c1", "c2", "r1", "r2"], "llama-server FA on: the same points", sorted(lpts))
+    probes = {k: [p["point"] for p in v["points"]] for k, v in j["servers"].items() if k.startswith("probe")}
+    check(probes == {"probe-llama-faon": ["c1"], "probe-llama-faoff": ["c1"]}, "the probe at concurrency 1, FA on and off",
+          probes)
+    check(j.get("llama_fa_chosen") == "on", "FA on chosen (off is 50 ms a step slower)", j.get("llama_fa_chosen"))
+    for name, p in lpts.items():
+        want = p.get("requests", 0) * (3 if name.startswith("c") else 4)
+        check("error" not in p and p["errors"] == 0 and p["output_tokens"] == want, f"llama-server {name}: no error, the asked tokens", p)
     for name, p in pts.items():
         # the tokens each request's usage reports (the chunks may hold fewer: a token whose bytes
         # complete only in the next chunk comes with it)
@@ -183,10 +208,9 @@ if os.path.exists(jf):
     rates = j.get("rates") or []
     check(len(rates) == 2 and 0 < rates[0] < rates[1], "two rates, the lower first", rates)
     check(pts.get("r2", {}).get("mode") == "rate %g/s" % rates[1] if len(rates) == 2 else False, "r2 at the higher rate")
-    check(not any(k.startswith("llama") or k.startswith("probe") for k in j["servers"]), "no llama-server points", j["servers"].keys())
     notes = " ".join(j["notes"])
-    check("FA on not run" in notes and "-fa off did not start" in notes and "ncu not run" in notes,
-          "notes: FA on skipped, llama-server did not start, ncu off", notes)
+    check("FlashAttention on for every point (the better at the concurrency-1 probe" in notes and "ncu not run" in notes,
+          "notes: FA on chosen at the probe, ncu off", notes)
     rows = (j.get("bench") or {}).get("rows") or []
     dec = [x for x in rows if x["phase"] == "decode"]
     check(len(dec) == 1 and dec[0]["batch"] == 1 and dec[0]["ctx"] == 16 and dec[0]["bw_frac"] is not None
@@ -194,7 +218,11 @@ if os.path.exists(jf):
     check([x["prompt"] for x in rows if x["phase"] == "prefill"] == [8], "bench: the prompt step of SHAPE_C's 8 tokens", rows)
     check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
 md = os.path.join(out, "serve-glm47flash-2l.md")
-check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read(), "table written", r.stdout[-500:])
+check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read() and "| c2 | llama-server FA on |" in open(md).read(),
+      "table written", r.stdout[-500:])
+ratio_md = open(md).read().split("mlaserve / llama-server", 1)[-1] if os.path.exists(md) else ""
+check(all(re.search(r"\n\| %s( \([0-9.]+/s\))? \| [0-9.]+x \| [0-9.]+x \| [0-9.]+x \|" % k, ratio_md) for k in ("c1", "c2", "r1", "r2")),
+      "a ratio at every point", ratio_md[:800])
 split_hdr = "| point | client TTFT | server TTFT | queue | prefill | steps |"
 split_md = open(md).read().split(split_hdr, 1)[1] if os.path.exists(md) and split_hdr in open(md).read() else ""
 check("\n| c1 | " in split_md and "\n| r2 (" in split_md, "the server's split tabled", r.stdout[-500:])
@@ -202,13 +230,30 @@ check("Prompt step of 8 tokens, one sequence alone" in split_md, "the bench's pr
 tgz = os.path.join(out, "0-serve-logs.tgz")
 if os.path.exists(tgz):
     names = tarfile.open(tgz).getnames()
-    check(any(n.endswith("glm47flash-2l-mlaserve.log") for n in names) and any(n.endswith("glm47flash-2l-llama-faoff.log") for n in names),
+    check(any(n.endswith("glm47flash-2l-mlaserve.log") for n in names) and any(n.endswith("glm47flash-2l-llama-faoff.log") for n in names)
+          and any(n.endswith("glm47flash-2l-llama-faon.log") for n in names),
           "logs archived", names)
 else:
     check(False, "0-serve-logs.tgz written")
 check(not [f for f in os.listdir(bdir) if f.endswith(".gguf")], "the model file deleted", os.listdir(bdir))
-if r.returncode != 1:
+if r.returncode != 0:
     print(r.stderr[-3000:])
+
+# ---- 4. a llama-server that exits at once: noted, the script goes on, exit status 1 ----
+out2 = os.path.join(work, "out2")
+env2 = dict(env, OUT=out2, CONC="1", RATES=" ", LLAMA_FA="on", FAKE_LLAMA_FAIL="1", BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000")
+r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env2, capture_output=True,
+                   text=True, timeout=1200)
+check(r.returncode == 1, "a llama-server that does not start: exit status 1", r.stderr[-2000:])
+jf2 = os.path.join(out2, "serve-glm47flash-2l.json")
+if os.path.exists(jf2):
+    j2 = json.load(open(jf2))
+    check(sorted(j2["servers"]) == ["mlaserve"] and [p["point"] for p in j2["servers"]["mlaserve"]["points"]] == ["c1"],
+          "mlaserve's point kept, no llama-server points", j2["servers"].keys())
+    check("llama-server -fa on did not start" in " ".join(j2["notes"]) and (j2.get("bench") or {}).get("rows"),
+          "noted, and the bench still run", j2["notes"])
+else:
+    check(False, "serve-glm47flash-2l.json written (llama-server failing)", r.stdout[-2000:])
 if not mlatest.FAILS:
     shutil.rmtree(work, ignore_errors=True)
 finish("gpu_serve_bench: ")
