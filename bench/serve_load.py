@@ -4,7 +4,7 @@ official `openai` async client.
 
   serve_load.py --base-url http://127.0.0.1:8080/v1 --vocab 129280 \\
       [--concurrency 8 | --rate 4.0] [--requests 64] [--shape chat|1k-256|8k-1k|IN-OUT] [--seed 1]
-      [--warmup 1] [--model NAME] [--api-key KEY] [--json OUT.json] [--label TEXT]
+      [--warmup 1] [--procs N] [--model NAME] [--api-key KEY] [--json OUT.json] [--label TEXT]
 
 Arrivals: a fixed number of requests in flight (--concurrency), or Poisson arrivals at --rate
 requests a second (each at its own time from the start). Shapes: `chat` draws prompt and output
@@ -17,9 +17,13 @@ the gaps between later text chunks (ITL) are measured here; output tokens are wh
 `usage` says (`stream_options.include_usage`; the text chunks where a server sends none:
 `tokens_from_usage` counts the requests that had it), expected_output_tokens what the successful
 requests asked for. Prints one JSON object (also to --json): requests, errors, requests/s, output
-tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in ms, `client_cpu` (this process's CPU time
-over the wall time: near 1, the client, not the server, sets the pace) and the first error
-messages. Against mlaserve, `server` also splits the point's time to first token as the server saw
+tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in ms, `client_cpu` (the busiest client
+process's CPU time over the wall time: near 1, the client, not the server, sets the pace),
+`client_procs` and the first error messages. The client runs as --procs processes (default: one a
+32 requests in flight, 4 for Poisson arrivals, at most half the CPUs), each with its own `openai`
+client and event loop, from one start: at a fixed concurrency they share the workers and take the
+requests from one queue in order; with Poisson arrivals process i sends every --procs-th request
+at its time. Against mlaserve, `server` also splits the point's time to first token as the server saw
 it, from its /metrics read before and after (means in ms over the point's requests): `ttft`
 (arrival to first token), `queue` (arrival to first scheduled step) and `prefill` (first
 scheduled step to first token), `steps` (model steps run) and `prompt_tokens` (received); the
@@ -30,6 +34,8 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
+import os
 import random
 import sys
 import time
@@ -134,6 +140,69 @@ async def one(client, model, prompt, max_tokens, out):
                     "e2e": time.perf_counter() - t0, "error": str(e)[:300]})
 
 
+def take_local(n):
+    """next request index of a process's own queue (None when all are taken)"""
+    nxt = iter(range(n))
+    return lambda: next(nxt, None)
+
+
+def take_shared(counter, n):
+    """next request index of a queue the client processes share (multiprocessing.Value)"""
+    def take():
+        with counter.get_lock():
+            k = counter.value
+            if k >= n:
+                return None
+            counter.value = k + 1
+            return k
+    return take
+
+
+async def drive(client, model, reqs, ats, mine, take, workers, t0, out):
+    """this process's part of a point: Poisson arrivals of the requests `mine` at t0 + ats[k] (ats not
+    None), or `workers` loops taking requests from take() (a fixed number in flight)"""
+    if ats is not None:  # each at its time from the start (the client's own delays do not add up)
+        tasks = []
+        for k in mine:
+            await asyncio.sleep(max(0.0, t0 + ats[k] - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(client, model, reqs[k][0], reqs[k][1], out)))
+        await asyncio.gather(*tasks)
+        return
+
+    async def worker():
+        while (k := take()) is not None:
+            await one(client, model, reqs[k][0], reqs[k][1], out)
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+def child(args, model, reqs, ats, i, n, counter, t0v, barrier, results):
+    """client process i of n: its share of the workers (or every n-th arrival), from the common start"""
+    async def go():
+        client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key or "none", max_retries=0, timeout=args.timeout)
+        out = []
+        barrier.wait()  # every process's client made: the parent sets the start
+        barrier.wait()
+        t0, c0 = t0v.value, time.process_time()
+        await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+        workers = args.concurrency // n + (i < args.concurrency % n)
+        await drive(client, model, reqs, ats, range(i, len(reqs), n), take_shared(counter, len(reqs)), workers, t0, out)
+        end, cpu = time.perf_counter(), time.process_time() - c0
+        await client.close()
+        return out, end, cpu
+    try:
+        results.put((i,) + asyncio.run(go()))
+    except BaseException as e:  # the parent reports it
+        results.put((i, None, repr(e)[:300], None))
+
+
+def procs_for(a):
+    """--procs, or with 0 one client process a 32 requests in flight (Poisson: 4), at most half the CPUs"""
+    if a.procs:
+        return a.procs
+    want = 4 if a.rate > 0 else -(-a.concurrency // 32)
+    return max(1, min(want, (os.cpu_count() or 2) // 2))
+
+
 async def run(a):
     client = AsyncOpenAI(base_url=a.base_url, api_key=a.api_key or "none", max_retries=0, timeout=a.timeout)
     model = a.model
@@ -145,32 +214,45 @@ async def run(a):
     for _ in range(a.requests):
         p, o = shape_of(a.shape, rnd)
         reqs.append(([rnd.randrange(256, a.vocab) for _ in range(p)], o))
+    ats = None
+    if a.rate > 0:  # arrival times from the start, from the same generator after the requests
+        ats = [0.0]
+        for _ in range(1, len(reqs)):
+            ats.append(ats[-1] + rnd.expovariate(a.rate))
     # warm-up: requests of the same shape from their own seed, one after another, not counted (a
     # server's first request pays for lazily loaded kernels and captured graphs)
     wrnd = random.Random(a.seed + 1000003)
     for _ in range(a.warmup):
         p, o = shape_of(a.shape, wrnd)
         await one(client, model, [wrnd.randrange(256, a.vocab) for _ in range(p)], o, [])
+    n = min(procs_for(a), len(reqs), a.concurrency if a.rate <= 0 else len(reqs))
     out = []
     before = read_metrics(a.base_url, a.api_key)
-    t0, c0 = time.perf_counter(), time.process_time()
-    if a.rate > 0:  # Poisson arrivals, each at its time from the start (the client's own delays do not add up)
-        tasks, at = [], 0.0
-        for k, (prompt, o) in enumerate(reqs):
-            if k:
-                at += rnd.expovariate(a.rate)
-                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            tasks.append(asyncio.create_task(one(client, model, prompt, o, out)))
-        await asyncio.gather(*tasks)
-    else:  # a fixed number in flight
-        queue = list(reversed(reqs))
-
-        async def worker():
-            while queue:
-                prompt, o = queue.pop()
-                await one(client, model, prompt, o, out)
-        await asyncio.gather(*(worker() for _ in range(max(1, a.concurrency))))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if n == 1:
+        t0, c0 = time.perf_counter(), time.process_time()
+        await drive(client, model, reqs, ats, range(len(reqs)), take_local(len(reqs)), a.concurrency, t0, out)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        cpus = [cpu]
+    else:  # client processes from one start, each with its own client and event loop
+        ctx = multiprocessing.get_context("spawn")
+        counter, t0v, barrier, results = ctx.Value("l", 0), ctx.Value("d", 0.0), ctx.Barrier(n + 1, timeout=120), ctx.Queue()
+        ps = [ctx.Process(target=child, args=(a, model, reqs, ats, i, n, counter, t0v, barrier, results), daemon=True)
+              for i in range(n)]
+        for p in ps:
+            p.start()
+        await asyncio.to_thread(barrier.wait)
+        t0v.value = t0 = time.perf_counter() + 0.05
+        await asyncio.to_thread(barrier.wait)
+        got = [await asyncio.to_thread(results.get, True, a.timeout + 120) for _ in ps]
+        for p in ps:
+            p.join()
+        bad = [g[2] for g in got if g[1] is None]
+        if bad:
+            raise RuntimeError("a client process failed: " + bad[0])
+        for g in got:
+            out += g[1]
+        wall = max(g[2] for g in got) - t0
+        cpus = [g[3] for g in got]
     await client.close()
     ok = [r for r in out if r["error"] is None]
     server = server_split(before, read_metrics(a.base_url, a.api_key), len(ok))
@@ -184,7 +266,7 @@ async def run(a):
            "output_tok_per_s": tokens / wall if wall > 0 else None, "output_tokens": tokens,
            "expected_output_tokens": sum(r["asked"] for r in ok),
            "tokens_from_usage": sum(r["usage"] is not None for r in ok), "chunks": sum(r["chunks"] for r in ok),
-           "client_cpu": cpu / wall if wall > 0 else None, "warmup": a.warmup,
+           "client_cpu": max(cpus) / wall if wall > 0 else None, "client_procs": n, "warmup": a.warmup,
            "prompt_tokens": sum(len(p) for p, _ in reqs),
            "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99),
                        "mean": sum(ttft) / len(ttft) if ttft else None},
@@ -206,11 +288,13 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="requests sent first, one at a time, not counted")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a request may take")
+    ap.add_argument("--procs", type=int, default=0,
+                    help="client processes (0: one a 32 requests in flight, 4 for Poisson arrivals, at most half the CPUs)")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args()
-    if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0 or a.warmup < 0:
-        ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate and --warmup not negative")
+    if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0 or a.warmup < 0 or a.procs < 0:
+        ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate, --warmup and --procs not negative")
     res = asyncio.run(run(a))
     text = json.dumps(res)
     print(text)

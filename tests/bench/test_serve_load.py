@@ -8,6 +8,8 @@ official openai client. No timing is asserted: the counts and the fields have to
   received (the warm-up request before the point not counted); the tokens from each request's usage;
 - 5 Poisson arrivals (rate 50/s) of 16 prompt tokens and 6 output tokens: no error, every asked token
   streamed;
+- both again from two client processes (--procs 2): the same counts, the latencies and CPU share
+  merged, the server's split (all 256 prompt tokens) within the clients' time;
 - the chat-like lengths (no server): 2000 draws within 50-4000 / 20-1000 tokens, long-tailed (the mean
   above the median), the same for the same seed;
 - 3 requests longer than the model's context (4096): 3 errors, each message kept, exit status 1.
@@ -52,13 +54,26 @@ try:
               0 < sv["ttft"] <= t["mean"] and sv["steps"] >= 8, "the server's TTFT split", j)
         check(sv is not None and sv["prompt_tokens"] == 256, "the server received the 256 prompt tokens (the "
               "warm-up request's not among them)", j)
-        check(j["tokens_from_usage"] == 8 and j["warmup"] == 1 and 0 < j["client_cpu"] < 4,
-              "tokens from every request's usage; one warm-up; the client's CPU share", j)
+        check(j["tokens_from_usage"] == 8 and j["warmup"] == 1 and 0 < j["client_cpu"] < 4 and j["client_procs"] == 1,
+              "tokens from every request's usage; one warm-up; the client's CPU share; one process (4 in flight)", j)
     rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7")
     check(rc == 0 and j is not None and j["errors"] == 0 and j["mode"] == "rate 50/s", "Poisson arrivals: no error",
           (j, err[-500:]))
     if j:
         check(j["output_tokens"] == j["expected_output_tokens"] == 30, "every asked token streamed", j)
+    # two client processes: the same requests, the workers split between them, one queue
+    rc, j, err = load("--concurrency", "4", "--requests", "8", "--shape", "32-8", "--procs", "2")
+    check(rc == 0 and j is not None and j["errors"] == 0 and j["requests"] == 8 and j["client_procs"] == 2,
+          "two client processes at concurrency 4: 8 requests, no error", (j, err[-500:]))
+    if j:
+        check(j["output_tokens"] == 64 and j["tokens_from_usage"] == 8 and j["ttft_ms"]["p50"] and j["itl_ms"]["p99"]
+              and j["wall_s"] > 0 and 0 < j["client_cpu"] < 4, "their tokens, latencies and CPU share merged", j)
+        sv = j["server"]
+        check(sv is not None and sv["prompt_tokens"] == 256 and 0 < sv["ttft"] <= j["ttft_ms"]["mean"],
+              "the server saw the 256 prompt tokens, inside the clients' time", j)
+    rc, j, err = load("--rate", "50", "--requests", "5", "--shape", "16-6", "--seed", "7", "--procs", "2")
+    check(rc == 0 and j is not None and j["errors"] == 0 and j["client_procs"] == 2 and j["output_tokens"] == 30 and
+          j["requests"] == 5, "Poisson arrivals from two client processes: every asked token", (j, err[-500:]))
     sys.path.insert(0, os.path.dirname(tool))
     import random
     import statistics
