@@ -547,6 +547,13 @@ int cmd_serve(int argc, char **argv) {
                         "address without brackets)\n", host);
         return 2;
     }
+    mla_err cerr;
+    if (hc.cors_origins && !strcmp(hc.cors_origins, "none")) hc.cors_origins = NULL; /* the default, spelled out */
+    if (http_cors_origins_check(hc.cors_origins, &cerr)) { /* before the model loads */
+        free(key_owned);
+        fprintf(stderr, "mlaserve serve: %s\n", cerr.msg);
+        return 2;
+    }
     if (proto_port > 0 && proto_port == port) {
         free(key_owned);
         fprintf(stderr, "mlaserve serve: --port and --proto-port are both %d (HTTP and gRPC need a port each)\n", port);

@@ -2,6 +2,7 @@
 #include "coordinator/http_server.h"
 #include "coordinator/uvnet.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -721,9 +722,56 @@ static void on_connection(uv_stream_t *ls, int status) {
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
+/* one entry of a CORS list, [b, e): scheme://host[:port] */
+static bool cors_origin_ok(const char *b, const char *e) {
+    const char *p = b;
+    if (p == e || !isalpha((unsigned char)*p)) return false;
+    while (p < e && (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.')) p++;
+    if (e - p < 4 || strncmp(p, "://", 3)) return false;
+    p += 3;
+    const char *host = p;
+    if (p < e && *p == '[') { /* an IPv6 literal */
+        while (p < e && *p != ']') p++;
+        if (p == e) return false;
+        p++;
+    }
+    while (p < e && *p != ':') {
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f || strchr("/?#@[]\\", *p)) return false;
+        p++;
+    }
+    if (p == host) return false;
+    if (p < e) { /* :port, 1-65535 */
+        long port = 0;
+        if (++p == e) return false;
+        for (; p < e; p++) {
+            if (!isdigit((unsigned char)*p) || (port = port * 10 + (*p - '0')) > 65535) return false;
+        }
+        if (port == 0) return false;
+    }
+    return true;
+}
+
+int http_cors_origins_check(const char *list, mla_err *err) {
+    if (!list || !*list || !strcmp(list, "*")) return MLA_OK;
+    for (const char *p = list; *p;) {
+        const char *c = strchr(p, ','), *end = c ? c : p + strlen(p), *b = p;
+        p = c ? c + 1 : end;
+        while (b < end && (*b == ' ' || *b == '\t')) b++;
+        while (end > b && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        if (end - b == 1 && *b == '*')
+            return mla_errf(err, "--cors-origins: '*' (any origin) stands alone, not in a list");
+        if (end - b > HTTP_CORS_ORIGIN_MAX || !cors_origin_ok(b, end))
+            return mla_errf(err, "--cors-origins: '%.*s' is not an origin as a browser sends it: scheme://host[:port], "
+                                 "e.g. https://ui.example:8443 (no path or trailing '/'; origins separated by commas)",
+                            (int)(end - b > 120 ? 120 : end - b), b);
+    }
+    return MLA_OK;
+}
+
 int http_server_init(http_server **out, uv_loop_t *loop, const http_server_config *cfg,
                      http_handler_fn handler, void *ud, mla_err *err) {
-    (void)err;
+    *out = NULL;
+    if (cfg && http_cors_origins_check(cfg->cors_origins, err)) return MLA_ERR;
     http_server *s = mla_xcalloc(1, sizeof(*s));
     s->loop = loop;
     if (cfg)

@@ -83,6 +83,12 @@ void http_server_config_default(http_server_config *c);
 
 typedef void (*http_handler_fn)(void *ud, http_conn *c, const http_request *req);
 
+/* Whether cors_origins is "*" alone or a list of origins as browsers send them
+ * (scheme://host[:port], the scheme a letter then letters, digits, '+', '-' or '.', no path, no
+ * trailing '/', no user part, at most HTTP_CORS_ORIGIN_MAX bytes each): an entry that could never
+ * equal an Origin header is refused naming it, rather than left to refuse every page. NULL or "" pass. */
+int http_cors_origins_check(const char *cors_origins, mla_err *err);
+/* cfg->cors_origins must pass http_cors_origins_check (the error names the entry). */
 int http_server_init(http_server **out, uv_loop_t *loop, const http_server_config *cfg,
                      http_handler_fn handler, void *ud, mla_err *err);
 /* Binds and listens; port 0 picks a free one, *bound_port (may be NULL) gets the real one. */

@@ -3,7 +3,7 @@ workers: a coordinator that stands still past the heartbeat timeout gets its wor
 exits 1 once restarts are given up), the control socket lies in a private folder, the API key
 from a file stays out of the process list, --api-key is scrubbed from it, chat message text
 cannot forge control tokens, and the start-up warnings (non-loopback host without a key, too
-few descriptors for --max-conns).
+few descriptors for --max-conns), and --cors-origins entries that no browser's Origin could equal.
 Usage: test_serve_ops.py SERVE_EXE WORKER_EXE FIXTURES_DIR [PART...]. Exit 77 when the fixture
 is missing."""
 import json
@@ -114,6 +114,21 @@ def test_keys_and_warnings():
         r = subprocess.run([exe, "-m", model, "--api-key-file", bad], capture_output=True, text=True, timeout=60)
         check(r.returncode == 2 and says in r.stderr and "started worker" not in r.stderr,
               "key file refused: %s" % says, r.stderr[-300:])
+    # --cors-origins entries no Origin header could equal (a page would be refused by every one): refused
+    # at start, naming the entry; a list of origins, one with an IPv6 host, is taken
+    for val, says in (("ui.example", "'ui.example' is not an origin"), ("https://ui.example/", "'https://ui.example/'"),
+                      ("https://a.example, *", "'*' (any origin) stands alone"),
+                      ("https://a.example:70000", "'https://a.example:70000'"), ("null", "'null' is not an origin")):
+        r = subprocess.run([exe, "-m", model, "--cors-origins", val], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and says in r.stderr and "started worker" not in r.stderr,
+              "--cors-origins %r refused" % val, r.stderr[-300:])
+    srv = serve(["--cors-origins", "https://[::1]:8443, http://localhost:3000"])
+    try:
+        st, hd, _ = http_request(srv.port, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})
+        check(st == 200 and hd.get("Access-Control-Allow-Origin") == "http://localhost:3000",
+              "a list of origins taken, the second matched", (st, hd))
+    finally:
+        srv.stop()
     r = subprocess.run([exe, "-m", model, "--api-key", " k"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 2 and "starts or ends with a blank" in r.stderr, "--api-key with a leading blank refused",
           r.stderr[-300:])
