@@ -125,7 +125,8 @@ def table(model):
                 frac = r.get("bw_frac")
                 out += ["", f"Batch-{r['batch']} step at context {r.get('ctx')} (`mlaserve bench`): {fmt(r.get('ms_best'), 3)} ms "
                         f"best, {fmt(r.get('ms_mean'), 3)} ms mean, {fmt(r.get('tok_s'))} tok/s, {fmt(r.get('gb_s'))} GB/s"
-                        + (f" = {100 * frac:.1f}% of {b.get('bw_gbs'):.0f} GB/s" if frac is not None else "")]
+                        + (f" = {100 * frac:.1f}% of {b.get('bw_gbs'):.0f} GB/s" if frac is not None else "")
+                        + (f" ({model['bw_source']})" if frac is not None and model.get("bw_source") else "")]
         if b.get("error"):
             out += ["", f"`mlaserve bench`: {b['error']}"]
     n = model.get("ncu")

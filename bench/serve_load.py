@@ -12,29 +12,32 @@ lengths from a long-tailed (log-normal) distribution clipped to 50-4000 prompt t
 output tokens; `1k-256` and `8k-1k` (or any `IN-OUT`) are fixed. Prompts are lists of token ids drawn
 from [256, --vocab) (the completions API takes them, so any tokenizer does), seeded; outputs run to
 their length (`ignore_eos`, temperature 0). --warmup requests of the same shape (their own seed) go
-first, one at a time, and are not counted. Every request is streamed: time to first token (TTFT) and
-the gaps between later text chunks (ITL) are measured here; output tokens are what each server's
-`usage` says (`stream_options.include_usage`; the text chunks where a server sends none:
-`tokens_from_usage` counts the requests that had it), expected_output_tokens what the successful
-requests asked for. Prints one JSON object (also to --json): requests, errors, requests/s, output
-tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in ms, `client_cpu` (the busiest client
-process's CPU time over the wall time: near 1, the client, not the server, sets the pace),
-`client_procs` and the first error messages. The client runs as --procs processes (default: one a
-32 requests in flight, 4 for Poisson arrivals, at most half the CPUs), each with its own `openai`
-client and event loop, from one start: at a fixed concurrency they share the workers and take the
-requests from one queue in order; with Poisson arrivals process i sends every --procs-th request
-at its time. Against mlaserve, `server` also splits the point's time to first token as the server saw
-it, from its /metrics read before and after (means in ms over the point's requests): `ttft`
-(arrival to first token), `queue` (arrival to first scheduled step) and `prefill` (first
-scheduled step to first token), `steps` (model steps run) and `prompt_tokens` (received); the
-client's mean TTFT less the server's is what HTTP and the client add. `server` is null where
-/metrics has no mlaserve series (llama-server, vLLM) or another client shared the point. Exit
-status 1 when a request failed."""
+first from each client process, one at a time, and are not counted. Every request is streamed: time
+to first token (TTFT) and the gaps between later text chunks (ITL) are measured here; output tokens
+are what each server's `usage` says (`stream_options.include_usage`; the text chunks where a server
+sends none: `tokens_from_usage` counts the requests that had it), expected_output_tokens what the
+successful requests asked for. Prints one JSON object (also to --json): requests, errors,
+requests/s, output tok/s, TTFT and ITL p50/p90/p99 (TTFT also the mean) in ms, `client_cpu` (the
+busiest client process's CPU time over the wall time: near 1, the client, not the server, sets the
+pace) and `client_cpu_total` (all of them), `client_procs`, `sent` (the request indices in the
+order they were sent) and the first error messages. The client runs as --procs processes
+(default: one a 32 requests in flight, 4 for Poisson arrivals, at most half the CPUs it may use),
+each with its own `openai` client and event loop, warmed up, then from one start: at a fixed
+concurrency they share the workers and take the requests from one queue in order; with Poisson
+arrivals process i sends every --procs-th request at its time. Against mlaserve, `server` also
+splits the point's time to first token as the server saw it, from its /metrics read before and
+after (means in ms over the point's requests): `ttft` (arrival to first token), `queue` (arrival to
+first scheduled step) and `prefill` (first scheduled step to first token), `steps` (model steps
+run) and `prompt_tokens` (received); the client's mean TTFT less the server's is what HTTP and the
+client add. `server` is null where /metrics has no mlaserve series (llama-server, vLLM) or another
+client shared the point. Exit status 1 when a request failed, 2 when a client process failed or
+exited without its results (the point has none; the message names it)."""
 import argparse
 import asyncio
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import random
 import sys
@@ -111,7 +114,7 @@ def pct(xs, q):
     return xs[k]
 
 
-async def one(client, model, prompt, max_tokens, out):
+async def one(client, model, prompt, max_tokens, out, k=None):
     t0 = time.perf_counter()
     last, ttft, itl, n, used = None, None, [], 0, None
     try:
@@ -133,11 +136,11 @@ async def one(client, model, prompt, max_tokens, out):
                 itl.append(now - last)
             last = now
             n += 1
-        out.append({"ttft": ttft, "itl": itl, "chunks": n, "tokens": n if used is None else used, "usage": used,
-                    "asked": max_tokens, "e2e": time.perf_counter() - t0, "error": None})
+        out.append({"k": k, "t0": t0, "ttft": ttft, "itl": itl, "chunks": n, "tokens": n if used is None else used,
+                    "usage": used, "asked": max_tokens, "e2e": time.perf_counter() - t0, "error": None})
     except Exception as e:  # every failure is counted and its message kept
-        out.append({"ttft": None, "itl": [], "chunks": n, "tokens": 0, "usage": None, "asked": max_tokens,
-                    "e2e": time.perf_counter() - t0, "error": str(e)[:300]})
+        out.append({"k": k, "t0": t0, "ttft": None, "itl": [], "chunks": n, "tokens": 0, "usage": None,
+                    "asked": max_tokens, "e2e": time.perf_counter() - t0, "error": str(e)[:300]})
 
 
 def take_local(n):
@@ -165,24 +168,35 @@ async def drive(client, model, reqs, ats, mine, take, workers, t0, out):
         tasks = []
         for k in mine:
             await asyncio.sleep(max(0.0, t0 + ats[k] - time.perf_counter()))
-            tasks.append(asyncio.create_task(one(client, model, reqs[k][0], reqs[k][1], out)))
+            tasks.append(asyncio.create_task(one(client, model, reqs[k][0], reqs[k][1], out, k)))
         await asyncio.gather(*tasks)
         return
 
     async def worker():
         while (k := take()) is not None:
-            await one(client, model, reqs[k][0], reqs[k][1], out)
+            await one(client, model, reqs[k][0], reqs[k][1], out, k)
     await asyncio.gather(*(worker() for _ in range(workers)))
 
 
-def child(args, model, reqs, ats, i, n, counter, t0v, barrier, results):
-    """client process i of n: its share of the workers (or every n-th arrival), from the common start"""
+async def warm(client, model, a, seed):
+    """a.warmup requests of a.shape from their own seed, one after another, not counted: a server's first
+    request pays for lazily loaded kernels and captured graphs, a client's for its connections"""
+    wrnd = random.Random(seed)
+    for _ in range(a.warmup):
+        p, o = shape_of(a.shape, wrnd)
+        await one(client, model, [wrnd.randrange(256, a.vocab) for _ in range(p)], o, [])
+
+
+def child(args, model, reqs, ats, i, n, counter, conn):
+    """client process i of n, talking to the parent over conn: ("ready",) once its client is made and
+    warmed up; then the start time; then ("done", results, end, cpu), or ("error", message) at any point"""
     async def go():
         client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key or "none", max_retries=0, timeout=args.timeout)
+        await warm(client, model, args, args.seed + 1000003 + 1 + i)
         out = []
-        barrier.wait()  # every process's client made: the parent sets the start
-        barrier.wait()
-        t0, c0 = t0v.value, time.process_time()
+        conn.send(("ready",))
+        t0 = await asyncio.to_thread(conn.recv)
+        c0 = time.process_time()
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         workers = args.concurrency // n + (i < args.concurrency % n)
         await drive(client, model, reqs, ats, range(i, len(reqs), n), take_shared(counter, len(reqs)), workers, t0, out)
@@ -190,17 +204,48 @@ def child(args, model, reqs, ats, i, n, counter, t0v, barrier, results):
         await client.close()
         return out, end, cpu
     try:
-        results.put((i,) + asyncio.run(go()))
+        msg = ("done",) + asyncio.run(go())
     except BaseException as e:  # the parent reports it
-        results.put((i, None, repr(e)[:300], None))
+        msg = ("error", repr(e)[:300])
+    try:
+        conn.send(msg)
+        conn.close()
+    except OSError:  # the parent is gone
+        pass
+
+
+def children_wait(ps, conns, want):
+    """the next message (want: its kind) of every client process, waiting on their pipes and their exits
+    at once: a process that fails or exits without one stops the point at once, named"""
+    got, left = {}, set(range(len(ps)))
+    while left:
+        ready = multiprocessing.connection.wait([conns[i] for i in left] + [ps[i].sentinel for i in left])
+        for i in sorted(left):
+            if conns[i] in ready or conns[i].poll():
+                try:
+                    msg = conns[i].recv()
+                except EOFError:  # its end closed: it exited without a word
+                    ps[i].join(10)
+                    raise RuntimeError("client process %d exited (status %s) without its %s" % (i, ps[i].exitcode, want))
+                if msg[0] == "error":
+                    raise RuntimeError("client process %d failed: %s" % (i, msg[1]))
+                if msg[0] != want:
+                    raise RuntimeError("client process %d sent %r where %r was due" % (i, msg[0], want))
+                got[i] = msg
+                left.discard(i)
+            elif ps[i].sentinel in ready:
+                ps[i].join()
+                raise RuntimeError("client process %d exited (status %s) without its %s" % (i, ps[i].exitcode, want))
+    return [got[i] for i in range(len(ps))]
 
 
 def procs_for(a):
-    """--procs, or with 0 one client process a 32 requests in flight (Poisson: 4), at most half the CPUs"""
+    """--procs, or with 0 one client process a 32 requests in flight (Poisson: 4), at most half the CPUs
+    this process may run on"""
     if a.procs:
         return a.procs
     want = 4 if a.rate > 0 else -(-a.concurrency // 32)
-    return max(1, min(want, (os.cpu_count() or 2) // 2))
+    return max(1, min(want, len(os.sched_getaffinity(0)) // 2))
 
 
 async def run(a):
@@ -219,40 +264,39 @@ async def run(a):
         ats = [0.0]
         for _ in range(1, len(reqs)):
             ats.append(ats[-1] + rnd.expovariate(a.rate))
-    # warm-up: requests of the same shape from their own seed, one after another, not counted (a
-    # server's first request pays for lazily loaded kernels and captured graphs)
-    wrnd = random.Random(a.seed + 1000003)
-    for _ in range(a.warmup):
-        p, o = shape_of(a.shape, wrnd)
-        await one(client, model, [wrnd.randrange(256, a.vocab) for _ in range(p)], o, [])
     n = min(procs_for(a), len(reqs), a.concurrency if a.rate <= 0 else len(reqs))
-    out = []
-    before = read_metrics(a.base_url, a.api_key)
-    if n == 1:
-        t0, c0 = time.perf_counter(), time.process_time()
-        await drive(client, model, reqs, ats, range(len(reqs)), take_local(len(reqs)), a.concurrency, t0, out)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        cpus = [cpu]
-    else:  # client processes from one start, each with its own client and event loop
-        ctx = multiprocessing.get_context("spawn")
-        counter, t0v, barrier, results = ctx.Value("l", 0), ctx.Value("d", 0.0), ctx.Barrier(n + 1, timeout=120), ctx.Queue()
-        ps = [ctx.Process(target=child, args=(a, model, reqs, ats, i, n, counter, t0v, barrier, results), daemon=True)
-              for i in range(n)]
+    out, ps = [], []
+    try:
+        if n == 1:
+            await warm(client, model, a, a.seed + 1000003)
+            before = read_metrics(a.base_url, a.api_key)
+            t0, c0 = time.perf_counter(), time.process_time()
+            await drive(client, model, reqs, ats, range(len(reqs)), take_local(len(reqs)), a.concurrency, t0, out)
+            wall, cpus = time.perf_counter() - t0, [time.process_time() - c0]
+        else:  # client processes, each with its own client and event loop, warmed up, then one start
+            ctx = multiprocessing.get_context("spawn")
+            counter, pipes = ctx.Value("l", 0), [ctx.Pipe() for _ in range(n)]
+            conns = [p[0] for p in pipes]
+            ps = [ctx.Process(target=child, args=(a, model, reqs, ats, i, n, counter, pipes[i][1]), daemon=True)
+                  for i in range(n)]
+            for p in ps:
+                p.start()
+            for _, c in pipes:
+                c.close()  # the children's ends: a child's exit closes its pipe
+            await asyncio.to_thread(children_wait, ps, conns, "ready")
+            before = read_metrics(a.base_url, a.api_key)
+            t0 = time.perf_counter() + 0.05
+            for c in conns:
+                c.send(t0)
+            got = await asyncio.to_thread(children_wait, ps, conns, "done")
+            for g in got:
+                out += g[1]
+            wall, cpus = max(g[2] for g in got) - t0, [g[3] for g in got]
+    finally:
         for p in ps:
-            p.start()
-        await asyncio.to_thread(barrier.wait)
-        t0v.value = t0 = time.perf_counter() + 0.05
-        await asyncio.to_thread(barrier.wait)
-        got = [await asyncio.to_thread(results.get, True, a.timeout + 120) for _ in ps]
-        for p in ps:
+            if p.is_alive():
+                p.kill()
             p.join()
-        bad = [g[2] for g in got if g[1] is None]
-        if bad:
-            raise RuntimeError("a client process failed: " + bad[0])
-        for g in got:
-            out += g[1]
-        wall = max(g[2] for g in got) - t0
-        cpus = [g[3] for g in got]
     await client.close()
     ok = [r for r in out if r["error"] is None]
     server = server_split(before, read_metrics(a.base_url, a.api_key), len(ok))
@@ -266,7 +310,8 @@ async def run(a):
            "output_tok_per_s": tokens / wall if wall > 0 else None, "output_tokens": tokens,
            "expected_output_tokens": sum(r["asked"] for r in ok),
            "tokens_from_usage": sum(r["usage"] is not None for r in ok), "chunks": sum(r["chunks"] for r in ok),
-           "client_cpu": max(cpus) / wall if wall > 0 else None, "client_procs": n, "warmup": a.warmup,
+           "client_cpu": max(cpus) / wall if wall > 0 else None, "client_cpu_total": sum(cpus) / wall if wall > 0 else None,
+           "client_procs": n, "warmup": a.warmup, "sent": [r["k"] for r in sorted(out, key=lambda r: r["t0"])],
            "prompt_tokens": sum(len(p) for p, _ in reqs),
            "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99),
                        "mean": sum(ttft) / len(ttft) if ttft else None},
@@ -295,7 +340,11 @@ def main():
     a = ap.parse_args()
     if a.vocab <= 256 or a.requests < 1 or a.concurrency < 1 or a.rate < 0 or a.warmup < 0 or a.procs < 0:
         ap.error("--vocab above 256, --requests and --concurrency at least 1, --rate, --warmup and --procs not negative")
-    res = asyncio.run(run(a))
+    try:
+        res = asyncio.run(run(a))
+    except RuntimeError as e:  # a client process failed: the point has no result
+        print("serve_load: %s" % e, file=sys.stderr)
+        return 2
     text = json.dumps(res)
     print(text)
     if a.json:

@@ -20,16 +20,18 @@
 #   -DGGML_NATIVE=OFF                                   portable host code (AVX2/FMA/F16C)
 #   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 #                                                       (AMX repack crashed on an earlier run)
-#   -DGGML_CUDA_FA=OFF                                  no FlashAttention kernels (see below)
+#   -DGGML_CUDA_FA=OFF                                  no FlashAttention kernels (see below; FA=1:
+#                                                       ON, f16 K/V only, as the GPU-host build)
 #   -DGGML_CUDA_COMPRESSION_MODE=none                   raw SASS in the fatbin: xz packs it
 #                                                       ~18% smaller than nvcc's "size" mode
 #   -DGGML_CUDA_NCCL=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
 #   -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH=$ORIGIN
-#                                                       one libggml-cuda.so shared by both tools
+#                                                       one libggml-cuda.so shared by the tools
+#                                                       (STATIC=1: OFF, one executable a tool)
 #   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
 #                                                       libcuda.so.1 (driver) is absent on the
 #                                                       build machine (only the toolkit stub)
-#   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+#   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
 #   -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_OPENSSL=OFF
 #   Only the targets llama-bench, llama-batched-bench and llama-server are built (measured: 55 min with
 #   FA while another build ran, 29 min without FA; nice 19, -j2, 2 cores).
@@ -48,8 +50,9 @@
 #
 # Output
 #   $REPO/.llama-cuda/            (git-ignored: .gitignore)
-#       llama-bench, llama-batched-bench   stripped executables (RPATH $ORIGIN)
-#       libggml*.so.0 libllama*.so.0 ...   the llama.cpp shared libraries they need
+#       llama-bench, llama-batched-bench, llama-server   stripped executables (RPATH $ORIGIN)
+#       libggml*.so.0 libllama*.so.0 ...   the llama.cpp shared libraries they need (none with
+#                                          STATIC=1: the executables hold them)
 #                                          (stripped); other deps: libcudart.so.13,
 #                                          libcublas.so.13, libcublasLt.so.13,
 #                                          libcuda.so.1 + glibc/libstdc++/libgcc_s

@@ -19,8 +19,8 @@
 #      otherwise -fa on would put the attention on the CPU, and the output says it was skipped;
 #   4. `mlaserve bench --batch 1 --ctx 1024` (the whole model's batch-1 step, share of the HBM
 #      roofline at BW_GBS, default the copy rate `mla-gpu-check --ceilings` measures on this GPU
-#      first, where build-gpu-carried/ holds it (2995-3016 GB/s on an H100, 4208 on an H200), else
-#      4208 GB/s), and `--prefill` of
+#      first, where build-gpu-carried/ holds it (2995-3021 GB/s on an H100, 4208 on an H200), else
+#      4208 GB/s; the JSON's bw_source says which), and `--prefill` of
 #      SHAPE_C's prompt length (one prompt step alone, beside the served points' first token);
 #   5. Nsight Compute on the CUDA logits tool (build-gpu-carried/mla-e2e, graphs off, 3 greedy tokens),
 #      bench/ncu_step.py --families: the last complete decode step by kernel and by kernel family;
@@ -120,12 +120,15 @@ POINT_S="${POINT_S:-150}"
 START_S="${START_S:-420}"
 TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
 LL="${LLAMA_DIR:-$ROOT/.llama-cuda}"
-# the roofline's copy rate: BW_GBS, else measured here by the op harness (a 2 GiB device copy), else the H200's
-BW="${BW_GBS:-}"
+# the roofline's copy rate: BW_GBS, else measured here by the op harness (a 2 GiB device copy), else the
+# H200's; BW_SRC says which (in every model's JSON, bw_source)
+BW="${BW_GBS:-}" BW_SRC="BW_GBS"
 if [ -z "$BW" ] && [ "$BACKEND" = cuda ] && [ -x build-gpu-carried/mla-gpu-check ]; then
-  BW=$(build-gpu-carried/mla-gpu-check --ceilings 2>/dev/null | sed -n 's/^ceiling: D2D copy \([0-9]*\) GB.*/\1/p')
+  BW=$(timeout 60 build-gpu-carried/mla-gpu-check --ceilings 2>/dev/null | sed -n 's/^ceiling: D2D copy \([0-9]*\) GB.*/\1/p')
+  BW_SRC="measured on this GPU (mla-gpu-check --ceilings)"
+  [ -n "$BW" ] || BW_SRC="assumed, the H200's (mla-gpu-check --ceilings failed)"
 fi
-BW="${BW:-4208}"
+[ -n "$BW" ] || { BW=4208; [ "$BW_SRC" = BW_GBS ] && BW_SRC="assumed, the H200's (no op harness in build-gpu-carried/)"; }
 T0=$(date +%s)
 since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
@@ -450,16 +453,16 @@ for spec in $MODELS; do
   rm -f "$M" "$W/l8.f32" "$W/ncu-$MK.csv"
   # one JSON for the model
   python3 - "$PTS" "$OUT/serve-$MK.json" "$MK" "$FAM" "${LAYERS:-}" "${EXPERTS:-}" "$COMMIT" "$GPU" "$BACKEND" \
-    "${MKMODEL_ARGS:-}" "$SHAPE_C" "$SHAPE_R" "$SEED" "$BW" <<'EOF'
+    "${MKMODEL_ARGS:-}" "$SHAPE_C" "$SHAPE_R" "$SEED" "$BW" "$BW_SRC" <<'EOF'
 import glob, json, os, sys, time
-pts, out, mk, fam, layers, experts, commit, gpu, backend, margs, shape_c, shape_r, seed, bw = sys.argv[1:15]
+pts, out, mk, fam, layers, experts, commit, gpu, backend, margs, shape_c, shape_r, seed, bw, bw_src = sys.argv[1:16]
 def rd(name, conv=str):
     p = os.path.join(pts, name)
     return conv(open(p).read().strip()) if os.path.exists(p) and open(p).read().strip() else None
 res = {"model": mk, "family": fam, "layers": int(layers) if layers else None,
        "experts": int(experts) if experts else None, "mkmodel_args": margs, "commit": commit, "gpu": gpu,
        "backend": backend, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-       "shape_concurrency": shape_c, "shape_rate": shape_r, "seed": int(seed), "bw_gbs": float(bw),
+       "shape_concurrency": shape_c, "shape_rate": shape_r, "seed": int(seed), "bw_gbs": float(bw), "bw_source": bw_src,
        "mkmodel": rd("mkmodel.txt"), "mkmodel_s": rd("mkmodel_s", int),
        "rates": [float(x) for x in (rd("rates.txt") or "").split()],
        "llama_fa_chosen": rd("best-fa"), "notes": (rd("notes.txt") or "").splitlines(), "servers": {}}

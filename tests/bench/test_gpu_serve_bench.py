@@ -216,6 +216,8 @@ if os.path.exists(jf):
     check(len(dec) == 1 and dec[0]["batch"] == 1 and dec[0]["ctx"] == 16 and dec[0]["bw_frac"] is not None
           and dec[0]["bw_frac"] > 0, "bench: the batch-1 row with its roofline share", rows)
     check([x["prompt"] for x in rows if x["phase"] == "prefill"] == [8], "bench: the prompt step of SHAPE_C's 8 tokens", rows)
+    check(j.get("bw_source", "").startswith("assumed, the H200's") and j.get("bw_gbs") == 4208,
+          "the roofline's copy rate said to be assumed (CPU backend: nothing measured)", (j.get("bw_source"), j.get("bw_gbs")))
     check(j["experts"] is None and j["layers"] == 2 and "20 heads" in (j.get("mkmodel") or ""), "model described", j.get("mkmodel"))
 md = os.path.join(out, "serve-glm47flash-2l.md")
 check(os.path.exists(md) and "| c2 | mlaserve |" in open(md).read() and "| c2 | llama-server FA on |" in open(md).read(),
@@ -227,6 +229,8 @@ split_hdr = "| point | client TTFT | server TTFT | queue | prefill | steps |"
 split_md = open(md).read().split(split_hdr, 1)[1] if os.path.exists(md) and split_hdr in open(md).read() else ""
 check("\n| c1 | " in split_md and "\n| r2 (" in split_md, "the server's split tabled", r.stdout[-500:])
 check("Prompt step of 8 tokens, one sequence alone" in split_md, "the bench's prompt step below it", split_md[-800:])
+check("% of 4208 GB/s (assumed, the H200's" in split_md, "the batch-1 step's roofline says where its rate came from",
+      split_md[-800:])
 tgz = os.path.join(out, "0-serve-logs.tgz")
 if os.path.exists(tgz):
     names = tarfile.open(tgz).getnames()
