@@ -730,9 +730,10 @@ static bool cors_origin_ok(const char *b, const char *e) {
     if (e - p < 4 || strncmp(p, "://", 3)) return false;
     p += 3;
     const char *host = p;
-    if (p < e && *p == '[') { /* an IPv6 literal */
-        while (p < e && *p != ']') p++;
-        if (p == e) return false;
+    if (p < e && *p == '[') { /* an IPv6 literal: hex digits, ':' and '.' */
+        for (p++; p < e && *p != ']'; p++)
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.') return false;
+        if (p == e || p == host + 1) return false;
         p++;
     }
     while (p < e && *p != ':') {

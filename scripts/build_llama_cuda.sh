@@ -51,9 +51,9 @@
 # Output
 #   $REPO/.llama-cuda/            (git-ignored: .gitignore)
 #       llama-bench, llama-batched-bench, llama-server   stripped executables (RPATH $ORIGIN)
-#       libggml*.so.0 libllama*.so.0 ...   the llama.cpp shared libraries they need (none with
-#                                          STATIC=1: the executables hold them)
-#                                          (stripped); other deps: libcudart.so.13,
+#       libggml*.so.0 libllama*.so.0 ...   the llama.cpp shared libraries they need
+#                                          (stripped; none with STATIC=1, the executables hold
+#                                          them); other deps: libcudart.so.13,
 #                                          libcublas.so.13, libcublasLt.so.13,
 #                                          libcuda.so.1 + glibc/libstdc++/libgcc_s
 #       run-llama-bench.sh                 wrapper: finds the CUDA 13 libs, sets

@@ -118,7 +118,8 @@ def test_keys_and_warnings():
     # at start, naming the entry; a list of origins, one with an IPv6 host, is taken
     for val, says in (("ui.example", "'ui.example' is not an origin"), ("https://ui.example/", "'https://ui.example/'"),
                       ("https://a.example, *", "'*' (any origin) stands alone"),
-                      ("https://a.example:70000", "'https://a.example:70000'"), ("null", "'null' is not an origin")):
+                      ("https://a.example:70000", "'https://a.example:70000'"), ("null", "'null' is not an origin"),
+                      ("http://[fe80::1 ]:80", "'http://[fe80::1 ]:80'")):
         r = subprocess.run([exe, "-m", model, "--cors-origins", val], capture_output=True, text=True, timeout=60)
         check(r.returncode == 2 and says in r.stderr and "started worker" not in r.stderr,
               "--cors-origins %r refused" % val, r.stderr[-300:])
