@@ -44,7 +44,8 @@
 # e.g. --small), SERVE_ARGS (added to serve), CONC, SHAPE_C, SHAPE_R, WAVES (requests per concurrency
 # point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 4), RATE_S (seconds of arrivals a rate
 # point, default 20; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
-# LLAMA (0: skip llama-server), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
+# LLAMA (0: skip llama-server), SERVE (0: skip mlaserve's points, e.g. llama-server alone in a
+# command of its own; rate points then need RATES), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
 # run, rounded up to 256: 163840 for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
 # tokens, none where SHAPE_C is chat), NCU (0: skip),
@@ -351,19 +352,25 @@ for spec in $MODELS; do
     LLAMA_END=$(($(date +%s) + R * 80 / 100))
     STAGE_END=$OURS_END
     # mlaserve
-    start_mlaserve
-    echo "$START" >"$PTS/mlaserve.start_s"
-    if [ -n "$PORT" ]; then
-      log "mlaserve serve up in $START s on port $PORT"
-      run_points mlaserve "http://127.0.0.1:$PORT/v1" conc
-      RATES_USED=$(pick_rates)
+    if [ "${SERVE:-1}" = 0 ]; then
+      note "mlaserve not run (SERVE=0)"
+      RATES_USED="${RATES:-}"
       echo "$RATES_USED" >"$PTS/rates.txt"
-      log "rates: $RATES_USED requests/s"
-      run_points mlaserve "http://127.0.0.1:$PORT/v1" rates
-      stop_server
     else
-      note "mlaserve serve did not start in $START s (log: $MK-mlaserve.log)"
-      rc=1
+      start_mlaserve
+      echo "$START" >"$PTS/mlaserve.start_s"
+      if [ -n "$PORT" ]; then
+        log "mlaserve serve up in $START s on port $PORT"
+        run_points mlaserve "http://127.0.0.1:$PORT/v1" conc
+        RATES_USED=$(pick_rates)
+        echo "$RATES_USED" >"$PTS/rates.txt"
+        log "rates: $RATES_USED requests/s"
+        run_points mlaserve "http://127.0.0.1:$PORT/v1" rates
+        stop_server
+      else
+        note "mlaserve serve did not start in $START s (log: $MK-mlaserve.log)"
+        rc=1
+      fi
     fi
     [ -n "$RATES_USED" ] || RATES_USED="${RATES:-}"
     STAGE_END=$LLAMA_END

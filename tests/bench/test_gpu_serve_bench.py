@@ -18,6 +18,8 @@
    at every point, the logs archive, the model deleted.
 4. The same with a llama-server that exits at once (LLAMA_FA=on, one point): exit status 1, the note,
    mlaserve's point and the bench kept.
+5. llama-server alone (SERVE=0, LLAMA_FA=on) at concurrency 2 and a given rate: its two points, no
+   mlaserve point, the rate recorded, the note.
 usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
 import csv
 import io
@@ -258,6 +260,22 @@ if os.path.exists(jf2):
           "noted, and the bench still run", j2["notes"])
 else:
     check(False, "serve-glm47flash-2l.json written (llama-server failing)", r.stdout[-2000:])
+
+# ---- 5. llama-server alone (SERVE=0) at a concurrency and a fixed rate: its points, none of mlaserve's ----
+out3 = os.path.join(work, "out3")
+env3 = dict(env, OUT=out3, CONC="2", RATES="4", SERVE="0", LLAMA_FA="on", BENCH_ARGS=env2["BENCH_ARGS"])
+r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env3, capture_output=True,
+                   text=True, timeout=1200)
+check(r.returncode == 0, "llama-server alone: exit status 0", r.stderr[-2000:])
+jf3 = os.path.join(out3, "serve-glm47flash-2l.json")
+if os.path.exists(jf3):
+    j3 = json.load(open(jf3))
+    pts3 = {k: [p["point"] for p in v["points"]] for k, v in j3["servers"].items()}
+    check(pts3 == {"llama-faon": ["c2", "r1"]} and j3["rates"] == [4.0], "llama-server's c2 and its point at 4/s alone",
+          (pts3, j3["rates"]))
+    check("mlaserve not run (SERVE=0)" in j3["notes"], "noted", j3["notes"])
+else:
+    check(False, "serve-glm47flash-2l.json written (SERVE=0)", r.stdout[-2000:])
 if not mlatest.FAILS:
     shutil.rmtree(work, ignore_errors=True)
 finish("gpu_serve_bench: ")
