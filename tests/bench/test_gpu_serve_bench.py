@@ -245,37 +245,36 @@ check(not [f for f in os.listdir(bdir) if f.endswith(".gguf")], "the model file 
 if r.returncode != 0:
     print(r.stderr[-3000:])
 
+
+def rerun(name, **kw):
+    """the script again on the same model, env's settings but kw, output in work/name: (status, JSON or None)"""
+    o = os.path.join(work, name)
+    kw.setdefault("BENCH_ARGS", "--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000")
+    p = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=dict(env, OUT=o, **kw),
+                       capture_output=True, text=True, timeout=1200)
+    f = os.path.join(o, "serve-glm47flash-2l.json")
+    if not os.path.exists(f):
+        print(p.stdout[-2000:], p.stderr[-2000:])
+    return p.returncode, json.load(open(f)) if os.path.exists(f) else None
+
+
 # ---- 4. a llama-server that exits at once: noted, the script goes on, exit status 1 ----
-out2 = os.path.join(work, "out2")
-env2 = dict(env, OUT=out2, CONC="1", RATES=" ", LLAMA_FA="on", FAKE_LLAMA_FAIL="1", BENCH_ARGS="--prefill none --batch 1 --ctx 16 --steps 2 --warmup 1 --repeat 1 --heartbeat-timeout-ms 10000")
-r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env2, capture_output=True,
-                   text=True, timeout=1200)
-check(r.returncode == 1, "a llama-server that does not start: exit status 1", r.stderr[-2000:])
-jf2 = os.path.join(out2, "serve-glm47flash-2l.json")
-if os.path.exists(jf2):
-    j2 = json.load(open(jf2))
+rc, j2 = rerun("out2", CONC="1", RATES=" ", LLAMA_FA="on", FAKE_LLAMA_FAIL="1")
+check(rc == 1 and j2 is not None, "a llama-server that does not start: exit status 1, the JSON written", rc)
+if j2:
     check(sorted(j2["servers"]) == ["mlaserve"] and [p["point"] for p in j2["servers"]["mlaserve"]["points"]] == ["c1"],
           "mlaserve's point kept, no llama-server points", j2["servers"].keys())
     check("llama-server -fa on did not start" in " ".join(j2["notes"]) and (j2.get("bench") or {}).get("rows"),
           "noted, and the bench still run", j2["notes"])
-else:
-    check(False, "serve-glm47flash-2l.json written (llama-server failing)", r.stdout[-2000:])
 
 # ---- 5. llama-server alone (SERVE=0) at a concurrency and a fixed rate: its points, none of mlaserve's ----
-out3 = os.path.join(work, "out3")
-env3 = dict(env, OUT=out3, CONC="2", RATES="4", SERVE="0", LLAMA_FA="on", BENCH_ARGS=env2["BENCH_ARGS"])
-r = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")], env=env3, capture_output=True,
-                   text=True, timeout=1200)
-check(r.returncode == 0, "llama-server alone: exit status 0", r.stderr[-2000:])
-jf3 = os.path.join(out3, "serve-glm47flash-2l.json")
-if os.path.exists(jf3):
-    j3 = json.load(open(jf3))
+rc, j3 = rerun("out3", CONC="2", RATES="4", SERVE="0", LLAMA_FA="on")
+check(rc == 0 and j3 is not None, "llama-server alone: exit status 0, the JSON written", rc)
+if j3:
     pts3 = {k: [p["point"] for p in v["points"]] for k, v in j3["servers"].items()}
     check(pts3 == {"llama-faon": ["c2", "r1"]} and j3["rates"] == [4.0], "llama-server's c2 and its point at 4/s alone",
           (pts3, j3["rates"]))
     check("mlaserve not run (SERVE=0)" in j3["notes"], "noted", j3["notes"])
-else:
-    check(False, "serve-glm47flash-2l.json written (SERVE=0)", r.stdout[-2000:])
 if not mlatest.FAILS:
     shutil.rmtree(work, ignore_errors=True)
 finish("gpu_serve_bench: ")
