@@ -143,6 +143,9 @@ async def one(client, model, prompt, max_tokens, out, k=None):
                     "asked": max_tokens, "e2e": time.perf_counter() - t0, "error": str(e)[:300]})
 
 
+WARM_SEED = 1000003  # the warm-up requests' seed: --seed + this (+ 1 + i for client process i)
+
+
 def take_local(n):
     """next request index of a process's own queue (None when all are taken)"""
     nxt = iter(range(n))
@@ -192,7 +195,7 @@ def child(args, model, reqs, ats, i, n, counter, conn):
     warmed up; then the start time; then ("done", results, end, cpu), or ("error", message) at any point"""
     async def go():
         client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key or "none", max_retries=0, timeout=args.timeout)
-        await warm(client, model, args, args.seed + 1000003 + 1 + i)
+        await warm(client, model, args, args.seed + WARM_SEED + 1 + i)
         out = []
         conn.send(("ready",))
         t0 = await asyncio.to_thread(conn.recv)
@@ -221,21 +224,23 @@ def children_wait(ps, conns, want):
     while left:
         ready = multiprocessing.connection.wait([conns[i] for i in left] + [ps[i].sentinel for i in left])
         for i in sorted(left):
+            msg = None
             if conns[i] in ready or conns[i].poll():
                 try:
                     msg = conns[i].recv()
                 except EOFError:  # its end closed: it exited without a word
-                    ps[i].join(10)
-                    raise RuntimeError("client process %d exited (status %s) without its %s" % (i, ps[i].exitcode, want))
-                if msg[0] == "error":
-                    raise RuntimeError("client process %d failed: %s" % (i, msg[1]))
-                if msg[0] != want:
-                    raise RuntimeError("client process %d sent %r where %r was due" % (i, msg[0], want))
-                got[i] = msg
-                left.discard(i)
-            elif ps[i].sentinel in ready:
-                ps[i].join()
+                    pass
+            elif ps[i].sentinel not in ready:
+                continue
+            if msg is None:
+                ps[i].join(10)
                 raise RuntimeError("client process %d exited (status %s) without its %s" % (i, ps[i].exitcode, want))
+            if msg[0] == "error":
+                raise RuntimeError("client process %d failed: %s" % (i, msg[1]))
+            if msg[0] != want:
+                raise RuntimeError("client process %d sent %r where %r was due" % (i, msg[0], want))
+            got[i] = msg
+            left.discard(i)
     return [got[i] for i in range(len(ps))]
 
 
@@ -264,11 +269,11 @@ async def run(a):
         ats = [0.0]
         for _ in range(1, len(reqs)):
             ats.append(ats[-1] + rnd.expovariate(a.rate))
-    n = min(procs_for(a), len(reqs), a.concurrency if a.rate <= 0 else len(reqs))
+    n = min(procs_for(a), len(reqs) if a.rate > 0 else min(len(reqs), a.concurrency))
     out, ps = [], []
     try:
         if n == 1:
-            await warm(client, model, a, a.seed + 1000003)
+            await warm(client, model, a, a.seed + WARM_SEED)
             before = read_metrics(a.base_url, a.api_key)
             t0, c0 = time.perf_counter(), time.process_time()
             await drive(client, model, reqs, ats, range(len(reqs)), take_local(len(reqs)), a.concurrency, t0, out)

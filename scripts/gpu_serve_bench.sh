@@ -72,9 +72,10 @@ export NCCL_NVLS_ENABLE=0
 if [ ! -x "${MLASERVE:-${BUNDLE:-.bundle90}/bin/mlaserve}" ] && [ -f .gpucarry/bins.tar.xz ]; then
   tar xJf .gpucarry/bins.tar.xz || echo "unpack .gpucarry/bins.tar.xz failed"
 fi
-if [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-cuda.tar.xz ]; then
+if [ -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ]; then :
+elif [ -f .gpucarry/llama-cuda.tar.xz ]; then
   tar xJf .gpucarry/llama-cuda.tar.xz || echo "unpack .gpucarry/llama-cuda.tar.xz failed"
-elif [ ! -x "${LLAMA_DIR:-.llama-cuda}/llama-server" ] && [ -f .gpucarry/llama-src.tar.xz ]; then
+elif [ -f .gpucarry/llama-src.tar.xz ]; then
   # llama.cpp's source (gpu_carry.sh LLAMA_SRC=1): built here with FlashAttention, bounded by LLAMA_BUILD_S
   # (default 420 s); its log in OUT/llama-build.log
   t=$SECONDS
@@ -123,13 +124,12 @@ TOTAL_END=$(($(date +%s) + ${TOTAL_S:-570}))
 LL="${LLAMA_DIR:-$ROOT/.llama-cuda}"
 # the roofline's copy rate: BW_GBS, else measured here by the op harness (a 2 GiB device copy), else the
 # H200's; BW_SRC says which (in every model's JSON, bw_source)
-BW="${BW_GBS:-}" BW_SRC="BW_GBS"
+BW="${BW_GBS:-}" BW_SRC="BW_GBS" BW_WHY="no op harness in build-gpu-carried/"
 if [ -z "$BW" ] && [ "$BACKEND" = cuda ] && [ -x build-gpu-carried/mla-gpu-check ]; then
   BW=$(timeout 60 build-gpu-carried/mla-gpu-check --ceilings 2>/dev/null | sed -n 's/^ceiling: D2D copy \([0-9]*\) GB.*/\1/p')
-  BW_SRC="measured on this GPU (mla-gpu-check --ceilings)"
-  [ -n "$BW" ] || BW_SRC="assumed, the H200's (mla-gpu-check --ceilings failed)"
+  BW_SRC="measured on this GPU (mla-gpu-check --ceilings)" BW_WHY="mla-gpu-check --ceilings failed"
 fi
-[ -n "$BW" ] || { BW=4208; [ "$BW_SRC" = BW_GBS ] && BW_SRC="assumed, the H200's (no op harness in build-gpu-carried/)"; }
+[ -n "$BW" ] || BW=4208 BW_SRC="assumed, the H200's ($BW_WHY)"
 T0=$(date +%s)
 since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
@@ -354,8 +354,6 @@ for spec in $MODELS; do
     # mlaserve
     if [ "${SERVE:-1}" = 0 ]; then
       note "mlaserve not run (SERVE=0)"
-      RATES_USED="${RATES:-}"
-      echo "$RATES_USED" >"$PTS/rates.txt"
     else
       start_mlaserve
       echo "$START" >"$PTS/mlaserve.start_s"
@@ -363,7 +361,6 @@ for spec in $MODELS; do
         log "mlaserve serve up in $START s on port $PORT"
         run_points mlaserve "http://127.0.0.1:$PORT/v1" conc
         RATES_USED=$(pick_rates)
-        echo "$RATES_USED" >"$PTS/rates.txt"
         log "rates: $RATES_USED requests/s"
         run_points mlaserve "http://127.0.0.1:$PORT/v1" rates
         stop_server
@@ -373,6 +370,7 @@ for spec in $MODELS; do
       fi
     fi
     [ -n "$RATES_USED" ] || RATES_USED="${RATES:-}"
+    echo "$RATES_USED" >"$PTS/rates.txt" # the rates every server ran (the JSON's rates)
     STAGE_END=$LLAMA_END
     # llama-server
     if [ "$have_llama" = 0 ]; then
