@@ -76,6 +76,19 @@ void http_server_config_default(http_server_config *c) {
     c->access_log = true;
 }
 
+/* The next entry of a --cors-origins list at *p, [*b, *e) without the blanks around it ("a, b": the
+ * space is not part of b); *p moves past it. False at the list's end. */
+static bool cors_entry(const char **p, const char **b, const char **e) {
+    if (!**p) return false;
+    const char *c = strchr(*p, ','), *end = c ? c : *p + strlen(*p), *s = *p;
+    *p = c ? c + 1 : end;
+    while (s < end && (*s == ' ' || *s == '\t')) s++;
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    *b = s;
+    *e = end;
+    return true;
+}
+
 /* The CORS answer to the current request's Origin into c->cors: the origin itself where
  * cors_origins lists it (or "*" where it is "*"), else "" (no CORS headers: the browser refuses). */
 static void cors_note(http_conn *c) {
@@ -88,12 +101,7 @@ static void cors_note(http_conn *c) {
     }
     const size_t n = strlen(o);
     if (n > HTTP_CORS_ORIGIN_MAX) return;
-    for (const char *p = allow; *p;) {
-        const char *e = strchr(p, ','), *end = e ? e : p + strlen(p);
-        const char *b = p;
-        p = e ? e + 1 : end;
-        while (b < end && (*b == ' ' || *b == '\t')) b++; /* "a, b": the spaces are not part of b */
-        while (end > b && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    for (const char *p = allow, *b, *end; cors_entry(&p, &b, &end);) {
         if ((size_t)(end - b) == n && !strncasecmp(b, o, n)) {
             /* an origin is scheme://host[:port]: no CR, LF or other control bytes reach the header */
             for (size_t i = 0; i < n; i++)
@@ -754,11 +762,7 @@ static bool cors_origin_ok(const char *b, const char *e) {
 
 int http_cors_origins_check(const char *list, mla_err *err) {
     if (!list || !*list || !strcmp(list, "*")) return MLA_OK;
-    for (const char *p = list; *p;) {
-        const char *c = strchr(p, ','), *end = c ? c : p + strlen(p), *b = p;
-        p = c ? c + 1 : end;
-        while (b < end && (*b == ' ' || *b == '\t')) b++;
-        while (end > b && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    for (const char *p = list, *b, *end; cors_entry(&p, &b, &end);) {
         if (end - b == 1 && *b == '*')
             return mla_errf(err, "--cors-origins: '*' (any origin) stands alone, not in a list");
         if (end - b > HTTP_CORS_ORIGIN_MAX || !cors_origin_ok(b, end))
