@@ -6,7 +6,9 @@
 #      bench/serve_load.py (the official openai client) at concurrency CONC (default 1 8 32 128,
 #      shape SHAPE_C, default 1k-256) and two Poisson rates (shape SHAPE_R, default chat): RATE_LO
 #      and RATE_HI (default 0.5 and 0.9) times the saturation rate, which is the best output tok/s of
-#      mlaserve's concurrency points over the mean output length of SHAPE_R; the
+#      mlaserve's concurrency points (RATE_TOKS: that many output tok/s instead, e.g. llama-server's
+#      own best, so that both servers are offered a load the slower one carries: at mlaserve's rates
+#      llama-server falls behind) over the mean output length of SHAPE_R; the
 #      same rates, seeds and request sets for every server (RATES="r1 r2" fixes them instead);
 #   3. llama-server (.llama-cuda/run-llama-bench.sh with LLAMA_TOOL=llama-server; skipped when the
 #      package or its llama-server is absent) with -ngl 99 --parallel 128 -c LLAMA_CTX -b 2048 -ub 2048
@@ -30,9 +32,9 @@
 # Every point runs under `timeout` (POINT_S, default 150 s, and its --requests); a point that fails
 # or times out is recorded with its error, and the script goes on. A model gets MODEL_S seconds
 # (default: an equal share of what is left of TOTAL_S, default 570, among the models still to run)
-# from the start of its mkmodel: of what is left after mkmodel, mlaserve's points end
-# by 35%, llama-server's by 80%, then the batch-1 step and ncu; a point or stage that does not fit
-# is skipped and recorded as such, so that one model fits one 10-minute command.
+# from the start of its mkmodel: of what is left after mkmodel, mlaserve's points end by 35% (80%
+# where llama-server does not run), llama-server's by 80%, then the batch-1 step and ncu; a point or
+# stage that does not fit is skipped and recorded as such, so that one model fits one 10-minute command.
 # Outputs in OUT (default ./out): serve-<model>.json (every point of every server, the rates, the
 # bench row, the kernel families), 0-serve-logs.tgz (every log, and serve-<model>.md / .png from
 # bench/plot_serve.py), and those tables and plots beside the JSONs while OUT holds fewer than 8 files.
@@ -43,9 +45,10 @@
 # BENCH_DIR (model folder, default /tmp/mla-serve), MIX (q4k), MKMODEL_ARGS (added to mkmodel,
 # e.g. --small), SERVE_ARGS (added to serve), CONC, SHAPE_C, SHAPE_R, WAVES (requests per concurrency
 # point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 4), RATE_S (seconds of arrivals a rate
-# point, default 20; RATE_REQS fixes the count), SEED (1), POINT_S, START_S (server start bound, 420),
+# point, default 20; RATE_REQS fixes the count), RATE_TOKS (see 2.), SEED (1), POINT_S, START_S
+# (server start bound, 420),
 # LLAMA (0: skip llama-server), SERVE (0: skip mlaserve's points, e.g. llama-server alone in a
-# command of its own; rate points then need RATES), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
+# command of its own; rate points then need RATES or RATE_TOKS), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
 # run, rounded up to 256: 163840 for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
 # tokens, none where SHAPE_C is chat), NCU (0: skip),
@@ -135,6 +138,8 @@ since() { echo "$(($(date +%s) - T0)) s"; }
 log() { echo "[$(since)] $*"; }
 [ -x "$MLA" ] || { echo "no mlaserve at $MLA (BUNDLE or MLASERVE)" >&2; exit 2; }
 [ -f bench/serve_load.py ] || { echo "run from the repository (bench/serve_load.py)" >&2; exit 2; }
+[ -z "${RATE_TOKS:-}" ] || awk -v v="$RATE_TOKS" 'BEGIN { exit !(v ~ /^[0-9]+([.][0-9]+)?$/ && v + 0 > 0) }' ||
+  { echo "RATE_TOKS must be output tokens a second above 0, not '${RATE_TOKS}'" >&2; exit 2; }
 # the openai client (bench/serve_load.py) from the wheels scripts/gpu_carry.sh packed, where this
 # host's Python lacks it and has no network
 if ! python3 -c "import openai" 2>/dev/null && [ -f .gpucarry/wheels.tar ]; then
@@ -225,17 +230,17 @@ rate_reqs() { # requests of a rate point: RATE_S seconds of arrivals, 8..512 (RA
   python3 -c "import sys; print(max(8, min(512, round(float(sys.argv[1]) * float(sys.argv[2])))))" "$1" "${RATE_S:-20}"
 }
 
-# the rates: RATES, else RATE_LO / RATE_HI x (best output tok/s of mlaserve's concurrency points /
-# the mean output length of SHAPE_R, from 64 draws of serve_load.py's shape_of)
+# the rates: RATES, else RATE_LO / RATE_HI x (RATE_TOKS, else the best output tok/s of mlaserve's
+# concurrency points, / the mean output length of SHAPE_R, from 64 draws of serve_load.py's shape_of)
 pick_rates() {
   if [ -n "${RATES:-}" ]; then echo "$RATES"; return; fi
-  python3 - "$PTS" "$SHAPE_R" "$SEED" "${RATE_LO:-0.5}" "${RATE_HI:-0.9}" 64 <<'EOF'
+  python3 - "$PTS" "$SHAPE_R" "$SEED" "${RATE_LO:-0.5}" "${RATE_HI:-0.9}" 64 "${RATE_TOKS:-}" <<'EOF'
 import glob, json, random, sys
 sys.path.insert(0, "bench")
 import serve_load
 pts, shape, seed, lo, hi, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-best = 0.0
-for f in glob.glob(pts + "/mlaserve--c*.json"):
+best = float(sys.argv[7]) if sys.argv[7] else 0.0
+for f in ([] if sys.argv[7] else glob.glob(pts + "/mlaserve--c*.json")):
     j = json.load(open(f))
     if "error" not in j and j.get("errors", 1) == 0:
         best = max(best, j["output_tok_per_s"] or 0.0)
@@ -345,10 +350,11 @@ for spec in $MODELS; do
   fi
   RATES_USED=""
   if [ -s "$M" ]; then
-    # what is left of the model's time: mlaserve's points end by 35% of it, llama-server's by 80%
-    # (two starts and a probe more), the batch-1 step and ncu have the rest
+    # what is left of the model's time: mlaserve's points end by 35% of it (80% where llama-server
+    # does not run), llama-server's by 80% (two starts and a probe more), the batch-1 step and ncu
+    # have the rest
     R=$(left)
-    OURS_END=$(($(date +%s) + R * 35 / 100))
+    OURS_END=$(($(date +%s) + R * (have_llama ? 35 : 80) / 100))
     LLAMA_END=$(($(date +%s) + R * 80 / 100))
     STAGE_END=$OURS_END
     # mlaserve
@@ -369,7 +375,9 @@ for spec in $MODELS; do
         rc=1
       fi
     fi
-    [ -n "$RATES_USED" ] || RATES_USED="${RATES:-}"
+    if [ -z "$RATES_USED" ]; then # mlaserve not run: the given rates, or those of RATE_TOKS
+      if [ -n "${RATE_TOKS:-}" ]; then RATES_USED=$(pick_rates); else RATES_USED="${RATES:-}"; fi
+    fi
     echo "$RATES_USED" >"$PTS/rates.txt" # the rates every server ran (the JSON's rates)
     STAGE_END=$LLAMA_END
     # llama-server

@@ -20,6 +20,8 @@
    mlaserve's point and the bench kept.
 5. llama-server alone (SERVE=0, LLAMA_FA=on) at concurrency 2 and a given rate: its two points, no
    mlaserve point, the rate recorded, the note.
+6. llama-server alone at rates derived from RATE_TOKS (40 output tok/s over SHAPE_R's 4 output
+   tokens: 5 and 9 requests/s), no concurrency point; a RATE_TOKS that is not a rate above 0 refused.
 usage: test_gpu_serve_bench.py MLASERVE WORKDIR"""
 import csv
 import io
@@ -275,6 +277,18 @@ if j3:
     check(pts3 == {"llama-faon": ["c2", "r1"]} and j3["rates"] == [4.0], "llama-server's c2 and its point at 4/s alone",
           (pts3, j3["rates"]))
     check("mlaserve not run (SERVE=0)" in j3["notes"], "noted", j3["notes"])
+# ---- 6. rates from a given saturation (RATE_TOKS), llama-server alone; a bad RATE_TOKS refused ----
+rc, j4 = rerun("out4", CONC=" ", RATE_TOKS="40", SERVE="0", LLAMA_FA="on")
+check(rc == 0 and j4 is not None, "llama-server alone at RATE_TOKS's rates: exit status 0, the JSON written", rc)
+if j4:
+    pts4 = {k: [(p["point"], p.get("mode")) for p in v["points"]] for k, v in j4["servers"].items()}
+    check(j4["rates"] == [5.0, 9.0] and pts4 == {"llama-faon": [("r1", "rate 5/s"), ("r2", "rate 9/s")]},
+          "0.5 and 0.9 of 40 tok/s over 4-token outputs: 5 and 9 requests/s", (j4["rates"], pts4))
+for bad in ("0", "fast", "1e3"):
+    p = subprocess.run(["bash", os.path.join(root, "scripts", "gpu_serve_bench.sh")],
+                       env=dict(env, OUT=os.path.join(work, "out5"), RATE_TOKS=bad), capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and f"RATE_TOKS must be output tokens a second above 0, not '{bad}'" in p.stderr,
+          f"RATE_TOKS={bad} refused by name", (p.returncode, p.stderr[-300:]))
 if not mlatest.FAILS:
     shutil.rmtree(work, ignore_errors=True)
 finish("gpu_serve_bench: ")
