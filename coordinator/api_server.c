@@ -1137,6 +1137,51 @@ static long json_too_deep_at(const char *b, size_t n) {
     return -1;
 }
 
+/* The value of a \u escape at b (4 hex digits), or -1 */
+static long json_u4(const char *b, size_t n) {
+    if (n < 4) return -1;
+    long v = 0;
+    for (int k = 0; k < 4; k++) {
+        const char h = b[k];
+        const int d = h >= '0' && h <= '9'   ? h - '0'
+                      : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                      : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                             : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* The byte at which a string of a body (valid JSON or not) has a \u escape of a UTF-16 surrogate
+ * without its pair (a high one not followed by a low one, or a low one alone), or -1: such a
+ * string has no UTF-8 form (cJSON refuses it; Python's json takes it, and its encoder then fails). */
+static long json_lone_surrogate_at(const char *b, size_t n) {
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        const char ch = b[i];
+        if (!in) {
+            in = ch == '"';
+        } else if (ch == '"') {
+            in = false;
+        } else if (ch == '\\' && i + 1 < n) {
+            if (b[i + 1] != 'u') {
+                i++;
+                continue;
+            }
+            const long u = json_u4(b + i + 2, n - i - 2);
+            if (u >= 0xdc00 && u <= 0xdfff) return (long)i;
+            if (u >= 0xd800 && u <= 0xdbff) {
+                const long lo = i + 8 < n && b[i + 6] == '\\' && b[i + 7] == 'u' ? json_u4(b + i + 8, n - i - 8) : -1;
+                if (lo < 0xdc00 || lo > 0xdfff) return (long)i;
+                i += 6; /* the pair's low half */
+            }
+            if (u >= 0) i += 5;
+        }
+    }
+    return -1;
+}
+
 static int cmp_key(const void *x, const void *y) {
     return strcmp((*(const cJSON *const *)x)->string, (*(const cJSON *const *)y)->string);
 }
@@ -1194,6 +1239,12 @@ static cJSON *parse_body(http_conn *c, const http_request *req) {
                                "the request body nests arrays and objects deeper than the limit of %d levels "
                                "(at byte %ld)",
                                CJSON_NESTING_LIMIT, deep);
+        long sur = json_lone_surrogate_at(req->body, req->body_len);
+        if (sur >= 0)
+            return refuse_body(c, NULL,
+                               "the request body is not valid JSON: a \\u escape of half a UTF-16 surrogate pair "
+                               "(a character no UTF-8 text holds) at byte %ld",
+                               sur);
         /* where the parser stopped (the loop thread is the only one parsing requests) */
         const char *ep = cJSON_GetErrorPtr();
         if (ep && ep >= req->body && ep <= req->body + req->body_len)
@@ -1368,7 +1419,7 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
 static int model_check(const api_server *a, const char *model, api_error *e) {
     if (model && strcmp(model, a->model_name))
         return api_error_set(e, 404, "model", "model_not_found",
-                             "the model '%s' does not exist (this server serves '%s')", model, a->model_name);
+                             "The model '%s' does not exist (this server serves '%s')", model, a->model_name);
     return MLA_OK;
 }
 
@@ -2222,7 +2273,9 @@ int api_server_auth(api_server *a, const char *peer, const char *key, int *retry
         /* a free slot first, else the one whose window started earliest */
         if (!oldest || (oldest->n && (!f->n || f->since_ms < oldest->since_ms))) oldest = f;
     }
-    if (slot && slot->n >= API_AUTH_MAX_FAILS) {
+    const int max_fails = a->cfg.auth_max_fails ? a->cfg.auth_max_fails : API_AUTH_MAX_FAILS;
+    if (max_fails < 0) return api_server_key_ok(a, key) ? 0 : 401;
+    if (slot && slot->n >= max_fails) {
         if (retry_after_s) *retry_after_s = (int)((slot->since_ms + win - now + 999) / 1000);
         return 429;
     }

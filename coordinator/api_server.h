@@ -77,6 +77,9 @@ typedef struct api_config {
     const char *api_key;       /* NULL or "": no authentication */
     int32_t max_context;       /* prompt + completion limit */
     int32_t default_max_tokens;/* when the request names none; 0: what the context leaves */
+    /* wrong keys from one address before it is locked out (api_server_auth); 0: API_AUTH_MAX_FAILS,
+     * -1: never (behind a proxy every client has its address) */
+    int32_t auth_max_fails;
     /* Control-token texts inside chat messages become control tokens (the old behaviour, for
      * trusted clients); false: only the chat template's own text yields control tokens. */
     bool special_in_messages;
@@ -195,10 +198,10 @@ void api_server_gen_cancel(api_gen *g, bool detach);
  * continue_final_message) as /tokenize does; *ids malloc'd, caller frees. */
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special, bool add_gen,
                         bool cont, int32_t **ids, int32_t *n, api_error *e);
-/* Wrong-key attempts: at most API_AUTH_MAX_FAILS from one client address (the peer without
- * its port) within API_AUTH_WINDOW_S seconds; after that every request needing the key from
- * that address is refused (429) until the window ends, whatever key it carries. Addresses are
- * tracked in API_AUTH_SLOTS slots (the oldest is reused). */
+/* Wrong-key attempts: at most cfg.auth_max_fails (default API_AUTH_MAX_FAILS) from one client
+ * address (the peer without its port) within API_AUTH_WINDOW_S seconds; after that every request
+ * needing the key from that address is refused (429) until the window ends, whatever key it
+ * carries. Addresses are tracked in API_AUTH_SLOTS slots (the oldest is reused). */
 #define API_AUTH_MAX_FAILS 10
 #define API_AUTH_WINDOW_S 10
 #define API_AUTH_SLOTS 256

@@ -393,7 +393,8 @@ int cmd_serve(int argc, char **argv) {
     char *chat_template_src = NULL;
     char *key_owned = NULL;
     long idle_timeout_ms = -1, request_timeout_ms = -1, write_timeout_ms = -1;
-    long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256, long_prefill = -1;
+    long max_context = 0, max_seqs = 32, step_tokens = 2048, max_queue = 256, long_prefill = -1, default_max_tokens = 0,
+         auth_max_fails = API_AUTH_MAX_FAILS;
     int no_prefix_cache = 0;
     long max_body;
     http_server_config hc;
@@ -412,6 +413,10 @@ int cmd_serve(int argc, char **argv) {
          .help = "key clients send as `Authorization: Bearer KEY` (/health and /metrics need none)", .dest = &api_key},
         {.name = "--api-key-file", .kind = OPT_STR, .arg = "FILE", .def = "none",
          .help = "the key from the file's first line (keeps it out of the process list)", .dest = &api_key_file},
+        {.name = "--auth-max-failures", .kind = OPT_LONG, .arg = "N", .def = "10",
+         .help = "wrong keys from one client address within 10 s before every request from it gets 429 for the "
+                 "rest of them, the right key too (0: never; behind a proxy all clients share its address)",
+         .dest = &auth_max_fails, .lo = 0, .hi = 1L << 20},
         {.name = "--allow-special-in-messages", .kind = OPT_FLAG,
          .help = "control-token text inside chat messages becomes control tokens (trusted clients only)",
          .dest = &special_in_messages},
@@ -439,6 +444,9 @@ int cmd_serve(int argc, char **argv) {
         {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
          .help = "longest sequence (prompt + generated tokens; 0: the default)", .dest = &max_context, .lo = 0,
          .hi = WIRE_MAX_CTX},
+        {.name = "--default-max-tokens", .kind = OPT_LONG, .arg = "N", .def = "0",
+         .help = "the answer's token limit where a request sets no max_tokens (0: what the context leaves)",
+         .dest = &default_max_tokens, .lo = 0, .hi = WIRE_MAX_CTX},
         {.name = "--max-seqs", .kind = OPT_LONG, .arg = "N", .def = "32", .help = "sequences in the running batch",
          .dest = &max_seqs, .lo = 1, .hi = WIRE_MAX_SEQS},
         {.name = "--max-prefill-tokens", .kind = OPT_LONG, .arg = "N", .def = "2048",
@@ -652,7 +660,8 @@ int cmd_serve(int argc, char **argv) {
     api_tokenizer tok = serve_adapt_tokenizer(&S, (int32_t)mcfg.n_vocab);
     api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
                      .special_in_messages = special_in_messages,
-                     .max_context = (int32_t)max_context, .tp = tp};
+                     .max_context = (int32_t)max_context, .default_max_tokens = (int32_t)default_max_tokens,
+                     .auth_max_fails = auth_max_fails ? (int32_t)auth_max_fails : -1, .tp = tp};
     serve_adapt_api_hooks(&S, &ac);
     ac.reasoning_parser = rk;
     ac.tool_parser = tk;

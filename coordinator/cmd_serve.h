@@ -1,6 +1,7 @@
 /* cmd_serve: `mlaserve serve`, the OpenAI-compatible HTTP server over N worker processes.
  *   mlaserve serve -m MODEL.gguf [--tp N] [--threads N] [--host H] [--port P] [--api-key K]
- *                  [--model-name NAME] [--max-context N] [--max-seqs N] [--step-tokens N]
+ *                  [--model-name NAME] [--max-context N] [--default-max-tokens N] [--max-seqs N]
+ *                  [--max-prefill-tokens N]
  *                  [--kv-blocks N] [--block-size N] [--max-queue N] [--max-body BYTES]
  *                  [--max-conns N] [--port-file F] [--worker-exe X] [--coord ENDPOINT]
  *                  [--proto-port P] [--proto-port-file F] [--tls-cert F --tls-key F]

@@ -285,8 +285,12 @@ size_t http_req_feed(http_req *p, const char *data, size_t len) {
         /* the parser counts a chunk's size where it counts Content-Length, and names that header
          * when a chunk size overflows (in the body: past the headers, no header is read) */
         const bool chunk = e == HPE_INVALID_CONTENT_LENGTH && p->headers_done && (p->parser.flags & F_CHUNKED);
+        /* and gives one description for a character that is no digit and a number past 2^64 */
         snprintf(m, sizeof(m), "malformed HTTP request: %s",
-                 chunk ? "a chunk size past what a body may be" : http_errno_description(e));
+                 chunk                                 ? "a chunk size past what a body may be"
+                 : e == HPE_INVALID_CONTENT_LENGTH ? "Content-Length is not a decimal number of bytes (a character "
+                                                     "that is no digit, or a number past 2^64)"
+                                                   : http_errno_description(e));
         fail(p, 400, m);
         return n;
     }

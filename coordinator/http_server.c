@@ -400,6 +400,7 @@ static const char *layer_code(int status) {
     case 411: return "length_required";
     case 413: return "body_too_large";
     case 414: return "uri_too_long";
+    case 415: return "content_encoding_not_supported";
     case 431: return "headers_too_large";
     case 501: return "transfer_encoding_not_supported";
     case 503: return "server_busy";
@@ -408,9 +409,12 @@ static const char *layer_code(int status) {
     }
 }
 
-/* An error answer from the server itself (parse errors, limits), then close. */
+/* An error answer from the server itself (parse errors, limits), then close; with the CORS header
+ * where the request's Origin (if its header came before the error) is allowed, so that a page
+ * reads the message (a 413 of a pasted document, say) instead of a bare network error. */
 static void respond_error_close(http_conn *c, int status, const char *msg) {
     char body[512];
+    cors_note(c);
     /* 501 answers a request's Transfer-Encoding: the client's to change */
     const char *type = status >= 500 && status != 501 ? "server_error" : "invalid_request_error";
     /* msg is our own text (no quotes or backslashes), safe to embed */

@@ -343,10 +343,11 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
      * step admits whole is not refused */
     const int32_t free_places = s->cfg.max_seqs > s->running.n ? s->cfg.max_seqs - s->running.n : 0;
     if (s->waiting.n - free_places >= s->cfg.max_queue) {
-        int n = s->waiting.n;
+        const int n = s->waiting.n, cap = s->cfg.max_queue;
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
-        mla_errf(err, "too many requests waiting (%d); try again later", n);
+        mla_errf(err, "too many requests waiting (%d, past the %d free places of the batch; --max-queue %d); "
+                 "try again later", n, free_places, cap);
         return SCHED_E_QUEUE_FULL;
     }
     q->id = s->next_id++;

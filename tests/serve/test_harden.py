@@ -375,6 +375,27 @@ def test_cors(exe):
         st, hd, body = request(port, "POST", "/v1/completions", {"prompt": "ab", "max_tokens": 2, "stream": True},
                                headers=dict(key, Origin=ui))
         check(st == 200 and hd.get("Access-Control-Allow-Origin") == ui and b"[DONE]" in body, "streamed: ACAO %d %r %r" % (st, hd, body[-200:]))
+        # the answers of the request parser itself (limits, refused encodings) carry it as well
+        o = b"Origin: " + ui.encode() + b"\r\nAuthorization: Bearer sekrit\r\n"
+        for want, raw in ((413, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + o + b"Content-Length: 99000000\r\n\r\n"),
+                          (411, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + o + b"\r\n"),
+                          (415, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + o +
+                           b"Content-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}"),
+                          (501, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + o + b"Transfer-Encoding: gzip\r\n\r\n")):
+            s = connect(port)
+            s.sendall(raw)
+            out = read_all(s, 5)
+            s.close()
+            check(out.startswith(b"HTTP/1.1 %d" % want) and b"\r\nAccess-Control-Allow-Origin: " + ui.encode() + b"\r\n" in out
+                  and b'"error"' in out, "the parser's %d carries the CORS header: %r" % (want, out[:300]))
+            if want == 415:
+                check(b'"code":"content_encoding_not_supported"' in out, "415: its own code: %r" % out[-200:])
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + other.encode() + b"\r\n\r\n")
+        out = read_all(s, 5)
+        s.close()
+        check(out.startswith(b"HTTP/1.1 411") and b"Access-Control-Allow-Origin" not in out,
+              "the parser's answer to another origin has none: %r" % out[:200])
     finally:
         check(srv.stop() == 0, "cors server clean exit")
     srv = R.Server(exe)

@@ -293,10 +293,21 @@ def test_errors(port):
     err(deep, 400, "nesting past the limit", says=("deeper than the limit of 1000 levels", "at byte 1023"))
     err(b'{"prompt": "x", "stop": "[[[[", "max_tokens": }', 400, "brackets in strings are no nesting",
         says=("not valid JSON", "at byte 46"))
+    # half a surrogate pair has no UTF-8 form: named, with its place; a whole pair, or an escaped
+    # backslash before "ud83d", is text
+    err(b'{"prompt": "ab\\ud83d", "max_tokens": 1}', 400, "a lone high surrogate", says=("half a UTF-16 surrogate pair", "at byte 14"))
+    err(b'{"prompt": "\\ude00x", "max_tokens": 1}', 400, "a lone low surrogate", says=("half a UTF-16 surrogate pair", "at byte 12"))
+    err(b'{"prompt": "\\ud83d\\u0041", "max_tokens": 1}', 400, "a high surrogate before no low one", says="at byte 12")
+    err(b'{"prompt": "\\ud83d\\ude00", "max_tokens": }', 400, "a whole pair is no lone surrogate",
+        says=("not valid JSON", "at byte 41"))
+    for ok in (b'{"prompt": "\\ud83d\\ude00", "max_tokens": 1}', b'{"prompt": "\\\\ud83d", "max_tokens": 1}'):
+        st, j, data, _ = post(port, "/v1/completions", ok)
+        check(st == 200, "%r accepted (%d %r)" % (ok, st, data[:200]))
     err(b" \r\n", 400, "an empty body is named as such", says="the request body is empty")
     err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
     err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
-    err({"prompt": "x", "model": "other"}, 404, "unknown model", param="model")
+    err({"prompt": "x", "model": "other"}, 404, "unknown model", param="model",
+        says="The model 'other' does not exist (this server serves")
     err({"prompt": [1, 99999]}, 400, "token id out of range")
     err({"prompt": "x" * 3000}, 400, "prompt over context")
     err({"prompt": "x" * 100, "max_tokens": 2000}, 400, "prompt + max_tokens over context", param="max_tokens")
@@ -450,6 +461,10 @@ def test_http_level(port):
     out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n")
     check(out.startswith(b"HTTP/1.1 400") and b"chunk size" in out and b"content-length header" not in out,
           "an overflowing chunk size: 400 naming the chunk: %r" % out[-160:])
+    for cl in (b"99999999999999999999", b"12a"):
+        out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: " + cl + b"\r\n\r\n")
+        check(out.startswith(b"HTTP/1.1 400") and b"Content-Length is not a decimal number of bytes" in out,
+              "Content-Length %s: 400 naming the header: %r" % (cl.decode(), out[-200:]))
     # a coding beside chunked would be read as raw bytes: 501; a POST without a length: 411, and its
     # bytes are not read as a next request
     out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
@@ -708,7 +723,8 @@ def test_limits(exe):
                  'mlaserve_prompt_tokens_total{model="fake-model"}')
         before = [metric(port, x) for x in names]
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "three", "max_tokens": 3, "n": 3}, headers=auth)
-        check(st == 429 and j["error"]["code"] == "too_many_requests", "n=3 beside a stream: 429 (%d %r)" % (st, j))
+        check(st == 429 and j["error"]["code"] == "too_many_requests" and "--max-queue 2)" in j["error"]["message"],
+              "n=3 beside a stream: 429 naming the cap (%d %r)" % (st, j))
         ok = wait_for(lambda: metric(port, "mlaserve_num_requests_waiting") == 0, 20)
         check(ok, "the choices taken before the refusal are gone")
         check([metric(port, x) for x in names] == before, "a refused request is in no count (cancelled, prompt tokens)",

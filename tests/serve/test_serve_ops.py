@@ -3,7 +3,9 @@ workers: a coordinator that stands still past the heartbeat timeout gets its wor
 exits 1 once restarts are given up), the control socket lies in a private folder, the API key
 from a file stays out of the process list, --api-key is scrubbed from it, chat message text
 cannot forge control tokens, and the start-up warnings (non-loopback host without a key, too
-few descriptors for --max-conns), and --cors-origins entries that no browser's Origin could equal.
+few descriptors for --max-conns), --cors-origins entries that no browser's Origin could equal, and
+--default-max-tokens (the limit of an answer whose request sets no max_tokens), and
+--auth-max-failures (the wrong keys that lock an address out; 0: none).
 Usage: test_serve_ops.py SERVE_EXE WORKER_EXE FIXTURES_DIR [PART...]. Exit 77 when the fixture
 is missing."""
 import json
@@ -123,13 +125,33 @@ def test_keys_and_warnings():
         r = subprocess.run([exe, "-m", model, "--cors-origins", val], capture_output=True, text=True, timeout=60)
         check(r.returncode == 2 and says in r.stderr and "started worker" not in r.stderr,
               "--cors-origins %r refused" % val, r.stderr[-300:])
-    srv = serve(["--cors-origins", "https://[::1]:8443, http://localhost:3000"])
+    srv = serve(["--cors-origins", "https://[::1]:8443, http://localhost:3000", "--default-max-tokens", "3"])
     try:
         st, hd, _ = http_request(srv.port, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})
         check(st == 200 and hd.get("Access-Control-Allow-Origin") == "http://localhost:3000",
               "a list of origins taken, the second matched", (st, hd))
+        # --default-max-tokens: the limit of an answer that sets none; a max_tokens given is the request's
+        for body, want in (({}, 3), ({"max_tokens": 5}, 5)):
+            st, raw = srv.post("/v1/completions", dict(body, prompt="Hello", temperature=0, ignore_eos=True), timeout=60)
+            data = json.loads(raw) if st == 200 else {}
+            check(st == 200 and data["usage"]["completion_tokens"] == want and data["choices"][0]["finish_reason"] == "length",
+                  "--default-max-tokens 3: %s gives %d tokens" % (body or "no max_tokens", want), (st, raw[:300]))
+        st, data = srv.post("/v1/completions", {"prompt": "Hello", "min_tokens": 4}, timeout=60)
+        check(st == 400 and b"'min_tokens' (4) exceeds the 3 tokens" in data,
+              "min_tokens past --default-max-tokens: 400 naming the limit", (st, data))
     finally:
         srv.stop()
+    # --auth-max-failures: N wrong keys lock the address out, the right key too; 0: never
+    for n, after in ((2, 429), (0, 200)):
+        srv = serve(["--api-key", "right-key", "--auth-max-failures", str(n)])
+        try:
+            got = [http_request(srv.port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0]
+                   for _ in range(n or 12)]
+            st = http_request(srv.port, "GET", "/v1/models", headers={"Authorization": "Bearer right-key"})[0]
+            check(got == [401] * len(got) and st == after,
+                  "--auth-max-failures %d: %d wrong keys, then the right one: %d" % (n, len(got), after), (got, st))
+        finally:
+            srv.stop()
     r = subprocess.run([exe, "-m", model, "--api-key", " k"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 2 and "starts or ends with a blank" in r.stderr, "--api-key with a leading blank refused",
           r.stderr[-300:])
