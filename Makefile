@@ -14,13 +14,16 @@ CHECK_BUILD ?= build-check
 CHECK_LABELS ?= unit|model
 CUDA ?= OFF
 
+# Ninja for a new build folder; one configured before (by hand, with another generator) keeps its own
+gen = $(if $(wildcard $(1)/CMakeCache.txt),,-G Ninja)
+
 .PHONY: run test check deps build build-test build-check clean bundle
 
 deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=OFF -DMLA_CUDA=$(CUDA) >/dev/null
+	@cmake -S . -B $(BUILD) $(call gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=OFF -DMLA_CUDA=$(CUDA) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 run: build
@@ -28,7 +31,7 @@ run: build
 
 build-test:
 	@scripts/install-deps.sh --test
-	@CC=clang cmake -S . -B $(TEST_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLA_SANITIZE=ON -DMLA_FUZZ=ON -DMLA_DEV_SWITCHES=ON >/dev/null
+	@CC=clang cmake -S . -B $(TEST_BUILD) $(call gen,$(TEST_BUILD)) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLA_SANITIZE=ON -DMLA_FUZZ=ON -DMLA_DEV_SWITCHES=ON >/dev/null
 	@cmake --build $(TEST_BUILD) -j $(JOBS)
 
 test: build-test
@@ -36,7 +39,7 @@ test: build-test
 
 build-check:
 	@scripts/install-deps.sh --test
-	@cmake -S . -B $(CHECK_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=ON -DMLA_CUDA=OFF >/dev/null
+	@cmake -S . -B $(CHECK_BUILD) $(call gen,$(CHECK_BUILD)) -DCMAKE_BUILD_TYPE=Release -DMLA_DEV_SWITCHES=ON -DMLA_CUDA=OFF >/dev/null
 	@cmake --build $(CHECK_BUILD) -j $(JOBS)
 
 check: build-check

@@ -775,6 +775,19 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "mlaserve bench: %s: --tp %ld: %s\n", o.g.model, o.tp.v[i], err.msg);
             goto done;
         }
+    /* positions past the model's context are ones it was never trained for: refused before any
+     * worker starts, as generate and serve refuse them */
+    if (cf.ctx_train > 0 && (max_p + 1 > cf.ctx_train || need_ctx + 1 > cf.ctx_train)) {
+        if (max_p + 1 > cf.ctx_train)
+            fprintf(stderr, "mlaserve bench: --prefill %ld and its first token pass the model's context length %lld\n",
+                    max_p, (long long)cf.ctx_train);
+        else
+            fprintf(stderr,
+                    "mlaserve bench: --ctx %ld + %ld warm-up + %ld steps pass the model's context length %lld\n",
+                    max_ctx, o.warmup, o.steps, (long long)cf.ctx_train);
+        status = 2;
+        goto done;
+    }
     bench_info info;
     make_info(&info, &o, g, &cf);
     /* the latent cache's element type, as the workers will choose it (from --cuda-precision and

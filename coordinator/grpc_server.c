@@ -25,6 +25,7 @@ typedef struct gs_call {
     api_tok_job *tj;      /* a Tokenize on the prep thread */
     uint64_t deadline_ms; /* loop time; 0: none */
     bool logprobs;
+    bool prompt_ids;      /* Generate: the prompt came as prompt_ids (a refusal names that field) */
     uint32_t index;       /* tokens sent */
     int watch_status;     /* Health.Watch: the status last sent */
 } gs_call;
@@ -380,18 +381,30 @@ static int status_code(int http_status) {
     }
 }
 
+/* An api_server refusal: its status, and its message led by the field it names (as the proto
+ * names it: a prompt given as ids is prompt_ids), as the decoder's refusals are. */
+static void finish_api(gs_call *r, const api_error *e) {
+    const char *param = !strcmp(e->param, "prompt") && r->prompt_ids ? "prompt_ids" : e->param;
+    char m[sizeof e->message + sizeof e->param + 8];
+    if (param[0] && !strstr(e->message, param))
+        snprintf(m, sizeof m, "%s: %s", param, e->message);
+    else
+        snprintf(m, sizeof m, "%s", e->message);
+    finish(r, status_code(e->status), m);
+}
+
 /* The prompt was refused after the prep thread made it (api_sink.on_refused). */
 static void on_refused(void *ud, const api_error *e) {
     gs_call *r = ud;
     r->g = NULL;
-    finish(r, status_code(e->status), e->message);
+    finish_api(r, e);
 }
 
 static void tokenize_done(void *ud, const int32_t *ids, int32_t n, const api_error *e) {
     gs_call *r = ud;
     r->tj = NULL;
     if (e) {
-        finish(r, status_code(e->status), e->message);
+        finish_api(r, e);
         return;
     }
     Mlaapi__TokenizeResponse m = MLAAPI__TOKENIZE_RESPONSE__INIT;
@@ -438,11 +451,12 @@ static void handle(gs_call *r, grpc_request *q) {
         }
         r->request_id = q->request_id;
         r->logprobs = q->gen.logprobs;
+        r->prompt_ids = q->gen.prompt_ids != NULL;
         /* the prompt is made off the loop thread: other clients are not held up by a big one */
         api_sink sink = {.ud = r, .on_delta = on_delta, .on_final = on_final, .on_refused = on_refused};
         api_error e;
         r->g = api_server_generate(s->api, &q->gen, &sink, &e);
-        if (!r->g) finish(r, status_code(e.status), e.message);
+        if (!r->g) finish_api(r, &e);
         return;
     }
     case GRPC_M_TOKENIZE:
@@ -884,6 +898,13 @@ size_t grpc_server_out_pending(const grpc_server *s) {
 void grpc_server_drain(grpc_server *s) {
     for (gs_conn *c = s->conns; c; c = c->next) {
         if (c->closing || !c->h2 || !h2_up(c)) continue;
+        /* a Health.Watch hears of the drain (NOT_SERVING: the API is draining) before the
+         * GOAWAY, as grpc's own health servers tell their watchers at shutdown */
+        for (gs_call *r = c->calls; r; r = r->next)
+            if (r->method == GRPC_M_HC_WATCH && r->watch_status >= 0) {
+                const int hs = health_status(s);
+                if (hs != r->watch_status) send_health(r, hs);
+            }
         grpc_conn_shutdown(c->h2);
         flush(c);
     }

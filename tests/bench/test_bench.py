@@ -180,6 +180,13 @@ def main():
           "a failed run: its outputs untouched, no partial file", (r.returncode, left))
     r = run([exe, "bench", "--tp", "1"])
     check(r.returncode == 2 and "no model" in r.stderr, "no -m: usage", r.stderr[-800:])
+    # points past the model's context (4096 positions) are refused before any worker starts
+    for args, says in ((["--prefill", "4096", "--batch", "none"], "--prefill 4096 and its first token pass the model's "
+                        "context length 4096"),
+                       (["--prefill", "none", "--ctx", "4090", "--warmup", "2", "--steps", "4"],
+                        "--ctx 4090 + 2 warm-up + 4 steps pass the model's context length 4096")):
+        r = run([exe, "bench", "-m", model, "--backend", "cpu"] + args)
+        check(r.returncode == 2 and says in r.stderr and "worker" not in r.stderr, "refused: %s" % says, r.stderr[-400:])
     finish("bench: ")
 
 

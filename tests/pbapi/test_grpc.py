@@ -178,6 +178,17 @@ try:
         got = (e.code(), e.details())
     check(got[0] == SC.INVALID_ARGUMENT and "prompt_ids" in got[1], "a negative prompt id: the error names prompt_ids %r" %
           (got,))
+    # refusals the generation path makes (past the decoder) name their field as the proto does
+    for req, field in ((api_pb2.GenerateRequest(prompt_ids=[5, 999999], max_tokens=2), "prompt_ids: token id 999999"),
+                       (api_pb2.GenerateRequest(prompt="1 2 3", stop_token_ids=[999999], max_tokens=2),
+                        "stop_token_ids: token id 999999"),
+                       (api_pb2.GenerateRequest(prompt="1 2", max_tokens=2147483647), "max_tokens: ")):
+        try:
+            list(stub.Generate(req, metadata=AUTH, timeout=30))
+            got = (SC.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.INVALID_ARGUMENT and got[1].startswith(field), "the refusal starts %r: %r" % (field, got))
     # two authorization fields: which one counts would be a guess
     for two in ((AUTH[0], ("authorization", "Bearer nope")), (("authorization", "Bearer nope"), AUTH[0])):
         c = code_of(lambda: stub.Info(api_pb2.InfoRequest(), metadata=two, timeout=30))
@@ -552,6 +563,23 @@ try:
 finally:
     code = srv.stop()
     check(code == 0, "drain server exit status %r" % code)
+
+# ---- an idle server's drain: a Health.Watch hears NOT_SERVING before the connection goes ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512"])
+try:
+    with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as ch:
+        w = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+        check(next(w).status == health_pb2.HealthCheckResponse.SERVING, "idle drain: Watch SERVING first")
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            got = next(w).status
+        except grpc.RpcError as e:
+            got = e.code()
+        check(got == health_pb2.HealthCheckResponse.NOT_SERVING, "idle drain: the watcher hears NOT_SERVING (%r)" % (got,))
+    srv.proc.wait(timeout=60)
+finally:
+    code = srv.stop()
+    check(code == 0, "idle drain server exit status %r" % code)
 
 # ---- a drain waits for replies a slow client has not taken yet; GOAWAY tells clients first ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "30"])
