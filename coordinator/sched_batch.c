@@ -346,7 +346,7 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         const int n = s->waiting.n, cap = s->cfg.max_queue;
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
-        mla_errf(err, "too many requests waiting (%d, past the %d free places of the batch; --max-queue %d); "
+        mla_errf(err, "too many requests waiting: %d, where the batch has %d free places and --max-queue is %d; "
                  "try again later", n, free_places, cap);
         return SCHED_E_QUEUE_FULL;
     }

@@ -723,7 +723,7 @@ def test_limits(exe):
                  'mlaserve_prompt_tokens_total{model="fake-model"}')
         before = [metric(port, x) for x in names]
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "three", "max_tokens": 3, "n": 3}, headers=auth)
-        check(st == 429 and j["error"]["code"] == "too_many_requests" and "--max-queue 2)" in j["error"]["message"],
+        check(st == 429 and j["error"]["code"] == "too_many_requests" and "--max-queue is 2" in j["error"]["message"],
               "n=3 beside a stream: 429 naming the cap (%d %r)" % (st, j))
         ok = wait_for(lambda: metric(port, "mlaserve_num_requests_waiting") == 0, 20)
         check(ok, "the choices taken before the refusal are gone")
