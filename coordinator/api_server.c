@@ -1137,16 +1137,18 @@ static long json_too_deep_at(const char *b, size_t n) {
     return -1;
 }
 
+static int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
 /* The value of a \u escape at b (4 hex digits), or -1 */
 static long json_u4(const char *b, size_t n) {
     if (n < 4) return -1;
     long v = 0;
     for (int k = 0; k < 4; k++) {
-        const char h = b[k];
-        const int d = h >= '0' && h <= '9'   ? h - '0'
-                      : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                      : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                             : -1;
+        const int d = hexval(b[k]);
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -2130,12 +2132,6 @@ static void handle_models(api_server *a, http_conn *c) {
     cJSON_Delete(j);
 }
 
-static int hexval(char ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
 /* GET /v1/models/{id} (the SDKs' models.retrieve): the model object when id (percent-decoded)
  * names the served model, else 404 model_not_found */
 static void handle_model(api_server *a, http_conn *c, const char *id) {
@@ -2273,9 +2269,8 @@ int api_server_auth(api_server *a, const char *peer, const char *key, int *retry
         /* a free slot first, else the one whose window started earliest */
         if (!oldest || (oldest->n && (!f->n || f->since_ms < oldest->since_ms))) oldest = f;
     }
-    const int max_fails = a->cfg.auth_max_fails ? a->cfg.auth_max_fails : API_AUTH_MAX_FAILS;
-    if (max_fails < 0) return api_server_key_ok(a, key) ? 0 : 401;
-    if (slot && slot->n >= max_fails) {
+    const int max_fails = a->cfg.auth_max_fails ? a->cfg.auth_max_fails : API_AUTH_MAX_FAILS; /* < 0: never */
+    if (max_fails > 0 && slot && slot->n >= max_fails) {
         if (retry_after_s) *retry_after_s = (int)((slot->since_ms + win - now + 999) / 1000);
         return 429;
     }

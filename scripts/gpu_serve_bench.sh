@@ -46,10 +46,10 @@
 # e.g. --small), SERVE_ARGS (added to serve), CONC, SHAPE_C, SHAPE_R, WAVES (requests per concurrency
 # point = WAVES x concurrency, at least REQ_MIN: defaults 1 and 4), RATE_S (seconds of arrivals a rate
 # point, default 20; RATE_REQS fixes the count), RATE_TOKS (see 2.), SEED (1), POINT_S, START_S
-# (server start bound, 420),
-# LLAMA (0: skip llama-server), SERVE (0: skip mlaserve's points, e.g. llama-server alone in a
-# command of its own; rate points then need RATES or RATE_TOKS), LLAMA_DIR (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes
-# run, rounded up to 256: 163840 for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
+# (server start bound, 420), LLAMA (0: skip llama-server), SERVE (0: skip mlaserve's points, e.g.
+# llama-server alone in a command of its own; rate points then need RATES or RATE_TOKS), LLAMA_DIR
+# (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes run, rounded up to 256: 163840
+# for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
 # BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
 # tokens, none where SHAPE_C is chat), NCU (0: skip),
 # NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
