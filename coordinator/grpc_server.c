@@ -381,16 +381,21 @@ static int status_code(int http_status) {
     }
 }
 
-/* An api_server refusal: its status, and its message led by the field it names (as the proto
- * names it: a prompt given as ids is prompt_ids), as the decoder's refusals are. */
-static void finish_api(gs_call *r, const api_error *e) {
-    const char *param = !strcmp(e->param, "prompt") && r->prompt_ids ? "prompt_ids" : e->param;
-    char m[sizeof e->message + sizeof e->param + 8];
-    if (param[0] && !strstr(e->message, param))
-        snprintf(m, sizeof m, "%s: %s", param, e->message);
+/* A refusal: msg led by the field it is about ("" none) where msg does not name it already */
+static void finish_field(gs_call *r, int status, const char *field, const char *msg) {
+    char m[sizeof ((api_error *)0)->message + 64]; /* as long as mla_err's msg, with room for the field */
+    if (field[0] && !strstr(msg, field))
+        snprintf(m, sizeof m, "%s: %s", field, msg);
     else
-        snprintf(m, sizeof m, "%s", e->message);
-    finish(r, status_code(e->status), m);
+        snprintf(m, sizeof m, "%s", msg);
+    finish(r, status, m);
+}
+
+/* An api_server refusal: its status, and its field as the proto names it (a prompt given as ids
+ * is prompt_ids), as the decoder's refusals name theirs. */
+static void finish_api(gs_call *r, const api_error *e) {
+    finish_field(r, status_code(e->status), !strcmp(e->param, "prompt") && r->prompt_ids ? "prompt_ids" : e->param,
+                 e->message);
 }
 
 /* The prompt was refused after the prep thread made it (api_sink.on_refused). */
@@ -581,12 +586,7 @@ static void on_call(void *ud, const grpc_call_in *in) {
     char param[48];
     mla_err err = {{0}};
     if (grpc_request_decode(in->method, in->msg, in->len, &q, param, &err) != MLA_OK) {
-        char m[sizeof err.msg + 64];
-        if (param[0] && !strstr(err.msg, param))
-            snprintf(m, sizeof m, "%s: %s", param, err.msg);
-        else
-            snprintf(m, sizeof m, "%s", err.msg);
-        finish(r, GRPC_INVALID_ARGUMENT, m);
+        finish_field(r, GRPC_INVALID_ARGUMENT, param, err.msg);
     } else {
         handle(r, &q);
     }
