@@ -24,11 +24,12 @@ import sys
 
 # (family, regex on the kernel name without namespace and template arguments). The weight
 # products come first: the quantized GEMV / tensor-core matmuls of the dense weights, the grouped
-# ones of the routed experts (the streamed GEMVs' last template argument GRP = true), the per-head
+# ones of the routed experts (the streamed GEMVs' last template argument GRP = true, which Nsight
+# Compute may print as 1; gemvm_grp_kernel the tensor-core one's), the per-head
 # products of the absorbed k_b / v_b. The names are matched with their template arguments
 # ("gemvs_kernel<12, 1, true>"); wg_mm (the wgmma path, dense and experts alike) counts as dense.
 FAMILIES = [
-    ("matmul: experts (grouped)", r"(_grp_kernel(<.*>)?$|^gemv[sw]_kernel<.*(true|\(bool\)1)>$)"),
+    ("matmul: experts (grouped)", r"(_grp_kernel(<.*>)?$|^gemv[sw]_kernel<.*(true|\(bool\)1|, 1)>$)"),
     ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
     ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_mm)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),

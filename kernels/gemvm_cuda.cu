@@ -1,5 +1,6 @@
 /* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 16 tokens (2 .. 16 where
- * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input). API:
+ * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input), and
+ * the experts' tiles of 2-8 pairs of MoE steps (those types and Q5_0; below). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
  * Why: the per-warp integer GEMV (mm_gemvq_cuda.cu) pays every weight's arithmetic once per token
@@ -41,6 +42,17 @@
  * was as fast, hence the default range. The chunk sizes and the 112 KB budget a block were
  * measured against smaller chunks and one block an SM.
  *
+ * The grouped form (gemvm_grp_kernel, MoE steps of 2+ tokens): a band is (tile, 32 rows of its
+ * expert), the tile's 1-8 pairs are the 8 token slots (x rows gathered by the producer, slots past
+ * the tile's pairs zero in the fragments), the y rows those of the pairs; the bands of the plan's
+ * tiles (read on the device, after the wait on the plan's kernel) split evenly over the grid. The
+ * streamed GEMV's one-token kernel keeps the tiles of one pair (faster there: V3's experts at 8
+ * tokens spread over 256 experts 728 us all here against 548 with it), this form the others in
+ * place of the per-warp GEMV (H100, 2026-12-06: V3's experts at 8 / 16 / 32 / 64 tokens 548 /
+ * 1054 / 2064 / 2829 us against 671 / 1269 / 2495 / 3800; a whole V2-Lite's batch-8 step 6.00 ->
+ * 5.32 ms, batch 32 14.18 -> 11.70). Q5_0 (V2-Lite's experts' down, 1408 inputs) is decoded to
+ * signed bytes as Q8_0's; it is taken only here.
+ *
  * The weights must be 16-aligned and padded as mla_cuda_weight_bytes says (a copy ends at the
  * next 16 bytes). */
 #include <cuda_fp16.h>
@@ -76,16 +88,27 @@ template <> struct gm_traits<GGML_TYPE_Q4_K> {
 template <> struct gm_traits<GGML_TYPE_Q6_K> {
     static constexpr int UPW = 8, BE = 256, BB = 210, NS = 6;
 };
+template <> struct gm_traits<GGML_TYPE_Q5_0> { /* the grouped form only (gemvm_grouped) */
+    static constexpr int UPW = 4, BE = 32, BB = 22, NS = 2;
+};
 template <int TY> __host__ __device__ constexpr int gm_ce() { return GM_WARPS * gm_traits<TY>::UPW * 32; }
 template <int TY> __host__ __device__ constexpr int gm_cb() { return gm_ce<TY>() / gm_traits<TY>::BE * gm_traits<TY>::BB; }
 
-/* bands [0, nb0) are W's (NM matrices: W[0], W[1]), [nb0, nb) W2's (NM = 1) */
+/* bands [0, nb0) are W's (NM matrices: W[0], W[1]), [nb0, nb) W2's (NM = 1). Grouped
+ * (gemvm_grp_kernel, over a MoE plan): band b is band b % nbe of the rows of tile t0 + b / nbe's
+ * expert, (n_tiles[0] - t0) nbe bands in all (t0: 0, or with multi n_tiles[1], the first tile of
+ * more than one pair; nb: the host's bound, max_tiles nbe); the x side of a stage holds the tile's
+ * pairs (x row sorted[tile_s + j] / x_div, y row sorted[tile_s + j]) in T = 8 slots. */
 struct gm_args {
     const uint8_t *W[2], *W2;
     const uint8_t *qx;
     const float4 *sx;
     float *y, *y2;
     int in, rb, out, out2, nb0, nb, nch, T, stages, seg;
+    const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
+    size_t estride;
+    int x_div, world, nbe;
+    bool multi;
 };
 
 /* c += a b: m16n8k32 (A unsigned with UA, else signed; B signed), fragments as the PTX ISA lays
@@ -124,14 +147,16 @@ template <int TY> __host__ __device__ constexpr int gm_xst() { return gm_ce<TY>(
 template <int TY> __host__ __device__ constexpr int gm_sst() { return gm_ce<TY>() / 32 + 1; }
 template <int TY> __host__ __device__ constexpr int gm_xbytes(int T) { return T * (gm_xst<TY>() + 16 * gm_sst<TY>()); }
 
-/* unit uc of the chunk, for the n-tile of tokens tb .. tb + 7: x_s the stage's x side */
+/* unit uc of the chunk, for the n-tile of tokens tb .. tb + 7: x_s the stage's x side, laid out
+ * for T tokens, of which the first tv hold this stage's rows (the others are zeros here) */
 template <int TY>
-__device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int tb, int g, int t, gm_xu<TY> &x) {
+__device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int tv, int uc, int tb, int g, int t,
+                                          gm_xu<TY> &x) {
     g += tb; /* tb: the n-tile's first token */
     x.b[0] = x.b[1] = 0;
 #pragma unroll
     for (int i = 0; i < gm_traits<TY>::NS; i++) x.s[i] = 0.f;
-    if (g < T) {
+    if (g < tv) {
         const uint8_t *p = x_s + g * gm_xst<TY>() + uc * 32;
         if constexpr (TY == GGML_TYPE_Q6_K) {
             x.b[0] = gs_ld<uint32_t>(p + 4 * t);
@@ -145,7 +170,7 @@ __device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int
 #pragma unroll
     for (int k = 0; k < 2; k++) {
         const int tok = tb + 2 * t + k;
-        if (tok >= T) continue;
+        if (tok >= tv) continue;
         const float4 f = sx[tok * gm_sst<TY>() + uc];
         x.s[k] = f.x;
         if constexpr (TY == GGML_TYPE_Q4_K) x.s[2 + k] = f.y + f.z;
@@ -156,14 +181,15 @@ __device__ __forceinline__ void gm_load_x(const uint8_t *x_s, int T, int uc, int
 /* The scales of one row for the warp's UPW units, decoded once a stage by the lane that owns the
  * row (lane = row of the band) and handed to the fragment lanes by shuffles: Q8_0 d; Q4_K d s and
  * dmin m; Q6_K d s16 of each half h (f[2 i + h]) */
+template <int TY> __host__ __device__ constexpr bool gm_q32() { return TY == GGML_TYPE_Q8_0 || TY == GGML_TYPE_Q5_0; } /* 32-element blocks */
 template <int TY> struct gm_rs {
-    float f[TY == GGML_TYPE_Q8_0 ? gm_traits<TY>::UPW : 2 * gm_traits<TY>::UPW];
+    float f[gm_q32<TY>() ? gm_traits<TY>::UPW : 2 * gm_traits<TY>::UPW];
 };
 template <int TY> __device__ __forceinline__ void gm_row_scales(const uint8_t *pr, int warp, gm_rs<TY> &rs) {
-    if constexpr (TY == GGML_TYPE_Q8_0) {
+    if constexpr (gm_q32<TY>()) { /* Q8_0, Q5_0: d first in each block */
 #pragma unroll
         for (int i = 0; i < gm_traits<TY>::UPW; i++)
-            rs.f[i] = __half2float(gs_ld<__half>(pr + 34 * (warp * gm_traits<TY>::UPW + i)));
+            rs.f[i] = __half2float(gs_ld<__half>(pr + gm_traits<TY>::BB * (warp * gm_traits<TY>::UPW + i)));
     } else if constexpr (TY == GGML_TYPE_Q4_K) { /* sub-blocks j0 .. j0 + UPW - 1 of one block */
         constexpr int UPW = gm_traits<TY>::UPW;
         const int u0 = warp * UPW, j0 = u0 & 7;
@@ -199,7 +225,7 @@ template <int TY> __device__ __forceinline__ void gm_row_scales(const uint8_t *p
  * many of the UPW units the chunk holds. The NT n-tiles (8 tokens each) share the A fragments. */
 template <int TY, int NT>
 __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, int ra, int warp, int t, int n,
-                                        const uint8_t *x_s, int T, const gm_rs<TY> &rs, float (&acc)[NT][4]) {
+                                        const uint8_t *x_s, int T, int tv, const gm_rs<TY> &rs, float (&acc)[NT][4]) {
     const int g = ra & 7;
     gm_xu<TY> x[gm_traits<TY>::UPW][NT]; /* each unit's activations, loaded where it is first used */
     auto epi = [&](const int (&c)[4], float fa, float fb, float xs0, float xs1, float &a0, float &a1, float &a2,
@@ -215,10 +241,44 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
             if (i >= n) break;
             const int uc = warp * gm_traits<TY>::UPW + i;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, uc, GM_TOK * nt, g, t, x[i][nt]);
+            for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, uc, GM_TOK * nt, g, t, x[i][nt]);
             uint32_t wa[2], wb[2];
             gs_words<2>(pa + 34 * uc + 2 + 8 * t, wa);
             gs_words<2>(pb + 34 * uc + 2 + 8 * t, wb);
+            const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
+            const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int c[4] = {0, 0, 0, 0};
+                gm_mma32<false>(c, a, x[i][nt].b[0], x[i][nt].b[1]);
+                epi(c, fa, fb, x[i][nt].s[0], x[i][nt].s[1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+            }
+        }
+    } else if constexpr (TY == GGML_TYPE_Q5_0) {
+        /* thread t's 8 elements 8 t .. 8 t + 7 of a block: the low (t < 2) or high nibbles of qs[8 (t & 1)
+         * ..], their fifth bits from byte t of qh, less 16: signed bytes as Q8_0's */
+        auto q5 = [&](const uint8_t *b, uint32_t (&w)[2]) {
+            uint32_t q[2], h;
+            gs_words<2>(b + 6 + 8 * (t & 1), q);
+            gs_words<1>(b + 2, &h);
+            const uint32_t hb = h >> (8 * t);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint32_t hj = (hb >> (4 * j)) & 0xFu;
+                const uint32_t v = ((q[j] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((hj * 0x00204081u) & 0x01010101u) << 4);
+                const uint32_t s = v ^ 0x10101010u; /* v - 16 a byte: bit 4 flipped, bits 5-7 set where it was clear */
+                w[j] = s | (((s >> 4) & 0x01010101u) * 0xE0u);
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < gm_traits<TY>::UPW; i++) {
+            if (i >= n) break;
+            const int uc = warp * gm_traits<TY>::UPW + i;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, uc, GM_TOK * nt, g, t, x[i][nt]);
+            uint32_t wa[2], wb[2];
+            q5(pa + 22 * uc, wa);
+            q5(pb + 22 * uc, wb);
             const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
             const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
 #pragma unroll
@@ -240,7 +300,7 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
             for (int hi = 0; hi < 2; hi++) {
                 const int i = 2 * ip + hi, sh = 4 * hi;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, warp * UPW + i, GM_TOK * nt, g, t, x[i][nt]);
+                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, warp * UPW + i, GM_TOK * nt, g, t, x[i][nt]);
                 const uint32_t a[4] = {(qa.x >> sh) & 0x0F0F0F0Fu, (qb.x >> sh) & 0x0F0F0F0Fu,
                                        (qa.y >> sh) & 0x0F0F0F0Fu, (qb.y >> sh) & 0x0F0F0F0Fu};
                 const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
@@ -282,7 +342,7 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
             for (int i4 = 0; i4 < 4; i4++) {
                 const int i = 4 * nh + i4;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, u0 + i, GM_TOK * nt, g, t, x[i][nt]);
+                for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, u0 + i, GM_TOK * nt, g, t, x[i][nt]);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     uint32_t q[2];
@@ -309,9 +369,8 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
 }
 
 /* NT n-tiles of 8 tokens: 1 for steps of up to 8 tokens, 2 for 9 .. 16 (one block an SM: the
- * stages' x side is twice as large) */
-template <int TY, int NM, int NT>
-__global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(const gm_args A) {
+ * stages' x side is twice as large). GRP: over a MoE plan (gm_args), NT = 1. */
+template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_body(const gm_args &A) {
     using Q = gm_traits<TY>;
     constexpr int CE = gm_ce<TY>(), CB = gm_cb<TY>();
     extern __shared__ __align__(16) uint8_t gm_sm[];
@@ -324,19 +383,32 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
         mlacu_mbar_init_fence();
     }
     __syncthreads();
-    const int b0 = (int)((int64_t)blockIdx.x * A.nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * A.nb / gridDim.x);
+    /* grouped: the plan (made by the kernel before) says how many bands there are */
+    if (GRP) mlacu_pdl_enter();
+    const int t0 = GRP && A.multi ? A.n_tiles[1] : 0; /* grouped: the first tile */
+    const int nb = GRP ? (A.n_tiles[0] - t0) * A.nbe : A.nb;
+    const int b0 = (int)((int64_t)blockIdx.x * nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * nb / gridDim.x);
     const int nk = (b1 - b0) * A.nch;
-    /* band b: matrix m's rows row0 .. row0 + rows - 1, and where its sums go (y, out rows) */
+    /* band b: matrix m's rows row0 .. row0 + rows - 1, where its sums go (y, out rows), the
+     * tokens (pairs) of its stages, tv, and (grouped) where their ids start in the plan, s0 */
     struct gm_band {
         const uint8_t *w;
         float *y;
-        int row0, rows, out;
+        int row0, rows, out, tv, s0;
     };
     auto band = [&](int b, int m) {
-        const bool two = b >= A.nb0;
         gm_band d;
-        d.w = two ? A.W2 : A.W[m], d.y = two ? A.y2 : A.y, d.out = two ? A.out2 : A.out;
-        d.row0 = (two ? b - A.nb0 : b) * GM_ROWS;
+        if constexpr (GRP) {
+            const int tile = t0 + b / A.nbe;
+            d.w = A.W[m] + (size_t)(A.tile_e[tile] / A.world) * A.estride, d.y = A.y, d.out = A.out;
+            d.row0 = (b % A.nbe) * GM_ROWS;
+            d.tv = A.tile_n[tile], d.s0 = A.tile_s[tile];
+        } else {
+            const bool two = b >= A.nb0;
+            d.w = two ? A.W2 : A.W[m], d.y = two ? A.y2 : A.y, d.out = two ? A.out2 : A.out;
+            d.row0 = (two ? b - A.nb0 : b) * GM_ROWS;
+            d.tv = A.T, d.s0 = 0;
+        }
         d.rows = min(GM_ROWS, d.out - d.row0);
         return d;
     };
@@ -347,9 +419,11 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
             const int b = b0 + k / A.nch, c = k % A.nch;
             const uint8_t *src[NM];
             uint32_t bytes[NM], all = 0;
+            int tv = A.T;
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 const gm_band d = band(b, m);
+                tv = d.tv;
                 bytes[m] = 0, src[m] = nullptr;
                 if (lane < d.rows) {
                     const uint8_t *s0 = d.w + (size_t)(d.row0 + lane) * A.rb + (size_t)c * CB;
@@ -362,7 +436,7 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
             all = __reduce_add_sync(0xffffffffu, all);
             const int nx = min(CE, A.in - c * CE);
             uint64_t *bar = &full[k % NS];
-            if (lane == 0) mlacu_mbar_expect(bar, all + (uint32_t)(A.T * (nx + nx / 2)));
+            if (lane == 0) mlacu_mbar_expect(bar, all + (uint32_t)(tv * (nx + nx / 2)));
             __syncwarp();
             uint8_t *dst = gm_sm + (size_t)(k % NS) * sb + (size_t)lane * A.seg;
 #pragma unroll
@@ -372,16 +446,18 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
         auto post_x = [&](int k) {
             constexpr int TL = GM_TOK * NT;
             const int c = k % A.nch, nx = min(CE, A.in - c * CE), tok = lane & (TL - 1);
-            if (tok >= A.T || lane >= 2 * TL) return;
+            const gm_band d = band(b0 + k / A.nch, 0);
+            if (tok >= d.tv || lane >= 2 * TL) return;
+            const size_t xr = GRP ? (size_t)(A.sorted[d.s0 + tok] / A.x_div) : (size_t)tok; /* x row */
             uint8_t *xs = gm_sm + (size_t)(k % NS) * sb + NM * msb;
             uint64_t *bar = &full[k % NS];
             if (lane < TL)
-                mlacu_bulk_g2s(xs + tok * gm_xst<TY>(), A.qx + (size_t)tok * A.in + (size_t)c * CE, (uint32_t)nx, bar);
+                mlacu_bulk_g2s(xs + tok * gm_xst<TY>(), A.qx + xr * A.in + (size_t)c * CE, (uint32_t)nx, bar);
             else
                 mlacu_bulk_g2s(xs + A.T * gm_xst<TY>() + tok * 16 * gm_sst<TY>(),
-                               A.sx + (size_t)tok * (A.in / 32) + (size_t)c * (CE / 32), (uint32_t)(nx / 2), bar);
+                               A.sx + xr * (A.in / 32) + (size_t)c * (CE / 32), (uint32_t)(nx / 2), bar);
         };
-        int pre = 0; /* weights only before the wait on the kernel before */
+        int pre = 0; /* weights only before the wait on the kernel before (grouped: past it) */
         for (; pre < NS && pre < nk; pre++) post_w(pre);
         mlacu_pdl_enter();
         for (int k = 0; k < pre; k++) post_x(k);
@@ -413,12 +489,14 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
         mlacu_mbar_wait(&full[buf], (uint32_t)ph);
         const uint8_t *st = gm_sm + (size_t)buf * sb;
         const int n = min(Q::UPW, nu - warp * Q::UPW); /* of the warp's units (whole groups of 4 for the K types) */
+        int tv = A.T;
 #pragma unroll
         for (int m = 0; m < NM; m++) {
-            const int row0 = band(b, m).row0;
+            const gm_band d = band(b, m);
+            tv = d.tv;
             /* where row r's segment starts in its slot (the copy began 16-aligned below: only the low
-             * bits of its offset in W count; Q4_K rows and chunks are whole 16 bytes) */
-            const uint32_t o0 = (uint32_t)row0 * (uint32_t)A.rb + (uint32_t)c * CB;
+             * bits of its address count; Q4_K rows and chunks are whole 16 bytes) */
+            const uint32_t o0 = (uint32_t)(uintptr_t)d.w + (uint32_t)d.row0 * (uint32_t)A.rb + (uint32_t)c * CB;
             auto row_at = [&](int r) {
                 const uint32_t o = TY == GGML_TYPE_Q4_K ? 0u : (o0 + (uint32_t)r * (uint32_t)A.rb) & 15u;
                 return st + m * msb + r * A.seg + o;
@@ -429,7 +507,7 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const int ra = mt * 16 + g;
-                gm_tile<TY, NT>(row_at(ra), row_at(ra + 8), ra, warp, t, n, st + NM * msb, A.T, rs, acc[m][mt]);
+                gm_tile<TY, NT>(row_at(ra), row_at(ra + 8), ra, warp, t, n, st + NM * msb, A.T, tv, rs, acc[m][mt]);
             }
         }
         __syncwarp();
@@ -460,12 +538,24 @@ __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(cons
                     s[m] += red[((((wp * NM + m) * 2 + mt) * NT + nt) * 4 + i) * 32 + ln];
             const gm_band d = band(b, 0);
             const int r = mt * 16 + (ln >> 2) + 8 * (i >> 1), tok = GM_TOK * nt + 2 * (ln & 3) + (i & 1);
-            if (r < d.rows && tok < A.T)
-                d.y[(size_t)tok * d.out + d.row0 + r] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
+            if (r < d.rows && tok < d.tv) {
+                const size_t yr = GRP ? (size_t)A.sorted[d.s0 + tok] : (size_t)tok; /* grouped: the pair's row */
+                d.y[yr * d.out + d.row0 + r] = NM == 2 ? mlacu_swiglu(s[0], s[NM - 1]) : s[0];
+            }
         }
         asm volatile("bar.sync 1, %0;\n" ::"r"(GM_WARPS * 32) : "memory");
         b++;
     }
+}
+
+template <int TY, int NM, int NT>
+__global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(const gm_args A) {
+    gm_body<TY, NM, NT, false>(A);
+}
+/* the experts of a MoE plan: every tile (or those of more than one pair), 1 .. 8 pairs each, as
+ * the 8 tokens of a dense step */
+template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 1) gemvm_grp_kernel(const gm_args A) {
+    gm_body<TY, NM, 1, true>(A);
 }
 
 /* ---------------------------------------------------------------- host */
@@ -477,9 +567,10 @@ static int gm_budget() {
 }
 
 /* the dynamic shared memory a block of nt n-tiles may have here: two tiles may take all but 4 KB
- * of what the device allows a block (Q6_K's two stages of 16 tokens need 221 KB) */
-static int64_t gm_smem_limit(int nt) {
-    return nt == 1 ? std::min(200 << 10, mlacu_smem_optin() - (4 << 10)) : mlacu_smem_optin() - (4 << 10);
+ * of what the device allows a block (Q6_K's two stages of 16 tokens need 221 KB), and so may the
+ * grouped kernel (grp: one block an SM, so that gate and up of Q4_K experts, 215 KB, fit) */
+static int64_t gm_smem_limit(int nt, bool grp = false) {
+    return nt == 1 && !grp ? std::min(200 << 10, mlacu_smem_optin() - (4 << 10)) : mlacu_smem_optin() - (4 << 10);
 }
 
 struct gm_geo {
@@ -492,13 +583,16 @@ template <typename F> static cudaError_t gm_with_type(uint32_t t, F f) {
     case GGML_TYPE_Q4_K: return f(std::integral_constant<int, GGML_TYPE_Q4_K>{});
     case GGML_TYPE_Q6_K: return f(std::integral_constant<int, GGML_TYPE_Q6_K>{});
     case GGML_TYPE_Q8_0: return f(std::integral_constant<int, GGML_TYPE_Q8_0>{});
+    case GGML_TYPE_Q5_0: return f(std::integral_constant<int, GGML_TYPE_Q5_0>{});
     default: return cudaErrorNotSupported;
     }
 }
 
-/* the geometry for T tokens (the x side of a stage holds T rows; gm_nt(T) n-tiles) */
-static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
+/* the geometry for T tokens (the x side of a stage holds T rows; gm_nt(T) n-tiles); grp: for the
+ * grouped kernel (T = 8), the only one that takes Q5_0 */
+static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g, bool grp = false) {
     const int nt = gm_nt(T);
+    if (t == GGML_TYPE_Q5_0 && !grp) return false;
     int cb = 0, be = 0, xb = 0;
     if (gm_with_type(t, [&](auto ty) {
             constexpr int TY = decltype(ty)::value;
@@ -518,7 +612,7 @@ static bool gm_plan(uint32_t t, int64_t in, int nm, int T, gm_geo &g) {
      * budget is all it may have */
     const size_t stage = (size_t)nm * GM_ROWS * g.seg + xb,
                  red = (size_t)GM_WARPS * nm * 2 * nt * 4 * 32 * sizeof(float);
-    const int64_t limit = gm_smem_limit(nt), budget = nt == 1 ? gm_budget() : limit,
+    const int64_t limit = gm_smem_limit(nt, grp), budget = nt == 1 ? gm_budget() : limit,
                   fit = (budget - (int64_t)red) / (int64_t)stage, most = (limit - (int64_t)red) / (int64_t)stage;
     g.stages = (int)std::min<int64_t>({GM_STAGES_MAX, most, std::max<int64_t>(2, fit)});
     g.smem = g.stages * stage + red;
@@ -530,12 +624,20 @@ bool gemvm_supported(uint32_t t, int64_t in, int nm, int64_t T) {
     /* fewer tokens of as many n-tiles take less shared memory: asked at 8 or 16 */
     return T >= 1 && T <= GM_TMAX && gm_plan(t, in, nm, GM_TOK * gm_nt((int)T), g);
 }
+bool gemvm_grouped_supported(uint32_t t, int64_t in, int nm) {
+    gm_geo g;
+    return gm_plan(t, in, nm, GM_TOK, g, true);
+}
 
-template <int TY, int NM, int NT> static cudaError_t gm_launch(const gm_args &A, const gm_geo &g, cudaStream_t s) {
-    auto kern = gemvm_kernel<TY, NM, NT>;
+template <int TY, int NM, int NT, bool GRP = false>
+static cudaError_t gm_launch(const gm_args &A, const gm_geo &g, cudaStream_t s) {
+    auto kern = [] {
+        if constexpr (GRP) return gemvm_grp_kernel<TY, NM>;
+        else return gemvm_kernel<TY, NM, NT>;
+    }();
     static bool attr = false;
     if (!attr) {
-        cudaError_t err = mlacu_smem_allow(kern, (int)gm_smem_limit(NT));
+        cudaError_t err = mlacu_smem_allow(kern, (int)gm_smem_limit(NT, GRP));
         if (err != cudaSuccess) return err;
         attr = true;
     }
@@ -568,8 +670,9 @@ cudaError_t gemvm_dense(uint32_t t, const void *w, const void *w1, int64_t in, i
     A.W[0] = (const uint8_t *)w, A.W[1] = (const uint8_t *)(w1 ? w1 : w);
     return gm_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
-        if (T > GM_TOK) return w1 ? gm_launch<TY, 2, 2>(A, g, s) : gm_launch<TY, 1, 2>(A, g, s);
-        return w1 ? gm_launch<TY, 2, 1>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
+        if constexpr (TY == GGML_TYPE_Q5_0) return cudaErrorNotSupported; /* gm_plan said no */
+        else if (T > GM_TOK) return w1 ? gm_launch<TY, 2, 2>(A, g, s) : gm_launch<TY, 1, 2>(A, g, s);
+        else return w1 ? gm_launch<TY, 2, 1>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
     });
 }
 
@@ -585,7 +688,27 @@ cudaError_t gemvm_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *y
     A.nb = A.nb0 + (int)((out_b + GM_ROWS - 1) / GM_ROWS);
     return gm_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;
-        return T > GM_TOK ? gm_launch<TY, 1, 2>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
+        if constexpr (TY == GGML_TYPE_Q5_0) return cudaErrorNotSupported; /* gm_plan said no */
+        else return T > GM_TOK ? gm_launch<TY, 1, 2>(A, g, s) : gm_launch<TY, 1, 1>(A, g, s);
+    });
+}
+
+cudaError_t gemvm_grouped(uint32_t t, const void *w0, const void *w1, size_t estride, int64_t in, int64_t out,
+                          const void *qx, const void *sx, int x_div, const mla_cuda_moe_plan *pl, bool multi, float *y,
+                          cudaStream_t s) {
+    gm_geo g;
+    const int nm = w1 ? 2 : 1;
+    const int64_t nbe = (out + GM_ROWS - 1) / GM_ROWS;
+    if (out < 1 || pl->max_tiles < 1 || pl->max_tiles * nbe > INT32_MAX || x_div < 1 || !gm_plan(t, in, nm, GM_TOK, g, true))
+        return cudaErrorNotSupported;
+    gm_args A = gm_base(t, in, out, qx, sx, GM_TOK, y, g);
+    A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
+    A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n, A.n_tiles = pl->n_tiles;
+    A.estride = estride, A.x_div = x_div, A.world = pl->world, A.multi = multi;
+    A.nbe = (int)nbe, A.nb = (int)(pl->max_tiles * nbe); /* the grid's bound; the kernel reads the plan's */
+    return gm_with_type(t, [&](auto ty) {
+        constexpr int TY = decltype(ty)::value;
+        return w1 ? gm_launch<TY, 2, 1, true>(A, g, s) : gm_launch<TY, 1, 1, true>(A, g, s);
     });
 }
 

@@ -84,6 +84,12 @@ static bool gm_takes(uint32_t t, int64_t in, int nm, int64_t T) {
     return T >= g_gm_min && T <= g_gm_max && gemvm_supported(t, in, nm, T);
 }
 extern "C" bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T) { return gm_takes(t, in, 1, T); }
+/* mla_cuda_set_gemv_mma_grouped: plans of 2 .. g_gmg_max tokens */
+static int g_gmg_max = MLA_CUDA_GEMVM_GRP_TMAX;
+extern "C" void mla_cuda_set_gemv_mma_grouped(int tmax) {
+    MLA_ASSERT(tmax >= 0);
+    g_gmg_max = tmax;
+}
 extern "C" void mla_cuda_set_gemv_trace(unsigned long long *d_stamps) { gemvs_set_trace(d_stamps); }
 static bool gs_grouped_on(const mla_cuda_moe_plan *pl) {
     return pl->tokens <= (g_gs_grouped == MLA_CUDA_GEMVS_SINGLES ? 1 : g_gs_grouped);
@@ -174,11 +180,14 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
     if (plan->max_tiles <= 0) return MLA_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *sx = (const uint8_t *)d_q8 + mlacu_q8_scale_off(x_rows, in);
-    /* the streamed GEMV: every tile (plans of up to g_gs_grouped tokens; by default one), or, by
-     * default, the tiles of one pair (the per-warp GEMV then takes the others) */
-    const bool gs = gemvs_supported(t, in, d_w1 ? 2 : 1), all = gs && gs_grouped_on(plan);
-    const bool singles = gs && !all && g_gs_grouped == MLA_CUDA_GEMVS_SINGLES;
     const int64_t y_rows = x_rows * x_div;
+    /* the streamed GEMV: every tile (plans of up to g_gs_grouped tokens; by default one), or, by
+     * default, the tiles of one pair; the others on the grouped tensor-core GEMV (plans of 2 ..
+     * g_gmg_max tokens), else per-warp */
+    const int nm = d_w1 ? 2 : 1;
+    const bool gs = gemvs_supported(t, in, nm), all = gs && gs_grouped_on(plan);
+    const bool singles = gs && !all && g_gs_grouped == MLA_CUDA_GEMVS_SINGLES;
+    const bool gm = !all && plan->tokens >= 2 && plan->tokens <= g_gmg_max && gemvm_grouped_supported(t, in, nm);
     bool yq_done = false;
     if (all || singles) {
         cudaError_t err = gemvs_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, d_yq,
@@ -186,7 +195,11 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
         MLACU_CHECK(err, e, "grouped gemv q8 (streamed) %s %lldx%lld", ggml_type_name(t), (long long)out,
                     (long long)in);
     }
-    if (!all) {
+    if (gm) {
+        cudaError_t err = gemvm_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, s);
+        MLACU_CHECK(err, e, "grouped gemv q8 (tensor cores) %s %lldx%lld", ggml_type_name(t), (long long)out,
+                    (long long)in);
+    } else if (!all) {
         cudaError_t err = mlacu_grpq(t, d_w0, d_w1, estride, in, out, d_q8, x_rows, x_div, plan, d_y, singles, s);
         MLACU_CHECK(err, e, "grouped gemv q8 %s %lldx%lld", ggml_type_name(t), (long long)out, (long long)in);
     }

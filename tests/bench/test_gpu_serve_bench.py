@@ -82,6 +82,16 @@ if r.returncode == 0:
     check(r.stdout.index("| family |") < r.stdout.index("| kernel |") and "| norms | 2 | 8.0 | 8.9% |" in r.stdout,
           "family table first, shares", r.stdout)
 
+# the names as Nsight Compute prints them: a bool template argument as 1 or 0
+sys.path.insert(0, os.path.join(root, "bench"))
+import ncu_step  # noqa: E402
+fams = {k: ncu_step.family_of(k) for k in ("gemvw_kernel<6, 1, 1>", "gemvw_kernel<12, 1, 0>", "gemvs_kernel<14, 2, 1>",
+                                           "gemvm_grp_kernel<12, 2>", "gemvm_kernel<12, 1, 1>", "gemvq_grp_kernel<6, 0>")}
+check(fams == {"gemvw_kernel<6, 1, 1>": "matmul: experts (grouped)", "gemvw_kernel<12, 1, 0>": "matmul: dense weights",
+               "gemvs_kernel<14, 2, 1>": "matmul: experts (grouped)", "gemvm_grp_kernel<12, 2>": "matmul: experts (grouped)",
+               "gemvm_kernel<12, 1, 1>": "matmul: dense weights", "gemvq_grp_kernel<6, 0>": "matmul: experts (grouped)"},
+      "kernel families of grouped and dense GEMVs", fams)
+
 # ---- 1b. ncu_step.py --stalls: the same step with warp-state rows (percent of active warp cycles) ----
 stall = {3: (40.0, 30.0), 4: (10.0, 70.0), 5: (5.0, 80.0), 6: (20.0, 3.0), 7: (20.0, 60.0)}  # ID: no_instr, long_sb
 scsv, sjson = os.path.join(work, "ncu-stalls.csv"), os.path.join(work, "ncu-stalls.json")

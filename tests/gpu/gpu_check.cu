@@ -80,8 +80,8 @@ static gr_rng g_rng = {0x5eed1234ull};
 static int g_chain = 8; /* time_gemv_chain's launches a run (--gemvt1: 1, for a profiler) */
 /* the streamed GEMV's token limits in force (mla_cuda_set_gemv_stream): the library's defaults */
 static int g_gs_dense = MLA_CUDA_GEMVS_DENSE, g_gs_grouped = MLA_CUDA_GEMVS_GROUPED;
-/* and its tensor-core form's (mla_cuda_set_gemv_mma) */
-static int g_gm_min = MLA_CUDA_GEMVM_TMIN, g_gm_max = MLA_CUDA_GEMVM_TMAX;
+/* and its tensor-core form's (mla_cuda_set_gemv_mma, mla_cuda_set_gemv_mma_grouped) */
+static int g_gm_min = MLA_CUDA_GEMVM_TMIN, g_gm_max = MLA_CUDA_GEMVM_TMAX, g_gmg_max = MLA_CUDA_GEMVM_GRP_TMAX;
 
 static void *dmalloc(size_t n) {
     void *p;
@@ -1033,6 +1033,7 @@ static void check_gemvm(bool quick) {
  * without the streamed GEMV. --gemv runs these alone. */
 static void check_gemv_stream(bool quick) {
     mla_cuda_set_gemv_stream(8, 1 << 30); /* every step it can take */
+    mla_cuda_set_gemv_mma_grouped(0);     /* the experts of several tokens too (until the last part) */
     for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0}) {
         for (auto io : std::vector<std::array<int64_t, 2>>{{768, 77}, {7168, 333}, {18432, 37}, {16384, 50},
                                                            {32768, 9}, {512, 1000}, {1536, 301}, {2048, 7168}})
@@ -1059,12 +1060,38 @@ static void check_gemv_stream(bool quick) {
         g_rows.back().op += " rows";
         mla_cuda_set_gemv_stream(8, 1 << 30);
     }
-    /* by default: the tiles of one pair streamed, the others per-warp */
+    /* where the grouped tensor-core GEMV does not take a product (sm_120's shared memory): the tiles
+     * of one pair streamed, the others per-warp; then the default, the others on the grouped
+     * tensor-core GEMV; then every tile there (gate + up of Q4_K / Q8_0 in one launch; Q6_K's,
+     * whose two stages do not fit, stay on the pair above; Q5_0 down of 1408 inputs: two chunks,
+     * the second of 12 units), ranks of 1, 2 and 4, tiles of 1-8 pairs, plans of 2 to 64 tokens,
+     * against the same q8 reference */
+    for (int v = 0; v < 3; v++) {
+        const int gmg = v ? g_gmg_max : 0;
+        mla_cuda_set_gemv_stream(g_gs_dense, v == 2 ? 0 : g_gs_grouped);
+        mla_cuda_set_gemv_mma_grouped(gmg);
+        const char *sfx = v == 0 ? " singles + rows" : v == 1 ? " singles + grouped tc" : " grouped tc";
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false, true);
+        g_rows.back().op += sfx;
+        if (!gmg) continue;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 2, 0, 1, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 8, 1, 2, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q6_K, GGML_TYPE_Q6_K, 64, 4, 2048, 1536, 8, 0, 1, false, true);
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, 16, 4, 1024, 320, 64, 0, 1, false, true); /* full tiles */
+        g_rows.back().op += sfx;
+        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, 32, 8, 2560, 768, 5, 1, 4, false, true);
+        g_rows.back().op += sfx;
+    }
     mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
-    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false, true);
-    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false, true);
-    check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false, true);
-    check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false, true);
     for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
         for (int64_t T : {1, 7, 16, 33, 64}) check_matmul(t, T == 33 ? 1536 : 7168, T == 7 ? 77 : 2048, T, MM_H, false);
     std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32, 64};
@@ -1084,11 +1111,13 @@ static void check_gemv_stream(bool quick) {
         for (bool cl : {false, true}) {
             if ((quick && T != 1 && T != 32) || (cl && T == 1)) continue;
             const gr_rng r0 = g_rng;
-            const char *name[3] = {" streamed", " rows", " default"};
-            const int grouped[3] = {1 << 30, 0, g_gs_grouped};
-            for (int v = 0; v < 3; v++) {
+            const char *name[5] = {" streamed", " rows", " singles + rows", " singles + grouped tc", " grouped tc"};
+            const int grouped[5] = {1 << 30, 0, g_gs_grouped, g_gs_grouped, 0};
+            for (int v = 0; v < 5; v++) {
+                if (T == 1 && v >= 3) continue; /* plans of one token stay streamed */
                 g_rng = r0;
                 mla_cuda_set_gemv_stream(g_gs_dense, grouped[v]);
+                mla_cuda_set_gemv_mma_grouped(v >= 3 ? g_gmg_max : 0);
                 time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 0, cl);
                 g_rows.back().op += name[v];
                 if (cl) g_rows.back().op += " clustered";
@@ -1098,7 +1127,19 @@ static void check_gemv_stream(bool quick) {
                 g_rows.back().op += " f16";
             }
         }
+    /* V2-Lite's experts (64 of 2048 x 1408, 6 a token, Q5_0 down) at the steps of a served load */
+    for (int64_t T : {2, 8, 16, 32})
+        for (int v = 0; v < 3; v++) {
+            const gr_rng r0 = g_rng;
+            mla_cuda_set_gemv_stream(g_gs_dense, v == 2 ? 0 : g_gs_grouped);
+            mla_cuda_set_gemv_mma_grouped(v ? g_gmg_max : 0);
+            time_moe_real(GGML_TYPE_Q4_K, 64, 6, 2048, 1408, T, true, 0, true, GGML_TYPE_Q5_0);
+            g_rows.back().op += v == 0 ? " singles + rows clustered" : v == 1 ? " singles + grouped tc clustered"
+                                                                              : " grouped tc clustered";
+            g_rng = r0;
+        }
     mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
+    mla_cuda_set_gemv_mma_grouped(g_gmg_max);
 }
 
 /* The fp16 tensor cores (mla_cuda_matmul_h), dense; --mmh runs these and the experts' alone. */
