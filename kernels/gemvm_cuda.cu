@@ -49,7 +49,7 @@
  * streamed GEMV's one-token kernel keeps the tiles of one pair (faster there: V3's experts at 8
  * tokens spread over 256 experts 728 us all here against 548 with it), this form the others in
  * place of the per-warp GEMV (H100, 2026-12-06: V3's experts at 8 / 16 / 32 / 64 tokens 548 /
- * 1054 / 2064 / 2829 us against 671 / 1269 / 2495 / 3800; a whole V2-Lite's batch-8 step 6.00 ->
+ * 1054 / 2064 / 2829 us against 655 / 1269 / 2495 / 3800; a whole V2-Lite's batch-8 step 6.00 ->
  * 5.32 ms, batch 32 14.18 -> 11.70). Q5_0 (V2-Lite's experts' down, 1408 inputs) is decoded to
  * signed bytes as Q8_0's; it is taken only here.
  *
