@@ -235,7 +235,7 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
         a2 = fmaf((float)c[2], fb * xs0, a2);
         a3 = fmaf((float)c[3], fb * xs1, a3);
     };
-    if constexpr (TY == GGML_TYPE_Q8_0) {
+    if constexpr (gm_q32<TY>()) { /* Q8_0; Q5_0's elements made signed bytes as Q8_0's (gs_q5_0_bytes8) */
 #pragma unroll
         for (int i = 0; i < gm_traits<TY>::UPW; i++) {
             if (i >= n) break;
@@ -243,42 +243,13 @@ __device__ __forceinline__ void gm_tile(const uint8_t *pa, const uint8_t *pb, in
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, uc, GM_TOK * nt, g, t, x[i][nt]);
             uint32_t wa[2], wb[2];
-            gs_words<2>(pa + 34 * uc + 2 + 8 * t, wa);
-            gs_words<2>(pb + 34 * uc + 2 + 8 * t, wb);
-            const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
-            const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int c[4] = {0, 0, 0, 0};
-                gm_mma32<false>(c, a, x[i][nt].b[0], x[i][nt].b[1]);
-                epi(c, fa, fb, x[i][nt].s[0], x[i][nt].s[1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+            if constexpr (TY == GGML_TYPE_Q5_0) {
+                gs_q5_0_bytes8(pa + 22 * uc, t, wa);
+                gs_q5_0_bytes8(pb + 22 * uc, t, wb);
+            } else {
+                gs_words<2>(pa + 34 * uc + 2 + 8 * t, wa);
+                gs_words<2>(pb + 34 * uc + 2 + 8 * t, wb);
             }
-        }
-    } else if constexpr (TY == GGML_TYPE_Q5_0) {
-        /* thread t's 8 elements 8 t .. 8 t + 7 of a block: the low (t < 2) or high nibbles of qs[8 (t & 1)
-         * ..], their fifth bits from byte t of qh, less 16: signed bytes as Q8_0's */
-        auto q5 = [&](const uint8_t *b, uint32_t (&w)[2]) {
-            uint32_t q[2], h;
-            gs_words<2>(b + 6 + 8 * (t & 1), q);
-            gs_words<1>(b + 2, &h);
-            const uint32_t hb = h >> (8 * t);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const uint32_t hj = (hb >> (4 * j)) & 0xFu;
-                const uint32_t v = ((q[j] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((hj * 0x00204081u) & 0x01010101u) << 4);
-                const uint32_t s = v ^ 0x10101010u; /* v - 16 a byte: bit 4 flipped, bits 5-7 set where it was clear */
-                w[j] = s | (((s >> 4) & 0x01010101u) * 0xE0u);
-            }
-        };
-#pragma unroll
-        for (int i = 0; i < gm_traits<TY>::UPW; i++) {
-            if (i >= n) break;
-            const int uc = warp * gm_traits<TY>::UPW + i;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) gm_load_x<TY>(x_s, T, tv, uc, GM_TOK * nt, g, t, x[i][nt]);
-            uint32_t wa[2], wb[2];
-            q5(pa + 22 * uc, wa);
-            q5(pb + 22 * uc, wb);
             const uint32_t a[4] = {wa[0], wb[0], wa[1], wb[1]};
             const float fa = __shfl_sync(0xffffffffu, rs.f[i], ra), fb = __shfl_sync(0xffffffffu, rs.f[i], ra + 8);
 #pragma unroll

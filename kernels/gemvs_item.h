@@ -82,6 +82,24 @@ template <int N> __host__ __device__ __forceinline__ void gs_words(const uint8_t
     for (int i = 0; i < N; i++) w[i] = gs_shr(v[i], v[i + 1], sh);
 }
 
+/* Q5_0 block b (d, qh, qs: 22 bytes, 2-aligned): its elements 8 t .. 8 t + 7 (t = 0 .. 3), the
+ * quants less 16 as signed bytes, w[0] the first four: the low (t < 2) or high nibbles of
+ * qs[8 (t & 1) ..], their fifth bits from byte t of qh (the int8 A fragment of the tensor-core
+ * GEMV, kernels/gemvm_cuda.cu; reads as gs_words) */
+__host__ __device__ __forceinline__ void gs_q5_0_bytes8(const uint8_t *b, int t, uint32_t (&w)[2]) {
+    uint32_t q[2], h;
+    gs_words<2>(b + 6 + 8 * (t & 1), q);
+    gs_words<1>(b + 2, &h);
+    const uint32_t hb = h >> (8 * t);
+    MLACU_UNROLL
+    for (int j = 0; j < 2; j++) {
+        const uint32_t hj = (hb >> (4 * j)) & 0xFu; /* four bits to bit 4 of four bytes */
+        const uint32_t v = ((q[j] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((hj * 0x00204081u) & 0x01010101u) << 4);
+        const uint32_t s = v ^ 0x10101010u; /* v - 16 a byte: bit 4 flipped, bits 5-7 set where it was clear */
+        w[j] = s | (((s >> 4) & 0x01010101u) * 0xE0u);
+    }
+}
+
 /* 2 N little-endian words from p (8-aligned: N 8-byte loads) */
 template <int N> __host__ __device__ __forceinline__ void gs_words8(const uint8_t *p, uint32_t *w) {
     MLACU_UNROLL

@@ -2,7 +2,8 @@
  * instantiation must reproduce the CPU reference quant_dequant_row on random blocks of every
  * supported type, and so must the integer form of each quantized type (unit_i8: s * q - m); and
  * the streamed GEMV's item arithmetic (kernels/gemvs_item.h) must give the dot product of the
- * dequantized row with the q8 activations. Needs no GPU (runs in CI); the device build of the same
+ * dequantized row with the q8 activations, and the tensor-core GEMV's Q5_0 fragments (gs_q5_0_bytes8)
+ * its signed bytes. Needs no GPU (runs in CI); the device build of the same
  * code is checked against the CPU by mla-gpu-check on a GPU host. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,47 @@ template <int TY> static void check_gemvs_items(gr_rng *r) {
     free(s);
 }
 
+/* The tensor-core GEMV's Q5_0 fragments (gs_q5_0_bytes8): every block's 32 elements as d times
+ * the signed bytes equal the CPU dequantization, blocks at every offset 0..15 from 16-aligned */
+static void check_q5_0_bytes(gr_rng *r) {
+    const int64_t n = 1408, rows = 4;
+    const size_t rb = ggml_row_bytes(GGML_TYPE_Q5_0, n);
+    uint8_t *w = (uint8_t *)malloc(rb * rows), *buf = (uint8_t *)malloc(rb + 64);
+    float *deq = (float *)malloc(sizeof(float) * n);
+    gr_quant_rows(r, GGML_TYPE_Q5_0, w, n, rows);
+    int bad = 0, nonzero = 0;
+    for (int64_t row = 0; row < rows; row++) {
+        uint8_t *rp = buf + 16 + (row * 7) % 16; /* gs_words may read 3 bytes before, 4 after */
+        memcpy(rp, w + row * rb, rb);
+        memset(rp + rb, 0xA5, 16);
+        quant_dequant_row(GGML_TYPE_Q5_0, w + row * rb, deq, n);
+        for (int64_t blk = 0; blk < n / 32; blk++) {
+            const uint8_t *b = rp + 22 * blk;
+            uint16_t dh;
+            memcpy(&dh, b, 2);
+            const float d = h2f(dh);
+            for (int t = 0; t < 4; t++) {
+                uint32_t wv[2];
+                gs_q5_0_bytes8(b, t, wv);
+                for (int i = 0; i < 8; i++) {
+                    const int q = (int8_t)(wv[i / 4] >> (8 * (i % 4)));
+                    const float want = deq[32 * blk + 8 * t + i];
+                    nonzero += q != 0;
+                    if ((q < -16 || q > 15 || d * (float)q != want) && bad++ < 3)
+                        fprintf(stderr, "Q5_0 row %lld block %lld element %d: byte %d x d %g, cpu %.9g\n", (long long)row,
+                                (long long)blk, 8 * t + i, q, d, want);
+                }
+            }
+        }
+    }
+    CHECKF(bad == 0, "Q5_0 fragment bytes: %d of %lld elements differ", bad, (long long)(n * rows));
+    CHECKF(nonzero > n * rows / 2, "Q5_0 fragment bytes: %d of %lld nonzero", nonzero, (long long)(n * rows));
+    printf("Q5_0     tensor-core fragment bytes: mismatches %d\n", bad);
+    free(w);
+    free(buf);
+    free(deq);
+}
+
 int main(void) {
     gr_rng r = {12345};
 #define RUN(T_) check_type<T_>(&r);
@@ -141,5 +183,6 @@ int main(void) {
     check_gemvs_items<GGML_TYPE_Q6_K>(&r);
     check_gemvs_items<GGML_TYPE_Q8_0>(&r);
     check_gemvs_items<GGML_TYPE_Q5_0>(&r);
+    check_q5_0_bytes(&r);
     return mla_test_finish();
 }
