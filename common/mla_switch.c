@@ -75,8 +75,8 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
     {MLA_SW_CUDA_GM, "MLA_CUDA_GM", MLA_SWT_INT, "112", 32, 220, NULL,
      "streamed tensor-core GEMV: KB of shared memory a block aims at (tuning)", true},
     {MLA_SW_CUDA_GEMVM_GRP, "MLA_CUDA_GEMVM_GRP", MLA_SWT_INT, "64", 0, 1 << 20, NULL,
-     "CUDA routed experts of steps of 2 up to this many tokens: every tile on the int8 tensor-core GEMV, one launch a "
-     "product (0: never: the streamed and per-warp GEMVs; tuning)",
+     "CUDA routed experts of steps of 2 up to this many tokens: the tiles of experts with 2 or more pairs on the int8 "
+     "tensor-core GEMV, one launch a product (0: never: the per-warp GEMV; tuning)",
      true},
     {MLA_SW_CUDA_STEPTRACE, "MLA_CUDA_STEPTRACE", MLA_SWT_STR, "", 0, 0, NULL,
      "prefix: a build with -DMLA_CUDA_STEPTRACE=ON writes every kernel's wait there (bench/steptrace.py)",

@@ -134,7 +134,7 @@ void mla_cuda_set_gemv_mma(int tmin, int tmax);
 bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T);
 /* The experts of steps of 2 .. tmax tokens (mla_cuda_matmul_grouped_q8 over a plan whose tiles
  * hold 1-8 pairs) of Q4_K, Q6_K, Q8_0 and Q5_0 weights take that GEMV's grouped form for the
- * tiles the streamed GEMV leaves (by default those of more than one pair; with its grouped_tmax 0,
+ * tiles the streamed GEMV leaves (by default those of the experts with more than one pair; with its grouped_tmax 0,
  * every tile) in place of the per-warp GEMV: those tiles in one launch a product, a tile's pairs
  * as the 8 tokens of the mma. Default MLA_CUDA_GEMVM_GRP_TMAX (the worker's, or
  * MLA_CUDA_GEMVM_GRP); 0: never (the op checks compare them). */

@@ -1,6 +1,6 @@
 /* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 16 tokens (2 .. 16 where
  * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input), and
- * the experts' tiles of 2-8 pairs of MoE steps (those types and Q5_0; below). API:
+ * the tiles of the experts with more than one pair of MoE steps (those types and Q5_0; below). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
  * Why: the per-warp integer GEMV (mm_gemvq_cuda.cu) pays every weight's arithmetic once per token
@@ -97,7 +97,7 @@ template <int TY> __host__ __device__ constexpr int gm_cb() { return gm_ce<TY>()
 /* bands [0, nb0) are W's (NM matrices: W[0], W[1]), [nb0, nb) W2's (NM = 1). Grouped
  * (gemvm_grp_kernel, over a MoE plan): band b is band b % nbe of the rows of tile t0 + b / nbe's
  * expert, (n_tiles[0] - t0) nbe bands in all (t0: 0, or with multi n_tiles[1], the first tile of
- * more than one pair; nb: the host's bound, max_tiles nbe); the x side of a stage holds the tile's
+ * the experts with more than one pair; nb: the host's bound, max_tiles nbe); the x side of a stage holds the tile's
  * pairs (x row sorted[tile_s + j] / x_div, y row sorted[tile_s + j]) in T = 8 slots. */
 struct gm_args {
     const uint8_t *W[2], *W2;
@@ -354,7 +354,8 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
         mlacu_mbar_init_fence();
     }
     __syncthreads();
-    /* grouped: the plan (made by the kernel before) says how many bands there are */
+    /* grouped: the plan (made by a kernel before) says how many bands there are: every thread waits
+     * here, once */
     if (GRP) mlacu_pdl_enter();
     const int t0 = GRP && A.multi ? A.n_tiles[1] : 0; /* grouped: the first tile */
     const int nb = GRP ? (A.n_tiles[0] - t0) * A.nbe : A.nb;
@@ -430,7 +431,7 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
         };
         int pre = 0; /* weights only before the wait on the kernel before (grouped: past it) */
         for (; pre < NS && pre < nk; pre++) post_w(pre);
-        mlacu_pdl_enter();
+        if (!GRP) mlacu_pdl_enter();
         for (int k = 0; k < pre; k++) post_x(k);
         for (int k = pre; k < nk; k++) {
             mlacu_mbar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
@@ -440,8 +441,8 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
         }
         return;
     }
-    /* ---- the consumers */
-    mlacu_pdl_enter();
+    /* ---- the consumers (grouped: past the wait already) */
+    if (!GRP) mlacu_pdl_enter();
     const int g = lane >> 2, t = lane & 3;
     float acc[NM][2][NT][4];
     auto zero = [&] {
@@ -523,8 +524,8 @@ template <int TY, int NM, int NT>
 __global__ void __launch_bounds__(GM_THREADS, NT == 1 ? 2 : 1) gemvm_kernel(const gm_args A) {
     gm_body<TY, NM, NT, false>(A);
 }
-/* the experts of a MoE plan: every tile (or those of more than one pair), 1 .. 8 pairs each, as
- * the 8 tokens of a dense step */
+/* the experts of a MoE plan: every tile (or those of the experts with more than one pair), 1 .. 8
+ * pairs each, as the 8 tokens of a dense step */
 template <int TY, int NM> __global__ void __launch_bounds__(GM_THREADS, 1) gemvm_grp_kernel(const gm_args A) {
     gm_body<TY, NM, 1, true>(A);
 }
@@ -670,7 +671,8 @@ cudaError_t gemvm_grouped(uint32_t t, const void *w0, const void *w1, size_t est
     gm_geo g;
     const int nm = w1 ? 2 : 1;
     const int64_t nbe = (out + GM_ROWS - 1) / GM_ROWS;
-    if (out < 1 || pl->max_tiles < 1 || pl->max_tiles * nbe > INT32_MAX || x_div < 1 || !gm_plan(t, in, nm, GM_TOK, g, true))
+    if (out < 1 || out > INT32_MAX - GM_ROWS || pl->max_tiles < 1 || pl->max_tiles * nbe > INT32_MAX || x_div < 1 ||
+        !gm_plan(t, in, nm, GM_TOK, g, true))
         return cudaErrorNotSupported;
     gm_args A = gm_base(t, in, out, qx, sx, GM_TOK, y, g);
     A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);

@@ -52,7 +52,7 @@ cudaError_t gemvm_dense(uint32_t t, const void *w, const void *w1, int64_t in, i
 cudaError_t gemvm_dense_pair(uint32_t t, const void *wa, int64_t out_a, float *ya, const void *wb, int64_t out_b,
                              float *yb, int64_t in, const void *qx, const void *sx, int64_t T, cudaStream_t s);
 /* Its grouped form: mla_cuda_matmul_grouped_q8 over every tile of a MoE plan, or (multi) those
- * of more than one pair (1 .. 8 pairs a tile as the 8 tokens of a dense step; w1 NULL: one
+ * of the experts with more than one pair (1 .. 8 pairs a tile as the 8 tokens of a dense step; w1 NULL: one
  * matrix, else silu(w0 x) * (w1 x)) in one launch, Q4_K, Q6_K, Q8_0 and Q5_0; one block an SM
  * where two stages of gate and up need it. gemvm_grouped_supported: whether it takes type t,
  * rows of `in` elements and nm matrices (no q8 output: the caller rounds y). */

@@ -1064,32 +1064,35 @@ static void check_gemv_stream(bool quick) {
      * of one pair streamed, the others per-warp; then the default, the others on the grouped
      * tensor-core GEMV; then every tile there (gate + up of Q4_K / Q8_0 in one launch; Q6_K's,
      * whose two stages do not fit, stay on the pair above; Q5_0 down of 1408 inputs: two chunks,
-     * the second of 12 units), ranks of 1, 2 and 4, tiles of 1-8 pairs, plans of 2 to 64 tokens,
-     * against the same q8 reference */
+     * the second of 12 units), ranks 0 and 1 of 2, 1 of 4, tiles of 1-8 pairs, plans of 2 to 64
+     * tokens, against the same q8 reference (every row a multiple of 32 here, as in every MoE whose
+     * products are of these types) */
+    struct moe_case {
+        uint32_t gt, dt;
+        int64_t experts, used, emb, ff, tokens;
+        int rank, world;
+        bool grouped_only; /* a case for the grouped form alone */
+    };
+    const moe_case cases[] = {
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false},
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false},
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false},
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 8, 6, 2048, 1408, 2, 0, 1, true}, /* 2 tokens, 6 of 8 experts: tiles of 2 */
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 8, 1, 2, true},
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 6, 0, 2, true},
+        {GGML_TYPE_Q6_K, GGML_TYPE_Q6_K, 64, 4, 2048, 1536, 8, 0, 1, true},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, 16, 4, 1024, 320, 64, 0, 1, true}, /* full tiles */
+        {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, 32, 8, 2560, 768, 5, 1, 4, true},
+    };
     for (int v = 0; v < 3; v++) {
-        const int gmg = v ? g_gmg_max : 0;
         mla_cuda_set_gemv_stream(g_gs_dense, v == 2 ? 0 : g_gs_grouped);
-        mla_cuda_set_gemv_mma_grouped(gmg);
-        const char *sfx = v == 0 ? " singles + rows" : v == 1 ? " singles + grouped tc" : " grouped tc";
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, 64, 8, 7168, 256, 9, 0, 1, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, 16, 4, 2048, 512, 37, 1, 2, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 11, 0, 1, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 8, 2, 1024, 256, 13, 0, 1, false, true);
-        g_rows.back().op += sfx;
-        if (!gmg) continue;
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 2, 0, 1, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 64, 6, 2048, 1408, 8, 1, 2, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q6_K, GGML_TYPE_Q6_K, 64, 4, 2048, 1536, 8, 0, 1, false, true);
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, 16, 4, 1024, 320, 64, 0, 1, false, true); /* full tiles */
-        g_rows.back().op += sfx;
-        check_moe(GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, 32, 8, 2560, 768, 5, 1, 4, false, true);
-        g_rows.back().op += sfx;
+        mla_cuda_set_gemv_mma_grouped(v ? g_gmg_max : 0);
+        for (const moe_case &c : cases) {
+            if (c.grouped_only && v == 0) continue;
+            check_moe(c.gt, c.dt, c.experts, c.used, c.emb, c.ff, c.tokens, c.rank, c.world, false, true);
+            g_rows.back().op += v == 0 ? " singles + rows" : v == 1 ? " singles + grouped tc" : " grouped tc";
+        }
     }
     mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
     for (uint32_t t : {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0})
