@@ -1031,6 +1031,23 @@ static void check_gemvm(bool quick) {
  * split (1-64 tokens, partial rows); then the decode shapes of DeepSeek-V3 and GLM-5 at 1-64
  * tokens on each path (sweep_matmul), and the experts of decode steps of 1-64 tokens with and
  * without the streamed GEMV. --gemv runs these alone. */
+/* The paths of the experts' products the checks compare (mla_cuda_matmul_grouped_q8): the
+ * streamed GEMV's grouped limit and the grouped tensor-core GEMV's; MOE_PATHS[2 ..] are the ones
+ * that take a plan of several tokens apart, [3] the default. */
+struct moe_path {
+    const char *name;
+    int grouped, gmg; /* mla_cuda_set_gemv_stream's grouped_tmax, mla_cuda_set_gemv_mma_grouped's tmax */
+};
+static const moe_path MOE_PATHS[5] = {{" streamed", 1 << 30, 0},
+                                      {" rows", 0, 0},
+                                      {" singles + rows", MLA_CUDA_GEMVS_GROUPED, 0},
+                                      {" singles + grouped tc", MLA_CUDA_GEMVS_GROUPED, MLA_CUDA_GEMVM_GRP_TMAX},
+                                      {" grouped tc", 0, MLA_CUDA_GEMVM_GRP_TMAX}};
+static void set_moe_path(const moe_path &p) {
+    mla_cuda_set_gemv_stream(g_gs_dense, p.grouped);
+    mla_cuda_set_gemv_mma_grouped(p.gmg);
+}
+
 static void check_gemv_stream(bool quick) {
     mla_cuda_set_gemv_stream(8, 1 << 30); /* every step it can take */
     mla_cuda_set_gemv_mma_grouped(0);     /* the experts of several tokens too (until the last part) */
@@ -1085,13 +1102,12 @@ static void check_gemv_stream(bool quick) {
         {GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, 16, 4, 1024, 320, 64, 0, 1, true}, /* full tiles */
         {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, 32, 8, 2560, 768, 5, 1, 4, true},
     };
-    for (int v = 0; v < 3; v++) {
-        mla_cuda_set_gemv_stream(g_gs_dense, v == 2 ? 0 : g_gs_grouped);
-        mla_cuda_set_gemv_mma_grouped(v ? g_gmg_max : 0);
+    for (int v = 2; v < 5; v++) {
+        set_moe_path(MOE_PATHS[v]);
         for (const moe_case &c : cases) {
-            if (c.grouped_only && v == 0) continue;
+            if (c.grouped_only && v == 2) continue;
             check_moe(c.gt, c.dt, c.experts, c.used, c.emb, c.ff, c.tokens, c.rank, c.world, false, true);
-            g_rows.back().op += v == 0 ? " singles + rows" : v == 1 ? " singles + grouped tc" : " grouped tc";
+            g_rows.back().op += MOE_PATHS[v].name;
         }
     }
     mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
@@ -1114,15 +1130,12 @@ static void check_gemv_stream(bool quick) {
         for (bool cl : {false, true}) {
             if ((quick && T != 1 && T != 32) || (cl && T == 1)) continue;
             const gr_rng r0 = g_rng;
-            const char *name[5] = {" streamed", " rows", " singles + rows", " singles + grouped tc", " grouped tc"};
-            const int grouped[5] = {1 << 30, 0, g_gs_grouped, g_gs_grouped, 0};
             for (int v = 0; v < 5; v++) {
                 if (T == 1 && v >= 3) continue; /* plans of one token stay streamed */
                 g_rng = r0;
-                mla_cuda_set_gemv_stream(g_gs_dense, grouped[v]);
-                mla_cuda_set_gemv_mma_grouped(v >= 3 ? g_gmg_max : 0);
+                set_moe_path(MOE_PATHS[v]);
                 time_moe_real(GGML_TYPE_Q4_K, 256, 8, 7168, 2048, T, true, 0, cl);
-                g_rows.back().op += name[v];
+                g_rows.back().op += MOE_PATHS[v].name;
                 if (cl) g_rows.back().op += " clustered";
             }
             if (T >= 16 && !cl) {
@@ -1132,13 +1145,11 @@ static void check_gemv_stream(bool quick) {
         }
     /* V2-Lite's experts (64 of 2048 x 1408, 6 a token, Q5_0 down) at the steps of a served load */
     for (int64_t T : {2, 8, 16, 32})
-        for (int v = 0; v < 3; v++) {
+        for (int v = 2; v < 5; v++) {
             const gr_rng r0 = g_rng;
-            mla_cuda_set_gemv_stream(g_gs_dense, v == 2 ? 0 : g_gs_grouped);
-            mla_cuda_set_gemv_mma_grouped(v ? g_gmg_max : 0);
+            set_moe_path(MOE_PATHS[v]);
             time_moe_real(GGML_TYPE_Q4_K, 64, 6, 2048, 1408, T, true, 0, true, GGML_TYPE_Q5_0);
-            g_rows.back().op += v == 0 ? " singles + rows clustered" : v == 1 ? " singles + grouped tc clustered"
-                                                                              : " grouped tc clustered";
+            g_rows.back().op += std::string(MOE_PATHS[v].name) + " clustered";
             g_rng = r0;
         }
     mla_cuda_set_gemv_stream(g_gs_dense, g_gs_grouped);
