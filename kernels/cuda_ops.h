@@ -524,6 +524,12 @@ typedef struct mla_cuda_moe_plan {
     int64_t max_tiles;
     int64_t tokens; /* the T it was laid out / built for: no tile has more pairs */
     int world, rank;
+    /* false after init and build; the caller sets it once a kernel that waits on the plan's kernel
+     * (a product over the plan) is queued after it: then every kernel of kernels/ queued later
+     * starts after the plan's kernel has finished (each waits on the one before before it lets the
+     * next one start: cuda_internal.h), and the streamed GEMVs over the plan read it and post their
+     * first weight copies before their own wait */
+    bool settled;
 } mla_cuda_moe_plan;
 size_t mla_cuda_moe_plan_bytes(int64_t T, int64_t n_used, int64_t n_expert);
 /* Lays the plan out in d_mem (mla_cuda_moe_plan_bytes bytes) for T tokens. */

@@ -45,10 +45,11 @@
  * The grouped form (gemvm_grp_kernel, MoE steps of 2+ tokens): a band is (tile, 32 rows of its
  * expert), the tile's 1-8 pairs are the 8 token slots (x rows gathered by the producer, slots past
  * the tile's pairs zero in the fragments), the y rows those of the pairs; the bands of the plan's
- * tiles (read on the device, after the wait on the plan's kernel) split evenly over the grid. The
- * streamed GEMV's one-token kernel keeps the tiles of one pair (faster there: V3's experts at 8
- * tokens spread over 256 experts 728 us all here against 548 with it), this form the others in
- * place of the per-warp GEMV (H100, 2026-12-06: V3's experts at 8 / 16 / 32 / 64 tokens 548 /
+ * tiles (read on the device, after the wait on the plan's kernel, or before it once the plan is
+ * settled: the first weights then stream while the kernel before ends) split evenly over the
+ * grid. The streamed GEMV's one-token kernel keeps the tiles of one pair (faster there: V3's
+ * experts at 8 tokens spread over 256 experts 728 us all here against 548 with it), this form the
+ * others in place of the per-warp GEMV (H100, 2026-12-06: V3's experts at 8 / 16 / 32 / 64 tokens 548 /
  * 1054 / 2064 / 2829 us against 655 / 1269 / 2495 / 3800; a whole V2-Lite's batch-8 step 6.00 ->
  * 5.32 ms, batch 32 14.18 -> 11.70). Q5_0 (V2-Lite's experts' down, 1408 inputs) is decoded to
  * signed bytes as Q8_0's; it is taken only here.
@@ -108,7 +109,7 @@ struct gm_args {
     const int32_t *sorted, *tile_e, *tile_s, *tile_n, *n_tiles;
     size_t estride;
     int x_div, world, nbe;
-    bool multi;
+    bool multi, settled; /* settled: the plan may be read before the wait (mla_cuda_moe_plan.settled) */
 };
 
 /* c += a b: m16n8k32 (A unsigned with UA, else signed; B signed), fragments as the PTX ISA lays
@@ -354,9 +355,12 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
         mlacu_mbar_init_fence();
     }
     __syncthreads();
-    /* grouped: the plan (made by a kernel before) says how many bands there are: every thread waits
-     * here, once */
-    if (GRP) mlacu_pdl_enter();
+    /* grouped: the plan (made by a kernel before) says how many bands there are: every thread
+     * waits here, once, unless the plan is settled (mla_cuda_moe_plan.settled); else, as a dense
+     * product, the producer after posting its first weights, the consumers before their first
+     * stage */
+    const bool late = GRP && !A.settled;
+    if (late) mlacu_pdl_enter();
     const int t0 = GRP && A.multi ? A.n_tiles[1] : 0; /* grouped: the first tile */
     const int nb = GRP ? (A.n_tiles[0] - t0) * A.nbe : A.nb;
     const int b0 = (int)((int64_t)blockIdx.x * nb / gridDim.x), b1 = (int)((int64_t)(blockIdx.x + 1) * nb / gridDim.x);
@@ -429,9 +433,9 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
                 mlacu_bulk_g2s(xs + A.T * gm_xst<TY>() + tok * 16 * gm_sst<TY>(),
                                A.sx + xr * (A.in / 32) + (size_t)c * (CE / 32), (uint32_t)(nx / 2), bar);
         };
-        int pre = 0; /* weights only before the wait on the kernel before (grouped: past it) */
+        int pre = 0; /* weights only before the wait on the kernel before (unless late: past it) */
         for (; pre < NS && pre < nk; pre++) post_w(pre);
-        if (!GRP) mlacu_pdl_enter();
+        if (!late) mlacu_pdl_enter();
         for (int k = 0; k < pre; k++) post_x(k);
         for (int k = pre; k < nk; k++) {
             mlacu_mbar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
@@ -441,8 +445,8 @@ template <int TY, int NM, int NT, bool GRP> __device__ __forceinline__ void gm_b
         }
         return;
     }
-    /* ---- the consumers (grouped: past the wait already) */
-    if (!GRP) mlacu_pdl_enter();
+    /* ---- the consumers (late: past the wait already) */
+    if (!late) mlacu_pdl_enter();
     const int g = lane >> 2, t = lane & 3;
     float acc[NM][2][NT][4];
     auto zero = [&] {
@@ -677,7 +681,7 @@ cudaError_t gemvm_grouped(uint32_t t, const void *w0, const void *w1, size_t est
     gm_args A = gm_base(t, in, out, qx, sx, GM_TOK, y, g);
     A.W[0] = (const uint8_t *)w0, A.W[1] = (const uint8_t *)(w1 ? w1 : w0);
     A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n, A.n_tiles = pl->n_tiles;
-    A.estride = estride, A.x_div = x_div, A.world = pl->world, A.multi = multi;
+    A.estride = estride, A.x_div = x_div, A.world = pl->world, A.multi = multi, A.settled = pl->settled;
     A.nbe = (int)nbe, A.nb = (int)(pl->max_tiles * nbe); /* the grid's bound; the kernel reads the plan's */
     return gm_with_type(t, [&](auto ty) {
         constexpr int TY = decltype(ty)::value;

@@ -105,6 +105,7 @@ struct gs_args {
     size_t estride;
     int rb, out, ni, R, RG, TPG, msb, x_div, world, T, out2, G0, stages;
     bool singles; /* grouped: only the plan's first n_tiles[1] tiles, of one pair each */
+    bool settled; /* grouped: the plan may be read before the wait (mla_cuda_moe_plan.settled) */
     unsigned long long *trace; /* warp-specialized: per-block time stamps (gemvs_set_trace), or NULL */
     int8_t *yq;  /* warp-specialized: y's q8 buffer (its int8 rows, ys its unit scales), or NULL */
     float4 *ys;
@@ -408,19 +409,25 @@ __global__ void __launch_bounds__(GS_WS_CONSUMERS + 32, 2) gemvw_kernel(const gs
             if (tr && lane == 0 && k < GS_TRACE_N / 2) tr[GS_TRACE_N / 2 + k] = mlacu_gtime();
         };
         gs_units_of_run un; /* A.yq: the units this block stores */
-        int pre = 0; /* a dense product posts its first stages before the wait (weights only) */
-        if (!GRP) {
+        /* a dense product, or one over a settled plan, posts its first stages before the wait
+         * (weights only) */
+        const bool early = !GRP || A.settled;
+        int pre = 0;
+        if (early) {
             M.span(g0, g1);
-            for (; pre < NS && pre < g1 - g0; pre++) post(pre), stamp(pre);
+            for (; pre < NS && pre < g1 - g0; pre++) {
+                if ((pre & 31) == 0) fetch(pre);
+                post(pre), stamp(pre);
+            }
         }
         mlacu_pdl_enter();
-        if (GRP) M.span(g0, g1);
+        if (!early) M.span(g0, g1);
         const int nk = g1 - g0;
         for (int k = 0; k < nk + NS; k++) {
             __syncwarp();
             if (k >= NS) mlacu_mbar_wait(&empty[k % NS], (uint32_t)(k / NS - 1) & 1u); /* stage k - NS done */
             if (k < nk && k >= pre) {
-                if ((k & 31) == 0) fetch(k); /* grouped: pre is 0 */
+                if ((k & 31) == 0) fetch(k); /* pre <= NS < 32: stage 0's fetch stays */
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 post(k);
                 stamp(k);
@@ -653,7 +660,7 @@ cudaError_t gemvs_grouped(uint32_t t, const void *w0, const void *w1, size_t est
     A.estride = estride, A.x_div = x_div, A.world = pl->world;
     A.sorted = pl->sorted, A.tile_e = pl->tile_e, A.tile_s = pl->tile_s, A.tile_n = pl->tile_n;
     A.n_tiles = pl->n_tiles;
-    A.singles = singles;
+    A.singles = singles, A.settled = pl->settled;
     if (yq_done) *yq_done = !singles && pl->tokens <= 1 && gs_q8out(A, g, yq, y_rows);
     const int64_t maxg = pl->max_tiles * ((out + g.R - 1) / g.R);
     return gs_with_type(t, [&](auto ty) {

@@ -196,7 +196,10 @@ extern "C" int mla_cuda_matmul_grouped_q8(uint32_t t, const void *d_w0, const vo
                     (long long)in);
     }
     if (gm) {
-        cudaError_t err = gemvm_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, plan, singles, d_y, s);
+        /* after the singles' launch the plan's kernel is two back (mla_cuda_moe_plan.settled) */
+        mla_cuda_moe_plan pl = *plan;
+        pl.settled = plan->settled || singles;
+        cudaError_t err = gemvm_grouped(t, d_w0, d_w1, estride, in, out, d_q8, sx, x_div, &pl, singles, d_y, s);
         MLACU_CHECK(err, e, "grouped gemv q8 (tensor cores) %s %lldx%lld", ggml_type_name(t), (long long)out,
                     (long long)in);
     } else if (!all) {

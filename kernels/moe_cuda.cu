@@ -131,6 +131,7 @@ extern "C" void mla_cuda_moe_plan_init(mla_cuda_moe_plan *p, void *d_mem, int64_
     p->counts = (int32_t *)m;
     p->max_tiles = mt;
     p->tokens = T;
+    p->settled = false;
     p->rank = rank;
     p->world = world;
 }
@@ -140,6 +141,7 @@ extern "C" int mla_cuda_moe_plan_build(mla_cuda_moe_plan *p, const int32_t *d_id
     MLA_ASSERT(X > 0 && X <= 4096 && p->world >= 1);
     p->max_tiles = moe_max_tiles(T, K, X);
     p->tokens = T;
+    p->settled = false;
     const size_t smem = (size_t)X * 4 * sizeof(int32_t);
     static size_t smem_set = 48 << 10; /* past 48 KB (3072 experts and more) only by opting in */
     if (smem > smem_set) {
@@ -255,6 +257,7 @@ extern "C" int mla_cuda_moe_apply(const mla_cuda_experts *ex, const float *d_x, 
             mla_cuda_swiglu(g, u, h, T * K * F, stream, e))
             return MLA_ERR;
     }
+    pl.settled = true; /* the gate and up products waited on the plan's kernel */
     if (q8_down) {
         if ((!qh_made && mla_cuda_quantize_q8(h, T * K, F, qh, stream, e)) ||
             mla_cuda_matmul_grouped_q8(ex->down_type, ex->down, NULL, ex->down_estride, F, E, qh, T * K, 1, &pl, y,
