@@ -82,6 +82,9 @@ template <int N> __host__ __device__ __forceinline__ void gs_words(const uint8_t
     for (int i = 0; i < N; i++) w[i] = gs_shr(v[i], v[i + 1], sh);
 }
 
+/* the 4 bits of b at bit 4 of each byte (bit i to byte i) */
+__host__ __device__ __forceinline__ uint32_t gs_bits4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+
 /* Q5_0 block b (d, qh, qs: 22 bytes, 2-aligned): its elements 8 t .. 8 t + 7 (t = 0 .. 3), the
  * quants less 16 as signed bytes, w[0] the first four: the low (t < 2) or high nibbles of
  * qs[8 (t & 1) ..], their fifth bits from byte t of qh (the int8 A fragment of the tensor-core
@@ -93,8 +96,7 @@ __host__ __device__ __forceinline__ void gs_q5_0_bytes8(const uint8_t *b, int t,
     const uint32_t hb = h >> (8 * t);
     MLACU_UNROLL
     for (int j = 0; j < 2; j++) {
-        const uint32_t hj = (hb >> (4 * j)) & 0xFu; /* four bits to bit 4 of four bytes */
-        const uint32_t v = ((q[j] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((hj * 0x00204081u) & 0x01010101u) << 4);
+        const uint32_t v = ((q[j] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | gs_bits4((hb >> (4 * j)) & 0xFu);
         const uint32_t s = v ^ 0x10101010u; /* v - 16 a byte: bit 4 flipped, bits 5-7 set where it was clear */
         w[j] = s | (((s >> 4) & 0x01010101u) * 0xE0u);
     }
@@ -158,9 +160,6 @@ __host__ __device__ __forceinline__ float gs_add(float a, float b) {
     return a + b;
 #endif
 }
-
-/* the 4 bits of b at bit 4 of each byte (bit i to byte i) */
-__host__ __device__ __forceinline__ uint32_t gs_bits4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
 
 /* item it of the row at rp (device: shared memory; Q4_K rows 16-aligned, Q8_0 / Q5_0 rows 8-aligned) . x */
 template <int TY> __host__ __device__ __forceinline__ float gs_dot(const uint8_t *rp, int it, const gs_x<TY> &x) {
