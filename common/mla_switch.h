@@ -52,6 +52,7 @@ typedef enum mla_sw_id {
     MLA_SW_MOE_MMH_MIN,             /* dev: CUDA experts on the fp16 tensor cores from these pairs a expert */
     MLA_SW_CUDA_GS,                 /* dev: streamed GEMV stages and bytes a stage (measurements) */
     MLA_SW_CUDA_GM,                 /* dev: streamed tensor-core GEMV shared memory a block, KB */
+    MLA_SW_CUDA_GEMVM_TMIN,         /* dev: CUDA dense steps from this many tokens on the int8 tensor-core GEMV */
     MLA_SW_CUDA_GEMVM_GRP,          /* dev: CUDA experts of 2+ pairs on the int8 tensor-core GEMV in steps of up to this many tokens */
     MLA_SW_CUDA_STEPTRACE,          /* dev: CUDA kernel-wait trace prefix (MLA_CUDA_STEPTRACE builds) */
     MLA_SW_CUDA_STEPTRACE_RECORDS,  /* dev: that trace's buffer, in block records */
