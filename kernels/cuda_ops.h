@@ -92,9 +92,9 @@ typedef struct mla_cuda_mm_policy {
                          * the fp16 tensor cores (0: never; dense products only) */
 } mla_cuda_mm_policy;
 /* The one family that n products (types[i], rows of ins[i] elements, `rows` rows of x each; an
- * MoE: the pairs over the experts, rounded down; `out`: the most outputs of the n) take together. A grouped product has no float
- * tensor-core form: for it anything but MLA_CUDA_MM_H and MLA_CUDA_MM_Q8_MMA means the grouped
- * GEMVs. */
+ * MoE: the pairs over the experts, rounded down; `out`: the most outputs of the n) take
+ * together. A grouped product has no float tensor-core form: for it anything but MLA_CUDA_MM_H
+ * and MLA_CUDA_MM_Q8_MMA means the grouped GEMVs. */
 mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types, const int64_t *ins, int n,
                                       int64_t rows, int64_t out);
 
@@ -134,10 +134,10 @@ void mla_cuda_set_gemv_mma(int tmin, int tmax);
 bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T);
 /* The experts of steps of 2 .. tmax tokens (mla_cuda_matmul_grouped_q8 over a plan whose tiles
  * hold 1-8 pairs) of Q4_K, Q6_K, Q8_0 and Q5_0 weights take that GEMV's grouped form for the
- * tiles the streamed GEMV leaves (by default those of the experts with more than one pair; with its grouped_tmax 0,
- * every tile) in place of the per-warp GEMV: those tiles in one launch a product, a tile's pairs
- * as the 8 tokens of the mma. Default MLA_CUDA_GEMVM_GRP_TMAX (the worker's, or
- * MLA_CUDA_GEMVM_GRP); 0: never (the op checks compare them). */
+ * tiles the streamed GEMV leaves (by default those of the experts with more than one pair; with
+ * its grouped_tmax 0, every tile) in place of the per-warp GEMV: those tiles in one launch a
+ * product, a tile's pairs as the 8 tokens of the mma. Default MLA_CUDA_GEMVM_GRP_TMAX (the
+ * worker's, or MLA_CUDA_GEMVM_GRP); 0: never (the op checks compare them). */
 #define MLA_CUDA_GEMVM_GRP_TMAX 64
 void mla_cuda_set_gemv_mma_grouped(int tmax);
 /* Steps of one token (plans of one pair a tile) on the streamed GEMV take its warp-specialized
@@ -180,10 +180,11 @@ int mla_cuda_matmul_q8_mma(uint32_t t, const void *d_w, int64_t in, int64_t out,
  * of every element; the scale comes back out exactly), W is dequantized to fp16 in shared memory
  * (one more rounding, 2^-11 relative), products summed in fp32. Relative error ~3e-4, below the
  * int8 path's ~3e-3; no per-32 rescaling, so the tensor cores set the pace.
- * mla_cuda_mmh_supported: the quantized types (as q8), in a multiple of 128 and of the block. An fp16 buffer of
- * T rows of `in` takes mla_cuda_act_h_bytes(T, in) bytes (16-aligned; x 16-aligned, in % 4 == 0),
- * enough for any fewer rows or shorter ones: it ends with the dense product's workspace (steps of
- * up to 64 tokens split K over more blocks and sum the parts in a fixed order);
+ * mla_cuda_mmh_supported: the quantized types (as q8), in a multiple of 128 and of the block.
+ * An fp16 buffer of T rows of `in` takes mla_cuda_act_h_bytes(T, in) bytes (16-aligned; x
+ * 16-aligned, in % 4 == 0), enough for any fewer rows or shorter ones: it ends with the dense
+ * product's workspace (steps of up to 64 tokens split K over more blocks and sum the parts in a
+ * fixed order);
  * mla_cuda_act_h fills it; mla_cuda_matmul_h computes y [T][out] from it (up to 128 tokens x 128
  * rows a block), using the workspace: one product at a time per buffer (stream order). On compute
  * capability 9.0, Q4_K products of more than 64 tokens take the warpgroup kernel of
@@ -413,8 +414,9 @@ int mla_cuda_dsa_wg_ok(void);
 void mla_cuda_dsa_wg(int mode);
 /* mla_cuda_dsa_topk_tok's selection, for rows of up to ld keys: past 8192 keys a row and with
  * fewer rows than the device has multiprocessors, over many blocks a row (a radix select of three
- * passes, then each chunk's ids at its offset), else mla_cuda_dsa_topk_tok's block a row. d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or
- * more), device memory the op owns while it runs. */
+ * passes, then each chunk's ids at its offset), else mla_cuda_dsa_topk_tok's block a row.
+ * d_work: mla_cuda_dsa_topk_work_bytes(T, ld) bytes (or more), device memory the op owns while it
+ * runs. */
 size_t mla_cuda_dsa_topk_work_bytes(int64_t T, int64_t ld);
 int mla_cuda_dsa_topk_paged(const float *d_scores, int64_t ld, int64_t T, const int32_t *d_pos, int64_t top_k,
                             void *d_work, int32_t *d_sel, int32_t *d_nsel, mla_cuda_stream stream, mla_err *e);
@@ -557,8 +559,8 @@ int mla_cuda_matmul_grouped_q8_mma(uint32_t t, const void *d_w, size_t estride, 
                                    const void *d_q8, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                                    int64_t n_expert, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The same on the fp16 tensor cores (mla_cuda_matmul_h) from an fp16 buffer of the x_rows rows
- * of x (mla_cuda_act_h or mla_cuda_swiglu_h): bm (32 or 64) pairs of one expert a tile (Q4_K on compute capability
- * 9.0: the warpgroup kernel, which picks its own tile). */
+ * of x (mla_cuda_act_h or mla_cuda_swiglu_h): bm (32 or 64) pairs of one expert a tile (Q4_K on
+ * compute capability 9.0: the warpgroup kernel, which picks its own tile). */
 int mla_cuda_matmul_grouped_h(uint32_t t, const void *d_w, size_t estride, int64_t in, int64_t out,
                               const void *d_xh, int64_t x_rows, int x_div, const mla_cuda_moe_plan *plan,
                               int64_t n_expert, int bm, float *d_y, mla_cuda_stream stream, mla_err *e);

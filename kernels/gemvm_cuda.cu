@@ -98,8 +98,9 @@ template <int TY> __host__ __device__ constexpr int gm_cb() { return gm_ce<TY>()
 /* bands [0, nb0) are W's (NM matrices: W[0], W[1]), [nb0, nb) W2's (NM = 1). Grouped
  * (gemvm_grp_kernel, over a MoE plan): band b is band b % nbe of the rows of tile t0 + b / nbe's
  * expert, (n_tiles[0] - t0) nbe bands in all (t0: 0, or with multi n_tiles[1], the first tile of
- * the experts with more than one pair; nb: the host's bound, max_tiles nbe); the x side of a stage holds the tile's
- * pairs (x row sorted[tile_s + j] / x_div, y row sorted[tile_s + j]) in T = 8 slots. */
+ * the experts with more than one pair; nb: the host's bound, max_tiles nbe); the x side of a
+ * stage holds the tile's pairs (x row sorted[tile_s + j] / x_div, y row sorted[tile_s + j]) in
+ * T = 8 slots. */
 struct gm_args {
     const uint8_t *W[2], *W2;
     const uint8_t *qx;
