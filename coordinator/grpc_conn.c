@@ -497,4 +497,9 @@ uint64_t grpc_conn_out_sent(const grpc_conn *c) { return c->sent; }
 
 void grpc_conn_shutdown(grpc_conn *c) { nghttp2_submit_shutdown_notice(c->s); }
 
+void grpc_conn_last_goaway(grpc_conn *c) {
+    nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->s), NGHTTP2_NO_ERROR,
+                          NULL, 0);
+}
+
 void grpc_conn_goaway(grpc_conn *c) { nghttp2_session_terminate_session(c->s, NGHTTP2_NO_ERROR); }

@@ -104,8 +104,14 @@ size_t grpc_conn_out_pending(const grpc_conn *c);
 /* Response message bytes taken into DATA frames so far (what the client's flow control let
  * through): the progress of a reply held back. */
 uint64_t grpc_conn_out_sent(const grpc_conn *c);
-/* Tells the client no new calls are taken (GOAWAY); calls in flight go on. */
+/* Tells the client no new calls are taken (GOAWAY with the largest stream id, RFC 9113 6.8's
+ * notice of a graceful shutdown: calls the client started meanwhile are still taken); calls in
+ * flight go on. */
 void grpc_conn_shutdown(grpc_conn *c);
+/* The GOAWAY after that notice, at least a round trip later: it names the last call taken (later
+ * ones are refused, REFUSED_STREAM: a client retries them elsewhere); calls in flight go on, and
+ * once none is left grpc_conn_done says so. */
+void grpc_conn_last_goaway(grpc_conn *c);
 /* The connection is about to close (idle, or evicted): the final GOAWAY (no error), so that the
  * client starts its next call on a new connection rather than failing it. */
 void grpc_conn_goaway(grpc_conn *c);

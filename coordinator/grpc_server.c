@@ -47,6 +47,8 @@ struct gs_conn {
     char peer[64];
     uint64_t accepted_ms, last_active_ms;
     uint64_t stall_sent, stall_since_ms; /* the reply bytes taken at the last sweep; since when none */
+    uint64_t notice_ms;                  /* draining: when the GOAWAY notice was given (0: not yet) */
+    bool last_goaway;                    /* draining: the GOAWAY that names the last call was given */
 };
 
 struct grpc_server {
@@ -56,6 +58,7 @@ struct grpc_server {
     SSL_CTX *tls;
     uv_tcp_t listener;
     bool listening, closed;
+    bool draining; /* grpc_server_drain: every connection, new ones too, is told GOAWAY */
     gs_conn *conns;
     int n_conns, n_closing;
     size_t buffered;  /* request bytes buffered over the connections (grpc_conn_limits.total_buffered) */
@@ -166,6 +169,8 @@ static void on_written(uv_write_t *w, int status) {
     if (status < 0) {
         MLA_DEBUG("grpc: write to %s failed: %s", c->peer, uv_strerror(status));
         close_soon(c);
+    } else if (c->queued == 0 && c->h2 && !c->in_recv && grpc_conn_done(c->h2)) {
+        close_soon(c); /* the session's last bytes (a final GOAWAY, trailers) are out */
     }
 }
 
@@ -207,7 +212,8 @@ static void flush_tls(gs_conn *c) {
     }
 }
 
-/* Sends what the HTTP/2 session has ready; closes when it is done. */
+/* Sends what the HTTP/2 session has ready; closes when it is done and its bytes are out (else
+ * on_written does). */
 static void flush(gs_conn *c) {
     if (c->closing || !c->h2 || c->in_recv) return;
     if (c->ssl && !SSL_is_init_finished(c->ssl)) {
@@ -227,7 +233,7 @@ static void flush(gs_conn *c) {
     } else {
         write_raw(c, out, n);
     }
-    if (grpc_conn_done(c->h2)) close_soon(c);
+    if (c->queued == 0 && grpc_conn_done(c->h2)) close_soon(c);
 }
 
 /* the TLS handshake (where there is one) and the client's HTTP/2 preface are done */
@@ -241,6 +247,17 @@ static void conn_goaway_close(gs_conn *c) {
         flush(c);
     }
     conn_close(c);
+}
+
+/* Draining: the notice that no new calls are taken (GOAWAY, calls in flight go on); the sweep
+ * gives the GOAWAY that names the last call GS_LAST_GOAWAY_MS later (a round trip and more: calls
+ * the client started before it heard the notice are still taken). */
+#define GS_LAST_GOAWAY_MS 1000
+static void conn_notice(gs_conn *c) {
+    if (c->closing || !c->h2 || c->notice_ms) return;
+    grpc_conn_shutdown(c->h2);
+    c->notice_ms = uv_now(c->srv->loop) | 1; /* never 0 */
+    flush(c);
 }
 
 /* ---- answers ---- */
@@ -729,7 +746,10 @@ static void on_connection(uv_stream_t *ls, int status) {
         return;
     }
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-    flush(c); /* the server's SETTINGS (plain h2c) */
+    if (s->draining)
+        conn_notice(c); /* with the server's SETTINGS (plain h2c; over TLS once its handshake is done) */
+    else
+        flush(c); /* the server's SETTINGS (plain h2c) */
 }
 
 /* Deadlines, idle and handshake timeouts, Health.Watch changes. */
@@ -758,6 +778,12 @@ static void on_sweep(uv_timer_t *t) {
             }
         }
         if (c->closing) continue;
+        if (c->notice_ms && !c->last_goaway && h2_up(c) && !c->in_recv && now - c->notice_ms >= GS_LAST_GOAWAY_MS) {
+            grpc_conn_last_goaway(c->h2);
+            c->last_goaway = true;
+            flush(c); /* closes once no call is left and its bytes are out */
+            if (c->closing) continue;
+        }
         if (!h2_up(c) && s->cfg.handshake_timeout_ms && now - c->accepted_ms >= s->cfg.handshake_timeout_ms) {
             MLA_DEBUG("grpc: %s did not start HTTP/2 within %u ms; closing", c->peer, s->cfg.handshake_timeout_ms);
             conn_close(c);
@@ -875,7 +901,25 @@ void grpc_server_close(grpc_server *s) {
         s->n_closing++;
         uv_close((uv_handle_t *)&s->sweep, on_listener_closed);
     }
-    while (s->conns) conn_close(s->conns);
+    /* the calls still open (a Health.Watch, a call the drain did not wait for) end UNAVAILABLE
+     * and the client hears the final GOAWAY before the socket closes: what the socket takes now
+     * (a few frames) */
+    while (s->conns) {
+        gs_conn *c = s->conns;
+        if (!c->closing && c->h2 && h2_up(c) && !c->in_recv) {
+            while (c->calls) {
+                gs_call *r = c->calls;
+                if (r->g) api_server_gen_cancel(r->g, true);
+                if (r->tj) api_server_tokenize_detach(r->tj);
+                r->g = NULL;
+                r->tj = NULL;
+                finish(r, GRPC_UNAVAILABLE, "the server is shutting down");
+            }
+            grpc_conn_goaway(c->h2);
+            flush(c);
+        }
+        conn_close(c);
+    }
 }
 
 void grpc_server_free(grpc_server *s) {
@@ -896,16 +940,18 @@ size_t grpc_server_out_pending(const grpc_server *s) {
 }
 
 void grpc_server_drain(grpc_server *s) {
+    s->draining = true;
     for (gs_conn *c = s->conns; c; c = c->next) {
-        if (c->closing || !c->h2 || !h2_up(c)) continue;
+        if (c->closing || !c->h2) continue;
         /* a Health.Watch hears of the drain (NOT_SERVING: the API is draining) before the
          * GOAWAY, as grpc's own health servers tell their watchers at shutdown */
-        for (gs_call *r = c->calls; r; r = r->next)
+        for (gs_call *r = c->calls, *rn; r; r = rn) {
+            rn = r->next; /* send_health may drop r */
             if (r->method == GRPC_M_HC_WATCH && r->watch_status >= 0) {
                 const int hs = health_status(s);
                 if (hs != r->watch_status) send_health(r, hs);
             }
-        grpc_conn_shutdown(c->h2);
-        flush(c);
+        }
+        conn_notice(c);
     }
 }

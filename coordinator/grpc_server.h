@@ -50,15 +50,20 @@ typedef struct grpc_server grpc_server;
 int grpc_server_init(grpc_server **out, uv_loop_t *loop, api_server *api, const grpc_config *cfg, mla_err *err);
 /* Binds and listens; port 0 picks a free one, *bound_port (may be NULL) gets the real one. */
 int grpc_server_listen(grpc_server *s, const char *host, int port, int *bound_port, mla_err *err);
-/* Stops listening and closes every connection (their calls are cancelled). */
+/* Stops listening and closes every connection: calls still open are cancelled and end
+ * UNAVAILABLE, then the final GOAWAY, each as far as the socket takes it at once. */
 void grpc_server_close(grpc_server *s);
 void grpc_server_free(grpc_server *s);
 int grpc_server_n_conns(const grpc_server *s);
 /* Reply bytes not yet taken by the clients (queued for the sockets, or held back by their flow
  * control): a draining server waits for them (up to its drain timeout) before it closes. */
 size_t grpc_server_out_pending(const grpc_server *s);
-/* The server is draining: every connection is told (GOAWAY) that it takes no new calls, so
- * that clients start them elsewhere; calls in flight go on. */
+/* The server is draining: every connection, and each one made from now on, is told (GOAWAY)
+ * that it takes no new calls, so that clients start them elsewhere; a second later the GOAWAY
+ * that names the last call taken, and a connection closes once its calls are done. Calls in
+ * flight go on. A call a client still sends before that second GOAWAY: Generate ends
+ * UNAVAILABLE (the api_server drains), Health and grpc.health.v1 answer NOT_SERVING, Info,
+ * Models, Tokenize and Cancel are answered (as the HTTP API's other endpoints while it drains). */
 void grpc_server_drain(grpc_server *s);
 
 #endif

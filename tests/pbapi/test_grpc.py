@@ -64,6 +64,38 @@ def metric(port, name, **labels):
     return pb.metric(pb.metrics(port), name, **labels)
 
 
+# ---- raw HTTP/2 frames, for what grpcio does not show ----
+def h2_frame(typ, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([typ, flags]) + struct.pack(">I", sid) + payload
+
+
+def h2_headers(pairs):  # HPACK literals without indexing, new names (RFC 7541 6.2.2), short strings
+    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in pairs)
+
+
+def h2_split(buf, frames):
+    """the whole frames (type, flags, stream, payload) at the start of buf appended to frames; the rest"""
+    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+        n = int.from_bytes(buf[:3], "big")
+        frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return buf
+
+
+def h2_read(sock, frames, until):
+    """reads frames (type, flags, stream, payload) into frames until until(frames) or EOF; True at EOF"""
+    buf = b""
+    while not until(frames):
+        try:
+            d = sock.recv(65536)
+        except socket.timeout:
+            return False
+        if not d:
+            return True
+        buf = h2_split(buf + d, frames)
+    return False
+
+
 plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
 # every step at least 5 ms (a developer switch of the workers): a 450-token request then takes over
 # 2.25 s however fast the host, so the 1.5 s and 1 s deadlines below always fall mid-stream
@@ -352,55 +384,23 @@ try:
         r = api_grpc.MlaServeStub(ch).Tokenize(api_pb2.TokenizeRequest(text=" \n" * 2097149), metadata=AUTH, timeout=120)
         check(len(r.ids) > 4000000 and r.ByteSize() + 5 > 8 << 20, "a Tokenize reply of %d bytes (framed: over "
               "the 8 MiB bound)" % r.ByteSize())
-    # ---- draining (SIGTERM with a call in flight): every health answer says so ----
-    hs = health_pb2_grpc.HealthStub(chan)
+    # ---- draining (SIGTERM with a call in flight): every connection, new ones too, is told
+    # GOAWAY; a new call fails UNAVAILABLE, the call in flight ends whole ----
     slow = stub.Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=450, ignore_eos=True), metadata=AUTH,
                          timeout=120)
     next(slow)
     srv.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    r = stub.Health(api_pb2.HealthRequest(), timeout=30)
-    check(not r.ok and "draining" in r.status, "draining: Health %r" % r)
-    check(hs.Check(health_pb2.HealthCheckRequest(), timeout=30).status == health_pb2.HealthCheckResponse.NOT_SERVING,
-          "draining: grpc.health.v1 Check NOT_SERVING")
+    time.sleep(0.3)
+    # grpcio starts it on a new connection (the one it had was told GOAWAY), is told GOAWAY there
+    # too, or (sent before it heard) the API refuses it: UNAVAILABLE either way
+    check(code_of(lambda: list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2", max_tokens=2), metadata=AUTH,
+                                             timeout=30))) == SC.UNAVAILABLE, "draining: a new Generate UNAVAILABLE")
     check(sum(1 for x in slow if x.HasField("token_id")) == 449, "draining: the call in flight ends whole")
     chan.close()
     srv.proc.wait(timeout=60)  # the drain ends by itself (stop() then sees the exit status)
 finally:
     code = srv.stop()
     check(code == 0, "server exit status %r" % code)
-
-# ---- raw HTTP/2 frames, for what grpcio does not show ----
-def h2_frame(typ, flags, sid, payload=b""):
-    return struct.pack(">I", len(payload))[1:] + bytes([typ, flags]) + struct.pack(">I", sid) + payload
-
-
-def h2_headers(pairs):  # HPACK literals without indexing, new names (RFC 7541 6.2.2), short strings
-    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in pairs)
-
-
-def h2_split(buf, frames):
-    """the whole frames (type, flags, stream, payload) at the start of buf appended to frames; the rest"""
-    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-        n = int.from_bytes(buf[:3], "big")
-        frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
-        buf = buf[9 + n:]
-    return buf
-
-
-def h2_read(sock, frames, until):
-    """reads frames (type, flags, stream, payload) into frames until until(frames) or EOF; True at EOF"""
-    buf = b""
-    while not until(frames):
-        try:
-            d = sock.recv(65536)
-        except socket.timeout:
-            return False
-        if not d:
-            return True
-        buf = h2_split(buf + d, frames)
-    return False
-
 
 # ---- a client without the key, two keys, a reply never taken, a message cut at a character ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "256", "--api-key", KEY, "--write-timeout-ms", "1500"])
@@ -563,6 +563,36 @@ try:
 finally:
     code = srv.stop()
     check(code == 0, "drain server exit status %r" % code)
+# ---- a connection made during a drain (a call in flight holds it for its 3 s) hears the notice
+# (last stream id 2^31 - 1, RFC 9113 6.8) with the server's SETTINGS; a Health call it sends
+# anyway is answered (draining); then comes the GOAWAY that names the last call taken (1: the
+# sweep's, a second after the notice) and the close ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "3"],
+                env={"MLA_WORKER_STEP_DELAY_MS": "20"})
+try:
+    with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as ch:
+        it = api_grpc.MlaServeStub(ch).Generate(api_pb2.GenerateRequest(prompt="1 2 3", max_tokens=400,
+                                                                        ignore_eos=True), timeout=120)
+        next(it)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", srv.proto_port), timeout=20) as s:
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, h2_headers(
+                [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Health"),
+                 (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])) +
+                h2_frame(0, 1, 1, b"\x00\x00\x00\x00\x00"))
+            frames = []
+            eof = h2_read(s, frames, lambda f: False)
+        gone = [struct.unpack(">I", pl[:4])[0] & 0x7FFFFFFF for t, _, _, pl in frames if t == 7]
+        check(eof and gone[:1] == [0x7FFFFFFF] and gone[1:] == [1], "draining: a new connection is told GOAWAY, "
+              "then its last stream id, then closed (%r, EOF %s)" % (gone, eof))
+        data = b"".join(pl for t, _, sid, pl in frames if t == 0 and sid == 1)
+        r = api_pb2.HealthResponse.FromString(data[5:]) if len(data) > 5 else None
+        check(r is not None and not r.ok and "draining" in r.status, "draining: Health on it answered %r" % (r,))
+        check(code_of(lambda: list(it)) == SC.UNAVAILABLE, "drain: the call in flight cut off by the drain timeout")
+finally:
+    code = srv.stop()
+    check(code == 0, "drain server exit status %r" % code)
 
 # ---- an idle server's drain: a Health.Watch hears NOT_SERVING before the connection goes ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512"])
@@ -576,6 +606,12 @@ try:
         except grpc.RpcError as e:
             got = e.code()
         check(got == health_pb2.HealthCheckResponse.NOT_SERVING, "idle drain: the watcher hears NOT_SERVING (%r)" % (got,))
+        try:  # the server closes with the Watch open: its trailers say why
+            got = (SC.OK, "status %s" % next(w).status)
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.UNAVAILABLE and "shutting down" in got[1], "idle drain: the Watch ends UNAVAILABLE "
+              "when the server closes (%r)" % (got,))
     srv.proc.wait(timeout=60)
 finally:
     code = srv.stop()
