@@ -777,14 +777,15 @@ int cmd_bench(int argc, char **argv) {
         }
     /* positions past the model's context are ones it was never trained for: refused before any
      * worker starts, as generate and serve refuse them */
-    if (cf.ctx_train > 0 && (max_p + 1 > cf.ctx_train || need_ctx + 1 > cf.ctx_train)) {
-        if (max_p + 1 > cf.ctx_train)
-            fprintf(stderr, "mlaserve bench: --prefill %ld and its first token pass the model's context length %lld\n",
-                    max_p, (long long)cf.ctx_train);
-        else
-            fprintf(stderr,
-                    "mlaserve bench: --ctx %ld + %ld warm-up + %ld steps pass the model's context length %lld\n",
-                    max_ctx, o.warmup, o.steps, (long long)cf.ctx_train);
+    if (cf.ctx_train > 0 && max_p + 1 > cf.ctx_train) {
+        fprintf(stderr, "mlaserve bench: --prefill %ld and its first token pass the model's context length %lld\n",
+                max_p, (long long)cf.ctx_train);
+        status = 2;
+        goto done;
+    }
+    if (cf.ctx_train > 0 && need_ctx + 1 > cf.ctx_train) {
+        fprintf(stderr, "mlaserve bench: --ctx %ld + %ld warm-up + %ld steps pass the model's context length %lld\n",
+                max_ctx, o.warmup, o.steps, (long long)cf.ctx_train);
         status = 2;
         goto done;
     }
