@@ -986,10 +986,12 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         break;
     }
     if (ev->finish == SCHED_FINISH_ERROR) {
-        r->shut = a->cancel_reason != NULL; /* the step given up at the drain timeout */
+        /* the step given up at the drain timeout: the request fails with the drain's reason (it
+         * was cut off, whatever step it was in; the step's own error is in the log line above) */
+        r->shut = a->cancel_reason != NULL;
         char why[512];
         r->down = !r->shut && !api_server_healthy(a, why, sizeof why); /* the group failed under it */
-        complete_response(r, error ? error : "unknown error");
+        complete_response(r, r->shut ? a->cancel_reason : error ? error : "unknown error");
     } else if (ev->finish == SCHED_FINISH_CANCELLED && !r->text_done) {
         a->m.requests_cancelled++;
         r->cancelled = true;
