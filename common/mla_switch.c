@@ -74,7 +74,7 @@ static const mla_sw_def g_table[MLA_SW_COUNT] = {
      true},
     {MLA_SW_CUDA_GM, "MLA_CUDA_GM", MLA_SWT_INT, "112", 32, 220, NULL,
      "streamed tensor-core GEMV: KB of shared memory a block aims at (tuning)", true},
-    {MLA_SW_CUDA_GEMVM_TMIN, "MLA_CUDA_GEMVM_TMIN", MLA_SWT_INT, "4", 2, 16, NULL,
+    {MLA_SW_CUDA_GEMVM_TMIN, "MLA_CUDA_GEMVM_TMIN", MLA_SWT_INT, "2", 2, 16, NULL,
      "CUDA dense steps of this many tokens up to 16 on the int8 tensor-core GEMV, fewer on the per-warp GEMV "
      "(tuning)",
      true},

@@ -123,12 +123,13 @@ void mla_cuda_set_gemv_stream(int dense_tmax, int grouped_tmax);
 /* Dense steps of tmin .. tmax tokens (mla_cuda_matmul_q8, _swiglu, _pair) of Q4_K, Q6_K and Q8_0
  * weights stream W once through int8 tensor cores, the tokens as the n of the mma
  * (kernels/gemvm_cuda.cu; 9 .. 16 tokens as two n-tiles of 8); before the rules above. Defaults
- * MLA_CUDA_GEMVM_TMIN / _TMAX (4 .. 16: below 4 tokens the per-warp GEMV was as fast, H200
- * 2026-12-01; the worker's, its tmin the developer switch of that name); tmax 0: never (the op
+ * MLA_CUDA_GEMVM_TMIN / _TMAX (2 .. 16: whole V2-Lite steps of 2 / 3 tokens 8% / 10% shorter than
+ * on the per-warp GEMV, H100 2026-12-06, bench/results/gemvm-tmin-h100-2026-12-06.md; the
+ * worker's, its tmin the developer switch of that name); tmax 0: never (the op
  * checks compare them). 2 <= tmin, tmax <= MLA_CUDA_GEMVM_TMAX. mla_cuda_gemvm_takes: whether a
  * dense product of T tokens of type t, rows of `in` elements (one matrix) takes it under the
  * present setting and device (false without a device); the chooser's gm_max rule. */
-#define MLA_CUDA_GEMVM_TMIN 4
+#define MLA_CUDA_GEMVM_TMIN 2
 #define MLA_CUDA_GEMVM_TMAX 16
 void mla_cuda_set_gemv_mma(int tmin, int tmax);
 bool mla_cuda_gemvm_takes(uint32_t t, int64_t in, int64_t T);

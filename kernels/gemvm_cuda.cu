@@ -1,6 +1,6 @@
-/* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 4 .. 16 tokens (2 .. 16 where
- * asked) over Q4_K, Q6_K and Q8_0 weights (gate + up with swiglu, two matrices on one input), and
- * the tiles of the experts with more than one pair of MoE steps (those types and Q5_0; below). API:
+/* gemvm_cuda: the streamed tensor-core GEMV, dense decode steps of 2 .. 16 tokens over Q4_K, Q6_K
+ * and Q8_0 weights (gate + up with swiglu, two matrices on one input), and the tiles of the
+ * experts with more than one pair of MoE steps (those types and Q5_0; below). API:
  * kernels/gemvs_cuda.h (internal to kernels/).
  *
  * Why: the per-warp integer GEMV (mm_gemvq_cuda.cu) pays every weight's arithmetic once per token
@@ -39,7 +39,9 @@
  *
  * Measured (H200, 2026-12-01): 30-59% of the copy rate at
  * V3's shapes, against 17-34% for the per-warp GEMV at 8 tokens. Below 4 tokens the per-warp GEMV
- * was as fast, hence the default range. The chunk sizes and the 112 KB budget a block were
+ * was as fast then; since its first weights are posted before the wait on the kernel before, this
+ * form wins there too (whole V2-Lite steps of 2 / 3 tokens 3.37 / 3.91 -> 3.10 / 3.52 ms, H100,
+ * 2026-12-06), hence 2 .. 16. The chunk sizes and the 112 KB budget a block were
  * measured against smaller chunks and one block an SM.
  *
  * The grouped form (gemvm_grp_kernel, MoE steps of 2+ tokens): a band is (tile, 32 rows of its

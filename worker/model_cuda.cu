@@ -449,7 +449,7 @@ extern "C" int mla_cmodel_load(mla_cmodel **out, const gguf_ctx *g, coll *c, con
         }
         m->attn_tc = !attn_fp32;
         /* the streamed decode GEMV of Q4_K / Q6_K / Q8_0 / Q5_0 and its tensor-core form for dense
-         * steps of MLA_CUDA_GEMVM_TMIN (the switch, default 4) to 16 tokens (both process-wide) */
+         * steps of MLA_CUDA_GEMVM_TMIN (the switch, default 2) to 16 tokens (both process-wide) */
         mla_cuda_set_gemv_stream(MLA_CUDA_GEMVS_DENSE, MLA_CUDA_GEMVS_GROUPED);
         mla_cuda_set_gemv_mma((int)mla_sw_int(MLA_SW_CUDA_GEMVM_TMIN), MLA_CUDA_GEMVM_TMAX);
         mla_cuda_set_gemv_mma_grouped((int)mla_sw_int(MLA_SW_CUDA_GEMVM_GRP));
