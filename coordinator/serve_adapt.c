@@ -227,6 +227,7 @@ static bool cb_loading(void *ctx, cJSON **body) {
     cJSON *j = cJSON_CreateObject(), *ranks = cJSON_AddArrayToObject(j, "ranks");
     cJSON_AddStringToObject(j, "status", "loading");
     uint64_t done = 0, total = 0;
+    int counted = 0; /* ranks whose sizes are in the totals: a rank not registered yet has none */
     for (int r = 0; r < n; r++) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "rank", r);
@@ -243,11 +244,13 @@ static bool cb_loading(void *ctx, cJSON **body) {
             }
             done += w[r].load_done;
             total += w[r].load_total;
+            counted++;
         }
         cJSON_AddItemToArray(ranks, o);
     }
     cJSON_AddNumberToObject(j, "bytes_done", (double)done);
     cJSON_AddNumberToObject(j, "bytes_total", (double)total);
+    cJSON_AddNumberToObject(j, "ranks_counted", counted);
     *body = j;
     return true;
 }

@@ -53,6 +53,9 @@ def case_startup():
         j = seen[-1]
         check(len(j["ranks"]) == 2 and all(r["state"] in ("starting", "registered", "loading", "loaded")
                                            for r in j["ranks"]), "/health: both ranks listed", j)
+        sized = [x for x in j["ranks"] if "bytes_total" in x]
+        check(j.get("ranks_counted") == len(sized) and j["bytes_total"] == sum(x["bytes_total"] for x in sized),
+              "/health: the top-level total is that of the ranks counted, and says how many", j)
         r = [x for x in j["ranks"] if x.get("bytes_done", 0) > 0][0]
         check(r["bytes_total"] > r["bytes_done"] and "bytes_per_second" in r and r["eta_seconds"] > 0,
               "/health: bytes, rate and ETA of a loading rank", r)
