@@ -170,7 +170,7 @@ static void on_written(uv_write_t *w, int status) {
         MLA_DEBUG("grpc: write to %s failed: %s", c->peer, uv_strerror(status));
         close_soon(c);
     } else if (c->queued == 0 && c->h2 && !c->in_recv && grpc_conn_done(c->h2)) {
-        close_soon(c); /* the session's last bytes (a final GOAWAY, trailers) are out */
+        close_soon(c); /* the connection's last bytes (a final GOAWAY, trailers) are out */
     }
 }
 
@@ -212,8 +212,8 @@ static void flush_tls(gs_conn *c) {
     }
 }
 
-/* Sends what the HTTP/2 session has ready; closes when it is done and its bytes are out (else
- * on_written does). */
+/* Sends what the HTTP/2 connection has ready; closes when it is done and its bytes are out
+ * (else on_written does). */
 static void flush(gs_conn *c) {
     if (c->closing || !c->h2 || c->in_recv) return;
     if (c->ssl && !SSL_is_init_finished(c->ssl)) {
@@ -279,6 +279,16 @@ static void finish(gs_call *r, int status, const char *msg) {
     grpc_conn_finish(c->h2, r->sid, status, msg);
     call_unlink(r);
     flush(c);
+}
+
+/* The server ends a call still at work (its deadline passed, the server closes): its generation
+ * is cancelled in the scheduler, its Tokenize left to the prep thread, then the status. */
+static void finish_cut(gs_call *r, int status, const char *msg) {
+    if (r->g) api_server_gen_cancel(r->g, true);
+    if (r->tj) api_server_tokenize_detach(r->tj);
+    r->g = NULL;
+    r->tj = NULL;
+    finish(r, status, msg);
 }
 
 /* Messages sent on a call that may have been dropped by send_msg: find it again. */
@@ -767,11 +777,7 @@ static void on_sweep(uv_timer_t *t) {
         for (gs_call *r = c->calls, *rn; r; r = rn) {
             rn = r->next;
             if (r->deadline_ms && now >= r->deadline_ms) {
-                if (r->g) api_server_gen_cancel(r->g, true); /* the scheduler drops it */
-                if (r->tj) api_server_tokenize_detach(r->tj);
-                r->g = NULL;
-                r->tj = NULL;
-                finish(r, GRPC_DEADLINE_EXCEEDED, "deadline exceeded");
+                finish_cut(r, GRPC_DEADLINE_EXCEEDED, "deadline exceeded");
             } else if (r->method == GRPC_M_HC_WATCH && hs != -2 && r->watch_status >= 0) {
                 if (hs < 0) hs = health_status(s);
                 if (hs != r->watch_status) send_health(r, hs);
@@ -907,14 +913,7 @@ void grpc_server_close(grpc_server *s) {
     while (s->conns) {
         gs_conn *c = s->conns;
         if (!c->closing && c->h2 && h2_up(c) && !c->in_recv) {
-            while (c->calls) {
-                gs_call *r = c->calls;
-                if (r->g) api_server_gen_cancel(r->g, true);
-                if (r->tj) api_server_tokenize_detach(r->tj);
-                r->g = NULL;
-                r->tj = NULL;
-                finish(r, GRPC_UNAVAILABLE, "the server is shutting down");
-            }
+            while (c->calls) finish_cut(c->calls, GRPC_UNAVAILABLE, "the server is shutting down");
             grpc_conn_goaway(c->h2);
             flush(c);
         }
