@@ -64,6 +64,7 @@ static serve_ports g_ports = {.clean = {-1, -1}}; /* set once the workers start 
 static uint64_t g_stats_at, g_stats_prompt, g_stats_gen;
 static int g_draining, g_drain_cancelled, g_drain_flush_said, g_exit_rc;
 static char g_exit_msg[1100]; /* why g_exit_rc is 1 */
+static char g_start_what[64]; /* "starting 2 workers" / "waiting for 1 external worker", for messages */
 static uint64_t g_drain_deadline;
 static const char *g_drain_why = "drain timeout"; /* what ended the drain early, for the requests it fails */
 static int g_signalled; /* a SIGTERM / SIGINT came */
@@ -198,7 +199,7 @@ static void check_start(uv_loop_t *loop) {
         MLA_INFO("serve: the workers are ready; serving");
     } else if (ph == COORD_PHASE_START_FAILED) {
         coord_healthy(g_coord, &err);
-        snprintf(g_exit_msg, sizeof g_exit_msg, "starting %d workers: %s", coord_world(g_coord), err.msg);
+        snprintf(g_exit_msg, sizeof g_exit_msg, "%s: %s", g_start_what, err.msg);
         g_exit_rc = 1;
         serve_close(loop);
     }
@@ -698,8 +699,9 @@ int cmd_serve(int argc, char **argv) {
     }
     /* the workers start once the ports are ours: a port in use, a bad --host fail before any is
      * spawned (nothing is served before the loop runs) */
+    coord_start_what(g_start_what, sizeof g_start_what, tp, cc.external);
     if (coord_start(&S.c, &cc, &err)) {
-        mla_err_prefix(&err, "starting %d workers", tp);
+        mla_err_prefix(&err, "%s", g_start_what);
         goto out;
     }
     g_ports = (serve_ports){{proto_port_file, port_file}, {pb_bound, bound}, {-1, -1}};

@@ -165,7 +165,8 @@ static int group_launch(coord *c, mla_err *err) {
         for (int r = 0; r < c->cfg.world; r++)
             if (spawn_worker(c, r, err)) return MLA_ERR;
     } else {
-        MLA_INFO("waiting for %d external workers on %s", c->cfg.world, c->endpoint);
+        char what[64];
+        MLA_INFO("%s on %s", coord_start_what(what, sizeof what, c->cfg.world, 1), c->endpoint);
     }
     c->start_deadline = coord_now_ms() + c->cfg.start_timeout_ms;
     if (pthread_create(&c->th, NULL, coord_io_main, c) != 0) MLA_PANIC("pthread_create failed");
@@ -457,6 +458,11 @@ void coord_kv_pool(const coord *c, coord_kv_info *out) {
     }
 }
 int coord_world(const coord *c) { return c->cfg.world; }
+const char *coord_start_what(char *buf, size_t n, int world, int external) {
+    snprintf(buf, n, "%s %d %sworker%s", external ? "waiting for" : "starting", world, external ? "external " : "",
+             world == 1 ? "" : "s");
+    return buf;
+}
 pid_t coord_worker_pid(const coord *c, int rank) {
     return rank >= 0 && rank < c->cfg.world ? c->ranks[rank].pid : 0;
 }

@@ -147,6 +147,9 @@ typedef struct coord_kv_info {
 } coord_kv_info;
 void coord_kv_pool(const coord *c, coord_kv_info *out);
 int coord_world(const coord *c);
+/* What starting a group of `world` workers does, for messages: "starting 2 workers" or "waiting
+ * for 1 external worker"; writes at most n bytes (n > 0) to buf and returns buf. */
+const char *coord_start_what(char *buf, size_t n, int world, int external);
 /* pid of a local worker (0 for external workers or before it started) */
 pid_t coord_worker_pid(const coord *c, int rank);
 

@@ -143,6 +143,9 @@ int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, m
     cfg.model_hash = gguf_index_hash(g);
     cfg.worker_exe = o->worker_exe;
     cfg.n_threads = o->threads;
-    if (coord_start(c, &cfg, err)) return mla_err_prefix(err, "starting %d workers", o->tp);
+    if (coord_start(c, &cfg, err)) {
+        char what[64];
+        return mla_err_prefix(err, "%s", coord_start_what(what, sizeof what, o->tp, cfg.external));
+    }
     return MLA_OK;
 }

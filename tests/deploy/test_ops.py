@@ -3,7 +3,8 @@
            while loading, the workers log it, the start timeout counts only time without progress
            (the load takes longer than --start-timeout-ms and still starts); then generation, the
            stats line, and /metrics (every series named, checked by promtool when installed)
-  timeout  a load that stalls longer than --start-timeout-ms fails the start, naming the timeout
+  timeout  a load that stalls longer than --start-timeout-ms fails the start, naming the timeout;
+           so does a group of external workers none of which registers
   cli      --version, --help with meanings and defaults, --opt=value, unknown options named by
            every command, --log-level, ISO dates in log lines
 Usage: test_ops.py MLASERVE WORKER FIXTURES CASE"""
@@ -184,6 +185,19 @@ def case_timeout():
         check(srv.proc.returncode == 1, "exit status 1", srv.proc.returncode)
         check("no start-up progress" in log and "--start-timeout-ms" in log and "(loading)" in log,
               "the message names the timeout and the ranks still loading", log[-1500:])
+        check("starting 2 workers: " in log, "the message says what the start did", log[-1500:])
+    finally:
+        srv.stop(timeout=10)
+    # external workers that never come: the message says the server waited for them
+    port = free_port()
+    srv = Server(exe, model, ["--tp", "1", "--workers-external", "--port", str(port), "--start-timeout-ms", "1500"],
+                 wait=False, timeout=60)
+    try:
+        check(wait_for(lambda: srv.proc.poll() is not None, 30), "no external worker: the start ends")
+        log = srv.text()
+        check(srv.proc.returncode == 1 and "waiting for 1 external worker: " in log and " 1 workers" not in log
+              and "missing ranks: 0" in log, "no external worker: the message says whom the server waited for",
+              log[-1500:])
     finally:
         srv.stop(timeout=10)
 
