@@ -5,8 +5,8 @@
            stats line, and /metrics (every series named, checked by promtool when installed)
   timeout  a load that stalls longer than --start-timeout-ms fails the start, naming the timeout;
            so does a group of external workers none of which registers
-  cli      --version, --help with meanings and defaults, --opt=value, unknown options named by
-           every command, --log-level, ISO dates in log lines
+  cli      --version, --help with meanings and defaults (docs/commands.md the same text),
+           --opt=value, unknown options named by every command, --log-level, ISO dates in log lines
 Usage: test_ops.py MLASERVE WORKER FIXTURES CASE"""
 import json
 import os
@@ -225,6 +225,10 @@ def case_cli():
         r = run([exe] + cmd + ["--no-such-option=1"])
         check(r.returncode == 2 and "unknown option '--no-such-option'" in r.stderr, "%s: unknown option named" % cmd[0],
               r.stderr)
+    gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "gen_commands_md.py")
+    doc = os.path.join(os.path.dirname(gen), "..", "docs", "commands.md")
+    r = run([sys.executable, gen, exe, worker, "--check", doc])
+    check(r.returncode == 0, "docs/commands.md is every command's --help", r.stdout + r.stderr)
     r = run([worker, "--no-such-option"])
     check(r.returncode == 2 and "unknown option '--no-such-option'" in r.stderr, "worker: unknown option named", r.stderr)
     r = run([worker, "--help"])
