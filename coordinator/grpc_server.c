@@ -249,6 +249,8 @@ static void conn_goaway_close(gs_conn *c) {
     conn_close(c);
 }
 
+#define GS_SWEEP_MS 20 /* how often deadlines, timeouts and Watch changes are looked at (docs/grpc.md) */
+
 /* Draining: the notice that no new calls are taken (GOAWAY, calls in flight go on); the sweep
  * gives the GOAWAY that names the last call GS_LAST_GOAWAY_MS later (a round trip and more: calls
  * the client started before it heard the notice are still taken). */
@@ -881,7 +883,7 @@ int grpc_server_init(grpc_server **out, uv_loop_t *loop, api_server *api, const 
     uv_timer_init(loop, &s->sweep);
     s->sweep.data = s;
     s->sweep_open = true;
-    uv_timer_start(&s->sweep, on_sweep, 20, 20);
+    uv_timer_start(&s->sweep, on_sweep, GS_SWEEP_MS, GS_SWEEP_MS);
     *out = s;
     return MLA_OK;
 }
