@@ -1,11 +1,14 @@
 /* Unit tests of common/mla_switch: defaults, typed getters, bad values rejected with the
  * variable's name and what it accepts, unknown MLA_* variables rejected, the printed table.
  * Built twice: against the build's library (test `switch`) and with mla_switch.c compiled
- * without MLA_DEV_SWITCHES (test `switch_release`), so both kinds of build are checked. */
+ * without MLA_DEV_SWITCHES (test `switch_release`), so both kinds of build are checked. The
+ * switches whose default the kernels also hold as a macro (the GPU checks' and the chooser's
+ * starting values) have the same default in both places. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/mla_switch.h"
+#include "kernels/cuda_ops.h"
 #include "mla_test.h"
 
 extern char **environ;
@@ -81,6 +84,8 @@ static void test_unknown(void) {
 }
 
 static void test_dev(void) {
+    CHECK(atol(mla_sw_def_of(MLA_SW_CUDA_GEMVM_TMIN)->def) == MLA_CUDA_GEMVM_TMIN);
+    CHECK(atol(mla_sw_def_of(MLA_SW_CUDA_GEMVM_GRP)->def) == MLA_CUDA_GEMVM_GRP_TMAX);
     clear_mla_env();
     CHECK(!mla_sw_is_set(MLA_SW_WORKER_STEP_DELAY_MS));
     CHECK(mla_sw_int(MLA_SW_WORKER_STEP_DELAY_MS) == 0);
