@@ -30,11 +30,11 @@ import sys
 # ("gemvs_kernel<12, 1, true>"); wg_mm (the wgmma path, dense and experts alike) counts as dense.
 FAMILIES = [
     ("matmul: experts (grouped)", r"(_grp_kernel(<.*>)?$|^gemv[sw]_kernel<.*(true|\(bool\)1|, 1)>$)"),
-    ("matmul: absorbed k_b/v_b (per head)", r"^head_(gemv|matmul|mma)"),
+    ("matmul: absorbed k_b/v_b (per head)", r"^(head_(gemv|matmul|mma)|hwg_kernel)"),
     ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_mm)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),
-    # pf_: the prompt attention, its K/V decompression (pf_up_kernel, a per-head matmul) included
-    ("attention", r"^(mla_attn|mla_kv_rows|attn|awg|pf_|pwg|dsa_|dsw|flash)"),
+    # pf_: the prompt attention, its K/V decompression (pf_up_kernel, uwg_kernel: per-head matmuls) included
+    ("attention", r"^(mla_attn|mla_kv_rows|attn|awg|pf_|pwg|uwg|dsa_|dsw|flash)"),
     ("norms", r"(rmsnorm|layernorm|qnorm)"),
     ("MoE routing", r"^(route|moe_plan|moe_combine|top_k|topk)"),
     ("all-reduce", r"(nccl|allreduce|all_reduce|reduce_scatter|allgather)"),
