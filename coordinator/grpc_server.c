@@ -158,6 +158,12 @@ typedef struct wreq {
     uint8_t *data;
 } wreq;
 
+/* Neither side of the connection wants more (grpc_conn_done) and every byte it gave is
+ * out: it may close. */
+static bool conn_finished(const gs_conn *c) {
+    return c->h2 && !c->in_recv && c->queued == 0 && grpc_conn_done(c->h2);
+}
+
 static void on_written(uv_write_t *w, int status) {
     wreq *r = (wreq *)w;
     gs_conn *c = r->c;
@@ -169,7 +175,7 @@ static void on_written(uv_write_t *w, int status) {
     if (status < 0) {
         MLA_DEBUG("grpc: write to %s failed: %s", c->peer, uv_strerror(status));
         close_soon(c);
-    } else if (c->queued == 0 && c->h2 && !c->in_recv && grpc_conn_done(c->h2)) {
+    } else if (conn_finished(c)) {
         close_soon(c); /* the connection's last bytes (a final GOAWAY, trailers) are out */
     }
 }
@@ -233,7 +239,7 @@ static void flush(gs_conn *c) {
     } else {
         write_raw(c, out, n);
     }
-    if (c->queued == 0 && grpc_conn_done(c->h2)) close_soon(c);
+    if (conn_finished(c)) close_soon(c);
 }
 
 /* the TLS handshake (where there is one) and the client's HTTP/2 preface are done */
