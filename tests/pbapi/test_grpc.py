@@ -545,8 +545,9 @@ finally:
     check(code == 0, "TLS server exit status %r" % code)
 # ---- a drain with a call in flight (400 steps of 20 ms, past the drain timeout of 3 s): a
 # connection made during it hears the notice (last stream id 2^31 - 1, RFC 9113 6.8) with the
-# server's SETTINGS; a Health call it sends anyway is answered (draining); then comes the GOAWAY
-# that names the last call taken (1: the sweep's, a second after the notice) and the close. The
+# server's SETTINGS; a Health and a grpc.health.v1 Check it sends anyway are answered (draining,
+# NOT_SERVING); then comes the GOAWAY that names the last call taken (3: the sweep's, a second after
+# the notice) and the close. The
 # call in flight is cut off by the drain timeout: UNAVAILABLE (retryable) ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "3"],
                 env={"MLA_WORKER_STEP_DELAY_MS": "20"})
@@ -557,19 +558,26 @@ try:
         check(next(it).HasField("token_id"), "drain: the call streams")
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
+        def call(sid, path):  # an empty request on stream sid
+            return (h2_frame(1, 4, sid, h2_headers(
+                [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"x"),
+                 (b"content-type", b"application/grpc"), (b"te", b"trailers")])) +
+                h2_frame(0, 1, sid, b"\x00\x00\x00\x00\x00"))
         with socket.create_connection(("127.0.0.1", srv.proto_port), timeout=20) as s:
-            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, h2_headers(
-                [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Health"),
-                 (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])) +
-                h2_frame(0, 1, 1, b"\x00\x00\x00\x00\x00"))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + call(1, b"/mlaapi.MlaServe/Health") +
+                      call(3, b"/grpc.health.v1.Health/Check"))
             frames = []
             eof = h2_read(s, frames, lambda f: False)
         gone = [struct.unpack(">I", pl[:4])[0] & 0x7FFFFFFF for t, _, _, pl in frames if t == 7]
-        check(eof and gone[:1] == [0x7FFFFFFF] and gone[1:] == [1], "draining: a new connection is told GOAWAY, "
+        check(eof and gone[:1] == [0x7FFFFFFF] and gone[1:] == [3], "draining: a new connection is told GOAWAY, "
               "then its last stream id, then closed (%r, EOF %s)" % (gone, eof))
         data = b"".join(pl for t, _, sid, pl in frames if t == 0 and sid == 1)
         r = api_pb2.HealthResponse.FromString(data[5:]) if len(data) > 5 else None
         check(r is not None and not r.ok and "draining" in r.status, "draining: Health on it answered %r" % (r,))
+        data = b"".join(pl for t, _, sid, pl in frames if t == 0 and sid == 3)
+        r = health_pb2.HealthCheckResponse.FromString(data[5:]) if len(data) > 5 else None
+        check(r is not None and r.status == health_pb2.HealthCheckResponse.NOT_SERVING,
+              "draining: grpc.health.v1 Check on it NOT_SERVING (%r)" % (r,))
         try:
             for _ in it:
                 pass
