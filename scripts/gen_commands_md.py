@@ -5,6 +5,7 @@ Usage: gen_commands_md.py MLASERVE MLASERVE_WORKER [--check DOC]
   first differing line) where they differ. Regenerate after changing an option:
     scripts/gen_commands_md.py build/coordinator/mlaserve build/worker/mlaserve-worker > docs/commands.md
 The help text is the same in every build (CPU or CUDA, with or without developer switches)."""
+import itertools
 import subprocess
 import sys
 
@@ -50,11 +51,11 @@ def main():
     if have == text:
         print("%s matches the build's --help" % a[3])
         return
-    for i, (x, y) in enumerate(zip(have.splitlines() + [""] * 9999, text.splitlines())):
+    for i, (x, y) in enumerate(itertools.zip_longest(have.splitlines(), text.splitlines())):
         if x != y:
             sys.exit("%s differs from the build's --help at line %d:\n  doc:   %r\n  build: %r\n"
                      "regenerate it: see scripts/gen_commands_md.py" % (a[3], i + 1, x, y))
-    sys.exit("%s has more lines than the build's --help gives; regenerate it: see scripts/gen_commands_md.py" % a[3])
+    sys.exit("%s differs from the build's --help in its line ends; regenerate it: see scripts/gen_commands_md.py" % a[3])
 
 
 main()
