@@ -173,6 +173,7 @@ struct api_server {
     int n_inflight;
     uint64_t counter;
     bool draining;             /* api_server_set_draining: no new generations */
+    char *drain_why;           /* its reason, said by /health and the refusals (owned) */
     /* the prep thread: tokenizing and chat templates off the loop thread, in arrival order */
     pthread_t prep_th;
     bool prep_started, prep_quit;
@@ -1427,10 +1428,14 @@ static int model_check(const api_server *a, const char *model, api_error *e) {
     return MLA_OK;
 }
 
+/* Why the server drains (api_server_set_draining). */
+static const char *drain_why(const api_server *a) { return a->drain_why ? a->drain_why : "no reason given"; }
+
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (a->draining)
-        return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+        return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down (%s) and accepts no new requests",
+                             drain_why(a));
     if (!a->s) /* not yet serving: a client retrying on the code tells this from a failure */
         return api_error_set(e, 503, NULL, "model_loading",
                              "the model is loading and not served yet (GET /health: the workers' progress)");
@@ -1645,7 +1650,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         n_ids = keep;
     }
     if (a->draining) {
-        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down and accepts no new requests");
+        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down (%s) and accepts no new requests",
+                      drain_why(a));
         goto done;
     }
     /* ids given as such, or text whose tokenizer holds more tokens than the model has rows (some
@@ -2169,7 +2175,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
 bool api_server_healthy(api_server *a, char *why, size_t cap) {
     why[0] = 0;
     if (a->draining) {
-        snprintf(why, cap, "draining: the server is shutting down");
+        snprintf(why, cap, "draining: the server is shutting down (%s)", drain_why(a));
         return false;
     }
     if (!a->s) { /* no scheduler yet: the workers have not reported their cache pools */
@@ -2189,7 +2195,7 @@ static void handle_health(api_server *a, http_conn *c) {
         cJSON_Delete(loading);
     } else if (a->draining) {
         api_error e;
-        api_error_set(&e, 503, NULL, "shutting_down", "draining: the server is shutting down");
+        api_error_set(&e, 503, NULL, "shutting_down", "draining: the server is shutting down (%s)", drain_why(a));
         reply_error(c, &e, NULL);
     } else if (api_server_healthy(a, why, sizeof(why))) {
         http_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
@@ -2465,7 +2471,14 @@ void api_server_set_http(api_server *a, http_server *h) { a->http = h; }
 int api_server_inflight(const api_server *a) { return a->n_inflight + a->n_prep; }
 int api_server_preparing(const api_server *a) { return a->n_prep; }
 
-void api_server_set_draining(api_server *a) { a->draining = true; }
+void api_server_set_draining(api_server *a, const char *why) {
+    char *w = strdup(why && why[0] ? why : "no reason given");
+    if (w) { /* else (out of memory) the drain goes on, said without its reason */
+        free(a->drain_why);
+        a->drain_why = w;
+    }
+    a->draining = true;
+}
 
 void api_server_cancel_all(api_server *a, const char *reason) {
     a->cancel_reason = reason;
@@ -2518,6 +2531,7 @@ void api_server_free(api_server *a) {
     free(a->eog_ids);
     free(a->model_name);
     free(a->api_key);
+    free(a->drain_why);
     free(a);
 }
 

@@ -125,9 +125,10 @@ void api_server_drain(api_server *a);
 int api_server_inflight(const api_server *a);
 /* Of those, the ones whose prompt is being made (not submitted yet). */
 int api_server_preparing(const api_server *a);
-/* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503;
- * requests in flight go on. */
-void api_server_set_draining(api_server *a);
+/* Graceful drain: from now on new generations get 503 "shutting_down" and /health answers 503,
+ * both naming why (copied; e.g. "signal 15", or the worker group's failure); requests in
+ * flight go on. */
+void api_server_set_draining(api_server *a, const char *why);
 /* The scheduler runs a step that starts request sched_id's prompt (any thread; the first call for
  * a request counts): the request's queue time ends, its prefill time starts (/metrics). */
 void api_server_note_scheduled(api_server *a, uint64_t sched_id);

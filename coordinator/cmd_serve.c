@@ -248,7 +248,8 @@ static void on_watch(uv_timer_t *t) {
             g_exit_rc = 1;
             g_draining = 1;
             g_drain_why = "the worker group failed";
-            api_server_set_draining(g_api);
+            api_server_set_draining(g_api, g_exit_msg);
+            if (g_pb) grpc_server_drain(g_pb);
             g_drain_deadline = uv_now(t->loop);
         }
         return;
@@ -290,7 +291,9 @@ static void on_signal(uv_signal_t *h, int signum) {
         MLA_INFO("serve: signal %d: draining (no new requests; %d in flight get up to %.1f s)", signum,
                  api_server_inflight(g_api), g_drain_timeout);
         g_draining = 1;
-        api_server_set_draining(g_api);
+        char why[32];
+        snprintf(why, sizeof why, "signal %d", signum);
+        api_server_set_draining(g_api, why);
         if (g_pb) grpc_server_drain(g_pb);
         g_drain_deadline = uv_now(h->loop) + (uint64_t)(g_drain_timeout > 0 ? g_drain_timeout * 1000 : 0);
     }

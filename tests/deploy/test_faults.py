@@ -243,9 +243,10 @@ def case_drain():
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         st, d = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
-        check(st == 503 and b"shutting_down" in d, "drain: new request 503", d[:200])
-        st, _ = srv.get("/health")
-        check(st == 503, "drain: /health 503")
+        check(st == 503 and b"shutting_down" in d and b"(signal 15)" in d, "drain: new request 503 naming the signal",
+              d[:200])
+        st, body = health(srv)
+        check(st == 503 and "draining" in body and "(signal 15)" in body, "drain: /health 503 naming the signal", body)
         rest = read_rest(r, 60)
         c.close()
         chunks = [json.loads(x) for x in rest if x not in (b"[DONE]",)]

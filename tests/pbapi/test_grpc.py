@@ -612,6 +612,34 @@ finally:
     code = srv.stop()
     check(code == 0, "idle drain server exit status %r" % code)
 
+# ---- a failed group under --on-worker-failure exit drains gRPC as a signal does: a Health.Watch
+# hears NOT_SERVING, a new Health says why (the worker's death), the connection gets a GOAWAY ----
+srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--on-worker-failure", "exit"])
+try:
+    wpid = [int(ln.rsplit("pid ", 1)[1]) for ln in srv.text().splitlines() if "started worker 0:" in ln]
+    with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as ch:
+        w = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+        check(next(w).status == health_pb2.HealthCheckResponse.SERVING and len(wpid) == 1,
+              "group failed: Watch SERVING first (worker pids %r)" % wpid)
+        s = socket.create_connection(("127.0.0.1", srv.proto_port), timeout=20)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0))
+        frames = []
+        h2_read(s, frames, lambda f: any(t == 4 and not fl & 1 for t, fl, _, _ in f))
+        os.kill(wpid[0], signal.SIGKILL)
+        try:
+            got = next(w).status
+        except grpc.RpcError as e:
+            got = e.code()
+        check(got == health_pb2.HealthCheckResponse.NOT_SERVING, "group failed: the watcher hears NOT_SERVING (%r)" % (got,))
+        eof = h2_read(s, frames, lambda f: False)
+        s.close()
+        check(eof and any(t == 7 for t, _, _, _ in frames), "group failed: the connection was told GOAWAY")
+    srv.proc.wait(60)
+    check(srv.proc.returncode == 1 and "killed by signal 9" in srv.text(),
+          "group failed: exit status 1 naming the worker's death (%r)" % srv.proc.returncode)
+finally:
+    srv.stop()
+
 # ---- a drain waits for replies a slow client has not taken yet; GOAWAY tells clients first ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "30"])
 try:
