@@ -138,6 +138,26 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
     return MLA_OK;
 }
 
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+/* The first member of object o not in keys (NULL-ended), or NULL. */
+static const char *other_member(const cJSON *o, const char *const *keys) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string ? it->string : "";
+        if (!in_list(keys, k)) return k;
+    }
+    return NULL;
+}
+
+static const char *const k_call_keys[] = {"id", "type", "function", "index", NULL};
+static const char *const k_fn_keys[] = {"name", "arguments", NULL};
+static const char *const k_part_keys[] = {"type", "text", NULL};
+
 /* messages[i].tool_calls: absent or null, or (on an assistant message) a list of
  * {"id"?, "type"?: "function", "function": {"name": string, "arguments": a JSON object or the
  * string of one}}: a template would otherwise drop a malformed call without a trace, or fail on
@@ -156,6 +176,23 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
             return bad(e, "messages", "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
         if (!is_null(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function")))
             return bad(e, "messages", "messages[%d].tool_calls[%d].type must be \"function\"", i, j);
+        /* a client that gathered the call from a stream may keep its "index" */
+        const char *k = other_member(tc, k_call_keys);
+        if (k)
+            return bad(e, "messages",
+                       "messages[%d].tool_calls[%d].%.64s is not a member of a tool call (id, type, function, index)",
+                       i, j, k);
+        if ((k = other_member(fn, k_fn_keys)))
+            return bad(e, "messages",
+                       "messages[%d].tool_calls[%d].function.%.64s is not a member of a call's function (name, "
+                       "arguments)",
+                       i, j, k);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(tc, "id");
+        if (!is_null(id) && !cJSON_IsString(id))
+            return bad(e, "messages", "messages[%d].tool_calls[%d].id must be a string", i, j);
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(tc, "index");
+        if (!is_null(ix) && (!cJSON_IsNumber(ix) || ix->valuedouble != floor(ix->valuedouble) || ix->valuedouble < 0))
+            return bad(e, "messages", "messages[%d].tool_calls[%d].index must be a non-negative integer", i, j);
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(nm) || !nm->valuestring[0])
             return bad(e, "messages", "messages[%d].tool_calls[%d].function.name must be a non-empty string", i, j);
@@ -177,12 +214,6 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
 static const char *const k_msg_keys[] = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
                                          "reasoning", NULL};
 static const char *const k_msg_echo_keys[] = {"refusal", "annotations", "audio", "function_call", NULL};
-
-static bool in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
 
 static bool is_empty(const cJSON *j) {
     return is_null(j) || (cJSON_IsString(j) && !j->valuestring[0]) || (cJSON_IsArray(j) && !cJSON_GetArraySize(j));
@@ -248,6 +279,10 @@ int api_messages_check(const cJSON *messages, api_error *e) {
                                cJSON_IsString(ty) ? ty->valuestring : "(none)");
                 if (!cJSON_IsString(tx))
                     return bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
+                const char *k = other_member(part, k_part_keys);
+                if (k)
+                    return bad(e, "messages",
+                               "messages[%d].content: '%.64s' is not a member of a text part (type, text)", i, k);
             }
         }
         if (tool_calls_check(m, role->valuestring, i, e)) return MLA_ERR;

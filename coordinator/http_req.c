@@ -58,6 +58,7 @@ static void finish_header(http_req *p) {
     while (p->hval_len && (p->hval[p->hval_len - 1] == ' ' || p->hval[p->hval_len - 1] == '\t'))
         p->hval[--p->hval_len] = 0;
     if (!strcasecmp(p->hname, "authorization")) {
+        p->n_auth++;
         free(p->auth);
         p->auth = mla_xstrdup(p->hval ? p->hval : "");
     } else if (!strcasecmp(p->hname, "content-type")) {
@@ -80,6 +81,7 @@ static void finish_header(http_req *p) {
     } else if (!strcasecmp(p->hname, "transfer-encoding")) {
         /* the parser decodes chunked and would take the body of "gzip, chunked" as it is */
         if (!p->hval || strcasecmp(p->hval, "chunked")) p->te_other = true;
+        p->n_te++;
     }
     p->hname_len = p->hval_len = 0;
     if (p->hname) p->hname[0] = 0;
@@ -128,6 +130,10 @@ static int on_headers_complete(http_parser *hp) {
     }
     if (hp->http_major != 1) return fail(p, 505, "only HTTP/1.x is supported");
     if (p->te_other) return fail(p, 501, "Transfer-Encoding: only chunked is supported (no gzip, deflate or compress)");
+    /* chunked twice is not a framing (RFC 9112 6.1): a proxy may read the body otherwise */
+    if (p->n_te > 1) return fail(p, 400, "more than one Transfer-Encoding header field");
+    /* two credentials: which one counts would be the server's guess */
+    if (p->n_auth > 1) return fail(p, 400, "more than one Authorization header field");
     /* RFC 9110 10.1.1: an expectation other than 100-continue may be refused with 417 */
     if (p->expect_other) return fail(p, 417, "Expect: only 100-continue is supported");
     if (p->ce_other)
@@ -245,7 +251,7 @@ void http_req_next(http_req *p) {
     if (p->url) p->url[0] = 0;
     p->in_value = false;
     p->te_other = p->expect_other = p->ce_other = false;
-    p->n_host = 0;
+    p->n_host = p->n_te = p->n_auth = 0;
     p->header_bytes = 0;
     p->n_headers = 0;
     free(p->auth);

@@ -76,6 +76,7 @@ typedef struct http_req {
     bool expect_other;   /* an Expect other than 100-continue */
     bool ce_other;       /* a Content-Encoding other than identity */
     int n_host;          /* Host header fields seen */
+    int n_te, n_auth;    /* Transfer-Encoding, Authorization header fields seen */
     size_t header_bytes;
     int n_headers;
     char *auth, *ctype, *origin, *acrh;

@@ -1,8 +1,9 @@
 /* libFuzzer target for the HTTP request side of the server: the input is a byte stream from
  * one client, fed to http_req in pieces whose sizes come from the input itself; every complete
- * request is checked (strings present, body NUL-terminated), its body parsed as JSON and run
- * through every request-body parser of the API (completions, chat, tokenize, detokenize) and
- * the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang); tests/fuzz/replay_main.c replays the
+ * request is checked (strings present, body NUL-terminated), its body read as the server reads
+ * it (api_body_parse: a refusal names its problem; what it takes, printed again by cJSON, it
+ * takes again) and run through every request-body parser of the API (completions, chat,
+ * tokenize, detokenize) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang); tests/fuzz/replay_main.c replays the
  * corpus (tests/data/http) without libFuzzer. */
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coordinator/api_body.h"
 #include "coordinator/api_params.h"
 #include "coordinator/http_req.h"
 
@@ -30,8 +32,19 @@ static void handle(const http_request *r) {
     if (!r->method || !r->path || !r->query || !r->body) __builtin_trap();
     if (r->body[r->body_len] != 0) __builtin_trap();
     check_utf8(r->path, strlen(r->path));
-    cJSON *j = cJSON_ParseWithLength(r->body, r->body_len);
-    if (!j) return;
+    mla_err err = {{0}};
+    cJSON *j = api_body_parse(r->body, r->body_len, &err);
+    if (!j) {
+        if (!err.msg[0]) __builtin_trap();
+        return;
+    }
+    char *again = cJSON_PrintUnformatted(j);
+    if (again) { /* NULL: out of memory, or a document cJSON cannot print */
+        cJSON *k = api_body_parse(again, strlen(again), &err);
+        if (!k) __builtin_trap();
+        cJSON_Delete(k);
+        free(again);
+    }
     api_error e;
     api_gen_params p;
     for (int k = 0; k < 2; k++) {

@@ -303,6 +303,14 @@ def test_errors(port):
     for ok in (b'{"prompt": "\\ud83d\\ude00", "max_tokens": 1}', b'{"prompt": "\\\\ud83d", "max_tokens": 1}'):
         st, j, data, _ = post(port, "/v1/completions", ok)
         check(st == 200, "%r accepted (%d %r)" % (ok, st, data[:200]))
+    # numbers that strtod reads but JSON's grammar does not allow: refused with their place
+    head = b'{"prompt": "x", "max_tokens": '
+    for raw in (b"01", b"00.5", b"1.", b"-01", b"1.e3"):
+        err(head + raw + b"}", 400, "the number %s" % raw.decode(),
+            says=("a number JSON does not allow", "at byte %d" % len(head)))
+    ok = b'{"prompt": "x 01 1.", "max_tokens": 1, "temperature": 0.5, "top_p": 1E+0, "seed": -0}'
+    st, j, data, _ = post(port, "/v1/completions", ok)
+    check(st == 200, "JSON's own numbers, and number-like text in a string, accepted (%d %r)" % (st, data[:200]))
     err(b" \r\n", 400, "an empty body is named as such", says="the request body is empty")
     err({"prompt": "x", "logprobs": 50}, 400, "logprobs 50", param="logprobs")
     err({"prompt": "x", "stream": "yes"}, 400, "stream type", param="stream")
@@ -364,6 +372,21 @@ def test_errors(port):
     chat = "/v1/chat/completions"
     err({"messages": [{"role": "user", "contnet": "x"}]}, 400, "misspelt message member", path=chat,
         param="messages", says="messages[0].contnet is not a member")
+    err({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "txt": "b"}]}]}, 400,
+        "a text part's unknown member", path=chat, param="messages", says="'txt' is not a member of a text part")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for bad, says in (({**call, "bogus": 1}, "tool_calls[0].bogus is not a member of a tool call"),
+                      ({**call, "function": {"name": "f", "arguments": "{}", "argumnets": "x"}},
+                       "tool_calls[0].function.argumnets is not a member"),
+                      ({**call, "id": 5}, "tool_calls[0].id must be a string"),
+                      ({**call, "index": -1}, "tool_calls[0].index must be a non-negative integer")):
+        err({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [bad]},
+                          {"role": "tool", "tool_call_id": "c1", "content": "1"}]}, 400, says, path=chat,
+            param="messages", says="messages[1]." + says)
+    st, j, data, _ = post(port, chat, {"messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [{**call, "index": 0}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"}], "max_tokens": 2})
+    check(st == 200, "a tool call gathered from a stream, its index kept, is taken (%d %r)" % (st, data[:200]))
     err({"messages": [{"role": "system", "content": "s"}, {"role": "user"}]}, 400, "message without content", path=chat,
         says="messages[1].content is required")
     err({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None}]}, 400,
@@ -443,6 +466,13 @@ def test_http_level(port):
     check(out.startswith(b"HTTP/1.1 400") and b"Host" in out, "HTTP/1.1 without Host -> 400: %r" % out[:160])
     out = raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 400") and b"Host" in out, "two Host fields -> 400: %r" % out[:160])
+    out = raw(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n"
+              b"Connection: close\r\n\r\n5\r\n{\"pro\r\n0\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400") and b"more than one Transfer-Encoding" in out,
+          "chunked twice -> 400: %r" % out[:200])
+    out = raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n")
+    check(out.startswith(b"HTTP/1.1 400") and b"more than one Authorization" in out,
+          "two Authorization fields -> 400: %r" % out[:200])
     out = raw(port, b"GET /health HTTP/1.0\r\n\r\n")
     check(b" 200 " in out[:20], "HTTP/1.0 without Host -> 200: %r" % out[:60])
     out = raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n")
