@@ -744,7 +744,7 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
                        char *err, size_t err_len, int *loose) {
     *out = NULL;
     tg t = {.forced = hold_loose, .tok = tok, .ud = ud, .err = err, .err_len = err_len};
-    char m[8][32], close[32];
+    char m[8][32], close[32], think[32];
     int rc = MLA_OK;
     /* calls after the first: as many as the parser returns (TOOLCALL_MAX_CALLS) */
     char more[32] = "";
@@ -756,7 +756,12 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
     if (q->close_reasoning && tg_mark(&t, REASONING_CLOSE_TAG, close) == MLA_OK)
         sb_printf(&t.out, "root ::= (!%s)* %s%s rest%s\n", close, q->required ? "" : "(", close,
                   q->required ? "" : ")?");
-    else /* (a vocabulary without "</think>" as one token: the reasoning is not held) */
+    /* the model may open it: then it closes it before a call; content starts with no "<think>" */
+    else if (q->free_reasoning && tg_mark(&t, REASONING_OPEN_TAG, think) == MLA_OK &&
+             tg_mark(&t, REASONING_CLOSE_TAG, close) == MLA_OK)
+        sb_printf(&t.out, "root ::= [ \\t\\r\\n]* (%s (!%s)* %s%s rest%s | tc | [^ \\t\\r\\n] .* rest)%s\n", think, close,
+                  q->required ? "" : "(", close, q->required ? "" : ")?", q->required ? "" : "?");
+    else /* (a vocabulary without "<think>" / "</think>" as one token: the reasoning is not held) */
         sb_printf(&t.out, "root ::= rest\n");
     if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK) {
         static const char *const mk[5] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,

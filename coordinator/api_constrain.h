@@ -66,6 +66,8 @@ typedef struct api_tool_grammar {
     bool one_call;           /* parallel_tool_calls false: one call */
     bool close_reasoning;    /* the prompt opened the reasoning: "</think>" first (a call inside the
                               * reasoning would be reasoning) */
+    bool free_reasoning;     /* the prompt left it free: an output that starts (after whitespace) with
+                              * "<think>" is reasoning, closed before a call; any other start content */
 } api_tool_grammar;
 
 /* The GBNF of q into *out (caller frees); MLA_ERR with err naming the problem: a marker of the

@@ -404,6 +404,12 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             if (!cJSON_IsObject(tc) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
                 return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                                              "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            static const char *const k_tc[] = {"type", "function", NULL}, *const k_tcf[] = {"name", NULL};
+            const char *k = other_member(tc, k_tc);
+            if (k) return bad(e, "tool_choice", "tool_choice.%.64s is not a member of a named tool choice (type, function)", k);
+            if ((k = other_member(cJSON_GetObjectItemCaseSensitive(tc, "function"), k_tcf)))
+                return bad(e, "tool_choice", "tool_choice.function.%.64s is not a member of a named tool choice's "
+                                             "function (name)", k);
             p->tool_choice = API_TOOLS_NAMED;
             p->tool_choice_name = mla_xstrdup(nm->valuestring);
         }

@@ -867,8 +867,15 @@ static bool parser_marker(const api_server *a, const api_req *r, const char *p, 
         ((len == sizeof REASONING_OPEN_TAG - 1 && !memcmp(p, REASONING_OPEN_TAG, len)) ||
          (len == sizeof REASONING_CLOSE_TAG - 1 && !memcmp(p, REASONING_CLOSE_TAG, len))))
         return true;
-    return toolcall_marker(r->chat->tk, p, len) ||
-           (r->chat->rk == REASONING_KIMI_K2 && toolcall_marker(TOOLCALL_KIMI_K2, p, len));
+    /* Kimi-K2's reasoning also ends where its call section opens: those two markers (the
+     * section's beginning and end) with no tools too; the calls' own markers only with them */
+    static const char *const kimi_section[] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1,
+                                               TOOLCALL_KIMI_SECTION_END, TOOLCALL_KIMI_SECTION_END1};
+    if (toolcall_marker(r->chat->tk, p, len)) return true;
+    if (r->chat->rk == REASONING_KIMI_K2)
+        for (size_t i = 0; i < sizeof kimi_section / sizeof *kimi_section; i++)
+            if (strlen(kimi_section[i]) == len && !memcmp(p, kimi_section[i], len)) return true;
+    return false;
 }
 
 /* Token id onto the request's tokens, and its text (with_text) onto its text; its logprob and up
@@ -1353,7 +1360,10 @@ static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
                           /* Kimi-K2's call section ends its reasoning itself */
                           .close_reasoning = p->prompt_reasoning == REASONING_PROMPT_OPEN &&
                                              a->cfg.reasoning_parser != REASONING_NONE &&
-                                             a->cfg.tool_parser != TOOLCALL_KIMI_K2};
+                                             a->cfg.tool_parser != TOOLCALL_KIMI_K2,
+                          .free_reasoning = p->prompt_reasoning == REASONING_PROMPT_FREE &&
+                                            a->cfg.reasoning_parser != REASONING_NONE &&
+                                            a->cfg.tool_parser != TOOLCALL_KIMI_K2};
     char msg[600];
     if (api_constrain_tools(&q, one_token, a, &p->constrain.grammar, msg, sizeof msg))
         return api_error_set(e, 400, "tools", NULL, "%s", msg);

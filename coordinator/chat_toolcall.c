@@ -166,13 +166,14 @@ enum { SEC_OK, SEC_PARTIAL, SEC_END, SEC_BAD };
 
 /* Whether s[0, n), the text after a call's opening marker where the output ended before its name
  * did, reads as a name cut off (no whitespace inside it once trimmed; a marker's first bytes
- * included): a final parse then drops the call, neither a call with a part of a name nor its
- * markers as content (a partial parse held it back; finish_reason says "length"). Other text
- * there is not the format and stays content. */
+ * included, but no whole marker: each ends with '>', and one after the name shows that the name
+ * ended, in a call not of the format): a final parse then drops the call, neither a call with a
+ * part of a name nor its markers as content (a partial parse held it back; finish_reason says
+ * "length"). Other text there is not the format and stays content. */
 static bool cut_name(const char *s, size_t n) {
     trim(&s, &n);
     for (size_t i = 0; i < n; i++)
-        if (is_ws(s[i])) return false;
+        if (is_ws(s[i]) || s[i] == '>') return false;
     return true;
 }
 
@@ -590,9 +591,9 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
             continue;
         }
         if (st == SEC_BAD) {
-            /* not the format: the text from there on stays content (from the start marker
-             * when no call of this section was read) */
-            size_t from = r->n_calls == before ? m : sp;
+            /* not the format: the text from there on stays content (when no call of this
+             * section was read, from the whitespace before its start marker: all of it, as it was) */
+            size_t from = r->n_calls == before ? seg : sp;
             cat_add(&content, t + from, len - from);
         }
         break;

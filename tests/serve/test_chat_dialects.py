@@ -142,6 +142,8 @@ def stream_result(cl, what, **kw):
     return {"content": content, "reasoning": reasoning, "calls": out}, finish
 
 
+KIMI_NO_TOOLS = ("<think>Plan.</think>Answer.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
+                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>")
 CASES = [
     # name, template, extra server args, model output, request extras, expected
     ("r1: the template opens <think>", "deepseek-r1.jinja", [],
@@ -321,6 +323,31 @@ CASES = [
     ("glm-4.6 an opening marker, then prose", "glm-4.6.jinja", [],
      "<tool_call>is how a call starts", {"tools": [WEATHER]},
      {"content": "<tool_call>is how a call starts", "reasoning": None, "calls": []}, "stop"),
+    # ... with the text before it as it was (the newline is not trimmed away before a marker that
+    # turns out not to open a call)
+    ("glm-4.6 text, a newline, then an opening marker and prose", "glm-4.6.jinja", [],
+     "Sure.\n<tool_call>is how a call starts", {"tools": [WEATHER]},
+     {"content": "Sure.\n<tool_call>is how a call starts", "reasoning": None, "calls": []}, "stop"),
+    ("deepseek-v3.1 text, a newline, then a section that is not the format", "ds-tools", [],
+     "OK.\n<｜tool▁calls▁begin｜>nothing here", {"tools": [TIME], "skip_special_tokens": False},
+     {"content": "OK.\n<｜tool▁calls▁begin｜>nothing here", "reasoning": None, "calls": []}, "stop"),
+    # a call whose name ended (a whole marker after it) but that is not the format: the text stays
+    # content, and what follows it too (a name cut off has no whole marker after it)
+    ("deepseek-v3.1 a name with no separator, then text", "ds-tools", [],
+     "OK.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done.",
+     {"tools": [TIME], "skip_special_tokens": False},
+     {"content": "OK.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done.",
+      "reasoning": None, "calls": []}, "stop"),
+    ("deepseek-v3 fenced with no newline after the name", "ds-tools", [],
+     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     {"tools": [TIME], "skip_special_tokens": False},
+     {"content": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time<｜tool▁call▁end｜>"
+                 "<｜tool▁calls▁end｜>", "reasoning": None, "calls": []}, "stop"),
+    ("kimi-k2 a call with no argument marker, then text", "kimi-k2.jinja", [],
+     "OK.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_end|>"
+     "<|tool_calls_section_end|>Done.", {"tools": [TIME], "skip_special_tokens": False},
+     {"content": "OK.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_end|>"
+                 "<|tool_calls_section_end|>Done.", "reasoning": None, "calls": []}, "stop"),
     # text inside a GLM call that is not a key/value pair is dropped with the call's end marker
     ("glm-4.6 text inside a call that is not a pair", "glm-4.6.jinja", [],
      "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Oslo</arg_value>\nHello there</tool_call>",
@@ -346,6 +373,14 @@ CASES = [
     ("required, a scripted answer without a call: the text is returned", "glm-4.6.jinja", [],
      "I cannot call anything.", {"tools": [WEATHER], "tool_choice": "required"},
      {"content": "I cannot call anything.", "reasoning": None, "calls": []}, "stop"),
+    # no tools: Kimi-K2's reasoning parser keeps its call-section markers (they end the reasoning),
+    # skip_special_tokens leaves out the calls' own
+    # (a pair of expectations: the markers as their tokens, then written out in bytes: text)
+    ("kimi-k2-thinking, no tools: only the section markers kept", "kimi-k2-thinking.jinja", [],
+     KIMI_NO_TOOLS, {},
+     ({"content": "Answer.<|tool_calls_section_begin|>functions.get_time:0{}<|tool_calls_section_end|>",
+       "reasoning": "Plan.", "calls": []},
+      {"content": KIMI_NO_TOOLS.split("</think>")[1], "reasoning": "Plan.", "calls": []}), "stop"),
     # (the markers kept as text: skip_special_tokens would leave their control tokens out, as below)
     ("tool_choice none: no parsing", "glm-4.6.jinja", [],
      "<tool_call>get_weather</tool_call>", {"tools": [WEATHER], "tool_choice": "none", "skip_special_tokens": False},
@@ -385,6 +420,7 @@ def main():
             cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.port, api_key="x", timeout=30, max_retries=0)
             for as_tokens in (True, False):
                 what = "%s (%s)" % (name, "marker tokens" if as_tokens else "byte tokens")
+                ex = exp[0 if as_tokens else 1] if isinstance(exp, tuple) else exp
                 with open(script, "w") as f:
                     f.write(" ".join(str(t) for t in tokens(split_markers(output), as_tokens)))
                 kw = dict(model="fake-model", messages=msgs, max_tokens=1000, temperature=0)
@@ -393,7 +429,7 @@ def main():
                 kw.update({k: v for k, v in req.items() if k not in body_keys})
                 r = cl.chat.completions.create(extra_body=extra_body or None, **kw)
                 got = result_of(r.choices[0].message, what)
-                check(expect_match(got, exp), what + ": message", (got, exp))
+                check(expect_match(got, ex), what + ": message", (got, ex))
                 check(r.choices[0].finish_reason == exp_finish, what + ": finish_reason", r.choices[0].finish_reason)
                 sgot, sfin = stream_result(cl, what, extra_body=extra_body or None, **kw)
                 # ids are per request: compare the rest
@@ -443,6 +479,11 @@ def main():
                               {"id": "c1", "type": "function", "function": {"name": "get_weather"}}]},
                           {"role": "user", "content": "q2"}])
         refused("tool_choice auto without tools", "tool_choice", tool_choice="auto")
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        refused("a named tool_choice's unknown member", "tool_choice.extra is not a member", tools=[WEATHER],
+                tool_choice=dict(named, extra=1))
+        refused("a named tool_choice's function's unknown member", "tool_choice.function.x is not a member",
+                tools=[WEATHER], tool_choice=dict(named, function={"name": "get_weather", "x": 1}))
         strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
         # strict: true is accepted (the calls' grammar holds the arguments; the scripted model here
         # writes its script whatever the grammar: test_structured.py checks the grammar's effect)

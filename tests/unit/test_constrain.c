@@ -201,7 +201,7 @@ static const char *const MK[] = {TOOLCALL_DS_CALLS_BEGIN,    TOOLCALL_DS_CALLS_E
                                  TOOLCALL_KIMI_SECTION_END,  TOOLCALL_KIMI_CALL_BEGIN,  TOOLCALL_KIMI_ARG_BEGIN,
                                  TOOLCALL_KIMI_CALL_END,     TOOLCALL_GLM_CALL_BEGIN,   TOOLCALL_GLM_CALL_END,
                                  TOOLCALL_GLM_KEY_BEGIN,     TOOLCALL_GLM_KEY_END,      TOOLCALL_GLM_VAL_BEGIN,
-                                 TOOLCALL_GLM_VAL_END,       REASONING_CLOSE_TAG};
+                                 TOOLCALL_GLM_VAL_END,       REASONING_CLOSE_TAG,       REASONING_OPEN_TAG};
 #define N_MK ((int)(sizeof MK / sizeof *MK))
 #define MK0 1000 /* the markers' ids; 0-255 the bytes; TG_EOS the end of sequence */
 #define TG_EOS 1100
@@ -357,7 +357,31 @@ static void test_tools(void) {
     q.required = false;
     tg_run(&q, v, "still thinking", 2, NULL, NULL); /* auto: it may end inside the reasoning */
     q.close_reasoning = false;
+    /* the prompt left the reasoning free (GLM-4.5 / 4.6 write "<think>" themselves): an output that
+     * opens it (after whitespace) closes it before a call; any other start is content, which may
+     * not open it later (the parser reads "<think>" only at the start) */
     q.kind = TOOLCALL_GLM;
+    q.required = q.free_reasoning = true;
+#define GLM_T TOOLCALL_GLM_CALL_BEGIN "get_time" TOOLCALL_GLM_CALL_END
+    tg_run(&q, v, "\n" REASONING_OPEN_TAG "plan" GLM_T, 1, NULL, NULL); /* a call inside it is reasoning */
+    tg_run(&q, v, "\n" REASONING_OPEN_TAG "plan" REASONING_CLOSE_TAG "\n" GLM_T, 2, "get_time", "{}");
+    tg_run(&q, v, " " GLM_T, 2, "get_time", "{}");
+    tg_run(&q, v, "Sure." GLM_T, 2, "get_time", "{}");
+    tg_run(&q, v, "Sure. " REASONING_OPEN_TAG GLM_T, 2, "get_time", "{}"); /* text: a <think> later is content */
+    tg_run(&q, v, " \n " REASONING_OPEN_TAG, 1, NULL, NULL);
+    tg_run(&q, v, "Sure.", 1, NULL, NULL); /* required: no end before a call */
+    q.required = false;
+    tg_run(&q, v, REASONING_OPEN_TAG "plan", 2, NULL, NULL); /* auto: it may end inside the reasoning */
+    tg_run(&q, v, "", 2, NULL, NULL);
+    tg_run(&q, v, REASONING_OPEN_TAG "plan" GLM_T, 2, NULL, NULL); /* reasoning text, its markers too */
+#undef GLM_T
+    for (size_t k = 0; k < 2; k++) { /* the vocabulary lacks "<think>" or "</think>": not held */
+        g_missing = k ? REASONING_CLOSE_TAG : REASONING_OPEN_TAG;
+        q.required = true;
+        tg_run(&q, v, REASONING_OPEN_TAG "plan" TOOLCALL_GLM_CALL_BEGIN "get_time" TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+    }
+    g_missing = NULL;
+    q.required = q.free_reasoning = false;
     /* GLM: a property's $ref resolves against the parameters */
     cJSON *reft = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
                               "{\"type\": \"object\", \"$defs\": {\"P\": {\"type\": \"integer\"}}, \"properties\": "
