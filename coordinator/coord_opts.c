@@ -27,10 +27,19 @@ static int opt_backend(void *ctx, const char *v, mla_err *err) {
 
 /* BYTES with an optional K/M/G/T (powers of 1024) suffix; 0 on a bad value. */
 static uint64_t parse_bytes(const char *v) {
+    /* digits, a fraction only before a suffix (no sign, blank, hex or exponent: strtod's extras) */
+    size_t i = 0;
+    while (v[i] >= '0' && v[i] <= '9') i++;
+    if (!i) return 0;
+    if (v[i] == '.') {
+        const size_t f = ++i;
+        while (v[i] >= '0' && v[i] <= '9') i++;
+        if (i == f || !strchr("KkMmGgTt", v[i]) || !v[i]) return 0;
+    }
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || end == v || !(x > 0)) return 0;
+    if (errno || end != v + i || !(x > 0)) return 0;
     double mul = 1;
     switch (*end) {
     case 'K': case 'k': mul = 1024.0; end++; break;
@@ -61,7 +70,8 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
     const double day_ms = 24.0 * 3600 * 1000;
     const opt_spec t[COORD_N_OPTS] = {
         {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
-         .help = "what the workers compute on", .fn = opt_backend, .ctx = cfg},
+         .help = "what the workers compute on (cpu refuses --nccl on, --allreduce oneshot, --cuda-precision bf16)",
+         .fn = opt_backend, .ctx = cfg},
         {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
          .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
         {.name = "--workers-external", .kind = OPT_FLAG, .help = "start no workers: wait for them to register",
@@ -134,8 +144,21 @@ void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
     memcpy(s, t, sizeof t);
 }
 
+/* The CUDA settings that ask for something the CPU backend does not do (NCCL, the one-shot
+ * all-reduce, bf16 products): refused with --backend cpu rather than ignored. */
+static int cpu_conflicts(const coord_config *cc, mla_err *err) {
+    if (!cc->backend || strcmp(cc->backend, "cpu")) return MLA_OK;
+    const char *what = cc->nccl == WIRE_NCCL_REQUIRED       ? "--nccl on"
+                       : cc->allreduce == WIRE_AR_ONESHOT    ? "--allreduce oneshot"
+                       : cc->cuda_precision == WIRE_PREC_BF16 ? "--cuda-precision bf16"
+                                                             : NULL;
+    if (what) return mla_errf(err, "%s is a CUDA setting: the CPU backend (--backend cpu) does not do it", what);
+    return MLA_OK;
+}
+
 int coord_group_start(const coord_group_opts *o, const gguf_ctx *g, coord **c, mla_err *err) {
     *c = NULL;
+    if (cpu_conflicts(&o->cc, err)) return MLA_ERR;
     if (coord_check_model(g, o->tp, NULL, err)) return mla_err_prefix(err, "%s", o->model);
     coord_config cfg = o->cc;
     cfg.world = o->tp;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "coordinator/grpc_msg.h"
 
@@ -18,6 +19,7 @@ typedef struct gstream {
     size_t header_bytes;
     char *auth;
     int64_t timeout_ms;
+    uint64_t deadline_ms; /* with the owner's clock: when the grpc-timeout passes (0: none) */
     uint8_t *in;
     size_t in_len, in_cap;
     bool replied;  /* answered by this layer (a bad request): later data is dropped */
@@ -170,6 +172,10 @@ static int parse_timeout(const uint8_t *v, size_t n, int64_t *ms) {
 }
 
 static bool eq(const uint8_t *a, size_t n, const char *b) { return n == strlen(b) && !memcmp(a, b, n); }
+/* the same, ASCII case aside (media types: RFC 9110 8.3.1) */
+static bool ieq(const uint8_t *a, size_t n, const char *b) {
+    return n == strlen(b) && !strncasecmp((const char *)a, b, n);
+}
 
 static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name, size_t nlen,
                      const uint8_t *value, size_t vlen, uint8_t flags, void *ud) {
@@ -190,11 +196,11 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
         st->bad_post = !eq(value, vlen, "POST");
     } else if (eq(name, nlen, "content-type")) {
         /* application/grpc or application/grpc+proto (the messages are protobuf: no +json), any
-         * parameters after a ';' */
+         * parameters after a ';', in any case */
         const uint8_t *semi = memchr(value, ';', vlen);
         const size_t base = semi ? (size_t)(semi - value) : vlen, g = sizeof "application/grpc" - 1;
-        st->bad_ctype = !eq(value, base, "application/grpc") && !eq(value, base, "application/grpc+proto");
-        st->not_grpc = base < g || memcmp(value, "application/grpc", g) || (base > g && value[g] != '+');
+        st->bad_ctype = !ieq(value, base, "application/grpc") && !ieq(value, base, "application/grpc+proto");
+        st->not_grpc = base < g || !ieq(value, g, "application/grpc") || (base > g && value[g] != '+');
     } else if (eq(name, nlen, "grpc-timeout")) {
         st->bad_timeout = parse_timeout(value, vlen, &st->timeout_ms) != 0;
     } else if (eq(name, nlen, "authorization")) {
@@ -261,7 +267,8 @@ static void headers_done(grpc_conn *c, gstream *st) {
     }
     char m[256] = "";
     const int status = c->cb.on_headers(c->cb.ud, st->method, st->auth, st->two_auth, m, sizeof m);
-    if (status != GRPC_OK) reply_status(c, st, status, m);
+    if (status != GRPC_OK) return reply_status(c, st, status, m);
+    if (st->timeout_ms >= 0 && c->cb.now_ms) st->deadline_ms = (c->cb.now_ms(c->cb.ud) + (uint64_t)st->timeout_ms) | 1;
 }
 
 /* The request is complete (END_STREAM): check its message, hand it on. */
@@ -279,11 +286,12 @@ static void request_done(grpc_conn *c, gstream *st) {
         return reply_status(c, st, GRPC_INVALID_ARGUMENT, "the request must carry exactly one message");
     st->in_call = true;
     c->n_calls++;
-    grpc_call_in call = {.stream_id = st->id,
-                         .method = st->method,
-                         .msg = st->in + 5,
-                         .len = n,
-                         .timeout_ms = st->timeout_ms};
+    int64_t left = st->timeout_ms;
+    if (st->deadline_ms) {
+        const uint64_t now = c->cb.now_ms(c->cb.ud);
+        left = now < st->deadline_ms ? (int64_t)(st->deadline_ms - now) : 0;
+    }
+    grpc_call_in call = {.stream_id = st->id, .method = st->method, .msg = st->in + 5, .len = n, .timeout_ms = left};
     c->cb.on_call(c->cb.ud, &call);
     /* the message is not needed any more */
     if (nghttp2_session_get_stream_user_data(c->s, call.stream_id) == st) {
@@ -390,6 +398,16 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
         nghttp2_session_resume_data(c->s, sid);
     }
     return MLA_OK;
+}
+
+bool grpc_conn_expire(grpc_conn *c, uint64_t now) {
+    bool any = false;
+    for (gstream *st = c->streams; st; st = st->next)
+        if (st->deadline_ms && !st->in_call && !st->replied && !st->started && !st->finishing && now >= st->deadline_ms) {
+            reply_status(c, st, GRPC_DEADLINE_EXCEEDED, "deadline exceeded before the request was complete");
+            any = true;
+        }
+    return any;
 }
 
 void grpc_conn_finish(grpc_conn *c, int32_t sid, int status, const char *message) {

@@ -67,7 +67,9 @@ typedef struct grpc_call_in {
     int method;                /* GRPC_M_* (coordinator/grpc_msg.h) */
     const uint8_t *msg;        /* the request message (valid during the call) */
     size_t len;
-    int64_t timeout_ms;        /* grpc-timeout, -1 when none (the authorization metadata: on_headers) */
+    int64_t timeout_ms;        /* what is left of grpc-timeout (counted from the request's headers
+                                * where now_ms is given; 0: it has passed), -1 when none (the
+                                * authorization metadata: on_headers) */
 } grpc_call_in;
 
 typedef struct grpc_conn_cbs {
@@ -78,6 +80,9 @@ typedef struct grpc_conn_cbs {
     int (*on_headers)(void *ud, int method, const char *authorization, bool two_auth, char *msg, size_t msg_size);
     void (*on_call)(void *ud, const grpc_call_in *call);
     void (*on_cancel)(void *ud, int32_t stream_id);
+    /* The owner's clock in ms: a grpc-timeout counts from the request's headers, and
+     * grpc_conn_expire ends a request not complete by then. NULL: from the whole request. */
+    uint64_t (*now_ms)(void *ud);
 } grpc_conn_cbs;
 
 typedef struct grpc_conn grpc_conn;
@@ -96,6 +101,9 @@ bool grpc_conn_done(const grpc_conn *c);
 int grpc_conn_send_msg(grpc_conn *c, int32_t stream_id, const ProtobufCMessage *m);
 /* Ends the call with status and message (may be NULL): trailers after the messages sent. */
 void grpc_conn_finish(grpc_conn *c, int32_t stream_id, int status, const char *message);
+/* Ends DEADLINE_EXCEEDED each request whose grpc-timeout passed (now: the now_ms clock) before
+ * the whole request was in (a client that sends no END_STREAM). Whether any was: output to send. */
+bool grpc_conn_expire(grpc_conn *c, uint64_t now);
 /* Calls started and not finished or cancelled. */
 int grpc_conn_n_calls(const grpc_conn *c);
 /* Response bytes queued over the streams and not yet taken (flow control holds them back while

@@ -68,6 +68,9 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
             p->n_prompt_ids = (int32_t)q->n_prompt_ids;
         }
     }
+    if (q->has_add_generation_prompt && p->kind != API_CHAT) /* as the HTTP API: chat only */
+        return fail(param, "add_generation_prompt", err,
+                    "add_generation_prompt applies to messages (the chat template), not to prompt or prompt_ids");
     p->add_generation_prompt = q->has_add_generation_prompt ? q->add_generation_prompt : true;
     p->echo = q->has_echo && q->echo;
     if (p->echo && p->kind != API_COMPLETIONS)
@@ -115,6 +118,9 @@ static int decode_generate(grpc_request *r, const Mlaapi__GenerateRequest *q, ch
         return fail(param, "top_logprobs", err, "top_logprobs must be between 0 and %d (got %u)",
                     SCHED_MAX_TOP_LOGPROBS, q->top_logprobs);
     p->top_logprobs = q->has_top_logprobs ? (int32_t)q->top_logprobs : 0;
+    if (q->has_logprobs && !q->logprobs && p->top_logprobs > 0)
+        return fail(param, "top_logprobs", err, "top_logprobs %d needs logprobs (true, or left out), not false",
+                    p->top_logprobs);
     p->logprobs = (q->has_logprobs && q->logprobs) || p->top_logprobs > 0;
     s->logprobs = p->logprobs;
     s->top_logprobs = p->top_logprobs;

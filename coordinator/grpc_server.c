@@ -49,6 +49,8 @@ struct gs_conn {
     uint64_t stall_sent, stall_since_ms; /* the reply bytes taken at the last sweep; since when none */
     uint64_t notice_ms;                  /* draining: when the GOAWAY notice was given (0: not yet) */
     bool last_goaway;                    /* draining: the GOAWAY that names the last call was given */
+    bool answered;                       /* a call of it has ended (a connection made while draining
+                                          * gets its notice once its calls are answered) */
 };
 
 struct grpc_server {
@@ -58,7 +60,8 @@ struct grpc_server {
     SSL_CTX *tls;
     uv_tcp_t listener;
     bool listening, closed;
-    bool draining; /* grpc_server_drain: every connection, new ones too, is told GOAWAY */
+    bool draining; /* grpc_server_drain: every connection is told GOAWAY (one made during the drain
+                    * once it has answered its calls) */
     gs_conn *conns;
     int n_conns, n_closing;
     size_t buffered;  /* request bytes buffered over the connections (grpc_conn_limits.total_buffered) */
@@ -98,6 +101,7 @@ static void call_unlink(gs_call *r) {
         c->calls = r->next;
     if (r->next) r->next->prev = r->prev;
     c->n_calls--;
+    c->answered = true;
     free(r);
 }
 
@@ -628,6 +632,8 @@ static void on_call(void *ud, const grpc_call_in *in) {
     grpc_request_free(&q);
 }
 
+static uint64_t now_ms(void *ud) { return uv_now(((gs_conn *)ud)->srv->loop); }
+
 static void on_cancel(void *ud, int32_t sid) {
     gs_conn *c = ud;
     gs_call *r = find_sid(c, sid);
@@ -718,7 +724,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     s->conns = c;
     s->n_conns++;
     snprintf(c->peer, sizeof(c->peer), "?");
-    grpc_conn_cbs cb = {.ud = c, .on_headers = on_headers, .on_call = on_call, .on_cancel = on_cancel};
+    grpc_conn_cbs cb = {.ud = c, .on_headers = on_headers, .on_call = on_call, .on_cancel = on_cancel, .now_ms = now_ms};
     mla_err err = {{0}};
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || grpc_conn_init(&c->h2, &s->cfg.conn, &cb, &err) != MLA_OK) {
         conn_close(c);
@@ -764,10 +770,10 @@ static void on_connection(uv_stream_t *ls, int status) {
         return;
     }
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-    if (s->draining)
-        conn_notice(c); /* with the server's SETTINGS (plain h2c; over TLS once its handshake is done) */
-    else
-        flush(c); /* the server's SETTINGS (plain h2c) */
+    /* during a drain too: its calls are answered first (a new Generate UNAVAILABLE), then the
+     * sweep gives its notice. A notice before any call would make a client such as grpcio move its
+     * call to yet another connection, told the same, over and over until the server is gone. */
+    flush(c); /* the server's SETTINGS (plain h2c) */
 }
 
 /* Deadlines, idle and handshake timeouts, Health.Watch changes. */
@@ -792,6 +798,9 @@ static void on_sweep(uv_timer_t *t) {
             }
         }
         if (c->closing) continue;
+        if (c->h2 && !c->in_recv && grpc_conn_expire(c->h2, now)) flush(c); /* requests not complete in time */
+        if (c->closing) continue;
+        if (s->draining && !c->notice_ms && c->answered && !c->calls && h2_up(c) && !c->in_recv) conn_notice(c);
         if (c->notice_ms && !c->last_goaway && h2_up(c) && !c->in_recv && now - c->notice_ms >= GS_LAST_GOAWAY_MS) {
             grpc_conn_last_goaway(c->h2);
             c->last_goaway = true;

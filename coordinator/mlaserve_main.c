@@ -38,7 +38,7 @@ static int usage(FILE *f) {
             "         (bench --help lists every option)\n"
             "  serve -m MODEL [--tp N] [--host H] [--port P] [--api-key K] ...   OpenAI-compatible\n"
             "         HTTP server over N worker processes (serve --help lists every option)\n"
-            "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models\n"
+            "  client [--host H] --port P [--api-key K] generate -p TEXT | tokenize TEXT | health | models | info\n"
             "         gRPC API client (of serve --proto-port P)\n"
             "  keygen DIR [--client NAME]   CURVE keys for the coordinator <-> worker control plane\n"
             "  mkmodel --family v3|glm5|v2lite|glm47flash -o OUT.gguf [--layers N] [--mix q4k|iq2|iq3] ...\n"

@@ -20,7 +20,8 @@
 #   --grace S     seconds the server and the workers get to stop before they are killed (default 40)
 #   --cpu         no GPUs: the workers share the host (CPU backend); for testing
 #   --dry-run     print the commands instead of running them
-# Environment: MLASERVE_API_KEY (API key), NCCL_* / CUDA_* (passed to the workers unchanged).
+# Environment: MLASERVE_API_KEY (API key: the coordinator's, not passed to the workers), NCCL_* / CUDA_*
+# (passed to the workers unchanged).
 set -euo pipefail
 
 model="" n="" logs="" bin="" port=8000 host=127.0.0.1 curve="" grace=40 dry=0 cpu=0
@@ -100,8 +101,8 @@ curve_args=()
 
 serve_cmd=("$serve_exe" serve -m "$model" --tp "$n" --host "$host" --port "$port" --workers-external
            --coord "$endpoint" --port-file "$logs/port" "${curve_args[@]}" "${extra[@]}")
-worker_args() { # rank -> the array wargs
-  wargs=("$worker_exe" --coord "$endpoint" --rank "$1" --world "$n" -m "$model" "${curve_args[@]}")
+worker_args() { # rank -> the array wargs (the API key stays with the coordinator, as serve's own workers)
+  wargs=(env -u MLASERVE_API_KEY "$worker_exe" --coord "$endpoint" --rank "$1" --world "$n" -m "$model" "${curve_args[@]}")
   if [[ $cpu -eq 1 ]]; then wargs+=(--backend cpu --device cpu); else wargs+=(--backend cuda --device "cuda:$1"); fi
 }
 

@@ -45,7 +45,7 @@ fi
 
 # the installed launcher finds the installed binaries
 out=$("$root/share/mlaserve/deploy/launch.sh" -m M.gguf -n 1 --cpu --dry-run --logs "$d/logs")
-if ! grep -q "^coordinator: $root/bin/mlaserve serve" <<<"$out" || ! grep -q "^worker 0: $root/bin/mlaserve-worker " <<<"$out"; then
+if ! grep -q "^coordinator: $root/bin/mlaserve serve" <<<"$out" || ! grep -q "^worker 0: env -u MLASERVE_API_KEY $root/bin/mlaserve-worker " <<<"$out"; then
   fail "installed launch.sh does not run the installed binaries: $out"
 fi
 

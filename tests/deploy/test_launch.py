@@ -65,6 +65,8 @@ def case_launch():
     check(r.returncode == 0 and len(lines) == 3 and "--tp 2" in lines[0] and "--workers-external" in lines[0],
           "launch.sh --dry-run: the coordinator command", r.stdout)
     check(all("--rank %d --world 2" % k in lines[k + 1] for k in range(2)), "launch.sh --dry-run: one worker per rank")
+    check(all(lines[k + 1].split(":", 1)[1].split()[:3] == ["env", "-u", "MLASERVE_API_KEY"] for k in range(2)),
+          "launch.sh --dry-run: the workers start without the API key", lines[1:3])
     check(not os.path.exists(logs), "launch.sh --dry-run: no logs folder made")
     r = subprocess.run([script, "-m", model, "-n", "2", "--dry-run", "--bin", bindir, "--logs", logs],
                        capture_output=True, text=True, timeout=30)
@@ -162,6 +164,7 @@ def case_slurm():
           and "tcp://\\*:29555" in out and "--curve-dir " + keys in out, "sbatch dry run: coordinator command", out)
     check("MLASERVE_COORD=tcp://gpu-a:29555" in out and "--ntasks=2" in out and "--gpus-per-task=1" in out
           and "--export=ALL" in out and "SLURM_PROCID" in out, "sbatch dry run: srun command", out)
+    check("unset\\ MLASERVE_API_KEY\\;\\ " in out, "sbatch dry run: each task drops the API key", out)
     check("passed: NCCL_SOCKET_IFNAME=ib0" in out, "sbatch dry run: NCCL_* passed through", out)
     check("--cpus-per-task" not in out, "sbatch dry run: no --cpus-per-task when the job has none", out)
     r = subprocess.run([script], capture_output=True, text=True, timeout=30,

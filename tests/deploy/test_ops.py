@@ -242,6 +242,16 @@ def case_cli():
     check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp=0 refused naming it", r.stderr)
     r = run([exe, "inspect", model, "--tp", "65"])  # serve's bound too (WIRE_MAX_WORLD)
     check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp 65 refused naming it", r.stderr)
+    # CUDA settings the CPU backend would not honour: refused by name before the workers start
+    for a in (["--nccl", "on"], ["--allreduce", "oneshot"], ["--cuda-precision", "bf16"]):
+        r = run([exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--worker-exe", worker, "--backend", "cpu"] + a)
+        check(r.returncode != 0 and " ".join(a) + " is a CUDA setting" in r.stderr and "registered" not in r.stderr,
+              "generate --backend cpu %s refused" % " ".join(a), r.stderr[-300:])
+    # sizes: digits, a fraction only before a suffix; not strtod's hex, exponents or blanks
+    for v in ("1.5", "0x10", "1e3", " 1G", "1.G", "0", "-1G"):
+        r = run([exe, "serve", "-m", model, "--kv-memory", v, "--port", "-1"])
+        check(r.returncode == 2 and "--kv-memory" in r.stderr and "not a size" in r.stderr,
+              "serve: --kv-memory %r refused naming it" % v, r.stderr[-300:])
     # log level and ISO dates
     gen = [exe, "generate", "-m", model, "-p", "Hi", "-n", "2", "--worker-exe", worker]
     r = run(gen + ["--log-level=info"])

@@ -4,8 +4,10 @@
  * HTTP/2 preface (added when the input's second byte is odd, so that the fuzzer need not find
  * it). Every call the layer hands on is decoded and validated (protobuf unpack, field checks,
  * sampling parameters, chat messages), answered with a message and a status, or left open and
- * answered later; the output is drained after every piece. Must never crash, leak or read out of
- * bounds; a protocol error stops the stream as the server does. */
+ * answered later; the output is drained after every piece. A clock moves on with each piece (by
+ * its last byte, in ms), and requests not complete by their grpc-timeout are ended after it
+ * (grpc_conn_expire). Must never crash, leak or read out of bounds; a protocol error stops the
+ * stream as the server does. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +20,10 @@ typedef struct fz {
     grpc_conn *c;
     int32_t open[8]; /* calls left open, answered at the end */
     int n_open;
+    uint64_t now; /* the clock, ms */
 } fz;
+
+static uint64_t now_ms(void *ud) { return ((fz *)ud)->now; }
 
 static void on_call(void *ud, const grpc_call_in *in) {
     fz *f = ud;
@@ -67,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lim.max_header_bytes = 2048;
     lim.max_buffered = 16384;
     lim.max_out = 4096;
-    grpc_conn_cbs cb = {.ud = &f, .on_call = on_call, .on_cancel = on_cancel};
+    grpc_conn_cbs cb = {.ud = &f, .on_call = on_call, .on_cancel = on_cancel, .now_ms = now_ms};
     mla_err err = {{0}};
     if (grpc_conn_init(&f.c, &lim, &cb, &err) != MLA_OK) return 0;
     drain(f.c);
@@ -81,6 +86,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         drain(f.c);
         if (rc != MLA_OK) goto done;
         off += n;
+        f.now += data[off - 1];
+        grpc_conn_expire(f.c, f.now);
+        drain(f.c);
         if (f.n_open && (data[off - 1] & 0x80)) {
             int32_t sid = f.open[--f.n_open];
             Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;

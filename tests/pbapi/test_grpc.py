@@ -212,6 +212,10 @@ try:
           (got,))
     # refusals the generation path makes (past the decoder) name their field as the proto does
     for req, field in ((api_pb2.GenerateRequest(prompt_ids=[5, 999999], max_tokens=2), "prompt_ids: token id 999999"),
+                       (api_pb2.GenerateRequest(prompt="1 2", max_tokens=2, add_generation_prompt=False),
+                        "add_generation_prompt"),
+                       (api_pb2.GenerateRequest(prompt="1 2", max_tokens=2, logprobs=False, top_logprobs=3),
+                        "top_logprobs"),
                        (api_pb2.GenerateRequest(prompt="1 2 3", stop_token_ids=[999999], max_tokens=2),
                         "stop_token_ids: token id 999999"),
                        (api_pb2.GenerateRequest(prompt="1 2", max_tokens=2147483647), "max_tokens: ")):
@@ -391,10 +395,16 @@ try:
     next(slow)
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    # grpcio starts it on a new connection (the one it had was told GOAWAY), is told GOAWAY there
-    # too, or (sent before it heard) the API refuses it: UNAVAILABLE either way
-    check(code_of(lambda: list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2", max_tokens=2), metadata=AUTH,
-                                             timeout=30))) == SC.UNAVAILABLE, "draining: a new Generate UNAVAILABLE")
+    # grpcio starts it on a new connection (the one it had was told GOAWAY), where it is answered
+    # (a connection made during the drain gets its notice once its calls are answered: one at once
+    # would send the call on to yet another connection, over and over until the server is gone)
+    try:
+        list(stub.Generate(api_pb2.GenerateRequest(prompt="1 2", max_tokens=2), metadata=AUTH, timeout=30))
+        got = (SC.OK, "")
+    except grpc.RpcError as e:
+        got = (e.code(), e.details())
+    check(got[0] == SC.UNAVAILABLE and "shutting down (signal 15)" in got[1] and srv.proc.poll() is None,
+          "draining: a new Generate answered UNAVAILABLE by the draining server %r" % (got,))
     check(sum(1 for x in slow if x.HasField("token_id")) == 449, "draining: the call in flight ends whole")
     chan.close()
     srv.proc.wait(timeout=60)  # the drain ends by itself (stop() then sees the exit status)
@@ -544,10 +554,9 @@ finally:
     code = srv.stop()
     check(code == 0, "TLS server exit status %r" % code)
 # ---- a drain with a call in flight (400 steps of 20 ms, past the drain timeout of 3 s): a
-# connection made during it hears the notice (last stream id 2^31 - 1, RFC 9113 6.8) with the
-# server's SETTINGS; a Health and a grpc.health.v1 Check it sends anyway are answered (draining,
-# NOT_SERVING); then comes the GOAWAY that names the last call taken (3: the sweep's, a second after
-# the notice) and the close. The
+# connection made during it has its Health and grpc.health.v1 Check answered (draining,
+# NOT_SERVING), then hears the notice (last stream id 2^31 - 1, RFC 9113 6.8), then the GOAWAY
+# that names the last call taken (3: the sweep's, a second after the notice) and the close. The
 # call in flight is cut off by the drain timeout: UNAVAILABLE (retryable) ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512", "--drain-timeout", "3"],
                 env={"MLA_WORKER_STEP_DELAY_MS": "20"})
@@ -592,6 +601,25 @@ finally:
 # ---- an idle server's drain: a Health.Watch hears NOT_SERVING before the connection goes ----
 srv = pb.Server(exe, worker, model, tp=1, extra=["--max-context", "512"])
 try:
+    # first, a deadline counts from the request's headers: a request whose message comes without
+    # END_STREAM (not complete) ends DEADLINE_EXCEEDED at its time all the same
+    import hpack
+    with socket.create_connection(("127.0.0.1", srv.proto_port), timeout=10) as s:
+        msg = api_pb2.GenerateRequest(prompt="1 2", max_tokens=2).SerializeToString()
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, h2_headers(
+            [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/mlaapi.MlaServe/Generate"),
+             (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+             (b"grpc-timeout", b"800m")])) + h2_frame(0, 0, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        t0 = time.monotonic()
+        frames = []
+        h2_read(s, frames, lambda f: any(t == 1 and sid == 1 and fl & 1 for t, fl, sid, _ in f))
+        took = time.monotonic() - t0
+    dec = hpack.Decoder()
+    hdrs = [dict((k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
+                 for k, v in dec.decode(pl)) for t, _, sid, pl in frames if t == 1 and sid == 1]
+    st = hdrs[-1].get("grpc-status") if hdrs else None
+    check(st == "4" and 0.7 <= took < 3, "a request never completed ends DEADLINE_EXCEEDED at its grpc-timeout "
+          "(status %r after %.2f s)" % (st, took))
     with grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port) as ch:
         w = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=60)
         check(next(w).status == health_pb2.HealthCheckResponse.SERVING, "idle drain: Watch SERVING first")

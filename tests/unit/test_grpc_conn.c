@@ -227,7 +227,9 @@ static void test_content_types(void) {
                  {"application/grpc;x=1", "200", "0"},    {"application/grpc+proto;x=1", "200", "0"},
                  {"application/grpc+json", "200", "12"},  {"application/grpc+protobuf", "200", "12"},
                  {"application/grpcx", "415", ""},        {"application/json", "415", ""},
-                 {"application/grp", "415", ""},          {"text/plain;application/grpc", "415", ""}};
+                 {"application/grp", "415", ""},          {"text/plain;application/grpc", "415", ""},
+                 {"Application/gRPC", "200", "0"},        {"APPLICATION/GRPC+PROTO", "200", "0"},
+                 {"Application/gRPC+JSON", "200", "12"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int calls = v.calls;
         call(&c, &v, health, cases[i].ctype, 0, NULL, 0);
