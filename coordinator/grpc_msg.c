@@ -230,6 +230,39 @@ static int wire_strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p
     return MLA_OK;
 }
 
+/* The number of the first field of m (nested messages too, to depth 8) that its descriptor does
+ * not know, its path into at ("messages[1].#9") and the message it is in into *holder, or 0: protobuf-c keeps such fields aside unread, and a
+ * request field this server does not read is refused, as the HTTP API refuses unknown members. */
+static uint32_t unknown_field(const ProtobufCMessage *m, int depth, char *at, size_t cap, const char **holder) {
+    if (m->n_unknown_fields) {
+        *holder = m->descriptor->short_name;
+        snprintf(at + strlen(at), cap - strlen(at), "%s#%u", *at ? "." : "", m->unknown_fields[0].tag);
+        return m->unknown_fields[0].tag;
+    }
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields && depth < 8; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+        const char *base = (const char *)m;
+        const size_t n = f->label == PROTOBUF_C_LABEL_REPEATED ? *(const size_t *)(base + f->quantifier_offset) : 1;
+        const void *v = base + f->offset;
+        for (size_t k = 0; k < n; k++) {
+            const ProtobufCMessage *sub = f->label == PROTOBUF_C_LABEL_REPEATED ? (*(ProtobufCMessage *const *const *)v)[k]
+                                                                                 : *(ProtobufCMessage *const *)v;
+            if (!sub) continue;
+            const size_t l = strlen(at);
+            if (f->label == PROTOBUF_C_LABEL_REPEATED)
+                snprintf(at + l, cap - l, "%s%s[%zu]", l ? "." : "", f->name, k);
+            else
+                snprintf(at + l, cap - l, "%s%s", l ? "." : "", f->name);
+            const uint32_t t = unknown_field(sub, depth + 1, at, cap, holder);
+            if (t) return t;
+            at[l] = 0;
+        }
+    }
+    return 0;
+}
+
 int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_request *r, char param[48],
                         mla_err *err) {
     memset(r, 0, sizeof(*r));
@@ -241,6 +274,16 @@ int grpc_request_decode(int method, const uint8_t *payload, size_t len, grpc_req
     if (!r->msg)
         return fail(param, NULL, err, "the request (%zu bytes) is not a valid %s message", len, d->name);
     if (wire_strings_ok(d, payload, len, 0, "", "", param, err)) return MLA_ERR;
+    char at[160] = "";
+    const char *holder = "";
+    const uint32_t unk =
+        method == GRPC_M_HC_CHECK || method == GRPC_M_HC_WATCH ? 0 : unknown_field(r->msg, 0, at, sizeof at, &holder);
+    if (unk == 2 && method == GRPC_M_GENERATE && !strchr(at, '.'))
+        return fail(param, "api_key", err, "field 2 (api_key) was removed: the key goes in the authorization metadata "
+                                           "(Bearer KEY)");
+    if (unk)
+        return fail(param, NULL, err, "%s: field %u is not a field of %s in this server's proto/api.proto", at, unk,
+                    holder);
     switch (method) {
     case GRPC_M_GENERATE: {
         Mlaapi__GenerateRequest *q = (Mlaapi__GenerateRequest *)r->msg;

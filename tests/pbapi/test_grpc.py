@@ -381,6 +381,21 @@ try:
         got = (e.code(), e.details())
     check(got[0] == SC.INVALID_ARGUMENT and "messages[1].content is not valid UTF-8" in got[1],
           "a message's content that is not UTF-8 is named by its index: %r" % (got,))
+    # fields this server does not know (a newer client's, the removed api_key) are refused by
+    # number and place, not dropped: the server would not honour them
+    base = api_pb2.GenerateRequest(prompt="1 2", max_tokens=2).SerializeToString()
+    chat = api_pb2.GenerateRequest(messages=[api_pb2.ChatMessage(role="user", content="hi")], max_tokens=2)
+    cm = chat.messages[0].SerializeToString() + b"\x48\x05"  # ChatMessage field 9, varint 5
+    for payload, says in ((base + b"\x98\x06\x05", "#99: field 99 is not a field of GenerateRequest"),
+                          (base + b"\x12\x03key", "field 2 (api_key) was removed"),
+                          (b"\x32" + bytes([len(cm)]) + cm + b"\x40\x02", "messages[0].#9: field 9 is not a field of "
+                                                                          "ChatMessage")):
+        try:
+            list(gen_raw(payload, metadata=AUTH, timeout=30))
+            got = (SC.OK, "")
+        except grpc.RpcError as e:
+            got = (e.code(), e.details())
+        check(got[0] == SC.INVALID_ARGUMENT and says in got[1], "an unknown field refused: %r" % (got,))
     # ---- a reply larger than the connection's output bound (8 MiB with its 5-byte frame head):
     # Tokenize of 4 MiB less a byte of " \n" pairs, a token a byte, ids of two varint bytes ----
     with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20),
