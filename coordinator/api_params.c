@@ -363,6 +363,20 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                 strlen(nm->valuestring) > API_MAX_TOOL_NAME)
                 return bad(e, "tools", "tools[%d].function.name must be a non-empty string of at most %d bytes", i,
                            API_MAX_TOOL_NAME);
+            /* the call formats' parsers end a name at whitespace or '<' (a marker): a tool so named
+             * could never be called */
+            for (const unsigned char *c = (const unsigned char *)nm->valuestring; *c; c++)
+                if (*c <= ' ' || *c == '<' || *c == 0x7F)
+                    return bad(e, "tools", "tools[%d].function.name '%.64s' holds whitespace, a control character or "
+                                           "'<', where a model's call format ends a name", i, nm->valuestring);
+            const cJSON *t2;
+            int j = 0;
+            cJSON_ArrayForEach(t2, tools) { /* two tools of one name: which one a call means would be a guess */
+                if (j++ == i) break;
+                const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t2, "function"), "name");
+                if (cJSON_IsString(n2) && !strcmp(n2->valuestring, nm->valuestring))
+                    return bad(e, "tools", "tools[%d].function.name '%.64s' is tools[%d]'s too", i, nm->valuestring, j - 1);
+            }
             const cJSON *it;
             cJSON_ArrayForEach(it, t) { /* "strict" put beside "function" would be lost */
                 const char *k = it->string ? it->string : "";

@@ -479,6 +479,9 @@ def main():
                               {"id": "c1", "type": "function", "function": {"name": "get_weather"}}]},
                           {"role": "user", "content": "q2"}])
         refused("tool_choice auto without tools", "tool_choice", tool_choice="auto")
+        spaced = {"type": "function", "function": dict(WEATHER["function"], name="get weather")}
+        refused("a tool name with a space", "holds whitespace", tools=[spaced])
+        refused("two tools of one name", "is tools[0]'s too", tools=[WEATHER, WEATHER])
         named = {"type": "function", "function": {"name": "get_weather"}}
         refused("a named tool_choice's unknown member", "tool_choice.extra is not a member", tools=[WEATHER],
                 tool_choice=dict(named, extra=1))
