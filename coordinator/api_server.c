@@ -1806,6 +1806,17 @@ static void generate_ready(api_server *a, prep_job *j) {
         reply_error(c, &e, NULL);
         return;
     }
+    /* all or none: the queue's room for every choice first (a choice refused after others were
+     * taken would leave those in the queue until the next step, where they count against
+     * --max-queue for the requests behind) */
+    mla_err qerr = {{0}};
+    const int qrc = n_all > 1 && a->s ? sched_room(a->s, n_all, &qerr) : SCHED_E_OK;
+    if (qrc != SCHED_E_OK) {
+        api_error_set(&e, qrc == SCHED_E_QUEUE_FULL ? 429 : 503, NULL,
+                      qrc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", qerr.msg);
+        reply_error(c, &e, NULL);
+        return;
+    }
     api_resp *rs = mla_xcalloc(1, sizeof *rs);
     rs->conn = c;
     rs->n_per = n_per;

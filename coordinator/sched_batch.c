@@ -260,6 +260,29 @@ static void open_gate(sched *s, sreq *q) {
     MLA_ASSERT(q->n_followers == 0);
 }
 
+/* Whether n more requests fit in the queue now (lock held): its cap counts the requests past the
+ * batch's free places, so that a burst the next step admits whole is not refused. */
+static int room(sched *s, int n, mla_err *err) {
+    const int32_t free_places = s->cfg.max_seqs > s->running.n ? s->cfg.max_seqs - s->running.n : 0;
+    if ((int64_t)s->waiting.n + n - 1 - free_places < s->cfg.max_queue) return SCHED_E_OK;
+    if (n > 1) {
+        mla_errf(err, "too many requests waiting: %d, and the request's %d choices, where the batch has %d free "
+                 "places and --max-queue is %d; try again later", s->waiting.n, n, free_places, s->cfg.max_queue);
+    } else {
+        mla_errf(err, "too many requests waiting: %d, where the batch has %d free places and --max-queue is %d; try "
+                 "again later", s->waiting.n, free_places, s->cfg.max_queue);
+    }
+    return SCHED_E_QUEUE_FULL;
+}
+
+int sched_room(sched *s, int n, mla_err *err) {
+    pthread_mutex_lock(&s->mu);
+    const int rc = s->stopping ? SCHED_E_STOPPED : room(s, n, err);
+    if (rc == SCHED_E_STOPPED) mla_errf(err, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *err) {
     if (req_id) *req_id = 0;
     if (!r->prompt || r->n_prompt < 1) {
@@ -339,15 +362,9 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
         mla_errf(err, "the server is shutting down");
         return SCHED_E_STOPPED;
     }
-    /* the queue's cap counts the requests past the batch's free places: a burst that the next
-     * step admits whole is not refused */
-    const int32_t free_places = s->cfg.max_seqs > s->running.n ? s->cfg.max_seqs - s->running.n : 0;
-    if (s->waiting.n - free_places >= s->cfg.max_queue) {
-        const int n = s->waiting.n, cap = s->cfg.max_queue;
+    if (room(s, 1, err) != SCHED_E_OK) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
-        mla_errf(err, "too many requests waiting: %d, where the batch has %d free places and --max-queue is %d; "
-                 "try again later", n, free_places, cap);
         return SCHED_E_QUEUE_FULL;
     }
     q->id = s->next_id++;

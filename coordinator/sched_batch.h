@@ -320,6 +320,10 @@ void sched_free(sched *s);
 /* Adds a request; on success *req_id gets its id (> 0) and SCHED_E_OK is returned. On failure a
  * negative sched_submit_err is returned and err names the problem; no event will follow. */
 int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *err);
+/* Whether n more requests would be taken by sched_submit now: SCHED_E_OK, or SCHED_E_QUEUE_FULL /
+ * SCHED_E_STOPPED with err naming why. A caller that is the only one to submit (the API's loop
+ * thread) checks a group of requests whole this way: steps only make room. */
+int sched_room(sched *s, int n, mla_err *err);
 /* Finishes a request at the next step (final event SCHED_FINISH_CANCELLED). Unknown or finished
  * ids are ignored. */
 void sched_cancel(sched *s, uint64_t req_id);
