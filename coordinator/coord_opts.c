@@ -70,7 +70,7 @@ void coord_opt_specs(coord_config *cfg, opt_spec *s) {
     const double day_ms = 24.0 * 3600 * 1000;
     const opt_spec t[COORD_N_OPTS] = {
         {.name = "--backend", .kind = OPT_FN, .arg = "cpu|cuda", .def = "cuda where a GPU is visible, else cpu",
-         .help = "what the workers compute on (cpu refuses --nccl on, --allreduce oneshot, --cuda-precision bf16)",
+         .help = "what the workers compute on (cpu refuses --nccl on and --cuda-precision bf16)",
          .fn = opt_backend, .ctx = cfg},
         {.name = "--coord", .kind = OPT_STR, .arg = "ENDPOINT", .def = "a fresh ipc:// path",
          .help = "control-plane bind address (tcp://HOST:PORT for workers on other hosts)", .dest = &cfg->endpoint},
@@ -144,12 +144,12 @@ void coord_group_opt_specs(coord_group_opts *o, opt_spec *s) {
     memcpy(s, t, sizeof t);
 }
 
-/* The CUDA settings that ask for something the CPU backend does not do (NCCL, the one-shot
- * all-reduce, bf16 products): refused with --backend cpu rather than ignored. */
+/* The CUDA settings that ask for something the CPU backend does not do (NCCL, bf16 products):
+ * refused with --backend cpu rather than ignored (--allreduce oneshot: by the workers, which
+ * know their devices). */
 static int cpu_conflicts(const coord_config *cc, mla_err *err) {
     if (!cc->backend || strcmp(cc->backend, "cpu")) return MLA_OK;
     const char *what = cc->nccl == WIRE_NCCL_REQUIRED       ? "--nccl on"
-                       : cc->allreduce == WIRE_AR_ONESHOT    ? "--allreduce oneshot"
                        : cc->cuda_precision == WIRE_PREC_BF16 ? "--cuda-precision bf16"
                                                              : NULL;
     if (what) return mla_errf(err, "%s is a CUDA setting: the CPU backend (--backend cpu) does not do it", what);

@@ -243,7 +243,7 @@ def case_cli():
     r = run([exe, "inspect", model, "--tp", "65"])  # serve's bound too (WIRE_MAX_WORLD)
     check(r.returncode == 2 and "--tp" in r.stderr, "inspect: --tp 65 refused naming it", r.stderr)
     # CUDA settings the CPU backend would not honour: refused by name before the workers start
-    for a in (["--nccl", "on"], ["--allreduce", "oneshot"], ["--cuda-precision", "bf16"]):
+    for a in (["--nccl", "on"], ["--cuda-precision", "bf16"]):  # (--allreduce oneshot: allreduce_oneshot_cpu_refused)
         r = run([exe, "generate", "-m", model, "-p", "Hi", "-n", "1", "--worker-exe", worker, "--backend", "cpu"] + a)
         check(r.returncode != 0 and " ".join(a) + " is a CUDA setting" in r.stderr and "registered" not in r.stderr,
               "generate --backend cpu %s refused" % " ".join(a), r.stderr[-300:])
