@@ -759,8 +759,8 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
     /* the model may open it: then it closes it before a call; content starts with no "<think>" */
     else if (q->free_reasoning && tg_mark(&t, REASONING_OPEN_TAG, think) == MLA_OK &&
              tg_mark(&t, REASONING_CLOSE_TAG, close) == MLA_OK)
-        sb_printf(&t.out, "root ::= [ \\t\\r\\n]* (%s (!%s)* %s%s rest%s | tc | [^ \\t\\r\\n] .* rest)%s\n", think, close,
-                  q->required ? "" : "(", close, q->required ? "" : ")?", q->required ? "" : "?");
+        sb_printf(&t.out, "root ::= [ \\t\\r\\n]* (%s (!%s)* %s%s rest%s | tc | [^ \\t\\r\\n] .* rest)%s\n",
+                  think, close, q->required ? "" : "(", close, q->required ? "" : ")?", q->required ? "" : "?");
     else /* (a vocabulary without "<think>" / "</think>" as one token: the reasoning is not held) */
         sb_printf(&t.out, "root ::= rest\n");
     if (rc == MLA_OK && q->kind == TOOLCALL_DEEPSEEK) {

@@ -373,9 +373,11 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             int j = 0;
             cJSON_ArrayForEach(t2, tools) { /* two tools of one name: which one a call means would be a guess */
                 if (j++ == i) break;
-                const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t2, "function"), "name");
+                const cJSON *f2 = cJSON_GetObjectItemCaseSensitive(t2, "function"),
+                            *n2 = cJSON_GetObjectItemCaseSensitive(f2, "name");
                 if (cJSON_IsString(n2) && !strcmp(n2->valuestring, nm->valuestring))
-                    return bad(e, "tools", "tools[%d].function.name '%.64s' is tools[%d]'s too", i, nm->valuestring, j - 1);
+                    return bad(e, "tools", "tools[%d].function.name '%.64s' is tools[%d]'s too", i, nm->valuestring,
+                               j - 1);
             }
             const cJSON *it;
             cJSON_ArrayForEach(it, t) { /* "strict" put beside "function" would be lost */
@@ -420,7 +422,9 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                                              "{\"type\": \"function\", \"function\": {\"name\": ...}}");
             static const char *const k_tc[] = {"type", "function", NULL}, *const k_tcf[] = {"name", NULL};
             const char *k = other_member(tc, k_tc);
-            if (k) return bad(e, "tool_choice", "tool_choice.%.64s is not a member of a named tool choice (type, function)", k);
+            if (k)
+                return bad(e, "tool_choice",
+                           "tool_choice.%.64s is not a member of a named tool choice (type, function)", k);
             if ((k = other_member(cJSON_GetObjectItemCaseSensitive(tc, "function"), k_tcf)))
                 return bad(e, "tool_choice", "tool_choice.function.%.64s is not a member of a named tool choice's "
                                              "function (name)", k);

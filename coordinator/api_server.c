@@ -805,7 +805,8 @@ static void check_stops(api_req *r) {
         }
     }
     if (best != SIZE_MAX) {
-        r->text_len = best + (r->include_stop ? best_len : 0); /* of the matches whole so far, the earliest; listed first */
+        /* of the matches whole so far, the earliest; of two there, the one listed first */
+        r->text_len = best + (r->include_stop ? best_len : 0);
         r->text_done = true;
         r->finish_reason = "stop";
         sched_cancel(r->srv->s, r->sched_id);
@@ -1265,8 +1266,8 @@ static const char *drain_why(const api_server *a) { return a->drain_why ? a->dra
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
     if (a->draining)
-        return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down (%s) and accepts no new requests",
-                             drain_why(a));
+        return api_error_set(e, 503, NULL, "shutting_down",
+                             "the server is shutting down (%s) and accepts no new requests", drain_why(a));
     if (!a->s) /* not yet serving: a client retrying on the code tells this from a failure */
         return api_error_set(e, 503, NULL, "model_loading",
                              "the model is loading and not served yet (GET /health: the workers' progress)");

@@ -403,7 +403,8 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
 bool grpc_conn_expire(grpc_conn *c, uint64_t now) {
     bool any = false;
     for (gstream *st = c->streams; st; st = st->next)
-        if (st->deadline_ms && !st->in_call && !st->replied && !st->started && !st->finishing && now >= st->deadline_ms) {
+        if (st->deadline_ms && now >= st->deadline_ms && !st->in_call && !st->replied && !st->started &&
+            !st->finishing) {
             reply_status(c, st, GRPC_DEADLINE_EXCEEDED, "deadline exceeded before the request was complete");
             any = true;
         }

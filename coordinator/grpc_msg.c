@@ -231,8 +231,9 @@ static int wire_strings_ok(const ProtobufCMessageDescriptor *d, const uint8_t *p
 }
 
 /* The number of the first field of m (nested messages too, to depth 8) that its descriptor does
- * not know, its path into at ("messages[1].#9") and the message it is in into *holder, or 0: protobuf-c keeps such fields aside unread, and a
- * request field this server does not read is refused, as the HTTP API refuses unknown members. */
+ * not know, its path into at ("messages[1].#9") and the message it is in into *holder, or 0:
+ * protobuf-c keeps such fields aside unread, and a request field this server does not read is
+ * refused, as the HTTP API refuses unknown members. */
 static uint32_t unknown_field(const ProtobufCMessage *m, int depth, char *at, size_t cap, const char **holder) {
     if (m->n_unknown_fields) {
         *holder = m->descriptor->short_name;
@@ -247,8 +248,9 @@ static uint32_t unknown_field(const ProtobufCMessage *m, int depth, char *at, si
         const size_t n = f->label == PROTOBUF_C_LABEL_REPEATED ? *(const size_t *)(base + f->quantifier_offset) : 1;
         const void *v = base + f->offset;
         for (size_t k = 0; k < n; k++) {
-            const ProtobufCMessage *sub = f->label == PROTOBUF_C_LABEL_REPEATED ? (*(ProtobufCMessage *const *const *)v)[k]
-                                                                                 : *(ProtobufCMessage *const *)v;
+            const ProtobufCMessage *sub = f->label == PROTOBUF_C_LABEL_REPEATED
+                                              ? (*(ProtobufCMessage *const *const *)v)[k]
+                                              : *(ProtobufCMessage *const *)v;
             if (!sub) continue;
             const size_t l = strlen(at);
             if (f->label == PROTOBUF_C_LABEL_REPEATED)

@@ -724,7 +724,8 @@ static void on_connection(uv_stream_t *ls, int status) {
     s->conns = c;
     s->n_conns++;
     snprintf(c->peer, sizeof(c->peer), "?");
-    grpc_conn_cbs cb = {.ud = c, .on_headers = on_headers, .on_call = on_call, .on_cancel = on_cancel, .now_ms = now_ms};
+    grpc_conn_cbs cb = {
+        .ud = c, .on_headers = on_headers, .on_call = on_call, .on_cancel = on_cancel, .now_ms = now_ms};
     mla_err err = {{0}};
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0 || grpc_conn_init(&c->h2, &s->cfg.conn, &cb, &err) != MLA_OK) {
         conn_close(c);

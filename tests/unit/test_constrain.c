@@ -378,7 +378,8 @@ static void test_tools(void) {
     for (size_t k = 0; k < 2; k++) { /* the vocabulary lacks "<think>" or "</think>": not held */
         g_missing = k ? REASONING_CLOSE_TAG : REASONING_OPEN_TAG;
         q.required = true;
-        tg_run(&q, v, REASONING_OPEN_TAG "plan" TOOLCALL_GLM_CALL_BEGIN "get_time" TOOLCALL_GLM_CALL_END, 2, NULL, NULL);
+        tg_run(&q, v, REASONING_OPEN_TAG "plan" TOOLCALL_GLM_CALL_BEGIN "get_time" TOOLCALL_GLM_CALL_END, 2, NULL,
+               NULL);
     }
     g_missing = NULL;
     q.required = q.free_reasoning = false;
