@@ -5,7 +5,7 @@
  * grammar (cJSON reads them with strtod, which also takes "01" and "1."); no member twice in one
  * object; nesting within cJSON's limit (CJSON_NESTING_LIMIT). Pure: no I/O; any thread (the
  * parser's own error pointer, which every thread's cJSON writes, is not read). Fuzzed by
- * tests/fuzz/fuzz_body.c.
+ * tests/fuzz/fuzz_http.c, with the request parsing before it.
  *
  * Ownership: the document returned is the caller's (cJSON_Delete). */
 #ifndef API_BODY_H

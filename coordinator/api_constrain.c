@@ -798,12 +798,11 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
         i++;
         if (rc != MLA_OK) break;
         if (q->only && strcmp(tool_name(tl), q->only)) continue;
-        for (const unsigned char *c = (const unsigned char *)tool_name(tl); *c && rc == MLA_OK; c++)
-            if (*c <= ' ' || *c == '<' || *c == 0x7F) { /* the parsers trim names and end them there */
-                snprintf(err, err_len, "tool '%.100s': a name with whitespace, a control character or '<' cannot be "
-                         "held to the call format", tool_name(tl));
-                rc = MLA_ERR;
-            }
+        if (!toolcall_name_ok(tool_name(tl))) {
+            snprintf(err, err_len, "tool '%.100s': a name with whitespace, a control character or '<' cannot be "
+                     "held to the call format", tool_name(tl));
+            rc = MLA_ERR;
+        }
         if (rc != MLA_OK) break;
         sb_printf(&alts, "%s c%d", n_alt++ ? " |" : "", i);
         char arg[48];

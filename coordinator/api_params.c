@@ -365,10 +365,9 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                            API_MAX_TOOL_NAME);
             /* the call formats' parsers end a name at whitespace or '<' (a marker): a tool so named
              * could never be called */
-            for (const unsigned char *c = (const unsigned char *)nm->valuestring; *c; c++)
-                if (*c <= ' ' || *c == '<' || *c == 0x7F)
-                    return bad(e, "tools", "tools[%d].function.name '%.64s' holds whitespace, a control character or "
-                                           "'<', where a model's call format ends a name", i, nm->valuestring);
+            if (!toolcall_name_ok(nm->valuestring))
+                return bad(e, "tools", "tools[%d].function.name '%.64s' holds whitespace, a control character or "
+                                       "'<', where a model's call format ends a name", i, nm->valuestring);
             const cJSON *t2;
             int j = 0;
             cJSON_ArrayForEach(t2, tools) { /* two tools of one name: which one a call means would be a guess */

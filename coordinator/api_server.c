@@ -868,15 +868,10 @@ static bool parser_marker(const api_server *a, const api_req *r, const char *p, 
         ((len == sizeof REASONING_OPEN_TAG - 1 && !memcmp(p, REASONING_OPEN_TAG, len)) ||
          (len == sizeof REASONING_CLOSE_TAG - 1 && !memcmp(p, REASONING_CLOSE_TAG, len))))
         return true;
-    /* Kimi-K2's reasoning also ends where its call section opens: those two markers (the
-     * section's beginning and end) with no tools too; the calls' own markers only with them */
-    static const char *const kimi_section[] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1,
-                                               TOOLCALL_KIMI_SECTION_END, TOOLCALL_KIMI_SECTION_END1};
-    if (toolcall_marker(r->chat->tk, p, len)) return true;
-    if (r->chat->rk == REASONING_KIMI_K2)
-        for (size_t i = 0; i < sizeof kimi_section / sizeof *kimi_section; i++)
-            if (strlen(kimi_section[i]) == len && !memcmp(p, kimi_section[i], len)) return true;
-    return false;
+    /* Kimi-K2's reasoning also ends where its call section opens: the section's markers with no
+     * tools too; the calls' own markers only with them */
+    return toolcall_marker(r->chat->tk, p, len) ||
+           (r->chat->rk == REASONING_KIMI_K2 && toolcall_kimi_section_marker(p, len));
 }
 
 /* Token id onto the request's tokens, and its text (with_text) onto its text; its logprob and up
@@ -1263,11 +1258,22 @@ static int model_check(const api_server *a, const char *model, api_error *e) {
 /* Why the server drains (api_server_set_draining). */
 static const char *drain_why(const api_server *a) { return a->drain_why ? a->drain_why : "no reason given"; }
 
+/* A new generation while the server drains: 503 shutting_down, naming why. MLA_ERR. */
+static int refuse_draining(const api_server *a, api_error *e) {
+    return api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down (%s) and accepts no new requests",
+                         drain_why(a));
+}
+
+/* The answer to a sched_submit / sched_room refusal rc: the queue full 429 (retry), stopping 503,
+ * any other (the request itself) 400. */
+static int submit_refused(int rc, const char *msg, api_error *e) {
+    const int status = rc == SCHED_E_QUEUE_FULL ? 429 : rc == SCHED_E_STOPPED ? 503 : 400;
+    return api_error_set(e, status, NULL, rc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", msg);
+}
+
 /* The checks before a generation's prompt is tokenized (loop thread). */
 static int gen_precheck(api_server *a, const api_gen_params *p, api_error *e) {
-    if (a->draining)
-        return api_error_set(e, 503, NULL, "shutting_down",
-                             "the server is shutting down (%s) and accepts no new requests", drain_why(a));
+    if (a->draining) return refuse_draining(a, e);
     if (!a->s) /* not yet serving: a client retrying on the code tells this from a failure */
         return api_error_set(e, 503, NULL, "model_loading",
                              "the model is loading and not served yet (GET /health: the workers' progress)");
@@ -1485,8 +1491,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         n_ids = keep;
     }
     if (a->draining) {
-        api_error_set(e, 503, NULL, "shutting_down", "the server is shutting down (%s) and accepts no new requests",
-                      drain_why(a));
+        refuse_draining(a, e);
         goto done;
     }
     /* ids given as such, or text whose tokenizer holds more tokens than the model has rows (some
@@ -1646,8 +1651,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         if (!pre) free(r);
         r = NULL;
         /* a request the whole cache cannot hold is the client's to shorten: 400, as a too long prompt */
-        int status = rc == SCHED_E_QUEUE_FULL ? 429 : rc == SCHED_E_STOPPED ? 503 : 400;
-        api_error_set(e, status, NULL, rc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", err.msg);
+        submit_refused(rc, err.msg, e);
         goto done;
     }
     r->next = a->reqs;
@@ -1813,8 +1817,7 @@ static void generate_ready(api_server *a, prep_job *j) {
     mla_err qerr = {{0}};
     const int qrc = n_all > 1 && a->s ? sched_room(a->s, n_all, &qerr) : SCHED_E_OK;
     if (qrc != SCHED_E_OK) {
-        api_error_set(&e, qrc == SCHED_E_QUEUE_FULL ? 429 : 503, NULL,
-                      qrc == SCHED_E_QUEUE_FULL ? "too_many_requests" : NULL, "%s", qerr.msg);
+        submit_refused(qrc, qerr.msg, &e);
         reply_error(c, &e, NULL);
         return;
     }

@@ -614,16 +614,36 @@ void toolcall_result_free(toolcall_result *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Kimi-K2's markers, its call section's first (KIMI_SECTION_MARKS of them) */
+static const char *const kimi_marks[] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1,
+                                         TOOLCALL_KIMI_SECTION_END,   TOOLCALL_KIMI_SECTION_END1,
+                                         TOOLCALL_KIMI_CALL_BEGIN,    TOOLCALL_KIMI_ARG_BEGIN,
+                                         TOOLCALL_KIMI_CALL_END,      NULL};
+enum { KIMI_SECTION_MARKS = 4 };
+
+/* whether s[0, len) is one of the first n markers of mk (NULL-ended) */
+static bool one_of(const char *const *mk, size_t n, const char *s, size_t len) {
+    for (size_t i = 0; i < n && mk && mk[i]; i++)
+        if (strlen(mk[i]) == len && !memcmp(s, mk[i], len)) return true;
+    return false;
+}
+
 bool toolcall_marker(enum toolcall_kind k, const char *s, size_t len) {
     static const char *const ds[] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
                                      TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP, NULL};
-    static const char *const kimi[] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_BEGIN1, TOOLCALL_KIMI_SECTION_END,
-                                       TOOLCALL_KIMI_SECTION_END1,  TOOLCALL_KIMI_CALL_BEGIN,     TOOLCALL_KIMI_ARG_BEGIN,
-                                       TOOLCALL_KIMI_CALL_END,      NULL};
     static const char *const glm[] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
                                       TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END, NULL};
-    const char *const *mk = k == TOOLCALL_DEEPSEEK ? ds : k == TOOLCALL_KIMI_K2 ? kimi : k == TOOLCALL_GLM ? glm : NULL;
-    for (; mk && *mk; mk++)
-        if (strlen(*mk) == len && !memcmp(s, *mk, len)) return true;
-    return false;
+    const char *const *mk = k == TOOLCALL_DEEPSEEK ? ds
+                            : k == TOOLCALL_KIMI_K2 ? kimi_marks
+                            : k == TOOLCALL_GLM     ? glm
+                                                    : NULL;
+    return one_of(mk, SIZE_MAX, s, len);
+}
+
+bool toolcall_kimi_section_marker(const char *s, size_t len) { return one_of(kimi_marks, KIMI_SECTION_MARKS, s, len); }
+
+bool toolcall_name_ok(const char *name) {
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        if (*c <= ' ' || *c == '<' || *c == 0x7F) return false;
+    return true;
 }

@@ -109,5 +109,11 @@ bool toolcall_schema_any(const cJSON *schema, int (*says)(const cJSON *schema));
 void toolcall_result_free(toolcall_result *r);
 /* Whether s[0, len) is one of format k's markers (TOOLCALL_NONE: none is). */
 bool toolcall_marker(enum toolcall_kind k, const char *s, size_t len);
+/* Whether it is one of Kimi-K2's call-section markers (begin or end), which also end its
+ * reasoning (chat_reasoning.h). */
+bool toolcall_kimi_section_marker(const char *s, size_t len);
+/* Whether a tool's name can be read back from a call: the parsers trim names and end them at
+ * whitespace, a control character or '<' (a marker). */
+bool toolcall_name_ok(const char *name);
 
 #endif

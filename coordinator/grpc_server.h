@@ -58,8 +58,9 @@ int grpc_server_n_conns(const grpc_server *s);
 /* Reply bytes not yet taken by the clients (queued for the sockets, or held back by their flow
  * control): a draining server waits for them (up to its drain timeout) before it closes. */
 size_t grpc_server_out_pending(const grpc_server *s);
-/* The server is draining: every connection, and each one made from now on, is told (GOAWAY)
- * that it takes no new calls, so that clients start them elsewhere; a second later the GOAWAY
+/* The server is draining: every connection, and each one made from now on once it has answered
+ * its calls (a notice before any would send a client's call on to another connection, over and
+ * over), is told (GOAWAY) that it takes no new calls, so that clients start them elsewhere; a second later the GOAWAY
  * that names the last call taken, and a connection closes once its calls are done. Calls in
  * flight go on. A call a client still sends before that second GOAWAY: Generate ends
  * UNAVAILABLE (the api_server drains), Health and grpc.health.v1 answer NOT_SERVING, Info,

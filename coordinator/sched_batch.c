@@ -260,9 +260,14 @@ static void open_gate(sched *s, sreq *q) {
     MLA_ASSERT(q->n_followers == 0);
 }
 
-/* Whether n more requests fit in the queue now (lock held): its cap counts the requests past the
- * batch's free places, so that a burst the next step admits whole is not refused. */
+/* Whether n more requests are taken now (lock held): not once the scheduler stops; the queue's cap
+ * counts the requests past the batch's free places, so that a burst the next step admits whole
+ * is not refused. */
 static int room(sched *s, int n, mla_err *err) {
+    if (s->stopping) {
+        mla_errf(err, "the server is shutting down");
+        return SCHED_E_STOPPED;
+    }
     const int32_t free_places = s->cfg.max_seqs > s->running.n ? s->cfg.max_seqs - s->running.n : 0;
     if ((int64_t)s->waiting.n + n - 1 - free_places < s->cfg.max_queue) return SCHED_E_OK;
     if (n > 1) {
@@ -277,8 +282,7 @@ static int room(sched *s, int n, mla_err *err) {
 
 int sched_room(sched *s, int n, mla_err *err) {
     pthread_mutex_lock(&s->mu);
-    const int rc = s->stopping ? SCHED_E_STOPPED : room(s, n, err);
-    if (rc == SCHED_E_STOPPED) mla_errf(err, "the server is shutting down");
+    const int rc = room(s, n, err);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -356,16 +360,11 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
     q->user = r->user;
 
     pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
+    const int rc = room(s, 1, err);
+    if (rc != SCHED_E_OK) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
-        mla_errf(err, "the server is shutting down");
-        return SCHED_E_STOPPED;
-    }
-    if (room(s, 1, err) != SCHED_E_OK) {
-        pthread_mutex_unlock(&s->mu);
-        sreq_free(q);
-        return SCHED_E_QUEUE_FULL;
+        return rc;
     }
     q->id = s->next_id++;
     if (r->after && prefix_looks_up(s, q)) q->leader = gate_of(s, r->after);

@@ -3,8 +3,8 @@
  * request is checked (strings present, body NUL-terminated), its body read as the server reads
  * it (api_body_parse: a refusal names its problem; what it takes, printed again by cJSON, it
  * takes again) and run through every request-body parser of the API (completions, chat,
- * tokenize, detokenize) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang); tests/fuzz/replay_main.c replays the
- * corpus (tests/data/http) without libFuzzer. */
+ * tokenize, detokenize) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang);
+ * tests/fuzz/replay_main.c replays the corpus (tests/data/http) without libFuzzer. */
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
