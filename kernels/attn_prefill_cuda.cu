@@ -146,19 +146,28 @@ __global__ void __launch_bounds__(UP_T) pf_up_kernel(pf_up a) {
 constexpr int PF_BM = 128, PF_BN = 64, PF_T = 256;
 static_assert(PF_BN == 64, "a key tile of mlacu_softmax_tile");
 
+/* DV: the value columns of a block. A head wider than that (GLM-4.7-Flash's 256) takes head_v / DV
+ * blocks (blockIdx.z), each with all of S and DV columns of O, its values decompressed as head_v / DV
+ * heads of DV columns ([head][z][nk][DV]). */
 template <int DN, int DR, int DV> struct pf_cfg {
     static constexpr int DK = DN + DR;
     static constexpr int LDK = DK + 8, LDV = DV + 8; /* halves */
     static constexpr int KS = DK / 16;               /* k-steps of S */
     static constexpr int NO = DV / 8;                /* n-tiles of O */
-    static constexpr int CKN = DN / 8, CKR = DR / 8; /* 16-byte chunks a key: nope (and values), rope */
-    static constexpr int RSN = PF_T / CKN, RSR = PF_T / CKR; /* keys between a thread's nope, rope copies */
-    static constexpr int NCP = PF_BN / RSN, RCP = PF_BN / RSR; /* a thread's nope (and value), rope copies */
-    /* two key tiles and two value tiles: 84 KB at 128 + 64 / 128, 42 KB at 64 + 32 / 64 */
+    static constexpr int CKN = DN / 8, CKR = DR / 8, CKV = DV / 8; /* 16-byte chunks a key: nope, rope, values */
+    /* a thread's nope copies at fixed offsets (RSN keys apart) where PF_T is a multiple of CKN, else
+     * chunks tid + PF_T u of the tile (192: 24 chunks a key) */
+    static constexpr bool NFIX = PF_T % CKN == 0;
+    static constexpr int RSN = NFIX ? PF_T / CKN : 1, NCP = NFIX ? PF_BN / RSN : PF_BN * CKN / PF_T;
+    static constexpr int RSV = PF_T / CKV, NVP = PF_BN / RSV; /* keys between a thread's value copies; copies */
+    static constexpr int RSR = PF_T / CKR, RCP = PF_BN / RSR; /* the same for rope */
+    /* two key tiles and two value tiles: 84 KB at 128 + 64 / 128, 42 KB at 64 + 32 / 64, 100 KB at
+     * 192 + 64 / 128 */
     static constexpr size_t SMEM = (size_t)2 * PF_BN * (LDK + LDV) * 2;
     static_assert(DN % 8 == 0 && DR % 8 == 0 && DK % 16 == 0 && DV % 16 == 0, "prefill attention widths");
     static_assert((LDK / 8) % 2 == 1 && (LDV / 8) % 2 == 1, "prefill attention strides");
-    static_assert(DN == DV && PF_T % CKN == 0 && PF_T % CKR == 0 && PF_BN % RSN == 0 && PF_BN % RSR == 0,
+    static_assert((NFIX ? PF_BN % RSN == 0 : (PF_BN * CKN) % PF_T == 0) && PF_T % CKV == 0 && PF_BN % RSV == 0 &&
+                      PF_T % CKR == 0 && PF_BN % RSR == 0,
                   "prefill attention copies");
     static_assert(PF_BN == MLA_CUDA_KV_BLOCK, "a key tile is one cache block");
 };
@@ -171,17 +180,19 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
     __half *ks = (__half *)pf_sm;         /* two tiles of PF_BN keys x LDK */
     __half *vs = ks + 2 * PF_BN * C::LDK; /* two tiles of PF_BN keys x LDV */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
-    const int r0 = (int)(gridDim.x - 1 - blockIdx.x) * PF_BM, hl = blockIdx.y, h = a.h0 + hl;
+    const int r0 = (int)(gridDim.x - 1 - blockIdx.x) * PF_BM, hl = blockIdx.y, h = a.h0 + hl, vz = blockIdx.z;
     const int rend = min(r0 + PF_BM, a.T);
     const int64_t kend = a.pos0 + rend; /* the block's keys: 0 .. kend - 1 */
     const int ntile = (int)((kend + PF_BN - 1) / PF_BN);
-    const __half *knh = a.kn + (int64_t)hl * a.nk * DN, *vh = a.v + (int64_t)hl * a.nk * DV;
-    /* The thread's copies of a tile: nope and value chunk tid % (DN / 8) of keys tid / (DN / 8) +
-     * (256 / (DN / 8)) u, rope chunk tid % (DR / 8) of keys tid / (DR / 8) + (256 / (DR / 8)) u: each
+    const __half *knh = a.kn + (int64_t)hl * a.nk * DN, *vh = a.v + ((int64_t)hl * gridDim.z + vz) * a.nk * DV;
+    /* The thread's copies of a tile: nope chunk tid % (DN / 8) of keys tid / (DN / 8) + (256 / (DN /
+     * 8)) u (where 256 is a multiple of DN / 8), value chunk tid % (DV / 8) of keys tid / (DV / 8) +
+     * (256 / (DV / 8)) u, rope chunk tid % (DR / 8) of keys tid / (DR / 8) + (256 / (DR / 8)) u: each
      * at its first one's addresses plus whole rows (address arithmetic a copy was the kernels'
      * largest cost: attn_pfwg_cuda.cu). */
-    const int cn = tid % C::CKN, rn = tid / C::CKN, cr = tid % C::CKR, rk = tid / C::CKR;
-    const __half *kg = knh + (int64_t)rn * DN + cn * 8, *vg = vh + (int64_t)rn * DV + cn * 8;
+    const int cn = tid % C::CKN, rn = tid / C::CKN, cv = tid % C::CKV, rv = tid / C::CKV, cr = tid % C::CKR,
+              rk = tid / C::CKR;
+    const __half *kg = knh + (int64_t)rn * DN + cn * 8, *vg = vh + (int64_t)rv * DV + cv * 8;
     const int64_t ro = (int64_t)rk * a.row + a.kv_lora + cr * 8;
     /* key tile j into buffer j & 1 (zeros past kend); one commit group */
     auto issue = [&](int j) {
@@ -190,12 +201,27 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
         __half *kd = ks + (j & 1) * PF_BN * C::LDK, *vd = vs + (j & 1) * PF_BN * C::LDV;
         const __half *kj = kg + k0 * DN, *vj = vg + k0 * DV;
         const __half *pe = rem > 0 ? paged_row_t<__half>(a.tab, a.tab_off, a.row, k0) + ro : knh;
+        if constexpr (C::NFIX) {
 #pragma unroll
-        for (int u = 0; u < C::NCP; u++) {
-            const int r = rn + u * C::RSN;
+            for (int u = 0; u < C::NCP; u++) {
+                const int r = rn + u * C::RSN;
+                const bool ok = r < rem;
+                cp_async16_zfill(kd + r * C::LDK + cn * 8, ok ? kj + (int64_t)u * C::RSN * DN : knh, ok);
+            }
+        } else {
+            (void)kj;
+#pragma unroll
+            for (int u = 0; u < C::NCP; u++) {
+                const int i = tid + u * PF_T, r = i / C::CKN, c = i % C::CKN;
+                const bool ok = r < rem;
+                cp_async16_zfill(kd + r * C::LDK + c * 8, ok ? knh + (k0 + r) * DN + c * 8 : knh, ok);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < C::NVP; u++) {
+            const int r = rv + u * C::RSV;
             const bool ok = r < rem;
-            cp_async16_zfill(kd + r * C::LDK + cn * 8, ok ? kj + (int64_t)u * C::RSN * DN : knh, ok);
-            cp_async16_zfill(vd + r * C::LDV + cn * 8, ok ? vj + (int64_t)u * C::RSN * DV : vh, ok);
+            cp_async16_zfill(vd + r * C::LDV + cv * 8, ok ? vj + (int64_t)u * C::RSV * DV : vh, ok);
         }
 #pragma unroll
         for (int u = 0; u < C::RCP; u++) {
@@ -298,19 +324,32 @@ __global__ void __launch_bounds__(PF_T, 1) pf_attn_kernel(mlacu_pf_args a) {
         const int row = r ? rb : ra;
         if (row >= a.T) continue;
         const float inv = l_r[r] > 0.f ? 1.f / l_r[r] : 0.f;
-        float *dst = a.out + (int64_t)row * a.o_ld_t + (int64_t)h * a.o_ld_h + 2 * c4;
+        float *dst = a.out + (int64_t)row * a.o_ld_t + (int64_t)h * a.o_ld_h + vz * DV + 2 * c4;
 #pragma unroll
         for (int n = 0; n < C::NO; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
 }
 
 /* ---------------------------------------------------------------- host side */
-/* the shapes with a kernel: DeepSeek's 128 + 64 / 128 and the fixtures' 64 + 32 / 64 */
-enum pf_shape { PF_NONE, PF_128, PF_64 };
+/* the shapes with a kernel: DeepSeek's 128 + 64 / 128, GLM-4.7-Flash's 192 + 64 / 256 (its values
+ * in two blocks of 128 columns, or four of 64 where a block's shared memory is short of 100 KB:
+ * sm_120) and the fixtures' 64 + 32 / 64 */
+enum pf_shape { PF_NONE, PF_128, PF_64, PF_GLM, PF_GLM64 };
 pf_shape shape_of(int64_t dn, int64_t dr, int64_t dv) {
     if (dn == 128 && dr == 64 && dv == 128) return PF_128;
     if (dn == 64 && dr == 32 && dv == 64) return PF_64;
+    if (dn == 192 && dr == 64 && dv == 256)
+        return (size_t)mlacu_smem_optin() >= pf_cfg<192, 64, 128>::SMEM ? PF_GLM : PF_GLM64;
     return PF_NONE;
+}
+size_t shape_smem(pf_shape s) {
+    switch (s) {
+    case PF_128: return pf_cfg<128, 64, 128>::SMEM;
+    case PF_64: return pf_cfg<64, 32, 64>::SMEM;
+    case PF_GLM: return pf_cfg<192, 64, 128>::SMEM;
+    case PF_GLM64: return pf_cfg<192, 64, 64>::SMEM;
+    default: return SIZE_MAX;
+    }
 }
 
 /* the attention kernel's shared memory allowed, once a process (one device a process, or ranks of
@@ -330,10 +369,13 @@ bool pwg_takes(int DN, int DR, int DV) {
 }
 #endif
 
-/* one group of hg heads from head h0: the decompression of its keys and values, then its attention */
-template <int DN, int DR, int DV>
+/* one group of hg heads from head h0: the decompression of its keys and values, then its attention;
+ * DV the head's value width, DVB a block's (the values decompressed as DV / DVB heads of DVB) */
+template <int DN, int DR, int DV, int DVB>
 int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream_t st, mla_err *e) {
-    using C = pf_cfg<DN, DR, DV>;
+    using C = pf_cfg<DN, DR, DVB>;
+    static_assert(DV % DVB == 0, "a head's values in whole blocks");
+    constexpr int VS = DV / DVB;
     const int64_t nk = a->pos0 + a->n_tokens, KL = a->kv_lora;
     __half *kn = (__half *)a->work, *v = kn + hg * nk * DN;
     const pf_up uk = {a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL, nk,
@@ -344,7 +386,7 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
                       a->w_f16 ? (const void *)((const __half *)a->w_vb + h0 * DV * KL)
                                : (const void *)((const float *)a->w_vb + h0 * DV * KL),
                       v};
-    const dim3 ug((unsigned)((nk + UP_BM - 1) / UP_BM), (unsigned)hg);
+    const dim3 ug((unsigned)((nk + UP_BM - 1) / UP_BM), (unsigned)hg), vg(ug.x, (unsigned)(hg * VS));
 #ifdef MLA_CUDA_WGMMA
     if (pwg_takes(DN, DR, DV) && a->w_f16 && KL % 64 == 0) {
         const mlacu_pf_up_args u = {a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL, nk,
@@ -355,10 +397,10 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
 #endif
     if (a->w_f16) {
         mlacu_launch(pf_up_kernel<DN, false, __half>, ug, UP_T, 0, st, uk);
-        mlacu_launch(pf_up_kernel<DV, true, __half>, ug, UP_T, 0, st, uv);
+        mlacu_launch(pf_up_kernel<DVB, true, __half>, vg, UP_T, 0, st, uv);
     } else {
         mlacu_launch(pf_up_kernel<DN, false, float>, ug, UP_T, 0, st, uk);
-        mlacu_launch(pf_up_kernel<DV, true, float>, ug, UP_T, 0, st, uv);
+        mlacu_launch(pf_up_kernel<DVB, true, float>, vg, UP_T, 0, st, uv);
     }
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention: decompression of %lld keys, %lld heads", (long long)nk,
                 (long long)hg);
@@ -372,9 +414,9 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
         return MLA_OK;
     }
 #endif
-    if (attn_setup<DN, DR, DV>(e)) return MLA_ERR;
-    const dim3 grid((unsigned)((a->n_tokens + PF_BM - 1) / PF_BM), (unsigned)hg);
-    mlacu_launch(pf_attn_kernel<DN, DR, DV>, grid, PF_T, C::SMEM, st, k);
+    if (attn_setup<DN, DR, DVB>(e)) return MLA_ERR;
+    const dim3 grid((unsigned)((a->n_tokens + PF_BM - 1) / PF_BM), (unsigned)hg, VS);
+    mlacu_launch(pf_attn_kernel<DN, DR, DVB>, grid, PF_T, C::SMEM, st, k);
     MLACU_CHECK(cudaGetLastError(), e, "prefill attention T=%lld pos0=%lld heads %lld", (long long)a->n_tokens,
                 (long long)a->pos0, (long long)hg);
     return MLA_OK;
@@ -402,8 +444,7 @@ extern "C" size_t mla_cuda_prefill_work_bytes(int64_t keys, int64_t n_head, int6
 extern "C" bool mla_cuda_prefill_supported(int64_t kv_lora, int64_t n_rope, int64_t head_nope, int64_t head_v) {
     const pf_shape s = shape_of(head_nope, n_rope, head_v);
     if (s == PF_NONE || kv_lora <= 0 || kv_lora % UP_BK || kv_lora > 1024) return false;
-    const size_t smem = s == PF_128 ? pf_cfg<128, 64, 128>::SMEM : pf_cfg<64, 32, 64>::SMEM;
-    return (size_t)mlacu_smem_optin() >= smem;
+    return (size_t)mlacu_smem_optin() >= shape_smem(s);
 }
 
 extern "C" int mla_cuda_prefill_attn(const mla_cuda_prefill_args *a, mla_cuda_stream stream, mla_err *e) {
@@ -421,7 +462,13 @@ extern "C" int mla_cuda_prefill_attn(const mla_cuda_prefill_args *a, mla_cuda_st
     cudaStream_t st = (cudaStream_t)stream;
     for (int64_t h0 = 0; h0 < a->n_head; h0 += hmax) {
         const int64_t hg = a->n_head - h0 < hmax ? a->n_head - h0 : hmax;
-        const int rc = s == PF_128 ? run_group<128, 64, 128>(a, h0, hg, st, e) : run_group<64, 32, 64>(a, h0, hg, st, e);
+        int rc;
+        switch (s) {
+        case PF_128: rc = run_group<128, 64, 128, 128>(a, h0, hg, st, e); break;
+        case PF_GLM: rc = run_group<192, 64, 256, 128>(a, h0, hg, st, e); break;
+        case PF_GLM64: rc = run_group<192, 64, 256, 64>(a, h0, hg, st, e); break;
+        default: rc = run_group<64, 32, 64, 64>(a, h0, hg, st, e); break;
+        }
         if (rc) return rc;
     }
     return MLA_OK;

@@ -14,7 +14,8 @@
  * and timings (check_wg); --wgprof: one run of its timed products, for a profiler; --gemvgrp:
  * only the grouped float GEMV against the dense one, bit for bit (check_gemv_grouped); --prefill:
  * only the non-absorbed prompt attention's checks (gpu_check_prefill.inc; on sm_90 its mma.sync
- * and wgmma kernels side by side), then V3's 4k and 32k prompts timed against the absorbed path; --dsa: only the DSA indexer the model runs
+ * and wgmma kernels side by side), then V3's 4k and 32k prompts timed against the absorbed path (with
+ * --quick the checks alone, untimed, without the 32k ones); --dsa: only the DSA indexer the model runs
  * (gpu_check_dsa.inc), with --quick its small set, each path timed beside the one it replaced;
  * --head: the per-head products of prompt steps, wgmma against mma.sync (check_head_wg); --attn: the attention-side set (with decode at 1k, 32k and 128k keys); --attnlong: V3's decode
  * attention (128 heads) at 1k, 32k and 128k keys, batch 1 and 8, checked and timed, then (on sm_90)
@@ -1384,7 +1385,7 @@ int main(int argc, char **argv) {
     } else if (attn1) {
         time_attn_decode1();
     } else if (prefill) {
-        check_prefill_all(false, true);
+        check_prefill_all(false, !quick);
     } else if (prefill1) {
         prof_prefill();
     } else if (attnlong) {
