@@ -31,7 +31,7 @@ import sys
 FAMILIES = [
     ("matmul: experts (grouped)", r"(_grp_kernel(<.*>)?$|^gemv[sw]_kernel<.*(true|\(bool\)1|, 1)>$)"),
     ("matmul: absorbed k_b/v_b (per head)", r"^(head_(gemv|matmul|mma)|hwg_kernel)"),
-    ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_mm)_kernel|gemm|cublas|cutlass|sm90_xmma"),
+    ("matmul: dense weights", r"^(gemv|gemvq|gemvf|gemvm|gemvs|gemvw|gemv2|mma|mmaq|mmh|mh_sum|wg_mm|narrow)_kernel|gemm|cublas|cutlass|sm90_xmma"),
     ("activation quantization", r"^q8x"),
     # pf_: the prompt attention, its K/V decompression (pf_up_kernel, uwg_kernel: per-head matmuls) included
     ("attention", r"^(mla_attn|mla_kv_rows|attn|awg|pf_|pwg|uwg|dsa_|dsw|flash)"),

@@ -51,7 +51,8 @@ size_t mla_cuda_weight_bytes(uint32_t t, int64_t n, int64_t rows);
  * mla_cuda_weight_bytes says). in must be a multiple of 32 and of t's block size. x and y are
  * float, row-major. mla_cuda_matmul picks the path (mla_cuda_mm_choose with nothing allowed):
  * GEMV (fp32 math) for T <= 8 (T <= 64 for a float W of at most 512 outputs), otherwise the
- * tensor-core path (x and the dequantized W rounded to bf16, fp32 accumulation). */
+ * tensor-core path (x and the dequantized W rounded to bf16, fp32 accumulation), or for a float W
+ * of at most 512 outputs and a row length a multiple of 128, the narrow kernel above 64 rows. */
 int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                     int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The two paths, callable directly (tests, benchmarks). gemv: any T >= 1 (launches of 8 tokens,
@@ -61,6 +62,14 @@ int mla_cuda_matmul_gemv(uint32_t t, const void *d_w, int64_t in, int64_t out,
                          mla_err *e);
 int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                         int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
+/* Float weights (F32, F16, BF16) with at most 512 outputs (a MoE router) over many rows
+ * (kernels/mm_narrow_cuda.cu): blocks of 16 tokens x 64 outputs, K split over a block's warps and
+ * summed in a fixed order; TF32 hi/lo products (three MMAs, two for 16-bit weights): about fp32
+ * accuracy. mla_cuda_narrow_supported: those types, in a multiple of 128; any other shape, or x or
+ * W not 16-byte aligned, takes mla_cuda_matmul_mma instead. */
+bool mla_cuda_narrow_supported(uint32_t t, int64_t in, int64_t out);
+int mla_cuda_matmul_narrow(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
+                           int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);
 /* The tensor-core path with fp32-class accuracy: x and the dequantized W split into bf16 hi + lo,
  * three MMAs (hi*hi + hi*lo + lo*hi), fp32 accumulate (relative error ~1e-5 instead of ~3e-3).
  * mla_cuda_matmul_split: the GEMV for T <= 128 (faster there on the H200), mma3 above (the
@@ -80,6 +89,7 @@ typedef enum mla_cuda_mm_family {
     MLA_CUDA_MM_Q8,     /* q8 x, integer GEMV (mla_cuda_matmul_q8 and its _swiglu, _pair forms) */
     MLA_CUDA_MM_Q8_MMA, /* q8 x, int8 tensor cores (mla_cuda_matmul_q8_mma, _grouped_q8_mma) */
     MLA_CUDA_MM_H,      /* fp16 x, fp16 tensor cores (mla_cuda_matmul_h, _grouped_h) */
+    MLA_CUDA_MM_NARROW, /* float x, one float matrix of few outputs (mla_cuda_matmul_narrow) */
 } mla_cuda_mm_family;
 typedef struct mla_cuda_mm_policy {
     bool q8;            /* q8 activations for the types with an integer form */

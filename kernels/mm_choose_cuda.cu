@@ -35,8 +35,8 @@ extern "C" int mla_cuda_matmul_split(uint32_t t, const void *d_w, int64_t in, in
  * to gm_max rows it takes, on the q8 family), the fp16 tensor cores, the int8 tensor cores, the
  * integer GEMV (each where allowed, at enough rows, and every matrix's type takes it), then the
  * float-activation forms: the GEMV (exact, or up to MLACU_GV_TMAX rows; up to MLACU_GV_FLOAT_TMAX
- * where every matrix is float with at most MLACU_GV_FLOAT_OUT outputs), the split, the bf16
- * tensor cores. */
+ * where every matrix is float with at most MLACU_GV_FLOAT_OUT outputs), past that the narrow
+ * kernel for one such matrix, the split, the bf16 tensor cores. */
 extern "C" mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, const uint32_t *types,
                                                  const int64_t *ins, int n, int64_t rows, int64_t out) {
     MLA_ASSERT(n >= 1);
@@ -51,16 +51,20 @@ extern "C" mla_cuda_mm_family mla_cuda_mm_choose(const mla_cuda_mm_policy *p, co
     if (h) return MLA_CUDA_MM_H;
     if (q8) return p->q8_mma_min > 0 && rows >= p->q8_mma_min ? MLA_CUDA_MM_Q8_MMA : MLA_CUDA_MM_Q8;
     if (p->exact) return MLA_CUDA_MM_GEMV;
-    if (p->split) return MLA_CUDA_MM_SPLIT;
     const bool narrow = flt && out <= MLACU_GV_FLOAT_OUT;
+    /* one float matrix of few outputs past the GEMV: fp32-class accuracy, as split asks too */
+    if (narrow && n == 1 && rows > MLACU_GV_FLOAT_TMAX && mla_cuda_narrow_supported(types[0], ins[0], out))
+        return MLA_CUDA_MM_NARROW;
+    if (p->split) return MLA_CUDA_MM_SPLIT;
     return rows <= (narrow ? MLACU_GV_FLOAT_TMAX : MLACU_GV_TMAX) ? MLA_CUDA_MM_GEMV : MLA_CUDA_MM_MMA;
 }
 
 extern "C" int mla_cuda_matmul(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x, int64_t T,
                                float *d_y, mla_cuda_stream stream, mla_err *e) {
     const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0};
-    if (mla_cuda_mm_choose(&none, &t, &in, 1, T, out) == MLA_CUDA_MM_GEMV)
-        return mla_cuda_matmul_gemv(t, d_w, in, out, d_x, T, d_y, stream, e);
+    const mla_cuda_mm_family f = mla_cuda_mm_choose(&none, &t, &in, 1, T, out);
+    if (f == MLA_CUDA_MM_GEMV) return mla_cuda_matmul_gemv(t, d_w, in, out, d_x, T, d_y, stream, e);
+    if (f == MLA_CUDA_MM_NARROW) return mla_cuda_matmul_narrow(t, d_w, in, out, d_x, T, d_y, stream, e);
     return mla_cuda_matmul_mma(t, d_w, in, out, d_x, T, d_y, stream, e);
 }
 

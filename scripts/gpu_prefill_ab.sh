@@ -2,19 +2,27 @@
 # The non-absorbed prompt attention (kernels/attn_prefill_cuda.h) against the absorbed path it
 # replaces, on a GPU host, for each model family of FAMS (mkmodel's: v2lite glm47flash v3):
 #   1. mla-gpu-check --prefill --quick, as built and as sm_120 (MLA_CUDA_SMEM_CAP=sm120): every
-#      shape against the CPU reference;
-#   2. the logits of a LAYERS-layer file (real widths) over a PROMPT-token prompt, whole and in
-#      chunks of CHUNK, from mla-e2e --fast with the non-absorbed path (the default from
-#      MLA_CUDA_PREFILL_MIN = 256 tokens) and with the absorbed one (MLA_CUDA_PREFILL_MIN=1048576):
-#      max |difference|, relative L2, argmax agreement (tests/model/compare_logits.py);
-#   3. the whole model's prompt steps (mlaserve bench --prefill LIST --batch none), both paths.
-# Needs build-gpu-carried/ (mla-gpu-check, mla-e2e) and the bundle (.bundle90, for mkmodel and
-# bench), as scripts/gpu_carry.sh packs them. Outputs in OUT (default ./out), one archive.
+#      shape against the CPU reference; then mla-gpu-check --router --quick: the MoE routers' narrow
+#      kernel (kernels/mm_narrow_cuda.cu) and the bf16 tensor cores it replaces, both against the
+#      CPU reference, timed side by side;
+#   2. the logits of a LAYERS-layer file (real widths) over a PROMPT-token prompt from mla-e2e, with
+#      the non-absorbed path (the default from MLA_CUDA_PREFILL_MIN = 256 tokens) and with the
+#      absorbed one (MLA_CUDA_PREFILL_MIN=1048576), each with the served products (--fast: bf16
+#      tensor cores) and with fp32-class ones (--split), whole and (--fast) in chunks of CHUNK; each
+#      against the CPU's exact logits of the same file (`mlaserve logits`, the reference), and the
+#      two paths against each other: max |difference|, relative L2, argmax agreement
+#      (tests/model/compare_logits.py);
+#   3. the whole model's prompt steps (mlaserve bench --prefill LIST --batch none), both paths
+#      (LIST=none: no whole model).
+# Needs build-gpu-carried/ (mla-gpu-check, mla-e2e) and the bundle (.bundle90, for mkmodel, logits
+# and bench), as scripts/gpu_carry.sh packs them. Outputs in OUT/prefill-ab (default ./out), written
+# as each step ends, so that a run cut short keeps what it measured.
 # Env: FAMS (default glm47flash), LAYERS (3), PROMPT (600), CHUNK (300), LIST (1024,2048,4096,8192).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-R=$(mktemp -d) W=$(mktemp -d)
+R="$OUT/prefill-ab" W=$(mktemp -d)
+mkdir -p "$R"
 trap 'rm -rf "$W"' EXIT
 [ -x build-gpu-carried/mla-e2e ] || { [ -f .gpucarry/bins.tar.xz ] && tar xJf .gpucarry/bins.tar.xz; }
 H=build-gpu-carried MLA=${BUNDLE:-.bundle90}/bin/mlaserve OLD=MLA_CUDA_PREFILL_MIN=1048576
@@ -23,25 +31,31 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.t
 timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks.log" 2>&1; echo "checks: exit $?"
 MLA_CUDA_SMEM_CAP=sm120 timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks-sm120.log" 2>&1
 echo "checks as sm_120: exit $?"
+timeout 240 "$H/mla-gpu-check" --router --quick >"$R/router.log" 2>&1; echo "router checks: exit $?"
 python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(100, 100000)) for _ in range($N)))" >"$W/tok.txt"
 for fam in ${FAMS:-glm47flash}; do
   M="$W/$fam.gguf"
   timeout 120 "$MLA" mkmodel --family "$fam" --layers "${LAYERS:-3}" --split-size 0 -o "$M" >"$R/mk-$fam.log" 2>&1 ||
     { echo "$fam: mkmodel failed"; continue; }
+  timeout 300 "$MLA" logits -m "$M" --tokens "$W/tok.txt" --out "$W/$fam-cpu.f32" --threads "$(nproc)" \
+    >"$R/cpu-$fam.log" 2>&1 || echo "$fam: CPU logits: exit $?"
   for form in new old; do
-    for ch in 0 "$C"; do
+    for run in fast-0 "fast-$C" split-0; do
       e=(); [ "$form" = old ] && e=("$OLD")
-      c=(); [ "$ch" != 0 ] && c=(--chunk "$ch")
-      env "${e[@]}" timeout 120 "$H/mla-e2e" logits -m "$M" --fast --tokens "$W/tok.txt" --out "$W/$fam-$form-$ch.f32" \
-        "${c[@]}" >"$R/e2e-$fam-$form-$ch.log" 2>&1 || echo "$fam: mla-e2e $form chunk $ch: exit $?"
+      c=(); [ "$run" = "fast-$C" ] && c=(--chunk "$C")
+      env "${e[@]}" timeout 120 "$H/mla-e2e" logits -m "$M" "--${run%-*}" --tokens "$W/tok.txt" \
+        --out "$W/$fam-$form-$run.f32" "${c[@]}" >"$R/e2e-$fam-$form-$run.log" 2>&1 ||
+        echo "$fam: mla-e2e $form $run: exit $?"
     done
   done
-  for p in "new-0 old-0" "new-$C old-$C" "new-$C new-0"; do
+  for p in "new-fast-0 cpu" "old-fast-0 cpu" "new-split-0 cpu" "old-split-0 cpu" "new-fast-0 old-fast-0" \
+    "new-fast-$C old-fast-$C" "new-fast-$C new-fast-0"; do
     set -- $p
     python3 tests/model/compare_logits.py "$W/$fam-$1.f32" "$W/$fam-$2.f32" --rows "$N" --label "$fam $1 vs $2" |
       tee -a "$R/compare.txt"
   done
   rm -f "$W/$fam"-*.f32 "$M"
+  [ "${LIST:-}" = none ] && continue
   M="$W/$fam-whole.gguf"
   timeout 300 "$MLA" mkmodel --family "$fam" --split-size 0 -o "$M" >"$R/mk-$fam-whole.log" 2>&1 ||
     { echo "$fam: mkmodel (whole) failed"; continue; }
@@ -53,4 +67,4 @@ for fam in ${FAMS:-glm47flash}; do
   done
   rm -f "$M"
 done
-tar czf "$OUT/prefill-ab.tgz" -C "$R" . && rm -rf "$R" && echo "outputs: $OUT/prefill-ab.tgz"
+echo "outputs: $R"

@@ -1014,6 +1014,8 @@ static int mm(mla_cmodel *m, const dmat *w, const float *x, const void *xq, int6
         return mla_cuda_matmul_gemv(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     case MLA_CUDA_MM_SPLIT:
         return mla_cuda_matmul_split(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
+    case MLA_CUDA_MM_NARROW:
+        return mla_cuda_matmul_narrow(w->type, w->d, w->n_in, w->n_out, x, T, y, m->st, err);
     case MLA_CUDA_MM_MMA:
         break;
     }

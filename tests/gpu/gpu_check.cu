@@ -6,8 +6,10 @@
  * Ceilings: a large device-to-device copy measured here (bytes read + written), and the bf16
  * dense rate given by MLA_BF16_TFLOPS (default 790, measured on an H200 with cuBLAS).
  *
- * Usage: mla-gpu-check [--quick] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--head] [--sample] [--attn] [--attnlong] [--out FILE]   exit status
- * 0 when every check passes. --mma3: only the float-weight prefill paths side by side; --mmh: only
+ * Usage: mla-gpu-check [--quick] [--router] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--gemvgrp] [--prefill] [--dsa] [--head] [--sample] [--attn] [--attnlong] [--out FILE]   exit status
+ * 0 when every check passes. --router: only the MoE routers' float products (check_router: the
+ * narrow kernel beside the bf16 tensor cores it replaced, timed; with --quick fewer rows); --mma3:
+ * only the float-weight prefill paths side by side; --mmh: only
  * the fp16 tensor-core paths of quantized weights (dense and experts); --moe512: one timed run of
  * a 512-token V3 prompt's experts, for a profiler (ncu); --gemv: only the decode GEMVs of
  * quantized weights, streamed beside per-warp; --wg: only the warpgroup (wgmma) kernel's checks
@@ -172,7 +174,7 @@ static void measure_copy(void) {
 /* ---------------------------------------------------------------- quant: matmul */
 /* MM_Q8: mla_cuda_matmul_q8 as the model calls it (streamed for Q4_K / Q6_K / Q8_0); MM_Q8ROWS:
  * the same with the streamed GEMV switched off (the per-warp GEMV of every type) */
-enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H, MM_Q8ROWS };
+enum mm_path { MM_AUTO, MM_GEMV, MM_MMA, MM_MMA3, MM_Q8, MM_Q8MMA, MM_H, MM_Q8ROWS, MM_NARROW };
 
 
 /* y = x W^T on the GPU against dequantized sampled rows dotted in double on the CPU. */
@@ -206,6 +208,7 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
         } else if (path == MM_GEMV) OK(mla_cuda_matmul_gemv(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA) OK(mla_cuda_matmul_mma(t, wi, in, out, dx, T, dy, 0, E));
         else if (path == MM_MMA3) OK(mla_cuda_matmul_mma3(t, wi, in, out, dx, T, dy, 0, E));
+        else if (path == MM_NARROW) OK(mla_cuda_matmul_narrow(t, wi, in, out, dx, T, dy, 0, E));
         else OK(mla_cuda_matmul(t, wi, in, out, dx, T, dy, 0, E));
     };
     poison(dy, T * out * 4);
@@ -236,7 +239,8 @@ static void check_matmul(uint32_t t, int64_t in, int64_t out, int64_t T, mm_path
     const char *pn = path == MM_GEMV ? "gemv" : path == MM_MMA ? "mma"
                    : path == MM_MMA3 ? "mma3 (split bf16)" : path == MM_Q8 ? "gemv q8"
                    : path == MM_Q8ROWS ? "gemv q8 rows"
-                   : path == MM_Q8MMA ? "mma q8 (int8)" : path == MM_H ? "mma f16" : "matmul";
+                   : path == MM_Q8MMA ? "mma q8 (int8)" : path == MM_H ? "mma f16"
+                   : path == MM_NARROW ? "narrow (tf32 hi/lo)" : "matmul";
     /* mma3 (hi/lo split, 3 MMAs) is held to the fp32 bound; its speed is arithmetic (TFLOP/s) */
     add_row(fmt("%s %s", pn, ggml_type_name(t)), fmt("%lldx%lld T=%lld", (long long)out, (long long)in, (long long)T),
             err, bf16 ? 1e-2 : path == MM_H ? 2e-3 : 1e-4, us, (double)wbytes + 4.0 * T * (in + out), 2.0 * T * in * out,
@@ -309,15 +313,27 @@ static void check_gemv_grouped(uint32_t t, int64_t in, int64_t out, int64_t T, b
         CK(cudaFree(p));
 }
 
-/* a MoE router's float weights (V2-Lite's 64 x 2048, V3's 256 x 7168) in steps of 9-128 tokens:
- * the chooser's choice (mla_cuda_matmul: the GEMV up to 64 rows) beside the bf16 tensor cores */
-static void check_router(void) {
+/* a MoE router's float weights (V2-Lite's 64 x 2048, V3's 256 x 7168, GLM-5's 256 x 6144) in
+ * steps of 9-4096 tokens: the chooser's choice (mla_cuda_matmul: the GEMV up to 64 rows, the
+ * narrow kernel above) beside the bf16 tensor cores it replaces and the narrow kernel itself; a
+ * partial output tiles and token tiles, F16 weights. quick: fewer rows. */
+static void check_router(bool quick) {
+    const std::vector<int64_t> rows =
+        quick ? std::vector<int64_t>{9, 128, 1024} : std::vector<int64_t>{9, 32, 64, 128, 512, 1024, 4096};
     for (uint32_t t : {GGML_TYPE_F32, GGML_TYPE_BF16})
-        for (int64_t T : {9, 32, 64, 128})
-            for (auto io : std::vector<std::array<int64_t, 2>>{{2048, 64}, {7168, 256}}) {
+        for (int64_t T : rows)
+            for (auto io : std::vector<std::array<int64_t, 2>>{{2048, 64}, {7168, 256}, {6144, 256}}) {
                 check_matmul(t, io[0], io[1], T, MM_AUTO, true);
                 check_matmul(t, io[0], io[1], T, MM_MMA, true);
+                if (T <= 64) check_matmul(t, io[0], io[1], T, MM_NARROW, true);
             }
+    /* partial output and token tiles, in blocks of 16 tokens (77) and of 32 (4133: more blocks
+     * of 16 than two waves) */
+    for (int64_t T : {77, 4133}) {
+        check_matmul(GGML_TYPE_F32, 2048, 100, T, MM_NARROW, false);
+        check_matmul(GGML_TYPE_F16, 2048, 100, T, MM_NARROW, false);
+    }
+    check_matmul(GGML_TYPE_F16, 7168, 256, 300, MM_AUTO, false);
 }
 
 /* check_gemv_grouped at shapes with a partial K chunk and a partial row block (1536 x 300, 3
@@ -1316,12 +1332,13 @@ int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
          gemvgrp = false, prefill = false, prefill1 = false, dsa_only = false, attnlong = false, sample_only = false, head_wg = false,
-         ceilings = false;
+         ceilings = false, router_only = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--ceilings")) ceilings = true; /* the copy rate alone, for a roofline elsewhere */
         else if (!strcmp(argv[i], "--mma3")) mma3_only = true;
+        else if (!strcmp(argv[i], "--router")) router_only = true;
         else if (!strcmp(argv[i], "--mmh")) mmh_only = true;
         else if (!strcmp(argv[i], "--moe512")) moe512 = true; /* one timed run: for a profiler */
         else if (!strcmp(argv[i], "--gemv")) gemv_only = true;
@@ -1345,7 +1362,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill1")) prefill1 = true; /* its kernels once each: for a profiler */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--ceilings] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--head] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--prefill1] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--ceilings] [--router] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--head] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--prefill1] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1428,8 +1445,10 @@ int main(int argc, char **argv) {
     } else if (mmh_only) { /* the fp16 tensor-core paths alone */
         check_mmh_all(types, sizeof types / sizeof types[0]);
         check_moe_mmh();
+    } else if (router_only) {
+        check_router(quick);
     } else if (mma3_only) { /* the prefill paths side by side: fp32 GEMV, bf16 mma, split-bf16 mma3 */
-        check_router();
+        check_router(false);
         for (uint32_t t : {GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ2_XXS}) {
             for (int64_t T : {16, 64, 256, 1024}) {
                 check_matmul(t, 7168, 2048, T, MM_GEMV, true);
@@ -1449,7 +1468,7 @@ int main(int argc, char **argv) {
         check_matmul(t, 1536, 300, 3, MM_GEMV, false);  /* partial K chunk */
     }
     check_gemv_grouped_all(types, sizeof types / sizeof types[0]);
-    check_router();
+    check_router(quick);
     /* the integer GEMV (int8 activations): every quantized type, partial row blocks, short rows,
      * token counts over one pass (8) */
     for (uint32_t t : types) {

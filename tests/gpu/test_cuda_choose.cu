@@ -52,14 +52,23 @@ int main(void) {
     CHECK(one(dense, Q80, 7200, 97) == MLA_CUDA_MM_Q8_MMA);
     CHECK(one(dense, Q80, 7168, 97) == MLA_CUDA_MM_H);
     /* float weights: no integer form; the GEMV up to 8 rows, the bf16 tensor cores above; a
-     * router's few outputs (at most 512) keep the GEMV up to 64 rows */
+     * router's few outputs (at most 512) keep the GEMV up to 64 rows, the narrow kernel above
+     * where the row length is a multiple of 128 */
     CHECK(one(dense, BF16, 2048, 8) == MLA_CUDA_MM_GEMV);
     CHECK(one(dense, BF16, 2048, 9) == MLA_CUDA_MM_MMA);
     CHECK(one(dense, BF16, 2048, 9, 64) == MLA_CUDA_MM_GEMV);
     CHECK(one(dense, F32, 7168, 64, 512) == MLA_CUDA_MM_GEMV);
-    CHECK(one(dense, F16, 7168, 65, 256) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, F16, 7168, 65, 256) == MLA_CUDA_MM_NARROW);
+    CHECK(one(dense, F32, 2048, 4096, 64) == MLA_CUDA_MM_NARROW);
+    CHECK(one(dense, F32, 2048, 4096, 512) == MLA_CUDA_MM_NARROW);
+    CHECK(one(dense, F32, 2048, 4096, 513) == MLA_CUDA_MM_MMA);
+    CHECK(one(dense, F32, 2080, 4096, 64) == MLA_CUDA_MM_MMA); /* not whole 128-column chunks */
+    CHECK(one(dense, Q4K, 2048, 4096, 64) == MLA_CUDA_MM_H);   /* a type with an integer form */
     CHECK(one(dense, F32, 7168, 32, 513) == MLA_CUDA_MM_MMA);
     CHECK(one(dense, F32, 2048, 500) == MLA_CUDA_MM_MMA);
+    CHECK(mla_cuda_narrow_supported(F32, 7168, 256) && mla_cuda_narrow_supported(BF16, 6144, 256) &&
+          !mla_cuda_narrow_supported(F32, 7168, 513) && !mla_cuda_narrow_supported(GGML_TYPE_Q8_0, 7168, 256) &&
+          !mla_cuda_narrow_supported(F16, 7200, 256));
     /* exact: no tensor cores (the model passes no h_min and no q8_mma_min) */
     const mla_cuda_mm_policy exact = {true, false, true, 0, 0, 0};
     CHECK(one(exact, Q4K, 7168, 4096) == MLA_CUDA_MM_Q8);
@@ -70,6 +79,8 @@ int main(void) {
     CHECK(one(split, F32, 2048, 300) == MLA_CUDA_MM_SPLIT);
     CHECK(one(exact, F32, 7168, 500, 64) == MLA_CUDA_MM_GEMV);
     CHECK(one(split, F32, 7168, 32, 64) == MLA_CUDA_MM_SPLIT);
+    CHECK(one(split, F32, 7168, 65, 64) == MLA_CUDA_MM_NARROW); /* as accurate, and faster */
+    CHECK(one(exact, F32, 7168, 4096, 64) == MLA_CUDA_MM_GEMV);
     /* nothing allowed (mla_cuda_matmul): GEMV to 8, bf16 tensor cores above */
     const mla_cuda_mm_policy none = {false, false, false, 0, 0, 0};
     CHECK(one(none, Q4K, 7168, 8) == MLA_CUDA_MM_GEMV);
@@ -83,6 +94,10 @@ int main(void) {
     const mla_cuda_mm_policy moe_no_h = {true, false, false, 0, 64, 0};
     CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 63, 7168) == MLA_CUDA_MM_Q8);
     CHECK(mla_cuda_mm_choose(&moe_no_h, q, in, 3, 64, 7168) == MLA_CUDA_MM_Q8_MMA);
+    /* float experts of few outputs: the grouped GEMVs (no grouped narrow kernel) */
+    const uint32_t f3[3] = {BF16, BF16, BF16};
+    const int64_t in3[3] = {2048, 2048, 256};
+    CHECK(mla_cuda_mm_choose(&moe, f3, in3, 3, 1000, 256) == MLA_CUDA_MM_MMA);
     /* one matrix without an integer form keeps all three off the tensor cores */
     const uint32_t mixed[3] = {Q4K, Q4K, BF16};
     CHECK(mla_cuda_mm_choose(&moe, mixed, in, 3, 1000, 7168) == MLA_CUDA_MM_MMA);
