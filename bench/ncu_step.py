@@ -6,6 +6,7 @@ kernel name (and launch shape).
 Usage: ncu_step.py NCU.csv [--step K] [--families] [--stalls] [--json OUT.json]
        ncu_step.py --stall-metrics   (prints the metrics --stalls reads, for ncu's --metrics)
   --step K     the K-th step from the end (default 1)
+  --to-end     the run's last step ends with the CSV (a run of one prompt step, no decode after it)
   --families   a table by kernel family first (see FAMILIES), then the one by kernel
   --stalls     also what the warps waited on, from the CSV's warp-state metrics
                (smsp__warp_issue_stalled_REASON_per_warp_active.pct; STALL_METRICS lists the ones
@@ -124,6 +125,8 @@ def main():
     if want_stalls and not stalls:
         sys.exit(f'ncu_step: --stalls: no smsp__warp_issue_stalled_*_per_warp_active.pct rows in {path}')
     starts = [i for i, (_, k, _s, _) in enumerate(rows) if _s.startswith('get_rows')]
+    if '--to-end' in args and starts:
+        starts.append(len(rows))
     if len(starts) < back + 1:
         sys.exit(f'ncu_step: {len(starts)} steps found in {path}, need {back + 1}')
     a, b = starts[-back - 1], starts[-back]
