@@ -115,6 +115,14 @@ static int on_header_field(http_parser *hp, const char *at, size_t n) {
 
 static int on_header_value(http_parser *hp, const char *at, size_t n) {
     http_req *p = of(hp);
+    /* obs-fold (RFC 9112 5.2: refuse it or read it as a space): a value continued on a line that
+     * starts with a space or a tab, which the parser hands on as a further piece of the value. A
+     * piece that only a feed's end split off starts at the byte after the piece before it (in the
+     * stream); one after a fold starts past the line break. */
+    const size_t pos = p->fed + (size_t)(at - p->feed);
+    if (p->in_value && pos != p->val_end)
+        return fail(p, 400, "a header field value continued on the next line (obs-fold, RFC 9112 5.2)");
+    p->val_end = pos + n;
     p->in_value = true;
     p->header_bytes += n;
     if (p->header_bytes > p->lim.max_header_bytes) return fail(p, 431, "the request header fields are too large");
@@ -279,7 +287,9 @@ void http_req_free(http_req *p) {
 
 size_t http_req_feed(http_req *p, const char *data, size_t len) {
     if (p->state != HTTP_REQ_MORE || len == 0) return 0;
+    p->feed = data;
     size_t n = http_parser_execute(&p->parser, &p->settings, data, len);
+    p->fed += n;
     enum http_errno e = HTTP_PARSER_ERRNO(&p->parser);
     if (p->state == HTTP_REQ_DONE) {
         http_parser_pause(&p->parser, 0);

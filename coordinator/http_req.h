@@ -72,6 +72,9 @@ typedef struct http_req {
     char *hname, *hval;  /* current header */
     size_t hname_len, hval_len, hname_cap, hval_cap;
     bool in_value;
+    const char *feed;    /* the bytes of the current http_req_feed */
+    size_t fed;          /* bytes consumed by the feeds before it */
+    size_t val_end;      /* where the current value's last piece ended, counted as fed */
     bool te_other;       /* a Transfer-Encoding other than chunked alone was given */
     bool expect_other;   /* an Expect other than 100-continue */
     bool ce_other;       /* a Content-Encoding other than identity */

@@ -431,9 +431,13 @@ def recv_until(s, marker=None, got=b""):
     return got
 
 
-def raw(port, payload, timeout=10, read_until_close=True):
+def raw(port, payload, timeout=10, read_until_close=True, step=0):
+    """Sends payload (in writes of step bytes, 1 ms apart, where step > 0) and reads the answer."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(payload)
+    for i in range(0, len(payload), step or max(len(payload), 1)):
+        s.sendall(payload[i:i + (step or len(payload))])
+        if step:
+            time.sleep(0.001)
     out = b""
     try:
         while True:
@@ -473,6 +477,16 @@ def test_http_level(port):
     out = raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n")
     check(out.startswith(b"HTTP/1.1 400") and b"more than one Authorization" in out,
           "two Authorization fields -> 400: %r" % out[:200])
+    # obs-fold (RFC 9112 5.2): refused whether the fold arrives in one read or split over many;
+    # a value split by the reads alone is one value
+    folded = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\nConnection: close\r\n\r\n"
+    plain = b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a b c d e f\r\nConnection: close\r\n\r\n"
+    for step in (0, 1, 2, 3, 5):
+        for req, want in ((folded, b"HTTP/1.1 400"), (plain, b"HTTP/1.1 200")):
+            out = raw(port, req, step=step)
+            check(out.startswith(want) and (want.endswith(b"200") or b"obs-fold" in out),
+                  "%s in reads of %d bytes -> %s: %r" % ("obs-fold" if req is folded else "a plain value", step,
+                                                         want[9:].decode(), out[:160]))
     out = raw(port, b"GET /health HTTP/1.0\r\n\r\n")
     check(b" 200 " in out[:20], "HTTP/1.0 without Host -> 200: %r" % out[:60])
     out = raw(port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n")
