@@ -1,10 +1,11 @@
-/* libFuzzer target for the HTTP request side of the server: the input is a byte stream from
- * one client, fed to http_req in pieces whose sizes come from the input itself; every complete
- * request is checked (strings present, body NUL-terminated), its body read as the server reads
- * it (api_body_parse: a refusal names its problem; what it takes, printed again by cJSON, it
- * takes again) and run through every request-body parser of the API (completions, chat,
- * tokenize, detokenize) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON (clang);
- * tests/fuzz/replay_main.c replays the corpus (tests/data/http) without libFuzzer. */
+/* libFuzzer target for the HTTP request side of the server: the input is a byte stream from one
+ * client, fed to http_req in pieces whose sizes come from the input itself, and again whole
+ * (the same requests, and a refusal or none, either way: a client's reads may split it anywhere);
+ * every complete request is checked (strings present, body NUL-terminated), its body read as
+ * the server reads it (api_body_parse: a refusal names its problem; what it takes, printed
+ * again by cJSON, it takes again) and run through every request-body parser of the API
+ * (completions, chat, tokenize, detokenize) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON
+ * (clang); tests/fuzz/replay_main.c replays the corpus (tests/data/http) without libFuzzer. */
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,7 +67,9 @@ static void handle(const http_request *r) {
     cJSON_Delete(j);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+/* Feeds the stream in pieces of step bytes (0: whole) and handles each complete request;
+ * returns the requests completed, and the refusal's status (0: none) in *status. */
+static int run(const char *s, size_t size, size_t step, int *status) {
     http_limits lim;
     http_limits_default(&lim);
     lim.max_body = 4096;
@@ -75,11 +78,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lim.max_url = 512;
     http_req p;
     http_req_init(&p, &lim);
-    /* piece size from the first byte (1..32 or whole) */
-    size_t step = size ? (size_t)(data[0] % 33) : 0;
-    const char *s = (const char *)data;
     size_t off = 0;
-    int guard = 0;
+    int guard = 0, done = 0;
+    *status = 0;
     while (off < size && guard++ < 100000) {
         size_t n = step ? (size - off < step ? size - off : step) : size - off;
         size_t used = http_req_feed(&p, s + off, n);
@@ -88,13 +89,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (p.state == HTTP_REQ_DONE) {
             handle(&p.req);
             http_req_next(&p);
+            done++;
         } else if (p.state == HTTP_REQ_ERROR) {
             if (p.err_status < 400 || p.err_status > 505 || !p.err_msg[0]) __builtin_trap();
+            *status = p.err_status;
             break;
         } else if (used < n) {
             __builtin_trap(); /* more wanted, yet bytes left unconsumed */
         }
     }
     http_req_free(&p);
+    return done;
+}
+
+/* The piece size comes from the first byte (1..32 or whole); the stream read whole must give
+ * the same requests as read in pieces (a client's reads split it anywhere), and a refusal either
+ * way (which of two faults is named first may depend on where a piece ends) */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const size_t step = size ? (size_t)(data[0] % 33) : 0;
+    int st_piece, st_whole;
+    const int n_piece = run((const char *)data, size, step, &st_piece);
+    const int n_whole = step ? run((const char *)data, size, 0, &st_whole) : n_piece;
+    if (step && (n_piece != n_whole || !st_piece != !st_whole)) __builtin_trap();
     return 0;
 }
