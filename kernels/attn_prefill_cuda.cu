@@ -459,6 +459,8 @@ extern "C" int mla_cuda_prefill_attn(const mla_cuda_prefill_args *a, mla_cuda_st
     MLA_ASSERT(a->work_bytes >= per);
     const int64_t hmax = (int64_t)(a->work_bytes / per);
     const pf_shape s = shape_of(a->head_nope, a->n_rope, a->head_v);
+    /* the values' decompression grid: a head's value blocks in y */
+    MLA_ASSERT(a->n_head * (s == PF_GLM ? 2 : s == PF_GLM64 ? 4 : 1) <= 65535);
     cudaStream_t st = (cudaStream_t)stream;
     for (int64_t h0 = 0; h0 < a->n_head; h0 += hmax) {
         const int64_t hg = a->n_head - h0 < hmax ? a->n_head - h0 : hmax;

@@ -65,7 +65,7 @@ typedef struct mla_cuda_prefill_args {
 /* Whether a kernel exists for the shape on this device: head_nope / n_rope / head_v 128 / 64 / 128
  * (DeepSeek-V2/V3, Kimi-K2), 192 / 64 / 256 (GLM-4.7-Flash) or 64 / 32 / 64 (the fixtures' widths),
  * kv_lora a multiple of 32 up to 1024, and the shared memory a block needs (84 KB at 128 / 64 / 128;
- * 100 KB at 192 / 64 / 256, 75 KB where a block has less: MLA_CUDA_SMEM_CAP applies). */
+ * 100 KB at 192 / 64 / 256, 84 KB where a block has less: MLA_CUDA_SMEM_CAP applies). */
 bool mla_cuda_prefill_supported(int64_t kv_lora, int64_t n_rope, int64_t head_nope, int64_t head_v);
 /* bytes of the work area that holds the decompressed keys (head_nope) and values (head_v) of
  * `keys` keys for n_head heads */

@@ -66,7 +66,8 @@ int mla_cuda_matmul_mma(uint32_t t, const void *d_w, int64_t in, int64_t out, co
  * (kernels/mm_narrow_cuda.cu): blocks of 16 tokens x 64 outputs, K split over a block's warps and
  * summed in a fixed order; TF32 hi/lo products (three MMAs, two for 16-bit weights): about fp32
  * accuracy. mla_cuda_narrow_supported: those types, in a multiple of 128; any other shape, or x or
- * W not 16-byte aligned, takes mla_cuda_matmul_mma instead. */
+ * W not 16-byte aligned, takes mla_cuda_matmul_mma3 instead (as accurate); launches of at most
+ * 65535 x 16 rows. */
 bool mla_cuda_narrow_supported(uint32_t t, int64_t in, int64_t out);
 int mla_cuda_matmul_narrow(uint32_t t, const void *d_w, int64_t in, int64_t out, const float *d_x,
                            int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e);

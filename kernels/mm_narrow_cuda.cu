@@ -220,15 +220,22 @@ extern "C" int mla_cuda_matmul_narrow(uint32_t t, const void *d_w, int64_t in, i
                                       int64_t T, float *d_y, mla_cuda_stream stream, mla_err *e) {
     check_shape(t, in, out, T);
     if (T == 0) return MLA_OK;
-    /* the shapes it does not take, and x or W off the 16-byte alignment of its loads: the bf16
-     * tensor cores, as before it */
+    /* the shapes it does not take, and x or W off the 16-byte alignment of its loads: the split
+     * bf16 tensor cores, as accurate (hi/lo, three MMAs) */
     if (!mla_cuda_narrow_supported(t, in, out) || ((uintptr_t)d_x & 15) || ((uintptr_t)d_w & 15))
-        return mla_cuda_matmul_mma(t, d_w, in, out, d_x, T, d_y, stream, e);
+        return mla_cuda_matmul_mma3(t, d_w, in, out, d_x, T, d_y, stream, e);
     cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t err = t == GGML_TYPE_F32   ? launch_narrow<GGML_TYPE_F32>(d_w, in, out, d_x, T, d_y, s)
-                          : t == GGML_TYPE_F16   ? launch_narrow<GGML_TYPE_F16>(d_w, in, out, d_x, T, d_y, s)
-                                                 : launch_narrow<GGML_TYPE_BF16>(d_w, in, out, d_x, T, d_y, s);
-    MLACU_CHECK(err, e, "narrow matmul %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in,
-                (long long)T);
+    /* launches of at most 65535 blocks of 16 tokens (the grid's y) */
+    const int64_t most = (int64_t)65535 * 16;
+    for (int64_t t0 = 0; t0 < T; t0 += most) {
+        const int64_t n = T - t0 < most ? T - t0 : most;
+        const float *x = d_x + t0 * in;
+        float *y = d_y + t0 * out;
+        const cudaError_t err = t == GGML_TYPE_F32 ? launch_narrow<GGML_TYPE_F32>(d_w, in, out, x, n, y, s)
+                                : t == GGML_TYPE_F16 ? launch_narrow<GGML_TYPE_F16>(d_w, in, out, x, n, y, s)
+                                                     : launch_narrow<GGML_TYPE_BF16>(d_w, in, out, x, n, y, s);
+        MLACU_CHECK(err, e, "narrow matmul %s %lldx%lld T=%lld", ggml_type_name(t), (long long)out, (long long)in,
+                    (long long)T);
+    }
     return MLA_OK;
 }
