@@ -32,7 +32,8 @@ timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks.log" 2>&1; echo "ch
 MLA_CUDA_SMEM_CAP=sm120 timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks-sm120.log" 2>&1
 echo "checks as sm_120: exit $?"
 timeout 240 "$H/mla-gpu-check" --router --quick >"$R/router.log" 2>&1; echo "router checks: exit $?"
-python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(100, 100000)) for _ in range($N)))" >"$W/tok.txt"
+python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(100, 100000)) for _ in range($N)))" \
+  >"$W/tok.txt"
 for fam in ${FAMS:-glm47flash}; do
   M="$W/$fam.gguf"
   timeout 120 "$MLA" mkmodel --family "$fam" --layers "${LAYERS:-3}" --split-size 0 -o "$M" >"$R/mk-$fam.log" 2>&1 ||
