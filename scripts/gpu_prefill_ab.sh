@@ -13,11 +13,13 @@
 #      two paths against each other: max |difference|, relative L2, argmax agreement
 #      (tests/model/compare_logits.py);
 #   3. the whole model's prompt steps (mlaserve bench --prefill LIST --batch none), both paths
-#      (LIST=none: no whole model).
+#      (LIST=none: no whole model; BENCH_LAYERS=N: a file of N layers instead, for the models too
+#      large for one GPU, such as GLM-5).
 # Needs build-gpu-carried/ (mla-gpu-check, mla-e2e) and the bundle (.bundle90, for mkmodel, logits
 # and bench), as scripts/gpu_carry.sh packs them. Outputs in OUT/prefill-ab (default ./out), written
 # as each step ends, so that a run cut short keeps what it measured.
-# Env: FAMS (default glm47flash), LAYERS (3), PROMPT (600), CHUNK (300), LIST (1024,2048,4096,8192).
+# Env: FAMS (default glm47flash), LAYERS (3), PROMPT (600), CHUNK (300), LIST (1024,2048,4096,8192),
+# BENCH_LAYERS (the whole model).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
@@ -57,8 +59,9 @@ for fam in ${FAMS:-glm47flash}; do
   done
   rm -f "$W/$fam"-*.f32 "$M"
   [ "${LIST:-}" = none ] && continue
-  M="$W/$fam-whole.gguf"
-  timeout 300 "$MLA" mkmodel --family "$fam" --split-size 0 -o "$M" >"$R/mk-$fam-whole.log" 2>&1 ||
+  M="$W/$fam-whole.gguf" depth=()
+  [ -n "${BENCH_LAYERS:-}" ] && depth=(--layers "$BENCH_LAYERS")
+  timeout 300 "$MLA" mkmodel --family "$fam" "${depth[@]}" --split-size 0 -o "$M" >"$R/mk-$fam-whole.log" 2>&1 ||
     { echo "$fam: mkmodel (whole) failed"; continue; }
   for form in new old; do
     e=(); [ "$form" = old ] && e=(--env "$OLD")
