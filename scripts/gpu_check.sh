@@ -51,6 +51,13 @@ for a in "$@"; do
   esac
 done
 export PATH="/usr/local/cuda/bin:$PATH"
+# the tiny DeepSeek-V3 bf16 model is in models/ (the fixture archive leaves it out): linked into the
+# fixture folder where that has the rest of its files
+link_ds_model() {
+  if [ -d "$ds" ] && [ ! -e "$ds/tiny-deepseek3-bf16.gguf" ] && [ -f models/tiny-deepseek3-bf16.gguf ]; then
+    ln -sf "$PWD/models/tiny-deepseek3-bf16.gguf" "$ds/tiny-deepseek3-bf16.gguf"
+  fi
+}
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu-info.txt" || true
@@ -81,6 +88,7 @@ fi
 if [ "$e2e" = 1 ] || [ "$prefill" = 1 ]; then
   FIX="${FIX:-.gpu-fixtures}"
   ds="$FIX/tiny-deepseek3" glm="$FIX/tiny-glm5"
+  link_ds_model
   chk=(python3 tests/model/check_logits.py --mlaserve "$BUILD/mla-e2e")
   : >"$OUT/e2e.log"
   table="$OUT/e2e-table.md"
@@ -181,6 +189,7 @@ fi
 if [ "$stack" = 1 ]; then
   FIX="${FIX:-.gpu-fixtures}"
   ds="$FIX/tiny-deepseek3" glm="$FIX/tiny-glm5"
+  link_ds_model
   B="$(cd "${BUNDLE:-.bundle}" && pwd)"
   W=/tmp/mla-stack
   rm -rf "$W" && mkdir -p "$W"
