@@ -22,7 +22,6 @@ export NCCL_NVLS_ENABLE=0
 trap 'tar czf /tmp/sample-out.tgz -C "$OUT" --exclude=0-sample-out.tgz . 2>/dev/null && mv /tmp/sample-out.tgz "$OUT/0-sample-out.tgz"' EXIT
 if [ ! -x build-gpu-carried/mla-gpu-check ]; then
   for f in .gpucarry/*.tar.xz; do tar xJf "$f" || { echo "unpack $f failed"; exit 2; }; done
-  ln -sf "$PWD/models/tiny-deepseek3-bf16.gguf" .gpu-fixtures/tiny-deepseek3/tiny-deepseek3-bf16.gguf
 fi
 rc=0
 for s in ${STEPS:-1 2 3}; do

@@ -29,7 +29,6 @@ S="$OUT/sm120-summary.md"
 echo "# MLA_CUDA_SMEM_CAP=$CAP on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" >"$S"
 if [ ! -x build-gpu-carried/mla-gpu-check ]; then
   for f in .gpucarry/*.tar.xz; do tar xJf "$f" || echo "unpack $f failed"; done
-  [ -d .gpu-fixtures/tiny-deepseek3 ] && ln -sf "$PWD/models/tiny-deepseek3-bf16.gguf" .gpu-fixtures/tiny-deepseek3/tiny-deepseek3-bf16.gguf
 fi
 rc=0
 # 1. op checks

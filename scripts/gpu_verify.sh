@@ -38,7 +38,6 @@ fi
 t_start=$(date +%s)
 since() { echo "$(( $(date +%s) - t_start )) s"; }
 for f in .gpucarry/*.tar.xz; do tar xJf "$f" || echo "unpack $f failed"; done
-ln -sf "$PWD/models/tiny-deepseek3-bf16.gguf" .gpu-fixtures/tiny-deepseek3/tiny-deepseek3-bf16.gguf
 echo "unpacked ($(since)): $(ls .bundle90/bin build-gpu-carried 2>/dev/null | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
