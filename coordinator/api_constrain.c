@@ -738,6 +738,14 @@ static int tg_glm_held(tg *t, const cJSON *tl, int i, const char *ak, const char
     return MLA_OK;
 }
 
+/* the output after any reasoning: free text up to the calls' opener (open), then the calls
+ * ("tc", opt "?" where they may not come); beside a JSON format (its top rule fmt, "" for none)
+ * the format's JSON or the calls */
+static void tg_rest(tg *t, const char *fmt, const char *open, const char *opt) {
+    if (fmt[0]) sb_printf(&t->out, "rest ::= %s | tc\n", fmt);
+    else sb_printf(&t->out, "rest ::= (!%s)* tc%s\n", open, opt);
+}
+
 /* The grammar of q (api_constrain_tools), the forced tools that are not strict held to their
  * schemas where hold_loose; *loose gets how many were */
 static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain_token_fn tok, void *ud, char **out,
@@ -751,6 +759,20 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
     if (!q->one_call) snprintf(more, sizeof more, " (ws call){0,%d}", TOOLCALL_MAX_CALLS - 1);
     const char *opt = q->required ? "" : "?";
     sb_add(&t.out, "", 0);
+    /* beside a JSON response_format: the answer is the calls or the format's JSON ("rest ::= fmt |
+     * tc" below, the format's rules named "fs" + number) */
+    char fmt[40] = "";
+    if (q->format && !q->required && q->format_schema) {
+        char *fr = NULL, fm[400];
+        if (schema_rules(q->format_schema, "fs", &fr, fmt, sizeof fmt, fm, sizeof fm)) {
+            snprintf(err, err_len, "'response_format': %s", fm);
+            return MLA_ERR;
+        }
+        sb_add(&t.out, fr, strlen(fr));
+        free(fr);
+    } else if (q->format && !q->required) {
+        snprintf(fmt, sizeof fmt, "jobj");
+    }
     /* the prompt opened the reasoning: the output closes it before anything else (a call written
      * inside it would be reasoning); free until the format's opener, then the calls ("tc") */
     if (q->close_reasoning && tg_mark(&t, REASONING_CLOSE_TAG, close) == MLA_OK)
@@ -767,20 +789,20 @@ static int tools_build(const api_tool_grammar *q, bool hold_loose, api_constrain
         static const char *const mk[5] = {TOOLCALL_DS_CALLS_BEGIN, TOOLCALL_DS_CALLS_END, TOOLCALL_DS_CALL_BEGIN,
                                           TOOLCALL_DS_CALL_END, TOOLCALL_DS_SEP};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
-        if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\n", m[0], opt, m[0], more, m[1]);
+        if (rc == MLA_OK) tg_rest(&t, fmt, m[0], opt);
+        if (rc == MLA_OK) sb_printf(&t.out, "tc ::= %s call%s ws %s\n", m[0], more, m[1]);
     } else if (rc == MLA_OK && q->kind == TOOLCALL_KIMI_K2) {
         static const char *const mk[5] = {TOOLCALL_KIMI_SECTION_BEGIN, TOOLCALL_KIMI_SECTION_END,
                                           TOOLCALL_KIMI_CALL_BEGIN, TOOLCALL_KIMI_ARG_BEGIN, TOOLCALL_KIMI_CALL_END};
         for (int k = 0; k < 5 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
-        if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= %s call%s ws %s\n", m[0], opt, m[0], more, m[1]);
+        if (rc == MLA_OK) tg_rest(&t, fmt, m[0], opt);
+        if (rc == MLA_OK) sb_printf(&t.out, "tc ::= %s call%s ws %s\n", m[0], more, m[1]);
     } else if (rc == MLA_OK && q->kind == TOOLCALL_GLM) {
         static const char *const mk[6] = {TOOLCALL_GLM_CALL_BEGIN, TOOLCALL_GLM_CALL_END, TOOLCALL_GLM_KEY_BEGIN,
                                           TOOLCALL_GLM_KEY_END,    TOOLCALL_GLM_VAL_BEGIN, TOOLCALL_GLM_VAL_END};
         for (int k = 0; k < 6 && rc == MLA_OK; k++) rc = tg_mark(&t, mk[k], m[k]);
-        if (rc == MLA_OK)
-            sb_printf(&t.out, "rest ::= (!%s)* tc%s\ntc ::= call%s\n", m[0], opt, more);
+        if (rc == MLA_OK) tg_rest(&t, fmt, m[0], opt);
+        if (rc == MLA_OK) sb_printf(&t.out, "tc ::= call%s\n", more);
     } else if (rc == MLA_OK) {
         snprintf(err, err_len, "no tool-call format to hold the calls to");
         rc = MLA_ERR;
@@ -900,6 +922,8 @@ static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
 /* c's grammar from the schema sc at member `where` of response_format: none (absent or null) is
  * any JSON object, as OpenAI and llama.cpp take it */
 static int format_schema(api_constrain *c, const cJSON *sc, const char *where, struct api_error *e) {
+    c->json_format = true;
+    c->format_schema = sc && !cJSON_IsNull(sc) ? sc : NULL;
     if (!sc || cJSON_IsNull(sc)) {
         c->grammar = mla_xstrdup(api_json_object_gbnf());
         return MLA_OK;

@@ -31,6 +31,8 @@ struct api_error;
 
 typedef struct api_constrain {
     char *grammar; /* GBNF text, NULL when the output is free */
+    bool json_format;          /* grammar is a JSON response_format's (not the request's 'grammar') */
+    const cJSON *format_schema; /* its schema (points into the request document); NULL: any object */
     int64_t grammar_max_token; /* the largest id its <[id]> / !<[id]> name (-1: none) */
     uint32_t *grammar_taken;   /* the ids its <[id]> name (n_grammar_taken; NULL: none) */
     size_t n_grammar_taken;
@@ -57,7 +59,9 @@ typedef int32_t (*api_constrain_token_fn)(void *ud, const char *text);
  * calls of the offered tools, each one's name and arguments (per its parameters schema where the
  * tool is strict, or where required is set and the schema is an object schema within the subset;
  * any JSON object, or GLM's any key/value pairs, where not); required: the output must reach a call
- * (end of sequence only after one). */
+ * (end of sequence only after one). With format (tool_choice auto beside a JSON response_format):
+ * the output is either the calls or the format's JSON, from its first token, as the format alone
+ * would hold it (no free text, no reasoning). */
 typedef struct api_tool_grammar {
     enum toolcall_kind kind; /* deepseek, kimi-k2 or glm */
     const cJSON *tools;      /* the request's tools (checked by api_params) */
@@ -68,6 +72,8 @@ typedef struct api_tool_grammar {
                               * reasoning would be reasoning) */
     bool free_reasoning;     /* the prompt left it free: an output that starts (after whitespace) with
                               * "<think>" is reasoning, closed before a call; any other start content */
+    bool format;             /* the answer, where it is no call, is JSON under format_schema */
+    const cJSON *format_schema; /* NULL: any JSON object */
 } api_tool_grammar;
 
 /* The GBNF of q into *out (caller frees); MLA_ERR with err naming the problem: a marker of the

@@ -1344,7 +1344,9 @@ static int32_t one_token(void *ud, const char *text) {
 }
 
 /* A chat request's tool calls held to the model's format where it asks for it (a strict tool, or
- * tool_choice required or named): the grammar of api_constrain_tools as the request's. */
+ * tool_choice required or named, or auto beside a JSON response_format, whose JSON the answer is
+ * where it is no call): the grammar of api_constrain_tools as the request's. A 'grammar' beside
+ * calls, or a JSON response_format beside calls that must come: 400. */
 static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
     if (!p->tools || p->tool_choice == API_TOOLS_NONE || a->cfg.tool_parser == TOOLCALL_NONE) return MLA_OK;
     bool strict = false;
@@ -1357,10 +1359,16 @@ static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
         strict |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
     }
     const bool required = p->tool_choice == API_TOOLS_REQUIRED || p->tool_choice == API_TOOLS_NAMED;
-    if (!strict && !required) return MLA_OK;
-    if (p->constrain.grammar)
-        return api_error_set(e, 400, "tools", NULL, "%s cannot be combined with 'grammar' or a JSON 'response_format'",
-                             strict ? "a strict tool" : "tool_choice required or a named function");
+    const bool format = p->constrain.grammar && p->constrain.json_format;
+    if (p->constrain.grammar && !format)
+        return api_error_set(e, 400, "grammar", NULL,
+                             "'grammar' cannot be combined with tools the model may call (tool_choice \"none\" "
+                             "leaves them out of the output)");
+    if (format && required)
+        return api_error_set(e, 400, "tools", NULL,
+                             "tool_choice required or a named function cannot be combined with a JSON "
+                             "'response_format' (the answer is a call)");
+    if (!strict && !required && !format) return MLA_OK;
     api_tool_grammar q = {.kind = (enum toolcall_kind)a->cfg.tool_parser, .tools = p->tools,
                           .only = p->tool_choice == API_TOOLS_NAMED ? p->tool_choice_name : NULL,
                           .required = required, .one_call = p->one_call,
@@ -1370,10 +1378,15 @@ static int tool_grammar(api_server *a, api_gen_params *p, api_error *e) {
                                              a->cfg.tool_parser != TOOLCALL_KIMI_K2,
                           .free_reasoning = p->prompt_reasoning == REASONING_PROMPT_FREE &&
                                             a->cfg.reasoning_parser != REASONING_NONE &&
-                                            a->cfg.tool_parser != TOOLCALL_KIMI_K2};
-    char msg[600];
-    if (api_constrain_tools(&q, one_token, a, &p->constrain.grammar, msg, sizeof msg))
+                                            a->cfg.tool_parser != TOOLCALL_KIMI_K2,
+                          .format = format, .format_schema = p->constrain.format_schema};
+    /* the format held from the first token, as it is alone (the prompt's reasoning was closed) */
+    if (format) q.close_reasoning = q.free_reasoning = false;
+    char msg[600], *g = NULL;
+    if (api_constrain_tools(&q, one_token, a, &g, msg, sizeof msg))
         return api_error_set(e, 400, "tools", NULL, "%s", msg);
+    free(p->constrain.grammar);
+    p->constrain.grammar = g;
     return MLA_OK;
 }
 

@@ -92,15 +92,18 @@ static char *protect_str(chat_guard *g, const char *s, chat_guard_match_fn match
     return b.p;
 }
 
-/* Text parts of an array content that only together spell a control token. */
+/* Text parts of an array content that only together spell a control token, joined as the
+ * templates render them (chat_tmpl.c: one a line). */
 static bool parts_combine(const cJSON *content, chat_guard_match_fn match, void *ctx) {
     sbuf b = {0};
     const cJSON *it;
+    int np = 0;
     cJSON_ArrayForEach(it, content) {
         const char *t = NULL;
         if (cJSON_IsString(it)) t = it->valuestring;
         const cJSON *tx = cJSON_IsObject(it) ? cJSON_GetObjectItemCaseSensitive(it, "text") : NULL;
         if (cJSON_IsString(tx)) t = tx->valuestring;
+        if (t && np++) sb_put(&b, "\n", 1);
         if (t) sb_put(&b, t, strlen(t));
     }
     bool bad = false;
@@ -119,7 +122,7 @@ static bool parts_combine(const cJSON *content, chat_guard_match_fn match, void 
                 size_t ml = match(ctx, b.p, b.n, off + i);
                 if (ml && i + ml > tl) bad = true; /* runs past this part */
             }
-            off += tl;
+            off += tl + 1; /* and the line break after it */
         }
     }
     free(b.p);

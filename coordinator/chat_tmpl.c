@@ -201,6 +201,7 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
                     return mla_errf(err, "messages[%d].content[%d]: parts of type '%.64s' are not supported (text parts only)",
                                     i, j, cJSON_IsString(ty) ? ty->valuestring : "(none)");
                 }
+                if (j) bput(&b, "\n"); /* parts one a line, as vLLM and llama.cpp join them */
                 bput(&b, tx->valuestring);
                 j++;
             }
@@ -376,7 +377,8 @@ void chat_tmpl_free(chat_tmpl *t) {
 const char *chat_tmpl_used(const chat_tmpl *t) { return t->used; }
 enum chat_family chat_tmpl_family(const chat_tmpl *t) { return t->family; }
 
-/* content of a JSON message for the built-in templates: a string, or the text parts of a list */
+/* content of a JSON message for the built-in templates: a string, or the text parts of a list one
+ * a line */
 static char *json_content(const cJSON *m) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
@@ -384,10 +386,15 @@ static char *json_content(const cJSON *m) {
     bput(&b, "");
     if (cJSON_IsArray(c)) {
         const cJSON *it;
+        int j = 0;
         cJSON_ArrayForEach(it, c) {
-            if (cJSON_IsString(it)) bput(&b, it->valuestring);
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type"), *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
-            if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && cJSON_IsString(tx)) bput(&b, tx->valuestring);
+            const char *t = cJSON_IsString(it) ? it->valuestring
+                            : cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && cJSON_IsString(tx) ? tx->valuestring
+                                                                                                          : NULL;
+            if (!t) continue;
+            if (j++) bput(&b, "\n");
+            bput(&b, t);
         }
     }
     return b.p;

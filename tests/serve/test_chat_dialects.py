@@ -523,7 +523,7 @@ def main():
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"k\": [1, 2]}"}}]}]})
         ids = json.loads(body)["tokens"] if st == 200 else []
         prompt = prompt_of(ids)
-        check("<|user|>\nab" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
+        check("<|user|>\na\nb" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
               "normalized messages reach the template", prompt)
 
         # an assistant turn of tool calls with content null (as the SDKs send a reply back) renders

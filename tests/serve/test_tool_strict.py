@@ -6,8 +6,10 @@ the format's opening marker up so that the random model opens its call at once; 
 grammar holds every token: the answer must be exactly one call of that tool whose arguments are
 valid under its schema (an enum, an integer, a boolean), with finish_reason "tool_calls"; the
 same for that tool not strict but named, and for a call of the tool without properties under
-`required` (`{}`): tool_choice holds a forced call to its schema. Also the refusals (a strict
-tool's schema outside the subset; a strict tool beside `grammar`).
+`required` (`{}`): tool_choice holds a forced call to its schema. tool_choice auto beside a JSON
+response_format: a call, or the format's JSON, never free text. Also the refusals (a strict tool's
+schema outside the subset; tools beside `grammar`; tool_choice required beside a JSON
+response_format).
 Usage: test_tool_strict.py MLASERVE_EXE WORKER_EXE WORK_DIR. Exits 77 without jsonschema."""
 import json
 import os
@@ -96,6 +98,36 @@ for fam, opener in CASES:
                 check(ok, "%s: arguments valid under the schema: %r" % (what, fn["arguments"]))
             else:  # get_time, not strict, forced by "required": held to its schema, which lists no property
                 check(args == {}, "%s: a forced tool's arguments held to its schema: %r" % (what, fn["arguments"]))
+        # tool_choice auto beside a JSON response_format: the answer is a call (the opener biased up) or
+        # the format's JSON (the opener biased down), never free text
+        ans = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+               "required": ["answer"], "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": ans}}
+        for bias, want in ((100, "tool_calls"), (-100, "stop")):
+            body = {"model": os.path.basename(model), "messages": msgs, "tools": [LOOSE, TIME], "temperature": 0,
+                    "max_tokens": 300, "response_format": rf, "logit_bias": {str(ids[0]): bias},
+                    "parallel_tool_calls": False}
+            st, d = post(srv.port, "/v1/chat/completions", body, timeout=300)
+            ch = json.loads(d)["choices"][0] if st == 200 else {}
+            msg = ch.get("message", {})
+            what = "%s, auto beside response_format, opener bias %d" % (fam, bias)
+            check(st == 200 and ch.get("finish_reason") == want, "%s: finish %s: %s %r" % (what, want, st, d[:400]))
+            if want == "tool_calls":
+                calls = msg.get("tool_calls") or []
+                check(len(calls) >= 1 and calls[0]["function"]["name"] in ("get_weather", "get_time"),
+                      "%s: a call: %r" % (what, calls))
+            else:
+                try:
+                    jsonschema.validate(json.loads(msg.get("content") or ""), ans)
+                    ok = True
+                except (ValueError, jsonschema.ValidationError):
+                    ok = False
+                check(ok and not msg.get("tool_calls"), "%s: the format's JSON: %r" % (what, msg))
+        for extra, want in (({"tool_choice": "required", "response_format": rf}, "the answer is a call"),
+                            ({"grammar": "root ::= \"x\""}, "'grammar' cannot be combined")):
+            body = dict({"model": os.path.basename(model), "messages": msgs, "tools": [LOOSE], "max_tokens": 2}, **extra)
+            st, d = post(srv.port, "/v1/chat/completions", body)
+            check(st == 400 and want in d.decode(), "%s: %s refused: %s %r" % (fam, list(extra), st, d[:300]))
         # refusals
         bad = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
             "type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}

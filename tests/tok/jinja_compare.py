@@ -95,7 +95,7 @@ FEATURES = [
 
 # chat requests as clients send them (content as text parts, tool-call arguments as JSON strings),
 # with tools and the thinking switches: rendered through chat_tmpl_apply_json (which normalizes the
-# messages) against jinja2 on messages normalized here as vLLM does (parts joined; arguments
+# messages) against jinja2 on messages normalized here as vLLM does (parts joined one a line; arguments
 # parsed into an object when the template renders objects, else kept as the JSON string)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {
@@ -139,7 +139,7 @@ def normalized(msgs, args_object):
     for m in msgs:
         m = json.loads(json.dumps(m))
         if isinstance(m.get("content"), list):
-            m["content"] = "".join(p["text"] for p in m["content"])
+            m["content"] = "\n".join(p["text"] for p in m["content"])
         for tc in m.get("tool_calls") or []:
             a = tc["function"]["arguments"]
             if args_object and isinstance(a, str):

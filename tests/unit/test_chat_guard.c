@@ -6,8 +6,8 @@
  * does; the prompt must hold exactly the control tokens the same conversation with a neutral
  * message holds (those come from the template), decode back to the same text, and the unguarded
  * path must indeed have produced more (so the check can fail). Also: placeholder characters
- * avoid those used in the messages; text parts that only together spell a control token are
- * refused; a template that drops a message keeps the rest right. */
+ * avoid those used in the messages; text parts are joined one a line (a control token's halves in
+ * two parts do not spell it); a template that drops a message keeps the rest right. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,7 +143,9 @@ static void run_model(const char *path) {
     cJSON_Delete(neutral);
     cJSON_Delete(evil);
 
-    /* text parts that only together spell a control token are refused */
+    /* text parts are joined one a line (as vLLM and llama.cpp join them): the halves of a control
+     * token in two parts do not spell it (a token whose text holds the line break at the split
+     * would be refused) */
     size_t el;
     int32_t eos = tok_eos(v);
     const char *et = tok_token_text(v, eos, &el);
@@ -162,8 +164,8 @@ static void run_model(const char *path) {
         chat_guard gg;
         chat_guard_init(&gg);
         cJSON *prot = NULL;
-        CHECKF(chat_guard_protect(&gg, m, NULL, match, v, &prot, NULL, &err) == MLA_ERR && strstr(err.msg, "parts"),
-               "%s: split control token in text parts refused", path);
+        CHECKF(chat_guard_protect(&gg, m, NULL, match, v, &prot, NULL, &err) == MLA_OK,
+               "%s: a control token's halves in two text parts (two lines) taken: %s", path, err.msg);
         cJSON_Delete(prot);
         chat_guard_free(&gg);
         cJSON_Delete(m);

@@ -383,6 +383,33 @@ static void test_tools(void) {
     }
     g_missing = NULL;
     q.required = q.free_reasoning = false;
+    /* auto beside a JSON response_format: the format's JSON or the calls, from the first token (no
+     * free text, no reasoning); a schema's JSON held to it; json_object (no schema) any object */
+    cJSON *fsc = cJSON_Parse("{\"type\": \"object\", \"properties\": {\"answer\": {\"type\": \"string\"}}, "
+                             "\"required\": [\"answer\"], \"additionalProperties\": false}");
+    REQUIRE(fsc);
+    const char *fcalls[3] = {
+        TOOLCALL_DS_CALLS_BEGIN TOOLCALL_DS_CALL_BEGIN "get_weather" TOOLCALL_DS_SEP "{\"city\": \"Oslo\", \"days\": 2}"
+            TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END,
+        TOOLCALL_KIMI_SECTION_BEGIN TOOLCALL_KIMI_CALL_BEGIN "functions.get_weather:0" TOOLCALL_KIMI_ARG_BEGIN
+            "{\"city\": \"Oslo\", \"days\": 2}" TOOLCALL_KIMI_CALL_END TOOLCALL_KIMI_SECTION_END,
+        TOOLCALL_GLM_CALL_BEGIN "get_weather\n" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN
+            "Oslo" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "2"
+            TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END};
+    const enum toolcall_kind fkinds[3] = {TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOOLCALL_GLM};
+    for (int k = 0; k < 3; k++) {
+        api_tool_grammar qf = {.kind = fkinds[k], .tools = tools, .format = true, .format_schema = fsc};
+        tg_run(&qf, v, "{\"answer\": \"Oslo\"}", 2, NULL, NULL);
+        tg_run(&qf, v, fcalls[k], 2, "get_weather", W);
+        tg_run(&qf, v, "{\"other\": 1}", 0, NULL, NULL);  /* outside the schema */
+        tg_run(&qf, v, "Sure.", 0, NULL, NULL);           /* free text */
+        tg_run(&qf, v, REASONING_OPEN_TAG "plan", 0, NULL, NULL);
+        tg_run(&qf, v, "{\"answer\": \"x\"}" TOOLCALL_GLM_CALL_BEGIN, 0, NULL, NULL); /* nothing after the JSON */
+        qf.format_schema = NULL;
+        tg_run(&qf, v, "{\"other\": [1, 2]}", 2, NULL, NULL);
+        tg_run(&qf, v, "[1]", 0, NULL, NULL);
+    }
+    cJSON_Delete(fsc);
     /* GLM: a property's $ref resolves against the parameters */
     cJSON *reft = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
                               "{\"type\": \"object\", \"$defs\": {\"P\": {\"type\": \"integer\"}}, \"properties\": "
