@@ -450,6 +450,33 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
     return MLA_OK;
 }
 
+/* What a chat request gives its template beside the messages: tools (and tool_choice,
+ * parallel_tool_calls), chat_template_kwargs, reasoning_effort. Chat completions and /tokenize. */
+static int parse_template_vars(api_gen_params *p, const cJSON *root, api_error *e) {
+    if (parse_tools(p, root, e)) return MLA_ERR;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    if (!is_null(kw)) {
+        if (!cJSON_IsObject(kw)) return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        const cJSON *it;
+        cJSON_ArrayForEach(it, kw) {
+            const char *k = it->string ? it->string : "";
+            if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") ||
+                !strcmp(k, "bos_token") || !strcmp(k, "eos_token"))
+                return bad(e, "chat_template_kwargs",
+                           "chat_template_kwargs.%s is set by the server (use the request's own parameter)", k);
+        }
+        p->chat_template_kwargs = kw;
+    }
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    if (!is_null(re)) {
+        if (!cJSON_IsString(re) || (strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") &&
+                                    strcmp(re->valuestring, "medium") && strcmp(re->valuestring, "high")))
+            return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
+        p->reasoning_effort = mla_xstrdup(re->valuestring);
+    }
+    return MLA_OK;
+}
+
 int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
     p->kind = kind;
@@ -554,27 +581,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             if (!p->logprobs && v > 0) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
             p->top_logprobs = (int32_t)v;
         }
-        if (parse_tools(p, root, e)) return MLA_ERR;
-        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
-        if (!is_null(kw)) {
-            if (!cJSON_IsObject(kw)) return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-            const cJSON *it;
-            cJSON_ArrayForEach(it, kw) {
-                const char *k = it->string ? it->string : "";
-                if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") ||
-                    !strcmp(k, "bos_token") || !strcmp(k, "eos_token"))
-                    return bad(e, "chat_template_kwargs",
-                               "chat_template_kwargs.%s is set by the server (use the request's own parameter)", k);
-            }
-            p->chat_template_kwargs = kw;
-        }
-        const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
-        if (!is_null(re)) {
-            if (!cJSON_IsString(re) || (strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") &&
-                                        strcmp(re->valuestring, "medium") && strcmp(re->valuestring, "high")))
-                return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
-            p->reasoning_effort = mla_xstrdup(re->valuestring);
-        }
+        if (parse_template_vars(p, root, e)) return MLA_ERR;
         /* false: the reasoning is parsed out of the answer and not returned (vLLM's parameter) */
         if (get_bool(root, "include_reasoning", &p->include_reasoning, e)) return MLA_ERR;
     }
@@ -757,7 +764,11 @@ void api_gen_params_free(api_gen_params *p) {
 }
 
 static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "add_special_tokens",
-                                              "add_generation_prompt", "continue_final_message", NULL};
+                                              "add_generation_prompt", "continue_final_message", "tools",
+                                              "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                                              "reasoning_effort", NULL};
+static const char *const k_tokenize_chat_keys[] = {"tools", "tool_choice", "parallel_tool_calls",
+                                                   "chat_template_kwargs", "reasoning_effort", NULL};
 static const char *const k_detokenize_keys[] = {"model", "tokens", NULL};
 
 int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
@@ -770,7 +781,10 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
         const char *k = it->string ? it->string : "";
         if (!in_list(k_tokenize_keys, k))
             return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
-                             "add_generation_prompt, continue_final_message)", k);
+                             "add_generation_prompt, continue_final_message, tools, tool_choice, "
+                             "parallel_tool_calls, chat_template_kwargs, reasoning_effort)", k);
+        if (in_list(k_tokenize_chat_keys, k) && is_null(cJSON_GetObjectItemCaseSensitive(root, "messages")))
+            return bad(e, k, "'%.64s' applies to 'messages'", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
@@ -786,10 +800,13 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
         return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
     }
     if (get_bool(root, "add_special_tokens", &p->add_special, e)) return MLA_ERR;
-    /* a chat's special tokens (its BOS included) are the template's text: nothing to add or leave out */
-    if (p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")))
-        return bad(e, "add_special_tokens", "'add_special_tokens' applies to 'prompt': the special tokens of 'messages' "
-                                            "come from the chat template");
+    /* a chat's special tokens (its BOS included) are the template's text: none added (false, vLLM's
+     * default for messages, says so; true would add a second BOS) */
+    if (p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")) && p->add_special)
+        return bad(e, "add_special_tokens", "'add_special_tokens': true applies to 'prompt': the special tokens of "
+                                            "'messages' come from the chat template");
+    if (p->messages) p->add_special = false;
+    if (p->messages && parse_template_vars(&p->chat, root, e)) return MLA_ERR;
     if (get_bool(root, "add_generation_prompt", &p->add_gen, e)) return MLA_ERR;
     if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
         return bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");
@@ -818,6 +835,7 @@ void api_tok_params_free(api_tok_params *p) {
     free(p->model);
     free(p->prompt);
     free(p->tokens);
+    api_gen_params_free(&p->chat);
     memset(p, 0, sizeof(*p));
 }
 

@@ -111,6 +111,8 @@ typedef struct api_tok_params {
     bool add_special;
     bool add_gen; /* messages: end with the template's generation prompt (add_generation_prompt) */
     bool continue_final; /* messages: end inside the last (assistant) message (continue_final_message) */
+    api_gen_params chat; /* messages: what the template gets beside them (tools, tool_choice,
+                          * chat_template_kwargs, reasoning_effort), as a chat request's */
     int32_t *tokens;
     int32_t n_tokens;
 } api_tok_params;

@@ -1696,7 +1696,7 @@ static void *prep_main(void *arg) {
         pthread_mutex_unlock(&a->prep_mu);
         if (j->is_tokenize)
             j->rc = api_server_tokenize(a, j->tp.prompt, j->tp.messages, j->tp.add_special, j->tp.add_gen,
-                                        j->tp.continue_final, &j->ids, &j->n_ids, &j->e);
+                                        j->tp.continue_final, &j->tp.chat, &j->ids, &j->n_ids, &j->e);
         else
             j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e) ||
                     more_prompt_ids(a, &j->gp, &j->more_ids, &j->more_n, &j->e);
@@ -1888,11 +1888,17 @@ static void generate_ready(api_server *a, prep_job *j) {
 }
 
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special, bool add_gen,
-                        bool cont, int32_t **ids, int32_t *n, api_error *e) {
+                        bool cont, const api_gen_params *chat, int32_t **ids, int32_t *n, api_error *e) {
     *ids = NULL;
     *n = 0;
-    if (messages)
-        return chat_ids(a, messages, add_gen, NULL, false, cont ? final_content(messages) : NULL, NULL, ids, n, e);
+    if (messages) {
+        cJSON *vars = NULL;
+        if (chat && chat_vars(a, chat, &vars, e) != MLA_OK) return MLA_ERR;
+        const int rc =
+            chat_ids(a, messages, add_gen, vars, false, cont ? final_content(messages) : NULL, NULL, ids, n, e);
+        cJSON_Delete(vars);
+        return rc;
+    }
     if (!text) return api_error_set(e, 400, "prompt", NULL, "'prompt' (a string) or 'messages' is required");
     mla_err err = {{0}};
     int rc = a->tok.encode(a->tok.ctx, text, strlen(text), add_special, true, NULL, 0, ids, n, &err);

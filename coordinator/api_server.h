@@ -196,9 +196,10 @@ api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *s
 void api_server_gen_cancel(api_gen *g, bool detach);
 /* Tokenizes a prompt (add_special: BOS etc.) or chat messages (a checked cJSON array; add_gen:
  * with the template's generation prompt; cont: ending inside the last message, as
- * continue_final_message) as /tokenize does; *ids malloc'd, caller frees. */
+ * continue_final_message; chat: the tools, chat_template_kwargs and reasoning_effort the template
+ * gets, as a chat request's, NULL for none) as /tokenize does; *ids malloc'd, caller frees. */
 int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, bool add_special, bool add_gen,
-                        bool cont, int32_t **ids, int32_t *n, api_error *e);
+                        bool cont, const api_gen_params *chat, int32_t **ids, int32_t *n, api_error *e);
 /* Wrong-key attempts: at most cfg.auth_max_fails (default API_AUTH_MAX_FAILS) from one client
  * address (the peer without its port) within API_AUTH_WINDOW_S seconds; after that every request
  * needing the key from that address is refused (429) until the window ends, whatever key it

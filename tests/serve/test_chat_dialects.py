@@ -526,6 +526,31 @@ def main():
         check("<|user|>\na\nb" in prompt and "<arg_key>k</arg_key>\n<arg_value>[1, 2]</arg_value>" in prompt,
               "normalized messages reach the template", prompt)
 
+        # /tokenize of a chat with what its template gets beside the messages (tools, tool_choice,
+        # chat_template_kwargs), as vLLM's: the count a chat request's usage reports for the same body
+        q = [{"role": "user", "content": "weather?"}]
+        for extra in ({"tools": [WEATHER, TIME]}, {"tools": [WEATHER, TIME], "tool_choice": "none"},
+                      {"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+                      {"chat_template_kwargs": {"enable_thinking": False}}, {"add_special_tokens": False}):
+            st, body = http_post(srv.port, "/tokenize", dict({"messages": q}, **extra))
+            n = json.loads(body)["count"] if st == 200 else -1
+            r = cl.chat.completions.create(model="fake-model", messages=q, max_tokens=1,
+                                           **{k: v for k, v in extra.items() if k in ("tools", "tool_choice")},
+                                           extra_body={k: v for k, v in extra.items()
+                                                       if k not in ("tools", "tool_choice", "add_special_tokens")})
+            check(st == 200 and n == r.usage.prompt_tokens, "/tokenize with %s: the chat's prompt tokens" % list(extra),
+                  (st, n, r.usage.prompt_tokens, body[:200]))
+            if "tools" in extra:
+                p = prompt_of(json.loads(body)["tokens"])
+                check(("get_weather" in p) == (extra.get("tool_choice") in (None, "auto")) and
+                      ("get_time" in p) == (extra.get("tool_choice") != "none"), "/tokenize renders the tools offered", p)
+        for extra, param in (({"add_special_tokens": True}, "add_special_tokens"),
+                             ({"chat_template_kwargs": {"no_such_switch": 1}}, "no_such_switch")):
+            st, body = http_post(srv.port, "/tokenize", dict({"messages": q}, **extra))
+            check(st == 400 and param in body.decode(), "/tokenize with %s: 400" % list(extra), body[:200])
+        st, body = http_post(srv.port, "/tokenize", {"prompt": "x", "tools": [WEATHER]})
+        check(st == 400 and "applies to 'messages'" in body.decode(), "/tokenize tools beside a prompt: 400", body[:200])
+
         # an assistant turn of tool calls with content null (as the SDKs send a reply back) renders
         # empty content, not the text "None"
         st, body = http_post(srv.port, "/tokenize", {"messages": [
