@@ -249,8 +249,9 @@ def test_errors(port):
     err({"prompt": "x", "temperature": "hot"}, 400, "wrong type temperature", param="temperature")
     err({"prompt": "x", "max_tokens": 1.5}, 400, "fractional max_tokens", param="max_tokens")
     err({"prompt": "x", "max_tokens": 0}, 400, "max_tokens 0", param="max_tokens")
-    err({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": False}, 400,
-        "/tokenize: add_special_tokens with messages", path="/tokenize", param="add_special_tokens", says="chat template")
+    err({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True}, 400,
+        "/tokenize: add_special_tokens true with messages", path="/tokenize", param="add_special_tokens",
+        says="chat template")
     err({"prompt": "x", "n": 0}, 400, "n=0", param="n", says="between 1 and 128")
     err({"prompt": "x", "n": 129}, 400, "n=129", param="n", says="between 1 and 128")
     err({"prompt": "x", "n": 2, "best_of": 3}, 400, "best_of above n", param="best_of", says="must equal 'n' (2)")
