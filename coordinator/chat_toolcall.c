@@ -341,9 +341,51 @@ static int type_string(const cJSON *sc) {
  * ($ref, enum, none at all) does not say so */
 bool toolcall_schema_allows_string(const cJSON *sc) { return toolcall_schema_any(sc, type_string); }
 
-/* whether key's value is taken as a string: the tool's schema for it allows a string, or the
- * tool or the key is not declared; otherwise the value is read as JSON where it is JSON */
-static bool glm_is_string(const cJSON *tools, const char *name, const char *key) {
+/* the JSON types other than string a schema's own "type" names (bits of json_bit), -1 without one */
+static int json_bit(const cJSON *v) {
+    return cJSON_IsNull(v)     ? 1
+           : cJSON_IsBool(v)   ? 2
+           : cJSON_IsNumber(v) ? 4 /* integer or number: a whole number is both */
+           : cJSON_IsArray(v)  ? 8
+           : cJSON_IsObject(v) ? 16
+                               : 0;
+}
+static int type_bits1(const char *t) {
+    return !strcmp(t, "null") ? 1 : !strcmp(t, "boolean") ? 2 : !strcmp(t, "integer") || !strcmp(t, "number") ? 4
+           : !strcmp(t, "array") ? 8 : !strcmp(t, "object") ? 16 : 0;
+}
+/* the non-string types a schema allows: its "type" (or list), else the union over its anyOf /
+ * oneOf branches; 31 (any) where neither says */
+static int schema_other_types(const cJSON *sc) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sc, "type"), *it;
+    if (cJSON_IsString(ty)) return type_bits1(ty->valuestring);
+    if (cJSON_IsArray(ty)) {
+        int b = 0;
+        cJSON_ArrayForEach(it, ty) if (cJSON_IsString(it)) b |= type_bits1(it->valuestring);
+        return b;
+    }
+    static const char *const alts[2] = {"anyOf", "oneOf"};
+    int b = 0;
+    bool any = false;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *br = cJSON_GetObjectItemCaseSensitive(sc, alts[i]);
+        if (!cJSON_IsArray(br)) continue;
+        any = true;
+        cJSON_ArrayForEach(it, br) b |= schema_other_types(it);
+    }
+    return any ? b : 31;
+}
+
+/* How a GLM value's text is read (the format writes every value as text between its markers):
+ * GV_TEXT where the parameter's schema allows a string and no other type; GV_JSON where it allows
+ * no string (numbers, booleans, arrays, objects; $ref, enum and untyped parameters too): JSON where
+ * the text is JSON, else the text; GV_EITHER where it allows a string and other types (pydantic's
+ * Optional[str]: "null" is null), or the tool or the key is not declared (any type, as vLLM's and
+ * llama.cpp's parsers read them): the JSON value where the text is JSON of an allowed type other
+ * than a string, else the text. *other: the allowed non-string types (json_bit's bits). */
+enum glm_value { GV_TEXT, GV_JSON, GV_EITHER };
+static enum glm_value glm_value_kind(const cJSON *tools, const char *name, const char *key, int *other) {
+    *other = 31;
     const cJSON *tl;
     cJSON_ArrayForEach(tl, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tl, "function");
@@ -351,9 +393,12 @@ static bool glm_is_string(const cJSON *tools, const char *name, const char *key)
         if (!cJSON_IsString(nm) || strcmp(nm->valuestring, name)) continue;
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties");
         const cJSON *sc = cJSON_GetObjectItemCaseSensitive(pr, key);
-        return !cJSON_IsObject(sc) || toolcall_schema_allows_string(sc);
+        if (!cJSON_IsObject(sc)) return GV_EITHER;
+        if (!toolcall_schema_allows_string(sc)) return GV_JSON;
+        *other = schema_other_types(sc);
+        return *other ? GV_EITHER : GV_TEXT;
     }
-    return true;
+    return GV_EITHER;
 }
 
 /* (a GLM call's keys and text values go into cJSON through chat_json_str and come out through
@@ -363,7 +408,9 @@ static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const
     char *key = chat_json_str(k, kn);
     char *val = chat_json_str(v, vn);
     cJSON *item = NULL;
-    if (!glm_is_string(tools, name, key)) {
+    int other;
+    const enum glm_value kind = glm_value_kind(tools, name, key, &other);
+    if (kind != GV_TEXT) {
         const char *s = v;
         size_t n = vn;
         trim(&s, &n);
@@ -377,6 +424,10 @@ static void glm_add_pair(cJSON *obj, const cJSON *tools, const char *name, const
         if (!item && n == 4 && !memcmp(s, "True", 4)) item = cJSON_CreateTrue();
         else if (!item && n == 5 && !memcmp(s, "False", 5)) item = cJSON_CreateFalse();
         else if (!item && n == 4 && !memcmp(s, "None", 4)) item = cJSON_CreateNull();
+        if (item && kind == GV_EITHER && !(json_bit(item) & other)) { /* a string, or a type not allowed */
+            cJSON_Delete(item);
+            item = NULL;
+        }
     }
     if (!item) item = cJSON_CreateString(val);
     cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
@@ -405,8 +456,9 @@ static void sb_json_string(sb *b, const char *s, size_t n, bool close) {
 
 /* A call cut off (the output ended inside it): the JSON text of its pairs so far, left open as
  * the model left it (no closing brace), then the pair it was writing: the key as far as written
- * (k, kn; NULL: none), and its value as far as written (v, vn; NULL: not begun), string-typed
- * ones as an open JSON string, others as written. */
+ * (k, kn; NULL: none), and its value as far as written (v, vn; NULL: not begun): GV_TEXT ones as an
+ * open JSON string, GV_JSON ones as written, GV_EITHER ones not yet (text or JSON is known once the
+ * value ends: what is streamed is never taken back). */
 static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const char *k, size_t kn, bool key_done,
                            const char *v, size_t vn) {
     char *s = chat_json_print(obj);
@@ -421,8 +473,10 @@ static void glm_finish_cut(toolcall *c, cJSON *obj, const cJSON *tools, const ch
         if (key_done) sb_add(&b, ":", 1);
         if (key_done && v) {
             char *key = dup_n(k, kn);
-            if (glm_is_string(tools, c->name, key)) sb_json_string(&b, v, vn, false);
-            else sb_add(&b, v, vn);
+            int other;
+            const enum glm_value kind = glm_value_kind(tools, c->name, key, &other);
+            if (kind == GV_TEXT) sb_json_string(&b, v, vn, false);
+            else if (kind == GV_JSON) sb_add(&b, v, vn);
             free(key);
         }
     }

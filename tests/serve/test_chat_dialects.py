@@ -282,6 +282,28 @@ CASES = [
      {"content": None, "reasoning": None,
       "calls": [("*", "function", "search", {"q": "x", "limit": 5, "tags": ["a", "b"], "filt": {"lang": "en"},
                                               "mode": "fast", "note": "7"})]}, "tool_calls"),
+    # a string beside other types (Optional[str], ["string", "null"]): the text where it is no JSON of
+    # those ("null" is null, "7" stays text); a key or a tool not declared: JSON where the text is
+    # JSON, else the text (as vLLM's and llama.cpp's parsers read them)
+    ("glm-4.6 null for Optional[str]; keys not declared read as JSON", "glm-4.6.jinja", [],
+     "<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>null</arg_value>\n<arg_key>note</arg_key>\n"
+     "<arg_value>null</arg_value>\n<arg_key>extra</arg_key>\n<arg_value> 7 </arg_value>\n<arg_key>blob</arg_key>\n"
+     "<arg_value>{\"x\": [1]}</arg_value>\n<arg_key>word</arg_key>\n<arg_value>hi there</arg_value>\n"
+     "<arg_key>py</arg_key>\n<arg_value>None</arg_value>\n</tool_call>\n<tool_call>get_weather\n"
+     "<arg_key>units</arg_key>\n<arg_value>null</arg_value>\n</tool_call>\n<tool_call>not_offered\n"
+     "<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+     {"tools": [SEARCH, WEATHER], "max_tokens": 800},
+     {"content": None, "reasoning": None,
+      "calls": [("*", "function", "search", {"q": "null", "note": None, "extra": 7, "blob": {"x": [1]},
+                                              "word": "hi there", "py": None}),
+                ("*", "function", "get_weather", {"units": None}),
+                ("*", "function", "not_offered", {"n": 3})]}, "tool_calls"),
+    # cut inside a value that may be text or JSON: withheld until it ends (what is streamed stays)
+    ("glm-5 call cut inside a value not declared", "glm-5.jinja", [],
+     "x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>extra</arg_key>"
+     "<arg_value>12", {"tools": [WEATHER]},
+     {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo","extra":'))]},
+     "stop"),
     ("parallel_tool_calls false: the first call alone", "glm-4.6.jinja", [],
      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n"
      "<tool_call>get_time\n</tool_call>", {"tools": [WEATHER, TIME], "parallel_tool_calls": False},
