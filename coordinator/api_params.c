@@ -471,7 +471,8 @@ static int parse_template_vars(api_gen_params *p, const cJSON *root, api_error *
     if (!is_null(re)) {
         if (!cJSON_IsString(re) || (strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") &&
                                     strcmp(re->valuestring, "medium") && strcmp(re->valuestring, "high")))
-            return bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
+            return bad(e, "reasoning_effort",
+                       "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
         p->reasoning_effort = mla_xstrdup(re->valuestring);
     }
     return MLA_OK;

@@ -389,9 +389,8 @@ static char *json_content(const cJSON *m) {
         int j = 0;
         cJSON_ArrayForEach(it, c) {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type"), *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
-            const char *t = cJSON_IsString(it) ? it->valuestring
-                            : cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && cJSON_IsString(tx) ? tx->valuestring
-                                                                                                          : NULL;
+            const bool part = cJSON_IsString(ty) && !strcmp(ty->valuestring, "text") && cJSON_IsString(tx);
+            const char *t = cJSON_IsString(it) ? it->valuestring : part ? tx->valuestring : NULL;
             if (!t) continue;
             if (j++) bput(&b, "\n");
             bput(&b, t);

@@ -302,8 +302,8 @@ CASES = [
     ("glm-5 call cut inside a value not declared", "glm-5.jinja", [],
      "x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>extra</arg_key>"
      "<arg_value>12", {"tools": [WEATHER]},
-     {"content": None, "reasoning": "x", "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo","extra":'))]},
-     "stop"),
+     {"content": None, "reasoning": "x",
+      "calls": [("*", "function", "get_weather", ("raw", '{"city":"Oslo","extra":'))]}, "stop"),
     ("parallel_tool_calls false: the first call alone", "glm-4.6.jinja", [],
      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n"
      "<tool_call>get_time\n</tool_call>", {"tools": [WEATHER, TIME], "parallel_tool_calls": False},
@@ -564,14 +564,16 @@ def main():
                   (st, n, r.usage.prompt_tokens, body[:200]))
             if "tools" in extra:
                 p = prompt_of(json.loads(body)["tokens"])
-                check(("get_weather" in p) == (extra.get("tool_choice") in (None, "auto")) and
-                      ("get_time" in p) == (extra.get("tool_choice") != "none"), "/tokenize renders the tools offered", p)
+                choice = extra.get("tool_choice")
+                check(("get_weather" in p) == (choice in (None, "auto")) and ("get_time" in p) == (choice != "none"),
+                      "/tokenize renders the tools offered", p)
         for extra, param in (({"add_special_tokens": True}, "add_special_tokens"),
                              ({"chat_template_kwargs": {"no_such_switch": 1}}, "no_such_switch")):
             st, body = http_post(srv.port, "/tokenize", dict({"messages": q}, **extra))
             check(st == 400 and param in body.decode(), "/tokenize with %s: 400" % list(extra), body[:200])
         st, body = http_post(srv.port, "/tokenize", {"prompt": "x", "tools": [WEATHER]})
-        check(st == 400 and "applies to 'messages'" in body.decode(), "/tokenize tools beside a prompt: 400", body[:200])
+        check(st == 400 and "applies to 'messages'" in body.decode(), "/tokenize tools beside a prompt: 400",
+              body[:200])
 
         # an assistant turn of tool calls with content null (as the SDKs send a reply back) renders
         # empty content, not the text "None"

@@ -125,7 +125,8 @@ for fam, opener in CASES:
                 check(ok and not msg.get("tool_calls"), "%s: the format's JSON: %r" % (what, msg))
         for extra, want in (({"tool_choice": "required", "response_format": rf}, "the answer is a call"),
                             ({"grammar": "root ::= \"x\""}, "'grammar' cannot be combined")):
-            body = dict({"model": os.path.basename(model), "messages": msgs, "tools": [LOOSE], "max_tokens": 2}, **extra)
+            body = dict({"model": os.path.basename(model), "messages": msgs, "tools": [LOOSE], "max_tokens": 2},
+                        **extra)
             st, d = post(srv.port, "/v1/chat/completions", body)
             check(st == 400 and want in d.decode(), "%s: %s refused: %s %r" % (fam, list(extra), st, d[:300]))
         # refusals

@@ -393,9 +393,9 @@ static void test_tools(void) {
             TOOLCALL_DS_CALL_END TOOLCALL_DS_CALLS_END,
         TOOLCALL_KIMI_SECTION_BEGIN TOOLCALL_KIMI_CALL_BEGIN "functions.get_weather:0" TOOLCALL_KIMI_ARG_BEGIN
             "{\"city\": \"Oslo\", \"days\": 2}" TOOLCALL_KIMI_CALL_END TOOLCALL_KIMI_SECTION_END,
-        TOOLCALL_GLM_CALL_BEGIN "get_weather\n" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN
-            "Oslo" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END TOOLCALL_GLM_VAL_BEGIN "2"
-            TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END};
+        TOOLCALL_GLM_CALL_BEGIN "get_weather\n" TOOLCALL_GLM_KEY_BEGIN "city" TOOLCALL_GLM_KEY_END
+            TOOLCALL_GLM_VAL_BEGIN "Oslo" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_KEY_BEGIN "days" TOOLCALL_GLM_KEY_END
+            TOOLCALL_GLM_VAL_BEGIN "2" TOOLCALL_GLM_VAL_END TOOLCALL_GLM_CALL_END};
     const enum toolcall_kind fkinds[3] = {TOOLCALL_DEEPSEEK, TOOLCALL_KIMI_K2, TOOLCALL_GLM};
     for (int k = 0; k < 3; k++) {
         api_tool_grammar qf = {.kind = fkinds[k], .tools = tools, .format = true, .format_schema = fsc};
