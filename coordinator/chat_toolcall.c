@@ -341,7 +341,8 @@ static int type_string(const cJSON *sc) {
  * ($ref, enum, none at all) does not say so */
 bool toolcall_schema_allows_string(const cJSON *sc) { return toolcall_schema_any(sc, type_string); }
 
-/* the JSON types other than string a schema's own "type" names (bits of json_bit), -1 without one */
+/* a JSON value's type as a bit of a set of types: null 1, boolean 2, number 4, array 8, object 16
+ * (a string 0) */
 static int json_bit(const cJSON *v) {
     return cJSON_IsNull(v)     ? 1
            : cJSON_IsBool(v)   ? 2
@@ -350,6 +351,7 @@ static int json_bit(const cJSON *v) {
            : cJSON_IsObject(v) ? 16
                                : 0;
 }
+/* a schema's type name as that bit (integer and number both 4; string or a name unknown 0) */
 static int type_bits1(const char *t) {
     return !strcmp(t, "null") ? 1 : !strcmp(t, "boolean") ? 2 : !strcmp(t, "integer") || !strcmp(t, "number") ? 4
            : !strcmp(t, "array") ? 8 : !strcmp(t, "object") ? 16 : 0;
