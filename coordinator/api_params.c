@@ -765,9 +765,8 @@ void api_gen_params_free(api_gen_params *p) {
 }
 
 static const char *const k_tokenize_keys[] = {"model", "prompt", "messages", "add_special_tokens",
-                                              "add_generation_prompt", "continue_final_message", "tools",
-                                              "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                                              "reasoning_effort", NULL};
+                                              "add_generation_prompt", "continue_final_message", NULL};
+/* and what a chat's template gets beside its messages (parse_template_vars) */
 static const char *const k_tokenize_chat_keys[] = {"tools", "tool_choice", "parallel_tool_calls",
                                                    "chat_template_kwargs", "reasoning_effort", NULL};
 static const char *const k_detokenize_keys[] = {"model", "tokens", NULL};
@@ -780,7 +779,7 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
-        if (!in_list(k_tokenize_keys, k))
+        if (!in_list(k_tokenize_keys, k) && !in_list(k_tokenize_chat_keys, k))
             return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
                              "add_generation_prompt, continue_final_message, tools, tool_choice, "
                              "parallel_tool_calls, chat_template_kwargs, reasoning_effort)", k);
