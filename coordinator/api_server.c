@@ -14,6 +14,7 @@
 #include "coordinator/api_body.h"
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
+#include "coordinator/api_responses.h"
 #include "coordinator/chat_guard.h"
 #include "coordinator/chat_json.h"
 #include "coordinator/chat_reasoning.h"
@@ -74,6 +75,9 @@ typedef struct api_req {
     double t_admit;      /* its first scheduled step (api_server_note_scheduled), 0: not yet */
     /* chat output parsing (reasoning_content, tool_calls): NULL when off */
     struct chat_out *chat;
+    /* a Responses API answer's output items (coordinator/api_responses.h): NULL for the others */
+    api_rsp_out *rsp;
+    int32_t n_cached; /* prompt tokens taken from the prefix cache (its scheduler events') */
 } api_req;
 
 /* An HTTP response of n choices (OpenAI's n), each an api_req of its own scheduled apart (choice
@@ -91,6 +95,7 @@ typedef struct api_resp {
     api_req **ch;     /* choice k's request, NULL once freed */
     int32_t *ntok;    /* completion tokens of each choice so far (the usage) */
     cJSON **answers;  /* not streamed: each answered choice's object until every choice is */
+    cJSON *rsp_echo;  /* a Responses API request's members its answer repeats (api_rsp_parse), else NULL */
 } api_resp;
 
 /* A chat response's parsing state: what parsers run, and what of their output was streamed. */
@@ -140,6 +145,7 @@ struct api_tok_job {
     int32_t n_ids;
     int32_t **more_ids; /* the ids of gp's prompts after the first (gp.n_more) */
     int32_t *more_n;
+    cJSON *rsp_echo;    /* a Responses API request's (api_rsp_parse), for its api_resp */
 };
 
 typedef struct qev {
@@ -571,6 +577,84 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
     chat_parsed_free(&ps);
 }
 
+/* ---- Responses API output (coordinator/api_responses.h) ---- */
+
+static void req_unlink_conn(api_req *r);
+
+static void sse_event(http_conn *c, const char *type, const cJSON *ev) {
+    char *s = chat_json_print(ev);
+    const size_t n = strlen(s), tl = strlen(type);
+    const size_t cap = sizeof "event: \ndata: \n\n" + tl + n; /* its NUL too */
+    char *buf = mla_xmalloc(cap);
+    snprintf(buf, cap, "event: %s\ndata: %s\n\n", type, s);
+    http_stream_write(c, buf, cap - 1);
+    free(buf);
+    free(s);
+}
+
+static void rsp_emit(void *ud, const char *type, const cJSON *ev) { sse_event(((api_req *)ud)->conn, type, ev); }
+
+/* The parse of text[0, len) as output items: what it adds goes out as events when streamed
+ * (emit), else into the items alone. The reasoning's bytes (tags too) go to *reasoning_end. */
+static void rsp_update(api_req *r, size_t len, bool final, bool emit, size_t *reasoning_end) {
+    api_rsp_view v = {0};
+    chat_parsed ps = {0};
+    if (r->chat) {
+        chat_parse(r, len, final, &ps);
+        if (ps.rs.r_end > ps.rs.r_start && !r->chat->hide_reasoning) {
+            v.reasoning = r->text + ps.rs.r_start;
+            v.reasoning_len = ps.rs.r_end - ps.rs.r_start;
+        }
+        v.content = ps.content;
+        v.content_len = ps.content_len;
+        v.calls = ps.tc.calls;
+        v.n_calls = ps.n_calls;
+        if (reasoning_end) *reasoning_end = ps.rs.has_reasoning ? ps.rs.c_start : 0;
+    } else {
+        v.content = r->text ? r->text : "";
+        v.content_len = len;
+        if (reasoning_end) *reasoning_end = 0;
+    }
+    api_rsp_out_update(r->rsp, &v, emit ? rsp_emit : NULL, r);
+    if (r->chat) chat_parsed_free(&ps);
+}
+
+static void rsp_stream(api_req *r, size_t len, bool final) { rsp_update(r, len, final, true, NULL); }
+
+/* The response object of r (status "completed", "incomplete" or "failed" with err) */
+static cJSON *rsp_object(api_req *r, const char *status, size_t reasoning_end, int n_final, const api_error *err) {
+    api_rsp_usage u = {.input = r->n_prompt, .cached = r->n_cached, .output = r->n_completion};
+    for (int i = 0; i < n_final && r->toks[i].start < reasoning_end; i++) u.reasoning++;
+    const bool cut = !strcmp(status, "incomplete");
+    return api_rsp_object(r->rsp, r->resp->rsp_echo, r->srv->model_name, r->created, status,
+                          cut ? "max_output_tokens" : NULL, &u, err);
+}
+
+/* The end of a Responses answer: the items done, and the response object, as the last event of
+ * the stream or as the answer */
+static void rsp_complete(api_req *r, int n_final) {
+    http_conn *c = r->conn;
+    api_resp *rs = r->resp;
+    const bool cut = r->finish_reason && !strcmp(r->finish_reason, "length");
+    size_t rend = 0;
+    rsp_update(r, r->text_len, true, r->stream, &rend);
+    api_rsp_out_finish(r->rsp, cut, r->stream ? rsp_emit : NULL, r);
+    cJSON *obj = rsp_object(r, cut ? "incomplete" : "completed", rend, n_final, NULL);
+    if (r->stream) {
+        cJSON *ev = api_rsp_event(r->rsp, cut ? "response.incomplete" : "response.completed");
+        cJSON_AddItemToObject(ev, "response", obj);
+        sse_event(c, cut ? "response.incomplete" : "response.completed", ev);
+        cJSON_Delete(ev);
+        http_stream_end(c);
+    } else {
+        reply_json(c, 200, obj);
+        cJSON_Delete(obj);
+    }
+    rs->n_done++;
+    rs->conn = NULL;
+    req_unlink_conn(r);
+}
+
 /* Number of tokens that belong to the final text. */
 static int final_token_count(const api_req *r) {
     int n = 0;
@@ -608,6 +692,8 @@ static void stream_flush(api_req *r) {
     if (to_b < r->sent_len) to_b = r->sent_len;
     if (r->has_sink)
         r->sink.on_delta(r->sink.ud, r->text, r->sent_len, to_b, r->toks + t0, t1 - t0);
+    else if (r->rsp)
+        rsp_stream(r, to_b, false);
     else if (r->chat)
         chat_stream(r, to_b, false, t0, t1, false);
     else
@@ -636,6 +722,7 @@ static void gen_error(const api_req *r, const char *error, api_error *e) {
 static void resp_free(api_resp *rs) {
     for (int k = 0; k < rs->n; k++) cJSON_Delete(rs->answers[k]);
     free(rs->answers);
+    cJSON_Delete(rs->rsp_echo);
     free(rs->ntok);
     free(rs->ch);
     free(rs);
@@ -734,7 +821,13 @@ static void complete_response(api_req *r, const char *error) {
     if (error) { /* the whole response: the other choices are not answered */
         api_error e;
         gen_error(r, error, &e);
-        if (r->stream) {
+        if (r->stream && r->rsp) { /* the items as far as they got, the response failed */
+            cJSON *ev = api_rsp_event(r->rsp, "response.failed");
+            cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", 0, 0, &e));
+            sse_event(c, "response.failed", ev);
+            cJSON_Delete(ev);
+            http_stream_end(c);
+        } else if (r->stream) {
             cJSON *j = error_json(&e);
             sse_send(r, j);
             cJSON_Delete(j);
@@ -744,6 +837,11 @@ static void complete_response(api_req *r, const char *error) {
             reply_error(c, &e, NULL);
         }
         resp_end(rs, r);
+        return;
+    }
+    if (r->rsp) {
+        if (n_final > 0 && r->toks[n_final - 1].end > r->text_len) r->toks[n_final - 1].end = r->text_len;
+        rsp_complete(r, n_final);
         return;
     }
     if (r->stream) {
@@ -833,6 +931,8 @@ static void req_free(api_req *r) {
     free(r->echo_ids);
     if (r->chat) cJSON_Delete(r->chat->tools);
     free(r->chat);
+    if (r->rsp) api_rsp_out_free(r->rsp);
+    free(r->rsp);
     api_resp *rs = r->resp;
     if (rs) {
         rs->ch[r->index] = NULL;
@@ -940,6 +1040,7 @@ static void process_event(api_server *a, const sched_event *ev, const char *erro
         return;
     }
     double t = now_s();
+    r->n_cached = ev->n_cached;
     if (ev->has_token && !r->text_done) {
         if (!r->echo_only) { /* the one token of an echo with max_tokens 0 is not part of the answer */
             r->n_completion++;
@@ -1608,8 +1709,13 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     } else {
         r->created = (long long)time(NULL);
         a->counter++;
-        snprintf(r->id, sizeof(r->id), "%s-%llx%08llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
+        snprintf(r->id, sizeof(r->id), "%s%llx%08llx",
+                 rs && rs->rsp_echo ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
                  (unsigned long long)r->created, (unsigned long long)a->counter);
+    }
+    if (rs && rs->rsp_echo) {
+        r->rsp = mla_xmalloc(sizeof *r->rsp);
+        api_rsp_out_init(r->rsp, r->id);
     }
     r->resp = rs;
     r->index = index;
@@ -1661,6 +1767,9 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         if (r->chat) cJSON_Delete(r->chat->tools);
         free(r->chat);
         r->chat = NULL;
+        if (r->rsp) api_rsp_out_free(r->rsp);
+        free(r->rsp);
+        r->rsp = NULL;
         if (!pre) free(r);
         r = NULL;
         /* a request the whole cache cannot hold is the client's to shorten: 400, as a too long prompt */
@@ -1718,6 +1827,7 @@ static void prep_free(prep_job *j) {
     if (j->is_tokenize) api_tok_params_free(&j->tp);
     else api_gen_params_free(&j->gp);
     cJSON_Delete(j->root);
+    cJSON_Delete(j->rsp_echo);
     free(j->ids);
     free(j);
 }
@@ -1794,14 +1904,18 @@ static void on_prep_done(uv_async_t *h) {
     }
 }
 
-static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
-    cJSON *root = parse_body(c, hr);
-    if (!root) return;
+/* A generation's body (root: taken) parsed and sent to the prep thread, or answered with its
+ * error. rsp_echo (taken): a Responses API request's, whose root is its chat translation. */
+static void generate_submit(api_server *a, http_conn *c, cJSON *root, enum api_kind kind, cJSON *rsp_echo) {
     prep_job *j = mla_xcalloc(1, sizeof(*j));
     j->srv = a;
     j->conn = c;
     j->root = root;
-    if (api_gen_params_parse(&j->gp, kind, root, &j->e) != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
+    j->rsp_echo = rsp_echo;
+    const int rc = api_gen_params_parse(&j->gp, kind, root, &j->e);
+    if (rc == MLA_OK && rsp_echo) j->gp.max_tokens_param = "max_output_tokens";
+    if (rc != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
+        if (rsp_echo) api_rsp_error_names(&j->e);
         reply_error(c, &j->e, NULL);
         prep_free(j);
         return;
@@ -1809,10 +1923,28 @@ static void handle_generate(api_server *a, http_conn *c, const http_request *hr,
     prep_submit(a, j); /* tokenized on the prep thread; generate_ready goes on */
 }
 
+static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
+    cJSON *root = parse_body(c, hr);
+    if (root) generate_submit(a, c, root, kind, NULL);
+}
+
+/* POST /v1/responses: the chat path under the Responses API's request and answer */
+static void handle_responses(api_server *a, http_conn *c, const http_request *hr) {
+    cJSON *body = parse_body(c, hr);
+    if (!body) return;
+    cJSON *chat, *echo;
+    api_error e = {0};
+    const int rc = api_rsp_parse(body, &chat, &echo, &e);
+    cJSON_Delete(body);
+    if (rc != MLA_OK) reply_error(c, &e, NULL);
+    else generate_submit(a, c, chat, API_CHAT, echo);
+}
+
 static void generate_ready(api_server *a, prep_job *j) {
     http_conn *c = j->conn;
     api_error e = j->e;
     if (j->rc != MLA_OK) {
+        if (j->rsp_echo) api_rsp_error_names(&e);
         reply_error(c, &e, NULL);
         return;
     }
@@ -1841,6 +1973,8 @@ static void generate_ready(api_server *a, prep_job *j) {
     rs->ch = mla_xcalloc((size_t)rs->n, sizeof *rs->ch);
     rs->ntok = mla_xcalloc((size_t)rs->n, sizeof *rs->ntok);
     rs->answers = mla_xcalloc((size_t)rs->n, sizeof *rs->answers);
+    rs->rsp_echo = j->rsp_echo;
+    j->rsp_echo = NULL;
     for (int k = 0; k < rs->n; k++) {
         const int p = k / rs->n_per; /* prompt p's choices in a row, as vLLM orders them */
         const int32_t *ids = p ? j->more_ids[p - 1] : j->ids, n_ids = p ? j->more_n[p - 1] : j->n_ids;
@@ -1849,6 +1983,7 @@ static void generate_ready(api_server *a, prep_job *j) {
             if (j->gp.n_more > 0 && e.status == 400) /* which of the prompts */
                 snprintf(e.message + strlen(e.message), sizeof e.message - strlen(e.message),
                          " (the prompt at index %d)", p);
+            if (rs->rsp_echo) api_rsp_error_names(&e);
             reply_error(c, &e, NULL);
             if (!rs->n_live) {
                 resp_free(rs);
@@ -1867,7 +2002,17 @@ static void generate_ready(api_server *a, prep_job *j) {
     }
     api_req *r = rs->ch[0];
     http_conn_on_abort(c, on_client_abort, rs);
-    if (r->stream) {
+    if (r->stream && r->rsp) { /* the response begun: created, in progress */
+        http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+        static const char *const begin[] = {"response.created", "response.in_progress"};
+        for (int k = 0; k < 2; k++) {
+            cJSON *ev = api_rsp_event(r->rsp, begin[k]);
+            cJSON_AddItemToObject(ev, "response", api_rsp_object(r->rsp, rs->rsp_echo, a->model_name, r->created,
+                                                                 "in_progress", NULL, NULL, NULL));
+            sse_event(c, begin[k], ev);
+            cJSON_Delete(ev);
+        }
+    } else if (r->stream) {
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
         for (int k = 0; j->gp.kind == API_CHAT && k < rs->n; k++) { /* each choice's role first */
             cJSON *ch0 = chunk_base(r);
@@ -2213,6 +2358,7 @@ typedef struct route {
 static const route routes[] = {
     {"/v1/completions", HTTP_POST, true},
     {"/v1/chat/completions", HTTP_POST, true},
+    {"/v1/responses", HTTP_POST, true},
     {"/v1/models", HTTP_GET, true},
     {"/v1/models/", HTTP_GET, true}, /* a prefix: /v1/models/{id} */
     {"/health", HTTP_GET, false},
@@ -2275,6 +2421,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     if (rt->auth && !authorize(a, c, req->authorization)) return;
     if (!strcmp(rt->path, "/v1/completions")) handle_generate(a, c, req, API_COMPLETIONS);
     else if (!strcmp(rt->path, "/v1/chat/completions")) handle_generate(a, c, req, API_CHAT);
+    else if (!strcmp(rt->path, "/v1/responses")) handle_responses(a, c, req);
     else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
     else if (!strcmp(rt->path, "/v1/models/")) handle_model(a, c, req->path + strlen(rt->path));
     else if (!strcmp(rt->path, "/health")) handle_health(a, c);

@@ -1,8 +1,9 @@
 /* api_server: the OpenAI-compatible HTTP API over the scheduler.
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (both with stream:true as
- * Server-Sent Events ending in "data: [DONE]"), GET /v1/models, GET /health, GET /metrics,
- * POST /tokenize, POST /detokenize. Errors use the OpenAI shape
+ * Server-Sent Events ending in "data: [DONE]"), POST /v1/responses (the chat path under the
+ * Responses API's shapes, coordinator/api_responses.h; streamed as its events), GET /v1/models,
+ * GET /health, GET /metrics, POST /tokenize, POST /detokenize. Errors use the OpenAI shape
  * {"error":{"message","type","param","code"}}.
  *
  * Engine-agnostic: the tokenizer and the chat template come in as function pointers

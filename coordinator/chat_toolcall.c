@@ -642,6 +642,7 @@ void toolcall_parse(enum toolcall_kind k, const char *t, size_t len, bool final,
                  : k == TOOLCALL_KIMI_K2 ? km_section(t, len, &sp, final, r, ah)
                                          : gl_call(t, len, &sp, final, tools, r, ah);
         if (st != SEC_BAD || r->n_calls > before) r->opened = true;
+        for (int i = before; i < r->n_calls; i++) r->calls[i].content_at = content.owned ? content.b.n : content.vn;
         if (st == SEC_OK) {
             pos = sp;
             continue;

@@ -77,6 +77,7 @@ typedef struct toolcall {
     size_t args_len;
     bool args_view; /* args is a span of the parsed text (valid while it is), not a copy */
     bool done;  /* its end marker was seen */
+    size_t content_at; /* the content's length before it: where it stands in the text's order */
 } toolcall;
 
 typedef struct toolcall_result {

@@ -15,6 +15,7 @@ typedef struct sreq {
     int32_t *tokens; /* prompt + generated */
     int32_t n_tokens, cap_tokens;
     int32_t n_prompt, n_gen, max_tokens;
+    int32_t n_cached;     /* prompt tokens its first admission took from the prefix cache; -1: not admitted yet */
     int32_t *stop_ids;
     int32_t n_stop_ids;
     bool ignore_eos;
@@ -330,6 +331,7 @@ int sched_submit(sched *s, const sched_request *r, uint64_t *req_id, mla_err *er
     q->tokens = mla_xmalloc((size_t)q->cap_tokens * sizeof(int32_t));
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt = r->n_prompt;
+    q->n_cached = -1;
     q->max_tokens = r->max_tokens;
     if (r->n_stop_ids > 0) {
         q->stop_ids = mla_xmalloc((size_t)r->n_stop_ids * sizeof(int32_t));
@@ -419,6 +421,7 @@ static pending_event *push_event(sched *s, sreq *q) {
     e->ev.user = q->user;
     e->ev.n_prompt = q->n_prompt;
     e->ev.n_generated = q->n_gen;
+    e->ev.n_cached = q->n_cached > 0 ? q->n_cached : 0;
     return e;
 }
 
@@ -915,6 +918,7 @@ static int build_plan(sched *s, int32_t *n_tokens_out) {
         q->n_blocks = hits;
         q->n_canon = hits;
         q->n_computed = start;
+        if (q->n_cached < 0) q->n_cached = start < q->n_prompt ? start : q->n_prompt;
         bool ok = alloc_blocks(s, q, start + chunk);
         MLA_ASSERT(ok);
         if (prefix_looks_up(s, q)) { /* tokens looked up, as vLLM counts them (again after a preemption) */

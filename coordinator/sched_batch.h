@@ -224,6 +224,7 @@ typedef struct sched_event {
     enum sched_finish finish;
     int32_t n_prompt;        /* prompt tokens of the request */
     int32_t n_generated;     /* tokens generated so far, this one included */
+    int32_t n_cached;        /* prompt tokens its first admission took from the prefix cache */
     const char *error;       /* SCHED_FINISH_ERROR: message (valid during the callback) */
     /* the first token event of a request with sampling.prompt_logprobs: plp[i] is prompt token
      * i + 1's (n_plp = n_prompt - 1; valid during the callback) */

@@ -28,6 +28,11 @@ set_tests_properties(serve_openai PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME serve_chat_dialects COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_chat_dialects.py
                                           $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
 set_tests_properties(serve_chat_dialects PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+# the Responses API (/v1/responses): the same dialect cases as output items, streamed and whole;
+# input items, usage, refusals
+add_test(NAME serve_responses COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_responses.py
+                                      $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
+set_tests_properties(serve_responses PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 # tool calls held to the format (strict tools, tool_choice required / named) on a real engine:
 # small synthetic DeepSeek-V3 and GLM-5 files served on the CPU backend
 add_test(NAME serve_tool_strict

@@ -8,13 +8,17 @@
  * the parse of the longer text and of the final parse (reasoning, content, the number of calls,
  * each call's name once known, its arguments), so what was streamed is never taken back; spans
  * lie inside the text; no more than TOOLCALL_MAX_CALLS calls; the reasoning split and the
- * tool-call parse with the stream's hints equal them without. Deterministic in ctest
+ * tool-call parse with the stream's hints equal them without; the Responses API's output items
+ * (coordinator/api_responses.c) made from the stream's parses (at each UTF-8 boundary, as the server
+ * streams) equal those made from the final parse alone. Deterministic in ctest
  * (-runs=N -seed=1); tests/fuzz/replay_main.c replays the corpus (tests/data/chat-parse). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "coordinator/api_params.h"
+#include "coordinator/api_responses.h"
 #include "coordinator/chat_reasoning.h"
 #include "coordinator/chat_toolcall.h"
 
@@ -109,11 +113,59 @@ static void check_prefix(const char *ta, const parsed *a, const char *tb, const 
         const toolcall *x = &a->tc.calls[i], *y = &b->tc.calls[i];
         if (!x->name) continue; /* not streamed yet */
         if (!y->name || strcmp(x->name, y->name) || (x->id && (!y->id || strcmp(x->id, y->id))) ||
-            !is_prefix(x->args, x->args_len, y->args, y->args_len)) {
+            !is_prefix(x->args, x->args_len, y->args, y->args_len) || x->content_at != y->content_at) {
             fprintf(stderr, "call %d changed\n", i);
             abort();
         }
     }
+}
+
+/* the parse as the Responses API's items take it */
+static void rsp_feed(api_rsp_out *o, const char *t, const parsed *p) {
+    api_rsp_view v = {.content = p->tc.content, .content_len = p->tc.content_len, .calls = p->tc.calls,
+                      .n_calls = p->tc.n_calls};
+    if (p->rs.r_end > p->rs.r_start) {
+        v.reasoning = t + p->rs.r_start;
+        v.reasoning_len = p->rs.r_end - p->rs.r_start;
+    }
+    api_rsp_out_update(o, &v, NULL, NULL);
+}
+
+/* the items of a stream (a) and of the final parse alone (b): the same, the messages' text the
+ * final content where that is valid UTF-8 (else its pieces around the calls, each made valid
+ * alone, may differ from the whole made valid) */
+static void rsp_check(api_rsp_out *a, api_rsp_out *b, const parsed *fin) {
+    api_rsp_out_finish(a, false, NULL, NULL);
+    api_rsp_out_finish(b, false, NULL, NULL);
+    if (a->n_items != b->n_items) {
+        fprintf(stderr, "responses: %d items streamed, %d whole\n", a->n_items, b->n_items);
+        abort();
+    }
+    size_t n = 0, m = 0;
+    const bool valid = api_utf8_invalid_at(fin->tc.content, fin->tc.content_len) < 0;
+    char *want = api_json_text(fin->tc.content, fin->tc.content_len, &n);
+    for (int k = 0; k < a->n_items; k++) {
+        const api_rsp_item *x = &a->items[k], *y = &b->items[k];
+        if (x->kind != y->kind || x->len != y->len || (x->len && memcmp(x->text, y->text, x->len)) ||
+            !x->name != !y->name || (x->name && strcmp(x->name, y->name))) {
+            fprintf(stderr, "responses: item %d differs\n", k);
+            abort();
+        }
+        if (x->kind == API_RSP_MESSAGE && valid) {
+            if (m + x->len > n || (x->len && memcmp(want + m, x->text, x->len))) {
+                fprintf(stderr, "responses: message text is not the content\n");
+                abort();
+            }
+            m += x->len;
+        }
+    }
+    if (valid && m != n) {
+        fprintf(stderr, "responses: %zu bytes of %zu content in messages\n", m, n);
+        abort();
+    }
+    free(want);
+    api_rsp_out_free(a);
+    api_rsp_out_free(b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -134,15 +186,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * the stream's scan hint */
     parsed prev;
     hints h = {0};
+    api_rsp_out streamed, whole;
+    api_rsp_out_init(&streamed, "resp_x");
+    api_rsp_out_init(&whole, "resp_x");
     parse(t, 0, flags, false, &h, &prev);
     for (size_t l = 1; l <= cut; l++) {
         parsed cur;
         parse(t, l, flags, false, &h, &cur);
         check_prefix(t, &prev, t, &cur);
+        if (api_utf8_complete_prefix(t, l) == l) rsp_feed(&streamed, t, &cur);
         toolcall_result_free(&prev.tc);
         prev = cur;
     }
     check_prefix(t, &prev, t, &fin);
+    rsp_feed(&streamed, t, &fin);
+    rsp_feed(&whole, t, &fin);
+    rsp_check(&streamed, &whole, &fin);
     toolcall_result_free(&prev.tc);
     toolcall_result_free(&fin.tc);
     return 0;

@@ -139,6 +139,11 @@ try:
             p = by_chat(req["messages"][-1]["content"])
             check(j["choices"][0]["message"]["content"] == p["greedy_text"].replace(EOS_TEXT, ""),
                   "README chat answer %r" % j["choices"][0]["message"]["content"])
+        if j.get("object") == "response" and isinstance(req.get("input"), str) and by_chat(req["input"]):
+            p = by_chat(req["input"])
+            texts = [c["text"] for it in j["output"] if it["type"] == "message" for c in it["content"]]
+            check(j["status"] == "completed" and texts == [p["greedy_text"].replace(EOS_TEXT, "")],
+                  "README Responses answer %r" % texts)
         if req.get("stream"):
             check(out.rstrip().endswith("data: [DONE]"), "README stream ends with [DONE]")
             p = by_prompt(req["prompt"])

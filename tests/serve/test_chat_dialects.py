@@ -54,6 +54,9 @@ DS_TOOLS_TEMPLATE = ("{{ bos_token }}{% if reasoning_effort is defined %}Reasoni
                      "{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
 
 
+MSGS = [{"role": "user", "content": "What is 2+2? And the weather?"}]  # every case's question
+
+
 def tokens(parts, markers_as_tokens):
     """Script ids of parts (strings; a string equal to a marker is that marker)."""
     ids = []
@@ -430,7 +433,7 @@ def main():
     ds_tmpl = os.path.join(tmp, "ds-tools.jinja")
     with open(ds_tmpl, "w", encoding="utf-8") as f:
         f.write(DS_TOOLS_TEMPLATE)
-    msgs = [{"role": "user", "content": "What is 2+2? And the weather?"}]
+    msgs = MSGS
     servers = {}
     try:
         for name, tmpl, extra, output, req, exp, exp_finish in CASES:

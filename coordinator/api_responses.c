@@ -1,0 +1,772 @@
+/* api_responses: see api_responses.h. */
+#include "coordinator/api_responses.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_err.h"
+
+/* ---- the request ---- */
+
+static int bad(api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(api_error *e, const char *param, const char *fmt, ...) {
+    char m[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    return api_error_set(e, 400, param, NULL, "%s", m);
+}
+
+static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+/* Members the translation reads, and those handed to the chat parser as they are (vLLM's
+ * sampling extras, which the chat parser checks) */
+static const char *const k_keys[] = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+                                     "max_output_tokens", "text", "reasoning", "stream", "store", "metadata",
+                                     "truncation", "background", "include", NULL};
+static const char *const k_pass[] = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
+                                     "presence_penalty", "frequency_penalty", "chat_template_kwargs", "user", NULL};
+
+#define API_RSP_MAX_METADATA 16 /* OpenAI's limits: 16 pairs, keys of 64 and values of 512 characters */
+
+static int check_keys(const cJSON *body, api_error *e) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, body) {
+        const char *k = it->string ? it->string : "";
+        if (in_list(k_keys, k) || in_list(k_pass, k)) continue;
+        if (!strcmp(k, "previous_response_id") || !strcmp(k, "conversation")) {
+            if (is_null(it)) continue;
+            return bad(e, k, "'%s': this server keeps no responses or conversations; send the whole input", k);
+        }
+        return bad(e, k, "'%.64s' is not supported by /v1/responses on this server (docs/openai-params.md lists the "
+                         "parameters)", k);
+    }
+    return MLA_OK;
+}
+
+/* The stateless values of store, background, truncation and include; metadata */
+static int check_stateless(const cJSON *body, api_error *e) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, "store");
+    if (!is_null(j) && !cJSON_IsBool(j)) return bad(e, "store", "'store' must be a boolean");
+    if (cJSON_IsTrue(j)) return bad(e, "store", "'store': this server keeps no responses (store must be false)");
+    j = cJSON_GetObjectItemCaseSensitive(body, "background");
+    if (!is_null(j) && !cJSON_IsBool(j)) return bad(e, "background", "'background' must be a boolean");
+    if (cJSON_IsTrue(j)) return bad(e, "background", "'background': responses run in the foreground here");
+    j = cJSON_GetObjectItemCaseSensitive(body, "truncation");
+    if (!is_null(j) && (!cJSON_IsString(j) || strcmp(j->valuestring, "disabled")))
+        return bad(e, "truncation", "'truncation' must be \"disabled\" (an input past the context is a 400)");
+    j = cJSON_GetObjectItemCaseSensitive(body, "include");
+    if (!is_null(j) && (!cJSON_IsArray(j) || cJSON_GetArraySize(j)))
+        return bad(e, "include", "'include': nothing is included on request here (reasoning is returned as its "
+                                 "text, unencrypted; logprobs are not offered); send [] or leave it out");
+    j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
+    if (!is_null(j)) {
+        if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_METADATA)
+            return bad(e, "metadata", "'metadata' must be an object of at most %d string values",
+                       API_RSP_MAX_METADATA);
+        const cJSON *v;
+        cJSON_ArrayForEach(v, j) {
+            if (!cJSON_IsString(v) || strlen(v->string) > 64 || strlen(v->valuestring) > 512)
+                return bad(e, "metadata", "metadata: keys of at most 64 bytes, values strings of at most 512");
+        }
+    }
+    return MLA_OK;
+}
+
+/* The text of a content list's parts (types in allowed), joined one a line, as the chat path
+ * joins text parts; NULL with e set */
+static char *parts_text(const cJSON *content, const char *where, const char *const *allowed, api_error *e) {
+    if (cJSON_IsString(content)) return mla_xstrdup(content->valuestring);
+    if (!cJSON_IsArray(content)) {
+        bad(e, "input", "%s must be a string or a list of parts", where);
+        return NULL;
+    }
+    size_t n = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, content) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || !in_list(allowed, ty->valuestring)) {
+            bad(e, "input", "%s: parts of type '%.64s' are not supported (this model reads text: %s%s%s)", where,
+                cJSON_IsString(ty) ? ty->valuestring : "(none)", allowed[0], allowed[1] ? " or " : "",
+                allowed[1] ? allowed[1] : "");
+            return NULL;
+        }
+        if (!cJSON_IsString(tx)) {
+            bad(e, "input", "%s: a %s part needs a string 'text'", where, ty->valuestring);
+            return NULL;
+        }
+        n += strlen(tx->valuestring) + 1;
+    }
+    char *s = mla_xmalloc(n + 1), *w = s;
+    cJSON_ArrayForEach(p, content) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        if (w > s) *w++ = '\n';
+        size_t l = strlen(t);
+        memcpy(w, t, l);
+        w += l;
+    }
+    *w = 0;
+    return s;
+}
+
+static const char *const k_in_parts[] = {"input_text", "output_text", NULL};
+static const char *const k_reasoning_parts[] = {"reasoning_text", NULL};
+static const char *const k_summary_parts[] = {"summary_text", NULL};
+
+/* Members of an input item beyond those read: an earlier output's own (id, status, phase) */
+static int item_members(const cJSON *it, int i, const char *const *read, api_error *e) {
+    static const char *const echo[] = {"id", "status", "phase", NULL};
+    const cJSON *m;
+    cJSON_ArrayForEach(m, it) {
+        const char *k = m->string ? m->string : "";
+        if (in_list(read, k) || in_list(echo, k)) continue;
+        return bad(e, "input", "input[%d].%.64s is not supported here", i, k);
+    }
+    return MLA_OK;
+}
+
+typedef struct tx_state {
+    cJSON *msgs;
+    cJSON *last_asst; /* the assistant message the items just before made, which a call joins */
+    char *reasoning;  /* a reasoning item's text, for the next assistant turn */
+} tx_state;
+
+static cJSON *assistant_turn(tx_state *t) {
+    if (!t->last_asst) {
+        t->last_asst = cJSON_CreateObject();
+        cJSON_AddStringToObject(t->last_asst, "role", "assistant");
+        cJSON_AddItemToArray(t->msgs, t->last_asst);
+    }
+    if (t->reasoning) {
+        cJSON_AddStringToObject(t->last_asst, "reasoning_content", t->reasoning);
+        free(t->reasoning);
+        t->reasoning = NULL;
+    }
+    return t->last_asst;
+}
+
+static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
+    static const char *const read[] = {"type", "role", "content", NULL};
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+    if (!cJSON_IsString(role) || (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "system") &&
+                                  strcmp(role->valuestring, "developer") && strcmp(role->valuestring, "assistant")))
+        return bad(e, "input", "input[%d].role must be user, system, developer or assistant", i);
+    if (item_members(it, i, read, e)) return MLA_ERR;
+    char where[48];
+    snprintf(where, sizeof where, "input[%d].content", i);
+    char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "content"), where, k_in_parts, e);
+    if (!text) return MLA_ERR;
+    if (!strcmp(role->valuestring, "assistant")) { /* a turn of its own, which the calls after it join */
+        t->last_asst = NULL;
+        cJSON_AddStringToObject(assistant_turn(t), "content", text);
+    } else {
+        if (t->reasoning) return free(text), bad(e, "input", "input[%d]: a reasoning item must come before the "
+                                                             "assistant's message or call it belongs to", i);
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", role->valuestring);
+        cJSON_AddStringToObject(m, "content", text);
+        cJSON_AddItemToArray(t->msgs, m);
+        t->last_asst = NULL;
+    }
+    free(text);
+    return MLA_OK;
+}
+
+static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
+    static const char *const read[] = {"type", "call_id", "name", "arguments", NULL};
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "arguments");
+    if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
+        return bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
+    if (item_members(it, i, read, e)) return MLA_ERR;
+    cJSON *m = assistant_turn(t);
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (!calls) {
+        calls = cJSON_AddArrayToObject(m, "tool_calls");
+        if (!cJSON_GetObjectItemCaseSensitive(m, "content")) cJSON_AddNullToObject(m, "content");
+    }
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", id->valuestring);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "arguments", args->valuestring);
+    cJSON_AddItemToArray(calls, c);
+    return MLA_OK;
+}
+
+static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) {
+    static const char *const read[] = {"type", "call_id", "output", NULL};
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
+    if (!cJSON_IsString(id)) return bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
+    if (item_members(it, i, read, e)) return MLA_ERR;
+    if (t->reasoning) return bad(e, "input", "input[%d]: a reasoning item must come before the assistant's message "
+                                             "or call it belongs to", i);
+    char where[48];
+    snprintf(where, sizeof where, "input[%d].output", i);
+    static const char *const out_parts[] = {"input_text", NULL};
+    char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "output"), where, out_parts, e);
+    if (!text) return MLA_ERR;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "tool");
+    cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
+    cJSON_AddStringToObject(m, "content", text);
+    cJSON_AddItemToArray(t->msgs, m);
+    free(text);
+    t->last_asst = NULL;
+    return MLA_OK;
+}
+
+static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
+    static const char *const read[] = {"type", "summary", "content", "encrypted_content", NULL};
+    if (item_members(it, i, read, e)) return MLA_ERR;
+    if (!is_null(cJSON_GetObjectItemCaseSensitive(it, "encrypted_content")))
+        return bad(e, "input", "input[%d].encrypted_content: this server encrypts no reasoning (send its text as "
+                               "content)", i);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, "summary");
+    char where[48];
+    snprintf(where, sizeof where, "input[%d].%s", i, is_null(c) ? "summary" : "content");
+    char *text = parts_text(is_null(c) ? s : c, where, is_null(c) ? k_summary_parts : k_reasoning_parts, e);
+    if (!text) return MLA_ERR;
+    if (t->reasoning) { /* two items in a row: one turn's reasoning */
+        size_t a = strlen(t->reasoning), b = strlen(text);
+        t->reasoning = mla_xrealloc(t->reasoning, a + b + 2);
+        t->reasoning[a] = '\n';
+        memcpy(t->reasoning + a + 1, text, b + 1);
+        free(text);
+    } else {
+        t->reasoning = text;
+    }
+    t->last_asst = NULL; /* it opens the next assistant turn */
+    return MLA_OK;
+}
+
+static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
+    const cJSON *instr = cJSON_GetObjectItemCaseSensitive(body, "instructions");
+    if (!is_null(instr)) {
+        if (!cJSON_IsString(instr)) return bad(e, "instructions", "'instructions' must be a string");
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", instr->valuestring);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "input");
+    if (cJSON_IsString(in)) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", in->valuestring);
+        cJSON_AddItemToArray(msgs, m);
+        return MLA_OK;
+    }
+    if (!cJSON_IsArray(in) || !cJSON_GetArraySize(in))
+        return bad(e, "input", "'input' must be a string or a list of items that is not empty");
+    tx_state t = {.msgs = msgs};
+    int i = 0, rc = MLA_OK;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, in) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+        if (!cJSON_IsObject(it)) rc = bad(e, "input", "input[%d] must be an object", i);
+        else if (is_null(ty) || (cJSON_IsString(ty) && !strcmp(ty->valuestring, "message")))
+            rc = input_message(&t, it, i, e);
+        else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "function_call")) rc = input_call(&t, it, i, e);
+        else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "function_call_output"))
+            rc = input_call_output(&t, it, i, e);
+        else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "reasoning")) rc = input_reasoning(&t, it, i, e);
+        else
+            rc = bad(e, "input", "input[%d]: items of type '%.64s' are not supported (message, function_call, "
+                                 "function_call_output or reasoning)", i,
+                     cJSON_IsString(ty) ? ty->valuestring : "(not a string)");
+        if (rc) break;
+        i++;
+    }
+    if (!rc && t.reasoning) rc = bad(e, "input", "input: a reasoning item ends the input (it belongs to an "
+                                                 "assistant's message or call after it)");
+    free(t.reasoning);
+    return rc;
+}
+
+/* tools: [{"type": "function", "name", "description"?, "parameters"?, "strict"?}] in the chat form */
+static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    if (is_null(tools)) return MLA_OK;
+    if (!cJSON_IsArray(tools)) return bad(e, "tools", "'tools' must be a list");
+    cJSON *out = cJSON_AddArrayToObject(chat, "tools");
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+            return bad(e, "tools", "tools[%d]: only function tools are served here (\"type\": \"function\")", i);
+        cJSON *fn = cJSON_CreateObject();
+        const cJSON *m;
+        cJSON_ArrayForEach(m, t) {
+            const char *k = m->string ? m->string : "";
+            if (!strcmp(k, "type")) continue;
+            if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict")) {
+                cJSON_Delete(fn);
+                return bad(e, "tools", "tools[%d].%.64s is not supported (type, name, description, parameters, "
+                                       "strict)", i, k);
+            }
+            cJSON_AddItemToObject(fn, k, cJSON_Duplicate(m, 1));
+        }
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON_AddItemToObject(c, "function", fn);
+        cJSON_AddItemToArray(out, c);
+        i++;
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (cJSON_IsString(tc)) {
+        cJSON_AddStringToObject(chat, "tool_choice", tc->valuestring);
+    } else if (cJSON_IsObject(tc)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(tc, "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm) ||
+            cJSON_GetArraySize(tc) != 2)
+            return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                                         "{\"type\": \"function\", \"name\": ...}");
+        cJSON *o = cJSON_AddObjectToObject(chat, "tool_choice");
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", nm->valuestring);
+    } else if (!is_null(tc)) {
+        return bad(e, "tool_choice", "'tool_choice' must be a string or an object");
+    }
+    return MLA_OK;
+}
+
+/* text: {"format": {"type": "text" | "json_object" | "json_schema", ...}} as a response_format */
+static int format_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "text");
+    if (is_null(text)) return MLA_OK;
+    const cJSON *m;
+    if (!cJSON_IsObject(text)) return bad(e, "text", "'text' must be an object");
+    cJSON_ArrayForEach(m, text) {
+        if (strcmp(m->string, "format"))
+            return bad(e, "text", "text.%.64s is not supported here (text.format is)", m->string);
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(text, "format");
+    if (is_null(f)) return MLA_OK;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(f, "type");
+    if (!cJSON_IsObject(f) || !cJSON_IsString(ty))
+        return bad(e, "text.format", "text.format must be an object with a string 'type'");
+    if (!strcmp(ty->valuestring, "text")) return cJSON_GetArraySize(f) == 1 ? MLA_OK : bad(e, "text.format",
+                                                         "text.format of type text has no other members");
+    cJSON *rf = cJSON_AddObjectToObject(chat, "response_format");
+    if (!strcmp(ty->valuestring, "json_object")) {
+        if (cJSON_GetArraySize(f) != 1) return bad(e, "text.format", "text.format of type json_object has no "
+                                                                     "other members");
+        cJSON_AddStringToObject(rf, "type", "json_object");
+        return MLA_OK;
+    }
+    if (strcmp(ty->valuestring, "json_schema"))
+        return bad(e, "text.format", "text.format.type must be text, json_object or json_schema");
+    cJSON_AddStringToObject(rf, "type", "json_schema");
+    cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
+    cJSON_ArrayForEach(m, f) {
+        if (!strcmp(m->string, "type")) continue;
+        if (strcmp(m->string, "name") && strcmp(m->string, "schema") && strcmp(m->string, "strict") &&
+            strcmp(m->string, "description"))
+            return bad(e, "text.format", "text.format.%.64s is not supported (name, schema, strict, description)",
+                       m->string);
+        cJSON_AddItemToObject(js, m->string, cJSON_Duplicate(m, 1));
+    }
+    return MLA_OK;
+}
+
+static int reasoning_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
+    if (is_null(r)) return MLA_OK;
+    if (!cJSON_IsObject(r)) return bad(e, "reasoning", "'reasoning' must be an object");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, r) {
+        if (!strcmp(m->string, "effort")) {
+            if (cJSON_IsString(m)) cJSON_AddStringToObject(chat, "reasoning_effort", m->valuestring);
+            else if (!cJSON_IsNull(m)) return bad(e, "reasoning.effort", "reasoning.effort must be a string");
+        } else if (!strcmp(m->string, "summary") || !strcmp(m->string, "generate_summary")) {
+            if (!cJSON_IsNull(m))
+                return bad(e, "reasoning.summary", "reasoning.%s: the model's reasoning is returned whole (a "
+                                                   "reasoning item's content), never summarized", m->string);
+        } else {
+            return bad(e, "reasoning", "reasoning.%.64s is not supported (effort)", m->string);
+        }
+    }
+    return MLA_OK;
+}
+
+/* echo: what the response object repeats, each with its default */
+static cJSON *make_echo(const cJSON *body) {
+    cJSON *o = cJSON_CreateObject();
+    static const char *const null_default[] = {"instructions", "max_output_tokens", "temperature", "top_p", "user",
+                                               NULL};
+    for (int i = 0; null_default[i]; i++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, null_default[i]);
+        cJSON_AddItemToObject(o, null_default[i], j ? cJSON_Duplicate(j, 1) : cJSON_CreateNull());
+    }
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    cJSON_AddItemToObject(o, "tools", is_null(j) ? cJSON_CreateArray() : cJSON_Duplicate(j, 1));
+    j = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    cJSON_AddItemToObject(o, "tool_choice", is_null(j) ? cJSON_CreateString("auto") : cJSON_Duplicate(j, 1));
+    j = cJSON_GetObjectItemCaseSensitive(body, "parallel_tool_calls");
+    cJSON_AddBoolToObject(o, "parallel_tool_calls", !cJSON_IsFalse(j));
+    j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
+    cJSON_AddItemToObject(o, "metadata", is_null(j) ? cJSON_CreateObject() : cJSON_Duplicate(j, 1));
+    j = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "text"), "format");
+    cJSON *fmt = is_null(j) ? cJSON_CreateObject() : cJSON_Duplicate(j, 1);
+    if (is_null(j)) cJSON_AddStringToObject(fmt, "type", "text");
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(o, "text"), "format", fmt);
+    cJSON *r = cJSON_AddObjectToObject(o, "reasoning");
+    j = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "reasoning"), "effort");
+    cJSON_AddItemToObject(r, "effort", j ? cJSON_Duplicate(j, 1) : cJSON_CreateNull());
+    cJSON_AddNullToObject(r, "summary");
+    cJSON_AddStringToObject(o, "truncation", "disabled");
+    cJSON_AddBoolToObject(o, "store", false);
+    cJSON_AddBoolToObject(o, "background", false);
+    cJSON_AddNullToObject(o, "previous_response_id");
+    return o;
+}
+
+int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e) {
+    *chat = *echo = NULL;
+    if (!cJSON_IsObject(body)) return bad(e, NULL, "the request body must be a JSON object");
+    if (check_keys(body, e) || check_stateless(body, e)) return MLA_ERR;
+    cJSON *c = cJSON_CreateObject();
+    cJSON *msgs = cJSON_AddArrayToObject(c, "messages");
+    if (input_messages(body, msgs, e) || tools_chat(body, c, e) || format_chat(body, c, e) ||
+        reasoning_chat(body, c, e)) {
+        cJSON_Delete(c);
+        return MLA_ERR;
+    }
+    static const char *const same[] = {"model", "stream", "parallel_tool_calls", NULL};
+    for (int i = 0; same[i]; i++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, same[i]);
+        if (j) cJSON_AddItemToObject(c, same[i], cJSON_Duplicate(j, 1));
+    }
+    for (int i = 0; k_pass[i]; i++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, k_pass[i]);
+        if (j) cJSON_AddItemToObject(c, k_pass[i], cJSON_Duplicate(j, 1));
+    }
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(body, "max_output_tokens");
+    if (mo) cJSON_AddItemToObject(c, "max_completion_tokens", cJSON_Duplicate(mo, 1));
+    *chat = c;
+    *echo = make_echo(body);
+    return MLA_OK;
+}
+
+void api_rsp_error_names(api_error *e) {
+    static const char *const names[][2] = {{"messages", "input"},
+                                           {"max_completion_tokens", "max_output_tokens"},
+                                           {"response_format", "text.format"},
+                                           {"reasoning_effort", "reasoning.effort"}};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        if (strcmp(e->param, names[i][0])) continue;
+        snprintf(e->param, sizeof e->param, "%s", names[i][1]);
+        if (i == 0) { /* the index is the translated message's */
+            static const char pre[] = "input, as the chat messages it makes: ";
+            const size_t keep = sizeof e->message - sizeof pre; /* the message's bytes that still fit */
+            memmove(e->message + sizeof pre - 1, e->message, keep);
+            memcpy(e->message, pre, sizeof pre - 1);
+            e->message[sizeof e->message - 1] = 0;
+        }
+        return;
+    }
+}
+
+/* ---- the answer ---- */
+
+void api_rsp_out_init(api_rsp_out *o, const char *resp_id) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->resp_id, sizeof o->resp_id, "%s", resp_id);
+    o->open = -1;
+}
+
+void api_rsp_out_free(api_rsp_out *o) {
+    for (int i = 0; i < o->n_items; i++) {
+        free(o->items[i].text);
+        free(o->items[i].name);
+        free(o->items[i].call_id);
+    }
+    free(o->items);
+    memset(o, 0, sizeof *o);
+}
+
+cJSON *api_rsp_event(api_rsp_out *o, const char *type) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "type", type);
+    cJSON_AddNumberToObject(j, "sequence_number", o->seq++);
+    return j;
+}
+
+static const char *item_status(const api_rsp_item *it, bool incomplete) {
+    return !it->done ? "in_progress" : incomplete ? "incomplete" : "completed";
+}
+
+/* The item as its events and the response object show it; status NULL: its own */
+static cJSON *item_json(const api_rsp_item *it, const char *status) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", it->id);
+    const char *t = it->text ? it->text : "";
+    switch (it->kind) {
+    case API_RSP_REASONING: {
+        cJSON_AddStringToObject(j, "type", "reasoning");
+        cJSON_AddArrayToObject(j, "summary");
+        cJSON *c = cJSON_AddArrayToObject(j, "content");
+        if (it->done) {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "reasoning_text");
+            cJSON_AddStringToObject(p, "text", t);
+            cJSON_AddItemToArray(c, p);
+        }
+        break;
+    }
+    case API_RSP_MESSAGE: {
+        cJSON_AddStringToObject(j, "type", "message");
+        cJSON_AddStringToObject(j, "role", "assistant");
+        cJSON *c = cJSON_AddArrayToObject(j, "content");
+        if (it->done) {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "output_text");
+            cJSON_AddStringToObject(p, "text", t);
+            cJSON_AddArrayToObject(p, "annotations");
+            cJSON_AddArrayToObject(p, "logprobs");
+            cJSON_AddItemToArray(c, p);
+        }
+        break;
+    }
+    case API_RSP_CALL:
+        cJSON_AddStringToObject(j, "type", "function_call");
+        cJSON_AddStringToObject(j, "call_id", it->call_id);
+        cJSON_AddStringToObject(j, "name", it->name);
+        cJSON_AddStringToObject(j, "arguments", it->done ? t : "");
+        break;
+    }
+    cJSON_AddStringToObject(j, "status", status ? status : item_status(it, false));
+    return j;
+}
+
+static void emit_free(api_rsp_emit emit, void *ud, cJSON *ev) {
+    emit(ud, cJSON_GetObjectItemCaseSensitive(ev, "type")->valuestring, ev);
+    cJSON_Delete(ev);
+}
+
+/* An event about item k: type, item_id, output_index (and content_index for its part) */
+static cJSON *item_event(api_rsp_out *o, const char *type, int k, bool part) {
+    cJSON *ev = api_rsp_event(o, type);
+    cJSON_AddStringToObject(ev, "item_id", o->items[k].id);
+    cJSON_AddNumberToObject(ev, "output_index", k);
+    if (part) cJSON_AddNumberToObject(ev, "content_index", 0);
+    return ev;
+}
+
+static cJSON *part_json(const api_rsp_item *it, const char *text) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", it->kind == API_RSP_REASONING ? "reasoning_text" : "output_text");
+    cJSON_AddStringToObject(p, "text", text);
+    if (it->kind == API_RSP_MESSAGE) {
+        cJSON_AddArrayToObject(p, "annotations");
+        cJSON_AddArrayToObject(p, "logprobs");
+    }
+    return p;
+}
+
+static void item_open(api_rsp_out *o, enum api_rsp_item_kind kind, const toolcall *c, int call, api_rsp_emit emit,
+                      void *ud) {
+    if (o->n_items == o->cap_items) {
+        o->cap_items = o->cap_items ? 2 * o->cap_items : 4;
+        o->items = mla_xrealloc(o->items, (size_t)o->cap_items * sizeof *o->items);
+    }
+    const int k = o->n_items++;
+    api_rsp_item *it = &o->items[k];
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    const char *base = strncmp(o->resp_id, "resp_", 5) ? o->resp_id : o->resp_id + 5;
+    static const char *const prefix[] = {"rs", "msg", "fc"};
+    snprintf(it->id, sizeof it->id, "%s_%s_%d", prefix[kind], base, k);
+    if (kind == API_RSP_CALL) {
+        size_t n;
+        it->name = api_json_text(c->name, strlen(c->name), &n);
+        char ours[96];
+        snprintf(ours, sizeof ours, "call_%s_%d", base, call);
+        it->call_id = c->id ? api_json_text(c->id, strlen(c->id), &n) : mla_xstrdup(ours);
+        it->call = call;
+    }
+    o->open = k;
+    if (!emit) return;
+    cJSON *ev = api_rsp_event(o, "response.output_item.added");
+    cJSON_AddNumberToObject(ev, "output_index", k);
+    cJSON_AddItemToObject(ev, "item", item_json(it, NULL));
+    emit_free(emit, ud, ev);
+    if (kind == API_RSP_CALL) return;
+    ev = item_event(o, "response.content_part.added", k, true);
+    cJSON_AddItemToObject(ev, "part", part_json(it, ""));
+    emit_free(emit, ud, ev);
+}
+
+static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void *ud) {
+    const int k = o->open;
+    if (k < 0) return;
+    api_rsp_item *it = &o->items[k];
+    it->done = true;
+    o->open = -1;
+    if (!emit) return;
+    const char *t = it->text ? it->text : "";
+    cJSON *ev;
+    if (it->kind == API_RSP_CALL) {
+        ev = item_event(o, "response.function_call_arguments.done", k, false);
+        cJSON_AddStringToObject(ev, "name", it->name);
+        cJSON_AddStringToObject(ev, "arguments", t);
+        emit_free(emit, ud, ev);
+    } else {
+        const bool r = it->kind == API_RSP_REASONING;
+        ev = item_event(o, r ? "response.reasoning_text.done" : "response.output_text.done", k, true);
+        cJSON_AddStringToObject(ev, "text", t);
+        if (!r) cJSON_AddArrayToObject(ev, "logprobs");
+        emit_free(emit, ud, ev);
+        ev = item_event(o, "response.content_part.done", k, true);
+        cJSON_AddItemToObject(ev, "part", part_json(it, t));
+        emit_free(emit, ud, ev);
+    }
+    ev = api_rsp_event(o, "response.output_item.done");
+    cJSON_AddNumberToObject(ev, "output_index", k);
+    cJSON_AddItemToObject(ev, "item", item_json(it, item_status(it, incomplete)));
+    emit_free(emit, ud, ev);
+}
+
+/* Appends s[0, n) to the open item and sends it as its delta */
+static void item_delta(api_rsp_out *o, const char *s, size_t n, api_rsp_emit emit, void *ud) {
+    api_rsp_item *it = &o->items[o->open];
+    size_t m;
+    char *d = api_json_text(s, n, &m);
+    if (it->len + m + 1 > it->cap) {
+        it->cap = (it->len + m + 1) * 2;
+        it->text = mla_xrealloc(it->text, it->cap);
+    }
+    memcpy(it->text + it->len, d, m + 1);
+    it->len += m;
+    if (emit) {
+        static const char *const type[] = {"response.reasoning_text.delta", "response.output_text.delta",
+                                           "response.function_call_arguments.delta"};
+        cJSON *ev = item_event(o, type[it->kind], o->open, it->kind != API_RSP_CALL);
+        cJSON_AddStringToObject(ev, "delta", d);
+        if (it->kind == API_RSP_MESSAGE) cJSON_AddArrayToObject(ev, "logprobs");
+        emit_free(emit, ud, ev);
+    }
+    free(d);
+}
+
+/* The open item is of this kind (and call), else it is done and a new one opens */
+static void item_want(api_rsp_out *o, enum api_rsp_item_kind kind, api_rsp_emit emit, void *ud) {
+    if (o->open >= 0 && o->items[o->open].kind == kind) return;
+    item_close(o, false, emit, ud);
+    item_open(o, kind, NULL, -1, emit, ud);
+}
+
+static int call_item(const api_rsp_out *o, int call) {
+    for (int k = 0; k < o->n_items; k++)
+        if (o->items[k].kind == API_RSP_CALL && o->items[k].call == call) return k;
+    return -1;
+}
+
+/* The arguments of call i past what its item holds */
+static void call_args(api_rsp_out *o, const toolcall *c, int i, api_rsp_emit emit, void *ud) {
+    if (c->args_len <= o->sent_args[i]) return;
+    const int k = call_item(o, i);
+    if (k != o->open) { /* never in the text's order (a call's arguments all come before what follows it):
+                         * the item keeps them, its events were sent */
+        api_rsp_item *it = &o->items[k];
+        size_t m;
+        char *d = api_json_text(c->args + o->sent_args[i], c->args_len - o->sent_args[i], &m);
+        it->text = mla_xrealloc(it->text, it->len + m + 1);
+        memcpy(it->text + it->len, d, m + 1);
+        it->len += m;
+        it->cap = it->len + 1;
+        free(d);
+        o->sent_args[i] = c->args_len;
+        return;
+    }
+    item_delta(o, c->args + o->sent_args[i], c->args_len - o->sent_args[i], emit, ud);
+    o->sent_args[i] = c->args_len;
+}
+
+void api_rsp_out_update(api_rsp_out *o, const api_rsp_view *v, api_rsp_emit emit, void *ud) {
+    if (v->reasoning && v->reasoning_len > o->sent_r) {
+        item_want(o, API_RSP_REASONING, emit, ud);
+        item_delta(o, v->reasoning + o->sent_r, v->reasoning_len - o->sent_r, emit, ud);
+        o->sent_r = v->reasoning_len;
+    }
+    /* in the text's order: the calls begun before (their arguments), then the content before each
+     * new call and the call, then the content after the last */
+    for (int i = 0; i < o->n_calls && i < v->n_calls; i++) call_args(o, &v->calls[i], i, emit, ud);
+    for (int i = o->n_calls;; i++) {
+        const bool call = i < v->n_calls && v->calls[i].name;
+        const size_t upto = call && v->calls[i].content_at < v->content_len ? v->calls[i].content_at : v->content_len;
+        if (upto > o->sent_c) {
+            item_want(o, API_RSP_MESSAGE, emit, ud);
+            item_delta(o, v->content + o->sent_c, upto - o->sent_c, emit, ud);
+            o->sent_c = upto;
+        }
+        if (!call) break;
+        item_close(o, false, emit, ud);
+        item_open(o, API_RSP_CALL, &v->calls[i], i, emit, ud);
+        o->n_calls = i + 1;
+        o->sent_args[i] = 0;
+        call_args(o, &v->calls[i], i, emit, ud);
+    }
+}
+
+void api_rsp_out_finish(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void *ud) {
+    if (!o->n_items) item_open(o, API_RSP_MESSAGE, NULL, -1, emit, ud);
+    item_close(o, incomplete, emit, ud);
+}
+
+cJSON *api_rsp_object(const api_rsp_out *o, const cJSON *echo, const char *model, long long created,
+                      const char *status, const char *incomplete_reason, const api_rsp_usage *usage,
+                      const api_error *err) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", o->resp_id);
+    cJSON_AddStringToObject(j, "object", "response");
+    cJSON_AddNumberToObject(j, "created_at", (double)created);
+    cJSON_AddStringToObject(j, "status", status);
+    cJSON_AddStringToObject(j, "model", model);
+    if (err) {
+        cJSON *x = cJSON_AddObjectToObject(j, "error");
+        cJSON_AddStringToObject(x, "code", err->code[0] ? err->code : "server_error");
+        cJSON_AddStringToObject(x, "message", err->message);
+    } else {
+        cJSON_AddNullToObject(j, "error");
+    }
+    if (incomplete_reason) cJSON_AddStringToObject(cJSON_AddObjectToObject(j, "incomplete_details"), "reason",
+                                                   incomplete_reason);
+    else cJSON_AddNullToObject(j, "incomplete_details");
+    cJSON *out = cJSON_AddArrayToObject(j, "output");
+    const bool in_progress = !strcmp(status, "in_progress");
+    for (int k = 0; !in_progress && k < o->n_items; k++) {
+        const bool last_cut = incomplete_reason && k == o->n_items - 1;
+        cJSON_AddItemToArray(out, item_json(&o->items[k], item_status(&o->items[k], last_cut)));
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, echo) cJSON_AddItemToObject(j, m->string, cJSON_Duplicate(m, 1));
+    if (usage) {
+        cJSON *u = cJSON_AddObjectToObject(j, "usage");
+        cJSON_AddNumberToObject(u, "input_tokens", usage->input);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens", usage->cached);
+        cJSON_AddNumberToObject(u, "output_tokens", usage->output);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens",
+                                usage->reasoning);
+        cJSON_AddNumberToObject(u, "total_tokens", (double)usage->input + usage->output);
+    } else {
+        cJSON_AddNullToObject(j, "usage");
+    }
+    return j;
+}

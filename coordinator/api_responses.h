@@ -1,0 +1,97 @@
+/* api_responses (prefix api_rsp_): OpenAI's Responses API (POST /v1/responses) over the chat path.
+ *
+ * A request is translated into a chat completions body (api_rsp_parse): its input items become
+ * messages (a function_call item an assistant turn's tool call, a function_call_output a tool
+ * message, a reasoning item the next assistant turn's reasoning_content), instructions a system
+ * message first, its flat function tools the chat form, text.format a response_format,
+ * reasoning.effort reasoning_effort, max_output_tokens max_completion_tokens. Every other member
+ * is refused by name, as the chat parser refuses its own (docs/openai-params.md). Nothing is
+ * stored: store, background and previous_response_id are refused but for their stateless values.
+ *
+ * The answer, parsed as a chat answer is (reasoning, content, tool calls), becomes output items
+ * (api_rsp_out): a reasoning item, a message with one output_text part, a function_call item a
+ * call, in the order the model wrote them. Streamed, each step of that is the Responses event
+ * sequence (response.output_item.added, content_part.added, output_text.delta, ... done), and the
+ * whole response object is the same items (api_rsp_object).
+ *
+ * Ownership: api_rsp_parse returns two documents the caller deletes; api_rsp_out_init / _free
+ * pair, its items are its own copies; every cJSON an api_rsp_* function returns is the caller's.
+ * Pure functions (no I/O): the loop thread or any other. */
+#ifndef API_RESPONSES_H
+#define API_RESPONSES_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coordinator/api_params.h"
+#include "coordinator/chat_toolcall.h"
+
+/* Translates a Responses request body into *chat (a chat completions body) and *echo (the
+ * members its response object repeats: instructions, tools, tool_choice, text, reasoning, ...,
+ * with their defaults). MLA_ERR with e set (400 naming the member) when the body is not one. */
+int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e);
+
+/* An error of the chat parser on a translated body, named as the Responses request names it
+ * (messages -> input, max_completion_tokens -> max_output_tokens, ...). */
+void api_rsp_error_names(api_error *e);
+
+/* What the chat parse of the answer so far gives (spans of the answer's text, or of the parse) */
+typedef struct api_rsp_view {
+    const char *reasoning; /* NULL: none (or hidden) */
+    size_t reasoning_len;
+    const char *content;
+    size_t content_len;
+    const toolcall *calls;
+    int n_calls;
+} api_rsp_view;
+
+enum api_rsp_item_kind { API_RSP_REASONING, API_RSP_MESSAGE, API_RSP_CALL };
+
+typedef struct api_rsp_item {
+    enum api_rsp_item_kind kind;
+    char id[96];
+    char *text; /* the reasoning, the message's text or the call's arguments so far (sanitized UTF-8) */
+    size_t len, cap;
+    char *name, *call_id; /* a call's */
+    int call;             /* a call's index in the view */
+    bool done;
+} api_rsp_item;
+
+typedef struct api_rsp_out {
+    char resp_id[64];
+    api_rsp_item *items;
+    int n_items, cap_items;
+    int open;          /* the item still growing, or -1 */
+    size_t sent_r, sent_c;
+    int n_calls;       /* calls with an item */
+    size_t sent_args[TOOLCALL_MAX_CALLS];
+    int seq;           /* the next event's sequence_number */
+} api_rsp_out;
+
+/* Each event, with its type and sequence_number set (owned by the callee for the call only) */
+typedef void (*api_rsp_emit)(void *ud, const char *type, const cJSON *event);
+
+void api_rsp_out_init(api_rsp_out *o, const char *resp_id);
+void api_rsp_out_free(api_rsp_out *o);
+/* What v adds to what the items hold: deltas into the open item, or a new item (the open one
+ * done first). emit may be NULL (a whole response: the items alone). */
+void api_rsp_out_update(api_rsp_out *o, const api_rsp_view *v, api_rsp_emit emit, void *ud);
+/* The end of the answer: the open item done ("completed", or "incomplete" where incomplete);
+ * an answer with no item gets an empty message. */
+void api_rsp_out_finish(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void *ud);
+/* A new event of the stream: {"type": type, "sequence_number": ...} */
+cJSON *api_rsp_event(api_rsp_out *o, const char *type);
+
+typedef struct api_rsp_usage {
+    int32_t input, cached, output, reasoning;
+} api_rsp_usage;
+
+/* The response object: status "in_progress", "completed", "incomplete" (incomplete_reason, e.g.
+ * "max_output_tokens") or "failed" (err); usage NULL: none yet. */
+cJSON *api_rsp_object(const api_rsp_out *o, const cJSON *echo, const char *model, long long created,
+                      const char *status, const char *incomplete_reason, const api_rsp_usage *usage,
+                      const api_error *err);
+
+#endif

@@ -1,0 +1,251 @@
+"""The Responses API (POST /v1/responses) through the official `openai` client, against the fake
+server running a scripted model (tests/serve/fake_backend.h) under the released chat templates of
+tests/data/chat. Every dialect case of test_chat_dialects.py is asked again as a Responses
+request: its output items (reasoning, message, function calls) must hold what the chat answer's
+fields hold there (the expected values written in that file), and the stream, read through the
+client's own stream helper (which checks the events' order and identities), must give the same
+items, each item's deltas its final text. Then the input items' translation (calls, their
+outputs, reasoning; counted against /tokenize of the chat messages they stand for), the usage,
+max_output_tokens, and the refusals.
+Usage: test_responses.py FAKE_SERVER_EXE DATA_DIR. Exits 77 without the openai package."""
+import json
+import os
+import sys
+import tempfile
+
+try:
+    import openai
+except ImportError:
+    print("openai package not installed: skipped (pip install openai)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_chat_dialects as D  # noqa: E402
+from mlatest import check, http_post, summary  # noqa: E402
+
+CHAT_ONLY = ("continue_final_message", "skip_special_tokens")  # no Responses form: those cases are left out
+
+
+def responses_kw(req, max_tokens):
+    """A dialect case's request as a Responses request, or None where it has no such form."""
+    if any(k in req for k in CHAT_ONLY):
+        return None
+    kw = {"model": "fake-model", "input": req.get("messages", D.MSGS), "temperature": 0,
+          "max_output_tokens": req.get("max_tokens", max_tokens)}
+    if "tools" in req:
+        kw["tools"] = [dict({"type": "function"}, **t["function"]) for t in req["tools"]]
+    tc = req.get("tool_choice")
+    if isinstance(tc, dict):
+        kw["tool_choice"] = {"type": "function", "name": tc["function"]["name"]}
+    elif tc:
+        kw["tool_choice"] = tc
+    if "parallel_tool_calls" in req:
+        kw["parallel_tool_calls"] = req["parallel_tool_calls"]
+    if "response_format" in req:
+        kw["text"] = {"format": {"type": req["response_format"]["type"]}}
+    extra = {k: req[k] for k in ("chat_template_kwargs", "stop") if k in req}
+    if extra:
+        kw["extra_body"] = extra
+    return kw
+
+
+def result_of(resp):
+    """A response's output as test_chat_dialects' expectations read (content "" as None)."""
+    content, reasoning, calls = None, None, []
+    for it in resp.output:
+        if it.type == "message":
+            content = (content or "") + "".join(p.text for p in it.content)
+        elif it.type == "reasoning":
+            reasoning = (reasoning or "") + "".join(c.text for c in (it.content or []))
+        elif it.type == "function_call":
+            calls.append((it.call_id, "function", it.name, D.args_of(it.arguments)))
+    return {"content": content or None, "reasoning": reasoning, "calls": calls}
+
+
+def stream_of(cl, what, kw):
+    """The final response of a stream read by the client's stream helper; each item's deltas must
+    make its final text, the sequence numbers count up from 0."""
+    seqs, acc, ok_deltas = [], {}, True
+    with cl.responses.stream(**kw) as st:
+        for ev in st:
+            seqs.append(ev.sequence_number)
+            if ev.type in ("response.output_text.delta", "response.reasoning_text.delta",
+                           "response.function_call_arguments.delta"):
+                acc[ev.item_id] = acc.get(ev.item_id, "") + ev.delta
+            elif ev.type == "response.output_item.done":
+                it = ev.item
+                text = (it.arguments if it.type == "function_call"
+                        else "".join(p.text for p in (it.content or [])))
+                ok_deltas &= acc.get(it.id, "") == text
+        final = st.get_final_response()
+    check(seqs == list(range(len(seqs))), what + ": sequence numbers 0, 1, ...", seqs[:20])
+    check(ok_deltas, what + ": each item's deltas make its text")
+    return final
+
+
+def no_ids(x):
+    return dict(x, calls=[c[1:] for c in x["calls"]])
+
+
+def main():
+    exe, data = sys.argv[1:3]
+    tmp = tempfile.mkdtemp(prefix="responses_")
+    script = os.path.join(tmp, "script")
+    ds_tmpl = os.path.join(tmp, "ds-tools.jinja")
+    with open(ds_tmpl, "w", encoding="utf-8") as f:
+        f.write(D.DS_TOOLS_TEMPLATE)
+    servers = {}
+
+    def client(tmpl, extra=()):
+        path = ds_tmpl if tmpl == "ds-tools" else os.path.join(data, tmpl)
+        key = (path, tuple(extra))
+        if key not in servers:
+            servers[key] = D.run_server(exe, path, list(extra), script)
+        port = servers[key].port
+        return port, openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="x", timeout=30, max_retries=0)
+
+    def script_of(text, as_tokens=True):
+        with open(script, "w") as f:
+            f.write(" ".join(str(t) for t in D.tokens(D.split_markers(text), as_tokens)))
+
+    try:
+        n_cases = 0
+        for name, tmpl, extra, output, req, exp, exp_finish in D.CASES:
+            kw = responses_kw(req, 1000)
+            if kw is None:
+                continue
+            n_cases += 1
+            _, cl = client(tmpl, extra)
+            for as_tokens in (True, False):
+                what = "%s (%s)" % (name, "marker tokens" if as_tokens else "byte tokens")
+                ex = exp[0 if as_tokens else 1] if isinstance(exp, tuple) else exp
+                script_of(output, as_tokens)
+                r = cl.responses.create(**kw)
+                got = result_of(r)
+                check(D.expect_match(got, ex), what + ": output items", (got, ex))
+                check(r.status == "completed" and r.incomplete_details is None, what + ": completed", r.status)
+                s = stream_of(cl, what, kw)
+                check(no_ids(result_of(s)) == no_ids(got) and s.status == r.status, what + ": stream equals it",
+                      (result_of(s), got))
+                check([it.type for it in s.output] == [it.type for it in r.output], what + ": the same items")
+        check(n_cases >= 40, "dialect cases asked as Responses requests", n_cases)
+
+        port, cl = client("glm-5.jinja")
+        # the usage: input as a chat prompt's tokens, output, the reasoning's share, cached tokens
+        script_of("Weigh it.</think>Four.")
+        q = [{"role": "user", "content": "What is 2+2?"}]
+        r = cl.responses.create(model="fake-model", input=q, max_output_tokens=50)
+        c = cl.chat.completions.create(model="fake-model", messages=q, max_tokens=50)
+        u = r.usage
+        check(u.input_tokens == c.usage.prompt_tokens and u.output_tokens == c.usage.completion_tokens and
+              u.total_tokens == u.input_tokens + u.output_tokens, "usage as the chat's", (u, c.usage))
+        # the scripted tokens: "Weigh it." then </think> are the reasoning's (one marker token each)
+        check(u.output_tokens_details.reasoning_tokens == len("Weigh it.") + 1, "reasoning tokens", u)
+        check(u.input_tokens_details.cached_tokens >= 0, "cached tokens reported", u)
+        check(r.id.startswith("resp_") and r.object == "response" and r.model == "fake-model" and
+              r.tool_choice == "auto" and r.tools == [] and r.parallel_tool_calls is True and
+              r.text.format.type == "text" and r.store is False, "the response object's members", r)
+        # a string input is the user's message; instructions a system message before it
+        r2 = cl.responses.create(model="fake-model", input="What is 2+2?", max_output_tokens=50)
+        check(r2.usage.input_tokens == u.input_tokens, "a string input is a user message", (r2.usage, u))
+        r3 = cl.responses.create(model="fake-model", input="What is 2+2?", instructions="Be brief.",
+                                 max_output_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": [{"role": "system", "content": "Be brief."}] + q})
+        check(st == 200 and json.loads(body)["count"] == r3.usage.input_tokens and r3.instructions == "Be brief.",
+              "instructions: a system message", (body[:100], r3.usage))
+        # max_output_tokens cuts it: incomplete, the last item too, in the stream and whole
+        r = cl.responses.create(model="fake-model", input=q, max_output_tokens=4)
+        check(r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and
+              r.output[-1].status == "incomplete" and r.output[-1].type == "reasoning", "max_output_tokens: incomplete",
+              r)
+        events = [ev for ev in cl.responses.create(model="fake-model", input=q, max_output_tokens=4, stream=True)]
+        check(events[0].type == "response.created" and events[1].type == "response.in_progress" and
+              events[-1].type == "response.incomplete" and
+              events[-1].response.incomplete_details.reason == "max_output_tokens",
+              "max_output_tokens streamed: response.incomplete", [e.type for e in events])
+        # text.format json_schema: the chat path's structured output (the scripted model writes its
+        # script whatever the grammar: test_structured.py checks the grammar's effect)
+        script_of('{"a": 1}')
+        r = cl.responses.create(model="fake-model", input=q, max_output_tokens=50, text={"format": {
+            "type": "json_schema", "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "strict": True}})
+        check(r.status == "completed" and r.text.format.type == "json_schema", "text.format json_schema taken", r)
+
+        # input items: a call, its output and the reasoning before it are the chat history they
+        # stand for (the prompt's tokens counted against /tokenize of those messages)
+        weather = dict({"type": "function"}, **D.WEATHER["function"])
+        items = [{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                 {"type": "reasoning", "id": "rs_1", "summary": [],
+                  "content": [{"type": "reasoning_text", "text": "Need it."}]},
+                 {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                  "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+                 {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "get_weather",
+                  "arguments": "{\"city\": \"Paris\"}", "status": "completed"},
+                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+        as_chat = [{"role": "user", "content": "weather?"},
+                   {"role": "assistant", "reasoning_content": "Need it.", "content": "Checking.", "tool_calls": [
+                       {"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+        script_of("Ok.</think>Sunny.")
+        r = cl.responses.create(model="fake-model", input=items, tools=[weather], max_output_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": as_chat, "tools": [D.WEATHER]})
+        n = json.loads(body)["count"] if st == 200 else -1
+        check(r.usage.input_tokens == n and result_of(r)["content"] == "Sunny.", "input items as chat messages",
+              (r.usage.input_tokens, n, body[:200]))
+        p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
+        check("<arg_value>Paris</arg_value>" in p and "sunny" in p, "the call and its output rendered", p)
+
+        # refusals, by name
+        def refused(what, param, **kw):
+            kw.setdefault("input", "q")
+            try:
+                kw.setdefault("max_output_tokens", 4)
+                cl.responses.create(model="fake-model", **kw)
+                check(False, what + ": refused")
+            except openai.BadRequestError as e:
+                body = e.body if isinstance(e.body, dict) else {}
+                check(e.status_code == 400 and param in str(body.get("message", "")) + str(body.get("param", "")),
+                      what + ": 400 naming " + param, body)
+
+        refused("store true", "store", store=True)
+        refused("previous_response_id", "previous_response_id", previous_response_id="resp_x")
+        refused("include", "include", include=["reasoning.encrypted_content"])
+        refused("reasoning summary", "reasoning.summary", reasoning={"summary": "auto"})
+        refused("an unknown parameter", "max_tool_calls", max_tool_calls=3)
+        refused("background", "background", background=True)
+        refused("truncation auto", "truncation", truncation="auto")
+        refused("a web search tool", "tools", tools=[{"type": "web_search"}])
+        refused("an image part", "input_image", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "http://x"}]}])
+        refused("an unknown item", "item_reference", input=[{"type": "item_reference", "id": "x"}])
+        refused("encrypted reasoning", "encrypted_content", input=[
+            {"type": "reasoning", "summary": [], "encrypted_content": "zzz"}, {"role": "user", "content": "q"}])
+        refused("a reasoning item last", "reasoning item", input=[
+            {"role": "user", "content": "q"}, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "x"}]}])
+        refused("an empty input", "input", input=[])
+        refused("a chat parameter", "messages", extra_body={"messages": []})
+        refused("max_output_tokens past the context", "max_output_tokens", max_output_tokens=10 ** 8)
+        refused("reasoning effort the template does not read", "reasoning.effort", reasoning={"effort": "high"})
+        refused("a tool of no name", "tools", tools=[{"type": "function", "parameters": {}}])
+        refused("metadata not strings", "metadata", metadata={"a": 1})
+        # refused where the scheduler takes it (a request the whole cache cannot hold), whole and streamed
+        _, small = client("glm-5.jinja", ("--n-blocks", "4", "--block-size", "16"))
+        for stream in (False, True):
+            try:
+                small.responses.create(model="fake-model", input="q", max_output_tokens=500, stream=stream)
+                check(False, "a request past the cache: refused (stream %s)" % stream)
+            except openai.BadRequestError as e:
+                check("KV cache" in str(e), "a request past the cache: 400 (stream %s)" % stream, e)
+        # the server lives on: an answer after the refusals
+        script_of("Weigh it.</think>Four.")
+        r = cl.responses.create(model="fake-model", input="q", max_output_tokens=50, metadata={"k": "v"})
+        check(result_of(r)["content"] == "Four." and r.metadata == {"k": "v"}, "answered after the refusals", r)
+    finally:
+        for s in servers.values():
+            check(s.stop() == 0, "clean exit")
+    return summary("responses (openai %s): " % openai.__version__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
