@@ -16,6 +16,7 @@ typedef struct gstream {
     bool bad_method, bad_post, bad_ctype, bad_timeout, too_many_headers;
     bool not_grpc; /* bad_ctype: not application/grpc at all (HTTP 415), else another codec of it */
     bool two_auth; /* more than one authorization field */
+    char bad_path[72]; /* bad_method: the :path asked for (its first bytes, printable ASCII) */
     size_t header_bytes;
     char *auth;
     int64_t timeout_ms;
@@ -192,6 +193,10 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     if (eq(name, nlen, ":path")) {
         st->method = grpc_method_of_path((const char *)value, vlen);
         st->bad_method = st->method == 0;
+        size_t k = 0;
+        for (; st->bad_method && k < vlen && k + 1 < sizeof st->bad_path; k++)
+            st->bad_path[k] = value[k] >= 0x20 && value[k] < 0x7f ? (char)value[k] : '?';
+        st->bad_path[k] = 0;
     } else if (eq(name, nlen, ":method")) {
         st->bad_post = !eq(value, vlen, "POST");
     } else if (eq(name, nlen, "content-type")) {
@@ -259,7 +264,12 @@ static void headers_done(grpc_conn *c, gstream *st) {
     if (st->bad_ctype)
         return reply_status(c, st, GRPC_UNIMPLEMENTED, "the messages are protobuf: content-type application/grpc or "
                                                        "application/grpc+proto");
-    if (st->bad_method || !st->method) return reply_status(c, st, GRPC_UNIMPLEMENTED, "unknown method");
+    if (st->bad_method || !st->method) {
+        char m[sizeof st->bad_path + 48];
+        snprintf(m, sizeof m, "unknown method %s%s", st->bad_path[0] ? st->bad_path : "(no :path)",
+                 st->bad_method && strlen(st->bad_path) + 1 == sizeof st->bad_path ? "..." : "");
+        return reply_status(c, st, GRPC_UNIMPLEMENTED, m);
+    }
     if (st->bad_timeout) return reply_status(c, st, GRPC_INVALID_ARGUMENT, "malformed grpc-timeout header");
     if (!c->cb.on_headers) {
         if (st->two_auth) return reply_status(c, st, GRPC_UNAUTHENTICATED, "more than one authorization header");
@@ -372,7 +382,9 @@ int grpc_conn_send_msg(grpc_conn *c, int32_t sid, const ProtobufCMessage *m) {
     if (c->out > 0 && c->out + n + 5 > c->lim.max_out) {
         st->in_call = false;
         c->n_calls--;
-        nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_CANCEL);
+        /* ENHANCE_YOUR_CALM: gRPC clients read it as RESOURCE_EXHAUSTED (CANCEL would look like
+         * their own cancel) */
+        nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_ENHANCE_YOUR_CALM);
         return MLA_ERR;
     }
     if (st->out_len + n + 5 > st->out_cap) {

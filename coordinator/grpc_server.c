@@ -543,10 +543,13 @@ static void handle(gs_call *r, grpc_request *q) {
         break;
     }
     case GRPC_M_CANCEL: {
-        /* unknown or finished ids are not an error */
-        for (gs_call *o = c->calls; o; o = o->next)
-            if (o->method == GRPC_M_GENERATE && o->request_id == q->request_id && o->g)
-                api_server_gen_cancel(o->g, false);
+        /* unknown or finished ids are not an error; the call named ends now (CANCELLED), as a
+         * deadline ends one, its generation cancelled in the scheduler (a queued one too) */
+        for (gs_call *o = c->calls, *next; o; o = next) {
+            next = o->next;
+            if (o != r && o->method == GRPC_M_GENERATE && o->request_id == q->request_id && o->g)
+                finish_cut(o, GRPC_CANCELLED, "cancelled by Cancel(request_id)");
+        }
         Mlaapi__GenerateResponse m = MLAAPI__GENERATE_RESPONSE__INIT;
         m.has_request_id = true;
         m.request_id = q->request_id;

@@ -512,10 +512,40 @@ def test_pb_off_loop(exe):
         check(srv.stop(timeout=30) == 0, "gRPC tokenize server clean exit")
 
 
+def test_pb_cancel_queued(exe):
+    # Cancel(request_id) ends the call it names at once, queued behind a running step or not: the
+    # scheduler's own final event for it comes only after that step (3 s here)
+    api_pb2, api_grpc, grpc = pb.stubs()
+    srv = ServeProcess([exe], ["--step-delay-ms", 3000, "--max-seqs", 1], proto=True, timeout=20,
+                       prefix="fake_server_pbc_")
+    try:
+        chan = grpc.insecure_channel("127.0.0.1:%d" % srv.proto_port)
+        stub = api_grpc.MlaServeStub(chan)
+        first = stub.Generate(api_pb2.GenerateRequest(prompt="abc", max_tokens=2), timeout=60)
+        time.sleep(0.5)
+        queued = stub.Generate(api_pb2.GenerateRequest(request_id=5, prompt="xyz", max_tokens=2), timeout=60)
+        time.sleep(0.5)
+        t0 = time.time()
+        stub.Cancel(api_pb2.CancelRequest(request_id=5), timeout=10)
+        try:
+            list(queued)
+            check(False, "a queued call cancelled: no error")
+        except grpc.RpcError as e:
+            dt = time.time() - t0
+            check(e.code() == grpc.StatusCode.CANCELLED and dt < 1.5,
+                  "a queued call cancelled: %s after %.2fs (a step takes 3 s)" % (e.code(), dt))
+        toks, _, _, _ = R.generate(R.encode("abc"), 2)
+        check("".join(r.text for r in first) == R.text_of(toks), "the running call finished beside it")
+        chan.close()
+    finally:
+        check(srv.stop(timeout=30) == 0, "gRPC cancel server clean exit")
+
+
 def main():
     for name, t in (("big", test_big_response), ("counts", test_response_counts), ("probes", test_probe_conns),
                     ("auth", test_early_auth_and_budget), ("details", test_http_details),
-                    ("keys", test_wrong_keys), ("cors", test_cors), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop)):
+                    ("keys", test_wrong_keys), ("cors", test_cors), ("offloop", test_tokenize_off_loop), ("pboffloop", test_pb_off_loop),
+                    ("pbcancel", test_pb_cancel_queued)):
         if not part(name):
             continue
         t0 = time.time()

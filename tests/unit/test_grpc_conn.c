@@ -22,6 +22,7 @@ typedef struct cli {
     char accept[32];  /* its grpc-accept-encoding */
     size_t data_len;  /* DATA bytes received */
     bool reset;       /* a RST_STREAM came */
+    uint32_t reset_code; /* its error code */
     const uint8_t *body; /* the request's DATA */
     size_t body_len, body_off;
     bool hold; /* the body sent, the stream is left open (no END_STREAM) */
@@ -67,7 +68,10 @@ static int cli_data(nghttp2_session *s, uint8_t flags, int32_t sid, const uint8_
 
 static int cli_close(nghttp2_session *s, int32_t sid, uint32_t code, void *ud) {
     (void)s, (void)sid;
-    if (code != NGHTTP2_NO_ERROR) ((cli *)ud)->reset = true;
+    if (code != NGHTTP2_NO_ERROR) {
+        ((cli *)ud)->reset = true;
+        ((cli *)ud)->reset_code = code;
+    }
     return 0;
 }
 
@@ -240,6 +244,10 @@ static void test_content_types(void) {
     /* a compressed message: UNIMPLEMENTED, saying which encoding is taken */
     call(&c, &v, health, "application/grpc", 1, (const uint8_t *)"x", 1);
     CHECKF(!strcmp(c.status, "12") && !strcmp(c.accept, "identity"), "compressed: %s, accept %s", c.status, c.accept);
+    /* an unknown method: UNIMPLEMENTED, naming the path asked for */
+    call(&c, &v, "/nope.Svc/Do", "application/grpc", 0, (const uint8_t *)"", 0);
+    CHECKF(!strcmp(c.status, "12") && !strcmp(c.message, "unknown method /nope.Svc/Do"), "unknown method: %s %s",
+           c.status, c.message);
     end(&v, &c);
 }
 
@@ -255,10 +263,12 @@ static void test_output_bound(void) {
     call(&c, &v, "/mlaapi.MlaServe/Health", "application/grpc", 0, NULL, 0);
     CHECKF(!strcmp(c.status, "0") && !c.reset && c.data_len > 10000, "a 10000-byte reply: status %s, %zu bytes",
            c.status, c.data_len);
-    /* a second one queued behind it: the call is reset */
+    /* a second one queued behind it: the call is reset, ENHANCE_YOUR_CALM (a client's
+     * RESOURCE_EXHAUSTED, not the CANCELLED of its own cancel) */
     v.second = 1;
     call(&c, &v, "/mlaapi.MlaServe/Health", "application/grpc", 0, NULL, 0);
-    CHECK(v.second_rc == MLA_ERR && c.reset);
+    CHECKF(v.second_rc == MLA_ERR && c.reset && c.reset_code == NGHTTP2_ENHANCE_YOUR_CALM, "reset, code %u",
+           c.reset_code);
     end(&v, &c);
 }
 
