@@ -285,45 +285,55 @@ __global__ void __launch_bounds__(PW_TALL, 1) pwg_kernel(mlacu_pf_args a) {
 }
 
 /* ---------------------------------------------------------------- decompression */
-/* Tile = (128 keys, head): kn = C W_kb[h] and v = C W_vb[h]^T of the tile's latent rows C, both
- * from one copy of C. A persistent grid of one block an SM walks the tiles (heads fastest: the
+/* At 128 / 128 (DeepSeek), tile = (128 keys, head): kn = C W_kb[h] and v = C W_vb[h]^T of the
+ * tile's latent rows C, both from one copy of C. At 192 / 256 (GLM-4.7-Flash, GLM-5), whose three
+ * products would not fit a thread's registers, three tiles a (128 keys, head): kn's 192 columns
+ * (an n128 and an n64 product), then each half of v's 256 ([head][half][nk][128], as the mma.sync
+ * attention reads them). A persistent grid of one block an SM walks the tiles (heads fastest: the
  * blocks at work at once share a tile of latent rows in the L2, and each head's weights are read
- * again for every tile of keys). Two warpgroups, 64 keys each, keep both products' accumulators
- * (128 floats a thread). The latent is walked in stages of 64 columns (16 KB of latent rows, 16
- * KB of W_kb rows, 16 KB of W_vb columns), UW_ST buffers, copied by cp.async two stages ahead by
- * every thread (the copies of a tile's first stages run during the previous tile's last products
- * and its stores). Layouts of the 128-byte swizzle: the latent rows and W_vb K-major (wgmma's A
- * and a K-major B, as the attention's queries and keys), W_kb MN-major (its 128 columns
- * contiguous in a row: two blocks of 64 columns, LBO 8192, SBO 1024, as the attention's values).
- * The products accumulate in fp32 and are rounded to fp16 once, as the mma.sync kernel's. */
+ * again for every tile of keys). Two warpgroups, 64 keys each, keep a tile's accumulators (128 or
+ * 96 floats a thread). The latent is walked in stages of 64 columns (16 KB of latent rows; 16 KB
+ * of W_kb rows and 16 KB of W_vb columns, or 24 KB of W_kb rows or 16 KB of W_vb columns), UW_ST
+ * buffers, copied by cp.async two stages ahead by every thread (the copies of a tile's first
+ * stages run during the previous tile's last products and its stores). Layouts of the 128-byte
+ * swizzle: the latent rows and W_vb K-major (wgmma's A and a K-major B, as the attention's queries
+ * and keys), W_kb MN-major (its columns contiguous in a row: blocks of 64 columns, LBO 8192, SBO
+ * 1024, as the attention's values). The products accumulate in fp32 and are rounded to fp16 once,
+ * as the mma.sync kernel's. */
 constexpr int UW_BM = 128, UW_KC = 64, UW_ST = 4, UW_T = 256;
 constexpr int UW_A = UW_BM * 128;        /* a stage's latent rows: 128 x 64 halves */
 constexpr int UW_WKB = UW_KC * 128;      /* a 64-column block of a stage's W_kb rows */
-constexpr int UW_WK = 2 * UW_WKB;        /* W_kb: 64 rows x 128 columns */
-constexpr int UW_WV = PW_DV * 128;       /* W_vb: 128 rows x 64 columns */
-constexpr int UW_SB = UW_A + UW_WK + UW_WV;
-constexpr size_t UW_SMEM = (size_t)UW_ST * UW_SB + 1024;
-static_assert(UW_SB % 1024 == 0 && UW_A % 1024 == 0 && UW_WKB % 1024 == 0, "the swizzle's 1024-byte unit");
+constexpr int UW_WV = 128 * 128;         /* W_vb: 128 rows x 64 columns */
+template <int KN> struct uw_cfg {
+    static_assert(KN == 128 || KN == 192, "decompression widths: 128 / 128, 192 / 256");
+    static constexpr int P = KN == 128 ? 1 : 3;   /* tiles a (128 keys, head) */
+    static constexpr int WK = KN / 64 * UW_WKB;   /* W_kb: 64 rows x KN columns */
+    static constexpr int SB = P == 1 ? UW_A + WK + UW_WV : UW_A + (WK > UW_WV ? WK : UW_WV);
+    static constexpr size_t SMEM = (size_t)UW_ST * SB + 1024;
+    static_assert(SB % 1024 == 0 && UW_A % 1024 == 0 && UW_WKB % 1024 == 0, "the swizzle's 1024-byte unit");
+};
 static_assert(UW_ST >= 3, "copies two stages ahead of the products, one stage's products in flight");
+constexpr size_t UW_SMEM = uw_cfg<128>::SMEM; /* the larger */
+static_assert(uw_cfg<192>::SMEM <= UW_SMEM, "the larger form's shared memory is what the device check asks");
 
-__global__ void __launch_bounds__(UW_T, 1) uwg_kernel(mlacu_pf_up_args a, int heads) {
+template <int KN> __global__ void __launch_bounds__(UW_T, 1) uwg_kernel(mlacu_pf_up_args a, int heads) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using C = uw_cfg<KN>;
     mlacu_pdl_enter();
     extern __shared__ __align__(16) uint8_t uw_raw[];
     uint8_t *sm = uw_raw + ((1024u - (wga_u32(uw_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t ntiles = (a.nk + UW_BM - 1) / UW_BM * heads;
+    const int64_t ntiles = (a.nk + UW_BM - 1) / UW_BM * heads * C::P;
     const int nst = a.kv_lora / UW_KC;
-    /* this block's tiles blockIdx.x + i gridDim.x, nst stages each */
+    /* this block's tiles blockIdx.x + i gridDim.x, nst stages each; tile = (key tile, head, part),
+     * parts fastest */
     const int64_t mine = (int64_t)blockIdx.x < ntiles ? (ntiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     const int64_t total = mine * nst;
     auto issue = [&](int64_t gs) {
         if (gs < total) {
-            const int64_t tile = blockIdx.x + gs / nst * gridDim.x, k0 = tile / heads * UW_BM;
-            const int hl = (int)(tile % heads), c0 = (int)(gs % nst) * UW_KC;
-            uint8_t *st = sm + (gs % UW_ST) * UW_SB;
-            const __half *wk = a.wk + (int64_t)hl * a.kv_lora * PW_DN + (int64_t)c0 * PW_DN,
-                         *wv = a.wv + (int64_t)hl * PW_DV * a.kv_lora + c0;
+            const int64_t tile = blockIdx.x + gs / nst * gridDim.x, th = tile / C::P, k0 = th / heads * UW_BM;
+            const int hl = (int)(th % heads), part = (int)(tile % C::P), c0 = (int)(gs % nst) * UW_KC;
+            uint8_t *st = sm + (gs % UW_ST) * C::SB;
 #pragma unroll
             for (int u = 0; u < UW_BM * 8 / UW_T; u++) { /* latent: 128 rows x 8 chunks */
                 const int i = tid + u * UW_T, r = i >> 3, c = i & 7;
@@ -332,59 +342,106 @@ __global__ void __launch_bounds__(UW_T, 1) uwg_kernel(mlacu_pf_up_args a, int he
                 cp_async16_zfill(st + wga_sw(r, c),
                                  ok ? paged_row_t<__half>(a.tab, a.tab_off, a.row, key) + c0 + c * 8 : a.wk, ok);
             }
+            if (part == 0) { /* W_kb: 64 rows x KN / 8 chunks, in blocks of 64 columns */
+                const __half *wk = a.wk + (int64_t)hl * a.kv_lora * KN + (int64_t)c0 * KN;
+                constexpr int CK = KN / 8;
 #pragma unroll
-            for (int u = 0; u < UW_KC * 16 / UW_T; u++) { /* W_kb: 64 rows x 16 chunks */
-                const int i = tid + u * UW_T, r = i >> 4, c = i & 15;
-                cp_async16(st + UW_A + (c >> 3) * UW_WKB + wga_sw(r, c & 7), wk + r * PW_DN + c * 8);
+                for (int u = 0; u < UW_KC * CK / UW_T; u++) {
+                    const int i = tid + u * UW_T, r = i / CK, c = i % CK;
+                    cp_async16(st + UW_A + (c >> 3) * UW_WKB + wga_sw(r, c & 7), wk + r * KN + c * 8);
+                }
             }
+            if (C::P == 1 || part > 0) { /* W_vb: 128 rows (of the part's half) x 8 chunks */
+                const __half *wv = a.wv + ((int64_t)hl * 128 * (C::P == 1 ? 1 : 2) + (part > 0 ? part - 1 : 0) * 128) *
+                                              a.kv_lora + c0;
+                uint8_t *dv = st + UW_A + (C::P == 1 ? C::WK : 0);
 #pragma unroll
-            for (int u = 0; u < PW_DV * 8 / UW_T; u++) { /* W_vb: 128 rows x 8 chunks */
-                const int i = tid + u * UW_T, r = i >> 3, c = i & 7;
-                cp_async16(st + UW_A + UW_WK + wga_sw(r, c), wv + (int64_t)r * a.kv_lora + c * 8);
+                for (int u = 0; u < 128 * 8 / UW_T; u++) {
+                    const int i = tid + u * UW_T, r = i >> 3, c = i & 7;
+                    cp_async16(dv + wga_sw(r, c), wv + (int64_t)r * a.kv_lora + c * 8);
+                }
             }
         }
         cp_async_commit(); /* a group every call: the wait below counts them */
     };
-    float ak[64], av[64]; /* started by each tile's first product (no zeros written) */
+    /* a tile's nst stages: mma(A: the warpgroup's latent rows, w: the stage's weights, k-step kk,
+     * accumulate) on each, all done on return; gs counts the stages over the tiles */
     const uint32_t base = wga_u32(sm);
-    issue(0);
-    issue(1);
-    for (int64_t it = 0, gs = 0; it < mine; it++) {
+    int64_t gs = 0;
+    auto stages = [&](auto mma) {
         for (int c = 0; c < nst; c++, gs++) {
             cp_async_wait<1>(); /* stage gs landed (this thread's copies) */
             wga_fence_proxy();
             __syncthreads(); /* and everyone's; everyone's products of stage gs - 2 are done */
             issue(gs + 2);   /* into stage gs - 2's buffer */
-            const uint32_t s = base + (uint32_t)(gs % UW_ST) * UW_SB, xa = s + wg * 64 * 128, wk = s + UW_A,
-                           wv = s + UW_A + UW_WK;
+            const uint32_t s = base + (uint32_t)(gs % UW_ST) * C::SB, xa = s + wg * 64 * 128;
             wga_fence();
 #pragma unroll
-            for (int kk = 0; kk < UW_KC / 16; kk++) {
-                const int acc = c > 0 || kk > 0;
-                wga_mma_n128_acc<1>(ak, wga_desc_k(xa + kk * 32), wga_desc_mn<UW_WKB>(wk + kk * 16 * 128), acc);
-                wga_mma_n128_acc<0>(av, wga_desc_k(xa + kk * 32), wga_desc_k(wv + kk * 32), acc);
-            }
+            for (int kk = 0; kk < UW_KC / 16; kk++) mma(wga_desc_k(xa + kk * 32), s + UW_A, kk, c > 0 || kk > 0);
             wga_commit();
             if (c + 1 < nst) wga_wait1(); /* stage gs - 1's products done */
         }
-        wga_wait0(); /* the tile's rows out, rounded to fp16 */
-        wga_pin(ak);
-        wga_pin(av);
-        const int64_t tile = blockIdx.x + it * gridDim.x, hl = tile % heads;
-        const int64_t key0 = tile / heads * UW_BM + wg * 64 + wq * 16 + g;
+        wga_wait0(); /* the tile's rows out, rounded to fp16 below */
+    };
+    /* row r (0: the thread's key, 1: key + 8) of 16 n8 steps of an accumulator, to fp16 at y */
+    auto put16 = [&](__half *y, const float(&d)[64], int r) {
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t key = key0 + 8 * r;
-            if (key >= a.nk) continue;
-            __half *yk = a.kn + (hl * a.nk + key) * PW_DN + 2 * t4, *yv = a.v + (hl * a.nk + key) * PW_DV + 2 * t4;
+        for (int i = 0; i < 16; i++) *(uint32_t *)(y + 8 * i) = wga_h2(d[4 * i + 2 * r], d[4 * i + 2 * r + 1]);
+    };
+    /* f(r, key) for the thread's two keys of the tile that are keys (r 0: its row, 1: 8 below) */
+    auto rows = [&](int64_t key0, auto f) {
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                *(uint32_t *)(yk + 8 * i) = wga_h2(ak[4 * i + 2 * r], ak[4 * i + 2 * r + 1]);
-                *(uint32_t *)(yv + 8 * i) = wga_h2(av[4 * i + 2 * r], av[4 * i + 2 * r + 1]);
-            }
+        for (int r = 0; r < 2; r++)
+            if (key0 + 8 * r < a.nk) f(r, key0 + 8 * r);
+    };
+    float ak[64], av[64]; /* started by each tile's first product (no zeros written) */
+    issue(0);
+    issue(1);
+    for (int64_t it = 0; it < mine; it++) {
+        const int64_t tile = blockIdx.x + it * gridDim.x, th = tile / C::P, hl = th % heads;
+        const int part = (int)(tile % C::P);
+        const int64_t key0 = th / heads * UW_BM + wg * 64 + wq * 16 + g;
+        (void)part;
+        if constexpr (C::P == 1) { /* kn and v, 128 columns each */
+            stages([&](uint64_t da, uint32_t w, int kk, int acc) {
+                wga_mma_n128_acc<1>(ak, da, wga_desc_mn<UW_WKB>(w + kk * 16 * 128), acc);
+                wga_mma_n128_acc<0>(av, da, wga_desc_k(w + C::WK + kk * 32), acc);
+            });
+            wga_pin(ak);
+            wga_pin(av);
+            rows(key0, [&](int r, int64_t key) {
+                put16(a.kn + (hl * a.nk + key) * KN + 2 * t4, ak, r);
+                put16(a.v + (hl * a.nk + key) * 128 + 2 * t4, av, r);
+            });
+            wga_pin(ak); /* the stores read them before the next tile's products write them */
+            wga_pin(av);
+        } else if (part == 0) { /* kn: 128 + 64 columns */
+            float ak2[32];
+            stages([&](uint64_t da, uint32_t w, int kk, int acc) {
+                wga_mma_n128_acc<1>(ak, da, wga_desc_mn<UW_WKB>(w + kk * 16 * 128), acc);
+                wga_mma_n64_acc<1>(ak2, da, wga_desc_mn<UW_WKB>(w + 2 * UW_WKB + kk * 16 * 128), acc);
+            });
+            wga_pin(ak);
+            wga_pin(ak2);
+            rows(key0, [&](int r, int64_t key) {
+                __half *y = a.kn + (hl * a.nk + key) * KN + 2 * t4;
+                put16(y, ak, r);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    *(uint32_t *)(y + 128 + 8 * i) = wga_h2(ak2[4 * i + 2 * r], ak2[4 * i + 2 * r + 1]);
+            });
+            wga_pin(ak);
+            wga_pin(ak2);
+        } else { /* half part - 1 of v */
+            stages([&](uint64_t da, uint32_t w, int kk, int acc) {
+                wga_mma_n128_acc<0>(av, da, wga_desc_k(w + kk * 32), acc);
+            });
+            wga_pin(av);
+            rows(key0, [&](int r, int64_t key) {
+                put16(a.v + ((hl * 2 + part - 1) * a.nk + key) * 128 + 2 * t4, av, r);
+            });
+            wga_pin(av);
         }
-        wga_pin(ak); /* the stores read them before the next tile's products write them */
-        wga_pin(av);
     }
     cp_async_wait_all();
 #else
@@ -410,13 +467,18 @@ cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s) 
     return cudaGetLastError();
 }
 
-cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, cudaStream_t s) {
-    if (heads <= 0 || a->nk <= 0 || (a->row & 7) || a->kv_lora <= 0 || (a->kv_lora % UW_KC) || (a->tab_off & 7) ||
-        ((uintptr_t)a->wk & 15) || ((uintptr_t)a->wv & 15))
-        return cudaErrorInvalidValue;
-    const cudaError_t err = mlacu_smem_allow_once<uwg_kernel>(UW_SMEM);
+template <int KN> static cudaError_t up_launch(const mlacu_pf_up_args *a, int heads, cudaStream_t s) {
+    using C = uw_cfg<KN>;
+    const cudaError_t err = mlacu_smem_allow_once<uwg_kernel<KN>>(C::SMEM);
     if (err != cudaSuccess) return err;
-    const int64_t tiles = (a->nk + UW_BM - 1) / UW_BM * heads;
-    mlacu_launch(uwg_kernel, (unsigned)std::min<int64_t>(tiles, mlacu_sm_count()), UW_T, UW_SMEM, s, *a, heads);
+    const int64_t tiles = (a->nk + UW_BM - 1) / UW_BM * heads * C::P;
+    mlacu_launch(uwg_kernel<KN>, (unsigned)std::min<int64_t>(tiles, mlacu_sm_count()), UW_T, C::SMEM, s, *a, heads);
     return cudaGetLastError();
+}
+
+cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, int head_nope, cudaStream_t s) {
+    if (heads <= 0 || a->nk <= 0 || (a->row & 7) || a->kv_lora <= 0 || (a->kv_lora % UW_KC) || (a->tab_off & 7) ||
+        ((uintptr_t)a->wk & 15) || ((uintptr_t)a->wv & 15) || (head_nope != 128 && head_nope != 192))
+        return cudaErrorInvalidValue;
+    return head_nope == 128 ? up_launch<128>(a, heads, s) : up_launch<192>(a, heads, s);
 }

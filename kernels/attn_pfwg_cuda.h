@@ -1,7 +1,7 @@
 /* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path (attn_prefill_cuda.h) and
  * the decompression of its keys and values on Hopper's warpgroup tensor cores (wgmma, sm_90a), for
- * DeepSeek's widths only (per head 128 nope + 64 rope keys, 128 values), beside the mma.sync
- * kernels of attn_prefill_cuda.cu, which chooses them.
+ * DeepSeek's widths (per head 128 nope + 64 rope keys, 128 values; the decompression also at
+ * GLM's 192 / 256), beside the mma.sync kernels of attn_prefill_cuda.cu, which chooses them.
  * CUDA C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles it for sm_90a alone, with attn_wg_cuda.cu, and defines MLA_CUDA_WGMMA); it runs on
  * compute capability 9.0 devices only, which mlacu_pwg_device_ok checks.
@@ -36,9 +36,10 @@ typedef struct mlacu_pf_args {
 } mlacu_pf_args;
 
 /* The decompression of the keys and values for the attention above, on the same tensor cores:
- * kn [heads][nk][128] = the latent rows W_kb[h] (stored [kv_lora][128]) and v [heads][nk][128] =
- * the latent rows W_vb[h]^T (stored [128][kv_lora]), fp16 weights, fp32 sums rounded to fp16, as
- * attn_prefill_cuda.cu's mma.sync kernel computes them. wk, wv: the launch's first head's. */
+ * kn [heads][nk][head_nope] = the latent rows W_kb[h] (stored [kv_lora][head_nope]) and v
+ * [heads][nk][head_v] = the latent rows W_vb[h]^T (stored [head_v][kv_lora]), fp16 weights, fp32
+ * sums rounded to fp16, as attn_prefill_cuda.cu's mma.sync kernel computes them. wk, wv: the
+ * launch's first head's. */
 typedef struct mlacu_pf_up_args {
     const float *const *tab;
     int64_t tab_off; /* halves, a multiple of 8 */
@@ -54,7 +55,9 @@ bool mlacu_pwg_device_ok(void);
 /* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads). */
 cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s);
 
-/* One launch of the decompression over `heads` heads (a persistent grid of one block an SM). */
-cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, cudaStream_t s);
+/* One launch of the decompression over `heads` heads (a persistent grid of one block an SM), at
+ * head_nope / head_v 128 / 128 or 192 / 256 (GLM-4.7-Flash, GLM-5: v [heads][2][nk][128], the
+ * halves of a head's 256 columns). */
+cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, int head_nope, cudaStream_t s);
 
 #endif

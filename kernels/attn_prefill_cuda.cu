@@ -367,6 +367,10 @@ static int g_pwg_mode = 1; /* mla_cuda_prefill_wg */
 bool pwg_takes(int DN, int DR, int DV) {
     return g_pwg_mode && DN == 128 && DR == 64 && DV == 128 && mlacu_pwg_device_ok();
 }
+/* and its decompression (also at GLM's 192 / 256) */
+bool uwg_takes(int DN, int DV) {
+    return g_pwg_mode && ((DN == 128 && DV == 128) || (DN == 192 && DV == 256)) && mlacu_pwg_device_ok();
+}
 #endif
 
 /* one group of hg heads from head h0: the decompression of its keys and values, then its attention;
@@ -388,10 +392,10 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
                       v};
     const dim3 ug((unsigned)((nk + UP_BM - 1) / UP_BM), (unsigned)hg), vg(ug.x, (unsigned)(hg * VS));
 #ifdef MLA_CUDA_WGMMA
-    if (pwg_takes(DN, DR, DV) && a->w_f16 && KL % 64 == 0) {
+    if (uwg_takes(DN, DV) && DVB == 128 && a->w_f16 && KL % 64 == 0) {
         const mlacu_pf_up_args u = {a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL, nk,
                                     (const __half *)uk.w, (const __half *)uv.w, kn, v};
-        MLACU_CHECK(mlacu_pwg_up_launch(&u, (int)hg, st), e,
+        MLACU_CHECK(mlacu_pwg_up_launch(&u, (int)hg, DN, st), e,
                     "prefill attention: decompression (wgmma) of %lld keys, %lld heads", (long long)nk, (long long)hg);
     } else
 #endif
