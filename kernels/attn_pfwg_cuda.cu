@@ -320,7 +320,8 @@ template <int DN, int DV> __global__ void __launch_bounds__(PW_TALL, 1) pwg_kern
         for (int c = 0; c < NV; c++)
 #pragma unroll
             for (int i = 0; i < 16; i++)
-                *(float2 *)(dst + 128 * c + 8 * i) = make_float2(o[c][4 * i + 2 * r] * inv, o[c][4 * i + 2 * r + 1] * inv);
+                *(float2 *)(dst + 128 * c + 8 * i) =
+                    make_float2(o[c][4 * i + 2 * r] * inv, o[c][4 * i + 2 * r + 1] * inv);
     }
 #else
     (void)a;

@@ -1331,8 +1331,8 @@ static void check_wg(void) { printf("wgmma: not built (no sm_90 in the CUDA arch
 int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
-         gemvgrp = false, prefill = false, prefill1 = false, prefill_glm = false, dsa_only = false, attnlong = false, sample_only = false, head_wg = false,
-         ceilings = false, router_only = false;
+         gemvgrp = false, prefill = false, prefill1 = false, dsa_only = false, attnlong = false, sample_only = false, head_wg = false,
+         ceilings = false, router_only = false, prefill_glm = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
