@@ -1,13 +1,13 @@
 /* attn_pfwg_cuda: the causal attention of the non-absorbed prompt path (attn_prefill_cuda.h) and
- * the decompression of its keys and values on Hopper's warpgroup tensor cores (wgmma, sm_90a), for
- * DeepSeek's widths only (per head 128 nope + 64 rope keys, 128 values), beside the mma.sync
- * kernels of attn_prefill_cuda.cu, which chooses them.
+ * the decompression of its keys and values on Hopper's warpgroup tensor cores (wgmma, sm_90a), at
+ * DeepSeek's widths (per head 128 nope + 64 rope keys, 128 values) and GLM's (192 + 64, 256: GLM-4.7-
+ * Flash, GLM-5), beside the mma.sync kernels of attn_prefill_cuda.cu, which chooses them.
  * CUDA C++ only; not an API. Built when the CUDA architectures include 90 (kernels/CMakeLists.txt
  * compiles it for sm_90a alone, with attn_wg_cuda.cu, and defines MLA_CUDA_WGMMA); it runs on
  * compute capability 9.0 devices only, which mlacu_pwg_device_ok checks.
  *
  * Inputs as the mma.sync kernel's: queries fp32 (nope, then rope), the group's decompressed k_nope
- * [heads][nk][128] and v [heads][nk][128] in fp16 from the work area, k_pe from the paged fp16
+ * [heads][nk][head_nope] and v [heads][head_v / 128][nk][128] in fp16 from the work area, k_pe from the paged fp16
  * cache rows; out fp32 [row * o_ld_t + head * o_ld_h + col], divided by the row's sum. Nothing is
  * owned. */
 #ifndef ATTN_PFWG_CUDA_H
@@ -36,9 +36,10 @@ typedef struct mlacu_pf_args {
 } mlacu_pf_args;
 
 /* The decompression of the keys and values for the attention above, on the same tensor cores:
- * kn [heads][nk][128] = the latent rows W_kb[h] (stored [kv_lora][128]) and v [heads][nk][128] =
- * the latent rows W_vb[h]^T (stored [128][kv_lora]), fp16 weights, fp32 sums rounded to fp16, as
- * attn_prefill_cuda.cu's mma.sync kernel computes them. wk, wv: the launch's first head's. */
+ * kn [heads][nk][head_nope] = the latent rows W_kb[h] (stored [kv_lora][head_nope]) and v
+ * [heads][nk][head_v] = the latent rows W_vb[h]^T (stored [head_v][kv_lora]), fp16 weights, fp32
+ * sums rounded to fp16, as attn_prefill_cuda.cu's mma.sync kernel computes them. wk, wv: the
+ * launch's first head's. */
 typedef struct mlacu_pf_up_args {
     const float *const *tab;
     int64_t tab_off; /* halves, a multiple of 8 */
@@ -51,10 +52,13 @@ typedef struct mlacu_pf_up_args {
 /* whether this device runs the kernels: sm_90a instructions allowed and the blocks' shared memory */
 bool mlacu_pwg_device_ok(void);
 
-/* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads). */
-cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, cudaStream_t s);
+/* One launch over `heads` heads from a->h0 (grid: ceil(T / 128) row tiles x heads), at head_nope /
+ * head_v 128 / 128 or 192 / 256. */
+cudaError_t mlacu_pwg_launch(const mlacu_pf_args *a, int heads, int head_nope, cudaStream_t s);
 
-/* One launch of the decompression over `heads` heads (a persistent grid of one block an SM). */
-cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, cudaStream_t s);
+/* One launch of the decompression over `heads` heads (a persistent grid of one block an SM), at
+ * head_nope / head_v 128 / 128 or 192 / 256 (GLM-4.7-Flash, GLM-5: v [heads][2][nk][128], the
+ * halves of a head's 256 columns). */
+cudaError_t mlacu_pwg_up_launch(const mlacu_pf_up_args *a, int heads, int head_nope, cudaStream_t s);
 
 #endif

@@ -360,12 +360,14 @@ template <int DN, int DR, int DV> int attn_setup(mla_err *e) {
     return MLA_OK;
 }
 
-static int g_pwg_mode = 1; /* mla_cuda_prefill_wg */
+static int g_pwg_mode = 1; /* mla_cuda_prefill_wg: 0 none, 1 both kernels, 2 the decompression */
 
 #ifdef MLA_CUDA_WGMMA
-/* whether the warpgroup kernel (attn_pfwg_cuda.cu) runs this shape here */
-bool pwg_takes(int DN, int DR, int DV) {
-    return g_pwg_mode && DN == 128 && DR == 64 && DV == 128 && mlacu_pwg_device_ok();
+/* whether the warpgroup kernels (attn_pfwg_cuda.cu) run this shape here: DeepSeek's widths and
+ * GLM's (its values in blocks of 128, the layout they read); the attention unless mode 2 */
+bool pwg_takes(int DN, int DR, int DV, int DVB, bool attn) {
+    return g_pwg_mode && (g_pwg_mode == 1 || !attn) && DR == 64 &&
+           ((DN == 128 && DV == 128) || (DN == 192 && DV == 256)) && DVB == 128 && mlacu_pwg_device_ok();
 }
 #endif
 
@@ -388,10 +390,10 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
                       v};
     const dim3 ug((unsigned)((nk + UP_BM - 1) / UP_BM), (unsigned)hg), vg(ug.x, (unsigned)(hg * VS));
 #ifdef MLA_CUDA_WGMMA
-    if (pwg_takes(DN, DR, DV) && a->w_f16 && KL % 64 == 0) {
+    if (pwg_takes(DN, DR, DV, DVB, false) && a->w_f16 && KL % 64 == 0) {
         const mlacu_pf_up_args u = {a->blk_tab, a->blk_off, (int)(KL + a->n_rope), (int)KL, nk,
                                     (const __half *)uk.w, (const __half *)uv.w, kn, v};
-        MLACU_CHECK(mlacu_pwg_up_launch(&u, (int)hg, st), e,
+        MLACU_CHECK(mlacu_pwg_up_launch(&u, (int)hg, DN, st), e,
                     "prefill attention: decompression (wgmma) of %lld keys, %lld heads", (long long)nk, (long long)hg);
     } else
 #endif
@@ -408,8 +410,8 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
                              (int)KL, (int)a->n_tokens, a->pos0, (int)h0, a->scale * 1.44269504088896341f, a->out,
                              a->out_ld_t, a->out_ld_h};
 #ifdef MLA_CUDA_WGMMA
-    if (pwg_takes(DN, DR, DV)) {
-        MLACU_CHECK(mlacu_pwg_launch(&k, (int)hg, st), e, "prefill attention (wgmma) T=%lld pos0=%lld heads %lld",
+    if (pwg_takes(DN, DR, DV, DVB, true)) {
+        MLACU_CHECK(mlacu_pwg_launch(&k, (int)hg, DN, st), e, "prefill attention (wgmma) T=%lld pos0=%lld heads %lld",
                     (long long)a->n_tokens, (long long)a->pos0, (long long)hg);
         return MLA_OK;
     }
@@ -425,7 +427,7 @@ int run_group(const mla_cuda_prefill_args *a, int64_t h0, int64_t hg, cudaStream
 } // namespace
 
 extern "C" void mla_cuda_prefill_wg(int mode) {
-    MLA_ASSERT(mode == 0 || mode == 1);
+    MLA_ASSERT(mode >= 0 && mode <= 2);
     g_pwg_mode = mode;
 }
 

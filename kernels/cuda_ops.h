@@ -375,12 +375,13 @@ void mla_cuda_attn_tune(int min_keys);
 #define MLA_CUDA_ATTN_WG_SEL_MIN_TOKENS 8
 int mla_cuda_attn_wg_ok(void);
 void mla_cuda_attn_wg(int mode);
-/* The warpgroup (wgmma, sm_90a) attention of the non-absorbed prompt path (kernels/attn_pfwg_cuda.h):
- * mla_cuda_prefill_attn (kernels/attn_prefill_cuda.h) takes it in place of the mma.sync kernel for
- * head_nope / n_rope / head_v 128 / 64 / 128 on a compute capability 9.0 device; the decompression
- * is the same. mla_cuda_prefill_wg_ok: whether this build and device run it. mla_cuda_prefill_wg,
- * for the op harness's A/B only: 0 never (the mma.sync kernel), 1 the default rule. Process-wide,
- * not thread-safe: set it before launches. */
+/* The warpgroup (wgmma, sm_90a) kernels of the non-absorbed prompt path (kernels/attn_pfwg_cuda.h):
+ * mla_cuda_prefill_attn (kernels/attn_prefill_cuda.h) takes them in place of the mma.sync ones for
+ * head_nope / n_rope / head_v 128 / 64 / 128 and 192 / 64 / 256 on a compute capability 9.0 device
+ * (the decompression with fp16 weights). mla_cuda_prefill_wg_ok: whether this build and device run
+ * them. mla_cuda_prefill_wg, for the op harness's A/B only: 0 never (the mma.sync kernels), 1 the
+ * default rule, 2 the warpgroup decompression with the mma.sync attention. Process-wide, not
+ * thread-safe: set it before launches. */
 int mla_cuda_prefill_wg_ok(void);
 void mla_cuda_prefill_wg(int mode);
 /* its splits over keys (as mla_cuda_attn_tc_splits; one block an SM): a pure function */

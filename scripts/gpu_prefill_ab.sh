@@ -19,7 +19,7 @@
 # and bench), as scripts/gpu_carry.sh packs them. Outputs in OUT/prefill-ab (default ./out), written
 # as each step ends, so that a run cut short keeps what it measured.
 # Env: FAMS (default glm47flash), LAYERS (3), PROMPT (600), CHUNK (300), LIST (1024,2048,4096,8192),
-# BENCH_LAYERS (the whole model).
+# BENCH_LAYERS (the whole model), CHECKS (all; prefill: step 1 without the router's; none: no step 1).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
@@ -30,10 +30,15 @@ trap 'rm -rf "$W"' EXIT
 H=build-gpu-carried MLA=${BUNDLE:-.bundle90}/bin/mlaserve OLD=MLA_CUDA_PREFILL_MIN=1048576
 N=${PROMPT:-600} C=${CHUNK:-300}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
-timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks.log" 2>&1; echo "checks: exit $?"
-MLA_CUDA_SMEM_CAP=sm120 timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks-sm120.log" 2>&1
-echo "checks as sm_120: exit $?"
-timeout 240 "$H/mla-gpu-check" --router --quick >"$R/router.log" 2>&1; echo "router checks: exit $?"
+ck=${CHECKS:-all}
+if [ "$ck" != none ]; then
+  timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks.log" 2>&1; echo "checks: exit $?"
+  MLA_CUDA_SMEM_CAP=sm120 timeout 120 "$H/mla-gpu-check" --prefill --quick >"$R/checks-sm120.log" 2>&1
+  echo "checks as sm_120: exit $?"
+fi
+if [ "$ck" = all ]; then
+  timeout 240 "$H/mla-gpu-check" --router --quick >"$R/router.log" 2>&1; echo "router checks: exit $?"
+fi
 python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(100, 100000)) for _ in range($N)))" \
   >"$W/tok.txt"
 for fam in ${FAMS:-glm47flash}; do

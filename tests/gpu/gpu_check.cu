@@ -1332,7 +1332,7 @@ int main(int argc, char **argv) {
     bool quick = false, mma3_only = false, mmh_only = false, moe512 = false, gemv_only = false, wg_only = false, wg_prof = false,
          attn_only = false, fused_only = false, gemvt = false, gemvtrace = false, gemvq = false, gemvm = false, gemvm1 = false, attn1 = false,
          gemvgrp = false, prefill = false, prefill1 = false, dsa_only = false, attnlong = false, sample_only = false, head_wg = false,
-         ceilings = false, router_only = false;
+         ceilings = false, router_only = false, prefill_glm = false;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1360,9 +1360,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemvtrace")) gemvtrace = true; /* the warp-specialized GEMV's timeline */
         else if (!strcmp(argv[i], "--prefill")) prefill = true; /* the non-absorbed prompt attention, timed */
         else if (!strcmp(argv[i], "--prefill1")) prefill1 = true; /* its kernels once each: for a profiler */
+        else if (!strcmp(argv[i], "--prefill-glm")) prefill_glm = true; /* at GLM's widths alone, timed */
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--ceilings] [--router] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--head] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--prefill1] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--ceilings] [--router] [--mma3] [--mmh] [--moe512] [--gemv] [--wg] [--wgprof] [--attn] [--attn1] [--attnlong] [--dsa] [--head] [--sample] [--fused] [--gemvt] [--gemvt1] [--gemvtrace] [--gemvq] [--gemvm] [--gemvm1] [--gemvgrp] [--prefill] [--prefill1] [--prefill-glm] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -1405,6 +1406,8 @@ int main(int argc, char **argv) {
         check_prefill_all(false, !quick);
     } else if (prefill1) {
         prof_prefill();
+    } else if (prefill_glm) {
+        check_prefill_glm();
     } else if (attnlong) {
         check_attn_long(true);
     } else if (dsa_only) {
