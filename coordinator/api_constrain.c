@@ -884,22 +884,12 @@ int api_constrain_tools(const api_tool_grammar *q, api_constrain_token_fn tok, v
 
 /* ---- the request's parameters -------------------------------------------------------------- */
 
-static int bad(struct api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
-    char m[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
-    va_end(ap);
-    return api_error_set(e, 400, param, NULL, "%s", m);
-}
-
 static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
     if (!lb || cJSON_IsNull(lb)) return MLA_OK;
-    if (!cJSON_IsObject(lb)) return bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (!cJSON_IsObject(lb)) return api_bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
     int n = cJSON_GetArraySize(lb);
     if (n > API_MAX_LOGIT_BIAS)
-        return bad(e, "logit_bias", "'logit_bias' has %d entries; at most %d are supported", n, API_MAX_LOGIT_BIAS);
+        return api_bad(e, "logit_bias", "'logit_bias' has %d entries; at most %d are supported", n, API_MAX_LOGIT_BIAS);
     c->bias_ids = mla_xmalloc((size_t)(n ? n : 1) * sizeof *c->bias_ids);
     c->bias_vals = mla_xmalloc((size_t)(n ? n : 1) * sizeof *c->bias_vals);
     const cJSON *it;
@@ -908,11 +898,11 @@ static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
         char *end;
         long long id = strtoll(k, &end, 10);
         if (!k[0] || *end || k[0] == '-' || k[0] == '+' || k[0] == ' ' || id < 0 || id > INT32_MAX)
-            return bad(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id", k);
+            return api_bad(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id", k);
         if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100)
-            return bad(e, "logit_bias", "'logit_bias' value for token %lld must be a number in [-100, 100]", id);
+            return api_bad(e, "logit_bias", "'logit_bias' value for token %lld must be a number in [-100, 100]", id);
         for (int32_t j = 0; j < c->n_bias; j++)
-            if (c->bias_ids[j] == (int32_t)id) return bad(e, "logit_bias", "'logit_bias' names token %lld twice", id);
+            if (c->bias_ids[j] == (int32_t)id) return api_bad(e, "logit_bias", "'logit_bias' names token %lld twice", id);
         c->bias_ids[c->n_bias] = (int32_t)id;
         c->bias_vals[c->n_bias++] = (float)it->valuedouble;
     }
@@ -930,7 +920,7 @@ static int format_schema(api_constrain *c, const cJSON *sc, const char *where, s
     }
     char msg[512];
     if (api_schema_to_gbnf(sc, &c->grammar, msg, sizeof msg))
-        return bad(e, "response_format", "'response_format.%s': %s", where, msg);
+        return api_bad(e, "response_format", "'response_format.%s': %s", where, msg);
     return MLA_OK;
 }
 
@@ -938,34 +928,34 @@ static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) 
     if (!rf || cJSON_IsNull(rf)) return MLA_OK;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
     if (!cJSON_IsObject(rf) || !cJSON_IsString(ty))
-        return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
+        return api_bad(e, "response_format", "'response_format' must be an object with a string 'type'");
     const char *t = ty->valuestring;
     const bool text = !strcmp(t, "text"), obj = !strcmp(t, "json_object"), sch = !strcmp(t, "json_schema");
     if (!text && !obj && !sch)
-        return bad(e, "response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
+        return api_bad(e, "response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
                    t);
     /* the members each type takes; json_object's "schema" is llama.cpp's way to give one */
     const cJSON *k;
     cJSON_ArrayForEach(k, rf) {
         if (strcmp(k->string, "type") && !(obj && !strcmp(k->string, "schema")) &&
             !(sch && !strcmp(k->string, "json_schema")))
-            return bad(e, "response_format", "'response_format.%.40s' does not apply to type '%s'", k->string, t);
+            return api_bad(e, "response_format", "'response_format.%.40s' does not apply to type '%s'", k->string, t);
     }
     if (text) return MLA_OK;
     if (obj) return format_schema(c, cJSON_GetObjectItemCaseSensitive(rf, "schema"), "schema", e);
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
-    if (!cJSON_IsObject(js)) return bad(e, "response_format", "'response_format.json_schema' must be an object");
+    if (!cJSON_IsObject(js)) return api_bad(e, "response_format", "'response_format.json_schema' must be an object");
     cJSON_ArrayForEach(k, js) {
         if (strcmp(k->string, "name") && strcmp(k->string, "schema") && strcmp(k->string, "strict") &&
             strcmp(k->string, "description"))
-            return bad(e, "response_format", "'response_format.json_schema.%.40s' is not supported", k->string);
+            return api_bad(e, "response_format", "'response_format.json_schema.%.40s' is not supported", k->string);
     }
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
     if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 64)
-        return bad(e, "response_format", "'response_format.json_schema.name' must be a string of 1 to 64 characters");
+        return api_bad(e, "response_format", "'response_format.json_schema.name' must be a string of 1 to 64 characters");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
     if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
-        return bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+        return api_bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
     return format_schema(c, cJSON_GetObjectItemCaseSensitive(js, "schema"), "json_schema.schema", e);
 }
 
@@ -977,14 +967,14 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
     const cJSON *gr = cJSON_GetObjectItemCaseSensitive(root, "grammar");
     if (rc == MLA_OK && gr && !cJSON_IsNull(gr)) {
         if (!cJSON_IsString(gr)) {
-            rc = bad(e, "grammar", "'grammar' must be a string (GBNF)");
+            rc = api_bad(e, "grammar", "'grammar' must be a string (GBNF)");
         } else if (c->grammar) {
-            rc = bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
+            rc = api_bad(e, "grammar", "'grammar' and a JSON 'response_format' cannot be combined");
         } else {
             mla_err ge = {{0}};
             if (gram_check_tokens(gr->valuestring, strlen(gr->valuestring), &c->grammar_max_token, &c->grammar_taken,
                                   &c->n_grammar_taken, &ge))
-                rc = bad(e, "grammar", "%s", ge.msg);
+                rc = api_bad(e, "grammar", "%s", ge.msg);
             else c->grammar = mla_xstrdup(gr->valuestring);
         }
     }
@@ -995,17 +985,17 @@ int api_constrain_parse(api_constrain *c, const cJSON *root, struct api_error *e
 int api_constrain_check_ids(const api_constrain *c, int32_t n_vocab, bool (*is_eog)(void *ctx, int32_t id),
                             void *ctx, struct api_error *e) {
     if (c->grammar && c->grammar_max_token >= n_vocab)
-        return bad(e, "grammar", "'grammar' names token <[%lld]>, outside the vocabulary of %d tokens",
+        return api_bad(e, "grammar", "'grammar' names token <[%lld]>, outside the vocabulary of %d tokens",
                    (long long)c->grammar_max_token, n_vocab);
     for (size_t i = 0; is_eog && i < c->n_grammar_taken; i++) /* ids below n_vocab (above) */
         if (is_eog(ctx, (int32_t)c->grammar_taken[i]))
-            return bad(e, "grammar",
+            return api_bad(e, "grammar",
                        "'grammar' names <[%u]>, an end-of-generation token, which a token element never takes: the "
                        "output ends where the grammar is complete",
                        c->grammar_taken[i]);
     for (int32_t i = 0; i < c->n_bias; i++)
         if (c->bias_ids[i] < 0 || c->bias_ids[i] >= n_vocab)
-            return bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",
+            return api_bad(e, "logit_bias", "'logit_bias' token id %d is out of range (the vocabulary has %d tokens)",
                        c->bias_ids[i], n_vocab);
     return MLA_OK;
 }

@@ -46,9 +46,7 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
     return MLA_ERR;
 }
 
-static int bad(api_error *e, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(api_error *e, const char *param, const char *fmt, ...) {
+int api_bad(api_error *e, const char *param, const char *fmt, ...) {
     char m[900];
     va_list ap;
     va_start(ap, fmt);
@@ -65,11 +63,11 @@ static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, 
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     *present = false;
     if (is_null(j)) return MLA_OK;
-    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be an integer", name);
+    if (!cJSON_IsNumber(j)) return api_bad(e, name, "'%s' must be an integer", name);
     double d = j->valuedouble;
-    if (!isfinite(d) || d != floor(d)) return bad(e, name, "'%s' must be an integer", name);
+    if (!isfinite(d) || d != floor(d)) return api_bad(e, name, "'%s' must be an integer", name);
     if (d < (double)lo || d > (double)hi)
-        return bad(e, name, "'%s' must be between %lld and %lld (got %.17g)", name, (long long)lo,
+        return api_bad(e, name, "'%s' must be between %lld and %lld (got %.17g)", name, (long long)lo,
                    (long long)hi, d);
     *out = (int64_t)d;
     *present = true;
@@ -80,10 +78,10 @@ static int get_num(const cJSON *root, const char *name, double lo, double hi, fl
                    api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     if (is_null(j)) return MLA_OK;
-    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be a number", name);
+    if (!cJSON_IsNumber(j)) return api_bad(e, name, "'%s' must be a number", name);
     double d = j->valuedouble;
     if (!isfinite(d) || d < lo || d > hi)
-        return bad(e, name, "'%s' must be between %g and %g (got %.17g)", name, lo, hi, d);
+        return api_bad(e, name, "'%s' must be between %g and %g (got %.17g)", name, lo, hi, d);
     *out = (float)d;
     return MLA_OK;
 }
@@ -92,12 +90,12 @@ static int get_num(const cJSON *root, const char *name, double lo, double hi, fl
 static int get_num_open_lo(const cJSON *root, const char *name, double lo, double hi, float *out, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     if (is_null(j)) return MLA_OK;
-    if (!cJSON_IsNumber(j)) return bad(e, name, "'%s' must be a number", name);
+    if (!cJSON_IsNumber(j)) return api_bad(e, name, "'%s' must be a number", name);
     double d = j->valuedouble;
     if (!isfinite(d) || d <= lo || d > hi)
-        return bad(e, name, "'%s' must be in (%g, %g] (got %.17g)", name, lo, hi, d);
+        return api_bad(e, name, "'%s' must be in (%g, %g] (got %.17g)", name, lo, hi, d);
     if ((float)d <= (float)lo) /* in range, but the sampler's float makes it the bound */
-        return bad(e, name, "'%s' must be in (%g, %g]: %.17g is %g as a 32-bit float", name, lo, hi, d, (double)(float)d);
+        return api_bad(e, name, "'%s' must be in (%g, %g]: %.17g is %g as a 32-bit float", name, lo, hi, d, (double)(float)d);
     *out = (float)d;
     return MLA_OK;
 }
@@ -106,7 +104,7 @@ static int get_num_open_lo(const cJSON *root, const char *name, double lo, doubl
 static int get_model(const cJSON *root, char **out, api_error *e) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (is_null(m)) return MLA_OK;
-    if (!cJSON_IsString(m)) return bad(e, "model", "'model' must be a string");
+    if (!cJSON_IsString(m)) return api_bad(e, "model", "'model' must be a string");
     *out = mla_xstrdup(m->valuestring);
     return MLA_OK;
 }
@@ -114,7 +112,7 @@ static int get_model(const cJSON *root, char **out, api_error *e) {
 static int get_bool(const cJSON *root, const char *name, bool *out, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, name);
     if (is_null(j)) return MLA_OK;
-    if (!cJSON_IsBool(j)) return bad(e, name, "'%s' must be a boolean", name);
+    if (!cJSON_IsBool(j)) return api_bad(e, name, "'%s' must be a boolean", name);
     *out = cJSON_IsTrue(j);
     return MLA_OK;
 }
@@ -131,7 +129,7 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
             free(*ids);
             *ids = NULL;
             *n = 0;
-            return bad(e, name, "'%s' must be a list of non-negative integer token ids", name);
+            return api_bad(e, name, "'%s' must be a list of non-negative integer token ids", name);
         }
         (*ids)[(*n)++] = (int32_t)it->valuedouble;
     }
@@ -165,42 +163,42 @@ static const char *const k_part_keys[] = {"type", "text", NULL};
 static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *e) {
     const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (is_null(tcs)) return MLA_OK;
-    if (strcmp(role, "assistant")) return bad(e, "messages", "messages[%d].tool_calls: only an assistant message has them", i);
-    if (!cJSON_IsArray(tcs)) return bad(e, "messages", "messages[%d].tool_calls must be a list", i);
+    if (strcmp(role, "assistant")) return api_bad(e, "messages", "messages[%d].tool_calls: only an assistant message has them", i);
+    if (!cJSON_IsArray(tcs)) return api_bad(e, "messages", "messages[%d].tool_calls must be a list", i);
     const cJSON *tc;
     int j = 0;
     cJSON_ArrayForEach(tc, tcs) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
         if (!cJSON_IsObject(tc) || !cJSON_IsObject(fn))
-            return bad(e, "messages", "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
         if (!is_null(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function")))
-            return bad(e, "messages", "messages[%d].tool_calls[%d].type must be \"function\"", i, j);
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d].type must be \"function\"", i, j);
         /* a client that gathered the call from a stream may keep its "index" */
         const char *k = other_member(tc, k_call_keys);
         if (k)
-            return bad(e, "messages",
+            return api_bad(e, "messages",
                        "messages[%d].tool_calls[%d].%.64s is not a member of a tool call (id, type, function, index)",
                        i, j, k);
         if ((k = other_member(fn, k_fn_keys)))
-            return bad(e, "messages",
+            return api_bad(e, "messages",
                        "messages[%d].tool_calls[%d].function.%.64s is not a member of a call's function (name, "
                        "arguments)",
                        i, j, k);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(tc, "id");
         if (!is_null(id) && !cJSON_IsString(id))
-            return bad(e, "messages", "messages[%d].tool_calls[%d].id must be a string", i, j);
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d].id must be a string", i, j);
         const cJSON *ix = cJSON_GetObjectItemCaseSensitive(tc, "index");
         if (!is_null(ix) && (!cJSON_IsNumber(ix) || ix->valuedouble != floor(ix->valuedouble) || ix->valuedouble < 0))
-            return bad(e, "messages", "messages[%d].tool_calls[%d].index must be a non-negative integer", i, j);
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d].index must be a non-negative integer", i, j);
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(nm) || !nm->valuestring[0])
-            return bad(e, "messages", "messages[%d].tool_calls[%d].function.name must be a non-empty string", i, j);
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d].function.name must be a non-empty string", i, j);
         /* a string as it is (OpenAI takes any, a call cut short by max_tokens gives part of one);
          * a template that iterates over the arguments needs the text of an object (chat_normalize) */
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
         if (!cJSON_IsString(args) && !cJSON_IsObject(args))
-            return bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments %s a JSON object or its text", i,
+            return api_bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments %s a JSON object or its text", i,
                        j, is_null(args) ? "is required:" : "must be");
         j++;
     }
@@ -227,14 +225,14 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
             if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content") ||
                  !strcmp(k, "reasoning")) &&
                 !is_null(it) && !cJSON_IsString(it))
-                return bad(e, "messages", "messages[%d].%s must be a string", i, k);
+                return api_bad(e, "messages", "messages[%d].%s must be a string", i, k);
             continue;
         }
         if (in_list(k_msg_echo_keys, k)) {
             if (is_empty(it)) continue;
-            return bad(e, "messages", "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
+            return api_bad(e, "messages", "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
         }
-        return bad(e, "messages",
+        return api_bad(e, "messages",
                    "messages[%d].%.64s is not a member of a message (role, content, name, tool_calls, tool_call_id, "
                    "reasoning_content or reasoning)",
                    i, k);
@@ -243,45 +241,45 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
     const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (is_null(cJSON_GetObjectItemCaseSensitive(m, "content")) &&
         (strcmp(role, "assistant") || !cJSON_IsArray(tcs) || !cJSON_GetArraySize(tcs)))
-        return bad(e, "messages", "messages[%d].content is required%s", i,
+        return api_bad(e, "messages", "messages[%d].content is required%s", i,
                    strcmp(role, "assistant") ? "" : " (or tool_calls)");
     return MLA_OK;
 }
 
 int api_messages_check(const cJSON *messages, api_error *e) {
-    if (!cJSON_IsArray(messages)) return bad(e, "messages", "'messages' must be a list of message objects");
-    if (cJSON_GetArraySize(messages) == 0) return bad(e, "messages", "'messages' must not be empty");
+    if (!cJSON_IsArray(messages)) return api_bad(e, "messages", "'messages' must be a list of message objects");
+    if (cJSON_GetArraySize(messages) == 0) return api_bad(e, "messages", "'messages' must not be empty");
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, messages) {
-        if (!cJSON_IsObject(m)) return bad(e, "messages", "messages[%d] must be an object", i);
+        if (!cJSON_IsObject(m)) return api_bad(e, "messages", "messages[%d] must be an object", i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsString(role)) return bad(e, "messages", "messages[%d].role must be a string", i);
+        if (!cJSON_IsString(role)) return api_bad(e, "messages", "messages[%d].role must be a string", i);
         /* Only these reach every chat template: the DeepSeek and GLM templates skip any other role
          * without a trace. "developer" (OpenAI's newer name for "system") becomes "system" in
          * chat_normalize. */
         if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "developer") &&
             strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant") &&
             strcmp(role->valuestring, "tool"))
-            return bad(e, "messages",
+            return api_bad(e, "messages",
                        "messages[%d].role '%.64s' is not supported (system, developer, user, assistant or tool)",
                        i, role->valuestring);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (c && !cJSON_IsNull(c) && !cJSON_IsString(c)) {
             if (!cJSON_IsArray(c))
-                return bad(e, "messages", "messages[%d].content must be a string or a list of parts", i);
+                return api_bad(e, "messages", "messages[%d].content must be a string or a list of parts", i);
             const cJSON *part;
             cJSON_ArrayForEach(part, c) {
                 const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
                 if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-                    return bad(e, "messages", "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": \"text\", \"text\": ...})", i,
+                    return api_bad(e, "messages", "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": \"text\", \"text\": ...})", i,
                                cJSON_IsString(ty) ? ty->valuestring : "(none)");
                 if (!cJSON_IsString(tx))
-                    return bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
+                    return api_bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
                 const char *k = other_member(part, k_part_keys);
                 if (k)
-                    return bad(e, "messages",
+                    return api_bad(e, "messages",
                                "messages[%d].content: '%.64s' is not a member of a text part (type, text)", i, k);
             }
         }
@@ -299,17 +297,17 @@ static int continue_check(const cJSON *root, const cJSON *msgs, bool *cont, bool
     if (get_bool(root, "continue_final_message", cont, e)) return MLA_ERR;
     if (!*cont) return MLA_OK;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
-        return bad(e, "continue_final_message",
+        return api_bad(e, "continue_final_message",
                    "'continue_final_message' continues the last message: 'add_generation_prompt' must be false");
     *add_gen = false;
     const cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
     if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
-        return bad(e, "continue_final_message", "'continue_final_message' needs the last message to be the "
+        return api_bad(e, "continue_final_message", "'continue_final_message' needs the last message to be the "
                                                 "assistant's (the text to go on from)");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content");
     if (!cJSON_IsString(content) || !content->valuestring[0])
-        return bad(e, "continue_final_message",
+        return api_bad(e, "continue_final_message",
                    "'continue_final_message' needs the last message's content as a string that is not empty");
     return MLA_OK;
 }
@@ -334,10 +332,10 @@ static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
         const char *k = it->string ? it->string : "";
         if (in_list(k_common_keys, k) || in_list(kind == API_CHAT ? k_chat_keys : k_completion_keys, k)) continue;
         if (kind == API_COMPLETIONS && in_list(k_chat_keys, k))
-            return bad(e, k, "'%.64s' is a chat parameter: use /v1/chat/completions", k);
+            return api_bad(e, k, "'%.64s' is a chat parameter: use /v1/chat/completions", k);
         if (kind == API_CHAT && in_list(k_completion_keys, k))
-            return bad(e, k, "'%.64s' is a completions parameter: use /v1/completions", k);
-        return bad(e, k, "'%.64s' is not supported by this server (docs/openai-params.md lists the parameters)", k);
+            return api_bad(e, k, "'%.64s' is a completions parameter: use /v1/completions", k);
+        return api_bad(e, k, "'%.64s' is not supported by this server (docs/openai-params.md lists the parameters)", k);
     }
     return MLA_OK;
 }
@@ -348,25 +346,25 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (!is_null(tools)) {
-        if (!cJSON_IsArray(tools)) return bad(e, "tools", "'tools' must be a list of tools");
+        if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list of tools");
         int n = cJSON_GetArraySize(tools);
-        if (n > API_MAX_TOOLS) return bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS, n);
+        if (n > API_MAX_TOOLS) return api_bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS, n);
         int i = 0;
         const cJSON *t;
         cJSON_ArrayForEach(t, tools) {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
             const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
             if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-                return bad(e, "tools", "tools[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
+                return api_bad(e, "tools", "tools[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
             if (!cJSON_IsObject(fn) || !cJSON_IsString(nm) || !nm->valuestring[0] ||
                 strlen(nm->valuestring) > API_MAX_TOOL_NAME)
-                return bad(e, "tools", "tools[%d].function.name must be a non-empty string of at most %d bytes", i,
+                return api_bad(e, "tools", "tools[%d].function.name must be a non-empty string of at most %d bytes", i,
                            API_MAX_TOOL_NAME);
             /* the call formats' parsers end a name at whitespace or '<' (a marker): a tool so named
              * could never be called */
             if (!toolcall_name_ok(nm->valuestring))
-                return bad(e, "tools", "tools[%d].function.name '%.64s' holds whitespace, a control character or "
+                return api_bad(e, "tools", "tools[%d].function.name '%.64s' holds whitespace, a control character or "
                                        "'<', where a model's call format ends a name", i, nm->valuestring);
             const cJSON *t2;
             int j = 0;
@@ -375,32 +373,32 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                 const cJSON *f2 = cJSON_GetObjectItemCaseSensitive(t2, "function"),
                             *n2 = cJSON_GetObjectItemCaseSensitive(f2, "name");
                 if (cJSON_IsString(n2) && !strcmp(n2->valuestring, nm->valuestring))
-                    return bad(e, "tools", "tools[%d].function.name '%.64s' is tools[%d]'s too", i, nm->valuestring,
+                    return api_bad(e, "tools", "tools[%d].function.name '%.64s' is tools[%d]'s too", i, nm->valuestring,
                                j - 1);
             }
             const cJSON *it;
             cJSON_ArrayForEach(it, t) { /* "strict" put beside "function" would be lost */
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "type") && strcmp(k, "function"))
-                    return bad(e, "tools", "tools[%d].%.64s is not supported (a tool has \"type\" and \"function\")", i, k);
+                    return api_bad(e, "tools", "tools[%d].%.64s is not supported (a tool has \"type\" and \"function\")", i, k);
             }
             const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
             if (!is_null(pa) && !cJSON_IsObject(pa))
-                return bad(e, "tools", "tools[%d].function.parameters must be a JSON schema object", i);
+                return api_bad(e, "tools", "tools[%d].function.parameters must be a JSON schema object", i);
             const cJSON *de = cJSON_GetObjectItemCaseSensitive(fn, "description");
             if (!is_null(de) && !cJSON_IsString(de))
-                return bad(e, "tools", "tools[%d].function.description must be a string", i);
+                return api_bad(e, "tools", "tools[%d].function.description must be a string", i);
             /* strict: true: the call's arguments are held to the schema (api_constrain_tools) */
             const cJSON *sx = cJSON_GetObjectItemCaseSensitive(fn, "strict");
-            if (!is_null(sx) && !cJSON_IsBool(sx)) return bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
+            if (!is_null(sx) && !cJSON_IsBool(sx)) return api_bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
             /* the arguments are a JSON object: a strict schema must describe one (as OpenAI requires) */
             const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pa, "type");
             if (cJSON_IsTrue(sx) && cJSON_IsObject(pa) && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "object")))
-                return bad(e, "tools", "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
+                return api_bad(e, "tools", "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict"))
-                    return bad(e, "tools", "tools[%d].function.%.64s is not supported", i, k);
+                    return api_bad(e, "tools", "tools[%d].function.%.64s is not supported", i, k);
             }
             i++;
         }
@@ -412,25 +410,25 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             if (!strcmp(tc->valuestring, "auto")) p->tool_choice = API_TOOLS_AUTO;
             else if (!strcmp(tc->valuestring, "none")) p->tool_choice = API_TOOLS_NONE;
             else if (!strcmp(tc->valuestring, "required")) p->tool_choice = API_TOOLS_REQUIRED;
-            else return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+            else return api_bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
         } else {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
             if (!cJSON_IsObject(tc) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
-                return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                return api_bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                                              "{\"type\": \"function\", \"function\": {\"name\": ...}}");
             static const char *const k_tc[] = {"type", "function", NULL}, *const k_tcf[] = {"name", NULL};
             const char *k = other_member(tc, k_tc);
             if (k)
-                return bad(e, "tool_choice",
+                return api_bad(e, "tool_choice",
                            "tool_choice.%.64s is not a member of a named tool choice (type, function)", k);
             if ((k = other_member(cJSON_GetObjectItemCaseSensitive(tc, "function"), k_tcf)))
-                return bad(e, "tool_choice", "tool_choice.function.%.64s is not a member of a named tool choice's "
+                return api_bad(e, "tool_choice", "tool_choice.function.%.64s is not a member of a named tool choice's "
                                              "function (name)", k);
             p->tool_choice = API_TOOLS_NAMED;
             p->tool_choice_name = mla_xstrdup(nm->valuestring);
         }
-        if (!p->tools && p->tool_choice != API_TOOLS_NONE) return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
+        if (!p->tools && p->tool_choice != API_TOOLS_NONE) return api_bad(e, "tool_choice", "'tool_choice' needs 'tools'");
         if (p->tool_choice == API_TOOLS_NAMED) {
             bool found = false;
             const cJSON *t;
@@ -439,12 +437,12 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                 if (cJSON_IsString(n2) && !strcmp(n2->valuestring, p->tool_choice_name)) found = true;
             }
             if (!found)
-                return bad(e, "tool_choice", "'tool_choice' names the function '%.200s', which is not in 'tools'",
+                return api_bad(e, "tool_choice", "'tool_choice' names the function '%.200s', which is not in 'tools'",
                            p->tool_choice_name);
         }
     }
     if (!is_null(ptc)) {
-        if (!cJSON_IsBool(ptc)) return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        if (!cJSON_IsBool(ptc)) return api_bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
         p->one_call = !cJSON_IsTrue(ptc); /* the calls after the first are dropped from the answer */
     }
     return MLA_OK;
@@ -456,13 +454,13 @@ static int parse_template_vars(api_gen_params *p, const cJSON *root, api_error *
     if (parse_tools(p, root, e)) return MLA_ERR;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!is_null(kw)) {
-        if (!cJSON_IsObject(kw)) return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (!cJSON_IsObject(kw)) return api_bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
         const cJSON *it;
         cJSON_ArrayForEach(it, kw) {
             const char *k = it->string ? it->string : "";
             if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") ||
                 !strcmp(k, "bos_token") || !strcmp(k, "eos_token"))
-                return bad(e, "chat_template_kwargs",
+                return api_bad(e, "chat_template_kwargs",
                            "chat_template_kwargs.%s is set by the server (use the request's own parameter)", k);
         }
         p->chat_template_kwargs = kw;
@@ -471,7 +469,7 @@ static int parse_template_vars(api_gen_params *p, const cJSON *root, api_error *
     if (!is_null(re)) {
         if (!cJSON_IsString(re) || (strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") &&
                                     strcmp(re->valuestring, "medium") && strcmp(re->valuestring, "high")))
-            return bad(e, "reasoning_effort",
+            return api_bad(e, "reasoning_effort",
                        "'reasoning_effort' must be \"minimal\", \"low\", \"medium\" or \"high\"");
         p->reasoning_effort = mla_xstrdup(re->valuestring);
     }
@@ -486,7 +484,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->add_generation_prompt = true;
     p->skip_special_tokens = true;
     p->include_reasoning = true;
-    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    if (!cJSON_IsObject(root)) return api_bad(e, NULL, "the request body must be a JSON object");
     if (check_keys(root, kind, e)) return MLA_ERR;
     int64_t v;
     bool has;
@@ -495,41 +493,41 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     /* the end user's id (OpenAI's "user"): written in the request's log line */
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (!is_null(user)) {
-        if (!cJSON_IsString(user)) return bad(e, "user", "'user' must be a string");
+        if (!cJSON_IsString(user)) return api_bad(e, "user", "'user' must be a string");
         if (strlen(user->valuestring) > API_MAX_USER_LEN)
-            return bad(e, "user", "'user' is limited to %d bytes", API_MAX_USER_LEN);
+            return api_bad(e, "user", "'user' is limited to %d bytes", API_MAX_USER_LEN);
         const unsigned char *u0 = (const unsigned char *)user->valuestring;
         for (const unsigned char *u = u0; *u; u++) /* C0, DEL and C1 (U+0080..U+009F: 0xC2 0x80..0x9F) */
             if (*u < 0x20 || *u == 0x7f || (*u == 0xc2 && u[1] >= 0x80 && u[1] <= 0x9f))
-                return bad(e, "user", "'user' must not hold control characters");
+                return api_bad(e, "user", "'user' must not hold control characters");
         p->user = mla_xstrdup(user->valuestring);
     }
     if (kind == API_COMPLETIONS) {
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-        if (is_null(pr)) return bad(e, "prompt", "'prompt' is required");
+        if (is_null(pr)) return api_bad(e, "prompt", "'prompt' is required");
         if (cJSON_IsString(pr)) {
             p->prompt_text = mla_xstrdup(pr->valuestring);
         } else if (cJSON_IsArray(pr)) {
             const cJSON *first = cJSON_GetArrayItem(pr, 0);
             int n = cJSON_GetArraySize(pr);
-            if (n == 0) return bad(e, "prompt", "'prompt' must not be empty");
+            if (n == 0) return api_bad(e, "prompt", "'prompt' must not be empty");
             if (cJSON_IsNumber(first)) {
                 if (get_token_array(pr, "prompt", &p->prompt_ids, &p->n_prompt_ids, e)) return MLA_ERR;
             } else if (cJSON_IsString(first) || cJSON_IsArray(first)) { /* a list of prompts */
-                if (n > API_MAX_N) return bad(e, "prompt", "at most %d prompts a request (got %d)", API_MAX_N, n);
+                if (n > API_MAX_N) return api_bad(e, "prompt", "at most %d prompts a request (got %d)", API_MAX_N, n);
                 const bool text = cJSON_IsString(first);
                 const cJSON *it;
                 int i = 0;
                 cJSON_ArrayForEach(it, pr) {
                     if (text ? !cJSON_IsString(it) : !cJSON_IsArray(it))
-                        return bad(e, "prompt", "'prompt' [%d]: a list of prompts holds strings or lists of token ids, "
+                        return api_bad(e, "prompt", "'prompt' [%d]: a list of prompts holds strings or lists of token ids, "
                                                 "not both", i);
                     if (i == 0 && text) {
                         p->prompt_text = mla_xstrdup(it->valuestring);
                     } else if (i == 0) {
                         if (get_token_array(it, "prompt", &p->prompt_ids, &p->n_prompt_ids, e))
-                            return bad(e, "prompt", "'prompt' [0] must be a list of non-negative integer token ids");
-                        if (!p->n_prompt_ids) return bad(e, "prompt", "'prompt' [0] must not be empty");
+                            return api_bad(e, "prompt", "'prompt' [0] must be a list of non-negative integer token ids");
+                        if (!p->n_prompt_ids) return api_bad(e, "prompt", "'prompt' [0] must not be empty");
                     } else {
                         if (!p->more_n_ids) {
                             p->more_n_ids = mla_xcalloc((size_t)n - 1, sizeof *p->more_n_ids);
@@ -538,26 +536,26 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                         }
                         if (text) p->more_text[i - 1] = mla_xstrdup(it->valuestring);
                         else if (get_token_array(it, "prompt", &p->more_ids[i - 1], &p->more_n_ids[i - 1], e))
-                            return bad(e, "prompt", "'prompt' [%d] must be a list of non-negative integer token ids",
+                            return api_bad(e, "prompt", "'prompt' [%d] must be a list of non-negative integer token ids",
                                        i);
                         p->n_more = i;
                         if (!text && p->more_n_ids[i - 1] == 0)
-                            return bad(e, "prompt", "'prompt' [%d] must not be empty", i);
+                            return api_bad(e, "prompt", "'prompt' [%d] must not be empty", i);
                     }
                     i++;
                 }
             } else {
-                return bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
+                return api_bad(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
             }
-            if (p->prompt_ids && p->n_prompt_ids == 0) return bad(e, "prompt", "'prompt' must not be empty");
+            if (p->prompt_ids && p->n_prompt_ids == 0) return api_bad(e, "prompt", "'prompt' must not be empty");
         } else {
-            return bad(e, "prompt", "'prompt' must be a string or a list of token ids");
+            return api_bad(e, "prompt", "'prompt' must be a string or a list of token ids");
         }
         const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
-        if (!is_null(echo) && !cJSON_IsBool(echo)) return bad(e, "echo", "'echo' must be a boolean");
+        if (!is_null(echo) && !cJSON_IsBool(echo)) return api_bad(e, "echo", "'echo' must be a boolean");
         p->echo = cJSON_IsTrue(echo);
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
-        if (!is_null(suffix)) return bad(e, "suffix", "'suffix' is not supported");
+        if (!is_null(suffix)) return api_bad(e, "suffix", "'suffix' is not supported");
         /* logprobs: integer count of alternatives (OpenAI: 0..5; here up to 20) */
         const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
         if (cJSON_IsBool(lp)) {
@@ -571,7 +569,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         }
     } else {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-        if (is_null(msgs)) return bad(e, "messages", "'messages' is required");
+        if (is_null(msgs)) return api_bad(e, "messages", "'messages' is required");
         if (api_messages_check(msgs, e)) return MLA_ERR;
         p->messages = msgs;
         if (get_bool(root, "add_generation_prompt", &p->add_generation_prompt, e)) return MLA_ERR;
@@ -579,7 +577,7 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
         if (get_bool(root, "logprobs", &p->logprobs, e)) return MLA_ERR;
         if (get_int(root, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, &has, e)) return MLA_ERR;
         if (has) {
-            if (!p->logprobs && v > 0) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            if (!p->logprobs && v > 0) return api_bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
             p->top_logprobs = (int32_t)v;
         }
         if (parse_template_vars(p, root, e)) return MLA_ERR;
@@ -592,15 +590,15 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->n = has ? (int32_t)v : 1;
     /* vLLM's: the prompt's last N tokens (-1: as many as leave one for the answer) */
     if (get_int(root, "truncate_prompt_tokens", -1, INT32_MAX, &v, &has, e)) return MLA_ERR;
-    if (has && v == 0) return bad(e, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1 (got 0)");
+    if (has && v == 0) return api_bad(e, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1 (got 0)");
     p->truncate_prompt = has ? (int32_t)v : 0;
     if ((int64_t)p->n * (1 + p->n_more) > API_MAX_N)
-        return bad(e, "n", "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
+        return api_bad(e, "n", "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
     /* best_of: the server returns every choice it makes, so it must make no more than n */
     if (kind == API_COMPLETIONS) {
         if (get_int(root, "best_of", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
         if (has && v != p->n)
-            return bad(e, "best_of", "'best_of' must equal 'n' (%d): every choice made is returned, none picked (got %lld)",
+            return api_bad(e, "best_of", "'best_of' must equal 'n' (%d): every choice made is returned, none picked (got %lld)",
                        p->n, (long long)v);
     }
 
@@ -631,9 +629,9 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (!is_null(seed)) {
         if (!cJSON_IsNumber(seed) || !isfinite(seed->valuedouble) || seed->valuedouble != floor(seed->valuedouble))
-            return bad(e, "seed", "'seed' must be an integer");
+            return api_bad(e, "seed", "'seed' must be an integer");
         if (fabs(seed->valuedouble) >= 9007199254740992.0)
-            return bad(e, "seed",
+            return api_bad(e, "seed",
                        "'seed' must be an integer of magnitude below 2^53 = 9007199254740992 (larger JSON numbers "
                        "are not read exactly; got %.17g)",
                        seed->valuedouble);
@@ -651,19 +649,19 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
             p->stop[p->n_stop++] = mla_xstrdup(stop->valuestring); /* "": refused below, as vLLM does */
         } else if (cJSON_IsArray(stop)) {
             if (cJSON_GetArraySize(stop) > API_MAX_STOP)
-                return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
+                return api_bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
             const cJSON *it;
             cJSON_ArrayForEach(it, stop) {
-                if (!cJSON_IsString(it)) return bad(e, "stop", "'stop' must be a string or a list of strings");
+                if (!cJSON_IsString(it)) return api_bad(e, "stop", "'stop' must be a string or a list of strings");
                 p->stop[p->n_stop++] = mla_xstrdup(it->valuestring);
             }
         } else {
-            return bad(e, "stop", "'stop' must be a string or a list of strings");
+            return api_bad(e, "stop", "'stop' must be a string or a list of strings");
         }
     }
     const cJSON *sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
     if (!is_null(sti)) {
-        if (!cJSON_IsArray(sti)) return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
+        if (!cJSON_IsArray(sti)) return api_bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
         if (get_token_array(sti, "stop_token_ids", &p->stop_ids, &p->n_stop_ids, e)) return MLA_ERR;
     }
     if (get_bool(root, "include_stop_str_in_output", &p->include_stop_str, e)) return MLA_ERR;
@@ -672,21 +670,21 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     if (get_bool(root, "stream", &p->stream, e)) return MLA_ERR;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (!is_null(so)) {
-        if (!cJSON_IsObject(so)) return bad(e, "stream_options", "'stream_options' must be an object");
+        if (!cJSON_IsObject(so)) return api_bad(e, "stream_options", "'stream_options' must be an object");
         const cJSON *it;
         cJSON_ArrayForEach(it, so) {
             const bool iu = it->string && !strcmp(it->string, "include_usage"),
                        cu = it->string && !strcmp(it->string, "continuous_usage_stats");
-            if (!iu && !cu) return bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
+            if (!iu && !cu) return api_bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
             if (is_null(it)) continue;
-            if (!cJSON_IsBool(it)) return bad(e, "stream_options", "'stream_options.%s' must be a boolean", it->string);
+            if (!cJSON_IsBool(it)) return api_bad(e, "stream_options", "'stream_options.%s' must be a boolean", it->string);
             *(iu ? &p->include_usage : &p->continuous_usage) = cJSON_IsTrue(it);
         }
         /* vLLM's: the usage so far in every chunk, beside include_usage's last one */
         if (p->continuous_usage && !p->include_usage)
-            return bad(e, "stream_options", "'stream_options.continuous_usage_stats' needs 'include_usage': true");
+            return api_bad(e, "stream_options", "'stream_options.continuous_usage_stats' needs 'include_usage': true");
         /* as OpenAI: without a stream it would do nothing (a reply always carries its usage) */
-        if (!p->stream) return bad(e, "stream_options", "'stream_options' is only allowed with 'stream': true");
+        if (!p->stream) return api_bad(e, "stream_options", "'stream_options' is only allowed with 'stream': true");
     }
     return api_gen_params_check(p, e);
 }
@@ -695,51 +693,51 @@ static bool in_range(float v, double lo, double hi) { return isfinite(v) && v >=
 
 int api_gen_params_check(const api_gen_params *p, api_error *e) {
     const sched_sampling *s = &p->sampling;
-    if (p->n < 0 || p->n > API_MAX_N) return bad(e, "n", "'n' must be between 1 and %d (got %d)", API_MAX_N, p->n);
+    if (p->n < 0 || p->n > API_MAX_N) return api_bad(e, "n", "'n' must be between 1 and %d (got %d)", API_MAX_N, p->n);
     if (p->n_more < 0 || (p->n_more > 0 && (p->kind != API_COMPLETIONS || !p->more_n_ids ||
                                             (p->prompt_text ? !p->more_text : !p->more_ids))))
-        return bad(e, "prompt", "a list of prompts must hold prompts of one kind (strings or token-id lists)");
+        return api_bad(e, "prompt", "a list of prompts must hold prompts of one kind (strings or token-id lists)");
     if (p->kind == API_COMPLETIONS) {
         if (!!p->prompt_text + !!p->prompt_ids != 1 || p->messages)
-            return bad(e, "prompt", "exactly one prompt (text or token ids) is required");
-        if (p->prompt_ids && p->n_prompt_ids <= 0) return bad(e, "prompt", "'prompt' must not be empty");
+            return api_bad(e, "prompt", "exactly one prompt (text or token ids) is required");
+        if (p->prompt_ids && p->n_prompt_ids <= 0) return api_bad(e, "prompt", "'prompt' must not be empty");
     } else if (!p->messages || p->prompt_text || p->prompt_ids) {
-        return bad(e, "messages", "'messages' (and no prompt) is required");
+        return api_bad(e, "messages", "'messages' (and no prompt) is required");
     }
     for (int32_t i = 0; i < p->n_prompt_ids; i++)
-        if (p->prompt_ids[i] < 0) return bad(e, "prompt", "'prompt' must be a list of non-negative integer token ids");
+        if (p->prompt_ids[i] < 0) return api_bad(e, "prompt", "'prompt' must be a list of non-negative integer token ids");
     for (int32_t i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0)
-            return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
+            return api_bad(e, "stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
     if (p->max_tokens != -1 && p->max_tokens < (p->echo ? 0 : 1))
-        return bad(e, "max_tokens", "'max_tokens' must be between %d and %d (got %d)", p->echo ? 0 : 1, INT32_MAX,
+        return api_bad(e, "max_tokens", "'max_tokens' must be between %d and %d (got %d)", p->echo ? 0 : 1, INT32_MAX,
                    p->max_tokens);
-    if (p->min_tokens < 0) return bad(e, "min_tokens", "'min_tokens' must be >= 0 (got %d)", p->min_tokens);
+    if (p->min_tokens < 0) return api_bad(e, "min_tokens", "'min_tokens' must be >= 0 (got %d)", p->min_tokens);
     if (p->max_tokens != -1 && p->min_tokens > p->max_tokens)
-        return bad(e, "min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", p->min_tokens,
+        return api_bad(e, "min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", p->min_tokens,
                    p->max_tokens_param ? p->max_tokens_param : "max_tokens", p->max_tokens);
     if (!in_range(s->temperature, 0.0, 100.0))
-        return bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
+        return api_bad(e, "temperature", "'temperature' must be between 0 and 100 (got %g)", s->temperature);
     if (!in_range(s->top_p, 0.0, 1.0) || s->top_p <= 0.0f)
-        return bad(e, "top_p", "'top_p' must be in (0, 1] (got %g)", s->top_p);
-    if (s->top_k < 0) return bad(e, "top_k", "'top_k' must be >= -1");
-    if (!in_range(s->min_p, 0.0, 1.0)) return bad(e, "min_p", "'min_p' must be between 0 and 1 (got %g)", s->min_p);
+        return api_bad(e, "top_p", "'top_p' must be in (0, 1] (got %g)", s->top_p);
+    if (s->top_k < 0) return api_bad(e, "top_k", "'top_k' must be >= -1");
+    if (!in_range(s->min_p, 0.0, 1.0)) return api_bad(e, "min_p", "'min_p' must be between 0 and 1 (got %g)", s->min_p);
     if (!in_range(s->presence_penalty, -2.0, 2.0))
-        return bad(e, "presence_penalty", "'presence_penalty' must be between -2 and 2 (got %g)", s->presence_penalty);
+        return api_bad(e, "presence_penalty", "'presence_penalty' must be between -2 and 2 (got %g)", s->presence_penalty);
     if (!in_range(s->frequency_penalty, -2.0, 2.0))
-        return bad(e, "frequency_penalty", "'frequency_penalty' must be between -2 and 2 (got %g)", s->frequency_penalty);
+        return api_bad(e, "frequency_penalty", "'frequency_penalty' must be between -2 and 2 (got %g)", s->frequency_penalty);
     if (!in_range(s->repetition_penalty, 0.0, 100.0) || s->repetition_penalty <= 0.0f)
-        return bad(e, "repetition_penalty", "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
+        return api_bad(e, "repetition_penalty", "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
     if (p->top_logprobs < 0 || p->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
-        return bad(e, "top_logprobs", "'top_logprobs' must be between 0 and %d", SCHED_MAX_TOP_LOGPROBS);
+        return api_bad(e, "top_logprobs", "'top_logprobs' must be between 0 and %d", SCHED_MAX_TOP_LOGPROBS);
     if (s->logprobs != p->logprobs || s->top_logprobs != p->top_logprobs || s->prompt_logprobs != (p->echo && p->logprobs))
-        return bad(e, "logprobs", "inconsistent logprobs settings");
+        return api_bad(e, "logprobs", "inconsistent logprobs settings");
     if (p->n_stop < 0 || p->n_stop > API_MAX_STOP)
-        return bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
+        return api_bad(e, "stop", "at most %d stop strings are supported", API_MAX_STOP);
     for (int i = 0; i < p->n_stop; i++) {
-        if (!p->stop[i] || !p->stop[i][0]) return bad(e, "stop", "stop strings must not be empty");
+        if (!p->stop[i] || !p->stop[i][0]) return api_bad(e, "stop", "stop strings must not be empty");
         if (strlen(p->stop[i]) > API_MAX_STOP_LEN)
-            return bad(e, "stop", "stop strings are limited to %d bytes", API_MAX_STOP_LEN);
+            return api_bad(e, "stop", "stop strings are limited to %d bytes", API_MAX_STOP_LEN);
     }
     return MLA_OK;
 }
@@ -775,59 +773,59 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
     memset(p, 0, sizeof(*p));
     p->add_special = true;
     p->add_gen = true;
-    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    if (!cJSON_IsObject(root)) return api_bad(e, NULL, "the request body must be a JSON object");
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
         if (!in_list(k_tokenize_keys, k) && !in_list(k_tokenize_chat_keys, k))
-            return bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
+            return api_bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
                              "add_generation_prompt, continue_final_message, tools, tool_choice, "
                              "parallel_tool_calls, chat_template_kwargs, reasoning_effort)", k);
         if (in_list(k_tokenize_chat_keys, k) && is_null(cJSON_GetObjectItemCaseSensitive(root, "messages")))
-            return bad(e, k, "'%.64s' applies to 'messages'", k);
+            return api_bad(e, k, "'%.64s' applies to 'messages'", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    if (!is_null(pr) && !is_null(msgs)) return bad(e, "messages", "'prompt' and 'messages' exclude each other");
+    if (!is_null(pr) && !is_null(msgs)) return api_bad(e, "messages", "'prompt' and 'messages' exclude each other");
     if (!is_null(pr)) {
-        if (!cJSON_IsString(pr)) return bad(e, "prompt", "'prompt' must be a string");
+        if (!cJSON_IsString(pr)) return api_bad(e, "prompt", "'prompt' must be a string");
         p->prompt = mla_xstrdup(pr->valuestring);
     } else if (!is_null(msgs)) {
         if (api_messages_check(msgs, e)) return MLA_ERR;
         p->messages = msgs;
     } else {
-        return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
+        return api_bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
     }
     if (get_bool(root, "add_special_tokens", &p->add_special, e)) return MLA_ERR;
     /* a chat's special tokens (its BOS included) are the template's text: none added (false, vLLM's
      * default for messages, says so; true would add a second BOS) */
     if (p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")) && p->add_special)
-        return bad(e, "add_special_tokens", "'add_special_tokens': true applies to 'prompt': the special tokens of "
+        return api_bad(e, "add_special_tokens", "'add_special_tokens': true applies to 'prompt': the special tokens of "
                                             "'messages' come from the chat template");
     if (p->messages) p->add_special = false;
     if (p->messages && parse_template_vars(&p->chat, root, e)) return MLA_ERR;
     if (get_bool(root, "add_generation_prompt", &p->add_gen, e)) return MLA_ERR;
     if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt")))
-        return bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");
+        return api_bad(e, "add_generation_prompt", "'add_generation_prompt' applies to 'messages'");
     if (!p->messages && !is_null(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")))
-        return bad(e, "continue_final_message", "'continue_final_message' applies to 'messages'");
+        return api_bad(e, "continue_final_message", "'continue_final_message' applies to 'messages'");
     if (p->messages && continue_check(root, p->messages, &p->continue_final, &p->add_gen, e)) return MLA_ERR;
     return MLA_OK;
 }
 
 int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e) {
     memset(p, 0, sizeof(*p));
-    if (!cJSON_IsObject(root)) return bad(e, NULL, "the request body must be a JSON object");
+    if (!cJSON_IsObject(root)) return api_bad(e, NULL, "the request body must be a JSON object");
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
         if (!in_list(k_detokenize_keys, k))
-            return bad(e, k, "'%.64s' is not a /detokenize field (model, tokens)", k);
+            return api_bad(e, k, "'%.64s' is not a /detokenize field (model, tokens)", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
-    if (!cJSON_IsArray(t)) return bad(e, "tokens", "'tokens' (a list of token ids) is required");
+    if (!cJSON_IsArray(t)) return api_bad(e, "tokens", "'tokens' (a list of token ids) is required");
     return get_token_array(t, "tokens", &p->tokens, &p->n_tokens, e);
 }
 

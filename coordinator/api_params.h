@@ -35,6 +35,10 @@ typedef struct api_error {
 int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
                   ...) __attribute__((format(printf, 5, 6)));
 
+/* api_error_set for a mistake of the request's: 400 (invalid_request_error) naming param. Returns
+ * MLA_ERR. */
+int api_bad(api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
 
 /* tool_choice */

@@ -1,7 +1,6 @@
 /* api_responses: see api_responses.h. */
 #include "coordinator/api_responses.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,16 +8,6 @@
 #include "common/mla_err.h"
 
 /* ---- the request ---- */
-
-static int bad(api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(api_error *e, const char *param, const char *fmt, ...) {
-    char m[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
-    va_end(ap);
-    return api_error_set(e, 400, param, NULL, "%s", m);
-}
 
 static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
 
@@ -45,9 +34,9 @@ static int check_keys(const cJSON *body, api_error *e) {
         if (in_list(k_keys, k) || in_list(k_pass, k)) continue;
         if (!strcmp(k, "previous_response_id") || !strcmp(k, "conversation")) {
             if (is_null(it)) continue;
-            return bad(e, k, "'%s': this server keeps no responses or conversations; send the whole input", k);
+            return api_bad(e, k, "'%s': this server keeps no responses or conversations; send the whole input", k);
         }
-        return bad(e, k, "'%.64s' is not supported by /v1/responses on this server (docs/openai-params.md lists the "
+        return api_bad(e, k, "'%.64s' is not supported by /v1/responses on this server (docs/openai-params.md lists the "
                          "parameters)", k);
     }
     return MLA_OK;
@@ -56,27 +45,27 @@ static int check_keys(const cJSON *body, api_error *e) {
 /* The stateless values of store, background, truncation and include; metadata */
 static int check_stateless(const cJSON *body, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, "store");
-    if (!is_null(j) && !cJSON_IsBool(j)) return bad(e, "store", "'store' must be a boolean");
-    if (cJSON_IsTrue(j)) return bad(e, "store", "'store': this server keeps no responses (store must be false)");
+    if (!is_null(j) && !cJSON_IsBool(j)) return api_bad(e, "store", "'store' must be a boolean");
+    if (cJSON_IsTrue(j)) return api_bad(e, "store", "'store': this server keeps no responses (store must be false)");
     j = cJSON_GetObjectItemCaseSensitive(body, "background");
-    if (!is_null(j) && !cJSON_IsBool(j)) return bad(e, "background", "'background' must be a boolean");
-    if (cJSON_IsTrue(j)) return bad(e, "background", "'background': responses run in the foreground here");
+    if (!is_null(j) && !cJSON_IsBool(j)) return api_bad(e, "background", "'background' must be a boolean");
+    if (cJSON_IsTrue(j)) return api_bad(e, "background", "'background': responses run in the foreground here");
     j = cJSON_GetObjectItemCaseSensitive(body, "truncation");
     if (!is_null(j) && (!cJSON_IsString(j) || strcmp(j->valuestring, "disabled")))
-        return bad(e, "truncation", "'truncation' must be \"disabled\" (an input past the context is a 400)");
+        return api_bad(e, "truncation", "'truncation' must be \"disabled\" (an input past the context is a 400)");
     j = cJSON_GetObjectItemCaseSensitive(body, "include");
     if (!is_null(j) && (!cJSON_IsArray(j) || cJSON_GetArraySize(j)))
-        return bad(e, "include", "'include': nothing is included on request here (reasoning is returned as its "
+        return api_bad(e, "include", "'include': nothing is included on request here (reasoning is returned as its "
                                  "text, unencrypted; logprobs are not offered); send [] or leave it out");
     j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     if (!is_null(j)) {
         if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_METADATA)
-            return bad(e, "metadata", "'metadata' must be an object of at most %d string values",
+            return api_bad(e, "metadata", "'metadata' must be an object of at most %d string values",
                        API_RSP_MAX_METADATA);
         const cJSON *v;
         cJSON_ArrayForEach(v, j) {
             if (!cJSON_IsString(v) || strlen(v->string) > 64 || strlen(v->valuestring) > 512)
-                return bad(e, "metadata", "metadata: keys of at most 64 bytes, values strings of at most 512");
+                return api_bad(e, "metadata", "metadata: keys of at most 64 bytes, values strings of at most 512");
         }
     }
     return MLA_OK;
@@ -87,7 +76,7 @@ static int check_stateless(const cJSON *body, api_error *e) {
 static char *parts_text(const cJSON *content, const char *where, const char *const *allowed, api_error *e) {
     if (cJSON_IsString(content)) return mla_xstrdup(content->valuestring);
     if (!cJSON_IsArray(content)) {
-        bad(e, "input", "%s must be a string or a list of parts", where);
+        api_bad(e, "input", "%s must be a string or a list of parts", where);
         return NULL;
     }
     size_t n = 0;
@@ -96,13 +85,13 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
         const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
         if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || !in_list(allowed, ty->valuestring)) {
-            bad(e, "input", "%s: parts of type '%.64s' are not supported (this model reads text: %s%s%s)", where,
+            api_bad(e, "input", "%s: parts of type '%.64s' are not supported (this model reads text: %s%s%s)", where,
                 cJSON_IsString(ty) ? ty->valuestring : "(none)", allowed[0], allowed[1] ? " or " : "",
                 allowed[1] ? allowed[1] : "");
             return NULL;
         }
         if (!cJSON_IsString(tx)) {
-            bad(e, "input", "%s: a %s part needs a string 'text'", where, ty->valuestring);
+            api_bad(e, "input", "%s: a %s part needs a string 'text'", where, ty->valuestring);
             return NULL;
         }
         n += strlen(tx->valuestring) + 1;
@@ -130,7 +119,7 @@ static int item_members(const cJSON *it, int i, const char *const *read, api_err
     cJSON_ArrayForEach(m, it) {
         const char *k = m->string ? m->string : "";
         if (in_list(read, k) || in_list(echo, k)) continue;
-        return bad(e, "input", "input[%d].%.64s is not supported here", i, k);
+        return api_bad(e, "input", "input[%d].%.64s is not supported here", i, k);
     }
     return MLA_OK;
 }
@@ -160,7 +149,7 @@ static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
     if (!cJSON_IsString(role) || (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "system") &&
                                   strcmp(role->valuestring, "developer") && strcmp(role->valuestring, "assistant")))
-        return bad(e, "input", "input[%d].role must be user, system, developer or assistant", i);
+        return api_bad(e, "input", "input[%d].role must be user, system, developer or assistant", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
     char where[48];
     snprintf(where, sizeof where, "input[%d].content", i);
@@ -170,7 +159,7 @@ static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
         t->last_asst = NULL;
         cJSON_AddStringToObject(assistant_turn(t), "content", text);
     } else {
-        if (t->reasoning) return free(text), bad(e, "input", "input[%d]: a reasoning item must come before the "
+        if (t->reasoning) return free(text), api_bad(e, "input", "input[%d]: a reasoning item must come before the "
                                                              "assistant's message or call it belongs to", i);
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", role->valuestring);
@@ -188,7 +177,7 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "arguments");
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
-        return bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
+        return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
     cJSON *m = assistant_turn(t);
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
@@ -209,9 +198,9 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
 static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) {
     static const char *const read[] = {"type", "call_id", "output", NULL};
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
-    if (!cJSON_IsString(id)) return bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
+    if (!cJSON_IsString(id)) return api_bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    if (t->reasoning) return bad(e, "input", "input[%d]: a reasoning item must come before the assistant's message "
+    if (t->reasoning) return api_bad(e, "input", "input[%d]: a reasoning item must come before the assistant's message "
                                              "or call it belongs to", i);
     char where[48];
     snprintf(where, sizeof where, "input[%d].output", i);
@@ -232,7 +221,7 @@ static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
     static const char *const read[] = {"type", "summary", "content", "encrypted_content", NULL};
     if (item_members(it, i, read, e)) return MLA_ERR;
     if (!is_null(cJSON_GetObjectItemCaseSensitive(it, "encrypted_content")))
-        return bad(e, "input", "input[%d].encrypted_content: this server encrypts no reasoning (send its text as "
+        return api_bad(e, "input", "input[%d].encrypted_content: this server encrypts no reasoning (send its text as "
                                "content)", i);
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, "summary");
@@ -256,7 +245,7 @@ static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
 static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     const cJSON *instr = cJSON_GetObjectItemCaseSensitive(body, "instructions");
     if (!is_null(instr)) {
-        if (!cJSON_IsString(instr)) return bad(e, "instructions", "'instructions' must be a string");
+        if (!cJSON_IsString(instr)) return api_bad(e, "instructions", "'instructions' must be a string");
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
         cJSON_AddStringToObject(m, "content", instr->valuestring);
@@ -271,13 +260,13 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
         return MLA_OK;
     }
     if (!cJSON_IsArray(in) || !cJSON_GetArraySize(in))
-        return bad(e, "input", "'input' must be a string or a list of items that is not empty");
+        return api_bad(e, "input", "'input' must be a string or a list of items that is not empty");
     tx_state t = {.msgs = msgs};
     int i = 0, rc = MLA_OK;
     const cJSON *it;
     cJSON_ArrayForEach(it, in) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
-        if (!cJSON_IsObject(it)) rc = bad(e, "input", "input[%d] must be an object", i);
+        if (!cJSON_IsObject(it)) rc = api_bad(e, "input", "input[%d] must be an object", i);
         else if (is_null(ty) || (cJSON_IsString(ty) && !strcmp(ty->valuestring, "message")))
             rc = input_message(&t, it, i, e);
         else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "function_call")) rc = input_call(&t, it, i, e);
@@ -285,13 +274,13 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
             rc = input_call_output(&t, it, i, e);
         else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "reasoning")) rc = input_reasoning(&t, it, i, e);
         else
-            rc = bad(e, "input", "input[%d]: items of type '%.64s' are not supported (message, function_call, "
+            rc = api_bad(e, "input", "input[%d]: items of type '%.64s' are not supported (message, function_call, "
                                  "function_call_output or reasoning)", i,
                      cJSON_IsString(ty) ? ty->valuestring : "(not a string)");
         if (rc) break;
         i++;
     }
-    if (!rc && t.reasoning) rc = bad(e, "input", "input: a reasoning item ends the input (it belongs to an "
+    if (!rc && t.reasoning) rc = api_bad(e, "input", "input: a reasoning item ends the input (it belongs to an "
                                                  "assistant's message or call after it)");
     free(t.reasoning);
     return rc;
@@ -301,14 +290,14 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
 static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (is_null(tools)) return MLA_OK;
-    if (!cJSON_IsArray(tools)) return bad(e, "tools", "'tools' must be a list");
+    if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-            return bad(e, "tools", "tools[%d]: only function tools are served here (\"type\": \"function\")", i);
+            return api_bad(e, "tools", "tools[%d]: only function tools are served here (\"type\": \"function\")", i);
         cJSON *fn = cJSON_CreateObject();
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
@@ -316,7 +305,7 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
             if (!strcmp(k, "type")) continue;
             if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict")) {
                 cJSON_Delete(fn);
-                return bad(e, "tools", "tools[%d].%.64s is not supported (type, name, description, parameters, "
+                return api_bad(e, "tools", "tools[%d].%.64s is not supported (type, name, description, parameters, "
                                        "strict)", i, k);
             }
             cJSON_AddItemToObject(fn, k, cJSON_Duplicate(m, 1));
@@ -335,13 +324,13 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(tc, "name");
         if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm) ||
             cJSON_GetArraySize(tc) != 2)
-            return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+            return api_bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                                          "{\"type\": \"function\", \"name\": ...}");
         cJSON *o = cJSON_AddObjectToObject(chat, "tool_choice");
         cJSON_AddStringToObject(o, "type", "function");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", nm->valuestring);
     } else if (!is_null(tc)) {
-        return bad(e, "tool_choice", "'tool_choice' must be a string or an object");
+        return api_bad(e, "tool_choice", "'tool_choice' must be a string or an object");
     }
     return MLA_OK;
 }
@@ -351,34 +340,34 @@ static int format_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "text");
     if (is_null(text)) return MLA_OK;
     const cJSON *m;
-    if (!cJSON_IsObject(text)) return bad(e, "text", "'text' must be an object");
+    if (!cJSON_IsObject(text)) return api_bad(e, "text", "'text' must be an object");
     cJSON_ArrayForEach(m, text) {
         if (strcmp(m->string, "format"))
-            return bad(e, "text", "text.%.64s is not supported here (text.format is)", m->string);
+            return api_bad(e, "text", "text.%.64s is not supported here (text.format is)", m->string);
     }
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(text, "format");
     if (is_null(f)) return MLA_OK;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(f, "type");
     if (!cJSON_IsObject(f) || !cJSON_IsString(ty))
-        return bad(e, "text.format", "text.format must be an object with a string 'type'");
-    if (!strcmp(ty->valuestring, "text")) return cJSON_GetArraySize(f) == 1 ? MLA_OK : bad(e, "text.format",
+        return api_bad(e, "text.format", "text.format must be an object with a string 'type'");
+    if (!strcmp(ty->valuestring, "text")) return cJSON_GetArraySize(f) == 1 ? MLA_OK : api_bad(e, "text.format",
                                                          "text.format of type text has no other members");
     cJSON *rf = cJSON_AddObjectToObject(chat, "response_format");
     if (!strcmp(ty->valuestring, "json_object")) {
-        if (cJSON_GetArraySize(f) != 1) return bad(e, "text.format", "text.format of type json_object has no "
+        if (cJSON_GetArraySize(f) != 1) return api_bad(e, "text.format", "text.format of type json_object has no "
                                                                      "other members");
         cJSON_AddStringToObject(rf, "type", "json_object");
         return MLA_OK;
     }
     if (strcmp(ty->valuestring, "json_schema"))
-        return bad(e, "text.format", "text.format.type must be text, json_object or json_schema");
+        return api_bad(e, "text.format", "text.format.type must be text, json_object or json_schema");
     cJSON_AddStringToObject(rf, "type", "json_schema");
     cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
     cJSON_ArrayForEach(m, f) {
         if (!strcmp(m->string, "type")) continue;
         if (strcmp(m->string, "name") && strcmp(m->string, "schema") && strcmp(m->string, "strict") &&
             strcmp(m->string, "description"))
-            return bad(e, "text.format", "text.format.%.64s is not supported (name, schema, strict, description)",
+            return api_bad(e, "text.format", "text.format.%.64s is not supported (name, schema, strict, description)",
                        m->string);
         cJSON_AddItemToObject(js, m->string, cJSON_Duplicate(m, 1));
     }
@@ -388,18 +377,18 @@ static int format_chat(const cJSON *body, cJSON *chat, api_error *e) {
 static int reasoning_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
     if (is_null(r)) return MLA_OK;
-    if (!cJSON_IsObject(r)) return bad(e, "reasoning", "'reasoning' must be an object");
+    if (!cJSON_IsObject(r)) return api_bad(e, "reasoning", "'reasoning' must be an object");
     const cJSON *m;
     cJSON_ArrayForEach(m, r) {
         if (!strcmp(m->string, "effort")) {
             if (cJSON_IsString(m)) cJSON_AddStringToObject(chat, "reasoning_effort", m->valuestring);
-            else if (!cJSON_IsNull(m)) return bad(e, "reasoning.effort", "reasoning.effort must be a string");
+            else if (!cJSON_IsNull(m)) return api_bad(e, "reasoning.effort", "reasoning.effort must be a string");
         } else if (!strcmp(m->string, "summary") || !strcmp(m->string, "generate_summary")) {
             if (!cJSON_IsNull(m))
-                return bad(e, "reasoning.summary", "reasoning.%s: the model's reasoning is returned whole (a "
+                return api_bad(e, "reasoning.summary", "reasoning.%s: the model's reasoning is returned whole (a "
                                                    "reasoning item's content), never summarized", m->string);
         } else {
-            return bad(e, "reasoning", "reasoning.%.64s is not supported (effort)", m->string);
+            return api_bad(e, "reasoning", "reasoning.%.64s is not supported (effort)", m->string);
         }
     }
     return MLA_OK;
@@ -439,7 +428,7 @@ static cJSON *make_echo(const cJSON *body) {
 
 int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e) {
     *chat = *echo = NULL;
-    if (!cJSON_IsObject(body)) return bad(e, NULL, "the request body must be a JSON object");
+    if (!cJSON_IsObject(body)) return api_bad(e, NULL, "the request body must be a JSON object");
     if (check_keys(body, e) || check_stateless(body, e)) return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(c, "messages");
