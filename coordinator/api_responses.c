@@ -64,11 +64,19 @@ static int check_stateless(const cJSON *body, api_error *e) {
                        API_RSP_MAX_METADATA);
         const cJSON *v;
         cJSON_ArrayForEach(v, j) {
-            if (!cJSON_IsString(v) || strlen(v->string) > 64 || strlen(v->valuestring) > 512)
-                return api_bad(e, "metadata", "metadata: keys of at most 64 bytes, values strings of at most 512");
+            if (!cJSON_IsString(v) || api_utf8_chars(v->string, strlen(v->string)) > 64 ||
+                api_utf8_chars(v->valuestring, strlen(v->valuestring)) > 512)
+                return api_bad(e, "metadata", "metadata: keys of at most 64 characters, values strings of at most 512");
         }
     }
     return MLA_OK;
+}
+
+/* A part's text: "text", a refusal's "refusal" */
+static const cJSON *part_text(const cJSON *p) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const bool refusal = cJSON_IsString(ty) && !strcmp(ty->valuestring, "refusal");
+    return cJSON_GetObjectItemCaseSensitive(p, refusal ? "refusal" : "text");
 }
 
 /* The text of a content list's parts (types in allowed), joined one a line, as the chat path
@@ -83,7 +91,7 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
     const cJSON *p;
     cJSON_ArrayForEach(p, content) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
-        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        const cJSON *tx = part_text(p);
         if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || !in_list(allowed, ty->valuestring)) {
             api_bad(e, "input", "%s: parts of type '%.64s' are not supported (this model reads text: %s%s%s)", where,
                 cJSON_IsString(ty) ? ty->valuestring : "(none)", allowed[0], allowed[1] ? " or " : "",
@@ -98,7 +106,7 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
     }
     char *s = mla_xmalloc(n + 1), *w = s;
     cJSON_ArrayForEach(p, content) {
-        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        const char *t = part_text(p)->valuestring;
         if (w > s) *w++ = '\n';
         size_t l = strlen(t);
         memcpy(w, t, l);
@@ -109,16 +117,19 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
 }
 
 static const char *const k_in_parts[] = {"input_text", "output_text", NULL};
+static const char *const k_assistant_parts[] = {"output_text", "refusal", "input_text", NULL};
 static const char *const k_reasoning_parts[] = {"reasoning_text", NULL};
 static const char *const k_summary_parts[] = {"summary_text", NULL};
 
-/* Members of an input item beyond those read: an earlier output's own (id, status, phase) */
+/* Members of an input item beyond those read: an earlier output's own (id, status, phase), and
+ * the optional members newer SDKs write out as null (namespace, caller, async) */
 static int item_members(const cJSON *it, int i, const char *const *read, api_error *e) {
     static const char *const echo[] = {"id", "status", "phase", NULL};
+    static const char *const if_null[] = {"namespace", "caller", "async", NULL};
     const cJSON *m;
     cJSON_ArrayForEach(m, it) {
         const char *k = m->string ? m->string : "";
-        if (in_list(read, k) || in_list(echo, k)) continue;
+        if (in_list(read, k) || in_list(echo, k) || (in_list(if_null, k) && cJSON_IsNull(m))) continue;
         return api_bad(e, "input", "input[%d].%.64s is not supported here", i, k);
     }
     return MLA_OK;
@@ -126,8 +137,10 @@ static int item_members(const cJSON *it, int i, const char *const *read, api_err
 
 typedef struct tx_state {
     cJSON *msgs;
-    cJSON *last_asst; /* the assistant message the items just before made, which a call joins */
-    char *reasoning;  /* a reasoning item's text, for the next assistant turn */
+    cJSON *last_asst;     /* the assistant message the items just before made, which a call joins */
+    char *reasoning;      /* reasoning items' text, for the next assistant turn (NULL: none) */
+    size_t r_len, r_cap;
+    cJSON *call_ids;      /* the function calls' ids so far (a function_call_output names one) */
 } tx_state;
 
 static cJSON *assistant_turn(tx_state *t) {
@@ -140,8 +153,18 @@ static cJSON *assistant_turn(tx_state *t) {
         cJSON_AddStringToObject(t->last_asst, "reasoning_content", t->reasoning);
         free(t->reasoning);
         t->reasoning = NULL;
+        t->r_len = t->r_cap = 0;
     }
     return t->last_asst;
+}
+
+/* Reasoning with no assistant message or call after it (an answer that was its reasoning alone):
+ * an assistant turn of its own, its content empty */
+static void reasoning_turn(tx_state *t) {
+    if (!t->reasoning) return;
+    t->last_asst = NULL;
+    cJSON_AddStringToObject(assistant_turn(t), "content", "");
+    t->last_asst = NULL;
 }
 
 static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
@@ -153,14 +176,15 @@ static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
     if (item_members(it, i, read, e)) return MLA_ERR;
     char where[48];
     snprintf(where, sizeof where, "input[%d].content", i);
-    char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "content"), where, k_in_parts, e);
+    const bool asst = !strcmp(role->valuestring, "assistant");
+    char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "content"), where,
+                            asst ? k_assistant_parts : k_in_parts, e);
     if (!text) return MLA_ERR;
-    if (!strcmp(role->valuestring, "assistant")) { /* a turn of its own, which the calls after it join */
+    if (asst) { /* a turn of its own, which the calls after it join */
         t->last_asst = NULL;
         cJSON_AddStringToObject(assistant_turn(t), "content", text);
     } else {
-        if (t->reasoning) return free(text), api_bad(e, "input", "input[%d]: a reasoning item must come before the "
-                                                             "assistant's message or call it belongs to", i);
+        reasoning_turn(t);
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", role->valuestring);
         cJSON_AddStringToObject(m, "content", text);
@@ -179,6 +203,7 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
         return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
+    cJSON_AddItemToArray(t->call_ids, cJSON_CreateString(id->valuestring));
     cJSON *m = assistant_turn(t);
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!calls) {
@@ -200,8 +225,12 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
     if (!cJSON_IsString(id)) return api_bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    if (t->reasoning) return api_bad(e, "input", "input[%d]: a reasoning item must come before the assistant's message "
-                                             "or call it belongs to", i);
+    bool known = false;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, t->call_ids) known |= !strcmp(k->valuestring, id->valuestring);
+    if (!known)
+        return api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call before it", i, id->valuestring);
+    reasoning_turn(t);
     char where[48];
     snprintf(where, sizeof where, "input[%d].output", i);
     static const char *const out_parts[] = {"input_text", NULL};
@@ -225,19 +254,20 @@ static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
                                "content)", i);
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, "summary");
+    if (cJSON_IsArray(c) && !cJSON_GetArraySize(c)) c = NULL; /* no text there: the summary's */
     char where[48];
     snprintf(where, sizeof where, "input[%d].%s", i, is_null(c) ? "summary" : "content");
     char *text = parts_text(is_null(c) ? s : c, where, is_null(c) ? k_summary_parts : k_reasoning_parts, e);
     if (!text) return MLA_ERR;
-    if (t->reasoning) { /* two items in a row: one turn's reasoning */
-        size_t a = strlen(t->reasoning), b = strlen(text);
-        t->reasoning = mla_xrealloc(t->reasoning, a + b + 2);
-        t->reasoning[a] = '\n';
-        memcpy(t->reasoning + a + 1, text, b + 1);
-        free(text);
-    } else {
-        t->reasoning = text;
+    const size_t b = strlen(text); /* items in a row: one turn's reasoning, a line apart */
+    if (t->r_len + b + 2 > t->r_cap) {
+        t->r_cap = 2 * (t->r_len + b + 2);
+        t->reasoning = mla_xrealloc(t->reasoning, t->r_cap);
     }
+    if (t->r_len) t->reasoning[t->r_len++] = '\n';
+    memcpy(t->reasoning + t->r_len, text, b + 1);
+    t->r_len += b;
+    free(text);
     t->last_asst = NULL; /* it opens the next assistant turn */
     return MLA_OK;
 }
@@ -261,7 +291,7 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     }
     if (!cJSON_IsArray(in) || !cJSON_GetArraySize(in))
         return api_bad(e, "input", "'input' must be a string or a list of items that is not empty");
-    tx_state t = {.msgs = msgs};
+    tx_state t = {.msgs = msgs, .call_ids = cJSON_CreateArray()};
     int i = 0, rc = MLA_OK;
     const cJSON *it;
     cJSON_ArrayForEach(it, in) {
@@ -280,21 +310,20 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
         if (rc) break;
         i++;
     }
-    if (!rc && t.reasoning) rc = api_bad(e, "input", "input: a reasoning item ends the input (it belongs to an "
-                                                 "assistant's message or call after it)");
+    if (!rc) reasoning_turn(&t);
     free(t.reasoning);
+    cJSON_Delete(t.call_ids);
     return rc;
 }
 
 /* tools: [{"type": "function", "name", "description"?, "parameters"?, "strict"?}] in the chat form */
 static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
-    if (is_null(tools)) return MLA_OK;
-    if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
-    cJSON *out = cJSON_AddArrayToObject(chat, "tools");
+    if (!is_null(tools) && !cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
+    cJSON *out = is_null(tools) ? NULL : cJSON_AddArrayToObject(chat, "tools");
     int i = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
+    const cJSON *t, *list = out ? tools : NULL;
+    cJSON_ArrayForEach(t, list) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
             return api_bad(e, "tools", "tools[%d]: only function tools are served here (\"type\": \"function\")", i);
@@ -453,7 +482,27 @@ int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e) {
     return MLA_OK;
 }
 
+/* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
+static void replace_all(char *s, size_t cap, const char *from, const char *to) {
+    const size_t fl = strlen(from), tl = strlen(to);
+    for (char *p = strstr(s, from); p; p = strstr(p, from)) {
+        const size_t rest = strlen(p + fl);
+        if ((size_t)(p - s) + tl + rest + 1 > cap) return;
+        memmove(p + tl, p + fl, rest + 1);
+        memcpy(p, to, tl);
+        p += tl;
+    }
+}
+
 void api_rsp_error_names(api_error *e) {
+    /* the chat body's names in the message, longest first; a call's members are flat here */
+    static const char *const text[][2] = {{"response_format.json_schema.", "text.format."},
+                                          {"response_format", "text.format"},
+                                          {"max_completion_tokens", "max_output_tokens"},
+                                          {"reasoning_effort", "reasoning.effort"},
+                                          {"].function.", "]."}};
+    for (size_t i = 0; i < sizeof text / sizeof *text; i++)
+        replace_all(e->message, sizeof e->message, text[i][0], text[i][1]);
     static const char *const names[][2] = {{"messages", "input"},
                                            {"max_completion_tokens", "max_output_tokens"},
                                            {"response_format", "text.format"},
@@ -497,8 +546,8 @@ cJSON *api_rsp_event(api_rsp_out *o, const char *type) {
     return j;
 }
 
-static const char *item_status(const api_rsp_item *it, bool incomplete) {
-    return !it->done ? "in_progress" : incomplete ? "incomplete" : "completed";
+static const char *item_status(const api_rsp_item *it) {
+    return !it->done ? "in_progress" : it->incomplete ? "incomplete" : "completed";
 }
 
 /* The item as its events and the response object show it; status NULL: its own */
@@ -511,7 +560,7 @@ static cJSON *item_json(const api_rsp_item *it, const char *status) {
         cJSON_AddStringToObject(j, "type", "reasoning");
         cJSON_AddArrayToObject(j, "summary");
         cJSON *c = cJSON_AddArrayToObject(j, "content");
-        if (it->done) {
+        if (it->done || it->len) {
             cJSON *p = cJSON_CreateObject();
             cJSON_AddStringToObject(p, "type", "reasoning_text");
             cJSON_AddStringToObject(p, "text", t);
@@ -523,7 +572,7 @@ static cJSON *item_json(const api_rsp_item *it, const char *status) {
         cJSON_AddStringToObject(j, "type", "message");
         cJSON_AddStringToObject(j, "role", "assistant");
         cJSON *c = cJSON_AddArrayToObject(j, "content");
-        if (it->done) {
+        if (it->done || it->len) {
             cJSON *p = cJSON_CreateObject();
             cJSON_AddStringToObject(p, "type", "output_text");
             cJSON_AddStringToObject(p, "text", t);
@@ -537,10 +586,10 @@ static cJSON *item_json(const api_rsp_item *it, const char *status) {
         cJSON_AddStringToObject(j, "type", "function_call");
         cJSON_AddStringToObject(j, "call_id", it->call_id);
         cJSON_AddStringToObject(j, "name", it->name);
-        cJSON_AddStringToObject(j, "arguments", it->done ? t : "");
+        cJSON_AddStringToObject(j, "arguments", t);
         break;
     }
-    cJSON_AddStringToObject(j, "status", status ? status : item_status(it, false));
+    cJSON_AddStringToObject(j, "status", status ? status : item_status(it));
     return j;
 }
 
@@ -607,6 +656,7 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
     if (k < 0) return;
     api_rsp_item *it = &o->items[k];
     it->done = true;
+    it->incomplete = incomplete || (it->kind == API_RSP_CALL && !it->whole);
     o->open = -1;
     if (!emit) return;
     const char *t = it->text ? it->text : "";
@@ -628,7 +678,7 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
     }
     ev = api_rsp_event(o, "response.output_item.done");
     cJSON_AddNumberToObject(ev, "output_index", k);
-    cJSON_AddItemToObject(ev, "item", item_json(it, item_status(it, incomplete)));
+    cJSON_AddItemToObject(ev, "item", item_json(it, NULL));
     emit_free(emit, ud, ev);
 }
 
@@ -669,8 +719,9 @@ static int call_item(const api_rsp_out *o, int call) {
 
 /* The arguments of call i past what its item holds */
 static void call_args(api_rsp_out *o, const toolcall *c, int i, api_rsp_emit emit, void *ud) {
-    if (c->args_len <= o->sent_args[i]) return;
     const int k = call_item(o, i);
+    o->items[k].whole = c->done;
+    if (c->args_len <= o->sent_args[i]) return;
     if (k != o->open) { /* never in the text's order (a call's arguments all come before what follows it):
                          * the item keeps them, its events were sent */
         api_rsp_item *it = &o->items[k];
@@ -730,7 +781,7 @@ cJSON *api_rsp_object(const api_rsp_out *o, const cJSON *echo, const char *model
     cJSON_AddStringToObject(j, "model", model);
     if (err) {
         cJSON *x = cJSON_AddObjectToObject(j, "error");
-        cJSON_AddStringToObject(x, "code", err->code[0] ? err->code : "server_error");
+        cJSON_AddStringToObject(x, "code", "server_error"); /* the Responses API's code for it */
         cJSON_AddStringToObject(x, "message", err->message);
     } else {
         cJSON_AddNullToObject(j, "error");
@@ -740,10 +791,8 @@ cJSON *api_rsp_object(const api_rsp_out *o, const cJSON *echo, const char *model
     else cJSON_AddNullToObject(j, "incomplete_details");
     cJSON *out = cJSON_AddArrayToObject(j, "output");
     const bool in_progress = !strcmp(status, "in_progress");
-    for (int k = 0; !in_progress && k < o->n_items; k++) {
-        const bool last_cut = incomplete_reason && k == o->n_items - 1;
-        cJSON_AddItemToArray(out, item_json(&o->items[k], item_status(&o->items[k], last_cut)));
-    }
+    for (int k = 0; !in_progress && k < o->n_items; k++) /* a failed answer's open item: cut off */
+        cJSON_AddItemToArray(out, item_json(&o->items[k], o->items[k].done ? NULL : "incomplete"));
     const cJSON *m;
     cJSON_ArrayForEach(m, echo) cJSON_AddItemToObject(j, m->string, cJSON_Duplicate(m, 1));
     if (usage) {

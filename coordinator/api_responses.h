@@ -56,7 +56,9 @@ typedef struct api_rsp_item {
     size_t len, cap;
     char *name, *call_id; /* a call's */
     int call;             /* a call's index in the view */
+    bool whole;           /* a call's end was read (a call cut off is incomplete) */
     bool done;
+    bool incomplete;      /* done, cut off (by max_output_tokens, or a call's end never written) */
 } api_rsp_item;
 
 typedef struct api_rsp_out {

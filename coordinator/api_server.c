@@ -621,6 +621,16 @@ static void rsp_update(api_req *r, size_t len, bool final, bool emit, size_t *re
 
 static void rsp_stream(api_req *r, size_t len, bool final) { rsp_update(r, len, final, true, NULL); }
 
+/* Where the final text's reasoning ends (tags and the whitespace about them included), 0: none */
+static size_t rsp_reasoning_end(api_req *r) {
+    if (!r->chat) return 0;
+    chat_parsed ps;
+    chat_parse(r, r->text_len, true, &ps);
+    const size_t end = ps.rs.has_reasoning ? ps.rs.c_start : 0;
+    chat_parsed_free(&ps);
+    return end;
+}
+
 /* The response object of r (status "completed", "incomplete" or "failed" with err) */
 static cJSON *rsp_object(api_req *r, const char *status, size_t reasoning_end, int n_final, const api_error *err) {
     api_rsp_usage u = {.input = r->n_prompt, .cached = r->n_cached, .output = r->n_completion};
@@ -823,7 +833,7 @@ static void complete_response(api_req *r, const char *error) {
         gen_error(r, error, &e);
         if (r->stream && r->rsp) { /* the items as far as they got, the response failed */
             cJSON *ev = api_rsp_event(r->rsp, "response.failed");
-            cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", 0, 0, &e));
+            cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", rsp_reasoning_end(r), n_final, &e));
             sse_event(c, "response.failed", ev);
             cJSON_Delete(ev);
             http_stream_end(c);

@@ -128,6 +128,13 @@ def main():
                 check(no_ids(result_of(s)) == no_ids(got) and s.status == r.status, what + ": stream equals it",
                       (result_of(s), got))
                 check([it.type for it in s.output] == [it.type for it in r.output], what + ": the same items")
+                # a call the output ended inside (the chat's finish_reason is then not tool_calls) is
+                # incomplete; the ones before it completed
+                fc = [it.status for it in r.output if it.type == "function_call"]
+                want = ["completed"] * len(fc)
+                if fc and exp_finish != "tool_calls":
+                    want[-1] = "incomplete"
+                check(fc == want, what + ": calls' status", fc)
         check(n_cases >= 40, "dialect cases asked as Responses requests", n_cases)
 
         port, cl = client("glm-5.jinja")
@@ -195,6 +202,28 @@ def main():
               (r.usage.input_tokens, n, body[:200]))
         p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
         check("<arg_value>Paris</arg_value>" in p and "sunny" in p, "the call and its output rendered", p)
+        # as newer SDKs dump the items: their optional members as null
+        dumped = [dict(it, namespace=None, caller=None) if it.get("type") == "function_call" else it for it in items]
+        r = cl.responses.create(model="fake-model", input=dumped, tools=[weather], max_output_tokens=50)
+        check(r.usage.input_tokens == n, "items with null namespace / caller", r.usage)
+        # a reasoning item's summary where its content is empty
+        summ = [items[0], {"type": "reasoning", "content": [], "summary": [{"type": "summary_text", "text": "Need it."}]},
+                *items[2:]]
+        r = cl.responses.create(model="fake-model", input=summ, tools=[weather], max_output_tokens=50)
+        check(r.usage.input_tokens == n, "a summary read where the content is empty", (r.usage.input_tokens, n))
+        # an answer that was its reasoning alone goes back as input: an assistant turn of its own
+        script_of("Only thought.</think>")
+        r = cl.responses.create(model="fake-model", input="q", max_output_tokens=50)
+        check([it.type for it in r.output] == ["reasoning"], "an answer of reasoning alone", r.output)
+        script_of("Ok.</think>Sunny.")
+        back = [{"role": "user", "content": "q"}] + [it.model_dump(exclude_none=True) for it in r.output] + \
+            [{"role": "user", "content": "and?"}]
+        r2 = cl.responses.create(model="fake-model", input=back, max_output_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": [
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "", "reasoning_content": "Only thought."},
+            {"role": "user", "content": "and?"}]})
+        check(st == 200 and r2.usage.input_tokens == json.loads(body)["count"], "reasoning alone sent back",
+              (r2.usage, body[:100]))
 
         # refusals, by name
         def refused(what, param, **kw):
@@ -221,14 +250,22 @@ def main():
         refused("an unknown item", "item_reference", input=[{"type": "item_reference", "id": "x"}])
         refused("encrypted reasoning", "encrypted_content", input=[
             {"type": "reasoning", "summary": [], "encrypted_content": "zzz"}, {"role": "user", "content": "q"}])
-        refused("a reasoning item last", "reasoning item", input=[
-            {"role": "user", "content": "q"}, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "x"}]}])
         refused("an empty input", "input", input=[])
         refused("a chat parameter", "messages", extra_body={"messages": []})
         refused("max_output_tokens past the context", "max_output_tokens", max_output_tokens=10 ** 8)
         refused("reasoning effort the template does not read", "reasoning.effort", reasoning={"effort": "high"})
         refused("a tool of no name", "tools", tools=[{"type": "function", "parameters": {}}])
         refused("metadata not strings", "metadata", metadata={"a": 1})
+        refused("tool_choice without tools", "tool_choice", tool_choice="required")
+        refused("a call's output naming no call", "names no function_call", input=[
+            {"role": "user", "content": "q"}, {"type": "function_call_output", "call_id": "nope", "output": "x"}])
+        # the message names the Responses member, not the chat body's
+        try:
+            cl.responses.create(model="fake-model", input="q", extra_body={"max_output_tokens": "5"})
+            check(False, "max_output_tokens a string: refused")
+        except openai.BadRequestError as e:
+            m = str(e.body.get("message", "")) if isinstance(e.body, dict) else ""
+            check("max_output_tokens" in m and "max_completion_tokens" not in m, "the message names max_output_tokens", m)
         # refused where the scheduler takes it (a request the whole cache cannot hold), whole and streamed
         _, small = client("glm-5.jinja", ("--n-blocks", "4", "--block-size", "16"))
         for stream in (False, True):
@@ -239,8 +276,9 @@ def main():
                 check("KV cache" in str(e), "a request past the cache: 400 (stream %s)" % stream, e)
         # the server lives on: an answer after the refusals
         script_of("Weigh it.</think>Four.")
-        r = cl.responses.create(model="fake-model", input="q", max_output_tokens=50, metadata={"k": "v"})
-        check(result_of(r)["content"] == "Four." and r.metadata == {"k": "v"}, "answered after the refusals", r)
+        r = cl.responses.create(model="fake-model", input="q", max_output_tokens=50, metadata={"k": "é" * 300})
+        check(result_of(r)["content"] == "Four." and r.metadata == {"k": "é" * 300}, "answered after the refusals "
+              "(metadata counted in characters)", r)
     finally:
         for s in servers.values():
             check(s.stop() == 0, "clean exit")
