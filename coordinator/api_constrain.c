@@ -902,7 +902,8 @@ static int parse_bias(api_constrain *c, const cJSON *lb, struct api_error *e) {
         if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100)
             return api_bad(e, "logit_bias", "'logit_bias' value for token %lld must be a number in [-100, 100]", id);
         for (int32_t j = 0; j < c->n_bias; j++)
-            if (c->bias_ids[j] == (int32_t)id) return api_bad(e, "logit_bias", "'logit_bias' names token %lld twice", id);
+            if (c->bias_ids[j] == (int32_t)id) return api_bad(e, "logit_bias",
+                    "'logit_bias' names token %lld twice", id);
         c->bias_ids[c->n_bias] = (int32_t)id;
         c->bias_vals[c->n_bias++] = (float)it->valuedouble;
     }
@@ -932,7 +933,8 @@ static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) 
     const char *t = ty->valuestring;
     const bool text = !strcmp(t, "text"), obj = !strcmp(t, "json_object"), sch = !strcmp(t, "json_schema");
     if (!text && !obj && !sch)
-        return api_bad(e, "response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
+        return api_bad(e, "response_format",
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema' (got '%.40s')",
                    t);
     /* the members each type takes; json_object's "schema" is llama.cpp's way to give one */
     const cJSON *k;
@@ -952,7 +954,8 @@ static int parse_format(api_constrain *c, const cJSON *rf, struct api_error *e) 
     }
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
     if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 64)
-        return api_bad(e, "response_format", "'response_format.json_schema.name' must be a string of 1 to 64 characters");
+        return api_bad(e, "response_format",
+                "'response_format.json_schema.name' must be a string of 1 to 64 characters");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
     if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
         return api_bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");

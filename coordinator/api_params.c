@@ -95,7 +95,8 @@ static int get_num_open_lo(const cJSON *root, const char *name, double lo, doubl
     if (!isfinite(d) || d <= lo || d > hi)
         return api_bad(e, name, "'%s' must be in (%g, %g] (got %.17g)", name, lo, hi, d);
     if ((float)d <= (float)lo) /* in range, but the sampler's float makes it the bound */
-        return api_bad(e, name, "'%s' must be in (%g, %g]: %.17g is %g as a 32-bit float", name, lo, hi, d, (double)(float)d);
+        return api_bad(e, name,
+                "'%s' must be in (%g, %g]: %.17g is %g as a 32-bit float", name, lo, hi, d, (double)(float)d);
     *out = (float)d;
     return MLA_OK;
 }
@@ -163,7 +164,8 @@ static const char *const k_part_keys[] = {"type", "text", NULL};
 static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *e) {
     const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (is_null(tcs)) return MLA_OK;
-    if (strcmp(role, "assistant")) return api_bad(e, "messages", "messages[%d].tool_calls: only an assistant message has them", i);
+    if (strcmp(role, "assistant")) return api_bad(e, "messages",
+            "messages[%d].tool_calls: only an assistant message has them", i);
     if (!cJSON_IsArray(tcs)) return api_bad(e, "messages", "messages[%d].tool_calls must be a list", i);
     const cJSON *tc;
     int j = 0;
@@ -171,7 +173,8 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
         if (!cJSON_IsObject(tc) || !cJSON_IsObject(fn))
-            return api_bad(e, "messages", "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
+            return api_bad(e, "messages",
+                    "messages[%d].tool_calls[%d] must be an object with a 'function' object", i, j);
         if (!is_null(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function")))
             return api_bad(e, "messages", "messages[%d].tool_calls[%d].type must be \"function\"", i, j);
         /* a client that gathered the call from a stream may keep its "index" */
@@ -198,7 +201,8 @@ static int tool_calls_check(const cJSON *m, const char *role, int i, api_error *
          * a template that iterates over the arguments needs the text of an object (chat_normalize) */
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
         if (!cJSON_IsString(args) && !cJSON_IsObject(args))
-            return api_bad(e, "messages", "messages[%d].tool_calls[%d].function.arguments %s a JSON object or its text", i,
+            return api_bad(e, "messages",
+                    "messages[%d].tool_calls[%d].function.arguments %s a JSON object or its text", i,
                        j, is_null(args) ? "is required:" : "must be");
         j++;
     }
@@ -230,7 +234,8 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
         }
         if (in_list(k_msg_echo_keys, k)) {
             if (is_empty(it)) continue;
-            return api_bad(e, "messages", "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
+            return api_bad(e, "messages",
+                    "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
         }
         return api_bad(e, "messages",
                    "messages[%d].%.64s is not a member of a message (role, content, name, tool_calls, tool_call_id, "
@@ -273,7 +278,9 @@ int api_messages_check(const cJSON *messages, api_error *e) {
                 const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
                 if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text"))
-                    return api_bad(e, "messages", "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": \"text\", \"text\": ...})", i,
+                    return api_bad(e, "messages",
+                            "messages[%d].content: parts of type '%.64s' are not supported (only {\"type\": "
+                            "\"text\", \"text\": ...})", i,
                                cJSON_IsString(ty) ? ty->valuestring : "(none)");
                 if (!cJSON_IsString(tx))
                     return api_bad(e, "messages", "messages[%d].content: a text part needs a string 'text'", i);
@@ -355,7 +362,8 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
             const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
             if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-                return api_bad(e, "tools", "tools[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
+                return api_bad(e, "tools",
+                        "tools[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
             if (!cJSON_IsObject(fn) || !cJSON_IsString(nm) || !nm->valuestring[0] ||
                 strlen(nm->valuestring) > API_MAX_TOOL_NAME)
@@ -380,7 +388,8 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             cJSON_ArrayForEach(it, t) { /* "strict" put beside "function" would be lost */
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "type") && strcmp(k, "function"))
-                    return api_bad(e, "tools", "tools[%d].%.64s is not supported (a tool has \"type\" and \"function\")", i, k);
+                    return api_bad(e, "tools",
+                            "tools[%d].%.64s is not supported (a tool has \"type\" and \"function\")", i, k);
             }
             const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
             if (!is_null(pa) && !cJSON_IsObject(pa))
@@ -390,11 +399,13 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
                 return api_bad(e, "tools", "tools[%d].function.description must be a string", i);
             /* strict: true: the call's arguments are held to the schema (api_constrain_tools) */
             const cJSON *sx = cJSON_GetObjectItemCaseSensitive(fn, "strict");
-            if (!is_null(sx) && !cJSON_IsBool(sx)) return api_bad(e, "tools", "tools[%d].function.strict must be a boolean", i);
+            if (!is_null(sx) && !cJSON_IsBool(sx)) return api_bad(e, "tools",
+                    "tools[%d].function.strict must be a boolean", i);
             /* the arguments are a JSON object: a strict schema must describe one (as OpenAI requires) */
             const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pa, "type");
             if (cJSON_IsTrue(sx) && cJSON_IsObject(pa) && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "object")))
-                return api_bad(e, "tools", "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
+                return api_bad(e, "tools",
+                        "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict"))
@@ -410,7 +421,8 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             if (!strcmp(tc->valuestring, "auto")) p->tool_choice = API_TOOLS_AUTO;
             else if (!strcmp(tc->valuestring, "none")) p->tool_choice = API_TOOLS_NONE;
             else if (!strcmp(tc->valuestring, "required")) p->tool_choice = API_TOOLS_REQUIRED;
-            else return api_bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
+            else return api_bad(e, "tool_choice",
+                    "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function");
         } else {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
@@ -428,7 +440,8 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             p->tool_choice = API_TOOLS_NAMED;
             p->tool_choice_name = mla_xstrdup(nm->valuestring);
         }
-        if (!p->tools && p->tool_choice != API_TOOLS_NONE) return api_bad(e, "tool_choice", "'tool_choice' needs 'tools'");
+        if (!p->tools && p->tool_choice != API_TOOLS_NONE) return api_bad(e, "tool_choice",
+                "'tool_choice' needs 'tools'");
         if (p->tool_choice == API_TOOLS_NAMED) {
             bool found = false;
             const cJSON *t;
@@ -520,13 +533,15 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                 int i = 0;
                 cJSON_ArrayForEach(it, pr) {
                     if (text ? !cJSON_IsString(it) : !cJSON_IsArray(it))
-                        return api_bad(e, "prompt", "'prompt' [%d]: a list of prompts holds strings or lists of token ids, "
+                        return api_bad(e, "prompt",
+                                "'prompt' [%d]: a list of prompts holds strings or lists of token ids, "
                                                 "not both", i);
                     if (i == 0 && text) {
                         p->prompt_text = mla_xstrdup(it->valuestring);
                     } else if (i == 0) {
                         if (get_token_array(it, "prompt", &p->prompt_ids, &p->n_prompt_ids, e))
-                            return api_bad(e, "prompt", "'prompt' [0] must be a list of non-negative integer token ids");
+                            return api_bad(e, "prompt",
+                                    "'prompt' [0] must be a list of non-negative integer token ids");
                         if (!p->n_prompt_ids) return api_bad(e, "prompt", "'prompt' [0] must not be empty");
                     } else {
                         if (!p->more_n_ids) {
@@ -536,7 +551,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                         }
                         if (text) p->more_text[i - 1] = mla_xstrdup(it->valuestring);
                         else if (get_token_array(it, "prompt", &p->more_ids[i - 1], &p->more_n_ids[i - 1], e))
-                            return api_bad(e, "prompt", "'prompt' [%d] must be a list of non-negative integer token ids",
+                            return api_bad(e, "prompt",
+                                    "'prompt' [%d] must be a list of non-negative integer token ids",
                                        i);
                         p->n_more = i;
                         if (!text && p->more_n_ids[i - 1] == 0)
@@ -590,15 +606,18 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
     p->n = has ? (int32_t)v : 1;
     /* vLLM's: the prompt's last N tokens (-1: as many as leave one for the answer) */
     if (get_int(root, "truncate_prompt_tokens", -1, INT32_MAX, &v, &has, e)) return MLA_ERR;
-    if (has && v == 0) return api_bad(e, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1 (got 0)");
+    if (has && v == 0) return api_bad(e, "truncate_prompt_tokens",
+            "'truncate_prompt_tokens' must be -1 or at least 1 (got 0)");
     p->truncate_prompt = has ? (int32_t)v : 0;
     if ((int64_t)p->n * (1 + p->n_more) > API_MAX_N)
-        return api_bad(e, "n", "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
+        return api_bad(e, "n",
+                "%d prompts of %d choices each: at most %d choices a request", 1 + p->n_more, p->n, API_MAX_N);
     /* best_of: the server returns every choice it makes, so it must make no more than n */
     if (kind == API_COMPLETIONS) {
         if (get_int(root, "best_of", 1, API_MAX_N, &v, &has, e)) return MLA_ERR;
         if (has && v != p->n)
-            return api_bad(e, "best_of", "'best_of' must equal 'n' (%d): every choice made is returned, none picked (got %lld)",
+            return api_bad(e, "best_of",
+                    "'best_of' must equal 'n' (%d): every choice made is returned, none picked (got %lld)",
                        p->n, (long long)v);
     }
 
@@ -677,7 +696,8 @@ int api_gen_params_parse(api_gen_params *p, enum api_kind kind, const cJSON *roo
                        cu = it->string && !strcmp(it->string, "continuous_usage_stats");
             if (!iu && !cu) return api_bad(e, "stream_options", "stream_options.%.64s is not supported", it->string);
             if (is_null(it)) continue;
-            if (!cJSON_IsBool(it)) return api_bad(e, "stream_options", "'stream_options.%s' must be a boolean", it->string);
+            if (!cJSON_IsBool(it)) return api_bad(e, "stream_options",
+                    "'stream_options.%s' must be a boolean", it->string);
             *(iu ? &p->include_usage : &p->continuous_usage) = cJSON_IsTrue(it);
         }
         /* vLLM's: the usage so far in every chunk, beside include_usage's last one */
@@ -705,7 +725,8 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
         return api_bad(e, "messages", "'messages' (and no prompt) is required");
     }
     for (int32_t i = 0; i < p->n_prompt_ids; i++)
-        if (p->prompt_ids[i] < 0) return api_bad(e, "prompt", "'prompt' must be a list of non-negative integer token ids");
+        if (p->prompt_ids[i] < 0) return api_bad(e, "prompt",
+                "'prompt' must be a list of non-negative integer token ids");
     for (int32_t i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0)
             return api_bad(e, "stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
@@ -723,11 +744,14 @@ int api_gen_params_check(const api_gen_params *p, api_error *e) {
     if (s->top_k < 0) return api_bad(e, "top_k", "'top_k' must be >= -1");
     if (!in_range(s->min_p, 0.0, 1.0)) return api_bad(e, "min_p", "'min_p' must be between 0 and 1 (got %g)", s->min_p);
     if (!in_range(s->presence_penalty, -2.0, 2.0))
-        return api_bad(e, "presence_penalty", "'presence_penalty' must be between -2 and 2 (got %g)", s->presence_penalty);
+        return api_bad(e, "presence_penalty",
+                "'presence_penalty' must be between -2 and 2 (got %g)", s->presence_penalty);
     if (!in_range(s->frequency_penalty, -2.0, 2.0))
-        return api_bad(e, "frequency_penalty", "'frequency_penalty' must be between -2 and 2 (got %g)", s->frequency_penalty);
+        return api_bad(e, "frequency_penalty",
+                "'frequency_penalty' must be between -2 and 2 (got %g)", s->frequency_penalty);
     if (!in_range(s->repetition_penalty, 0.0, 100.0) || s->repetition_penalty <= 0.0f)
-        return api_bad(e, "repetition_penalty", "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
+        return api_bad(e, "repetition_penalty",
+                "'repetition_penalty' must be in (0, 100] (got %g)", s->repetition_penalty);
     if (p->top_logprobs < 0 || p->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
         return api_bad(e, "top_logprobs", "'top_logprobs' must be between 0 and %d", SCHED_MAX_TOP_LOGPROBS);
     if (s->logprobs != p->logprobs || s->top_logprobs != p->top_logprobs || s->prompt_logprobs != (p->echo && p->logprobs))

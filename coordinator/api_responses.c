@@ -36,7 +36,8 @@ static int check_keys(const cJSON *body, api_error *e) {
             if (is_null(it)) continue;
             return api_bad(e, k, "'%s': this server keeps no responses or conversations; send the whole input", k);
         }
-        return api_bad(e, k, "'%.64s' is not supported by /v1/responses on this server (docs/openai-params.md lists the "
+        return api_bad(e, k,
+                "'%.64s' is not supported by /v1/responses on this server (docs/openai-params.md lists the "
                          "parameters)", k);
     }
     return MLA_OK;

@@ -3,8 +3,8 @@ server running a scripted model (tests/serve/fake_backend.h) under the released 
 tests/data/chat. Every dialect case of test_chat_dialects.py is asked again as a Responses
 request: its output items (reasoning, message, function calls) must hold what the chat answer's
 fields hold there (the expected values written in that file), and the stream, read through the
-client's own stream helper (which checks the events' order and identities), must give the same
-items, each item's deltas its final text. Then the input items' translation (calls, their
+client's own `responses.stream` (which checks the events' order and identities), must give the
+same items, each item's deltas its final text. Then the input items' translation (calls, their
 outputs, reasoning; counted against /tokenize of the chat messages they stand for), the usage,
 max_output_tokens, and the refusals.
 Usage: test_responses.py FAKE_SERVER_EXE DATA_DIR. Exits 77 without the openai package."""
@@ -63,7 +63,7 @@ def result_of(resp):
 
 
 def stream_of(cl, what, kw):
-    """The final response of a stream read by the client's stream helper; each item's deltas must
+    """The final response of a stream read by the client's `responses.stream`; each item's deltas must
     make its final text, the sequence numbers count up from 0."""
     seqs, acc, ok_deltas = [], {}, True
     with cl.responses.stream(**kw) as st:
