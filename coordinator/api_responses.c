@@ -108,7 +108,7 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
     char *s = mla_xmalloc(n + 1), *w = s;
     cJSON_ArrayForEach(p, content) {
         const char *t = part_text(p)->valuestring;
-        if (w > s) *w++ = '\n';
+        if (p != content->child) *w++ = '\n';
         size_t l = strlen(t);
         memcpy(w, t, l);
         w += l;
@@ -141,8 +141,24 @@ typedef struct tx_state {
     cJSON *last_asst;     /* the assistant message the items just before made, which a call joins */
     char *reasoning;      /* reasoning items' text, for the next assistant turn (NULL: none) */
     size_t r_len, r_cap;
-    cJSON *call_ids;      /* the function calls' ids so far (a function_call_output names one) */
+    const char **call_ids; /* the function calls' ids (strings of the body), and the outputs', each */
+    const char **out_ids;  /* of which must name a call of the input */
+    int *out_at;           /* an output's input index */
+    int n_calls, n_outs, cap_calls, cap_outs;
 } tx_state;
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Each function_call_output names a function_call of the input (sorted once: an input of many
+ * calls costs n log n, not n^2) */
+static int outputs_check(tx_state *t, api_error *e) {
+    qsort(t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str);
+    for (int k = 0; k < t->n_outs; k++)
+        if (!t->n_calls || !bsearch(&t->out_ids[k], t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str))
+            return api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call of the input", t->out_at[k],
+                           t->out_ids[k]);
+    return MLA_OK;
+}
 
 static cJSON *assistant_turn(tx_state *t) {
     if (!t->last_asst) {
@@ -204,7 +220,11 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
         return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    cJSON_AddItemToArray(t->call_ids, cJSON_CreateString(id->valuestring));
+    if (t->n_calls == t->cap_calls) {
+        t->cap_calls = t->cap_calls ? 2 * t->cap_calls : 8;
+        t->call_ids = mla_xrealloc(t->call_ids, (size_t)t->cap_calls * sizeof *t->call_ids);
+    }
+    t->call_ids[t->n_calls++] = id->valuestring;
     cJSON *m = assistant_turn(t);
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!calls) {
@@ -226,11 +246,13 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
     if (!cJSON_IsString(id)) return api_bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    bool known = false;
-    const cJSON *k;
-    cJSON_ArrayForEach(k, t->call_ids) known |= !strcmp(k->valuestring, id->valuestring);
-    if (!known)
-        return api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call before it", i, id->valuestring);
+    if (t->n_outs == t->cap_outs) {
+        t->cap_outs = t->cap_outs ? 2 * t->cap_outs : 8;
+        t->out_ids = mla_xrealloc(t->out_ids, (size_t)t->cap_outs * sizeof *t->out_ids);
+        t->out_at = mla_xrealloc(t->out_at, (size_t)t->cap_outs * sizeof *t->out_at);
+    }
+    t->out_ids[t->n_outs] = id->valuestring;
+    t->out_at[t->n_outs++] = i;
     reasoning_turn(t);
     char where[48];
     snprintf(where, sizeof where, "input[%d].output", i);
@@ -292,7 +314,7 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     }
     if (!cJSON_IsArray(in) || !cJSON_GetArraySize(in))
         return api_bad(e, "input", "'input' must be a string or a list of items that is not empty");
-    tx_state t = {.msgs = msgs, .call_ids = cJSON_CreateArray()};
+    tx_state t = {.msgs = msgs};
     int i = 0, rc = MLA_OK;
     const cJSON *it;
     cJSON_ArrayForEach(it, in) {
@@ -312,8 +334,11 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
         i++;
     }
     if (!rc) reasoning_turn(&t);
+    if (!rc) rc = outputs_check(&t, e);
     free(t.reasoning);
-    cJSON_Delete(t.call_ids);
+    free(t.call_ids);
+    free(t.out_ids);
+    free(t.out_at);
     return rc;
 }
 
