@@ -152,7 +152,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *c
 /* Each function_call_output names a function_call of the input (sorted once: an input of many
  * calls costs n log n, not n^2) */
 static int outputs_check(tx_state *t, api_error *e) {
-    qsort(t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str);
+    if (t->n_calls) qsort(t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str);
     for (int k = 0; k < t->n_outs; k++)
         if (!t->n_calls || !bsearch(&t->out_ids[k], t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str))
             return api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call of the input", t->out_at[k],
