@@ -130,12 +130,6 @@ static const char *const keywords[] = {"type", "properties", "required", "additi
                                        "minItems", "maxItems", "minLength", "maxLength", "enum", "const",
                                        "anyOf", "oneOf", "$ref", NULL};
 
-static bool in_list(const char *s, const char *const *l) {
-    for (; *l; l++)
-        if (!strcmp(s, *l)) return true;
-    return false;
-}
-
 static int gen(sctx *c, const cJSON *s, const char *path, int depth);
 
 static int new_rule(sctx *c) { return c->n_rules++; }
@@ -389,8 +383,9 @@ static int gen(sctx *c, const cJSON *s, const char *path, int depth) {
     const cJSON *k;
     int n_cons = 0;
     cJSON_ArrayForEach(k, s) {
-        if (in_list(k->string, annotations)) continue;
-        if (!in_list(k->string, keywords)) return fail(c, path, "unsupported JSON-schema keyword '%.60s'", k->string);
+        if (api_in_list(annotations, k->string)) continue;
+        if (!api_in_list(keywords, k->string))
+            return fail(c, path, "unsupported JSON-schema keyword '%.60s'", k->string);
         n_cons++;
     }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");

@@ -137,7 +137,7 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
     return MLA_OK;
 }
 
-static bool in_list(const char *const *l, const char *k) {
+bool api_in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;
     return false;
@@ -148,7 +148,7 @@ static const char *other_member(const cJSON *o, const char *const *keys) {
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
         const char *k = it->string ? it->string : "";
-        if (!in_list(keys, k)) return k;
+        if (!api_in_list(keys, k)) return k;
     }
     return NULL;
 }
@@ -225,14 +225,14 @@ static int message_members_check(const cJSON *m, const char *role, int i, api_er
     const cJSON *it;
     cJSON_ArrayForEach(it, m) {
         const char *k = it->string ? it->string : "";
-        if (in_list(k_msg_keys, k)) {
+        if (api_in_list(k_msg_keys, k)) {
             if ((!strcmp(k, "name") || !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content") ||
                  !strcmp(k, "reasoning")) &&
                 !is_null(it) && !cJSON_IsString(it))
                 return api_bad(e, "messages", "messages[%d].%s must be a string", i, k);
             continue;
         }
-        if (in_list(k_msg_echo_keys, k)) {
+        if (api_in_list(k_msg_echo_keys, k)) {
             if (is_empty(it)) continue;
             return api_bad(e, "messages",
                     "messages[%d].%.64s is not supported by this server (only taken empty)", i, k);
@@ -337,10 +337,11 @@ static int check_keys(const cJSON *root, enum api_kind kind, api_error *e) {
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
-        if (in_list(k_common_keys, k) || in_list(kind == API_CHAT ? k_chat_keys : k_completion_keys, k)) continue;
-        if (kind == API_COMPLETIONS && in_list(k_chat_keys, k))
+        if (api_in_list(k_common_keys, k) || api_in_list(kind == API_CHAT ? k_chat_keys : k_completion_keys, k))
+            continue;
+        if (kind == API_COMPLETIONS && api_in_list(k_chat_keys, k))
             return api_bad(e, k, "'%.64s' is a chat parameter: use /v1/chat/completions", k);
-        if (kind == API_CHAT && in_list(k_completion_keys, k))
+        if (kind == API_CHAT && api_in_list(k_completion_keys, k))
             return api_bad(e, k, "'%.64s' is a completions parameter: use /v1/completions", k);
         return api_bad(e, k, "'%.64s' is not supported by this server (docs/openai-params.md lists the parameters)", k);
     }
@@ -801,11 +802,11 @@ int api_tokenize_params_parse(api_tok_params *p, const cJSON *root, api_error *e
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
-        if (!in_list(k_tokenize_keys, k) && !in_list(k_tokenize_chat_keys, k))
+        if (!api_in_list(k_tokenize_keys, k) && !api_in_list(k_tokenize_chat_keys, k))
             return api_bad(e, k, "'%.64s' is not a /tokenize field (model, prompt, messages, add_special_tokens, "
                              "add_generation_prompt, continue_final_message, tools, tool_choice, "
                              "parallel_tool_calls, chat_template_kwargs, reasoning_effort)", k);
-        if (in_list(k_tokenize_chat_keys, k) && is_null(cJSON_GetObjectItemCaseSensitive(root, "messages")))
+        if (api_in_list(k_tokenize_chat_keys, k) && is_null(cJSON_GetObjectItemCaseSensitive(root, "messages")))
             return api_bad(e, k, "'%.64s' applies to 'messages'", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;
@@ -844,7 +845,7 @@ int api_detokenize_params_parse(api_tok_params *p, const cJSON *root, api_error 
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const char *k = it->string ? it->string : "";
-        if (!in_list(k_detokenize_keys, k))
+        if (!api_in_list(k_detokenize_keys, k))
             return api_bad(e, k, "'%.64s' is not a /detokenize field (model, tokens)", k);
     }
     if (get_model(root, &p->model, e)) return MLA_ERR;

@@ -39,6 +39,9 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
  * MLA_ERR. */
 int api_bad(api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Whether k is one of the NULL-terminated list l */
+bool api_in_list(const char *const *l, const char *k);
+
 enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
 
 /* tool_choice */

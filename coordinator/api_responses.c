@@ -11,12 +11,6 @@
 
 static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
 
-static bool in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
-
 /* Members the translation reads, and those handed to the chat parser as they are (vLLM's
  * sampling extras, which the chat parser checks) */
 static const char *const k_keys[] = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
@@ -31,7 +25,7 @@ static int check_keys(const cJSON *body, api_error *e) {
     const cJSON *it;
     cJSON_ArrayForEach(it, body) {
         const char *k = it->string ? it->string : "";
-        if (in_list(k_keys, k) || in_list(k_pass, k)) continue;
+        if (api_in_list(k_keys, k) || api_in_list(k_pass, k)) continue;
         if (!strcmp(k, "previous_response_id") || !strcmp(k, "conversation")) {
             if (is_null(it)) continue;
             return api_bad(e, k, "'%s': this server keeps no responses or conversations; send the whole input", k);
@@ -93,7 +87,7 @@ static char *parts_text(const cJSON *content, const char *where, const char *con
     cJSON_ArrayForEach(p, content) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
         const cJSON *tx = part_text(p);
-        if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || !in_list(allowed, ty->valuestring)) {
+        if (!cJSON_IsObject(p) || !cJSON_IsString(ty) || !api_in_list(allowed, ty->valuestring)) {
             api_bad(e, "input", "%s: parts of type '%.64s' are not supported (this model reads text: %s%s%s)", where,
                 cJSON_IsString(ty) ? ty->valuestring : "(none)", allowed[0], allowed[1] ? " or " : "",
                 allowed[1] ? allowed[1] : "");
@@ -130,7 +124,7 @@ static int item_members(const cJSON *it, int i, const char *const *read, api_err
     const cJSON *m;
     cJSON_ArrayForEach(m, it) {
         const char *k = m->string ? m->string : "";
-        if (in_list(read, k) || in_list(echo, k) || (in_list(if_null, k) && cJSON_IsNull(m))) continue;
+        if (api_in_list(read, k) || api_in_list(echo, k) || (api_in_list(if_null, k) && cJSON_IsNull(m))) continue;
         return api_bad(e, "input", "input[%d].%.64s is not supported here", i, k);
     }
     return MLA_OK;
@@ -708,9 +702,9 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
     emit_free(emit, ud, ev);
 }
 
-/* Appends s[0, n) to the open item and sends it as its delta */
-static void item_delta(api_rsp_out *o, const char *s, size_t n, api_rsp_emit emit, void *ud) {
-    api_rsp_item *it = &o->items[o->open];
+/* Appends s[0, n) to item k and sends it as its delta (emit NULL: appended alone) */
+static void item_delta(api_rsp_out *o, int k, const char *s, size_t n, api_rsp_emit emit, void *ud) {
+    api_rsp_item *it = &o->items[k];
     size_t m;
     char *d = api_json_text(s, n, &m);
     if (it->len + m + 1 > it->cap) {
@@ -722,7 +716,7 @@ static void item_delta(api_rsp_out *o, const char *s, size_t n, api_rsp_emit emi
     if (emit) {
         static const char *const type[] = {"response.reasoning_text.delta", "response.output_text.delta",
                                            "response.function_call_arguments.delta"};
-        cJSON *ev = item_event(o, type[it->kind], o->open, it->kind != API_RSP_CALL);
+        cJSON *ev = item_event(o, type[it->kind], k, it->kind != API_RSP_CALL);
         cJSON_AddStringToObject(ev, "delta", d);
         if (it->kind == API_RSP_MESSAGE) cJSON_AddArrayToObject(ev, "logprobs");
         emit_free(emit, ud, ev);
@@ -748,27 +742,16 @@ static void call_args(api_rsp_out *o, const toolcall *c, int i, api_rsp_emit emi
     const int k = call_item(o, i);
     o->items[k].whole = c->done;
     if (c->args_len <= o->sent_args[i]) return;
-    if (k != o->open) { /* never in the text's order (a call's arguments all come before what follows it):
-                         * the item keeps them, its events were sent */
-        api_rsp_item *it = &o->items[k];
-        size_t m;
-        char *d = api_json_text(c->args + o->sent_args[i], c->args_len - o->sent_args[i], &m);
-        it->text = mla_xrealloc(it->text, it->len + m + 1);
-        memcpy(it->text + it->len, d, m + 1);
-        it->len += m;
-        it->cap = it->len + 1;
-        free(d);
-        o->sent_args[i] = c->args_len;
-        return;
-    }
-    item_delta(o, c->args + o->sent_args[i], c->args_len - o->sent_args[i], emit, ud);
+    /* a done item never grows in the text's order (a call's arguments all come before what
+     * follows it); were it to, it keeps them, its events having been sent */
+    item_delta(o, k, c->args + o->sent_args[i], c->args_len - o->sent_args[i], k == o->open ? emit : NULL, ud);
     o->sent_args[i] = c->args_len;
 }
 
 void api_rsp_out_update(api_rsp_out *o, const api_rsp_view *v, api_rsp_emit emit, void *ud) {
     if (v->reasoning && v->reasoning_len > o->sent_r) {
         item_want(o, API_RSP_REASONING, emit, ud);
-        item_delta(o, v->reasoning + o->sent_r, v->reasoning_len - o->sent_r, emit, ud);
+        item_delta(o, o->open, v->reasoning + o->sent_r, v->reasoning_len - o->sent_r, emit, ud);
         o->sent_r = v->reasoning_len;
     }
     /* in the text's order: the calls begun before (their arguments), then the content before each
@@ -779,7 +762,7 @@ void api_rsp_out_update(api_rsp_out *o, const api_rsp_view *v, api_rsp_emit emit
         const size_t upto = call && v->calls[i].content_at < v->content_len ? v->calls[i].content_at : v->content_len;
         if (upto > o->sent_c) {
             item_want(o, API_RSP_MESSAGE, emit, ud);
-            item_delta(o, v->content + o->sent_c, upto - o->sent_c, emit, ud);
+            item_delta(o, o->open, v->content + o->sent_c, upto - o->sent_c, emit, ud);
             o->sent_c = upto;
         }
         if (!call) break;

@@ -385,17 +385,19 @@ static cJSON *chunk_base(const api_req *r) {
     return j;
 }
 
-static void sse_send(api_req *r, cJSON *j) {
+/* One Server-Sent Event: "event: type" (type NULL: none, as chat and completions send them), then
+ * "data: " and j */
+static void sse_event(http_conn *c, const char *type, const cJSON *j) {
     char *s = chat_json_print(j);
-    size_t n = strlen(s);
-    char *buf = mla_xmalloc(n + 9);
-    memcpy(buf, "data: ", 6);
-    memcpy(buf + 6, s, n);
-    memcpy(buf + 6 + n, "\n\n", 2);
-    http_stream_write(r->conn, buf, n + 8);
+    const size_t cap = sizeof "event: \ndata: \n\n" + (type ? strlen(type) : 0) + strlen(s); /* its NUL too */
+    char *buf = mla_xmalloc(cap);
+    const int n = type ? snprintf(buf, cap, "event: %s\ndata: %s\n\n", type, s) : snprintf(buf, cap, "data: %s\n\n", s);
+    http_stream_write(c, buf, (size_t)n);
     free(buf);
     free(s);
 }
+
+static void sse_send(api_req *r, cJSON *j) { sse_event(r->conn, NULL, j); }
 
 /* A stream chunk with text[from_b, to_b) and tokens [t0, t1); finish may be NULL. */
 static void send_chunk(api_req *r, size_t from_b, size_t to_b, int t0, int t1, const char *finish) {
@@ -581,22 +583,11 @@ static void chat_stream(api_req *r, size_t len, bool final, int t0, int t1, bool
 
 static void req_unlink_conn(api_req *r);
 
-static void sse_event(http_conn *c, const char *type, const cJSON *ev) {
-    char *s = chat_json_print(ev);
-    const size_t n = strlen(s), tl = strlen(type);
-    const size_t cap = sizeof "event: \ndata: \n\n" + tl + n; /* its NUL too */
-    char *buf = mla_xmalloc(cap);
-    snprintf(buf, cap, "event: %s\ndata: %s\n\n", type, s);
-    http_stream_write(c, buf, cap - 1);
-    free(buf);
-    free(s);
-}
-
 static void rsp_emit(void *ud, const char *type, const cJSON *ev) { sse_event(((api_req *)ud)->conn, type, ev); }
 
 /* The parse of text[0, len) as output items: what it adds goes out as events when streamed
- * (emit), else into the items alone. The reasoning's bytes (tags too) go to *reasoning_end. */
-static void rsp_update(api_req *r, size_t len, bool final, bool emit, size_t *reasoning_end) {
+ * (emit), else into the items alone. */
+static void rsp_update(api_req *r, size_t len, bool final, bool emit) {
     api_rsp_view v = {0};
     chat_parsed ps = {0};
     if (r->chat) {
@@ -609,17 +600,13 @@ static void rsp_update(api_req *r, size_t len, bool final, bool emit, size_t *re
         v.content_len = ps.content_len;
         v.calls = ps.tc.calls;
         v.n_calls = ps.n_calls;
-        if (reasoning_end) *reasoning_end = ps.rs.has_reasoning ? ps.rs.c_start : 0;
     } else {
         v.content = r->text ? r->text : "";
         v.content_len = len;
-        if (reasoning_end) *reasoning_end = 0;
     }
     api_rsp_out_update(r->rsp, &v, emit ? rsp_emit : NULL, r);
     if (r->chat) chat_parsed_free(&ps);
 }
-
-static void rsp_stream(api_req *r, size_t len, bool final) { rsp_update(r, len, final, true, NULL); }
 
 /* Where the final text's reasoning ends (tags and the whitespace about them included), 0: none */
 static size_t rsp_reasoning_end(api_req *r) {
@@ -631,9 +618,11 @@ static size_t rsp_reasoning_end(api_req *r) {
     return end;
 }
 
-/* The response object of r (status "completed", "incomplete" or "failed" with err) */
-static cJSON *rsp_object(api_req *r, const char *status, size_t reasoning_end, int n_final, const api_error *err) {
+/* The response object of r (status "completed", "incomplete" or "failed" with err); n_final: the
+ * final text's tokens */
+static cJSON *rsp_object(api_req *r, const char *status, int n_final, const api_error *err) {
     api_rsp_usage u = {.input = r->n_prompt, .cached = r->n_cached, .output = r->n_completion};
+    const size_t reasoning_end = rsp_reasoning_end(r);
     for (int i = 0; i < n_final && r->toks[i].start < reasoning_end; i++) u.reasoning++;
     const bool cut = !strcmp(status, "incomplete");
     return api_rsp_object(r->rsp, r->resp->rsp_echo, r->srv->model_name, r->created, status,
@@ -646,10 +635,9 @@ static void rsp_complete(api_req *r, int n_final) {
     http_conn *c = r->conn;
     api_resp *rs = r->resp;
     const bool cut = r->finish_reason && !strcmp(r->finish_reason, "length");
-    size_t rend = 0;
-    rsp_update(r, r->text_len, true, r->stream, &rend);
+    rsp_update(r, r->text_len, true, r->stream);
     api_rsp_out_finish(r->rsp, cut, r->stream ? rsp_emit : NULL, r);
-    cJSON *obj = rsp_object(r, cut ? "incomplete" : "completed", rend, n_final, NULL);
+    cJSON *obj = rsp_object(r, cut ? "incomplete" : "completed", n_final, NULL);
     if (r->stream) {
         cJSON *ev = api_rsp_event(r->rsp, cut ? "response.incomplete" : "response.completed");
         cJSON_AddItemToObject(ev, "response", obj);
@@ -703,7 +691,7 @@ static void stream_flush(api_req *r) {
     if (r->has_sink)
         r->sink.on_delta(r->sink.ud, r->text, r->sent_len, to_b, r->toks + t0, t1 - t0);
     else if (r->rsp)
-        rsp_stream(r, to_b, false);
+        rsp_update(r, to_b, false, true);
     else if (r->chat)
         chat_stream(r, to_b, false, t0, t1, false);
     else
@@ -833,7 +821,7 @@ static void complete_response(api_req *r, const char *error) {
         gen_error(r, error, &e);
         if (r->stream && r->rsp) { /* the items as far as they got, the response failed */
             cJSON *ev = api_rsp_event(r->rsp, "response.failed");
-            cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", rsp_reasoning_end(r), n_final, &e));
+            cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", n_final, &e));
             sse_event(c, "response.failed", ev);
             cJSON_Delete(ev);
             http_stream_end(c);
