@@ -49,9 +49,10 @@
 # (server start bound, 420), LLAMA (0: skip llama-server), SERVE (0: skip mlaserve's points, e.g.
 # llama-server alone in a command of its own; rate points then need RATES or RATE_TOKS), LLAMA_DIR
 # (.llama-cuda), LLAMA_CTX (128 x the longest request of the shapes run, rounded up to 256: 163840
-# for 1k-256, 655360 with chat rate points), LLAMA_ARGS,
-# BENCH_ARGS (default "--prefill P --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt
-# tokens, none where SHAPE_C is chat), NCU (0: skip),
+# for 1k-256, 655360 with chat rate points), LLAMA_ARGS (after the defaults: a later --parallel wins),
+# BENCH (0: skip the bench step), BENCH_S (its bound, default 150 s), BENCH_ARGS (default "--prefill P
+# --batch 1 --ctx 1024 --steps 32 --warmup 2 --repeat 2", P SHAPE_C's prompt tokens, none where SHAPE_C
+# is chat), NCU (0: skip),
 # NCU_S (180), NCU_STALLS (1: stall reasons), MODEL_S, TOTAL_S.
 # Where .bundle90/bin/mlaserve or .llama-cuda/llama-server is missing and its archive of .gpucarry/
 # (scripts/gpu_carry.sh: bins.tar.xz, llama-cuda.tar.xz) is there, it is unpacked first (llama-src.tar.xz,
@@ -428,7 +429,9 @@ for spec in $MODELS; do
       fi
     fi
     # the batch-1 step of the whole model
-    if fits 60; then
+    if [ "${BENCH:-1}" != 1 ]; then
+      note "mlaserve bench not run (BENCH=0)"
+    elif fits 60; then
       bs=$((${BENCH_S:-150} < $(left) ? ${BENCH_S:-150} : $(left)))
       # shellcheck disable=SC2086
       timeout -k 10 "$bs" "$MLA" bench -m "$M" --backend "$BACKEND" \
