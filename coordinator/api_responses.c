@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/evp.h>
+
 #include "common/mla_err.h"
 
 /* ---- the request ---- */
@@ -15,11 +17,12 @@ static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
  * sampling extras, which the chat parser checks) */
 static const char *const k_keys[] = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
                                      "max_output_tokens", "text", "reasoning", "stream", "store", "metadata",
-                                     "truncation", "background", "include", NULL};
+                                     "truncation", "background", "include", "prompt_cache_key", NULL};
 static const char *const k_pass[] = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                                      "presence_penalty", "frequency_penalty", "chat_template_kwargs", "user", NULL};
 
 #define API_RSP_MAX_METADATA 16 /* OpenAI's limits: 16 pairs, keys of 64 and values of 512 characters */
+#define API_RSP_MAX_CACHE_KEY 1024 /* prompt_cache_key's bytes */
 
 static int check_keys(const cJSON *body, api_error *e) {
     const cJSON *it;
@@ -37,8 +40,8 @@ static int check_keys(const cJSON *body, api_error *e) {
     return MLA_OK;
 }
 
-/* The stateless values of store, background, truncation and include; metadata */
-static int check_stateless(const cJSON *body, api_error *e) {
+/* The stateless values of store, background and truncation; include, prompt_cache_key, metadata */
+static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, "store");
     if (!is_null(j) && !cJSON_IsBool(j)) return api_bad(e, "store", "'store' must be a boolean");
     if (cJSON_IsTrue(j)) return api_bad(e, "store", "'store': this server keeps no responses (store must be false)");
@@ -49,15 +52,25 @@ static int check_stateless(const cJSON *body, api_error *e) {
     if (!is_null(j) && (!cJSON_IsString(j) || strcmp(j->valuestring, "disabled")))
         return api_bad(e, "truncation", "'truncation' must be \"disabled\" (an input past the context is a 400)");
     j = cJSON_GetObjectItemCaseSensitive(body, "include");
-    if (!is_null(j) && (!cJSON_IsArray(j) || cJSON_GetArraySize(j)))
-        return api_bad(e, "include", "'include': nothing is included on request here (reasoning is returned as its "
-                                 "text, unencrypted; logprobs are not offered); send [] or leave it out");
+    if (!is_null(j) && !cJSON_IsArray(j)) return api_bad(e, "include", "'include' must be a list of strings");
+    const cJSON *v;
+    const cJSON *list = cJSON_IsArray(j) ? j : NULL;
+    cJSON_ArrayForEach(v, list) {
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, "reasoning.encrypted_content"))
+            return api_bad(e, "include", "include: '%.64s' is not offered here (only reasoning.encrypted_content)",
+                           cJSON_IsString(v) ? v->valuestring : "(not a string)");
+        opts->encrypted = true;
+    }
+    /* a cache-routing hint: the one prefix cache here matches every request's prompt by content */
+    j = cJSON_GetObjectItemCaseSensitive(body, "prompt_cache_key");
+    if (!is_null(j) && (!cJSON_IsString(j) || strlen(j->valuestring) > API_RSP_MAX_CACHE_KEY))
+        return api_bad(e, "prompt_cache_key", "'prompt_cache_key' must be a string of at most %d bytes",
+                       API_RSP_MAX_CACHE_KEY);
     j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     if (!is_null(j)) {
         if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_METADATA)
             return api_bad(e, "metadata", "'metadata' must be an object of at most %d string values",
                        API_RSP_MAX_METADATA);
-        const cJSON *v;
         cJSON_ArrayForEach(v, j) {
             if (!cJSON_IsString(v) || api_utf8_chars(v->string, strlen(v->string)) > 64 ||
                 api_utf8_chars(v->valuestring, strlen(v->valuestring)) > 512)
@@ -65,6 +78,52 @@ static int check_stateless(const cJSON *body, api_error *e) {
         }
     }
     return MLA_OK;
+}
+
+/* A reasoning item's encrypted_content: API_RSP_SEAL and the text in base64 (api_responses.h) */
+static char *seal(const char *text, size_t n) {
+    const size_t pre = sizeof API_RSP_SEAL - 1;
+    char *s = mla_xmalloc(pre + 4 * ((n + 2) / 3) + 1);
+    memcpy(s, API_RSP_SEAL, pre);
+    int w = 0;
+    for (size_t i = 0; i < n; i += 3 * 1024) { /* EVP_EncodeBlock takes an int: whole groups a call */
+        const size_t m = n - i < 3 * 1024 ? n - i : 3 * 1024;
+        w += EVP_EncodeBlock((unsigned char *)s + pre + w, (const unsigned char *)text + i, (int)m);
+    }
+    s[pre + (size_t)w] = 0;
+    return s;
+}
+
+/* The text an encrypted_content of ours holds (NUL-terminated, the caller's), or NULL when it is
+ * not one: another prefix, base64 that is not whole groups or not base64, a NUL byte within */
+static char *unseal(const char *s) {
+    const size_t pre = sizeof API_RSP_SEAL - 1, n = strlen(s);
+    if (n < pre || memcmp(s, API_RSP_SEAL, pre) || (n - pre) % 4) return NULL;
+    const size_t m = n - pre;
+    char *t = mla_xmalloc(m / 4 * 3 + 1);
+    size_t w = 0;
+    for (size_t i = 0; i < m; i += 4 * 1024) {
+        const size_t k = m - i < 4 * 1024 ? m - i : 4 * 1024;
+        const int r = EVP_DecodeBlock((unsigned char *)t + w, (const unsigned char *)s + pre + i, (int)k);
+        if (r < 0) {
+            free(t);
+            return NULL;
+        }
+        w += (size_t)r;
+    }
+    /* EVP_DecodeBlock counts the padding's bytes as zeros: '=' only at the very end */
+    const size_t pad = m && s[n - 1] == '=' ? (s[n - 2] == '=' ? 2 : 1) : 0;
+    if (memchr(s + pre, '=', m - pad) || w < pad) {
+        free(t);
+        return NULL;
+    }
+    w -= pad;
+    t[w] = 0;
+    if (strlen(t) != w) { /* a NUL in the text: not one we sealed */
+        free(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* A part's text: "text", a refusal's "refusal" */
@@ -266,15 +325,23 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
 static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
     static const char *const read[] = {"type", "summary", "content", "encrypted_content", NULL};
     if (item_members(it, i, read, e)) return MLA_ERR;
-    if (!is_null(cJSON_GetObjectItemCaseSensitive(it, "encrypted_content")))
-        return api_bad(e, "input", "input[%d].encrypted_content: this server encrypts no reasoning (send its text as "
-                               "content)", i);
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, "summary");
-    if (cJSON_IsArray(c) && !cJSON_GetArraySize(c)) c = NULL; /* no text there: the summary's */
-    char where[48];
-    snprintf(where, sizeof where, "input[%d].%s", i, is_null(c) ? "summary" : "content");
-    char *text = parts_text(is_null(c) ? s : c, where, is_null(c) ? k_summary_parts : k_reasoning_parts, e);
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(it, "encrypted_content");
+    if (cJSON_IsArray(c) && !cJSON_GetArraySize(c)) c = NULL; /* no text there: the sealed text's, or the summary's */
+    char *text = NULL;
+    if (!is_null(x) && (!cJSON_IsString(x) || !(text = unseal(x->valuestring))))
+        return api_bad(e, "input", "input[%d].encrypted_content: not one this server wrote (it seals reasoning as "
+                               "'" API_RSP_SEAL "' and base64; send the reasoning's text as content instead)", i);
+    if (text && !is_null(c)) { /* the content's text first, as for an item without it */
+        free(text);
+        text = NULL;
+    }
+    if (!text) {
+        char where[48];
+        snprintf(where, sizeof where, "input[%d].%s", i, is_null(c) ? "summary" : "content");
+        text = parts_text(is_null(c) ? s : c, where, is_null(c) ? k_summary_parts : k_reasoning_parts, e);
+    }
     if (!text) return MLA_ERR;
     const size_t b = strlen(text); /* items in a row: one turn's reasoning, a line apart */
     if (t->r_len + b + 2 > t->r_cap) {
@@ -346,7 +413,9 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     cJSON_ArrayForEach(t, list) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-            return api_bad(e, "tools", "tools[%d]: only function tools are served here (\"type\": \"function\")", i);
+            return api_bad(e, "tools", "tools[%d]: a tool of type '%.64s' is not served here, only function tools "
+                                   "(hosted tools such as web_search run on OpenAI's servers)", i,
+                           cJSON_IsString(ty) ? ty->valuestring : "(none)");
         cJSON *fn = cJSON_CreateObject();
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
@@ -423,7 +492,7 @@ static int format_chat(const cJSON *body, cJSON *chat, api_error *e) {
     return MLA_OK;
 }
 
-static int reasoning_chat(const cJSON *body, cJSON *chat, api_error *e) {
+static int reasoning_chat(const cJSON *body, cJSON *chat, api_rsp_opts *opts, api_error *e) {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
     if (is_null(r)) return MLA_OK;
     if (!cJSON_IsObject(r)) return api_bad(e, "reasoning", "'reasoning' must be an object");
@@ -433,11 +502,14 @@ static int reasoning_chat(const cJSON *body, cJSON *chat, api_error *e) {
             if (cJSON_IsString(m)) cJSON_AddStringToObject(chat, "reasoning_effort", m->valuestring);
             else if (!cJSON_IsNull(m)) return api_bad(e, "reasoning.effort", "reasoning.effort must be a string");
         } else if (!strcmp(m->string, "summary") || !strcmp(m->string, "generate_summary")) {
-            if (!cJSON_IsNull(m))
-                return api_bad(e, "reasoning.summary", "reasoning.%s: the model's reasoning is returned whole (a "
-                                                   "reasoning item's content), never summarized", m->string);
+            /* no summarizer here: a summary asked for is the reasoning whole */
+            static const char *const kinds[] = {"auto", "concise", "detailed", NULL};
+            if (cJSON_IsString(m) && api_in_list(kinds, m->valuestring)) opts->summary = true;
+            else if (!cJSON_IsNull(m) && !(cJSON_IsString(m) && !strcmp(m->valuestring, "none")))
+                return api_bad(e, "reasoning.summary", "reasoning.%s must be auto, concise, detailed, none or null",
+                               m->string);
         } else {
-            return api_bad(e, "reasoning", "reasoning.%.64s is not supported (effort)", m->string);
+            return api_bad(e, "reasoning", "reasoning.%.64s is not supported (effort, summary)", m->string);
         }
     }
     return MLA_OK;
@@ -447,7 +519,7 @@ static int reasoning_chat(const cJSON *body, cJSON *chat, api_error *e) {
 static cJSON *make_echo(const cJSON *body) {
     cJSON *o = cJSON_CreateObject();
     static const char *const null_default[] = {"instructions", "max_output_tokens", "temperature", "top_p", "user",
-                                               NULL};
+                                               "prompt_cache_key", NULL};
     for (int i = 0; null_default[i]; i++) {
         const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, null_default[i]);
         cJSON_AddItemToObject(o, null_default[i], j ? cJSON_Duplicate(j, 1) : cJSON_CreateNull());
@@ -465,9 +537,12 @@ static cJSON *make_echo(const cJSON *body) {
     if (is_null(j)) cJSON_AddStringToObject(fmt, "type", "text");
     cJSON_AddItemToObject(cJSON_AddObjectToObject(o, "text"), "format", fmt);
     cJSON *r = cJSON_AddObjectToObject(o, "reasoning");
-    j = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(body, "reasoning"), "effort");
+    const cJSON *asked = cJSON_GetObjectItemCaseSensitive(body, "reasoning");
+    j = cJSON_GetObjectItemCaseSensitive(asked, "effort");
     cJSON_AddItemToObject(r, "effort", j ? cJSON_Duplicate(j, 1) : cJSON_CreateNull());
-    cJSON_AddNullToObject(r, "summary");
+    j = cJSON_GetObjectItemCaseSensitive(asked, "summary");
+    if (!j) j = cJSON_GetObjectItemCaseSensitive(asked, "generate_summary");
+    cJSON_AddItemToObject(r, "summary", j ? cJSON_Duplicate(j, 1) : cJSON_CreateNull());
     cJSON_AddStringToObject(o, "truncation", "disabled");
     cJSON_AddBoolToObject(o, "store", false);
     cJSON_AddBoolToObject(o, "background", false);
@@ -475,14 +550,15 @@ static cJSON *make_echo(const cJSON *body) {
     return o;
 }
 
-int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e) {
+int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_rsp_opts *opts, api_error *e) {
     *chat = *echo = NULL;
+    memset(opts, 0, sizeof *opts);
     if (!cJSON_IsObject(body)) return api_bad(e, NULL, "the request body must be a JSON object");
-    if (check_keys(body, e) || check_stateless(body, e)) return MLA_ERR;
+    if (check_keys(body, e) || check_stateless(body, opts, e)) return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(c, "messages");
     if (input_messages(body, msgs, e) || tools_chat(body, c, e) || format_chat(body, c, e) ||
-        reasoning_chat(body, c, e)) {
+        reasoning_chat(body, c, opts, e)) {
         cJSON_Delete(c);
         return MLA_ERR;
     }
@@ -543,9 +619,10 @@ void api_rsp_error_names(api_error *e) {
 
 /* ---- the answer ---- */
 
-void api_rsp_out_init(api_rsp_out *o, const char *resp_id) {
+void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *opts) {
     memset(o, 0, sizeof *o);
     snprintf(o->resp_id, sizeof o->resp_id, "%s", resp_id);
+    if (opts) o->opts = *opts;
     o->open = -1;
 }
 
@@ -570,21 +647,36 @@ static const char *item_status(const api_rsp_item *it) {
     return !it->done ? "in_progress" : it->incomplete ? "incomplete" : "completed";
 }
 
-/* The item as its events and the response object show it; status NULL: its own */
-static cJSON *item_json(const api_rsp_item *it, const char *status) {
+static cJSON *summary_part(const char *text) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", "summary_text");
+    cJSON_AddStringToObject(p, "text", text);
+    return p;
+}
+
+/* The item as its events and the response object show it (o's options); status NULL: its own */
+static cJSON *item_json(const api_rsp_out *o, const api_rsp_item *it, const char *status) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", it->id);
     const char *t = it->text ? it->text : "";
     switch (it->kind) {
     case API_RSP_REASONING: {
         cJSON_AddStringToObject(j, "type", "reasoning");
-        cJSON_AddArrayToObject(j, "summary");
+        cJSON *s = cJSON_AddArrayToObject(j, "summary");
         cJSON *c = cJSON_AddArrayToObject(j, "content");
         if (it->done || it->len) {
             cJSON *p = cJSON_CreateObject();
             cJSON_AddStringToObject(p, "type", "reasoning_text");
             cJSON_AddStringToObject(p, "text", t);
             cJSON_AddItemToArray(c, p);
+            if (o->opts.summary) cJSON_AddItemToArray(s, summary_part(t));
+        }
+        if (o->opts.encrypted && it->done) {
+            char *x = seal(t, it->len);
+            cJSON_AddStringToObject(j, "encrypted_content", x);
+            free(x);
+        } else if (o->opts.encrypted) {
+            cJSON_AddNullToObject(j, "encrypted_content");
         }
         break;
     }
@@ -627,6 +719,21 @@ static cJSON *item_event(api_rsp_out *o, const char *type, int k, bool part) {
     return ev;
 }
 
+/* Whether item k's events include its summary part's (a reasoning item, summary asked) */
+static bool has_summary(const api_rsp_out *o, int k) {
+    return o->opts.summary && o->items[k].kind == API_RSP_REASONING;
+}
+
+/* A summary event of item k: its one part, index 0; text: the member named member (NULL: none) */
+static void summary_event(api_rsp_out *o, const char *type, int k, const char *member, const char *text,
+                          api_rsp_emit emit, void *ud) {
+    cJSON *ev = item_event(o, type, k, false);
+    cJSON_AddNumberToObject(ev, "summary_index", 0);
+    if (member && !strcmp(member, "part")) cJSON_AddItemToObject(ev, "part", summary_part(text));
+    else if (member) cJSON_AddStringToObject(ev, member, text);
+    emit_free(emit, ud, ev);
+}
+
 static cJSON *part_json(const api_rsp_item *it, const char *text) {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "type", it->kind == API_RSP_REASONING ? "reasoning_text" : "output_text");
@@ -663,12 +770,13 @@ static void item_open(api_rsp_out *o, enum api_rsp_item_kind kind, const toolcal
     if (!emit) return;
     cJSON *ev = api_rsp_event(o, "response.output_item.added");
     cJSON_AddNumberToObject(ev, "output_index", k);
-    cJSON_AddItemToObject(ev, "item", item_json(it, NULL));
+    cJSON_AddItemToObject(ev, "item", item_json(o, it, NULL));
     emit_free(emit, ud, ev);
     if (kind == API_RSP_CALL) return;
     ev = item_event(o, "response.content_part.added", k, true);
     cJSON_AddItemToObject(ev, "part", part_json(it, ""));
     emit_free(emit, ud, ev);
+    if (has_summary(o, k)) summary_event(o, "response.reasoning_summary_part.added", k, "part", "", emit, ud);
 }
 
 static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void *ud) {
@@ -695,10 +803,14 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
         ev = item_event(o, "response.content_part.done", k, true);
         cJSON_AddItemToObject(ev, "part", part_json(it, t));
         emit_free(emit, ud, ev);
+        if (has_summary(o, k)) {
+            summary_event(o, "response.reasoning_summary_text.done", k, "text", t, emit, ud);
+            summary_event(o, "response.reasoning_summary_part.done", k, "part", t, emit, ud);
+        }
     }
     ev = api_rsp_event(o, "response.output_item.done");
     cJSON_AddNumberToObject(ev, "output_index", k);
-    cJSON_AddItemToObject(ev, "item", item_json(it, NULL));
+    cJSON_AddItemToObject(ev, "item", item_json(o, it, NULL));
     emit_free(emit, ud, ev);
 }
 
@@ -720,6 +832,7 @@ static void item_delta(api_rsp_out *o, int k, const char *s, size_t n, api_rsp_e
         cJSON_AddStringToObject(ev, "delta", d);
         if (it->kind == API_RSP_MESSAGE) cJSON_AddArrayToObject(ev, "logprobs");
         emit_free(emit, ud, ev);
+        if (has_summary(o, k)) summary_event(o, "response.reasoning_summary_text.delta", k, "delta", d, emit, ud);
     }
     free(d);
 }
@@ -801,7 +914,7 @@ cJSON *api_rsp_object(const api_rsp_out *o, const cJSON *echo, const char *model
     cJSON *out = cJSON_AddArrayToObject(j, "output");
     const bool in_progress = !strcmp(status, "in_progress");
     for (int k = 0; !in_progress && k < o->n_items; k++) /* a failed answer's open item: cut off */
-        cJSON_AddItemToArray(out, item_json(&o->items[k], o->items[k].done ? NULL : "incomplete"));
+        cJSON_AddItemToArray(out, item_json(o, &o->items[k], o->items[k].done ? NULL : "incomplete"));
     const cJSON *m;
     cJSON_ArrayForEach(m, echo) cJSON_AddItemToObject(j, m->string, cJSON_Duplicate(m, 1));
     if (usage) {

@@ -6,7 +6,8 @@
  * message first, its flat function tools the chat form, text.format a response_format,
  * reasoning.effort reasoning_effort, max_output_tokens max_completion_tokens. Every other member
  * is refused by name, as the chat parser refuses its own (docs/openai-params.md). Nothing is
- * stored: store, background and previous_response_id are refused but for their stateless values.
+ * stored: store, background and previous_response_id are refused but for their stateless values;
+ * a reasoning item's encrypted_content (API_RSP_SEAL) carries its text from one request to the next.
  *
  * The answer, parsed as a chat answer is (reasoning, content, tool calls), becomes output items
  * (api_rsp_out): a reasoning item, a message with one output_text part, a function_call item a
@@ -28,10 +29,20 @@
 #include "coordinator/api_params.h"
 #include "coordinator/chat_toolcall.h"
 
-/* Translates a Responses request body into *chat (a chat completions body) and *echo (the
- * members its response object repeats: instructions, tools, tool_choice, text, reasoning, ...,
- * with their defaults). MLA_ERR with e set (400 naming the member) when the body is not one. */
-int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_error *e);
+/* What a request asks of its answer's reasoning items beyond the chat parse */
+typedef struct api_rsp_opts {
+    bool summary;   /* reasoning.summary auto / concise / detailed: the reasoning whole as the one summary part */
+    bool encrypted; /* include "reasoning.encrypted_content": the item carries its text sealed (API_RSP_SEAL) */
+} api_rsp_opts;
+
+/* encrypted_content here: this prefix and the reasoning's text in base64. Opaque to the client and
+ * taken back as that item's text, not secret (the same text is the item's content). */
+#define API_RSP_SEAL "mlaserve-reasoning-1:"
+
+/* Translates a Responses request body into *chat (a chat completions body), *echo (the members
+ * its response object repeats: instructions, tools, tool_choice, text, reasoning, ..., with their
+ * defaults) and *opts. MLA_ERR with e set (400 naming the member) when the body is not one. */
+int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_rsp_opts *opts, api_error *e);
 
 /* An error of the chat parser on a translated body, named as the Responses request names it
  * (messages -> input, max_completion_tokens -> max_output_tokens, ...). */
@@ -63,6 +74,7 @@ typedef struct api_rsp_item {
 
 typedef struct api_rsp_out {
     char resp_id[64];
+    api_rsp_opts opts;
     api_rsp_item *items;
     int n_items, cap_items;
     int open;          /* the item still growing, or -1 */
@@ -75,7 +87,7 @@ typedef struct api_rsp_out {
 /* Each event, with its type and sequence_number set (owned by the callee for the call only) */
 typedef void (*api_rsp_emit)(void *ud, const char *type, const cJSON *event);
 
-void api_rsp_out_init(api_rsp_out *o, const char *resp_id);
+void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *opts); /* opts NULL: none */
 void api_rsp_out_free(api_rsp_out *o);
 /* What v adds to what the items hold: deltas into the open item, or a new item (the open one
  * done first). emit may be NULL (a whole response: the items alone). */

@@ -96,6 +96,7 @@ typedef struct api_resp {
     int32_t *ntok;    /* completion tokens of each choice so far (the usage) */
     cJSON **answers;  /* not streamed: each answered choice's object until every choice is */
     cJSON *rsp_echo;  /* a Responses API request's members its answer repeats (api_rsp_parse), else NULL */
+    api_rsp_opts rsp_opts; /* and what it asks of its reasoning items */
 } api_resp;
 
 /* A chat response's parsing state: what parsers run, and what of their output was streamed. */
@@ -146,6 +147,7 @@ struct api_tok_job {
     int32_t **more_ids; /* the ids of gp's prompts after the first (gp.n_more) */
     int32_t *more_n;
     cJSON *rsp_echo;    /* a Responses API request's (api_rsp_parse), for its api_resp */
+    api_rsp_opts rsp_opts;
 };
 
 typedef struct qev {
@@ -1713,7 +1715,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     }
     if (rs && rs->rsp_echo) {
         r->rsp = mla_xmalloc(sizeof *r->rsp);
-        api_rsp_out_init(r->rsp, r->id);
+        api_rsp_out_init(r->rsp, r->id, &rs->rsp_opts);
     }
     r->resp = rs;
     r->index = index;
@@ -1903,13 +1905,16 @@ static void on_prep_done(uv_async_t *h) {
 }
 
 /* A generation's body (root: taken) parsed and sent to the prep thread, or answered with its
- * error. rsp_echo (taken): a Responses API request's, whose root is its chat translation. */
-static void generate_submit(api_server *a, http_conn *c, cJSON *root, enum api_kind kind, cJSON *rsp_echo) {
+ * error. rsp_echo (taken) and rsp_opts: a Responses API request's, whose root is its chat
+ * translation (NULL, NULL: another request's). */
+static void generate_submit(api_server *a, http_conn *c, cJSON *root, enum api_kind kind, cJSON *rsp_echo,
+                            const api_rsp_opts *rsp_opts) {
     prep_job *j = mla_xcalloc(1, sizeof(*j));
     j->srv = a;
     j->conn = c;
     j->root = root;
     j->rsp_echo = rsp_echo;
+    if (rsp_opts) j->rsp_opts = *rsp_opts;
     const int rc = api_gen_params_parse(&j->gp, kind, root, &j->e);
     if (rc == MLA_OK && rsp_echo) j->gp.max_tokens_param = "max_output_tokens";
     if (rc != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
@@ -1923,7 +1928,7 @@ static void generate_submit(api_server *a, http_conn *c, cJSON *root, enum api_k
 
 static void handle_generate(api_server *a, http_conn *c, const http_request *hr, enum api_kind kind) {
     cJSON *root = parse_body(c, hr);
-    if (root) generate_submit(a, c, root, kind, NULL);
+    if (root) generate_submit(a, c, root, kind, NULL, NULL);
 }
 
 /* POST /v1/responses: the chat path under the Responses API's request and answer */
@@ -1931,11 +1936,12 @@ static void handle_responses(api_server *a, http_conn *c, const http_request *hr
     cJSON *body = parse_body(c, hr);
     if (!body) return;
     cJSON *chat, *echo;
+    api_rsp_opts opts;
     api_error e = {0};
-    const int rc = api_rsp_parse(body, &chat, &echo, &e);
+    const int rc = api_rsp_parse(body, &chat, &echo, &opts, &e);
     cJSON_Delete(body);
     if (rc != MLA_OK) reply_error(c, &e, NULL);
-    else generate_submit(a, c, chat, API_CHAT, echo);
+    else generate_submit(a, c, chat, API_CHAT, echo, &opts);
 }
 
 static void generate_ready(api_server *a, prep_job *j) {
@@ -1972,6 +1978,7 @@ static void generate_ready(api_server *a, prep_job *j) {
     rs->ntok = mla_xcalloc((size_t)rs->n, sizeof *rs->ntok);
     rs->answers = mla_xcalloc((size_t)rs->n, sizeof *rs->answers);
     rs->rsp_echo = j->rsp_echo;
+    rs->rsp_opts = j->rsp_opts;
     j->rsp_echo = NULL;
     for (int k = 0; k < rs->n; k++) {
         const int p = k / rs->n_per; /* prompt p's choices in a row, as vLLM orders them */

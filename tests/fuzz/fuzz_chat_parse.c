@@ -131,6 +131,52 @@ static void rsp_feed(api_rsp_out *o, const char *t, const parsed *p) {
     api_rsp_out_update(o, &v, NULL, NULL);
 }
 
+/* each reasoning item of o (summary and encrypted_content asked) in its response object: its
+ * summary its text, and its encrypted_content, sent back as an input item alone, that text again */
+static void rsp_seal_check(const api_rsp_out *o) {
+    cJSON *echo = cJSON_CreateObject();
+    cJSON *obj = api_rsp_object(o, echo, "m", 0, "completed", NULL, NULL, NULL);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(obj, "output")) {
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(it, "type")->valuestring, "reasoning")) continue;
+        const char *text = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(it, "content"), 0)
+                               ->child->next->valuestring; /* {"type", "text"} */
+        const cJSON *sum = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(it, "summary"), 0);
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(it, "encrypted_content");
+        if (!sum || strcmp(cJSON_GetObjectItemCaseSensitive(sum, "text")->valuestring, text) || !cJSON_IsString(x)) {
+            fprintf(stderr, "responses: a reasoning item without its summary or encrypted_content\n");
+            abort();
+        }
+        cJSON *body = cJSON_CreateObject(), *in = cJSON_AddArrayToObject(body, "input");
+        cJSON *u = cJSON_CreateObject(), *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", "q");
+        cJSON_AddStringToObject(r, "type", "reasoning");
+        cJSON_AddArrayToObject(r, "summary");
+        cJSON_AddStringToObject(r, "encrypted_content", x->valuestring);
+        cJSON_AddItemToArray(in, u);
+        cJSON_AddItemToArray(in, r);
+        cJSON *chat, *e2;
+        api_rsp_opts opts;
+        api_error e = {0};
+        if (api_rsp_parse(body, &chat, &e2, &opts, &e) != MLA_OK) {
+            fprintf(stderr, "responses: sealed reasoning refused: %s\n", e.message);
+            abort();
+        }
+        const cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chat, "messages"), 1);
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+        if (!cJSON_IsString(rc) || strcmp(rc->valuestring, text)) {
+            fprintf(stderr, "responses: sealed reasoning came back changed\n");
+            abort();
+        }
+        cJSON_Delete(chat);
+        cJSON_Delete(e2);
+        cJSON_Delete(body);
+    }
+    cJSON_Delete(obj);
+    cJSON_Delete(echo);
+}
+
 /* the items of a stream (a) and of the final parse alone (b): the same, the messages' text the
  * final content where that is valid UTF-8 (else its pieces around the calls, each made valid
  * alone, may differ from the whole made valid) */
@@ -164,6 +210,7 @@ static void rsp_check(api_rsp_out *a, api_rsp_out *b, const parsed *fin) {
         abort();
     }
     free(want);
+    rsp_seal_check(b);
     api_rsp_out_free(a);
     api_rsp_out_free(b);
 }
@@ -187,8 +234,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     parsed prev;
     hints h = {0};
     api_rsp_out streamed, whole;
-    api_rsp_out_init(&streamed, "resp_x");
-    api_rsp_out_init(&whole, "resp_x");
+    const api_rsp_opts all = {.summary = true, .encrypted = true};
+    api_rsp_out_init(&streamed, "resp_x", NULL);
+    api_rsp_out_init(&whole, "resp_x", &all);
     parse(t, 0, flags, false, &h, &prev);
     for (size_t l = 1; l <= cut; l++) {
         parsed cur;

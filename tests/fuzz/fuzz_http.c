@@ -62,7 +62,8 @@ static void handle(const http_request *r) {
         api_gen_params_free(&p);
     }
     cJSON *chat, *echo;
-    if (api_rsp_parse(j, &chat, &echo, &e) == MLA_OK) {
+    api_rsp_opts opts;
+    if (api_rsp_parse(j, &chat, &echo, &opts, &e) == MLA_OK) {
         if (!chat || !echo || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(chat, "messages"))) __builtin_trap();
         if (api_gen_params_parse(&p, API_CHAT, chat, &e) != MLA_OK) {
             api_rsp_error_names(&e);

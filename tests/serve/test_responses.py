@@ -225,6 +225,56 @@ def main():
         check(st == 200 and r2.usage.input_tokens == json.loads(body)["count"], "reasoning alone sent back",
               (r2.usage, body[:100]))
 
+        # reasoning carried by encrypted_content (include), and its summary (the reasoning whole): a
+        # call's reasoning sent back as the blob alone renders as the text it sealed
+        script_of("Need it.</think>Sunny.")
+        r = cl.responses.create(model="fake-model", input=q, max_output_tokens=50, reasoning={"summary": "auto"},
+                                include=["reasoning.encrypted_content"], prompt_cache_key="thread-1")
+        rs = [it for it in r.output if it.type == "reasoning"]
+        check(len(rs) == 1 and rs[0].content[0].text == "Need it." and rs[0].summary[0].text == "Need it." and
+              rs[0].encrypted_content.startswith("mlaserve-reasoning-1:") and r.reasoning.summary == "auto" and
+              r.prompt_cache_key == "thread-1", "summary, encrypted_content, prompt_cache_key", r)
+        sealed = [items[0], {"type": "reasoning", "summary": [], "encrypted_content": rs[0].encrypted_content},
+                  *items[2:]]
+        r2 = cl.responses.create(model="fake-model", input=sealed, tools=[weather], max_output_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": [dict(as_chat[1], reasoning_content="") if i == 1 else m
+                                                             for i, m in enumerate(as_chat)], "tools": [D.WEATHER]})
+        n_without = json.loads(body)["count"] if st == 200 else -1
+        check(r2.usage.input_tokens == n and n_without < n, "encrypted_content read back as its reasoning",
+              (r2.usage.input_tokens, n, n_without))
+        # not one of ours: a blob that is not base64, or whose text holds a NUL
+        for blob in ("mlaserve-reasoning-1:@@@@", "mlaserve-reasoning-1:QQBC", "mlaserve-reasoning-1:QQ==QQ=="):
+            st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": [
+                {"type": "reasoning", "summary": [], "encrypted_content": blob}, {"role": "user", "content": "q"}]})
+            check(st == 400 and b"encrypted_content" in body, "a blob not ours refused: " + blob, body[:200])
+        # streamed: the summary's events, their deltas the reasoning
+        deltas, summ_done = "", None
+        with cl.responses.stream(model="fake-model", input=q, max_output_tokens=50, reasoning={"summary": "detailed"},
+                                 include=["reasoning.encrypted_content"]) as st_:
+            for ev in st_:
+                if ev.type == "response.reasoning_summary_text.delta":
+                    deltas += ev.delta
+                elif ev.type == "response.reasoning_summary_text.done":
+                    summ_done = ev.text
+            fin = st_.get_final_response()
+        frs = [it for it in fin.output if it.type == "reasoning"]
+        check(deltas == summ_done == "Need it." and frs and frs[0].summary[0].text == "Need it." and
+              frs[0].encrypted_content == rs[0].encrypted_content, "summary streamed", (deltas, summ_done, fin.output))
+        # a request as Codex CLI sends it (its fallback for a model it does not know: reasoning summary,
+        # encrypted reasoning, a developer message, prompt_cache_key, strict false tools), streamed
+        codex = {"model": "fake-model", "instructions": "You are a coding agent.", "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather?"}]}],
+            "tools": [dict(weather, strict=False)], "tool_choice": "auto", "parallel_tool_calls": False,
+            "reasoning": {"summary": "auto"}, "store": False, "stream": True,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199a1b2-c3d4-7000-8000-000000000000"}
+        st, body = http_post(port, "/v1/responses", codex)
+        evs = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: ")]
+        last = evs[-1] if evs else {}
+        out = last.get("response", {}).get("output", [])
+        check(st == 200 and last.get("type") == "response.completed" and [it["type"] for it in out] ==
+              ["reasoning", "message"] and out[0].get("encrypted_content"), "a Codex CLI request", body[-400:])
+
         # refusals, by name
         def refused(what, param, **kw):
             kw.setdefault("input", "q")
@@ -239,12 +289,13 @@ def main():
 
         refused("store true", "store", store=True)
         refused("previous_response_id", "previous_response_id", previous_response_id="resp_x")
-        refused("include", "include", include=["reasoning.encrypted_content"])
-        refused("reasoning summary", "reasoning.summary", reasoning={"summary": "auto"})
+        refused("include of logprobs", "include", include=["message.output_text.logprobs"])
+        refused("reasoning summary of another kind", "reasoning.summary", reasoning={"summary": "brief"})
+        refused("prompt_cache_key not a string", "prompt_cache_key", extra_body={"prompt_cache_key": 7})
         refused("an unknown parameter", "max_tool_calls", max_tool_calls=3)
         refused("background", "background", background=True)
         refused("truncation auto", "truncation", truncation="auto")
-        refused("a web search tool", "tools", tools=[{"type": "web_search"}])
+        refused("a web search tool", "web_search", tools=[{"type": "web_search", "external_web_access": False}])
         refused("an image part", "input_image", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x"}]}])
         refused("an unknown item", "item_reference", input=[{"type": "item_reference", "id": "x"}])
