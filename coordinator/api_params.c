@@ -137,6 +137,35 @@ static int get_token_array(const cJSON *a, const char *name, int32_t **ids, int3
     return MLA_OK;
 }
 
+/* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
+void api_replace_all(char *s, size_t cap, const char *from, const char *to) {
+    const size_t fl = strlen(from), tl = strlen(to);
+    for (char *p = strstr(s, from); p; p = strstr(p, from)) {
+        const size_t rest = strlen(p + fl);
+        if ((size_t)(p - s) + tl + rest + 1 > cap) return;
+        memmove(p + tl, p + fl, rest + 1);
+        memcpy(p, to, tl);
+        p += tl;
+    }
+}
+
+void api_error_rename(api_error *e, const char *const (*text)[2], size_t n_text, const char *const (*names)[2],
+                      size_t n_names, const char *prefix) {
+    for (size_t i = 0; i < n_text; i++) api_replace_all(e->message, sizeof e->message, text[i][0], text[i][1]);
+    for (size_t i = 0; i < n_names; i++) {
+        if (strcmp(e->param, names[i][0])) continue;
+        snprintf(e->param, sizeof e->param, "%s", names[i][1]);
+        if (i == 0 && prefix) {
+            const size_t pl = strlen(prefix);
+            if (pl >= sizeof e->message) return;
+            memmove(e->message + pl, e->message, sizeof e->message - pl); /* the message's bytes that still fit */
+            memcpy(e->message, prefix, pl);
+            e->message[sizeof e->message - 1] = 0;
+        }
+        return;
+    }
+}
+
 bool api_in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;

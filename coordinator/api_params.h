@@ -41,6 +41,14 @@ int api_bad(api_error *e, const char *param, const char *fmt, ...) __attribute__
 
 /* Whether k is one of the NULL-terminated list l */
 bool api_in_list(const char *const *l, const char *k);
+/* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
+void api_replace_all(char *s, size_t cap, const char *from, const char *to);
+/* An error of the chat parser named as another API names the members: each text[i][0] of its
+ * message as text[i][1] (n_text pairs, longest first), its param as names[k][1] where it is
+ * names[k][0]; with prefix put before the message where the param was names[0][0] (the chat
+ * messages, whose index is not the request's) */
+void api_error_rename(api_error *e, const char *const (*text)[2], size_t n_text, const char *const (*names)[2],
+                      size_t n_names, const char *prefix);
 
 enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
 

@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 
 #include "common/mla_err.h"
+#include "coordinator/chat_json.h"
 
 /* ---- the request ---- */
 
@@ -80,26 +81,34 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
     return MLA_OK;
 }
 
-/* A reasoning item's encrypted_content: API_RSP_SEAL and the text in base64 (api_responses.h) */
-static char *seal(const char *text, size_t n) {
+/* A reasoning item's encrypted_content: API_RSP_SEAL and the text in base64 (api_responses.h); the
+ * text as the client sees it (CHAT_JSON_NUL, a NUL of the answer, as NUL) */
+char *api_rsp_seal(const char *text, size_t n) {
     const size_t pre = sizeof API_RSP_SEAL - 1;
     char *s = mla_xmalloc(pre + 4 * ((n + 2) / 3) + 1);
     memcpy(s, API_RSP_SEAL, pre);
-    int w = 0;
-    for (size_t i = 0; i < n; i += 3 * 1024) { /* EVP_EncodeBlock takes an int: whole groups a call */
-        const size_t m = n - i < 3 * 1024 ? n - i : 3 * 1024;
-        w += EVP_EncodeBlock((unsigned char *)s + pre + w, (const unsigned char *)text + i, (int)m);
+    size_t w = 0;
+    unsigned char chunk[3 * 1024];
+    for (size_t i = 0; i < n; i += sizeof chunk) { /* EVP_EncodeBlock takes an int: whole groups a call */
+        const size_t m = n - i < sizeof chunk ? n - i : sizeof chunk;
+        for (size_t k = 0; k < m; k++) chunk[k] = text[i + k] == CHAT_JSON_NUL ? 0 : (unsigned char)text[i + k];
+        w += (size_t)EVP_EncodeBlock((unsigned char *)s + pre + w, chunk, (int)m);
     }
-    s[pre + (size_t)w] = 0;
+    s[pre + w] = 0;
     return s;
 }
 
 /* The text an encrypted_content of ours holds (NUL-terminated, the caller's), or NULL when it is
- * not one: another prefix, base64 that is not whole groups or not base64, a NUL byte within */
-static char *unseal(const char *s) {
+ * not one: another prefix, anything but whole groups of the base64 alphabet, text that is not
+ * UTF-8 or holds a NUL (which a request's text cannot hold either) */
+char *api_rsp_unseal(const char *s) {
     const size_t pre = sizeof API_RSP_SEAL - 1, n = strlen(s);
     if (n < pre || memcmp(s, API_RSP_SEAL, pre) || (n - pre) % 4) return NULL;
     const size_t m = n - pre;
+    for (size_t i = pre; i < n; i++) /* EVP_DecodeBlock would trim whitespace */
+        if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '+' || s[i] == '/' || s[i] == '='))
+            return NULL;
     char *t = mla_xmalloc(m / 4 * 3 + 1);
     size_t w = 0;
     for (size_t i = 0; i < m; i += 4 * 1024) {
@@ -119,7 +128,7 @@ static char *unseal(const char *s) {
     }
     w -= pad;
     t[w] = 0;
-    if (strlen(t) != w) { /* a NUL in the text: not one we sealed */
+    if (strlen(t) != w || api_utf8_invalid_at(t, w) >= 0) {
         free(t);
         return NULL;
     }
@@ -330,7 +339,7 @@ static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(it, "encrypted_content");
     if (cJSON_IsArray(c) && !cJSON_GetArraySize(c)) c = NULL; /* no text there: the sealed text's, or the summary's */
     char *text = NULL;
-    if (!is_null(x) && (!cJSON_IsString(x) || !(text = unseal(x->valuestring))))
+    if (!is_null(x) && (!cJSON_IsString(x) || !(text = api_rsp_unseal(x->valuestring))))
         return api_bad(e, "input", "input[%d].encrypted_content: not one this server wrote (it seals reasoning as "
                                "'" API_RSP_SEAL "' and base64; send the reasoning's text as content instead)", i);
     if (text && !is_null(c)) { /* the content's text first, as for an item without it */
@@ -413,9 +422,8 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     cJSON_ArrayForEach(t, list) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-            return api_bad(e, "tools", "tools[%d]: a tool of type '%.64s' is not served here, only function tools "
-                                   "(hosted tools such as web_search run on OpenAI's servers)", i,
-                           cJSON_IsString(ty) ? ty->valuestring : "(none)");
+            return api_bad(e, "tools", "tools[%d]: tools of type '%.64s' are not served here, only function tools",
+                           i, cJSON_IsString(ty) ? ty->valuestring : !cJSON_IsObject(t) ? "(not an object)" : "(none)");
         cJSON *fn = cJSON_CreateObject();
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
@@ -502,7 +510,9 @@ static int reasoning_chat(const cJSON *body, cJSON *chat, api_rsp_opts *opts, ap
             if (cJSON_IsString(m)) cJSON_AddStringToObject(chat, "reasoning_effort", m->valuestring);
             else if (!cJSON_IsNull(m)) return api_bad(e, "reasoning.effort", "reasoning.effort must be a string");
         } else if (!strcmp(m->string, "summary") || !strcmp(m->string, "generate_summary")) {
-            /* no summarizer here: a summary asked for is the reasoning whole */
+            /* no summarizer here: a summary asked for is the reasoning whole; summary, where the
+             * request has it, over the older generate_summary (as the answer repeats it) */
+            if (!strcmp(m->string, "generate_summary") && cJSON_GetObjectItemCaseSensitive(r, "summary")) continue;
             static const char *const kinds[] = {"auto", "concise", "detailed", NULL};
             if (cJSON_IsString(m) && api_in_list(kinds, m->valuestring)) opts->summary = true;
             else if (!cJSON_IsNull(m) && !(cJSON_IsString(m) && !strcmp(m->valuestring, "none")))
@@ -578,18 +588,6 @@ int api_rsp_parse(const cJSON *body, cJSON **chat, cJSON **echo, api_rsp_opts *o
     return MLA_OK;
 }
 
-/* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
-static void replace_all(char *s, size_t cap, const char *from, const char *to) {
-    const size_t fl = strlen(from), tl = strlen(to);
-    for (char *p = strstr(s, from); p; p = strstr(p, from)) {
-        const size_t rest = strlen(p + fl);
-        if ((size_t)(p - s) + tl + rest + 1 > cap) return;
-        memmove(p + tl, p + fl, rest + 1);
-        memcpy(p, to, tl);
-        p += tl;
-    }
-}
-
 void api_rsp_error_names(api_error *e) {
     /* the chat body's names in the message, longest first; a call's members are flat here */
     static const char *const text[][2] = {{"response_format.json_schema.", "text.format."},
@@ -597,24 +595,12 @@ void api_rsp_error_names(api_error *e) {
                                           {"max_completion_tokens", "max_output_tokens"},
                                           {"reasoning_effort", "reasoning.effort"},
                                           {"].function.", "]."}};
-    for (size_t i = 0; i < sizeof text / sizeof *text; i++)
-        replace_all(e->message, sizeof e->message, text[i][0], text[i][1]);
     static const char *const names[][2] = {{"messages", "input"},
                                            {"max_completion_tokens", "max_output_tokens"},
                                            {"response_format", "text.format"},
                                            {"reasoning_effort", "reasoning.effort"}};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        if (strcmp(e->param, names[i][0])) continue;
-        snprintf(e->param, sizeof e->param, "%s", names[i][1]);
-        if (i == 0) { /* the index is the translated message's */
-            static const char pre[] = "input, as the chat messages it makes: ";
-            const size_t keep = sizeof e->message - sizeof pre; /* the message's bytes that still fit */
-            memmove(e->message + sizeof pre - 1, e->message, keep);
-            memcpy(e->message, pre, sizeof pre - 1);
-            e->message[sizeof e->message - 1] = 0;
-        }
-        return;
-    }
+    api_error_rename(e, text, sizeof text / sizeof *text, names, sizeof names / sizeof *names,
+                     "input, as the chat messages it makes: ");
 }
 
 /* ---- the answer ---- */
@@ -639,7 +625,7 @@ void api_rsp_out_free(api_rsp_out *o) {
 cJSON *api_rsp_event(api_rsp_out *o, const char *type) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "type", type);
-    cJSON_AddNumberToObject(j, "sequence_number", o->seq++);
+    if (!o->opts.messages) cJSON_AddNumberToObject(j, "sequence_number", o->seq++);
     return j;
 }
 
@@ -671,8 +657,8 @@ static cJSON *item_json(const api_rsp_out *o, const api_rsp_item *it, const char
             cJSON_AddItemToArray(c, p);
             if (o->opts.summary) cJSON_AddItemToArray(s, summary_part(t));
         }
-        if (o->opts.encrypted && it->done) {
-            char *x = seal(t, it->len);
+        if (o->opts.encrypted && (it->done || status)) { /* done, or cut off in a failed answer */
+            char *x = api_rsp_seal(t, it->len);
             cJSON_AddStringToObject(j, "encrypted_content", x);
             free(x);
         } else if (o->opts.encrypted) {
@@ -745,6 +731,67 @@ static cJSON *part_json(const api_rsp_item *it, const char *text) {
     return p;
 }
 
+/* ---- the same items as an Anthropic Messages answer's content blocks ---- */
+
+/* Item k as a content block: thinking (its signature the text sealed, which comes back as the
+ * text; the text itself "" where its display is omitted), text, or tool_use (its input the
+ * arguments parsed, {} while they are not a whole object: streamed, they go as input_json_delta) */
+static cJSON *block_json(const api_rsp_out *o, const api_rsp_item *it, bool whole) {
+    cJSON *j = cJSON_CreateObject();
+    const char *t = whole && it->text ? it->text : "";
+    switch (it->kind) {
+    case API_RSP_REASONING: {
+        cJSON_AddStringToObject(j, "type", "thinking");
+        cJSON_AddStringToObject(j, "thinking", o->opts.omit_thinking ? "" : t);
+        char *sig = whole ? api_rsp_seal(t, it->len) : NULL;
+        cJSON_AddStringToObject(j, "signature", sig ? sig : "");
+        free(sig);
+        break;
+    }
+    case API_RSP_MESSAGE:
+        cJSON_AddStringToObject(j, "type", "text");
+        cJSON_AddStringToObject(j, "text", t);
+        break;
+    case API_RSP_CALL: {
+        cJSON_AddStringToObject(j, "type", "tool_use");
+        cJSON_AddStringToObject(j, "id", it->call_id);
+        cJSON_AddStringToObject(j, "name", it->name);
+        /* the arguments' own text where it is one JSON object (a \u0000 in it stays one: a parsed
+         * copy would end its string there) */
+        cJSON *in = whole ? cJSON_Parse(t) : NULL;
+        const bool object = cJSON_IsObject(in);
+        cJSON_Delete(in);
+        cJSON_AddItemToObject(j, "input", object ? cJSON_CreateRaw(t) : cJSON_CreateObject());
+        break;
+    }
+    }
+    return j;
+}
+
+static void block_event(api_rsp_out *o, const char *type, int k, cJSON *member_of, const char *name, api_rsp_emit emit,
+                        void *ud) {
+    cJSON *ev = api_rsp_event(o, type);
+    cJSON_AddNumberToObject(ev, "index", k);
+    if (member_of) cJSON_AddItemToObject(ev, name, member_of);
+    emit_free(emit, ud, ev);
+}
+
+static void block_delta(api_rsp_out *o, int k, const char *d, api_rsp_emit emit, void *ud) {
+    static const char *const type[] = {"thinking_delta", "text_delta", "input_json_delta"};
+    static const char *const member[] = {"thinking", "text", "partial_json"};
+    const enum api_rsp_item_kind kind = o->items[k].kind;
+    cJSON *delta = cJSON_CreateObject();
+    cJSON_AddStringToObject(delta, "type", type[kind]);
+    cJSON_AddStringToObject(delta, member[kind], d);
+    block_event(o, "content_block_delta", k, delta, "delta", emit, ud);
+}
+
+cJSON *api_rsp_blocks(const api_rsp_out *o) {
+    cJSON *a = cJSON_CreateArray();
+    for (int k = 0; k < o->n_items; k++) cJSON_AddItemToArray(a, block_json(o, &o->items[k], true));
+    return a;
+}
+
 static void item_open(api_rsp_out *o, enum api_rsp_item_kind kind, const toolcall *c, int call, api_rsp_emit emit,
                       void *ud) {
     if (o->n_items == o->cap_items) {
@@ -768,6 +815,10 @@ static void item_open(api_rsp_out *o, enum api_rsp_item_kind kind, const toolcal
     }
     o->open = k;
     if (!emit) return;
+    if (o->opts.messages) {
+        block_event(o, "content_block_start", k, block_json(o, it, false), "content_block", emit, ud);
+        return;
+    }
     cJSON *ev = api_rsp_event(o, "response.output_item.added");
     cJSON_AddNumberToObject(ev, "output_index", k);
     cJSON_AddItemToObject(ev, "item", item_json(o, it, NULL));
@@ -787,6 +838,18 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
     it->incomplete = incomplete || (it->kind == API_RSP_CALL && !it->whole);
     o->open = -1;
     if (!emit) return;
+    if (o->opts.messages) {
+        if (it->kind == API_RSP_REASONING) { /* the signature last, as Anthropic's stream gives it */
+            cJSON *d = cJSON_CreateObject();
+            char *sig = api_rsp_seal(it->text ? it->text : "", it->len);
+            cJSON_AddStringToObject(d, "type", "signature_delta");
+            cJSON_AddStringToObject(d, "signature", sig);
+            free(sig);
+            block_event(o, "content_block_delta", k, d, "delta", emit, ud);
+        }
+        block_event(o, "content_block_stop", k, NULL, NULL, emit, ud);
+        return;
+    }
     const char *t = it->text ? it->text : "";
     cJSON *ev;
     if (it->kind == API_RSP_CALL) {
@@ -825,7 +888,9 @@ static void item_delta(api_rsp_out *o, int k, const char *s, size_t n, api_rsp_e
     }
     memcpy(it->text + it->len, d, m + 1);
     it->len += m;
-    if (emit) {
+    if (emit && o->opts.messages) {
+        if (!(it->kind == API_RSP_REASONING && o->opts.omit_thinking)) block_delta(o, k, d, emit, ud);
+    } else if (emit) {
         static const char *const type[] = {"response.reasoning_text.delta", "response.output_text.delta",
                                            "response.function_call_arguments.delta"};
         cJSON *ev = item_event(o, type[it->kind], k, it->kind != API_RSP_CALL);

@@ -33,11 +33,20 @@
 typedef struct api_rsp_opts {
     bool summary;   /* reasoning.summary auto / concise / detailed: the reasoning whole as the one summary part */
     bool encrypted; /* include "reasoning.encrypted_content": the item carries its text sealed (API_RSP_SEAL) */
+    bool messages;  /* the items are the content blocks of an Anthropic Messages answer (api_messages.h):
+                     * thinking, text, tool_use, and their events */
+    int thinking;   /* messages: thinking asked enabled (1), disabled (-1), or left to the model (0) */
+    bool omit_thinking; /* messages: thinking.display "omitted": a thinking block's text only in its signature */
 } api_rsp_opts;
 
 /* encrypted_content here: this prefix and the reasoning's text in base64. Opaque to the client and
  * taken back as that item's text, not secret (the same text is the item's content). */
 #define API_RSP_SEAL "mlaserve-reasoning-1:"
+
+/* The sealed form of text[0, n) (API_RSP_SEAL), and the text of a sealed string (NULL: not one
+ * this server wrote); each the caller's */
+char *api_rsp_seal(const char *text, size_t n);
+char *api_rsp_unseal(const char *s);
 
 /* Translates a Responses request body into *chat (a chat completions body), *echo (the members
  * its response object repeats: instructions, tools, tool_choice, text, reasoning, ..., with their
@@ -84,7 +93,7 @@ typedef struct api_rsp_out {
     int seq;           /* the next event's sequence_number */
 } api_rsp_out;
 
-/* Each event, with its type and sequence_number set (owned by the callee for the call only) */
+/* Each event, with its type (and sequence_number, Responses) set (owned by the callee for the call only) */
 typedef void (*api_rsp_emit)(void *ud, const char *type, const cJSON *event);
 
 void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *opts); /* opts NULL: none */
@@ -97,6 +106,10 @@ void api_rsp_out_update(api_rsp_out *o, const api_rsp_view *v, api_rsp_emit emit
 void api_rsp_out_finish(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void *ud);
 /* A new event of the stream: {"type": type, "sequence_number": ...} */
 cJSON *api_rsp_event(api_rsp_out *o, const char *type);
+
+/* The items as an Anthropic Messages answer's content blocks (opts.messages): thinking, text,
+ * tool_use (input: the arguments parsed, {} where they are not a whole object) */
+cJSON *api_rsp_blocks(const api_rsp_out *o);
 
 typedef struct api_rsp_usage {
     int32_t input, cached, output, reasoning;

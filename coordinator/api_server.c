@@ -12,6 +12,7 @@
 
 #include "common/mla_log.h"
 #include "coordinator/api_body.h"
+#include "coordinator/api_messages.h"
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
 #include "coordinator/api_responses.h"
@@ -64,6 +65,7 @@ typedef struct api_req {
     int n_tok_sent;
     size_t off_bytes, off_chars; /* cursor for character offsets */
     bool text_done;      /* a stop string ended the text */
+    int stop_hit;        /* that stop string's index in stop (-1: none) */
     bool counted;        /* its finish is in the metrics (count_finish) */
     const char *finish_reason;
     int32_t n_prompt, n_completion;
@@ -137,6 +139,7 @@ struct api_tok_job {
     bool detached;
     cJSON *root;      /* the request document (params point into it) */
     bool is_tokenize;
+    bool count_only;    /* /v1/messages/count_tokens: the count as Anthropic's answer */
     api_gen_params gp;
     api_tok_params tp;
     /* results (prep thread) */
@@ -631,11 +634,63 @@ static cJSON *rsp_object(api_req *r, const char *status, int n_final, const api_
                           cut ? "max_output_tokens" : NULL, &u, err);
 }
 
+/* A Messages answer's stop_reason (and the stop sequence that ended it, where one did) */
+static const char *msg_stop_reason(const api_req *r, const char **seq) {
+    *seq = NULL;
+    if (r->finish_reason && !strcmp(r->finish_reason, "length")) return "max_tokens";
+    if (r->stop_hit >= 0) {
+        *seq = r->stop[r->stop_hit];
+        return "stop_sequence";
+    }
+    for (int k = 0; k < r->rsp->n_items; k++) /* stopped after a whole call: the tools' turn */
+        if (r->rsp->items[k].kind == API_RSP_CALL && !r->rsp->items[k].incomplete) return "tool_use";
+    return "end_turn";
+}
+
+/* The end of a Messages answer: the blocks done, then message_delta and message_stop, or the
+ * message whole */
+static void msg_complete(api_req *r) {
+    http_conn *c = r->conn;
+    const bool cut = r->finish_reason && !strcmp(r->finish_reason, "length");
+    rsp_update(r, r->text_len, true, r->stream);
+    api_rsp_out_finish(r->rsp, cut, r->stream ? rsp_emit : NULL, r);
+    const char *seq;
+    const char *why = msg_stop_reason(r, &seq);
+    const api_rsp_usage u = {.input = r->n_prompt, .cached = r->n_cached, .output = r->n_completion};
+    if (r->stream) {
+        cJSON *ev = api_rsp_event(r->rsp, "message_delta");
+        cJSON *d = cJSON_AddObjectToObject(ev, "delta");
+        cJSON_AddStringToObject(d, "stop_reason", why);
+        if (seq) cJSON_AddStringToObject(d, "stop_sequence", seq);
+        else cJSON_AddNullToObject(d, "stop_sequence");
+        cJSON *m = api_msg_object(NULL, r->id, r->srv->model_name, NULL, NULL, &u);
+        cJSON_AddItemToObject(ev, "usage", cJSON_DetachItemFromObjectCaseSensitive(m, "usage"));
+        cJSON_Delete(m);
+        sse_event(c, "message_delta", ev);
+        cJSON_Delete(ev);
+        ev = api_rsp_event(r->rsp, "message_stop");
+        sse_event(c, "message_stop", ev);
+        cJSON_Delete(ev);
+        http_stream_end(c);
+    } else {
+        cJSON *m = api_msg_object(r->rsp, r->id, r->srv->model_name, why, seq, &u);
+        reply_json(c, 200, m);
+        cJSON_Delete(m);
+    }
+}
+
 /* The end of a Responses answer: the items done, and the response object, as the last event of
  * the stream or as the answer */
 static void rsp_complete(api_req *r, int n_final) {
     http_conn *c = r->conn;
     api_resp *rs = r->resp;
+    if (r->rsp->opts.messages) {
+        msg_complete(r);
+        rs->n_done++;
+        rs->conn = NULL;
+        req_unlink_conn(r);
+        return;
+    }
     const bool cut = r->finish_reason && !strcmp(r->finish_reason, "length");
     rsp_update(r, r->text_len, true, r->stream);
     api_rsp_out_finish(r->rsp, cut, r->stream ? rsp_emit : NULL, r);
@@ -821,7 +876,15 @@ static void complete_response(api_req *r, const char *error) {
     if (error) { /* the whole response: the other choices are not answered */
         api_error e;
         gen_error(r, error, &e);
-        if (r->stream && r->rsp) { /* the items as far as they got, the response failed */
+        if (r->stream && r->rsp && r->rsp->opts.messages) { /* the stream's error event */
+            cJSON *ev = api_rsp_event(r->rsp, "error");
+            cJSON *x = cJSON_AddObjectToObject(ev, "error");
+            cJSON_AddStringToObject(x, "type", "api_error");
+            cJSON_AddStringToObject(x, "message", e.message);
+            sse_event(c, "error", ev);
+            cJSON_Delete(ev);
+            http_stream_end(c);
+        } else if (r->stream && r->rsp) { /* the items as far as they got, the response failed */
             cJSON *ev = api_rsp_event(r->rsp, "response.failed");
             cJSON_AddItemToObject(ev, "response", rsp_object(r, "failed", n_final, &e));
             sse_event(c, "response.failed", ev);
@@ -891,6 +954,7 @@ static void check_stops(api_req *r) {
     size_t from = r->stop_scanned > r->max_stop_len - 1 ? r->stop_scanned - (r->max_stop_len - 1) : 0;
     if (from < r->stop_floor) from = r->stop_floor;
     size_t best = SIZE_MAX, best_len = 0;
+    int best_i = -1;
     for (int i = 0; i < r->n_stop; i++) {
         const size_t len = strlen(r->stop[i]);
         size_t at = from; /* where a match would end past stop_min_end (vLLM's min_tokens) */
@@ -900,12 +964,14 @@ static void check_stops(api_req *r) {
         if (hit && (size_t)(hit - r->text) < best) {
             best = (size_t)(hit - r->text);
             best_len = len;
+            best_i = i;
         }
     }
     if (best != SIZE_MAX) {
         /* of the matches whole so far, the earliest; of two there, the one listed first */
         r->text_len = best + (r->include_stop ? best_len : 0);
         r->text_done = true;
+        r->stop_hit = best_i;
         r->finish_reason = "stop";
         sched_cancel(r->srv->s, r->sched_id);
     } else {
@@ -1710,7 +1776,8 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         r->created = (long long)time(NULL);
         a->counter++;
         snprintf(r->id, sizeof(r->id), "%s%llx%08llx",
-                 rs && rs->rsp_echo ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
+                 rs && rs->rsp_opts.messages ? "msg_" : rs && rs->rsp_echo ? "resp_"
+                                                  : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
                  (unsigned long long)r->created, (unsigned long long)a->counter);
     }
     if (rs && rs->rsp_echo) {
@@ -1720,6 +1787,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     r->resp = rs;
     r->index = index;
     r->max_stop_len = 1;
+    r->stop_hit = -1;
     for (int i = 0; i < p->n_stop; i++) {
         r->stop[r->n_stop++] = mla_xstrdup(p->stop[i]);
         size_t l = strlen(r->stop[i]);
@@ -1904,6 +1972,13 @@ static void on_prep_done(uv_async_t *h) {
     }
 }
 
+/* An error of the chat parser on a Responses or Messages request's translation, named as it names
+ * its members */
+static void item_error_names(const api_rsp_opts *o, api_error *e) {
+    if (o->messages) api_msg_error_names(e);
+    else api_rsp_error_names(e);
+}
+
 /* A generation's body (root: taken) parsed and sent to the prep thread, or answered with its
  * error. rsp_echo (taken) and rsp_opts: a Responses API request's, whose root is its chat
  * translation (NULL, NULL: another request's). */
@@ -1916,9 +1991,9 @@ static void generate_submit(api_server *a, http_conn *c, cJSON *root, enum api_k
     j->rsp_echo = rsp_echo;
     if (rsp_opts) j->rsp_opts = *rsp_opts;
     const int rc = api_gen_params_parse(&j->gp, kind, root, &j->e);
-    if (rc == MLA_OK && rsp_echo) j->gp.max_tokens_param = "max_output_tokens";
+    if (rc == MLA_OK && rsp_echo) j->gp.max_tokens_param = j->rsp_opts.messages ? "max_tokens" : "max_output_tokens";
     if (rc != MLA_OK || gen_precheck(a, &j->gp, &j->e) != MLA_OK) {
-        if (rsp_echo) api_rsp_error_names(&j->e);
+        if (rsp_echo) item_error_names(&j->rsp_opts, &j->e);
         reply_error(c, &j->e, NULL);
         prep_free(j);
         return;
@@ -1944,11 +2019,62 @@ static void handle_responses(api_server *a, http_conn *c, const http_request *hr
     else generate_submit(a, c, chat, API_CHAT, echo, &opts);
 }
 
+/* A Messages request's thinking enabled / disabled as the template's own switch (enable_thinking,
+ * else thinking) in chat; a template without one thinks (the server runs a reasoning parser) or
+ * does not, and the other is refused. */
+static int msg_thinking(api_server *a, cJSON *chat, const api_rsp_opts *o, api_error *e) {
+    if (!o->thinking) return MLA_OK;
+    const bool on = o->thinking > 0;
+    const char *var = uses_var(a, "enable_thinking") ? "enable_thinking" : uses_var(a, "thinking") ? "thinking" : NULL;
+    if (var) {
+        cJSON_AddBoolToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"), var, on);
+        return MLA_OK;
+    }
+    if (on == (a->cfg.reasoning_parser != REASONING_NONE)) return MLA_OK;
+    return api_error_set(e, 400, "thinking", NULL,
+                         "thinking %s: this model %s, and its chat template has no switch for it (enable_thinking or "
+                         "thinking)", on ? "enabled" : "disabled", on ? "does not think" : "always thinks");
+}
+
+/* A Messages request's chat translation with its thinking switch, or NULL with its error answered;
+ * counting: max_tokens may be absent (any budget then fits), and only what makes the prompt stays */
+static cJSON *msg_request(api_server *a, http_conn *c, const http_request *hr, bool counting, api_rsp_opts *opts) {
+    cJSON *body = parse_body(c, hr);
+    if (!body) return NULL;
+    if (counting && !cJSON_GetObjectItemCaseSensitive(body, "max_tokens"))
+        cJSON_AddNumberToObject(body, "max_tokens", INT32_MAX);
+    cJSON *chat;
+    api_error e = {0};
+    int rc = api_msg_parse(body, &chat, opts, &e);
+    cJSON_Delete(body);
+    if (rc == MLA_OK) rc = msg_thinking(a, chat, opts, &e);
+    if (rc != MLA_OK) {
+        cJSON_Delete(chat);
+        reply_error(c, &e, NULL);
+        return NULL;
+    }
+    static const char *const prompt[] = {"model",       "messages",           "tools",
+                                         "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                                         "reasoning_effort", "continue_final_message", NULL};
+    for (cJSON *m = chat->child, *next; counting && m; m = next) { /* the sampling and the answer's go */
+        next = m->next;
+        if (!api_in_list(prompt, m->string)) cJSON_DeleteItemFromObjectCaseSensitive(chat, m->string);
+    }
+    return chat;
+}
+
+/* POST /v1/messages: the chat path under Anthropic's Messages request and answer */
+static void handle_messages(api_server *a, http_conn *c, const http_request *hr) {
+    api_rsp_opts opts;
+    cJSON *chat = msg_request(a, c, hr, false, &opts);
+    if (chat) generate_submit(a, c, chat, API_CHAT, cJSON_CreateObject(), &opts);
+}
+
 static void generate_ready(api_server *a, prep_job *j) {
     http_conn *c = j->conn;
     api_error e = j->e;
     if (j->rc != MLA_OK) {
-        if (j->rsp_echo) api_rsp_error_names(&e);
+        if (j->rsp_echo) item_error_names(&j->rsp_opts, &e);
         reply_error(c, &e, NULL);
         return;
     }
@@ -1988,7 +2114,7 @@ static void generate_ready(api_server *a, prep_job *j) {
             if (j->gp.n_more > 0 && e.status == 400) /* which of the prompts */
                 snprintf(e.message + strlen(e.message), sizeof e.message - strlen(e.message),
                          " (the prompt at index %d)", p);
-            if (rs->rsp_echo) api_rsp_error_names(&e);
+            if (rs->rsp_echo) item_error_names(&rs->rsp_opts, &e);
             reply_error(c, &e, NULL);
             if (!rs->n_live) {
                 resp_free(rs);
@@ -2007,7 +2133,14 @@ static void generate_ready(api_server *a, prep_job *j) {
     }
     api_req *r = rs->ch[0];
     http_conn_on_abort(c, on_client_abort, rs);
-    if (r->stream && r->rsp) { /* the response begun: created, in progress */
+    if (r->stream && r->rsp && r->rsp->opts.messages) { /* the message begun: no content yet */
+        http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
+        cJSON *ev = api_rsp_event(r->rsp, "message_start");
+        const api_rsp_usage u = {.input = r->n_prompt};
+        cJSON_AddItemToObject(ev, "message", api_msg_object(NULL, r->id, a->model_name, NULL, NULL, &u));
+        sse_event(c, "message_start", ev);
+        cJSON_Delete(ev);
+    } else if (r->stream && r->rsp) { /* the response begun: created, in progress */
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
         static const char *const begin[] = {"response.created", "response.in_progress"};
         for (int k = 0; k < 2; k++) {
@@ -2077,10 +2210,39 @@ static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr)
     prep_submit(a, j); /* tokenized on the prep thread; tokenize_ready answers */
 }
 
+/* POST /v1/messages/count_tokens: a Messages request (max_tokens optional) as /tokenize counts
+ * the chat it stands for: {"input_tokens": N} */
+static void handle_count_tokens(api_server *a, http_conn *c, const http_request *hr) {
+    api_rsp_opts opts;
+    cJSON *chat = msg_request(a, c, hr, true, &opts);
+    if (!chat) return;
+    prep_job *j = mla_xcalloc(1, sizeof(*j));
+    j->srv = a;
+    j->conn = c;
+    j->root = chat;
+    j->is_tokenize = true;
+    j->count_only = true;
+    if (api_tokenize_params_parse(&j->tp, chat, &j->e) != MLA_OK || model_check(a, j->tp.model, &j->e)) {
+        api_msg_error_names(&j->e);
+        reply_error(c, &j->e, NULL);
+        prep_free(j);
+        return;
+    }
+    prep_submit(a, j);
+}
+
 static void tokenize_ready(api_server *a, prep_job *j) {
     http_conn *c = j->conn;
     if (j->rc != MLA_OK) {
+        if (j->count_only) api_msg_error_names(&j->e);
         reply_error(c, &j->e, NULL);
+        return;
+    }
+    if (j->count_only) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "input_tokens", j->n_ids);
+        reply_json(c, 200, o);
+        cJSON_Delete(o);
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -2364,6 +2526,8 @@ static const route routes[] = {
     {"/v1/completions", HTTP_POST, true},
     {"/v1/chat/completions", HTTP_POST, true},
     {"/v1/responses", HTTP_POST, true},
+    {"/v1/messages", HTTP_POST, true},
+    {"/v1/messages/count_tokens", HTTP_POST, true},
     {"/v1/models", HTTP_GET, true},
     {"/v1/models/", HTTP_GET, true}, /* a prefix: /v1/models/{id} */
     {"/health", HTTP_GET, false},
@@ -2427,6 +2591,8 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     if (!strcmp(rt->path, "/v1/completions")) handle_generate(a, c, req, API_COMPLETIONS);
     else if (!strcmp(rt->path, "/v1/chat/completions")) handle_generate(a, c, req, API_CHAT);
     else if (!strcmp(rt->path, "/v1/responses")) handle_responses(a, c, req);
+    else if (!strcmp(rt->path, "/v1/messages")) handle_messages(a, c, req);
+    else if (!strcmp(rt->path, "/v1/messages/count_tokens")) handle_count_tokens(a, c, req);
     else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
     else if (!strcmp(rt->path, "/v1/models/")) handle_model(a, c, req->path + strlen(rt->path));
     else if (!strcmp(rt->path, "/health")) handle_health(a, c);

@@ -61,6 +61,13 @@ static void finish_header(http_req *p) {
         p->n_auth++;
         free(p->auth);
         p->auth = mla_xstrdup(p->hval ? p->hval : "");
+    } else if (!strcasecmp(p->hname, "x-api-key")) { /* Anthropic's clients send the key so: a bearer key */
+        p->n_auth++;
+        free(p->auth);
+        const char *v = p->hval ? p->hval : "";
+        const size_t n = strlen(v) + sizeof "Bearer ";
+        p->auth = mla_xmalloc(n);
+        snprintf(p->auth, n, "Bearer %s", v);
     } else if (!strcasecmp(p->hname, "content-type")) {
         free(p->ctype);
         p->ctype = mla_xstrdup(p->hval ? p->hval : "");
@@ -141,7 +148,7 @@ static int on_headers_complete(http_parser *hp) {
     /* chunked twice is not a framing (RFC 9112 6.1): a proxy may read the body otherwise */
     if (p->n_te > 1) return fail(p, 400, "more than one Transfer-Encoding header field");
     /* two credentials: which one counts would be the server's guess */
-    if (p->n_auth > 1) return fail(p, 400, "more than one Authorization header field");
+    if (p->n_auth > 1) return fail(p, 400, "more than one Authorization (or x-api-key) header field");
     /* RFC 9110 10.1.1: an expectation other than 100-continue may be refused with 417 */
     if (p->expect_other) return fail(p, 417, "Expect: only 100-continue is supported");
     if (p->ce_other)

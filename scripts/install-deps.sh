@@ -27,13 +27,14 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages used by the tests as independent references (gguf-py dequantization,
-# jinja2 templates, the official openai client, grpcio with grpcio-tools to generate a client
+# jinja2 templates, the official openai and anthropic clients, grpcio with grpcio-tools to generate a client
 # from proto/api.proto and grpcio-health-checking for grpc.health.v1, hpack to read the headers of
 # raw HTTP/2 test connections, the jsonschema validator of structured output; matplotlib draws the
 # benchmark plots).
 if [[ "${1:-}" == "--test" ]]; then
   py_missing=()
-  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai tokenizers:tokenizers grpc_tools:grpcio-tools \
+  for m in gguf:gguf numpy:numpy jinja2:jinja2 openai:openai anthropic:anthropic tokenizers:tokenizers \
+           grpc_tools:grpcio-tools \
            grpc_health.v1:grpcio-health-checking hpack:hpack jsonschema:jsonschema \
            matplotlib:matplotlib; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m##*:}")

@@ -33,6 +33,11 @@ set_tests_properties(serve_chat_dialects PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE
 add_test(NAME serve_responses COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_responses.py
                                       $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
 set_tests_properties(serve_responses PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+# Anthropic's Messages API (/v1/messages): the same dialect cases as content blocks, streamed and
+# whole; tool loops, thinking, usage, refusals
+add_test(NAME serve_messages COMMAND ${Python3_EXECUTABLE} ${MLA_TEST_DIR}/serve/test_messages.py
+                                     $<TARGET_FILE:fake_server> ${MLA_TEST_DIR}/data/chat)
+set_tests_properties(serve_messages PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 # tool calls held to the format (strict tools, tool_choice required / named) on a real engine:
 # small synthetic DeepSeek-V3 and GLM-5 files served on the CPU backend
 add_test(NAME serve_tool_strict

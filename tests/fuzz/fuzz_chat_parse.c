@@ -18,7 +18,9 @@
 #include <string.h>
 
 #include "coordinator/api_params.h"
+#include "coordinator/api_messages.h"
 #include "coordinator/api_responses.h"
+#include "coordinator/chat_json.h"
 #include "coordinator/chat_reasoning.h"
 #include "coordinator/chat_toolcall.h"
 
@@ -159,9 +161,14 @@ static void rsp_seal_check(const api_rsp_out *o) {
         cJSON *chat, *e2;
         api_rsp_opts opts;
         api_error e = {0};
-        if (api_rsp_parse(body, &chat, &e2, &opts, &e) != MLA_OK) {
-            fprintf(stderr, "responses: sealed reasoning refused: %s\n", e.message);
+        const bool nul = strchr(text, CHAT_JSON_NUL) != NULL; /* a NUL: refused, as in any request's text */
+        if ((api_rsp_parse(body, &chat, &e2, &opts, &e) != MLA_OK) != nul) {
+            fprintf(stderr, "responses: sealed reasoning %s: %s\n", nul ? "taken with a NUL" : "refused", e.message);
             abort();
+        }
+        if (nul) {
+            cJSON_Delete(body);
+            continue;
         }
         const cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chat, "messages"), 1);
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
@@ -175,6 +182,66 @@ static void rsp_seal_check(const api_rsp_out *o) {
     }
     cJSON_Delete(obj);
     cJSON_Delete(echo);
+}
+
+/* the same items as a Messages answer's blocks: a thinking block's signature, sent back alone in
+ * an assistant turn, its text again; a tool_use block's input an object */
+static void msg_blocks_check(const api_rsp_out *o) {
+    cJSON *blocks = api_rsp_blocks(o);
+    if (cJSON_GetArraySize(blocks) != o->n_items) abort();
+    int k = 0;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, blocks) {
+        const api_rsp_item *it = &o->items[k++];
+        const char *ty = cJSON_GetObjectItemCaseSensitive(b, "type")->valuestring;
+        if (it->kind == API_RSP_CALL) {
+            char *in = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(b, "input"));
+            cJSON *back = cJSON_Parse(in);
+            if (strcmp(ty, "tool_use") || !cJSON_IsObject(back)) {
+                fprintf(stderr, "messages: a tool_use input that is not an object: %s\n", in);
+                abort();
+            }
+            cJSON_Delete(back);
+            cJSON_free(in);
+        }
+        if (it->kind != API_RSP_REASONING || !it->text || strchr(it->text, CHAT_JSON_NUL)) continue;
+        cJSON *body = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(body, "messages");
+        cJSON_AddNumberToObject(body, "max_tokens", 1);
+        cJSON *u = cJSON_CreateObject(), *a = cJSON_CreateObject(), *u2 = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", "q");
+        cJSON_AddStringToObject(a, "role", "assistant");
+        cJSON *ac = cJSON_AddArrayToObject(a, "content"), *th = cJSON_CreateObject(), *tx = cJSON_CreateObject();
+        cJSON_AddStringToObject(th, "type", "thinking");
+        cJSON_AddStringToObject(th, "thinking", "");
+        cJSON_AddItemToObject(th, "signature", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(b, "signature"), 1));
+        cJSON_AddStringToObject(tx, "type", "text");
+        cJSON_AddStringToObject(tx, "text", "a");
+        cJSON_AddItemToArray(ac, th);
+        cJSON_AddItemToArray(ac, tx);
+        cJSON_AddStringToObject(u2, "role", "user");
+        cJSON_AddStringToObject(u2, "content", "b");
+        cJSON_AddItemToArray(msgs, u);
+        cJSON_AddItemToArray(msgs, a);
+        cJSON_AddItemToArray(msgs, u2);
+        cJSON *chat;
+        api_rsp_opts opts;
+        api_error e = {0};
+        if (api_msg_parse(body, &chat, &opts, &e) != MLA_OK) {
+            fprintf(stderr, "messages: a signature of ours refused: %s\n", e.message);
+            abort();
+        }
+        const cJSON *rc =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(chat, "messages"), 1),
+                                             "reasoning_content");
+        if (!cJSON_IsString(rc) || strcmp(rc->valuestring, it->text)) {
+            fprintf(stderr, "messages: a signature came back as other text\n");
+            abort();
+        }
+        cJSON_Delete(chat);
+        cJSON_Delete(body);
+    }
+    cJSON_Delete(blocks);
 }
 
 /* the items of a stream (a) and of the final parse alone (b): the same, the messages' text the
@@ -192,8 +259,11 @@ static void rsp_check(api_rsp_out *a, api_rsp_out *b, const parsed *fin) {
     char *want = api_json_text(fin->tc.content, fin->tc.content_len, &n);
     for (int k = 0; k < a->n_items; k++) {
         const api_rsp_item *x = &a->items[k], *y = &b->items[k];
-        if (x->kind != y->kind || x->len != y->len || (x->len && memcmp(x->text, y->text, x->len)) ||
-            !x->name != !y->name || (x->name && strcmp(x->name, y->name))) {
+        /* a message's text may differ where the content is not UTF-8: the stream's pieces (split
+         * where a tool-call section was, which the final content joins across) are made valid each */
+        const bool same_text = (x->kind == API_RSP_MESSAGE && !valid) ||
+                               (x->len == y->len && (!x->len || !memcmp(x->text, y->text, x->len)));
+        if (x->kind != y->kind || !same_text || !x->name != !y->name || (x->name && strcmp(x->name, y->name))) {
             fprintf(stderr, "responses: item %d differs\n", k);
             abort();
         }
@@ -211,6 +281,7 @@ static void rsp_check(api_rsp_out *a, api_rsp_out *b, const parsed *fin) {
     }
     free(want);
     rsp_seal_check(b);
+    msg_blocks_check(b);
     api_rsp_out_free(a);
     api_rsp_out_free(b);
 }

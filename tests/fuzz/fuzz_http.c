@@ -4,8 +4,8 @@
  * every complete request is checked (strings present, body NUL-terminated), its body read as
  * the server reads it (api_body_parse: a refusal names its problem; what it takes, printed
  * again by cJSON, it takes again) and run through every request-body parser of the API
- * (completions, chat, tokenize, detokenize, the Responses API's translation to a chat body and
- * that body's parse) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON
+ * (completions, chat, tokenize, detokenize, the Responses and Messages APIs' translations to a
+ * chat body and that body's parse) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON
  * (clang); tests/fuzz/replay_main.c replays the corpus (tests/data/http) without libFuzzer. */
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "coordinator/api_body.h"
+#include "coordinator/api_messages.h"
 #include "coordinator/api_params.h"
 #include "coordinator/api_responses.h"
 #include "coordinator/http_req.h"
@@ -73,6 +74,18 @@ static void handle(const http_request *r) {
         cJSON_Delete(chat);
         cJSON_Delete(echo);
     } else if (e.status != 400 || !e.message[0] || chat || echo) {
+        __builtin_trap();
+    }
+    if (api_msg_parse(j, &chat, &opts, &e) == MLA_OK) {
+        if (!chat || !opts.messages || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(chat, "messages")))
+            __builtin_trap();
+        if (api_gen_params_parse(&p, API_CHAT, chat, &e) != MLA_OK) {
+            api_msg_error_names(&e);
+            if (e.status != 400 || !e.message[0]) __builtin_trap();
+        }
+        api_gen_params_free(&p);
+        cJSON_Delete(chat);
+    } else if (e.status != 400 || !e.message[0] || chat) {
         __builtin_trap();
     }
     api_tok_params t;

@@ -135,6 +135,11 @@ try:
             full = req["max_tokens"] >= len(p["greedy"])
             check(got == p["greedy_text"] if full else (got and p["greedy_text"].startswith(got)),
                   "README completion answer %r" % got)
+        if j.get("type") == "message" and "messages" in req and by_chat(req["messages"][-1]["content"]):
+            p = by_chat(req["messages"][-1]["content"])
+            texts = [c["text"] for c in j["content"] if c["type"] == "text"]
+            check(j["stop_reason"] == "end_turn" and texts == [p["greedy_text"].replace(EOS_TEXT, "")],
+                  "README Messages answer %r" % texts)
         if "choices" in j and "messages" in req and by_chat(req["messages"][-1]["content"]):
             p = by_chat(req["messages"][-1]["content"])
             check(j["choices"][0]["message"]["content"] == p["greedy_text"].replace(EOS_TEXT, ""),

@@ -426,6 +426,35 @@ def run_server(exe, tmpl_path, extra, script):
     return R.Server(exe, "--chat-template", tmpl_path, "--script-file", script, *extra)
 
 
+class Servers:
+    """The fake servers of the other APIs' tests: one a template and extra arguments, started when
+    first asked for (port(tmpl, extra); "ds-tools": DS_TOOLS_TEMPLATE), all reading one script
+    (script_of: the model's next output); stop_all() checks that each exits cleanly."""
+
+    def __init__(self, exe, data, prefix):
+        self.exe, self.data, self.servers = exe, data, {}
+        tmp = tempfile.mkdtemp(prefix=prefix)
+        self.script = os.path.join(tmp, "script")
+        self.ds_tmpl = os.path.join(tmp, "ds-tools.jinja")
+        with open(self.ds_tmpl, "w", encoding="utf-8") as f:
+            f.write(DS_TOOLS_TEMPLATE)
+
+    def port(self, tmpl, extra=()):
+        path = self.ds_tmpl if tmpl == "ds-tools" else os.path.join(self.data, tmpl)
+        key = (path, tuple(extra))
+        if key not in self.servers:
+            self.servers[key] = run_server(self.exe, path, list(extra), self.script)
+        return self.servers[key].port
+
+    def script_of(self, text, as_tokens=True):
+        with open(self.script, "w") as f:
+            f.write(" ".join(str(t) for t in tokens(split_markers(text), as_tokens)))
+
+    def stop_all(self):
+        for s in self.servers.values():
+            check(s.stop() == 0, "clean exit")
+
+
 def main():
     exe, data = sys.argv[1:3]
     tmp = tempfile.mkdtemp(prefix="chat_dialects_")

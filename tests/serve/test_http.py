@@ -672,6 +672,14 @@ def test_limits(exe):
         is_error_shape(j)
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers={"Authorization": "Bearer nope"})
         check(st == 401, "wrong key 401")
+        # Anthropic's clients send the key as x-api-key
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers={"x-api-key": "sekrit"})
+        check(st == 200, "x-api-key taken as the key", j)
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers={"X-Api-Key": "nope"})
+        check(st == 401, "a wrong x-api-key 401")
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2},
+                           headers={"x-api-key": "sekrit", "Authorization": "Bearer sekrit"})
+        check(st == 400, "x-api-key beside Authorization: 400", j)
         st, hd, data = request(port, "GET", "/health")
         check(st == 200, "/health needs no key")
         # EOS (eos period 7): stops with finish stop, EOS not in the text

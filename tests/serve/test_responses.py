@@ -8,10 +8,10 @@ same items, each item's deltas its final text. Then the input items' translation
 outputs, reasoning; counted against /tokenize of the chat messages they stand for), the usage,
 max_output_tokens, and the refusals.
 Usage: test_responses.py FAKE_SERVER_EXE DATA_DIR. Exits 77 without the openai package."""
+import base64
 import json
 import os
 import sys
-import tempfile
 
 try:
     import openai
@@ -89,24 +89,12 @@ def no_ids(x):
 
 def main():
     exe, data = sys.argv[1:3]
-    tmp = tempfile.mkdtemp(prefix="responses_")
-    script = os.path.join(tmp, "script")
-    ds_tmpl = os.path.join(tmp, "ds-tools.jinja")
-    with open(ds_tmpl, "w", encoding="utf-8") as f:
-        f.write(D.DS_TOOLS_TEMPLATE)
-    servers = {}
+    srv = D.Servers(exe, data, "responses_")
+    script_of = srv.script_of
 
     def client(tmpl, extra=()):
-        path = ds_tmpl if tmpl == "ds-tools" else os.path.join(data, tmpl)
-        key = (path, tuple(extra))
-        if key not in servers:
-            servers[key] = D.run_server(exe, path, list(extra), script)
-        port = servers[key].port
+        port = srv.port(tmpl, extra)
         return port, openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="x", timeout=30, max_retries=0)
-
-    def script_of(text, as_tokens=True):
-        with open(script, "w") as f:
-            f.write(" ".join(str(t) for t in D.tokens(D.split_markers(text), as_tokens)))
 
     try:
         n_cases = 0
@@ -243,10 +231,17 @@ def main():
         check(r2.usage.input_tokens == n and n_without < n, "encrypted_content read back as its reasoning",
               (r2.usage.input_tokens, n, n_without))
         # not one of ours: a blob that is not base64, or whose text holds a NUL
-        for blob in ("mlaserve-reasoning-1:@@@@", "mlaserve-reasoning-1:QQBC", "mlaserve-reasoning-1:QQ==QQ=="):
+        for blob in ("mlaserve-reasoning-1:@@@@", "mlaserve-reasoning-1:QQBC", "mlaserve-reasoning-1:QQ==QQ==",
+                     "mlaserve-reasoning-1:" + base64.b64encode(b"bad \xff\xfe utf8").decode(),
+                     "mlaserve-reasoning-1:    TmVlZA==", "mlaserve-reasoning-1:TmVl ZA=="):
             st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": [
                 {"type": "reasoning", "summary": [], "encrypted_content": blob}, {"role": "user", "content": "q"}]})
             check(st == 400 and b"encrypted_content" in body, "a blob not ours refused: " + blob, body[:200])
+        # summary over the older generate_summary: what is done is what the answer repeats
+        r = cl.responses.create(model="fake-model", input=q, max_output_tokens=50,
+                                reasoning={"summary": None, "generate_summary": "auto"})
+        rs2 = [it for it in r.output if it.type == "reasoning"]
+        check(rs2 and rs2[0].summary == [] and r.reasoning.summary is None, "summary null wins", r)
         # streamed: the summary's events, their deltas the reasoning
         deltas, summ_done = "", None
         with cl.responses.stream(model="fake-model", input=q, max_output_tokens=50, reasoning={"summary": "detailed"},
@@ -331,8 +326,7 @@ def main():
         check(result_of(r)["content"] == "Four." and r.metadata == {"k": "é" * 300}, "answered after the refusals "
               "(metadata counted in characters)", r)
     finally:
-        for s in servers.values():
-            check(s.stop() == 0, "clean exit")
+        srv.stop_all()
     return summary("responses (openai %s): " % openai.__version__)
 
 

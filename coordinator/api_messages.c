@@ -1,0 +1,559 @@
+/* api_messages: see api_messages.h. */
+#include "coordinator/api_messages.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mla_err.h"
+
+static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
+
+/* Whether j is an integer in [lo, hi] (the range checked before any conversion) */
+static bool int_in(const cJSON *j, double lo, double hi) {
+    return cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= hi &&
+           j->valuedouble == (double)(long long)j->valuedouble;
+}
+
+static const char *const k_keys[] = {"model",       "max_tokens", "messages",      "system",        "stop_sequences",
+                                     "stream",      "temperature", "top_p",       "top_k",         "tools",
+                                     "tool_choice", "thinking",   "metadata",      "output_config", "cache_control",
+                                     NULL};
+
+#define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
+
+/* Members of a block beyond those read: cache_control (the prefix cache here needs no marks) and
+ * citations as null */
+static int block_members(const cJSON *b, const char *where, const char *const *read, api_error *e) {
+    const cJSON *m;
+    cJSON_ArrayForEach(m, b) {
+        const char *k = m->string ? m->string : "";
+        if (api_in_list(read, k) || !strcmp(k, "cache_control") || (!strcmp(k, "citations") && cJSON_IsNull(m)))
+            continue;
+        return api_bad(e, "messages", "%s.%.64s is not supported here", where, k);
+    }
+    return MLA_OK;
+}
+
+/* The members of object o (the request's member param) all in read, else a 400 naming the other */
+static int only_members(const cJSON *o, const char *param, const char *const *read, api_error *e) {
+    const cJSON *m;
+    cJSON_ArrayForEach(m, o) {
+        const char *k = m->string ? m->string : "";
+        if (!api_in_list(read, k)) return api_bad(e, param, "%s.%.64s is not supported here", param, k);
+    }
+    return MLA_OK;
+}
+
+static const char *block_type(const cJSON *b) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(b, "type");
+    return cJSON_IsObject(b) && cJSON_IsString(ty) ? ty->valuestring : NULL;
+}
+
+/* A growing string: text pieces joined one a line, as the chat path joins text parts */
+typedef struct join {
+    char *s;
+    size_t len, cap;
+    bool any;
+} join;
+
+static void join_add(join *j, const char *t) {
+    const size_t n = strlen(t);
+    if (j->len + n + 2 > j->cap) {
+        j->cap = 2 * (j->len + n + 2);
+        j->s = mla_xrealloc(j->s, j->cap);
+    }
+    if (j->any) j->s[j->len++] = '\n';
+    memcpy(j->s + j->len, t, n + 1);
+    j->len += n;
+    j->any = true;
+}
+
+/* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member) */
+static char *text_of(const cJSON *c, const char *param, const char *where, api_error *e) {
+    if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        api_bad(e, param, "%s must be a string or a list of text blocks", where);
+        return NULL;
+    }
+    static const char *const read[] = {"type", "text", NULL};
+    join j = {0};
+    int k = 0;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, c) {
+        char at[96];
+        snprintf(at, sizeof at, "%s[%d]", where, k++);
+        const char *ty = block_type(b);
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
+        if (!ty || strcmp(ty, "text") || !cJSON_IsString(tx)) {
+            api_bad(e, param, "%s: blocks of type '%.64s' are not supported here (text, with a string 'text')", at,
+                    ty ? ty : "(none)");
+            free(j.s);
+            return NULL;
+        }
+        if (block_members(b, at, read, e)) {
+            snprintf(e->param, sizeof e->param, "%s", param);
+            free(j.s);
+            return NULL;
+        }
+        join_add(&j, tx->valuestring);
+    }
+    return j.s ? j.s : mla_xstrdup("");
+}
+
+/* A text block of a turn: its text joined to j */
+static int text_block(const cJSON *b, const char *at, join *j, api_error *e) {
+    static const char *const read[] = {"type", "text", NULL};
+    const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
+    if (!cJSON_IsString(tx)) return api_bad(e, "messages", "%s: a text block needs a string 'text'", at);
+    if (block_members(b, at, read, e)) return MLA_ERR;
+    join_add(j, tx->valuestring);
+    return MLA_OK;
+}
+
+typedef struct tx_state {
+    cJSON *msgs;
+    const char **use_ids; /* the tool_use blocks' ids, and the tool_result blocks' (each must name one) */
+    const char **result_ids;
+    int *result_at;
+    int n_uses, n_results, cap_uses, cap_results;
+} tx_state;
+
+static void push_id(const char ***ids, int *n, int *cap, const char *id) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 8;
+        *ids = mla_xrealloc(*ids, (size_t)*cap * sizeof **ids);
+    }
+    (*ids)[(*n)++] = id;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Each tool_result names a tool_use of the input (sorted once: n log n) */
+static int results_check(tx_state *t, api_error *e) {
+    if (t->n_uses) qsort(t->use_ids, (size_t)t->n_uses, sizeof *t->use_ids, cmp_str);
+    for (int k = 0; k < t->n_results; k++)
+        if (!t->n_uses || !bsearch(&t->result_ids[k], t->use_ids, (size_t)t->n_uses, sizeof *t->use_ids, cmp_str))
+            return api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
+                           t->result_at[k], t->result_ids[k]);
+    return MLA_OK;
+}
+
+static void add_msg(tx_state *t, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(t->msgs, m);
+}
+
+/* A user turn: its tool_result blocks tool messages, its text blocks one user message after them */
+static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
+    char where[64];
+    snprintf(where, sizeof where, "messages[%d].content", i);
+    if (cJSON_IsString(c)) {
+        add_msg(t, "user", c->valuestring);
+        return MLA_OK;
+    }
+    if (!cJSON_IsArray(c) || !cJSON_GetArraySize(c))
+        return api_bad(e, "messages", "%s must be a string or a list of blocks that is not empty", where);
+    join text = {0};
+    int k = 0, rc = MLA_OK;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, c) {
+        char at[96];
+        snprintf(at, sizeof at, "%s[%d]", where, k++);
+        const char *ty = block_type(b);
+        if (ty && !strcmp(ty, "text")) {
+            rc = text_block(b, at, &text, e);
+        } else if (ty && !strcmp(ty, "tool_result")) {
+            static const char *const read[] = {"type", "tool_use_id", "content", "is_error", NULL};
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "tool_use_id");
+            const cJSON *err = cJSON_GetObjectItemCaseSensitive(b, "is_error");
+            const cJSON *out = cJSON_GetObjectItemCaseSensitive(b, "content");
+            if (!cJSON_IsString(id)) rc = api_bad(e, "messages", "%s: a tool_result needs a string tool_use_id", at);
+            else if (!is_null(err) && !cJSON_IsBool(err))
+                rc = api_bad(e, "messages", "%s.is_error must be a boolean", at);
+            else rc = block_members(b, at, read, e);
+            if (rc) break;
+            char cw[112];
+            snprintf(cw, sizeof cw, "%s.content", at);
+            char *o = is_null(out) ? mla_xstrdup("") : text_of(out, "messages", cw, e);
+            if (!o) {
+                rc = MLA_ERR;
+                break;
+            }
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "tool");
+            cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
+            cJSON_AddStringToObject(m, "content", o);
+            cJSON_AddItemToArray(t->msgs, m);
+            free(o);
+            if (t->n_results == t->cap_results) /* push_id grows the ids to the same room */
+                t->result_at = mla_xrealloc(t->result_at,
+                                            (size_t)(t->cap_results ? 2 * t->cap_results : 8) * sizeof *t->result_at);
+            t->result_at[t->n_results] = i;
+            push_id(&t->result_ids, &t->n_results, &t->cap_results, id->valuestring);
+        } else {
+            rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a user turn (text, "
+                                    "tool_result; this model reads text)", at, ty ? ty : "(none)");
+        }
+        if (rc) break;
+    }
+    if (!rc && text.any) add_msg(t, "user", text.s);
+    free(text.s);
+    return rc;
+}
+
+/* An assistant turn: thinking its reasoning_content, text its content, tool_use its calls; the
+ * last turn (last) the prefix the answer goes on from: text alone */
+static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_error *e) {
+    char where[64];
+    snprintf(where, sizeof where, "messages[%d].content", i);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddItemToArray(t->msgs, m);
+    if (cJSON_IsString(c)) {
+        cJSON_AddStringToObject(m, "content", c->valuestring);
+        return MLA_OK;
+    }
+    if (!cJSON_IsArray(c)) return api_bad(e, "messages", "%s must be a string or a list of blocks", where);
+    join text = {0}, think = {0};
+    cJSON *calls = NULL;
+    int k = 0, rc = MLA_OK;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, c) {
+        char at[96];
+        snprintf(at, sizeof at, "%s[%d]", where, k++);
+        const char *ty = block_type(b);
+        if (ty && !strcmp(ty, "text")) {
+            rc = text_block(b, at, &text, e);
+        } else if (ty && !strcmp(ty, "thinking") && !last) {
+            /* its text, else the text its signature seals (a display "omitted" answer's) */
+            static const char *const read[] = {"type", "thinking", "signature", NULL};
+            const cJSON *th = cJSON_GetObjectItemCaseSensitive(b, "thinking");
+            const cJSON *sig = cJSON_GetObjectItemCaseSensitive(b, "signature");
+            char *sealed = cJSON_IsString(th) && !th->valuestring[0] && cJSON_IsString(sig) && sig->valuestring[0]
+                               ? api_rsp_unseal(sig->valuestring)
+                               : NULL;
+            if (!cJSON_IsString(th) || (!is_null(sig) && !cJSON_IsString(sig)))
+                rc = api_bad(e, "messages", "%s: a thinking block needs a string 'thinking' (and 'signature')", at);
+            else if (!th->valuestring[0] && cJSON_IsString(sig) && sig->valuestring[0] && !sealed)
+                rc = api_bad(e, "messages", "%s: a thinking block of no text whose signature this server did not "
+                                        "write", at);
+            else if (!(rc = block_members(b, at, read, e))) join_add(&think, sealed ? sealed : th->valuestring);
+            free(sealed);
+        } else if (ty && !strcmp(ty, "tool_use") && !last) {
+            static const char *const read[] = {"type", "id", "name", "input", NULL};
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "id");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(b, "name");
+            const cJSON *in = cJSON_GetObjectItemCaseSensitive(b, "input");
+            if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsObject(in))
+                rc = api_bad(e, "messages", "%s: a tool_use needs strings id and name and an object input", at);
+            else rc = block_members(b, at, read, e);
+            if (rc) break;
+            push_id(&t->use_ids, &t->n_uses, &t->cap_uses, id->valuestring);
+            if (!calls) calls = cJSON_AddArrayToObject(m, "tool_calls");
+            cJSON *tc = cJSON_CreateObject();
+            cJSON_AddStringToObject(tc, "id", id->valuestring);
+            cJSON_AddStringToObject(tc, "type", "function");
+            cJSON *fn = cJSON_AddObjectToObject(tc, "function");
+            cJSON_AddStringToObject(fn, "name", name->valuestring);
+            char *args = cJSON_PrintUnformatted(in);
+            cJSON_AddStringToObject(fn, "arguments", args);
+            cJSON_free(args);
+            cJSON_AddItemToArray(calls, tc);
+        } else if (last && ty && (!strcmp(ty, "thinking") || !strcmp(ty, "tool_use"))) {
+            rc = api_bad(e, "messages", "%s: the last turn, the assistant's, is the prefix the answer goes on from: "
+                                    "text blocks only", at);
+        } else {
+            rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in an assistant turn (text, "
+                                    "thinking, tool_use)", at, ty ? ty : "(none)");
+        }
+        if (rc) break;
+    }
+    if (!rc) {
+        if (think.any) cJSON_AddStringToObject(m, "reasoning_content", think.s);
+        if (text.any) cJSON_AddStringToObject(m, "content", text.s);
+        else if (calls) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", "");
+    }
+    free(text.s);
+    free(think.s);
+    return rc;
+}
+
+static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
+    const cJSON *sys = cJSON_GetObjectItemCaseSensitive(body, "system");
+    if (!is_null(sys)) {
+        char *s = text_of(sys, "system", "system", e);
+        if (!s) return MLA_ERR;
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", s);
+        cJSON_AddItemToArray(msgs, m);
+        free(s);
+    }
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    const int n = cJSON_IsArray(in) ? cJSON_GetArraySize(in) : 0;
+    if (!n) return api_bad(e, "messages", "'messages' must be a list of messages that is not empty");
+    tx_state t = {.msgs = msgs};
+    int i = 0, rc = MLA_OK;
+    bool prefix = false;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, in) {
+        static const char *const read[] = {"role", "content", NULL};
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        char where[48];
+        snprintf(where, sizeof where, "messages[%d]", i);
+        if (!cJSON_IsObject(it) || !cJSON_IsString(role) ||
+            (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
+            rc = api_bad(e, "messages", "messages[%d].role must be user or assistant", i);
+        else if (!(rc = block_members(it, where, read, e))) {
+            const bool last = i == n - 1;
+            if (!strcmp(role->valuestring, "user")) {
+                rc = user_turn(&t, c, i, e);
+            } else {
+                rc = assistant_turn(&t, c, i, last, e);
+                prefix = last;
+            }
+        }
+        if (rc) break;
+        i++;
+    }
+    if (!rc) rc = results_check(&t, e);
+    free(t.use_ids);
+    free(t.result_ids);
+    free(t.result_at);
+    if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);
+    return rc;
+}
+
+/* tools: [{"name", "description"?, "input_schema", "type"?: "custom"}] in the chat form */
+static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    if (is_null(tools)) return MLA_OK;
+    if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
+    cJSON *out = cJSON_AddArrayToObject(chat, "tools");
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const char *ty = block_type(t);
+        if (!cJSON_IsObject(t) || (ty && strcmp(ty, "custom")))
+            return api_bad(e, "tools", "tools[%d]: a tool of type '%.64s' is not served here, only client tools "
+                                   "(name, description, input_schema); server tools such as web search run on "
+                                   "Anthropic's servers", i, ty ? ty : "(not an object)");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
+        if (!cJSON_IsString(name) || !cJSON_IsObject(schema) || (!is_null(desc) && !cJSON_IsString(desc)))
+            return api_bad(e, "tools", "tools[%d] needs a string name, an object input_schema and a string "
+                                   "description where it has one", i);
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(t, "strict");
+        const cJSON *eager = cJSON_GetObjectItemCaseSensitive(t, "eager_input_streaming");
+        if ((!is_null(strict) && !cJSON_IsBool(strict)) || (!is_null(eager) && !cJSON_IsBool(eager)))
+            return api_bad(e, "tools", "tools[%d]: strict and eager_input_streaming must be booleans", i);
+        const cJSON *m;
+        cJSON_ArrayForEach(m, t) {
+            /* eager_input_streaming: the input streams as it is written whatever its value */
+            static const char *const read[] = {"type",          "name",   "description",           "input_schema",
+                                               "cache_control", "strict", "eager_input_streaming", NULL};
+            if (!api_in_list(read, m->string ? m->string : ""))
+                return api_bad(e, "tools", "tools[%d].%.64s is not supported (name, description, input_schema, "
+                                       "strict)", i, m->string ? m->string : "");
+        }
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON *fn = cJSON_AddObjectToObject(c, "function");
+        cJSON_AddStringToObject(fn, "name", name->valuestring);
+        if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
+        cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1));
+        if (cJSON_IsBool(strict)) cJSON_AddBoolToObject(fn, "strict", cJSON_IsTrue(strict));
+        cJSON_AddItemToArray(out, c);
+        i++;
+    }
+    return MLA_OK;
+}
+
+/* tool_choice {"type": auto | any | tool (name) | none, "disable_parallel_tool_use"?} */
+static int tool_choice_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (is_null(tc)) return MLA_OK;
+    const char *ty = block_type(tc);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
+    const cJSON *dp = cJSON_GetObjectItemCaseSensitive(tc, "disable_parallel_tool_use");
+    if (!ty) return api_bad(e, "tool_choice", "'tool_choice' must be an object with a type");
+    static const char *const read[] = {"type", "name", "disable_parallel_tool_use", NULL};
+    if (only_members(tc, "tool_choice", read, e)) return MLA_ERR;
+    if (!is_null(dp) && !cJSON_IsBool(dp))
+        return api_bad(e, "tool_choice", "tool_choice.disable_parallel_tool_use must be a boolean");
+    if (!strcmp(ty, "tool")) {
+        if (!cJSON_IsString(name)) return api_bad(e, "tool_choice", "tool_choice of type tool needs a string name");
+        cJSON *o = cJSON_AddObjectToObject(chat, "tool_choice");
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", name->valuestring);
+    } else if (!is_null(name)) {
+        return api_bad(e, "tool_choice", "tool_choice.name goes with type tool only");
+    } else if (!strcmp(ty, "auto") || !strcmp(ty, "any") || !strcmp(ty, "none")) {
+        cJSON_AddStringToObject(chat, "tool_choice", !strcmp(ty, "any") ? "required" : ty);
+    } else {
+        return api_bad(e, "tool_choice", "tool_choice.type must be auto, any, tool or none");
+    }
+    if (cJSON_IsTrue(dp)) cJSON_AddBoolToObject(chat, "parallel_tool_calls", false);
+    return MLA_OK;
+}
+
+/* thinking {"type": "enabled", "budget_tokens", "display"?}, {"type": "adaptive", "display"?} (the
+ * model's own default) or {"type": "disabled"}: opts->thinking, opts->omit_thinking */
+static int thinking_opts(const cJSON *body, api_rsp_opts *opts, api_error *e) {
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(body, "thinking");
+    if (is_null(th)) return MLA_OK;
+    const char *ty = block_type(th);
+    const cJSON *budget = cJSON_GetObjectItemCaseSensitive(th, "budget_tokens");
+    const cJSON *display = cJSON_GetObjectItemCaseSensitive(th, "display");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+    static const char *const read[] = {"type", "budget_tokens", "display", NULL};
+    if (!cJSON_IsObject(th)) return api_bad(e, "thinking", "'thinking' must be an object");
+    if (only_members(th, "thinking", read, e)) return MLA_ERR;
+    if (!is_null(display) && (!cJSON_IsString(display) || (strcmp(display->valuestring, "summarized") &&
+                                                           strcmp(display->valuestring, "omitted"))))
+        return api_bad(e, "thinking", "thinking.display must be \"summarized\" or \"omitted\"");
+    opts->omit_thinking = cJSON_IsString(display) && !strcmp(display->valuestring, "omitted");
+    if (ty && !strcmp(ty, "disabled") && is_null(budget) && is_null(display)) {
+        opts->thinking = -1;
+        return MLA_OK;
+    }
+    if (ty && !strcmp(ty, "adaptive") && is_null(budget)) return MLA_OK;
+    if (!ty || strcmp(ty, "enabled"))
+        return api_bad(e, "thinking", "thinking.type must be \"enabled\" (with budget_tokens), \"adaptive\" or "
+                                  "\"disabled\"");
+    /* the budget is checked as Anthropic checks it; the thinking and the answer then share
+     * max_tokens (docs/openai-params.md) */
+    if (!int_in(budget, API_MSG_MIN_THINKING, INT32_MAX) ||
+        (cJSON_IsNumber(mt) && budget->valuedouble >= mt->valuedouble))
+        return api_bad(e, "thinking", "thinking.budget_tokens must be an integer of at least %d and less than "
+                                  "max_tokens", API_MSG_MIN_THINKING);
+    opts->thinking = 1;
+    return MLA_OK;
+}
+
+/* output_config {"effort"?, "format"?}: effort as chat's reasoning_effort (xhigh and max as high: the
+ * most that names), format {"type": "json_schema", "schema"} as a json_schema response_format */
+static int output_config_chat(const cJSON *body, cJSON *chat, api_error *e) {
+    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(body, "output_config");
+    if (is_null(oc)) return MLA_OK;
+    if (!cJSON_IsObject(oc)) return api_bad(e, "output_config", "'output_config' must be an object");
+    static const char *const read[] = {"effort", "format", NULL};
+    if (only_members(oc, "output_config", read, e)) return MLA_ERR;
+    const cJSON *ef = cJSON_GetObjectItemCaseSensitive(oc, "effort");
+    if (!is_null(ef)) {
+        static const char *const as_is[] = {"low", "medium", "high", NULL}, *const most[] = {"xhigh", "max", NULL};
+        if (!cJSON_IsString(ef) || (!api_in_list(as_is, ef->valuestring) && !api_in_list(most, ef->valuestring)))
+            return api_bad(e, "output_config", "output_config.effort must be low, medium, high, xhigh or max");
+        const bool top = api_in_list(most, ef->valuestring);
+        cJSON_AddStringToObject(chat, "reasoning_effort", top ? "high" : ef->valuestring);
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(oc, "format");
+    if (!is_null(f)) {
+        const cJSON *sch = cJSON_GetObjectItemCaseSensitive(f, "schema");
+        const char *ty = block_type(f);
+        if (!ty || strcmp(ty, "json_schema") || !cJSON_IsObject(sch) || cJSON_GetArraySize(f) != 2)
+            return api_bad(e, "output_config", "output_config.format must be {\"type\": \"json_schema\", \"schema\": "
+                                           "{...}}");
+        cJSON *rf = cJSON_AddObjectToObject(chat, "response_format");
+        cJSON_AddStringToObject(rf, "type", "json_schema");
+        cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
+        cJSON_AddStringToObject(js, "name", "output");
+        cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(sch, 1));
+        cJSON_AddBoolToObject(js, "strict", true);
+    }
+    return MLA_OK;
+}
+
+int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error *e) {
+    *chat = NULL;
+    memset(opts, 0, sizeof *opts);
+    opts->messages = true;
+    if (!cJSON_IsObject(body)) return api_bad(e, NULL, "the request body must be a JSON object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, body) {
+        const char *k = it->string ? it->string : "";
+        if (!api_in_list(k_keys, k))
+            return api_bad(e, k, "'%.64s' is not supported by /v1/messages on this server (docs/openai-params.md "
+                                 "lists the parameters)", k);
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+    if (!int_in(mt, 1, INT32_MAX))
+        return api_bad(e, "max_tokens", "'max_tokens' is required: an integer from 1 to %d", INT32_MAX);
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(body, "metadata");
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(md, "user_id");
+    if (!is_null(md) && (!cJSON_IsObject(md) || cJSON_GetArraySize(md) > 1 || (cJSON_GetArraySize(md) && !user) ||
+                         (!is_null(user) && !cJSON_IsString(user))))
+        return api_bad(e, "metadata", "'metadata' must be an object of one member, user_id, a string or null");
+    /* a cache mark for the whole request: the prefix cache here needs none */
+    const cJSON *cc = cJSON_GetObjectItemCaseSensitive(body, "cache_control");
+    if (!is_null(cc) && !cJSON_IsObject(cc)) return api_bad(e, "cache_control", "'cache_control' must be an object");
+    if (thinking_opts(body, opts, e)) return MLA_ERR;
+    cJSON *c = cJSON_CreateObject();
+    if (messages_chat(body, c, e) || tools_chat(body, c, e) || tool_choice_chat(body, c, e) ||
+        output_config_chat(body, c, e)) {
+        cJSON_Delete(c);
+        return MLA_ERR;
+    }
+    cJSON_AddItemToObject(c, "max_completion_tokens", cJSON_Duplicate(mt, 1));
+    static const char *const same[] = {"model", "stream", "temperature", "top_p", "top_k", NULL};
+    for (int i = 0; same[i]; i++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, same[i]);
+        if (j) cJSON_AddItemToObject(c, same[i], cJSON_Duplicate(j, 1));
+    }
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(body, "stop_sequences");
+    if (stop) cJSON_AddItemToObject(c, "stop", cJSON_Duplicate(stop, 1));
+    if (cJSON_IsString(user)) cJSON_AddStringToObject(c, "user", user->valuestring);
+    *chat = c;
+    return MLA_OK;
+}
+
+void api_msg_error_names(api_error *e) {
+    static const char *const text[][2] = {{"max_completion_tokens", "max_tokens"},
+                                          {"reasoning_effort", "output_config.effort"},
+                                          {"response_format.json_schema.", "output_config.format."},
+                                          {"response_format", "output_config.format"},
+                                          {"chat_template_kwargs.", "thinking, as "}};
+    static const char *const names[][2] = {{"messages", "messages"},
+                                           {"max_completion_tokens", "max_tokens"},
+                                           {"stop", "stop_sequences"},
+                                           {"user", "metadata.user_id"},
+                                           {"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"},
+                                           {"chat_template_kwargs", "thinking"},
+                                           {"reasoning_effort", "output_config.effort"},
+                                           {"response_format", "output_config.format"},
+                                           {"continue_final_message", "messages"}};
+    /* an index into messages is the chat messages' (system first, a tool message a tool_result) */
+    api_error_rename(e, text, sizeof text / sizeof *text, names, sizeof names / sizeof *names,
+                     strstr(e->message, "messages[") ? "messages, as the chat messages they make (system first, a "
+                                                       "tool message a tool_result): "
+                                                     : NULL);
+}
+
+cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, const char *stop_reason,
+                      const char *stop_sequence, const api_rsp_usage *usage) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "type", "message");
+    cJSON_AddStringToObject(j, "role", "assistant");
+    cJSON_AddStringToObject(j, "model", model);
+    cJSON_AddItemToObject(j, "content", o ? api_rsp_blocks(o) : cJSON_CreateArray());
+    if (stop_reason) cJSON_AddStringToObject(j, "stop_reason", stop_reason);
+    else cJSON_AddNullToObject(j, "stop_reason");
+    if (stop_sequence) cJSON_AddStringToObject(j, "stop_sequence", stop_sequence);
+    else cJSON_AddNullToObject(j, "stop_sequence");
+    cJSON *u = cJSON_AddObjectToObject(j, "usage");
+    const int32_t cached = usage ? usage->cached : 0;
+    cJSON_AddNumberToObject(u, "input_tokens", usage ? usage->input - cached : 0);
+    cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
+    cJSON_AddNumberToObject(u, "cache_read_input_tokens", cached);
+    cJSON_AddNumberToObject(u, "output_tokens", usage ? usage->output : 0);
+    return j;
+}

@@ -1,0 +1,314 @@
+"""Anthropic's Messages API (POST /v1/messages) through the official `anthropic` client, against the
+fake server running a scripted model (tests/serve/fake_backend.h) under the released chat templates
+of tests/data/chat. Every dialect case of test_chat_dialects.py that has a Messages form is asked
+again as a Messages request: its content blocks (thinking, text, tool_use) must hold what the chat
+answer's fields hold there (the expected values written in that file), and the stream, read through
+the client's own `messages.stream` (which builds the message from the events), the same blocks.
+Then the request's translation (system, tool_use and tool_result blocks, thinking, a last assistant
+turn as the prefix; counted against /tokenize of the chat messages they stand for), stop_reason
+and usage, and the refusals.
+Usage: test_messages.py FAKE_SERVER_EXE DATA_DIR. Exits 77 without the anthropic package."""
+import json
+import os
+import sys
+
+try:
+    import anthropic
+except ImportError:
+    print("anthropic package not installed: skipped (pip install anthropic)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_chat_dialects as D  # noqa: E402
+from mlatest import check, http_post, summary  # noqa: E402
+
+SKIP = ("skip_special_tokens", "response_format")  # no Messages form: those cases are left out
+
+
+def tool_of(t):
+    f = t["function"]
+    return dict({"name": f["name"], "input_schema": f["parameters"]},
+                **({"description": f["description"]} if "description" in f else {}))
+
+
+def messages_kw(req, max_tokens):
+    """A dialect case's request as a Messages request, or None where it has no such form."""
+    if any(k in req for k in SKIP):
+        return None
+    # temperature, top_p and top_k are the API's members, not the newer SDK's typed parameters
+    kw = {"model": "fake-model", "messages": req.get("messages", D.MSGS), "extra_body": {"temperature": 0},
+          "max_tokens": req.get("max_tokens", max_tokens)}
+    if "tools" in req:
+        kw["tools"] = [tool_of(t) for t in req["tools"]]
+    tc = req.get("tool_choice")
+    choice = None
+    if isinstance(tc, dict):
+        choice = {"type": "tool", "name": tc["function"]["name"]}
+    elif tc:
+        choice = {"type": {"auto": "auto", "required": "any", "none": "none"}[tc]}
+    if req.get("parallel_tool_calls") is False:
+        choice = dict(choice or {"type": "auto"}, disable_parallel_tool_use=True)
+    if choice:
+        kw["tool_choice"] = choice
+    if "stop" in req:
+        kw["stop_sequences"] = req["stop"]
+    ctk = req.get("chat_template_kwargs", {})
+    if set(ctk) - {"enable_thinking", "thinking"}:
+        return None
+    for on in ctk.values():
+        kw["thinking"] = {"type": "enabled", "budget_tokens": 1024} if on else {"type": "disabled"}
+        if on:  # the budget must be less than max_tokens
+            kw["max_tokens"] = max(kw["max_tokens"], 1025)
+    return kw
+
+
+def result_of(msg):
+    """A message's blocks as test_chat_dialects' expectations read (content "" as None)."""
+    content, reasoning, calls = None, None, []
+    for b in msg.content:
+        if b.type == "text":
+            content = (content or "") + b.text
+        elif b.type == "thinking":
+            reasoning = (reasoning or "") + b.thinking
+        elif b.type == "tool_use":
+            calls.append((b.id, "function", b.name, b.input))
+    return {"content": content or None, "reasoning": reasoning, "calls": calls}
+
+
+def cut_calls_as_empty(exp):
+    """The expectation with a call cut off (its arguments not JSON) as the Messages answer gives it:
+    input {} (its text went out only as the stream's input_json_delta)"""
+    return dict(exp, calls=[c[:3] + ({},) if isinstance(c[3], tuple) else c for c in exp["calls"]])
+
+
+def no_ids(x):
+    return dict(x, calls=[c[1:] for c in x["calls"]])
+
+
+def main():
+    exe, data = sys.argv[1:3]
+    srv = D.Servers(exe, data, "messages_")
+    script_of = srv.script_of
+
+    def client(tmpl, extra=()):
+        port = srv.port(tmpl, extra)
+        return port, anthropic.Anthropic(base_url="http://127.0.0.1:%d" % port, api_key="x", timeout=30,
+                                         max_retries=0)
+
+    try:
+        n_cases = 0
+        for name, tmpl, extra, output, req, exp, exp_finish in D.CASES:
+            kw = messages_kw(req, 1000)
+            if kw is None:
+                continue
+            n_cases += 1
+            _, cl = client(tmpl, extra)
+            for as_tokens in (True, False):
+                what = "%s (%s)" % (name, "marker tokens" if as_tokens else "byte tokens")
+                ex = exp[0 if as_tokens else 1] if isinstance(exp, tuple) else exp
+                script_of(output, as_tokens)
+                m = cl.messages.create(**kw)
+                got = result_of(m)
+                check(D.expect_match(got, cut_calls_as_empty(ex)), what + ": content blocks", (got, ex))
+                want = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}[exp_finish]
+                if "stop" in req and exp_finish == "stop":
+                    want = "stop_sequence"
+                check(m.stop_reason == want and m.id.startswith("msg_") and m.role == "assistant",
+                      what + ": stop_reason " + want, m.stop_reason)
+                with cl.messages.stream(**kw) as st:
+                    for _ in st:
+                        pass
+                    s = st.get_final_message()
+                # a call cut off: the client's stream builds what its partial input parses to, the whole
+                # message {} (compared where the calls are whole)
+                whole = [not isinstance(c[3], tuple) for c in ex["calls"]]
+                sr = result_of(s)
+                check(no_ids(dict(sr, calls=[c for c, w in zip(sr["calls"], whole) if w])) ==
+                      no_ids(dict(got, calls=[c for c, w in zip(got["calls"], whole) if w])) and
+                      len(sr["calls"]) == len(got["calls"]) and s.stop_reason == m.stop_reason,
+                      what + ": stream equals it", (sr, got))
+        check(n_cases >= 40, "dialect cases asked as Messages requests", n_cases)
+
+        port, cl = client("glm-5.jinja")
+        q = [{"role": "user", "content": "What is 2+2?"}]
+        # usage: the prompt's tokens (those from the prefix cache as cache_read_input_tokens), output
+        script_of("Weigh it.</think>Four.")
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50)
+        st, body = http_post(port, "/v1/chat/completions", {"model": "fake-model", "messages": q, "max_tokens": 50})
+        cu = json.loads(body)["usage"]
+        u = m.usage
+        check(u.input_tokens + u.cache_read_input_tokens == cu["prompt_tokens"] and
+              u.output_tokens == cu["completion_tokens"] and u.cache_creation_input_tokens == 0,
+              "usage as the chat's", (u, cu))
+        check([b.type for b in m.content] == ["thinking", "text"] and m.content[0].thinking == "Weigh it." and
+              m.content[1].text == "Four." and m.stop_reason == "end_turn" and m.model == "fake-model",
+              "thinking and text blocks", m)
+        # max_tokens cuts it
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=4)
+        check(m.stop_reason == "max_tokens" and m.usage.output_tokens == 4, "max_tokens", m)
+        # a stop sequence: stop_reason stop_sequence naming it, whole and streamed
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, stop_sequences=["zz", "ou"])
+        check(m.stop_reason == "stop_sequence" and m.stop_sequence == "ou" and m.content[-1].text == "F",
+              "stop_sequence", m)
+        with cl.messages.stream(model="fake-model", messages=q, max_tokens=50, stop_sequences=["ou"]) as s:
+            types = [ev.type for ev in s]
+            fin = s.get_final_message()
+        check(fin.stop_reason == "stop_sequence" and fin.stop_sequence == "ou" and types[0] == "message_start" and
+              types[-1] == "message_stop" and "message_delta" in types, "stop_sequence streamed", (types, fin))
+        # system (a string, or text blocks with cache_control) is a system message first
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, system=[
+            {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}])
+        st, body = http_post(port, "/tokenize", {"messages": [{"role": "system", "content": "Be brief."}] + q})
+        n_sys = json.loads(body)["count"] if st == 200 else -1
+        check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n_sys, "system blocks", (m.usage, body[:80]))
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, system="Be brief.")
+        check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n_sys, "system string", m.usage)
+
+        # a tool loop: the assistant's thinking, text and tool_use, the user's tool_result, as the
+        # chat messages they stand for (the prompt's tokens counted against /tokenize of those)
+        weather = tool_of(D.WEATHER)
+        loop = [{"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Need it.", "signature": ""},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+        as_chat = [{"role": "user", "content": "weather?"},
+                   {"role": "assistant", "reasoning_content": "Need it.", "content": "Checking.", "tool_calls": [
+                       {"id": "toolu_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                   {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}]
+        script_of("Ok.</think>Sunny.")
+        m = cl.messages.create(model="fake-model", messages=loop, tools=[weather], max_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": as_chat, "tools": [D.WEATHER]})
+        n = json.loads(body)["count"] if st == 200 else -1
+        check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n and m.content[-1].text == "Sunny.",
+              "a tool loop as chat messages", (m.usage, n, body[:200]))
+        p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
+        check("<arg_value>Paris</arg_value>" in p and "sunny" in p and "Need it." in p, "the call, its result and "
+              "the thinking rendered", p)
+        # count_tokens: the same prompt's tokens, without max_tokens
+        ct = cl.messages.count_tokens(model="fake-model", messages=loop, tools=[weather])
+        check(ct.input_tokens == n, "count_tokens as /tokenize", (ct, n))
+        ct = cl.messages.count_tokens(model="fake-model", messages=q, system="Be brief.")
+        check(ct.input_tokens == n_sys, "count_tokens with system", (ct, n_sys))
+        st, body = http_post(port, "/v1/messages/count_tokens", {"model": "fake-model", "messages": q, "tools": [
+            {"type": "web_search_20250305", "name": "web_search"}]})
+        check(st == 400 and b"web_search_20250305" in body, "count_tokens refuses as messages does", body[:200])
+        # tool_result content as text blocks, is_error taken
+        loop2 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                           "is_error": False, "content": [{"type": "text",
+                                                                                            "text": "sunny"}]}]}]
+        m = cl.messages.create(model="fake-model", messages=loop2, tools=[weather], max_tokens=50)
+        check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n, "tool_result text blocks", m.usage)
+        # a call in the answer: a tool_use block with its input an object, stop_reason tool_use; streamed, the
+        # client builds the same input from the input_json_delta events
+        script_of('x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>')
+        m = cl.messages.create(model="fake-model", messages=q, tools=[weather], max_tokens=80)
+        tu = [b for b in m.content if b.type == "tool_use"]
+        check(m.stop_reason == "tool_use" and len(tu) == 1 and tu[0].name == "get_weather" and
+              tu[0].input == {"city": "Oslo"}, "a tool_use block", m)
+        with cl.messages.stream(model="fake-model", messages=q, tools=[weather], max_tokens=80) as s:
+            for _ in s:
+                pass
+            fin = s.get_final_message()
+        ftu = [b for b in fin.content if b.type == "tool_use"]
+        check(fin.stop_reason == "tool_use" and len(ftu) == 1 and ftu[0].input == {"city": "Oslo"} and
+              ftu[0].id.startswith("call_msg_"), "a tool_use block streamed", fin)
+        # thinking disabled / enabled: the template's enable_thinking
+        script_of("Four.")
+        for th, on in (({"type": "disabled"}, False), ({"type": "enabled", "budget_tokens": 1100}, True)):
+            m = cl.messages.create(model="fake-model", messages=q, max_tokens=1500, thinking=th)
+            st, body = http_post(port, "/tokenize", {"messages": q, "chat_template_kwargs": {"enable_thinking": on}})
+            check(m.usage.input_tokens + m.usage.cache_read_input_tokens == json.loads(body)["count"],
+                  "thinking %s as enable_thinking" % th["type"], (m.usage, body[:80]))
+        # adaptive: the model's own default (the template's, thinking on)
+        script_of("Weigh it.</think>Four.")
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, thinking={"type": "adaptive"})
+        check([b.type for b in m.content] == ["thinking", "text"], "thinking adaptive: the model's default", m)
+        # the signature seals the thinking: display omitted sends it alone, and it comes back as the text
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50,
+                               thinking={"type": "adaptive", "display": "omitted"})
+        th = m.content[0]
+        check(th.type == "thinking" and th.thinking == "" and th.signature.startswith("mlaserve-reasoning-1:"),
+              "display omitted: the signature alone", m)
+        with cl.messages.stream(model="fake-model", messages=q, max_tokens=50,
+                                thinking={"type": "adaptive", "display": "omitted"}) as s:
+            kinds = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
+            fin = s.get_final_message()
+        check("thinking_delta" not in kinds and "signature_delta" in kinds and fin.content[0].thinking == "" and
+              fin.content[0].signature == th.signature, "display omitted streamed", (kinds, fin))
+        sealed = [loop[0], {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": th.signature}, *loop[1]["content"][1:]]}, loop[2]]
+        script_of("Ok.</think>Sunny.")
+        m = cl.messages.create(model="fake-model", messages=sealed, tools=[weather], max_tokens=50)
+        st, body = http_post(port, "/tokenize", {"messages": [as_chat[0], dict(as_chat[1], reasoning_content="Weigh it."),
+                                                             as_chat[2]], "tools": [D.WEATHER]})
+        check(m.usage.input_tokens + m.usage.cache_read_input_tokens == json.loads(body)["count"],
+              "a thinking block's signature read back as its text", (m.usage, body[:80]))
+        # output_config.format: the chat path's json_schema response_format (the scripted model writes its
+        # script whatever the grammar); effort where the template reads reasoning_effort (GLM-5's does not)
+        script_of('{"a": 1}')
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, thinking={"type": "disabled"},
+                               output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+        check(m.content[-1].text == '{"a": 1}', "output_config.format taken", m)
+        # a last assistant turn is the prefix the answer goes on from
+        script_of(" is 4.")
+        m = cl.messages.create(model="fake-model", max_tokens=50, thinking={"type": "disabled"}, messages=q + [
+            {"role": "assistant", "content": "2+2"}])
+        check(m.content[-1].text == " is 4.", "a prefill", m)
+
+        # refusals, by name
+        def refused(what, param, port_=port, **kw):
+            kw.setdefault("model", "fake-model")
+            kw.setdefault("messages", q)
+            kw.setdefault("max_tokens", 4)
+            st, body = http_post(port_, "/v1/messages", kw)
+            check(st == 400 and param in body.decode(errors="replace"), what + ": 400 naming " + param, body[:300])
+
+        refused("no max_tokens", "max_tokens", max_tokens=None)
+        refused("an image block", "image", messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+        refused("a server tool", "web_search_20250305", tools=[{"type": "web_search_20250305", "name": "web_search"}])
+        refused("a tool_result naming no tool_use", "names no tool_use", messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}])
+        refused("a thinking budget under 1024", "budget_tokens", max_tokens=3000,
+                thinking={"type": "enabled", "budget_tokens": 100})
+        refused("a thinking budget past max_tokens", "budget_tokens", max_tokens=2000,
+                thinking={"type": "enabled", "budget_tokens": 2000})
+        refused("an unknown member", "container", container="x")
+        refused("metadata of another member", "metadata", metadata={"k": "v"})
+        refused("a role of system in messages", "role", messages=[{"role": "system", "content": "x"}])
+        refused("redacted thinking", "redacted_thinking", messages=q + [
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}, {"type": "text", "text": "a"}]},
+            {"role": "user", "content": "b"}])
+        refused("tool_choice any without tools", "tool_choice", tool_choice={"type": "any"})
+        refused("a stop sequence list too long", "stop_sequences", stop_sequences=["s%d" % i for i in range(100)])
+        refused("effort the template does not read", "output_config.effort", output_config={"effort": "high"})
+        refused("thinking between_tools", "thinking", thinking={"type": "between_tools"})
+        refused("a signature not ours", "signature", messages=loop[:1] + [{"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": "EqQBCkgIAxABGAIiQ"}, {"type": "text", "text": "a"}]},
+            {"role": "user", "content": "b"}])
+        refused("a tool's defer_loading", "defer_loading", tools=[dict(tool_of(D.WEATHER), defer_loading=True)])
+        # a template without a thinking switch: R1 always thinks (disabled refused), GLM's reads one
+        r1port, _ = client("deepseek-r1.jinja")
+        refused("thinking disabled where the model always thinks", "thinking", port_=r1port,
+                thinking={"type": "disabled"})
+        # the error shape carries error.type and error.message, as Anthropic's does
+        try:
+            cl.messages.create(model="fake-model", messages=q, max_tokens=4, extra_body={"top_k": "x"})
+            check(False, "top_k a string: refused")
+        except anthropic.BadRequestError as e:
+            check(e.status_code == 400 and "top_k" in str(e), "the SDK reads the 400", e)
+        # the server lives on
+        script_of("Weigh it.</think>Four.")
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=50)
+        check(m.content[-1].text == "Four.", "answered after the refusals", m)
+    finally:
+        srv.stop_all()
+    return summary("messages (anthropic %s): " % anthropic.__version__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
