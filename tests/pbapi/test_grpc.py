@@ -98,8 +98,11 @@ def h2_read(sock, frames, until):
 
 plain = [p for p in ref["prompts"] if "<｜" not in p["text"]][:3]
 # every step at least 5 ms (a developer switch of the workers): a 450-token request then takes over
-# 2.25 s however fast the host, so the 1.5 s and 1 s deadlines below always fall mid-stream
-srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "16", "--api-key", KEY],
+# 2.25 s however fast the host, so the 1.5 s and 1 s deadlines below always fall mid-stream; the
+# drain at the end waits for a whole 450-token call, which a sanitized build on a busy host can
+# take longer than the default 30 s over (the drain timeout itself is tested further down)
+srv = pb.Server(exe, worker, model, tp=2, extra=["--max-context", "512", "--max-seqs", "16", "--api-key", KEY,
+                                                 "--drain-timeout", "300"],
                 env={"MLA_WORKER_STEP_DELAY_MS": "5"})
 try:
     P, H = srv.proto_port, srv.port
