@@ -87,8 +87,8 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
         const char *ty = block_type(b);
         const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
         if (!ty || strcmp(ty, "text") || !cJSON_IsString(tx)) {
-            api_bad(e, param, "%s: blocks of type '%.64s' are not supported here (text, with a string 'text')", at,
-                    ty ? ty : "(none)");
+            if (ty && !strcmp(ty, "text")) api_bad(e, param, "%s: a text block needs a string 'text'", at);
+            else api_bad(e, param, "%s: blocks of type '%.64s' are not supported here (text)", at, ty ? ty : "(none)");
             free(j.s);
             return NULL;
         }
@@ -289,10 +289,12 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     if (!is_null(sys)) {
         char *s = text_of(sys, "system", "system", e);
         if (!s) return MLA_ERR;
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "system");
-        cJSON_AddStringToObject(m, "content", s);
-        cJSON_AddItemToArray(msgs, m);
+        if (*s) { /* an empty system prompt is none */
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "system");
+            cJSON_AddStringToObject(m, "content", s);
+            cJSON_AddItemToArray(msgs, m);
+        }
         free(s);
     }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "messages");
@@ -318,6 +320,12 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
             } else {
                 rc = assistant_turn(&t, c, i, last, e);
                 prefix = last;
+                const int at = cJSON_GetArraySize(msgs) - 1;
+                const cJSON *lc = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, at), "content");
+                if (!rc && last && cJSON_IsString(lc) && !lc->valuestring[0]) { /* nothing to go on from: as none */
+                    cJSON_DeleteItemFromArray(msgs, at);
+                    prefix = false;
+                }
             }
         }
         if (rc) break;
@@ -331,8 +339,9 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     return rc;
 }
 
-/* tools: [{"name", "description"?, "input_schema", "type"?: "custom"}] in the chat form */
-static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
+/* tools: [{"name", "description"?, "input_schema", "type"?: "custom"}] in the chat form;
+ * *eager_input set where a tool asks for its input streamed as it is written (every call's is then) */
+static int tools_chat(const cJSON *body, cJSON *chat, bool *eager_input, api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (is_null(tools)) return MLA_OK;
     if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
@@ -341,10 +350,12 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const char *ty = block_type(t);
-        if (!cJSON_IsObject(t) || (ty && strcmp(ty, "custom")))
+        const cJSON *tym = cJSON_GetObjectItemCaseSensitive(t, "type");
+        if (!cJSON_IsObject(t) || (ty && strcmp(ty, "custom")) || (!ty && !is_null(tym)))
             return api_bad(e, "tools", "tools[%d]: a tool of type '%.64s' is not served here, only client tools "
                                    "(name, description, input_schema); server tools such as web search run on "
-                                   "Anthropic's servers", i, ty ? ty : "(not an object)");
+                                   "Anthropic's servers", i, ty ? ty : !cJSON_IsObject(t) ? "(not an object)"
+                                                                                     : "(not a string)");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
         const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
         const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
@@ -355,9 +366,9 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
         const cJSON *eager = cJSON_GetObjectItemCaseSensitive(t, "eager_input_streaming");
         if ((!is_null(strict) && !cJSON_IsBool(strict)) || (!is_null(eager) && !cJSON_IsBool(eager)))
             return api_bad(e, "tools", "tools[%d]: strict and eager_input_streaming must be booleans", i);
+        if (cJSON_IsTrue(eager)) *eager_input = true;
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
-            /* eager_input_streaming: the input streams as it is written whatever its value */
             static const char *const read[] = {"type",          "name",   "description",           "input_schema",
                                                "cache_control", "strict", "eager_input_streaming", NULL};
             if (!api_in_list(read, m->string ? m->string : ""))
@@ -421,14 +432,19 @@ static int thinking_opts(const cJSON *body, api_rsp_opts *opts, api_error *e) {
                                                            strcmp(display->valuestring, "omitted"))))
         return api_bad(e, "thinking", "thinking.display must be \"summarized\" or \"omitted\"");
     opts->omit_thinking = cJSON_IsString(display) && !strcmp(display->valuestring, "omitted");
-    if (ty && !strcmp(ty, "disabled") && is_null(budget) && is_null(display)) {
+    static const char *const types[] = {"enabled", "adaptive", "disabled", NULL};
+    if (!ty || !api_in_list(types, ty))
+        return api_bad(e, "thinking", "thinking.type must be \"enabled\" (with budget_tokens), \"adaptive\" or "
+                                  "\"disabled\"");
+    if (strcmp(ty, "enabled") && !is_null(budget))
+        return api_bad(e, "thinking", "thinking.budget_tokens goes with type \"enabled\" only");
+    if (!strcmp(ty, "disabled")) {
+        if (!is_null(display))
+            return api_bad(e, "thinking", "thinking.display goes with thinking on, not \"disabled\"");
         opts->thinking = -1;
         return MLA_OK;
     }
-    if (ty && !strcmp(ty, "adaptive") && is_null(budget)) return MLA_OK;
-    if (!ty || strcmp(ty, "enabled"))
-        return api_bad(e, "thinking", "thinking.type must be \"enabled\" (with budget_tokens), \"adaptive\" or "
-                                  "\"disabled\"");
+    if (!strcmp(ty, "adaptive")) return MLA_OK;
     /* the budget is checked as Anthropic checks it; the thinking and the answer then share
      * max_tokens (docs/openai-params.md) */
     if (!int_in(budget, API_MSG_MIN_THINKING, INT32_MAX) ||
@@ -487,6 +503,12 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
     if (!int_in(mt, 1, INT32_MAX))
         return api_bad(e, "max_tokens", "'max_tokens' is required: an integer from 1 to %d", INT32_MAX);
+    const cJSON *temp = cJSON_GetObjectItemCaseSensitive(body, "temperature");
+    if (!is_null(temp) && (!cJSON_IsNumber(temp) || temp->valuedouble < 0 || temp->valuedouble > 1))
+        return api_bad(e, "temperature", "'temperature' must be a number from 0 to 1");
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(body, "stop_sequences");
+    if (!is_null(ss) && !cJSON_IsArray(ss))
+        return api_bad(e, "stop_sequences", "'stop_sequences' must be a list of strings");
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(md, "user_id");
     if (!is_null(md) && (!cJSON_IsObject(md) || cJSON_GetArraySize(md) > 1 || (cJSON_GetArraySize(md) && !user) ||
@@ -497,7 +519,7 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     if (!is_null(cc) && !cJSON_IsObject(cc)) return api_bad(e, "cache_control", "'cache_control' must be an object");
     if (thinking_opts(body, opts, e)) return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
-    if (messages_chat(body, c, e) || tools_chat(body, c, e) || tool_choice_chat(body, c, e) ||
+    if (messages_chat(body, c, e) || tools_chat(body, c, &opts->eager_input, e) || tool_choice_chat(body, c, e) ||
         output_config_chat(body, c, e)) {
         cJSON_Delete(c);
         return MLA_ERR;
@@ -515,7 +537,23 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     return MLA_OK;
 }
 
+/* A context error in Anthropic's words (which clients match to shorten a conversation) */
+static void context_words(api_error *e) {
+    int ctx, n, out;
+    long long all;
+    if (sscanf(e->message, "This model's maximum context length is %d tokens. However, your prompt has %d", &ctx, &n) ==
+        2)
+        snprintf(e->message, sizeof e->message, "prompt is too long: %d tokens > %d maximum", n, ctx);
+    else if (sscanf(e->message,
+                    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
+                    "prompt, %d for the completion)", &ctx, &all, &n, &out) == 4)
+        snprintf(e->message, sizeof e->message,
+                 "input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or "
+                 "`max_tokens` and try again", n, out, ctx);
+}
+
 void api_msg_error_names(api_error *e) {
+    if (!strcmp(e->code, "context_length_exceeded")) context_words(e);
     static const char *const text[][2] = {{"max_completion_tokens", "max_tokens"},
                                           {"reasoning_effort", "output_config.effort"},
                                           {"response_format.json_schema.", "output_config.format."},

@@ -733,9 +733,18 @@ static cJSON *part_json(const api_rsp_item *it, const char *text) {
 
 /* ---- the same items as an Anthropic Messages answer's content blocks ---- */
 
+/* A call's input: its arguments' own text where that is one JSON object and nothing after it (a
+ * \u0000 in it stays one, where a parsed copy would end its string there), else {} */
+static cJSON *call_input(const char *t) {
+    cJSON *in = cJSON_ParseWithOpts(t, NULL, 1);
+    const bool object = cJSON_IsObject(in);
+    cJSON_Delete(in);
+    return object ? cJSON_CreateRaw(t) : cJSON_CreateObject();
+}
+
 /* Item k as a content block: thinking (its signature the text sealed, which comes back as the
- * text; the text itself "" where its display is omitted), text, or tool_use (its input the
- * arguments parsed, {} while they are not a whole object: streamed, they go as input_json_delta) */
+ * text; the text itself "" where its display is omitted), text, or tool_use (its input
+ * call_input's; {} until whole) */
 static cJSON *block_json(const api_rsp_out *o, const api_rsp_item *it, bool whole) {
     cJSON *j = cJSON_CreateObject();
     const char *t = whole && it->text ? it->text : "";
@@ -756,12 +765,7 @@ static cJSON *block_json(const api_rsp_out *o, const api_rsp_item *it, bool whol
         cJSON_AddStringToObject(j, "type", "tool_use");
         cJSON_AddStringToObject(j, "id", it->call_id);
         cJSON_AddStringToObject(j, "name", it->name);
-        /* the arguments' own text where it is one JSON object (a \u0000 in it stays one: a parsed
-         * copy would end its string there) */
-        cJSON *in = whole ? cJSON_Parse(t) : NULL;
-        const bool object = cJSON_IsObject(in);
-        cJSON_Delete(in);
-        cJSON_AddItemToObject(j, "input", object ? cJSON_CreateRaw(t) : cJSON_CreateObject());
+        cJSON_AddItemToObject(j, "input", whole ? call_input(t) : cJSON_CreateObject());
         break;
     }
     }
@@ -846,6 +850,12 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
             cJSON_AddStringToObject(d, "signature", sig);
             free(sig);
             block_event(o, "content_block_delta", k, d, "delta", emit, ud);
+        } else if (it->kind == API_RSP_CALL && !o->opts.eager_input) { /* the input whole, as the block has it */
+            cJSON *in = call_input(it->text ? it->text : "");
+            char *s = cJSON_PrintUnformatted(in);
+            block_delta(o, k, s, emit, ud);
+            cJSON_free(s);
+            cJSON_Delete(in);
         }
         block_event(o, "content_block_stop", k, NULL, NULL, emit, ud);
         return;
@@ -889,7 +899,9 @@ static void item_delta(api_rsp_out *o, int k, const char *s, size_t n, api_rsp_e
     memcpy(it->text + it->len, d, m + 1);
     it->len += m;
     if (emit && o->opts.messages) {
-        if (!(it->kind == API_RSP_REASONING && o->opts.omit_thinking)) block_delta(o, k, d, emit, ud);
+        if (!(it->kind == API_RSP_REASONING && o->opts.omit_thinking) &&
+            !(it->kind == API_RSP_CALL && !o->opts.eager_input))
+            block_delta(o, k, d, emit, ud);
     } else if (emit) {
         static const char *const type[] = {"response.reasoning_text.delta", "response.output_text.delta",
                                            "response.function_call_arguments.delta"};

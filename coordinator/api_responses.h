@@ -37,6 +37,8 @@ typedef struct api_rsp_opts {
                      * thinking, text, tool_use, and their events */
     int thinking;   /* messages: thinking asked enabled (1), disabled (-1), or left to the model (0) */
     bool omit_thinking; /* messages: thinking.display "omitted": a thinking block's text only in its signature */
+    bool eager_input;   /* messages: a tool's eager_input_streaming: tool_use input streamed as it is written
+                         * (else whole, at the call's end, as the block's input) */
 } api_rsp_opts;
 
 /* encrypted_content here: this prefix and the reasoning's text in base64. Opaque to the client and

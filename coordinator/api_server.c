@@ -2500,7 +2500,7 @@ static bool authorize(api_server *a, http_conn *c, const char *authorization) {
         reply_error(c, &e, extra);
     } else {
         api_error_set(&e, 401, NULL, "invalid_api_key",
-                      "missing or wrong API key (send 'Authorization: Bearer <key>')");
+                      "missing or wrong API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')");
         reply_error(c, &e, "WWW-Authenticate: Bearer\r\n");
     }
     return false;

@@ -62,12 +62,12 @@ static void finish_header(http_req *p) {
         free(p->auth);
         p->auth = mla_xstrdup(p->hval ? p->hval : "");
     } else if (!strcasecmp(p->hname, "x-api-key")) { /* Anthropic's clients send the key so: a bearer key */
-        p->n_auth++;
-        free(p->auth);
+        p->n_xkey++;
+        free(p->xkey);
         const char *v = p->hval ? p->hval : "";
         const size_t n = strlen(v) + sizeof "Bearer ";
-        p->auth = mla_xmalloc(n);
-        snprintf(p->auth, n, "Bearer %s", v);
+        p->xkey = mla_xmalloc(n);
+        snprintf(p->xkey, n, "Bearer %s", v);
     } else if (!strcasecmp(p->hname, "content-type")) {
         free(p->ctype);
         p->ctype = mla_xstrdup(p->hval ? p->hval : "");
@@ -148,7 +148,15 @@ static int on_headers_complete(http_parser *hp) {
     /* chunked twice is not a framing (RFC 9112 6.1): a proxy may read the body otherwise */
     if (p->n_te > 1) return fail(p, 400, "more than one Transfer-Encoding header field");
     /* two credentials: which one counts would be the server's guess */
-    if (p->n_auth > 1) return fail(p, 400, "more than one Authorization (or x-api-key) header field");
+    if (p->n_auth > 1) return fail(p, 400, "more than one Authorization header field");
+    if (p->n_xkey > 1) return fail(p, 400, "more than one x-api-key header field");
+    /* an x-api-key is the bearer key where no Authorization names one; both may name the same */
+    if (p->xkey && p->auth && (strncasecmp(p->auth, "Bearer ", 7) || strcmp(p->auth + 7, p->xkey + 7)))
+        return fail(p, 400, "Authorization and x-api-key name different keys");
+    if (p->xkey && !p->auth) {
+        p->auth = p->xkey;
+        p->xkey = NULL;
+    }
     /* RFC 9110 10.1.1: an expectation other than 100-continue may be refused with 417 */
     if (p->expect_other) return fail(p, 417, "Expect: only 100-continue is supported");
     if (p->ce_other)
@@ -266,14 +274,15 @@ void http_req_next(http_req *p) {
     if (p->url) p->url[0] = 0;
     p->in_value = false;
     p->te_other = p->expect_other = p->ce_other = false;
-    p->n_host = p->n_te = p->n_auth = 0;
+    p->n_host = p->n_te = p->n_auth = p->n_xkey = 0;
     p->header_bytes = 0;
     p->n_headers = 0;
     free(p->auth);
+    free(p->xkey);
     free(p->ctype);
     free(p->origin);
     free(p->acrh);
-    p->auth = p->ctype = p->origin = p->acrh = NULL;
+    p->auth = p->xkey = p->ctype = p->origin = p->acrh = NULL;
     if (p->body) p->body[0] = 0;
     http_parser_init(&p->parser, HTTP_REQUEST);
     p->parser.data = p;
@@ -285,6 +294,7 @@ void http_req_free(http_req *p) {
     free(p->hname);
     free(p->hval);
     free(p->auth);
+    free(p->xkey);
     free(p->ctype);
     free(p->origin);
     free(p->acrh);

@@ -79,10 +79,11 @@ typedef struct http_req {
     bool expect_other;   /* an Expect other than 100-continue */
     bool ce_other;       /* a Content-Encoding other than identity */
     int n_host;          /* Host header fields seen */
-    int n_te, n_auth;    /* Transfer-Encoding, Authorization header fields seen */
+    int n_te, n_auth, n_xkey; /* Transfer-Encoding, Authorization, x-api-key header fields seen */
     size_t header_bytes;
     int n_headers;
     char *auth, *ctype, *origin, *acrh;
+    char *xkey; /* an x-api-key's key as "Bearer <key>" until the head ends (then auth where it had none) */
     char *body;
     size_t body_len, body_cap;
 } http_req;

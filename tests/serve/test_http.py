@@ -679,7 +679,11 @@ def test_limits(exe):
         check(st == 401, "a wrong x-api-key 401")
         st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2},
                            headers={"x-api-key": "sekrit", "Authorization": "Bearer sekrit"})
-        check(st == 400, "x-api-key beside Authorization: 400", j)
+        check(st == 200, "x-api-key beside Authorization, one key: taken", j)
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2},
+                           headers={"x-api-key": "other", "Authorization": "Bearer sekrit"})
+        check(st == 400 and "different keys" in j["error"]["message"], "x-api-key and Authorization of two keys: 400",
+              j)
         st, hd, data = request(port, "GET", "/health")
         check(st == 200, "/health needs no key")
         # EOS (eos period 7): stops with finish stop, EOS not in the text

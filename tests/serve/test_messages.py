@@ -243,8 +243,8 @@ def main():
             {"type": "thinking", "thinking": "", "signature": th.signature}, *loop[1]["content"][1:]]}, loop[2]]
         script_of("Ok.</think>Sunny.")
         m = cl.messages.create(model="fake-model", messages=sealed, tools=[weather], max_tokens=50)
-        st, body = http_post(port, "/tokenize", {"messages": [as_chat[0], dict(as_chat[1], reasoning_content="Weigh it."),
-                                                             as_chat[2]], "tools": [D.WEATHER]})
+        back = [as_chat[0], dict(as_chat[1], reasoning_content="Weigh it."), as_chat[2]]
+        st, body = http_post(port, "/tokenize", {"messages": back, "tools": [D.WEATHER]})
         check(m.usage.input_tokens + m.usage.cache_read_input_tokens == json.loads(body)["count"],
               "a thinking block's signature read back as its text", (m.usage, body[:80]))
         # output_config.format: the chat path's json_schema response_format (the scripted model writes its
@@ -258,6 +258,53 @@ def main():
         m = cl.messages.create(model="fake-model", max_tokens=50, thinking={"type": "disabled"}, messages=q + [
             {"role": "assistant", "content": "2+2"}])
         check(m.content[-1].text == " is 4.", "a prefill", m)
+
+        # arguments that are not one JSON object (junk after it, a list): input {} whole and streamed
+        # (a call's input goes out whole at its end unless a tool asks for eager_input_streaming)
+        kport, kcl = client("kimi-k2.jinja")
+        for args in ('{"city": "Oslo"} junk', '[1, 2]', '{"city": "Oslo", }'):
+            script_of("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                      "<|tool_call_argument_begin|>" + args + "<|tool_call_end|><|tool_calls_section_end|>")
+            st, body = http_post(kport, "/v1/messages", {"model": "fake-model", "messages": q, "max_tokens": 80,
+                                                         "tools": [weather]})
+            j = json.loads(body) if st == 200 else {}
+            tu = [b for b in j.get("content", []) if b["type"] == "tool_use"]
+            with kcl.messages.stream(model="fake-model", messages=q, tools=[weather], max_tokens=80) as s:
+                deltas = [ev.delta.partial_json for ev in s if ev.type == "content_block_delta" and
+                          ev.delta.type == "input_json_delta"]
+                fin = s.get_final_message()
+            check(len(tu) == 1 and tu[0]["input"] == {} and deltas == ["{}"] and
+                  [b.input for b in fin.content if b.type == "tool_use"] == [{}],
+                  "arguments %r: input {}, whole and streamed" % args, (body[:300], deltas))
+        script_of("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                  '{"city": "Oslo"}<|tool_call_end|><|tool_calls_section_end|>')
+        for eager in (False, True):
+            with kcl.messages.stream(model="fake-model", messages=q, max_tokens=80,
+                                     tools=[dict(weather, eager_input_streaming=eager)]) as s:
+                deltas = [ev.delta.partial_json for ev in s if ev.type == "content_block_delta" and
+                          ev.delta.type == "input_json_delta"]
+                fin = s.get_final_message()
+            check("".join(deltas) == '{"city": "Oslo"}' and (len(deltas) > 1) == eager and
+                  fin.content[0].input == {"city": "Oslo"}, "eager_input_streaming %s" % eager, deltas)
+        # a prompt past the context, in Anthropic's words (which clients match to shorten it)
+        st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 10, "messages": [
+            {"role": "user", "content": "w " * 3000}]})
+        check(st == 400 and b"prompt is too long: " in body and b"tokens > 2048 maximum" in body, "prompt too long",
+              body[:300])
+        st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 2040, "messages": q})
+        check(st == 400 and b"exceed context limit: " in body and b"+ 2040 > 2048" in body, "input and max_tokens",
+              body[:300])
+        # an empty last assistant turn, an empty system prompt: as none
+        script_of("Four.")
+        m0 = cl.messages.create(model="fake-model", messages=q, max_tokens=20, thinking={"type": "disabled"})
+        for extra in ({"messages": q + [{"role": "assistant", "content": ""}]},
+                      {"messages": q + [{"role": "assistant", "content": []}]}, {"system": ""}, {"system": []}):
+            kw = dict({"model": "fake-model", "messages": q, "max_tokens": 20, "thinking": {"type": "disabled"}},
+                      **extra)
+            m = cl.messages.create(**kw)
+            check(m.usage.input_tokens + m.usage.cache_read_input_tokens ==
+                  m0.usage.input_tokens + m0.usage.cache_read_input_tokens and m.content[-1].text == "Four.",
+                  "as none: %r" % extra, m)
 
         # refusals, by name
         def refused(what, param, port_=port, **kw):
@@ -281,7 +328,8 @@ def main():
         refused("metadata of another member", "metadata", metadata={"k": "v"})
         refused("a role of system in messages", "role", messages=[{"role": "system", "content": "x"}])
         refused("redacted thinking", "redacted_thinking", messages=q + [
-            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}, {"type": "text", "text": "a"}]},
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"},
+                                              {"type": "text", "text": "a"}]},
             {"role": "user", "content": "b"}])
         refused("tool_choice any without tools", "tool_choice", tool_choice={"type": "any"})
         refused("a stop sequence list too long", "stop_sequences", stop_sequences=["s%d" % i for i in range(100)])
@@ -291,6 +339,13 @@ def main():
             {"type": "thinking", "thinking": "", "signature": "EqQBCkgIAxABGAIiQ"}, {"type": "text", "text": "a"}]},
             {"role": "user", "content": "b"}])
         refused("a tool's defer_loading", "defer_loading", tools=[dict(tool_of(D.WEATHER), defer_loading=True)])
+        refused("temperature past 1", "temperature", temperature=5)
+        refused("stop_sequences a string", "stop_sequences", stop_sequences="ab")
+        refused("a tool type not a string", "not a string", tools=[dict(tool_of(D.WEATHER), type=5)])
+        refused("display with thinking disabled", "thinking.display", thinking={"type": "disabled",
+                                                                              "display": "omitted"})
+        refused("budget with adaptive", "budget_tokens", thinking={"type": "adaptive", "budget_tokens": 2000})
+        refused("a text block of no string", "a text block needs a string", system=[{"type": "text", "text": 5}])
         # a template without a thinking switch: R1 always thinks (disabled refused), GLM's reads one
         r1port, _ = client("deepseek-r1.jinja")
         refused("thinking disabled where the model always thinks", "thinking", port_=r1port,
