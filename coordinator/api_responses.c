@@ -733,13 +733,20 @@ static cJSON *part_json(const api_rsp_item *it, const char *text) {
 
 /* ---- the same items as an Anthropic Messages answer's content blocks ---- */
 
-/* A call's input: its arguments' own text where that is one JSON object and nothing after it (a
- * \u0000 in it stays one, where a parsed copy would end its string there), else {} */
+/* A call's input where its arguments are one JSON object and nothing after it, else {}: their own
+ * text (a \u0000 in it stays one, where a parsed copy would end its string there), or where it
+ * holds a control character (which cJSON takes raw inside a string, and strict parsers refuse)
+ * the parsed copy, printed anew */
 static cJSON *call_input(const char *t) {
     cJSON *in = cJSON_ParseWithOpts(t, NULL, 1);
-    const bool object = cJSON_IsObject(in);
+    if (!cJSON_IsObject(in)) {
+        cJSON_Delete(in);
+        return cJSON_CreateObject();
+    }
+    for (const char *p = t; *p; p++)
+        if ((unsigned char)*p < 0x20) return in;
     cJSON_Delete(in);
-    return object ? cJSON_CreateRaw(t) : cJSON_CreateObject();
+    return cJSON_CreateRaw(t);
 }
 
 /* Item k as a content block: thinking (its signature the text sealed, which comes back as the

@@ -262,6 +262,17 @@ def main():
         # arguments that are not one JSON object (junk after it, a list): input {} whole and streamed
         # (a call's input goes out whole at its end unless a tool asks for eager_input_streaming)
         kport, kcl = client("kimi-k2.jinja")
+        # a raw newline inside a string: the input printed anew, so that a strict parser takes the answer
+        script_of("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                  '{"city": "Os\nlo"}<|tool_call_end|><|tool_calls_section_end|>')
+        st, body = http_post(kport, "/v1/messages", {"model": "fake-model", "messages": q, "max_tokens": 80,
+                                                     "tools": [weather]})
+        try:
+            j = json.loads(body)
+        except ValueError:
+            j = {}
+        check(st == 200 and [b.get("input") for b in j.get("content", [])] == [{"city": "Os\nlo"}],
+              "a raw control character in the arguments", body[:300])
         for args in ('{"city": "Oslo"} junk', '[1, 2]', '{"city": "Oslo", }'):
             script_of("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                       "<|tool_call_argument_begin|>" + args + "<|tool_call_end|><|tool_calls_section_end|>")
