@@ -51,25 +51,6 @@ static const char *block_type(const cJSON *b) {
     return cJSON_IsObject(b) && cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
 
-/* A growing string: text pieces joined one a line, as the chat path joins text parts */
-typedef struct join {
-    char *s;
-    size_t len, cap;
-    bool any;
-} join;
-
-static void join_add(join *j, const char *t) {
-    const size_t n = strlen(t);
-    if (j->len + n + 2 > j->cap) {
-        j->cap = 2 * (j->len + n + 2);
-        j->s = mla_xrealloc(j->s, j->cap);
-    }
-    if (j->any) j->s[j->len++] = '\n';
-    memcpy(j->s + j->len, t, n + 1);
-    j->len += n;
-    j->any = true;
-}
-
 /* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member) */
 static char *text_of(const cJSON *c, const char *param, const char *where, api_error *e) {
     if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
@@ -78,7 +59,7 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
         return NULL;
     }
     static const char *const read[] = {"type", "text", NULL};
-    join j = {0};
+    api_join j = {0};
     int k = 0;
     const cJSON *b;
     cJSON_ArrayForEach(b, c) {
@@ -97,18 +78,18 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
             free(j.s);
             return NULL;
         }
-        join_add(&j, tx->valuestring);
+        api_join_add(&j, tx->valuestring);
     }
     return j.s ? j.s : mla_xstrdup("");
 }
 
 /* A text block of a turn: its text joined to j */
-static int text_block(const cJSON *b, const char *at, join *j, api_error *e) {
+static int text_block(const cJSON *b, const char *at, api_join *j, api_error *e) {
     static const char *const read[] = {"type", "text", NULL};
     const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
     if (!cJSON_IsString(tx)) return api_bad(e, "messages", "%s: a text block needs a string 'text'", at);
     if (block_members(b, at, read, e)) return MLA_ERR;
-    join_add(j, tx->valuestring);
+    api_join_add(j, tx->valuestring);
     return MLA_OK;
 }
 
@@ -157,7 +138,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
     }
     if (!cJSON_IsArray(c) || !cJSON_GetArraySize(c))
         return api_bad(e, "messages", "%s must be a string or a list of blocks that is not empty", where);
-    join text = {0};
+    api_join text = {0};
     int k = 0, rc = MLA_OK;
     const cJSON *b;
     cJSON_ArrayForEach(b, c) {
@@ -218,7 +199,7 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
         return MLA_OK;
     }
     if (!cJSON_IsArray(c)) return api_bad(e, "messages", "%s must be a string or a list of blocks", where);
-    join text = {0}, think = {0};
+    api_join text = {0}, think = {0};
     cJSON *calls = NULL;
     int k = 0, rc = MLA_OK;
     const cJSON *b;
@@ -241,7 +222,7 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
             else if (!th->valuestring[0] && cJSON_IsString(sig) && sig->valuestring[0] && !sealed)
                 rc = api_bad(e, "messages", "%s: a thinking block of no text whose signature this server did not "
                                         "write", at);
-            else if (!(rc = block_members(b, at, read, e))) join_add(&think, sealed ? sealed : th->valuestring);
+            else if (!(rc = block_members(b, at, read, e))) api_join_add(&think, sealed ? sealed : th->valuestring);
             free(sealed);
         } else if (ty && !strcmp(ty, "tool_use") && !last) {
             static const char *const read[] = {"type", "id", "name", "input", NULL};

@@ -166,6 +166,18 @@ void api_error_rename(api_error *e, const char *const (*text)[2], size_t n_text,
     }
 }
 
+void api_join_add(api_join *j, const char *t) {
+    const size_t n = strlen(t);
+    if (j->len + n + 2 > j->cap) {
+        j->cap = 2 * (j->len + n + 2);
+        j->s = mla_xrealloc(j->s, j->cap);
+    }
+    if (j->len) j->s[j->len++] = '\n';
+    memcpy(j->s + j->len, t, n + 1);
+    j->len += n;
+    j->any = true;
+}
+
 bool api_in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;

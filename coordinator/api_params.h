@@ -43,6 +43,15 @@ int api_bad(api_error *e, const char *param, const char *fmt, ...) __attribute__
 bool api_in_list(const char *const *l, const char *k);
 /* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
 void api_replace_all(char *s, size_t cap, const char *from, const char *to);
+
+/* Text pieces joined a line apart (none before the first, nor after text that is still empty), as
+ * the chat path joins text parts; s NULL until a piece is added, then the caller's to free */
+typedef struct api_join {
+    char *s;
+    size_t len, cap;
+    bool any; /* a piece was added (maybe empty) */
+} api_join;
+void api_join_add(api_join *j, const char *t);
 /* An error of the chat parser named as another API names the members: each text[i][0] of its
  * message as text[i][1] (n_text pairs, longest first), its param as names[k][1] where it is
  * names[k][0]; with prefix put before the message where the param was names[0][0] (the chat

@@ -201,8 +201,7 @@ static int item_members(const cJSON *it, int i, const char *const *read, api_err
 typedef struct tx_state {
     cJSON *msgs;
     cJSON *last_asst;     /* the assistant message the items just before made, which a call joins */
-    char *reasoning;      /* reasoning items' text, for the next assistant turn (NULL: none) */
-    size_t r_len, r_cap;
+    api_join reasoning;   /* reasoning items' text, for the next assistant turn (s NULL: none) */
     const char **call_ids; /* the function calls' ids (strings of the body), and the outputs', each */
     const char **out_ids;  /* of which must name a call of the input */
     int *out_at;           /* an output's input index */
@@ -228,11 +227,10 @@ static cJSON *assistant_turn(tx_state *t) {
         cJSON_AddStringToObject(t->last_asst, "role", "assistant");
         cJSON_AddItemToArray(t->msgs, t->last_asst);
     }
-    if (t->reasoning) {
-        cJSON_AddStringToObject(t->last_asst, "reasoning_content", t->reasoning);
-        free(t->reasoning);
-        t->reasoning = NULL;
-        t->r_len = t->r_cap = 0;
+    if (t->reasoning.s) {
+        cJSON_AddStringToObject(t->last_asst, "reasoning_content", t->reasoning.s);
+        free(t->reasoning.s);
+        t->reasoning = (api_join){0};
     }
     return t->last_asst;
 }
@@ -240,7 +238,7 @@ static cJSON *assistant_turn(tx_state *t) {
 /* Reasoning with no assistant message or call after it (an answer that was its reasoning alone):
  * an assistant turn of its own, its content empty */
 static void reasoning_turn(tx_state *t) {
-    if (!t->reasoning) return;
+    if (!t->reasoning.s) return;
     t->last_asst = NULL;
     cJSON_AddStringToObject(assistant_turn(t), "content", "");
     t->last_asst = NULL;
@@ -352,14 +350,7 @@ static int input_reasoning(tx_state *t, const cJSON *it, int i, api_error *e) {
         text = parts_text(is_null(c) ? s : c, where, is_null(c) ? k_summary_parts : k_reasoning_parts, e);
     }
     if (!text) return MLA_ERR;
-    const size_t b = strlen(text); /* items in a row: one turn's reasoning, a line apart */
-    if (t->r_len + b + 2 > t->r_cap) {
-        t->r_cap = 2 * (t->r_len + b + 2);
-        t->reasoning = mla_xrealloc(t->reasoning, t->r_cap);
-    }
-    if (t->r_len) t->reasoning[t->r_len++] = '\n';
-    memcpy(t->reasoning + t->r_len, text, b + 1);
-    t->r_len += b;
+    api_join_add(&t->reasoning, text); /* items in a row: one turn's reasoning, a line apart */
     free(text);
     t->last_asst = NULL; /* it opens the next assistant turn */
     return MLA_OK;
@@ -405,7 +396,7 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     }
     if (!rc) reasoning_turn(&t);
     if (!rc) rc = outputs_check(&t, e);
-    free(t.reasoning);
+    free(t.reasoning.s);
     free(t.call_ids);
     free(t.out_ids);
     free(t.out_at);
