@@ -23,15 +23,16 @@ static const char *const k_keys[] = {"model",       "max_tokens", "messages",   
 
 #define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
 
-/* Members of a block beyond those read: cache_control (the prefix cache here needs no marks) and
- * citations as null */
-static int block_members(const cJSON *b, const char *where, const char *const *read, api_error *e) {
+/* Members of a block (of the request's member param) beyond those read: cache_control (the prefix
+ * cache here needs no marks) and citations as null */
+static int block_members(const cJSON *b, const char *param, const char *where, const char *const *read,
+                         api_error *e) {
     const cJSON *m;
     cJSON_ArrayForEach(m, b) {
         const char *k = m->string ? m->string : "";
         if (api_in_list(read, k) || !strcmp(k, "cache_control") || (!strcmp(k, "citations") && cJSON_IsNull(m)))
             continue;
-        return api_bad(e, "messages", "%s.%.64s is not supported here", where, k);
+        return api_bad(e, param, "%s.%.64s is not supported here", where, k);
     }
     return MLA_OK;
 }
@@ -51,6 +52,16 @@ static const char *block_type(const cJSON *b) {
     return cJSON_IsObject(b) && cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
 
+/* A text block (of the request's member param, at where): its text joined to j */
+static int text_block(const cJSON *b, const char *param, const char *at, api_join *j, api_error *e) {
+    static const char *const read[] = {"type", "text", NULL};
+    const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
+    if (!cJSON_IsString(tx)) return api_bad(e, param, "%s: a text block needs a string 'text'", at);
+    if (block_members(b, param, at, read, e)) return MLA_ERR;
+    api_join_add(j, tx->valuestring);
+    return MLA_OK;
+}
+
 /* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member) */
 static char *text_of(const cJSON *c, const char *param, const char *where, api_error *e) {
     if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
@@ -58,7 +69,6 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
         api_bad(e, param, "%s must be a string or a list of text blocks", where);
         return NULL;
     }
-    static const char *const read[] = {"type", "text", NULL};
     api_join j = {0};
     int k = 0;
     const cJSON *b;
@@ -66,74 +76,30 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
         char at[96];
         snprintf(at, sizeof at, "%s[%d]", where, k++);
         const char *ty = block_type(b);
-        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
-        if (!ty || strcmp(ty, "text") || !cJSON_IsString(tx)) {
-            if (ty && !strcmp(ty, "text")) api_bad(e, param, "%s: a text block needs a string 'text'", at);
-            else api_bad(e, param, "%s: blocks of type '%.64s' are not supported here (text)", at, ty ? ty : "(none)");
+        if (!ty || strcmp(ty, "text")) {
+            api_bad(e, param, "%s: blocks of type '%.64s' are not supported here (text)", at, ty ? ty : "(none)");
             free(j.s);
             return NULL;
         }
-        if (block_members(b, at, read, e)) {
-            snprintf(e->param, sizeof e->param, "%s", param);
+        if (text_block(b, param, at, &j, e)) {
             free(j.s);
             return NULL;
         }
-        api_join_add(&j, tx->valuestring);
     }
     return j.s ? j.s : mla_xstrdup("");
 }
 
-/* A text block of a turn: its text joined to j */
-static int text_block(const cJSON *b, const char *at, api_join *j, api_error *e) {
-    static const char *const read[] = {"type", "text", NULL};
-    const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
-    if (!cJSON_IsString(tx)) return api_bad(e, "messages", "%s: a text block needs a string 'text'", at);
-    if (block_members(b, at, read, e)) return MLA_ERR;
-    api_join_add(j, tx->valuestring);
-    return MLA_OK;
-}
-
 typedef struct tx_state {
     cJSON *msgs;
-    const char **use_ids; /* the tool_use blocks' ids, and the tool_result blocks' (each must name one) */
-    const char **result_ids;
-    int *result_at;
-    int n_uses, n_results, cap_uses, cap_results;
+    api_refs uses; /* the tool_use blocks' ids, which each tool_result's tool_use_id must name */
 } tx_state;
-
-static void push_id(const char ***ids, int *n, int *cap, const char *id) {
-    if (*n == *cap) {
-        *cap = *cap ? 2 * *cap : 8;
-        *ids = mla_xrealloc(*ids, (size_t)*cap * sizeof **ids);
-    }
-    (*ids)[(*n)++] = id;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-/* Each tool_result names a tool_use of the input (sorted once: n log n) */
-static int results_check(tx_state *t, api_error *e) {
-    if (t->n_uses) qsort(t->use_ids, (size_t)t->n_uses, sizeof *t->use_ids, cmp_str);
-    for (int k = 0; k < t->n_results; k++)
-        if (!t->n_uses || !bsearch(&t->result_ids[k], t->use_ids, (size_t)t->n_uses, sizeof *t->use_ids, cmp_str))
-            return api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
-                           t->result_at[k], t->result_ids[k]);
-    return MLA_OK;
-}
-
-static void add_msg(tx_state *t, const char *role, const char *content) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", role);
-    cJSON_AddStringToObject(m, "content", content);
-    cJSON_AddItemToArray(t->msgs, m);
-}
 
 /* A user turn: its tool_result blocks tool messages, its text blocks one user message after them */
 static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
     char where[64];
     snprintf(where, sizeof where, "messages[%d].content", i);
     if (cJSON_IsString(c)) {
-        add_msg(t, "user", c->valuestring);
+        api_chat_msg(t->msgs, "user", c->valuestring);
         return MLA_OK;
     }
     if (!cJSON_IsArray(c) || !cJSON_GetArraySize(c))
@@ -146,7 +112,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
         snprintf(at, sizeof at, "%s[%d]", where, k++);
         const char *ty = block_type(b);
         if (ty && !strcmp(ty, "text")) {
-            rc = text_block(b, at, &text, e);
+            rc = text_block(b, "messages", at, &text, e);
         } else if (ty && !strcmp(ty, "tool_result")) {
             static const char *const read[] = {"type", "tool_use_id", "content", "is_error", NULL};
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "tool_use_id");
@@ -155,7 +121,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
             if (!cJSON_IsString(id)) rc = api_bad(e, "messages", "%s: a tool_result needs a string tool_use_id", at);
             else if (!is_null(err) && !cJSON_IsBool(err))
                 rc = api_bad(e, "messages", "%s.is_error must be a boolean", at);
-            else rc = block_members(b, at, read, e);
+            else rc = block_members(b, "messages", at, read, e);
             if (rc) break;
             char cw[112];
             snprintf(cw, sizeof cw, "%s.content", at);
@@ -164,24 +130,16 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
                 rc = MLA_ERR;
                 break;
             }
-            cJSON *m = cJSON_CreateObject();
-            cJSON_AddStringToObject(m, "role", "tool");
-            cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
-            cJSON_AddStringToObject(m, "content", o);
-            cJSON_AddItemToArray(t->msgs, m);
+            cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", o), "tool_call_id", id->valuestring);
             free(o);
-            if (t->n_results == t->cap_results) /* push_id grows the ids to the same room */
-                t->result_at = mla_xrealloc(t->result_at,
-                                            (size_t)(t->cap_results ? 2 * t->cap_results : 8) * sizeof *t->result_at);
-            t->result_at[t->n_results] = i;
-            push_id(&t->result_ids, &t->n_results, &t->cap_results, id->valuestring);
+            api_refs_ref(&t->uses, id->valuestring, i);
         } else {
             rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a user turn (text, "
                                     "tool_result; this model reads text)", at, ty ? ty : "(none)");
         }
         if (rc) break;
     }
-    if (!rc && text.any) add_msg(t, "user", text.s);
+    if (!rc && text.any) api_chat_msg(t->msgs, "user", text.s);
     free(text.s);
     return rc;
 }
@@ -191,9 +149,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
 static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_error *e) {
     char where[64];
     snprintf(where, sizeof where, "messages[%d].content", i);
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", "assistant");
-    cJSON_AddItemToArray(t->msgs, m);
+    cJSON *m = api_chat_msg(t->msgs, "assistant", NULL);
     if (cJSON_IsString(c)) {
         cJSON_AddStringToObject(m, "content", c->valuestring);
         return MLA_OK;
@@ -208,7 +164,7 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
         snprintf(at, sizeof at, "%s[%d]", where, k++);
         const char *ty = block_type(b);
         if (ty && !strcmp(ty, "text")) {
-            rc = text_block(b, at, &text, e);
+            rc = text_block(b, "messages", at, &text, e);
         } else if (ty && !strcmp(ty, "thinking") && !last) {
             /* its text, else the text its signature seals (a display "omitted" answer's) */
             static const char *const read[] = {"type", "thinking", "signature", NULL};
@@ -222,7 +178,8 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
             else if (!th->valuestring[0] && cJSON_IsString(sig) && sig->valuestring[0] && !sealed)
                 rc = api_bad(e, "messages", "%s: a thinking block of no text whose signature this server did not "
                                         "write", at);
-            else if (!(rc = block_members(b, at, read, e))) api_join_add(&think, sealed ? sealed : th->valuestring);
+            else if (!(rc = block_members(b, "messages", at, read, e)))
+                api_join_add(&think, sealed ? sealed : th->valuestring);
             free(sealed);
         } else if (ty && !strcmp(ty, "tool_use") && !last) {
             static const char *const read[] = {"type", "id", "name", "input", NULL};
@@ -231,19 +188,13 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
             const cJSON *in = cJSON_GetObjectItemCaseSensitive(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsObject(in))
                 rc = api_bad(e, "messages", "%s: a tool_use needs strings id and name and an object input", at);
-            else rc = block_members(b, at, read, e);
+            else rc = block_members(b, "messages", at, read, e);
             if (rc) break;
-            push_id(&t->use_ids, &t->n_uses, &t->cap_uses, id->valuestring);
+            api_refs_def(&t->uses, id->valuestring);
             if (!calls) calls = cJSON_AddArrayToObject(m, "tool_calls");
-            cJSON *tc = cJSON_CreateObject();
-            cJSON_AddStringToObject(tc, "id", id->valuestring);
-            cJSON_AddStringToObject(tc, "type", "function");
-            cJSON *fn = cJSON_AddObjectToObject(tc, "function");
-            cJSON_AddStringToObject(fn, "name", name->valuestring);
             char *args = cJSON_PrintUnformatted(in);
-            cJSON_AddStringToObject(fn, "arguments", args);
+            api_chat_call(calls, id->valuestring, name->valuestring, args);
             cJSON_free(args);
-            cJSON_AddItemToArray(calls, tc);
         } else if (last && ty && (!strcmp(ty, "thinking") || !strcmp(ty, "tool_use"))) {
             rc = api_bad(e, "messages", "%s: the last turn, the assistant's, is the prefix the answer goes on from: "
                                     "text blocks only", at);
@@ -270,12 +221,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     if (!is_null(sys)) {
         char *s = text_of(sys, "system", "system", e);
         if (!s) return MLA_ERR;
-        if (*s) { /* an empty system prompt is none */
-            cJSON *m = cJSON_CreateObject();
-            cJSON_AddStringToObject(m, "role", "system");
-            cJSON_AddStringToObject(m, "content", s);
-            cJSON_AddItemToArray(msgs, m);
-        }
+        if (*s) api_chat_msg(msgs, "system", s); /* an empty system prompt is none */
         free(s);
     }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "messages");
@@ -294,7 +240,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         if (!cJSON_IsObject(it) || !cJSON_IsString(role) ||
             (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
             rc = api_bad(e, "messages", "messages[%d].role must be user or assistant", i);
-        else if (!(rc = block_members(it, where, read, e))) {
+        else if (!(rc = block_members(it, "messages", where, read, e))) {
             const bool last = i == n - 1;
             if (!strcmp(role->valuestring, "user")) {
                 rc = user_turn(&t, c, i, e);
@@ -312,10 +258,12 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         if (rc) break;
         i++;
     }
-    if (!rc) rc = results_check(&t, e);
-    free(t.use_ids);
-    free(t.result_ids);
-    free(t.result_at);
+    /* each tool_result names a tool_use of the messages */
+    const int k = rc ? -1 : api_refs_missing(&t.uses);
+    if (k >= 0)
+        rc = api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
+                     t.uses.ref_at[k], t.uses.refs[k]);
+    api_refs_free(&t.uses);
     if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);
     return rc;
 }
@@ -568,11 +516,16 @@ cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, c
     else cJSON_AddNullToObject(j, "stop_reason");
     if (stop_sequence) cJSON_AddStringToObject(j, "stop_sequence", stop_sequence);
     else cJSON_AddNullToObject(j, "stop_sequence");
-    cJSON *u = cJSON_AddObjectToObject(j, "usage");
+    cJSON_AddItemToObject(j, "usage", api_msg_usage(usage));
+    return j;
+}
+
+cJSON *api_msg_usage(const api_rsp_usage *usage) {
+    cJSON *u = cJSON_CreateObject();
     const int32_t cached = usage ? usage->cached : 0;
     cJSON_AddNumberToObject(u, "input_tokens", usage ? usage->input - cached : 0);
     cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0);
     cJSON_AddNumberToObject(u, "cache_read_input_tokens", cached);
     cJSON_AddNumberToObject(u, "output_tokens", usage ? usage->output : 0);
-    return j;
+    return u;
 }

@@ -33,6 +33,10 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
  * (max_completion_tokens -> max_tokens, stop -> stop_sequences, ...). */
 void api_msg_error_names(api_error *e);
 
+/* A message's usage: input_tokens the prompt's tokens not read from the prefix cache,
+ * cache_read_input_tokens those, cache_creation_input_tokens 0, output_tokens (usage NULL: zeros) */
+cJSON *api_msg_usage(const api_rsp_usage *usage);
+
 /* The message object of an answer: its blocks (api_rsp_blocks), stop_reason ("end_turn",
  * "max_tokens", "stop_sequence" with stop_sequence, "tool_use"), usage (input_tokens the prompt's
  * tokens not read from the prefix cache, cache_read_input_tokens those, output_tokens). o NULL:

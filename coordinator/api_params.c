@@ -178,6 +178,58 @@ void api_join_add(api_join *j, const char *t) {
     j->any = true;
 }
 
+cJSON *api_chat_msg(cJSON *msgs, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    if (content) cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(msgs, m);
+    return m;
+}
+
+void api_chat_call(cJSON *calls, const char *id, const char *name, const char *arguments) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", arguments);
+    cJSON_AddItemToArray(calls, c);
+}
+
+void api_refs_def(api_refs *r, const char *id) {
+    if (r->n_defs == r->cap_defs) {
+        r->cap_defs = r->cap_defs ? 2 * r->cap_defs : 8;
+        r->defs = mla_xrealloc(r->defs, (size_t)r->cap_defs * sizeof *r->defs);
+    }
+    r->defs[r->n_defs++] = id;
+}
+
+void api_refs_ref(api_refs *r, const char *id, int at) {
+    if (r->n_refs == r->cap_refs) {
+        r->cap_refs = r->cap_refs ? 2 * r->cap_refs : 8;
+        r->refs = mla_xrealloc(r->refs, (size_t)r->cap_refs * sizeof *r->refs);
+        r->ref_at = mla_xrealloc(r->ref_at, (size_t)r->cap_refs * sizeof *r->ref_at);
+    }
+    r->refs[r->n_refs] = id;
+    r->ref_at[r->n_refs++] = at;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+int api_refs_missing(api_refs *r) {
+    if (r->n_defs) qsort(r->defs, (size_t)r->n_defs, sizeof *r->defs, cmp_str);
+    for (int k = 0; k < r->n_refs; k++)
+        if (!r->n_defs || !bsearch(&r->refs[k], r->defs, (size_t)r->n_defs, sizeof *r->defs, cmp_str)) return k;
+    return -1;
+}
+
+void api_refs_free(api_refs *r) {
+    free(r->defs);
+    free(r->refs);
+    free(r->ref_at);
+    memset(r, 0, sizeof *r);
+}
+
 bool api_in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;

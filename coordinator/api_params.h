@@ -52,6 +52,25 @@ typedef struct api_join {
     bool any; /* a piece was added (maybe empty) */
 } api_join;
 void api_join_add(api_join *j, const char *t);
+
+/* What the translations of other APIs' requests into a chat body share (api_responses.c,
+ * api_messages.c): a message {"role", "content"} appended to msgs (content NULL: none), returned
+ * for more members; a tool call appended to a message's calls */
+cJSON *api_chat_msg(cJSON *msgs, const char *role, const char *content);
+void api_chat_call(cJSON *calls, const char *id, const char *name, const char *arguments);
+
+/* Ids a request defines (its calls') and refers to (its results', each with its place): every
+ * reference must name a definition. The strings are the request's (not copied). */
+typedef struct api_refs {
+    const char **defs, **refs;
+    int *ref_at;
+    int n_defs, cap_defs, n_refs, cap_refs;
+} api_refs;
+void api_refs_def(api_refs *r, const char *id);
+void api_refs_ref(api_refs *r, const char *id, int at);
+/* The index of the first reference that names no definition, or -1 (sorted once: n log n) */
+int api_refs_missing(api_refs *r);
+void api_refs_free(api_refs *r);
 /* An error of the chat parser named as another API names the members: each text[i][0] of its
  * message as text[i][1] (n_text pairs, longest first), its param as names[k][1] where it is
  * names[k][0]; with prefix put before the message where the param was names[0][0] (the chat

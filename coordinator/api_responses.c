@@ -202,31 +202,11 @@ typedef struct tx_state {
     cJSON *msgs;
     cJSON *last_asst;     /* the assistant message the items just before made, which a call joins */
     api_join reasoning;   /* reasoning items' text, for the next assistant turn (s NULL: none) */
-    const char **call_ids; /* the function calls' ids (strings of the body), and the outputs', each */
-    const char **out_ids;  /* of which must name a call of the input */
-    int *out_at;           /* an output's input index */
-    int n_calls, n_outs, cap_calls, cap_outs;
+    api_refs calls;       /* the function calls' ids, which each output's call_id must name */
 } tx_state;
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-/* Each function_call_output names a function_call of the input (sorted once: an input of many
- * calls costs n log n, not n^2) */
-static int outputs_check(tx_state *t, api_error *e) {
-    if (t->n_calls) qsort(t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str);
-    for (int k = 0; k < t->n_outs; k++)
-        if (!t->n_calls || !bsearch(&t->out_ids[k], t->call_ids, (size_t)t->n_calls, sizeof *t->call_ids, cmp_str))
-            return api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call of the input", t->out_at[k],
-                           t->out_ids[k]);
-    return MLA_OK;
-}
-
 static cJSON *assistant_turn(tx_state *t) {
-    if (!t->last_asst) {
-        t->last_asst = cJSON_CreateObject();
-        cJSON_AddStringToObject(t->last_asst, "role", "assistant");
-        cJSON_AddItemToArray(t->msgs, t->last_asst);
-    }
+    if (!t->last_asst) t->last_asst = api_chat_msg(t->msgs, "assistant", NULL);
     if (t->reasoning.s) {
         cJSON_AddStringToObject(t->last_asst, "reasoning_content", t->reasoning.s);
         free(t->reasoning.s);
@@ -262,10 +242,7 @@ static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
         cJSON_AddStringToObject(assistant_turn(t), "content", text);
     } else {
         reasoning_turn(t);
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", role->valuestring);
-        cJSON_AddStringToObject(m, "content", text);
-        cJSON_AddItemToArray(t->msgs, m);
+        api_chat_msg(t->msgs, role->valuestring, text);
         t->last_asst = NULL;
     }
     free(text);
@@ -280,24 +257,14 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
         return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    if (t->n_calls == t->cap_calls) {
-        t->cap_calls = t->cap_calls ? 2 * t->cap_calls : 8;
-        t->call_ids = mla_xrealloc(t->call_ids, (size_t)t->cap_calls * sizeof *t->call_ids);
-    }
-    t->call_ids[t->n_calls++] = id->valuestring;
+    api_refs_def(&t->calls, id->valuestring);
     cJSON *m = assistant_turn(t);
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!calls) {
         calls = cJSON_AddArrayToObject(m, "tool_calls");
         if (!cJSON_GetObjectItemCaseSensitive(m, "content")) cJSON_AddNullToObject(m, "content");
     }
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", id->valuestring);
-    cJSON_AddStringToObject(c, "type", "function");
-    cJSON *fn = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(fn, "name", name->valuestring);
-    cJSON_AddStringToObject(fn, "arguments", args->valuestring);
-    cJSON_AddItemToArray(calls, c);
+    api_chat_call(calls, id->valuestring, name->valuestring, args->valuestring);
     return MLA_OK;
 }
 
@@ -306,24 +273,14 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
     if (!cJSON_IsString(id)) return api_bad(e, "input", "input[%d]: a function_call_output needs a string call_id", i);
     if (item_members(it, i, read, e)) return MLA_ERR;
-    if (t->n_outs == t->cap_outs) {
-        t->cap_outs = t->cap_outs ? 2 * t->cap_outs : 8;
-        t->out_ids = mla_xrealloc(t->out_ids, (size_t)t->cap_outs * sizeof *t->out_ids);
-        t->out_at = mla_xrealloc(t->out_at, (size_t)t->cap_outs * sizeof *t->out_at);
-    }
-    t->out_ids[t->n_outs] = id->valuestring;
-    t->out_at[t->n_outs++] = i;
+    api_refs_ref(&t->calls, id->valuestring, i);
     reasoning_turn(t);
     char where[48];
     snprintf(where, sizeof where, "input[%d].output", i);
     static const char *const out_parts[] = {"input_text", NULL};
     char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "output"), where, out_parts, e);
     if (!text) return MLA_ERR;
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", "tool");
-    cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
-    cJSON_AddStringToObject(m, "content", text);
-    cJSON_AddItemToArray(t->msgs, m);
+    cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", text), "tool_call_id", id->valuestring);
     free(text);
     t->last_asst = NULL;
     return MLA_OK;
@@ -360,17 +317,11 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     const cJSON *instr = cJSON_GetObjectItemCaseSensitive(body, "instructions");
     if (!is_null(instr)) {
         if (!cJSON_IsString(instr)) return api_bad(e, "instructions", "'instructions' must be a string");
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "system");
-        cJSON_AddStringToObject(m, "content", instr->valuestring);
-        cJSON_AddItemToArray(msgs, m);
+        api_chat_msg(msgs, "system", instr->valuestring);
     }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "input");
     if (cJSON_IsString(in)) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", in->valuestring);
-        cJSON_AddItemToArray(msgs, m);
+        api_chat_msg(msgs, "user", in->valuestring);
         return MLA_OK;
     }
     if (!cJSON_IsArray(in) || !cJSON_GetArraySize(in))
@@ -395,11 +346,13 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
         i++;
     }
     if (!rc) reasoning_turn(&t);
-    if (!rc) rc = outputs_check(&t, e);
+    /* each function_call_output names a function_call of the input */
+    const int k = rc ? -1 : api_refs_missing(&t.calls);
+    if (k >= 0)
+        rc = api_bad(e, "input", "input[%d]: call_id '%.64s' names no function_call of the input", t.calls.ref_at[k],
+                     t.calls.refs[k]);
     free(t.reasoning.s);
-    free(t.call_ids);
-    free(t.out_ids);
-    free(t.out_at);
+    api_refs_free(&t.calls);
     return rc;
 }
 

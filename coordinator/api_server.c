@@ -663,9 +663,7 @@ static void msg_complete(api_req *r) {
         cJSON_AddStringToObject(d, "stop_reason", why);
         if (seq) cJSON_AddStringToObject(d, "stop_sequence", seq);
         else cJSON_AddNullToObject(d, "stop_sequence");
-        cJSON *m = api_msg_object(NULL, r->id, r->srv->model_name, NULL, NULL, &u);
-        cJSON_AddItemToObject(ev, "usage", cJSON_DetachItemFromObjectCaseSensitive(m, "usage"));
-        cJSON_Delete(m);
+        cJSON_AddItemToObject(ev, "usage", api_msg_usage(&u));
         sse_event(c, "message_delta", ev);
         cJSON_Delete(ev);
         ev = api_rsp_event(r->rsp, "message_stop");
@@ -2194,15 +2192,17 @@ int api_server_tokenize(api_server *a, const char *text, const cJSON *messages, 
     return MLA_OK;
 }
 
-static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr) {
-    cJSON *root = parse_body(c, hr);
-    if (!root) return;
+/* A /tokenize body (root: taken) sent to the prep thread, or answered with its error; count_only:
+ * a Messages count_tokens request's translation (its errors named as that API names them) */
+static void tokenize_submit(api_server *a, http_conn *c, cJSON *root, bool count_only) {
     prep_job *j = mla_xcalloc(1, sizeof(*j));
     j->srv = a;
     j->conn = c;
     j->root = root;
     j->is_tokenize = true;
+    j->count_only = count_only;
     if (api_tokenize_params_parse(&j->tp, root, &j->e) != MLA_OK || model_check(a, j->tp.model, &j->e)) {
+        if (count_only) api_msg_error_names(&j->e);
         reply_error(c, &j->e, NULL);
         prep_free(j);
         return;
@@ -2210,25 +2210,17 @@ static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr)
     prep_submit(a, j); /* tokenized on the prep thread; tokenize_ready answers */
 }
 
+static void handle_tokenize(api_server *a, http_conn *c, const http_request *hr) {
+    cJSON *root = parse_body(c, hr);
+    if (root) tokenize_submit(a, c, root, false);
+}
+
 /* POST /v1/messages/count_tokens: a Messages request (max_tokens optional) as /tokenize counts
  * the chat it stands for: {"input_tokens": N} */
 static void handle_count_tokens(api_server *a, http_conn *c, const http_request *hr) {
     api_rsp_opts opts;
     cJSON *chat = msg_request(a, c, hr, true, &opts);
-    if (!chat) return;
-    prep_job *j = mla_xcalloc(1, sizeof(*j));
-    j->srv = a;
-    j->conn = c;
-    j->root = chat;
-    j->is_tokenize = true;
-    j->count_only = true;
-    if (api_tokenize_params_parse(&j->tp, chat, &j->e) != MLA_OK || model_check(a, j->tp.model, &j->e)) {
-        api_msg_error_names(&j->e);
-        reply_error(c, &j->e, NULL);
-        prep_free(j);
-        return;
-    }
-    prep_submit(a, j);
+    if (chat) tokenize_submit(a, c, chat, true);
 }
 
 static void tokenize_ready(api_server *a, prep_job *j) {

@@ -81,10 +81,6 @@ def cut_calls_as_empty(exp):
     return dict(exp, calls=[c[:3] + ({},) if isinstance(c[3], tuple) else c for c in exp["calls"]])
 
 
-def no_ids(x):
-    return dict(x, calls=[c[1:] for c in x["calls"]])
-
-
 def main():
     exe, data = sys.argv[1:3]
     srv = D.Servers(exe, data, "messages_")
@@ -123,8 +119,8 @@ def main():
                 # message {} (compared where the calls are whole)
                 whole = [not isinstance(c[3], tuple) for c in ex["calls"]]
                 sr = result_of(s)
-                check(no_ids(dict(sr, calls=[c for c, w in zip(sr["calls"], whole) if w])) ==
-                      no_ids(dict(got, calls=[c for c, w in zip(got["calls"], whole) if w])) and
+                check(D.no_ids(dict(sr, calls=[c for c, w in zip(sr["calls"], whole) if w])) ==
+                      D.no_ids(dict(got, calls=[c for c, w in zip(got["calls"], whole) if w])) and
                       len(sr["calls"]) == len(got["calls"]) and s.stop_reason == m.stop_reason,
                       what + ": stream equals it", (sr, got))
         check(n_cases >= 40, "dialect cases asked as Messages requests", n_cases)

@@ -83,10 +83,6 @@ def stream_of(cl, what, kw):
     return final
 
 
-def no_ids(x):
-    return dict(x, calls=[c[1:] for c in x["calls"]])
-
-
 def main():
     exe, data = sys.argv[1:3]
     srv = D.Servers(exe, data, "responses_")
@@ -113,7 +109,7 @@ def main():
                 check(D.expect_match(got, ex), what + ": output items", (got, ex))
                 check(r.status == "completed" and r.incomplete_details is None, what + ": completed", r.status)
                 s = stream_of(cl, what, kw)
-                check(no_ids(result_of(s)) == no_ids(got) and s.status == r.status, what + ": stream equals it",
+                check(D.no_ids(result_of(s)) == D.no_ids(got) and s.status == r.status, what + ": stream equals it",
                       (result_of(s), got))
                 check([it.type for it in s.output] == [it.type for it in r.output], what + ": the same items")
                 # a call the output ended inside (the chat's finish_reason is then not tool_calls) is
