@@ -35,12 +35,6 @@ int api_error_set(api_error *e, int status, const char *param, const char *code,
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
     utf8_whole(e->message, sizeof e->message);
-    const char *type = "invalid_request_error";
-    if (status == 401) type = "authentication_error";
-    else if (status == 404) type = "not_found_error";
-    else if (status == 429) type = "rate_limit_error";
-    else if (status >= 500) type = "server_error";
-    snprintf(e->type, sizeof(e->type), "%s", type);
     snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
     snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
     return MLA_ERR;

@@ -22,16 +22,16 @@
 /* choices a request may ask for (OpenAI's n; each is a sequence of its own in the scheduler) */
 #define API_MAX_N 128 /* also the most choices of a request: prompts x n */
 
-/* An OpenAI-shaped error: status, message, type, param (may be empty), code (may be empty). */
+/* An API error: status, message, param (may be empty), code (may be empty). Its type is the
+ * status's (http_error_type), in the request's form: OpenAI's or Anthropic's. */
 typedef struct api_error {
     int status;
     char message[1024];
-    char type[48];
     char param[48];
     char code[48];
 } api_error;
 
-/* Fills e and returns MLA_ERR. type is derived from status when NULL. */
+/* Fills e and returns MLA_ERR. */
 int api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt,
                   ...) __attribute__((format(printf, 5, 6)));
 

@@ -218,14 +218,17 @@ static void reply_json(http_conn *c, int status, cJSON *j) {
     free(s);
 }
 
-static cJSON *error_json(const api_error *e) {
+/* e as the answer's body, in form f (http_server.h: OpenAI's, or Anthropic's with "type": "error"
+ * first and its type names; param and code in both) */
+static cJSON *error_json(const api_error *e, enum http_error_form f) {
     cJSON *root = cJSON_CreateObject();
+    if (f == HTTP_ERRORS_ANTHROPIC) cJSON_AddStringToObject(root, "type", "error");
     cJSON *er = cJSON_AddObjectToObject(root, "error");
     size_t n;
     char *msg = api_utf8_sanitize(e->message, strlen(e->message), &n);
     cJSON_AddStringToObject(er, "message", msg);
     free(msg);
-    cJSON_AddStringToObject(er, "type", e->type);
+    cJSON_AddStringToObject(er, "type", http_error_type(f, e->status));
     if (e->param[0]) {
         /* a refused member's name comes from the client and may be cut inside a character */
         char *param = api_utf8_sanitize(e->param, strlen(e->param), &n);
@@ -243,7 +246,7 @@ static cJSON *error_json(const api_error *e) {
 static void reply_error(http_conn *c, const api_error *e, const char *extra) {
     /* a 429 says when to come back (RFC 9110 10.2.3): the queue frees a slot within about a step */
     if (e->status == 429 && !extra) extra = "Retry-After: 1\r\n";
-    cJSON *j = error_json(e);
+    cJSON *j = error_json(e, http_conn_error_form(c));
     char *s = chat_json_print(j);
     http_respond(c, e->status, "application/json", s, strlen(s), extra);
     free(s);
@@ -877,7 +880,7 @@ static void complete_response(api_req *r, const char *error) {
         if (r->stream && r->rsp && r->rsp->opts.messages) { /* the stream's error event */
             cJSON *ev = api_rsp_event(r->rsp, "error");
             cJSON *x = cJSON_AddObjectToObject(ev, "error");
-            cJSON_AddStringToObject(x, "type", "api_error");
+            cJSON_AddStringToObject(x, "type", http_error_type(HTTP_ERRORS_ANTHROPIC, e.status));
             cJSON_AddStringToObject(x, "message", e.message);
             sse_event(c, "error", ev);
             cJSON_Delete(ev);
@@ -889,7 +892,7 @@ static void complete_response(api_req *r, const char *error) {
             cJSON_Delete(ev);
             http_stream_end(c);
         } else if (r->stream) {
-            cJSON *j = error_json(&e);
+            cJSON *j = error_json(&e, HTTP_ERRORS_OPENAI);
             sse_send(r, j);
             cJSON_Delete(j);
             http_stream_write(c, "data: [DONE]\n\n", 14);
@@ -2512,20 +2515,21 @@ typedef struct route {
     const char *path;
     int method; /* enum http_method */
     bool auth;
+    bool anthropic; /* Anthropic's API: its error form (http_server.h) */
 } route;
 
 static const route routes[] = {
-    {"/v1/completions", HTTP_POST, true},
-    {"/v1/chat/completions", HTTP_POST, true},
-    {"/v1/responses", HTTP_POST, true},
-    {"/v1/messages", HTTP_POST, true},
-    {"/v1/messages/count_tokens", HTTP_POST, true},
-    {"/v1/models", HTTP_GET, true},
-    {"/v1/models/", HTTP_GET, true}, /* a prefix: /v1/models/{id} */
-    {"/health", HTTP_GET, false},
-    {"/metrics", HTTP_GET, false},
-    {"/tokenize", HTTP_POST, true},
-    {"/detokenize", HTTP_POST, true},
+    {"/v1/completions", HTTP_POST, true, false},
+    {"/v1/chat/completions", HTTP_POST, true, false},
+    {"/v1/responses", HTTP_POST, true, false},
+    {"/v1/messages", HTTP_POST, true, true},
+    {"/v1/messages/count_tokens", HTTP_POST, true, true},
+    {"/v1/models", HTTP_GET, true, false},
+    {"/v1/models/", HTTP_GET, true, false}, /* a prefix: /v1/models/{id} */
+    {"/health", HTTP_GET, false, false},
+    {"/metrics", HTTP_GET, false, false},
+    {"/tokenize", HTTP_POST, true, false},
+    {"/detokenize", HTTP_POST, true, false},
 };
 
 static const route *find_route(const char *path, size_t plen) {
@@ -2544,6 +2548,14 @@ static const route *find_route(const char *path, size_t plen) {
 
 static bool method_ok(const route *rt, int method_id) {
     return method_id == rt->method || (rt->method == HTTP_GET && method_id == HTTP_HEAD);
+}
+
+enum http_error_form api_server_error_form(void *ud, const char *url) {
+    (void)ud;
+    size_t n;
+    const char *p = http_url_path(url, &n);
+    const route *rt = p ? find_route(p, n) : NULL;
+    return rt && rt->anthropic ? HTTP_ERRORS_ANTHROPIC : HTTP_ERRORS_OPENAI;
 }
 
 bool api_server_early(void *ud, http_conn *c, const http_head *h) {

@@ -118,6 +118,9 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req);
 /* The http_early_fn (ud = the api server): refuses a request that needs the key and lacks it
  * before its body is read. */
 bool api_server_early(void *ud, http_conn *c, const http_head *h);
+/* The http_error_form_fn (ud = the api server): Anthropic's form for /v1/messages and
+ * /v1/messages/count_tokens, OpenAI's for the rest. */
+enum http_error_form api_server_error_form(void *ud, const char *url);
 /* The sched_config.on_event callback (cb_ctx = the api server); any thread. */
 void api_server_on_event(void *cb_ctx, const sched_event *ev);
 /* Runs the loop until no generation request is in flight (after http_server_close). */

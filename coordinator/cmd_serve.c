@@ -680,6 +680,7 @@ int cmd_serve(int argc, char **argv) {
                           .is_eog = serve_adapt_is_eog, .eog_ctx = &S, .on_event = api_server_on_event, .cb_ctx = api};
     g_be = serve_adapt_backend(&S);
     hc.early = api_server_early;
+    hc.error_form = api_server_error_form;
     hc.access_log = !no_access_log;
     /* a full server still answers its probes (a liveness probe that got a 503 would restart it) */
     static const char *const probes[] = {"/health", "/metrics", NULL};

@@ -32,6 +32,7 @@ struct http_conn {
     bool raw_stream;        /* streaming without chunked encoding (HTTP/1.0): ends with the close */
     bool early_checked;     /* the early (headers) hook ran for the current request */
     bool probe_only;        /* taken past max_conns: a probe path's GET / HEAD only (cfg.probe_paths) */
+    enum http_error_form error_form; /* of the current request's error answers */
     char cors[HTTP_CORS_ORIGIN_MAX + 1]; /* Access-Control-Allow-Origin of the current request, "" none */
     size_t body_counted;    /* this request's body bytes counted in the server's body_bytes */
     uint64_t idle_since;    /* when the connection last went idle (between requests) */
@@ -390,6 +391,21 @@ void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud) {
 
 const char *http_conn_peer(const http_conn *c) { return c->peer; }
 
+enum http_error_form http_conn_error_form(const http_conn *c) { return c->error_form; }
+
+const char *http_error_type(enum http_error_form f, int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return f == HTTP_ERRORS_ANTHROPIC ? "permission_error" : "invalid_request_error";
+    case 404: return "not_found_error";
+    case 413: return f == HTTP_ERRORS_ANTHROPIC ? "request_too_large" : "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503:
+    case 529: return f == HTTP_ERRORS_ANTHROPIC ? "overloaded_error" : "server_error";
+    default: return status < 500 ? "invalid_request_error" : f == HTTP_ERRORS_ANTHROPIC ? "api_error" : "server_error";
+    }
+}
+
 void http_conn_close_after(http_conn *c) { c->keep_alive = false; }
 
 /* The error code (a string, as the API's other errors carry) of an answer from the HTTP layer. */
@@ -409,18 +425,40 @@ static const char *layer_code(int status) {
     }
 }
 
+const char *http_url_path(const char *url, size_t *len) {
+    const char *u = url;
+    if (*u != '/') { /* absolute form: http://host[:port]/path */
+        const char *sl = strstr(u, "://");
+        u = sl ? strchr(sl + 3, '/') : NULL;
+        if (!u) return NULL;
+    }
+    size_t n = strcspn(u, "?#");
+    while (n > 1 && u[n - 1] == '/') n--;
+    *len = n;
+    return u;
+}
+
+/* the current request's error form from its URL as far as it was read */
+static void note_error_form(http_conn *c) {
+    const http_server *s = c->srv;
+    if (s->cfg.error_form && c->parser.url && c->parser.url[0])
+        c->error_form = s->cfg.error_form(s->ud, c->parser.url);
+}
+
 /* An error answer from the server itself (parse errors, limits), then close; with the CORS header
  * where the request's Origin (if its header came before the error) is allowed, so that a page
  * reads the message (a 413 of a pasted document, say) instead of a bare network error. */
 static void respond_error_close(http_conn *c, int status, const char *msg) {
     char body[512];
     cors_note(c);
+    note_error_form(c);
     /* 501 answers a request's Transfer-Encoding: the client's to change */
-    const char *type = status >= 500 && status != 501 ? "server_error" : "invalid_request_error";
+    const char *type = http_error_type(c->error_form, status == 501 ? 400 : status);
     /* msg is our own text (no quotes or backslashes), safe to embed */
     int n = snprintf(body, sizeof(body),
-                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}",
-                     msg, type, layer_code(status));
+                     "{%s\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}",
+                     c->error_form == HTTP_ERRORS_ANTHROPIC ? "\"type\":\"error\"," : "", msg, type,
+                     layer_code(status));
     if (n < 0 || (size_t)n >= sizeof(body)) n = (int)strlen(body);
     c->keep_alive = false;
     c->state = CS_HANDLING;
@@ -524,14 +562,9 @@ static bool probe_request(http_conn *c) {
     http_head h;
     http_req_head(&c->parser, &h);
     if (!h.url || (strcmp(h.method, "GET") && strcmp(h.method, "HEAD"))) return false;
-    const char *u = h.url;
-    if (*u != '/') { /* absolute form: http://host[:port]/path */
-        const char *sl = strstr(u, "://");
-        u = sl ? strchr(sl + 3, '/') : NULL;
-        if (!u) return false;
-    }
-    size_t n = strcspn(u, "?#");
-    while (n > 1 && u[n - 1] == '/') n--;
+    size_t n;
+    const char *u = http_url_path(h.url, &n);
+    if (!u) return false;
     for (const char *const *p = c->srv->cfg.probe_paths; *p; p++)
         if (strlen(*p) == n && !memcmp(*p, u, n)) return true;
     return false;
@@ -546,6 +579,7 @@ static void conn_process(http_conn *c) {
         c->pend_off += n;
         if (!was_started && c->parser.started) {
             c->req_start_ms = uv_now(s->loop);
+            c->error_form = HTTP_ERRORS_OPENAI;
             arm_timer(c); /* header / request timeout from now */
         }
         if (c->parser.state == HTTP_REQ_ERROR) {
@@ -575,6 +609,7 @@ static void conn_process(http_conn *c) {
         }
         if (c->parser.headers_done && !c->early_checked) {
             cors_note(c);
+            note_error_form(c);
             /* a browser sends Origin from a page, also where CORS lets it read nothing (a simple
              * POST, no-cors): a page --cors-origins does not list must not drive the model either */
             if (c->parser.origin && c->parser.origin[0] && !c->cors[0]) {

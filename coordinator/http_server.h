@@ -44,6 +44,15 @@ typedef struct http_conn http_conn;
  * closes: the unread body is discarded) and return false. */
 typedef bool (*http_early_fn)(void *ud, http_conn *c, const http_head *h);
 
+/* The shape of a request's error answers, the server's own (parse errors, limits) and the
+ * handler's: HTTP_ERRORS_OPENAI {"error":{"message","type","param","code"}}, or
+ * HTTP_ERRORS_ANTHROPIC, Anthropic's {"type":"error","error":{"type","message"}} with its type
+ * names (http_error_type; param and code kept beside them). */
+enum http_error_form { HTTP_ERRORS_OPENAI, HTTP_ERRORS_ANTHROPIC };
+/* A request's form from its URL (origin or absolute form; as far as it was read where the request
+ * fails before its headers end) */
+typedef enum http_error_form (*http_error_form_fn)(void *ud, const char *url);
+
 typedef struct http_server_config {
     http_limits lim;
     int max_conns;                /* open connections */
@@ -55,6 +64,7 @@ typedef struct http_server_config {
     unsigned header_timeout_ms;   /* first byte to the end of the headers (0: request_timeout_ms) */
     size_t max_body_total;        /* request body bytes buffered over all connections */
     http_early_fn early;          /* NULL: none (ud is the handler's) */
+    http_error_form_fn error_form; /* NULL: every request's errors in OpenAI's form (ud: the handler's) */
     /* CORS: NULL or "": off (no CORS headers; OPTIONS goes to the handler); "*": any origin;
      * else origins separated by commas, spaces around them ignored ("https://ui.example:8443"),
      * matched without case. A
@@ -117,7 +127,17 @@ void http_conn_on_abort(http_conn *c, void (*fn)(void *ud), void *ud);
 void http_conn_close_after(http_conn *c);
 /* The peer address as text (for logs). */
 const char *http_conn_peer(const http_conn *c);
+/* The form of the current request's error answers (the config's error_form of its URL), for the
+ * handler's own */
+enum http_error_form http_conn_error_form(const http_conn *c);
+/* An error's type: OpenAI's (invalid_request_error, authentication_error, not_found_error,
+ * rate_limit_error, server_error) or Anthropic's for the status (permission_error for 403,
+ * request_too_large for 413, overloaded_error for 503 and 529, api_error for other 5xx) */
+const char *http_error_type(enum http_error_form f, int status);
 
 const char *http_status_text(int status);
+/* The path of a URL in origin or absolute form (http://host[:port]/path), NULL where it has none;
+ * *len its length without the query, the fragment or trailing slashes (a lone "/" kept) */
+const char *http_url_path(const char *url, size_t *len);
 
 #endif

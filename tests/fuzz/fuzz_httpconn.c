@@ -111,6 +111,14 @@ static bool early(void *ud, http_conn *c, const http_head *h) {
     return true;
 }
 
+/* paths under /a answer errors in Anthropic's form: both forms of the server's own errors are fuzzed */
+static enum http_error_form error_form(void *ud, const char *url) {
+    (void)ud;
+    size_t n;
+    const char *p = http_url_path(url, &n);
+    return p && n >= 2 && !strncmp(p, "/a", 2) ? HTTP_ERRORS_ANTHROPIC : HTTP_ERRORS_OPENAI;
+}
+
 static void setup(void) {
     loop = malloc(sizeof *loop);
     uv_loop_init(loop);
@@ -130,6 +138,7 @@ static void setup(void) {
     cfg.max_pending = 16384;
     cfg.max_body_total = 20000;
     cfg.early = early;
+    cfg.error_form = error_form;
     mla_err err;
     if (http_server_init(&srv, loop, &cfg, handler, NULL, &err) ||
         http_server_listen(srv, "127.0.0.1", 0, &port, &err)) {

@@ -307,6 +307,7 @@ int main(int argc, char **argv) {
     if (sched_init(&s, &sc, &be, &err)) goto fail;
     api_server_set_sched(api, s);
     hc.early = api_server_early;
+    hc.error_form = api_server_error_form;
     if (http_server_init(&http, loop, &hc, api_server_handle, api, &err)) goto fail;
     api_server_set_http(api, http);
     g_http = http;

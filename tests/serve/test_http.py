@@ -684,6 +684,40 @@ def test_limits(exe):
                            headers={"x-api-key": "other", "Authorization": "Bearer sekrit"})
         check(st == 400 and "different keys" in j["error"]["message"], "x-api-key and Authorization of two keys: 400",
               j)
+        # Anthropic's routes answer errors in its form ("type": "error", its type names): the server's
+        # own (a body too large by its Content-Length or as it streams in, a URL in absolute form) and
+        # the API's (a refused key, a method, JSON it cannot read); the other routes keep OpenAI's
+        key = {"x-api-key": "sekrit"}
+
+        def anthropic_error(what, st, data, status, etype):
+            try:
+                j = json.loads(data)
+            except ValueError:
+                j = None
+            check(st == status and isinstance(j, dict) and j.get("type") == "error" and
+                  isinstance(j.get("error"), dict) and j["error"].get("type") == etype and
+                  isinstance(j["error"].get("message"), str) and j["error"]["message"], what, data[:300])
+
+        st, _, data, _ = post(port, "/v1/messages", {"model": "m", "max_tokens": 2, "messages": []},
+                              headers={"x-api-key": "nope"})
+        anthropic_error("a wrong x-api-key on /v1/messages", st, data, 401, "authentication_error")
+        st, _, data, _ = post(port, "/v1/messages/count_tokens", "{", headers=key)
+        anthropic_error("JSON it cannot read on count_tokens", st, data, 400, "invalid_request_error")
+        st, _, data, _ = post(port, "/v1/messages", {"prompt": "y" * 5000}, headers=key)
+        anthropic_error("a body past --max-body on /v1/messages", st, data, 413, "request_too_large")
+        st, _, data = request(port, "GET", "/v1/messages/", headers=key)
+        anthropic_error("GET /v1/messages", st, data, 405, "invalid_request_error")
+        out = raw(port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sekrit\r\nTransfer-Encoding: chunked\r\n"
+                  b"Connection: close\r\n\r\n1388\r\n" + b"y" * 5000 + b"\r\n0\r\n\r\n")
+        head, _, data = out.partition(b"\r\n\r\n")
+        anthropic_error("a chunked body past --max-body", int(head.split(b" ")[1]), data, 413, "request_too_large")
+        out = raw(port, b"POST http://x/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nx-api-key: nope\r\n"
+                  b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+        head, _, data = out.partition(b"\r\n\r\n")
+        anthropic_error("a URL in absolute form", int(head.split(b" ")[1]), data, 401, "authentication_error")
+        st, j, _, _ = post(port, "/v1/completions", "{", headers=key)
+        check(st == 400 and "type" not in j, "the other routes keep OpenAI's form", j)
+        is_error_shape(j)
         st, hd, data = request(port, "GET", "/health")
         check(st == 200, "/health needs no key")
         # EOS (eos period 7): stops with finish stop, EOS not in the text

@@ -357,12 +357,20 @@ def main():
         r1port, _ = client("deepseek-r1.jinja")
         refused("thinking disabled where the model always thinks", "thinking", port_=r1port,
                 thinking={"type": "disabled"})
-        # the error shape carries error.type and error.message, as Anthropic's does
+        # the error in Anthropic's form: "type": "error", error.type and error.message
         try:
             cl.messages.create(model="fake-model", messages=q, max_tokens=4, extra_body={"top_k": "x"})
             check(False, "top_k a string: refused")
         except anthropic.BadRequestError as e:
-            check(e.status_code == 400 and "top_k" in str(e), "the SDK reads the 400", e)
+            check(e.status_code == 400 and "top_k" in str(e) and isinstance(e.body, dict) and
+                  e.body.get("type") == "error" and e.body["error"]["type"] == "invalid_request_error",
+                  "the SDK reads the 400", e.body)
+        try:
+            cl.messages.create(model="no-such-model", messages=q, max_tokens=4)
+            check(False, "an unknown model: refused")
+        except anthropic.NotFoundError as e:
+            check(e.body.get("type") == "error" and e.body["error"]["type"] == "not_found_error", "a 404's form",
+                  e.body)
         # the server lives on
         script_of("Weigh it.</think>Four.")
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50)
