@@ -166,7 +166,10 @@ struct api_server {
     const uint32_t *rank_blocks;
     int n_ranks;
     uint64_t block_bytes;
-    char *model_name, *api_key;
+    char *model_name, *api_key; /* model_name: names[0] */
+    char *names_buf;            /* cfg.model_aliases, its commas NULs: names[1..] point into it */
+    const char **names;
+    int n_names;
     api_tokenizer tok;
     int32_t *eog_ids; /* the end-of-generation tokens (tok.is_eog), n_eog of them: what min_tokens bans */
     int32_t n_eog;
@@ -1415,9 +1418,16 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
     return MLA_OK;
 }
 
+/* whether name (len bytes) is one of the served model's names */
+static bool model_named(const api_server *a, const char *name, size_t len) {
+    for (int i = 0; i < a->n_names; i++)
+        if (strlen(a->names[i]) == len && !memcmp(a->names[i], name, len)) return true;
+    return false;
+}
+
 /* 404 model_not_found when a request names a model (NULL: none) other than the served one */
 static int model_check(const api_server *a, const char *model, api_error *e) {
-    if (model && strcmp(model, a->model_name))
+    if (model && !model_named(a, model, strlen(model)))
         return api_error_set(e, 404, "model", "model_not_found",
                              "The model '%s' does not exist (this server serves '%s')", model, a->model_name);
     return MLA_OK;
@@ -2293,10 +2303,10 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
     cJSON_Delete(root);
 }
 
-/* the served model as OpenAI's model object */
-static cJSON *model_object(const api_server *a) {
+/* the served model under one of its names as OpenAI's model object */
+static cJSON *model_object(const api_server *a, const char *name) {
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", a->model_name);
+    cJSON_AddStringToObject(m, "id", name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)time(NULL));
     cJSON_AddStringToObject(m, "owned_by", "mlaserve");
@@ -2310,13 +2320,13 @@ static void handle_models(api_server *a, http_conn *c) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(j, "data");
-    cJSON_AddItemToArray(data, model_object(a));
+    for (int i = 0; i < a->n_names; i++) cJSON_AddItemToArray(data, model_object(a, a->names[i]));
     reply_json(c, 200, j);
     cJSON_Delete(j);
 }
 
 /* GET /v1/models/{id} (the SDKs' models.retrieve): the model object when id (percent-decoded)
- * names the served model, else 404 model_not_found */
+ * is one of the served model's names, else 404 model_not_found */
 static void handle_model(api_server *a, http_conn *c, const char *id) {
     size_t n = strlen(id), k = 0;
     while (n > 0 && id[n - 1] == '/') n--; /* a trailing slash, as on the other routes */
@@ -2331,8 +2341,8 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
         }
     }
     d[k] = 0;
-    if (k == strlen(a->model_name) && !memcmp(d, a->model_name, k)) {
-        cJSON *m = model_object(a);
+    if (model_named(a, d, k)) {
+        cJSON *m = model_object(a, d);
         reply_json(c, 200, m);
         cJSON_Delete(m);
     } else {
@@ -2617,9 +2627,30 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     api_server *a = mla_xcalloc(1, sizeof(*a));
     a->loop = loop;
     a->cfg = *cfg;
+    /* the names: model_name, then the aliases (their commas NULs); each one non-empty and said once */
     a->model_name = mla_xstrdup(cfg->model_name ? cfg->model_name : "model");
+    const char *al = cfg->model_aliases ? cfg->model_aliases : "";
+    a->names_buf = mla_xstrdup(al);
+    a->names = mla_xcalloc(strlen(al) / 2 + 2, sizeof *a->names);
+    a->names[a->n_names++] = a->model_name;
+    for (char *p = a->names_buf; *al;) {
+        char *q = strchr(p, ',');
+        if (q) *q = 0;
+        if (!*p || model_named(a, p, strlen(p))) {
+            mla_errf(err, "api: the model's names '%s,%s' hold %s", a->model_name, al, *p ? "one twice" : "an empty one");
+            free(a->names);
+            free(a->names_buf);
+            free(a->model_name);
+            free(a);
+            return MLA_ERR;
+        }
+        a->names[a->n_names++] = p;
+        if (!q) break;
+        p = q + 1;
+    }
     a->api_key = cfg->api_key && cfg->api_key[0] ? mla_xstrdup(cfg->api_key) : NULL;
     a->cfg.model_name = a->model_name;
+    a->cfg.model_aliases = NULL;
     a->cfg.api_key = a->api_key;
     a->tok = *tok;
     for (int32_t id = 0, cap = 0; tok->is_eog && id < tok->n_vocab; id++)
@@ -2633,6 +2664,8 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     if (rc < 0) {
         free(a->eog_ids);
         free(a->model_name);
+        free(a->names);
+        free(a->names_buf);
         free(a->api_key);
         free(a);
         return mla_errf(err, "api: uv_async_init: %s", uv_strerror(rc));
@@ -2720,12 +2753,18 @@ void api_server_free(api_server *a) {
     pthread_mutex_destroy(&a->mu);
     free(a->eog_ids);
     free(a->model_name);
+    free(a->names);
+    free(a->names_buf);
     free(a->api_key);
     free(a->drain_why);
     free(a);
 }
 
 const char *api_server_model_name(const api_server *a) { return a->model_name; }
+int api_server_model_names(const api_server *a, const char *const **names) {
+    *names = a->names;
+    return a->n_names;
+}
 int32_t api_server_max_context(const api_server *a) { return a->s ? a->cfg.max_context : 0; }
 
 api_gen *api_server_generate(api_server *a, api_gen_params *p, const api_sink *sink, api_error *e) {

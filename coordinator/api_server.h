@@ -75,6 +75,8 @@ typedef struct api_tokenizer {
 
 typedef struct api_config {
     const char *model_name;    /* the id in /v1/models and responses */
+    const char *model_aliases; /* NULL, or more names a request may give, separated by commas (each
+                                * one in /v1/models too) */
     const char *api_key;       /* NULL or "": no authentication */
     int32_t max_context;       /* prompt + completion limit */
     int32_t default_max_tokens;/* when the request names none; 0: what the context leaves */
@@ -227,7 +229,9 @@ void api_server_tokenize_detach(api_tok_job *j);
 /* The request's key matches the server's (constant time; true when the server has none). */
 bool api_server_key_ok(const api_server *a, const char *key);
 bool api_server_auth_required(const api_server *a);
+/* The model's first name (the one answers carry); all of them (*names, borrowed), their count */
 const char *api_server_model_name(const api_server *a);
+int api_server_model_names(const api_server *a, const char *const **names);
 /* The context served (positions), 0 until it is known: until the workers have taken their cache
  * pools and the scheduler runs (api_server_set_sched) */
 int32_t api_server_max_context(const api_server *a);

@@ -443,8 +443,10 @@ int cmd_serve(int argc, char **argv) {
          .help = "a client that takes none of a reply held for it for N ms is dropped (HTTP: past the write queue; "
                  "gRPC: any reply, its flow-control window shut included)",
          .dest = &write_timeout_ms, .lo = 1, .hi = 86400000},
-        {.name = "--model-name", .kind = OPT_STR, .arg = "NAME", .def = "the file name",
-         .help = "the model's name in the API", .dest = &model_name},
+        {.name = "--model-name", .kind = OPT_STR, .arg = "NAME[,ALIAS...]", .def = "the file name",
+         .help = "the model's name in the API; names after a comma are aliases a request may give too (answers "
+                 "carry the first; /v1/models lists each)",
+         .dest = &model_name},
         {.name = "--max-context", .kind = OPT_LONG, .arg = "N", .def = "the model's, or what the cache pool holds",
          .help = "longest sequence (prompt + generated tokens; 0: the default)", .dest = &max_context, .lo = 0,
          .hi = WIRE_MAX_CTX},
@@ -662,14 +664,20 @@ int cmd_serve(int argc, char **argv) {
     cc.n_threads = go.threads;
     S.seed_base = (uint64_t)time(NULL) * 0x2545F4914F6CDD1DULL;
     api_tokenizer tok = serve_adapt_tokenizer(&S, (int32_t)mcfg.n_vocab);
-    api_config ac = {.model_name = model_name ? model_name : basename_of(model), .api_key = api_key,
+    /* --model-name NAME,ALIAS...: the name before the first comma, the aliases after it */
+    char *name_given = model_name ? mla_xstrdup(model_name) : NULL, *aliases = NULL;
+    if (name_given && (aliases = strchr(name_given, ','))) *aliases++ = 0;
+    api_config ac = {.model_name = name_given ? name_given : basename_of(model), .model_aliases = aliases,
+                     .api_key = api_key,
                      .special_in_messages = special_in_messages,
                      .max_context = (int32_t)max_context, .default_max_tokens = (int32_t)default_max_tokens,
                      .auth_max_fails = auth_max_fails ? (int32_t)auth_max_fails : -1, .tp = tp};
     serve_adapt_api_hooks(&S, &ac);
     ac.reasoning_parser = rk;
     ac.tool_parser = tk;
-    if (api_server_new(&api, loop, &ac, &tok, &err)) goto out;
+    const int api_rc = api_server_new(&api, loop, &ac, &tok, &err); /* it keeps copies of the names */
+    free(name_given);
+    if (api_rc) goto out;
     S.api = api;
     /* the scheduler starts once the workers report their pools (check_start) */
     g_long_prefill = long_prefill;
@@ -715,7 +723,7 @@ int cmd_serve(int argc, char **argv) {
     uvnet_addr_text(at, sizeof at, host, bound);
     MLA_INFO("serve: %s on http://%s (tp %d, prefix cache %s); the workers load the model (GET /health: their "
              "progress; 503 until ready)",
-             ac.model_name, at, tp, no_prefix_cache ? "off" : "on");
+             api_server_model_name(api), at, tp, no_prefix_cache ? "off" : "on");
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_start(&sig_term, on_signal, SIGTERM);

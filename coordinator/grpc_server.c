@@ -518,14 +518,22 @@ static void handle(gs_call *r, grpc_request *q) {
     }
     case GRPC_M_MODELS: {
         Mlaapi__ModelsResponse m = MLAAPI__MODELS_RESPONSE__INIT;
-        Mlaapi__ModelInfo mi = MLAAPI__MODEL_INFO__INIT, *mp = &mi;
-        mi.id = (char *)api_server_model_name(s->api);
-        mi.max_model_len = (uint32_t)api_server_max_context(s->api);
-        mi.has_max_model_len = mi.max_model_len > 0; /* not known while the workers load */
-        mi.owned_by = "mlaserve";
-        m.n_models = 1;
-        m.models = &mp;
+        const char *const *names;
+        const int n = api_server_model_names(s->api, &names);
+        Mlaapi__ModelInfo *mi = mla_xcalloc((size_t)n, sizeof *mi), **mp = mla_xcalloc((size_t)n, sizeof *mp);
+        for (int i = 0; i < n; i++) {
+            mlaapi__model_info__init(&mi[i]);
+            mi[i].id = (char *)names[i];
+            mi[i].max_model_len = (uint32_t)api_server_max_context(s->api);
+            mi[i].has_max_model_len = mi[i].max_model_len > 0; /* not known while the workers load */
+            mi[i].owned_by = "mlaserve";
+            mp[i] = &mi[i];
+        }
+        m.n_models = (size_t)n;
+        m.models = mp;
         send_msg(r, &m.base);
+        free(mp);
+        free(mi);
         break;
     }
     case GRPC_M_INFO: {

@@ -209,6 +209,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     mla_log_set_tag("fake_server");
     const char *port_file = NULL, *proto_port_file = NULL, *api_key = getenv("MLASERVE_API_KEY");
+    const char *model_aliases = NULL;
     int port = 0;
     sched_config sc = {.block_size = 16, .n_blocks = 512, .max_seqs = 64, .max_step_tokens = 512,
                        .max_queue = 256, .max_context = 2048};
@@ -228,6 +229,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--proto-port-file")) proto_port_file = v;
         else if (!strcmp(a, "--port")) port = (int)x;
         else if (!strcmp(a, "--api-key")) api_key = v;
+        else if (!strcmp(a, "--model-aliases")) model_aliases = v;
         else if (!strcmp(a, "--max-context")) sc.max_context = (int32_t)x;
         else if (!strcmp(a, "--block-size")) sc.block_size = (int32_t)x;
         else if (!strcmp(a, "--n-blocks")) sc.n_blocks = (int32_t)x;
@@ -295,7 +297,7 @@ int main(int argc, char **argv) {
     api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB + N_MARKERS, .encode = fk_encode, .piece = fk_piece,
                          .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat,
                          .control_at = fk_control_at, .chat_uses_var = fk_uses_var};
-    api_config ac = {.model_name = "fake-model", .api_key = api_key, .max_context = sc.max_context,
+    api_config ac = {.model_name = "fake-model", .model_aliases = model_aliases, .api_key = api_key, .max_context = sc.max_context,
                      .health = fk_health, .reasoning_parser = rk, .tool_parser = tk};
     api_server *api;
     sched *s;

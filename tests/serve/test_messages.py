@@ -20,7 +20,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_chat_dialects as D  # noqa: E402
-from mlatest import check, http_post, summary  # noqa: E402
+from mlatest import check, http_get, http_post, summary  # noqa: E402
 
 SKIP = ("skip_special_tokens", "response_format")  # no Messages form: those cases are left out
 
@@ -371,6 +371,22 @@ def main():
         except anthropic.NotFoundError as e:
             check(e.body.get("type") == "error" and e.body["error"]["type"] == "not_found_error", "a 404's form",
                   e.body)
+        # aliases (serve --model-name NAME,ALIAS...): a request may give any name, the answer carries
+        # the first, /v1/models lists each (Claude Code's own model names, served as they are)
+        aport, acl = client("glm-5.jinja", ["--model-aliases", "claude-sonnet-4-5,claude-haiku-4-5"])
+        script_of("Weigh it.</think>Four.")
+        m = acl.messages.create(model="claude-haiku-4-5", messages=q, max_tokens=50)
+        check(m.content[-1].text == "Four." and m.model == "fake-model", "an alias answered as the model", m)
+        st, body = http_get(aport, "/v1/models")
+        check(st == 200 and [d["id"] for d in json.loads(body)["data"]] ==
+              ["fake-model", "claude-sonnet-4-5", "claude-haiku-4-5"], "/v1/models lists every name", body)
+        st, body = http_get(aport, "/v1/models/claude-sonnet-4-5")
+        check(st == 200 and json.loads(body)["id"] == "claude-sonnet-4-5", "an alias retrieved", body)
+        try:
+            acl.messages.create(model="claude-opus-4", messages=q, max_tokens=4)
+            check(False, "a name not among them: refused")
+        except anthropic.NotFoundError as e:
+            check("fake-model" in str(e), "a name not among them: 404", e)
         # the server lives on
         script_of("Weigh it.</think>Four.")
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50)

@@ -196,6 +196,12 @@ def test_keys_and_warnings():
         busy.close()
     check(r.returncode == 1 and "address already in use" in r.stderr and "started worker" not in r.stderr,
           "a port in use: refused before the workers start", r.stderr[-300:])
+    # --model-name's aliases: an empty one or one said twice refused before the workers start
+    for names, says in (("a,,b", "an empty one"), ("a,b,a", "one twice")):
+        r = subprocess.run([exe, "-m", model, "--port", "0", "--model-name", names], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode != 0 and names in r.stderr and says in r.stderr and "started worker" not in r.stderr,
+              "--model-name %s refused" % names, r.stderr[-300:])
     # a key beside the key file: refused, not silently overridden
     r = subprocess.run([exe, "-m", model, "--api-key", "k1", "--api-key-file", kf], capture_output=True,
                        text=True, timeout=60)
