@@ -2633,7 +2633,7 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     a->names_buf = mla_xstrdup(al);
     a->names = mla_xcalloc(strlen(al) / 2 + 2, sizeof *a->names);
     a->names[a->n_names++] = a->model_name;
-    for (char *p = a->names_buf; *al;) {
+    for (char *p = a->names_buf; *al;) { /* an alias a turn, up to the last (break) */
         char *q = strchr(p, ',');
         if (q) *q = 0;
         if (!*p || model_named(a, p, strlen(p))) {
