@@ -65,12 +65,22 @@ def cell(p):
             fmt(i["p99"], 2), f"{p['errors']}/{p['requests']}"]
 
 
+def host_line(model):
+    """the host's CPU and cores (and llama.cpp's build time there), where the JSON has them"""
+    h = model.get("host") or {}
+    if not h.get("cpu"):
+        return ""
+    built = model.get("llama_build_s")
+    return f" Host CPU: {h['cpu']}, {h.get('cores')} cores" + (f"; llama.cpp built in {built} s." if built else ".")
+
+
 def table(model):
     rates = model.get("rates") or []
     desc = (model.get("mkmodel") or model["family"]).replace("mkmodel: ", "", 1)
     out = [f"### {model['model']}: {desc}", "",
            f"{model.get('gpu')}, {model.get('date')}, commit {model.get('commit')}; concurrency points "
-           f"{model.get('shape_concurrency')}, rate points {model.get('shape_rate')}, seed {model.get('seed')}.", ""]
+           f"{model.get('shape_concurrency')}, rate points {model.get('shape_rate')}, seed {model.get('seed')}."
+           + host_line(model), ""]
     ours = {p["point"]: p for p in model["servers"].get(OURS, {}).get("points", [])}
     lb = llama_best(model)
     names = list(ours) + [n for n in lb if n not in ours]

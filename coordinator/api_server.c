@@ -1,6 +1,7 @@
 /* api_server: see api_server.h. */
 #include "coordinator/api_server.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1425,6 +1426,17 @@ static bool model_named(const api_server *a, const char *name, size_t len) {
     return false;
 }
 
+/* name as the model's next name; what is wrong with it (empty, a blank at either end, said
+ * before), or NULL */
+static const char *model_name_add(api_server *a, const char *name) {
+    const size_t n = strlen(name);
+    if (!n) return "an empty one";
+    if (isspace((unsigned char)name[0]) || isspace((unsigned char)name[n - 1])) return "one with a blank at an end";
+    if (model_named(a, name, n)) return "one twice";
+    a->names[a->n_names++] = name;
+    return NULL;
+}
+
 /* 404 model_not_found when a request names a model (NULL: none) other than the served one */
 static int model_check(const api_server *a, const char *model, api_error *e) {
     if (model && !model_named(a, model, strlen(model)))
@@ -2627,26 +2639,25 @@ int api_server_new(api_server **out, uv_loop_t *loop, const api_config *cfg,
     api_server *a = mla_xcalloc(1, sizeof(*a));
     a->loop = loop;
     a->cfg = *cfg;
-    /* the names: model_name, then the aliases (their commas NULs); each one non-empty and said once */
+    /* the names: model_name, then the aliases (their commas NULs) */
     a->model_name = mla_xstrdup(cfg->model_name ? cfg->model_name : "model");
-    const char *al = cfg->model_aliases ? cfg->model_aliases : "";
-    a->names_buf = mla_xstrdup(al);
-    a->names = mla_xcalloc(strlen(al) / 2 + 2, sizeof *a->names);
-    a->names[a->n_names++] = a->model_name;
-    for (char *p = a->names_buf; *al;) { /* an alias a turn, up to the last (break) */
+    const char *al = cfg->model_aliases;
+    a->names_buf = al ? mla_xstrdup(al) : NULL;
+    a->names = mla_xcalloc(al ? strlen(al) / 2 + 2 : 1, sizeof *a->names);
+    const char *why = model_name_add(a, a->model_name);
+    for (char *p = a->names_buf; !why && p;) { /* an alias a turn */
         char *q = strchr(p, ',');
-        if (q) *q = 0;
-        if (!*p || model_named(a, p, strlen(p))) {
-            mla_errf(err, "api: the model's names '%s,%s' hold %s", a->model_name, al, *p ? "one twice" : "an empty one");
-            free(a->names);
-            free(a->names_buf);
-            free(a->model_name);
-            free(a);
-            return MLA_ERR;
-        }
-        a->names[a->n_names++] = p;
-        if (!q) break;
-        p = q + 1;
+        if (q) *q++ = 0;
+        why = model_name_add(a, p);
+        p = q;
+    }
+    if (why) {
+        mla_errf(err, "api: the model's names '%s%s%s' hold %s", a->model_name, al ? "," : "", al ? al : "", why);
+        free(a->names);
+        free(a->names_buf);
+        free(a->model_name);
+        free(a);
+        return MLA_ERR;
     }
     a->api_key = cfg->api_key && cfg->api_key[0] ? mla_xstrdup(cfg->api_key) : NULL;
     a->cfg.model_name = a->model_name;

@@ -47,7 +47,10 @@ static int on_message_begin(http_parser *hp) {
 static int on_url(http_parser *hp, const char *at, size_t n) {
     http_req *p = of(hp);
     p->started = true;
-    if (p->url_len + n > p->lim.max_url) return fail(p, 414, "the request URL is too long");
+    if (p->url_len + n > p->lim.max_url) { /* its first max_url bytes kept: the path names the error's form */
+        append(&p->url, &p->url_len, &p->url_cap, at, p->lim.max_url - p->url_len);
+        return fail(p, 414, "the request URL is too long");
+    }
     append(&p->url, &p->url_len, &p->url_cap, at, n);
     return 0;
 }

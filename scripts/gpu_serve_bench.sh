@@ -36,7 +36,8 @@
 # where llama-server does not run), llama-server's by 80%, then the batch-1 step and ncu; a point or
 # stage that does not fit is skipped and recorded as such, so that one model fits one 10-minute command.
 # Outputs in OUT (default ./out): serve-<model>.json (every point of every server, the rates, the
-# bench row, the kernel families), 0-serve-logs.tgz (every log, and serve-<model>.md / .png from
+# bench row, the kernel families, the host's CPU and cores: llama-server's small-model figures move
+# with the host, and llama.cpp's build time there), 0-serve-logs.tgz (every log, and serve-<model>.md / .png from
 # bench/plot_serve.py), and those tables and plots beside the JSONs while OUT holds fewer than 8 files.
 #
 # MODELS: words FAMILY[:LAYERS[:EXPERTS]], FAMILY one of mkmodel's (v2lite glm47flash v3 glm5);
@@ -87,7 +88,9 @@ elif [ -f .gpucarry/llama-src.tar.xz ]; then
     FA=1 LLAMA_SRC=/tmp/mla-llama-src/llama.cpp BUILD_DIR=/tmp/mla-llama-build JOBS="$(nproc)" NICE=0 PACK=0 STATIC=1 \
       CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")" \
       timeout "${LLAMA_BUILD_S:-420}" scripts/build_llama_cuda.sh >"$OUT/llama-build.log" 2>&1
-  echo "llama.cpp built from source: status $? in $((SECONDS - t)) s (log: $OUT/llama-build.log)"
+  st=$?
+  LLAMA_BUILT_S=$((SECONDS - t))
+  echo "llama.cpp built from source: status $st in $LLAMA_BUILT_S s (log: $OUT/llama-build.log)"
 fi
 B="$(cd "${BUNDLE:-.bundle90}" 2>/dev/null && pwd || echo "${BUNDLE:-.bundle90}")"
 MLA="${MLASERVE:-$B/bin/mlaserve}"
@@ -469,9 +472,12 @@ for spec in $MODELS; do
   rm -f "$M" "$W/l8.f32" "$W/ncu-$MK.csv"
   # one JSON for the model
   python3 - "$PTS" "$OUT/serve-$MK.json" "$MK" "$FAM" "${LAYERS:-}" "${EXPERTS:-}" "$COMMIT" "$GPU" "$BACKEND" \
-    "${MKMODEL_ARGS:-}" "$SHAPE_C" "$SHAPE_R" "$SEED" "$BW" "$BW_SRC" <<'EOF'
+    "${MKMODEL_ARGS:-}" "$SHAPE_C" "$SHAPE_R" "$SEED" "$BW" "$BW_SRC" "${LLAMA_BUILT_S:-}" <<'EOF'
 import glob, json, os, sys, time
-pts, out, mk, fam, layers, experts, commit, gpu, backend, margs, shape_c, shape_r, seed, bw, bw_src = sys.argv[1:16]
+pts, out, mk, fam, layers, experts, commit, gpu, backend, margs, shape_c, shape_r, seed, bw, bw_src, lbuilt = sys.argv[1:17]
+# the host's CPU: llama-server's per-token host work makes its small-model figures move with it
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None) \
+    if os.path.exists("/proc/cpuinfo") else None
 def rd(name, conv=str):
     p = os.path.join(pts, name)
     return conv(open(p).read().strip()) if os.path.exists(p) and open(p).read().strip() else None
@@ -481,7 +487,8 @@ res = {"model": mk, "family": fam, "layers": int(layers) if layers else None,
        "shape_concurrency": shape_c, "shape_rate": shape_r, "seed": int(seed), "bw_gbs": float(bw), "bw_source": bw_src,
        "mkmodel": rd("mkmodel.txt"), "mkmodel_s": rd("mkmodel_s", int),
        "rates": [float(x) for x in (rd("rates.txt") or "").split()],
-       "llama_fa_chosen": rd("best-fa"), "notes": (rd("notes.txt") or "").splitlines(), "servers": {}}
+       "llama_fa_chosen": rd("best-fa"), "notes": (rd("notes.txt") or "").splitlines(), "servers": {},
+       "host": {"cpu": cpu, "cores": os.cpu_count()}, "llama_build_s": int(lbuilt) if lbuilt else None}
 for f in sorted(glob.glob(os.path.join(pts, "*--*.json"))):
     key, name = os.path.basename(f)[:-5].split("--", 1)
     j = json.load(open(f))

@@ -203,6 +203,8 @@ if os.path.exists(jf):
     check(probes == {"probe-llama-faon": ["c1"], "probe-llama-faoff": ["c1"]}, "the probe at concurrency 1, FA on and off",
           probes)
     check(j.get("llama_fa_chosen") == "on", "FA on chosen (off is 400 ms a step slower)", j.get("llama_fa_chosen"))
+    h = j.get("host") or {}
+    check(h.get("cores") == os.cpu_count() and isinstance(h.get("cpu"), str) and h["cpu"], "the host's CPU recorded", h)
     for name, p in lpts.items():
         want = p.get("requests", 0) * (3 if name.startswith("c") else 4)
         check("error" not in p and p["errors"] == 0 and p["output_tokens"] == want, f"llama-server {name}: no error, the asked tokens", p)

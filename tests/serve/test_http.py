@@ -715,9 +715,30 @@ def test_limits(exe):
                   b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
         head, _, data = out.partition(b"\r\n\r\n")
         anthropic_error("a URL in absolute form", int(head.split(b" ")[1]), data, 401, "authentication_error")
+        out = raw(port, b"GET /v1/messages?" + b"q" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, data = out.partition(b"\r\n\r\n")
+        anthropic_error("a URL past the limit on /v1/messages", int(head.split(b" ")[1]), data, 414,
+                        "invalid_request_error")
+        # the form is the request's: a /v1/messages error, then on the same connection a request
+        # line that is not one, in OpenAI's form
+        out = raw(port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sekrit\r\nContent-Length: 1\r\n\r\n{"
+                  b"BLAH BLAH\r\n\r\n")
+        parts = out.split(b"HTTP/1.1 ")
+        first = parts[1].partition(b"\r\n\r\n")[2] if len(parts) == 3 else b""
+        second = parts[2].partition(b"\r\n\r\n")[2] if len(parts) == 3 else b""
+        anthropic_error("keep-alive: the Messages error", 400 if len(parts) == 3 else 0, first, 400,
+                        "invalid_request_error")
+        check(len(parts) == 3 and parts[2].startswith(b"400") and json.loads(second).get("type") is None and
+              json.loads(second)["error"]["type"] == "invalid_request_error", "keep-alive: the next error in OpenAI's form",
+              out[-400:])
         st, j, _, _ = post(port, "/v1/completions", "{", headers=key)
         check(st == 400 and "type" not in j, "the other routes keep OpenAI's form", j)
         is_error_shape(j)
+        # OpenAI's type names where Anthropic's differ
+        st, j, _, _ = post(port, "/v1/completions", {"prompt": "y" * 5000}, headers=key)
+        check(st == 413 and j["error"]["type"] == "invalid_request_error", "413: invalid_request_error", j)
+        st, j, _, _ = post(port, "/v1/completions", {"model": "nope", "prompt": "y"}, headers=key)
+        check(st == 404 and j["error"]["type"] == "not_found_error", "404: not_found_error", j)
         st, hd, data = request(port, "GET", "/health")
         check(st == 200, "/health needs no key")
         # EOS (eos period 7): stops with finish stop, EOS not in the text

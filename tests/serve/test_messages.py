@@ -387,6 +387,15 @@ def main():
             check(False, "a name not among them: refused")
         except anthropic.NotFoundError as e:
             check("fake-model" in str(e), "a name not among them: 404", e)
+        # a generation that fails once the message has begun: the stream's error event, its type the
+        # status's (500: api_error)
+        fport, _ = client("glm-5.jinja", ["--fail-at-step", "0"])
+        st, body = http_post(fport, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q,
+                                                     "stream": True})
+        evs = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: ")]
+        check(st == 200 and evs and evs[0]["type"] == "message_start" and evs[-1]["type"] == "error" and
+              evs[-1]["error"]["type"] == "api_error" and "generation failed" in evs[-1]["error"]["message"],
+              "a failure after message_start: an error event of type api_error", body[-400:])
         # the server lives on
         script_of("Weigh it.</think>Four.")
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50)

@@ -196,8 +196,20 @@ def test_keys_and_warnings():
         busy.close()
     check(r.returncode == 1 and "address already in use" in r.stderr and "started worker" not in r.stderr,
           "a port in use: refused before the workers start", r.stderr[-300:])
-    # --model-name's aliases: an empty one or one said twice refused before the workers start
-    for names, says in (("a,,b", "an empty one"), ("a,b,a", "one twice")):
+    # --model-name's aliases: a request may give any, answers carry the first, /v1/models lists each
+    srv = serve(["--model-name", "tiny,alias-x"])
+    try:
+        st, _, data = http_request(srv.port, "GET", "/v1/models")
+        ids = [m["id"] for m in json.loads(data)["data"]] if st == 200 else None
+        st2, _, data2 = http_request(srv.port, "POST", "/v1/completions", {"model": "alias-x", "prompt": "Hi",
+                                                                           "max_tokens": 2})
+        check(ids == ["tiny", "alias-x"] and st2 == 200 and json.loads(data2)["model"] == "tiny",
+              "--model-name tiny,alias-x: both names served, answers carry the first", (ids, st2, data2[:200]))
+    finally:
+        srv.stop()
+    # an empty one, one with a blank at an end or one said twice: refused before the workers start
+    for names, says in (("a,,b", "an empty one"), ("a,b,a", "one twice"), ("a,", "an empty one"),
+                        (",a", "an empty one"), ("a, b", "a blank at an end")):
         r = subprocess.run([exe, "-m", model, "--port", "0", "--model-name", names], capture_output=True, text=True,
                            timeout=60)
         check(r.returncode != 0 and names in r.stderr and says in r.stderr and "started worker" not in r.stderr,
