@@ -2315,13 +2315,21 @@ static void handle_detokenize(api_server *a, http_conn *c, const http_request *h
     cJSON_Delete(root);
 }
 
-/* the served model under one of its names as OpenAI's model object */
+/* the served model under one of its names as a model object of OpenAI's and of Anthropic's
+ * models API at once (id; object, created, owned_by; type, display_name, created_at) */
 static cJSON *model_object(const api_server *a, const char *name) {
     cJSON *m = cJSON_CreateObject();
+    const time_t now = time(NULL);
+    char at[32];
+    struct tm tm;
+    strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
     cJSON_AddStringToObject(m, "id", name);
     cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)time(NULL));
+    cJSON_AddNumberToObject(m, "created", (double)now);
     cJSON_AddStringToObject(m, "owned_by", "mlaserve");
+    cJSON_AddStringToObject(m, "type", "model");
+    cJSON_AddStringToObject(m, "display_name", name);
+    cJSON_AddStringToObject(m, "created_at", at);
     /* the context served is known once the workers have taken their cache pools (the scheduler
      * runs): a client that reads it during the load would get a limit the pool may not hold */
     if (api_server_max_context(a)) cJSON_AddNumberToObject(m, "max_model_len", api_server_max_context(a));
@@ -2333,6 +2341,10 @@ static void handle_models(api_server *a, http_conn *c) {
     cJSON_AddStringToObject(j, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(j, "data");
     for (int i = 0; i < a->n_names; i++) cJSON_AddItemToArray(data, model_object(a, a->names[i]));
+    /* Anthropic's page members: the whole list, one page */
+    cJSON_AddBoolToObject(j, "has_more", false);
+    cJSON_AddStringToObject(j, "first_id", a->names[0]);
+    cJSON_AddStringToObject(j, "last_id", a->names[a->n_names - 1]);
     reply_json(c, 200, j);
     cJSON_Delete(j);
 }

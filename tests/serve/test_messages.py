@@ -382,6 +382,12 @@ def main():
               ["fake-model", "claude-sonnet-4-5", "claude-haiku-4-5"], "/v1/models lists every name", body)
         st, body = http_get(aport, "/v1/models/claude-sonnet-4-5")
         check(st == 200 and json.loads(body)["id"] == "claude-sonnet-4-5", "an alias retrieved", body)
+        # the Anthropic SDK's models API reads the same answers
+        ms = list(acl.models.list())
+        mr = acl.models.retrieve("claude-haiku-4-5")
+        check([x.id for x in ms] == ["fake-model", "claude-sonnet-4-5", "claude-haiku-4-5"] and
+              all(x.type == "model" and x.display_name == x.id and x.created_at.year >= 2024 for x in ms) and
+              mr.id == "claude-haiku-4-5", "models.list and models.retrieve through the SDK", (ms, mr))
         try:
             acl.messages.create(model="claude-opus-4", messages=q, max_tokens=4)
             check(False, "a name not among them: refused")
