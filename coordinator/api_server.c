@@ -1437,12 +1437,18 @@ static const char *model_name_add(api_server *a, const char *name) {
     return NULL;
 }
 
+/* the 404 model_not_found of a name (as shown) that is none of the model's: it says them */
+static int model_unknown(const api_server *a, const char *shown, api_error *e) {
+    char also[512] = "";
+    for (int i = 1, o = 0; i < a->n_names && o < (int)sizeof also; i++)
+        o += snprintf(also + o, sizeof also - (size_t)o, "%s'%s'", i > 1 ? ", " : ", also named ", a->names[i]);
+    return api_error_set(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s'%s)",
+                         shown, a->model_name, also);
+}
+
 /* 404 model_not_found when a request names a model (NULL: none) other than the served one */
 static int model_check(const api_server *a, const char *model, api_error *e) {
-    if (model && !model_named(a, model, strlen(model)))
-        return api_error_set(e, 404, "model", "model_not_found",
-                             "The model '%s' does not exist (this server serves '%s')", model, a->model_name);
-    return MLA_OK;
+    return model && !model_named(a, model, strlen(model)) ? model_unknown(a, model, e) : MLA_OK;
 }
 
 /* Why the server drains (api_server_set_draining). */
@@ -2373,8 +2379,7 @@ static void handle_model(api_server *a, http_conn *c, const char *id) {
         api_error e;
         size_t sn;
         char *s = api_utf8_sanitize(d, k > 200 ? 200 : k, &sn);
-        api_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s')", s,
-                      a->model_name);
+        model_unknown(a, s, &e);
         free(s);
         reply_error(c, &e, NULL);
     }

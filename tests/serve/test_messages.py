@@ -392,7 +392,8 @@ def main():
             acl.messages.create(model="claude-opus-4", messages=q, max_tokens=4)
             check(False, "a name not among them: refused")
         except anthropic.NotFoundError as e:
-            check("fake-model" in str(e), "a name not among them: 404", e)
+            check("serves 'fake-model', also named 'claude-sonnet-4-5', 'claude-haiku-4-5'" in str(e),
+                  "a name not among them: 404 naming them", e)
         # a generation that fails once the message has begun: the stream's error event, its type the
         # status's (500: api_error)
         fport, _ = client("glm-5.jinja", ["--fail-at-step", "0"])
