@@ -1442,8 +1442,8 @@ static int model_unknown(const api_server *a, const char *shown, api_error *e) {
     char also[512] = "";
     for (int i = 1, o = 0; i < a->n_names && o < (int)sizeof also; i++)
         o += snprintf(also + o, sizeof also - (size_t)o, "%s'%s'", i > 1 ? ", " : ", also named ", a->names[i]);
-    return api_error_set(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s'%s)",
-                         shown, a->model_name, also);
+    return api_error_set(e, 404, "model", "model_not_found",
+                         "The model '%s' does not exist (this server serves '%s'%s)", shown, a->model_name, also);
 }
 
 /* 404 model_not_found when a request names a model (NULL: none) other than the served one */

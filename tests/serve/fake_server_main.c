@@ -297,7 +297,8 @@ int main(int argc, char **argv) {
     api_tokenizer tok = {.ctx = NULL, .n_vocab = FAKE_VOCAB + N_MARKERS, .encode = fk_encode, .piece = fk_piece,
                          .is_special = fk_special, .is_eog = fk_eog, .render_chat = fk_chat,
                          .control_at = fk_control_at, .chat_uses_var = fk_uses_var};
-    api_config ac = {.model_name = "fake-model", .model_aliases = model_aliases, .api_key = api_key, .max_context = sc.max_context,
+    api_config ac = {.model_name = "fake-model", .model_aliases = model_aliases, .api_key = api_key,
+                     .max_context = sc.max_context,
                      .health = fk_health, .reasoning_parser = rk, .tool_parser = tk};
     api_server *api;
     sched *s;
