@@ -881,11 +881,8 @@ static void complete_response(api_req *r, const char *error) {
     if (error) { /* the whole response: the other choices are not answered */
         api_error e;
         gen_error(r, error, &e);
-        if (r->stream && r->rsp && r->rsp->opts.messages) { /* the stream's error event */
-            cJSON *ev = api_rsp_event(r->rsp, "error");
-            cJSON *x = cJSON_AddObjectToObject(ev, "error");
-            cJSON_AddStringToObject(x, "type", http_error_type(HTTP_ERRORS_ANTHROPIC, e.status));
-            cJSON_AddStringToObject(x, "message", e.message);
+        if (r->stream && r->rsp && r->rsp->opts.messages) { /* the stream's error event: the error's body */
+            cJSON *ev = error_json(&e, HTTP_ERRORS_ANTHROPIC);
             sse_event(c, "error", ev);
             cJSON_Delete(ev);
             http_stream_end(c);
@@ -2600,11 +2597,9 @@ enum http_error_form api_server_error_form(void *ud, const char *url) {
 bool api_server_early(void *ud, http_conn *c, const http_head *h) {
     api_server *a = ud;
     if (!api_server_auth_required(a)) return true;
-    /* the path of an origin-form URL; anything else is left to the full parse */
-    const char *u = h->url;
-    if (u[0] != '/') return true;
-    size_t plen = strcspn(u, "?#");
-    const route *rt = find_route(u, plen);
+    size_t plen;
+    const char *u = http_url_path(h->url, &plen);
+    const route *rt = u ? find_route(u, plen) : NULL;
     if (!rt || !rt->auth || !method_ok(rt, h->method_id)) return true; /* 404 / 405 / no key needed */
     return authorize(a, c, h->authorization);
 }
