@@ -468,17 +468,13 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
 
 /* A context error in Anthropic's words (which clients match to shorten a conversation) */
 static void context_words(api_error *e) {
-    int ctx, n, out;
-    long long all;
-    if (sscanf(e->message, "This model's maximum context length is %d tokens. However, your prompt has %d", &ctx, &n) ==
-        2)
-        snprintf(e->message, sizeof e->message, "prompt is too long: %d tokens > %d maximum", n, ctx);
-    else if (sscanf(e->message,
-                    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the "
-                    "prompt, %d for the completion)", &ctx, &all, &n, &out) == 4)
+    if (!e->ctx_completion)
+        snprintf(e->message, sizeof e->message, "prompt is too long: %d tokens > %d maximum", e->ctx_prompt,
+                 e->ctx_limit);
+    else
         snprintf(e->message, sizeof e->message,
                  "input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or "
-                 "`max_tokens` and try again", n, out, ctx);
+                 "`max_tokens` and try again", e->ctx_prompt, e->ctx_completion, e->ctx_limit);
 }
 
 void api_msg_error_names(api_error *e) {

@@ -29,6 +29,9 @@ typedef struct api_error {
     char message[1024];
     char param[48];
     char code[48];
+    /* a context_length_exceeded error's figures, for other APIs' wording of it: the context, the
+     * prompt's tokens, the completion's asked for (0: the prompt alone left no room) */
+    int32_t ctx_limit, ctx_prompt, ctx_completion;
 } api_error;
 
 /* Fills e and returns MLA_ERR. */

@@ -1735,6 +1735,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
         api_error_set(e, 400, kind == API_CHAT ? "messages" : "prompt", "context_length_exceeded",
                       "This model's maximum context length is %d tokens. However, your prompt has %d tokens "
                       "(no room for a completion).", a->cfg.max_context, n_ids);
+        e->ctx_limit = a->cfg.max_context, e->ctx_prompt = n_ids;
         goto done;
     }
     int32_t max_tokens = p->max_tokens;
@@ -1746,6 +1747,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
                       "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                       "(%d in the prompt, %d for the completion).", a->cfg.max_context,
                       (long long)n_ids + max_tokens, n_ids, max_tokens);
+        e->ctx_limit = a->cfg.max_context, e->ctx_prompt = n_ids, e->ctx_completion = max_tokens;
         goto done;
     }
     if (max_tokens <= 0) {
