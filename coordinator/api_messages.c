@@ -22,6 +22,7 @@ static const char *const k_keys[] = {"model",       "max_tokens", "messages",   
                                      NULL};
 
 #define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
+#define API_MSG_TOOL_ERROR "Error: " /* before the text of a tool_result with is_error true */
 
 /* Members of a block (of the request's member param) beyond those read: cache_control (the prefix
  * cache here needs no marks) and citations as null */
@@ -52,19 +53,35 @@ static const char *block_type(const cJSON *b) {
     return cJSON_IsObject(b) && cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
 
-/* A text block (of the request's member param, at where): its text joined to j */
-static int text_block(const cJSON *b, const char *param, const char *at, api_join *j, api_error *e) {
+/* Claude Code starts its system prompt with a block "x-anthropic-billing-header: cc_version=...;
+ * cc_entrypoint=...; cch=...;" whose version suffix and cch are hashes of the request: they change
+ * with every request, and at the prompt's first tokens they would leave the prefix cache nothing
+ * to reuse of the turns before (the whole system prompt, tools and conversation prefilled again
+ * each turn). The line says nothing to the model; where a system string or block starts with it,
+ * the text after its first line is what is read (as vLLM and SGLang drop it). */
+static const char *past_billing_header(const char *t) {
+    static const char k[] = "x-anthropic-billing-header:";
+    if (strncmp(t, k, sizeof k - 1)) return t;
+    const char *nl = strchr(t, '\n');
+    return nl ? nl + 1 : t + strlen(t);
+}
+
+/* A text block (of the request's member param, at where): its text joined to j (sys: a system
+ * block, read past a billing header line; a block of that line alone adds nothing) */
+static int text_block(const cJSON *b, const char *param, const char *at, bool sys, api_join *j, api_error *e) {
     static const char *const read[] = {"type", "text", NULL};
     const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
     if (!cJSON_IsString(tx)) return api_bad(e, param, "%s: a text block needs a string 'text'", at);
     if (block_members(b, param, at, read, e)) return MLA_ERR;
-    api_join_add(j, tx->valuestring);
+    const char *t = sys ? past_billing_header(tx->valuestring) : tx->valuestring;
+    if (t == tx->valuestring || *t) api_join_add(j, t);
     return MLA_OK;
 }
 
-/* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member) */
-static char *text_of(const cJSON *c, const char *param, const char *where, api_error *e) {
-    if (cJSON_IsString(c)) return mla_xstrdup(c->valuestring);
+/* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member;
+ * sys: the system prompt, read past billing header lines) */
+static char *text_of(const cJSON *c, const char *param, const char *where, bool sys, api_error *e) {
+    if (cJSON_IsString(c)) return mla_xstrdup(sys ? past_billing_header(c->valuestring) : c->valuestring);
     if (!cJSON_IsArray(c)) {
         api_bad(e, param, "%s must be a string or a list of text blocks", where);
         return NULL;
@@ -81,7 +98,7 @@ static char *text_of(const cJSON *c, const char *param, const char *where, api_e
             free(j.s);
             return NULL;
         }
-        if (text_block(b, param, at, &j, e)) {
+        if (text_block(b, param, at, sys, &j, e)) {
             free(j.s);
             return NULL;
         }
@@ -112,7 +129,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
         snprintf(at, sizeof at, "%s[%d]", where, k++);
         const char *ty = block_type(b);
         if (ty && !strcmp(ty, "text")) {
-            rc = text_block(b, "messages", at, &text, e);
+            rc = text_block(b, "messages", at, false, &text, e);
         } else if (ty && !strcmp(ty, "tool_result")) {
             static const char *const read[] = {"type", "tool_use_id", "content", "is_error", NULL};
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "tool_use_id");
@@ -125,13 +142,21 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
             if (rc) break;
             char cw[112];
             snprintf(cw, sizeof cw, "%s.content", at);
-            char *o = is_null(out) ? mla_xstrdup("") : text_of(out, "messages", cw, e);
+            char *o = is_null(out) ? mla_xstrdup("") : text_of(out, "messages", cw, false, e);
             if (!o) {
                 rc = MLA_ERR;
                 break;
             }
-            cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", o), "tool_call_id", id->valuestring);
-            free(o);
+            /* a failed call's result says so in its text: the chat templates have no member for it */
+            char *shown = o;
+            if (cJSON_IsTrue(err)) {
+                const size_t n = strlen(o) + sizeof API_MSG_TOOL_ERROR;
+                shown = mla_xmalloc(n);
+                snprintf(shown, n, "%s%s", API_MSG_TOOL_ERROR, o);
+                free(o);
+            }
+            cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", shown), "tool_call_id", id->valuestring);
+            free(shown);
             api_refs_ref(&t->uses, id->valuestring, i);
         } else {
             rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a user turn (text, "
@@ -164,7 +189,7 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
         snprintf(at, sizeof at, "%s[%d]", where, k++);
         const char *ty = block_type(b);
         if (ty && !strcmp(ty, "text")) {
-            rc = text_block(b, "messages", at, &text, e);
+            rc = text_block(b, "messages", at, false, &text, e);
         } else if (ty && !strcmp(ty, "thinking") && !last) {
             /* its text, else the text its signature seals (a display "omitted" answer's) */
             static const char *const read[] = {"type", "thinking", "signature", NULL};
@@ -219,7 +244,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(body, "system");
     if (!is_null(sys)) {
-        char *s = text_of(sys, "system", "system", e);
+        char *s = text_of(sys, "system", "system", true, e);
         if (!s) return MLA_ERR;
         if (*s) api_chat_msg(msgs, "system", s); /* an empty system prompt is none */
         free(s);

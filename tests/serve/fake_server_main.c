@@ -7,7 +7,7 @@
  * when add_generation_prompt (content parts are concatenated).
  *
  * Options: --port-file F (the bound port is written there), --port P (default 0: a free port),
- * --api-key K (or MLASERVE_API_KEY), --max-context N, --block-size N, --n-blocks N,
+ * --api-key K (or MLASERVE_API_KEY), --max-context N, --block-size N, --n-blocks N, --prefix-cache 0/1,
  * --max-seqs N, --step-tokens N, --max-queue N, --eos-period N, --step-delay-ms N,
  * --max-body N, --max-conns N, --probe-conns N, --request-timeout-ms N, --idle-timeout-ms N,
  * --write-timeout-ms N, --max-write-queue N, --header-timeout-ms N, --max-body-total N,
@@ -233,6 +233,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--max-context")) sc.max_context = (int32_t)x;
         else if (!strcmp(a, "--block-size")) sc.block_size = (int32_t)x;
         else if (!strcmp(a, "--n-blocks")) sc.n_blocks = (int32_t)x;
+        else if (!strcmp(a, "--prefix-cache")) sc.prefix_cache = x != 0;
         else if (!strcmp(a, "--max-seqs")) sc.max_seqs = (int32_t)x;
         else if (!strcmp(a, "--step-tokens")) sc.max_step_tokens = (int32_t)x;
         else if (!strcmp(a, "--long-prefill-tokens")) sc.long_prefill_tokens = (int32_t)x;

@@ -159,6 +159,27 @@ def main():
         check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n_sys, "system blocks", (m.usage, body[:80]))
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, system="Be brief.")
         check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n_sys, "system string", m.usage)
+        # Claude Code's billing header line (its hashes new each request) is not read: the same prompt as
+        # without it, as a block of its own or as a string's first line; the next request, with other
+        # hashes, reads all of that prompt from the prefix cache
+        def billing(cch):
+            return "x-anthropic-billing-header: cc_version=2.1.100.%s; cc_entrypoint=cli; cch=%s;" % (cch[:3], cch)
+        _, pcl = client("glm-5.jinja", ["--prefix-cache", "1"])  # blocks of 16 positions
+        for i, cch in enumerate(("eb6c6", "0aaa9")):
+            m = pcl.messages.create(model="fake-model", messages=q, max_tokens=50, system=[
+                {"type": "text", "text": billing(cch)}, {"type": "text", "text": "Be brief."}])
+            u = m.usage
+            check(u.input_tokens + u.cache_read_input_tokens == n_sys and
+                  u.cache_read_input_tokens == (0 if i == 0 else (n_sys - 1) // 16 * 16),
+                  "billing header block %d not read" % i, u)
+        ct = cl.messages.count_tokens(model="fake-model", messages=q, system=billing("71fea") + "\nBe brief.")
+        check(ct.input_tokens == n_sys, "billing header line of a system string not read", (ct, n_sys))
+        st, body = http_post(port, "/tokenize", {"messages": q})
+        ct = cl.messages.count_tokens(model="fake-model", messages=q, system=[{"type": "text", "text": billing("aaaaa")}])
+        check(st == 200 and ct.input_tokens == json.loads(body)["count"], "a system of the header alone: none",
+              (ct, body[:80]))
+        ct = cl.messages.count_tokens(model="fake-model", messages=q, system="Be brief.\n" + billing("71fea"))
+        check(ct.input_tokens > n_sys, "the header line read where it is not first", (ct, n_sys))
 
         # a tool loop: the assistant's thinking, text and tool_use, the user's tool_result, as the
         # chat messages they stand for (the prompt's tokens counted against /tokenize of those)
@@ -198,6 +219,15 @@ def main():
                                                                                             "text": "sunny"}]}]}]
         m = cl.messages.create(model="fake-model", messages=loop2, tools=[weather], max_tokens=50)
         check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n, "tool_result text blocks", m.usage)
+        # is_error true: the result's text says so
+        loop3 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                           "is_error": True, "content": "no such city"}]}]
+        st, body = http_post(port, "/tokenize", {"messages": as_chat[:2] + [
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no such city"}], "tools": [D.WEATHER]})
+        ct = cl.messages.count_tokens(model="fake-model", messages=loop3, tools=[weather])
+        p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
+        check(ct.input_tokens == json.loads(body)["count"] and "Error: no such city" in p,
+              "a tool_result with is_error as a result reading Error:", (ct, body[:200]))
         # a call in the answer: a tool_use block with its input an object, stop_reason tool_use; streamed, the
         # client builds the same input from the input_json_delta events
         script_of('x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>')
