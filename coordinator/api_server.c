@@ -1270,6 +1270,24 @@ static int hexval(char ch) {
     return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
 }
 
+/* s[0..n) percent-decoded (as a path segment: '+' kept), NUL-terminated; its length in *len */
+static char *pct_decode(const char *s, size_t n, size_t *len) {
+    char *d = mla_xmalloc(n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 && (lo = hexval(s[i + 2])) >= 0) {
+            d[k++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            d[k++] = s[i];
+        }
+    }
+    d[k] = 0;
+    *len = k;
+    return d;
+}
+
 /* The body of a POST as JSON (api_body_parse), or NULL after a 400 invalid_json naming the problem */
 static cJSON *parse_body(http_conn *c, const http_request *req) {
     mla_err err = {{0}};
@@ -2341,35 +2359,105 @@ static cJSON *model_object(const api_server *a, const char *name) {
     return m;
 }
 
-static void handle_models(api_server *a, http_conn *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(j, "data");
-    for (int i = 0; i < a->n_names; i++) cJSON_AddItemToArray(data, model_object(a, a->names[i]));
-    /* Anthropic's page members: the whole list, one page */
-    cJSON_AddBoolToObject(j, "has_more", false);
-    cJSON_AddStringToObject(j, "first_id", a->names[0]);
-    cJSON_AddStringToObject(j, "last_id", a->names[a->n_names - 1]);
-    reply_json(c, 200, j);
-    cJSON_Delete(j);
+/* The value of query member key (percent-decoded, '+' a blank), or NULL where the query has none;
+ * the first where it has several */
+static char *query_value(const char *query, const char *key) {
+    const size_t kn = strlen(key);
+    for (const char *p = query; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
+        const size_t n = strcspn(p, "&");
+        if (n > kn && p[kn] == '=' && !strncmp(p, key, kn)) {
+            size_t len;
+            char *v = pct_decode(p + kn + 1, n - kn - 1, &len);
+            for (char *q = v; *q; q++)
+                if (*q == '+') *q = ' ';
+            return v;
+        }
+        if (n == kn && !strncmp(p, key, kn)) return mla_xstrdup("");
+    }
+    return NULL;
+}
+
+/* the index of name among the served model's names (after_id / before_id), or -1 after a 400 */
+static int model_index(api_server *a, http_conn *c, const char *param, const char *name) {
+    for (int i = 0; i < a->n_names; i++)
+        if (!strcmp(a->names[i], name)) return i;
+    size_t sn;
+    char *s = api_utf8_sanitize(name, strlen(name) > 200 ? 200 : strlen(name), &sn);
+    api_error e;
+    api_error_set(&e, 400, param, "invalid_value", "%s '%s' is not one of the served model's names", param, s);
+    free(s);
+    reply_error(c, &e, NULL);
+    return -1;
+}
+
+#define API_MODELS_MAX_LIMIT 1000 /* Anthropic's largest page */
+
+/* GET /v1/models: every name of the served model, OpenAI's list and a page of Anthropic's models
+ * API at once. Anthropic's paging members of the query are read: limit (1-1000; without it every
+ * name), after_id or before_id (a name: the page after it or before it); others are ignored, as
+ * the SDKs send their own (beta=true). */
+static void handle_models(api_server *a, http_conn *c, const char *query) {
+    char *lim = query_value(query, "limit"), *after = query_value(query, "after_id");
+    char *before = query_value(query, "before_id");
+    long limit = a->n_names;
+    int lo = 0, hi = a->n_names; /* the page: names [lo, hi) */
+    bool ok = true;
+    if (lim) {
+        char *end;
+        limit = strtol(lim, &end, 10);
+        if (!*lim || *end || limit < 1 || limit > API_MODELS_MAX_LIMIT) {
+            api_error e;
+            api_error_set(&e, 400, "limit", "invalid_value", "limit must be an integer from 1 to %d",
+                          API_MODELS_MAX_LIMIT);
+            reply_error(c, &e, NULL);
+            ok = false;
+        }
+    }
+    if (ok && after && before) {
+        reply_errorf(c, 400, "before_id", "invalid_value", "after_id and before_id: one of them at most");
+        ok = false;
+    }
+    if (ok && after) {
+        const int k = model_index(a, c, "after_id", after);
+        ok = k >= 0;
+        lo = k + 1;
+        hi = lo + limit < a->n_names ? lo + (int)limit : a->n_names;
+    } else if (ok && before) {
+        const int k = model_index(a, c, "before_id", before);
+        ok = k >= 0;
+        hi = k;
+        lo = hi - limit > 0 ? hi - (int)limit : 0;
+    } else if (ok) {
+        hi = limit < a->n_names ? (int)limit : a->n_names;
+    }
+    if (ok) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "object", "list");
+        cJSON *data = cJSON_AddArrayToObject(j, "data");
+        for (int i = lo; i < hi; i++) cJSON_AddItemToArray(data, model_object(a, a->names[i]));
+        /* Anthropic's page members: more in the direction paged, and the page's ends */
+        cJSON_AddBoolToObject(j, "has_more", before ? lo > 0 : hi < a->n_names);
+        if (lo < hi) {
+            cJSON_AddStringToObject(j, "first_id", a->names[lo]);
+            cJSON_AddStringToObject(j, "last_id", a->names[hi - 1]);
+        } else {
+            cJSON_AddNullToObject(j, "first_id");
+            cJSON_AddNullToObject(j, "last_id");
+        }
+        reply_json(c, 200, j);
+        cJSON_Delete(j);
+    }
+    free(lim);
+    free(after);
+    free(before);
 }
 
 /* GET /v1/models/{id} (the SDKs' models.retrieve): the model object when id (percent-decoded)
  * is one of the served model's names, else 404 model_not_found */
 static void handle_model(api_server *a, http_conn *c, const char *id) {
-    size_t n = strlen(id), k = 0;
+    size_t n = strlen(id), k;
     while (n > 0 && id[n - 1] == '/') n--; /* a trailing slash, as on the other routes */
-    char *d = mla_xmalloc(n + 1);
-    for (size_t i = 0; i < n; i++) {
-        int hi, lo;
-        if (id[i] == '%' && i + 2 < n && (hi = hexval(id[i + 1])) >= 0 && (lo = hexval(id[i + 2])) >= 0) {
-            d[k++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            d[k++] = id[i];
-        }
-    }
-    d[k] = 0;
+    char *d = pct_decode(id, n, &k);
     if (model_named(a, d, k)) {
         cJSON *m = model_object(a, d);
         reply_json(c, 200, m);
@@ -2633,7 +2721,7 @@ void api_server_handle(void *ud, http_conn *c, const http_request *req) {
     else if (!strcmp(rt->path, "/v1/responses")) handle_responses(a, c, req);
     else if (!strcmp(rt->path, "/v1/messages")) handle_messages(a, c, req);
     else if (!strcmp(rt->path, "/v1/messages/count_tokens")) handle_count_tokens(a, c, req);
-    else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c);
+    else if (!strcmp(rt->path, "/v1/models")) handle_models(a, c, req->query);
     else if (!strcmp(rt->path, "/v1/models/")) handle_model(a, c, req->path + strlen(rt->path));
     else if (!strcmp(rt->path, "/health")) handle_health(a, c);
     else if (!strcmp(rt->path, "/metrics")) handle_metrics(a, c);

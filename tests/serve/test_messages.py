@@ -175,7 +175,8 @@ def main():
         ct = cl.messages.count_tokens(model="fake-model", messages=q, system=billing("71fea") + "\nBe brief.")
         check(ct.input_tokens == n_sys, "billing header line of a system string not read", (ct, n_sys))
         st, body = http_post(port, "/tokenize", {"messages": q})
-        ct = cl.messages.count_tokens(model="fake-model", messages=q, system=[{"type": "text", "text": billing("aaaaa")}])
+        ct = cl.messages.count_tokens(model="fake-model", messages=q,
+                                      system=[{"type": "text", "text": billing("aaaaa")}])
         check(st == 200 and ct.input_tokens == json.loads(body)["count"], "a system of the header alone: none",
               (ct, body[:80]))
         ct = cl.messages.count_tokens(model="fake-model", messages=q, system="Be brief.\n" + billing("71fea"))
@@ -418,6 +419,28 @@ def main():
         check([x.id for x in ms] == ["fake-model", "claude-sonnet-4-5", "claude-haiku-4-5"] and
               all(x.type == "model" and x.display_name == x.id and x.created_at.year >= 2024 for x in ms) and
               mr.id == "claude-haiku-4-5", "models.list and models.retrieve through the SDK", (ms, mr))
+        # its paging: a page of limit names after (or before) a name; the SDK walks the pages
+        names = ["fake-model", "claude-sonnet-4-5", "claude-haiku-4-5"]
+        pg = acl.models.list(limit=2)
+        check([x.id for x in pg.data] == names[:2] and pg.has_more and pg.last_id == names[1],
+              "a first page of 2", pg)
+        check([x.id for x in acl.models.list(limit=1)] == names, "the SDK walks pages of one", None)
+        pages = (("after_id=claude-sonnet-4-5", names[2:], False), ("after_id=fake-model&limit=1", names[1:2], True),
+                 ("before_id=claude-haiku-4-5&limit=1", names[1:2], True),
+                 ("before_id=claude-sonnet-4-5", names[:1], False), ("beta=true", names, False),
+                 ("after_id=claude-haiku-4-5", [], False))
+        for q_, want, more in pages:
+            st, body = http_get(aport, "/v1/models?" + q_)
+            j = json.loads(body) if st == 200 else {}
+            check(st == 200 and [d["id"] for d in j["data"]] == want and j["has_more"] == more and
+                  j["first_id"] == (want[0] if want else None) and j["last_id"] == (want[-1] if want else None),
+                  "/v1/models?" + q_, body[:300])
+        bad = (("limit=0", b"limit must be"), ("limit=1001", b"limit must be"), ("limit=x", b"limit must"),
+               ("after_id=nope", b"after_id 'nope' is not"),
+               ("after_id=fake-model&before_id=fake-model", b"one of them at most"))
+        for q_, what in bad:
+            st, body = http_get(aport, "/v1/models?" + q_)
+            check(st == 400 and what in body, "/v1/models?" + q_ + " refused", body[:300])
         try:
             acl.messages.create(model="claude-opus-4", messages=q, max_tokens=4)
             check(False, "a name not among them: refused")
