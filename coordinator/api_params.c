@@ -160,6 +160,47 @@ void api_error_rename(api_error *e, const char *const (*text)[2], size_t n_text,
     }
 }
 
+static int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+char *api_pct_decode(const char *s, size_t n, size_t *len) {
+    char *d = mla_xmalloc(n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 && (lo = hexval(s[i + 2])) >= 0) {
+            d[k++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            d[k++] = s[i];
+        }
+    }
+    d[k] = 0;
+    *len = k;
+    return d;
+}
+
+char *api_query_value(const char *query, const char *key) {
+    const size_t kn = strlen(key);
+    for (const char *p = query; p && *p;) {
+        const size_t n = strcspn(p, "&");
+        if (n >= kn && !strncmp(p, key, kn) && (n == kn || p[kn] == '=')) {
+            if (n == kn) return mla_xstrdup("");
+            char *raw = mla_xmalloc(n - kn); /* '+' a blank before decoding: "%2B" stays a '+' */
+            for (size_t i = 0; i + 1 < n - kn; i++) raw[i] = p[kn + 1 + i] == '+' ? ' ' : p[kn + 1 + i];
+            size_t len;
+            char *v = api_pct_decode(raw, n - kn - 1, &len);
+            free(raw);
+            return v;
+        }
+        p = p[n] ? p + n + 1 : NULL;
+    }
+    return NULL;
+}
+
 void api_join_add(api_join *j, const char *t) {
     const size_t n = strlen(t);
     if (j->len + n + 2 > j->cap) {

@@ -47,6 +47,14 @@ bool api_in_list(const char *const *l, const char *k);
 /* Each from in s (a NUL-terminated string in cap bytes) as to, as far as the result fits */
 void api_replace_all(char *s, size_t cap, const char *from, const char *to);
 
+/* s[0..n) percent-decoded (as a URL path: '+' kept; a '%' not before two hex digits kept as it
+ * is), NUL-terminated; its length (NULs decoded included) in *len; the caller frees it */
+char *api_pct_decode(const char *s, size_t n, size_t *len);
+/* The value of member key of a URL query ("a=1&b=x", without the '?'), percent-decoded with '+'
+ * a blank ("" for a member without '='), or NULL where the query has none; the first where it
+ * has several. The caller frees it. */
+char *api_query_value(const char *query, const char *key);
+
 /* Text pieces joined a line apart (none before the first, nor after text that is still empty), as
  * the chat path joins text parts; s NULL until a piece is added, then the caller's to free */
 typedef struct api_join {

@@ -1264,30 +1264,6 @@ static void on_client_abort(void *ud) {
 
 /* ---- request handlers ---- */
 
-static int hexval(char ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    return ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
-/* s[0..n) percent-decoded (as a path segment: '+' kept), NUL-terminated; its length in *len */
-static char *pct_decode(const char *s, size_t n, size_t *len) {
-    char *d = mla_xmalloc(n + 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        int hi, lo;
-        if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 && (lo = hexval(s[i + 2])) >= 0) {
-            d[k++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            d[k++] = s[i];
-        }
-    }
-    d[k] = 0;
-    *len = k;
-    return d;
-}
-
 /* The body of a POST as JSON (api_body_parse), or NULL after a 400 invalid_json naming the problem */
 static cJSON *parse_body(http_conn *c, const http_request *req) {
     mla_err err = {{0}};
@@ -2359,24 +2335,6 @@ static cJSON *model_object(const api_server *a, const char *name) {
     return m;
 }
 
-/* The value of query member key (percent-decoded, '+' a blank), or NULL where the query has none;
- * the first where it has several */
-static char *query_value(const char *query, const char *key) {
-    const size_t kn = strlen(key);
-    for (const char *p = query; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
-        const size_t n = strcspn(p, "&");
-        if (n > kn && p[kn] == '=' && !strncmp(p, key, kn)) {
-            size_t len;
-            char *v = pct_decode(p + kn + 1, n - kn - 1, &len);
-            for (char *q = v; *q; q++)
-                if (*q == '+') *q = ' ';
-            return v;
-        }
-        if (n == kn && !strncmp(p, key, kn)) return mla_xstrdup("");
-    }
-    return NULL;
-}
-
 /* the index of name among the served model's names (after_id / before_id), or -1 after a 400 */
 static int model_index(api_server *a, http_conn *c, const char *param, const char *name) {
     for (int i = 0; i < a->n_names; i++)
@@ -2397,8 +2355,8 @@ static int model_index(api_server *a, http_conn *c, const char *param, const cha
  * name), after_id or before_id (a name: the page after it or before it); others are ignored, as
  * the SDKs send their own (beta=true). */
 static void handle_models(api_server *a, http_conn *c, const char *query) {
-    char *lim = query_value(query, "limit"), *after = query_value(query, "after_id");
-    char *before = query_value(query, "before_id");
+    char *lim = api_query_value(query, "limit"), *after = api_query_value(query, "after_id");
+    char *before = api_query_value(query, "before_id");
     long limit = a->n_names;
     int lo = 0, hi = a->n_names; /* the page: names [lo, hi) */
     bool ok = true;
@@ -2457,7 +2415,7 @@ static void handle_models(api_server *a, http_conn *c, const char *query) {
 static void handle_model(api_server *a, http_conn *c, const char *id) {
     size_t n = strlen(id), k;
     while (n > 0 && id[n - 1] == '/') n--; /* a trailing slash, as on the other routes */
-    char *d = pct_decode(id, n, &k);
+    char *d = api_pct_decode(id, n, &k);
     if (model_named(a, d, k)) {
         cJSON *m = model_object(a, d);
         reply_json(c, 200, m);

@@ -5,7 +5,7 @@
  * the server reads it (api_body_parse: a refusal names its problem; what it takes, printed
  * again by cJSON, it takes again) and run through every request-body parser of the API
  * (completions, chat, tokenize, detokenize, the Responses and Messages APIs' translations to a
- * chat body and that body's parse) and the UTF-8 helpers. Built with -DMLA_FUZZ=ON
+ * chat body and that body's parse), the URL's readers and the UTF-8 helpers. Built with -DMLA_FUZZ=ON
  * (clang); tests/fuzz/replay_main.c replays the corpus (tests/data/http) without libFuzzer. */
 #include <cjson/cJSON.h>
 #include <stddef.h>
@@ -32,10 +32,26 @@ static void check_utf8(const char *s, size_t len) {
     free(o);
 }
 
+/* the URL's readers (/v1/models' paging members, /v1/models/{id}): never longer than their source */
+static void check_url(const http_request *r) {
+    static const char *const keys[] = {"limit", "after_id", "before_id", "a", ""};
+    const size_t qn = strlen(r->query), pn = strlen(r->path);
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char *v = api_query_value(r->query, keys[i]);
+        if (v && strlen(v) > qn) __builtin_trap();
+        free(v);
+    }
+    size_t n = 0;
+    char *d = api_pct_decode(r->path, pn, &n);
+    if (n > pn || d[n] != 0 || strlen(d) > n) __builtin_trap();
+    free(d);
+}
+
 static void handle(const http_request *r) {
     if (!r->method || !r->path || !r->query || !r->body) __builtin_trap();
     if (r->body[r->body_len] != 0) __builtin_trap();
     check_utf8(r->path, strlen(r->path));
+    check_url(r);
     mla_err err = {{0}};
     cJSON *j = api_body_parse(r->body, r->body_len, &err);
     if (!j) {

@@ -428,7 +428,7 @@ def main():
         pages = (("after_id=claude-sonnet-4-5", names[2:], False), ("after_id=fake-model&limit=1", names[1:2], True),
                  ("before_id=claude-haiku-4-5&limit=1", names[1:2], True),
                  ("before_id=claude-sonnet-4-5", names[:1], False), ("beta=true", names, False),
-                 ("after_id=claude-haiku-4-5", [], False))
+                 ("after_id=claude-haiku-4-5", [], False), ("after_id=fake%2Dmodel&limit=1&limit=2", names[1:2], True))
         for q_, want, more in pages:
             st, body = http_get(aport, "/v1/models?" + q_)
             j = json.loads(body) if st == 200 else {}
@@ -437,7 +437,8 @@ def main():
                   "/v1/models?" + q_, body[:300])
         bad = (("limit=0", b"limit must be"), ("limit=1001", b"limit must be"), ("limit=x", b"limit must"),
                ("after_id=nope", b"after_id 'nope' is not"),
-               ("after_id=fake-model&before_id=fake-model", b"one of them at most"))
+               ("after_id=fake-model&before_id=fake-model", b"one of them at most"),
+               ("before_id=a+b%2Bc", b"before_id 'a b+c' is not"))
         for q_, what in bad:
             st, body = http_get(aport, "/v1/models?" + q_)
             check(st == 400 and what in body, "/v1/models?" + q_ + " refused", body[:300])
