@@ -240,6 +240,29 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
     return rc;
 }
 
+/* Messages i .. i + count - 1 (it the first) as one content list: their blocks in order, a string
+ * content as a text block (turns of one role in a row are one turn, as Anthropic's API joins them) */
+static cJSON *joined_content(const cJSON *it, int count) {
+    cJSON *all = cJSON_CreateArray();
+    for (int j = 0; j < count; j++, it = it->next) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content"), *b;
+        if (cJSON_IsString(c)) {
+            cJSON *tb = cJSON_CreateObject();
+            cJSON_AddStringToObject(tb, "type", "text");
+            cJSON_AddStringToObject(tb, "text", c->valuestring);
+            cJSON_AddItemToArray(all, tb);
+        } else {
+            cJSON_ArrayForEach(b, c) cJSON_AddItemToArray(all, cJSON_Duplicate(b, true));
+        }
+    }
+    return all;
+}
+
+/* A turn of role user (else assistant), messages[i]'s content c (last: it ends the messages) into t */
+static int one_turn(tx_state *t, bool user, const cJSON *c, int i, bool last, api_error *e) {
+    return user ? user_turn(t, c, i, e) : assistant_turn(t, c, i, last, e);
+}
+
 static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(body, "system");
@@ -252,36 +275,59 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "messages");
     const int n = cJSON_IsArray(in) ? cJSON_GetArraySize(in) : 0;
     if (!n) return api_bad(e, "messages", "'messages' must be a list of messages that is not empty");
-    tx_state t = {.msgs = msgs};
+    /* each message: an object of a role and a content */
     int i = 0, rc = MLA_OK;
-    bool prefix = false;
     const cJSON *it;
     cJSON_ArrayForEach(it, in) {
         static const char *const read[] = {"role", "content", NULL};
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
         char where[48];
         snprintf(where, sizeof where, "messages[%d]", i);
         if (!cJSON_IsObject(it) || !cJSON_IsString(role) ||
             (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
-            rc = api_bad(e, "messages", "messages[%d].role must be user or assistant", i);
-        else if (!(rc = block_members(it, "messages", where, read, e))) {
-            const bool last = i == n - 1;
-            if (!strcmp(role->valuestring, "user")) {
-                rc = user_turn(&t, c, i, e);
-            } else {
-                rc = assistant_turn(&t, c, i, last, e);
-                prefix = last;
-                const int at = cJSON_GetArraySize(msgs) - 1;
-                const cJSON *lc = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, at), "content");
-                if (!rc && last && cJSON_IsString(lc) && !lc->valuestring[0]) { /* nothing to go on from: as none */
-                    cJSON_DeleteItemFromArray(msgs, at);
-                    prefix = false;
-                }
+            return api_bad(e, "messages", "messages[%d].role must be user or assistant", i);
+        if (block_members(it, "messages", where, read, e)) return MLA_ERR;
+        i++;
+    }
+    tx_state t = {.msgs = msgs};
+    cJSON *joined = cJSON_CreateArray(); /* the contents of turns joined (joined_content) */
+    bool prefix = false;
+    i = 0;
+    for (it = in->child; it && !rc;) {
+        const bool user = !strcmp(cJSON_GetObjectItemCaseSensitive(it, "role")->valuestring, "user");
+        int count = 1;
+        for (const cJSON *x = it->next;
+             x && !strcmp(cJSON_GetObjectItemCaseSensitive(x, "role")->valuestring, user ? "user" : "assistant");
+             x = x->next)
+            count++;
+        const bool last = i + count == n;
+        if (count == 1) {
+            rc = one_turn(&t, user, cJSON_GetObjectItemCaseSensitive(it, "content"), i, last, e);
+        } else {
+            /* each turn read alone first, so that a mistake is named where it is; then all as one */
+            tx_state alone = {.msgs = cJSON_CreateArray()};
+            const cJSON *x = it;
+            for (int j = 0; j < count && !rc; j++, x = x->next)
+                rc = one_turn(&alone, user, cJSON_GetObjectItemCaseSensitive(x, "content"), i + j, last, e);
+            cJSON_Delete(alone.msgs);
+            api_refs_free(&alone.uses);
+            if (!rc) { /* kept to the end: t.uses holds the ids of its blocks */
+                cJSON *all = joined_content(it, count);
+                cJSON_AddItemToArray(joined, all);
+                rc = one_turn(&t, user, all, i, last, e);
             }
         }
-        if (rc) break;
-        i++;
+        if (!rc && !user && last) {
+            prefix = true;
+            const int at = cJSON_GetArraySize(msgs) - 1;
+            const cJSON *lc = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, at), "content");
+            if (cJSON_IsString(lc) && !lc->valuestring[0]) { /* nothing to go on from: as none */
+                cJSON_DeleteItemFromArray(msgs, at);
+                prefix = false;
+            }
+        }
+        for (int j = 0; j < count; j++) it = it->next;
+        i += count;
     }
     /* each tool_result names a tool_use of the messages */
     const int k = rc ? -1 : api_refs_missing(&t.uses);
@@ -289,6 +335,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         rc = api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
                      t.uses.ref_at[k], t.uses.refs[k]);
     api_refs_free(&t.uses);
+    cJSON_Delete(joined);
     if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);
     return rc;
 }

@@ -220,6 +220,21 @@ def main():
                                                                                             "text": "sunny"}]}]}]
         m = cl.messages.create(model="fake-model", messages=loop2, tools=[weather], max_tokens=50)
         check(m.usage.input_tokens + m.usage.cache_read_input_tokens == n, "tool_result text blocks", m.usage)
+        # turns of one role in a row are one turn (their blocks in order), as Anthropic's API joins them
+        split = [{"role": "user", "content": "weather?"},
+                 {"role": "assistant", "content": [{"type": "thinking", "thinking": "Need it.", "signature": ""}]},
+                 {"role": "assistant", "content": "Checking."},
+                 {"role": "assistant", "content": [loop[1]["content"][2]]}, loop[2]]
+        ct = cl.messages.count_tokens(model="fake-model", messages=split, tools=[weather])
+        check(ct.input_tokens == n, "assistant turns in a row as one", (ct, n))
+        st, body = http_post(port, "/tokenize", {"messages": [{"role": "user", "content": "a\nb"}]})
+        ct = cl.messages.count_tokens(model="fake-model", messages=[
+            {"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}])
+        check(st == 200 and ct.input_tokens == json.loads(body)["count"], "user turns in a row as one", (ct, body[:80]))
+        st, body = http_post(port, "/v1/messages/count_tokens", {"model": "fake-model", "messages": [
+            {"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "image", "source": {}}]}]})
+        check(st == 400 and b"messages[1].content[0]" in body, "a mistake in a joined turn named where it is",
+              body[:300])
         # is_error true: the result's text says so
         loop3 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                            "is_error": True, "content": "no such city"}]}]
