@@ -22,7 +22,7 @@ static const char *const k_keys[] = {"model",       "max_tokens", "messages",   
                                      NULL};
 
 #define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
-#define API_MSG_TOOL_ERROR "Error: " /* before the text of a tool_result with is_error true */
+#define API_MSG_TOOL_ERROR "Error" /* a tool_result with is_error true: "Error: " before its text */
 
 /* Members of a block (of the request's member param) beyond those read: cache_control (the prefix
  * cache here needs no marks) and citations as null */
@@ -109,6 +109,7 @@ static char *text_of(const cJSON *c, const char *param, const char *where, bool 
 typedef struct tx_state {
     cJSON *msgs;
     api_refs uses; /* the tool_use blocks' ids, which each tool_result's tool_use_id must name */
+    bool counted;  /* the turn's ids are in uses already (turns joined: each was read alone first) */
 } tx_state;
 
 /* A user turn: its tool_result blocks tool messages, its text blocks one user message after them */
@@ -150,14 +151,14 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
             /* a failed call's result says so in its text: the chat templates have no member for it */
             char *shown = o;
             if (cJSON_IsTrue(err)) {
-                const size_t n = strlen(o) + sizeof API_MSG_TOOL_ERROR;
+                const size_t n = sizeof API_MSG_TOOL_ERROR + 2 + strlen(o); /* "Error: " o NUL */
                 shown = mla_xmalloc(n);
-                snprintf(shown, n, "%s%s", API_MSG_TOOL_ERROR, o);
+                snprintf(shown, n, *o ? "%s: %s" : "%s", API_MSG_TOOL_ERROR, o);
                 free(o);
             }
             cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", shown), "tool_call_id", id->valuestring);
             free(shown);
-            api_refs_ref(&t->uses, id->valuestring, i);
+            if (!t->counted) api_refs_ref(&t->uses, id->valuestring, i);
         } else {
             rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a user turn (text, "
                                     "tool_result; this model reads text)", at, ty ? ty : "(none)");
@@ -215,7 +216,7 @@ static int assistant_turn(tx_state *t, const cJSON *c, int i, bool last, api_err
                 rc = api_bad(e, "messages", "%s: a tool_use needs strings id and name and an object input", at);
             else rc = block_members(b, "messages", at, read, e);
             if (rc) break;
-            api_refs_def(&t->uses, id->valuestring);
+            if (!t->counted) api_refs_def(&t->uses, id->valuestring);
             if (!calls) calls = cJSON_AddArrayToObject(m, "tool_calls");
             char *args = cJSON_PrintUnformatted(in);
             api_chat_call(calls, id->valuestring, name->valuestring, args);
@@ -290,7 +291,6 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         i++;
     }
     tx_state t = {.msgs = msgs};
-    cJSON *joined = cJSON_CreateArray(); /* the contents of turns joined (joined_content) */
     bool prefix = false;
     i = 0;
     for (it = in->child; it && !rc;) {
@@ -304,17 +304,20 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         if (count == 1) {
             rc = one_turn(&t, user, cJSON_GetObjectItemCaseSensitive(it, "content"), i, last, e);
         } else {
-            /* each turn read alone first, so that a mistake is named where it is; then all as one */
-            tx_state alone = {.msgs = cJSON_CreateArray()};
+            /* each turn read alone first, so that a mistake is named where it is (its ids counted
+             * there, at its own index); then all as one */
+            tx_state alone = {.msgs = cJSON_CreateArray(), .uses = t.uses};
             const cJSON *x = it;
             for (int j = 0; j < count && !rc; j++, x = x->next)
                 rc = one_turn(&alone, user, cJSON_GetObjectItemCaseSensitive(x, "content"), i + j, last, e);
+            t.uses = alone.uses;
             cJSON_Delete(alone.msgs);
-            api_refs_free(&alone.uses);
-            if (!rc) { /* kept to the end: t.uses holds the ids of its blocks */
+            if (!rc) {
                 cJSON *all = joined_content(it, count);
-                cJSON_AddItemToArray(joined, all);
+                t.counted = true;
                 rc = one_turn(&t, user, all, i, last, e);
+                t.counted = false;
+                cJSON_Delete(all);
             }
         }
         if (!rc && !user && last) {
@@ -335,7 +338,6 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         rc = api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
                      t.uses.ref_at[k], t.uses.refs[k]);
     api_refs_free(&t.uses);
-    cJSON_Delete(joined);
     if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);
     return rc;
 }

@@ -183,16 +183,16 @@ char *api_pct_decode(const char *s, size_t n, size_t *len) {
     return d;
 }
 
-char *api_query_value(const char *query, const char *key) {
+char *api_query_value(const char *query, const char *key, size_t *len) {
     const size_t kn = strlen(key);
+    *len = 0;
     for (const char *p = query; p && *p;) {
         const size_t n = strcspn(p, "&");
         if (n >= kn && !strncmp(p, key, kn) && (n == kn || p[kn] == '=')) {
             if (n == kn) return mla_xstrdup("");
             char *raw = mla_xmalloc(n - kn); /* '+' a blank before decoding: "%2B" stays a '+' */
             for (size_t i = 0; i + 1 < n - kn; i++) raw[i] = p[kn + 1 + i] == '+' ? ' ' : p[kn + 1 + i];
-            size_t len;
-            char *v = api_pct_decode(raw, n - kn - 1, &len);
+            char *v = api_pct_decode(raw, n - kn - 1, len);
             free(raw);
             return v;
         }

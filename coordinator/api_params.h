@@ -52,8 +52,9 @@ void api_replace_all(char *s, size_t cap, const char *from, const char *to);
 char *api_pct_decode(const char *s, size_t n, size_t *len);
 /* The value of member key of a URL query ("a=1&b=x", without the '?'), percent-decoded with '+'
  * a blank ("" for a member without '='), or NULL where the query has none; the first where it
- * has several. The caller frees it. */
-char *api_query_value(const char *query, const char *key);
+ * has several. Its length in *len (more than its strlen where it holds a decoded NUL). The
+ * caller frees it. */
+char *api_query_value(const char *query, const char *key, size_t *len);
 
 /* Text pieces joined a line apart (none before the first, nor after text that is still empty), as
  * the chat path joins text parts; s NULL until a piece is added, then the caller's to free */

@@ -2335,19 +2335,6 @@ static cJSON *model_object(const api_server *a, const char *name) {
     return m;
 }
 
-/* the index of name among the served model's names (after_id / before_id), or -1 after a 400 */
-static int model_index(api_server *a, http_conn *c, const char *param, const char *name) {
-    for (int i = 0; i < a->n_names; i++)
-        if (!strcmp(a->names[i], name)) return i;
-    size_t sn;
-    char *s = api_utf8_sanitize(name, strlen(name) > 200 ? 200 : strlen(name), &sn);
-    api_error e;
-    api_error_set(&e, 400, param, "invalid_value", "%s '%s' is not one of the served model's names", param, s);
-    free(s);
-    reply_error(c, &e, NULL);
-    return -1;
-}
-
 #define API_MODELS_MAX_LIMIT 1000 /* Anthropic's largest page */
 
 /* GET /v1/models: every name of the served model, OpenAI's list and a page of Anthropic's models
@@ -2355,40 +2342,54 @@ static int model_index(api_server *a, http_conn *c, const char *param, const cha
  * name), after_id or before_id (a name: the page after it or before it); others are ignored, as
  * the SDKs send their own (beta=true). */
 static void handle_models(api_server *a, http_conn *c, const char *query) {
-    char *lim = api_query_value(query, "limit"), *after = api_query_value(query, "after_id");
-    char *before = api_query_value(query, "before_id");
+    static const char *const members[] = {"limit", "after_id", "before_id"};
+    char *v[3];
+    size_t len[3];
+    api_error e = {0};
+    for (int m = 0; m < 3; m++) {
+        v[m] = api_query_value(query, members[m], &len[m]);
+        if (v[m] && strlen(v[m]) != len[m] && !e.status)
+            api_error_set(&e, 400, members[m], "invalid_value", "%s holds a NUL byte (%%00)", members[m]);
+    }
+    const char *lim = v[0], *after = v[1], *before = v[2];
     long limit = a->n_names;
-    int lo = 0, hi = a->n_names; /* the page: names [lo, hi) */
-    bool ok = true;
-    if (lim) {
-        char *end;
-        limit = strtol(lim, &end, 10);
-        if (!*lim || *end || limit < 1 || limit > API_MODELS_MAX_LIMIT) {
-            api_error e;
-            api_error_set(&e, 400, "limit", "invalid_value", "limit must be an integer from 1 to %d",
-                          API_MODELS_MAX_LIMIT);
-            reply_error(c, &e, NULL);
-            ok = false;
+    if (!e.status && lim) {
+        const bool digits = *lim && strspn(lim, "0123456789") == strlen(lim);
+        limit = digits && strlen(lim) <= 4 ? strtol(lim, NULL, 10) : 0;
+        if (limit < 1 || limit > API_MODELS_MAX_LIMIT) {
+            size_t sn;
+            char *s = api_utf8_sanitize(lim, strlen(lim) > 32 ? 32 : strlen(lim), &sn);
+            api_error_set(&e, 400, "limit", "invalid_value", "limit must be an integer from 1 to %d, not '%s'",
+                          API_MODELS_MAX_LIMIT, s);
+            free(s);
         }
     }
-    if (ok && after && before) {
-        reply_errorf(c, 400, "before_id", "invalid_value", "after_id and before_id: one of them at most");
-        ok = false;
-    }
-    if (ok && after) {
-        const int k = model_index(a, c, "after_id", after);
-        ok = k >= 0;
-        lo = k + 1;
-        hi = lo + limit < a->n_names ? lo + (int)limit : a->n_names;
-    } else if (ok && before) {
-        const int k = model_index(a, c, "before_id", before);
-        ok = k >= 0;
-        hi = k;
-        lo = hi - limit > 0 ? hi - (int)limit : 0;
-    } else if (ok) {
+    if (!e.status && after && before)
+        api_error_set(&e, 400, "before_id", "invalid_value", "after_id and before_id: one of them at most");
+    int lo = 0, hi = a->n_names; /* the page: names [lo, hi) */
+    if (!e.status && (after || before)) {
+        const char *id = after ? after : before;
+        int k = 0;
+        while (k < a->n_names && strcmp(a->names[k], id)) k++;
+        if (k == a->n_names) {
+            size_t sn;
+            char *s = api_utf8_sanitize(id, strlen(id) > 200 ? 200 : strlen(id), &sn);
+            api_error_set(&e, 400, after ? "after_id" : "before_id", "invalid_value",
+                          "%s '%s' is not one of the served model's names", after ? "after_id" : "before_id", s);
+            free(s);
+        } else if (after) {
+            lo = k + 1;
+            hi = lo + limit < a->n_names ? lo + (int)limit : a->n_names;
+        } else {
+            hi = k;
+            lo = hi - limit > 0 ? hi - (int)limit : 0;
+        }
+    } else if (!e.status) {
         hi = limit < a->n_names ? (int)limit : a->n_names;
     }
-    if (ok) {
+    if (e.status) {
+        reply_error(c, &e, NULL);
+    } else {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "object", "list");
         cJSON *data = cJSON_AddArrayToObject(j, "data");
@@ -2405,9 +2406,7 @@ static void handle_models(api_server *a, http_conn *c, const char *query) {
         reply_json(c, 200, j);
         cJSON_Delete(j);
     }
-    free(lim);
-    free(after);
-    free(before);
+    for (int m = 0; m < 3; m++) free(v[m]);
 }
 
 /* GET /v1/models/{id} (the SDKs' models.retrieve): the model object when id (percent-decoded)

@@ -37,8 +37,9 @@ static void check_url(const http_request *r) {
     static const char *const keys[] = {"limit", "after_id", "before_id", "a", ""};
     const size_t qn = strlen(r->query), pn = strlen(r->path);
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        char *v = api_query_value(r->query, keys[i]);
-        if (v && strlen(v) > qn) __builtin_trap();
+        size_t n = 0;
+        char *v = api_query_value(r->query, keys[i], &n);
+        if (v && (n > qn || strlen(v) > n || v[n] != 0)) __builtin_trap();
         free(v);
     }
     size_t n = 0;

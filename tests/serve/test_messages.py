@@ -235,6 +235,22 @@ def main():
             {"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "image", "source": {}}]}]})
         check(st == 400 and b"messages[1].content[0]" in body, "a mistake in a joined turn named where it is",
               body[:300])
+        st, body = http_post(port, "/v1/messages/count_tokens", {"model": "fake-model", "messages": loop + [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]})
+        check(st == 400 and b"messages[3]: tool_use_id 'toolu_9' names no tool_use" in body,
+              "an unknown tool_use_id in a joined turn named at its own message", body[:300])
+        # a last run of assistant turns: one prefix the answer goes on from
+        st, body = http_post(port, "/tokenize", {"messages": q + [{"role": "assistant", "content": "Four\nFive"}],
+                                                 "continue_final_message": True, "add_generation_prompt": False})
+        ct = cl.messages.count_tokens(model="fake-model", messages=q + [{"role": "assistant", "content": "Four"}, {
+            "role": "assistant", "content": [{"type": "text", "text": "Five"}]}])
+        check(st == 200 and ct.input_tokens == json.loads(body)["count"], "assistant turns in a row as the prefix",
+              (ct, body[:120]))
+        # the billing header line is skipped in the system prompt only
+        st, body = http_post(port, "/tokenize", {"messages": [{"role": "user", "content": billing("eb6c6")}]})
+        ct = cl.messages.count_tokens(model="fake-model", messages=[{"role": "user", "content": billing("eb6c6")}])
+        check(st == 200 and ct.input_tokens == json.loads(body)["count"], "a user text of the header line kept",
+              (ct, body[:80]))
         # is_error true: the result's text says so
         loop3 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                            "is_error": True, "content": "no such city"}]}]
@@ -443,7 +459,8 @@ def main():
         pages = (("after_id=claude-sonnet-4-5", names[2:], False), ("after_id=fake-model&limit=1", names[1:2], True),
                  ("before_id=claude-haiku-4-5&limit=1", names[1:2], True),
                  ("before_id=claude-sonnet-4-5", names[:1], False), ("beta=true", names, False),
-                 ("after_id=claude-haiku-4-5", [], False), ("after_id=fake%2Dmodel&limit=1&limit=2", names[1:2], True))
+                 ("after_id=claude-haiku-4-5", [], False), ("after_id=fake%2Dmodel&limit=1&limit=2", names[1:2], True),
+                 ("before_id=fake-model", [], False))
         for q_, want, more in pages:
             st, body = http_get(aport, "/v1/models?" + q_)
             j = json.loads(body) if st == 200 else {}
@@ -453,7 +470,9 @@ def main():
         bad = (("limit=0", b"limit must be"), ("limit=1001", b"limit must be"), ("limit=x", b"limit must"),
                ("after_id=nope", b"after_id 'nope' is not"),
                ("after_id=fake-model&before_id=fake-model", b"one of them at most"),
-               ("before_id=a+b%2Bc", b"before_id 'a b+c' is not"))
+               ("before_id=a+b%2Bc", b"before_id 'a b+c' is not"), ("after_id=", b"after_id '' is not"),
+               ("after_id=fake-model%00x", b"after_id holds a NUL byte"), ("limit=%2B2", b"not '+2'"),
+               ("limit=+2", b"not ' 2'"))
         for q_, what in bad:
             st, body = http_get(aport, "/v1/models?" + q_)
             check(st == 400 and what in body, "/v1/models?" + q_ + " refused", body[:300])
