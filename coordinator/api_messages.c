@@ -16,10 +16,10 @@ static bool int_in(const cJSON *j, double lo, double hi) {
            j->valuedouble == (double)(long long)j->valuedouble;
 }
 
-static const char *const k_keys[] = {"model",       "max_tokens", "messages",      "system",        "stop_sequences",
-                                     "stream",      "temperature", "top_p",       "top_k",         "tools",
-                                     "tool_choice", "thinking",   "metadata",      "output_config", "cache_control",
-                                     NULL};
+static const char *const k_keys[] = {"model",         "max_tokens",         "messages", "system",   "stop_sequences",
+                                     "stream",        "temperature",        "top_p",    "top_k",    "tools",
+                                     "tool_choice",   "thinking",           "metadata", "output_config",
+                                     "cache_control", "context_management", NULL};
 
 #define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
 #define API_MSG_TOOL_ERROR "Error" /* a tool_result with is_error true: "Error: " before its text */
@@ -491,6 +491,35 @@ static int output_config_chat(const cJSON *body, cJSON *chat, api_error *e) {
     return MLA_OK;
 }
 
+/* context_management {"edits": [...]}: Anthropic's context editing, which clears parts of the
+ * conversation before the model reads it. Served: no edit, or clear_thinking_20251015 keeping every
+ * thinking block (keep "all" or {"type": "all"}: the conversation as sent), which Claude Code sends
+ * with each request. An edit that would clear something (thinking of older turns, tool results,
+ * compaction) is refused by name: this server reads the conversation as it is sent. */
+static int context_management_check(const cJSON *body, api_error *e) {
+    const cJSON *cm = cJSON_GetObjectItemCaseSensitive(body, "context_management");
+    if (is_null(cm)) return MLA_OK;
+    if (!cJSON_IsObject(cm)) return api_bad(e, "context_management", "'context_management' must be an object");
+    static const char *const read[] = {"edits", NULL};
+    if (only_members(cm, "context_management", read, e)) return MLA_ERR;
+    const cJSON *ed = cJSON_GetObjectItemCaseSensitive(cm, "edits"), *x;
+    if (!is_null(ed) && !cJSON_IsArray(ed))
+        return api_bad(e, "context_management", "context_management.edits must be a list");
+    int i = 0;
+    cJSON_ArrayForEach(x, ed) {
+        const char *ty = block_type(x), *kt = NULL;
+        const cJSON *keep = cJSON_GetObjectItemCaseSensitive(x, "keep");
+        if (cJSON_IsString(keep)) kt = keep->valuestring;
+        else if (cJSON_IsObject(keep) && cJSON_GetArraySize(keep) == 1) kt = block_type(keep);
+        if (!ty || strcmp(ty, "clear_thinking_20251015") || !kt || strcmp(kt, "all") || cJSON_GetArraySize(x) != 2)
+            return api_bad(e, "context_management", "context_management.edits[%d] ('%.64s'): this server reads the "
+                                               "conversation as it is sent; the one edit it takes is "
+                                               "clear_thinking_20251015 with keep \"all\"", i, ty ? ty : "(none)");
+        i++;
+    }
+    return MLA_OK;
+}
+
 int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error *e) {
     *chat = NULL;
     memset(opts, 0, sizeof *opts);
@@ -520,7 +549,7 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     /* a cache mark for the whole request: the prefix cache here needs none */
     const cJSON *cc = cJSON_GetObjectItemCaseSensitive(body, "cache_control");
     if (!is_null(cc) && !cJSON_IsObject(cc)) return api_bad(e, "cache_control", "'cache_control' must be an object");
-    if (thinking_opts(body, opts, e)) return MLA_ERR;
+    if (thinking_opts(body, opts, e) || context_management_check(body, e)) return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
     if (messages_chat(body, c, e) || tools_chat(body, c, &opts->eager_input, e) || tool_choice_chat(body, c, e) ||
         output_config_chat(body, c, e)) {

@@ -10,7 +10,8 @@
  * auto / any / tool / none as chat's auto / required / named / none (disable_parallel_tool_use:
  * parallel_tool_calls false); max_tokens, stop_sequences, temperature, top_p, top_k and
  * metadata.user_id the chat members; thinking enabled / disabled in opts, which the server turns
- * into the template's own switch. Every other member is refused by name.
+ * into the template's own switch; context_management only where its edits clear nothing. Every
+ * other member is refused by name.
  *
  * The answer's items (api_responses.h, opts.messages) are its content blocks: thinking, text,
  * tool_use, streamed as content_block_start / _delta / _stop between the server's message_start

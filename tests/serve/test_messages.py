@@ -251,6 +251,24 @@ def main():
         ct = cl.messages.count_tokens(model="fake-model", messages=[{"role": "user", "content": billing("eb6c6")}])
         check(st == 200 and ct.input_tokens == json.loads(body)["count"], "a user text of the header line kept",
               (ct, body[:80]))
+        # context_management: Claude Code's edit, which keeps every thinking block, is the request as sent;
+        # an edit that would clear something is refused by name
+        ct0 = cl.messages.count_tokens(model="fake-model", messages=loop, tools=[weather])
+        for cm in ({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}, {"edits": []},
+                   {"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "all"}}]}):
+            st, body = http_post(port, "/v1/messages/count_tokens", {"model": "fake-model", "messages": loop,
+                                                                     "tools": [weather], "context_management": cm})
+            check(st == 200 and json.loads(body)["input_tokens"] == ct0.input_tokens, "context_management %r" % cm,
+                  body[:200])
+        m = cl.messages.create(model="fake-model", messages=q, max_tokens=20, extra_body={
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+        check(m.stop_reason in ("end_turn", "max_tokens"), "a message with Claude Code's context_management", m)
+        for cm in ({"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]},
+                   {"edits": [{"type": "clear_thinking_20251015"}]}, {"edits": [{"type": "clear_tool_uses_20250919"}]},
+                   {"edits": "x"}, {"clear": True}):
+            st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q,
+                                                        "context_management": cm})
+            check(st == 400 and b"context_management" in body, "context_management %r refused" % cm, body[:300])
         # is_error true: the result's text says so
         loop3 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                            "is_error": True, "content": "no such city"}]}]
