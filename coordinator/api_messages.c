@@ -19,7 +19,7 @@ static bool int_in(const cJSON *j, double lo, double hi) {
 static const char *const k_keys[] = {"model",         "max_tokens",         "messages", "system",   "stop_sequences",
                                      "stream",        "temperature",        "top_p",    "top_k",    "tools",
                                      "tool_choice",   "thinking",           "metadata", "output_config",
-                                     "cache_control", "context_management", NULL};
+                                     "cache_control", "context_management", "diagnostics", NULL};
 
 #define API_MSG_MIN_THINKING 1024 /* Anthropic's least budget_tokens */
 #define API_MSG_TOOL_ERROR "Error" /* a tool_result with is_error true: "Error: " before its text */
@@ -520,6 +520,23 @@ static int context_management_check(const cJSON *body, api_error *e) {
     return MLA_OK;
 }
 
+/* diagnostics {"previous_message_id": id or null}: Anthropic's cache diagnostics, which compare a
+ * request with an earlier one to say why the prompt cache missed. Taken, and answered in the
+ * message (api_msg_object): this server keeps no fingerprints of earlier requests, so a comparison
+ * is "unavailable"; usage.cache_read_input_tokens says what the prefix cache read. */
+static int diagnostics_opts(const cJSON *body, api_rsp_opts *opts, api_error *e) {
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(body, "diagnostics");
+    if (is_null(d)) return MLA_OK;
+    static const char *const read[] = {"previous_message_id", NULL};
+    if (!cJSON_IsObject(d)) return api_bad(e, "diagnostics", "'diagnostics' must be an object");
+    if (only_members(d, "diagnostics", read, e)) return MLA_ERR;
+    const cJSON *prev = cJSON_GetObjectItemCaseSensitive(d, "previous_message_id");
+    if (!is_null(prev) && !cJSON_IsString(prev))
+        return api_bad(e, "diagnostics", "diagnostics.previous_message_id must be a string or null");
+    opts->diagnostics = cJSON_IsString(prev) ? 2 : 1;
+    return MLA_OK;
+}
+
 int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error *e) {
     *chat = NULL;
     memset(opts, 0, sizeof *opts);
@@ -549,7 +566,8 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     /* a cache mark for the whole request: the prefix cache here needs none */
     const cJSON *cc = cJSON_GetObjectItemCaseSensitive(body, "cache_control");
     if (!is_null(cc) && !cJSON_IsObject(cc)) return api_bad(e, "cache_control", "'cache_control' must be an object");
-    if (thinking_opts(body, opts, e) || context_management_check(body, e)) return MLA_ERR;
+    if (thinking_opts(body, opts, e) || context_management_check(body, e) || diagnostics_opts(body, opts, e))
+        return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
     if (messages_chat(body, c, e) || tools_chat(body, c, &opts->eager_input, e) || tool_choice_chat(body, c, e) ||
         output_config_chat(body, c, e)) {
@@ -604,7 +622,7 @@ void api_msg_error_names(api_error *e) {
 }
 
 cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, const char *stop_reason,
-                      const char *stop_sequence, const api_rsp_usage *usage) {
+                      const char *stop_sequence, const api_rsp_usage *usage, int diagnostics) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", id);
     cJSON_AddStringToObject(j, "type", "message");
@@ -616,6 +634,12 @@ cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, c
     if (stop_sequence) cJSON_AddStringToObject(j, "stop_sequence", stop_sequence);
     else cJSON_AddNullToObject(j, "stop_sequence");
     cJSON_AddItemToObject(j, "usage", api_msg_usage(usage));
+    if (diagnostics == 1) {
+        cJSON_AddNullToObject(j, "diagnostics");
+    } else if (diagnostics == 2) {
+        cJSON *why = cJSON_AddObjectToObject(cJSON_AddObjectToObject(j, "diagnostics"), "cache_miss_reason");
+        cJSON_AddStringToObject(why, "type", "unavailable");
+    }
     return j;
 }
 

@@ -39,6 +39,8 @@ typedef struct api_rsp_opts {
     bool omit_thinking; /* messages: thinking.display "omitted": a thinking block's text only in its signature */
     bool eager_input;   /* messages: a tool's eager_input_streaming: tool_use input streamed as it is written
                          * (else whole, at the call's end, as the block's input) */
+    int diagnostics;    /* messages: cache diagnostics not asked (0), asked with no earlier message (1), asked
+                         * against an earlier message (2): api_msg_object */
 } api_rsp_opts;
 
 /* encrypted_content here: this prefix and the reasoning's text in base64. Opaque to the client and

@@ -678,7 +678,7 @@ static void msg_complete(api_req *r) {
         cJSON_Delete(ev);
         http_stream_end(c);
     } else {
-        cJSON *m = api_msg_object(r->rsp, r->id, r->srv->model_name, why, seq, &u);
+        cJSON *m = api_msg_object(r->rsp, r->id, r->srv->model_name, why, seq, &u, r->rsp->opts.diagnostics);
         reply_json(c, 200, m);
         cJSON_Delete(m);
     }
@@ -2159,7 +2159,8 @@ static void generate_ready(api_server *a, prep_job *j) {
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
         cJSON *ev = api_rsp_event(r->rsp, "message_start");
         const api_rsp_usage u = {.input = r->n_prompt};
-        cJSON_AddItemToObject(ev, "message", api_msg_object(NULL, r->id, a->model_name, NULL, NULL, &u));
+        cJSON_AddItemToObject(ev, "message",
+                              api_msg_object(NULL, r->id, a->model_name, NULL, NULL, &u, r->rsp->opts.diagnostics));
         sse_event(c, "message_start", ev);
         cJSON_Delete(ev);
     } else if (r->stream && r->rsp) { /* the response begun: created, in progress */

@@ -269,6 +269,22 @@ def main():
             st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q,
                                                         "context_management": cm})
             check(st == 400 and b"context_management" in body, "context_management %r refused" % cm, body[:300])
+        # diagnostics (cache diagnostics): taken; no earlier message to compare: null; against one: unavailable
+        for prev, want in ((None, None), ("msg_1", {"cache_miss_reason": {"type": "unavailable"}})):
+            req = {"model": "fake-model", "max_tokens": 8, "messages": q, "diagnostics": {"previous_message_id": prev}}
+            st, body = http_post(port, "/v1/messages", req)
+            check(st == 200 and "diagnostics" in json.loads(body) and json.loads(body)["diagnostics"] == want,
+                  "diagnostics %r" % prev, body[:300])
+            st, body = http_post(port, "/v1/messages", dict(req, stream=True))
+            start = [json.loads(ln[6:]) for ln in body.decode().split("\n") if ln.startswith("data: ")][0]
+            check(st == 200 and start["type"] == "message_start" and start["message"]["diagnostics"] == want,
+                  "diagnostics %r in message_start" % prev, body[:300])
+        st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q})
+        check(st == 200 and "diagnostics" not in json.loads(body), "no diagnostics unless asked", body[:200])
+        for d in ({"previous_message_id": 3}, {"compare": "x"}, "x"):
+            st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q,
+                                                        "diagnostics": d})
+            check(st == 400 and b"diagnostics" in body, "diagnostics %r refused" % (d,), body[:300])
         # is_error true: the result's text says so
         loop3 = loop[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                            "is_error": True, "content": "no such city"}]}]
