@@ -1410,12 +1410,14 @@ static int chat_ids(api_server *a, const cJSON *messages, bool add_gen, const cJ
     return MLA_OK;
 }
 
-/* whether name (len bytes) is one of the served model's names */
-static bool model_named(const api_server *a, const char *name, size_t len) {
+/* the index of name (len bytes) among the served model's names, or -1 */
+static int model_index(const api_server *a, const char *name, size_t len) {
     for (int i = 0; i < a->n_names; i++)
-        if (strlen(a->names[i]) == len && !memcmp(a->names[i], name, len)) return true;
-    return false;
+        if (strlen(a->names[i]) == len && !memcmp(a->names[i], name, len)) return i;
+    return -1;
 }
+
+static bool model_named(const api_server *a, const char *name, size_t len) { return model_index(a, name, len) >= 0; }
 
 /* name as the model's next name; what is wrong with it (empty, a blank at either end, said
  * before), or NULL */
@@ -2370,9 +2372,8 @@ static void handle_models(api_server *a, http_conn *c, const char *query) {
     int lo = 0, hi = a->n_names; /* the page: names [lo, hi) */
     if (!e.status && (after || before)) {
         const char *id = after ? after : before;
-        int k = 0;
-        while (k < a->n_names && strcmp(a->names[k], id)) k++;
-        if (k == a->n_names) {
+        const int k = model_index(a, id, strlen(id));
+        if (k < 0) {
             size_t sn;
             char *s = api_utf8_sanitize(id, strlen(id) > 200 ? 200 : strlen(id), &sn);
             api_error_set(&e, 400, after ? "after_id" : "before_id", "invalid_value",

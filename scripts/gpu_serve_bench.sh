@@ -36,9 +36,10 @@
 # where llama-server does not run), llama-server's by 80%, then the batch-1 step and ncu; a point or
 # stage that does not fit is skipped and recorded as such, so that one model fits one 10-minute command.
 # Outputs in OUT (default ./out): serve-<model>.json (every point of every server, the rates, the
-# bench row, the kernel families, the host's CPU and cores: llama-server's small-model figures move
-# with the host, and llama.cpp's build time there), 0-serve-logs.tgz (every log, and serve-<model>.md / .png from
-# bench/plot_serve.py), and those tables and plots beside the JSONs while OUT holds fewer than 8 files.
+# bench row, the kernel families, the host's CPU and cores and llama.cpp's build time there:
+# llama-server's small-model figures move between hosts, so a comparison names its host),
+# 0-serve-logs.tgz (every log, and serve-<model>.md / .png from bench/plot_serve.py), and those
+# tables and plots beside the JSONs while OUT holds fewer than 8 files.
 #
 # MODELS: words FAMILY[:LAYERS[:EXPERTS]], FAMILY one of mkmodel's (v2lite glm47flash v3 glm5);
 # e.g. "v2lite glm47flash v3:61:16 glm5:78:16" (default "v2lite glm47flash").
@@ -475,7 +476,7 @@ for spec in $MODELS; do
     "${MKMODEL_ARGS:-}" "$SHAPE_C" "$SHAPE_R" "$SEED" "$BW" "$BW_SRC" "${LLAMA_BUILT_S:-}" <<'EOF'
 import glob, json, os, sys, time
 pts, out, mk, fam, layers, experts, commit, gpu, backend, margs, shape_c, shape_r, seed, bw, bw_src, lbuilt = sys.argv[1:17]
-# the host's CPU: llama-server's per-token host work makes its small-model figures move with it
+# the host's CPU: llama-server's small-model figures move between hosts, so a comparison names its host
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None) \
     if os.path.exists("/proc/cpuinfo") else None
 def rd(name, conv=str):
