@@ -26,6 +26,7 @@
  * keys, tensor names and the value tree are copied. Opening never reads tensor data.
  */
 #include "gguf.h"
+#include "mla_hash.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -83,15 +84,6 @@ static void arena_free(arena_blk *a) {
 
 /* ---------------------------------------------------------------- string hash table */
 
-static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-#define FNV_BASIS 0xcbf29ce484222325ull
 
 /* Open addressing; stores indices + 1 (0 = empty). The key of index i comes from keyf. */
 typedef struct strtab {
@@ -113,7 +105,7 @@ static void strtab_init(strtab *t, size_t n) {
 static size_t strtab_find(strtab *t, const char *key, strtab_keyf kf, const void *owner,
                           size_t insert_idx) {
     if (!t->slots) return (size_t)-1;
-    size_t h = (size_t)fnv1a(key, strlen(key), FNV_BASIS) & (t->cap - 1);
+    size_t h = (size_t)mla_fnv1a(key, strlen(key), MLA_FNV_BASIS) & (t->cap - 1);
     for (;;) {
         uint32_t s = t->slots[h];
         if (!s) {
@@ -700,8 +692,8 @@ static void finish(gguf_ctx *c) {
             if (at == (size_t)-1) c->kvs[c->n_kv++] = &p->kvs[k];
         }
     }
-    uint64_t h = FNV_BASIS;
-    for (int i = 0; i < c->n_parts; i++) h = fnv1a(c->parts[i].base, (size_t)c->parts[i].meta_end, h);
+    uint64_t h = MLA_FNV_BASIS;
+    for (int i = 0; i < c->n_parts; i++) h = mla_fnv1a(c->parts[i].base, (size_t)c->parts[i].meta_end, h);
     c->hash = h;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mla_hash.h"
 #include "common/mla_log.h"
 #include "tok.h"
 
@@ -117,16 +118,6 @@ static const char *const re_default[] = {
 /* ------------------------------------------------------------------------------------------ */
 /* Hash maps                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
-
-static uint64_t fnv1a(const void *p, size_t n) {
-    const unsigned char *s = p;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
 
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
@@ -254,7 +245,7 @@ static const char *vtext(const tok_vocab *v, int32_t id, size_t *len) {
 
 int32_t tok_find(const tok_vocab *v, const char *text, size_t len) {
     size_t mask = v->tmap_cap - 1;
-    for (size_t i = fnv1a(text, len) & mask;; i = (i + 1) & mask) {
+    for (size_t i = mla_fnv1a(text, len, MLA_FNV_BASIS) & mask;; i = (i + 1) & mask) {
         int32_t id = v->tmap[i];
         if (id < 0) return -1;
         size_t l;
@@ -267,7 +258,7 @@ static void tmap_insert(tok_vocab *v, int32_t id) {
     size_t len;
     const char *t = vtext(v, id, &len);
     size_t mask = v->tmap_cap - 1;
-    for (size_t i = fnv1a(t, len) & mask;; i = (i + 1) & mask) {
+    for (size_t i = mla_fnv1a(t, len, MLA_FNV_BASIS) & mask;; i = (i + 1) & mask) {
         int32_t o = v->tmap[i];
         if (o < 0) {
             v->tmap[i] = id;
