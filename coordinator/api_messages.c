@@ -521,9 +521,8 @@ static int context_management_check(const cJSON *body, api_error *e) {
 }
 
 /* diagnostics {"previous_message_id": id or null}: Anthropic's cache diagnostics, which compare a
- * request with an earlier one to say why the prompt cache missed. Taken, and answered in the
- * message (api_msg_object): this server keeps no fingerprints of earlier requests, so a comparison
- * is "unavailable"; usage.cache_read_input_tokens says what the prefix cache read. */
+ * request with an earlier one to say why the prompt cache missed: the id kept here, the comparison
+ * made by the server (api_fprint.h) and answered in the message (api_msg_object). */
 static int diagnostics_opts(const cJSON *body, api_rsp_opts *opts, api_error *e) {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(body, "diagnostics");
     if (is_null(d)) return MLA_OK;
@@ -534,6 +533,8 @@ static int diagnostics_opts(const cJSON *body, api_rsp_opts *opts, api_error *e)
     if (!is_null(prev) && !cJSON_IsString(prev))
         return api_bad(e, "diagnostics", "diagnostics.previous_message_id must be a string or null");
     opts->diagnostics = cJSON_IsString(prev) ? 2 : 1;
+    if (cJSON_IsString(prev) && strlen(prev->valuestring) < sizeof opts->prev_id)
+        memcpy(opts->prev_id, prev->valuestring, strlen(prev->valuestring) + 1);
     return MLA_OK;
 }
 
@@ -622,7 +623,7 @@ void api_msg_error_names(api_error *e) {
 }
 
 cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, const char *stop_reason,
-                      const char *stop_sequence, const api_rsp_usage *usage, int diagnostics) {
+                      const char *stop_sequence, const api_rsp_usage *usage, const api_rsp_opts *diag) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", id);
     cJSON_AddStringToObject(j, "type", "message");
@@ -634,11 +635,13 @@ cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, c
     if (stop_sequence) cJSON_AddStringToObject(j, "stop_sequence", stop_sequence);
     else cJSON_AddNullToObject(j, "stop_sequence");
     cJSON_AddItemToObject(j, "usage", api_msg_usage(usage));
-    if (diagnostics == 1) {
+    if (diag && diag->diagnostics && !(diag->diagnostics == 2 && diag->miss_reason)) {
         cJSON_AddNullToObject(j, "diagnostics");
-    } else if (diagnostics == 2) {
+    } else if (diag && diag->diagnostics) {
         cJSON *why = cJSON_AddObjectToObject(cJSON_AddObjectToObject(j, "diagnostics"), "cache_miss_reason");
-        cJSON_AddStringToObject(why, "type", "unavailable");
+        cJSON_AddStringToObject(why, "type", diag->miss_reason);
+        if (strstr(diag->miss_reason, "_changed"))
+            cJSON_AddNumberToObject(why, "cache_missed_input_tokens", diag->miss_tokens);
     }
     return j;
 }

@@ -41,11 +41,11 @@ cJSON *api_msg_usage(const api_rsp_usage *usage);
 /* The message object of an answer: its blocks (api_rsp_blocks), stop_reason ("end_turn",
  * "max_tokens", "stop_sequence" with stop_sequence, "tool_use"), usage (input_tokens the prompt's
  * tokens not read from the prefix cache, cache_read_input_tokens those, output_tokens), and where
- * the request asked for cache diagnostics (api_rsp_opts.diagnostics) their answer: none to compare
- * (null), or against an earlier message {"cache_miss_reason": {"type": "unavailable"}} (this
- * server keeps no fingerprints of earlier requests). o NULL: the message as it starts (no content,
- * no stop_reason). */
+ * the request asked for cache diagnostics (diag NULL or diag->diagnostics 0: not asked) their
+ * answer: null where there is no earlier message or the prompt goes on from it, else
+ * {"cache_miss_reason": {"type": diag->miss_reason, "cache_missed_input_tokens": n}} (the count
+ * for the *_changed types). o NULL: the message as it starts (no content, no stop_reason). */
 cJSON *api_msg_object(const api_rsp_out *o, const char *id, const char *model, const char *stop_reason,
-                      const char *stop_sequence, const api_rsp_usage *usage, int diagnostics);
+                      const char *stop_sequence, const api_rsp_usage *usage, const api_rsp_opts *diag);
 
 #endif

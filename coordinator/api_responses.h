@@ -41,6 +41,12 @@ typedef struct api_rsp_opts {
                          * (else whole, at the call's end, as the block's input) */
     int diagnostics;    /* messages: cache diagnostics not asked (0), asked with no earlier message (1), asked
                          * against an earlier message (2): api_msg_object */
+    char prev_id[64];   /* diagnostics 2: that message's id ("" where longer: never found) */
+    /* diagnostics 2, once compared (api_server, api_fprint.h): the cache_miss_reason's type, NULL
+     * where the prompt goes on from the earlier one's; miss_tokens its cache_missed_input_tokens
+     * (the *_changed types) */
+    const char *miss_reason;
+    int32_t miss_tokens;
 } api_rsp_opts;
 
 /* encrypted_content here: this prefix and the reasoning's text in base64. Opaque to the client and

@@ -13,6 +13,7 @@
 
 #include "common/mla_log.h"
 #include "coordinator/api_body.h"
+#include "coordinator/api_fprint.h"
 #include "coordinator/api_messages.h"
 #include "coordinator/api_metrics.h"
 #include "coordinator/api_params.h"
@@ -206,6 +207,7 @@ struct api_server {
         int n;
     } fails[API_AUTH_SLOTS];
     const char *cancel_reason; /* api_server_cancel_all: the error cancelled requests get */
+    api_fp_store *fps;         /* Messages requests' fingerprints for cache diagnostics (made at first use) */
 };
 
 static double now_s(void) {
@@ -678,7 +680,7 @@ static void msg_complete(api_req *r) {
         cJSON_Delete(ev);
         http_stream_end(c);
     } else {
-        cJSON *m = api_msg_object(r->rsp, r->id, r->srv->model_name, why, seq, &u, r->rsp->opts.diagnostics);
+        cJSON *m = api_msg_object(r->rsp, r->id, r->srv->model_name, why, seq, &u, &r->rsp->opts);
         reply_json(c, 200, m);
         cJSON_Delete(m);
     }
@@ -2120,6 +2122,18 @@ static void generate_ready(api_server *a, prep_job *j) {
         reply_error(c, &e, NULL);
         return;
     }
+    /* cache diagnostics: this prompt against the one its previous_message_id names; its own
+     * fingerprint kept under its id once it is taken (api_fprint.h) */
+    api_fp *fp = NULL;
+    if (j->rsp_opts.messages && j->rsp_opts.diagnostics) {
+        fp = api_fp_make(j->root, j->n_ids);
+        if (!a->fps) a->fps = api_fp_store_new(API_FP_KEEP);
+        if (j->rsp_opts.diagnostics == 2) {
+            const api_fp *prev = api_fp_store_get(a->fps, j->rsp_opts.prev_id);
+            j->rsp_opts.miss_reason = prev ? api_fp_change_name(api_fp_compare(prev, fp, &j->rsp_opts.miss_tokens))
+                                           : "previous_message_not_found";
+        }
+    }
     api_resp *rs = mla_xcalloc(1, sizeof *rs);
     rs->conn = c;
     rs->n_per = n_per;
@@ -2140,6 +2154,7 @@ static void generate_ready(api_server *a, prep_job *j) {
                          " (the prompt at index %d)", p);
             if (rs->rsp_echo) item_error_names(&rs->rsp_opts, &e);
             reply_error(c, &e, NULL);
+            api_fp_free(fp);
             if (!rs->n_live) {
                 resp_free(rs);
                 return;
@@ -2156,13 +2171,14 @@ static void generate_ready(api_server *a, prep_job *j) {
         }
     }
     api_req *r = rs->ch[0];
+    if (fp) api_fp_store_put(a->fps, r->id, fp);
     http_conn_on_abort(c, on_client_abort, rs);
     if (r->stream && r->rsp && r->rsp->opts.messages) { /* the message begun: no content yet */
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
         cJSON *ev = api_rsp_event(r->rsp, "message_start");
         const api_rsp_usage u = {.input = r->n_prompt};
         cJSON_AddItemToObject(ev, "message",
-                              api_msg_object(NULL, r->id, a->model_name, NULL, NULL, &u, r->rsp->opts.diagnostics));
+                              api_msg_object(NULL, r->id, a->model_name, NULL, NULL, &u, &r->rsp->opts));
         sse_event(c, "message_start", ev);
         cJSON_Delete(ev);
     } else if (r->stream && r->rsp) { /* the response begun: created, in progress */
@@ -2823,6 +2839,7 @@ void api_server_free(api_server *a) {
     }
     api_metrics_free(&a->m);
     pthread_mutex_destroy(&a->mu);
+    api_fp_store_free(a->fps);
     free(a->eog_ids);
     free(a->model_name);
     free(a->names);

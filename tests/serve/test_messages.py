@@ -269,8 +269,9 @@ def main():
             st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q,
                                                         "context_management": cm})
             check(st == 400 and b"context_management" in body, "context_management %r refused" % cm, body[:300])
-        # diagnostics (cache diagnostics): taken; no earlier message to compare: null; against one: unavailable
-        for prev, want in ((None, None), ("msg_1", {"cache_miss_reason": {"type": "unavailable"}})):
+        # diagnostics (cache diagnostics): no earlier message to compare: null; an id never answered here:
+        # previous_message_not_found
+        for prev, want in ((None, None), ("msg_1", {"cache_miss_reason": {"type": "previous_message_not_found"}})):
             req = {"model": "fake-model", "max_tokens": 8, "messages": q, "diagnostics": {"previous_message_id": prev}}
             st, body = http_post(port, "/v1/messages", req)
             check(st == 200 and "diagnostics" in json.loads(body) and json.loads(body)["diagnostics"] == want,
@@ -279,6 +280,42 @@ def main():
             start = [json.loads(ln[6:]) for ln in body.decode().split("\n") if ln.startswith("data: ")][0]
             check(st == 200 and start["type"] == "message_start" and start["message"]["diagnostics"] == want,
                   "diagnostics %r in message_start" % prev, body[:300])
+        # against an earlier answer: null where the prompt goes on from its prompt (Claude Code's billing line,
+        # new each request, not counted); else the first place it leaves it (tools, system, a message), with
+        # the earlier prompt's tokens from there on (shared out by bytes: all of them from the tools, fewer the
+        # later the place)
+        base = {"model": "fake-model", "max_tokens": 8, "tools": [weather], "messages": q,
+                "system": [{"type": "text", "text": billing("aaaaa")}, {"type": "text", "text": "Be brief."}]}
+        st, body = http_post(port, "/v1/messages", dict(base, diagnostics={"previous_message_id": None}))
+        first = json.loads(body) if st == 200 else {}
+        pid, ptok = first.get("id", ""), sum(first.get("usage", {}).get(k, 0) for k in (
+            "input_tokens", "cache_read_input_tokens"))
+        check(st == 200 and first.get("diagnostics", 0) is None and ptok > 0, "a first turn that asks", body[:200])
+
+        def diag(req, stream=False):
+            st, body = http_post(port, "/v1/messages", dict(req, diagnostics={"previous_message_id": pid},
+                                                              stream=stream))
+            if st != 200:
+                return "status %d" % st
+            if stream:
+                return [json.loads(ln[6:]) for ln in body.decode().split("\n")
+                        if ln.startswith("data: ")][0]["message"].get("diagnostics", "absent")
+            return json.loads(body).get("diagnostics", "absent")
+        later = q + [{"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3?"}]
+        check(diag(dict(base, messages=later, system=[{"type": "text", "text": billing("bbbbb")},
+                                                      {"type": "text", "text": "Be brief."}])) is None,
+              "the prompt going on from the earlier one: null")
+        got = {}
+        for what, req in (("tools_changed", dict(base, tools=[dict(weather, description="Weather, now.")])),
+                          ("system_changed", dict(base, system="Be very brief.")),
+                          ("messages_changed", dict(base, messages=[{"role": "user", "content": "What is 2+3?"}]))):
+            d = diag(req)
+            why = d.get("cache_miss_reason", {}) if isinstance(d, dict) else {}
+            got[what] = why.get("cache_missed_input_tokens", -1)
+            check(why.get("type") == what and 0 < got[what] <= ptok, what, d)
+            check(diag(req, stream=True) == d, what + " in message_start")
+        check(got["tools_changed"] == ptok and ptok > got["system_changed"] > got["messages_changed"],
+              "the tokens missed fewer the later the change", (ptok, got))
         st, body = http_post(port, "/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": q})
         check(st == 200 and "diagnostics" not in json.loads(body), "no diagnostics unless asked", body[:200])
         for d in ({"previous_message_id": 3}, {"compare": "x"}, "x"):
