@@ -13,8 +13,10 @@ Usage: ncu_step.py NCU.csv [--step K] [--families] [--stalls] [--json OUT.json]
                asked for): by family and by kernel, each reason's share of the active warp cycles
                (weighted by duration), and "fetch us", the duration times the no_instruction share
                (waiting on an instruction fetch: code run cold)
+  --bytes      also the DRAM bytes each family and kernel moved and their rate (MB, GB/s: over
+               its own time), from the CSV's dram__bytes_read.sum and dram__bytes_write.sum rows
   --json F     also write {"step_us", "kernels": [...], "families": [...]} to F (with --stalls
-               each entry has "stalls": {reason: percent})
+               each entry has "stalls": {reason: percent}; with --bytes "mb")
 Kernel names are matched against FAMILIES in order, the first match wins; a kernel no pattern
 matches is counted under "other" and listed in the JSON's "unmatched"."""
 import collections
@@ -51,6 +53,9 @@ STALL_REASONS = ["no_instruction", "long_scoreboard", "barrier", "membar", "wait
                  "drain", "not_selected", "selected"]
 STALL_METRICS = ",".join(f"smsp__warp_issue_stalled_{r}_per_warp_active.pct" for r in STALL_REASONS)
 STALL_RX = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
+# the DRAM traffic that --bytes reads
+BYTE_METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
 def family_of(name):
@@ -61,14 +66,21 @@ def family_of(name):
 
 
 def load(path):
-    """[(ID, kernel with launch shape, short name, us)] in launch order, and {ID: {reason: percent}}"""
-    rows, stalls = [], collections.defaultdict(dict)
+    """[(ID, kernel with launch shape, short name, us)] in launch order, {ID: {reason: percent}}
+    and {ID: DRAM bytes}"""
+    rows, stalls, nbytes = [], collections.defaultdict(dict), collections.Counter()
     with open(path, newline='') as f:
         lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own log lines before the CSV
     for r in csv.DictReader(lines):
         m = STALL_RX.match(r.get('Metric Name') or '')
         if m:
             stalls[int(r['ID'])][m.group(1)] = float(r['Metric Value'].replace(',', ''))
+            continue
+        if r.get('Metric Name') in BYTE_METRICS:
+            unit = r.get('Metric Unit', 'byte')
+            if unit not in BYTE_UNITS:
+                sys.exit(f'ncu_step: unknown unit {unit!r} of {r["Metric Name"]}')
+            nbytes[int(r['ID'])] += float(r['Metric Value'].replace(',', '')) * BYTE_UNITS[unit]
             continue
         if r.get('Metric Name') != 'gpu__time_duration.sum':
             continue
@@ -81,7 +93,7 @@ def load(path):
         short = re.sub(r'^[A-Za-z_0-9]+::', '', short)
         rows.append((int(r['ID']), base + f" {r.get('Grid Size', '')}x{r.get('Block Size', '')}", short, v))
     rows.sort()
-    return rows, stalls
+    return rows, stalls, nbytes
 
 
 def stall_mean(launches, stalls):
@@ -120,8 +132,10 @@ def main():
     path = args[0]
     back = int(args[args.index('--step') + 1]) if '--step' in args else 1
     out_json = args[args.index('--json') + 1] if '--json' in args else None
-    rows, stalls = load(path)
-    want_stalls = '--stalls' in args
+    rows, stalls, nbytes = load(path)
+    want_stalls, want_bytes = '--stalls' in args, '--bytes' in args
+    if want_bytes and not nbytes:
+        sys.exit(f'ncu_step: --bytes: no {" / ".join(BYTE_METRICS)} rows in {path}')
     if want_stalls and not stalls:
         sys.exit(f'ncu_step: --stalls: no smsp__warp_issue_stalled_*_per_warp_active.pct rows in {path}')
     starts = [i for i, (_, k, _s, _) in enumerate(rows) if _s.startswith('get_rows')]
@@ -131,8 +145,8 @@ def main():
         sys.exit(f'ncu_step: {len(starts)} steps found in {path}, need {back + 1}')
     a, b = starts[-back - 1], starts[-back]
     step = rows[a:b]
-    tot, cnt = collections.Counter(), collections.Counter()
-    ftot, fcnt = collections.Counter(), collections.Counter()
+    tot, cnt, kby = collections.Counter(), collections.Counter(), collections.Counter()
+    ftot, fcnt, fby = collections.Counter(), collections.Counter(), collections.Counter()
     kl, fl = collections.defaultdict(list), collections.defaultdict(list)  # (ID, us) of each launch
     unmatched = set()
     for i, k, short, us in step:
@@ -141,29 +155,42 @@ def main():
         fam = family_of(short)
         ftot[fam] += us
         fcnt[fam] += 1
+        kby[k] += nbytes.get(i, 0.0)
+        fby[fam] += nbytes.get(i, 0.0)
         kl[k].append((i, us))
         fl[fam].append((i, us))
         if fam == "other":
             unmatched.add(short)
     s = sum(tot.values())
+
+    def by(mb_of, key, us):  # the --bytes columns: MB moved, GB/s over the time
+        if not want_bytes:
+            return ''
+        mb = mb_of[key] / 1e6
+        return f' {mb:.1f} | {1e3 * mb / us if us > 0 else 0:.0f} |'
+    bh, bd = (' MB | GB/s |', '---|---|') if want_bytes else ('', '')
     if '--families' in args:
-        print('| family | launches | us | share |\n|---|---|---|---|')
+        print(f'| family | launches | us | share |{bh}\n|---|---|---|---|{bd}')
         for fam, us in ftot.most_common():
-            print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |')
-        print(f'| total | {b - a} | {s:.1f} | 100% |\n')
+            print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |{by(fby, fam, us)}')
+        sb = {'total': sum(fby.values())}
+        print(f'| total | {b - a} | {s:.1f} | 100% |{by(sb, "total", s)}\n')
     if want_stalls:
         if '--families' in args:
             stall_table('family', [(f, fl[f]) for f, _ in ftot.most_common()], stalls)
         stall_table('kernel', [(k, kl[k]) for k, _ in tot.most_common()], stalls)
-    print('| kernel | launches | us | share |\n|---|---|---|---|')
+    print(f'| kernel | launches | us | share |{bh}\n|---|---|---|---|{bd}')
     for k, us in tot.most_common():
-        print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |')
-    print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |')
+        print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |{by(kby, k, us)}')
+    sb = {'total': sum(kby.values())}
+    print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |{by(sb, "total", s)}')
     if out_json:
         with open(out_json, 'w') as f:
             def entry(d, ls):
                 if want_stalls:
                     d["stalls"] = stall_mean(ls, stalls)
+                if want_bytes:
+                    d["mb"] = sum(nbytes.get(i, 0.0) for i, _ in ls) / 1e6
                 return d
             json.dump({"csv": path, "step_from_end": back, "first_kernel": a, "launches": b - a, "step_us": s,
                        "families": [entry({"family": k, "launches": fcnt[k], "us": v, "share": v / s}, fl[k])

@@ -51,10 +51,10 @@ kern = [  # (name, us): step 1 (left out: not the last complete one), step 2, th
     ("mlacu::get_rows_kernel<4>", 1.0), ("rmsnorm_kernel", 7.0)]
 
 
-def ncu_csv(path, stall=None):
+def ncu_csv(path, stall=None, dram=None):
     """Nsight Compute's CSV of kern (each launch's duration) at path, after a log line of its own;
     stall: {ID: (no_instruction %, long_scoreboard %)}, the two warp-state rows of each launch
-    (1% each where not given)"""
+    (1% each where not given); dram: {ID: (read, write, unit)}, its DRAM byte rows"""
     buf = io.StringIO()
     w = csv.writer(buf, quoting=csv.QUOTE_ALL)
     w.writerow(["ID", "Kernel Name", "Grid Size", "Block Size", "Metric Name", "Metric Unit", "Metric Value"])
@@ -64,6 +64,10 @@ def ncu_csv(path, stall=None):
         if stall is not None:
             for reason, pct in zip(("no_instruction", "long_scoreboard"), stall.get(i, (1.0, 1.0))):
                 w.writerow(row + [f"smsp__warp_issue_stalled_{reason}_per_warp_active.pct", "%", f"{pct:.2f}"])
+        if dram is not None and i in dram:
+            rd, wr, unit = dram[i]
+            w.writerow(row + ["dram__bytes_read.sum", unit, f"{rd:,}"])
+            w.writerow(row + ["dram__bytes_write.sum", unit, f"{wr:,}"])
     with open(path, "w") as f:
         f.write("==PROF== Connected to process\n" + buf.getvalue())
 
@@ -117,6 +121,26 @@ r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), 
                    capture_output=True, text=True, timeout=60)
 check(r.returncode == 0 and "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct" in r.stdout.split(","),
       "--stall-metrics lists the metrics", r.stdout)
+
+# ---- 1c. ncu_step.py --bytes: DRAM bytes by family and kernel, in the units ncu prints ----
+dram = {4: (4.0, 0.0, "Mbyte"), 5: (2_400_000, 600_000, "byte"), 7: (16.0, 16.0, "Kbyte"), 8: (99.0, 0.0, "Gbyte")}
+bcsv, bjson = os.path.join(work, "ncu-bytes.csv"), os.path.join(work, "ncu-bytes.json")
+ncu_csv(bcsv, dram=dram)
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), bcsv, "--families", "--bytes",
+                    "--json", bjson], capture_output=True, text=True, timeout=60)
+check(r.returncode == 0, "ncu_step.py --bytes runs", r.stderr)
+if r.returncode == 0:
+    # dense: 4 MB in 40 us = 100 GB/s; experts 3 MB in 30 us; norms 0.032 MB in 8 us; the next step's 99 GB not counted
+    check("| matmul: dense weights | 1 | 40.0 | 44.4% | 4.0 | 100 |" in r.stdout and
+          "| matmul: experts (grouped) | 1 | 30.0 | 33.3% | 3.0 | 100 |" in r.stdout and
+          "| norms | 2 | 8.0 | 8.9% | 0.0 | 4 |" in r.stdout and "| total | 6 | 90.0 | 100% | 7.0 | 78 |" in r.stdout,
+          "bytes and rates by family", r.stdout)
+    j = json.load(open(bjson))
+    mb = {f["family"]: round(f["mb"], 6) for f in j["families"]}
+    check(mb["norms"] == 0.032 and mb["attention"] == 0.0, "bytes in the JSON", mb)
+r = subprocess.run([sys.executable, os.path.join(root, "bench", "ncu_step.py"), ncsv, "--bytes"], capture_output=True,
+                   text=True, timeout=60)
+check(r.returncode != 0 and "no dram__bytes_read.sum" in r.stderr, "--bytes without the metrics says so", r.stderr)
 
 # ---- 2. plot_serve.py ----
 def pt(name, tok, itl99, ttft50, err=None):
