@@ -15,6 +15,11 @@
 # TREES="DIR DIR DIR ..." instead of A and B: more than two builds, labelled A, B, C, ... in that
 # order, each compared with the first; a round runs them in order, the next one in reverse (drift
 # over a round then falls on every build alike).
+# SAME_BITS=1 (for a change meant to keep the arithmetic): before the rounds, every tree's
+# `mlaserve logits` of the file (three prompts of vocabulary ids 100-3999, the first 3 tokens in one
+# pass, the rest and 12 greedy tokens one at a time, worker processes) is compared byte for byte
+# with A's, logits and greedy ids; the file's table says which trees gave the same bits, and a
+# tree that did not fails the script.
 # A dry run without a GPU: A=<tree> B=<tree> BACKEND=cpu MKMODEL_ARGS=--small
 # BENCH_ARGS="--prefill 16 --batch 1,2 --ctx 64 --steps 2" scripts/gpu_ab_bundles.sh
 set -uo pipefail
@@ -45,6 +50,28 @@ for spec in ${FAMILIES:-v3 glm5 v2lite}; do
   [ -s "$M" ] || "$last/bin/mlaserve" mkmodel --family "$F" "${largs[@]}" --rank-of "$N" --mix q4k --split-size 0 \
     ${MKMODEL_ARGS:-} -o "$M" >"$OUT/mkmodel-$tag.log" 2>&1 || { tail -5 "$OUT/mkmodel-$tag.log"; rc=1; continue; }
   : >"$OUT/ab-$tag.md"
+  if [ "${SAME_BITS:-0}" = 1 ]; then
+    python3 -c "import random; r = random.Random(7)
+for n in (9, 23, 40): print(' '.join(str(r.randrange(100, 4000)) for _ in range(n)))" >"$W/bits-tok.txt"
+    for i in "${!trees[@]}"; do
+      side="${labels[i]}"
+      timeout "${RUN_S:-150}" "${trees[i]}/bin/mlaserve" logits -m "$M" --backend "${BACKEND:-cuda}" --processes \
+        --tokens "$W/bits-tok.txt" --out "$W/bits-$tag-$side.f32" --decode-from 3 --greedy 12 \
+        --ids-out "$W/bits-$tag-$side.txt" >"$OUT/bits-$tag-$side.log" 2>&1 ||
+        { rc=1; echo "$tag $side: mlaserve logits exit status $?"; tail -3 "$OUT/bits-$tag-$side.log"; }
+      [ "$i" = 0 ] && continue
+      if cmp -s "$W/bits-$tag-A.f32" "$W/bits-$tag-$side.f32" && cmp -s "$W/bits-$tag-A.txt" "$W/bits-$tag-$side.txt"; then
+        line="$tag: $side gives A's bits ($(stat -c %s "$W/bits-$tag-A.f32") bytes of logits, the same greedy ids)"
+      else
+        rc=1
+        line="$tag: $side DIFFERS from A: logits $(cmp "$W/bits-$tag-A.f32" "$W/bits-$tag-$side.f32" 2>&1 | head -1 |
+          sed 's/.*differ: //; s/, line .*//'), greedy ids $(cmp -s "$W/bits-$tag-A.txt" "$W/bits-$tag-$side.txt" &&
+          echo same || echo differ)"
+      fi
+      echo "$line" | tee -a "$OUT/ab-$tag.md"
+    done
+    rm -f "$W"/bits-"$tag"-*.f32
+  fi
   for round in $(seq 1 "${ROUNDS:-1}"); do
     order=("${!trees[@]}")
     [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${order[@]}" | sort -rn)

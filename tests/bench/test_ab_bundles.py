@@ -3,7 +3,8 @@
 mlaserve) given as TREES, a 2-layer V2-Lite-shaped model on the CPU backend, two rounds. Checked:
 exit status 0; each round runs every tree, the second in reverse order; each round's table
 compares B and C with A, with the decode rows of both sides; a TREES of one tree is refused by
-name. No timing is asserted.
+name. Then SAME_BITS=1 with C's mlaserve a wrapper that changes one byte of the logits it writes:
+B has A's bits, C differs, the script fails. No timing is asserted.
 usage: test_ab_bundles.py MLASERVE WORKDIR"""
 import os
 import re
@@ -42,4 +43,18 @@ check(len(rows) == 8 and all(float(a) > 0 and float(b) > 0 for _, a, b in rows),
       "each table has both decode rows, timed on both sides (%d rows)" % len(rows))
 r = subprocess.run(["bash", script], env=dict(env, TREES=trees[0]), capture_output=True, text=True, timeout=60)
 check(r.returncode != 0 and "2 to 8 trees, not 1" in r.stdout, "one tree refused: %r" % r.stdout[-300:])
+# SAME_BITS: C's logits one byte off
+wrap = os.path.join(work, "t2", "bin", "mlaserve")
+os.remove(wrap)
+with open(wrap, "w") as f:
+    f.write('#!/bin/sh\n"%s" "$@" || exit $?\nout=""; prev=""\nfor a in "$@"; do [ "$prev" = --out ] && out="$a"; '
+            'prev="$a"; done\n[ -n "$out" ] && printf "\\001" | dd of="$out" bs=1 seek=5 conv=notrunc 2>/dev/null\n'
+            'exit 0\n' % exe)
+os.chmod(wrap, 0o755)
+r = subprocess.run(["bash", script], env=dict(env, SAME_BITS="1", ROUNDS="1"), capture_output=True, text=True,
+                   timeout=900)
+text = open(md).read() if os.path.exists(md) else ""
+check(r.returncode != 0 and re.search(r"v2lite-2l: B gives A's bits \(\d+ bytes of logits, the same greedy ids\)",
+                                      text) and "v2lite-2l: C DIFFERS from A: logits byte 6" in text,
+      "SAME_BITS: B the same, C differs, the run fails: %r %r" % (text[:400], r.stdout[-400:]))
 finish()
