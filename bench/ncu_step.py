@@ -163,27 +163,24 @@ def main():
             unmatched.add(short)
     s = sum(tot.values())
 
-    def by(mb_of, key, us):  # the --bytes columns: MB moved, GB/s over the time
+    def by(nb, us):  # the --bytes columns of nb bytes over us: MB moved, GB/s
         if not want_bytes:
             return ''
-        mb = mb_of[key] / 1e6
-        return f' {mb:.1f} | {1e3 * mb / us if us > 0 else 0:.0f} |'
+        return f' {nb / 1e6:.1f} | {1e-3 * nb / us if us > 0 else 0:.0f} |'
     bh, bd = (' MB | GB/s |', '---|---|') if want_bytes else ('', '')
     if '--families' in args:
         print(f'| family | launches | us | share |{bh}\n|---|---|---|---|{bd}')
         for fam, us in ftot.most_common():
-            print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |{by(fby, fam, us)}')
-        sb = {'total': sum(fby.values())}
-        print(f'| total | {b - a} | {s:.1f} | 100% |{by(sb, "total", s)}\n')
+            print(f'| {fam} | {fcnt[fam]} | {us:.1f} | {100 * us / s:.1f}% |{by(fby[fam], us)}')
+        print(f'| total | {b - a} | {s:.1f} | 100% |{by(sum(fby.values()), s)}\n')
     if want_stalls:
         if '--families' in args:
             stall_table('family', [(f, fl[f]) for f, _ in ftot.most_common()], stalls)
         stall_table('kernel', [(k, kl[k]) for k, _ in tot.most_common()], stalls)
     print(f'| kernel | launches | us | share |{bh}\n|---|---|---|---|{bd}')
     for k, us in tot.most_common():
-        print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |{by(kby, k, us)}')
-    sb = {'total': sum(kby.values())}
-    print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |{by(sb, "total", s)}')
+        print(f'| {k} | {cnt[k]} | {us:.1f} | {100 * us / s:.1f}% |{by(kby[k], us)}')
+    print(f'| total (kernels {a}..{b - 1}) | {b - a} | {s:.1f} | 100% |{by(sum(kby.values()), s)}')
     if out_json:
         with open(out_json, 'w') as f:
             def entry(d, ls):

@@ -84,7 +84,6 @@ static void arena_free(arena_blk *a) {
 
 /* ---------------------------------------------------------------- string hash table */
 
-
 /* Open addressing; stores indices + 1 (0 = empty). The key of index i comes from keyf. */
 typedef struct strtab {
     uint32_t *slots;

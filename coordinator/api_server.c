@@ -153,6 +153,8 @@ struct api_tok_job {
     int32_t *more_n;
     cJSON *rsp_echo;    /* a Responses API request's (api_rsp_parse), for its api_resp */
     api_rsp_opts rsp_opts;
+    api_fp *fp;         /* a Messages request that asks for cache diagnostics: its fingerprint (prep
+                         * thread), kept under its id once it is taken (generate_ready) */
 };
 
 typedef struct qev {
@@ -1903,6 +1905,8 @@ static void *prep_main(void *arg) {
         else
             j->rc = gen_prompt_ids(a, &j->gp, &j->ids, &j->n_ids, &j->e) ||
                     more_prompt_ids(a, &j->gp, &j->more_ids, &j->more_n, &j->e);
+        if (!j->is_tokenize && j->rc == MLA_OK && j->rsp_opts.messages && j->rsp_opts.diagnostics)
+            j->fp = api_fp_make(j->root, j->n_ids); /* the whole conversation printed and hashed: off the loop */
         pthread_mutex_lock(&a->prep_mu);
         if (a->done_tail) a->done_tail->next = j;
         else a->done_head = j;
@@ -1922,6 +1926,7 @@ static void prep_free(prep_job *j) {
     else api_gen_params_free(&j->gp);
     cJSON_Delete(j->root);
     cJSON_Delete(j->rsp_echo);
+    api_fp_free(j->fp);
     free(j->ids);
     free(j);
 }
@@ -2122,17 +2127,11 @@ static void generate_ready(api_server *a, prep_job *j) {
         reply_error(c, &e, NULL);
         return;
     }
-    /* cache diagnostics: this prompt against the one its previous_message_id names; its own
-     * fingerprint kept under its id once it is taken (api_fprint.h) */
-    api_fp *fp = NULL;
-    if (j->rsp_opts.messages && j->rsp_opts.diagnostics) {
-        fp = api_fp_make(j->root, j->n_ids);
-        if (!a->fps) a->fps = api_fp_store_new(API_FP_KEEP);
-        if (j->rsp_opts.diagnostics == 2) {
-            const api_fp *prev = api_fp_store_get(a->fps, j->rsp_opts.prev_id);
-            j->rsp_opts.miss_reason = prev ? api_fp_change_name(api_fp_compare(prev, fp, &j->rsp_opts.miss_tokens))
-                                           : "previous_message_not_found";
-        }
+    /* cache diagnostics: this prompt against the one its previous_message_id names (api_fprint.h) */
+    if (j->fp && j->rsp_opts.diagnostics == 2) {
+        const api_fp *prev = a->fps ? api_fp_store_get(a->fps, j->rsp_opts.prev_id) : NULL;
+        j->rsp_opts.miss_reason = prev ? api_fp_change_name(api_fp_compare(prev, j->fp, &j->rsp_opts.miss_tokens))
+                                       : "previous_message_not_found";
     }
     api_resp *rs = mla_xcalloc(1, sizeof *rs);
     rs->conn = c;
@@ -2154,7 +2153,6 @@ static void generate_ready(api_server *a, prep_job *j) {
                          " (the prompt at index %d)", p);
             if (rs->rsp_echo) item_error_names(&rs->rsp_opts, &e);
             reply_error(c, &e, NULL);
-            api_fp_free(fp);
             if (!rs->n_live) {
                 resp_free(rs);
                 return;
@@ -2171,7 +2169,11 @@ static void generate_ready(api_server *a, prep_job *j) {
         }
     }
     api_req *r = rs->ch[0];
-    if (fp) api_fp_store_put(a->fps, r->id, fp);
+    if (j->fp) { /* kept under its id (the job gives it up) */
+        if (!a->fps) a->fps = api_fp_store_new(API_FP_KEEP);
+        api_fp_store_put(a->fps, r->id, j->fp);
+        j->fp = NULL;
+    }
     http_conn_on_abort(c, on_client_abort, rs);
     if (r->stream && r->rsp && r->rsp->opts.messages) { /* the message begun: no content yet */
         http_stream_begin(c, 200, "text/event-stream", "Cache-Control: no-cache\r\n");
