@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/mla_err.h"
+#include "coordinator/chat.h"
 
 static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
 
@@ -53,19 +54,6 @@ static const char *block_type(const cJSON *b) {
     return cJSON_IsObject(b) && cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
 
-/* Claude Code starts its system prompt with a block "x-anthropic-billing-header: cc_version=...;
- * cc_entrypoint=...; cch=...;" whose version suffix and cch are hashes of the request: they change
- * with every request, and at the prompt's first tokens they would leave the prefix cache nothing
- * to reuse of the turns before (the whole system prompt, tools and conversation prefilled again
- * each turn). The line says nothing to the model; where a system string or block starts with it,
- * the text after its first line is what is read (as vLLM and SGLang drop it). */
-static const char *past_billing_header(const char *t) {
-    static const char k[] = "x-anthropic-billing-header:";
-    if (strncmp(t, k, sizeof k - 1)) return t;
-    const char *nl = strchr(t, '\n');
-    return nl ? nl + 1 : t + strlen(t);
-}
-
 /* A text block (of the request's member param, at where): its text joined to j (sys: a system
  * block, read past a billing header line; a block of that line alone adds nothing) */
 static int text_block(const cJSON *b, const char *param, const char *at, bool sys, api_join *j, api_error *e) {
@@ -73,7 +61,7 @@ static int text_block(const cJSON *b, const char *param, const char *at, bool sy
     const cJSON *tx = cJSON_GetObjectItemCaseSensitive(b, "text");
     if (!cJSON_IsString(tx)) return api_bad(e, param, "%s: a text block needs a string 'text'", at);
     if (block_members(b, param, at, read, e)) return MLA_ERR;
-    const char *t = sys ? past_billing_header(tx->valuestring) : tx->valuestring;
+    const char *t = sys ? chat_past_billing_header(tx->valuestring) : tx->valuestring;
     if (t == tx->valuestring || *t) api_join_add(j, t);
     return MLA_OK;
 }
@@ -81,7 +69,7 @@ static int text_block(const cJSON *b, const char *param, const char *at, bool sy
 /* The text of a string, or of a list of text blocks, joined; NULL with e set (param: the member;
  * sys: the system prompt, read past billing header lines) */
 static char *text_of(const cJSON *c, const char *param, const char *where, bool sys, api_error *e) {
-    if (cJSON_IsString(c)) return mla_xstrdup(sys ? past_billing_header(c->valuestring) : c->valuestring);
+    if (cJSON_IsString(c)) return mla_xstrdup(sys ? chat_past_billing_header(c->valuestring) : c->valuestring);
     if (!cJSON_IsArray(c)) {
         api_bad(e, param, "%s must be a string or a list of text blocks", where);
         return NULL;

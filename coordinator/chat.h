@@ -84,6 +84,14 @@ int chat_tmpl_apply_json(const chat_tmpl *t, const cJSON *messages, bool add_gen
  * when args_object (an error when it is not a JSON object), else a JSON string (an object is
  * serialized). */
 int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err *err);
+/* Claude Code starts its system prompt with a line "x-anthropic-billing-header: cc_version=...;
+ * cc_entrypoint=...; cch=...;" whose version suffix and cch are hashes of the request: new with
+ * every request, and at the prompt's first tokens they would leave the prefix cache nothing to
+ * reuse of the turns before. The line says nothing to the model. Where t starts with it: the text
+ * after its first line (empty where it is the whole text); else t. chat_normalize drops it from a
+ * system message, so that a proxy that forwards Claude Code's system prompt into chat completions
+ * is served as /v1/messages serves Claude Code itself. */
+const char *chat_past_billing_header(const char *t);
 /* The template reads the top-level variable name (tools, enable_thinking, ...); false for the
  * built-in templates. */
 bool chat_tmpl_uses_var(const chat_tmpl *t, const char *name);

@@ -161,6 +161,13 @@ int chat_render(const char *tmpl, const chat_msg *msgs, size_t n, bool add_gen, 
     return rc;
 }
 
+const char *chat_past_billing_header(const char *t) {
+    static const char k[] = "x-anthropic-billing-header:";
+    if (strncmp(t, k, sizeof k - 1)) return t;
+    const char *nl = strchr(t, '\n');
+    return nl ? nl + 1 : t + strlen(t);
+}
+
 int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err *err) {
     *out = NULL;
     if (!cJSON_IsArray(messages)) return mla_errf(err, "chat: messages must be an array");
@@ -233,6 +240,18 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
             j++;
         }
         i++;
+    }
+    /* a system message read past Claude Code's billing line (chat_past_billing_header); one of
+     * that line alone left out */
+    for (cJSON *next, *it = copy->child; it; it = next) {
+        next = it->next;
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "system") || !cJSON_IsString(c)) continue;
+        const char *t = chat_past_billing_header(c->valuestring);
+        if (t == c->valuestring) continue;
+        if (*t) cJSON_ReplaceItemInObjectCaseSensitive(it, "content", cJSON_CreateString(t));
+        else cJSON_Delete(cJSON_DetachItemViaPointer(copy, it));
     }
     *out = copy;
     return MLA_OK;

@@ -181,6 +181,18 @@ def main():
               (ct, body[:80]))
         ct = cl.messages.count_tokens(model="fake-model", messages=q, system="Be brief.\n" + billing("71fea"))
         check(ct.input_tokens > n_sys, "the header line read where it is not first", (ct, n_sys))
+        # the same line where a proxy forwards Claude Code's system prompt into chat completions (a string,
+        # text parts, a system message of its own): not read there either
+        for i, sys_msgs in enumerate(([{"role": "system", "content": billing("eb6c6") + "\nBe brief."}],
+                                      [{"role": "system", "content": [{"type": "text", "text": billing("0aaa9")},
+                                                                      {"type": "text", "text": "Be brief."}]}],
+                                      [{"role": "developer", "content": billing("71fea")},
+                                       {"role": "system", "content": "Be brief."}])):
+            st, body = http_post(port, "/tokenize", {"messages": sys_msgs + q})
+            check(st == 200 and json.loads(body)["count"] == n_sys, "chat: billing line %d not read" % i, body[:80])
+        st, body = http_post(port, "/tokenize", {"messages": [{"role": "system", "content": "Be brief.\n" +
+                                                               billing("71fea")}] + q})
+        check(st == 200 and json.loads(body)["count"] > n_sys, "chat: the line read where it is not first", body[:80])
 
         # a tool loop: the assistant's thinking, text and tool_use, the user's tool_result, as the
         # chat messages they stand for (the prompt's tokens counted against /tokenize of those)
