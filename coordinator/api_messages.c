@@ -94,11 +94,72 @@ static char *text_of(const cJSON *c, const char *param, const char *where, bool 
     return j.s ? j.s : mla_xstrdup("");
 }
 
+/* A client tool {"name", "description"?, "input_schema"} in the chat form: {"type": "function",
+ * "function": {"name", "description"?, "parameters"}} (unchecked: tools_chat checks it) */
+static cJSON *chat_tool(const cJSON *t) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", cJSON_IsString(name) ? name->valuestring : "");
+    if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
+    cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(t, "input_schema"), 1));
+    return c;
+}
+
 typedef struct tx_state {
     cJSON *msgs;
+    const cJSON *tools; /* the request's tools (as sent: checked by tools_chat), which tool_reference blocks name */
     api_refs uses; /* the tool_use blocks' ids, which each tool_result's tool_use_id must name */
     bool counted;  /* the turn's ids are in uses already (turns joined: each was read alone first) */
 } tx_state;
+
+/* A tool_result's content (at where): a string, or text and tool_reference blocks, joined a line
+ * apart. A tool_reference {"tool_name"} (a tool search's result, as Claude Code returns one) names
+ * a tool of the request, most often one of defer_loading true, which the prompt does not list: it
+ * reads as that tool's definition in the chat form, the JSON the chat templates list tools in, so
+ * that the tool is brought in where it is found and the prompt before it stays as it was. */
+static char *result_text(const tx_state *t, const cJSON *c, const char *where, api_error *e) {
+    if (!cJSON_IsArray(c)) return text_of(c, "messages", where, false, e);
+    api_join j = {0};
+    int k = 0, rc = MLA_OK;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, c) {
+        char at[160];
+        snprintf(at, sizeof at, "%s[%d]", where, k++);
+        const char *ty = block_type(b);
+        if (ty && !strcmp(ty, "text")) {
+            rc = text_block(b, "messages", at, false, &j, e);
+        } else if (ty && !strcmp(ty, "tool_reference")) {
+            static const char *const read[] = {"type", "tool_name", NULL};
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(b, "tool_name");
+            const cJSON *tool = NULL, *x, *list = cJSON_IsArray(t->tools) ? t->tools : NULL;
+            cJSON_ArrayForEach(x, list) {
+                const cJSON *xn = cJSON_GetObjectItemCaseSensitive(x, "name");
+                if (cJSON_IsString(nm) && cJSON_IsString(xn) && !strcmp(xn->valuestring, nm->valuestring)) tool = x;
+            }
+            if (!cJSON_IsString(nm)) rc = api_bad(e, "messages", "%s: a tool_reference needs a string tool_name", at);
+            else if (!(rc = block_members(b, "messages", at, read, e)) && !tool)
+                rc = api_bad(e, "messages", "%s: tool_reference '%.64s' names no tool of 'tools'", at, nm->valuestring);
+            if (!rc) {
+                cJSON *ct = chat_tool(tool);
+                char *s = cJSON_PrintUnformatted(ct);
+                api_join_add(&j, s);
+                free(s);
+                cJSON_Delete(ct);
+            }
+        } else {
+            rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a tool_result (text, "
+                                    "tool_reference)", at, ty ? ty : "(none)");
+        }
+        if (rc) {
+            free(j.s);
+            return NULL;
+        }
+    }
+    return j.s ? j.s : mla_xstrdup("");
+}
 
 /* A user turn: its tool_result blocks tool messages, its text blocks one user message after them */
 static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
@@ -131,7 +192,7 @@ static int user_turn(tx_state *t, const cJSON *c, int i, api_error *e) {
             if (rc) break;
             char cw[112];
             snprintf(cw, sizeof cw, "%s.content", at);
-            char *o = is_null(out) ? mla_xstrdup("") : text_of(out, "messages", cw, false, e);
+            char *o = is_null(out) ? mla_xstrdup("") : result_text(t, out, cw, e);
             if (!o) {
                 rc = MLA_ERR;
                 break;
@@ -278,7 +339,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         if (block_members(it, "messages", where, read, e)) return MLA_ERR;
         i++;
     }
-    tx_state t = {.msgs = msgs};
+    tx_state t = {.msgs = msgs, .tools = cJSON_GetObjectItemCaseSensitive(body, "tools")};
     bool prefix = false;
     i = 0;
     for (it = in->child; it && !rc;) {
@@ -294,7 +355,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         } else {
             /* each turn read alone first, so that a mistake is named where it is (its ids counted
              * there, at its own index); then all as one */
-            tx_state alone = {.msgs = cJSON_CreateArray(), .uses = t.uses};
+            tx_state alone = {.msgs = cJSON_CreateArray(), .tools = t.tools, .uses = t.uses};
             const cJSON *x = it;
             for (int j = 0; j < count && !rc; j++, x = x->next)
                 rc = one_turn(&alone, user, cJSON_GetObjectItemCaseSensitive(x, "content"), i + j, last, e);
@@ -355,24 +416,26 @@ static int tools_chat(const cJSON *body, cJSON *chat, bool *eager_input, api_err
                                    "description where it has one", i);
         const cJSON *strict = cJSON_GetObjectItemCaseSensitive(t, "strict");
         const cJSON *eager = cJSON_GetObjectItemCaseSensitive(t, "eager_input_streaming");
-        if ((!is_null(strict) && !cJSON_IsBool(strict)) || (!is_null(eager) && !cJSON_IsBool(eager)))
-            return api_bad(e, "tools", "tools[%d]: strict and eager_input_streaming must be booleans", i);
+        const cJSON *defer = cJSON_GetObjectItemCaseSensitive(t, "defer_loading");
+        if ((!is_null(strict) && !cJSON_IsBool(strict)) || (!is_null(eager) && !cJSON_IsBool(eager)) ||
+            (!is_null(defer) && !cJSON_IsBool(defer)))
+            return api_bad(e, "tools", "tools[%d]: strict, eager_input_streaming and defer_loading must be booleans",
+                           i);
         if (cJSON_IsTrue(eager)) *eager_input = true;
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
-            static const char *const read[] = {"type",          "name",   "description",           "input_schema",
-                                               "cache_control", "strict", "eager_input_streaming", NULL};
+            static const char *const read[] = {"type",   "name",          "description",           "input_schema",
+                                               "strict", "cache_control", "eager_input_streaming", "defer_loading",
+                                               NULL};
             if (!api_in_list(read, m->string ? m->string : ""))
                 return api_bad(e, "tools", "tools[%d].%.64s is not supported (name, description, input_schema, "
-                                       "strict)", i, m->string ? m->string : "");
+                                       "strict, defer_loading)", i, m->string ? m->string : "");
         }
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddStringToObject(c, "type", "function");
-        cJSON *fn = cJSON_AddObjectToObject(c, "function");
-        cJSON_AddStringToObject(fn, "name", name->valuestring);
-        if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
-        cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1));
+        cJSON *c = chat_tool(t);
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
         if (cJSON_IsBool(strict)) cJSON_AddBoolToObject(fn, "strict", cJSON_IsTrue(strict));
+        /* not in the prompt's list of tools: a tool_reference brings it in (result_text) */
+        if (cJSON_IsTrue(defer)) cJSON_AddTrueToObject(fn, "defer_loading");
         cJSON_AddItemToArray(out, c);
         i++;
     }

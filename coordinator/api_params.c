@@ -535,9 +535,16 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             if (cJSON_IsTrue(sx) && cJSON_IsObject(pa) && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "object")))
                 return api_bad(e, "tools",
                         "tools[%d].function.parameters of a strict tool must have \"type\": \"object\"", i);
+            /* defer_loading: true: left out of the template's tools (api_server's chat_vars: the
+             * prompt does not list it), its calls read as any other's; for a client that brings the
+             * tool into the conversation itself (/v1/messages: tool_reference blocks) */
+            const cJSON *dl = cJSON_GetObjectItemCaseSensitive(fn, "defer_loading");
+            if (!is_null(dl) && !cJSON_IsBool(dl)) return api_bad(e, "tools",
+                    "tools[%d].function.defer_loading must be a boolean", i);
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
-                if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict"))
+                if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict") &&
+                    strcmp(k, "defer_loading"))
                     return api_bad(e, "tools", "tools[%d].function.%.64s is not supported", i, k);
             }
             i++;

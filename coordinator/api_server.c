@@ -1482,8 +1482,9 @@ static bool uses_var(api_server *a, const char *name) {
 }
 
 /* The template variables a chat request sets: chat_template_kwargs, reasoning_effort, tools
- * (those of tool_choice: every tool, the named one only, none for "none"). Each must be read by
- * the model's template, else the request is refused (400 naming it). */
+ * (those of tool_choice: every tool but those of defer_loading true, the named one only, none for
+ * "none"). Each must be read by the model's template, else the request is refused (400 naming
+ * it). */
 static int chat_vars(api_server *a, const api_gen_params *p, cJSON **out, api_error *e) {
     *out = NULL;
     cJSON *v = cJSON_CreateObject();
@@ -1515,9 +1516,14 @@ static int chat_vars(api_server *a, const api_gen_params *p, cJSON **out, api_er
         }
         cJSON *tl = cJSON_AddArrayToObject(v, "tools");
         cJSON_ArrayForEach(it, p->tools) {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "function"), "name");
-            if (p->tool_choice == API_TOOLS_NAMED && strcmp(nm->valuestring, p->tool_choice_name)) continue;
-            cJSON_AddItemToArray(tl, cJSON_Duplicate(it, 1));
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(it, "function");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            if (p->tool_choice == API_TOOLS_NAMED ? strcmp(nm->valuestring, p->tool_choice_name) != 0
+                                                  : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading")))
+                continue;
+            cJSON *t = cJSON_Duplicate(it, 1);
+            cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "defer_loading");
+            cJSON_AddItemToArray(tl, t);
         }
     }
     *out = v;

@@ -343,6 +343,50 @@ def main():
         p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
         check(ct.input_tokens == json.loads(body)["count"] and "Error: no such city" in p,
               "a tool_result with is_error as a result reading Error:", (ct, body[:200]))
+        # tool search (Claude Code's, ENABLE_TOOL_SEARCH): a tool of defer_loading true is not in the prompt's list
+        # of tools; a tool_reference in a tool_result brings it in there, as its definition in the chat form, so
+        # that the prompt before it is the prompt without it; its calls are read as any tool's (typed by its schema)
+        finder = {"name": "ToolSearch", "description": "Finds tools",
+                  "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}
+        finder_chat = {"type": "function", "function": {"name": "ToolSearch", "description": "Finds tools",
+                                                        "parameters": finder["input_schema"]}}
+        deferred = dict(weather, defer_loading=True)
+        ct = cl.messages.count_tokens(model="fake-model", messages=q, tools=[finder, deferred])
+        st, body = http_post(port, "/tokenize", {"messages": q, "tools": [finder_chat]})
+        check(st == 200 and ct.input_tokens == json.loads(body)["count"], "a deferred tool not listed",
+              (ct, body[:120]))
+        found = [{"role": "user", "content": "weather?"},
+                 {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s", "name": "ToolSearch",
+                                                    "input": {"query": "weather"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
+                     {"type": "tool_reference", "tool_name": "get_weather"}]}]}]
+        found_chat = [{"role": "user", "content": "weather?"},
+                      {"role": "assistant", "content": "", "tool_calls": [
+                          {"id": "toolu_s", "type": "function",
+                           "function": {"name": "ToolSearch", "arguments": "{\"query\":\"weather\"}"}}]},
+                      {"role": "tool", "tool_call_id": "toolu_s",
+                       "content": json.dumps(D.WEATHER, separators=(",", ":"))}]
+        ct = cl.messages.count_tokens(model="fake-model", messages=found, tools=[finder, deferred])
+        st, body = http_post(port, "/tokenize", {"messages": found_chat, "tools": [finder_chat]})
+        p = D.prompt_of(json.loads(body)["tokens"]) if st == 200 else ""
+        n_found = json.loads(body)["count"] if st == 200 else -1
+        check(ct.input_tokens == n_found and p.count("get_weather") == 1 and
+              p.index("ToolSearch") < p.index("get_weather"), "a tool_reference as the tool's definition there",
+              (ct, body[:120]))
+        script_of('x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>'
+                  '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>')
+        m = cl.messages.create(model="fake-model", messages=found, tools=[finder, deferred], max_tokens=80)
+        tu = [b for b in m.content if b.type == "tool_use"]
+        check(m.stop_reason == "tool_use" and len(tu) == 1 and tu[0].name == "get_weather" and
+              tu[0].input == {"city": "Oslo", "days": 3}, "a deferred tool's call typed by its schema", m)
+        # chat completions: function.defer_loading, the same rule
+        st, body = http_post(port, "/tokenize", {"messages": found_chat, "tools": [
+            finder_chat, {"type": "function", "function": dict(D.WEATHER["function"], defer_loading=True)}]})
+        check(st == 200 and json.loads(body)["count"] == n_found, "chat: a deferred tool not listed",
+              body[:120])
+        st, body = http_post(port, "/tokenize", {"messages": found_chat, "tools": [
+            {"type": "function", "function": dict(D.WEATHER["function"], defer_loading="yes")}]})
+        check(st == 400 and b"defer_loading" in body, "chat: defer_loading not a boolean", body[:200])
         # a call in the answer: a tool_use block with its input an object, stop_reason tool_use; streamed, the
         # client builds the same input from the input_json_delta events
         script_of('x</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>')
@@ -490,7 +534,17 @@ def main():
         refused("a signature not ours", "signature", messages=loop[:1] + [{"role": "assistant", "content": [
             {"type": "thinking", "thinking": "", "signature": "EqQBCkgIAxABGAIiQ"}, {"type": "text", "text": "a"}]},
             {"role": "user", "content": "b"}])
-        refused("a tool's defer_loading", "defer_loading", tools=[dict(tool_of(D.WEATHER), defer_loading=True)])
+        refused("a tool's defer_loading not a boolean", "defer_loading",
+                tools=[dict(tool_of(D.WEATHER), defer_loading="yes")])
+        refused("a tool_reference naming no tool", "names no tool of 'tools'", messages=found[:2] + [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
+                {"type": "tool_reference", "tool_name": "nope"}]}]}], tools=[finder, deferred])
+        refused("a tool_reference outside a tool_result", "tool_reference", messages=[
+            {"role": "user", "content": [{"type": "tool_reference", "tool_name": "get_weather"}]}],
+                tools=[finder, deferred])
+        refused("an image in a tool_result", "tool_result (text, tool_reference)", messages=found[:2] + [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
+                {"type": "image", "source": {}}]}]}], tools=[finder, deferred])
         refused("temperature past 1", "temperature", temperature=5)
         refused("stop_sequences a string", "stop_sequences", stop_sequences="ab")
         refused("a tool type not a string", "not a string", tools=[dict(tool_of(D.WEATHER), type=5)])
