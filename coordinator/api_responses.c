@@ -249,14 +249,28 @@ static int input_message(tx_state *t, const cJSON *it, int i, api_error *e) {
     return MLA_OK;
 }
 
+/* A namespace's function in the chat form: NAMESPACE__NAME (the form Codex gives an MCP server's
+ * tool, "mcp__server__tool"; the chat templates have no namespaces) */
+#define API_RSP_NS_SEP "__"
+static char *ns_name(const char *ns, const char *name) {
+    const size_t n = strlen(ns) + sizeof API_RSP_NS_SEP + strlen(name);
+    char *s = mla_xmalloc(n);
+    snprintf(s, n, "%s" API_RSP_NS_SEP "%s", ns, name);
+    return s;
+}
+
 static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     static const char *const read[] = {"type", "call_id", "name", "arguments", NULL};
+    static const char *const read_ns[] = {"type", "call_id", "name", "arguments", "namespace", NULL};
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "arguments");
+    const cJSON *ns = cJSON_GetObjectItemCaseSensitive(it, "namespace");
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
         return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
-    if (item_members(it, i, read, e)) return MLA_ERR;
+    if (!is_null(ns) && !cJSON_IsString(ns))
+        return api_bad(e, "input", "input[%d].namespace must be a string", i);
+    if (item_members(it, i, cJSON_IsString(ns) ? read_ns : read, e)) return MLA_ERR;
     api_refs_def(&t->calls, id->valuestring);
     cJSON *m = assistant_turn(t);
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
@@ -264,7 +278,9 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
         calls = cJSON_AddArrayToObject(m, "tool_calls");
         if (!cJSON_GetObjectItemCaseSensitive(m, "content")) cJSON_AddNullToObject(m, "content");
     }
-    api_chat_call(calls, id->valuestring, name->valuestring, args->valuestring);
+    char *flat = cJSON_IsString(ns) ? ns_name(ns->valuestring, name->valuestring) : NULL;
+    api_chat_call(calls, id->valuestring, flat ? flat : name->valuestring, args->valuestring);
+    free(flat);
     return MLA_OK;
 }
 
@@ -356,7 +372,52 @@ static int input_messages(const cJSON *body, cJSON *msgs, api_error *e) {
     return rc;
 }
 
-/* tools: [{"type": "function", "name", "description"?, "parameters"?, "strict"?}] in the chat form */
+/* A function tool {"type": "function", "name", "description"?, "parameters"?, "strict"?} (at
+ * where) in the chat form, named ns__name in namespace ns (NULL: none) whose description nd (NULL:
+ * none) goes before its own; NULL with e set */
+static cJSON *function_chat(const cJSON *t, const char *where, const char *ns, const char *nd, api_error *e) {
+    cJSON *fn = cJSON_CreateObject();
+    const cJSON *m;
+    cJSON_ArrayForEach(m, t) {
+        const char *k = m->string ? m->string : "";
+        if (!strcmp(k, "type")) continue;
+        if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict")) {
+            cJSON_Delete(fn);
+            api_bad(e, "tools", "%s.%.64s is not supported (type, name, description, parameters, strict)", where, k);
+            return NULL;
+        }
+        cJSON_AddItemToObject(fn, k, cJSON_Duplicate(m, 1));
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+    if (ns && (!cJSON_IsString(name) || (!is_null(desc) && !cJSON_IsString(desc)))) {
+        cJSON_Delete(fn);
+        api_bad(e, "tools", "%s needs a string name (and description)", where);
+        return NULL;
+    }
+    if (ns) {
+        char *flat = ns_name(ns, name->valuestring);
+        cJSON_ReplaceItemInObjectCaseSensitive(fn, "name", cJSON_CreateString(flat));
+        free(flat);
+        if (nd && *nd) {
+            const char *own = cJSON_IsString(desc) ? desc->valuestring : "";
+            const size_t n = strlen(nd) + 2 + strlen(own) + 1;
+            char *d = mla_xmalloc(n);
+            snprintf(d, n, *own ? "%s\n\n%s" : "%s", nd, own);
+            if (desc) cJSON_ReplaceItemInObjectCaseSensitive(fn, "description", cJSON_CreateString(d));
+            else cJSON_AddStringToObject(fn, "description", d);
+            free(d);
+        }
+    }
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON_AddItemToObject(c, "function", fn);
+    return c;
+}
+
+/* tools: function tools, and namespaces of them ({"type": "namespace", "name", "description"?,
+ * "tools": [function tools]}: each function as chat's NAMESPACE__NAME, the namespace's
+ * description before its own), in the chat form */
 static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (!is_null(tools) && !cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
@@ -365,26 +426,45 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *t, *list = out ? tools : NULL;
     cJSON_ArrayForEach(t, list) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
-        if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
-            return api_bad(e, "tools", "tools[%d]: tools of type '%.64s' are not served here, only function tools",
-                           i, cJSON_IsString(ty) ? ty->valuestring : !cJSON_IsObject(t) ? "(not an object)" : "(none)");
-        cJSON *fn = cJSON_CreateObject();
+        const bool ns = cJSON_IsString(ty) && !strcmp(ty->valuestring, "namespace");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || (strcmp(ty->valuestring, "function") && !ns))
+            return api_bad(e, "tools", "tools[%d]: tools of type '%.64s' are not served here, only function tools "
+                                   "and namespaces of them", i,
+                           cJSON_IsString(ty) ? ty->valuestring : !cJSON_IsObject(t) ? "(not an object)" : "(none)");
+        char where[96];
+        snprintf(where, sizeof where, "tools[%d]", i++);
+        if (!ns) {
+            cJSON *c = function_chat(t, where, NULL, NULL, e);
+            if (!c) return MLA_ERR;
+            cJSON_AddItemToArray(out, c);
+            continue;
+        }
+        static const char *const read[] = {"type", "name", "description", "tools", NULL};
+        const cJSON *nn = cJSON_GetObjectItemCaseSensitive(t, "name");
+        const cJSON *nd = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const cJSON *inner = cJSON_GetObjectItemCaseSensitive(t, "tools");
+        if (!cJSON_IsString(nn) || !nn->valuestring[0] || (!is_null(nd) && !cJSON_IsString(nd)) ||
+            !cJSON_IsArray(inner))
+            return api_bad(e, "tools", "%s: a namespace needs a string name, a list of tools (and a string "
+                                   "description)", where);
         const cJSON *m;
         cJSON_ArrayForEach(m, t) {
-            const char *k = m->string ? m->string : "";
-            if (!strcmp(k, "type")) continue;
-            if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict")) {
-                cJSON_Delete(fn);
-                return api_bad(e, "tools", "tools[%d].%.64s is not supported (type, name, description, parameters, "
-                                       "strict)", i, k);
-            }
-            cJSON_AddItemToObject(fn, k, cJSON_Duplicate(m, 1));
+            if (!api_in_list(read, m->string ? m->string : ""))
+                return api_bad(e, "tools", "%s.%.64s is not supported (type, name, description, tools)", where,
+                               m->string ? m->string : "");
         }
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddStringToObject(c, "type", "function");
-        cJSON_AddItemToObject(c, "function", fn);
-        cJSON_AddItemToArray(out, c);
-        i++;
+        int j = 0;
+        const cJSON *f;
+        cJSON_ArrayForEach(f, inner) {
+            char at[128];
+            snprintf(at, sizeof at, "%s.tools[%d]", where, j++);
+            const cJSON *fty = cJSON_GetObjectItemCaseSensitive(f, "type");
+            if (!cJSON_IsObject(f) || !cJSON_IsString(fty) || strcmp(fty->valuestring, "function"))
+                return api_bad(e, "tools", "%s: a namespace holds function tools only", at);
+            cJSON *c = function_chat(f, at, nn->valuestring, cJSON_IsString(nd) ? nd->valuestring : NULL, e);
+            if (!c) return MLA_ERR;
+            cJSON_AddItemToArray(out, c);
+        }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
     if (cJSON_IsString(tc)) {
@@ -556,6 +636,42 @@ void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *o
     o->open = -1;
 }
 
+void api_rsp_out_tools(api_rsp_out *o, const cJSON *tools) {
+    cJSON_Delete(o->ns);
+    o->ns = NULL;
+    const cJSON *t, *list = cJSON_IsArray(tools) ? tools : NULL;
+    cJSON_ArrayForEach(t, list) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "namespace")) continue;
+        if (!o->ns) o->ns = cJSON_CreateArray();
+        cJSON_AddItemToArray(o->ns, cJSON_Duplicate(t, 1));
+    }
+}
+
+/* A call's name as the answer gives it: a namespace's function (NAMESPACE__NAME, api_rsp_out_tools)
+ * its NAME, *ns the namespace; else the name, *ns NULL */
+static const char *call_name(const api_rsp_out *o, const char *flat, const char **ns) {
+    *ns = NULL;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, o->ns) {
+        const cJSON *nn = cJSON_GetObjectItemCaseSensitive(t, "name");
+        if (!cJSON_IsString(nn)) continue;
+        const size_t l = strlen(nn->valuestring);
+        if (strncmp(flat, nn->valuestring, l) || strncmp(flat + l, API_RSP_NS_SEP, sizeof API_RSP_NS_SEP - 1))
+            continue;
+        const char *rest = flat + l + sizeof API_RSP_NS_SEP - 1;
+        const cJSON *f;
+        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(t, "tools")) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (cJSON_IsString(fn) && !strcmp(fn->valuestring, rest)) {
+                *ns = nn->valuestring;
+                return rest;
+            }
+        }
+    }
+    return flat;
+}
+
 void api_rsp_out_free(api_rsp_out *o) {
     for (int i = 0; i < o->n_items; i++) {
         free(o->items[i].text);
@@ -563,6 +679,7 @@ void api_rsp_out_free(api_rsp_out *o) {
         free(o->items[i].call_id);
     }
     free(o->items);
+    cJSON_Delete(o->ns);
     memset(o, 0, sizeof *o);
 }
 
@@ -624,12 +741,15 @@ static cJSON *item_json(const api_rsp_out *o, const api_rsp_item *it, const char
         }
         break;
     }
-    case API_RSP_CALL:
+    case API_RSP_CALL: {
+        const char *ns, *name = call_name(o, it->name, &ns);
         cJSON_AddStringToObject(j, "type", "function_call");
         cJSON_AddStringToObject(j, "call_id", it->call_id);
-        cJSON_AddStringToObject(j, "name", it->name);
+        cJSON_AddStringToObject(j, "name", name);
+        if (ns) cJSON_AddStringToObject(j, "namespace", ns);
         cJSON_AddStringToObject(j, "arguments", t);
         break;
+    }
     }
     cJSON_AddStringToObject(j, "status", status ? status : item_status(it));
     return j;
@@ -815,7 +935,8 @@ static void item_close(api_rsp_out *o, bool incomplete, api_rsp_emit emit, void 
     cJSON *ev;
     if (it->kind == API_RSP_CALL) {
         ev = item_event(o, "response.function_call_arguments.done", k, false);
-        cJSON_AddStringToObject(ev, "name", it->name);
+        const char *ns;
+        cJSON_AddStringToObject(ev, "name", call_name(o, it->name, &ns));
         cJSON_AddStringToObject(ev, "arguments", t);
         emit_free(emit, ud, ev);
     } else {

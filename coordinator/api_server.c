@@ -1817,6 +1817,7 @@ static api_req *submit_generation(api_server *a, api_gen_params *p, const int32_
     if (rs && rs->rsp_echo) {
         r->rsp = mla_xmalloc(sizeof *r->rsp);
         api_rsp_out_init(r->rsp, r->id, &rs->rsp_opts);
+        api_rsp_out_tools(r->rsp, cJSON_GetObjectItemCaseSensitive(rs->rsp_echo, "tools"));
     }
     r->resp = rs;
     r->index = index;

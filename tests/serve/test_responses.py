@@ -266,6 +266,46 @@ def main():
         check(st == 200 and last.get("type") == "response.completed" and [it["type"] for it in out] ==
               ["reasoning", "message"] and out[0].get("encrypted_content"), "a Codex CLI request", body[-400:])
 
+        # a namespace of function tools (Codex's MCP servers): each function is chat's NAMESPACE__NAME, the
+        # namespace's description before its own; a call of one goes out as a function_call of its own name and
+        # the namespace (whole and streamed), and reads back from the input the same way
+        ns_tool = {"type": "namespace", "name": "mcp__wx", "description": "Weather server.", "tools": [weather]}
+        flat = {"type": "function", "function": dict(D.WEATHER["function"], name="mcp__wx__get_weather",
+                                                     description="Weather server.\n\nWeather of a city")}
+        script_of('x</think><tool_call>mcp__wx__get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>'
+                  '</tool_call>')
+        st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": "weather?", "tools": [ns_tool],
+                                                     "max_output_tokens": 80})
+        rj = json.loads(body) if st == 200 else {}
+        calls = [it for it in rj.get("output", []) if it["type"] == "function_call"]
+        st2, body2 = http_post(port, "/tokenize", {"messages": [{"role": "user", "content": "weather?"}],
+                                                   "tools": [flat]})
+        check(st2 == 200 and rj.get("usage", {}).get("input_tokens") == json.loads(body2)["count"],
+              "a namespace's functions as chat's NAMESPACE__NAME", (body[:300], body2[:100]))
+        check(len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0].get("namespace") == "mcp__wx" and
+              json.loads(calls[0]["arguments"]) == {"city": "Oslo"} and rj["tools"] == [ns_tool],
+              "a namespace's call as its name and namespace", body[:600])
+        st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": "weather?", "tools": [ns_tool],
+                                                     "max_output_tokens": 80, "stream": True})
+        evs = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: ")]
+        done = [ev for ev in evs if ev["type"] == "response.output_item.done" and ev["item"]["type"] == "function_call"]
+        args_done = [ev for ev in evs if ev["type"] == "response.function_call_arguments.done"]
+        check(len(done) == 1 and done[0]["item"]["namespace"] == "mcp__wx" and done[0]["item"]["name"] ==
+              "get_weather" and len(args_done) == 1 and args_done[0]["name"] == "get_weather",
+              "a namespace's call streamed", body[-800:])
+        ns_items = [{"role": "user", "content": "weather?"},
+                    {"type": "function_call", "call_id": "c1", "name": "get_weather", "namespace": "mcp__wx",
+                     "arguments": "{\"city\": \"Paris\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+        st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": ns_items, "tools": [ns_tool],
+                                                     "max_output_tokens": 20})
+        st2, body2 = http_post(port, "/tokenize", {"messages": [as_chat[0], {
+            "role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "mcp__wx__get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, as_chat[2]],
+            "tools": [flat]})
+        check(st == 200 and st2 == 200 and json.loads(body)["usage"]["input_tokens"] == json.loads(body2)["count"],
+              "a namespace's call read back from the input", (body[:300], body2[:100]))
+
         # refusals, by name
         def refused(what, param, **kw):
             kw.setdefault("input", "q")
@@ -297,6 +337,14 @@ def main():
         refused("max_output_tokens past the context", "max_output_tokens", max_output_tokens=10 ** 8)
         refused("reasoning effort the template does not read", "reasoning.effort", reasoning={"effort": "high"})
         refused("a tool of no name", "tools", tools=[{"type": "function", "parameters": {}}])
+        refused("a namespace of another tool", "tools[0].tools[0]", tools=[
+            {"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}])
+        refused("a namespace of no tools list", "tools[0]", tools=[{"type": "namespace", "name": "n"}])
+        refused("a deferred function in a namespace", "defer_loading", tools=[
+            {"type": "namespace", "name": "n", "tools": [dict(weather, defer_loading=True)]}])
+        refused("a call's namespace not a string", "namespace", input=[
+            {"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c", "name": "f", "namespace": 5,
+                                                 "arguments": "{}"}])
         refused("metadata not strings", "metadata", metadata={"a": 1})
         refused("tool_choice without tools", "tool_choice", tool_choice="required")
         refused("a call's output naming no call", "names no function_call", input=[
