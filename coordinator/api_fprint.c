@@ -38,10 +38,25 @@ static bool is_system(const cJSON *m) {
     return cJSON_IsString(r) && !strcmp(r->valuestring, "system");
 }
 
+/* the tools the prompt lists: those not of function.defer_loading true (a NULL-or-array copy) */
+static cJSON *listed_tools(const cJSON *tools) {
+    if (!cJSON_IsArray(tools)) return NULL;
+    cJSON *l = cJSON_CreateArray();
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading")))
+            cJSON_AddItemToArray(l, cJSON_Duplicate(t, 1));
+    }
+    return l;
+}
+
 api_fp *api_fp_make(const cJSON *chat, int32_t prompt_tokens) {
     api_fp *f = mla_xcalloc(1, sizeof *f);
     f->tokens = prompt_tokens > 0 ? prompt_tokens : 0;
-    f->tools = part_of(cJSON_GetObjectItemCaseSensitive(chat, "tools"), MLA_FNV_BASIS);
+    cJSON *listed = listed_tools(cJSON_GetObjectItemCaseSensitive(chat, "tools"));
+    f->tools = part_of(listed, MLA_FNV_BASIS);
+    cJSON_Delete(listed);
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(chat, "messages");
     const cJSON *m = cJSON_IsArray(msgs) ? msgs->child : NULL;
     f->system = part_of(m && is_system(m) ? m : NULL, MLA_FNV_BASIS);

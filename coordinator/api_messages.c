@@ -95,7 +95,7 @@ static char *text_of(const cJSON *c, const char *param, const char *where, bool 
 }
 
 /* A client tool {"name", "description"?, "input_schema"} in the chat form: {"type": "function",
- * "function": {"name", "description"?, "parameters"}} (unchecked: tools_chat checks it) */
+ * "function": {"name", "description"?, "parameters"}} (checked by tools_chat) */
 static cJSON *chat_tool(const cJSON *t) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
     const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
@@ -110,17 +110,64 @@ static cJSON *chat_tool(const cJSON *t) {
 
 typedef struct tx_state {
     cJSON *msgs;
-    const cJSON *tools; /* the request's tools (as sent: checked by tools_chat), which tool_reference blocks name */
+    const cJSON *tools; /* the request's tools (as sent, checked by tools_chat), which tool_reference blocks name */
+    const char **loaded; /* the tools a tool_reference brought in so far (names in tools) */
+    int n_loaded, cap_loaded;
+    int n_refs; /* tool_reference blocks read so far (at most API_MAX_TOOLS_ALL) */
     api_refs uses; /* the tool_use blocks' ids, which each tool_result's tool_use_id must name */
     bool counted;  /* the turn's ids are in uses already (turns joined: each was read alone first) */
 } tx_state;
 
+/* Whether tool name was brought in already; else it is, now */
+static bool loaded_before(tx_state *t, const char *name) {
+    for (int i = 0; i < t->n_loaded; i++)
+        if (!strcmp(t->loaded[i], name)) return true;
+    if (t->n_loaded == t->cap_loaded) {
+        t->cap_loaded = t->cap_loaded ? 2 * t->cap_loaded : 8;
+        t->loaded = mla_xrealloc(t->loaded, (size_t)t->cap_loaded * sizeof *t->loaded);
+    }
+    t->loaded[t->n_loaded++] = name;
+    return false;
+}
+
+/* A tool_reference block b (at at) joined to j as result_text says */
+static int reference_text(tx_state *t, const cJSON *b, const char *at, api_join *j, api_error *e) {
+    static const char *const read[] = {"type", "tool_name", NULL};
+    if (++t->n_refs > API_MAX_TOOLS_ALL)
+        return api_bad(e, "messages", "%s: more than %d tool_reference blocks in a request", at, API_MAX_TOOLS_ALL);
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(b, "tool_name");
+    if (!cJSON_IsString(nm)) return api_bad(e, "messages", "%s: a tool_reference needs a string tool_name", at);
+    if (block_members(b, "messages", at, read, e)) return MLA_ERR;
+    const cJSON *tool = NULL, *x, *list = cJSON_IsArray(t->tools) ? t->tools : NULL;
+    cJSON_ArrayForEach(x, list) {
+        const cJSON *xn = cJSON_GetObjectItemCaseSensitive(x, "name");
+        if (cJSON_IsString(xn) && !strcmp(xn->valuestring, nm->valuestring)) tool = x;
+    }
+    if (!tool)
+        return api_bad(e, "messages", "%s: tool_reference '%.64s' names no tool of 'tools'", at, nm->valuestring);
+    cJSON *ct = chat_tool(tool);
+    /* the tool's own name, which lives as long as the request (a joined turn's blocks do not) */
+    if (loaded_before(t, cJSON_GetObjectItemCaseSensitive(tool, "name")->valuestring)) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(ct, "function");
+        cJSON_DeleteItemFromObjectCaseSensitive(fn, "description");
+        cJSON_DeleteItemFromObjectCaseSensitive(fn, "parameters");
+    }
+    char *s = cJSON_PrintUnformatted(ct);
+    api_join_add(j, s);
+    free(s);
+    cJSON_Delete(ct);
+    return MLA_OK;
+}
+
 /* A tool_result's content (at where): a string, or text and tool_reference blocks, joined a line
  * apart. A tool_reference {"tool_name"} (a tool search's result, as Claude Code returns one) names
- * a tool of the request, most often one of defer_loading true, which the prompt does not list: it
- * reads as that tool's definition in the chat form, the JSON the chat templates list tools in, so
- * that the tool is brought in where it is found and the prompt before it stays as it was. */
-static char *result_text(const tx_state *t, const cJSON *c, const char *where, api_error *e) {
+ * a tool of the request, most often one of defer_loading true, which the prompt does not list: its
+ * first reference reads as that tool's definition as JSON in the chat form ({"type": "function",
+ * "function": {"name", "description", "parameters"}}, as the prompt's tools are given to the
+ * template), so that the tool is brought in where it is found and the prompt before it stays as it
+ * was; a later one as {"type": "function", "function": {"name"}} (a prompt is then never longer than
+ * the request's tools and messages together). */
+static char *result_text(tx_state *t, const cJSON *c, const char *where, api_error *e) {
     if (!cJSON_IsArray(c)) return text_of(c, "messages", where, false, e);
     api_join j = {0};
     int k = 0, rc = MLA_OK;
@@ -132,23 +179,7 @@ static char *result_text(const tx_state *t, const cJSON *c, const char *where, a
         if (ty && !strcmp(ty, "text")) {
             rc = text_block(b, "messages", at, false, &j, e);
         } else if (ty && !strcmp(ty, "tool_reference")) {
-            static const char *const read[] = {"type", "tool_name", NULL};
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(b, "tool_name");
-            const cJSON *tool = NULL, *x, *list = cJSON_IsArray(t->tools) ? t->tools : NULL;
-            cJSON_ArrayForEach(x, list) {
-                const cJSON *xn = cJSON_GetObjectItemCaseSensitive(x, "name");
-                if (cJSON_IsString(nm) && cJSON_IsString(xn) && !strcmp(xn->valuestring, nm->valuestring)) tool = x;
-            }
-            if (!cJSON_IsString(nm)) rc = api_bad(e, "messages", "%s: a tool_reference needs a string tool_name", at);
-            else if (!(rc = block_members(b, "messages", at, read, e)) && !tool)
-                rc = api_bad(e, "messages", "%s: tool_reference '%.64s' names no tool of 'tools'", at, nm->valuestring);
-            if (!rc) {
-                cJSON *ct = chat_tool(tool);
-                char *s = cJSON_PrintUnformatted(ct);
-                api_join_add(&j, s);
-                free(s);
-                cJSON_Delete(ct);
-            }
+            rc = reference_text(t, b, at, &j, e);
         } else {
             rc = api_bad(e, "messages", "%s: blocks of type '%.64s' are not supported in a tool_result (text, "
                                     "tool_reference)", at, ty ? ty : "(none)");
@@ -361,6 +392,7 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
                 rc = one_turn(&alone, user, cJSON_GetObjectItemCaseSensitive(x, "content"), i + j, last, e);
             t.uses = alone.uses;
             cJSON_Delete(alone.msgs);
+            free(alone.loaded);
             if (!rc) {
                 cJSON *all = joined_content(it, count);
                 t.counted = true;
@@ -387,6 +419,19 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         rc = api_bad(e, "messages", "messages[%d]: tool_use_id '%.64s' names no tool_use of the messages",
                      t.uses.ref_at[k], t.uses.refs[k]);
     api_refs_free(&t.uses);
+    /* a tool of defer_loading true that no tool_reference brought in cannot be called (the model
+     * has not seen it): out of the chat's tools (tools_chat put them there, marked) */
+    cJSON *tl = cJSON_GetObjectItemCaseSensitive(chat, "tools");
+    for (cJSON *x = cJSON_IsArray(tl) ? tl->child : NULL, *next; x && !rc; x = next) {
+        next = x->next;
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(x, "function");
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading"))) continue;
+        const char *nm = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        bool found = false;
+        for (int j = 0; j < t.n_loaded && !found; j++) found = !strcmp(t.loaded[j], nm);
+        if (!found) cJSON_Delete(cJSON_DetachItemViaPointer(tl, x));
+    }
+    free(t.loaded);
     if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);
     return rc;
 }
@@ -397,8 +442,11 @@ static int tools_chat(const cJSON *body, cJSON *chat, bool *eager_input, api_err
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (is_null(tools)) return MLA_OK;
     if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
+    if (cJSON_GetArraySize(tools) > API_MAX_TOOLS_ALL) /* before the tool_references look them up */
+        return api_bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS_ALL,
+                       cJSON_GetArraySize(tools));
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
-    int i = 0;
+    int i = 0, n_deferred = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
         const char *ty = block_type(t);
@@ -435,10 +483,13 @@ static int tools_chat(const cJSON *body, cJSON *chat, bool *eager_input, api_err
         cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
         if (cJSON_IsBool(strict)) cJSON_AddBoolToObject(fn, "strict", cJSON_IsTrue(strict));
         /* not in the prompt's list of tools: a tool_reference brings it in (result_text) */
-        if (cJSON_IsTrue(defer)) cJSON_AddTrueToObject(fn, "defer_loading");
+        if (cJSON_IsTrue(defer)) cJSON_AddTrueToObject(fn, "defer_loading"), n_deferred++;
         cJSON_AddItemToArray(out, c);
         i++;
     }
+    /* as Anthropic's API: the listed tools are where the template tells the model how to call any */
+    if (i > 0 && n_deferred == i)
+        return api_bad(e, "tools", "every tool has defer_loading true: at least one must be listed in the prompt");
     return MLA_OK;
 }
 
@@ -621,7 +672,7 @@ int api_msg_parse(const cJSON *body, cJSON **chat, api_rsp_opts *opts, api_error
     if (thinking_opts(body, opts, e) || context_management_check(body, e) || diagnostics_opts(body, opts, e))
         return MLA_ERR;
     cJSON *c = cJSON_CreateObject();
-    if (messages_chat(body, c, e) || tools_chat(body, c, &opts->eager_input, e) || tool_choice_chat(body, c, e) ||
+    if (tools_chat(body, c, &opts->eager_input, e) || messages_chat(body, c, e) || tool_choice_chat(body, c, e) ||
         output_config_chat(body, c, e)) {
         cJSON_Delete(c);
         return MLA_ERR;

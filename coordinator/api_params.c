@@ -483,8 +483,9 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (!is_null(tools)) {
         if (!cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list of tools");
-        int n = cJSON_GetArraySize(tools);
-        if (n > API_MAX_TOOLS) return api_bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS, n);
+        int n = cJSON_GetArraySize(tools), n_deferred = 0;
+        if (n > API_MAX_TOOLS_ALL)
+            return api_bad(e, "tools", "at most %d tools are supported (got %d)", API_MAX_TOOLS_ALL, n);
         int i = 0;
         const cJSON *t;
         cJSON_ArrayForEach(t, tools) {
@@ -541,6 +542,7 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             const cJSON *dl = cJSON_GetObjectItemCaseSensitive(fn, "defer_loading");
             if (!is_null(dl) && !cJSON_IsBool(dl)) return api_bad(e, "tools",
                     "tools[%d].function.defer_loading must be a boolean", i);
+            n_deferred += cJSON_IsTrue(dl);
             cJSON_ArrayForEach(it, fn) {
                 const char *k = it->string ? it->string : "";
                 if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "parameters") && strcmp(k, "strict") &&
@@ -549,6 +551,12 @@ static int parse_tools(api_gen_params *p, const cJSON *root, api_error *e) {
             }
             i++;
         }
+        /* the listed tools' section is where the template tells the model how to call any */
+        if (n > 0 && n_deferred == n)
+            return api_bad(e, "tools", "every tool has defer_loading true: at least one must be listed in the prompt");
+        if (n - n_deferred > API_MAX_TOOLS)
+            return api_bad(e, "tools", "at most %d tools are supported besides those of defer_loading true (got %d)",
+                           API_MAX_TOOLS, n - n_deferred);
         if (n > 0) p->tools = tools;
     }
     p->tool_choice = API_TOOLS_AUTO;

@@ -94,7 +94,8 @@ enum api_kind { API_COMPLETIONS = 0, API_CHAT = 1 };
 
 /* tool_choice */
 enum api_tool_choice { API_TOOLS_AUTO = 0, API_TOOLS_NONE, API_TOOLS_REQUIRED, API_TOOLS_NAMED };
-#define API_MAX_TOOLS 128
+#define API_MAX_TOOLS 128       /* the tools a prompt lists */
+#define API_MAX_TOOLS_ALL 1024  /* with those of function.defer_loading true, which it does not */
 #define API_MAX_TOOL_NAME 256
 
 typedef struct api_gen_params {
