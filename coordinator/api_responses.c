@@ -18,12 +18,14 @@ static bool is_null(const cJSON *j) { return !j || cJSON_IsNull(j); }
  * sampling extras, which the chat parser checks) */
 static const char *const k_keys[] = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
                                      "max_output_tokens", "text", "reasoning", "stream", "store", "metadata",
-                                     "truncation", "background", "include", "prompt_cache_key", NULL};
+                                     "truncation", "background", "include", "prompt_cache_key", "client_metadata",
+                                     NULL};
 static const char *const k_pass[] = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty",
                                      "presence_penalty", "frequency_penalty", "chat_template_kwargs", "user", NULL};
 
 #define API_RSP_MAX_METADATA 16 /* OpenAI's limits: 16 pairs, keys of 64 and values of 512 characters */
 #define API_RSP_MAX_CACHE_KEY 1024 /* prompt_cache_key's bytes */
+#define API_RSP_MAX_CLIENT_METADATA 64 /* client_metadata's members */
 
 static int check_keys(const cJSON *body, api_error *e) {
     const cJSON *it;
@@ -67,6 +69,18 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
     if (!is_null(j) && (!cJSON_IsString(j) || strlen(j->valuestring) > API_RSP_MAX_CACHE_KEY))
         return api_bad(e, "prompt_cache_key", "'prompt_cache_key' must be a string of at most %d bytes",
                        API_RSP_MAX_CACHE_KEY);
+    /* ids of the client's own (Codex CLI's installation, session, thread and turn, sent with every
+     * request): nothing the answer depends on */
+    j = cJSON_GetObjectItemCaseSensitive(body, "client_metadata");
+    if (!is_null(j)) {
+        if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_CLIENT_METADATA)
+            return api_bad(e, "client_metadata", "'client_metadata' must be an object of at most %d string values",
+                           API_RSP_MAX_CLIENT_METADATA);
+        cJSON_ArrayForEach(v, j) {
+            if (!cJSON_IsString(v))
+                return api_bad(e, "client_metadata", "client_metadata.%.64s must be a string", v->string);
+        }
+    }
     j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
     if (!is_null(j)) {
         if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_METADATA)
@@ -284,6 +298,8 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     return MLA_OK;
 }
 
+#define API_RSP_UNSEEN_IMAGE "(an image, not shown: this model reads text only)"
+#define API_RSP_UNSEEN_FILE "(a file, not shown: this model reads text only)"
 static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) {
     static const char *const read[] = {"type", "call_id", "output", NULL};
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
@@ -294,7 +310,23 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     char where[48];
     snprintf(where, sizeof where, "input[%d].output", i);
     static const char *const out_parts[] = {"input_text", NULL};
-    char *text = parts_text(cJSON_GetObjectItemCaseSensitive(it, "output"), where, out_parts, e);
+    /* an image or a file a tool returned (Codex CLI's view_image, an MCP tool's): this model reads
+     * text, and the call's output stays in every later request's input, so it reads as a line that
+     * says so instead of failing the rest of the session */
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(it, "output");
+    cJSON *shown = cJSON_IsArray(out) ? cJSON_Duplicate(out, 1) : NULL;
+    for (cJSON *p = shown ? shown->child : NULL; p; p = p->next) {
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const bool img = cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_image");
+        if (!img && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_file"))) continue;
+        cJSON *np = cJSON_CreateObject();
+        cJSON_AddStringToObject(np, "type", "input_text");
+        cJSON_AddStringToObject(np, "text", img ? API_RSP_UNSEEN_IMAGE : API_RSP_UNSEEN_FILE);
+        cJSON_ReplaceItemViaPointer(shown, p, np);
+        p = np;
+    }
+    char *text = parts_text(shown ? shown : out, where, out_parts, e);
+    cJSON_Delete(shown);
     if (!text) return MLA_ERR;
     cJSON_AddStringToObject(api_chat_msg(t->msgs, "tool", text), "tool_call_id", id->valuestring);
     free(text);
@@ -429,8 +461,11 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
         const bool ns = cJSON_IsString(ty) && !strcmp(ty->valuestring, "namespace");
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || (strcmp(ty->valuestring, "function") && !ns))
             return api_bad(e, "tools", "tools[%d]: tools of type '%.64s' are not served here, only function tools "
-                                   "and namespaces of them", i,
-                           cJSON_IsString(ty) ? ty->valuestring : !cJSON_IsObject(t) ? "(not an object)" : "(none)");
+                                   "and namespaces of them%s", i,
+                           cJSON_IsString(ty) ? ty->valuestring : !cJSON_IsObject(t) ? "(not an object)" : "(none)",
+                           cJSON_IsString(ty) && !strcmp(ty->valuestring, "web_search")
+                               ? " (Codex CLI: web_search = \"disabled\" in its config.toml)"
+                               : "");
         char where[96];
         snprintf(where, sizeof where, "tools[%d]", i++);
         if (!ns) {
@@ -467,6 +502,11 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    /* no tools: "auto" and "none" choose nothing (Codex CLI's compaction turn sends "auto" with an
+     * empty list); "required" or a named one still needs tools (the chat parser's 400) */
+    if (!cJSON_GetArraySize(out) && cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") ||
+                                                           !strcmp(tc->valuestring, "none")))
+        return MLA_OK;
     if (cJSON_IsString(tc)) {
         cJSON_AddStringToObject(chat, "tool_choice", tc->valuestring);
     } else if (cJSON_IsObject(tc)) {

@@ -251,20 +251,52 @@ def main():
         frs = [it for it in fin.output if it.type == "reasoning"]
         check(deltas == summ_done == "Need it." and frs and frs[0].summary[0].text == "Need it." and
               frs[0].encrypted_content == rs[0].encrypted_content, "summary streamed", (deltas, summ_done, fin.output))
-        # a request as Codex CLI sends it (its fallback for a model it does not know: reasoning summary,
-        # encrypted reasoning, a developer message, prompt_cache_key, strict false tools), streamed
-        codex = {"model": "fake-model", "instructions": "You are a coding agent.", "input": [
+        # a request as Codex CLI (0.163) sends it for a model it does not know: its base prompt as the first
+        # developer message, client_metadata (its session's ids), reasoning summary, encrypted reasoning,
+        # prompt_cache_key, strict false tools and an MCP server's namespace, parallel calls; streamed
+        codex_md = {"x-codex-installation-id": "cd5890b6-0000-4000-8000-000000000000", "session_id": "01a2",
+                    "thread_id": "01a2", "turn_id": "01a3", "x-codex-window-id": "01a2:0"}
+        codex = {"model": "fake-model", "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather?"}]}],
-            "tools": [dict(weather, strict=False)], "tool_choice": "auto", "parallel_tool_calls": False,
-            "reasoning": {"summary": "auto"}, "store": False, "stream": True,
-            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199a1b2-c3d4-7000-8000-000000000000"}
-        st, body = http_post(port, "/v1/responses", codex)
-        evs = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: ")]
-        last = evs[-1] if evs else {}
-        out = last.get("response", {}).get("output", [])
-        check(st == 200 and last.get("type") == "response.completed" and [it["type"] for it in out] ==
-              ["reasoning", "message"] and out[0].get("encrypted_content"), "a Codex CLI request", body[-400:])
+            "tools": [dict(weather, strict=False), {"type": "namespace", "name": "mcp__wx", "description": "Weather.",
+                                                    "tools": [dict(weather, strict=False)]}],
+            "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
+            "stream": True, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "0199a1b2-c3d4-7000-8000-000000000000", "client_metadata": codex_md}
+        script_of("Need it.</think>Sunny.")
+
+        def codex_ok(req, what):
+            st, body = http_post(port, "/v1/responses", req)
+            evs = [json.loads(ln[6:]) for ln in body.decode().splitlines() if ln.startswith("data: ")]
+            last = evs[-1] if evs else {}
+            out = last.get("response", {}).get("output", [])
+            check(st == 200 and last.get("type") == "response.completed" and [it["type"] for it in out] ==
+                  ["reasoning", "message"] and out[0].get("encrypted_content"), what, body[-400:])
+        codex_ok(codex, "a Codex CLI request")
+        # its compaction turn (on any provider but OpenAI's): the history, no tools, tool_choice auto
+        codex_ok(dict(codex, tools=[], input=codex["input"] + [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Summarize."}]}]),
+            "a Codex CLI compaction request (no tools, tool_choice auto)")
+        # an image a tool returned (its view_image): a line saying it is not shown, so that the history that
+        # keeps it does not fail every later turn
+        shot = codex["input"] + [
+            {"type": "function_call", "call_id": "v1", "name": "view_image", "arguments": "{\"path\": \"a.png\"}"},
+            {"type": "function_call_output", "call_id": "v1", "output": [
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"},
+                {"type": "input_text", "text": "a.png"}]}]
+        codex_ok(dict(codex, input=shot), "a tool's image in a Codex CLI history")
+        st, body = http_post(port, "/tokenize", {"messages": [
+            {"role": "system", "content": "You are Codex."}, {"role": "system", "content": "Sandbox: none."},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "v1", "type": "function", "function": {
+                "name": "view_image", "arguments": "{\"path\": \"a.png\"}"}}]},
+            {"role": "tool", "tool_call_id": "v1",
+             "content": "(an image, not shown: this model reads text only)\na.png"}]})
+        st2, body2 = http_post(port, "/v1/responses", dict(codex, input=shot, stream=False, tools=[]))
+        check(st == 200 and st2 == 200 and json.loads(body2)["usage"]["input_tokens"] == json.loads(body)["count"],
+              "a tool's image read as the line that says so", (body[:100], body2[:300]))
 
         # a namespace of function tools (Codex's MCP servers): each function is chat's NAMESPACE__NAME, the
         # namespace's description before its own; a call of one goes out as a function_call of its own name and
@@ -327,6 +359,12 @@ def main():
         refused("background", "background", background=True)
         refused("truncation auto", "truncation", truncation="auto")
         refused("a web search tool", "web_search", tools=[{"type": "web_search", "external_web_access": False}])
+        refused("a web search tool, as Codex CLI's config turns it off", 'web_search = "disabled"',
+                tools=[{"type": "web_search", "external_web_access": False}])
+        refused("client_metadata of another value", "client_metadata", extra_body={"client_metadata": {"a": 1}})
+        refused("tool_choice required without tools", "tool_choice", tools=[], tool_choice="required")
+        refused("a user's image", "input_image", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}])
         refused("an image part", "input_image", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x"}]}])
         refused("an unknown item", "item_reference", input=[{"type": "item_reference", "id": "x"}])
