@@ -364,6 +364,12 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         char where[48];
         snprintf(where, sizeof where, "messages[%d]", i);
+        /* a system turn among the messages (Claude Code sends one for a model it does not know):
+         * refused in the words Anthropic's API uses, which Claude Code reads and sends the request
+         * again without it */
+        if (cJSON_IsObject(it) && cJSON_IsString(role) && !strcmp(role->valuestring, "system"))
+            return api_bad(e, "messages", "messages[%d]: role 'system' messages are not supported here (the system "
+                                      "prompt goes in 'system')", i);
         if (!cJSON_IsObject(it) || !cJSON_IsString(role) ||
             (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
             return api_bad(e, "messages", "messages[%d].role must be user or assistant", i);
@@ -533,9 +539,12 @@ static int thinking_opts(const cJSON *body, api_rsp_opts *opts, api_error *e) {
     static const char *const read[] = {"type", "budget_tokens", "display", NULL};
     if (!cJSON_IsObject(th)) return api_bad(e, "thinking", "'thinking' must be an object");
     if (only_members(th, "thinking", read, e)) return MLA_ERR;
+    /* "updates" (Claude Code's stream-json runs): the thinking as it comes, which is what
+     * "summarized" gives here (the thinking whole) */
     if (!is_null(display) && (!cJSON_IsString(display) || (strcmp(display->valuestring, "summarized") &&
+                                                           strcmp(display->valuestring, "updates") &&
                                                            strcmp(display->valuestring, "omitted"))))
-        return api_bad(e, "thinking", "thinking.display must be \"summarized\" or \"omitted\"");
+        return api_bad(e, "thinking", "thinking.display must be \"summarized\", \"updates\" or \"omitted\"");
     opts->omit_thinking = cJSON_IsString(display) && !strcmp(display->valuestring, "omitted");
     static const char *const types[] = {"enabled", "adaptive", "disabled", NULL};
     if (!ty || !api_in_list(types, ty))

@@ -1501,7 +1501,8 @@ static int chat_vars(api_server *a, const api_gen_params *p, cJSON **out, api_er
         if (!uses_var(a, "reasoning_effort")) {
             cJSON_Delete(v);
             return api_error_set(e, 400, "reasoning_effort", NULL,
-                                 "'reasoning_effort' is not supported by this model (its chat template does not use it)");
+                                 "'reasoning_effort' is not supported by this model: its chat template reads no effort "
+                                 "parameter");
         }
         cJSON_AddStringToObject(v, "reasoning_effort", p->reasoning_effort);
     }

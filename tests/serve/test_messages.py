@@ -410,6 +410,12 @@ def main():
         script_of("Weigh it.</think>Four.")
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50, thinking={"type": "adaptive"})
         check([b.type for b in m.content] == ["thinking", "text"], "thinking adaptive: the model's default", m)
+        # display updates (Claude Code's stream-json runs): the thinking as it comes, streamed
+        with cl.messages.stream(model="fake-model", messages=q, max_tokens=50,
+                                thinking={"type": "adaptive", "display": "updates"}) as s:
+            kinds = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
+            fin = s.get_final_message()
+        check("thinking_delta" in kinds and fin.content[0].thinking == "Weigh it.", "display updates", (kinds, fin))
         # the signature seals the thinking: display omitted sends it alone, and it comes back as the text
         m = cl.messages.create(model="fake-model", messages=q, max_tokens=50,
                                thinking={"type": "adaptive", "display": "omitted"})
@@ -521,6 +527,12 @@ def main():
         refused("an unknown member", "container", container="x")
         refused("metadata of another member", "metadata", metadata={"k": "v"})
         refused("a role of system in messages", "role", messages=[{"role": "system", "content": "x"}])
+        # Claude Code's system turn among the messages (for a model it does not know) and its effort: refused in
+        # Anthropic's words, on which Claude Code sends the request again without them
+        refused("a system turn, in the words Claude Code reads", "role 'system' messages are not supported",
+                messages=q + [{"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                                              "cache_control": {"type": "ephemeral"}}]}])
+        refused("effort, in the words Claude Code reads", "effort parameter", output_config={"effort": "high"})
         refused("redacted thinking", "redacted_thinking", messages=q + [
             {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"},
                                               {"type": "text", "text": "a"}]},
