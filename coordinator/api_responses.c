@@ -43,7 +43,25 @@ static int check_keys(const cJSON *body, api_error *e) {
     return MLA_OK;
 }
 
-/* The stateless values of store, background and truncation; include, prompt_cache_key, metadata */
+/* j (member param): null, or an object of at most max_n string values, keys of at most max_key
+ * characters and values of at most max_val (0: any) */
+static int string_object(const cJSON *j, const char *param, int max_n, int max_key, int max_val, api_error *e) {
+    if (is_null(j)) return MLA_OK;
+    if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > max_n)
+        return api_bad(e, param, "'%s' must be an object of at most %d string values", param, max_n);
+    const cJSON *v;
+    cJSON_ArrayForEach(v, j) {
+        if (!cJSON_IsString(v)) return api_bad(e, param, "%s.%.64s must be a string", param, v->string);
+        if ((max_key && api_utf8_chars(v->string, strlen(v->string)) > (size_t)max_key) ||
+            (max_val && api_utf8_chars(v->valuestring, strlen(v->valuestring)) > (size_t)max_val))
+            return api_bad(e, param, "%s: keys of at most %d characters, values strings of at most %d", param,
+                           max_key, max_val);
+    }
+    return MLA_OK;
+}
+
+/* The stateless values of store, background and truncation; include, prompt_cache_key, metadata,
+ * client_metadata */
 static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(body, "store");
     if (!is_null(j) && !cJSON_IsBool(j)) return api_bad(e, "store", "'store' must be a boolean");
@@ -71,27 +89,11 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
                        API_RSP_MAX_CACHE_KEY);
     /* ids of the client's own (Codex CLI's installation, session, thread and turn, sent with every
      * request): nothing the answer depends on */
-    j = cJSON_GetObjectItemCaseSensitive(body, "client_metadata");
-    if (!is_null(j)) {
-        if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_CLIENT_METADATA)
-            return api_bad(e, "client_metadata", "'client_metadata' must be an object of at most %d string values",
-                           API_RSP_MAX_CLIENT_METADATA);
-        cJSON_ArrayForEach(v, j) {
-            if (!cJSON_IsString(v))
-                return api_bad(e, "client_metadata", "client_metadata.%.64s must be a string", v->string);
-        }
-    }
-    j = cJSON_GetObjectItemCaseSensitive(body, "metadata");
-    if (!is_null(j)) {
-        if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > API_RSP_MAX_METADATA)
-            return api_bad(e, "metadata", "'metadata' must be an object of at most %d string values",
-                       API_RSP_MAX_METADATA);
-        cJSON_ArrayForEach(v, j) {
-            if (!cJSON_IsString(v) || api_utf8_chars(v->string, strlen(v->string)) > 64 ||
-                api_utf8_chars(v->valuestring, strlen(v->valuestring)) > 512)
-                return api_bad(e, "metadata", "metadata: keys of at most 64 characters, values strings of at most 512");
-        }
-    }
+    if (string_object(cJSON_GetObjectItemCaseSensitive(body, "client_metadata"), "client_metadata",
+                      API_RSP_MAX_CLIENT_METADATA, 0, 0, e) ||
+        string_object(cJSON_GetObjectItemCaseSensitive(body, "metadata"), "metadata", API_RSP_MAX_METADATA, 64, 512,
+                      e))
+        return MLA_ERR;
     return MLA_OK;
 }
 
