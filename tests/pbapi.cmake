@@ -42,7 +42,4 @@ if(MLA_FUZZ)
 endif()
 
 # the HTTP/2 layer and request decoding in memory, against an nghttp2 client
-add_executable(test_grpc_conn ${MLA_TEST_DIR}/unit/test_grpc_conn.c)
-target_include_directories(test_grpc_conn PRIVATE ${MLA_TEST_DIR}/unit)
-target_link_libraries(test_grpc_conn mla_coord)
-add_test(NAME grpc_conn COMMAND test_grpc_conn)
+mla_unit_test(grpc_conn mla_coord)

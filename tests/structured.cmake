@@ -1,9 +1,6 @@
 # Grammars (common/gram): GBNF parser, automaton, token masks; the JSON-schema compiler and the
 # request's constraint parameters (coordinator/api_constrain).
-add_executable(test_gram ${MLA_TEST_DIR}/unit/test_gram.c)
-target_include_directories(test_gram PRIVATE ${MLA_TEST_DIR}/unit)
-target_link_libraries(test_gram mla_common m)
-add_test(NAME gram COMMAND test_gram)
+mla_unit_test(gram mla_common m)
 
 # the fuzz targets' seed corpora (and kept crashes) replayed in every build
 add_executable(replay_gram ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_gram.c)
@@ -47,10 +44,7 @@ if(TARGET mlaserve-worker AND TARGET mlaserve_serve_test)
   endforeach()
 endif()
 
-add_executable(test_constrain ${MLA_TEST_DIR}/unit/test_constrain.c)
-target_include_directories(test_constrain PRIVATE ${MLA_TEST_DIR}/unit)
-target_link_libraries(test_constrain mla_coord m)
-add_test(NAME constrain COMMAND test_constrain)
+mla_unit_test(constrain mla_coord m)
 
 add_executable(replay_schema ${MLA_TEST_DIR}/fuzz/replay_main.c ${MLA_TEST_DIR}/fuzz/fuzz_schema.c)
 target_link_libraries(replay_schema mla_coord m)

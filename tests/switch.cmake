@@ -2,10 +2,7 @@
 # (`switch`), the same with mla_switch.c compiled as in a Release build (`switch_release`), and
 # the programs: `mlaserve env`, a start refused for a bad or unknown MLA_* variable
 # (tests/switch/test_env.py).
-add_executable(test_switch ${MLA_TEST_DIR}/unit/test_switch.c)
-target_include_directories(test_switch PRIVATE ${MLA_TEST_DIR}/unit)
-target_link_libraries(test_switch mla_common)
-add_test(NAME switch COMMAND test_switch)
+mla_unit_test(switch mla_common)
 add_executable(test_switch_release ${MLA_TEST_DIR}/unit/test_switch.c ${CMAKE_SOURCE_DIR}/common/mla_switch.c
                ${CMAKE_SOURCE_DIR}/common/mla_err.c)
 target_include_directories(test_switch_release PRIVATE ${MLA_TEST_DIR}/unit ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/common)
