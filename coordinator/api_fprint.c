@@ -38,25 +38,24 @@ static bool is_system(const cJSON *m) {
     return cJSON_IsString(r) && !strcmp(r->valuestring, "system");
 }
 
-/* the tools the prompt lists: those not of function.defer_loading true (a NULL-or-array copy) */
-static cJSON *listed_tools(const cJSON *tools) {
-    if (!cJSON_IsArray(tools)) return NULL;
-    cJSON *l = cJSON_CreateArray();
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
+/* the tools the prompt lists (those not of function.defer_loading true), chained one by one */
+static fp_part tools_part(const cJSON *tools) {
+    fp_part p = {MLA_FNV_BASIS, 0};
+    const cJSON *t, *list = cJSON_IsArray(tools) ? tools : NULL;
+    cJSON_ArrayForEach(t, list) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading")))
-            cJSON_AddItemToArray(l, cJSON_Duplicate(t, 1));
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading"))) continue;
+        const fp_part q = part_of(t, p.h);
+        p.h = q.h;
+        p.bytes += q.bytes;
     }
-    return l;
+    return p;
 }
 
 api_fp *api_fp_make(const cJSON *chat, int32_t prompt_tokens) {
     api_fp *f = mla_xcalloc(1, sizeof *f);
     f->tokens = prompt_tokens > 0 ? prompt_tokens : 0;
-    cJSON *listed = listed_tools(cJSON_GetObjectItemCaseSensitive(chat, "tools"));
-    f->tools = part_of(listed, MLA_FNV_BASIS);
-    cJSON_Delete(listed);
+    f->tools = tools_part(cJSON_GetObjectItemCaseSensitive(chat, "tools"));
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(chat, "messages");
     const cJSON *m = cJSON_IsArray(msgs) ? msgs->child : NULL;
     f->system = part_of(m && is_system(m) ? m : NULL, MLA_FNV_BASIS);

@@ -8,7 +8,8 @@
  * any of its names (so "model_changed" is never the answer).
  *
  * Ownership: api_fp_make's result is the caller's until api_fp_store_put takes it; the store
- * owns what it holds and frees the oldest beyond its capacity. Single-threaded (the API loop). */
+ * owns what it holds and frees the oldest beyond its capacity. api_fp_make is a pure function (the
+ * prep thread makes a request's); a store belongs to one thread (the API loop). */
 #ifndef API_FPRINT_H
 #define API_FPRINT_H
 

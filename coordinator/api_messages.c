@@ -118,10 +118,16 @@ typedef struct tx_state {
     bool counted;  /* the turn's ids are in uses already (turns joined: each was read alone first) */
 } tx_state;
 
-/* Whether tool name was brought in already; else it is, now */
-static bool loaded_before(tx_state *t, const char *name) {
+/* Whether tool name was brought in so far */
+static bool is_loaded(const tx_state *t, const char *name) {
     for (int i = 0; i < t->n_loaded; i++)
         if (!strcmp(t->loaded[i], name)) return true;
+    return false;
+}
+
+/* Whether tool name was brought in already; else it is, now */
+static bool loaded_before(tx_state *t, const char *name) {
+    if (is_loaded(t, name)) return true;
     if (t->n_loaded == t->cap_loaded) {
         t->cap_loaded = t->cap_loaded ? 2 * t->cap_loaded : 8;
         t->loaded = mla_xrealloc(t->loaded, (size_t)t->cap_loaded * sizeof *t->loaded);
@@ -432,10 +438,8 @@ static int messages_chat(const cJSON *body, cJSON *chat, api_error *e) {
         next = x->next;
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(x, "function");
         if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "defer_loading"))) continue;
-        const char *nm = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
-        bool found = false;
-        for (int j = 0; j < t.n_loaded && !found; j++) found = !strcmp(t.loaded[j], nm);
-        if (!found) cJSON_Delete(cJSON_DetachItemViaPointer(tl, x));
+        if (!is_loaded(&t, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring))
+            cJSON_Delete(cJSON_DetachItemViaPointer(tl, x));
     }
     free(t.loaded);
     if (!rc && prefix) cJSON_AddBoolToObject(chat, "continue_final_message", true);

@@ -87,8 +87,8 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
     if (!is_null(j) && (!cJSON_IsString(j) || strlen(j->valuestring) > API_RSP_MAX_CACHE_KEY))
         return api_bad(e, "prompt_cache_key", "'prompt_cache_key' must be a string of at most %d bytes",
                        API_RSP_MAX_CACHE_KEY);
-    /* ids of the client's own (Codex CLI's installation, session, thread and turn, sent with every
-     * request): nothing the answer depends on */
+    /* ids of the client's own (Codex CLI's installation, conversation, thread and turn, sent with
+     * every request): nothing the answer depends on */
     if (string_object(cJSON_GetObjectItemCaseSensitive(body, "client_metadata"), "client_metadata",
                       API_RSP_MAX_CLIENT_METADATA, 0, 0, e) ||
         string_object(cJSON_GetObjectItemCaseSensitive(body, "metadata"), "metadata", API_RSP_MAX_METADATA, 64, 512,
@@ -314,7 +314,7 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     static const char *const out_parts[] = {"input_text", NULL};
     /* an image or a file a tool returned (Codex CLI's view_image, an MCP tool's): this model reads
      * text, and the call's output stays in every later request's input, so it reads as a line that
-     * says so instead of failing the rest of the session */
+     * says so instead of failing the rest of the conversation */
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(it, "output");
     cJSON *shown = cJSON_IsArray(out) ? cJSON_Duplicate(out, 1) : NULL;
     for (cJSON *p = shown ? shown->child : NULL; p; p = p->next) {
@@ -678,26 +678,17 @@ void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *o
     o->open = -1;
 }
 
-void api_rsp_out_tools(api_rsp_out *o, const cJSON *tools) {
-    cJSON_Delete(o->ns);
-    o->ns = NULL;
-    const cJSON *t, *list = cJSON_IsArray(tools) ? tools : NULL;
-    cJSON_ArrayForEach(t, list) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
-        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "namespace")) continue;
-        if (!o->ns) o->ns = cJSON_CreateArray();
-        cJSON_AddItemToArray(o->ns, cJSON_Duplicate(t, 1));
-    }
-}
+void api_rsp_out_tools(api_rsp_out *o, const cJSON *tools) { o->tools = cJSON_IsArray(tools) ? tools : NULL; }
 
 /* A call's name as the answer gives it: a namespace's function (NAMESPACE__NAME, api_rsp_out_tools)
  * its NAME, *ns the namespace; else the name, *ns NULL */
 static const char *call_name(const api_rsp_out *o, const char *flat, const char **ns) {
     *ns = NULL;
     const cJSON *t;
-    cJSON_ArrayForEach(t, o->ns) {
+    cJSON_ArrayForEach(t, o->tools) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         const cJSON *nn = cJSON_GetObjectItemCaseSensitive(t, "name");
-        if (!cJSON_IsString(nn)) continue;
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "namespace") || !cJSON_IsString(nn)) continue;
         const size_t l = strlen(nn->valuestring);
         if (strncmp(flat, nn->valuestring, l) || strncmp(flat + l, API_RSP_NS_SEP, sizeof API_RSP_NS_SEP - 1))
             continue;
@@ -721,7 +712,6 @@ void api_rsp_out_free(api_rsp_out *o) {
         free(o->items[i].call_id);
     }
     free(o->items);
-    cJSON_Delete(o->ns);
     memset(o, 0, sizeof *o);
 }
 

@@ -101,7 +101,7 @@ typedef struct api_rsp_out {
     int n_calls;       /* calls with an item */
     size_t sent_args[TOOLCALL_MAX_CALLS];
     int seq;           /* the next event's sequence_number */
-    cJSON *ns;         /* the request's namespace tools (api_rsp_out_tools; owned), or NULL */
+    const cJSON *tools; /* the request's tools (api_rsp_out_tools; the caller's, alive while o is), or NULL */
 } api_rsp_out;
 
 /* Each event, with its type (and sequence_number, Responses) set (owned by the callee for the call only) */
@@ -109,9 +109,9 @@ typedef void (*api_rsp_emit)(void *ud, const char *type, const cJSON *event);
 
 void api_rsp_out_init(api_rsp_out *o, const char *resp_id, const api_rsp_opts *opts); /* opts NULL: none */
 void api_rsp_out_free(api_rsp_out *o);
-/* The request's tools (its echo's; copied): a call of a namespace's function, which the chat
- * form names NAMESPACE__NAME (api_rsp_parse), goes out as a function_call of that name and
- * namespace */
+/* The request's tools (its echo's, kept by the caller while o lives): a call of a namespace's
+ * function, which the chat form names NAMESPACE__NAME (api_rsp_parse), goes out as a
+ * function_call of that name and namespace */
 void api_rsp_out_tools(api_rsp_out *o, const cJSON *tools);
 /* What v adds to what the items hold: deltas into the open item, or a new item (the open one
  * done first). emit may be NULL (a whole response: the items alone). */
