@@ -252,10 +252,10 @@ def main():
         check(deltas == summ_done == "Need it." and frs and frs[0].summary[0].text == "Need it." and
               frs[0].encrypted_content == rs[0].encrypted_content, "summary streamed", (deltas, summ_done, fin.output))
         # a request as Codex CLI (0.163) sends it for a model it does not know: its base prompt as the first
-        # developer message, client_metadata (its session's ids), reasoning summary, encrypted reasoning,
+        # developer message, client_metadata (its conversation's ids), reasoning summary, encrypted reasoning,
         # prompt_cache_key, strict false tools and an MCP server's namespace, parallel calls; streamed
-        codex_md = {"x-codex-installation-id": "cd5890b6-0000-4000-8000-000000000000", "session_id": "01a2",
-                    "thread_id": "01a2", "turn_id": "01a3", "x-codex-window-id": "01a2:0"}
+        codex_md = {"x-codex-installation-id": "cd5890b6-0000-4000-8000-000000000000", "thread_id": "01a2",
+                    "turn_id": "01a3", "x-codex-window-id": "01a2:0"}
         codex = {"model": "fake-model", "input": [
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
             {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
