@@ -25,7 +25,8 @@ static const char *const k_pass[] = {"temperature", "top_p", "top_k", "min_p", "
 
 #define API_RSP_MAX_METADATA 16 /* OpenAI's limits: 16 pairs, keys of 64 and values of 512 characters */
 #define API_RSP_MAX_CACHE_KEY 1024 /* prompt_cache_key's bytes */
-#define API_RSP_MAX_CLIENT_METADATA 64 /* client_metadata's members */
+#define API_RSP_MAX_CLIENT_METADATA 64 /* client_metadata's members (keys and values as metadata's) */
+#define API_RSP_MAX_NS_DESC (1 << 20) /* bytes of namespaces' descriptions, each as often as it has functions */
 
 static int check_keys(const cJSON *body, api_error *e) {
     const cJSON *it;
@@ -90,7 +91,7 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
     /* ids of the client's own (Codex CLI's installation, conversation, thread and turn, sent with
      * every request): nothing the answer depends on */
     if (string_object(cJSON_GetObjectItemCaseSensitive(body, "client_metadata"), "client_metadata",
-                      API_RSP_MAX_CLIENT_METADATA, 0, 0, e) ||
+                      API_RSP_MAX_CLIENT_METADATA, 64, 512, e) ||
         string_object(cJSON_GetObjectItemCaseSensitive(body, "metadata"), "metadata", API_RSP_MAX_METADATA, 64, 512,
                       e))
         return MLA_ERR;
@@ -284,8 +285,8 @@ static int input_call(tx_state *t, const cJSON *it, int i, api_error *e) {
     const cJSON *ns = cJSON_GetObjectItemCaseSensitive(it, "namespace");
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
         return api_bad(e, "input", "input[%d]: a function_call needs strings call_id, name and arguments", i);
-    if (!is_null(ns) && !cJSON_IsString(ns))
-        return api_bad(e, "input", "input[%d].namespace must be a string", i);
+    if (!is_null(ns) && (!cJSON_IsString(ns) || !ns->valuestring[0]))
+        return api_bad(e, "input", "input[%d].namespace must be a non-empty string", i);
     if (item_members(it, i, cJSON_IsString(ns) ? read_ns : read, e)) return MLA_ERR;
     api_refs_def(&t->calls, id->valuestring);
     cJSON *m = assistant_turn(t);
@@ -320,7 +321,15 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
     for (cJSON *p = shown ? shown->child : NULL; p; p = p->next) {
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "type");
         const bool img = cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_image");
-        if (!img && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_file"))) continue;
+        const bool file = cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_file");
+        if (!img && !file && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_text"))) {
+            api_bad(e, "input", "%s: parts of type '%.64s' are not supported (input_text; input_image and "
+                                "input_file read as a line saying they are not shown)", where,
+                    cJSON_IsString(pt) ? pt->valuestring : "(none)");
+            cJSON_Delete(shown);
+            return MLA_ERR;
+        }
+        if (!img && !file) continue;
         cJSON *np = cJSON_CreateObject();
         cJSON_AddStringToObject(np, "type", "input_text");
         cJSON_AddStringToObject(np, "text", img ? API_RSP_UNSEEN_IMAGE : API_RSP_UNSEEN_FILE);
@@ -424,9 +433,9 @@ static cJSON *function_chat(const cJSON *t, const char *where, const char *ns, c
     }
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
     const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
-    if (ns && (!cJSON_IsString(name) || (!is_null(desc) && !cJSON_IsString(desc)))) {
+    if (!cJSON_IsString(name) || !name->valuestring[0] || (!is_null(desc) && !cJSON_IsString(desc))) {
         cJSON_Delete(fn);
-        api_bad(e, "tools", "%s needs a string name (and description)", where);
+        api_bad(e, "tools", "%s needs a non-empty string name (and a string description)", where);
         return NULL;
     }
     if (ns) {
@@ -449,14 +458,61 @@ static cJSON *function_chat(const cJSON *t, const char *where, const char *ns, c
     return c;
 }
 
+/* The functions tools lists, a namespace's counted one by one, and the bytes of their namespaces'
+ * descriptions as often as the chat form repeats them: checked before anything is copied */
+static int tools_size(const cJSON *tools, api_error *e) {
+    int n = 0;
+    size_t desc = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *inner = cJSON_GetObjectItemCaseSensitive(t, "tools");
+        const cJSON *nd = cJSON_GetObjectItemCaseSensitive(t, "description");
+        const int k = cJSON_IsString(ty) && !strcmp(ty->valuestring, "namespace") && cJSON_IsArray(inner)
+                          ? cJSON_GetArraySize(inner)
+                          : 1;
+        if (k > API_MAX_TOOLS - n)
+            return api_bad(e, "tools", "at most %d tools are supported, a namespace's functions counted one by one",
+                           API_MAX_TOOLS);
+        n += k;
+        if (k > 1 && cJSON_IsString(nd)) desc += (size_t)k * strlen(nd->valuestring);
+    }
+    if (desc > API_RSP_MAX_NS_DESC)
+        return api_bad(e, "tools", "the namespaces' descriptions, each before every one of its functions' own, come to "
+                               "%zu bytes: at most %d", desc, API_RSP_MAX_NS_DESC);
+    return MLA_OK;
+}
+
+/* Is the name of chat tool k (out's last, made from the tool at at[k]; ns: a NAMESPACE__NAME) one a
+ * call can give and no earlier tool's? The errors in the request's own terms. */
+static int tool_name_ok(const cJSON *out, int k, const char (*at)[128], bool ns, api_error *e) {
+    const cJSON *c = cJSON_GetArrayItem(out, k);
+    const char *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name")
+                        ->valuestring;
+    const char *flat = ns ? " (its namespace's name, '" API_RSP_NS_SEP "' and its own)" : "";
+    if (strlen(n) > API_MAX_TOOL_NAME)
+        return api_bad(e, "tools", "%s.name%s is %zu bytes: at most %d", at[k], flat, strlen(n), API_MAX_TOOL_NAME);
+    if (!toolcall_name_ok(n))
+        return api_bad(e, "tools", "%s.name '%.64s' holds whitespace, a control character or '<', where a model's "
+                               "call format ends a name", at[k], n);
+    for (int j = 0; j < k; j++) { /* two tools of one name: which one a call means would be a guess */
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(out, j), "function");
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring, n))
+            return api_bad(e, "tools", "%s.name '%.64s'%s is %s's too", at[k], n, flat, at[j]);
+    }
+    return MLA_OK;
+}
+
 /* tools: function tools, and namespaces of them ({"type": "namespace", "name", "description"?,
  * "tools": [function tools]}: each function as chat's NAMESPACE__NAME, the namespace's
  * description before its own), in the chat form */
 static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     if (!is_null(tools) && !cJSON_IsArray(tools)) return api_bad(e, "tools", "'tools' must be a list");
+    if (!is_null(tools) && tools_size(tools, e)) return MLA_ERR;
     cJSON *out = is_null(tools) ? NULL : cJSON_AddArrayToObject(chat, "tools");
-    int i = 0;
+    char at[API_MAX_TOOLS][128]; /* where each chat tool came from */
+    int i = 0, k = 0;
     const cJSON *t, *list = out ? tools : NULL;
     cJSON_ArrayForEach(t, list) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
@@ -474,6 +530,8 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
             cJSON *c = function_chat(t, where, NULL, NULL, e);
             if (!c) return MLA_ERR;
             cJSON_AddItemToArray(out, c);
+            snprintf(at[k], sizeof at[k], "%s", where);
+            if (tool_name_ok(out, k++, at, false, e)) return MLA_ERR;
             continue;
         }
         static const char *const read[] = {"type", "name", "description", "tools", NULL};
@@ -493,14 +551,14 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
         int j = 0;
         const cJSON *f;
         cJSON_ArrayForEach(f, inner) {
-            char at[128];
-            snprintf(at, sizeof at, "%s.tools[%d]", where, j++);
+            snprintf(at[k], sizeof at[k], "%s.tools[%d]", where, j++);
             const cJSON *fty = cJSON_GetObjectItemCaseSensitive(f, "type");
             if (!cJSON_IsObject(f) || !cJSON_IsString(fty) || strcmp(fty->valuestring, "function"))
-                return api_bad(e, "tools", "%s: a namespace holds function tools only", at);
-            cJSON *c = function_chat(f, at, nn->valuestring, cJSON_IsString(nd) ? nd->valuestring : NULL, e);
+                return api_bad(e, "tools", "%s: a namespace holds function tools only", at[k]);
+            cJSON *c = function_chat(f, at[k], nn->valuestring, cJSON_IsString(nd) ? nd->valuestring : NULL, e);
             if (!c) return MLA_ERR;
             cJSON_AddItemToArray(out, c);
+            if (tool_name_ok(out, k++, at, true, e)) return MLA_ERR;
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
@@ -514,13 +572,16 @@ static int tools_chat(const cJSON *body, cJSON *chat, api_error *e) {
     } else if (cJSON_IsObject(tc)) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(tc, "name");
+        const cJSON *ns = cJSON_GetObjectItemCaseSensitive(tc, "namespace"); /* a namespace's function */
         if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm) ||
-            cJSON_GetArraySize(tc) != 2)
+            (ns && (!cJSON_IsString(ns) || !ns->valuestring[0])) || cJSON_GetArraySize(tc) != (ns ? 3 : 2))
             return api_bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
-                                         "{\"type\": \"function\", \"name\": ...}");
+                                         "{\"type\": \"function\", \"name\": ..., \"namespace\"?: ...}");
         cJSON *o = cJSON_AddObjectToObject(chat, "tool_choice");
         cJSON_AddStringToObject(o, "type", "function");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", nm->valuestring);
+        char *flat = ns ? ns_name(ns->valuestring, nm->valuestring) : NULL;
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", flat ? flat : nm->valuestring);
+        free(flat);
     } else if (!is_null(tc)) {
         return api_bad(e, "tool_choice", "'tool_choice' must be a string or an object");
     }

@@ -90,7 +90,7 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
  * reuse of the turns before. The line says nothing to the model. Where t starts with it: the text
  * after its first line (empty where it is the whole text); else t. chat_normalize drops it from a
  * system message, so that a proxy that forwards Claude Code's system prompt into chat completions
- * is served as /v1/messages serves Claude Code itself. */
+ * is served as /v1/messages serves Claude Code itself (messages of that line alone: an error). */
 const char *chat_past_billing_header(const char *t);
 /* The template reads the top-level variable name (tools, enable_thinking, ...); false for the
  * built-in templates. */

@@ -253,6 +253,11 @@ int chat_normalize(const cJSON *messages, bool args_object, cJSON **out, mla_err
         if (*t) cJSON_ReplaceItemInObjectCaseSensitive(it, "content", cJSON_CreateString(t));
         else cJSON_Delete(cJSON_DetachItemViaPointer(copy, it));
     }
+    if (!copy->child && messages->child) {
+        cJSON_Delete(copy);
+        return mla_errf(err, "chat: the messages hold only Claude Code's billing line (x-anthropic-billing-header:): "
+                             "nothing to answer");
+    }
     *out = copy;
     return MLA_OK;
 }

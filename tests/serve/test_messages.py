@@ -193,6 +193,11 @@ def main():
         st, body = http_post(port, "/tokenize", {"messages": [{"role": "system", "content": "Be brief.\n" +
                                                                billing("71fea")}] + q})
         check(st == 200 and json.loads(body)["count"] > n_sys, "chat: the line read where it is not first", body[:80])
+        for path in ("/tokenize", "/v1/chat/completions"):  # nothing but that line: nothing to answer
+            st, body = http_post(port, path, {"model": "fake-model", "messages": [
+                {"role": "system", "content": billing("eb6c6")}]})
+            check(st == 400 and b"only Claude Code's billing line" in body, "chat: the line alone refused " + path,
+                  (st, body[:200]))
 
         # a tool loop: the assistant's thinking, text and tool_use, the user's tool_result, as the
         # chat messages they stand for (the prompt's tokens counted against /tokenize of those)

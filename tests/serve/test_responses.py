@@ -325,6 +325,13 @@ def main():
         check(len(done) == 1 and done[0]["item"]["namespace"] == "mcp__wx" and done[0]["item"]["name"] ==
               "get_weather" and len(args_done) == 1 and args_done[0]["name"] == "get_weather",
               "a namespace's call streamed", body[-800:])
+        st, body = http_post(port, "/v1/responses", {"model": "fake-model", "input": "weather?", "tools": [ns_tool],
+                                                     "max_output_tokens": 80, "tool_choice": {
+                                                         "type": "function", "name": "get_weather",
+                                                         "namespace": "mcp__wx"}})
+        calls = [it for it in json.loads(body).get("output", []) if it["type"] == "function_call"] if st == 200 else []
+        check(len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0].get("namespace") == "mcp__wx",
+              "tool_choice naming a namespace's function", body[:600])
         ns_items = [{"role": "user", "content": "weather?"},
                     {"type": "function_call", "call_id": "c1", "name": "get_weather", "namespace": "mcp__wx",
                      "arguments": "{\"city\": \"Paris\"}"},
@@ -383,6 +390,33 @@ def main():
         refused("a call's namespace not a string", "namespace", input=[
             {"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c", "name": "f", "namespace": 5,
                                                  "arguments": "{}"}])
+        # a namespace's functions counted, named and described in the request's own terms, before any copy
+        refused("a namespace's functions past 128", "at most 128 tools", tools=[
+            {"type": "namespace", "name": "n", "tools": [dict(weather, name="f%d" % k) for k in range(129)]}])
+        refused("a namespace's description past 1 MiB as repeated", "descriptions", tools=[
+            {"type": "namespace", "name": "n", "description": "d" * 20000,
+             "tools": [dict(weather, name="f%d" % k) for k in range(60)]}])
+        refused("two functions of one name in a namespace", "tools[0].tools[1].name 'n__get_weather' (its namespace's "
+                "name, '__' and its own) is tools[0].tools[0]'s too", tools=[
+                    {"type": "namespace", "name": "n", "tools": [weather, weather]}])
+        refused("a tool named as a namespace's function", "tools[1].name 'mcp__wx__get_weather' is tools[0].tools[0]'s",
+                tools=[ns_tool, dict(weather, name="mcp__wx__get_weather")])
+        refused("a namespace's name and a function's past 256 bytes together", "tools[0].tools[0].name (its "
+                "namespace's name, '__' and its own) is 402 bytes", tools=[
+                    {"type": "namespace", "name": "n" * 200, "tools": [dict(weather, name="f" * 200)]}])
+        refused("a namespace's function of an empty name", "tools[0].tools[0] needs a non-empty string name", tools=[
+            {"type": "namespace", "name": "n", "tools": [dict(weather, name="")]}])
+        refused("a call's namespace empty", "input[1].namespace must be a non-empty string", input=[
+            {"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c", "name": "f", "namespace": "",
+                                                 "arguments": "{}"}])
+        refused("tool_choice of an empty namespace", "tool_choice", tools=[ns_tool], tool_choice={
+            "type": "function", "name": "get_weather", "namespace": ""})
+        refused("a tool's audio", "parts of type 'input_audio' are not supported (input_text; input_image and "
+                "input_file", input=[{"role": "user", "content": "q"},
+                                     {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                     {"type": "function_call_output", "call_id": "c",
+                                      "output": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}])
+        refused("client_metadata of a long value", "client_metadata", extra_body={"client_metadata": {"a": "x" * 513}})
         refused("metadata not strings", "metadata", metadata={"a": 1})
         refused("tool_choice without tools", "tool_choice", tool_choice="required")
         refused("a call's output naming no call", "names no function_call", input=[
