@@ -476,6 +476,23 @@ static __device__ __forceinline__ void mlacu_bulk_g2s(void *dst, const void *src
                  : "memory");
 }
 
+/* Weights a step reads once (the streamed GEMVs' and the head products' bulk copies) enter the L2
+ * marked to be evicted first: tens of MB of them pass through it a layer, and with the default
+ * priority they push out what the next layers read there again (the kernels' code, the
+ * activations, the cache rows), so that a kernel's first instructions and loads come from HBM. */
+static __device__ __forceinline__ uint64_t mlacu_l2_evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+/* mlacu_bulk_g2s of data read once: L2 priority evict first (mlacu_l2_evict_first) */
+static __device__ __forceinline__ void mlacu_bulk_g2s_once(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                 "[%3], %4;\n" ::"r"(mlacu_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(mlacu_smem_u32(bar)), "l"(mlacu_l2_evict_first())
+                 : "memory");
+}
+
 /* fp16 pairs as their bits and back */
 static __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(uint32_t *)&h; }
 static __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(__half2 *)&u; }

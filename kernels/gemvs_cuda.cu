@@ -180,7 +180,7 @@ template <int NM, bool GRP> struct gs_map {
         }
         mlacu_mbar_expect(bar, all);
 #pragma unroll
-        for (int m = 0; m < NM; m++) mlacu_bulk_g2s(dst + m * A.msb, src[m], bytes[m], bar);
+        for (int m = 0; m < NM; m++) mlacu_bulk_g2s_once(dst + m * A.msb, src[m], bytes[m], bar);
     }
 };
 

@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_kernel(const uint8_t *__rest
         mlacu_mbar_init(&bar, 1);
         mlacu_mbar_init_fence();
         mlacu_mbar_expect(&bar, S::ROWS * S::RB);
-        mlacu_bulk_g2s(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
+        mlacu_bulk_g2s_once(ws, W + ((size_t)h * out + o0) * S::RB, S::ROWS * S::RB, &bar);
     }
     mlacu_pdl_wait();
     for (int i = threadIdx.x; i < T * IN; i += 256) xs[i] = x[(i / IN) * xt + h * xh + i % IN];
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(256) head_gemv_q8_comb_kernel(const uint8_t *_
         mlacu_mbar_init(&bar, 1);
         mlacu_mbar_init_fence();
         mlacu_mbar_expect(&bar, wb);
-        mlacu_bulk_g2s(hq_sm, W + ((size_t)h * out + o0) * S::RB, wb, &bar);
+        mlacu_bulk_g2s_once(hq_sm, W + ((size_t)h * out + o0) * S::RB, wb, &bar);
     }
     mlacu_pdl_wait();
     const int64_t ld = IN + 2;
