@@ -93,7 +93,9 @@ static __device__ __forceinline__ void mlacu_trace_put(unsigned tag, unsigned lo
  * next kernel's copies or waiting blocks do not slow them). So when a kernel starts, every launch
  * of the stream but the one just before it has completed: a kernel may read before its wait what
  * launches two or more back wrote (the attention's cache rows), as well as weights and what the
- * host uploaded. */
+ * host uploaded. A kernel right after a join (a wait on another stream's event) has two launches
+ * just before it: in a CUDA graph the other stream's last one may join it by a programmatic edge
+ * too, so what that launch wrote is read after the wait like the stream's own last one. */
 static __device__ __forceinline__ void mlacu_pdl_wait() {
 #ifdef MLA_CUDA_STEPTRACE
     const unsigned long long t_in = mlacu_gtime();

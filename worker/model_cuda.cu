@@ -1382,23 +1382,10 @@ static int attention_b(mla_cmodel *m, int64_t il, int64_t T, int64_t max_keys, c
         TRY(on_side_stream(m, [&] { return indexer_b(m, l, T, max_keys, cq_q, hq, tabs, ik_off, pos, &sel, err); },
                            err));
     /* the new cache rows: normalized latent + roped k_pe, stored in the blocks; the queries' k_pe
-     * roped. Merged: the rows are stored already, and k_b rotates the queries'. A decode step of
-     * a model without q-LoRA (not merged) whose k_b reads its Q8_0 rows: the cache rows and the
-     * queries' k_pe on st2 beside k_b (which reads only the queries' nope part and writes qabs),
-     * joined before the attention; the DSA indexer, which would want st2 too, has a q-LoRA. */
-    const bool rows_side = !merged && !mha && !dsa && head_reads_q8(l->kb_q8, T) && m->rope.n_dims == dr && KL <= 8192;
-    if (rows_side) {
-        CU(cudaEventRecord(m->ev_fork, st), "fork");
-        TRY(on_side_stream(m,
-                           [&] {
-                               return mla_cuda_mla_kv_rows(&m->rope, m->kva, T, KL, l->kv_a_norm, c->rms_eps, tabs,
-                                                           kv_off, pos, m->kv_f16, m->q + dn, Hl * dk, Hl, dk, m->st,
-                                                           err);
-                           },
-                           err));
-        TRY(head_mm(m, l->kb, l->kb_q8, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, nullptr, err));
-        CU(cudaStreamWaitEvent(st, m->ev_join, 0), "join");
-    } else if (merged) {
+     * roped. Merged: the rows are stored already, and k_b rotates the queries'. Not beside k_b on
+     * st2: the attention, which copies its first key tiles before its wait (rows two or more
+     * launches back: kernels/cuda_internal.h), would then come right after the rows' launch. */
+    if (merged) {
         TRY(mla_cuda_head_matmul_q8_rope(l->kb_q8, Hl, dn, KL, m->q, Hl * dk, dk, T, m->qabs, Hl * KL, KL, &m->rope,
                                          m->q + dn, Hl * dk, dk, pos, st, err));
     } else {
