@@ -44,19 +44,18 @@ static int check_keys(const cJSON *body, api_error *e) {
     return MLA_OK;
 }
 
-/* j (member param): null, or an object of at most max_n string values, keys of at most max_key
- * characters and values of at most max_val (0: any) */
-static int string_object(const cJSON *j, const char *param, int max_n, int max_key, int max_val, api_error *e) {
+/* j (member param): null, or an object of at most max_n string values, keys of at most 64
+ * characters and values of at most 512 (OpenAI's metadata) */
+static int string_object(const cJSON *j, const char *param, int max_n, api_error *e) {
     if (is_null(j)) return MLA_OK;
     if (!cJSON_IsObject(j) || cJSON_GetArraySize(j) > max_n)
         return api_bad(e, param, "'%s' must be an object of at most %d string values", param, max_n);
     const cJSON *v;
     cJSON_ArrayForEach(v, j) {
         if (!cJSON_IsString(v)) return api_bad(e, param, "%s.%.64s must be a string", param, v->string);
-        if ((max_key && api_utf8_chars(v->string, strlen(v->string)) > (size_t)max_key) ||
-            (max_val && api_utf8_chars(v->valuestring, strlen(v->valuestring)) > (size_t)max_val))
-            return api_bad(e, param, "%s: keys of at most %d characters, values strings of at most %d", param,
-                           max_key, max_val);
+        if (api_utf8_chars(v->string, strlen(v->string)) > 64 ||
+            api_utf8_chars(v->valuestring, strlen(v->valuestring)) > 512)
+            return api_bad(e, param, "%s: keys of at most 64 characters, values strings of at most 512", param);
     }
     return MLA_OK;
 }
@@ -91,9 +90,8 @@ static int check_stateless(const cJSON *body, api_rsp_opts *opts, api_error *e) 
     /* ids of the client's own (Codex CLI's installation, conversation, thread and turn, sent with
      * every request): nothing the answer depends on */
     if (string_object(cJSON_GetObjectItemCaseSensitive(body, "client_metadata"), "client_metadata",
-                      API_RSP_MAX_CLIENT_METADATA, 64, 512, e) ||
-        string_object(cJSON_GetObjectItemCaseSensitive(body, "metadata"), "metadata", API_RSP_MAX_METADATA, 64, 512,
-                      e))
+                      API_RSP_MAX_CLIENT_METADATA, e) ||
+        string_object(cJSON_GetObjectItemCaseSensitive(body, "metadata"), "metadata", API_RSP_MAX_METADATA, e))
         return MLA_ERR;
     return MLA_OK;
 }
@@ -317,24 +315,26 @@ static int input_call_output(tx_state *t, const cJSON *it, int i, api_error *e) 
      * text, and the call's output stays in every later request's input, so it reads as a line that
      * says so instead of failing the rest of the conversation */
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(it, "output");
-    cJSON *shown = cJSON_IsArray(out) ? cJSON_Duplicate(out, 1) : NULL;
-    for (cJSON *p = shown ? shown->child : NULL; p; p = p->next) {
+    bool unseen = false; /* an image or file part, which a copy of the parts replaces */
+    const cJSON *p, *parts = cJSON_IsArray(out) ? out : NULL;
+    cJSON_ArrayForEach(p, parts) {
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "type");
-        const bool img = cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_image");
-        const bool file = cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_file");
-        if (!img && !file && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "input_text"))) {
-            api_bad(e, "input", "%s: parts of type '%.64s' are not supported (input_text; input_image and "
-                                "input_file read as a line saying they are not shown)", where,
-                    cJSON_IsString(pt) ? pt->valuestring : "(none)");
-            cJSON_Delete(shown);
-            return MLA_ERR;
-        }
-        if (!img && !file) continue;
+        const char *ty = cJSON_IsString(pt) ? pt->valuestring : "(none)";
+        const bool img_file = !strcmp(ty, "input_image") || !strcmp(ty, "input_file");
+        if (!img_file && strcmp(ty, "input_text"))
+            return api_bad(e, "input", "%s: parts of type '%.64s' are not supported (input_text; input_image and "
+                                       "input_file read as a line saying they are not shown)", where, ty);
+        unseen |= img_file;
+    }
+    cJSON *shown = unseen ? cJSON_Duplicate(out, 1) : NULL;
+    for (cJSON *q = shown ? shown->child : NULL; q; q = q->next) {
+        const char *ty = cJSON_GetObjectItemCaseSensitive(q, "type")->valuestring;
+        if (!strcmp(ty, "input_text")) continue;
         cJSON *np = cJSON_CreateObject();
         cJSON_AddStringToObject(np, "type", "input_text");
-        cJSON_AddStringToObject(np, "text", img ? API_RSP_UNSEEN_IMAGE : API_RSP_UNSEEN_FILE);
-        cJSON_ReplaceItemViaPointer(shown, p, np);
-        p = np;
+        cJSON_AddStringToObject(np, "text", !strcmp(ty, "input_image") ? API_RSP_UNSEEN_IMAGE : API_RSP_UNSEEN_FILE);
+        cJSON_ReplaceItemViaPointer(shown, q, np);
+        q = np;
     }
     char *text = parts_text(shown ? shown : out, where, out_parts, e);
     cJSON_Delete(shown);
